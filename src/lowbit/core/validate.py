@@ -1,0 +1,108 @@
+"""Checks that kernel inputs match their workload, done before any launch.
+
+Every public op and every kernel calls `check_inputs` first, so a wrong dtype, shape, layout,
+device or a non-contiguous tensor is a ValueError/TypeError naming the argument, never a
+crash or a silent wrong answer inside a kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .epilogue import OUT_FP16, EpilogueParams
+from .layout import Layout
+from .precision import Encoding, Precision
+from .workload import ConvWorkload, Workload
+
+
+def storage_dtype(prec: Precision, layout: Layout) -> torch.dtype:
+    """dtype of the storage tensor of an operand with this precision and layout."""
+    if layout is Layout.BITPLANE:
+        return torch.int32
+    if layout is Layout.PACKED:
+        return torch.uint8
+    return torch.uint8 if prec.encoding is Encoding.UNSIGNED else torch.int8
+
+
+def storage_shape(logical: tuple[int, ...], prec: Precision, layout: Layout) -> tuple[int, ...]:
+    """Shape of the storage tensor for a logical integer tensor (innermost dim = channels)."""
+    *outer, c = logical
+    if layout is Layout.BITPLANE:
+        return (prec.bits, *outer, -(-c // 32))
+    if layout is Layout.PACKED:
+        return (*outer, -(-c * prec.bits // 8))
+    return tuple(logical)
+
+
+def operand_shapes(wl: Workload) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """Logical shapes (x, w, out) of a workload's activation, weight and output."""
+    if isinstance(wl, ConvWorkload):
+        return ((wl.N, wl.H, wl.W, wl.C), (wl.K, wl.R, wl.S, wl.C), (wl.N, wl.P, wl.Q, wl.K))
+    m, n, k = wl.gemm_shape
+    return (m, k), (n, k), (m, n)
+
+
+def out_storage(wl: Workload) -> tuple[tuple[int, ...], torch.dtype]:
+    """Storage shape and dtype of the workload's output."""
+    out_shape = operand_shapes(wl)[2]
+    epi = wl.epilogue
+    if epi.requantizes:
+        return storage_shape(out_shape, epi.out, epi.out_layout), storage_dtype(epi.out,
+                                                                                 epi.out_layout)
+    return out_shape, (torch.float16 if epi.out == OUT_FP16 else torch.int32)
+
+
+def check_operand(name: str, t: object, logical: tuple[int, ...], prec: Precision,
+                  layout: Layout, device: torch.device | None = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    want_dtype = storage_dtype(prec, layout)
+    if t.dtype != want_dtype:
+        raise TypeError(f"{name} must have dtype {want_dtype} for {prec} in layout "
+                        f"'{layout.value}', got {t.dtype}")
+    want = storage_shape(logical, prec, layout)
+    if tuple(t.shape) != want:
+        raise ValueError(f"{name} must have shape {want} ({prec}, layout '{layout.value}', "
+                         f"logical {logical}), got {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device}")
+
+
+def _check_vector(name: str, t: object, k: int, dtype: torch.dtype,
+                  device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"params.{name} must be a torch.Tensor of {dtype}, got {t!r}")
+    if t.dtype != dtype or tuple(t.shape) != (k,) or not t.is_contiguous():
+        raise ValueError(f"params.{name} must be a contiguous {dtype} vector of length {k}, "
+                         f"got {t.dtype} {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"params.{name} is on {t.device}, expected {device}")
+
+
+def check_params(wl: Workload, params: EpilogueParams, device: torch.device) -> None:
+    """The run-time epilogue vectors the workload's Epilogue needs, and only those."""
+    if not isinstance(params, EpilogueParams):
+        raise TypeError(f"params must be an EpilogueParams, got {type(params).__name__}")
+    epi, k = wl.epilogue, operand_shapes(wl)[2][-1]
+    need = {"bias": epi.bias, "scale": epi.out == OUT_FP16,
+            "multiplier": epi.requantizes, "shift": epi.requantizes}
+    for name, needed in need.items():
+        t = getattr(params, name)
+        if needed:
+            dtype = torch.float32 if name == "scale" else torch.int32
+            _check_vector(name, t, k, dtype, device)
+    if epi.requantizes:
+        m, s = params.multiplier, params.shift
+        if bool((m < 1).any()) or bool((s < 1).any()) or bool((s > 62).any()):
+            raise ValueError("params.multiplier must be >= 1 and params.shift in 1..62")
+
+
+def check_inputs(wl: Workload, x: torch.Tensor, w: torch.Tensor,
+                 params: EpilogueParams) -> None:
+    """Validate (x, w, params) against the workload; x and w on the same device."""
+    xs, ws, _ = operand_shapes(wl)
+    check_operand("x", x, xs, wl.a, wl.a_layout)
+    check_operand("w", w, ws, wl.w, wl.w_layout, device=x.device)
+    check_params(wl, params, x.device)

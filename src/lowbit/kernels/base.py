@@ -1,0 +1,80 @@
+"""The plug-in interface every kernel template implements, and the kernels it builds.
+
+The tuner only sees this interface: `supports`, `space`, `default_config`, `build`. A Kernel
+is called as `kernel(x, w, params) -> out` with operands in the storage layouts the workload
+names (`lowbit.core.validate`) and returns the output in the epilogue's layout; it must equal
+`lowbit.reference.run(workload, x, w, params)` bit for bit (integer outputs).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Protocol
+
+import torch
+
+from ..core import Config, ConfigSpace, Workload
+from ..core.epilogue import EpilogueParams
+
+
+class Kernel(Protocol):
+    workload: Workload
+    config: Config
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor,
+                 params: EpilogueParams) -> torch.Tensor: ...
+
+
+class KernelTemplate(ABC):
+    """A family of kernels for some workloads, parameterized by a ConfigSpace."""
+
+    #: unique name used in records, e.g. "triton.igemm_int8"
+    name: str = "abstract"
+    #: "triton" or "cuda"
+    backend: str = "abstract"
+
+    @abstractmethod
+    def unsupported_reason(self, workload: Workload) -> str | None:
+        """None when this template can run `workload`, else why it cannot."""
+
+    def supports(self, workload: Workload) -> bool:
+        return self.unsupported_reason(workload) is None
+
+    def check_supported(self, workload: Workload) -> None:
+        reason = self.unsupported_reason(workload)
+        if reason:
+            raise ValueError(f"{self.name} does not support {workload.key}: {reason}")
+
+    @abstractmethod
+    def space(self, workload: Workload) -> ConfigSpace:
+        """The config space for this workload (constraints included)."""
+
+    @abstractmethod
+    def default_config(self, workload: Workload) -> Config:
+        """An untuned, always-valid config (the stock-schedule baseline)."""
+
+    @abstractmethod
+    def build(self, workload: Workload, config: Config) -> Kernel:
+        """Compile (or fetch from cache) the kernel for (workload, config)."""
+
+
+_REGISTRY: dict[str, KernelTemplate] = {}
+
+
+def register(template: KernelTemplate) -> KernelTemplate:
+    """Add a template to the registry the tuner and the ops choose from."""
+    if template.name in _REGISTRY:
+        raise ValueError(f"template {template.name!r} is already registered")
+    _REGISTRY[template.name] = template
+    return template
+
+
+def templates() -> list[KernelTemplate]:
+    """All registered templates (importing lowbit.kernels registers the built-in ones)."""
+    return list(_REGISTRY.values())
+
+
+def get_template(name: str) -> KernelTemplate:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown template {name!r}; known: {sorted(_REGISTRY)}")
+    return _REGISTRY[name]

@@ -1,0 +1,20 @@
+"""Exact CPU (and device-agnostic) semantics of every op: the oracle kernels are checked against."""
+
+from .bitserial import (
+    bitserial_conv2d,
+    bitserial_gemm,
+    bitserial_gemm_values,
+    plane_coefficients,
+    popcount,
+    valid_mask,
+)
+from .epilogue import apply_epilogue, requantize
+from .integer import conv2d_int, gemm_int, im2col_nhwc
+from .ops import accumulate, accumulator_stats, random_inputs, random_params, random_values, run
+
+__all__ = [
+    "accumulate", "accumulator_stats", "apply_epilogue", "bitserial_conv2d", "bitserial_gemm",
+    "bitserial_gemm_values", "conv2d_int", "gemm_int", "im2col_nhwc", "plane_coefficients",
+    "popcount", "random_inputs", "random_params", "random_values", "requantize", "run",
+    "valid_mask",
+]
