@@ -1,0 +1,312 @@
+"""Bit-serial (APNN-TC) conv2d and GEMM on b1 AND tensor cores vs our int8 path and cuDNN fp16.
+
+For the shared conv and GEMM workloads at w1a1, w1a2, w2a2, w1a4, w2a4, w3a3 (weights: b1 for
+1 bit, signed otherwise; activations: b1 for w1a1, unsigned otherwise), with the fused epilogue
+bias + ReLU + requantize to u<a_bits> bit planes (the next layer's input). Every bit-serial
+kernel is verified bit for bit against `lowbit.reference.run` (on the GPU, float64-exact) before
+it is timed. Baselines in the same run: `int8_best` (our Triton int8 template, w8a8, best of a
+few configs), `int_mm_im2col` / `int_mm` (cuBLASLt int8), `cudnn_fp16` (conv) / `fp16_matmul`.
+Timing: CUDA-graph replays (`lowbit.tune.timing.time_us`), median. Floors:
+`lowbit.perfmodel.roofline.workload_floor_us(wl, "bitserial")` with the measured bandwidth.
+
+Usage: python benchmarks/bitserial.py [--budget-s 300] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common
+from lowbit.core import (
+    Config,
+    ConvWorkload,
+    Epilogue,
+    GemmWorkload,
+    Layout,
+    Precision,
+    Workload,
+    parse_wa,
+)
+from lowbit.core.validate import operand_shapes
+from lowbit.core.workloads import load_workloads
+from lowbit.kernels.cuda import BITSERIAL, bitserial
+from lowbit.perfmodel.roofline import (
+    measure_bandwidth,
+    peaks_for,
+    workload_floor_us,
+)
+from lowbit.quant.packing import pack
+from lowbit.reference import run
+from lowbit.reference.ops import random_params
+from lowbit.tune.timing import time_us
+
+PRECISIONS = ("w1a1", "w1a2", "w2a2", "w1a4", "w2a4", "w3a3")
+BP = Layout.BITPLANE
+# Published APNN-TC kernels built for sm_90a on an H100 (issue 6): fixed shapes, raw int32 out.
+APNN_TC_US = {("gemm_4096", "w1a2"): 563.0, ("gemm_4096", "w1a1"): 283.0,
+              ("gemm_4096", "w2a2"): 1113.0, ("apconv_b1_c1024", "w1a2"): 17.0}
+TARGETS = {"apnn_tc_speedup": 5.0, "w1a1_vs_int8_conv_b256": 4.0,
+           "w1a2_vs_int8_conv_b256": 2.5, "w1a2_vs_cudnn_fp16_b256": 4.0,
+           "w1a2_gemm_vs_int_mm": 1.0}
+SMS, CLOCK_HZ = 132, 1.755e9
+MMA_CYCLES = 65536 * SMS * CLOCK_HZ / 10_279e12  # SM cycles per m16n8k256 at the measured peak
+TILE_LATENCY_CYCLES = 3000  # load -> mma -> store of one tile when nothing hides it
+L2_BYTES_PER_CYCLE = 64  # per SM, L2 -> shared memory
+BARRIER_CYCLES = 400  # wait for a stage + __syncthreads + first fragment loads
+
+
+def estimate_us(wl: Workload, c: Config) -> float:
+    """Rough time of a config (ranks candidates only; the measurement decides): tensor-core vs
+    shared-memory cycles per tile, resident blocks per SM, and exposed latency per wave unless
+    the kernel is persistent."""
+    sh = bitserial.conv_shape(wl)
+    p, q = wl.w.bits, wl.a.bits
+    wm, wn = c["BM"] // c["WM"], c["BN"] // c["WN"]
+    ksteps = -(-sh.k_words // (8 * c["KT"])) * c["KT"]
+    mma = (c["BM"] // 16) * (c["BN"] // 8) * p * q * ksteps
+    if wl.w.encoding.value == "binary":
+        mma += (c["BM"] // 16) * q * wn * ksteps
+    smem_bytes = (q * c["BM"] * wn + p * c["BN"] * wm) * 32 * ksteps
+    l2_bytes = (q * c["BM"] + p * c["BN"]) * 32 * ksteps  # operand tiles streamed per tile
+    cycles = max(mma * MMA_CYCLES, smem_bytes / 128, l2_bytes / L2_BYTES_PER_CYCLE)
+    threads = wm * wn * 32
+    regs = bitserial.acc_regs(wl, c) + bitserial.OTHER_REGS
+    per_sm = max(1, min(65536 // (threads * regs), (227 * 1024) // bitserial.smem_bytes(wl, c),
+                        2048 // threads))
+    tiles = -(-sh.rows // c["BM"]) * -(-sh.kout // c["BN"])
+    waves = -(-tiles // (SMS * per_sm))
+    ktiles = -(-sh.k_words // (8 * c["KT"]))
+    barriers = tiles * ktiles * BARRIER_CYCLES / per_sm  # a stall per stage, others fill it
+    busy = (tiles * cycles + barriers) / SMS
+    exposed = 0 if c["PERSIST"] else waves * TILE_LATENCY_CYCLES
+    return (busy + exposed) / CLOCK_HZ * 1e6
+
+
+def candidates(wl: Workload, n: int, persist: bool = True) -> list[Config]:
+    """The default config, then the best-ranked others with distinct tile shapes (n in all)."""
+    default = BITSERIAL.default_config(wl)
+    chosen, shapes = [default], set()
+    space = [c for c in BITSERIAL.space(wl) if persist or not c["PERSIST"]]
+    for c in sorted(space, key=lambda c: estimate_us(wl, c)):
+        shape = (c["BM"], c["BN"], c["WM"], c["WN"])
+        if len(chosen) >= n:
+            break
+        if shape not in shapes and c != default:
+            chosen.append(c)
+            shapes.add(shape)
+    return chosen
+
+
+def precisions(name: str) -> tuple[Precision, Precision]:
+    wb, ab = parse_wa(name)
+    w = Precision(1, "binary") if wb == 1 else Precision(wb, "signed")
+    a = Precision(1, "binary") if ab == 1 else Precision(ab)
+    return w, a
+
+
+def bitserial_workload(base: Workload, name: str) -> Workload:
+    w, a = precisions(name)
+    epi = Epilogue(bias=True, relu=True, out=Precision(a.bits), out_layout=BP)
+    return base.replace(w=w, a=a, w_layout=BP, a_layout=BP, epilogue=epi)
+
+
+def int8_workload(base: Workload) -> Workload:
+    epi = Epilogue(bias=True, relu=True, out=Precision(8, "signed"), out_layout=Layout.INT8)
+    s8 = Precision(8, "signed")
+    return base.replace(w=s8, a=s8, w_layout=Layout.INT8, a_layout=Layout.INT8, epilogue=epi)
+
+
+def workloads(quick: bool) -> list[tuple[str, Workload]]:
+    out: list[tuple[str, Workload]] = [("gemm_4096", GemmWorkload(M=4096, N=4096, K=4096)),
+                                       ("apconv_b1_c1024", ConvWorkload(N=1, H=16, W=16, C=1024,
+                                                                        K=1024, R=3, S=3,
+                                                                        pad=1))]
+    out[1:1] = load_workloads("resnet50_3x3_b256")
+    out += sorted(load_workloads("gemm"), key=lambda nw: nw[1].ops)  # the 8192^3 GEMM last
+    return out[:3] if quick else out
+
+
+def gpu_inputs(wl: Workload, seed: int):
+    """Random storage-layout inputs made on the GPU (the CPU is too slow for batch 256)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    xs, ws, _ = operand_shapes(wl)
+
+    def values(shape, prec):
+        if prec.encoding.value == "binary":
+            return torch.randint(0, 2, shape, generator=g, device="cuda") * 2 - 1
+        return torch.randint(prec.qmin, prec.qmax + 1, shape, generator=g, device="cuda")
+
+    x = pack(values(xs, wl.a), wl.a, wl.a_layout)
+    w = pack(values(ws, wl.w), wl.w, wl.w_layout)
+    params = random_params(wl, torch.Generator().manual_seed(seed)).to("cuda")
+    return x, w, params
+
+
+def timed(fn) -> float:
+    try:
+        return time_us(fn, cuda_graph=True)
+    except Exception:  # a launcher that cannot be captured is timed plainly
+        torch.cuda.synchronize()
+        return time_us(fn)
+
+
+def bitserial_row(wl: Workload, seed: int, tries: int, persist: bool) -> dict:
+    """Best verified config among the default and up to `tries - 1` alternatives."""
+    x, w, params = gpu_inputs(wl, seed)
+    want = run(wl, x, w, params)
+    configs = candidates(wl, tries, persist)
+    best: dict = {}
+    for cfg in configs:
+        kernel = BITSERIAL.build(wl, cfg)
+        out = torch.empty_like(want)
+        out.view(torch.uint8).fill_(0xA5)
+        launcher = kernel.bind(x, w, params, out)
+        launcher()
+        torch.cuda.synchronize()
+        exact = bool(torch.equal(out, want))
+        us = timed(launcher) if exact else float("nan")
+        if cfg == configs[0]:
+            best["default_config_us"] = us
+        if not exact:
+            best.setdefault("errors", []).append(f"{cfg.to_json()} NOT bit-exact")
+            continue
+        if "time_us" not in best or us < best["time_us"]:
+            best.update(time_us=us, config=dict(cfg))
+    best["verified"] = "time_us" in best
+    return best
+
+
+def int8_best_us(base: Workload, tries: int) -> tuple[float | None, dict | None]:
+    try:
+        from lowbit.kernels import get_template
+        from lowbit.kernels.triton import CONV2D_INT8, GEMM_INT8  # noqa: F401
+    except Exception:
+        return None, None
+    wl = int8_workload(base)
+    tmpl = get_template("triton.conv2d_int8" if isinstance(wl, ConvWorkload)
+                        else "triton.gemm_int8")
+    if not tmpl.supports(wl):
+        return None, None
+    x, w, params = gpu_inputs(wl, 7)
+    configs = [tmpl.default_config(wl)]
+    configs += [c for c in tmpl.space(wl).sample(tries + 4, random.Random(0))
+                if c != configs[0]][: tries - 1]
+    best, best_cfg = None, None
+    for cfg in configs:
+        try:
+            launcher = tmpl.build(wl, cfg).bind(x, w, params)
+            launcher()
+            us = timed(launcher)
+        except Exception as e:  # a config that fails to compile/run is no baseline
+            print(f"  int8 config {dict(cfg)} failed: {type(e).__name__}: {e}"[:200])
+            continue
+        if best is None or us < best:
+            best, best_cfg = us, dict(cfg)
+    return best, best_cfg
+
+
+def baselines(name: str, base: Workload, tries: int) -> dict:
+    b: dict = {}
+    int8, int8_cfg = int8_best_us(base, tries)
+    if int8 is not None:
+        b["int8_best"] = int8
+        b["int8_best_config"] = int8_cfg
+    if isinstance(base, ConvWorkload):
+        b["int_mm_im2col"] = common.int_mm_im2col_us(base, cuda_graph=True)
+        b["cudnn_fp16"] = common.cudnn_fp16_conv_us(base, cuda_graph=True)
+    else:
+        b["int_mm"] = common.int_mm_us(base)
+        b["fp16_matmul"] = common.fp16_gemm_us(base)
+    return b
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget-s", type=float, default=300.0)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--tries", type=int, default=4, help="bit-serial configs per row")
+    ap.add_argument("--int8-tries", type=int, default=3)
+    ap.add_argument("--no-persist", action="store_true", help="one-tile-per-block kernels only")
+    ap.add_argument("--partial", default=None, help="also rewrite this JSON file after each row")
+    args = ap.parse_args()
+    t0 = time.time()
+    peaks = dataclasses.replace(peaks_for(common.gpu_name()), bandwidth=measure_bandwidth())
+    rows: list[dict] = []
+    try:
+        for name, base in workloads(args.quick):
+            if time.time() - t0 > args.budget_s:
+                print(f"budget spent: skipping {name} and the rest")
+                break
+            try:
+                base_us = baselines(name, base, args.int8_tries)
+            except Exception as e:
+                base_us = {"error": f"{type(e).__name__}: {e}"[:300]}
+            base_us = {k: v for k, v in base_us.items() if v is not None}
+            for prec in PRECISIONS:
+                if time.time() - t0 > args.budget_s:
+                    break
+                wl = bitserial_workload(base, prec)
+                row = {"workload": name, "precision": prec, "impl": BITSERIAL.name,
+                       "epilogue": wl.epilogue.key, "workload_key": wl.key,
+                       "floor_us": workload_floor_us(wl, "bitserial", peaks)}
+                try:
+                    row.update(bitserial_row(wl, len(rows), args.tries, not args.no_persist))
+                except Exception as e:
+                    row["error"] = f"{type(e).__name__}: {e}"[:500]
+                    traceback.print_exc()
+                ref = APNN_TC_US.get((name, prec))
+                row["baselines_us"] = {k: v for k, v in base_us.items()
+                                       if not k.endswith("_config")}
+                row["baseline_configs"] = {k: v for k, v in base_us.items()
+                                           if k.endswith("_config")}
+                row["baselines_us"]["default_config"] = row.get("default_config_us")
+                if ref:
+                    row["apnn_tc_published_us"] = ref
+                rows.append(row)
+                if args.partial:
+                    Path(args.partial).write_text(json.dumps(rows, indent=1))
+                print(f"{name:24s} {prec} {row.get('time_us', float('nan')):9.1f} us "
+                      f"floor {row['floor_us']:7.1f} {row.get('config', row.get('error', ''))}",
+                      flush=True)
+    finally:
+        path = common.write_results("bitserial", rows,
+                                    extra={"targets": TARGETS, "peaks": dataclasses.asdict(peaks)})
+        print(f"wrote {path}")
+        summarize(rows)
+
+
+def summarize(rows: list[dict]) -> None:
+    print(f"\n{'workload':24s} {'prec':5s} {'us':>8s} {'floor':>7s} {'/floor':>6s} "
+          f"{'int8x':>6s} {'cudnnx':>6s} {'int_mm':>6s} {'apnnx':>6s}")
+    for r in rows:
+        t = r.get("time_us")
+        if not t or t != t:
+            print(f"{r['workload']:24s} {r['precision']:5s} FAILED {r.get('error', '')[:60]}"
+                  f"{r.get('errors', '')}")
+            continue
+        b = r["baselines_us"]
+
+        def ratio(key, b=b, t=t):
+            v = b.get(key)
+            return f"{v / t:6.2f}" if v else "     -"
+
+        mm = "int_mm" if "int_mm" in b else "int_mm_im2col"
+        apnn = r.get("apnn_tc_published_us")
+        print(f"{r['workload']:24s} {r['precision']:5s} {t:8.1f} {r['floor_us']:7.1f} "
+              f"{t / r['floor_us']:6.2f} {ratio('int8_best')} {ratio('cudnn_fp16')} "
+              f"{ratio(mm)} {(f'{apnn / t:6.2f}' if apnn else '     -')}")
+
+
+if __name__ == "__main__":
+    main()

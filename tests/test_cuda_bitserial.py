@@ -1,0 +1,223 @@
+"""Bit-serial b1-AND conv2d/GEMM template: config space and NVRTC compilation on the CPU; on a
+GPU, bit-exact equality with `lowbit.reference.run` for every (w_bits, a_bits) in 1..4 x 1..4,
+every encoding, odd shapes, stride 2, padding and every epilogue."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+
+from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload, Layout, Precision
+from lowbit.core.workloads import load_workloads
+from lowbit.kernels import get_template
+from lowbit.kernels.cuda import BITSERIAL, bitserial
+from lowbit.reference import random_inputs, run
+
+BP = Layout.BITPLANE
+
+
+def encodings(bits: int) -> list[Precision]:
+    if bits == 1:
+        return [Precision(1, "binary"), Precision(1)]
+    return [Precision(bits), Precision(bits, "signed")]
+
+
+EPILOGUES = [
+    Epilogue(),
+    Epilogue(bias=True, relu=True, out=Precision(2), out_layout=BP),
+    Epilogue(bias=True, out="fp16"),
+    Epilogue(relu=True, out=Precision(4, "signed"), out_layout=Layout.INT8),
+    Epilogue(bias=True, out=Precision(3, "signed"), out_layout=BP),
+    Epilogue(bias=True, relu=True, out=Precision(1), out_layout=BP),
+]
+
+
+def conv(w: Precision, a: Precision, epi: Epilogue | None = None, **shape) -> ConvWorkload:
+    dims = dict(N=2, H=9, W=7, C=45, K=37, R=3, S=3, stride=1, pad=1)
+    dims.update(shape)
+    return ConvWorkload(w=w, a=a, w_layout=BP, a_layout=BP, epilogue=epi or Epilogue(), **dims)
+
+
+def gemm(w: Precision, a: Precision, epi: Epilogue | None = None, **shape) -> GemmWorkload:
+    dims = dict(M=77, N=45, K=300)
+    dims.update(shape)
+    return GemmWorkload(w=w, a=a, w_layout=BP, a_layout=BP, epilogue=epi or Epilogue(), **dims)
+
+
+# ---------------------------------------------------------------- CPU: space and compilation
+
+def test_registered():
+    assert get_template("cuda.bitserial") is BITSERIAL
+    assert BITSERIAL.backend == "cuda"
+
+
+def test_unsupported_workloads_have_reasons():
+    wl = conv(Precision(2), Precision(2))
+    assert BITSERIAL.supports(wl)
+    assert "bitplane" in BITSERIAL.unsupported_reason(wl.replace(a_layout=Layout.INT8))
+    assert "bits" in BITSERIAL.unsupported_reason(wl.replace(w=Precision(5)))
+    packed = Epilogue(out=Precision(2), out_layout=Layout.PACKED)
+    assert "packed" in BITSERIAL.unsupported_reason(wl.replace(epilogue=packed))
+    with pytest.raises(ValueError, match="bitplane"):
+        BITSERIAL.space(wl.replace(w_layout=Layout.PACKED))
+
+
+@pytest.mark.parametrize("wb,ab", [(1, 1), (1, 2), (2, 2), (3, 3), (4, 4), (2, 4)])
+def test_space_constraints_hold(wb, ab):
+    wl = conv(Precision(wb), Precision(ab), EPILOGUES[1], N=8, H=14, W=14, C=256, K=256)
+    space = BITSERIAL.space(wl)
+    assert len(space) > 0
+    default = BITSERIAL.default_config(wl)
+    assert default in space
+    for cfg in space:
+        assert cfg["BM"] % cfg["WM"] == 0 and cfg["BN"] % cfg["WN"] == 0
+        assert cfg["BN"] % 32 == 0  # bit-plane output packs whole words per block
+        assert bitserial.acc_regs(wl, cfg) <= bitserial.MAX_ACC_REGS
+        assert bitserial.smem_bytes(wl, cfg) <= bitserial.MAX_SMEM
+
+
+def test_invalid_config_is_rejected():
+    wl = gemm(Precision(1), Precision(2))
+    with pytest.raises(ValueError, match="invalid"):
+        BITSERIAL.build(wl, Config(BM=64, BN=64, WM=48, WN=32, KT=1, STAGES=2, PERSIST=0),
+                        arch="sm_80")
+
+
+def test_render_names_the_knobs():
+    wl = conv(Precision(2, "signed"), Precision(3), EPILOGUES[1], stride=2)
+    src = bitserial.render(wl, BITSERIAL.default_config(wl))
+    for name in ("BM", "BN", "WM", "WN", "KT", "STAGES", "PERSIST", "VEC", "STRIDE", "OUT_MODE"):
+        assert f"constexpr int {name} = " in src
+    assert "constexpr int STRIDE = 2;" in src and "constexpr int W_SIGNED = 1;" in src
+    assert "and.popc" in src
+
+
+def _compile_sample() -> list[tuple[object, Config]]:
+    rng = random.Random(6)
+    cases = []
+    for i, (wb, ab) in enumerate([(1, 1), (1, 2), (2, 2), (3, 4)]):
+        for make in (conv, gemm):
+            wl = make(rng.choice(encodings(wb)), rng.choice(encodings(ab)),
+                      EPILOGUES[i % len(EPILOGUES)])
+            cfg = BITSERIAL.space(wl).sample(1, rng)[0]
+            cases.append((wl, cfg))
+    return cases
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_nvrtc_compiles_sample_configs(arch, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
+    for wl, cfg in _compile_sample():
+        for persist in (0, 1):  # both kernel bodies
+            cfg = cfg.replace(PERSIST=persist)
+            if cfg in BITSERIAL.space(wl):
+                kernel = BITSERIAL.build(wl, cfg, arch=arch)
+                assert kernel._main.cubin[:4] == b"\x7fELF"
+                assert kernel._main.name == ("bitserial_persistent" if persist
+                                             else "bitserial_kernel")
+
+
+# ---------------------------------------------------------------- GPU: bit-exact
+
+def _poisoned_run(wl, cfg=None, seed=0):
+    """(kernel output over a poisoned buffer, reference output)."""
+    kernel = BITSERIAL.build(wl, cfg or BITSERIAL.default_config(wl))
+    x, w, params = random_inputs(wl, seed, device="cuda")
+    want = run(wl, x.cpu(), w.cpu(), params.to("cpu"))
+    out = torch.empty(want.shape, dtype=want.dtype, device="cuda")
+    out.view(torch.uint8).fill_(0xA5)
+    got = kernel(x, w, params, out=out)
+    assert got is out
+    return got.cpu(), want
+
+
+def _assert_exact(wl, cfg=None, seed=0):
+    got, want = _poisoned_run(wl, cfg, seed)
+    assert got.dtype == want.dtype and got.shape == want.shape, wl.key
+    if got.dtype == torch.float16:
+        got, want = got.view(torch.int16), want.view(torch.int16)
+    if not torch.equal(got, want):
+        bad = (got != want).nonzero()
+        pairs = [(tuple(i.tolist()), got[tuple(i)].item(), want[tuple(i)].item()) for i in bad[:6]]
+        raise AssertionError(f"{wl.key} {dict(cfg or BITSERIAL.default_config(wl))}: "
+                             f"{len(bad)}/{got.numel()} wrong; (index, got, want): {pairs}")
+
+
+_PAIRS = list(itertools.product(range(1, 5), range(1, 5)))
+
+
+@pytest.mark.parametrize("persist", [0, 1])
+@pytest.mark.parametrize("wb,ab", _PAIRS)
+@pytest.mark.parametrize("combo", range(4))
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bit_exact_every_precision_and_encoding(wb, ab, combo, persist):
+    """All four encoding pairs of every bit pair: two as convs (stride 1 and 2), two as GEMMs;
+    one-tile-per-block and persistent kernels."""
+    w_prec, a_prec = encodings(wb)[combo // 2], encodings(ab)[combo % 2]
+    epi = EPILOGUES[(wb * 4 + ab + combo) % len(EPILOGUES)]
+    if combo in (0, 3):
+        stride, pad = (2, 2) if combo == 3 else (1, 1)
+        taps = 1 + 2 * ((wb + ab) % 3)
+        wl = conv(w_prec, a_prec, epi, stride=stride, pad=pad, R=taps, S=taps)
+    else:
+        wl = gemm(w_prec, a_prec, epi, M=33 + 16 * combo, N=40 + wb, K=200 + 67 * ab)
+    cfg = BITSERIAL.default_config(wl).replace(PERSIST=persist)
+    _assert_exact(wl, cfg, seed=wb * 100 + ab * 10 + combo)
+
+
+@pytest.mark.parametrize("shape", [
+    dict(N=1, H=5, W=5, C=3, K=5, R=7, S=7, stride=2, pad=3),
+    dict(N=3, H=11, W=13, C=64, K=70, R=5, S=5, stride=1, pad=2),
+    dict(N=1, H=8, W=8, C=96, K=33, R=2, S=2, stride=2, pad=0),
+    dict(N=2, H=6, W=6, C=128, K=64, R=3, S=3, stride=1, pad=0),
+    dict(N=2, H=9, W=9, C=33, K=31, R=3, S=3, stride=2, pad=1),
+])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bit_exact_odd_conv_shapes(shape):
+    for i, (w, a) in enumerate([(Precision(1, "binary"), Precision(1, "binary")),
+                                (Precision(1, "binary"), Precision(2)),
+                                (Precision(2, "signed"), Precision(3, "signed"))]):
+        wl = conv(w, a, EPILOGUES[i + 1], **shape)
+        _assert_exact(wl, BITSERIAL.default_config(wl).replace(PERSIST=i % 2), seed=i)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bit_exact_across_configs():
+    rng = random.Random(1)
+    for wl in (conv(Precision(1, "binary"), Precision(2), EPILOGUES[1], N=4, C=96, K=96),
+               gemm(Precision(2, "signed"), Precision(2), EPILOGUES[0], M=200, N=130, K=700)):
+        for cfg in BITSERIAL.space(wl).sample(10, rng):
+            _assert_exact(wl, cfg, seed=rng.randrange(1000))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bit_exact_shared_workloads():
+    epi = Epilogue(bias=True, relu=True, out=Precision(2), out_layout=BP)
+    for suite in ("resnet18_b8", "apconv_sweep"):
+        for name, wl in load_workloads(suite, w=Precision(1, "binary"), a=Precision(2),
+                                       w_layout=BP, a_layout=BP, epilogue=epi):
+            if wl.gemm_shape[0] * wl.gemm_shape[1] * wl.gemm_shape[2] > 5e9:
+                continue  # keep the CPU reference quick
+            got, want = _poisoned_run(wl, seed=len(name))
+            assert torch.equal(got, want), name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bad_inputs_raise_before_launch():
+    wl = gemm(Precision(1), Precision(2))
+    kernel = BITSERIAL.build(wl, BITSERIAL.default_config(wl))
+    x, w, params = random_inputs(wl, 0, device="cuda")
+    with pytest.raises(TypeError, match="x"):
+        kernel(x.to(torch.int64), w, params)
+    with pytest.raises(ValueError, match="w"):
+        kernel(x, w[:, :-1].contiguous(), params)
+    with pytest.raises(ValueError, match="CUDA"):
+        kernel(x.cpu(), w.cpu(), params.to("cpu"))
