@@ -1,0 +1,64 @@
+"""Post-training calibration: set every activation range of a quantized model from data."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from .api import quant_layers
+
+
+def _batch_input(batch: object) -> torch.Tensor:
+    x = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+    if not isinstance(x, torch.Tensor):
+        raise TypeError("loader must yield tensors or (input, target) tuples/lists of tensors, "
+                        f"got {type(x).__name__}")
+    return x
+
+
+def calibrate(model: nn.Module, loader: Iterable, num_batches: int | None = None) -> nn.Module:
+    """Run `model` (eval mode, no grad) over `loader` with every activation observer
+    accumulating, then freeze the ranges (the same observer method as chosen in `quantize`).
+
+    loader: yields input tensors or (input, target) pairs, already on the model's device.
+    num_batches: stop after this many batches (default: the whole loader). Returns the model,
+    calibrated in place; its activation quantizers are `frozen` (QAT will not move them; set
+    `act_quant.frozen = False` to let training update them again).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    layers = quant_layers(model)
+    if not layers:
+        raise ValueError("model has no lowbit fake-quant layers: call lowbit.quantize first")
+    if not isinstance(loader, Iterable):
+        raise TypeError(f"loader must be an iterable of batches, got {type(loader).__name__}")
+    if num_batches is not None and (isinstance(num_batches, bool)
+                                    or not isinstance(num_batches, int) or num_batches < 1):
+        raise ValueError(f"num_batches must be None or an int >= 1, got {num_batches!r}")
+    quantizers = [layer.act_quant for _, layer in layers]
+    was_training = model.training
+    model.eval()
+    seen = 0
+    try:
+        for q in quantizers:
+            q.calibrating = True
+            q.observer.start_calibration()
+            q.mean_abs.zero_()
+        with torch.no_grad():
+            for batch in loader:
+                model(_batch_input(batch))
+                seen += 1
+                if num_batches is not None and seen >= num_batches:
+                    break
+    finally:
+        for q in quantizers:
+            q.calibrating = False
+        model.train(was_training)
+    if seen == 0:
+        raise ValueError("loader yielded no batches")
+    for q in quantizers:
+        q.observer.finish_calibration()
+        q.frozen = True
+    return model
