@@ -1,0 +1,19 @@
+"""Triton templates: int8 implicit-GEMM conv2d and GEMM (wgmma s8 on Hopper) and the conv on
+fp16 tensor cores, with the fused epilogue and packed sub-byte I/O. Importing this package
+registers them (`lowbit.kernels.get_template("triton.conv2d_int8")`)."""
+
+from ..base import register
+from .templates import (
+    Conv2dFp16Template,
+    Conv2dInt8Template,
+    GemmInt8Template,
+    IgemmKernel,
+    conv2d_fp16,
+)
+
+CONV2D_INT8 = register(Conv2dInt8Template())
+GEMM_INT8 = register(GemmInt8Template())
+CONV2D_FP16 = register(Conv2dFp16Template())
+
+__all__ = ["CONV2D_FP16", "CONV2D_INT8", "GEMM_INT8", "Conv2dFp16Template", "Conv2dInt8Template",
+           "GemmInt8Template", "IgemmKernel", "conv2d_fp16"]

@@ -1,0 +1,156 @@
+"""Triton device helpers shared by the implicit-GEMM kernels: operand unpacking and the fused
+epilogue (bias, ReLU, int32 / fp16 / requantized output, register-level packing).
+
+The integer semantics are exactly those of `lowbit.core.epilogue` (the oracle is
+`lowbit.reference.apply_epilogue`); storage formats are those of `lowbit.core.layout`.
+Encodings and layouts travel as small integer constexprs (see the ENC_* / OUT_* / LAYOUT_*
+constants) so each combination compiles to straight-line code.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ...core import Encoding, Layout
+
+# operand encodings (constexpr ints)
+ENC_UNSIGNED, ENC_SIGNED, ENC_BINARY = 0, 1, 2
+ENC_CODE = {Encoding.UNSIGNED: ENC_UNSIGNED, Encoding.SIGNED: ENC_SIGNED,
+            Encoding.BINARY: ENC_BINARY}
+# operand storage kinds
+SRC_INT8, SRC_PACKED, SRC_FLOAT = 0, 1, 2
+# output kinds
+OUT_KIND_INT32, OUT_KIND_FP16, OUT_KIND_REQUANT, OUT_KIND_FLOAT = 0, 1, 2, 3
+# output layouts
+LAYOUT_CODE = {Layout.INT8: 0, Layout.PACKED: 1, Layout.BITPLANE: 2}
+LAYOUT_INT8, LAYOUT_PACKED, LAYOUT_BITPLANE = 0, 1, 2
+
+
+@triton.jit
+def load_operand(ptr, row_off, chan, row_mask, chan_mask,
+                 SRC: tl.constexpr, BITS: tl.constexpr, ENC: tl.constexpr,
+                 ROWS_FIRST: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Load one operand tile and return it as DOT_DTYPE values (masked elements are 0).
+
+    row_off: element (int8/fp16) or byte (packed) offset of each row's channel 0; chan: channel
+    indices. ROWS_FIRST gives a [rows, chans] tile, else [chans, rows].
+    PACKED rows hold 8 // BITS elements per byte, LSB first (core.layout); they are unpacked
+    here, in registers, so only the packed bytes cross DRAM.
+    """
+    if ROWS_FIRST:
+        mask = row_mask[:, None] & chan_mask[None, :]
+    else:
+        mask = chan_mask[:, None] & row_mask[None, :]
+    if SRC == 1:
+        PER: tl.constexpr = 8 // BITS
+        byte = chan // PER
+        shift = (chan % PER) * BITS
+        if ROWS_FIRST:
+            raw = tl.load(ptr + row_off[:, None] + byte[None, :], mask=mask, other=0)
+            pat = (raw.to(tl.int32) >> shift[None, :]) & ((1 << BITS) - 1)
+        else:
+            raw = tl.load(ptr + byte[:, None] + row_off[None, :], mask=mask, other=0)
+            pat = (raw.to(tl.int32) >> shift[:, None]) & ((1 << BITS) - 1)
+        if ENC == 2:
+            val = 2 * pat - 1
+        elif ENC == 1:
+            val = pat - ((pat >> (BITS - 1)) & 1) * (1 << BITS)
+        else:
+            val = pat
+        val = tl.where(mask, val, 0)
+    else:
+        if ROWS_FIRST:
+            val = tl.load(ptr + row_off[:, None] + chan[None, :], mask=mask, other=0)
+        else:
+            val = tl.load(ptr + chan[:, None] + row_off[None, :], mask=mask, other=0)
+    return val.to(DOT_DTYPE)
+
+
+@triton.jit
+def epilogue_store(acc, offs_m, n0, M, NOUT, out_ptr, out_row, out_plane,
+                   bias_ptr, scale_ptr, mult_ptr, shift_ptr,
+                   HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
+                   OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr,
+                   QMIN: tl.constexpr, QMAX: tl.constexpr, WIDE: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Apply the epilogue to an accumulator tile [BLOCK_M, BLOCK_N] and store it.
+
+    Rows are output pixels (GEMM rows), columns output channels. out_row is the storage row
+    stride (elements of the output dtype), out_plane the bit-plane stride (int32 words);
+    n0 is the tile's first output channel (a multiple of BLOCK_N).
+    WIDE: acc + bias may leave int32 (the launcher checks |acc| bound + max|bias|), so bias and
+    ReLU run in int64; otherwise in int32, which halves the epilogue's registers (an int64
+    tile of 128 x 128 over 128 threads alone is 256 registers per thread).
+    """
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < NOUT
+    mask = m_mask[:, None] & n_mask[None, :]
+    if OUT_KIND == 3:
+        # float path (conv2d_fp16): fp32 accumulator -> fp16, no epilogue
+        ptrs = out_ptr + offs_m[:, None] * out_row + offs_n[None, :]
+        tl.store(ptrs, acc.to(tl.float16), mask=mask)
+    else:
+        if WIDE:
+            y = acc.to(tl.int64)
+        else:
+            y = acc
+        if HAS_BIAS:
+            b = tl.load(bias_ptr + offs_n, mask=n_mask, other=0)
+            y = y + b.to(y.dtype)[None, :]
+        if RELU:
+            y = tl.maximum(y, 0)
+        if OUT_KIND == 0:
+            ptrs = out_ptr + offs_m[:, None] * out_row + offs_n[None, :]
+            tl.store(ptrs, y.to(tl.int32), mask=mask)
+        elif OUT_KIND == 1:
+            sc = tl.load(scale_ptr + offs_n, mask=n_mask, other=0.0)
+            ptrs = out_ptr + offs_m[:, None] * out_row + offs_n[None, :]
+            tl.store(ptrs, (y.to(tl.float32) * sc[None, :]).to(tl.float16), mask=mask)
+        else:
+            mul = tl.load(mult_ptr + offs_n, mask=n_mask, other=1).to(tl.int64)
+            sh = tl.load(shift_ptr + offs_n, mask=n_mask, other=1).to(tl.int64)
+            rnd = tl.full([BLOCK_N], 1, tl.int64) << (sh - 1)
+            # fixed-point requantization, round half up; the int64 product is exact
+            q = (y.to(tl.int64) * mul[None, :] + rnd[None, :]) >> sh[None, :]
+            q = tl.minimum(tl.maximum(q, QMIN), QMAX).to(tl.int32)
+            if OUT_LAYOUT == 0:
+                ptrs = out_ptr + offs_m[:, None] * out_row + offs_n[None, :]
+                tl.store(ptrs, q.to(out_ptr.dtype.element_ty), mask=mask)
+            else:
+                pat = tl.where(n_mask[None, :], q & ((1 << OUT_BITS) - 1), 0)
+                pack_store(pat, offs_m, m_mask, n0, out_ptr, out_row, out_plane,
+                           OUT_LAYOUT, OUT_BITS, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def pack_store(pat, offs_m, m_mask, n0, out_ptr, out_row, out_plane,
+               OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pack OUT_BITS-bit patterns [BLOCK_M, BLOCK_N] along channels in registers and store.
+
+    PACKED: 8 // OUT_BITS patterns per uint8, LSB first. BITPLANE: one int32 word per 32
+    channels and plane (channel c -> bit c % 32), planes out_plane words apart. Patterns of
+    channels >= K are 0 on entry, so the padding bits come out 0.
+    """
+    if OUT_LAYOUT == 1:
+        PER: tl.constexpr = 8 // OUT_BITS
+        NB: tl.constexpr = BLOCK_N // PER
+        p3 = tl.reshape(pat, (BLOCK_M, NB, PER))
+        sh = tl.arange(0, PER) * OUT_BITS
+        byte = tl.sum(p3 << sh[None, None, :], axis=2)
+        col = n0 // PER + tl.arange(0, NB)
+        ptrs = out_ptr + offs_m[:, None] * out_row + col[None, :]
+        bmask = m_mask[:, None] & (col[None, :] < out_row)
+        tl.store(ptrs, byte.to(tl.uint8), mask=bmask)
+    else:
+        NW: tl.constexpr = BLOCK_N // 32
+        p3 = tl.reshape(pat, (BLOCK_M, NW, 32)).to(tl.uint32)
+        lane = tl.arange(0, 32).to(tl.uint32)
+        col = n0 // 32 + tl.arange(0, NW)
+        wmask = m_mask[:, None] & (col[None, :] < out_row)
+        for i in tl.static_range(OUT_BITS):
+            word = tl.sum(((p3 >> i) & 1) << lane[None, None, :], axis=2)
+            ptrs = out_ptr + i * out_plane + offs_m[:, None] * out_row + col[None, :]
+            tl.store(ptrs, word.to(tl.int32, bitcast=True), mask=wmask)

@@ -1,0 +1,218 @@
+"""The one implicit-GEMM Triton kernel behind the conv and GEMM templates.
+
+GEMM view of conv2d (NHWC x KRSC -> NPQK): rows m = (n, p, q) output pixels, columns = the K
+filters, reduction over (r, s, c). The reduction loop is flattened over (r, s, C-chunk) so that
+Triton software-pipelines all of it (num_stages), whatever C is; the im2col operand is never
+materialized: each iteration gathers BLOCK_M input pixels shifted by (r, s) from NHWC memory,
+zero-masking padding and channels past C. A GEMM is the case H = W = R = S = 1 (IS_GEMM skips
+the spatial index arithmetic). Tiles are visited in GROUP_M-row groups (L2 reuse of weights);
+split-K writes int32 partials that a second small kernel sums before the epilogue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .epilogue import OUT_KIND_FLOAT, epilogue_store, load_operand
+
+
+@triton.jit
+def igemm_kernel(
+    x_ptr, w_ptr, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr,
+    M, NOUT, H, W, C, P, Q, conv_stride, pad,
+    x_row, w_row, out_row, out_plane, iters_per_split,
+    R: tl.constexpr, S: tl.constexpr, IS_GEMM: tl.constexpr,
+    A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr,
+    W_SRC: tl.constexpr, W_BITS: tl.constexpr, W_ENC: tl.constexpr,
+    DOT_FP16: tl.constexpr,
+    HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
+    OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
+    WIDE: tl.constexpr, SPLIT_K: tl.constexpr, LOOP_CRS: tl.constexpr, EVEN_C: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(NOUT, BLOCK_N)
+    # grouped (swizzled) tile order: GROUP_M row tiles share each weight tile in L2
+    per_group = GROUP_M * num_pid_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < NOUT
+    if not IS_GEMM:
+        n_img = offs_m // (P * Q)
+        pq = offs_m % (P * Q)
+        ih0 = (pq // Q) * conv_stride - pad
+        iw0 = (pq % Q) * conv_stride - pad
+    w_base = offs_n * (R * S)
+
+    if DOT_FP16:
+        DOT_T: tl.constexpr = tl.float16
+        ACC_T: tl.constexpr = tl.float32
+    else:
+        DOT_T: tl.constexpr = tl.int8
+        ACC_T: tl.constexpr = tl.int32
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_T)
+
+    chunks = tl.cdiv(C, BLOCK_K)
+    total = R * S * chunks
+    it_lo = pid_k * iters_per_split
+    it_hi = tl.minimum(it_lo + iters_per_split, total)
+    for it in range(it_lo, it_hi):
+        if LOOP_CRS:
+            cc = it // (R * S)
+            rs = it % (R * S)
+        else:
+            rs = it // chunks
+            cc = it % chunks
+        chan = cc * BLOCK_K + tl.arange(0, BLOCK_K)
+        if EVEN_C:
+            # C % BLOCK_K == 0: no channel mask, so loads stay 16-byte vectors
+            c_mask = tl.full([BLOCK_K], 1, tl.int1)
+        else:
+            c_mask = chan < C
+        if IS_GEMM:
+            a_off = offs_m * x_row
+            a_mask = m_mask
+        else:
+            ih = ih0 + rs // S
+            iw = iw0 + rs % S
+            a_mask = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            a_off = ((n_img * H + ih) * W + iw) * x_row
+        a = load_operand(x_ptr, a_off, chan, a_mask, c_mask, A_SRC, A_BITS, A_ENC, True, DOT_T)
+        b = load_operand(w_ptr, (w_base + rs) * w_row, chan, n_mask, c_mask,
+                         W_SRC, W_BITS, W_ENC, False, DOT_T)
+        acc = tl.dot(a, b, acc, out_dtype=ACC_T)
+
+    if DOT_FP16 and OUT_KIND != 3:
+        # integer operands on fp16 tensor cores: every partial sum is an integer < 2^24 (checked
+        # by the template), so the fp32 accumulator holds it exactly
+        acc = acc.to(tl.int32)
+    if SPLIT_K > 1:
+        ptrs = out_ptr + pid_k * M * NOUT + offs_m[:, None] * NOUT + offs_n[None, :]
+        tl.store(ptrs, acc, mask=m_mask[:, None] & n_mask[None, :])
+    else:
+        epilogue_store(acc, offs_m, pid_n * BLOCK_N, M, NOUT, out_ptr, out_row, out_plane,
+                       bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS, RELU, OUT_KIND,
+                       OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def split_k_epilogue_kernel(
+    part_ptr, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr,
+    M, NOUT, out_row, out_plane,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, RELU: tl.constexpr,
+    OUT_KIND: tl.constexpr, OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr,
+    QMIN: tl.constexpr, QMAX: tl.constexpr, WIDE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Sum the SPLIT_K int32 partial tiles [SPLIT_K, M, NOUT], then run the epilogue."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m < M)[:, None] & (offs_n < NOUT)[None, :]
+    ptrs = part_ptr + offs_m[:, None] * NOUT + offs_n[None, :]
+    if OUT_KIND == 3:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for i in tl.static_range(SPLIT_K):
+        acc += tl.load(ptrs + i * M * NOUT, mask=mask, other=0)
+    epilogue_store(acc, offs_m, pid_n * BLOCK_N, M, NOUT, out_ptr, out_row, out_plane,
+                   bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS, RELU, OUT_KIND,
+                   OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_M, BLOCK_N)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Everything the kernel needs to know about one call except the tensors.
+
+    Strides are in storage elements: x_row per input pixel (GEMM row), w_row per (k, r, s)
+    filter row, out_row per output row, out_plane per bit plane. `operand` fields are
+    (SRC_*, bits, ENC_*) triples; `out` is (OUT_KIND_*, LAYOUT_*, bits, qmin, qmax).
+    """
+
+    M: int
+    NOUT: int
+    H: int
+    W: int
+    C: int
+    P: int
+    Q: int
+    stride: int
+    pad: int
+    R: int
+    S: int
+    is_gemm: bool
+    x_row: int
+    w_row: int
+    out_row: int
+    out_plane: int
+    a_operand: tuple[int, int, int]
+    w_operand: tuple[int, int, int]
+    dot_fp16: bool
+    bias: bool
+    relu: bool
+    out: tuple[int, int, int, int, int]
+    wide: bool = False  # acc + bias may leave int32: bias and ReLU in int64
+
+
+def launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
+           bias: torch.Tensor | None, scale: torch.Tensor | None,
+           mult: torch.Tensor | None, shift: torch.Tensor | None,
+           compile_only: bool = False):
+    """Run the kernel for one validated call; writes and returns `out`. No checks here.
+
+    compile_only: compile (fill Triton's cache) without launching (`JITFunction.warmup`) and
+    return the main kernel's CompiledKernel (n_regs, n_spills, asm) instead of `out`.
+    """
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    split = int(cfg.get("SPLIT_K", 1))
+    total = prob.R * prob.S * triton.cdiv(prob.C, bk)
+    per_split = triton.cdiv(total, split)
+    tiles = triton.cdiv(prob.M, bm) * triton.cdiv(prob.NOUT, bn)
+    vecs = [t if t is not None else out for t in (bias, scale, mult, shift)]
+    kind, layout, obits, qmin, qmax = prob.out
+    epi = dict(HAS_BIAS=prob.bias, RELU=prob.relu, OUT_KIND=kind, OUT_LAYOUT=layout,
+               OUT_BITS=obits, QMIN=qmin, QMAX=qmax, WIDE=prob.wide)
+    target = out
+    if split > 1:
+        acc_dtype = torch.float32 if kind == OUT_KIND_FLOAT else torch.int32
+        target = torch.empty((split, prob.M, prob.NOUT), dtype=acc_dtype, device=x.device)
+    args = (x, w, target, *vecs,
+            prob.M, prob.NOUT, prob.H, prob.W, prob.C, prob.P, prob.Q, prob.stride, prob.pad,
+            prob.x_row, prob.w_row, prob.out_row, prob.out_plane, per_split)
+    kwargs = dict(
+        R=prob.R, S=prob.S, IS_GEMM=prob.is_gemm,
+        A_SRC=prob.a_operand[0], A_BITS=prob.a_operand[1], A_ENC=prob.a_operand[2],
+        W_SRC=prob.w_operand[0], W_BITS=prob.w_operand[1], W_ENC=prob.w_operand[2],
+        DOT_FP16=prob.dot_fp16, SPLIT_K=split, LOOP_CRS=cfg.get("LOOP_ORDER", "rsc") == "crs",
+        EVEN_C=prob.C % bk == 0,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.get("GROUP_M", 8),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **epi)
+    compiled = _run(igemm_kernel, (tiles, split), args, kwargs, compile_only)
+    if split > 1:
+        rbm, rbn = 64, max(32, min(bn, 128))
+        grid = (triton.cdiv(prob.M, rbm), triton.cdiv(prob.NOUT, rbn))
+        args = (target, out, *vecs, prob.M, prob.NOUT, prob.out_row, prob.out_plane)
+        kwargs = dict(SPLIT_K=split, BLOCK_M=rbm, BLOCK_N=rbn, num_warps=4, **epi)
+        _run(split_k_epilogue_kernel, grid, args, kwargs, compile_only)
+    return compiled if compile_only else out
+
+
+def _run(fn, grid: tuple[int, int], args: tuple, kwargs: dict, compile_only: bool):
+    if compile_only:
+        return fn.warmup(*args, grid=grid, **kwargs)
+    return fn[grid](*args, **kwargs)

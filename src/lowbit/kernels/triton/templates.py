@@ -1,0 +1,375 @@
+"""Triton implicit-GEMM templates: int8 conv2d, int8 GEMM, and conv2d on fp16 tensor cores.
+
+All three drive the one kernel in `igemm.py`. Knobs (compile-time constexprs; shapes stay
+run-time arguments, so one compiled kernel serves every layer of the same filter size):
+  BLOCK_M, BLOCK_N, BLOCK_K  tile of output pixels x filters x reduction (r, s, c) elements
+  num_warps, num_stages      warps per program, software-pipeline depth
+  GROUP_M                    row tiles per group of the swizzled tile order (L2 reuse)
+  LOOP_ORDER                 conv only: "rsc" (filter tap outer, channel chunk inner) or "crs"
+  SPLIT_K                    reduction split over programs, only where the tile grid under-fills
+                             the GPU (the partial sums are int32 / fp32, summed by a second kernel)
+
+Exactness: the int8 path accumulates in int32 and the fp16 path in fp32; a template refuses a
+workload whose worst-case |accumulator| could leave that exact range (2^31 resp. 2^24), so
+integer outputs always equal `lowbit.reference.run` bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable
+
+import torch
+
+from ...core import (
+    OUT_FP16,
+    Config,
+    ConfigSpace,
+    ConvWorkload,
+    GemmWorkload,
+    Knob,
+    Layout,
+    Workload,
+)
+from ...core.precision import Encoding, Precision
+from ...core.validate import check_inputs, out_storage
+from ..base import KernelTemplate
+from .epilogue import (
+    ENC_CODE,
+    LAYOUT_CODE,
+    OUT_KIND_FLOAT,
+    OUT_KIND_FP16,
+    OUT_KIND_INT32,
+    OUT_KIND_REQUANT,
+    SRC_FLOAT,
+    SRC_INT8,
+    SRC_PACKED,
+)
+from .igemm import Problem, launch
+
+#: shared memory a program may stage (H100: 227 KiB per block; headroom for the epilogue)
+SMEM_LIMIT = 220 * 1024
+#: int32 / fp32 accumulator registers per thread above which Triton spills
+ACC_REGS_LIMIT = 128
+#: streaming multiprocessors of an H100 SXM: split-K only where the tile grid is smaller
+NUM_SMS = 132
+EXACT_INT32 = 2**31
+EXACT_FP32 = 2**24
+
+
+def interpreting() -> bool:
+    """True when Triton runs in its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _max_abs(p: Precision) -> int:
+    return max(abs(p.qmin), abs(p.qmax))
+
+
+def acc_bound(wl: Workload) -> int:
+    """Worst-case |accumulator| of the workload's conv / GEMM."""
+    return _max_abs(wl.a) * _max_abs(wl.w) * wl.gemm_shape[2]
+
+
+def _operand(prec: Precision, layout: Layout) -> tuple[int, int, int]:
+    src = SRC_PACKED if layout is Layout.PACKED else SRC_INT8
+    return src, prec.bits, ENC_CODE[prec.encoding]
+
+
+def _storage_width(channels: int, prec: Precision, layout: Layout) -> int:
+    return -(-channels * prec.bits // 8) if layout is Layout.PACKED else channels
+
+
+def problem(wl: Workload, dot_fp16: bool) -> Problem:
+    """The kernel's view of a workload (strides in storage elements)."""
+    m, nout, _ = wl.gemm_shape
+    epi = wl.epilogue
+    if epi.requantizes:
+        kind, prec = OUT_KIND_REQUANT, epi.out
+        out = (kind, LAYOUT_CODE[epi.out_layout], prec.bits, prec.qmin, prec.qmax)
+        if epi.out_layout is Layout.BITPLANE:
+            out_row = -(-nout // 32)
+            out_plane = m * out_row
+        else:
+            out_row, out_plane = _storage_width(nout, prec, epi.out_layout), 0
+    else:
+        kind = OUT_KIND_FP16 if epi.out == OUT_FP16 else OUT_KIND_INT32
+        out, out_row, out_plane = (kind, 0, 32, 0, 0), nout, 0
+    if isinstance(wl, ConvWorkload):
+        shape = dict(H=wl.H, W=wl.W, C=wl.C, P=wl.P, Q=wl.Q, stride=wl.stride, pad=wl.pad,
+                     R=wl.R, S=wl.S, is_gemm=False)
+        chans = wl.C
+    else:
+        shape = dict(H=1, W=1, C=wl.K, P=1, Q=1, stride=1, pad=0, R=1, S=1, is_gemm=True)
+        chans = wl.K
+    return Problem(
+        M=m, NOUT=nout, **shape,
+        x_row=_storage_width(chans, wl.a, wl.a_layout),
+        w_row=_storage_width(chans, wl.w, wl.w_layout),
+        out_row=out_row, out_plane=out_plane,
+        a_operand=_operand(wl.a, wl.a_layout), w_operand=_operand(wl.w, wl.w_layout),
+        dot_fp16=dot_fp16, bias=epi.bias, relu=epi.relu, out=out)
+
+
+def _check_device(x: torch.Tensor) -> None:
+    if x.device.type != "cuda" and not interpreting():
+        raise ValueError(f"x must be on a CUDA device for Triton kernels, got {x.device} "
+                         "(set TRITON_INTERPRET=1 to run them on the CPU)")
+
+
+class IgemmKernel:
+    """One compiled (workload, config): `kernel(x, w, params, out=None) -> out`.
+
+    `out`, if given, must be a contiguous tensor of the output's storage shape and dtype
+    (tests pass a poisoned buffer; benchmarks reuse one); otherwise a new one is allocated.
+    """
+
+    def __init__(self, template: str, workload: Workload, config: Config, prob: Problem):
+        self.template = template
+        self.workload = workload
+        self.config = config
+        self.problem = prob
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, params,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.bind(x, w, params, out)()
+
+    def bind(self, x: torch.Tensor, w: torch.Tensor, params,
+             out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
+        """Validate once, return a no-argument launcher for these tensors (CUDA-graph capture
+        and timing: `check_inputs` reads the epilogue vectors, a device sync on CUDA)."""
+        check_inputs(self.workload, x, w, params)
+        _check_device(x)
+        shape, dtype = out_storage(self.workload)
+        if out is None:
+            out = torch.empty(shape, dtype=dtype, device=x.device)
+        elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape)
+              or out.dtype != dtype or not out.is_contiguous() or out.device != x.device):
+            raise ValueError(f"out must be a contiguous {dtype} tensor of shape {tuple(shape)} "
+                             f"on {x.device}")
+        prob, cfg = self.problem, self.config
+        if self.workload.epilogue.bias and not prob.wide:
+            top = int(params.bias.to(torch.int64).abs().max()) if params.bias.numel() else 0
+            if acc_bound(self.workload) + top >= EXACT_INT32:
+                prob = dataclasses.replace(prob, wide=True)
+        vecs = (params.bias, params.scale, params.multiplier, params.shift)
+        return lambda: launch(prob, cfg, x, w, out, *vecs)
+
+    def compile(self):
+        """Compile ahead of time (fills Triton's on-disk cache) without launching; returns
+        Triton's CompiledKernel (n_regs, n_spills, asm), None under the interpreter."""
+        if interpreting() or not torch.cuda.is_available():
+            return None
+        wl, dev = self.workload, torch.device("cuda")
+        from ...core.validate import storage_dtype
+
+        x = torch.empty(16, dtype=storage_dtype(wl.a, wl.a_layout), device=dev)
+        w = torch.empty(16, dtype=storage_dtype(wl.w, wl.w_layout), device=dev)
+        out = torch.empty(16, dtype=out_storage(wl)[1], device=dev)
+        vec = torch.empty(16, dtype=torch.int32, device=dev)
+        sc = torch.empty(16, dtype=torch.float32, device=dev)
+        return launch(self.problem, self.config, x, w, out, vec, sc, vec, vec,
+                      compile_only=True)
+
+
+class _IgemmTemplate(KernelTemplate):
+    backend = "triton"
+    dot_fp16 = False
+    workload_type: type = Workload
+
+    # ---------------------------------------------------------------- support
+    def unsupported_reason(self, wl: Workload) -> str | None:
+        if not isinstance(wl, self.workload_type):
+            return f"needs a {self.workload_type.__name__}, got {type(wl).__name__}"
+        for name, layout in (("a_layout", wl.a_layout), ("w_layout", wl.w_layout)):
+            if layout is Layout.BITPLANE:
+                return f"{name} 'bitplane' operands are served by the bit-serial templates"
+        if not self.dot_fp16:
+            for name, p in (("a", wl.a), ("w", wl.w)):
+                if p.encoding is Encoding.UNSIGNED and p.bits == 8:
+                    return (f"{name}={p} values exceed the int8 range of the int8 tensor cores "
+                            "(use s8, <= 7 bits, or triton.conv2d_fp16)")
+        bound = acc_bound(wl)
+        limit = EXACT_FP32 if self.dot_fp16 else EXACT_INT32
+        if bound >= limit:
+            acc = "fp32" if self.dot_fp16 else "int32"
+            return (f"worst-case |accumulator| {bound} >= {limit}: the {acc} accumulator would "
+                    "not be exact")
+        return None
+
+    # ---------------------------------------------------------------- space
+    def _elem_bytes(self) -> int:
+        return 2 if self.dot_fp16 else 1
+
+    def _tiles(self, wl: Workload, cfg: Config) -> int:
+        m, n, _ = wl.gemm_shape
+        return math.ceil(m / cfg["BLOCK_M"]) * math.ceil(n / cfg["BLOCK_N"])
+
+    def _iters(self, wl: Workload, block_k: int) -> int:
+        taps = wl.R * wl.S if isinstance(wl, ConvWorkload) else 1
+        chans = wl.C if isinstance(wl, ConvWorkload) else wl.K
+        return taps * math.ceil(chans / block_k)
+
+    def _split_values(self, wl: Workload) -> tuple[int, ...]:
+        m, n, _ = wl.gemm_shape
+        # split-K helps only when even 64 x 64 tiles leave SMs idle and the reduction is long
+        if math.ceil(m / 64) * math.ceil(n / 64) < NUM_SMS and self._iters(wl, 64) >= 8:
+            return (1, 4)
+        return (1,)
+
+    def knobs(self, wl: Workload) -> list[Knob]:
+        knobs = [Knob("BLOCK_M", (64, 128, 256)), Knob("BLOCK_N", (32, 64, 128, 256)),
+                 Knob("BLOCK_K", (32, 64, 128)), Knob("num_warps", (4, 8)),
+                 Knob("num_stages", (2, 3, 4)), Knob("GROUP_M", (1, 8))]
+        if isinstance(wl, ConvWorkload):
+            knobs.append(Knob("LOOP_ORDER", ("rsc", "crs") if wl.R * wl.S > 1 else ("rsc",)))
+        knobs.append(Knob("SPLIT_K", self._split_values(wl)))
+        return knobs
+
+    def constraints(self, wl: Workload) -> list:
+        m, n, _ = wl.gemm_shape
+        chans = wl.C if isinstance(wl, ConvWorkload) else wl.K
+        elem = self._elem_bytes()
+
+        def smem(c: Config) -> str | None:
+            need = c["num_stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * elem
+            return f"shared memory {need} B > {SMEM_LIMIT} B" if need > SMEM_LIMIT else None
+
+        def registers(c: Config) -> str | None:
+            per_thread = c["BLOCK_M"] * c["BLOCK_N"] // (32 * c["num_warps"])
+            if per_thread > ACC_REGS_LIMIT:
+                return f"{per_thread} accumulator registers per thread > {ACC_REGS_LIMIT}"
+            return None
+
+        def warpgroups(c: Config) -> str | None:
+            # wgmma: each warpgroup (4 warps) owns >= 64 rows; 8 warps split BLOCK_M in two
+            if c["num_warps"] == 8 and c["BLOCK_M"] < 128:
+                return "num_warps=8 needs BLOCK_M >= 128 (two m64 warpgroups)"
+            return None
+
+        def fits(c: Config) -> str | None:
+            if c["BLOCK_M"] > max(64, _pow2_ceil(m)):
+                return f"BLOCK_M={c['BLOCK_M']} exceeds M={m} rounded up"
+            if c["BLOCK_N"] > max(32, _pow2_ceil(n)):
+                return f"BLOCK_N={c['BLOCK_N']} exceeds N={n} rounded up"
+            if c["BLOCK_N"] == 32 and n > 64:
+                return "BLOCK_N=32 only for N <= 64 (narrower tiles re-read the im2col operand)"
+            if c["BLOCK_K"] > max(32, _pow2_ceil(chans)):
+                return f"BLOCK_K={c['BLOCK_K']} exceeds C={chans} rounded up"
+            return None
+
+        def split(c: Config) -> str | None:
+            if c["SPLIT_K"] == 1:
+                return None
+            if c["BLOCK_M"] * c["BLOCK_N"] > 128 * 128:
+                return "SPLIT_K > 1 only with tiles of at most 128 x 128"
+            if self._tiles(wl, c) * c["SPLIT_K"] > 2 * NUM_SMS:
+                return "SPLIT_K > 1 only while the tile grid under-fills the GPU"
+            if self._iters(wl, c["BLOCK_K"]) < 4 * c["SPLIT_K"]:
+                return "SPLIT_K leaves fewer than 4 reduction steps per split"
+            return None
+
+        def group(c: Config) -> str | None:
+            if c["GROUP_M"] > 1 and math.ceil(m / c["BLOCK_M"]) < 2 * c["GROUP_M"]:
+                return "GROUP_M > 1 needs at least 2 groups of row tiles"
+            return None
+
+        return [fits, smem, registers, warpgroups, split, group]
+
+    def space(self, wl: Workload) -> ConfigSpace:
+        self.check_supported(wl)
+        return ConfigSpace(self.knobs(wl), self.constraints(wl))
+
+    def default_config(self, wl: Workload) -> Config:
+        """The untuned baseline: 128 x 128 x 64 tiles, 4 warps, 3 stages (Triton's tutorial)."""
+        space = self.space(wl)
+        m, n, _ = wl.gemm_shape
+        chans = wl.C if isinstance(wl, ConvWorkload) else wl.K
+        want = {"BLOCK_M": 128 if m > 64 else 64, "BLOCK_N": min(128, max(32, _pow2_ceil(n))),
+                "BLOCK_K": 64 if chans > 32 else 32, "num_warps": 4, "num_stages": 3,
+                "GROUP_M": 8, "LOOP_ORDER": "rsc", "SPLIT_K": 1}
+        cfg = Config({k: want[k] for k in space.names})
+        if space.is_valid(cfg):
+            return cfg
+        cfg = cfg.replace(GROUP_M=1)
+        return cfg if space.is_valid(cfg) else space.all_configs()[0]
+
+    def launch_shape(self, wl: Workload, config: Config) -> dict:
+        """Launch shape for `lowbit.perfmodel.launch_shape`: tiles stage 8-bit (16-bit for fp16)
+        elements in shared memory whatever the stored bit width (unpacked on load)."""
+        return dict(block_m=config["BLOCK_M"], block_n=config["BLOCK_N"],
+                    block_k=config["BLOCK_K"], warps=config["num_warps"],
+                    stages=config["num_stages"], split_k=config["SPLIT_K"],
+                    operand_bits=8 * self._elem_bytes())
+
+    # ---------------------------------------------------------------- build
+    def build(self, wl: Workload, config: Config) -> IgemmKernel:
+        self.check_supported(wl)
+        config = Config(config)
+        reason = self.space(wl).why_invalid(config)
+        if reason:
+            raise ValueError(f"config {config} is not in {self.name}'s space for {wl.key}: "
+                             f"{reason}")
+        return IgemmKernel(self.name, wl, config, problem(wl, self.dot_fp16))
+
+
+class Conv2dInt8Template(_IgemmTemplate):
+    """NHWC x KRSC conv2d on int8 tensor cores (wgmma s8 on Hopper), fused epilogue."""
+
+    name = "triton.conv2d_int8"
+    workload_type = ConvWorkload
+
+
+class GemmInt8Template(_IgemmTemplate):
+    """a [M, K] x b [N, K]^T on int8 tensor cores, fused epilogue."""
+
+    name = "triton.gemm_int8"
+    workload_type = GemmWorkload
+
+
+class Conv2dFp16Template(_IgemmTemplate):
+    """The conv template on fp16 tensor cores: integer operands are exact in fp16, and the fp32
+    accumulator is exact while the worst-case |sum| < 2^24 (checked); u8 operands allowed."""
+
+    name = "triton.conv2d_fp16"
+    workload_type = ConvWorkload
+    dot_fp16 = True
+
+
+def conv2d_fp16(x: torch.Tensor, w: torch.Tensor, stride: int = 1, pad: int = 0,
+                config: Config | None = None) -> torch.Tensor:
+    """Float conv2d on fp16 tensor cores (the TVM tutorial's operator): x [N, H, W, C] fp16
+    NHWC, w [K, R, S, C] fp16 KRSC -> [N, P, Q, K] fp16 (fp32 accumulation, one rounding at the
+    end: relative L2 error vs a float64 reference about 1e-3, fp16 output rounding).
+    `config` is a point of `Conv2dFp16Template().space(...)` of the same shape."""
+    for name, t in (("x", x), ("w", w)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.float16 or t.dim() != 4 or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous 4-d float16 tensor, got {t.dtype} "
+                             f"{tuple(t.shape)} contiguous={t.is_contiguous()}")
+    if w.device != x.device:
+        raise ValueError(f"w is on {w.device}, expected {x.device}")
+    if w.shape[3] != x.shape[3]:
+        raise ValueError(f"w has C={w.shape[3]} channels, x has C={x.shape[3]}")
+    _check_device(x)
+    n, h, wd, c = x.shape
+    k, r, s, _ = w.shape
+    wl = ConvWorkload(N=n, H=h, W=wd, C=c, K=k, R=r, S=s, stride=stride, pad=pad)
+    template = Conv2dFp16Template()
+    cfg = Config(config) if config is not None else template.default_config(wl)
+    reason = ConfigSpace(template.knobs(wl), template.constraints(wl)).why_invalid(cfg)
+    if reason:
+        raise ValueError(f"config {cfg} is not valid for this conv: {reason}")
+    prob = problem(wl, dot_fp16=True)
+    prob = Problem(**{**prob.__dict__, "a_operand": (SRC_FLOAT, 16, 0),
+                      "w_operand": (SRC_FLOAT, 16, 0), "bias": False, "relu": False,
+                      "out": (OUT_KIND_FLOAT, 0, 16, 0, 0)})
+    out = torch.empty((n, wl.P, wl.Q, k), dtype=torch.float16, device=x.device)
+    return launch(prob, cfg, x, w, out, None, None, None, None)

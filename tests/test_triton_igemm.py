@@ -1,0 +1,258 @@
+"""Triton implicit-GEMM templates (conv2d int8, GEMM int8, conv2d on fp16 tensor cores).
+
+CPU: under TRITON_INTERPRET=1 (tests/conftest.py sets it when no GPU exists) on tiny odd
+shapes: every epilogue and output packing, packed sub-byte inputs, stride 2 and padding,
+split-K and the grouped tile order, all bit-exact against `lowbit.reference.run` with a
+poisoned output buffer. GPU (`gpu` mark): every shared workload at its default config and a
+sampled config, plus packed I/O on real layer shapes.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload, Layout, load_workloads
+from lowbit.core.validate import out_storage
+from lowbit.kernels import get_template
+from lowbit.kernels.triton import CONV2D_FP16, CONV2D_INT8, GEMM_INT8, IgemmKernel, conv2d_fp16
+from lowbit.kernels.triton.templates import problem
+from lowbit.reference import random_inputs, run
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+EPILOGUES = [
+    Epilogue(),
+    Epilogue(bias=True, relu=True, out="s8"),
+    Epilogue(relu=True, out="u8"),
+    Epilogue(bias=True, out="fp16"),
+    Epilogue(bias=True, relu=True, out="u4", out_layout="packed"),
+    Epilogue(out="s2", out_layout="packed"),
+    Epilogue(relu=True, out="u1", out_layout="packed"),
+    Epilogue(bias=True, out="s3", out_layout="bitplane"),
+    Epilogue(relu=True, out="u2", out_layout="bitplane"),
+]
+
+# tiny tiles (the interpreter's dot works at 16) outside the H100 space: several tiles in M
+# and N, the grouped order, split-K with a ragged last split
+TINY = Config(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, num_warps=4, num_stages=2, GROUP_M=2,
+              LOOP_ORDER="rsc", SPLIT_K=1)
+SPLIT3 = TINY.replace(SPLIT_K=3, LOOP_ORDER="crs")
+
+
+def poisoned(wl, device=DEVICE) -> torch.Tensor:
+    shape, dtype = out_storage(wl)
+    if dtype.is_floating_point:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.full(shape, 0x5A if dtype.itemsize == 1 else -12345, dtype=dtype,
+                      device=device)
+
+
+def check(wl, kernel, seed: int, device=DEVICE) -> None:
+    x, w, params = random_inputs(wl, seed, device=device)
+    out = kernel(x, w, params, out=poisoned(wl, device))
+    ref = run(wl, x, w, params)
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    if out.dtype == torch.float16:
+        # fp16(float32(y) * scale) in both: the same two roundings, so exact
+        assert not torch.isnan(out).any()
+    assert torch.equal(out, ref), f"{wl.key} {dict(kernel.config)}: " \
+        f"{(out != ref).sum().item()} of {out.numel()} differ"
+
+
+def tiny_kernel(wl, cfg: Config, dot_fp16: bool = False) -> IgemmKernel:
+    if isinstance(wl, GemmWorkload):
+        cfg = Config({k: v for k, v in cfg.items() if k != "LOOP_ORDER"})
+    return IgemmKernel("test", wl, cfg, problem(wl, dot_fp16))
+
+
+# ------------------------------------------------------------------------------- CPU tests
+
+@pytest.mark.parametrize("epi", EPILOGUES, ids=lambda e: e.key)
+def test_conv_epilogues_stride2(epi):
+    wl = ConvWorkload(N=2, H=7, W=9, C=19, K=37, R=3, S=3, stride=2, pad=1, epilogue=epi)
+    check(wl, tiny_kernel(wl, TINY), seed=1)
+
+
+@pytest.mark.parametrize("epi", EPILOGUES[:2] + EPILOGUES[3:5] + EPILOGUES[7:8],
+                         ids=lambda e: e.key)
+def test_gemm_epilogues_split_k(epi):
+    wl = GemmWorkload(M=37, N=45, K=83, epilogue=epi)
+    check(wl, tiny_kernel(wl, SPLIT3), seed=2)
+
+
+@pytest.mark.parametrize("epi", [EPILOGUES[1], EPILOGUES[3], EPILOGUES[7]], ids=lambda e: e.key)
+def test_conv_split_k_crs(epi):
+    wl = ConvWorkload(N=1, H=6, W=5, C=33, K=40, R=3, S=2, stride=1, pad=1, epilogue=epi)
+    check(wl, tiny_kernel(wl, SPLIT3), seed=3)
+
+
+@pytest.mark.parametrize("a,w,a_layout,w_layout", [
+    ("u4", "s4", "packed", "packed"),
+    ("u2", "s8", "packed", "int8"),
+    ("s2", "b1", "packed", "packed"),
+    ("u1", "s2", "packed", "packed"),
+    ("s4", "b1", "int8", "int8"),
+])
+def test_conv_packed_inputs(a, w, a_layout, w_layout):
+    epi = Epilogue(bias=True, relu=True, out="u2", out_layout="packed")
+    wl = ConvWorkload(N=2, H=5, W=6, C=21, K=35, R=3, S=3, stride=2, pad=2, a=a, w=w,
+                      a_layout=a_layout, w_layout=w_layout, epilogue=epi)
+    check(wl, tiny_kernel(wl, TINY), seed=4)
+
+
+def test_gemm_packed_inputs_even_channels():
+    # K % BLOCK_K == 0 takes the unmasked (EVEN_C) channel path
+    wl = GemmWorkload(M=23, N=33, K=64, a="u4", w="s4", a_layout="packed", w_layout="packed",
+                      epilogue=Epilogue(bias=True, out="s8"))
+    check(wl, tiny_kernel(wl, TINY), seed=5)
+
+
+def test_conv_1x1_even_channels_int32():
+    wl = ConvWorkload(N=3, H=4, W=5, C=32, K=48, R=1, S=1, stride=1, pad=0)
+    check(wl, tiny_kernel(wl, TINY), seed=6)
+
+
+def test_fp16_template_exact_on_integers():
+    # u8 activations (beyond int8) are exact on fp16 tensor cores while |sum| < 2^24
+    wl = ConvWorkload(N=2, H=5, W=5, C=13, K=20, R=3, S=3, stride=1, pad=1, a="u8", w="s4",
+                      epilogue=Epilogue(bias=True, relu=True, out="s8"))
+    assert CONV2D_FP16.supports(wl) and not CONV2D_INT8.supports(wl)
+    check(wl, tiny_kernel(wl, TINY, dot_fp16=True), seed=7)
+
+
+def test_build_default_and_sampled_configs_from_space():
+    """The contract path: space -> default_config / sampled config -> build -> call."""
+    wl = ConvWorkload(N=1, H=6, W=7, C=24, K=40, R=3, S=3, stride=1, pad=1,
+                      epilogue=Epilogue(bias=True, relu=True, out="s8"))
+    space = CONV2D_INT8.space(wl)
+    configs = [CONV2D_INT8.default_config(wl), *space.sample(1, random.Random(0))]
+    for cfg in configs:
+        assert cfg in space
+        check(wl, CONV2D_INT8.build(wl, cfg), seed=8)
+    g = GemmWorkload(M=9, N=20, K=50, epilogue=Epilogue(out="fp16", bias=True))
+    check(g, GEMM_INT8.build(g, GEMM_INT8.default_config(g)), seed=9)
+
+
+def test_conv2d_fp16_float_path():
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(2, 6, 5, 19, generator=g).half()
+    w = torch.randn(24, 3, 3, 19, generator=g).half()
+    out = conv2d_fp16(x.to(DEVICE), w.to(DEVICE), stride=2, pad=1).cpu()
+    ref = torch.nn.functional.conv2d(x.double().permute(0, 3, 1, 2),
+                                     w.double().permute(0, 3, 1, 2), stride=2, padding=1)
+    ref = ref.permute(0, 2, 3, 1)
+    assert out.shape == ref.shape and out.dtype == torch.float16
+    rel = (out.double() - ref).norm() / ref.norm()
+    assert rel < 2e-3, rel
+
+
+def test_registered_and_spaces_bounded():
+    assert get_template("triton.conv2d_int8") is CONV2D_INT8
+    assert get_template("triton.gemm_int8") is GEMM_INT8
+    for suite in ("resnet50_3x3_b16", "resnet50_3x3_b256", "tvm_tutorial", "resnet18_b8",
+                  "resnet50_1x1", "apconv_sweep", "gemm"):
+        for name, wl in load_workloads(suite):
+            t = GEMM_INT8 if wl.op == "gemm" else CONV2D_INT8
+            space = t.space(wl)
+            assert 20 <= len(space) <= 700, (name, len(space))
+            assert t.default_config(wl) in space
+            for cfg in space.sample(20, random.Random(1)):
+                smem = cfg["num_stages"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"]
+                assert smem <= 220 * 1024
+
+
+def test_unsupported_workloads():
+    conv = ConvWorkload(N=1, H=4, W=4, C=8, K=8, R=3, S=3, pad=1)
+    assert "bit-serial" in CONV2D_INT8.unsupported_reason(conv.replace(a="u2",
+                                                                       a_layout="bitplane"))
+    assert "int8 range" in CONV2D_INT8.unsupported_reason(conv.replace(a="u8"))
+    assert "int32" in GEMM_INT8.unsupported_reason(GemmWorkload(M=2, N=2, K=200_000))
+    assert "fp32" in CONV2D_FP16.unsupported_reason(conv.replace(C=1024))
+    assert "GemmWorkload" in GEMM_INT8.unsupported_reason(conv)
+    with pytest.raises(ValueError, match="does not support"):
+        CONV2D_INT8.build(conv.replace(a="u8"), CONV2D_INT8.default_config(conv))
+    bad = CONV2D_INT8.default_config(conv).replace(BLOCK_M=96)
+    with pytest.raises(ValueError, match="not in"):
+        CONV2D_INT8.build(conv, bad)
+
+
+def test_bad_inputs_raise_before_launch():
+    wl = ConvWorkload(N=1, H=4, W=4, C=8, K=8, R=3, S=3, pad=1)
+    kernel = CONV2D_INT8.build(wl, CONV2D_INT8.default_config(wl))
+    x, w, params = random_inputs(wl, 11, device=DEVICE)
+    with pytest.raises(TypeError, match="x must have dtype"):
+        kernel(x.to(torch.int32), w, params)
+    with pytest.raises(ValueError, match="w must have shape"):
+        kernel(x, w[:, :2].contiguous(), params)
+    with pytest.raises(ValueError, match="contiguous"):
+        kernel(x.permute(0, 2, 1, 3), w, params)
+    with pytest.raises(ValueError, match="out must be"):
+        kernel(x, w, params, out=torch.empty(3, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="channels"):
+        conv2d_fp16(x.half(), w[..., :4].contiguous().half())
+    with pytest.raises(ValueError, match="float16"):
+        conv2d_fp16(x, w.half())
+
+
+# ------------------------------------------------------------------------------- GPU tests
+
+def _shared_workloads(epi: Epilogue) -> list[tuple[str, object]]:
+    out = []
+    for suite in ("resnet50_3x3_b16", "resnet50_3x3_b256", "tvm_tutorial", "resnet18_b8",
+                  "resnet50_1x1", "apconv_sweep", "gemm"):
+        out += load_workloads(suite, epilogue=epi)
+    return out
+
+
+REQUANT_S8 = Epilogue(bias=True, relu=True, out="s8")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name,wl", _shared_workloads(REQUANT_S8), ids=lambda v: str(v)[:40])
+def test_gpu_shared_workloads_default_and_sampled(name, wl):
+    t = GEMM_INT8 if wl.op == "gemm" else CONV2D_INT8
+    rng = random.Random(name)
+    configs = [t.default_config(wl), *t.space(wl).sample(1, rng)]
+    for i, cfg in enumerate(configs):
+        check(wl, t.build(wl, cfg), seed=100 + i, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("epi", [Epilogue(), Epilogue(bias=True, out="fp16"),
+                                 Epilogue(relu=True, out="u4", out_layout="packed"),
+                                 Epilogue(bias=True, out="s2", out_layout="bitplane")],
+                         ids=lambda e: e.key)
+def test_gpu_packed_io_real_layer(epi):
+    base = load_workloads("resnet50_3x3_b16")[1][1]
+    for a, w, lay in (("s8", "s8", "int8"), ("u4", "s4", "packed"), ("u2", "s2", "packed")):
+        wl = base.replace(a=a, w=w, a_layout=lay, w_layout=lay, epilogue=epi)
+        check(wl, CONV2D_INT8.build(wl, CONV2D_INT8.default_config(wl)), seed=7,
+              device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_gpu_fp16_template_and_float_conv():
+    wl = load_workloads("tvm_tutorial")[0][1]
+    small = wl.replace(N=8, a="u4", w="s4", epilogue=REQUANT_S8)
+    check(small, CONV2D_FP16.build(small, CONV2D_FP16.default_config(small)), seed=3,
+          device="cuda")
+    x = torch.randn(8, wl.H, wl.W, wl.C, device="cuda").half()
+    w = torch.randn(wl.K, wl.R, wl.S, wl.C, device="cuda").half()
+    out = conv2d_fp16(x, w, stride=1, pad=1)
+    ref = torch.nn.functional.conv2d(x.double().permute(0, 3, 1, 2),
+                                     w.double().permute(0, 3, 1, 2), padding=1)
+    rel = (out.double().permute(0, 3, 1, 2) - ref).norm() / ref.norm()
+    assert rel < 2e-3, rel
+
+
+def test_layout_constants_match_core():
+    from lowbit.kernels.triton.epilogue import LAYOUT_BITPLANE, LAYOUT_CODE, LAYOUT_PACKED
+    assert LAYOUT_CODE[Layout.PACKED] == LAYOUT_PACKED
+    assert LAYOUT_CODE[Layout.BITPLANE] == LAYOUT_BITPLANE
