@@ -361,7 +361,10 @@ def conv2d_fp16(x: torch.Tensor, w: torch.Tensor, stride: int = 1, pad: int = 0,
     _check_device(x)
     n, h, wd, c = x.shape
     k, r, s, _ = w.shape
-    wl = ConvWorkload(N=n, H=h, W=wd, C=c, K=k, R=r, S=s, stride=stride, pad=pad)
+    # the shape carrier only: operands and output are overridden to float below, so the
+    # integer exactness bound of the template (fp32 accumulator) must not reject it
+    wl = ConvWorkload(N=n, H=h, W=wd, C=c, K=k, R=r, S=s, stride=stride, pad=pad,
+                      w="b1", a="b1")
     template = Conv2dFp16Template()
     cfg = Config(config) if config is not None else template.default_config(wl)
     reason = ConfigSpace(template.knobs(wl), template.constraints(wl)).why_invalid(cfg)
