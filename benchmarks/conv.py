@@ -119,9 +119,10 @@ def poisoned_out(wl: Workload) -> torch.Tensor:
     return torch.full(shape, 77, dtype=dtype, device="cuda")
 
 
-def sweep(template, wl: Workload, configs: list[Config], graph: bool = False,
-          seed: int = 0) -> dict:
-    """Verify and time every config; returns {'best': (cfg, us), 'default_us', 'results'}."""
+def sweep_table(template, wl: Workload, configs: list[Config], seed: int = 0
+                ) -> list[tuple[Config, float | None, str | None]]:
+    """(config, median us or None, error or None) for every config: each one is checked bit
+    for bit against the reference on fresh random inputs (poisoned output) before timing."""
     x, w, params = random_inputs(wl, seed, device="cuda")
     ref = run(wl, x, w, params)
     results = []
@@ -139,6 +140,13 @@ def sweep(template, wl: Workload, configs: list[Config], graph: bool = False,
             results.append((cfg, us, None))
         except Exception as e:
             results.append((cfg, None, f"{type(e).__name__}: {str(e)[:200]}"))
+    return results
+
+
+def sweep(template, wl: Workload, configs: list[Config], graph: bool = False,
+          seed: int = 0) -> dict:
+    """Verify and time every config; returns {'best': (cfg, us), 'default_us', ...}."""
+    results = sweep_table(template, wl, configs, seed)
     ok = [(c, us) for c, us, err in results if err is None]
     if not ok:
         raise RuntimeError(f"no config of {template.name} ran correctly on {wl.key}: "
@@ -150,6 +158,7 @@ def sweep(template, wl: Workload, configs: list[Config], graph: bool = False,
            "timed": len(ok)}
     doc["compiled"] = compiled_info(template.build(wl, best_cfg))
     if graph:
+        x, w, params = random_inputs(wl, seed, device="cuda")
         kernel = template.build(wl, best_cfg)
         doc["best_graph_us"] = time_us(kernel.bind(x, w, params, poisoned_out(wl)),
                                        cuda_graph=True)

@@ -1,0 +1,189 @@
+"""Tuning benchmark (issue 5): search strategies against the exhaustive optimum of the space.
+
+Two steps, because GPU time is scarce and a replay is exact:
+
+    python benchmarks/tuning.py measure [--budget-s 480]    # on the GPU
+    python benchmarks/tuning.py replay TABLES.json          # anywhere (CPU)
+
+`measure` builds, verifies bit for bit against `lowbit.reference.run` and times *every* config
+of the `triton.conv2d_int8` space on each ResNet-50 3x3 layer (batch 16 and 256) and the TVM
+tutorial layer (epilogue bias + ReLU -> s8), and writes the tables (config -> time or error)
+plus the measured seconds per config (compile + verify + time) to `tables-<stamp>.json`.
+`replay` runs `lowbit.tune.tune` with each strategy (random, sa, diversity, tpe; 5 seeds) on a
+`TableMeasurer` over those tables, so every strategy sees the same measured times; it writes
+`"benchmark": "tuning"` JSON and a PNG of best-so-far vs trials. `wall_s_500` is estimated
+from the measured seconds per config (parallel compile included), and labelled so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common
+from lowbit.core import Config, Epilogue, load_workloads, workload_from_dict
+
+SUITES = ("resnet50_3x3_b16", "resnet50_3x3_b256", "tvm_tutorial")
+EPILOGUE = Epilogue(bias=True, relu=True, out="s8")
+STRATEGY_NAMES = ("random", "sa", "diversity", "tpe")
+TRIALS, SEEDS = 500, 5
+
+
+def measure(budget_s: float, workers: int) -> Path:
+    """Exhaustive verified timing of the conv space per layer; the table file is rewritten
+    after every layer so a run cut short keeps the finished layers."""
+    import conv  # the sweep / precompile helpers of the conv benchmark
+    from lowbit.kernels.triton import CONV2D_INT8
+
+    t0 = time.perf_counter()
+    layers = [(n, wl) for s in SUITES for n, wl in load_workloads(s, epilogue=EPILOGUE)]
+    plan = [(n, wl, list(CONV2D_INT8.space(wl))) for n, wl in layers]
+    conv.precompile([(CONV2D_INT8, wl, c) for _, wl, cs in plan for c in cs], workers)
+    compile_s = time.perf_counter() - t0
+    n_all = sum(len(cs) for *_, cs in plan)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = common.results_dir() / f"tables-{stamp}.json"
+    doc = {"benchmark": "tuning_tables", "gpu": common.gpu_name(), "versions": common.versions(),
+           "template": CONV2D_INT8.name, "epilogue": EPILOGUE.key,
+           "compile_s_per_config": compile_s / n_all, "layers": []}
+    conv.WARMUP_MS, conv.REP_MS = 3, 15  # shorter timing: 3,000+ configs in one call
+    for name, wl, configs in plan:
+        if time.perf_counter() - t0 > budget_s:
+            print(f"{name}: skipped, budget spent", flush=True)
+            continue
+        t1 = time.perf_counter()
+        res = conv.sweep_table(CONV2D_INT8, wl, configs)
+        per = (time.perf_counter() - t1) / len(configs)
+        doc["layers"].append({"workload": name, "key": wl.key, "wl": wl.to_dict(),
+                              "measure_s_per_config": per,
+                              "table": [[dict(c), t, e] for c, t, e in res]})
+        path.write_text(json.dumps(doc))
+        ok = [t for _, t, e in res if e is None]
+        print(f"{name:32s} {len(ok)}/{len(configs)} ok, best {min(ok):.1f} us, "
+              f"{per * 1e3:.0f} ms/config", flush=True)
+    print(f"wrote {path} in {time.perf_counter() - t0:.0f} s")
+    return path
+
+
+def _replay_one(layer: dict, strategy: str, seed: int, template) -> list[float | None]:
+    """Best-so-far time after each trial of one tune over the measured table."""
+    from lowbit.tune import tune
+    from lowbit.tune.replay import TableMeasurer
+
+    table = {(template.name, Config(c)): (t if e is None else e) for c, t, e in layer["table"]}
+    wl = workload_from_dict(layer["wl"])
+    with tempfile.TemporaryDirectory() as d:
+        res = tune(wl, [template], trials=TRIALS, strategy=strategy, db=Path(d) / "r.db",
+                   measurer=TableMeasurer(table, gpu="replay"), seed=seed, transfer=False,
+                   progress=False)
+    best, curve = None, []
+    for r in res.history:
+        if r.ok and (best is None or r.time_us < best):
+            best = r.time_us
+        curve.append(best)
+    return curve
+
+
+def _trials_to(curve: list[float | None], target_us: float) -> int | None:
+    for i, b in enumerate(curve):
+        if b is not None and b <= target_us:
+            return i + 1
+    return None
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(x for x in xs if x is not None)
+    return None if not xs else (xs[len(xs) // 2] if len(xs) % 2 else
+                                (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2)
+
+
+def replay(tables: Path, seeds: int) -> Path:
+    from lowbit.kernels.triton import CONV2D_INT8
+
+    doc = json.loads(tables.read_text())
+    rows, curves = [], {}
+    for layer in doc["layers"]:
+        ok = [t for _, t, e in layer["table"] if e is None]
+        best = min(ok)
+        row = {"workload": layer["workload"], "precision": "w8a8", "impl": CONV2D_INT8.name,
+               "space_size": len(layer["table"]), "space_ok": len(ok), "exhaustive_best_us": best,
+               "trials_to_095": {}, "quality_at_500_by_strategy": {}, "replay_s": {}}
+        for strategy in STRATEGY_NAMES:
+            t0 = time.perf_counter()
+            runs = [_replay_one(layer, strategy, s, CONV2D_INT8) for s in range(seeds)]
+            row["replay_s"][strategy] = round(time.perf_counter() - t0, 1)
+            curves[(layer["workload"], strategy)] = runs
+            quality = [best / r[-1] for r in runs if r and r[-1]]
+            row["quality_at_500_by_strategy"][strategy] = _median(quality)
+            row["trials_to_095"][strategy] = _median(
+                [_trials_to(r, best / 0.95) for r in runs])
+            print(f"{layer['workload']:32s} {strategy:9s} trials to 0.95x: "
+                  f"{row['trials_to_095'][strategy]}  quality@500 "
+                  f"{row['quality_at_500_by_strategy'][strategy]}", flush=True)
+        row["quality_at_500"] = row["quality_at_500_by_strategy"]["diversity"]
+        per = doc["compile_s_per_config"] + layer["measure_s_per_config"]
+        row["wall_s_500"] = round(per * min(TRIALS, len(layer["table"])), 1)
+        row["wall_s_500_note"] = ("estimated: measured compile (16 processes) + verify + time "
+                                  "seconds per config on the GPU x trials (capped at the space)")
+        rows.append(row)
+    folder = common.ROOT / "benchmarks" / "results" / doc["gpu"].lower().replace(" ", "-")
+    out = folder / f"tuning-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps({"benchmark": "tuning", "gpu": doc["gpu"],
+                               "date": time.strftime("%Y-%m-%d"), "versions": doc["versions"],
+                               "tables": tables.name, "seeds": seeds, "rows": rows}, indent=1))
+    _plot(curves, {r["workload"]: r["exhaustive_best_us"] for r in rows}, out.with_suffix(".png"))
+    print(f"wrote {out}")
+    return out
+
+
+def _plot(curves: dict, best: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(best)
+    cols = 3
+    fig, axes = plt.subplots(-(-len(names) // cols), cols, figsize=(15, 3.2 * -(-len(names) //
+                                                                                 cols)))
+    for ax, name in zip(axes.flat, names, strict=False):
+        for strategy in STRATEGY_NAMES:
+            runs = curves[(name, strategy)]
+            n = max(len(r) for r in runs)
+            med = [_median([best[name] / r[i] for r in runs if i < len(r) and r[i]])
+                   for i in range(n)]
+            ax.plot(range(1, n + 1), med, label=strategy)
+        ax.set_title(name, fontsize=9)
+        ax.set_ylim(0.5, 1.01)
+        ax.axhline(0.95, color="gray", lw=0.5)
+        ax.set_xscale("log")
+    axes.flat[0].legend(fontsize=8)
+    fig.supxlabel("trials")
+    fig.supylabel("exhaustive best / best so far (median of seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure")
+    m.add_argument("--budget-s", type=float, default=480.0)
+    m.add_argument("--workers", type=int, default=16)
+    r = sub.add_parser("replay")
+    r.add_argument("tables", type=Path)
+    r.add_argument("--seeds", type=int, default=SEEDS)
+    args = ap.parse_args(argv)
+    if args.cmd == "measure":
+        measure(args.budget_s, args.workers)
+    else:
+        replay(args.tables, args.seeds)
+
+
+if __name__ == "__main__":
+    main()
