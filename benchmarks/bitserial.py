@@ -105,7 +105,10 @@ def candidates(wl: Workload, n: int, persist: bool = True) -> list[Config]:
         if shape not in shapes and c != default:
             chosen.append(c)
             shapes.add(shape)
-    return chosen
+    # duplicate-aware (halo) twins of the first two one-tile-per-block candidates (A/B in one run)
+    space_all = BITSERIAL.space(wl)
+    twins = [c.replace(HALO=1) for c in chosen if not c["PERSIST"] and not c["HALO"]][:2]
+    return chosen + [t for t in twins if space_all.is_valid(t) and t not in chosen]
 
 
 def precisions(name: str) -> tuple[Precision, Precision]:
@@ -178,6 +181,7 @@ def bitserial_row(wl: Workload, seed: int, tries: int, persist: bool) -> dict:
         us = timed(launcher) if exact else float("nan")
         if cfg == configs[0]:
             best["default_config_us"] = us
+        best.setdefault("tried", []).append({"config": dict(cfg), "us": us, "exact": exact})
         if not exact:
             best.setdefault("errors", []).append(f"{cfg.to_json()} NOT bit-exact")
             continue
@@ -238,6 +242,8 @@ def main() -> None:
     ap.add_argument("--tries", type=int, default=4, help="bit-serial configs per row")
     ap.add_argument("--int8-tries", type=int, default=3)
     ap.add_argument("--no-persist", action="store_true", help="one-tile-per-block kernels only")
+    ap.add_argument("--precisions", default=",".join(PRECISIONS),
+                    help="comma-separated subset of " + ",".join(PRECISIONS))
     ap.add_argument("--partial", default=None, help="also rewrite this JSON file after each row")
     args = ap.parse_args()
     t0 = time.time()
@@ -253,7 +259,7 @@ def main() -> None:
             except Exception as e:
                 base_us = {"error": f"{type(e).__name__}: {e}"[:300]}
             base_us = {k: v for k, v in base_us.items() if v is not None}
-            for prec in PRECISIONS:
+            for prec in [p for p in PRECISIONS if p in args.precisions.split(",")]:
                 if time.time() - t0 > args.budget_s:
                     break
                 wl = bitserial_workload(base, prec)
