@@ -35,6 +35,76 @@ def demo(seed: int = typer.Option(0, help="seed of the random layer")) -> None:
     console.print(table)
 
 
+@app.command()
+def tune(
+    workloads: str = typer.Argument(..., help="workload JSON file (a list of layers, as in "
+                                    "src/lowbit/data/workloads) or the name of a shipped suite"),
+    trials: int = typer.Option(500, help="measurements per layer (recorded ones count)"),
+    strategy: str = typer.Option("diversity", help="random, exhaustive, sa, diversity, tpe"),
+    db: str = typer.Option("", help="records database (default: the user cache file)"),
+    template: str = typer.Option("", help="comma-separated template names to consider "
+                                 "(default: every registered one)"),
+    device: str = typer.Option("", help="cuda, cuda:i or cpu (default: cuda when present)"),
+    w: str = typer.Option("", help="weight precision for every layer, e.g. s8, u4, b1"),
+    a: str = typer.Option("", help="activation precision for every layer, e.g. s8, u4"),
+    batch: int = typer.Option(32, help="candidates measured per round"),
+    seed: int = typer.Option(0, help="search seed"),
+) -> None:
+    """Tune every layer of a workload file; the best configs go to the records database."""
+    from pathlib import Path
+
+    import torch
+
+    from .core import load_workloads, workload_from_dict
+    from .core.workloads import SUITES
+    from .kernels import get_template, templates
+    from .tune import LocalMeasurer
+    from .tune import tune as run_tune
+
+    _import_backends()
+    overrides = {k: v for k, v in (("w", w), ("a", a)) if v}
+    if workloads in SUITES:
+        layers = load_workloads(workloads, **overrides)
+    else:
+        import json
+
+        data = json.loads(Path(workloads).read_text())
+        data = data if isinstance(data, list) else [data]
+        layers = [(d.get("name", f"layer{i}"), workload_from_dict(d, **overrides))
+                  for i, d in enumerate(data)]
+    names = [n.strip() for n in template.split(",") if n.strip()]
+    chosen = [get_template(n) for n in names] if names else templates()
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    table = Table(title=f"lowbit tune ({strategy}, {trials} trials, {dev})")
+    for col in ("layer", "template", "best us", "default us", "speedup", "trials", "failed"):
+        table.add_column(col, justify="right")
+    with LocalMeasurer(device=dev) as measurer:
+        for name, wl in layers:
+            console.print(f"[bold]{name}[/]: {wl.key}")
+            r = run_tune(wl, chosen, trials=trials, strategy=strategy, db=db or None,
+                         measurer=measurer, batch=batch, seed=seed)
+            d = r.default_us.get(r.template or "")
+            table.add_row(name, r.template or "-", _us(r.time_us), _us(d),
+                          f"{r.speedup_over_default:.2f}x" if r.speedup_over_default else "-",
+                          str(r.trials), str(r.failures))
+    console.print(table)
+
+
+def _us(t: float | None) -> str:
+    return "-" if t is None else f"{t:.1f}"
+
+
+def _import_backends() -> None:
+    """Register the built-in templates (a backend that cannot load is skipped)."""
+    import importlib
+
+    for mod in ("lowbit.kernels.triton", "lowbit.kernels.cuda"):
+        try:
+            importlib.import_module(mod)
+        except Exception as e:  # e.g. no Triton on this machine: the others still tune
+            console.print(f"[yellow]skipping {mod}: {type(e).__name__}: {e}[/]")
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,377 @@
+"""Crash-isolated measurement: parallel build, then verify and time in a worker process.
+
+Stage 1 (optional) builds candidates in a process pool (`compile_workers` processes): a
+template's `build` and, when the kernel has one, its `compile()` (ahead-of-time compile that
+fills the on-disk kernel cache so the worker only loads it). Stage 2 runs each candidate in
+one long-lived worker process on the measuring device: build (cache hit), call on fresh random
+inputs from `lowbit.reference.random_inputs`, compare bit for bit with `lowbit.reference.run`,
+then time (`lowbit.tune.timing.time_us` on CUDA: warm-up, median of repeats, L2 flushed).
+
+Every failure becomes a result with a reason, prefixed by its kind:
+  compile: build raised         launch: the call raised      wrong: output differs
+  crash: the worker died        timeout: no answer in time
+A worker that crashed, hung or hit a CUDA error (its context is unusable) is replaced.
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing as mp
+import os
+import random
+import signal
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+
+from ..core import Config, Workload, workload_from_json
+from ..kernels.base import KernelTemplate
+
+ResultCallback = Callable[["MeasureResult"], None]
+
+
+@dataclass(frozen=True)
+class MeasureInput:
+    template: KernelTemplate
+    workload: Workload
+    config: Config
+
+
+@dataclass(frozen=True)
+class MeasureResult:
+    """`time_us`: median kernel time in microseconds, or None with `error` set."""
+
+    template: str
+    workload: str
+    config: Config
+    time_us: float | None
+    error: str | None = None
+    compile_s: float | None = None
+    run_s: float | None = None
+    env: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.time_us is not None
+
+
+class Measurer:
+    """Measures batches; calls `on_result` as each result arrives (so callers can commit it
+    before the next one starts) and returns all results in input order."""
+
+    def env(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def measure(self, inputs: Sequence[MeasureInput],
+                on_result: ResultCallback | None = None) -> list[MeasureResult]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Measurer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ----------------------------------------------------------------------------- stage 1: build
+
+def _compile_job(template: KernelTemplate, wl_json: str, cfg_json: str) -> tuple[str | None, float]:
+    """Build (and ahead-of-time compile, if the kernel can) one candidate in a pool process."""
+    t0 = time.perf_counter()
+    try:
+        kernel = template.build(workload_from_json(wl_json), Config.from_json(cfg_json))
+        compile_fn = getattr(kernel, "compile", None)
+        if callable(compile_fn):
+            compile_fn()
+    except Exception as e:
+        return f"compile: {type(e).__name__}: {_short(e)}", time.perf_counter() - t0
+    return None, time.perf_counter() - t0
+
+
+def _short(e: BaseException, limit: int = 400) -> str:
+    text = " ".join(str(e).split())
+    return text[:limit]
+
+
+# ----------------------------------------------------------------------------- stage 2: worker
+
+_FATAL_MARKERS = ("CUDA error", "cudaError", "illegal memory", "illegal instruction",
+                  "misaligned address", "device-side assert", "CUDA_ERROR", "unspecified launch")
+
+
+def _is_fatal(e: BaseException) -> bool:
+    text = str(e)
+    return any(m in text for m in _FATAL_MARKERS)
+
+
+def _outputs_match(out: object, ref: object) -> str | None:
+    """None when `out` equals `ref` (bit for bit; fp16 within 1e-3 relative L2), else why."""
+    import torch
+
+    if not isinstance(out, torch.Tensor):
+        return f"kernel returned {type(out).__name__}, not a tensor"
+    if out.dtype != ref.dtype or tuple(out.shape) != tuple(ref.shape):
+        return f"got {out.dtype}{tuple(out.shape)}, reference {ref.dtype}{tuple(ref.shape)}"
+    out = out.detach().to(ref.device)
+    if ref.dtype == torch.float16:  # fp16 output: rounding order may differ, state tolerance
+        r, o = ref.double(), out.double()
+        err = float((o - r).norm() / r.norm().clamp_min(1e-30))
+        return None if err < 1e-3 and not torch.isnan(o).any() else f"rel L2 error {err:.3g}"
+    if torch.equal(out, ref):
+        return None
+    bad = int((out != ref).sum())
+    return f"{bad} of {ref.numel()} elements differ from the reference"
+
+
+def _poison_allocator(wl: Workload, device: str) -> None:
+    """Leave a poisoned free block of the output's size in the caching allocator, so a kernel
+    that allocates its output and skips elements shows garbage there, not the last
+    candidate's correct values."""
+    import torch
+
+    from ..core.validate import out_storage
+
+    shape, dtype = out_storage(wl)
+    buf = torch.empty(shape, dtype=dtype, device=device)
+    if dtype.is_floating_point:
+        buf.fill_(float("nan"))
+    else:
+        buf.fill_(-0x5A if dtype.itemsize == 1 else -0x5A5A5A5A)
+    del buf
+
+
+def _worker_main(conn, device: str, visible: str | None) -> None:
+    """Worker loop: ("measure", template, wl_json, cfg_json, seed, warmup_ms, rep_ms) -> reply
+    ("ok", time_us, fatal, run_s) or ("error", reason, fatal, run_s)."""
+    if visible is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before the first CUDA call
+    import torch
+
+    from ..reference import random_inputs, run
+    from .env import collect_env
+    from .timing import time_us
+
+    conn.send(("ready", collect_env(device)))
+    cache: dict = {}
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            return
+        _, template, wl_json, cfg_json, seed, warmup_ms, rep_ms = msg
+        t0 = time.perf_counter()
+        wl = workload_from_json(wl_json)
+        try:
+            kernel = template.build(wl, Config.from_json(cfg_json))
+        except Exception as e:
+            conn.send(("error", f"compile: {type(e).__name__}: {_short(e)}", False,
+                       time.perf_counter() - t0))
+            continue
+        key = (wl.key, seed)
+        if key not in cache:
+            cache.clear()  # one workload's inputs at a time: big layers are big
+            x, w, params = random_inputs(wl, seed, device=device)
+            cache[key] = (x, w, params, run(wl, x, w, params))  # exact on any device
+        x, w, params, ref = cache[key]
+        try:
+            _poison_allocator(wl, device)
+            out = kernel(x, w, params)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            why = _outputs_match(out, ref)
+            del out
+        except Exception as e:
+            fatal = _is_fatal(e)
+            conn.send(("error", f"launch: {type(e).__name__}: {_short(e)}", fatal,
+                       time.perf_counter() - t0))
+            if fatal:
+                return
+            continue
+        if why:
+            conn.send(("error", f"wrong: {why}", False, time.perf_counter() - t0))
+            continue
+        try:
+            t = time_us(functools.partial(kernel, x, w, params), warmup_ms=warmup_ms,
+                        rep_ms=rep_ms, device=device)
+        except Exception as e:
+            fatal = _is_fatal(e)
+            conn.send(("error", f"launch: {type(e).__name__}: {_short(e)} (while timing)",
+                       fatal, time.perf_counter() - t0))
+            if fatal:
+                return
+            continue
+        conn.send(("ok", float(t), False, time.perf_counter() - t0))
+
+
+class _Worker:
+    """One measuring process and its pipe."""
+
+    def __init__(self, ctx, device: str, visible: str | None, start_timeout_s: float) -> None:
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, device, visible), daemon=True)
+        self.proc.start()
+        child.close()
+        if not self.conn.poll(start_timeout_s):
+            self.kill()
+            raise RuntimeError(f"measure worker did not start within {start_timeout_s} s")
+        _, self.env = self.conn.recv()
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(10)
+        self.conn.close()
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(None)
+            self.proc.join(5)
+        except (OSError, BrokenPipeError):
+            pass
+        self.kill()
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class LocalMeasurer(Measurer):
+    """Measures on one device of this host.
+
+    device: "cuda" (or "cuda:i") or "cpu"; compile_workers: build pool size (0: build in the
+    worker only); timeout_s: per-candidate limit for build + verify + time in the worker;
+    compile_timeout_s: per-candidate limit in the pool; warmup_ms/rep_ms: passed to
+    `lowbit.tune.timing.time_us` (CUDA: do_bench, L2 flushed; CPU: perf_counter median);
+    seed: inputs' seed (fresh random by default); gpu_index: sets CUDA_VISIBLE_DEVICES of the
+    worker (one worker per GPU under Dask).
+    """
+
+    def __init__(self, device: str = "cuda", compile_workers: int | None = None,
+                 timeout_s: float = 60.0, compile_timeout_s: float = 300.0,
+                 warmup_ms: float = 10.0, rep_ms: float = 40.0, seed: int | None = None,
+                 gpu_index: int | None = None,
+                 start_timeout_s: float = 180.0) -> None:
+        self.device = device
+        self.compile_workers = (os.cpu_count() or 1) if compile_workers is None else compile_workers
+        self.timeout_s = timeout_s
+        self.compile_timeout_s = compile_timeout_s
+        self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
+        self.seed = random.SystemRandom().randrange(2**31) if seed is None else seed
+        self.visible = None if gpu_index is None else str(gpu_index)
+        self.start_timeout_s = start_timeout_s
+        self._ctx = mp.get_context("spawn")
+        self._worker: _Worker | None = None
+        self._pool: ProcessPoolExecutor | None = None
+        self.restarts = 0
+
+    # -- lifecycle
+    def _get_worker(self) -> _Worker:
+        if self._worker is None or not self._worker.proc.is_alive():
+            if self._worker is not None:
+                self._worker.kill()
+                self.restarts += 1
+            self._worker = _Worker(self._ctx, self.device, self.visible, self.start_timeout_s)
+        return self._worker
+
+    def env(self) -> dict[str, str]:
+        return dict(self._get_worker().env)
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
+        if self._pool is not None:
+            self._kill_pool()
+
+    def _kill_pool(self) -> None:
+        pool, self._pool = self._pool, None
+        procs = list(getattr(pool, "_processes", {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for p in procs:  # a hung build never returns: end our own pool processes
+            if p.is_alive():
+                p.kill()
+
+    # -- stage 1
+    def _compile(self, inputs: Sequence[MeasureInput]) -> list[tuple[str | None, float | None]]:
+        if self.compile_workers <= 0 or len(inputs) == 0:
+            return [(None, None)] * len(inputs)
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.compile_workers, mp_context=self._ctx)
+        futs = [self._pool.submit(_compile_job, i.template, i.workload.to_json(),
+                                  i.config.to_json()) for i in inputs]
+        out: list[tuple[str | None, float | None]] = []
+        deadline = time.monotonic() + self.compile_timeout_s
+        broken = False
+        for f in futs:
+            if broken:  # pool gone: keep finished builds, the worker builds the rest
+                done = f.done() and not f.cancelled() and f.exception() is None
+                out.append(f.result() if done else (None, None))
+                continue
+            try:
+                out.append(f.result(timeout=max(0.1, deadline - time.monotonic())))
+                deadline = time.monotonic() + self.compile_timeout_s
+            except FutureTimeout:
+                hung = f.running()
+                out.append((f"timeout: build over {self.compile_timeout_s:g} s", None)
+                           if hung else (None, None))
+                broken = True
+            except Exception:
+                # BrokenProcessPool: some build killed its process and every pending future
+                # fails with it; which one is unknown, so the isolated worker builds them
+                # one at a time and pins the crash on the right candidate
+                out.append((None, None))
+                broken = True
+        if broken:
+            self._kill_pool()
+        return out
+
+    # -- stage 2
+    def _run_one(self, inp: MeasureInput) -> tuple[float | None, str | None, float | None]:
+        worker = self._get_worker()
+        msg = ("measure", inp.template, inp.workload.to_json(), inp.config.to_json(),
+               self.seed, self.warmup_ms, self.rep_ms)
+        t0 = time.perf_counter()
+        try:
+            worker.conn.send(msg)
+            if not worker.conn.poll(self.timeout_s):
+                worker.kill()
+                return None, f"timeout: no result within {self.timeout_s:g} s", self.timeout_s
+            tag, value, fatal, run_s = worker.conn.recv()
+        except (EOFError, OSError, BrokenPipeError):
+            worker.proc.join(10)
+            reason = _exit_reason(worker.proc.exitcode)
+            worker.kill()
+            return None, f"crash: worker died ({reason})", time.perf_counter() - t0
+        if fatal:
+            worker.kill()
+        if tag == "ok":
+            return value, None, run_s
+        return None, value, run_s
+
+    def measure(self, inputs: Sequence[MeasureInput],
+                on_result: ResultCallback | None = None) -> list[MeasureResult]:
+        built = self._compile(inputs)
+        results = []
+        for inp, (err, compile_s) in zip(inputs, built, strict=True):
+            if err is None:
+                t, err, run_s = self._run_one(inp)
+            else:
+                t, run_s = None, None
+            env = self._worker.env if self._worker is not None else {}
+            if not env:
+                env = self.env()
+            res = MeasureResult(inp.template.name, inp.workload.key, inp.config, t, err,
+                                compile_s, run_s, dict(env))
+            results.append(res)
+            if on_result is not None:
+                on_result(res)
+        return results

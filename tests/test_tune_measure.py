@@ -1,0 +1,46 @@
+"""Crash-isolated measurement on the CPU: bad candidates become recorded failures with their
+reason, the worker is replaced, good candidates are verified and timed."""
+
+from __future__ import annotations
+
+import pytest
+
+from lowbit.core import Config
+from lowbit.tune import LocalMeasurer, MeasureInput
+from test_tune_fakes import BAD_MODES, TINY, FakeConvTemplate
+
+
+@pytest.fixture(scope="module")
+def results():
+    t = FakeConvTemplate()
+    configs = [Config(tile=1, mode=m) for m in BAD_MODES] + [
+        Config(tile=n, mode="ok") for n in (1, 2, 3, 4)]
+    seen = []
+    with LocalMeasurer(device="cpu", compile_workers=1, timeout_s=4, warmup_ms=2,
+                       rep_ms=10, seed=11) as m:
+        res = m.measure([MeasureInput(t, TINY, c) for c in configs], on_result=seen.append)
+        restarts = m.restarts
+    return {r.config["mode"] if r.config["mode"] != "ok" else r.config["tile"]: r
+            for r in res}, seen, restarts
+
+
+def test_each_failure_has_its_reason(results):
+    by, _, _ = results
+    assert by["crash"].error.startswith("crash: worker died (killed by SIGSEGV")
+    assert by["hang"].error.startswith("timeout:")
+    assert by["wrong"].error.startswith("wrong:")
+    assert "differ from the reference" in by["wrong"].error
+    assert by["compile_error"].error.startswith("compile: ValueError: ptxas")
+    assert by["raise"].error.startswith("launch: RuntimeError")
+    for mode in BAD_MODES:
+        assert by[mode].time_us is None and not by[mode].ok
+
+
+def test_worker_replaced_and_good_candidates_timed_in_order(results):
+    by, seen, restarts = results
+    assert restarts >= 2  # after the crash and after the hang
+    times = [by[n].time_us for n in (1, 2, 3, 4)]
+    assert all(t is not None and t > 0 for t in times)
+    assert times[0] < times[3]  # 48^3 vs 192^3 matmuls: 64x the work
+    assert len(seen) == 9  # on_result saw every candidate as it finished
+    assert by[1].env["gpu"].startswith("cpu-") and by[1].env["torch"]

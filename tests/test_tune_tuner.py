@@ -1,0 +1,91 @@
+"""End-to-end tune on the CPU with injected bad candidates; records, resume and dispatch."""
+
+from __future__ import annotations
+
+import pytest
+
+from lowbit.core import Config
+from lowbit.kernels.base import get_template, register
+from lowbit.reference import random_inputs, run
+from lowbit.tune import LocalMeasurer, RecordsDB, TableMeasurer, kernel_for, tune
+from test_tune_fakes import BAD_MODES, TINY, FakeConvTemplate
+
+
+@pytest.fixture(scope="module")
+def fake():
+    try:
+        return get_template("fake.conv")
+    except ValueError:
+        return register(FakeConvTemplate())
+
+
+def test_tune_survives_bad_candidates_and_picks_the_true_best(fake, tmp_path):
+    db = tmp_path / "rec.sqlite"
+    with LocalMeasurer(device="cpu", compile_workers=0, timeout_s=4, warmup_ms=2,
+                       rep_ms=10) as m:
+        res = tune(TINY, [fake], trials=50, strategy="random", db=db, measurer=m,
+                   batch=4, progress=False)
+    assert res.template == "fake.conv"
+    assert res.config == Config(tile=1, mode="ok")
+    assert res.trials == 9 and res.failures == len(BAD_MODES)
+    assert res.default_us["fake.conv"] is not None and res.speedup_over_default > 1
+    with RecordsDB(db) as rdb:
+        rows = rdb.records(TINY)
+        assert len(rows) == 9
+        errors = {r.cfg["mode"]: r.error for r in rows if not r.ok}
+        assert set(errors) == set(BAD_MODES)
+        assert all(r.gpu.startswith("cpu-") and r.torch and r.workload_json for r in rows)
+        assert rdb.best(TINY).cfg == Config(tile=1, mode="ok")
+    # dispatch from the records, no re-tuning: the kernel built is the recorded best
+    k = kernel_for(TINY, db)
+    assert k.config == Config(tile=1, mode="ok")
+    x, w, p = random_inputs(TINY, seed=5)
+    assert (k(x, w, p) == run(TINY, x, w, p)).all()
+
+
+def _table(fake):
+    return {(fake.name, c): float(c["tile"]) if c["mode"] == "ok" else "launch: boom"
+            for c in fake.space(TINY)}
+
+
+def test_rerun_measures_nothing_twice(fake, tmp_path):
+    db = tmp_path / "rec.sqlite"
+    m1 = TableMeasurer(_table(fake), gpu="g")
+    r1 = tune(TINY, [fake], trials=5, strategy="random", db=db, measurer=m1, batch=2,
+              progress=False, seed=1)
+    assert r1.trials == 5 and m1.calls == 5
+    m2 = TableMeasurer(_table(fake), gpu="g")
+    r2 = tune(TINY, [fake], trials=9, strategy="random", db=db, measurer=m2, batch=2,
+              progress=False, seed=2)
+    assert m2.calls == 4 and r2.trials == 9  # only the 4 unmeasured ones
+    with RecordsDB(db) as rdb:
+        cfgs = [r.config for r in rdb.records(TINY)]
+    assert len(cfgs) == len(set(cfgs)) == 9
+    assert r2.config == Config(tile=1, mode="ok")
+    m3 = TableMeasurer(_table(fake), gpu="other-gpu")  # another GPU: its own records
+    tune(TINY, [fake], trials=3, strategy="random", db=db, measurer=m3, progress=False)
+    assert m3.calls == 3
+
+
+def test_template_choice_is_part_of_the_search(tmp_path):
+    slow = FakeConvTemplate(modes=("ok",), tiles=(3, 4), name="fake.slow")
+    quick = FakeConvTemplate(modes=("ok",), tiles=(1, 2), name="fake.quick")
+    table = {(t.name, c): float(c["tile"]) for t in (slow, quick) for c in t.space(TINY)}
+    res = tune(TINY, [slow, quick], trials=4, strategy="exhaustive", db=tmp_path / "r.sqlite",
+               measurer=TableMeasurer(table), progress=False)
+    assert res.template == "fake.quick" and res.config["tile"] == 1
+    assert set(res.default_us) == {"fake.slow", "fake.quick"}
+
+
+def test_unsupported_and_bad_arguments(fake, tmp_path):
+    from lowbit.core import GemmWorkload
+
+    with pytest.raises(ValueError, match="no template supports"):
+        tune(GemmWorkload(M=4, N=4, K=4), [fake], trials=2, db=tmp_path / "a.sqlite",
+             measurer=TableMeasurer({}), progress=False)
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        tune(TINY, [fake], trials=2, strategy="greedy", db=tmp_path / "b.sqlite",
+             measurer=TableMeasurer({}), progress=False)
+    with pytest.raises(ValueError, match="trials"):
+        tune(TINY, [fake], trials=0, db=tmp_path / "c.sqlite", measurer=TableMeasurer({}),
+             progress=False)
