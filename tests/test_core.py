@@ -188,3 +188,14 @@ def test_config_is_hashable_and_json_round_trips():
     assert Config.from_json(c.to_json()) == c and hash(Config(dict(c))) == hash(c)
     assert c.replace(bm=64)["bm"] == 64 and c["bm"] == 32
     assert Encoding("binary") is Encoding.BINARY
+
+
+def test_output_buffer_allocates_or_checks():
+    from lowbit.core.validate import output_buffer
+
+    wl = GemmWorkload(M=4, N=6, K=8, epilogue=Epilogue(out="u4", out_layout="packed"))
+    out = output_buffer(wl, torch.device("cpu"))
+    assert out.shape == (4, 3) and out.dtype == torch.uint8
+    assert output_buffer(wl, torch.device("cpu"), out) is out
+    with pytest.raises(ValueError, match=re.escape("out must be a contiguous torch.uint8")):
+        output_buffer(wl, torch.device("cpu"), torch.empty(4, 3, dtype=torch.int8))

@@ -52,6 +52,19 @@ def out_storage(wl: Workload) -> tuple[tuple[int, ...], torch.dtype]:
     return out_shape, (torch.float16 if epi.out == OUT_FP16 else torch.int32)
 
 
+def output_buffer(wl: Workload, device: torch.device, out: object = None) -> torch.Tensor:
+    """A new output tensor in the workload's storage (out=None), or `out` after checking that
+    it is a contiguous tensor of that shape and dtype on `device`."""
+    shape, dtype = out_storage(wl)
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if (not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape)
+            or out.dtype != dtype or not out.is_contiguous() or out.device != device):
+        raise ValueError(f"out must be a contiguous {dtype} tensor of shape {tuple(shape)} "
+                         f"on {device}")
+    return out
+
+
 def check_operand(name: str, t: object, logical: tuple[int, ...], prec: Precision,
                   layout: Layout, device: torch.device | None = None) -> None:
     if not isinstance(t, torch.Tensor):

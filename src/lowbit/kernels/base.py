@@ -45,6 +45,17 @@ class KernelTemplate(ABC):
         if reason:
             raise ValueError(f"{self.name} does not support {workload.key}: {reason}")
 
+    def checked_config(self, workload: Workload, config: Config) -> Config:
+        """`config` as a Config after checking the workload is supported and the config is a
+        point of this template's space for it (ValueError naming the reason otherwise)."""
+        self.check_supported(workload)
+        config = Config(config)
+        reason = self.space(workload).why_invalid(config)
+        if reason:
+            raise ValueError(f"config {config} is not in {self.name}'s space for "
+                             f"{workload.key}: {reason}")
+        return config
+
     @abstractmethod
     def space(self, workload: Workload) -> ConfigSpace:
         """The config space for this workload (constraints included)."""

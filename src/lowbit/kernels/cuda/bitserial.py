@@ -25,7 +25,7 @@ import torch
 
 from ...core import Config, ConfigSpace, ConvWorkload, Encoding, Knob, Layout, Workload
 from ...core.epilogue import OUT_FP16, EpilogueParams
-from ...core.validate import check_inputs, out_storage
+from ...core.validate import check_inputs, output_buffer
 from ...reference.bitserial import plane_coefficients
 from ..base import KernelTemplate
 from .nvrtc import CudaKernel, compile_cubin, device_arch
@@ -185,13 +185,7 @@ class BitserialKernel:
         for name, t in (("x", x), ("w", w)):
             if t.data_ptr() % 16:
                 raise ValueError(f"{name} must start at a 16-byte aligned address")
-        shape, dtype = out_storage(wl)
-        if out is None:
-            out = torch.empty(shape, dtype=dtype, device=x.device)
-        elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape)
-              or out.dtype != dtype or not out.is_contiguous() or out.device != x.device):
-            raise ValueError(f"out must be a contiguous {dtype} tensor of shape {tuple(shape)} "
-                             f"on {x.device}")
+        out = output_buffer(wl, x.device, out)
         sh = self._shape
         wtap = None
         if self._needs_wtap:
@@ -311,11 +305,7 @@ class BitserialTemplate(KernelTemplate):
 
     def build(self, workload: Workload, config: Config, arch: str | None = None) -> BitserialKernel:
         """Compile for `arch` (default: the current device's); ValueError on an invalid config."""
-        self.check_supported(workload)
-        reason = self.space(workload).why_invalid(config)
-        if reason:
-            raise ValueError(f"config {config} is invalid for {workload.key}: {reason}")
-        return BitserialKernel(workload, Config(config), arch)
+        return BitserialKernel(workload, self.checked_config(workload, config), arch)
 
 
 BITSERIAL = BitserialTemplate()

@@ -26,7 +26,7 @@ import torch
 from ...core import OUT_FP16, Config, ConfigSpace, ConvWorkload, Knob, Layout, Workload
 from ...core.epilogue import EpilogueParams
 from ...core.precision import Encoding
-from ...core.validate import check_inputs, out_storage
+from ...core.validate import check_inputs, output_buffer
 from ..base import KernelTemplate, register
 from . import nvrtc
 from .mma_conv_cuda import BODY, PRELUDE_NAMES
@@ -228,12 +228,7 @@ class MmaConvTemplate(KernelTemplate):
                       duplicate_aware_load=False, register_packing=False)
 
     def build(self, wl: Workload, config: Config) -> MmaConvKernel:
-        self.check_supported(wl)
-        config = Config(config)
-        reason = self.space(wl).why_invalid(config)
-        if reason:
-            raise ValueError(f"config {config} is not in {self.name}'s space for {wl.key}: "
-                             f"{reason}")
+        config = self.checked_config(wl, config)
         kernel = MmaConvKernel(self, wl, config)
         if torch.cuda.is_available():
             kernel.compile(nvrtc.device_arch())
@@ -335,13 +330,7 @@ class MmaConvKernel:
                              f"got {x.device}")
         if torch.cuda.get_device_capability(x.device) < (8, 0):
             raise ValueError(f"{self.template.name} needs mma.sync (compute capability >= 8.0)")
-        shape, dtype = out_storage(wl)
-        if out is None:
-            out = torch.empty(shape, dtype=dtype, device=x.device)
-        elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape)
-              or out.dtype != dtype or out.device != x.device or not out.is_contiguous()):
-            raise ValueError(f"out must be a contiguous {dtype} tensor of shape {tuple(shape)} "
-                             f"on {x.device}")
+        out = output_buffer(wl, x.device, out)
         return self.launch(x, w, params, out)
 
     def launch(self, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams,

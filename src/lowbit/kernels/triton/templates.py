@@ -34,7 +34,7 @@ from ...core import (
     Workload,
 )
 from ...core.precision import Encoding, Precision
-from ...core.validate import check_inputs, out_storage
+from ...core.validate import check_inputs, out_storage, output_buffer
 from ..base import KernelTemplate
 from .epilogue import (
     ENC_CODE,
@@ -146,13 +146,7 @@ class IgemmKernel:
         and timing: `check_inputs` reads the epilogue vectors, a device sync on CUDA)."""
         check_inputs(self.workload, x, w, params)
         _check_device(x)
-        shape, dtype = out_storage(self.workload)
-        if out is None:
-            out = torch.empty(shape, dtype=dtype, device=x.device)
-        elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape)
-              or out.dtype != dtype or not out.is_contiguous() or out.device != x.device):
-            raise ValueError(f"out must be a contiguous {dtype} tensor of shape {tuple(shape)} "
-                             f"on {x.device}")
+        out = output_buffer(self.workload, x.device, out)
         prob, cfg = self.problem, self.config
         if self.workload.epilogue.bias and not prob.wide:
             top = int(params.bias.to(torch.int64).abs().max()) if params.bias.numel() else 0
@@ -310,12 +304,7 @@ class _IgemmTemplate(KernelTemplate):
 
     # ---------------------------------------------------------------- build
     def build(self, wl: Workload, config: Config) -> IgemmKernel:
-        self.check_supported(wl)
-        config = Config(config)
-        reason = self.space(wl).why_invalid(config)
-        if reason:
-            raise ValueError(f"config {config} is not in {self.name}'s space for {wl.key}: "
-                             f"{reason}")
+        config = self.checked_config(wl, config)
         return IgemmKernel(self.name, wl, config, problem(wl, self.dot_fp16))
 
 
