@@ -2,8 +2,9 @@
 
 Two steps, because GPU time is scarce and a replay is exact:
 
-    python benchmarks/tuning.py measure [--budget-s 480]    # on the GPU
-    python benchmarks/tuning.py replay TABLES.json          # anywhere (CPU)
+    python benchmarks/tuning.py measure [--budget-s 480] [--layers a,b]  # on the GPU
+    python benchmarks/tuning.py timed [--layers a,b] [--trials 500]     # on the GPU
+    python benchmarks/tuning.py replay TABLES.json [MORE.json ...]      # anywhere (CPU)
 
 `measure` builds, verifies bit for bit against `lowbit.reference.run` and times *every* config
 of the `triton.conv2d_int8` space on each ResNet-50 3x3 layer (batch 16 and 256) and the TVM
@@ -34,14 +35,24 @@ STRATEGY_NAMES = ("random", "sa", "diversity", "tpe")
 TRIALS, SEEDS = 500, 5
 
 
-def measure(budget_s: float, workers: int) -> Path:
+def _layers(only: list[str] | None) -> list[tuple[str, object]]:
+    layers = [(n, wl) for s in SUITES for n, wl in load_workloads(s, epilogue=EPILOGUE)]
+    if only:
+        unknown = set(only) - {n for n, _ in layers}
+        if unknown:
+            raise SystemExit(f"unknown layers {sorted(unknown)}; known: {[n for n, _ in layers]}")
+        layers = [(n, wl) for n, wl in layers if n in only]
+    return layers
+
+
+def measure(budget_s: float, workers: int, only: list[str] | None = None) -> Path:
     """Exhaustive verified timing of the conv space per layer; the table file is rewritten
     after every layer so a run cut short keeps the finished layers."""
     import conv  # the sweep / precompile helpers of the conv benchmark
     from lowbit.kernels.triton import CONV2D_INT8
 
     t0 = time.perf_counter()
-    layers = [(n, wl) for s in SUITES for n, wl in load_workloads(s, epilogue=EPILOGUE)]
+    layers = _layers(only)
     plan = [(n, wl, list(CONV2D_INT8.space(wl))) for n, wl in layers]
     conv.precompile([(CONV2D_INT8, wl, c) for _, wl, cs in plan for c in cs], workers)
     compile_s = time.perf_counter() - t0
@@ -67,6 +78,38 @@ def measure(budget_s: float, workers: int) -> Path:
         print(f"{name:32s} {len(ok)}/{len(configs)} ok, best {min(ok):.1f} us, "
               f"{per * 1e3:.0f} ms/config", flush=True)
     print(f"wrote {path} in {time.perf_counter() - t0:.0f} s")
+    return path
+
+
+def timed(only: list[str] | None, trials: int, strategy: str, budget_s: float) -> Path:
+    """Real tunes as a user runs them (`lowbit.tune.tune` with its default crash-isolated
+    `LocalMeasurer`: parallel compile, verify, time), on an empty records file per layer;
+    writes the wall time of each to `timed-<stamp>.json`."""
+    from lowbit.kernels.triton import CONV2D_INT8
+    from lowbit.tune import tune
+
+    t0 = time.perf_counter()
+    path = common.results_dir() / f"timed-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    doc = {"benchmark": "tuning_timed", "gpu": common.gpu_name(), "versions": common.versions(),
+           "template": CONV2D_INT8.name, "strategy": strategy, "trials": trials, "rows": []}
+    for name, wl in _layers(only):
+        if time.perf_counter() - t0 > budget_s:
+            print(f"{name}: skipped, budget spent", flush=True)
+            continue
+        with tempfile.TemporaryDirectory() as d:
+            t1 = time.perf_counter()
+            res = tune(wl, [CONV2D_INT8], trials=trials, strategy=strategy,
+                       db=Path(d) / "records.db", seed=0, transfer=False, progress=False)
+            wall = time.perf_counter() - t1
+        fails = sum(not r.ok for r in res.history)
+        row = {"workload": name, "key": wl.key, "wall_s": round(wall, 1),
+               "trials": len(res.history), "space_size": len(CONV2D_INT8.space(wl)),
+               "failures": fails, "best_us": res.time_us, "best_config": dict(res.config),
+               "default_us": res.default_us.get(CONV2D_INT8.name)}
+        doc["rows"].append(row)
+        path.write_text(json.dumps(doc, indent=1))
+        print(f"{name:32s} {row['trials']} trials in {wall:.0f} s, best {res.time_us:.1f} us, "
+              f"default {row['default_us']}, {fails} failed", flush=True)
     return path
 
 
@@ -102,43 +145,75 @@ def _median(xs: list[float]) -> float | None:
                                 (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2)
 
 
-def replay(tables: Path, seeds: int) -> Path:
+def _load_tables(paths: list[Path]) -> dict:
+    """Merge table files (later files win per layer); keeps each layer's compile cost."""
+    merged: dict = {"layers": {}, "tables": []}
+    for p in paths:
+        doc = json.loads(p.read_text())
+        merged.update(gpu=doc["gpu"], versions=doc["versions"])
+        merged["tables"].append(p.name)
+        for layer in doc["layers"]:
+            merged["layers"][layer["workload"]] = dict(
+                layer, compile_s_per_config=doc["compile_s_per_config"])
+    return merged
+
+
+QUALITY_AT = (50, 100, 200, TRIALS)
+
+
+def replay(tables: list[Path], seeds: int, timed_path: Path | None = None) -> Path:
     from lowbit.kernels.triton import CONV2D_INT8
 
-    doc = json.loads(tables.read_text())
+    doc = _load_tables(tables)
+    timed_rows = ({r["workload"]: r for r in json.loads(timed_path.read_text())["rows"]}
+                  if timed_path else {})
     rows, curves = [], {}
-    for layer in doc["layers"]:
+    for layer in doc["layers"].values():
         ok = [t for _, t, e in layer["table"] if e is None]
         best = min(ok)
         row = {"workload": layer["workload"], "precision": "w8a8", "impl": CONV2D_INT8.name,
                "space_size": len(layer["table"]), "space_ok": len(ok), "exhaustive_best_us": best,
-               "trials_to_095": {}, "quality_at_500_by_strategy": {}, "replay_s": {}}
+               "trials_to_095": {}, "quality_at_500_by_strategy": {},
+               "quality_at_trials": {}, "replay_s": {}}
         for strategy in STRATEGY_NAMES:
             t0 = time.perf_counter()
             runs = [_replay_one(layer, strategy, s, CONV2D_INT8) for s in range(seeds)]
             row["replay_s"][strategy] = round(time.perf_counter() - t0, 1)
             curves[(layer["workload"], strategy)] = runs
-            quality = [best / r[-1] for r in runs if r and r[-1]]
-            row["quality_at_500_by_strategy"][strategy] = _median(quality)
+            row["quality_at_trials"][strategy] = {
+                n: _median([best / r[min(n, len(r)) - 1] for r in runs if r and r[-1]])
+                for n in QUALITY_AT}
+            row["quality_at_500_by_strategy"][strategy] = row["quality_at_trials"][strategy][TRIALS]
             row["trials_to_095"][strategy] = _median(
                 [_trials_to(r, best / 0.95) for r in runs])
             print(f"{layer['workload']:32s} {strategy:9s} trials to 0.95x: "
-                  f"{row['trials_to_095'][strategy]}  quality@500 "
-                  f"{row['quality_at_500_by_strategy'][strategy]}", flush=True)
+                  f"{row['trials_to_095'][strategy]}  quality@50/100/200/500 "
+                  f"{row['quality_at_trials'][strategy]}", flush=True)
         row["quality_at_500"] = row["quality_at_500_by_strategy"]["diversity"]
-        per = doc["compile_s_per_config"] + layer["measure_s_per_config"]
-        row["wall_s_500"] = round(per * min(TRIALS, len(layer["table"])), 1)
-        row["wall_s_500_note"] = ("estimated: measured compile (16 processes) + verify + time "
-                                  "seconds per config on the GPU x trials (capped at the space)")
+        row.update(_wall_s_500(layer, timed_rows.get(layer["workload"])))
         rows.append(row)
     folder = common.ROOT / "benchmarks" / "results" / doc["gpu"].lower().replace(" ", "-")
     out = folder / f"tuning-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps({"benchmark": "tuning", "gpu": doc["gpu"],
                                "date": time.strftime("%Y-%m-%d"), "versions": doc["versions"],
-                               "tables": tables.name, "seeds": seeds, "rows": rows}, indent=1))
+                               "tables": doc["tables"], "timed": timed_path and timed_path.name,
+                               "seeds": seeds, "rows": rows}, indent=1))
     _plot(curves, {r["workload"]: r["exhaustive_best_us"] for r in rows}, out.with_suffix(".png"))
     print(f"wrote {out}")
     return out
+
+
+def _wall_s_500(layer: dict, timed_row: dict | None) -> dict:
+    """Measured wall time of a real tune where `timed` ran the layer, else an estimate."""
+    if timed_row is not None:
+        return {"wall_s_500": timed_row["wall_s"], "wall_s_500_note": (
+            f"measured: lowbit.tune.tune, {timed_row['trials']} trials (the whole space when it "
+            "holds fewer than 500), parallel compile, verify + time per candidate"),
+            "timed_best_us": timed_row["best_us"]}
+    per = layer["compile_s_per_config"] + layer["measure_s_per_config"]
+    return {"wall_s_500": round(per * min(TRIALS, len(layer["table"])), 1),
+            "wall_s_500_note": ("estimated: measured compile (16 processes) + verify + time "
+                                "seconds per config on the GPU x trials (capped at the space)")}
 
 
 def _plot(curves: dict, best: dict, path: Path) -> None:
@@ -175,14 +250,23 @@ def main(argv: list[str] | None = None) -> None:
     m = sub.add_parser("measure")
     m.add_argument("--budget-s", type=float, default=480.0)
     m.add_argument("--workers", type=int, default=16)
+    m.add_argument("--layers", type=lambda v: v.split(","), help="comma-separated names")
+    t = sub.add_parser("timed")
+    t.add_argument("--layers", type=lambda v: v.split(","), help="comma-separated names")
+    t.add_argument("--trials", type=int, default=TRIALS)
+    t.add_argument("--strategy", default="diversity", choices=STRATEGY_NAMES)
+    t.add_argument("--budget-s", type=float, default=480.0)
     r = sub.add_parser("replay")
-    r.add_argument("tables", type=Path)
+    r.add_argument("tables", type=Path, nargs="+")
+    r.add_argument("--timed", type=Path, help="a timed-*.json of `timed` for wall_s_500")
     r.add_argument("--seeds", type=int, default=SEEDS)
     args = ap.parse_args(argv)
     if args.cmd == "measure":
-        measure(args.budget_s, args.workers)
+        measure(args.budget_s, args.workers, args.layers)
+    elif args.cmd == "timed":
+        timed(args.layers, args.trials, args.strategy, args.budget_s)
     else:
-        replay(args.tables, args.seeds)
+        replay(args.tables, args.seeds, args.timed)
 
 
 if __name__ == "__main__":

@@ -258,3 +258,29 @@ def test_layout_constants_match_core():
     from lowbit.kernels.triton.epilogue import LAYOUT_BITPLANE, LAYOUT_CODE, LAYOUT_PACKED
     assert LAYOUT_CODE[Layout.PACKED] == LAYOUT_PACKED
     assert LAYOUT_CODE[Layout.BITPLANE] == LAYOUT_BITPLANE
+
+
+@pytest.mark.parametrize("epi", range(len(EPILOGUES)))
+def test_ahead_of_time_compile_specializes_like_the_launch(epi: int, monkeypatch) -> None:
+    """`compile()` must fill the cache entry the launch looks up: the same argument dtypes
+    (a float32 stand-in where the launch passes `out` compiles a second binary, so every
+    precompiled candidate would be compiled again while it is timed)."""
+    import lowbit.kernels.triton.igemm as igemm
+
+    calls: list[tuple] = []
+
+    def record(fn, grid, args, kwargs, compile_only):
+        calls.append(tuple(str(a.dtype) if isinstance(a, torch.Tensor) else type(a).__name__
+                           for a in args) + tuple(sorted(kwargs.items())))
+
+    monkeypatch.setattr(igemm, "_run", record)
+    wl = ConvWorkload(N=1, H=5, W=6, C=8, K=16, R=3, S=3, pad=1, w="s8", a="s8",
+                      epilogue=EPILOGUES[epi])
+    for cfg in (TINY, SPLIT3):
+        kernel = tiny_kernel(wl, cfg)
+        kernel.compile_on("cpu")
+        x, w, params = random_inputs(wl, 0)
+        kernel.bind(x, w, params)()
+        half = len(calls) // 2  # split-K: the main kernel and the reduction, each time
+        assert half and calls[:half] == calls[half:], "compile and launch specialize differently"
+        calls.clear()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .epilogue import OUT_FP16, EpilogueParams
+from .epilogue import OUT_FP16, Epilogue, EpilogueParams
 from .layout import Layout
 from .precision import Encoding, Precision
 from .workload import ConvWorkload, Workload
@@ -94,21 +94,27 @@ def _check_vector(name: str, t: object, k: int, dtype: torch.dtype,
         raise ValueError(f"params.{name} is on {t.device}, expected {device}")
 
 
+def epilogue_vector_dtypes(epi: Epilogue) -> dict[str, torch.dtype | None]:
+    """Dtype of each EpilogueParams vector the epilogue reads; None for those it does not."""
+    req = torch.int32 if epi.requantizes else None
+    return {"bias": torch.int32 if epi.bias else None,
+            "scale": torch.float32 if epi.out == OUT_FP16 else None,
+            "multiplier": req, "shift": req}
+
+
 def check_params(wl: Workload, params: EpilogueParams, device: torch.device) -> None:
-    """The run-time epilogue vectors the workload's Epilogue needs, and only those."""
+    """The run-time epilogue vectors the workload's Epilogue needs, and only those. On CUDA the
+    requantization range check reads the vectors: one device sync (kernels' `bind()` checks
+    once for many launches)."""
     if not isinstance(params, EpilogueParams):
         raise TypeError(f"params must be an EpilogueParams, got {type(params).__name__}")
-    epi, k = wl.epilogue, operand_shapes(wl)[2][-1]
-    need = {"bias": epi.bias, "scale": epi.out == OUT_FP16,
-            "multiplier": epi.requantizes, "shift": epi.requantizes}
-    for name, needed in need.items():
-        t = getattr(params, name)
-        if needed:
-            dtype = torch.float32 if name == "scale" else torch.int32
-            _check_vector(name, t, k, dtype, device)
-    if epi.requantizes:
+    k = operand_shapes(wl)[2][-1]
+    for name, dtype in epilogue_vector_dtypes(wl.epilogue).items():
+        if dtype is not None:
+            _check_vector(name, getattr(params, name), k, dtype, device)
+    if wl.epilogue.requantizes:
         m, s = params.multiplier, params.shift
-        if bool((m < 1).any()) or bool((s < 1).any()) or bool((s > 62).any()):
+        if bool(((m < 1) | (s < 1) | (s > 62)).any()):
             raise ValueError("params.multiplier must be >= 1 and params.shift in 1..62")
 
 

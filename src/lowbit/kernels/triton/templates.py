@@ -28,13 +28,20 @@ from ...core import (
     Config,
     ConfigSpace,
     ConvWorkload,
+    Epilogue,
     GemmWorkload,
     Knob,
     Layout,
     Workload,
 )
 from ...core.precision import Encoding, Precision
-from ...core.validate import check_inputs, out_storage, output_buffer
+from ...core.validate import (
+    check_inputs,
+    epilogue_vector_dtypes,
+    out_storage,
+    output_buffer,
+    storage_dtype,
+)
 from ..base import KernelTemplate
 from .epilogue import (
     ENC_CODE,
@@ -123,6 +130,15 @@ def _check_device(x: torch.Tensor) -> None:
                          "(set TRITON_INTERPRET=1 to run them on the CPU)")
 
 
+def placeholder_vectors(epi: Epilogue, device: torch.device | str) -> tuple:
+    """(bias, scale, multiplier, shift) with the dtypes a real call passes and None where the
+    epilogue takes none, so an ahead-of-time compile specializes exactly like the launch
+    (a float32 stand-in where the launch passes `out` is a different binary: a cache miss)."""
+    need = epilogue_vector_dtypes(epi)
+    return tuple(None if need[n] is None else torch.empty(16, dtype=need[n], device=device)
+                 for n in ("bias", "scale", "multiplier", "shift"))
+
+
 class IgemmKernel:
     """One compiled (workload, config): `kernel(x, w, params, out=None) -> out`.
 
@@ -160,16 +176,16 @@ class IgemmKernel:
         Triton's CompiledKernel (n_regs, n_spills, asm), None under the interpreter."""
         if interpreting() or not torch.cuda.is_available():
             return None
-        wl, dev = self.workload, torch.device("cuda")
-        from ...core.validate import storage_dtype
+        return self.compile_on("cuda")
 
-        x = torch.empty(16, dtype=storage_dtype(wl.a, wl.a_layout), device=dev)
-        w = torch.empty(16, dtype=storage_dtype(wl.w, wl.w_layout), device=dev)
-        out = torch.empty(16, dtype=out_storage(wl)[1], device=dev)
-        vec = torch.empty(16, dtype=torch.int32, device=dev)
-        sc = torch.empty(16, dtype=torch.float32, device=dev)
-        return launch(self.problem, self.config, x, w, out, vec, sc, vec, vec,
-                      compile_only=True)
+    def compile_on(self, device: torch.device | str):
+        """`compile()` on `device` with placeholder tensors typed as a real call types them."""
+        wl = self.workload
+        x = torch.empty(16, dtype=storage_dtype(wl.a, wl.a_layout), device=device)
+        w = torch.empty(16, dtype=storage_dtype(wl.w, wl.w_layout), device=device)
+        out = torch.empty(16, dtype=out_storage(wl)[1], device=device)
+        return launch(self.problem, self.config, x, w, out,
+                      *placeholder_vectors(wl.epilogue, device), compile_only=True)
 
 
 class _IgemmTemplate(KernelTemplate):
