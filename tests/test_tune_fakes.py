@@ -44,6 +44,35 @@ class StandInKernel:
         return out
 
 
+class CheckedCallKernel(StandInKernel):
+    """A call path that spends 50 ms of host time in checks, and a bound launcher that does
+    not: a measurer that times the call would rank this kernel by its checks."""
+
+    def __call__(self, x, w, params):
+        time.sleep(0.05)
+        return super().__call__(x, w, params)
+
+    def bind(self, x, w, params, out=None):
+        return lambda: StandInKernel.__call__(self, x, w, params)
+
+
+class BoundTemplate(KernelTemplate):
+    name = "fake.bound"
+    backend = "fake"
+
+    def unsupported_reason(self, workload: Workload) -> str | None:
+        return None
+
+    def space(self, workload: Workload) -> ConfigSpace:
+        return ConfigSpace([Knob("tile", (1,)), Knob("mode", ("ok",))])
+
+    def default_config(self, workload: Workload) -> Config:
+        return Config(tile=1, mode="ok")
+
+    def build(self, workload: Workload, config: Config) -> CheckedCallKernel:
+        return CheckedCallKernel(workload, config)
+
+
 class FakeConvTemplate(KernelTemplate):
     """tile in 1..4 (1 fastest); the bad modes exist only with tile=1 (so they would win)."""
 

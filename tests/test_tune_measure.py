@@ -7,7 +7,7 @@ import pytest
 
 from lowbit.core import Config
 from lowbit.tune import LocalMeasurer, MeasureInput
-from test_tune_fakes import BAD_MODES, TINY, FakeConvTemplate
+from test_tune_fakes import BAD_MODES, TINY, BoundTemplate, FakeConvTemplate
 
 
 @pytest.fixture(scope="module")
@@ -44,3 +44,12 @@ def test_worker_replaced_and_good_candidates_timed_in_order(results):
     assert times[0] < times[3]  # 48^3 vs 192^3 matmuls: 64x the work
     assert len(seen) == 9  # on_result saw every candidate as it finished
     assert by[1].env["gpu"].startswith("cpu-") and by[1].env["torch"]
+
+
+def test_the_bound_launcher_is_timed_not_the_checked_call():
+    """Kernels with `bind` are timed through its launcher: per-call checks (a device sync on
+    a GPU) are host time, not kernel time."""
+    with LocalMeasurer(device="cpu", compile_workers=0, warmup_ms=1, rep_ms=5, seed=3) as m:
+        (res,) = m.measure([MeasureInput(BoundTemplate(), TINY, Config(tile=1, mode="ok"))])
+    assert res.ok, res.error
+    assert res.time_us < 40_000  # the call path sleeps 50 ms

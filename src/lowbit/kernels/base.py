@@ -9,6 +9,7 @@ names (`lowbit.core.validate`) and returns the output in the epilogue's layout; 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -23,6 +24,12 @@ class Kernel(Protocol):
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor,
                  params: EpilogueParams) -> torch.Tensor: ...
+
+    def bind(self, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams,
+             out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
+        """Check the inputs once and return a launcher for these tensors that does no host
+        work beyond the launch (no checks, no syncs): what timing and graph capture call."""
+        ...
 
 
 class KernelTemplate(ABC):

@@ -19,6 +19,7 @@ fp16(float32(y) * scale) with the same roundings as the reference.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -323,6 +324,12 @@ class MmaConvKernel:
                  out: torch.Tensor | None = None) -> torch.Tensor:
         """Run on PyTorch's current stream; writes into ``out`` when given (the output storage
         shape and dtype of `lowbit.core.validate.out_storage`, contiguous, on x's device)."""
+        return self.bind(x, w, params, out)()
+
+    def bind(self, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams,
+             out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
+        """Validate once (`check_inputs` reads the epilogue vectors: a device sync) and return
+        a no-argument launcher for these tensors (timing, CUDA-graph capture)."""
         wl = self.workload
         check_inputs(wl, x, w, params)
         if x.device.type != "cuda":
@@ -331,7 +338,7 @@ class MmaConvKernel:
         if torch.cuda.get_device_capability(x.device) < (8, 0):
             raise ValueError(f"{self.template.name} needs mma.sync (compute capability >= 8.0)")
         out = output_buffer(wl, x.device, out)
-        return self.launch(x, w, params, out)
+        return lambda: self.launch(x, w, params, out)
 
     def launch(self, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams,
                out: torch.Tensor) -> torch.Tensor:
