@@ -4,6 +4,7 @@ Two steps, because GPU time is scarce and a replay is exact:
 
     python benchmarks/tuning.py measure [--budget-s 480] [--layers a,b]  # on the GPU
     python benchmarks/tuning.py timed [--layers a,b] [--trials 500]     # on the GPU
+    python benchmarks/tuning.py multigpu [--gpus 2]                     # 1 vs n GPUs (Dask)
     python benchmarks/tuning.py replay TABLES.json [MORE.json ...]      # anywhere (CPU)
 
 `measure` builds, verifies bit for bit against `lowbit.reference.run` and times *every* config
@@ -110,6 +111,43 @@ def timed(only: list[str] | None, trials: int, strategy: str, budget_s: float) -
         path.write_text(json.dumps(doc, indent=1))
         print(f"{name:32s} {row['trials']} trials in {wall:.0f} s, best {res.time_us:.1f} us, "
               f"default {row['default_us']}, {fails} failed", flush=True)
+    return path
+
+
+def multi_gpu(layer: str, trials: int, gpus: int) -> Path:
+    """The same tune on one GPU (`LocalMeasurer`) and on `gpus` GPUs (`DaskMeasurer` over a
+    local cluster, one measuring worker per GPU); writes both wall times to
+    `multigpu-<stamp>.json`."""
+    import distributed
+
+    from lowbit.kernels.triton import CONV2D_INT8
+    from lowbit.tune import tune
+    from lowbit.tune.dask_backend import DaskMeasurer
+
+    (name, wl), = _layers([layer])
+    doc = {"benchmark": "tuning_multigpu", "gpu": common.gpu_name(), "gpus": gpus,
+           "versions": common.versions(), "workload": name, "trials": trials, "runs": []}
+    path = common.results_dir() / f"multigpu-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    for n in (1, gpus):
+        with tempfile.TemporaryDirectory() as d:
+            t0 = time.perf_counter()
+            if n == 1:
+                res = tune(wl, [CONV2D_INT8], trials=trials, db=Path(d) / "r.db", seed=0,
+                           transfer=False, progress=False)
+            else:
+                with distributed.LocalCluster(n_workers=n, threads_per_worker=1,
+                                              processes=False, dashboard_address=None) as cl, \
+                        distributed.Client(cl) as client, \
+                        DaskMeasurer(client, gpus=n) as m:
+                    res = tune(wl, [CONV2D_INT8], trials=trials, db=Path(d) / "r.db", seed=0,
+                               measurer=m, transfer=False, progress=False)
+            wall = time.perf_counter() - t0
+        run = {"gpus": n, "wall_s": round(wall, 1), "trials": len(res.history),
+               "failures": sum(not r.ok for r in res.history), "best_us": res.time_us}
+        doc["runs"].append(run)
+        path.write_text(json.dumps(doc, indent=1))
+        print(f"{name} on {n} GPU(s): {run['trials']} trials in {wall:.0f} s, best "
+              f"{res.time_us:.1f} us", flush=True)
     return path
 
 
@@ -256,6 +294,10 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--trials", type=int, default=TRIALS)
     t.add_argument("--strategy", default="diversity", choices=STRATEGY_NAMES)
     t.add_argument("--budget-s", type=float, default=480.0)
+    g = sub.add_parser("multigpu")
+    g.add_argument("--layer", default="resnet50_s3_3x3_b256")
+    g.add_argument("--trials", type=int, default=128)
+    g.add_argument("--gpus", type=int, default=2)
     r = sub.add_parser("replay")
     r.add_argument("tables", type=Path, nargs="+")
     r.add_argument("--timed", type=Path, help="a timed-*.json of `timed` for wall_s_500")
@@ -263,6 +305,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.cmd == "measure":
         measure(args.budget_s, args.workers, args.layers)
+    elif args.cmd == "multigpu":
+        multi_gpu(args.layer, args.trials, args.gpus)
     elif args.cmd == "timed":
         timed(args.layers, args.trials, args.strategy, args.budget_s)
     else:

@@ -28,7 +28,9 @@ def test_two_workers_measure_into_one_records_db(tmp_path):
             m.close()
         assert len(used) == 2  # both workers measured
         assert not any(k[1] == m.tag for k in backend._MEASURERS)  # closed on every worker
-    assert res.trials == 6 and res.config == Config(tile=1, mode="ok")
+    # tile 1 vs 2 differ by less than the noise of two workers sharing two CPU cores: the
+    # pick itself is pinned by the tuner tests; here it must be a good, fast candidate
+    assert res.trials == 6 and res.config in (Config(tile=1, mode="ok"), Config(tile=2, mode="ok"))
     with RecordsDB(tmp_path / "r.sqlite") as db:
         rows = db.records(TINY)
     errors = {r.cfg["mode"]: r.error for r in rows if not r.ok}

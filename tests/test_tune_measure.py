@@ -53,3 +53,18 @@ def test_the_bound_launcher_is_timed_not_the_checked_call():
         (res,) = m.measure([MeasureInput(BoundTemplate(), TINY, Config(tile=1, mode="ok"))])
     assert res.ok, res.error
     assert res.time_us < 40_000  # the call path sleeps 50 ms
+
+
+def test_precompiled_candidates_are_not_built_again(monkeypatch):
+    """`precompile` builds a batch in the pool; measuring the candidates one at a time later
+    (the Dask backend's one-candidate tasks) reuses those builds and their failures."""
+    t = FakeConvTemplate()
+    inputs = [MeasureInput(t, TINY, Config(tile=1, mode=m)) for m in ("compile_error", "ok")]
+    with LocalMeasurer(device="cpu", compile_workers=1, warmup_ms=1, rep_ms=5, seed=5) as m:
+        m.precompile(inputs)
+        assert len(m._built) == 2
+        monkeypatch.setattr(m, "_compile", lambda todo: pytest.fail(f"rebuilt {todo}"))
+        res = [m.measure([i])[0] for i in inputs]
+        assert not m._built
+    assert res[0].error.startswith("compile: ValueError: ptxas") and res[0].compile_s
+    assert res[1].ok and res[1].compile_s is not None

@@ -46,9 +46,22 @@ def _worker_measurer(tag: str, factory: MeasurerFactory, gpu_index: int | None
         return _MEASURERS[key], _LOCKS[key]
 
 
+def _precompile_task(tag: str, factory: MeasurerFactory, gpu_index: int | None,
+                     jobs: list[tuple[KernelTemplate, str, str]]) -> int:
+    """Runs on a Dask worker: build this worker's share of a batch in parallel (its
+    measurer's compile pool) before the one-candidate measure tasks arrive."""
+    measurer, lock = _worker_measurer(tag, factory, gpu_index)
+    inputs = [MeasureInput(t, workload_from_json(w), Config.from_json(c)) for t, w, c in jobs]
+    with lock:
+        measurer.precompile(inputs)
+    return len(inputs)
+
+
 def _measure_task(tag: str, factory: MeasurerFactory, gpu_index: int | None,
-                  template: KernelTemplate, wl_json: str, cfg_json: str) -> MeasureResult:
-    """Runs on a Dask worker: measure one candidate with this worker's measurer."""
+                  template: KernelTemplate, wl_json: str, cfg_json: str,
+                  after: object = None) -> MeasureResult:
+    """Runs on a Dask worker: measure one candidate with this worker's measurer (`after`:
+    the worker's precompile future, so Dask runs that first)."""
     measurer, lock = _worker_measurer(tag, factory, gpu_index)
     inp = MeasureInput(template, workload_from_json(wl_json), Config.from_json(cfg_json))
     with lock:  # one candidate at a time per measurer (its worker process is serial)
@@ -105,14 +118,21 @@ class DaskMeasurer(Measurer):
                 on_result: ResultCallback | None = None) -> list[MeasureResult]:
         from distributed import as_completed
 
+        share = [[(i, inp) for i, inp in enumerate(inputs) if i % len(self.workers) == w]
+                 for w in range(len(self.workers))]
         futures = {}
-        for i, inp in enumerate(inputs):
-            w = i % len(self.workers)
-            fut = self.client.submit(_measure_task, self.tag, self.factory, self._gpu(w),
-                                     inp.template, inp.workload.to_json(), inp.config.to_json(),
-                                     workers=[self.workers[w]], allow_other_workers=False,
-                                     pure=False)
-            futures[fut] = i
+        for w, items in enumerate(share):
+            if not items:
+                continue
+            jobs = [(inp.template, inp.workload.to_json(), inp.config.to_json())
+                    for _, inp in items]
+            pin = dict(workers=[self.workers[w]], allow_other_workers=False, pure=False)
+            built = self.client.submit(_precompile_task, self.tag, self.factory, self._gpu(w),
+                                       jobs, **pin)
+            for (i, _), job in zip(items, jobs, strict=True):
+                fut = self.client.submit(_measure_task, self.tag, self.factory, self._gpu(w),
+                                         *job, after=built, **pin)
+                futures[fut] = i
         out: list[MeasureResult | None] = [None] * len(inputs)
         for fut in as_completed(list(futures)):
             res = fut.result()

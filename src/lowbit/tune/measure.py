@@ -68,6 +68,10 @@ class Measurer:
                 on_result: ResultCallback | None = None) -> list[MeasureResult]:
         raise NotImplementedError
 
+    def precompile(self, inputs: Sequence[MeasureInput]) -> None:
+        """Build these candidates ahead of `measure` (in parallel where the measurer can), so
+        that measuring them one at a time later does not compile one at a time."""
+
     def close(self) -> None:
         pass
 
@@ -276,6 +280,7 @@ class LocalMeasurer(Measurer):
         self._ctx = mp.get_context("spawn")
         self._worker: _Worker | None = None
         self._pool: ProcessPoolExecutor | None = None
+        self._built: dict[tuple[str, str, str], tuple[str | None, float | None]] = {}
         self.restarts = 0
 
     # -- lifecycle
@@ -362,9 +367,20 @@ class LocalMeasurer(Measurer):
             return value, None, run_s
         return None, value, run_s
 
+    @staticmethod
+    def _key(inp: MeasureInput) -> tuple[str, str, str]:
+        return inp.template.name, inp.workload.key, inp.config.to_json()
+
+    def precompile(self, inputs: Sequence[MeasureInput]) -> None:
+        for inp, built in zip(inputs, self._compile(inputs), strict=True):
+            self._built[self._key(inp)] = built
+
     def measure(self, inputs: Sequence[MeasureInput],
                 on_result: ResultCallback | None = None) -> list[MeasureResult]:
-        built = self._compile(inputs)
+        todo = [i for i in inputs if self._key(i) not in self._built]
+        fresh = dict(zip(map(self._key, todo), self._compile(todo), strict=True)) if todo else {}
+        built = [fresh[k] if k in fresh else self._built.pop(k, (None, None))
+                 for k in map(self._key, inputs)]
         results = []
         for inp, (err, compile_s) in zip(inputs, built, strict=True):
             if err is None:
