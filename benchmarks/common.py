@@ -124,3 +124,30 @@ def int_mm_im2col_us(wl: ConvWorkload, cuda_graph: bool = False) -> float | None
 
     fn()
     return time_us(fn, cuda_graph=cuda_graph)
+
+
+def table_configs(paths: list[Path], wl, top: int = 6) -> list:
+    """The `top` fastest configs of `wl` in exhaustive tuning tables (`tuning.py measure`)."""
+    from lowbit.core import Config
+
+    for p in reversed(paths):
+        for layer in json.loads(Path(p).read_text())["layers"]:
+            if layer["key"] == wl.key:
+                ok = sorted((row for row in layer["table"] if row[2] is None),
+                            key=lambda row: row[1])
+                return [Config(c) for c, _, _ in ok[:top]]
+    return []
+
+
+def tuned_configs(template, wl, trials: int, records: Path, top: int = 6) -> list:
+    """The `top` fastest configs a `lowbit.tune.tune` of `trials` finds (records kept in
+    `records`, so a rerun resumes instead of measuring again)."""
+    from lowbit.tune import RecordsDB, tune
+
+    res = tune(wl, [template], trials=trials, db=records, seed=0, transfer=True,
+               progress=False)
+    with RecordsDB(records) as db:
+        ok = sorted((r for r in db.records(wl)
+                     if r.ok and r.template == template.name and r.gpu == res.gpu),
+                    key=lambda r: r.time_us)
+    return [r.cfg for r in ok[:top]]

@@ -242,6 +242,16 @@ class ResultsFile:
         self.path.write_text(self._json.dumps(self.doc, indent=1))
 
 
+def _with_tuned(wl: Workload, cfgs: list[Config], args) -> list[Config]:
+    """The slice plus the tuner's best configs (from tables, else a short tune)."""
+    extra = common.table_configs(args.tables, wl)
+    if not extra and args.tune_trials:
+        records = common.results_dir() / "conv_records.db"
+        extra = common.tuned_configs(CONV2D_INT8, wl, args.tune_trials, records)
+    head = cfgs[:1] + [c for c in extra if c != cfgs[0]]  # configs[0] stays the default
+    return head + [c for c in cfgs[1:] if c not in head]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suites", default=",".join(CONV_SUITES))
@@ -249,6 +259,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--budget-s", type=float, default=300.0,
                     help="after this, remaining layers get only 8 configs")
     ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--tables", type=Path, nargs="*", default=[],
+                    help="exhaustive tuning tables: their 6 best configs per layer join the sweep")
+    ap.add_argument("--tune-trials", type=int, default=0,
+                    help="layers without tables: add the 6 best of a lowbit.tune of N trials")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("benchmarks/conv.py needs a CUDA GPU")
@@ -257,6 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     layers = [(n, wl) for s in args.suites.split(",") for n, wl in
               load_workloads(s, epilogue=EPILOGUE)]
     plan = [(n, wl, bench_configs(CONV2D_INT8, wl, args.max_configs)) for n, wl in layers]
+    plan = [(n, wl, _with_tuned(wl, cfgs, args)) for n, wl, cfgs in plan]
     precompile([(CONV2D_INT8, wl, c) for _, wl, cfgs in plan for c in cfgs], args.workers)
     results = ResultsFile("conv", {"peaks": peaks.__dict__, "epilogue": EPILOGUE.key})
     for name, wl, cfgs in plan:

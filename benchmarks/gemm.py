@@ -41,17 +41,27 @@ def int_mm_graph_us(wl) -> float | None:
     return time_us(lambda: torch._int_mm(a, bt), cuda_graph=True)
 
 
+def _configs(wl, args) -> list:
+    """The bounded slice, or the whole space (default config first) when it is small."""
+    space = GEMM_INT8.space(wl)
+    if len(space) < args.whole_space_below:
+        default = GEMM_INT8.default_config(wl)
+        return [default, *(c for c in space if c != default)]
+    return bench_configs(GEMM_INT8, wl, args.max_configs)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-configs", type=int, default=40)
     ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--whole-space-below", type=int, default=0,
+                    help="time every config of spaces smaller than this (the FC shapes)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gemm.py needs a CUDA GPU")
     t_start = time.perf_counter()
     peaks = replace(peaks_for(common.gpu_name()), bandwidth=measure_bandwidth())
-    plan = [(n, wl, bench_configs(GEMM_INT8, wl, args.max_configs))
-            for n, wl in load_workloads("gemm", epilogue=EPILOGUE)]
+    plan = [(n, wl, _configs(wl, args)) for n, wl in load_workloads("gemm", epilogue=EPILOGUE)]
     precompile([(GEMM_INT8, wl, c) for _, wl, cfgs in plan for c in cfgs], args.workers)
     results = ResultsFile("gemm", {"peaks": peaks.__dict__, "epilogue": EPILOGUE.key})
     for name, wl, cfgs in plan:

@@ -144,3 +144,28 @@ def _spearman(a, b) -> float:
     ra = np.argsort(np.argsort(np.asarray(a, float)))
     rb = np.argsort(np.argsort(np.asarray(b, float)))
     return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def test_diversity_spreads_the_round_over_the_space():
+    """The competition of `diversity`: with weight 0 the round is the model's top k (a tight
+    cluster around the predicted optimum); with the default weight the k picks spread out
+    (larger mutual distances) while the model's favourite still comes first."""
+    from lowbit.tune.search import DiversitySearch
+
+    sp = space()
+    field = sp.all_configs()
+    pred = np.array([-landscape(c) for c in field])
+
+    def spread(weight: float) -> tuple[Config, float]:
+        s = DiversitySearch(sp, WL, diversity_weight=weight)
+        s.score = lambda cs: np.array([-landscape(c) for c in cs])
+        picks = s._compete(field, 8)
+        assert len(set(picks)) == 8
+        mean = np.mean([sp.distance(a, b) for a in picks for b in picks if a != b])
+        return picks[0], float(mean)
+
+    top = field[int(np.argmax(pred))]
+    first0, d0 = spread(0.0)
+    first1, d1 = spread(DiversitySearch.DEFAULT_WEIGHT)
+    assert first0 == first1 == top
+    assert d1 > 1.3 * d0

@@ -188,13 +188,22 @@ class DiversitySearch(ModelSearch):
 
     Per round: SA gives the model's top 2k candidates; each candidate spawns two mutants (one
     knob changed); of the mutants, the more diverse half (largest config distance to everything
-    measured and to the candidates) is kept; kept mutants and candidates then compete: they
-    are taken in order of model score, skipping a config closer than one knob step to one
-    already taken, until k are chosen (skipped ones fill any rest). Measuring distinctive
-    configs trains the rank model on the whole space instead of one basin.
+    measured and to the candidates) is kept; kept mutants and candidates then compete for the
+    k places, greedily: each place goes to the config with the highest
+    rank score + weight * d / (d + d_half), rank score in [0, 1] from the model's order, d its
+    distance to the configs already placed this round, d_half the distance of one whole knob.
+    Measuring distinctive configs trains the rank model on the whole space instead of one
+    basin; weight 0 is plain `sa` on the larger field.
     """
 
     name = "diversity"
+    DEFAULT_WEIGHT = 0.5
+
+    def __init__(self, *args: object, diversity_weight: float | None = None,
+                 **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.diversity_weight = (self.DEFAULT_WEIGHT if diversity_weight is None
+                                 else diversity_weight)
 
     def candidates(self, k: int) -> list[Config]:
         pool = [c for _, c in self._anneal(2 * k)]
@@ -210,21 +219,27 @@ class DiversitySearch(ModelSearch):
         div = [self._min_distance(m, ref) for m in mutants]
         order = sorted(range(len(mutants)), key=lambda i: -div[i])
         kept = [mutants[i] for i in order[: max(1, len(mutants) // 2)]] if mutants else []
-        field = pool + kept
-        scores = self.score(field)
-        ranked = [field[i] for i in np.argsort(-scores, kind="stable")]
-        step = 1.0 / max(1, len(self.space.knobs)) / max(
-            1, max(len(kn.values) - 1 for kn in self.space.knobs))
+        return self._compete(pool + kept, k)
+
+    def _compete(self, field: list[Config], k: int) -> list[Config]:
+        if not field:
+            return []
+        order = np.argsort(-self.score(field), kind="stable")
+        rank = np.empty(len(field))
+        rank[order] = 1.0 - np.arange(len(field)) / max(1, len(field) - 1)
+        d_half = 1.0 / max(1, len(self.space.knobs))
+        nearest = np.full(len(field), np.inf)
+        free = np.ones(len(field), dtype=bool)
         chosen: list[Config] = []
-        rest: list[Config] = []
-        for c in ranked:
-            if len(chosen) >= k:
-                break
-            if chosen and self._min_distance(c, chosen) < step - 1e-12:
-                rest.append(c)
-            else:
-                chosen.append(c)
-        return (chosen + rest)[:k]
+        for _ in range(min(k, len(field))):
+            d = np.where(np.isinf(nearest), 0.0, nearest)  # nothing placed yet: no spread
+            spread = d / (d + d_half)
+            value = np.where(free, rank + self.diversity_weight * spread, -np.inf)
+            i = int(np.argmax(value))
+            free[i] = False
+            chosen.append(field[i])
+            nearest = np.minimum(nearest, [self.space.distance(field[i], c) for c in field])
+        return chosen
 
     def _min_distance(self, c: Config, others: Sequence[Config]) -> float:
         return min((self.space.distance(c, o) for o in others), default=1.0)

@@ -230,7 +230,9 @@ class _IgemmTemplate(KernelTemplate):
         m, n, _ = wl.gemm_shape
         # split-K helps only when even 64 x 64 tiles leave SMs idle and the reduction is long
         if math.ceil(m / 64) * math.ceil(n / 64) < NUM_SMS and self._iters(wl, 64) >= 8:
-            return (1, 4)
+            # skinny GEMMs (FC layers, M <= 128) stream the weights: deeper splits put
+            # enough blocks in flight to reach the memory bandwidth
+            return (1, 2, 4, 8) if isinstance(wl, GemmWorkload) else (1, 4)
         return (1,)
 
     def knobs(self, wl: Workload) -> list[Knob]:
@@ -279,7 +281,8 @@ class _IgemmTemplate(KernelTemplate):
                 return None
             if c["BLOCK_M"] * c["BLOCK_N"] > 128 * 128:
                 return "SPLIT_K > 1 only with tiles of at most 128 x 128"
-            if self._tiles(wl, c) * c["SPLIT_K"] > 2 * NUM_SMS:
+            waves = 4 if isinstance(wl, GemmWorkload) else 2
+            if self._tiles(wl, c) * c["SPLIT_K"] > waves * NUM_SMS:
                 return "SPLIT_K > 1 only while the tile grid under-fills the GPU"
             if self._iters(wl, c["BLOCK_K"]) < 4 * c["SPLIT_K"]:
                 return "SPLIT_K leaves fewer than 4 reduction steps per split"
