@@ -96,13 +96,10 @@ def _us(t: float | None) -> str:
 
 def _import_backends() -> None:
     """Register the built-in templates (a backend that cannot load is skipped)."""
-    import importlib
+    from .kernels import load_backends
 
-    for mod in ("lowbit.kernels.triton", "lowbit.kernels.cuda"):
-        try:
-            importlib.import_module(mod)
-        except Exception as e:  # e.g. no Triton on this machine: the others still tune
-            console.print(f"[yellow]skipping {mod}: {type(e).__name__}: {e}[/]")
+    for mod, why in load_backends().items():  # e.g. no Triton here: the others still tune
+        console.print(f"[yellow]skipping {mod}: {why}[/]")
 
 
 def main() -> None:

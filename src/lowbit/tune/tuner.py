@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core import Config, Workload, workload_from_json
+from ..kernels import load_backends
 from ..kernels.base import KernelTemplate
 from ..kernels.base import templates as registered_templates
 from .cost_model import Sample
@@ -121,6 +122,8 @@ def tune(workload: Workload, templates: Sequence[KernelTemplate] | None = None,
     time_budget_s: stop starting new rounds after this many seconds.
     """
     t_start = time.perf_counter()
+    if templates is None:
+        load_backends()
     pool = list(templates) if templates is not None else registered_templates()
     usable = [t for t in pool if t.supports(workload)]
     if not usable:
