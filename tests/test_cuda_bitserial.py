@@ -82,17 +82,41 @@ def test_space_constraints_hold(wb, ab):
 def test_invalid_config_is_rejected():
     wl = gemm(Precision(1), Precision(2))
     with pytest.raises(ValueError, match="is not in cuda\\.bitserial's space"):
-        BITSERIAL.build(wl, Config(BM=64, BN=64, WM=48, WN=32, KT=1, STAGES=2, PERSIST=0),
-                        arch="sm_80")
+        BITSERIAL.build(wl, Config(BM=64, BN=64, WM=48, WN=32, KT=1, STAGES=2, PERSIST=0,
+                                   MMA="mma_sync", SWIZZLE=0, HALO=0), arch="sm_80")
+
+
+def test_wgmma_only_on_sm90a():
+    wl = gemm(Precision(2, "signed"), Precision(2), EPILOGUES[1], M=512, N=256, K=1024)
+    assert {(c["MMA"], c["SWIZZLE"]) for c in BITSERIAL.space(wl, arch="sm_80")} == {
+        ("mma_sync", 0)}
+    wgmma = [c for c in BITSERIAL.space(wl, arch="sm_90a") if c["MMA"] == "wgmma"]
+    assert wgmma
+    for c in wgmma:
+        assert c["WM"] == 64 and not c["PERSIST"] and c["STAGES"] >= 3
+        assert 2 * c["WN"] in bitserial.WGMMA_N  # N = w_bits * WN of m64nNk256
+        assert bitserial.threads(c) == (c["BM"] // 64) * (c["BN"] // c["WN"]) * 128
+        assert bitserial.acc_regs(wl, c) == 2 * 2 * c["WN"] // 2  # one warp's m16 x N share
+    cfg = BITSERIAL.default_config(wl, "wgmma", arch="sm_90a")
+    assert cfg["MMA"] == "wgmma"
+    with pytest.raises(ValueError, match="sm_80"):
+        BITSERIAL.build(wl, cfg, arch="sm_80")
+    # the mma.sync defaults are what they were before the wgmma knob
+    assert BITSERIAL.default_config(wl, arch="sm_90a")["MMA"] == "mma_sync"
 
 
 def test_render_names_the_knobs():
     wl = conv(Precision(2, "signed"), Precision(3), EPILOGUES[1], stride=2)
     src = bitserial.render(wl, BITSERIAL.default_config(wl))
-    for name in ("BM", "BN", "WM", "WN", "KT", "STAGES", "PERSIST", "VEC", "STRIDE", "OUT_MODE"):
+    for name in ("BM", "BN", "WM", "WN", "KT", "STAGES", "PERSIST", "WGMMA", "VEC", "STRIDE",
+                 "OUT_MODE"):
         assert f"constexpr int {name} = " in src
     assert "constexpr int STRIDE = 2;" in src and "constexpr int W_SIGNED = 1;" in src
-    assert "and.popc" in src
+    assert "and.popc" in src and "wgmma.mma_async" not in src
+    src = bitserial.render(wl, BITSERIAL.default_config(wl, "wgmma", arch="sm_90a"))
+    assert "constexpr int WGMMA = 1;" in src
+    wn = BITSERIAL.default_config(wl, "wgmma", arch="sm_90a")["WN"]
+    assert f"wgmma.mma_async.sync.aligned.m64n{2 * wn}k256.s32.b1.b1.and.popc" in src
 
 
 def _compile_sample() -> list[tuple[object, Config]]:
@@ -111,16 +135,77 @@ def _compile_sample() -> list[tuple[object, Config]]:
 def test_nvrtc_compiles_sample_configs(arch, tmp_path, monkeypatch):
     monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
     for wl, cfg in _compile_sample():
-        for persist in (0, 1):  # both kernel bodies
-            cfg = cfg.replace(PERSIST=persist)
-            if cfg in BITSERIAL.space(wl):
+        cfg = cfg.replace(MMA="mma_sync", SWIZZLE=0)
+        for persist, halo in ((0, 0), (1, 0), (0, 1)):  # both mma.sync bodies, halo load
+            cfg = cfg.replace(PERSIST=persist, HALO=halo)
+            if BITSERIAL.space(wl, arch).is_valid(cfg):
                 kernel = BITSERIAL.build(wl, cfg, arch=arch)
                 assert kernel._main.cubin[:4] == b"\x7fELF"
                 assert kernel._main.name == ("bitserial_persistent" if persist
                                              else "bitserial_kernel")
 
 
+def test_nvrtc_compiles_wgmma_sample_configs(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
+    rng = random.Random(9)
+    for wl, _ in _compile_sample():
+        space = [c for c in BITSERIAL.space(wl, "sm_90a") if c["MMA"] == "wgmma"]
+        default = BITSERIAL.default_config(wl, "wgmma", arch="sm_90a")
+        for cfg in [default, default.replace(SWIZZLE=32, HALO=1), rng.choice(space)]:
+            if not BITSERIAL.space(wl, "sm_90a").is_valid(cfg):
+                cfg = cfg.replace(HALO=0)
+            kernel = BITSERIAL.build(wl, cfg, arch="sm_90a")
+            assert kernel._main.cubin[:4] == b"\x7fELF"
+            assert kernel._main.name == "bitserial_wgmma"
+
+
+def test_halo_rows_cover_every_tap_of_the_block():
+    """The halo slab starts where the kernel starts it and holds every input row that a valid
+    tap of any output pixel of the block reads."""
+    for shape in (dict(N=3, H=11, W=13, C=64, K=8, R=5, S=5, stride=1, pad=2),
+                  dict(N=2, H=9, W=9, C=33, K=8, R=3, S=3, stride=2, pad=1),
+                  dict(N=1, H=5, W=5, C=3, K=5, R=7, S=7, stride=2, pad=3)):
+        sh = bitserial.conv_shape(ConvWorkload(**shape))
+        for bm in (16, 64, 128):
+            height = bitserial.halo_rows(sh, bm)
+            for m0 in range(0, sh.rows, bm):
+                n0, p0 = divmod(m0 // sh.q, sh.p)
+                first = n0 * sh.h + max(0, p0 * sh.stride - sh.pad)  # as halo_load computes it
+                for m in range(m0, min(m0 + bm, sh.rows)):
+                    n, p = divmod(m // sh.q, sh.p)
+                    for r in range(sh.r):
+                        ih = p * sh.stride - sh.pad + r
+                        if 0 <= ih < sh.h:
+                            assert first <= n * sh.h + ih < first + height
+
+
+def test_halo_constraints():
+    wl = conv(Precision(1, "binary"), Precision(2), EPILOGUES[0])
+    space = BITSERIAL.space(wl, "sm_90a")
+    base = BITSERIAL.default_config(wl, arch="sm_90a")
+    assert space.is_valid(base.replace(HALO=1))
+    assert space.is_valid(BITSERIAL.default_config(wl, "wgmma", arch="sm_90a").replace(HALO=1))
+    assert "PERSIST=0" in space.why_invalid(base.replace(HALO=1, PERSIST=1))
+    g = gemm(Precision(1, "binary"), Precision(2), EPILOGUES[0])
+    assert "1x1" in BITSERIAL.space(g, "sm_90a").why_invalid(
+        BITSERIAL.default_config(g, arch="sm_90a").replace(HALO=1))
+    assert bitserial.smem_bytes(wl, base.replace(HALO=1)) > bitserial.smem_bytes(wl, base)
+    assert "constexpr int HALO = 1;" in bitserial.render(wl, base.replace(HALO=1))
+
+
 # ---------------------------------------------------------------- GPU: bit-exact
+
+VARIANTS = [("mma_sync", 0, 0), ("mma_sync", 1, 0), ("wgmma", 0, 0), ("wgmma", 0, 32)]
+
+
+def _config(wl, variant):
+    """The default config of a (MMA, PERSIST, SWIZZLE) variant; None where the GPU has no
+    wgmma."""
+    mma, persist, swizzle = variant
+    if mma == "wgmma" and bitserial.device_arch() != bitserial.WGMMA_ARCH:
+        return None
+    return BITSERIAL.default_config(wl, mma).replace(PERSIST=persist, SWIZZLE=swizzle)
+
 
 def _poisoned_run(wl, cfg=None, seed=0):
     """(kernel output over a poisoned buffer, reference output)."""
@@ -149,14 +234,14 @@ def _assert_exact(wl, cfg=None, seed=0):
 _PAIRS = list(itertools.product(range(1, 5), range(1, 5)))
 
 
-@pytest.mark.parametrize("persist", [0, 1])
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("wb,ab", _PAIRS)
 @pytest.mark.parametrize("combo", range(4))
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_bit_exact_every_precision_and_encoding(wb, ab, combo, persist):
+def test_bit_exact_every_precision_and_encoding(wb, ab, combo, variant):
     """All four encoding pairs of every bit pair: two as convs (stride 1 and 2), two as GEMMs;
-    one-tile-per-block and persistent kernels."""
+    one-tile-per-block and persistent mma.sync kernels, and the wgmma kernel (sm_90a)."""
     w_prec, a_prec = encodings(wb)[combo // 2], encodings(ab)[combo % 2]
     epi = EPILOGUES[(wb * 4 + ab + combo) % len(EPILOGUES)]
     if combo in (0, 3):
@@ -165,7 +250,9 @@ def test_bit_exact_every_precision_and_encoding(wb, ab, combo, persist):
         wl = conv(w_prec, a_prec, epi, stride=stride, pad=pad, R=taps, S=taps)
     else:
         wl = gemm(w_prec, a_prec, epi, M=33 + 16 * combo, N=40 + wb, K=200 + 67 * ab)
-    cfg = BITSERIAL.default_config(wl).replace(PERSIST=persist)
+    cfg = _config(wl, variant)
+    if cfg is None:
+        pytest.skip("wgmma needs sm_90a")
     _assert_exact(wl, cfg, seed=wb * 100 + ab * 10 + combo)
 
 
@@ -183,7 +270,10 @@ def test_bit_exact_odd_conv_shapes(shape):
                                 (Precision(1, "binary"), Precision(2)),
                                 (Precision(2, "signed"), Precision(3, "signed"))]):
         wl = conv(w, a, EPILOGUES[i + 1], **shape)
-        _assert_exact(wl, BITSERIAL.default_config(wl).replace(PERSIST=i % 2), seed=i)
+        for variant in (VARIANTS[i % 2], VARIANTS[2 + i % 2]):
+            cfg = _config(wl, variant)
+            if cfg is not None:
+                _assert_exact(wl, cfg, seed=i)
 
 
 @pytest.mark.gpu
@@ -192,7 +282,9 @@ def test_bit_exact_across_configs():
     rng = random.Random(1)
     for wl in (conv(Precision(1, "binary"), Precision(2), EPILOGUES[1], N=4, C=96, K=96),
                gemm(Precision(2, "signed"), Precision(2), EPILOGUES[0], M=200, N=130, K=700)):
-        for cfg in BITSERIAL.space(wl).sample(10, rng):
+        space = BITSERIAL.space(wl)
+        wgmma = [c for c in space if c["MMA"] == "wgmma"]
+        for cfg in space.sample(10, rng) + rng.sample(wgmma, min(6, len(wgmma))):
             _assert_exact(wl, cfg, seed=rng.randrange(1000))
 
 
@@ -205,8 +297,11 @@ def test_bit_exact_shared_workloads():
                                        w_layout=BP, a_layout=BP, epilogue=epi):
             if wl.gemm_shape[0] * wl.gemm_shape[1] * wl.gemm_shape[2] > 5e9:
                 continue  # keep the CPU reference quick
-            got, want = _poisoned_run(wl, seed=len(name))
-            assert torch.equal(got, want), name
+            for variant in VARIANTS[::2]:
+                cfg = _config(wl, variant)
+                if cfg is not None:
+                    got, want = _poisoned_run(wl, cfg, seed=len(name))
+                    assert torch.equal(got, want), (name, dict(cfg))
 
 
 @pytest.mark.gpu
@@ -221,3 +316,41 @@ def test_bad_inputs_raise_before_launch():
         kernel(x, w[:, :-1].contiguous(), params)
     with pytest.raises(ValueError, match="CUDA"):
         kernel(x.cpu(), w.cpu(), params.to("cpu"))
+
+
+@pytest.mark.parametrize("mma", ["mma_sync", "wgmma"])
+@pytest.mark.parametrize("wb,ab", _PAIRS)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bit_exact_halo_load(wb, ab, mma):
+    """HALO=1 (duplicate-aware load) on convs: every bit pair, all encodings, odd shapes,
+    stride 2, padding, blocks spanning image boundaries; mma.sync and wgmma kernels."""
+    shapes = [dict(N=3, H=11, W=13, C=64, K=70, R=5, S=5, stride=1, pad=2),
+              dict(N=2, H=9, W=9, C=33, K=31, R=3, S=3, stride=2, pad=1),
+              dict(N=1, H=5, W=5, C=3, K=5, R=7, S=7, stride=2, pad=3),
+              dict(N=2, H=6, W=6, C=128, K=64, R=3, S=3, stride=1, pad=0)]
+    for combo in range(4):
+        w_prec, a_prec = encodings(wb)[combo // 2], encodings(ab)[combo % 2]
+        wl = conv(w_prec, a_prec, EPILOGUES[(wb + ab + combo) % len(EPILOGUES)],
+                  **shapes[(wb + ab + combo) % len(shapes)])
+        cfg = _config(wl, (mma, 0, 32 * (combo % 2) if mma == "wgmma" else 0))
+        if cfg is None:
+            pytest.skip("wgmma needs sm_90a")
+        _assert_exact(wl, cfg.replace(HALO=1), seed=wb * 100 + ab * 10 + combo)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bit_exact_halo_shared_workloads():
+    epi = Epilogue(bias=True, relu=True, out=Precision(2), out_layout=BP)
+    for name, wl in load_workloads("resnet18_b8", w=Precision(1, "binary"), a=Precision(2),
+                                   w_layout=BP, a_layout=BP, epilogue=epi):
+        for variant in VARIANTS[::2]:
+            cfg = _config(wl, variant)
+            if cfg is None or wl.R * wl.S == 1:
+                continue
+            cfg = cfg.replace(HALO=1)
+            if not BITSERIAL.space(wl).is_valid(cfg):
+                continue
+            got, want = _poisoned_run(wl, cfg, seed=len(name))
+            assert torch.equal(got, want), (name, dict(cfg))

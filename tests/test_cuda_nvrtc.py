@@ -45,6 +45,28 @@ def test_compile_cubin_and_ptx(cache, arch):
     assert b"and.popc" in ptx
 
 
+WGMMA_B1 = r"""
+extern "C" __global__ void wgmma_b1(int* out, unsigned long long da, unsigned long long db) {
+  int d[4] = {0, 0, 0, 0};
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k256.s32.b1.b1.and.popc {%0,%1,%2,%3}, %4, %5, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]) : "l"(da), "l"(db), "r"(1));
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  out[threadIdx.x] = d[0] + d[1] + d[2] + d[3];
+}
+"""
+
+
+def test_wgmma_b1_compiles_for_sm90a_only(cache):
+    """The Hopper warpgroup b1 AND MMA assembles for sm_90a and is rejected for sm_80."""
+    assert nvrtc.compile_cubin(WGMMA_B1, "sm_90a")[:4] == b"\x7fELF"
+    assert b"wgmma.mma_async" in nvrtc.compile_ptx(WGMMA_B1, "sm_90a")
+    with pytest.raises(nvrtc.CompileError):
+        nvrtc.compile_cubin(WGMMA_B1, "sm_80")
+
+
 def test_disk_cache_keyed_by_source_arch_and_version(cache, monkeypatch):
     first = nvrtc.compile_cubin(ADD_ONE, "sm_80")
     files = sorted(cache.glob("*.cubin"))

@@ -1,4 +1,4 @@
-// One output tile per block (grid = all tiles). Needs bitserial_common.cu before it.
+// One output tile per block (grid = all tiles), mma.sync. Needs bitserial_common.cu before it.
 
 extern "C" __global__ void __launch_bounds__(THREADS) bitserial_kernel(
     const u32* __restrict__ x, const u32* __restrict__ w, void* __restrict__ out,
@@ -9,253 +9,36 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_kernel(
   const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
   const i64 m0 = (i64)blockIdx.y * BM;
   const int n0 = blockIdx.x * BN;
+  const ARows ar = a_rows(m0, tid);
+  u32* halo = smem + STAGES * STAGE_WORDS;  // HALO=1: the block's input slab, behind the stages
+  const int halo_row0 = HALO ? halo_load(x, halo, m0, tid) : 0;
 
-  // Per-thread rows of the activation copy: image index and top-left input pixel of the window
-  // (rows past M get ih0 = -BIG so every tap is out of range and copies zero-fill).
-  int a_img[A_ITERS], a_ih0[A_ITERS], a_iw0[A_ITERS];
-#pragma unroll
-  for (int it = 0; it < A_ITERS; ++it) {
-    const int row = (tid + it * THREADS) / CPR;
-    const i64 m = m0 + row;
-    const int qo = (int)(m % Q_OUT);
-    const i64 t = m / Q_OUT;
-    const int po = (int)(t % P_OUT);
-    a_img[it] = (int)(t / P_OUT);
-    a_ih0[it] = (m < M_ROWS && row < BM) ? po * STRIDE - PAD : -(1 << 28);
-    a_iw0[it] = qo * STRIDE - PAD;
-  }
-
-  auto load_tile = [&](int kt, int stage) {
-    u32* sa = smem + stage * STAGE_WORDS;
-    u32* sb = sa + A_STAGE_WORDS;
-    const int kbase = kt * TILE_WORDS;
-#pragma unroll
-    for (int it = 0; it < A_ITERS; ++it) {
-      const int idx = tid + it * THREADS;
-      if ((BM * CPR) % THREADS == 0 || idx < BM * CPR) {
-        const int row = idx / CPR, c = idx % CPR;
-        const int kw = kbase + c * VEC;
-        const int tap = kw / CW, cw = kw - tap * CW;
-        const int r = tap / S, s = tap - r * S;
-        const int ih = a_ih0[it] + r, iw = a_iw0[it] + s;
-        const bool valid = kw < KW && ih >= 0 && ih < H && iw >= 0 && iw < W;
-        const i64 src = valid ? (((i64)a_img[it] * H + ih) * W + iw) * CW + cw : 0;
-        u32* dst = sa + ((c / (8 / VEC)) * BM + row) * 8 + (c % (8 / VEC)) * VEC;
-#pragma unroll
-        for (int i = 0; i < Q_BITS; ++i) copy_async(dst + i * A_PLANE_WORDS, x + i * X_PLANE + src, valid);
-      }
-    }
-#pragma unroll
-    for (int it = 0; it < B_ITERS; ++it) {
-      const int idx = tid + it * THREADS;
-      if ((BN * CPR) % THREADS == 0 || idx < BN * CPR) {
-        const int row = idx / CPR, c = idx % CPR;
-        const int kw = kbase + c * VEC;
-        const bool valid = kw < KW && n0 + row < KOUT;
-        const i64 src = valid ? (i64)(n0 + row) * KW + kw : 0;
-        u32* dst = sb + ((c / (8 / VEC)) * BN + row) * 8 + (c % (8 / VEC)) * VEC;
-#pragma unroll
-        for (int j = 0; j < P_BITS; ++j) copy_async(dst + j * B_PLANE_WORDS, w + j * W_PLANE + src, valid);
-      }
-    }
-  };
-
-  int acc[Q_BITS][P_BITS][MT][NT][4];
-  int rsum[Q_BITS][MT][4];
-#pragma unroll
-  for (int i = 0; i < Q_BITS; ++i)
-#pragma unroll
-    for (int mi = 0; mi < MT; ++mi) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) rsum[i][mi][e] = 0;
-#pragma unroll
-      for (int j = 0; j < P_BITS; ++j)
-#pragma unroll
-        for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[i][j][mi][ni][e] = 0;
-    }
+  Acc acc;
+  RowSum rsum;
+  zero_acc(acc, rsum);
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < KTILES) load_tile(s, s);
+    if (s < KTILES) load_stage(x, w, smem + s * STAGE_WORDS, ar, n0, s, tid, halo, halo_row0);
     copy_commit();
   }
-
-  const int g = lane >> 2, t4 = lane & 3;
   for (int kt = 0; kt < KTILES; ++kt) {
     copy_wait<STAGES - 2>();
     __syncthreads();
     {
       const int next = kt + STAGES - 1;
-      if (next < KTILES) load_tile(next, next % STAGES);
+      if (next < KTILES)
+        load_stage(x, w, smem + (next % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
       copy_commit();
     }
     const u32* sa = smem + (kt % STAGES) * STAGE_WORDS;
-    const u32* sb = sa + A_STAGE_WORDS;
-#pragma unroll
-    for (int ks = 0; ks < KT; ++ks) {
-      // Thread (g, t4) holds k words 2*t4 and 2*t4+1 of its rows for both operands: the mma's
-      // k order is then a permutation of the stored one, the same for A and B, so popc sums match.
-      u32 af[Q_BITS][MT][4];
-      u32 bf[P_BITS][NT][2];
-#pragma unroll
-      for (int i = 0; i < Q_BITS; ++i)
-#pragma unroll
-        for (int mi = 0; mi < MT; ++mi) {
-          const u32* p = sa + i * A_PLANE_WORDS + (ks * BM + warp_m * WM + mi * 16 + g) * 8 + 2 * t4;
-          const uint2 lo = *reinterpret_cast<const uint2*>(p);
-          const uint2 hi = *reinterpret_cast<const uint2*>(p + 64);
-          af[i][mi][0] = lo.x; af[i][mi][1] = hi.x; af[i][mi][2] = lo.y; af[i][mi][3] = hi.y;
-        }
-#pragma unroll
-      for (int j = 0; j < P_BITS; ++j)
-#pragma unroll
-        for (int ni = 0; ni < NT; ++ni) {
-          const u32* p = sb + j * B_PLANE_WORDS + (ks * BN + warp_n * WN + ni * 8 + g) * 8 + 2 * t4;
-          const uint2 v = *reinterpret_cast<const uint2*>(p);
-          bf[j][ni][0] = v.x; bf[j][ni][1] = v.y;
-        }
-#pragma unroll
-      for (int i = 0; i < Q_BITS; ++i)
-#pragma unroll
-        for (int mi = 0; mi < MT; ++mi) {
-#pragma unroll
-          for (int j = 0; j < P_BITS; ++j)
-#pragma unroll
-            for (int ni = 0; ni < NT; ++ni) mma_and(acc[i][j][mi][ni], af[i][mi], bf[j][ni][0], bf[j][ni][1]);
-          if constexpr (NEED_ROWSUM) mma_and(rsum[i][mi], af[i][mi], 0xffffffffu, 0xffffffffu);
-        }
-    }
+    mma_sync_stage(acc, rsum, sa, sa + A_STAGE_WORDS, warp_m, warp_n, lane);
   }
   copy_wait<0>();
 
-  // ---- fused epilogue ----
-  u32* s_out = smem;  // [OUT_BITS][BM][BLOCK_WORDS] when PACK_IN_SMEM
-  if constexpr (PACK_IN_SMEM) {
-    __syncthreads();  // every warp is done reading the operand tiles
-    for (int i = tid; i < OUT_BITS * BM * BLOCK_WORDS; i += THREADS) s_out[i] = 0;
-    __syncthreads();
-  }
-  int col_bias[NT][2], col_mult[NT][2], col_shift[NT][2];
-  float col_scale[NT][2];
-#pragma unroll
-  for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int col = n0 + warp_n * WN + ni * 8 + 2 * t4 + e;
-      const bool ok = col < KOUT;
-      col_bias[ni][e] = (HAS_BIAS && ok) ? bias[col] : 0;
-      col_scale[ni][e] = (OUT_MODE == 1 && ok) ? scale[col] : 0.f;
-      col_mult[ni][e] = (OUT_MODE >= 2 && ok) ? mult[col] : 0;
-      col_shift[ni][e] = (OUT_MODE >= 2 && ok) ? shift[col] : 1;
-    }
-
-#pragma unroll
-  for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = warp_m * WM + mi * 16 + g + 8 * h;
-      const i64 m = m0 + row;
-      const bool row_ok = m < M_ROWS;
-      // valid taps of this output pixel (input-aware padding)
-      int rlo = 0, rhi = R, slo = 0, shi = S;
-      if constexpr (NEED_WTAP) {
-        const int qo = (int)(m % Q_OUT), po = (int)((m / Q_OUT) % P_OUT);
-        tap_range(po * STRIDE - PAD, H, R, rlo, rhi);
-        tap_range(qo * STRIDE - PAD, W, S, slo, shi);
-      }
-      // table offsets of the valid-tap rectangle [rlo, rhi) x [slo, shi)
-      const int t11 = rhi * (S + 1) + shi, t01 = rlo * (S + 1) + shi;
-      const int t10 = rhi * (S + 1) + slo, t00 = rlo * (S + 1) + slo;
-      int row_term = 0;
-      if constexpr (NEED_ROWSUM) {
-#pragma unroll
-        for (int i = 0; i < Q_BITS; ++i) row_term += a_coef(i) * rsum[i][mi][2 * h];
-        row_term *= A_ALPHA * W_BETA;
-      }
-      if constexpr (NEED_WTAP) row_term += A_BETA * W_BETA * C * (rhi - rlo) * (shi - slo);
-
-      int pats[NT][2];
-#pragma unroll
-      for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = n0 + warp_n * WN + ni * 8 + 2 * t4 + e;
-          int y = 0;
-#pragma unroll
-          for (int i = 0; i < Q_BITS; ++i)
-#pragma unroll
-            for (int j = 0; j < P_BITS; ++j) y += a_coef(i) * w_coef(j) * acc[i][j][mi][ni][2 * h + e];
-          y = A_ALPHA * W_ALPHA * y + row_term;
-          if constexpr (NEED_WTAP) {
-            if (col < KOUT) {
-              const int* wt = wtap + col * TAB;
-              y += A_BETA * W_ALPHA * (wt[t11] - wt[t01] - wt[t10] + wt[t00]);
-            }
-          }
-          if constexpr (HAS_BIAS) y += col_bias[ni][e];
-          if constexpr (RELU) y = y > 0 ? y : 0;
-          if constexpr (OUT_MODE == 0) {
-            if (row_ok && col < KOUT) reinterpret_cast<int*>(out)[m * KOUT + col] = y;
-          } else if constexpr (OUT_MODE == 1) {
-            if (row_ok && col < KOUT)
-              reinterpret_cast<unsigned short*>(out)[m * KOUT + col] =
-                  f32_to_f16_bits(__fmul_rn((float)y, col_scale[ni][e]));
-          } else {
-            const int sh = col_shift[ni][e];
-            i64 v = ((i64)y * col_mult[ni][e] + (1ll << (sh - 1))) >> sh;
-            v = v < OUT_QMIN ? OUT_QMIN : (v > OUT_QMAX ? OUT_QMAX : v);
-            const int pat = col < KOUT ? ((int)v & ((1 << OUT_BITS) - 1)) : 0;
-            if constexpr (OUT_MODE == 2) {  // one byte per value: two's complement of all 8 bits
-              if (row_ok && col < KOUT) reinterpret_cast<unsigned char*>(out)[m * KOUT + col] = (unsigned char)(int)v;
-            }
-            pats[ni][e] = pat;
-          }
-        }
-      if constexpr (PACK_IN_SMEM) {
-#pragma unroll
-        for (int ni = 0; ni < NT; ++ni) {
-          const int c0 = warp_n * WN + ni * 8;  // first column of this n8 tile in the block
-#pragma unroll
-          for (int b = 0; b < OUT_BITS; ++b) {
-            u32 bits = 0;
-#pragma unroll
-            for (int e = 0; e < 2; ++e) bits |= (u32)((pats[ni][e] >> b) & 1) << (c0 % 32 + 2 * t4 + e);
-            bits |= __shfl_xor_sync(0xffffffffu, bits, 1);
-            bits |= __shfl_xor_sync(0xffffffffu, bits, 2);
-            if (t4 == 0) atomicOr(&s_out[(b * BM + row) * BLOCK_WORDS + c0 / 32], bits);
-          }
-        }
-      } else if constexpr (OUT_MODE == 3) {
-        // Register-level packing of the output bit planes: each lane of a quad holds 2 of every
-        // 8 columns; OR-reduce across the quad with two shuffles per 32-column word and plane.
-#pragma unroll
-        for (int wd = 0; wd < WN / 32; ++wd)
-#pragma unroll
-          for (int b = 0; b < OUT_BITS; ++b) {
-            u32 bits = 0;
-#pragma unroll
-            for (int n4 = 0; n4 < 4; ++n4)
-#pragma unroll
-              for (int e = 0; e < 2; ++e)
-                bits |= (u32)((pats[wd * 4 + n4][e] >> b) & 1) << (n4 * 8 + 2 * t4 + e);
-            bits |= __shfl_xor_sync(0xffffffffu, bits, 1);
-            bits |= __shfl_xor_sync(0xffffffffu, bits, 2);
-            const int word = (n0 + warp_n * WN) / 32 + wd;
-            if (t4 == (b & 3) && row_ok && word < OUT_WORDS)
-              reinterpret_cast<u32*>(out)[((i64)b * M_ROWS + m) * OUT_WORDS + word] = bits;
-          }
-      }
-    }
-  if constexpr (PACK_IN_SMEM) {
-    __syncthreads();
-    for (int i = tid; i < OUT_BITS * BM * BLOCK_WORDS; i += THREADS) {
-      const int wd = i % BLOCK_WORDS, row = (i / BLOCK_WORDS) % BM, b = i / (BLOCK_WORDS * BM);
-      const i64 m = m0 + row;
-      const int word = n0 / 32 + wd;
-      if (m < M_ROWS && word < OUT_WORDS)
-        reinterpret_cast<u32*>(out)[((i64)b * M_ROWS + m) * OUT_WORDS + word] = s_out[i];
-    }
-  }
+  u32* s_out = smem;  // packing tile over the operand stages, once every warp is done with them
+  if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
+  const EpilogueArgs ea{out, bias, scale, mult, shift, wtap};
+  epilogue_warp(acc, rsum, m0, n0, warp_m * WM, warp_n * WN, lane, ea, s_out);
+  if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, out, m0, n0, tid);
 }

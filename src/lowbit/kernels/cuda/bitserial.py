@@ -10,7 +10,13 @@ or BITPLANE layout (bit planes packed in registers so the next layer reads them 
 Knobs (the CUDA template parameters): BM x BN block tile (output rows x columns), WM x WN warp
 tile, KT k256 steps per pipeline stage, STAGES cp.async stages, PERSIST (0: one tile per block;
 1: one wave of persistent blocks whose copy pipeline runs across tiles, hiding the load latency
-of short reductions such as 3x3 convs on 64 channels).
+of short reductions such as 3x3 convs on 64 channels), MMA ("mma_sync": m16n8k256 per warp,
+fragments loaded from shared memory; "wgmma": Hopper warpgroup m64nNk256 reading both operands
+from shared memory through descriptors, sm_90a only, one tile per block, WM = 64 rows per
+warpgroup, N = w_bits * WN), SWIZZLE (wgmma shared-memory layout: 0 = 8x16-byte core
+matrices, 32 = the 32-byte swizzle; mma.sync: 0), HALO (1: duplicate-aware load: the input rows
+of a block's output pixels plus halo are copied once into shared memory and the im2col tiles are
+gathered from there; convs with R*S > 1 and PERSIST=0 only).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from ...core.epilogue import OUT_FP16, EpilogueParams
 from ...core.validate import check_inputs, output_buffer
 from ...reference.bitserial import plane_coefficients
 from ..base import KernelTemplate
-from .nvrtc import CudaKernel, compile_cubin, device_arch
+from .nvrtc import DEFAULT_ARCH, CudaKernel, compile_cubin, device_arch
 
 MAX_BITS = 4          # per operand; wider precisions belong to the int8 path
 MAX_ACC_REGS = 160    # int32 accumulators per thread (p*q plane pairs share the register file)
@@ -37,6 +43,10 @@ REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
 MAX_SMEM = 160 * 1024  # bytes of dynamic shared memory a config may use (sm_80: 163 KB)
 MAX_COPY_ITERS = 16   # copy chunks per thread per stage (row index registers)
 GRID_Y_MAX = 65535
+WGMMA_ARCH = "sm_90a"  # wgmma needs the arch-specific Hopper target
+# N of wgmma m64nNk256 for s32 b1 (PTX ISA): multiples of 8 to 32, then of 16 to 256
+WGMMA_N = frozenset([8, 16, 24, 32, *range(48, 257, 16)])
+MAX_WARPGROUPS = 4
 
 
 @cache
@@ -44,10 +54,44 @@ def _cu(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text()
 
 
-def kernel_source_body(persistent: bool) -> str:
-    """Shared helpers + the one-tile-per-block or the persistent kernel."""
-    return _cu("bitserial_common.cu") + _cu(
-        "bitserial_persistent.cu" if persistent else "bitserial.cu")
+def kernel_file(config: Mapping) -> str:
+    """The .cu body of a config's kernel (after bitserial_common.cu)."""
+    if config["MMA"] == "wgmma":
+        return "bitserial_wgmma.cu"
+    return "bitserial_persistent.cu" if config["PERSIST"] else "bitserial.cu"
+
+
+def kernel_name(config: Mapping) -> str:
+    return {"bitserial_wgmma.cu": "bitserial_wgmma", "bitserial_persistent.cu":
+            "bitserial_persistent", "bitserial.cu": "bitserial_kernel"}[kernel_file(config)]
+
+
+def _asm_operands(names: list[str]) -> tuple[str, str]:
+    regs = ", ".join(f"%{i}" for i in range(len(names)))
+    return regs, ", ".join(f'"+r"({n})' for n in names)
+
+
+def wgmma_source(w_bits: int, wn: int) -> str:
+    """wgmma_planes (one activation plane x all w_bits weight planes of WN columns: m64nNk256,
+    N = w_bits * WN) and wgmma_rowsum (m64n8k256 against ones) as inline PTX. Register d[k] of
+    the s32 m64nN fragment is row g (+8 for k % 4 >= 2), column 8 (k / 4) + 2 t4 + k % 2: the
+    mma.sync m16n8 layout per n8 tile, so acc[i][j][0][ni][e] is register (j * NT + ni) * 4 + e."""
+    n = w_bits * wn
+    planes = [f"d[{j}][0][{ni}][{e}]" for j in range(w_bits) for ni in range(wn // 8)
+              for e in range(4)]
+    out = []
+    for fn, shape, names, arr in (
+            ("wgmma_planes", f"m64n{n}k256", planes, "int (&d)[P_BITS][MT][NT][4]"),
+            ("wgmma_rowsum", "m64n8k256", [f"d[0][{e}]" for e in range(4)], "int (&d)[MT][4]")):
+        regs, ops = _asm_operands(names)
+        k = len(names)
+        out.append(
+            f"__device__ __forceinline__ void {fn}({arr}, u64 da, u64 db) {{\n"
+            f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"\n'
+            f'      "wgmma.mma_async.sync.aligned.{shape}.s32.b1.b1.and.popc "\n'
+            f'      "{{{regs}}}, %{k}, %{k + 1}, p;\\n}}\\n"\n'
+            f'      : {ops}\n      : "l"(da), "l"(db), "r"(1));\n}}\n')
+    return "".join(out)
 
 
 @dataclass(frozen=True)
@@ -118,6 +162,9 @@ def render(wl: Workload, config: Config) -> str:
         "R": sh.r, "S": sh.s, "STRIDE": sh.stride, "PAD": sh.pad, "P_OUT": sh.p, "Q_OUT": sh.q,
         "BM": config["BM"], "BN": config["BN"], "WM": config["WM"], "WN": config["WN"],
         "KT": config["KT"], "STAGES": config["STAGES"], "PERSIST": config["PERSIST"],
+        "WGMMA": int(config["MMA"] == "wgmma"), "SWIZZLE": config["SWIZZLE"],
+        "HALO": config["HALO"],
+        "HALO_WORDS": halo_rows(sh, config["BM"]) * sh.w * sh.words if config["HALO"] else 0,
         "VEC": copy_vec(sh),
         "HAS_BIAS": int(epi.bias), "RELU": int(epi.relu), "OUT_MODE": _out_mode(wl),
         "OUT_BITS": out.bits if out else 1, "OUT_QMIN": out.qmin if out else 0,
@@ -126,13 +173,48 @@ def render(wl: Workload, config: Config) -> str:
     lines = [f"// lowbit bit-serial kernel for {wl.key}", f"// config {config.to_json()}"]
     lines += [f"constexpr int {k} = {int(v)};" for k, v in params.items()]
     lines.append(f"constexpr long long M_ROWS = {sh.rows}ll;")
-    return "\n".join(lines) + "\n" + kernel_source_body(bool(config["PERSIST"]))
+    body = _cu("bitserial_common.cu")
+    if config["MMA"] == "wgmma":
+        body += wgmma_source(wl.w.bits, config["WN"])
+    return "\n".join(lines) + "\n" + body + _cu(kernel_file(config))
+
+
+def threads(config: Mapping) -> int:
+    """Threads per block: a warp per WM x WN warp tile, a warpgroup for wgmma."""
+    per_tile = 128 if config["MMA"] == "wgmma" else 32
+    return (config["BM"] // config["WM"]) * (config["BN"] // config["WN"]) * per_tile
+
+
+@cache
+def halo_rows(sh: Shape, bm: int) -> int:
+    """Input rows (of the flattened image x row axis) that a block of `bm` output pixels reads,
+    the maximum over all blocks: the height of the HALO=1 shared-memory slab."""
+    most = 0
+    for m0 in range(0, sh.rows, bm):
+        m1 = min(m0 + bm, sh.rows) - 1
+        (n0, p0), (n1, p1) = divmod(m0 // sh.q, sh.p), divmod(m1 // sh.q, sh.p)
+        first = n0 * sh.h + max(0, p0 * sh.stride - sh.pad)
+        last = n1 * sh.h + min(sh.h - 1, p1 * sh.stride - sh.pad + sh.r - 1)
+        most = max(most, last - first + 1)
+    return most
+
+
+def halo_bytes(wl: Workload, config: Mapping) -> int:
+    """Shared memory of the HALO=1 input slab: a_bits planes x rows x W x channel words."""
+    if not config["HALO"]:
+        return 0
+    sh = conv_shape(wl)
+    return wl.a.bits * halo_rows(sh, config["BM"]) * sh.w * sh.words * 4
 
 
 def smem_bytes(wl: Workload, config: Mapping) -> int:
-    """Dynamic shared memory of a config: STAGES x (a_bits*BM + w_bits*BN) rows x KT*32 bytes."""
+    """Dynamic shared memory of a config: STAGES x (a_bits*BM + w_bits*BN) rows x KT*32 bytes
+    (wgmma with binary weights: + a 256-byte tile of ones for the row popcounts; HALO=1: + the
+    input slab)."""
     rows = wl.a.bits * config["BM"] + wl.w.bits * config["BN"]
-    operands = config["STAGES"] * rows * config["KT"] * 32
+    operands = config["STAGES"] * rows * config["KT"] * 32 + halo_bytes(wl, config)
+    if config["MMA"] == "wgmma" and wl.w.encoding is Encoding.BINARY:
+        operands += 256
     epi = wl.epilogue
     if epi.requantizes and epi.out_layout is Layout.BITPLANE and config["WN"] % 32:
         packing = epi.out.bits * config["BM"] * config["BN"] // 8
@@ -143,8 +225,9 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
 
 def acc_regs(wl: Workload, config: Mapping) -> int:
     """int32 accumulator registers per thread (plane pairs + row sums for binary weights)."""
-    tiles = (config["WM"] // 16) * (config["WN"] // 8) * 4
-    extra = (config["WM"] // 16) * 4 * wl.a.bits if wl.w.encoding is Encoding.BINARY else 0
+    warp_rows = 16 if config["MMA"] == "wgmma" else config["WM"]  # a warp's share of m64
+    tiles = (warp_rows // 16) * (config["WN"] // 8) * 4
+    extra = (warp_rows // 16) * 4 * wl.a.bits if wl.w.encoding is Encoding.BINARY else 0
     return tiles * wl.a.bits * wl.w.bits + extra
 
 
@@ -158,14 +241,13 @@ class BitserialKernel:
         self.arch = arch or device_arch()
         cubin = compile_cubin(self.source, self.arch)
         self._persistent = bool(config["PERSIST"])
-        self._main = CudaKernel(cubin, "bitserial_persistent" if self._persistent
-                                else "bitserial_kernel")
+        self._main = CudaKernel(cubin, kernel_name(config))
         self._wtap = CudaKernel(cubin, "bitserial_wtap")
         sh = conv_shape(workload)
         self._shape = sh
         self._grid = (math.ceil(sh.kout / config["BN"]), math.ceil(sh.rows / config["BM"]))
         self._tiles = self._grid[0] * self._grid[1]
-        self._threads = (config["BM"] // config["WM"]) * (config["BN"] // config["WN"]) * 32
+        self._threads = threads(config)
         self._smem = smem_bytes(workload, config)
         self._needs_wtap = workload.a.encoding is Encoding.BINARY
 
@@ -215,27 +297,55 @@ def _constraints(wl: Workload) -> list:
     def tiles(c: Config) -> str | None:
         if c["BM"] % c["WM"] or c["BN"] % c["WN"]:
             return "block tile must be a multiple of the warp tile"
-        warps = (c["BM"] // c["WM"]) * (c["BN"] // c["WN"])
+        warps = threads(c) // 32
         if not 1 <= warps <= 16:
             return f"{warps} warps per block (1..16 allowed)"
+        return None
+
+    def mma(c: Config) -> str | None:
+        if c["MMA"] == "mma_sync":
+            if c["WM"] > 64 or c["WN"] > 64 or c["STAGES"] > 4:
+                return "mma.sync warp tiles are at most 64 x 64, with at most 4 stages"
+            if c["SWIZZLE"]:
+                return "SWIZZLE is a wgmma layout (mma.sync: 0)"
+            return None
+        if c["PERSIST"]:
+            return "wgmma kernels run one tile per block (PERSIST=0)"
+        if c["WM"] != 64:
+            return "a wgmma warpgroup owns WM=64 rows"
+        if wl.w.bits * c["WN"] not in WGMMA_N:
+            return f"wgmma N = w_bits*WN = {wl.w.bits * c['WN']} is not a valid m64nNk256 N"
+        if c["STAGES"] < 3:
+            return "the wgmma pipeline needs STAGES >= 3 (one stage stays in flight)"
+        if (c["BM"] // 64) * (c["BN"] // c["WN"]) > MAX_WARPGROUPS:
+            return f"more than {MAX_WARPGROUPS} warpgroups per block"
         return None
 
     def registers(c: Config) -> str | None:
         n = acc_regs(wl, c)
         if n > MAX_ACC_REGS:
             return f"{n} accumulator registers > {MAX_ACC_REGS}"
-        threads = (c["BM"] // c["WM"]) * (c["BN"] // c["WN"]) * 32
-        if threads * (n + OTHER_REGS) > REGISTER_FILE:
-            return f"{threads} threads x {n + OTHER_REGS} registers exceed the register file"
+        if threads(c) * (n + OTHER_REGS) > REGISTER_FILE:
+            return f"{threads(c)} threads x {n + OTHER_REGS} registers exceed the register file"
         return None
 
     def shared(c: Config) -> str | None:
         n = smem_bytes(wl, c)
         return f"{n} bytes of shared memory > {MAX_SMEM}" if n > MAX_SMEM else None
 
+    def halo(c: Config) -> str | None:
+        if not c["HALO"]:
+            return None
+        if c["PERSIST"]:
+            return "HALO=1 is implemented in the one-tile-per-block kernels only (PERSIST=0)"
+        if sh.r * sh.s == 1:
+            return "HALO=1 needs a kernel window larger than 1x1 (no duplicate reads otherwise)"
+        if (halo_rows(sh, c["BM"]) + sh.r) * sh.w * sh.words >= 2**31:
+            return "halo slab too large for 32-bit word offsets"
+        return None
+
     def copies(c: Config) -> str | None:
-        threads = (c["BM"] // c["WM"]) * (c["BN"] // c["WN"]) * 32
-        iters = -(-c["BM"] * c["KT"] * 8 // vec // threads)
+        iters = -(-c["BM"] * c["KT"] * 8 // vec // threads(c))
         return f"{iters} copy chunks per thread" if iters > MAX_COPY_ITERS else None
 
     def output(c: Config) -> str | None:
@@ -246,17 +356,17 @@ def _constraints(wl: Workload) -> list:
     def waste(c: Config) -> str | None:
         if c["BN"] > max(32, _pow2_ceil(sh.kout)):
             return f"BN={c['BN']} wider than the {sh.kout} output columns"
-        if c["BM"] > max(32, _pow2_ceil(sh.rows)):
+        if c["BM"] > max(64 if c["MMA"] == "wgmma" else 32, _pow2_ceil(sh.rows)):  # m64
             return f"BM={c['BM']} taller than the {sh.rows} output rows"
         if -(-sh.rows // c["BM"]) > GRID_Y_MAX:
             return "too many row tiles for grid.y"
         return None
 
-    return [tiles, registers, shared, copies, output, waste]
+    return [tiles, mma, halo, registers, shared, copies, output, waste]
 
 
 # Preferred defaults, best first (APNN-TC-like: big warp tiles for small p*q, smaller for larger).
-_DEFAULTS = [
+_MMA_SYNC_DEFAULTS = [
     dict(BM=128, BN=128, WM=64, WN=32, KT=2, STAGES=3, PERSIST=0),
     dict(BM=128, BN=64, WM=32, WN=32, KT=2, STAGES=3, PERSIST=0),
     dict(BM=64, BN=64, WM=32, WN=32, KT=2, STAGES=3, PERSIST=0),
@@ -267,6 +377,27 @@ _DEFAULTS = [
     dict(BM=16, BN=32, WM=16, WN=32, KT=1, STAGES=2, PERSIST=0),
     dict(BM=16, BN=16, WM=16, WN=16, KT=1, STAGES=2, PERSIST=0),
 ]
+_WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grows. Measured on
+    # H100 (NOTES.md, v4 run 2): 32-byte swizzle up to 1.4x faster than core matrices; KT=1 with
+    # 6 stages best for 2 warpgroups; w1a1's 4 warpgroups of 64 x 128 best with KT=4, 3 stages.
+    dict(BM=128, BN=256, WM=64, WN=128, KT=4, STAGES=3),
+    dict(BM=128, BN=256, WM=64, WN=256, KT=1, STAGES=6),
+    dict(BM=128, BN=128, WM=64, WN=128, KT=1, STAGES=6),
+    dict(BM=128, BN=64, WM=64, WN=64, KT=1, STAGES=6),
+    dict(BM=128, BN=64, WM=64, WN=32, KT=1, STAGES=6),
+    dict(BM=64, BN=64, WM=64, WN=32, KT=1, STAGES=6),
+    dict(BM=128, BN=32, WM=64, WN=16, KT=1, STAGES=6),
+    dict(BM=64, BN=32, WM=64, WN=16, KT=1, STAGES=6),
+    dict(BM=64, BN=32, WM=64, WN=32, KT=1, STAGES=6),
+    dict(BM=64, BN=16, WM=64, WN=16, KT=1, STAGES=6),
+]
+DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0) for d in _MMA_SYNC_DEFAULTS],
+            "wgmma": [dict(d, PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0) for d in _WGMMA_DEFAULTS]}
+
+
+def target_arch() -> str:
+    """The arch a space is for when none is named: the current GPU's, else NVRTC's default."""
+    return device_arch() if torch.cuda.is_available() else DEFAULT_ARCH
 
 
 class BitserialTemplate(KernelTemplate):
@@ -285,27 +416,45 @@ class BitserialTemplate(KernelTemplate):
         if epi.requantizes and epi.out_layout is Layout.PACKED:
             return "requantized output must be in the int8 or bitplane layout, not packed"
         sh = conv_shape(wl)
-        if sh.rows >= 2**31 or sh.kout * sh.k_words >= 2**31:
+        if sh.rows + 256 >= 2**31 or sh.kout * sh.k_words >= 2**31:
             return "problem too large for 32-bit row indices"
         return None
 
-    def space(self, workload: Workload) -> ConfigSpace:
+    def space(self, workload: Workload, arch: str | None = None) -> ConfigSpace:
+        """Configs for `workload` on `arch` (default `target_arch()`): MMA="wgmma" only on
+        sm_90a."""
         self.check_supported(workload)
+        arch = arch or target_arch()
+        mma = ("mma_sync", "wgmma") if arch == WGMMA_ARCH else ("mma_sync",)
         knobs = [Knob("BM", (16, 32, 64, 128, 256)), Knob("BN", (16, 32, 64, 128, 256)),
-                 Knob("WM", (16, 32, 64)), Knob("WN", (16, 32, 64)),
-                 Knob("KT", (1, 2, 4, 8)), Knob("STAGES", (2, 3, 4)), Knob("PERSIST", (0, 1))]
+                 Knob("WM", (16, 32, 64)), Knob("WN", (16, 32, 64, 128, 256)),
+                 Knob("KT", (1, 2, 4, 8)), Knob("STAGES", (2, 3, 4, 6)), Knob("PERSIST", (0, 1)),
+                 Knob("MMA", mma), Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1))]
         return ConfigSpace(knobs, _constraints(workload))
 
-    def default_config(self, workload: Workload) -> Config:
-        space = self.space(workload)
-        for d in _DEFAULTS:  # defaults keep the accumulators well inside the register file
-            if space.is_valid(Config(d)) and acc_regs(workload, d) <= 128:
+    def default_config(self, workload: Workload, mma: str = "mma_sync",
+                       arch: str | None = None) -> Config:
+        """The first valid preferred config of the `mma` kind ("mma_sync" or "wgmma")."""
+        space = self.space(workload, arch)
+        limit = 128 if mma == "mma_sync" else 136  # wgmma: + row sums of w1 x a1
+        for d in DEFAULTS[mma]:  # defaults keep the accumulators well inside the register file
+            if space.is_valid(Config(d)) and acc_regs(workload, d) <= limit:
                 return Config(d)
-        return space.all_configs()[0]
+        fallback = [c for c in space.all_configs() if c["MMA"] == mma]
+        if not fallback:
+            raise ValueError(f"no {mma} config of {self.name} for {workload.key} on {arch}")
+        return fallback[0]
 
     def build(self, workload: Workload, config: Config, arch: str | None = None) -> BitserialKernel:
         """Compile for `arch` (default: the current device's); ValueError on an invalid config."""
-        return BitserialKernel(workload, self.checked_config(workload, config), arch)
+        arch = arch or device_arch()
+        self.check_supported(workload)
+        config = Config(config)
+        reason = self.space(workload, arch).why_invalid(config)
+        if reason:
+            raise ValueError(f"config {config} is not in {self.name}'s space for "
+                             f"{workload.key} on {arch}: {reason}")
+        return BitserialKernel(workload, config, arch)
 
 
 BITSERIAL = BitserialTemplate()

@@ -1,5 +1,8 @@
-// Bit-serial (APNN-TC) conv2d / GEMM on 1-bit tensor cores: mma.sync m16n8k256 b1 .and.popc.
-// Rendered by bitserial.py, which prepends the constexpr parameters (shape, encodings, tiles).
+// Bit-serial (APNN-TC) conv2d / GEMM on 1-bit tensor cores: mma.sync m16n8k256 b1 .and.popc
+// (bitserial.cu, bitserial_persistent.cu) or, on sm_90a, wgmma m64nNk256 b1 .and.popc
+// (bitserial_wgmma.cu). This file holds what they share: constants, operand staging, the
+// mma.sync stage loop, the fused epilogue. Rendered by bitserial.py, which prepends the
+// constexpr parameters (shape, encodings, tiles).
 //
 // GEMM view: rows m = output pixels (n, p, q) [GEMM: rows of a], columns = filters [GEMM: rows
 // of b], reduction over k words = (r, s, 32-channel word) of the bit planes. Each warp keeps one
@@ -13,15 +16,26 @@
 
 typedef unsigned int u32;
 typedef long long i64;
+typedef unsigned long long u64;
 
-constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN, THREADS = WARPS_M * WARPS_N * 32;
-constexpr int MT = WM / 16, NT = WN / 8;       // mma tiles per warp
+// A "warp tile" WM x WN is one warp's (mma.sync) or one warpgroup's (wgmma: WM = 64, 4 warps of
+// 16 rows each) share of the block tile; the epilogue always works per warp.
+constexpr int WARP_THREADS = WGMMA ? 128 : 32;
+constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN, THREADS = WARPS_M * WARPS_N * WARP_THREADS;
+constexpr int WARP_ROWS = WGMMA ? 16 : WM;     // accumulator rows of one warp
+constexpr int MT = WARP_ROWS / 16, NT = WN / 8;  // m16 x n8 accumulator tiles per warp
 constexpr int TILE_WORDS = KT * 8;             // k words per pipeline stage (8 words = k256)
 constexpr int KW = R * S * CW;                 // k words of one im2col row
 constexpr int KTILES = (KW + TILE_WORDS - 1) / TILE_WORDS;
-constexpr int A_PLANE_WORDS = KT * BM * 8, B_PLANE_WORDS = KT * BN * 8;
-constexpr int A_STAGE_WORDS = Q_BITS * A_PLANE_WORDS;
-constexpr int STAGE_WORDS = A_STAGE_WORDS + P_BITS * B_PLANE_WORDS;
+// Stage tiles: Q_BITS activation planes of BM rows, P_BITS weight planes of BN rows, KT k slabs
+// of 32 bytes per row. mma.sync: plane-major. wgmma: the weight planes of a warpgroup's WN
+// columns are adjacent rows (B_ROWS = P_BITS * BN per slab), so one m64nNk256 with N = P_BITS*WN
+// multiplies an activation plane with every weight plane.
+constexpr int A_PLANE_STEP = KT * BM * 8;                   // words between activation planes
+constexpr int B_PLANE_STEP = WGMMA ? WN * 8 : KT * BN * 8;  // words between weight planes
+constexpr int B_ROWS = WGMMA ? P_BITS * BN : BN;            // rows of one B slab
+constexpr int A_STAGE_WORDS = Q_BITS * A_PLANE_STEP;
+constexpr int STAGE_WORDS = A_STAGE_WORDS + P_BITS * KT * BN * 8;
 constexpr int CPR = TILE_WORDS / VEC;          // copy chunks per row per stage
 constexpr int A_ITERS = (BM * CPR + THREADS - 1) / THREADS;
 constexpr int B_ITERS = (BN * CPR + THREADS - 1) / THREADS;
@@ -35,6 +49,7 @@ constexpr bool NEED_WTAP = A_BETA != 0;        // binary activations: weight sum
 // tiles OR their bits into a shared-memory tile of the block's words first.
 constexpr bool PACK_IN_SMEM = OUT_MODE == 3 && WN % 32 != 0;
 constexpr int BLOCK_WORDS = BN >= 32 ? BN / 32 : 1;
+constexpr int PACK_WORDS = OUT_BITS * BM * BLOCK_WORDS;
 constexpr int N_COL_TILES = (KOUT + BN - 1) / BN;
 constexpr int N_TILES = N_COL_TILES * (int)((M_ROWS + BM - 1) / BM);
 
@@ -59,6 +74,16 @@ __device__ __forceinline__ void copy_async(u32* dst, const u32* src, bool valid)
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(d), "l"(src), "r"(n));
   } else {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(d), "l"(src), "r"(n));
+  }
+}
+// Copy VEC words shared -> shared (halo tile -> im2col stage), zeros when !valid.
+__device__ __forceinline__ void copy_shared(u32* dst, const u32* src, bool valid) {
+  if constexpr (VEC == 4) {
+    *reinterpret_cast<uint4*>(dst) = valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+  } else if constexpr (VEC == 2) {
+    *reinterpret_cast<uint2*>(dst) = valid ? *reinterpret_cast<const uint2*>(src) : make_uint2(0, 0);
+  } else {
+    *dst = valid ? *src : 0u;
   }
 }
 __device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -114,3 +139,337 @@ extern "C" __global__ void bitserial_wtap(const u32* __restrict__ w, int* __rest
   }
 }
 
+
+// ---- operand staging (shared by all kernels) ----
+
+// Word offset of word wd (0..7) of k slab ks of row `row` in a stage tile of `rows` rows.
+// mma.sync: a 32-byte row per slab. wgmma, SWIZZLE=0: 8 x 16-byte core matrices, each 128
+// contiguous bytes; the two 16-byte k halves of a row 128 B apart (descriptor LBO), 8-row
+// groups 256 B apart (SBO). wgmma, SWIZZLE=32: 32-byte rows whose 16-byte halves swap in rows
+// 4..7 of each 8-row group (address bit 4 ^= bit 7), 8-row groups 256 B apart (SBO).
+// Slabs are rows * 32 B apart.
+__device__ __forceinline__ int slot(int rows, int row, int ks, int wd) {
+  if constexpr (WGMMA && SWIZZLE == 32)
+    return ks * rows * 8 + row * 8 + (((wd >> 2) ^ ((row >> 2) & 1)) << 2) + (wd & 3);
+  if constexpr (WGMMA) return ks * rows * 8 + (row >> 3) * 64 + (wd >> 2) * 32 + (row & 7) * 4 + (wd & 3);
+  return (ks * rows + row) * 8 + wd;
+}
+// Row of the B slab holding weight plane 0 of block column n (wgmma: planes of a warpgroup's
+// WN columns are adjacent, plane j WN rows below plane 0).
+__device__ __forceinline__ int b_row(int n) { return WGMMA ? (n / WN) * (P_BITS * WN) + n % WN : n; }
+
+// Per-thread copy rows of the activation tile at row m0: image and top-left input pixel of the
+// window (rows past M get ih0 = -BIG so every tap is out of range and copies zero-fill).
+struct ARows {
+  int img[A_ITERS], ih0[A_ITERS], iw0[A_ITERS];
+};
+// 32-bit index math: rows + BM < 2^31 (bitserial.py), and 64-bit divisions cost the persistent
+// kernel, which calls this per stage, ~20% on 3x3 convs.
+__device__ __forceinline__ ARows a_rows(i64 m0, int tid) {
+  ARows ar;
+#pragma unroll
+  for (int it = 0; it < A_ITERS; ++it) {
+    const int row = (tid + it * THREADS) / CPR;
+    const int m = (int)m0 + row;
+    const int qo = m % Q_OUT;
+    const int t = m / Q_OUT;
+    const int po = t % P_OUT;
+    ar.img[it] = t / P_OUT;
+    ar.ih0[it] = (m < M_ROWS && row < BM) ? po * STRIDE - PAD : -(1 << 28);
+    ar.iw0[it] = qo * STRIDE - PAD;
+  }
+  return ar;
+}
+
+// Duplicate-aware (halo) load, HALO=1: the input rows [row0, row0 + HALO_ROWS) of the flattened
+// (image, row) axis that the block's output pixels touch, a contiguous slab of x, go to shared
+// memory once (all planes, zeros past the tensor); the im2col stage tiles are then gathered
+// shared -> shared, so each input pixel leaves L2 once per block instead of once per tap.
+// Returns row0. Ends with a barrier: the slab is complete.
+__device__ __forceinline__ int halo_load(const u32* __restrict__ x, u32* halo, i64 m0, int tid) {
+  const int t0 = (int)(m0 / Q_OUT);
+  const int ih0 = (t0 % P_OUT) * STRIDE - PAD;
+  const int row0 = (t0 / P_OUT) * H + (ih0 > 0 ? ih0 : 0);
+  const i64 src0 = (i64)row0 * W * CW, end = X_PLANE - src0;
+  for (int idx = tid; idx < HALO_WORDS / VEC; idx += THREADS) {
+    const bool valid = (i64)idx * VEC < end;
+#pragma unroll
+    for (int i = 0; i < Q_BITS; ++i)
+      copy_async(halo + i * HALO_WORDS + idx * VEC, x + i * X_PLANE + (valid ? src0 + idx * VEC : 0), valid);
+  }
+  copy_commit();
+  copy_wait<0>();
+  __syncthreads();
+  return row0;
+}
+
+// Issue the copies of k tile kt (all bit planes, im2col gather for A) into `stage`: cp.async from
+// global memory, or with HALO=1 the A tile from the block's halo slab (rows from halo_row0).
+__device__ __forceinline__ void load_stage(const u32* __restrict__ x, const u32* __restrict__ w,
+                                           u32* stage, const ARows& ar, int n0, int kt, int tid,
+                                           const u32* halo = nullptr, int halo_row0 = 0) {
+  u32* sa = stage;
+  u32* sb = stage + A_STAGE_WORDS;
+  const int kbase = kt * TILE_WORDS;
+#pragma unroll
+  for (int it = 0; it < A_ITERS; ++it) {
+    const int idx = tid + it * THREADS;
+    if ((BM * CPR) % THREADS == 0 || idx < BM * CPR) {
+      const int row = idx / CPR, c = idx % CPR;
+      const int kw = kbase + c * VEC;
+      const int tap = kw / CW, cw = kw - tap * CW;
+      const int r = tap / S, s = tap - r * S;
+      const int ih = ar.ih0[it] + r, iw = ar.iw0[it] + s;
+      const bool valid = kw < KW && ih >= 0 && ih < H && iw >= 0 && iw < W;
+      u32* dst = sa + slot(BM, row, c / (8 / VEC), (c % (8 / VEC)) * VEC);
+      if constexpr (HALO) {
+        const int src = valid ? ((ar.img[it] * H + ih - halo_row0) * W + iw) * CW + cw : 0;
+#pragma unroll
+        for (int i = 0; i < Q_BITS; ++i) copy_shared(dst + i * A_PLANE_STEP, halo + i * HALO_WORDS + src, valid);
+      } else {
+        const i64 src = valid ? (((i64)ar.img[it] * H + ih) * W + iw) * CW + cw : 0;
+#pragma unroll
+        for (int i = 0; i < Q_BITS; ++i) copy_async(dst + i * A_PLANE_STEP, x + i * X_PLANE + src, valid);
+      }
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < B_ITERS; ++it) {
+    const int idx = tid + it * THREADS;
+    if ((BN * CPR) % THREADS == 0 || idx < BN * CPR) {
+      const int row = idx / CPR, c = idx % CPR;
+      const int kw = kbase + c * VEC;
+      const bool valid = kw < KW && n0 + row < KOUT;
+      const i64 src = valid ? (i64)(n0 + row) * KW + kw : 0;
+      u32* dst = sb + slot(B_ROWS, b_row(row), c / (8 / VEC), (c % (8 / VEC)) * VEC);
+#pragma unroll
+      for (int j = 0; j < P_BITS; ++j) copy_async(dst + j * B_PLANE_STEP, w + j * W_PLANE + src, valid);
+    }
+  }
+}
+
+// ---- accumulators ----
+
+typedef int Acc[Q_BITS][P_BITS][MT][NT][4];  // one per (activation plane, weight plane) pair
+typedef int RowSum[Q_BITS][MT][4];           // popc of the activation planes (binary weights)
+
+__device__ __forceinline__ void zero_acc(Acc& acc, RowSum& rsum) {
+#pragma unroll
+  for (int i = 0; i < Q_BITS; ++i)
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) rsum[i][mi][e] = 0;
+#pragma unroll
+      for (int j = 0; j < P_BITS; ++j)
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[i][j][mi][ni][e] = 0;
+    }
+}
+
+// mma.sync on one stage: every plane pair of this warp's WM x WN tile, KT k256 steps.
+__device__ __forceinline__ void mma_sync_stage(Acc& acc, RowSum& rsum, const u32* sa, const u32* sb,
+                                               int warp_m, int warp_n, int lane) {
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int ks = 0; ks < KT; ++ks) {
+    // Thread (g, t4) holds k words 2*t4 and 2*t4+1 of its rows for both operands: the mma's
+    // k order is then a permutation of the stored one, the same for A and B, so popc sums match.
+    u32 af[Q_BITS][MT][4];
+    u32 bf[P_BITS][NT][2];
+#pragma unroll
+    for (int i = 0; i < Q_BITS; ++i)
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi) {
+        const u32* p = sa + i * A_PLANE_STEP + (ks * BM + warp_m * WM + mi * 16 + g) * 8 + 2 * t4;
+        const uint2 lo = *reinterpret_cast<const uint2*>(p);
+        const uint2 hi = *reinterpret_cast<const uint2*>(p + 64);
+        af[i][mi][0] = lo.x; af[i][mi][1] = hi.x; af[i][mi][2] = lo.y; af[i][mi][3] = hi.y;
+      }
+#pragma unroll
+    for (int j = 0; j < P_BITS; ++j)
+#pragma unroll
+      for (int ni = 0; ni < NT; ++ni) {
+        const u32* p = sb + j * B_PLANE_STEP + (ks * BN + warp_n * WN + ni * 8 + g) * 8 + 2 * t4;
+        const uint2 v = *reinterpret_cast<const uint2*>(p);
+        bf[j][ni][0] = v.x; bf[j][ni][1] = v.y;
+      }
+#pragma unroll
+    for (int i = 0; i < Q_BITS; ++i)
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi) {
+#pragma unroll
+        for (int j = 0; j < P_BITS; ++j)
+#pragma unroll
+          for (int ni = 0; ni < NT; ++ni) mma_and(acc[i][j][mi][ni], af[i][mi], bf[j][ni][0], bf[j][ni][1]);
+        if constexpr (NEED_ROWSUM) mma_and(rsum[i][mi], af[i][mi], 0xffffffffu, 0xffffffffu);
+      }
+  }
+}
+
+// ---- fused epilogue (shared by all kernels) ----
+
+struct EpilogueArgs {
+  void* out;
+  const int* bias;
+  const float* scale;
+  const int* mult;
+  const int* shift;
+  const int* wtap;
+};
+
+// Zero the block's shared-memory packing tile [OUT_BITS][BM][BLOCK_WORDS] (narrow warp tiles).
+__device__ __forceinline__ void pack_tile_clear(u32* s_out, int tid) {
+  __syncthreads();  // every warp is done reading the operand tiles
+  for (int i = tid; i < PACK_WORDS; i += THREADS) s_out[i] = 0;
+  __syncthreads();
+}
+
+// Store the packing tile of the block tile at (m0, n0) to the bit-plane output.
+__device__ __forceinline__ void pack_tile_store(const u32* s_out, void* out, i64 m0, int n0, int tid) {
+  __syncthreads();
+  for (int i = tid; i < PACK_WORDS; i += THREADS) {
+    const int wd = i % BLOCK_WORDS, row = (i / BLOCK_WORDS) % BM, b = i / (BLOCK_WORDS * BM);
+    const i64 m = m0 + row;
+    const int word = n0 / 32 + wd;
+    if (m < M_ROWS && word < OUT_WORDS)
+      reinterpret_cast<u32*>(out)[((i64)b * M_ROWS + m) * OUT_WORDS + word] = s_out[i];
+  }
+}
+
+// Per-column epilogue parameters (zeros past KOUT).
+struct ColParams {
+  int bias, mult, shift;
+  float scale;
+};
+__device__ __forceinline__ ColParams col_params(const EpilogueArgs& ea, int col) {
+  const bool ok = col < KOUT;
+  return {(HAS_BIAS && ok) ? ea.bias[col] : 0, (OUT_MODE >= 2 && ok) ? ea.mult[col] : 0,
+          (OUT_MODE >= 2 && ok) ? ea.shift[col] : 1, (OUT_MODE == 1 && ok) ? ea.scale[col] : 0.f};
+}
+// Narrow warps keep their columns' parameters in registers for all rows; wide (wgmma) warps
+// reload them per row pair (L1 hits) instead of holding 8 registers per column pair.
+constexpr int COL_CACHE = NT <= 8 ? NT : 1;
+constexpr int OUT_WORD_TILES = WN / 32 > 0 ? WN / 32 : 1;
+
+// One warp's accumulators -> output: rows row0 + mi*16 + g (+8) and columns col0 + ni*8 + 2*t4
+// (+1) of the block tile at (m0, n0). Combines the planes (see the top of this file), adds the
+// bias, ReLU, then int32 / fp16 / requantized INT8 or bit planes (PACK_IN_SMEM: into s_out).
+__device__ __forceinline__ void epilogue_warp(const Acc& acc, const RowSum& rsum, i64 m0, int n0,
+                                              int row0, int col0, int lane, const EpilogueArgs& ea,
+                                              u32* s_out) {
+  const int g = lane >> 2, t4 = lane & 3;
+  ColParams cached[COL_CACHE][2];
+  if constexpr (NT <= 8) {
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) cached[ni][e] = col_params(ea, n0 + col0 + ni * 8 + 2 * t4 + e);
+  }
+
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + mi * 16 + g + 8 * h;
+      const i64 m = m0 + row;
+      const bool row_ok = m < M_ROWS;
+      // valid taps of this output pixel (input-aware padding)
+      int rlo = 0, rhi = R, slo = 0, shi = S;
+      if constexpr (NEED_WTAP) {
+        const int qo = (int)(m % Q_OUT), po = (int)((m / Q_OUT) % P_OUT);
+        tap_range(po * STRIDE - PAD, H, R, rlo, rhi);
+        tap_range(qo * STRIDE - PAD, W, S, slo, shi);
+      }
+      // table offsets of the valid-tap rectangle [rlo, rhi) x [slo, shi)
+      const int t11 = rhi * (S + 1) + shi, t01 = rlo * (S + 1) + shi;
+      const int t10 = rhi * (S + 1) + slo, t00 = rlo * (S + 1) + slo;
+      int row_term = 0;
+      if constexpr (NEED_ROWSUM) {
+#pragma unroll
+        for (int i = 0; i < Q_BITS; ++i) row_term += a_coef(i) * rsum[i][mi][2 * h];
+        row_term *= A_ALPHA * W_BETA;
+      }
+      if constexpr (NEED_WTAP) row_term += A_BETA * W_BETA * C * (rhi - rlo) * (shi - slo);
+
+      u32 word_bits[OUT_WORD_TILES][OUT_BITS];  // this lane's bits of each 32-column word
+#pragma unroll
+      for (int wd = 0; wd < OUT_WORD_TILES; ++wd)
+#pragma unroll
+        for (int b = 0; b < OUT_BITS; ++b) word_bits[wd][b] = 0;
+#pragma unroll
+      for (int ni = 0; ni < NT; ++ni) {
+        int pats[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = n0 + col0 + ni * 8 + 2 * t4 + e;
+          const ColParams cp = NT <= 8 ? cached[NT <= 8 ? ni : 0][e] : col_params(ea, col);
+          int y = 0;
+#pragma unroll
+          for (int i = 0; i < Q_BITS; ++i)
+#pragma unroll
+            for (int j = 0; j < P_BITS; ++j) y += a_coef(i) * w_coef(j) * acc[i][j][mi][ni][2 * h + e];
+          y = A_ALPHA * W_ALPHA * y + row_term;
+          if constexpr (NEED_WTAP) {
+            if (col < KOUT) {
+              const int* wt = ea.wtap + col * TAB;
+              y += A_BETA * W_ALPHA * (wt[t11] - wt[t01] - wt[t10] + wt[t00]);
+            }
+          }
+          if constexpr (HAS_BIAS) y += cp.bias;
+          if constexpr (RELU) y = y > 0 ? y : 0;
+          if constexpr (OUT_MODE == 0) {
+            if (row_ok && col < KOUT) reinterpret_cast<int*>(ea.out)[m * KOUT + col] = y;
+          } else if constexpr (OUT_MODE == 1) {
+            if (row_ok && col < KOUT)
+              reinterpret_cast<unsigned short*>(ea.out)[m * KOUT + col] =
+                  f32_to_f16_bits(__fmul_rn((float)y, cp.scale));
+          } else {
+            const int sh = cp.shift;
+            i64 v = ((i64)y * cp.mult + (1ll << (sh - 1))) >> sh;
+            v = v < OUT_QMIN ? OUT_QMIN : (v > OUT_QMAX ? OUT_QMAX : v);
+            const int pat = col < KOUT ? ((int)v & ((1 << OUT_BITS) - 1)) : 0;
+            if constexpr (OUT_MODE == 2) {  // one byte per value: two's complement of all 8 bits
+              if (row_ok && col < KOUT) reinterpret_cast<unsigned char*>(ea.out)[m * KOUT + col] = (unsigned char)(int)v;
+            }
+            pats[e] = pat;
+          }
+        }
+        if constexpr (PACK_IN_SMEM) {
+          const int c0 = col0 + ni * 8;  // first column of this n8 tile in the block
+#pragma unroll
+          for (int b = 0; b < OUT_BITS; ++b) {
+            u32 bits = 0;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) bits |= (u32)((pats[e] >> b) & 1) << (c0 % 32 + 2 * t4 + e);
+            bits |= __shfl_xor_sync(0xffffffffu, bits, 1);
+            bits |= __shfl_xor_sync(0xffffffffu, bits, 2);
+            if (t4 == 0) atomicOr(&s_out[(b * BM + row) * BLOCK_WORDS + c0 / 32], bits);
+          }
+        } else if constexpr (OUT_MODE == 3) {
+#pragma unroll
+          for (int b = 0; b < OUT_BITS; ++b)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              word_bits[ni / 4][b] |= (u32)((pats[e] >> b) & 1) << ((ni % 4) * 8 + 2 * t4 + e);
+        }
+      }
+      if constexpr (OUT_MODE == 3 && !PACK_IN_SMEM) {
+        // Register-level packing of the output bit planes: each lane of a quad holds 2 of every
+        // 8 columns; OR-reduce across the quad with two shuffles per 32-column word and plane.
+#pragma unroll
+        for (int wd = 0; wd < WN / 32; ++wd)
+#pragma unroll
+          for (int b = 0; b < OUT_BITS; ++b) {
+            u32 bits = word_bits[wd][b];
+            bits |= __shfl_xor_sync(0xffffffffu, bits, 1);
+            bits |= __shfl_xor_sync(0xffffffffu, bits, 2);
+            const int word = (n0 + col0) / 32 + wd;
+            if (t4 == (b & 3) && row_ok && word < OUT_WORDS)
+              reinterpret_cast<u32*>(ea.out)[((i64)b * M_ROWS + m) * OUT_WORDS + word] = bits;
+          }
+      }
+    }
+}
