@@ -1,15 +1,18 @@
-"""int8 conv2d benchmark (issue 3): Triton implicit GEMM vs cuDNN fp16 and im2col + _int_mm.
+"""int8 conv2d benchmark (issue 3): Triton int8 templates vs cuDNN fp16 and im2col + _int_mm.
 
 Per shared conv layer (w8a8, epilogue bias + ReLU -> s8 NHWC, the output the next layer
-reads): every config of a bounded slice of the template's space is built, checked bit for bit
-against `lowbit.reference.run` on fresh random inputs, and timed (`lowbit.tune.timing`,
-median, L2 flushed); the best is reported with the default config, cudnn_fp16, int_mm_im2col
-and the roofline floor (`lowbit.perfmodel.roofline`, bandwidth re-measured in this run).
-Batch-16-sized layers are also timed as CUDA-graph replays on both sides. The TVM layer also
-gets the fp16 variant (`triton.conv2d_fp16`, fp16 in and out) against cudnn_fp16.
+reads): every config of a bounded slice of each int8 template that supports the layer
+(`triton.conv2d_int8`, and `triton.conv2d_int8_tma` for stride 1) is built, checked bit for
+bit against `lowbit.reference.run` on fresh random inputs, and timed (`lowbit.tune.timing`,
+median, L2 flushed); the fastest template's best is reported beside each template's best,
+its default config, cudnn_fp16, int_mm_im2col and the roofline floor
+(`lowbit.perfmodel.roofline`, bandwidth re-measured in this run). Batch-16-sized layers are
+also timed as CUDA-graph replays on both sides. The TVM layer also gets the fp16 variant
+(`triton.conv2d_fp16`, fp16 in and out) against cudnn_fp16. Tuned configs join the slices
+from exhaustive tables (`--tables`), timed tunes (`--timed`) or a short tune (`--tune-trials`).
 
     python benchmarks/conv.py [--suites resnet50_3x3_b256,...] [--max-configs 40]
-                              [--budget-s 300]
+                              [--budget-s 300] [--tables F ...] [--timed F ...]
 
 Writes benchmarks/results/<gpu>/conv-<stamp>.json (or into $LOWBIT_RESULTS_DIR).
 """
@@ -17,6 +20,7 @@ Writes benchmarks/results/<gpu>/conv-<stamp>.json (or into $LOWBIT_RESULTS_DIR).
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing as mp
 import random
 import sys
@@ -32,7 +36,7 @@ import common
 from lowbit.core import Config, ConvWorkload, Epilogue, Workload, load_workloads
 from lowbit.core.validate import out_storage
 from lowbit.kernels import get_template
-from lowbit.kernels.triton import CONV2D_FP16, CONV2D_INT8, conv2d_fp16
+from lowbit.kernels.triton import CONV2D_FP16, CONV2D_INT8, CONV2D_INT8_TMA, conv2d_fp16
 from lowbit.perfmodel.roofline import (
     measure_bandwidth,
     peaks_for,
@@ -70,6 +74,33 @@ def bench_configs(template, wl: Workload, max_configs: int, seed: int = 0) -> li
     return [default, *[c for c in keep if c != default], *rest]
 
 
+def _padded_rows(wl: ConvWorkload, c: Config) -> int:
+    return (c["BLOCK_I"] * c["BLOCK_P"] * c["BLOCK_Q"] * math.ceil(wl.N / c["BLOCK_I"])
+            * math.ceil(wl.P / c["BLOCK_P"]) * math.ceil(wl.Q / c["BLOCK_Q"]))
+
+
+def tma_configs(wl: ConvWorkload, max_configs: int, seed: int = 0) -> list[Config]:
+    """The bounded slice of `triton.conv2d_int8_tma`: default first, then sampled points with
+    (near) the least row padding, BLOCK_K >= 64 where C allows, loop order rsc, 3-4 stages,
+    GROUP_M 8 where valid, tiles of >= 128 x 64."""
+    space = CONV2D_INT8_TMA.space(wl)
+    default = CONV2D_INT8_TMA.default_config(wl)
+    pts = list(space)
+    least = min(_padded_rows(wl, c) for c in pts)
+    ok = set(pts)
+
+    def good(c: Config) -> bool:
+        return (_padded_rows(wl, c) <= 1.05 * least and c["LOOP_ORDER"] == "rsc"
+                and c["num_stages"] in (3, 4)
+                and c["GROUP_M"] == (8 if c.replace(GROUP_M=8) in ok else 1)
+                and (c["BLOCK_K"] >= 64 or wl.C < 64)
+                and c["BLOCK_N"] * c["BLOCK_I"] * c["BLOCK_P"] * c["BLOCK_Q"] >= 128 * 64)
+
+    rest = [c for c in pts if good(c) and c != default]
+    rest = random.Random(seed).sample(rest, min(len(rest), max_configs - 1))
+    return [default, *rest]
+
+
 def _compile_one(template_name: str, wl_json: str, cfg_json: str) -> str | None:
     import lowbit.kernels.triton  # noqa: F401  (registers the templates)
     from lowbit.core import workload_from_json
@@ -86,6 +117,8 @@ def _compile_key(kernel) -> tuple:
     """What Triton specializes on: constexprs (config, problem flags) and, per integer
     argument, ==1 and %16 (two configs with equal keys share one compiled binary)."""
     p, cfg = kernel.problem, kernel.config
+    if "SPLIT_K" not in cfg:  # not the implicit-GEMM kernel: one binary per (workload, config)
+        return (kernel.template, kernel.workload.key, cfg)
     iters = p.R * p.S * -(-p.C // cfg["BLOCK_K"])
     ints = (p.M, p.NOUT, p.H, p.W, p.C, p.P, p.Q, p.stride, p.pad, p.x_row, p.w_row, p.out_row,
             p.out_plane, -(-iters // cfg["SPLIT_K"]))
@@ -242,6 +275,51 @@ class ResultsFile:
         self.path.write_text(self._json.dumps(self.doc, indent=1))
 
 
+def layer_row(name: str, wl: ConvWorkload, sweeps: list[tuple], peaks) -> dict:
+    """One results row: every (template, configs) slice verified and timed; the fastest
+    template's best is ours, each template's best is kept beside the baselines."""
+    small = wl.N <= 16 or wl.gemm_shape[0] <= 16 * 56 * 56
+    res, errors = {}, {}
+    for t, cfgs in sweeps:
+        try:
+            if cfgs:
+                res[t.name] = sweep(t, wl, cfgs, graph=small)
+        except Exception as e:  # one template failing leaves the others' row standing
+            errors[t.name] = f"{type(e).__name__}: {str(e)[:300]}"
+    if not res:
+        raise RuntimeError(f"every template failed: {errors}")
+    impl = min(res, key=lambda k: res[k]["best"][1])
+    best = res[impl]
+    cfg, us = best["best"]
+    base = {"cudnn_fp16": common.cudnn_fp16_conv_us(wl),
+            "int_mm_im2col": common.int_mm_im2col_us(wl),
+            "default_config": best["default_us"],
+            **{k: r["best"][1] for k, r in res.items()}}
+    row = {"workload": name, "precision": "w8a8", "impl": impl, "epilogue": EPILOGUE.key,
+           "config": dict(cfg), "time_us": us,
+           "floor_us": workload_floor_us(wl, "int8", peaks), "baselines_us": base,
+           "configs_timed": {k: r["timed"] for k, r in res.items()},
+           "configs_failed": [f for r in res.values() for f in r["failed"]][:5],
+           "compiled": best["compiled"], "template_errors": errors}
+    if small:
+        row["cuda_graph_us"] = {
+            "triton": best["best_graph_us"], "default_config": best["default_graph_us"],
+            "cudnn_fp16": common.cudnn_fp16_conv_us(wl, cuda_graph=True),
+            "int_mm_im2col": common.int_mm_im2col_us(wl, cuda_graph=True),
+            **{k: r["best_graph_us"] for k, r in res.items()}}
+    return row
+
+
+def _print_row(row: dict) -> None:
+    us, base, g = row["time_us"], row["baselines_us"], row.get("cuda_graph_us", {})
+    print(f"{row['workload']:32s} {row['impl']:24s} best {_fmt(us)} us  floor "
+          f"x{_ratio(us, row['floor_us'])}  cudnn/ours {_ratio(base['cudnn_fp16'], us)}  "
+          f"im2col/ours {_ratio(base['int_mm_im2col'], us)}  default/ours "
+          f"{_ratio(base['default_config'], us)}  graph cudnn/ours "
+          f"{_ratio(g.get('cudnn_fp16'), g.get('triton'))}  n={row['configs_timed']}",
+          flush=True)
+
+
 def _with_tuned(wl: Workload, cfgs: list[Config], args) -> list[Config]:
     """The slice plus the tuner's best configs (from tables, else a short tune)."""
     extra = common.table_configs(args.tables, wl)
@@ -250,6 +328,17 @@ def _with_tuned(wl: Workload, cfgs: list[Config], args) -> list[Config]:
         extra = common.tuned_configs(CONV2D_INT8, wl, args.tune_trials, records)
     head = cfgs[:1] + [c for c in extra if c != cfgs[0]]  # configs[0] stays the default
     return head + [c for c in cfgs[1:] if c not in head]
+
+
+def _with_timed(name: str, template, cfgs: list[Config], files: list[Path]) -> list[Config]:
+    """cfgs with the tuned best configs of `template` for layer `name` from timed-*.json
+    files placed right after the default (configs[0] stays the default)."""
+    import json
+
+    tuned = [Config(r["best_config"]) for f in files for r in json.loads(f.read_text())["rows"]
+             if r["workload"] == name and r.get("best_template") == template.name]
+    tuned = [c for c in tuned if c not in cfgs[:1]]
+    return cfgs[:1] + tuned + [c for c in cfgs[1:] if c not in tuned] if cfgs else []
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -261,6 +350,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--tables", type=Path, nargs="*", default=[],
                     help="exhaustive tuning tables: their 6 best configs per layer join the sweep")
+    ap.add_argument("--timed", type=Path, nargs="*", default=[],
+                    help="timed-*.json of benchmarks/tuning.py: each layer's tuned best joins "
+                         "its template's sweep")
     ap.add_argument("--tune-trials", type=int, default=0,
                     help="layers without tables: add the 6 best of a lowbit.tune of N trials")
     args = ap.parse_args(argv)
@@ -270,41 +362,25 @@ def main(argv: list[str] | None = None) -> None:
     peaks = replace(peaks_for(common.gpu_name()), bandwidth=measure_bandwidth())
     layers = [(n, wl) for s in args.suites.split(",") for n, wl in
               load_workloads(s, epilogue=EPILOGUE)]
-    plan = [(n, wl, bench_configs(CONV2D_INT8, wl, args.max_configs)) for n, wl in layers]
-    plan = [(n, wl, _with_tuned(wl, cfgs, args)) for n, wl, cfgs in plan]
-    precompile([(CONV2D_INT8, wl, c) for _, wl, cfgs in plan for c in cfgs], args.workers)
+    plan = [(n, wl, _with_tuned(wl, bench_configs(CONV2D_INT8, wl, args.max_configs), args),
+             tma_configs(wl, args.max_configs) if CONV2D_INT8_TMA.supports(wl) else [])
+            for n, wl in layers]
+    plan = [(n, wl, _with_timed(n, CONV2D_INT8, cfgs, args.timed),
+             _with_timed(n, CONV2D_INT8_TMA, tcfgs, args.timed)) for n, wl, cfgs, tcfgs in plan]
+    precompile([(t, wl, c) for _, wl, cfgs, tcfgs in plan
+                for t, cs in ((CONV2D_INT8, cfgs), (CONV2D_INT8_TMA, tcfgs)) for c in cs],
+               args.workers)
     results = ResultsFile("conv", {"peaks": peaks.__dict__, "epilogue": EPILOGUE.key})
-    for name, wl, cfgs in plan:
+    for name, wl, cfgs, tcfgs in plan:
         if time.perf_counter() - t_start > args.budget_s:
-            cfgs = cfgs[:8]
-        small = wl.N <= 16 or wl.gemm_shape[0] <= 16 * 56 * 56
+            cfgs, tcfgs = cfgs[:8], tcfgs[:8]
         try:
-            res = sweep(CONV2D_INT8, wl, cfgs, graph=small)
+            row = layer_row(name, wl, [(CONV2D_INT8, cfgs), (CONV2D_INT8_TMA, tcfgs)], peaks)
         except Exception as e:
             print(f"{name}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
             continue
-        cfg, us = res["best"]
-        base = {"cudnn_fp16": common.cudnn_fp16_conv_us(wl),
-                "int_mm_im2col": common.int_mm_im2col_us(wl),
-                "default_config": res["default_us"]}
-        row = {"workload": name, "precision": "w8a8", "impl": CONV2D_INT8.name,
-               "epilogue": EPILOGUE.key, "config": dict(cfg), "time_us": us,
-               "floor_us": workload_floor_us(wl, "int8", peaks), "baselines_us": base,
-               "configs_timed": res["timed"], "configs_failed": res["failed"][:5],
-               "compiled": res["compiled"]}
-        if small:
-            row["cuda_graph_us"] = {
-                "triton": res["best_graph_us"], "default_config": res["default_graph_us"],
-                "cudnn_fp16": common.cudnn_fp16_conv_us(wl, cuda_graph=True),
-                "int_mm_im2col": common.int_mm_im2col_us(wl, cuda_graph=True)}
         results.add(row)
-        g = row.get("cuda_graph_us", {})
-        print(f"{name:32s} best {_fmt(us)} us  floor x{_ratio(us, row['floor_us'])}  "
-              f"cudnn/ours {_ratio(base['cudnn_fp16'], us)}  im2col/ours "
-              f"{_ratio(base['int_mm_im2col'], us)}  default/ours "
-              f"{_ratio(base['default_config'], us)}  graph cudnn/ours "
-              f"{_ratio(g.get('cudnn_fp16'), g.get('triton'))}  n={res['timed']} {res['compiled']}",
-              flush=True)
+        _print_row(row)
     for name, wl in load_workloads("tvm_tutorial"):
         if "tvm_tutorial" in args.suites:
             r = fp16_row(name, wl, peaks, max_configs=6)

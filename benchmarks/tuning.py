@@ -82,34 +82,45 @@ def measure(budget_s: float, workers: int, only: list[str] | None = None) -> Pat
     return path
 
 
-def timed(only: list[str] | None, trials: int, strategy: str, budget_s: float) -> Path:
+def timed(only: list[str] | None, trials: int, strategy: str, budget_s: float,
+          templates: list[str] | None = None) -> Path:
     """Real tunes as a user runs them (`lowbit.tune.tune` with its default crash-isolated
     `LocalMeasurer`: parallel compile, verify, time), on an empty records file per layer;
-    writes the wall time of each to `timed-<stamp>.json`."""
+    writes the wall time of each to `timed-<stamp>.json`. templates: names of the templates
+    searched together (default `triton.conv2d_int8`); each row gives every one's default."""
+    from lowbit.kernels import get_template
     from lowbit.kernels.triton import CONV2D_INT8
     from lowbit.tune import tune
+
+    pool = [get_template(n) for n in templates] if templates else [CONV2D_INT8]
 
     t0 = time.perf_counter()
     path = common.results_dir() / f"timed-{time.strftime('%Y%m%d-%H%M%S')}.json"
     doc = {"benchmark": "tuning_timed", "gpu": common.gpu_name(), "versions": common.versions(),
-           "template": CONV2D_INT8.name, "strategy": strategy, "trials": trials, "rows": []}
+           "templates": [t.name for t in pool], "strategy": strategy, "trials": trials, "rows": []}
     for name, wl in _layers(only):
         if time.perf_counter() - t0 > budget_s:
             print(f"{name}: skipped, budget spent", flush=True)
             continue
         with tempfile.TemporaryDirectory() as d:
             t1 = time.perf_counter()
-            res = tune(wl, [CONV2D_INT8], trials=trials, strategy=strategy,
+            res = tune(wl, pool, trials=trials, strategy=strategy,
                        db=Path(d) / "records.db", seed=0, transfer=False, progress=False)
             wall = time.perf_counter() - t1
         fails = sum(not r.ok for r in res.history)
+        usable = [t for t in pool if t.supports(wl)]
         row = {"workload": name, "key": wl.key, "wall_s": round(wall, 1),
-               "trials": len(res.history), "space_size": len(CONV2D_INT8.space(wl)),
-               "failures": fails, "best_us": res.time_us, "best_config": dict(res.config),
-               "default_us": res.default_us.get(CONV2D_INT8.name)}
+               "trials": len(res.history), "space_size": sum(len(t.space(wl)) for t in usable),
+               "failures": fails, "best_us": res.time_us, "best_template": res.template,
+               "best_config": dict(res.config),
+               "trials_by_template": {t.name: sum(r.template == t.name for r in res.history)
+                                      for t in usable},
+               "default_us": res.default_us.get(CONV2D_INT8.name),
+               "defaults_us": dict(res.default_us)}
         doc["rows"].append(row)
         path.write_text(json.dumps(doc, indent=1))
-        print(f"{name:32s} {row['trials']} trials in {wall:.0f} s, best {res.time_us:.1f} us, "
+        print(f"{name:32s} {row['trials']} trials in {wall:.0f} s, best {res.time_us:.1f} us "
+              f"({res.template}), "
               f"default {row['default_us']}, {fails} failed", flush=True)
     return path
 
@@ -294,6 +305,8 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--trials", type=int, default=TRIALS)
     t.add_argument("--strategy", default="diversity", choices=STRATEGY_NAMES)
     t.add_argument("--budget-s", type=float, default=480.0)
+    t.add_argument("--templates", type=lambda v: v.split(","),
+                   help="comma-separated template names searched together")
     g = sub.add_parser("multigpu")
     g.add_argument("--layer", default="resnet50_s3_3x3_b256")
     g.add_argument("--trials", type=int, default=128)
@@ -308,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.cmd == "multigpu":
         multi_gpu(args.layer, args.trials, args.gpus)
     elif args.cmd == "timed":
-        timed(args.layers, args.trials, args.strategy, args.budget_s)
+        timed(args.layers, args.trials, args.strategy, args.budget_s, args.templates)
     else:
         replay(args.tables, args.seeds, args.timed)
 

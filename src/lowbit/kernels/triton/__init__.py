@@ -10,10 +10,13 @@ from .templates import (
     IgemmKernel,
     conv2d_fp16,
 )
+from .tma_conv import Conv2dInt8TmaTemplate, TmaConvKernel
 
 CONV2D_INT8 = register(Conv2dInt8Template())
 GEMM_INT8 = register(GemmInt8Template())
 CONV2D_FP16 = register(Conv2dFp16Template())
+CONV2D_INT8_TMA = register(Conv2dInt8TmaTemplate())
 
-__all__ = ["CONV2D_FP16", "CONV2D_INT8", "GEMM_INT8", "Conv2dFp16Template", "Conv2dInt8Template",
-           "GemmInt8Template", "IgemmKernel", "conv2d_fp16"]
+__all__ = ["CONV2D_FP16", "CONV2D_INT8", "CONV2D_INT8_TMA", "GEMM_INT8", "Conv2dFp16Template",
+           "Conv2dInt8Template", "Conv2dInt8TmaTemplate", "GemmInt8Template", "IgemmKernel",
+           "TmaConvKernel", "conv2d_fp16"]

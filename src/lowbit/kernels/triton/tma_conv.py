@@ -1,0 +1,352 @@
+"""int8 implicit-GEMM conv2d for stride-1 convolutions, operands loaded by TMA descriptors.
+
+GEMM view as in `igemm.py` (rows = output pixels, columns = filters, reduction over (r, s,
+c)), but a row tile is a spatial block: BLOCK_I images x BLOCK_P output rows x BLOCK_Q output
+columns. With stride 1 the input window of that block for tap (r, s) is again a dense box,
+x[n0 : n0+BI, p0+r-pad : +BP, q0+s-pad : +BQ, c0 : c0+BK], so one 4-D TMA load fetches the
+whole im2col tile: the tensor map's bounds zero-fill everything outside x (negative
+coordinates included), which is exactly the conv's zero padding and the channel tail. No
+per-element addresses, no masks. The weights [K, R*S*C] come through a 2-D descriptor; past
+channel C of a tap it reads the next tap's weights, which meet the zero-filled channels of x.
+
+Knobs (compile-time): BLOCK_I, BLOCK_P, BLOCK_Q (powers of two; BLOCK_M = BI*BP*BQ rows),
+BLOCK_N, BLOCK_K, num_warps, num_stages, GROUP_M (row tiles per group of the swizzled tile
+order), LOOP_ORDER ("rsc": tap outer, channel chunk inner; "crs" the other way).
+Descriptors are host-side `TensorDescriptor`s (no device allocator needed); under
+TRITON_INTERPRET=1 Triton's interpreter emulates them with the same zero fill.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from ...core import Config, ConfigSpace, ConvWorkload, Knob, Layout, Workload
+from ...core.precision import Encoding
+from ...core.validate import check_inputs, output_buffer
+from ..base import KernelTemplate
+from .epilogue import epilogue_store
+from .templates import (
+    ACC_REGS_LIMIT,
+    EXACT_INT32,
+    SMEM_LIMIT,
+    Problem,
+    _check_device,
+    acc_bound,
+    interpreting,
+    placeholder_vectors,
+    problem,
+)
+
+#: the TMA box of x needs 16-byte rows and strides: C must be a multiple of 16 int8 channels
+CHANNEL_ALIGN = 16
+#: row tiles may cover at most this many times the rows of the least-padding tile shape
+MAX_ROW_WASTE = 1.35
+
+
+@triton.jit
+def tma_conv_kernel(
+    x_desc, w_desc, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr,
+    N, P, Q, C, NOUT, M, pad, out_row, out_plane,
+    R: tl.constexpr, S: tl.constexpr,
+    HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
+    OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
+    WIDE: tl.constexpr, LOOP_CRS: tl.constexpr,
+    BLOCK_I: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    BLOCK_M: tl.constexpr = BLOCK_I * BLOCK_P * BLOCK_Q
+    pid = tl.program_id(0)
+    tiles_q = tl.cdiv(Q, BLOCK_Q)
+    tiles_pq = tl.cdiv(P, BLOCK_P) * tiles_q
+    num_pid_m = tl.cdiv(N, BLOCK_I) * tiles_pq
+    num_pid_n = tl.cdiv(NOUT, BLOCK_N)
+    # grouped (swizzled) tile order: GROUP_M row tiles share each weight tile in L2
+    per_group = GROUP_M * num_pid_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+    n0 = (pid_m // tiles_pq) * BLOCK_I
+    p0 = ((pid_m % tiles_pq) // tiles_q) * BLOCK_P
+    q0 = (pid_m % tiles_q) * BLOCK_Q
+    k0 = pid_n * BLOCK_N
+
+    # out^T = w . im2col(x)^T: the reshaped im2col box is the B operand, which wgmma reads
+    # from shared memory as it is (memdesc reshape); as the A operand Triton 3.6 moves it
+    # through registers and serializes each wgmma behind that copy
+    # (Triton 3.6 waits for each int8 wgmma before the next iteration: no wgmma pipelining
+    # for integer dots; per-iteration MMA work and 2+ programs per SM hide that wait)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
+    chunks = tl.cdiv(C, BLOCK_K)
+    for it in range(R * S * chunks):
+        if LOOP_CRS:
+            cc = it // (R * S)
+            rs = it % (R * S)
+        else:
+            rs = it // chunks
+            cc = it % chunks
+        c0 = cc * BLOCK_K
+        # the input box of tap (r, s); rows/columns outside x (padding) arrive as zeros
+        a = x_desc.load([n0, p0 + rs // S - pad, q0 + rs % S - pad, c0])
+        a = tl.reshape(a, (BLOCK_M, BLOCK_K))
+        b = w_desc.load([k0, rs * C + c0])
+        acc = tl.dot(b, tl.trans(a), acc, out_dtype=tl.int32)
+    acc = tl.trans(acc)
+
+    # tile row i -> output pixel (n, p, q); rows past N/P/Q get row index M (masked off)
+    i = tl.arange(0, BLOCK_M)
+    n = n0 + i // (BLOCK_P * BLOCK_Q)
+    p = p0 + (i // BLOCK_Q) % BLOCK_P
+    q = q0 + i % BLOCK_Q
+    valid = (n < N) & (p < P) & (q < Q)
+    offs_m = tl.where(valid, (n * P + p) * Q + q, M)
+    epilogue_store(acc, offs_m, k0, M, NOUT, out_ptr, out_row, out_plane,
+                   bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS, RELU, OUT_KIND,
+                   OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_M, BLOCK_N)
+
+
+def _descriptors(wl: ConvWorkload, cfg: Config, x: torch.Tensor, w: torch.Tensor
+                 ) -> tuple[TensorDescriptor, TensorDescriptor]:
+    """x as [N, H, W, C] with box [BI, BP, BQ, BK]; w as [K, R*S*C] with box [BN, BK]."""
+    n, h, wd, c = wl.N, wl.H, wl.W, wl.C
+    crs = wl.R * wl.S * c
+    xd = TensorDescriptor(x, [n, h, wd, c], [h * wd * c, wd * c, c, 1],
+                          [cfg["BLOCK_I"], cfg["BLOCK_P"], cfg["BLOCK_Q"], cfg["BLOCK_K"]])
+    wdsc = TensorDescriptor(w, [wl.K, crs], [crs, 1], [cfg["BLOCK_N"], cfg["BLOCK_K"]])
+    return xd, wdsc
+
+
+def _grid(wl: ConvWorkload, cfg: Config) -> tuple[int]:
+    rows = (math.ceil(wl.N / cfg["BLOCK_I"]) * math.ceil(wl.P / cfg["BLOCK_P"])
+            * math.ceil(wl.Q / cfg["BLOCK_Q"]))
+    return (rows * math.ceil(wl.K / cfg["BLOCK_N"]),)
+
+
+def launch(wl: ConvWorkload, prob: Problem, cfg: Config,
+           descs: tuple[TensorDescriptor, TensorDescriptor], out: torch.Tensor,
+           bias, scale, mult, shift, compile_only: bool = False):
+    """Run the kernel for one validated call (`descs` = `_descriptors` of the int8 x, w);
+    writes and returns `out`. compile_only: compile without launching and return Triton's
+    CompiledKernel."""
+    xd, wdsc = descs
+    vecs = [t if t is not None else out for t in (bias, scale, mult, shift)]
+    kind, layout, obits, qmin, qmax = prob.out
+    args = (xd, wdsc, out, *vecs, wl.N, wl.P, wl.Q, wl.C, wl.K, prob.M, wl.pad,
+            prob.out_row, prob.out_plane)
+    kwargs = dict(
+        R=wl.R, S=wl.S, HAS_BIAS=prob.bias, RELU=prob.relu, OUT_KIND=kind, OUT_LAYOUT=layout,
+        OUT_BITS=obits, QMIN=qmin, QMAX=qmax, WIDE=prob.wide,
+        LOOP_CRS=cfg["LOOP_ORDER"] == "crs",
+        BLOCK_I=cfg["BLOCK_I"], BLOCK_P=cfg["BLOCK_P"], BLOCK_Q=cfg["BLOCK_Q"],
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    grid = _grid(wl, cfg)
+    if compile_only:
+        return tma_conv_kernel.warmup(*args, grid=grid, **kwargs)
+    tma_conv_kernel[grid](*args, **kwargs)
+    return out
+
+
+def _as_int8(t: torch.Tensor) -> torch.Tensor:
+    # unsigned operands of <= 7 bits (uint8 storage) are < 128: the same bytes as int8
+    return t.view(torch.int8) if t.dtype == torch.uint8 else t
+
+
+class TmaConvKernel:
+    """One (stride-1 conv workload, config): `kernel(x, w, params, out=None) -> out`.
+
+    `out`, if given, must be a contiguous tensor of the output's storage shape and dtype.
+    """
+
+    def __init__(self, template: str, workload: ConvWorkload, config: Config):
+        self.template = template
+        self.workload = workload
+        self.config = config
+        self.problem = problem(workload, dot_fp16=False)
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, params,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.bind(x, w, params, out)()
+
+    def bind(self, x: torch.Tensor, w: torch.Tensor, params,
+             out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
+        """Validate once, return a no-argument launcher for these tensors."""
+        wl = self.workload
+        check_inputs(wl, x, w, params)
+        _check_device(x)
+        for name, t in (("x", x), ("w", w)):
+            if t.data_ptr() % 16:
+                raise ValueError(f"{name} must start at a 16-byte aligned address for TMA")
+        out = output_buffer(wl, x.device, out)
+        prob, cfg = self.problem, self.config
+        if wl.epilogue.bias:
+            top = int(params.bias.to(torch.int64).abs().max()) if params.bias.numel() else 0
+            if acc_bound(wl) + top >= EXACT_INT32:
+                prob = dataclasses.replace(prob, wide=True)
+        # descriptors built once per bind: host-side work kept out of the timed launcher
+        descs = _descriptors(wl, cfg, _as_int8(x), _as_int8(w))
+        vecs = (params.bias, params.scale, params.multiplier, params.shift)
+        return lambda: launch(wl, prob, cfg, descs, out, *vecs)
+
+    def compile(self):
+        """Compile ahead of time without launching; Triton's CompiledKernel (n_regs,
+        n_spills, asm), None under the interpreter or without CUDA."""
+        if interpreting() or not torch.cuda.is_available():
+            return None
+        return self.compile_on("cuda")
+
+    def compile_on(self, device: torch.device | str):
+        """`compile()` on `device` with placeholder tensors typed as a real call types them
+        (descriptors carry the workload's real shape and strides; nothing is read)."""
+        from ...core.validate import out_storage
+
+        wl = self.workload
+        x = torch.empty(16, dtype=torch.int8, device=device)
+        w = torch.empty(16, dtype=torch.int8, device=device)
+        out = torch.empty(16, dtype=out_storage(wl)[1], device=device)
+        return launch(wl, self.problem, self.config, _descriptors(wl, self.config, x, w), out,
+                      *placeholder_vectors(wl.epilogue, device), compile_only=True)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _padded_rows(wl: ConvWorkload, bi: int, bp: int, bq: int) -> int:
+    """GEMM rows the row tiles cover (output pixels plus the tiles' overhang)."""
+    return (math.ceil(wl.N / bi) * math.ceil(wl.P / bp) * math.ceil(wl.Q / bq)) * bi * bp * bq
+
+
+def _least_padded_rows(wl: ConvWorkload, knobs: list[Knob]) -> int:
+    """The fewest rows any tile of 64, 128 or 256 pixels covers (the waste constraint's base)."""
+    vals = {k.name: k.values for k in knobs}
+    return min(_padded_rows(wl, bi, bp, bq) for bi in vals["BLOCK_I"] for bp in vals["BLOCK_P"]
+               for bq in vals["BLOCK_Q"] if bi * bp * bq in (64, 128, 256))
+
+
+class Conv2dInt8TmaTemplate(KernelTemplate):
+    """Stride-1 NHWC x KRSC conv2d on int8 tensor cores with TMA-loaded operands."""
+
+    name = "triton.conv2d_int8_tma"
+    backend = "triton"
+
+    def unsupported_reason(self, wl: Workload) -> str | None:
+        if not isinstance(wl, ConvWorkload):
+            return f"needs a ConvWorkload, got {type(wl).__name__}"
+        if wl.stride != 1:
+            return (f"stride={wl.stride}: only stride 1 (the input window of a spatial tile is "
+                    "then one dense TMA box); use triton.conv2d_int8")
+        for name, layout in (("a_layout", wl.a_layout), ("w_layout", wl.w_layout)):
+            if layout is not Layout.INT8:
+                return f"{name}={layout.value!r}: only int8 storage (one value per byte)"
+        for name, p in (("a", wl.a), ("w", wl.w)):
+            if p.encoding is Encoding.UNSIGNED and p.bits == 8:
+                return f"{name}={p} values exceed the int8 range of the int8 tensor cores"
+        if wl.C % CHANNEL_ALIGN:
+            return (f"C={wl.C} is not a multiple of {CHANNEL_ALIGN}: TMA needs 16-byte "
+                    "strides; use triton.conv2d_int8")
+        bound = acc_bound(wl)
+        if bound >= EXACT_INT32:
+            return f"worst-case |accumulator| {bound} >= {EXACT_INT32}: int32 would not be exact"
+        return None
+
+    def knobs(self, wl: ConvWorkload) -> list[Knob]:
+        return [Knob("BLOCK_I", (1, 2, 4, 8, 16, 32, 64, 128)),
+                Knob("BLOCK_P", (1, 2, 4, 8, 16)), Knob("BLOCK_Q", (1, 2, 4, 8, 16, 32, 64)),
+                Knob("BLOCK_N", (64, 128, 256)), Knob("BLOCK_K", (32, 64, 128)),
+                Knob("num_warps", (4, 8)), Knob("num_stages", (2, 3, 4)),
+                Knob("GROUP_M", (1, 8)),
+                Knob("LOOP_ORDER", ("rsc", "crs") if wl.R * wl.S > 1 else ("rsc",))]
+
+    def constraints(self, wl: ConvWorkload) -> list:
+        def rows(c: Config) -> int:
+            return c["BLOCK_I"] * c["BLOCK_P"] * c["BLOCK_Q"]
+
+        least = _least_padded_rows(wl, self.knobs(wl))
+
+        def tile(c: Config) -> str | None:
+            # wgmma computes out^T: filters are its M (m64 per warpgroup, 8 warps = two
+            # warpgroups), output pixels its N (<= 256)
+            if rows(c) not in (64, 128, 256):
+                return f"BLOCK_I*BLOCK_P*BLOCK_Q={rows(c)} not in (64, 128, 256)"
+            if c["num_warps"] == 8 and c["BLOCK_N"] < 128 and rows(c) < 128:
+                return "num_warps=8 needs BLOCK_N >= 128 or BLOCK_M >= 128 (two warpgroups)"
+            return None
+
+        def fits(c: Config) -> str | None:
+            for knob, extent in (("BLOCK_I", wl.N), ("BLOCK_P", wl.P), ("BLOCK_Q", wl.Q)):
+                if c[knob] > _pow2_at_least(extent):
+                    return f"{knob}={c[knob]} exceeds {extent} rounded up"
+            padded = _padded_rows(wl, c["BLOCK_I"], c["BLOCK_P"], c["BLOCK_Q"])
+            if padded > MAX_ROW_WASTE * least:
+                return (f"row tiles cover {padded} rows for {wl.N * wl.P * wl.Q} output "
+                        f"pixels (> {MAX_ROW_WASTE} x the least padding, {least})")
+            if c["BLOCK_N"] > max(64, _pow2_at_least(wl.K)):
+                return f"BLOCK_N={c['BLOCK_N']} exceeds K={wl.K} rounded up"
+            if c["BLOCK_K"] > max(32, _pow2_at_least(wl.C)):
+                return f"BLOCK_K={c['BLOCK_K']} exceeds C={wl.C} rounded up"
+            return None
+
+        def smem(c: Config) -> str | None:
+            need = c["num_stages"] * (rows(c) + c["BLOCK_N"]) * c["BLOCK_K"]
+            return f"shared memory {need} B > {SMEM_LIMIT} B" if need > SMEM_LIMIT else None
+
+        def registers(c: Config) -> str | None:
+            per_thread = rows(c) * c["BLOCK_N"] // (32 * c["num_warps"])
+            if per_thread > ACC_REGS_LIMIT:
+                return f"{per_thread} accumulator registers per thread > {ACC_REGS_LIMIT}"
+            if per_thread == ACC_REGS_LIMIT and c["BLOCK_N"] == 64:
+                # offline ptxas (Triton 3.6, sm_90): 64 x 256 tiles on 4 warps spill ~210 B
+                return "BLOCK_N=64 x 256 output pixels on 4 warps spills registers"
+            return None
+
+        def group(c: Config) -> str | None:
+            tiles_m = (math.ceil(wl.N / c["BLOCK_I"]) * math.ceil(wl.P / c["BLOCK_P"])
+                       * math.ceil(wl.Q / c["BLOCK_Q"]))
+            if c["GROUP_M"] > 1 and tiles_m < 2 * c["GROUP_M"]:
+                return "GROUP_M > 1 needs at least 2 groups of row tiles"
+            return None
+
+        return [tile, fits, smem, registers, group]
+
+    def space(self, wl: Workload) -> ConfigSpace:
+        self.check_supported(wl)
+        return ConfigSpace(self.knobs(wl), self.constraints(wl))
+
+    def default_config(self, wl: Workload) -> Config:
+        """128 output pixels (the most square spatial block with the least padding) x 128
+        filters x 64 channels, 4 warps, 3 stages, GROUP_M 8 where valid."""
+        space = self.space(wl)
+        want = {"BLOCK_N": min(128, max(64, _pow2_at_least(wl.K))),
+                "BLOCK_K": 64 if wl.C > 32 else 32, "num_warps": 4, "num_stages": 3,
+                "GROUP_M": 8, "LOOP_ORDER": "rsc"}
+        pts = [c for c in space if all(c[k] == v for k, v in want.items() if k != "GROUP_M")]
+        if not pts:
+            return space.all_configs()[0]
+
+        def cost(c: Config) -> tuple:
+            rows = c["BLOCK_I"] * c["BLOCK_P"] * c["BLOCK_Q"]
+            padded = (math.ceil(wl.N / c["BLOCK_I"]) * math.ceil(wl.P / c["BLOCK_P"])
+                      * math.ceil(wl.Q / c["BLOCK_Q"])) * rows
+            return (rows != 128, padded, c["BLOCK_I"], abs(c["BLOCK_P"] - c["BLOCK_Q"]),
+                    c["GROUP_M"] != 8)
+
+        return min(pts, key=cost)
+
+    def launch_shape(self, wl: Workload, config: Config) -> dict:
+        """Launch shape for `lowbit.perfmodel.launch_shape` (8-bit tiles in shared memory)."""
+        rows = config["BLOCK_I"] * config["BLOCK_P"] * config["BLOCK_Q"]
+        return dict(block_m=rows, block_n=config["BLOCK_N"], block_k=config["BLOCK_K"],
+                    warps=config["num_warps"], stages=config["num_stages"], split_k=1,
+                    operand_bits=8)
+
+    def build(self, wl: Workload, config: Config) -> TmaConvKernel:
+        config = self.checked_config(wl, config)
+        return TmaConvKernel(self.name, wl, config)

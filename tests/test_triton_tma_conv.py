@@ -1,0 +1,204 @@
+"""Triton int8 conv with TMA-loaded operands (`triton.conv2d_int8_tma`, stride 1).
+
+CPU: under TRITON_INTERPRET=1 (tests/conftest.py), whose interpreter emulates tensor
+descriptors with the same out-of-bounds zero fill as TMA: odd H/W, pad 0/1/2 (negative box
+coordinates), 1x1/3x3/5x5 filters, C = 16 / 48 (channel tail inside a BLOCK_K chunk), odd K,
+every epilogue and output packing, several images per tile, both loop orders; all bit-exact
+against `lowbit.reference.run` with a poisoned output. Bad inputs raise before any launch.
+GPU (`gpu` mark): every stride-1 layer of the shared ResNet-50 3x3 and TVM suites at the
+default config, plus a random sample of configs.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from lowbit.core import Config, ConvWorkload, Epilogue, load_workloads
+from lowbit.core.validate import out_storage
+from lowbit.kernels import get_template
+from lowbit.kernels.triton import CONV2D_INT8_TMA, TmaConvKernel
+from lowbit.reference import random_inputs, run
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+EPILOGUES = [
+    Epilogue(),
+    Epilogue(bias=True, relu=True, out="s8"),
+    Epilogue(relu=True, out="u8"),
+    Epilogue(bias=True, out="fp16"),
+    Epilogue(bias=True, relu=True, out="u4", out_layout="packed"),
+    Epilogue(out="s2", out_layout="packed"),
+    Epilogue(relu=True, out="u1", out_layout="packed"),
+    Epilogue(bias=True, out="s3", out_layout="bitplane"),
+    Epilogue(relu=True, out="u2", out_layout="bitplane"),
+]
+
+# tiny tiles (the interpreter's dot works at 16) outside the H100 space: 4 x 4 pixels of one
+# image x 32 filters (bit-plane words need 32) x 16 channels: several tiles in every dimension
+TINY = Config(BLOCK_I=1, BLOCK_P=4, BLOCK_Q=4, BLOCK_N=32, BLOCK_K=16, num_warps=4,
+              num_stages=2, GROUP_M=2, LOOP_ORDER="rsc")
+
+
+def poisoned(wl, device=DEVICE) -> torch.Tensor:
+    shape, dtype = out_storage(wl)
+    if dtype.is_floating_point:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.full(shape, 0x5A if dtype.itemsize == 1 else -12345, dtype=dtype,
+                      device=device)
+
+
+def check(wl, kernel, seed: int, device=DEVICE) -> None:
+    x, w, params = random_inputs(wl, seed, device=device)
+    out = kernel(x, w, params, out=poisoned(wl, device))
+    ref = run(wl, x, w, params)
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    assert torch.equal(out, ref), f"{wl.key} {dict(kernel.config)}: " \
+        f"{(out != ref).sum().item()} of {out.numel()} differ"
+
+
+S8_OUT = Epilogue(bias=True, relu=True, out="s8")
+
+
+def conv(epi=S8_OUT, **shape) -> ConvWorkload:
+    dims = dict(N=2, H=7, W=9, C=48, K=37, R=3, S=3, stride=1, pad=1)
+    return ConvWorkload(**{**dims, **shape}, epilogue=epi)
+
+
+# ------------------------------------------------------------------------------- CPU tests
+
+@pytest.mark.parametrize("epi", EPILOGUES, ids=lambda e: e.key)
+def test_epilogues(epi):
+    wl = conv(epi)
+    check(wl, TmaConvKernel("test", wl, TINY), seed=1)
+
+
+@pytest.mark.parametrize("shape", [
+    dict(R=1, S=1, pad=0, C=16, K=21),
+    dict(R=3, S=3, pad=0, H=6, W=5),
+    dict(R=5, S=5, pad=2, C=16, K=17, H=5, W=7),
+    dict(R=3, S=3, pad=2, N=3, H=5, W=5, C=16),
+    dict(R=1, S=3, pad=1, N=1, H=9, W=3, C=32, K=33),
+], ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+def test_shapes_and_padding(shape):
+    wl = conv(**shape)
+    check(wl, TmaConvKernel("test", wl, TINY), seed=2)
+
+
+@pytest.mark.parametrize("cfg", [
+    TINY.replace(BLOCK_I=2, BLOCK_P=2, BLOCK_Q=4, LOOP_ORDER="crs"),
+    TINY.replace(BLOCK_I=16, BLOCK_P=1, BLOCK_Q=1, GROUP_M=1),
+    TINY.replace(BLOCK_P=2, BLOCK_Q=8, BLOCK_K=32, BLOCK_N=64),
+], ids=["2img-crs", "pixel-per-image", "wide-q"])
+def test_tile_shapes(cfg):
+    wl = conv(N=3, H=5, W=6, C=48, K=19)
+    check(wl, TmaConvKernel("test", wl, cfg), seed=3)
+
+
+def test_unsigned_and_binary_operands():
+    wl = conv(N=1, H=5, W=5, C=16, K=16).replace(a="u4", w="b1")
+    check(wl, TmaConvKernel("test", wl, TINY), seed=4)
+
+
+def test_bound_launcher_reads_the_tensors_at_each_launch():
+    # bind() builds the TMA descriptors once; they must point at x and w, not copy them
+    wl = conv(N=1, H=5, W=6, C=16, K=21)
+    kernel = TmaConvKernel("test", wl, TINY)
+    x, w, params = random_inputs(wl, 6, device=DEVICE)
+    out = poisoned(wl)
+    launch = kernel.bind(x, w, params, out)
+    launch()
+    assert torch.equal(out, run(wl, x, w, params))
+    x2, w2, _ = random_inputs(wl, 7, device=DEVICE)
+    x.copy_(x2)
+    w.copy_(w2)
+    launch()
+    assert torch.equal(out, run(wl, x2, w2, params))
+
+
+def test_registered_template_and_space():
+    t = get_template("triton.conv2d_int8_tma")
+    assert t is CONV2D_INT8_TMA
+    layers = dict(load_workloads("resnet50_3x3_b256"))
+    for name in ("resnet50_s2_3x3_b256", "resnet50_s5_3x3_b256"):
+        wl = layers[name]
+        space = t.space(wl)
+        default = t.default_config(wl)
+        assert default in space, name
+        rows = default["BLOCK_I"] * default["BLOCK_P"] * default["BLOCK_Q"]
+        assert rows == 128, (name, dict(default))
+        assert len(space) > 100
+    # a layer too small for any tile without overhang still has a space
+    assert CONV2D_INT8_TMA.default_config(conv()) in CONV2D_INT8_TMA.space(conv())
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(stride=2), "stride=2"),
+    (dict(C=24), "C=24 is not a multiple of 16"),
+    (dict(a_layout="packed", a="u4"), "a_layout='packed'"),
+    (dict(a="u8"), "a=u8"),
+])
+def test_unsupported_workloads(change, match):
+    wl = conv(**change)
+    assert not CONV2D_INT8_TMA.supports(wl)
+    with pytest.raises(ValueError, match=match):
+        CONV2D_INT8_TMA.space(wl)
+    good = conv()
+    with pytest.raises(ValueError, match=match):
+        CONV2D_INT8_TMA.build(wl, CONV2D_INT8_TMA.default_config(good))
+
+
+def test_bad_inputs_raise_before_launch():
+    wl = conv(N=1, H=5, W=5, C=16, K=16)
+    kernel = TmaConvKernel("test", wl, TINY)
+    x, w, params = random_inputs(wl, 5)
+    with pytest.raises(TypeError, match="x must have dtype"):
+        kernel(x.to(torch.int32), w, params)
+    with pytest.raises(TypeError, match="w must have dtype"):
+        kernel(x, w.float(), params)
+    with pytest.raises(ValueError, match="x must have shape"):
+        kernel(x[:, :4].contiguous(), w, params)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        kernel(x.permute(0, 2, 1, 3), w, params)
+    with pytest.raises(ValueError, match="out must be"):
+        kernel(x, w, params, out=torch.empty(3, dtype=torch.int8))
+    with pytest.raises(ValueError, match=r"not in .*space"):
+        CONV2D_INT8_TMA.build(wl, TINY)
+
+
+# ------------------------------------------------------------------------------- GPU tests
+
+def stride1_layers():
+    epi = Epilogue(bias=True, relu=True, out="s8")
+    return [(name, wl) for suite in ("resnet50_3x3_b16", "resnet50_3x3_b256", "tvm_tutorial")
+            for name, wl in load_workloads(suite, epilogue=epi) if wl.stride == 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name, wl", stride1_layers(), ids=lambda v: v if isinstance(v, str)
+                         else "")
+def test_gpu_shared_layers_default(name, wl):
+    check(wl, CONV2D_INT8_TMA.build(wl, CONV2D_INT8_TMA.default_config(wl)), seed=11)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("seed", range(4))
+def test_gpu_random_configs(seed):
+    rng = random.Random(seed)
+    _, wl = rng.choice(stride1_layers()[:4])  # the batch-16 layers: fast references
+    wl = wl.replace(epilogue=rng.choice(EPILOGUES))
+    cfg = rng.choice(CONV2D_INT8_TMA.space(wl).all_configs())
+    check(wl, CONV2D_INT8_TMA.build(wl, cfg), seed=seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_gpu_odd_shape_padding():
+    wl = conv(N=3, H=13, W=11, C=48, K=77, R=5, S=5, pad=2)
+    cfg = CONV2D_INT8_TMA.default_config(wl)
+    check(wl, CONV2D_INT8_TMA.build(wl, cfg), seed=12)
