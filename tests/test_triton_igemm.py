@@ -15,52 +15,17 @@ import pytest
 import torch
 
 from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload, Layout, load_workloads
-from lowbit.core.validate import out_storage
 from lowbit.kernels import get_template
 from lowbit.kernels.triton import CONV2D_FP16, CONV2D_INT8, GEMM_INT8, IgemmKernel, conv2d_fp16
 from lowbit.kernels.triton.templates import problem
-from lowbit.reference import random_inputs, run
-
-HAS_CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if HAS_CUDA else "cpu"
-
-EPILOGUES = [
-    Epilogue(),
-    Epilogue(bias=True, relu=True, out="s8"),
-    Epilogue(relu=True, out="u8"),
-    Epilogue(bias=True, out="fp16"),
-    Epilogue(bias=True, relu=True, out="u4", out_layout="packed"),
-    Epilogue(out="s2", out_layout="packed"),
-    Epilogue(relu=True, out="u1", out_layout="packed"),
-    Epilogue(bias=True, out="s3", out_layout="bitplane"),
-    Epilogue(relu=True, out="u2", out_layout="bitplane"),
-]
+from lowbit.reference import random_inputs
+from triton_cases import DEVICE, EPILOGUES, HAS_CUDA, check
 
 # tiny tiles (the interpreter's dot works at 16) outside the H100 space: several tiles in M
 # and N, the grouped order, split-K with a ragged last split
 TINY = Config(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, num_warps=4, num_stages=2, GROUP_M=2,
               LOOP_ORDER="rsc", SPLIT_K=1)
 SPLIT3 = TINY.replace(SPLIT_K=3, LOOP_ORDER="crs")
-
-
-def poisoned(wl, device=DEVICE) -> torch.Tensor:
-    shape, dtype = out_storage(wl)
-    if dtype.is_floating_point:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.full(shape, 0x5A if dtype.itemsize == 1 else -12345, dtype=dtype,
-                      device=device)
-
-
-def check(wl, kernel, seed: int, device=DEVICE) -> None:
-    x, w, params = random_inputs(wl, seed, device=device)
-    out = kernel(x, w, params, out=poisoned(wl, device))
-    ref = run(wl, x, w, params)
-    assert out.dtype == ref.dtype and out.shape == ref.shape
-    if out.dtype == torch.float16:
-        # fp16(float32(y) * scale) in both: the same two roundings, so exact
-        assert not torch.isnan(out).any()
-    assert torch.equal(out, ref), f"{wl.key} {dict(kernel.config)}: " \
-        f"{(out != ref).sum().item()} of {out.numel()} differ"
 
 
 def tiny_kernel(wl, cfg: Config, dot_fp16: bool = False) -> IgemmKernel:

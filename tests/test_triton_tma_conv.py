@@ -17,47 +17,15 @@ import pytest
 import torch
 
 from lowbit.core import Config, ConvWorkload, Epilogue, load_workloads
-from lowbit.core.validate import out_storage
 from lowbit.kernels import get_template
 from lowbit.kernels.triton import CONV2D_INT8_TMA, TmaConvKernel
 from lowbit.reference import random_inputs, run
-
-HAS_CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if HAS_CUDA else "cpu"
-
-EPILOGUES = [
-    Epilogue(),
-    Epilogue(bias=True, relu=True, out="s8"),
-    Epilogue(relu=True, out="u8"),
-    Epilogue(bias=True, out="fp16"),
-    Epilogue(bias=True, relu=True, out="u4", out_layout="packed"),
-    Epilogue(out="s2", out_layout="packed"),
-    Epilogue(relu=True, out="u1", out_layout="packed"),
-    Epilogue(bias=True, out="s3", out_layout="bitplane"),
-    Epilogue(relu=True, out="u2", out_layout="bitplane"),
-]
+from triton_cases import DEVICE, EPILOGUES, HAS_CUDA, check, poisoned
 
 # tiny tiles (the interpreter's dot works at 16) outside the H100 space: 4 x 4 pixels of one
 # image x 32 filters (bit-plane words need 32) x 16 channels: several tiles in every dimension
 TINY = Config(BLOCK_I=1, BLOCK_P=4, BLOCK_Q=4, BLOCK_N=32, BLOCK_K=16, num_warps=4,
               num_stages=2, GROUP_M=2, LOOP_ORDER="rsc")
-
-
-def poisoned(wl, device=DEVICE) -> torch.Tensor:
-    shape, dtype = out_storage(wl)
-    if dtype.is_floating_point:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.full(shape, 0x5A if dtype.itemsize == 1 else -12345, dtype=dtype,
-                      device=device)
-
-
-def check(wl, kernel, seed: int, device=DEVICE) -> None:
-    x, w, params = random_inputs(wl, seed, device=device)
-    out = kernel(x, w, params, out=poisoned(wl, device))
-    ref = run(wl, x, w, params)
-    assert out.dtype == ref.dtype and out.shape == ref.shape
-    assert torch.equal(out, ref), f"{wl.key} {dict(kernel.config)}: " \
-        f"{(out != ref).sum().item()} of {out.numel()} differ"
 
 
 S8_OUT = Epilogue(bias=True, relu=True, out="s8")

@@ -22,6 +22,16 @@ from .epilogue import OUT_KIND_FLOAT, epilogue_store, load_operand
 
 
 @triton.jit
+def grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of program `pid` in the grouped (swizzled) order: GROUP_M row
+    tiles run next to each other over every column tile, so they share each weight tile in L2."""
+    per_group = GROUP_M * num_pid_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % group_rows, (pid % per_group) // group_rows
+
+
+@triton.jit
 def igemm_kernel(
     x_ptr, w_ptr, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr,
     M, NOUT, H, W, C, P, Q, conv_stride, pad,
@@ -35,16 +45,9 @@ def igemm_kernel(
     WIDE: tl.constexpr, SPLIT_K: tl.constexpr, LOOP_CRS: tl.constexpr, EVEN_C: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(NOUT, BLOCK_N)
-    # grouped (swizzled) tile order: GROUP_M row tiles share each weight tile in L2
-    per_group = GROUP_M * num_pid_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
+    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(NOUT, BLOCK_N),
+                                GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

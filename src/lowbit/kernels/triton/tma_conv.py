@@ -32,6 +32,7 @@ from ...core.precision import Encoding
 from ...core.validate import check_inputs, output_buffer
 from ..base import KernelTemplate
 from .epilogue import epilogue_store
+from .igemm import grouped_tile
 from .templates import (
     ACC_REGS_LIMIT,
     EXACT_INT32,
@@ -62,17 +63,10 @@ def tma_conv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_I * BLOCK_P * BLOCK_Q
-    pid = tl.program_id(0)
     tiles_q = tl.cdiv(Q, BLOCK_Q)
     tiles_pq = tl.cdiv(P, BLOCK_P) * tiles_q
-    num_pid_m = tl.cdiv(N, BLOCK_I) * tiles_pq
-    num_pid_n = tl.cdiv(NOUT, BLOCK_N)
-    # grouped (swizzled) tile order: GROUP_M row tiles share each weight tile in L2
-    per_group = GROUP_M * num_pid_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
+    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(N, BLOCK_I) * tiles_pq,
+                                tl.cdiv(NOUT, BLOCK_N), GROUP_M)
     n0 = (pid_m // tiles_pq) * BLOCK_I
     p0 = ((pid_m % tiles_pq) // tiles_q) * BLOCK_P
     q0 = (pid_m % tiles_q) * BLOCK_Q
