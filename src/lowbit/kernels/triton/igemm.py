@@ -32,6 +32,15 @@ def grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def tap_and_chunk(it, taps, chunks, LOOP_CRS: tl.constexpr):
+    """(tap r*S+s, channel chunk) of reduction step `it`: chunk outer and taps inner when
+    LOOP_CRS, else tap outer."""
+    if LOOP_CRS:
+        return it % taps, it // taps
+    return it // chunks, it % chunks
+
+
+@triton.jit
 def igemm_kernel(
     x_ptr, w_ptr, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr,
     M, NOUT, H, W, C, P, Q, conv_stride, pad,
@@ -73,12 +82,7 @@ def igemm_kernel(
     it_lo = pid_k * iters_per_split
     it_hi = tl.minimum(it_lo + iters_per_split, total)
     for it in range(it_lo, it_hi):
-        if LOOP_CRS:
-            cc = it // (R * S)
-            rs = it % (R * S)
-        else:
-            rs = it // chunks
-            cc = it % chunks
+        rs, cc = tap_and_chunk(it, R * S, chunks, LOOP_CRS)
         chan = cc * BLOCK_K + tl.arange(0, BLOCK_K)
         if EVEN_C:
             # C % BLOCK_K == 0: no channel mask, so loads stay 16-byte vectors

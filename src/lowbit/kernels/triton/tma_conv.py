@@ -32,7 +32,7 @@ from ...core.precision import Encoding
 from ...core.validate import check_inputs, output_buffer
 from ..base import KernelTemplate
 from .epilogue import epilogue_store
-from .igemm import grouped_tile
+from .igemm import grouped_tile, tap_and_chunk
 from .templates import (
     ACC_REGS_LIMIT,
     EXACT_INT32,
@@ -80,12 +80,7 @@ def tma_conv_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
     chunks = tl.cdiv(C, BLOCK_K)
     for it in range(R * S * chunks):
-        if LOOP_CRS:
-            cc = it // (R * S)
-            rs = it % (R * S)
-        else:
-            rs = it // chunks
-            cc = it % chunks
+        rs, cc = tap_and_chunk(it, R * S, chunks, LOOP_CRS)
         c0 = cc * BLOCK_K
         # the input box of tap (r, s); rows/columns outside x (padding) arrive as zeros
         a = x_desc.load([n0, p0 + rs // S - pad, q0 + rs % S - pad, c0])
