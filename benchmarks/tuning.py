@@ -222,7 +222,7 @@ def replay(tables: list[Path], seeds: int, timed_path: Path | None = None) -> Pa
         best = min(ok)
         row = {"workload": layer["workload"], "precision": "w8a8", "impl": CONV2D_INT8.name,
                "space_size": len(layer["table"]), "space_ok": len(ok), "exhaustive_best_us": best,
-               "trials_to_095": {}, "quality_at_500_by_strategy": {},
+               "trials_to_095": {}, "trials_to_095_by_seed": {}, "quality_at_500_by_strategy": {},
                "quality_at_trials": {}, "replay_s": {}}
         for strategy in STRATEGY_NAMES:
             t0 = time.perf_counter()
@@ -233,8 +233,9 @@ def replay(tables: list[Path], seeds: int, timed_path: Path | None = None) -> Pa
                 n: _median([best / r[min(n, len(r)) - 1] for r in runs if r and r[-1]])
                 for n in QUALITY_AT}
             row["quality_at_500_by_strategy"][strategy] = row["quality_at_trials"][strategy][TRIALS]
-            row["trials_to_095"][strategy] = _median(
-                [_trials_to(r, best / 0.95) for r in runs])
+            per_seed = [_trials_to(r, best / 0.95) for r in runs]
+            row["trials_to_095_by_seed"][strategy] = per_seed  # the spread behind the median
+            row["trials_to_095"][strategy] = _median(per_seed)
             print(f"{layer['workload']:32s} {strategy:9s} trials to 0.95x: "
                   f"{row['trials_to_095'][strategy]}  quality@50/100/200/500 "
                   f"{row['quality_at_trials'][strategy]}", flush=True)
@@ -279,16 +280,18 @@ def _plot(curves: dict, best: dict, path: Path) -> None:
         for strategy in STRATEGY_NAMES:
             runs = curves[(name, strategy)]
             n = max(len(r) for r in runs)
-            med = [_median([best[name] / r[i] for r in runs if i < len(r) and r[i]])
-                   for i in range(n)]
-            ax.plot(range(1, n + 1), med, label=strategy)
+            at = [[best[name] / r[min(i, len(r) - 1)] for r in runs if r[min(i, len(r) - 1)]]
+                  for i in range(n)]
+            line, = ax.plot(range(1, n + 1), [_median(q) for q in at], label=strategy)
+            ax.fill_between(range(1, n + 1), [min(q, default=0) for q in at],
+                            [max(q, default=0) for q in at], color=line.get_color(), alpha=0.12)
         ax.set_title(name, fontsize=9)
         ax.set_ylim(0.5, 1.01)
         ax.axhline(0.95, color="gray", lw=0.5)
         ax.set_xscale("log")
     axes.flat[0].legend(fontsize=8)
     fig.supxlabel("trials")
-    fig.supylabel("exhaustive best / best so far (median of seeds)")
+    fig.supylabel("exhaustive best / best so far (median of seeds; band: min-max)")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 
