@@ -20,7 +20,6 @@ Writes benchmarks/results/<gpu>/conv-<stamp>.json (or into $LOWBIT_RESULTS_DIR).
 from __future__ import annotations
 
 import argparse
-import math
 import multiprocessing as mp
 import random
 import sys
@@ -36,7 +35,14 @@ import common
 from lowbit.core import Config, ConvWorkload, Epilogue, Workload, load_workloads
 from lowbit.core.validate import out_storage
 from lowbit.kernels import get_template
-from lowbit.kernels.triton import CONV2D_FP16, CONV2D_INT8, CONV2D_INT8_TMA, conv2d_fp16
+from lowbit.kernels.triton import (
+    CONV2D_FP16,
+    CONV2D_INT8,
+    CONV2D_INT8_TMA,
+    IgemmKernel,
+    conv2d_fp16,
+)
+from lowbit.kernels.triton.tma_conv import padded_rows
 from lowbit.perfmodel.roofline import (
     measure_bandwidth,
     peaks_for,
@@ -74,11 +80,6 @@ def bench_configs(template, wl: Workload, max_configs: int, seed: int = 0) -> li
     return [default, *[c for c in keep if c != default], *rest]
 
 
-def _padded_rows(wl: ConvWorkload, c: Config) -> int:
-    return (c["BLOCK_I"] * c["BLOCK_P"] * c["BLOCK_Q"] * math.ceil(wl.N / c["BLOCK_I"])
-            * math.ceil(wl.P / c["BLOCK_P"]) * math.ceil(wl.Q / c["BLOCK_Q"]))
-
-
 def tma_configs(wl: ConvWorkload, max_configs: int, seed: int = 0) -> list[Config]:
     """The bounded slice of `triton.conv2d_int8_tma`: default first, then sampled points with
     (near) the least row padding, BLOCK_K >= 64 where C allows, loop order rsc, 3-4 stages,
@@ -86,11 +87,11 @@ def tma_configs(wl: ConvWorkload, max_configs: int, seed: int = 0) -> list[Confi
     space = CONV2D_INT8_TMA.space(wl)
     default = CONV2D_INT8_TMA.default_config(wl)
     pts = list(space)
-    least = min(_padded_rows(wl, c) for c in pts)
+    least = min(padded_rows(wl, c) for c in pts)
     ok = set(pts)
 
     def good(c: Config) -> bool:
-        return (_padded_rows(wl, c) <= 1.05 * least and c["LOOP_ORDER"] == "rsc"
+        return (padded_rows(wl, c) <= 1.05 * least and c["LOOP_ORDER"] == "rsc"
                 and c["num_stages"] in (3, 4)
                 and c["GROUP_M"] == (8 if c.replace(GROUP_M=8) in ok else 1)
                 and (c["BLOCK_K"] >= 64 or wl.C < 64)
@@ -117,7 +118,7 @@ def _compile_key(kernel) -> tuple:
     """What Triton specializes on: constexprs (config, problem flags) and, per integer
     argument, ==1 and %16 (two configs with equal keys share one compiled binary)."""
     p, cfg = kernel.problem, kernel.config
-    if "SPLIT_K" not in cfg:  # not the implicit-GEMM kernel: one binary per (workload, config)
+    if not isinstance(kernel, IgemmKernel):  # other kernels: one binary per (workload, config)
         return (kernel.template, kernel.workload.key, cfg)
     iters = p.R * p.S * -(-p.C // cfg["BLOCK_K"])
     ints = (p.M, p.NOUT, p.H, p.W, p.C, p.P, p.Q, p.stride, p.pad, p.x_row, p.w_row, p.out_row,
@@ -330,13 +331,21 @@ def _with_tuned(wl: Workload, cfgs: list[Config], args) -> list[Config]:
     return head + [c for c in cfgs[1:] if c not in head]
 
 
-def _with_timed(name: str, template, cfgs: list[Config], files: list[Path]) -> list[Config]:
-    """cfgs with the tuned best configs of `template` for layer `name` from timed-*.json
-    files placed right after the default (configs[0] stays the default)."""
+def _timed_bests(files: list[Path]) -> dict[tuple[str, str], list[Config]]:
+    """(layer name, template name) -> the best configs of timed-*.json files (tuning.py)."""
     import json
 
-    tuned = [Config(r["best_config"]) for f in files for r in json.loads(f.read_text())["rows"]
-             if r["workload"] == name and r.get("best_template") == template.name]
+    out: dict[tuple[str, str], list[Config]] = {}
+    for f in files:
+        for r in json.loads(f.read_text())["rows"]:
+            if r.get("best_template"):
+                out.setdefault((r["workload"], r["best_template"]), []).append(
+                    Config(r["best_config"]))
+    return out
+
+
+def _with_timed(cfgs: list[Config], tuned: list[Config]) -> list[Config]:
+    """cfgs with the tuned configs placed right after the default (configs[0] stays it)."""
     tuned = [c for c in tuned if c not in cfgs[:1]]
     return cfgs[:1] + tuned + [c for c in cfgs[1:] if c not in tuned] if cfgs else []
 
@@ -365,8 +374,10 @@ def main(argv: list[str] | None = None) -> None:
     plan = [(n, wl, _with_tuned(wl, bench_configs(CONV2D_INT8, wl, args.max_configs), args),
              tma_configs(wl, args.max_configs) if CONV2D_INT8_TMA.supports(wl) else [])
             for n, wl in layers]
-    plan = [(n, wl, _with_timed(n, CONV2D_INT8, cfgs, args.timed),
-             _with_timed(n, CONV2D_INT8_TMA, tcfgs, args.timed)) for n, wl, cfgs, tcfgs in plan]
+    timed = _timed_bests(args.timed)
+    plan = [(n, wl, _with_timed(cfgs, timed.get((n, CONV2D_INT8.name), [])),
+             _with_timed(tcfgs, timed.get((n, CONV2D_INT8_TMA.name), [])))
+            for n, wl, cfgs, tcfgs in plan]
     precompile([(t, wl, c) for _, wl, cfgs, tcfgs in plan
                 for t, cs in ((CONV2D_INT8, cfgs), (CONV2D_INT8_TMA, tcfgs)) for c in cs],
                args.workers)

@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import sys
-import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
-from conv import EPILOGUE, ResultsFile, _compile_one, sweep, tma_configs
+from conv import EPILOGUE, ResultsFile, precompile, sweep, tma_configs
 from lowbit.core import Config, Workload, load_workloads
 from lowbit.kernels.triton import CONV2D_INT8, CONV2D_INT8_TMA
 from lowbit.perfmodel.roofline import measure_bandwidth, peaks_for, workload_floor_us
@@ -56,16 +53,6 @@ def plan(suites: str, n_tma: int) -> list[tuple]:
     layers = [(n, wl) for s in suites.split(",") for n, wl in load_workloads(s, epilogue=EPILOGUE)
               if wl.stride == 1]
     return [(n, wl, tma_configs(wl, n_tma), igemm_configs(n, wl)) for n, wl in layers]
-
-
-def precompile(jobs: list[tuple], workers: int) -> None:
-    args = list({(t.name, wl.to_json(), c.to_json()) for t, wl, c in jobs})
-    t0 = time.perf_counter()
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-        errs = list(pool.map(_compile_one, *zip(*args, strict=True)))
-    bad = [(a[0], a[2], e) for a, e in zip(args, errs, strict=True) if e]
-    print(f"precompiled {len(args)} kernels in {time.perf_counter() - t0:.0f} s, "
-          f"{len(bad)} failed {bad[:3]}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:

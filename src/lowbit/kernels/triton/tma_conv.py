@@ -112,10 +112,20 @@ def _descriptors(wl: ConvWorkload, cfg: Config, x: torch.Tensor, w: torch.Tensor
     return xd, wdsc
 
 
+def row_tiles(wl: ConvWorkload, bi: int, bp: int, bq: int) -> int:
+    """Spatial row tiles of BI images x BP output rows x BQ output columns over the output."""
+    return math.ceil(wl.N / bi) * math.ceil(wl.P / bp) * math.ceil(wl.Q / bq)
+
+
+def padded_rows(wl: ConvWorkload, cfg: Config) -> int:
+    """GEMM rows the row tiles of `cfg` cover (output pixels plus the tiles' overhang)."""
+    bi, bp, bq = cfg["BLOCK_I"], cfg["BLOCK_P"], cfg["BLOCK_Q"]
+    return row_tiles(wl, bi, bp, bq) * bi * bp * bq
+
+
 def _grid(wl: ConvWorkload, cfg: Config) -> tuple[int]:
-    rows = (math.ceil(wl.N / cfg["BLOCK_I"]) * math.ceil(wl.P / cfg["BLOCK_P"])
-            * math.ceil(wl.Q / cfg["BLOCK_Q"]))
-    return (rows * math.ceil(wl.K / cfg["BLOCK_N"]),)
+    tiles = row_tiles(wl, cfg["BLOCK_I"], cfg["BLOCK_P"], cfg["BLOCK_Q"])
+    return (tiles * math.ceil(wl.K / cfg["BLOCK_N"]),)
 
 
 def launch(wl: ConvWorkload, prob: Problem, cfg: Config,
@@ -208,16 +218,12 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _padded_rows(wl: ConvWorkload, bi: int, bp: int, bq: int) -> int:
-    """GEMM rows the row tiles cover (output pixels plus the tiles' overhang)."""
-    return (math.ceil(wl.N / bi) * math.ceil(wl.P / bp) * math.ceil(wl.Q / bq)) * bi * bp * bq
-
-
 def _least_padded_rows(wl: ConvWorkload, knobs: list[Knob]) -> int:
     """The fewest rows any tile of 64, 128 or 256 pixels covers (the waste constraint's base)."""
     vals = {k.name: k.values for k in knobs}
-    return min(_padded_rows(wl, bi, bp, bq) for bi in vals["BLOCK_I"] for bp in vals["BLOCK_P"]
-               for bq in vals["BLOCK_Q"] if bi * bp * bq in (64, 128, 256))
+    return min(row_tiles(wl, bi, bp, bq) * bi * bp * bq
+               for bi in vals["BLOCK_I"] for bp in vals["BLOCK_P"] for bq in vals["BLOCK_Q"]
+               if bi * bp * bq in (64, 128, 256))
 
 
 class Conv2dInt8TmaTemplate(KernelTemplate):
@@ -273,7 +279,7 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
             for knob, extent in (("BLOCK_I", wl.N), ("BLOCK_P", wl.P), ("BLOCK_Q", wl.Q)):
                 if c[knob] > _pow2_at_least(extent):
                     return f"{knob}={c[knob]} exceeds {extent} rounded up"
-            padded = _padded_rows(wl, c["BLOCK_I"], c["BLOCK_P"], c["BLOCK_Q"])
+            padded = padded_rows(wl, c)
             if padded > MAX_ROW_WASTE * least:
                 return (f"row tiles cover {padded} rows for {wl.N * wl.P * wl.Q} output "
                         f"pixels (> {MAX_ROW_WASTE} x the least padding, {least})")
@@ -297,8 +303,7 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
             return None
 
         def group(c: Config) -> str | None:
-            tiles_m = (math.ceil(wl.N / c["BLOCK_I"]) * math.ceil(wl.P / c["BLOCK_P"])
-                       * math.ceil(wl.Q / c["BLOCK_Q"]))
+            tiles_m = row_tiles(wl, c["BLOCK_I"], c["BLOCK_P"], c["BLOCK_Q"])
             if c["GROUP_M"] > 1 and tiles_m < 2 * c["GROUP_M"]:
                 return "GROUP_M > 1 needs at least 2 groups of row tiles"
             return None
@@ -322,9 +327,7 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
 
         def cost(c: Config) -> tuple:
             rows = c["BLOCK_I"] * c["BLOCK_P"] * c["BLOCK_Q"]
-            padded = (math.ceil(wl.N / c["BLOCK_I"]) * math.ceil(wl.P / c["BLOCK_P"])
-                      * math.ceil(wl.Q / c["BLOCK_Q"])) * rows
-            return (rows != 128, padded, c["BLOCK_I"], abs(c["BLOCK_P"] - c["BLOCK_Q"]),
+            return (rows != 128, padded_rows(wl, c), c["BLOCK_I"], abs(c["BLOCK_P"] - c["BLOCK_Q"]),
                     c["GROUP_M"] != 8)
 
         return min(pts, key=cost)
