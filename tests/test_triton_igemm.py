@@ -18,14 +18,15 @@ from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload, Layout, lo
 from lowbit.kernels import get_template
 from lowbit.kernels.triton import CONV2D_FP16, CONV2D_INT8, GEMM_INT8, IgemmKernel, conv2d_fp16
 from lowbit.kernels.triton.templates import problem
-from lowbit.reference import random_inputs
-from triton_cases import DEVICE, EPILOGUES, HAS_CUDA, check
+from lowbit.reference import random_inputs, run
+from triton_cases import DEVICE, EPILOGUES, HAS_CUDA, check, poisoned
 
 # tiny tiles (the interpreter's dot works at 16) outside the H100 space: several tiles in M
 # and N, the grouped order, split-K with a ragged last split
 TINY = Config(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, num_warps=4, num_stages=2, GROUP_M=2,
               LOOP_ORDER="rsc", SPLIT_K=1)
 SPLIT3 = TINY.replace(SPLIT_K=3, LOOP_ORDER="crs")
+SPLIT3_LAST = SPLIT3.replace(SPLIT_SUM="last_program")
 
 
 def tiny_kernel(wl, cfg: Config, dot_fp16: bool = False) -> IgemmKernel:
@@ -53,6 +54,32 @@ def test_gemm_epilogues_split_k(epi):
 def test_conv_split_k_crs(epi):
     wl = ConvWorkload(N=1, H=6, W=5, C=33, K=40, R=3, S=2, stride=1, pad=1, epilogue=epi)
     check(wl, tiny_kernel(wl, SPLIT3), seed=3)
+
+
+@pytest.mark.parametrize("epi", EPILOGUES[:2] + EPILOGUES[3:5] + EPILOGUES[7:8],
+                         ids=lambda e: e.key)
+def test_gemm_split_k_summed_by_the_last_program(epi):
+    wl = GemmWorkload(M=37, N=45, K=83, epilogue=epi)
+    check(wl, tiny_kernel(wl, SPLIT3_LAST), seed=12)
+
+
+def test_conv_split_k_last_program_fp16_dot():
+    wl = ConvWorkload(N=1, H=6, W=5, C=33, K=40, R=3, S=2, stride=1, pad=1, a="u8", w="s4",
+                      epilogue=Epilogue(bias=True, relu=True, out="u4", out_layout="packed"))
+    check(wl, tiny_kernel(wl, SPLIT3_LAST, dot_fp16=True), seed=13)
+
+
+@pytest.mark.parametrize("cfg", [SPLIT3, SPLIT3_LAST], ids=["second_kernel", "last_program"])
+def test_bound_split_k_launcher_stays_exact_across_calls(cfg):
+    """The bound launcher reuses its workspace: the arrival counters must be back at zero
+    after each launch, or the next launch's last program never sums (stale output)."""
+    wl = GemmWorkload(M=21, N=40, K=90, epilogue=Epilogue(bias=True, out="s8"))
+    kernel = tiny_kernel(wl, cfg)
+    x, w, params = random_inputs(wl, 14, device=DEVICE)
+    launch = kernel.bind(x, w, params, out=poisoned(wl))
+    for seed in (15, 16, 17):
+        x.copy_(random_inputs(wl, seed, device=DEVICE)[0])
+        assert torch.equal(launch(), run(wl, x, w, params)), seed
 
 
 @pytest.mark.parametrize("a,w,a_layout,w_layout", [
@@ -125,7 +152,7 @@ def test_registered_and_spaces_bounded():
         for name, wl in load_workloads(suite):
             t = GEMM_INT8 if wl.op == "gemm" else CONV2D_INT8
             space = t.space(wl)
-            assert 20 <= len(space) <= 700, (name, len(space))
+            assert 20 <= len(space) <= 900, (name, len(space))
             assert t.default_config(wl) in space
             for cfg in space.sample(20, random.Random(1)):
                 smem = cfg["num_stages"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"]
@@ -145,6 +172,18 @@ def test_unsupported_workloads():
     bad = CONV2D_INT8.default_config(conv).replace(BLOCK_M=96)
     with pytest.raises(ValueError, match="not in"):
         CONV2D_INT8.build(conv, bad)
+
+
+def test_split_sum_knob_only_with_split_k():
+    fc = load_workloads("gemm")[2][1]
+    space = GEMM_INT8.space(fc)
+    assert {c["SPLIT_SUM"] for c in space if c["SPLIT_K"] > 1} == {"second_kernel",
+                                                                   "last_program"}
+    one = GEMM_INT8.default_config(fc)
+    assert one["SPLIT_K"] == 1
+    assert "SPLIT_K > 1 only" in space.why_invalid(one.replace(SPLIT_SUM="last_program"))
+    big = load_workloads("gemm")[3][1]
+    assert "SPLIT_SUM" not in GEMM_INT8.space(big).names
 
 
 def test_bad_inputs_raise_before_launch():

@@ -25,7 +25,7 @@ from triton_cases import DEVICE, EPILOGUES, HAS_CUDA, check, poisoned
 # tiny tiles (the interpreter's dot works at 16) outside the H100 space: 4 x 4 pixels of one
 # image x 32 filters (bit-plane words need 32) x 16 channels: several tiles in every dimension
 TINY = Config(BLOCK_I=1, BLOCK_P=4, BLOCK_Q=4, BLOCK_N=32, BLOCK_K=16, num_warps=4,
-              num_stages=2, GROUP_M=2, LOOP_ORDER="rsc")
+              num_stages=2, GROUP_M=2, LOOP_ORDER="rsc", SPLIT_K=1)
 
 
 S8_OUT = Epilogue(bias=True, relu=True, out="s8")
@@ -60,10 +60,20 @@ def test_shapes_and_padding(shape):
     TINY.replace(BLOCK_I=2, BLOCK_P=2, BLOCK_Q=4, LOOP_ORDER="crs"),
     TINY.replace(BLOCK_I=16, BLOCK_P=1, BLOCK_Q=1, GROUP_M=1),
     TINY.replace(BLOCK_P=2, BLOCK_Q=8, BLOCK_K=32, BLOCK_N=64),
-], ids=["2img-crs", "pixel-per-image", "wide-q"])
+    TINY.replace(BLOCK_I=2, BLOCK_P=2, BLOCK_Q=4, SPLIT_K=4),
+    TINY.replace(SPLIT_K=2, LOOP_ORDER="crs"),
+], ids=["2img-crs", "pixel-per-image", "wide-q", "split4", "split2-crs"])
 def test_tile_shapes(cfg):
     wl = conv(N=3, H=5, W=6, C=48, K=19)
     check(wl, TmaConvKernel("test", wl, cfg), seed=3)
+
+
+@pytest.mark.parametrize("epi", [EPILOGUES[0], EPILOGUES[3], EPILOGUES[4], EPILOGUES[7]],
+                         ids=lambda e: e.key)
+def test_split_k_epilogues(epi):
+    # 27 reduction steps in 3 splits of 9; the last program of a tile runs the epilogue
+    wl = conv(epi)
+    check(wl, TmaConvKernel("test", wl, TINY.replace(SPLIT_K=3)), seed=8)
 
 
 def test_unsigned_and_binary_operands():
@@ -71,10 +81,12 @@ def test_unsigned_and_binary_operands():
     check(wl, TmaConvKernel("test", wl, TINY), seed=4)
 
 
-def test_bound_launcher_reads_the_tensors_at_each_launch():
-    # bind() builds the TMA descriptors once; they must point at x and w, not copy them
+@pytest.mark.parametrize("split", [1, 3])
+def test_bound_launcher_reads_the_tensors_at_each_launch(split):
+    # bind() builds the TMA descriptors (and the split-K workspace) once; they must point at
+    # x and w, not copy them, and the split counters must be reset by each launch
     wl = conv(N=1, H=5, W=6, C=16, K=21)
-    kernel = TmaConvKernel("test", wl, TINY)
+    kernel = TmaConvKernel("test", wl, TINY.replace(SPLIT_K=split))
     x, w, params = random_inputs(wl, 6, device=DEVICE)
     out = poisoned(wl)
     launch = kernel.bind(x, w, params, out)
@@ -101,6 +113,19 @@ def test_registered_template_and_space():
         assert len(space) > 100
     # a layer too small for any tile without overhang still has a space
     assert CONV2D_INT8_TMA.default_config(conv()) in CONV2D_INT8_TMA.space(conv())
+
+
+def test_split_k_only_where_the_grid_under_fills():
+    b16 = dict(load_workloads("resnet50_3x3_b16"))
+    deep = CONV2D_INT8_TMA.space(b16["resnet50_s5_3x3"])
+    assert {c["SPLIT_K"] for c in deep} == {1, 2, 4}
+    assert CONV2D_INT8_TMA.default_config(b16["resnet50_s5_3x3"])["SPLIT_K"] == 1
+    b256 = dict(load_workloads("resnet50_3x3_b256"))["resnet50_s5_3x3_b256"]
+    assert CONV2D_INT8_TMA.space(b256).knob("SPLIT_K").values == (1,)
+    # a config recorded before the knob existed builds as SPLIT_K = 1
+    old = Config({k: v for k, v in CONV2D_INT8_TMA.default_config(b256).items()
+                  if k != "SPLIT_K"})
+    assert CONV2D_INT8_TMA.build(b256, old).config["SPLIT_K"] == 1
 
 
 @pytest.mark.parametrize("change, match", [

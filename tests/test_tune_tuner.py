@@ -77,6 +77,22 @@ def test_template_choice_is_part_of_the_search(tmp_path):
     assert set(res.default_us) == {"fake.slow", "fake.quick"}
 
 
+def test_round_shares_favour_a_clear_leader():
+    from lowbit.tune.search import make_strategy
+    from lowbit.tune.tuner import _Arm, _share
+
+    def arm(best):
+        t = FakeConvTemplate(modes=("ok",), tiles=(1, 2, 3))
+        return _Arm(t, make_strategy("random", t.space(TINY), TINY, t), t.default_config(TINY),
+                    best)
+
+    assert _share([arm(None), arm(None)], 32) == [16, 16]          # no times yet: even
+    assert _share([arm(10.0), arm(11.0)], 32) == [16, 16]          # a close lead: half
+    assert _share([arm(13.0), arm(10.0)], 32) == [8, 24]           # 1.3x ahead: three quarters
+    assert _share([arm(10.0), arm(None), arm(20.0)], 32) == [16, 8, 8]  # one untimed: half
+    assert _share([arm(10.0), arm(12.0), arm(30.0)], 33) == [25, 4, 4]
+
+
 def test_unsupported_and_bad_arguments(fake, tmp_path):
     from lowbit.core import GemmWorkload
 

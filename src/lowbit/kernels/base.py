@@ -9,8 +9,8 @@ names (`lowbit.core.validate`) and returns the output in the epilogue's layout; 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -39,6 +39,9 @@ class KernelTemplate(ABC):
     name: str = "abstract"
     #: "triton" or "cuda"
     backend: str = "abstract"
+    #: knobs added after configs of this template were first recorded, with the value that a
+    #: config lacking the knob meant (records and results files stay buildable)
+    added_knobs: ClassVar[Mapping[str, object]] = {}
 
     @abstractmethod
     def unsupported_reason(self, workload: Workload) -> str | None:
@@ -54,10 +57,13 @@ class KernelTemplate(ABC):
 
     def checked_config(self, workload: Workload, config: Config) -> Config:
         """`config` as a Config after checking the workload is supported and the config is a
-        point of this template's space for it (ValueError naming the reason otherwise)."""
+        point of this template's space for it (ValueError naming the reason otherwise); knobs
+        of `added_knobs` it lacks take their old meaning."""
         self.check_supported(workload)
-        config = Config(config)
-        reason = self.space(workload).why_invalid(config)
+        space = self.space(workload)
+        config = Config({**{k: v for k, v in self.added_knobs.items() if k in space.names},
+                         **config})
+        reason = space.why_invalid(config)
         if reason:
             raise ValueError(f"config {config} is not in {self.name}'s space for "
                              f"{workload.key}: {reason}")

@@ -10,7 +10,7 @@ train one model (transfer). Feature vectors of one template always have the same
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -18,13 +18,15 @@ from ..core import Config, ConfigSpace, Workload
 from ..perfmodel import analyze
 
 
-def knob_features(space: ConfigSpace, config: Config) -> list[float]:
+def knob_features(space: ConfigSpace, config: Config,
+                  added: Mapping[str, object] | None = None) -> list[float]:
     """One number per knob: the value if numeric, else its index in the knob's values.
+    A knob `config` lacks takes its value from `added` (the template's `added_knobs`).
 
-    Raises KeyError when `config` lacks a knob of `space` (a record of another space)."""
+    Raises KeyError when `config` lacks another knob of `space` (a record of another space)."""
     out: list[float] = []
     for k in space.knobs:
-        v = config[k.name]
+        v = config[k.name] if k.name in config or not added else added[k.name]
         if isinstance(v, bool):
             out.append(float(v))
         elif isinstance(v, int | float):
@@ -71,7 +73,8 @@ class Featurizer:
         key = (workload.key, config)
         got = self._cache.get(key)
         if got is None:
-            got = np.asarray(knob_features(self.space, config)
+            added = getattr(self.template, "added_knobs", None)
+            got = np.asarray(knob_features(self.space, config, added)
                              + derived_features(workload, config, self.template), np.float32)
             self._cache[key] = got
         return got

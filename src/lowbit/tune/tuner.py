@@ -2,7 +2,8 @@
 
 Which template serves the layer (int8, bit-serial, fp16, ...) is part of the search: every
 supporting template gets a strategy over its own space, each round's batch is shared among
-them (half to the template holding the best time so far once there is one), and the answer is
+them (half to the template holding the best time so far once there is one, three quarters
+once every other template's best is LEAD_MARGIN times slower), and the answer is
 the fastest verified (template, config). Each template's untuned default config is measured
 first (the baseline the tuned one is compared with). Every result is committed to the records
 database as it arrives; configs already recorded for this workload and GPU are not measured
@@ -29,6 +30,10 @@ from .search import Strategy, Trial, make_strategy
 
 #: most records of other workloads used to seed a template's cost model
 TRANSFER_LIMIT = 4000
+#: the leading template gets half of each round, or LEAD_SHARE once every other template's
+#: best time is at least LEAD_MARGIN x its own (a clear lead: exploring the others costs more)
+LEAD_MARGIN = 1.2
+LEAD_SHARE = 0.75
 
 
 @dataclass
@@ -100,7 +105,10 @@ def _share(arms: list[_Arm], n: int) -> list[int]:
     timed = [i for i in live if arms[i].best_us is not None]
     lead = min(timed, key=lambda i: arms[i].best_us) if timed else None
     if lead is not None and len(live) > 1:
-        shares[lead] = math.ceil(n / 2)
+        best = arms[lead].best_us
+        others = [arms[i].best_us for i in live if i != lead]
+        clear = all(t is not None and t >= LEAD_MARGIN * best for t in others)
+        shares[lead] = math.ceil(n * (LEAD_SHARE if clear else 0.5))
         n -= shares[lead]
         live = [i for i in live if i != lead]
     for j, i in enumerate(live):

@@ -5,8 +5,11 @@ filters, reduction over (r, s, c). The reduction loop is flattened over (r, s, C
 Triton software-pipelines all of it (num_stages), whatever C is; the im2col operand is never
 materialized: each iteration gathers BLOCK_M input pixels shifted by (r, s) from NHWC memory,
 zero-masking padding and channels past C. A GEMM is the case H = W = R = S = 1 (IS_GEMM skips
-the spatial index arithmetic). Tiles are visited in GROUP_M-row groups (L2 reuse of weights);
-split-K writes int32 partials that a second small kernel sums before the epilogue.
+the spatial index arithmetic). Tiles are visited in GROUP_M-row groups (L2 reuse of weights).
+Split-K writes int32 partials [SPLIT_K, M, NOUT]; they are summed in a fixed order (so float
+partials too give one result) before the epilogue, either by a second small kernel or, with
+SUM_IN_KERNEL, by the last program of a tile to finish (one launch; a per-tile arrival counter
+in global memory, reset by that program for the next launch).
 """
 
 from __future__ import annotations
@@ -41,8 +44,49 @@ def tap_and_chunk(it, taps, chunks, LOOP_CRS: tl.constexpr):
 
 
 @triton.jit
+def store_partial(acc, offs_m, offs_n, pid_k, M, NOUT, part_ptr):
+    """Store split `pid_k`'s partial tile into [SPLIT_K, M, NOUT] (rows >= M dropped)."""
+    ptrs = part_ptr + pid_k * M * NOUT + offs_m[:, None] * NOUT + offs_n[None, :]
+    tl.store(ptrs, acc, mask=(offs_m < M)[:, None] & (offs_n < NOUT)[None, :])
+
+
+@triton.jit
+def arrived_last(counter_ptr, SPLIT_K: tl.constexpr):
+    """Count this program's arrival at its tile's counter (after its partial is stored);
+    True in the program that arrives last, which also resets the counter to zero.
+
+    The semaphore pattern of CUTLASS's serial split-K: every thread's stores, a CTA barrier,
+    then one release increment at GPU scope; the last program's acquire makes the other
+    programs' partials visible to it."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    last = arrived == SPLIT_K - 1
+    tl.store(counter_ptr, 0, mask=last)
+    return last
+
+
+@triton.jit
+def sum_partials(part_ptr, offs_m, offs_n, M, NOUT, SPLIT_K: tl.constexpr, FLOAT: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Sum of the SPLIT_K partial tiles at (offs_m, offs_n) of [SPLIT_K, M, NOUT], in split
+    order (FLOAT: fp32 partials, OUT_KIND_FLOAT; else int32); read through L2 (.cg): other
+    SMs wrote them."""
+    mask = (offs_m < M)[:, None] & (offs_n < NOUT)[None, :]
+    ptrs = part_ptr + offs_m[:, None] * NOUT + offs_n[None, :]
+    if FLOAT:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    # a loop, not unrolled: one partial tile live in registers at a time (offline ptxas,
+    # sm_90: unrolled, 128 x 128 tiles on 4 warps spilled 0.3-1.4 KB for SPLIT_K 2-4)
+    for i in range(SPLIT_K):
+        acc += tl.load(ptrs + i * M * NOUT, mask=mask, other=0, cache_modifier=".cg")
+    return acc
+
+
+@triton.jit
 def igemm_kernel(
-    x_ptr, w_ptr, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr,
+    x_ptr, w_ptr, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr, part_ptr, count_ptr,
     M, NOUT, H, W, C, P, Q, conv_stride, pad,
     x_row, w_row, out_row, out_plane, iters_per_split,
     R: tl.constexpr, S: tl.constexpr, IS_GEMM: tl.constexpr,
@@ -51,7 +95,8 @@ def igemm_kernel(
     DOT_FP16: tl.constexpr,
     HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
     OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
-    WIDE: tl.constexpr, SPLIT_K: tl.constexpr, LOOP_CRS: tl.constexpr, EVEN_C: tl.constexpr,
+    WIDE: tl.constexpr, SPLIT_K: tl.constexpr, SUM_IN_KERNEL: tl.constexpr,
+    LOOP_CRS: tl.constexpr, EVEN_C: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid_k = tl.program_id(1)
@@ -107,8 +152,15 @@ def igemm_kernel(
         # by the template), so the fp32 accumulator holds it exactly
         acc = acc.to(tl.int32)
     if SPLIT_K > 1:
-        ptrs = out_ptr + pid_k * M * NOUT + offs_m[:, None] * NOUT + offs_n[None, :]
-        tl.store(ptrs, acc, mask=m_mask[:, None] & n_mask[None, :])
+        store_partial(acc, offs_m, offs_n, pid_k, M, NOUT, part_ptr)
+        if SUM_IN_KERNEL:
+            if arrived_last(count_ptr + tl.program_id(0), SPLIT_K):
+                summed = sum_partials(part_ptr, offs_m, offs_n, M, NOUT, SPLIT_K,
+                                      OUT_KIND == 3, BLOCK_M, BLOCK_N)
+                epilogue_store(summed, offs_m, pid_n * BLOCK_N, M, NOUT, out_ptr, out_row,
+                               out_plane, bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS,
+                               RELU, OUT_KIND, OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_M,
+                               BLOCK_N)
     else:
         epilogue_store(acc, offs_m, pid_n * BLOCK_N, M, NOUT, out_ptr, out_row, out_plane,
                        bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS, RELU, OUT_KIND,
@@ -124,20 +176,12 @@ def split_k_epilogue_kernel(
     QMIN: tl.constexpr, QMAX: tl.constexpr, WIDE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Sum the SPLIT_K int32 partial tiles [SPLIT_K, M, NOUT], then run the epilogue."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m < M)[:, None] & (offs_n < NOUT)[None, :]
-    ptrs = part_ptr + offs_m[:, None] * NOUT + offs_n[None, :]
-    if OUT_KIND == 3:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    for i in tl.static_range(SPLIT_K):
-        acc += tl.load(ptrs + i * M * NOUT, mask=mask, other=0)
-    epilogue_store(acc, offs_m, pid_n * BLOCK_N, M, NOUT, out_ptr, out_row, out_plane,
+    """Sum the SPLIT_K partial tiles [SPLIT_K, M, NOUT], then run the epilogue."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = sum_partials(part_ptr, offs_m, offs_n, M, NOUT, SPLIT_K, OUT_KIND == 3,
+                       BLOCK_M, BLOCK_N)
+    epilogue_store(acc, offs_m, tl.program_id(1) * BLOCK_N, M, NOUT, out_ptr, out_row, out_plane,
                    bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS, RELU, OUT_KIND,
                    OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_M, BLOCK_N)
 
@@ -176,44 +220,74 @@ class Problem:
     wide: bool = False  # acc + bias may leave int32: bias and ReLU in int64
 
 
+@dataclass(frozen=True)
+class SplitWorkspace:
+    """Scratch of a split-K launch: `partials` [SPLIT_K, M, NOUT] (int32, fp32 for float
+    outputs) and `arrivals` (one int32 counter per output tile, zero between launches). One
+    workspace serves one launch at a time (a bound launcher owns one)."""
+
+    partials: torch.Tensor
+    arrivals: torch.Tensor
+
+
+def split_workspace(prob: Problem, split: int, tiles: int, device: torch.device | str
+                    ) -> SplitWorkspace | None:
+    """The workspace of a launch with `split` reduction splits over `tiles` output tiles
+    (None without split-K)."""
+    if split == 1:
+        return None
+    dtype = torch.float32 if prob.out[0] == OUT_KIND_FLOAT else torch.int32
+    return SplitWorkspace(torch.empty((split, prob.M, prob.NOUT), dtype=dtype, device=device),
+                          torch.zeros(tiles, dtype=torch.int32, device=device))
+
+
+def output_tiles(prob: Problem, cfg: Mapping) -> int:
+    """Output tiles (programs per reduction split) of the igemm kernel under `cfg`."""
+    return triton.cdiv(prob.M, cfg["BLOCK_M"]) * triton.cdiv(prob.NOUT, cfg["BLOCK_N"])
+
+
 def launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
            bias: torch.Tensor | None, scale: torch.Tensor | None,
            mult: torch.Tensor | None, shift: torch.Tensor | None,
-           compile_only: bool = False):
+           workspace: SplitWorkspace | None = None, compile_only: bool = False):
     """Run the kernel for one validated call; writes and returns `out`. No checks here.
 
+    workspace: `split_workspace(prob, SPLIT_K, output_tiles(prob, cfg), device)`, made here
+    when None (a bound launcher
+    passes its own, so a timed or graph-captured launch allocates nothing).
     compile_only: compile (fill Triton's cache) without launching (`JITFunction.warmup`) and
     return the main kernel's CompiledKernel (n_regs, n_spills, asm) instead of `out`.
     """
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     split = int(cfg.get("SPLIT_K", 1))
+    in_kernel = split > 1 and cfg.get("SPLIT_SUM", "second_kernel") == "last_program"
     total = prob.R * prob.S * triton.cdiv(prob.C, bk)
     per_split = triton.cdiv(total, split)
-    tiles = triton.cdiv(prob.M, bm) * triton.cdiv(prob.NOUT, bn)
+    tiles = output_tiles(prob, cfg)
     vecs = [t if t is not None else out for t in (bias, scale, mult, shift)]
     kind, layout, obits, qmin, qmax = prob.out
     epi = dict(HAS_BIAS=prob.bias, RELU=prob.relu, OUT_KIND=kind, OUT_LAYOUT=layout,
                OUT_BITS=obits, QMIN=qmin, QMAX=qmax, WIDE=prob.wide)
-    target = out
-    if split > 1:
-        acc_dtype = torch.float32 if kind == OUT_KIND_FLOAT else torch.int32
-        target = torch.empty((split, prob.M, prob.NOUT), dtype=acc_dtype, device=x.device)
-    args = (x, w, target, *vecs,
+    if workspace is None:
+        workspace = split_workspace(prob, split, tiles, x.device)
+    scratch = (out, out) if workspace is None else (workspace.partials, workspace.arrivals)
+    args = (x, w, out, *vecs, *scratch,
             prob.M, prob.NOUT, prob.H, prob.W, prob.C, prob.P, prob.Q, prob.stride, prob.pad,
             prob.x_row, prob.w_row, prob.out_row, prob.out_plane, per_split)
     kwargs = dict(
         R=prob.R, S=prob.S, IS_GEMM=prob.is_gemm,
         A_SRC=prob.a_operand[0], A_BITS=prob.a_operand[1], A_ENC=prob.a_operand[2],
         W_SRC=prob.w_operand[0], W_BITS=prob.w_operand[1], W_ENC=prob.w_operand[2],
-        DOT_FP16=prob.dot_fp16, SPLIT_K=split, LOOP_CRS=cfg.get("LOOP_ORDER", "rsc") == "crs",
-        EVEN_C=prob.C % bk == 0,
+        DOT_FP16=prob.dot_fp16, SPLIT_K=split, SUM_IN_KERNEL=in_kernel,
+        LOOP_CRS=cfg.get("LOOP_ORDER", "rsc") == "crs", EVEN_C=prob.C % bk == 0,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.get("GROUP_M", 8),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **epi)
     compiled = _run(igemm_kernel, (tiles, split), args, kwargs, compile_only)
-    if split > 1:
+    if split > 1 and not in_kernel:
         rbm, rbn = 64, max(32, min(bn, 128))
         grid = (triton.cdiv(prob.M, rbm), triton.cdiv(prob.NOUT, rbn))
-        args = (target, out, *vecs, prob.M, prob.NOUT, prob.out_row, prob.out_plane)
+        args = (workspace.partials, out, *vecs, prob.M, prob.NOUT, prob.out_row,
+                prob.out_plane)
         kwargs = dict(SPLIT_K=split, BLOCK_M=rbm, BLOCK_N=rbn, num_warps=4, **epi)
         _run(split_k_epilogue_kernel, grid, args, kwargs, compile_only)
     return compiled if compile_only else out

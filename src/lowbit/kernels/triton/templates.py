@@ -7,7 +7,9 @@ run-time arguments, so one compiled kernel serves every layer of the same filter
   GROUP_M                    row tiles per group of the swizzled tile order (L2 reuse)
   LOOP_ORDER                 conv only: "rsc" (filter tap outer, channel chunk inner) or "crs"
   SPLIT_K                    reduction split over programs, only where the tile grid under-fills
-                             the GPU (the partial sums are int32 / fp32, summed by a second kernel)
+                             the GPU (the partial sums are int32 / fp32)
+  SPLIT_SUM                  with SPLIT_K > 1: "second_kernel" sums the partials in a second
+                             launch, "last_program" in the last program of each tile to finish
 
 Exactness: the int8 path accumulates in int32 and the fp16 path in fp32; a template refuses a
 workload whose worst-case |accumulator| could leave that exact range (2^31 resp. 2^24), so
@@ -19,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import ClassVar
 
 import torch
 
@@ -54,7 +57,7 @@ from .epilogue import (
     SRC_INT8,
     SRC_PACKED,
 )
-from .igemm import Problem, launch
+from .igemm import Problem, launch, output_tiles, split_workspace
 
 #: shared memory a program may stage (H100: 227 KiB per block; headroom for the epilogue)
 SMEM_LIMIT = 220 * 1024
@@ -169,7 +172,8 @@ class IgemmKernel:
             if acc_bound(self.workload) + top >= EXACT_INT32:
                 prob = dataclasses.replace(prob, wide=True)
         vecs = (params.bias, params.scale, params.multiplier, params.shift)
-        return lambda: launch(prob, cfg, x, w, out, *vecs)
+        workspace = split_workspace(prob, cfg["SPLIT_K"], output_tiles(prob, cfg), x.device)
+        return lambda: launch(prob, cfg, x, w, out, *vecs, workspace)
 
     def compile(self):
         """Compile ahead of time (fills Triton's on-disk cache) without launching; returns
@@ -190,6 +194,7 @@ class IgemmKernel:
 
 class _IgemmTemplate(KernelTemplate):
     backend = "triton"
+    added_knobs: ClassVar[Mapping[str, object]] = {"SPLIT_SUM": "second_kernel"}
     dot_fp16 = False
     workload_type: type = Workload
 
@@ -241,7 +246,10 @@ class _IgemmTemplate(KernelTemplate):
                  Knob("num_stages", (2, 3, 4)), Knob("GROUP_M", (1, 8))]
         if isinstance(wl, ConvWorkload):
             knobs.append(Knob("LOOP_ORDER", ("rsc", "crs") if wl.R * wl.S > 1 else ("rsc",)))
-        knobs.append(Knob("SPLIT_K", self._split_values(wl)))
+        splits = self._split_values(wl)
+        knobs.append(Knob("SPLIT_K", splits))
+        if len(splits) > 1:
+            knobs.append(Knob("SPLIT_SUM", ("second_kernel", "last_program")))
         return knobs
 
     def constraints(self, wl: Workload) -> list:
@@ -278,6 +286,8 @@ class _IgemmTemplate(KernelTemplate):
 
         def split(c: Config) -> str | None:
             if c["SPLIT_K"] == 1:
+                if c.get("SPLIT_SUM", "second_kernel") != "second_kernel":
+                    return "SPLIT_SUM applies to SPLIT_K > 1 only (use 'second_kernel')"
                 return None
             if c["BLOCK_M"] * c["BLOCK_N"] > 128 * 128:
                 return "SPLIT_K > 1 only with tiles of at most 128 x 128"
@@ -306,7 +316,7 @@ class _IgemmTemplate(KernelTemplate):
         chans = wl.C if isinstance(wl, ConvWorkload) else wl.K
         want = {"BLOCK_M": 128 if m > 64 else 64, "BLOCK_N": min(128, max(32, _pow2_ceil(n))),
                 "BLOCK_K": 64 if chans > 32 else 32, "num_warps": 4, "num_stages": 3,
-                "GROUP_M": 8, "LOOP_ORDER": "rsc", "SPLIT_K": 1}
+                "GROUP_M": 8, "LOOP_ORDER": "rsc", "SPLIT_K": 1, "SPLIT_SUM": "second_kernel"}
         cfg = Config({k: want[k] for k in space.names})
         if space.is_valid(cfg):
             return cfg

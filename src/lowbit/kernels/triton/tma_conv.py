@@ -11,7 +11,9 @@ channel C of a tap it reads the next tap's weights, which meet the zero-filled c
 
 Knobs (compile-time): BLOCK_I, BLOCK_P, BLOCK_Q (powers of two; BLOCK_M = BI*BP*BQ rows),
 BLOCK_N, BLOCK_K, num_warps, num_stages, GROUP_M (row tiles per group of the swizzled tile
-order), LOOP_ORDER ("rsc": tap outer, channel chunk inner; "crs" the other way).
+order), LOOP_ORDER ("rsc": tap outer, channel chunk inner; "crs" the other way), SPLIT_K
+(reduction splits where the tile grid under-fills the GPU, e.g. deep layers at small batch;
+the last program of a tile to finish sums the int32 partials and runs the epilogue).
 Descriptors are host-side `TensorDescriptor`s (no device allocator needed); under
 TRITON_INTERPRET=1 Triton's interpreter emulates them with the same zero fill.
 """
@@ -20,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import ClassVar
 
 import torch
 import triton
@@ -32,10 +35,19 @@ from ...core.precision import Encoding
 from ...core.validate import check_inputs, output_buffer
 from ..base import KernelTemplate
 from .epilogue import epilogue_store
-from .igemm import grouped_tile, tap_and_chunk
+from .igemm import (
+    SplitWorkspace,
+    arrived_last,
+    grouped_tile,
+    split_workspace,
+    store_partial,
+    sum_partials,
+    tap_and_chunk,
+)
 from .templates import (
     ACC_REGS_LIMIT,
     EXACT_INT32,
+    NUM_SMS,
     SMEM_LIMIT,
     Problem,
     _check_device,
@@ -53,12 +65,12 @@ MAX_ROW_WASTE = 1.35
 
 @triton.jit
 def tma_conv_kernel(
-    x_desc, w_desc, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr,
-    N, P, Q, C, NOUT, M, pad, out_row, out_plane,
+    x_desc, w_desc, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr, part_ptr, count_ptr,
+    N, P, Q, C, NOUT, M, pad, out_row, out_plane, iters_per_split,
     R: tl.constexpr, S: tl.constexpr,
     HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
     OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
-    WIDE: tl.constexpr, LOOP_CRS: tl.constexpr,
+    WIDE: tl.constexpr, LOOP_CRS: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_I: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
@@ -79,7 +91,8 @@ def tma_conv_kernel(
     # for integer dots; per-iteration MMA work and 2+ programs per SM hide that wait)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
     chunks = tl.cdiv(C, BLOCK_K)
-    for it in range(R * S * chunks):
+    it_lo = tl.program_id(1) * iters_per_split
+    for it in range(it_lo, tl.minimum(it_lo + iters_per_split, R * S * chunks)):
         rs, cc = tap_and_chunk(it, R * S, chunks, LOOP_CRS)
         c0 = cc * BLOCK_K
         # the input box of tap (r, s); rows/columns outside x (padding) arrive as zeros
@@ -96,9 +109,19 @@ def tma_conv_kernel(
     q = q0 + i % BLOCK_Q
     valid = (n < N) & (p < P) & (q < Q)
     offs_m = tl.where(valid, (n * P + p) * Q + q, M)
-    epilogue_store(acc, offs_m, k0, M, NOUT, out_ptr, out_row, out_plane,
-                   bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS, RELU, OUT_KIND,
-                   OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_M, BLOCK_N)
+    if SPLIT_K > 1:
+        offs_n = k0 + tl.arange(0, BLOCK_N)
+        store_partial(acc, offs_m, offs_n, tl.program_id(1), M, NOUT, part_ptr)
+        if arrived_last(count_ptr + tl.program_id(0), SPLIT_K):
+            summed = sum_partials(part_ptr, offs_m, offs_n, M, NOUT, SPLIT_K, False, BLOCK_M,
+                                  BLOCK_N)
+            epilogue_store(summed, offs_m, k0, M, NOUT, out_ptr, out_row, out_plane,
+                           bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS, RELU, OUT_KIND,
+                           OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_M, BLOCK_N)
+    else:
+        epilogue_store(acc, offs_m, k0, M, NOUT, out_ptr, out_row, out_plane,
+                       bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS, RELU, OUT_KIND,
+                       OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_M, BLOCK_N)
 
 
 def _descriptors(wl: ConvWorkload, cfg: Config, x: torch.Tensor, w: torch.Tensor
@@ -123,30 +146,42 @@ def padded_rows(wl: ConvWorkload, cfg: Config) -> int:
     return row_tiles(wl, bi, bp, bq) * bi * bp * bq
 
 
-def _grid(wl: ConvWorkload, cfg: Config) -> tuple[int]:
-    tiles = row_tiles(wl, cfg["BLOCK_I"], cfg["BLOCK_P"], cfg["BLOCK_Q"])
-    return (tiles * math.ceil(wl.K / cfg["BLOCK_N"]),)
+def output_tiles(wl: ConvWorkload, cfg: Config) -> int:
+    """Output tiles (programs per reduction split): row tiles x filter tiles."""
+    return (row_tiles(wl, cfg["BLOCK_I"], cfg["BLOCK_P"], cfg["BLOCK_Q"])
+            * math.ceil(wl.K / cfg["BLOCK_N"]))
+
+
+def reduction_steps(wl: ConvWorkload, block_k: int) -> int:
+    """Iterations of the reduction loop: taps x channel chunks."""
+    return wl.R * wl.S * math.ceil(wl.C / block_k)
 
 
 def launch(wl: ConvWorkload, prob: Problem, cfg: Config,
            descs: tuple[TensorDescriptor, TensorDescriptor], out: torch.Tensor,
-           bias, scale, mult, shift, compile_only: bool = False):
+           bias, scale, mult, shift, workspace: SplitWorkspace | None = None,
+           compile_only: bool = False):
     """Run the kernel for one validated call (`descs` = `_descriptors` of the int8 x, w);
-    writes and returns `out`. compile_only: compile without launching and return Triton's
-    CompiledKernel."""
+    writes and returns `out`. workspace: as for `igemm.launch` (made here when None).
+    compile_only: compile without launching and return Triton's CompiledKernel."""
     xd, wdsc = descs
+    split = cfg["SPLIT_K"]
+    tiles = output_tiles(wl, cfg)
+    if workspace is None:
+        workspace = split_workspace(prob, split, tiles, out.device)
+    scratch = (out, out) if workspace is None else (workspace.partials, workspace.arrivals)
     vecs = [t if t is not None else out for t in (bias, scale, mult, shift)]
     kind, layout, obits, qmin, qmax = prob.out
-    args = (xd, wdsc, out, *vecs, wl.N, wl.P, wl.Q, wl.C, wl.K, prob.M, wl.pad,
-            prob.out_row, prob.out_plane)
+    args = (xd, wdsc, out, *vecs, *scratch, wl.N, wl.P, wl.Q, wl.C, wl.K, prob.M, wl.pad,
+            prob.out_row, prob.out_plane, -(-reduction_steps(wl, cfg["BLOCK_K"]) // split))
     kwargs = dict(
         R=wl.R, S=wl.S, HAS_BIAS=prob.bias, RELU=prob.relu, OUT_KIND=kind, OUT_LAYOUT=layout,
         OUT_BITS=obits, QMIN=qmin, QMAX=qmax, WIDE=prob.wide,
-        LOOP_CRS=cfg["LOOP_ORDER"] == "crs",
+        LOOP_CRS=cfg["LOOP_ORDER"] == "crs", SPLIT_K=split,
         BLOCK_I=cfg["BLOCK_I"], BLOCK_P=cfg["BLOCK_P"], BLOCK_Q=cfg["BLOCK_Q"],
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    grid = _grid(wl, cfg)
+    grid = (tiles, split)
     if compile_only:
         return tma_conv_kernel.warmup(*args, grid=grid, **kwargs)
     tma_conv_kernel[grid](*args, **kwargs)
@@ -192,7 +227,8 @@ class TmaConvKernel:
         # descriptors built once per bind: host-side work kept out of the timed launcher
         descs = _descriptors(wl, cfg, _as_int8(x), _as_int8(w))
         vecs = (params.bias, params.scale, params.multiplier, params.shift)
-        return lambda: launch(wl, prob, cfg, descs, out, *vecs)
+        workspace = split_workspace(prob, cfg["SPLIT_K"], output_tiles(wl, cfg), x.device)
+        return lambda: launch(wl, prob, cfg, descs, out, *vecs, workspace)
 
     def compile(self):
         """Compile ahead of time without launching; Triton's CompiledKernel (n_regs,
@@ -231,6 +267,7 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
 
     name = "triton.conv2d_int8_tma"
     backend = "triton"
+    added_knobs: ClassVar[Mapping[str, object]] = {"SPLIT_K": 1}
 
     def unsupported_reason(self, wl: Workload) -> str | None:
         if not isinstance(wl, ConvWorkload):
@@ -258,7 +295,14 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
                 Knob("BLOCK_N", (64, 128, 256)), Knob("BLOCK_K", (32, 64, 128)),
                 Knob("num_warps", (4, 8)), Knob("num_stages", (2, 3, 4)),
                 Knob("GROUP_M", (1, 8)),
-                Knob("LOOP_ORDER", ("rsc", "crs") if wl.R * wl.S > 1 else ("rsc",))]
+                Knob("LOOP_ORDER", ("rsc", "crs") if wl.R * wl.S > 1 else ("rsc",)),
+                Knob("SPLIT_K", self._split_values(wl))]
+
+    def _split_values(self, wl: ConvWorkload) -> tuple[int, ...]:
+        # deep layers at small batch: 128-pixel x 128-filter tiles leave SMs idle while each
+        # tile has a long reduction (ResNet-50 s5 at batch 16: 28 tiles of 36 steps)
+        tiles = math.ceil(wl.N * wl.P * wl.Q / 128) * math.ceil(wl.K / 128)
+        return (1, 2, 4) if tiles < NUM_SMS and reduction_steps(wl, 128) >= 8 else (1,)
 
     def constraints(self, wl: ConvWorkload) -> list:
         def rows(c: Config) -> int:
@@ -300,6 +344,10 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
             if per_thread == ACC_REGS_LIMIT and c["BLOCK_N"] == 64:
                 # offline ptxas (Triton 3.6, sm_90): 64 x 256 tiles on 4 warps spill ~210 B
                 return "BLOCK_N=64 x 256 output pixels on 4 warps spills registers"
+            if per_thread == ACC_REGS_LIMIT and c["SPLIT_K"] > 1:
+                # offline ptxas (Triton 3.6, sm_90): the partial sum beside a 128 x 128 tile on
+                # 4 warps spills 240-310 B with a requantizing epilogue
+                return "SPLIT_K > 1 with 128 accumulator registers per thread spills registers"
             return None
 
         def group(c: Config) -> str | None:
@@ -308,7 +356,16 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
                 return "GROUP_M > 1 needs at least 2 groups of row tiles"
             return None
 
-        return [tile, fits, smem, registers, group]
+        def split(c: Config) -> str | None:
+            if c["SPLIT_K"] == 1:
+                return None
+            if output_tiles(wl, c) * c["SPLIT_K"] > 2 * NUM_SMS:
+                return "SPLIT_K > 1 only while the tile grid under-fills the GPU"
+            if reduction_steps(wl, c["BLOCK_K"]) < 4 * c["SPLIT_K"]:
+                return "SPLIT_K leaves fewer than 4 reduction steps per split"
+            return None
+
+        return [tile, fits, smem, registers, group, split]
 
     def space(self, wl: Workload) -> ConfigSpace:
         self.check_supported(wl)
@@ -320,7 +377,7 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
         space = self.space(wl)
         want = {"BLOCK_N": min(128, max(64, _pow2_at_least(wl.K))),
                 "BLOCK_K": 64 if wl.C > 32 else 32, "num_warps": 4, "num_stages": 3,
-                "GROUP_M": 8, "LOOP_ORDER": "rsc"}
+                "GROUP_M": 8, "LOOP_ORDER": "rsc", "SPLIT_K": 1}
         pts = [c for c in space if all(c[k] == v for k, v in want.items() if k != "GROUP_M")]
         if not pts:
             return space.all_configs()[0]
@@ -336,8 +393,8 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
         """Launch shape for `lowbit.perfmodel.launch_shape` (8-bit tiles in shared memory)."""
         rows = config["BLOCK_I"] * config["BLOCK_P"] * config["BLOCK_Q"]
         return dict(block_m=rows, block_n=config["BLOCK_N"], block_k=config["BLOCK_K"],
-                    warps=config["num_warps"], stages=config["num_stages"], split_k=1,
-                    operand_bits=8)
+                    warps=config["num_warps"], stages=config["num_stages"],
+                    split_k=config.get("SPLIT_K", 1), operand_bits=8)
 
     def build(self, wl: Workload, config: Config) -> TmaConvKernel:
         config = self.checked_config(wl, config)

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One device call: the GPU tests, then the benchmark steps named on the command line; every
+# log, JUnit file and results JSON lands under $OUT (benchmarks/common.py writes results into
+# $LOWBIT_RESULTS_DIR). Steps run in the order given, each under its own time limit, and a
+# failing step does not stop the next one.
+#
+#   bash benchmarks/device_session.sh tests gemm conv_b16        # one call of <= 10 min
+#
+# Steps (seconds are the limits, sized for an H100 and a warm Triton cache):
+#   tests        pytest -m gpu over the Triton kernels and the tuner              (240)
+#   tests_cuda   pytest -m gpu over the CUDA bit-serial and mma.sync kernels       (300)
+#   gemm         benchmarks/gemm.py, whole space of the FC shapes                  (300)
+#   conv_b16     benchmarks/conv.py on ResNet-50 3x3 at batch 16                   (300)
+#   conv_b256    benchmarks/conv.py on ResNet-50 3x3 at batch 256                  (420)
+#                (both add the tuned bests of any timed-*.json already in $OUT: run
+#                 tune_b16 before conv_b16 to re-time the tuner's picks in the same call)
+#   tune_b16     benchmarks/tuning.py timed, both int8 templates, batch-16 layers  (420)
+#   bitserial    benchmarks/bitserial.py at w1a4, w2a4, w3a3                       (420)
+# Wheels the image lacks (xgboost-cpu, optuna and its needs) travel in .whl/ (device README).
+set -u -o pipefail
+: "${OUT:?OUT must name the results folder}"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD/src
+else
+    export PYTHONPATH=$PWD/src
+fi
+export PYTHONUNBUFFERED=1 LOWBIT_RESULTS_DIR=$OUT
+export LOWBIT_GIT_SHA=${LOWBIT_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+
+step() {  # step NAME LIMIT_S COMMAND...
+    local name=$1 limit=$2
+    shift 2
+    echo "=== $name (limit ${limit}s) $(date -u +%T)"
+    timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+    echo "=== $name rc=$? $(date -u +%T)"
+}
+
+timed_files() { compgen -G "$OUT/timed-*.json" || true; }
+
+TRITON_TESTS="tests/test_triton_igemm.py tests/test_triton_tma_conv.py tests/test_tune_gpu.py"
+CUDA_TESTS="tests/test_cuda_bitserial.py tests/test_cuda_mma_conv.py tests/test_cuda_nvrtc.py"
+B16=resnet50_s2_3x3,resnet50_s3_3x3,resnet50_s4_3x3,resnet50_s5_3x3
+for s in "$@"; do
+    case $s in
+    tests) step tests 240 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
+        --junitxml="$OUT/tests.xml" $TRITON_TESTS ;;
+    tests_cuda) step tests_cuda 300 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
+        --junitxml="$OUT/tests_cuda.xml" $CUDA_TESTS ;;
+    gemm) step gemm 300 python3 benchmarks/gemm.py --whole-space-below 1000 ;;
+    conv_b16) step conv_b16 300 python3 benchmarks/conv.py --suites resnet50_3x3_b16 \
+        --max-configs 24 --budget-s 240 --timed $(timed_files) ;;
+    conv_b256) step conv_b256 420 python3 benchmarks/conv.py --suites resnet50_3x3_b256 \
+        --max-configs 24 --budget-s 360 --timed $(timed_files) ;;
+    tune_b16) step tune_b16 420 python3 benchmarks/tuning.py timed --layers "$B16" \
+        --trials 300 --budget-s 380 \
+        --templates triton.conv2d_int8,triton.conv2d_int8_tma ;;
+    bitserial) step bitserial 420 python3 benchmarks/bitserial.py \
+        --precisions w1a4,w2a4,w3a3 --budget-s 380 --partial "$OUT/bitserial-partial.json" ;;
+    *) echo "unknown step $s" >&2 ;;
+    esac
+done
