@@ -9,7 +9,13 @@ few configs), `int_mm_im2col` / `int_mm` (cuBLASLt int8), `cudnn_fp16` (conv) / 
 Timing: CUDA-graph replays (`lowbit.tune.timing.time_us`), median. Floors:
 `lowbit.perfmodel.roofline.workload_floor_us(wl, "bitserial")` with the measured bandwidth.
 
-Usage: python benchmarks/bitserial.py [--budget-s 300] [--quick]
+With --tune-trials N each bit-serial row first runs `lowbit.tune` over the `cuda.bitserial`
+space (N verified trials, records in $LOWBIT_RESULTS_DIR/bitserial_tune.sqlite) and its best
+config joins the row's candidates; --int8-timed adds the tuned int8 configs of
+benchmarks/tuning.py's timed-*.json files (either int8 template) to `int8_best`.
+
+Usage: python benchmarks/bitserial.py [--budget-s 300] [--quick] [--layers a,b]
+           [--tune-trials 200 --tune-budget-s 90] [--int8-timed timed-*.json]
 """
 
 from __future__ import annotations
@@ -177,12 +183,14 @@ def timed(fn) -> float:
         return time_us(fn)
 
 
-def bitserial_row(wl: Workload, seed: int, tries: int, persist: bool) -> dict:
-    """Best verified config among the default and up to `tries - 1` alternatives (per MMA
-    kind: `best_us_by_mma` has the best time of each)."""
+def bitserial_row(wl: Workload, seed: int, tries: int, persist: bool,
+                  extra: list[Config] = ()) -> dict:
+    """Best verified config among the default, up to `tries - 1` alternatives and `extra`
+    (e.g. a tuned config) (per MMA kind: `best_us_by_mma` has the best time of each)."""
     x, w, params = gpu_inputs(wl, seed)
     want = run(wl, x, w, params)
     configs = candidates(wl, tries, persist)
+    configs += [c for c in extra if c not in configs]
     best: dict = {}
     for cfg in configs:
         kernel = BITSERIAL.build(wl, cfg)
@@ -207,7 +215,10 @@ def bitserial_row(wl: Workload, seed: int, tries: int, persist: bool) -> dict:
     return best
 
 
-def int8_best_us(base: Workload, tries: int) -> tuple[float | None, dict | None]:
+def int8_best_us(base: Workload, tries: int, tuned: list[tuple[str, Config]] = ()
+                 ) -> tuple[float | None, dict | None]:
+    """Fastest of our int8 template's default, `tries - 1` sampled configs and the `tuned`
+    (template name, config) pairs; every candidate checked bit for bit before it counts."""
     try:
         from lowbit.kernels import get_template
         from lowbit.kernels.triton import CONV2D_INT8, GEMM_INT8  # noqa: F401
@@ -219,26 +230,42 @@ def int8_best_us(base: Workload, tries: int) -> tuple[float | None, dict | None]
     if not tmpl.supports(wl):
         return None, None
     x, w, params = gpu_inputs(wl, 7)
+    want = run(wl, x, w, params)
     configs = [tmpl.default_config(wl)]
     configs += [c for c in tmpl.space(wl).sample(tries + 4, random.Random(0))
                 if c != configs[0]][: tries - 1]
+    jobs = [(tmpl, c) for c in configs] + [(get_template(t), c) for t, c in tuned]
     best, best_cfg = None, None
-    for cfg in configs:
+    for t, cfg in jobs:
         try:
-            launcher = tmpl.build(wl, cfg).bind(x, w, params)
-            launcher()
+            launcher = t.build(wl, cfg).bind(x, w, params)
+            if not torch.equal(launcher(), want):
+                raise ValueError("not bit-exact")
             us = timed(launcher)
         except Exception as e:  # a config that fails to compile/run is no baseline
-            print(f"  int8 config {dict(cfg)} failed: {type(e).__name__}: {e}"[:200])
+            print(f"  int8 {t.name} {dict(cfg)} failed: {type(e).__name__}: {e}"[:200])
             continue
         if best is None or us < best:
-            best, best_cfg = us, dict(cfg)
+            best, best_cfg = us, {"template": t.name, **cfg}
     return best, best_cfg
 
 
-def baselines(name: str, base: Workload, tries: int) -> dict:
+def tuned_bitserial(wl: Workload, trials: int, budget_s: float, measurer) -> dict:
+    """`lowbit.tune` over the cuda.bitserial space: best config, trials, wall seconds."""
+    from lowbit.tune import tune
+
+    db = Path(common.results_dir()) / "bitserial_tune.sqlite"
+    t0 = time.perf_counter()
+    res = tune(wl, [BITSERIAL], trials=trials, strategy="diversity", db=db, measurer=measurer,
+               progress=False, time_budget_s=budget_s)
+    return {"config": dict(res.config) if res.config else None, "tuner_us": res.time_us,
+            "trials": res.trials, "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def baselines(name: str, base: Workload, tries: int, tuned: list[tuple[str, Config]] = ()
+              ) -> dict:
     b: dict = {}
-    int8, int8_cfg = int8_best_us(base, tries)
+    int8, int8_cfg = int8_best_us(base, tries, tuned)
     if int8 is not None:
         b["int8_best"] = int8
         b["int8_best_config"] = int8_cfg
@@ -261,17 +288,35 @@ def main() -> None:
     ap.add_argument("--precisions", default=",".join(PRECISIONS),
                     help="comma-separated subset of " + ",".join(PRECISIONS))
     ap.add_argument("--partial", default=None, help="also rewrite this JSON file after each row")
+    ap.add_argument("--layers", type=lambda v: v.split(","), default=None,
+                    help="comma-separated workload names (default: all)")
+    ap.add_argument("--tune-trials", type=int, default=0,
+                    help="tune each bit-serial row with lowbit.tune first (0: off)")
+    ap.add_argument("--tune-budget-s", type=float, default=90.0, help="per tuned row")
+    ap.add_argument("--int8-timed", type=Path, nargs="*", default=[],
+                    help="timed-*.json of benchmarks/tuning.py: tuned int8 configs")
     args = ap.parse_args()
     t0 = time.time()
+    from conv import timed_bests
+
+    int8_tuned = timed_bests(args.int8_timed)
+    measurer = None
+    if args.tune_trials:
+        from lowbit.tune import LocalMeasurer
+
+        measurer = LocalMeasurer(device="cuda")
     peaks = dataclasses.replace(peaks_for(common.gpu_name()), bandwidth=measure_bandwidth())
     rows: list[dict] = []
     try:
         for name, base in workloads(args.quick):
+            if args.layers and name not in args.layers:
+                continue
             if time.time() - t0 > args.budget_s:
                 print(f"budget spent: skipping {name} and the rest")
                 break
             try:
-                base_us = baselines(name, base, args.int8_tries)
+                tuned = [(t, c) for (n, t), cs in int8_tuned.items() if n == name for c in cs]
+                base_us = baselines(name, base, args.int8_tries, tuned)
             except Exception as e:
                 base_us = {"error": f"{type(e).__name__}: {e}"[:300]}
             base_us = {k: v for k, v in base_us.items() if v is not None}
@@ -283,7 +328,14 @@ def main() -> None:
                        "epilogue": wl.epilogue.key, "workload_key": wl.key,
                        "floor_us": workload_floor_us(wl, "bitserial", peaks)}
                 try:
-                    row.update(bitserial_row(wl, len(rows), args.tries, not args.no_persist))
+                    extra = []
+                    if measurer is not None:
+                        row["tuned"] = tuned_bitserial(wl, args.tune_trials,
+                                                       args.tune_budget_s, measurer)
+                        if row["tuned"]["config"]:
+                            extra = [Config(row["tuned"]["config"])]
+                    row.update(bitserial_row(wl, len(rows), args.tries, not args.no_persist,
+                                             extra))
                 except Exception as e:
                     row["error"] = f"{type(e).__name__}: {e}"[:500]
                     traceback.print_exc()
@@ -302,6 +354,8 @@ def main() -> None:
                       f"floor {row['floor_us']:7.1f} {row.get('config', row.get('error', ''))}",
                       flush=True)
     finally:
+        if measurer is not None:
+            measurer.close()
         path = common.write_results("bitserial", rows,
                                     extra={"targets": TARGETS, "peaks": dataclasses.asdict(peaks)})
         print(f"wrote {path}")

@@ -329,7 +329,7 @@ def _with_tuned(wl: Workload, cfgs: list[Config], args) -> list[Config]:
     return head + [c for c in cfgs[1:] if c not in head]
 
 
-def _timed_bests(files: list[Path]) -> dict[tuple[str, str], list[Config]]:
+def timed_bests(files: list[Path]) -> dict[tuple[str, str], list[Config]]:
     """(layer name, template name) -> the best configs of timed-*.json files (tuning.py)."""
     import json
 
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     plan = [(n, wl, _with_tuned(wl, bench_configs(CONV2D_INT8, wl, args.max_configs), args),
              tma_configs(wl, args.max_configs) if CONV2D_INT8_TMA.supports(wl) else [])
             for n, wl in layers]
-    timed = _timed_bests(args.timed)
+    timed = timed_bests(args.timed)
     plan = [(n, wl, _with_timed(cfgs, timed.get((n, CONV2D_INT8.name), [])),
              _with_timed(tcfgs, timed.get((n, CONV2D_INT8_TMA.name), [])))
             for n, wl, cfgs, tcfgs in plan]

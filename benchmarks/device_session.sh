@@ -16,6 +16,9 @@
 #                 tune_b16 before conv_b16 to re-time the tuner's picks in the same call)
 #   tune_b16     benchmarks/tuning.py timed, both int8 templates, batch-16 layers  (420)
 #   bitserial    benchmarks/bitserial.py at w1a4, w2a4, w3a3                       (420)
+#   bitserial_tuned_a / _b   w1a1 and w1a2 rows tuned first (lowbit.tune, 45 s each) against
+#                the tuned int8 configs of the committed timed-*.json: GEMM 4096^3 + ResNet-50
+#                s2/s3 at batch 256 (a), s4/s5 (b)                                 (590 each)
 # Wheels the image lacks (xgboost-cpu, optuna and its needs) travel in .whl/ (device README).
 set -u -o pipefail
 : "${OUT:?OUT must name the results folder}"
@@ -40,6 +43,13 @@ step() {  # step NAME LIMIT_S COMMAND...
 
 timed_files() { compgen -G "$OUT/timed-*.json" || true; }
 
+INT8_TIMED=$(compgen -G "benchmarks/results/nvidia-h100-80gb-hbm3/timed-2026112[3-9]-*.json")
+bitserial_tuned() {  # bitserial_tuned SUFFIX LAYERS
+    step "bitserial_tuned_$1" 590 python3 benchmarks/bitserial.py --layers "$2" \
+        --precisions w1a1,w1a2 --tune-trials 160 --tune-budget-s 45 --budget-s 540 \
+        --partial "$OUT/bitserial-tuned-$1-partial.json" --int8-timed $INT8_TIMED
+}
+
 TRITON_TESTS="tests/test_triton_igemm.py tests/test_triton_tma_conv.py tests/test_tune_gpu.py"
 CUDA_TESTS="tests/test_cuda_bitserial.py tests/test_cuda_mma_conv.py tests/test_cuda_nvrtc.py"
 B16=resnet50_s2_3x3,resnet50_s3_3x3,resnet50_s4_3x3,resnet50_s5_3x3
@@ -59,6 +69,8 @@ for s in "$@"; do
         --templates triton.conv2d_int8,triton.conv2d_int8_tma ;;
     bitserial) step bitserial 420 python3 benchmarks/bitserial.py \
         --precisions w1a4,w2a4,w3a3 --budget-s 380 --partial "$OUT/bitserial-partial.json" ;;
+    bitserial_tuned_a) bitserial_tuned a gemm_4096,resnet50_s2_3x3_b256,resnet50_s3_3x3_b256 ;;
+    bitserial_tuned_b) bitserial_tuned b resnet50_s4_3x3_b256,resnet50_s5_3x3_b256 ;;
     *) echo "unknown step $s" >&2 ;;
     esac
 done
