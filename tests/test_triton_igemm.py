@@ -277,7 +277,7 @@ def test_ahead_of_time_compile_specializes_like_the_launch(epi: int, monkeypatch
         calls.append(tuple(str(a.dtype) if isinstance(a, torch.Tensor) else type(a).__name__
                            for a in args) + tuple(sorted(kwargs.items())))
 
-    monkeypatch.setattr(igemm, "_run", record)
+    monkeypatch.setattr(igemm, "launch_or_compile", record)
     wl = ConvWorkload(N=1, H=5, W=6, C=8, K=16, R=3, S=3, pad=1, w="s8", a="s8",
                       epilogue=EPILOGUES[epi])
     for cfg in (TINY, SPLIT3):

@@ -282,18 +282,20 @@ def launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor, out: t
         LOOP_CRS=cfg.get("LOOP_ORDER", "rsc") == "crs", EVEN_C=prob.C % bk == 0,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.get("GROUP_M", 8),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **epi)
-    compiled = _run(igemm_kernel, (tiles, split), args, kwargs, compile_only)
+    compiled = launch_or_compile(igemm_kernel, (tiles, split), args, kwargs, compile_only)
     if split > 1 and not in_kernel:
         rbm, rbn = 64, max(32, min(bn, 128))
         grid = (triton.cdiv(prob.M, rbm), triton.cdiv(prob.NOUT, rbn))
         args = (workspace.partials, out, *vecs, prob.M, prob.NOUT, prob.out_row,
                 prob.out_plane)
         kwargs = dict(SPLIT_K=split, BLOCK_M=rbm, BLOCK_N=rbn, num_warps=4, **epi)
-        _run(split_k_epilogue_kernel, grid, args, kwargs, compile_only)
+        launch_or_compile(split_k_epilogue_kernel, grid, args, kwargs, compile_only)
     return compiled if compile_only else out
 
 
-def _run(fn, grid: tuple[int, int], args: tuple, kwargs: dict, compile_only: bool):
+def launch_or_compile(fn, grid: tuple[int, ...], args: tuple, kwargs: dict, compile_only: bool):
+    """The one place the Triton kernels are launched (or compiled without a launch:
+    `JITFunction.warmup`, returns the CompiledKernel); tests capture launches here."""
     if compile_only:
         return fn.warmup(*args, grid=grid, **kwargs)
     return fn[grid](*args, **kwargs)

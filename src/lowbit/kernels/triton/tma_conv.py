@@ -34,6 +34,7 @@ from ...core import Config, ConfigSpace, ConvWorkload, Knob, Layout, Workload
 from ...core.precision import Encoding
 from ...core.validate import check_inputs, output_buffer
 from ..base import KernelTemplate
+from . import igemm
 from .epilogue import epilogue_store
 from .igemm import (
     SplitWorkspace,
@@ -181,11 +182,9 @@ def launch(wl: ConvWorkload, prob: Problem, cfg: Config,
         BLOCK_I=cfg["BLOCK_I"], BLOCK_P=cfg["BLOCK_P"], BLOCK_Q=cfg["BLOCK_Q"],
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    grid = (tiles, split)
-    if compile_only:
-        return tma_conv_kernel.warmup(*args, grid=grid, **kwargs)
-    tma_conv_kernel[grid](*args, **kwargs)
-    return out
+    compiled = igemm.launch_or_compile(tma_conv_kernel, (tiles, split), args, kwargs,
+                                       compile_only)
+    return compiled if compile_only else out
 
 
 def _as_int8(t: torch.Tensor) -> torch.Tensor:

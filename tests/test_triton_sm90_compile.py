@@ -1,0 +1,73 @@
+"""The Triton kernels compile for sm_90 (Hopper) without a GPU, with the instructions they are
+meant to use: wgmma for the int8 dots, TMA loads in the TMA conv, one acquire-release atomic per
+tile where split-K is summed in the kernel. The interpreter tests check what the kernels
+compute; these check that Triton's compiler accepts them as launched (tests/triton_offline.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import triton
+
+from lowbit.core import Config, Epilogue, load_workloads
+from triton_offline import compile_in_subprocess
+
+S8 = Epilogue(bias=True, relu=True, out="s8")
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+B256 = dict(load_workloads("resnet50_3x3_b256", epilogue=S8))
+B16 = dict(load_workloads("resnet50_3x3_b16", epilogue=S8))
+FC_B128 = load_workloads("gemm")[2][1]
+
+TMA_S3 = Config(BLOCK_I=64, BLOCK_P=2, BLOCK_Q=1, BLOCK_N=128, BLOCK_K=128, num_warps=4,
+                num_stages=3, GROUP_M=1, LOOP_ORDER="crs", SPLIT_K=1)
+TMA_S5_SPLIT = Config(BLOCK_I=16, BLOCK_P=1, BLOCK_Q=8, BLOCK_N=64, BLOCK_K=128, num_warps=4,
+                      num_stages=3, GROUP_M=1, LOOP_ORDER="crs", SPLIT_K=4)
+GEMM_SPLIT = Config(BLOCK_M=128, BLOCK_N=64, BLOCK_K=128, num_warps=8, num_stages=4, GROUP_M=1,
+                    SPLIT_K=2, SPLIT_SUM="last_program")
+PACKED = B16["resnet50_s3_3x3"].replace(
+    a="u4", w="s4", a_layout="packed", w_layout="packed",
+    epilogue=Epilogue(bias=True, relu=True, out="u2", out_layout="bitplane"))
+
+CASES = {
+    "igemm_conv_default": ("triton.conv2d_int8", B256["resnet50_s3_3x3_b256"], None),
+    "igemm_conv_packed_io": ("triton.conv2d_int8", PACKED, None),
+    "fp16_dot_conv_u8": ("triton.conv2d_fp16", B16["resnet50_s3_3x3"].replace(a="u8", w="s4"),
+                         None),
+    "gemm_split_last_program": ("triton.gemm_int8", FC_B128, GEMM_SPLIT),
+    "gemm_split_second_kernel": ("triton.gemm_int8", FC_B128,
+                                 GEMM_SPLIT.replace(SPLIT_SUM="second_kernel")),
+    "tma_conv_tuned_s3": ("triton.conv2d_int8_tma", B256["resnet50_s3_3x3_b256"], TMA_S3),
+    "tma_conv_split_s5_b16": ("triton.conv2d_int8_tma", B16["resnet50_s5_3x3"], TMA_S5_SPLIT),
+}
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict:
+    from lowbit.kernels import get_template
+    from lowbit.kernels.triton import CONV2D_INT8  # noqa: F401  (registers the templates)
+
+    if not os.path.isdir(BIN):
+        pytest.skip("this Triton has no bundled NVIDIA tools (ptxas)")
+    cases = []
+    for template, wl, cfg in CASES.values():
+        t = get_template(template)
+        cfg = t.checked_config(wl, cfg if cfg is not None else t.default_config(wl))
+        cases.append((template, wl.to_json(), cfg.to_json()))
+    return dict(zip(CASES, compile_in_subprocess(cases), strict=True))
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("case", list(CASES))
+def test_compiles_for_sm90_with_wgmma(reports, case):
+    got = reports[case]
+    assert isinstance(got, list), got  # else the compiler's error text
+    main = got[0]
+    assert main["wgmma"] > 0, main
+    assert main["regs"] <= 255, main
+    if "tma" in case:
+        assert main["tma_loads"] >= 2, main  # the im2col box and the weight tile
+    split_in_kernel = case in ("gemm_split_last_program", "tma_conv_split_s5_b16")
+    assert (main["acq_rel_atomics"] > 0) == split_in_kernel, main
+    assert len(got) == (2 if case == "gemm_split_second_kernel" else 1), got

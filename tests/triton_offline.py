@@ -1,0 +1,142 @@
+"""Compile the Triton kernels of a built lowbit kernel for an NVIDIA GPU on a machine without
+one: the launches of `kernel.compile_on("cpu")` are captured (`igemm.launch_or_compile`) and
+each is compiled with `triton.compile` for `GPUTarget("cuda", 90, 32)`, specialized the way
+Triton's launcher specializes (integers equal to 1 become constants, pointers and integers
+divisible by 16 carry that hint). The interpreter runs the kernel logic but not Triton's
+compiler, which rejects some programs the interpreter accepts (a loop-carried variable changing
+type, for one); this catches those before a GPU run.
+
+Triton's compiler cannot run under TRITON_INTERPRET=1 (which the CPU test session sets), so
+tests call `compile_in_subprocess(cases)`: a fresh interpreter with it unset compiles each
+(template, workload, config) and reports what the PTX and ptxas show.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+OPTIONS = ("num_warps", "num_stages")
+
+
+def captured_launches(kernel) -> list[tuple]:
+    """(JITFunction, args, kwargs) of each launch `kernel.compile_on("cpu")` makes."""
+    import lowbit.kernels.triton.igemm as igemm
+
+    calls: list[tuple] = []
+
+    def record(fn, grid, args, kwargs, compile_only):
+        calls.append((fn, args, kwargs))
+
+    real = igemm.launch_or_compile
+    igemm.launch_or_compile = record
+    try:
+        kernel.compile_on("cpu")
+    finally:
+        igemm.launch_or_compile = real
+    return calls
+
+
+def _source(fn, args: tuple, kwargs: dict):
+    import torch
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import mangle_type
+
+    names = fn.arg_names
+    values = dict(zip(names, args, strict=False))
+    values.update({k: v for k, v in kwargs.items() if k not in OPTIONS})
+    signature, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(names):
+        v = values[name]
+        if fn.params[i].is_constexpr or v is None or (isinstance(v, int) and v == 1
+                                                      and not isinstance(v, bool)):
+            signature[name] = "constexpr"
+            constexprs[(i,)] = v
+            continue
+        signature[name] = mangle_type(v)
+        aligned = (v.data_ptr() % 16 == 0 if isinstance(v, torch.Tensor)
+                   else isinstance(v, int) and not isinstance(v, bool) and v % 16 == 0)
+        if aligned:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    options = {k: kwargs[k] for k in OPTIONS if k in kwargs}
+    return ASTSource(fn, signature, constexprs, attrs), options
+
+
+def compile_sm90(kernel) -> list:
+    """Triton's CompiledKernel (asm["ptx"], asm["cubin"], metadata) of each launch."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    target = GPUTarget("cuda", 90, 32)
+    return [triton.compile(src, target=target, options=opts)
+            for src, opts in (_source(*call) for call in captured_launches(kernel))]
+
+
+def ptxas_usage(compiled) -> tuple[int, int]:
+    """(registers per thread, spill-store bytes) that the ptxas Triton itself uses for sm_90
+    reports."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(90).path
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(compiled.asm["ptx"])
+    try:
+        info = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull],
+                              capture_output=True, text=True, check=True).stderr
+    finally:
+        os.unlink(f.name)
+    regs = int(re.search(r"Used (\d+) registers", info).group(1))
+    spill = re.search(r"(\d+) bytes spill stores", info)
+    return regs, int(spill.group(1)) if spill else 0
+
+
+def report(template: str, workload_json: str, config_json: str) -> list[dict]:
+    """Per launch of the built kernel: name, registers, spill bytes and PTX instruction
+    counts the tests look at."""
+    import lowbit.kernels.triton  # noqa: F401  (registers the templates)
+    from lowbit.core import Config, workload_from_json
+    from lowbit.kernels import get_template
+
+    kernel = get_template(template).build(workload_from_json(workload_json),
+                                          Config.from_json(config_json))
+    out = []
+    for ck in compile_sm90(kernel):
+        ptx = ck.asm["ptx"]
+        regs, spill = ptxas_usage(ck)
+        out.append({"name": ck.metadata.name, "regs": regs, "spill_bytes": spill,
+                    "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
+                    "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
+                    "acq_rel_atomics": len(re.findall(r"atom\.global\.gpu\.acq_rel", ptx))})
+    return out
+
+
+def compile_in_subprocess(cases: list[tuple[str, str, str]], timeout_s: float = 600
+                          ) -> list[list[dict] | str]:
+    """`report` of each (template, workload JSON, config JSON) case, computed in a fresh
+    Python without TRITON_INTERPRET; a case that fails gives its error text instead."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve())],
+                          input=json.dumps(cases), capture_output=True, text=True, env=env,
+                          timeout=timeout_s)
+    if proc.returncode:
+        raise RuntimeError(f"offline compile failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _main() -> None:
+    results: list = []
+    for case in json.loads(sys.stdin.read()):
+        try:
+            results.append(report(*case))
+        except Exception as e:  # reported per case, the test names it
+            results.append(f"{type(e).__name__}: {e}"[:2000])
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    _main()
