@@ -14,6 +14,7 @@
 #   conv_b256    benchmarks/conv.py on ResNet-50 3x3 at batch 256                  (420)
 #                (both add the tuned bests of any timed-*.json already in $OUT: run
 #                 tune_b16 before conv_b16 to re-time the tuner's picks in the same call)
+#   conv_r18     benchmarks/conv.py on the ResNet-18 batch-8 layers (stride 2 by TMA) (300)
 #   tune_b16     benchmarks/tuning.py timed, both int8 templates, batch-16 layers  (420)
 #   bitserial    benchmarks/bitserial.py at w1a4, w2a4, w3a3                       (420)
 #   bitserial_tuned_a / _b   w1a1 and w1a2 rows tuned first (lowbit.tune, 45 s each) against
@@ -64,6 +65,8 @@ for s in "$@"; do
         --max-configs 24 --budget-s 240 --timed $(timed_files) ;;
     conv_b256) step conv_b256 420 python3 benchmarks/conv.py --suites resnet50_3x3_b256 \
         --max-configs 24 --budget-s 360 --timed $(timed_files) ;;
+    conv_r18) step conv_r18 300 python3 benchmarks/conv.py --suites resnet18_b8 \
+        --max-configs 24 --budget-s 240 ;;
     tune_b16) step tune_b16 420 python3 benchmarks/tuning.py timed --layers "$B16" \
         --trials 300 --budget-s 380 \
         --templates triton.conv2d_int8,triton.conv2d_int8_tma ;;

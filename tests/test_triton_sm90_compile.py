@@ -19,6 +19,7 @@ BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 B256 = dict(load_workloads("resnet50_3x3_b256", epilogue=S8))
 B16 = dict(load_workloads("resnet50_3x3_b16", epilogue=S8))
 FC_B128 = load_workloads("gemm")[2][1]
+R18_S2 = dict(load_workloads("resnet18_b8", epilogue=S8))["resnet18_14x14_256to512_s2"]
 
 TMA_S3 = Config(BLOCK_I=64, BLOCK_P=2, BLOCK_Q=1, BLOCK_N=128, BLOCK_K=128, num_warps=4,
                 num_stages=3, GROUP_M=1, LOOP_ORDER="crs", SPLIT_K=1)
@@ -39,6 +40,7 @@ CASES = {
     "gemm_split_second_kernel": ("triton.gemm_int8", FC_B128,
                                  GEMM_SPLIT.replace(SPLIT_SUM="second_kernel")),
     "tma_conv_tuned_s3": ("triton.conv2d_int8_tma", B256["resnet50_s3_3x3_b256"], TMA_S3),
+    "tma_conv_stride2_default": ("triton.conv2d_int8_tma", R18_S2, None),
     "tma_conv_split_s5_b16": ("triton.conv2d_int8_tma", B16["resnet50_s5_3x3"], TMA_S5_SPLIT),
 }
 

@@ -56,6 +56,27 @@ def test_shapes_and_padding(shape):
     check(wl, TmaConvKernel("test", wl, TINY), seed=2)
 
 
+@pytest.mark.parametrize("shape", [
+    dict(stride=2, H=8, W=10, C=32),
+    dict(stride=2, R=1, S=1, pad=0, H=6, W=8, C=64),
+    dict(stride=2, pad=0, H=10, W=6, C=32, K=19),
+    dict(stride=2, R=5, S=5, pad=2, N=3, H=6, W=6, C=32),
+    dict(stride=2, R=3, S=1, pad=1, N=1, H=12, W=4, C=32, K=33),
+], ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+def test_stride2_phase_view(shape):
+    # the 5-D view [N, H/2, 2, W/2, 2C]: negative box coordinates (pad) and boxes past H/2,
+    # W/2 are zero-filled; every row and column phase of every tap
+    wl = conv(**shape)
+    assert CONV2D_INT8_TMA.supports(wl)
+    check(wl, TmaConvKernel("test", wl, TINY), seed=9)
+
+
+@pytest.mark.parametrize("epi", [EPILOGUES[4], EPILOGUES[8]], ids=lambda e: e.key)
+def test_stride2_split_k_and_packed_outputs(epi):
+    wl = conv(epi, stride=2, H=8, W=8, C=32)
+    check(wl, TmaConvKernel("test", wl, TINY.replace(SPLIT_K=2, LOOP_ORDER="crs")), seed=10)
+
+
 @pytest.mark.parametrize("cfg", [
     TINY.replace(BLOCK_I=2, BLOCK_P=2, BLOCK_Q=4, LOOP_ORDER="crs"),
     TINY.replace(BLOCK_I=16, BLOCK_P=1, BLOCK_Q=1, GROUP_M=1),
@@ -115,6 +136,15 @@ def test_registered_template_and_space():
     assert CONV2D_INT8_TMA.default_config(conv()) in CONV2D_INT8_TMA.space(conv())
 
 
+def test_stride2_chunks_divide_the_channels():
+    wl = conv(stride=2, H=16, W=16, C=96)
+    space = CONV2D_INT8_TMA.space(wl)
+    assert {c["BLOCK_K"] for c in space} == {32}
+    bad = CONV2D_INT8_TMA.default_config(wl).replace(BLOCK_K=64)
+    assert "BLOCK_K dividing C=96" in space.why_invalid(bad)
+    assert "multiple of 32" in CONV2D_INT8_TMA.unsupported_reason(conv(stride=2, H=8, W=8))
+
+
 def test_split_k_only_where_the_grid_under_fills():
     b16 = dict(load_workloads("resnet50_3x3_b16"))
     deep = CONV2D_INT8_TMA.space(b16["resnet50_s5_3x3"])
@@ -129,7 +159,8 @@ def test_split_k_only_where_the_grid_under_fills():
 
 
 @pytest.mark.parametrize("change, match", [
-    (dict(stride=2), "stride=2"),
+    (dict(stride=3, H=9, W=9), "stride=3"),
+    (dict(stride=2, H=7), "needs even H and W"),
     (dict(C=24), "C=24 is not a multiple of 16"),
     (dict(a_layout="packed", a="u4"), "a_layout='packed'"),
     (dict(a="u8"), "a=u8"),

@@ -1,4 +1,4 @@
-"""int8 implicit-GEMM conv2d for stride-1 convolutions, operands loaded by TMA descriptors.
+"""int8 implicit-GEMM conv2d for stride-1 and stride-2 convolutions, operands loaded by TMA.
 
 GEMM view as in `igemm.py` (rows = output pixels, columns = filters, reduction over (r, s,
 c)), but a row tile is a spatial block: BLOCK_I images x BLOCK_P output rows x BLOCK_Q output
@@ -8,6 +8,13 @@ whole im2col tile: the tensor map's bounds zero-fill everything outside x (negat
 coordinates included), which is exactly the conv's zero padding and the channel tail. No
 per-element addresses, no masks. The weights [K, R*S*C] come through a 2-D descriptor; past
 channel C of a tap it reads the next tap's weights, which meet the zero-filled channels of x.
+
+Stride 2 (even H and W): x is described as the 5-D view [N, H/2, 2, W/2, 2*C] (row = 2*hh +
+row phase, column = 2*ww + column phase; the column phase joins the channels). Output pixel
+(p, q) reads input row 2p + r - pad = 2(p + dr) + fr with dr = floor((r - pad) / 2), fr its
+phase, so the input of tap (r, s) for a BP x BQ output block is again one box, [BI, BP, 1,
+BQ, BK] at (n0, p0 + dr, fr, q0 + ds, fs*C + c0); rows and columns outside x are zero-filled
+as before. Channel chunks must divide C (a tail would read the other column phase's channels).
 
 Knobs (compile-time): BLOCK_I, BLOCK_P, BLOCK_Q (powers of two; BLOCK_M = BI*BP*BQ rows),
 BLOCK_N, BLOCK_K, num_warps, num_stages, GROUP_M (row tiles per group of the swizzled tile
@@ -68,7 +75,7 @@ MAX_ROW_WASTE = 1.35
 def tma_conv_kernel(
     x_desc, w_desc, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr, part_ptr, count_ptr,
     N, P, Q, C, NOUT, M, pad, out_row, out_plane, iters_per_split,
-    R: tl.constexpr, S: tl.constexpr,
+    R: tl.constexpr, S: tl.constexpr, STRIDE: tl.constexpr,
     HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
     OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
     WIDE: tl.constexpr, LOOP_CRS: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -97,7 +104,15 @@ def tma_conv_kernel(
         rs, cc = tap_and_chunk(it, R * S, chunks, LOOP_CRS)
         c0 = cc * BLOCK_K
         # the input box of tap (r, s); rows/columns outside x (padding) arrive as zeros
-        a = x_desc.load([n0, p0 + rs // S - pad, q0 + rs % S - pad, c0])
+        if STRIDE == 1:
+            a = x_desc.load([n0, p0 + rs // S - pad, q0 + rs % S - pad, c0])
+        else:
+            # (r - pad) = STRIDE * dr + fr with 0 <= fr < STRIDE: shifted by STRIDE * pad
+            # so that // and % see no negative operand (their rounding differs by backend)
+            hr = rs // S + (STRIDE - 1) * pad
+            hs = rs % S + (STRIDE - 1) * pad
+            a = x_desc.load([n0, p0 + hr // STRIDE - pad, hr % STRIDE, q0 + hs // STRIDE - pad,
+                             (hs % STRIDE) * C + c0])
         a = tl.reshape(a, (BLOCK_M, BLOCK_K))
         b = w_desc.load([k0, rs * C + c0])
         acc = tl.dot(b, tl.trans(a), acc, out_dtype=tl.int32)
@@ -127,11 +142,16 @@ def tma_conv_kernel(
 
 def _descriptors(wl: ConvWorkload, cfg: Config, x: torch.Tensor, w: torch.Tensor
                  ) -> tuple[TensorDescriptor, TensorDescriptor]:
-    """x as [N, H, W, C] with box [BI, BP, BQ, BK]; w as [K, R*S*C] with box [BN, BK]."""
-    n, h, wd, c = wl.N, wl.H, wl.W, wl.C
+    """x as [N, H, W, C] with box [BI, BP, BQ, BK] (stride 2: the phase view [N, H/2, 2, W/2,
+    2C] with box [BI, BP, 1, BQ, BK]); w as [K, R*S*C] with box [BN, BK]."""
+    n, h, wd, c, st = wl.N, wl.H, wl.W, wl.C, wl.stride
     crs = wl.R * wl.S * c
-    xd = TensorDescriptor(x, [n, h, wd, c], [h * wd * c, wd * c, c, 1],
-                          [cfg["BLOCK_I"], cfg["BLOCK_P"], cfg["BLOCK_Q"], cfg["BLOCK_K"]])
+    bi, bp, bq, bk = cfg["BLOCK_I"], cfg["BLOCK_P"], cfg["BLOCK_Q"], cfg["BLOCK_K"]
+    if st == 1:
+        xd = TensorDescriptor(x, [n, h, wd, c], [h * wd * c, wd * c, c, 1], [bi, bp, bq, bk])
+    else:
+        xd = TensorDescriptor(x, [n, h // st, st, wd // st, st * c],
+                              [h * wd * c, st * wd * c, wd * c, st * c, 1], [bi, bp, 1, bq, bk])
     wdsc = TensorDescriptor(w, [wl.K, crs], [crs, 1], [cfg["BLOCK_N"], cfg["BLOCK_K"]])
     return xd, wdsc
 
@@ -176,7 +196,8 @@ def launch(wl: ConvWorkload, prob: Problem, cfg: Config,
     args = (xd, wdsc, out, *vecs, *scratch, wl.N, wl.P, wl.Q, wl.C, wl.K, prob.M, wl.pad,
             prob.out_row, prob.out_plane, -(-reduction_steps(wl, cfg["BLOCK_K"]) // split))
     kwargs = dict(
-        R=wl.R, S=wl.S, HAS_BIAS=prob.bias, RELU=prob.relu, OUT_KIND=kind, OUT_LAYOUT=layout,
+        R=wl.R, S=wl.S, STRIDE=wl.stride, HAS_BIAS=prob.bias, RELU=prob.relu, OUT_KIND=kind,
+        OUT_LAYOUT=layout,
         OUT_BITS=obits, QMIN=qmin, QMAX=qmax, WIDE=prob.wide,
         LOOP_CRS=cfg["LOOP_ORDER"] == "crs", SPLIT_K=split,
         BLOCK_I=cfg["BLOCK_I"], BLOCK_P=cfg["BLOCK_P"], BLOCK_Q=cfg["BLOCK_Q"],
@@ -193,7 +214,7 @@ def _as_int8(t: torch.Tensor) -> torch.Tensor:
 
 
 class TmaConvKernel:
-    """One (stride-1 conv workload, config): `kernel(x, w, params, out=None) -> out`.
+    """One (stride-1 or -2 conv workload, config): `kernel(x, w, params, out=None) -> out`.
 
     `out`, if given, must be a contiguous tensor of the output's storage shape and dtype.
     """
@@ -262,7 +283,7 @@ def _least_padded_rows(wl: ConvWorkload, knobs: list[Knob]) -> int:
 
 
 class Conv2dInt8TmaTemplate(KernelTemplate):
-    """Stride-1 NHWC x KRSC conv2d on int8 tensor cores with TMA-loaded operands."""
+    """Stride-1/2 NHWC x KRSC conv2d on int8 tensor cores with TMA-loaded operands."""
 
     name = "triton.conv2d_int8_tma"
     backend = "triton"
@@ -271,9 +292,15 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
     def unsupported_reason(self, wl: Workload) -> str | None:
         if not isinstance(wl, ConvWorkload):
             return f"needs a ConvWorkload, got {type(wl).__name__}"
-        if wl.stride != 1:
-            return (f"stride={wl.stride}: only stride 1 (the input window of a spatial tile is "
-                    "then one dense TMA box); use triton.conv2d_int8")
+        if wl.stride not in (1, 2):
+            return (f"stride={wl.stride}: only strides 1 and 2 (the input window of a spatial "
+                    "tile is then one TMA box); use triton.conv2d_int8")
+        if wl.stride == 2 and (wl.H % 2 or wl.W % 2):
+            return (f"stride=2 with H={wl.H}, W={wl.W}: needs even H and W (the input is read "
+                    "as a view of row and column phases); use triton.conv2d_int8")
+        if wl.stride == 2 and wl.C % 32:
+            return (f"stride=2 with C={wl.C}: needs C a multiple of 32 (channel chunks of 32+ "
+                    "must divide C); use triton.conv2d_int8")
         for name, layout in (("a_layout", wl.a_layout), ("w_layout", wl.w_layout)):
             if layout is not Layout.INT8:
                 return f"{name}={layout.value!r}: only int8 storage (one value per byte)"
@@ -330,6 +357,9 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
                 return f"BLOCK_N={c['BLOCK_N']} exceeds K={wl.K} rounded up"
             if c["BLOCK_K"] > max(32, _pow2_at_least(wl.C)):
                 return f"BLOCK_K={c['BLOCK_K']} exceeds C={wl.C} rounded up"
+            if wl.stride == 2 and wl.C % c["BLOCK_K"]:
+                return (f"stride 2 needs BLOCK_K dividing C={wl.C} (a channel tail would read "
+                        "the other column phase)")
             return None
 
         def smem(c: Config) -> str | None:
