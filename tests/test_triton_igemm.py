@@ -244,6 +244,22 @@ def test_gpu_packed_io_real_layer(epi):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["fc_b8_4096to4096", "fc_b128_4096to4096"])
+def test_gpu_fc_split_k_summed_by_the_last_program(name):
+    """One-launch split-K on the FC shapes: every SPLIT_SUM=last_program config of a sample,
+    three bound launches each on fresh inputs (counters reset), bit-exact."""
+    wl = dict(load_workloads("gemm", epilogue=REQUANT_S8))[name]
+    pts = [c for c in GEMM_INT8.space(wl) if c["SPLIT_SUM"] == "last_program"]
+    for cfg in random.Random(name).sample(pts, 4):
+        x, w, params = random_inputs(wl, 40, device="cuda")
+        launch = GEMM_INT8.build(wl, cfg).bind(x, w, params, poisoned(wl, "cuda"))
+        for seed in (41, 42, 43):
+            x.copy_(random_inputs(wl, seed, device="cuda")[0])
+            assert torch.equal(launch(), run(wl, x, w, params)), (seed, dict(cfg))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_gpu_fp16_template_and_float_conv():
     wl = load_workloads("tvm_tutorial")[0][1]
     small = wl.replace(N=8, a="u4", w="s4", epilogue=REQUANT_S8)

@@ -201,6 +201,12 @@ def stride1_layers():
             for name, wl in load_workloads(suite, epilogue=epi) if wl.stride == 1]
 
 
+def stride2_layers():
+    epi = Epilogue(bias=True, relu=True, out="s8")
+    return [(name, wl) for name, wl in load_workloads("resnet18_b8", epilogue=epi)
+            if wl.stride == 2 and CONV2D_INT8_TMA.supports(wl)]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name, wl", stride1_layers(), ids=lambda v: v if isinstance(v, str)
@@ -226,3 +232,31 @@ def test_gpu_odd_shape_padding():
     wl = conv(N=3, H=13, W=11, C=48, K=77, R=5, S=5, pad=2)
     cfg = CONV2D_INT8_TMA.default_config(wl)
     check(wl, CONV2D_INT8_TMA.build(wl, cfg), seed=12)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name, wl", stride2_layers(), ids=lambda v: v if isinstance(v, str)
+                         else "")
+def test_gpu_stride2_layers_default_and_sampled(name, wl):
+    space = CONV2D_INT8_TMA.space(wl)
+    for i, cfg in enumerate([CONV2D_INT8_TMA.default_config(wl),
+                             *space.sample(2, random.Random(name))]):
+        check(wl, CONV2D_INT8_TMA.build(wl, cfg), seed=20 + i)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("epi", [EPILOGUES[1], EPILOGUES[4], EPILOGUES[7]], ids=lambda e: e.key)
+def test_gpu_split_k_in_kernel_repeated_launches(epi):
+    """Split-K summed by the last program of each tile, on the batch-16 s5 layer: five bound
+    launches on fresh inputs, each exact (the arrival counters reset between launches)."""
+    wl = dict(stride1_layers())["resnet50_s5_3x3"].replace(epilogue=epi)
+    cfgs = [c for c in CONV2D_INT8_TMA.space(wl) if c["SPLIT_K"] > 1]
+    cfg = random.Random(3).choice(cfgs)
+    kernel = CONV2D_INT8_TMA.build(wl, cfg)
+    x, w, params = random_inputs(wl, 30, device="cuda")
+    launch = kernel.bind(x, w, params, poisoned(wl, "cuda"))
+    for seed in range(31, 36):
+        x.copy_(random_inputs(wl, seed, device="cuda")[0])
+        assert torch.equal(launch(), run(wl, x, w, params)), (seed, dict(cfg))
