@@ -105,3 +105,22 @@ def test_unsupported_and_bad_arguments(fake, tmp_path):
     with pytest.raises(ValueError, match="trials"):
         tune(TINY, [fake], trials=0, db=tmp_path / "c.sqlite", measurer=TableMeasurer({}),
              progress=False)
+
+
+def test_dispatch_builds_a_record_older_than_a_knob(tmp_path):
+    """A TMA config recorded before SPLIT_K existed still dispatches (as SPLIT_K = 1), and the
+    cost model reads it for transfer."""
+    from lowbit.core import load_workloads
+    from lowbit.kernels.triton import CONV2D_INT8_TMA
+    from lowbit.tune.features import Featurizer
+    from lowbit.tune.records import Record
+
+    wl = dict(load_workloads("resnet50_3x3_b16"))["resnet50_s5_3x3"]
+    cfg = CONV2D_INT8_TMA.default_config(wl)
+    old = Config({k: v for k, v in cfg.items() if k != "SPLIT_K"})
+    with RecordsDB(tmp_path / "r.sqlite") as db:
+        db.add(Record(wl.key, CONV2D_INT8_TMA.name, old.to_json(), 9.5, None, "gpu"))
+        kernel = kernel_for(wl, db)
+    assert kernel.config == cfg and kernel.config["SPLIT_K"] == 1
+    feats = Featurizer(CONV2D_INT8_TMA, CONV2D_INT8_TMA.space(wl))
+    assert (feats.row(wl, old) == feats.row(wl, cfg)).all()
