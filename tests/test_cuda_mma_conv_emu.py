@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from lowbit.core import ConvWorkload, Epilogue
+from lowbit.kernels.cuda.host_emu import compiler
 from lowbit.kernels.cuda.mma_conv import S4_TEMPLATE, S8_TEMPLATE, MmaConvKernel
-from lowbit.kernels.cuda.mma_conv_emu import compiler, emulate
+from lowbit.kernels.cuda.mma_conv_emu import emulate
 from lowbit.reference import random_inputs, run
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")

@@ -146,8 +146,10 @@ def _pow2_ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def render(wl: Workload, config: Config) -> str:
-    """CUDA source for (workload, config): constexpr parameters + the bitserial.cu body."""
+def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
+    """CUDA source for (workload, config): constexpr parameters + the bitserial.cu body.
+    wgmma_asm=False leaves out the inline-PTX wgmma wrappers (the host emulation supplies its
+    own, `bitserial_emu.py`)."""
     sh = conv_shape(wl)
     aa, ba, _ = plane_coefficients(wl.a)
     ab, bb, _ = plane_coefficients(wl.w)
@@ -174,7 +176,7 @@ def render(wl: Workload, config: Config) -> str:
     lines += [f"constexpr int {k} = {int(v)};" for k, v in params.items()]
     lines.append(f"constexpr long long M_ROWS = {sh.rows}ll;")
     body = _cu("bitserial_common.cu")
-    if config["MMA"] == "wgmma":
+    if config["MMA"] == "wgmma" and wgmma_asm:
         body += wgmma_source(wl.w.bits, config["WN"])
     return "\n".join(lines) + "\n" + body + _cu(kernel_file(config))
 

@@ -60,6 +60,7 @@ __device__ __forceinline__ constexpr int w_coef(int j) {
   return (W_SIGNED && j == P_BITS - 1) ? -(1 << j) : (1 << j);
 }
 
+// <device-primitives> (bitserial_emu.py replaces this region with host versions)
 __device__ __forceinline__ u32 smem_addr(const void* p) {
   return (u32)__cvta_generic_to_shared(p);
 }
@@ -74,16 +75,6 @@ __device__ __forceinline__ void copy_async(u32* dst, const u32* src, bool valid)
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(d), "l"(src), "r"(n));
   } else {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(d), "l"(src), "r"(n));
-  }
-}
-// Copy VEC words shared -> shared (halo tile -> im2col stage), zeros when !valid.
-__device__ __forceinline__ void copy_shared(u32* dst, const u32* src, bool valid) {
-  if constexpr (VEC == 4) {
-    *reinterpret_cast<uint4*>(dst) = valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
-  } else if constexpr (VEC == 2) {
-    *reinterpret_cast<uint2*>(dst) = valid ? *reinterpret_cast<const uint2*>(src) : make_uint2(0, 0);
-  } else {
-    *dst = valid ? *src : 0u;
   }
 }
 __device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -102,6 +93,18 @@ __device__ __forceinline__ unsigned short f32_to_f16_bits(float v) {
   unsigned short h;
   asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(v));
   return h;
+}
+// </device-primitives>
+
+// Copy VEC words shared -> shared (halo tile -> im2col stage), zeros when !valid.
+__device__ __forceinline__ void copy_shared(u32* dst, const u32* src, bool valid) {
+  if constexpr (VEC == 4) {
+    *reinterpret_cast<uint4*>(dst) = valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+  } else if constexpr (VEC == 2) {
+    *reinterpret_cast<uint2*>(dst) = valid ? *reinterpret_cast<const uint2*>(src) : make_uint2(0, 0);
+  } else {
+    *dst = valid ? *src : 0u;
+  }
 }
 
 // First/last+1 kernel row (or column) whose input row lies inside [0, extent).

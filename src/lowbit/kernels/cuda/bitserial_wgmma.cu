@@ -17,6 +17,7 @@ __device__ __forceinline__ u64 smem_desc(const u32* p) {
   if constexpr (SWIZZLE == 32) return start | (1ull << 16) | ((u64)(256 >> 4) << 32) | (3ull << 62);
   return start | ((u64)(128 >> 4) << 16) | ((u64)(256 >> 4) << 32);
 }
+// <device-primitives> (bitserial_emu.py replaces this region with host versions)
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wgmma_wait() {
@@ -26,6 +27,7 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+// </device-primitives>
 
 constexpr int ONES_WORDS = NEED_ROWSUM ? 64 : 0;  // 8 rows x 32 bytes of ones
 static_assert(STAGES >= 3, "wgmma pipeline keeps one stage in flight: STAGES >= 3");

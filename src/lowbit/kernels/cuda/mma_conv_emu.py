@@ -18,29 +18,14 @@ slow (threads and barriers per instruction) and only meant for small workloads.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
 from ...core.epilogue import EpilogueParams
 from ...core.validate import check_inputs, out_storage
+from .host_emu import HOST_INCLUDES, host_library
 from .mma_conv import MmaConvKernel, render
 from .mma_conv_cuda import COMMON, KERNEL
-
-# before the prelude: its one-letter shape macros (H, W, K, ...) must not reach the C++ headers
-HOST_INCLUDES = """#include <barrier>
-#include <thread>
-#include <vector>
-#include <cstring>
-#include <cstdio>
-#include <cstdlib>
-#include <algorithm>
-"""
 
 HOST_PRIMITIVES = r"""
 #define __device__
@@ -238,45 +223,13 @@ extern "C" int emu_run(const u8* x, const u8* w, void* out, const int* bias, con
 """
 
 
-def compiler() -> str | None:
-    """The host C++ compiler used (``$CXX`` or g++ / clang++ on PATH), None if there is none."""
-    for cand in (os.environ.get("CXX"), "g++", "clang++"):
-        if cand and shutil.which(cand):
-            return cand
-    return None
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("LOWBIT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache"), "lowbit")
-    return Path(base) / "emu"
-
-
 def host_source(kernel: MmaConvKernel) -> str:
     body = COMMON + HOST_PRIMITIVES + KERNEL + HOST_MAIN
     return HOST_INCLUDES + render(kernel.workload, kernel.config, kernel.variant, body=body)
 
 
 def _library(kernel: MmaConvKernel) -> ctypes.CDLL:
-    cxx = compiler()
-    if cxx is None:
-        raise RuntimeError("no host C++ compiler (set $CXX or install g++) for the emulation")
-    source = host_source(kernel)
-    key = hashlib.sha256((cxx + source).encode()).hexdigest()[:32]
-    lib = _cache_dir() / f"mma_conv_{key}.so"
-    if not lib.is_file():
-        lib.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            src = Path(tmp) / "emu.cpp"
-            src.write_text(source)
-            so = Path(tmp) / "emu.so"
-            cmd = [cxx, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-w",
-                   str(src), "-o", str(so)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode:
-                raise RuntimeError(f"host compile failed:\n{proc.stderr[-4000:]}")
-            os.replace(so, lib)
-    return ctypes.CDLL(str(lib))
+    return host_library(host_source(kernel), "mma_conv")
 
 
 def emulate(kernel: MmaConvKernel, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams,

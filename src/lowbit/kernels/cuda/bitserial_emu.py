@@ -1,0 +1,303 @@
+"""Host emulation of the bit-serial kernels: the same CUDA text, run on the CPU.
+
+`emulate(workload, config, x, w, params)` renders the kernel of `cuda.bitserial` for (workload,
+config), replaces only its device primitives (the `<device-primitives>` regions of
+bitserial_common.cu and bitserial_wgmma.cu, and the inline-PTX wgmma wrappers) with host C++ of
+their PTX-specified behaviour, compiles it with the host compiler and runs every block with one
+std::thread per CUDA thread:
+- cp.async copies are queued per thread and land at `cp.async.wait_group` (the latest moment the
+  hardware may complete them; src-size 0 zero-fills), so a missing wait or barrier reads stale
+  shared memory (which starts as 0xCD garbage, not zeros);
+- mma.sync m16n8k256 .b1 .and.popc: the PTX fragment layouts (groupID g = lane/4, t = lane%4;
+  A regs 0/1: rows g / g+8, k 32t..32t+31; regs 2/3: k 128+32t..; B regs 0/1: column g, same
+  k; C/D: rows g, g+8, columns 2t, 2t+1), operands gathered across the warp;
+- wgmma m64nNk256 .b1 .and.popc from shared-memory descriptors (start, LBO, SBO, swizzle mode 0
+  or 3 = 32-byte swizzle: address bit 4 ^= bit 7), K-major, executed at `wgmma.wait_group`
+  (the latest legal moment: operands overwritten before the wait would be caught); each thread
+  computes its own accumulator registers (warp w of the warpgroup: rows 16w + g (+8),
+  register k: column 8(k/4) + 2t + k%2);
+- shfl.xor, bar.sync, __syncwarp, atomicOr on shared memory, cvt.rn.f16.f32 (_Float16).
+It checks the kernels' indexing, pipelines, descriptors and packing on machines without a GPU;
+it is slow (threads and barriers per instruction) and meant for small workloads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import re
+
+import torch
+
+from ...core import Config, Workload
+from ...core.epilogue import EpilogueParams
+from ...core.precision import Encoding
+from ...core.validate import check_inputs, out_storage
+from .bitserial import WGMMA_ARCH, conv_shape, kernel_name, render, smem_bytes, threads
+from .host_emu import HOST_INCLUDES, host_library
+
+#: largest dynamic shared memory a block may use (H100: 227 KiB)
+SMEM_LIMIT = 227 * 1024
+
+HOST_INTRINSICS = r"""
+#define LOWBIT_HOST_EMU 1
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __launch_bounds__(n)
+#define __restrict__
+#define __shared__
+#define __align__(n)
+struct EmuDim { unsigned x, y, z; };
+thread_local EmuDim threadIdx, blockIdx;
+EmuDim blockDim, gridDim;
+struct uint2 { unsigned x, y; };
+struct uint4 { unsigned x, y, z, w; };
+inline uint2 make_uint2(unsigned a, unsigned b) { return uint2{a, b}; }
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
+  return uint4{a, b, c, d};
+}
+
+// the block's dynamic shared memory (blocks run one at a time); the kernels declare it extern
+extern "C" { alignas(256) unsigned int smem[EMU_SMEM_BYTES / 4 + 64]; }
+
+struct EmuWarp { std::barrier<>* bar; unsigned long long slot[32][8]; };
+struct EmuBlock { unsigned char* base; long long size; std::barrier<>* bar; EmuWarp warps[16]; };
+thread_local EmuBlock* emu;
+
+static void emu_fail(const char* what) { fprintf(stderr, "emu: %s\n", what); abort(); }
+static inline int emu_lane() { return threadIdx.x & 31; }
+static inline EmuWarp& emu_warp() { return emu->warps[threadIdx.x >> 5]; }
+
+static inline void __syncthreads() { emu->bar->arrive_and_wait(); }
+static inline void __syncwarp() { emu_warp().bar->arrive_and_wait(); }
+static inline int __popc(unsigned v) { return __builtin_popcount(v); }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline unsigned atomicOr(unsigned* p, unsigned v) {
+  return std::atomic_ref<unsigned>(*p).fetch_or(v);
+}
+static inline unsigned __shfl_xor_sync(unsigned, unsigned v, int mask) {
+  EmuWarp& wp = emu_warp();
+  const int lane = emu_lane();
+  wp.slot[lane][7] = v;
+  wp.bar->arrive_and_wait();
+  const unsigned r = (unsigned)wp.slot[lane ^ mask][7];
+  wp.bar->arrive_and_wait();
+  return r;
+}
+"""
+
+COMMON_PRIMITIVES = r"""
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  const long long off = (const unsigned char*)p - emu->base;
+  if (off < 0 || off >= emu->size) emu_fail("address outside the block's shared memory");
+  return (u32)off;
+}
+
+struct EmuCopy { u32* dst; const u32* src; };
+thread_local std::vector<std::vector<EmuCopy>> emu_copy_groups;
+thread_local std::vector<EmuCopy> emu_copy_open;
+
+__device__ __forceinline__ void copy_async(u32* dst, const u32* src, bool valid) {
+  const u32 d = smem_addr(dst);
+  if (d % (VEC * 4) || d + VEC * 4 > emu->size) emu_fail("cp.async destination");
+  if (valid && ((unsigned long long)src) % (VEC * 4)) emu_fail("misaligned cp.async source");
+  emu_copy_open.push_back(EmuCopy{dst, valid ? src : nullptr});
+}
+__device__ __forceinline__ void copy_commit() {
+  emu_copy_groups.push_back(emu_copy_open);
+  emu_copy_open.clear();
+}
+template <int N> __device__ __forceinline__ void copy_wait() {
+  while ((int)emu_copy_groups.size() > N) {
+    for (const EmuCopy& c : emu_copy_groups.front()) {
+      if (c.src) memcpy(c.dst, c.src, 4 * VEC); else memset(c.dst, 0, 4 * VEC);
+    }
+    emu_copy_groups.erase(emu_copy_groups.begin());
+  }
+}
+
+__device__ __forceinline__ void mma_and(int (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  EmuWarp& wp = emu_warp();
+  const int lane = emu_lane();
+  for (int r = 0; r < 4; ++r) wp.slot[lane][r] = a[r];
+  wp.slot[lane][4] = b0;
+  wp.slot[lane][5] = b1;
+  wp.bar->arrive_and_wait();
+  const int g = lane >> 2, t = lane & 3;
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+    int sum = 0;
+    for (int tt = 0; tt < 4; ++tt) {
+      const int la = (row & 7) * 4 + tt, lb = col * 4 + tt;
+      sum += __builtin_popcount((u32)wp.slot[la][row >> 3] & (u32)wp.slot[lb][4]);
+      sum += __builtin_popcount((u32)wp.slot[la][2 + (row >> 3)] & (u32)wp.slot[lb][5]);
+    }
+    d[e] += sum;
+  }
+  wp.bar->arrive_and_wait();
+}
+
+__device__ __forceinline__ unsigned short f32_to_f16_bits(float v) {
+  const _Float16 h = (_Float16)v;
+  unsigned short bits;
+  memcpy(&bits, &h, 2);
+  return bits;
+}
+"""
+
+WGMMA_PRIMITIVES = r"""
+// byte address of byte kb (0..31, the 256 k bits) of row `row` of a K-major operand
+static inline u32 emu_desc_addr(u64 desc, int row, int kb) {
+  const u32 start = (u32)(desc & 0x3FFF) << 4;
+  const u32 lbo = (u32)((desc >> 16) & 0x3FFF) << 4;
+  const u32 sbo = (u32)((desc >> 32) & 0x3FFF) << 4;
+  const int mode = (int)(desc >> 62);
+  u32 a = 0;
+  if (mode == 0) {  // 8 x 16-byte core matrices: k halves LBO apart, 8-row groups SBO apart
+    a = start + (row >> 3) * sbo + (kb >> 4) * lbo + (row & 7) * 16 + (kb & 15);
+  } else if (mode == 3) {  // 32-byte swizzle: 32-byte rows, 8-row atoms SBO apart
+    if (start % 256) emu_fail("32-byte swizzled operand not 256-byte aligned");
+    a = start + (row >> 3) * sbo + (row & 7) * 32 + kb;
+    a ^= ((a >> 7) & 1) << 4;
+  } else {
+    emu_fail("descriptor swizzle mode not emulated");
+  }
+  if ((long long)a >= emu->size) emu_fail("wgmma operand outside shared memory");
+  return a;
+}
+
+struct EmuWgmma { int* d; int regs; u64 da, db; };
+thread_local std::vector<std::vector<EmuWgmma>> emu_wg_groups;
+thread_local std::vector<EmuWgmma> emu_wg_open;
+
+static inline void emu_wgmma_run(const EmuWgmma& op) {
+  const int lane = emu_lane(), g = lane >> 2, t = lane & 3, wi = (threadIdx.x >> 5) & 3;
+  for (int k = 0; k < op.regs; ++k) {
+    const int row = 16 * wi + g + 8 * ((k & 3) >> 1), col = 8 * (k >> 2) + 2 * t + (k & 1);
+    int sum = 0;
+    for (int kb = 0; kb < 32; ++kb)
+      sum += __builtin_popcount(emu->base[emu_desc_addr(op.da, row, kb)] &
+                                emu->base[emu_desc_addr(op.db, col, kb)]);
+    op.d[k] += sum;
+  }
+}
+
+__device__ __forceinline__ void wgmma_fence() {}
+__device__ __forceinline__ void fence_proxy_async() {}
+__device__ __forceinline__ void wgmma_commit() {
+  emu_wg_groups.push_back(emu_wg_open);
+  emu_wg_open.clear();
+}
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+  while ((int)emu_wg_groups.size() > N) {
+    for (const EmuWgmma& op : emu_wg_groups.front()) emu_wgmma_run(op);
+    emu_wg_groups.erase(emu_wg_groups.begin());
+  }
+}
+__device__ __forceinline__ void wgmma_planes(int (&d)[P_BITS][MT][NT][4], u64 da, u64 db) {
+  static_assert(MT == 1, "a warp holds 16 rows of m64");
+  emu_wg_open.push_back(EmuWgmma{&d[0][0][0][0], P_BITS * NT * 4, da, db});
+}
+__device__ __forceinline__ void wgmma_rowsum(int (&d)[MT][4], u64 da, u64 db) {
+  emu_wg_open.push_back(EmuWgmma{&d[0][0], 4, da, db});
+}
+"""
+
+HOST_MAIN = r"""
+extern "C" int emu_run(int which, const u32* x, const u32* w, void* out, const int* bias,
+                       const float* scale, const int* mult, const int* shift, int* wtap,
+                       int grid_x, int grid_y, int nthreads, long long smem_bytes) {
+  if (smem_bytes > EMU_SMEM_BYTES || nthreads > 512 || nthreads % 32) return -1;
+  std::barrier<> block_bar(nthreads);
+  std::vector<std::barrier<>*> warp_bars;
+  EmuBlock blk;
+  blk.base = (unsigned char*)smem;
+  blk.size = smem_bytes;
+  blk.bar = &block_bar;
+  for (int i = 0; i < nthreads / 32; ++i) {
+    warp_bars.push_back(new std::barrier<>(32));
+    blk.warps[i].bar = warp_bars.back();
+  }
+  blockDim = EmuDim{(unsigned)nthreads, 1, 1};
+  gridDim = EmuDim{(unsigned)grid_x, (unsigned)grid_y, 1};
+  for (int by = 0; by < grid_y; ++by) {
+    for (int bx = 0; bx < grid_x; ++bx) {
+      memset(smem, 0xCD, sizeof(smem));  // garbage, not zeros
+      std::vector<std::thread> pool;
+      for (int t = 0; t < nthreads; ++t) {
+        pool.emplace_back([&, t] {
+          threadIdx = EmuDim{(unsigned)t, 0, 0};
+          blockIdx = EmuDim{(unsigned)bx, (unsigned)by, 0};
+          emu = &blk;
+          if (which == 0) bitserial_wtap(w, wtap);
+          else EMU_MAIN(x, w, out, bias, scale, mult, shift, wtap);
+          if (!emu_copy_groups.empty() || !emu_copy_open.empty()) emu_fail("copies left pending");
+        });
+      }
+      for (auto& th : pool) th.join();
+    }
+  }
+  for (auto* b : warp_bars) delete b;
+  return 0;
+}
+"""
+
+_REGION = re.compile(r"// <device-primitives>.*?// </device-primitives>\n", re.S)
+
+
+def host_source(wl: Workload, config: Config) -> str:
+    """The kernel's CUDA text with its device primitives replaced by the host versions."""
+    text = render(wl, config, wgmma_asm=False)
+    regions = _REGION.findall(text)
+    want = 2 if config["MMA"] == "wgmma" else 1
+    if len(regions) != want:
+        raise RuntimeError(f"expected {want} device-primitive regions, found {len(regions)}")
+    text = text.replace(regions[0], COMMON_PRIMITIVES, 1)
+    if want == 2:
+        text = text.replace(regions[1], WGMMA_PRIMITIVES, 1)
+    if re.search(r"\basm\b", text):
+        raise RuntimeError("inline PTX left outside the device-primitive regions")
+    head = f"#define EMU_SMEM_BYTES {SMEM_LIMIT}\n#define EMU_MAIN {kernel_name(config)}\n"
+    return HOST_INCLUDES + head + HOST_INTRINSICS + text + HOST_MAIN
+
+
+def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
+            params: EpilogueParams, persistent_blocks: int = 2, poison: int = 0xA5
+            ) -> torch.Tensor:
+    """Run the `cuda.bitserial` kernel of (wl, config) on CPU tensors through the host
+    emulation; returns the output (which starts poisoned). Persistent configs run
+    `persistent_blocks` blocks, so each loops over several tiles."""
+    from . import BITSERIAL
+
+    config = Config(config)
+    reason = BITSERIAL.space(wl, WGMMA_ARCH).why_invalid(config)
+    if reason:
+        raise ValueError(f"config {config} is not in cuda.bitserial's space for {wl.key}: "
+                         f"{reason}")
+    check_inputs(wl, x, w, params)
+    sh = conv_shape(wl)
+    shape, dtype = out_storage(wl)
+    out = torch.empty(shape, dtype=dtype)
+    out.view(torch.uint8).fill_(poison)
+    wtap = torch.zeros(sh.kout * (sh.r + 1) * (sh.s + 1), dtype=torch.int32)
+    lib = host_library(host_source(wl, config), "bitserial")
+    ptr = ctypes.c_void_p
+    vecs = [params.bias, params.scale, params.multiplier, params.shift]
+    args = [ptr(t.data_ptr()) if t is not None else ptr(0) for t in (x, w, out, *vecs, wtap)]
+    grid = (math.ceil(sh.kout / config["BN"]), math.ceil(sh.rows / config["BM"]))
+    if config["PERSIST"]:
+        grid = (max(1, min(grid[0] * grid[1], persistent_blocks)), 1)
+    if wl.a.encoding is Encoding.BINARY:
+        _run(lib, 0, args, (math.ceil(sh.kout / 4), 1), 128, 0)
+    _run(lib, 1, args, grid, threads(config), smem_bytes(wl, config))
+    return out
+
+
+def _run(lib: ctypes.CDLL, which: int, args: list, grid: tuple[int, int], nthreads: int,
+         smem: int) -> None:
+    rc = lib.emu_run(ctypes.c_int(which), *args, ctypes.c_int(grid[0]), ctypes.c_int(grid[1]),
+                     ctypes.c_int(nthreads), ctypes.c_longlong(smem))
+    if rc:
+        raise ValueError(f"launch refused by the emulation: {nthreads} threads, {smem} B "
+                         f"of shared memory (at most 512 threads and {SMEM_LIMIT} B)")
