@@ -354,3 +354,43 @@ def test_bit_exact_halo_shared_workloads():
                 continue
             got, want = _poisoned_run(wl, cfg, seed=len(name))
             assert torch.equal(got, want), (name, dict(cfg))
+
+
+ROWSUM_SHAPES = [dict(N=3, H=11, W=13, C=64, K=70, R=5, S=5, stride=1, pad=2),
+                 dict(N=2, H=9, W=9, C=33, K=31, R=3, S=3, stride=2, pad=1),
+                 dict(N=2, H=6, W=6, C=128, K=64, R=1, S=1, stride=1, pad=0)]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_nvrtc_compiles_rowsum_table_configs(arch, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
+    wl = conv(Precision(1, "binary"), Precision(2), EPILOGUES[1], **ROWSUM_SHAPES[0])
+    mmas = ("mma_sync", "wgmma") if arch == "sm_90a" else ("mma_sync",)
+    for mma in mmas:
+        cfg = BITSERIAL.default_config(wl, mma, arch=arch).replace(ROWSUM="table")
+        kernel = BITSERIAL.build(wl, cfg, arch=arch)
+        assert kernel._xpop.cubin[:4] == b"\x7fELF" and kernel._needs_xpop
+    with pytest.raises(ValueError, match="ROWSUM='table' not in"):  # no binary weights
+        plain = conv(Precision(2), Precision(2), EPILOGUES[1])
+        BITSERIAL.build(plain, BITSERIAL.default_config(plain).replace(ROWSUM="table"),
+                        arch=arch)
+
+
+@pytest.mark.parametrize("mma", ["mma_sync", "wgmma"])
+@pytest.mark.parametrize("ab", [1, 2, 4])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bit_exact_rowsum_table(ab, mma):
+    """ROWSUM='table' (binary weights' row popcounts from the per-pixel table): every
+    activation encoding, padding, stride 2, 1x1, both MMA kinds, persistent and halo too."""
+    for combo, a_prec in enumerate(encodings(ab)):
+        for i, shape in enumerate(ROWSUM_SHAPES):
+            wl = conv(Precision(1, "binary"), a_prec, EPILOGUES[(ab + combo + i) % 6], **shape)
+            cfg = _config(wl, (mma, 0, 32 if mma == "wgmma" else 0))
+            if cfg is None:
+                pytest.skip("wgmma needs sm_90a")
+            twins = [cfg, cfg.replace(PERSIST=1), cfg.replace(HALO=1)]
+            for c in twins:
+                c = c.replace(ROWSUM="table")
+                if BITSERIAL.space(wl).is_valid(c):
+                    _assert_exact(wl, c, seed=ab * 10 + combo + i)

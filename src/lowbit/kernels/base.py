@@ -55,12 +55,14 @@ class KernelTemplate(ABC):
         if reason:
             raise ValueError(f"{self.name} does not support {workload.key}: {reason}")
 
-    def checked_config(self, workload: Workload, config: Config) -> Config:
+    def checked_config(self, workload: Workload, config: Config,
+                       space: ConfigSpace | None = None) -> Config:
         """`config` as a Config after checking the workload is supported and the config is a
-        point of this template's space for it (ValueError naming the reason otherwise); knobs
-        of `added_knobs` it lacks take their old meaning."""
+        point of this template's space for it (`space`, default `self.space(workload)`;
+        ValueError naming the reason otherwise); knobs of `added_knobs` it lacks take their old
+        meaning."""
         self.check_supported(workload)
-        space = self.space(workload)
+        space = space or self.space(workload)
         config = Config({**{k: v for k, v in self.added_knobs.items() if k in space.names},
                          **config})
         reason = space.why_invalid(config)

@@ -3,7 +3,8 @@
 extern "C" __global__ void __launch_bounds__(THREADS) bitserial_kernel(
     const u32* __restrict__ x, const u32* __restrict__ w, void* __restrict__ out,
     const int* __restrict__ bias, const float* __restrict__ scale,
-    const int* __restrict__ mult, const int* __restrict__ shift, const int* __restrict__ wtap) {
+    const int* __restrict__ mult, const int* __restrict__ shift, const int* __restrict__ wtap,
+    const int* __restrict__ xpop) {
   extern __shared__ __align__(16) u32 smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
@@ -38,7 +39,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_kernel(
 
   u32* s_out = smem;  // packing tile over the operand stages, once every warp is done with them
   if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
-  const EpilogueArgs ea{out, bias, scale, mult, shift, wtap};
+  const EpilogueArgs ea{out, bias, scale, mult, shift, wtap, xpop};
   epilogue_warp(acc, rsum, m0, n0, warp_m * WM, warp_n * WN, lane, ea, s_out);
   if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, out, m0, n0, tid);
 }

@@ -16,7 +16,10 @@ from shared memory through descriptors, sm_90a only, one tile per block, WM = 64
 warpgroup, N = w_bits * WN), SWIZZLE (wgmma shared-memory layout: 0 = 8x16-byte core
 matrices, 32 = the 32-byte swizzle; mma.sync: 0), HALO (1: duplicate-aware load: the input rows
 of a block's output pixels plus halo are copied once into shared memory and the im2col tiles are
-gathered from there; convs with R*S > 1 and PERSIST=0 only).
+gathered from there; convs with R*S > 1 and PERSIST=0 only), ROWSUM (binary weights only:
+"mma" computes the activation rows' popcounts with one more MMA per plane and k step against a
+tile of ones; "table" reads them from a per-pixel popcount table of x made by a small kernel
+first, summed over the valid taps in the epilogue).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import ClassVar
 
 import torch
 
@@ -165,7 +169,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "BM": config["BM"], "BN": config["BN"], "WM": config["WM"], "WN": config["WN"],
         "KT": config["KT"], "STAGES": config["STAGES"], "PERSIST": config["PERSIST"],
         "WGMMA": int(config["MMA"] == "wgmma"), "SWIZZLE": config["SWIZZLE"],
-        "HALO": config["HALO"],
+        "HALO": config["HALO"], "ROWSUM_TABLE": int(rowsum_table(config)),
         "HALO_WORDS": halo_rows(sh, config["BM"]) * sh.w * sh.words if config["HALO"] else 0,
         "VEC": copy_vec(sh),
         "HAS_BIAS": int(epi.bias), "RELU": int(epi.relu), "OUT_MODE": _out_mode(wl),
@@ -209,13 +213,18 @@ def halo_bytes(wl: Workload, config: Mapping) -> int:
     return wl.a.bits * halo_rows(sh, config["BM"]) * sh.w * sh.words * 4
 
 
+def rowsum_table(config: Mapping) -> bool:
+    """Binary weights' row popcounts from the per-pixel table (knob ROWSUM="table")."""
+    return config.get("ROWSUM", "mma") == "table"
+
+
 def smem_bytes(wl: Workload, config: Mapping) -> int:
     """Dynamic shared memory of a config: STAGES x (a_bits*BM + w_bits*BN) rows x KT*32 bytes
     (wgmma with binary weights: + a 256-byte tile of ones for the row popcounts; HALO=1: + the
     input slab)."""
     rows = wl.a.bits * config["BM"] + wl.w.bits * config["BN"]
     operands = config["STAGES"] * rows * config["KT"] * 32 + halo_bytes(wl, config)
-    if config["MMA"] == "wgmma" and wl.w.encoding is Encoding.BINARY:
+    if config["MMA"] == "wgmma" and wl.w.encoding is Encoding.BINARY and not rowsum_table(config):
         operands += 256
     epi = wl.epilogue
     if epi.requantizes and epi.out_layout is Layout.BITPLANE and config["WN"] % 32:
@@ -226,10 +235,12 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
 
 
 def acc_regs(wl: Workload, config: Mapping) -> int:
-    """int32 accumulator registers per thread (plane pairs + row sums for binary weights)."""
+    """int32 accumulator registers per thread (plane pairs + row sums for binary weights,
+    unless they come from the table)."""
     warp_rows = 16 if config["MMA"] == "wgmma" else config["WM"]  # a warp's share of m64
     tiles = (warp_rows // 16) * (config["WN"] // 8) * 4
-    extra = (warp_rows // 16) * 4 * wl.a.bits if wl.w.encoding is Encoding.BINARY else 0
+    mma_rowsum = wl.w.encoding is Encoding.BINARY and not rowsum_table(config)
+    extra = (warp_rows // 16) * 4 * wl.a.bits if mma_rowsum else 0
     return tiles * wl.a.bits * wl.w.bits + extra
 
 
@@ -245,6 +256,7 @@ class BitserialKernel:
         self._persistent = bool(config["PERSIST"])
         self._main = CudaKernel(cubin, kernel_name(config))
         self._wtap = CudaKernel(cubin, "bitserial_wtap")
+        self._xpop = CudaKernel(cubin, "bitserial_xpop")
         sh = conv_shape(workload)
         self._shape = sh
         self._grid = (math.ceil(sh.kout / config["BN"]), math.ceil(sh.rows / config["BM"]))
@@ -252,6 +264,7 @@ class BitserialKernel:
         self._threads = threads(config)
         self._smem = smem_bytes(workload, config)
         self._needs_wtap = workload.a.encoding is Encoding.BINARY
+        self._needs_xpop = rowsum_table(config)
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams,
                  out: torch.Tensor | None = None) -> torch.Tensor:
@@ -275,7 +288,11 @@ class BitserialKernel:
         if self._needs_wtap:
             wtap = torch.empty(sh.kout * (sh.r + 1) * (sh.s + 1), dtype=torch.int32,
                                device=x.device)
-        args = [x, w, out, params.bias, params.scale, params.multiplier, params.shift, wtap]
+        xpop = None
+        pixels = sh.nb * sh.h * sh.w
+        if self._needs_xpop:
+            xpop = torch.empty(wl.a.bits * pixels, dtype=torch.int32, device=x.device)
+        args = [x, w, out, params.bias, params.scale, params.multiplier, params.shift, wtap, xpop]
         grid: tuple[int, ...] = self._grid
         if self._persistent:  # one wave of resident blocks, each looping over tiles
             per_sm = self._main.max_active_blocks(self._threads, self._smem, x.device)
@@ -285,6 +302,8 @@ class BitserialKernel:
         def launch() -> torch.Tensor:
             if wtap is not None:
                 self._wtap.launch(math.ceil(sh.kout / 4), 128, [w, wtap])  # a warp per column
+            if xpop is not None:
+                self._xpop.launch(math.ceil(pixels / 256), 256, [x, xpop])  # a thread per pixel
             self._main.launch(grid, self._threads, args, shared_mem=self._smem)
             return out
 
@@ -393,8 +412,10 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
     dict(BM=64, BN=32, WM=64, WN=32, KT=1, STAGES=6),
     dict(BM=64, BN=16, WM=64, WN=16, KT=1, STAGES=6),
 ]
-DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0) for d in _MMA_SYNC_DEFAULTS],
-            "wgmma": [dict(d, PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0) for d in _WGMMA_DEFAULTS]}
+DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma")
+                         for d in _MMA_SYNC_DEFAULTS],
+            "wgmma": [dict(d, PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0, ROWSUM="mma")
+                      for d in _WGMMA_DEFAULTS]}
 
 
 def target_arch() -> str:
@@ -407,6 +428,7 @@ class BitserialTemplate(KernelTemplate):
 
     name = "cuda.bitserial"
     backend = "cuda"
+    added_knobs: ClassVar[Mapping[str, object]] = {"ROWSUM": "mma"}
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         wl = workload
@@ -431,7 +453,9 @@ class BitserialTemplate(KernelTemplate):
         knobs = [Knob("BM", (16, 32, 64, 128, 256)), Knob("BN", (16, 32, 64, 128, 256)),
                  Knob("WM", (16, 32, 64)), Knob("WN", (16, 32, 64, 128, 256)),
                  Knob("KT", (1, 2, 4, 8)), Knob("STAGES", (2, 3, 4, 6)), Knob("PERSIST", (0, 1)),
-                 Knob("MMA", mma), Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1))]
+                 Knob("MMA", mma), Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
+                 Knob("ROWSUM", ("mma", "table") if workload.w.encoding is Encoding.BINARY
+                      else ("mma",))]
         return ConfigSpace(knobs, _constraints(workload))
 
     def default_config(self, workload: Workload, mma: str = "mma_sync",
@@ -450,12 +474,10 @@ class BitserialTemplate(KernelTemplate):
     def build(self, workload: Workload, config: Config, arch: str | None = None) -> BitserialKernel:
         """Compile for `arch` (default: the current device's); ValueError on an invalid config."""
         arch = arch or device_arch()
-        self.check_supported(workload)
-        config = Config(config)
-        reason = self.space(workload, arch).why_invalid(config)
-        if reason:
-            raise ValueError(f"config {config} is not in {self.name}'s space for "
-                             f"{workload.key} on {arch}: {reason}")
+        try:
+            config = self.checked_config(workload, config, self.space(workload, arch))
+        except ValueError as e:
+            raise ValueError(f"{e} (on {arch})") from None
         return BitserialKernel(workload, config, arch)
 
 

@@ -44,6 +44,11 @@ constexpr i64 W_PLANE = (i64)KOUT * KW;        // words per weight plane
 constexpr int RS = R * S;
 constexpr int OUT_WORDS = (KOUT + 31) / 32;    // words per row of bit-plane output
 constexpr bool NEED_ROWSUM = W_BETA != 0;      // binary weights: sum_i c_i popc(a_i)
+// ROWSUM_TABLE: those row popcounts come from a per-pixel popcount table of x (bitserial_xpop)
+// summed over the valid taps in the epilogue, instead of one extra MMA per plane and k step
+// against a tile of ones (which re-reads the A tile from shared memory)
+constexpr bool ROWSUM_MMA = NEED_ROWSUM && !ROWSUM_TABLE;
+constexpr i64 PIXELS = (i64)NB * H * W;        // input pixels per activation plane
 constexpr bool NEED_WTAP = A_BETA != 0;        // binary activations: weight sums over valid taps
 // Bit-plane output: a warp owning whole 32-column words packs them in registers; narrower warp
 // tiles OR their bits into a shared-memory tile of the block's words first.
@@ -142,6 +147,18 @@ extern "C" __global__ void bitserial_wtap(const u32* __restrict__ w, int* __rest
   }
 }
 
+
+// Popcount of each input pixel's channel words, per activation plane (ROWSUM_TABLE):
+// xpop[i * PIXELS + pixel] = sum over words of popc(x plane i at pixel). One thread per pixel.
+extern "C" __global__ void bitserial_xpop(const u32* __restrict__ x, int* __restrict__ xpop) {
+  const i64 pix = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (pix >= PIXELS) return;
+  for (int i = 0; i < Q_BITS; ++i) {
+    int sum = 0;
+    for (int cw = 0; cw < CW; ++cw) sum += __popc(x[i * X_PLANE + pix * CW + cw]);
+    xpop[i * PIXELS + pix] = sum;
+  }
+}
 
 // ---- operand staging (shared by all kernels) ----
 
@@ -307,7 +324,7 @@ __device__ __forceinline__ void mma_sync_stage(Acc& acc, RowSum& rsum, const u32
         for (int j = 0; j < P_BITS; ++j)
 #pragma unroll
           for (int ni = 0; ni < NT; ++ni) mma_and(acc[i][j][mi][ni], af[i][mi], bf[j][ni][0], bf[j][ni][1]);
-        if constexpr (NEED_ROWSUM) mma_and(rsum[i][mi], af[i][mi], 0xffffffffu, 0xffffffffu);
+        if constexpr (ROWSUM_MMA) mma_and(rsum[i][mi], af[i][mi], 0xffffffffu, 0xffffffffu);
       }
   }
 }
@@ -321,6 +338,7 @@ struct EpilogueArgs {
   const int* mult;
   const int* shift;
   const int* wtap;
+  const int* xpop;
 };
 
 // Zero the block's shared-memory packing tile [OUT_BITS][BM][BLOCK_WORDS] (narrow warp tiles).
@@ -381,8 +399,8 @@ __device__ __forceinline__ void epilogue_warp(const Acc& acc, const RowSum& rsum
       const bool row_ok = m < M_ROWS;
       // valid taps of this output pixel (input-aware padding)
       int rlo = 0, rhi = R, slo = 0, shi = S;
-      if constexpr (NEED_WTAP) {
-        const int qo = (int)(m % Q_OUT), po = (int)((m / Q_OUT) % P_OUT);
+      const int qo = (int)(m % Q_OUT), po = (int)((m / Q_OUT) % P_OUT);
+      if constexpr (NEED_WTAP || ROWSUM_TABLE) {
         tap_range(po * STRIDE - PAD, H, R, rlo, rhi);
         tap_range(qo * STRIDE - PAD, W, S, slo, shi);
       }
@@ -390,7 +408,21 @@ __device__ __forceinline__ void epilogue_warp(const Acc& acc, const RowSum& rsum
       const int t11 = rhi * (S + 1) + shi, t01 = rlo * (S + 1) + shi;
       const int t10 = rhi * (S + 1) + slo, t00 = rlo * (S + 1) + slo;
       int row_term = 0;
-      if constexpr (NEED_ROWSUM) {
+      if constexpr (ROWSUM_TABLE) {
+        if (row_ok) {
+          const i64 pix0 = (m / ((i64)P_OUT * Q_OUT)) * H * W;
+          const int ih0 = po * STRIDE - PAD, iw0 = qo * STRIDE - PAD;
+#pragma unroll
+          for (int i = 0; i < Q_BITS; ++i) {
+            int sum = 0;
+            for (int r = rlo; r < rhi; ++r)
+              for (int s = slo; s < shi; ++s)
+                sum += ea.xpop[i * PIXELS + pix0 + (ih0 + r) * W + iw0 + s];
+            row_term += a_coef(i) * sum;
+          }
+        }
+        row_term *= A_ALPHA * W_BETA;
+      } else if constexpr (NEED_ROWSUM) {
 #pragma unroll
         for (int i = 0; i < Q_BITS; ++i) row_term += a_coef(i) * rsum[i][mi][2 * h];
         row_term *= A_ALPHA * W_BETA;

@@ -33,7 +33,15 @@ from ...core import Config, Workload
 from ...core.epilogue import EpilogueParams
 from ...core.precision import Encoding
 from ...core.validate import check_inputs, out_storage
-from .bitserial import WGMMA_ARCH, conv_shape, kernel_name, render, smem_bytes, threads
+from .bitserial import (
+    WGMMA_ARCH,
+    conv_shape,
+    kernel_name,
+    render,
+    rowsum_table,
+    smem_bytes,
+    threads,
+)
 from .host_emu import HOST_INCLUDES, host_library
 
 #: largest dynamic shared memory a block may use (H100: 227 KiB)
@@ -207,7 +215,7 @@ __device__ __forceinline__ void wgmma_rowsum(int (&d)[MT][4], u64 da, u64 db) {
 HOST_MAIN = r"""
 extern "C" int emu_run(int which, const u32* x, const u32* w, void* out, const int* bias,
                        const float* scale, const int* mult, const int* shift, int* wtap,
-                       int grid_x, int grid_y, int nthreads, long long smem_bytes) {
+                       int* xpop, int grid_x, int grid_y, int nthreads, long long smem_bytes) {
   if (smem_bytes > EMU_SMEM_BYTES || nthreads > 512 || nthreads % 32) return -1;
   std::barrier<> block_bar(nthreads);
   std::vector<std::barrier<>*> warp_bars;
@@ -231,7 +239,8 @@ extern "C" int emu_run(int which, const u32* x, const u32* w, void* out, const i
           blockIdx = EmuDim{(unsigned)bx, (unsigned)by, 0};
           emu = &blk;
           if (which == 0) bitserial_wtap(w, wtap);
-          else EMU_MAIN(x, w, out, bias, scale, mult, shift, wtap);
+          else if (which == 2) bitserial_xpop(x, xpop);
+          else EMU_MAIN(x, w, out, bias, scale, mult, shift, wtap, xpop);
           if (!emu_copy_groups.empty() || !emu_copy_open.empty()) emu_fail("copies left pending");
         });
       }
@@ -281,15 +290,20 @@ def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
     out = torch.empty(shape, dtype=dtype)
     out.view(torch.uint8).fill_(poison)
     wtap = torch.zeros(sh.kout * (sh.r + 1) * (sh.s + 1), dtype=torch.int32)
+    pixels = sh.nb * sh.h * sh.w
+    xpop = torch.full((wl.a.bits * pixels,), -7, dtype=torch.int32)  # garbage until written
     lib = host_library(host_source(wl, config), "bitserial")
     ptr = ctypes.c_void_p
     vecs = [params.bias, params.scale, params.multiplier, params.shift]
-    args = [ptr(t.data_ptr()) if t is not None else ptr(0) for t in (x, w, out, *vecs, wtap)]
+    args = [ptr(t.data_ptr()) if t is not None else ptr(0)
+            for t in (x, w, out, *vecs, wtap, xpop)]
     grid = (math.ceil(sh.kout / config["BN"]), math.ceil(sh.rows / config["BM"]))
     if config["PERSIST"]:
         grid = (max(1, min(grid[0] * grid[1], persistent_blocks)), 1)
     if wl.a.encoding is Encoding.BINARY:
         _run(lib, 0, args, (math.ceil(sh.kout / 4), 1), 128, 0)
+    if rowsum_table(config):
+        _run(lib, 2, args, (math.ceil(pixels / 256), 1), 256, 0)
     _run(lib, 1, args, grid, threads(config), smem_bytes(wl, config))
     return out
 

@@ -3,7 +3,8 @@
 extern "C" __global__ void __launch_bounds__(THREADS) bitserial_persistent(
     const u32* __restrict__ x, const u32* __restrict__ w, void* __restrict__ out,
     const int* __restrict__ bias, const float* __restrict__ scale,
-    const int* __restrict__ mult, const int* __restrict__ shift, const int* __restrict__ wtap) {
+    const int* __restrict__ mult, const int* __restrict__ shift, const int* __restrict__ wtap,
+    const int* __restrict__ xpop) {
   extern __shared__ __align__(16) u32 smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
@@ -30,7 +31,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_persistent(
   }
 
   u32* s_out = smem + STAGES * STAGE_WORDS;  // packing tile apart: next tiles' copies in flight
-  const EpilogueArgs ea{out, bias, scale, mult, shift, wtap};
+  const EpilogueArgs ea{out, bias, scale, mult, shift, wtap, xpop};
   for (int it = 0; it < iters; ++it) {
     copy_wait<STAGES - 2>();
     __syncthreads();

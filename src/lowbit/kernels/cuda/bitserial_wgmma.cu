@@ -29,14 +29,15 @@ __device__ __forceinline__ void fence_proxy_async() {
 }
 // </device-primitives>
 
-constexpr int ONES_WORDS = NEED_ROWSUM ? 64 : 0;  // 8 rows x 32 bytes of ones
+constexpr int ONES_WORDS = ROWSUM_MMA ? 64 : 0;  // 8 rows x 32 bytes of ones
 static_assert(STAGES >= 3, "wgmma pipeline keeps one stage in flight: STAGES >= 3");
 static_assert(WM == 64 && BM % 64 == 0, "a warpgroup owns 64 rows");
 
 extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma(
     const u32* __restrict__ x, const u32* __restrict__ w, void* __restrict__ out,
     const int* __restrict__ bias, const float* __restrict__ scale,
-    const int* __restrict__ mult, const int* __restrict__ shift, const int* __restrict__ wtap) {
+    const int* __restrict__ mult, const int* __restrict__ shift, const int* __restrict__ wtap,
+    const int* __restrict__ xpop) {
   extern __shared__ __align__(128) u32 smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wg_m = wg / WARPS_N, wg_n = wg % WARPS_N;
@@ -44,7 +45,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma(
   const int n0 = blockIdx.x * BN;
   const ARows ar = a_rows(m0, tid);
   u32* ones = smem + STAGES * STAGE_WORDS;
-  if constexpr (NEED_ROWSUM) {
+  if constexpr (ROWSUM_MMA) {
     for (int i = tid; i < ONES_WORDS; i += THREADS) ones[i] = 0xffffffffu;
   }
   u32* halo = ones + ONES_WORDS;  // HALO=1: the block's input slab
@@ -79,7 +80,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma(
       for (int i = 0; i < Q_BITS; ++i) {
         const u64 da = smem_desc(sa + i * A_PLANE_STEP + ks * BM * 8);
         wgmma_planes(acc[i], da, db);
-        if constexpr (NEED_ROWSUM) wgmma_rowsum(rsum[i], da, smem_desc(ones));
+        if constexpr (ROWSUM_MMA) wgmma_rowsum(rsum[i], da, smem_desc(ones));
       }
     }
     wgmma_commit();
@@ -90,7 +91,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma(
 
   u32* s_out = smem;  // packing tile over the operand stages, once every warpgroup is done
   if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
-  const EpilogueArgs ea{out, bias, scale, mult, shift, wtap};
+  const EpilogueArgs ea{out, bias, scale, mult, shift, wtap, xpop};
   epilogue_warp(acc, rsum, m0, n0, wg_m * 64 + (warp & 3) * 16, wg_n * WN, lane, ea, s_out);
   if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, out, m0, n0, tid);
 }
