@@ -105,16 +105,16 @@ def estimate_us(wl: Workload, c: Config) -> float:
 def candidates(wl: Workload, n: int, persist: bool = True) -> list[Config]:
     """The mma.sync default config, then the best-ranked others with distinct tile shapes
     (n in all); on sm_90a also the wgmma default and its n - 1 best-ranked others; then twins
-    of the defaults (HALO=1; wgmma: other KT/STAGES pairs; binary weights: ROWSUM="table")
-    where valid."""
+    of the defaults (HALO=1; wgmma: other KT/STAGES pairs and persistent blocks; binary
+    weights: ROWSUM="table") where valid."""
     space = BITSERIAL.space(wl)
     chosen: list[Config] = []
     for mma in sorted({c["MMA"] for c in space}):  # mma_sync first
         default = BITSERIAL.default_config(wl, mma)
         picked, shapes = [default], {(default["BM"], default["BN"], default["WM"], default["WN"])}
-        ranked = [c for c in space if c["MMA"] == mma and (persist or not c["PERSIST"])
-                  and c["SWIZZLE"] == default["SWIZZLE"] and not c["HALO"]
-                  and c["ROWSUM"] == "mma"]
+        ranked = [c for c in space if c["MMA"] == mma and c["SWIZZLE"] == default["SWIZZLE"]
+                  and not c["HALO"] and c["ROWSUM"] == "mma"
+                  and (not c["PERSIST"] or (persist and mma == "mma_sync"))]
         for c in sorted(ranked, key=lambda c: estimate_us(wl, c)):
             shape = (c["BM"], c["BN"], c["WM"], c["WN"])
             if len(picked) >= n:
@@ -129,8 +129,12 @@ def candidates(wl: Workload, n: int, persist: bool = True) -> list[Config]:
     for c in [c for c in chosen if c["MMA"] == "wgmma"][:1]:
         twins += [c.replace(HALO=1), c.replace(KT=2, STAGES=4), c.replace(KT=2, STAGES=4, HALO=1),
                   c.replace(KT=1, STAGES=6), c.replace(KT=1, STAGES=6, HALO=1)]
+    defaults = [c for c in chosen if c == BITSERIAL.default_config(wl, c["MMA"])]
     if any(c["ROWSUM"] == "table" for c in space):  # binary weights: row sums from the table
-        twins += [c.replace(ROWSUM="table") for c in chosen]
+        twins += [c.replace(ROWSUM="table") for c in defaults]
+    if persist:  # persistent wgmma blocks (2026-11-23: not yet measured): the first valid one
+        twins += [t for t in (c.replace(PERSIST=1) for c in chosen if c["MMA"] == "wgmma")
+                  if space.is_valid(t)][:1]
     return chosen + [t for t in dict.fromkeys(twins) if space.is_valid(t) and t not in chosen]
 
 

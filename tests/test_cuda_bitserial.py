@@ -93,7 +93,8 @@ def test_wgmma_only_on_sm90a():
     wgmma = [c for c in BITSERIAL.space(wl, arch="sm_90a") if c["MMA"] == "wgmma"]
     assert wgmma
     for c in wgmma:
-        assert c["WM"] == 64 and not c["PERSIST"] and c["STAGES"] >= 3
+        assert c["WM"] == 64 and c["STAGES"] >= 3
+        assert not c["PERSIST"] or bitserial.threads(c) <= 256
         assert 2 * c["WN"] in bitserial.WGMMA_N  # N = w_bits * WN of m64nNk256
         assert bitserial.threads(c) == (c["BM"] // 64) * (c["BN"] // c["WN"]) * 128
         assert bitserial.acc_regs(wl, c) == 2 * 2 * c["WN"] // 2  # one warp's m16 x N share
@@ -151,12 +152,15 @@ def test_nvrtc_compiles_wgmma_sample_configs(tmp_path, monkeypatch):
     for wl, _ in _compile_sample():
         space = [c for c in BITSERIAL.space(wl, "sm_90a") if c["MMA"] == "wgmma"]
         default = BITSERIAL.default_config(wl, "wgmma", arch="sm_90a")
-        for cfg in [default, default.replace(SWIZZLE=32, HALO=1), rng.choice(space)]:
+        persistent = [c for c in space if c["PERSIST"]]
+        for cfg in [default, default.replace(SWIZZLE=32, HALO=1), rng.choice(space),
+                    rng.choice(persistent)]:
             if not BITSERIAL.space(wl, "sm_90a").is_valid(cfg):
                 cfg = cfg.replace(HALO=0)
             kernel = BITSERIAL.build(wl, cfg, arch="sm_90a")
             assert kernel._main.cubin[:4] == b"\x7fELF"
-            assert kernel._main.name == "bitserial_wgmma"
+            assert kernel._main.name == ("bitserial_wgmma_persistent" if cfg["PERSIST"]
+                                         else "bitserial_wgmma")
 
 
 def test_halo_rows_cover_every_tap_of_the_block():
@@ -394,3 +398,22 @@ def test_bit_exact_rowsum_table(ab, mma):
                 c = c.replace(ROWSUM="table")
                 if BITSERIAL.space(wl).is_valid(c):
                     _assert_exact(wl, c, seed=ab * 10 + combo + i)
+
+
+@pytest.mark.parametrize("wb,ab", [(1, 1), (1, 2), (2, 2), (3, 1), (4, 4)])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bit_exact_persistent_wgmma(wb, ab):
+    """PERSIST=1 with wgmma (bitserial_wgmma_persistent.cu): tiles looped per block with the
+    copy pipeline across tile boundaries; convs and GEMMs, both swizzles, both row-sum modes."""
+    if bitserial.device_arch() != bitserial.WGMMA_ARCH:
+        pytest.skip("wgmma needs sm_90a")
+    rng = random.Random(wb * 10 + ab)
+    for combo in range(4):
+        w_prec, a_prec = encodings(wb)[combo // 2], encodings(ab)[combo % 2]
+        epi = EPILOGUES[(wb + ab + combo) % len(EPILOGUES)]
+        wl = (conv(w_prec, a_prec, epi, N=4, H=9, W=9, C=96, K=70, stride=1 + combo % 2)
+              if combo % 2 == 0 else gemm(w_prec, a_prec, epi, M=300, N=130, K=700))
+        pts = [c for c in BITSERIAL.space(wl) if c["MMA"] == "wgmma" and c["PERSIST"]]
+        for cfg in rng.sample(pts, min(2, len(pts))):
+            _assert_exact(wl, cfg, seed=combo)

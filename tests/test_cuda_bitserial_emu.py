@@ -1,9 +1,9 @@
 """The bit-serial kernels' own CUDA text run on the CPU by the host emulation (bitserial_emu.py):
 bit-exact against `lowbit.reference.run` for both MMA paths (mma.sync, wgmma with and without
-the 32-byte swizzle), the persistent and duplicate-aware-load variants, the row-sum table,
-every encoding pair,
-every epilogue, odd shapes, stride 2 and GEMMs. Before the emulation existed these kernels were
-checked only on a GPU. The last tests show the emulation fails when the kernel is wrong."""
+the 32-byte swizzle), the persistent (both MMA kinds) and duplicate-aware-load variants, the
+row-sum table, every encoding pair, every epilogue, odd shapes, stride 2 and GEMMs. Before the
+emulation existed these kernels were checked only on a GPU. The last tests show the emulation
+fails when the kernel is wrong."""
 
 from __future__ import annotations
 
@@ -44,6 +44,10 @@ CASES = [
      "mma_sync", {"ROWSUM": "table"}),
     ("wgmma_rowsum_table_b1b1", conv(B1, B1, EPILOGUES[4], N=1, H=6, W=6, C=40, K=33, R=5,
                                      S=5, pad=2), "wgmma", {"ROWSUM": "table"}),
+    ("wgmma_persistent_s2u2_stride2", conv(S2, U2, EPILOGUES[4], N=2, H=7, W=6, C=64, K=40,
+                                           stride=2), "wgmma", {"PERSIST": 1}),
+    ("wgmma_persistent_b1b1_table", gemm(B1, B1, EPILOGUES[1], M=130, N=64, K=512), "wgmma",
+     {"PERSIST": 1, "ROWSUM": "table", "SWIZZLE": 0}),
     ("gemm_mma_s3b1", gemm(S3, B1, EPILOGUES[4], M=77, N=45, K=300), "mma_sync", {}),
     ("gemm_wgmma_b1b1", gemm(B1, B1, EPILOGUES[1], M=70, N=64, K=512), "wgmma", {}),
 ]

@@ -1,10 +1,6 @@
 // One output tile per block (grid = all tiles), mma.sync. Needs bitserial_common.cu before it.
 
-extern "C" __global__ void __launch_bounds__(THREADS) bitserial_kernel(
-    const u32* __restrict__ x, const u32* __restrict__ w, void* __restrict__ out,
-    const int* __restrict__ bias, const float* __restrict__ scale,
-    const int* __restrict__ mult, const int* __restrict__ shift, const int* __restrict__ wtap,
-    const int* __restrict__ xpop) {
+extern "C" __global__ void __launch_bounds__(THREADS) bitserial_kernel(BITSERIAL_KERNEL_PARAMS) {
   extern __shared__ __align__(16) u32 smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;

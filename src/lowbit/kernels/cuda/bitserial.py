@@ -10,12 +10,12 @@ or BITPLANE layout (bit planes packed in registers so the next layer reads them 
 Knobs (the CUDA template parameters): BM x BN block tile (output rows x columns), WM x WN warp
 tile, KT k256 steps per pipeline stage, STAGES cp.async stages, PERSIST (0: one tile per block;
 1: one wave of persistent blocks whose copy pipeline runs across tiles, hiding the load latency
-of short reductions such as 3x3 convs on 64 channels), MMA ("mma_sync": m16n8k256 per warp,
-fragments loaded from shared memory; "wgmma": Hopper warpgroup m64nNk256 reading both operands
-from shared memory through descriptors, sm_90a only, one tile per block, WM = 64 rows per
-warpgroup, N = w_bits * WN), SWIZZLE (wgmma shared-memory layout: 0 = 8x16-byte core
-matrices, 32 = the 32-byte swizzle; mma.sync: 0), HALO (1: duplicate-aware load: the input rows
-of a block's output pixels plus halo are copied once into shared memory and the im2col tiles are
+of short reductions such as 3x3 convs on 64 channels; both MMA kinds), MMA ("mma_sync":
+m16n8k256 per warp, fragments loaded from shared memory; "wgmma": Hopper warpgroup m64nNk256
+reading both operands from shared memory through descriptors, sm_90a only, WM = 64 rows per
+warpgroup, N = w_bits * WN), SWIZZLE (wgmma shared-memory layout: 0 = 8x16-byte core matrices,
+32 = the 32-byte swizzle; mma.sync: 0), HALO (1: duplicate-aware load: the input rows of a
+block's output pixels plus halo are copied once into shared memory and the im2col tiles are
 gathered from there; convs with R*S > 1 and PERSIST=0 only), ROWSUM (binary weights only:
 "mma" computes the activation rows' popcounts with one more MMA per plane and k step against a
 tile of ones; "table" reads them from a per-pixel popcount table of x made by a small kernel
@@ -61,13 +61,15 @@ def _cu(name: str) -> str:
 def kernel_file(config: Mapping) -> str:
     """The .cu body of a config's kernel (after bitserial_common.cu)."""
     if config["MMA"] == "wgmma":
-        return "bitserial_wgmma.cu"
+        return "bitserial_wgmma_persistent.cu" if config["PERSIST"] else "bitserial_wgmma.cu"
     return "bitserial_persistent.cu" if config["PERSIST"] else "bitserial.cu"
 
 
 def kernel_name(config: Mapping) -> str:
-    return {"bitserial_wgmma.cu": "bitserial_wgmma", "bitserial_persistent.cu":
-            "bitserial_persistent", "bitserial.cu": "bitserial_kernel"}[kernel_file(config)]
+    return {"bitserial_wgmma.cu": "bitserial_wgmma",
+            "bitserial_wgmma_persistent.cu": "bitserial_wgmma_persistent",
+            "bitserial_persistent.cu": "bitserial_persistent",
+            "bitserial.cu": "bitserial_kernel"}[kernel_file(config)]
 
 
 def _asm_operands(names: list[str]) -> tuple[str, str]:
@@ -180,8 +182,10 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
     lines += [f"constexpr int {k} = {int(v)};" for k, v in params.items()]
     lines.append(f"constexpr long long M_ROWS = {sh.rows}ll;")
     body = _cu("bitserial_common.cu")
-    if config["MMA"] == "wgmma" and wgmma_asm:
-        body += wgmma_source(wl.w.bits, config["WN"])
+    if config["MMA"] == "wgmma":
+        if wgmma_asm:
+            body += wgmma_source(wl.w.bits, config["WN"])
+        body += _cu("bitserial_wgmma_common.cu")
     return "\n".join(lines) + "\n" + body + _cu(kernel_file(config))
 
 
@@ -330,14 +334,16 @@ def _constraints(wl: Workload) -> list:
             if c["SWIZZLE"]:
                 return "SWIZZLE is a wgmma layout (mma.sync: 0)"
             return None
-        if c["PERSIST"]:
-            return "wgmma kernels run one tile per block (PERSIST=0)"
         if c["WM"] != 64:
             return "a wgmma warpgroup owns WM=64 rows"
         if wl.w.bits * c["WN"] not in WGMMA_N:
             return f"wgmma N = w_bits*WN = {wl.w.bits * c['WN']} is not a valid m64nNk256 N"
         if c["STAGES"] < 3:
             return "the wgmma pipeline needs STAGES >= 3 (one stage stays in flight)"
+        if c["PERSIST"] and (threads(c) > 256 or wl.w.bits * c["WN"] > 128):
+            # NVRTC 13 (sm_90a), the epilogue living inside the tile loop: 4-warpgroup blocks
+            # (capped at 128 registers per thread) spill 160-620 B, m64n256 ones 870 B
+            return "persistent wgmma blocks spill beyond 2 warpgroups or N = 128 per wgmma"
         if (c["BM"] // 64) * (c["BN"] // c["WN"]) > MAX_WARPGROUPS:
             return f"more than {MAX_WARPGROUPS} warpgroups per block"
         return None

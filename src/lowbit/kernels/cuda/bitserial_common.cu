@@ -331,6 +331,13 @@ __device__ __forceinline__ void mma_sync_stage(Acc& acc, RowSum& rsum, const u32
 
 // ---- fused epilogue (shared by all kernels) ----
 
+// The parameters of every bit-serial kernel (bitserial.py launches them in this order).
+#define BITSERIAL_KERNEL_PARAMS                                                               \
+  const u32* __restrict__ x, const u32* __restrict__ w, void* __restrict__ out,               \
+      const int* __restrict__ bias, const float* __restrict__ scale,                          \
+      const int* __restrict__ mult, const int* __restrict__ shift, const int* __restrict__ wtap, \
+      const int* __restrict__ xpop
+
 struct EpilogueArgs {
   void* out;
   const int* bias;
@@ -370,6 +377,27 @@ __device__ __forceinline__ ColParams col_params(const EpilogueArgs& ea, int col)
   return {(HAS_BIAS && ok) ? ea.bias[col] : 0, (OUT_MODE >= 2 && ok) ? ea.mult[col] : 0,
           (OUT_MODE >= 2 && ok) ? ea.shift[col] : 1, (OUT_MODE == 1 && ok) ? ea.scale[col] : 0.f};
 }
+// ROWSUM_TABLE: sum_i c_i popc(a_i) of output row m (pixel (n, po, qo)): the per-pixel table
+// summed over the valid taps [rlo, rhi) x [slo, shi) (1x1 and GEMM: one lookup per plane).
+__device__ __forceinline__ int table_row_popc(const int* __restrict__ xpop, i64 m, int po, int qo,
+                                              int rlo, int rhi, int slo, int shi) {
+  const i64 pix = (m / ((i64)P_OUT * Q_OUT)) * H * W + (i64)(po * STRIDE - PAD) * W
+                  + qo * STRIDE - PAD;
+  int total = 0;
+#pragma unroll
+  for (int i = 0; i < Q_BITS; ++i) {
+    int sum = 0;
+    if constexpr (R * S == 1) {
+      sum = xpop[i * PIXELS + pix];
+    } else {
+      for (int r = rlo; r < rhi; ++r)
+        for (int s = slo; s < shi; ++s) sum += xpop[i * PIXELS + pix + r * W + s];
+    }
+    total += a_coef(i) * sum;
+  }
+  return total;
+}
+
 // Narrow warps keep their columns' parameters in registers for all rows; wide (wgmma) warps
 // reload them per row pair (L1 hits) instead of holding 8 registers per column pair.
 constexpr int COL_CACHE = NT <= 8 ? NT : 1;
@@ -409,19 +437,7 @@ __device__ __forceinline__ void epilogue_warp(const Acc& acc, const RowSum& rsum
       const int t10 = rhi * (S + 1) + slo, t00 = rlo * (S + 1) + slo;
       int row_term = 0;
       if constexpr (ROWSUM_TABLE) {
-        if (row_ok) {
-          const i64 pix0 = (m / ((i64)P_OUT * Q_OUT)) * H * W;
-          const int ih0 = po * STRIDE - PAD, iw0 = qo * STRIDE - PAD;
-#pragma unroll
-          for (int i = 0; i < Q_BITS; ++i) {
-            int sum = 0;
-            for (int r = rlo; r < rhi; ++r)
-              for (int s = slo; s < shi; ++s)
-                sum += ea.xpop[i * PIXELS + pix0 + (ih0 + r) * W + iw0 + s];
-            row_term += a_coef(i) * sum;
-          }
-        }
-        row_term *= A_ALPHA * W_BETA;
+        if (row_ok) row_term = A_ALPHA * W_BETA * table_row_popc(ea.xpop, m, po, qo, rlo, rhi, slo, shi);
       } else if constexpr (NEED_ROWSUM) {
 #pragma unroll
         for (int i = 0; i < Q_BITS; ++i) row_term += a_coef(i) * rsum[i][mi][2 * h];
@@ -507,4 +523,35 @@ __device__ __forceinline__ void epilogue_warp(const Acc& acc, const RowSum& rsum
           }
       }
     }
+}
+
+// ---- persistent blocks (bitserial_persistent.cu, bitserial_wgmma_persistent.cu) ----
+// A block takes tiles blockIdx.x, + gridDim.x, ...; its iteration `it` is k tile it % KTILES
+// of its (it / KTILES)-th tile, and the copy pipeline runs across tile boundaries.
+
+__device__ __forceinline__ int persistent_iters() {
+  return (N_TILES - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x * KTILES;
+}
+__device__ __forceinline__ int persistent_tile(int it) {
+  return (int)blockIdx.x + (it / KTILES) * (int)gridDim.x;
+}
+// Issue the copies of the block's iteration `it` into `stage`.
+__device__ __forceinline__ void load_tile_stage(const u32* __restrict__ x, const u32* __restrict__ w,
+                                                u32* stage, int it, int tid) {
+  const int tile = persistent_tile(it);
+  load_stage(x, w, stage, a_rows((i64)(tile / N_COL_TILES) * BM, tid), (tile % N_COL_TILES) * BN,
+             it % KTILES, tid);
+}
+// Fused epilogue of the tile whose last k tile is iteration `it` (the next tiles' copies are in
+// flight, so s_out lies beside the stages), then fresh accumulators for the next tile.
+__device__ __forceinline__ void persistent_epilogue(Acc& acc, RowSum& rsum, int it, int row0,
+                                                    int col0, int lane, int tid,
+                                                    const EpilogueArgs& ea, u32* s_out) {
+  const int tile = persistent_tile(it);
+  const i64 m0 = (i64)(tile / N_COL_TILES) * BM;
+  const int n0 = (tile % N_COL_TILES) * BN;
+  if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
+  epilogue_warp(acc, rsum, m0, n0, row0, col0, lane, ea, s_out);
+  if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, ea.out, m0, n0, tid);
+  zero_acc(acc, rsum);
 }

@@ -1,0 +1,62 @@
+// What the Hopper warpgroup-MMA kernels share (bitserial_wgmma.cu: one tile per block;
+// bitserial_wgmma_persistent.cu: persistent blocks): wgmma.mma_async m64nNk256 b1 AND, both
+// operands read from shared memory through descriptors (no fragment loads: the mma.sync path is
+// co-limited by them). Needs bitserial_common.cu and the rendered wgmma_planes / wgmma_rowsum
+// (bitserial.py) before it.
+//
+// Warpgroup (wg_m, wg_n) owns rows [64 wg_m, 64 wg_m + 64) and columns [WN wg_n, WN wg_n + WN)
+// of the block tile; per k256 slab it issues one m64nNk256 (N = P_BITS * WN: all weight planes
+// at once) per activation plane, and for binary weights (ROWSUM_MMA) one m64n8k256 against a
+// tile of ones (the row popcounts). Pipeline: cp.async STAGES deep; stage kt is overwritten only
+// after wgmma.wait_group 1 of the next k tile and a barrier, so one wgmma batch stays in flight.
+
+__device__ __forceinline__ u64 smem_desc(const u32* p) {
+  // start address >> 4 | LBO >> 4 << 16 | SBO >> 4 << 32 | swizzle mode << 62 (base offset 0:
+  // every matrix starts on a 256-byte boundary). SWIZZLE=0: LBO 128 B (k halves of a core
+  // matrix row), SBO 256 B (8-row groups). SWIZZLE=32 (mode 3): LBO unused (1), SBO 256 B.
+  const u64 start = (smem_addr(p) & 0x3FFFF) >> 4;
+  if constexpr (SWIZZLE == 32) return start | (1ull << 16) | ((u64)(256 >> 4) << 32) | (3ull << 62);
+  return start | ((u64)(128 >> 4) << 16) | ((u64)(256 >> 4) << 32);
+}
+// <device-primitives> (bitserial_emu.py replaces this region with host versions)
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+// cp.async writes shared memory through the generic proxy; wgmma reads it through the async one.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// </device-primitives>
+
+constexpr int ONES_WORDS = ROWSUM_MMA ? 64 : 0;  // 8 rows x 32 bytes of ones
+static_assert(STAGES >= 3, "wgmma pipeline keeps one stage in flight: STAGES >= 3");
+static_assert(WM == 64 && BM % 64 == 0, "a warpgroup owns 64 rows");
+
+// The wgmma batch of one stage: every activation plane x all weight planes of this
+// warpgroup's columns, KT k256 slabs (committed as one group; the caller waits).
+__device__ __forceinline__ void wgmma_stage(Acc& acc, RowSum& rsum, const u32* stage,
+                                            const u32* ones, int wg_m, int wg_n) {
+  const u32* sa = stage + wg_m * 64 * 8;
+  const u32* sb = stage + A_STAGE_WORDS + wg_n * (P_BITS * WN) * 8;
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < KT; ++ks) {
+    const u64 db = smem_desc(sb + ks * B_ROWS * 8);
+#pragma unroll
+    for (int i = 0; i < Q_BITS; ++i) {
+      const u64 da = smem_desc(sa + i * A_PLANE_STEP + ks * BM * 8);
+      wgmma_planes(acc[i], da, db);
+      if constexpr (ROWSUM_MMA) wgmma_rowsum(rsum[i], da, smem_desc(ones));
+    }
+  }
+  wgmma_commit();
+}
+
+// The 256-byte tile of ones the row-sum wgmma multiplies with (ROWSUM_MMA), filled once.
+__device__ __forceinline__ void fill_ones(u32* ones, int tid) {
+  if constexpr (ROWSUM_MMA) {
+    for (int i = tid; i < ONES_WORDS; i += THREADS) ones[i] = 0xffffffffu;
+  }
+}
