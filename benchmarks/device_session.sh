@@ -8,7 +8,7 @@
 #
 # Steps (seconds are the limits, sized for an H100 and a warm Triton cache):
 #   tests        pytest -m gpu over the Triton kernels and the tuner              (240)
-#   tests_cuda   pytest -m gpu over the CUDA bit-serial and mma.sync kernels       (300)
+#   tests_cuda   pytest -m gpu over the CUDA bit-serial and mma.sync kernels       (540)
 #   gemm         benchmarks/gemm.py, whole space of the FC shapes                  (300)
 #   conv_b16     benchmarks/conv.py on ResNet-50 3x3 at batch 16                   (300)
 #   conv_b256    benchmarks/conv.py on ResNet-50 3x3 at batch 256                  (420)
@@ -58,7 +58,7 @@ for s in "$@"; do
     case $s in
     tests) step tests 240 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
         --junitxml="$OUT/tests.xml" $TRITON_TESTS ;;
-    tests_cuda) step tests_cuda 300 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
+    tests_cuda) step tests_cuda 540 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
         --junitxml="$OUT/tests_cuda.xml" $CUDA_TESTS ;;
     gemm) step gemm 300 python3 benchmarks/gemm.py --whole-space-below 1000 ;;
     conv_b16) step conv_b16 300 python3 benchmarks/conv.py --suites resnet50_3x3_b16 \
