@@ -4,7 +4,10 @@
 # $LOWBIT_RESULTS_DIR). Steps run in the order given, each under its own time limit, and a
 # failing step does not stop the next one.
 #
-#   bash benchmarks/device_session.sh tests gemm conv_b16        # one call of <= 10 min
+#   bash benchmarks/device_session.sh tests gemm                 # one call of <= 10 min
+#
+# Keep the limits of one call's steps under the device's 600 s per command, e.g. the calls
+# (tests gemm), (tests_cuda), (bitserial_tuned_a), (conv_b16 tune_b16), (conv_r18 bitserial).
 #
 # Steps (seconds are the limits, sized for an H100 and a warm Triton cache):
 #   tests        pytest -m gpu over the Triton kernels and the tuner              (240)
