@@ -7,7 +7,9 @@
 #   bash benchmarks/device_session.sh tests gemm                 # one call of <= 10 min
 #
 # Keep the limits of one call's steps under the device's 600 s per command, e.g. the calls
-# (tests gemm), (tests_cuda), (bitserial_tuned_a), (conv_b16 tune_b16), (conv_r18 bitserial).
+# (tests gemm), (tests_cuda), (bitserial_tuned_a), (tune_b16), (conv_b16 conv_r18). A call's
+# timed-*.json come back with its results: commit them under benchmarks/results/<gpu>/ and the
+# conv steps of later calls re-time their configs too.
 #
 # Steps (seconds are the limits, sized for an H100 and a warm Triton cache):
 #   tests        pytest -m gpu over the Triton kernels and the tuner              (240)
@@ -15,8 +17,8 @@
 #   gemm         benchmarks/gemm.py, whole space of the FC shapes                  (300)
 #   conv_b16     benchmarks/conv.py on ResNet-50 3x3 at batch 16                   (300)
 #   conv_b256    benchmarks/conv.py on ResNet-50 3x3 at batch 256                  (420)
-#                (both add the tuned bests of any timed-*.json already in $OUT: run
-#                 tune_b16 before conv_b16 to re-time the tuner's picks in the same call)
+#                (both add the tuned bests of the timed-*.json in $OUT and in
+#                 benchmarks/results/<this gpu>/)
 #   conv_r18     benchmarks/conv.py on the ResNet-18 batch-8 layers (stride 2 by TMA) (300)
 #   tune_b16     benchmarks/tuning.py timed, both int8 templates, batch-16 layers  (420)
 #   bitserial    benchmarks/bitserial.py at w1a4, w2a4, w3a3                       (420)
@@ -45,7 +47,9 @@ step() {  # step NAME LIMIT_S COMMAND...
     echo "=== $name rc=$? $(date -u +%T)"
 }
 
-timed_files() { compgen -G "$OUT/timed-*.json" || true; }
+GPU_DIR=benchmarks/results/$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null \
+    | head -1 | tr 'A-Z ' 'a-z-')
+timed_files() { compgen -G "$OUT/timed-*.json"; compgen -G "$GPU_DIR/timed-*.json"; true; }
 
 INT8_TIMED=$(compgen -G "benchmarks/results/nvidia-h100-80gb-hbm3/timed-2026112[3-9]-*.json")
 bitserial_tuned() {  # bitserial_tuned SUFFIX LAYERS
