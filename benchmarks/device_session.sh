@@ -7,7 +7,8 @@
 #   bash benchmarks/device_session.sh tests gemm                 # one call of <= 10 min
 #
 # Keep the limits of one call's steps under the device's 600 s per command, e.g. the calls
-# (tests gemm), (tests_cuda), (bitserial_tuned_a), (tune_b16), (conv_b16 conv_r18). A call's
+# (tests gemm), (tests_cuda), (tune_wgmma8), (bitserial_tuned_a), (tune_b16),
+# (conv_b16 conv_r18). A call's
 # timed-*.json come back with its results: commit them under benchmarks/results/<gpu>/ and the
 # conv steps of later calls re-time their configs too.
 #
@@ -21,6 +22,8 @@
 #                 benchmarks/results/<this gpu>/)
 #   conv_r18     benchmarks/conv.py on the ResNet-18 batch-8 layers (stride 2 by TMA) (300)
 #   tune_b16     benchmarks/tuning.py timed, both int8 templates, batch-16 layers  (420)
+#   tune_wgmma8  the same at batch 256 with cuda.int8_wgmma (s8 wgmma, one batch in
+#                flight) against the TMA template                                   (540)
 #   bitserial    benchmarks/bitserial.py at w1a4, w2a4, w3a3                       (420)
 #   bitserial_tuned_a / _b   w1a1 and w1a2 rows tuned first (lowbit.tune, 45 s each) against
 #                the tuned int8 configs of the committed timed-*.json: GEMM 4096^3 + ResNet-50
@@ -61,6 +64,7 @@ bitserial_tuned() {  # bitserial_tuned SUFFIX LAYERS
 TRITON_TESTS="tests/test_triton_igemm.py tests/test_triton_tma_conv.py tests/test_tune_gpu.py"
 CUDA_TESTS="tests/test_cuda_bitserial.py tests/test_cuda_mma_conv.py tests/test_cuda_nvrtc.py"
 B16=resnet50_s2_3x3,resnet50_s3_3x3,resnet50_s4_3x3,resnet50_s5_3x3
+B256=resnet50_s2_3x3_b256,resnet50_s3_3x3_b256,resnet50_s4_3x3_b256,resnet50_s5_3x3_b256
 for s in "$@"; do
     case $s in
     tests) step tests 240 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
@@ -74,6 +78,8 @@ for s in "$@"; do
         --max-configs 24 --budget-s 360 --timed $(timed_files) ;;
     conv_r18) step conv_r18 300 python3 benchmarks/conv.py --suites resnet18_b8 \
         --max-configs 24 --budget-s 240 ;;
+    tune_wgmma8) step tune_wgmma8 540 python3 benchmarks/tuning.py timed --layers "$B256" \
+        --trials 160 --budget-s 500 --templates triton.conv2d_int8_tma,cuda.int8_wgmma ;;
     tune_b16) step tune_b16 420 python3 benchmarks/tuning.py timed --layers "$B16" \
         --trials 300 --budget-s 380 \
         --templates triton.conv2d_int8,triton.conv2d_int8_tma ;;

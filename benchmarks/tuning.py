@@ -88,10 +88,11 @@ def timed(only: list[str] | None, trials: int, strategy: str, budget_s: float,
     `LocalMeasurer`: parallel compile, verify, time), on an empty records file per layer;
     writes the wall time of each to `timed-<stamp>.json`. templates: names of the templates
     searched together (default `triton.conv2d_int8`); each row gives every one's default."""
-    from lowbit.kernels import get_template
+    from lowbit.kernels import get_template, load_backends
     from lowbit.kernels.triton import CONV2D_INT8
     from lowbit.tune import tune
 
+    load_backends()  # CUDA templates (e.g. cuda.int8_wgmma) can join the search too
     pool = [get_template(n) for n in templates] if templates else [CONV2D_INT8]
 
     t0 = time.perf_counter()

@@ -77,24 +77,30 @@ def _asm_operands(names: list[str]) -> tuple[str, str]:
     return regs, ", ".join(f'"+r"({n})' for n in names)
 
 
-def wgmma_source(w_bits: int, wn: int) -> str:
+def wgmma_source(w_bits: int, wn: int, s8_atype: str | None = None) -> str:
     """wgmma_planes (one activation plane x all w_bits weight planes of WN columns: m64nNk256,
     N = w_bits * WN) and wgmma_rowsum (m64n8k256 against ones) as inline PTX. Register d[k] of
     the s32 m64nN fragment is row g (+8 for k % 4 >= 2), column 8 (k / 4) + 2 t4 + k % 2: the
-    mma.sync m16n8 layout per n8 tile, so acc[i][j][0][ni][e] is register (j * NT + ni) * 4 + e."""
+    mma.sync m16n8 layout per n8 tile, so acc[i][j][0][ni][e] is register (j * NT + ni) * 4 + e.
+    s8_atype ("s8" / "u8"): the int8 mode, m64nNk32 .s32.<s8_atype>.s8 on a 32-byte k slab."""
     n = w_bits * wn
-    planes = [f"d[{j}][0][{ni}][{e}]" for j in range(w_bits) for ni in range(wn // 8)
-              for e in range(4)]
+    regs_of = [f"d[{j}][0][{ni}][{e}]" for j in range(w_bits) for ni in range(wn // 8)
+               for e in range(4)]
+    if s8_atype:
+        main = f"m64n{n}k32.s32.{s8_atype}.s8"
+    else:
+        main = f"m64n{n}k256.s32.b1.b1.and.popc"
     out = []
-    for fn, shape, names, arr in (
-            ("wgmma_planes", f"m64n{n}k256", planes, "int (&d)[P_BITS][MT][NT][4]"),
-            ("wgmma_rowsum", "m64n8k256", [f"d[0][{e}]" for e in range(4)], "int (&d)[MT][4]")):
+    for fn, op, names, arr in (
+            ("wgmma_planes", main, regs_of, "int (&d)[P_BITS][MT][NT][4]"),
+            ("wgmma_rowsum", "m64n8k256.s32.b1.b1.and.popc", [f"d[0][{e}]" for e in range(4)],
+             "int (&d)[MT][4]")):
         regs, ops = _asm_operands(names)
         k = len(names)
         out.append(
             f"__device__ __forceinline__ void {fn}({arr}, u64 da, u64 db) {{\n"
             f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"\n'
-            f'      "wgmma.mma_async.sync.aligned.{shape}.s32.b1.b1.and.popc "\n'
+            f'      "wgmma.mma_async.sync.aligned.{op} "\n'
             f'      "{{{regs}}}, %{k}, %{k + 1}, p;\\n}}\\n"\n'
             f'      : {ops}\n      : "l"(da), "l"(db), "r"(1));\n}}\n')
     return "".join(out)
@@ -116,9 +122,11 @@ class Shape:
     p: int
     q: int
 
+    chan_bits: int = 1  # bits per channel in a word row: 1 (bit planes) or 8 (int8 layout)
+
     @property
     def words(self) -> int:
-        return -(-self.c // 32)
+        return -(-self.c * self.chan_bits // 32)
 
     @property
     def rows(self) -> int:
@@ -129,11 +137,23 @@ class Shape:
         return self.r * self.s * self.words
 
 
+def int8_operands(wl: Workload) -> bool:
+    """Operands in the int8 layout (the s8 wgmma mode, `int8_wgmma.py`), not bit planes."""
+    return wl.a_layout is Layout.INT8
+
+
+def planes(wl: Workload) -> tuple[int, int]:
+    """(activation planes, weight planes) of the kernel: the bit widths, or (1, 1) of bytes."""
+    return (1, 1) if int8_operands(wl) else (wl.a.bits, wl.w.bits)
+
+
 def conv_shape(wl: Workload) -> Shape:
+    bits = 8 if int8_operands(wl) else 1
     if isinstance(wl, ConvWorkload):
-        return Shape(wl.N, wl.H, wl.W, wl.C, wl.K, wl.R, wl.S, wl.stride, wl.pad, wl.P, wl.Q)
+        return Shape(wl.N, wl.H, wl.W, wl.C, wl.K, wl.R, wl.S, wl.stride, wl.pad, wl.P, wl.Q,
+                     bits)
     m, n, k = wl.gemm_shape
-    return Shape(m, 1, 1, k, n, 1, 1, 1, 0, 1, 1)
+    return Shape(m, 1, 1, k, n, 1, 1, 1, 0, 1, 1, bits)
 
 
 def copy_vec(shape: Shape) -> int:
@@ -157,14 +177,19 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
     wgmma_asm=False leaves out the inline-PTX wgmma wrappers (the host emulation supplies its
     own, `bitserial_emu.py`)."""
     sh = conv_shape(wl)
-    aa, ba, _ = plane_coefficients(wl.a)
-    ab, bb, _ = plane_coefficients(wl.w)
+    elem8 = int8_operands(wl)
+    if elem8:  # one plane of bytes, products summed by the s8 tensor cores: coefficients 1
+        aa, ba, ab, bb = 1, 0, 1, 0
+    else:
+        aa, ba, _ = plane_coefficients(wl.a)
+        ab, bb, _ = plane_coefficients(wl.w)
+    q, p = planes(wl)
     epi = wl.epilogue
     out = epi.out if epi.requantizes else None
     params = {
-        "Q_BITS": wl.a.bits, "P_BITS": wl.w.bits,
-        "A_SIGNED": int(wl.a.encoding is Encoding.SIGNED),
-        "W_SIGNED": int(wl.w.encoding is Encoding.SIGNED),
+        "Q_BITS": q, "P_BITS": p, "ELEM8": int(elem8),
+        "A_SIGNED": int(wl.a.encoding is Encoding.SIGNED and not elem8),
+        "W_SIGNED": int(wl.w.encoding is Encoding.SIGNED and not elem8),
         "A_ALPHA": aa, "A_BETA": ba, "W_ALPHA": ab, "W_BETA": bb,
         "NB": sh.nb, "H": sh.h, "W": sh.w, "C": sh.c, "CW": sh.words, "KOUT": sh.kout,
         "R": sh.r, "S": sh.s, "STRIDE": sh.stride, "PAD": sh.pad, "P_OUT": sh.p, "Q_OUT": sh.q,
@@ -184,7 +209,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
     body = _cu("bitserial_common.cu")
     if config["MMA"] == "wgmma":
         if wgmma_asm:
-            body += wgmma_source(wl.w.bits, config["WN"])
+            body += wgmma_source(p, config["WN"], s8_atype(wl) if elem8 else None)
         body += _cu("bitserial_wgmma_common.cu")
     return "\n".join(lines) + "\n" + body + _cu(kernel_file(config))
 
@@ -214,7 +239,17 @@ def halo_bytes(wl: Workload, config: Mapping) -> int:
     if not config["HALO"]:
         return 0
     sh = conv_shape(wl)
-    return wl.a.bits * halo_rows(sh, config["BM"]) * sh.w * sh.words * 4
+    return planes(wl)[0] * halo_rows(sh, config["BM"]) * sh.w * sh.words * 4
+
+
+def needs_rowsum(wl: Workload) -> bool:
+    """Binary bit-plane weights: the AND rewrite needs the activation rows' popcounts."""
+    return wl.w.encoding is Encoding.BINARY and not int8_operands(wl)
+
+
+def s8_atype(wl: Workload) -> str:
+    """PTX type of the activation bytes for the s8 wgmma mode (weights are always .s8)."""
+    return "u8" if wl.a.encoding is Encoding.UNSIGNED else "s8"
 
 
 def rowsum_table(config: Mapping) -> bool:
@@ -226,9 +261,10 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     """Dynamic shared memory of a config: STAGES x (a_bits*BM + w_bits*BN) rows x KT*32 bytes
     (wgmma with binary weights: + a 256-byte tile of ones for the row popcounts; HALO=1: + the
     input slab)."""
-    rows = wl.a.bits * config["BM"] + wl.w.bits * config["BN"]
+    q, p = planes(wl)
+    rows = q * config["BM"] + p * config["BN"]
     operands = config["STAGES"] * rows * config["KT"] * 32 + halo_bytes(wl, config)
-    if config["MMA"] == "wgmma" and wl.w.encoding is Encoding.BINARY and not rowsum_table(config):
+    if config["MMA"] == "wgmma" and needs_rowsum(wl) and not rowsum_table(config):
         operands += 256
     epi = wl.epilogue
     if epi.requantizes and epi.out_layout is Layout.BITPLANE and config["WN"] % 32:
@@ -243,15 +279,18 @@ def acc_regs(wl: Workload, config: Mapping) -> int:
     unless they come from the table)."""
     warp_rows = 16 if config["MMA"] == "wgmma" else config["WM"]  # a warp's share of m64
     tiles = (warp_rows // 16) * (config["WN"] // 8) * 4
-    mma_rowsum = wl.w.encoding is Encoding.BINARY and not rowsum_table(config)
-    extra = (warp_rows // 16) * 4 * wl.a.bits if mma_rowsum else 0
-    return tiles * wl.a.bits * wl.w.bits + extra
+    q, p = planes(wl)
+    mma_rowsum = needs_rowsum(wl) and not rowsum_table(config)
+    extra = (warp_rows // 16) * 4 * q if mma_rowsum else 0
+    return tiles * q * p + extra
 
 
 class BitserialKernel:
     """Compiled bit-serial kernel for one (workload, config); call as kernel(x, w, params)."""
 
-    def __init__(self, workload: Workload, config: Config, arch: str | None = None) -> None:
+    def __init__(self, workload: Workload, config: Config, arch: str | None = None,
+                 template: str = "cuda.bitserial") -> None:
+        self.template = template
         self.workload = workload
         self.config = config
         self.source = render(workload, config)
@@ -267,7 +306,7 @@ class BitserialKernel:
         self._tiles = self._grid[0] * self._grid[1]
         self._threads = threads(config)
         self._smem = smem_bytes(workload, config)
-        self._needs_wtap = workload.a.encoding is Encoding.BINARY
+        self._needs_wtap = workload.a.encoding is Encoding.BINARY and not int8_operands(workload)
         self._needs_xpop = rowsum_table(config)
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams,
@@ -295,7 +334,7 @@ class BitserialKernel:
         xpop = None
         pixels = sh.nb * sh.h * sh.w
         if self._needs_xpop:
-            xpop = torch.empty(wl.a.bits * pixels, dtype=torch.int32, device=x.device)
+            xpop = torch.empty(planes(wl)[0] * pixels, dtype=torch.int32, device=x.device)
         args = [x, w, out, params.bias, params.scale, params.multiplier, params.shift, wtap, xpop]
         grid: tuple[int, ...] = self._grid
         if self._persistent:  # one wave of resident blocks, each looping over tiles
@@ -336,11 +375,11 @@ def _constraints(wl: Workload) -> list:
             return None
         if c["WM"] != 64:
             return "a wgmma warpgroup owns WM=64 rows"
-        if wl.w.bits * c["WN"] not in WGMMA_N:
-            return f"wgmma N = w_bits*WN = {wl.w.bits * c['WN']} is not a valid m64nNk256 N"
+        if planes(wl)[1] * c["WN"] not in WGMMA_N:
+            return f"wgmma N = w_bits*WN = {planes(wl)[1] * c['WN']} is not a valid wgmma N"
         if c["STAGES"] < 3:
             return "the wgmma pipeline needs STAGES >= 3 (one stage stays in flight)"
-        if c["PERSIST"] and (threads(c) > 256 or wl.w.bits * c["WN"] > 128):
+        if c["PERSIST"] and (threads(c) > 256 or planes(wl)[1] * c["WN"] > 128):
             # NVRTC 13 (sm_90a), the epilogue living inside the tile loop: 4-warpgroup blocks
             # (capped at 128 registers per thread) spill 160-620 B, m64n256 ones 870 B
             return "persistent wgmma blocks spill beyond 2 warpgroups or N = 128 per wgmma"

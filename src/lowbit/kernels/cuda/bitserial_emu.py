@@ -11,7 +11,8 @@ std::thread per CUDA thread:
 - mma.sync m16n8k256 .b1 .and.popc: the PTX fragment layouts (groupID g = lane/4, t = lane%4;
   A regs 0/1: rows g / g+8, k 32t..32t+31; regs 2/3: k 128+32t..; B regs 0/1: column g, same
   k; C/D: rows g, g+8, columns 2t, 2t+1), operands gathered across the warp;
-- wgmma m64nNk256 .b1 .and.popc from shared-memory descriptors (start, LBO, SBO, swizzle mode 0
+- wgmma m64nNk256 .b1 .and.popc (and m64nNk32 .s8/.u8 x .s8 for the int8 mode) from
+  shared-memory descriptors (start, LBO, SBO, swizzle mode 0
   or 3 = 32-byte swizzle: address bit 4 ^= bit 7), K-major, executed at `wgmma.wait_group`
   (the latest legal moment: operands overwritten before the wait would be caught); each thread
   computes its own accumulator registers (warp w of the warpgroup: rows 16w + g (+8),
@@ -36,9 +37,11 @@ from ...core.validate import check_inputs, out_storage
 from .bitserial import (
     WGMMA_ARCH,
     conv_shape,
+    int8_operands,
     kernel_name,
     render,
     rowsum_table,
+    s8_atype,
     smem_bytes,
     threads,
 )
@@ -175,7 +178,7 @@ static inline u32 emu_desc_addr(u64 desc, int row, int kb) {
   return a;
 }
 
-struct EmuWgmma { int* d; int regs; u64 da, db; };
+struct EmuWgmma { int* d; int regs; u64 da, db; bool s8; };
 thread_local std::vector<std::vector<EmuWgmma>> emu_wg_groups;
 thread_local std::vector<EmuWgmma> emu_wg_open;
 
@@ -184,9 +187,14 @@ static inline void emu_wgmma_run(const EmuWgmma& op) {
   for (int k = 0; k < op.regs; ++k) {
     const int row = 16 * wi + g + 8 * ((k & 3) >> 1), col = 8 * (k >> 2) + 2 * t + (k & 1);
     int sum = 0;
-    for (int kb = 0; kb < 32; ++kb)
-      sum += __builtin_popcount(emu->base[emu_desc_addr(op.da, row, kb)] &
-                                emu->base[emu_desc_addr(op.db, col, kb)]);
+    for (int kb = 0; kb < 32; ++kb) {
+      const unsigned char a = emu->base[emu_desc_addr(op.da, row, kb)];
+      const unsigned char b = emu->base[emu_desc_addr(op.db, col, kb)];
+      if (op.s8)  // m64nNk32 .s32.{s8,u8}.s8: 32 byte products
+        sum += (EMU_A_S8 ? (int)(signed char)a : (int)a) * (int)(signed char)b;
+      else        // m64nNk256 .b1 .and.popc: 256 bit products
+        sum += __builtin_popcount(a & b);
+    }
     op.d[k] += sum;
   }
 }
@@ -205,10 +213,10 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 }
 __device__ __forceinline__ void wgmma_planes(int (&d)[P_BITS][MT][NT][4], u64 da, u64 db) {
   static_assert(MT == 1, "a warp holds 16 rows of m64");
-  emu_wg_open.push_back(EmuWgmma{&d[0][0][0][0], P_BITS * NT * 4, da, db});
+  emu_wg_open.push_back(EmuWgmma{&d[0][0][0][0], P_BITS * NT * 4, da, db, ELEM8 != 0});
 }
 __device__ __forceinline__ void wgmma_rowsum(int (&d)[MT][4], u64 da, u64 db) {
-  emu_wg_open.push_back(EmuWgmma{&d[0][0], 4, da, db});
+  emu_wg_open.push_back(EmuWgmma{&d[0][0], 4, da, db, false});
 }
 """
 
@@ -267,7 +275,8 @@ def host_source(wl: Workload, config: Config) -> str:
         text = text.replace(regions[1], WGMMA_PRIMITIVES, 1)
     if re.search(r"\basm\b", text):
         raise RuntimeError("inline PTX left outside the device-primitive regions")
-    head = f"#define EMU_SMEM_BYTES {SMEM_LIMIT}\n#define EMU_MAIN {kernel_name(config)}\n"
+    head = (f"#define EMU_SMEM_BYTES {SMEM_LIMIT}\n#define EMU_MAIN {kernel_name(config)}\n"
+            f"#define EMU_A_S8 {int(s8_atype(wl) == 's8')}\n")
     return HOST_INCLUDES + head + HOST_INTRINSICS + text + HOST_MAIN
 
 
@@ -277,12 +286,13 @@ def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
     """Run the `cuda.bitserial` kernel of (wl, config) on CPU tensors through the host
     emulation; returns the output (which starts poisoned). Persistent configs run
     `persistent_blocks` blocks, so each loops over several tiles."""
-    from . import BITSERIAL
+    from . import BITSERIAL, INT8_WGMMA
 
+    template = INT8_WGMMA if int8_operands(wl) else BITSERIAL
     config = Config(config)
-    reason = BITSERIAL.space(wl, WGMMA_ARCH).why_invalid(config)
+    reason = template.space(wl, WGMMA_ARCH).why_invalid(config)
     if reason:
-        raise ValueError(f"config {config} is not in cuda.bitserial's space for {wl.key}: "
+        raise ValueError(f"config {config} is not in {template.name}'s space for {wl.key}: "
                          f"{reason}")
     check_inputs(wl, x, w, params)
     sh = conv_shape(wl)
@@ -292,6 +302,8 @@ def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
     wtap = torch.zeros(sh.kout * (sh.r + 1) * (sh.s + 1), dtype=torch.int32)
     pixels = sh.nb * sh.h * sh.w
     xpop = torch.full((wl.a.bits * pixels,), -7, dtype=torch.int32)  # garbage until written
+    if x.dtype == torch.uint8 or w.dtype == torch.uint8:  # int8 layout: the bytes as they are
+        x, w = x.view(torch.int8), w.view(torch.int8)
     lib = host_library(host_source(wl, config), "bitserial")
     ptr = ctypes.c_void_p
     vecs = [params.bias, params.scale, params.multiplier, params.shift]
@@ -300,7 +312,7 @@ def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
     grid = (math.ceil(sh.kout / config["BN"]), math.ceil(sh.rows / config["BM"]))
     if config["PERSIST"]:
         grid = (max(1, min(grid[0] * grid[1], persistent_blocks)), 1)
-    if wl.a.encoding is Encoding.BINARY:
+    if wl.a.encoding is Encoding.BINARY and not int8_operands(wl):
         _run(lib, 0, args, (math.ceil(sh.kout / 4), 1), 128, 0)
     if rowsum_table(config):
         _run(lib, 2, args, (math.ceil(pixels / 256), 1), 256, 0)

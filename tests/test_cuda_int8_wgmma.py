@@ -1,0 +1,94 @@
+"""`cuda.int8_wgmma`: int8-layout conv2d / GEMM on s8 wgmma through the bit-serial kernel. CPU:
+support rules, the space, NVRTC compilation for sm_90a, bit-exact runs in the host emulation
+(s8 and u8 activations, stride 2, 1x1 with a 1-word channel tail, GEMM, persistent blocks,
+every output kind). GPU (sm_90a): bit-exact on the shared ResNet-50 layers and the FC shapes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from lowbit.core import ConvWorkload, Epilogue, GemmWorkload, load_workloads
+from lowbit.kernels import get_template
+from lowbit.kernels.cuda import INT8_WGMMA, bitserial
+from lowbit.kernels.cuda.bitserial_emu import emulate
+from lowbit.kernels.cuda.host_emu import compiler
+from lowbit.reference import random_inputs, run
+
+S8_OUT = Epilogue(bias=True, relu=True, out="s8")
+EMU_CASES = [
+    (ConvWorkload(N=1, H=6, W=5, C=64, K=40, R=3, S=3, pad=1, epilogue=S8_OUT), {}),
+    (ConvWorkload(N=2, H=7, W=6, C=48, K=37, R=3, S=3, pad=1, stride=2, a="u7"),
+     {"SWIZZLE": 0}),
+    (ConvWorkload(N=1, H=5, W=5, C=20, K=33, R=1, S=1, pad=0, a="u8", w="s4",
+                  epilogue=Epilogue(bias=True, out="fp16")), {}),
+    (GemmWorkload(M=77, N=64, K=300,
+                  epilogue=Epilogue(bias=True, relu=True, out="u4", out_layout="bitplane")),
+     {"PERSIST": 1, "BN": 64, "WN": 64}),
+]
+
+
+def test_registered_and_support_rules():
+    assert get_template("cuda.int8_wgmma") is INT8_WGMMA
+    wl = EMU_CASES[0][0]
+    assert INT8_WGMMA.supports(wl)
+    assert "C % 4" in INT8_WGMMA.unsupported_reason(wl.replace(C=30))
+    assert "int8 layout" in INT8_WGMMA.unsupported_reason(
+        wl.replace(a="u2", a_layout="bitplane", w="s2", w_layout="bitplane"))
+    assert "s8" in INT8_WGMMA.unsupported_reason(wl.replace(w="u8"))
+    with pytest.raises(ValueError, match="sm_90a"):
+        INT8_WGMMA.space(wl, arch="sm_80")
+    space = INT8_WGMMA.space(wl, "sm_90a")
+    assert {c["MMA"] for c in space} == {"wgmma"}
+    assert INT8_WGMMA.default_config(wl, "sm_90a") in space
+    assert bitserial.conv_shape(wl).words == 16  # 64 int8 channels = 16 words per pixel
+
+
+@pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
+@pytest.mark.parametrize("wl,changes", EMU_CASES, ids=lambda v: str(v)[:48])
+def test_emulated_int8_wgmma_is_bit_exact(wl, changes):
+    cfg = INT8_WGMMA.default_config(wl, "sm_90a").replace(**changes)
+    x, w, params = random_inputs(wl, 3)
+    got, want = emulate(wl, cfg, x, w, params), run(wl, x, w, params)
+    if got.dtype == torch.float16:
+        got, want = got.view(torch.int16), want.view(torch.int16)
+    assert torch.equal(got, want), dict(cfg)
+
+
+def test_nvrtc_compiles_for_sm90a(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
+    wl = dict(load_workloads("resnet50_3x3_b256", epilogue=S8_OUT))["resnet50_s2_3x3_b256"]
+    for cfg in (INT8_WGMMA.default_config(wl, "sm_90a"),
+                INT8_WGMMA.default_config(wl, "sm_90a").replace(PERSIST=1)):
+        kernel = INT8_WGMMA.build(wl, cfg, arch="sm_90a")
+        assert kernel._main.cubin[:4] == b"\x7fELF" and kernel.template == "cuda.int8_wgmma"
+        assert "k32.s32.s8.s8" in kernel.source
+
+
+# ------------------------------------------------------------------------------- GPU tests
+
+def _gpu_workloads() -> list[tuple[str, object]]:
+    out = [(n, wl) for s in ("resnet50_3x3_b16", "resnet50_3x3_b256")
+           for n, wl in load_workloads(s, epilogue=S8_OUT)]
+    return out + [(n, wl) for n, wl in load_workloads("gemm", epilogue=Epilogue())
+                  if wl.M * wl.N * wl.K < 2**33]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name,wl", _gpu_workloads(), ids=lambda v: v if isinstance(v, str)
+                         else "")
+def test_gpu_shared_workloads_default_and_sampled(name, wl):
+    if bitserial.device_arch() != bitserial.WGMMA_ARCH:
+        pytest.skip("wgmma needs sm_90a")
+    space = INT8_WGMMA.space(wl)
+    for i, cfg in enumerate([INT8_WGMMA.default_config(wl),
+                             *space.sample(2, random.Random(name))]):
+        x, w, params = random_inputs(wl, 50 + i, device="cuda")
+        want = run(wl, x, w, params)
+        out = torch.empty_like(want)
+        out.view(torch.uint8).fill_(0xA5)
+        got = INT8_WGMMA.build(wl, cfg).bind(x, w, params, out)()
+        assert torch.equal(got, want), (name, dict(cfg))
