@@ -80,6 +80,19 @@ def bench_configs(template, wl: Workload, max_configs: int, seed: int = 0) -> li
     return [default, *[c for c in keep if c != default], *rest]
 
 
+def int8_wgmma_configs(wl: ConvWorkload, max_configs: int, seed: int = 0) -> list[Config]:
+    """`cuda.int8_wgmma` (sm_90a GPUs only, else none): default first, then sampled points
+    with at least 128 x 64 tiles."""
+    from lowbit.kernels.cuda import INT8_WGMMA, bitserial
+
+    if bitserial.target_arch() != bitserial.WGMMA_ARCH or not INT8_WGMMA.supports(wl):
+        return []
+    space = INT8_WGMMA.space(wl)
+    default = INT8_WGMMA.default_config(wl)
+    rest = [c for c in space if c != default and c["BM"] * c["BN"] >= 128 * 64]
+    return [default, *random.Random(seed).sample(rest, min(len(rest), max_configs - 1))]
+
+
 def tma_configs(wl: ConvWorkload, max_configs: int, seed: int = 0) -> list[Config]:
     """The bounded slice of `triton.conv2d_int8_tma`: default first, then sampled points with
     (near) the least row padding, BLOCK_K >= 64 where C allows, 3-4 stages, tiles of >= 128 x
@@ -101,8 +114,10 @@ def tma_configs(wl: ConvWorkload, max_configs: int, seed: int = 0) -> list[Confi
 
 
 def _compile_one(template_name: str, wl_json: str, cfg_json: str) -> str | None:
-    import lowbit.kernels.triton  # noqa: F401  (registers the templates)
     from lowbit.core import workload_from_json
+    from lowbit.kernels import load_backends
+
+    load_backends()  # registers the Triton and CUDA templates in this pool process
 
     try:
         get_template(template_name).build(workload_from_json(wl_json),
@@ -115,9 +130,9 @@ def _compile_one(template_name: str, wl_json: str, cfg_json: str) -> str | None:
 def _compile_key(kernel) -> tuple:
     """What Triton specializes on: constexprs (config, problem flags) and, per integer
     argument, ==1 and %16 (two configs with equal keys share one compiled binary)."""
-    p, cfg = kernel.problem, kernel.config
     if not isinstance(kernel, IgemmKernel):  # other kernels: one binary per (workload, config)
-        return (kernel.template, kernel.workload.key, cfg)
+        return (kernel.template, kernel.workload.key, kernel.config)
+    p, cfg = kernel.problem, kernel.config
     iters = p.R * p.S * -(-p.C // cfg["BLOCK_K"])
     ints = (p.M, p.NOUT, p.H, p.W, p.C, p.P, p.Q, p.stride, p.pad, p.x_row, p.w_row, p.out_row,
             p.out_plane, -(-iters // cfg["SPLIT_K"]))
@@ -130,7 +145,9 @@ def precompile(jobs: list[tuple], workers: int = 16) -> dict[tuple, str | None]:
     """Compile (template, workload, config) jobs in parallel, one per distinct binary."""
     unique: dict[tuple, tuple] = {}
     for t, wl, cfg in jobs:
-        unique.setdefault(_compile_key(t.build(wl, cfg)), (t.name, wl.to_json(), cfg.to_json()))
+        # CUDA templates compile in `build` (NVRTC): key them without building here
+        key = _compile_key(t.build(wl, cfg)) if t.backend == "triton" else (t.name, wl.key, cfg)
+        unique.setdefault(key, (t.name, wl.to_json(), cfg.to_json()))
     t0 = time.perf_counter()
     try:
         with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
@@ -201,7 +218,10 @@ def sweep(template, wl: Workload, configs: list[Config], graph: bool = False,
 
 
 def compiled_info(kernel) -> dict:
-    """Registers, spills, shared memory and whether the PTX uses wgmma (Hopper MMA)."""
+    """Registers, spills, shared memory and whether the PTX uses wgmma (Hopper MMA); Triton
+    kernels only (CUDA ones: {})."""
+    if not hasattr(kernel, "compile"):
+        return {}
     try:
         ck = kernel.compile()
         ck._init_handles()  # loads the binary: fills n_regs / n_spills
@@ -369,22 +389,28 @@ def main(argv: list[str] | None = None) -> None:
     peaks = replace(peaks_for(common.gpu_name()), bandwidth=measure_bandwidth())
     layers = [(n, wl) for s in args.suites.split(",") for n, wl in
               load_workloads(s, epilogue=EPILOGUE)]
-    plan = [(n, wl, _with_tuned(wl, bench_configs(CONV2D_INT8, wl, args.max_configs), args),
-             tma_configs(wl, args.max_configs) if CONV2D_INT8_TMA.supports(wl) else [])
-            for n, wl in layers]
+    from lowbit.kernels.cuda import INT8_WGMMA
+
     timed = timed_bests(args.timed)
-    plan = [(n, wl, _with_timed(cfgs, timed.get((n, CONV2D_INT8.name), [])),
-             _with_timed(tcfgs, timed.get((n, CONV2D_INT8_TMA.name), [])))
-            for n, wl, cfgs, tcfgs in plan]
-    precompile([(t, wl, c) for _, wl, cfgs, tcfgs in plan
-                for t, cs in ((CONV2D_INT8, cfgs), (CONV2D_INT8_TMA, tcfgs)) for c in cs],
-               args.workers)
+
+    def sweeps(n: str, wl: ConvWorkload) -> list[tuple]:
+        """(template, configs) per int8 template: its slice with the tuned bests after the
+        default (the first config)."""
+        slices = [(CONV2D_INT8, _with_tuned(wl, bench_configs(CONV2D_INT8, wl,
+                                                                args.max_configs), args)),
+                  (CONV2D_INT8_TMA, tma_configs(wl, args.max_configs)
+                   if CONV2D_INT8_TMA.supports(wl) else []),
+                  (INT8_WGMMA, int8_wgmma_configs(wl, args.max_configs // 2))]
+        return [(t, _with_timed(cfgs, timed.get((n, t.name), []))) for t, cfgs in slices]
+
+    plan = [(n, wl, sweeps(n, wl)) for n, wl in layers]
+    precompile([(t, wl, c) for _, wl, sw in plan for t, cs in sw for c in cs], args.workers)
     results = ResultsFile("conv", {"peaks": peaks.__dict__, "epilogue": EPILOGUE.key})
-    for name, wl, cfgs, tcfgs in plan:
+    for name, wl, sw in plan:
         if time.perf_counter() - t_start > args.budget_s:
-            cfgs, tcfgs = cfgs[:8], tcfgs[:8]
+            sw = [(t, cs[:8]) for t, cs in sw]
         try:
-            row = layer_row(name, wl, [(CONV2D_INT8, cfgs), (CONV2D_INT8_TMA, tcfgs)], peaks)
+            row = layer_row(name, wl, sw, peaks)
         except Exception as e:
             print(f"{name}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
             continue
