@@ -120,8 +120,10 @@ def _compile_one(template_name: str, wl_json: str, cfg_json: str) -> str | None:
     load_backends()  # registers the Triton and CUDA templates in this pool process
 
     try:
-        get_template(template_name).build(workload_from_json(wl_json),
-                                          Config.from_json(cfg_json)).compile()
+        kernel = get_template(template_name).build(workload_from_json(wl_json),
+                                                   Config.from_json(cfg_json))
+        if hasattr(kernel, "compile"):  # Triton: compile ahead; CUDA: `build` compiled it
+            kernel.compile()
     except Exception as e:  # recorded, the timing pass reports it again
         return f"{type(e).__name__}: {e}"[:300]
     return None
