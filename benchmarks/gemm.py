@@ -2,7 +2,8 @@
 
 Per shape of gemm.json (w8a8, int32 output like `torch._int_mm`): a bounded slice of the
 template's space searched exhaustively (each config verified bit for bit, then timed), the
-default config, int_mm, fp16 matmul for reference, and the roofline floor. Shapes that
+default config, int_mm, fp16 matmul for reference, and the roofline floor; on sm_90a also the
+best of 12 configs of `cuda.int8_wgmma` (s8 wgmma, `row["cuda_int8_wgmma"]`). Shapes that
 `torch._int_mm` refuses (M <= 16) have no int_mm baseline.
 
     python benchmarks/gemm.py [--max-configs 40]
@@ -22,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
-from conv import ResultsFile, bench_configs, precompile, sweep
+from conv import ResultsFile, bench_configs, int8_wgmma_configs, precompile, sweep
 from lowbit.core import Epilogue, load_workloads
 from lowbit.kernels.triton import GEMM_INT8
 from lowbit.perfmodel.roofline import measure_bandwidth, peaks_for, workload_floor_us
@@ -61,8 +62,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("benchmarks/gemm.py needs a CUDA GPU")
     t_start = time.perf_counter()
     peaks = replace(peaks_for(common.gpu_name()), bandwidth=measure_bandwidth())
+    from lowbit.kernels.cuda import INT8_WGMMA
+
     plan = [(n, wl, _configs(wl, args)) for n, wl in load_workloads("gemm", epilogue=EPILOGUE)]
-    precompile([(GEMM_INT8, wl, c) for _, wl, cfgs in plan for c in cfgs], args.workers)
+    cuda_plan = {n: int8_wgmma_configs(wl, 12) for n, wl, _ in plan}  # sm_90a only
+    precompile([(GEMM_INT8, wl, c) for _, wl, cfgs in plan for c in cfgs]
+               + [(INT8_WGMMA, wl, c) for n, wl, _ in plan for c in cuda_plan[n]], args.workers)
     results = ResultsFile("gemm", {"peaks": peaks.__dict__, "epilogue": EPILOGUE.key})
     for name, wl, cfgs in plan:
         try:
@@ -82,6 +87,16 @@ def main(argv: list[str] | None = None) -> None:
             row["cuda_graph_us"] = {"triton": res["best_graph_us"],
                                     "default_config": res["default_graph_us"],
                                     "int_mm": int_mm_graph_us(wl)}
+        if cuda_plan[name]:  # the s8 wgmma template beside ours, same run (not "impl")
+            try:
+                cres = sweep(INT8_WGMMA, wl, cuda_plan[name], graph="best_graph_us" in res)
+                base[INT8_WGMMA.name] = cres["best"][1]
+                row["cuda_int8_wgmma"] = {"config": dict(cres["best"][0]),
+                                          "time_us": cres["best"][1],
+                                          "graph_us": cres.get("best_graph_us"),
+                                          "timed": cres["timed"], "failed": cres["failed"][:3]}
+            except Exception as e:
+                row["cuda_int8_wgmma"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
         results.add(row)
         tops = wl.ops / (us * 1e-6) / 1e12
         im = base["int_mm"]
