@@ -253,8 +253,8 @@ def launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor, out: t
     """Run the kernel for one validated call; writes and returns `out`. No checks here.
 
     workspace: `split_workspace(prob, SPLIT_K, output_tiles(prob, cfg), device)`, made here
-    when None (a bound launcher
-    passes its own, so a timed or graph-captured launch allocates nothing).
+    when None (a bound launcher passes its own, so a timed or graph-captured launch allocates
+    nothing).
     compile_only: compile (fill Triton's cache) without launching (`JITFunction.warmup`) and
     return the main kernel's CompiledKernel (n_regs, n_spills, asm) instead of `out`.
     """

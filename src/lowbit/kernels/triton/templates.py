@@ -69,6 +69,17 @@ EXACT_INT32 = 2**31
 EXACT_FP32 = 2**24
 
 
+def split_k_reason(tiles: int, steps: int, split: int, waves: int) -> str | None:
+    """Why SPLIT_K = `split` > 1 is ruled out for a grid of `tiles` output tiles and `steps`
+    reduction steps: the split grid must stay within `waves` waves of the GPU and leave each
+    split at least 4 steps; None when it is allowed."""
+    if tiles * split > waves * NUM_SMS:
+        return "SPLIT_K > 1 only while the tile grid under-fills the GPU"
+    if steps < 4 * split:
+        return "SPLIT_K leaves fewer than 4 reduction steps per split"
+    return None
+
+
 def interpreting() -> bool:
     """True when Triton runs in its CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -291,12 +302,8 @@ class _IgemmTemplate(KernelTemplate):
                 return None
             if c["BLOCK_M"] * c["BLOCK_N"] > 128 * 128:
                 return "SPLIT_K > 1 only with tiles of at most 128 x 128"
-            waves = 4 if isinstance(wl, GemmWorkload) else 2
-            if self._tiles(wl, c) * c["SPLIT_K"] > waves * NUM_SMS:
-                return "SPLIT_K > 1 only while the tile grid under-fills the GPU"
-            if self._iters(wl, c["BLOCK_K"]) < 4 * c["SPLIT_K"]:
-                return "SPLIT_K leaves fewer than 4 reduction steps per split"
-            return None
+            return split_k_reason(self._tiles(wl, c), self._iters(wl, c["BLOCK_K"]),
+                                  c["SPLIT_K"], waves=4 if isinstance(wl, GemmWorkload) else 2)
 
         def group(c: Config) -> str | None:
             if c["GROUP_M"] > 1 and math.ceil(m / c["BLOCK_M"]) < 2 * c["GROUP_M"]:

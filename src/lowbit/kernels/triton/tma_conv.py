@@ -63,6 +63,7 @@ from .templates import (
     interpreting,
     placeholder_vectors,
     problem,
+    split_k_reason,
 )
 
 #: the TMA box of x needs 16-byte rows and strides: C must be a multiple of 16 int8 channels
@@ -197,8 +198,7 @@ def launch(wl: ConvWorkload, prob: Problem, cfg: Config,
             prob.out_row, prob.out_plane, -(-reduction_steps(wl, cfg["BLOCK_K"]) // split))
     kwargs = dict(
         R=wl.R, S=wl.S, STRIDE=wl.stride, HAS_BIAS=prob.bias, RELU=prob.relu, OUT_KIND=kind,
-        OUT_LAYOUT=layout,
-        OUT_BITS=obits, QMIN=qmin, QMAX=qmax, WIDE=prob.wide,
+        OUT_LAYOUT=layout, OUT_BITS=obits, QMIN=qmin, QMAX=qmax, WIDE=prob.wide,
         LOOP_CRS=cfg["LOOP_ORDER"] == "crs", SPLIT_K=split,
         BLOCK_I=cfg["BLOCK_I"], BLOCK_P=cfg["BLOCK_P"], BLOCK_Q=cfg["BLOCK_Q"],
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
@@ -388,11 +388,8 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
         def split(c: Config) -> str | None:
             if c["SPLIT_K"] == 1:
                 return None
-            if output_tiles(wl, c) * c["SPLIT_K"] > 2 * NUM_SMS:
-                return "SPLIT_K > 1 only while the tile grid under-fills the GPU"
-            if reduction_steps(wl, c["BLOCK_K"]) < 4 * c["SPLIT_K"]:
-                return "SPLIT_K leaves fewer than 4 reduction steps per split"
-            return None
+            return split_k_reason(output_tiles(wl, c), reduction_steps(wl, c["BLOCK_K"]),
+                                  c["SPLIT_K"], waves=2)
 
         return [tile, fits, smem, registers, group, split]
 
