@@ -151,17 +151,16 @@ def igemm_kernel(
         # integer operands on fp16 tensor cores: every partial sum is an integer < 2^24 (checked
         # by the template), so the fp32 accumulator holds it exactly
         acc = acc.to(tl.int32)
+    finish = True  # this program runs its tile's epilogue
     if SPLIT_K > 1:
         store_partial(acc, offs_m, offs_n, pid_k, M, NOUT, part_ptr)
+        finish = False  # split_k_epilogue_kernel does
         if SUM_IN_KERNEL:
-            if arrived_last(count_ptr + tl.program_id(0), SPLIT_K):
-                summed = sum_partials(part_ptr, offs_m, offs_n, M, NOUT, SPLIT_K,
-                                      OUT_KIND == 3, BLOCK_M, BLOCK_N)
-                epilogue_store(summed, offs_m, pid_n * BLOCK_N, M, NOUT, out_ptr, out_row,
-                               out_plane, bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS,
-                               RELU, OUT_KIND, OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_M,
-                               BLOCK_N)
-    else:
+            finish = arrived_last(count_ptr + tl.program_id(0), SPLIT_K)
+            if finish:
+                acc = sum_partials(part_ptr, offs_m, offs_n, M, NOUT, SPLIT_K, OUT_KIND == 3,
+                                   BLOCK_M, BLOCK_N)
+    if finish:
         epilogue_store(acc, offs_m, pid_n * BLOCK_N, M, NOUT, out_ptr, out_row, out_plane,
                        bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS, RELU, OUT_KIND,
                        OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_M, BLOCK_N)

@@ -126,16 +126,15 @@ def tma_conv_kernel(
     q = q0 + i % BLOCK_Q
     valid = (n < N) & (p < P) & (q < Q)
     offs_m = tl.where(valid, (n * P + p) * Q + q, M)
+    finish = True  # this program runs its tile's epilogue
     if SPLIT_K > 1:
         offs_n = k0 + tl.arange(0, BLOCK_N)
         store_partial(acc, offs_m, offs_n, tl.program_id(1), M, NOUT, part_ptr)
-        if arrived_last(count_ptr + tl.program_id(0), SPLIT_K):
-            summed = sum_partials(part_ptr, offs_m, offs_n, M, NOUT, SPLIT_K, False, BLOCK_M,
-                                  BLOCK_N)
-            epilogue_store(summed, offs_m, k0, M, NOUT, out_ptr, out_row, out_plane,
-                           bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS, RELU, OUT_KIND,
-                           OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_M, BLOCK_N)
-    else:
+        finish = arrived_last(count_ptr + tl.program_id(0), SPLIT_K)
+        if finish:
+            acc = sum_partials(part_ptr, offs_m, offs_n, M, NOUT, SPLIT_K, False, BLOCK_M,
+                               BLOCK_N)
+    if finish:
         epilogue_store(acc, offs_m, k0, M, NOUT, out_ptr, out_row, out_plane,
                        bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS, RELU, OUT_KIND,
                        OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_M, BLOCK_N)
