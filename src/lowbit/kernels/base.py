@@ -17,6 +17,18 @@ import torch
 from ..core import Config, ConfigSpace, Workload
 from ..core.epilogue import EpilogueParams
 
+#: int32 accumulators are exact while the worst-case |sum| stays below this
+EXACT_INT32 = 2**31
+
+
+def acc_bound(wl: Workload) -> int:
+    """Worst-case |accumulator| of the workload's conv / GEMM (every backend's exactness
+    check)."""
+    def max_abs(p) -> int:
+        return max(abs(p.qmin), abs(p.qmax))
+
+    return max_abs(wl.a) * max_abs(wl.w) * wl.gemm_shape[2]
+
 
 class Kernel(Protocol):
     workload: Workload

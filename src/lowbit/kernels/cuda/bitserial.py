@@ -247,6 +247,54 @@ def needs_rowsum(wl: Workload) -> bool:
     return wl.w.encoding is Encoding.BINARY and not int8_operands(wl)
 
 
+def needs_wtap(wl: Workload) -> bool:
+    """Binary bit-plane activations: the epilogue reads the per-column tap table (wtap)."""
+    return wl.a.encoding is Encoding.BINARY and not int8_operands(wl)
+
+
+def support_limits_reason(wl: Workload) -> str | None:
+    """What the kernel cannot do whatever the operands' layout: packed requantized output,
+    or row / weight indices past 32 bits; None when within the limits."""
+    epi = wl.epilogue
+    if epi.requantizes and epi.out_layout is Layout.PACKED:
+        return "requantized output must be in the int8 or bitplane layout, not packed"
+    sh = conv_shape(wl)
+    if sh.rows + 256 >= 2**31 or sh.kout * sh.k_words >= 2**31:
+        return "problem too large for 32-bit row indices"
+    return None
+
+
+#: bitserial_wtap runs a warp per output column, 4 per block; bitserial_xpop a thread per pixel
+WTAP_THREADS, XPOP_THREADS = 128, 256
+
+
+def tile_grid(wl: Workload, config: Mapping) -> tuple[int, int]:
+    """(column tiles, row tiles): the grid of the one-tile-per-block kernels."""
+    sh = conv_shape(wl)
+    return math.ceil(sh.kout / config["BN"]), math.ceil(sh.rows / config["BM"])
+
+
+def side_tables(wl: Workload, config: Mapping, device: torch.device | str
+                ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The int32 tables a launch fills before the main kernel (None where not needed): wtap
+    [KOUT x (R+1)(S+1)] for binary activations, xpop [planes x pixels] for ROWSUM="table"."""
+    sh = conv_shape(wl)
+    wtap = xpop = None
+    if needs_wtap(wl):
+        wtap = torch.empty(sh.kout * (sh.r + 1) * (sh.s + 1), dtype=torch.int32, device=device)
+    if rowsum_table(config):
+        xpop = torch.empty(planes(wl)[0] * sh.nb * sh.h * sh.w, dtype=torch.int32,
+                           device=device)
+    return wtap, xpop
+
+
+def side_table_blocks(wl: Workload) -> tuple[int, int]:
+    """Blocks of the bitserial_wtap and bitserial_xpop launches."""
+    sh = conv_shape(wl)
+    return (math.ceil(sh.kout * 32 / WTAP_THREADS),
+            math.ceil(sh.nb * sh.h * sh.w / XPOP_THREADS))
+
+
 def s8_atype(wl: Workload) -> str:
     """PTX type of the activation bytes for the s8 wgmma mode (weights are always .s8)."""
     return "u8" if wl.a.encoding is Encoding.UNSIGNED else "s8"
@@ -300,14 +348,10 @@ class BitserialKernel:
         self._main = CudaKernel(cubin, kernel_name(config))
         self._wtap = CudaKernel(cubin, "bitserial_wtap")
         self._xpop = CudaKernel(cubin, "bitserial_xpop")
-        sh = conv_shape(workload)
-        self._shape = sh
-        self._grid = (math.ceil(sh.kout / config["BN"]), math.ceil(sh.rows / config["BM"]))
+        self._grid = tile_grid(workload, config)
         self._tiles = self._grid[0] * self._grid[1]
         self._threads = threads(config)
         self._smem = smem_bytes(workload, config)
-        self._needs_wtap = workload.a.encoding is Encoding.BINARY and not int8_operands(workload)
-        self._needs_xpop = rowsum_table(config)
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams,
                  out: torch.Tensor | None = None) -> torch.Tensor:
@@ -326,15 +370,8 @@ class BitserialKernel:
             if t.data_ptr() % 16:
                 raise ValueError(f"{name} must start at a 16-byte aligned address")
         out = output_buffer(wl, x.device, out)
-        sh = self._shape
-        wtap = None
-        if self._needs_wtap:
-            wtap = torch.empty(sh.kout * (sh.r + 1) * (sh.s + 1), dtype=torch.int32,
-                               device=x.device)
-        xpop = None
-        pixels = sh.nb * sh.h * sh.w
-        if self._needs_xpop:
-            xpop = torch.empty(planes(wl)[0] * pixels, dtype=torch.int32, device=x.device)
+        wtap, xpop = side_tables(wl, self.config, x.device)
+        wtap_blocks, xpop_blocks = side_table_blocks(wl)
         args = [x, w, out, params.bias, params.scale, params.multiplier, params.shift, wtap, xpop]
         grid: tuple[int, ...] = self._grid
         if self._persistent:  # one wave of resident blocks, each looping over tiles
@@ -344,9 +381,9 @@ class BitserialKernel:
 
         def launch() -> torch.Tensor:
             if wtap is not None:
-                self._wtap.launch(math.ceil(sh.kout / 4), 128, [w, wtap])  # a warp per column
+                self._wtap.launch(wtap_blocks, WTAP_THREADS, [w, wtap])
             if xpop is not None:
-                self._xpop.launch(math.ceil(pixels / 256), 256, [x, xpop])  # a thread per pixel
+                self._xpop.launch(xpop_blocks, XPOP_THREADS, [x, xpop])
             self._main.launch(grid, self._threads, args, shared_mem=self._smem)
             return out
 
@@ -481,13 +518,7 @@ class BitserialTemplate(KernelTemplate):
             return "operands must be in the bitplane layout"
         if wl.a.bits > MAX_BITS or wl.w.bits > MAX_BITS:
             return f"bit-serial supports 1..{MAX_BITS} bits per operand (wider: int8 path)"
-        epi = wl.epilogue
-        if epi.requantizes and epi.out_layout is Layout.PACKED:
-            return "requantized output must be in the int8 or bitplane layout, not packed"
-        sh = conv_shape(wl)
-        if sh.rows + 256 >= 2**31 or sh.kout * sh.k_words >= 2**31:
-            return "problem too large for 32-bit row indices"
-        return None
+        return support_limits_reason(wl)
 
     def space(self, workload: Workload, arch: str | None = None) -> ConfigSpace:
         """Configs for `workload` on `arch` (default `target_arch()`): MMA="wgmma" only on

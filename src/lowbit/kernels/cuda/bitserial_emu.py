@@ -25,25 +25,26 @@ it is slow (threads and barriers per instruction) and meant for small workloads.
 from __future__ import annotations
 
 import ctypes
-import math
 import re
 
 import torch
 
 from ...core import Config, Workload
 from ...core.epilogue import EpilogueParams
-from ...core.precision import Encoding
 from ...core.validate import check_inputs, out_storage
 from .bitserial import (
     WGMMA_ARCH,
-    conv_shape,
+    WTAP_THREADS,
+    XPOP_THREADS,
     int8_operands,
     kernel_name,
     render,
-    rowsum_table,
     s8_atype,
+    side_table_blocks,
+    side_tables,
     smem_bytes,
     threads,
+    tile_grid,
 )
 from .host_emu import HOST_INCLUDES, host_library
 
@@ -295,13 +296,13 @@ def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
         raise ValueError(f"config {config} is not in {template.name}'s space for {wl.key}: "
                          f"{reason}")
     check_inputs(wl, x, w, params)
-    sh = conv_shape(wl)
     shape, dtype = out_storage(wl)
     out = torch.empty(shape, dtype=dtype)
     out.view(torch.uint8).fill_(poison)
-    wtap = torch.zeros(sh.kout * (sh.r + 1) * (sh.s + 1), dtype=torch.int32)
-    pixels = sh.nb * sh.h * sh.w
-    xpop = torch.full((wl.a.bits * pixels,), -7, dtype=torch.int32)  # garbage until written
+    wtap, xpop = side_tables(wl, config, "cpu")
+    for table in (wtap, xpop):
+        if table is not None:
+            table.fill_(-7)  # garbage until the table kernel writes it
     if x.dtype == torch.uint8 or w.dtype == torch.uint8:  # int8 layout: the bytes as they are
         x, w = x.view(torch.int8), w.view(torch.int8)
     lib = host_library(host_source(wl, config), "bitserial")
@@ -309,13 +310,14 @@ def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
     vecs = [params.bias, params.scale, params.multiplier, params.shift]
     args = [ptr(t.data_ptr()) if t is not None else ptr(0)
             for t in (x, w, out, *vecs, wtap, xpop)]
-    grid = (math.ceil(sh.kout / config["BN"]), math.ceil(sh.rows / config["BM"]))
+    grid = tile_grid(wl, config)
     if config["PERSIST"]:
         grid = (max(1, min(grid[0] * grid[1], persistent_blocks)), 1)
-    if wl.a.encoding is Encoding.BINARY and not int8_operands(wl):
-        _run(lib, 0, args, (math.ceil(sh.kout / 4), 1), 128, 0)
-    if rowsum_table(config):
-        _run(lib, 2, args, (math.ceil(pixels / 256), 1), 256, 0)
+    wtap_blocks, xpop_blocks = side_table_blocks(wl)
+    if wtap is not None:
+        _run(lib, 0, args, (wtap_blocks, 1), WTAP_THREADS, 0)
+    if xpop is not None:
+        _run(lib, 2, args, (xpop_blocks, 1), XPOP_THREADS, 0)
     _run(lib, 1, args, grid, threads(config), smem_bytes(wl, config))
     return out
 

@@ -15,21 +15,16 @@ worst-case |sum| must fit (checked), outputs as `lowbit.reference.run`.
 from __future__ import annotations
 
 from ...core import Config, ConfigSpace, Encoding, Knob, Layout, Workload
-from ..base import KernelTemplate
+from ..base import EXACT_INT32, KernelTemplate, acc_bound
 from .bitserial import (
     DEFAULTS,
     WGMMA_ARCH,
     BitserialKernel,
     _constraints,
     conv_shape,
+    support_limits_reason,
     target_arch,
 )
-
-EXACT_INT32 = 2**31
-
-
-def _max_abs(p) -> int:
-    return max(abs(p.qmin), abs(p.qmax))
 
 
 class Int8WgmmaTemplate(KernelTemplate):
@@ -50,15 +45,10 @@ class Int8WgmmaTemplate(KernelTemplate):
         sh = conv_shape(wl)
         if sh.c % 4:
             return f"C={sh.c}: channels must fill whole 4-byte words (C % 4 == 0)"
-        epi = wl.epilogue
-        if epi.requantizes and epi.out_layout is Layout.PACKED:
-            return "requantized output must be in the int8 or bitplane layout, not packed"
-        bound = _max_abs(wl.a) * _max_abs(wl.w) * wl.gemm_shape[2]
+        bound = acc_bound(wl)
         if bound >= EXACT_INT32:
             return f"worst-case |accumulator| {bound} >= {EXACT_INT32}: int32 would not be exact"
-        if sh.rows + 256 >= 2**31 or sh.kout * sh.k_words >= 2**31:
-            return "problem too large for 32-bit row indices"
-        return None
+        return support_limits_reason(wl)
 
     def space(self, workload: Workload, arch: str | None = None) -> ConfigSpace:
         """Configs for `workload` on `arch` (default `target_arch()`); sm_90a only."""

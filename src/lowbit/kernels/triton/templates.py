@@ -45,7 +45,7 @@ from ...core.validate import (
     output_buffer,
     storage_dtype,
 )
-from ..base import KernelTemplate
+from ..base import EXACT_INT32, KernelTemplate, acc_bound
 from .epilogue import (
     ENC_CODE,
     LAYOUT_CODE,
@@ -65,7 +65,6 @@ SMEM_LIMIT = 220 * 1024
 ACC_REGS_LIMIT = 128
 #: streaming multiprocessors of an H100 SXM: split-K only where the tile grid is smaller
 NUM_SMS = 132
-EXACT_INT32 = 2**31
 EXACT_FP32 = 2**24
 
 
@@ -87,15 +86,6 @@ def interpreting() -> bool:
 
 def _pow2_ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
-
-
-def _max_abs(p: Precision) -> int:
-    return max(abs(p.qmin), abs(p.qmax))
-
-
-def acc_bound(wl: Workload) -> int:
-    """Worst-case |accumulator| of the workload's conv / GEMM."""
-    return _max_abs(wl.a) * _max_abs(wl.w) * wl.gemm_shape[2]
 
 
 def _operand(prec: Precision, layout: Layout) -> tuple[int, int, int]:
