@@ -67,6 +67,11 @@ class KernelTemplate(ABC):
         if reason:
             raise ValueError(f"{self.name} does not support {workload.key}: {reason}")
 
+    def with_added_knobs(self, config: Mapping, names: tuple[str, ...]) -> Config:
+        """`config` with the knobs of `added_knobs` among `names` that it lacks, at the value
+        a config recorded before the knob existed meant."""
+        return Config({**{k: v for k, v in self.added_knobs.items() if k in names}, **config})
+
     def checked_config(self, workload: Workload, config: Config,
                        space: ConfigSpace | None = None) -> Config:
         """`config` as a Config after checking the workload is supported and the config is a
@@ -75,8 +80,7 @@ class KernelTemplate(ABC):
         meaning."""
         self.check_supported(workload)
         space = space or self.space(workload)
-        config = Config({**{k: v for k, v in self.added_knobs.items() if k in space.names},
-                         **config})
+        config = self.with_added_knobs(config, space.names)
         reason = space.why_invalid(config)
         if reason:
             raise ValueError(f"config {config} is not in {self.name}'s space for "

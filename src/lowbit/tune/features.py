@@ -10,7 +10,7 @@ train one model (transfer). Feature vectors of one template always have the same
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -18,15 +18,13 @@ from ..core import Config, ConfigSpace, Workload
 from ..perfmodel import analyze
 
 
-def knob_features(space: ConfigSpace, config: Config,
-                  added: Mapping[str, object] | None = None) -> list[float]:
+def knob_features(space: ConfigSpace, config: Config) -> list[float]:
     """One number per knob: the value if numeric, else its index in the knob's values.
-    A knob `config` lacks takes its value from `added` (the template's `added_knobs`).
 
-    Raises KeyError when `config` lacks another knob of `space` (a record of another space)."""
+    Raises KeyError when `config` lacks a knob of `space` (a record of another space)."""
     out: list[float] = []
     for k in space.knobs:
-        v = config[k.name] if k.name in config or not added else added[k.name]
+        v = config[k.name]
         if isinstance(v, bool):
             out.append(float(v))
         elif isinstance(v, int | float):
@@ -73,9 +71,11 @@ class Featurizer:
         key = (workload.key, config)
         got = self._cache.get(key)
         if got is None:
-            added = getattr(self.template, "added_knobs", None)
-            got = np.asarray(knob_features(self.space, config, added)
-                             + derived_features(workload, config, self.template), np.float32)
+            # a record older than a knob reads as that knob's old meaning
+            complete = getattr(self.template, "with_added_knobs", None)
+            full = complete(config, self.space.names) if complete else config
+            got = np.asarray(knob_features(self.space, full)
+                             + derived_features(workload, full, self.template), np.float32)
             self._cache[key] = got
         return got
 
