@@ -46,23 +46,13 @@ from .bitserial import (
     threads,
     tile_grid,
 )
-from .host_emu import HOST_INCLUDES, host_library
+from .host_emu import HOST_INCLUDES, HOST_THREADS, host_library
 
 #: largest dynamic shared memory a block may use (H100: 227 KiB)
 SMEM_LIMIT = 227 * 1024
 
 HOST_INTRINSICS = r"""
 #define LOWBIT_HOST_EMU 1
-#define __device__
-#define __forceinline__ inline
-#define __global__
-#define __launch_bounds__(n)
-#define __restrict__
-#define __shared__
-#define __align__(n)
-struct EmuDim { unsigned x, y, z; };
-thread_local EmuDim threadIdx, blockIdx;
-EmuDim blockDim, gridDim;
 struct uint2 { unsigned x, y; };
 struct uint4 { unsigned x, y, z, w; };
 inline uint2 make_uint2(unsigned a, unsigned b) { return uint2{a, b}; }
@@ -73,36 +63,17 @@ inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
 // the block's dynamic shared memory (blocks run one at a time); the kernels declare it extern
 extern "C" { alignas(256) unsigned int smem[EMU_SMEM_BYTES / 4 + 64]; }
 
-struct EmuWarp { std::barrier<>* bar; unsigned long long slot[32][8]; };
-struct EmuBlock { unsigned char* base; long long size; std::barrier<>* bar; EmuWarp warps[16]; };
-thread_local EmuBlock* emu;
-
-static void emu_fail(const char* what) { fprintf(stderr, "emu: %s\n", what); abort(); }
-static inline int emu_lane() { return threadIdx.x & 31; }
-static inline EmuWarp& emu_warp() { return emu->warps[threadIdx.x >> 5]; }
-
-static inline void __syncthreads() { emu->bar->arrive_and_wait(); }
-static inline void __syncwarp() { emu_warp().bar->arrive_and_wait(); }
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline unsigned atomicOr(unsigned* p, unsigned v) {
   return std::atomic_ref<unsigned>(*p).fetch_or(v);
 }
-static inline unsigned __shfl_xor_sync(unsigned, unsigned v, int mask) {
-  EmuWarp& wp = emu_warp();
-  const int lane = emu_lane();
-  wp.slot[lane][7] = v;
-  wp.bar->arrive_and_wait();
-  const unsigned r = (unsigned)wp.slot[lane ^ mask][7];
-  wp.bar->arrive_and_wait();
-  return r;
-}
 """
 
 COMMON_PRIMITIVES = r"""
 __device__ __forceinline__ u32 smem_addr(const void* p) {
-  const long long off = (const unsigned char*)p - emu->base;
-  if (off < 0 || off >= emu->size) emu_fail("address outside the block's shared memory");
+  const long long off = (const unsigned char*)p - emu->smem;
+  if (off < 0 || off >= emu->smem_size) emu_fail("address outside the block's shared memory");
   return (u32)off;
 }
 
@@ -112,7 +83,7 @@ thread_local std::vector<EmuCopy> emu_copy_open;
 
 __device__ __forceinline__ void copy_async(u32* dst, const u32* src, bool valid) {
   const u32 d = smem_addr(dst);
-  if (d % (VEC * 4) || d + VEC * 4 > emu->size) emu_fail("cp.async destination");
+  if (d % (VEC * 4) || d + VEC * 4 > emu->smem_size) emu_fail("cp.async destination");
   if (valid && ((unsigned long long)src) % (VEC * 4)) emu_fail("misaligned cp.async source");
   emu_copy_open.push_back(EmuCopy{dst, valid ? src : nullptr});
 }
@@ -175,7 +146,7 @@ static inline u32 emu_desc_addr(u64 desc, int row, int kb) {
   } else {
     emu_fail("descriptor swizzle mode not emulated");
   }
-  if ((long long)a >= emu->size) emu_fail("wgmma operand outside shared memory");
+  if ((long long)a >= emu->smem_size) emu_fail("wgmma operand outside shared memory");
   return a;
 }
 
@@ -189,8 +160,8 @@ static inline void emu_wgmma_run(const EmuWgmma& op) {
     const int row = 16 * wi + g + 8 * ((k & 3) >> 1), col = 8 * (k >> 2) + 2 * t + (k & 1);
     int sum = 0;
     for (int kb = 0; kb < 32; ++kb) {
-      const unsigned char a = emu->base[emu_desc_addr(op.da, row, kb)];
-      const unsigned char b = emu->base[emu_desc_addr(op.db, col, kb)];
+      const unsigned char a = emu->smem[emu_desc_addr(op.da, row, kb)];
+      const unsigned char b = emu->smem[emu_desc_addr(op.db, col, kb)];
       if (op.s8)  // m64nNk32 .s32.{s8,u8}.s8: 32 byte products
         sum += (EMU_A_S8 ? (int)(signed char)a : (int)a) * (int)(signed char)b;
       else        // m64nNk256 .b1 .and.popc: 256 bit products
@@ -226,37 +197,12 @@ extern "C" int emu_run(int which, const u32* x, const u32* w, void* out, const i
                        const float* scale, const int* mult, const int* shift, int* wtap,
                        int* xpop, int grid_x, int grid_y, int nthreads, long long smem_bytes) {
   if (smem_bytes > EMU_SMEM_BYTES || nthreads > 512 || nthreads % 32) return -1;
-  std::barrier<> block_bar(nthreads);
-  std::vector<std::barrier<>*> warp_bars;
-  EmuBlock blk;
-  blk.base = (unsigned char*)smem;
-  blk.size = smem_bytes;
-  blk.bar = &block_bar;
-  for (int i = 0; i < nthreads / 32; ++i) {
-    warp_bars.push_back(new std::barrier<>(32));
-    blk.warps[i].bar = warp_bars.back();
-  }
-  blockDim = EmuDim{(unsigned)nthreads, 1, 1};
-  gridDim = EmuDim{(unsigned)grid_x, (unsigned)grid_y, 1};
-  for (int by = 0; by < grid_y; ++by) {
-    for (int bx = 0; bx < grid_x; ++bx) {
-      memset(smem, 0xCD, sizeof(smem));  // garbage, not zeros
-      std::vector<std::thread> pool;
-      for (int t = 0; t < nthreads; ++t) {
-        pool.emplace_back([&, t] {
-          threadIdx = EmuDim{(unsigned)t, 0, 0};
-          blockIdx = EmuDim{(unsigned)bx, (unsigned)by, 0};
-          emu = &blk;
-          if (which == 0) bitserial_wtap(w, wtap);
-          else if (which == 2) bitserial_xpop(x, xpop);
-          else EMU_MAIN(x, w, out, bias, scale, mult, shift, wtap, xpop);
-          if (!emu_copy_groups.empty() || !emu_copy_open.empty()) emu_fail("copies left pending");
-        });
-      }
-      for (auto& th : pool) th.join();
-    }
-  }
-  for (auto* b : warp_bars) delete b;
+  emu_run_blocks(nthreads, grid_x, grid_y, (unsigned char*)smem, smem_bytes, sizeof(smem), [&] {
+    if (which == 0) bitserial_wtap(w, wtap);
+    else if (which == 2) bitserial_xpop(x, xpop);
+    else EMU_MAIN(x, w, out, bias, scale, mult, shift, wtap, xpop);
+    if (!emu_copy_groups.empty() || !emu_copy_open.empty()) emu_fail("copies left pending");
+  });
   return 0;
 }
 """
@@ -278,7 +224,7 @@ def host_source(wl: Workload, config: Config) -> str:
         raise RuntimeError("inline PTX left outside the device-primitive regions")
     head = (f"#define EMU_SMEM_BYTES {SMEM_LIMIT}\n#define EMU_MAIN {kernel_name(config)}\n"
             f"#define EMU_A_S8 {int(s8_atype(wl) == 's8')}\n")
-    return HOST_INCLUDES + head + HOST_INTRINSICS + text + HOST_MAIN
+    return HOST_INCLUDES + head + HOST_THREADS + HOST_INTRINSICS + text + HOST_MAIN
 
 
 def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,

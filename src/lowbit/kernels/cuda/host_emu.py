@@ -28,6 +28,83 @@ HOST_INCLUDES = """#include <atomic>
 """
 
 
+# The thread model both emulations share: CUDA's launch macros compiled away, thread and block
+# indices per std::thread, a block barrier and per-warp barriers, the warp shuffle, and the
+# block runner (blocks one at a time, shared memory refilled with 0xCD garbage, not zeros).
+HOST_THREADS = r"""
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __launch_bounds__(n)
+#define __restrict__
+#define __shared__
+#define __align__(n)
+struct EmuDim { unsigned x, y, z; };
+thread_local EmuDim threadIdx, blockIdx;
+EmuDim blockDim, gridDim;
+
+struct EmuWarp { std::barrier<>* bar; unsigned long long slot[32][8]; };
+struct EmuBlock {
+  unsigned char* smem;
+  long long smem_size;
+  std::barrier<>* bar;
+  EmuWarp warps[32];
+};
+thread_local EmuBlock* emu;
+
+static void emu_fail(const char* what) { fprintf(stderr, "emu: %s\n", what); abort(); }
+static inline int emu_lane() { return threadIdx.x & 31; }
+static inline EmuWarp& emu_warp() { return emu->warps[threadIdx.x >> 5]; }
+
+static inline void __syncthreads() { emu->bar->arrive_and_wait(); }
+static inline void __syncwarp() { emu_warp().bar->arrive_and_wait(); }
+static inline unsigned __shfl_xor_sync(unsigned, unsigned v, int mask) {
+  EmuWarp& wp = emu_warp();
+  const int lane = emu_lane();
+  wp.slot[lane][7] = v;
+  wp.bar->arrive_and_wait();
+  const unsigned r = (unsigned)wp.slot[lane ^ mask][7];
+  wp.bar->arrive_and_wait();
+  return r;
+}
+
+// Run `body` as every thread of every block of a grid_x x grid_y launch of nthreads threads;
+// smem[0, smem_size) is the block's shared memory, the first fill_bytes refilled per block.
+template <class Body>
+static void emu_run_blocks(int nthreads, int grid_x, int grid_y, unsigned char* smem,
+                           long long smem_size, long long fill_bytes, Body body) {
+  std::barrier<> block_bar(nthreads);
+  std::vector<std::barrier<>*> warp_bars;
+  EmuBlock blk;
+  blk.smem = smem;
+  blk.smem_size = smem_size;
+  blk.bar = &block_bar;
+  for (int i = 0; i < nthreads / 32; ++i) {
+    warp_bars.push_back(new std::barrier<>(32));
+    blk.warps[i].bar = warp_bars.back();
+  }
+  blockDim = EmuDim{(unsigned)nthreads, 1, 1};
+  gridDim = EmuDim{(unsigned)grid_x, (unsigned)grid_y, 1};
+  for (int by = 0; by < grid_y; ++by) {
+    for (int bx = 0; bx < grid_x; ++bx) {
+      memset(smem, 0xCD, fill_bytes);
+      std::vector<std::thread> pool;
+      for (int t = 0; t < nthreads; ++t) {
+        pool.emplace_back([&, t] {
+          threadIdx = EmuDim{(unsigned)t, 0, 0};
+          blockIdx = EmuDim{(unsigned)bx, (unsigned)by, 0};
+          emu = &blk;
+          body();
+        });
+      }
+      for (auto& th : pool) th.join();
+    }
+  }
+  for (auto* b : warp_bars) delete b;
+}
+"""
+
+
 def compiler() -> str | None:
     """The host C++ compiler used (``$CXX`` or g++ / clang++ on PATH), None if there is none."""
     for cand in (os.environ.get("CXX"), "g++", "clang++"):

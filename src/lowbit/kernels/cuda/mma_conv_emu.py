@@ -23,38 +23,18 @@ import torch
 
 from ...core.epilogue import EpilogueParams
 from ...core.validate import check_inputs, out_storage
-from .host_emu import HOST_INCLUDES, host_library
+from .host_emu import HOST_INCLUDES, HOST_THREADS, host_library
 from .mma_conv import MmaConvKernel, render
 from .mma_conv_cuda import COMMON, KERNEL
 
 HOST_PRIMITIVES = r"""
-#define __device__
-#define __forceinline__ inline
-#define __global__
-#define __launch_bounds__(n)
-#define __restrict__
 using std::min;
 struct int2 { int x, y; };
 inline int2 make_int2(int x, int y) { return int2{x, y}; }
-struct Idx { int x, y, z; };
 
-struct EmuWarp {
-  std::barrier<>* bar;
-  u64 slot[32][8];
-};
-struct EmuBlock {
-  u8* smem;
-  int smem_size;
-  std::barrier<>* bar;
-  EmuWarp warps[32];
-};
 struct Pending { u8* dst; const u8* src; int n; };
-thread_local Idx threadIdx, blockIdx;
-thread_local EmuBlock* emu;
 thread_local std::vector<std::vector<Pending>> groups;   // committed groups, oldest first
 thread_local std::vector<Pending> open_group;
-
-static void emu_fail(const char* what) { fprintf(stderr, "emu: %s\n", what); abort(); }
 
 __device__ __forceinline__ u32 smem_u32(const void* p) {
   const i64 off = (const u8*)p - emu->smem;
@@ -90,8 +70,6 @@ __device__ __forceinline__ void cp_async_wait1() {
   }
 }
 
-static inline int lane_id() { return threadIdx.x & 31; }
-static inline EmuWarp& my_warp() { return emu->warps[threadIdx.x >> 5]; }
 
 static inline u32 ld_row_word(u64 row_addr, int lane) {
   if (row_addr % 16 || (i64)row_addr + 16 > emu->smem_size) emu_fail("ldmatrix row address");
@@ -101,8 +79,8 @@ static inline u32 ld_row_word(u64 row_addr, int lane) {
 }
 
 __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
-  EmuWarp& wp = my_warp();
-  const int lane = lane_id();
+  EmuWarp& wp = emu_warp();
+  const int lane = emu_lane();
   wp.slot[lane][0] = addr;
   wp.bar->arrive_and_wait();
   for (int j = 0; j < 4; ++j) r[j] = ld_row_word(wp.slot[8 * j + lane / 4][0], lane);
@@ -110,8 +88,8 @@ __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
 }
 
 __device__ __forceinline__ void ldmatrix_x2(u32& r0, u32& r1, u32 addr) {
-  EmuWarp& wp = my_warp();
-  const int lane = lane_id();
+  EmuWarp& wp = emu_warp();
+  const int lane = emu_lane();
   wp.slot[lane][0] = addr;
   wp.bar->arrive_and_wait();
   r0 = ld_row_word(wp.slot[lane / 4][0], lane);
@@ -135,19 +113,19 @@ static inline int emu_a(int row, int k) {
   const int half = k / EMU_KHALF, kk = k % EMU_KHALF;
   const int lane = (row % 8) * 4 + kk / EMU_PER_REG;
   const int reg = (row / 8) + 2 * half;
-  return emu_elem((u32)my_warp().slot[lane][reg], kk % EMU_PER_REG, A_SIGNED);
+  return emu_elem((u32)emu_warp().slot[lane][reg], kk % EMU_PER_REG, A_SIGNED);
 }
 
 // B(k, n): lane n*4 + t; reg 0: k = t*PER + e, reg 1: KHALF + t*PER + e.
 static inline int emu_b(int k, int n) {
   const int half = k / EMU_KHALF, kk = k % EMU_KHALF;
   const int lane = n * 4 + kk / EMU_PER_REG;
-  return emu_elem((u32)my_warp().slot[lane][4 + half], kk % EMU_PER_REG, W_SIGNED);
+  return emu_elem((u32)emu_warp().slot[lane][4 + half], kk % EMU_PER_REG, W_SIGNED);
 }
 
 __device__ __forceinline__ void mma(int (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-  EmuWarp& wp = my_warp();
-  const int lane = lane_id();
+  EmuWarp& wp = emu_warp();
+  const int lane = emu_lane();
   for (int r = 0; r < 4; ++r) wp.slot[lane][r] = a[r];
   wp.slot[lane][4] = b0;
   wp.slot[lane][5] = b1;
@@ -171,17 +149,6 @@ __device__ __forceinline__ unsigned short to_half_bits(float f) {
 
 static inline float __ll2float_rn(i64 v) { return (float)v; }
 
-static inline u32 __shfl_xor_sync(u32, u32 v, int mask) {
-  EmuWarp& wp = my_warp();
-  const int lane = lane_id();
-  wp.slot[lane][7] = v;
-  wp.bar->arrive_and_wait();
-  const u32 r = (u32)wp.slot[lane ^ mask][7];
-  wp.bar->arrive_and_wait();
-  return r;
-}
-
-static inline void __syncthreads() { emu->bar->arrive_and_wait(); }
 
 #define DECLARE_SMEM(name) u8* name = emu->smem
 """
@@ -189,42 +156,16 @@ static inline void __syncthreads() { emu->bar->arrive_and_wait(); }
 HOST_MAIN = r"""
 extern "C" int emu_run(const u8* x, const u8* w, void* out, const int* bias, const float* scale,
                        const int* mult, const int* shift, int grid_x, int grid_y, int smem) {
-  std::vector<u8> shared(smem + 16, 0xCD);          // garbage, not zeros
-  std::barrier<> block_bar(THREADS);
-  std::vector<std::barrier<>*> warp_bars;
-  EmuBlock blk;
-  blk.smem = shared.data();
-  blk.smem_size = smem;
-  blk.bar = &block_bar;
-  for (int i = 0; i < THREADS / 32; ++i) {
-    warp_bars.push_back(new std::barrier<>(32));
-    blk.warps[i].bar = warp_bars.back();
-  }
-  for (int by = 0; by < grid_y; ++by) {
-    for (int bx = 0; bx < grid_x; ++bx) {
-      std::fill(shared.begin(), shared.end(), (u8)0xCD);
-      std::vector<std::thread> threads;
-      for (int t = 0; t < THREADS; ++t) {
-        threads.emplace_back([&, t] {
-          threadIdx = Idx{t, 0, 0};
-          blockIdx = Idx{bx, by, 0};
-          emu = &blk;
-          groups.clear();
-          open_group.clear();
-          mma_conv(x, w, out, bias, scale, mult, shift);
-        });
-      }
-      for (auto& th : threads) th.join();
-    }
-  }
-  for (auto* b : warp_bars) delete b;
+  std::vector<u8> shared(smem + 16);
+  emu_run_blocks(THREADS, grid_x, grid_y, shared.data(), smem, shared.size(),
+                 [&] { mma_conv(x, w, out, bias, scale, mult, shift); });
   return 0;
 }
 """
 
 
 def host_source(kernel: MmaConvKernel) -> str:
-    body = COMMON + HOST_PRIMITIVES + KERNEL + HOST_MAIN
+    body = COMMON + HOST_THREADS + HOST_PRIMITIVES + KERNEL + HOST_MAIN
     return HOST_INCLUDES + render(kernel.workload, kernel.config, kernel.variant, body=body)
 
 
