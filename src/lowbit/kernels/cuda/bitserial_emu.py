@@ -101,12 +101,8 @@ template <int N> __device__ __forceinline__ void copy_wait() {
 }
 
 __device__ __forceinline__ void mma_and(int (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-  EmuWarp& wp = emu_warp();
+  EmuWarp& wp = emu_share_fragments(a, b0, b1);
   const int lane = emu_lane();
-  for (int r = 0; r < 4; ++r) wp.slot[lane][r] = a[r];
-  wp.slot[lane][4] = b0;
-  wp.slot[lane][5] = b1;
-  wp.bar->arrive_and_wait();
   const int g = lane >> 2, t = lane & 3;
   for (int e = 0; e < 4; ++e) {
     const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);

@@ -68,6 +68,18 @@ static inline unsigned __shfl_xor_sync(unsigned, unsigned v, int mask) {
   return r;
 }
 
+// mma.sync: publish this lane's A (4 registers) and B (2) fragments in slots 0-5 of its warp
+// and wait for the other lanes; the caller reads any lane's fragments, then waits once more.
+static inline EmuWarp& emu_share_fragments(const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  EmuWarp& wp = emu_warp();
+  const int lane = emu_lane();
+  for (int r = 0; r < 4; ++r) wp.slot[lane][r] = a[r];
+  wp.slot[lane][4] = b0;
+  wp.slot[lane][5] = b1;
+  wp.bar->arrive_and_wait();
+  return wp;
+}
+
 // Run `body` as every thread of every block of a grid_x x grid_y launch of nthreads threads;
 // smem[0, smem_size) is the block's shared memory, the first fill_bytes refilled per block.
 template <class Body>

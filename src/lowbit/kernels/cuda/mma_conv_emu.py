@@ -124,12 +124,8 @@ static inline int emu_b(int k, int n) {
 }
 
 __device__ __forceinline__ void mma(int (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-  EmuWarp& wp = emu_warp();
+  EmuWarp& wp = emu_share_fragments(a, b0, b1);
   const int lane = emu_lane();
-  for (int r = 0; r < 4; ++r) wp.slot[lane][r] = a[r];
-  wp.slot[lane][4] = b0;
-  wp.slot[lane][5] = b1;
-  wp.bar->arrive_and_wait();
   const int g = lane / 4, t = lane % 4;
   for (int e = 0; e < 4; ++e) {
     const int row = g + 8 * (e / 2), col = 2 * t + (e % 2);
