@@ -42,11 +42,12 @@ export PYTHONUNBUFFERED=1 LOWBIT_RESULTS_DIR=$OUT
 export LOWBIT_GIT_SHA=${LOWBIT_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
-step() {  # step NAME LIMIT_S COMMAND...
-    local name=$1 limit=$2
+step() {  # step NAME LIMIT_S COMMAND...  (LIMIT_<NAME>=seconds overrides the limit)
+    local name=$1 limit=$2 override="LIMIT_$1"
+    limit=${!override:-$limit}
     shift 2
     echo "=== $name (limit ${limit}s) $(date -u +%T)"
-    timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+    timeout -s INT -k 20 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
     echo "=== $name rc=$? $(date -u +%T)"
 }
 
@@ -62,14 +63,15 @@ bitserial_tuned() {  # bitserial_tuned SUFFIX LAYERS
 }
 
 TRITON_TESTS="tests/test_triton_igemm.py tests/test_triton_tma_conv.py tests/test_tune_gpu.py"
-CUDA_TESTS="tests/test_cuda_bitserial.py tests/test_cuda_mma_conv.py tests/test_cuda_nvrtc.py"
+CUDA_TESTS="tests/test_cuda_bitserial.py tests/test_cuda_int8_wgmma.py tests/test_cuda_mma_conv.py
+    tests/test_cuda_nvrtc.py"
 B16=resnet50_s2_3x3,resnet50_s3_3x3,resnet50_s4_3x3,resnet50_s5_3x3
 B256=resnet50_s2_3x3_b256,resnet50_s3_3x3_b256,resnet50_s4_3x3_b256,resnet50_s5_3x3_b256
 for s in "$@"; do
     case $s in
     tests) step tests 240 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
         --junitxml="$OUT/tests.xml" $TRITON_TESTS ;;
-    tests_cuda) step tests_cuda 540 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
+    tests_cuda) step tests_cuda 540 python3 -m pytest -q -m gpu -n 14 -p no:cacheprovider \
         --junitxml="$OUT/tests_cuda.xml" $CUDA_TESTS ;;
     gemm) step gemm 300 python3 benchmarks/gemm.py --whole-space-below 1000 ;;
     conv_b16) step conv_b16 300 python3 benchmarks/conv.py --suites resnet50_3x3_b16 \
