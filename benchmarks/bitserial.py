@@ -270,6 +270,29 @@ def tuned_bitserial(wl: Workload, trials: int, budget_s: float, measurer) -> dic
             "trials": res.trials, "wall_s": round(time.perf_counter() - t0, 1)}
 
 
+def with_rowsum_twins(wl: Workload, configs: list[Config]) -> list[Config]:
+    """configs, each followed by its other-ROWSUM twin where the space has one."""
+    space = BITSERIAL.space(wl)
+    out: list[Config] = []
+    for c in configs:
+        twin = c.replace(ROWSUM="table" if c["ROWSUM"] == "mma" else "mma")
+        out += [t for t in (c, twin) if space.is_valid(t) and t not in out]
+    return out
+
+
+def earlier_bests(paths: list[Path], n: int = 3) -> dict[tuple[str, str], list[Config]]:
+    """The n fastest exact configs of each (workload, precision) row in earlier
+    bitserial-*.json results, to be re-timed beside this run's candidates."""
+    found: dict[tuple[str, str], list[Config]] = {}
+    for path in paths:
+        for row in json.loads(Path(path).read_text())["rows"]:
+            tried = sorted((t for t in row.get("tried", []) if t.get("exact") and t.get("us")),
+                           key=lambda t: t["us"])
+            cfgs = found.setdefault((row["workload"], row["precision"]), [])
+            cfgs += [Config(t["config"]) for t in tried[:n] if Config(t["config"]) not in cfgs]
+    return found
+
+
 def baselines(name: str, base: Workload, tries: int, tuned: list[tuple[str, Config]] = ()
               ) -> dict:
     b: dict = {}
@@ -303,11 +326,15 @@ def main() -> None:
     ap.add_argument("--tune-budget-s", type=float, default=90.0, help="per tuned row")
     ap.add_argument("--int8-timed", type=Path, nargs="*", default=[],
                     help="timed-*.json of benchmarks/tuning.py: tuned int8 configs")
+    ap.add_argument("--configs", type=Path, nargs="*", default=[],
+                    help="earlier bitserial-*.json: re-time each row's 3 best configs, and "
+                         "their ROWSUM twins for binary weights")
     args = ap.parse_args()
     t0 = time.time()
     from conv import timed_bests
 
     int8_tuned = timed_bests(args.int8_timed)
+    earlier = earlier_bests(args.configs)
     measurer = None
     if args.tune_trials:
         from lowbit.tune import LocalMeasurer
@@ -336,12 +363,12 @@ def main() -> None:
                        "epilogue": wl.epilogue.key, "workload_key": wl.key,
                        "floor_us": workload_floor_us(wl, "bitserial", peaks)}
                 try:
-                    extra = []
+                    extra = with_rowsum_twins(wl, earlier.get((name, prec), []))
                     if measurer is not None:
                         row["tuned"] = tuned_bitserial(wl, args.tune_trials,
                                                        args.tune_budget_s, measurer)
                         if row["tuned"]["config"]:
-                            extra = [Config(row["tuned"]["config"])]
+                            extra.append(Config(row["tuned"]["config"]))
                     row.update(bitserial_row(wl, len(rows), args.tries, not args.no_persist,
                                              extra))
                 except Exception as e:

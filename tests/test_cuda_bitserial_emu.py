@@ -48,6 +48,9 @@ CASES = [
                                            stride=2), "wgmma", {"PERSIST": 1}),
     ("wgmma_persistent_b1b1_table", gemm(B1, B1, EPILOGUES[1], M=130, N=64, K=512), "wgmma",
      {"PERSIST": 1, "ROWSUM": "table", "SWIZZLE": 0}),
+    # 40 channel words: a warp per pixel in bitserial_xpop, lanes 8-31 reading one word
+    ("gemm_rowsum_table_wide_k", gemm(B1, U2, EPILOGUES[1], M=67, N=40, K=1280), "mma_sync",
+     {"ROWSUM": "table"}),
     ("gemm_mma_s3b1", gemm(S3, B1, EPILOGUES[4], M=77, N=45, K=300), "mma_sync", {}),
     ("gemm_wgmma_b1b1", gemm(B1, B1, EPILOGUES[1], M=70, N=64, K=512), "wgmma", {}),
 ]

@@ -198,7 +198,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "WGMMA": int(config["MMA"] == "wgmma"), "SWIZZLE": config["SWIZZLE"],
         "HALO": config["HALO"], "ROWSUM_TABLE": int(rowsum_table(config)),
         "HALO_WORDS": halo_rows(sh, config["BM"]) * sh.w * sh.words if config["HALO"] else 0,
-        "VEC": copy_vec(sh),
+        "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh),
         "HAS_BIAS": int(epi.bias), "RELU": int(epi.relu), "OUT_MODE": _out_mode(wl),
         "OUT_BITS": out.bits if out else 1, "OUT_QMIN": out.qmin if out else 0,
         "OUT_QMAX": out.qmax if out else 0,
@@ -264,8 +264,15 @@ def support_limits_reason(wl: Workload) -> str | None:
     return None
 
 
-#: bitserial_wtap runs a warp per output column, 4 per block; bitserial_xpop a thread per pixel
+#: bitserial_wtap runs a warp per output column, 4 per block; bitserial_xpop xpop_lanes lanes
+#: per input pixel
 WTAP_THREADS, XPOP_THREADS = 128, 256
+
+
+def xpop_lanes(shape: Shape) -> int:
+    """Lanes that share one pixel in bitserial_xpop: its channel words rounded up to a power
+    of two, at most a warp."""
+    return min(32, _pow2_ceil(shape.words))
 
 
 def tile_grid(wl: Workload, config: Mapping) -> tuple[int, int]:
@@ -292,7 +299,7 @@ def side_table_blocks(wl: Workload) -> tuple[int, int]:
     """Blocks of the bitserial_wtap and bitserial_xpop launches."""
     sh = conv_shape(wl)
     return (math.ceil(sh.kout * 32 / WTAP_THREADS),
-            math.ceil(sh.nb * sh.h * sh.w / XPOP_THREADS))
+            math.ceil(sh.nb * sh.h * sh.w * xpop_lanes(sh) / XPOP_THREADS))
 
 
 def s8_atype(wl: Workload) -> str:
