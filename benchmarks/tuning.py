@@ -117,13 +117,25 @@ def timed(only: list[str] | None, trials: int, strategy: str, budget_s: float,
                "trials_by_template": {t.name: sum(r.template == t.name for r in res.history)
                                       for t in usable},
                "default_us": res.default_us.get(CONV2D_INT8.name),
-               "defaults_us": dict(res.default_us)}
+               "defaults_us": dict(res.default_us), **best_by_template(res.history)}
         doc["rows"].append(row)
         path.write_text(json.dumps(doc, indent=1))
         print(f"{name:32s} {row['trials']} trials in {wall:.0f} s, best {res.time_us:.1f} us "
               f"({res.template}), "
               f"default {row['default_us']}, {fails} failed", flush=True)
     return path
+
+
+def best_by_template(history: list) -> dict:
+    """best_us_by_template / best_config_by_template: each template's fastest measured config,
+    so a losing template's best is kept beside the winner's."""
+    best: dict[str, object] = {}
+    for r in history:
+        if r.ok and r.time_us is not None and (
+                r.template not in best or r.time_us < best[r.template].time_us):
+            best[r.template] = r
+    return {"best_us_by_template": {t: r.time_us for t, r in best.items()},
+            "best_config_by_template": {t: dict(r.config) for t, r in best.items()}}
 
 
 def multi_gpu(layer: str, trials: int, gpus: int) -> Path:

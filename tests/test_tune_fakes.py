@@ -24,7 +24,9 @@ class StandInKernel:
 
     def __init__(self, workload: Workload, config: Config) -> None:
         self.workload, self.config = workload, config
-        n = 48 * int(config["tile"])
+        # cubic in tile: 96 x tile keeps tile 2 vs 3 apart by ~3x even when two measurers
+        # share two CPU cores (48 x tile let noise reorder them: test_tune_dask flaked)
+        n = 96 * int(config["tile"])
         self._a = torch.randn(n, n)
 
     def __call__(self, x, w, params):

@@ -160,6 +160,9 @@ def _worker_main(conn, device: str, visible: str | None) -> None:
     from .env import collect_env
     from .timing import time_us
 
+    if device == "cpu":  # parallel CPU workers each spawning a core's worth of OpenMP threads
+        torch.set_num_threads(1)  # oversubscribe the cores; spin-waits then decide the ranking
+
     conn.send(("ready", collect_env(device)))
     cache: dict = {}
     while True:
