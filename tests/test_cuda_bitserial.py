@@ -86,6 +86,22 @@ def test_invalid_config_is_rejected():
                                    MMA="mma_sync", SWIZZLE=0, HALO=0), arch="sm_80")
 
 
+def test_checking_a_config_does_not_enumerate_the_space(monkeypatch):
+    """build() checks one config against the constraints; enumerating the 4-5k configs of a
+    space (1-3 s) inside every tuning trial made each measurement cost seconds."""
+    from lowbit.core.space import ConfigSpace
+
+    def enumerate_all(self):
+        raise AssertionError("the whole space was enumerated")
+
+    wl = gemm(Precision(1), Precision(2), M=4096, N=4096, K=4096)
+    cfg = BITSERIAL.default_config(wl, "wgmma", arch=bitserial.WGMMA_ARCH)
+    monkeypatch.setattr(ConfigSpace, "all_configs", enumerate_all)
+    assert BITSERIAL.checked_config(wl, cfg, BITSERIAL.space(wl, bitserial.WGMMA_ARCH)) == cfg
+    with pytest.raises(ValueError, match="is not in"):
+        BITSERIAL.checked_config(wl, cfg.replace(WM=48), BITSERIAL.space(wl, "sm_90a"))
+
+
 def test_wgmma_only_on_sm90a():
     wl = gemm(Precision(2, "signed"), Precision(2), EPILOGUES[1], M=512, N=256, K=1024)
     assert {(c["MMA"], c["SWIZZLE"]) for c in BITSERIAL.space(wl, arch="sm_80")} == {

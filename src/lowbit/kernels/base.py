@@ -79,7 +79,8 @@ class KernelTemplate(ABC):
         ValueError naming the reason otherwise); knobs of `added_knobs` it lacks take their old
         meaning."""
         self.check_supported(workload)
-        space = space or self.space(workload)
+        if space is None:  # not `space or ...`: a ConfigSpace's truth value enumerates it
+            space = self.space(workload)
         config = self.with_added_knobs(config, space.names)
         reason = space.why_invalid(config)
         if reason:
