@@ -375,15 +375,18 @@ __device__ __forceinline__ void pack_tile_store(const u32* s_out, void* out, i64
   }
 }
 
-// Per-column epilogue parameters (zeros past KOUT).
+// Per-column epilogue parameters (zeros past KOUT); wall: the column's weight sum over all
+// taps (binary activations), what every output pixel whose taps are all inside the image adds.
 struct ColParams {
-  int bias, mult, shift;
+  int bias, mult, shift, wall;
   float scale;
 };
 __device__ __forceinline__ ColParams col_params(const EpilogueArgs& ea, int col) {
   const bool ok = col < KOUT;
   return {(HAS_BIAS && ok) ? ea.bias[col] : 0, (OUT_MODE >= 2 && ok) ? ea.mult[col] : 0,
-          (OUT_MODE >= 2 && ok) ? ea.shift[col] : 1, (OUT_MODE == 1 && ok) ? ea.scale[col] : 0.f};
+          (OUT_MODE >= 2 && ok) ? ea.shift[col] : 1,
+          (NEED_WTAP && ok) ? ea.wtap[col * TAB + TAB - 1] : 0,
+          (OUT_MODE == 1 && ok) ? ea.scale[col] : 0.f};
 }
 // ROWSUM_TABLE: sum_i c_i popc(a_i) of output row m (pixel (n, po, qo)): the per-pixel table
 // summed over the valid taps [rlo, rhi) x [slo, shi) (1x1 and GEMM: one lookup per plane).
@@ -440,6 +443,9 @@ __device__ __forceinline__ void epilogue_warp(const Acc& acc, const RowSum& rsum
         tap_range(po * STRIDE - PAD, H, R, rlo, rhi);
         tap_range(qo * STRIDE - PAD, W, S, slo, shi);
       }
+      // interior pixels (most of them) take the column's all-tap weight sum from ColParams
+      // instead of 4 table lookups per output
+      const bool all_taps = rlo == 0 && rhi == R && slo == 0 && shi == S;
       // table offsets of the valid-tap rectangle [rlo, rhi) x [slo, shi)
       const int t11 = rhi * (S + 1) + shi, t01 = rlo * (S + 1) + shi;
       const int t10 = rhi * (S + 1) + slo, t00 = rlo * (S + 1) + slo;
@@ -472,7 +478,9 @@ __device__ __forceinline__ void epilogue_warp(const Acc& acc, const RowSum& rsum
             for (int j = 0; j < P_BITS; ++j) y += a_coef(i) * w_coef(j) * acc[i][j][mi][ni][2 * h + e];
           y = A_ALPHA * W_ALPHA * y + row_term;
           if constexpr (NEED_WTAP) {
-            if (col < KOUT) {
+            if (all_taps) {
+              y += A_BETA * W_ALPHA * cp.wall;
+            } else if (col < KOUT) {
               const int* wt = ea.wtap + col * TAB;
               y += A_BETA * W_ALPHA * (wt[t11] - wt[t01] - wt[t10] + wt[t00]);
             }
