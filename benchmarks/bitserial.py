@@ -106,7 +106,8 @@ def candidates(wl: Workload, n: int, persist: bool = True) -> list[Config]:
     """The mma.sync default config, then the best-ranked others with distinct tile shapes
     (n in all); on sm_90a also the wgmma default and its n - 1 best-ranked others; then twins
     of the defaults (HALO=1; wgmma: other KT/STAGES pairs and persistent blocks; binary
-    weights: ROWSUM="table") where valid."""
+    weights: ROWSUM="table"; 1-2 bit outputs: REQUANT="threshold" of every chosen) where
+    valid."""
     space = BITSERIAL.space(wl)
     chosen: list[Config] = []
     for mma in sorted({c["MMA"] for c in space}):  # mma_sync first
@@ -132,6 +133,8 @@ def candidates(wl: Workload, n: int, persist: bool = True) -> list[Config]:
     defaults = [c for c in chosen if c == BITSERIAL.default_config(wl, c["MMA"])]
     if any(c["ROWSUM"] == "table" for c in space):  # binary weights: row sums from the table
         twins += [c.replace(ROWSUM="table") for c in defaults]
+    if any(c["REQUANT"] == "threshold" for c in space):  # 1-2 bit planes out: thresholds
+        twins += [c.replace(REQUANT="threshold") for c in chosen]
     if persist:  # persistent wgmma blocks (2026-11-23: not yet measured): the first valid one
         twins += [t for t in (c.replace(PERSIST=1) for c in chosen if c["MMA"] == "wgmma")
                   if space.is_valid(t)][:1]
@@ -270,13 +273,17 @@ def tuned_bitserial(wl: Workload, trials: int, budget_s: float, measurer) -> dic
             "trials": res.trials, "wall_s": round(time.perf_counter() - t0, 1)}
 
 
-def with_rowsum_twins(wl: Workload, configs: list[Config]) -> list[Config]:
-    """configs, each followed by its other-ROWSUM twin where the space has one."""
+def with_twins(wl: Workload, configs: list[Config]) -> list[Config]:
+    """configs, each followed by its twins in the other ROWSUM and the other REQUANT mode
+    where the space has them."""
     space = BITSERIAL.space(wl)
     out: list[Config] = []
-    for c in configs:
-        twin = c.replace(ROWSUM="table" if c["ROWSUM"] == "mma" else "mma")
-        out += [t for t in (c, twin) if space.is_valid(t) and t not in out]
+    for c in (BITSERIAL.with_added_knobs(c, space.names) for c in configs):
+        other_rowsum = c.replace(ROWSUM="table" if c["ROWSUM"] == "mma" else "mma")
+        other_requant = c.replace(
+            REQUANT="threshold" if c["REQUANT"] == "multiply" else "multiply")
+        out += [t for t in (c, other_rowsum, other_requant)
+                if space.is_valid(t) and t not in out]
     return out
 
 
@@ -328,7 +335,7 @@ def main() -> None:
                     help="timed-*.json of benchmarks/tuning.py: tuned int8 configs")
     ap.add_argument("--configs", type=Path, nargs="*", default=[],
                     help="earlier bitserial-*.json: re-time each row's 3 best configs, and "
-                         "their ROWSUM twins for binary weights")
+                         "their ROWSUM and REQUANT twins")
     args = ap.parse_args()
     t0 = time.time()
     from conv import timed_bests
@@ -363,7 +370,7 @@ def main() -> None:
                        "epilogue": wl.epilogue.key, "workload_key": wl.key,
                        "floor_us": workload_floor_us(wl, "bitserial", peaks)}
                 try:
-                    extra = with_rowsum_twins(wl, earlier.get((name, prec), []))
+                    extra = with_twins(wl, earlier.get((name, prec), []))
                     if measurer is not None:
                         row["tuned"] = tuned_bitserial(wl, args.tune_trials,
                                                        args.tune_budget_s, measurer)

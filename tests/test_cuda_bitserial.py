@@ -417,6 +417,47 @@ def test_bit_exact_rowsum_table(ab, mma):
                     _assert_exact(wl, c, seed=ab * 10 + combo + i)
 
 
+THRESHOLD_EPILOGUES = [EPILOGUES[1], EPILOGUES[5],  # u2 / u1 with bias + ReLU
+                      Epilogue(out=Precision(2, "signed"), out_layout=BP),
+                      Epilogue(bias=True, out=Precision(1), out_layout=BP)]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_nvrtc_compiles_threshold_configs(arch, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
+    wl = conv(Precision(1, "binary"), Precision(1, "binary"), EPILOGUES[5], **ROWSUM_SHAPES[1])
+    mmas = ("mma_sync", "wgmma") if arch == "sm_90a" else ("mma_sync",)
+    for mma in mmas:
+        cfg = BITSERIAL.default_config(wl, mma, arch=arch).replace(REQUANT="threshold")
+        assert "OUT_THRESH = 1;" in BITSERIAL.build(wl, cfg, arch=arch).source
+    for epi in (EPILOGUES[4], EPILOGUES[0]):  # 3-bit planes, int32: no thresholds
+        plain = conv(Precision(2), Precision(2), epi)
+        with pytest.raises(ValueError, match="REQUANT='threshold' not in"):
+            BITSERIAL.build(plain, BITSERIAL.default_config(plain).replace(REQUANT="threshold"),
+                            arch=arch)
+
+
+@pytest.mark.parametrize("mma", ["mma_sync", "wgmma"])
+@pytest.mark.parametrize("wb,ab", [(1, 1), (1, 2), (2, 2), (3, 1)])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bit_exact_threshold_epilogue(wb, ab, mma):
+    """REQUANT='threshold' (bias, ReLU, requantize to 1-2 bit planes as integer compares):
+    every encoding pair, u1/u2/s2 outputs with and without bias and ReLU, padding, stride 2,
+    1x1, one tile per block and persistent."""
+    for combo, (w_prec, a_prec) in enumerate(itertools.product(encodings(wb), encodings(ab))):
+        for i, shape in enumerate(ROWSUM_SHAPES):
+            epi = THRESHOLD_EPILOGUES[(combo + i) % len(THRESHOLD_EPILOGUES)]
+            wl = conv(w_prec, a_prec, epi, **shape)
+            cfg = _config(wl, (mma, 0, 32 if mma == "wgmma" else 0))
+            if cfg is None:
+                pytest.skip("wgmma needs sm_90a")
+            for c in (cfg, cfg.replace(PERSIST=1)):
+                c = c.replace(REQUANT="threshold")
+                if BITSERIAL.space(wl).is_valid(c):
+                    _assert_exact(wl, c, seed=wb * 100 + ab * 10 + combo + i)
+
+
 @pytest.mark.parametrize("wb,ab", [(1, 1), (1, 2), (2, 2), (3, 1), (4, 4)])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

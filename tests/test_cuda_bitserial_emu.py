@@ -51,6 +51,11 @@ CASES = [
     # 40 channel words: a warp per pixel in bitserial_xpop, lanes 8-31 reading one word
     ("gemm_rowsum_table_wide_k", gemm(B1, U2, EPILOGUES[1], M=67, N=40, K=1280), "mma_sync",
      {"ROWSUM": "table"}),
+    # bias, ReLU and requantization as per-column integer thresholds
+    ("mma_threshold_s2u2_stride2", conv(S2, U2, EPILOGUES[1], N=2, H=7, W=6, C=33, K=37,
+                                        stride=2), "mma_sync", {"REQUANT": "threshold"}),
+    ("wgmma_persistent_threshold_b1b1", gemm(B1, B1, EPILOGUES[5], M=130, N=64, K=512),
+     "wgmma", {"PERSIST": 1, "REQUANT": "threshold"}),
     ("gemm_mma_s3b1", gemm(S3, B1, EPILOGUES[4], M=77, N=45, K=300), "mma_sync", {}),
     ("gemm_wgmma_b1b1", gemm(B1, B1, EPILOGUES[1], M=70, N=64, K=512), "wgmma", {}),
 ]

@@ -27,6 +27,10 @@ EMU_CASES = [
     (GemmWorkload(M=77, N=64, K=300,
                   epilogue=Epilogue(bias=True, relu=True, out="u4", out_layout="bitplane")),
      {"PERSIST": 1, "BN": 64, "WN": 64}),
+    # 2-bit signed bit planes: the threshold form of the requantizing epilogue
+    (ConvWorkload(N=1, H=5, W=6, C=32, K=33, R=3, S=3, pad=1,
+                  epilogue=Epilogue(bias=True, out="s2", out_layout="bitplane")),
+     {"REQUANT": "threshold"}),
 ]
 
 

@@ -6,6 +6,8 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lowbit.core import ConvWorkload, Epilogue, GemmWorkload, Precision
 from lowbit.core.epilogue import EpilogueParams
@@ -19,6 +21,7 @@ from lowbit.reference import (
     gemm_int,
     random_inputs,
     random_values,
+    requant_thresholds,
     requantize,
     run,
 )
@@ -112,6 +115,28 @@ def test_requantize_rounds_half_up_and_clamps():
     one, s1 = torch.tensor(1), torch.tensor(1)
     # y / 2 rounded half up: -1.5 -> -1, -1 -> -1, -0.5 -> 0, 0.5 -> 1, 1 -> 1, 1.5 -> 2
     assert requantize(y, one, s1, -8, 7).tolist() == [-1, -1, 0, 1, 1, 2, 7]
+
+
+@settings(max_examples=300, deadline=None)
+@given(out=st.sampled_from(["u1", "u2", "s2"]), relu=st.booleans(), bias=st.booleans(),
+       cols=st.lists(st.tuples(st.integers(1, 2**31 - 1), st.integers(1, 62),
+                               st.integers(-(2**31), 2**31 - 1)), min_size=1, max_size=4),
+       ys=st.lists(st.integers(-(2**31) + 2, 2**31 - 2), max_size=8))
+def test_thresholds_equal_bias_relu_requantize(out, relu, bias, cols, ys):
+    """qmin + #{k : y >= T_k} is the epilogue, for any multiplier, shift and bias, at the
+    thresholds themselves, one below them and at random accumulators."""
+    epi = Epilogue(bias=bias, relu=relu, out=out, out_layout="bitplane")
+    mult, shift, b = (torch.tensor(c, dtype=torch.int32) for c in zip(*cols, strict=True))
+    params = EpilogueParams(bias=b if bias else None, multiplier=mult, shift=shift)
+    thr = requant_thresholds(epi, params)
+    assert thr.shape == (len(cols), epi.out.qmax - epi.out.qmin) and thr.dtype == torch.int32
+    lim = 2**31 - 2
+    probes = {min(max(v + d, -lim), lim) for v in thr.flatten().tolist() for d in (-1, 0)}
+    y = torch.tensor(sorted(probes | set(ys) | {0, -1, 1}), dtype=torch.int64)[:, None]
+    yb = y + b.to(torch.int64) if bias else y
+    want = requantize(yb.clamp_min(0) if relu else yb, mult, shift, epi.out.qmin, epi.out.qmax)
+    got = epi.out.qmin + (y[:, :, None] >= thr.to(torch.int64)[None]).sum(-1)
+    assert torch.equal(got, want)
 
 
 def test_epilogue_order_bias_relu_requant():

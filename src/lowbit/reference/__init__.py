@@ -8,13 +8,13 @@ from .bitserial import (
     popcount,
     valid_mask,
 )
-from .epilogue import apply_epilogue, requantize
+from .epilogue import THRESHOLD_MAX_BITS, apply_epilogue, requant_thresholds, requantize
 from .integer import conv2d_int, gemm_int, im2col_nhwc
 from .ops import accumulate, accumulator_stats, random_inputs, random_params, random_values, run
 
 __all__ = [
-    "accumulate", "accumulator_stats", "apply_epilogue", "bitserial_conv2d", "bitserial_gemm",
-    "bitserial_gemm_values", "conv2d_int", "gemm_int", "im2col_nhwc", "plane_coefficients",
-    "popcount", "random_inputs", "random_params", "random_values", "requantize", "run",
-    "valid_mask",
+    "THRESHOLD_MAX_BITS", "accumulate", "accumulator_stats", "apply_epilogue",
+    "bitserial_conv2d", "bitserial_gemm", "bitserial_gemm_values", "conv2d_int", "gemm_int",
+    "im2col_nhwc", "plane_coefficients", "popcount", "random_inputs", "random_params",
+    "random_values", "requant_thresholds", "requantize", "run", "valid_mask",
 ]

@@ -19,7 +19,10 @@ block's output pixels plus halo are copied once into shared memory and the im2co
 gathered from there; convs with R*S > 1 and PERSIST=0 only), ROWSUM (binary weights only:
 "mma" computes the activation rows' popcounts with one more MMA per plane and k step against a
 tile of ones; "table" reads them from a per-pixel popcount table of x made by a small kernel
-first, summed over the valid taps in the epilogue).
+first, summed over the valid taps in the epilogue), REQUANT (requantized bit-plane output of
+1-2 bits only: "multiply" requantizes each output in 64-bit fixed point; "threshold" compares
+it with per-column integer thresholds that fold in bias and ReLU,
+`lowbit.reference.requant_thresholds`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from ...core import Config, ConfigSpace, ConvWorkload, Encoding, Knob, Layout, W
 from ...core.epilogue import OUT_FP16, EpilogueParams
 from ...core.validate import check_inputs, output_buffer
 from ...reference.bitserial import plane_coefficients
+from ...reference.epilogue import THRESHOLD_MAX_BITS, requant_thresholds
 from ..base import KernelTemplate
 from .nvrtc import DEFAULT_ARCH, CudaKernel, compile_cubin, device_arch
 
@@ -168,6 +172,33 @@ def _out_mode(wl: Workload) -> int:
     return 1 if epi.out == OUT_FP16 else 0
 
 
+def threshold_epilogue(wl: Workload) -> bool:
+    """Requantized bit-plane output of <= THRESHOLD_MAX_BITS bits: the epilogue can compare
+    each output with per-column thresholds (`requant_thresholds`) instead of requantizing it."""
+    epi = wl.epilogue
+    return (epi.requantizes and epi.out_layout is Layout.BITPLANE
+            and epi.out.bits <= THRESHOLD_MAX_BITS)
+
+
+def requant_knob(wl: Workload) -> Knob:
+    """REQUANT: "threshold" where `threshold_epilogue` allows it."""
+    return Knob("REQUANT", ("multiply", "threshold") if threshold_epilogue(wl) else ("multiply",))
+
+
+def uses_thresholds(config: Mapping) -> bool:
+    """The kernel requantizes by thresholds (knob REQUANT="threshold")."""
+    return config.get("REQUANT", "multiply") == "threshold"
+
+
+def epilogue_thresholds(wl: Workload, config: Mapping, params: EpilogueParams
+                        ) -> torch.Tensor | None:
+    """The int32 [KOUT, levels] table a REQUANT="threshold" kernel reads (None otherwise), on
+    the device of params.multiplier."""
+    if not uses_thresholds(config):
+        return None
+    return requant_thresholds(wl.epilogue, params).to(params.multiplier.device)
+
+
 def _pow2_ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -200,6 +231,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "HALO_WORDS": halo_rows(sh, config["BM"]) * sh.w * sh.words if config["HALO"] else 0,
         "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh),
         "HAS_BIAS": int(epi.bias), "RELU": int(epi.relu), "OUT_MODE": _out_mode(wl),
+        "OUT_THRESH": int(uses_thresholds(config)),
         "OUT_BITS": out.bits if out else 1, "OUT_QMIN": out.qmin if out else 0,
         "OUT_QMAX": out.qmax if out else 0,
     }
@@ -379,7 +411,9 @@ class BitserialKernel:
         out = output_buffer(wl, x.device, out)
         wtap, xpop = side_tables(wl, self.config, x.device)
         wtap_blocks, xpop_blocks = side_table_blocks(wl)
-        args = [x, w, out, params.bias, params.scale, params.multiplier, params.shift, wtap, xpop]
+        thr = epilogue_thresholds(wl, self.config, params)
+        args = [x, w, out, params.bias, params.scale, params.multiplier, params.shift, wtap, xpop,
+                thr]
         grid: tuple[int, ...] = self._grid
         if self._persistent:  # one wave of resident blocks, each looping over tiles
             per_sm = self._main.max_active_blocks(self._threads, self._smem, x.device)
@@ -501,9 +535,11 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
     dict(BM=64, BN=32, WM=64, WN=32, KT=1, STAGES=6),
     dict(BM=64, BN=16, WM=64, WN=16, KT=1, STAGES=6),
 ]
-DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma")
+DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma",
+                              REQUANT="multiply")
                          for d in _MMA_SYNC_DEFAULTS],
-            "wgmma": [dict(d, PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0, ROWSUM="mma")
+            "wgmma": [dict(d, PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0, ROWSUM="mma",
+                           REQUANT="multiply")
                       for d in _WGMMA_DEFAULTS]}
 
 
@@ -517,7 +553,7 @@ class BitserialTemplate(KernelTemplate):
 
     name = "cuda.bitserial"
     backend = "cuda"
-    added_knobs: ClassVar[Mapping[str, object]] = {"ROWSUM": "mma"}
+    added_knobs: ClassVar[Mapping[str, object]] = {"ROWSUM": "mma", "REQUANT": "multiply"}
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         wl = workload
@@ -538,7 +574,7 @@ class BitserialTemplate(KernelTemplate):
                  Knob("KT", (1, 2, 4, 8)), Knob("STAGES", (2, 3, 4, 6)), Knob("PERSIST", (0, 1)),
                  Knob("MMA", mma), Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
                  Knob("ROWSUM", ("mma", "table") if workload.w.encoding is Encoding.BINARY
-                      else ("mma",))]
+                      else ("mma",)), requant_knob(workload)]
         return ConfigSpace(knobs, _constraints(workload))
 
     def default_config(self, workload: Workload, mma: str = "mma_sync",

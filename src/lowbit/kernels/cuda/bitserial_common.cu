@@ -344,7 +344,7 @@ __device__ __forceinline__ void mma_sync_stage(Acc& acc, RowSum& rsum, const u32
   const u32* __restrict__ x, const u32* __restrict__ w, void* __restrict__ out,               \
       const int* __restrict__ bias, const float* __restrict__ scale,                          \
       const int* __restrict__ mult, const int* __restrict__ shift, const int* __restrict__ wtap, \
-      const int* __restrict__ xpop
+      const int* __restrict__ xpop, const int* __restrict__ thr
 
 struct EpilogueArgs {
   void* out;
@@ -354,6 +354,7 @@ struct EpilogueArgs {
   const int* shift;
   const int* wtap;
   const int* xpop;
+  const int* thr;  // OUT_THRESH: [KOUT][THR_LEVELS] requantization thresholds
 };
 
 // Zero the block's shared-memory packing tile [OUT_BITS][BM][BLOCK_WORDS] (narrow warp tiles).
@@ -375,18 +376,28 @@ __device__ __forceinline__ void pack_tile_store(const u32* s_out, void* out, i64
   }
 }
 
+// OUT_THRESH: bias, ReLU and requantization to OUT_BITS <= 2 folded into OUT_QMAX - OUT_QMIN
+// integer thresholds per column (lowbit.reference.requant_thresholds, computed on the host):
+// the output is OUT_QMIN + #{k : y >= thr[k]}: 1-3 compares instead of a 64-bit multiply, a
+// shift and clamps per output, which dominate the epilogue of small-C layers.
+constexpr int THR_LEVELS = OUT_THRESH ? OUT_QMAX - OUT_QMIN : 1;
+
 // Per-column epilogue parameters (zeros past KOUT); wall: the column's weight sum over all
 // taps (binary activations), what every output pixel whose taps are all inside the image adds.
 struct ColParams {
   int bias, mult, shift, wall;
   float scale;
+  int thr[THR_LEVELS];
 };
 __device__ __forceinline__ ColParams col_params(const EpilogueArgs& ea, int col) {
   const bool ok = col < KOUT;
-  return {(HAS_BIAS && ok) ? ea.bias[col] : 0, (OUT_MODE >= 2 && ok) ? ea.mult[col] : 0,
-          (OUT_MODE >= 2 && ok) ? ea.shift[col] : 1,
-          (NEED_WTAP && ok) ? ea.wtap[col * TAB + TAB - 1] : 0,
-          (OUT_MODE == 1 && ok) ? ea.scale[col] : 0.f};
+  const bool mul = OUT_MODE >= 2 && !OUT_THRESH && ok;
+  ColParams cp{(HAS_BIAS && !OUT_THRESH && ok) ? ea.bias[col] : 0, mul ? ea.mult[col] : 0,
+               mul ? ea.shift[col] : 1, (NEED_WTAP && ok) ? ea.wtap[col * TAB + TAB - 1] : 0,
+               (OUT_MODE == 1 && ok) ? ea.scale[col] : 0.f, {}};
+#pragma unroll
+  for (int k = 0; k < THR_LEVELS; ++k) cp.thr[k] = (OUT_THRESH && ok) ? ea.thr[col * THR_LEVELS + k] : 0;
+  return cp;
 }
 // ROWSUM_TABLE: sum_i c_i popc(a_i) of output row m (pixel (n, po, qo)): the per-pixel table
 // summed over the valid taps [rlo, rhi) x [slo, shi) (1x1 and GEMM: one lookup per plane).
@@ -484,6 +495,13 @@ __device__ __forceinline__ void epilogue_warp(const Acc& acc, const RowSum& rsum
               const int* wt = ea.wtap + col * TAB;
               y += A_BETA * W_ALPHA * (wt[t11] - wt[t01] - wt[t10] + wt[t00]);
             }
+          }
+          if constexpr (OUT_THRESH) {
+            int level = 0;
+#pragma unroll
+            for (int k = 0; k < THR_LEVELS; ++k) level += y >= cp.thr[k];
+            pats[e] = col < KOUT ? ((OUT_QMIN + level) & ((1 << OUT_BITS) - 1)) : 0;
+            continue;
           }
           if constexpr (HAS_BIAS) y += cp.bias;
           if constexpr (RELU) y = y > 0 ? y : 0;

@@ -36,6 +36,7 @@ from .bitserial import (
     WGMMA_ARCH,
     WTAP_THREADS,
     XPOP_THREADS,
+    epilogue_thresholds,
     int8_operands,
     kernel_name,
     render,
@@ -191,12 +192,13 @@ __device__ __forceinline__ void wgmma_rowsum(int (&d)[MT][4], u64 da, u64 db) {
 HOST_MAIN = r"""
 extern "C" int emu_run(int which, const u32* x, const u32* w, void* out, const int* bias,
                        const float* scale, const int* mult, const int* shift, int* wtap,
-                       int* xpop, int grid_x, int grid_y, int nthreads, long long smem_bytes) {
+                       int* xpop, const int* thr, int grid_x, int grid_y, int nthreads,
+                       long long smem_bytes) {
   if (smem_bytes > EMU_SMEM_BYTES || nthreads > 512 || nthreads % 32) return -1;
   emu_run_blocks(nthreads, grid_x, grid_y, (unsigned char*)smem, smem_bytes, sizeof(smem), [&] {
     if (which == 0) bitserial_wtap(w, wtap);
     else if (which == 2) bitserial_xpop(x, xpop);
-    else EMU_MAIN(x, w, out, bias, scale, mult, shift, wtap, xpop);
+    else EMU_MAIN(x, w, out, bias, scale, mult, shift, wtap, xpop, thr);
     if (!emu_copy_groups.empty() || !emu_copy_open.empty()) emu_fail("copies left pending");
   });
   return 0;
@@ -250,8 +252,9 @@ def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
     lib = host_library(host_source(wl, config), "bitserial")
     ptr = ctypes.c_void_p
     vecs = [params.bias, params.scale, params.multiplier, params.shift]
+    thr = epilogue_thresholds(wl, config, params)  # held here: args keep only raw pointers
     args = [ptr(t.data_ptr()) if t is not None else ptr(0)
-            for t in (x, w, out, *vecs, wtap, xpop)]
+            for t in (x, w, out, *vecs, wtap, xpop, thr)]
     grid = tile_grid(wl, config)
     if config["PERSIST"]:
         grid = (max(1, min(grid[0] * grid[1], persistent_blocks)), 1)
