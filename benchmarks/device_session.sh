@@ -6,9 +6,9 @@
 #
 #   bash benchmarks/device_session.sh tests gemm                 # one call of <= 10 min
 #
-# Keep the limits of one call's steps under the device's 600 s per command, e.g. the calls
-# (tests gemm), (tests_cuda), (tune_wgmma8), (bitserial_tuned_a), (tune_b16),
-# (conv_b16 conv_r18). A call's
+# Keep the limits of one call's steps under the device's 600 s per command (LIMIT_<step>=s
+# overrides one), e.g. the calls (LIMIT_tests=190 LIMIT_tests_cuda=370: tests tests_cuda),
+# (bitserial_ab), (tune_b16), (conv_b16 conv_b256), (bitserial_tuned_a). A call's
 # timed-*.json come back with its results: commit them under benchmarks/results/<gpu>/ and the
 # conv steps of later calls re-time their configs too.
 #
@@ -28,6 +28,9 @@
 #   bitserial_tuned_a / _b   w1a1 and w1a2 rows tuned first (lowbit.tune, 45 s each) against
 #                the tuned int8 configs of the committed timed-*.json: GEMM 4096^3 + ResNet-50
 #                s2/s3 at batch 256 (a), s4/s5 (b)                                 (590 each)
+#   bitserial_ab w1a1/w1a2 GEMM 4096^3 + ResNet-50 s2-s5 b256, no tuning: the hand candidates
+#                (with REQUANT / ROWSUM twins) and the committed rows' 3 best configs with
+#                theirs, against the tuned int8 configs                            (590)
 # Wheels the image lacks (xgboost-cpu, optuna and its needs) travel in .whl/ (device README).
 set -u -o pipefail
 : "${OUT:?OUT must name the results folder}"
@@ -89,6 +92,11 @@ for s in "$@"; do
         --precisions w1a4,w2a4,w3a3 --budget-s 380 --partial "$OUT/bitserial-partial.json" ;;
     bitserial_tuned_a) bitserial_tuned a gemm_4096,resnet50_s2_3x3_b256,resnet50_s3_3x3_b256 ;;
     bitserial_tuned_b) bitserial_tuned b resnet50_s4_3x3_b256,resnet50_s5_3x3_b256 ;;
+    bitserial_ab) step bitserial_ab 590 python3 benchmarks/bitserial.py --tries 2 \
+        --layers gemm_4096,resnet50_s2_3x3_b256,resnet50_s3_3x3_b256,resnet50_s4_3x3_b256 \
+        --precisions w1a1,w1a2 --budget-s 540 --partial "$OUT/bitserial-ab-partial.json" \
+        --configs $(compgen -G "$GPU_DIR/bitserial-2026112[3-9]-*.json") \
+        --int8-timed $INT8_TIMED ;;
     *) echo "unknown step $s" >&2 ;;
     esac
 done
