@@ -379,7 +379,7 @@ __device__ __forceinline__ void pack_tile_store(const u32* s_out, void* out, i64
 // OUT_THRESH: bias, ReLU and requantization to OUT_BITS <= 2 folded into OUT_QMAX - OUT_QMIN
 // integer thresholds per column (lowbit.reference.requant_thresholds, computed on the host):
 // the output is OUT_QMIN + #{k : y >= thr[k]}: 1-3 compares instead of a 64-bit multiply, a
-// shift and clamps per output, which dominate the epilogue of small-C layers.
+// shift and clamps per output (knob REQUANT="threshold").
 constexpr int THR_LEVELS = OUT_THRESH ? OUT_QMAX - OUT_QMIN : 1;
 
 // Per-column epilogue parameters (zeros past KOUT); wall: the column's weight sum over all
@@ -396,7 +396,8 @@ __device__ __forceinline__ ColParams col_params(const EpilogueArgs& ea, int col)
                mul ? ea.shift[col] : 1, (NEED_WTAP && ok) ? ea.wtap[col * TAB + TAB - 1] : 0,
                (OUT_MODE == 1 && ok) ? ea.scale[col] : 0.f, {}};
 #pragma unroll
-  for (int k = 0; k < THR_LEVELS; ++k) cp.thr[k] = (OUT_THRESH && ok) ? ea.thr[col * THR_LEVELS + k] : 0;
+  for (int k = 0; k < THR_LEVELS; ++k)
+    cp.thr[k] = (OUT_THRESH && ok) ? ea.thr[col * THR_LEVELS + k] : 0;
   return cp;
 }
 // ROWSUM_TABLE: sum_i c_i popc(a_i) of output row m (pixel (n, po, qo)): the per-pixel table
