@@ -124,3 +124,15 @@ def test_dispatch_builds_a_record_older_than_a_knob(tmp_path):
     assert kernel.config == cfg and kernel.config["SPLIT_K"] == 1
     feats = Featurizer(CONV2D_INT8_TMA, CONV2D_INT8_TMA.space(wl))
     assert (feats.row(wl, old) == feats.row(wl, cfg)).all()
+
+
+def test_time_budget_sizes_the_last_round(tmp_path):
+    """With a budget, rounds after the first shrink to the trials that fit in what is left
+    (at the measured seconds per trial): 10 trials of 0.1 s, then 5, not another 10."""
+    from test_tune_fakes import SleepMeasurer
+
+    fake = FakeConvTemplate(modes=("ok",), tiles=tuple(range(1, 101)))
+    res = tune(TINY, [fake], trials=100, strategy="random", db=tmp_path / "r.sqlite",
+               measurer=SleepMeasurer(0.1), batch=10, progress=False, time_budget_s=1.5)
+    assert 11 <= res.trials <= 17  # one full round of 10, then what fits in ~0.5 s
+    assert res.wall_s < 1.5 + 0.45

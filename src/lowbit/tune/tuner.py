@@ -127,7 +127,9 @@ def tune(workload: Workload, templates: Sequence[KernelTemplate] | None = None,
     False are dropped); strategy: one of `lowbit.tune.search.STRATEGIES`; db: records
     database or its path (default: the user cache file); measurer: default a
     `LocalMeasurer` on cuda (cpu without a GPU); batch: candidates measured per round;
-    time_budget_s: stop starting new rounds after this many seconds.
+    time_budget_s: stop starting new rounds after this many seconds, and size each round after
+    the first to the trials that fit in what is left (at this run's measured seconds per
+    trial), so a run overshoots by about one trial rather than one round.
     """
     t_start = time.perf_counter()
     if templates is None:
@@ -157,14 +159,22 @@ def tune(workload: Workload, templates: Sequence[KernelTemplate] | None = None,
 
             first = [MeasureInput(a.template, workload, a.default) for a in arms
                      if not a.strategy.seen(a.default)][: trials - done]
+            for a in arms:  # defaults wait in `first` until a round has room for them
+                a.strategy.pending.update(i.config for i in first if i.template is a.template)
+            t_measure, measured = time.perf_counter(), 0
             while done < trials:
-                if time_budget_s is not None and time.perf_counter() - t_start > time_budget_s:
+                now = time.perf_counter()
+                if time_budget_s is not None and now - t_start > time_budget_s:
                     break
-                inputs = first
-                first = []
+                size = min(batch, trials - done)
+                if time_budget_s is not None and measured:
+                    per_trial = (now - t_measure) / measured
+                    size = min(size, max(1, int((time_budget_s - (now - t_start)) / per_trial)))
+                inputs = first[:size]
+                first = first[size:]
                 for a in arms:
                     a.strategy.pending.update(i.config for i in inputs if i.template is a.template)
-                room = max(0, min(batch, trials - done) - len(inputs))
+                room = max(0, size - len(inputs))
                 for a, k in zip(arms, _share(arms, room), strict=True):
                     inputs += [MeasureInput(a.template, workload, c)
                                for c in a.strategy.propose(k)]
@@ -173,6 +183,7 @@ def tune(workload: Workload, templates: Sequence[KernelTemplate] | None = None,
                 results = measurer.measure(inputs, on_result=commit)
                 _feed(by_name, results)
                 done += len(results)
+                measured += len(results)
     finally:
         if own_measurer:
             measurer.close()
