@@ -352,15 +352,29 @@ def _with_tuned(wl: Workload, cfgs: list[Config], args) -> list[Config]:
 
 
 def timed_bests(files: list[Path]) -> dict[tuple[str, str], list[Config]]:
-    """(layer name, template name) -> the best configs of timed-*.json files (tuning.py)."""
+    """(layer name, template name) -> the best configs found before: each template's best in
+    timed-*.json files (tuning.py; older files name only the winner's) and the winning config
+    of each row of earlier conv-*.json results."""
     import json
 
     out: dict[tuple[str, str], list[Config]] = {}
+
+    def add(layer: str, template: str, cfg: dict) -> None:
+        cfgs = out.setdefault((layer, template), [])
+        if Config(cfg) not in cfgs:
+            cfgs.append(Config(cfg))
+
     for f in files:
-        for r in json.loads(f.read_text())["rows"]:
+        doc = json.loads(f.read_text())
+        for r in doc["rows"]:
+            if doc.get("benchmark") == "conv":
+                if r.get("config"):
+                    add(r["workload"], r["impl"], r["config"])
+                continue
             if r.get("best_template"):
-                out.setdefault((r["workload"], r["best_template"]), []).append(
-                    Config(r["best_config"]))
+                add(r["workload"], r["best_template"], r["best_config"])
+            for t, cfg in r.get("best_config_by_template", {}).items():
+                add(r["workload"], t, cfg)
     return out
 
 
@@ -380,8 +394,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tables", type=Path, nargs="*", default=[],
                     help="exhaustive tuning tables: their 6 best configs per layer join the sweep")
     ap.add_argument("--timed", type=Path, nargs="*", default=[],
-                    help="timed-*.json of benchmarks/tuning.py: each layer's tuned best joins "
-                         "its template's sweep")
+                    help="timed-*.json of benchmarks/tuning.py and earlier conv-*.json results: "
+                         "each layer's best configs join their template's sweep")
     ap.add_argument("--tune-trials", type=int, default=0,
                     help="layers without tables: add the 6 best of a lowbit.tune of N trials")
     args = ap.parse_args(argv)

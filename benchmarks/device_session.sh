@@ -56,7 +56,10 @@ step() {  # step NAME LIMIT_S COMMAND...  (LIMIT_<NAME>=seconds overrides the li
 
 GPU_DIR=benchmarks/results/$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null \
     | head -1 | tr 'A-Z ' 'a-z-')
-timed_files() { compgen -G "$OUT/timed-*.json"; compgen -G "$GPU_DIR/timed-*.json"; true; }
+timed_files() {  # tuned configs, and the winners of the committed conv runs of 2026-11-23 on
+    compgen -G "$OUT/timed-*.json"; compgen -G "$GPU_DIR/timed-*.json"
+    compgen -G "$GPU_DIR/conv-2026112[3-9]-*.json"; true
+}
 
 INT8_TIMED=$(compgen -G "benchmarks/results/nvidia-h100-80gb-hbm3/timed-2026112[3-9]-*.json")
 bitserial_tuned() {  # bitserial_tuned SUFFIX LAYERS
@@ -82,7 +85,7 @@ for s in "$@"; do
     conv_b256) step conv_b256 420 python3 benchmarks/conv.py --suites resnet50_3x3_b256 \
         --max-configs 24 --budget-s 360 --timed $(timed_files) ;;
     conv_r18) step conv_r18 300 python3 benchmarks/conv.py --suites resnet18_b8 \
-        --max-configs 24 --budget-s 240 ;;
+        --max-configs 24 --budget-s 240 --timed $(timed_files) ;;
     tune_wgmma8) step tune_wgmma8 540 python3 benchmarks/tuning.py timed --layers "$B256" \
         --trials 160 --budget-s 500 --templates triton.conv2d_int8_tma,cuda.int8_wgmma ;;
     tune_b16) step tune_b16 420 python3 benchmarks/tuning.py timed --layers "$B16" \
