@@ -64,7 +64,8 @@ PREFERRED_TILES = {(128, 256, 128, 8), (256, 128, 128, 8), (128, 128, 128, 8), (
 def bench_configs(template, wl: Workload, max_configs: int, seed: int = 0) -> list[Config]:
     """The bounded slice that is searched exhaustively: GROUP_M 8 (when valid), loop order
     rsc, 3 or 4 stages; every tile / warp / split-K choice. Sampled down to max_configs
-    (fixed seed) if larger; the default config always included."""
+    (fixed seed) if larger; the default config always included; then up to max_configs / 2
+    LOOP_ORDER "r_sc" twins where the layer allows them (C < BLOCK_K)."""
     space = template.space(wl)
     default = template.default_config(wl)
     group_ok = any(c["GROUP_M"] == 8 for c in space)
@@ -77,7 +78,11 @@ def bench_configs(template, wl: Workload, max_configs: int, seed: int = 0) -> li
     room = max(0, max_configs - 1 - len(keep))
     if len(rest) > room:
         rest = random.Random(seed).sample(rest, room)
-    return [default, *[c for c in keep if c != default], *rest]
+    picked = [default, *[c for c in keep if c != default], *rest]
+    # small-C layers: the same tiles with a kernel row's taps packed along the reduction
+    twins = [t for t in (c.replace(LOOP_ORDER="r_sc") for c in picked if "LOOP_ORDER" in c)
+             if space.is_valid(t)]
+    return picked + twins[: max_configs // 2]
 
 
 def int8_wgmma_configs(wl: ConvWorkload, max_configs: int, seed: int = 0) -> list[Config]:

@@ -116,6 +116,36 @@ def test_fp16_template_exact_on_integers():
     check(wl, tiny_kernel(wl, TINY, dot_fp16=True), seed=7)
 
 
+ROW_TAPS = TINY.replace(LOOP_ORDER="r_sc")
+
+
+@pytest.mark.parametrize("shape,epi", [
+    (dict(N=2, H=11, W=9, C=3, K=20, R=7, S=7, stride=2, pad=3), EPILOGUES[1]),  # a stem
+    (dict(N=1, H=6, W=7, C=5, K=37, R=3, S=3, stride=1, pad=1), EPILOGUES[3]),
+    (dict(N=2, H=7, W=5, C=11, K=24, R=3, S=2, stride=2, pad=0), EPILOGUES[7]),
+], ids=["stem_c3_7x7_s2", "c5_3x3", "c11_3x2_s2_nopad"])
+def test_row_taps_loop_order(shape, epi):
+    """LOOP_ORDER 'r_sc': (tap s, channel) pairs of a kernel row packed along the reduction;
+    chunks straddle taps, padding masks per element; also split-K and the fp16 dot."""
+    wl = ConvWorkload(**shape, epilogue=epi)
+    check(wl, tiny_kernel(wl, ROW_TAPS), seed=13)
+    check(wl, tiny_kernel(wl, ROW_TAPS.replace(SPLIT_K=2)), seed=14)
+    check(wl, tiny_kernel(wl, ROW_TAPS, dot_fp16=True), seed=15)
+
+
+def test_row_taps_in_the_space_only_where_it_applies():
+    stem = ConvWorkload(N=8, H=224, W=224, C=3, K=64, R=7, S=7, stride=2, pad=3)
+    space = CONV2D_INT8.space(stem)
+    assert {c["LOOP_ORDER"] for c in space} == {"rsc", "crs", "r_sc"}
+    row_taps = [c for c in space if c["LOOP_ORDER"] == "r_sc"]
+    assert row_taps and all(c["BLOCK_K"] == 32 for c in row_taps)  # 7 x 3 values per row
+    assert not CONV2D_INT8.space(stem.replace(C=64)).is_valid(
+        row_taps[0].replace(BLOCK_K=64))  # C >= BLOCK_K: plain taps fill their chunks
+    for wl in (stem.replace(R=1, S=1, pad=0), stem.replace(C=128),
+               stem.replace(a="s4", a_layout="packed")):
+        assert "r_sc" not in {c["LOOP_ORDER"] for c in CONV2D_INT8.space(wl)}
+
+
 def test_build_default_and_sampled_configs_from_space():
     """The contract path: space -> default_config / sampled config -> build -> call."""
     wl = ConvWorkload(N=1, H=6, W=7, C=24, K=40, R=3, S=3, stride=1, pad=1,

@@ -20,6 +20,7 @@ B256 = dict(load_workloads("resnet50_3x3_b256", epilogue=S8))
 B16 = dict(load_workloads("resnet50_3x3_b16", epilogue=S8))
 FC_B128 = load_workloads("gemm")[2][1]
 R18_S2 = dict(load_workloads("resnet18_b8", epilogue=S8))["resnet18_14x14_256to512_s2"]
+STEM = dict(load_workloads("resnet18_b8", epilogue=S8))["resnet18_stem_7x7"]
 
 TMA_S3 = Config(BLOCK_I=64, BLOCK_P=2, BLOCK_Q=1, BLOCK_N=128, BLOCK_K=128, num_warps=4,
                 num_stages=3, GROUP_M=1, LOOP_ORDER="crs", SPLIT_K=1)
@@ -27,6 +28,8 @@ TMA_S5_SPLIT = Config(BLOCK_I=16, BLOCK_P=1, BLOCK_Q=8, BLOCK_N=64, BLOCK_K=128,
                       num_stages=3, GROUP_M=1, LOOP_ORDER="crs", SPLIT_K=4)
 GEMM_SPLIT = Config(BLOCK_M=128, BLOCK_N=64, BLOCK_K=128, num_warps=8, num_stages=4, GROUP_M=1,
                     SPLIT_K=2, SPLIT_SUM="last_program")
+STEM_ROW_TAPS = Config(BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=3,
+                       GROUP_M=8, LOOP_ORDER="r_sc", SPLIT_K=1)
 PACKED = B16["resnet50_s3_3x3"].replace(
     a="u4", w="s4", a_layout="packed", w_layout="packed",
     epilogue=Epilogue(bias=True, relu=True, out="u2", out_layout="bitplane"))
@@ -42,6 +45,7 @@ CASES = {
     "tma_conv_tuned_s3": ("triton.conv2d_int8_tma", B256["resnet50_s3_3x3_b256"], TMA_S3),
     "tma_conv_stride2_default": ("triton.conv2d_int8_tma", R18_S2, None),
     "tma_conv_split_s5_b16": ("triton.conv2d_int8_tma", B16["resnet50_s5_3x3"], TMA_S5_SPLIT),
+    "igemm_row_taps_stem": ("triton.conv2d_int8", STEM, STEM_ROW_TAPS),
 }
 
 

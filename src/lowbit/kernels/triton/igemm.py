@@ -5,7 +5,10 @@ filters, reduction over (r, s, c). The reduction loop is flattened over (r, s, C
 Triton software-pipelines all of it (num_stages), whatever C is; the im2col operand is never
 materialized: each iteration gathers BLOCK_M input pixels shifted by (r, s) from NHWC memory,
 zero-masking padding and channels past C. A GEMM is the case H = W = R = S = 1 (IS_GEMM skips
-the spatial index arithmetic). Tiles are visited in GROUP_M-row groups (L2 reuse of weights).
+the spatial index arithmetic). ROW_TAPS (LOOP_ORDER "r_sc", small C): in NHWC the S taps of a
+kernel row are S*C contiguous values of one input row (and of one KRSC weight row), so the loop
+runs over (r, chunk of S*C) and a 3-channel 7x7 stem takes 7 steps of 32 instead of 49 steps
+with 3 of 32 channels used. Tiles are visited in GROUP_M-row groups (L2 reuse of weights).
 Split-K writes int32 partials [SPLIT_K, M, NOUT]; they are summed in a fixed order (so float
 partials too give one result) before the epilogue, either by a second small kernel or, with
 SUM_IN_KERNEL, by the last program of a tile to finish (one launch; a per-tile arrival counter
@@ -85,6 +88,57 @@ def sum_partials(part_ptr, offs_m, offs_n, M, NOUT, SPLIT_K: tl.constexpr, FLOAT
 
 
 @triton.jit
+def tap_operands(x_ptr, w_ptr, it, chunks, n_img, ih0, iw0, m_mask, offs_m, w_base, n_mask,
+                 H, W, C, x_row, w_row, R: tl.constexpr, S: tl.constexpr, IS_GEMM: tl.constexpr,
+                 A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr,
+                 W_SRC: tl.constexpr, W_BITS: tl.constexpr, W_ENC: tl.constexpr,
+                 LOOP_CRS: tl.constexpr, EVEN_C: tl.constexpr, DOT_T: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """Operand tiles [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] of reduction step `it`: one tap
+    (r, s) and one chunk of its C channels."""
+    rs, cc = tap_and_chunk(it, R * S, chunks, LOOP_CRS)
+    chan = cc * BLOCK_K + tl.arange(0, BLOCK_K)
+    if EVEN_C:
+        # C % BLOCK_K == 0: no channel mask, so loads stay 16-byte vectors
+        c_mask = tl.full([BLOCK_K], 1, tl.int1)
+    else:
+        c_mask = chan < C
+    if IS_GEMM:
+        a_off = offs_m * x_row
+        a_mask = m_mask
+    else:
+        ih = ih0 + rs // S
+        iw = iw0 + rs % S
+        a_mask = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        a_off = ((n_img * H + ih) * W + iw) * x_row
+    a = load_operand(x_ptr, a_off, chan, a_mask, c_mask, A_SRC, A_BITS, A_ENC, True, DOT_T)
+    b = load_operand(w_ptr, (w_base + rs) * w_row, chan, n_mask, c_mask,
+                     W_SRC, W_BITS, W_ENC, False, DOT_T)
+    return a, b
+
+
+@triton.jit
+def row_taps_operands(x_ptr, w_ptr, it, chunks, n_img, ih0, iw0, m_mask, offs_n, n_mask,
+                      H, W, C, R: tl.constexpr, S: tl.constexpr, DOT_T: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    """ROW_TAPS operand tiles of step `it`: kernel row r = it // chunks and a chunk of its S*C
+    (tap s, channel c) pairs, k = s*C + c, contiguous in NHWC x and KRSC w rows of exactly C
+    values (one value per element: the int8 layout or fp16)."""
+    r = it // chunks
+    k = (it % chunks) * BLOCK_K + tl.arange(0, BLOCK_K)
+    k_mask = k < S * C
+    ih = ih0 + r
+    iw = iw0[:, None] + (k // C)[None, :]
+    a_mask = ((m_mask & (ih >= 0) & (ih < H))[:, None] & k_mask[None, :]
+              & (iw >= 0) & (iw < W))
+    a_row = ((n_img * H + ih) * W + iw0) * C
+    a = tl.load(x_ptr + a_row[:, None] + k[None, :], mask=a_mask, other=0)
+    b = tl.load(w_ptr + ((offs_n * R + r) * (S * C))[None, :] + k[:, None],
+                mask=k_mask[:, None] & n_mask[None, :], other=0)
+    return a.to(DOT_T), b.to(DOT_T)
+
+
+@triton.jit
 def igemm_kernel(
     x_ptr, w_ptr, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr, part_ptr, count_ptr,
     M, NOUT, H, W, C, P, Q, conv_stride, pad,
@@ -96,7 +150,7 @@ def igemm_kernel(
     HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
     OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
     WIDE: tl.constexpr, SPLIT_K: tl.constexpr, SUM_IN_KERNEL: tl.constexpr,
-    LOOP_CRS: tl.constexpr, EVEN_C: tl.constexpr,
+    LOOP_CRS: tl.constexpr, EVEN_C: tl.constexpr, ROW_TAPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid_k = tl.program_id(1)
@@ -107,7 +161,11 @@ def igemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
     n_mask = offs_n < NOUT
-    if not IS_GEMM:
+    if IS_GEMM:
+        n_img = offs_m  # unused by GEMMs
+        ih0 = offs_m
+        iw0 = offs_m
+    else:
         n_img = offs_m // (P * Q)
         pq = offs_m % (P * Q)
         ih0 = (pq // Q) * conv_stride - pad
@@ -122,30 +180,25 @@ def igemm_kernel(
         ACC_T: tl.constexpr = tl.int32
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_T)
 
-    chunks = tl.cdiv(C, BLOCK_K)
-    total = R * S * chunks
+    if ROW_TAPS:
+        chunks = tl.cdiv(S * C, BLOCK_K)
+        total = R * chunks
+    else:
+        chunks = tl.cdiv(C, BLOCK_K)
+        total = R * S * chunks
     it_lo = pid_k * iters_per_split
     it_hi = tl.minimum(it_lo + iters_per_split, total)
     for it in range(it_lo, it_hi):
-        rs, cc = tap_and_chunk(it, R * S, chunks, LOOP_CRS)
-        chan = cc * BLOCK_K + tl.arange(0, BLOCK_K)
-        if EVEN_C:
-            # C % BLOCK_K == 0: no channel mask, so loads stay 16-byte vectors
-            c_mask = tl.full([BLOCK_K], 1, tl.int1)
+        if ROW_TAPS:
+            a, b = row_taps_operands(x_ptr, w_ptr, it, chunks, n_img, ih0, iw0, m_mask, offs_n,
+                                     n_mask, H, W, C, R, S, DOT_T, BLOCK_K)
         else:
-            c_mask = chan < C
-        if IS_GEMM:
-            a_off = offs_m * x_row
-            a_mask = m_mask
-        else:
-            ih = ih0 + rs // S
-            iw = iw0 + rs % S
-            a_mask = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            a_off = ((n_img * H + ih) * W + iw) * x_row
-        a = load_operand(x_ptr, a_off, chan, a_mask, c_mask, A_SRC, A_BITS, A_ENC, True, DOT_T)
-        b = load_operand(w_ptr, (w_base + rs) * w_row, chan, n_mask, c_mask,
-                         W_SRC, W_BITS, W_ENC, False, DOT_T)
+            a, b = tap_operands(x_ptr, w_ptr, it, chunks, n_img, ih0, iw0, m_mask, offs_m,
+                                w_base, n_mask, H, W, C, x_row, w_row, R, S, IS_GEMM,
+                                A_SRC, A_BITS, A_ENC, W_SRC, W_BITS, W_ENC, LOOP_CRS, EVEN_C,
+                                DOT_T, BLOCK_K)
         acc = tl.dot(a, b, acc, out_dtype=ACC_T)
+
 
     if DOT_FP16 and OUT_KIND != 3:
         # integer operands on fp16 tensor cores: every partial sum is an integer < 2^24 (checked
@@ -260,7 +313,9 @@ def launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor, out: t
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     split = int(cfg.get("SPLIT_K", 1))
     in_kernel = split > 1 and cfg.get("SPLIT_SUM", "second_kernel") == "last_program"
-    total = prob.R * prob.S * triton.cdiv(prob.C, bk)
+    row_taps = cfg.get("LOOP_ORDER", "rsc") == "r_sc"
+    total = (prob.R * triton.cdiv(prob.S * prob.C, bk) if row_taps
+             else prob.R * prob.S * triton.cdiv(prob.C, bk))
     per_split = triton.cdiv(total, split)
     tiles = output_tiles(prob, cfg)
     vecs = [t if t is not None else out for t in (bias, scale, mult, shift)]
@@ -279,6 +334,7 @@ def launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor, out: t
         W_SRC=prob.w_operand[0], W_BITS=prob.w_operand[1], W_ENC=prob.w_operand[2],
         DOT_FP16=prob.dot_fp16, SPLIT_K=split, SUM_IN_KERNEL=in_kernel,
         LOOP_CRS=cfg.get("LOOP_ORDER", "rsc") == "crs", EVEN_C=prob.C % bk == 0,
+        ROW_TAPS=row_taps,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.get("GROUP_M", 8),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **epi)
     compiled = launch_or_compile(igemm_kernel, (tiles, split), args, kwargs, compile_only)

@@ -227,10 +227,21 @@ class _IgemmTemplate(KernelTemplate):
         m, n, _ = wl.gemm_shape
         return math.ceil(m / cfg["BLOCK_M"]) * math.ceil(n / cfg["BLOCK_N"])
 
-    def _iters(self, wl: Workload, block_k: int) -> int:
+    def _iters(self, wl: Workload, block_k: int, row_taps: bool = False) -> int:
+        """Reduction steps of BLOCK_K: per tap and channel chunk, or (row_taps) per kernel
+        row and chunk of its S*C values."""
+        if row_taps:
+            return wl.R * math.ceil(wl.S * wl.C / block_k)
         taps = wl.R * wl.S if isinstance(wl, ConvWorkload) else 1
         chans = wl.C if isinstance(wl, ConvWorkload) else wl.K
         return taps * math.ceil(chans / block_k)
+
+    @staticmethod
+    def _row_taps_allowed(wl: Workload) -> bool:
+        """LOOP_ORDER "r_sc": a conv with S > 1 whose operand rows hold exactly C values (one
+        per element, not packed) and C below the largest BLOCK_K."""
+        return (isinstance(wl, ConvWorkload) and wl.S > 1 and wl.C < 128
+                and wl.a_layout is Layout.INT8 and wl.w_layout is Layout.INT8)
 
     def _split_values(self, wl: Workload) -> tuple[int, ...]:
         m, n, _ = wl.gemm_shape
@@ -246,7 +257,10 @@ class _IgemmTemplate(KernelTemplate):
                  Knob("BLOCK_K", (32, 64, 128)), Knob("num_warps", (4, 8)),
                  Knob("num_stages", (2, 3, 4)), Knob("GROUP_M", (1, 8))]
         if isinstance(wl, ConvWorkload):
-            knobs.append(Knob("LOOP_ORDER", ("rsc", "crs") if wl.R * wl.S > 1 else ("rsc",)))
+            orders = ("rsc", "crs") if wl.R * wl.S > 1 else ("rsc",)
+            if self._row_taps_allowed(wl):
+                orders += ("r_sc",)
+            knobs.append(Knob("LOOP_ORDER", orders))
         splits = self._split_values(wl)
         knobs.append(Knob("SPLIT_K", splits))
         if len(splits) > 1:
@@ -281,8 +295,12 @@ class _IgemmTemplate(KernelTemplate):
                 return f"BLOCK_N={c['BLOCK_N']} exceeds N={n} rounded up"
             if c["BLOCK_N"] == 32 and n > 64:
                 return "BLOCK_N=32 only for N <= 64 (narrower tiles re-read the im2col operand)"
-            if c["BLOCK_K"] > max(32, _pow2_ceil(chans)):
-                return f"BLOCK_K={c['BLOCK_K']} exceeds C={chans} rounded up"
+            row_taps = c.get("LOOP_ORDER") == "r_sc"
+            if row_taps and c["BLOCK_K"] <= wl.C:
+                return "LOOP_ORDER='r_sc' needs C < BLOCK_K (wider channels fill their chunks)"
+            reduce = wl.S * wl.C if row_taps else chans
+            if c["BLOCK_K"] > max(32, _pow2_ceil(reduce)):
+                return f"BLOCK_K={c['BLOCK_K']} exceeds C={reduce} rounded up"
             return None
 
         def split(c: Config) -> str | None:
@@ -292,8 +310,9 @@ class _IgemmTemplate(KernelTemplate):
                 return None
             if c["BLOCK_M"] * c["BLOCK_N"] > 128 * 128:
                 return "SPLIT_K > 1 only with tiles of at most 128 x 128"
-            return split_k_reason(self._tiles(wl, c), self._iters(wl, c["BLOCK_K"]),
-                                  c["SPLIT_K"], waves=4 if isinstance(wl, GemmWorkload) else 2)
+            iters = self._iters(wl, c["BLOCK_K"], c.get("LOOP_ORDER") == "r_sc")
+            return split_k_reason(self._tiles(wl, c), iters, c["SPLIT_K"],
+                                  waves=4 if isinstance(wl, GemmWorkload) else 2)
 
         def group(c: Config) -> str | None:
             if c["GROUP_M"] > 1 and math.ceil(m / c["BLOCK_M"]) < 2 * c["GROUP_M"]:
