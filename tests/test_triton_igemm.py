@@ -108,6 +108,16 @@ def test_conv_1x1_even_channels_int32():
     check(wl, tiny_kernel(wl, TINY), seed=6)
 
 
+@pytest.mark.parametrize("stride,pad", [(1, 0), (2, 0), (1, 1)])
+def test_conv_1x1_runs_as_a_gemm_only_when_pointwise(stride, pad):
+    """A 1x1 stride-1 unpadded conv takes the GEMM path (rows = pixels); stride 2 or padding
+    keep the spatial path. Odd channels, packed u4 activations, bit-plane output."""
+    wl = ConvWorkload(N=2, H=5, W=7, C=19, K=37, R=1, S=1, stride=stride, pad=pad, a="u4",
+                      a_layout="packed", epilogue=EPILOGUES[7])
+    assert problem(wl, False).is_gemm == (stride == 1 and pad == 0)
+    check(wl, tiny_kernel(wl, TINY), seed=16)
+
+
 def test_fp16_template_exact_on_integers():
     # u8 activations (beyond int8) are exact on fp16 tensor cores while |sum| < 2^24
     wl = ConvWorkload(N=2, H=5, W=5, C=13, K=20, R=3, S=3, stride=1, pad=1, a="u8", w="s4",

@@ -112,9 +112,15 @@ def problem(wl: Workload, dot_fp16: bool) -> Problem:
     else:
         kind = OUT_KIND_FP16 if epi.out == OUT_FP16 else OUT_KIND_INT32
         out, out_row, out_plane = (kind, 0, 32, 0, 0), nout, 0
-    if isinstance(wl, ConvWorkload):
+    pointwise = (isinstance(wl, ConvWorkload) and wl.R == wl.S == 1 and wl.stride == 1
+                 and wl.pad == 0)
+    if isinstance(wl, ConvWorkload) and not pointwise:
         shape = dict(H=wl.H, W=wl.W, C=wl.C, P=wl.P, Q=wl.Q, stride=wl.stride, pad=wl.pad,
                      R=wl.R, S=wl.S, is_gemm=False)
+        chans = wl.C
+    elif pointwise:  # a 1x1 stride-1 conv on NHWC is the GEMM [N*H*W, C] x [C, K]: no
+        # per-row image / row / column division or padding masks
+        shape = dict(H=1, W=1, C=wl.C, P=1, Q=1, stride=1, pad=0, R=1, S=1, is_gemm=True)
         chans = wl.C
     else:
         shape = dict(H=1, W=1, C=wl.K, P=1, Q=1, stride=1, pad=0, R=1, S=1, is_gemm=True)
