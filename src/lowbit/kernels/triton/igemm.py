@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -293,30 +294,53 @@ def split_workspace(prob: Problem, split: int, tiles: int, device: torch.device 
                           torch.zeros(tiles, dtype=torch.int32, device=device))
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division on the host (`triton.cdiv` is a JIT function: ~2 us per host call)."""
+    return -(-a // b)
+
+
 def output_tiles(prob: Problem, cfg: Mapping) -> int:
     """Output tiles (programs per reduction split) of the igemm kernel under `cfg`."""
-    return triton.cdiv(prob.M, cfg["BLOCK_M"]) * triton.cdiv(prob.NOUT, cfg["BLOCK_N"])
+    return cdiv(prob.M, cfg["BLOCK_M"]) * cdiv(prob.NOUT, cfg["BLOCK_N"])
 
 
-def launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
-           bias: torch.Tensor | None, scale: torch.Tensor | None,
-           mult: torch.Tensor | None, shift: torch.Tensor | None,
-           workspace: SplitWorkspace | None = None, compile_only: bool = False):
-    """Run the kernel for one validated call; writes and returns `out`. No checks here.
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch with every argument fixed: what a bound launcher replays, so a
+    timed or graph-captured call does no host work beyond Triton's own launch."""
+
+    fn: Any
+    grid: tuple[int, ...]
+    args: tuple
+    kwargs: dict
+
+
+def replay(launches: list[Launch], compile_only: bool = False):
+    """Run (or, compile_only, compile) the launches in order; returns the first one's
+    CompiledKernel when compiling."""
+    compiled = [launch_or_compile(s.fn, s.grid, s.args, s.kwargs, compile_only)
+                for s in launches]
+    return compiled[0] if compile_only else None
+
+
+def launches(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
+             bias: torch.Tensor | None, scale: torch.Tensor | None,
+             mult: torch.Tensor | None, shift: torch.Tensor | None,
+             workspace: SplitWorkspace | None = None) -> list[Launch]:
+    """The launches of one validated call: the kernel, and the split-K sum kernel where
+    split-K is not summed in the kernel. No checks here.
 
     workspace: `split_workspace(prob, SPLIT_K, output_tiles(prob, cfg), device)`, made here
     when None (a bound launcher passes its own, so a timed or graph-captured launch allocates
     nothing).
-    compile_only: compile (fill Triton's cache) without launching (`JITFunction.warmup`) and
-    return the main kernel's CompiledKernel (n_regs, n_spills, asm) instead of `out`.
     """
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     split = int(cfg.get("SPLIT_K", 1))
     in_kernel = split > 1 and cfg.get("SPLIT_SUM", "second_kernel") == "last_program"
     row_taps = cfg.get("LOOP_ORDER", "rsc") == "r_sc"
-    total = (prob.R * triton.cdiv(prob.S * prob.C, bk) if row_taps
-             else prob.R * prob.S * triton.cdiv(prob.C, bk))
-    per_split = triton.cdiv(total, split)
+    total = (prob.R * cdiv(prob.S * prob.C, bk) if row_taps
+             else prob.R * prob.S * cdiv(prob.C, bk))
+    per_split = cdiv(total, split)
     tiles = output_tiles(prob, cfg)
     vecs = [t if t is not None else out for t in (bias, scale, mult, shift)]
     kind, layout, obits, qmin, qmax = prob.out
@@ -337,14 +361,26 @@ def launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor, out: t
         ROW_TAPS=row_taps,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.get("GROUP_M", 8),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **epi)
-    compiled = launch_or_compile(igemm_kernel, (tiles, split), args, kwargs, compile_only)
+    plan = [Launch(igemm_kernel, (tiles, split), args, kwargs)]
     if split > 1 and not in_kernel:
         rbm, rbn = 64, max(32, min(bn, 128))
-        grid = (triton.cdiv(prob.M, rbm), triton.cdiv(prob.NOUT, rbn))
+        grid = (cdiv(prob.M, rbm), cdiv(prob.NOUT, rbn))
         args = (workspace.partials, out, *vecs, prob.M, prob.NOUT, prob.out_row,
                 prob.out_plane)
         kwargs = dict(SPLIT_K=split, BLOCK_M=rbm, BLOCK_N=rbn, num_warps=4, **epi)
-        launch_or_compile(split_k_epilogue_kernel, grid, args, kwargs, compile_only)
+        plan.append(Launch(split_k_epilogue_kernel, grid, args, kwargs))
+    return plan
+
+
+def launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
+           bias: torch.Tensor | None, scale: torch.Tensor | None,
+           mult: torch.Tensor | None, shift: torch.Tensor | None,
+           workspace: SplitWorkspace | None = None, compile_only: bool = False):
+    """Run the kernel for one validated call (`launches`); writes and returns `out`.
+    compile_only: compile (fill Triton's cache) without launching (`JITFunction.warmup`) and
+    return the main kernel's CompiledKernel (n_regs, n_spills, asm) instead of `out`."""
+    compiled = replay(launches(prob, cfg, x, w, out, bias, scale, mult, shift, workspace),
+                      compile_only)
     return compiled if compile_only else out
 
 

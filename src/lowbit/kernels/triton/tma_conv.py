@@ -178,13 +178,12 @@ def reduction_steps(wl: ConvWorkload, block_k: int) -> int:
     return wl.R * wl.S * math.ceil(wl.C / block_k)
 
 
-def launch(wl: ConvWorkload, prob: Problem, cfg: Config,
-           descs: tuple[TensorDescriptor, TensorDescriptor], out: torch.Tensor,
-           bias, scale, mult, shift, workspace: SplitWorkspace | None = None,
-           compile_only: bool = False):
-    """Run the kernel for one validated call (`descs` = `_descriptors` of the int8 x, w);
-    writes and returns `out`. workspace: as for `igemm.launch` (made here when None).
-    compile_only: compile without launching and return Triton's CompiledKernel."""
+def launches(wl: ConvWorkload, prob: Problem, cfg: Config,
+             descs: tuple[TensorDescriptor, TensorDescriptor], out: torch.Tensor,
+             bias, scale, mult, shift, workspace: SplitWorkspace | None = None
+             ) -> list[igemm.Launch]:
+    """The launch of one validated call (`descs` = `_descriptors` of the int8 x, w).
+    workspace: as for `igemm.launches` (made here when None)."""
     xd, wdsc = descs
     split = cfg["SPLIT_K"]
     tiles = output_tiles(wl, cfg)
@@ -202,9 +201,7 @@ def launch(wl: ConvWorkload, prob: Problem, cfg: Config,
         BLOCK_I=cfg["BLOCK_I"], BLOCK_P=cfg["BLOCK_P"], BLOCK_Q=cfg["BLOCK_Q"],
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    compiled = igemm.launch_or_compile(tma_conv_kernel, (tiles, split), args, kwargs,
-                                       compile_only)
-    return compiled if compile_only else out
+    return [igemm.Launch(tma_conv_kernel, (tiles, split), args, kwargs)]
 
 
 def _as_int8(t: torch.Tensor) -> torch.Tensor:
@@ -247,7 +244,13 @@ class TmaConvKernel:
         descs = _descriptors(wl, cfg, _as_int8(x), _as_int8(w))
         vecs = (params.bias, params.scale, params.multiplier, params.shift)
         workspace = split_workspace(prob, cfg["SPLIT_K"], output_tiles(wl, cfg), x.device)
-        return lambda: launch(wl, prob, cfg, descs, out, *vecs, workspace)
+        plan = launches(wl, prob, cfg, descs, out, *vecs, workspace)  # arguments fixed once
+
+        def launcher() -> torch.Tensor:
+            igemm.replay(plan)
+            return out
+
+        return launcher
 
     def compile(self):
         """Compile ahead of time without launching; Triton's CompiledKernel (n_regs,
@@ -265,8 +268,9 @@ class TmaConvKernel:
         x = torch.empty(16, dtype=torch.int8, device=device)
         w = torch.empty(16, dtype=torch.int8, device=device)
         out = torch.empty(16, dtype=out_storage(wl)[1], device=device)
-        return launch(wl, self.problem, self.config, _descriptors(wl, self.config, x, w), out,
-                      *placeholder_vectors(wl.epilogue, device), compile_only=True)
+        plan = launches(wl, self.problem, self.config, _descriptors(wl, self.config, x, w),
+                        out, *placeholder_vectors(wl.epilogue, device))
+        return igemm.replay(plan, compile_only=True)
 
 
 def _pow2_at_least(n: int) -> int:
