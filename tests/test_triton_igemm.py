@@ -264,6 +264,8 @@ def test_gpu_shared_workloads_default_and_sampled(name, wl):
     t = GEMM_INT8 if wl.op == "gemm" else CONV2D_INT8
     rng = random.Random(name)
     configs = [t.default_config(wl), *t.space(wl).sample(1, rng)]
+    row_taps = [c.replace(LOOP_ORDER="r_sc") for c in configs if "LOOP_ORDER" in c]
+    configs += [c for c in row_taps if t.space(wl).is_valid(c)]  # small-C layers (the stem)
     for i, cfg in enumerate(configs):
         check(wl, t.build(wl, cfg), seed=100 + i, device="cuda")
 
