@@ -134,5 +134,5 @@ def test_time_budget_sizes_the_last_round(tmp_path):
     fake = FakeConvTemplate(modes=("ok",), tiles=tuple(range(1, 101)))
     res = tune(TINY, [fake], trials=100, strategy="random", db=tmp_path / "r.sqlite",
                measurer=SleepMeasurer(0.1), batch=10, progress=False, time_budget_s=1.5)
-    assert 10 <= res.trials <= 17  # one full round of 10, then what fits in ~0.5 s (was 10)
+    assert 10 <= res.trials <= 17  # a round of 10, then what fits in the ~0.5 s left
     assert res.wall_s < 1.5 + 0.45
