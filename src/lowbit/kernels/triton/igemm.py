@@ -200,7 +200,6 @@ def igemm_kernel(
                                 DOT_T, BLOCK_K)
         acc = tl.dot(a, b, acc, out_dtype=ACC_T)
 
-
     if DOT_FP16 and OUT_KIND != 3:
         # integer operands on fp16 tensor cores: every partial sum is an integer < 2^24 (checked
         # by the template), so the fp32 accumulator holds it exactly
@@ -299,6 +298,13 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def reduction_steps(r: int, s: int, c: int, block_k: int, row_taps: bool = False) -> int:
+    """Iterations of the reduction loop over an R x S x C reduction in BLOCK_K chunks: per tap
+    and channel chunk, or (row_taps, LOOP_ORDER "r_sc") per kernel row and chunk of its S*C
+    values. The kernel's own `total` is the same count."""
+    return r * cdiv(s * c, block_k) if row_taps else r * s * cdiv(c, block_k)
+
+
 def output_tiles(prob: Problem, cfg: Mapping) -> int:
     """Output tiles (programs per reduction split) of the igemm kernel under `cfg`."""
     return cdiv(prob.M, cfg["BLOCK_M"]) * cdiv(prob.NOUT, cfg["BLOCK_N"])
@@ -338,9 +344,7 @@ def launches(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor, out:
     split = int(cfg.get("SPLIT_K", 1))
     in_kernel = split > 1 and cfg.get("SPLIT_SUM", "second_kernel") == "last_program"
     row_taps = cfg.get("LOOP_ORDER", "rsc") == "r_sc"
-    total = (prob.R * cdiv(prob.S * prob.C, bk) if row_taps
-             else prob.R * prob.S * cdiv(prob.C, bk))
-    per_split = cdiv(total, split)
+    per_split = cdiv(reduction_steps(prob.R, prob.S, prob.C, bk, row_taps), split)
     tiles = output_tiles(prob, cfg)
     vecs = [t if t is not None else out for t in (bias, scale, mult, shift)]
     kind, layout, obits, qmin, qmax = prob.out

@@ -57,7 +57,15 @@ from .epilogue import (
     SRC_INT8,
     SRC_PACKED,
 )
-from .igemm import Problem, launch, launches, output_tiles, replay, split_workspace
+from .igemm import (
+    Problem,
+    launch,
+    launches,
+    output_tiles,
+    reduction_steps,
+    replay,
+    split_workspace,
+)
 
 #: shared memory a program may stage (H100: 227 KiB per block; headroom for the epilogue)
 SMEM_LIMIT = 220 * 1024
@@ -112,19 +120,14 @@ def problem(wl: Workload, dot_fp16: bool) -> Problem:
     else:
         kind = OUT_KIND_FP16 if epi.out == OUT_FP16 else OUT_KIND_INT32
         out, out_row, out_plane = (kind, 0, 32, 0, 0), nout, 0
-    pointwise = (isinstance(wl, ConvWorkload) and wl.R == wl.S == 1 and wl.stride == 1
-                 and wl.pad == 0)
-    if isinstance(wl, ConvWorkload) and not pointwise:
+    conv = isinstance(wl, ConvWorkload)
+    chans = wl.C if conv else wl.K
+    if conv and not (wl.R == wl.S == 1 and wl.stride == 1 and wl.pad == 0):
         shape = dict(H=wl.H, W=wl.W, C=wl.C, P=wl.P, Q=wl.Q, stride=wl.stride, pad=wl.pad,
                      R=wl.R, S=wl.S, is_gemm=False)
-        chans = wl.C
-    elif pointwise:  # a 1x1 stride-1 conv on NHWC is the GEMM [N*H*W, C] x [C, K]: no
-        # per-row image / row / column division or padding masks
-        shape = dict(H=1, W=1, C=wl.C, P=1, Q=1, stride=1, pad=0, R=1, S=1, is_gemm=True)
-        chans = wl.C
-    else:
-        shape = dict(H=1, W=1, C=wl.K, P=1, Q=1, stride=1, pad=0, R=1, S=1, is_gemm=True)
-        chans = wl.K
+    else:  # a GEMM, or a 1x1 stride-1 unpadded conv on NHWC: the GEMM [N*H*W, C] x [C, K]
+        # (no per-row division into image, row and column, no padding masks)
+        shape = dict(H=1, W=1, C=chans, P=1, Q=1, stride=1, pad=0, R=1, S=1, is_gemm=True)
     return Problem(
         M=m, NOUT=nout, **shape,
         x_row=_storage_width(chans, wl.a, wl.a_layout),
@@ -242,11 +245,9 @@ class _IgemmTemplate(KernelTemplate):
     def _iters(self, wl: Workload, block_k: int, row_taps: bool = False) -> int:
         """Reduction steps of BLOCK_K: per tap and channel chunk, or (row_taps) per kernel
         row and chunk of its S*C values."""
-        if row_taps:
-            return wl.R * math.ceil(wl.S * wl.C / block_k)
-        taps = wl.R * wl.S if isinstance(wl, ConvWorkload) else 1
-        chans = wl.C if isinstance(wl, ConvWorkload) else wl.K
-        return taps * math.ceil(chans / block_k)
+        if isinstance(wl, ConvWorkload):
+            return reduction_steps(wl.R, wl.S, wl.C, block_k, row_taps)
+        return reduction_steps(1, 1, wl.K, block_k)
 
     @staticmethod
     def _row_taps_allowed(wl: Workload) -> bool:

@@ -175,7 +175,7 @@ def output_tiles(wl: ConvWorkload, cfg: Config) -> int:
 
 def reduction_steps(wl: ConvWorkload, block_k: int) -> int:
     """Iterations of the reduction loop: taps x channel chunks."""
-    return wl.R * wl.S * math.ceil(wl.C / block_k)
+    return igemm.reduction_steps(wl.R, wl.S, wl.C, block_k)
 
 
 def launches(wl: ConvWorkload, prob: Problem, cfg: Config,
