@@ -172,8 +172,6 @@ def tune(workload: Workload, templates: Sequence[KernelTemplate] | None = None,
                     size = min(size, max(1, int((time_budget_s - (now - t_start)) / per_trial)))
                 inputs = first[:size]
                 first = first[size:]
-                for a in arms:
-                    a.strategy.pending.update(i.config for i in inputs if i.template is a.template)
                 room = max(0, size - len(inputs))
                 for a, k in zip(arms, _share(arms, room), strict=True):
                     inputs += [MeasureInput(a.template, workload, c)

@@ -35,7 +35,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_kernel(BITSERIAL
 
   u32* s_out = smem;  // packing tile over the operand stages, once every warp is done with them
   if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
-  const EpilogueArgs ea{out, bias, scale, mult, shift, wtap, xpop, thr};
+  const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
   epilogue_warp(acc, rsum, m0, n0, warp_m * WM, warp_n * WN, lane, ea, s_out);
   if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, out, m0, n0, tid);
 }

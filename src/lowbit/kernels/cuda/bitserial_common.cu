@@ -356,6 +356,8 @@ struct EpilogueArgs {
   const int* xpop;
   const int* thr;  // OUT_THRESH: [KOUT][THR_LEVELS] requantization thresholds
 };
+// The epilogue's view of BITSERIAL_KERNEL_PARAMS (inside a kernel taking them).
+#define BITSERIAL_EPILOGUE_ARGS EpilogueArgs{out, bias, scale, mult, shift, wtap, xpop, thr}
 
 // Zero the block's shared-memory packing tile [OUT_BITS][BM][BLOCK_WORDS] (narrow warp tiles).
 __device__ __forceinline__ void pack_tile_clear(u32* s_out, int tid) {

@@ -8,7 +8,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_persistent(BITSE
   // this one's epilogue runs
   const int iters = persistent_iters();
   u32* s_out = smem + STAGES * STAGE_WORDS;  // packing tile apart: next tiles' copies in flight
-  const EpilogueArgs ea{out, bias, scale, mult, shift, wtap, xpop, thr};
+  const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
 
   Acc acc;
   RowSum rsum;

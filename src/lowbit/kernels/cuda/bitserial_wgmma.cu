@@ -40,7 +40,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma(BITSERIAL_
 
   u32* s_out = smem;  // packing tile over the operand stages, once every warpgroup is done
   if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
-  const EpilogueArgs ea{out, bias, scale, mult, shift, wtap, xpop, thr};
+  const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
   epilogue_warp(acc, rsum, m0, n0, wg_m * 64 + (warp & 3) * 16, wg_n * WN, lane, ea, s_out);
   if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, out, m0, n0, tid);
 }

@@ -14,7 +14,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_persistent
   u32* ones = smem + STAGES * STAGE_WORDS;
   fill_ones(ones, tid);
   u32* s_out = ones + ONES_WORDS;  // packing tile apart: the next tiles' copies are in flight
-  const EpilogueArgs ea{out, bias, scale, mult, shift, wtap, xpop, thr};
+  const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
 
   Acc acc;
   RowSum rsum;

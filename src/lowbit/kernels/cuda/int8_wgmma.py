@@ -8,8 +8,8 @@ one "plane" of bytes (CW = C/4 words per pixel, coefficients 1, no row sums) the
 an int8 implicit GEMM for operands in the int8 layout (NHWC / KRSC, one byte per value).
 
 Template `cuda.int8_wgmma` (sm_90a only): knobs of `cuda.bitserial` with MMA fixed to wgmma
-(BM, BN, WN, KT, STAGES, PERSIST, SWIZZLE, HALO, REQUANT). Exact: int32 accumulation, the workload's
-worst-case |sum| must fit (checked), outputs as `lowbit.reference.run`.
+(BM, BN, WN, KT, STAGES, PERSIST, SWIZZLE, HALO, REQUANT). Exact: int32 accumulation, the
+workload's worst-case |sum| must fit (checked), outputs as `lowbit.reference.run`.
 """
 
 from __future__ import annotations
