@@ -286,12 +286,13 @@ def needs_wtap(wl: Workload) -> bool:
 
 def support_limits_reason(wl: Workload) -> str | None:
     """What the kernel cannot do whatever the operands' layout: packed requantized output,
-    or row / weight indices past 32 bits; None when within the limits."""
+    or row, weight or input-word indices past 32 bits; None when within the limits."""
     epi = wl.epilogue
     if epi.requantizes and epi.out_layout is Layout.PACKED:
         return "requantized output must be in the int8 or bitplane layout, not packed"
     sh = conv_shape(wl)
-    if sh.rows + 256 >= 2**31 or sh.kout * sh.k_words >= 2**31:
+    if (sh.rows + 256 >= 2**31 or sh.kout * sh.k_words >= 2**31
+            or sh.nb * sh.h * sh.w * sh.words >= 2**31):
         return "problem too large for 32-bit row indices"
     return None
 

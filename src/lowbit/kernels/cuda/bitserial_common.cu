@@ -186,10 +186,11 @@ __device__ __forceinline__ int slot(int rows, int row, int ks, int wd) {
 // WN columns are adjacent, plane j WN rows below plane 0).
 __device__ __forceinline__ int b_row(int n) { return WGMMA ? (n / WN) * (P_BITS * WN) + n % WN : n; }
 
-// Per-thread copy rows of the activation tile at row m0: image and top-left input pixel of the
-// window (rows past M get ih0 = -BIG so every tap is out of range and copies zero-fill).
+// Per-thread copy rows of the activation tile at row m0: top-left input pixel of the window
+// and its word offset in a plane (base; planes are < 2^31 words, bitserial.py), rows past M
+// with ih0 = -BIG so every tap is out of range and copies zero-fill.
 struct ARows {
-  int img[A_ITERS], ih0[A_ITERS], iw0[A_ITERS];
+  int base[A_ITERS], ih0[A_ITERS], iw0[A_ITERS];
 };
 // 32-bit index math: rows + BM < 2^31 (bitserial.py), and 64-bit divisions cost the persistent
 // kernel, which calls this per stage, ~20% on 3x3 convs.
@@ -202,11 +203,23 @@ __device__ __forceinline__ ARows a_rows(i64 m0, int tid) {
     const int qo = m % Q_OUT;
     const int t = m / Q_OUT;
     const int po = t % P_OUT;
-    ar.img[it] = t / P_OUT;
-    ar.ih0[it] = (m < M_ROWS && row < BM) ? po * STRIDE - PAD : -(1 << 28);
+    const bool ok = m < M_ROWS && row < BM;
+    ar.ih0[it] = ok ? po * STRIDE - PAD : -(1 << 28);
     ar.iw0[it] = qo * STRIDE - PAD;
+    ar.base[it] = ok ? ((t / P_OUT * H + ar.ih0[it]) * W + ar.iw0[it]) * CW : 0;
   }
   return ar;
+}
+
+// Tap (r, s) and channel word cw of k word kw of an im2col row, and whether kw < KW.
+struct KWord {
+  int r, s, cw, off;  // off: (r * W + s) * CW + cw, the word's offset from the window's base
+  bool ok;
+};
+__device__ __forceinline__ KWord k_word(int kw) {
+  const int tap = kw / CW, cw = kw - tap * CW;
+  const int r = tap / S, s = tap - r * S;
+  return KWord{r, s, cw, (r * W + s) * CW + cw, kw < KW};
 }
 
 // Duplicate-aware (halo) load, HALO=1: the input rows [row0, row0 + HALO_ROWS) of the flattened
@@ -239,23 +252,25 @@ __device__ __forceinline__ void load_stage(const u32* __restrict__ x, const u32*
   u32* sa = stage;
   u32* sb = stage + A_STAGE_WORDS;
   const int kbase = kt * TILE_WORDS;
+  // THREADS % CPR == 0 (most configs): every chunk of this thread has the same chunk column,
+  // so its tap and channel word are decoded once per stage, not per copy
+  constexpr bool ONE_COLUMN = THREADS % CPR == 0;
+  const KWord kw0 = k_word(kbase + (tid % CPR) * VEC);
 #pragma unroll
   for (int it = 0; it < A_ITERS; ++it) {
     const int idx = tid + it * THREADS;
     if ((BM * CPR) % THREADS == 0 || idx < BM * CPR) {
       const int row = idx / CPR, c = idx % CPR;
-      const int kw = kbase + c * VEC;
-      const int tap = kw / CW, cw = kw - tap * CW;
-      const int r = tap / S, s = tap - r * S;
-      const int ih = ar.ih0[it] + r, iw = ar.iw0[it] + s;
-      const bool valid = kw < KW && ih >= 0 && ih < H && iw >= 0 && iw < W;
+      const KWord k = ONE_COLUMN ? kw0 : k_word(kbase + c * VEC);
+      const int ih = ar.ih0[it] + k.r, iw = ar.iw0[it] + k.s;
+      const bool valid = k.ok && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
       u32* dst = sa + slot(BM, row, c / (8 / VEC), (c % (8 / VEC)) * VEC);
       if constexpr (HALO) {
-        const int src = valid ? ((ar.img[it] * H + ih - halo_row0) * W + iw) * CW + cw : 0;
+        const int src = valid ? ar.base[it] + k.off - halo_row0 * W * CW : 0;
 #pragma unroll
         for (int i = 0; i < Q_BITS; ++i) copy_shared(dst + i * A_PLANE_STEP, halo + i * HALO_WORDS + src, valid);
       } else {
-        const i64 src = valid ? (((i64)ar.img[it] * H + ih) * W + iw) * CW + cw : 0;
+        const int src = valid ? ar.base[it] + k.off : 0;
 #pragma unroll
         for (int i = 0; i < Q_BITS; ++i) copy_async(dst + i * A_PLANE_STEP, x + i * X_PLANE + src, valid);
       }
@@ -384,29 +399,49 @@ __device__ __forceinline__ void pack_tile_store(const u32* s_out, void* out, i64
 // shift and clamps per output (knob REQUANT="threshold").
 constexpr int THR_LEVELS = OUT_THRESH ? OUT_QMAX - OUT_QMIN : 1;
 
-// Per-column epilogue parameters (zeros past KOUT); wall: the column's weight sum over all
-// taps (binary activations), what every output pixel whose taps are all inside the image adds.
+// Per-column epilogue parameters (zeros past KOUT). off: what every interior output pixel (all
+// R x S taps inside the image) adds to its accumulator: the bias (unless folded into the
+// thresholds) and, for binary activations, the column's weight sum over all taps; border pixels
+// correct it by border_wsum. Loaded once per tile and lane (the epilogue walks columns outside
+// rows), so an interior output costs a multiply-add, an add and its requantization.
 struct ColParams {
-  int bias, mult, shift, wall;
+  int off, mult, shift;
   float scale;
   int thr[THR_LEVELS];
 };
 __device__ __forceinline__ ColParams col_params(const EpilogueArgs& ea, int col) {
   const bool ok = col < KOUT;
   const bool mul = OUT_MODE >= 2 && !OUT_THRESH && ok;
-  ColParams cp{(HAS_BIAS && !OUT_THRESH && ok) ? ea.bias[col] : 0, mul ? ea.mult[col] : 0,
-               mul ? ea.shift[col] : 1, (NEED_WTAP && ok) ? ea.wtap[col * TAB + TAB - 1] : 0,
+  const int bias = (HAS_BIAS && !OUT_THRESH && ok) ? ea.bias[col] : 0;
+  const int wall = (NEED_WTAP && ok) ? A_BETA * W_ALPHA * ea.wtap[col * TAB + TAB - 1] : 0;
+  ColParams cp{bias + wall, mul ? ea.mult[col] : 0, mul ? ea.shift[col] : 1,
                (OUT_MODE == 1 && ok) ? ea.scale[col] : 0.f, {}};
 #pragma unroll
   for (int k = 0; k < THR_LEVELS; ++k)
     cp.thr[k] = (OUT_THRESH && ok) ? ea.thr[col * THR_LEVELS + k] : 0;
   return cp;
 }
+
+// Valid-tap rectangle [rlo, rhi) x [slo, shi) of an output pixel, one byte each.
+__device__ __forceinline__ int pack_rect(int rlo, int rhi, int slo, int shi) {
+  return rlo | rhi << 8 | slo << 16 | shi << 24;
+}
+constexpr int FULL_RECT = R << 8 | S << 24;  // all taps inside the image
+
+// Binary activations: a border pixel's weight sum over its valid taps minus the all-tap sum
+// that ColParams.off holds (2-D prefix table: 4 lookups, and the total).
+__device__ __forceinline__ int border_wsum(const int* __restrict__ wtap, int col, int rect) {
+  const int rlo = rect & 255, rhi = (rect >> 8) & 255, slo = (rect >> 16) & 255, shi = rect >> 24;
+  const int* wt = wtap + col * TAB;
+  return wt[rhi * (S + 1) + shi] - wt[rlo * (S + 1) + shi] - wt[rhi * (S + 1) + slo]
+         + wt[rlo * (S + 1) + slo] - wt[TAB - 1];
+}
+
 // ROWSUM_TABLE: sum_i c_i popc(a_i) of output row m (pixel (n, po, qo)): the per-pixel table
 // summed over the valid taps [rlo, rhi) x [slo, shi) (1x1 and GEMM: one lookup per plane).
-__device__ __forceinline__ int table_row_popc(const int* __restrict__ xpop, i64 m, int po, int qo,
+__device__ __forceinline__ int table_row_popc(const int* __restrict__ xpop, int m, int po, int qo,
                                               int rlo, int rhi, int slo, int shi) {
-  const i64 pix = (m / ((i64)P_OUT * Q_OUT)) * H * W + (i64)(po * STRIDE - PAD) * W
+  const i64 pix = (i64)(m / (P_OUT * Q_OUT)) * H * W + (i64)(po * STRIDE - PAD) * W
                   + qo * STRIDE - PAD;
   int total = 0;
 #pragma unroll
@@ -423,115 +458,126 @@ __device__ __forceinline__ int table_row_popc(const int* __restrict__ xpop, i64 
   return total;
 }
 
-// Narrow warps keep their columns' parameters in registers for all rows; wide (wgmma) warps
-// reload them per row pair (L1 hits) instead of holding 8 registers per column pair.
-constexpr int COL_CACHE = NT <= 8 ? NT : 1;
 constexpr int OUT_WORD_TILES = WN / 32 > 0 ? WN / 32 : 1;
 
-// One warp's accumulators -> output: rows row0 + mi*16 + g (+8) and columns col0 + ni*8 + 2*t4
-// (+1) of the block tile at (m0, n0). Combines the planes (see the top of this file), adds the
-// bias, ReLU, then int32 / fp16 / requantized INT8 or bit planes (PACK_IN_SMEM: into s_out).
-__device__ __forceinline__ void epilogue_warp(const Acc& acc, const RowSum& rsum, i64 m0, int n0,
-                                              int row0, int col0, int lane, const EpilogueArgs& ea,
-                                              u32* s_out) {
-  const int g = lane >> 2, t4 = lane & 3;
-  ColParams cached[COL_CACHE][2];
-  if constexpr (NT <= 8) {
-#pragma unroll
-    for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) cached[ni][e] = col_params(ea, n0 + col0 + ni * 8 + 2 * t4 + e);
-  }
-
+// The per-row part of the epilogue for this lane's accumulator rows (mi, h) (output row
+// row0 + mi*16 + g + 8h of the block tile): the activation-plane row sums and the padding terms
+// (term), and the valid-tap rectangle (rect). Returns whether any of them is a border pixel.
+__device__ __forceinline__ bool epilogue_rows(const RowSum& rsum, i64 m0, int row0, int g,
+                                              const EpilogueArgs& ea, int (&term)[MT][2],
+                                              int (&rect)[MT][2]) {
+  bool border = false;
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = row0 + mi * 16 + g + 8 * h;
-      const i64 m = m0 + row;
-      const bool row_ok = m < M_ROWS;
-      // valid taps of this output pixel (input-aware padding)
+      const int m = (int)(m0 + row0 + mi * 16 + g + 8 * h);  // rows < 2^31 (bitserial.py)
+      const int qo = m % Q_OUT, po = (m / Q_OUT) % P_OUT;
       int rlo = 0, rhi = R, slo = 0, shi = S;
-      const int qo = (int)(m % Q_OUT), po = (int)((m / Q_OUT) % P_OUT);
       if constexpr (NEED_WTAP || ROWSUM_TABLE) {
         tap_range(po * STRIDE - PAD, H, R, rlo, rhi);
         tap_range(qo * STRIDE - PAD, W, S, slo, shi);
       }
-      // interior pixels (most of them) take the column's all-tap weight sum from ColParams
-      // instead of 4 table lookups per output
-      const bool all_taps = rlo == 0 && rhi == R && slo == 0 && shi == S;
-      // table offsets of the valid-tap rectangle [rlo, rhi) x [slo, shi)
-      const int t11 = rhi * (S + 1) + shi, t01 = rlo * (S + 1) + shi;
-      const int t10 = rhi * (S + 1) + slo, t00 = rlo * (S + 1) + slo;
-      int row_term = 0;
+      rect[mi][h] = pack_rect(rlo, rhi, slo, shi);
+      border |= rect[mi][h] != FULL_RECT;
+      int t = 0;
       if constexpr (ROWSUM_TABLE) {
-        if (row_ok) row_term = A_ALPHA * W_BETA * table_row_popc(ea.xpop, m, po, qo, rlo, rhi, slo, shi);
+        if (m < M_ROWS) t = A_ALPHA * W_BETA * table_row_popc(ea.xpop, m, po, qo, rlo, rhi, slo, shi);
       } else if constexpr (NEED_ROWSUM) {
 #pragma unroll
-        for (int i = 0; i < Q_BITS; ++i) row_term += a_coef(i) * rsum[i][mi][2 * h];
-        row_term *= A_ALPHA * W_BETA;
+        for (int i = 0; i < Q_BITS; ++i) t += a_coef(i) * rsum[i][mi][2 * h];
+        t *= A_ALPHA * W_BETA;
       }
-      if constexpr (NEED_WTAP) row_term += A_BETA * W_BETA * C * (rhi - rlo) * (shi - slo);
+      if constexpr (NEED_WTAP) t += A_BETA * W_BETA * C * (rhi - rlo) * (shi - slo);
+      term[mi][h] = t;
+    }
+  return border;
+}
 
-      u32 word_bits[OUT_WORD_TILES][OUT_BITS];  // this lane's bits of each 32-column word
+// Bias, ReLU and the output of one value y (accumulator + row and column terms) of row m,
+// column col: stored here for int32 / fp16 / INT8 outputs; returns the requantized bit pattern
+// for bit-plane outputs (0 past KOUT).
+__device__ __forceinline__ int epilogue_value(int y, const ColParams& cp, i64 m, int col,
+                                              const EpilogueArgs& ea) {
+  const bool ok = m < M_ROWS && col < KOUT;
+  if constexpr (OUT_THRESH) {
+    int level = 0;
+#pragma unroll
+    for (int k = 0; k < THR_LEVELS; ++k) level += y >= cp.thr[k];
+    return col < KOUT ? ((OUT_QMIN + level) & ((1 << OUT_BITS) - 1)) : 0;
+  }
+  if constexpr (RELU) y = y > 0 ? y : 0;
+  if constexpr (OUT_MODE == 0) {
+    if (ok) reinterpret_cast<int*>(ea.out)[m * KOUT + col] = y;
+    return 0;
+  } else if constexpr (OUT_MODE == 1) {
+    if (ok) reinterpret_cast<unsigned short*>(ea.out)[m * KOUT + col] = f32_to_f16_bits(__fmul_rn((float)y, cp.scale));
+    return 0;
+  } else {
+    const int sh = cp.shift;
+    i64 v = ((i64)y * cp.mult + (1ll << (sh - 1))) >> sh;
+    v = v < OUT_QMIN ? OUT_QMIN : (v > OUT_QMAX ? OUT_QMAX : v);
+    if constexpr (OUT_MODE == 2) {  // one byte per value: two's complement of all 8 bits
+      if (ok) reinterpret_cast<unsigned char*>(ea.out)[m * KOUT + col] = (unsigned char)(int)v;
+    }
+    return col < KOUT ? ((int)v & ((1 << OUT_BITS) - 1)) : 0;
+  }
+}
+
+// The per-column part: columns outer (their parameters loaded once), this lane's rows inner.
+// BORDER: some row of the warp is a border pixel of binary activations (warp-uniform), so rows
+// whose rect is not FULL_RECT add their border_wsum.
+template <bool BORDER>
+__device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[MT][2],
+                                              const int (&rect)[MT][2], i64 m0, int n0, int row0,
+                                              int col0, int lane, const EpilogueArgs& ea,
+                                              u32* s_out) {
+  const int g = lane >> 2, t4 = lane & 3;
+  u32 word_bits[MT][2][OUT_WORD_TILES][OUT_BITS];  // this lane's bits of each 32-column word
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int wd = 0; wd < OUT_WORD_TILES; ++wd)
 #pragma unroll
-        for (int b = 0; b < OUT_BITS; ++b) word_bits[wd][b] = 0;
+        for (int b = 0; b < OUT_BITS; ++b) word_bits[mi][h][wd][b] = 0;
 #pragma unroll
-      for (int ni = 0; ni < NT; ++ni) {
-        int pats[2];
+  for (int ni = 0; ni < NT; ++ni) {
+    int pats[MT][2][2];
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = n0 + col0 + ni * 8 + 2 * t4 + e;
-          const ColParams cp = NT <= 8 ? cached[NT <= 8 ? ni : 0][e] : col_params(ea, col);
+    for (int e = 0; e < 2; ++e) {
+      const int col = n0 + col0 + ni * 8 + 2 * t4 + e;
+      const ColParams cp = col_params(ea, col);
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
           int y = 0;
 #pragma unroll
           for (int i = 0; i < Q_BITS; ++i)
 #pragma unroll
             for (int j = 0; j < P_BITS; ++j) y += a_coef(i) * w_coef(j) * acc[i][j][mi][ni][2 * h + e];
-          y = A_ALPHA * W_ALPHA * y + row_term;
-          if constexpr (NEED_WTAP) {
-            if (all_taps) {
-              y += A_BETA * W_ALPHA * cp.wall;
-            } else if (col < KOUT) {
-              const int* wt = ea.wtap + col * TAB;
-              y += A_BETA * W_ALPHA * (wt[t11] - wt[t01] - wt[t10] + wt[t00]);
-            }
+          y = A_ALPHA * W_ALPHA * y + term[mi][h] + cp.off;
+          if constexpr (BORDER) {
+            if (rect[mi][h] != FULL_RECT && col < KOUT)
+              y += A_BETA * W_ALPHA * border_wsum(ea.wtap, col, rect[mi][h]);
           }
-          if constexpr (OUT_THRESH) {
-            int level = 0;
-#pragma unroll
-            for (int k = 0; k < THR_LEVELS; ++k) level += y >= cp.thr[k];
-            pats[e] = col < KOUT ? ((OUT_QMIN + level) & ((1 << OUT_BITS) - 1)) : 0;
-            continue;
-          }
-          if constexpr (HAS_BIAS) y += cp.bias;
-          if constexpr (RELU) y = y > 0 ? y : 0;
-          if constexpr (OUT_MODE == 0) {
-            if (row_ok && col < KOUT) reinterpret_cast<int*>(ea.out)[m * KOUT + col] = y;
-          } else if constexpr (OUT_MODE == 1) {
-            if (row_ok && col < KOUT)
-              reinterpret_cast<unsigned short*>(ea.out)[m * KOUT + col] =
-                  f32_to_f16_bits(__fmul_rn((float)y, cp.scale));
-          } else {
-            const int sh = cp.shift;
-            i64 v = ((i64)y * cp.mult + (1ll << (sh - 1))) >> sh;
-            v = v < OUT_QMIN ? OUT_QMIN : (v > OUT_QMAX ? OUT_QMAX : v);
-            const int pat = col < KOUT ? ((int)v & ((1 << OUT_BITS) - 1)) : 0;
-            if constexpr (OUT_MODE == 2) {  // one byte per value: two's complement of all 8 bits
-              if (row_ok && col < KOUT) reinterpret_cast<unsigned char*>(ea.out)[m * KOUT + col] = (unsigned char)(int)v;
-            }
-            pats[e] = pat;
-          }
+          pats[mi][h][e] = epilogue_value(y, cp, m0 + row0 + mi * 16 + g + 8 * h, col, ea);
         }
+    }
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
         if constexpr (PACK_IN_SMEM) {
           const int c0 = col0 + ni * 8;  // first column of this n8 tile in the block
+          const int row = row0 + mi * 16 + g + 8 * h;
 #pragma unroll
           for (int b = 0; b < OUT_BITS; ++b) {
             u32 bits = 0;
 #pragma unroll
-            for (int e = 0; e < 2; ++e) bits |= (u32)((pats[e] >> b) & 1) << (c0 % 32 + 2 * t4 + e);
+            for (int e = 0; e < 2; ++e) bits |= (u32)((pats[mi][h][e] >> b) & 1) << (c0 % 32 + 2 * t4 + e);
             bits |= __shfl_xor_sync(0xffffffffu, bits, 1);
             bits |= __shfl_xor_sync(0xffffffffu, bits, 2);
             if (t4 == 0) atomicOr(&s_out[(b * BM + row) * BLOCK_WORDS + c0 / 32], bits);
@@ -541,25 +587,48 @@ __device__ __forceinline__ void epilogue_warp(const Acc& acc, const RowSum& rsum
           for (int b = 0; b < OUT_BITS; ++b)
 #pragma unroll
             for (int e = 0; e < 2; ++e)
-              word_bits[ni / 4][b] |= (u32)((pats[e] >> b) & 1) << ((ni % 4) * 8 + 2 * t4 + e);
+              word_bits[mi][h][ni / 4][b] |= (u32)((pats[mi][h][e] >> b) & 1) << ((ni % 4) * 8 + 2 * t4 + e);
         }
       }
-      if constexpr (OUT_MODE == 3 && !PACK_IN_SMEM) {
-        // Register-level packing of the output bit planes: each lane of a quad holds 2 of every
-        // 8 columns; OR-reduce across the quad with two shuffles per 32-column word and plane.
+  }
+  if constexpr (OUT_MODE == 3 && !PACK_IN_SMEM) {
+    // Register-level packing of the output bit planes: each lane of a quad holds 2 of every 8
+    // columns; OR-reduce across the quad with two shuffles per 32-column word and plane.
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const i64 m = m0 + row0 + mi * 16 + g + 8 * h;
 #pragma unroll
         for (int wd = 0; wd < WN / 32; ++wd)
 #pragma unroll
           for (int b = 0; b < OUT_BITS; ++b) {
-            u32 bits = word_bits[wd][b];
+            u32 bits = word_bits[mi][h][wd][b];
             bits |= __shfl_xor_sync(0xffffffffu, bits, 1);
             bits |= __shfl_xor_sync(0xffffffffu, bits, 2);
             const int word = (n0 + col0) / 32 + wd;
-            if (t4 == (b & 3) && row_ok && word < OUT_WORDS)
+            if (t4 == (b & 3) && m < M_ROWS && word < OUT_WORDS)
               reinterpret_cast<u32*>(ea.out)[((i64)b * M_ROWS + m) * OUT_WORDS + word] = bits;
           }
       }
+  }
+}
+
+// One warp's accumulators -> output: rows row0 + mi*16 + g (+8) and columns col0 + ni*8 + 2*t4
+// (+1) of the block tile at (m0, n0). Combines the planes (see the top of this file), adds the
+// bias, ReLU, then int32 / fp16 / requantized INT8 or bit planes (PACK_IN_SMEM: into s_out).
+__device__ __forceinline__ void epilogue_warp(const Acc& acc, const RowSum& rsum, i64 m0, int n0,
+                                              int row0, int col0, int lane, const EpilogueArgs& ea,
+                                              u32* s_out) {
+  int term[MT][2], rect[MT][2];
+  const bool border = epilogue_rows(rsum, m0, row0, lane >> 2, ea, term, rect);
+  if constexpr (NEED_WTAP) {
+    if (__any_sync(0xffffffffu, border)) {
+      epilogue_cols<true>(acc, term, rect, m0, n0, row0, col0, lane, ea, s_out);
+      return;
     }
+  }
+  epilogue_cols<false>(acc, term, rect, m0, n0, row0, col0, lane, ea, s_out);
 }
 
 // ---- persistent blocks (bitserial_persistent.cu, bitserial_wgmma_persistent.cu) ----
