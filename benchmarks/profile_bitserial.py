@@ -21,11 +21,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bitserial import bitserial_workload, gpu_inputs, workloads  # noqa: E402
-
-from lowbit.core import Config  # noqa: E402
-from lowbit.kernels.cuda import BITSERIAL  # noqa: E402
-from lowbit.reference import run  # noqa: E402
+from bitserial import bitserial_workload, gpu_inputs, workloads
+from lowbit.core import Config
+from lowbit.kernels.cuda import BITSERIAL
+from lowbit.reference import run
 
 
 def ranked_config(path: Path, workload: str, precision: str, rank: int) -> Config:

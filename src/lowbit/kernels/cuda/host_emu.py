@@ -29,8 +29,8 @@ HOST_INCLUDES = """#include <atomic>
 
 
 # The thread model both emulations share: CUDA's launch macros compiled away, thread and block
-# indices per std::thread, a block barrier and per-warp barriers, the warp shuffle and vote,
-# and the block runner (blocks one at a time, shared memory refilled with 0xCD garbage, not zeros).
+# indices per std::thread, a block barrier and per-warp barriers, the warp shuffle, and the
+# block runner (blocks one at a time, shared memory refilled with 0xCD garbage, not zeros).
 HOST_THREADS = r"""
 #define __device__
 #define __forceinline__ inline
@@ -66,16 +66,6 @@ static inline unsigned __shfl_xor_sync(unsigned, unsigned v, int mask) {
   const unsigned r = (unsigned)wp.slot[lane ^ mask][7];
   wp.bar->arrive_and_wait();
   return r;
-}
-
-static inline int __any_sync(unsigned, int pred) {
-  EmuWarp& wp = emu_warp();
-  wp.slot[emu_lane()][7] = pred != 0;
-  wp.bar->arrive_and_wait();
-  int any = 0;
-  for (int l = 0; l < 32; ++l) any |= (int)wp.slot[l][7];
-  wp.bar->arrive_and_wait();
-  return any;
 }
 
 // mma.sync: publish this lane's A (4 registers) and B (2) fragments in slots 0-5 of its warp
