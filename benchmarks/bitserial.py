@@ -102,11 +102,14 @@ def estimate_us(wl: Workload, c: Config) -> float:
     return (busy + exposed) / CLOCK_HZ * 1e6
 
 
+OTHER_REQUANT = {"threshold": "multiply", "multiply": "threshold"}
+
+
 def candidates(wl: Workload, n: int, persist: bool = True) -> list[Config]:
     """The mma.sync default config, then the best-ranked others with distinct tile shapes
     (n in all); on sm_90a also the wgmma default and its n - 1 best-ranked others; then twins
     of the defaults (HALO=1; wgmma: other KT/STAGES pairs and persistent blocks; binary
-    weights: ROWSUM="table"; 1-2 bit outputs: REQUANT="threshold" of every chosen) where
+    weights: ROWSUM="table"; 1-2 bit outputs: the other REQUANT mode of every chosen) where
     valid."""
     space = BITSERIAL.space(wl)
     chosen: list[Config] = []
@@ -133,8 +136,8 @@ def candidates(wl: Workload, n: int, persist: bool = True) -> list[Config]:
     defaults = [c for c in chosen if c == BITSERIAL.default_config(wl, c["MMA"])]
     if any(c["ROWSUM"] == "table" for c in space):  # binary weights: row sums from the table
         twins += [c.replace(ROWSUM="table") for c in defaults]
-    if any(c["REQUANT"] == "threshold" for c in space):  # 1-2 bit planes out: thresholds
-        twins += [c.replace(REQUANT="threshold") for c in chosen]
+    if any(c["REQUANT"] == "threshold" for c in space):  # 1-2 bit planes out: both modes
+        twins += [c.replace(REQUANT=OTHER_REQUANT[c["REQUANT"]]) for c in chosen]
     if persist:  # persistent wgmma blocks (2026-11-23: not yet measured): the first valid one
         twins += [t for t in (c.replace(PERSIST=1) for c in chosen if c["MMA"] == "wgmma")
                   if space.is_valid(t)][:1]
@@ -280,8 +283,7 @@ def with_twins(wl: Workload, configs: list[Config]) -> list[Config]:
     out: list[Config] = []
     for c in (BITSERIAL.with_added_knobs(c, space.names) for c in configs):
         other_rowsum = c.replace(ROWSUM="table" if c["ROWSUM"] == "mma" else "mma")
-        other_requant = c.replace(
-            REQUANT="threshold" if c["REQUANT"] == "multiply" else "multiply")
+        other_requant = c.replace(REQUANT=OTHER_REQUANT[c["REQUANT"]])
         out += [t for t in (c, other_rowsum, other_requant)
                 if space.is_valid(t) and t not in out]
     return out
