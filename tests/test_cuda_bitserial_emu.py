@@ -58,13 +58,13 @@ CASES = [
      "wgmma", {"PERSIST": 1, "REQUANT": "threshold"}),
     ("gemm_mma_s3b1", gemm(S3, B1, EPILOGUES[4], M=77, N=45, K=300), "mma_sync", {}),
     ("gemm_wgmma_b1b1", gemm(B1, B1, EPILOGUES[1], M=70, N=64, K=512), "wgmma", {}),
-    # 40-pixel rows: some warps hold only interior pixels (the epilogue skips the tap table),
-    # others border ones, in one launch
-    ("wgmma_b1b1_interior_warps", conv(B1, B1, EPILOGUES[1], N=1, H=4, W=40, C=32, K=24),
+    # wide rows: interior pixels and every kind of border pixel (tap-rectangle corrections of
+    # binary activations) in one launch
+    ("wgmma_b1b1_wide_rows", conv(B1, B1, EPILOGUES[1], N=1, H=4, W=40, C=32, K=24),
      "wgmma", {}),
-    ("wgmma_b1b1_interior_warps_threshold", conv(B1, B1, EPILOGUES[5], N=1, H=4, W=40, C=32,
+    ("wgmma_b1b1_wide_rows_threshold", conv(B1, B1, EPILOGUES[5], N=1, H=4, W=40, C=32,
                                                  K=24), "wgmma", {"REQUANT": "threshold"}),
-    ("mma_s2b1_interior_warps_int8", conv(S2, B1, EPILOGUES[3], N=1, H=3, W=72, C=40, K=20),
+    ("mma_s2b1_wide_rows_int8", conv(S2, B1, EPILOGUES[3], N=1, H=3, W=72, C=40, K=20),
      "mma_sync", {"BM": 64, "WM": 32, "BN": 32, "WN": 32}),
 ]
 
