@@ -417,11 +417,12 @@ constexpr int THR_LEVELS = OUT_THRESH ? OUT_QMAX - OUT_QMIN : 1;
 
 // Per-column epilogue parameters (zeros past KOUT). off: what every interior output pixel (all
 // R x S taps inside the image) adds to its accumulator: the bias (unless folded into the
-// thresholds) and, for binary activations, the column's weight sum over all taps; border pixels
-// correct it by their rectangle's entry of bitserial_wtap's part 2. Loaded once per tile and lane (the epilogue walks columns outside
-// rows), so an interior output costs a multiply-add, an add and its requantization.
+// thresholds) and, for binary activations, the column's weight sum over all taps; border
+// pixels correct it by their tap rectangle's entry in bitserial_wtap's part 2 (at `rects`).
+// Loaded once per tile and lane (the epilogue walks columns outside rows), so an interior
+// output costs a multiply-add, an add and its requantization.
 struct ColParams {
-  int off, mult, shift, rects;  // rects: offset of the column's border corrections (bitserial_wtap)
+  int off, mult, shift, rects;
   float scale;
   int thr[THR_LEVELS];
 };
