@@ -535,7 +535,9 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
                                               int col0, int lane, const EpilogueArgs& ea,
                                               u32* s_out) {
   const int g = lane >> 2, t4 = lane & 3;
-  u32 word_bits[MT][2][OUT_WORD_TILES][OUT_BITS];  // this lane's bits of each 32-column word
+  // this lane's bits of each 32-column word, at positions 8 * (ni % 4) + e: shifted by 2 * t4
+  // once per word at the store instead of once per output
+  u32 word_bits[MT][2][OUT_WORD_TILES][OUT_BITS];
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
@@ -587,7 +589,7 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
           for (int b = 0; b < OUT_BITS; ++b)
 #pragma unroll
             for (int e = 0; e < 2; ++e)
-              word_bits[mi][h][ni / 4][b] |= (u32)((pats[mi][h][e] >> b) & 1) << ((ni % 4) * 8 + 2 * t4 + e);
+              word_bits[mi][h][ni / 4][b] |= (u32)((pats[mi][h][e] >> b) & 1) << ((ni % 4) * 8 + e);
         }
       }
   }
@@ -603,7 +605,7 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
         for (int wd = 0; wd < WN / 32; ++wd)
 #pragma unroll
           for (int b = 0; b < OUT_BITS; ++b) {
-            u32 bits = word_bits[mi][h][wd][b];
+            u32 bits = word_bits[mi][h][wd][b] << (2 * t4);  // lane t4 holds columns 2*t4, +1
             bits |= __shfl_xor_sync(0xffffffffu, bits, 1);
             bits |= __shfl_xor_sync(0xffffffffu, bits, 2);
             const int word = (n0 + col0) / 32 + wd;
