@@ -317,13 +317,13 @@ def tile_grid(wl: Workload, config: Mapping) -> tuple[int, int]:
 def side_tables(wl: Workload, config: Mapping, device: torch.device | str
                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The int32 tables a launch fills before the main kernel (None where not needed): wtap
-    [KOUT x (R+1)(S+1) prefix sums, then KOUT x ((R+1)(S+1))^2 rectangle corrections] for
-    binary activations, xpop [planes x pixels] for ROWSUM="table"."""
+    [KOUT x (R+1)(S+1) prefix sums, then ((R+1)(S+1))^2 tap rectangles x KOUT rounded up to
+    256 weight sums] for binary activations, xpop [planes x pixels] for ROWSUM="table"."""
     sh = conv_shape(wl)
     wtap = xpop = None
-    if needs_wtap(wl):  # the prefix table, then the border corrections per tap rectangle
-        tab = (sh.r + 1) * (sh.s + 1)
-        wtap = torch.empty(sh.kout * (tab + tab * tab), dtype=torch.int32, device=device)
+    if needs_wtap(wl):  # the prefix table, then the weight sums per tap rectangle
+        tab, kpad = (sh.r + 1) * (sh.s + 1), -(-sh.kout // 256) * 256
+        wtap = torch.empty(sh.kout * tab + tab * tab * kpad, dtype=torch.int32, device=device)
     if rowsum_table(config):
         xpop = torch.empty(planes(wl)[0] * sh.nb * sh.h * sh.w, dtype=torch.int32,
                            device=device)

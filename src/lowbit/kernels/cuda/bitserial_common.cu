@@ -122,14 +122,19 @@ __device__ __forceinline__ void tap_range(int start, int extent, int taps, int& 
 // Weight sums for binary activations, one warp per output column (coalesced over the words).
 // Part 1, wtap[col*TAB + r*(S+1) + s] = sum over taps (r' < r, s' < s) of
 // sum_j d_j popc(b_j[col, r', s', :]) (a 2-D prefix table; its last entry is the all-tap sum).
-// Part 2, wtap[KOUT*TAB + col*RECTS + rect_id(rlo, rhi, slo, shi)] = the weight sum over the
-// taps [rlo, rhi) x [slo, shi) minus the all-tap sum: what a border pixel whose valid taps are
-// that rectangle corrects, one lookup in the epilogue (0 for the full rectangle).
+// Part 2, wtap[KOUT*TAB + rect_id(rlo, rhi, slo, shi)*KPAD + col] = A_BETA * W_ALPHA times the
+// weight sum over the taps [rlo, rhi) x [slo, shi): what an output pixel whose valid taps are
+// that rectangle adds, one lookup in the epilogue. Rectangle-major with KPAD columns (KOUT
+// rounded up to 256, the widest block tile; entries past KOUT are never written and only feed
+// outputs that are discarded), so one output row's lookups share a pointer and differ by
+// compile-time offsets.
 constexpr int TAB = (R + 1) * (S + 1);
 constexpr int RECTS = TAB * TAB;
+constexpr int KPAD = (KOUT + 255) / 256 * 256;
 __device__ __forceinline__ constexpr int rect_id(int rlo, int rhi, int slo, int shi) {
   return ((rlo * (R + 1) + rhi) * (S + 1) + slo) * (S + 1) + shi;
 }
+constexpr int FULL_RECT = rect_id(0, R, 0, S);  // all taps inside the image
 extern "C" __global__ void bitserial_wtap(const u32* __restrict__ w, int* __restrict__ wtap) {
   const int col = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
   if (col >= KOUT) return;
@@ -152,14 +157,13 @@ extern "C" __global__ void bitserial_wtap(const u32* __restrict__ w, int* __rest
       __syncwarp();
     }
   }
-  int* rect = wtap + KOUT * TAB + col * RECTS;
+  int* rect = wtap + KOUT * TAB + col;
   for (int i = lane; i < RECTS; i += 32) {
     const int shi = i % (S + 1), slo = i / (S + 1) % (S + 1);
     const int rhi = i / TAB % (R + 1), rlo = i / TAB / (R + 1);
-    rect[i] = (rlo <= rhi && slo <= shi)
-                  ? tab[rhi * (S + 1) + shi] - tab[rlo * (S + 1) + shi] - tab[rhi * (S + 1) + slo]
-                        + tab[rlo * (S + 1) + slo] - tab[TAB - 1]
-                  : 0;
+    const int sum = tab[rhi * (S + 1) + shi] - tab[rlo * (S + 1) + shi]
+                    - tab[rhi * (S + 1) + slo] + tab[rlo * (S + 1) + slo];
+    rect[i * KPAD] = (rlo <= rhi && slo <= shi) ? A_BETA * W_ALPHA * sum : 0;
   }
 }
 
@@ -415,14 +419,16 @@ __device__ __forceinline__ void pack_tile_store(const u32* s_out, void* out, i64
 // shift and clamps per output (knob REQUANT="threshold").
 constexpr int THR_LEVELS = OUT_THRESH ? OUT_QMAX - OUT_QMIN : 1;
 
-// Per-column epilogue parameters (zeros past KOUT). off: what every interior output pixel (all
-// R x S taps inside the image) adds to its accumulator: the bias (unless folded into the
-// thresholds) and, for binary activations, the column's weight sum over all taps; border
-// pixels correct it by their tap rectangle's entry in bitserial_wtap's part 2 (at `rects`).
-// Loaded once per tile and lane (the epilogue walks columns outside rows), so an interior
-// output costs a multiply-add, an add and its requantization.
+// Binary activations and padding: every output adds its tap rectangle's weight sum from
+// bitserial_wtap's part 2 (one load per output through its row's pointer, branch-free); without
+// padding every pixel has the full rectangle, and that sum is a per-column offset.
+constexpr bool BORDER = NEED_WTAP && PAD > 0;
+
+// Per-column epilogue parameters (zeros past KOUT). off: the bias (unless folded into the
+// thresholds) and, for binary activations without padding, the column's all-tap weight sum.
+// Loaded once per tile and lane: the epilogue walks columns outside rows.
 struct ColParams {
-  int off, mult, shift, rects;
+  int off, mult, shift;
   float scale;
   int thr[THR_LEVELS];
 };
@@ -430,9 +436,8 @@ __device__ __forceinline__ ColParams col_params(const EpilogueArgs& ea, int col)
   const bool ok = col < KOUT;
   const bool mul = OUT_MODE >= 2 && !OUT_THRESH && ok;
   const int bias = (HAS_BIAS && !OUT_THRESH && ok) ? ea.bias[col] : 0;
-  const int wall = (NEED_WTAP && ok) ? A_BETA * W_ALPHA * ea.wtap[col * TAB + TAB - 1] : 0;
+  const int wall = (NEED_WTAP && !BORDER && ok) ? ea.wtap[KOUT * TAB + FULL_RECT * KPAD + col] : 0;
   ColParams cp{bias + wall, mul ? ea.mult[col] : 0, mul ? ea.shift[col] : 1,
-               KOUT * TAB + (ok ? col : 0) * RECTS,
                (OUT_MODE == 1 && ok) ? ea.scale[col] : 0.f, {}};
 #pragma unroll
   for (int k = 0; k < THR_LEVELS; ++k)
@@ -465,10 +470,12 @@ constexpr int OUT_WORD_TILES = WN / 32 > 0 ? WN / 32 : 1;
 
 // The per-row part of the epilogue for this lane's accumulator rows (mi, h) (output row
 // row0 + mi*16 + g + 8h of the block tile): the activation-plane row sums and the padding terms
-// (term), and the id of the valid-tap rectangle (rect).
+// (term), and (BORDER) where the weight sums of the row's tap rectangle start for this lane's
+// first column col_base (wsum: the lane's columns col_base + ni*8 + e are compile-time offsets).
+typedef const int* WsumRows[MT][2];
 __device__ __forceinline__ void epilogue_rows(const RowSum& rsum, i64 m0, int row0, int g,
-                                              const EpilogueArgs& ea, int (&term)[MT][2],
-                                              int (&rect)[MT][2]) {
+                                              int col_base, const EpilogueArgs& ea,
+                                              int (&term)[MT][2], WsumRows& wsum) {
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
@@ -480,7 +487,7 @@ __device__ __forceinline__ void epilogue_rows(const RowSum& rsum, i64 m0, int ro
         tap_range(po * STRIDE - PAD, H, R, rlo, rhi);
         tap_range(qo * STRIDE - PAD, W, S, slo, shi);
       }
-      rect[mi][h] = rect_id(rlo, rhi, slo, shi);
+      wsum[mi][h] = ea.wtap + KOUT * TAB + rect_id(rlo, rhi, slo, shi) * KPAD + col_base;
       int t = 0;
       if constexpr (ROWSUM_TABLE) {
         if (m < M_ROWS) t = A_ALPHA * W_BETA * table_row_popc(ea.xpop, m, po, qo, rlo, rhi, slo, shi);
@@ -524,14 +531,9 @@ __device__ __forceinline__ int epilogue_value(int y, const ColParams& cp, i64 m,
   }
 }
 
-// Binary activations and padding: every row adds its tap rectangle's correction (one lookup,
-// branch-free; 0 for interior rows). A warp-uniform interior-only variant saved 13-16% of the
-// epilogue's instructions in the warps it applies to, too few on 3x3 layers for a second copy.
-constexpr bool BORDER = NEED_WTAP && PAD > 0;
-
 // The per-column part: columns outer (their parameters loaded once), this lane's rows inner.
 __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[MT][2],
-                                              const int (&rect)[MT][2], i64 m0, int n0, int row0,
+                                              const WsumRows& wsum, i64 m0, int n0, int row0,
                                               int col0, int lane, const EpilogueArgs& ea,
                                               u32* s_out) {
   const int g = lane >> 2, t4 = lane & 3;
@@ -563,8 +565,7 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
 #pragma unroll
             for (int j = 0; j < P_BITS; ++j) y += a_coef(i) * w_coef(j) * acc[i][j][mi][ni][2 * h + e];
           y = A_ALPHA * W_ALPHA * y + term[mi][h] + cp.off;
-          // branch-free: the full rectangle's correction is 0
-          if constexpr (BORDER) y += A_BETA * W_ALPHA * ea.wtap[cp.rects + rect[mi][h]];
+          if constexpr (BORDER) y += wsum[mi][h][ni * 8 + e];
           pats[mi][h][e] = epilogue_value(y, cp, m0 + row0 + mi * 16 + g + 8 * h, col, ea);
         }
     }
@@ -622,9 +623,10 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
 __device__ __forceinline__ void epilogue_warp(const Acc& acc, const RowSum& rsum, i64 m0, int n0,
                                               int row0, int col0, int lane, const EpilogueArgs& ea,
                                               u32* s_out) {
-  int term[MT][2], rect[MT][2];
-  epilogue_rows(rsum, m0, row0, lane >> 2, ea, term, rect);
-  epilogue_cols(acc, term, rect, m0, n0, row0, col0, lane, ea, s_out);
+  int term[MT][2];
+  WsumRows wsum;
+  epilogue_rows(rsum, m0, row0, lane >> 2, n0 + col0 + 2 * (lane & 3), ea, term, wsum);
+  epilogue_cols(acc, term, wsum, m0, n0, row0, col0, lane, ea, s_out);
 }
 
 // ---- persistent blocks (bitserial_persistent.cu, bitserial_wgmma_persistent.cu) ----
