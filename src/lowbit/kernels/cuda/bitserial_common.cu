@@ -126,8 +126,8 @@ __device__ __forceinline__ void tap_range(int start, int extent, int taps, int& 
 // weight sum over the taps [rlo, rhi) x [slo, shi): what an output pixel whose valid taps are
 // that rectangle adds, one lookup in the epilogue. Rectangle-major with KPAD columns (KOUT
 // rounded up to 256, the widest block tile; entries past KOUT are never written and only feed
-// outputs that are discarded), so one output row's lookups share a pointer and differ by
-// compile-time offsets.
+// outputs that are discarded; rectangles no pixel has are not written either, rect_used), so
+// one output row's lookups share a pointer and differ by compile-time offsets.
 constexpr int TAB = (R + 1) * (S + 1);
 constexpr int RECTS = TAB * TAB;
 constexpr int KPAD = (KOUT + 255) / 256 * 256;
@@ -135,6 +135,16 @@ __device__ __forceinline__ constexpr int rect_id(int rlo, int rhi, int slo, int 
   return ((rlo * (R + 1) + rhi) * (S + 1) + slo) * (S + 1) + shi;
 }
 constexpr int FULL_RECT = rect_id(0, R, 0, S);  // all taps inside the image
+// Whether some output pixel's valid taps along one axis (extent, taps, outputs) are [lo, hi):
+// lo <= PAD always, and hi >= min(taps, extent + PAD - (outputs - 1) * STRIDE) unless the
+// padding exceeds half the window (then tap_range may clamp hi to lo: no bound on hi). Only
+// these rectangles are filled (16 of 256 for a padded 3x3) and read.
+__device__ __forceinline__ constexpr bool rect_used(int lo, int hi, int extent, int taps,
+                                                    int outputs) {
+  const int last = extent + PAD - (outputs - 1) * STRIDE;
+  const int hi_min = 2 * PAD > taps ? 0 : (taps < last ? taps : last);
+  return lo <= hi && lo <= PAD && hi >= hi_min;
+}
 extern "C" __global__ void bitserial_wtap(const u32* __restrict__ w, int* __restrict__ wtap) {
   const int col = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
   if (col >= KOUT) return;
@@ -161,9 +171,9 @@ extern "C" __global__ void bitserial_wtap(const u32* __restrict__ w, int* __rest
   for (int i = lane; i < RECTS; i += 32) {
     const int shi = i % (S + 1), slo = i / (S + 1) % (S + 1);
     const int rhi = i / TAB % (R + 1), rlo = i / TAB / (R + 1);
-    const int sum = tab[rhi * (S + 1) + shi] - tab[rlo * (S + 1) + shi]
-                    - tab[rhi * (S + 1) + slo] + tab[rlo * (S + 1) + slo];
-    rect[i * KPAD] = (rlo <= rhi && slo <= shi) ? A_BETA * W_ALPHA * sum : 0;
+    if (rect_used(rlo, rhi, H, R, P_OUT) && rect_used(slo, shi, W, S, Q_OUT))
+      rect[i * KPAD] = A_BETA * W_ALPHA * (tab[rhi * (S + 1) + shi] - tab[rlo * (S + 1) + shi]
+                                           - tab[rhi * (S + 1) + slo] + tab[rlo * (S + 1) + slo]);
   }
 }
 
