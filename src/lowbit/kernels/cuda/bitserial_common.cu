@@ -497,7 +497,8 @@ __device__ __forceinline__ void epilogue_rows(const RowSum& rsum, i64 m0, int ro
         tap_range(po * STRIDE - PAD, H, R, rlo, rhi);
         tap_range(qo * STRIDE - PAD, W, S, slo, shi);
       }
-      wsum[mi][h] = ea.wtap + KOUT * TAB + rect_id(rlo, rhi, slo, shi) * KPAD + col_base;
+      wsum[mi][h] = BORDER ? ea.wtap + KOUT * TAB + rect_id(rlo, rhi, slo, shi) * KPAD + col_base
+                           : nullptr;
       int t = 0;
       if constexpr (ROWSUM_TABLE) {
         if (m < M_ROWS) t = A_ALPHA * W_BETA * table_row_popc(ea.xpop, m, po, qo, rlo, rhi, slo, shi);
