@@ -229,7 +229,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "WGMMA": int(config["MMA"] == "wgmma"), "SWIZZLE": config["SWIZZLE"],
         "HALO": config["HALO"], "ROWSUM_TABLE": int(rowsum_table(config)),
         "HALO_WORDS": halo_rows(sh, config["BM"]) * sh.w * sh.words if config["HALO"] else 0,
-        "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh),
+        "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh), "KPAD": wsum_columns(sh),
         "HAS_BIAS": int(epi.bias), "RELU": int(epi.relu), "OUT_MODE": _out_mode(wl),
         "OUT_THRESH": int(uses_thresholds(config)),
         "OUT_BITS": out.bits if out else 1, "OUT_QMIN": out.qmin if out else 0,
@@ -314,6 +314,12 @@ def tile_grid(wl: Workload, config: Mapping) -> tuple[int, int]:
     return math.ceil(sh.kout / config["BN"]), math.ceil(sh.rows / config["BM"])
 
 
+def wsum_columns(shape: Shape) -> int:
+    """Columns of each tap rectangle's row of weight sums (bitserial_wtap part 2): KOUT rounded
+    up to the widest block tile, so a block's columns never leave the row."""
+    return -(-shape.kout // 256) * 256
+
+
 def side_tables(wl: Workload, config: Mapping, device: torch.device | str
                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The int32 tables a launch fills before the main kernel (None where not needed): wtap
@@ -322,8 +328,9 @@ def side_tables(wl: Workload, config: Mapping, device: torch.device | str
     sh = conv_shape(wl)
     wtap = xpop = None
     if needs_wtap(wl):  # the prefix table, then the weight sums per tap rectangle
-        tab, kpad = (sh.r + 1) * (sh.s + 1), -(-sh.kout // 256) * 256
-        wtap = torch.empty(sh.kout * tab + tab * tab * kpad, dtype=torch.int32, device=device)
+        tab = (sh.r + 1) * (sh.s + 1)
+        wtap = torch.empty(sh.kout * tab + tab * tab * wsum_columns(sh), dtype=torch.int32,
+                           device=device)
     if rowsum_table(config):
         xpop = torch.empty(planes(wl)[0] * sh.nb * sh.h * sh.w, dtype=torch.int32,
                            device=device)

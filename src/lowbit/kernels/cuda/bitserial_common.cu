@@ -122,15 +122,16 @@ __device__ __forceinline__ void tap_range(int start, int extent, int taps, int& 
 // Weight sums for binary activations, one warp per output column (coalesced over the words).
 // Part 1, wtap[col*TAB + r*(S+1) + s] = sum over taps (r' < r, s' < s) of
 // sum_j d_j popc(b_j[col, r', s', :]) (a 2-D prefix table; its last entry is the all-tap sum).
-// Part 2, wtap[KOUT*TAB + rect_id(rlo, rhi, slo, shi)*KPAD + col] = A_BETA * W_ALPHA times the
+// Part 2, wtap[WSUM0 + rect_id(rlo, rhi, slo, shi)*KPAD + col] = A_BETA * W_ALPHA times the
 // weight sum over the taps [rlo, rhi) x [slo, shi): what an output pixel whose valid taps are
-// that rectangle adds, one lookup in the epilogue. Rectangle-major with KPAD columns (KOUT
-// rounded up to 256, the widest block tile; entries past KOUT are never written and only feed
-// outputs that are discarded; rectangles no pixel has are not written either, rect_used), so
-// one output row's lookups share a pointer and differ by compile-time offsets.
+// that rectangle adds, one lookup in the epilogue. Rectangle-major with KPAD columns
+// (bitserial.wsum_columns: KOUT rounded up to the widest block tile; entries past KOUT are
+// never written and only feed outputs that are discarded; rectangles no pixel has are not
+// written either, rect_used), so one output row's lookups share a pointer and differ by
+// compile-time offsets.
 constexpr int TAB = (R + 1) * (S + 1);
 constexpr int RECTS = TAB * TAB;
-constexpr int KPAD = (KOUT + 255) / 256 * 256;
+constexpr int WSUM0 = KOUT * TAB;  // where part 2 starts
 __device__ __forceinline__ constexpr int rect_id(int rlo, int rhi, int slo, int shi) {
   return ((rlo * (R + 1) + rhi) * (S + 1) + slo) * (S + 1) + shi;
 }
@@ -167,7 +168,7 @@ extern "C" __global__ void bitserial_wtap(const u32* __restrict__ w, int* __rest
       __syncwarp();
     }
   }
-  int* rect = wtap + KOUT * TAB + col;
+  int* rect = wtap + WSUM0 + col;
   for (int i = lane; i < RECTS; i += 32) {
     const int shi = i % (S + 1), slo = i / (S + 1) % (S + 1);
     const int rhi = i / TAB % (R + 1), rlo = i / TAB / (R + 1);
@@ -446,7 +447,7 @@ __device__ __forceinline__ ColParams col_params(const EpilogueArgs& ea, int col)
   const bool ok = col < KOUT;
   const bool mul = OUT_MODE >= 2 && !OUT_THRESH && ok;
   const int bias = (HAS_BIAS && !OUT_THRESH && ok) ? ea.bias[col] : 0;
-  const int wall = (NEED_WTAP && !BORDER && ok) ? ea.wtap[KOUT * TAB + FULL_RECT * KPAD + col] : 0;
+  const int wall = (NEED_WTAP && !BORDER && ok) ? ea.wtap[WSUM0 + FULL_RECT * KPAD + col] : 0;
   ColParams cp{bias + wall, mul ? ea.mult[col] : 0, mul ? ea.shift[col] : 1,
                (OUT_MODE == 1 && ok) ? ea.scale[col] : 0.f, {}};
 #pragma unroll
@@ -497,7 +498,7 @@ __device__ __forceinline__ void epilogue_rows(const RowSum& rsum, i64 m0, int ro
         tap_range(po * STRIDE - PAD, H, R, rlo, rhi);
         tap_range(qo * STRIDE - PAD, W, S, slo, shi);
       }
-      wsum[mi][h] = BORDER ? ea.wtap + KOUT * TAB + rect_id(rlo, rhi, slo, shi) * KPAD + col_base
+      wsum[mi][h] = BORDER ? ea.wtap + WSUM0 + rect_id(rlo, rhi, slo, shi) * KPAD + col_base
                            : nullptr;
       int t = 0;
       if constexpr (ROWSUM_TABLE) {
