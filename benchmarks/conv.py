@@ -42,7 +42,7 @@ from lowbit.kernels.triton import (
     IgemmKernel,
     conv2d_fp16,
 )
-from lowbit.kernels.triton.igemm import reduction_steps
+from lowbit.kernels.triton.igemm import cdiv, reduction_steps
 from lowbit.kernels.triton.tma_conv import padded_rows
 from lowbit.perfmodel.roofline import (
     measure_bandwidth,
@@ -143,7 +143,7 @@ def _compile_key(kernel) -> tuple:
     p, cfg = kernel.problem, kernel.config
     iters = reduction_steps(p.R, p.S, p.C, cfg["BLOCK_K"], cfg.get("LOOP_ORDER") == "r_sc")
     ints = (p.M, p.NOUT, p.H, p.W, p.C, p.P, p.Q, p.stride, p.pad, p.x_row, p.w_row, p.out_row,
-            p.out_plane, -(-iters // cfg["SPLIT_K"]))
+            p.out_plane, cdiv(iters, cfg["SPLIT_K"]))
     flags = tuple((v == 1, v % 16 == 0) for v in ints)
     return (kernel.template, kernel.config, p.R, p.S, p.is_gemm, p.a_operand, p.w_operand,
             p.dot_fp16, p.bias, p.relu, p.out, p.C % kernel.config["BLOCK_K"] == 0, flags)

@@ -193,7 +193,7 @@ def launches(wl: ConvWorkload, prob: Problem, cfg: Config,
     vecs = [t if t is not None else out for t in (bias, scale, mult, shift)]
     kind, layout, obits, qmin, qmax = prob.out
     args = (xd, wdsc, out, *vecs, *scratch, wl.N, wl.P, wl.Q, wl.C, wl.K, prob.M, wl.pad,
-            prob.out_row, prob.out_plane, -(-reduction_steps(wl, cfg["BLOCK_K"]) // split))
+            prob.out_row, prob.out_plane, igemm.cdiv(reduction_steps(wl, cfg["BLOCK_K"]), split))
     kwargs = dict(
         R=wl.R, S=wl.S, STRIDE=wl.stride, HAS_BIAS=prob.bias, RELU=prob.relu, OUT_KIND=kind,
         OUT_LAYOUT=layout, OUT_BITS=obits, QMIN=qmin, QMAX=qmax, WIDE=prob.wide,
