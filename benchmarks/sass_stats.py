@@ -26,12 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cuda.bindings import nvrtc
-
 from bitserial import bitserial_workload, workloads
 from lowbit.core import Config
 from lowbit.kernels.cuda import bitserial
-from lowbit.kernels.cuda.nvrtc import _BASE_OPTIONS, compile_cubin
+from lowbit.kernels.cuda.nvrtc import compile_cubin, ptxas_report
 
 ARCH = "sm_90a"
 
@@ -51,26 +49,6 @@ def nvdisasm_path() -> str:
     raise ValueError("nvdisasm not found: put it on PATH or pip install nvidia-cuda-nvdisasm")
 
 
-def ptxas_figures(source: str, kernel: str) -> dict[str, int]:
-    """{'registers', 'spill_bytes'} of `kernel` from NVRTC's ptxas -v log."""
-    _, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"k.cu", 0, [], [])
-    opts = [f"--gpu-architecture={ARCH}".encode(), b"--ptxas-options=-v"]
-    opts += [o.encode() for o in _BASE_OPTIONS]
-    (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-    _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-    buf = b" " * size
-    nvrtc.nvrtcGetProgramLog(prog, buf)
-    nvrtc.nvrtcDestroyProgram(prog)
-    log = buf.decode(errors="replace")
-    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise ValueError(f"NVRTC failed:\n{log[-2000:]}")
-    entry = log.split(f"Compiling entry function '{kernel}'")[-1]
-    regs = re.search(r"Used (\d+) registers", entry)
-    spill = re.search(r"(\d+) bytes spill stores", entry)
-    return {"registers": int(regs.group(1)) if regs else -1,
-            "spill_bytes": int(spill.group(1)) if spill else 0}
-
-
 def sass_opcodes(cubin: bytes, kernel: str) -> list[str]:
     """Opcodes of `kernel`'s SASS, in order (predicates dropped)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -88,7 +66,7 @@ def stats(workload: str, precision: str, config: dict) -> dict:
     kernel = bitserial.kernel_name(config)
     ops = sass_opcodes(compile_cubin(source, ARCH), kernel)
     common = collections.Counter(o.split(".")[0] for o in ops).most_common(6)
-    return {"sass": len(ops), **ptxas_figures(source, kernel), "top": common}
+    return {"sass": len(ops), **ptxas_report(source, ARCH, kernel), "top": common}
 
 
 def main() -> None:

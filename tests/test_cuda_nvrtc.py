@@ -45,6 +45,16 @@ def test_compile_cubin_and_ptx(cache, arch):
     assert b"and.popc" in ptx
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_ptxas_report_names_registers_and_spills(arch):
+    """ptxas -v figures of one kernel of the source, without a GPU."""
+    small = nvrtc.ptxas_report(ADD_ONE, arch, "add_scaled")
+    assert 4 <= small["registers"] <= 32 and small["spill_bytes"] == 0
+    assert nvrtc.ptxas_report(BMMA + ADD_ONE, arch, "bmma")["registers"] >= 6
+    with pytest.raises(nvrtc.CompileError, match="NVRTC compilation"):
+        nvrtc.ptxas_report("this is not CUDA", arch, "none")
+
+
 WGMMA_B1 = r"""
 extern "C" __global__ void wgmma_b1(int* out, unsigned long long da, unsigned long long db) {
   int d[4] = {0, 0, 0, 0};

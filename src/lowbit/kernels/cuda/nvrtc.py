@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -38,6 +39,7 @@ __all__ = [
     "device_arch",
     "load_kernel",
     "nvrtc_version",
+    "ptxas_report",
 ]
 
 DEFAULT_ARCH = "sm_90a"
@@ -165,6 +167,29 @@ def _nvrtc_compile(kind: str, source: str, arch: str, opts: Sequence[str]) -> by
         return bytes(buf)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+def ptxas_report(source: str, arch: str, kernel: str) -> dict[str, int]:
+    """{'registers', 'spill_bytes'} that ptxas reports for `kernel` of `source` on `arch`
+    (an uncached compile with --ptxas-options=-v; needs no GPU). CompileError on failure."""
+    nvrtc = _nvrtc()
+    arch = _normalize_arch(arch)
+    result, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"lowbit.cu", 0, [], [])
+    _check_nvrtc(result, "nvrtcCreateProgram")
+    try:
+        args = [f"--gpu-architecture=sm_{arch}".encode(), b"--ptxas-options=-v"]
+        args += [o.encode() for o in _BASE_OPTIONS]
+        (result,) = nvrtc.nvrtcCompileProgram(prog, len(args), args)
+        log = _program_log(prog)
+        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(f"NVRTC compilation for sm_{arch} failed", log)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    entry = log.split(f"Compiling entry function '{kernel}'")[-1]
+    regs = re.search(r"Used (\d+) registers", entry)
+    spill = re.search(r"(\d+) bytes spill stores", entry)
+    return {"registers": int(regs.group(1)) if regs else -1,
+            "spill_bytes": int(spill.group(1)) if spill else 0}
 
 
 def _program_log(prog: Any) -> str:
