@@ -39,6 +39,15 @@ def ranked_config(path: Path, workload: str, precision: str, rank: int) -> Confi
     raise ValueError(f"no row ({workload}, {precision}) in {path}")
 
 
+def knob_value(text: str):
+    """A --set value: JSON where it parses (numbers, lists), else the string itself
+    (REQUANT=threshold)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, required=True, help="an earlier bitserial-*.json")
@@ -52,7 +61,7 @@ def main() -> None:
     cfg = dict(ranked_config(args.json, args.workload, args.precision, args.rank))
     for kv in args.set:
         k, v = kv.split("=", 1)
-        cfg[k] = json.loads(v) if v[:1] in "0123456789-[{\"tf" else v
+        cfg[k] = knob_value(v)
     base = dict(workloads(False))[args.workload]
     wl = bitserial_workload(base, args.precision)
     x, w, params = gpu_inputs(wl, seed=1)
