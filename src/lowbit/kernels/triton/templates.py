@@ -74,6 +74,8 @@ ACC_REGS_LIMIT = 128
 #: streaming multiprocessors of an H100 SXM: split-K only where the tile grid is smaller
 NUM_SMS = 132
 EXACT_FP32 = 2**24
+#: reduction chunk sizes of the implicit-GEMM template (knob BLOCK_K)
+BLOCK_K_VALUES = (32, 64, 128)
 
 
 def split_k_reason(tiles: int, steps: int, split: int, waves: int) -> str | None:
@@ -253,7 +255,7 @@ class _IgemmTemplate(KernelTemplate):
     def _row_taps_allowed(wl: Workload) -> bool:
         """LOOP_ORDER "r_sc": a conv with S > 1 whose operand rows hold exactly C values (one
         per element, not packed) and C below the largest BLOCK_K."""
-        return (isinstance(wl, ConvWorkload) and wl.S > 1 and wl.C < 128
+        return (isinstance(wl, ConvWorkload) and wl.S > 1 and wl.C < max(BLOCK_K_VALUES)
                 and wl.a_layout is Layout.INT8 and wl.w_layout is Layout.INT8)
 
     def _split_values(self, wl: Workload) -> tuple[int, ...]:
@@ -267,7 +269,7 @@ class _IgemmTemplate(KernelTemplate):
 
     def knobs(self, wl: Workload) -> list[Knob]:
         knobs = [Knob("BLOCK_M", (64, 128, 256)), Knob("BLOCK_N", (32, 64, 128, 256)),
-                 Knob("BLOCK_K", (32, 64, 128)), Knob("num_warps", (4, 8)),
+                 Knob("BLOCK_K", BLOCK_K_VALUES), Knob("num_warps", (4, 8)),
                  Knob("num_stages", (2, 3, 4)), Knob("GROUP_M", (1, 8))]
         if isinstance(wl, ConvWorkload):
             orders = ("rsc", "crs") if wl.R * wl.S > 1 else ("rsc",)
