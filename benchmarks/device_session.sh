@@ -103,7 +103,8 @@ for s in "$@"; do
     bitserial_tuned_b) bitserial_tuned b resnet50_s4_3x3_b256,resnet50_s5_3x3_b256 ;;
     bitserial_ab) step bitserial_ab 590 python3 benchmarks/bitserial.py --tries 1 \
         --layers gemm_4096,resnet50_s2_3x3_b256,resnet50_s3_3x3_b256,resnet50_s4_3x3_b256,resnet50_s5_3x3_b256 \
-        --precisions w1a1,w1a2 --budget-s 540 --partial "$OUT/bitserial-ab-partial.json" \
+        --precisions w1a1,w1a2 --budget-s $(( ${LIMIT_bitserial_ab:-590} - 50 )) \
+        --partial "$OUT/bitserial-ab-partial.json" \
         --configs $(compgen -G "$GPU_DIR/bitserial-2026112[3-9]-*.json") \
         --int8-timed $INT8_TIMED ;;
     *) echo "unknown step $s" >&2 ;;

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lowbit.core import Precision
+from lowbit.core import Epilogue, Layout, Precision
 from lowbit.kernels.cuda import BITSERIAL, bitserial_emu
 from lowbit.kernels.cuda.bitserial import WGMMA_ARCH
 from lowbit.kernels.cuda.host_emu import compiler
@@ -56,6 +56,12 @@ CASES = [
                                         stride=2), "mma_sync", {"REQUANT": "threshold"}),
     ("wgmma_persistent_threshold_b1b1", gemm(B1, B1, EPILOGUES[5], M=130, N=64, K=512),
      "wgmma", {"PERSIST": 1, "REQUANT": "threshold"}),
+    # signed codes (qmin = -2: the bits of columns past KOUT = 45 must be masked) from three
+    # thresholds per column
+    ("wgmma_threshold_signed_out", conv(B1, U2, Epilogue(bias=True, out=S2,
+                                                         out_layout=Layout.BITPLANE),
+                                        N=1, H=5, W=9, C=40, K=45), "wgmma",
+     {"REQUANT": "threshold"}),
     ("gemm_mma_s3b1", gemm(S3, B1, EPILOGUES[4], M=77, N=45, K=300), "mma_sync", {}),
     ("gemm_wgmma_b1b1", gemm(B1, B1, EPILOGUES[1], M=70, N=64, K=512), "wgmma", {}),
     # wide rows: interior pixels and every kind of border pixel (tap-rectangle corrections of

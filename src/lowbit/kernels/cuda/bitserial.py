@@ -40,7 +40,7 @@ from ...core import Config, ConfigSpace, ConvWorkload, Encoding, Knob, Layout, W
 from ...core.epilogue import OUT_FP16, EpilogueParams
 from ...core.validate import check_inputs, output_buffer
 from ...reference.bitserial import plane_coefficients
-from ...reference.epilogue import THRESHOLD_MAX_BITS, requant_thresholds
+from ...reference.epilogue import INT32_MAX, THRESHOLD_MAX_BITS, requant_thresholds
 from ..base import KernelTemplate
 from .nvrtc import DEFAULT_ARCH, CudaKernel, compile_cubin, device_arch
 
@@ -192,11 +192,15 @@ def uses_thresholds(config: Mapping) -> bool:
 
 def epilogue_thresholds(wl: Workload, config: Mapping, params: EpilogueParams
                         ) -> torch.Tensor | None:
-    """The int32 [KOUT, levels] table a REQUANT="threshold" kernel reads (None otherwise), on
-    the device of params.multiplier."""
+    """The int32 [wsum_columns, levels] table a REQUANT="threshold" kernel reads (None
+    otherwise), on the device of params.multiplier: `requant_thresholds`, padded past KOUT with
+    INT32_MAX (never reached), so the kernel loads every column of a block tile unguarded."""
     if not uses_thresholds(config):
         return None
-    return requant_thresholds(wl.epilogue, params).to(params.multiplier.device)
+    thr = requant_thresholds(wl.epilogue, params)
+    table = torch.full((wsum_columns(conv_shape(wl)), thr.shape[1]), INT32_MAX, dtype=torch.int32)
+    table[: thr.shape[0]] = thr
+    return table.to(params.multiplier.device)
 
 
 def _pow2_ceil(n: int) -> int:
@@ -230,6 +234,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "HALO": config["HALO"], "ROWSUM_TABLE": int(rowsum_table(config)),
         "HALO_WORDS": halo_rows(sh, config["BM"]) * sh.w * sh.words if config["HALO"] else 0,
         "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh), "KPAD": wsum_columns(sh),
+        "WSUM0": wsum_start(sh),
         "HAS_BIAS": int(epi.bias), "RELU": int(epi.relu), "OUT_MODE": _out_mode(wl),
         "OUT_THRESH": int(uses_thresholds(config)),
         "OUT_BITS": out.bits if out else 1, "OUT_QMIN": out.qmin if out else 0,
@@ -320,6 +325,12 @@ def wsum_columns(shape: Shape) -> int:
     return -(-shape.kout // 256) * 256
 
 
+def wsum_start(shape: Shape) -> int:
+    """Where the tap rectangles' weight sums start in the wtap table: past the KOUT prefix
+    tables of (R+1)(S+1) entries, rounded up to even (the kernel reads column pairs)."""
+    return -(-shape.kout * (shape.r + 1) * (shape.s + 1) // 2) * 2
+
+
 def side_tables(wl: Workload, config: Mapping, device: torch.device | str
                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The int32 tables a launch fills before the main kernel (None where not needed): wtap
@@ -329,7 +340,7 @@ def side_tables(wl: Workload, config: Mapping, device: torch.device | str
     wtap = xpop = None
     if needs_wtap(wl):  # the prefix table, then the weight sums per tap rectangle
         tab = (sh.r + 1) * (sh.s + 1)
-        wtap = torch.empty(sh.kout * tab + tab * tab * wsum_columns(sh), dtype=torch.int32,
+        wtap = torch.empty(wsum_start(sh) + tab * tab * wsum_columns(sh), dtype=torch.int32,
                            device=device)
     if rowsum_table(config):
         xpop = torch.empty(planes(wl)[0] * sh.nb * sh.h * sh.w, dtype=torch.int32,

@@ -128,10 +128,11 @@ __device__ __forceinline__ void tap_range(int start, int extent, int taps, int& 
 // (bitserial.wsum_columns: KOUT rounded up to the widest block tile; entries past KOUT are
 // never written and only feed outputs that are discarded; rectangles no pixel has are not
 // written either, rect_used), so one output row's lookups share a pointer and differ by
-// compile-time offsets.
+// compile-time offsets. Part 2 starts at WSUM0 (bitserial.wsum_start: past part 1, even, so a
+// lane reads its two adjacent columns as one 8-byte load).
 constexpr int TAB = (R + 1) * (S + 1);
 constexpr int RECTS = TAB * TAB;
-constexpr int WSUM0 = KOUT * TAB;  // where part 2 starts
+static_assert(WSUM0 >= KOUT * TAB && WSUM0 % 2 == 0, "bitserial.wsum_start: after part 1, even");
 __device__ __forceinline__ constexpr int rect_id(int rlo, int rhi, int slo, int shi) {
   return ((rlo * (R + 1) + rhi) * (S + 1) + slo) * (S + 1) + shi;
 }
@@ -400,7 +401,7 @@ struct EpilogueArgs {
   const int* shift;
   const int* wtap;
   const int* xpop;
-  const int* thr;  // OUT_THRESH: [KOUT][THR_LEVELS] requantization thresholds
+  const int* thr;  // OUT_THRESH: [KPAD][THR_LEVELS] requantization thresholds
 };
 // The epilogue's view of BITSERIAL_KERNEL_PARAMS (inside a kernel taking them).
 #define BITSERIAL_EPILOGUE_ARGS EpilogueArgs{out, bias, scale, mult, shift, wtap, xpop, thr}
@@ -412,6 +413,11 @@ __device__ __forceinline__ void pack_tile_clear(u32* s_out, int tid) {
   __syncthreads();
 }
 
+// Bits of output word `word` that hold columns < KOUT (a threshold code past KOUT is OUT_QMIN's).
+__device__ __forceinline__ u32 word_mask(int word) {
+  return (KOUT % 32 != 0 && word == OUT_WORDS - 1) ? (1u << (KOUT % 32)) - 1 : 0xffffffffu;
+}
+
 // Store the packing tile of the block tile at (m0, n0) to the bit-plane output.
 __device__ __forceinline__ void pack_tile_store(const u32* s_out, void* out, i64 m0, int n0, int tid) {
   __syncthreads();
@@ -420,16 +426,36 @@ __device__ __forceinline__ void pack_tile_store(const u32* s_out, void* out, i64
     const i64 m = m0 + row;
     const int word = n0 / 32 + wd;
     if (m < M_ROWS && word < OUT_WORDS)
-      reinterpret_cast<u32*>(out)[((i64)b * M_ROWS + m) * OUT_WORDS + word] = s_out[i];
+      reinterpret_cast<u32*>(out)[((i64)b * M_ROWS + m) * OUT_WORDS + word] = s_out[i] & word_mask(word);
   }
 }
 
 // OUT_THRESH: bias, ReLU and requantization to OUT_BITS <= 2 folded into OUT_QMAX - OUT_QMIN
-// integer thresholds per column (lowbit.reference.requant_thresholds, computed on the host):
-// the output is OUT_QMIN + #{k : y >= thr[k]}: 1-3 compares instead of a 64-bit multiply, a
-// shift and clamps per output (knob REQUANT="threshold").
+// integer thresholds per column (lowbit.reference.requant_thresholds, computed on the host;
+// bitserial.epilogue_thresholds pads the [KOUT][levels] table to KPAD columns with INT32_MAX): the output is OUT_QMIN + #{k : y >= thr[k]}, 1-3 compares instead of
+// a 64-bit multiply, a shift and clamps per output (knob REQUANT="threshold").
 constexpr int THR_LEVELS = OUT_THRESH ? OUT_QMAX - OUT_QMIN : 1;
-
+constexpr u32 OUT_MASK = (1u << OUT_BITS) - 1;
+// The thresholds are non-decreasing (the multiplier is >= 1), so level = #{k : y >= thr[k]}
+// counts up one compare at a time, and bit b of the code OUT_QMIN + level is bit b of OUT_QMIN
+// XOR the compares of the steps k -> k + 1 that flip it (compile-time): per output plane one
+// predicate expression and one select, no adds, shifts or clamps.
+__device__ __forceinline__ constexpr bool level_flips(int k, int b) {
+  return ((((OUT_QMIN + k + 1) ^ (OUT_QMIN + k)) >> b) & 1) != 0;
+}
+__device__ __forceinline__ bool threshold_bit(int y, const int (&thr)[THR_LEVELS], int b) {
+  bool bit = ((OUT_QMIN >> b) & 1) != 0;
+#pragma unroll
+  for (int k = 0; k < THR_LEVELS; ++k)
+    if (level_flips(k, b)) bit ^= y >= thr[k];
+  return bit;
+}
+__device__ __forceinline__ u32 threshold_code(int y, const int (&thr)[THR_LEVELS]) {
+  u32 code = 0;
+#pragma unroll
+  for (int b = 0; b < OUT_BITS; ++b) code |= (u32)threshold_bit(y, thr, b) << b;
+  return code;
+}
 // Binary activations and padding: every output adds its tap rectangle's weight sum from
 // bitserial_wtap's part 2 (one load per output through its row's pointer, branch-free); without
 // padding every pixel has the full rectangle, and that sum is a per-column offset.
@@ -448,12 +474,30 @@ __device__ __forceinline__ ColParams col_params(const EpilogueArgs& ea, int col)
   const bool mul = OUT_MODE >= 2 && !OUT_THRESH && ok;
   const int bias = (HAS_BIAS && !OUT_THRESH && ok) ? ea.bias[col] : 0;
   const int wall = (NEED_WTAP && !BORDER && ok) ? ea.wtap[WSUM0 + FULL_RECT * KPAD + col] : 0;
-  ColParams cp{bias + wall, mul ? ea.mult[col] : 0, mul ? ea.shift[col] : 1,
-               (OUT_MODE == 1 && ok) ? ea.scale[col] : 0.f, {}};
+  return ColParams{bias + wall, mul ? ea.mult[col] : 0, mul ? ea.shift[col] : 1,
+                   (OUT_MODE == 1 && ok) ? ea.scale[col] : 0.f, {}};
+}
+// The thresholds of columns col, col + 1 (col even, < KPAD: no guard): 2 * THR_LEVELS adjacent
+// ints, 8-byte aligned, read as 8- or 16-byte loads.
+__device__ __forceinline__ void load_thresholds(const int* __restrict__ thr, int col,
+                                                ColParams (&cp)[2]) {
+  constexpr int N = 2 * THR_LEVELS;
+  int t[N];
+  if constexpr (N % 4 == 0) {
 #pragma unroll
-  for (int k = 0; k < THR_LEVELS; ++k)
-    cp.thr[k] = (OUT_THRESH && ok) ? ea.thr[col * THR_LEVELS + k] : 0;
-  return cp;
+    for (int i = 0; i < N; i += 4) {
+      const uint4 v = *reinterpret_cast<const uint4*>(thr + col * THR_LEVELS + i);
+      t[i] = (int)v.x; t[i + 1] = (int)v.y; t[i + 2] = (int)v.z; t[i + 3] = (int)v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; i += 2) {
+      const uint2 v = *reinterpret_cast<const uint2*>(thr + col * THR_LEVELS + i);
+      t[i] = (int)v.x; t[i + 1] = (int)v.y;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < THR_LEVELS; ++k) { cp[0].thr[k] = t[k]; cp[1].thr[k] = t[THR_LEVELS + k]; }
 }
 
 // ROWSUM_TABLE: sum_i c_i popc(a_i) of output row m (pixel (n, po, qo)): the per-pixel table
@@ -519,12 +563,7 @@ __device__ __forceinline__ void epilogue_rows(const RowSum& rsum, i64 m0, int ro
 __device__ __forceinline__ int epilogue_value(int y, const ColParams& cp, i64 m, int col,
                                               const EpilogueArgs& ea) {
   const bool ok = m < M_ROWS && col < KOUT;
-  if constexpr (OUT_THRESH) {
-    int level = 0;
-#pragma unroll
-    for (int k = 0; k < THR_LEVELS; ++k) level += y >= cp.thr[k];
-    return col < KOUT ? ((OUT_QMIN + level) & ((1 << OUT_BITS) - 1)) : 0;
-  }
+  if constexpr (OUT_THRESH) return (int)threshold_code(y, cp.thr);  // past KOUT: word_mask
   if constexpr (RELU) y = y > 0 ? y : 0;
   if constexpr (OUT_MODE == 0) {
     if (ok) reinterpret_cast<int*>(ea.out)[m * KOUT + col] = y;
@@ -561,12 +600,22 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
 #pragma unroll
         for (int b = 0; b < OUT_BITS; ++b) word_bits[mi][h][wd][b] = 0;
 #pragma unroll
+#pragma unroll
   for (int ni = 0; ni < NT; ++ni) {
     int pats[MT][2][2];
+    uint2 wpair[MT][2];  // BORDER: the tap-rectangle weight sums of this lane's column pair
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if constexpr (BORDER) wpair[mi][h] = *reinterpret_cast<const uint2*>(wsum[mi][h] + ni * 8);
+    ColParams cps[2] = {col_params(ea, n0 + col0 + ni * 8 + 2 * t4),
+                        col_params(ea, n0 + col0 + ni * 8 + 2 * t4 + 1)};
+    if constexpr (OUT_THRESH) load_thresholds(ea.thr, n0 + col0 + ni * 8 + 2 * t4, cps);
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int col = n0 + col0 + ni * 8 + 2 * t4 + e;
-      const ColParams cp = col_params(ea, col);
+      const ColParams& cp = cps[e];
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
@@ -577,8 +626,14 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
 #pragma unroll
             for (int j = 0; j < P_BITS; ++j) y += a_coef(i) * w_coef(j) * acc[i][j][mi][ni][2 * h + e];
           y = A_ALPHA * W_ALPHA * y + term[mi][h] + cp.off;
-          if constexpr (BORDER) y += wsum[mi][h][ni * 8 + e];
-          pats[mi][h][e] = epilogue_value(y, cp, m0 + row0 + mi * 16 + g + 8 * h, col, ea);
+          if constexpr (BORDER) y += e ? (int)wpair[mi][h].y : (int)wpair[mi][h].x;
+          if constexpr (OUT_THRESH && !PACK_IN_SMEM) {  // straight into the packed words
+#pragma unroll
+            for (int b = 0; b < OUT_BITS; ++b)
+              word_bits[mi][h][ni / 4][b] |= threshold_bit(y, cp.thr, b) ? 1u << ((ni % 4) * 8 + e) : 0u;
+          } else {
+            pats[mi][h][e] = epilogue_value(y, cp, m0 + row0 + mi * 16 + g + 8 * h, col, ea);
+          }
         }
     }
 #pragma unroll
@@ -597,7 +652,7 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
             bits |= __shfl_xor_sync(0xffffffffu, bits, 2);
             if (t4 == 0) atomicOr(&s_out[(b * BM + row) * BLOCK_WORDS + c0 / 32], bits);
           }
-        } else if constexpr (OUT_MODE == 3) {
+        } else if constexpr (OUT_MODE == 3 && !OUT_THRESH) {
 #pragma unroll
           for (int b = 0; b < OUT_BITS; ++b)
 #pragma unroll
@@ -623,7 +678,7 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
             bits |= __shfl_xor_sync(0xffffffffu, bits, 2);
             const int word = (n0 + col0) / 32 + wd;
             if (t4 == (b & 3) && m < M_ROWS && word < OUT_WORDS)
-              reinterpret_cast<u32*>(ea.out)[((i64)b * M_ROWS + m) * OUT_WORDS + word] = bits;
+              reinterpret_cast<u32*>(ea.out)[((i64)b * M_ROWS + m) * OUT_WORDS + word] = bits & word_mask(word);
           }
       }
   }
