@@ -86,7 +86,10 @@ def wgmma_source(w_bits: int, wn: int, s8_atype: str | None = None) -> str:
     N = w_bits * WN) and wgmma_rowsum (m64n8k256 against ones) as inline PTX. Register d[k] of
     the s32 m64nN fragment is row g (+8 for k % 4 >= 2), column 8 (k / 4) + 2 t4 + k % 2: the
     mma.sync m16n8 layout per n8 tile, so acc[i][j][0][ni][e] is register (j * NT + ni) * 4 + e.
-    s8_atype ("s8" / "u8"): the int8 mode, m64nNk32 .s32.<s8_atype>.s8 on a 32-byte k slab."""
+    s8_atype ("s8" / "u8"): the int8 mode, m64nNk32 .s32.<s8_atype>.s8 on a 32-byte k slab.
+    `accumulate` is the instruction's scale-d: 0 writes d = a * b, ignoring d's old values (a
+    tile's first k step; no zeroed accumulators: ptxas 13.0 miscompiled those, reusing a
+    register the previous wgmma had written as a zero source)."""
     n = w_bits * wn
     regs_of = [f"d[{j}][0][{ni}][{e}]" for j in range(w_bits) for ni in range(wn // 8)
                for e in range(4)]
@@ -102,11 +105,11 @@ def wgmma_source(w_bits: int, wn: int, s8_atype: str | None = None) -> str:
         regs, ops = _asm_operands(names)
         k = len(names)
         out.append(
-            f"__device__ __forceinline__ void {fn}({arr}, u64 da, u64 db) {{\n"
+            f"__device__ __forceinline__ void {fn}({arr}, u64 da, u64 db, int accumulate) {{\n"
             f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"\n'
             f'      "wgmma.mma_async.sync.aligned.{op} "\n'
             f'      "{{{regs}}}, %{k}, %{k + 1}, p;\\n}}\\n"\n'
-            f'      : {ops}\n      : "l"(da), "l"(db), "r"(1));\n}}\n')
+            f'      : {ops}\n      : "l"(da), "l"(db), "r"(accumulate));\n}}\n')
     return "".join(out)
 
 

@@ -328,7 +328,9 @@ __device__ __forceinline__ void load_stage(const u32* __restrict__ x, const u32*
 typedef int Acc[Q_BITS][P_BITS][MT][NT][4];  // one per (activation plane, weight plane) pair
 typedef int RowSum[Q_BITS][MT][4];           // popc of the activation planes (binary weights)
 
+// wgmma accumulators are not zeroed: a tile's first wgmma overwrites them (scale-d = 0).
 __device__ __forceinline__ void zero_acc(Acc& acc, RowSum& rsum) {
+  if constexpr (WGMMA) return;
 #pragma unroll
   for (int i = 0; i < Q_BITS; ++i)
 #pragma unroll

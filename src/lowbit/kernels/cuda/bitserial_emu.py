@@ -147,7 +147,7 @@ static inline u32 emu_desc_addr(u64 desc, int row, int kb) {
   return a;
 }
 
-struct EmuWgmma { int* d; int regs; u64 da, db; bool s8; };
+struct EmuWgmma { int* d; int regs; u64 da, db; bool s8, accumulate; };
 thread_local std::vector<std::vector<EmuWgmma>> emu_wg_groups;
 thread_local std::vector<EmuWgmma> emu_wg_open;
 
@@ -164,7 +164,7 @@ static inline void emu_wgmma_run(const EmuWgmma& op) {
       else        // m64nNk256 .b1 .and.popc: 256 bit products
         sum += __builtin_popcount(a & b);
     }
-    op.d[k] += sum;
+    op.d[k] = op.accumulate ? op.d[k] + sum : sum;  // scale-d
   }
 }
 
@@ -180,12 +180,14 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
     emu_wg_groups.erase(emu_wg_groups.begin());
   }
 }
-__device__ __forceinline__ void wgmma_planes(int (&d)[P_BITS][MT][NT][4], u64 da, u64 db) {
+__device__ __forceinline__ void wgmma_planes(int (&d)[P_BITS][MT][NT][4], u64 da, u64 db,
+                                             int accumulate) {
   static_assert(MT == 1, "a warp holds 16 rows of m64");
-  emu_wg_open.push_back(EmuWgmma{&d[0][0][0][0], P_BITS * NT * 4, da, db, ELEM8 != 0});
+  emu_wg_open.push_back(EmuWgmma{&d[0][0][0][0], P_BITS * NT * 4, da, db, ELEM8 != 0,
+                                 accumulate != 0});
 }
-__device__ __forceinline__ void wgmma_rowsum(int (&d)[MT][4], u64 da, u64 db) {
-  emu_wg_open.push_back(EmuWgmma{&d[0][0], 4, da, db, false});
+__device__ __forceinline__ void wgmma_rowsum(int (&d)[MT][4], u64 da, u64 db, int accumulate) {
+  emu_wg_open.push_back(EmuWgmma{&d[0][0], 4, da, db, false, accumulate != 0});
 }
 """
 

@@ -32,7 +32,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma(BITSERIAL_
         load_stage(x, w, smem + (next % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
       copy_commit();
     }
-    wgmma_stage(acc, rsum, smem + (kt % STAGES) * STAGE_WORDS, ones, wg_m, wg_n);
+    wgmma_stage(acc, rsum, smem + (kt % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, kt > 0);
     wgmma_wait<1>();
   }
   wgmma_wait<0>();

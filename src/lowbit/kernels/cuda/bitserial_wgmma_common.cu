@@ -35,9 +35,11 @@ static_assert(STAGES >= 3, "wgmma pipeline keeps one stage in flight: STAGES >= 
 static_assert(WM == 64 && BM % 64 == 0, "a warpgroup owns 64 rows");
 
 // The wgmma batch of one stage: every activation plane x all weight planes of this
-// warpgroup's columns, KT k256 slabs (committed as one group; the caller waits).
+// warpgroup's columns, KT k256 slabs (committed as one group; the caller waits). accumulate =
+// false on a tile's first stage: its first slab overwrites the accumulators (zero_acc leaves
+// wgmma accumulators alone).
 __device__ __forceinline__ void wgmma_stage(Acc& acc, RowSum& rsum, const u32* stage,
-                                            const u32* ones, int wg_m, int wg_n) {
+                                            const u32* ones, int wg_m, int wg_n, bool accumulate) {
   const u32* sa = stage + wg_m * 64 * 8;
   const u32* sb = stage + A_STAGE_WORDS + wg_n * (P_BITS * WN) * 8;
   wgmma_fence();
@@ -47,8 +49,9 @@ __device__ __forceinline__ void wgmma_stage(Acc& acc, RowSum& rsum, const u32* s
 #pragma unroll
     for (int i = 0; i < Q_BITS; ++i) {
       const u64 da = smem_desc(sa + i * A_PLANE_STEP + ks * BM * 8);
-      wgmma_planes(acc[i], da, db);
-      if constexpr (ROWSUM_MMA) wgmma_rowsum(rsum[i], da, smem_desc(ones));
+      const int acc_in = ks > 0 || accumulate;
+      wgmma_planes(acc[i], da, db, acc_in);
+      if constexpr (ROWSUM_MMA) wgmma_rowsum(rsum[i], da, smem_desc(ones), acc_in);
     }
   }
   wgmma_commit();

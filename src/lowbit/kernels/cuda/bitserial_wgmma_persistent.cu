@@ -34,7 +34,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_persistent
       if (next < iters) load_tile_stage(x, w, smem + (next % STAGES) * STAGE_WORDS, next, tid);
       copy_commit();
     }
-    wgmma_stage(acc, rsum, smem + (it % STAGES) * STAGE_WORDS, ones, wg_m, wg_n);
+    wgmma_stage(acc, rsum, smem + (it % STAGES) * STAGE_WORDS, ones, wg_m, wg_n,
+                it % KTILES != 0);
     if (it % KTILES != KTILES - 1) {
       wgmma_wait<1>();
       continue;
