@@ -31,7 +31,8 @@
 #   bitserial_tuned_a / _b   w1a1 and w1a2 rows tuned first (lowbit.tune, 45 s each) against
 #                the tuned int8 configs of the committed timed-*.json: GEMM 4096^3 + ResNet-50
 #                s2/s3 at batch 256 (a), s4/s5 (b)                                 (590 each)
-#   bitserial_ab w1a1/w1a2 GEMM 4096^3 + ResNet-50 s2-s5 b256, no tuning: the hand candidates
+#   bitserial_ab w1a1/w1a2 GEMM 4096^3 + ResNet-50 s2-s5 b256 (AB_LAYERS=a,b overrides), no
+#                tuning: the hand candidates
 #                (with REQUANT / ROWSUM twins) and the committed rows' 3 best configs with
 #                theirs, against the tuned int8 configs                            (590)
 # Wheels the image lacks (xgboost-cpu, optuna and its needs) travel in .whl/ (device README).
@@ -102,7 +103,7 @@ for s in "$@"; do
     bitserial_tuned_a) bitserial_tuned a gemm_4096,resnet50_s2_3x3_b256,resnet50_s3_3x3_b256 ;;
     bitserial_tuned_b) bitserial_tuned b resnet50_s4_3x3_b256,resnet50_s5_3x3_b256 ;;
     bitserial_ab) step bitserial_ab 590 python3 benchmarks/bitserial.py --tries 1 \
-        --layers gemm_4096,resnet50_s2_3x3_b256,resnet50_s3_3x3_b256,resnet50_s4_3x3_b256,resnet50_s5_3x3_b256 \
+        --layers "${AB_LAYERS:-gemm_4096,$B256}" \
         --precisions w1a1,w1a2 --budget-s $(( ${LIMIT_bitserial_ab:-590} - 50 )) \
         --partial "$OUT/bitserial-ab-partial.json" \
         --configs $(compgen -G "$GPU_DIR/bitserial-2026112[3-9]-*.json") \
