@@ -8,6 +8,7 @@ $LOWBIT_RESULTS_DIR, e.g. $OUT on the device machine); ratios come from one file
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import os
 import subprocess
@@ -44,11 +45,23 @@ def git_sha() -> str:
         return os.environ.get("LOWBIT_GIT_SHA", "unknown")
 
 
+def source_digest() -> str:
+    """First 12 hex digits of the SHA-256 over src/lowbit's .py and .cu files (paths and
+    contents): names the code that ran even where the device's copy of .git is stale (the
+    device tool has reported an older HEAD than the tree it ran)."""
+    h = hashlib.sha256()
+    for path in sorted((ROOT / "src" / "lowbit").rglob("*")):
+        if path.suffix in (".py", ".cu"):
+            h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def versions() -> dict[str, str]:
     import triton
 
     v = {"torch": torch.__version__, "triton": triton.__version__,
-         "cuda": str(torch.version.cuda), "lowbit": os.environ.get("LOWBIT_GIT_SHA", git_sha())}
+         "cuda": str(torch.version.cuda), "lowbit": os.environ.get("LOWBIT_GIT_SHA", git_sha()),
+         "lowbit_src": source_digest()}
     if torch.cuda.is_available():
         try:
             query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]

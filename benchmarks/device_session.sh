@@ -46,6 +46,7 @@ else
     export PYTHONPATH=$PWD/src
 fi
 export PYTHONUNBUFFERED=1 LOWBIT_RESULTS_DIR=$OUT
+# the device's copy of .git can be stale: pass LOWBIT_GIT_SHA from the calling machine
 export LOWBIT_GIT_SHA=${LOWBIT_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
