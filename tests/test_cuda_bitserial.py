@@ -452,6 +452,24 @@ def test_nvrtc_compiles_threshold_configs(arch, tmp_path, monkeypatch):
                             .replace(REQUANT="threshold"), arch=arch)
 
 
+
+def test_threshold_table_is_padded_for_unguarded_pair_loads():
+    """The kernel loads a lane's column pair of thresholds without a KOUT guard: the table has
+    wsum_columns rows (a block tile never leaves it), INT32_MAX past KOUT (never reached, so
+    those codes are qmin's bits, masked at the store), and the reference's values in front."""
+    from lowbit.reference.epilogue import INT32_MAX, requant_thresholds
+
+    epi = Epilogue(bias=True, relu=True, out=Precision(2, "signed"), out_layout=BP)
+    wl = conv(Precision(1, "binary"), Precision(2), epi, K=37)
+    params = random_inputs(wl, 3)[2]
+    cfg = BITSERIAL.default_config(wl, arch="sm_90a").replace(REQUANT="threshold")
+    table = bitserial.epilogue_thresholds(wl, cfg, params)
+    want = requant_thresholds(epi, params)
+    assert table.shape == (bitserial.wsum_columns(bitserial.conv_shape(wl)), 3)
+    assert torch.equal(table[:37], want)
+    assert bool((table[37:] == INT32_MAX).all())
+    assert bitserial.epilogue_thresholds(wl, cfg.replace(REQUANT="multiply"), params) is None
+
 @pytest.mark.parametrize("mma", ["mma_sync", "wgmma"])
 @pytest.mark.parametrize("wb,ab", [(1, 1), (1, 2), (2, 2), (3, 1)])
 @pytest.mark.gpu

@@ -48,6 +48,13 @@ CASES = [
                                            stride=2), "wgmma", {"PERSIST": 1}),
     ("wgmma_persistent_b1b1_table", gemm(B1, B1, EPILOGUES[1], M=130, N=64, K=512), "wgmma",
      {"PERSIST": 1, "ROWSUM": "table", "SWIZZLE": 0}),
+    # several tiles per persistent block (the emulation runs 2 blocks): the copy cursor moves
+    # to the next tile's rows and columns mid-pipeline
+    ("mma_persistent_many_tiles_s2u2", conv(S2, U2, EPILOGUES[1], N=2, H=9, W=8, C=40, K=70),
+     "mma_sync", {"PERSIST": 1, "BM": 32, "WM": 16, "BN": 32, "WN": 16}),
+    ("wgmma_persistent_many_tiles_b1u2", conv(B1, U2, EPILOGUES[5], N=2, H=9, W=8, C=40,
+                                              K=130), "wgmma",
+     {"PERSIST": 1, "BM": 64, "BN": 64, "WN": 64, "REQUANT": "threshold"}),
     # 40 channel words: a warp per pixel in bitserial_xpop, lanes 8-31 reading one word
     ("gemm_rowsum_table_wide_k", gemm(B1, U2, EPILOGUES[1], M=67, N=40, K=1280), "mma_sync",
      {"ROWSUM": "table"}),

@@ -700,7 +700,8 @@ __device__ __forceinline__ void epilogue_warp(const Acc& acc, const RowSum& rsum
 
 // ---- persistent blocks (bitserial_persistent.cu, bitserial_wgmma_persistent.cu) ----
 // A block takes tiles blockIdx.x, + gridDim.x, ...; its iteration `it` is k tile it % KTILES
-// of its (it / KTILES)-th tile, and the copy pipeline runs across tile boundaries.
+// of its (it / KTILES)-th tile, and the copy pipeline runs across tile boundaries (its loads,
+// STAGES - 2 or - 1 iterations ahead, follow a LoadCursor).
 
 __device__ __forceinline__ int persistent_iters() {
   return (N_TILES - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x * KTILES;
@@ -708,12 +709,34 @@ __device__ __forceinline__ int persistent_iters() {
 __device__ __forceinline__ int persistent_tile(int it) {
   return (int)blockIdx.x + (it / KTILES) * (int)gridDim.x;
 }
-// Issue the copies of the block's iteration `it` into `stage`.
-__device__ __forceinline__ void load_tile_stage(const u32* __restrict__ x, const u32* __restrict__ w,
-                                                u32* stage, int it, int tid) {
-  const int tile = persistent_tile(it);
-  load_stage(x, w, stage, a_rows((i64)(tile / N_COL_TILES) * BM, tid), (tile % N_COL_TILES) * BN,
-             it % KTILES, tid);
+// The copy side of a persistent block: the tile and k tile its next stage loads, with that
+// tile's copy rows decoded once per tile (a per-stage a_rows, three divisions per row, was half
+// of the wgmma persistent kernel's ~130 instructions per k step).
+struct LoadCursor {
+  int tile, kt, n0;
+  ARows ar;
+};
+__device__ __forceinline__ void cursor_tile(LoadCursor& c, int tid) {
+  c.n0 = (c.tile % N_COL_TILES) * BN;
+  c.ar = a_rows((i64)(c.tile / N_COL_TILES) * BM, tid);  // past the last tile: rows past M
+}
+__device__ __forceinline__ LoadCursor load_cursor(int tid) {
+  LoadCursor c;
+  c.tile = (int)blockIdx.x;
+  c.kt = 0;
+  cursor_tile(c, tid);
+  return c;
+}
+// Issue the copies of the cursor's stage into `stage`, then advance the cursor by one k tile.
+__device__ __forceinline__ void load_next_stage(const u32* __restrict__ x,
+                                                const u32* __restrict__ w, u32* stage,
+                                                LoadCursor& c, int tid) {
+  load_stage(x, w, stage, c.ar, c.n0, c.kt, tid);
+  if (++c.kt == KTILES) {
+    c.kt = 0;
+    c.tile += (int)gridDim.x;
+    cursor_tile(c, tid);
+  }
 }
 // Fused epilogue of the tile whose last k tile is iteration `it` (the next tiles' copies are in
 // flight, so s_out lies beside the stages), then fresh accumulators for the next tile.

@@ -13,10 +13,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_persistent(BITSE
   Acc acc;
   RowSum rsum;
   zero_acc(acc, rsum);
+  LoadCursor cursor = load_cursor(tid);
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < iters) load_tile_stage(x, w, smem + s * STAGE_WORDS, s, tid);
+    if (s < iters) load_next_stage(x, w, smem + s * STAGE_WORDS, cursor, tid);
     copy_commit();
   }
   for (int it = 0; it < iters; ++it) {
@@ -24,7 +25,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_persistent(BITSE
     __syncthreads();
     {
       const int next = it + STAGES - 1;
-      if (next < iters) load_tile_stage(x, w, smem + (next % STAGES) * STAGE_WORDS, next, tid);
+      if (next < iters) load_next_stage(x, w, smem + (next % STAGES) * STAGE_WORDS, cursor, tid);
       copy_commit();
     }
     const u32* sa = smem + (it % STAGES) * STAGE_WORDS;

@@ -19,10 +19,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_persistent
   Acc acc;
   RowSum rsum;
   zero_acc(acc, rsum);
+  LoadCursor cursor = load_cursor(tid);
 
 #pragma unroll
   for (int s = 0; s < STAGES - 2; ++s) {
-    if (s < iters) load_tile_stage(x, w, smem + s * STAGE_WORDS, s, tid);
+    if (s < iters) load_next_stage(x, w, smem + s * STAGE_WORDS, cursor, tid);
     copy_commit();
   }
   for (int it = 0; it < iters; ++it) {
@@ -31,7 +32,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_persistent
     __syncthreads();  // stage `it` landed everywhere; every warpgroup's wgmma of it-2 has retired
     {
       const int next = it + STAGES - 2;
-      if (next < iters) load_tile_stage(x, w, smem + (next % STAGES) * STAGE_WORDS, next, tid);
+      if (next < iters) load_next_stage(x, w, smem + (next % STAGES) * STAGE_WORDS, cursor, tid);
       copy_commit();
     }
     wgmma_stage(acc, rsum, smem + (it % STAGES) * STAGE_WORDS, ones, wg_m, wg_n,
