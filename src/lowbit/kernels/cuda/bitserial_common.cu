@@ -434,8 +434,9 @@ __device__ __forceinline__ void pack_tile_store(const u32* s_out, void* out, i64
 
 // OUT_THRESH: bias, ReLU and requantization to OUT_BITS <= 2 folded into OUT_QMAX - OUT_QMIN
 // integer thresholds per column (lowbit.reference.requant_thresholds, computed on the host;
-// bitserial.epilogue_thresholds pads the [KOUT][levels] table to KPAD columns with INT32_MAX): the output is OUT_QMIN + #{k : y >= thr[k]}, 1-3 compares instead of
-// a 64-bit multiply, a shift and clamps per output (knob REQUANT="threshold").
+// bitserial.epilogue_thresholds pads the [KOUT][levels] table to KPAD columns with INT32_MAX):
+// the output is OUT_QMIN + #{k : y >= thr[k]}, 1-3 compares instead of a 64-bit multiply, a
+// shift and clamps per output (knob REQUANT="threshold").
 constexpr int THR_LEVELS = OUT_THRESH ? OUT_QMAX - OUT_QMIN : 1;
 constexpr u32 OUT_MASK = (1u << OUT_BITS) - 1;
 // The thresholds are non-decreasing (the multiplier is >= 1), so level = #{k : y >= thr[k]}
@@ -601,7 +602,6 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
       for (int wd = 0; wd < OUT_WORD_TILES; ++wd)
 #pragma unroll
         for (int b = 0; b < OUT_BITS; ++b) word_bits[mi][h][wd][b] = 0;
-#pragma unroll
 #pragma unroll
   for (int ni = 0; ni < NT; ++ni) {
     int pats[MT][2][2];
