@@ -328,9 +328,16 @@ __device__ __forceinline__ void load_stage(const u32* __restrict__ x, const u32*
 typedef int Acc[Q_BITS][P_BITS][MT][NT][4];  // one per (activation plane, weight plane) pair
 typedef int RowSum[Q_BITS][MT][4];           // popc of the activation planes (binary weights)
 
-// wgmma accumulators are not zeroed: a tile's first wgmma overwrites them (scale-d = 0).
+// wgmma accumulators are not zeroed: a tile's first wgmma overwrites them (scale-d = 0). The
+// host emulation fills them with garbage instead, so a first wgmma that accumulates fails there.
 __device__ __forceinline__ void zero_acc(Acc& acc, RowSum& rsum) {
-  if constexpr (WGMMA) return;
+  if constexpr (WGMMA) {
+#ifdef LOWBIT_HOST_EMU
+    for (int& v : reinterpret_cast<int(&)[sizeof(Acc) / sizeof(int)]>(acc)) v = 0x5A5A5A5A;
+    for (int& v : reinterpret_cast<int(&)[sizeof(RowSum) / sizeof(int)]>(rsum)) v = 0x5A5A5A5A;
+#endif
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < Q_BITS; ++i)
 #pragma unroll
