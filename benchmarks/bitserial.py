@@ -289,16 +289,21 @@ def with_twins(wl: Workload, configs: list[Config]) -> list[Config]:
     return out
 
 
+def exact_tries(row: dict) -> list[dict]:
+    """A result row's timed bit-exact tries ({config, us, exact}), fastest first."""
+    return sorted((t for t in row.get("tried", []) if t.get("exact") and t.get("us")),
+                  key=lambda t: t["us"])
+
+
 def earlier_bests(paths: list[Path], n: int = 3) -> dict[tuple[str, str], list[Config]]:
     """The n fastest exact configs of each (workload, precision) row in earlier
     bitserial-*.json results, to be re-timed beside this run's candidates."""
     found: dict[tuple[str, str], list[Config]] = {}
     for path in paths:
         for row in json.loads(Path(path).read_text())["rows"]:
-            tried = sorted((t for t in row.get("tried", []) if t.get("exact") and t.get("us")),
-                           key=lambda t: t["us"])
             cfgs = found.setdefault((row["workload"], row["precision"]), [])
-            cfgs += [Config(t["config"]) for t in tried[:n] if Config(t["config"]) not in cfgs]
+            cfgs += [Config(t["config"]) for t in exact_tries(row)[:n]
+                     if Config(t["config"]) not in cfgs]
     return found
 
 

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bitserial import bitserial_workload, gpu_inputs, workloads
+from bitserial import bitserial_workload, exact_tries, gpu_inputs, workloads
 from lowbit.core import Config
 from lowbit.kernels.cuda import BITSERIAL
 from lowbit.reference import run
@@ -32,7 +32,7 @@ def ranked_config(path: Path, workload: str, precision: str, rank: int) -> Confi
     rows = json.loads(path.read_text())["rows"]
     for row in rows:
         if row["workload"] == workload and row["precision"] == precision:
-            tried = sorted((t for t in row.get("tried", []) if t["exact"]), key=lambda t: t["us"])
+            tried = exact_tries(row)
             if rank >= len(tried):
                 raise ValueError(f"--rank {rank}: the row has {len(tried)} exact configs")
             return Config(tried[rank]["config"])

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bitserial import bitserial_workload, workloads
+from bitserial import bitserial_workload, exact_tries, workloads
 from lowbit.core import Config
 from lowbit.kernels.cuda import bitserial
 from lowbit.kernels.cuda.nvrtc import compile_cubin, ptxas_report
@@ -80,9 +80,8 @@ def main() -> None:
     jobs: list[tuple[str, str, dict, float | None]] = []
     if args.json:
         for row in json.loads(args.json.read_text())["rows"]:
-            tried = sorted((t for t in row.get("tried", []) if t["exact"]), key=lambda t: t["us"])
             jobs += [(row["workload"], row["precision"], t["config"], t["us"])
-                     for t in tried[: args.top]]
+                     for t in exact_tries(row)[: args.top]]
     elif args.config and args.workload and args.precision:
         jobs.append((args.workload, args.precision, json.loads(args.config), None))
     else:
