@@ -19,13 +19,14 @@ Only cubins are loaded (SASS), never PTX: a newer NVRTC's PTX may not JIT on an 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
 import re
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -141,17 +142,28 @@ def _compile(kind: str, source: str, arch: str, options: Sequence[str]) -> bytes
     return data
 
 
-def _nvrtc_compile(kind: str, source: str, arch: str, opts: Sequence[str]) -> bytes:
+@contextlib.contextmanager
+def _compiled_program(source: str, target: str, opts: Sequence[str]) -> Iterator[tuple[Any, str]]:
+    """Compile `source` with NVRTC for `target` (a --gpu-architecture value) and `opts`; yields
+    (program, log) and destroys the program after. CompileError with the log on failure."""
     nvrtc = _nvrtc()
-    target = f"--gpu-architecture={'sm' if kind == 'cubin' else 'compute'}_{arch}"
     result, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"lowbit.cu", 0, [], [])
     _check_nvrtc(result, "nvrtcCreateProgram")
     try:
-        args = [target.encode()] + [o.encode() for o in opts]
+        args = [f"--gpu-architecture={target}".encode()] + [o.encode() for o in opts]
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(args), args)
         log = _program_log(prog)
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise CompileError(f"NVRTC compilation for {target} failed", log)
+            raise CompileError(f"NVRTC compilation for --gpu-architecture={target} failed", log)
+        yield prog, log
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _nvrtc_compile(kind: str, source: str, arch: str, opts: Sequence[str]) -> bytes:
+    nvrtc = _nvrtc()
+    target = f"{'sm' if kind == 'cubin' else 'compute'}_{arch}"
+    with _compiled_program(source, target, opts) as (prog, _):
         if kind == "cubin":
             result, size = nvrtc.nvrtcGetCUBINSize(prog)
             _check_nvrtc(result, "nvrtcGetCUBINSize")
@@ -165,27 +177,14 @@ def _nvrtc_compile(kind: str, source: str, arch: str, opts: Sequence[str]) -> by
             (result,) = nvrtc.nvrtcGetPTX(prog, buf)
             _check_nvrtc(result, "nvrtcGetPTX")
         return bytes(buf)
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
 
 
 def ptxas_report(source: str, arch: str, kernel: str) -> dict[str, int]:
     """{'registers', 'spill_bytes'} that ptxas reports for `kernel` of `source` on `arch`
     (an uncached compile with --ptxas-options=-v; needs no GPU). CompileError on failure."""
-    nvrtc = _nvrtc()
-    arch = _normalize_arch(arch)
-    result, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"lowbit.cu", 0, [], [])
-    _check_nvrtc(result, "nvrtcCreateProgram")
-    try:
-        args = [f"--gpu-architecture=sm_{arch}".encode(), b"--ptxas-options=-v"]
-        args += [o.encode() for o in _BASE_OPTIONS]
-        (result,) = nvrtc.nvrtcCompileProgram(prog, len(args), args)
-        log = _program_log(prog)
-        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise CompileError(f"NVRTC compilation for sm_{arch} failed", log)
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-    entry = log.split(f"Compiling entry function '{kernel}'")[-1]
+    opts = ("--ptxas-options=-v", *_BASE_OPTIONS)
+    with _compiled_program(source, f"sm_{_normalize_arch(arch)}", opts) as (_, log):
+        entry = log.split(f"Compiling entry function '{kernel}'")[-1]
     regs = re.search(r"Used (\d+) registers", entry)
     spill = re.search(r"(\d+) bytes spill stores", entry)
     return {"registers": int(regs.group(1)) if regs else -1,
