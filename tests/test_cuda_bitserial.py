@@ -452,7 +452,6 @@ def test_nvrtc_compiles_threshold_configs(arch, tmp_path, monkeypatch):
                             .replace(REQUANT="threshold"), arch=arch)
 
 
-
 def test_threshold_table_is_padded_for_unguarded_pair_loads():
     """The kernel loads a lane's column pair of thresholds without a KOUT guard: the table has
     wsum_columns rows (a block tile never leaves it), INT32_MAX past KOUT (never reached, so
@@ -469,6 +468,7 @@ def test_threshold_table_is_padded_for_unguarded_pair_loads():
     assert torch.equal(table[:37], want)
     assert bool((table[37:] == INT32_MAX).all())
     assert bitserial.epilogue_thresholds(wl, cfg.replace(REQUANT="multiply"), params) is None
+
 
 @pytest.mark.parametrize("mma", ["mma_sync", "wgmma"])
 @pytest.mark.parametrize("wb,ab", [(1, 1), (1, 2), (2, 2), (3, 1)])
