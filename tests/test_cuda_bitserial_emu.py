@@ -110,7 +110,7 @@ def test_emulated_kernel_is_bit_exact(wl, mma, changes):
     # the staged tiles without the 32-byte swizzle that the descriptors declare
     ("(((wd >> 2) ^ ((row >> 2) & 1)) << 2)", "((wd >> 2) << 2)"),
     # a tile's first wgmma accumulating onto registers nobody zeroed (scale-d must be 0)
-    ("ones, wg_m, wg_n, kt > 0);", "ones, wg_m, wg_n, true);"),
+    ("ones, wg_m, wg_n, kt > k0);", "ones, wg_m, wg_n, true);"),
 ], ids=["wgmma_wait_too_late", "swizzle_missing", "first_wgmma_accumulates"])
 def test_emulation_catches_a_broken_kernel(edit, monkeypatch):
     real = bitserial_emu.host_source

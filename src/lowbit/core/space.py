@@ -6,7 +6,6 @@ is one point, hashable and JSON-serializable (the records database stores `Confi
 
 from __future__ import annotations
 
-import itertools
 import json
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -77,6 +76,27 @@ Constraint = Callable[[Config], "str | None"]
 """Returns None when the config is fine, else a short reason it is invalid."""
 
 
+class UnsetKnob(Exception):
+    """A constraint read a knob that a partial config has not set yet (deliberately not a
+    KeyError, so `Mapping.get` and `in` cannot swallow it)."""
+
+
+class PartialConfig(Config):
+    """The knobs set so far while `ConfigSpace.all_configs` walks the cross product; reading a
+    knob of the space that is not set yet raises UnsetKnob."""
+
+    __slots__ = ("_unset",)
+
+    def __init__(self, values: Mapping[str, Scalar], unset: frozenset[str]) -> None:
+        super().__init__(values)
+        self._unset = unset
+
+    def __getitem__(self, name: str) -> Scalar:
+        if name in self._unset:
+            raise UnsetKnob(name)
+        return super().__getitem__(name)
+
+
 class ConfigSpace:
     """The cross product of its knobs minus the points a constraint rejects."""
 
@@ -116,12 +136,37 @@ class ConfigSpace:
         return self.why_invalid(config) is None
 
     def all_configs(self) -> list[Config]:
-        """Every valid point, in knob-value order (cached)."""
+        """Every valid point, in knob-value order (cached). Walks the cross product knob by knob
+        and drops a prefix as soon as a constraint that reads only the knobs set so far rejects
+        it (a constraint is decided once it runs without reading an unset knob), instead of
+        checking every point of the product: the same points in the same order."""
         if self._valid is None:
-            pts = (Config(dict(zip(self.names, vals, strict=True)))
-                   for vals in itertools.product(*(k.values for k in self.knobs)))
-            self._valid = [c for c in pts if self.is_valid(c)]
+            self._valid = []
+            self._walk(0, {}, self.constraints)
         return self._valid
+
+    def _walk(self, depth: int, prefix: dict[str, Scalar],
+              pending: tuple[Constraint, ...]) -> None:
+        knob = self.knobs[depth]
+        last = depth == len(self.knobs) - 1
+        unset = frozenset(self.names[depth + 1:])
+        for value in knob.values:
+            values = {**prefix, knob.name: value}
+            cfg = PartialConfig(values, unset)
+            left = []
+            for constraint in pending:
+                try:
+                    reason = constraint(cfg)
+                except UnsetKnob:
+                    left.append(constraint)
+                    continue
+                if reason:
+                    break
+            else:
+                if last:
+                    self._valid.append(Config(values))
+                else:
+                    self._walk(depth + 1, values, tuple(left))
 
     def __iter__(self) -> Iterator[Config]:
         return iter(self.all_configs())

@@ -14,28 +14,33 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_kernel(BITSERIAL
   RowSum rsum;
   zero_acc(acc, rsum);
 
+  const int k0 = split_k_begin(), k1 = split_k_end();  // [0, KTILES) without split-K
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < KTILES) load_stage(x, w, smem + s * STAGE_WORDS, ar, n0, s, tid, halo, halo_row0);
+    if (k0 + s < k1) load_stage(x, w, smem + s * STAGE_WORDS, ar, n0, k0 + s, tid, halo, halo_row0);
     copy_commit();
   }
-  for (int kt = 0; kt < KTILES; ++kt) {
+  for (int kt = k0; kt < k1; ++kt) {
     copy_wait<STAGES - 2>();
     __syncthreads();
     {
       const int next = kt + STAGES - 1;
-      if (next < KTILES)
-        load_stage(x, w, smem + (next % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
+      if (next < k1)
+        load_stage(x, w, smem + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
       copy_commit();
     }
-    const u32* sa = smem + (kt % STAGES) * STAGE_WORDS;
+    const u32* sa = smem + ((kt - k0) % STAGES) * STAGE_WORDS;
     mma_sync_stage(acc, rsum, sa, sa + A_STAGE_WORDS, warp_m, warp_n, lane);
   }
   copy_wait<0>();
 
+  const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
+  if constexpr (SPLIT_K > 1) {
+    split_store(acc, rsum, ea, m0, n0, warp_m * WM, warp_n * WN, lane);
+    if (!split_arrive(split_count, tid)) return;
+  }
   u32* s_out = smem;  // packing tile over the operand stages, once every warp is done with them
   if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
-  const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
   epilogue_warp(acc, rsum, m0, n0, warp_m * WM, warp_n * WN, lane, ea, s_out);
   if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, out, m0, n0, tid);
 }

@@ -22,7 +22,10 @@ tile of ones; "table" reads them from a per-pixel popcount table of x made by a 
 first, summed over the valid taps in the epilogue), REQUANT (requantized bit-plane output of
 1-2 bits only: "multiply" requantizes each output in 64-bit fixed point; "threshold" compares
 it with per-column integer thresholds that fold in bias and ReLU,
-`lowbit.reference.requant_thresholds`).
+`lowbit.reference.requant_thresholds`), SPLIT_K (one-tile-per-block kernels: the k tiles split
+over SPLIT_K blocks per tile, grid.z; each stores its k-linear partial sums to a workspace and
+the tile's last block to arrive adds them up and runs the epilogue: for grids of few tiles with
+long reductions).
 """
 
 from __future__ import annotations
@@ -51,6 +54,10 @@ REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
 MAX_SMEM = 160 * 1024  # bytes of dynamic shared memory a config may use (sm_80: 163 KB)
 MAX_COPY_ITERS = 16   # copy chunks per thread per stage (row index registers)
 GRID_Y_MAX = 65535
+SPLIT_K_VALUES = (1, 2, 4, 8)
+# Split-K only where the tile grid leaves SMs idle: under two waves of one block per SM on a
+# 132-SM H100 (larger grids fill the GPU without it, and each split re-stores a tile's sums).
+SPLIT_K_MAX_TILES = 264
 WGMMA_ARCH = "sm_90a"  # wgmma needs the arch-specific Hopper target
 # N of wgmma m64nNk256 for s32 b1 (PTX ISA): multiples of 8 to 32, then of 16 to 256
 WGMMA_N = frozenset([8, 16, 24, 32, *range(48, 257, 16)])
@@ -235,6 +242,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "KT": config["KT"], "STAGES": config["STAGES"], "PERSIST": config["PERSIST"],
         "WGMMA": int(config["MMA"] == "wgmma"), "SWIZZLE": config["SWIZZLE"],
         "HALO": config["HALO"], "ROWSUM_TABLE": int(rowsum_table(config)),
+        "SPLIT_K": split_k(config),
         "HALO_WORDS": halo_rows(sh, config["BM"]) * sh.w * sh.words if config["HALO"] else 0,
         "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh), "KPAD": wsum_columns(sh),
         "WSUM0": wsum_start(sh),
@@ -252,6 +260,39 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
             body += wgmma_source(p, config["WN"], s8_atype(wl) if elem8 else None)
         body += _cu("bitserial_wgmma_common.cu")
     return "\n".join(lines) + "\n" + body + _cu(kernel_file(config))
+
+
+def split_k(config: Mapping) -> int:
+    """Blocks per output tile along the reduction (knob SPLIT_K; 1 where a config lacks it)."""
+    return int(config.get("SPLIT_K", 1))
+
+
+def k_tiles(wl: Workload, config: Mapping) -> int:
+    """Pipeline stages of KT k256 slabs in one output tile's reduction (the kernel's KTILES)."""
+    return -(-conv_shape(wl).k_words // (8 * config["KT"]))
+
+
+def split_workspace(wl: Workload, config: Mapping, device: torch.device | str
+                    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """SPLIT_K > 1: the int32 partial sums [SPLIT_K, row tiles * BM, column tiles * BN] and the
+    per-tile arrival counters (zeros; the last block of a tile resets its counter, so both are
+    reused by every launch of one bound kernel); (None, None) otherwise."""
+    splits = split_k(config)
+    if splits == 1:
+        return None, None
+    cols, rows = tile_grid(wl, config)
+    ws = torch.empty(splits * rows * config["BM"] * cols * config["BN"], dtype=torch.int32,
+                     device=device)
+    return ws, torch.zeros(rows * cols, dtype=torch.int32, device=device)
+
+
+def split_k_values(wl: Workload) -> tuple[int, ...]:
+    """Values of the SPLIT_K knob: (1,) where no config could split (even the largest tiles
+    make SPLIT_K_MAX_TILES tiles or more, or the reduction is a single k tile)."""
+    sh = conv_shape(wl)
+    fewest = -(-sh.rows // 256) * -(-sh.kout // 256)
+    one_k_tile = sh.k_words <= 8
+    return (1,) if fewest >= SPLIT_K_MAX_TILES or one_k_tile else SPLIT_K_VALUES
 
 
 def threads(config: Mapping) -> int:
@@ -436,9 +477,10 @@ class BitserialKernel:
         wtap, xpop = side_tables(wl, self.config, x.device)
         wtap_blocks, xpop_blocks = side_table_blocks(wl)
         thr = epilogue_thresholds(wl, self.config, params)
+        split_ws, split_count = split_workspace(wl, self.config, x.device)
         args = [x, w, out, params.bias, params.scale, params.multiplier, params.shift, wtap, xpop,
-                thr]
-        grid: tuple[int, ...] = self._grid
+                thr, split_ws, split_count]
+        grid: tuple[int, ...] = (*self._grid, split_k(self.config))
         if self._persistent:  # one wave of resident blocks, each looping over tiles
             per_sm = self._main.max_active_blocks(self._threads, self._smem, x.device)
             sms = torch.cuda.get_device_properties(x.device).multi_processor_count
@@ -516,6 +558,20 @@ def _constraints(wl: Workload) -> list:
         iters = -(-c["BM"] * c["KT"] * 8 // vec // threads(c))
         return f"{iters} copy chunks per thread" if iters > MAX_COPY_ITERS else None
 
+    def splits(c: Config) -> str | None:
+        n = split_k(c)
+        if n == 1:
+            return None
+        if c["PERSIST"]:
+            return "SPLIT_K > 1 is implemented in the one-tile-per-block kernels only (PERSIST=0)"
+        per_split = -(-k_tiles(wl, c) // n)
+        if per_split * (n - 1) >= k_tiles(wl, c):
+            return f"SPLIT_K={n} leaves a split without k tiles ({k_tiles(wl, c)} k tiles)"
+        cols, rows = tile_grid(wl, c)
+        if cols * rows >= SPLIT_K_MAX_TILES:
+            return f"{cols * rows} tiles fill the GPU without split-K"
+        return None
+
     def output(c: Config) -> str | None:
         if bitplane_out and c["BN"] % 32:
             return "bit-plane output packs 32-column words per block: BN must be a multiple of 32"
@@ -530,7 +586,7 @@ def _constraints(wl: Workload) -> list:
             return "too many row tiles for grid.y"
         return None
 
-    return [tiles, mma, halo, registers, shared, copies, output, waste]
+    return [tiles, mma, halo, registers, shared, copies, splits, output, waste]
 
 
 # Preferred defaults, best first (APNN-TC-like: big warp tiles for small p*q, smaller for larger).
@@ -561,10 +617,10 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
     dict(BM=64, BN=16, WM=64, WN=16, KT=1, STAGES=6),
 ]
 DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma",
-                              REQUANT="multiply")
+                              REQUANT="multiply", SPLIT_K=1)
                          for d in _MMA_SYNC_DEFAULTS],
             "wgmma": [dict(d, PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0, ROWSUM="mma",
-                           REQUANT="multiply")
+                           REQUANT="multiply", SPLIT_K=1)
                       for d in _WGMMA_DEFAULTS]}
 
 
@@ -578,7 +634,8 @@ class BitserialTemplate(KernelTemplate):
 
     name = "cuda.bitserial"
     backend = "cuda"
-    added_knobs: ClassVar[Mapping[str, object]] = {"ROWSUM": "mma", "REQUANT": "multiply"}
+    added_knobs: ClassVar[Mapping[str, object]] = {"ROWSUM": "mma", "REQUANT": "multiply",
+                                                   "SPLIT_K": 1}
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         wl = workload
@@ -599,7 +656,8 @@ class BitserialTemplate(KernelTemplate):
                  Knob("KT", (1, 2, 4, 8)), Knob("STAGES", (2, 3, 4, 6)), Knob("PERSIST", (0, 1)),
                  Knob("MMA", mma), Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
                  Knob("ROWSUM", ("mma", "table") if workload.w.encoding is Encoding.BINARY
-                      else ("mma",)), requant_knob(workload)]
+                      else ("mma",)), requant_knob(workload),
+                 Knob("SPLIT_K", split_k_values(workload))]
         return ConfigSpace(knobs, _constraints(workload))
 
     def default_config(self, workload: Workload, mma: str | None = None,

@@ -56,7 +56,16 @@ constexpr bool PACK_IN_SMEM = OUT_MODE == 3 && WN % 32 != 0;
 constexpr int BLOCK_WORDS = BN >= 32 ? BN / 32 : 1;
 constexpr int PACK_WORDS = OUT_BITS * BM * BLOCK_WORDS;
 constexpr int N_COL_TILES = (KOUT + BN - 1) / BN;
-constexpr int N_TILES = N_COL_TILES * (int)((M_ROWS + BM - 1) / BM);
+constexpr int ROW_TILES = (int)((M_ROWS + BM - 1) / BM);
+constexpr int N_TILES = N_COL_TILES * ROW_TILES;
+// Split-K (SPLIT_K > 1, one-tile-per-block kernels): block z of a tile reduces k tiles
+// [z * KTILES_PER_SPLIT, ...) and stores its k-linear partial sums to the workspace slice z of
+// WS_ROWS x WS_COLS (the padded tile grid: no guards); the tile's last block to arrive adds the
+// others' and runs the epilogue. For grids of few tiles and long reductions (a 16x16 image
+// with 1,024 channels fills 64 blocks on 132 SMs over 36 k tiles).
+constexpr int KTILES_PER_SPLIT = (KTILES + SPLIT_K - 1) / SPLIT_K;
+constexpr int WS_COLS = N_COL_TILES * BN;
+constexpr i64 WS_SPLIT = (i64)ROW_TILES * BM * WS_COLS;
 
 __device__ __forceinline__ constexpr int a_coef(int i) {
   return (A_SIGNED && i == Q_BITS - 1) ? -(1 << i) : (1 << i);
@@ -400,7 +409,8 @@ __device__ __forceinline__ void mma_sync_stage(Acc& acc, RowSum& rsum, const u32
   const u32* __restrict__ x, const u32* __restrict__ w, void* __restrict__ out,               \
       const int* __restrict__ bias, const float* __restrict__ scale,                          \
       const int* __restrict__ mult, const int* __restrict__ shift, const int* __restrict__ wtap, \
-      const int* __restrict__ xpop, const int* __restrict__ thr
+      const int* __restrict__ xpop, const int* __restrict__ thr, int* split_ws,              \
+      int* split_count
 
 struct EpilogueArgs {
   void* out;
@@ -411,9 +421,13 @@ struct EpilogueArgs {
   const int* wtap;
   const int* xpop;
   const int* thr;  // OUT_THRESH: [KPAD][THR_LEVELS] requantization thresholds
+  int* split_ws;   // SPLIT_K > 1: [SPLIT_K][WS_ROWS][WS_COLS] k-linear partial sums
+  int split_z;     // this block's k split (blockIdx.z; 0 without split-K)
 };
 // The epilogue's view of BITSERIAL_KERNEL_PARAMS (inside a kernel taking them).
-#define BITSERIAL_EPILOGUE_ARGS EpilogueArgs{out, bias, scale, mult, shift, wtap, xpop, thr}
+#define BITSERIAL_EPILOGUE_ARGS                                                               \
+  EpilogueArgs{out, bias, scale, mult, shift, wtap, xpop, thr, split_ws,                      \
+               SPLIT_K > 1 ? (int)blockIdx.z : 0}
 
 // Zero the block's shared-memory packing tile [OUT_BITS][BM][BLOCK_WORDS] (narrow warp tiles).
 __device__ __forceinline__ void pack_tile_clear(u32* s_out, int tid) {
@@ -510,6 +524,28 @@ __device__ __forceinline__ void load_thresholds(const int* __restrict__ thr, int
   for (int k = 0; k < THR_LEVELS; ++k) { cp[0].thr[k] = t[k]; cp[1].thr[k] = t[THR_LEVELS + k]; }
 }
 
+// The plane products of accumulator register r of tile (mi, ni), combined (k-linear):
+// A_ALPHA * W_ALPHA * sum_ij c_i d_j popc(a_i & b_j).
+__device__ __forceinline__ int plane_dot(const Acc& acc, int mi, int ni, int r) {
+  int y = 0;
+#pragma unroll
+  for (int i = 0; i < Q_BITS; ++i)
+#pragma unroll
+    for (int j = 0; j < P_BITS; ++j) y += a_coef(i) * w_coef(j) * acc[i][j][mi][ni][r];
+  return A_ALPHA * W_ALPHA * y;
+}
+// The row-popcount term of this lane's accumulator row (mi, h) from the row-sum MMA
+// (ROWSUM_MMA; k-linear like the plane products), 0 otherwise.
+__device__ __forceinline__ int rowsum_mma_term(const RowSum& rsum, int mi, int h) {
+  int t = 0;
+  if constexpr (ROWSUM_MMA) {
+#pragma unroll
+    for (int i = 0; i < Q_BITS; ++i) t += a_coef(i) * rsum[i][mi][2 * h];
+    t *= A_ALPHA * W_BETA;
+  }
+  return t;
+}
+
 // ROWSUM_TABLE: sum_i c_i popc(a_i) of output row m (pixel (n, po, qo)): the per-pixel table
 // summed over the valid taps [rlo, rhi) x [slo, shi) (1x1 and GEMM: one lookup per plane).
 __device__ __forceinline__ int table_row_popc(const int* __restrict__ xpop, int m, int po, int qo,
@@ -533,6 +569,21 @@ __device__ __forceinline__ int table_row_popc(const int* __restrict__ xpop, int 
 
 constexpr int OUT_WORD_TILES = WN / 32 > 0 ? WN / 32 : 1;
 
+// SPLIT_K > 1: the sum of the other k splits' partial sums of output row m, columns col, col + 1
+// (col even), read through L2 (ld.global.cg: other SMs wrote them during this launch).
+__device__ __forceinline__ uint2 split_others(const EpilogueArgs& ea, i64 m, int col) {
+  const int* p = ea.split_ws + m * WS_COLS + col;
+  uint2 sum = make_uint2(0u, 0u);
+#pragma unroll
+  for (int z = 0; z < SPLIT_K; ++z)
+    if (z != ea.split_z) {
+      const uint2 v = __ldcg(reinterpret_cast<const uint2*>(p + z * WS_SPLIT));
+      sum.x += v.x;
+      sum.y += v.y;
+    }
+  return sum;
+}
+
 // The per-row part of the epilogue for this lane's accumulator rows (mi, h) (output row
 // row0 + mi*16 + g + 8h of the block tile): the activation-plane row sums and the padding terms
 // (term), and (BORDER) where the weight sums of the row's tap rectangle start for this lane's
@@ -554,13 +605,9 @@ __device__ __forceinline__ void epilogue_rows(const RowSum& rsum, i64 m0, int ro
       }
       wsum[mi][h] = BORDER ? ea.wtap + WSUM0 + rect_id(rlo, rhi, slo, shi) * KPAD + col_base
                            : nullptr;
-      int t = 0;
+      int t = rowsum_mma_term(rsum, mi, h);
       if constexpr (ROWSUM_TABLE) {
         if (m < M_ROWS) t = A_ALPHA * W_BETA * table_row_popc(ea.xpop, m, po, qo, rlo, rhi, slo, shi);
-      } else if constexpr (NEED_ROWSUM) {
-#pragma unroll
-        for (int i = 0; i < Q_BITS; ++i) t += a_coef(i) * rsum[i][mi][2 * h];
-        t *= A_ALPHA * W_BETA;
       }
       if constexpr (NEED_WTAP) t += A_BETA * W_BETA * C * (rhi - rlo) * (shi - slo);
       term[mi][h] = t;
@@ -612,12 +659,16 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
 #pragma unroll
   for (int ni = 0; ni < NT; ++ni) {
     int pats[MT][2][2];
-    uint2 wpair[MT][2];  // BORDER: the tap-rectangle weight sums of this lane's column pair
+    uint2 wpair[MT][2];   // BORDER: the tap-rectangle weight sums of this lane's column pair
+    uint2 others[MT][2];  // SPLIT_K > 1: the other k splits' partial sums of that pair
 #pragma unroll
     for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h) {
         if constexpr (BORDER) wpair[mi][h] = *reinterpret_cast<const uint2*>(wsum[mi][h] + ni * 8);
+        if constexpr (SPLIT_K > 1)
+          others[mi][h] = split_others(ea, m0 + row0 + mi * 16 + g + 8 * h, n0 + col0 + ni * 8 + 2 * t4);
+      }
     ColParams cps[2] = {col_params(ea, n0 + col0 + ni * 8 + 2 * t4),
                         col_params(ea, n0 + col0 + ni * 8 + 2 * t4 + 1)};
     if constexpr (OUT_THRESH) load_thresholds(ea.thr, n0 + col0 + ni * 8 + 2 * t4, cps);
@@ -629,13 +680,9 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
       for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          int y = 0;
-#pragma unroll
-          for (int i = 0; i < Q_BITS; ++i)
-#pragma unroll
-            for (int j = 0; j < P_BITS; ++j) y += a_coef(i) * w_coef(j) * acc[i][j][mi][ni][2 * h + e];
-          y = A_ALPHA * W_ALPHA * y + term[mi][h] + cp.off;
+          int y = plane_dot(acc, mi, ni, 2 * h + e) + term[mi][h] + cp.off;
           if constexpr (BORDER) y += e ? (int)wpair[mi][h].y : (int)wpair[mi][h].x;
+          if constexpr (SPLIT_K > 1) y += e ? (int)others[mi][h].y : (int)others[mi][h].x;
           if constexpr (OUT_THRESH && !PACK_IN_SMEM) {  // straight into the packed words
 #pragma unroll
             for (int b = 0; b < OUT_BITS; ++b)
@@ -703,6 +750,58 @@ __device__ __forceinline__ void epilogue_warp(const Acc& acc, const RowSum& rsum
   WsumRows wsum;
   epilogue_rows(rsum, m0, row0, lane >> 2, n0 + col0 + 2 * (lane & 3), ea, term, wsum);
   epilogue_cols(acc, term, wsum, m0, n0, row0, col0, lane, ea, s_out);
+}
+
+// ---- split-K (bitserial.cu, bitserial_wgmma.cu; constants above N_TILES) ----
+
+// This block's k tiles [split_k_begin(), split_k_end()).
+__device__ __forceinline__ int split_k_begin() {
+  return SPLIT_K > 1 ? (int)blockIdx.z * KTILES_PER_SPLIT : 0;
+}
+__device__ __forceinline__ int split_k_end() {
+  if constexpr (SPLIT_K > 1) {
+    const int end = split_k_begin() + KTILES_PER_SPLIT;
+    return end < KTILES ? end : KTILES;
+  }
+  return KTILES;
+}
+
+// Store this warp's k-linear partial sums (plane products and ROWSUM_MMA row popcounts; the
+// epilogue's other terms depend on the pixel alone) to split z's workspace slice.
+__device__ __forceinline__ void split_store(const Acc& acc, const RowSum& rsum,
+                                            const EpilogueArgs& ea, i64 m0, int n0, int row0,
+                                            int col0, int lane) {
+  const int g = lane >> 2, t4 = lane & 3;
+  int* base = ea.split_ws + ea.split_z * WS_SPLIT + m0 * WS_COLS + n0 + col0 + 2 * t4;
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rs = rowsum_mma_term(rsum, mi, h);
+      int* row = base + (i64)(row0 + mi * 16 + g + 8 * h) * WS_COLS;
+#pragma unroll
+      for (int ni = 0; ni < NT; ++ni)
+        *reinterpret_cast<uint2*>(row + ni * 8) =
+            make_uint2((u32)(plane_dot(acc, mi, ni, 2 * h) + rs), (u32)(plane_dot(acc, mi, ni, 2 * h + 1) + rs));
+    }
+}
+
+// Count this block in once its partial sums are stored; true in the tile's last block to
+// arrive, which resets the tile's counter for the next launch and runs the epilogue. The
+// fences order every thread's stores before the count and the count before the last block's
+// reads (the threadfence-reduction pattern of the CUDA programming guide).
+__device__ __forceinline__ bool split_arrive(int* split_count, int tid) {
+  __threadfence();
+  __syncthreads();
+  const int tile = (int)(blockIdx.y * gridDim.x + blockIdx.x);
+  int old = 0;
+  if (tid == 0) old = atomicAdd(split_count + tile, 1);
+  const bool last = __syncthreads_or(tid == 0 && old == SPLIT_K - 1) != 0;
+  if (last) {
+    if (tid == 0) split_count[tile] = 0;
+    __threadfence();
+  }
+  return last;
 }
 
 // ---- persistent blocks (bitserial_persistent.cu, bitserial_wgmma_persistent.cu) ----

@@ -44,6 +44,8 @@ from .bitserial import (
     side_table_blocks,
     side_tables,
     smem_bytes,
+    split_k,
+    split_workspace,
     threads,
     tile_grid,
 )
@@ -68,6 +70,19 @@ static inline int __popc(unsigned v) { return __builtin_popcount(v); }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline unsigned atomicOr(unsigned* p, unsigned v) {
   return std::atomic_ref<unsigned>(*p).fetch_or(v);
+}
+// split-K arrival: global atomics, fences and L2 loads (blocks run one at a time)
+static inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
+static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+static inline uint2 __ldcg(const uint2* p) { return *p; }
+static std::atomic<int> emu_or_flag;
+static inline int __syncthreads_or(int pred) {
+  emu->bar->arrive_and_wait();  // every thread has read the previous result
+  if (threadIdx.x == 0) emu_or_flag = 0;
+  emu->bar->arrive_and_wait();
+  if (pred) emu_or_flag = 1;
+  emu->bar->arrive_and_wait();
+  return emu_or_flag.load();
 }
 """
 
@@ -194,13 +209,14 @@ __device__ __forceinline__ void wgmma_rowsum(int (&d)[MT][4], u64 da, u64 db, in
 HOST_MAIN = r"""
 extern "C" int emu_run(int which, const u32* x, const u32* w, void* out, const int* bias,
                        const float* scale, const int* mult, const int* shift, int* wtap,
-                       int* xpop, const int* thr, int grid_x, int grid_y, int nthreads,
-                       long long smem_bytes) {
+                       int* xpop, const int* thr, int* split_ws, int* split_count,
+                       int grid_x, int grid_y, int grid_z, int nthreads, long long smem_bytes) {
   if (smem_bytes > EMU_SMEM_BYTES || nthreads > 512 || nthreads % 32) return -1;
-  emu_run_blocks(nthreads, grid_x, grid_y, (unsigned char*)smem, smem_bytes, sizeof(smem), [&] {
+  emu_run_blocks(nthreads, grid_x, grid_y, grid_z, (unsigned char*)smem, smem_bytes,
+                 sizeof(smem), [&] {
     if (which == 0) bitserial_wtap(w, wtap);
     else if (which == 2) bitserial_xpop(x, xpop);
-    else EMU_MAIN(x, w, out, bias, scale, mult, shift, wtap, xpop, thr);
+    else EMU_MAIN(x, w, out, bias, scale, mult, shift, wtap, xpop, thr, split_ws, split_count);
     if (!emu_copy_groups.empty() || !emu_copy_open.empty()) emu_fail("copies left pending");
   });
   return 0;
@@ -228,11 +244,12 @@ def host_source(wl: Workload, config: Config) -> str:
 
 
 def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
-            params: EpilogueParams, persistent_blocks: int = 2, poison: int = 0xA5
-            ) -> torch.Tensor:
+            params: EpilogueParams, persistent_blocks: int = 2, poison: int = 0xA5,
+            launches: int = 1) -> torch.Tensor:
     """Run the `cuda.bitserial` kernel of (wl, config) on CPU tensors through the host
-    emulation; returns the output (which starts poisoned). Persistent configs run
-    `persistent_blocks` blocks, so each loops over several tiles."""
+    emulation; returns the output (poisoned before each launch). Persistent configs run
+    `persistent_blocks` blocks, so each loops over several tiles. `launches` > 1 runs the main
+    kernel again on the same side buffers (split-K counters must come back to zero)."""
     from . import BITSERIAL, INT8_WGMMA
 
     template = INT8_WGMMA if int8_operands(wl) else BITSERIAL
@@ -244,11 +261,11 @@ def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
     check_inputs(wl, x, w, params)
     shape, dtype = out_storage(wl)
     out = torch.empty(shape, dtype=dtype)
-    out.view(torch.uint8).fill_(poison)
     wtap, xpop = side_tables(wl, config, "cpu")
-    for table in (wtap, xpop):
+    split_ws, split_count = split_workspace(wl, config, "cpu")
+    for table in (wtap, xpop, split_ws):
         if table is not None:
-            table.fill_(-7)  # garbage until the table kernel writes it
+            table.fill_(-7)  # garbage until a kernel writes it
     if x.dtype == torch.uint8 or w.dtype == torch.uint8:  # int8 layout: the bytes as they are
         x, w = x.view(torch.int8), w.view(torch.int8)
     lib = host_library(host_source(wl, config), "bitserial")
@@ -256,22 +273,24 @@ def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
     vecs = [params.bias, params.scale, params.multiplier, params.shift]
     thr = epilogue_thresholds(wl, config, params)  # held here: args keep only raw pointers
     args = [ptr(t.data_ptr()) if t is not None else ptr(0)
-            for t in (x, w, out, *vecs, wtap, xpop, thr)]
-    grid = tile_grid(wl, config)
+            for t in (x, w, out, *vecs, wtap, xpop, thr, split_ws, split_count)]
+    grid = (*tile_grid(wl, config), split_k(config))
     if config["PERSIST"]:
-        grid = (max(1, min(grid[0] * grid[1], persistent_blocks)), 1)
+        grid = (max(1, min(grid[0] * grid[1], persistent_blocks)), 1, 1)
     wtap_blocks, xpop_blocks = side_table_blocks(wl)
     if wtap is not None:
-        _run(lib, 0, args, (wtap_blocks, 1), WTAP_THREADS, 0)
+        _run(lib, 0, args, (wtap_blocks, 1, 1), WTAP_THREADS, 0)
     if xpop is not None:
-        _run(lib, 2, args, (xpop_blocks, 1), XPOP_THREADS, 0)
-    _run(lib, 1, args, grid, threads(config), smem_bytes(wl, config))
+        _run(lib, 2, args, (xpop_blocks, 1, 1), XPOP_THREADS, 0)
+    for _ in range(launches):
+        out.view(torch.uint8).fill_(poison)
+        _run(lib, 1, args, grid, threads(config), smem_bytes(wl, config))
     return out
 
 
-def _run(lib: ctypes.CDLL, which: int, args: list, grid: tuple[int, int], nthreads: int,
+def _run(lib: ctypes.CDLL, which: int, args: list, grid: tuple[int, int, int], nthreads: int,
          smem: int) -> None:
-    rc = lib.emu_run(ctypes.c_int(which), *args, ctypes.c_int(grid[0]), ctypes.c_int(grid[1]),
+    rc = lib.emu_run(ctypes.c_int(which), *args, *(ctypes.c_int(g) for g in grid),
                      ctypes.c_int(nthreads), ctypes.c_longlong(smem))
     if rc:
         raise ValueError(f"launch refused by the emulation: {nthreads} threads, {smem} B "

@@ -17,30 +17,36 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma(BITSERIAL_
   RowSum rsum;
   zero_acc(acc, rsum);
 
+  const int k0 = split_k_begin(), k1 = split_k_end();  // [0, KTILES) without split-K
 #pragma unroll
   for (int s = 0; s < STAGES - 2; ++s) {
-    if (s < KTILES) load_stage(x, w, smem + s * STAGE_WORDS, ar, n0, s, tid, halo, halo_row0);
+    if (k0 + s < k1) load_stage(x, w, smem + s * STAGE_WORDS, ar, n0, k0 + s, tid, halo, halo_row0);
     copy_commit();
   }
-  for (int kt = 0; kt < KTILES; ++kt) {
+  for (int kt = k0; kt < k1; ++kt) {
     copy_wait<STAGES - 3>();
     fence_proxy_async();
     __syncthreads();  // stage kt landed everywhere; every warpgroup's wgmma of kt-2 has retired
     {
       const int next = kt + STAGES - 2;
-      if (next < KTILES)
-        load_stage(x, w, smem + (next % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
+      if (next < k1)
+        load_stage(x, w, smem + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
       copy_commit();
     }
-    wgmma_stage(acc, rsum, smem + (kt % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, kt > 0);
+    wgmma_stage(acc, rsum, smem + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, kt > k0);
     wgmma_wait<1>();
   }
   wgmma_wait<0>();
   copy_wait<0>();
 
+  const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
+  const int row0 = wg_m * 64 + (warp & 3) * 16;
+  if constexpr (SPLIT_K > 1) {
+    split_store(acc, rsum, ea, m0, n0, row0, wg_n * WN, lane);
+    if (!split_arrive(split_count, tid)) return;
+  }
   u32* s_out = smem;  // packing tile over the operand stages, once every warpgroup is done
   if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
-  const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
-  epilogue_warp(acc, rsum, m0, n0, wg_m * 64 + (warp & 3) * 16, wg_n * WN, lane, ea, s_out);
+  epilogue_warp(acc, rsum, m0, n0, row0, wg_n * WN, lane, ea, s_out);
   if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, out, m0, n0, tid);
 }

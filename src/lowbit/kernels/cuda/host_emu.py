@@ -80,10 +80,12 @@ static inline EmuWarp& emu_share_fragments(const unsigned (&a)[4], unsigned b0, 
   return wp;
 }
 
-// Run `body` as every thread of every block of a grid_x x grid_y launch of nthreads threads;
-// smem[0, smem_size) is the block's shared memory, the first fill_bytes refilled per block.
+// Run `body` as every thread of every block of a grid_x x grid_y x grid_z launch of nthreads
+// threads; smem[0, smem_size) is the block's shared memory, the first fill_bytes refilled per
+// block. Blocks run one at a time; the z blocks of one (x, y) run in a rotated order, so the
+// last of them to run differs from tile to tile (split-K: any block may arrive last).
 template <class Body>
-static void emu_run_blocks(int nthreads, int grid_x, int grid_y, unsigned char* smem,
+static void emu_run_blocks(int nthreads, int grid_x, int grid_y, int grid_z, unsigned char* smem,
                            long long smem_size, long long fill_bytes, Body body) {
   std::barrier<> block_bar(nthreads);
   std::vector<std::barrier<>*> warp_bars;
@@ -96,15 +98,17 @@ static void emu_run_blocks(int nthreads, int grid_x, int grid_y, unsigned char* 
     blk.warps[i].bar = warp_bars.back();
   }
   blockDim = EmuDim{(unsigned)nthreads, 1, 1};
-  gridDim = EmuDim{(unsigned)grid_x, (unsigned)grid_y, 1};
+  gridDim = EmuDim{(unsigned)grid_x, (unsigned)grid_y, (unsigned)grid_z};
+  for (int zi = 0; zi < grid_z; ++zi)
   for (int by = 0; by < grid_y; ++by) {
     for (int bx = 0; bx < grid_x; ++bx) {
+      const int bz = (zi + bx + by) % grid_z;
       memset(smem, 0xCD, fill_bytes);
       std::vector<std::thread> pool;
       for (int t = 0; t < nthreads; ++t) {
         pool.emplace_back([&, t] {
           threadIdx = EmuDim{(unsigned)t, 0, 0};
-          blockIdx = EmuDim{(unsigned)bx, (unsigned)by, 0};
+          blockIdx = EmuDim{(unsigned)bx, (unsigned)by, (unsigned)bz};
           emu = &blk;
           body();
         });

@@ -8,7 +8,7 @@ one "plane" of bytes (CW = C/4 words per pixel, coefficients 1, no row sums) the
 an int8 implicit GEMM for operands in the int8 layout (NHWC / KRSC, one byte per value).
 
 Template `cuda.int8_wgmma` (sm_90a only): knobs of `cuda.bitserial` with MMA fixed to wgmma
-(BM, BN, WN, KT, STAGES, PERSIST, SWIZZLE, HALO, REQUANT). Exact: int32 accumulation, the
+(BM, BN, WN, KT, STAGES, PERSIST, SWIZZLE, HALO, REQUANT, SPLIT_K). Exact: int32 accumulation, the
 workload's worst-case |sum| must fit (checked), outputs as `lowbit.reference.run`.
 """
 
@@ -26,6 +26,7 @@ from .bitserial import (
     _constraints,
     conv_shape,
     requant_knob,
+    split_k_values,
     support_limits_reason,
     target_arch,
 )
@@ -36,7 +37,7 @@ class Int8WgmmaTemplate(KernelTemplate):
 
     name = "cuda.int8_wgmma"
     backend = "cuda"
-    added_knobs: ClassVar[Mapping[str, object]] = {"REQUANT": "multiply"}
+    added_knobs: ClassVar[Mapping[str, object]] = {"REQUANT": "multiply", "SPLIT_K": 1}
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         wl = workload
@@ -65,7 +66,8 @@ class Int8WgmmaTemplate(KernelTemplate):
                  Knob("WM", (64,)), Knob("WN", (16, 32, 64, 128, 256)),
                  Knob("KT", (1, 2, 4)), Knob("STAGES", (3, 4, 6)), Knob("PERSIST", (0, 1)),
                  Knob("MMA", ("wgmma",)), Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
-                 Knob("ROWSUM", ("mma",)), requant_knob(workload)]
+                 Knob("ROWSUM", ("mma",)), requant_knob(workload),
+                 Knob("SPLIT_K", split_k_values(workload))]
         return ConfigSpace(knobs, _constraints(workload))
 
     def default_config(self, workload: Workload, arch: str | None = None) -> Config:
