@@ -109,8 +109,8 @@ def candidates(wl: Workload, n: int, persist: bool = True) -> list[Config]:
     """The mma.sync default config, then the best-ranked others with distinct tile shapes
     (n in all); on sm_90a also the wgmma default and its n - 1 best-ranked others; then twins
     of the defaults (HALO=1; wgmma: other KT/STAGES pairs and persistent blocks; binary
-    weights: ROWSUM="table"; 1-2 bit outputs: the other REQUANT mode of every chosen) where
-    valid."""
+    weights: ROWSUM="table"; 1-2 bit outputs: the other REQUANT mode of every chosen; grids of
+    few tiles: every chosen one at each SPLIT_K > 1) where valid."""
     space = BITSERIAL.space(wl)
     chosen: list[Config] = []
     for mma in sorted({c["MMA"] for c in space}):  # mma_sync first
@@ -141,6 +141,9 @@ def candidates(wl: Workload, n: int, persist: bool = True) -> list[Config]:
     if persist:  # persistent wgmma blocks (2026-11-23: not yet measured): the first valid one
         twins += [t for t in (c.replace(PERSIST=1) for c in chosen if c["MMA"] == "wgmma")
                   if space.is_valid(t)][:1]
+    # split-K (grids of few tiles only: the space has SPLIT_K > 1 nowhere else)
+    splits = [v for v in space.knob("SPLIT_K").values if v > 1]
+    twins += [c.replace(PERSIST=0, SPLIT_K=v) for c in chosen for v in splits]
     return chosen + [t for t in dict.fromkeys(twins) if space.is_valid(t) and t not in chosen]
 
 

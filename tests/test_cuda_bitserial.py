@@ -192,6 +192,37 @@ def test_nvrtc_compiles_wgmma_sample_configs(tmp_path, monkeypatch):
                                          else "bitserial_wgmma")
 
 
+SPLIT_CASES = [  # (workload, MMA, knob changes): split-K with every kind of epilogue term
+    (conv(Precision(2, "signed"), Precision(2), EPILOGUES[1], N=1, H=6, W=5, C=280, K=37),
+     "mma_sync", {"SPLIT_K": 4, "KT": 1}),
+    (conv(Precision(1, "binary"), Precision(1, "binary"), EPILOGUES[5], N=2, H=5, W=9, C=448,
+          K=70), "wgmma", {"SPLIT_K": 8, "REQUANT": "threshold"}),
+    (conv(Precision(1, "binary"), Precision(2), EPILOGUES[3], N=1, H=16, W=16, C=1024, K=256),
+     "wgmma", {"SPLIT_K": 4}),
+    (gemm(Precision(1, "binary"), Precision(2), EPILOGUES[2], M=128, N=512, K=4096),
+     "mma_sync", {"SPLIT_K": 8, "ROWSUM": "table"}),
+    (gemm(Precision(3, "signed"), Precision(1, "binary"), EPILOGUES[0], M=40, N=45, K=4090),
+     "wgmma", {"SPLIT_K": 2, "HALO": 0}),
+]
+
+
+def _split_config(wl, mma, changes, arch):
+    cfg = BITSERIAL.default_config(wl, mma, arch=arch).replace(**changes)
+    assert BITSERIAL.space(wl, arch).is_valid(cfg), (wl.key, dict(cfg))
+    return cfg
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_nvrtc_compiles_split_k(arch, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
+    for wl, mma, changes in SPLIT_CASES:
+        if mma == "wgmma" and arch != "sm_90a":
+            continue
+        kernel = BITSERIAL.build(wl, _split_config(wl, mma, changes, arch), arch=arch)
+        assert kernel._main.cubin[:4] == b"\x7fELF"
+        assert "constexpr int SPLIT_K = " + str(changes["SPLIT_K"]) in kernel.source
+
+
 def test_halo_rows_cover_every_tap_of_the_block():
     """The halo slab starts where the kernel starts it and holds every input row that a valid
     tap of any output pixel of the block reads."""
@@ -309,6 +340,29 @@ def test_bit_exact_odd_conv_shapes(shape):
             cfg = _config(wl, variant)
             if cfg is not None:
                 _assert_exact(wl, cfg, seed=i)
+
+
+@pytest.mark.parametrize("case", range(len(SPLIT_CASES)))
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bit_exact_split_k(case):
+    """Split-K configs, launched three times through one bound launcher (the workspace and the
+    tile counters are reused: each launch must leave the counters at zero), the output poisoned
+    before each launch."""
+    wl, mma, changes = SPLIT_CASES[case]
+    if mma == "wgmma" and bitserial.device_arch() != bitserial.WGMMA_ARCH:
+        pytest.skip("wgmma needs sm_90a")
+    cfg = _split_config(wl, mma, changes, bitserial.device_arch())
+    x, w, params = random_inputs(wl, case, device="cuda")
+    want = run(wl, x.cpu(), w.cpu(), params.to("cpu"))
+    out = torch.empty(want.shape, dtype=want.dtype, device="cuda")
+    launch = BITSERIAL.build(wl, cfg).bind(x, w, params, out)
+    for _ in range(3):
+        out.view(torch.uint8).fill_(0xA5)
+        got = launch().cpu()
+        if got.dtype == torch.float16:
+            got, want = got.view(torch.int16), want.view(torch.int16)
+        assert torch.equal(got, want), (wl.key, dict(cfg))
 
 
 @pytest.mark.gpu

@@ -1,9 +1,9 @@
 """The bit-serial kernels' own CUDA text run on the CPU by the host emulation (bitserial_emu.py):
 bit-exact against `lowbit.reference.run` for both MMA paths (mma.sync, wgmma with and without
-the 32-byte swizzle), the persistent (both MMA kinds) and duplicate-aware-load variants, the
-row-sum table, every encoding pair, every epilogue, odd shapes, stride 2 and GEMMs. Before the
-emulation existed these kernels were checked only on a GPU. The last tests show the emulation
-fails when the kernel is wrong."""
+the 32-byte swizzle), the persistent (both MMA kinds), duplicate-aware-load and split-K
+variants, the row-sum table, every encoding pair, every epilogue, odd shapes, stride 2 and
+GEMMs. Before the emulation existed these kernels were checked only on a GPU. The last tests
+show the emulation fails when the kernel is wrong."""
 
 from __future__ import annotations
 
@@ -79,6 +79,23 @@ CASES = [
                                                  K=24), "wgmma", {"REQUANT": "threshold"}),
     ("mma_s2b1_wide_rows_int8", conv(S2, B1, EPILOGUES[3], N=1, H=3, W=72, C=40, K=20),
      "mma_sync", {"BM": 64, "WM": 32, "BN": 32, "WN": 32}),
+    # split-K: k tiles over SPLIT_K blocks per tile, the last to arrive adds the others' partial
+    # sums (10 k tiles in 4 splits: 3, 3, 3, 1; the block order of the emulation varies which
+    # split arrives last from tile to tile)
+    ("mma_split4_s2u2_bitplane", conv(S2, U2, EPILOGUES[1], N=1, H=6, W=5, C=280, K=37),
+     "mma_sync", {"SPLIT_K": 4, "KT": 1, "STAGES": 3}),
+    ("mma_split2_halo_s3u4_int8", conv(S3, U4, EPILOGUES[3], N=2, H=7, W=6, C=100, K=40,
+                                       stride=2), "mma_sync", {"SPLIT_K": 2, "HALO": 1}),
+    # binary weights: the row-sum MMA's popcounts are part of the partial sums
+    ("wgmma_split4_b1u2_threshold", conv(B1, U2, EPILOGUES[1], N=1, H=6, W=5, C=300, K=70),
+     "wgmma", {"SPLIT_K": 4, "REQUANT": "threshold"}),
+    # binary activations with padding: the tap-rectangle sums are added once, by the last block
+    ("wgmma_split8_b1b1_border", conv(B1, B1, EPILOGUES[5], N=1, H=5, W=9, C=448, K=33),
+     "wgmma", {"SPLIT_K": 8}),
+    ("wgmma_split2_rowsum_table_b1u2", gemm(B1, U2, EPILOGUES[2], M=70, N=48, K=2048),
+     "wgmma", {"SPLIT_K": 2, "ROWSUM": "table", "BN": 32, "WN": 16}),
+    ("mma_split8_gemm_s2b1_int32", gemm(S2, B1, EPILOGUES[0], M=40, N=45, K=4090),
+     "mma_sync", {"SPLIT_K": 8, "KT": 1}),
 ]
 
 
@@ -104,6 +121,37 @@ def test_emulated_kernel_is_bit_exact(wl, mma, changes):
     assert _check(wl, _config(wl, mma, changes), seed=len(wl.key))
 
 
+@pytest.mark.parametrize("mma", ["mma_sync", "wgmma"])
+def test_split_k_counters_come_back_to_zero(mma, monkeypatch):
+    """A second launch on the same workspace and counters is exact too: the last block of
+    each tile resets its counter (otherwise no block of the next launch would see itself last
+    and the output would stay poisoned)."""
+    wl = conv(S2, U2, EPILOGUES[1], N=1, H=6, W=5, C=280, K=37)
+    cfg = _config(wl, mma, {"SPLIT_K": 4, "KT": 1, "STAGES": 3})
+    x, w, params = random_inputs(wl, 5)
+    want = run(wl, x, w, params)
+    assert torch.equal(bitserial_emu.emulate(wl, cfg, x, w, params, launches=2), want)
+    real = bitserial_emu.host_source
+    reset = "if (tid == 0) split_count[tile] = 0;"
+    monkeypatch.setattr(bitserial_emu, "host_source",
+                        lambda wl, cfg: real(wl, cfg).replace(reset, ""))
+    assert torch.equal(bitserial_emu.emulate(wl, cfg, x, w, params), want)
+    assert not torch.equal(bitserial_emu.emulate(wl, cfg, x, w, params, launches=2), want)
+
+
+def test_split_k_constraints():
+    wl = conv(S2, U2, EPILOGUES[1], N=1, H=6, W=5, C=280, K=37)  # 9 taps x 9 words: 11 k tiles
+    space = BITSERIAL.space(wl, WGMMA_ARCH)
+    base = _config(wl, "wgmma", {"KT": 1})
+    assert space.is_valid(base.replace(SPLIT_K=4))  # 3, 3, 3, 2 k tiles
+    assert "without k tiles" in space.why_invalid(base.replace(SPLIT_K=8))  # 2 x 7 >= 11
+    assert "PERSIST=0" in space.why_invalid(base.replace(SPLIT_K=2, PERSIST=1))
+    big = conv(S2, U2, EPILOGUES[1], N=64, H=56, W=56, C=64, K=64)
+    assert BITSERIAL.space(big, WGMMA_ARCH).knob("SPLIT_K").values == (1,)
+    one_k_tile = gemm(S2, U2, EPILOGUES[1], M=64, N=64, K=256)
+    assert BITSERIAL.space(one_k_tile, WGMMA_ARCH).knob("SPLIT_K").values == (1,)
+
+
 @pytest.mark.parametrize("edit", [
     # one more wgmma batch in flight: the stage being refilled is still being read
     ("    wgmma_wait<1>();", "    wgmma_wait<2>();"),
@@ -111,7 +159,10 @@ def test_emulated_kernel_is_bit_exact(wl, mma, changes):
     ("(((wd >> 2) ^ ((row >> 2) & 1)) << 2)", "((wd >> 2) << 2)"),
     # a tile's first wgmma accumulating onto registers nobody zeroed (scale-d must be 0)
     ("ones, wg_m, wg_n, kt > k0);", "ones, wg_m, wg_n, true);"),
-], ids=["wgmma_wait_too_late", "swizzle_missing", "first_wgmma_accumulates"])
+    # split-K: the last block adds its own partial sums a second time
+    ("if (z != ea.split_z) {", "{"),
+], ids=["wgmma_wait_too_late", "swizzle_missing", "first_wgmma_accumulates",
+        "split_k_own_partial_twice"])
 def test_emulation_catches_a_broken_kernel(edit, monkeypatch):
     real = bitserial_emu.host_source
 
@@ -122,4 +173,7 @@ def test_emulation_catches_a_broken_kernel(edit, monkeypatch):
 
     monkeypatch.setattr(bitserial_emu, "host_source", broken)
     wl = conv(S2, U2, EPILOGUES[1], N=1, H=6, W=5, C=200, K=37)
-    assert not _check(wl, _config(wl, "wgmma", {"STAGES": 3, "KT": 1}), seed=1)
+    changes = {"STAGES": 3, "KT": 1}
+    if "split" in edit[0]:
+        changes["SPLIT_K"] = 4
+    assert not _check(wl, _config(wl, "wgmma", changes), seed=1)
