@@ -1,5 +1,6 @@
 """lowbit.core: value types validate their fields, hash, and round-trip through JSON."""
 
+import itertools
 import random
 import re
 
@@ -181,6 +182,41 @@ def test_config_space_constraints_and_walks():
     assert sp.mutate(c, rng) in sp
     assert len(set(sp.sample(100, rng))) == 10
     assert sp.distance(c, c) == 0.0 and 0 < sp.distance(c, Config(bm=16, bn=16, order="ck")) <= 1
+
+
+def _brute_force(space):
+    pts = (Config(dict(zip(space.names, v, strict=True)))
+           for v in itertools.product(*(k.values for k in space.knobs)))
+    return [c for c in pts if space.is_valid(c)]
+
+
+def test_enumeration_prunes_prefixes_without_changing_the_points():
+    """all_configs decides a constraint as soon as it runs without reading an unset knob; the
+    constraints here read knobs late, through .get and `in` (which must not see an unset knob
+    as missing) and through several knobs at once."""
+    calls = []
+
+    def late(c):
+        odd = (c["a"] + c["d"]) % 3 == 0
+        calls.append(1)  # decided: both knobs were set
+        return "odd" if odd else None
+
+    space = ConfigSpace(
+        [Knob("a", (1, 2, 3, 4)), Knob("b", ("x", "y")), Knob("c", (0, 1)), Knob("d", (1, 2, 5))],
+        [lambda c: "big" if c["a"] * (2 if c["b"] == "y" else 1) > 6 else None,
+         lambda c: "c needs d" if c.get("c", 0) and c["d"] == 1 else None,
+         lambda c: "no b" if "b" not in c else None,
+         late])
+    found = space.all_configs()
+    assert len(calls) < 4 * 2 * 2 * 3  # `late` ran on the surviving prefixes only
+    assert found == _brute_force(space)
+
+
+def test_enumeration_matches_brute_force_on_a_template_space():
+    from lowbit.kernels.triton import CONV2D_INT8
+
+    wl = ConvWorkload(N=2, H=9, W=7, C=45, K=37, R=3, S=3, pad=1, w="s8", a="s8")
+    assert CONV2D_INT8.space(wl).all_configs() == _brute_force(CONV2D_INT8.space(wl))
 
 
 def test_config_is_hashable_and_json_round_trips():
