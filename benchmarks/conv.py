@@ -87,16 +87,19 @@ def bench_configs(template, wl: Workload, max_configs: int, seed: int = 0) -> li
 
 
 def int8_wgmma_configs(wl: ConvWorkload, max_configs: int, seed: int = 0) -> list[Config]:
-    """`cuda.int8_wgmma` (sm_90a GPUs only, else none): default first, then sampled points
-    with at least 128 x 64 tiles."""
+    """`cuda.int8_wgmma` (sm_90a GPUs only, else none): default first, its split-K twins
+    (grids of few tiles), then sampled points with at least 128 x 64 tiles."""
     from lowbit.kernels.cuda import INT8_WGMMA, bitserial
 
     if bitserial.target_arch() != bitserial.WGMMA_ARCH or not INT8_WGMMA.supports(wl):
         return []
     space = INT8_WGMMA.space(wl)
     default = INT8_WGMMA.default_config(wl)
-    rest = [c for c in space if c != default and c["BM"] * c["BN"] >= 128 * 64]
-    return [default, *random.Random(seed).sample(rest, min(len(rest), max_configs - 1))]
+    twins = [t for t in (default.replace(SPLIT_K=v) for v in space.knob("SPLIT_K").values[1:])
+             if space.is_valid(t)]
+    rest = [c for c in space if c != default and c not in twins and c["BM"] * c["BN"] >= 128 * 64]
+    n = max(0, max_configs - 1 - len(twins))
+    return [default, *twins, *random.Random(seed).sample(rest, min(len(rest), n))]
 
 
 def tma_configs(wl: ConvWorkload, max_configs: int, seed: int = 0) -> list[Config]:
