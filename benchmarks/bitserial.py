@@ -204,10 +204,13 @@ def bitserial_row(wl: Workload, seed: int, tries: int, persist: bool,
                   extra: list[Config] = ()) -> dict:
     """Best verified config among the default, up to `tries - 1` alternatives and `extra`
     (e.g. a tuned config) (per MMA kind: `best_us_by_mma` has the best time of each)."""
+    from conv import precompile
+
     x, w, params = gpu_inputs(wl, seed)
     want = run(wl, x, w, params)
     configs = candidates(wl, tries, persist)
     configs += [c for c in extra if c not in configs]
+    precompile([(BITSERIAL, wl, c) for c in configs])  # NVRTC's disk cache, in parallel
     best: dict = {}
     for cfg in configs:
         kernel = BITSERIAL.build(wl, cfg)

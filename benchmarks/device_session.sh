@@ -23,6 +23,7 @@
 #                (both add the tuned bests of the timed-*.json in $OUT and in
 #                 benchmarks/results/<this gpu>/)
 #   conv_r18     benchmarks/conv.py on the ResNet-18 batch-8 layers (stride 2 by TMA) (300)
+#   conv_other   benchmarks/conv.py on the ResNet-50 1x1, APNN-TC sweep and TVM layers   (300)
 #   tune_b16     benchmarks/tuning.py timed, both int8 templates, batch-16 layers  (420)
 #   tune_wgmma8  the same at batch 256 with cuda.int8_wgmma (s8 wgmma, one batch in
 #                flight) against the TMA template                                   (540)
@@ -31,6 +32,9 @@
 #   bitserial_tuned_a / _b   w1a1 and w1a2 rows tuned first (lowbit.tune, 45 s each) against
 #                the tuned int8 configs of the committed timed-*.json: GEMM 4096^3 + ResNet-50
 #                s2/s3 at batch 256 (a), s4/s5 (b)                                 (590 each)
+#   bitserial_small  w1a1/w1a2 on grids of few tiles, where split-K applies: the APNN-TC conv
+#                (b1, 16x16, C=K=1024) and fc_b128 (SMALL_LAYERS=a,b overrides); candidates
+#                with their SPLIT_K twins + the committed rows' 3 best           (300)
 #   bitserial_ab w1a1/w1a2 GEMM 4096^3 + ResNet-50 s2-s5 b256 (AB_LAYERS=a,b overrides), no
 #                tuning: the hand candidates
 #                (with REQUANT / ROWSUM twins) and the committed rows' 3 best configs with
@@ -92,6 +96,9 @@ for s in "$@"; do
         --max-configs 24 --budget-s 240 --timed $(timed_files) ;;
     conv_b256) step conv_b256 420 python3 benchmarks/conv.py --suites resnet50_3x3_b256 \
         --max-configs 24 --budget-s 360 --timed $(timed_files) ;;
+    conv_other) step conv_other 300 python3 benchmarks/conv.py \
+        --suites resnet50_1x1,apconv_sweep,tvm_tutorial --max-configs 24 --budget-s 240 \
+        --timed $(timed_files) ;;
     conv_r18) step conv_r18 300 python3 benchmarks/conv.py --suites resnet18_b8 \
         --max-configs 24 --budget-s 240 --timed $(timed_files) ;;
     tune_wgmma8) step tune_wgmma8 540 python3 benchmarks/tuning.py timed --layers "$B256" \
@@ -103,6 +110,12 @@ for s in "$@"; do
         --precisions w1a4,w2a4,w3a3 --budget-s 380 --partial "$OUT/bitserial-partial.json" ;;
     bitserial_tuned_a) bitserial_tuned a gemm_4096,resnet50_s2_3x3_b256,resnet50_s3_3x3_b256 ;;
     bitserial_tuned_b) bitserial_tuned b resnet50_s4_3x3_b256,resnet50_s5_3x3_b256 ;;
+    bitserial_small) step bitserial_small 300 python3 benchmarks/bitserial.py --tries 3 \
+        --layers "${SMALL_LAYERS:-apconv_b1_c1024,fc_b128_4096to4096}" \
+        --precisions w1a1,w1a2 --budget-s $(( ${LIMIT_bitserial_small:-300} - 40 )) \
+        --partial "$OUT/bitserial-small-partial.json" \
+        --configs $(compgen -G "$GPU_DIR/bitserial-2026112[3-9]-*.json") \
+        --int8-timed $INT8_TIMED ;;
     bitserial_ab) step bitserial_ab 590 python3 benchmarks/bitserial.py --tries 1 \
         --layers "${AB_LAYERS:-gemm_4096,$B256}" \
         --precisions w1a1,w1a2 --budget-s $(( ${LIMIT_bitserial_ab:-590} - 50 )) \
