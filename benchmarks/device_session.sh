@@ -77,6 +77,17 @@ bitserial_tuned() {  # bitserial_tuned SUFFIX LAYERS
         --partial "$OUT/bitserial-tuned-$1-partial.json" --int8-timed $INT8_TIMED
 }
 
+bitserial_rows() {  # bitserial_rows SUFFIX LIMIT TRIES LAYERS: w1a1/w1a2 rows, no tuning, with
+    # the committed rows' 3 best configs (and twins) beside the candidates
+    local limit_var="LIMIT_bitserial_$1"
+    local limit=${!limit_var:-$2}
+    step "bitserial_$1" "$limit" python3 benchmarks/bitserial.py --tries "$3" --layers "$4" \
+        --precisions w1a1,w1a2 --budget-s $(( limit - 45 )) \
+        --partial "$OUT/bitserial-$1-partial.json" \
+        --configs $(compgen -G "$GPU_DIR/bitserial-2026112[3-9]-*.json") \
+        --int8-timed $INT8_TIMED
+}
+
 TRITON_TESTS="tests/test_triton_igemm.py tests/test_triton_tma_conv.py tests/test_tune_gpu.py"
 CUDA_TESTS="tests/test_cuda_bitserial.py tests/test_cuda_int8_wgmma.py tests/test_cuda_mma_conv.py
     tests/test_cuda_nvrtc.py"
@@ -110,18 +121,9 @@ for s in "$@"; do
         --precisions w1a4,w2a4,w3a3 --budget-s 380 --partial "$OUT/bitserial-partial.json" ;;
     bitserial_tuned_a) bitserial_tuned a gemm_4096,resnet50_s2_3x3_b256,resnet50_s3_3x3_b256 ;;
     bitserial_tuned_b) bitserial_tuned b resnet50_s4_3x3_b256,resnet50_s5_3x3_b256 ;;
-    bitserial_small) step bitserial_small 300 python3 benchmarks/bitserial.py --tries 3 \
-        --layers "${SMALL_LAYERS:-apconv_b1_c1024,fc_b128_4096to4096}" \
-        --precisions w1a1,w1a2 --budget-s $(( ${LIMIT_bitserial_small:-300} - 40 )) \
-        --partial "$OUT/bitserial-small-partial.json" \
-        --configs $(compgen -G "$GPU_DIR/bitserial-2026112[3-9]-*.json") \
-        --int8-timed $INT8_TIMED ;;
-    bitserial_ab) step bitserial_ab 590 python3 benchmarks/bitserial.py --tries 1 \
-        --layers "${AB_LAYERS:-gemm_4096,$B256}" \
-        --precisions w1a1,w1a2 --budget-s $(( ${LIMIT_bitserial_ab:-590} - 50 )) \
-        --partial "$OUT/bitserial-ab-partial.json" \
-        --configs $(compgen -G "$GPU_DIR/bitserial-2026112[3-9]-*.json") \
-        --int8-timed $INT8_TIMED ;;
+    bitserial_small) bitserial_rows small 300 3 \
+        "${SMALL_LAYERS:-apconv_b1_c1024,fc_b128_4096to4096}" ;;
+    bitserial_ab) bitserial_rows ab 590 1 "${AB_LAYERS:-gemm_4096,$B256}" ;;
     *) echo "unknown step $s" >&2 ;;
     esac
 done
