@@ -17,6 +17,8 @@
 #   tests_cuda   pytest -m gpu over the CUDA bit-serial and mma.sync kernels       (540)
 #   tests_bitserial  the same, only the kernels of bitserial_common.cu (bit-serial and
 #                cuda.int8_wgmma)                                                   (300)
+#   split_check  benchmarks/split_k_check.py: the split-K test configs launched 8 times each,
+#                wrong outputs located and matched against the splits' partial sums (120)
 #   gemm         benchmarks/gemm.py, whole space of the FC shapes                  (300)
 #   conv_b16     benchmarks/conv.py on ResNet-50 3x3 at batch 16                   (300)
 #   conv_b256    benchmarks/conv.py on ResNet-50 3x3 at batch 256                  (420)
@@ -102,6 +104,7 @@ for s in "$@"; do
     tests_bitserial) step tests_bitserial 300 python3 -m pytest -q -m gpu -n 14 -p no:cacheprovider \
         --junitxml="$OUT/tests_bitserial.xml" tests/test_cuda_bitserial.py \
         tests/test_cuda_int8_wgmma.py ;;
+    split_check) step split_check 120 python3 benchmarks/split_k_check.py --launches 8 ;;
     gemm) step gemm 300 python3 benchmarks/gemm.py --whole-space-below 1000 ;;
     conv_b16) step conv_b16 300 python3 benchmarks/conv.py --suites resnet50_3x3_b16 \
         --max-configs 24 --budget-s 240 --timed $(timed_files) ;;
