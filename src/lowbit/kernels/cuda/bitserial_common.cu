@@ -569,18 +569,21 @@ __device__ __forceinline__ int table_row_popc(const int* __restrict__ xpop, int 
 
 constexpr int OUT_WORD_TILES = WN / 32 > 0 ? WN / 32 : 1;
 
-// SPLIT_K > 1: the sum of the other k splits' partial sums of output row m, columns col, col + 1
-// (col even), read through L2 (ld.global.cg: other SMs wrote them during this launch).
-__device__ __forceinline__ uint2 split_others(const EpilogueArgs& ea, i64 m, int col) {
+// SPLIT_K > 1: the k-linear sums of output row m, columns col, col + 1 (col even): every split's
+// partial, this block's own included, read through L2 (ld.global.cg: other SMs wrote them
+// during this launch). The own partial comes back from memory, not from the accumulators: on
+// an H100 (NVRTC 13.0) wgmma accumulators kept live across split_arrive came back wrong in
+// columns 16-31 of a 32-column warpgroup tile (s3 x b1 GEMM, BM = BN = 64), deterministically;
+// the host emulation of the same text was exact.
+__device__ __forceinline__ uint2 split_sum(const EpilogueArgs& ea, i64 m, int col) {
   const int* p = ea.split_ws + m * WS_COLS + col;
   uint2 sum = make_uint2(0u, 0u);
 #pragma unroll
-  for (int z = 0; z < SPLIT_K; ++z)
-    if (z != ea.split_z) {
-      const uint2 v = __ldcg(reinterpret_cast<const uint2*>(p + z * WS_SPLIT));
-      sum.x += v.x;
-      sum.y += v.y;
-    }
+  for (int z = 0; z < SPLIT_K; ++z) {
+    const uint2 v = __ldcg(reinterpret_cast<const uint2*>(p + z * WS_SPLIT));
+    sum.x += v.x;
+    sum.y += v.y;
+  }
   return sum;
 }
 
@@ -605,7 +608,7 @@ __device__ __forceinline__ void epilogue_rows(const RowSum& rsum, i64 m0, int ro
       }
       wsum[mi][h] = BORDER ? ea.wtap + WSUM0 + rect_id(rlo, rhi, slo, shi) * KPAD + col_base
                            : nullptr;
-      int t = rowsum_mma_term(rsum, mi, h);
+      int t = SPLIT_K > 1 ? 0 : rowsum_mma_term(rsum, mi, h);  // split-K: in split_sum
       if constexpr (ROWSUM_TABLE) {
         if (m < M_ROWS) t = A_ALPHA * W_BETA * table_row_popc(ea.xpop, m, po, qo, rlo, rhi, slo, shi);
       }
@@ -660,14 +663,14 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
   for (int ni = 0; ni < NT; ++ni) {
     int pats[MT][2][2];
     uint2 wpair[MT][2];   // BORDER: the tap-rectangle weight sums of this lane's column pair
-    uint2 others[MT][2];  // SPLIT_K > 1: the other k splits' partial sums of that pair
+    uint2 splits[MT][2];  // SPLIT_K > 1: the k-linear sums of that pair (split_sum)
 #pragma unroll
     for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if constexpr (BORDER) wpair[mi][h] = *reinterpret_cast<const uint2*>(wsum[mi][h] + ni * 8);
         if constexpr (SPLIT_K > 1)
-          others[mi][h] = split_others(ea, m0 + row0 + mi * 16 + g + 8 * h, n0 + col0 + ni * 8 + 2 * t4);
+          splits[mi][h] = split_sum(ea, m0 + row0 + mi * 16 + g + 8 * h, n0 + col0 + ni * 8 + 2 * t4);
       }
     ColParams cps[2] = {col_params(ea, n0 + col0 + ni * 8 + 2 * t4),
                         col_params(ea, n0 + col0 + ni * 8 + 2 * t4 + 1)};
@@ -680,9 +683,13 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
       for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          int y = plane_dot(acc, mi, ni, 2 * h + e) + term[mi][h] + cp.off;
+          int y = term[mi][h] + cp.off;
+          if constexpr (SPLIT_K > 1) {
+            y += e ? (int)splits[mi][h].y : (int)splits[mi][h].x;
+          } else {
+            y += plane_dot(acc, mi, ni, 2 * h + e);
+          }
           if constexpr (BORDER) y += e ? (int)wpair[mi][h].y : (int)wpair[mi][h].x;
-          if constexpr (SPLIT_K > 1) y += e ? (int)others[mi][h].y : (int)others[mi][h].x;
           if constexpr (OUT_THRESH && !PACK_IN_SMEM) {  // straight into the packed words
 #pragma unroll
             for (int b = 0; b < OUT_BITS; ++b)
@@ -787,7 +794,8 @@ __device__ __forceinline__ void split_store(const Acc& acc, const RowSum& rsum,
 }
 
 // Count this block in once its partial sums are stored; true in the tile's last block to
-// arrive, which resets the tile's counter for the next launch and runs the epilogue. The
+// arrive, which resets the tile's counter for the next launch and runs the epilogue on the
+// splits' sums (split_sum; the accumulators are dead past split_store). The
 // fences order every thread's stores before the count and the count before the last block's
 // reads (the threadfence-reduction pattern of the CUDA programming guide).
 __device__ __forceinline__ bool split_arrive(int* split_count, int tid) {
