@@ -33,7 +33,9 @@
 #   (Nsight Compute profiles of bit-serial rows: benchmarks/ncu_bitserial.sh, its own call)
 #   bitserial_tuned_a / _b   w1a1 and w1a2 rows tuned first (lowbit.tune, 45 s each) against
 #                the tuned int8 configs of the committed timed-*.json: GEMM 4096^3 + ResNet-50
-#                s2/s3 at batch 256 (a), s4/s5 (b)                                 (590 each)
+#                s2/s3 at batch 256 (a), s4/s5 (b), the APNN-TC conv + fc_b128 (small)
+#                                                                                   (590 each)
+#   tests_split  the split-K GPU tests only                                       (120)
 #   bitserial_small  w1a1/w1a2 on grids of few tiles, where split-K applies: the APNN-TC conv
 #                (b1, 16x16, C=K=1024) and fc_b128 (SMALL_LAYERS=a,b overrides); candidates
 #                with their SPLIT_K twins + the committed rows' 3 best           (300)
@@ -124,6 +126,9 @@ for s in "$@"; do
         --precisions w1a4,w2a4,w3a3 --budget-s 380 --partial "$OUT/bitserial-partial.json" ;;
     bitserial_tuned_a) bitserial_tuned a gemm_4096,resnet50_s2_3x3_b256,resnet50_s3_3x3_b256 ;;
     bitserial_tuned_b) bitserial_tuned b resnet50_s4_3x3_b256,resnet50_s5_3x3_b256 ;;
+    bitserial_tuned_small) bitserial_tuned small apconv_b1_c1024,fc_b128_4096to4096 ;;
+    tests_split) step tests_split 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        --junitxml="$OUT/tests_split.xml" -k split tests/test_cuda_bitserial.py ;;
     bitserial_small) bitserial_rows small 300 3 \
         "${SMALL_LAYERS:-apconv_b1_c1024,fc_b128_4096to4096}" ;;
     bitserial_ab) bitserial_rows ab 590 1 "${AB_LAYERS:-gemm_4096,$B256}" ;;

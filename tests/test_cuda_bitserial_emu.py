@@ -87,19 +87,15 @@ CASES = [
     ("mma_split2_halo_s3u4_int8", conv(S3, U4, EPILOGUES[3], N=2, H=7, W=6, C=100, K=40,
                                        stride=2), "mma_sync", {"SPLIT_K": 2, "HALO": 1}),
     # binary weights: the row-sum MMA's popcounts are part of the partial sums
-    ("wgmma_split4_b1u2_threshold", conv(B1, U2, EPILOGUES[1], N=1, H=6, W=5, C=300, K=70),
-     "wgmma", {"SPLIT_K": 4, "REQUANT": "threshold"}),
+    ("mma_split4_b1u2_threshold", conv(B1, U2, EPILOGUES[1], N=1, H=6, W=5, C=300, K=70),
+     "mma_sync", {"SPLIT_K": 4, "KT": 1, "REQUANT": "threshold"}),
     # binary activations with padding: the tap-rectangle sums are added once, by the last block
-    ("wgmma_split8_b1b1_border", conv(B1, B1, EPILOGUES[5], N=1, H=5, W=9, C=448, K=33),
-     "wgmma", {"SPLIT_K": 8}),
-    ("wgmma_split2_rowsum_table_b1u2", gemm(B1, U2, EPILOGUES[2], M=70, N=48, K=2048),
-     "wgmma", {"SPLIT_K": 2, "ROWSUM": "table", "BN": 32, "WN": 16}),
+    ("mma_split8_b1b1_border", conv(B1, B1, EPILOGUES[5], N=1, H=5, W=9, C=448, K=33),
+     "mma_sync", {"SPLIT_K": 8, "KT": 1}),
+    ("mma_split2_rowsum_table_b1u2", gemm(B1, U2, EPILOGUES[2], M=70, N=48, K=2048),
+     "mma_sync", {"SPLIT_K": 2, "ROWSUM": "table", "BN": 32, "WN": 16}),
     ("mma_split8_gemm_s2b1_int32", gemm(S2, B1, EPILOGUES[0], M=40, N=45, K=4090),
      "mma_sync", {"SPLIT_K": 8, "KT": 1}),
-    # the config whose wgmma accumulators came back wrong on an H100 when the last block read
-    # them after the arrival (bitserial_common.cu, split_sum)
-    ("wgmma_split2_gemm_s3b1_int32", gemm(S3, B1, EPILOGUES[0], M=40, N=45, K=4090),
-     "wgmma", {"SPLIT_K": 2}),
 ]
 
 
@@ -125,13 +121,12 @@ def test_emulated_kernel_is_bit_exact(wl, mma, changes):
     assert _check(wl, _config(wl, mma, changes), seed=len(wl.key))
 
 
-@pytest.mark.parametrize("mma", ["mma_sync", "wgmma"])
-def test_split_k_counters_come_back_to_zero(mma, monkeypatch):
+def test_split_k_counters_come_back_to_zero(monkeypatch):
     """A second launch on the same workspace and counters is exact too: the last block of
     each tile resets its counter (otherwise no block of the next launch would see itself last
     and the output would stay poisoned)."""
     wl = conv(S2, U2, EPILOGUES[1], N=1, H=6, W=5, C=280, K=37)
-    cfg = _config(wl, mma, {"SPLIT_K": 4, "KT": 1, "STAGES": 3})
+    cfg = _config(wl, "mma_sync", {"SPLIT_K": 4, "KT": 1, "STAGES": 3})
     x, w, params = random_inputs(wl, 5)
     want = run(wl, x, w, params)
     assert torch.equal(bitserial_emu.emulate(wl, cfg, x, w, params, launches=2), want)
@@ -146,10 +141,12 @@ def test_split_k_counters_come_back_to_zero(mma, monkeypatch):
 def test_split_k_constraints():
     wl = conv(S2, U2, EPILOGUES[1], N=1, H=6, W=5, C=280, K=37)  # 9 taps x 9 words: 11 k tiles
     space = BITSERIAL.space(wl, WGMMA_ARCH)
-    base = _config(wl, "wgmma", {"KT": 1})
+    base = _config(wl, "mma_sync", {"KT": 1})
     assert space.is_valid(base.replace(SPLIT_K=4))  # 3, 3, 3, 2 k tiles
     assert "without k tiles" in space.why_invalid(base.replace(SPLIT_K=8))  # 2 x 7 >= 11
     assert "PERSIST=0" in space.why_invalid(base.replace(SPLIT_K=2, PERSIST=1))
+    wgmma = _config(wl, "wgmma", {"KT": 1})
+    assert "mma_sync" in space.why_invalid(wgmma.replace(SPLIT_K=2))
     big = conv(S2, U2, EPILOGUES[1], N=64, H=56, W=56, C=64, K=64)
     assert BITSERIAL.space(big, WGMMA_ARCH).knob("SPLIT_K").values == (1,)
     one_k_tile = gemm(S2, U2, EPILOGUES[1], M=64, N=64, K=256)
@@ -178,6 +175,7 @@ def test_emulation_catches_a_broken_kernel(edit, monkeypatch):
     monkeypatch.setattr(bitserial_emu, "host_source", broken)
     wl = conv(S2, U2, EPILOGUES[1], N=1, H=6, W=5, C=200, K=37)
     changes = {"STAGES": 3, "KT": 1}
-    if "SPLIT_K" in edit[0]:
-        changes["SPLIT_K"] = 4
-    assert not _check(wl, _config(wl, "wgmma", changes), seed=1)
+    mma = "wgmma"
+    if "SPLIT_K" in edit[0]:  # split-K runs on mma.sync only
+        changes["SPLIT_K"], mma = 4, "mma_sync"
+    assert not _check(wl, _config(wl, mma, changes), seed=1)

@@ -1,7 +1,7 @@
 """`cuda.int8_wgmma`: int8-layout conv2d / GEMM on s8 wgmma through the bit-serial kernel. CPU:
 support rules, the space, NVRTC compilation for sm_90a, bit-exact runs in the host emulation
 (s8 and u8 activations, stride 2, 1x1 with a 1-word channel tail, GEMM, persistent blocks,
-split-K, every output kind). GPU (sm_90a): bit-exact on the shared ResNet-50 layers and the
+every output kind). GPU (sm_90a): bit-exact on the shared ResNet-50 layers and the
 FC shapes."""
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ EMU_CASES = [
     (ConvWorkload(N=1, H=5, W=6, C=32, K=33, R=3, S=3, pad=1,
                   epilogue=Epilogue(bias=True, out="s2", out_layout="bitplane")),
      {"REQUANT": "threshold"}),
-    # split-K over 4 blocks per tile (the s8 mode's partial sums are the plain dot products)
-    (GemmWorkload(M=77, N=64, K=1000, epilogue=S8_OUT), {"SPLIT_K": 4}),
 ]
 
 

@@ -25,7 +25,7 @@ it with per-column integer thresholds that fold in bias and ReLU,
 `lowbit.reference.requant_thresholds`), SPLIT_K (one-tile-per-block kernels: the k tiles split
 over SPLIT_K blocks per tile, grid.z; each stores its k-linear partial sums to a workspace and
 the tile's last block to arrive adds them up and runs the epilogue: for grids of few tiles with
-long reductions).
+long reductions; mma.sync only).
 """
 
 from __future__ import annotations
@@ -564,6 +564,10 @@ def _constraints(wl: Workload) -> list:
             return None
         if c["PERSIST"]:
             return "SPLIT_K > 1 is implemented in the one-tile-per-block kernels only (PERSIST=0)"
+        if c["MMA"] != "mma_sync":
+            # H100, NVRTC 13.0: wgmma split-K configs exact in the host emulation gave wrong
+            # outputs on the GPU (NOTES.md, "Split-K"); mma.sync ones were all exact
+            return "SPLIT_K > 1 only with MMA='mma_sync' (wgmma split-K was wrong on an H100)"
         per_split = -(-k_tiles(wl, c) // n)
         if per_split * (n - 1) >= k_tiles(wl, c):
             return f"SPLIT_K={n} leaves a split without k tiles ({k_tiles(wl, c)} k tiles)"

@@ -8,8 +8,9 @@ one "plane" of bytes (CW = C/4 words per pixel, coefficients 1, no row sums) the
 an int8 implicit GEMM for operands in the int8 layout (NHWC / KRSC, one byte per value).
 
 Template `cuda.int8_wgmma` (sm_90a only): knobs of `cuda.bitserial` with MMA fixed to wgmma
-(BM, BN, WN, KT, STAGES, PERSIST, SWIZZLE, HALO, REQUANT, SPLIT_K). Exact: int32 accumulation, the
-workload's worst-case |sum| must fit (checked), outputs as `lowbit.reference.run`.
+(BM, BN, WN, KT, STAGES, PERSIST, SWIZZLE, HALO, REQUANT; SPLIT_K fixed at 1). Exact: int32
+accumulation, the workload's worst-case |sum| must fit (checked), outputs as
+`lowbit.reference.run`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from .bitserial import (
     _constraints,
     conv_shape,
     requant_knob,
-    split_k_values,
     support_limits_reason,
     target_arch,
 )
@@ -67,7 +67,7 @@ class Int8WgmmaTemplate(KernelTemplate):
                  Knob("KT", (1, 2, 4)), Knob("STAGES", (3, 4, 6)), Knob("PERSIST", (0, 1)),
                  Knob("MMA", ("wgmma",)), Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
                  Knob("ROWSUM", ("mma",)), requant_knob(workload),
-                 Knob("SPLIT_K", split_k_values(workload))]
+                 Knob("SPLIT_K", (1,))]  # split-K: mma.sync only (bitserial.py)
         return ConfigSpace(knobs, _constraints(workload))
 
     def default_config(self, workload: Workload, arch: str | None = None) -> Config:
