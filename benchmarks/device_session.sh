@@ -76,8 +76,11 @@ timed_files() {  # tuned configs, and the winners of the committed conv runs of 
 
 INT8_TIMED=$(compgen -G "benchmarks/results/nvidia-h100-80gb-hbm3/timed-2026112[3-9]-*.json")
 bitserial_tuned() {  # bitserial_tuned SUFFIX LAYERS
-    step "bitserial_tuned_$1" 590 python3 benchmarks/bitserial.py --layers "$2" \
-        --precisions w1a1,w1a2 --tune-trials 160 --tune-budget-s 45 --budget-s 540 \
+    local limit_var="LIMIT_bitserial_tuned_$1"
+    local limit=${!limit_var:-590}
+    step "bitserial_tuned_$1" "$limit" python3 benchmarks/bitserial.py --layers "$2" \
+        --precisions w1a1,w1a2 --tune-trials 160 --tune-budget-s 45 \
+        --budget-s $(( limit - 50 )) \
         --partial "$OUT/bitserial-tuned-$1-partial.json" --int8-timed $INT8_TIMED
 }
 
