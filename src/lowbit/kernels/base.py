@@ -19,6 +19,9 @@ from ..core.epilogue import EpilogueParams
 
 #: int32 accumulators are exact while the worst-case |sum| stays below this
 EXACT_INT32 = 2**31
+#: SMs of the GPU the spaces are shaped for (H100 SXM): split-K only where a grid of output
+#: tiles leaves SMs idle
+NUM_SMS = 132
 
 
 def acc_bound(wl: Workload) -> int:

@@ -44,7 +44,7 @@ from ...core.epilogue import OUT_FP16, EpilogueParams
 from ...core.validate import check_inputs, output_buffer
 from ...reference.bitserial import plane_coefficients
 from ...reference.epilogue import INT32_MAX, THRESHOLD_MAX_BITS, requant_thresholds
-from ..base import KernelTemplate
+from ..base import NUM_SMS, KernelTemplate
 from .nvrtc import DEFAULT_ARCH, CudaKernel, compile_cubin, device_arch
 
 MAX_BITS = 4          # per operand; wider precisions belong to the int8 path
@@ -55,9 +55,9 @@ MAX_SMEM = 160 * 1024  # bytes of dynamic shared memory a config may use (sm_80:
 MAX_COPY_ITERS = 16   # copy chunks per thread per stage (row index registers)
 GRID_Y_MAX = 65535
 SPLIT_K_VALUES = (1, 2, 4, 8)
-# Split-K only where the tile grid leaves SMs idle: under two waves of one block per SM on a
-# 132-SM H100 (larger grids fill the GPU without it, and each split re-stores a tile's sums).
-SPLIT_K_MAX_TILES = 264
+# Split-K only where the tile grid leaves SMs idle: under two waves of one block per SM
+# (larger grids fill the GPU without it, and each split re-stores a tile's sums).
+SPLIT_K_MAX_TILES = 2 * NUM_SMS
 WGMMA_ARCH = "sm_90a"  # wgmma needs the arch-specific Hopper target
 # N of wgmma m64nNk256 for s32 b1 (PTX ISA): multiples of 8 to 32, then of 16 to 256
 WGMMA_N = frozenset([8, 16, 24, 32, *range(48, 257, 16)])

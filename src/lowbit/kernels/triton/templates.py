@@ -45,7 +45,7 @@ from ...core.validate import (
     output_buffer,
     storage_dtype,
 )
-from ..base import EXACT_INT32, KernelTemplate, acc_bound
+from ..base import EXACT_INT32, NUM_SMS, KernelTemplate, acc_bound
 from .epilogue import (
     ENC_CODE,
     LAYOUT_CODE,
@@ -71,8 +71,6 @@ from .igemm import (
 SMEM_LIMIT = 220 * 1024
 #: int32 / fp32 accumulator registers per thread above which Triton spills
 ACC_REGS_LIMIT = 128
-#: streaming multiprocessors of an H100 SXM: split-K only where the tile grid is smaller
-NUM_SMS = 132
 EXACT_FP32 = 2**24
 #: reduction chunk sizes of the implicit-GEMM template (knob BLOCK_K)
 BLOCK_K_VALUES = (32, 64, 128)

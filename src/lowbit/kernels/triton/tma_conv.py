@@ -40,7 +40,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ...core import Config, ConfigSpace, ConvWorkload, Knob, Layout, Workload
 from ...core.precision import Encoding
 from ...core.validate import check_inputs, output_buffer
-from ..base import KernelTemplate
+from ..base import NUM_SMS, KernelTemplate
 from . import igemm
 from .epilogue import epilogue_store
 from .igemm import (
@@ -55,7 +55,6 @@ from .igemm import (
 from .templates import (
     ACC_REGS_LIMIT,
     EXACT_INT32,
-    NUM_SMS,
     SMEM_LIMIT,
     Problem,
     _check_device,
