@@ -212,6 +212,11 @@ def test_enumeration_prunes_prefixes_without_changing_the_points():
     assert found == _brute_force(space)
 
 
+def test_a_space_without_knobs_has_one_point():
+    assert ConfigSpace([]).all_configs() == [Config()]
+    assert ConfigSpace([], [lambda c: "never"]).all_configs() == []
+
+
 def test_enumeration_matches_brute_force_on_a_template_space():
     from lowbit.kernels.triton import CONV2D_INT8
 

@@ -142,7 +142,10 @@ class ConfigSpace:
         checking every point of the product: the same points in the same order."""
         if self._valid is None:
             self._valid = []
-            self._walk(0, {}, self.constraints)
+            if self.knobs:
+                self._walk(0, {}, self.constraints)
+            elif self.is_valid(Config()):  # the product of no knobs: one empty point
+                self._valid.append(Config())
         return self._valid
 
     def _walk(self, depth: int, prefix: dict[str, Scalar],
