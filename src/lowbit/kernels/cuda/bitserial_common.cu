@@ -58,11 +58,12 @@ constexpr int PACK_WORDS = OUT_BITS * BM * BLOCK_WORDS;
 constexpr int N_COL_TILES = (KOUT + BN - 1) / BN;
 constexpr int ROW_TILES = (int)((M_ROWS + BM - 1) / BM);
 constexpr int N_TILES = N_COL_TILES * ROW_TILES;
-// Split-K (SPLIT_K > 1, one-tile-per-block kernels): block z of a tile reduces k tiles
-// [z * KTILES_PER_SPLIT, ...) and stores its k-linear partial sums to the workspace slice z of
-// WS_ROWS x WS_COLS (the padded tile grid: no guards); the tile's last block to arrive adds the
-// others' and runs the epilogue. For grids of few tiles and long reductions (a 16x16 image
-// with 1,024 channels fills 64 blocks on 132 SMs over 36 k tiles).
+// Split-K (SPLIT_K > 1, one-tile-per-block kernels; the space allows it on mma.sync only):
+// block z of a tile reduces k tiles [z * KTILES_PER_SPLIT, ...) and stores its k-linear partial
+// sums to the workspace slice z of ROW_TILES * BM x WS_COLS (the padded tile grid: no guards);
+// the tile's last block to arrive sums every slice, its own included, and runs the epilogue.
+// For grids of few tiles and long reductions (a 16x16 image with 1,024 channels fills 64
+// blocks on 132 SMs over 36 k tiles).
 constexpr int KTILES_PER_SPLIT = (KTILES + SPLIT_K - 1) / SPLIT_K;
 constexpr int WS_COLS = N_COL_TILES * BN;
 constexpr i64 WS_SPLIT = (i64)ROW_TILES * BM * WS_COLS;
