@@ -79,7 +79,8 @@ def estimate_us(wl: Workload, c: Config) -> float:
     sh = bitserial.conv_shape(wl)
     p, q = wl.w.bits, wl.a.bits
     wm, wn = c["BM"] // c["WM"], c["BN"] // c["WN"]
-    ksteps = -(-sh.k_words // (8 * c["KT"])) * c["KT"]
+    ktiles = bitserial.k_tiles(wl, c)
+    ksteps = ktiles * c["KT"]
     mma = (c["BM"] // 16) * (c["BN"] // 8) * p * q * ksteps
     if wl.w.encoding.value == "binary":
         mma += (c["BM"] // 16) * q * wn * ksteps
@@ -95,7 +96,6 @@ def estimate_us(wl: Workload, c: Config) -> float:
                         2048 // threads))
     tiles = -(-sh.rows // c["BM"]) * -(-sh.kout // c["BN"])
     waves = -(-tiles // (SMS * per_sm))
-    ktiles = -(-sh.k_words // (8 * c["KT"]))
     barriers = tiles * ktiles * BARRIER_CYCLES / per_sm  # a stall per stage, others fill it
     busy = (tiles * cycles + barriers) / SMS
     exposed = 0 if c["PERSIST"] else waves * TILE_LATENCY_CYCLES

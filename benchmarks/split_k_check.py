@@ -29,10 +29,7 @@ def check(wl, cfg: Config, launches: int) -> dict:
     want = run(wl, x.cpu(), w.cpu(), params.to("cpu"))
     out = torch.empty(want.shape, dtype=want.dtype, device="cuda")
     launch = BITSERIAL.build(wl, cfg).bind(x, w, params, out)
-    # the bound launcher's kernel arguments (its closure's list): the workspace is argument 10
-    arg_lists = [c.cell_contents for c in launch.__closure__ or []
-                 if isinstance(c.cell_contents, list)]
-    ws = arg_lists[0][10] if arg_lists else None
+    ws = launch.split_workspace  # the partial sums the launches write (None without split-K)
     report = {"config": dict(cfg), "workload": wl.key, "launches": []}
     seen = None
     for _ in range(launches):

@@ -465,7 +465,8 @@ class BitserialKernel:
     def bind(self, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams,
              out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
         """Validate once and return a no-argument launcher (CUDA-graph capture, timing):
-        `check_inputs` reads the epilogue vectors, which syncs the device."""
+        `check_inputs` reads the epilogue vectors, which syncs the device. The launcher's
+        `split_workspace` is the split-K partial-sum tensor it writes (None without split-K)."""
         wl = self.workload
         check_inputs(wl, x, w, params)
         if x.device.type != "cuda":
@@ -494,6 +495,7 @@ class BitserialKernel:
             self._main.launch(grid, self._threads, args, shared_mem=self._smem)
             return out
 
+        launch.split_workspace = split_ws  # type: ignore[attr-defined]  # split-K diagnostics
         return launch
 
 

@@ -422,7 +422,7 @@ struct EpilogueArgs {
   const int* wtap;
   const int* xpop;
   const int* thr;  // OUT_THRESH: [KPAD][THR_LEVELS] requantization thresholds
-  int* split_ws;   // SPLIT_K > 1: [SPLIT_K][WS_ROWS][WS_COLS] k-linear partial sums
+  int* split_ws;   // SPLIT_K > 1: [SPLIT_K][ROW_TILES * BM][WS_COLS] k-linear partial sums
   int split_z;     // this block's k split (blockIdx.z; 0 without split-K)
 };
 // The epilogue's view of BITSERIAL_KERNEL_PARAMS (inside a kernel taking them).
