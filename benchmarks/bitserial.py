@@ -141,10 +141,22 @@ def candidates(wl: Workload, n: int, persist: bool = True) -> list[Config]:
     if persist:  # persistent wgmma blocks (2026-11-23: not yet measured): the first valid one
         twins += [t for t in (c.replace(PERSIST=1) for c in chosen if c["MMA"] == "wgmma")
                   if space.is_valid(t)][:1]
+    twins += shift_candidates(space)
     # split-K (grids of few tiles only: the space has SPLIT_K > 1 nowhere else)
     splits = [v for v in space.knob("SPLIT_K").values if v > 1]
     twins += [c.replace(PERSIST=0, SPLIT_K=v) for c in chosen for v in splits]
     return chosen + [t for t in dict.fromkeys(twins) if space.is_valid(t) and t not in chosen]
+
+
+def shift_candidates(space) -> list[Config]:
+    """One TAP_SHIFT=1 config per block tile shape (BM, BN, WN) (32-byte swizzled B, row sums
+    by MMA, the space's first REQUANT mode that is "threshold" where offered): the estimate
+    above does not model the tap-shift kernel, so every shape is timed."""
+    shifted = [c for c in space if c["TAP_SHIFT"] and c["SWIZZLE"] == 32
+               and c["ROWSUM"] == "mma"]
+    requant = "threshold" if any(c["REQUANT"] == "threshold" for c in shifted) else "multiply"
+    shapes = {(c["BM"], c["BN"], c["WN"]): c for c in shifted if c["REQUANT"] == requant}
+    return list(shapes.values())
 
 
 def precisions(name: str) -> tuple[Precision, Precision]:

@@ -39,6 +39,9 @@
 #   bitserial_small  w1a1/w1a2 on grids of few tiles, where split-K applies: the APNN-TC conv
 #                (b1, 16x16, C=K=1024) and fc_b128 (SMALL_LAYERS=a,b overrides); candidates
 #                with their SPLIT_K twins + the committed rows' 3 best           (300)
+#   tests_shift  pytest -m gpu over the tap-shift wgmma conv (TAP_SHIFT=1)             (240)
+#   bitserial_shift  w1a1/w1a2 ResNet-50 s2-s5 b256 (SHIFT_LAYERS=a,b overrides): candidates
+#                with every tap-shift tile shape + the committed rows' 3 best       (540)
 #   bitserial_ab w1a1/w1a2 GEMM 4096^3 + ResNet-50 s2-s5 b256 (AB_LAYERS=a,b overrides), no
 #                tuning: the hand candidates
 #                (with REQUANT / ROWSUM twins) and the committed rows' 3 best configs with
@@ -135,6 +138,9 @@ for s in "$@"; do
     bitserial_small) bitserial_rows small 300 3 \
         "${SMALL_LAYERS:-apconv_b1_c1024,fc_b128_4096to4096}" ;;
     bitserial_ab) bitserial_rows ab 590 1 "${AB_LAYERS:-gemm_4096,$B256}" ;;
+    tests_shift) step tests_shift 240 python3 -m pytest -q -m gpu -n 14 -p no:cacheprovider \
+        --junitxml="$OUT/tests_shift.xml" tests/test_cuda_tap_shift.py ;;
+    bitserial_shift) bitserial_rows shift 540 1 "${SHIFT_LAYERS:-$B256}" ;;
     *) echo "unknown step $s" >&2 ;;
     esac
 done

@@ -46,6 +46,8 @@ from ...reference.bitserial import plane_coefficients
 from ...reference.epilogue import INT32_MAX, THRESHOLD_MAX_BITS, requant_thresholds
 from ..base import NUM_SMS, KernelTemplate
 from .nvrtc import DEFAULT_ARCH, CudaKernel, compile_cubin, device_arch
+from .tap_shift import group_words, render_tables, shift_plan
+from .tap_shift import unsupported_reason as shift_unsupported_reason
 
 MAX_BITS = 4          # per operand; wider precisions belong to the int8 path
 MAX_ACC_REGS = 160    # int32 accumulators per thread (p*q plane pairs share the register file)
@@ -71,13 +73,16 @@ def _cu(name: str) -> str:
 
 def kernel_file(config: Mapping) -> str:
     """The .cu body of a config's kernel (after bitserial_common.cu)."""
+    if tap_shift(config):
+        return "bitserial_wgmma_shift.cu"
     if config["MMA"] == "wgmma":
         return "bitserial_wgmma_persistent.cu" if config["PERSIST"] else "bitserial_wgmma.cu"
     return "bitserial_persistent.cu" if config["PERSIST"] else "bitserial.cu"
 
 
 def kernel_name(config: Mapping) -> str:
-    return {"bitserial_wgmma.cu": "bitserial_wgmma",
+    return {"bitserial_wgmma_shift.cu": "bitserial_wgmma_shift",
+            "bitserial_wgmma.cu": "bitserial_wgmma",
             "bitserial_wgmma_persistent.cu": "bitserial_wgmma_persistent",
             "bitserial_persistent.cu": "bitserial_persistent",
             "bitserial.cu": "bitserial_kernel"}[kernel_file(config)]
@@ -242,7 +247,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "KT": config["KT"], "STAGES": config["STAGES"], "PERSIST": config["PERSIST"],
         "WGMMA": int(config["MMA"] == "wgmma"), "SWIZZLE": config["SWIZZLE"],
         "HALO": config["HALO"], "ROWSUM_TABLE": int(rowsum_table(config)),
-        "SPLIT_K": split_k(config),
+        "SPLIT_K": split_k(config), "TAP_SHIFT": int(tap_shift(config)),
         "HALO_WORDS": halo_rows(sh, config["BM"]) * sh.w * sh.words if config["HALO"] else 0,
         "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh), "KPAD": wsum_columns(sh),
         "WSUM0": wsum_start(sh),
@@ -254,12 +259,28 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
     lines = [f"// lowbit bit-serial kernel for {wl.key}", f"// config {config.to_json()}"]
     lines += [f"constexpr int {k} = {int(v)};" for k, v in params.items()]
     lines.append(f"constexpr long long M_ROWS = {sh.rows}ll;")
+    if tap_shift(config):
+        lines.append(render_tables(shift_plan(sh, config["BM"])))
+    else:  # out_row's virtual grid is the output itself
+        lines.append("constexpr int VQ = 1, VP = 1;\nconstexpr long long V_ROWS = M_ROWS;")
     body = _cu("bitserial_common.cu")
     if config["MMA"] == "wgmma":
         if wgmma_asm:
             body += wgmma_source(p, config["WN"], s8_atype(wl) if elem8 else None)
         body += _cu("bitserial_wgmma_common.cu")
     return "\n".join(lines) + "\n" + body + _cu(kernel_file(config))
+
+
+def tap_shift(config: Mapping) -> bool:
+    """The conv runs as shifted views of one input slab per block (knob TAP_SHIFT=1,
+    `tap_shift.py`)."""
+    return bool(config.get("TAP_SHIFT", 0))
+
+
+def block_rows(wl: Workload, config: Mapping) -> int:
+    """Rows the block tiles cover: the output rows, or TAP_SHIFT's virtual rows."""
+    sh = conv_shape(wl)
+    return shift_plan(sh, config["BM"]).v_rows if tap_shift(config) else sh.rows
 
 
 def split_k(config: Mapping) -> int:
@@ -360,7 +381,7 @@ def xpop_lanes(shape: Shape) -> int:
 def tile_grid(wl: Workload, config: Mapping) -> tuple[int, int]:
     """(column tiles, row tiles): the grid of the one-tile-per-block kernels."""
     sh = conv_shape(wl)
-    return math.ceil(sh.kout / config["BN"]), math.ceil(sh.rows / config["BM"])
+    return math.ceil(sh.kout / config["BN"]), math.ceil(block_rows(wl, config) / config["BM"])
 
 
 def wsum_columns(shape: Shape) -> int:
@@ -416,8 +437,13 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     q, p = planes(wl)
     rows = q * config["BM"] + p * config["BN"]
     operands = config["STAGES"] * rows * config["KT"] * 32 + halo_bytes(wl, config)
+    ones = 1
+    if tap_shift(config):  # every channel group's stage resident, one ones tile per pattern
+        plan = shift_plan(conv_shape(wl), config["BM"])
+        operands = plan.groups * group_words(plan, q, p * config["BN"])[1] * 4
+        ones = len(plan.ones_tiles)
     if config["MMA"] == "wgmma" and needs_rowsum(wl) and not rowsum_table(config):
-        operands += 256
+        operands += 256 * ones
     epi = wl.epilogue
     if epi.requantizes and epi.out_layout is Layout.BITPLANE and config["WN"] % 32:
         packing = epi.out.bits * config["BM"] * config["BN"] // 8
@@ -556,9 +582,22 @@ def _constraints(wl: Workload) -> list:
             return "halo slab too large for 32-bit word offsets"
         return None
 
+    def shifted(c: Config) -> str | None:
+        if not tap_shift(c):
+            return None
+        if c["MMA"] != "wgmma" or c["PERSIST"] or c["HALO"] or split_k(c) > 1:
+            return "TAP_SHIFT=1 is a one-tile-per-block wgmma kernel without HALO or SPLIT_K"
+        if c["KT"] != 1 or c["STAGES"] != 3:
+            return "TAP_SHIFT=1 loads whole channel groups: KT and STAGES keep 1 and 3"
+        if shift_plan(sh, c["BM"]).v_rows + 256 >= 2**31:
+            return "too many virtual rows for 32-bit row indices"
+        return None
+
     def copies(c: Config) -> str | None:
         iters = -(-c["BM"] * c["KT"] * 8 // vec // threads(c))
-        return f"{iters} copy chunks per thread" if iters > MAX_COPY_ITERS else None
+        if iters > MAX_COPY_ITERS and not tap_shift(c):  # TAP_SHIFT: no im2col copy rows
+            return f"{iters} copy chunks per thread"
+        return None
 
     def splits(c: Config) -> str | None:
         n = split_k(c)
@@ -586,13 +625,14 @@ def _constraints(wl: Workload) -> list:
     def waste(c: Config) -> str | None:
         if c["BN"] > max(32, _pow2_ceil(sh.kout)):
             return f"BN={c['BN']} wider than the {sh.kout} output columns"
-        if c["BM"] > max(64 if c["MMA"] == "wgmma" else 32, _pow2_ceil(sh.rows)):  # m64
-            return f"BM={c['BM']} taller than the {sh.rows} output rows"
-        if -(-sh.rows // c["BM"]) > GRID_Y_MAX:
+        rows = block_rows(wl, c)
+        if c["BM"] > max(64 if c["MMA"] == "wgmma" else 32, _pow2_ceil(rows)):  # m64
+            return f"BM={c['BM']} taller than the {rows} block rows"
+        if -(-rows // c["BM"]) > GRID_Y_MAX:
             return "too many row tiles for grid.y"
         return None
 
-    return [tiles, mma, halo, registers, shared, copies, splits, output, waste]
+    return [tiles, mma, halo, shifted, registers, shared, copies, splits, output, waste]
 
 
 # Preferred defaults, best first (APNN-TC-like: big warp tiles for small p*q, smaller for larger).
@@ -623,10 +663,10 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
     dict(BM=64, BN=16, WM=64, WN=16, KT=1, STAGES=6),
 ]
 DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma",
-                              REQUANT="multiply", SPLIT_K=1)
+                              REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0)
                          for d in _MMA_SYNC_DEFAULTS],
             "wgmma": [dict(d, PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0, ROWSUM="mma",
-                           REQUANT="multiply", SPLIT_K=1)
+                           REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0)
                       for d in _WGMMA_DEFAULTS]}
 
 
@@ -641,7 +681,7 @@ class BitserialTemplate(KernelTemplate):
     name = "cuda.bitserial"
     backend = "cuda"
     added_knobs: ClassVar[Mapping[str, object]] = {"ROWSUM": "mma", "REQUANT": "multiply",
-                                                   "SPLIT_K": 1}
+                                                   "SPLIT_K": 1, "TAP_SHIFT": 0}
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         wl = workload
@@ -663,7 +703,9 @@ class BitserialTemplate(KernelTemplate):
                  Knob("MMA", mma), Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
                  Knob("ROWSUM", ("mma", "table") if workload.w.encoding is Encoding.BINARY
                       else ("mma",)), requant_knob(workload),
-                 Knob("SPLIT_K", split_k_values(workload))]
+                 Knob("SPLIT_K", split_k_values(workload)),
+                 Knob("TAP_SHIFT", (0, 1) if arch == WGMMA_ARCH and shift_unsupported_reason(
+                     conv_shape(workload)) is None else (0,))]
         return ConfigSpace(knobs, _constraints(workload))
 
     def default_config(self, workload: Workload, mma: str | None = None,

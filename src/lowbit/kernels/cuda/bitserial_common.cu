@@ -68,6 +68,15 @@ constexpr int KTILES_PER_SPLIT = (KTILES + SPLIT_K - 1) / SPLIT_K;
 constexpr int WS_COLS = N_COL_TILES * BN;
 constexpr i64 WS_SPLIT = (i64)ROW_TILES * BM * WS_COLS;
 
+// Output row of block row v: v itself, or with TAP_SHIFT=1 (bitserial_wgmma_shift.cu) the row of
+// pixel (n, ho, wo) of virtual row v = (n * VP + ho) * VQ + wo, and M_ROWS (dropped) for rows in
+// the virtual grid's margin (ho >= P_OUT or wo >= Q_OUT) or past V_ROWS.
+__device__ __forceinline__ i64 out_row(i64 v) {
+  if constexpr (!TAP_SHIFT) return v;
+  const int wo = (int)(v % VQ), t = (int)(v / VQ), ho = t % VP, n = t / VP;
+  return (v < V_ROWS && ho < P_OUT && wo < Q_OUT) ? ((i64)n * P_OUT + ho) * Q_OUT + wo : M_ROWS;
+}
+
 __device__ __forceinline__ constexpr int a_coef(int i) {
   return (A_SIGNED && i == Q_BITS - 1) ? -(1 << i) : (1 << i);
 }
@@ -447,7 +456,7 @@ __device__ __forceinline__ void pack_tile_store(const u32* s_out, void* out, i64
   __syncthreads();
   for (int i = tid; i < PACK_WORDS; i += THREADS) {
     const int wd = i % BLOCK_WORDS, row = (i / BLOCK_WORDS) % BM, b = i / (BLOCK_WORDS * BM);
-    const i64 m = m0 + row;
+    const i64 m = out_row(m0 + row);
     const int word = n0 / 32 + wd;
     if (m < M_ROWS && word < OUT_WORDS)
       reinterpret_cast<u32*>(out)[((i64)b * M_ROWS + m) * OUT_WORDS + word] = s_out[i] & word_mask(word);
@@ -600,7 +609,7 @@ __device__ __forceinline__ void epilogue_rows(const RowSum& rsum, i64 m0, int ro
   for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int m = (int)(m0 + row0 + mi * 16 + g + 8 * h);  // rows < 2^31 (bitserial.py)
+      const int m = (int)out_row(m0 + row0 + mi * 16 + g + 8 * h);  // < 2^31 (bitserial.py)
       const int qo = m % Q_OUT, po = (m / Q_OUT) % P_OUT;
       int rlo = 0, rhi = R, slo = 0, shi = S;
       if constexpr (NEED_WTAP || ROWSUM_TABLE) {
@@ -696,7 +705,7 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
             for (int b = 0; b < OUT_BITS; ++b)
               word_bits[mi][h][ni / 4][b] |= threshold_bit(y, cp.thr, b) ? 1u << ((ni % 4) * 8 + e) : 0u;
           } else {
-            pats[mi][h][e] = epilogue_value(y, cp, m0 + row0 + mi * 16 + g + 8 * h, col, ea);
+            pats[mi][h][e] = epilogue_value(y, cp, out_row(m0 + row0 + mi * 16 + g + 8 * h), col, ea);
           }
         }
     }
@@ -732,7 +741,7 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
     for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const i64 m = m0 + row0 + mi * 16 + g + 8 * h;
+        const i64 m = out_row(m0 + row0 + mi * 16 + g + 8 * h);
 #pragma unroll
         for (int wd = 0; wd < WN / 32; ++wd)
 #pragma unroll

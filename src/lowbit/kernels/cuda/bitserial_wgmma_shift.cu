@@ -1,0 +1,140 @@
+// Tap-shift conv on Hopper warpgroup MMA (TAP_SHIFT=1, sm_90a; geometry in tap_shift.py, which
+// renders VQ, VP, SHIFT_BASE, SLAB_PIX, ... and the SHIFT_* tables before this file). One
+// output tile of BM virtual rows per block: the block copies its input slab (every channel
+// group, cp.async, zeros at padding) and its weights once, then issues every k256 step as a
+// wgmma whose A descriptor points into the slab at the tap's shift: no im2col copies, no
+// per-step barriers. Needs bitserial_common.cu, the rendered wgmma wrappers and
+// bitserial_wgmma_common.cu before it.
+
+constexpr int A_SHIFT_PLANE = GROUP_CHUNKS * SLAB_PIX * 4;           // words per plane slab
+constexpr int A_GROUP_WORDS = (Q_BITS * A_SHIFT_PLANE + 63) / 64 * 64;  // 256-byte aligned
+constexpr int GROUP_WORDS = A_GROUP_WORDS + (GROUP_STEPS * B_ROWS * 8 + 63) / 64 * 64;
+static_assert(GROUPS <= 8, "copy_wait_groups handles at most 8 channel groups");
+static_assert(!HALO && !PERSIST && SPLIT_K == 1, "TAP_SHIFT=1 runs alone (tap_shift.py)");
+
+// Descriptor of a slab window: 16-byte entries, no swizzle; 8-row core matrices are 8
+// consecutive entries (SBO 128 B), the high k half `lbo` entries on (tap_shift.Step.lbo).
+__device__ __forceinline__ u64 slab_desc(const u32* p, int lbo) {
+  return ((smem_addr(p) & 0x3FFFF) >> 4) | ((u64)lbo << 16) | ((u64)(128 >> 4) << 32);
+}
+
+// Position f of the virtual input grid (n * VP + y) * VQ + c: its pixel index, -1 in the margin.
+__device__ __forceinline__ int slab_pixel(int f) {
+  if (f < 0) return -1;
+  const int c = f % VQ, t = f / VQ, y = t % VP, n = t / VP;
+  return (n < NB && y < H && c < W) ? (n * H + y) * W + c : -1;
+}
+
+// cp.async the slab of channel group `grp` for the block at virtual row m0: entry j, chunk lc
+// holds channel chunk 2 grp + lc of position m0 - SHIFT_BASE + j (C <= 64: PER_ENTRY positions
+// from there, CW words each), every activation plane.
+__device__ __forceinline__ void load_slab(const u32* __restrict__ x, u32* sa, int m0, int grp,
+                                          int tid) {
+  const int chunks = CHUNKS - 2 * grp < GROUP_CHUNKS ? CHUNKS - 2 * grp : GROUP_CHUNKS;
+  for (int idx = tid; idx < SLAB_PIX * chunks * PER_ENTRY; idx += THREADS) {
+    const int e = idx % PER_ENTRY, j = idx / PER_ENTRY % SLAB_PIX, lc = idx / (PER_ENTRY * SLAB_PIX);
+    const int pix = slab_pixel(m0 - SHIFT_BASE + j + e);
+    const int src = pix < 0 ? 0 : pix * CW + (CW >= 4 ? 4 * (2 * grp + lc) : 0);
+    u32* dst = sa + (lc * SLAB_PIX + j) * 4 + e * CW;
+#pragma unroll
+    for (int i = 0; i < Q_BITS; ++i) copy_async(dst + i * A_SHIFT_PLANE, x + i * X_PLANE + src, pix >= 0);
+  }
+}
+
+// cp.async the weight words of every k256 step of group `grp` (SHIFT_HALVES: per half its
+// first weight word and count; zeros past the count) into B slabs of the wgmma layout.
+__device__ __forceinline__ void load_group_weights(const u32* __restrict__ w, u32* sb, int n0,
+                                                   int grp, int tid) {
+  constexpr int PER_HALF = 4 / VEC;  // copy chunks per 16-byte half of a row
+#define LOAD_HALF(G_, T_, H_, WORD, WORDS)                                                   \
+  if (grp == G_) {                                                                          \
+    for (int idx = tid; idx < BN * PER_HALF; idx += THREADS) {                              \
+      const int row = idx / PER_HALF, c = idx % PER_HALF;                                   \
+      const bool valid = c * VEC < WORDS && n0 + row < KOUT;                                \
+      const i64 src = valid ? (i64)(n0 + row) * KW + WORD + c * VEC : 0;                    \
+      u32* dst = sb + slot(B_ROWS, b_row(row), T_, H_ * 4 + c * VEC);                       \
+      _Pragma("unroll") for (int j = 0; j < P_BITS; ++j)                                    \
+        copy_async(dst + j * B_PLANE_STEP, w + j * W_PLANE + src, valid);                    \
+    }                                                                                       \
+  }
+  SHIFT_HALVES(LOAD_HALF)
+#undef LOAD_HALF
+}
+
+// The row-popcount wgmma's B tiles (binary weights): tile i has ones in the weight words its
+// steps use (SHIFT_ONES), so A bits that meet zero weights are not counted.
+__device__ __forceinline__ void fill_shift_ones(u32* ones, int tid) {
+  if constexpr (ROWSUM_MMA) {
+#define FILL_ONES(I_, LO, HI)                                                                \
+    for (int i = tid; i < 64; i += THREADS)                                                  \
+      ones[I_ * 64 + slot(8, i / 8, 0, i % 8)] = (i % 8 < 4 ? i % 8 < LO : i % 8 - 4 < HI) ? ~0u : 0u;
+    SHIFT_ONES(FILL_ONES)
+#undef FILL_ONES
+  }
+}
+
+// cp.async.wait_group with a run-time count < GROUPS (the template needs a constant).
+__device__ __forceinline__ void copy_wait_groups(int n) {
+  switch (n) {
+    case 0: copy_wait<0>(); break;
+    case 1: copy_wait<1>(); break;
+    case 2: copy_wait<2>(); break;
+    case 3: copy_wait<3>(); break;
+    case 4: copy_wait<4>(); break;
+    case 5: copy_wait<5>(); break;
+    case 6: copy_wait<6>(); break;
+    default: copy_wait<7>(); break;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift(BITSERIAL_KERNEL_PARAMS) {
+  extern __shared__ __align__(128) u32 smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, wg_m = wg / WARPS_N, wg_n = wg % WARPS_N;
+  const int m0 = blockIdx.y * BM;  // virtual rows < 2^31 (bitserial.py)
+  const int n0 = blockIdx.x * BN;
+  u32* ones = smem + GROUPS * GROUP_WORDS;
+  fill_shift_ones(ones, tid);
+#pragma unroll
+  for (int grp = 0; grp < GROUPS; ++grp) {
+    u32* stage = smem + grp * GROUP_WORDS;
+    load_slab(x, stage, m0, grp, tid);
+    load_group_weights(w, stage + A_GROUP_WORDS, n0, grp, tid);
+    copy_commit();
+  }
+
+  Acc acc;
+  RowSum rsum;
+  zero_acc(acc, rsum);
+  int acc_in = 0;  // the first wgmma overwrites the accumulators (scale-d 0)
+#pragma unroll
+  for (int grp = 0; grp < GROUPS; ++grp) {
+    copy_wait_groups(GROUPS - 1 - grp);
+    fence_proxy_async();
+    __syncthreads();  // group grp landed everywhere
+    const u32* sa = smem + grp * GROUP_WORDS + wg_m * 64 * 4;  // this warpgroup's 64 rows
+    const u32* sb = smem + grp * GROUP_WORDS + A_GROUP_WORDS + wg_n * (P_BITS * WN) * 8;
+    wgmma_fence();
+#define SHIFT_STEP(G_, T_, OFF, LBO, ONES)                                                   \
+    if (grp == G_) {                                                                        \
+      const u64 db = smem_desc(sb + T_ * B_ROWS * 8);                                       \
+      _Pragma("unroll") for (int i = 0; i < Q_BITS; ++i) {                                  \
+        const u64 da = slab_desc(sa + i * A_SHIFT_PLANE + OFF * 4, LBO);                     \
+        wgmma_planes(acc[i], da, db, acc_in);                                               \
+        if constexpr (ROWSUM_MMA) wgmma_rowsum(rsum[i], da, smem_desc(ones + ONES * 64), acc_in); \
+      }                                                                                     \
+      acc_in = 1;                                                                           \
+    }
+    SHIFT_STEPS(SHIFT_STEP)
+#undef SHIFT_STEP
+    wgmma_commit();
+  }
+  wgmma_wait<0>();
+
+  const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
+  const int row0 = wg_m * 64 + (warp & 3) * 16;
+  u32* s_out = smem;  // packing tile over the operand stages, once every warpgroup is done
+  if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
+  epilogue_warp(acc, rsum, m0, n0, row0, wg_n * WN, lane, ea, s_out);
+  if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, out, m0, n0, tid);
+}

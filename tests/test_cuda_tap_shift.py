@@ -1,0 +1,217 @@
+"""The tap-shift wgmma conv (knob TAP_SHIFT=1, `tap_shift.py`, `bitserial_wgmma_shift.cu`):
+its geometry checked exhaustively in Python over random shapes, its CUDA text bit-exact in the
+host emulation and on a GPU, its constraints and its NVRTC compile for sm_90a."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lowbit.core import Epilogue, Layout, Precision
+from lowbit.core.workloads import load_workloads
+from lowbit.kernels.cuda import BITSERIAL, bitserial, bitserial_emu, tap_shift
+from lowbit.kernels.cuda.bitserial import WGMMA_ARCH, Shape
+from lowbit.kernels.cuda.host_emu import compiler
+from lowbit.reference import random_inputs, run
+from test_cuda_bitserial import EPILOGUES, _assert_exact, conv, encodings, gemm
+
+B1, U1, U2, S2, S3, U4 = (Precision(1, "binary"), Precision(1), Precision(2),
+                          Precision(2, "signed"), Precision(3, "signed"), Precision(4))
+
+
+def _shape(n, h, w, c, r, s, pad):
+    return Shape(n, h, w, c, 8, r, s, 1, pad, h + 2 * pad - r + 1, w + 2 * pad - s + 1)
+
+
+def _position(plan: tap_shift.ShiftPlan, sh: Shape, f: int) -> tuple[int, int, int] | None:
+    """The input pixel (n, y, c) at virtual position f, None in the margin (slab_pixel)."""
+    if f < 0:
+        return None
+    n, rest = divmod(f, plan.vp * plan.vq)
+    y, c = divmod(rest, plan.vq)
+    return (n, y, c) if n < sh.nb and y < sh.h and c < sh.w else None
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 3), h=st.integers(1, 9), w=st.integers(1, 9),
+       c=st.sampled_from([1, 20, 32, 33, 64, 128, 256, 384, 512, 1024]),
+       r=st.integers(1, 5), s=st.integers(1, 5), pad=st.integers(0, 3),
+       bm=st.sampled_from([64, 128, 256]))
+def test_plan_reads_every_tap_and_channel_once(n, h, w, c, r, s, pad, bm):
+    """For every valid output pixel and every 128-bit half of every step: the slab entry its A
+    rows read holds the input pixel of the tap whose weight words the B half holds (or margin
+    zeros where that pixel is padding), channel for channel; every (tap, channel word) is met
+    exactly once; LBO > 0 and every entry read lies inside the slab."""
+    sh = _shape(n, h, w, c, r, s, pad)
+    if sh.p < 1 or sh.q < 1 or r * s == 1 or tap_shift.unsupported_reason(sh):
+        return
+    plan = tap_shift.shift_plan(sh, bm)
+    cw, seen = sh.words, []
+    for step in plan.steps:
+        assert step.lbo > 0
+        for half in (step.lo, step.hi):
+            chunk, shift = divmod(half.offset, plan.slab_pix)
+            assert bm - 1 + shift < plan.slab_pix
+            for i in range(half.words):  # word i of the half
+                tap, word = divmod(half.word + i, cw)
+                tr, ts = divmod(tap, sh.s)
+                pos = shift + (i // cw if cw <= 2 else 0)  # entries hold 4 / CW positions
+                a_word = i % cw if cw <= 2 else 4 * (2 * step.group + chunk) + i
+                assert (pos, a_word) == (tr * plan.vq + ts, word)
+                seen.append((tap, word))
+    assert sorted(seen) == [(t, k) for t in range(r * s) for k in range(cw)]
+    for n_, ho, wo in itertools.product(range(sh.nb), range(sh.p), range(sh.q)):
+        v = (n_ * plan.vp + ho) * plan.vq + wo
+        assert v < plan.v_rows
+        for tr, ts in itertools.product(range(r), range(s)):
+            y, x = ho + tr - pad, wo + ts - pad
+            want = (n_, y, x) if 0 <= y < sh.h and 0 <= x < sh.w else None
+            assert _position(plan, sh, v - plan.base + tr * plan.vq + ts) == want
+
+
+def test_space_offers_tap_shift_only_where_it_runs():
+    wl = conv(B1, U2, EPILOGUES[1], C=128)
+    assert BITSERIAL.space(wl, "sm_90a").knob("TAP_SHIFT").values == (0, 1)
+    assert BITSERIAL.space(wl, "sm_80").knob("TAP_SHIFT").values == (0,)
+    for other in (conv(B1, U2, C=128, stride=2), conv(B1, U2, C=96),
+                  conv(B1, U2, C=128, R=1, S=1, pad=0), gemm(B1, U2)):
+        assert BITSERIAL.space(other, "sm_90a").knob("TAP_SHIFT").values == (0,)
+    space = BITSERIAL.space(wl, "sm_90a")
+    cfg = BITSERIAL.default_config(wl, "wgmma", arch="sm_90a").replace(TAP_SHIFT=1, KT=1,
+                                                                       STAGES=3)
+    assert space.is_valid(cfg)
+    assert "HALO" in space.why_invalid(cfg.replace(HALO=1))
+    assert "KT" in space.why_invalid(cfg.replace(KT=2))
+    assert "wgmma" in space.why_invalid(cfg.replace(MMA="mma_sync", SWIZZLE=0))
+    # the block grid covers the virtual rows: (N * VP - margin rows) * VQ > N * P * Q
+    plan = tap_shift.shift_plan(bitserial.conv_shape(wl), cfg["BM"])
+    assert bitserial.tile_grid(wl, cfg)[1] == -(-plan.v_rows // cfg["BM"])
+    assert plan.v_rows > wl.N * wl.P * wl.Q
+
+
+def test_nvrtc_compiles_tap_shift_for_sm90a(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
+    rng = random.Random(3)
+    for wl in (conv(B1, B1, EPILOGUES[5], N=4, H=14, W=14, C=256, K=256),
+               conv(S2, U2, EPILOGUES[1], N=2, H=9, W=9, C=64, K=64),
+               conv(B1, U2, EPILOGUES[3], N=1, H=7, W=7, C=512, K=128)):
+        space = [c for c in BITSERIAL.space(wl, "sm_90a") if c["TAP_SHIFT"]]
+        for cfg in rng.sample(space, 2):
+            kernel = BITSERIAL.build(wl, cfg, arch="sm_90a")
+            assert kernel._main.cubin[:4] == b"\x7fELF"
+            assert kernel._main.name == "bitserial_wgmma_shift"
+
+
+# (id, workload, knob changes to the wgmma default): every slab layout (C <= 32: 4 positions
+# per entry; C = 64: 2; 128: tap pairs; 256-1024: chunk-major groups, an odd chunk count),
+# kernel sizes 1x3 to 7x7, padding 0 to 3, binary activations' border sums, binary weights'
+# row sums (masked ones tiles, and the table), every epilogue, several warpgroups
+EMU_CASES = [
+    ("c32_b1b1_border", conv(B1, B1, EPILOGUES[5], N=3, H=5, W=6, C=32, K=24), {}),
+    ("c20_s3u4_int8", conv(S3, U4, EPILOGUES[3], N=2, H=5, W=7, C=20, K=33), {}),
+    ("c64_b1u2_5x5", conv(B1, U2, EPILOGUES[0], N=2, H=6, W=7, C=64, K=37, R=5, S=5, pad=2),
+     {}),
+    ("c64_pad0_s2s2", conv(S2, S2, EPILOGUES[1], N=2, H=7, W=6, C=64, K=40, pad=0),
+     {"SWIZZLE": 0}),
+    ("c128_u1b1_7x7", conv(U1, B1, EPILOGUES[1], N=1, H=9, W=8, C=128, K=16, R=7, S=7,
+                           pad=3), {}),
+    ("c128_b1b1_rowsum_table", conv(B1, B1, EPILOGUES[1], N=2, H=5, W=6, C=128, K=40),
+     {"ROWSUM": "table"}),
+    ("c256_b1u2_threshold", conv(B1, U2, EPILOGUES[1], N=2, H=4, W=5, C=256, K=64),
+     {"REQUANT": "threshold"}),
+    ("c384_u2u2_fp16", conv(U2, U2, EPILOGUES[2], N=2, H=4, W=4, C=384, K=40), {}),
+    ("c512_b1b1_4wg", conv(B1, B1, EPILOGUES[4], N=2, H=6, W=6, C=512, K=64),
+     {"BM": 128, "BN": 64, "WN": 32}),
+    ("c128_1x3_pad2", conv(B1, U2, EPILOGUES[1], N=2, H=5, W=6, C=128, K=32, R=1, S=3,
+                           pad=2), {}),
+]
+
+
+def _shift_config(wl, changes, arch=WGMMA_ARCH):
+    cfg = BITSERIAL.default_config(wl, "wgmma", arch=arch).replace(
+        REQUANT="multiply", TAP_SHIFT=1, KT=1, STAGES=3, HALO=0, PERSIST=0).replace(**changes)
+    assert BITSERIAL.space(wl, arch).is_valid(cfg), BITSERIAL.space(wl, arch).why_invalid(cfg)
+    return cfg
+
+
+def _emulated_exact(wl, cfg, seed):
+    x, w, params = random_inputs(wl, seed)
+    got, want = bitserial_emu.emulate(wl, cfg, x, w, params), run(wl, x, w, params)
+    if got.dtype == torch.float16:
+        got, want = got.view(torch.int16), want.view(torch.int16)
+    return torch.equal(got, want)
+
+
+@pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
+@pytest.mark.parametrize("wl,changes", [c[1:] for c in EMU_CASES], ids=[c[0] for c in EMU_CASES])
+def test_emulated_tap_shift_is_bit_exact(wl, changes):
+    assert _emulated_exact(wl, _shift_config(wl, changes), seed=len(wl.key))
+
+
+@pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
+@pytest.mark.parametrize("mutation", ["lbo", "margin"])
+def test_emulation_catches_a_wrong_shift(mutation, monkeypatch):
+    """A descriptor LBO one entry off, or a virtual grid without the margin column, breaks the
+    result: the exact cases above are not exact by accident."""
+    wl = conv(B1, U2, EPILOGUES[1], N=2, H=5, W=6, C=128, K=40)
+    cfg = _shift_config(wl, {})
+    plan = tap_shift.shift_plan(bitserial.conv_shape(wl), cfg["BM"])
+    if mutation == "lbo":
+        step = plan.steps[0]
+        lo = step.lo
+        bad = tap_shift.Step(step.group, step.slab, lo, tap_shift.Half(step.hi.offset + 1,
+                                                                      step.hi.word, 4))
+        plan = tap_shift.ShiftPlan(**{**plan.__dict__, "steps": (bad, *plan.steps[1:])})
+    else:
+        plan = tap_shift.ShiftPlan(**{**plan.__dict__, "vq": wl.W, "base": wl.W + 1})
+    monkeypatch.setattr(bitserial, "shift_plan", lambda sh, bm: plan)
+    assert not _emulated_exact(wl, cfg, seed=1)
+
+
+# ---------------------------------------------------------------- GPU: bit-exact
+
+def _gpu_wgmma():
+    return torch.cuda.is_available() and bitserial.device_arch() == WGMMA_ARCH
+
+
+GPU_SHAPES = [dict(N=3, H=11, W=13, C=64, K=70, R=5, S=5, pad=2),
+              dict(N=2, H=9, W=9, C=128, K=96, R=3, S=3, pad=1),
+              dict(N=2, H=6, W=7, C=256, K=64, R=3, S=3, pad=0),
+              dict(N=2, H=7, W=7, C=512, K=40, R=3, S=3, pad=1),
+              dict(N=1, H=10, W=9, C=32, K=33, R=7, S=7, pad=3)]
+
+
+@pytest.mark.parametrize("wb,ab", list(itertools.product(range(1, 5), range(1, 5))))
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_wgmma(), reason="needs an sm_90a GPU")
+def test_bit_exact_tap_shift(wb, ab):
+    """Every bit pair and encoding pair on the slab layouts above, with two configs each: the
+    default tile and a random valid one."""
+    rng = random.Random(wb * 10 + ab)
+    for combo in range(4):
+        w_prec, a_prec = encodings(wb)[combo // 2], encodings(ab)[combo % 2]
+        wl = conv(w_prec, a_prec, EPILOGUES[(wb + ab + combo) % len(EPILOGUES)],
+                  **GPU_SHAPES[(wb + ab + combo) % len(GPU_SHAPES)])
+        space = [c for c in BITSERIAL.space(wl) if c["TAP_SHIFT"]]
+        for cfg in (_shift_config(wl, {}), rng.choice(space)):
+            _assert_exact(wl, cfg, seed=wb * 100 + ab * 10 + combo)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_wgmma(), reason="needs an sm_90a GPU")
+def test_bit_exact_tap_shift_shared_workloads():
+    epi = Epilogue(bias=True, relu=True, out=Precision(2), out_layout=Layout.BITPLANE)
+    for suite in ("resnet18_b8", "apconv_sweep"):
+        for name, wl in load_workloads(suite, w=B1, a=U2, w_layout=Layout.BITPLANE,
+                                       a_layout=Layout.BITPLANE, epilogue=epi):
+            space = BITSERIAL.space(wl)
+            if space.knob("TAP_SHIFT").values == (0,) or wl.gemm_shape[0] * wl.gemm_shape[
+                    1] * wl.gemm_shape[2] > 5e9:
+                continue
+            cfg = next(c for c in space if c["TAP_SHIFT"])
+            _assert_exact(wl, cfg, seed=len(name))
