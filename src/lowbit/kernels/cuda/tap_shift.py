@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
