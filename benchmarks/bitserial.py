@@ -149,13 +149,14 @@ def candidates(wl: Workload, n: int, persist: bool = True) -> list[Config]:
 
 
 def shift_candidates(space) -> list[Config]:
-    """One TAP_SHIFT=1 config per block tile shape (BM, BN, WN) (32-byte swizzled B, row sums
-    by MMA, the space's first REQUANT mode that is "threshold" where offered): the estimate
-    above does not model the tap-shift kernel, so every shape is timed."""
+    """One TAP_SHIFT=1 config per block tile shape (BM, BN, WN) and PERSIST (32-byte swizzled
+    B, row sums by MMA, REQUANT "threshold" where offered): the estimate above does not model
+    the tap-shift kernels, so every shape is timed."""
     shifted = [c for c in space if c["TAP_SHIFT"] and c["SWIZZLE"] == 32
                and c["ROWSUM"] == "mma"]
     requant = "threshold" if any(c["REQUANT"] == "threshold" for c in shifted) else "multiply"
-    shapes = {(c["BM"], c["BN"], c["WN"]): c for c in shifted if c["REQUANT"] == requant}
+    shapes = {(c["BM"], c["BN"], c["WN"], c["PERSIST"]): c for c in shifted
+              if c["REQUANT"] == requant}
     return list(shapes.values())
 
 

@@ -73,7 +73,7 @@ def _cu(name: str) -> str:
 
 def kernel_file(config: Mapping) -> str:
     """The .cu body of a config's kernel (after bitserial_common.cu)."""
-    if tap_shift(config):
+    if tap_shift(config):  # both kernels, one tile per block and persistent
         return "bitserial_wgmma_shift.cu"
     if config["MMA"] == "wgmma":
         return "bitserial_wgmma_persistent.cu" if config["PERSIST"] else "bitserial_wgmma.cu"
@@ -81,6 +81,8 @@ def kernel_file(config: Mapping) -> str:
 
 
 def kernel_name(config: Mapping) -> str:
+    if tap_shift(config):
+        return "bitserial_wgmma_shift_persistent" if config["PERSIST"] else "bitserial_wgmma_shift"
     return {"bitserial_wgmma_shift.cu": "bitserial_wgmma_shift",
             "bitserial_wgmma.cu": "bitserial_wgmma",
             "bitserial_wgmma_persistent.cu": "bitserial_wgmma_persistent",
@@ -384,6 +386,16 @@ def tile_grid(wl: Workload, config: Mapping) -> tuple[int, int]:
     return math.ceil(sh.kout / config["BN"]), math.ceil(block_rows(wl, config) / config["BM"])
 
 
+def persistent_grid(wl: Workload, config: Mapping, blocks: int) -> tuple[int, int, int]:
+    """Grid of a PERSIST=1 kernel that `blocks` resident blocks fill: one dimension over all
+    tiles, or (TAP_SHIFT: each block keeps one column tile's weights) every column tile times
+    the row-tile strides that fit."""
+    cols, rows = tile_grid(wl, config)
+    if tap_shift(config):
+        return cols, max(1, min(rows, blocks // cols)), 1
+    return max(1, min(cols * rows, blocks)), 1, 1
+
+
 def wsum_columns(shape: Shape) -> int:
     """Columns of each tap rectangle's row of weight sums (bitserial_wtap part 2): KOUT rounded
     up to the widest block tile, so a block's columns never leave the row."""
@@ -438,9 +450,10 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     rows = q * config["BM"] + p * config["BN"]
     operands = config["STAGES"] * rows * config["KT"] * 32 + halo_bytes(wl, config)
     ones = 1
-    if tap_shift(config):  # every channel group's stage resident, one ones tile per pattern
+    if tap_shift(config):  # every channel group resident (persistent: two slabs), ones tiles
         plan = shift_plan(conv_shape(wl), config["BM"])
-        operands = plan.groups * group_words(plan, q, p * config["BN"])[1] * 4
+        slab, weights = group_words(plan, q, p * config["BN"])
+        operands = plan.groups * (weights + slab * (2 if config["PERSIST"] else 1)) * 4
         ones = len(plan.ones_tiles)
     if config["MMA"] == "wgmma" and needs_rowsum(wl) and not rowsum_table(config):
         operands += 256 * ones
@@ -479,7 +492,6 @@ class BitserialKernel:
         self._wtap = CudaKernel(cubin, "bitserial_wtap")
         self._xpop = CudaKernel(cubin, "bitserial_xpop")
         self._grid = tile_grid(workload, config)
-        self._tiles = self._grid[0] * self._grid[1]
         self._threads = threads(config)
         self._smem = smem_bytes(workload, config)
 
@@ -511,7 +523,7 @@ class BitserialKernel:
         if self._persistent:  # one wave of resident blocks, each looping over tiles
             per_sm = self._main.max_active_blocks(self._threads, self._smem, x.device)
             sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-            grid = (max(1, min(self._tiles, per_sm * sms)),)
+            grid = persistent_grid(wl, self.config, per_sm * sms)
 
         def launch() -> torch.Tensor:
             if wtap is not None:
@@ -551,7 +563,8 @@ def _constraints(wl: Workload) -> list:
             return f"wgmma N = w_bits*WN = {planes(wl)[1] * c['WN']} is not a valid wgmma N"
         if c["STAGES"] < 3:
             return "the wgmma pipeline needs STAGES >= 3 (one stage stays in flight)"
-        if c["PERSIST"] and (threads(c) > 256 or planes(wl)[1] * c["WN"] > 128):
+        if c["PERSIST"] and not tap_shift(c) and (threads(c) > 256
+                                                  or planes(wl)[1] * c["WN"] > 128):
             # NVRTC 13 (sm_90a), the epilogue living inside the tile loop: 4-warpgroup blocks
             # (capped at 128 registers per thread) spill 160-620 B, m64n256 ones 870 B
             return "persistent wgmma blocks spill beyond 2 warpgroups or N = 128 per wgmma"
@@ -585,8 +598,8 @@ def _constraints(wl: Workload) -> list:
     def shifted(c: Config) -> str | None:
         if not tap_shift(c):
             return None
-        if c["MMA"] != "wgmma" or c["PERSIST"] or c["HALO"] or split_k(c) > 1:
-            return "TAP_SHIFT=1 is a one-tile-per-block wgmma kernel without HALO or SPLIT_K"
+        if c["MMA"] != "wgmma" or c["HALO"] or split_k(c) > 1:
+            return "TAP_SHIFT=1 is a wgmma kernel without HALO or SPLIT_K"
         if c["KT"] != 1 or c["STAGES"] != 3:
             return "TAP_SHIFT=1 loads whole channel groups: KT and STAGES keep 1 and 3"
         if shift_plan(sh, c["BM"]).v_rows + 256 >= 2**31:

@@ -56,7 +56,7 @@ constexpr bool PACK_IN_SMEM = OUT_MODE == 3 && WN % 32 != 0;
 constexpr int BLOCK_WORDS = BN >= 32 ? BN / 32 : 1;
 constexpr int PACK_WORDS = OUT_BITS * BM * BLOCK_WORDS;
 constexpr int N_COL_TILES = (KOUT + BN - 1) / BN;
-constexpr int ROW_TILES = (int)((M_ROWS + BM - 1) / BM);
+constexpr int ROW_TILES = (int)((V_ROWS + BM - 1) / BM);  // V_ROWS: TAP_SHIFT's rows, else M_ROWS
 constexpr int N_TILES = N_COL_TILES * ROW_TILES;
 // Split-K (SPLIT_K > 1, one-tile-per-block kernels; the space allows it on mma.sync only):
 // block z of a tile reduces k tiles [z * KTILES_PER_SPLIT, ...) and stores its k-linear partial

@@ -39,6 +39,7 @@ from .bitserial import (
     epilogue_thresholds,
     int8_operands,
     kernel_name,
+    persistent_grid,
     render,
     s8_atype,
     side_table_blocks,
@@ -276,7 +277,7 @@ def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
             for t in (x, w, out, *vecs, wtap, xpop, thr, split_ws, split_count)]
     grid = (*tile_grid(wl, config), split_k(config))
     if config["PERSIST"]:
-        grid = (max(1, min(grid[0] * grid[1], persistent_blocks)), 1, 1)
+        grid = persistent_grid(wl, config, persistent_blocks)
     wtap_blocks, xpop_blocks = side_table_blocks(wl)
     if wtap is not None:
         _run(lib, 0, args, (wtap_blocks, 1, 1), WTAP_THREADS, 0)

@@ -6,11 +6,17 @@
 // per-step barriers. Needs bitserial_common.cu, the rendered wgmma wrappers and
 // bitserial_wgmma_common.cu before it.
 
+// Shared memory: the weights of every channel group ([GROUPS][B_GROUP_WORDS], wgmma B layout),
+// then the input slab of every group ([GROUPS][A_GROUP_WORDS]; the persistent kernel keeps two,
+// the next tile's loading while this one computes), then the row-popcount tiles of ones.
 constexpr int A_SHIFT_PLANE = GROUP_CHUNKS * SLAB_PIX * 4;           // words per plane slab
 constexpr int A_GROUP_WORDS = (Q_BITS * A_SHIFT_PLANE + 63) / 64 * 64;  // 256-byte aligned
-constexpr int GROUP_WORDS = A_GROUP_WORDS + (GROUP_STEPS * B_ROWS * 8 + 63) / 64 * 64;
+constexpr int B_GROUP_WORDS = (GROUP_STEPS * B_ROWS * 8 + 63) / 64 * 64;
+constexpr int SLABS_WORDS = GROUPS * A_GROUP_WORDS;
+constexpr int SLAB_BUFFERS = PERSIST ? 2 : 1;
+constexpr int ONES_OFFSET = GROUPS * B_GROUP_WORDS + SLAB_BUFFERS * SLABS_WORDS;
 static_assert(GROUPS <= 8, "copy_wait_groups handles at most 8 channel groups");
-static_assert(!HALO && !PERSIST && SPLIT_K == 1, "TAP_SHIFT=1 runs alone (tap_shift.py)");
+static_assert(!HALO && SPLIT_K == 1, "TAP_SHIFT=1 runs without HALO and SPLIT_K (tap_shift.py)");
 
 // Descriptor of a slab window: 16-byte entries, no swizzle; 8-row core matrices are 8
 // consecutive entries (SBO 128 B), the high k half `lbo` entries on (tap_shift.Step.lbo).
@@ -87,54 +93,122 @@ __device__ __forceinline__ void copy_wait_groups(int n) {
   }
 }
 
+// Issue the k256 steps of channel group `grp` (SHIFT_STEPS) for this warpgroup: sa, sb are the
+// group's slab and weights, already offset to the warpgroup's rows and columns. acc_in: 0 on a
+// tile's first step (scale-d 0 overwrites the accumulators), then 1.
+__device__ __forceinline__ void shift_group_steps(Acc& acc, RowSum& rsum, const u32* sa,
+                                                  const u32* sb, const u32* ones, int grp,
+                                                  int& acc_in) {
+#define SHIFT_STEP(G_, T_, OFF, LBO, ONES)                                                   \
+  if (grp == G_) {                                                                          \
+    const u64 db = smem_desc(sb + T_ * B_ROWS * 8);                                         \
+    _Pragma("unroll") for (int i = 0; i < Q_BITS; ++i) {                                    \
+      const u64 da = slab_desc(sa + i * A_SHIFT_PLANE + OFF * 4, LBO);                       \
+      wgmma_planes(acc[i], da, db, acc_in);                                                 \
+      if constexpr (ROWSUM_MMA) wgmma_rowsum(rsum[i], da, smem_desc(ones + ONES * 64), acc_in); \
+    }                                                                                       \
+    acc_in = 1;                                                                             \
+  }
+  SHIFT_STEPS(SHIFT_STEP)
+#undef SHIFT_STEP
+}
+
+// One output tile per block; channel group g's MMAs start once its slab and weights landed.
 extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift(BITSERIAL_KERNEL_PARAMS) {
   extern __shared__ __align__(128) u32 smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wg_m = wg / WARPS_N, wg_n = wg % WARPS_N;
   const int m0 = blockIdx.y * BM;  // virtual rows < 2^31 (bitserial.py)
   const int n0 = blockIdx.x * BN;
-  u32* ones = smem + GROUPS * GROUP_WORDS;
+  u32* weights = smem;
+  u32* slabs = smem + GROUPS * B_GROUP_WORDS;
+  u32* ones = smem + ONES_OFFSET;
   fill_shift_ones(ones, tid);
 #pragma unroll
   for (int grp = 0; grp < GROUPS; ++grp) {
-    u32* stage = smem + grp * GROUP_WORDS;
-    load_slab(x, stage, m0, grp, tid);
-    load_group_weights(w, stage + A_GROUP_WORDS, n0, grp, tid);
+    load_slab(x, slabs + grp * A_GROUP_WORDS, m0, grp, tid);
+    load_group_weights(w, weights + grp * B_GROUP_WORDS, n0, grp, tid);
     copy_commit();
   }
 
   Acc acc;
   RowSum rsum;
   zero_acc(acc, rsum);
-  int acc_in = 0;  // the first wgmma overwrites the accumulators (scale-d 0)
+  int acc_in = 0;
 #pragma unroll
   for (int grp = 0; grp < GROUPS; ++grp) {
     copy_wait_groups(GROUPS - 1 - grp);
     fence_proxy_async();
     __syncthreads();  // group grp landed everywhere
-    const u32* sa = smem + grp * GROUP_WORDS + wg_m * 64 * 4;  // this warpgroup's 64 rows
-    const u32* sb = smem + grp * GROUP_WORDS + A_GROUP_WORDS + wg_n * (P_BITS * WN) * 8;
     wgmma_fence();
-#define SHIFT_STEP(G_, T_, OFF, LBO, ONES)                                                   \
-    if (grp == G_) {                                                                        \
-      const u64 db = smem_desc(sb + T_ * B_ROWS * 8);                                       \
-      _Pragma("unroll") for (int i = 0; i < Q_BITS; ++i) {                                  \
-        const u64 da = slab_desc(sa + i * A_SHIFT_PLANE + OFF * 4, LBO);                     \
-        wgmma_planes(acc[i], da, db, acc_in);                                               \
-        if constexpr (ROWSUM_MMA) wgmma_rowsum(rsum[i], da, smem_desc(ones + ONES * 64), acc_in); \
-      }                                                                                     \
-      acc_in = 1;                                                                           \
-    }
-    SHIFT_STEPS(SHIFT_STEP)
-#undef SHIFT_STEP
+    shift_group_steps(acc, rsum, slabs + grp * A_GROUP_WORDS + wg_m * 64 * 4,
+                      weights + grp * B_GROUP_WORDS + wg_n * (P_BITS * WN) * 8, ones, grp, acc_in);
     wgmma_commit();
   }
   wgmma_wait<0>();
 
   const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
   const int row0 = wg_m * 64 + (warp & 3) * 16;
-  u32* s_out = smem;  // packing tile over the operand stages, once every warpgroup is done
+  u32* s_out = smem;  // packing tile over the operands, once every warpgroup is done
   if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
   epilogue_warp(acc, rsum, m0, n0, row0, wg_n * WN, lane, ea, s_out);
   if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, out, m0, n0, tid);
+}
+
+// cp.async every channel group's slab of the tile at virtual row m0 (nothing past the last
+// tile) as one copy group.
+__device__ __forceinline__ void load_slabs(const u32* __restrict__ x, u32* slabs, int m0, int tid) {
+  if (m0 < V_ROWS) {
+#pragma unroll
+    for (int grp = 0; grp < GROUPS; ++grp) load_slab(x, slabs + grp * A_GROUP_WORDS, m0, grp, tid);
+  }
+  copy_commit();
+}
+
+// Persistent blocks (PERSIST=1): block (x, y) keeps column tile x's weights resident and takes
+// row tiles y, y + gridDim.y, ...; the slab of the tile after next loads into the buffer this
+// tile's MMAs just released, while the epilogue runs.
+extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_persistent(
+    BITSERIAL_KERNEL_PARAMS) {
+  extern __shared__ __align__(128) u32 smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, wg_m = wg / WARPS_N, wg_n = wg % WARPS_N;
+  const int n0 = blockIdx.x * BN, step = gridDim.y;
+  u32* weights = smem;
+  u32* slabs = smem + GROUPS * B_GROUP_WORDS;
+  u32* ones = smem + ONES_OFFSET;
+  u32* s_out = ones + (ROWSUM_MMA ? ONES_TILES * 64 : 0);  // apart: the next slabs are loading
+  fill_shift_ones(ones, tid);
+#pragma unroll
+  for (int grp = 0; grp < GROUPS; ++grp)
+    load_group_weights(w, weights + grp * B_GROUP_WORDS, n0, grp, tid);
+  int tile = blockIdx.y;
+  load_slabs(x, slabs, tile * BM, tid);  // one copy group with the weights
+  load_slabs(x, slabs + SLABS_WORDS, (tile + step) * BM, tid);
+  const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
+  const int row0 = wg_m * 64 + (warp & 3) * 16;
+  for (int it = 0; tile < ROW_TILES; ++it, tile += step) {
+    u32* slab = slabs + (it & 1) * SLABS_WORDS;
+    copy_wait<1>();  // this tile's slab (and, first, the weights) landed; the next one may not
+    fence_proxy_async();
+    __syncthreads();
+    Acc acc;
+    RowSum rsum;
+    zero_acc(acc, rsum);
+    int acc_in = 0;
+    wgmma_fence();
+#pragma unroll
+    for (int grp = 0; grp < GROUPS; ++grp)
+      shift_group_steps(acc, rsum, slab + grp * A_GROUP_WORDS + wg_m * 64 * 4,
+                        weights + grp * B_GROUP_WORDS + wg_n * (P_BITS * WN) * 8, ones, grp, acc_in);
+    wgmma_commit();
+    wgmma_wait<0>();
+    __syncthreads();  // every warpgroup's MMAs are done with this buffer
+    load_slabs(x, slab, (tile + 2 * step) * BM, tid);
+    const int m0 = tile * BM;
+    if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
+    epilogue_warp(acc, rsum, m0, n0, row0, wg_n * WN, lane, ea, s_out);
+    if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, out, m0, n0, tid);
+  }
+  copy_wait<0>();
 }

@@ -145,11 +145,11 @@ def shift_plan(sh: Shape, bm: int) -> ShiftPlan:
 
 
 def group_words(plan: ShiftPlan, q_bits: int, b_rows: int) -> tuple[int, int]:
-    """(A words, whole stage words) of one channel group's shared-memory stage: q_bits planes of
-    group_chunks x slab_pix 16-byte entries, then group_steps B slabs of b_rows 32-byte rows;
-    both rounded up to 256 bytes (swizzled B tiles start on 256-byte boundaries)."""
-    a = -(-q_bits * plane_words(plan) // 64) * 64
-    return a, a + -(-plan.group_steps * b_rows * 8 // 64) * 64
+    """(slab words, weight words) of one channel group in shared memory: q_bits planes of
+    group_chunks x slab_pix 16-byte entries; group_steps B slabs of b_rows 32-byte rows; each
+    rounded up to 256 bytes (swizzled B tiles start on 256-byte boundaries)."""
+    return (-(-q_bits * plane_words(plan) // 64) * 64,
+            -(-plan.group_steps * b_rows * 8 // 64) * 64)
 
 
 def plane_words(plan: ShiftPlan) -> int:
