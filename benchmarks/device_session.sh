@@ -42,6 +42,8 @@
 #   tests_shift  pytest -m gpu over the tap-shift wgmma conv (TAP_SHIFT=1)             (240)
 #   bitserial_shift  w1a1/w1a2 ResNet-50 s2-s5 b256 (SHIFT_LAYERS=a,b overrides): candidates
 #                with every tap-shift tile shape + the committed rows' 3 best       (540)
+#   shift_probe  benchmarks/shift_probe.py: the persistent tap-shift kernel timed with its
+#                epilogue, its loads or its shifted descriptors cut out              (240)
 #   bitserial_ab w1a1/w1a2 GEMM 4096^3 + ResNet-50 s2-s5 b256 (AB_LAYERS=a,b overrides), no
 #                tuning: the hand candidates
 #                (with REQUANT / ROWSUM twins) and the committed rows' 3 best configs with
@@ -141,6 +143,7 @@ for s in "$@"; do
     tests_shift) step tests_shift 240 python3 -m pytest -q -m gpu -n 14 -p no:cacheprovider \
         --junitxml="$OUT/tests_shift.xml" tests/test_cuda_tap_shift.py ;;
     bitserial_shift) bitserial_rows shift 540 1 "${SHIFT_LAYERS:-$B256}" ;;
+    shift_probe) step shift_probe 240 python3 benchmarks/shift_probe.py ;;
     *) echo "unknown step $s" >&2 ;;
     esac
 done

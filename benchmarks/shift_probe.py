@@ -1,0 +1,86 @@
+"""Where the tap-shift kernel's time goes (device call): its persistent kernel timed with parts
+cut out of its rendered source (measurement only: the cut variants compute garbage).
+
+Variants: base; no_epilogue (the epilogue replaced by one conditional store, so the MMAs stay);
+no_loads (the slab of the first two tiles reused: MMAs + epilogue); aligned (every A
+descriptor rounded to a 128-byte boundary with the standard 128-byte LBO: the same MMAs on
+unshifted core matrices); aligned + no_epilogue. Prints and writes $OUT/shift_probe.json.
+
+Usage: python benchmarks/shift_probe.py [--rows s3:w1a1:256:128:128 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common
+from bitserial import bitserial_workload, gpu_inputs, workloads
+from lowbit.kernels.cuda import BITSERIAL, bitserial
+from lowbit.tune.timing import time_us
+
+EPILOGUE = "    epilogue_warp(acc, rsum, m0, n0, row0, wg_n * WN, lane, ea, s_out);"
+CUTS = {
+    "no_epilogue": [(EPILOGUE, "    if (acc[0][0][0][0][0] == 0x7fffffff && tile < 0) "
+                               "((int*)out)[0] = rsum[0][0][0];")],
+    "no_loads": [("    load_slabs(x, slab, (tile + 2 * step) * BM, tid);",
+                  "    copy_commit();")],
+    "aligned": [("slab_desc(sa + i * A_SHIFT_PLANE + OFF * 4, LBO)",
+                 "slab_desc(sa + i * A_SHIFT_PLANE + (OFF & ~7) * 4, 8)")],
+}
+VARIANTS = {"base": [], "no_epilogue": CUTS["no_epilogue"], "no_loads": CUTS["no_loads"],
+            "aligned": CUTS["aligned"],
+            "aligned_no_epilogue": CUTS["aligned"] + CUTS["no_epilogue"]}
+
+
+def variant_render(cuts):
+    original = bitserial.render
+
+    def render(wl, config, wgmma_asm=True):
+        text = original(wl, config, wgmma_asm)
+        for old, new in cuts:
+            if text.count(old) != 1:
+                raise RuntimeError(f"probe cut not found: {old[:60]}")
+            text = text.replace(old, new)
+        return text
+    return render
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", nargs="*", default=["s2:w1a1:64:64:64", "s3:w1a1:256:128:128",
+                                                  "s4:w1a1:128:128:128", "s5:w1a2:128:128:128"])
+    args = ap.parse_args()
+    layers = dict(workloads(False))
+    original, results = bitserial.render, []
+    for spec in args.rows:
+        stage, prec, bm, bn, wn = spec.split(":")
+        wl = bitserial_workload(layers[f"resnet50_{stage}_3x3_b256"], prec)
+        space = BITSERIAL.space(wl)
+        cfg = next(c for c in space if c["TAP_SHIFT"] and c["PERSIST"] and c["SWIZZLE"] == 32
+                   and (c["BM"], c["BN"], c["WN"]) == (int(bm), int(bn), int(wn))
+                   and c["ROWSUM"] == "mma" and c["REQUANT"] == space.knob("REQUANT").values[-1])
+        x, w, params = gpu_inputs(wl, 1)
+        row = {"row": spec, "config": dict(cfg)}
+        for name, cuts in VARIANTS.items():
+            bitserial.render = variant_render(cuts)
+            try:
+                launch = BITSERIAL.build(wl, cfg).bind(x, w, params)
+                row[name] = time_us(launch, cuda_graph=True)
+            except Exception as e:  # a variant that fails to build is reported, not fatal
+                row[name] = f"{type(e).__name__}: {e}"[:200]
+            finally:
+                bitserial.render = original
+        print(json.dumps(row), flush=True)
+        results.append(row)
+    out = Path(os.environ.get("OUT", ".")) / "shift_probe.json"
+    out.write_text(json.dumps({"gpu": common.gpu_name(), "rows": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
