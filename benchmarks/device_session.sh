@@ -42,6 +42,8 @@
 #   tests_shift  pytest -m gpu over the tap-shift wgmma conv (TAP_SHIFT=1)             (240)
 #   bitserial_shift  w1a1/w1a2 ResNet-50 s2-s5 b256 (SHIFT_LAYERS=a,b overrides): candidates
 #                with every tap-shift tile shape + the committed rows' 3 best       (540)
+#   bitserial_tuned_shift  w1a1/w1a2 rows tuned over the space with TAP_SHIFT (SHIFT_LAYERS=a,b;
+#                default the ResNet-50 b256 3x3 layers)                               (590)
 #   shift_probe  benchmarks/shift_probe.py: the persistent tap-shift kernel timed with its
 #                epilogue, its loads or its shifted descriptors cut out              (240)
 #   bitserial_ab w1a1/w1a2 GEMM 4096^3 + ResNet-50 s2-s5 b256 (AB_LAYERS=a,b overrides), no
@@ -135,6 +137,7 @@ for s in "$@"; do
     bitserial_tuned_a) bitserial_tuned a gemm_4096,resnet50_s2_3x3_b256,resnet50_s3_3x3_b256 ;;
     bitserial_tuned_b) bitserial_tuned b resnet50_s4_3x3_b256,resnet50_s5_3x3_b256 ;;
     bitserial_tuned_small) bitserial_tuned small apconv_b1_c1024,fc_b128_4096to4096 ;;
+    bitserial_tuned_shift) bitserial_tuned shift "${SHIFT_LAYERS:-$B256}" ;;
     tests_split) step tests_split 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
         --junitxml="$OUT/tests_split.xml" -k split tests/test_cuda_bitserial.py ;;
     bitserial_small) bitserial_rows small 300 3 \
