@@ -12,7 +12,7 @@ JSON=${PROFILE_JSON:-$(ls "$GPU_DIR"/bitserial-*.json | sort | tail -1)}
 mkdir -p "$OUT/ncu"
 for spec in "$@"; do
     IFS=: read -r wl prec rank extra <<<"$spec"
-    name="$wl-$prec-$rank"
+    name="$wl-$prec-$rank${extra:+-$(printf %s "$extra" | md5sum | cut -c1-6)}"
     sets=()  # extra: comma-separated KNOB=VALUE overrides
     IFS=, read -r -a kvs <<<"${extra:-}"
     for kv in "${kvs[@]}"; do sets+=(--set "$kv"); done
