@@ -137,6 +137,14 @@ EMU_CASES = [
      {"PERSIST": 1, "BM": 64, "BN": 32, "WN": 32}),
     ("persistent_c128_b1u2_packed", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=128, K=48),
      {"PERSIST": 1, "BM": 64, "BN": 64, "WN": 16}),
+    # STAGES=4: the next tile's MMAs in the other accumulator set during this tile's epilogue
+    # (the emulation runs a wgmma at its wait: a slab reloaded too early would show)
+    ("pingpong_c64_b1b1", conv(B1, B1, EPILOGUES[5], N=3, H=11, W=13, C=64, K=32),
+     {"PERSIST": 1, "STAGES": 4, "BM": 64, "BN": 32, "WN": 32}),
+    ("pingpong_c512_u2s2_2cols", conv(S2, U2, EPILOGUES[1], N=2, H=7, W=9, C=512, K=64),
+     {"PERSIST": 1, "STAGES": 4, "BM": 64, "BN": 32, "WN": 32}),
+    ("pingpong_c128_b1u2_packed", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=128, K=48),
+     {"PERSIST": 1, "STAGES": 4, "BM": 64, "BN": 64, "WN": 16}),
 ]
 
 
@@ -198,16 +206,18 @@ GPU_SHAPES = [dict(N=3, H=11, W=13, C=64, K=70, R=5, S=5, pad=2),
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_wgmma(), reason="needs an sm_90a GPU")
 def test_bit_exact_tap_shift(wb, ab):
-    """Every bit pair and encoding pair on the slab layouts above, with three configs each: the
-    first of the space one tile per block and persistent, and a random valid one."""
+    """Every bit pair and encoding pair on the slab layouts above: the space's first config one
+    tile per block, persistent, and persistent with two tiles in flight (where registers allow),
+    and a random valid one."""
     rng = random.Random(wb * 10 + ab)
     for combo in range(4):
         w_prec, a_prec = encodings(wb)[combo // 2], encodings(ab)[combo % 2]
         wl = conv(w_prec, a_prec, EPILOGUES[(wb + ab + combo) % len(EPILOGUES)],
                   **GPU_SHAPES[(wb + ab + combo) % len(GPU_SHAPES)])
         space = [c for c in BITSERIAL.space(wl) if c["TAP_SHIFT"]]
-        persistent = [c for c in space if c["PERSIST"]]
-        for cfg in (space[0], persistent[0], rng.choice(space)):
+        persistent = [c for c in space if c["PERSIST"] and c["STAGES"] == 3]
+        pingpong = [c for c in space if c["PERSIST"] and c["STAGES"] == 4]
+        for cfg in (space[0], persistent[0], *pingpong[:1], rng.choice(space)):
             _assert_exact(wl, cfg, seed=wb * 100 + ab * 10 + combo)
 
 

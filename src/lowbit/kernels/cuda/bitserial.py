@@ -453,7 +453,8 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     if tap_shift(config):  # every channel group resident (persistent: two slabs), ones tiles
         plan = shift_plan(conv_shape(wl), config["BM"])
         slab, weights = group_words(plan, q, p * config["BN"])
-        operands = plan.groups * (weights + slab * (2 if config["PERSIST"] else 1)) * 4
+        slabs = config["STAGES"] - 1 if config["PERSIST"] else 1  # bitserial_wgmma_shift.cu
+        operands = plan.groups * (weights + slab * slabs) * 4
         ones = len(plan.ones_tiles)
     if config["MMA"] == "wgmma" and needs_rowsum(wl) and not rowsum_table(config):
         operands += 256 * ones
@@ -473,7 +474,8 @@ def acc_regs(wl: Workload, config: Mapping) -> int:
     q, p = planes(wl)
     mma_rowsum = needs_rowsum(wl) and not rowsum_table(config)
     extra = (warp_rows // 16) * 4 * q if mma_rowsum else 0
-    return tiles * q * p + extra
+    pingpong = tap_shift(config) and config["PERSIST"] and config["STAGES"] == 4
+    return (tiles * q * p + extra) * (2 if pingpong else 1)  # two accumulator sets
 
 
 class BitserialKernel:
@@ -600,8 +602,9 @@ def _constraints(wl: Workload) -> list:
             return None
         if c["MMA"] != "wgmma" or c["HALO"] or split_k(c) > 1:
             return "TAP_SHIFT=1 is a wgmma kernel without HALO or SPLIT_K"
-        if c["KT"] != 1 or c["STAGES"] != 3:
-            return "TAP_SHIFT=1 loads whole channel groups: KT and STAGES keep 1 and 3"
+        if c["KT"] != 1 or c["STAGES"] not in ((3, 4) if c["PERSIST"] else (3,)):
+            return ("TAP_SHIFT=1 loads whole channel groups: KT=1; STAGES=3, or 4 with "
+                    "PERSIST=1 (two tiles' MMAs in flight)")
         if shift_plan(sh, c["BM"]).v_rows + 256 >= 2**31:
             return "too many virtual rows for 32-bit row indices"
         return None

@@ -13,7 +13,11 @@ constexpr int A_SHIFT_PLANE = GROUP_CHUNKS * SLAB_PIX * 4;           // words pe
 constexpr int A_GROUP_WORDS = (Q_BITS * A_SHIFT_PLANE + 63) / 64 * 64;  // 256-byte aligned
 constexpr int B_GROUP_WORDS = (GROUP_STEPS * B_ROWS * 8 + 63) / 64 * 64;
 constexpr int SLABS_WORDS = GROUPS * A_GROUP_WORDS;
-constexpr int SLAB_BUFFERS = PERSIST ? 2 : 1;
+// Persistent blocks keep STAGES - 1 slabs: STAGES = 3, the next tile's slab loads while this one
+// computes; STAGES = 4 (PINGPONG), the next tile's MMAs run during this tile's epilogue too, in
+// a second accumulator set, while the tile after that loads.
+constexpr bool PINGPONG = PERSIST && STAGES == 4;
+constexpr int SLAB_BUFFERS = PERSIST ? STAGES - 1 : 1;
 constexpr int ONES_OFFSET = GROUPS * B_GROUP_WORDS + SLAB_BUFFERS * SLABS_WORDS;
 static_assert(GROUPS <= 8, "copy_wait_groups handles at most 8 channel groups");
 static_assert(!HALO && SPLIT_K == 1, "TAP_SHIFT=1 runs without HALO and SPLIT_K (tap_shift.py)");
@@ -165,9 +169,33 @@ __device__ __forceinline__ void load_slabs(const u32* __restrict__ x, u32* slabs
   copy_commit();
 }
 
+// The MMAs of every channel group of the tile whose slab is `slab`, as one wgmma group.
+__device__ __forceinline__ void shift_tile_mma(Acc& acc, RowSum& rsum, const u32* slab,
+                                               const u32* weights, const u32* ones, int wg_m,
+                                               int wg_n) {
+  zero_acc(acc, rsum);
+  int acc_in = 0;
+  wgmma_fence();
+#pragma unroll
+  for (int grp = 0; grp < GROUPS; ++grp)
+    shift_group_steps(acc, rsum, slab + grp * A_GROUP_WORDS + wg_m * 64 * 4,
+                      weights + grp * B_GROUP_WORDS + wg_n * (P_BITS * WN) * 8, ones, grp, acc_in);
+  wgmma_commit();
+}
+
+// Fused epilogue of the tile at virtual row m0.
+__device__ __forceinline__ void shift_tile_epilogue(const Acc& acc, const RowSum& rsum, int m0,
+                                                    int n0, int row0, int col0, int lane,
+                                                    int tid, const EpilogueArgs& ea, u32* s_out) {
+  if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
+  epilogue_warp(acc, rsum, m0, n0, row0, col0, lane, ea, s_out);
+  if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, ea.out, m0, n0, tid);
+}
+
 // Persistent blocks (PERSIST=1): block (x, y) keeps column tile x's weights resident and takes
-// row tiles y, y + gridDim.y, ...; the slab of the tile after next loads into the buffer this
-// tile's MMAs just released, while the epilogue runs.
+// row tiles y, y + gridDim.y, ...; the slab of a later tile loads into the buffer this tile's
+// MMAs just released, while the epilogue runs. PINGPONG: tile t + 1's MMAs are issued (into the
+// other accumulator set) before tile t's epilogue, so the tensor cores work through it.
 extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_persistent(
     BITSERIAL_KERNEL_PARAMS) {
   extern __shared__ __align__(128) u32 smem[];
@@ -183,32 +211,46 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
   for (int grp = 0; grp < GROUPS; ++grp)
     load_group_weights(w, weights + grp * B_GROUP_WORDS, n0, grp, tid);
   int tile = blockIdx.y;
-  load_slabs(x, slabs, tile * BM, tid);  // one copy group with the weights
-  load_slabs(x, slabs + SLABS_WORDS, (tile + step) * BM, tid);
+#pragma unroll
+  for (int b = 0; b < SLAB_BUFFERS; ++b)  // the first with the weights: one copy group each
+    load_slabs(x, slabs + b * SLABS_WORDS, (tile + b * step) * BM, tid);
   const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
-  const int row0 = wg_m * 64 + (warp & 3) * 16;
-  for (int it = 0; tile < ROW_TILES; ++it, tile += step) {
-    u32* slab = slabs + (it & 1) * SLABS_WORDS;
-    copy_wait<1>();  // this tile's slab (and, first, the weights) landed; the next one may not
+  const int row0 = wg_m * 64 + (warp & 3) * 16, col0 = wg_n * WN;
+  Acc acc[PINGPONG ? 2 : 1];
+  RowSum rsum[PINGPONG ? 2 : 1];
+  if constexpr (PINGPONG) {
+    copy_wait<SLAB_BUFFERS - 1>();  // the first tile's slab and the weights
     fence_proxy_async();
     __syncthreads();
-    Acc acc;
-    RowSum rsum;
-    zero_acc(acc, rsum);
-    int acc_in = 0;
-    wgmma_fence();
-#pragma unroll
-    for (int grp = 0; grp < GROUPS; ++grp)
-      shift_group_steps(acc, rsum, slab + grp * A_GROUP_WORDS + wg_m * 64 * 4,
-                        weights + grp * B_GROUP_WORDS + wg_n * (P_BITS * WN) * 8, ones, grp, acc_in);
-    wgmma_commit();
-    wgmma_wait<0>();
-    __syncthreads();  // every warpgroup's MMAs are done with this buffer
-    load_slabs(x, slab, (tile + 2 * step) * BM, tid);
-    const int m0 = tile * BM;
-    if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
-    epilogue_warp(acc, rsum, m0, n0, row0, wg_n * WN, lane, ea, s_out);
-    if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, out, m0, n0, tid);
+    shift_tile_mma(acc[0], rsum[0], slabs, weights, ones, wg_m, wg_n);
   }
+  // Iteration `it` finishes tile `tile` (slab buffer it % SLAB_BUFFERS); the accumulator sets
+  // alternate, so the loop body is unrolled twice to keep them in registers.
+  for (int it = 0; tile < ROW_TILES;) {
+#pragma unroll
+    for (int half = 0; half < (PINGPONG ? 2 : 1) && tile < ROW_TILES; ++half, ++it, tile += step) {
+      Acc& cur = acc[PINGPONG ? half : 0];
+      RowSum& cur_rs = rsum[PINGPONG ? half : 0];
+      u32* slab = slabs + (it % SLAB_BUFFERS) * SLABS_WORDS;
+      copy_wait<1>();  // PINGPONG: the next tile's slab landed; else this tile's
+      fence_proxy_async();
+      __syncthreads();
+      if constexpr (PINGPONG) {
+        if (tile + step < ROW_TILES)
+          shift_tile_mma(acc[1 - half], rsum[1 - half],
+                         slabs + ((it + 1) % SLAB_BUFFERS) * SLABS_WORDS, weights, ones, wg_m, wg_n);
+        else
+          wgmma_commit();  // an empty group keeps the wait count below
+        wgmma_wait<1>();   // this tile's MMAs are done
+      } else {
+        shift_tile_mma(cur, cur_rs, slab, weights, ones, wg_m, wg_n);
+        wgmma_wait<0>();
+      }
+      __syncthreads();  // every warpgroup's MMAs are done with this tile's slab
+      load_slabs(x, slab, (tile + SLAB_BUFFERS * step) * BM, tid);
+      shift_tile_epilogue(cur, cur_rs, tile * BM, n0, row0, col0, lane, tid, ea, s_out);
+    }
+  }
+  wgmma_wait<0>();
   copy_wait<0>();
 }
