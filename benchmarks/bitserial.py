@@ -149,9 +149,9 @@ def candidates(wl: Workload, n: int, persist: bool = True) -> list[Config]:
 
 
 def shift_candidates(space) -> list[Config]:
-    """One TAP_SHIFT=1 config per block tile shape (BM, BN, WN), PERSIST and STAGES (32-byte swizzled
-    B, row sums by MMA, REQUANT "threshold" where offered): the estimate above does not model
-    the tap-shift kernels, so every shape is timed."""
+    """One TAP_SHIFT=1 config per block tile shape (BM, BN, WN), PERSIST and STAGES (32-byte
+    swizzled B, row sums by MMA, REQUANT "threshold" where offered): the estimate above does
+    not model the tap-shift kernels, so every shape is timed."""
     shifted = [c for c in space if c["TAP_SHIFT"] and c["SWIZZLE"] == 32
                and c["ROWSUM"] == "mma"]
     requant = "threshold" if any(c["REQUANT"] == "threshold" for c in shifted) else "multiply"
