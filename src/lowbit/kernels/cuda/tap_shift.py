@@ -128,7 +128,8 @@ def shift_plan(sh: Shape, bm: int) -> ShiftPlan:
     if reason:
         raise ValueError(reason)
     pad = sh.pad
-    vq = max(sh.w + pad, sh.q + sh.s - 1 - pad, sh.q)
+    # >= S too: the taps' shifts r * VQ + s then rise strictly in k order (every LBO > 0)
+    vq = max(sh.w + pad, sh.q + sh.s - 1 - pad, sh.q, sh.s)
     vp = max(sh.h + pad, sh.p + sh.r - 1 - pad, sh.p)
     largest = (sh.r - 1) * vq + sh.s - 1
     slab = -(-(bm + largest + 1) // 8) * 8
