@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from lowbit.core import Epilogue, Layout, Precision
 from lowbit.core.workloads import load_workloads
-from lowbit.kernels.cuda import BITSERIAL, bitserial, bitserial_emu, tap_shift
+from lowbit.kernels.cuda import BITSERIAL, bitserial, tap_shift
 from lowbit.kernels.cuda.bitserial import WGMMA_ARCH, Shape
 from lowbit.kernels.cuda.host_emu import compiler
-from lowbit.reference import random_inputs, run
 from test_cuda_bitserial import EPILOGUES, _assert_exact, conv, encodings, gemm
+from test_cuda_bitserial_emu import _check
 
 B1, U1, U2, S2, S3, U4 = (Precision(1, "binary"), Precision(1), Precision(2),
                           Precision(2, "signed"), Precision(3, "signed"), Precision(4))
@@ -157,18 +157,10 @@ def _shift_config(wl, changes, arch=WGMMA_ARCH):
     return cfg
 
 
-def _emulated_exact(wl, cfg, seed):
-    x, w, params = random_inputs(wl, seed)
-    got, want = bitserial_emu.emulate(wl, cfg, x, w, params), run(wl, x, w, params)
-    if got.dtype == torch.float16:
-        got, want = got.view(torch.int16), want.view(torch.int16)
-    return torch.equal(got, want)
-
-
 @pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
 @pytest.mark.parametrize("wl,changes", [c[1:] for c in EMU_CASES], ids=[c[0] for c in EMU_CASES])
 def test_emulated_tap_shift_is_bit_exact(wl, changes):
-    assert _emulated_exact(wl, _shift_config(wl, changes), seed=len(wl.key))
+    assert _check(wl, _shift_config(wl, changes), seed=len(wl.key))
 
 
 @pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
@@ -188,7 +180,7 @@ def test_emulation_catches_a_wrong_shift(mutation, monkeypatch):
     else:
         plan = tap_shift.ShiftPlan(**{**plan.__dict__, "vq": wl.W, "base": wl.W + 1})
     monkeypatch.setattr(bitserial, "shift_plan", lambda sh, bm: plan)
-    assert not _emulated_exact(wl, cfg, seed=1)
+    assert not _check(wl, cfg, seed=1)
 
 
 # ---------------------------------------------------------------- GPU: bit-exact

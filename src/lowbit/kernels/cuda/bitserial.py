@@ -25,7 +25,11 @@ it with per-column integer thresholds that fold in bias and ReLU,
 `lowbit.reference.requant_thresholds`), SPLIT_K (one-tile-per-block kernels: the k tiles split
 over SPLIT_K blocks per tile, grid.z; each stores its k-linear partial sums to a workspace and
 the tile's last block to arrive adds them up and runs the epilogue: for grids of few tiles with
-long reductions; mma.sync only).
+long reductions; mma.sync only), TAP_SHIFT (1: wgmma convs of stride 1 on C <= 64 or a multiple
+of 128 channels computed in a zero-margined virtual pixel grid, each tap's A operand a
+descriptor view into the block's one input slab: no im2col copies, `tap_shift.py`; KT=1;
+STAGES=3, or with PERSIST=1 (weights resident, slab double-buffered) 4: the next tile's MMAs
+in a second accumulator set during this tile's epilogue).
 """
 
 from __future__ import annotations
