@@ -7,8 +7,8 @@
 // bitserial_wgmma_common.cu before it.
 
 // Shared memory: the weights of every channel group ([GROUPS][B_GROUP_WORDS], wgmma B layout),
-// then the input slab of every group ([GROUPS][A_GROUP_WORDS]; the persistent kernel keeps two,
-// the next tile's loading while this one computes), then the row-popcount tiles of ones.
+// then the input slab of every group ([GROUPS][A_GROUP_WORDS]; persistent blocks keep
+// SLAB_BUFFERS of them), then the row-popcount tiles of ones.
 constexpr int A_SHIFT_PLANE = GROUP_CHUNKS * SLAB_PIX * 4;           // words per plane slab
 constexpr int A_GROUP_WORDS = (Q_BITS * A_SHIFT_PLANE + 63) / 64 * 64;  // 256-byte aligned
 constexpr int B_GROUP_WORDS = (GROUP_STEPS * B_ROWS * 8 + 63) / 64 * 64;
