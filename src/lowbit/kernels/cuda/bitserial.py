@@ -720,13 +720,19 @@ class BitserialTemplate(KernelTemplate):
         knobs = [Knob("BM", (16, 32, 64, 128, 256)), Knob("BN", (16, 32, 64, 128, 256)),
                  Knob("WM", (16, 32, 64)), Knob("WN", (16, 32, 64, 128, 256)),
                  Knob("KT", (1, 2, 4, 8)), Knob("STAGES", (2, 3, 4, 6)), Knob("PERSIST", (0, 1)),
-                 Knob("MMA", mma), Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
+                 Knob("MMA", mma), Knob("TAP_SHIFT", self._tap_shift_values(workload, arch)),
+                 Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
                  Knob("ROWSUM", ("mma", "table") if workload.w.encoding is Encoding.BINARY
                       else ("mma",)), requant_knob(workload),
-                 Knob("SPLIT_K", split_k_values(workload)),
-                 Knob("TAP_SHIFT", (0, 1) if arch == WGMMA_ARCH and shift_unsupported_reason(
-                     conv_shape(workload)) is None else (0,))]
+                 Knob("SPLIT_K", split_k_values(workload))]
         return ConfigSpace(knobs, _constraints(workload))
+
+    @staticmethod
+    def _tap_shift_values(workload: Workload, arch: str) -> tuple[int, ...]:
+        """TAP_SHIFT=1 where the wgmma tap-shift conv runs (sm_90a, `tap_shift.py`). Placed
+        right after MMA: the constraints that read it then prune early."""
+        ok = arch == WGMMA_ARCH and shift_unsupported_reason(conv_shape(workload)) is None
+        return (0, 1) if ok else (0,)
 
     def default_config(self, workload: Workload, mma: str | None = None,
                        arch: str | None = None) -> Config:
