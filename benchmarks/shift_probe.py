@@ -24,12 +24,12 @@ from bitserial import bitserial_workload, gpu_inputs, workloads
 from lowbit.kernels.cuda import BITSERIAL, bitserial
 from lowbit.tune.timing import time_us
 
-EPILOGUE = "    epilogue_warp(acc, rsum, m0, n0, row0, wg_n * WN, lane, ea, s_out);"
+EPILOGUE = "      tile_epilogue(cur, cur_rs, tile * BM, n0, row0, col0, lane, tid, ea, s_out);"
 CUTS = {
-    "no_epilogue": [(EPILOGUE, "    if (acc[0][0][0][0][0] == 0x7fffffff && tile < 0) "
-                               "((int*)out)[0] = rsum[0][0][0];")],
-    "no_loads": [("    load_slabs(x, slab, (tile + 2 * step) * BM, tid);",
-                  "    copy_commit();")],
+    "no_epilogue": [(EPILOGUE, "      if (cur[0][0][0][0][0] == 0x7fffffff && tile < 0) "
+                               "((int*)out)[0] = cur_rs[0][0][0];")],
+    "no_loads": [("      load_slabs(x, slab, (tile + SLAB_BUFFERS * step) * BM, tid);",
+                  "      copy_commit();")],
     "aligned": [("slab_desc(sa + i * A_SHIFT_PLANE + OFF * 4, LBO)",
                  "slab_desc(sa + i * A_SHIFT_PLANE + (OFF & ~7) * 4, 8)")],
 }

@@ -40,7 +40,5 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_kernel(BITSERIAL
     if (!split_arrive(split_count, tid)) return;
   }
   u32* s_out = smem;  // packing tile over the operand stages, once every warp is done with them
-  if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
-  epilogue_warp(acc, rsum, m0, n0, warp_m * WM, warp_n * WN, lane, ea, s_out);
-  if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, out, m0, n0, tid);
+  tile_epilogue(acc, rsum, m0, n0, warp_m * WM, warp_n * WN, lane, tid, ea, s_out);
 }

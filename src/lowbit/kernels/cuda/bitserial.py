@@ -87,8 +87,7 @@ def kernel_file(config: Mapping) -> str:
 def kernel_name(config: Mapping) -> str:
     if tap_shift(config):
         return "bitserial_wgmma_shift_persistent" if config["PERSIST"] else "bitserial_wgmma_shift"
-    return {"bitserial_wgmma_shift.cu": "bitserial_wgmma_shift",
-            "bitserial_wgmma.cu": "bitserial_wgmma",
+    return {"bitserial_wgmma.cu": "bitserial_wgmma",
             "bitserial_wgmma_persistent.cu": "bitserial_wgmma_persistent",
             "bitserial_persistent.cu": "bitserial_persistent",
             "bitserial.cu": "bitserial_kernel"}[kernel_file(config)]
@@ -454,7 +453,7 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     rows = q * config["BM"] + p * config["BN"]
     operands = config["STAGES"] * rows * config["KT"] * 32 + halo_bytes(wl, config)
     ones = 1
-    if tap_shift(config):  # every channel group resident (persistent: two slabs), ones tiles
+    if tap_shift(config):  # every channel group resident (persistent: STAGES - 1 slabs)
         plan = shift_plan(conv_shape(wl), config["BM"])
         slab, weights = group_words(plan, q, p * config["BN"])
         slabs = config["STAGES"] - 1 if config["PERSIST"] else 1  # bitserial_wgmma_shift.cu

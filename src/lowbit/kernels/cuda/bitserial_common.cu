@@ -769,6 +769,16 @@ __device__ __forceinline__ void epilogue_warp(const Acc& acc, const RowSum& rsum
   epilogue_cols(acc, term, wsum, m0, n0, row0, col0, lane, ea, s_out);
 }
 
+// The fused epilogue of the block tile at (m0, n0), this warp's rows row0.. and columns col0..
+// (epilogue_warp), through the packing tile s_out where warp tiles are narrower than a word.
+__device__ __forceinline__ void tile_epilogue(const Acc& acc, const RowSum& rsum, i64 m0, int n0,
+                                              int row0, int col0, int lane, int tid,
+                                              const EpilogueArgs& ea, u32* s_out) {
+  if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
+  epilogue_warp(acc, rsum, m0, n0, row0, col0, lane, ea, s_out);
+  if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, ea.out, m0, n0, tid);
+}
+
 // ---- split-K (bitserial.cu, bitserial_wgmma.cu; constants above N_TILES) ----
 
 // This block's k tiles [split_k_begin(), split_k_end()).
@@ -870,8 +880,6 @@ __device__ __forceinline__ void persistent_epilogue(Acc& acc, RowSum& rsum, int 
   const int tile = persistent_tile(it);
   const i64 m0 = (i64)(tile / N_COL_TILES) * BM;
   const int n0 = (tile % N_COL_TILES) * BN;
-  if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
-  epilogue_warp(acc, rsum, m0, n0, row0, col0, lane, ea, s_out);
-  if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, ea.out, m0, n0, tid);
+  tile_epilogue(acc, rsum, m0, n0, row0, col0, lane, tid, ea, s_out);
   zero_acc(acc, rsum);
 }

@@ -47,7 +47,5 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma(BITSERIAL_
     if (!split_arrive(split_count, tid)) return;
   }
   u32* s_out = smem;  // packing tile over the operand stages, once every warpgroup is done
-  if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
-  epilogue_warp(acc, rsum, m0, n0, row0, wg_n * WN, lane, ea, s_out);
-  if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, out, m0, n0, tid);
+  tile_epilogue(acc, rsum, m0, n0, row0, wg_n * WN, lane, tid, ea, s_out);
 }

@@ -97,12 +97,14 @@ __device__ __forceinline__ void copy_wait_groups(int n) {
   }
 }
 
-// Issue the k256 steps of channel group `grp` (SHIFT_STEPS) for this warpgroup: sa, sb are the
-// group's slab and weights, already offset to the warpgroup's rows and columns. acc_in: 0 on a
-// tile's first step (scale-d 0 overwrites the accumulators), then 1.
-__device__ __forceinline__ void shift_group_steps(Acc& acc, RowSum& rsum, const u32* sa,
-                                                  const u32* sb, const u32* ones, int grp,
-                                                  int& acc_in) {
+// Issue the k256 steps of channel group `grp` (SHIFT_STEPS) for warpgroup (wg_m, wg_n), from
+// the tile's slabs and the block's weights. acc_in: 0 on a tile's first step (scale-d 0
+// overwrites the accumulators), then 1.
+__device__ __forceinline__ void shift_group_steps(Acc& acc, RowSum& rsum, const u32* slabs,
+                                                  const u32* weights, const u32* ones, int grp,
+                                                  int wg_m, int wg_n, int& acc_in) {
+  const u32* sa = slabs + grp * A_GROUP_WORDS + wg_m * 64 * 4;  // the warpgroup's 64 rows
+  const u32* sb = weights + grp * B_GROUP_WORDS + wg_n * (P_BITS * WN) * 8;
 #define SHIFT_STEP(G_, T_, OFF, LBO, ONES)                                                   \
   if (grp == G_) {                                                                          \
     const u64 db = smem_desc(sb + T_ * B_ROWS * 8);                                         \
@@ -145,18 +147,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift(BITS
     fence_proxy_async();
     __syncthreads();  // group grp landed everywhere
     wgmma_fence();
-    shift_group_steps(acc, rsum, slabs + grp * A_GROUP_WORDS + wg_m * 64 * 4,
-                      weights + grp * B_GROUP_WORDS + wg_n * (P_BITS * WN) * 8, ones, grp, acc_in);
+    shift_group_steps(acc, rsum, slabs, weights, ones, grp, wg_m, wg_n, acc_in);
     wgmma_commit();
   }
   wgmma_wait<0>();
 
   const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
-  const int row0 = wg_m * 64 + (warp & 3) * 16;
-  u32* s_out = smem;  // packing tile over the operands, once every warpgroup is done
-  if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
-  epilogue_warp(acc, rsum, m0, n0, row0, wg_n * WN, lane, ea, s_out);
-  if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, out, m0, n0, tid);
+  // the packing tile over the operands, once every warpgroup is done
+  tile_epilogue(acc, rsum, m0, n0, wg_m * 64 + (warp & 3) * 16, wg_n * WN, lane, tid, ea, smem);
 }
 
 // cp.async every channel group's slab of the tile at virtual row m0 (nothing past the last
@@ -178,18 +176,8 @@ __device__ __forceinline__ void shift_tile_mma(Acc& acc, RowSum& rsum, const u32
   wgmma_fence();
 #pragma unroll
   for (int grp = 0; grp < GROUPS; ++grp)
-    shift_group_steps(acc, rsum, slab + grp * A_GROUP_WORDS + wg_m * 64 * 4,
-                      weights + grp * B_GROUP_WORDS + wg_n * (P_BITS * WN) * 8, ones, grp, acc_in);
+    shift_group_steps(acc, rsum, slab, weights, ones, grp, wg_m, wg_n, acc_in);
   wgmma_commit();
-}
-
-// Fused epilogue of the tile at virtual row m0.
-__device__ __forceinline__ void shift_tile_epilogue(const Acc& acc, const RowSum& rsum, int m0,
-                                                    int n0, int row0, int col0, int lane,
-                                                    int tid, const EpilogueArgs& ea, u32* s_out) {
-  if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
-  epilogue_warp(acc, rsum, m0, n0, row0, col0, lane, ea, s_out);
-  if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, ea.out, m0, n0, tid);
 }
 
 // Persistent blocks (PERSIST=1): block (x, y) keeps column tile x's weights resident and takes
@@ -248,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
       }
       __syncthreads();  // every warpgroup's MMAs are done with this tile's slab
       load_slabs(x, slab, (tile + SLAB_BUFFERS * step) * BM, tid);
-      shift_tile_epilogue(cur, cur_rs, tile * BM, n0, row0, col0, lane, tid, ea, s_out);
+      tile_epilogue(cur, cur_rs, tile * BM, n0, row0, col0, lane, tid, ea, s_out);
     }
   }
   wgmma_wait<0>();

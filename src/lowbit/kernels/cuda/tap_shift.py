@@ -164,7 +164,7 @@ def render_tables(plan: ShiftPlan) -> str:
     step; SHIFT_HALVES(X) -> X(group, slab, half, first weight word, weight words);
     SHIFT_ONES(X) -> X(tile, words of ones in the low half, in the high half)."""
     ones = plan.ones_tiles
-    steps = " ".join(f"X({s.group}, {s.slab}, {s.lo.offset}, {s.hi.offset - s.lo.offset}, "
+    steps = " ".join(f"X({s.group}, {s.slab}, {s.lo.offset}, {s.lbo // ENTRY_BYTES}, "
                      f"{ones.index(s.ones)})" for s in plan.steps)
     halves = " ".join(f"X({s.group}, {s.slab}, {i}, {h.word}, {h.words})"
                       for s in plan.steps for i, h in enumerate((s.lo, s.hi)))
