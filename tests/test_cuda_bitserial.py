@@ -514,7 +514,8 @@ def test_nvrtc_compiles_threshold_configs(arch, tmp_path, monkeypatch):
 def test_threshold_table_is_padded_for_unguarded_pair_loads():
     """The kernel loads a lane's column pair of thresholds without a KOUT guard: the table has
     wsum_columns rows (a block tile never leaves it), INT32_MAX past KOUT (never reached, so
-    those codes are qmin's bits, masked at the store), and the reference's values in front."""
+    those codes are qmin's bits, masked at the store) and in the fourth column that pads 3
+    levels to 16 bytes, and the reference's values in front."""
     from lowbit.reference.epilogue import INT32_MAX, requant_thresholds
 
     epi = Epilogue(bias=True, relu=True, out=Precision(2, "signed"), out_layout=BP)
@@ -523,9 +524,9 @@ def test_threshold_table_is_padded_for_unguarded_pair_loads():
     cfg = BITSERIAL.default_config(wl, arch="sm_90a").replace(REQUANT="threshold")
     table = bitserial.epilogue_thresholds(wl, cfg, params)
     want = requant_thresholds(epi, params)
-    assert table.shape == (bitserial.wsum_columns(bitserial.conv_shape(wl)), 3)
-    assert torch.equal(table[:37], want)
-    assert bool((table[37:] == INT32_MAX).all())
+    assert table.shape == (bitserial.wsum_columns(bitserial.conv_shape(wl)), 4)
+    assert torch.equal(table[:37, :3], want)
+    assert bool((table[37:] == INT32_MAX).all()) and bool((table[:, 3] == INT32_MAX).all())
     assert bitserial.epilogue_thresholds(wl, cfg.replace(REQUANT="multiply"), params) is None
 
 

@@ -77,6 +77,14 @@ CASES = [
      "wgmma", {}),
     ("wgmma_b1b1_wide_rows_threshold", conv(B1, B1, EPILOGUES[5], N=1, H=4, W=40, C=32,
                                                  K=24), "wgmma", {"REQUANT": "threshold"}),
+    # binary activations and padding with three thresholds per column: the thresholds less
+    # each tap rectangle's weight sums (bitserial_wtap part 3), 3 levels stored as 4
+    ("mma_b1b1_border_threshold_u2", conv(B1, B1, EPILOGUES[1], N=1, H=5, W=9, C=40, K=37),
+     "mma_sync", {"REQUANT": "threshold"}),
+    ("wgmma_s2b1_border_threshold_s2", conv(S2, B1, Epilogue(bias=True, out=S2,
+                                                             out_layout=Layout.BITPLANE),
+                                            N=1, H=4, W=11, C=64, K=45), "wgmma",
+     {"REQUANT": "threshold"}),
     ("mma_s2b1_wide_rows_int8", conv(S2, B1, EPILOGUES[3], N=1, H=3, W=72, C=40, K=20),
      "mma_sync", {"BM": 64, "WM": 32, "BN": 32, "WN": 32}),
     # split-K: k tiles over SPLIT_K blocks per tile, the last to arrive adds the others' partial

@@ -212,15 +212,24 @@ def uses_thresholds(config: Mapping) -> bool:
 
 def epilogue_thresholds(wl: Workload, config: Mapping, params: EpilogueParams
                         ) -> torch.Tensor | None:
-    """The int32 [wsum_columns, levels] table a REQUANT="threshold" kernel reads (None
-    otherwise), on the device of params.multiplier: `requant_thresholds`, padded past KOUT with
-    INT32_MAX (never reached), so the kernel loads every column of a block tile unguarded."""
+    """The int32 [wsum_columns, threshold_stride] table a REQUANT="threshold" kernel reads
+    (None otherwise), on the device of params.multiplier: `requant_thresholds` in front, padded
+    past KOUT and past the levels with INT32_MAX (never reached), so the kernel loads every
+    column of a block tile unguarded and a column pair's thresholds as 16-byte loads."""
     if not uses_thresholds(config):
         return None
     thr = requant_thresholds(wl.epilogue, params)
-    table = torch.full((wsum_columns(conv_shape(wl)), thr.shape[1]), INT32_MAX, dtype=torch.int32)
-    table[: thr.shape[0]] = thr
+    table = torch.full((wsum_columns(conv_shape(wl)), threshold_stride(wl)), INT32_MAX,
+                       dtype=torch.int32)
+    table[: thr.shape[0], : thr.shape[1]] = thr
     return table.to(params.multiplier.device)
+
+
+def threshold_stride(wl: Workload) -> int:
+    """ints per column of the threshold tables: qmax - qmin levels, 3 padded to 4 (THR_STRIDE in
+    bitserial_common.cu)."""
+    levels = wl.epilogue.out.qmax - wl.epilogue.out.qmin
+    return 4 if levels == 3 else levels
 
 
 def _pow2_ceil(n: int) -> int:
@@ -415,13 +424,15 @@ def side_tables(wl: Workload, config: Mapping, device: torch.device | str
                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The int32 tables a launch fills before the main kernel (None where not needed): wtap
     [KOUT x (R+1)(S+1) prefix sums, then ((R+1)(S+1))^2 tap rectangles x KOUT rounded up to
-    256 weight sums] for binary activations, xpop [planes x pixels] for ROWSUM="table"."""
+    256 weight sums, then (REQUANT="threshold") as many x levels thresholds less those sums]
+    for binary activations, xpop [planes x pixels] for ROWSUM="table"."""
     sh = conv_shape(wl)
     wtap = xpop = None
-    if needs_wtap(wl):  # the prefix table, then the weight sums per tap rectangle
+    if needs_wtap(wl):  # the prefix table, the weight sums per tap rectangle, their thresholds
         tab = (sh.r + 1) * (sh.s + 1)
-        wtap = torch.empty(wsum_start(sh) + tab * tab * wsum_columns(sh), dtype=torch.int32,
-                           device=device)
+        levels = threshold_stride(wl) if uses_thresholds(config) else 0
+        wtap = torch.empty(wsum_start(sh) + tab * tab * wsum_columns(sh) * (1 + levels),
+                           dtype=torch.int32, device=device)
     if rowsum_table(config):
         xpop = torch.empty(planes(wl)[0] * sh.nb * sh.h * sh.w, dtype=torch.int32,
                            device=device)
@@ -532,7 +543,7 @@ class BitserialKernel:
 
         def launch() -> torch.Tensor:
             if wtap is not None:
-                self._wtap.launch(wtap_blocks, WTAP_THREADS, [w, wtap])
+                self._wtap.launch(wtap_blocks, WTAP_THREADS, [w, thr, wtap])
             if xpop is not None:
                 self._xpop.launch(xpop_blocks, XPOP_THREADS, [x, xpop])
             self._main.launch(grid, self._threads, args, shared_mem=self._smem)

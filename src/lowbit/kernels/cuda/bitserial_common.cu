@@ -49,7 +49,6 @@ constexpr bool NEED_ROWSUM = W_BETA != 0;      // binary weights: sum_i c_i popc
 // against a tile of ones (which re-reads the A tile from shared memory)
 constexpr bool ROWSUM_MMA = NEED_ROWSUM && !ROWSUM_TABLE;
 constexpr i64 PIXELS = (i64)NB * H * W;        // input pixels per activation plane
-constexpr bool NEED_WTAP = A_BETA != 0;        // binary activations: weight sums over valid taps
 // Bit-plane output: a warp owning whole 32-column words packs them in registers; narrower warp
 // tiles OR their bits into a shared-memory tile of the block's words first.
 constexpr bool PACK_IN_SMEM = OUT_MODE == 3 && WN % 32 != 0;
@@ -68,14 +67,22 @@ constexpr int KTILES_PER_SPLIT = (KTILES + SPLIT_K - 1) / SPLIT_K;
 constexpr int WS_COLS = N_COL_TILES * BN;
 constexpr i64 WS_SPLIT = (i64)ROW_TILES * BM * WS_COLS;
 
-// Output row of block row v: v itself, or with TAP_SHIFT=1 (bitserial_wgmma_shift.cu) the row of
-// pixel (n, ho, wo) of virtual row v = (n * VP + ho) * VQ + wo, and M_ROWS (dropped) for rows in
-// the virtual grid's margin (ho >= P_OUT or wo >= Q_OUT) or past V_ROWS.
-__device__ __forceinline__ i64 out_row(i64 v) {
-  if constexpr (!TAP_SHIFT) return v;
-  const int wo = (int)(v % VQ), t = (int)(v / VQ), ho = t % VP, n = t / VP;
-  return (v < V_ROWS && ho < P_OUT && wo < Q_OUT) ? ((i64)n * P_OUT + ho) * Q_OUT + wo : M_ROWS;
+// Output row m of block row v and its pixel's row and column (po, qo): v itself, or with
+// TAP_SHIFT=1 (bitserial_wgmma_shift.cu) the row of pixel (n, ho, wo) of virtual row
+// v = (n * VP + ho) * VQ + wo, and M_ROWS (dropped) for rows in the virtual grid's margin
+// (ho >= P_OUT or wo >= Q_OUT) or past V_ROWS. Rows < 2^31 (bitserial.py).
+struct RowPos {
+  int m, po, qo;
+};
+__device__ __forceinline__ RowPos row_pos(int v) {
+  if constexpr (TAP_SHIFT) {
+    const int wo = v % VQ, t = v / VQ, ho = t % VP, n = t / VP;
+    const bool ok = v < V_ROWS && ho < P_OUT && wo < Q_OUT;
+    return RowPos{ok ? (n * P_OUT + ho) * Q_OUT + wo : (int)M_ROWS, ho, wo};
+  }
+  return RowPos{v, (v / Q_OUT) % P_OUT, v % Q_OUT};
 }
+__device__ __forceinline__ int out_row(int v) { return row_pos(v).m; }
 
 __device__ __forceinline__ constexpr int a_coef(int i) {
   return (A_SIGNED && i == Q_BITS - 1) ? -(1 << i) : (1 << i);
@@ -149,9 +156,21 @@ __device__ __forceinline__ void tap_range(int start, int extent, int taps, int& 
 // written either, rect_used), so one output row's lookups share a pointer and differ by
 // compile-time offsets. Part 2 starts at WSUM0 (bitserial.wsum_start: past part 1, even, so a
 // lane reads its two adjacent columns as one 8-byte load).
+// Part 3 (RECT_THR: threshold requantization of binary activations), at WTHR0 = WSUM0 + RECTS *
+// KPAD: wtap[WTHR0 + (rect_id * KPAD + col) * THR_STRIDE + k] = thr[col][k] minus part 2's sum,
+// clamped to int32 (exact: y >= t <=> y - s >= t - s, and a clamped bound is never / always
+// met by an int32 y - s). The epilogue compares the plane products plus row terms with it
+// directly: per output one multiply-add and the compares, no weight-sum load and add.
 constexpr int TAB = (R + 1) * (S + 1);
 constexpr int RECTS = TAB * TAB;
 static_assert(WSUM0 >= KOUT * TAB && WSUM0 % 2 == 0, "bitserial.wsum_start: after part 1, even");
+constexpr bool NEED_WTAP = A_BETA != 0;        // binary activations: weight sums over valid taps
+constexpr int THR_LEVELS = OUT_THRESH ? OUT_QMAX - OUT_QMIN : 1;
+// ints per column in the threshold tables (bitserial.threshold_stride): 3 levels padded to 4, so
+// a column pair is two 16-byte loads instead of three 8-byte ones
+constexpr int THR_STRIDE = THR_LEVELS == 3 ? 4 : THR_LEVELS;
+constexpr bool RECT_THR = OUT_THRESH && NEED_WTAP;
+constexpr int WTHR0 = WSUM0 + RECTS * KPAD;
 __device__ __forceinline__ constexpr int rect_id(int rlo, int rhi, int slo, int shi) {
   return ((rlo * (R + 1) + rhi) * (S + 1) + slo) * (S + 1) + shi;
 }
@@ -166,7 +185,8 @@ __device__ __forceinline__ constexpr bool rect_used(int lo, int hi, int extent, 
   const int hi_min = 2 * PAD > taps ? 0 : (taps < last ? taps : last);
   return lo <= hi && lo <= PAD && hi >= hi_min;
 }
-extern "C" __global__ void bitserial_wtap(const u32* __restrict__ w, int* __restrict__ wtap) {
+extern "C" __global__ void bitserial_wtap(const u32* __restrict__ w, const int* __restrict__ thr,
+                                          int* __restrict__ wtap) {
   const int col = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
   if (col >= KOUT) return;
   int* tab = wtap + col * TAB;
@@ -192,9 +212,17 @@ extern "C" __global__ void bitserial_wtap(const u32* __restrict__ w, int* __rest
   for (int i = lane; i < RECTS; i += 32) {
     const int shi = i % (S + 1), slo = i / (S + 1) % (S + 1);
     const int rhi = i / TAB % (R + 1), rlo = i / TAB / (R + 1);
-    if (rect_used(rlo, rhi, H, R, P_OUT) && rect_used(slo, shi, W, S, Q_OUT))
-      rect[i * KPAD] = A_BETA * W_ALPHA * (tab[rhi * (S + 1) + shi] - tab[rlo * (S + 1) + shi]
-                                           - tab[rhi * (S + 1) + slo] + tab[rlo * (S + 1) + slo]);
+    if (!rect_used(rlo, rhi, H, R, P_OUT) || !rect_used(slo, shi, W, S, Q_OUT)) continue;
+    const int sum = A_BETA * W_ALPHA * (tab[rhi * (S + 1) + shi] - tab[rlo * (S + 1) + shi]
+                                        - tab[rhi * (S + 1) + slo] + tab[rlo * (S + 1) + slo]);
+    rect[i * KPAD] = sum;
+    if constexpr (RECT_THR) {
+      for (int k = 0; k < THR_LEVELS; ++k) {
+        const i64 t = (i64)thr[col * THR_STRIDE + k] - sum;
+        wtap[WTHR0 + ((i64)i * KPAD + col) * THR_STRIDE + k] =
+            (int)(t < -2147483648ll ? -2147483648ll : (t > 2147483647ll ? 2147483647ll : t));
+      }
+    }
   }
 }
 
@@ -452,11 +480,11 @@ __device__ __forceinline__ u32 word_mask(int word) {
 }
 
 // Store the packing tile of the block tile at (m0, n0) to the bit-plane output.
-__device__ __forceinline__ void pack_tile_store(const u32* s_out, void* out, i64 m0, int n0, int tid) {
+__device__ __forceinline__ void pack_tile_store(const u32* s_out, void* out, int m0, int n0, int tid) {
   __syncthreads();
   for (int i = tid; i < PACK_WORDS; i += THREADS) {
     const int wd = i % BLOCK_WORDS, row = (i / BLOCK_WORDS) % BM, b = i / (BLOCK_WORDS * BM);
-    const i64 m = out_row(m0 + row);
+    const int m = out_row(m0 + row);
     const int word = n0 / 32 + wd;
     if (m < M_ROWS && word < OUT_WORDS)
       reinterpret_cast<u32*>(out)[((i64)b * M_ROWS + m) * OUT_WORDS + word] = s_out[i] & word_mask(word);
@@ -468,7 +496,6 @@ __device__ __forceinline__ void pack_tile_store(const u32* s_out, void* out, i64
 // bitserial.epilogue_thresholds pads the [KOUT][levels] table to KPAD columns with INT32_MAX):
 // the output is OUT_QMIN + #{k : y >= thr[k]}, 1-3 compares instead of a 64-bit multiply, a
 // shift and clamps per output (knob REQUANT="threshold").
-constexpr int THR_LEVELS = OUT_THRESH ? OUT_QMAX - OUT_QMIN : 1;
 constexpr u32 OUT_MASK = (1u << OUT_BITS) - 1;
 // The thresholds are non-decreasing (the multiplier is >= 1), so level = #{k : y >= thr[k]}
 // counts up one compare at a time, and bit b of the code OUT_QMIN + level is bit b of OUT_QMIN
@@ -495,43 +522,42 @@ __device__ __forceinline__ u32 threshold_code(int y, const int (&thr)[THR_LEVELS
 // padding every pixel has the full rectangle, and that sum is a per-column offset.
 constexpr bool BORDER = NEED_WTAP && PAD > 0;
 
-// Per-column epilogue parameters (zeros past KOUT). off: the bias (unless folded into the
-// thresholds) and, for binary activations without padding, the column's all-tap weight sum.
-// Loaded once per tile and lane: the epilogue walks columns outside rows.
+// Per-column epilogue parameters (zeros past KOUT). off: the bias and, for binary activations
+// without padding, the column's all-tap weight sum (both folded into the thresholds with
+// OUT_THRESH). Loaded once per tile and lane: the epilogue walks columns outside rows.
 struct ColParams {
   int off, mult, shift;
   float scale;
-  int thr[THR_LEVELS];
 };
 __device__ __forceinline__ ColParams col_params(const EpilogueArgs& ea, int col) {
-  const bool ok = col < KOUT;
-  const bool mul = OUT_MODE >= 2 && !OUT_THRESH && ok;
-  const int bias = (HAS_BIAS && !OUT_THRESH && ok) ? ea.bias[col] : 0;
+  const bool ok = col < KOUT && !OUT_THRESH;
+  const bool mul = OUT_MODE >= 2 && ok;
+  const int bias = (HAS_BIAS && ok) ? ea.bias[col] : 0;
   const int wall = (NEED_WTAP && !BORDER && ok) ? ea.wtap[WSUM0 + FULL_RECT * KPAD + col] : 0;
   return ColParams{bias + wall, mul ? ea.mult[col] : 0, mul ? ea.shift[col] : 1,
-                   (OUT_MODE == 1 && ok) ? ea.scale[col] : 0.f, {}};
+                   (OUT_MODE == 1 && ok) ? ea.scale[col] : 0.f};
 }
-// The thresholds of columns col, col + 1 (col even, < KPAD: no guard): 2 * THR_LEVELS adjacent
-// ints, 8-byte aligned, read as 8- or 16-byte loads.
-__device__ __forceinline__ void load_thresholds(const int* __restrict__ thr, int col,
-                                                ColParams (&cp)[2]) {
-  constexpr int N = 2 * THR_LEVELS;
+typedef int PairThresholds[2][THR_LEVELS];  // columns col, col + 1
+// The thresholds of a column pair (col even): 2 * THR_STRIDE adjacent ints at p, 8-byte
+// aligned, read as 8- or 16-byte loads.
+__device__ __forceinline__ void load_thresholds(const int* __restrict__ p, PairThresholds& thr) {
+  constexpr int N = 2 * THR_STRIDE;
   int t[N];
   if constexpr (N % 4 == 0) {
 #pragma unroll
     for (int i = 0; i < N; i += 4) {
-      const uint4 v = *reinterpret_cast<const uint4*>(thr + col * THR_LEVELS + i);
+      const uint4 v = *reinterpret_cast<const uint4*>(p + i);
       t[i] = (int)v.x; t[i + 1] = (int)v.y; t[i + 2] = (int)v.z; t[i + 3] = (int)v.w;
     }
   } else {
 #pragma unroll
     for (int i = 0; i < N; i += 2) {
-      const uint2 v = *reinterpret_cast<const uint2*>(thr + col * THR_LEVELS + i);
+      const uint2 v = *reinterpret_cast<const uint2*>(p + i);
       t[i] = (int)v.x; t[i + 1] = (int)v.y;
     }
   }
 #pragma unroll
-  for (int k = 0; k < THR_LEVELS; ++k) { cp[0].thr[k] = t[k]; cp[1].thr[k] = t[THR_LEVELS + k]; }
+  for (int k = 0; k < THR_LEVELS; ++k) { thr[0][k] = t[k]; thr[1][k] = t[THR_STRIDE + k]; }
 }
 
 // The plane products of accumulator register r of tile (mi, ni), combined (k-linear):
@@ -599,25 +625,29 @@ __device__ __forceinline__ uint2 split_sum(const EpilogueArgs& ea, i64 m, int co
 
 // The per-row part of the epilogue for this lane's accumulator rows (mi, h) (output row
 // row0 + mi*16 + g + 8h of the block tile): the activation-plane row sums and the padding terms
-// (term), and (BORDER) where the weight sums of the row's tap rectangle start for this lane's
-// first column col_base (wsum: the lane's columns col_base + ni*8 + e are compile-time offsets).
-typedef const int* WsumRows[MT][2];
-__device__ __forceinline__ void epilogue_rows(const RowSum& rsum, i64 m0, int row0, int g,
+// (term), and where the row's per-column data starts for this lane's first column col_base
+// (rowp; the lane's columns col_base + ni*8 + e are compile-time offsets from it): OUT_THRESH,
+// the thresholds (RECT_THR: of the row's tap rectangle, bitserial_wtap part 3); else BORDER,
+// the weight sums of the row's tap rectangle (part 2).
+typedef const int* RowPointers[MT][2];
+__device__ __forceinline__ void epilogue_rows(const RowSum& rsum, int m0, int row0, int g,
                                               int col_base, const EpilogueArgs& ea,
-                                              int (&term)[MT][2], WsumRows& wsum) {
+                                              int (&term)[MT][2], RowPointers& rowp) {
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int m = (int)out_row(m0 + row0 + mi * 16 + g + 8 * h);  // < 2^31 (bitserial.py)
-      const int qo = m % Q_OUT, po = (m / Q_OUT) % P_OUT;
+      const RowPos rp = row_pos(m0 + row0 + mi * 16 + g + 8 * h);
+      const int m = rp.m, po = rp.po, qo = rp.qo;
       int rlo = 0, rhi = R, slo = 0, shi = S;
       if constexpr (NEED_WTAP || ROWSUM_TABLE) {
         tap_range(po * STRIDE - PAD, H, R, rlo, rhi);
         tap_range(qo * STRIDE - PAD, W, S, slo, shi);
       }
-      wsum[mi][h] = BORDER ? ea.wtap + WSUM0 + rect_id(rlo, rhi, slo, shi) * KPAD + col_base
-                           : nullptr;
+      const int rect = rect_id(rlo, rhi, slo, shi);
+      if constexpr (RECT_THR) rowp[mi][h] = ea.wtap + WTHR0 + (rect * KPAD + col_base) * THR_STRIDE;
+      else if constexpr (OUT_THRESH) rowp[mi][h] = ea.thr + col_base * THR_STRIDE;
+      else rowp[mi][h] = BORDER ? ea.wtap + WSUM0 + rect * KPAD + col_base : nullptr;
       int t = SPLIT_K > 1 ? 0 : rowsum_mma_term(rsum, mi, h);  // split-K: in split_sum
       if constexpr (ROWSUM_TABLE) {
         if (m < M_ROWS) t = A_ALPHA * W_BETA * table_row_popc(ea.xpop, m, po, qo, rlo, rhi, slo, shi);
@@ -629,32 +659,85 @@ __device__ __forceinline__ void epilogue_rows(const RowSum& rsum, i64 m0, int ro
 
 // Bias, ReLU and the output of one value y (accumulator + row and column terms) of row m,
 // column col: stored here for int32 / fp16 / INT8 outputs; returns the requantized bit pattern
-// for bit-plane outputs (0 past KOUT).
-__device__ __forceinline__ int epilogue_value(int y, const ColParams& cp, i64 m, int col,
+// for bit-plane outputs (0 past KOUT). thr: OUT_THRESH's thresholds of (m, col).
+__device__ __forceinline__ int epilogue_value(int y, const ColParams& cp,
+                                              const int (&thr)[THR_LEVELS], int m, int col,
                                               const EpilogueArgs& ea) {
   const bool ok = m < M_ROWS && col < KOUT;
-  if constexpr (OUT_THRESH) return (int)threshold_code(y, cp.thr);  // past KOUT: word_mask
+  if constexpr (OUT_THRESH) return (int)threshold_code(y, thr);  // past KOUT: word_mask
   if constexpr (RELU) y = y > 0 ? y : 0;
   if constexpr (OUT_MODE == 0) {
-    if (ok) reinterpret_cast<int*>(ea.out)[m * KOUT + col] = y;
+    if (ok) reinterpret_cast<int*>(ea.out)[(i64)m * KOUT + col] = y;
     return 0;
   } else if constexpr (OUT_MODE == 1) {
-    if (ok) reinterpret_cast<unsigned short*>(ea.out)[m * KOUT + col] = f32_to_f16_bits(__fmul_rn((float)y, cp.scale));
+    if (ok) reinterpret_cast<unsigned short*>(ea.out)[(i64)m * KOUT + col] = f32_to_f16_bits(__fmul_rn((float)y, cp.scale));
     return 0;
   } else {
     const int sh = cp.shift;
     i64 v = ((i64)y * cp.mult + (1ll << (sh - 1))) >> sh;
     v = v < OUT_QMIN ? OUT_QMIN : (v > OUT_QMAX ? OUT_QMAX : v);
     if constexpr (OUT_MODE == 2) {  // one byte per value: two's complement of all 8 bits
-      if (ok) reinterpret_cast<unsigned char*>(ea.out)[m * KOUT + col] = (unsigned char)(int)v;
+      if (ok) reinterpret_cast<unsigned char*>(ea.out)[(i64)m * KOUT + col] = (unsigned char)(int)v;
     }
     return col < KOUT ? ((int)v & ((1 << OUT_BITS) - 1)) : 0;
   }
 }
 
+// word |= bit where p: a predicated OR (ISETP + @P LOP3 per output plane bit) instead of a
+// select and an add.
+__device__ __forceinline__ void or_if(u32& word, bool p, u32 bit) {
+  if (p) word |= bit;
+}
+
+// Register-level packing of one output row's bit planes: each lane of a quad holds 2 of every 8
+// columns of the row's WN / 32 words per plane (lane t4's bits at 8 * (ni % 4) + e, shifted by
+// 2 * t4 here). With a multiple of 4 words (plane-major index v), a reduce-scatter across the
+// quad: exchange half the words with lane t4 ^ 2, then a quarter with t4 ^ 1, and lane t4
+// stores words t4, t4 + 4, ...: 3 shuffles and one store per lane for 4 words. Otherwise every
+// word is OR-reduced with two shuffles and stored by one lane.
+constexpr int ROW_WORDS = OUT_WORD_TILES * OUT_BITS;  // packed words per row and warp tile
+__device__ __forceinline__ void store_row_word(u32 bits, int v, int m, int word0,
+                                               const EpilogueArgs& ea) {
+  const int b = v / OUT_WORD_TILES, word = word0 + v % OUT_WORD_TILES;
+  if (m < M_ROWS && word < OUT_WORDS)
+    reinterpret_cast<u32*>(ea.out)[((i64)b * M_ROWS + m) * OUT_WORDS + word] = bits & word_mask(word);
+}
+__device__ __forceinline__ void store_row_words(const u32 (&bits)[OUT_WORD_TILES][OUT_BITS], int m,
+                                                int word0, int t4, const EpilogueArgs& ea) {
+  u32 vals[ROW_WORDS];
+#pragma unroll
+  for (int v = 0; v < ROW_WORDS; ++v)
+    vals[v] = bits[v % OUT_WORD_TILES][v / OUT_WORD_TILES] << (2 * t4);
+  if constexpr (WN >= 32 && ROW_WORDS % 4 == 0) {
+    const bool hi = (t4 & 2) != 0, lo = (t4 & 1) != 0;
+    u32 half[ROW_WORDS / 2 + 1];  // half[2p + q]: word 4p + q + 2 * hi, over t4 and t4 ^ 2
+#pragma unroll
+    for (int p = 0; p < ROW_WORDS / 4; ++p)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const u32 a = vals[4 * p + q], c = vals[4 * p + q + 2];
+        half[2 * p + q] = (hi ? c : a) | __shfl_xor_sync(0xffffffffu, hi ? a : c, 2);
+      }
+#pragma unroll
+    for (int p = 0; p < ROW_WORDS / 4; ++p) {  // word 4p + t4, summed over the quad
+      const u32 a = half[2 * p], c = half[2 * p + 1];
+      store_row_word((lo ? c : a) | __shfl_xor_sync(0xffffffffu, lo ? a : c, 1), 4 * p + t4, m,
+                     word0, ea);
+    }
+  } else {
+#pragma unroll
+    for (int v = 0; v < ROW_WORDS; ++v) {
+      u32 w = vals[v];
+      w |= __shfl_xor_sync(0xffffffffu, w, 1);
+      w |= __shfl_xor_sync(0xffffffffu, w, 2);
+      if (t4 == (v & 3)) store_row_word(w, v, m, word0, ea);
+    }
+  }
+}
+
 // The per-column part: columns outer (their parameters loaded once), this lane's rows inner.
 __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[MT][2],
-                                              const WsumRows& wsum, i64 m0, int n0, int row0,
+                                              const RowPointers& rowp, int m0, int n0, int row0,
                                               int col0, int lane, const EpilogueArgs& ea,
                                               u32* s_out) {
   const int g = lane >> 2, t4 = lane & 3;
@@ -672,19 +755,24 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
 #pragma unroll
   for (int ni = 0; ni < NT; ++ni) {
     int pats[MT][2][2];
-    uint2 wpair[MT][2];   // BORDER: the tap-rectangle weight sums of this lane's column pair
-    uint2 splits[MT][2];  // SPLIT_K > 1: the k-linear sums of that pair (split_sum)
+    uint2 wpair[MT][2];           // BORDER: the tap-rectangle weight sums of this lane's column pair
+    uint2 splits[MT][2];          // SPLIT_K > 1: the k-linear sums of that pair (split_sum)
+    PairThresholds thr[MT][2];    // OUT_THRESH: that pair's thresholds, per row
 #pragma unroll
     for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if constexpr (BORDER) wpair[mi][h] = *reinterpret_cast<const uint2*>(wsum[mi][h] + ni * 8);
+        if constexpr (OUT_THRESH) {
+          if (RECT_THR || (mi == 0 && h == 0)) load_thresholds(rowp[mi][h] + ni * 8 * THR_STRIDE, thr[mi][h]);
+          else load_thresholds(rowp[0][0] + ni * 8 * THR_STRIDE, thr[mi][h]);  // shared by the rows
+        } else if constexpr (BORDER) {
+          wpair[mi][h] = *reinterpret_cast<const uint2*>(rowp[mi][h] + ni * 8);
+        }
         if constexpr (SPLIT_K > 1)
           splits[mi][h] = split_sum(ea, m0 + row0 + mi * 16 + g + 8 * h, n0 + col0 + ni * 8 + 2 * t4);
       }
-    ColParams cps[2] = {col_params(ea, n0 + col0 + ni * 8 + 2 * t4),
-                        col_params(ea, n0 + col0 + ni * 8 + 2 * t4 + 1)};
-    if constexpr (OUT_THRESH) load_thresholds(ea.thr, n0 + col0 + ni * 8 + 2 * t4, cps);
+    const ColParams cps[2] = {col_params(ea, n0 + col0 + ni * 8 + 2 * t4),
+                              col_params(ea, n0 + col0 + ni * 8 + 2 * t4 + 1)};
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int col = n0 + col0 + ni * 8 + 2 * t4 + e;
@@ -699,13 +787,13 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
           } else {
             y += plane_dot(acc, mi, ni, 2 * h + e);
           }
-          if constexpr (BORDER) y += e ? (int)wpair[mi][h].y : (int)wpair[mi][h].x;
+          if constexpr (BORDER && !OUT_THRESH) y += e ? (int)wpair[mi][h].y : (int)wpair[mi][h].x;
           if constexpr (OUT_THRESH && !PACK_IN_SMEM) {  // straight into the packed words
 #pragma unroll
             for (int b = 0; b < OUT_BITS; ++b)
-              word_bits[mi][h][ni / 4][b] |= threshold_bit(y, cp.thr, b) ? 1u << ((ni % 4) * 8 + e) : 0u;
+              or_if(word_bits[mi][h][ni / 4][b], threshold_bit(y, thr[mi][h][e], b), 1u << ((ni % 4) * 8 + e));
           } else {
-            pats[mi][h][e] = epilogue_value(y, cp, out_row(m0 + row0 + mi * 16 + g + 8 * h), col, ea);
+            pats[mi][h][e] = epilogue_value(y, cp, thr[mi][h][e], out_row(m0 + row0 + mi * 16 + g + 8 * h), col, ea);
           }
         }
     }
@@ -735,43 +823,30 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
       }
   }
   if constexpr (OUT_MODE == 3 && !PACK_IN_SMEM) {
-    // Register-level packing of the output bit planes: each lane of a quad holds 2 of every 8
-    // columns; OR-reduce across the quad with two shuffles per 32-column word and plane.
 #pragma unroll
     for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const i64 m = out_row(m0 + row0 + mi * 16 + g + 8 * h);
-#pragma unroll
-        for (int wd = 0; wd < WN / 32; ++wd)
-#pragma unroll
-          for (int b = 0; b < OUT_BITS; ++b) {
-            u32 bits = word_bits[mi][h][wd][b] << (2 * t4);  // lane t4 holds columns 2*t4, +1
-            bits |= __shfl_xor_sync(0xffffffffu, bits, 1);
-            bits |= __shfl_xor_sync(0xffffffffu, bits, 2);
-            const int word = (n0 + col0) / 32 + wd;
-            if (t4 == (b & 3) && m < M_ROWS && word < OUT_WORDS)
-              reinterpret_cast<u32*>(ea.out)[((i64)b * M_ROWS + m) * OUT_WORDS + word] = bits & word_mask(word);
-          }
-      }
+      for (int h = 0; h < 2; ++h)
+        store_row_words(word_bits[mi][h], out_row(m0 + row0 + mi * 16 + g + 8 * h),
+                        (n0 + col0) / 32, t4, ea);
   }
 }
 
 // One warp's accumulators -> output: rows row0 + mi*16 + g (+8) and columns col0 + ni*8 + 2*t4
 // (+1) of the block tile at (m0, n0). Combines the planes (see the top of this file), adds the
 // bias, ReLU, then int32 / fp16 / requantized INT8 or bit planes (PACK_IN_SMEM: into s_out).
-__device__ __forceinline__ void epilogue_warp(const Acc& acc, const RowSum& rsum, i64 m0, int n0,
+__device__ __forceinline__ void epilogue_warp(const Acc& acc, const RowSum& rsum, int m0, int n0,
                                               int row0, int col0, int lane, const EpilogueArgs& ea,
                                               u32* s_out) {
   int term[MT][2];
-  WsumRows wsum;
-  epilogue_rows(rsum, m0, row0, lane >> 2, n0 + col0 + 2 * (lane & 3), ea, term, wsum);
-  epilogue_cols(acc, term, wsum, m0, n0, row0, col0, lane, ea, s_out);
+  RowPointers rowp;
+  epilogue_rows(rsum, m0, row0, lane >> 2, n0 + col0 + 2 * (lane & 3), ea, term, rowp);
+  epilogue_cols(acc, term, rowp, m0, n0, row0, col0, lane, ea, s_out);
 }
 
 // The fused epilogue of the block tile at (m0, n0), this warp's rows row0.. and columns col0..
 // (epilogue_warp), through the packing tile s_out where warp tiles are narrower than a word.
-__device__ __forceinline__ void tile_epilogue(const Acc& acc, const RowSum& rsum, i64 m0, int n0,
+__device__ __forceinline__ void tile_epilogue(const Acc& acc, const RowSum& rsum, int m0, int n0,
                                               int row0, int col0, int lane, int tid,
                                               const EpilogueArgs& ea, u32* s_out) {
   if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);

@@ -215,7 +215,7 @@ extern "C" int emu_run(int which, const u32* x, const u32* w, void* out, const i
   if (smem_bytes > EMU_SMEM_BYTES || nthreads > 512 || nthreads % 32) return -1;
   emu_run_blocks(nthreads, grid_x, grid_y, grid_z, (unsigned char*)smem, smem_bytes,
                  sizeof(smem), [&] {
-    if (which == 0) bitserial_wtap(w, wtap);
+    if (which == 0) bitserial_wtap(w, thr, wtap);
     else if (which == 2) bitserial_xpop(x, xpop);
     else EMU_MAIN(x, w, out, bias, scale, mult, shift, wtap, xpop, thr, split_ws, split_count);
     if (!emu_copy_groups.empty() || !emu_copy_open.empty()) emu_fail("copies left pending");

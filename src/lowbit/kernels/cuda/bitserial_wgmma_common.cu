@@ -18,6 +18,14 @@ __device__ __forceinline__ u64 smem_desc(const u32* p) {
   if constexpr (SWIZZLE == 32) return start | (1ull << 16) | ((u64)(256 >> 4) << 32) | (3ull << 62);
   return start | ((u64)(128 >> 4) << 16) | ((u64)(256 >> 4) << 32);
 }
+// A descriptor `units` 16-byte units past `desc` (and `lbo` added to its LBO field): one 32-bit
+// add to the low word, which holds the start address (bits 0-13; a shared address stays below
+// 2^18 bytes, so no carry leaves the field) and the LBO (bits 16-29), instead of rebuilding it
+// from the address for every k step.
+__device__ __forceinline__ u64 desc_offset(u64 desc, int units, int lbo = 0) {
+  const u32 lo = (u32)desc + (u32)units + ((u32)lbo << 16);
+  return ((desc >> 32) << 32) | lo;
+}
 // <device-primitives> (bitserial_emu.py replaces this region with host versions)
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

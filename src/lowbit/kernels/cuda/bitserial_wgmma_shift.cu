@@ -28,6 +28,7 @@ __device__ __forceinline__ u64 slab_desc(const u32* p, int lbo) {
   return ((smem_addr(p) & 0x3FFFF) >> 4) | ((u64)lbo << 16) | ((u64)(128 >> 4) << 32);
 }
 
+
 // Position f of the virtual input grid (n * VP + y) * VQ + c: its pixel index, -1 in the margin.
 __device__ __forceinline__ int slab_pixel(int f) {
   if (f < 0) return -1;
@@ -103,15 +104,18 @@ __device__ __forceinline__ void copy_wait_groups(int n) {
 __device__ __forceinline__ void shift_group_steps(Acc& acc, RowSum& rsum, const u32* slabs,
                                                   const u32* weights, const u32* ones, int grp,
                                                   int wg_m, int wg_n, int& acc_in) {
-  const u32* sa = slabs + grp * A_GROUP_WORDS + wg_m * 64 * 4;  // the warpgroup's 64 rows
-  const u32* sb = weights + grp * B_GROUP_WORDS + wg_n * (P_BITS * WN) * 8;
+  // base descriptors: the warpgroup's 64 rows of the slab, its weight columns, the ones tiles
+  const u64 da0 = slab_desc(slabs + grp * A_GROUP_WORDS + wg_m * 64 * 4, 0);
+  const u64 db0 = smem_desc(weights + grp * B_GROUP_WORDS + wg_n * (P_BITS * WN) * 8);
+  const u64 d1 = ROWSUM_MMA ? smem_desc(ones) : 0;
+  // offsets in 16-byte units: entries of 4 words, weight rows of 8 words, ones tiles of 64
 #define SHIFT_STEP(G_, T_, OFF, LBO, ONES)                                                   \
   if (grp == G_) {                                                                          \
-    const u64 db = smem_desc(sb + T_ * B_ROWS * 8);                                         \
+    const u64 db = desc_offset(db0, T_ * B_ROWS * 2);                                       \
     _Pragma("unroll") for (int i = 0; i < Q_BITS; ++i) {                                    \
-      const u64 da = slab_desc(sa + i * A_SHIFT_PLANE + OFF * 4, LBO);                       \
+      const u64 da = desc_offset(da0, i * A_SHIFT_PLANE / 4 + OFF, LBO);                    \
       wgmma_planes(acc[i], da, db, acc_in);                                                 \
-      if constexpr (ROWSUM_MMA) wgmma_rowsum(rsum[i], da, smem_desc(ones + ONES * 64), acc_in); \
+      if constexpr (ROWSUM_MMA) wgmma_rowsum(rsum[i], da, desc_offset(d1, ONES * 16), acc_in); \
     }                                                                                       \
     acc_in = 1;                                                                             \
   }
