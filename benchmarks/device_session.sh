@@ -91,12 +91,13 @@ bitserial_tuned() {  # bitserial_tuned SUFFIX LAYERS
         --partial "$OUT/bitserial-tuned-$1-partial.json" --int8-timed $INT8_TIMED
 }
 
-bitserial_rows() {  # bitserial_rows SUFFIX LIMIT TRIES LAYERS: w1a1/w1a2 rows, no tuning, with
+bitserial_rows() {  # bitserial_rows SUFFIX LIMIT TRIES LAYERS: w1a1/w1a2 rows (PRECISIONS=w1a2
+    # overrides), no tuning, with
     # the committed rows' 3 best configs (and twins) beside the candidates
     local limit_var="LIMIT_bitserial_$1"
     local limit=${!limit_var:-$2}
     step "bitserial_$1" "$limit" python3 benchmarks/bitserial.py --tries "$3" --layers "$4" \
-        --precisions w1a1,w1a2 --budget-s $(( limit - 45 )) \
+        --precisions "${PRECISIONS:-w1a1,w1a2}" --budget-s $(( limit - 45 )) \
         --partial "$OUT/bitserial-$1-partial.json" \
         --configs $(compgen -G "$GPU_DIR/bitserial-2026112[3-9]-*.json") \
         --int8-timed $INT8_TIMED
