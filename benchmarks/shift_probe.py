@@ -24,14 +24,14 @@ from bitserial import bitserial_workload, gpu_inputs, workloads
 from lowbit.kernels.cuda import BITSERIAL, bitserial
 from lowbit.tune.timing import time_us
 
-EPILOGUE = "      tile_epilogue(cur, cur_rs, tile * BM, n0, row0, col0, lane, tid, ea, s_out);"
+EPILOGUE = "      tile_epilogue(cur, cur_rs, rows, tile * BM, n0, row0, col0, lane, tid, ea, s_out);"
 CUTS = {
     "no_epilogue": [(EPILOGUE, "      if (cur[0][0][0][0][0] == 0x7fffffff && tile < 0) "
                                "((int*)out)[0] = cur_rs[0][0][0];")],
-    "no_loads": [("      load_slabs(x, slab, (tile + SLAB_BUFFERS * step) * BM, tid);",
-                  "      copy_commit();")],
-    "aligned": [("slab_desc(sa + i * A_SHIFT_PLANE + OFF * 4, LBO)",
-                 "slab_desc(sa + i * A_SHIFT_PLANE + (OFF & ~7) * 4, 8)")],
+    "no_loads": [("        load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS, "
+                  "tile + 2 * step, tid);", "        copy_commit();")],
+    "aligned": [("desc_offset(da0, i * A_SHIFT_PLANE / 4 + OFF, LBO)",
+                 "desc_offset(da0, i * A_SHIFT_PLANE / 4 + (OFF & ~7), 8)")],
 }
 VARIANTS = {"base": [], "no_epilogue": CUTS["no_epilogue"], "no_loads": CUTS["no_loads"],
             "aligned": CUTS["aligned"],

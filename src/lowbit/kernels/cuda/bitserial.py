@@ -467,7 +467,7 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     if tap_shift(config):  # every channel group resident (persistent: STAGES - 1 slabs)
         plan = shift_plan(conv_shape(wl), config["BM"])
         slab, weights = group_words(plan, q, p * config["BN"])
-        slabs = config["STAGES"] - 1 if config["PERSIST"] else 1  # bitserial_wgmma_shift.cu
+        slabs = 3 if config["PERSIST"] else 1  # bitserial_wgmma_shift.cu: SLAB_BUFFERS
         operands = plan.groups * (weights + slab * slabs) * 4
         ones = len(plan.ones_tiles)
     if config["MMA"] == "wgmma" and needs_rowsum(wl) and not rowsum_table(config):

@@ -624,15 +624,22 @@ __device__ __forceinline__ uint2 split_sum(const EpilogueArgs& ea, i64 m, int co
 }
 
 // The per-row part of the epilogue for this lane's accumulator rows (mi, h) (output row
-// row0 + mi*16 + g + 8h of the block tile): the activation-plane row sums and the padding terms
-// (term), and where the row's per-column data starts for this lane's first column col_base
-// (rowp; the lane's columns col_base + ni*8 + e are compile-time offsets from it): OUT_THRESH,
-// the thresholds (RECT_THR: of the row's tap rectangle, bitserial_wtap part 3); else BORDER,
-// the weight sums of the row's tap rectangle (part 2).
+// row0 + mi*16 + g + 8h of the block tile at m0), independent of the accumulators, so a kernel
+// may work it out while its MMAs run: the padding terms and the table row sums (term; the
+// row-sum MMA's part is added by tile_epilogue), and where the row's per-column data starts
+// for this lane's first column col_base (rowp; the lane's columns col_base + ni*8 + e are
+// compile-time offsets from it): OUT_THRESH, the thresholds (RECT_THR: of the row's tap
+// rectangle, bitserial_wtap part 3); else BORDER, the weight sums of the row's tap rectangle
+// (part 2).
 typedef const int* RowPointers[MT][2];
-__device__ __forceinline__ void epilogue_rows(const RowSum& rsum, int m0, int row0, int g,
-                                              int col_base, const EpilogueArgs& ea,
-                                              int (&term)[MT][2], RowPointers& rowp) {
+struct RowPrep {
+  int term[MT][2];
+  RowPointers rowp;
+};
+__device__ __forceinline__ RowPrep epilogue_rows(int m0, int n0, int row0, int col0, int lane,
+                                                 const EpilogueArgs& ea) {
+  const int g = lane >> 2, col_base = n0 + col0 + 2 * (lane & 3);
+  RowPrep rows;
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
@@ -645,16 +652,19 @@ __device__ __forceinline__ void epilogue_rows(const RowSum& rsum, int m0, int ro
         tap_range(qo * STRIDE - PAD, W, S, slo, shi);
       }
       const int rect = rect_id(rlo, rhi, slo, shi);
-      if constexpr (RECT_THR) rowp[mi][h] = ea.wtap + WTHR0 + (rect * KPAD + col_base) * THR_STRIDE;
-      else if constexpr (OUT_THRESH) rowp[mi][h] = ea.thr + col_base * THR_STRIDE;
-      else rowp[mi][h] = BORDER ? ea.wtap + WSUM0 + rect * KPAD + col_base : nullptr;
-      int t = SPLIT_K > 1 ? 0 : rowsum_mma_term(rsum, mi, h);  // split-K: in split_sum
+      const int* p = nullptr;
+      if constexpr (RECT_THR) p = ea.wtap + WTHR0 + (rect * KPAD + col_base) * THR_STRIDE;
+      else if constexpr (OUT_THRESH) p = ea.thr + col_base * THR_STRIDE;
+      else if constexpr (BORDER) p = ea.wtap + WSUM0 + rect * KPAD + col_base;
+      rows.rowp[mi][h] = p;
+      int t = 0;
       if constexpr (ROWSUM_TABLE) {
         if (m < M_ROWS) t = A_ALPHA * W_BETA * table_row_popc(ea.xpop, m, po, qo, rlo, rhi, slo, shi);
       }
       if constexpr (NEED_WTAP) t += A_BETA * W_BETA * C * (rhi - rlo) * (shi - slo);
-      term[mi][h] = t;
+      rows.term[mi][h] = t;
     }
+  return rows;
 }
 
 // Bias, ReLU and the output of one value y (accumulator + row and column terms) of row m,
@@ -832,26 +842,28 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
   }
 }
 
-// One warp's accumulators -> output: rows row0 + mi*16 + g (+8) and columns col0 + ni*8 + 2*t4
-// (+1) of the block tile at (m0, n0). Combines the planes (see the top of this file), adds the
-// bias, ReLU, then int32 / fp16 / requantized INT8 or bit planes (PACK_IN_SMEM: into s_out).
-__device__ __forceinline__ void epilogue_warp(const Acc& acc, const RowSum& rsum, int m0, int n0,
-                                              int row0, int col0, int lane, const EpilogueArgs& ea,
-                                              u32* s_out) {
-  int term[MT][2];
-  RowPointers rowp;
-  epilogue_rows(rsum, m0, row0, lane >> 2, n0 + col0 + 2 * (lane & 3), ea, term, rowp);
-  epilogue_cols(acc, term, rowp, m0, n0, row0, col0, lane, ea, s_out);
+// The fused epilogue of the block tile at (m0, n0), this warp's rows row0 + mi*16 + g (+8) and
+// columns col0 + ni*8 + 2*t4 (+1): combines the planes (see the top of this file), adds the
+// bias, ReLU, then int32 / fp16 / requantized INT8 or bit planes, through the packing tile s_out
+// where warp tiles are narrower than a word. rows: epilogue_rows of the same tile and warp.
+__device__ __forceinline__ void tile_epilogue(const Acc& acc, const RowSum& rsum, RowPrep rows,
+                                              int m0, int n0, int row0, int col0, int lane,
+                                              int tid, const EpilogueArgs& ea, u32* s_out) {
+  if constexpr (SPLIT_K == 1) {  // split-K: the row-sum MMA's part is in split_sum
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) rows.term[mi][h] += rowsum_mma_term(rsum, mi, h);
+  }
+  if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
+  epilogue_cols(acc, rows.term, rows.rowp, m0, n0, row0, col0, lane, ea, s_out);
+  if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, ea.out, m0, n0, tid);
 }
-
-// The fused epilogue of the block tile at (m0, n0), this warp's rows row0.. and columns col0..
-// (epilogue_warp), through the packing tile s_out where warp tiles are narrower than a word.
 __device__ __forceinline__ void tile_epilogue(const Acc& acc, const RowSum& rsum, int m0, int n0,
                                               int row0, int col0, int lane, int tid,
                                               const EpilogueArgs& ea, u32* s_out) {
-  if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
-  epilogue_warp(acc, rsum, m0, n0, row0, col0, lane, ea, s_out);
-  if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, ea.out, m0, n0, tid);
+  tile_epilogue(acc, rsum, epilogue_rows(m0, n0, row0, col0, lane, ea), m0, n0, row0, col0, lane,
+                tid, ea, s_out);
 }
 
 // ---- split-K (bitserial.cu, bitserial_wgmma.cu; constants above N_TILES) ----

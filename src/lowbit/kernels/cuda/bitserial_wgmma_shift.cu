@@ -13,11 +13,12 @@ constexpr int A_SHIFT_PLANE = GROUP_CHUNKS * SLAB_PIX * 4;           // words pe
 constexpr int A_GROUP_WORDS = (Q_BITS * A_SHIFT_PLANE + 63) / 64 * 64;  // 256-byte aligned
 constexpr int B_GROUP_WORDS = (GROUP_STEPS * B_ROWS * 8 + 63) / 64 * 64;
 constexpr int SLABS_WORDS = GROUPS * A_GROUP_WORDS;
-// Persistent blocks keep STAGES - 1 slabs: STAGES = 3, the next tile's slab loads while this one
-// computes; STAGES = 4 (PINGPONG), the next tile's MMAs run during this tile's epilogue too, in
-// a second accumulator set, while the tile after that loads.
+// Persistent blocks keep 3 slabs. STAGES = 3: the slab two tiles ahead loads into the buffer the
+// previous tile released while this one computes (one barrier per tile). STAGES = 4
+// (PINGPONG): the next tile's MMAs run during this tile's epilogue too, in a second
+// accumulator set, while the tile after that loads.
 constexpr bool PINGPONG = PERSIST && STAGES == 4;
-constexpr int SLAB_BUFFERS = PERSIST ? STAGES - 1 : 1;
+constexpr int SLAB_BUFFERS = PERSIST ? 3 : 1;
 constexpr int ONES_OFFSET = GROUPS * B_GROUP_WORDS + SLAB_BUFFERS * SLABS_WORDS;
 static_assert(GROUPS <= 8, "copy_wait_groups handles at most 8 channel groups");
 static_assert(!HALO && SPLIT_K == 1, "TAP_SHIFT=1 runs without HALO and SPLIT_K (tap_shift.py)");
@@ -161,12 +162,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift(BITS
   tile_epilogue(acc, rsum, m0, n0, wg_m * 64 + (warp & 3) * 16, wg_n * WN, lane, tid, ea, smem);
 }
 
-// cp.async every channel group's slab of the tile at virtual row m0 (nothing past the last
-// tile) as one copy group.
-__device__ __forceinline__ void load_slabs(const u32* __restrict__ x, u32* slabs, int m0, int tid) {
-  if (m0 < V_ROWS) {
+// cp.async every channel group's slab of row tile t (nothing past the last tile) as one copy
+// group.
+__device__ __forceinline__ void load_slabs(const u32* __restrict__ x, u32* slabs, int t, int tid) {
+  if (t < ROW_TILES) {
 #pragma unroll
-    for (int grp = 0; grp < GROUPS; ++grp) load_slab(x, slabs + grp * A_GROUP_WORDS, m0, grp, tid);
+    for (int grp = 0; grp < GROUPS; ++grp) load_slab(x, slabs + grp * A_GROUP_WORDS, t * BM, grp, tid);
   }
   copy_commit();
 }
@@ -203,9 +204,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
   for (int grp = 0; grp < GROUPS; ++grp)
     load_group_weights(w, weights + grp * B_GROUP_WORDS, n0, grp, tid);
   int tile = blockIdx.y;
+  constexpr int AHEAD = PINGPONG ? SLAB_BUFFERS : SLAB_BUFFERS - 1;  // slabs loaded up front
 #pragma unroll
-  for (int b = 0; b < SLAB_BUFFERS; ++b)  // the first with the weights: one copy group each
-    load_slabs(x, slabs + b * SLABS_WORDS, (tile + b * step) * BM, tid);
+  for (int b = 0; b < AHEAD; ++b)  // the first with the weights: one copy group each
+    load_slabs(x, slabs + b * SLABS_WORDS, tile + b * step, tid);
   const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
   const int row0 = wg_m * 64 + (warp & 3) * 16, col0 = wg_n * WN;
   Acc acc[PINGPONG ? 2 : 1];
@@ -226,21 +228,25 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
       u32* slab = slabs + (it % SLAB_BUFFERS) * SLABS_WORDS;
       copy_wait<1>();  // PINGPONG: the next tile's slab landed; else this tile's
       fence_proxy_async();
-      __syncthreads();
+      __syncthreads();  // and every warpgroup is past the previous tile's MMAs
+      RowPrep rows;
       if constexpr (PINGPONG) {
         if (tile + step < ROW_TILES)
           shift_tile_mma(acc[1 - half], rsum[1 - half],
                          slabs + ((it + 1) % SLAB_BUFFERS) * SLABS_WORDS, weights, ones, wg_m, wg_n);
         else
           wgmma_commit();  // an empty group keeps the wait count below
+        rows = epilogue_rows(tile * BM, n0, row0, col0, lane, ea);
         wgmma_wait<1>();   // this tile's MMAs are done
-      } else {
+        __syncthreads();   // every warpgroup's MMAs are done with this tile's slab
+        load_slabs(x, slab, tile + SLAB_BUFFERS * step, tid);
+      } else {  // the slab two tiles on goes where the previous tile's was
+        load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS, tile + 2 * step, tid);
         shift_tile_mma(cur, cur_rs, slab, weights, ones, wg_m, wg_n);
+        rows = epilogue_rows(tile * BM, n0, row0, col0, lane, ea);
         wgmma_wait<0>();
       }
-      __syncthreads();  // every warpgroup's MMAs are done with this tile's slab
-      load_slabs(x, slab, (tile + SLAB_BUFFERS * step) * BM, tid);
-      tile_epilogue(cur, cur_rs, tile * BM, n0, row0, col0, lane, tid, ea, s_out);
+      tile_epilogue(cur, cur_rs, rows, tile * BM, n0, row0, col0, lane, tid, ea, s_out);
     }
   }
   wgmma_wait<0>();
