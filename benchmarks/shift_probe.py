@@ -24,7 +24,8 @@ from bitserial import bitserial_workload, gpu_inputs, workloads
 from lowbit.kernels.cuda import BITSERIAL, bitserial
 from lowbit.tune.timing import time_us
 
-EPILOGUE = "      tile_epilogue(cur, cur_rs, rows, tile * BM, n0, row0, col0, lane, tid, ea, s_out);"
+EPILOGUE = ("      tile_epilogue(cur, cur_rs, rows, tile * BM, n0, row0, col0, lane, tid, ea, "
+            "s_out);")
 CUTS = {
     "no_epilogue": [(EPILOGUE, "      if (cur[0][0][0][0][0] == 0x7fffffff && tile < 0) "
                                "((int*)out)[0] = cur_rs[0][0][0];")],
