@@ -104,8 +104,6 @@ def wgmma_source(w_bits: int, wn: int, s8_atype: str | None = None) -> str:
     the s32 m64nN fragment is row g (+8 for k % 4 >= 2), column 8 (k / 4) + 2 t4 + k % 2: the
     mma.sync m16n8 layout per n8 tile, so acc[i][j][0][ni][e] is register (j * NT + ni) * 4 + e.
     s8_atype ("s8" / "u8"): the int8 mode, m64nNk32 .s32.<s8_atype>.s8 on a 32-byte k slab.
-    Binary weights (w_bits = 1): also wgmma_half0 / wgmma_half1, m64n(WN/2)k256 into the
-    accumulators of the first / second half of the columns (bitserial_wgmma_shift.cu).
     `accumulate` is the instruction's scale-d: 0 writes d = a * b, ignoring d's old values (a
     tile's first k step; no zeroed accumulators: ptxas 13.0 miscompiled those, reusing a
     register the previous wgmma had written as a zero source)."""
@@ -116,17 +114,11 @@ def wgmma_source(w_bits: int, wn: int, s8_atype: str | None = None) -> str:
         main = f"m64n{n}k32.s32.{s8_atype}.s8"
     else:
         main = f"m64n{n}k256.s32.b1.b1.and.popc"
-    fns = [("wgmma_planes", main, regs_of, "int (&d)[P_BITS][MT][NT][4]"),
-           ("wgmma_rowsum", "m64n8k256.s32.b1.b1.and.popc", [f"d[0][{e}]" for e in range(4)],
-            "int (&d)[MT][4]")]
-    if not s8_atype and w_bits == 1 and wn >= 16:  # wgmma_half<H>: columns [H wn/2, (H+1) wn/2)
-        half = wn // 16
-        for h in (0, 1):
-            fns.append((f"wgmma_half{h}", f"m64n{wn // 2}k256.s32.b1.b1.and.popc",
-                        [f"d[0][0][{ni}][{e}]" for ni in range(h * half, (h + 1) * half)
-                         for e in range(4)], "int (&d)[P_BITS][MT][NT][4]"))
     out = []
-    for fn, op, names, arr in fns:
+    for fn, op, names, arr in (
+            ("wgmma_planes", main, regs_of, "int (&d)[P_BITS][MT][NT][4]"),
+            ("wgmma_rowsum", "m64n8k256.s32.b1.b1.and.popc", [f"d[0][{e}]" for e in range(4)],
+             "int (&d)[MT][4]")):
         regs, ops = _asm_operands(names)
         k = len(names)
         out.append(

@@ -745,11 +745,15 @@ __device__ __forceinline__ void store_row_words(const u32 (&bits)[OUT_WORD_TILES
   }
 }
 
-// This lane's bits of each 32-column word of its rows, at positions 8 * (ni % 4) + e (shifted by
-// 2 * t4 once per word at the store instead of once per output), bit planes without
-// PACK_IN_SMEM.
-typedef u32 WordBits[MT][2][OUT_WORD_TILES][OUT_BITS];
-__device__ __forceinline__ void clear_words(WordBits& word_bits) {
+// The per-column part: columns outer (their parameters loaded once), this lane's rows inner.
+__device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[MT][2],
+                                              const RowPointers& rowp, int m0, int n0, int row0,
+                                              int col0, int lane, const EpilogueArgs& ea,
+                                              u32* s_out) {
+  const int g = lane >> 2, t4 = lane & 3;
+  // this lane's bits of each 32-column word, at positions 8 * (ni % 4) + e: shifted by 2 * t4
+  // once per word at the store instead of once per output
+  u32 word_bits[MT][2][OUT_WORD_TILES][OUT_BITS];
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
@@ -758,19 +762,8 @@ __device__ __forceinline__ void clear_words(WordBits& word_bits) {
       for (int wd = 0; wd < OUT_WORD_TILES; ++wd)
 #pragma unroll
         for (int b = 0; b < OUT_BITS; ++b) word_bits[mi][h][wd][b] = 0;
-}
-
-// The per-column part for the accumulator tiles ni in [NI0, NI1): columns outer (their
-// parameters loaded once), this lane's rows inner. Bit-plane outputs go into word_bits (stored
-// by store_words) or, PACK_IN_SMEM, into s_out; the others straight to memory.
-template <int NI0, int NI1>
-__device__ __forceinline__ void epilogue_tiles(const Acc& acc, const int (&term)[MT][2],
-                                               const RowPointers& rowp, int m0, int n0, int row0,
-                                               int col0, int lane, const EpilogueArgs& ea,
-                                               u32* s_out, WordBits& word_bits) {
-  const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
-  for (int ni = NI0; ni < NI1; ++ni) {
+  for (int ni = 0; ni < NT; ++ni) {
     int pats[MT][2][2];
     uint2 wpair[MT][2];           // BORDER: the tap-rectangle weight sums of this lane's column pair
     uint2 splits[MT][2];          // SPLIT_K > 1: the k-linear sums of that pair (split_sum)
@@ -839,28 +832,13 @@ __device__ __forceinline__ void epilogue_tiles(const Acc& acc, const int (&term)
         }
       }
   }
-}
-
-// The packed words of this lane's rows (bit planes without PACK_IN_SMEM; else nothing).
-__device__ __forceinline__ void store_words(const WordBits& word_bits, int m0, int n0, int row0,
-                                            int col0, int lane, const EpilogueArgs& ea) {
   if constexpr (OUT_MODE == 3 && !PACK_IN_SMEM) {
 #pragma unroll
     for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        store_row_words(word_bits[mi][h], out_row(m0 + row0 + mi * 16 + (lane >> 2) + 8 * h),
-                        (n0 + col0) / 32, lane & 3, ea);
-  }
-}
-
-// The row-sum MMA's part of the row terms (split-K: in split_sum instead).
-__device__ __forceinline__ void add_rowsum_terms(RowPrep& rows, const RowSum& rsum) {
-  if constexpr (SPLIT_K == 1) {
-#pragma unroll
-    for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) rows.term[mi][h] += rowsum_mma_term(rsum, mi, h);
+        store_row_words(word_bits[mi][h], out_row(m0 + row0 + mi * 16 + g + 8 * h),
+                        (n0 + col0) / 32, t4, ea);
   }
 }
 
@@ -871,12 +849,14 @@ __device__ __forceinline__ void add_rowsum_terms(RowPrep& rows, const RowSum& rs
 __device__ __forceinline__ void tile_epilogue(const Acc& acc, const RowSum& rsum, RowPrep rows,
                                               int m0, int n0, int row0, int col0, int lane,
                                               int tid, const EpilogueArgs& ea, u32* s_out) {
-  add_rowsum_terms(rows, rsum);
+  if constexpr (SPLIT_K == 1) {  // split-K: the row-sum MMA's part is in split_sum
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) rows.term[mi][h] += rowsum_mma_term(rsum, mi, h);
+  }
   if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
-  WordBits word_bits;
-  clear_words(word_bits);
-  epilogue_tiles<0, NT>(acc, rows.term, rows.rowp, m0, n0, row0, col0, lane, ea, s_out, word_bits);
-  store_words(word_bits, m0, n0, row0, col0, lane, ea);
+  epilogue_cols(acc, rows.term, rows.rowp, m0, n0, row0, col0, lane, ea, s_out);
   if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, ea.out, m0, n0, tid);
 }
 __device__ __forceinline__ void tile_epilogue(const Acc& acc, const RowSum& rsum, int m0, int n0,

@@ -205,15 +205,6 @@ __device__ __forceinline__ void wgmma_planes(int (&d)[P_BITS][MT][NT][4], u64 da
 __device__ __forceinline__ void wgmma_rowsum(int (&d)[MT][4], u64 da, u64 db, int accumulate) {
   emu_wg_open.push_back(EmuWgmma{&d[0][0], 4, da, db, false, accumulate != 0});
 }
-__device__ __forceinline__ void wgmma_half0(int (&d)[P_BITS][MT][NT][4], u64 da, u64 db,
-                                            int accumulate) {
-  emu_wg_open.push_back(EmuWgmma{&d[0][0][0][0], NT / 2 * 4, da, db, false, accumulate != 0});
-}
-__device__ __forceinline__ void wgmma_half1(int (&d)[P_BITS][MT][NT][4], u64 da, u64 db,
-                                            int accumulate) {
-  emu_wg_open.push_back(EmuWgmma{&d[0][0][NT / 2][0], NT / 2 * 4, da, db, false,
-                                 accumulate != 0});
-}
 """
 
 HOST_MAIN = r"""

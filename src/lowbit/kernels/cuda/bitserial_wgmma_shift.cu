@@ -99,28 +99,9 @@ __device__ __forceinline__ void copy_wait_groups(int n) {
   }
 }
 
-// Persistent blocks with binary weights (SPLIT_N): a tile's MMAs go out as two wgmma groups,
-// the first and the second half of the warpgroup's columns, so the epilogue of the first half
-// runs while the tensor cores work on the second (no second accumulator set, unlike PINGPONG).
-constexpr bool SPLIT_N = PERSIST && !PINGPONG && P_BITS == 1 && !ELEM8 && WN >= 16 &&
-                         !PACK_IN_SMEM;
-
-// The wgmma of one activation plane and k step over every column of the warpgroup (HALF < 0)
-// or over half HALF of them (wgmma_half0 / 1: the second half's weights start WN / 2 rows, WN
-// 16-byte units, on). A template on the accumulator type, so the half wrappers, rendered for
-// binary weights only, are looked up only where used.
-template <int HALF, typename AccT>
-__device__ __forceinline__ void wgmma_columns(AccT& d, u64 da, u64 db, int acc_in) {
-  if constexpr (HALF < 0) wgmma_planes(d, da, db, acc_in);
-  else if constexpr (HALF == 0) wgmma_half0(d, da, db, acc_in);
-  else wgmma_half1(d, da, desc_offset(db, WN), acc_in);
-}
-
 // Issue the k256 steps of channel group `grp` (SHIFT_STEPS) for warpgroup (wg_m, wg_n), from
-// the tile's slabs and the block's weights: every column (HALF < 0) or half HALF of them (the
-// row sums with half 0). acc_in: 0 on a tile's first step (scale-d 0 overwrites the
-// accumulators), then 1.
-template <int HALF = -1>
+// the tile's slabs and the block's weights. acc_in: 0 on a tile's first step (scale-d 0
+// overwrites the accumulators), then 1.
 __device__ __forceinline__ void shift_group_steps(Acc& acc, RowSum& rsum, const u32* slabs,
                                                   const u32* weights, const u32* ones, int grp,
                                                   int wg_m, int wg_n, int& acc_in) {
@@ -134,9 +115,8 @@ __device__ __forceinline__ void shift_group_steps(Acc& acc, RowSum& rsum, const 
     const u64 db = desc_offset(db0, T_ * B_ROWS * 2);                                       \
     _Pragma("unroll") for (int i = 0; i < Q_BITS; ++i) {                                    \
       const u64 da = desc_offset(da0, i * A_SHIFT_PLANE / 4 + OFF, LBO);                    \
-      wgmma_columns<HALF>(acc[i], da, db, acc_in);                                          \
-      if constexpr (ROWSUM_MMA && HALF <= 0)                                                \
-        wgmma_rowsum(rsum[i], da, desc_offset(d1, ONES * 16), acc_in);                      \
+      wgmma_planes(acc[i], da, db, acc_in);                                                 \
+      if constexpr (ROWSUM_MMA) wgmma_rowsum(rsum[i], da, desc_offset(d1, ONES * 16), acc_in); \
     }                                                                                       \
     acc_in = 1;                                                                             \
   }
@@ -192,29 +172,16 @@ __device__ __forceinline__ void load_slabs(const u32* __restrict__ x, u32* slabs
   copy_commit();
 }
 
-// The MMAs of every channel group of the tile whose slab is `slab`: one wgmma group, or with
-// SPLIT_N two (the first half of the columns and the row sums, then the second half).
+// The MMAs of every channel group of the tile whose slab is `slab`, as one wgmma group.
 __device__ __forceinline__ void shift_tile_mma(Acc& acc, RowSum& rsum, const u32* slab,
                                                const u32* weights, const u32* ones, int wg_m,
                                                int wg_n) {
   zero_acc(acc, rsum);
+  int acc_in = 0;
   wgmma_fence();
-  if constexpr (SPLIT_N) {
-    int acc_in = 0;
 #pragma unroll
-    for (int grp = 0; grp < GROUPS; ++grp)
-      shift_group_steps<0>(acc, rsum, slab, weights, ones, grp, wg_m, wg_n, acc_in);
-    wgmma_commit();
-    acc_in = 0;
-#pragma unroll
-    for (int grp = 0; grp < GROUPS; ++grp)
-      shift_group_steps<1>(acc, rsum, slab, weights, ones, grp, wg_m, wg_n, acc_in);
-  } else {
-    int acc_in = 0;
-#pragma unroll
-    for (int grp = 0; grp < GROUPS; ++grp)
-      shift_group_steps(acc, rsum, slab, weights, ones, grp, wg_m, wg_n, acc_in);
-  }
+  for (int grp = 0; grp < GROUPS; ++grp)
+    shift_group_steps(acc, rsum, slab, weights, ones, grp, wg_m, wg_n, acc_in);
   wgmma_commit();
 }
 
@@ -277,19 +244,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
         load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS, tile + 2 * step, tid);
         shift_tile_mma(cur, cur_rs, slab, weights, ones, wg_m, wg_n);
         rows = epilogue_rows(tile * BM, n0, row0, col0, lane, ea);
-        if constexpr (SPLIT_N) {
-          wgmma_wait<1>();  // the first half's columns and the row sums
-          add_rowsum_terms(rows, cur_rs);
-          WordBits word_bits;
-          clear_words(word_bits);
-          epilogue_tiles<0, NT / 2>(cur, rows.term, rows.rowp, tile * BM, n0, row0, col0, lane,
-                                    ea, s_out, word_bits);
-          wgmma_wait<0>();
-          epilogue_tiles<NT / 2, NT>(cur, rows.term, rows.rowp, tile * BM, n0, row0, col0, lane,
-                                     ea, s_out, word_bits);
-          store_words(word_bits, tile * BM, n0, row0, col0, lane, ea);
-          continue;
-        }
         wgmma_wait<0>();
       }
       tile_epilogue(cur, cur_rs, rows, tile * BM, n0, row0, col0, lane, tid, ea, s_out);
