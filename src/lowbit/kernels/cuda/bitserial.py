@@ -16,20 +16,21 @@ reading both operands from shared memory through descriptors, sm_90a only, WM = 
 warpgroup, N = w_bits * WN), SWIZZLE (wgmma shared-memory layout: 0 = 8x16-byte core matrices,
 32 = the 32-byte swizzle; mma.sync: 0), HALO (1: duplicate-aware load: the input rows of a
 block's output pixels plus halo are copied once into shared memory and the im2col tiles are
-gathered from there; convs with R*S > 1 and PERSIST=0 only), ROWSUM (binary weights only:
-"mma" computes the activation rows' popcounts with one more MMA per plane and k step against a
-tile of ones; "table" reads them from a per-pixel popcount table of x made by a small kernel
-first, summed over the valid taps in the epilogue), REQUANT (requantized bit-plane output of
-1-2 bits only: "multiply" requantizes each output in 64-bit fixed point; "threshold" compares
-it with per-column integer thresholds that fold in bias and ReLU,
-`lowbit.reference.requant_thresholds`), SPLIT_K (one-tile-per-block kernels: the k tiles split
-over SPLIT_K blocks per tile, grid.z; each stores its k-linear partial sums to a workspace and
-the tile's last block to arrive adds them up and runs the epilogue: for grids of few tiles with
-long reductions; mma.sync only), TAP_SHIFT (1: wgmma convs of stride 1 on C <= 64 or a multiple
-of 128 channels computed in a zero-margined virtual pixel grid, each tap's A operand a
-descriptor view into the block's one input slab: no im2col copies, `tap_shift.py`; KT=1;
-STAGES=3, or with PERSIST=1 (weights resident, slab double-buffered) 4: the next tile's MMAs
-in a second accumulator set during this tile's epilogue).
+gathered from there; convs with R*S > 1 and PERSIST=0 only), ROWSUM (binary weights only: "mma"
+computes the activation rows' popcounts with one more MMA per plane and k step against a tile of
+ones; "table" reads them from a per-pixel popcount table of x made by a small kernel first,
+summed over the valid taps in the epilogue), REQUANT (requantized bit-plane output of 1-2 bits
+only: "multiply" requantizes each output in 64-bit fixed point; "threshold" compares it with
+per-column integer thresholds that fold in bias and ReLU, `lowbit.reference.requant_thresholds`,
+and for binary activations each tap rectangle's weight sums: one multiply-add and the compares
+per output), SPLIT_K (one-tile-per-block kernels: the k tiles split over SPLIT_K blocks per
+tile, grid.z; each stores its k-linear partial sums to a workspace and the tile's last block to
+arrive adds them up and runs the epilogue: for grids of few tiles with long reductions; mma.sync
+only), TAP_SHIFT (1: wgmma convs of stride 1 on C <= 64 or a multiple of 128 channels computed
+in a zero-margined virtual pixel grid, each tap's A operand a descriptor view into the block's
+one input slab: no im2col copies, `tap_shift.py`; KT=1; STAGES=3, or with PERSIST=1 (weights
+resident, three slab buffers) 4: the next tile's MMAs in a second accumulator set during this
+tile's epilogue).
 """
 
 from __future__ import annotations

@@ -518,8 +518,9 @@ __device__ __forceinline__ u32 threshold_code(int y, const int (&thr)[THR_LEVELS
   return code;
 }
 // Binary activations and padding: every output adds its tap rectangle's weight sum from
-// bitserial_wtap's part 2 (one load per output through its row's pointer, branch-free); without
-// padding every pixel has the full rectangle, and that sum is a per-column offset.
+// bitserial_wtap's part 2 (one load per output through its row's pointer, branch-free), or with
+// thresholds compares against part 3's, that sum folded in; without padding every pixel has the
+// full rectangle, and that sum is a per-column offset.
 constexpr bool BORDER = NEED_WTAP && PAD > 0;
 
 // Per-column epilogue parameters (zeros past KOUT). off: the bias and, for binary activations
