@@ -240,9 +240,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
         wgmma_wait<1>();   // this tile's MMAs are done
         __syncthreads();   // every warpgroup's MMAs are done with this tile's slab
         load_slabs(x, slab, tile + SLAB_BUFFERS * step, tid);
-      } else {  // the slab two tiles on goes where the previous tile's was
-        load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS, tile + 2 * step, tid);
+      } else {
         shift_tile_mma(cur, cur_rs, slab, weights, ones, wg_m, wg_n);
+        // while the MMAs run: the slab two tiles on, into the buffer the previous tile released
+        load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS, tile + 2 * step, tid);
         rows = epilogue_rows(tile * BM, n0, row0, col0, lane, ea);
         wgmma_wait<0>();
       }
