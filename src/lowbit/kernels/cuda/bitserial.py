@@ -227,10 +227,16 @@ def epilogue_thresholds(wl: Workload, config: Mapping, params: EpilogueParams
 
 
 def threshold_stride(wl: Workload) -> int:
-    """ints per column of the threshold tables: qmax - qmin levels, 3 padded to 4 (THR_STRIDE in
-    bitserial_common.cu)."""
+    """ints per column of the threshold tables: qmax - qmin levels, 3 padded to 4 so a column
+    pair is two 16-byte loads (rendered as THR_STRIDE)."""
     levels = wl.epilogue.out.qmax - wl.epilogue.out.qmin
     return 4 if levels == 3 else levels
+
+
+def slab_buffers(config: Mapping) -> int:
+    """Input slabs a TAP_SHIFT=1 block keeps (rendered as SLAB_BUFFERS): persistent blocks 3
+    (the slab two tiles ahead loads into the one the previous tile released), else 1."""
+    return 3 if config["PERSIST"] else 1
 
 
 def _pow2_ceil(n: int) -> int:
@@ -270,12 +276,14 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "OUT_THRESH": int(uses_thresholds(config)),
         "OUT_BITS": out.bits if out else 1, "OUT_QMIN": out.qmin if out else 0,
         "OUT_QMAX": out.qmax if out else 0,
+        "THR_STRIDE": threshold_stride(wl) if uses_thresholds(config) else 1,
     }
     lines = [f"// lowbit bit-serial kernel for {wl.key}", f"// config {config.to_json()}"]
     lines += [f"constexpr int {k} = {int(v)};" for k, v in params.items()]
     lines.append(f"constexpr long long M_ROWS = {sh.rows}ll;")
     if tap_shift(config):
         lines.append(render_tables(shift_plan(sh, config["BM"])))
+        lines.append(f"constexpr int SLAB_BUFFERS = {slab_buffers(config)};")
     else:  # out_row's virtual grid is the output itself
         lines.append("constexpr int VQ = 1, VP = 1;\nconstexpr long long V_ROWS = M_ROWS;")
     body = _cu("bitserial_common.cu")
@@ -465,11 +473,10 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     rows = q * config["BM"] + p * config["BN"]
     operands = config["STAGES"] * rows * config["KT"] * 32 + halo_bytes(wl, config)
     ones = 1
-    if tap_shift(config):  # every channel group resident (persistent: STAGES - 1 slabs)
+    if tap_shift(config):  # every channel group resident, slab_buffers slabs of it
         plan = shift_plan(conv_shape(wl), config["BM"])
         slab, weights = group_words(plan, q, p * config["BN"])
-        slabs = 3 if config["PERSIST"] else 1  # bitserial_wgmma_shift.cu: SLAB_BUFFERS
-        operands = plan.groups * (weights + slab * slabs) * 4
+        operands = plan.groups * (weights + slab * slab_buffers(config)) * 4
         ones = len(plan.ones_tiles)
     if config["MMA"] == "wgmma" and needs_rowsum(wl) and not rowsum_table(config):
         operands += 256 * ones

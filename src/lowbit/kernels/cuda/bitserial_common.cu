@@ -166,9 +166,8 @@ constexpr int RECTS = TAB * TAB;
 static_assert(WSUM0 >= KOUT * TAB && WSUM0 % 2 == 0, "bitserial.wsum_start: after part 1, even");
 constexpr bool NEED_WTAP = A_BETA != 0;        // binary activations: weight sums over valid taps
 constexpr int THR_LEVELS = OUT_THRESH ? OUT_QMAX - OUT_QMIN : 1;
-// ints per column in the threshold tables (bitserial.threshold_stride): 3 levels padded to 4, so
-// a column pair is two 16-byte loads instead of three 8-byte ones
-constexpr int THR_STRIDE = THR_LEVELS == 3 ? 4 : THR_LEVELS;
+// THR_STRIDE (rendered, bitserial.threshold_stride): ints per column in the threshold tables
+static_assert(THR_STRIDE >= THR_LEVELS, "a column's thresholds fit its stride");
 constexpr bool RECT_THR = OUT_THRESH && NEED_WTAP;
 constexpr int WTHR0 = WSUM0 + RECTS * KPAD;
 __device__ __forceinline__ constexpr int rect_id(int rlo, int rhi, int slo, int shi) {
@@ -774,8 +773,15 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if constexpr (OUT_THRESH) {
-          if (RECT_THR || (mi == 0 && h == 0)) load_thresholds(rowp[mi][h] + ni * 8 * THR_STRIDE, thr[mi][h]);
-          else load_thresholds(rowp[0][0] + ni * 8 * THR_STRIDE, thr[mi][h]);  // shared by the rows
+          if (RECT_THR || (mi == 0 && h == 0)) {
+            load_thresholds(rowp[mi][h] + ni * 8 * THR_STRIDE, thr[mi][h]);
+          } else {  // one table for every row: the first row's pair
+#pragma unroll
+            for (int k = 0; k < THR_LEVELS; ++k) {
+              thr[mi][h][0][k] = thr[0][0][0][k];
+              thr[mi][h][1][k] = thr[0][0][1][k];
+            }
+          }
         } else if constexpr (BORDER) {
           wpair[mi][h] = *reinterpret_cast<const uint2*>(rowp[mi][h] + ni * 8);
         }

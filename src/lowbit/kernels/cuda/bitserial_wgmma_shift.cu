@@ -13,12 +13,12 @@ constexpr int A_SHIFT_PLANE = GROUP_CHUNKS * SLAB_PIX * 4;           // words pe
 constexpr int A_GROUP_WORDS = (Q_BITS * A_SHIFT_PLANE + 63) / 64 * 64;  // 256-byte aligned
 constexpr int B_GROUP_WORDS = (GROUP_STEPS * B_ROWS * 8 + 63) / 64 * 64;
 constexpr int SLABS_WORDS = GROUPS * A_GROUP_WORDS;
-// Persistent blocks keep 3 slabs. STAGES = 3: the slab two tiles ahead loads into the buffer the
-// previous tile released while this one computes (one barrier per tile). STAGES = 4
-// (PINGPONG): the next tile's MMAs run during this tile's epilogue too, in a second
-// accumulator set, while the tile after that loads.
+// Persistent blocks keep SLAB_BUFFERS = 3 slabs (rendered, bitserial.slab_buffers). STAGES = 3:
+// the slab two tiles ahead loads into the buffer the previous tile released while this one
+// computes (one barrier per tile). STAGES = 4 (PINGPONG): the next tile's MMAs run during this
+// tile's epilogue too, in a second accumulator set, while the tile after that loads.
 constexpr bool PINGPONG = PERSIST && STAGES == 4;
-constexpr int SLAB_BUFFERS = PERSIST ? 3 : 1;
+static_assert(SLAB_BUFFERS == (PERSIST ? 3 : 1), "bitserial.slab_buffers");
 constexpr int ONES_OFFSET = GROUPS * B_GROUP_WORDS + SLAB_BUFFERS * SLABS_WORDS;
 static_assert(GROUPS <= 8, "copy_wait_groups handles at most 8 channel groups");
 static_assert(!HALO && SPLIT_K == 1, "TAP_SHIFT=1 runs without HALO and SPLIT_K (tap_shift.py)");
