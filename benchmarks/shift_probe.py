@@ -30,7 +30,7 @@ CUTS = {
     "no_epilogue": [(EPILOGUE, "      if (cur[0][0][0][0][0] == 0x7fffffff && tile < 0) "
                                "((int*)out)[0] = cur_rs[0][0][0];")],
     "no_loads": [("        load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS, "
-                  "tile + 2 * step, tid);", "        copy_commit();")],
+                  "tile + 2 * step, slots, tid);", "        copy_commit();")],
     "aligned": [("desc_offset(da0, i * A_SHIFT_PLANE / 4 + OFF, LBO)",
                  "desc_offset(da0, i * A_SHIFT_PLANE / 4 + (OFF & ~7), 8)")],
 }

@@ -67,19 +67,42 @@ constexpr int KTILES_PER_SPLIT = (KTILES + SPLIT_K - 1) / SPLIT_K;
 constexpr int WS_COLS = N_COL_TILES * BN;
 constexpr i64 WS_SPLIT = (i64)ROW_TILES * BM * WS_COLS;
 
+// Virtual-grid coordinates of v = (n * VP + y) * VQ + c, 0 <= y < VP, 0 <= c < VQ (TAP_SHIFT's
+// grid, bitserial_wgmma_shift.cu; without it VQ = VP = 1 and y = c = 0). n < 0: before the grid.
+// A persistent kernel splits each tile's first row once and adds every thread's fixed offset
+// with two carries (vpos_add) instead of two divisions per row or slab position.
+struct VPos {
+  int n, y, c;
+};
+__device__ __forceinline__ VPos vpos(int v) {  // v >= 0
+  const int t = v / VQ;
+  return VPos{t / VP, t % VP, v % VQ};
+}
+// Floor-wise for -VP * VQ <= v < 2^31 - VP * VQ (a slab offset before the tile's first row).
+__device__ __forceinline__ VPos vpos_floor(int v) {
+  const VPos p = vpos(v + VP * VQ);
+  return VPos{p.n - 1, p.y, p.c};
+}
+__device__ __forceinline__ VPos vpos_add(VPos a, VPos d) {
+  int c = a.c + d.c, y = a.y + d.y, n = a.n + d.n;
+  if (c >= VQ) c -= VQ, ++y;
+  if (y >= VP) y -= VP, ++n;
+  return VPos{n, y, c};
+}
+
 // Output row m of block row v and its pixel's row and column (po, qo): v itself, or with
-// TAP_SHIFT=1 (bitserial_wgmma_shift.cu) the row of pixel (n, ho, wo) of virtual row
-// v = (n * VP + ho) * VQ + wo, and M_ROWS (dropped) for rows in the virtual grid's margin
-// (ho >= P_OUT or wo >= Q_OUT) or past V_ROWS. Rows < 2^31 (bitserial.py).
+// TAP_SHIFT=1 the row of pixel (n, ho, wo) of virtual row v = (n * VP + ho) * VQ + wo, and
+// M_ROWS (dropped) for rows in the virtual grid's margin (ho >= P_OUT or wo >= Q_OUT) or past
+// the last image. Rows < 2^31 (bitserial.py).
 struct RowPos {
   int m, po, qo;
 };
+__device__ __forceinline__ RowPos row_pos(VPos p) {  // TAP_SHIFT
+  const bool ok = p.n < NB && p.y < P_OUT && p.c < Q_OUT;
+  return RowPos{ok ? (p.n * P_OUT + p.y) * Q_OUT + p.c : (int)M_ROWS, p.y, p.c};
+}
 __device__ __forceinline__ RowPos row_pos(int v) {
-  if constexpr (TAP_SHIFT) {
-    const int wo = v % VQ, t = v / VQ, ho = t % VP, n = t / VP;
-    const bool ok = v < V_ROWS && ho < P_OUT && wo < Q_OUT;
-    return RowPos{ok ? (n * P_OUT + ho) * Q_OUT + wo : (int)M_ROWS, ho, wo};
-  }
+  if constexpr (TAP_SHIFT) return row_pos(vpos(v));
   return RowPos{v, (v / Q_OUT) % P_OUT, v % Q_OUT};
 }
 __device__ __forceinline__ int out_row(int v) { return row_pos(v).m; }
@@ -632,20 +655,21 @@ __device__ __forceinline__ uint2 split_sum(const EpilogueArgs& ea, i64 m, int co
 // rectangle, bitserial_wtap part 3); else BORDER, the weight sums of the row's tap rectangle
 // (part 2).
 typedef const int* RowPointers[MT][2];
+typedef RowPos LaneRows[MT][2];  // this lane's accumulator rows (mi, h)
 struct RowPrep {
+  int m[MT][2];  // output rows (M_ROWS: dropped)
   int term[MT][2];
   RowPointers rowp;
 };
-__device__ __forceinline__ RowPrep epilogue_rows(int m0, int n0, int row0, int col0, int lane,
+__device__ __forceinline__ RowPrep epilogue_rows(const LaneRows& pos, int n0, int col0, int lane,
                                                  const EpilogueArgs& ea) {
-  const int g = lane >> 2, col_base = n0 + col0 + 2 * (lane & 3);
+  const int col_base = n0 + col0 + 2 * (lane & 3);
   RowPrep rows;
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const RowPos rp = row_pos(m0 + row0 + mi * 16 + g + 8 * h);
-      const int m = rp.m, po = rp.po, qo = rp.qo;
+      const int m = pos[mi][h].m, po = pos[mi][h].po, qo = pos[mi][h].qo;
       int rlo = 0, rhi = R, slo = 0, shi = S;
       if constexpr (NEED_WTAP || ROWSUM_TABLE) {
         tap_range(po * STRIDE - PAD, H, R, rlo, rhi);
@@ -657,6 +681,7 @@ __device__ __forceinline__ RowPrep epilogue_rows(int m0, int n0, int row0, int c
       else if constexpr (OUT_THRESH) p = ea.thr + col_base * THR_STRIDE;
       else if constexpr (BORDER) p = ea.wtap + WSUM0 + rect * KPAD + col_base;
       rows.rowp[mi][h] = p;
+      rows.m[mi][h] = m;
       int t = 0;
       if constexpr (ROWSUM_TABLE) {
         if (m < M_ROWS) t = A_ALPHA * W_BETA * table_row_popc(ea.xpop, m, po, qo, rlo, rhi, slo, shi);
@@ -665,6 +690,15 @@ __device__ __forceinline__ RowPrep epilogue_rows(int m0, int n0, int row0, int c
       rows.term[mi][h] = t;
     }
   return rows;
+}
+__device__ __forceinline__ RowPrep epilogue_rows(int m0, int n0, int row0, int col0, int lane,
+                                                 const EpilogueArgs& ea) {
+  LaneRows pos;
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) pos[mi][h] = row_pos(m0 + row0 + mi * 16 + (lane >> 2) + 8 * h);
+  return epilogue_rows(pos, n0, col0, lane, ea);
 }
 
 // Bias, ReLU and the output of one value y (accumulator + row and column terms) of row m,
@@ -746,10 +780,11 @@ __device__ __forceinline__ void store_row_words(const u32 (&bits)[OUT_WORD_TILES
 }
 
 // The per-column part: columns outer (their parameters loaded once), this lane's rows inner.
-__device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[MT][2],
-                                              const RowPointers& rowp, int m0, int n0, int row0,
-                                              int col0, int lane, const EpilogueArgs& ea,
-                                              u32* s_out) {
+__device__ __forceinline__ void epilogue_cols(const Acc& acc, const RowPrep& rows, int m0, int n0,
+                                              int row0, int col0, int lane,
+                                              const EpilogueArgs& ea, u32* s_out) {
+  const auto& term = rows.term;
+  const auto& rowp = rows.rowp;
   const int g = lane >> 2, t4 = lane & 3;
   // this lane's bits of each 32-column word, at positions 8 * (ni % 4) + e: shifted by 2 * t4
   // once per word at the store instead of once per output
@@ -810,7 +845,7 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
             for (int b = 0; b < OUT_BITS; ++b)
               or_if(word_bits[mi][h][ni / 4][b], threshold_bit(y, thr[mi][h][e], b), 1u << ((ni % 4) * 8 + e));
           } else {
-            pats[mi][h][e] = epilogue_value(y, cp, thr[mi][h][e], out_row(m0 + row0 + mi * 16 + g + 8 * h), col, ea);
+            pats[mi][h][e] = epilogue_value(y, cp, thr[mi][h][e], rows.m[mi][h], col, ea);
           }
         }
     }
@@ -844,8 +879,7 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const int (&term)[
     for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        store_row_words(word_bits[mi][h], out_row(m0 + row0 + mi * 16 + g + 8 * h),
-                        (n0 + col0) / 32, t4, ea);
+        store_row_words(word_bits[mi][h], rows.m[mi][h], (n0 + col0) / 32, t4, ea);
   }
 }
 
@@ -863,7 +897,7 @@ __device__ __forceinline__ void tile_epilogue(const Acc& acc, const RowSum& rsum
       for (int h = 0; h < 2; ++h) rows.term[mi][h] += rowsum_mma_term(rsum, mi, h);
   }
   if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
-  epilogue_cols(acc, rows.term, rows.rowp, m0, n0, row0, col0, lane, ea, s_out);
+  epilogue_cols(acc, rows, m0, n0, row0, col0, lane, ea, s_out);
   if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, ea.out, m0, n0, tid);
 }
 __device__ __forceinline__ void tile_epilogue(const Acc& acc, const RowSum& rsum, int m0, int n0,

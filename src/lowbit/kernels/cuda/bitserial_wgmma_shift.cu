@@ -30,26 +30,46 @@ __device__ __forceinline__ u64 slab_desc(const u32* p, int lbo) {
 }
 
 
-// Position f of the virtual input grid (n * VP + y) * VQ + c: its pixel index, -1 in the margin.
-__device__ __forceinline__ int slab_pixel(int f) {
-  if (f < 0) return -1;
-  const int c = f % VQ, t = f / VQ, y = t % VP, n = t / VP;
-  return (n < NB && y < H && c < W) ? (n * H + y) * W + c : -1;
+// The input pixel at virtual position p, -1 in the margin or before / after the grid.
+__device__ __forceinline__ int slab_pixel(VPos p) {
+  return (p.n >= 0 && p.n < NB && p.y < H && p.c < W) ? (p.n * H + p.y) * W + p.c : -1;
 }
 
-// cp.async the slab of channel group `grp` for the block at virtual row m0: entry j, chunk lc
-// holds channel chunk 2 grp + lc of position m0 - SHIFT_BASE + j (C <= 64: PER_ENTRY positions
-// from there, CW words each), every activation plane.
-__device__ __forceinline__ void load_slab(const u32* __restrict__ x, u32* sa, int m0, int grp,
-                                          int tid) {
-  const int chunks = CHUNKS - 2 * grp < GROUP_CHUNKS ? CHUNKS - 2 * grp : GROUP_CHUNKS;
-  for (int idx = tid; idx < SLAB_PIX * chunks * PER_ENTRY; idx += THREADS) {
-    const int e = idx % PER_ENTRY, j = idx / PER_ENTRY % SLAB_PIX, lc = idx / (PER_ENTRY * SLAB_PIX);
-    const int pix = slab_pixel(m0 - SHIFT_BASE + j + e);
-    const int src = pix < 0 ? 0 : pix * CW + (CW >= 4 ? 4 * (2 * grp + lc) : 0);
-    u32* dst = sa + (lc * SLAB_PIX + j) * 4 + e * CW;
+// This thread's copies of a group's slab: copy idx = tid + k * THREADS (k < SLAB_SLOTS) fills
+// position e of entry j of chunk lc (C <= 64: PER_ENTRY positions of CW words per entry), idx =
+// (lc * SLAB_PIX + j) * PER_ENTRY + e, i.e. slab word idx * COPY_WORDS, with virtual position
+// m0 - SHIFT_BASE + j + e. d[k]: that position's offset from the tile's first row m0, split
+// once per kernel.
+constexpr int SLAB_COPIES = SLAB_PIX * GROUP_CHUNKS * PER_ENTRY;
+constexpr int SLAB_SLOTS = (SLAB_COPIES + THREADS - 1) / THREADS;
+constexpr int COPY_WORDS = 4 / PER_ENTRY;  // CW, or 4 (one 16-byte chunk) for C >= 128
+struct SlabSlots {
+  VPos d[SLAB_SLOTS];
+};
+__device__ __forceinline__ SlabSlots slab_slots(int tid) {
+  SlabSlots s;
 #pragma unroll
-    for (int i = 0; i < Q_BITS; ++i) copy_async(dst + i * A_SHIFT_PLANE, x + i * X_PLANE + src, pix >= 0);
+  for (int k = 0; k < SLAB_SLOTS; ++k) {
+    const int idx = tid + k * THREADS;
+    s.d[k] = vpos_floor(idx / PER_ENTRY % SLAB_PIX + idx % PER_ENTRY - SHIFT_BASE);
+  }
+  return s;
+}
+
+// cp.async the slab of channel group `grp` for the block whose first row is at t0 (every
+// activation plane; zeros at padding and margins).
+__device__ __forceinline__ void load_slab(const u32* __restrict__ x, u32* sa, VPos t0, int grp,
+                                          const SlabSlots& slots, int tid) {
+  const int chunks = CHUNKS - 2 * grp < GROUP_CHUNKS ? CHUNKS - 2 * grp : GROUP_CHUNKS;
+#pragma unroll
+  for (int k = 0; k < SLAB_SLOTS; ++k) {
+    const int idx = tid + k * THREADS, lc = idx / (PER_ENTRY * SLAB_PIX);
+    if (idx >= SLAB_COPIES || lc >= chunks) continue;
+    const int pix = slab_pixel(vpos_add(t0, slots.d[k]));
+    const int src = pix < 0 ? 0 : pix * CW + (CW >= 4 ? 4 * (2 * grp + lc) : 0);
+#pragma unroll
+    for (int i = 0; i < Q_BITS; ++i)
+      copy_async(sa + idx * COPY_WORDS + i * A_SHIFT_PLANE, x + i * X_PLANE + src, pix >= 0);
   }
 }
 
@@ -135,9 +155,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift(BITS
   u32* slabs = smem + GROUPS * B_GROUP_WORDS;
   u32* ones = smem + ONES_OFFSET;
   fill_shift_ones(ones, tid);
+  const SlabSlots slots = slab_slots(tid);
 #pragma unroll
   for (int grp = 0; grp < GROUPS; ++grp) {
-    load_slab(x, slabs + grp * A_GROUP_WORDS, m0, grp, tid);
+    load_slab(x, slabs + grp * A_GROUP_WORDS, vpos(m0), grp, slots, tid);
     load_group_weights(w, weights + grp * B_GROUP_WORDS, n0, grp, tid);
     copy_commit();
   }
@@ -164,10 +185,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift(BITS
 
 // cp.async every channel group's slab of row tile t (nothing past the last tile) as one copy
 // group.
-__device__ __forceinline__ void load_slabs(const u32* __restrict__ x, u32* slabs, int t, int tid) {
+__device__ __forceinline__ void load_slabs(const u32* __restrict__ x, u32* slabs, int t,
+                                           const SlabSlots& slots, int tid) {
   if (t < ROW_TILES) {
+    const VPos t0 = vpos(t * BM);
 #pragma unroll
-    for (int grp = 0; grp < GROUPS; ++grp) load_slab(x, slabs + grp * A_GROUP_WORDS, t * BM, grp, tid);
+    for (int grp = 0; grp < GROUPS; ++grp) load_slab(x, slabs + grp * A_GROUP_WORDS, t0, grp, slots, tid);
   }
   copy_commit();
 }
@@ -185,6 +208,16 @@ __device__ __forceinline__ void shift_tile_mma(Acc& acc, RowSum& rsum, const u32
   wgmma_commit();
 }
 
+// The positions of this lane's rows in row tile t, from their offsets d (vpos of each row's
+// index in the tile).
+__device__ __forceinline__ void lane_rows(LaneRows& pos, int t, const VPos (&d)[MT][2]) {
+  const VPos t0 = vpos(t * BM);
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) pos[mi][h] = row_pos(vpos_add(t0, d[mi][h]));
+}
+
 // Persistent blocks (PERSIST=1): block (x, y) keeps column tile x's weights resident and takes
 // row tiles y, y + gridDim.y, ...; the slab of a later tile loads into the buffer this tile's
 // MMAs just released, while the epilogue runs. PINGPONG: tile t + 1's MMAs are issued (into the
@@ -200,6 +233,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
   u32* ones = smem + ONES_OFFSET;
   u32* s_out = ones + (ROWSUM_MMA ? ONES_TILES * 64 : 0);  // apart: the next slabs are loading
   fill_shift_ones(ones, tid);
+  const SlabSlots slots = slab_slots(tid);
 #pragma unroll
   for (int grp = 0; grp < GROUPS; ++grp)
     load_group_weights(w, weights + grp * B_GROUP_WORDS, n0, grp, tid);
@@ -207,9 +241,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
   constexpr int AHEAD = PINGPONG ? SLAB_BUFFERS : SLAB_BUFFERS - 1;  // slabs loaded up front
 #pragma unroll
   for (int b = 0; b < AHEAD; ++b)  // the first with the weights: one copy group each
-    load_slabs(x, slabs + b * SLABS_WORDS, tile + b * step, tid);
+    load_slabs(x, slabs + b * SLABS_WORDS, tile + b * step, slots, tid);
   const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
   const int row0 = wg_m * 64 + (warp & 3) * 16, col0 = wg_n * WN;
+  VPos lane_d[MT][2];  // this lane's rows' offsets from a tile's first row
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) lane_d[mi][h] = vpos(row0 + mi * 16 + (lane >> 2) + 8 * h);
   Acc acc[PINGPONG ? 2 : 1];
   RowSum rsum[PINGPONG ? 2 : 1];
   if constexpr (PINGPONG) {
@@ -230,21 +269,24 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
       fence_proxy_async();
       __syncthreads();  // and every warpgroup is past the previous tile's MMAs
       RowPrep rows;
+      LaneRows pos;
       if constexpr (PINGPONG) {
         if (tile + step < ROW_TILES)
           shift_tile_mma(acc[1 - half], rsum[1 - half],
                          slabs + ((it + 1) % SLAB_BUFFERS) * SLABS_WORDS, weights, ones, wg_m, wg_n);
         else
           wgmma_commit();  // an empty group keeps the wait count below
-        rows = epilogue_rows(tile * BM, n0, row0, col0, lane, ea);
+        lane_rows(pos, tile, lane_d);
+        rows = epilogue_rows(pos, n0, col0, lane, ea);
         wgmma_wait<1>();   // this tile's MMAs are done
         __syncthreads();   // every warpgroup's MMAs are done with this tile's slab
-        load_slabs(x, slab, tile + SLAB_BUFFERS * step, tid);
+        load_slabs(x, slab, tile + SLAB_BUFFERS * step, slots, tid);
       } else {
         shift_tile_mma(cur, cur_rs, slab, weights, ones, wg_m, wg_n);
         // while the MMAs run: the slab two tiles on, into the buffer the previous tile released
-        load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS, tile + 2 * step, tid);
-        rows = epilogue_rows(tile * BM, n0, row0, col0, lane, ea);
+        load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS, tile + 2 * step, slots, tid);
+        lane_rows(pos, tile, lane_d);
+        rows = epilogue_rows(pos, n0, col0, lane, ea);
         wgmma_wait<0>();
       }
       tile_epilogue(cur, cur_rs, rows, tile * BM, n0, row0, col0, lane, tid, ea, s_out);
