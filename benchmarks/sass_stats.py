@@ -66,7 +66,9 @@ def stats(workload: str, precision: str, config: dict) -> dict:
     kernel = bitserial.kernel_name(config)
     ops = sass_opcodes(compile_cubin(source, ARCH), kernel)
     common = collections.Counter(o.split(".")[0] for o in ops).most_common(6)
-    return {"sass": len(ops), **ptxas_report(source, ARCH, kernel), "top": common}
+    # BRA.DIV: shuffles under a divergent branch (NOTES.md, "Virtual-grid positions")
+    return {"sass": len(ops), **ptxas_report(source, ARCH, kernel), "top": common,
+            "bra_div": ops.count("BRA.DIV")}
 
 
 def main() -> None:
@@ -90,7 +92,8 @@ def main() -> None:
         s = stats(wl, prec, cfg)
         timed = f"{us:7.1f} us" if us is not None else "        -"
         print(f"{wl:24s} {prec} {timed}  sass {s['sass']:5d}  regs {s['registers']:3d}  "
-              f"spill {s['spill_bytes']:3d} B  {cfg['MMA']} {cfg['BM']}x{cfg['BN']}  {s['top']}")
+              f"spill {s['spill_bytes']:3d} B  div {s['bra_div']}  "
+              f"{cfg['MMA']} {cfg['BM']}x{cfg['BN']}  {s['top']}")
 
 
 if __name__ == "__main__":

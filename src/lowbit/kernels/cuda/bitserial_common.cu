@@ -752,6 +752,8 @@ __device__ __forceinline__ void store_row_words(const u32 (&bits)[OUT_WORD_TILES
 #pragma unroll
   for (int v = 0; v < ROW_WORDS; ++v)
     vals[v] = bits[v % OUT_WORD_TILES][v / OUT_WORD_TILES] << (2 * t4);
+  // every shuffle before the first store: NVVM otherwise unswitches the word loop on the
+  // stores' row check and duplicates the shuffles into divergent paths (BRA.DIV)
   if constexpr (WN >= 32 && ROW_WORDS % 4 == 0) {
     const bool hi = (t4 & 2) != 0, lo = (t4 & 1) != 0;
     u32 half[ROW_WORDS / 2 + 1];  // half[2p + q]: word 4p + q + 2 * hi, over t4 and t4 ^ 2
@@ -762,20 +764,23 @@ __device__ __forceinline__ void store_row_words(const u32 (&bits)[OUT_WORD_TILES
         const u32 a = vals[4 * p + q], c = vals[4 * p + q + 2];
         half[2 * p + q] = (hi ? c : a) | __shfl_xor_sync(0xffffffffu, hi ? a : c, 2);
       }
+    u32 sums[ROW_WORDS / 4 + 1];  // word 4p + t4, summed over the quad
 #pragma unroll
-    for (int p = 0; p < ROW_WORDS / 4; ++p) {  // word 4p + t4, summed over the quad
+    for (int p = 0; p < ROW_WORDS / 4; ++p) {
       const u32 a = half[2 * p], c = half[2 * p + 1];
-      store_row_word((lo ? c : a) | __shfl_xor_sync(0xffffffffu, lo ? a : c, 1), 4 * p + t4, m,
-                     word0, ea);
+      sums[p] = (lo ? c : a) | __shfl_xor_sync(0xffffffffu, lo ? a : c, 1);
     }
+#pragma unroll
+    for (int p = 0; p < ROW_WORDS / 4; ++p) store_row_word(sums[p], 4 * p + t4, m, word0, ea);
   } else {
 #pragma unroll
     for (int v = 0; v < ROW_WORDS; ++v) {
-      u32 w = vals[v];
-      w |= __shfl_xor_sync(0xffffffffu, w, 1);
-      w |= __shfl_xor_sync(0xffffffffu, w, 2);
-      if (t4 == (v & 3)) store_row_word(w, v, m, word0, ea);
+      vals[v] |= __shfl_xor_sync(0xffffffffu, vals[v], 1);
+      vals[v] |= __shfl_xor_sync(0xffffffffu, vals[v], 2);
     }
+#pragma unroll
+    for (int v = 0; v < ROW_WORDS; ++v)
+      if (t4 == (v & 3)) store_row_word(vals[v], v, m, word0, ea);
   }
 }
 
