@@ -533,10 +533,28 @@ __device__ __forceinline__ bool threshold_bit(int y, const int (&thr)[THR_LEVELS
     if (level_flips(k, b)) bit ^= y >= thr[k];
   return bit;
 }
+// Four levels on two bits with QMIN = 0 or -2 (u2, s2): a binary search, since bit b of QMIN +
+// level is then bit b of the level XOR bit b of QMIN (the only carry leaves the two bits):
+// level >= 2 is one compare against thr[1], and the low bit one compare against thr[2] or thr[0]
+// as that one says (2 compares and a select per output instead of a chain of 4).
+constexpr bool THR_SEARCH = OUT_BITS == 2 && THR_LEVELS == 3 && (OUT_QMIN & 1) == 0;
+__device__ __forceinline__ void threshold_bits(int y, const int (&thr)[THR_LEVELS],
+                                               bool (&bits)[OUT_BITS]) {
+  if constexpr (THR_SEARCH) {
+    const bool upper = y >= thr[THR_SEARCH ? 1 : 0];
+    bits[1] = upper != (((OUT_QMIN >> 1) & 1) != 0);
+    bits[0] = y >= (upper ? thr[THR_SEARCH ? 2 : 0] : thr[0]);
+  } else {
+#pragma unroll
+    for (int b = 0; b < OUT_BITS; ++b) bits[b] = threshold_bit(y, thr, b);
+  }
+}
 __device__ __forceinline__ u32 threshold_code(int y, const int (&thr)[THR_LEVELS]) {
+  bool bits[OUT_BITS];
+  threshold_bits(y, thr, bits);
   u32 code = 0;
 #pragma unroll
-  for (int b = 0; b < OUT_BITS; ++b) code |= (u32)threshold_bit(y, thr, b) << b;
+  for (int b = 0; b < OUT_BITS; ++b) code |= (u32)bits[b] << b;
   return code;
 }
 // Binary activations and padding: every output adds its tap rectangle's weight sum from
@@ -846,9 +864,11 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const RowPrep& row
           }
           if constexpr (BORDER && !OUT_THRESH) y += e ? (int)wpair[mi][h].y : (int)wpair[mi][h].x;
           if constexpr (OUT_THRESH && !PACK_IN_SMEM) {  // straight into the packed words
+            bool bits[OUT_BITS];
+            threshold_bits(y, thr[mi][h][e], bits);
 #pragma unroll
             for (int b = 0; b < OUT_BITS; ++b)
-              or_if(word_bits[mi][h][ni / 4][b], threshold_bit(y, thr[mi][h][e], b), 1u << ((ni % 4) * 8 + e));
+              or_if(word_bits[mi][h][ni / 4][b], bits[b], 1u << ((ni % 4) * 8 + e));
           } else {
             pats[mi][h][e] = epilogue_value(y, cp, thr[mi][h][e], rows.m[mi][h], col, ea);
           }
