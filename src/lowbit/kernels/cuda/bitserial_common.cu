@@ -150,15 +150,20 @@ __device__ __forceinline__ unsigned short f32_to_f16_bits(float v) {
 }
 // </device-primitives>
 
-// Copy VEC words shared -> shared (halo tile -> im2col stage), zeros when !valid.
-__device__ __forceinline__ void copy_shared(u32* dst, const u32* src, bool valid) {
-  if constexpr (VEC == 4) {
-    *reinterpret_cast<uint4*>(dst) = valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
-  } else if constexpr (VEC == 2) {
-    *reinterpret_cast<uint2*>(dst) = valid ? *reinterpret_cast<const uint2*>(src) : make_uint2(0, 0);
-  } else {
-    *dst = valid ? *src : 0u;
-  }
+// VEC words shared -> shared (halo tile -> im2col stage), zeros when !valid, as a load and a
+// store: a stage's loads all go first, since ptxas keeps a shared load after an earlier shared
+// store it cannot prove apart, and load-store pairs wait out each load's latency in turn.
+template <int V> struct SharedVecOf { typedef u32 type; };
+template <> struct SharedVecOf<2> { typedef uint2 type; };
+template <> struct SharedVecOf<4> { typedef uint4 type; };
+typedef SharedVecOf<VEC>::type SharedVec;
+__device__ __forceinline__ SharedVec load_shared_vec(const u32* src, bool valid) {
+  SharedVec v{};
+  if (valid) v = *reinterpret_cast<const SharedVec*>(src);
+  return v;
+}
+__device__ __forceinline__ void store_shared_vec(u32* dst, SharedVec v) {
+  *reinterpret_cast<SharedVec*>(dst) = v;
 }
 
 // First/last+1 kernel row (or column) whose input row lies inside [0, extent).
@@ -357,6 +362,8 @@ __device__ __forceinline__ void load_stage(const u32* __restrict__ x, const u32*
   // so its tap and channel word are decoded once per stage, not per copy
   constexpr bool ONE_COLUMN = THREADS % CPR == 0;
   const KWord kw0 = k_word(kbase + (tid % CPR) * VEC);
+  SharedVec halo_vals[HALO ? A_ITERS : 1][Q_BITS];  // HALO: loaded here, stored below
+  u32* halo_dst[HALO ? A_ITERS : 1] = {};
 #pragma unroll
   for (int it = 0; it < A_ITERS; ++it) {
     const int idx = tid + it * THREADS;
@@ -369,13 +376,21 @@ __device__ __forceinline__ void load_stage(const u32* __restrict__ x, const u32*
       if constexpr (HALO) {
         const int src = valid ? ar.base[it] + k.off - halo_row0 * W * CW : 0;
 #pragma unroll
-        for (int i = 0; i < Q_BITS; ++i) copy_shared(dst + i * A_PLANE_STEP, halo + i * HALO_WORDS + src, valid);
+        for (int i = 0; i < Q_BITS; ++i) halo_vals[it][i] = load_shared_vec(halo + i * HALO_WORDS + src, valid);
+        halo_dst[it] = dst;
       } else {
         const int src = valid ? ar.base[it] + k.off : 0;
 #pragma unroll
         for (int i = 0; i < Q_BITS; ++i) copy_async(dst + i * A_PLANE_STEP, x + i * X_PLANE + src, valid);
       }
     }
+  }
+  if constexpr (HALO) {
+#pragma unroll
+    for (int it = 0; it < A_ITERS; ++it)
+      if (halo_dst[it] != nullptr)
+#pragma unroll
+        for (int i = 0; i < Q_BITS; ++i) store_shared_vec(halo_dst[it] + i * A_PLANE_STEP, halo_vals[it][i]);
   }
 #pragma unroll
   for (int it = 0; it < B_ITERS; ++it) {
