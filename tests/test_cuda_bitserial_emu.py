@@ -161,18 +161,24 @@ def test_split_k_constraints():
     assert BITSERIAL.space(one_k_tile, WGMMA_ARCH).knob("SPLIT_K").values == (1,)
 
 
-@pytest.mark.parametrize("edit", [
+@pytest.mark.parametrize("edit,extra", [
     # one more wgmma batch in flight: the stage being refilled is still being read
-    ("    wgmma_wait<1>();", "    wgmma_wait<2>();"),
+    (("    wgmma_wait<1>();", "    wgmma_wait<2>();"), {}),
     # the staged tiles without the 32-byte swizzle that the descriptors declare
-    ("(((wd >> 2) ^ ((row >> 2) & 1)) << 2)", "((wd >> 2) << 2)"),
+    (("(((wd >> 2) ^ ((row >> 2) & 1)) << 2)", "((wd >> 2) << 2)"), {}),
     # a tile's first wgmma accumulating onto registers nobody zeroed (scale-d must be 0)
-    ("ones, wg_m, wg_n, kt > k0);", "ones, wg_m, wg_n, true);"),
+    (("ones, wg_m, wg_n, kt > k0);", "ones, wg_m, wg_n, true);"), {}),
     # split-K: the last block leaves out the first split's partial sums
-    ("for (int z = 0; z < SPLIT_K; ++z) {", "for (int z = 1; z < SPLIT_K; ++z) {"),
+    (("for (int z = 0; z < SPLIT_K; ++z) {", "for (int z = 1; z < SPLIT_K; ++z) {"),
+     {"SPLIT_K": 4}),
+    # two-bit thresholds: the low bit compared with the other half's threshold
+    (("(upper ? thr[THR_SEARCH ? 2 : 0] : thr[0])", "(upper ? thr[0] : thr[THR_SEARCH ? 2 : 0])"),
+     {"REQUANT": "threshold"}),
+    # duplicate-aware load: a stage's activation planes stored crosswise
+    (("halo_vals[it][i]);", "halo_vals[it][Q_BITS - 1 - i]);"), {"HALO": 1}),
 ], ids=["wgmma_wait_too_late", "swizzle_missing", "first_wgmma_accumulates",
-        "split_k_first_split_left_out"])
-def test_emulation_catches_a_broken_kernel(edit, monkeypatch):
+        "split_k_first_split_left_out", "threshold_search_swapped", "halo_planes_crossed"])
+def test_emulation_catches_a_broken_kernel(edit, extra, monkeypatch):
     real = bitserial_emu.host_source
 
     def broken(wl, cfg):
@@ -182,8 +188,6 @@ def test_emulation_catches_a_broken_kernel(edit, monkeypatch):
 
     monkeypatch.setattr(bitserial_emu, "host_source", broken)
     wl = conv(S2, U2, EPILOGUES[1], N=1, H=6, W=5, C=200, K=37)
-    changes = {"STAGES": 3, "KT": 1}
-    mma = "wgmma"
-    if "SPLIT_K" in edit[0]:  # split-K runs on mma.sync only
-        changes["SPLIT_K"], mma = 4, "mma_sync"
+    changes = {"STAGES": 3, "KT": 1, **extra}
+    mma = "mma_sync" if "SPLIT_K" in extra else "wgmma"  # split-K runs on mma.sync only
     assert not _check(wl, _config(wl, mma, changes), seed=1)
