@@ -555,7 +555,7 @@ __device__ __forceinline__ bool threshold_bit(int y, const int (&thr)[THR_LEVELS
 constexpr bool THR_SEARCH = OUT_BITS == 2 && THR_LEVELS == 3 && (OUT_QMIN & 1) == 0;
 __device__ __forceinline__ void threshold_bits(int y, const int (&thr)[THR_LEVELS],
                                                bool (&bits)[OUT_BITS]) {
-  if constexpr (THR_SEARCH) {
+  if constexpr (THR_SEARCH) {  // (indices guarded: this branch also compiles for 1 level)
     const bool upper = y >= thr[THR_SEARCH ? 1 : 0];
     bits[1] = upper != (((OUT_QMIN >> 1) & 1) != 0);
     bits[0] = y >= (upper ? thr[THR_SEARCH ? 2 : 0] : thr[0]);
