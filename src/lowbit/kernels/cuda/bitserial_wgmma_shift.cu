@@ -156,9 +156,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift(BITS
   u32* ones = smem + ONES_OFFSET;
   fill_shift_ones(ones, tid);
   const SlabSlots slots = slab_slots(tid);
+  const VPos t0 = vpos(m0);
 #pragma unroll
   for (int grp = 0; grp < GROUPS; ++grp) {
-    load_slab(x, slabs + grp * A_GROUP_WORDS, vpos(m0), grp, slots, tid);
+    load_slab(x, slabs + grp * A_GROUP_WORDS, t0, grp, slots, tid);
     load_group_weights(w, weights + grp * B_GROUP_WORDS, n0, grp, tid);
     copy_commit();
   }
