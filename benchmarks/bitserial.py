@@ -150,14 +150,16 @@ def candidates(wl: Workload, n: int, persist: bool = True) -> list[Config]:
 
 def shift_candidates(space) -> list[Config]:
     """One TAP_SHIFT=1 config per block tile shape (BM, BN, WN), PERSIST and STAGES (32-byte
-    swizzled B, row sums by MMA, REQUANT "threshold" where offered): the estimate above does
-    not model the tap-shift kernels, so every shape is timed."""
+    swizzled B, row sums by MMA, REQUANT "threshold" where offered), each followed by its
+    ROWSUM="slab" twin where valid: the estimate above does not model the tap-shift kernels,
+    so every shape is timed."""
     shifted = [c for c in space if c["TAP_SHIFT"] and c["SWIZZLE"] == 32
                and c["ROWSUM"] == "mma"]
     requant = "threshold" if any(c["REQUANT"] == "threshold" for c in shifted) else "multiply"
     shapes = {(c["BM"], c["BN"], c["WN"], c["PERSIST"], c["STAGES"]): c for c in shifted
               if c["REQUANT"] == requant}
-    return list(shapes.values())
+    twins = [(c, c.replace(ROWSUM="slab")) for c in shapes.values()]
+    return [t for pair in twins for t in pair if space.is_valid(t)]
 
 
 def precisions(name: str) -> tuple[Precision, Precision]:
@@ -296,14 +298,14 @@ def tuned_bitserial(wl: Workload, trials: int, budget_s: float, measurer) -> dic
 
 
 def with_twins(wl: Workload, configs: list[Config]) -> list[Config]:
-    """configs, each followed by its twins in the other ROWSUM and the other REQUANT mode
-    where the space has them."""
+    """configs, each followed by its twins in the other ROWSUM modes and the other REQUANT
+    mode where the space has them."""
     space = BITSERIAL.space(wl)
     out: list[Config] = []
     for c in (BITSERIAL.with_added_knobs(c, space.names) for c in configs):
-        other_rowsum = c.replace(ROWSUM="table" if c["ROWSUM"] == "mma" else "mma")
+        other_rowsums = [c.replace(ROWSUM=v) for v in space.knob("ROWSUM").values]
         other_requant = c.replace(REQUANT=OTHER_REQUANT[c["REQUANT"]])
-        out += [t for t in (c, other_rowsum, other_requant)
+        out += [t for t in (c, *other_rowsums, other_requant)
                 if space.is_valid(t) and t not in out]
     return out
 

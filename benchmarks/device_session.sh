@@ -46,7 +46,7 @@
 #                default the ResNet-50 b256 3x3 layers)                               (590)
 #   shift_probe  benchmarks/shift_probe.py: the persistent tap-shift kernel timed with its
 #                epilogue, its loads or its shifted descriptors cut out (PROBE_ROWS="s2:w1a1:128:64:64
-#                ..." overrides the rows)                                              (240)
+#                ..." overrides the rows; PROBE_VARIANTS="base no_rowsum ..." the variants) (240)
 #   bitserial_ab w1a1/w1a2 GEMM 4096^3 + ResNet-50 s2-s5 b256 (AB_LAYERS=a,b overrides), no
 #                tuning: the hand candidates
 #                (with REQUANT / ROWSUM twins) and the committed rows' 3 best configs with
@@ -148,7 +148,8 @@ for s in "$@"; do
     tests_shift) step tests_shift 240 python3 -m pytest -q -m gpu -n 14 -p no:cacheprovider \
         --junitxml="$OUT/tests_shift.xml" tests/test_cuda_tap_shift.py ;;
     bitserial_shift) bitserial_rows shift 540 1 "${SHIFT_LAYERS:-$B256}" ;;
-    shift_probe) step shift_probe 240 python3 benchmarks/shift_probe.py ${PROBE_ROWS:+--rows $PROBE_ROWS} ;;
+    shift_probe) step shift_probe 240 python3 benchmarks/shift_probe.py ${PROBE_ROWS:+--rows $PROBE_ROWS} \
+        ${PROBE_VARIANTS:+--variants $PROBE_VARIANTS} ;;
     *) echo "unknown step $s" >&2 ;;
     esac
 done

@@ -4,9 +4,11 @@ cut out of its rendered source (measurement only: the cut variants compute garba
 Variants: base; no_epilogue (the epilogue replaced by one conditional store, so the MMAs stay);
 no_loads (the slab of the first two tiles reused: MMAs + epilogue); aligned (every A
 descriptor rounded to a 128-byte boundary with the standard 128-byte LBO: the same MMAs on
-unshifted core matrices); aligned + no_epilogue. Prints and writes $OUT/shift_probe.json.
+unshifted core matrices); aligned + no_epilogue; no_rowsum (binary weights: the row-popcount
+wgmma m64n8k256 of every plane and step left out); no_rowsum + no_epilogue. Prints and writes
+$OUT/shift_probe.json.
 
-Usage: python benchmarks/shift_probe.py [--rows s3:w1a1:256:128:128 ...]
+Usage: python benchmarks/shift_probe.py [--rows s3:w1a1:256:128:128 ...] [--variants base ...]
 """
 
 from __future__ import annotations
@@ -33,10 +35,17 @@ CUTS = {
                   "tile + 2 * step, slots, tid);", "        copy_commit();")],
     "aligned": [("desc_offset(da0, i * A_SHIFT_PLANE / 4 + OFF, LBO)",
                  "desc_offset(da0, i * A_SHIFT_PLANE / 4 + (OFF & ~7), 8)")],
+    "no_rowsum": [("if constexpr (ROWSUM_MMA) wgmma_rowsum(rsum[i], da, "
+                   "desc_offset(d1, ONES * 16), acc_in);",
+                   # opaque values, not undefined ones (which LLVM folds the epilogue away on)
+                   'asm volatile("" : "=r"(rsum[i][0][0]), "=r"(rsum[i][0][1]), '
+                   '"=r"(rsum[i][0][2]), "=r"(rsum[i][0][3]));')],
 }
 VARIANTS = {"base": [], "no_epilogue": CUTS["no_epilogue"], "no_loads": CUTS["no_loads"],
             "aligned": CUTS["aligned"],
-            "aligned_no_epilogue": CUTS["aligned"] + CUTS["no_epilogue"]}
+            "aligned_no_epilogue": CUTS["aligned"] + CUTS["no_epilogue"],
+            "no_rowsum": CUTS["no_rowsum"],
+            "no_rowsum_no_epilogue": CUTS["no_rowsum"] + CUTS["no_epilogue"]}
 
 
 def variant_render(cuts):
@@ -56,6 +65,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", nargs="*", default=["s2:w1a1:64:64:64", "s3:w1a1:256:128:128",
                                                   "s4:w1a1:128:128:128", "s5:w1a2:128:128:128"])
+    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     args = ap.parse_args()
     layers = dict(workloads(False))
     original, results = bitserial.render, []
@@ -68,7 +78,8 @@ def main() -> None:
                    and c["ROWSUM"] == "mma" and c["REQUANT"] == space.knob("REQUANT").values[-1])
         x, w, params = gpu_inputs(wl, 1)
         row = {"row": spec, "config": dict(cfg)}
-        for name, cuts in VARIANTS.items():
+        for name in args.variants:
+            cuts = VARIANTS[name]
             bitserial.render = variant_render(cuts)
             try:
                 launch = BITSERIAL.build(wl, cfg).bind(x, w, params)

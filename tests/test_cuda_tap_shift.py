@@ -147,6 +147,18 @@ EMU_CASES = [
      {"PERSIST": 1, "STAGES": 4, "BM": 64, "BN": 32, "WN": 32}),
     ("pingpong_c128_b1u2_packed", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=128, K=48),
      {"PERSIST": 1, "STAGES": 4, "BM": 64, "BN": 64, "WN": 16}),
+    # ROWSUM="slab": binary weights' row popcounts from the slab, every slab layout (one and
+    # two words per position, chunk-major groups with an odd chunk count), two warpgroups in M,
+    # thresholds
+    ("slab_c32_b1b1", conv(B1, B1, EPILOGUES[5], N=3, H=7, W=9, C=32, K=24),
+     {"PERSIST": 1, "BM": 64, "BN": 32, "WN": 32, "ROWSUM": "slab"}),
+    ("slab_c64_b1u2_2wg", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=64, K=48),
+     {"PERSIST": 1, "BM": 128, "BN": 64, "WN": 32, "ROWSUM": "slab", "REQUANT": "threshold"}),
+    ("slab_c384_b1s2", conv(B1, S2, EPILOGUES[3], N=2, H=5, W=6, C=384, K=40),
+     {"PERSIST": 1, "BM": 64, "BN": 32, "WN": 32, "ROWSUM": "slab"}),
+    ("slab_c128_b1b1_5x5", conv(B1, B1, EPILOGUES[1], N=2, H=7, W=8, C=128, K=40, R=5, S=5,
+                                pad=2),
+     {"PERSIST": 1, "BM": 64, "BN": 64, "WN": 64, "ROWSUM": "slab", "REQUANT": "threshold"}),
 ]
 
 
@@ -183,6 +195,27 @@ def test_emulation_catches_a_wrong_shift(mutation, monkeypatch):
     assert not _check(wl, cfg, seed=1)
 
 
+@pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
+@pytest.mark.parametrize("edit", [("s < S; ++s) sum += p[", "s < S - 1; ++s) sum += p["),
+                                  ("(lc * SLAB_PIX + j) * 4", "(lc * SLAB_PIX + j + 1) * 4")],
+                         ids=["tap_left_out", "position_off_by_one"])
+def test_emulation_catches_a_wrong_slab_rowsum(edit, monkeypatch):
+    """ROWSUM="slab" with one tap left out of a row's sum, or each position's popcount read one
+    position on, is caught: the slab cases above are not exact by accident."""
+    wl = conv(B1, U2, EPILOGUES[1], N=2, H=5, W=6, C=256, K=40)
+    cfg = _shift_config(wl, {"PERSIST": 1, "BM": 64, "BN": 32, "WN": 32, "ROWSUM": "slab"})
+    original = bitserial._cu
+
+    def broken(name):
+        text = original(name)
+        if name == "bitserial_wgmma_shift.cu":
+            assert text.count(edit[0]) == 1
+            text = text.replace(*edit)
+        return text
+    monkeypatch.setattr(bitserial, "_cu", broken)
+    assert not _check(wl, cfg, seed=2)
+
+
 # ---------------------------------------------------------------- GPU: bit-exact
 
 def _gpu_wgmma():
@@ -202,7 +235,7 @@ GPU_SHAPES = [dict(N=3, H=11, W=13, C=64, K=70, R=5, S=5, pad=2),
 def test_bit_exact_tap_shift(wb, ab):
     """Every bit pair and encoding pair on the slab layouts above: the space's first config one
     tile per block, persistent, and persistent with two tiles in flight (where registers allow),
-    and a random valid one."""
+    with binary weights persistent with the slab row sums, and a random valid one."""
     rng = random.Random(wb * 10 + ab)
     for combo in range(4):
         w_prec, a_prec = encodings(wb)[combo // 2], encodings(ab)[combo % 2]
@@ -211,7 +244,8 @@ def test_bit_exact_tap_shift(wb, ab):
         space = [c for c in BITSERIAL.space(wl) if c["TAP_SHIFT"]]
         persistent = [c for c in space if c["PERSIST"] and c["STAGES"] == 3]
         pingpong = [c for c in space if c["PERSIST"] and c["STAGES"] == 4]
-        for cfg in (space[0], persistent[0], *pingpong[:1], rng.choice(space)):
+        slab = [c for c in persistent if c["ROWSUM"] == "slab"]  # binary weights
+        for cfg in (space[0], persistent[0], *pingpong[:1], *slab[-1:], rng.choice(space)):
             _assert_exact(wl, cfg, seed=wb * 100 + ab * 10 + combo)
 
 

@@ -19,7 +19,9 @@ block's output pixels plus halo are copied once into shared memory and the im2co
 gathered from there; convs with R*S > 1 and PERSIST=0 only), ROWSUM (binary weights only: "mma"
 computes the activation rows' popcounts with one more MMA per plane and k step against a tile of
 ones; "table" reads them from a per-pixel popcount table of x made by a small kernel first,
-summed over the valid taps in the epilogue), REQUANT (requantized bit-plane output of 1-2 bits
+summed over the valid taps in the epilogue; "slab", persistent TAP_SHIFT=1 kernels with
+STAGES=3: popcounts of the block's input slab in shared memory, summed over each row's taps
+while the tile's MMAs run), REQUANT (requantized bit-plane output of 1-2 bits
 only: "multiply" requantizes each output in 64-bit fixed point; "threshold" compares it with
 per-column integer thresholds that fold in bias and ReLU, `lowbit.reference.requant_thresholds`,
 and for binary activations each tap rectangle's weight sums: one multiply-add and the compares
@@ -268,6 +270,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "KT": config["KT"], "STAGES": config["STAGES"], "PERSIST": config["PERSIST"],
         "WGMMA": int(config["MMA"] == "wgmma"), "SWIZZLE": config["SWIZZLE"],
         "HALO": config["HALO"], "ROWSUM_TABLE": int(rowsum_table(config)),
+        "ROWSUM_SLAB": int(rowsum_slab(config)),
         "SPLIT_K": split_k(config), "TAP_SHIFT": int(tap_shift(config)),
         "HALO_WORDS": halo_rows(sh, config["BM"]) * sh.w * sh.words if config["HALO"] else 0,
         "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh), "KPAD": wsum_columns(sh),
@@ -465,10 +468,20 @@ def rowsum_table(config: Mapping) -> bool:
     return config.get("ROWSUM", "mma") == "table"
 
 
+def rowsum_slab(config: Mapping) -> bool:
+    """Binary weights' row popcounts from the tap-shift slab in shared memory (ROWSUM="slab")."""
+    return config.get("ROWSUM", "mma") == "slab"
+
+
+def rowsum_mma(wl: Workload, config: Mapping) -> bool:
+    """Binary weights' row popcounts by an MMA against ones (ROWSUM="mma")."""
+    return needs_rowsum(wl) and config.get("ROWSUM", "mma") == "mma"
+
+
 def smem_bytes(wl: Workload, config: Mapping) -> int:
     """Dynamic shared memory of a config: STAGES x (a_bits*BM + w_bits*BN) rows x KT*32 bytes
-    (wgmma with binary weights: + a 256-byte tile of ones for the row popcounts; HALO=1: + the
-    input slab)."""
+    (wgmma with binary weights: + a 256-byte tile of ones for the row popcounts, or with
+    ROWSUM="slab" 4 bytes per slab position; HALO=1: + the input slab)."""
     q, p = planes(wl)
     rows = q * config["BM"] + p * config["BN"]
     operands = config["STAGES"] * rows * config["KT"] * 32 + halo_bytes(wl, config)
@@ -478,7 +491,9 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
         slab, weights = group_words(plan, q, p * config["BN"])
         operands = plan.groups * (weights + slab * slab_buffers(config)) * 4
         ones = len(plan.ones_tiles)
-    if config["MMA"] == "wgmma" and needs_rowsum(wl) and not rowsum_table(config):
+        if rowsum_slab(config):
+            operands += -(-plan.slab_pix // 4) * 16
+    if config["MMA"] == "wgmma" and rowsum_mma(wl, config):
         operands += 256 * ones
     epi = wl.epilogue
     if epi.requantizes and epi.out_layout is Layout.BITPLANE and config["WN"] % 32:
@@ -494,8 +509,7 @@ def acc_regs(wl: Workload, config: Mapping) -> int:
     warp_rows = 16 if config["MMA"] == "wgmma" else config["WM"]  # a warp's share of m64
     tiles = (warp_rows // 16) * (config["WN"] // 8) * 4
     q, p = planes(wl)
-    mma_rowsum = needs_rowsum(wl) and not rowsum_table(config)
-    extra = (warp_rows // 16) * 4 * q if mma_rowsum else 0
+    extra = (warp_rows // 16) * 4 * q if rowsum_mma(wl, config) else 0
     pingpong = tap_shift(config) and config["PERSIST"] and config["STAGES"] == 4
     return (tiles * q * p + extra) * (2 if pingpong else 1)  # two accumulator sets
 
@@ -631,6 +645,11 @@ def _constraints(wl: Workload) -> list:
             return "too many virtual rows for 32-bit row indices"
         return None
 
+    def rowsums(c: Config) -> str | None:
+        if rowsum_slab(c) and not (tap_shift(c) and c["PERSIST"] and c["STAGES"] == 3):
+            return "ROWSUM='slab' is implemented in the persistent TAP_SHIFT=1 kernel, STAGES=3"
+        return None
+
     def copies(c: Config) -> str | None:
         iters = -(-c["BM"] * c["KT"] * 8 // vec // threads(c))
         if iters > MAX_COPY_ITERS and not tap_shift(c):  # TAP_SHIFT: no im2col copy rows
@@ -670,7 +689,7 @@ def _constraints(wl: Workload) -> list:
             return "too many row tiles for grid.y"
         return None
 
-    return [tiles, mma, halo, shifted, registers, shared, copies, splits, output, waste]
+    return [tiles, mma, halo, shifted, rowsums, registers, shared, copies, splits, output, waste]
 
 
 # Preferred defaults, best first (APNN-TC-like: big warp tiles for small p*q, smaller for larger).
@@ -740,8 +759,9 @@ class BitserialTemplate(KernelTemplate):
                  Knob("KT", (1, 2, 4, 8)), Knob("STAGES", (2, 3, 4, 6)), Knob("PERSIST", (0, 1)),
                  Knob("MMA", mma), Knob("TAP_SHIFT", self._tap_shift_values(workload, arch)),
                  Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
-                 Knob("ROWSUM", ("mma", "table") if workload.w.encoding is Encoding.BINARY
-                      else ("mma",)), requant_knob(workload),
+                 Knob("ROWSUM", ("mma", "table", "slab")
+                      if workload.w.encoding is Encoding.BINARY else ("mma",)),
+                 requant_knob(workload),
                  Knob("SPLIT_K", split_k_values(workload))]
         return ConfigSpace(knobs, _constraints(workload))
 

@@ -46,8 +46,10 @@ constexpr int OUT_WORDS = (KOUT + 31) / 32;    // words per row of bit-plane out
 constexpr bool NEED_ROWSUM = W_BETA != 0;      // binary weights: sum_i c_i popc(a_i)
 // ROWSUM_TABLE: those row popcounts come from a per-pixel popcount table of x (bitserial_xpop)
 // summed over the valid taps in the epilogue, instead of one extra MMA per plane and k step
-// against a tile of ones (which re-reads the A tile from shared memory)
-constexpr bool ROWSUM_MMA = NEED_ROWSUM && !ROWSUM_TABLE;
+// against a tile of ones (which re-reads the A tile from shared memory). ROWSUM_SLAB
+// (TAP_SHIFT=1 persistent kernels): from the popcounts of the block's input slab, summed over
+// each row's taps while the tile's MMAs run (bitserial_wgmma_shift.cu).
+constexpr bool ROWSUM_MMA = NEED_ROWSUM && !ROWSUM_TABLE && !ROWSUM_SLAB;
 constexpr i64 PIXELS = (i64)NB * H * W;        // input pixels per activation plane
 // Bit-plane output: a warp owning whole 32-column words packs them in registers; narrower warp
 // tiles OR their bits into a shared-memory tile of the block's words first.

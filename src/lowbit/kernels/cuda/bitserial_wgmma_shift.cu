@@ -105,6 +105,63 @@ __device__ __forceinline__ void fill_shift_ones(u32* ones, int tid) {
   }
 }
 
+// ROWSUM_SLAB: the row popcounts of binary weights from the slab instead of a row-sum wgmma
+// per plane and step, which re-reads the A operand from shared memory (the MMA phase's limit:
+// 2 KB of A + 4 KB of B per m64n128k256, ~95 B per cycle at the measured b1 rate). The weights
+// of a tap meet every channel word of its input position, so row v's popcount term is the sum
+// over taps of pop[v - m0 + r * VQ + s], pop[j] = sum_i c_i popc(plane i at slab position j).
+// SIMT work during the tile's MMAs: ~SLAB_PIX / THREADS positions per thread, R * S shared
+// loads per lane row.
+constexpr int POP_WORDS = ROWSUM_SLAB ? (SLAB_PIX + 3) / 4 * 4 : 0;
+static_assert(!ROWSUM_SLAB || (PERSIST && !PINGPONG && NEED_ROWSUM),
+              "ROWSUM_SLAB: binary weights, persistent tap-shift kernel, STAGES = 3");
+
+// pop[j] for every slab position j of the slabs at `slabs` (every group, chunk and plane;
+// positions hold CW words, or 16-byte chunks for C >= 128). Zeros at padding and margins.
+__device__ __forceinline__ void slab_popcounts(const u32* slabs, int* pop, int tid) {
+  for (int j = tid; j < SLAB_PIX; j += THREADS) {
+    int total = 0;
+#pragma unroll
+    for (int i = 0; i < Q_BITS; ++i) {
+      int sum = 0;
+#pragma unroll
+      for (int grp = 0; grp < GROUPS; ++grp) {
+        const u32* plane = slabs + grp * A_GROUP_WORDS + i * A_SHIFT_PLANE;
+        if constexpr (CW <= 2) {  // entry j starts with position j
+#pragma unroll
+          for (int w = 0; w < CW; ++w) sum += __popc(plane[j * 4 + w]);
+        } else {
+#pragma unroll
+          for (int lc = 0; lc < GROUP_CHUNKS; ++lc) {
+            if (2 * grp + lc >= CHUNKS) continue;  // the last group's missing chunk
+            const uint4 v = *reinterpret_cast<const uint4*>(plane + (lc * SLAB_PIX + j) * 4);
+            sum += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
+          }
+        }
+      }
+      total += a_coef(i) * sum;
+    }
+    pop[j] = total;
+  }
+}
+// Add the slab row popcount terms to this lane's rows (their indices in the tile: row0 + mi*16
+// + g + 8h).
+__device__ __forceinline__ void add_slab_rowsums(RowPrep& rows, const int* pop, int row0,
+                                                 int lane) {
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int* p = pop + row0 + mi * 16 + (lane >> 2) + 8 * h;
+      int sum = 0;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int s = 0; s < S; ++s) sum += p[r * VQ + s];
+      rows.term[mi][h] += A_ALPHA * W_BETA * sum;
+    }
+}
+
 // cp.async.wait_group with a run-time count < GROUPS (the template needs a constant).
 __device__ __forceinline__ void copy_wait_groups(int n) {
   switch (n) {
@@ -232,7 +289,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
   u32* weights = smem;
   u32* slabs = smem + GROUPS * B_GROUP_WORDS;
   u32* ones = smem + ONES_OFFSET;
-  u32* s_out = ones + (ROWSUM_MMA ? ONES_TILES * 64 : 0);  // apart: the next slabs are loading
+  int* pop = reinterpret_cast<int*>(ones + (ROWSUM_MMA ? ONES_TILES * 64 : 0));  // ROWSUM_SLAB
+  u32* s_out = reinterpret_cast<u32*>(pop + POP_WORDS);  // apart: the next slabs are loading
   fill_shift_ones(ones, tid);
   const SlabSlots slots = slab_slots(tid);
 #pragma unroll
@@ -288,6 +346,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
         load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS, tile + 2 * step, slots, tid);
         lane_rows(pos, tile, lane_d);
         rows = epilogue_rows(pos, n0, col0, lane, ea);
+        if constexpr (ROWSUM_SLAB) {  // pop is free: every thread passed the loop-top barrier
+          slab_popcounts(slab, pop, tid);
+          __syncthreads();
+          add_slab_rowsums(rows, pop, row0, lane);
+        }
         wgmma_wait<0>();
       }
       tile_epilogue(cur, cur_rs, rows, tile * BM, n0, row0, col0, lane, tid, ea, s_out);
