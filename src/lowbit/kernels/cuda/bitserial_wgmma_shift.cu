@@ -111,7 +111,7 @@ __device__ __forceinline__ void fill_shift_ones(u32* ones, int tid) {
 // of a tap meet every channel word of its input position, so row v's popcount term is the sum
 // over taps of pop[v - m0 + r * VQ + s], pop[j] = sum_i c_i popc(plane i at slab position j).
 // SIMT work during the tile's MMAs: ~SLAB_PIX / THREADS positions per thread, R * S shared
-// loads per lane row.
+// loads per warp row.
 constexpr int POP_WORDS = ROWSUM_SLAB ? (SLAB_PIX + 3) / 4 * 4 : 0;
 static_assert(!ROWSUM_SLAB || (PERSIST && !PINGPONG && NEED_ROWSUM),
               "ROWSUM_SLAB: binary weights, persistent tap-shift kernel, STAGES = 3");
@@ -144,22 +144,21 @@ __device__ __forceinline__ void slab_popcounts(const u32* slabs, int* pop, int t
     pop[j] = total;
   }
 }
-// Add the slab row popcount terms to this lane's rows (their indices in the tile: row0 + mi*16
-// + g + 8h).
+// Add the slab row popcount terms to this lane's rows (their indices in the tile: row0 + g
+// + 8h). Lane l sums the taps of the warp's row l % 16 (warp instructions count, not lanes:
+// half the loads and adds of summing both of a lane's rows), then lanes fetch theirs.
 __device__ __forceinline__ void add_slab_rowsums(RowPrep& rows, const int* pop, int row0,
                                                  int lane) {
+  static_assert(MT == 1, "a warp owns 16 rows of its warpgroup's m64 tile");
+  const int* p = pop + row0 + (lane & 15);
+  int sum = 0;
 #pragma unroll
-  for (int mi = 0; mi < MT; ++mi)
+  for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int* p = pop + row0 + mi * 16 + (lane >> 2) + 8 * h;
-      int sum = 0;
+    for (int s = 0; s < S; ++s) sum += p[r * VQ + s];
 #pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int s = 0; s < S; ++s) sum += p[r * VQ + s];
-      rows.term[mi][h] += A_ALPHA * W_BETA * sum;
-    }
+  for (int h = 0; h < 2; ++h)
+    rows.term[0][h] += A_ALPHA * W_BETA * __shfl_sync(0xffffffffu, sum, (lane >> 2) + 8 * h);
 }
 
 // cp.async.wait_group with a run-time count < GROUPS (the template needs a constant).

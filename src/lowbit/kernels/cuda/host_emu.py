@@ -58,14 +58,17 @@ static inline EmuWarp& emu_warp() { return emu->warps[threadIdx.x >> 5]; }
 
 static inline void __syncthreads() { emu->bar->arrive_and_wait(); }
 static inline void __syncwarp() { emu_warp().bar->arrive_and_wait(); }
-static inline unsigned __shfl_xor_sync(unsigned, unsigned v, int mask) {
+static inline unsigned __shfl_sync(unsigned, unsigned v, int src) {
   EmuWarp& wp = emu_warp();
-  const int lane = emu_lane();
-  wp.slot[lane][7] = v;
+  wp.slot[emu_lane()][7] = v;
   wp.bar->arrive_and_wait();
-  const unsigned r = (unsigned)wp.slot[lane ^ mask][7];
+  const unsigned r = (unsigned)wp.slot[src & 31][7];
   wp.bar->arrive_and_wait();
   return r;
+}
+static inline int __shfl_sync(unsigned m, int v, int src) { return (int)__shfl_sync(m, (unsigned)v, src); }
+static inline unsigned __shfl_xor_sync(unsigned m, unsigned v, int mask) {
+  return __shfl_sync(m, v, emu_lane() ^ mask);
 }
 
 // mma.sync: publish this lane's A (4 registers) and B (2) fragments in slots 0-5 of its warp
