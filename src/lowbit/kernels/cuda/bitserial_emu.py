@@ -17,7 +17,8 @@ std::thread per CUDA thread:
   (the latest legal moment: operands overwritten before the wait would be caught); each thread
   computes its own accumulator registers (warp w of the warpgroup: rows 16w + g (+8),
   register k: column 8(k/4) + 2t + k%2);
-- shfl (indexed and xor), bar.sync, __syncwarp, atomicOr on shared memory, cvt.rn.f16.f32 (_Float16).
+- shfl (indexed and xor), bar.sync, __syncwarp, atomicOr on shared memory, cvt.rn.f16.f32
+  (_Float16).
 It checks the kernels' indexing, pipelines, descriptors and packing on machines without a GPU;
 it is slow (threads and barriers per instruction) and meant for small workloads.
 """

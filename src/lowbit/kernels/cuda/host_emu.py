@@ -66,7 +66,9 @@ static inline unsigned __shfl_sync(unsigned, unsigned v, int src) {
   wp.bar->arrive_and_wait();
   return r;
 }
-static inline int __shfl_sync(unsigned m, int v, int src) { return (int)__shfl_sync(m, (unsigned)v, src); }
+static inline int __shfl_sync(unsigned m, int v, int src) {
+  return (int)__shfl_sync(m, (unsigned)v, src);
+}
 static inline unsigned __shfl_xor_sync(unsigned m, unsigned v, int mask) {
   return __shfl_sync(m, v, emu_lane() ^ mask);
 }
