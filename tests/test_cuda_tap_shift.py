@@ -94,6 +94,26 @@ def test_space_offers_tap_shift_only_where_it_runs():
     assert plan.v_rows > wl.N * wl.P * wl.Q
 
 
+def test_slab_row_sums_only_in_the_persistent_tap_shift_kernel():
+    """ROWSUM="slab" is offered for binary weights and valid only where it is implemented;
+    it needs no ones tiles and no row-sum accumulators, but 4 bytes per slab position."""
+    wl = conv(B1, U2, EPILOGUES[1], C=128)
+    space = BITSERIAL.space(wl, "sm_90a")
+    assert "slab" in space.knob("ROWSUM").values
+    assert "slab" not in BITSERIAL.space(conv(S2, U2, C=128), "sm_90a").knob("ROWSUM").values
+    mma = BITSERIAL.default_config(wl, "wgmma", arch="sm_90a").replace(
+        TAP_SHIFT=1, KT=1, STAGES=3, PERSIST=1, HALO=0)
+    slab = mma.replace(ROWSUM="slab")
+    assert space.is_valid(mma) and space.is_valid(slab)
+    for bad in (slab.replace(PERSIST=0), slab.replace(STAGES=4), slab.replace(TAP_SHIFT=0)):
+        assert "ROWSUM='slab'" in space.why_invalid(bad)
+    assert bitserial.acc_regs(wl, slab) == bitserial.acc_regs(wl, mma) - 4 * 2  # u2: 2 planes
+    plan = tap_shift.shift_plan(bitserial.conv_shape(wl), slab["BM"])
+    ones = 256 * len(plan.ones_tiles)
+    assert (bitserial.smem_bytes(wl, slab) - bitserial.smem_bytes(wl, mma)
+            == -(-plan.slab_pix // 4) * 16 - ones)
+
+
 def test_nvrtc_compiles_tap_shift_for_sm90a(tmp_path, monkeypatch):
     monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
     rng = random.Random(3)
