@@ -110,8 +110,9 @@ def test_slab_row_sums_only_in_the_persistent_tap_shift_kernel():
     assert bitserial.acc_regs(wl, slab) == bitserial.acc_regs(wl, mma) - 4 * 2  # u2: 2 planes
     plan = tap_shift.shift_plan(bitserial.conv_shape(wl), slab["BM"])
     ones = 256 * len(plan.ones_tiles)
+    buffers = 2  # C = 128: each thread counts its own copies, two buffers by tile parity
     assert (bitserial.smem_bytes(wl, slab) - bitserial.smem_bytes(wl, mma)
-            == -(-plan.slab_pix // 4) * 16 - ones)
+            == buffers * -(-plan.slab_pix // 4) * 16 - ones)
 
 
 def test_nvrtc_compiles_tap_shift_for_sm90a(tmp_path, monkeypatch):
@@ -216,13 +217,17 @@ def test_emulation_catches_a_wrong_shift(mutation, monkeypatch):
 
 
 @pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
-@pytest.mark.parametrize("edit", [("s < S; ++s) sum += p[", "s < S - 1; ++s) sum += p["),
-                                  ("(lc * SLAB_PIX + j) * 4", "(lc * SLAB_PIX + j + 1) * 4")],
-                         ids=["tap_left_out", "position_off_by_one"])
-def test_emulation_catches_a_wrong_slab_rowsum(edit, monkeypatch):
-    """ROWSUM="slab" with one tap left out of a row's sum, or each position's popcount read one
-    position on, is caught: the slab cases above are not exact by accident."""
-    wl = conv(B1, U2, EPILOGUES[1], N=2, H=5, W=6, C=256, K=40)
+@pytest.mark.parametrize("edit,c", [
+    (("s < S; ++s) sum += p[", "s < S - 1; ++s) sum += p["), 256),
+    (("(lc * SLAB_PIX + j) * 4", "(lc * SLAB_PIX + j + 1) * 4"), 256),
+    (("pop[idx / PER_ENTRY] = total", "pop[idx / PER_ENTRY + 1] = total"), 64)],
+    ids=["tap_left_out", "position_off_by_one", "own_position_off_by_one"])
+def test_emulation_catches_a_wrong_slab_rowsum(edit, c, monkeypatch):
+    """ROWSUM="slab" with one tap left out of a row's sum, or a position's popcount read
+    (C = 256) or stored (C = 64: each thread's own copies) one position on, is caught: the slab
+    cases above are not exact by accident. (The two popcount buffers of C <= 128 guard a race
+    between warps a tile apart, which the emulation's schedule does not produce.)"""
+    wl = conv(B1, U2, EPILOGUES[1], N=2, H=5 if c > 128 else 11, W=6, C=c, K=40)
     cfg = _shift_config(wl, {"PERSIST": 1, "BM": 64, "BN": 32, "WN": 32, "ROWSUM": "slab"})
     original = bitserial._cu
 

@@ -491,8 +491,9 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
         slab, weights = group_words(plan, q, p * config["BN"])
         operands = plan.groups * (weights + slab * slab_buffers(config)) * 4
         ones = len(plan.ones_tiles)
-        if rowsum_slab(config):
-            operands += -(-plan.slab_pix // 4) * 16
+        if rowsum_slab(config):  # two buffers where each thread counts its own copies
+            buffers = 2 if plan.groups == 1 and plan.chunks == 1 else 1
+            operands += buffers * -(-plan.slab_pix // 4) * 16
     if config["MMA"] == "wgmma" and rowsum_mma(wl, config):
         operands += 256 * ones
     epi = wl.epilogue

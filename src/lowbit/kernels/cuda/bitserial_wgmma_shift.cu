@@ -113,6 +113,13 @@ __device__ __forceinline__ void fill_shift_ones(u32* ones, int tid) {
 // SIMT work during the tile's MMAs: ~SLAB_PIX / THREADS positions per thread, R * S shared
 // loads per warp row.
 constexpr int POP_WORDS = ROWSUM_SLAB ? (SLAB_PIX + 3) / 4 * 4 : 0;
+// C <= 128 (one group of one chunk): every position of a plane is copied once with e == 0, so
+// each thread counts the words it copied itself (visible to it after its own wait_group) and
+// the loop-top barrier publishes them: no barrier of their own, two pop buffers by tile parity
+// (a slow warp may still read the previous tile's). C >= 256: the chunks of a position come
+// from several threads, so one pass over the landed slab and a barrier.
+constexpr bool POP_OWN = ROWSUM_SLAB && GROUPS == 1 && CHUNKS == 1;
+constexpr int POP_BUFFERS = POP_OWN ? 2 : 1;
 static_assert(!ROWSUM_SLAB || (PERSIST && !PINGPONG && NEED_ROWSUM),
               "ROWSUM_SLAB: binary weights, persistent tap-shift kernel, STAGES = 3");
 
@@ -142,6 +149,23 @@ __device__ __forceinline__ void slab_popcounts(const u32* slabs, int* pop, int t
       total += a_coef(i) * sum;
     }
     pop[j] = total;
+  }
+}
+// pop[j] of the positions this thread copied into `slab` (POP_OWN; its copies have landed).
+__device__ __forceinline__ void own_slab_popcounts(const u32* slab, int* pop, int tid) {
+#pragma unroll
+  for (int k = 0; k < SLAB_SLOTS; ++k) {
+    const int idx = tid + k * THREADS;  // chunk 0, entry idx / PER_ENTRY: position j at word 4j
+    if (idx >= SLAB_COPIES || idx % PER_ENTRY) continue;
+    int total = 0;
+#pragma unroll
+    for (int i = 0; i < Q_BITS; ++i) {
+      int sum = 0;
+#pragma unroll
+      for (int w = 0; w < CW; ++w) sum += __popc(slab[idx * COPY_WORDS + i * A_SHIFT_PLANE + w]);
+      total += a_coef(i) * sum;
+    }
+    pop[idx / PER_ENTRY] = total;
   }
 }
 // Add the slab row popcount terms to this lane's rows (their indices in the tile: row0 + g
@@ -289,7 +313,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
   u32* slabs = smem + GROUPS * B_GROUP_WORDS;
   u32* ones = smem + ONES_OFFSET;
   int* pop = reinterpret_cast<int*>(ones + (ROWSUM_MMA ? ONES_TILES * 64 : 0));  // ROWSUM_SLAB
-  u32* s_out = reinterpret_cast<u32*>(pop + POP_WORDS);  // apart: the next slabs are loading
+  u32* s_out = reinterpret_cast<u32*>(pop + POP_BUFFERS * POP_WORDS);  // apart: slabs load
   fill_shift_ones(ones, tid);
   const SlabSlots slots = slab_slots(tid);
 #pragma unroll
@@ -324,6 +348,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
       RowSum& cur_rs = rsum[PINGPONG ? half : 0];
       u32* slab = slabs + (it % SLAB_BUFFERS) * SLABS_WORDS;
       copy_wait<1>();  // PINGPONG: the next tile's slab landed; else this tile's
+      int* tile_pop = pop + (POP_OWN ? (it & 1) * POP_WORDS : 0);
+      if constexpr (POP_OWN) own_slab_popcounts(slab, tile_pop, tid);
       fence_proxy_async();
       __syncthreads();  // and every warpgroup is past the previous tile's MMAs
       RowPrep rows;
@@ -346,9 +372,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
         lane_rows(pos, tile, lane_d);
         rows = epilogue_rows(pos, n0, col0, lane, ea);
         if constexpr (ROWSUM_SLAB) {  // pop is free: every thread passed the loop-top barrier
-          slab_popcounts(slab, pop, tid);
-          __syncthreads();
-          add_slab_rowsums(rows, pop, row0, lane);
+          if constexpr (!POP_OWN) {
+            slab_popcounts(slab, tile_pop, tid);
+            __syncthreads();
+          }
+          add_slab_rowsums(rows, tile_pop, row0, lane);
         }
         wgmma_wait<0>();
       }
