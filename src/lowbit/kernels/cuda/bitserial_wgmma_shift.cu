@@ -114,10 +114,11 @@ __device__ __forceinline__ void fill_shift_ones(u32* ones, int tid) {
 // loads per warp row.
 constexpr int POP_WORDS = ROWSUM_SLAB ? (SLAB_PIX + 3) / 4 * 4 : 0;
 // C <= 128 (one group of one chunk): every position of a plane is copied once with e == 0, so
-// each thread counts the words it copied itself (visible to it after its own wait_group) and
-// the loop-top barrier publishes them: no barrier of their own, two pop buffers by tile parity
-// (a slow warp may still read the previous tile's). C >= 256: the chunks of a position come
-// from several threads, so one pass over the landed slab and a barrier.
+// each thread counts the words it copied itself (visible to it after its own wait_group), for
+// the next tile during this tile's MMAs, and the next loop-top barrier publishes them: no
+// barrier of their own, two pop buffers by tile parity (a slow warp may still read this
+// tile's). C >= 256: the chunks of a position come from several threads, so one pass over the
+// landed slab and a barrier.
 constexpr bool POP_OWN = ROWSUM_SLAB && GROUPS == 1 && CHUNKS == 1;
 constexpr int POP_BUFFERS = POP_OWN ? 2 : 1;
 static_assert(!ROWSUM_SLAB || (PERSIST && !PINGPONG && NEED_ROWSUM),
@@ -331,6 +332,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
   for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) lane_d[mi][h] = vpos(row0 + mi * 16 + (lane >> 2) + 8 * h);
+  if constexpr (POP_OWN) {  // the first tile's popcounts (its slab is the first copy group)
+    copy_wait<AHEAD - 1>();
+    own_slab_popcounts(slabs, pop, tid);
+  }
   Acc acc[PINGPONG ? 2 : 1];
   RowSum rsum[PINGPONG ? 2 : 1];
   if constexpr (PINGPONG) {
@@ -349,7 +354,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
       u32* slab = slabs + (it % SLAB_BUFFERS) * SLABS_WORDS;
       copy_wait<1>();  // PINGPONG: the next tile's slab landed; else this tile's
       int* tile_pop = pop + (POP_OWN ? (it & 1) * POP_WORDS : 0);
-      if constexpr (POP_OWN) own_slab_popcounts(slab, tile_pop, tid);
       fence_proxy_async();
       __syncthreads();  // and every warpgroup is past the previous tile's MMAs
       RowPrep rows;
@@ -369,6 +373,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
         shift_tile_mma(cur, cur_rs, slab, weights, ones, wg_m, wg_n);
         // while the MMAs run: the slab two tiles on, into the buffer the previous tile released
         load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS, tile + 2 * step, slots, tid);
+        if constexpr (POP_OWN) {  // the next tile's slab (garbage past the last: never read)
+          copy_wait<1>();
+          own_slab_popcounts(slabs + ((it + 1) % SLAB_BUFFERS) * SLABS_WORDS,
+                             pop + ((it + 1) & 1) * POP_WORDS, tid);
+        }
         lane_rows(pos, tile, lane_d);
         rows = epilogue_rows(pos, n0, col0, lane, ea);
         if constexpr (ROWSUM_SLAB) {  // pop is free: every thread passed the loop-top barrier
