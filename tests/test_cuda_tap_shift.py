@@ -220,7 +220,7 @@ def test_emulation_catches_a_wrong_shift(mutation, monkeypatch):
 @pytest.mark.parametrize("edit,c", [
     (("s < S; ++s) sum += p[", "s < S - 1; ++s) sum += p["), 256),
     (("(lc * SLAB_PIX + j) * 4", "(lc * SLAB_PIX + j + 1) * 4"), 256),
-    (("pop[idx / PER_ENTRY] = total", "pop[idx / PER_ENTRY + 1] = total"), 64)],
+    (("pop[idx / PER_ENTRY] = weighted", "pop[idx / PER_ENTRY + 1] = weighted"), 64)],
     ids=["tap_left_out", "position_off_by_one", "own_position_off_by_one"])
 def test_emulation_catches_a_wrong_slab_rowsum(edit, c, monkeypatch):
     """ROWSUM="slab" with one tap left out of a row's sum, or a position's popcount read

@@ -124,31 +124,37 @@ constexpr int POP_BUFFERS = POP_OWN ? 2 : 1;
 static_assert(!ROWSUM_SLAB || (PERSIST && !PINGPONG && NEED_ROWSUM),
               "ROWSUM_SLAB: binary weights, persistent tap-shift kernel, STAGES = 3");
 
-// pop[j] for every slab position j of the slabs at `slabs` (every group, chunk and plane;
-// positions hold CW words, or 16-byte chunks for C >= 128). Zeros at padding and margins.
+// sum_i c_i popc(plane i) of WORDS (<= 4) slab words at p: one position's chunk, every plane.
+template <int WORDS>
+__device__ __forceinline__ int weighted_popc(const u32* p) {
+  int total = 0;
+#pragma unroll
+  for (int i = 0; i < Q_BITS; ++i) {
+    const u32* q = p + i * A_SHIFT_PLANE;
+    int sum = 0;
+    if constexpr (WORDS == 4) {  // a 16-byte chunk
+      const uint4 v = *reinterpret_cast<const uint4*>(q);
+      sum = __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
+    } else {
+#pragma unroll
+      for (int w = 0; w < WORDS; ++w) sum += __popc(q[w]);
+    }
+    total += a_coef(i) * sum;
+  }
+  return total;
+}
+// pop[j] for every slab position j of the slabs at `slabs` (C >= 256, !POP_OWN: every group's
+// 16-byte chunks). Zeros at padding and margins.
 __device__ __forceinline__ void slab_popcounts(const u32* slabs, int* pop, int tid) {
+  static_assert(!ROWSUM_SLAB || POP_OWN || CW % 4 == 0, "C <= 128 counts its own copies");
   for (int j = tid; j < SLAB_PIX; j += THREADS) {
     int total = 0;
 #pragma unroll
-    for (int i = 0; i < Q_BITS; ++i) {
-      int sum = 0;
+    for (int grp = 0; grp < GROUPS; ++grp)
 #pragma unroll
-      for (int grp = 0; grp < GROUPS; ++grp) {
-        const u32* plane = slabs + grp * A_GROUP_WORDS + i * A_SHIFT_PLANE;
-        if constexpr (CW <= 2) {  // entry j starts with position j
-#pragma unroll
-          for (int w = 0; w < CW; ++w) sum += __popc(plane[j * 4 + w]);
-        } else {
-#pragma unroll
-          for (int lc = 0; lc < GROUP_CHUNKS; ++lc) {
-            if (2 * grp + lc >= CHUNKS) continue;  // the last group's missing chunk
-            const uint4 v = *reinterpret_cast<const uint4*>(plane + (lc * SLAB_PIX + j) * 4);
-            sum += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
-          }
-        }
-      }
-      total += a_coef(i) * sum;
-    }
+      for (int lc = 0; lc < GROUP_CHUNKS; ++lc)
+        if (2 * grp + lc < CHUNKS)  // the last group may miss its second chunk
+          total += weighted_popc<4>(slabs + grp * A_GROUP_WORDS + (lc * SLAB_PIX + j) * 4);
     pop[j] = total;
   }
 }
@@ -158,15 +164,7 @@ __device__ __forceinline__ void own_slab_popcounts(const u32* slab, int* pop, in
   for (int k = 0; k < SLAB_SLOTS; ++k) {
     const int idx = tid + k * THREADS;  // chunk 0, entry idx / PER_ENTRY: position j at word 4j
     if (idx >= SLAB_COPIES || idx % PER_ENTRY) continue;
-    int total = 0;
-#pragma unroll
-    for (int i = 0; i < Q_BITS; ++i) {
-      int sum = 0;
-#pragma unroll
-      for (int w = 0; w < CW; ++w) sum += __popc(slab[idx * COPY_WORDS + i * A_SHIFT_PLANE + w]);
-      total += a_coef(i) * sum;
-    }
-    pop[idx / PER_ENTRY] = total;
+    pop[idx / PER_ENTRY] = weighted_popc<CW>(slab + idx * COPY_WORDS);
   }
 }
 // Add the slab row popcount terms to this lane's rows (their indices in the tile: row0 + g
@@ -353,7 +351,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
       RowSum& cur_rs = rsum[PINGPONG ? half : 0];
       u32* slab = slabs + (it % SLAB_BUFFERS) * SLABS_WORDS;
       copy_wait<1>();  // PINGPONG: the next tile's slab landed; else this tile's
-      int* tile_pop = pop + (POP_OWN ? (it & 1) * POP_WORDS : 0);
       fence_proxy_async();
       __syncthreads();  // and every warpgroup is past the previous tile's MMAs
       RowPrep rows;
@@ -381,6 +378,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
         lane_rows(pos, tile, lane_d);
         rows = epilogue_rows(pos, n0, col0, lane, ea);
         if constexpr (ROWSUM_SLAB) {  // pop is free: every thread passed the loop-top barrier
+          int* tile_pop = pop + (POP_OWN ? (it & 1) * POP_WORDS : 0);
           if constexpr (!POP_OWN) {
             slab_popcounts(slab, tile_pop, tid);
             __syncthreads();
