@@ -216,14 +216,17 @@ def timed(fn) -> float:
 
 
 def bitserial_row(wl: Workload, seed: int, tries: int, persist: bool,
-                  extra: list[Config] = ()) -> dict:
+                  extra: list[Config] = (), focus: bool = False) -> dict:
     """Best verified config among the default, up to `tries - 1` alternatives and `extra`
-    (e.g. a tuned config) (per MMA kind: `best_us_by_mma` has the best time of each)."""
+    (e.g. a tuned config) (per MMA kind: `best_us_by_mma` has the best time of each); focus:
+    the default and `extra` only. Binary activations: also the per-layer weight table's fill
+    time (`bind_tables_us`, done once at bind) and the best config timed with that fill in
+    every launch, as launches did before (`with_tables_us`)."""
     from conv import precompile
 
     x, w, params = gpu_inputs(wl, seed)
     want = run(wl, x, w, params)
-    configs = candidates(wl, tries, persist)
+    configs = [BITSERIAL.default_config(wl)] if focus else candidates(wl, tries, persist)
     configs += [c for c in extra if c not in configs]
     precompile([(BITSERIAL, wl, c) for c in configs])  # NVRTC's disk cache, in parallel
     best: dict = {}
@@ -247,6 +250,10 @@ def bitserial_row(wl: Workload, seed: int, tries: int, persist: bool,
         if "time_us" not in best or us < best["time_us"]:
             best.update(time_us=us, config=dict(cfg))
     best["verified"] = "time_us" in best
+    if best["verified"] and bitserial.needs_wtap(wl):
+        launcher = BITSERIAL.build(wl, Config(best["config"])).bind(x, w, params)
+        best["bind_tables_us"] = timed(launcher.refresh_tables)
+        best["with_tables_us"] = timed(lambda: (launcher.refresh_tables(), launcher()))
     return best
 
 
@@ -305,8 +312,9 @@ def with_twins(wl: Workload, configs: list[Config]) -> list[Config]:
     for c in (BITSERIAL.with_added_knobs(c, space.names) for c in configs):
         other_rowsums = [c.replace(ROWSUM=v) for v in space.knob("ROWSUM").values]
         other_requant = c.replace(REQUANT=OTHER_REQUANT[c["REQUANT"]])
-        out += [t for t in (c, *other_rowsums, other_requant)
-                if space.is_valid(t) and t not in out]
+        twins = [c, *other_rowsums, other_requant]
+        twins += [t.replace(ROW_TABLE=v) for t in twins for v in space.knob("ROW_TABLE").values]
+        out += [t for t in dict.fromkeys(twins) if space.is_valid(t) and t not in out]
     return out
 
 
@@ -317,15 +325,16 @@ def exact_tries(row: dict) -> list[dict]:
 
 
 def earlier_bests(paths: list[Path], n: int = 3) -> dict[tuple[str, str], list[Config]]:
-    """The n fastest exact configs of each (workload, precision) row in earlier
+    """The n fastest distinct exact configs of each (workload, precision) row over earlier
     bitserial-*.json results, to be re-timed beside this run's candidates."""
-    found: dict[tuple[str, str], list[Config]] = {}
+    timed: dict[tuple[str, str], dict[Config, float]] = {}
     for path in paths:
         for row in json.loads(Path(path).read_text())["rows"]:
-            cfgs = found.setdefault((row["workload"], row["precision"]), [])
-            cfgs += [Config(t["config"]) for t in exact_tries(row)[:n]
-                     if Config(t["config"]) not in cfgs]
-    return found
+            seen = timed.setdefault((row["workload"], row["precision"]), {})
+            for t in exact_tries(row):
+                cfg = Config(t["config"])
+                seen[cfg] = min(t["us"], seen.get(cfg, t["us"]))
+    return {key: sorted(seen, key=seen.get)[:n] for key, seen in timed.items()}
 
 
 def baselines(name: str, base: Workload, tries: int, tuned: list[tuple[str, Config]] = ()
@@ -362,14 +371,18 @@ def main() -> None:
     ap.add_argument("--int8-timed", type=Path, nargs="*", default=[],
                     help="timed-*.json of benchmarks/tuning.py: tuned int8 configs")
     ap.add_argument("--configs", type=Path, nargs="*", default=[],
-                    help="earlier bitserial-*.json: re-time each row's 3 best configs, and "
-                         "their ROWSUM and REQUANT twins")
+                    help="earlier bitserial-*.json: re-time each row's best configs, and "
+                         "their ROWSUM, REQUANT and ROW_TABLE twins")
+    ap.add_argument("--configs-per-row", type=int, default=3,
+                    help="how many of each earlier row's fastest configs --configs re-times")
+    ap.add_argument("--focus", action="store_true",
+                    help="time only the default config and the --configs ones with twins")
     args = ap.parse_args()
     t0 = time.time()
     from conv import timed_bests
 
     int8_tuned = timed_bests(args.int8_timed)
-    earlier = earlier_bests(args.configs)
+    earlier = earlier_bests(args.configs, args.configs_per_row)
     measurer = None
     if args.tune_trials:
         from lowbit.tune import LocalMeasurer
@@ -405,7 +418,7 @@ def main() -> None:
                         if row["tuned"]["config"]:
                             extra.append(Config(row["tuned"]["config"]))
                     row.update(bitserial_row(wl, len(rows), args.tries, not args.no_persist,
-                                             extra))
+                                             extra, args.focus))
                 except Exception as e:
                     row["error"] = f"{type(e).__name__}: {e}"[:500]
                     traceback.print_exc()

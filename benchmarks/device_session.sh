@@ -47,6 +47,9 @@
 #   shift_probe  benchmarks/shift_probe.py: the persistent tap-shift kernel timed with its
 #                epilogue, its loads or its shifted descriptors cut out (PROBE_ROWS="s2:w1a1:128:64:64
 #                ..." overrides the rows; PROBE_VARIANTS="base no_rowsum ..." the variants) (240)
+#   bitserial_focus  w1a1/w1a2 rows (FOCUS_LAYERS=a,b; default GEMM 4096, ResNet-50 s2-s5 b256,
+#                the APNN-TC conv): the default config and the FOCUS_CONFIGS (2) fastest committed
+#                ones per row, with their ROWSUM / REQUANT / ROW_TABLE twins            (540)
 #   bitserial_ab w1a1/w1a2 GEMM 4096^3 + ResNet-50 s2-s5 b256 (AB_LAYERS=a,b overrides), no
 #                tuning: the hand candidates
 #                (with REQUANT / ROWSUM twins) and the committed rows' 3 best configs with
@@ -145,6 +148,14 @@ for s in "$@"; do
     bitserial_small) bitserial_rows small 300 3 \
         "${SMALL_LAYERS:-apconv_b1_c1024,fc_b128_4096to4096}" ;;
     bitserial_ab) bitserial_rows ab 590 1 "${AB_LAYERS:-gemm_4096,$B256}" ;;
+    bitserial_focus) step bitserial_focus "${LIMIT_bitserial_focus:-540}" python3 \
+        benchmarks/bitserial.py --focus --configs-per-row "${FOCUS_CONFIGS:-2}" \
+        --layers "${FOCUS_LAYERS:-gemm_4096,$B256,apconv_b1_c1024}" \
+        --precisions "${PRECISIONS:-w1a1,w1a2}" \
+        --budget-s $(( ${LIMIT_bitserial_focus:-540} - 45 )) \
+        --partial "$OUT/bitserial-focus-partial.json" \
+        --configs $(compgen -G "$GPU_DIR/bitserial-2026112[3-9]-*.json") \
+        --int8-timed $INT8_TIMED ;;
     tests_shift) step tests_shift 240 python3 -m pytest -q -m gpu -n 14 -p no:cacheprovider \
         --junitxml="$OUT/tests_shift.xml" tests/test_cuda_tap_shift.py ;;
     bitserial_shift) bitserial_rows shift 540 1 "${SHIFT_LAYERS:-$B256}" ;;

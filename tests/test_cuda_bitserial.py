@@ -372,6 +372,29 @@ def test_bit_exact_split_k(case):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bound_launcher_keeps_the_weight_tables_of_bind_time():
+    """Binary activations: the weight sums per tap rectangle are filled once, at bind. A
+    launcher replays them (exact, three times); after new weights are copied into the bound
+    tensor its `refresh_tables()` makes it exact for those, without a new bind."""
+    wl = conv(Precision(1, "binary"), Precision(1, "binary"), EPILOGUES[5], N=2, H=7, W=6, C=64,
+              K=48)
+    x, w, params = random_inputs(wl, 11, device="cuda")
+    launch = BITSERIAL.build(wl, BITSERIAL.default_config(wl)).bind(x, w, params)
+    want = run(wl, x.cpu(), w.cpu(), params.to("cpu"))
+    for _ in range(3):
+        got = launch()
+        assert torch.equal(got.cpu(), want)
+        got.fill_(-1)
+    _, w2, _ = random_inputs(wl, 12, device="cuda")
+    w.copy_(w2)
+    launch.refresh_tables()
+    want2 = run(wl, x.cpu(), w2.cpu(), params.to("cpu"))
+    assert not torch.equal(want2, want)
+    assert torch.equal(launch().cpu(), want2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bit_exact_across_configs():
     rng = random.Random(1)
     for wl in (conv(Precision(1, "binary"), Precision(2), EPILOGUES[1], N=4, C=96, K=96),

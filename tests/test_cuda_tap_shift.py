@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from lowbit.core import Epilogue, Layout, Precision
 from lowbit.core.workloads import load_workloads
-from lowbit.kernels.cuda import BITSERIAL, bitserial, tap_shift
+from lowbit.kernels.cuda import BITSERIAL, bitserial, bitserial_emu, tap_shift
 from lowbit.kernels.cuda.bitserial import WGMMA_ARCH, Shape
 from lowbit.kernels.cuda.host_emu import compiler
 from test_cuda_bitserial import EPILOGUES, _assert_exact, conv, encodings, gemm
@@ -180,6 +180,23 @@ EMU_CASES = [
     ("slab_c128_b1b1_5x5", conv(B1, B1, EPILOGUES[1], N=2, H=7, W=8, C=128, K=40, R=5, S=5,
                                 pad=2),
      {"PERSIST": 1, "BM": 64, "BN": 64, "WN": 64, "ROWSUM": "slab", "REQUANT": "threshold"}),
+    # ROW_TABLE=1: output rows and tap rectangles from the bound per-row table: border sums
+    # and their thresholds of binary activations up to 7x7, one tile per block, persistent,
+    # two tiles in flight, slab row sums
+    ("table_c32_b1b1_border", conv(B1, B1, EPILOGUES[5], N=3, H=5, W=6, C=32, K=24),
+     {"ROW_TABLE": 1}),
+    ("table_c128_u1b1_7x7_fp16", conv(U1, B1, EPILOGUES[2], N=1, H=9, W=8, C=128, K=16, R=7,
+                                      S=7, pad=3), {"ROW_TABLE": 1}),
+    ("table_persistent_c64_b1b1_threshold", conv(B1, B1, EPILOGUES[5], N=3, H=11, W=13, C=64,
+                                                 K=32),
+     {"PERSIST": 1, "BM": 64, "BN": 32, "WN": 32, "ROW_TABLE": 1, "REQUANT": "threshold"}),
+    ("table_pingpong_c128_s2b1_5x5", conv(S2, B1, EPILOGUES[1], N=2, H=7, W=8, C=128, K=48,
+                                          R=5, S=5, pad=2),
+     {"PERSIST": 1, "STAGES": 4, "BM": 64, "BN": 64, "WN": 16, "ROW_TABLE": 1,
+      "REQUANT": "threshold"}),
+    ("table_slab_c64_b1u2_2wg", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=64, K=48),
+     {"PERSIST": 1, "BM": 128, "BN": 64, "WN": 32, "ROWSUM": "slab", "REQUANT": "threshold",
+      "ROW_TABLE": 1}),
 ]
 
 
@@ -241,6 +258,42 @@ def test_emulation_catches_a_wrong_slab_rowsum(edit, c, monkeypatch):
     assert not _check(wl, cfg, seed=2)
 
 
+@pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
+@pytest.mark.parametrize("column", [0, 1], ids=["output_row", "tap_rectangle"])
+def test_emulation_catches_a_wrong_row_table(column, monkeypatch):
+    """ROW_TABLE=1 with the rows' output rows, or their tap rectangles, shifted by one virtual
+    row (rows at image borders then get their neighbour's) breaks the result."""
+    wl = conv(B1, B1, EPILOGUES[5], N=2, H=5, W=6, C=32, K=40)  # packed in registers
+    cfg = _shift_config(wl, {"ROW_TABLE": 1, "REQUANT": "threshold", "BN": 32, "WN": 32})
+    original = bitserial.row_table
+
+    def shifted(*args):
+        table = original(*args)
+        table[:, column] = table[:, column].roll(1)
+        return table
+    monkeypatch.setattr(bitserial_emu, "row_table", shifted)
+    assert not _check(wl, cfg, seed=3)
+
+
+def test_row_table_only_in_tap_shift_kernels():
+    """ROW_TABLE is offered where TAP_SHIFT is, and valid only with TAP_SHIFT=1 and without
+    the per-pixel popcount table (whose sums need each row's pixel)."""
+    wl = conv(B1, B1, EPILOGUES[5], N=2, H=8, W=8, C=64, K=64)
+    space = BITSERIAL.space(wl, "sm_90a")
+    assert space.knob("ROW_TABLE").values == (0, 1)
+    assert BITSERIAL.space(wl, "sm_80").knob("ROW_TABLE").values == (0,)
+    cfg = _shift_config(wl, {"ROW_TABLE": 1})
+    assert space.is_valid(cfg)
+    for bad in (cfg.replace(TAP_SHIFT=0), cfg.replace(ROWSUM="table")):
+        assert "ROW_TABLE=1" in space.why_invalid(bad)
+    table = bitserial.row_table(wl, cfg, "cpu")
+    plan = tap_shift.shift_plan(bitserial.conv_shape(wl), cfg["BM"])
+    assert table.shape == (-(-plan.v_rows // cfg["BM"]) * cfg["BM"], 2)
+    kept = table[:, 0] < bitserial.conv_shape(wl).rows
+    assert sorted(table[kept, 0].tolist()) == list(range(2 * 8 * 8))  # each output row once
+    assert bitserial.row_table(wl, cfg.replace(ROW_TABLE=0), "cpu") is None
+
+
 # ---------------------------------------------------------------- GPU: bit-exact
 
 def _gpu_wgmma():
@@ -260,7 +313,8 @@ GPU_SHAPES = [dict(N=3, H=11, W=13, C=64, K=70, R=5, S=5, pad=2),
 def test_bit_exact_tap_shift(wb, ab):
     """Every bit pair and encoding pair on the slab layouts above: the space's first config one
     tile per block, persistent, and persistent with two tiles in flight (where registers allow),
-    with binary weights persistent with the slab row sums, and a random valid one."""
+    with binary weights persistent with the slab row sums, the first and last persistent ones
+    with the row table, and a random valid one."""
     rng = random.Random(wb * 10 + ab)
     for combo in range(4):
         w_prec, a_prec = encodings(wb)[combo // 2], encodings(ab)[combo % 2]
@@ -270,7 +324,9 @@ def test_bit_exact_tap_shift(wb, ab):
         persistent = [c for c in space if c["PERSIST"] and c["STAGES"] == 3]
         pingpong = [c for c in space if c["PERSIST"] and c["STAGES"] == 4]
         slab = [c for c in persistent if c["ROWSUM"] == "slab"]  # binary weights
-        for cfg in (space[0], persistent[0], *pingpong[:1], *slab[-1:], rng.choice(space)):
+        table = [c for c in space if c["ROW_TABLE"] and c["PERSIST"]]
+        for cfg in (space[0], persistent[0], *pingpong[:1], *slab[-1:], *table[:1],
+                    *table[-1:], rng.choice(space)):
             _assert_exact(wl, cfg, seed=wb * 100 + ab * 10 + combo)
 
 

@@ -272,6 +272,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "HALO": config["HALO"], "ROWSUM_TABLE": int(rowsum_table(config)),
         "ROWSUM_SLAB": int(rowsum_slab(config)),
         "SPLIT_K": split_k(config), "TAP_SHIFT": int(tap_shift(config)),
+        "ROW_TABLE": int(uses_row_table(config)),
         "HALO_WORDS": halo_rows(sh, config["BM"]) * sh.w * sh.words if config["HALO"] else 0,
         "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh), "KPAD": wsum_columns(sh),
         "WSUM0": wsum_start(sh),
@@ -301,6 +302,39 @@ def tap_shift(config: Mapping) -> bool:
     """The conv runs as shifted views of one input slab per block (knob TAP_SHIFT=1,
     `tap_shift.py`)."""
     return bool(config.get("TAP_SHIFT", 0))
+
+
+def uses_row_table(config: Mapping) -> bool:
+    """The epilogue reads each row's output row and tap rectangle from a table (knob
+    ROW_TABLE=1, TAP_SHIFT=1 kernels) instead of working them out from the virtual row."""
+    return bool(config.get("ROW_TABLE", 0))
+
+
+def row_table(wl: Workload, config: Mapping, device: torch.device | str
+              ) -> torch.Tensor | None:
+    """ROW_TABLE=1: int32 [row tiles * BM, 2], for every virtual row v of the tap-shift grid
+    its output row (M_ROWS where v lies in the margin or past the last image: dropped) and the
+    id of its tap rectangle (the taps whose input lies inside the image; the kernel's
+    `rect_id` of `tap_range` on both axes). Depends on the geometry alone; None otherwise."""
+    if not uses_row_table(config):
+        return None
+    sh = conv_shape(wl)
+    plan = shift_plan(sh, config["BM"])
+    v = torch.arange(-(-plan.v_rows // config["BM"]) * config["BM"], device=device)
+    col, t = v % plan.vq, v // plan.vq
+    y, n = t % plan.vp, t // plan.vp
+    inside = (n < sh.nb) & (y < sh.p) & (col < sh.q)
+    m = torch.where(inside, (n * sh.p + y) * sh.q + col, torch.full_like(v, sh.rows))
+
+    def tap_range(start: torch.Tensor, extent: int, taps: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        lo = (-start).clamp(min=0)
+        return lo, torch.maximum((extent - start).clamp(max=taps), lo)
+
+    rlo, rhi = tap_range(y * sh.stride - sh.pad, sh.h, sh.r)
+    slo, shi = tap_range(col * sh.stride - sh.pad, sh.w, sh.s)
+    rect = ((rlo * (sh.r + 1) + rhi) * (sh.s + 1) + slo) * (sh.s + 1) + shi
+    return torch.stack([m, rect], 1).to(torch.int32).contiguous()
 
 
 def block_rows(wl: Workload, config: Mapping) -> int:
@@ -542,7 +576,14 @@ class BitserialKernel:
     def bind(self, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams,
              out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
         """Validate once and return a no-argument launcher (CUDA-graph capture, timing):
-        `check_inputs` reads the epilogue vectors, which syncs the device. The launcher's
+        `check_inputs` reads the epilogue vectors, which syncs the device.
+
+        What depends on the layer's constants alone is worked out here, once, not per launch:
+        the requantization thresholds (from `params`) and, for binary activations, the weight
+        sums per tap rectangle (`bitserial_wtap`, from `w` and those thresholds; a dependent
+        kernel of ~1-4 us that every launch used to run first). The launcher therefore
+        reads `x` afresh each call but keeps the `w` and `params` of bind time: after changing
+        `w` in place, call its `refresh_tables()` (or bind again). The launcher's
         `split_workspace` is the split-K partial-sum tensor it writes (None without split-K)."""
         wl = self.workload
         check_inputs(wl, x, w, params)
@@ -556,23 +597,31 @@ class BitserialKernel:
         wtap_blocks, xpop_blocks = side_table_blocks(wl)
         thr = epilogue_thresholds(wl, self.config, params)
         split_ws, split_count = split_workspace(wl, self.config, x.device)
+        vrows = row_table(wl, self.config, x.device)
         args = [x, w, out, params.bias, params.scale, params.multiplier, params.shift, wtap, xpop,
-                thr, split_ws, split_count]
+                thr, split_ws, split_count, vrows]
         grid: tuple[int, ...] = (*self._grid, split_k(self.config))
         if self._persistent:  # one wave of resident blocks, each looping over tiles
             per_sm = self._main.max_active_blocks(self._threads, self._smem, x.device)
             sms = torch.cuda.get_device_properties(x.device).multi_processor_count
             grid = persistent_grid(wl, self.config, per_sm * sms)
 
-        def launch() -> torch.Tensor:
+        def refresh_tables() -> None:
             if wtap is not None:
                 self._wtap.launch(wtap_blocks, WTAP_THREADS, [w, thr, wtap])
+
+        refresh_tables()
+        # done before any launch on another stream (CUDA-graph timing captures on a side one)
+        torch.cuda.current_stream(x.device).synchronize()
+
+        def launch() -> torch.Tensor:
             if xpop is not None:
                 self._xpop.launch(xpop_blocks, XPOP_THREADS, [x, xpop])
             self._main.launch(grid, self._threads, args, shared_mem=self._smem)
             return out
 
         launch.split_workspace = split_ws  # type: ignore[attr-defined]  # split-K diagnostics
+        launch.refresh_tables = refresh_tables  # type: ignore[attr-defined]
         return launch
 
 
@@ -649,6 +698,8 @@ def _constraints(wl: Workload) -> list:
     def rowsums(c: Config) -> str | None:
         if rowsum_slab(c) and not (tap_shift(c) and c["PERSIST"] and c["STAGES"] == 3):
             return "ROWSUM='slab' is implemented in the persistent TAP_SHIFT=1 kernel, STAGES=3"
+        if uses_row_table(c) and not (tap_shift(c) and not rowsum_table(c)):
+            return "ROW_TABLE=1 is implemented in the TAP_SHIFT=1 kernels, without ROWSUM='table'"
         return None
 
     def copies(c: Config) -> str | None:
@@ -721,10 +772,10 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
     dict(BM=64, BN=16, WM=64, WN=16, KT=1, STAGES=6),
 ]
 DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma",
-                              REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0)
+                              REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0)
                          for d in _MMA_SYNC_DEFAULTS],
             "wgmma": [dict(d, PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0, ROWSUM="mma",
-                           REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0)
+                           REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0)
                       for d in _WGMMA_DEFAULTS]}
 
 
@@ -739,7 +790,8 @@ class BitserialTemplate(KernelTemplate):
     name = "cuda.bitserial"
     backend = "cuda"
     added_knobs: ClassVar[Mapping[str, object]] = {"ROWSUM": "mma", "REQUANT": "multiply",
-                                                   "SPLIT_K": 1, "TAP_SHIFT": 0}
+                                                   "SPLIT_K": 1, "TAP_SHIFT": 0,
+                                                   "ROW_TABLE": 0}
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         wl = workload
@@ -762,6 +814,7 @@ class BitserialTemplate(KernelTemplate):
                  Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
                  Knob("ROWSUM", ("mma", "table", "slab")
                       if workload.w.encoding is Encoding.BINARY else ("mma",)),
+                 Knob("ROW_TABLE", self._tap_shift_values(workload, arch)),
                  requant_knob(workload),
                  Knob("SPLIT_K", split_k_values(workload))]
         return ConfigSpace(knobs, _constraints(workload))

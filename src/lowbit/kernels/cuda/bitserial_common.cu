@@ -50,6 +50,7 @@ constexpr bool NEED_ROWSUM = W_BETA != 0;      // binary weights: sum_i c_i popc
 // (TAP_SHIFT=1 persistent kernels): from the popcounts of the block's input slab, summed over
 // each row's taps while the tile's MMAs run (bitserial_wgmma_shift.cu).
 constexpr bool ROWSUM_MMA = NEED_ROWSUM && !ROWSUM_TABLE && !ROWSUM_SLAB;
+static_assert(!ROW_TABLE || (TAP_SHIFT && !ROWSUM_TABLE), "ROW_TABLE: TAP_SHIFT=1, no xpop sums");
 constexpr i64 PIXELS = (i64)NB * H * W;        // input pixels per activation plane
 // Bit-plane output: a warp owning whole 32-column words packs them in registers; narrower warp
 // tiles OR their bits into a shared-memory tile of the block's words first.
@@ -179,8 +180,9 @@ __device__ __forceinline__ void tap_range(int start, int extent, int taps, int& 
 // Part 1, wtap[col*TAB + r*(S+1) + s] = sum over taps (r' < r, s' < s) of
 // sum_j d_j popc(b_j[col, r', s', :]) (a 2-D prefix table; its last entry is the all-tap sum).
 // Part 2, wtap[WSUM0 + rect_id(rlo, rhi, slo, shi)*KPAD + col] = A_BETA * W_ALPHA times the
-// weight sum over the taps [rlo, rhi) x [slo, shi): what an output pixel whose valid taps are
-// that rectangle adds, one lookup in the epilogue. Rectangle-major with KPAD columns
+// weight sum over the taps [rlo, rhi) x [slo, shi), plus A_BETA * W_BETA * C times their count
+// (ba*ab*T + ba*bb*C*taps above): what an output pixel whose valid taps are that rectangle
+// adds, one lookup in the epilogue. Rectangle-major with KPAD columns
 // (bitserial.wsum_columns: KOUT rounded up to the widest block tile; entries past KOUT are
 // never written and only feed outputs that are discarded; rectangles no pixel has are not
 // written either, rect_used), so one output row's lookups share a pointer and differ by
@@ -243,7 +245,8 @@ extern "C" __global__ void bitserial_wtap(const u32* __restrict__ w, const int* 
     const int rhi = i / TAB % (R + 1), rlo = i / TAB / (R + 1);
     if (!rect_used(rlo, rhi, H, R, P_OUT) || !rect_used(slo, shi, W, S, Q_OUT)) continue;
     const int sum = A_BETA * W_ALPHA * (tab[rhi * (S + 1) + shi] - tab[rlo * (S + 1) + shi]
-                                        - tab[rhi * (S + 1) + slo] + tab[rlo * (S + 1) + slo]);
+                                        - tab[rhi * (S + 1) + slo] + tab[rlo * (S + 1) + slo])
+                    + A_BETA * W_BETA * C * (rhi - rlo) * (shi - slo);
     rect[i * KPAD] = sum;
     if constexpr (RECT_THR) {
       for (int k = 0; k < THR_LEVELS; ++k) {
@@ -487,7 +490,7 @@ __device__ __forceinline__ void mma_sync_stage(Acc& acc, RowSum& rsum, const u32
       const int* __restrict__ bias, const float* __restrict__ scale,                          \
       const int* __restrict__ mult, const int* __restrict__ shift, const int* __restrict__ wtap, \
       const int* __restrict__ xpop, const int* __restrict__ thr, int* split_ws,              \
-      int* split_count
+      int* split_count, const int* __restrict__ vrows
 
 struct EpilogueArgs {
   void* out;
@@ -498,12 +501,13 @@ struct EpilogueArgs {
   const int* wtap;
   const int* xpop;
   const int* thr;  // OUT_THRESH: [KPAD][THR_LEVELS] requantization thresholds
+  const int* vrows;  // ROW_TABLE: [ROW_TILES * BM][2] {output row, tap rectangle} per row
   int* split_ws;   // SPLIT_K > 1: [SPLIT_K][ROW_TILES * BM][WS_COLS] k-linear partial sums
   int split_z;     // this block's k split (blockIdx.z; 0 without split-K)
 };
 // The epilogue's view of BITSERIAL_KERNEL_PARAMS (inside a kernel taking them).
 #define BITSERIAL_EPILOGUE_ARGS                                                               \
-  EpilogueArgs{out, bias, scale, mult, shift, wtap, xpop, thr, split_ws,                      \
+  EpilogueArgs{out, bias, scale, mult, shift, wtap, xpop, thr, vrows, split_ws,               \
                SPLIT_K > 1 ? (int)blockIdx.z : 0}
 
 // Zero the block's shared-memory packing tile [OUT_BITS][BM][BLOCK_WORDS] (narrow warp tiles).
@@ -696,6 +700,13 @@ struct RowPrep {
   int term[MT][2];
   RowPointers rowp;
 };
+// Where a row's per-column data starts for column col_base (rect: the row's tap rectangle).
+__device__ __forceinline__ const int* row_data(int rect, int col_base, const EpilogueArgs& ea) {
+  if constexpr (RECT_THR) return ea.wtap + WTHR0 + (rect * KPAD + col_base) * THR_STRIDE;
+  else if constexpr (OUT_THRESH) return ea.thr + col_base * THR_STRIDE;
+  else if constexpr (BORDER) return ea.wtap + WSUM0 + rect * KPAD + col_base;
+  return nullptr;
+}
 __device__ __forceinline__ RowPrep epilogue_rows(const LaneRows& pos, int n0, int col0, int lane,
                                                  const EpilogueArgs& ea) {
   const int col_base = n0 + col0 + 2 * (lane & 3);
@@ -710,24 +721,40 @@ __device__ __forceinline__ RowPrep epilogue_rows(const LaneRows& pos, int n0, in
         tap_range(po * STRIDE - PAD, H, R, rlo, rhi);
         tap_range(qo * STRIDE - PAD, W, S, slo, shi);
       }
-      const int rect = rect_id(rlo, rhi, slo, shi);
-      const int* p = nullptr;
-      if constexpr (RECT_THR) p = ea.wtap + WTHR0 + (rect * KPAD + col_base) * THR_STRIDE;
-      else if constexpr (OUT_THRESH) p = ea.thr + col_base * THR_STRIDE;
-      else if constexpr (BORDER) p = ea.wtap + WSUM0 + rect * KPAD + col_base;
-      rows.rowp[mi][h] = p;
+      rows.rowp[mi][h] = row_data(rect_id(rlo, rhi, slo, shi), col_base, ea);
       rows.m[mi][h] = m;
       int t = 0;
       if constexpr (ROWSUM_TABLE) {
         if (m < M_ROWS) t = A_ALPHA * W_BETA * table_row_popc(ea.xpop, m, po, qo, rlo, rhi, slo, shi);
       }
-      if constexpr (NEED_WTAP) t += A_BETA * W_BETA * C * (rhi - rlo) * (shi - slo);
       rows.term[mi][h] = t;
+    }
+  return rows;
+}
+// ROW_TABLE (TAP_SHIFT=1 without ROWSUM="table"): the same from the per-row table that bind
+// fills from the geometry alone (bitserial.row_table): one 8-byte load per row instead of
+// splitting the virtual row into (image, row, column), the margin test and the tap ranges
+// (~40 instructions per row, a fifth of a 32-output lane's epilogue at C = 64). v0: the
+// warp's first row in the virtual grid.
+__device__ __forceinline__ RowPrep table_rows(int v0, int n0, int col0, int lane,
+                                              const EpilogueArgs& ea) {
+  const int col_base = n0 + col0 + 2 * (lane & 3);
+  const int2* table = reinterpret_cast<const int2*>(ea.vrows) + v0 + (lane >> 2);
+  RowPrep rows;
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int2 e = __ldg(table + mi * 16 + 8 * h);
+      rows.m[mi][h] = e.x;
+      rows.rowp[mi][h] = row_data(e.y, col_base, ea);
+      rows.term[mi][h] = 0;
     }
   return rows;
 }
 __device__ __forceinline__ RowPrep epilogue_rows(int m0, int n0, int row0, int col0, int lane,
                                                  const EpilogueArgs& ea) {
+  if constexpr (ROW_TABLE) return table_rows(m0 + row0, n0, col0, lane, ea);
   LaneRows pos;
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)

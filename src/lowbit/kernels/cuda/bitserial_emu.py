@@ -42,6 +42,7 @@ from .bitserial import (
     kernel_name,
     persistent_grid,
     render,
+    row_table,
     s8_atype,
     side_table_blocks,
     side_tables,
@@ -60,6 +61,7 @@ HOST_INTRINSICS = r"""
 #define LOWBIT_HOST_EMU 1
 struct uint2 { unsigned x, y; };
 struct uint4 { unsigned x, y, z, w; };
+struct int2 { int x, y; };
 inline uint2 make_uint2(unsigned a, unsigned b) { return uint2{a, b}; }
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
   return uint4{a, b, c, d};
@@ -77,6 +79,7 @@ static inline unsigned atomicOr(unsigned* p, unsigned v) {
 static inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
 static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 static inline uint2 __ldcg(const uint2* p) { return *p; }
+static inline int2 __ldg(const int2* p) { return *p; }
 static std::atomic<int> emu_or_flag;
 static inline int __syncthreads_or(int pred) {
   emu->bar->arrive_and_wait();  // every thread has read the previous result
@@ -212,13 +215,15 @@ HOST_MAIN = r"""
 extern "C" int emu_run(int which, const u32* x, const u32* w, void* out, const int* bias,
                        const float* scale, const int* mult, const int* shift, int* wtap,
                        int* xpop, const int* thr, int* split_ws, int* split_count,
+                       const int* vrows,
                        int grid_x, int grid_y, int grid_z, int nthreads, long long smem_bytes) {
   if (smem_bytes > EMU_SMEM_BYTES || nthreads > 512 || nthreads % 32) return -1;
   emu_run_blocks(nthreads, grid_x, grid_y, grid_z, (unsigned char*)smem, smem_bytes,
                  sizeof(smem), [&] {
     if (which == 0) bitserial_wtap(w, thr, wtap);
     else if (which == 2) bitserial_xpop(x, xpop);
-    else EMU_MAIN(x, w, out, bias, scale, mult, shift, wtap, xpop, thr, split_ws, split_count);
+    else EMU_MAIN(x, w, out, bias, scale, mult, shift, wtap, xpop, thr, split_ws, split_count,
+                  vrows);
     if (!emu_copy_groups.empty() || !emu_copy_open.empty()) emu_fail("copies left pending");
   });
   return 0;
@@ -265,6 +270,7 @@ def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
     out = torch.empty(shape, dtype=dtype)
     wtap, xpop = side_tables(wl, config, "cpu")
     split_ws, split_count = split_workspace(wl, config, "cpu")
+    vrows = row_table(wl, config, "cpu")
     for table in (wtap, xpop, split_ws):
         if table is not None:
             table.fill_(-7)  # garbage until a kernel writes it
@@ -275,7 +281,7 @@ def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
     vecs = [params.bias, params.scale, params.multiplier, params.shift]
     thr = epilogue_thresholds(wl, config, params)  # held here: args keep only raw pointers
     args = [ptr(t.data_ptr()) if t is not None else ptr(0)
-            for t in (x, w, out, *vecs, wtap, xpop, thr, split_ws, split_count)]
+            for t in (x, w, out, *vecs, wtap, xpop, thr, split_ws, split_count, vrows)]
     grid = (*tile_grid(wl, config), split_k(config))
     if config["PERSIST"]:
         grid = persistent_grid(wl, config, persistent_blocks)

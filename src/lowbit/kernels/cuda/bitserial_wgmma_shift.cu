@@ -288,14 +288,18 @@ __device__ __forceinline__ void shift_tile_mma(Acc& acc, RowSum& rsum, const u32
   wgmma_commit();
 }
 
-// The positions of this lane's rows in row tile t, from their offsets d (vpos of each row's
-// index in the tile).
-__device__ __forceinline__ void lane_rows(LaneRows& pos, int t, const VPos (&d)[MT][2]) {
+// The epilogue rows of this lane in row tile t: from the row table (ROW_TABLE), or from the
+// rows' offsets d from the tile's first row (vpos of each row's index in the tile).
+__device__ __forceinline__ RowPrep shift_rows(int t, const VPos (&d)[MT][2], int n0, int row0,
+                                              int col0, int lane, const EpilogueArgs& ea) {
+  if constexpr (ROW_TABLE) return table_rows(t * BM + row0, n0, col0, lane, ea);
   const VPos t0 = vpos(t * BM);
+  LaneRows pos;
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) pos[mi][h] = row_pos(vpos_add(t0, d[mi][h]));
+  return epilogue_rows(pos, n0, col0, lane, ea);
 }
 
 // Persistent blocks (PERSIST=1): block (x, y) keeps column tile x's weights resident and takes
@@ -354,15 +358,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
       fence_proxy_async();
       __syncthreads();  // and every warpgroup is past the previous tile's MMAs
       RowPrep rows;
-      LaneRows pos;
       if constexpr (PINGPONG) {
         if (tile + step < ROW_TILES)
           shift_tile_mma(acc[1 - half], rsum[1 - half],
                          slabs + ((it + 1) % SLAB_BUFFERS) * SLABS_WORDS, weights, ones, wg_m, wg_n);
         else
           wgmma_commit();  // an empty group keeps the wait count below
-        lane_rows(pos, tile, lane_d);
-        rows = epilogue_rows(pos, n0, col0, lane, ea);
+        rows = shift_rows(tile, lane_d, n0, row0, col0, lane, ea);
         wgmma_wait<1>();   // this tile's MMAs are done
         __syncthreads();   // every warpgroup's MMAs are done with this tile's slab
         load_slabs(x, slab, tile + SLAB_BUFFERS * step, slots, tid);
@@ -375,8 +377,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
           own_slab_popcounts(slabs + ((it + 1) % SLAB_BUFFERS) * SLABS_WORDS,
                              pop + ((it + 1) & 1) * POP_WORDS, tid);
         }
-        lane_rows(pos, tile, lane_d);
-        rows = epilogue_rows(pos, n0, col0, lane, ea);
+        rows = shift_rows(tile, lane_d, n0, row0, col0, lane, ea);
         if constexpr (ROWSUM_SLAB) {  // pop is free: every thread passed the loop-top barrier
           int* tile_pop = pop + (POP_OWN ? (it & 1) * POP_WORDS : 0);
           if constexpr (!POP_OWN) {
