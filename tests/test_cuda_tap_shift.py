@@ -197,6 +197,22 @@ EMU_CASES = [
     ("table_slab_c64_b1u2_2wg", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=64, K=48),
      {"PERSIST": 1, "BM": 128, "BN": 64, "WN": 32, "ROWSUM": "slab", "REQUANT": "threshold",
       "ROW_TABLE": 1}),
+    # ROW_TABLE=2: the slab copies' input pixels from the table too, on every slab layout (4
+    # and 2 positions per entry, tap pairs, chunk-major groups), persistent blocks (pixels
+    # fetched an iteration early), two tiles in flight, slab row sums counted from own copies
+    ("pixels_c32_b1b1_border", conv(B1, B1, EPILOGUES[5], N=3, H=5, W=6, C=32, K=24),
+     {"ROW_TABLE": 2}),
+    ("pixels_persistent_c64_b1b1", conv(B1, B1, EPILOGUES[5], N=3, H=11, W=13, C=64, K=32),
+     {"PERSIST": 1, "BM": 64, "BN": 32, "WN": 32, "ROW_TABLE": 2, "REQUANT": "threshold"}),
+    ("pixels_persistent_c512_u2s2_2cols", conv(S2, U2, EPILOGUES[1], N=2, H=7, W=9, C=512,
+                                               K=64),
+     {"PERSIST": 1, "BM": 64, "BN": 32, "WN": 32, "ROW_TABLE": 2}),
+    ("pixels_pingpong_c128_b1u2_packed", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=128,
+                                              K=48),
+     {"PERSIST": 1, "STAGES": 4, "BM": 64, "BN": 64, "WN": 16, "ROW_TABLE": 2}),
+    ("pixels_slab_c64_b1u2_2wg", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=64, K=48),
+     {"PERSIST": 1, "BM": 128, "BN": 64, "WN": 32, "ROWSUM": "slab", "REQUANT": "threshold",
+      "ROW_TABLE": 2}),
 ]
 
 
@@ -259,17 +275,25 @@ def test_emulation_catches_a_wrong_slab_rowsum(edit, c, monkeypatch):
 
 
 @pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
-@pytest.mark.parametrize("column", [0, 1], ids=["output_row", "tap_rectangle"])
-def test_emulation_catches_a_wrong_row_table(column, monkeypatch):
-    """ROW_TABLE=1 with the rows' output rows, or their tap rectangles, shifted by one virtual
-    row (rows at image borders then get their neighbour's) breaks the result."""
+@pytest.mark.parametrize("part", ["output_row", "tap_rectangle", "pixel"])
+def test_emulation_catches_a_wrong_row_table(part, monkeypatch):
+    """ROW_TABLE with the rows' output rows, or their tap rectangles, shifted by one virtual
+    row (rows at image borders then get their neighbour's), or (ROW_TABLE=2) the slab copies'
+    pixels shifted by one position, breaks the result."""
     wl = conv(B1, B1, EPILOGUES[5], N=2, H=5, W=6, C=32, K=40)  # packed in registers
-    cfg = _shift_config(wl, {"ROW_TABLE": 1, "REQUANT": "threshold", "BN": 32, "WN": 32})
+    cfg = _shift_config(wl, {"ROW_TABLE": 2 if part == "pixel" else 1, "REQUANT": "threshold",
+                             "BN": 32, "WN": 32, "PERSIST": 1})
     original = bitserial.row_table
 
     def shifted(*args):
         table = original(*args)
-        table[:, column] = table[:, column].roll(1)
+        if part == "pixel":  # the flat ROW_TABLE=2 table: the pixels after the row entries
+            plan = tap_shift.shift_plan(bitserial.conv_shape(wl), cfg["BM"])
+            start = 2 * -(-plan.v_rows // cfg["BM"]) * cfg["BM"]
+            table[start:] = table[start:].roll(1)
+        else:
+            column = int(part == "tap_rectangle")
+            table[:, column] = table[:, column].roll(1)
         return table
     monkeypatch.setattr(bitserial_emu, "row_table", shifted)
     assert not _check(wl, cfg, seed=3)
@@ -280,7 +304,7 @@ def test_row_table_only_in_tap_shift_kernels():
     the per-pixel popcount table (whose sums need each row's pixel)."""
     wl = conv(B1, B1, EPILOGUES[5], N=2, H=8, W=8, C=64, K=64)
     space = BITSERIAL.space(wl, "sm_90a")
-    assert space.knob("ROW_TABLE").values == (0, 1)
+    assert space.knob("ROW_TABLE").values == (0, 1, 2)
     assert BITSERIAL.space(wl, "sm_80").knob("ROW_TABLE").values == (0,)
     cfg = _shift_config(wl, {"ROW_TABLE": 1})
     assert space.is_valid(cfg)
@@ -292,6 +316,11 @@ def test_row_table_only_in_tap_shift_kernels():
     kept = table[:, 0] < bitserial.conv_shape(wl).rows
     assert sorted(table[kept, 0].tolist()) == list(range(2 * 8 * 8))  # each output row once
     assert bitserial.row_table(wl, cfg.replace(ROW_TABLE=0), "cpu") is None
+    both = bitserial.row_table(wl, cfg.replace(ROW_TABLE=2), "cpu")
+    assert torch.equal(both[:table.numel()], table.flatten())
+    pix = both[table.numel():]  # virtual input position f at f + BASE: each pixel once
+    assert sorted(pix[pix >= 0].tolist()) == list(range(2 * 8 * 8))
+    assert pix[:plan.base].eq(-1).all()  # positions before the first image
 
 
 # ---------------------------------------------------------------- GPU: bit-exact

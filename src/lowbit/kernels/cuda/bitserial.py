@@ -32,7 +32,9 @@ only), TAP_SHIFT (1: wgmma convs of stride 1 on C <= 64 or a multiple of 128 cha
 in a zero-margined virtual pixel grid, each tap's A operand a descriptor view into the block's
 one input slab: no im2col copies, `tap_shift.py`; KT=1; STAGES=3, or with PERSIST=1 (weights
 resident, three slab buffers) 4: the next tile's MMAs in a second accumulator set during this
-tile's epilogue).
+tile's epilogue), ROW_TABLE (TAP_SHIFT=1 without ROWSUM="table": 0 works out each row's
+output row and tap rectangle from its virtual row in the epilogue; 1 reads them from a per-row
+table that bind fills from the geometry; 2 also reads each slab copy's input pixel from one).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from ...reference.bitserial import plane_coefficients
 from ...reference.epilogue import INT32_MAX, THRESHOLD_MAX_BITS, requant_thresholds
 from ..base import NUM_SMS, KernelTemplate
 from .nvrtc import DEFAULT_ARCH, CudaKernel, compile_cubin, device_arch
-from .tap_shift import group_words, render_tables, shift_plan
+from .tap_shift import ShiftPlan, group_words, render_tables, shift_plan
 from .tap_shift import unsupported_reason as shift_unsupported_reason
 
 MAX_BITS = 4          # per operand; wider precisions belong to the int8 path
@@ -272,7 +274,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "HALO": config["HALO"], "ROWSUM_TABLE": int(rowsum_table(config)),
         "ROWSUM_SLAB": int(rowsum_slab(config)),
         "SPLIT_K": split_k(config), "TAP_SHIFT": int(tap_shift(config)),
-        "ROW_TABLE": int(uses_row_table(config)),
+        "ROW_TABLE": int(config.get("ROW_TABLE", 0)),
         "HALO_WORDS": halo_rows(sh, config["BM"]) * sh.w * sh.words if config["HALO"] else 0,
         "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh), "KPAD": wsum_columns(sh),
         "WSUM0": wsum_start(sh),
@@ -306,7 +308,8 @@ def tap_shift(config: Mapping) -> bool:
 
 def uses_row_table(config: Mapping) -> bool:
     """The epilogue reads each row's output row and tap rectangle from a table (knob
-    ROW_TABLE=1, TAP_SHIFT=1 kernels) instead of working them out from the virtual row."""
+    ROW_TABLE=1 or 2, TAP_SHIFT=1 kernels) instead of working them out from the virtual row;
+    with 2 the slab copies read their input pixels from one too."""
     return bool(config.get("ROW_TABLE", 0))
 
 
@@ -315,12 +318,29 @@ def row_table(wl: Workload, config: Mapping, device: torch.device | str
     """ROW_TABLE=1: int32 [row tiles * BM, 2], for every virtual row v of the tap-shift grid
     its output row (M_ROWS where v lies in the margin or past the last image: dropped) and the
     id of its tap rectangle (the taps whose input lies inside the image; the kernel's
-    `rect_id` of `tap_range` on both axes). Depends on the geometry alone; None otherwise."""
+    `rect_id` of `tap_range` on both axes). ROW_TABLE=2: flat, followed by the input pixel of
+    every virtual input position f >= -BASE a slab copy reads, at f + BASE (-1 in the margin,
+    before the first image or past the last: copied as zeros). Depends on the geometry alone;
+    None without ROW_TABLE."""
     if not uses_row_table(config):
         return None
     sh = conv_shape(wl)
     plan = shift_plan(sh, config["BM"])
-    v = torch.arange(-(-plan.v_rows // config["BM"]) * config["BM"], device=device)
+    rows = _row_entries(sh, plan, config["BM"], device)
+    if config["ROW_TABLE"] < 2:
+        return rows
+    f = torch.arange(rows.shape[0] + plan.slab_pix + plan.per_entry, device=device) - plan.base
+    col, t = f % plan.vq, torch.div(f, plan.vq, rounding_mode="floor")
+    y, n = t % plan.vp, torch.div(t, plan.vp, rounding_mode="floor")
+    inside = (n >= 0) & (n < sh.nb) & (y < sh.h) & (col < sh.w)
+    pix = torch.where(inside, (n * sh.h + y) * sh.w + col, torch.full_like(f, -1))
+    return torch.cat([rows.flatten(), pix.to(torch.int32)])
+
+
+def _row_entries(sh: Shape, plan: ShiftPlan, bm: int, device: torch.device | str
+                 ) -> torch.Tensor:
+    """ROW_TABLE's [row tiles * BM, 2] {output row, tap rectangle id} part (row_table)."""
+    v = torch.arange(-(-plan.v_rows // bm) * bm, device=device)
     col, t = v % plan.vq, v // plan.vq
     y, n = t % plan.vp, t // plan.vp
     inside = (n < sh.nb) & (y < sh.p) & (col < sh.q)
@@ -699,7 +719,8 @@ def _constraints(wl: Workload) -> list:
         if rowsum_slab(c) and not (tap_shift(c) and c["PERSIST"] and c["STAGES"] == 3):
             return "ROWSUM='slab' is implemented in the persistent TAP_SHIFT=1 kernel, STAGES=3"
         if uses_row_table(c) and not (tap_shift(c) and not rowsum_table(c)):
-            return "ROW_TABLE=1 is implemented in the TAP_SHIFT=1 kernels, without ROWSUM='table'"
+            return ("ROW_TABLE=1 and 2 are implemented in the TAP_SHIFT=1 kernels, without "
+                    "ROWSUM='table'")
         return None
 
     def copies(c: Config) -> str | None:
@@ -814,7 +835,8 @@ class BitserialTemplate(KernelTemplate):
                  Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
                  Knob("ROWSUM", ("mma", "table", "slab")
                       if workload.w.encoding is Encoding.BINARY else ("mma",)),
-                 Knob("ROW_TABLE", self._tap_shift_values(workload, arch)),
+                 Knob("ROW_TABLE", (0, 1, 2) if 1 in self._tap_shift_values(workload, arch)
+                      else (0,)),
                  requant_knob(workload),
                  Knob("SPLIT_K", split_k_values(workload))]
         return ConfigSpace(knobs, _constraints(workload))

@@ -60,6 +60,8 @@ constexpr int PACK_WORDS = OUT_BITS * BM * BLOCK_WORDS;
 constexpr int N_COL_TILES = (KOUT + BN - 1) / BN;
 constexpr int ROW_TILES = (int)((V_ROWS + BM - 1) / BM);  // V_ROWS: TAP_SHIFT's rows, else M_ROWS
 constexpr int N_TILES = N_COL_TILES * ROW_TILES;
+// ROW_TABLE=2: the slab copies' input pixels follow the rows' {output row, rect} entries
+constexpr int VPIX0 = ROW_TABLE >= 2 ? (int)(2 * ROW_TILES * BM) : 0;
 // Split-K (SPLIT_K > 1, one-tile-per-block kernels; the space allows it on mma.sync only):
 // block z of a tile reduces k tiles [z * KTILES_PER_SPLIT, ...) and stores its k-linear partial
 // sums to the workspace slice z of ROW_TILES * BM x WS_COLS (the padded tile grid: no guards);

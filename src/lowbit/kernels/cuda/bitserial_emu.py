@@ -80,6 +80,7 @@ static inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fet
 static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 static inline uint2 __ldcg(const uint2* p) { return *p; }
 static inline int2 __ldg(const int2* p) { return *p; }
+static inline int __ldg(const int* p) { return *p; }
 static std::atomic<int> emu_or_flag;
 static inline int __syncthreads_or(int pred) {
   emu->bar->arrive_and_wait();  // every thread has read the previous result

@@ -43,33 +43,58 @@ __device__ __forceinline__ int slab_pixel(VPos p) {
 constexpr int SLAB_COPIES = SLAB_PIX * GROUP_CHUNKS * PER_ENTRY;
 constexpr int SLAB_SLOTS = (SLAB_COPIES + THREADS - 1) / THREADS;
 constexpr int COPY_WORDS = 4 / PER_ENTRY;  // CW, or 4 (one 16-byte chunk) for C >= 128
+// ROW_TABLE=2: each copy's input pixel from the bound table of virtual input positions
+// (bitserial.row_table, after the rows' entries: vpix[f + SHIFT_BASE] = pixel of position f,
+// -1 in the margin) instead of carries and bounds tests (~30 instructions per copy, two to
+// three copies per thread and tile at C = 64). off[k]: copy k's position offset from the
+// tile's first row plus SHIFT_BASE; d[k]: the same split into (image, row, column).
+constexpr bool SLAB_TABLE = ROW_TABLE >= 2;
 struct SlabSlots {
   VPos d[SLAB_SLOTS];
+  int off[SLAB_SLOTS];
 };
 __device__ __forceinline__ SlabSlots slab_slots(int tid) {
   SlabSlots s;
 #pragma unroll
   for (int k = 0; k < SLAB_SLOTS; ++k) {
     const int idx = tid + k * THREADS;
-    s.d[k] = vpos_floor(idx / PER_ENTRY % SLAB_PIX + idx % PER_ENTRY - SHIFT_BASE);
+    s.off[k] = idx / PER_ENTRY % SLAB_PIX + idx % PER_ENTRY;
+    s.d[k] = vpos_floor(s.off[k] - SHIFT_BASE);
+  }
+  return s;
+}
+// The input pixel of each of this thread's copies of row tile t's slab (-1: zeros).
+struct SlabPix {
+  int p[SLAB_SLOTS];
+};
+__device__ __forceinline__ SlabPix slab_pixels(const int* __restrict__ vpix, int t,
+                                               const SlabSlots& slots, int tid) {
+  SlabPix s;
+  const VPos t0 = vpos(t * BM);
+#pragma unroll
+  for (int k = 0; k < SLAB_SLOTS; ++k) {
+    if constexpr (SLAB_TABLE)
+      s.p[k] = t < ROW_TILES && tid + k * THREADS < SLAB_COPIES ? __ldg(vpix + t * BM + slots.off[k]) : -1;
+    else
+      s.p[k] = slab_pixel(vpos_add(t0, slots.d[k]));
   }
   return s;
 }
 
-// cp.async the slab of channel group `grp` for the block whose first row is at t0 (every
+// cp.async the slab of channel group `grp` whose copies' input pixels are `pix` (every
 // activation plane; zeros at padding and margins).
-__device__ __forceinline__ void load_slab(const u32* __restrict__ x, u32* sa, VPos t0, int grp,
-                                          const SlabSlots& slots, int tid) {
+__device__ __forceinline__ void load_slab(const u32* __restrict__ x, u32* sa, const SlabPix& pix,
+                                          int grp, int tid) {
   const int chunks = CHUNKS - 2 * grp < GROUP_CHUNKS ? CHUNKS - 2 * grp : GROUP_CHUNKS;
 #pragma unroll
   for (int k = 0; k < SLAB_SLOTS; ++k) {
     const int idx = tid + k * THREADS, lc = idx / (PER_ENTRY * SLAB_PIX);
     if (idx >= SLAB_COPIES || lc >= chunks) continue;
-    const int pix = slab_pixel(vpos_add(t0, slots.d[k]));
-    const int src = pix < 0 ? 0 : pix * CW + (CW >= 4 ? 4 * (2 * grp + lc) : 0);
+    const int p = pix.p[k];
+    const int src = p < 0 ? 0 : p * CW + (CW >= 4 ? 4 * (2 * grp + lc) : 0);
 #pragma unroll
     for (int i = 0; i < Q_BITS; ++i)
-      copy_async(sa + idx * COPY_WORDS + i * A_SHIFT_PLANE, x + i * X_PLANE + src, pix >= 0);
+      copy_async(sa + idx * COPY_WORDS + i * A_SHIFT_PLANE, x + i * X_PLANE + src, p >= 0);
   }
 }
 
@@ -234,11 +259,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift(BITS
   u32* slabs = smem + GROUPS * B_GROUP_WORDS;
   u32* ones = smem + ONES_OFFSET;
   fill_shift_ones(ones, tid);
-  const SlabSlots slots = slab_slots(tid);
-  const VPos t0 = vpos(m0);
+  const SlabPix pix = slab_pixels(vrows + VPIX0, blockIdx.y, slab_slots(tid), tid);
 #pragma unroll
   for (int grp = 0; grp < GROUPS; ++grp) {
-    load_slab(x, slabs + grp * A_GROUP_WORDS, t0, grp, slots, tid);
+    load_slab(x, slabs + grp * A_GROUP_WORDS, pix, grp, tid);
     load_group_weights(w, weights + grp * B_GROUP_WORDS, n0, grp, tid);
     copy_commit();
   }
@@ -263,14 +287,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift(BITS
   tile_epilogue(acc, rsum, m0, n0, wg_m * 64 + (warp & 3) * 16, wg_n * WN, lane, tid, ea, smem);
 }
 
-// cp.async every channel group's slab of row tile t (nothing past the last tile) as one copy
-// group.
+// cp.async every channel group's slab of row tile t (nothing past the last tile; its copies'
+// input pixels `pix`) as one copy group.
 __device__ __forceinline__ void load_slabs(const u32* __restrict__ x, u32* slabs, int t,
-                                           const SlabSlots& slots, int tid) {
+                                           const SlabPix& pix, int tid) {
   if (t < ROW_TILES) {
-    const VPos t0 = vpos(t * BM);
 #pragma unroll
-    for (int grp = 0; grp < GROUPS; ++grp) load_slab(x, slabs + grp * A_GROUP_WORDS, t0, grp, slots, tid);
+    for (int grp = 0; grp < GROUPS; ++grp) load_slab(x, slabs + grp * A_GROUP_WORDS, pix, grp, tid);
   }
   copy_commit();
 }
@@ -319,6 +342,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
   u32* s_out = reinterpret_cast<u32*>(pop + POP_BUFFERS * POP_WORDS);  // apart: slabs load
   fill_shift_ones(ones, tid);
   const SlabSlots slots = slab_slots(tid);
+  const int* vpix = vrows + VPIX0;
 #pragma unroll
   for (int grp = 0; grp < GROUPS; ++grp)
     load_group_weights(w, weights + grp * B_GROUP_WORDS, n0, grp, tid);
@@ -326,7 +350,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
   constexpr int AHEAD = PINGPONG ? SLAB_BUFFERS : SLAB_BUFFERS - 1;  // slabs loaded up front
 #pragma unroll
   for (int b = 0; b < AHEAD; ++b)  // the first with the weights: one copy group each
-    load_slabs(x, slabs + b * SLABS_WORDS, tile + b * step, slots, tid);
+    load_slabs(x, slabs + b * SLABS_WORDS, tile + b * step,
+               slab_pixels(vpix, tile + b * step, slots, tid), tid);
+  // SLAB_TABLE: the pixels of the slab the loop loads next, fetched an iteration early
+  SlabPix pix_ahead = slab_pixels(vpix, tile + AHEAD * step, slots, tid);
   const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
   const int row0 = wg_m * 64 + (warp & 3) * 16, col0 = wg_n * WN;
   VPos lane_d[MT][2];  // this lane's rows' offsets from a tile's first row
@@ -367,11 +394,19 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
         rows = shift_rows(tile, lane_d, n0, row0, col0, lane, ea);
         wgmma_wait<1>();   // this tile's MMAs are done
         __syncthreads();   // every warpgroup's MMAs are done with this tile's slab
-        load_slabs(x, slab, tile + SLAB_BUFFERS * step, slots, tid);
+        load_slabs(x, slab, tile + SLAB_BUFFERS * step,
+                   slab_pixels(vpix, tile + SLAB_BUFFERS * step, slots, tid), tid);
       } else {
         shift_tile_mma(cur, cur_rs, slab, weights, ones, wg_m, wg_n);
         // while the MMAs run: the slab two tiles on, into the buffer the previous tile released
-        load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS, tile + 2 * step, slots, tid);
+        if constexpr (SLAB_TABLE) {
+          load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS, tile + 2 * step,
+                     pix_ahead, tid);
+          pix_ahead = slab_pixels(vpix, tile + 3 * step, slots, tid);
+        } else {
+          load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS, tile + 2 * step,
+                     slab_pixels(vpix, tile + 2 * step, slots, tid), tid);
+        }
         if constexpr (POP_OWN) {  // the next tile's slab (garbage past the last: never read)
           copy_wait<1>();
           own_slab_popcounts(slabs + ((it + 1) % SLAB_BUFFERS) * SLABS_WORDS,
