@@ -150,11 +150,11 @@ def candidates(wl: Workload, n: int, persist: bool = True) -> list[Config]:
 
 def shift_candidates(space) -> list[Config]:
     """One TAP_SHIFT=1 config per block tile shape (BM, BN, WN), PERSIST and STAGES (32-byte
-    swizzled B, row sums by MMA, REQUANT "threshold" where offered), each followed by its
-    ROWSUM="slab" twin where valid: the estimate above does not model the tap-shift kernels,
-    so every shape is timed."""
+    swizzled B, row sums by MMA, rows from the table: ROW_TABLE=1, REQUANT "threshold" where
+    offered), each followed by its ROWSUM="slab" twin where valid: the estimate above does not
+    model the tap-shift kernels, so every shape is timed."""
     shifted = [c for c in space if c["TAP_SHIFT"] and c["SWIZZLE"] == 32
-               and c["ROWSUM"] == "mma"]
+               and c["ROWSUM"] == "mma" and c["ROW_TABLE"] == 1]
     requant = "threshold" if any(c["REQUANT"] == "threshold" for c in shifted) else "multiply"
     shapes = {(c["BM"], c["BN"], c["WN"], c["PERSIST"], c["STAGES"]): c for c in shifted
               if c["REQUANT"] == requant}

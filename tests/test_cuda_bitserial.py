@@ -370,6 +370,25 @@ def test_bit_exact_split_k(case):
         assert torch.equal(got, want), (wl.key, dict(cfg))
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("wb,ab", [(1, 1), (1, 2), (2, 1), (3, 3)])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bit_exact_row_table(wb, ab, variant):
+    """ROW_TABLE=1 (rows' output rows and tap rectangles from the bound table) on each kernel
+    variant, both encodings per operand, stride 1 and 2 with padding, thresholds where the
+    output allows and multiplying requantization."""
+    for combo in range(4):
+        w_prec, a_prec = encodings(wb)[combo // 2], encodings(ab)[combo % 2]
+        wl = conv(w_prec, a_prec, EPILOGUES[(wb + ab + combo) % len(EPILOGUES)], N=2, H=9, W=7,
+                  C=96, K=70, stride=1 + combo % 2)
+        cfg = _config(wl, variant)
+        if cfg is None:
+            continue
+        for requant in {"multiply", BITSERIAL.default_config(wl)["REQUANT"]}:
+            _assert_exact(wl, cfg.replace(ROW_TABLE=1, REQUANT=requant), seed=combo)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bound_launcher_keeps_the_weight_tables_of_bind_time():

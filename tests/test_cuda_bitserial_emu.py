@@ -104,6 +104,22 @@ CASES = [
      "mma_sync", {"SPLIT_K": 2, "ROWSUM": "table", "BN": 32, "WN": 16}),
     ("mma_split8_gemm_s2b1_int32", gemm(S2, B1, EPILOGUES[0], M=40, N=45, K=4090),
      "mma_sync", {"SPLIT_K": 8, "KT": 1}),
+    # ROW_TABLE=1: each row's output row and tap rectangle from the bound table: several m16
+    # tiles per warp with stride 2 and border sums, persistent blocks over many tiles, wide
+    # rows with thresholds, split-K with border sums, a GEMM
+    ("mma_rowtable_stride2_b1b1", conv(B1, B1, EPILOGUES[1], N=2, H=7, W=6, C=33, K=37,
+                                       stride=2), "mma_sync", {"ROW_TABLE": 1}),
+    ("wgmma_rowtable_persistent_s2b1", conv(S2, B1, EPILOGUES[5], N=2, H=9, W=8, C=40, K=130),
+     "wgmma", {"PERSIST": 1, "BM": 64, "BN": 64, "WN": 64, "ROW_TABLE": 1,
+               "REQUANT": "threshold"}),
+    ("wgmma_rowtable_wide_rows_threshold", conv(B1, B1, EPILOGUES[5], N=1, H=4, W=40, C=32,
+                                                K=24), "wgmma",
+     {"REQUANT": "threshold", "ROW_TABLE": 1}),
+    ("mma_rowtable_split8_b1b1_border", conv(B1, B1, EPILOGUES[5], N=1, H=5, W=9, C=448,
+                                             K=33), "mma_sync",
+     {"SPLIT_K": 8, "KT": 1, "ROW_TABLE": 1}),
+    ("gemm_rowtable_wgmma_b1b1", gemm(B1, B1, EPILOGUES[1], M=70, N=64, K=512), "wgmma",
+     {"ROW_TABLE": 1}),
 ]
 
 

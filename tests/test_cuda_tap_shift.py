@@ -299,17 +299,19 @@ def test_emulation_catches_a_wrong_row_table(part, monkeypatch):
     assert not _check(wl, cfg, seed=3)
 
 
-def test_row_table_only_in_tap_shift_kernels():
-    """ROW_TABLE is offered where TAP_SHIFT is, and valid only with TAP_SHIFT=1 and without
-    the per-pixel popcount table (whose sums need each row's pixel)."""
+def test_row_table_values_and_constraints():
+    """ROW_TABLE 1 everywhere, 2 (the slab pixels) where TAP_SHIFT is offered and valid only
+    with TAP_SHIFT=1; neither with the per-pixel popcount table (whose sums need each row's
+    pixel)."""
     wl = conv(B1, B1, EPILOGUES[5], N=2, H=8, W=8, C=64, K=64)
     space = BITSERIAL.space(wl, "sm_90a")
     assert space.knob("ROW_TABLE").values == (0, 1, 2)
-    assert BITSERIAL.space(wl, "sm_80").knob("ROW_TABLE").values == (0,)
+    assert BITSERIAL.space(wl, "sm_80").knob("ROW_TABLE").values == (0, 1)
     cfg = _shift_config(wl, {"ROW_TABLE": 1})
-    assert space.is_valid(cfg)
-    for bad in (cfg.replace(TAP_SHIFT=0), cfg.replace(ROWSUM="table")):
-        assert "ROW_TABLE=1" in space.why_invalid(bad)
+    assert space.is_valid(cfg) and space.is_valid(cfg.replace(ROW_TABLE=2))
+    assert space.is_valid(cfg.replace(TAP_SHIFT=0, KT=2))
+    assert "ROW_TABLE=2" in space.why_invalid(cfg.replace(ROW_TABLE=2, TAP_SHIFT=0, KT=2))
+    assert "ROWSUM='table'" in space.why_invalid(cfg.replace(ROWSUM="table"))
     table = bitserial.row_table(wl, cfg, "cpu")
     plan = tap_shift.shift_plan(bitserial.conv_shape(wl), cfg["BM"])
     assert table.shape == (-(-plan.v_rows // cfg["BM"]) * cfg["BM"], 2)

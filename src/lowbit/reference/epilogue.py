@@ -13,9 +13,13 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 def requantize(y: torch.Tensor, multiplier: torch.Tensor, shift: torch.Tensor,
                qmin: int, qmax: int) -> torch.Tensor:
-    """clamp((y * m + 2^(s-1)) >> s, qmin, qmax) in exact int64 (round half up)."""
+    """clamp((y * m + 2^(s-1)) >> s, qmin, qmax), exact (round half up) for |y| < 2^32 (an
+    int32 accumulator plus an int32 bias), m < 2^31, 1 <= s <= 62. The rounding term is added to
+    the low s bits of y * m alone: y * m + 2^(s-1) itself can pass 2^63 there."""
     m, s = multiplier.to(torch.int64), shift.to(torch.int64)
-    return ((y * m + (1 << (s - 1))) >> s).clamp(qmin, qmax)
+    q = y * m
+    low = q & ((1 << s) - 1)
+    return ((q >> s) + ((low + (1 << (s - 1))) >> s)).clamp(qmin, qmax)
 
 
 #: widest requantized output whose epilogue kernels may run as thresholds (2^bits - 1 compares)

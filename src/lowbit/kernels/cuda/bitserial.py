@@ -32,9 +32,9 @@ only), TAP_SHIFT (1: wgmma convs of stride 1 on C <= 64 or a multiple of 128 cha
 in a zero-margined virtual pixel grid, each tap's A operand a descriptor view into the block's
 one input slab: no im2col copies, `tap_shift.py`; KT=1; STAGES=3, or with PERSIST=1 (weights
 resident, three slab buffers) 4: the next tile's MMAs in a second accumulator set during this
-tile's epilogue), ROW_TABLE (TAP_SHIFT=1 without ROWSUM="table": 0 works out each row's
-output row and tap rectangle from its virtual row in the epilogue; 1 reads them from a per-row
-table that bind fills from the geometry; 2 also reads each slab copy's input pixel from one).
+tile's epilogue), ROW_TABLE (without ROWSUM="table": 0 works out each row's output row and
+tap rectangle from its row index in the epilogue; 1 reads them from a per-row table that bind
+fills from the geometry; 2, TAP_SHIFT=1 only, also each slab copy's input pixel).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from ...reference.bitserial import plane_coefficients
 from ...reference.epilogue import INT32_MAX, THRESHOLD_MAX_BITS, requant_thresholds
 from ..base import NUM_SMS, KernelTemplate
 from .nvrtc import DEFAULT_ARCH, CudaKernel, compile_cubin, device_arch
-from .tap_shift import ShiftPlan, group_words, render_tables, shift_plan
+from .tap_shift import group_words, render_tables, shift_plan
 from .tap_shift import unsupported_reason as shift_unsupported_reason
 
 MAX_BITS = 4          # per operand; wider precisions belong to the int8 path
@@ -308,15 +308,16 @@ def tap_shift(config: Mapping) -> bool:
 
 def uses_row_table(config: Mapping) -> bool:
     """The epilogue reads each row's output row and tap rectangle from a table (knob
-    ROW_TABLE=1 or 2, TAP_SHIFT=1 kernels) instead of working them out from the virtual row;
-    with 2 the slab copies read their input pixels from one too."""
+    ROW_TABLE=1 or 2) instead of working them out from the (virtual) row; with 2 the slab
+    copies of a TAP_SHIFT=1 kernel read their input pixels from one too."""
     return bool(config.get("ROW_TABLE", 0))
 
 
 def row_table(wl: Workload, config: Mapping, device: torch.device | str
               ) -> torch.Tensor | None:
-    """ROW_TABLE=1: int32 [row tiles * BM, 2], for every virtual row v of the tap-shift grid
-    its output row (M_ROWS where v lies in the margin or past the last image: dropped) and the
+    """ROW_TABLE=1: int32 [row tiles * BM, 2], for every row v the blocks tile (the output rows,
+    or the tap-shift grid's virtual rows) its output row (M_ROWS where v lies in the margin or
+    past the last image: dropped) and the
     id of its tap rectangle (the taps whose input lies inside the image; the kernel's
     `rect_id` of `tap_range` on both axes). ROW_TABLE=2: flat, followed by the input pixel of
     every virtual input position f >= -BASE a slab copy reads, at f + BASE (-1 in the margin,
@@ -325,8 +326,10 @@ def row_table(wl: Workload, config: Mapping, device: torch.device | str
     if not uses_row_table(config):
         return None
     sh = conv_shape(wl)
+    if not tap_shift(config):  # the output rows themselves
+        return _row_entries(sh, sh.q, sh.p, sh.rows, config["BM"], device)
     plan = shift_plan(sh, config["BM"])
-    rows = _row_entries(sh, plan, config["BM"], device)
+    rows = _row_entries(sh, plan.vq, plan.vp, plan.v_rows, config["BM"], device)
     if config["ROW_TABLE"] < 2:
         return rows
     f = torch.arange(rows.shape[0] + plan.slab_pix + plan.per_entry, device=device) - plan.base
@@ -337,12 +340,13 @@ def row_table(wl: Workload, config: Mapping, device: torch.device | str
     return torch.cat([rows.flatten(), pix.to(torch.int32)])
 
 
-def _row_entries(sh: Shape, plan: ShiftPlan, bm: int, device: torch.device | str
-                 ) -> torch.Tensor:
-    """ROW_TABLE's [row tiles * BM, 2] {output row, tap rectangle id} part (row_table)."""
-    v = torch.arange(-(-plan.v_rows // bm) * bm, device=device)
-    col, t = v % plan.vq, v // plan.vq
-    y, n = t % plan.vp, t // plan.vp
+def _row_entries(sh: Shape, vq: int, vp: int, v_rows: int, bm: int,
+                 device: torch.device | str) -> torch.Tensor:
+    """ROW_TABLE's [row tiles * BM, 2] {output row, tap rectangle id} part (row_table) for
+    rows v = (n * vp + y) * vq + col: the tap-shift grid's, or the output's (vq, vp = Q, P)."""
+    v = torch.arange(-(-v_rows // bm) * bm, device=device)
+    col, t = v % vq, v // vq
+    y, n = t % vp, t // vp
     inside = (n < sh.nb) & (y < sh.p) & (col < sh.q)
     m = torch.where(inside, (n * sh.p + y) * sh.q + col, torch.full_like(v, sh.rows))
 
@@ -718,9 +722,12 @@ def _constraints(wl: Workload) -> list:
     def rowsums(c: Config) -> str | None:
         if rowsum_slab(c) and not (tap_shift(c) and c["PERSIST"] and c["STAGES"] == 3):
             return "ROWSUM='slab' is implemented in the persistent TAP_SHIFT=1 kernel, STAGES=3"
-        if uses_row_table(c) and not (tap_shift(c) and not rowsum_table(c)):
-            return ("ROW_TABLE=1 and 2 are implemented in the TAP_SHIFT=1 kernels, without "
-                    "ROWSUM='table'")
+        if uses_row_table(c) and rowsum_table(c):
+            return "ROW_TABLE=1 and 2 keep no row's pixel: not with ROWSUM='table'"
+        if c.get("ROW_TABLE", 0) == 2 and not tap_shift(c):
+            return "ROW_TABLE=2 (the slab copies' pixels) is a TAP_SHIFT=1 kernel's"
+        if uses_row_table(c) and block_rows(wl, c) + 256 >= 2**31:
+            return "too many rows for ROW_TABLE's 32-bit row indices"
         return None
 
     def copies(c: Config) -> str | None:
@@ -836,7 +843,7 @@ class BitserialTemplate(KernelTemplate):
                  Knob("ROWSUM", ("mma", "table", "slab")
                       if workload.w.encoding is Encoding.BINARY else ("mma",)),
                  Knob("ROW_TABLE", (0, 1, 2) if 1 in self._tap_shift_values(workload, arch)
-                      else (0,)),
+                      else (0, 1)),
                  requant_knob(workload),
                  Knob("SPLIT_K", split_k_values(workload))]
         return ConfigSpace(knobs, _constraints(workload))

@@ -50,7 +50,8 @@ constexpr bool NEED_ROWSUM = W_BETA != 0;      // binary weights: sum_i c_i popc
 // (TAP_SHIFT=1 persistent kernels): from the popcounts of the block's input slab, summed over
 // each row's taps while the tile's MMAs run (bitserial_wgmma_shift.cu).
 constexpr bool ROWSUM_MMA = NEED_ROWSUM && !ROWSUM_TABLE && !ROWSUM_SLAB;
-static_assert(!ROW_TABLE || (TAP_SHIFT && !ROWSUM_TABLE), "ROW_TABLE: TAP_SHIFT=1, no xpop sums");
+static_assert(!(ROW_TABLE && ROWSUM_TABLE) && (ROW_TABLE < 2 || TAP_SHIFT),
+              "ROW_TABLE: not with the xpop sums; 2: TAP_SHIFT=1 (bitserial.py)");
 constexpr i64 PIXELS = (i64)NB * H * W;        // input pixels per activation plane
 // Bit-plane output: a warp owning whole 32-column words packs them in registers; narrower warp
 // tiles OR their bits into a shared-memory tile of the block's words first.
@@ -733,11 +734,11 @@ __device__ __forceinline__ RowPrep epilogue_rows(const LaneRows& pos, int n0, in
     }
   return rows;
 }
-// ROW_TABLE (TAP_SHIFT=1 without ROWSUM="table"): the same from the per-row table that bind
-// fills from the geometry alone (bitserial.row_table): one 8-byte load per row instead of
-// splitting the virtual row into (image, row, column), the margin test and the tap ranges
-// (~40 instructions per row, a fifth of a 32-output lane's epilogue at C = 64). v0: the
-// warp's first row in the virtual grid.
+// ROW_TABLE (without ROWSUM="table"): the same from the per-row table that bind fills from the
+// geometry alone (bitserial.row_table): one 8-byte load per row instead of splitting the
+// (virtual) row into (image, row, column), the margin test and the tap ranges (~40
+// instructions per row, a fifth of a 32-output lane's tap-shift epilogue at C = 64). v0: the
+// warp's first row (TAP_SHIFT: in the virtual grid).
 __device__ __forceinline__ RowPrep table_rows(int v0, int n0, int col0, int lane,
                                               const EpilogueArgs& ea) {
   const int col_base = n0 + col0 + 2 * (lane & 3);
