@@ -333,11 +333,18 @@ def row_table(wl: Workload, config: Mapping, device: torch.device | str
     if config["ROW_TABLE"] < 2:
         return rows
     f = torch.arange(rows.shape[0] + plan.slab_pix + plan.per_entry, device=device) - plan.base
-    col, t = f % plan.vq, torch.div(f, plan.vq, rounding_mode="floor")
-    y, n = t % plan.vp, torch.div(t, plan.vp, rounding_mode="floor")
+    n, y, col = _grid_coords(f, plan.vq, plan.vp)
     inside = (n >= 0) & (n < sh.nb) & (y < sh.h) & (col < sh.w)
     pix = torch.where(inside, (n * sh.h + y) * sh.w + col, torch.full_like(f, -1))
     return torch.cat([rows.flatten(), pix.to(torch.int32)])
+
+
+def _grid_coords(v: torch.Tensor, vq: int, vp: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(n, y, col) of v = (n * vp + y) * vq + col, 0 <= y < vp, 0 <= col < vq, floor-wise (the
+    kernel's vpos_floor: n < 0 before the grid)."""
+    t = v // vq  # torch's // floors, like Python's
+    return t // vp, t % vp, v % vq
 
 
 def _row_entries(sh: Shape, vq: int, vp: int, v_rows: int, bm: int,
@@ -345,8 +352,7 @@ def _row_entries(sh: Shape, vq: int, vp: int, v_rows: int, bm: int,
     """ROW_TABLE's [row tiles * BM, 2] {output row, tap rectangle id} part (row_table) for
     rows v = (n * vp + y) * vq + col: the tap-shift grid's, or the output's (vq, vp = Q, P)."""
     v = torch.arange(-(-v_rows // bm) * bm, device=device)
-    col, t = v % vq, v // vq
-    y, n = t % vp, t // vp
+    n, y, col = _grid_coords(v, vq, vp)
     inside = (n < sh.nb) & (y < sh.p) & (col < sh.q)
     m = torch.where(inside, (n * sh.p + y) * sh.q + col, torch.full_like(v, sh.rows))
 
@@ -634,9 +640,10 @@ class BitserialKernel:
             if wtap is not None:
                 self._wtap.launch(wtap_blocks, WTAP_THREADS, [w, thr, wtap])
 
-        refresh_tables()
-        # done before any launch on another stream (CUDA-graph timing captures on a side one)
-        torch.cuda.current_stream(x.device).synchronize()
+        if wtap is not None:
+            refresh_tables()
+            # done before any launch on another stream (CUDA-graph timing captures on a side one)
+            torch.cuda.current_stream(x.device).synchronize()
 
         def launch() -> torch.Tensor:
             if xpop is not None:

@@ -70,13 +70,14 @@ struct SlabPix {
 __device__ __forceinline__ SlabPix slab_pixels(const int* __restrict__ vpix, int t,
                                                const SlabSlots& slots, int tid) {
   SlabPix s;
-  const VPos t0 = vpos(t * BM);
+  if constexpr (SLAB_TABLE) {
 #pragma unroll
-  for (int k = 0; k < SLAB_SLOTS; ++k) {
-    if constexpr (SLAB_TABLE)
+    for (int k = 0; k < SLAB_SLOTS; ++k)
       s.p[k] = t < ROW_TILES && tid + k * THREADS < SLAB_COPIES ? __ldg(vpix + t * BM + slots.off[k]) : -1;
-    else
-      s.p[k] = slab_pixel(vpos_add(t0, slots.d[k]));
+  } else {
+    const VPos t0 = vpos(t * BM);
+#pragma unroll
+    for (int k = 0; k < SLAB_SLOTS; ++k) s.p[k] = slab_pixel(vpos_add(t0, slots.d[k]));
   }
   return s;
 }
