@@ -318,6 +318,22 @@ def with_twins(wl: Workload, configs: list[Config]) -> list[Config]:
     return out
 
 
+def listed_configs(wl: Workload, listed: list[dict], name: str, prec: str) -> list[Config]:
+    """The valid configs of `listed` ({workload, precision, config}: knob overrides of the
+    wgmma default) for this row; an invalid one is reported and left out."""
+    space, out = BITSERIAL.space(wl), []
+    for entry in listed:
+        if (entry["workload"], entry["precision"]) != (name, prec):
+            continue
+        cfg = BITSERIAL.default_config(wl, "wgmma").replace(**entry["config"])
+        why = space.why_invalid(cfg)
+        if why is None:
+            out.append(cfg)
+        else:
+            print(f"{name} {prec}: listed config not in the space ({why}): {cfg.to_json()}")
+    return out
+
+
 def exact_tries(row: dict) -> list[dict]:
     """A result row's timed bit-exact tries ({config, us, exact}), fastest first."""
     return sorted((t for t in row.get("tried", []) if t.get("exact") and t.get("us")),
@@ -375,6 +391,9 @@ def main() -> None:
                          "their ROWSUM, REQUANT and ROW_TABLE twins")
     ap.add_argument("--configs-per-row", type=int, default=3,
                     help="how many of each earlier row's fastest configs --configs re-times")
+    ap.add_argument("--extra-configs", type=Path, default=None,
+                    help="JSON list of {workload, precision, config}: each config (knob "
+                         "overrides of the row's wgmma default) is timed too, as listed")
     ap.add_argument("--focus", action="store_true",
                     help="time only the default config and the --configs ones with twins")
     args = ap.parse_args()
@@ -383,6 +402,7 @@ def main() -> None:
 
     int8_tuned = timed_bests(args.int8_timed)
     earlier = earlier_bests(args.configs, args.configs_per_row)
+    listed = json.loads(args.extra_configs.read_text()) if args.extra_configs else []
     measurer = None
     if args.tune_trials:
         from lowbit.tune import LocalMeasurer
@@ -412,6 +432,7 @@ def main() -> None:
                        "floor_us": workload_floor_us(wl, "bitserial", peaks)}
                 try:
                     extra = with_twins(wl, earlier.get((name, prec), []))
+                    extra += listed_configs(wl, listed, name, prec)
                     if measurer is not None:
                         row["tuned"] = tuned_bitserial(wl, args.tune_trials,
                                                        args.tune_budget_s, measurer)

@@ -49,7 +49,8 @@
 #                ..." overrides the rows; PROBE_VARIANTS="base no_rowsum ..." the variants) (240)
 #   bitserial_focus  w1a1/w1a2 rows (FOCUS_LAYERS=a,b; default GEMM 4096, ResNet-50 s2-s5 b256,
 #                the APNN-TC conv): the default config and the FOCUS_CONFIGS (2) fastest committed
-#                ones per row, with their ROWSUM / REQUANT / ROW_TABLE twins            (540)
+#                ones per row, with their ROWSUM / REQUANT / ROW_TABLE twins, and the configs
+#                of EXTRA_CONFIGS (a JSON list, bitserial.py --extra-configs)          (540)
 #   bitserial_ab w1a1/w1a2 GEMM 4096^3 + ResNet-50 s2-s5 b256 (AB_LAYERS=a,b overrides), no
 #                tuning: the hand candidates
 #                (with REQUANT / ROWSUM twins) and the committed rows' 3 best configs with
@@ -155,7 +156,7 @@ for s in "$@"; do
         --budget-s $(( ${LIMIT_bitserial_focus:-540} - 45 )) \
         --partial "$OUT/bitserial-focus-partial.json" \
         --configs $(compgen -G "$GPU_DIR/bitserial-2026112[3-9]-*.json") \
-        --int8-timed $INT8_TIMED ;;
+        ${EXTRA_CONFIGS:+--extra-configs "$EXTRA_CONFIGS"} --int8-timed $INT8_TIMED ;;
     tests_shift) step tests_shift 240 python3 -m pytest -q -m gpu -n 14 -p no:cacheprovider \
         --junitxml="$OUT/tests_shift.xml" tests/test_cuda_tap_shift.py ;;
     bitserial_shift) bitserial_rows shift 540 1 "${SHIFT_LAYERS:-$B256}" ;;
