@@ -55,6 +55,11 @@ CASES = [
     ("wgmma_persistent_many_tiles_b1u2", conv(B1, U2, EPILOGUES[5], N=2, H=9, W=8, C=40,
                                               K=130), "wgmma",
      {"PERSIST": 1, "BM": 64, "BN": 64, "WN": 64, "REQUANT": "threshold"}),
+    # four warpgroups (256 x 128 tiles) in a persistent block, one accumulator plane: 3 row
+    # tiles x 2 column tiles over the emulation's 2 blocks
+    ("wgmma_persistent_4wg_b1b1_threshold", conv(B1, B1, EPILOGUES[5], N=2, H=17, W=16, C=40,
+                                                 K=130), "wgmma",
+     {"PERSIST": 1, "BM": 256, "BN": 128, "WN": 128, "REQUANT": "threshold"}),
     # 40 channel words: a warp per pixel in bitserial_xpop, lanes 8-31 reading one word
     ("gemm_rowsum_table_wide_k", gemm(B1, U2, EPILOGUES[1], M=67, N=40, K=1280), "mma_sync",
      {"ROWSUM": "table"}),

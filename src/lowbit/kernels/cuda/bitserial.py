@@ -682,11 +682,14 @@ def _constraints(wl: Workload) -> list:
             return f"wgmma N = w_bits*WN = {planes(wl)[1] * c['WN']} is not a valid wgmma N"
         if c["STAGES"] < 3:
             return "the wgmma pipeline needs STAGES >= 3 (one stage stays in flight)"
-        if c["PERSIST"] and not tap_shift(c) and (threads(c) > 256
-                                                  or planes(wl)[1] * c["WN"] > 128):
-            # NVRTC 13 (sm_90a), the epilogue living inside the tile loop: 4-warpgroup blocks
-            # (capped at 128 registers per thread) spill 160-620 B, m64n256 ones 870 B
-            return "persistent wgmma blocks spill beyond 2 warpgroups or N = 128 per wgmma"
+        wgmma_n = planes(wl)[1] * c["WN"]
+        if c["PERSIST"] and not tap_shift(c) and (
+                wgmma_n > 128 or (threads(c) > 256 and planes(wl)[0] * wgmma_n > 128)):
+            # NVRTC 13 (sm_90a), the epilogue living inside the tile loop: m64n256 blocks spill
+            # 870 B; 4-warpgroup blocks (capped at 128 registers per thread) spill 488 B with
+            # 128 accumulator registers (two m64n128 planes) and none with 64 (one plane)
+            return ("persistent wgmma blocks spill beyond N = 128 per wgmma, or beyond one "
+                    "m64n128 accumulator per thread with more than 2 warpgroups")
         if (c["BM"] // 64) * (c["BN"] // c["WN"]) > MAX_WARPGROUPS:
             return f"more than {MAX_WARPGROUPS} warpgroups per block"
         return None
