@@ -306,8 +306,7 @@ def tuned_bitserial(wl: Workload, trials: int, budget_s: float, measurer) -> dic
 
 def with_twins(wl: Workload, configs: list[Config]) -> list[Config]:
     """configs, each followed by its twins in the other ROWSUM modes and the other REQUANT
-    mode where the space has them, each of those in every ROW_TABLE mode, and the config's
-    own ROWSUM / REQUANT ones in the other PREFETCH mode."""
+    mode where the space has them."""
     space = BITSERIAL.space(wl)
     out: list[Config] = []
     for c in (BITSERIAL.with_added_knobs(c, space.names) for c in configs):
@@ -315,8 +314,6 @@ def with_twins(wl: Workload, configs: list[Config]) -> list[Config]:
         other_requant = c.replace(REQUANT=OTHER_REQUANT[c["REQUANT"]])
         twins = [c, *other_rowsums, other_requant]
         twins += [t.replace(ROW_TABLE=v) for t in twins for v in space.knob("ROW_TABLE").values]
-        twins += [t.replace(PREFETCH=v) for t in twins if t["ROWSUM"] == c["ROWSUM"]
-                  and t["REQUANT"] == c["REQUANT"] for v in space.knob("PREFETCH").values]
         out += [t for t in dict.fromkeys(twins) if space.is_valid(t) and t not in out]
     return out
 

@@ -389,32 +389,6 @@ def test_bit_exact_row_table(wb, ab, variant):
             _assert_exact(wl, cfg.replace(ROW_TABLE=1, REQUANT=requant), seed=combo)
 
 
-@pytest.mark.parametrize("variant", [*VARIANTS, ("wgmma", 1, 32)])
-@pytest.mark.parametrize("wb,ab", [(1, 1), (1, 2), (2, 2)])
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_bit_exact_prefetch(wb, ab, variant):
-    """PREFETCH=1 (the epilogue tables of the block's columns pulled into L1 at its start) on
-    each kernel variant, persistent wgmma blocks too: binary activations with padding (tap
-    rectangle tables), thresholds where the output allows and multiplying requantization."""
-    ran = 0
-    for combo in range(4):
-        w_prec, a_prec = encodings(wb)[combo // 2], encodings(ab)[combo % 2]
-        wl = conv(w_prec, a_prec, EPILOGUES[(wb + ab + combo) % len(EPILOGUES)], N=2, H=9, W=7,
-                  C=96, K=300, stride=1 + combo % 2)
-        cfg = _config(wl, variant)
-        space = BITSERIAL.space(wl)
-        if cfg is None or space.knob("PREFETCH").values == (0,):
-            continue
-        for requant in {"multiply", BITSERIAL.default_config(wl)["REQUANT"]}:
-            twin = cfg.replace(PREFETCH=1, REQUANT=requant)
-            if space.is_valid(twin):
-                _assert_exact(wl, twin, seed=combo)
-                ran += 1
-    if not ran:
-        pytest.skip(f"no PREFETCH=1 config of variant {variant} at w{wb}a{ab}")
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bound_launcher_keeps_the_weight_tables_of_bind_time():

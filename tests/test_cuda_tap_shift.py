@@ -213,14 +213,6 @@ EMU_CASES = [
     ("pixels_slab_c64_b1u2_2wg", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=64, K=48),
      {"PERSIST": 1, "BM": 128, "BN": 64, "WN": 32, "ROWSUM": "slab", "REQUANT": "threshold",
       "ROW_TABLE": 2}),
-    # PREFETCH=1 (the block's columns of the epilogue tables into L1; the emulation fails a
-    # line outside them): one tile per block, and persistent blocks over two column tiles
-    ("prefetch_c32_b1b1_border", conv(B1, B1, EPILOGUES[5], N=3, H=5, W=6, C=32, K=24),
-     {"REQUANT": "threshold", "PREFETCH": 1}),
-    ("prefetch_persistent_c64_b1b1_2cols", conv(B1, B1, EPILOGUES[5], N=3, H=11, W=13, C=64,
-                                                K=64),
-     {"PERSIST": 1, "BM": 64, "BN": 32, "WN": 32, "ROW_TABLE": 1, "REQUANT": "threshold",
-      "PREFETCH": 1}),
 ]
 
 

@@ -6,8 +6,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_kernel(BITSERIAL
   const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
   const i64 m0 = (i64)blockIdx.y * BM;
   const int n0 = blockIdx.x * BN;
-  const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
-  prefetch_epilogue_tables(ea, n0, n0 + BN, tid);
   const ARows ar = a_rows(m0, tid);
   u32* halo = smem + STAGES * STAGE_WORDS;  // HALO=1: the block's input slab, behind the stages
   const int halo_row0 = HALO ? halo_load(x, halo, m0, tid) : 0;
@@ -36,6 +34,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_kernel(BITSERIAL
   }
   copy_wait<0>();
 
+  const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
   if constexpr (SPLIT_K > 1) {
     split_store(acc, rsum, ea, m0, n0, warp_m * WM, warp_n * WN, lane);
     if (!split_arrive(split_count, tid)) return;

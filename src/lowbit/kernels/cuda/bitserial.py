@@ -34,9 +34,7 @@ one input slab: no im2col copies, `tap_shift.py`; KT=1; STAGES=3, or with PERSIS
 resident, three slab buffers) 4: the next tile's MMAs in a second accumulator set during this
 tile's epilogue), ROW_TABLE (without ROWSUM="table": 0 works out each row's output row and
 tap rectangle from its row index in the epilogue; 1 reads them from a per-row table that bind
-fills from the geometry; 2, TAP_SHIFT=1 only, also each slab copy's input pixel), PREFETCH
-(where the epilogue reads per-column tables, `epilogue_tables`: 1 has the block's first warp
-pull the tables' lines of the block's columns into L1 when the block starts).
+fills from the geometry; 2, TAP_SHIFT=1 only, also each slab copy's input pixel).
 """
 
 from __future__ import annotations
@@ -277,7 +275,6 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "ROWSUM_SLAB": int(rowsum_slab(config)),
         "SPLIT_K": split_k(config), "TAP_SHIFT": int(tap_shift(config)),
         "ROW_TABLE": int(config.get("ROW_TABLE", 0)),
-        "PREFETCH": int(config.get("PREFETCH", 0)),
         "HALO_WORDS": halo_rows(sh, config["BM"]) * sh.w * sh.words if config["HALO"] else 0,
         "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh), "KPAD": wsum_columns(sh),
         "WSUM0": wsum_start(sh),
@@ -485,13 +482,6 @@ def persistent_grid(wl: Workload, config: Mapping, blocks: int) -> tuple[int, in
     if tap_shift(config):
         return cols, max(1, min(rows, blocks // cols)), 1
     return max(1, min(cols * rows, blocks)), 1, 1
-
-
-def epilogue_tables(wl: Workload) -> bool:
-    """Whether some config's epilogue reads per-column tables (requantization thresholds, or
-    the weight sums per tap rectangle of padded binary activations): where PREFETCH applies."""
-    sh = conv_shape(wl)
-    return threshold_epilogue(wl) or (wl.a.encoding is Encoding.BINARY and sh.pad > 0)
 
 
 def wsum_columns(shape: Shape) -> int:
@@ -820,12 +810,10 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
     dict(BM=64, BN=16, WM=64, WN=16, KT=1, STAGES=6),
 ]
 DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma",
-                              REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
-                              PREFETCH=0)
+                              REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0)
                          for d in _MMA_SYNC_DEFAULTS],
             "wgmma": [dict(d, PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0, ROWSUM="mma",
-                           REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
-                           PREFETCH=0)
+                           REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0)
                       for d in _WGMMA_DEFAULTS]}
 
 
@@ -841,7 +829,7 @@ class BitserialTemplate(KernelTemplate):
     backend = "cuda"
     added_knobs: ClassVar[Mapping[str, object]] = {"ROWSUM": "mma", "REQUANT": "multiply",
                                                    "SPLIT_K": 1, "TAP_SHIFT": 0,
-                                                   "ROW_TABLE": 0, "PREFETCH": 0}
+                                                   "ROW_TABLE": 0}
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         wl = workload
@@ -867,8 +855,7 @@ class BitserialTemplate(KernelTemplate):
                  Knob("ROW_TABLE", (0, 1, 2) if 1 in self._tap_shift_values(workload, arch)
                       else (0, 1)),
                  requant_knob(workload),
-                 Knob("SPLIT_K", split_k_values(workload)),
-                 Knob("PREFETCH", (0, 1) if epilogue_tables(workload) else (0,))]
+                 Knob("SPLIT_K", split_k_values(workload))]
         return ConfigSpace(knobs, _constraints(workload))
 
     @staticmethod

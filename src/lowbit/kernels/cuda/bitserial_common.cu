@@ -138,10 +138,6 @@ __device__ __forceinline__ void copy_async(u32* dst, const u32* src, bool valid)
   }
 }
 __device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Pull the 128-byte line at p (global) into L1; no registers, no wait.
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];\n" :: "l"(p));
-}
 template <int N> __device__ __forceinline__ void copy_wait() {
   asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
 }
@@ -713,35 +709,6 @@ __device__ __forceinline__ const int* row_data(int rect, int col_base, const Epi
   else if constexpr (OUT_THRESH) return ea.thr + col_base * THR_STRIDE;
   else if constexpr (BORDER) return ea.wtap + WSUM0 + rect * KPAD + col_base;
   return nullptr;
-}
-// PREFETCH=1: the epilogue's per-column tables of columns [c0, c1) (OUT_THRESH thresholds; with
-// RECT_THR or BORDER one row per used tap rectangle, spread over the warps) pulled into L1 when
-// the block starts, so the epilogue's loads hit L1 instead of waiting on L2. Nsight, s4
-// w1a1 b256 (256 x 128 wgmma, 2026-11-24): those loads' long-scoreboard and LSU-queue stalls
-// were ~12% of the kernel's warp stall samples, and nothing they read depends on the MMAs.
-__device__ __forceinline__ constexpr bool rect_in_use(int id) {
-  const int shi = id % (S + 1), slo = id / (S + 1) % (S + 1);
-  const int rhi = id / TAB % (R + 1), rlo = id / TAB / (R + 1);
-  return rect_used(rlo, rhi, H, R, P_OUT) && rect_used(slo, shi, W, S, Q_OUT);
-}
-__device__ __forceinline__ void prefetch_epilogue_tables(const EpilogueArgs& ea, int c0, int c1,
-                                                         int tid) {
-  if constexpr (PREFETCH && (OUT_THRESH || BORDER)) {
-    constexpr int LINE = 128;
-    constexpr bool PER_RECT = RECT_THR || (BORDER && !OUT_THRESH);
-    const int warp = tid >> 5, lane = tid & 31;
-    int used = 0;  // the used rectangles go to the warps in turn
-#pragma unroll
-    for (int rect = 0; rect < (PER_RECT ? RECTS : 1); ++rect) {
-      if (PER_RECT && !rect_in_use(rect)) continue;
-      if (used++ % (THREADS / 32) != warp) continue;
-      const char* lo = reinterpret_cast<const char*>(row_data(rect, c0, ea));
-      const char* hi = reinterpret_cast<const char*>(row_data(rect, c1, ea));
-      lo -= reinterpret_cast<unsigned long long>(lo) % LINE;
-#pragma unroll 1
-      for (const char* q = lo + lane * LINE; q < hi; q += 32 * LINE) prefetch_l1(q);
-    }
-  }
 }
 __device__ __forceinline__ RowPrep epilogue_rows(const LaneRows& pos, int n0, int col0, int lane,
                                                  const EpilogueArgs& ea) {

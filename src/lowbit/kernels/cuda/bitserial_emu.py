@@ -109,16 +109,6 @@ __device__ __forceinline__ void copy_async(u32* dst, const u32* src, bool valid)
   if (valid && ((unsigned long long)src) % (VEC * 4)) emu_fail("misaligned cp.async source");
   emu_copy_open.push_back(EmuCopy{dst, valid ? src : nullptr});
 }
-// PREFETCH's lines must lie in the epilogue's tables (wtap, thr), set by emu_prefetch_ranges
-const char* emu_prefetch_lo[2] = {nullptr, nullptr};
-const char* emu_prefetch_hi[2] = {nullptr, nullptr};
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  const char* c = (const char*)p;
-  if ((unsigned long long)c % 128) emu_fail("prefetch of an address off a 128-byte line");
-  for (int i = 0; i < 2; ++i)
-    if (emu_prefetch_lo[i] && c + 128 > emu_prefetch_lo[i] && c < emu_prefetch_hi[i]) return;
-  emu_fail("prefetch of a line outside the epilogue's tables");
-}
 __device__ __forceinline__ void copy_commit() {
   emu_copy_groups.push_back(emu_copy_open);
   emu_copy_open.clear();
@@ -223,11 +213,6 @@ __device__ __forceinline__ void wgmma_rowsum(int (&d)[MT][4], u64 da, u64 db, in
 """
 
 HOST_MAIN = r"""
-extern "C" void emu_prefetch_ranges(const char* a, long long a_bytes, const char* b,
-                                    long long b_bytes) {
-  emu_prefetch_lo[0] = a; emu_prefetch_hi[0] = a ? a + a_bytes : nullptr;
-  emu_prefetch_lo[1] = b; emu_prefetch_hi[1] = b ? b + b_bytes : nullptr;
-}
 extern "C" int emu_run(int which, const u32* x, const u32* w, void* out, const int* bias,
                        const float* scale, const int* mult, const int* shift, int* wtap,
                        int* xpop, const int* thr, int* split_ws, int* split_count,
@@ -298,9 +283,6 @@ def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
     thr = epilogue_thresholds(wl, config, params)  # held here: args keep only raw pointers
     args = [ptr(t.data_ptr()) if t is not None else ptr(0)
             for t in (x, w, out, *vecs, wtap, xpop, thr, split_ws, split_count, vrows)]
-    lib.emu_prefetch_ranges(*(v for t in (wtap, thr) for v in (
-        (ptr(t.data_ptr()), ctypes.c_longlong(t.numel() * t.element_size())) if t is not None
-        else (ptr(0), ctypes.c_longlong(0)))))
     grid = (*tile_grid(wl, config), split_k(config))
     if config["PERSIST"]:
         grid = persistent_grid(wl, config, persistent_blocks)

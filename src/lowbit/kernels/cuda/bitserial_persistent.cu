@@ -9,7 +9,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_persistent(BITSE
   const int iters = persistent_iters();
   u32* s_out = smem + STAGES * STAGE_WORDS;  // packing tile apart: next tiles' copies in flight
   const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
-  prefetch_epilogue_tables(ea, 0, N_COL_TILES * BN, tid);  // a block's tiles span every column
 
   Acc acc;
   RowSum rsum;

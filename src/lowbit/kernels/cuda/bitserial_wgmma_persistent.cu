@@ -15,7 +15,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_persistent
   fill_ones(ones, tid);
   u32* s_out = ones + ONES_WORDS;  // packing tile apart: the next tiles' copies are in flight
   const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
-  prefetch_epilogue_tables(ea, 0, N_COL_TILES * BN, tid);  // a block's tiles span every column
 
   Acc acc;
   RowSum rsum;

@@ -256,8 +256,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift(BITS
   const int wg = warp >> 2, wg_m = wg / WARPS_N, wg_n = wg % WARPS_N;
   const int m0 = blockIdx.y * BM;  // virtual rows < 2^31 (bitserial.py)
   const int n0 = blockIdx.x * BN;
-  const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
-  prefetch_epilogue_tables(ea, n0, n0 + BN, tid);
   u32* weights = smem;
   u32* slabs = smem + GROUPS * B_GROUP_WORDS;
   u32* ones = smem + ONES_OFFSET;
@@ -285,6 +283,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift(BITS
   }
   wgmma_wait<0>();
 
+  const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
   // the packing tile over the operands, once every warpgroup is done
   tile_epilogue(acc, rsum, m0, n0, wg_m * 64 + (warp & 3) * 16, wg_n * WN, lane, tid, ea, smem);
 }
@@ -337,8 +336,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wg_m = wg / WARPS_N, wg_n = wg % WARPS_N;
   const int n0 = blockIdx.x * BN, step = gridDim.y;
-  const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
-  prefetch_epilogue_tables(ea, n0, n0 + BN, tid);  // the block's columns, every tile
   u32* weights = smem;
   u32* slabs = smem + GROUPS * B_GROUP_WORDS;
   u32* ones = smem + ONES_OFFSET;
@@ -358,6 +355,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
                slab_pixels(vpix, tile + b * step, slots, tid), tid);
   // SLAB_TABLE: the pixels of the slab the loop loads next, fetched an iteration early
   SlabPix pix_ahead = slab_pixels(vpix, tile + AHEAD * step, slots, tid);
+  const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
   const int row0 = wg_m * 64 + (warp & 3) * 16, col0 = wg_n * WN;
   VPos lane_d[MT][2];  // this lane's rows' offsets from a tile's first row
 #pragma unroll
