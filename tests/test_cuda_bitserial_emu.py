@@ -60,6 +60,13 @@ CASES = [
     ("wgmma_persistent_4wg_b1b1_threshold", conv(B1, B1, EPILOGUES[5], N=2, H=17, W=16, C=40,
                                                  K=130), "wgmma",
      {"PERSIST": 1, "BM": 256, "BN": 128, "WN": 128, "REQUANT": "threshold"}),
+    # persistent wgmma k loops: copies four k tiles ahead of one-k-tile tiles (each copy a
+    # later tile's), and 38 k tiles (past K_UNROLL: the loop is not unrolled)
+    ("wgmma_persistent_copies_tiles_ahead", gemm(S2, U2, EPILOGUES[1], M=300, N=70, K=250),
+     "wgmma", {"PERSIST": 1, "BM": 64, "BN": 64, "WN": 64, "KT": 1, "STAGES": 6}),
+    ("wgmma_persistent_38_k_tiles", gemm(B1, U2, EPILOGUES[5], M=130, N=40, K=9500), "wgmma",
+     {"PERSIST": 1, "BM": 64, "BN": 64, "WN": 64, "KT": 1, "STAGES": 4,
+      "REQUANT": "threshold"}),
     # 40 channel words: a warp per pixel in bitserial_xpop, lanes 8-31 reading one word
     ("gemm_rowsum_table_wide_k", gemm(B1, U2, EPILOGUES[1], M=67, N=40, K=1280), "mma_sync",
      {"ROWSUM": "table"}),

@@ -138,6 +138,11 @@ __device__ __forceinline__ void copy_async(u32* dst, const u32* src, bool valid)
   }
 }
 __device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// v, hidden from the optimizer: values derived from it are not hoisted out of the loop using it
+__device__ __forceinline__ int opaque(int v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
 template <int N> __device__ __forceinline__ void copy_wait() {
   asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
 }
@@ -1061,6 +1066,18 @@ __device__ __forceinline__ LoadCursor load_cursor(int tid) {
   cursor_tile(c, tid);
   return c;
 }
+// The copy side of a persistent wgmma block, whose tile loop is unrolled over k tiles: the tile
+// its copies are at, with that tile's first column and copy rows.
+struct TileLoads {
+  int tile, n0;
+  ARows ar;
+};
+__device__ __forceinline__ TileLoads tile_loads(int tile, int tid) {
+  return TileLoads{tile, tile % N_COL_TILES * BN, a_rows((i64)(tile / N_COL_TILES) * BM, tid)};
+}
+// k tiles of the persistent wgmma loop unrolled: all of them up to 36 (a 3x3 conv over 1,024
+// channels at KT=1), beyond that none
+constexpr int K_UNROLL = KTILES <= 36 ? KTILES : 1;
 // Issue the copies of the cursor's stage into `stage`, then advance the cursor by one k tile.
 __device__ __forceinline__ void load_next_stage(const u32* __restrict__ x,
                                                 const u32* __restrict__ w, u32* stage,

@@ -109,6 +109,7 @@ __device__ __forceinline__ void copy_async(u32* dst, const u32* src, bool valid)
   if (valid && ((unsigned long long)src) % (VEC * 4)) emu_fail("misaligned cp.async source");
   emu_copy_open.push_back(EmuCopy{dst, valid ? src : nullptr});
 }
+__device__ __forceinline__ int opaque(int v) { return v; }
 __device__ __forceinline__ void copy_commit() {
   emu_copy_groups.push_back(emu_copy_open);
   emu_copy_open.clear();
