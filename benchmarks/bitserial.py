@@ -138,8 +138,11 @@ def candidates(wl: Workload, n: int, persist: bool = True) -> list[Config]:
         twins += [c.replace(ROWSUM="table") for c in defaults]
     if any(c["REQUANT"] == "threshold" for c in space):  # 1-2 bit planes out: both modes
         twins += [c.replace(REQUANT=OTHER_REQUANT[c["REQUANT"]]) for c in chosen]
-    if persist:  # persistent wgmma blocks (2026-11-23: not yet measured): the first valid one
-        twins += [t for t in (c.replace(PERSIST=1) for c in chosen if c["MMA"] == "wgmma")
+    if persist:  # persistent wgmma blocks: the first valid one, and at 6 stages (H100,
+        # 2026-11-24: the best GEMM 4096 w1a2 config, 56.6 us against 61.4 one tile per block)
+        wgmma = [c for c in chosen if c["MMA"] == "wgmma"]
+        twins += [t for t in (c.replace(PERSIST=1) for c in wgmma) if space.is_valid(t)][:1]
+        twins += [t for t in (c.replace(PERSIST=1, KT=1, STAGES=6) for c in wgmma)
                   if space.is_valid(t)][:1]
     twins += shift_candidates(space)
     # split-K (grids of few tiles only: the space has SPLIT_K > 1 nowhere else)
