@@ -102,6 +102,33 @@ def test_checking_a_config_does_not_enumerate_the_space(monkeypatch):
         BITSERIAL.checked_config(wl, cfg.replace(WM=48), BITSERIAL.space(wl, "sm_90a"))
 
 
+def test_persistent_wgmma_blocks_of_four_warpgroups_hold_one_accumulator_plane():
+    """Persistent wgmma blocks of 4 warpgroups (128 registers per thread) are offered where a
+    thread's accumulators are one m64n128 plane (64 registers: binary activations and weights)
+    and not with two planes, which spill."""
+    b1, u2 = Precision(1, "binary"), Precision(2)
+    for a_prec, ok in ((b1, True), (u2, False)):
+        wl = conv(b1, a_prec, EPILOGUES[1], N=4, H=14, W=14, C=256, K=256)
+        space = BITSERIAL.space(wl, bitserial.WGMMA_ARCH)
+        cfg = BITSERIAL.default_config(wl, "wgmma", arch=bitserial.WGMMA_ARCH).replace(
+            BM=256, BN=128, WN=128, PERSIST=1, KT=1, STAGES=4)
+        assert bitserial.threads(cfg) == 512
+        assert space.is_valid(cfg) == ok, space.why_invalid(cfg)
+        assert space.is_valid(cfg.replace(BM=128)), space.why_invalid(cfg.replace(BM=128))
+
+
+def test_three_warpgroup_rows_are_wgmma_without_tap_shift():
+    wl = conv(Precision(1, "binary"), Precision(1, "binary"), EPILOGUES[1], N=4, H=7, W=7,
+              C=512, K=512)
+    space = BITSERIAL.space(wl, bitserial.WGMMA_ARCH)
+    bm192 = [c for c in space if c["BM"] == 192]
+    assert bm192 and all(c["MMA"] == "wgmma" and not c["TAP_SHIFT"] for c in bm192)
+    cfg = BITSERIAL.default_config(wl, "wgmma", arch=bitserial.WGMMA_ARCH).replace(
+        BM=192, BN=128, WN=128)
+    assert space.is_valid(cfg) and bitserial.threads(cfg) == 384
+    assert "BM=192" in space.why_invalid(cfg.replace(TAP_SHIFT=1, KT=1, STAGES=3))
+
+
 def test_wgmma_only_on_sm90a():
     wl = gemm(Precision(2, "signed"), Precision(2), EPILOGUES[1], M=512, N=256, K=1024)
     assert {(c["MMA"], c["SWIZZLE"]) for c in BITSERIAL.space(wl, arch="sm_80")} == {
@@ -110,7 +137,8 @@ def test_wgmma_only_on_sm90a():
     assert wgmma
     for c in wgmma:
         assert c["WM"] == 64 and c["STAGES"] >= 3
-        assert not c["PERSIST"] or bitserial.threads(c) <= 256
+        # persistent blocks of 4 warpgroups only with one m64n128's worth of accumulators
+        assert not c["PERSIST"] or bitserial.threads(c) <= 256 or 2 * 2 * c["WN"] <= 128
         assert 2 * c["WN"] in bitserial.WGMMA_N  # N = w_bits * WN of m64nNk256
         assert bitserial.threads(c) == (c["BM"] // 64) * (c["BN"] // c["WN"]) * 128
         assert bitserial.acc_regs(wl, c) == 2 * 2 * c["WN"] // 2  # one warp's m16 x N share

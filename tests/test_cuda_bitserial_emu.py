@@ -67,6 +67,13 @@ CASES = [
     ("wgmma_persistent_38_k_tiles", gemm(B1, U2, EPILOGUES[5], M=130, N=40, K=9500), "wgmma",
      {"PERSIST": 1, "BM": 64, "BN": 64, "WN": 64, "KT": 1, "STAGES": 4,
       "REQUANT": "threshold"}),
+    # three warpgroups in M (BM=192): one tile per block with border thresholds, persistent
+    # blocks over several row tiles
+    ("wgmma_bm192_b1b1_border_threshold", conv(B1, B1, EPILOGUES[5], N=3, H=9, W=9, C=64, K=45),
+     "wgmma", {"BM": 192, "BN": 64, "WN": 64, "REQUANT": "threshold"}),
+    ("wgmma_persistent_bm192_b1b1", gemm(B1, B1, EPILOGUES[5], M=700, N=70, K=600), "wgmma",
+     {"PERSIST": 1, "BM": 192, "BN": 64, "WN": 64, "KT": 1, "STAGES": 4,
+      "REQUANT": "threshold"}),
     # 40 channel words: a warp per pixel in bitserial_xpop, lanes 8-31 reading one word
     ("gemm_rowsum_table_wide_k", gemm(B1, U2, EPILOGUES[1], M=67, N=40, K=1280), "mma_sync",
      {"ROWSUM": "table"}),

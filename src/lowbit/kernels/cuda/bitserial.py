@@ -694,6 +694,13 @@ def _constraints(wl: Workload) -> list:
             return f"more than {MAX_WARPGROUPS} warpgroups per block"
         return None
 
+    def three_warpgroup_rows(c: Config) -> str | None:
+        # BM=192: a row tile count between those of 128 and 256 (ResNet-50 s5 b256: 66 x 2
+        # column tiles of 256, 132 tiles, one per SM, where 128 x 256 makes 196)
+        if c["BM"] == 192 and (c["MMA"] != "wgmma" or tap_shift(c)):
+            return "BM=192 (three warpgroups in M) is a wgmma kernel's without TAP_SHIFT"
+        return None
+
     def registers(c: Config) -> str | None:
         n = acc_regs(wl, c)
         if n > MAX_ACC_REGS:
@@ -779,7 +786,8 @@ def _constraints(wl: Workload) -> list:
             return "too many row tiles for grid.y"
         return None
 
-    return [tiles, mma, halo, shifted, rowsums, registers, shared, copies, splits, output, waste]
+    return [tiles, mma, three_warpgroup_rows, halo, shifted, rowsums, registers, shared, copies,
+            splits, output, waste]
 
 
 # Preferred defaults, best first (APNN-TC-like: big warp tiles for small p*q, smaller for larger).
@@ -845,7 +853,7 @@ class BitserialTemplate(KernelTemplate):
         self.check_supported(workload)
         arch = arch or target_arch()
         mma = ("mma_sync", "wgmma") if arch == WGMMA_ARCH else ("mma_sync",)
-        knobs = [Knob("BM", (16, 32, 64, 128, 256)), Knob("BN", (16, 32, 64, 128, 256)),
+        knobs = [Knob("BM", (16, 32, 64, 128, 192, 256)), Knob("BN", (16, 32, 64, 128, 256)),
                  Knob("WM", (16, 32, 64)), Knob("WN", (16, 32, 64, 128, 256)),
                  Knob("KT", (1, 2, 4, 8)), Knob("STAGES", (2, 3, 4, 6)), Knob("PERSIST", (0, 1)),
                  Knob("MMA", mma), Knob("TAP_SHIFT", self._tap_shift_values(workload, arch)),
