@@ -18,6 +18,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_persistent
   u32* s_out = ones + ONES_WORDS;  // packing tile apart: the next tiles' copies are in flight
   const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
   constexpr int AHEAD = STAGES - 2;  // k tiles the copies run ahead of the MMAs
+  // every tile starts on stage 0 when STAGES divides KTILES: the unrolled steps' stages are
+  // then constants, and so are their wgmma descriptors
+  constexpr bool FIXED_STAGES = K_UNROLL == KTILES && KTILES % STAGES == 0;
 
   Acc acc;
   RowSum rsum;
@@ -40,11 +43,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_persistent
       if (kl == 0) ld = tile_loads(ld.tile + (int)gridDim.x, tid);
       // opaque: NVRTC otherwise computes each k tile's copy offsets (which depend on tid alone)
       // once, before the tile loop, and spills them (s5 w1a1 256 x 128: 76 bytes)
+      const int to = FIXED_STAGES ? (kt + AHEAD) % STAGES : fill;
+      const int from = FIXED_STAGES ? kt % STAGES : read;
       if (ld.tile < N_TILES)
-        load_stage(x, w, smem + fill * STAGE_WORDS, ld.ar, ld.n0, kl, opaque(tid));
+        load_stage(x, w, smem + to * STAGE_WORDS, ld.ar, ld.n0, kl, opaque(tid));
       copy_commit();
       fill = fill == STAGES - 1 ? 0 : fill + 1;
-      wgmma_stage(acc, rsum, smem + read * STAGE_WORDS, ones, wg_m, wg_n, kt > 0);
+      wgmma_stage(acc, rsum, smem + from * STAGE_WORDS, ones, wg_m, wg_n, kt > 0);
       read = read == STAGES - 1 ? 0 : read + 1;
       if (kt < KTILES - 1) wgmma_wait<1>();
     }
