@@ -67,6 +67,11 @@ CASES = [
     ("wgmma_persistent_38_k_tiles", gemm(B1, U2, EPILOGUES[5], M=130, N=40, K=9500), "wgmma",
      {"PERSIST": 1, "BM": 64, "BN": 64, "WN": 64, "KT": 1, "STAGES": 4,
       "REQUANT": "threshold"}),
+    # 6 k tiles: STAGES 6 and 3 divide them, so the unrolled steps' stages are constants
+    ("wgmma_persistent_fixed_stages_6", gemm(B1, U2, EPILOGUES[1], M=300, N=70, K=1536),
+     "wgmma", {"PERSIST": 1, "BM": 64, "BN": 64, "WN": 64, "KT": 1, "STAGES": 6}),
+    ("wgmma_persistent_fixed_stages_3", gemm(S2, B1, EPILOGUES[4], M=300, N=70, K=1536),
+     "wgmma", {"PERSIST": 1, "BM": 64, "BN": 64, "WN": 64, "KT": 1, "STAGES": 3}),
     # three warpgroups in M (BM=192): one tile per block with border thresholds, persistent
     # blocks over several row tiles
     ("wgmma_bm192_b1b1_border_threshold", conv(B1, B1, EPILOGUES[5], N=3, H=9, W=9, C=64, K=45),
