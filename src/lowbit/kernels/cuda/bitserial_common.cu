@@ -1038,36 +1038,11 @@ __device__ __forceinline__ bool split_arrive(int* split_count, int tid) {
 }
 
 // ---- persistent blocks (bitserial_persistent.cu, bitserial_wgmma_persistent.cu) ----
-// A block takes tiles blockIdx.x, + gridDim.x, ...; its iteration `it` is k tile it % KTILES
-// of its (it / KTILES)-th tile, and the copy pipeline runs across tile boundaries (its loads,
-// STAGES - 2 or - 1 iterations ahead, follow a LoadCursor).
-
-__device__ __forceinline__ int persistent_iters() {
-  return (N_TILES - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x * KTILES;
-}
-__device__ __forceinline__ int persistent_tile(int it) {
-  return (int)blockIdx.x + (it / KTILES) * (int)gridDim.x;
-}
-// The copy side of a persistent block: the tile and k tile its next stage loads, with that
-// tile's copy rows decoded once per tile (a per-stage a_rows, three divisions per row, was half
-// of the wgmma persistent kernel's ~130 instructions per k step).
-struct LoadCursor {
-  int tile, kt, n0;
-  ARows ar;
-};
-__device__ __forceinline__ void cursor_tile(LoadCursor& c, int tid) {
-  c.n0 = (c.tile % N_COL_TILES) * BN;
-  c.ar = a_rows((i64)(c.tile / N_COL_TILES) * BM, tid);  // past the last tile: rows past M
-}
-__device__ __forceinline__ LoadCursor load_cursor(int tid) {
-  LoadCursor c;
-  c.tile = (int)blockIdx.x;
-  c.kt = 0;
-  cursor_tile(c, tid);
-  return c;
-}
-// The copy side of a persistent wgmma block, whose tile loop is unrolled over k tiles: the tile
-// its copies are at, with that tile's first column and copy rows.
+// A block takes tiles blockIdx.x, + gridDim.x, ..., and its copy pipeline runs across tile
+// boundaries. The copy side: the tile the copies are at, with that tile's first column and its
+// copy rows, decoded once per tile (a per-stage a_rows, three divisions per row, was half of
+// the wgmma persistent kernel's ~130 instructions per k step). Past the last tile its rows lie
+// past M.
 struct TileLoads {
   int tile, n0;
   ARows ar;
@@ -1078,15 +1053,31 @@ __device__ __forceinline__ TileLoads tile_loads(int tile, int tid) {
 // k tiles of the persistent wgmma loop unrolled: all of them up to 36 (a 3x3 conv over 1,024
 // channels at KT=1), beyond that none
 constexpr int K_UNROLL = KTILES <= 36 ? KTILES : 1;
+
+// The mma.sync persistent kernel runs its k loop at run time: iteration `it` is k tile
+// it % KTILES of the block's (it / KTILES)-th tile, and its loads, STAGES - 1 iterations ahead,
+// follow a LoadCursor (the loads' tile and their next k tile).
+__device__ __forceinline__ int persistent_iters() {
+  return (N_TILES - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x * KTILES;
+}
+__device__ __forceinline__ int persistent_tile(int it) {
+  return (int)blockIdx.x + (it / KTILES) * (int)gridDim.x;
+}
+struct LoadCursor {
+  TileLoads at;
+  int kt;
+};
+__device__ __forceinline__ LoadCursor load_cursor(int tid) {
+  return LoadCursor{tile_loads((int)blockIdx.x, tid), 0};
+}
 // Issue the copies of the cursor's stage into `stage`, then advance the cursor by one k tile.
 __device__ __forceinline__ void load_next_stage(const u32* __restrict__ x,
                                                 const u32* __restrict__ w, u32* stage,
                                                 LoadCursor& c, int tid) {
-  load_stage(x, w, stage, c.ar, c.n0, c.kt, tid);
+  load_stage(x, w, stage, c.at.ar, c.at.n0, c.kt, tid);
   if (++c.kt == KTILES) {
     c.kt = 0;
-    c.tile += (int)gridDim.x;
-    cursor_tile(c, tid);
+    c.at = tile_loads(c.at.tile + (int)gridDim.x, tid);
   }
 }
 // Fused epilogue of the tile whose last k tile is iteration `it` (the next tiles' copies are in

@@ -41,10 +41,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_persistent
       __syncthreads();  // stage `read` landed everywhere; the wgmma of two k tiles ago retired
       const int kl = (kt + AHEAD) % KTILES;  // the k tile these copies load
       if (kl == 0) ld = tile_loads(ld.tile + (int)gridDim.x, tid);
-      // opaque: NVRTC otherwise computes each k tile's copy offsets (which depend on tid alone)
-      // once, before the tile loop, and spills them (s5 w1a1 256 x 128: 76 bytes)
       const int to = FIXED_STAGES ? (kt + AHEAD) % STAGES : fill;
       const int from = FIXED_STAGES ? kt % STAGES : read;
+      // opaque: NVRTC otherwise computes each k tile's copy offsets (which depend on tid alone)
+      // once, before the tile loop, and spills them (s5 w1a1 256 x 128: 76 bytes)
       if (ld.tile < N_TILES)
         load_stage(x, w, smem + to * STAGE_WORDS, ld.ar, ld.n0, kl, opaque(tid));
       copy_commit();
