@@ -123,7 +123,9 @@ def test_nvrtc_compiles_tap_shift_for_sm90a(tmp_path, monkeypatch):
                conv(B1, U2, EPILOGUES[3], N=1, H=7, W=7, C=512, K=128)):
         space = [c for c in BITSERIAL.space(wl, "sm_90a") if c["TAP_SHIFT"]]
         pingpong = [c for c in space if c["STAGES"] == 4]
-        for cfg in [*rng.sample(space, 2), *rng.sample(pingpong, min(1, len(pingpong)))]:
+        teams = [c for c in space if c["TEAMS"] == 2]
+        for cfg in [*rng.sample(space, 2), *rng.sample(pingpong, min(1, len(pingpong))),
+                    *rng.sample(teams, min(1, len(teams)))]:
             kernel = BITSERIAL.build(wl, cfg, arch="sm_90a")
             assert kernel._main.cubin[:4] == b"\x7fELF"
             assert kernel._main.name == bitserial.kernel_name(cfg)
@@ -213,6 +215,22 @@ EMU_CASES = [
     ("pixels_slab_c64_b1u2_2wg", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=64, K=48),
      {"PERSIST": 1, "BM": 128, "BN": 64, "WN": 32, "ROWSUM": "slab", "REQUANT": "threshold",
       "ROW_TABLE": 2}),
+    # TEAMS=2: two teams per block take its row tiles in turn (MMA issue ordered by named
+    # barriers): an even tile count per block (4: two each) and odd ones (3: team 0 has the
+    # last tile, whose order arrival must be left out), two column tiles, the packing tile in
+    # shared memory per team, slab row sums (own copies' and a pass over the slab), row tables
+    ("teams_c64_b1b1_even", conv(B1, B1, EPILOGUES[5], N=3, H=11, W=13, C=64, K=32),
+     {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": 32}),
+    ("teams_c512_u2s2_2cols_odd", conv(S2, U2, EPILOGUES[1], N=2, H=7, W=9, C=512, K=64),
+     {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": 32}),
+    ("teams_c128_b1u2_packed", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=128, K=48),
+     {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": 16}),
+    ("teams_slab_c64_b1u2_threshold", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=64, K=48),
+     {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 64, "WN": 64, "ROWSUM": "slab",
+      "REQUANT": "threshold", "ROW_TABLE": 2}),
+    ("teams_slab_c384_b1s2_2wg", conv(B1, S2, EPILOGUES[3], N=2, H=5, W=6, C=384, K=40),
+     {"PERSIST": 1, "TEAMS": 2, "BM": 128, "BN": 32, "WN": 32, "ROWSUM": "slab",
+      "ROW_TABLE": 1}),
 ]
 
 
@@ -272,6 +290,82 @@ def test_emulation_catches_a_wrong_slab_rowsum(edit, c, monkeypatch):
         return text
     monkeypatch.setattr(bitserial, "_cu", broken)
     assert not _check(wl, cfg, seed=2)
+
+
+def test_team_cases_cover_both_tile_parities():
+    """The TEAMS emulation cases give their persistent blocks (2 per column tile) even and odd
+    numbers of row tiles, so both teams' last tiles and the left-out order arrival are run."""
+    parities = set()
+    for _, wl, changes in (c for c in EMU_CASES if c[0].startswith("teams")):
+        cfg = _shift_config(wl, changes)
+        rows = bitserial.tile_grid(wl, cfg)[1]
+        grid_y = bitserial.persistent_grid(wl, cfg, 2)[1]
+        parities |= {len(range(y, rows, grid_y)) % 2 for y in range(grid_y)}
+    assert parities == {0, 1}
+
+
+@pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
+@pytest.mark.parametrize("edit,c,wn", [
+    (("+ team * SLAB_BUFFERS * SLABS_WORDS;", ";"), 512, 32),
+    (("+ team * PACK_WORDS;", ";"), 128, 16)],
+    ids=["teams_share_slabs", "teams_share_packing_tile"])
+def test_emulation_catches_teams_in_each_others_way(edit, c, wn, monkeypatch):
+    """TEAMS=2 with both teams loading into the same slab buffers, or packing their output
+    bits into the same shared-memory tile, is caught."""
+    wl = conv(S2, U2, EPILOGUES[1], N=2, H=7, W=9, C=c, K=64)
+    cfg = _shift_config(wl, {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": wn})
+    original = bitserial._cu
+
+    def broken(name):
+        text = original(name)
+        if name == "bitserial_wgmma_shift.cu":
+            assert text.count(edit[0]) == 1
+            text = text.replace(*edit)
+        return text
+    monkeypatch.setattr(bitserial, "_cu", broken)
+    assert not _check(wl, cfg, seed=4)
+
+
+@pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
+def test_emulation_reports_an_order_arrival_without_its_partner(monkeypatch):
+    """A team's order arrival after its last tile, where the other team has no tile left to
+    wait for it, leaves a named barrier phase half full: the emulation reports it (on a GPU
+    the next block on that SM would inherit the count)."""
+    wl = conv(S2, U2, EPILOGUES[1], N=2, H=7, W=9, C=512, K=64)
+    cfg = _shift_config(wl, {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": 32})
+    original = bitserial._cu
+    guard = "if (tile + (int)gridDim.y < ROW_TILES) named_arrive"
+
+    def broken(name):
+        text = original(name)
+        return text.replace(guard, "named_arrive") if name == "bitserial_wgmma_shift.cu" else text
+    monkeypatch.setattr(bitserial, "_cu", broken)
+    with pytest.raises(RuntimeError, match="named barrier"):
+        _check(wl, cfg, seed=4)
+
+
+def test_teams_constraints():
+    """TEAMS=2 is offered where TAP_SHIFT is, valid only in the persistent 3-stage tap-shift
+    kernel with at most 4 warpgroups in all, and doubles the block's threads and its slab
+    buffers but not its resident weights."""
+    wl = conv(B1, B1, EPILOGUES[5], N=4, H=14, W=14, C=256, K=256)
+    space = BITSERIAL.space(wl, "sm_90a")
+    assert space.knob("TEAMS").values == (1, 2)
+    assert BITSERIAL.space(wl, "sm_80").knob("TEAMS").values == (1,)
+    one = _shift_config(wl, {"PERSIST": 1, "BM": 128, "BN": 128, "WN": 128, "ROWSUM": "mma"})
+    two = one.replace(TEAMS=2)
+    assert space.is_valid(two), space.why_invalid(two)
+    for bad in (two.replace(PERSIST=0), two.replace(STAGES=4), two.replace(TAP_SHIFT=0, KT=2)):
+        assert "TEAMS" in space.why_invalid(bad)
+    assert "warpgroups" in space.why_invalid(two.replace(BM=256))
+    assert bitserial.threads(two) == 2 * bitserial.threads(one) == 512
+    plan = tap_shift.shift_plan(bitserial.conv_shape(wl), one["BM"])
+    slab, _ = tap_shift.group_words(plan, 1, 128)
+    assert (bitserial.smem_bytes(wl, two) - bitserial.smem_bytes(wl, one)
+            == plan.groups * slab * bitserial.slab_buffers(one) * 4)
+    # configs recorded before the knob existed read as one team
+    assert BITSERIAL.with_added_knobs({k: v for k, v in one.items() if k != "TEAMS"},
+                                      space.names) == one
 
 
 @pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
@@ -345,7 +439,7 @@ def test_bit_exact_tap_shift(wb, ab):
     """Every bit pair and encoding pair on the slab layouts above: the space's first config one
     tile per block, persistent, and persistent with two tiles in flight (where registers allow),
     with binary weights persistent with the slab row sums, the first and last persistent ones
-    with the row table, and a random valid one."""
+    with the row table, the first and last with two teams, and a random valid one."""
     rng = random.Random(wb * 10 + ab)
     for combo in range(4):
         w_prec, a_prec = encodings(wb)[combo // 2], encodings(ab)[combo % 2]
@@ -356,8 +450,9 @@ def test_bit_exact_tap_shift(wb, ab):
         pingpong = [c for c in space if c["PERSIST"] and c["STAGES"] == 4]
         slab = [c for c in persistent if c["ROWSUM"] == "slab"]  # binary weights
         table = [c for c in space if c["ROW_TABLE"] and c["PERSIST"]]
+        teams = [c for c in persistent if c["TEAMS"] == 2]
         for cfg in (space[0], persistent[0], *pingpong[:1], *slab[-1:], *table[:1],
-                    *table[-1:], rng.choice(space)):
+                    *table[-1:], *teams[:1], *teams[-1:], rng.choice(space)):
             _assert_exact(wl, cfg, seed=wb * 100 + ab * 10 + combo)
 
 

@@ -36,7 +36,10 @@ one input slab: no im2col copies, `tap_shift.py`; KT=1; STAGES=3, or with PERSIS
 resident, three slab buffers) 4: the next tile's MMAs in a second accumulator set during this
 tile's epilogue), ROW_TABLE (without ROWSUM="table": 0 works out each row's output row and
 tap rectangle from its row index in the epilogue; 1 reads them from a per-row table that bind
-fills from the geometry; 2, TAP_SHIFT=1 only, also each slab copy's input pixel).
+fills from the geometry; 2, TAP_SHIFT=1 only, also each slab copy's input pixel), TEAMS
+(persistent TAP_SHIFT=1 kernels with STAGES=3: 2 puts two teams of the tile's warpgroups in one
+block, sharing the resident weights and taking the block's row tiles in turn, their MMA issue
+alternating so that one team's MMAs run while the other team's epilogue does).
 """
 
 from __future__ import annotations
@@ -276,7 +279,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "HALO": config["HALO"], "ROWSUM_TABLE": int(rowsum_table(config)),
         "ROWSUM_SLAB": int(rowsum_slab(config)),
         "SPLIT_K": split_k(config), "TAP_SHIFT": int(tap_shift(config)),
-        "ROW_TABLE": int(config.get("ROW_TABLE", 0)),
+        "ROW_TABLE": int(config.get("ROW_TABLE", 0)), "TEAMS": teams(config),
         "HALO_WORDS": halo_rows(sh, config["BM"]) * sh.w * sh.words if config["HALO"] else 0,
         "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh), "KPAD": wsum_columns(sh),
         "WSUM0": wsum_start(sh),
@@ -306,6 +309,12 @@ def tap_shift(config: Mapping) -> bool:
     """The conv runs as shifted views of one input slab per block (knob TAP_SHIFT=1,
     `tap_shift.py`)."""
     return bool(config.get("TAP_SHIFT", 0))
+
+
+def teams(config: Mapping) -> int:
+    """Teams of warpgroups per block, each working its own tiles (knob TEAMS; 1 where a config
+    lacks it)."""
+    return int(config.get("TEAMS", 1))
 
 
 def uses_row_table(config: Mapping) -> bool:
@@ -409,7 +418,12 @@ def split_k_values(wl: Workload) -> tuple[int, ...]:
 
 
 def threads(config: Mapping) -> int:
-    """Threads per block: a warp per WM x WN warp tile, a warpgroup for wgmma."""
+    """Threads per block: a warp per WM x WN warp tile, a warpgroup for wgmma, per team."""
+    return tile_threads(config) * teams(config)
+
+
+def tile_threads(config: Mapping) -> int:
+    """Threads that work one tile (a team's, with TEAMS > 1)."""
     per_tile = 128 if config["MMA"] == "wgmma" else 32
     return (config["BM"] // config["WM"]) * (config["BN"] // config["WN"]) * per_tile
 
@@ -547,7 +561,8 @@ def rowsum_mma(wl: Workload, config: Mapping) -> bool:
 def smem_bytes(wl: Workload, config: Mapping) -> int:
     """Dynamic shared memory of a config: STAGES x (a_bits*BM + w_bits*BN) rows x KT*32 bytes
     (wgmma with binary weights: + a 256-byte tile of ones for the row popcounts, or with
-    ROWSUM="slab" 4 bytes per slab position; HALO=1: + the input slab)."""
+    ROWSUM="slab" 4 bytes per slab position; HALO=1: + the input slab; TAP_SHIFT=1: the
+    weights once, the slab buffers, slab popcounts and packing tile once per team)."""
     q, p = planes(wl)
     rows = q * config["BM"] + p * config["BN"]
     operands = config["STAGES"] * rows * config["KT"] * 32 + halo_bytes(wl, config)
@@ -555,16 +570,16 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     if tap_shift(config):  # every channel group resident, slab_buffers slabs of it
         plan = shift_plan(conv_shape(wl), config["BM"])
         slab, weights = group_words(plan, q, p * config["BN"])
-        operands = plan.groups * (weights + slab * slab_buffers(config)) * 4
+        operands = plan.groups * (weights + slab * slab_buffers(config) * teams(config)) * 4
         ones = len(plan.ones_tiles)
         if rowsum_slab(config):  # two buffers where each thread counts its own copies
             buffers = 2 if plan.groups == 1 and plan.chunks == 1 else 1
-            operands += buffers * -(-plan.slab_pix // 4) * 16
+            operands += buffers * -(-plan.slab_pix // 4) * 16 * teams(config)
     if config["MMA"] == "wgmma" and rowsum_mma(wl, config):
         operands += 256 * ones
     epi = wl.epilogue
     if epi.requantizes and epi.out_layout is Layout.BITPLANE and config["WN"] % 32:
-        packing = epi.out.bits * config["BM"] * config["BN"] // 8
+        packing = epi.out.bits * config["BM"] * config["BN"] // 8 * teams(config)
         # the persistent kernel keeps its packing tile apart: the next tiles' copies are in flight
         return operands + packing if config["PERSIST"] else max(operands, packing)
     return operands
@@ -666,7 +681,7 @@ def _constraints(wl: Workload) -> list:
     def tiles(c: Config) -> str | None:
         if c["BM"] % c["WM"] or c["BN"] % c["WN"]:
             return "block tile must be a multiple of the warp tile"
-        warps = threads(c) // 32
+        warps = tile_threads(c) // 32
         if not 1 <= warps <= 16:
             return f"{warps} warps per block (1..16 allowed)"
         return None
@@ -686,7 +701,7 @@ def _constraints(wl: Workload) -> list:
             return "the wgmma pipeline needs STAGES >= 3 (one stage stays in flight)"
         wgmma_n = planes(wl)[1] * c["WN"]
         if c["PERSIST"] and not tap_shift(c) and (
-                wgmma_n > 128 or (threads(c) > 256 and planes(wl)[0] * wgmma_n > 128)):
+                wgmma_n > 128 or (tile_threads(c) > 256 and planes(wl)[0] * wgmma_n > 128)):
             # NVRTC 13 (sm_90a), the epilogue living inside the tile loop: m64n256 blocks spill
             # 870 B; 4-warpgroup blocks (capped at 128 registers per thread) spill 488 B with
             # 128 accumulator registers (two m64n128 planes) and none with 64 (one plane)
@@ -738,6 +753,15 @@ def _constraints(wl: Workload) -> list:
             return "too many virtual rows for 32-bit row indices"
         return None
 
+    def team_tiles(c: Config) -> str | None:
+        if teams(c) == 1:
+            return None
+        if not (tap_shift(c) and c["PERSIST"] and c["STAGES"] == 3):
+            return "TEAMS > 1 is implemented in the persistent TAP_SHIFT=1 kernel, STAGES=3"
+        if teams(c) * (c["BM"] // 64) * (c["BN"] // c["WN"]) > MAX_WARPGROUPS:
+            return f"more than {MAX_WARPGROUPS} warpgroups per block in all teams"
+        return None
+
     def rowsums(c: Config) -> str | None:
         if rowsum_slab(c) and not (tap_shift(c) and c["PERSIST"] and c["STAGES"] == 3):
             return "ROWSUM='slab' is implemented in the persistent TAP_SHIFT=1 kernel, STAGES=3"
@@ -750,7 +774,7 @@ def _constraints(wl: Workload) -> list:
         return None
 
     def copies(c: Config) -> str | None:
-        iters = -(-c["BM"] * c["KT"] * 8 // vec // threads(c))
+        iters = -(-c["BM"] * c["KT"] * 8 // vec // tile_threads(c))
         if iters > MAX_COPY_ITERS and not tap_shift(c):  # TAP_SHIFT: no im2col copy rows
             return f"{iters} copy chunks per thread"
         return None
@@ -788,8 +812,8 @@ def _constraints(wl: Workload) -> list:
             return "too many row tiles for grid.y"
         return None
 
-    return [tiles, mma, three_warpgroup_rows, halo, shifted, rowsums, registers, shared, copies,
-            splits, output, waste]
+    return [tiles, mma, three_warpgroup_rows, halo, shifted, team_tiles, rowsums, registers,
+            shared, copies, splits, output, waste]
 
 
 # Preferred defaults, best first (APNN-TC-like: big warp tiles for small p*q, smaller for larger).
@@ -820,10 +844,12 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
     dict(BM=64, BN=16, WM=64, WN=16, KT=1, STAGES=6),
 ]
 DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma",
-                              REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0)
+                              REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
+                              TEAMS=1)
                          for d in _MMA_SYNC_DEFAULTS],
             "wgmma": [dict(d, PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0, ROWSUM="mma",
-                           REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0)
+                           REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
+                           TEAMS=1)
                       for d in _WGMMA_DEFAULTS]}
 
 
@@ -839,7 +865,7 @@ class BitserialTemplate(KernelTemplate):
     backend = "cuda"
     added_knobs: ClassVar[Mapping[str, object]] = {"ROWSUM": "mma", "REQUANT": "multiply",
                                                    "SPLIT_K": 1, "TAP_SHIFT": 0,
-                                                   "ROW_TABLE": 0}
+                                                   "ROW_TABLE": 0, "TEAMS": 1}
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         wl = workload
@@ -859,6 +885,7 @@ class BitserialTemplate(KernelTemplate):
                  Knob("WM", (16, 32, 64)), Knob("WN", (16, 32, 64, 128, 256)),
                  Knob("KT", (1, 2, 4, 8)), Knob("STAGES", (2, 3, 4, 6)), Knob("PERSIST", (0, 1)),
                  Knob("MMA", mma), Knob("TAP_SHIFT", self._tap_shift_values(workload, arch)),
+                 Knob("TEAMS", (1, 2) if 1 in self._tap_shift_values(workload, arch) else (1,)),
                  Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
                  Knob("ROWSUM", ("mma", "table", "slab")
                       if workload.w.encoding is Encoding.BINARY else ("mma",)),

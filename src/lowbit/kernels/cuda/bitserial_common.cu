@@ -22,6 +22,9 @@ typedef unsigned long long u64;
 // 16 rows each) share of the block tile; the epilogue always works per warp.
 constexpr int WARP_THREADS = WGMMA ? 128 : 32;
 constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN, THREADS = WARPS_M * WARPS_N * WARP_THREADS;
+// TEAMS > 1 (persistent tap-shift kernel): the block holds TEAMS teams of THREADS threads, each
+// working its own tiles (bitserial_wgmma_shift.cu); everything per tile counts a team's THREADS.
+constexpr int BLOCK_THREADS = TEAMS * THREADS;
 constexpr int WARP_ROWS = WGMMA ? 16 : WM;     // accumulator rows of one warp
 constexpr int MT = WARP_ROWS / 16, NT = WN / 8;  // m16 x n8 accumulator tiles per warp
 constexpr int TILE_WORDS = KT * 8;             // k words per pipeline stage (8 words = k256)
@@ -145,6 +148,14 @@ __device__ __forceinline__ int opaque(int v) {
 }
 template <int N> __device__ __forceinline__ void copy_wait() {
   asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
+}
+// Named barrier `id` (1..15; 0 is __syncthreads') of `count` threads, a multiple of 32:
+// bar.sync waits for the count, bar.arrive counts this warp in and goes on.
+__device__ __forceinline__ void named_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(count) : "memory");
 }
 
 __device__ __forceinline__ void mma_and(int (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
@@ -518,11 +529,21 @@ struct EpilogueArgs {
   EpilogueArgs{out, bias, scale, mult, shift, wtap, xpop, thr, vrows, split_ws,               \
                SPLIT_K > 1 ? (int)blockIdx.z : 0}
 
-// Zero the block's shared-memory packing tile [OUT_BITS][BM][BLOCK_WORDS] (narrow warp tiles).
+// The barrier of the threads that share a tile: the block's, or with TEAMS > 1 this thread's
+// team's (named barrier 1 + team).
+__device__ __forceinline__ int team_of_thread() {
+  return TEAMS > 1 ? (int)threadIdx.x / THREADS : 0;
+}
+__device__ __forceinline__ void tile_sync() {
+  if constexpr (TEAMS > 1) named_sync(1 + team_of_thread(), THREADS);
+  else __syncthreads();
+}
+
+// Zero the tile's shared-memory packing tile [OUT_BITS][BM][BLOCK_WORDS] (narrow warp tiles).
 __device__ __forceinline__ void pack_tile_clear(u32* s_out, int tid) {
-  __syncthreads();  // every warp is done reading the operand tiles
+  tile_sync();  // every warp is done reading the operand tiles
   for (int i = tid; i < PACK_WORDS; i += THREADS) s_out[i] = 0;
-  __syncthreads();
+  tile_sync();
 }
 
 // Bits of output word `word` that hold columns < KOUT (a threshold code past KOUT is OUT_QMIN's).
@@ -532,7 +553,7 @@ __device__ __forceinline__ u32 word_mask(int word) {
 
 // Store the packing tile of the block tile at (m0, n0) to the bit-plane output.
 __device__ __forceinline__ void pack_tile_store(const u32* s_out, void* out, int m0, int n0, int tid) {
-  __syncthreads();
+  tile_sync();
   for (int i = tid; i < PACK_WORDS; i += THREADS) {
     const int wd = i % BLOCK_WORDS, row = (i / BLOCK_WORDS) % BM, b = i / (BLOCK_WORDS * BM);
     const int m = out_row(m0 + row);

@@ -17,8 +17,8 @@ std::thread per CUDA thread:
   (the latest legal moment: operands overwritten before the wait would be caught); each thread
   computes its own accumulator registers (warp w of the warpgroup: rows 16w + g (+8),
   register k: column 8(k/4) + 2t + k%2);
-- shfl (indexed and xor), bar.sync, __syncwarp, atomicOr on shared memory, cvt.rn.f16.f32
-  (_Float16).
+- shfl (indexed and xor), bar.sync (the block's and named barriers of a thread count, with
+  bar.arrive), __syncwarp, atomicOr on shared memory, cvt.rn.f16.f32 (_Float16).
 It checks the kernels' indexing, pipelines, descriptors and packing on machines without a GPU;
 it is slow (threads and barriers per instruction) and meant for small workloads.
 """
@@ -123,6 +123,48 @@ template <int N> __device__ __forceinline__ void copy_wait() {
   }
 }
 
+// Named barriers (bar.sync / bar.arrive id, count): a phase completes when `count` threads
+// have arrived, the first arrival setting the count; every arrival of a phase must name the
+// same count. Blocks run one at a time, so one set serves them all; emu_run reports a block
+// that left a phase half full (an arrive without its partners) and resets it.
+#define EMU_BARRIER_TIMEOUT_S 300
+struct EmuNamedBarrier {
+  std::mutex mu;
+  std::condition_variable cv;
+  int expected = 0, arrived = 0;
+  unsigned long long phase = 0;
+};
+static EmuNamedBarrier emu_named[16];
+static inline void emu_named_arrive(int id, int count, bool wait) {
+  if (id < 1 || id > 15 || count <= 0 || count % 32 || count > (int)blockDim.x)
+    emu_fail("named barrier id or thread count");
+  EmuNamedBarrier& b = emu_named[id];
+  std::unique_lock<std::mutex> lock(b.mu);
+  if (b.arrived == 0) b.expected = count;
+  else if (b.expected != count) emu_fail("named barrier arrivals with different counts");
+  const unsigned long long phase = b.phase;
+  if (++b.arrived == b.expected) {
+    b.arrived = 0;
+    ++b.phase;
+    b.cv.notify_all();
+  } else if (wait) {  // a phase that never completes hangs a GPU; here it ends the process
+    if (!b.cv.wait_for(lock, std::chrono::seconds(EMU_BARRIER_TIMEOUT_S),
+                       [&] { return b.phase != phase; }))
+      emu_fail("named barrier deadlock: a phase never completed");
+  }
+}
+__device__ __forceinline__ void named_sync(int id, int count) {
+  emu_named_arrive(id, count, true);
+}
+__device__ __forceinline__ void named_arrive(int id, int count) {
+  emu_named_arrive(id, count, false);
+}
+static inline bool emu_named_idle() {
+  bool idle = true;
+  for (EmuNamedBarrier& b : emu_named) idle = idle && b.arrived == 0, b.arrived = 0;
+  return idle;  // and every barrier reset for the next launch
+}
+
 __device__ __forceinline__ void mma_and(int (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
   EmuWarp& wp = emu_share_fragments(a, b0, b1);
   const int lane = emu_lane();
@@ -220,6 +262,8 @@ extern "C" int emu_run(int which, const u32* x, const u32* w, void* out, const i
                        const int* vrows,
                        int grid_x, int grid_y, int grid_z, int nthreads, long long smem_bytes) {
   if (smem_bytes > EMU_SMEM_BYTES || nthreads > 512 || nthreads % 32) return -1;
+  emu_block_end = emu_named_idle;
+  emu_blocks_ok = true;
   emu_run_blocks(nthreads, grid_x, grid_y, grid_z, (unsigned char*)smem, smem_bytes,
                  sizeof(smem), [&] {
     if (which == 0) bitserial_wtap(w, thr, wtap);
@@ -228,7 +272,7 @@ extern "C" int emu_run(int which, const u32* x, const u32* w, void* out, const i
                   vrows);
     if (!emu_copy_groups.empty() || !emu_copy_open.empty()) emu_fail("copies left pending");
   });
-  return 0;
+  return emu_blocks_ok ? 0 : -2;  // a block left a named barrier phase with arrivals pending
 }
 """
 
@@ -302,6 +346,9 @@ def _run(lib: ctypes.CDLL, which: int, args: list, grid: tuple[int, int, int], n
          smem: int) -> None:
     rc = lib.emu_run(ctypes.c_int(which), *args, *(ctypes.c_int(g) for g in grid),
                      ctypes.c_int(nthreads), ctypes.c_longlong(smem))
+    if rc == -2:
+        raise RuntimeError("the kernel left a named barrier with arrivals pending (bar.arrive "
+                           "without the threads that complete its phase)")
     if rc:
         raise ValueError(f"launch refused by the emulation: {nthreads} threads, {smem} B "
                          f"of shared memory (at most 512 threads and {SMEM_LIMIT} B)")

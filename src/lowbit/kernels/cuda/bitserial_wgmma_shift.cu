@@ -8,7 +8,7 @@
 
 // Shared memory: the weights of every channel group ([GROUPS][B_GROUP_WORDS], wgmma B layout),
 // then the input slab of every group ([GROUPS][A_GROUP_WORDS]; persistent blocks keep
-// SLAB_BUFFERS of them), then the row-popcount tiles of ones.
+// SLAB_BUFFERS of them per team), then the row-popcount tiles of ones.
 constexpr int A_SHIFT_PLANE = GROUP_CHUNKS * SLAB_PIX * 4;           // words per plane slab
 constexpr int A_GROUP_WORDS = (Q_BITS * A_SHIFT_PLANE + 63) / 64 * 64;  // 256-byte aligned
 constexpr int B_GROUP_WORDS = (GROUP_STEPS * B_ROWS * 8 + 63) / 64 * 64;
@@ -19,7 +19,16 @@ constexpr int SLABS_WORDS = GROUPS * A_GROUP_WORDS;
 // tile's epilogue too, in a second accumulator set, while the tile after that loads.
 constexpr bool PINGPONG = PERSIST && STAGES == 4;
 static_assert(SLAB_BUFFERS == (PERSIST ? 3 : 1), "bitserial.slab_buffers");
-constexpr int ONES_OFFSET = GROUPS * B_GROUP_WORDS + SLAB_BUFFERS * SLABS_WORDS;
+constexpr int ONES_OFFSET = GROUPS * B_GROUP_WORDS + TEAMS * SLAB_BUFFERS * SLABS_WORDS;
+// TEAMS = 2 (persistent, STAGES = 3): two teams of warpgroups in one block share the resident
+// weights and take the block's row tiles in turn, each with its own slab buffers, barrier
+// (named barrier 1 + team) and epilogue. Their MMA issue alternates (named barriers 3 + team:
+// a team issues a tile's MMAs once the other has issued its previous tile's), so one team's
+// MMAs run on the tensor cores while the other team's epilogue runs on the SIMT units: two
+// blocks per SM instead start together and stay in step, MMAs beside MMAs and epilogues beside
+// epilogues (NOTES.md, "Teams").
+static_assert(TEAMS == 1 || (PERSIST && !PINGPONG), "TEAMS > 1: persistent blocks, STAGES = 3");
+static_assert(TEAMS <= 2, "the MMA order alternates between two teams");
 static_assert(GROUPS <= 8, "copy_wait_groups handles at most 8 channel groups");
 static_assert(!HALO && SPLIT_K == 1, "TAP_SHIFT=1 runs without HALO and SPLIT_K (tap_shift.py)");
 
@@ -327,27 +336,33 @@ __device__ __forceinline__ RowPrep shift_rows(int t, const VPos (&d)[MT][2], int
 }
 
 // Persistent blocks (PERSIST=1): block (x, y) keeps column tile x's weights resident and takes
-// row tiles y, y + gridDim.y, ...; the slab of a later tile loads into the buffer this tile's
-// MMAs just released, while the epilogue runs. PINGPONG: tile t + 1's MMAs are issued (into the
-// other accumulator set) before tile t's epilogue, so the tensor cores work through it.
-extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_persistent(
+// row tiles y, y + gridDim.y, ... (TEAMS = 2: team t the tiles y + (2i + t) gridDim.y); the slab
+// of a later tile loads into the buffer this tile's MMAs just released, while the epilogue runs.
+// PINGPONG: tile t + 1's MMAs are issued (into the other accumulator set) before tile t's
+// epilogue, so the tensor cores work through it.
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_shift_persistent(
     BITSERIAL_KERNEL_PARAMS) {
   extern __shared__ __align__(128) u32 smem[];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int team = team_of_thread();
+  const int tid = (int)threadIdx.x - team * THREADS, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wg_m = wg / WARPS_N, wg_n = wg % WARPS_N;
-  const int n0 = blockIdx.x * BN, step = gridDim.y;
+  const int n0 = blockIdx.x * BN, step = TEAMS * gridDim.y;
   u32* weights = smem;
-  u32* slabs = smem + GROUPS * B_GROUP_WORDS;
+  u32* slabs = smem + GROUPS * B_GROUP_WORDS + team * SLAB_BUFFERS * SLABS_WORDS;
   u32* ones = smem + ONES_OFFSET;
-  int* pop = reinterpret_cast<int*>(ones + (ROWSUM_MMA ? ONES_TILES * 64 : 0));  // ROWSUM_SLAB
-  u32* s_out = reinterpret_cast<u32*>(pop + POP_BUFFERS * POP_WORDS);  // apart: slabs load
-  fill_shift_ones(ones, tid);
+  int* pop = reinterpret_cast<int*>(ones + (ROWSUM_MMA ? ONES_TILES * 64 : 0))  // ROWSUM_SLAB
+             + team * POP_BUFFERS * POP_WORDS;
+  u32* s_out = reinterpret_cast<u32*>(pop + (TEAMS - team) * POP_BUFFERS * POP_WORDS)
+               + team * PACK_WORDS;  // apart: slabs load
   const SlabSlots slots = slab_slots(tid);
   const int* vpix = vrows + VPIX0;
+  if (team == 0) {  // the block's constants, read by every team
+    fill_shift_ones(ones, tid);
 #pragma unroll
-  for (int grp = 0; grp < GROUPS; ++grp)
-    load_group_weights(w, weights + grp * B_GROUP_WORDS, n0, grp, tid);
-  int tile = blockIdx.y;
+    for (int grp = 0; grp < GROUPS; ++grp)
+      load_group_weights(w, weights + grp * B_GROUP_WORDS, n0, grp, tid);
+  }
+  int tile = blockIdx.y + team * gridDim.y;
   constexpr int AHEAD = PINGPONG ? SLAB_BUFFERS : SLAB_BUFFERS - 1;  // slabs loaded up front
 #pragma unroll
   for (int b = 0; b < AHEAD; ++b)  // the first with the weights: one copy group each
@@ -362,6 +377,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
   for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) lane_d[mi][h] = vpos(row0 + mi * 16 + (lane >> 2) + 8 * h);
+  if constexpr (TEAMS > 1) {  // team 0's weight copies (the first copy group) land for all
+    copy_wait<AHEAD - 1>();
+    fence_proxy_async();
+    __syncthreads();
+  }
   if constexpr (POP_OWN) {  // the first tile's popcounts (its slab is the first copy group)
     copy_wait<AHEAD - 1>();
     own_slab_popcounts(slabs, pop, tid);
@@ -384,7 +404,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
       u32* slab = slabs + (it % SLAB_BUFFERS) * SLABS_WORDS;
       copy_wait<1>();  // PINGPONG: the next tile's slab landed; else this tile's
       fence_proxy_async();
-      __syncthreads();  // and every warpgroup is past the previous tile's MMAs
+      tile_sync();  // and every warpgroup of the team is past the previous tile's MMAs
       RowPrep rows;
       if constexpr (PINGPONG) {
         if (tile + step < ROW_TILES)
@@ -398,7 +418,15 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
         load_slabs(x, slab, tile + SLAB_BUFFERS * step,
                    slab_pixels(vpix, tile + SLAB_BUFFERS * step, slots, tid), tid);
       } else {
+        if constexpr (TEAMS > 1) {
+          // the other team's MMAs of the tile before this one (gridDim.y back) are issued:
+          // team 0's first tile has none
+          if (team == 1 || it > 0) named_sync(3 + team, 2 * THREADS);
+        }
         shift_tile_mma(cur, cur_rs, slab, weights, ones, wg_m, wg_n);
+        if constexpr (TEAMS > 1) {  // the other team's next tile may issue now, if it has one
+          if (tile + (int)gridDim.y < ROW_TILES) named_arrive(4 - team, 2 * THREADS);
+        }
         // while the MMAs run: the slab two tiles on, into the buffer the previous tile released
         if constexpr (SLAB_TABLE) {
           load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS, tile + 2 * step,
@@ -418,7 +446,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift_pers
           int* tile_pop = pop + (POP_OWN ? (it & 1) * POP_WORDS : 0);
           if constexpr (!POP_OWN) {
             slab_popcounts(slab, tile_pop, tid);
-            __syncthreads();
+            tile_sync();
           }
           add_slab_rowsums(rows, tile_pop, row0, lane);
         }

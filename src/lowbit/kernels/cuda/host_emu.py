@@ -19,6 +19,8 @@ from pathlib import Path
 # C++ headers
 HOST_INCLUDES = """#include <atomic>
 #include <barrier>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <vector>
 #include <cstring>
@@ -85,6 +87,11 @@ static inline EmuWarp& emu_share_fragments(const unsigned (&a)[4], unsigned b0, 
   return wp;
 }
 
+// Set by an emulation that checks each block's end state once its threads have joined (false:
+// the block failed the check; emu_run_blocks then clears emu_blocks_ok).
+static bool (*emu_block_end)() = nullptr;
+static bool emu_blocks_ok = true;
+
 // Run `body` as every thread of every block of a grid_x x grid_y x grid_z launch of nthreads
 // threads; smem[0, smem_size) is the block's shared memory, the first fill_bytes refilled per
 // block. Blocks run one at a time; the z blocks of one (x, y) run in a rotated order, so the
@@ -119,6 +126,7 @@ static void emu_run_blocks(int nthreads, int grid_x, int grid_y, int grid_z, uns
         });
       }
       for (auto& th : pool) th.join();
+      if (emu_block_end && !emu_block_end()) emu_blocks_ok = false;
     }
   }
   for (auto* b : warp_bars) delete b;
