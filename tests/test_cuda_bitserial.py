@@ -417,6 +417,27 @@ def test_bit_exact_row_table(wb, ab, variant):
             _assert_exact(wl, cfg.replace(ROW_TABLE=1, REQUANT=requant), seed=combo)
 
 
+@pytest.mark.parametrize("wb,ab", _PAIRS)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bit_exact_persistent_wgmma_teams(wb, ab):
+    """TEAMS=2 in the persistent wgmma kernel (two teams of warpgroups taking a block's tiles
+    in turn, MMA issue ordered by named barriers): every bit pair and encoding pair, convs with
+    stride 1 and 2 and a GEMM, the first and the last valid team config of each (tile counts
+    per team vary with the grid; wider bit pairs may have none: registers)."""
+    if bitserial.device_arch() != bitserial.WGMMA_ARCH:
+        pytest.skip("needs an sm_90a GPU")
+    for combo in range(4):
+        w_prec, a_prec = encodings(wb)[combo // 2], encodings(ab)[combo % 2]
+        epi = EPILOGUES[(wb + ab + combo) % len(EPILOGUES)]
+        wl = (gemm(w_prec, a_prec, epi, M=333, N=96, K=700) if combo == 3 else
+              conv(w_prec, a_prec, epi, N=3, H=11, W=9, C=96, K=70, stride=1 + combo % 2))
+        teams = [c for c in BITSERIAL.space(wl) if c["TEAMS"] == 2 and not c["TAP_SHIFT"]]
+        assert teams or wb * ab >= 6, "two teams fit every bit pair of up to 5 plane products"
+        for cfg in teams[:1] + teams[-1:]:
+            _assert_exact(wl, cfg, seed=combo)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bound_launcher_keeps_the_weight_tables_of_bind_time():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lowbit.core import Epilogue, Layout, Precision
-from lowbit.kernels.cuda import BITSERIAL, bitserial_emu
+from lowbit.kernels.cuda import BITSERIAL, bitserial, bitserial_emu
 from lowbit.kernels.cuda.bitserial import WGMMA_ARCH
 from lowbit.kernels.cuda.host_emu import compiler
 from lowbit.reference import random_inputs, run
@@ -79,6 +79,19 @@ CASES = [
     ("wgmma_persistent_bm192_b1b1", gemm(B1, B1, EPILOGUES[5], M=700, N=70, K=600), "wgmma",
      {"PERSIST": 1, "BM": 192, "BN": 64, "WN": 64, "KT": 1, "STAGES": 4,
       "REQUANT": "threshold"}),
+    # TEAMS=2: two teams of warpgroups per persistent block, each with its own stage ring,
+    # taking the block's tiles in turn (MMA issue ordered by named barriers): an odd tile count
+    # per block (team 0 has the last tile) with border thresholds, an even one with constant
+    # stage indices and the row-sum ones tile, the packing tile in shared memory per team
+    ("wgmma_persistent_teams_odd_b1b1", conv(B1, B1, EPILOGUES[5], N=2, H=17, W=16, C=40,
+                                             K=130), "wgmma",
+     {"PERSIST": 1, "TEAMS": 2, "BM": 128, "BN": 128, "WN": 128, "REQUANT": "threshold"}),
+    ("wgmma_persistent_teams_even_s2b1", gemm(S2, B1, EPILOGUES[4], M=250, N=70, K=1536),
+     "wgmma", {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 64, "WN": 64, "KT": 1,
+               "STAGES": 6}),
+    ("wgmma_persistent_teams_packed_b1u2", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=8, C=40,
+                                                K=70), "wgmma",
+     {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": 16}),
     # 40 channel words: a warp per pixel in bitserial_xpop, lanes 8-31 reading one word
     ("gemm_rowsum_table_wide_k", gemm(B1, U2, EPILOGUES[1], M=67, N=40, K=1280), "mma_sync",
      {"ROWSUM": "table"}),
@@ -199,6 +212,45 @@ def test_split_k_constraints():
     assert BITSERIAL.space(big, WGMMA_ARCH).knob("SPLIT_K").values == (1,)
     one_k_tile = gemm(S2, U2, EPILOGUES[1], M=64, N=64, K=256)
     assert BITSERIAL.space(one_k_tile, WGMMA_ARCH).knob("SPLIT_K").values == (1,)
+
+
+def test_team_cases_cover_both_tile_parities():
+    """The persistent TEAMS cases give their blocks (the emulation runs 2) odd and even tile
+    counts, so both teams' last tiles and the left-out order arrival are run."""
+    parities = set()
+    for _, wl, mma, changes in (c for c in CASES if "teams" in c[0]):
+        cfg = _config(wl, mma, changes)
+        cols, rows = bitserial.tile_grid(wl, cfg)
+        blocks = bitserial.persistent_grid(wl, cfg, 2)[0]
+        parities |= {len(range(b, cols * rows, blocks)) % 2 for b in range(blocks)}
+    assert parities == {0, 1}
+
+
+@pytest.mark.parametrize("edit", [
+    ("u32* stages = smem + team * STAGES * STAGE_WORDS;", "u32* stages = smem;"),
+    ("if (kt == KTILES - 1 && tile + (int)gridDim.x < N_TILES) named_arrive",
+     "if (kt == KTILES - 1) named_arrive")],
+    ids=["teams_share_stages", "order_arrival_without_partner"])
+def test_emulation_catches_broken_teams(edit, monkeypatch):
+    """Persistent wgmma teams that share one stage ring give wrong results; an order arrival
+    after a team's last tile where the other team has none left is reported."""
+    original = bitserial._cu
+
+    def broken(name):
+        text = original(name)
+        if name == "bitserial_wgmma_persistent.cu":
+            assert text.count(edit[0]) == 1
+            text = text.replace(*edit)
+        return text
+    monkeypatch.setattr(bitserial, "_cu", broken)
+    wl = conv(B1, B1, EPILOGUES[5], N=2, H=17, W=16, C=40, K=130)
+    cfg = _config(wl, "wgmma", {"PERSIST": 1, "TEAMS": 2, "BM": 128, "BN": 128, "WN": 128,
+                                "REQUANT": "threshold"})
+    if "stages" in edit[0]:
+        assert not _check(wl, cfg, seed=2)
+    else:
+        with pytest.raises(RuntimeError, match="named barrier"):
+            _check(wl, cfg, seed=2)
 
 
 @pytest.mark.parametrize("edit,extra", [

@@ -345,8 +345,8 @@ def test_emulation_reports_an_order_arrival_without_its_partner(monkeypatch):
 
 
 def test_teams_constraints():
-    """TEAMS=2 is offered where TAP_SHIFT is, valid only in the persistent 3-stage tap-shift
-    kernel with at most 4 warpgroups in all, and doubles the block's threads and its slab
+    """TEAMS=2 is offered on sm_90a, valid only in the persistent wgmma kernels (tap-shift:
+    STAGES=3) with at most 4 warpgroups in all, and doubles the block's threads and its slab
     buffers but not its resident weights."""
     wl = conv(B1, B1, EPILOGUES[5], N=4, H=14, W=14, C=256, K=256)
     space = BITSERIAL.space(wl, "sm_90a")
@@ -355,8 +355,10 @@ def test_teams_constraints():
     one = _shift_config(wl, {"PERSIST": 1, "BM": 128, "BN": 128, "WN": 128, "ROWSUM": "mma"})
     two = one.replace(TEAMS=2)
     assert space.is_valid(two), space.why_invalid(two)
-    for bad in (two.replace(PERSIST=0), two.replace(STAGES=4), two.replace(TAP_SHIFT=0, KT=2)):
+    for bad in (two.replace(PERSIST=0), two.replace(STAGES=4),
+                two.replace(MMA="mma_sync", TAP_SHIFT=0, SWIZZLE=0, WN=64, KT=2)):
         assert "TEAMS" in space.why_invalid(bad)
+    assert space.is_valid(two.replace(TAP_SHIFT=0, KT=1, STAGES=4))  # the plain persistent one
     assert "warpgroups" in space.why_invalid(two.replace(BM=256))
     assert bitserial.threads(two) == 2 * bitserial.threads(one) == 512
     plan = tap_shift.shift_plan(bitserial.conv_shape(wl), one["BM"])

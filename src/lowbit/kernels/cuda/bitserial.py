@@ -37,9 +37,10 @@ resident, three slab buffers) 4: the next tile's MMAs in a second accumulator se
 tile's epilogue), ROW_TABLE (without ROWSUM="table": 0 works out each row's output row and
 tap rectangle from its row index in the epilogue; 1 reads them from a per-row table that bind
 fills from the geometry; 2, TAP_SHIFT=1 only, also each slab copy's input pixel), TEAMS
-(persistent TAP_SHIFT=1 kernels with STAGES=3: 2 puts two teams of the tile's warpgroups in one
-block, sharing the resident weights and taking the block's row tiles in turn, their MMA issue
-alternating so that one team's MMAs run while the other team's epilogue does).
+(persistent wgmma kernels, with TAP_SHIFT=1 STAGES=3: 2 puts two teams of the tile's
+warpgroups in one block, each with its own stages or slabs, taking the block's tiles in turn,
+their MMA issue alternating so that one team's MMAs run while the other team's epilogue does;
+TAP_SHIFT=1 teams share the resident weights).
 """
 
 from __future__ import annotations
@@ -562,10 +563,12 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     """Dynamic shared memory of a config: STAGES x (a_bits*BM + w_bits*BN) rows x KT*32 bytes
     (wgmma with binary weights: + a 256-byte tile of ones for the row popcounts, or with
     ROWSUM="slab" 4 bytes per slab position; HALO=1: + the input slab; TAP_SHIFT=1: the
-    weights once, the slab buffers, slab popcounts and packing tile once per team)."""
+    weights once, the slab buffers and slab popcounts per team; the stages and the packing
+    tile are per team too)."""
     q, p = planes(wl)
     rows = q * config["BM"] + p * config["BN"]
-    operands = config["STAGES"] * rows * config["KT"] * 32 + halo_bytes(wl, config)
+    operands = (config["STAGES"] * rows * config["KT"] * 32 * teams(config)
+                + halo_bytes(wl, config))
     ones = 1
     if tap_shift(config):  # every channel group resident, slab_buffers slabs of it
         plan = shift_plan(conv_shape(wl), config["BM"])
@@ -701,10 +704,11 @@ def _constraints(wl: Workload) -> list:
             return "the wgmma pipeline needs STAGES >= 3 (one stage stays in flight)"
         wgmma_n = planes(wl)[1] * c["WN"]
         if c["PERSIST"] and not tap_shift(c) and (
-                wgmma_n > 128 or (tile_threads(c) > 256 and planes(wl)[0] * wgmma_n > 128)):
+                wgmma_n > 128 or (threads(c) > 256 and planes(wl)[0] * wgmma_n > 128)):
             # NVRTC 13 (sm_90a), the epilogue living inside the tile loop: m64n256 blocks spill
-            # 870 B; 4-warpgroup blocks (capped at 128 registers per thread) spill 488 B with
-            # 128 accumulator registers (two m64n128 planes) and none with 64 (one plane)
+            # 870 B; 4-warpgroup blocks (capped at 128 registers per thread; two teams of two
+            # warpgroups too) spill 488 B with 128 accumulator registers (two m64n128 planes)
+            # and none with 64 (one plane)
             return ("persistent wgmma blocks spill beyond N = 128 per wgmma, or beyond one "
                     "m64n128 accumulator per thread with more than 2 warpgroups")
         if (c["BM"] // 64) * (c["BN"] // c["WN"]) > MAX_WARPGROUPS:
@@ -756,8 +760,9 @@ def _constraints(wl: Workload) -> list:
     def team_tiles(c: Config) -> str | None:
         if teams(c) == 1:
             return None
-        if not (tap_shift(c) and c["PERSIST"] and c["STAGES"] == 3):
-            return "TEAMS > 1 is implemented in the persistent TAP_SHIFT=1 kernel, STAGES=3"
+        if not (c["MMA"] == "wgmma" and c["PERSIST"]) or (tap_shift(c) and c["STAGES"] != 3):
+            return ("TEAMS > 1 is implemented in the persistent wgmma kernels (TAP_SHIFT=1: "
+                    "STAGES=3)")
         if teams(c) * (c["BM"] // 64) * (c["BN"] // c["WN"]) > MAX_WARPGROUPS:
             return f"more than {MAX_WARPGROUPS} warpgroups per block in all teams"
         return None
@@ -885,7 +890,7 @@ class BitserialTemplate(KernelTemplate):
                  Knob("WM", (16, 32, 64)), Knob("WN", (16, 32, 64, 128, 256)),
                  Knob("KT", (1, 2, 4, 8)), Knob("STAGES", (2, 3, 4, 6)), Knob("PERSIST", (0, 1)),
                  Knob("MMA", mma), Knob("TAP_SHIFT", self._tap_shift_values(workload, arch)),
-                 Knob("TEAMS", (1, 2) if 1 in self._tap_shift_values(workload, arch) else (1,)),
+                 Knob("TEAMS", (1, 2) if arch == WGMMA_ARCH else (1,)),
                  Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
                  Knob("ROWSUM", ("mma", "table", "slab")
                       if workload.w.encoding is Encoding.BINARY else ("mma",)),
