@@ -9,6 +9,8 @@ wgmma m64n8k256 of every plane and step left out); no_rowsum + no_epilogue. Prin
 $OUT/shift_probe.json.
 
 Usage: python benchmarks/shift_probe.py [--rows s3:w1a1:256:128:128 ...] [--variants base ...]
+(a row: stage:precision:BM:BN:WN[:TEAMS], ROW_TABLE=1 where the space has it, else 0; the
+no_loads cut needs ROW_TABLE < 2)
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ EPILOGUE = ("      tile_epilogue(cur, cur_rs, rows, tile * BM, n0, row0, col0, l
 CUTS = {
     "no_epilogue": [(EPILOGUE, "      if (cur[0][0][0][0][0] == 0x7fffffff && tile < 0) "
                                "((int*)out)[0] = cur_rs[0][0][0];")],
-    "no_loads": [("        load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS, "
-                  "tile + 2 * step, slots, tid);", "        copy_commit();")],
+    "no_loads": [("          load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS, "
+                  "tile + 2 * step,\n                     slab_pixels(vpix, tile + 2 * step, "
+                  "slots, tid), tid);", "          copy_commit();")],
     "aligned": [("desc_offset(da0, i * A_SHIFT_PLANE / 4 + OFF, LBO)",
                  "desc_offset(da0, i * A_SHIFT_PLANE / 4 + (OFF & ~7), 8)")],
     "no_rowsum": [("if constexpr (ROWSUM_MMA) wgmma_rowsum(rsum[i], da, "
@@ -70,12 +73,14 @@ def main() -> None:
     layers = dict(workloads(False))
     original, results = bitserial.render, []
     for spec in args.rows:
-        stage, prec, bm, bn, wn = spec.split(":")
+        stage, prec, bm, bn, wn, *teams = spec.split(":")
         wl = bitserial_workload(layers[f"resnet50_{stage}_3x3_b256"], prec)
         space = BITSERIAL.space(wl)
         cfg = next(c for c in space if c["TAP_SHIFT"] and c["PERSIST"] and c["SWIZZLE"] == 32
                    and (c["BM"], c["BN"], c["WN"]) == (int(bm), int(bn), int(wn))
-                   and c["ROWSUM"] == "mma" and c["REQUANT"] == space.knob("REQUANT").values[-1])
+                   and c["ROWSUM"] == "mma" and c["REQUANT"] == space.knob("REQUANT").values[-1]
+                   and c["STAGES"] == 3 and c["TEAMS"] == int((teams or [1])[0])
+                   and c["ROW_TABLE"] == min(1, space.knob("ROW_TABLE").values[-1]))
         x, w, params = gpu_inputs(wl, 1)
         row = {"row": spec, "config": dict(cfg)}
         for name in args.variants:
