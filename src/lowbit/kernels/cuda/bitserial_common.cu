@@ -765,37 +765,21 @@ __device__ __forceinline__ RowPrep epilogue_rows(const LaneRows& pos, int n0, in
 // (virtual) row into (image, row, column), the margin test and the tap ranges (~40
 // instructions per row, a fifth of a 32-output lane's tap-shift epilogue at C = 64). v0: the
 // warp's first row (TAP_SHIFT: in the virtual grid).
-// The table entries of this lane's rows (v0: the warp's first row), loaded apart from their
-// use so a persistent kernel can fetch the next tile's while this tile computes.
-struct RowEntries {
-  int2 e[MT][2];
-};
-__device__ __forceinline__ RowEntries row_entries(int v0, int lane, const EpilogueArgs& ea) {
-  const int2* table = reinterpret_cast<const int2*>(ea.vrows) + v0 + (lane >> 2);
-  RowEntries r;
-#pragma unroll
-  for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) r.e[mi][h] = __ldg(table + mi * 16 + 8 * h);
-  return r;
-}
-__device__ __forceinline__ RowPrep table_rows(const RowEntries& r, int n0, int col0, int lane,
+__device__ __forceinline__ RowPrep table_rows(int v0, int n0, int col0, int lane,
                                               const EpilogueArgs& ea) {
   const int col_base = n0 + col0 + 2 * (lane & 3);
+  const int2* table = reinterpret_cast<const int2*>(ea.vrows) + v0 + (lane >> 2);
   RowPrep rows;
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      rows.m[mi][h] = r.e[mi][h].x;
-      rows.rowp[mi][h] = row_data(r.e[mi][h].y, col_base, ea);
+      const int2 e = __ldg(table + mi * 16 + 8 * h);
+      rows.m[mi][h] = e.x;
+      rows.rowp[mi][h] = row_data(e.y, col_base, ea);
       rows.term[mi][h] = 0;
     }
   return rows;
-}
-__device__ __forceinline__ RowPrep table_rows(int v0, int n0, int col0, int lane,
-                                              const EpilogueArgs& ea) {
-  return table_rows(row_entries(v0, lane, ea), n0, col0, lane, ea);
 }
 __device__ __forceinline__ RowPrep epilogue_rows(int m0, int n0, int row0, int col0, int lane,
                                                  const EpilogueArgs& ea) {

@@ -321,16 +321,11 @@ __device__ __forceinline__ void shift_tile_mma(Acc& acc, RowSum& rsum, const u32
   wgmma_commit();
 }
 
-// The epilogue rows of this lane in row tile t: from the row table (ROW_TABLE; `ahead`: the
-// entries fetched a tile early), or from the rows' offsets d from the tile's first row (vpos of
-// each row's index in the tile).
+// The epilogue rows of this lane in row tile t: from the row table (ROW_TABLE), or from the
+// rows' offsets d from the tile's first row (vpos of each row's index in the tile).
 __device__ __forceinline__ RowPrep shift_rows(int t, const VPos (&d)[MT][2], int n0, int row0,
-                                              int col0, int lane, const EpilogueArgs& ea,
-                                              const RowEntries* ahead = nullptr) {
-  if constexpr (ROW_TABLE) {
-    if (ahead) return table_rows(*ahead, n0, col0, lane, ea);
-    return table_rows(t * BM + row0, n0, col0, lane, ea);
-  }
+                                              int col0, int lane, const EpilogueArgs& ea) {
+  if constexpr (ROW_TABLE) return table_rows(t * BM + row0, n0, col0, lane, ea);
   const VPos t0 = vpos(t * BM);
   LaneRows pos;
 #pragma unroll
@@ -377,14 +372,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_shif
   SlabPix pix_ahead = slab_pixels(vpix, tile + AHEAD * step, slots, tid);
   const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
   const int row0 = wg_m * 64 + (warp & 3) * 16, col0 = wg_n * WN;
-  // ROW_TABLE: this lane's row entries of the tile the loop computes next, fetched a tile early
-  // (loaded where the rows are used, the load sits between the tile's wgmmas, and the
-  // instructions waiting on it hold back the last MMAs and the other team's turn: Nsight, s4
-  // w1a1 with two teams, 9% of the samples)
-  RowEntries rows_ahead{};
-  if constexpr (ROW_TABLE) {
-    if (tile < ROW_TILES) rows_ahead = row_entries(tile * BM + row0, lane, ea);
-  }
   VPos lane_d[MT][2];  // this lane's rows' offsets from a tile's first row
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)
@@ -454,11 +441,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_shif
           own_slab_popcounts(slabs + ((it + 1) % SLAB_BUFFERS) * SLABS_WORDS,
                              pop + ((it + 1) & 1) * POP_WORDS, tid);
         }
-        rows = shift_rows(tile, lane_d, n0, row0, col0, lane, ea, &rows_ahead);
-        if constexpr (ROW_TABLE) {  // the team's next tile (the last one's own again)
-          const int next = tile + step < ROW_TILES ? tile + step : tile;
-          rows_ahead = row_entries(next * BM + row0, lane, ea);
-        }
+        rows = shift_rows(tile, lane_d, n0, row0, col0, lane, ea);
         if constexpr (ROWSUM_SLAB) {  // pop is free: every thread passed the loop-top barrier
           int* tile_pop = pop + (POP_OWN ? (it & 1) * POP_WORDS : 0);
           if constexpr (!POP_OWN) {
