@@ -140,7 +140,7 @@ def test_wgmma_only_on_sm90a():
         # persistent blocks of 4 warpgroups only with one m64n128's worth of accumulators
         assert not c["PERSIST"] or bitserial.threads(c) <= 256 or 2 * 2 * c["WN"] <= 128
         assert 2 * c["WN"] in bitserial.WGMMA_N  # N = w_bits * WN of m64nNk256
-        assert bitserial.threads(c) == (c["BM"] // 64) * (c["BN"] // c["WN"]) * 128
+        assert bitserial.threads(c) == (c["BM"] // 64) * (c["BN"] // c["WN"]) * 128 * c["TEAMS"]
         assert bitserial.acc_regs(wl, c) == 2 * 2 * c["WN"] // 2  # one warp's m16 x N share
     cfg = BITSERIAL.default_config(wl, "wgmma", arch="sm_90a")
     assert cfg["MMA"] == "wgmma"

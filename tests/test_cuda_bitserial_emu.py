@@ -169,6 +169,20 @@ def _config(wl, mma, changes):
     return cfg
 
 
+def edit_kernel_file(monkeypatch, name, old, new):
+    """Render the kernels with `old` replaced by `new` in the .cu file `name` (a mutation the
+    emulation must catch); `old` must occur there exactly once."""
+    original = bitserial._cu
+
+    def edited(file):
+        text = original(file)
+        if file == name:
+            assert text.count(old) == 1, old
+            text = text.replace(old, new)
+        return text
+    monkeypatch.setattr(bitserial, "_cu", edited)
+
+
 def _check(wl, cfg, seed):
     x, w, params = random_inputs(wl, seed)
     got, want = bitserial_emu.emulate(wl, cfg, x, w, params), run(wl, x, w, params)
@@ -228,21 +242,13 @@ def test_team_cases_cover_both_tile_parities():
 
 @pytest.mark.parametrize("edit", [
     ("u32* stages = smem + team * STAGES * STAGE_WORDS;", "u32* stages = smem;"),
-    ("if (kt == KTILES - 1 && tile + (int)gridDim.x < N_TILES) named_arrive",
-     "if (kt == KTILES - 1) named_arrive")],
+    ("if (kt == KTILES - 1 && tile + (int)gridDim.x < N_TILES)\n",
+     "if (kt == KTILES - 1)\n")],
     ids=["teams_share_stages", "order_arrival_without_partner"])
 def test_emulation_catches_broken_teams(edit, monkeypatch):
     """Persistent wgmma teams that share one stage ring give wrong results; an order arrival
     after a team's last tile where the other team has none left is reported."""
-    original = bitserial._cu
-
-    def broken(name):
-        text = original(name)
-        if name == "bitserial_wgmma_persistent.cu":
-            assert text.count(edit[0]) == 1
-            text = text.replace(*edit)
-        return text
-    monkeypatch.setattr(bitserial, "_cu", broken)
+    edit_kernel_file(monkeypatch, "bitserial_wgmma_persistent.cu", *edit)
     wl = conv(B1, B1, EPILOGUES[5], N=2, H=17, W=16, C=40, K=130)
     cfg = _config(wl, "wgmma", {"PERSIST": 1, "TEAMS": 2, "BM": 128, "BN": 128, "WN": 128,
                                 "REQUANT": "threshold"})

@@ -18,7 +18,7 @@ from lowbit.kernels.cuda import BITSERIAL, bitserial, bitserial_emu, tap_shift
 from lowbit.kernels.cuda.bitserial import WGMMA_ARCH, Shape
 from lowbit.kernels.cuda.host_emu import compiler
 from test_cuda_bitserial import EPILOGUES, _assert_exact, conv, encodings, gemm
-from test_cuda_bitserial_emu import _check
+from test_cuda_bitserial_emu import _check, edit_kernel_file
 
 B1, U1, U2, S2, S3, U4 = (Precision(1, "binary"), Precision(1), Precision(2),
                           Precision(2, "signed"), Precision(3, "signed"), Precision(4))
@@ -280,15 +280,7 @@ def test_emulation_catches_a_wrong_slab_rowsum(edit, c, monkeypatch):
     between warps a tile apart, which the emulation's schedule does not produce.)"""
     wl = conv(B1, U2, EPILOGUES[1], N=2, H=5 if c > 128 else 11, W=6, C=c, K=40)
     cfg = _shift_config(wl, {"PERSIST": 1, "BM": 64, "BN": 32, "WN": 32, "ROWSUM": "slab"})
-    original = bitserial._cu
-
-    def broken(name):
-        text = original(name)
-        if name == "bitserial_wgmma_shift.cu":
-            assert text.count(edit[0]) == 1
-            text = text.replace(*edit)
-        return text
-    monkeypatch.setattr(bitserial, "_cu", broken)
+    edit_kernel_file(monkeypatch, "bitserial_wgmma_shift.cu", *edit)
     assert not _check(wl, cfg, seed=2)
 
 
@@ -314,15 +306,7 @@ def test_emulation_catches_teams_in_each_others_way(edit, c, wn, monkeypatch):
     bits into the same shared-memory tile, is caught."""
     wl = conv(S2, U2, EPILOGUES[1], N=2, H=7, W=9, C=c, K=64)
     cfg = _shift_config(wl, {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": wn})
-    original = bitserial._cu
-
-    def broken(name):
-        text = original(name)
-        if name == "bitserial_wgmma_shift.cu":
-            assert text.count(edit[0]) == 1
-            text = text.replace(*edit)
-        return text
-    monkeypatch.setattr(bitserial, "_cu", broken)
+    edit_kernel_file(monkeypatch, "bitserial_wgmma_shift.cu", *edit)
     assert not _check(wl, cfg, seed=4)
 
 
@@ -333,13 +317,8 @@ def test_emulation_reports_an_order_arrival_without_its_partner(monkeypatch):
     the next block on that SM would inherit the count)."""
     wl = conv(S2, U2, EPILOGUES[1], N=2, H=7, W=9, C=512, K=64)
     cfg = _shift_config(wl, {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": 32})
-    original = bitserial._cu
-    guard = "if (tile + (int)gridDim.y < ROW_TILES) named_arrive"
-
-    def broken(name):
-        text = original(name)
-        return text.replace(guard, "named_arrive") if name == "bitserial_wgmma_shift.cu" else text
-    monkeypatch.setattr(bitserial, "_cu", broken)
+    edit_kernel_file(monkeypatch, "bitserial_wgmma_shift.cu",
+                     "if (tile + (int)gridDim.y < ROW_TILES) named_arrive", "named_arrive")
     with pytest.raises(RuntimeError, match="named barrier"):
         _check(wl, cfg, seed=4)
 

@@ -22,8 +22,8 @@ typedef unsigned long long u64;
 // 16 rows each) share of the block tile; the epilogue always works per warp.
 constexpr int WARP_THREADS = WGMMA ? 128 : 32;
 constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN, THREADS = WARPS_M * WARPS_N * WARP_THREADS;
-// TEAMS > 1 (persistent tap-shift kernel): the block holds TEAMS teams of THREADS threads, each
-// working its own tiles (bitserial_wgmma_shift.cu); everything per tile counts a team's THREADS.
+// TEAMS > 1 (the persistent wgmma kernels): the block holds TEAMS teams of THREADS threads, each
+// working its own tiles; everything per tile counts a team's THREADS.
 constexpr int BLOCK_THREADS = TEAMS * THREADS;
 constexpr int WARP_ROWS = WGMMA ? 16 : WM;     // accumulator rows of one warp
 constexpr int MT = WARP_ROWS / 16, NT = WN / 8;  // m16 x n8 accumulator tiles per warp

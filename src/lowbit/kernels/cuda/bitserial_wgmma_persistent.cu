@@ -25,7 +25,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_pers
   u32* stages = smem + team * STAGES * STAGE_WORDS;
   u32* ones = smem + TEAMS * STAGES * STAGE_WORDS;
   if (team == 0) fill_ones(ones, tid);
-  u32* s_out = ones + ONES_WORDS + team * PACK_WORDS;  // apart: the next tiles' copies are in flight
+  // the packing tile apart: the next tiles' copies are in flight
+  u32* s_out = ones + ONES_WORDS + team * PACK_WORDS;
   const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
   constexpr int AHEAD = STAGES - 2;  // k tiles the copies run ahead of the MMAs
   // every tile starts on stage 0 when STAGES divides KTILES: the unrolled steps' stages are
@@ -39,10 +40,14 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_pers
 #pragma unroll
   for (int g = 0; g < AHEAD; ++g) {
     if (g > 0 && g % KTILES == 0) ld = tile_loads(ld.tile + step, tid);
-    if (ld.tile < N_TILES) load_stage(x, w, stages + g * STAGE_WORDS, ld.ar, ld.n0, g % KTILES, tid);
+    if (ld.tile < N_TILES)
+      load_stage(x, w, stages + g * STAGE_WORDS, ld.ar, ld.n0, g % KTILES, tid);
     copy_commit();
   }
-  if constexpr (TEAMS > 1) __syncthreads();  // team 0's ones tile, for both teams' row sums
+  if constexpr (TEAMS > 1) {  // team 0's ones tile, for both teams' row-sum wgmmas
+    fence_proxy_async();
+    __syncthreads();
+  }
   int fill = AHEAD, read = 0;  // the stages the next copies fill and the next MMAs read
   bool first = true;
   for (int tile = (int)blockIdx.x + team * (int)gridDim.x; tile < N_TILES; tile += step) {
@@ -66,7 +71,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_pers
       }
       wgmma_stage(acc, rsum, stages + from * STAGE_WORDS, ones, wg_m, wg_n, kt > 0);
       if constexpr (TEAMS > 1) {  // this tile's MMAs are issued: the other team's turn
-        if (kt == KTILES - 1 && tile + (int)gridDim.x < N_TILES) named_arrive(4 - team, 2 * THREADS);
+        if (kt == KTILES - 1 && tile + (int)gridDim.x < N_TILES)
+          named_arrive(4 - team, 2 * THREADS);
       }
       read = read == STAGES - 1 ? 0 : read + 1;
       if (kt < KTILES - 1) wgmma_wait<1>();
