@@ -242,8 +242,7 @@ def test_team_cases_cover_both_tile_parities():
 
 @pytest.mark.parametrize("edit", [
     ("u32* stages = smem + team * STAGES * STAGE_WORDS;", "u32* stages = smem;"),
-    ("if (kt == KTILES - 1 && tile + (int)gridDim.x < N_TILES)\n",
-     "if (kt == KTILES - 1)\n")],
+    ("mma_turn_pass(team, tile + (int)gridDim.x < N_TILES)", "mma_turn_pass(team, true)")],
     ids=["teams_share_stages", "order_arrival_without_partner"])
 def test_emulation_catches_broken_teams(edit, monkeypatch):
     """Persistent wgmma teams that share one stage ring give wrong results; an order arrival

@@ -318,7 +318,8 @@ def test_emulation_reports_an_order_arrival_without_its_partner(monkeypatch):
     wl = conv(S2, U2, EPILOGUES[1], N=2, H=7, W=9, C=512, K=64)
     cfg = _shift_config(wl, {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": 32})
     edit_kernel_file(monkeypatch, "bitserial_wgmma_shift.cu",
-                     "if (tile + (int)gridDim.y < ROW_TILES) named_arrive", "named_arrive")
+                     "mma_turn_pass(team, tile + (int)gridDim.y < ROW_TILES)",
+                     "mma_turn_pass(team, true)")
     with pytest.raises(RuntimeError, match="named barrier"):
         _check(wl, cfg, seed=4)
 

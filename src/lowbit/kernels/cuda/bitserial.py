@@ -711,7 +711,7 @@ def _constraints(wl: Workload) -> list:
             # and none with 64 (one plane)
             return ("persistent wgmma blocks spill beyond N = 128 per wgmma, or beyond one "
                     "m64n128 accumulator per thread with more than 2 warpgroups")
-        if (c["BM"] // 64) * (c["BN"] // c["WN"]) > MAX_WARPGROUPS:
+        if threads(c) // 128 > MAX_WARPGROUPS:  # every team's
             return f"more than {MAX_WARPGROUPS} warpgroups per block"
         return None
 
@@ -763,8 +763,6 @@ def _constraints(wl: Workload) -> list:
         if not (c["MMA"] == "wgmma" and c["PERSIST"]) or (tap_shift(c) and c["STAGES"] != 3):
             return ("TEAMS > 1 is implemented in the persistent wgmma kernels (TAP_SHIFT=1: "
                     "STAGES=3)")
-        if teams(c) * (c["BM"] // 64) * (c["BN"] // c["WN"]) > MAX_WARPGROUPS:
-            return f"more than {MAX_WARPGROUPS} warpgroups per block in all teams"
         return None
 
     def rowsums(c: Config) -> str | None:

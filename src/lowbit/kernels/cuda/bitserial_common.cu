@@ -538,6 +538,21 @@ __device__ __forceinline__ void tile_sync() {
   if constexpr (TEAMS > 1) named_sync(1 + team_of_thread(), THREADS);
   else __syncthreads();
 }
+// TEAMS = 2: the teams take turns issuing their tiles' MMAs (named barrier 3 + team), so one
+// team's MMAs run while the other's epilogue does. A team waits before a tile's first MMA until
+// the other team has issued its previous tile's (`first`: team 0's first tile waits for
+// nobody), and passes the turn after its last MMA where the other team has a tile that waits
+// for it (`partner_waits`; a pass nobody waits for would leave the barrier half full).
+__device__ __forceinline__ void mma_turn_wait(int team, bool first) {
+  if constexpr (TEAMS > 1) {
+    if (team == 1 || !first) named_sync(3 + team, 2 * THREADS);
+  }
+}
+__device__ __forceinline__ void mma_turn_pass(int team, bool partner_waits) {
+  if constexpr (TEAMS > 1) {
+    if (partner_waits) named_arrive(4 - team, 2 * THREADS);
+  }
+}
 
 // Zero the tile's shared-memory packing tile [OUT_BITS][BM][BLOCK_WORDS] (narrow warp tiles).
 __device__ __forceinline__ void pack_tile_clear(u32* s_out, int tid) {

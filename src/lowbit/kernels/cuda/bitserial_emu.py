@@ -159,10 +159,14 @@ __device__ __forceinline__ void named_sync(int id, int count) {
 __device__ __forceinline__ void named_arrive(int id, int count) {
   emu_named_arrive(id, count, false);
 }
+// Whether every named barrier ended the block with no arrivals pending; resets them all.
 static inline bool emu_named_idle() {
   bool idle = true;
-  for (EmuNamedBarrier& b : emu_named) idle = idle && b.arrived == 0, b.arrived = 0;
-  return idle;  // and every barrier reset for the next launch
+  for (EmuNamedBarrier& b : emu_named) {
+    if (b.arrived) idle = false;
+    b.arrived = 0;
+  }
+  return idle;
 }
 
 __device__ __forceinline__ void mma_and(int (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {

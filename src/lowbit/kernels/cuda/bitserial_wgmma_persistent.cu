@@ -66,14 +66,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_pers
         load_stage(x, w, stages + to * STAGE_WORDS, ld.ar, ld.n0, kl, opaque(tid));
       copy_commit();
       fill = fill == STAGES - 1 ? 0 : fill + 1;
-      if constexpr (TEAMS > 1) {  // the other team has issued its previous tile's MMAs
-        if (kt == 0 && (team == 1 || !first)) named_sync(3 + team, 2 * THREADS);
-      }
+      if (kt == 0) mma_turn_wait(team, first);
       wgmma_stage(acc, rsum, stages + from * STAGE_WORDS, ones, wg_m, wg_n, kt > 0);
-      if constexpr (TEAMS > 1) {  // this tile's MMAs are issued: the other team's turn
-        if (kt == KTILES - 1 && tile + (int)gridDim.x < N_TILES)
-          named_arrive(4 - team, 2 * THREADS);
-      }
+      if (kt == KTILES - 1) mma_turn_pass(team, tile + (int)gridDim.x < N_TILES);
       read = read == STAGES - 1 ? 0 : read + 1;
       if (kt < KTILES - 1) wgmma_wait<1>();
     }

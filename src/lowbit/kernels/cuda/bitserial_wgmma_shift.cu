@@ -418,15 +418,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_shif
         load_slabs(x, slab, tile + SLAB_BUFFERS * step,
                    slab_pixels(vpix, tile + SLAB_BUFFERS * step, slots, tid), tid);
       } else {
-        if constexpr (TEAMS > 1) {
-          // the other team's MMAs of the tile before this one (gridDim.y back) are issued:
-          // team 0's first tile has none
-          if (team == 1 || it > 0) named_sync(3 + team, 2 * THREADS);
-        }
+        mma_turn_wait(team, it == 0);  // the other team's tile gridDim.y back is issued
         shift_tile_mma(cur, cur_rs, slab, weights, ones, wg_m, wg_n);
-        if constexpr (TEAMS > 1) {  // the other team's next tile may issue now, if it has one
-          if (tile + (int)gridDim.y < ROW_TILES) named_arrive(4 - team, 2 * THREADS);
-        }
+        mma_turn_pass(team, tile + (int)gridDim.y < ROW_TILES);  // its tile gridDim.y on
         // while the MMAs run: the slab two tiles on, into the buffer the previous tile released
         if constexpr (SLAB_TABLE) {
           load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS, tile + 2 * step,
