@@ -1,7 +1,9 @@
 """Where the tap-shift kernel's time goes (device call): its persistent kernel timed with parts
 cut out of its rendered source (measurement only: the cut variants compute garbage).
 
-Variants: base; no_epilogue (the epilogue replaced by one conditional store, so the MMAs stay);
+Variants: base; thr_global and weights_team0 (exact: the thresholds read from global memory,
+the weights copied by team 0 alone, as before 2026-11-25); no_epilogue (the epilogue replaced
+by one conditional store, so the MMAs stay);
 no_loads (the slab of the first two tiles reused: MMAs + epilogue); aligned (every A
 descriptor rounded to a 128-byte boundary with the standard 128-byte LBO: the same MMAs on
 unshifted core matrices); aligned + no_epilogue; no_rowsum (binary weights: the row-popcount
@@ -9,8 +11,8 @@ wgmma m64n8k256 of every plane and step left out); no_rowsum + no_epilogue. Prin
 $OUT/shift_probe.json.
 
 Usage: python benchmarks/shift_probe.py [--rows s3:w1a1:256:128:128 ...] [--variants base ...]
-(a row: stage:precision:BM:BN:WN[:TEAMS], ROW_TABLE=1 where the space has it, else 0; the
-no_loads cut needs ROW_TABLE < 2)
+(a row: stage:precision:BM:BN:WN[:TEAMS[:ROWSUM[:ROW_TABLE]]], by default TEAMS=1, ROWSUM="mma"
+and ROW_TABLE=1 where the space has it, else 0; the no_loads cut needs ROW_TABLE < 2)
 """
 
 from __future__ import annotations
@@ -43,12 +45,18 @@ CUTS = {
                    # opaque values, not undefined ones (which LLVM folds the epilogue away on)
                    'asm volatile("" : "=r"(rsum[i][0][0]), "=r"(rsum[i][0][1]), '
                    '"=r"(rsum[i][0][2]), "=r"(rsum[i][0][3]));')],
+    # exact variants: the code before two changes of 2026-11-25 (session 16)
+    "thr_global": [("constexpr bool THR_SMEM = PERSIST && OUT_THRESH && !RECT_THR;",
+                    "constexpr bool THR_SMEM = false;")],
+    "weights_team0": [("n0, grp, (int)threadIdx.x,\n                       BLOCK_THREADS);",
+                       "n0, grp, team ? BN * 4 : tid, THREADS);")],
 }
 VARIANTS = {"base": [], "no_epilogue": CUTS["no_epilogue"], "no_loads": CUTS["no_loads"],
             "aligned": CUTS["aligned"],
             "aligned_no_epilogue": CUTS["aligned"] + CUTS["no_epilogue"],
             "no_rowsum": CUTS["no_rowsum"],
-            "no_rowsum_no_epilogue": CUTS["no_rowsum"] + CUTS["no_epilogue"]}
+            "no_rowsum_no_epilogue": CUTS["no_rowsum"] + CUTS["no_epilogue"],
+            "thr_global": CUTS["thr_global"], "weights_team0": CUTS["weights_team0"]}
 
 
 def variant_render(cuts):
@@ -73,14 +81,17 @@ def main() -> None:
     layers = dict(workloads(False))
     original, results = bitserial.render, []
     for spec in args.rows:
-        stage, prec, bm, bn, wn, *teams = spec.split(":")
+        stage, prec, bm, bn, wn, *extra = spec.split(":")
+        teams, rowsum, row_table = (extra + [1, "mma", None][len(extra):])[:3]
         wl = bitserial_workload(layers[f"resnet50_{stage}_3x3_b256"], prec)
         space = BITSERIAL.space(wl)
         cfg = next(c for c in space if c["TAP_SHIFT"] and c["PERSIST"] and c["SWIZZLE"] == 32
                    and (c["BM"], c["BN"], c["WN"]) == (int(bm), int(bn), int(wn))
-                   and c["ROWSUM"] == "mma" and c["REQUANT"] == space.knob("REQUANT").values[-1]
-                   and c["STAGES"] == 3 and c["TEAMS"] == int((teams or [1])[0])
-                   and c["ROW_TABLE"] == min(1, space.knob("ROW_TABLE").values[-1]))
+                   and c["ROWSUM"] == rowsum
+                   and c["REQUANT"] == space.knob("REQUANT").values[-1]
+                   and c["STAGES"] == 3 and c["TEAMS"] == int(teams)
+                   and c["ROW_TABLE"] == (min(1, space.knob("ROW_TABLE").values[-1])
+                                          if row_table is None else int(row_table)))
         x, w, params = gpu_inputs(wl, 1)
         row = {"row": spec, "config": dict(cfg)}
         for name in args.variants:

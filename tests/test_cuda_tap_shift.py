@@ -231,6 +231,13 @@ EMU_CASES = [
     ("teams_slab_c384_b1s2_2wg", conv(B1, S2, EPILOGUES[3], N=2, H=5, W=6, C=384, K=40),
      {"PERSIST": 1, "TEAMS": 2, "BM": 128, "BN": 32, "WN": 32, "ROWSUM": "slab",
       "ROW_TABLE": 1}),
+    # THR_SMEM: persistent blocks read their columns' thresholds from shared memory: three
+    # column tiles (the last one partial: its padding columns), after one packing tile or two
+    # teams' tiles
+    ("thr_smem_c512_u2s2_3cols_packed", conv(S2, U2, EPILOGUES[1], N=2, H=7, W=9, C=512, K=70),
+     {"PERSIST": 1, "BM": 64, "BN": 32, "WN": 16, "REQUANT": "threshold"}),
+    ("thr_smem_teams_c128_b1u2_3cols", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=128, K=70),
+     {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": 16, "REQUANT": "threshold"}),
 ]
 
 
@@ -308,6 +315,21 @@ def test_emulation_catches_teams_in_each_others_way(edit, c, wn, monkeypatch):
     cfg = _shift_config(wl, {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": wn})
     edit_kernel_file(monkeypatch, "bitserial_wgmma_shift.cu", *edit)
     assert not _check(wl, cfg, seed=4)
+
+
+@pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
+@pytest.mark.parametrize("edit,teams", [
+    (("s_thr[i] = ea.thr[n0 * THR_STRIDE + i]", "s_thr[i] = ea.thr[i]"), 1),
+    (("(PACK_IN_SMEM ? TEAMS * PACK_WORDS : 0)", "0"), 2)],
+    ids=["first_column_tile_for_all", "over_the_packing_tile"])
+def test_emulation_catches_wrong_shared_thresholds(edit, teams, monkeypatch):
+    """THR_SMEM with every block copying the first column tile's thresholds, or its copy
+    placed over a team's packing tile, is caught."""
+    wl = conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=128, K=70)
+    cfg = _shift_config(wl, {"PERSIST": 1, "TEAMS": teams, "BM": 64, "BN": 32, "WN": 16,
+                             "REQUANT": "threshold"})
+    edit_kernel_file(monkeypatch, "bitserial_wgmma_shift.cu", *edit)
+    assert not _check(wl, cfg, seed=6)
 
 
 @pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")

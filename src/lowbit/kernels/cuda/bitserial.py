@@ -563,8 +563,9 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     """Dynamic shared memory of a config: STAGES x (a_bits*BM + w_bits*BN) rows x KT*32 bytes
     (wgmma with binary weights: + a 256-byte tile of ones for the row popcounts, or with
     ROWSUM="slab" 4 bytes per slab position; HALO=1: + the input slab; TAP_SHIFT=1: the
-    weights once, the slab buffers and slab popcounts per team; the stages and the packing
-    tile are per team too)."""
+    weights once, the slab buffers and slab popcounts per team, persistent blocks with
+    `shared_thresholds` their columns' table; the stages and the packing tile are per team
+    too)."""
     q, p = planes(wl)
     rows = q * config["BM"] + p * config["BN"]
     operands = (config["STAGES"] * rows * config["KT"] * 32 * teams(config)
@@ -580,12 +581,21 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
             operands += buffers * -(-plan.slab_pix // 4) * 16 * teams(config)
     if config["MMA"] == "wgmma" and rowsum_mma(wl, config):
         operands += 256 * ones
+    if tap_shift(config) and config["PERSIST"] and shared_thresholds(wl, config):
+        operands += config["BN"] * threshold_stride(wl) * 4
     epi = wl.epilogue
     if epi.requantizes and epi.out_layout is Layout.BITPLANE and config["WN"] % 32:
         packing = epi.out.bits * config["BM"] * config["BN"] // 8 * teams(config)
         # the persistent kernel keeps its packing tile apart: the next tiles' copies are in flight
         return operands + packing if config["PERSIST"] else max(operands, packing)
     return operands
+
+
+def shared_thresholds(wl: Workload, config: Mapping) -> bool:
+    """Every row compares with the same per-column thresholds (REQUANT="threshold" without
+    binary activations): a persistent tap-shift block keeps its columns' table in shared
+    memory (THR_SMEM in bitserial_wgmma_shift.cu)."""
+    return uses_thresholds(config) and not needs_wtap(wl)
 
 
 def acc_regs(wl: Workload, config: Mapping) -> int:

@@ -109,13 +109,14 @@ __device__ __forceinline__ void load_slab(const u32* __restrict__ x, u32* sa, co
 }
 
 // cp.async the weight words of every k256 step of group `grp` (SHIFT_HALVES: per half its
-// first weight word and count; zeros past the count) into B slabs of the wgmma layout.
+// first weight word and count; zeros past the count) into B slabs of the wgmma layout; thread
+// `first` of `threads` copying threads takes chunks first, first + threads, ...
 __device__ __forceinline__ void load_group_weights(const u32* __restrict__ w, u32* sb, int n0,
-                                                   int grp, int tid) {
+                                                   int grp, int first, int threads) {
   constexpr int PER_HALF = 4 / VEC;  // copy chunks per 16-byte half of a row
 #define LOAD_HALF(G_, T_, H_, WORD, WORDS)                                                   \
   if (grp == G_) {                                                                          \
-    for (int idx = tid; idx < BN * PER_HALF; idx += THREADS) {                              \
+    for (int idx = first; idx < BN * PER_HALF; idx += threads) {                            \
       const int row = idx / PER_HALF, c = idx % PER_HALF;                                   \
       const bool valid = c * VEC < WORDS && n0 + row < KOUT;                                \
       const i64 src = valid ? (i64)(n0 + row) * KW + WORD + c * VEC : 0;                    \
@@ -158,6 +159,14 @@ constexpr bool POP_OWN = ROWSUM_SLAB && GROUPS == 1 && CHUNKS == 1;
 constexpr int POP_BUFFERS = POP_OWN ? 2 : 1;
 static_assert(!ROWSUM_SLAB || (PERSIST && !PINGPONG && NEED_ROWSUM),
               "ROWSUM_SLAB: binary weights, persistent tap-shift kernel, STAGES = 3");
+
+// THR_SMEM: a persistent block's columns are fixed, and without binary activations every row
+// compares with the same per-column thresholds, so the block copies its BN columns' table
+// (bitserial.epilogue_thresholds) to shared memory once, after the packing tiles, and the
+// epilogue's loads (two 16-byte loads per column pair and tile for two-bit outputs) hit
+// shared memory instead of L1 / L2.
+constexpr bool THR_SMEM = PERSIST && OUT_THRESH && !RECT_THR;
+constexpr int THR_WORDS = THR_SMEM ? BN * THR_STRIDE : 0;
 
 // sum_i c_i popc(plane i) of WORDS (<= 4) slab words at p: one position's chunk, every plane.
 template <int WORDS>
@@ -273,7 +282,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift(BITS
 #pragma unroll
   for (int grp = 0; grp < GROUPS; ++grp) {
     load_slab(x, slabs + grp * A_GROUP_WORDS, pix, grp, tid);
-    load_group_weights(w, weights + grp * B_GROUP_WORDS, n0, grp, tid);
+    load_group_weights(w, weights + grp * B_GROUP_WORDS, n0, grp, tid, THREADS);
     copy_commit();
   }
 
@@ -352,16 +361,18 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_shif
   u32* ones = smem + ONES_OFFSET;
   int* pop = reinterpret_cast<int*>(ones + (ROWSUM_MMA ? ONES_TILES * 64 : 0))  // ROWSUM_SLAB
              + team * POP_BUFFERS * POP_WORDS;
-  u32* s_out = reinterpret_cast<u32*>(pop + (TEAMS - team) * POP_BUFFERS * POP_WORDS)
-               + team * PACK_WORDS;  // apart: slabs load
+  u32* after_pop = reinterpret_cast<u32*>(pop + (TEAMS - team) * POP_BUFFERS * POP_WORDS);
+  u32* s_out = after_pop + team * PACK_WORDS;  // apart: slabs load
+  int* s_thr = reinterpret_cast<int*>(after_pop + (PACK_IN_SMEM ? TEAMS * PACK_WORDS : 0));
   const SlabSlots slots = slab_slots(tid);
   const int* vpix = vrows + VPIX0;
-  if (team == 0) {  // the block's constants, read by every team
-    fill_shift_ones(ones, tid);
+  // the block's constants, read by every team: each thread of the block copies its share of
+  // the weights (joining its first copy group), team 0 fills the ones
+  if (team == 0) fill_shift_ones(ones, tid);
 #pragma unroll
-    for (int grp = 0; grp < GROUPS; ++grp)
-      load_group_weights(w, weights + grp * B_GROUP_WORDS, n0, grp, tid);
-  }
+  for (int grp = 0; grp < GROUPS; ++grp)
+    load_group_weights(w, weights + grp * B_GROUP_WORDS, n0, grp, (int)threadIdx.x,
+                       BLOCK_THREADS);
   int tile = blockIdx.y + team * gridDim.y;
   constexpr int AHEAD = PINGPONG ? SLAB_BUFFERS : SLAB_BUFFERS - 1;  // slabs loaded up front
 #pragma unroll
@@ -372,12 +383,16 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_shif
   SlabPix pix_ahead = slab_pixels(vpix, tile + AHEAD * step, slots, tid);
   const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
   const int row0 = wg_m * 64 + (warp & 3) * 16, col0 = wg_n * WN;
+  if constexpr (THR_SMEM) {  // published by the barrier before the first tile's epilogue
+    for (int i = threadIdx.x; i < THR_WORDS; i += BLOCK_THREADS) s_thr[i] = ea.thr[n0 * THR_STRIDE + i];
+  }
+  const int* lane_thr = s_thr + (col0 + 2 * (lane & 3)) * THR_STRIDE;  // THR_SMEM: row_data's
   VPos lane_d[MT][2];  // this lane's rows' offsets from a tile's first row
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) lane_d[mi][h] = vpos(row0 + mi * 16 + (lane >> 2) + 8 * h);
-  if constexpr (TEAMS > 1) {  // team 0's weight copies (the first copy group) land for all
+  if constexpr (TEAMS > 1) {  // every thread's weight copies (its first copy group) land for all
     copy_wait<AHEAD - 1>();
     fence_proxy_async();
     __syncthreads();
@@ -445,6 +460,12 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_shif
           add_slab_rowsums(rows, tile_pop, row0, lane);
         }
         wgmma_wait<0>();
+      }
+      if constexpr (THR_SMEM) {
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) rows.rowp[mi][h] = lane_thr;
       }
       tile_epilogue(cur, cur_rs, rows, tile * BM, n0, row0, col0, lane, tid, ea, s_out);
     }
