@@ -45,9 +45,7 @@ CUTS = {
                    # opaque values, not undefined ones (which LLVM folds the epilogue away on)
                    'asm volatile("" : "=r"(rsum[i][0][0]), "=r"(rsum[i][0][1]), '
                    '"=r"(rsum[i][0][2]), "=r"(rsum[i][0][3]));')],
-    # exact variants: the code before two changes of 2026-11-25 (session 16)
-    "thr_global": [("constexpr bool THR_SMEM = PERSIST && OUT_THRESH && !RECT_THR;",
-                    "constexpr bool THR_SMEM = false;")],
+    # an exact variant: the weights copied by team 0 alone (before 2026-11-25, session 16)
     "weights_team0": [("n0, grp, (int)threadIdx.x,\n                       BLOCK_THREADS);",
                        "n0, grp, team ? BN * 4 : tid, THREADS);")],
 }
@@ -56,7 +54,10 @@ VARIANTS = {"base": [], "no_epilogue": CUTS["no_epilogue"], "no_loads": CUTS["no
             "aligned_no_epilogue": CUTS["aligned"] + CUTS["no_epilogue"],
             "no_rowsum": CUTS["no_rowsum"],
             "no_rowsum_no_epilogue": CUTS["no_rowsum"] + CUTS["no_epilogue"],
-            "thr_global": CUTS["thr_global"], "weights_team0": CUTS["weights_team0"]}
+            "thr_global": [], "weights_team0": CUTS["weights_team0"]}
+# variants that build with other layout functions: thr_global (exact) reads the thresholds from
+# global memory, as before 2026-11-25 (no shared-memory slots, the row table's rectangle ids)
+PATCHES = {"thr_global": {"threshold_slots": lambda wl, config: 0}}
 
 
 def variant_render(cuts):
@@ -95,15 +96,20 @@ def main() -> None:
         x, w, params = gpu_inputs(wl, 1)
         row = {"row": spec, "config": dict(cfg)}
         for name in args.variants:
-            cuts = VARIANTS[name]
+            cuts, patches = VARIANTS[name], PATCHES.get(name, {})
+            saved = {f: getattr(bitserial, f) for f in patches}
             bitserial.render = variant_render(cuts)
             try:
+                for f, fn in patches.items():
+                    setattr(bitserial, f, fn)
                 launch = BITSERIAL.build(wl, cfg).bind(x, w, params)
                 row[name] = time_us(launch, cuda_graph=True)
             except Exception as e:  # a variant that fails to build is reported, not fatal
                 row[name] = f"{type(e).__name__}: {e}"[:200]
             finally:
                 bitserial.render = original
+                for f, fn in saved.items():
+                    setattr(bitserial, f, fn)
         print(json.dumps(row), flush=True)
         results.append(row)
     out = Path(os.environ.get("OUT", ".")) / "shift_probe.json"

@@ -238,6 +238,14 @@ EMU_CASES = [
      {"PERSIST": 1, "BM": 64, "BN": 32, "WN": 16, "REQUANT": "threshold"}),
     ("thr_smem_teams_c128_b1u2_3cols", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=128, K=70),
      {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": 16, "REQUANT": "threshold"}),
+    # binary activations: one shared table per tap rectangle, the rows' slots from the row
+    # table (both kinds), two-bit outputs, 5x5 (81 slots), teams
+    ("thr_slots_c64_b1b1_u2_3cols", conv(B1, B1, EPILOGUES[1], N=3, H=11, W=13, C=64, K=70),
+     {"PERSIST": 1, "BM": 64, "BN": 32, "WN": 32, "ROW_TABLE": 1, "REQUANT": "threshold"}),
+    ("thr_slots_teams_c128_b1b1_5x5", conv(B1, B1, EPILOGUES[5], N=2, H=7, W=8, C=128, K=40,
+                                           R=5, S=5, pad=2),
+     {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": 16, "ROW_TABLE": 2,
+      "REQUANT": "threshold"}),
 ]
 
 
@@ -317,9 +325,34 @@ def test_emulation_catches_teams_in_each_others_way(edit, c, wn, monkeypatch):
     assert not _check(wl, cfg, seed=4)
 
 
+def test_threshold_slots():
+    """Shared threshold tables: one per column without binary activations; with them one per
+    tap rectangle some output pixel has (16 for a padded 3x3, 81 for 5x5 pad 2), every row's
+    rectangle among them, and the row table gives slots; none without a row table or past
+    THR_SMEM_BYTES."""
+    for name in ("thr_smem_c512_u2s2_3cols_packed", "thr_slots_c64_b1b1_u2_3cols",
+                 "thr_slots_teams_c128_b1b1_5x5"):
+        wl, changes = next(c[1:] for c in EMU_CASES if c[0] == name)
+        cfg = _shift_config(wl, changes)
+        sh = bitserial.conv_shape(wl)
+        slots = bitserial.threshold_slots(wl, cfg)
+        if name.startswith("thr_smem"):
+            assert slots == 1
+            continue
+        ids = bitserial.rect_slots(sh)
+        assert slots == len(ids) == {3: 16, 5: 81}[sh.r]
+        table = bitserial.row_table(wl, cfg.replace(ROW_TABLE=1), "cpu")
+        plain = bitserial.row_table(wl, cfg.replace(ROW_TABLE=1, REQUANT="multiply"), "cpu")
+        kept = plain[:, 0] < sh.rows
+        assert set(plain[kept, 1].tolist()) <= set(ids)
+        assert [ids[i] for i in table[kept, 1].tolist()] == plain[kept, 1].tolist()
+        assert bitserial.threshold_slots(wl, cfg.replace(ROW_TABLE=0)) == 0
+        assert bitserial.threshold_slots(wl, cfg.replace(BN=64)) == (16 if sh.r == 3 else 0)
+
+
 @pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
 @pytest.mark.parametrize("edit,teams", [
-    (("s_thr[i] = ea.thr[n0 * THR_STRIDE + i]", "s_thr[i] = ea.thr[i]"), 1),
+    (("const int j = n0 * THR_STRIDE + i % SLOT_WORDS;", "const int j = i % SLOT_WORDS;"), 1),
     (("(PACK_IN_SMEM ? TEAMS * PACK_WORDS : 0)", "0"), 2)],
     ids=["first_column_tile_for_all", "over_the_packing_tile"])
 def test_emulation_catches_wrong_shared_thresholds(edit, teams, monkeypatch):
@@ -330,6 +363,31 @@ def test_emulation_catches_wrong_shared_thresholds(edit, teams, monkeypatch):
                              "REQUANT": "threshold"})
     edit_kernel_file(monkeypatch, "bitserial_wgmma_shift.cu", *edit)
     assert not _check(wl, cfg, seed=6)
+
+
+@pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
+@pytest.mark.parametrize("mutation", ["slots_reversed", "rect_ids_kept"])
+def test_emulation_catches_wrong_threshold_slots(mutation, monkeypatch):
+    """Rectangle slots copied in another order than the row table's, or a row table that
+    keeps the rectangle ids, are caught."""
+    wl = conv(B1, B1, EPILOGUES[1], N=3, H=11, W=13, C=64, K=70)
+    cfg = _shift_config(wl, {"PERSIST": 1, "BM": 64, "BN": 32, "WN": 32, "ROW_TABLE": 1,
+                             "REQUANT": "threshold"})
+    ids = bitserial.rect_slots(bitserial.conv_shape(wl))
+    if mutation == "slots_reversed":
+        real_render, listed = bitserial_emu.render, ", ".join(map(str, ids))
+        reversed_ids = ", ".join(map(str, ids[::-1]))
+        monkeypatch.setattr(bitserial_emu, "render", lambda *a, **k: real_render(*a, **k).replace(
+            listed, reversed_ids))
+    else:
+        real_table = bitserial_emu.row_table
+
+        def rect_ids(wl, c, device):
+            table = real_table(wl, c, device)
+            table[:, 1] = torch.tensor(ids, dtype=torch.int32)[table[:, 1].long()]
+            return table
+        monkeypatch.setattr(bitserial_emu, "row_table", rect_ids)
+    assert not _check(wl, cfg, seed=7)
 
 
 @pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")

@@ -289,10 +289,13 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "OUT_BITS": out.bits if out else 1, "OUT_QMIN": out.qmin if out else 0,
         "OUT_QMAX": out.qmax if out else 0,
         "THR_STRIDE": threshold_stride(wl) if uses_thresholds(config) else 1,
+        "THR_SLOTS": threshold_slots(wl, config),
     }
     lines = [f"// lowbit bit-serial kernel for {wl.key}", f"// config {config.to_json()}"]
     lines += [f"constexpr int {k} = {int(v)};" for k, v in params.items()]
     lines.append(f"constexpr long long M_ROWS = {sh.rows}ll;")
+    slots = rect_slots(sh) if params["THR_SLOTS"] > 1 else [0]
+    lines.append(f"__device__ constexpr int RECT_OF_SLOT[] = {{{', '.join(map(str, slots))}}};")
     if tap_shift(config):
         lines.append(render_tables(shift_plan(sh, config["BM"])))
         lines.append(f"constexpr int SLAB_BUFFERS = {slab_buffers(config)};")
@@ -331,7 +334,8 @@ def row_table(wl: Workload, config: Mapping, device: torch.device | str
     or the tap-shift grid's virtual rows) its output row (M_ROWS where v lies in the margin or
     past the last image: dropped) and the
     id of its tap rectangle (the taps whose input lies inside the image; the kernel's
-    `rect_id` of `tap_range` on both axes). ROW_TABLE=2: flat, followed by the input pixel of
+    `rect_id` of `tap_range` on both axes; with `threshold_slots` > 1 its slot in
+    `rect_slots`). ROW_TABLE=2: flat, followed by the input pixel of
     every virtual input position f >= -BASE a slab copy reads, at f + BASE (-1 in the margin,
     before the first image or past the last: copied as zeros). Depends on the geometry alone;
     None without ROW_TABLE."""
@@ -342,6 +346,11 @@ def row_table(wl: Workload, config: Mapping, device: torch.device | str
         return _row_entries(sh, sh.q, sh.p, sh.rows, config["BM"], device)
     plan = shift_plan(sh, config["BM"])
     rows = _row_entries(sh, plan.vq, plan.vp, plan.v_rows, config["BM"], device)
+    if threshold_slots(wl, config) > 1:  # rectangle ids -> slots (rows of no pixel: slot 0)
+        slot = torch.zeros((sh.r + 1) ** 2 * (sh.s + 1) ** 2, dtype=torch.int32, device=device)
+        ids = torch.tensor(rect_slots(sh), device=device)
+        slot[ids] = torch.arange(len(ids), dtype=torch.int32, device=device)
+        rows[:, 1] = slot[rows[:, 1].long()]
     if config["ROW_TABLE"] < 2:
         return rows
     f = torch.arange(rows.shape[0] + plan.slab_pix + plan.per_entry, device=device) - plan.base
@@ -563,9 +572,8 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     """Dynamic shared memory of a config: STAGES x (a_bits*BM + w_bits*BN) rows x KT*32 bytes
     (wgmma with binary weights: + a 256-byte tile of ones for the row popcounts, or with
     ROWSUM="slab" 4 bytes per slab position; HALO=1: + the input slab; TAP_SHIFT=1: the
-    weights once, the slab buffers and slab popcounts per team, persistent blocks with
-    `shared_thresholds` their columns' table; the stages and the packing tile are per team
-    too)."""
+    weights once, the slab buffers and slab popcounts per team, persistent blocks their
+    columns' `threshold_slots`; the stages and the packing tile are per team too)."""
     q, p = planes(wl)
     rows = q * config["BM"] + p * config["BN"]
     operands = (config["STAGES"] * rows * config["KT"] * 32 * teams(config)
@@ -581,8 +589,8 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
             operands += buffers * -(-plan.slab_pix // 4) * 16 * teams(config)
     if config["MMA"] == "wgmma" and rowsum_mma(wl, config):
         operands += 256 * ones
-    if tap_shift(config) and config["PERSIST"] and shared_thresholds(wl, config):
-        operands += config["BN"] * threshold_stride(wl) * 4
+    if slots := threshold_slots(wl, config):
+        operands += slots * config["BN"] * threshold_stride(wl) * 4
     epi = wl.epilogue
     if epi.requantizes and epi.out_layout is Layout.BITPLANE and config["WN"] % 32:
         packing = epi.out.bits * config["BM"] * config["BN"] // 8 * teams(config)
@@ -591,11 +599,35 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     return operands
 
 
-def shared_thresholds(wl: Workload, config: Mapping) -> bool:
-    """Every row compares with the same per-column thresholds (REQUANT="threshold" without
-    binary activations): a persistent tap-shift block keeps its columns' table in shared
-    memory (THR_SMEM in bitserial_wgmma_shift.cu)."""
-    return uses_thresholds(config) and not needs_wtap(wl)
+THR_SMEM_BYTES = 16384  # most shared memory a block's threshold slots may take
+
+
+def threshold_slots(wl: Workload, config: Mapping) -> int:
+    """Threshold tables a persistent tap-shift block keeps in shared memory for its columns
+    (rendered as THR_SLOTS; THR_SMEM in bitserial_wgmma_shift.cu): 1 without binary
+    activations (every row compares with the per-column thresholds), one per tap rectangle of
+    `rect_slots` with them (ROW_TABLE: the row table gives each row's slot) while they fit in
+    THR_SMEM_BYTES; 0 (thresholds read from global memory) otherwise."""
+    if not (uses_thresholds(config) and tap_shift(config) and config["PERSIST"]):
+        return 0
+    if not needs_wtap(wl):
+        return 1
+    slots = len(rect_slots(conv_shape(wl)))
+    fits = slots * config["BN"] * threshold_stride(wl) * 4 <= THR_SMEM_BYTES
+    return slots if uses_row_table(config) and fits else 0
+
+
+def rect_slots(sh: Shape) -> list[int]:
+    """Ids (the kernel's rect_id) of the tap rectangles some output pixel has, one per slot:
+    per axis the valid-tap ranges [lo, hi) of the kernel's rect_used."""
+    def ranges(extent: int, taps: int, outputs: int) -> list[tuple[int, int]]:
+        last = extent + sh.pad - (outputs - 1) * sh.stride
+        hi_min = 0 if 2 * sh.pad > taps else min(taps, last)
+        return [(lo, hi) for lo in range(min(sh.pad, taps) + 1) for hi in range(lo, taps + 1)
+                if hi >= hi_min]
+
+    return [((rlo * (sh.r + 1) + rhi) * (sh.s + 1) + slo) * (sh.s + 1) + shi
+            for rlo, rhi in ranges(sh.h, sh.r, sh.p) for slo, shi in ranges(sh.w, sh.s, sh.q)]
 
 
 def acc_regs(wl: Workload, config: Mapping) -> int:

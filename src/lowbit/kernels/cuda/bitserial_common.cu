@@ -742,6 +742,7 @@ typedef RowPos LaneRows[MT][2];  // this lane's accumulator rows (mi, h)
 struct RowPrep {
   int m[MT][2];  // output rows (M_ROWS: dropped)
   int term[MT][2];
+  int rect[MT][2];  // tap rectangle ids (ROW_TABLE with THR_SLOTS > 1: the table's slot ids)
   RowPointers rowp;
 };
 // Where a row's per-column data starts for column col_base (rect: the row's tap rectangle).
@@ -765,7 +766,8 @@ __device__ __forceinline__ RowPrep epilogue_rows(const LaneRows& pos, int n0, in
         tap_range(po * STRIDE - PAD, H, R, rlo, rhi);
         tap_range(qo * STRIDE - PAD, W, S, slo, shi);
       }
-      rows.rowp[mi][h] = row_data(rect_id(rlo, rhi, slo, shi), col_base, ea);
+      rows.rect[mi][h] = rect_id(rlo, rhi, slo, shi);
+      rows.rowp[mi][h] = row_data(rows.rect[mi][h], col_base, ea);
       rows.m[mi][h] = m;
       int t = 0;
       if constexpr (ROWSUM_TABLE) {
@@ -791,6 +793,7 @@ __device__ __forceinline__ RowPrep table_rows(int v0, int n0, int col0, int lane
     for (int h = 0; h < 2; ++h) {
       const int2 e = __ldg(table + mi * 16 + 8 * h);
       rows.m[mi][h] = e.x;
+      rows.rect[mi][h] = e.y;
       rows.rowp[mi][h] = row_data(e.y, col_base, ea);
       rows.term[mi][h] = 0;
     }

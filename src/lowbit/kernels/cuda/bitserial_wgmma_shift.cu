@@ -160,13 +160,19 @@ constexpr int POP_BUFFERS = POP_OWN ? 2 : 1;
 static_assert(!ROWSUM_SLAB || (PERSIST && !PINGPONG && NEED_ROWSUM),
               "ROWSUM_SLAB: binary weights, persistent tap-shift kernel, STAGES = 3");
 
-// THR_SMEM: a persistent block's columns are fixed, and without binary activations every row
-// compares with the same per-column thresholds, so the block copies its BN columns' table
-// (bitserial.epilogue_thresholds) to shared memory once, after the packing tiles, and the
-// epilogue's loads (two 16-byte loads per column pair and tile for two-bit outputs) hit
-// shared memory instead of L1 / L2.
-constexpr bool THR_SMEM = PERSIST && OUT_THRESH && !RECT_THR;
-constexpr int THR_WORDS = THR_SMEM ? BN * THR_STRIDE : 0;
+// THR_SMEM (THR_SLOTS > 0, rendered by bitserial.threshold_slots): a persistent block's
+// columns are fixed, so it copies its BN columns' thresholds to shared memory once, after the
+// packing tiles, and the epilogue's threshold loads (per tile and lane, NT column pairs of
+// 16-byte loads for two-bit outputs; for binary activations one 8-byte load per row and pair)
+// hit shared memory instead of L1 / L2. Without binary activations every row compares with
+// the one per-column table (bitserial.epilogue_thresholds: THR_SLOTS = 1); with them, each tap
+// rectangle an output pixel has gets a slot (RECT_OF_SLOT: its part-3 rows of wtap), and the
+// row table holds the rows' slots instead of their rectangle ids.
+constexpr bool THR_SMEM = THR_SLOTS > 0;
+constexpr int THR_WORDS = THR_SLOTS * BN * THR_STRIDE;
+static_assert(!THR_SMEM || (PERSIST && OUT_THRESH && (THR_SLOTS == 1) != RECT_THR
+                            && (!RECT_THR || ROW_TABLE)),
+              "THR_SLOTS: persistent threshold kernels; rectangle slots from the row table");
 
 // sum_i c_i popc(plane i) of WORDS (<= 4) slab words at p: one position's chunk, every plane.
 template <int WORDS>
@@ -384,7 +390,12 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_shif
   const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
   const int row0 = wg_m * 64 + (warp & 3) * 16, col0 = wg_n * WN;
   if constexpr (THR_SMEM) {  // published by the barrier before the first tile's epilogue
-    for (int i = threadIdx.x; i < THR_WORDS; i += BLOCK_THREADS) s_thr[i] = ea.thr[n0 * THR_STRIDE + i];
+    constexpr int SLOT_WORDS = BN * THR_STRIDE;
+    for (int i = threadIdx.x; i < THR_WORDS; i += BLOCK_THREADS) {
+      const int j = n0 * THR_STRIDE + i % SLOT_WORDS;
+      s_thr[i] = RECT_THR ? ea.wtap[WTHR0 + RECT_OF_SLOT[i / SLOT_WORDS] * KPAD * THR_STRIDE + j]
+                          : ea.thr[j];
+    }
   }
   const int* lane_thr = s_thr + (col0 + 2 * (lane & 3)) * THR_STRIDE;  // THR_SMEM: row_data's
   VPos lane_d[MT][2];  // this lane's rows' offsets from a tile's first row
@@ -465,7 +476,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_shif
 #pragma unroll
         for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) rows.rowp[mi][h] = lane_thr;
+          for (int h = 0; h < 2; ++h)
+            rows.rowp[mi][h] = lane_thr + (RECT_THR ? rows.rect[mi][h] * BN * THR_STRIDE : 0);
       }
       tile_epilogue(cur, cur_rs, rows, tile * BM, n0, row0, col0, lane, tid, ea, s_out);
     }
