@@ -246,6 +246,8 @@ EMU_CASES = [
                                            R=5, S=5, pad=2),
      {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": 16, "ROW_TABLE": 2,
       "REQUANT": "threshold"}),
+    ("thr_slots_pad0_c64_s4b1", conv(S2, B1, EPILOGUES[1], N=2, H=7, W=6, C=64, K=40, pad=0),
+     {"PERSIST": 1, "BM": 64, "BN": 32, "WN": 32, "ROW_TABLE": 2, "REQUANT": "threshold"}),
 ]
 
 
@@ -331,7 +333,7 @@ def test_threshold_slots():
     rectangle among them, and the row table gives slots; none without a row table or past
     THR_SMEM_BYTES."""
     for name in ("thr_smem_c512_u2s2_3cols_packed", "thr_slots_c64_b1b1_u2_3cols",
-                 "thr_slots_teams_c128_b1b1_5x5"):
+                 "thr_slots_teams_c128_b1b1_5x5", "thr_slots_pad0_c64_s4b1"):
         wl, changes = next(c[1:] for c in EMU_CASES if c[0] == name)
         cfg = _shift_config(wl, changes)
         sh = bitserial.conv_shape(wl)
@@ -340,14 +342,14 @@ def test_threshold_slots():
             assert slots == 1
             continue
         ids = bitserial.rect_slots(sh)
-        assert slots == len(ids) == {3: 16, 5: 81}[sh.r]
+        assert slots == len(ids) == {(3, 1): 16, (5, 2): 81, (3, 0): 1}[sh.r, sh.pad]
         table = bitserial.row_table(wl, cfg.replace(ROW_TABLE=1), "cpu")
         plain = bitserial.row_table(wl, cfg.replace(ROW_TABLE=1, REQUANT="multiply"), "cpu")
         kept = plain[:, 0] < sh.rows
         assert set(plain[kept, 1].tolist()) <= set(ids)
         assert [ids[i] for i in table[kept, 1].tolist()] == plain[kept, 1].tolist()
         assert bitserial.threshold_slots(wl, cfg.replace(ROW_TABLE=0)) == 0
-        assert bitserial.threshold_slots(wl, cfg.replace(BN=64)) == (16 if sh.r == 3 else 0)
+        assert bitserial.threshold_slots(wl, cfg.replace(BN=64)) == (0 if sh.r == 5 else slots)
 
 
 @pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")

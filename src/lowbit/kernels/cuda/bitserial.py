@@ -294,7 +294,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
     lines = [f"// lowbit bit-serial kernel for {wl.key}", f"// config {config.to_json()}"]
     lines += [f"constexpr int {k} = {int(v)};" for k, v in params.items()]
     lines.append(f"constexpr long long M_ROWS = {sh.rows}ll;")
-    slots = rect_slots(sh) if params["THR_SLOTS"] > 1 else [0]
+    slots = rect_slots(sh) if params["THR_SLOTS"] and needs_wtap(wl) else [0]
     lines.append(f"__device__ constexpr int RECT_OF_SLOT[] = {{{', '.join(map(str, slots))}}};")
     if tap_shift(config):
         lines.append(render_tables(shift_plan(sh, config["BM"])))
@@ -334,8 +334,8 @@ def row_table(wl: Workload, config: Mapping, device: torch.device | str
     or the tap-shift grid's virtual rows) its output row (M_ROWS where v lies in the margin or
     past the last image: dropped) and the
     id of its tap rectangle (the taps whose input lies inside the image; the kernel's
-    `rect_id` of `tap_range` on both axes; with `threshold_slots` > 1 its slot in
-    `rect_slots`). ROW_TABLE=2: flat, followed by the input pixel of
+    `rect_id` of `tap_range` on both axes; with `threshold_slots` of binary activations its
+    slot in `rect_slots`). ROW_TABLE=2: flat, followed by the input pixel of
     every virtual input position f >= -BASE a slab copy reads, at f + BASE (-1 in the margin,
     before the first image or past the last: copied as zeros). Depends on the geometry alone;
     None without ROW_TABLE."""
@@ -346,7 +346,7 @@ def row_table(wl: Workload, config: Mapping, device: torch.device | str
         return _row_entries(sh, sh.q, sh.p, sh.rows, config["BM"], device)
     plan = shift_plan(sh, config["BM"])
     rows = _row_entries(sh, plan.vq, plan.vp, plan.v_rows, config["BM"], device)
-    if threshold_slots(wl, config) > 1:  # rectangle ids -> slots (rows of no pixel: slot 0)
+    if threshold_slots(wl, config) and needs_wtap(wl):  # rect ids -> slots (no pixel's: 0)
         slot = torch.zeros((sh.r + 1) ** 2 * (sh.s + 1) ** 2, dtype=torch.int32, device=device)
         ids = torch.tensor(rect_slots(sh), device=device)
         slot[ids] = torch.arange(len(ids), dtype=torch.int32, device=device)

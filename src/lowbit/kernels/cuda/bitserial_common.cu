@@ -742,7 +742,7 @@ typedef RowPos LaneRows[MT][2];  // this lane's accumulator rows (mi, h)
 struct RowPrep {
   int m[MT][2];  // output rows (M_ROWS: dropped)
   int term[MT][2];
-  int rect[MT][2];  // tap rectangle ids (ROW_TABLE with THR_SLOTS > 1: the table's slot ids)
+  int rect[MT][2];  // tap rectangle ids (RECT_THR with THR_SLOTS: the row table's slot ids)
   RowPointers rowp;
 };
 // Where a row's per-column data starts for column col_base (rect: the row's tap rectangle).

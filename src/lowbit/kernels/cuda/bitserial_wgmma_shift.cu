@@ -167,11 +167,10 @@ static_assert(!ROWSUM_SLAB || (PERSIST && !PINGPONG && NEED_ROWSUM),
 // hit shared memory instead of L1 / L2. Without binary activations every row compares with
 // the one per-column table (bitserial.epilogue_thresholds: THR_SLOTS = 1); with them, each tap
 // rectangle an output pixel has gets a slot (RECT_OF_SLOT: its part-3 rows of wtap), and the
-// row table holds the rows' slots instead of their rectangle ids.
+// row table holds the rows' slots instead of their rectangle ids (one slot where pad = 0).
 constexpr bool THR_SMEM = THR_SLOTS > 0;
 constexpr int THR_WORDS = THR_SLOTS * BN * THR_STRIDE;
-static_assert(!THR_SMEM || (PERSIST && OUT_THRESH && (THR_SLOTS == 1) != RECT_THR
-                            && (!RECT_THR || ROW_TABLE)),
+static_assert(!THR_SMEM || (PERSIST && OUT_THRESH && (RECT_THR ? ROW_TABLE : THR_SLOTS == 1)),
               "THR_SLOTS: persistent threshold kernels; rectangle slots from the row table");
 
 // sum_i c_i popc(plane i) of WORDS (<= 4) slab words at p: one position's chunk, every plane.
