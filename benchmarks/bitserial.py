@@ -309,7 +309,7 @@ def tuned_bitserial(wl: Workload, trials: int, budget_s: float, measurer) -> dic
 
 def with_twins(wl: Workload, configs: list[Config]) -> list[Config]:
     """configs, each followed by its twins in the other ROWSUM modes and the other REQUANT
-    mode where the space has them."""
+    mode where the space has them, and by its FUSE_PLANES twin (the config itself only)."""
     space = BITSERIAL.space(wl)
     out: list[Config] = []
     for c in (BITSERIAL.with_added_knobs(c, space.names) for c in configs):
@@ -317,6 +317,7 @@ def with_twins(wl: Workload, configs: list[Config]) -> list[Config]:
         other_requant = c.replace(REQUANT=OTHER_REQUANT[c["REQUANT"]])
         twins = [c, *other_rowsums, other_requant]
         twins += [t.replace(ROW_TABLE=v) for t in twins for v in space.knob("ROW_TABLE").values]
+        twins += [c.replace(FUSE_PLANES=v) for v in space.knob("FUSE_PLANES").values]
         out += [t for t in dict.fromkeys(twins) if space.is_valid(t) and t not in out]
     return out
 

@@ -39,7 +39,7 @@
 #   bitserial_small  w1a1/w1a2 on grids of few tiles, where split-K applies: the APNN-TC conv
 #                (b1, 16x16, C=K=1024) and fc_b128 (SMALL_LAYERS=a,b overrides); candidates
 #                with their SPLIT_K twins + the committed rows' 3 best           (300)
-#   tests_shift  pytest -m gpu over the tap-shift wgmma conv (TAP_SHIFT=1)             (240)
+#   tests_shift  pytest -m gpu over the tap-shift wgmma conv (TAP_SHIFT=1)             (300)
 #   bitserial_shift  w1a1/w1a2 ResNet-50 s2-s5 b256 (SHIFT_LAYERS=a,b overrides): candidates
 #                with every tap-shift tile shape + the committed rows' 3 best       (540)
 #   bitserial_tuned_shift  w1a1/w1a2 rows tuned over the space with TAP_SHIFT (SHIFT_LAYERS=a,b;
@@ -157,7 +157,7 @@ for s in "$@"; do
         --partial "$OUT/bitserial-focus-partial.json" \
         --configs $(compgen -G "$GPU_DIR/bitserial-2026112[3-9]-*.json") \
         ${EXTRA_CONFIGS:+--extra-configs "$EXTRA_CONFIGS"} --int8-timed $INT8_TIMED ;;
-    tests_shift) step tests_shift 240 python3 -m pytest -q -m gpu -n 14 -p no:cacheprovider \
+    tests_shift) step tests_shift 300 python3 -m pytest -q -m gpu -n 14 -p no:cacheprovider \
         --junitxml="$OUT/tests_shift.xml" tests/test_cuda_tap_shift.py ;;
     bitserial_shift) bitserial_rows shift 540 1 "${SHIFT_LAYERS:-$B256}" ;;
     shift_probe) step shift_probe 240 python3 benchmarks/shift_probe.py ${PROBE_ROWS:+--rows $PROBE_ROWS} \

@@ -2,7 +2,8 @@
 cut out of its rendered source (measurement only: the cut variants compute garbage).
 
 Variants: base; thr_global and weights_team0 (exact: the thresholds read from global memory,
-the weights copied by team 0 alone, as before 2026-11-25); no_epilogue (the epilogue replaced
+the weights copied by team 0 alone, as before 2026-11-25); fused (exact: FUSE_PLANES=1, the
+activation planes summed in one accumulator); no_epilogue (the epilogue replaced
 by one conditional store, so the MMAs stay);
 no_loads (the slab of the first two tiles reused: MMAs + epilogue); aligned (every A
 descriptor rounded to a 128-byte boundary with the standard 128-byte LBO: the same MMAs on
@@ -54,10 +55,13 @@ VARIANTS = {"base": [], "no_epilogue": CUTS["no_epilogue"], "no_loads": CUTS["no
             "aligned_no_epilogue": CUTS["aligned"] + CUTS["no_epilogue"],
             "no_rowsum": CUTS["no_rowsum"],
             "no_rowsum_no_epilogue": CUTS["no_rowsum"] + CUTS["no_epilogue"],
-            "thr_global": [], "weights_team0": CUTS["weights_team0"]}
+            "thr_global": [], "weights_team0": CUTS["weights_team0"], "fused": []}
 # variants that build with other layout functions: thr_global (exact) reads the thresholds from
 # global memory, as before 2026-11-25 (no shared-memory slots, the row table's rectangle ids)
 PATCHES = {"thr_global": {"threshold_slots": lambda wl, config: 0}}
+# variants that are other configs of the space: fused (the two activation planes summed in one
+# accumulator by the MMAs, FUSE_PLANES=1)
+CONFIG_CHANGES = {"fused": {"FUSE_PLANES": 1}}
 
 
 def variant_render(cuts):
@@ -90,7 +94,7 @@ def main() -> None:
                    and (c["BM"], c["BN"], c["WN"]) == (int(bm), int(bn), int(wn))
                    and c["ROWSUM"] == rowsum
                    and c["REQUANT"] == space.knob("REQUANT").values[-1]
-                   and c["STAGES"] == 3 and c["TEAMS"] == int(teams)
+                   and c["STAGES"] == 3 and c["TEAMS"] == int(teams) and not c["FUSE_PLANES"]
                    and c["ROW_TABLE"] == (min(1, space.knob("ROW_TABLE").values[-1])
                                           if row_table is None else int(row_table)))
         x, w, params = gpu_inputs(wl, 1)
@@ -102,7 +106,8 @@ def main() -> None:
             try:
                 for f, fn in patches.items():
                     setattr(bitserial, f, fn)
-                launch = BITSERIAL.build(wl, cfg).bind(x, w, params)
+                launch = BITSERIAL.build(wl, cfg.replace(**CONFIG_CHANGES.get(name, {}))).bind(
+                    x, w, params)
                 row[name] = time_us(launch, cuda_graph=True)
             except Exception as e:  # a variant that fails to build is reported, not fatal
                 row[name] = f"{type(e).__name__}: {e}"[:200]

@@ -137,11 +137,19 @@ def test_wgmma_only_on_sm90a():
     assert wgmma
     for c in wgmma:
         assert c["WM"] == 64 and c["STAGES"] >= 3
+        # FUSE_PLANES=1: the two activation planes in one accumulator
+        planes = 1 if c["FUSE_PLANES"] else 2
         # persistent blocks of 4 warpgroups only with one m64n128's worth of accumulators
-        assert not c["PERSIST"] or bitserial.threads(c) <= 256 or 2 * 2 * c["WN"] <= 128
+        assert not c["PERSIST"] or bitserial.threads(c) <= 256 or planes * 2 * c["WN"] <= 128
         assert 2 * c["WN"] in bitserial.WGMMA_N  # N = w_bits * WN of m64nNk256
         assert bitserial.threads(c) == (c["BM"] // 64) * (c["BN"] // c["WN"]) * 128 * c["TEAMS"]
-        assert bitserial.acc_regs(wl, c) == 2 * 2 * c["WN"] // 2  # one warp's m16 x N share
+        assert bitserial.acc_regs(wl, c) == planes * 2 * c["WN"] // 2  # a warp's m16 x N share
+    assert {c["FUSE_PLANES"] for c in wgmma} == {0, 1}
+    # not for signed activations (coefficient -2), nor mma.sync kernels
+    signed = gemm(Precision(2), Precision(2, "signed"), EPILOGUES[1], M=512, N=256, K=1024)
+    assert BITSERIAL.space(signed, arch="sm_90a").knob("FUSE_PLANES").values == (0,)
+    sync = next(c for c in BITSERIAL.space(wl, arch="sm_90a") if c["MMA"] == "mma_sync")
+    assert "wgmma" in BITSERIAL.space(wl, arch="sm_90a").why_invalid(sync.replace(FUSE_PLANES=1))
     cfg = BITSERIAL.default_config(wl, "wgmma", arch="sm_90a")
     assert cfg["MMA"] == "wgmma"
     with pytest.raises(ValueError, match="sm_80"):
@@ -435,6 +443,27 @@ def test_bit_exact_persistent_wgmma_teams(wb, ab):
         teams = [c for c in BITSERIAL.space(wl) if c["TEAMS"] == 2 and not c["TAP_SHIFT"]]
         assert teams or wb * ab >= 6, "two teams fit every bit pair of up to 5 plane products"
         for cfg in teams[:1] + teams[-1:]:
+            _assert_exact(wl, cfg, seed=combo)
+
+
+@pytest.mark.parametrize("wb", range(1, 5))
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bit_exact_fused_planes(wb):
+    """FUSE_PLANES=1 (the two unsigned activation planes summed in one accumulator by the
+    wgmma, plane 1 issued twice): every weight encoding, conv stride 1 and 2 and a GEMM, one
+    tile per block, persistent and two teams, both requantizations."""
+    if bitserial.device_arch() != bitserial.WGMMA_ARCH:
+        pytest.skip("needs an sm_90a GPU")
+    rng = random.Random(wb)
+    for combo, w_prec in enumerate(encodings(wb) * 2):
+        epi = EPILOGUES[(wb + combo) % len(EPILOGUES)]
+        wl = (gemm(w_prec, Precision(2), epi, M=333, N=96, K=700) if combo == 3 else
+              conv(w_prec, Precision(2), epi, N=3, H=11, W=9, C=96, K=70, stride=1 + combo % 2))
+        fused = [c for c in BITSERIAL.space(wl) if c["FUSE_PLANES"] and not c["TAP_SHIFT"]]
+        persistent = [c for c in fused if c["PERSIST"]]
+        teams = [c for c in persistent if c["TEAMS"] == 2]
+        for cfg in (fused[0], *persistent[-1:], *teams[:1], rng.choice(fused)):
             _assert_exact(wl, cfg, seed=combo)
 
 

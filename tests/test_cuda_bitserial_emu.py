@@ -92,6 +92,13 @@ CASES = [
     ("wgmma_persistent_teams_packed_b1u2", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=8, C=40,
                                                 K=70), "wgmma",
      {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": 16}),
+    # FUSE_PLANES: the activation planes summed in one accumulator by the MMAs, one tile per
+    # block (two weight planes, KT=2) and persistent (binary weights: the row-sum MMAs per plane)
+    ("wgmma_fused_u2u2_kt2", conv(U2, U2, EPILOGUES[0], N=1, H=6, W=5, C=200, K=37), "wgmma",
+     {"STAGES": 3, "KT": 2, "FUSE_PLANES": 1}),
+    ("wgmma_persistent_fused_b1u2_threshold", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=8, C=40,
+                                                   K=130), "wgmma",
+     {"PERSIST": 1, "BM": 64, "BN": 64, "WN": 64, "REQUANT": "threshold", "FUSE_PLANES": 1}),
     # 40 channel words: a warp per pixel in bitserial_xpop, lanes 8-31 reading one word
     ("gemm_rowsum_table_wide_k", gemm(B1, U2, EPILOGUES[1], M=67, N=40, K=1280), "mma_sync",
      {"ROWSUM": "table"}),
@@ -273,8 +280,13 @@ def test_emulation_catches_broken_teams(edit, monkeypatch):
      {"REQUANT": "threshold"}),
     # duplicate-aware load: a stage's activation planes stored crosswise
     (("halo_vals[it][i]);", "halo_vals[it][Q_BITS - 1 - i]);"), {"HALO": 1}),
+    # FUSE_PLANES: plane 1 issued once (coefficient 1, not 2); its first MMA overwriting plane
+    # 0's sums on a tile's first k step
+    (("rep < a_coef(i); ++rep)", "rep < 1; ++rep)"), {"FUSE_PLANES": 1}),
+    (("i == 0 && rep == 0 ? acc_in : 1", "rep == 0 ? acc_in : 1"), {"FUSE_PLANES": 1}),
 ], ids=["wgmma_wait_too_late", "swizzle_missing", "first_wgmma_accumulates",
-        "split_k_first_split_left_out", "threshold_search_swapped", "halo_planes_crossed"])
+        "split_k_first_split_left_out", "threshold_search_swapped", "halo_planes_crossed",
+        "fused_plane_once", "fused_plane_overwrites"])
 def test_emulation_catches_a_broken_kernel(edit, extra, monkeypatch):
     real = bitserial_emu.host_source
 

@@ -248,6 +248,19 @@ EMU_CASES = [
       "REQUANT": "threshold"}),
     ("thr_slots_pad0_c64_s4b1", conv(S2, B1, EPILOGUES[1], N=2, H=7, W=6, C=64, K=40, pad=0),
      {"PERSIST": 1, "BM": 64, "BN": 32, "WN": 32, "ROW_TABLE": 2, "REQUANT": "threshold"}),
+    # FUSE_PLANES: the two activation planes summed in one accumulator by the MMAs (plane 1
+    # issued twice): one tile per block with two weight planes and channel groups, persistent
+    # blocks with shared thresholds, teams with slab row sums, two tiles in flight
+    ("fused_c512_u2s2_2groups", conv(S2, U2, EPILOGUES[1], N=2, H=7, W=9, C=512, K=64),
+     {"FUSE_PLANES": 1}),
+    ("fused_persistent_c64_b1u2_threshold", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=64,
+                                                 K=48),
+     {"PERSIST": 1, "BM": 128, "BN": 64, "WN": 64, "REQUANT": "threshold", "FUSE_PLANES": 1}),
+    ("fused_teams_slab_c128_b1u2", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=128, K=70),
+     {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": 32, "ROWSUM": "slab",
+      "REQUANT": "threshold", "ROW_TABLE": 1, "FUSE_PLANES": 1}),
+    ("fused_pingpong_c64_u2u2", conv(U2, U2, EPILOGUES[4], N=2, H=7, W=8, C=64, K=40),
+     {"PERSIST": 1, "STAGES": 4, "BM": 64, "BN": 32, "WN": 16, "FUSE_PLANES": 1}),
 ]
 
 
@@ -503,7 +516,8 @@ def test_bit_exact_tap_shift(wb, ab):
     """Every bit pair and encoding pair on the slab layouts above: the space's first config one
     tile per block, persistent, and persistent with two tiles in flight (where registers allow),
     with binary weights persistent with the slab row sums, the first and last persistent ones
-    with the row table, the first and last with two teams, and a random valid one."""
+    with the row table, the first and last with two teams, the first and last with the
+    activation planes fused in one accumulator, and a random valid one."""
     rng = random.Random(wb * 10 + ab)
     for combo in range(4):
         w_prec, a_prec = encodings(wb)[combo // 2], encodings(ab)[combo % 2]
@@ -515,8 +529,10 @@ def test_bit_exact_tap_shift(wb, ab):
         slab = [c for c in persistent if c["ROWSUM"] == "slab"]  # binary weights
         table = [c for c in space if c["ROW_TABLE"] and c["PERSIST"]]
         teams = [c for c in persistent if c["TEAMS"] == 2]
+        fused = [c for c in space if c["FUSE_PLANES"]]  # unsigned two-bit activations
         for cfg in (space[0], persistent[0], *pingpong[:1], *slab[-1:], *table[:1],
-                    *table[-1:], *teams[:1], *teams[-1:], rng.choice(space)):
+                    *table[-1:], *teams[:1], *teams[-1:], *fused[:1], *fused[-1:],
+                    rng.choice(space)):
             _assert_exact(wl, cfg, seed=wb * 100 + ab * 10 + combo)
 
 

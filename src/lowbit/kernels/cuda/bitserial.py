@@ -40,7 +40,10 @@ fills from the geometry; 2, TAP_SHIFT=1 only, also each slab copy's input pixel)
 (persistent wgmma kernels, with TAP_SHIFT=1 STAGES=3: 2 puts two teams of the tile's
 warpgroups in one block, each with its own stages or slabs, taking the block's tiles in turn,
 their MMA issue alternating so that one team's MMAs run while the other team's epilogue does;
-TAP_SHIFT=1 teams share the resident weights).
+TAP_SHIFT=1 teams share the resident weights), FUSE_PLANES (wgmma, unsigned two-bit
+activations: 1 sums the activation planes in one accumulator on the tensor cores, plane 1
+issued twice, a0 + a1 + a1: three MMAs per k step instead of two, for half the accumulator
+registers and one multiply-add less per output; for epilogue-bound layers).
 """
 
 from __future__ import annotations
@@ -290,6 +293,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "OUT_QMAX": out.qmax if out else 0,
         "THR_STRIDE": threshold_stride(wl) if uses_thresholds(config) else 1,
         "THR_SLOTS": threshold_slots(wl, config),
+        "FUSE_PLANES": fuse_planes(config),
     }
     lines = [f"// lowbit bit-serial kernel for {wl.key}", f"// config {config.to_json()}"]
     lines += [f"constexpr int {k} = {int(v)};" for k, v in params.items()]
@@ -319,6 +323,19 @@ def teams(config: Mapping) -> int:
     """Teams of warpgroups per block, each working its own tiles (knob TEAMS; 1 where a config
     lacks it)."""
     return int(config.get("TEAMS", 1))
+
+
+def fuse_planes(config: Mapping) -> bool:
+    """The activation planes summed in one accumulator by the MMAs (knob FUSE_PLANES; 0 where
+    a config lacks it)."""
+    return bool(config.get("FUSE_PLANES", 0))
+
+
+def fusable_planes(wl: Workload) -> bool:
+    """Activation planes whose coefficients (1, 2) the tensor cores can add: plane 1 issued
+    twice into plane 0's accumulator (unsigned two-bit activations)."""
+    return (planes(wl)[0] == 2 and not int8_operands(wl)
+            and wl.a.encoding is Encoding.UNSIGNED)
 
 
 def uses_row_table(config: Mapping) -> bool:
@@ -637,6 +654,8 @@ def acc_regs(wl: Workload, config: Mapping) -> int:
     tiles = (warp_rows // 16) * (config["WN"] // 8) * 4
     q, p = planes(wl)
     extra = (warp_rows // 16) * 4 * q if rowsum_mma(wl, config) else 0
+    if fuse_planes(config):  # one accumulator for the activation planes
+        q = 1
     pingpong = tap_shift(config) and config["PERSIST"] and config["STAGES"] == 4
     return (tiles * q * p + extra) * (2 if pingpong else 1)  # two accumulator sets
 
@@ -745,8 +764,8 @@ def _constraints(wl: Workload) -> list:
         if c["STAGES"] < 3:
             return "the wgmma pipeline needs STAGES >= 3 (one stage stays in flight)"
         wgmma_n = planes(wl)[1] * c["WN"]
-        if c["PERSIST"] and not tap_shift(c) and (
-                wgmma_n > 128 or (threads(c) > 256 and planes(wl)[0] * wgmma_n > 128)):
+        if c["PERSIST"] and not tap_shift(c) and (wgmma_n > 128 or (
+                threads(c) > 256 and (1 if fuse_planes(c) else planes(wl)[0]) * wgmma_n > 128)):
             # NVRTC 13 (sm_90a), the epilogue living inside the tile loop: m64n256 blocks spill
             # 870 B; 4-warpgroup blocks (capped at 128 registers per thread; two teams of two
             # warpgroups too) spill 488 B with 128 accumulator registers (two m64n128 planes)
@@ -797,6 +816,11 @@ def _constraints(wl: Workload) -> list:
                     "PERSIST=1 (two tiles' MMAs in flight)")
         if shift_plan(sh, c["BM"]).v_rows + 256 >= 2**31:
             return "too many virtual rows for 32-bit row indices"
+        return None
+
+    def fused(c: Config) -> str | None:
+        if c["FUSE_PLANES"] and c["MMA"] != "wgmma":
+            return "FUSE_PLANES=1 is a wgmma kernel's (accumulators of m64nNk256)"
         return None
 
     def team_tiles(c: Config) -> str | None:
@@ -857,7 +881,7 @@ def _constraints(wl: Workload) -> list:
             return "too many row tiles for grid.y"
         return None
 
-    return [tiles, mma, three_warpgroup_rows, halo, shifted, team_tiles, rowsums, registers,
+    return [tiles, mma, fused, three_warpgroup_rows, halo, shifted, team_tiles, rowsums, registers,
             shared, copies, splits, output, waste]
 
 
@@ -890,11 +914,11 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
 ]
 DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma",
                               REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
-                              TEAMS=1)
+                              TEAMS=1, FUSE_PLANES=0)
                          for d in _MMA_SYNC_DEFAULTS],
             "wgmma": [dict(d, PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0, ROWSUM="mma",
                            REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
-                           TEAMS=1)
+                           TEAMS=1, FUSE_PLANES=0)
                       for d in _WGMMA_DEFAULTS]}
 
 
@@ -910,7 +934,8 @@ class BitserialTemplate(KernelTemplate):
     backend = "cuda"
     added_knobs: ClassVar[Mapping[str, object]] = {"ROWSUM": "mma", "REQUANT": "multiply",
                                                    "SPLIT_K": 1, "TAP_SHIFT": 0,
-                                                   "ROW_TABLE": 0, "TEAMS": 1}
+                                                   "ROW_TABLE": 0, "TEAMS": 1,
+                                                   "FUSE_PLANES": 0}
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         wl = workload
@@ -931,6 +956,8 @@ class BitserialTemplate(KernelTemplate):
                  Knob("KT", (1, 2, 4, 8)), Knob("STAGES", (2, 3, 4, 6)), Knob("PERSIST", (0, 1)),
                  Knob("MMA", mma), Knob("TAP_SHIFT", self._tap_shift_values(workload, arch)),
                  Knob("TEAMS", (1, 2) if arch == WGMMA_ARCH else (1,)),
+                 Knob("FUSE_PLANES", (0, 1) if arch == WGMMA_ARCH and fusable_planes(workload)
+                      else (0,)),
                  Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
                  Knob("ROWSUM", ("mma", "table", "slab")
                       if workload.w.encoding is Encoding.BINARY else ("mma",)),

@@ -434,6 +434,11 @@ __device__ __forceinline__ void load_stage(const u32* __restrict__ x, const u32*
 // ---- accumulators ----
 
 typedef int Acc[Q_BITS][P_BITS][MT][NT][4];  // one per (activation plane, weight plane) pair
+// FUSE_PLANES (wgmma): the tensor cores add the two activation planes with their coefficients
+// 1 and 2 (plane 1 issued twice into plane 0's accumulator, wgmma_plane); acc[1] stays unused
+// and takes no registers.
+static_assert(!FUSE_PLANES || (WGMMA && Q_BITS == 2 && !A_SIGNED && !ELEM8),
+              "FUSE_PLANES: wgmma, unsigned two-bit activations (bitserial.fusable_planes)");
 typedef int RowSum[Q_BITS][MT][4];           // popc of the activation planes (binary weights)
 
 // wgmma accumulators are not zeroed: a tile's first wgmma overwrites them (scale-d = 0). The
@@ -668,12 +673,14 @@ __device__ __forceinline__ void load_thresholds(const int* __restrict__ p, PairT
 
 // The plane products of accumulator register r of tile (mi, ni), combined (k-linear):
 // A_ALPHA * W_ALPHA * sum_ij c_i d_j popc(a_i & b_j).
+// FUSE_PLANES: the MMAs summed the activation planes into acc[0] already.
 __device__ __forceinline__ int plane_dot(const Acc& acc, int mi, int ni, int r) {
   int y = 0;
 #pragma unroll
-  for (int i = 0; i < Q_BITS; ++i)
+  for (int i = 0; i < (FUSE_PLANES ? 1 : Q_BITS); ++i)
 #pragma unroll
-    for (int j = 0; j < P_BITS; ++j) y += a_coef(i) * w_coef(j) * acc[i][j][mi][ni][r];
+    for (int j = 0; j < P_BITS; ++j)
+      y += (FUSE_PLANES ? 1 : a_coef(i)) * w_coef(j) * acc[i][j][mi][ni][r];
   return A_ALPHA * W_ALPHA * y;
 }
 // The row-popcount term of this lane's accumulator row (mi, h) from the row-sum MMA

@@ -38,6 +38,19 @@ __device__ __forceinline__ void fence_proxy_async() {
 }
 // </device-primitives>
 
+// The MMAs of activation plane i (descriptor da) x all weight planes (db): into acc[i], or
+// with FUSE_PLANES a_coef(i) times into acc[0] (a0 + a1 + a1; only a tile's very first MMA
+// overwrites: acc_in applies to plane 0's first issue).
+__device__ __forceinline__ void wgmma_plane(Acc& acc, int i, u64 da, u64 db, int acc_in) {
+  if constexpr (FUSE_PLANES) {
+#pragma unroll
+    for (int rep = 0; rep < a_coef(i); ++rep)
+      wgmma_planes(acc[0], da, db, i == 0 && rep == 0 ? acc_in : 1);
+  } else {
+    wgmma_planes(acc[i], da, db, acc_in);
+  }
+}
+
 constexpr int ONES_WORDS = ROWSUM_MMA ? 64 : 0;  // 8 rows x 32 bytes of ones
 static_assert(STAGES >= 3, "wgmma pipeline keeps one stage in flight: STAGES >= 3");
 static_assert(WM == 64 && BM % 64 == 0, "a warpgroup owns 64 rows");
@@ -58,7 +71,7 @@ __device__ __forceinline__ void wgmma_stage(Acc& acc, RowSum& rsum, const u32* s
     for (int i = 0; i < Q_BITS; ++i) {
       const u64 da = smem_desc(sa + i * A_PLANE_STEP + ks * BM * 8);
       const int acc_in = ks > 0 || accumulate;
-      wgmma_planes(acc[i], da, db, acc_in);
+      wgmma_plane(acc, i, da, db, acc_in);
       if constexpr (ROWSUM_MMA) wgmma_rowsum(rsum[i], da, smem_desc(ones), acc_in);
     }
   }

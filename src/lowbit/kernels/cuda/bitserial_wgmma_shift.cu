@@ -263,7 +263,7 @@ __device__ __forceinline__ void shift_group_steps(Acc& acc, RowSum& rsum, const 
     const u64 db = desc_offset(db0, T_ * B_ROWS * 2);                                       \
     _Pragma("unroll") for (int i = 0; i < Q_BITS; ++i) {                                    \
       const u64 da = desc_offset(da0, i * A_SHIFT_PLANE / 4 + OFF, LBO);                    \
-      wgmma_planes(acc[i], da, db, acc_in);                                                 \
+      wgmma_plane(acc, i, da, db, acc_in);                                                  \
       if constexpr (ROWSUM_MMA) wgmma_rowsum(rsum[i], da, desc_offset(d1, ONES * 16), acc_in); \
     }                                                                                       \
     acc_in = 1;                                                                             \
