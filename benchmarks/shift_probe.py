@@ -3,8 +3,8 @@ cut out of its rendered source (measurement only: the cut variants compute garba
 
 Variants: base; thr_global and weights_team0 (exact: the thresholds read from global memory,
 the weights copied by team 0 alone, as before 2026-11-25); fused (exact: FUSE_PLANES=1, the
-activation planes summed in one accumulator); no_epilogue (the epilogue replaced
-by one conditional store, so the MMAs stay);
+activation planes summed in one accumulator); cols (exact: ROWSUM="cols"); no_epilogue (the
+epilogue replaced by one conditional store, so the MMAs stay);
 no_loads (the slab of the first two tiles reused: MMAs + epilogue); aligned (every A
 descriptor rounded to a 128-byte boundary with the standard 128-byte LBO: the same MMAs on
 unshifted core matrices); aligned + no_epilogue; no_rowsum (binary weights: the row-popcount
@@ -55,13 +55,15 @@ VARIANTS = {"base": [], "no_epilogue": CUTS["no_epilogue"], "no_loads": CUTS["no
             "aligned_no_epilogue": CUTS["aligned"] + CUTS["no_epilogue"],
             "no_rowsum": CUTS["no_rowsum"],
             "no_rowsum_no_epilogue": CUTS["no_rowsum"] + CUTS["no_epilogue"],
-            "thr_global": [], "weights_team0": CUTS["weights_team0"], "fused": []}
+            "thr_global": [], "weights_team0": CUTS["weights_team0"], "fused": [],
+            "cols": []}
 # variants that build with other layout functions: thr_global (exact) reads the thresholds from
 # global memory, as before 2026-11-25 (no shared-memory slots, the row table's rectangle ids)
 PATCHES = {"thr_global": {"threshold_slots": lambda wl, config: 0}}
 # variants that are other configs of the space: fused (the two activation planes summed in one
-# accumulator by the MMAs, FUSE_PLANES=1)
-CONFIG_CHANGES = {"fused": {"FUSE_PLANES": 1}}
+# accumulator by the MMAs, FUSE_PLANES=1), cols (the row popcounts from ones columns in the
+# products' wgmma, ROWSUM="cols")
+CONFIG_CHANGES = {"fused": {"FUSE_PLANES": 1}, "cols": {"ROWSUM": "cols"}}
 
 
 def variant_render(cuts):

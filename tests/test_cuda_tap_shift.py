@@ -261,6 +261,24 @@ EMU_CASES = [
       "REQUANT": "threshold", "ROW_TABLE": 1, "FUSE_PLANES": 1}),
     ("fused_pingpong_c64_u2u2", conv(U2, U2, EPILOGUES[4], N=2, H=7, W=8, C=64, K=40),
      {"PERSIST": 1, "STAGES": 4, "BM": 64, "BN": 32, "WN": 16, "FUSE_PLANES": 1}),
+    # ROWSUM="cols": the row popcounts from ones columns after the weights in the products'
+    # wgmma (N = WN + 16): every slab layout (4 and 2 positions per entry: ones tiles of part
+    # words, C = 512: two channel groups), one tile per block and persistent, teams, two tiles
+    # in flight, thresholds per tap rectangle
+    ("cols_c32_b1b1_border", conv(B1, B1, EPILOGUES[5], N=3, H=5, W=6, C=32, K=24),
+     {"ROWSUM": "cols", "BN": 32, "WN": 32}),
+    ("cols_persistent_c64_b1u2_threshold", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=64,
+                                                K=48),
+     {"PERSIST": 1, "BM": 128, "BN": 64, "WN": 64, "ROWSUM": "cols", "REQUANT": "threshold",
+      "ROW_TABLE": 1}),
+    ("cols_teams_c512_b1s2_2groups", conv(B1, S2, EPILOGUES[1], N=2, H=7, W=9, C=512, K=64),
+     {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": 32, "ROWSUM": "cols"}),
+    ("cols_pingpong_c128_b1u2", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=128, K=48),
+     {"PERSIST": 1, "STAGES": 4, "BM": 64, "BN": 32, "WN": 32, "ROWSUM": "cols"}),
+    ("cols_teams_c128_b1b1_5x5_slots", conv(B1, B1, EPILOGUES[5], N=2, H=7, W=8, C=128, K=40,
+                                            R=5, S=5, pad=2),
+     {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": 32, "ROWSUM": "cols",
+      "ROW_TABLE": 1, "REQUANT": "threshold"}),
 ]
 
 
@@ -295,6 +313,22 @@ def test_emulation_catches_a_wrong_shift(mutation, monkeypatch):
         plan = tap_shift.ShiftPlan(**{**plan.__dict__, "vq": wl.W, "base": wl.W + 1})
     monkeypatch.setattr(bitserial, "shift_plan", lambda sh, bm: plan)
     assert not _check(wl, cfg, seed=1)
+
+
+@pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
+@pytest.mark.parametrize("edit", [
+    ("one ? ~0u : 0u;", "one || row < 8 ? ~0u : 0u;"),
+    ("slot(B_ROWS, BN + row, T_, wd)", "slot(B_ROWS, BN + (row ^ 8), T_, wd)")],
+    ids=["ones_in_every_word", "ones_in_the_zero_rows"])
+def test_emulation_catches_wrong_ones_columns(edit, monkeypatch):
+    """ROWSUM="cols" with ones in weight words a step does not use (C = 32: steps of three
+    taps leave a half's words unused, whose A bits then count), or the ones written into the
+    zero rows (the row popcounts' registers then hold zeros), is caught."""
+    wl = conv(B1, U2, EPILOGUES[0], N=2, H=5, W=6, C=32, K=40)  # int32 out: every sum shows
+    cfg = _shift_config(wl, {"PERSIST": 1, "BM": 64, "BN": 32, "WN": 32, "ROWSUM": "cols"})
+    assert _check(wl, cfg, seed=3)
+    edit_kernel_file(monkeypatch, "bitserial_wgmma_shift.cu", *edit)
+    assert not _check(wl, cfg, seed=3)
 
 
 @pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
@@ -517,7 +551,8 @@ def test_bit_exact_tap_shift(wb, ab):
     tile per block, persistent, and persistent with two tiles in flight (where registers allow),
     with binary weights persistent with the slab row sums, the first and last persistent ones
     with the row table, the first and last with two teams, the first and last with the
-    activation planes fused in one accumulator, and a random valid one."""
+    activation planes fused in one accumulator and with the row sums' ones columns in the
+    weights' wgmma, and a random valid one."""
     rng = random.Random(wb * 10 + ab)
     for combo in range(4):
         w_prec, a_prec = encodings(wb)[combo // 2], encodings(ab)[combo % 2]
@@ -530,9 +565,10 @@ def test_bit_exact_tap_shift(wb, ab):
         table = [c for c in space if c["ROW_TABLE"] and c["PERSIST"]]
         teams = [c for c in persistent if c["TEAMS"] == 2]
         fused = [c for c in space if c["FUSE_PLANES"]]  # unsigned two-bit activations
+        cols = [c for c in space if c["ROWSUM"] == "cols"]  # binary weights
         for cfg in (space[0], persistent[0], *pingpong[:1], *slab[-1:], *table[:1],
                     *table[-1:], *teams[:1], *teams[-1:], *fused[:1], *fused[-1:],
-                    rng.choice(space)):
+                    *cols[:1], *cols[-1:], rng.choice(space)):
             _assert_exact(wl, cfg, seed=wb * 100 + ab * 10 + combo)
 
 

@@ -23,7 +23,9 @@ computes the activation rows' popcounts with one more MMA per plane and k step a
 ones; "table" reads them from a per-pixel popcount table of x made by a small kernel first,
 summed over the valid taps in the epilogue; "slab", persistent TAP_SHIFT=1 kernels with
 STAGES=3: popcounts of the block's input slab in shared memory, summed over each row's taps
-while the tile's MMAs run), REQUANT (requantized bit-plane output of 1-2 bits
+while the tile's MMAs run; "cols", TAP_SHIFT=1 kernels with BN = WN: ones columns appended to
+the weights, so the products' wgmma (N = WN + 16) gives the popcounts too and reads each A tile
+once instead of twice), REQUANT (requantized bit-plane output of 1-2 bits
 only: "multiply" requantizes each output in 64-bit fixed point; "threshold" compares it with
 per-column integer thresholds that fold in bias and ReLU, `lowbit.reference.requant_thresholds`,
 and for binary activations each tap rectangle's weight sums: one multiply-add and the compares
@@ -112,7 +114,8 @@ def _asm_operands(names: list[str]) -> tuple[str, str]:
     return regs, ", ".join(f'"+r"({n})' for n in names)
 
 
-def wgmma_source(w_bits: int, wn: int, s8_atype: str | None = None) -> str:
+def wgmma_source(w_bits: int, wn: int, s8_atype: str | None = None,
+                 ones_cols: bool = False) -> str:
     """wgmma_planes (one activation plane x all w_bits weight planes of WN columns: m64nNk256,
     N = w_bits * WN) and wgmma_rowsum (m64n8k256 against ones) as inline PTX. Register d[k] of
     the s32 m64nN fragment is row g (+8 for k % 4 >= 2), column 8 (k / 4) + 2 t4 + k % 2: the
@@ -120,7 +123,9 @@ def wgmma_source(w_bits: int, wn: int, s8_atype: str | None = None) -> str:
     s8_atype ("s8" / "u8"): the int8 mode, m64nNk32 .s32.<s8_atype>.s8 on a 32-byte k slab.
     `accumulate` is the instruction's scale-d: 0 writes d = a * b, ignoring d's old values (a
     tile's first k step; no zeroed accumulators: ptxas 13.0 miscompiled those, reusing a
-    register the previous wgmma had written as a zero source)."""
+    register the previous wgmma had written as a zero source). ones_cols (ROWSUM="cols"):
+    also wgmma_planes_ones, m64n(N+16)k256 whose last 16 B rows are the ones and zeros after
+    the weights: rs[0][0..3] the row popcounts' registers, rs[0][4..7] the zero columns'."""
     n = w_bits * wn
     regs_of = [f"d[{j}][0][{ni}][{e}]" for j in range(w_bits) for ni in range(wn // 8)
                for e in range(4)]
@@ -129,10 +134,14 @@ def wgmma_source(w_bits: int, wn: int, s8_atype: str | None = None) -> str:
     else:
         main = f"m64n{n}k256.s32.b1.b1.and.popc"
     out = []
-    for fn, op, names, arr in (
-            ("wgmma_planes", main, regs_of, "int (&d)[P_BITS][MT][NT][4]"),
-            ("wgmma_rowsum", "m64n8k256.s32.b1.b1.and.popc", [f"d[0][{e}]" for e in range(4)],
-             "int (&d)[MT][4]")):
+    wrappers = [("wgmma_planes", main, regs_of, "int (&d)[P_BITS][MT][NT][4]"),
+                ("wgmma_rowsum", "m64n8k256.s32.b1.b1.and.popc",
+                 [f"d[0][{e}]" for e in range(4)], "int (&d)[MT][RS_REGS]")]
+    if ones_cols:
+        wrappers.append(("wgmma_planes_ones", f"m64n{n + 16}k256.s32.b1.b1.and.popc",
+                         regs_of + [f"rs[0][{e}]" for e in range(8)],
+                         "int (&d)[P_BITS][MT][NT][4], int (&rs)[MT][RS_REGS]"))
+    for fn, op, names, arr in wrappers:
         regs, ops = _asm_operands(names)
         k = len(names)
         out.append(
@@ -141,6 +150,9 @@ def wgmma_source(w_bits: int, wn: int, s8_atype: str | None = None) -> str:
             f'      "wgmma.mma_async.sync.aligned.{op} "\n'
             f'      "{{{regs}}}, %{k}, %{k + 1}, p;\\n}}\\n"\n'
             f'      : {ops}\n      : "l"(da), "l"(db), "r"(accumulate));\n}}\n')
+    if not ones_cols:  # named in a discarded `if constexpr` branch of the tap-shift kernel
+        out.append("__device__ void wgmma_planes_ones(int (&d)[P_BITS][MT][NT][4], "
+                   "int (&rs)[MT][RS_REGS], u64 da, u64 db, int accumulate);\n")
     return "".join(out)
 
 
@@ -281,7 +293,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "KT": config["KT"], "STAGES": config["STAGES"], "PERSIST": config["PERSIST"],
         "WGMMA": int(config["MMA"] == "wgmma"), "SWIZZLE": config["SWIZZLE"],
         "HALO": config["HALO"], "ROWSUM_TABLE": int(rowsum_table(config)),
-        "ROWSUM_SLAB": int(rowsum_slab(config)),
+        "ROWSUM_SLAB": int(rowsum_slab(config)), "ROWSUM_COLS": int(rowsum_cols(config)),
         "SPLIT_K": split_k(config), "TAP_SHIFT": int(tap_shift(config)),
         "ROW_TABLE": int(config.get("ROW_TABLE", 0)), "TEAMS": teams(config),
         "HALO_WORDS": halo_rows(sh, config["BM"]) * sh.w * sh.words if config["HALO"] else 0,
@@ -308,7 +320,8 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
     body = _cu("bitserial_common.cu")
     if config["MMA"] == "wgmma":
         if wgmma_asm:
-            body += wgmma_source(p, config["WN"], s8_atype(wl) if elem8 else None)
+            body += wgmma_source(p, config["WN"], s8_atype(wl) if elem8 else None,
+                                 rowsum_cols(config))
         body += _cu("bitserial_wgmma_common.cu")
     return "\n".join(lines) + "\n" + body + _cu(kernel_file(config))
 
@@ -580,8 +593,14 @@ def rowsum_slab(config: Mapping) -> bool:
     return config.get("ROWSUM", "mma") == "slab"
 
 
+def rowsum_cols(config: Mapping) -> bool:
+    """Binary weights' row popcounts from ones columns appended to the weights' wgmma
+    (ROWSUM="cols", tap-shift kernels)."""
+    return config.get("ROWSUM", "mma") == "cols"
+
+
 def rowsum_mma(wl: Workload, config: Mapping) -> bool:
-    """Binary weights' row popcounts by an MMA against ones (ROWSUM="mma")."""
+    """Binary weights' row popcounts by an MMA against a tile of ones (ROWSUM="mma")."""
     return needs_rowsum(wl) and config.get("ROWSUM", "mma") == "mma"
 
 
@@ -598,7 +617,7 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     ones = 1
     if tap_shift(config):  # every channel group resident, slab_buffers slabs of it
         plan = shift_plan(conv_shape(wl), config["BM"])
-        slab, weights = group_words(plan, q, p * config["BN"])
+        slab, weights = group_words(plan, q, p * config["BN"] + (16 if rowsum_cols(config) else 0))
         operands = plan.groups * (weights + slab * slab_buffers(config) * teams(config)) * 4
         ones = len(plan.ones_tiles)
         if rowsum_slab(config):  # two buffers where each thread counts its own copies
@@ -654,6 +673,8 @@ def acc_regs(wl: Workload, config: Mapping) -> int:
     tiles = (warp_rows // 16) * (config["WN"] // 8) * 4
     q, p = planes(wl)
     extra = (warp_rows // 16) * 4 * q if rowsum_mma(wl, config) else 0
+    if rowsum_cols(config):  # the row popcounts' and the zero columns' registers
+        extra = (warp_rows // 16) * 8 * q
     if fuse_planes(config):  # one accumulator for the activation planes
         q = 1
     pingpong = tap_shift(config) and config["PERSIST"] and config["STAGES"] == 4
@@ -834,6 +855,12 @@ def _constraints(wl: Workload) -> list:
     def rowsums(c: Config) -> str | None:
         if rowsum_slab(c) and not (tap_shift(c) and c["PERSIST"] and c["STAGES"] == 3):
             return "ROWSUM='slab' is implemented in the persistent TAP_SHIFT=1 kernel, STAGES=3"
+        if rowsum_cols(c):
+            if not tap_shift(c) or c["BN"] != c["WN"] or c["FUSE_PLANES"]:
+                return ("ROWSUM='cols' is implemented in the TAP_SHIFT=1 kernels with one "
+                        "warpgroup in N (BN = WN), without FUSE_PLANES")
+            if planes(wl)[1] * c["WN"] + 16 not in WGMMA_N:
+                return f"wgmma N = WN + 16 = {c['WN'] + 16} is not a valid wgmma N"
         if uses_row_table(c) and rowsum_table(c):
             return "ROW_TABLE=1 and 2 keep no row's pixel: not with ROWSUM='table'"
         if c.get("ROW_TABLE", 0) == 2 and not tap_shift(c):
@@ -959,7 +986,7 @@ class BitserialTemplate(KernelTemplate):
                  Knob("FUSE_PLANES", (0, 1) if arch == WGMMA_ARCH and fusable_planes(workload)
                       else (0,)),
                  Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
-                 Knob("ROWSUM", ("mma", "table", "slab")
+                 Knob("ROWSUM", ("mma", "table", "slab", "cols")
                       if workload.w.encoding is Encoding.BINARY else ("mma",)),
                  Knob("ROW_TABLE", (0, 1, 2) if 1 in self._tap_shift_values(workload, arch)
                       else (0, 1)),

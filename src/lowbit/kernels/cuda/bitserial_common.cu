@@ -36,7 +36,12 @@ constexpr int KTILES = (KW + TILE_WORDS - 1) / TILE_WORDS;
 // multiplies an activation plane with every weight plane.
 constexpr int A_PLANE_STEP = KT * BM * 8;                   // words between activation planes
 constexpr int B_PLANE_STEP = WGMMA ? WN * 8 : KT * BN * 8;  // words between weight planes
-constexpr int B_ROWS = WGMMA ? P_BITS * BN : BN;            // rows of one B slab
+// ROWSUM_COLS (tap-shift wgmma, binary weights, BN = WN): each B slab carries 16 more rows,
+// 8 of ones (the row popcounts' columns) and 8 of zeros (wgmma N above 32 is a multiple of
+// 16), so one m64n(WN+16)k256 reads the A tile once for the products and the row popcounts,
+// instead of a second m64n8k256 re-reading it (shared-memory bandwidth limits the MMA phase).
+constexpr int ONES_ROWS = ROWSUM_COLS ? 16 : 0;
+constexpr int B_ROWS = WGMMA ? P_BITS * BN + ONES_ROWS : BN;  // rows of one B slab
 constexpr int A_STAGE_WORDS = Q_BITS * A_PLANE_STEP;
 constexpr int STAGE_WORDS = A_STAGE_WORDS + P_BITS * KT * BN * 8;
 constexpr int CPR = TILE_WORDS / VEC;          // copy chunks per row per stage
@@ -53,6 +58,8 @@ constexpr bool NEED_ROWSUM = W_BETA != 0;      // binary weights: sum_i c_i popc
 // (TAP_SHIFT=1 persistent kernels): from the popcounts of the block's input slab, summed over
 // each row's taps while the tile's MMAs run (bitserial_wgmma_shift.cu).
 constexpr bool ROWSUM_MMA = NEED_ROWSUM && !ROWSUM_TABLE && !ROWSUM_SLAB;
+static_assert(!ROWSUM_COLS || (ROWSUM_MMA && TAP_SHIFT && WGMMA && BN == WN && !FUSE_PLANES),
+              "ROWSUM_COLS: binary weights, tap-shift wgmma, one warpgroup in N (bitserial.py)");
 static_assert(!(ROW_TABLE && ROWSUM_TABLE) && (ROW_TABLE < 2 || TAP_SHIFT),
               "ROW_TABLE: not with the xpop sums; 2: TAP_SHIFT=1 (bitserial.py)");
 constexpr i64 PIXELS = (i64)NB * H * W;        // input pixels per activation plane
@@ -439,7 +446,9 @@ typedef int Acc[Q_BITS][P_BITS][MT][NT][4];  // one per (activation plane, weigh
 // and takes no registers.
 static_assert(!FUSE_PLANES || (WGMMA && Q_BITS == 2 && !A_SIGNED && !ELEM8),
               "FUSE_PLANES: wgmma, unsigned two-bit activations (bitserial.fusable_planes)");
-typedef int RowSum[Q_BITS][MT][4];           // popc of the activation planes (binary weights)
+// popc of the activation planes (binary weights); ROWSUM_COLS: 4 more, the zero columns' sums
+constexpr int RS_REGS = ROWSUM_COLS ? 8 : 4;
+typedef int RowSum[Q_BITS][MT][RS_REGS];
 
 // wgmma accumulators are not zeroed: a tile's first wgmma overwrites them (scale-d = 0). The
 // host emulation fills them with garbage instead, so a first wgmma that accumulates fails there.
@@ -456,7 +465,7 @@ __device__ __forceinline__ void zero_acc(Acc& acc, RowSum& rsum) {
 #pragma unroll
     for (int mi = 0; mi < MT; ++mi) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) rsum[i][mi][e] = 0;
+      for (int e = 0; e < RS_REGS; ++e) rsum[i][mi][e] = 0;
 #pragma unroll
       for (int j = 0; j < P_BITS; ++j)
 #pragma unroll
@@ -466,9 +475,12 @@ __device__ __forceinline__ void zero_acc(Acc& acc, RowSum& rsum) {
     }
 }
 
-// mma.sync on one stage: every plane pair of this warp's WM x WN tile, KT k256 steps.
-__device__ __forceinline__ void mma_sync_stage(Acc& acc, RowSum& rsum, const u32* sa, const u32* sb,
-                                               int warp_m, int warp_n, int lane) {
+// mma.sync on one stage: every plane pair of this warp's WM x WN tile, KT k256 steps. (A
+// template: compiled only where called, so RowSum's 8-register form of ROWSUM_COLS, a wgmma
+// kernel's, never meets mma_and's 4 registers.)
+template <class RowSumT>
+__device__ __forceinline__ void mma_sync_stage(Acc& acc, RowSumT& rsum, const u32* sa,
+                                               const u32* sb, int warp_m, int warp_n, int lane) {
   const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
   for (int ks = 0; ks < KT; ++ks) {

@@ -254,8 +254,19 @@ __device__ __forceinline__ void wgmma_planes(int (&d)[P_BITS][MT][NT][4], u64 da
   emu_wg_open.push_back(EmuWgmma{&d[0][0][0][0], P_BITS * NT * 4, da, db, ELEM8 != 0,
                                  accumulate != 0});
 }
-__device__ __forceinline__ void wgmma_rowsum(int (&d)[MT][4], u64 da, u64 db, int accumulate) {
+__device__ __forceinline__ void wgmma_rowsum(int (&d)[MT][RS_REGS], u64 da, u64 db,
+                                             int accumulate) {
   emu_wg_open.push_back(EmuWgmma{&d[0][0], 4, da, db, false, accumulate != 0});
+}
+// m64n(N+16)k256 (ROWSUM_COLS): the weights' N columns, then 16 more B rows (ones, zeros)
+// into rs[0][0..7]; B row r lies SBO (256 B) per 8 rows on, so rows N.. are the B operand
+// N * 32 bytes on.
+__device__ __forceinline__ void wgmma_planes_ones(int (&d)[P_BITS][MT][NT][4],
+                                                  int (&rs)[MT][RS_REGS], u64 da, u64 db,
+                                                  int accumulate) {
+  wgmma_planes(d, da, db, accumulate);
+  emu_wg_open.push_back(EmuWgmma{&rs[0][0], 8, da, desc_offset(db, P_BITS * WN * 2), false,
+                                 accumulate != 0});
 }
 """
 

@@ -131,13 +131,34 @@ __device__ __forceinline__ void load_group_weights(const u32* __restrict__ w, u3
 
 // The row-popcount wgmma's B tiles (binary weights): tile i has ones in the weight words its
 // steps use (SHIFT_ONES), so A bits that meet zero weights are not counted.
+constexpr bool ONES_TILES_MMA = ROWSUM_MMA && !ROWSUM_COLS;  // separate m64n8k256 per step
 __device__ __forceinline__ void fill_shift_ones(u32* ones, int tid) {
-  if constexpr (ROWSUM_MMA) {
+  if constexpr (ONES_TILES_MMA) {
 #define FILL_ONES(I_, LO, HI)                                                                \
     for (int i = tid; i < 64; i += THREADS)                                                  \
       ones[I_ * 64 + slot(8, i / 8, 0, i % 8)] = (i % 8 < 4 ? i % 8 < LO : i % 8 - 4 < HI) ? ~0u : 0u;
     SHIFT_ONES(FILL_ONES)
 #undef FILL_ONES
+  }
+}
+// ROWSUM_COLS: the same ones as rows BN..BN+7 of every k step's B slab (the step's tile of
+// SHIFT_ONES), rows BN+8..BN+15 zeros; written once per block (cp.async never writes them).
+#define ONES_LO(I_, LO, HI) LO,
+#define ONES_HI(I_, LO, HI) HI,
+__device__ constexpr int ONES_LO_WORDS[] = {SHIFT_ONES(ONES_LO) 0};
+__device__ constexpr int ONES_HI_WORDS[] = {SHIFT_ONES(ONES_HI) 0};
+#undef ONES_LO
+#undef ONES_HI
+__device__ __forceinline__ void fill_ones_rows(u32* weights, int tid, int threads) {
+  if constexpr (ROWSUM_COLS) {
+#define FILL_ROWS(G_, T_, OFF, LBO, ONES)                                                    \
+    for (int i = tid; i < ONES_ROWS * 8; i += threads) {                                     \
+      const int row = i / 8, wd = i % 8;                                                     \
+      const bool one = row < 8 && (wd < 4 ? wd < ONES_LO_WORDS[ONES] : wd - 4 < ONES_HI_WORDS[ONES]); \
+      weights[G_ * B_GROUP_WORDS + slot(B_ROWS, BN + row, T_, wd)] = one ? ~0u : 0u;        \
+    }
+    SHIFT_STEPS(FILL_ROWS)
+#undef FILL_ROWS
   }
 }
 
@@ -256,15 +277,19 @@ __device__ __forceinline__ void shift_group_steps(Acc& acc, RowSum& rsum, const 
   // base descriptors: the warpgroup's 64 rows of the slab, its weight columns, the ones tiles
   const u64 da0 = slab_desc(slabs + grp * A_GROUP_WORDS + wg_m * 64 * 4, 0);
   const u64 db0 = smem_desc(weights + grp * B_GROUP_WORDS + wg_n * (P_BITS * WN) * 8);
-  const u64 d1 = ROWSUM_MMA ? smem_desc(ones) : 0;
+  const u64 d1 = ONES_TILES_MMA ? smem_desc(ones) : 0;
   // offsets in 16-byte units: entries of 4 words, weight rows of 8 words, ones tiles of 64
 #define SHIFT_STEP(G_, T_, OFF, LBO, ONES)                                                   \
   if (grp == G_) {                                                                          \
     const u64 db = desc_offset(db0, T_ * B_ROWS * 2);                                       \
     _Pragma("unroll") for (int i = 0; i < Q_BITS; ++i) {                                    \
       const u64 da = desc_offset(da0, i * A_SHIFT_PLANE / 4 + OFF, LBO);                    \
-      wgmma_plane(acc, i, da, db, acc_in);                                                  \
-      if constexpr (ROWSUM_MMA) wgmma_rowsum(rsum[i], da, desc_offset(d1, ONES * 16), acc_in); \
+      if constexpr (ROWSUM_COLS) {                                                           \
+        wgmma_planes_ones(acc[i], rsum[i], da, db, acc_in);                                  \
+      } else {                                                                              \
+        wgmma_plane(acc, i, da, db, acc_in);                                                 \
+        if constexpr (ONES_TILES_MMA) wgmma_rowsum(rsum[i], da, desc_offset(d1, ONES * 16), acc_in); \
+      }                                                                                     \
     }                                                                                       \
     acc_in = 1;                                                                             \
   }
@@ -283,6 +308,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift(BITS
   u32* slabs = smem + GROUPS * B_GROUP_WORDS;
   u32* ones = smem + ONES_OFFSET;
   fill_shift_ones(ones, tid);
+  fill_ones_rows(weights, tid, THREADS);
   const SlabPix pix = slab_pixels(vrows + VPIX0, blockIdx.y, slab_slots(tid), tid);
 #pragma unroll
   for (int grp = 0; grp < GROUPS; ++grp) {
@@ -364,7 +390,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_shif
   u32* weights = smem;
   u32* slabs = smem + GROUPS * B_GROUP_WORDS + team * SLAB_BUFFERS * SLABS_WORDS;
   u32* ones = smem + ONES_OFFSET;
-  int* pop = reinterpret_cast<int*>(ones + (ROWSUM_MMA ? ONES_TILES * 64 : 0))  // ROWSUM_SLAB
+  int* pop = reinterpret_cast<int*>(ones + (ONES_TILES_MMA ? ONES_TILES * 64 : 0))  // ROWSUM_SLAB
              + team * POP_BUFFERS * POP_WORDS;
   u32* after_pop = reinterpret_cast<u32*>(pop + (TEAMS - team) * POP_BUFFERS * POP_WORDS);
   u32* s_out = after_pop + team * PACK_WORDS;  // apart: slabs load
@@ -374,6 +400,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_shif
   // the block's constants, read by every team: each thread of the block copies its share of
   // the weights (joining its first copy group), team 0 fills the ones
   if (team == 0) fill_shift_ones(ones, tid);
+  fill_ones_rows(weights, (int)threadIdx.x, BLOCK_THREADS);
 #pragma unroll
   for (int grp = 0; grp < GROUPS; ++grp)
     load_group_weights(w, weights + grp * B_GROUP_WORDS, n0, grp, (int)threadIdx.x,
