@@ -48,6 +48,9 @@ def test_registered_and_support_rules():
     space = INT8_WGMMA.space(wl, "sm_90a")
     assert {c["MMA"] for c in space} == {"wgmma"}
     assert INT8_WGMMA.default_config(wl, "sm_90a") in space
+    # a preferred default (the bit-serial wgmma ones on this template's knobs), not the
+    # fallback to the space's first point (BM = 64, BN = 16)
+    assert INT8_WGMMA.default_config(wl, "sm_90a") != space.all_configs()[0]
     assert bitserial.conv_shape(wl).words == 16  # 64 int8 channels = 16 words per pixel
 
 

@@ -840,7 +840,7 @@ def _constraints(wl: Workload) -> list:
         return None
 
     def fused(c: Config) -> str | None:
-        if c["FUSE_PLANES"] and c["MMA"] != "wgmma":
+        if fuse_planes(c) and c["MMA"] != "wgmma":  # (cuda.int8_wgmma has no such knob)
             return "FUSE_PLANES=1 is a wgmma kernel's (accumulators of m64nNk256)"
         return None
 
@@ -856,7 +856,7 @@ def _constraints(wl: Workload) -> list:
         if rowsum_slab(c) and not (tap_shift(c) and c["PERSIST"] and c["STAGES"] == 3):
             return "ROWSUM='slab' is implemented in the persistent TAP_SHIFT=1 kernel, STAGES=3"
         if rowsum_cols(c):
-            if not tap_shift(c) or c["BN"] != c["WN"] or c["FUSE_PLANES"]:
+            if not tap_shift(c) or c["BN"] != c["WN"] or fuse_planes(c):
                 return ("ROWSUM='cols' is implemented in the TAP_SHIFT=1 kernels with one "
                         "warpgroup in N (BN = WN), without FUSE_PLANES")
             if planes(wl)[1] * c["WN"] + 16 not in WGMMA_N:

@@ -71,11 +71,13 @@ class Int8WgmmaTemplate(KernelTemplate):
         return ConfigSpace(knobs, _constraints(workload))
 
     def default_config(self, workload: Workload, arch: str | None = None) -> Config:
-        """The first valid of the bit-serial wgmma defaults (big N per instruction first)."""
+        """The first valid of the bit-serial wgmma defaults (big N per instruction first), on
+        this template's knobs (the bit-serial ones it lacks left out)."""
         space = self.space(workload, arch)
         for d in DEFAULTS["wgmma"]:
-            if space.is_valid(Config(d)):
-                return Config(d)
+            cfg = Config({k: v for k, v in d.items() if k in space.names})
+            if space.is_valid(cfg):
+                return cfg
         return space.all_configs()[0]
 
     def build(self, workload: Workload, config: Config, arch: str | None = None
