@@ -467,6 +467,30 @@ def test_bit_exact_fused_planes(wb):
             _assert_exact(wl, cfg, seed=combo)
 
 
+@pytest.mark.parametrize("ab", range(1, 5))
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bit_exact_rowsum_cols(ab):
+    """ROWSUM="cols" in the wgmma kernels without tap-shift (the row popcounts from ones
+    columns after the weights, N = WN + 16): binary weights x every activation encoding, conv
+    stride 1 and 2 and a GEMM, one tile per block, with the duplicate-aware load, persistent
+    and two teams."""
+    if bitserial.device_arch() != bitserial.WGMMA_ARCH:
+        pytest.skip("needs an sm_90a GPU")
+    rng = random.Random(ab)
+    for combo, a_prec in enumerate(encodings(ab) * 2):
+        epi = EPILOGUES[(ab + combo) % len(EPILOGUES)]
+        w_prec = Precision(1, "binary")
+        wl = (gemm(w_prec, a_prec, epi, M=333, N=96, K=700) if combo == 3 else
+              conv(w_prec, a_prec, epi, N=3, H=11, W=9, C=96, K=70, stride=1 + combo % 2))
+        cols = [c for c in BITSERIAL.space(wl) if c["ROWSUM"] == "cols" and not c["TAP_SHIFT"]]
+        persistent = [c for c in cols if c["PERSIST"]]
+        halo = [c for c in cols if c["HALO"]]
+        teams = [c for c in persistent if c["TEAMS"] == 2]
+        for cfg in (cols[0], *halo[-1:], *persistent[-1:], *teams[:1], rng.choice(cols)):
+            _assert_exact(wl, cfg, seed=combo)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bound_launcher_keeps_the_weight_tables_of_bind_time():

@@ -99,6 +99,19 @@ CASES = [
     ("wgmma_persistent_fused_b1u2_threshold", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=8, C=40,
                                                    K=130), "wgmma",
      {"PERSIST": 1, "BM": 64, "BN": 64, "WN": 64, "REQUANT": "threshold", "FUSE_PLANES": 1}),
+    # ROWSUM="cols": the row popcounts from ones columns after the weights in the stage's B
+    # tiles (N = WN + 16): one tile per block with KT=2 and with the duplicate-aware load,
+    # persistent blocks with border thresholds, two teams over a GEMM
+    ("wgmma_cols_kt2_b1s2", conv(B1, S2, EPILOGUES[0], N=1, H=6, W=5, C=200, K=37), "wgmma",
+     {"STAGES": 3, "KT": 2, "BN": 32, "WN": 32, "ROWSUM": "cols"}),
+    ("wgmma_cols_halo_b1u2", conv(B1, U2, EPILOGUES[1], N=2, H=6, W=5, C=64, K=40), "wgmma",
+     {"HALO": 1, "BN": 64, "WN": 64, "ROWSUM": "cols"}),
+    ("wgmma_persistent_cols_b1b1_threshold", conv(B1, B1, EPILOGUES[5], N=2, H=9, W=8, C=40,
+                                                  K=130), "wgmma",
+     {"PERSIST": 1, "BM": 64, "BN": 64, "WN": 64, "REQUANT": "threshold", "ROWSUM": "cols"}),
+    ("wgmma_persistent_teams_cols_gemm", gemm(B1, U2, EPILOGUES[4], M=250, N=70, K=1536),
+     "wgmma", {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 64, "WN": 64, "KT": 1, "STAGES": 6,
+               "ROWSUM": "cols"}),
     # 40 channel words: a warp per pixel in bitserial_xpop, lanes 8-31 reading one word
     ("gemm_rowsum_table_wide_k", gemm(B1, U2, EPILOGUES[1], M=67, N=40, K=1280), "mma_sync",
      {"ROWSUM": "table"}),
@@ -263,6 +276,18 @@ def test_emulation_catches_broken_teams(edit, monkeypatch):
     else:
         with pytest.raises(RuntimeError, match="named barrier"):
             _check(wl, cfg, seed=2)
+
+
+def test_emulation_catches_misplaced_ones_columns(monkeypatch):
+    """ROWSUM="cols" with the ones written into the zero rows of the stages' B tiles (the row
+    popcounts' registers then hold zeros) is caught: the cols cases above are not exact by
+    accident."""
+    wl = conv(B1, U2, EPILOGUES[0], N=1, H=6, W=5, C=64, K=40)
+    cfg = _config(wl, "wgmma", {"BN": 64, "WN": 64, "ROWSUM": "cols"})
+    assert _check(wl, cfg, seed=2)
+    edit_kernel_file(monkeypatch, "bitserial_wgmma_common.cu", "row < 8 ? ~0u : 0u;",
+                     "row >= 8 ? ~0u : 0u;")
+    assert not _check(wl, cfg, seed=2)
 
 
 @pytest.mark.parametrize("edit,extra", [

@@ -23,8 +23,8 @@ computes the activation rows' popcounts with one more MMA per plane and k step a
 ones; "table" reads them from a per-pixel popcount table of x made by a small kernel first,
 summed over the valid taps in the epilogue; "slab", persistent TAP_SHIFT=1 kernels with
 STAGES=3: popcounts of the block's input slab in shared memory, summed over each row's taps
-while the tile's MMAs run; "cols", TAP_SHIFT=1 kernels with BN = WN: ones columns appended to
-the weights, so the products' wgmma (N = WN + 16) gives the popcounts too and reads each A tile
+while the tile's MMAs run; "cols", wgmma kernels with BN = WN: ones columns appended to the
+weights, so the products' wgmma (N = WN + 16) gives the popcounts too and reads each A tile
 once instead of twice), REQUANT (requantized bit-plane output of 1-2 bits
 only: "multiply" requantizes each output in 64-bit fixed point; "threshold" compares it with
 per-column integer thresholds that fold in bias and ReLU, `lowbit.reference.requant_thresholds`,
@@ -595,7 +595,7 @@ def rowsum_slab(config: Mapping) -> bool:
 
 def rowsum_cols(config: Mapping) -> bool:
     """Binary weights' row popcounts from ones columns appended to the weights' wgmma
-    (ROWSUM="cols", tap-shift kernels)."""
+    (ROWSUM="cols", wgmma kernels with BN = WN)."""
     return config.get("ROWSUM", "mma") == "cols"
 
 
@@ -611,7 +611,7 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     weights once, the slab buffers and slab popcounts per team, persistent blocks their
     columns' `threshold_slots`; the stages and the packing tile are per team too)."""
     q, p = planes(wl)
-    rows = q * config["BM"] + p * config["BN"]
+    rows = q * config["BM"] + p * config["BN"] + (16 if rowsum_cols(config) else 0)
     operands = (config["STAGES"] * rows * config["KT"] * 32 * teams(config)
                 + halo_bytes(wl, config))
     ones = 1
@@ -856,9 +856,9 @@ def _constraints(wl: Workload) -> list:
         if rowsum_slab(c) and not (tap_shift(c) and c["PERSIST"] and c["STAGES"] == 3):
             return "ROWSUM='slab' is implemented in the persistent TAP_SHIFT=1 kernel, STAGES=3"
         if rowsum_cols(c):
-            if not tap_shift(c) or c["BN"] != c["WN"] or fuse_planes(c):
-                return ("ROWSUM='cols' is implemented in the TAP_SHIFT=1 kernels with one "
-                        "warpgroup in N (BN = WN), without FUSE_PLANES")
+            if c["MMA"] != "wgmma" or c["BN"] != c["WN"] or fuse_planes(c):
+                return ("ROWSUM='cols' is implemented in the wgmma kernels with one warpgroup "
+                        "in N (BN = WN), without FUSE_PLANES")
             if planes(wl)[1] * c["WN"] + 16 not in WGMMA_N:
                 return f"wgmma N = WN + 16 = {c['WN'] + 16} is not a valid wgmma N"
         if uses_row_table(c) and rowsum_table(c):

@@ -36,14 +36,14 @@ constexpr int KTILES = (KW + TILE_WORDS - 1) / TILE_WORDS;
 // multiplies an activation plane with every weight plane.
 constexpr int A_PLANE_STEP = KT * BM * 8;                   // words between activation planes
 constexpr int B_PLANE_STEP = WGMMA ? WN * 8 : KT * BN * 8;  // words between weight planes
-// ROWSUM_COLS (tap-shift wgmma, binary weights, BN = WN): each B slab carries 16 more rows,
+// ROWSUM_COLS (wgmma, binary weights, BN = WN): each B slab carries 16 more rows,
 // 8 of ones (the row popcounts' columns) and 8 of zeros (wgmma N above 32 is a multiple of
 // 16), so one m64n(WN+16)k256 reads the A tile once for the products and the row popcounts,
 // instead of a second m64n8k256 re-reading it (shared-memory bandwidth limits the MMA phase).
 constexpr int ONES_ROWS = ROWSUM_COLS ? 16 : 0;
 constexpr int B_ROWS = WGMMA ? P_BITS * BN + ONES_ROWS : BN;  // rows of one B slab
 constexpr int A_STAGE_WORDS = Q_BITS * A_PLANE_STEP;
-constexpr int STAGE_WORDS = A_STAGE_WORDS + P_BITS * KT * BN * 8;
+constexpr int STAGE_WORDS = A_STAGE_WORDS + (P_BITS * BN + ONES_ROWS) * KT * 8;
 constexpr int CPR = TILE_WORDS / VEC;          // copy chunks per row per stage
 constexpr int A_ITERS = (BM * CPR + THREADS - 1) / THREADS;
 constexpr int B_ITERS = (BN * CPR + THREADS - 1) / THREADS;
@@ -58,8 +58,8 @@ constexpr bool NEED_ROWSUM = W_BETA != 0;      // binary weights: sum_i c_i popc
 // (TAP_SHIFT=1 persistent kernels): from the popcounts of the block's input slab, summed over
 // each row's taps while the tile's MMAs run (bitserial_wgmma_shift.cu).
 constexpr bool ROWSUM_MMA = NEED_ROWSUM && !ROWSUM_TABLE && !ROWSUM_SLAB;
-static_assert(!ROWSUM_COLS || (ROWSUM_MMA && TAP_SHIFT && WGMMA && BN == WN && !FUSE_PLANES),
-              "ROWSUM_COLS: binary weights, tap-shift wgmma, one warpgroup in N (bitserial.py)");
+static_assert(!ROWSUM_COLS || (ROWSUM_MMA && WGMMA && BN == WN && !FUSE_PLANES),
+              "ROWSUM_COLS: binary weights, wgmma, one warpgroup in N (bitserial.py)");
 static_assert(!(ROW_TABLE && ROWSUM_TABLE) && (ROW_TABLE < 2 || TAP_SHIFT),
               "ROW_TABLE: not with the xpop sums; 2: TAP_SHIFT=1 (bitserial.py)");
 constexpr i64 PIXELS = (i64)NB * H * W;        // input pixels per activation plane

@@ -10,6 +10,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma(BITSERIAL_
   const ARows ar = a_rows(m0, tid);
   u32* ones = smem + STAGES * STAGE_WORDS;
   fill_ones(ones, tid);
+  fill_stage_ones_rows(smem, tid);
   u32* halo = ones + ONES_WORDS;  // HALO=1: the block's input slab
   const int halo_row0 = HALO ? halo_load(x, halo, m0, tid) : 0;
 

@@ -51,7 +51,7 @@ __device__ __forceinline__ void wgmma_plane(Acc& acc, int i, u64 da, u64 db, int
   }
 }
 
-constexpr int ONES_WORDS = ROWSUM_MMA ? 64 : 0;  // 8 rows x 32 bytes of ones
+constexpr int ONES_WORDS = ROWSUM_MMA && !ROWSUM_COLS ? 64 : 0;  // 8 rows x 32 bytes of ones
 static_assert(STAGES >= 3, "wgmma pipeline keeps one stage in flight: STAGES >= 3");
 static_assert(WM == 64 && BM % 64 == 0, "a warpgroup owns 64 rows");
 
@@ -71,8 +71,12 @@ __device__ __forceinline__ void wgmma_stage(Acc& acc, RowSum& rsum, const u32* s
     for (int i = 0; i < Q_BITS; ++i) {
       const u64 da = smem_desc(sa + i * A_PLANE_STEP + ks * BM * 8);
       const int acc_in = ks > 0 || accumulate;
-      wgmma_plane(acc, i, da, db, acc_in);
-      if constexpr (ROWSUM_MMA) wgmma_rowsum(rsum[i], da, smem_desc(ones), acc_in);
+      if constexpr (ROWSUM_COLS) {  // the ones columns after the weights' (all k words count)
+        wgmma_planes_ones(acc[i], rsum[i], da, db, acc_in);
+      } else {
+        wgmma_plane(acc, i, da, db, acc_in);
+        if constexpr (ROWSUM_MMA) wgmma_rowsum(rsum[i], da, smem_desc(ones), acc_in);
+      }
     }
   }
   wgmma_commit();
@@ -80,7 +84,19 @@ __device__ __forceinline__ void wgmma_stage(Acc& acc, RowSum& rsum, const u32* s
 
 // The 256-byte tile of ones the row-sum wgmma multiplies with (ROWSUM_MMA), filled once.
 __device__ __forceinline__ void fill_ones(u32* ones, int tid) {
-  if constexpr (ROWSUM_MMA) {
+  if constexpr (ONES_WORDS > 0) {
     for (int i = tid; i < ONES_WORDS; i += THREADS) ones[i] = 0xffffffffu;
+  }
+}
+// ROWSUM_COLS: rows P_BITS * BN.. of each k slab's B tile in every stage of `stages`, 8 of ones
+// and 8 of zeros, written once (the stage copies write only the weight rows).
+__device__ __forceinline__ void fill_stage_ones_rows(u32* stages, int tid) {
+  if constexpr (ROWSUM_COLS) {
+    for (int i = tid; i < STAGES * KT * ONES_ROWS * 8; i += THREADS) {
+      const int s = i / (KT * ONES_ROWS * 8), ks = i / (ONES_ROWS * 8) % KT;
+      const int row = i / 8 % ONES_ROWS, wd = i % 8;
+      stages[s * STAGE_WORDS + A_STAGE_WORDS + slot(B_ROWS, P_BITS * BN + row, ks, wd)] =
+          row < 8 ? ~0u : 0u;
+    }
   }
 }

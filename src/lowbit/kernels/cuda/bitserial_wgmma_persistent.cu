@@ -25,6 +25,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_pers
   u32* stages = smem + team * STAGES * STAGE_WORDS;
   u32* ones = smem + TEAMS * STAGES * STAGE_WORDS;
   if (team == 0) fill_ones(ones, tid);
+  fill_stage_ones_rows(stages, tid);  // the team's own stages
   // the packing tile apart: the next tiles' copies are in flight
   u32* s_out = ones + ONES_WORDS + team * PACK_WORDS;
   const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
