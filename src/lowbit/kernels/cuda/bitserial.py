@@ -606,8 +606,9 @@ def rowsum_mma(wl: Workload, config: Mapping) -> bool:
 
 def smem_bytes(wl: Workload, config: Mapping) -> int:
     """Dynamic shared memory of a config: STAGES x (a_bits*BM + w_bits*BN) rows x KT*32 bytes
-    (wgmma with binary weights: + a 256-byte tile of ones for the row popcounts, or with
-    ROWSUM="slab" 4 bytes per slab position; HALO=1: + the input slab; TAP_SHIFT=1: the
+    (wgmma with binary weights: + a 256-byte tile of ones for the row popcounts, with
+    ROWSUM="cols" 16 more B rows per k slab instead, with ROWSUM="slab" 4 bytes per slab
+    position; HALO=1: + the input slab; TAP_SHIFT=1: the
     weights once, the slab buffers and slab popcounts per team, persistent blocks their
     columns' `threshold_slots`; the stages and the packing tile are per team too)."""
     q, p = planes(wl)
