@@ -425,6 +425,15 @@ def test_bit_exact_row_table(wb, ab, variant):
             _assert_exact(wl, cfg.replace(ROW_TABLE=1, REQUANT=requant), seed=combo)
 
 
+def _kernel_variant_workload(w_prec: Precision, a_prec: Precision, epi: Epilogue,
+                             combo: int):
+    """The workload of a kernel-variant GPU test's `combo` (0..3): a 3x3 conv of stride 1
+    (even combos) or 2 (odd), and a GEMM for combo 3."""
+    if combo == 3:
+        return gemm(w_prec, a_prec, epi, M=333, N=96, K=700)
+    return conv(w_prec, a_prec, epi, N=3, H=11, W=9, C=96, K=70, stride=1 + combo % 2)
+
+
 @pytest.mark.parametrize("wb,ab", _PAIRS)
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -438,8 +447,7 @@ def test_bit_exact_persistent_wgmma_teams(wb, ab):
     for combo in range(4):
         w_prec, a_prec = encodings(wb)[combo // 2], encodings(ab)[combo % 2]
         epi = EPILOGUES[(wb + ab + combo) % len(EPILOGUES)]
-        wl = (gemm(w_prec, a_prec, epi, M=333, N=96, K=700) if combo == 3 else
-              conv(w_prec, a_prec, epi, N=3, H=11, W=9, C=96, K=70, stride=1 + combo % 2))
+        wl = _kernel_variant_workload(w_prec, a_prec, epi, combo)
         teams = [c for c in BITSERIAL.space(wl) if c["TEAMS"] == 2 and not c["TAP_SHIFT"]]
         assert teams or wb * ab >= 6, "two teams fit every bit pair of up to 5 plane products"
         for cfg in teams[:1] + teams[-1:]:
@@ -458,8 +466,7 @@ def test_bit_exact_fused_planes(wb):
     rng = random.Random(wb)
     for combo, w_prec in enumerate(encodings(wb) * 2):
         epi = EPILOGUES[(wb + combo) % len(EPILOGUES)]
-        wl = (gemm(w_prec, Precision(2), epi, M=333, N=96, K=700) if combo == 3 else
-              conv(w_prec, Precision(2), epi, N=3, H=11, W=9, C=96, K=70, stride=1 + combo % 2))
+        wl = _kernel_variant_workload(w_prec, Precision(2), epi, combo)
         fused = [c for c in BITSERIAL.space(wl) if c["FUSE_PLANES"] and not c["TAP_SHIFT"]]
         persistent = [c for c in fused if c["PERSIST"]]
         teams = [c for c in persistent if c["TEAMS"] == 2]
@@ -481,8 +488,7 @@ def test_bit_exact_rowsum_cols(ab):
     for combo, a_prec in enumerate(encodings(ab) * 2):
         epi = EPILOGUES[(ab + combo) % len(EPILOGUES)]
         w_prec = Precision(1, "binary")
-        wl = (gemm(w_prec, a_prec, epi, M=333, N=96, K=700) if combo == 3 else
-              conv(w_prec, a_prec, epi, N=3, H=11, W=9, C=96, K=70, stride=1 + combo % 2))
+        wl = _kernel_variant_workload(w_prec, a_prec, epi, combo)
         cols = [c for c in BITSERIAL.space(wl) if c["ROWSUM"] == "cols" and not c["TAP_SHIFT"]]
         persistent = [c for c in cols if c["PERSIST"]]
         halo = [c for c in cols if c["HALO"]]

@@ -84,6 +84,9 @@ WGMMA_ARCH = "sm_90a"  # wgmma needs the arch-specific Hopper target
 # N of wgmma m64nNk256 for s32 b1 (PTX ISA): multiples of 8 to 32, then of 16 to 256
 WGMMA_N = frozenset([8, 16, 24, 32, *range(48, 257, 16)])
 MAX_WARPGROUPS = 4
+# ROWSUM="cols": B rows after each k slab's weight rows, 8 of ones and 8 of zeros (wgmma N
+# above 32 is a multiple of 16); bitserial_common.cu's ONES_ROWS
+ONES_ROWS = 16
 
 
 @cache
@@ -138,7 +141,7 @@ def wgmma_source(w_bits: int, wn: int, s8_atype: str | None = None,
                 ("wgmma_rowsum", "m64n8k256.s32.b1.b1.and.popc",
                  [f"d[0][{e}]" for e in range(4)], "int (&d)[MT][RS_REGS]")]
     if ones_cols:
-        wrappers.append(("wgmma_planes_ones", f"m64n{n + 16}k256.s32.b1.b1.and.popc",
+        wrappers.append(("wgmma_planes_ones", f"m64n{n + ONES_ROWS}k256.s32.b1.b1.and.popc",
                          regs_of + [f"rs[0][{e}]" for e in range(8)],
                          "int (&d)[P_BITS][MT][NT][4], int (&rs)[MT][RS_REGS]"))
     for fn, op, names, arr in wrappers:
@@ -599,6 +602,12 @@ def rowsum_cols(config: Mapping) -> bool:
     return config.get("ROWSUM", "mma") == "cols"
 
 
+def b_rows(wl: Workload, config: Mapping) -> int:
+    """Rows of one k slab's B tile in shared memory: w_bits x BN weight rows, and with
+    ROWSUM="cols" the ONES_ROWS after them."""
+    return planes(wl)[1] * config["BN"] + (ONES_ROWS if rowsum_cols(config) else 0)
+
+
 def rowsum_mma(wl: Workload, config: Mapping) -> bool:
     """Binary weights' row popcounts by an MMA against a tile of ones (ROWSUM="mma")."""
     return needs_rowsum(wl) and config.get("ROWSUM", "mma") == "mma"
@@ -611,14 +620,14 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     position; HALO=1: + the input slab; TAP_SHIFT=1: the
     weights once, the slab buffers and slab popcounts per team, persistent blocks their
     columns' `threshold_slots`; the stages and the packing tile are per team too)."""
-    q, p = planes(wl)
-    rows = q * config["BM"] + p * config["BN"] + (16 if rowsum_cols(config) else 0)
+    q = planes(wl)[0]
+    rows = q * config["BM"] + b_rows(wl, config)
     operands = (config["STAGES"] * rows * config["KT"] * 32 * teams(config)
                 + halo_bytes(wl, config))
     ones = 1
     if tap_shift(config):  # every channel group resident, slab_buffers slabs of it
         plan = shift_plan(conv_shape(wl), config["BM"])
-        slab, weights = group_words(plan, q, p * config["BN"] + (16 if rowsum_cols(config) else 0))
+        slab, weights = group_words(plan, q, b_rows(wl, config))
         operands = plan.groups * (weights + slab * slab_buffers(config) * teams(config)) * 4
         ones = len(plan.ones_tiles)
         if rowsum_slab(config):  # two buffers where each thread counts its own copies
@@ -860,8 +869,8 @@ def _constraints(wl: Workload) -> list:
             if c["MMA"] != "wgmma" or c["BN"] != c["WN"] or fuse_planes(c):
                 return ("ROWSUM='cols' is implemented in the wgmma kernels with one warpgroup "
                         "in N (BN = WN), without FUSE_PLANES")
-            if planes(wl)[1] * c["WN"] + 16 not in WGMMA_N:
-                return f"wgmma N = WN + 16 = {c['WN'] + 16} is not a valid wgmma N"
+            if planes(wl)[1] * c["WN"] + ONES_ROWS not in WGMMA_N:
+                return f"wgmma N = WN + {ONES_ROWS} = {c['WN'] + ONES_ROWS} is not a valid wgmma N"
         if uses_row_table(c) and rowsum_table(c):
             return "ROW_TABLE=1 and 2 keep no row's pixel: not with ROWSUM='table'"
         if c.get("ROW_TABLE", 0) == 2 and not tap_shift(c):

@@ -58,6 +58,9 @@ constexpr bool NEED_ROWSUM = W_BETA != 0;      // binary weights: sum_i c_i popc
 // (TAP_SHIFT=1 persistent kernels): from the popcounts of the block's input slab, summed over
 // each row's taps while the tile's MMAs run (bitserial_wgmma_shift.cu).
 constexpr bool ROWSUM_MMA = NEED_ROWSUM && !ROWSUM_TABLE && !ROWSUM_SLAB;
+// ... by a second wgmma (m64n8k256) against a tile of ones, unless ROWSUM_COLS puts the ones
+// in the products' own wgmma
+constexpr bool ROWSUM_ONES_TILE = ROWSUM_MMA && !ROWSUM_COLS;
 static_assert(!ROWSUM_COLS || (ROWSUM_MMA && WGMMA && BN == WN && !FUSE_PLANES),
               "ROWSUM_COLS: binary weights, wgmma, one warpgroup in N (bitserial.py)");
 static_assert(!(ROW_TABLE && ROWSUM_TABLE) && (ROW_TABLE < 2 || TAP_SHIFT),

@@ -38,10 +38,17 @@ __device__ __forceinline__ void fence_proxy_async() {
 }
 // </device-primitives>
 
-// The MMAs of activation plane i (descriptor da) x all weight planes (db): into acc[i], or
-// with FUSE_PLANES a_coef(i) times into acc[0] (a0 + a1 + a1; only a tile's very first MMA
-// overwrites: acc_in applies to plane 0's first issue).
-__device__ __forceinline__ void wgmma_plane(Acc& acc, int i, u64 da, u64 db, int acc_in) {
+// The MMAs of activation plane i (descriptor da) x all weight planes (db) at one k step, and
+// for binary weights the plane's row popcounts: ROWSUM_COLS from the same wgmma's ones columns,
+// else from a wgmma against the ones tile at `dones` (ROWSUM_ONES_TILE). The products go into
+// acc[i], or with FUSE_PLANES a_coef(i) times into acc[0] (a0 + a1 + a1; only a tile's very
+// first MMA overwrites: acc_in applies to plane 0's first issue).
+__device__ __forceinline__ void wgmma_plane(Acc& acc, RowSum& rsum, int i, u64 da, u64 db,
+                                            u64 dones, int acc_in) {
+  if constexpr (ROWSUM_COLS) {
+    wgmma_planes_ones(acc[i], rsum[i], da, db, acc_in);
+    return;
+  }
   if constexpr (FUSE_PLANES) {
 #pragma unroll
     for (int rep = 0; rep < a_coef(i); ++rep)
@@ -49,9 +56,10 @@ __device__ __forceinline__ void wgmma_plane(Acc& acc, int i, u64 da, u64 db, int
   } else {
     wgmma_planes(acc[i], da, db, acc_in);
   }
+  if constexpr (ROWSUM_ONES_TILE) wgmma_rowsum(rsum[i], da, dones, acc_in);
 }
 
-constexpr int ONES_WORDS = ROWSUM_MMA && !ROWSUM_COLS ? 64 : 0;  // 8 rows x 32 bytes of ones
+constexpr int ONES_WORDS = ROWSUM_ONES_TILE ? 64 : 0;  // 8 rows x 32 bytes of ones
 static_assert(STAGES >= 3, "wgmma pipeline keeps one stage in flight: STAGES >= 3");
 static_assert(WM == 64 && BM % 64 == 0, "a warpgroup owns 64 rows");
 
@@ -63,6 +71,7 @@ __device__ __forceinline__ void wgmma_stage(Acc& acc, RowSum& rsum, const u32* s
                                             const u32* ones, int wg_m, int wg_n, bool accumulate) {
   const u32* sa = stage + wg_m * 64 * 8;
   const u32* sb = stage + A_STAGE_WORDS + wg_n * (P_BITS * WN) * 8;
+  const u64 dones = ROWSUM_ONES_TILE ? smem_desc(ones) : 0;  // no ones tile: none to address
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < KT; ++ks) {
@@ -71,18 +80,13 @@ __device__ __forceinline__ void wgmma_stage(Acc& acc, RowSum& rsum, const u32* s
     for (int i = 0; i < Q_BITS; ++i) {
       const u64 da = smem_desc(sa + i * A_PLANE_STEP + ks * BM * 8);
       const int acc_in = ks > 0 || accumulate;
-      if constexpr (ROWSUM_COLS) {  // the ones columns after the weights' (all k words count)
-        wgmma_planes_ones(acc[i], rsum[i], da, db, acc_in);
-      } else {
-        wgmma_plane(acc, i, da, db, acc_in);
-        if constexpr (ROWSUM_MMA) wgmma_rowsum(rsum[i], da, smem_desc(ones), acc_in);
-      }
+      wgmma_plane(acc, rsum, i, da, db, dones, acc_in);
     }
   }
   wgmma_commit();
 }
 
-// The 256-byte tile of ones the row-sum wgmma multiplies with (ROWSUM_MMA), filled once.
+// The 256-byte tile of ones the row-sum wgmma multiplies with (ROWSUM_ONES_TILE), filled once.
 __device__ __forceinline__ void fill_ones(u32* ones, int tid) {
   if constexpr (ONES_WORDS > 0) {
     for (int i = tid; i < ONES_WORDS; i += THREADS) ones[i] = 0xffffffffu;

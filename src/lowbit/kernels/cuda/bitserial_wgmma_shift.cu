@@ -131,9 +131,8 @@ __device__ __forceinline__ void load_group_weights(const u32* __restrict__ w, u3
 
 // The row-popcount wgmma's B tiles (binary weights): tile i has ones in the weight words its
 // steps use (SHIFT_ONES), so A bits that meet zero weights are not counted.
-constexpr bool ONES_TILES_MMA = ROWSUM_MMA && !ROWSUM_COLS;  // separate m64n8k256 per step
 __device__ __forceinline__ void fill_shift_ones(u32* ones, int tid) {
-  if constexpr (ONES_TILES_MMA) {
+  if constexpr (ROWSUM_ONES_TILE) {
 #define FILL_ONES(I_, LO, HI)                                                                \
     for (int i = tid; i < 64; i += THREADS)                                                  \
       ones[I_ * 64 + slot(8, i / 8, 0, i % 8)] = (i % 8 < 4 ? i % 8 < LO : i % 8 - 4 < HI) ? ~0u : 0u;
@@ -277,19 +276,14 @@ __device__ __forceinline__ void shift_group_steps(Acc& acc, RowSum& rsum, const 
   // base descriptors: the warpgroup's 64 rows of the slab, its weight columns, the ones tiles
   const u64 da0 = slab_desc(slabs + grp * A_GROUP_WORDS + wg_m * 64 * 4, 0);
   const u64 db0 = smem_desc(weights + grp * B_GROUP_WORDS + wg_n * (P_BITS * WN) * 8);
-  const u64 d1 = ONES_TILES_MMA ? smem_desc(ones) : 0;
+  const u64 d1 = ROWSUM_ONES_TILE ? smem_desc(ones) : 0;
   // offsets in 16-byte units: entries of 4 words, weight rows of 8 words, ones tiles of 64
 #define SHIFT_STEP(G_, T_, OFF, LBO, ONES)                                                   \
   if (grp == G_) {                                                                          \
     const u64 db = desc_offset(db0, T_ * B_ROWS * 2);                                       \
     _Pragma("unroll") for (int i = 0; i < Q_BITS; ++i) {                                    \
       const u64 da = desc_offset(da0, i * A_SHIFT_PLANE / 4 + OFF, LBO);                    \
-      if constexpr (ROWSUM_COLS) {                                                           \
-        wgmma_planes_ones(acc[i], rsum[i], da, db, acc_in);                                  \
-      } else {                                                                              \
-        wgmma_plane(acc, i, da, db, acc_in);                                                 \
-        if constexpr (ONES_TILES_MMA) wgmma_rowsum(rsum[i], da, desc_offset(d1, ONES * 16), acc_in); \
-      }                                                                                     \
+      wgmma_plane(acc, rsum, i, da, db, desc_offset(d1, ONES * 16), acc_in);               \
     }                                                                                       \
     acc_in = 1;                                                                             \
   }
@@ -390,7 +384,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_shif
   u32* weights = smem;
   u32* slabs = smem + GROUPS * B_GROUP_WORDS + team * SLAB_BUFFERS * SLABS_WORDS;
   u32* ones = smem + ONES_OFFSET;
-  int* pop = reinterpret_cast<int*>(ones + (ONES_TILES_MMA ? ONES_TILES * 64 : 0))  // ROWSUM_SLAB
+  int* pop = reinterpret_cast<int*>(ones + (ROWSUM_ONES_TILE ? ONES_TILES * 64 : 0))  // ROWSUM_SLAB
              + team * POP_BUFFERS * POP_WORDS;
   u32* after_pop = reinterpret_cast<u32*>(pop + (TEAMS - team) * POP_BUFFERS * POP_WORDS);
   u32* s_out = after_pop + team * PACK_WORDS;  // apart: slabs load
