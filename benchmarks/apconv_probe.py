@@ -1,0 +1,117 @@
+"""Where the APNN-TC conv's time goes (device call): one-tile bit-serial kernels on the APNN-TC
+layer (batch 1, 16 x 16, C = K = 1,024, 3 x 3) timed whole, with parts skipped, and an empty
+kernel of the same grid, block and shared memory (measurement only: the cut variants compute
+garbage).
+
+Variants: base; no_mma (every stage's MMAs skipped behind a branch the GPU never takes, so the
+code stays); no_epilogue (the epilogue skipped the same way); no_mma_no_epilogue (copies and
+the pipeline's barriers alone); empty (an empty kernel launched like the base one).
+Configs: the committed best of each precision with KT / STAGES changed, which varies the
+weight bytes in flight per block (KT * (STAGES - 2) k tiles for wgmma, KT * (STAGES - 1) for
+mma.sync). Prints and writes $OUT/apconv_probe.json.
+
+Usage: python benchmarks/apconv_probe.py [--variants base no_mma ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common
+from bitserial import bitserial_workload, gpu_inputs, workloads
+from lowbit.core import Config
+from lowbit.kernels.cuda import BITSERIAL, bitserial
+from lowbit.kernels.cuda.nvrtc import load_kernel
+from lowbit.tune.timing import time_us
+
+# the GPU never takes this branch (shared word 0 holds operand data), but the compiler must
+# keep what it guards
+NEVER = "if (*(volatile u32*)smem == 0x9E3779B9u) "
+CUTS = {
+    "no_mma": [(f"    {call}", f"    {NEVER}{call}") for call in (
+        "wgmma_stage(acc, rsum, smem + ((kt - k0) % STAGES) * STAGE_WORDS,",
+        "mma_sync_stage(acc, rsum, sa, sa + A_STAGE_WORDS,")],
+    "no_epilogue": [(f"  {call}", f"  {NEVER}{call}") for call in (
+        "tile_epilogue(acc, rsum, m0, n0, row0, wg_n * WN,",
+        "tile_epilogue(acc, rsum, m0, n0, warp_m * WM, warp_n * WN,")],
+}
+VARIANTS = {"base": [], "no_mma": CUTS["no_mma"], "no_epilogue": CUTS["no_epilogue"],
+            "no_mma_no_epilogue": CUTS["no_mma"] + CUTS["no_epilogue"], "empty": []}
+BEST = {
+    "w1a2": dict(BM=64, BN=32, FUSE_PLANES=0, HALO=1, KT=4, MMA="wgmma", PERSIST=0,
+                 REQUANT="threshold", ROWSUM="mma", ROW_TABLE=0, SPLIT_K=1, STAGES=6, SWIZZLE=32,
+                 TAP_SHIFT=0, TEAMS=1, WM=64, WN=32),
+    "w1a1": dict(BM=64, BN=32, FUSE_PLANES=0, HALO=1, KT=2, MMA="mma_sync", PERSIST=0,
+                 REQUANT="threshold", ROWSUM="mma", ROW_TABLE=0, SPLIT_K=1, STAGES=4, SWIZZLE=0,
+                 TAP_SHIFT=0, TEAMS=1, WM=16, WN=16),
+}
+ROWS = [("w1a2", {}), ("w1a2", {"KT": 2}), ("w1a2", {"KT": 1}), ("w1a2", {"STAGES": 4}),
+        ("w1a2", {"KT": 2, "STAGES": 4}), ("w1a2", {"KT": 8, "STAGES": 3}),
+        ("w1a2", {"BM": 128}),
+        ("w1a1", {}), ("w1a1", {"KT": 4}), ("w1a1", {"KT": 8, "STAGES": 3}),
+        ("w1a1", {"MMA": "wgmma", "WM": 64, "WN": 32, "KT": 4, "STAGES": 6, "SWIZZLE": 32})]
+EMPTY = 'extern "C" __global__ void empty_kernel(int* p) { if (p == nullptr) p[0] = 0; }'
+
+
+def variant_render(cuts):
+    original = bitserial.render
+
+    def render(wl, config, wgmma_asm=True):
+        text = original(wl, config, wgmma_asm)
+        for old, new in cuts:
+            if text.count(old) == 1:  # each cut names the wgmma and the mma.sync kernel's call
+                text = text.replace(old, new)
+        return text
+    return render
+
+
+def empty_launcher(kernel, x):
+    """An empty kernel with `kernel`'s grid, block and dynamic shared memory."""
+    empty = load_kernel(EMPTY, "empty_kernel")
+    grid = (*kernel._grid, 1)  # one-tile kernels without split-K: the launch of `bind`
+    return lambda: empty.launch(grid, kernel._threads, [x], shared_mem=kernel._smem)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    args = ap.parse_args()
+    base_wl = dict(workloads(False))["apconv_b1_c1024"]
+    original, results = bitserial.render, []
+    for prec, changes in ROWS:
+        wl = bitserial_workload(base_wl, prec)
+        cfg = Config(BEST[prec]).replace(**changes)
+        row = {"precision": prec, "changes": changes, "config": dict(cfg)}
+        why = BITSERIAL.space(wl).why_invalid(cfg)
+        if why:
+            row["invalid"] = why
+            print(json.dumps(row), flush=True)
+            results.append(row)
+            continue
+        x, w, params = gpu_inputs(wl, 1)
+        for name in args.variants:
+            bitserial.render = variant_render(VARIANTS[name])
+            try:
+                kernel = BITSERIAL.build(wl, cfg)
+                launch = (empty_launcher(kernel, x) if name == "empty"
+                          else kernel.bind(x, w, params))
+                row[name] = time_us(launch, cuda_graph=True)
+            except Exception as e:  # a variant that fails is reported, not fatal
+                row[name] = f"{type(e).__name__}: {e}"[:200]
+            finally:
+                bitserial.render = original
+        print(json.dumps(row), flush=True)
+        results.append(row)
+    out = Path(os.environ.get("OUT", ".")) / "apconv_probe.json"
+    out.write_text(json.dumps({"gpu": common.gpu_name(), "versions": common.versions(),
+                               "rows": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
