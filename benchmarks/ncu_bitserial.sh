@@ -4,6 +4,8 @@
 # (details page; per-SASS-line source counters incl. warp stall samples) under $OUT/ncu/.
 #   bash benchmarks/ncu_bitserial.sh resnet50_s2_3x3_b256:w1a1:0 gemm_4096:w1a1:0:PERSIST=1,KT=2
 # JSON: $PROFILE_JSON (default: the newest committed bitserial-*.json of this GPU).
+# CACHE_CONTROL=none keeps L2 warm between ncu's replay passes, as in CUDA-graph timing (default
+# all: caches flushed before each pass, so a small kernel's operands come from DRAM).
 set -u -o pipefail
 : "${OUT:?OUT must name the results folder}"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
@@ -17,7 +19,7 @@ for spec in "$@"; do
     IFS=, read -r -a kvs <<<"${extra:-}"
     for kv in "${kvs[@]}"; do sets+=(--set "$kv"); done
     echo "=== $name $(date -u +%T)"
-    timeout 240 ncu --clock-control none --set full --import-source yes \
+    timeout 240 ncu --clock-control none --cache-control "${CACHE_CONTROL:-all}" --set full --import-source yes \
         --kernel-name regex:'bitserial_(persistent|wgmma|wgmma_persistent|kernel|wgmma_shift|wgmma_shift_persistent)$' \
         --launch-skip 2 --launch-count 1 -f -o "$OUT/ncu/$name" \
         python3 benchmarks/profile_bitserial.py --json "$JSON" --workload "$wl" \
