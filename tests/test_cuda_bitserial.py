@@ -129,6 +129,24 @@ def test_three_warpgroup_rows_are_wgmma_without_tap_shift():
     assert "BM=192" in space.why_invalid(cfg.replace(TAP_SHIFT=1, KT=1, STAGES=3))
 
 
+def test_wide_one_tile_rows_take_one_accumulator_plane():
+    """BM=192 x BN=WN=256 one-tile wgmma blocks (132 accumulator registers, 384 threads) are in
+    the space for binary weights and activations, where ptxas fits them in 168 registers with
+    a few bytes of spill (OTHER_REGS_WGMMA_TILE), and not with two activation planes or as
+    persistent blocks."""
+    b1 = Precision(1, "binary")
+    wl = conv(b1, b1, EPILOGUES[5], N=4, H=7, W=7, C=512, K=512)
+    space = BITSERIAL.space(wl, bitserial.WGMMA_ARCH)
+    cfg = BITSERIAL.default_config(wl, "wgmma", arch=bitserial.WGMMA_ARCH).replace(
+        BM=192, BN=256, WN=256, KT=1, STAGES=4, HALO=0)
+    assert bitserial.acc_regs(wl, cfg) == 132 and bitserial.threads(cfg) == 384
+    assert space.is_valid(cfg), space.why_invalid(cfg)
+    assert "spill" in space.why_invalid(cfg.replace(PERSIST=1, STAGES=6))
+    w1a2 = conv(b1, Precision(2), EPILOGUES[1], N=4, H=7, W=7, C=512, K=512)
+    assert "register file" in BITSERIAL.space(w1a2, bitserial.WGMMA_ARCH).why_invalid(
+        cfg.replace(BM=192, BN=128, WN=128, REQUANT="threshold"))
+
+
 def test_wgmma_only_on_sm90a():
     wl = gemm(Precision(2, "signed"), Precision(2), EPILOGUES[1], M=512, N=256, K=1024)
     assert {(c["MMA"], c["SWIZZLE"]) for c in BITSERIAL.space(wl, arch="sm_80")} == {
@@ -718,3 +736,25 @@ def test_bit_exact_persistent_wgmma(wb, ab):
         pts = [c for c in BITSERIAL.space(wl) if c["MMA"] == "wgmma" and c["PERSIST"]]
         for cfg in rng.sample(pts, min(2, len(pts))):
             _assert_exact(wl, cfg, seed=combo)
+
+
+@pytest.mark.parametrize("combo", range(4))
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bit_exact_wide_one_tile_rows(combo):
+    """BM=192 x BN=WN=256 one-tile wgmma blocks (168 registers with a few bytes of spill), all
+    four w1a1 encoding pairs: convs with border taps and partial column tiles (stride 1 and 2,
+    with and without the halo load) and a GEMM, thresholds and multipliers."""
+    if bitserial.device_arch() != bitserial.WGMMA_ARCH:
+        pytest.skip("wgmma needs sm_90a")
+    w_prec, a_prec = encodings(1)[combo // 2], encodings(1)[combo % 2]
+    epi = EPILOGUES[(combo * 3 + 1) % len(EPILOGUES)]
+    wl = (conv(w_prec, a_prec, epi, N=4, H=21, W=19, C=96, K=300, stride=1 + combo // 2)
+          if combo < 3 else gemm(w_prec, a_prec, epi, M=500, N=300, K=900))
+    space = BITSERIAL.space(wl)
+    for changes in ({"HALO": 0, "STAGES": 4}, {"HALO": int(combo < 3), "STAGES": 6},
+                    {"HALO": 0, "STAGES": 6, "REQUANT": "multiply"}):
+        cfg = BITSERIAL.default_config(wl, "wgmma").replace(BM=192, BN=256, WN=256, KT=1,
+                                                            **changes)
+        assert space.is_valid(cfg), space.why_invalid(cfg)
+        _assert_exact(wl, cfg, seed=combo)

@@ -76,6 +76,11 @@ CASES = [
     # blocks over several row tiles
     ("wgmma_bm192_b1b1_border_threshold", conv(B1, B1, EPILOGUES[5], N=3, H=9, W=9, C=64, K=45),
      "wgmma", {"BM": 192, "BN": 64, "WN": 64, "REQUANT": "threshold"}),
+    # BM=192 x BN=WN=256 (m64n256 per warpgroup, 132 accumulator registers: the wide one-tile
+    # rows of s4 / s5 w1a1), two column tiles, the second partial, with the halo load
+    ("wgmma_bm192_bn256_b1b1_halo", conv(B1, B1, EPILOGUES[5], N=2, H=9, W=9, C=64, K=300),
+     "wgmma", {"BM": 192, "BN": 256, "WN": 256, "KT": 1, "STAGES": 4, "HALO": 1,
+               "REQUANT": "threshold"}),
     ("wgmma_persistent_bm192_b1b1", gemm(B1, B1, EPILOGUES[5], M=700, N=70, K=600), "wgmma",
      {"PERSIST": 1, "BM": 192, "BN": 64, "WN": 64, "KT": 1, "STAGES": 4,
       "REQUANT": "threshold"}),

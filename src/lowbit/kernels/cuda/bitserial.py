@@ -72,6 +72,12 @@ from .tap_shift import unsupported_reason as shift_unsupported_reason
 MAX_BITS = 4          # per operand; wider precisions belong to the int8 path
 MAX_ACC_REGS = 160    # int32 accumulators per thread (p*q plane pairs share the register file)
 OTHER_REGS = 48       # registers besides the accumulators (fragments, addresses), estimated
+# One-tile wgmma blocks without tap-shift and with one accumulator plane (w1a1) keep fewer:
+# ptxas (NVRTC 13.0, sm_90a) fits BM=192, BN=WN=256 (132 accumulator registers, 384 threads) in
+# 168 registers with 12-32 bytes of spill, and that block ran 1.14-1.5x faster than every
+# config inside the 48-register estimate on ResNet-50 s4 / s5 w1a1 (NOTES.md, "Wide one-tile
+# blocks"). Blocks of several planes that the smaller estimate would admit spill 76-232 bytes.
+OTHER_REGS_WGMMA_TILE = 36
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
 MAX_SMEM = 160 * 1024  # bytes of dynamic shared memory a config may use (sm_80: 163 KB)
 MAX_COPY_ITERS = 16   # copy chunks per thread per stage (row index registers)
@@ -818,8 +824,11 @@ def _constraints(wl: Workload) -> list:
         n = acc_regs(wl, c)
         if n > MAX_ACC_REGS:
             return f"{n} accumulator registers > {MAX_ACC_REGS}"
-        if threads(c) * (n + OTHER_REGS) > REGISTER_FILE:
-            return f"{threads(c)} threads x {n + OTHER_REGS} registers exceed the register file"
+        lean = (c["MMA"] == "wgmma" and not c["PERSIST"] and not tap_shift(c)
+                and planes(wl) == (1, 1))
+        n += OTHER_REGS_WGMMA_TILE if lean else OTHER_REGS
+        if threads(c) * n > REGISTER_FILE:
+            return f"{threads(c)} threads x {n} registers exceed the register file"
         return None
 
     def shared(c: Config) -> str | None:
