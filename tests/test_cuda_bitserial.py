@@ -147,6 +147,18 @@ def test_wide_one_tile_rows_take_one_accumulator_plane():
         cfg.replace(BM=192, BN=128, WN=128, REQUANT="threshold"))
 
 
+def test_wide_one_tile_default_only_where_it_fills_the_gpu():
+    """The w1a1 wgmma default is the 192 x 256 block on grids of at least one such tile per SM
+    (ResNet-50 s5 at batch 256: 66 x 2), and a smaller default below that (batch 16)."""
+    b1 = Precision(1, "binary")
+    for n, wide in ((256, True), (16, False)):
+        wl = conv(b1, b1, EPILOGUES[5], N=n, H=7, W=7, C=512, K=512)
+        cfg = BITSERIAL.default_config(wl, "wgmma", arch=bitserial.WGMMA_ARCH)
+        assert ((cfg["BM"], cfg["BN"]) == (192, 256)) == wide, dict(cfg)
+    u2 = conv(b1, Precision(2), EPILOGUES[1], N=256, H=7, W=7, C=512, K=512)
+    assert BITSERIAL.default_config(u2, "wgmma", arch=bitserial.WGMMA_ARCH)["BM"] != 192
+
+
 def test_wgmma_only_on_sm90a():
     wl = gemm(Precision(2, "signed"), Precision(2), EPILOGUES[1], M=512, N=256, K=1024)
     assert {(c["MMA"], c["SWIZZLE"]) for c in BITSERIAL.space(wl, arch="sm_80")} == {

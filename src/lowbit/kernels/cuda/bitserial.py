@@ -947,6 +947,10 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
     # H100 (NOTES.md, v4 run 2): 32-byte swizzle up to 1.4x faster than core matrices; KT=1 with
     # 6 stages best for 2 warpgroups, and (third session, both REQUANT modes) for w1a1's 4
     # warpgroups of 64 x 128 too: GEMM 4096 43.4 vs 47.6 us with KT=4, 3 stages.
+    # w1a1 (one accumulator plane, the only precision it fits): 192 x 256 one-tile blocks ran
+    # 1.45x faster than 128 x 256 on ResNet-50 s4 / s5 b256 (fifteenth bit-serial session);
+    # default only on grids of at least one tile per SM (`default_config`)
+    dict(BM=192, BN=256, WM=64, WN=256, KT=1, STAGES=4),
     dict(BM=128, BN=256, WM=64, WN=128, KT=1, STAGES=6),
     dict(BM=128, BN=256, WM=64, WN=256, KT=1, STAGES=6),
     dict(BM=128, BN=128, WM=64, WN=128, KT=1, STAGES=6),
@@ -1034,7 +1038,8 @@ class BitserialTemplate(KernelTemplate):
         limit = 128 if mma == "mma_sync" else 136  # wgmma: + row sums of w1 x a1
         for d in DEFAULTS[mma]:  # defaults keep the accumulators well inside the register file
             cfg = Config(d).replace(REQUANT=requant)
-            if space.is_valid(cfg) and acc_regs(workload, d) <= limit:
+            if space.is_valid(cfg) and acc_regs(workload, d) <= limit and (
+                    d["BM"] != 192 or math.prod(tile_grid(workload, d)) >= NUM_SMS):
                 return cfg
         fallback = [c for c in space.all_configs() if c["MMA"] == mma]
         if not fallback:
