@@ -159,6 +159,29 @@ def test_wide_one_tile_default_only_where_it_fills_the_gpu():
     assert BITSERIAL.default_config(u2, "wgmma", arch=bitserial.WGMMA_ARCH)["BM"] != 192
 
 
+def test_k_slices_only_in_small_one_tile_wgmma_grids():
+    """SLICES > 1 (a one-tile wgmma block's k tiles split over sets of its warpgroups) is in the
+    space for grids that leave SMs idle, not for persistent or tap-shift blocks, not beyond
+    4 warpgroups or under two k tiles per slice, and not on sm_80."""
+    b1, u2 = Precision(1, "binary"), Precision(2)
+    wl = conv(b1, u2, EPILOGUES[1], N=1, H=16, W=16, C=1024, K=1024)  # the APNN-TC conv
+    space = BITSERIAL.space(wl, bitserial.WGMMA_ARCH)
+    cfg = BITSERIAL.default_config(wl, "wgmma", arch=bitserial.WGMMA_ARCH).replace(
+        BM=64, BN=32, WN=32, KT=1, STAGES=4, HALO=1, SLICES=4)
+    assert space.is_valid(cfg), space.why_invalid(cfg)
+    assert bitserial.threads(cfg) == 512
+    assert BITSERIAL.build(wl, cfg, arch="sm_90a")._main.cubin[:4] == b"\x7fELF"  # NVRTC
+    assert "SLICES" in space.why_invalid(cfg.replace(PERSIST=1, HALO=0))
+    assert "warpgroups" in space.why_invalid(cfg.replace(WN=16))
+    assert BITSERIAL.space(wl, "sm_80").knob("SLICES").values == (1,)
+    gemm_small_k = gemm(b1, u2, EPILOGUES[1], M=128, N=128, K=768)  # 3 k tiles
+    assert "two of the 3 k tiles" in BITSERIAL.space(gemm_small_k, "sm_90a").why_invalid(
+        BITSERIAL.default_config(gemm_small_k, "wgmma", arch="sm_90a").replace(
+            BM=64, BN=32, WN=32, SLICES=2, KT=1))
+    big = conv(b1, u2, EPILOGUES[1], N=64, H=56, W=56, C=64, K=64)
+    assert BITSERIAL.space(big, bitserial.WGMMA_ARCH).knob("SLICES").values == (1,)
+
+
 def test_wgmma_only_on_sm90a():
     wl = gemm(Precision(2, "signed"), Precision(2), EPILOGUES[1], M=512, N=256, K=1024)
     assert {(c["MMA"], c["SWIZZLE"]) for c in BITSERIAL.space(wl, arch="sm_80")} == {
@@ -770,3 +793,25 @@ def test_bit_exact_wide_one_tile_rows(combo):
                                                             **changes)
         assert space.is_valid(cfg), space.why_invalid(cfg)
         _assert_exact(wl, cfg, seed=combo)
+
+
+@pytest.mark.parametrize("wb,ab", [(1, 1), (1, 2), (2, 2), (3, 1)])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bit_exact_k_slices(wb, ab):
+    """SLICES = 2 and 4 (one tile's k tiles over sets of warpgroups, sums added in shared
+    memory): every encoding pair of the bit pair, convs with the halo load (stride 1 and 2)
+    and GEMMs with uneven slice ranges."""
+    if bitserial.device_arch() != bitserial.WGMMA_ARCH:
+        pytest.skip("wgmma needs sm_90a")
+    for combo in range(4):
+        w_prec, a_prec = encodings(wb)[combo // 2], encodings(ab)[combo % 2]
+        epi = EPILOGUES[(wb + ab + combo) % len(EPILOGUES)]
+        wl = (conv(w_prec, a_prec, epi, N=1, H=11, W=13, C=416, K=70, stride=1 + combo // 2)
+              if combo % 2 == 0 else gemm(w_prec, a_prec, epi, M=100, N=70, K=2900))
+        space = BITSERIAL.space(wl)
+        for sl, halo in ((2, combo % 2 == 0), (4, False)):
+            cfg = BITSERIAL.default_config(wl, "wgmma").replace(
+                BM=64, BN=32, WN=32, KT=1, STAGES=4, HALO=int(halo), SLICES=sl)
+            assert space.is_valid(cfg), space.why_invalid(cfg)
+            _assert_exact(wl, cfg, seed=combo + sl)

@@ -84,6 +84,26 @@ CASES = [
     ("wgmma_persistent_bm192_b1b1", gemm(B1, B1, EPILOGUES[5], M=700, N=70, K=600), "wgmma",
      {"PERSIST": 1, "BM": 192, "BN": 64, "WN": 64, "KT": 1, "STAGES": 4,
       "REQUANT": "threshold"}),
+    # SLICES: a one-tile block's k tiles split over sets of warpgroups, the sums added through
+    # shared memory: with the halo load and two-bit thresholds, binary activations with border
+    # taps over four slices, uneven ranges (11 k tiles: 2, 3, 3, 3) with ones columns, the
+    # planes fused, two warpgroups per slice with bit-plane packing, signed int32 output
+    ("wgmma_slices2_b1u2_halo_threshold", conv(B1, U2, EPILOGUES[1], N=1, H=6, W=5, C=200,
+                                               K=70), "wgmma",
+     {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 4, "HALO": 1, "SLICES": 2,
+      "REQUANT": "threshold"}),
+    ("wgmma_slices4_b1b1_border", conv(B1, B1, EPILOGUES[5], N=2, H=5, W=6, C=256, K=40),
+     "wgmma", {"BM": 64, "BN": 64, "WN": 64, "KT": 1, "STAGES": 3, "SLICES": 4,
+               "REQUANT": "threshold"}),
+    ("wgmma_slices4_uneven_cols", gemm(B1, U2, EPILOGUES[4], M=70, N=40, K=2600), "wgmma",
+     {"BM": 64, "BN": 64, "WN": 64, "KT": 1, "STAGES": 3, "SLICES": 4, "ROWSUM": "cols"}),
+    ("wgmma_slices2_fused", conv(B1, U2, EPILOGUES[1], N=1, H=6, W=5, C=200, K=70), "wgmma",
+     {"BM": 64, "BN": 32, "WN": 32, "KT": 2, "STAGES": 3, "SLICES": 2, "FUSE_PLANES": 1}),
+    ("wgmma_slices2_two_warpgroups_packed", conv(B1, U2, EPILOGUES[1], N=1, H=9, W=8, C=96,
+                                                 K=40), "wgmma",
+     {"BM": 64, "BN": 32, "WN": 16, "KT": 1, "STAGES": 3, "SLICES": 2}),
+    ("wgmma_slices2_s2s2_int32", gemm(S2, S2, EPILOGUES[0], M=65, N=33, K=1900), "wgmma",
+     {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 4, "SLICES": 2}),
     # TEAMS=2: two teams of warpgroups per persistent block, each with its own stage ring,
     # taking the block's tiles in turn (MMA issue ordered by named barriers): an odd tile count
     # per block (team 0 has the last tile) with border thresholds, an even one with constant
@@ -314,9 +334,15 @@ def test_emulation_catches_misplaced_ones_columns(monkeypatch):
     # 0's sums on a tile's first k step
     (("rep < a_coef(i); ++rep)", "rep < 1; ++rep)"), {"FUSE_PLANES": 1}),
     (("i == 0 && rep == 0 ? acc_in : 1", "rep == 0 ? acc_in : 1"), {"FUSE_PLANES": 1}),
+    # SLICES: the second slice's sums left out; every slice starting at k tile 0
+    (("for (int s = 1; s < SLICES; ++s) slice_sums<true>",
+      "for (int s = 2; s < SLICES; ++s) slice_sums<true>"), {"SLICES": 2}),
+    (("SLICES > 1 ? slice * KTILES / SLICES : split_k_begin()",
+      "SLICES > 1 ? 0 : split_k_begin()"), {"SLICES": 4, "BN": 32}),
 ], ids=["wgmma_wait_too_late", "swizzle_missing", "first_wgmma_accumulates",
         "split_k_first_split_left_out", "threshold_search_swapped", "halo_planes_crossed",
-        "fused_plane_once", "fused_plane_overwrites"])
+        "fused_plane_once", "fused_plane_overwrites", "slice_sums_left_out",
+        "slices_overlap"])
 def test_emulation_catches_a_broken_kernel(edit, extra, monkeypatch):
     real = bitserial_emu.host_source
 

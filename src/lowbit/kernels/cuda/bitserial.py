@@ -83,6 +83,7 @@ MAX_SMEM = 160 * 1024  # bytes of dynamic shared memory a config may use (sm_80:
 MAX_COPY_ITERS = 16   # copy chunks per thread per stage (row index registers)
 GRID_Y_MAX = 65535
 SPLIT_K_VALUES = (1, 2, 4, 8)
+SLICES_VALUES = (1, 2, 4)
 # Split-K only where the tile grid leaves SMs idle: under two waves of one block per SM
 # (larger grids fill the GPU without it, and each split re-stores a tile's sums).
 SPLIT_K_MAX_TILES = 2 * NUM_SMS
@@ -305,6 +306,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "ROWSUM_SLAB": int(rowsum_slab(config)), "ROWSUM_COLS": int(rowsum_cols(config)),
         "SPLIT_K": split_k(config), "TAP_SHIFT": int(tap_shift(config)),
         "ROW_TABLE": int(config.get("ROW_TABLE", 0)), "TEAMS": teams(config),
+        "SLICES": slices(config), "SLICE_SUM_WORDS": slice_sum_words(wl, config),
         "HALO_WORDS": halo_rows(sh, config["BM"]) * sh.w * sh.words if config["HALO"] else 0,
         "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh), "KPAD": wsum_columns(sh),
         "WSUM0": wsum_start(sh),
@@ -466,9 +468,22 @@ def split_k_values(wl: Workload) -> tuple[int, ...]:
     return (1,) if fewest >= SPLIT_K_MAX_TILES or one_k_tile else SPLIT_K_VALUES
 
 
+def slices_values(wl: Workload, arch: str) -> tuple[int, ...]:
+    """Values of the SLICES knob (the k tiles of a one-tile wgmma block split over groups of
+    its warpgroups): where split-K could apply, on sm_90a."""
+    return SLICES_VALUES if arch == WGMMA_ARCH and len(split_k_values(wl)) > 1 else (1,)
+
+
+def slices(config: Mapping) -> int:
+    """Warpgroup sets that split a one-tile wgmma block's k tiles (knob SLICES; 1 where a
+    config lacks it)."""
+    return int(config.get("SLICES", 1))
+
+
 def threads(config: Mapping) -> int:
-    """Threads per block: a warp per WM x WN warp tile, a warpgroup for wgmma, per team."""
-    return tile_threads(config) * teams(config)
+    """Threads per block: a warp per WM x WN warp tile, a warpgroup for wgmma, per team or
+    k slice."""
+    return tile_threads(config) * teams(config) * slices(config)
 
 
 def tile_threads(config: Mapping) -> int:
@@ -628,7 +643,7 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     columns' `threshold_slots`; the stages and the packing tile are per team too)."""
     q = planes(wl)[0]
     rows = q * config["BM"] + b_rows(wl, config)
-    operands = (config["STAGES"] * rows * config["KT"] * 32 * teams(config)
+    operands = (config["STAGES"] * rows * config["KT"] * 32 * teams(config) * slices(config)
                 + halo_bytes(wl, config))
     ones = 1
     if tap_shift(config):  # every channel group resident, slab_buffers slabs of it
@@ -643,12 +658,23 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
         operands += 256 * ones
     if slots := threshold_slots(wl, config):
         operands += slots * config["BN"] * threshold_stride(wl) * 4
+    # SLICES > 1: slices 1.. leave their sums (every thread's Acc and RowSum) over the operands
+    operands = max(operands, (slices(config) - 1) * tile_threads(config) * 4 * slice_sum_words(
+        wl, config))
     epi = wl.epilogue
     if epi.requantizes and epi.out_layout is Layout.BITPLANE and config["WN"] % 32:
         packing = epi.out.bits * config["BM"] * config["BN"] // 8 * teams(config)
         # the persistent kernel keeps its packing tile apart: the next tiles' copies are in flight
         return operands + packing if config["PERSIST"] else max(operands, packing)
     return operands
+
+
+def slice_sum_words(wl: Workload, config: Mapping) -> int:
+    """Words of one thread's Acc and RowSum (bitserial_common.cu; wgmma: MT = 1), which a k
+    slice past the first stores for the first to add (SLICES > 1)."""
+    q, p = planes(wl)
+    nt = config["WN"] // 8
+    return q * p * nt * 4 + q * (8 if rowsum_cols(config) else 4)
 
 
 THR_SMEM_BYTES = 16384  # most shared memory a block's threshold slots may take
@@ -863,6 +889,20 @@ def _constraints(wl: Workload) -> list:
             return "FUSE_PLANES=1 is a wgmma kernel's (accumulators of m64nNk256)"
         return None
 
+    def k_slices(c: Config) -> str | None:
+        n = slices(c)
+        if n == 1:
+            return None
+        if c["MMA"] != "wgmma" or c["PERSIST"] or tap_shift(c) or split_k(c) > 1:
+            return ("SLICES > 1 is implemented in the one-tile wgmma kernel without TAP_SHIFT "
+                    "and SPLIT_K")
+        if k_tiles(wl, c) < 2 * n:
+            return f"SLICES={n} leaves a slice under two of the {k_tiles(wl, c)} k tiles"
+        cols, rows = tile_grid(wl, c)
+        if cols * rows >= SPLIT_K_MAX_TILES:
+            return f"{cols * rows} tiles fill the GPU without splitting a block's k tiles"
+        return None
+
     def team_tiles(c: Config) -> str | None:
         if teams(c) == 1:
             return None
@@ -928,7 +968,7 @@ def _constraints(wl: Workload) -> list:
         return None
 
     return [tiles, mma, fused, three_warpgroup_rows, halo, shifted, team_tiles, rowsums, registers,
-            shared, copies, splits, output, waste]
+            shared, copies, splits, k_slices, output, waste]
 
 
 # Preferred defaults, best first (APNN-TC-like: big warp tiles for small p*q, smaller for larger).
@@ -964,11 +1004,11 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
 ]
 DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma",
                               REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
-                              TEAMS=1, FUSE_PLANES=0)
+                              TEAMS=1, FUSE_PLANES=0, SLICES=1)
                          for d in _MMA_SYNC_DEFAULTS],
             "wgmma": [dict(d, PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0, ROWSUM="mma",
                            REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
-                           TEAMS=1, FUSE_PLANES=0)
+                           TEAMS=1, FUSE_PLANES=0, SLICES=1)
                       for d in _WGMMA_DEFAULTS]}
 
 
@@ -985,7 +1025,7 @@ class BitserialTemplate(KernelTemplate):
     added_knobs: ClassVar[Mapping[str, object]] = {"ROWSUM": "mma", "REQUANT": "multiply",
                                                    "SPLIT_K": 1, "TAP_SHIFT": 0,
                                                    "ROW_TABLE": 0, "TEAMS": 1,
-                                                   "FUSE_PLANES": 0}
+                                                   "FUSE_PLANES": 0, "SLICES": 1}
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         wl = workload
@@ -1014,7 +1054,8 @@ class BitserialTemplate(KernelTemplate):
                  Knob("ROW_TABLE", (0, 1, 2) if 1 in self._tap_shift_values(workload, arch)
                       else (0, 1)),
                  requant_knob(workload),
-                 Knob("SPLIT_K", split_k_values(workload))]
+                 Knob("SPLIT_K", split_k_values(workload)),
+                 Knob("SLICES", slices_values(workload, arch))]
         return ConfigSpace(knobs, _constraints(workload))
 
     @staticmethod

@@ -23,8 +23,10 @@ typedef unsigned long long u64;
 constexpr int WARP_THREADS = WGMMA ? 128 : 32;
 constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN, THREADS = WARPS_M * WARPS_N * WARP_THREADS;
 // TEAMS > 1 (the persistent wgmma kernels): the block holds TEAMS teams of THREADS threads, each
-// working its own tiles; everything per tile counts a team's THREADS.
-constexpr int BLOCK_THREADS = TEAMS * THREADS;
+// working its own tiles; everything per tile counts a team's THREADS. SLICES > 1 (the one-tile
+// wgmma kernel): SLICES sets of THREADS threads reduce one tile's k tiles in SLICES ranges.
+constexpr int BLOCK_THREADS = TEAMS * SLICES * THREADS;
+static_assert(TEAMS == 1 || SLICES == 1, "teams and k slices are different kernels'");
 constexpr int WARP_ROWS = WGMMA ? 16 : WM;     // accumulator rows of one warp
 constexpr int MT = WARP_ROWS / 16, NT = WN / 8;  // m16 x n8 accumulator tiles per warp
 constexpr int TILE_WORDS = KT * 8;             // k words per pipeline stage (8 words = k256)
@@ -367,12 +369,14 @@ __device__ __forceinline__ KWord k_word(int kw) {
 // memory once (all planes, zeros past the tensor); the im2col stage tiles are then gathered
 // shared -> shared, so each input pixel leaves L2 once per block instead of once per tap.
 // Returns row0. Ends with a barrier: the slab is complete.
-__device__ __forceinline__ int halo_load(const u32* __restrict__ x, u32* halo, i64 m0, int tid) {
+// (tid, nthreads: the threads that share the copies; HALO=1 with SLICES > 1, all of the block's)
+__device__ __forceinline__ int halo_load(const u32* __restrict__ x, u32* halo, i64 m0, int tid,
+                                         int nthreads = THREADS) {
   const int t0 = (int)(m0 / Q_OUT);
   const int ih0 = (t0 % P_OUT) * STRIDE - PAD;
   const int row0 = (t0 / P_OUT) * H + (ih0 > 0 ? ih0 : 0);
   const i64 src0 = (i64)row0 * W * CW, end = X_PLANE - src0;
-  for (int idx = tid; idx < HALO_WORDS / VEC; idx += THREADS) {
+  for (int idx = tid; idx < HALO_WORDS / VEC; idx += nthreads) {
     const bool valid = (i64)idx * VEC < end;
 #pragma unroll
     for (int i = 0; i < Q_BITS; ++i)
@@ -549,13 +553,16 @@ struct EpilogueArgs {
   EpilogueArgs{out, bias, scale, mult, shift, wtap, xpop, thr, vrows, split_ws,               \
                SPLIT_K > 1 ? (int)blockIdx.z : 0}
 
-// The barrier of the threads that share a tile: the block's, or with TEAMS > 1 this thread's
-// team's (named barrier 1 + team).
+// The barrier of the threads that share a tile's pipeline: the block's, or with TEAMS > 1 this
+// thread's team's, with SLICES > 1 its k slice's (named barrier 1 + team or slice).
 __device__ __forceinline__ int team_of_thread() {
   return TEAMS > 1 ? (int)threadIdx.x / THREADS : 0;
 }
+__device__ __forceinline__ int slice_of_thread() {
+  return SLICES > 1 ? (int)threadIdx.x / THREADS : 0;
+}
 __device__ __forceinline__ void tile_sync() {
-  if constexpr (TEAMS > 1) named_sync(1 + team_of_thread(), THREADS);
+  if constexpr (TEAMS > 1 || SLICES > 1) named_sync(1 + (int)threadIdx.x / THREADS, THREADS);
   else __syncthreads();
 }
 // TEAMS = 2: the teams take turns issuing their tiles' MMAs (named barrier 3 + team), so one

@@ -1,40 +1,50 @@
 // One output tile per block on Hopper warpgroup MMA (sm_90a). Needs bitserial_common.cu, the
 // rendered wgmma wrappers and bitserial_wgmma_common.cu before it.
 
-extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma(BITSERIAL_KERNEL_PARAMS) {
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITSERIAL_KERNEL_PARAMS) {
   extern __shared__ __align__(128) u32 smem[];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // SLICES > 1: slice s (THREADS threads, its own stage ring and named barrier) reduces the k
+  // tiles [s KTILES / SLICES, (s + 1) KTILES / SLICES); slice 0 adds the others' sums and runs
+  // the epilogue. Small grids (the APNN-TC conv: 128 blocks of one warpgroup, 9 stages each)
+  // are a latency chain per block (NOTES.md, "Wide one-tile blocks ..."): the slices' copies
+  // and MMAs overlap.
+  const int slice = slice_of_thread();
+  const int tid = (int)threadIdx.x - slice * THREADS, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wg_m = wg / WARPS_N, wg_n = wg % WARPS_N;
   const i64 m0 = (i64)blockIdx.y * BM;
   const int n0 = blockIdx.x * BN;
   const ARows ar = a_rows(m0, tid);
-  u32* ones = smem + STAGES * STAGE_WORDS;
-  fill_ones(ones, tid);
-  fill_stage_ones_rows(smem, tid);
+  u32* stages = smem + slice * STAGES * STAGE_WORDS;
+  u32* ones = smem + SLICES * STAGES * STAGE_WORDS;
+  if (slice == 0) fill_ones(ones, tid);
+  fill_stage_ones_rows(stages, tid);
   u32* halo = ones + ONES_WORDS;  // HALO=1: the block's input slab
-  const int halo_row0 = HALO ? halo_load(x, halo, m0, tid) : 0;
+  const int halo_row0 = HALO ? halo_load(x, halo, m0, (int)threadIdx.x, BLOCK_THREADS) : 0;
+  if constexpr (SLICES > 1 && !HALO) __syncthreads();  // the ones tile, for every slice
 
   Acc acc;
   RowSum rsum;
   zero_acc(acc, rsum);
 
-  const int k0 = split_k_begin(), k1 = split_k_end();  // [0, KTILES) without split-K
+  // [0, KTILES) without split-K or slices
+  const int k0 = SLICES > 1 ? slice * KTILES / SLICES : split_k_begin();
+  const int k1 = SLICES > 1 ? (slice + 1) * KTILES / SLICES : split_k_end();
 #pragma unroll
   for (int s = 0; s < STAGES - 2; ++s) {
-    if (k0 + s < k1) load_stage(x, w, smem + s * STAGE_WORDS, ar, n0, k0 + s, tid, halo, halo_row0);
+    if (k0 + s < k1) load_stage(x, w, stages + s * STAGE_WORDS, ar, n0, k0 + s, tid, halo, halo_row0);
     copy_commit();
   }
   for (int kt = k0; kt < k1; ++kt) {
     copy_wait<STAGES - 3>();
     fence_proxy_async();
-    __syncthreads();  // stage kt landed everywhere; every warpgroup's wgmma of kt-2 has retired
+    tile_sync();  // stage kt landed everywhere; every warpgroup's wgmma of kt-2 has retired
     {
       const int next = kt + STAGES - 2;
       if (next < k1)
-        load_stage(x, w, smem + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
+        load_stage(x, w, stages + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
       copy_commit();
     }
-    wgmma_stage(acc, rsum, smem + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, kt > k0);
+    wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, kt > k0);
     wgmma_wait<1>();
   }
   wgmma_wait<0>();
@@ -42,6 +52,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma(BITSERIAL_
 
   const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
   const int row0 = wg_m * 64 + (warp & 3) * 16;
+  if constexpr (SLICES > 1) {
+    if (!slices_reduce(acc, rsum, smem, slice, tid)) return;
+  }
   if constexpr (SPLIT_K > 1) {  // not in the space: wrong on an H100 though exact in the
     // host emulation (NOTES.md, "Split-K"); kept, emulation-exact, for that investigation
     split_store(acc, rsum, ea, m0, n0, row0, wg_n * WN, lane);

@@ -104,3 +104,51 @@ __device__ __forceinline__ void fill_stage_ones_rows(u32* stages, int tid) {
     }
   }
 }
+
+// SLICES > 1: the k slices past the first leave their partial sums in shared memory (word w of
+// thread t of slice s at [s - 1][w][t]: consecutive threads, consecutive banks) and the first
+// slice adds them. Only what the MMAs wrote: FUSE_PLANES leaves acc[1] unused, and the row sums
+// exist with binary weights' ones tile or ones columns.
+static_assert(SLICES == 1 || SLICE_SUM_WORDS * 4 >= (int)(sizeof(Acc) + sizeof(RowSum)),
+              "bitserial.slice_sum_words sizes the slices' sums");
+template <bool ADD>
+__device__ __forceinline__ void slice_sums(Acc& acc, RowSum& rsum, int* buf, int tid) {
+  int w = 0;
+#pragma unroll
+  for (int i = 0; i < Q_BITS; ++i)
+#pragma unroll
+    for (int j = 0; j < P_BITS; ++j)
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+          for (int e = 0; e < 4; ++e, ++w) {
+            if (FUSE_PLANES && i > 0) continue;
+            if constexpr (ADD) acc[i][j][mi][ni][e] += buf[w * THREADS + tid];
+            else buf[w * THREADS + tid] = acc[i][j][mi][ni][e];
+          }
+  if constexpr (!ROWSUM_COLS && !ROWSUM_ONES_TILE) return;
+#pragma unroll
+  for (int i = 0; i < Q_BITS; ++i)
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int e = 0; e < RS_REGS; ++e, ++w) {
+        if constexpr (ADD) rsum[i][mi][e] += buf[w * THREADS + tid];
+        else buf[w * THREADS + tid] = rsum[i][mi][e];
+      }
+}
+// After every slice's last MMA: the first slice holds the tile's sums; the others return false.
+__device__ __forceinline__ bool slices_reduce(Acc& acc, RowSum& rsum, u32* smem, int slice,
+                                              int tid) {
+  int* buf = reinterpret_cast<int*>(smem);
+  __syncthreads();  // every slice is done with its stages (the sums go over them)
+  if (slice > 0) slice_sums<false>(acc, rsum, buf + (slice - 1) * SLICE_SUM_WORDS * THREADS, tid);
+  __syncthreads();
+  if (slice > 0) return false;
+#pragma unroll
+  for (int s = 1; s < SLICES; ++s) slice_sums<true>(acc, rsum, buf + (s - 1) * SLICE_SUM_WORDS * THREADS, tid);
+  tile_sync();  // the first slice has read every sum before its epilogue reuses the memory
+  return true;
+}
