@@ -45,7 +45,10 @@ their MMA issue alternating so that one team's MMAs run while the other team's e
 TAP_SHIFT=1 teams share the resident weights), FUSE_PLANES (wgmma, unsigned two-bit
 activations: 1 sums the activation planes in one accumulator on the tensor cores, plane 1
 issued twice, a0 + a1 + a1: three MMAs per k step instead of two, for half the accumulator
-registers and one multiply-add less per output; for epilogue-bound layers).
+registers and one multiply-add less per output; for epilogue-bound layers), SLICES (one-tile
+wgmma kernels without tap-shift or split-K, on grids under two waves: 2 or 4 sets of the tile's
+warpgroups reduce k tile ranges of the same tile, each with its own stages and named barrier,
+the first adding the others' sums from shared memory before the epilogue).
 """
 
 from __future__ import annotations
