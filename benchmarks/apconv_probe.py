@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -108,9 +107,7 @@ def main() -> None:
                 bitserial.render = original
         print(json.dumps(row), flush=True)
         results.append(row)
-    out = Path(os.environ.get("OUT", ".")) / "apconv_probe.json"
-    out.write_text(json.dumps({"gpu": common.gpu_name(), "versions": common.versions(),
-                               "rows": results}, indent=1))
+    common.write_probe("apconv_probe", results)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,15 @@ def write_results(benchmark: str, rows: list[dict], extra: dict | None = None) -
     return path
 
 
+def write_probe(name: str, rows: list[dict]) -> Path:
+    """Write a probe's rows (measurement-only variants, not results rows) to $OUT/<name>.json
+    (the current folder without $OUT), with the GPU and versions; returns its path."""
+    path = Path(os.environ.get("OUT", ".")) / f"{name}.json"
+    path.write_text(json.dumps({"gpu": gpu_name(), "versions": versions(), "rows": rows},
+                               indent=1))
+    return path
+
+
 def _rand_fp16(shape: tuple[int, ...]) -> torch.Tensor:
     return torch.randn(shape, device="cuda", dtype=torch.float16)
 

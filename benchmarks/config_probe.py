@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -60,9 +59,7 @@ def main() -> None:
         row = {**item, **probe(wl, Config(item["config"]))}
         print(json.dumps(row), flush=True)
         results.append(row)
-    out = Path(os.environ.get("OUT", ".")) / "config_probe.json"
-    out.write_text(json.dumps({"gpu": common.gpu_name(), "versions": common.versions(),
-                               "rows": results}, indent=1))
+    common.write_probe("config_probe", results)
 
 
 if __name__ == "__main__":

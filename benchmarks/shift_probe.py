@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -119,8 +118,7 @@ def main() -> None:
                     setattr(bitserial, f, fn)
         print(json.dumps(row), flush=True)
         results.append(row)
-    out = Path(os.environ.get("OUT", ".")) / "shift_probe.json"
-    out.write_text(json.dumps({"gpu": common.gpu_name(), "rows": results}, indent=1))
+    common.write_probe("shift_probe", results)
 
 
 if __name__ == "__main__":
