@@ -5,10 +5,12 @@ garbage).
 
 Variants: base; no_mma (every stage's MMAs skipped behind a branch the GPU never takes, so the
 code stays); no_epilogue (the epilogue skipped the same way); no_mma_no_epilogue (copies and
-the pipeline's barriers alone); empty (an empty kernel launched like the base one).
-Configs: the committed best of each precision with KT / STAGES changed, which varies the
-weight bytes in flight per block (KT * (STAGES - 2) k tiles for wgmma, KT * (STAGES - 1) for
-mma.sync). Prints and writes $OUT/apconv_probe.json.
+the pipeline's barriers alone); no_gather and no_halo_wait (HALO=1: the stages' A tiles not
+gathered from the halo; the first stages' copies not waiting for the halo's); empty (an empty
+kernel launched like the base one).
+Configs: the committed best of each precision and a few neighbours (KT / STAGES, k slices,
+mma.sync). Prints and writes $OUT/apconv_probe.json (the first run, 2026-11-25, varied KT and
+STAGES: `apconv_probe-20261125-s18.json`).
 
 Usage: python benchmarks/apconv_probe.py [--variants base no_mma ...]
 """
@@ -39,22 +41,28 @@ CUTS = {
     "no_epilogue": [(f"  {call}", f"  {NEVER}{call}") for call in (
         "tile_epilogue(acc, rsum, m0, n0, row0, wg_n * WN,",
         "tile_epilogue(acc, rsum, m0, n0, warp_m * WM, warp_n * WN,")],
+    # HALO=1: the stages' A tiles left ungathered (the halo reads die with the stores)
+    "no_gather": [("store_shared_vec(halo_dst[it] + i * A_PLANE_STEP, halo_vals[it][i]);",
+                   "{}")],
+    # HALO=1: the first stages' copies issued without waiting for the halo's (their gathers
+    # then read a partly landed halo): what the halo's round trip before them costs
+    "no_halo_wait": [("  copy_commit();\n  copy_wait<0>();\n  __syncthreads();\n  return row0;",
+                      "  copy_commit();\n  __syncthreads();\n  return row0;")],
 }
 VARIANTS = {"base": [], "no_mma": CUTS["no_mma"], "no_epilogue": CUTS["no_epilogue"],
-            "no_mma_no_epilogue": CUTS["no_mma"] + CUTS["no_epilogue"], "empty": []}
-BEST = {
-    "w1a2": dict(BM=64, BN=32, FUSE_PLANES=0, HALO=1, KT=4, MMA="wgmma", PERSIST=0,
-                 REQUANT="threshold", ROWSUM="mma", ROW_TABLE=0, SPLIT_K=1, STAGES=6, SWIZZLE=32,
-                 TAP_SHIFT=0, TEAMS=1, WM=64, WN=32),
-    "w1a1": dict(BM=64, BN=32, FUSE_PLANES=0, HALO=1, KT=2, MMA="mma_sync", PERSIST=0,
-                 REQUANT="threshold", ROWSUM="mma", ROW_TABLE=0, SPLIT_K=1, STAGES=4, SWIZZLE=0,
-                 TAP_SHIFT=0, TEAMS=1, WM=16, WN=16),
+            "no_mma_no_epilogue": CUTS["no_mma"] + CUTS["no_epilogue"],
+            "no_gather": CUTS["no_gather"], "no_halo_wait": CUTS["no_halo_wait"], "empty": []}
+BEST = {  # the rows' best configs (bitserial-20261125-210302.json), without slices
+    "w1a2": dict(BM=64, BN=32, FUSE_PLANES=0, HALO=1, KT=2, MMA="wgmma", PERSIST=0,
+                 REQUANT="threshold", ROWSUM="mma", ROW_TABLE=0, SLICES=1, SPLIT_K=1, STAGES=4,
+                 SWIZZLE=32, TAP_SHIFT=0, TEAMS=1, WM=64, WN=32),
+    "w1a1": dict(BM=64, BN=32, FUSE_PLANES=0, HALO=1, KT=4, MMA="wgmma", PERSIST=0,
+                 REQUANT="threshold", ROWSUM="mma", ROW_TABLE=0, SLICES=1, SPLIT_K=1, STAGES=6,
+                 SWIZZLE=32, TAP_SHIFT=0, TEAMS=1, WM=64, WN=32),
 }
-ROWS = [("w1a2", {}), ("w1a2", {"KT": 2}), ("w1a2", {"KT": 1}), ("w1a2", {"STAGES": 4}),
-        ("w1a2", {"KT": 2, "STAGES": 4}), ("w1a2", {"KT": 8, "STAGES": 3}),
-        ("w1a2", {"BM": 128}),
-        ("w1a1", {}), ("w1a1", {"KT": 4}), ("w1a1", {"KT": 8, "STAGES": 3}),
-        ("w1a1", {"MMA": "wgmma", "WM": 64, "WN": 32, "KT": 4, "STAGES": 6, "SWIZZLE": 32})]
+ROWS = [("w1a2", {}), ("w1a2", {"KT": 4, "STAGES": 6}), ("w1a2", {"SLICES": 2}),
+        ("w1a1", {}), ("w1a1", {"KT": 2, "STAGES": 4, "SLICES": 4}),
+        ("w1a1", {"MMA": "mma_sync", "WM": 16, "WN": 16, "KT": 2, "STAGES": 4, "SWIZZLE": 0})]
 EMPTY = 'extern "C" __global__ void empty_kernel(int* p) { if (p == nullptr) p[0] = 0; }'
 
 

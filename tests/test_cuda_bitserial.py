@@ -195,7 +195,8 @@ def test_wgmma_only_on_sm90a():
         # persistent blocks of 4 warpgroups only with one m64n128's worth of accumulators
         assert not c["PERSIST"] or bitserial.threads(c) <= 256 or planes * 2 * c["WN"] <= 128
         assert 2 * c["WN"] in bitserial.WGMMA_N  # N = w_bits * WN of m64nNk256
-        assert bitserial.threads(c) == (c["BM"] // 64) * (c["BN"] // c["WN"]) * 128 * c["TEAMS"]
+        assert bitserial.threads(c) == ((c["BM"] // 64) * (c["BN"] // c["WN"]) * 128
+                                        * c["TEAMS"] * c["SLICES"])
         assert bitserial.acc_regs(wl, c) == planes * 2 * c["WN"] // 2  # a warp's m16 x N share
     assert {c["FUSE_PLANES"] for c in wgmma} == {0, 1}
     # not for signed activations (coefficient -2), nor mma.sync kernels
