@@ -5,9 +5,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
   extern __shared__ __align__(128) u32 smem[];
   // SLICES > 1: slice s (THREADS threads, its own stage ring and named barrier) reduces the k
   // tiles [s KTILES / SLICES, (s + 1) KTILES / SLICES); slice 0 adds the others' sums and runs
-  // the epilogue. Small grids (the APNN-TC conv: 128 blocks of one warpgroup, 9 stages each)
-  // are a latency chain per block (NOTES.md, "Wide one-tile blocks ..."): the slices' copies
-  // and MMAs overlap.
+  // the epilogue. For grids of fewer blocks than SMs, whose k loop is one warpgroup's chain of
+  // stages: measured on an H100, fc_b128 -8 to -15%, the APNN-TC conv -2 to -3% (NOTES.md,
+  // "Wide one-tile blocks ...").
   const int slice = slice_of_thread();
   const int tid = (int)threadIdx.x - slice * THREADS, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wg_m = wg / WARPS_N, wg_n = wg % WARPS_N;
