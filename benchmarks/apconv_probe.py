@@ -30,28 +30,35 @@ from lowbit.core import Config
 from lowbit.kernels.cuda import BITSERIAL, bitserial
 from lowbit.kernels.cuda.nvrtc import load_kernel
 from lowbit.tune.timing import time_us
+from shift_probe import variant_render
 
 # the GPU never takes this branch (shared word 0 holds operand data), but the compiler must
 # keep what it guards
 NEVER = "if (*(volatile u32*)smem == 0x9E3779B9u) "
+MMA_CALL = {"wgmma": "wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS,",
+            "mma_sync": "mma_sync_stage(acc, rsum, sa, sa + A_STAGE_WORDS,"}
+EPILOGUE_CALL = {"wgmma": "tile_epilogue(acc, rsum, m0, n0, row0, wg_n * WN,",
+                 "mma_sync": "tile_epilogue(acc, rsum, m0, n0, warp_m * WM, warp_n * WN,"}
+# per MMA kind: the (old, new) text pairs of each cut (shift_probe.variant_render applies them,
+# each exactly once)
 CUTS = {
-    "no_mma": [(f"    {call}", f"    {NEVER}{call}") for call in (
-        "wgmma_stage(acc, rsum, smem + ((kt - k0) % STAGES) * STAGE_WORDS,",
-        "mma_sync_stage(acc, rsum, sa, sa + A_STAGE_WORDS,")],
-    "no_epilogue": [(f"  {call}", f"  {NEVER}{call}") for call in (
-        "tile_epilogue(acc, rsum, m0, n0, row0, wg_n * WN,",
-        "tile_epilogue(acc, rsum, m0, n0, warp_m * WM, warp_n * WN,")],
+    "no_mma": {k: [(f"    {c}", f"    {NEVER}{c}")] for k, c in MMA_CALL.items()},
+    "no_epilogue": {k: [(f"  {c}", f"  {NEVER}{c}")] for k, c in EPILOGUE_CALL.items()},
     # HALO=1: the stages' A tiles left ungathered (the halo reads die with the stores)
-    "no_gather": [("store_shared_vec(halo_dst[it] + i * A_PLANE_STEP, halo_vals[it][i]);",
-                   "{}")],
+    "no_gather": {k: [("store_shared_vec(halo_dst[it] + i * A_PLANE_STEP, halo_vals[it][i]);",
+                       "{}")] for k in MMA_CALL},
     # HALO=1: the first stages' copies issued without waiting for the halo's (their gathers
     # then read a partly landed halo): what the halo's round trip before them costs
-    "no_halo_wait": [("  copy_commit();\n  copy_wait<0>();\n  __syncthreads();\n  return row0;",
-                      "  copy_commit();\n  __syncthreads();\n  return row0;")],
+    "no_halo_wait": {k: [("  copy_commit();\n  copy_wait<0>();\n  __syncthreads();\n"
+                          "  return row0;",
+                          "  copy_commit();\n  __syncthreads();\n  return row0;")]
+                     for k in MMA_CALL},
 }
-VARIANTS = {"base": [], "no_mma": CUTS["no_mma"], "no_epilogue": CUTS["no_epilogue"],
-            "no_mma_no_epilogue": CUTS["no_mma"] + CUTS["no_epilogue"],
-            "no_gather": CUTS["no_gather"], "no_halo_wait": CUTS["no_halo_wait"], "empty": []}
+NONE: dict[str, list] = {k: [] for k in MMA_CALL}
+VARIANTS = {"base": NONE, **CUTS,
+            "no_mma_no_epilogue": {k: CUTS["no_mma"][k] + CUTS["no_epilogue"][k]
+                                   for k in MMA_CALL},
+            "empty": NONE}
 BEST = {  # the rows' best configs (bitserial-20261125-210302.json), without slices
     "w1a2": dict(BM=64, BN=32, FUSE_PLANES=0, HALO=1, KT=2, MMA="wgmma", PERSIST=0,
                  REQUANT="threshold", ROWSUM="mma", ROW_TABLE=0, SLICES=1, SPLIT_K=1, STAGES=4,
@@ -64,18 +71,6 @@ ROWS = [("w1a2", {}), ("w1a2", {"KT": 4, "STAGES": 6}), ("w1a2", {"SLICES": 2}),
         ("w1a1", {}), ("w1a1", {"KT": 2, "STAGES": 4, "SLICES": 4}),
         ("w1a1", {"MMA": "mma_sync", "WM": 16, "WN": 16, "KT": 2, "STAGES": 4, "SWIZZLE": 0})]
 EMPTY = 'extern "C" __global__ void empty_kernel(int* p) { if (p == nullptr) p[0] = 0; }'
-
-
-def variant_render(cuts):
-    original = bitserial.render
-
-    def render(wl, config, wgmma_asm=True):
-        text = original(wl, config, wgmma_asm)
-        for old, new in cuts:
-            if text.count(old) == 1:  # each cut names the wgmma and the mma.sync kernel's call
-                text = text.replace(old, new)
-        return text
-    return render
 
 
 def empty_launcher(kernel, x):
@@ -103,7 +98,7 @@ def main() -> None:
             continue
         x, w, params = gpu_inputs(wl, 1)
         for name in args.variants:
-            bitserial.render = variant_render(VARIANTS[name])
+            bitserial.render = variant_render(VARIANTS[name][cfg["MMA"]])
             try:
                 kernel = BITSERIAL.build(wl, cfg)
                 launch = (empty_launcher(kernel, x) if name == "empty"
