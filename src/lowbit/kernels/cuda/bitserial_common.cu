@@ -555,14 +555,13 @@ struct EpilogueArgs {
 
 // The barrier of the threads that share a tile's pipeline: the block's, or with TEAMS > 1 this
 // thread's team's, with SLICES > 1 its k slice's (named barrier 1 + team or slice).
-__device__ __forceinline__ int team_of_thread() {
-  return TEAMS > 1 ? (int)threadIdx.x / THREADS : 0;
+__device__ __forceinline__ int group_of_thread() {  // its team or k slice (one is 1)
+  return BLOCK_THREADS > THREADS ? (int)threadIdx.x / THREADS : 0;
 }
-__device__ __forceinline__ int slice_of_thread() {
-  return SLICES > 1 ? (int)threadIdx.x / THREADS : 0;
-}
+__device__ __forceinline__ int team_of_thread() { return TEAMS > 1 ? group_of_thread() : 0; }
+__device__ __forceinline__ int slice_of_thread() { return SLICES > 1 ? group_of_thread() : 0; }
 __device__ __forceinline__ void tile_sync() {
-  if constexpr (TEAMS > 1 || SLICES > 1) named_sync(1 + (int)threadIdx.x / THREADS, THREADS);
+  if constexpr (BLOCK_THREADS > THREADS) named_sync(1 + group_of_thread(), THREADS);
   else __syncthreads();
 }
 // TEAMS = 2: the teams take turns issuing their tiles' MMAs (named barrier 3 + team), so one
