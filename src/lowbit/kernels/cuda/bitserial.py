@@ -643,7 +643,8 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     ROWSUM="cols" 16 more B rows per k slab instead, with ROWSUM="slab" 4 bytes per slab
     position; HALO=1: + the input slab; TAP_SHIFT=1: the
     weights once, the slab buffers and slab popcounts per team, persistent blocks their
-    columns' `threshold_slots`; the stages and the packing tile are per team too)."""
+    columns' `threshold_slots`; the stages and the packing tile are per team too; SLICES: the
+    stages per k slice, and at least the slices' sums, `slice_sum_words`, which go over them)."""
     q = planes(wl)[0]
     rows = q * config["BM"] + b_rows(wl, config)
     operands = (config["STAGES"] * rows * config["KT"] * 32 * teams(config) * slices(config)
