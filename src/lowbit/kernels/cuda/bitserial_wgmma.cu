@@ -22,6 +22,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
   const int halo_row0 = HALO ? halo_load(x, halo, m0, (int)threadIdx.x, BLOCK_THREADS) : 0;
   if constexpr (SLICES > 1 && !HALO) __syncthreads();  // the ones tile, for every slice
 
+  const FragRows fr = A_REGS ? frag_rows(m0, wg_m * 64 + (warp & 3) * 16, lane, halo_row0) : FragRows{};
+
   Acc acc;
   RowSum rsum;
   zero_acc(acc, rsum);
@@ -44,7 +46,12 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
         load_stage(x, w, stages + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
       copy_commit();
     }
-    wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, kt > k0);
+    if constexpr (A_REGS) {
+      wgmma_stage_regs(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, halo, fr, kt,
+                       wg_n, lane, kt > k0);
+    } else {
+      wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, kt > k0);
+    }
     wgmma_wait<1>();
   }
   wgmma_wait<0>();
