@@ -264,9 +264,9 @@ static inline void emu_wgmma_run(const EmuWgmma& op) {
     int sum = 0;
     for (int kb = 0; kb < 32; ++kb) {
       const int word = kb >> 2, holder = (row >> 4) * 32 + (row & 7) * 4 + (word & 3);
-      const unsigned char a = areg
-          ? (unsigned char)(areg->regs[holder][((row >> 3) & 1) + 2 * (word >> 2)] >> (8 * (kb & 3)))
-          : emu->smem[emu_desc_addr(op.da, row, kb)];
+      const int reg = ((row >> 3) & 1) + 2 * (word >> 2);
+      const unsigned char a = areg ? (unsigned char)(areg->regs[holder][reg] >> (8 * (kb & 3)))
+                                   : emu->smem[emu_desc_addr(op.da, row, kb)];
       const unsigned char b = emu->smem[emu_desc_addr(op.db, col, kb)];
       if (op.s8)  // m64nNk32 .s32.{s8,u8}.s8: 32 byte products
         sum += (EMU_A_S8 ? (int)(signed char)a : (int)a) * (int)(signed char)b;
