@@ -396,3 +396,32 @@ def test_emulation_catches_broken_register_a(edit, monkeypatch):
     assert _check(wl, cfg, seed=3)
     edit_kernel_file(monkeypatch, "bitserial_wgmma_common.cu", *edit)
     assert not _check(wl, cfg, seed=3)
+
+
+_ONE_REGISTER_SET = """
+import sys
+sys.path.insert(0, "tests")
+from lowbit.kernels.cuda import bitserial
+from test_cuda_bitserial_emu import _check, _config, conv, EPILOGUES, B1, U2
+real = bitserial._cu
+bitserial._cu = lambda f: real(f).replace(
+    "if (kt + 1 < k1) step(kt + 1, fb, fa);", "if (kt + 1 < k1) step(kt + 1, fa, fb);")
+wl = conv(B1, U2, EPILOGUES[1], N=1, H=6, W=5, C=512, K=40)
+_check(wl, _config(wl, "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 3,
+                                 "HALO": 1, "A_REGS": 1}), seed=3)
+"""
+
+
+def test_emulation_catches_register_a_reused_in_flight():
+    """A_REGS with one A register set reloaded every stage (the version that was wrong on an
+    H100): the emulation finds the registers of the MMAs still in flight overwritten, and
+    ends the process (run in a child)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-c", _ONE_REGISTER_SET], cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    assert "A registers changed before wgmma.wait_group" in proc.stderr, proc.stderr[-2000:]

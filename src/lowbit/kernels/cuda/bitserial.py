@@ -885,6 +885,8 @@ def _constraints(wl: Workload) -> list:
         lean = (c["MMA"] == "wgmma" and not c["PERSIST"] and not tap_shift(c)
                 and planes(wl) == (1, 1))
         n += OTHER_REGS_WGMMA_TILE if lean else OTHER_REGS
+        if a_regs(c):  # two sets of a stage's A fragments (bitserial_wgmma.cu)
+            n += 2 * c["KT"] * planes(wl)[0] * 4
         if threads(c) * n > REGISTER_FILE:
             return f"{threads(c)} threads x {n} registers exceed the register file"
         return None

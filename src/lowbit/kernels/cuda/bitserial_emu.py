@@ -252,13 +252,22 @@ static inline bool emu_wgmma_block_end() {
   return emu_named_idle();
 }
 
-struct EmuWgmma { int* d; int regs; u64 da, db; bool s8, accumulate; long long a_seq = -1; };
+struct EmuWgmma {
+  int* d;
+  int regs;
+  u64 da, db;
+  bool s8, accumulate;
+  long long a_seq = -1;     // register A: the op's publication (emu_publish_a)
+  const u32* a = nullptr;   // and the issuing thread's registers, unchanged until it runs
+};
 thread_local std::vector<std::vector<EmuWgmma>> emu_wg_groups;
 thread_local std::vector<EmuWgmma> emu_wg_open;
 
 static inline void emu_wgmma_run(const EmuWgmma& op) {
   const int lane = emu_lane(), g = lane >> 2, t = lane & 3, wi = (threadIdx.x >> 5) & 3;
   const EmuARegsOp* areg = op.a_seq >= 0 ? &emu_published_a(op.a_seq) : nullptr;
+  if (areg && memcmp(op.a, areg->regs[threadIdx.x & 127], sizeof(u32) * 4))
+    emu_fail("register-A wgmma: its A registers changed before wgmma.wait_group retired it");
   for (int k = 0; k < op.regs; ++k) {
     const int row = 16 * wi + g + 8 * ((k & 3) >> 1), col = 8 * (k >> 2) + 2 * t + (k & 1);
     int sum = 0;
@@ -278,6 +287,7 @@ static inline void emu_wgmma_run(const EmuWgmma& op) {
 }
 
 __device__ __forceinline__ void wgmma_fence() {}
+__device__ __forceinline__ void hold_registers(const AFrags&) {}
 __device__ __forceinline__ void fence_proxy_async() {}
 __device__ __forceinline__ void wgmma_commit() {
   emu_wg_groups.push_back(emu_wg_open);
@@ -303,11 +313,12 @@ __device__ __forceinline__ void wgmma_planes_rs(int (&d)[P_BITS][MT][NT][4], con
                                                 u64 db, int accumulate) {
   static_assert(MT == 1, "a warp holds 16 rows of m64");
   emu_wg_open.push_back(EmuWgmma{&d[0][0][0][0], P_BITS * NT * 4, 0, db, false, accumulate != 0,
-                                 emu_publish_a(a)});
+                                 emu_publish_a(a), a});
 }
 __device__ __forceinline__ void wgmma_rowsum_rs(int (&d)[MT][RS_REGS], const u32 (&a)[4], u64 db,
                                                 int accumulate) {
-  emu_wg_open.push_back(EmuWgmma{&d[0][0], 4, 0, db, false, accumulate != 0, emu_publish_a(a)});
+  emu_wg_open.push_back(EmuWgmma{&d[0][0], 4, 0, db, false, accumulate != 0, emu_publish_a(a),
+                                 a});
 }
 // m64n(N+16)k256 (ROWSUM_COLS): the weights' N columns, then 16 more B rows (ones, zeros)
 // into rs[0][0..7]; B row r lies SBO (256 B) per 8 rows on, so rows N.. are the B operand
@@ -324,9 +335,9 @@ __device__ __forceinline__ void wgmma_planes_ones_rs(int (&d)[P_BITS][MT][NT][4]
                                                      u64 db, int accumulate) {
   const long long seq = emu_publish_a(a);  // one issue: both parts read the same registers
   emu_wg_open.push_back(EmuWgmma{&d[0][0][0][0], P_BITS * NT * 4, 0, db, false, accumulate != 0,
-                                 seq});
+                                 seq, a});
   emu_wg_open.push_back(EmuWgmma{&rs[0][0], 8, 0, desc_offset(db, P_BITS * WN * 2), false,
-                                 accumulate != 0, seq});
+                                 accumulate != 0, seq, a});
 }
 """
 

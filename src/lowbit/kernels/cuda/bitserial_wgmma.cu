@@ -36,23 +36,39 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     if (k0 + s < k1) load_stage(x, w, stages + s * STAGE_WORDS, ar, n0, k0 + s, tid, halo, halo_row0);
     copy_commit();
   }
-  for (int kt = k0; kt < k1; ++kt) {
+  // stage kt landed everywhere, every warpgroup's wgmma of kt-2 has retired, and the copies of
+  // stage kt + STAGES - 2 are issued
+  auto stage_top = [&](int kt) {
     copy_wait<STAGES - 3>();
     fence_proxy_async();
-    tile_sync();  // stage kt landed everywhere; every warpgroup's wgmma of kt-2 has retired
-    {
-      const int next = kt + STAGES - 2;
-      if (next < k1)
-        load_stage(x, w, stages + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
-      copy_commit();
-    }
-    if constexpr (A_REGS) {
+    tile_sync();
+    const int next = kt + STAGES - 2;
+    if (next < k1)
+      load_stage(x, w, stages + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
+    copy_commit();
+  };
+  if constexpr (A_REGS) {
+    // two A register sets in turn: a stage's MMAs read theirs until the wait after the next
+    // stage's issue, and ptxas does not see that (one set reloaded every stage gave wrong
+    // results on an H100), so each set is held live up to that wait
+    AFrags fa = {}, fb = {};
+    auto step = [&](int kt, AFrags& cur, const AFrags& prev) {
+      stage_top(kt);
       wgmma_stage_regs(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, halo, fr, kt,
-                       wg_n, lane, kt > k0);
-    } else {
-      wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, kt > k0);
+                       wg_n, lane, kt > k0, cur);
+      wgmma_wait<1>();
+      hold_registers(prev);
+    };
+    for (int kt = k0; kt < k1; kt += 2) {
+      step(kt, fa, fb);
+      if (kt + 1 < k1) step(kt + 1, fb, fa);
     }
-    wgmma_wait<1>();
+  } else {
+    for (int kt = k0; kt < k1; ++kt) {
+      stage_top(kt);
+      wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, kt > k0);
+      wgmma_wait<1>();
+    }
   }
   wgmma_wait<0>();
   copy_wait<0>();

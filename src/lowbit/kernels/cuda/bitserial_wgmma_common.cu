@@ -26,6 +26,7 @@ __device__ __forceinline__ u64 desc_offset(u64 desc, int units, int lbo = 0) {
   const u32 lo = (u32)desc + (u32)units + ((u32)lbo << 16);
   return ((desc >> 32) << 32) | lo;
 }
+typedef u32 AFrags[KT][Q_BITS][4];  // A_REGS: one stage's A fragments (k slab, plane)
 // <device-primitives> (bitserial_emu.py replaces this region with host versions)
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -35,6 +36,15 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 // cp.async writes shared memory through the generic proxy; wgmma reads it through the async one.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// The registers of `a` live (unchanged) up to here: an empty asm that reads them.
+__device__ __forceinline__ void hold_registers(const AFrags& a) {
+#pragma unroll
+  for (int ks = 0; ks < KT; ++ks)
+#pragma unroll
+    for (int i = 0; i < Q_BITS; ++i)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) asm volatile("" :: "r"(a[ks][i][r]));
 }
 // </device-primitives>
 
@@ -128,17 +138,17 @@ __device__ __forceinline__ void load_a_frag(u32 (&a)[4], const u32* plane, const
     a[2 + h] = valid ? plane[off ^ 4] : 0u;
   }
 }
-// wgmma_stage with A from registers: every fragment of the stage is loaded first, then fenced
-// (wgmma reads registers written before wgmma.fence), then the MMAs issue as one group.
+// wgmma_stage with A from registers `a` (the caller's: they must stay untouched until the
+// group has retired): every fragment of the stage is loaded first, then fenced (wgmma reads
+// registers written before wgmma.fence), then the MMAs issue as one group.
 // (A body under `if constexpr`: the register-A wrappers exist only in A_REGS renders.)
 __device__ __forceinline__ void wgmma_stage_regs(Acc& acc, RowSum& rsum, const u32* stage,
                                                  const u32* ones, const u32* halo,
                                                  const FragRows& fr, int kt, int wg_n, int lane,
-                                                 bool accumulate) {
+                                                 bool accumulate, AFrags& a) {
   if constexpr (A_REGS) {
     const u32* sb = stage + wg_n * (P_BITS * WN) * 8;
     const u64 dones = ROWSUM_ONES_TILE ? smem_desc(ones) : 0;
-    u32 a[KT][Q_BITS][4];
 #pragma unroll
     for (int ks = 0; ks < KT; ++ks)
 #pragma unroll
