@@ -6,8 +6,9 @@ garbage).
 Variants: base; no_mma (every stage's MMAs skipped behind a branch the GPU never takes, so the
 code stays); no_epilogue (the epilogue skipped the same way); no_mma_no_epilogue (copies and
 the pipeline's barriers alone); no_gather and no_halo_wait (HALO=1: the stages' A tiles not
-gathered from the halo; the first stages' copies not waiting for the halo's); empty (an empty
-kernel launched like the base one).
+gathered from the halo; the first stages' copies not waiting for the halo's); mma_first (wgmma:
+a stage's MMAs issued before the next stage's copies and gather instead of after); empty (an
+empty kernel launched like the base one).
 Configs: the committed best of each precision and a few neighbours (KT / STAGES, k slices,
 mma.sync). Prints and writes $OUT/apconv_probe.json (the first run, 2026-11-25, varied KT and
 STAGES: `apconv_probe-20261125-s18.json`).
@@ -54,6 +55,18 @@ CUTS = {
                           "  copy_commit();\n  __syncthreads();\n  return row0;")]
                      for k in MMA_CALL},
 }
+# the stage's MMAs issued before the next stage's copies and gather (whose shared-memory
+# latency then runs behind them) instead of after: the one-tile kernel's loop, reordered
+_MMA = ("      wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, "
+        "wg_n, kt > k0);\n")
+_NEXT = ("      if (kt + STAGES - 2 < k1)\n        load_stage(x, w, stages + "
+         "((kt + STAGES - 2 - k0) % STAGES) * STAGE_WORDS, ar, n0, kt + STAGES - 2, tid, halo, "
+         "halo_row0);\n"
+         "      copy_commit();\n")
+_LOOP = "      stage_top(kt);\n" + _MMA
+_MMA_FIRST = ("      copy_wait<STAGES - 3>();\n      fence_proxy_async();\n      tile_sync();\n"
+              + _MMA + _NEXT)
+CUTS["mma_first"] = {"wgmma": [(_LOOP, _MMA_FIRST)], "mma_sync": []}
 NONE: dict[str, list] = {k: [] for k in MMA_CALL}
 VARIANTS = {"base": NONE, **CUTS,
             "no_mma_no_epilogue": {k: CUTS["no_mma"][k] + CUTS["no_epilogue"][k]

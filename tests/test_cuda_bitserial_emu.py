@@ -405,7 +405,8 @@ from lowbit.kernels.cuda import bitserial
 from test_cuda_bitserial_emu import _check, _config, conv, EPILOGUES, B1, U2
 real = bitserial._cu
 bitserial._cu = lambda f: real(f).replace(
-    "if (kt + 1 < k1) step(kt + 1, fb, fa);", "if (kt + 1 < k1) step(kt + 1, fa, fb);")
+    "if (kt + 1 < k1) load_stage_frags(next,", "if (kt + 1 < k1) load_stage_frags(cur,").replace(
+    "const AFrags& cur, AFrags& next", "AFrags& cur, AFrags& next")
 wl = conv(B1, U2, EPILOGUES[1], N=1, H=6, W=5, C=512, K=40)
 _check(wl, _config(wl, "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 3,
                                  "HALO": 1, "A_REGS": 1}), seed=3)
@@ -413,9 +414,9 @@ _check(wl, _config(wl, "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES"
 
 
 def test_emulation_catches_register_a_reused_in_flight():
-    """A_REGS with one A register set reloaded every stage (the version that was wrong on an
-    H100): the emulation finds the registers of the MMAs still in flight overwritten, and
-    ends the process (run in a child)."""
+    """A_REGS with the next stage's fragments loaded into the registers of the MMAs still in
+    flight (as in the one-set version that was wrong on an H100): the emulation finds them
+    overwritten before the wait that retires those MMAs, and ends the process (in a child)."""
     import subprocess
     import sys
     from pathlib import Path

@@ -48,16 +48,20 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     copy_commit();
   };
   if constexpr (A_REGS) {
-    // two A register sets in turn: a stage's MMAs read theirs until the wait after the next
-    // stage's issue, and ptxas does not see that (one set reloaded every stage gave wrong
-    // results on an H100), so each set is held live up to that wait
+    // two A register sets in turn: stage kt's MMAs read `cur` while stage kt + 1's fragments
+    // are loaded into `next` (their LDS latency behind the MMAs), once the wait has retired
+    // stage kt - 1's MMAs, which read `next`. ptxas does not see register-A wgmma reads (one
+    // set reloaded every stage gave wrong results on an H100), so a set is held live up to
+    // the wait that retires its MMAs.
     AFrags fa = {}, fb = {};
-    auto step = [&](int kt, AFrags& cur, const AFrags& prev) {
+    if (k0 < k1) load_stage_frags(fa, halo, fr, k0, lane);
+    auto step = [&](int kt, const AFrags& cur, AFrags& next) {
       stage_top(kt);
-      wgmma_stage_regs(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, halo, fr, kt,
-                       wg_n, lane, kt > k0, cur);
+      wgmma_stage_regs(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_n, kt > k0,
+                       cur);
       wgmma_wait<1>();
-      hold_registers(prev);
+      hold_registers(next);
+      if (kt + 1 < k1) load_stage_frags(next, halo, fr, kt + 1, lane);
     };
     for (int kt = k0; kt < k1; kt += 2) {
       step(kt, fa, fb);

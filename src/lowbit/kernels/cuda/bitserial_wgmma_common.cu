@@ -138,21 +138,24 @@ __device__ __forceinline__ void load_a_frag(u32 (&a)[4], const u32* plane, const
     a[2 + h] = valid ? plane[off ^ 4] : 0u;
   }
 }
-// wgmma_stage with A from registers `a` (the caller's: they must stay untouched until the
-// group has retired): every fragment of the stage is loaded first, then fenced (wgmma reads
-// registers written before wgmma.fence), then the MMAs issue as one group.
+// Every A fragment of stage kt into `a` (KT slabs x activation planes).
+__device__ __forceinline__ void load_stage_frags(AFrags& a, const u32* halo, const FragRows& fr,
+                                                 int kt, int lane) {
+#pragma unroll
+  for (int ks = 0; ks < KT; ++ks)
+#pragma unroll
+    for (int i = 0; i < Q_BITS; ++i) load_a_frag(a[ks][i], halo + i * HALO_WORDS, fr, kt * KT + ks, lane);
+}
+// wgmma_stage with A from registers `a` (loaded by load_stage_frags; they must stay untouched
+// until the group has retired): fenced first (wgmma reads registers written before
+// wgmma.fence), then the MMAs issue as one group.
 // (A body under `if constexpr`: the register-A wrappers exist only in A_REGS renders.)
 __device__ __forceinline__ void wgmma_stage_regs(Acc& acc, RowSum& rsum, const u32* stage,
-                                                 const u32* ones, const u32* halo,
-                                                 const FragRows& fr, int kt, int wg_n, int lane,
-                                                 bool accumulate, AFrags& a) {
+                                                 const u32* ones, int wg_n, bool accumulate,
+                                                 const AFrags& a) {
   if constexpr (A_REGS) {
     const u32* sb = stage + wg_n * (P_BITS * WN) * 8;
     const u64 dones = ROWSUM_ONES_TILE ? smem_desc(ones) : 0;
-#pragma unroll
-    for (int ks = 0; ks < KT; ++ks)
-#pragma unroll
-      for (int i = 0; i < Q_BITS; ++i) load_a_frag(a[ks][i], halo + i * HALO_WORDS, fr, kt * KT + ks, lane);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < KT; ++ks) {
