@@ -57,16 +57,12 @@ CUTS = {
 }
 # the stage's MMAs issued before the next stage's copies and gather (whose shared-memory
 # latency then runs behind them) instead of after: the one-tile kernel's loop, reordered
-_MMA = ("      wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, "
-        "wg_n, kt > k0);\n")
-_NEXT = ("      if (kt + STAGES - 2 < k1)\n        load_stage(x, w, stages + "
-         "((kt + STAGES - 2 - k0) % STAGES) * STAGE_WORDS, ar, n0, kt + STAGES - 2, tid, halo, "
-         "halo_row0);\n"
-         "      copy_commit();\n")
-_LOOP = "      stage_top(kt);\n" + _MMA
-_MMA_FIRST = ("      copy_wait<STAGES - 3>();\n      fence_proxy_async();\n      tile_sync();\n"
-              + _MMA + _NEXT)
-CUTS["mma_first"] = {"wgmma": [(_LOOP, _MMA_FIRST)], "mma_sync": []}
+_NEXT = ("    {\n      const int next = kt + STAGES - 2;\n      if (next < k1)\n"
+         "        load_stage(x, w, stages + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, "
+         "tid, halo, halo_row0);\n      copy_commit();\n    }\n")
+_MMA = ("    wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, "
+        "kt > k0);\n")
+CUTS["mma_first"] = {"wgmma": [(_NEXT + _MMA, _MMA + _NEXT)], "mma_sync": []}
 NONE: dict[str, list] = {k: [] for k in MMA_CALL}
 VARIANTS = {"base": NONE, **CUTS,
             "no_mma_no_epilogue": {k: CUTS["no_mma"][k] + CUTS["no_epilogue"][k]

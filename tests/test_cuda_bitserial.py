@@ -182,30 +182,6 @@ def test_k_slices_only_in_small_one_tile_wgmma_grids():
     assert BITSERIAL.space(big, bitserial.WGMMA_ARCH).knob("SLICES").values == (1,)
 
 
-def test_register_a_only_in_halo_wgmma_blocks_on_whole_k_slabs():
-    """A_REGS=1 (wgmma's A fragments loaded from the halo slab into registers) is in the space
-    for one-tile wgmma blocks with the halo load on channels a multiple of 256 (a k slab inside
-    one tap), compiles for sm_90a with the stages holding only B, and is absent elsewhere."""
-    b1, u2 = Precision(1, "binary"), Precision(2)
-    wl = conv(b1, u2, EPILOGUES[1], N=1, H=16, W=16, C=1024, K=1024)  # the APNN-TC conv
-    space = BITSERIAL.space(wl, bitserial.WGMMA_ARCH)
-    cfg = BITSERIAL.default_config(wl, "wgmma", arch=bitserial.WGMMA_ARCH).replace(
-        BM=64, BN=32, WN=32, KT=2, STAGES=4, HALO=1, A_REGS=1)
-    assert space.is_valid(cfg), space.why_invalid(cfg)
-    stage_b = 4 * 32 * 2 * 32  # STAGES x BN rows x KT x 32 bytes
-    assert (bitserial.smem_bytes(wl, cfg) - bitserial.smem_bytes(wl, cfg.replace(A_REGS=0))
-            == -4 * 2 * 64 * 2 * 32)  # no A tiles: STAGES x a_bits x BM rows x KT x 32 bytes
-    assert bitserial.smem_bytes(wl, cfg) == stage_b + bitserial.halo_bytes(wl, cfg) + 256
-    assert "wgmma_planes_rs" in bitserial.render(wl, cfg)
-    assert BITSERIAL.build(wl, cfg, arch="sm_90a")._main.cubin[:4] == b"\x7fELF"  # NVRTC
-    assert "HALO=1" in space.why_invalid(cfg.replace(HALO=0))
-    assert "FUSE_PLANES" in space.why_invalid(cfg.replace(FUSE_PLANES=1))
-    s2 = conv(b1, u2, EPILOGUES[1], N=8, H=56, W=56, C=64, K=64)
-    assert "multiple of 256" in BITSERIAL.space(s2, bitserial.WGMMA_ARCH).why_invalid(
-        cfg.replace(SLICES=1))
-    assert BITSERIAL.space(wl, "sm_80").knob("A_REGS").values == (0,)
-
-
 def test_wgmma_only_on_sm90a():
     wl = gemm(Precision(2, "signed"), Precision(2), EPILOGUES[1], M=512, N=256, K=1024)
     assert {(c["MMA"], c["SWIZZLE"]) for c in BITSERIAL.space(wl, arch="sm_80")} == {
@@ -840,31 +816,3 @@ def test_bit_exact_k_slices(wb, ab):
                 BM=64, BN=32, WN=32, KT=1, STAGES=4, HALO=int(halo), SLICES=sl)
             assert space.is_valid(cfg), space.why_invalid(cfg)
             _assert_exact(wl, cfg, seed=combo + sl)
-
-
-@pytest.mark.parametrize("wb,ab", [(1, 1), (1, 2), (2, 2), (3, 1), (1, 4)])
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_bit_exact_register_a(wb, ab):
-    """A_REGS=1 (wgmma's A fragments from the swizzled halo slab in registers, the stages
-    holding only B): every encoding pair of the bit pair; 3 x 3 convs at stride 1 and 2 on
-    256, 512 and 768 channels (swizzles of 2, 4 and 2 chunks), KT 1 / 2 / 4, two warpgroups
-    in M, ones columns, k slices; the APNN-TC conv's shape on the last pair."""
-    if bitserial.device_arch() != bitserial.WGMMA_ARCH:
-        pytest.skip("wgmma needs sm_90a")
-    for combo in range(4):
-        w_prec, a_prec = encodings(wb)[combo // 2], encodings(ab)[combo % 2]
-        epi = EPILOGUES[(wb + ab + combo) % len(EPILOGUES)]
-        c = (256, 512, 768, 1024)[combo]
-        wl = conv(w_prec, a_prec, epi, N=1 + combo % 2, H=16 - combo, W=16 - 2 * combo, C=c,
-                  K=70 + 30 * combo, stride=1 + combo // 2)
-        space = BITSERIAL.space(wl)
-        for changes in ({"BM": 64, "BN": 32, "WN": 32, "KT": 2, "STAGES": 4},
-                        {"BM": 128, "BN": 64, "WN": 64, "KT": 1, "STAGES": 6},
-                        {"BM": 64, "BN": 32, "WN": 32, "KT": 4, "STAGES": 3, "SLICES": 2},
-                        {"BM": 64, "BN": 64, "WN": 64, "KT": 1, "STAGES": 4,
-                         "ROWSUM": "cols"}):
-            cfg = BITSERIAL.default_config(wl, "wgmma").replace(HALO=1, A_REGS=1, **changes)
-            if ("ROWSUM" in changes and wb > 1) or not space.is_valid(cfg):
-                continue  # ones columns: binary weights only; slices: small grids only
-            _assert_exact(wl, cfg, seed=combo + changes["KT"])

@@ -104,27 +104,6 @@ CASES = [
      {"BM": 64, "BN": 32, "WN": 16, "KT": 1, "STAGES": 3, "SLICES": 2}),
     ("wgmma_slices2_s2s2_int32", gemm(S2, S2, EPILOGUES[0], M=65, N=33, K=1900), "wgmma",
      {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 4, "SLICES": 2}),
-    # A_REGS: wgmma's A fragments loaded from the swizzled halo slab into registers (the
-    # stages hold B alone): binary weights with the row-sum MMA in register form, KT=2 with a
-    # last k tile past K; binary activations with border thresholds at stride 2 (16 channel
-    # words: a 4-chunk swizzle); ones columns over two k slices; two warpgroups in M, signed
-    # int32 output, 24 channel words (a 2-chunk swizzle); 5 x 5 with padding 2
-    ("wgmma_aregs_b1u2_kt2_threshold", conv(B1, U2, EPILOGUES[1], N=2, H=6, W=5, C=256, K=40),
-     "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 2, "STAGES": 3, "HALO": 1, "A_REGS": 1,
-               "REQUANT": "threshold"}),
-    ("wgmma_aregs_b1b1_border_stride2", conv(B1, B1, EPILOGUES[5], N=2, H=7, W=6, C=512, K=33,
-                                             stride=2), "wgmma",
-     {"BM": 64, "BN": 64, "WN": 64, "KT": 1, "STAGES": 4, "HALO": 1, "A_REGS": 1,
-      "REQUANT": "threshold"}),
-    ("wgmma_aregs_cols_slices2", conv(B1, U2, EPILOGUES[4], N=1, H=6, W=5, C=256, K=40),
-     "wgmma", {"BM": 64, "BN": 64, "WN": 64, "KT": 1, "STAGES": 3, "HALO": 1, "A_REGS": 1,
-               "ROWSUM": "cols", "SLICES": 2}),
-    ("wgmma_aregs_two_warpgroups_s2s2_int32", conv(S2, S2, EPILOGUES[0], N=1, H=9, W=8, C=768,
-                                                   K=70), "wgmma",
-     {"BM": 128, "BN": 32, "WN": 32, "KT": 1, "STAGES": 3, "HALO": 1, "A_REGS": 1}),
-    ("wgmma_aregs_5x5_u2u2", conv(U2, U2, EPILOGUES[1], N=1, H=7, W=7, C=256, K=40, R=5, S=5,
-                                  pad=2), "wgmma",
-     {"BM": 64, "BN": 64, "WN": 64, "KT": 2, "STAGES": 3, "HALO": 1, "A_REGS": 1}),
     # TEAMS=2: two teams of warpgroups per persistent block, each with its own stage ring,
     # taking the block's tiles in turn (MMA issue ordered by named barriers): an odd tile count
     # per block (team 0 has the last tile) with border thresholds, an even one with constant
@@ -377,52 +356,3 @@ def test_emulation_catches_a_broken_kernel(edit, extra, monkeypatch):
     changes = {"STAGES": 3, "KT": 1, **extra}
     mma = "mma_sync" if "SPLIT_K" in extra else "wgmma"  # split-K runs on mma.sync only
     assert not _check(wl, _config(wl, mma, changes), seed=1)
-
-
-@pytest.mark.parametrize("edit", [
-    # the fragments read unswizzled from the swizzled halo
-    ("halo_chunk(fr.pix[h] + r * W + s, cw / 4)", "(fr.pix[h] + r * W + s) * CW + cw"),
-    # registers 2 and 3 (k words 4..7) holding words 0..3 again
-    ("a[2 + h] = valid ? plane[off ^ 4] : 0u;", "a[2 + h] = valid ? plane[off] : 0u;"),
-    # the fragment rows of the wrong half of the warp's 16
-    ("(int)m0 + row0 + (lane >> 2) + 8 * h;", "(int)m0 + row0 + (lane >> 2) + 8 * (1 - h);"),
-], ids=["unswizzled_reads", "k_words_repeated", "rows_swapped"])
-def test_emulation_catches_broken_register_a(edit, monkeypatch):
-    """A_REGS: the register fragments' layout, swizzle and rows are what the cases above
-    check (each mutation alone makes the kernel wrong)."""
-    wl = conv(B1, U2, EPILOGUES[1], N=1, H=6, W=5, C=512, K=40)
-    cfg = _config(wl, "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 3, "HALO": 1,
-                                "A_REGS": 1})
-    assert _check(wl, cfg, seed=3)
-    edit_kernel_file(monkeypatch, "bitserial_wgmma_common.cu", *edit)
-    assert not _check(wl, cfg, seed=3)
-
-
-_ONE_REGISTER_SET = """
-import sys
-sys.path.insert(0, "tests")
-from lowbit.kernels.cuda import bitserial
-from test_cuda_bitserial_emu import _check, _config, conv, EPILOGUES, B1, U2
-real = bitserial._cu
-bitserial._cu = lambda f: real(f).replace(
-    "if (kt + 1 < k1) load_stage_frags(next,", "if (kt + 1 < k1) load_stage_frags(cur,").replace(
-    "const AFrags& cur, AFrags& next", "AFrags& cur, AFrags& next")
-wl = conv(B1, U2, EPILOGUES[1], N=1, H=6, W=5, C=512, K=40)
-_check(wl, _config(wl, "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 3,
-                                 "HALO": 1, "A_REGS": 1}), seed=3)
-"""
-
-
-def test_emulation_catches_register_a_reused_in_flight():
-    """A_REGS with the next stage's fragments loaded into the registers of the MMAs still in
-    flight (as in the one-set version that was wrong on an H100): the emulation finds them
-    overwritten before the wait that retires those MMAs, and ends the process (in a child)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    proc = subprocess.run([sys.executable, "-c", _ONE_REGISTER_SET], cwd=root,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode != 0
-    assert "A registers changed before wgmma.wait_group" in proc.stderr, proc.stderr[-2000:]

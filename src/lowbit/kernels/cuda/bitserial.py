@@ -48,11 +48,7 @@ issued twice, a0 + a1 + a1: three MMAs per k step instead of two, for half the a
 registers and one multiply-add less per output; for epilogue-bound layers), SLICES (one-tile
 wgmma kernels without tap-shift or split-K, on grids under two waves: 2 or 4 sets of the tile's
 warpgroups reduce k tile ranges of the same tile, each with its own stages and named barrier,
-the first adding the others' sums from shared memory before the epilogue), A_REGS (one-tile
-wgmma kernels with HALO=1 on channels a multiple of 256: 1 loads each k slab's A fragments
-from the block's halo slab straight into registers, wgmma's register-A form, instead of
-gathering im2col stage tiles in shared memory that the wgmma then reads back; the stages hold
-only the weights. For small grids, where shared-memory traffic per block sets the time).
+the first adding the others' sums from shared memory before the epilogue).
 """
 
 from __future__ import annotations
@@ -132,7 +128,7 @@ def _asm_operands(names: list[str]) -> tuple[str, str]:
 
 
 def wgmma_source(w_bits: int, wn: int, s8_atype: str | None = None,
-                 ones_cols: bool = False, a_in_regs: bool = False) -> str:
+                 ones_cols: bool = False) -> str:
     """wgmma_planes (one activation plane x all w_bits weight planes of WN columns: m64nNk256,
     N = w_bits * WN) and wgmma_rowsum (m64n8k256 against ones) as inline PTX. Register d[k] of
     the s32 m64nN fragment is row g (+8 for k % 4 >= 2), column 8 (k / 4) + 2 t4 + k % 2: the
@@ -142,10 +138,7 @@ def wgmma_source(w_bits: int, wn: int, s8_atype: str | None = None,
     tile's first k step; no zeroed accumulators: ptxas 13.0 miscompiled those, reusing a
     register the previous wgmma had written as a zero source). ones_cols (ROWSUM="cols"):
     also wgmma_planes_ones, m64n(N+16)k256 whose last 16 B rows are the ones and zeros after
-    the weights: rs[0][0..3] the row popcounts' registers, rs[0][4..7] the zero columns'.
-    a_in_regs (A_REGS): each wrapper's register-A form instead (name + "_rs", taking the four
-    A fragment registers `a` for the descriptor da: m64nNk256 .b1 A is per warp the mma.sync
-    m16n8k256 fragment, rows 16 w + g (+8), k words t and t + 4)."""
+    the weights: rs[0][0..3] the row popcounts' registers, rs[0][4..7] the zero columns'."""
     n = w_bits * wn
     regs_of = [f"d[{j}][0][{ni}][{e}]" for j in range(w_bits) for ni in range(wn // 8)
                for e in range(4)]
@@ -161,32 +154,18 @@ def wgmma_source(w_bits: int, wn: int, s8_atype: str | None = None,
         wrappers.append(("wgmma_planes_ones", f"m64n{n + ONES_ROWS}k256.s32.b1.b1.and.popc",
                          regs_of + [f"rs[0][{e}]" for e in range(8)],
                          "int (&d)[P_BITS][MT][NT][4], int (&rs)[MT][RS_REGS]"))
-    forms = (False, True) if a_in_regs else (False,)
-    for (fn, op, names, arr), rs in ((w, rs) for w in wrappers for rs in forms):
+    for fn, op, names, arr in wrappers:
         regs, ops = _asm_operands(names)
         k = len(names)
-        if rs:  # A: four .b32 registers %k..%k+3, then B's descriptor and scale-d
-            a_ops, a_in = f"{{%{k}, %{k + 1}, %{k + 2}, %{k + 3}}}", 4
-            fn, a_arg = fn + "_rs", "const u32 (&a)[4]"
-            inputs = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), '
-        else:
-            a_ops, a_in, a_arg, inputs = f"%{k}", 1, "u64 da", '"l"(da), '
         out.append(
-            f"__device__ __forceinline__ void {fn}({arr}, {a_arg}, u64 db, int accumulate) {{\n"
-            f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + a_in + 1}, 0;\\n"\n'
+            f"__device__ __forceinline__ void {fn}({arr}, u64 da, u64 db, int accumulate) {{\n"
+            f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"\n'
             f'      "wgmma.mma_async.sync.aligned.{op} "\n'
-            f'      "{{{regs}}}, {a_ops}, %{k + a_in}, p;\\n}}\\n"\n'
-            f'      : {ops}\n      : {inputs}"l"(db), "r"(accumulate));\n}}\n')
-    # declared where not defined: named in discarded `if constexpr` branches (the tap-shift
-    # kernel's ones columns, the other A form)
-    acc_arg, ones_arg = "int (&d)[P_BITS][MT][NT][4]", "int (&rs)[MT][RS_REGS]"
-    for fn, arr in (("wgmma_planes_ones", f"{acc_arg}, {ones_arg}"), ("wgmma_planes", acc_arg),
-                    ("wgmma_rowsum", "int (&d)[MT][RS_REGS]")):
-        for rs in (False, True):
-            name = fn + ("_rs" if rs else "")
-            if f" {name}(" not in "".join(out):
-                a_arg = "const u32 (&a)[4]" if rs else "u64 da"
-                out.append(f"__device__ void {name}({arr}, {a_arg}, u64 db, int accumulate);\n")
+            f'      "{{{regs}}}, %{k}, %{k + 1}, p;\\n}}\\n"\n'
+            f'      : {ops}\n      : "l"(da), "l"(db), "r"(accumulate));\n}}\n')
+    if not ones_cols:  # named in a discarded `if constexpr` branch of the tap-shift kernel
+        out.append("__device__ void wgmma_planes_ones(int (&d)[P_BITS][MT][NT][4], "
+                   "int (&rs)[MT][RS_REGS], u64 da, u64 db, int accumulate);\n")
     return "".join(out)
 
 
@@ -340,7 +319,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "OUT_QMAX": out.qmax if out else 0,
         "THR_STRIDE": threshold_stride(wl) if uses_thresholds(config) else 1,
         "THR_SLOTS": threshold_slots(wl, config),
-        "FUSE_PLANES": fuse_planes(config), "A_REGS": int(a_regs(config)),
+        "FUSE_PLANES": fuse_planes(config),
     }
     lines = [f"// lowbit bit-serial kernel for {wl.key}", f"// config {config.to_json()}"]
     lines += [f"constexpr int {k} = {int(v)};" for k, v in params.items()]
@@ -356,7 +335,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
     if config["MMA"] == "wgmma":
         if wgmma_asm:
             body += wgmma_source(p, config["WN"], s8_atype(wl) if elem8 else None,
-                                 rowsum_cols(config), a_regs(config))
+                                 rowsum_cols(config))
         body += _cu("bitserial_wgmma_common.cu")
     return "\n".join(lines) + "\n" + body + _cu(kernel_file(config))
 
@@ -502,12 +481,6 @@ def slices(config: Mapping) -> int:
     """Warpgroup sets that split a one-tile wgmma block's k tiles (knob SLICES; 1 where a
     config lacks it)."""
     return int(config.get("SLICES", 1))
-
-
-def a_regs(config: Mapping) -> bool:
-    """wgmma reads A from registers loaded from the halo slab (knob A_REGS; off where a config
-    lacks it)."""
-    return bool(config.get("A_REGS", 0))
 
 
 def threads(config: Mapping) -> int:
@@ -666,15 +639,14 @@ def rowsum_mma(wl: Workload, config: Mapping) -> bool:
 
 def smem_bytes(wl: Workload, config: Mapping) -> int:
     """Dynamic shared memory of a config: STAGES x (a_bits*BM + w_bits*BN) rows x KT*32 bytes
-    (A_REGS: the w_bits*BN rows alone; wgmma with binary weights: + a 256-byte tile of ones
-    for the row popcounts, with
+    (wgmma with binary weights: + a 256-byte tile of ones for the row popcounts, with
     ROWSUM="cols" 16 more B rows per k slab instead, with ROWSUM="slab" 4 bytes per slab
     position; HALO=1: + the input slab; TAP_SHIFT=1: the
     weights once, the slab buffers and slab popcounts per team, persistent blocks their
     columns' `threshold_slots`; the stages and the packing tile are per team too; SLICES: the
     stages per k slice, and at least the slices' sums, `slice_sum_words`, which go over them)."""
     q = planes(wl)[0]
-    rows = (0 if a_regs(config) else q * config["BM"]) + b_rows(wl, config)
+    rows = q * config["BM"] + b_rows(wl, config)
     operands = (config["STAGES"] * rows * config["KT"] * 32 * teams(config) * slices(config)
                 + halo_bytes(wl, config))
     ones = 1
@@ -885,8 +857,6 @@ def _constraints(wl: Workload) -> list:
         lean = (c["MMA"] == "wgmma" and not c["PERSIST"] and not tap_shift(c)
                 and planes(wl) == (1, 1))
         n += OTHER_REGS_WGMMA_TILE if lean else OTHER_REGS
-        if a_regs(c):  # two sets of a stage's A fragments (bitserial_wgmma.cu)
-            n += 2 * c["KT"] * planes(wl)[0] * 4
         if threads(c) * n > REGISTER_FILE:
             return f"{threads(c)} threads x {n} registers exceed the register file"
         return None
@@ -935,17 +905,6 @@ def _constraints(wl: Workload) -> list:
         cols, rows = tile_grid(wl, c)
         if cols * rows >= SPLIT_K_MAX_TILES:
             return f"{cols * rows} tiles fill the GPU without splitting a block's k tiles"
-        return None
-
-    def a_operand(c: Config) -> str | None:
-        if not a_regs(c):
-            return None
-        if c["MMA"] != "wgmma" or not c["HALO"] or fuse_planes(c) or split_k(c) > 1:
-            return ("A_REGS=1 is implemented in the one-tile wgmma kernel with HALO=1, without "
-                    "FUSE_PLANES or SPLIT_K")
-        if sh.words % 8:
-            return (f"A_REGS=1 needs channels in whole k256 slabs per tap (a multiple of 256; "
-                    f"{sh.c} here)")
         return None
 
     def team_tiles(c: Config) -> str | None:
@@ -1012,8 +971,8 @@ def _constraints(wl: Workload) -> list:
             return "too many row tiles for grid.y"
         return None
 
-    return [tiles, mma, fused, three_warpgroup_rows, halo, a_operand, shifted, team_tiles,
-            rowsums, registers, shared, copies, splits, k_slices, output, waste]
+    return [tiles, mma, fused, three_warpgroup_rows, halo, shifted, team_tiles, rowsums, registers,
+            shared, copies, splits, k_slices, output, waste]
 
 
 # Preferred defaults, best first (APNN-TC-like: big warp tiles for small p*q, smaller for larger).
@@ -1049,11 +1008,11 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
 ]
 DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma",
                               REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
-                              TEAMS=1, FUSE_PLANES=0, SLICES=1, A_REGS=0)
+                              TEAMS=1, FUSE_PLANES=0, SLICES=1)
                          for d in _MMA_SYNC_DEFAULTS],
             "wgmma": [dict(d, PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0, ROWSUM="mma",
                            REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
-                           TEAMS=1, FUSE_PLANES=0, SLICES=1, A_REGS=0)
+                           TEAMS=1, FUSE_PLANES=0, SLICES=1)
                       for d in _WGMMA_DEFAULTS]}
 
 
@@ -1070,8 +1029,7 @@ class BitserialTemplate(KernelTemplate):
     added_knobs: ClassVar[Mapping[str, object]] = {"ROWSUM": "mma", "REQUANT": "multiply",
                                                    "SPLIT_K": 1, "TAP_SHIFT": 0,
                                                    "ROW_TABLE": 0, "TEAMS": 1,
-                                                   "FUSE_PLANES": 0, "SLICES": 1,
-                                                   "A_REGS": 0}
+                                                   "FUSE_PLANES": 0, "SLICES": 1}
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         wl = workload
@@ -1095,7 +1053,6 @@ class BitserialTemplate(KernelTemplate):
                  Knob("FUSE_PLANES", (0, 1) if arch == WGMMA_ARCH and fusable_planes(workload)
                       else (0,)),
                  Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
-                 Knob("A_REGS", (0, 1) if arch == WGMMA_ARCH else (0,)),
                  Knob("ROWSUM", ("mma", "table", "slab", "cols")
                       if workload.w.encoding is Encoding.BINARY else ("mma",)),
                  Knob("ROW_TABLE", (0, 1, 2) if 1 in self._tap_shift_values(workload, arch)

@@ -44,9 +44,7 @@ constexpr int B_PLANE_STEP = WGMMA ? WN * 8 : KT * BN * 8;  // words between wei
 // instead of a second m64n8k256 re-reading it (shared-memory bandwidth limits the MMA phase).
 constexpr int ONES_ROWS = ROWSUM_COLS ? 16 : 0;
 constexpr int B_ROWS = WGMMA ? P_BITS * BN + ONES_ROWS : BN;  // rows of one B slab
-// A_REGS (one-tile wgmma, HALO=1): the wgmma's A fragments come from the halo slab straight
-// into registers, so the stages hold only B
-constexpr int A_STAGE_WORDS = A_REGS ? 0 : Q_BITS * A_PLANE_STEP;
+constexpr int A_STAGE_WORDS = Q_BITS * A_PLANE_STEP;
 constexpr int STAGE_WORDS = A_STAGE_WORDS + (P_BITS * BN + ONES_ROWS) * KT * 8;
 constexpr int CPR = TILE_WORDS / VEC;          // copy chunks per row per stage
 constexpr int A_ITERS = (BM * CPR + THREADS - 1) / THREADS;
@@ -372,19 +370,6 @@ __device__ __forceinline__ KWord k_word(int kw) {
 // shared -> shared, so each input pixel leaves L2 once per block instead of once per tap.
 // Returns row0. Ends with a barrier: the slab is complete.
 // (tid, nthreads: the threads that share the copies; HALO=1 with SLICES > 1, all of the block's)
-// A_REGS: a pixel's 16-byte chunks are stored XOR-swizzled (halo_chunk), so that the A fragment
-// loads of 8 consecutive pixels (one 32-bit word of each of 8 rows per 4 lanes) hit 32
-// different banks; unswizzled, pixels of 32 or 64 channel words all start on bank 0.
-constexpr int PIX_CHUNKS = CW >= 4 ? CW / 4 : 1;  // 16-byte chunks per pixel (A_REGS: CW % 8 == 0)
-// swizzled chunk bits: the largest power of two dividing PIX_CHUNKS, at most 8 (an XOR below it
-// stays inside the pixel); pixels p and p + 8 / HALO_SWZ share a pattern
-constexpr int HALO_SWZ = A_REGS ? ((PIX_CHUNKS & -PIX_CHUNKS) < 8 ? (PIX_CHUNKS & -PIX_CHUNKS) : 8) : 1;
-constexpr int HALO_SWZ_DIV = 8 / HALO_SWZ;
-static_assert(!A_REGS || (CW % 8 == 0 && VEC == 4 && HALO), "A_REGS: whole k256 slabs, 16-byte chunks, HALO=1");
-// Word offset in a halo plane of chunk c (16 bytes) of halo pixel p.
-__device__ __forceinline__ int halo_chunk(int p, int c) {
-  return (p * PIX_CHUNKS + (c ^ ((p / HALO_SWZ_DIV) & (HALO_SWZ - 1)))) * 4;
-}
 __device__ __forceinline__ int halo_load(const u32* __restrict__ x, u32* halo, i64 m0, int tid,
                                          int nthreads = THREADS) {
   const int t0 = (int)(m0 / Q_OUT);
@@ -393,10 +378,9 @@ __device__ __forceinline__ int halo_load(const u32* __restrict__ x, u32* halo, i
   const i64 src0 = (i64)row0 * W * CW, end = X_PLANE - src0;
   for (int idx = tid; idx < HALO_WORDS / VEC; idx += nthreads) {
     const bool valid = (i64)idx * VEC < end;
-    const int dst = A_REGS ? halo_chunk(idx / PIX_CHUNKS, idx % PIX_CHUNKS) : idx * VEC;
 #pragma unroll
     for (int i = 0; i < Q_BITS; ++i)
-      copy_async(halo + i * HALO_WORDS + dst, x + i * X_PLANE + (valid ? src0 + idx * VEC : 0), valid);
+      copy_async(halo + i * HALO_WORDS + idx * VEC, x + i * X_PLANE + (valid ? src0 + idx * VEC : 0), valid);
   }
   copy_commit();
   copy_wait<0>();
@@ -419,7 +403,7 @@ __device__ __forceinline__ void load_stage(const u32* __restrict__ x, const u32*
   SharedVec halo_vals[HALO ? A_ITERS : 1][Q_BITS];  // HALO: loaded here, stored below
   u32* halo_dst[HALO ? A_ITERS : 1] = {};
 #pragma unroll
-  for (int it = 0; it < (A_REGS ? 0 : A_ITERS); ++it) {  // A_REGS: no A tile in the stages
+  for (int it = 0; it < A_ITERS; ++it) {
     const int idx = tid + it * THREADS;
     if ((BM * CPR) % THREADS == 0 || idx < BM * CPR) {
       const int row = idx / CPR, c = idx % CPR;

@@ -12,9 +12,8 @@ std::thread per CUDA thread:
   A regs 0/1: rows g / g+8, k 32t..32t+31; regs 2/3: k 128+32t..; B regs 0/1: column g, same
   k; C/D: rows g, g+8, columns 2t, 2t+1), operands gathered across the warp;
 - wgmma m64nNk256 .b1 .and.popc (and m64nNk32 .s8/.u8 x .s8 for the int8 mode) from
-  shared-memory descriptors (start, LBO, SBO, swizzle mode 0 or 3 = 32-byte swizzle: address
-  bit 4 ^= bit 7), K-major, or with A in registers (every thread's four registers of the
-  warpgroup as they were at issue: per warp the mma.sync A fragment), executed at `wgmma.wait_group`
+  shared-memory descriptors (start, LBO, SBO, swizzle mode 0
+  or 3 = 32-byte swizzle: address bit 4 ^= bit 7), K-major, executed at `wgmma.wait_group`
   (the latest legal moment: operands overwritten before the wait would be caught); each thread
   computes its own accumulator registers (warp w of the warpgroup: rows 16w + g (+8),
   register k: column 8(k/4) + 2t + k%2);
@@ -216,66 +215,17 @@ static inline u32 emu_desc_addr(u64 desc, int row, int kb) {
   return a;
 }
 
-// Register-A wgmma (the _rs wrappers): each thread publishes its four A registers at issue,
-// as the op's seq-th register-A MMA of its warpgroup; the op reads every thread's when it runs
-// (at wgmma.wait_group), waiting until all 128 have published. A fragment: warp w of the
-// warpgroup holds rows 16 w + g (+8 in registers 1, 3), k words t (registers 0, 1) and t + 4
-// (registers 2, 3): the mma.sync m16n8k256 layout.
-struct EmuARegsOp { int published = 0; u32 regs[128][4]; };
-struct EmuARegs {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::unique_ptr<EmuARegsOp>> ops;
-};
-static EmuARegs emu_aregs[16];  // per warpgroup of the block; cleared at each block's end
-thread_local long long emu_a_seq = 0;  // threads live one block
-static inline long long emu_publish_a(const u32 (&a)[4]) {
-  EmuARegs& s = emu_aregs[threadIdx.x >> 7];
-  const long long seq = emu_a_seq++;
-  std::lock_guard<std::mutex> lock(s.mu);
-  while ((long long)s.ops.size() <= seq) s.ops.push_back(std::make_unique<EmuARegsOp>());
-  EmuARegsOp& op = *s.ops[seq];
-  for (int r = 0; r < 4; ++r) op.regs[threadIdx.x & 127][r] = a[r];
-  if (++op.published == 128) s.cv.notify_all();
-  return seq;
-}
-static inline const EmuARegsOp& emu_published_a(long long seq) {
-  EmuARegs& s = emu_aregs[threadIdx.x >> 7];
-  std::unique_lock<std::mutex> lock(s.mu);
-  if (!s.cv.wait_for(lock, std::chrono::seconds(EMU_BARRIER_TIMEOUT_S), [&] {
-        return (long long)s.ops.size() > seq && s.ops[seq]->published == 128; }))
-    emu_fail("register-A wgmma: its warpgroup's threads never all issued it");
-  return *s.ops[seq];
-}
-static inline bool emu_wgmma_block_end() {
-  for (EmuARegs& s : emu_aregs) s.ops.clear();
-  return emu_named_idle();
-}
-
-struct EmuWgmma {
-  int* d;
-  int regs;
-  u64 da, db;
-  bool s8, accumulate;
-  long long a_seq = -1;     // register A: the op's publication (emu_publish_a)
-  const u32* a = nullptr;   // and the issuing thread's registers, unchanged until it runs
-};
+struct EmuWgmma { int* d; int regs; u64 da, db; bool s8, accumulate; };
 thread_local std::vector<std::vector<EmuWgmma>> emu_wg_groups;
 thread_local std::vector<EmuWgmma> emu_wg_open;
 
 static inline void emu_wgmma_run(const EmuWgmma& op) {
   const int lane = emu_lane(), g = lane >> 2, t = lane & 3, wi = (threadIdx.x >> 5) & 3;
-  const EmuARegsOp* areg = op.a_seq >= 0 ? &emu_published_a(op.a_seq) : nullptr;
-  if (areg && memcmp(op.a, areg->regs[threadIdx.x & 127], sizeof(u32) * 4))
-    emu_fail("register-A wgmma: its A registers changed before wgmma.wait_group retired it");
   for (int k = 0; k < op.regs; ++k) {
     const int row = 16 * wi + g + 8 * ((k & 3) >> 1), col = 8 * (k >> 2) + 2 * t + (k & 1);
     int sum = 0;
     for (int kb = 0; kb < 32; ++kb) {
-      const int word = kb >> 2, holder = (row >> 4) * 32 + (row & 7) * 4 + (word & 3);
-      const int reg = ((row >> 3) & 1) + 2 * (word >> 2);
-      const unsigned char a = areg ? (unsigned char)(areg->regs[holder][reg] >> (8 * (kb & 3)))
-                                   : emu->smem[emu_desc_addr(op.da, row, kb)];
+      const unsigned char a = emu->smem[emu_desc_addr(op.da, row, kb)];
       const unsigned char b = emu->smem[emu_desc_addr(op.db, col, kb)];
       if (op.s8)  // m64nNk32 .s32.{s8,u8}.s8: 32 byte products
         sum += (EMU_A_S8 ? (int)(signed char)a : (int)a) * (int)(signed char)b;
@@ -287,7 +237,6 @@ static inline void emu_wgmma_run(const EmuWgmma& op) {
 }
 
 __device__ __forceinline__ void wgmma_fence() {}
-__device__ __forceinline__ void hold_registers(const AFrags&) {}
 __device__ __forceinline__ void fence_proxy_async() {}
 __device__ __forceinline__ void wgmma_commit() {
   emu_wg_groups.push_back(emu_wg_open);
@@ -309,17 +258,6 @@ __device__ __forceinline__ void wgmma_rowsum(int (&d)[MT][RS_REGS], u64 da, u64 
                                              int accumulate) {
   emu_wg_open.push_back(EmuWgmma{&d[0][0], 4, da, db, false, accumulate != 0});
 }
-__device__ __forceinline__ void wgmma_planes_rs(int (&d)[P_BITS][MT][NT][4], const u32 (&a)[4],
-                                                u64 db, int accumulate) {
-  static_assert(MT == 1, "a warp holds 16 rows of m64");
-  emu_wg_open.push_back(EmuWgmma{&d[0][0][0][0], P_BITS * NT * 4, 0, db, false, accumulate != 0,
-                                 emu_publish_a(a), a});
-}
-__device__ __forceinline__ void wgmma_rowsum_rs(int (&d)[MT][RS_REGS], const u32 (&a)[4], u64 db,
-                                                int accumulate) {
-  emu_wg_open.push_back(EmuWgmma{&d[0][0], 4, 0, db, false, accumulate != 0, emu_publish_a(a),
-                                 a});
-}
 // m64n(N+16)k256 (ROWSUM_COLS): the weights' N columns, then 16 more B rows (ones, zeros)
 // into rs[0][0..7]; B row r lies SBO (256 B) per 8 rows on, so rows N.. are the B operand
 // N * 32 bytes on.
@@ -330,15 +268,6 @@ __device__ __forceinline__ void wgmma_planes_ones(int (&d)[P_BITS][MT][NT][4],
   emu_wg_open.push_back(EmuWgmma{&rs[0][0], 8, da, desc_offset(db, P_BITS * WN * 2), false,
                                  accumulate != 0});
 }
-__device__ __forceinline__ void wgmma_planes_ones_rs(int (&d)[P_BITS][MT][NT][4],
-                                                     int (&rs)[MT][RS_REGS], const u32 (&a)[4],
-                                                     u64 db, int accumulate) {
-  const long long seq = emu_publish_a(a);  // one issue: both parts read the same registers
-  emu_wg_open.push_back(EmuWgmma{&d[0][0][0][0], P_BITS * NT * 4, 0, db, false, accumulate != 0,
-                                 seq, a});
-  emu_wg_open.push_back(EmuWgmma{&rs[0][0], 8, 0, desc_offset(db, P_BITS * WN * 2), false,
-                                 accumulate != 0, seq, a});
-}
 """
 
 HOST_MAIN = r"""
@@ -348,7 +277,7 @@ extern "C" int emu_run(int which, const u32* x, const u32* w, void* out, const i
                        const int* vrows,
                        int grid_x, int grid_y, int grid_z, int nthreads, long long smem_bytes) {
   if (smem_bytes > EMU_SMEM_BYTES || nthreads > 512 || nthreads % 32) return -1;
-  emu_block_end = EMU_BLOCK_END;
+  emu_block_end = emu_named_idle;
   emu_blocks_ok = true;
   emu_run_blocks(nthreads, grid_x, grid_y, grid_z, (unsigned char*)smem, smem_bytes,
                  sizeof(smem), [&] {
@@ -377,9 +306,7 @@ def host_source(wl: Workload, config: Config) -> str:
         text = text.replace(regions[1], WGMMA_PRIMITIVES, 1)
     if re.search(r"\basm\b", text):
         raise RuntimeError("inline PTX left outside the device-primitive regions")
-    end = "emu_wgmma_block_end" if want == 2 else "emu_named_idle"
     head = (f"#define EMU_SMEM_BYTES {SMEM_LIMIT}\n#define EMU_MAIN {kernel_name(config)}\n"
-            f"#define EMU_BLOCK_END {end}\n"
             f"#define EMU_A_S8 {int(s8_atype(wl) == 's8')}\n")
     return HOST_INCLUDES + head + HOST_THREADS + HOST_INTRINSICS + text + HOST_MAIN
 

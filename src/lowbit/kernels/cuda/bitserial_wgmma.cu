@@ -22,8 +22,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
   const int halo_row0 = HALO ? halo_load(x, halo, m0, (int)threadIdx.x, BLOCK_THREADS) : 0;
   if constexpr (SLICES > 1 && !HALO) __syncthreads();  // the ones tile, for every slice
 
-  const FragRows fr = A_REGS ? frag_rows(m0, wg_m * 64 + (warp & 3) * 16, lane, halo_row0) : FragRows{};
-
   Acc acc;
   RowSum rsum;
   zero_acc(acc, rsum);
@@ -36,43 +34,18 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     if (k0 + s < k1) load_stage(x, w, stages + s * STAGE_WORDS, ar, n0, k0 + s, tid, halo, halo_row0);
     copy_commit();
   }
-  // stage kt landed everywhere, every warpgroup's wgmma of kt-2 has retired, and the copies of
-  // stage kt + STAGES - 2 are issued
-  auto stage_top = [&](int kt) {
+  for (int kt = k0; kt < k1; ++kt) {
     copy_wait<STAGES - 3>();
     fence_proxy_async();
-    tile_sync();
-    const int next = kt + STAGES - 2;
-    if (next < k1)
-      load_stage(x, w, stages + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
-    copy_commit();
-  };
-  if constexpr (A_REGS) {
-    // two A register sets in turn: stage kt's MMAs read `cur` while stage kt + 1's fragments
-    // are loaded into `next` (their LDS latency behind the MMAs), once the wait has retired
-    // stage kt - 1's MMAs, which read `next`. ptxas does not see register-A wgmma reads (one
-    // set reloaded every stage gave wrong results on an H100), so a set is held live up to
-    // the wait that retires its MMAs.
-    AFrags fa = {}, fb = {};
-    if (k0 < k1) load_stage_frags(fa, halo, fr, k0, lane);
-    auto step = [&](int kt, const AFrags& cur, AFrags& next) {
-      stage_top(kt);
-      wgmma_stage_regs(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_n, kt > k0,
-                       cur);
-      wgmma_wait<1>();
-      hold_registers(next);
-      if (kt + 1 < k1) load_stage_frags(next, halo, fr, kt + 1, lane);
-    };
-    for (int kt = k0; kt < k1; kt += 2) {
-      step(kt, fa, fb);
-      if (kt + 1 < k1) step(kt + 1, fb, fa);
+    tile_sync();  // stage kt landed everywhere; every warpgroup's wgmma of kt-2 has retired
+    {
+      const int next = kt + STAGES - 2;
+      if (next < k1)
+        load_stage(x, w, stages + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
+      copy_commit();
     }
-  } else {
-    for (int kt = k0; kt < k1; ++kt) {
-      stage_top(kt);
-      wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, kt > k0);
-      wgmma_wait<1>();
-    }
+    wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, kt > k0);
+    wgmma_wait<1>();
   }
   wgmma_wait<0>();
   copy_wait<0>();

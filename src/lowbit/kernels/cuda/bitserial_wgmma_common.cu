@@ -26,7 +26,6 @@ __device__ __forceinline__ u64 desc_offset(u64 desc, int units, int lbo = 0) {
   const u32 lo = (u32)desc + (u32)units + ((u32)lbo << 16);
   return ((desc >> 32) << 32) | lo;
 }
-typedef u32 AFrags[KT][Q_BITS][4];  // A_REGS: one stage's A fragments (k slab, plane)
 // <device-primitives> (bitserial_emu.py replaces this region with host versions)
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -36,15 +35,6 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 // cp.async writes shared memory through the generic proxy; wgmma reads it through the async one.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-// The registers of `a` live (unchanged) up to here: an empty asm that reads them.
-__device__ __forceinline__ void hold_registers(const AFrags& a) {
-#pragma unroll
-  for (int ks = 0; ks < KT; ++ks)
-#pragma unroll
-    for (int i = 0; i < Q_BITS; ++i)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) asm volatile("" :: "r"(a[ks][i][r]));
 }
 // </device-primitives>
 
@@ -94,85 +84,6 @@ __device__ __forceinline__ void wgmma_stage(Acc& acc, RowSum& rsum, const u32* s
     }
   }
   wgmma_commit();
-}
-
-// ---- A_REGS: the A operand in registers, loaded from the halo slab ----
-// The gather of im2col stage tiles from the halo (shared -> registers -> shared) and the wgmma
-// reading them back took 3.3 of 7.9 us of the APNN-TC conv (apconv_probe "no_gather", H100):
-// the block's shared-memory traffic, not its copies from L2, set its time. Register A reads
-// each fragment word from the halo once.
-
-// This thread's two A rows of its warp (rows 16 w + g and + 8 of the warpgroup's 64, lane
-// g t4): the halo pixel of each row's window origin (before the slab for a padded row) and the
-// origin's input row and column for the bounds test (rows past M fail it).
-struct FragRows {
-  int pix[2], ih0[2], iw0[2];
-};
-__device__ __forceinline__ FragRows frag_rows(i64 m0, int row0, int lane, int halo_row0) {
-  FragRows fr;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int m = (int)m0 + row0 + (lane >> 2) + 8 * h;
-    const int qo = m % Q_OUT, t = m / Q_OUT, po = t % P_OUT;
-    const bool ok = m < M_ROWS;
-    fr.ih0[h] = ok ? po * STRIDE - PAD : -(1 << 28);
-    fr.iw0[h] = qo * STRIDE - PAD;
-    fr.pix[h] = ok ? ((t / P_OUT) * H + fr.ih0[h] - halo_row0) * W + fr.iw0[h] : 0;
-  }
-  return fr;
-}
-// The A fragment of k slab `slab` (im2col words 8 slab .. + 7, inside one tap: CW % 8 == 0) in
-// one activation plane of the halo: a[h] = word t4 of row h, a[2 + h] = word 4 + t4, zeros
-// outside the image or past KW (the m16n8k256 fragment of this warp's 16 rows).
-__device__ __forceinline__ void load_a_frag(u32 (&a)[4], const u32* plane, const FragRows& fr,
-                                            int slab, int lane) {
-  const int kw = slab * 8, tap = kw / CW, cw = kw - tap * CW;
-  const int r = tap / S, s = tap - r * S;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const bool valid = kw < KW && (unsigned)(fr.ih0[h] + r) < (unsigned)H
-                       && (unsigned)(fr.iw0[h] + s) < (unsigned)W;
-    // chunks cw / 4 (even) and cw / 4 + 1 of the pixel: swizzled, one offset bit apart
-    const int off = valid ? halo_chunk(fr.pix[h] + r * W + s, cw / 4) + (lane & 3) : 0;
-    a[h] = valid ? plane[off] : 0u;
-    a[2 + h] = valid ? plane[off ^ 4] : 0u;
-  }
-}
-// Every A fragment of stage kt into `a` (KT slabs x activation planes).
-__device__ __forceinline__ void load_stage_frags(AFrags& a, const u32* halo, const FragRows& fr,
-                                                 int kt, int lane) {
-#pragma unroll
-  for (int ks = 0; ks < KT; ++ks)
-#pragma unroll
-    for (int i = 0; i < Q_BITS; ++i) load_a_frag(a[ks][i], halo + i * HALO_WORDS, fr, kt * KT + ks, lane);
-}
-// wgmma_stage with A from registers `a` (loaded by load_stage_frags; they must stay untouched
-// until the group has retired): fenced first (wgmma reads registers written before
-// wgmma.fence), then the MMAs issue as one group.
-// (A body under `if constexpr`: the register-A wrappers exist only in A_REGS renders.)
-__device__ __forceinline__ void wgmma_stage_regs(Acc& acc, RowSum& rsum, const u32* stage,
-                                                 const u32* ones, int wg_n, bool accumulate,
-                                                 const AFrags& a) {
-  if constexpr (A_REGS) {
-    const u32* sb = stage + wg_n * (P_BITS * WN) * 8;
-    const u64 dones = ROWSUM_ONES_TILE ? smem_desc(ones) : 0;
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < KT; ++ks) {
-      const u64 db = smem_desc(sb + ks * B_ROWS * 8);
-#pragma unroll
-      for (int i = 0; i < Q_BITS; ++i) {
-        const int acc_in = ks > 0 || accumulate;
-        if constexpr (ROWSUM_COLS) {
-          wgmma_planes_ones_rs(acc[i], rsum[i], a[ks][i], db, acc_in);
-        } else {
-          wgmma_planes_rs(acc[i], a[ks][i], db, acc_in);
-          if constexpr (ROWSUM_ONES_TILE) wgmma_rowsum_rs(rsum[i], a[ks][i], dones, acc_in);
-        }
-      }
-    }
-    wgmma_commit();
-  }
 }
 
 // The 256-byte tile of ones the row-sum wgmma multiplies with (ROWSUM_ONES_TILE), filled once.

@@ -20,7 +20,6 @@ from pathlib import Path
 HOST_INCLUDES = """#include <atomic>
 #include <barrier>
 #include <condition_variable>
-#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
