@@ -132,7 +132,8 @@ def test_three_warpgroup_rows_are_wgmma_without_tap_shift():
 def test_wide_one_tile_rows_take_one_accumulator_plane():
     """BM=192 x BN=WN=256 one-tile wgmma blocks (132 accumulator registers, 384 threads) are in
     the space for binary weights and activations, where ptxas fits them in 168 registers with
-    a few bytes of spill (OTHER_REGS_WGMMA_TILE), and not with two activation planes or as
+    a few bytes of spill (OTHER_REGS_WGMMA_TILE), and for two-bit activations with the planes
+    fused into one accumulator (136 registers), not with two accumulator planes or as
     persistent blocks."""
     b1 = Precision(1, "binary")
     wl = conv(b1, b1, EPILOGUES[5], N=4, H=7, W=7, C=512, K=512)
@@ -143,8 +144,13 @@ def test_wide_one_tile_rows_take_one_accumulator_plane():
     assert space.is_valid(cfg), space.why_invalid(cfg)
     assert "spill" in space.why_invalid(cfg.replace(PERSIST=1, STAGES=6))
     w1a2 = conv(b1, Precision(2), EPILOGUES[1], N=4, H=7, W=7, C=512, K=512)
-    assert "register file" in BITSERIAL.space(w1a2, bitserial.WGMMA_ARCH).why_invalid(
+    w1a2_space = BITSERIAL.space(w1a2, bitserial.WGMMA_ARCH)
+    assert "register file" in w1a2_space.why_invalid(
         cfg.replace(BM=192, BN=128, WN=128, REQUANT="threshold"))
+    fused = cfg.replace(REQUANT="threshold", FUSE_PLANES=1)
+    assert bitserial.acc_regs(w1a2, fused) == 136
+    assert w1a2_space.is_valid(fused), w1a2_space.why_invalid(fused)
+    assert "accumulator registers" in w1a2_space.why_invalid(fused.replace(FUSE_PLANES=0))
 
 
 def test_wide_one_tile_default_only_where_it_fills_the_gpu():
@@ -180,6 +186,27 @@ def test_k_slices_only_in_small_one_tile_wgmma_grids():
             BM=64, BN=32, WN=32, SLICES=2, KT=1))
     big = conv(b1, u2, EPILOGUES[1], N=64, H=56, W=56, C=64, K=64)
     assert BITSERIAL.space(big, bitserial.WGMMA_ARCH).knob("SLICES").values == (1,)
+
+
+def test_small_grid_default_splits_long_reductions():
+    """Where the preferred wgmma default leaves most SMs idle and the reduction is long, the
+    default is a one-warpgroup 64-row block wide enough for half a wave, with two k slices and
+    (convs) the halo load; short reductions and full grids keep the preferred default."""
+    b1, u2 = Precision(1, "binary"), Precision(2)
+    arch = bitserial.WGMMA_ARCH
+
+    def default(wl):
+        cfg = BITSERIAL.default_config(wl, "wgmma", arch=arch)
+        assert cfg in BITSERIAL.space(wl, arch)
+        return (cfg["BM"], cfg["BN"], cfg["KT"], cfg["HALO"], cfg["SLICES"])
+
+    apconv = conv(b1, u2, EPILOGUES[1], N=1, H=16, W=16, C=1024, K=1024)
+    assert default(apconv) == (64, 32, 2, 1, 2)  # 4 x 32 tiles of 64 x 32
+    assert default(gemm(b1, u2, EPILOGUES[1], M=128, N=4096, K=4096)) == (64, 64, 1, 0, 2)
+    assert default(gemm(b1, u2, EPILOGUES[1], M=8, N=4096, K=4096)) == (64, 32, 1, 0, 2)
+    short = gemm(b1, u2, EPILOGUES[1], M=64, N=1024, K=1024)  # 4 k tiles
+    assert default(short)[4] == 1
+    assert default(conv(b1, u2, EPILOGUES[1], N=256, H=14, W=14, C=256, K=256))[4] == 1
 
 
 def test_wgmma_only_on_sm90a():

@@ -75,12 +75,15 @@ from .tap_shift import unsupported_reason as shift_unsupported_reason
 MAX_BITS = 4          # per operand; wider precisions belong to the int8 path
 MAX_ACC_REGS = 160    # int32 accumulators per thread (p*q plane pairs share the register file)
 OTHER_REGS = 48       # registers besides the accumulators (fragments, addresses), estimated
-# One-tile wgmma blocks without tap-shift and with one accumulator plane (w1a1) keep fewer:
-# ptxas (NVRTC 13.0, sm_90a) fits BM=192, BN=WN=256 (132 accumulator registers, 384 threads) in
-# 168 registers with 12-32 bytes of spill, and that block ran 1.14-1.5x faster than every
-# config inside the 48-register estimate on ResNet-50 s4 / s5 w1a1 (NOTES.md, "Wide one-tile
-# blocks"). Blocks of several planes that the smaller estimate would admit spill 76-232 bytes.
-OTHER_REGS_WGMMA_TILE = 36
+# One-tile wgmma blocks without tap-shift and with one accumulator plane (w1a1, or two-bit
+# activations with FUSE_PLANES) keep fewer: ptxas (NVRTC 13.0, sm_90a) fits BM=192, BN=WN=256
+# (132 accumulator registers with w1a1's row sums, 136 with fused w1a2's, 384 threads) in 168
+# registers with 12-32 (w1a1) and 132-152 (fused w1a2, without the halo) bytes of spill. The
+# w1a1 block ran 1.14-1.5x faster than every config inside the 48-register estimate on
+# ResNet-50 s4 / s5 (NOTES.md, "Wide one-tile blocks"), the fused w1a2 one 9% faster than the
+# best committed config on s5 and 1.4% on GEMM 4096 (12% slower on s4). Blocks of several
+# accumulator planes that the smaller estimate would admit spill 76-232 bytes.
+OTHER_REGS_WGMMA_TILE = 32
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
 MAX_SMEM = 160 * 1024  # bytes of dynamic shared memory a config may use (sm_80: 163 KB)
 MAX_COPY_ITERS = 16   # copy chunks per thread per stage (row index registers)
@@ -854,8 +857,8 @@ def _constraints(wl: Workload) -> list:
         n = acc_regs(wl, c)
         if n > MAX_ACC_REGS:
             return f"{n} accumulator registers > {MAX_ACC_REGS}"
-        lean = (c["MMA"] == "wgmma" and not c["PERSIST"] and not tap_shift(c)
-                and planes(wl) == (1, 1))
+        one_plane = (1 if fuse_planes(c) else planes(wl)[0]) * planes(wl)[1] == 1
+        lean = c["MMA"] == "wgmma" and not c["PERSIST"] and not tap_shift(c) and one_plane
         n += OTHER_REGS_WGMMA_TILE if lean else OTHER_REGS
         if threads(c) * n > REGISTER_FILE:
             return f"{threads(c)} threads x {n} registers exceed the register file"
@@ -1016,6 +1019,30 @@ DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma"
                       for d in _WGMMA_DEFAULTS]}
 
 
+# Small grids with long reductions (the preferred default under half a wave of tiles, at
+# least SMALL_GRID_K_TILES k tiles): one-warpgroup 64-row blocks, the widest BN of 64 or 32
+# that still makes half a wave, the k tiles in two slices, and on convs the halo load with
+# KT=2. Measured on an H100 (bitserial-20261125-210302.json): the APNN-TC conv 5.7 (w1a1) and
+# 7.6 us (w1a2) against 15.9 and 13.8 for the preferred default, fc_b128 4.4 and 5.3 against
+# 7.6 and 7.3; with 4 k tiles (fc_b64) the preferred 64 x 64 default stays (2.2 against 2.6).
+SMALL_GRID_K_TILES = 8
+
+
+def small_grid_default(wl: Workload, cfg: Config, space: ConfigSpace) -> Config:
+    """`cfg` (a wgmma default), or the small-grid default above where it applies."""
+    if (math.prod(tile_grid(wl, cfg)) >= NUM_SMS // 2
+            or k_tiles(wl, cfg.replace(KT=1)) < SMALL_GRID_K_TILES):
+        return cfg
+    for bn in (64, 32):
+        for halo in (1, 0):
+            small = cfg.replace(BM=64, BN=bn, WM=64, WN=bn, KT=2 if halo else 1, STAGES=4,
+                                HALO=halo, SLICES=2, PERSIST=0)
+            if space.is_valid(small) and (
+                    bn == 32 or math.prod(tile_grid(wl, small)) >= NUM_SMS // 2):
+                return small
+    return cfg
+
+
 def target_arch() -> str:
     """The arch a space is for when none is named: the current GPU's, else NVRTC's default."""
     return device_arch() if torch.cuda.is_available() else DEFAULT_ARCH
@@ -1075,7 +1102,8 @@ class BitserialTemplate(KernelTemplate):
         wgmma on sm_90a, else mma.sync), requantizing by thresholds where the output allows.
         Measured on an H100 (BENCHMARKS.md, 2026-11-23 third session): these wgmma defaults
         with REQUANT="threshold" ran 1.3-2.1x faster than the mma.sync ones on every GEMM and
-        ResNet-50 row, and the threshold twin won every row of both kinds."""
+        ResNet-50 row, and the threshold twin won every row of both kinds. wgmma defaults on
+        small grids with long reductions: `small_grid_default`."""
         arch = arch or target_arch()
         mma = mma or ("wgmma" if arch == WGMMA_ARCH else "mma_sync")
         space = self.space(workload, arch)
@@ -1085,7 +1113,7 @@ class BitserialTemplate(KernelTemplate):
             cfg = Config(d).replace(REQUANT=requant)
             if space.is_valid(cfg) and acc_regs(workload, d) <= limit and (
                     d["BM"] != 192 or math.prod(tile_grid(workload, d)) >= NUM_SMS):
-                return cfg
+                return small_grid_default(workload, cfg, space) if mma == "wgmma" else cfg
         fallback = [c for c in space.all_configs() if c["MMA"] == mma]
         if not fallback:
             raise ValueError(f"no {mma} config of {self.name} for {workload.key} on {arch}")
