@@ -324,12 +324,13 @@ def with_twins(wl: Workload, configs: list[Config]) -> list[Config]:
 
 def listed_configs(wl: Workload, listed: list[dict], name: str, prec: str) -> list[Config]:
     """The valid configs of `listed` ({workload, precision, config}: knob overrides of the
-    wgmma default) for this row; an invalid one is reported and left out."""
+    plain wgmma default, `plain_config`) for this row; an invalid one is reported and left
+    out."""
     space, out = BITSERIAL.space(wl), []
     for entry in listed:
         if (entry["workload"], entry["precision"]) != (name, prec):
             continue
-        cfg = BITSERIAL.default_config(wl, "wgmma").replace(**entry["config"])
+        cfg = BITSERIAL.plain_config(wl, "wgmma").replace(**entry["config"])
         why = space.why_invalid(cfg)
         if why is None:
             out.append(cfg)
@@ -397,7 +398,7 @@ def main() -> None:
                     help="how many of each earlier row's fastest configs --configs re-times")
     ap.add_argument("--extra-configs", type=Path, default=None,
                     help="JSON list of {workload, precision, config}: each config (knob "
-                         "overrides of the row's wgmma default) is timed too, as listed")
+                         "overrides of the row's plain wgmma default) is timed too, as listed")
     ap.add_argument("--focus", action="store_true",
                     help="time only the default config and the --configs ones with twins")
     args = ap.parse_args()

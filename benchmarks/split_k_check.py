@@ -71,7 +71,7 @@ def main() -> None:
     for wl, mma, changes in SPLIT_CASES:
         if mma == "wgmma" and arch != bitserial.WGMMA_ARCH:
             continue
-        base = BITSERIAL.default_config(wl, mma).replace(**changes)
+        base = BITSERIAL.plain_config(wl, mma).replace(**changes)
         variants = [base, base.replace(SPLIT_K=1)]
         if mma == "wgmma":
             variants += [base.replace(STAGES=4), base.replace(STAGES=3)]

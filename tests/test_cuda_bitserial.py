@@ -110,7 +110,7 @@ def test_persistent_wgmma_blocks_of_four_warpgroups_hold_one_accumulator_plane()
     for a_prec, ok in ((b1, True), (u2, False)):
         wl = conv(b1, a_prec, EPILOGUES[1], N=4, H=14, W=14, C=256, K=256)
         space = BITSERIAL.space(wl, bitserial.WGMMA_ARCH)
-        cfg = BITSERIAL.default_config(wl, "wgmma", arch=bitserial.WGMMA_ARCH).replace(
+        cfg = BITSERIAL.plain_config(wl, "wgmma", arch=bitserial.WGMMA_ARCH).replace(
             BM=256, BN=128, WN=128, PERSIST=1, KT=1, STAGES=4)
         assert bitserial.threads(cfg) == 512
         assert space.is_valid(cfg) == ok, space.why_invalid(cfg)
@@ -123,7 +123,7 @@ def test_three_warpgroup_rows_are_wgmma_without_tap_shift():
     space = BITSERIAL.space(wl, bitserial.WGMMA_ARCH)
     bm192 = [c for c in space if c["BM"] == 192]
     assert bm192 and all(c["MMA"] == "wgmma" and not c["TAP_SHIFT"] for c in bm192)
-    cfg = BITSERIAL.default_config(wl, "wgmma", arch=bitserial.WGMMA_ARCH).replace(
+    cfg = BITSERIAL.plain_config(wl, "wgmma", arch=bitserial.WGMMA_ARCH).replace(
         BM=192, BN=128, WN=128)
     assert space.is_valid(cfg) and bitserial.threads(cfg) == 384
     assert "BM=192" in space.why_invalid(cfg.replace(TAP_SHIFT=1, KT=1, STAGES=3))
@@ -138,7 +138,7 @@ def test_wide_one_tile_rows_take_one_accumulator_plane():
     b1 = Precision(1, "binary")
     wl = conv(b1, b1, EPILOGUES[5], N=4, H=7, W=7, C=512, K=512)
     space = BITSERIAL.space(wl, bitserial.WGMMA_ARCH)
-    cfg = BITSERIAL.default_config(wl, "wgmma", arch=bitserial.WGMMA_ARCH).replace(
+    cfg = BITSERIAL.plain_config(wl, "wgmma", arch=bitserial.WGMMA_ARCH).replace(
         BM=192, BN=256, WN=256, KT=1, STAGES=4, HALO=0)
     assert bitserial.acc_regs(wl, cfg) == 132 and bitserial.threads(cfg) == 384
     assert space.is_valid(cfg), space.why_invalid(cfg)
@@ -155,14 +155,42 @@ def test_wide_one_tile_rows_take_one_accumulator_plane():
 
 def test_wide_one_tile_default_only_where_it_fills_the_gpu():
     """The w1a1 wgmma default is the 192 x 256 block on grids of at least one such tile per SM
-    (ResNet-50 s5 at batch 256: 66 x 2), and a smaller default below that (batch 16)."""
-    b1 = Precision(1, "binary")
+    (ResNet-50 s5 at batch 256: 66 x 2), and a smaller default below that (batch 16); w1a2's
+    is the same block with its activation planes fused, signed two-bit activations (which
+    cannot fuse) keep a smaller one."""
+    b1, u2, s2 = Precision(1, "binary"), Precision(2), Precision(2, "signed")
+    arch = bitserial.WGMMA_ARCH
     for n, wide in ((256, True), (16, False)):
-        wl = conv(b1, b1, EPILOGUES[5], N=n, H=7, W=7, C=512, K=512)
-        cfg = BITSERIAL.default_config(wl, "wgmma", arch=bitserial.WGMMA_ARCH)
-        assert ((cfg["BM"], cfg["BN"]) == (192, 256)) == wide, dict(cfg)
-    u2 = conv(b1, Precision(2), EPILOGUES[1], N=256, H=7, W=7, C=512, K=512)
-    assert BITSERIAL.default_config(u2, "wgmma", arch=bitserial.WGMMA_ARCH)["BM"] != 192
+        for a_prec in (b1, u2):
+            wl = conv(b1, a_prec, EPILOGUES[5 if a_prec is b1 else 1], N=n, H=7, W=7, C=512,
+                      K=512)
+            cfg = BITSERIAL.default_config(wl, "wgmma", arch=arch)
+            assert ((cfg["BM"], cfg["BN"]) == (192, 256)) == wide, dict(cfg)
+            assert cfg["FUSE_PLANES"] == int(wide and a_prec is u2)
+    signed = conv(b1, s2, EPILOGUES[1], N=256, H=7, W=7, C=512, K=512)
+    assert BITSERIAL.default_config(signed, "wgmma", arch=arch)["BM"] != 192
+
+
+def test_tap_shift_default_on_narrow_convs_that_fill_the_gpu():
+    """Convs of at most 128 output channels that the tap-shift kernel runs get its persistent
+    128-row blocks (ones columns for binary weights) where they make a tile per SM; wider
+    convs, small grids and unsupported shapes (stride 2) keep the stage kernels."""
+    b1, u2 = Precision(1, "binary"), Precision(2)
+    arch = bitserial.WGMMA_ARCH
+
+    def default(wl):
+        cfg = BITSERIAL.default_config(wl, "wgmma", arch=arch)
+        assert cfg in BITSERIAL.space(wl, arch)
+        return cfg
+
+    s2 = default(conv(b1, u2, EPILOGUES[1], N=256, H=56, W=56, C=64, K=64))
+    assert (s2["TAP_SHIFT"], s2["PERSIST"], s2["BN"], s2["ROWSUM"]) == (1, 1, 64, "cols")
+    s3 = default(conv(b1, u2, EPILOGUES[1], N=256, H=28, W=28, C=128, K=128))
+    assert (s3["TAP_SHIFT"], s3["BN"], s3["ROWSUM"]) == (1, 128, "mma")
+    assert not default(conv(b1, u2, EPILOGUES[1], N=256, H=14, W=14, C=256, K=256))["TAP_SHIFT"]
+    assert not default(conv(b1, u2, EPILOGUES[1], N=1, H=8, W=8, C=64, K=64))["TAP_SHIFT"]
+    assert not default(conv(b1, u2, EPILOGUES[1], N=256, H=56, W=56, C=64, K=64,
+                            stride=2))["TAP_SHIFT"]
 
 
 def test_k_slices_only_in_small_one_tile_wgmma_grids():
@@ -172,7 +200,7 @@ def test_k_slices_only_in_small_one_tile_wgmma_grids():
     b1, u2 = Precision(1, "binary"), Precision(2)
     wl = conv(b1, u2, EPILOGUES[1], N=1, H=16, W=16, C=1024, K=1024)  # the APNN-TC conv
     space = BITSERIAL.space(wl, bitserial.WGMMA_ARCH)
-    cfg = BITSERIAL.default_config(wl, "wgmma", arch=bitserial.WGMMA_ARCH).replace(
+    cfg = BITSERIAL.plain_config(wl, "wgmma", arch=bitserial.WGMMA_ARCH).replace(
         BM=64, BN=32, WN=32, KT=1, STAGES=4, HALO=1, SLICES=4)
     assert space.is_valid(cfg), space.why_invalid(cfg)
     assert bitserial.threads(cfg) == 512
@@ -182,7 +210,7 @@ def test_k_slices_only_in_small_one_tile_wgmma_grids():
     assert BITSERIAL.space(wl, "sm_80").knob("SLICES").values == (1,)
     gemm_small_k = gemm(b1, u2, EPILOGUES[1], M=128, N=128, K=768)  # 3 k tiles
     assert "two of the 3 k tiles" in BITSERIAL.space(gemm_small_k, "sm_90a").why_invalid(
-        BITSERIAL.default_config(gemm_small_k, "wgmma", arch="sm_90a").replace(
+        BITSERIAL.plain_config(gemm_small_k, "wgmma", arch="sm_90a").replace(
             BM=64, BN=32, WN=32, SLICES=2, KT=1))
     big = conv(b1, u2, EPILOGUES[1], N=64, H=56, W=56, C=64, K=64)
     assert BITSERIAL.space(big, bitserial.WGMMA_ARCH).knob("SLICES").values == (1,)
@@ -329,7 +357,7 @@ SPLIT_CASES = [  # (workload, MMA, knob changes): split-K with every kind of epi
 
 
 def _split_config(wl, mma, changes, arch):
-    cfg = BITSERIAL.default_config(wl, mma, arch=arch).replace(**changes)
+    cfg = BITSERIAL.plain_config(wl, mma, arch=arch).replace(**changes)
     assert BITSERIAL.space(wl, arch).is_valid(cfg), (wl.key, dict(cfg))
     return cfg
 
@@ -370,11 +398,11 @@ def test_halo_constraints():
     space = BITSERIAL.space(wl, "sm_90a")
     base = BITSERIAL.default_config(wl, arch="sm_90a")
     assert space.is_valid(base.replace(HALO=1))
-    assert space.is_valid(BITSERIAL.default_config(wl, "wgmma", arch="sm_90a").replace(HALO=1))
+    assert space.is_valid(BITSERIAL.plain_config(wl, "wgmma", arch="sm_90a").replace(HALO=1))
     assert "PERSIST=0" in space.why_invalid(base.replace(HALO=1, PERSIST=1))
     g = gemm(Precision(1, "binary"), Precision(2), EPILOGUES[0])
     assert "1x1" in BITSERIAL.space(g, "sm_90a").why_invalid(
-        BITSERIAL.default_config(g, arch="sm_90a").replace(HALO=1))
+        BITSERIAL.plain_config(g, arch="sm_90a").replace(HALO=1))
     assert bitserial.smem_bytes(wl, base.replace(HALO=1)) > bitserial.smem_bytes(wl, base)
     assert "constexpr int HALO = 1;" in bitserial.render(wl, base.replace(HALO=1))
 
@@ -391,7 +419,7 @@ def _config(wl, variant):
     mma, persist, swizzle = variant
     if mma == "wgmma" and bitserial.device_arch() != bitserial.WGMMA_ARCH:
         return None
-    return BITSERIAL.default_config(wl, mma).replace(PERSIST=persist, SWIZZLE=swizzle,
+    return BITSERIAL.plain_config(wl, mma).replace(PERSIST=persist, SWIZZLE=swizzle,
                                                      REQUANT="multiply")
 
 
@@ -692,13 +720,13 @@ def test_nvrtc_compiles_rowsum_table_configs(arch, tmp_path, monkeypatch):
     wl = conv(Precision(1, "binary"), Precision(2), EPILOGUES[1], **ROWSUM_SHAPES[0])
     mmas = ("mma_sync", "wgmma") if arch == "sm_90a" else ("mma_sync",)
     for mma in mmas:
-        cfg = BITSERIAL.default_config(wl, mma, arch=arch).replace(ROWSUM="table")
+        cfg = BITSERIAL.plain_config(wl, mma, arch=arch).replace(ROWSUM="table")
         kernel = BITSERIAL.build(wl, cfg, arch=arch)
         assert kernel._xpop.cubin[:4] == b"\x7fELF"
         assert bitserial.side_tables(wl, kernel.config, "cpu")[1] is not None  # xpop filled
     with pytest.raises(ValueError, match="ROWSUM='table' not in"):  # no binary weights
         plain = conv(Precision(2), Precision(2), EPILOGUES[1])
-        BITSERIAL.build(plain, BITSERIAL.default_config(plain, arch=arch).replace(ROWSUM="table"),
+        BITSERIAL.build(plain, BITSERIAL.plain_config(plain, arch=arch).replace(ROWSUM="table"),
                         arch=arch)
 
 
@@ -733,12 +761,12 @@ def test_nvrtc_compiles_threshold_configs(arch, tmp_path, monkeypatch):
     wl = conv(Precision(1, "binary"), Precision(1, "binary"), EPILOGUES[5], **ROWSUM_SHAPES[1])
     mmas = ("mma_sync", "wgmma") if arch == "sm_90a" else ("mma_sync",)
     for mma in mmas:
-        cfg = BITSERIAL.default_config(wl, mma, arch=arch).replace(REQUANT="threshold")
+        cfg = BITSERIAL.plain_config(wl, mma, arch=arch).replace(REQUANT="threshold")
         assert "OUT_THRESH = 1;" in BITSERIAL.build(wl, cfg, arch=arch).source
     for epi in (EPILOGUES[4], EPILOGUES[0]):  # 3-bit planes, int32: no thresholds
         plain = conv(Precision(2), Precision(2), epi)
         with pytest.raises(ValueError, match="REQUANT='threshold' not in"):
-            BITSERIAL.build(plain, BITSERIAL.default_config(plain, arch=arch)
+            BITSERIAL.build(plain, BITSERIAL.plain_config(plain, arch=arch)
                             .replace(REQUANT="threshold"), arch=arch)
 
 
@@ -752,7 +780,7 @@ def test_threshold_table_is_padded_for_unguarded_pair_loads():
     epi = Epilogue(bias=True, relu=True, out=Precision(2, "signed"), out_layout=BP)
     wl = conv(Precision(1, "binary"), Precision(2), epi, K=37)
     params = random_inputs(wl, 3)[2]
-    cfg = BITSERIAL.default_config(wl, arch="sm_90a").replace(REQUANT="threshold")
+    cfg = BITSERIAL.plain_config(wl, arch="sm_90a").replace(REQUANT="threshold")
     table = bitserial.epilogue_thresholds(wl, cfg, params)
     want = requant_thresholds(epi, params)
     assert table.shape == (bitserial.wsum_columns(bitserial.conv_shape(wl)), 4)
@@ -817,7 +845,7 @@ def test_bit_exact_wide_one_tile_rows(combo):
     space = BITSERIAL.space(wl)
     for changes in ({"HALO": 0, "STAGES": 4}, {"HALO": int(combo < 3), "STAGES": 6},
                     {"HALO": 0, "STAGES": 6, "REQUANT": "multiply"}):
-        cfg = BITSERIAL.default_config(wl, "wgmma").replace(BM=192, BN=256, WN=256, KT=1,
+        cfg = BITSERIAL.plain_config(wl, "wgmma").replace(BM=192, BN=256, WN=256, KT=1,
                                                             **changes)
         assert space.is_valid(cfg), space.why_invalid(cfg)
         _assert_exact(wl, cfg, seed=combo)
@@ -839,7 +867,7 @@ def test_bit_exact_k_slices(wb, ab):
               if combo % 2 == 0 else gemm(w_prec, a_prec, epi, M=100, N=70, K=2900))
         space = BITSERIAL.space(wl)
         for sl, halo in ((2, combo % 2 == 0), (4, False)):
-            cfg = BITSERIAL.default_config(wl, "wgmma").replace(
+            cfg = BITSERIAL.plain_config(wl, "wgmma").replace(
                 BM=64, BN=32, WN=32, KT=1, STAGES=4, HALO=int(halo), SLICES=sl)
             assert space.is_valid(cfg), space.why_invalid(cfg)
             _assert_exact(wl, cfg, seed=combo + sl)

@@ -208,7 +208,7 @@ CASES = [
 def _config(wl, mma, changes):
     # multiplying requantization unless a case names REQUANT (the default where allowed is
     # "threshold", which the *_threshold cases cover)
-    cfg = BITSERIAL.default_config(wl, mma, arch=WGMMA_ARCH).replace(REQUANT="multiply")
+    cfg = BITSERIAL.plain_config(wl, mma, arch=WGMMA_ARCH).replace(REQUANT="multiply")
     cfg = cfg.replace(**changes)
     assert BITSERIAL.space(wl, WGMMA_ARCH).is_valid(cfg), cfg
     return cfg

@@ -82,7 +82,7 @@ def test_space_offers_tap_shift_only_where_it_runs():
                   conv(B1, U2, C=128, R=1, S=1, pad=0), gemm(B1, U2)):
         assert BITSERIAL.space(other, "sm_90a").knob("TAP_SHIFT").values == (0,)
     space = BITSERIAL.space(wl, "sm_90a")
-    cfg = BITSERIAL.default_config(wl, "wgmma", arch="sm_90a").replace(TAP_SHIFT=1, KT=1,
+    cfg = BITSERIAL.plain_config(wl, "wgmma", arch="sm_90a").replace(TAP_SHIFT=1, KT=1,
                                                                        STAGES=3)
     assert space.is_valid(cfg)
     assert "HALO" in space.why_invalid(cfg.replace(HALO=1))
@@ -101,7 +101,7 @@ def test_slab_row_sums_only_in_the_persistent_tap_shift_kernel():
     space = BITSERIAL.space(wl, "sm_90a")
     assert "slab" in space.knob("ROWSUM").values
     assert "slab" not in BITSERIAL.space(conv(S2, U2, C=128), "sm_90a").knob("ROWSUM").values
-    mma = BITSERIAL.default_config(wl, "wgmma", arch="sm_90a").replace(
+    mma = BITSERIAL.plain_config(wl, "wgmma", arch="sm_90a").replace(
         TAP_SHIFT=1, KT=1, STAGES=3, PERSIST=1, HALO=0)
     slab = mma.replace(ROWSUM="slab")
     assert space.is_valid(mma) and space.is_valid(slab)
@@ -283,7 +283,7 @@ EMU_CASES = [
 
 
 def _shift_config(wl, changes, arch=WGMMA_ARCH):
-    cfg = BITSERIAL.default_config(wl, "wgmma", arch=arch).replace(
+    cfg = BITSERIAL.plain_config(wl, "wgmma", arch=arch).replace(
         REQUANT="multiply", TAP_SHIFT=1, KT=1, STAGES=3, HALO=0, PERSIST=0).replace(**changes)
     assert BITSERIAL.space(wl, arch).is_valid(cfg), BITSERIAL.space(wl, arch).why_invalid(cfg)
     return cfg

@@ -998,6 +998,16 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
     # 1.45x faster than 128 x 256 on ResNet-50 s4 / s5 b256 (fifteenth bit-serial session);
     # default only on grids of at least one tile per SM (`default_config`)
     dict(BM=192, BN=256, WM=64, WN=256, KT=1, STAGES=4),
+    # w1a2 (unsigned two-bit activations) the same with the planes in one accumulator: ResNet-50
+    # s4 / s5 b256 23.6 / 20.0 us, GEMM 4096 53.7, against 27.7 / 26.7 / 61.6 for the
+    # 128 x 128 default below (sixteenth bit-serial session)
+    dict(BM=192, BN=256, WM=64, WN=256, KT=1, STAGES=4, FUSE_PLANES=1),
+    # persistent tap-shift blocks, for convs of at most 128 output channels (C = K = 64, 128
+    # measured: ResNet-50 s2 / s3 b256 w1a1 30.3-29.6 / 17.3-18.2 us, w1a2 46.3-48.1 / 30.7,
+    # against 45.2 / 39.0 and 73.9 / 53.8 for the defaults below), on grids of at least one
+    # tile per SM; ones columns for the row sums where the weights are binary
+    *(dict(BM=128, BN=bn, WM=64, WN=bn, KT=1, STAGES=3, PERSIST=1, TAP_SHIFT=1, ROW_TABLE=1,
+           ROWSUM=rowsum) for bn in (128, 64) for rowsum in ("cols", "mma")),
     dict(BM=128, BN=256, WM=64, WN=128, KT=1, STAGES=6),
     dict(BM=128, BN=256, WM=64, WN=256, KT=1, STAGES=6),
     dict(BM=128, BN=128, WM=64, WN=128, KT=1, STAGES=6),
@@ -1013,10 +1023,12 @@ DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma"
                               REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
                               TEAMS=1, FUSE_PLANES=0, SLICES=1)
                          for d in _MMA_SYNC_DEFAULTS],
-            "wgmma": [dict(d, PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0, ROWSUM="mma",
-                           REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
-                           TEAMS=1, FUSE_PLANES=0, SLICES=1)
+            "wgmma": [dict(dict(PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0, ROWSUM="mma",
+                                REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
+                                TEAMS=1, FUSE_PLANES=0, SLICES=1), **d)
                       for d in _WGMMA_DEFAULTS]}
+# the tap-shift defaults' limit on output channels (the widths they were measured at)
+TAP_SHIFT_DEFAULT_MAX_K = 128
 
 
 # Small grids with long reductions (the preferred default under half a wave of tiles, at
@@ -1036,7 +1048,8 @@ def small_grid_default(wl: Workload, cfg: Config, space: ConfigSpace) -> Config:
     for bn in (64, 32):
         for halo in (1, 0):
             small = cfg.replace(BM=64, BN=bn, WM=64, WN=bn, KT=2 if halo else 1, STAGES=4,
-                                HALO=halo, SLICES=2, PERSIST=0)
+                                HALO=halo, SLICES=2, PERSIST=0, TAP_SHIFT=0, TEAMS=1,
+                                ROW_TABLE=0, ROWSUM="mma")
             if space.is_valid(small) and (
                     bn == 32 or math.prod(tile_grid(wl, small)) >= NUM_SMS // 2):
                 return small
@@ -1102,8 +1115,21 @@ class BitserialTemplate(KernelTemplate):
         wgmma on sm_90a, else mma.sync), requantizing by thresholds where the output allows.
         Measured on an H100 (BENCHMARKS.md, 2026-11-23 third session): these wgmma defaults
         with REQUANT="threshold" ran 1.3-2.1x faster than the mma.sync ones on every GEMM and
-        ResNet-50 row, and the threshold twin won every row of both kinds. wgmma defaults on
-        small grids with long reductions: `small_grid_default`."""
+        ResNet-50 row, and the threshold twin won every row of both kinds. wgmma defaults by
+        regime: fused-plane wide blocks and persistent tap-shift blocks (in the preferred list),
+        small grids with long reductions (`small_grid_default`)."""
+        cfg, space, mma = self._first_default(workload, mma, arch, plain=False)
+        return small_grid_default(workload, cfg, space) if mma == "wgmma" else cfg
+
+    def plain_config(self, workload: Workload, mma: str | None = None,
+                     arch: str | None = None) -> Config:
+        """The first valid one-tile preferred config without the regime defaults (tap-shift,
+        fused planes, k slices): a stable base that tests and benchmarks build variants from
+        (`default_config` of before those regimes)."""
+        return self._first_default(workload, mma, arch, plain=True)[0]
+
+    def _first_default(self, workload: Workload, mma: str | None, arch: str | None,
+                       plain: bool) -> tuple[Config, ConfigSpace, str]:
         arch = arch or target_arch()
         mma = mma or ("wgmma" if arch == WGMMA_ARCH else "mma_sync")
         space = self.space(workload, arch)
@@ -1111,13 +1137,18 @@ class BitserialTemplate(KernelTemplate):
         limit = 128 if mma == "mma_sync" else 136  # wgmma: + row sums of w1 x a1
         for d in DEFAULTS[mma]:  # defaults keep the accumulators well inside the register file
             cfg = Config(d).replace(REQUANT=requant)
-            if space.is_valid(cfg) and acc_regs(workload, d) <= limit and (
-                    d["BM"] != 192 or math.prod(tile_grid(workload, d)) >= NUM_SMS):
-                return small_grid_default(workload, cfg, space) if mma == "wgmma" else cfg
+            regime = d["TAP_SHIFT"] or d["FUSE_PLANES"]
+            if (plain and regime) or not space.is_valid(cfg) or acc_regs(workload, d) > limit:
+                continue
+            if d["TAP_SHIFT"] and conv_shape(workload).kout > TAP_SHIFT_DEFAULT_MAX_K:
+                continue
+            if (d["BM"] == 192 or d["TAP_SHIFT"]) and math.prod(tile_grid(workload, d)) < NUM_SMS:
+                continue  # wide and persistent tap-shift blocks: one tile per SM at least
+            return cfg, space, mma
         fallback = [c for c in space.all_configs() if c["MMA"] == mma]
         if not fallback:
             raise ValueError(f"no {mma} config of {self.name} for {workload.key} on {arch}")
-        return fallback[0]
+        return fallback[0], space, mma
 
     def build(self, workload: Workload, config: Config, arch: str | None = None) -> BitserialKernel:
         """Compile for `arch` (default: the current device's); ValueError on an invalid config."""

@@ -24,6 +24,7 @@ from .bitserial import (
     DEFAULTS,
     WGMMA_ARCH,
     BitserialKernel,
+    BitserialTemplate,
     _constraints,
     conv_shape,
     requant_knob,
@@ -72,9 +73,13 @@ class Int8WgmmaTemplate(KernelTemplate):
 
     def default_config(self, workload: Workload, arch: str | None = None) -> Config:
         """The first valid of the bit-serial wgmma defaults (big N per instruction first), on
-        this template's knobs (the bit-serial ones it lacks left out)."""
+        this template's knobs: those that set a bit-serial knob it lacks (tap-shift, fused
+        planes) are skipped, the others' bit-serial knobs left out."""
         space = self.space(workload, arch)
+        lacks = {k: v for k, v in BitserialTemplate.added_knobs.items() if k not in space.names}
         for d in DEFAULTS["wgmma"]:
+            if any(d.get(k, v) != v for k, v in lacks.items()):
+                continue
             cfg = Config({k: v for k, v in d.items() if k in space.names})
             if space.is_valid(cfg):
                 return cfg
