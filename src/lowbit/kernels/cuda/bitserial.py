@@ -999,13 +999,13 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
     # default only on grids of at least one tile per SM (`default_config`)
     dict(BM=192, BN=256, WM=64, WN=256, KT=1, STAGES=4),
     # w1a2 (unsigned two-bit activations) the same with the planes in one accumulator: ResNet-50
-    # s4 / s5 b256 23.6 / 20.0 us, GEMM 4096 53.7, against 27.7 / 26.7 / 61.6 for the
-    # 128 x 128 default below (sixteenth bit-serial session)
+    # s4 / s5 b256 24.6 / 21.0 us, GEMM 4096 53.9 as the default, against 27.7 / 26.9 / 61.5
+    # for the 128 x 128 default below in earlier runs (sixteenth bit-serial session)
     dict(BM=192, BN=256, WM=64, WN=256, KT=1, STAGES=4, FUSE_PLANES=1),
     # persistent tap-shift blocks, for convs of at most 128 output channels (C = K = 64, 128
-    # measured: ResNet-50 s2 / s3 b256 w1a1 30.3-29.6 / 17.3-18.2 us, w1a2 46.3-48.1 / 30.7,
-    # against 45.2 / 39.0 and 73.9 / 53.8 for the defaults below), on grids of at least one
-    # tile per SM; ones columns for the row sums where the weights are binary
+    # measured as the default: ResNet-50 s2 / s3 b256 w1a1 30.4 / 17.9 us, w1a2 47.3 / 28.8,
+    # w2a2 61.9 / 40.0, against 45.2 / 39.0, 73.9 / 53.8, 227 / 150 for the defaults below),
+    # on grids of at least one tile per SM; ones columns for the row sums of binary weights
     *(dict(BM=128, BN=bn, WM=64, WN=bn, KT=1, STAGES=3, PERSIST=1, TAP_SHIFT=1, ROW_TABLE=1,
            ROWSUM=rowsum) for bn in (128, 64) for rowsum in ("cols", "mma")),
     dict(BM=128, BN=256, WM=64, WN=128, KT=1, STAGES=6),
