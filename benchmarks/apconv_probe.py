@@ -60,8 +60,7 @@ CUTS = {
 _NEXT = ("    {\n      const int next = kt + STAGES - 2;\n      if (next < k1)\n"
          "        load_stage(x, w, stages + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, "
          "tid, halo, halo_row0);\n      copy_commit();\n    }\n")
-_MMA = ("    wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, "
-        "kt > k0);\n")
+_MMA = f"    {MMA_CALL['wgmma']} ones, wg_m, wg_n, kt > k0);\n"
 CUTS["mma_first"] = {"wgmma": [(_NEXT + _MMA, _MMA + _NEXT)], "mma_sync": []}
 NONE: dict[str, list] = {k: [] for k in MMA_CALL}
 VARIANTS = {"base": NONE, **CUTS,

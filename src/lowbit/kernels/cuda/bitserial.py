@@ -361,6 +361,11 @@ def fuse_planes(config: Mapping) -> bool:
     return bool(config.get("FUSE_PLANES", 0))
 
 
+def acc_planes(wl: Workload, config: Mapping) -> int:
+    """Activation planes with accumulators of their own: a_bits, 1 with FUSE_PLANES."""
+    return 1 if fuse_planes(config) else planes(wl)[0]
+
+
 def fusable_planes(wl: Workload) -> bool:
     """Activation planes whose coefficients (1, 2) the tensor cores can add: plane 1 issued
     twice into plane 0's accumulator (unsigned two-bit activations)."""
@@ -724,10 +729,8 @@ def acc_regs(wl: Workload, config: Mapping) -> int:
     extra = (warp_rows // 16) * 4 * q if rowsum_mma(wl, config) else 0
     if rowsum_cols(config):  # the row popcounts' and the zero columns' registers
         extra = (warp_rows // 16) * 8 * q
-    if fuse_planes(config):  # one accumulator for the activation planes
-        q = 1
     pingpong = tap_shift(config) and config["PERSIST"] and config["STAGES"] == 4
-    return (tiles * q * p + extra) * (2 if pingpong else 1)  # two accumulator sets
+    return (tiles * acc_planes(wl, config) * p + extra) * (2 if pingpong else 1)  # two sets
 
 
 class BitserialKernel:
@@ -834,8 +837,8 @@ def _constraints(wl: Workload) -> list:
         if c["STAGES"] < 3:
             return "the wgmma pipeline needs STAGES >= 3 (one stage stays in flight)"
         wgmma_n = planes(wl)[1] * c["WN"]
-        if c["PERSIST"] and not tap_shift(c) and (wgmma_n > 128 or (
-                threads(c) > 256 and (1 if fuse_planes(c) else planes(wl)[0]) * wgmma_n > 128)):
+        if c["PERSIST"] and not tap_shift(c) and (
+                wgmma_n > 128 or (threads(c) > 256 and acc_planes(wl, c) * wgmma_n > 128)):
             # NVRTC 13 (sm_90a), the epilogue living inside the tile loop: m64n256 blocks spill
             # 870 B; 4-warpgroup blocks (capped at 128 registers per thread; two teams of two
             # warpgroups too) spill 488 B with 128 accumulator registers (two m64n128 planes)
@@ -857,7 +860,7 @@ def _constraints(wl: Workload) -> list:
         n = acc_regs(wl, c)
         if n > MAX_ACC_REGS:
             return f"{n} accumulator registers > {MAX_ACC_REGS}"
-        one_plane = (1 if fuse_planes(c) else planes(wl)[0]) * planes(wl)[1] == 1
+        one_plane = acc_planes(wl, c) * planes(wl)[1] == 1
         lean = c["MMA"] == "wgmma" and not c["PERSIST"] and not tap_shift(c) and one_plane
         n += OTHER_REGS_WGMMA_TILE if lean else OTHER_REGS
         if threads(c) * n > REGISTER_FILE:
