@@ -22,6 +22,7 @@ from test_cuda_bitserial_emu import _check, edit_kernel_file
 
 B1, U1, U2, S2, S3, U4 = (Precision(1, "binary"), Precision(1), Precision(2),
                           Precision(2, "signed"), Precision(3, "signed"), Precision(4))
+S2_OUT = Epilogue(bias=True, out=Precision(2, "signed"), out_layout=Layout.BITPLANE)
 
 
 def _shape(n, h, w, c, r, s, pad):
@@ -279,6 +280,26 @@ EMU_CASES = [
                                             R=5, S=5, pad=2),
      {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": 32, "ROWSUM": "cols",
       "ROW_TABLE": 1, "REQUANT": "threshold"}),
+    # THR_PAIRS: two columns per add in 16-bit halves, lanes owning contiguous channels (the
+    # weights' B rows permuted): 16 channels per lane (WN = 64, two lanes per word) with ones
+    # columns and a partial last word; 32 (WN = 128) over two column tiles, the second
+    # partial; binary activations' threshold slots with one-bit outputs; four-bit activations
+    # with signed two-bit outputs and two teams; fused planes of unsigned weights
+    ("pairs_c64_b1u2_cols", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=64, K=48),
+     {"PERSIST": 1, "BM": 128, "BN": 64, "WN": 64, "ROWSUM": "cols", "REQUANT": "threshold",
+      "ROW_TABLE": 1, "THR_PAIRS": 1}),
+    ("pairs_c64_b1u2_wn128_2cols", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=64, K=200),
+     {"PERSIST": 1, "BM": 64, "BN": 128, "WN": 128, "ROWSUM": "cols", "REQUANT": "threshold",
+      "THR_PAIRS": 1}),
+    ("pairs_c64_b1b1_slots", conv(B1, B1, EPILOGUES[5], N=3, H=11, W=13, C=64, K=70),
+     {"PERSIST": 1, "BM": 64, "BN": 64, "WN": 64, "ROW_TABLE": 1, "REQUANT": "threshold",
+      "THR_PAIRS": 1}),
+    ("pairs_teams_c64_b1u4_s2out", conv(B1, U4, S2_OUT, N=2, H=9, W=10, C=64, K=70),
+     {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 64, "WN": 64, "REQUANT": "threshold",
+      "THR_PAIRS": 1}),
+    ("pairs_fused_c64_u1u2", conv(U1, U2, EPILOGUES[1], N=2, H=9, W=10, C=64, K=48),
+     {"PERSIST": 1, "BM": 128, "BN": 64, "WN": 64, "REQUANT": "threshold", "FUSE_PLANES": 1,
+      "THR_PAIRS": 1}),
 ]
 
 
@@ -453,6 +474,59 @@ def test_emulation_reports_an_order_arrival_without_its_partner(monkeypatch):
         _check(wl, cfg, seed=4)
 
 
+@pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
+@pytest.mark.parametrize("edit", [
+    ("const int j = THR_PAIRS ? pair_column(n % WN) : n % WN;", "const int j = n % WN;"),
+    ("b ? 0x3276 : 0x5410", "b ? 0x7632 : 0x5410"),
+    ("const int c0 = n0 + block_channel(2 * p), c1 = n0 + block_channel(2 * p + 1);",
+     "const int c0 = n0 + 2 * p, c1 = n0 + 2 * p + 1;")],
+    ids=["weights_not_permuted", "odd_lanes_other_half", "thresholds_not_permuted"])
+def test_emulation_catches_wrong_channel_pairs(edit, monkeypatch):
+    """THR_PAIRS with the weights' B rows in channel order (the lanes' bits then belong to
+    other channels), the odd lane of a word storing its partner's plane, or the thresholds
+    copied in channel order, is caught."""
+    wl, changes = next(c[1:] for c in EMU_CASES if c[0] == "pairs_c64_b1u2_cols")
+    cfg = _shift_config(wl, changes)
+    file = "bitserial_wgmma_shift.cu" if "block_channel" in edit[0] else "bitserial_common.cu"
+    edit_kernel_file(monkeypatch, file, *edit)
+    assert not _check(wl, cfg, seed=5)
+
+
+def test_threshold_pairs_constraints():
+    """THR_PAIRS is offered where the span of compared values fits 16-bit halves (one weight
+    plane, unsigned or binary activations; ResNet-50 s2 w1a2: [-1728, 1728], C = 1024 or
+    four-bit activations at C = 128 too wide) and valid only with the thresholds of persistent
+    tap-shift blocks in shared memory and 16 or 32 channels per lane."""
+    wl = conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=64, K=48)
+    assert bitserial.pair_range(wl) == (-1728, 1728)
+    assert bitserial.pair_range(conv(B1, B1, EPILOGUES[5], C=64)) == (-1152, 1152)
+    for none in (conv(B1, U2, EPILOGUES[1], C=1024), conv(B1, U4, EPILOGUES[1], C=128),
+                 conv(S2, U2, EPILOGUES[1], C=64), conv(B1, S2, EPILOGUES[1], C=64),
+                 gemm(B1, U2, EPILOGUES[1])):
+        assert bitserial.pair_range(none) is None
+        assert BITSERIAL.space(none, "sm_90a").knob("THR_PAIRS").values == (0,)
+    assert BITSERIAL.space(wl, "sm_90a").knob("THR_PAIRS").values == (0, 1)
+    assert BITSERIAL.space(wl, "sm_80").knob("THR_PAIRS").values == (0,)
+    assert BITSERIAL.space(conv(B1, U2, EPILOGUES[0], C=64), "sm_90a").knob(
+        "THR_PAIRS").values == (0,)  # int32 output: no thresholds
+    space = BITSERIAL.space(wl, "sm_90a")
+    cfg = _shift_config(wl, dict(next(c[2] for c in EMU_CASES if c[0] == "pairs_c64_b1u2_cols")))
+    assert space.is_valid(cfg)
+    assert "shared memory" in space.why_invalid(cfg.replace(PERSIST=0))
+    assert "WN = 64 or 128" in space.why_invalid(cfg.replace(BN=32, WN=32))
+    assert bitserial.smem_bytes(wl, cfg) == bitserial.smem_bytes(wl, cfg.replace(THR_PAIRS=0))
+
+
+def test_nvrtc_compiles_threshold_pairs_for_sm90a(tmp_path, monkeypatch):
+    """Every THR_PAIRS emulation case compiles for sm_90a, its kernel the persistent
+    tap-shift one."""
+    monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
+    for _, wl, changes in (c for c in EMU_CASES if c[0].startswith("pairs")):
+        kernel = BITSERIAL.build(wl, _shift_config(wl, changes), arch="sm_90a")
+        assert kernel._main.cubin[:4] == b"\x7fELF"
+        assert kernel._main.name == "bitserial_wgmma_shift_persistent"
+
+
 def test_teams_constraints():
     """TEAMS=2 is offered on sm_90a, valid only in the persistent wgmma kernels (tap-shift:
     STAGES=3) with at most 4 warpgroups in all, and doubles the block's threads and its slab
@@ -552,7 +626,8 @@ def test_bit_exact_tap_shift(wb, ab):
     with binary weights persistent with the slab row sums, the first and last persistent ones
     with the row table, the first and last with two teams, the first and last with the
     activation planes fused in one accumulator and with the row sums' ones columns in the
-    weights' wgmma, and a random valid one."""
+    weights' wgmma, the first and last with two columns' thresholds per add, and a random
+    valid one."""
     rng = random.Random(wb * 10 + ab)
     for combo in range(4):
         w_prec, a_prec = encodings(wb)[combo // 2], encodings(ab)[combo % 2]
@@ -566,10 +641,33 @@ def test_bit_exact_tap_shift(wb, ab):
         teams = [c for c in persistent if c["TEAMS"] == 2]
         fused = [c for c in space if c["FUSE_PLANES"]]  # unsigned two-bit activations
         cols = [c for c in space if c["ROWSUM"] == "cols"]  # binary weights
+        pairs = [c for c in space if c["THR_PAIRS"]]  # one weight plane, thresholds
         for cfg in (space[0], persistent[0], *pingpong[:1], *slab[-1:], *table[:1],
                     *table[-1:], *teams[:1], *teams[-1:], *fused[:1], *fused[-1:],
-                    *cols[:1], *cols[-1:], rng.choice(space)):
+                    *cols[:1], *cols[-1:], *pairs[:1], *pairs[-1:], rng.choice(space)):
             _assert_exact(wl, cfg, seed=wb * 100 + ab * 10 + combo)
+
+
+@pytest.mark.parametrize("w_prec", [B1, U1], ids=["wb1", "wu1"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_wgmma(), reason="needs an sm_90a GPU")
+def test_bit_exact_threshold_pairs(w_prec):
+    """THR_PAIRS on every activation encoding it takes (binary, unsigned 1-4 bits), one- and
+    two-bit (unsigned and signed) outputs, C = 64 and 128 with padding 1 and 2, output columns
+    in partial words: the first and last valid configs and two random ones (WN = 64 and 128,
+    teams, fused planes, ones columns, slab row sums among them)."""
+    rng = random.Random(int(w_prec is B1))
+    for i, (a_prec, epi) in enumerate(itertools.product(
+            [B1, U1, U2, Precision(3), U4], [EPILOGUES[1], EPILOGUES[5], S2_OUT])):
+        shape = [dict(N=2, H=9, W=11, C=64, K=100, pad=1),
+                 dict(N=2, H=8, W=7, C=128, K=200, R=5, S=5, pad=2)][i % 2]
+        wl = conv(w_prec, a_prec, epi, **shape)
+        pairs = [c for c in BITSERIAL.space(wl) if c["THR_PAIRS"]]
+        if not pairs:
+            assert bitserial.pair_range(wl) is None, wl.key
+            continue
+        for cfg in (pairs[0], pairs[-1], *rng.sample(pairs, min(2, len(pairs)))):
+            _assert_exact(wl, cfg, seed=i)
 
 
 @pytest.mark.gpu

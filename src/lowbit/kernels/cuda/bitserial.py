@@ -48,7 +48,12 @@ issued twice, a0 + a1 + a1: three MMAs per k step instead of two, for half the a
 registers and one multiply-add less per output; for epilogue-bound layers), SLICES (one-tile
 wgmma kernels without tap-shift or split-K, on grids under two waves: 2 or 4 sets of the tile's
 warpgroups reduce k tile ranges of the same tile, each with its own stages and named barrier,
-the first adding the others' sums from shared memory before the epilogue).
+the first adding the others' sums from shared memory before the epilogue), THR_PAIRS
+(persistent tap-shift blocks keeping their thresholds in shared memory, one weight plane,
+unsigned or binary activations, WN = 64 or 128, values within 2^15, `pair_range`: 1 compares
+two columns per 32-bit add in 16-bit halves, each lane's columns holding contiguous output
+channels, the weights' B rows permuted to match, so its threshold bits pack into its own bytes:
+about 5 instructions per output instead of 9).
 """
 
 from __future__ import annotations
@@ -323,6 +328,9 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "THR_STRIDE": threshold_stride(wl) if uses_thresholds(config) else 1,
         "THR_SLOTS": threshold_slots(wl, config),
         "FUSE_PLANES": fuse_planes(config),
+        "THR_PAIRS": int(thr_pairs(config)),
+        "PAIR_YLO": pair_range(wl)[0] if thr_pairs(config) else 0,
+        "PAIR_YHI": pair_range(wl)[1] if thr_pairs(config) else 0,
     }
     lines = [f"// lowbit bit-serial kernel for {wl.key}", f"// config {config.to_json()}"]
     lines += [f"constexpr int {k} = {int(v)};" for k, v in params.items()]
@@ -359,6 +367,37 @@ def fuse_planes(config: Mapping) -> bool:
     """The activation planes summed in one accumulator by the MMAs (knob FUSE_PLANES; 0 where
     a config lacks it)."""
     return bool(config.get("FUSE_PLANES", 0))
+
+
+def thr_pairs(config: Mapping) -> bool:
+    """Threshold bits of two columns per 32-bit add (knob THR_PAIRS; 0 where absent)."""
+    return bool(config.get("THR_PAIRS", 0))
+
+
+PAIR_SPAN = 1 << 15  # the values a THR_PAIRS half compares: under 2^15 apart, no carries
+
+
+@cache
+def pair_range(wl: Workload) -> tuple[int, int] | None:
+    """[lo, hi] of the value y = A_ALPHA * (W_ALPHA * dot + W_BETA * rowsum) that a THR_PAIRS
+    epilogue compares with the thresholds (per activation plane i with coefficient c_i, the
+    products acc_i and row popcounts rs_i of K = R * S * C bits satisfy 0 <= acc_i <= rs_i <= K:
+    the extremes lie at (0, 0), (0, K), (K, K)), or None where THR_PAIRS cannot apply: more
+    than one weight plane, signed (two's complement) operands, the int8 mode, a conv that is
+    no tap-shift conv, or a span of 2^15 values or more (16-bit halves would carry)."""
+    if (not isinstance(wl, ConvWorkload) or int8_operands(wl) or planes(wl)[1] != 1
+            or Encoding.SIGNED in (wl.a.encoding, wl.w.encoding)
+            or shift_unsupported_reason(conv_shape(wl)) is not None):
+        return None
+    aa, _, coefs = plane_coefficients(wl.a)
+    ab, bb, _ = plane_coefficients(wl.w)
+    sh = conv_shape(wl)
+    k, csum = sh.r * sh.s * sh.c, sum(coefs)
+    ends = [0, bb * k, (ab + bb) * k]
+    lo, hi = aa * csum * min(ends), aa * csum * max(ends)
+    if hi - lo + 1 > PAIR_SPAN or aa * ab * csum * k >= 2 * PAIR_SPAN:
+        return None
+    return lo, hi
 
 
 def acc_planes(wl: Workload, config: Mapping) -> int:
@@ -962,6 +1001,19 @@ def _constraints(wl: Workload) -> list:
             return f"{cols * rows} tiles fill the GPU without split-K"
         return None
 
+    def pairs(c: Config) -> str | None:
+        if not thr_pairs(c):
+            return None
+        if not threshold_slots(wl, c):
+            return ("THR_PAIRS=1 reads the thresholds that persistent tap-shift blocks keep in "
+                    "shared memory (REQUANT='threshold', TAP_SHIFT=1, PERSIST=1)")
+        if c["WN"] not in (64, 128):
+            return "THR_PAIRS=1 gives a lane 16 or 32 output channels: WN = 64 or 128"
+        if pair_range(wl) is None:
+            return ("THR_PAIRS=1 needs one weight plane, unsigned or binary activations and "
+                    "outputs within 2^15 values")
+        return None
+
     def output(c: Config) -> str | None:
         if bitplane_out and c["BN"] % 32:
             return "bit-plane output packs 32-column words per block: BN must be a multiple of 32"
@@ -978,7 +1030,7 @@ def _constraints(wl: Workload) -> list:
         return None
 
     return [tiles, mma, fused, three_warpgroup_rows, halo, shifted, team_tiles, rowsums, registers,
-            shared, copies, splits, k_slices, output, waste]
+            shared, copies, splits, k_slices, output, pairs, waste]
 
 
 # Preferred defaults, best first (APNN-TC-like: big warp tiles for small p*q, smaller for larger).
@@ -1024,11 +1076,11 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
 ]
 DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma",
                               REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
-                              TEAMS=1, FUSE_PLANES=0, SLICES=1)
+                              TEAMS=1, FUSE_PLANES=0, SLICES=1, THR_PAIRS=0)
                          for d in _MMA_SYNC_DEFAULTS],
             "wgmma": [dict(dict(PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0, ROWSUM="mma",
                                 REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
-                                TEAMS=1, FUSE_PLANES=0, SLICES=1), **d)
+                                TEAMS=1, FUSE_PLANES=0, SLICES=1, THR_PAIRS=0), **d)
                       for d in _WGMMA_DEFAULTS]}
 # the tap-shift defaults' limit on output channels (the widths they were measured at)
 TAP_SHIFT_DEFAULT_MAX_K = 128
@@ -1072,7 +1124,8 @@ class BitserialTemplate(KernelTemplate):
     added_knobs: ClassVar[Mapping[str, object]] = {"ROWSUM": "mma", "REQUANT": "multiply",
                                                    "SPLIT_K": 1, "TAP_SHIFT": 0,
                                                    "ROW_TABLE": 0, "TEAMS": 1,
-                                                   "FUSE_PLANES": 0, "SLICES": 1}
+                                                   "FUSE_PLANES": 0, "SLICES": 1,
+                                                   "THR_PAIRS": 0}
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         wl = workload
@@ -1102,7 +1155,9 @@ class BitserialTemplate(KernelTemplate):
                       else (0, 1)),
                  requant_knob(workload),
                  Knob("SPLIT_K", split_k_values(workload)),
-                 Knob("SLICES", slices_values(workload, arch))]
+                 Knob("SLICES", slices_values(workload, arch)),
+                 Knob("THR_PAIRS", (0, 1) if 1 in self._tap_shift_values(workload, arch)
+                      and threshold_epilogue(workload) and pair_range(workload) else (0,))]
         return ConfigSpace(knobs, _constraints(workload))
 
     @staticmethod

@@ -182,6 +182,14 @@ __device__ __forceinline__ unsigned short f32_to_f16_bits(float v) {
   asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(v));
   return h;
 }
+// PTX prmt.b32 (default mode): byte i of the result is byte sel[4i+2:4i] of {b, a} (a: bytes
+// 0-3, b: 4-7), or with sel bit 4i+3 set that byte's sign bit copied into all 8 bits.
+// (__byte_perm documents only the low 3 bits of each selector nibble.)
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+  u32 d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
 // </device-primitives>
 
 // VEC words shared -> shared (halo tile -> im2col stage), zeros when !valid, as a load and a
@@ -324,9 +332,23 @@ __device__ __forceinline__ int slot(int rows, int row, int ks, int wd) {
   if constexpr (WGMMA) return ks * rows * 8 + (row >> 3) * 64 + (wd >> 2) * 32 + (row & 7) * 4 + (wd & 3);
   return (ks * rows + row) * 8 + wd;
 }
+// THR_PAIRS (bitserial.thr_pairs): a lane's accumulator columns hold contiguous output
+// channels, the weights' B rows permuted to match. Column j of a warp tile (n8 tile ni = j / 8,
+// lane t4 = j % 8 / 2, e = j % 2, the m16n8 fragment) holds channel
+// pair_channel(j) = 2 NT t4 + 16 (ni / 8) + 8 e + ni % 8: lane t4 owns channels [2 NT t4,
+// 2 NT (t4 + 1)), byte e (+ 2 per 8 tiles) of its bit words collecting bit ni % 8 of them.
+__device__ __forceinline__ constexpr int pair_channel(int j) {
+  return 2 * NT * (j % 8 / 2) + 16 * (j / 64) + 8 * (j % 2) + j / 8 % 8;
+}
+__device__ __forceinline__ constexpr int pair_column(int c) {  // the inverse
+  return 8 * (c % 8 + 8 * (c % (2 * NT) / 16)) + 2 * (c / (2 * NT)) + c / 8 % 2;
+}
 // Row of the B slab holding weight plane 0 of block column n (wgmma: planes of a warpgroup's
 // WN columns are adjacent, plane j WN rows below plane 0).
-__device__ __forceinline__ int b_row(int n) { return WGMMA ? (n / WN) * (P_BITS * WN) + n % WN : n; }
+__device__ __forceinline__ int b_row(int n) {
+  const int j = THR_PAIRS ? pair_column(n % WN) : n % WN;
+  return WGMMA ? (n / WN) * (P_BITS * WN) + j : n;
+}
 
 // Per-thread copy rows of the activation tile at row m0: top-left input pixel of the window
 // and its word offset in a plane (base; planes are < 2^31 words, bitserial.py), rows past M
@@ -1027,6 +1049,104 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const RowPrep& row
   }
 }
 
+// THR_PAIRS: threshold bits of two columns per 32-bit add. A column pair's values y (of one
+// row) sit in the 16-bit halves of one word, offset so that a half is 0x8000 + y - t against
+// threshold t: its top bit is y >= t, and the adds never carry across halves, since every y
+// lies in [PAIR_YLO, PAIR_YHI] (bitserial.pair_range: a span under 2^15) and t is clamped to
+// [PAIR_YLO, PAIR_YHI + 1], which decides the same. Per pair: the planes packed and summed (one
+// multiply-add each), the row term added, one add per threshold, one LOP3 per output bit, a
+// PRMT copying the halves' top bits into byte masks and a LOP3 into the row's bit words: about
+// 5 instructions per output instead of 9 (compares, selects, predicated ORs, quad shuffles).
+// The shared-memory table holds per column pair and level 0x8000 + PAIR_YLO - t in each half
+// (bitserial_wgmma_shift.cu), the row word (term - PAIR_YLO) in both halves.
+constexpr int PAIR_STRIDE = THR_LEVELS == 3 ? 4 : THR_LEVELS;  // table words per pair (16 B)
+constexpr int PAIR_WORDS = (NT + 7) / 8;  // a row's bit words per lane (NT = 8: 1, 16: 2)
+static_assert(!THR_PAIRS || (OUT_THRESH && OUT_BITS <= 2 && P_BITS == 1 && !A_SIGNED
+                             && !W_SIGNED && A_ALPHA * W_ALPHA > 0 && SPLIT_K == 1
+                             && (NT == 8 || NT == 16) && MT == 1 && THR_SLOTS > 0),
+              "THR_PAIRS: thresholds in shared memory, one weight plane, unsigned or binary "
+              "activations, WN = 64 or 128 (bitserial.py)");
+__device__ __forceinline__ constexpr u32 pair_half(int lo, int hi) {
+  return (u32)lo | ((u32)hi << 16);
+}
+// the table word of thresholds t0, t1 (columns of one pair)
+__device__ __forceinline__ u32 pair_thresholds(int t0, int t1) {
+  auto half = [](int t) {
+    t = t < PAIR_YLO ? PAIR_YLO : (t > PAIR_YHI ? PAIR_YHI + 1 : t);
+    return 0x8000 + PAIR_YLO - t;
+  };
+  return pair_half(half(t0), half(t1));
+}
+// Output words of one row from its bit words: byte 2b + e of bytes[i] holds plane b's bits of
+// this lane's channels 2 NT t4 + 16 i + 8 e + (0..7). NT = 16: one word per plane of this
+// lane's own; NT = 8: two lanes' halves per word, the even lane storing plane 0's, the odd one
+// plane 1's.
+__device__ __forceinline__ void store_pair_row(const u32 (&bytes)[PAIR_WORDS], int m, int word0,
+                                               int t4, const EpilogueArgs& ea) {
+  if constexpr (NT == 16) {
+#pragma unroll
+    for (int b = 0; b < OUT_BITS; ++b)
+      store_row_word(prmt(bytes[0], bytes[1], b ? 0x7632 : 0x5410), b * OUT_WORD_TILES + t4, m,
+                     word0, ea);
+  } else {
+    const u32 other = __shfl_xor_sync(0xffffffffu, bytes[0], 1);
+    const int b = t4 & 1;
+    const u32 word = prmt(bytes[0], other, b ? 0x3276 : 0x5410);
+    if (b < OUT_BITS) store_row_word(word, b * OUT_WORD_TILES + (t4 >> 1), m, word0, ea);
+  }
+}
+// rows.rowp[mi][h]: the table entries of this lane's first column pair for row (mi, h).
+__device__ __forceinline__ void epilogue_pairs(const Acc& acc, const RowPrep& rows, int n0,
+                                               int col0, int lane, const EpilogueArgs& ea) {
+  const int t4 = lane & 3;
+  u32 bytes[MT][2][PAIR_WORDS] = {};
+  u32 row_word[MT][2];
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_word[mi][h] = (u32)(rows.term[mi][h] - PAIR_YLO) * 0x10001u;
+#pragma unroll
+  for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        u32 thr[PAIR_STRIDE];
+        if (RECT_THR || (mi == 0 && h == 0)) {  // else every row's table is the first row's
+          const u32* p = reinterpret_cast<const u32*>(rows.rowp[mi][h]) + ni * 4 * PAIR_STRIDE;
+#pragma unroll
+          for (int k = 0; k < PAIR_STRIDE; ++k) thr[k] = p[k];
+        } else {
+          const u32* p = reinterpret_cast<const u32*>(rows.rowp[0][0]) + ni * 4 * PAIR_STRIDE;
+#pragma unroll
+          for (int k = 0; k < PAIR_STRIDE; ++k) thr[k] = p[k];
+        }
+        int dot[2] = {0, 0};  // sum_i c_i popc(a_i & w) of both columns
+#pragma unroll
+        for (int i = 0; i < (FUSE_PLANES ? 1 : Q_BITS); ++i)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            dot[e] += (FUSE_PLANES ? 1 : a_coef(i)) * acc[i][0][mi][ni][2 * h + e];
+        // y - PAIR_YLO per half (the halves of dot < 2^16: one byte permute packs them)
+        const u32 y = prmt(dot[0], dot[1], 0x5410) * (A_ALPHA * W_ALPHA) + row_word[mi][h];
+        u32 bit[2] = {0u, 0u};  // output bit b of both columns in the halves' top bits
+#pragma unroll
+        for (int b = 0; b < OUT_BITS; ++b) {
+          bit[b] = ((OUT_QMIN >> b) & 1) ? ~0u : 0u;
+#pragma unroll
+          for (int k = 0; k < THR_LEVELS; ++k)
+            if (level_flips(k, b)) bit[b] ^= y + thr[k];
+        }
+        const u32 masks = prmt(bit[0], bit[1], OUT_BITS > 1 ? 0xFDB9 : 0x44B9);
+        bytes[mi][h][ni / 8] |= masks & (0x01010101u << (ni % 8));
+      }
+  const int word0 = (n0 + col0) / 32;
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) store_pair_row(bytes[mi][h], rows.m[mi][h], word0, t4, ea);
+}
+
 // The fused epilogue of the block tile at (m0, n0), this warp's rows row0 + mi*16 + g (+8) and
 // columns col0 + ni*8 + 2*t4 (+1): combines the planes (see the top of this file), adds the
 // bias, ReLU, then int32 / fp16 / requantized INT8 or bit planes, through the packing tile s_out
@@ -1041,6 +1161,10 @@ __device__ __forceinline__ void tile_epilogue(const Acc& acc, const RowSum& rsum
       for (int h = 0; h < 2; ++h) rows.term[mi][h] += rowsum_mma_term(rsum, mi, h);
   }
   if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
+  if constexpr (THR_PAIRS) {
+    epilogue_pairs(acc, rows, n0, col0, lane, ea);
+    return;
+  }
   epilogue_cols(acc, rows, m0, n0, row0, col0, lane, ea, s_out);
   if constexpr (PACK_IN_SMEM) pack_tile_store(s_out, ea.out, m0, n0, tid);
 }

@@ -18,7 +18,7 @@ std::thread per CUDA thread:
   computes its own accumulator registers (warp w of the warpgroup: rows 16w + g (+8),
   register k: column 8(k/4) + 2t + k%2);
 - shfl (indexed and xor), bar.sync (the block's and named barriers of a thread count, with
-  bar.arrive), __syncwarp, atomicOr on shared memory, cvt.rn.f16.f32 (_Float16).
+  bar.arrive), __syncwarp, atomicOr on shared memory, cvt.rn.f16.f32 (_Float16), prmt.b32.
 It checks the kernels' indexing, pipelines, descriptors and packing on machines without a GPU;
 it is slow (threads and barriers per instruction) and meant for small workloads.
 """
@@ -191,6 +191,19 @@ __device__ __forceinline__ unsigned short f32_to_f16_bits(float v) {
   unsigned short bits;
   memcpy(&bits, &h, 2);
   return bits;
+}
+// prmt.b32, default mode: per result byte a selector nibble, bits 0-2 the byte of {b, a},
+// bit 3 that byte's sign bit in all 8 bits
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+  const unsigned long long src = ((unsigned long long)b << 32) | a;
+  u32 d = 0;
+  for (int i = 0; i < 4; ++i) {
+    const u32 nib = (sel >> (4 * i)) & 0xF;
+    u32 byte = (u32)(src >> (8 * (nib & 7))) & 0xFF;
+    if (nib & 8) byte = (byte & 0x80) ? 0xFF : 0;
+    d |= byte << (8 * i);
+  }
+  return d;
 }
 """
 

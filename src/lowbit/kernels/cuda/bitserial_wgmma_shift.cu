@@ -192,6 +192,19 @@ constexpr bool THR_SMEM = THR_SLOTS > 0;
 constexpr int THR_WORDS = THR_SLOTS * BN * THR_STRIDE;
 static_assert(!THR_SMEM || (PERSIST && OUT_THRESH && (RECT_THR ? ROW_TABLE : THR_SLOTS == 1)),
               "THR_SLOTS: persistent threshold kernels; rectangle slots from the row table");
+// THR_PAIRS: a slot holds per column pair of the block (accumulator columns 2p, 2p + 1; their
+// channels by pair_channel) and level the pair's word (pair_thresholds), PAIR_STRIDE words a pair
+constexpr int SLOT_WORDS = THR_PAIRS ? BN / 2 * PAIR_STRIDE : BN * THR_STRIDE;
+__device__ __forceinline__ int block_channel(int j) { return j / WN * WN + pair_channel(j % WN); }
+__device__ __forceinline__ void copy_pair_thresholds(int* s_thr, int n0, const EpilogueArgs& ea) {
+  for (int i = threadIdx.x; i < THR_SLOTS * SLOT_WORDS; i += BLOCK_THREADS) {
+    const int slot = i / SLOT_WORDS, p = i % SLOT_WORDS / PAIR_STRIDE, k = i % PAIR_STRIDE;
+    const int* t = RECT_THR ? ea.wtap + WTHR0 + RECT_OF_SLOT[slot] * KPAD * THR_STRIDE : ea.thr;
+    const int c0 = n0 + block_channel(2 * p), c1 = n0 + block_channel(2 * p + 1);
+    s_thr[i] = k < THR_LEVELS
+                   ? (int)pair_thresholds(t[c0 * THR_STRIDE + k], t[c1 * THR_STRIDE + k]) : 0;
+  }
+}
 
 // sum_i c_i popc(plane i) of WORDS (<= 4) slab words at p: one position's chunk, every plane.
 template <int WORDS>
@@ -409,15 +422,18 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_shif
   SlabPix pix_ahead = slab_pixels(vpix, tile + AHEAD * step, slots, tid);
   const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
   const int row0 = wg_m * 64 + (warp & 3) * 16, col0 = wg_n * WN;
-  if constexpr (THR_SMEM) {  // published by the barrier before the first tile's epilogue
-    constexpr int SLOT_WORDS = BN * THR_STRIDE;
+  if constexpr (THR_PAIRS) {  // published by the barrier before the first tile's epilogue
+    copy_pair_thresholds(s_thr, n0, ea);
+  } else if constexpr (THR_SMEM) {
     for (int i = threadIdx.x; i < THR_WORDS; i += BLOCK_THREADS) {
       const int j = n0 * THR_STRIDE + i % SLOT_WORDS;
       s_thr[i] = RECT_THR ? ea.wtap[WTHR0 + RECT_OF_SLOT[i / SLOT_WORDS] * KPAD * THR_STRIDE + j]
                           : ea.thr[j];
     }
   }
-  const int* lane_thr = s_thr + (col0 + 2 * (lane & 3)) * THR_STRIDE;  // THR_SMEM: row_data's
+  // THR_SMEM: row_data's, in slot 0; THR_PAIRS: the entries of this lane's first column pair
+  const int* lane_thr = s_thr + (THR_PAIRS ? (col0 / 2 + (lane & 3)) * PAIR_STRIDE
+                                           : (col0 + 2 * (lane & 3)) * THR_STRIDE);
   VPos lane_d[MT][2];  // this lane's rows' offsets from a tile's first row
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)
@@ -497,7 +513,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_shif
         for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
           for (int h = 0; h < 2; ++h)
-            rows.rowp[mi][h] = lane_thr + (RECT_THR ? rows.rect[mi][h] * BN * THR_STRIDE : 0);
+            rows.rowp[mi][h] = lane_thr + (RECT_THR ? rows.rect[mi][h] * SLOT_WORDS : 0);
       }
       tile_epilogue(cur, cur_rs, rows, tile * BM, n0, row0, col0, lane, tid, ea, s_out);
     }
