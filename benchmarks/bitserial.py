@@ -309,7 +309,8 @@ def tuned_bitserial(wl: Workload, trials: int, budget_s: float, measurer) -> dic
 
 def with_twins(wl: Workload, configs: list[Config]) -> list[Config]:
     """configs, each followed by its twins in the other ROWSUM modes and the other REQUANT
-    mode where the space has them, and by its FUSE_PLANES twin (the config itself only)."""
+    mode where the space has them, by its FUSE_PLANES twin (the config itself only), and by
+    the THR_PAIRS twins of itself, its ROWSUM and its ROW_TABLE twins."""
     space = BITSERIAL.space(wl)
     out: list[Config] = []
     for c in (BITSERIAL.with_added_knobs(c, space.names) for c in configs):
@@ -318,6 +319,10 @@ def with_twins(wl: Workload, configs: list[Config]) -> list[Config]:
         twins = [c, *other_rowsums, other_requant]
         twins += [t.replace(ROW_TABLE=v) for t in twins for v in space.knob("ROW_TABLE").values]
         twins += [c.replace(FUSE_PLANES=v) for v in space.knob("FUSE_PLANES").values]
+        pair_bases = [c, *other_rowsums,
+                      *(c.replace(ROW_TABLE=v) for v in space.knob("ROW_TABLE").values)]
+        pairs = space.knob("THR_PAIRS").values
+        twins += [t.replace(THR_PAIRS=v) for t in pair_bases for v in pairs]
         out += [t for t in dict.fromkeys(twins) if space.is_valid(t) and t not in out]
     return out
 
