@@ -22,6 +22,7 @@ from test_cuda_bitserial_emu import _check, edit_kernel_file
 
 B1, U1, U2, S2, S3, U4 = (Precision(1, "binary"), Precision(1), Precision(2),
                           Precision(2, "signed"), Precision(3, "signed"), Precision(4))
+U3 = Precision(3)
 S2_OUT = Epilogue(bias=True, out=Precision(2, "signed"), out_layout=Layout.BITPLANE)
 
 
@@ -476,7 +477,7 @@ def test_emulation_reports_an_order_arrival_without_its_partner(monkeypatch):
 
 @pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
 @pytest.mark.parametrize("edit", [
-    ("const int j = THR_PAIRS ? pair_column(n % WN) : n % WN;", "const int j = n % WN;"),
+    ("+ pair_column(n % WN);", "+ n % WN;"),
     ("b ? 0x3276 : 0x5410", "b ? 0x7632 : 0x5410"),
     ("const int c0 = n0 + block_channel(2 * p), c1 = n0 + block_channel(2 * p + 1);",
      "const int c0 = n0 + 2 * p, c1 = n0 + 2 * p + 1;")],
@@ -648,27 +649,27 @@ def test_bit_exact_tap_shift(wb, ab):
             _assert_exact(wl, cfg, seed=wb * 100 + ab * 10 + combo)
 
 
-@pytest.mark.parametrize("w_prec", [B1, U1], ids=["wb1", "wu1"])
+@pytest.mark.parametrize("w_prec,a_prec", list(itertools.product([B1, U1], [B1, U1, U2, U3, U4])),
+                         ids=lambda p: f"{p.encoding.value[0]}{p.bits}")
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_wgmma(), reason="needs an sm_90a GPU")
-def test_bit_exact_threshold_pairs(w_prec):
+def test_bit_exact_threshold_pairs(w_prec, a_prec):
     """THR_PAIRS on every activation encoding it takes (binary, unsigned 1-4 bits), one- and
     two-bit (unsigned and signed) outputs, C = 64 and 128 with padding 1 and 2, output columns
-    in partial words: the first and last valid configs and two random ones (WN = 64 and 128,
+    in partial words: the first and last valid configs and a random one (WN = 64 and 128,
     teams, fused planes, ones columns, slab row sums among them)."""
-    rng, tested = random.Random(int(w_prec is B1)), 0
-    for i, (a_prec, epi) in enumerate(itertools.product(
-            [B1, U1, U2, Precision(3), U4], [EPILOGUES[1], EPILOGUES[5], S2_OUT])):
+    rng, tested = random.Random(a_prec.bits + 10 * (w_prec is B1)), 0
+    for i, epi in enumerate([EPILOGUES[1], EPILOGUES[5], S2_OUT]):
         shape = [dict(N=2, H=9, W=11, C=64, K=100, pad=1),
-                 dict(N=2, H=8, W=7, C=128, K=200, R=5, S=5, pad=2)][i % 2]
+                 dict(N=2, H=8, W=7, C=128, K=200, R=5, S=5, pad=2)][(i + a_prec.bits) % 2]
         wl = conv(w_prec, a_prec, epi, **shape)
-        # none: values too wide, or binary activations' 81 threshold slots of a 5x5 conv
-        # past THR_SMEM_BYTES
+        # none: values too wide (four-bit activations at C = 128), or binary activations' 81
+        # threshold slots of a 5x5 conv past THR_SMEM_BYTES
         pairs = [c for c in BITSERIAL.space(wl) if c["THR_PAIRS"]]
-        for cfg in pairs[:1] + pairs[-1:] + rng.sample(pairs, min(2, len(pairs))):
+        for cfg in pairs[:1] + pairs[-1:] + rng.sample(pairs, min(1, len(pairs))):
             _assert_exact(wl, cfg, seed=i)
         tested += bool(pairs)
-    assert tested >= 10
+    assert tested >= 1
 
 
 @pytest.mark.gpu

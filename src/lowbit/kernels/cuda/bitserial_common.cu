@@ -346,8 +346,8 @@ __device__ __forceinline__ constexpr int pair_column(int c) {  // the inverse
 // Row of the B slab holding weight plane 0 of block column n (wgmma: planes of a warpgroup's
 // WN columns are adjacent, plane j WN rows below plane 0).
 __device__ __forceinline__ int b_row(int n) {
-  const int j = THR_PAIRS ? pair_column(n % WN) : n % WN;
-  return WGMMA ? (n / WN) * (P_BITS * WN) + j : n;
+  if constexpr (THR_PAIRS) return (n / WN) * (P_BITS * WN) + pair_column(n % WN);  // wgmma
+  return WGMMA ? (n / WN) * (P_BITS * WN) + n % WN : n;
 }
 
 // Per-thread copy rows of the activation tile at row m0: top-left input pixel of the window
