@@ -173,9 +173,11 @@ def test_wide_one_tile_default_only_where_it_fills_the_gpu():
 
 def test_tap_shift_default_on_narrow_convs_that_fill_the_gpu():
     """Convs of at most 128 output channels that the tap-shift kernel runs get its persistent
-    128-row blocks (ones columns for binary weights) where they make a tile per SM; wider
-    convs, small grids and unsupported shapes (stride 2) keep the stage kernels."""
-    b1, u2 = Precision(1, "binary"), Precision(2)
+    128-row blocks (ones columns for binary weights, two columns' thresholds per add) where
+    they make a tile per SM; two activation planes up to 256 output channels two-team 64 x 128
+    blocks (slab row sums for binary weights); wider convs, one activation plane past 128
+    channels, small grids and unsupported shapes (stride 2) keep the stage kernels."""
+    b1, u1, u2 = Precision(1, "binary"), Precision(1), Precision(2)
     arch = bitserial.WGMMA_ARCH
 
     def default(wl):
@@ -184,10 +186,17 @@ def test_tap_shift_default_on_narrow_convs_that_fill_the_gpu():
         return cfg
 
     s2 = default(conv(b1, u2, EPILOGUES[1], N=256, H=56, W=56, C=64, K=64))
-    assert (s2["TAP_SHIFT"], s2["PERSIST"], s2["BN"], s2["ROWSUM"]) == (1, 1, 64, "cols")
-    s3 = default(conv(b1, u2, EPILOGUES[1], N=256, H=28, W=28, C=128, K=128))
-    assert (s3["TAP_SHIFT"], s3["BN"], s3["ROWSUM"]) == (1, 128, "mma")
-    assert not default(conv(b1, u2, EPILOGUES[1], N=256, H=14, W=14, C=256, K=256))["TAP_SHIFT"]
+    assert (s2["TAP_SHIFT"], s2["PERSIST"], s2["BN"], s2["ROWSUM"], s2["THR_PAIRS"]) == (
+        1, 1, 64, "cols", 1)
+    s3 = default(conv(b1, b1, EPILOGUES[5], N=256, H=28, W=28, C=128, K=128))
+    assert (s3["TAP_SHIFT"], s3["BN"], s3["TEAMS"], s3["THR_PAIRS"]) == (1, 128, 1, 1)
+    for k in (128, 256):
+        two = default(conv(b1, u2, EPILOGUES[1], N=256, H=28, W=28, C=k, K=k))
+        assert (two["TAP_SHIFT"], two["BM"], two["TEAMS"], two["ROWSUM"]) == (1, 64, 2, "slab")
+    unsigned = default(conv(u1, u2, EPILOGUES[1], N=256, H=14, W=14, C=256, K=256))
+    assert (unsigned["TEAMS"], unsigned["ROWSUM"]) == (2, "mma")
+    assert not default(conv(b1, b1, EPILOGUES[5], N=256, H=14, W=14, C=256, K=256))["TAP_SHIFT"]
+    assert not default(conv(b1, u2, EPILOGUES[1], N=256, H=7, W=7, C=512, K=512))["TAP_SHIFT"]
     assert not default(conv(b1, u2, EPILOGUES[1], N=1, H=8, W=8, C=64, K=64))["TAP_SHIFT"]
     assert not default(conv(b1, u2, EPILOGUES[1], N=256, H=56, W=56, C=64, K=64,
                             stride=2))["TAP_SHIFT"]

@@ -1053,6 +1053,13 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
     # 1.45x faster than 128 x 256 on ResNet-50 s4 / s5 b256 (fifteenth bit-serial session);
     # default only on grids of at least one tile per SM (`default_config`)
     dict(BM=192, BN=256, WM=64, WN=256, KT=1, STAGES=4),
+    # two activation planes on convs of at most 256 output channels: persistent tap-shift
+    # blocks of two teams with two columns' thresholds per add, ResNet-50 s3 / s4 b256 w1a2
+    # 21.7 / 19.8 us (slab row sums) against 23.6 / 24.7 for the defaults after it (H100,
+    # bitserial-20261126-000329.json); on grids of at least one tile per SM. Row sums from
+    # the slab for binary weights (no row-sum accumulators), none for unsigned ones.
+    *(dict(BM=64, BN=128, WM=64, WN=128, KT=1, STAGES=3, PERSIST=1, TAP_SHIFT=1, TEAMS=2,
+           ROW_TABLE=1, ROWSUM=rowsum, THR_PAIRS=1) for rowsum in ("slab", "mma")),
     # w1a2 (unsigned two-bit activations) the same with the planes in one accumulator: ResNet-50
     # s4 / s5 b256 24.6 / 21.0 us, GEMM 4096 53.9 as the default, against 27.7 / 26.9 / 61.5
     # for the 128 x 128 default below in earlier runs (sixteenth bit-serial session)
@@ -1085,8 +1092,11 @@ DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma"
                                 REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
                                 TEAMS=1, FUSE_PLANES=0, SLICES=1, THR_PAIRS=0), **d)
                       for d in _WGMMA_DEFAULTS]}
-# the tap-shift defaults' limit on output channels (the widths they were measured at)
+# the tap-shift defaults' limit on output channels (the widths they were measured at); the
+# two-team ones: 256, and only for two activation planes (a team's MMA phase long enough to
+# hide the other's epilogue, NOTES.md "Teams")
 TAP_SHIFT_DEFAULT_MAX_K = 128
+TEAMS_DEFAULT_MAX_K = 256
 
 
 # Small grids with long reductions (the preferred default under half a wave of tiles, at
@@ -1201,7 +1211,11 @@ class BitserialTemplate(KernelTemplate):
             regime = d["TAP_SHIFT"] or d["FUSE_PLANES"]
             if (plain and regime) or not space.is_valid(cfg) or acc_regs(workload, d) > limit:
                 continue
-            if d["TAP_SHIFT"] and conv_shape(workload).kout > TAP_SHIFT_DEFAULT_MAX_K:
+            teams = d.get("TEAMS", 1) > 1
+            if d["TAP_SHIFT"] and conv_shape(workload).kout > (
+                    TEAMS_DEFAULT_MAX_K if teams else TAP_SHIFT_DEFAULT_MAX_K):
+                continue
+            if teams and planes(workload)[0] < 2:
                 continue
             if (d["BM"] == 192 or d["TAP_SHIFT"]) and math.prod(tile_grid(workload, d)) < NUM_SMS:
                 continue  # wide and persistent tap-shift blocks: one tile per SM at least
