@@ -301,6 +301,17 @@ EMU_CASES = [
     ("pairs_fused_c64_u1u2", conv(U1, U2, EPILOGUES[1], N=2, H=9, W=10, C=64, K=48),
      {"PERSIST": 1, "BM": 128, "BN": 64, "WN": 64, "REQUANT": "threshold", "FUSE_PLANES": 1,
       "THR_PAIRS": 1}),
+    # ... and signed operands: two planes of signed weights (the products' sum offset by its
+    # least value), signed activations with binary weights' ones columns, unsigned two-bit
+    # weights and fused activation planes with signed two-bit outputs over two column tiles
+    ("pairs_c64_s2u2", conv(S2, U2, EPILOGUES[1], N=2, H=9, W=10, C=64, K=48),
+     {"PERSIST": 1, "BM": 128, "BN": 64, "WN": 64, "REQUANT": "threshold", "THR_PAIRS": 1}),
+    ("pairs_c128_b1s2_cols", conv(B1, S2, EPILOGUES[5], N=2, H=7, W=8, C=128, K=70),
+     {"PERSIST": 1, "BM": 64, "BN": 64, "WN": 64, "ROWSUM": "cols", "REQUANT": "threshold",
+      "THR_PAIRS": 1}),
+    ("pairs_fused_c64_u2u2_s2out_wn128", conv(U2, U2, S2_OUT, N=2, H=9, W=10, C=64, K=200),
+     {"PERSIST": 1, "BM": 64, "BN": 128, "WN": 128, "REQUANT": "threshold", "FUSE_PLANES": 1,
+      "THR_PAIRS": 1}),
 ]
 
 
@@ -476,17 +487,20 @@ def test_emulation_reports_an_order_arrival_without_its_partner(monkeypatch):
 
 
 @pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
-@pytest.mark.parametrize("edit", [
-    ("+ pair_column(n % WN);", "+ n % WN;"),
-    ("b ? 0x3276 : 0x5410", "b ? 0x7632 : 0x5410"),
-    ("const int c0 = n0 + block_channel(2 * p), c1 = n0 + block_channel(2 * p + 1);",
-     "const int c0 = n0 + 2 * p, c1 = n0 + 2 * p + 1;")],
-    ids=["weights_not_permuted", "odd_lanes_other_half", "thresholds_not_permuted"])
-def test_emulation_catches_wrong_channel_pairs(edit, monkeypatch):
+@pytest.mark.parametrize("edit,case", [
+    (("+ pair_column(n % WN);", "+ n % WN;"), "pairs_c64_b1u2_cols"),
+    (("b ? 0x3276 : 0x5410", "b ? 0x7632 : 0x5410"), "pairs_c64_b1u2_cols"),
+    (("const int c0 = n0 + block_channel(2 * p), c1 = n0 + block_channel(2 * p + 1);",
+      "const int c0 = n0 + 2 * p, c1 = n0 + 2 * p + 1;"), "pairs_c64_b1u2_cols"),
+    (("int dot[2] = {-PAIR_DOT_LO, -PAIR_DOT_LO};", "int dot[2] = {0, 0};"), "pairs_c64_s2u2")],
+    ids=["weights_not_permuted", "odd_lanes_other_half", "thresholds_not_permuted",
+         "negative_sums_packed"])
+def test_emulation_catches_wrong_channel_pairs(edit, case, monkeypatch):
     """THR_PAIRS with the weights' B rows in channel order (the lanes' bits then belong to
-    other channels), the odd lane of a word storing its partner's plane, or the thresholds
-    copied in channel order, is caught."""
-    wl, changes = next(c[1:] for c in EMU_CASES if c[0] == "pairs_c64_b1u2_cols")
+    other channels), the odd lane of a word storing its partner's plane, the thresholds
+    copied in channel order, or signed weights' negative sums packed without their offset,
+    is caught."""
+    wl, changes = next(c[1:] for c in EMU_CASES if c[0] == case)
     cfg = _shift_config(wl, changes)
     file = "bitserial_wgmma_shift.cu" if "block_channel" in edit[0] else "bitserial_common.cu"
     edit_kernel_file(monkeypatch, file, *edit)
@@ -494,16 +508,19 @@ def test_emulation_catches_wrong_channel_pairs(edit, monkeypatch):
 
 
 def test_threshold_pairs_constraints():
-    """THR_PAIRS is offered where the span of compared values fits 16-bit halves (one weight
-    plane, unsigned or binary activations; ResNet-50 s2 w1a2: [-1728, 1728], C = 1024 or
-    four-bit activations at C = 128 too wide) and valid only with the thresholds of persistent
-    tap-shift blocks in shared memory and 16 or 32 channels per lane."""
+    """THR_PAIRS is offered where the span of compared values fits 16-bit halves (ResNet-50 s2
+    w1a2: [-1728, 1728]; signed two-bit weights x unsigned two-bit activations: [-6K, 3K] with
+    K = 9C; C = 1024, four-bit activations at C = 128 or signed two-bit weights at C = 512
+    too wide) and valid only with the thresholds of persistent tap-shift blocks in shared
+    memory and 16 or 32 channels per lane."""
     wl = conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=64, K=48)
-    assert bitserial.pair_range(wl) == (-1728, 1728)
-    assert bitserial.pair_range(conv(B1, B1, EPILOGUES[5], C=64)) == (-1152, 1152)
+    assert bitserial.pair_range(wl) == bitserial.PairRange(-1728, 1728, 0)
+    assert bitserial.pair_range(conv(B1, B1, EPILOGUES[5], C=64)) == bitserial.PairRange(
+        -1152, 1152, 0)
+    assert bitserial.pair_range(conv(S2, U2, EPILOGUES[1], C=64)) == bitserial.PairRange(
+        -6 * 576, 3 * 576, -6 * 576)
     for none in (conv(B1, U2, EPILOGUES[1], C=1024), conv(B1, U4, EPILOGUES[1], C=128),
-                 conv(S2, U2, EPILOGUES[1], C=64), conv(B1, S2, EPILOGUES[1], C=64),
-                 gemm(B1, U2, EPILOGUES[1])):
+                 conv(S2, U2, EPILOGUES[1], C=512), gemm(B1, U2, EPILOGUES[1])):
         assert bitserial.pair_range(none) is None
         assert BITSERIAL.space(none, "sm_90a").knob("THR_PAIRS").values == (0,)
     assert BITSERIAL.space(wl, "sm_90a").knob("THR_PAIRS").values == (0, 1)
@@ -649,15 +666,16 @@ def test_bit_exact_tap_shift(wb, ab):
             _assert_exact(wl, cfg, seed=wb * 100 + ab * 10 + combo)
 
 
-@pytest.mark.parametrize("w_prec,a_prec", list(itertools.product([B1, U1], [B1, U1, U2, U3, U4])),
+@pytest.mark.parametrize("w_prec,a_prec", list(itertools.product([B1, U1, S2, U2],
+                                                                 [B1, U1, U2, U3, U4, S2])),
                          ids=lambda p: f"{p.encoding.value[0]}{p.bits}")
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_wgmma(), reason="needs an sm_90a GPU")
 def test_bit_exact_threshold_pairs(w_prec, a_prec):
-    """THR_PAIRS on every activation encoding it takes (binary, unsigned 1-4 bits), one- and
-    two-bit (unsigned and signed) outputs, C = 64 and 128 with padding 1 and 2, output columns
-    in partial words: the first and last valid configs and a random one (WN = 64 and 128,
-    teams, fused planes, ones columns, slab row sums among them)."""
+    """THR_PAIRS on binary, unsigned and signed weights and activations, one- and two-bit
+    (unsigned and signed) outputs, C = 64 and 128 with padding 1 and 2, output columns in
+    partial words: the first and last valid configs and a random one (WN = 64 and 128, teams,
+    fused planes, ones columns, slab row sums among them)."""
     rng, tested = random.Random(a_prec.bits + 10 * (w_prec is B1)), 0
     for i, epi in enumerate([EPILOGUES[1], EPILOGUES[5], S2_OUT]):
         shape = [dict(N=2, H=9, W=11, C=64, K=100, pad=1),

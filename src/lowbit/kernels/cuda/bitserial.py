@@ -49,8 +49,8 @@ registers and one multiply-add less per output; for epilogue-bound layers), SLIC
 wgmma kernels without tap-shift or split-K, on grids under two waves: 2 or 4 sets of the tile's
 warpgroups reduce k tile ranges of the same tile, each with its own stages and named barrier,
 the first adding the others' sums from shared memory before the epilogue), THR_PAIRS
-(persistent tap-shift blocks keeping their thresholds in shared memory, one weight plane,
-unsigned or binary activations, WN = 64 or 128, values within 2^15, `pair_range`: 1 compares
+(persistent tap-shift blocks keeping their thresholds in shared memory, WN = 64 or 128, the
+compared values within 2^15 of each other, `pair_range`: 1 compares
 two columns per 32-bit add in 16-bit halves, each lane's columns holding contiguous output
 channels, the weights' B rows permuted to match, so its threshold bits pack into its own bytes:
 about 5 instructions per output instead of 9).
@@ -329,8 +329,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "THR_SLOTS": threshold_slots(wl, config),
         "FUSE_PLANES": fuse_planes(config),
         "THR_PAIRS": int(thr_pairs(config)),
-        "PAIR_YLO": pair_range(wl)[0] if thr_pairs(config) else 0,
-        "PAIR_YHI": pair_range(wl)[1] if thr_pairs(config) else 0,
+        **pair_params(wl, config),
     }
     lines = [f"// lowbit bit-serial kernel for {wl.key}", f"// config {config.to_json()}"]
     lines += [f"constexpr int {k} = {int(v)};" for k, v in params.items()]
@@ -374,30 +373,55 @@ def thr_pairs(config: Mapping) -> bool:
     return bool(config.get("THR_PAIRS", 0))
 
 
+def pair_params(wl: Workload, config: Mapping) -> dict[str, int]:
+    """PAIR_YLO, PAIR_YHI, PAIR_DOT_LO of `pair_range` (zeros without THR_PAIRS)."""
+    r = pair_range(wl) if thr_pairs(config) else None
+    return {"PAIR_YLO": r.base if r else 0, "PAIR_YHI": r.hi if r else 0,
+            "PAIR_DOT_LO": r.dot_lo if r else 0}
+
+
 PAIR_SPAN = 1 << 15  # the values a THR_PAIRS half compares: under 2^15 apart, no carries
 
 
+@dataclass(frozen=True)
+class PairRange:
+    """Bounds of what a THR_PAIRS epilogue packs into 16-bit halves (rendered as PAIR_YLO,
+    PAIR_YHI, PAIR_DOT_LO): the compared value y = S * dot + term (S = A_ALPHA * W_ALPHA, dot =
+    sum_ij c_i d_j acc_ij, term = A_ALPHA * W_BETA * sum_i c_i rs_i) lies in [base, hi], base
+    also <= S * dot_lo + term's least value, so each half holds y - base as the sum of
+    S * (dot - dot_lo) >= 0 and the row's term - base + S * dot_lo >= 0."""
+    base: int
+    hi: int
+    dot_lo: int
+
+
 @cache
-def pair_range(wl: Workload) -> tuple[int, int] | None:
-    """[lo, hi] of the value y = A_ALPHA * (W_ALPHA * dot + W_BETA * rowsum) that a THR_PAIRS
-    epilogue compares with the thresholds (per activation plane i with coefficient c_i, the
-    products acc_i and row popcounts rs_i of K = R * S * C bits satisfy 0 <= acc_i <= rs_i <= K:
-    the extremes lie at (0, 0), (0, K), (K, K)), or None where THR_PAIRS cannot apply: more
-    than one weight plane, signed (two's complement) operands, the int8 mode, a conv that is
-    no tap-shift conv, or a span of 2^15 values or more (16-bit halves would carry)."""
-    if (not isinstance(wl, ConvWorkload) or int8_operands(wl) or planes(wl)[1] != 1
-            or Encoding.SIGNED in (wl.a.encoding, wl.w.encoding)
+def pair_range(wl: Workload) -> PairRange | None:
+    """The THR_PAIRS bounds of `wl`, or None where THR_PAIRS cannot apply: the int8 mode, a
+    GEMM or a conv that is no tap-shift conv, or y spanning 2^15 values or more (16-bit halves
+    would carry). Every product popcount acc_ij and row popcount rs_i counts at most K = R * S *
+    C bits; binary weights (one plane) also have acc_i <= rs_i, so a plane's W_ALPHA * acc_i +
+    W_BETA * rs_i is extreme at (acc_i, rs_i) = (0, 0), (0, K) or (K, K)."""
+    if (not isinstance(wl, ConvWorkload) or int8_operands(wl)
             or shift_unsupported_reason(conv_shape(wl)) is not None):
         return None
-    aa, _, coefs = plane_coefficients(wl.a)
-    ab, bb, _ = plane_coefficients(wl.w)
+    aa, _, ca = plane_coefficients(wl.a)
+    ab, bb, cw = plane_coefficients(wl.w)
     sh = conv_shape(wl)
-    k, csum = sh.r * sh.s * sh.c, sum(coefs)
-    ends = [0, bb * k, (ab + bb) * k]
-    lo, hi = aa * csum * min(ends), aa * csum * max(ends)
-    if hi - lo + 1 > PAIR_SPAN or aa * ab * csum * k >= 2 * PAIR_SPAN:
+    k = sh.r * sh.s * sh.c
+    prods = [ci * dj for ci in ca for dj in cw]
+    dot_lo, dot_hi = k * sum(min(0, p) for p in prods), k * sum(max(0, p) for p in prods)
+    if bb:
+        ends = [ab * acc + bb * rs for acc, rs in ((0, 0), (0, k), (k, k))]
+        lo = sum(aa * min(c * e for e in ends) for c in ca)
+        hi = sum(aa * max(c * e for e in ends) for c in ca)
+        term_lo = k * sum(min(0, aa * bb * c) for c in ca)
+    else:
+        lo, hi, term_lo = aa * ab * dot_lo, aa * ab * dot_hi, 0
+    base = min(lo, aa * ab * dot_lo + term_lo)
+    if aa * ab <= 0 or hi - base + 1 > PAIR_SPAN:
         return None
-    return lo, hi
+    return PairRange(base, hi, dot_lo)
 
 
 def acc_planes(wl: Workload, config: Mapping) -> int:
@@ -1010,8 +1034,7 @@ def _constraints(wl: Workload) -> list:
         if c["WN"] not in (64, 128):
             return "THR_PAIRS=1 gives a lane 16 or 32 output channels: WN = 64 or 128"
         if pair_range(wl) is None:
-            return ("THR_PAIRS=1 needs one weight plane, unsigned or binary activations and "
-                    "outputs within 2^15 values")
+            return "THR_PAIRS=1 needs the compared values within 2^15 of each other"
         return None
 
     def output(c: Config) -> str | None:

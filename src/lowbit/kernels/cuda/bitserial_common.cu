@@ -1053,19 +1053,20 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const RowPrep& row
 // row) sit in the 16-bit halves of one word, offset so that a half is 0x8000 + y - t against
 // threshold t: its top bit is y >= t, and the adds never carry across halves, since every y
 // lies in [PAIR_YLO, PAIR_YHI] (bitserial.pair_range: a span under 2^15) and t is clamped to
-// [PAIR_YLO, PAIR_YHI + 1], which decides the same. Per pair: the planes packed and summed (one
-// multiply-add each), the row term added, one add per threshold, one LOP3 per output bit, a
-// PRMT copying the halves' top bits into byte masks and a LOP3 into the row's bit words: about
-// 5 instructions per output instead of 9 (compares, selects, predicated ORs, quad shuffles).
-// The shared-memory table holds per column pair and level 0x8000 + PAIR_YLO - t in each half
-// (bitserial_wgmma_shift.cu), the row word (term - PAIR_YLO) in both halves.
+// [PAIR_YLO, PAIR_YHI + 1], which decides the same. Per pair: each column's plane products
+// summed from -PAIR_DOT_LO (so >= 0; one multiply-add per plane pair), both packed by one PRMT,
+// scaled and the row word added (one multiply-add), one add per threshold, one LOP3 per output
+// bit, a PRMT copying the halves' top bits into byte masks and a LOP3 into the row's bit
+// words: about 5 instructions per output instead of 9 (compares, selects, predicated ORs, quad
+// shuffles). The shared-memory table holds per column pair and level 0x8000 + PAIR_YLO - t in
+// each half (bitserial_wgmma_shift.cu), the row word term - PAIR_YLO + S * PAIR_DOT_LO (>= 0)
+// in both.
 constexpr int PAIR_STRIDE = THR_LEVELS == 3 ? 4 : THR_LEVELS;  // table words per pair (16 B)
 constexpr int PAIR_WORDS = (NT + 7) / 8;  // a row's bit words per lane (NT = 8: 1, 16: 2)
-static_assert(!THR_PAIRS || (OUT_THRESH && OUT_BITS <= 2 && P_BITS == 1 && !A_SIGNED
-                             && !W_SIGNED && A_ALPHA * W_ALPHA > 0 && SPLIT_K == 1
-                             && (NT == 8 || NT == 16) && MT == 1 && THR_SLOTS > 0),
-              "THR_PAIRS: thresholds in shared memory, one weight plane, unsigned or binary "
-              "activations, WN = 64 or 128 (bitserial.py)");
+static_assert(!THR_PAIRS || (OUT_THRESH && OUT_BITS <= 2 && A_ALPHA * W_ALPHA > 0
+                             && SPLIT_K == 1 && (NT == 8 || NT == 16) && MT == 1
+                             && THR_SLOTS > 0),
+              "THR_PAIRS: thresholds in shared memory, WN = 64 or 128 (bitserial.py)");
 __device__ __forceinline__ constexpr u32 pair_half(int lo, int hi) {
   return (u32)lo | ((u32)hi << 16);
 }
@@ -1104,7 +1105,9 @@ __device__ __forceinline__ void epilogue_pairs(const Acc& acc, const RowPrep& ro
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) row_word[mi][h] = (u32)(rows.term[mi][h] - PAIR_YLO) * 0x10001u;
+    for (int h = 0; h < 2; ++h)
+      row_word[mi][h] =
+          (u32)(rows.term[mi][h] - PAIR_YLO + A_ALPHA * W_ALPHA * PAIR_DOT_LO) * 0x10001u;
 #pragma unroll
   for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
@@ -1121,12 +1124,14 @@ __device__ __forceinline__ void epilogue_pairs(const Acc& acc, const RowPrep& ro
 #pragma unroll
           for (int k = 0; k < PAIR_STRIDE; ++k) thr[k] = p[k];
         }
-        int dot[2] = {0, 0};  // sum_i c_i popc(a_i & w) of both columns
-#pragma unroll
+        int dot[2] = {-PAIR_DOT_LO, -PAIR_DOT_LO};  // sum_ij c_i d_j popc(a_i & b_j), both
+#pragma unroll                                         // columns, less its least value
         for (int i = 0; i < (FUSE_PLANES ? 1 : Q_BITS); ++i)
 #pragma unroll
-          for (int e = 0; e < 2; ++e)
-            dot[e] += (FUSE_PLANES ? 1 : a_coef(i)) * acc[i][0][mi][ni][2 * h + e];
+          for (int j = 0; j < P_BITS; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              dot[e] += (FUSE_PLANES ? 1 : a_coef(i)) * w_coef(j) * acc[i][j][mi][ni][2 * h + e];
         // y - PAIR_YLO per half (the halves of dot < 2^16: one byte permute packs them)
         const u32 y = prmt(dot[0], dot[1], 0x5410) * (A_ALPHA * W_ALPHA) + row_word[mi][h];
         u32 bit[2] = {0u, 0u};  // output bit b of both columns in the halves' top bits
