@@ -1092,9 +1092,11 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
     # w2a2 61.9 / 40.0, against 45.2 / 39.0, 73.9 / 53.8, 227 / 150 for the defaults below),
     # on grids of at least one tile per SM; ones columns for the row sums of binary weights;
     # two columns' thresholds per add where the epilogue allows (H200, same process: s2 / s3
-    # w1a2 -21% / -15%, w1a1 -12% / -3%, config_probe-20261125-s20-pairs.json)
-    *(dict(BM=128, BN=bn, WM=64, WN=bn, KT=1, STAGES=3, PERSIST=1, TAP_SHIFT=1, ROW_TABLE=1,
-           ROWSUM=rowsum, THR_PAIRS=pairs)
+    # w1a2 -21% / -15%, w1a1 -12% / -3%, config_probe-20261125-s20-pairs.json); the slab
+    # copies' pixels from the row table too at BN = 64 (s2 w1a1 / w1a2 26.3 / 37.8 us against
+    # 27.7 / 39.5, w2a2 a tie; H100, bitserial-20261126-000329.json, -001900.json)
+    *(dict(BM=128, BN=bn, WM=64, WN=bn, KT=1, STAGES=3, PERSIST=1, TAP_SHIFT=1,
+           ROW_TABLE=1 if bn == 128 else 2, ROWSUM=rowsum, THR_PAIRS=pairs)
       for bn in (128, 64) for rowsum in ("cols", "mma") for pairs in (1, 0)),
     dict(BM=128, BN=256, WM=64, WN=128, KT=1, STAGES=6),
     dict(BM=128, BN=256, WM=64, WN=256, KT=1, STAGES=6),
