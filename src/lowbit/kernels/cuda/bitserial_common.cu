@@ -1114,16 +1114,12 @@ __device__ __forceinline__ void epilogue_pairs(const Acc& acc, const RowPrep& ro
     for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
+        // the row's tap-rectangle slot (binary activations), else one table for every row
+        const u32* p = reinterpret_cast<const u32*>(RECT_THR ? rows.rowp[mi][h] : rows.rowp[0][0])
+                       + ni * 4 * PAIR_STRIDE;
         u32 thr[PAIR_STRIDE];
-        if (RECT_THR || (mi == 0 && h == 0)) {  // else every row's table is the first row's
-          const u32* p = reinterpret_cast<const u32*>(rows.rowp[mi][h]) + ni * 4 * PAIR_STRIDE;
 #pragma unroll
-          for (int k = 0; k < PAIR_STRIDE; ++k) thr[k] = p[k];
-        } else {
-          const u32* p = reinterpret_cast<const u32*>(rows.rowp[0][0]) + ni * 4 * PAIR_STRIDE;
-#pragma unroll
-          for (int k = 0; k < PAIR_STRIDE; ++k) thr[k] = p[k];
-        }
+        for (int k = 0; k < PAIR_STRIDE; ++k) thr[k] = p[k];
         int dot[2] = {-PAIR_DOT_LO, -PAIR_DOT_LO};  // sum_ij c_i d_j popc(a_i & b_j), both
 #pragma unroll                                         // columns, less its least value
         for (int i = 0; i < (FUSE_PLANES ? 1 : Q_BITS); ++i)
