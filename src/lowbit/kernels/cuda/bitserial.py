@@ -50,10 +50,10 @@ wgmma kernels without tap-shift or split-K, on grids under two waves: 2 or 4 set
 warpgroups reduce k tile ranges of the same tile, each with its own stages and named barrier,
 the first adding the others' sums from shared memory before the epilogue), THR_PAIRS
 (persistent tap-shift blocks keeping their thresholds in shared memory, WN = 64 or 128, the
-compared values within 2^15 of each other, `pair_range`: 1 compares
-two columns per 32-bit add in 16-bit halves, each lane's columns holding contiguous output
-channels, the weights' B rows permuted to match, so its threshold bits pack into its own bytes:
-about 5 instructions per output instead of 9).
+compared values within 2^15 of each other, `pair_range`: 1 compares two columns per 32-bit add
+in 16-bit halves, each lane's columns holding contiguous output channels, the weights' B rows
+permuted to match, so its threshold bits pack into its own bytes: about 5 instructions per
+output instead of 9).
 """
 
 from __future__ import annotations
