@@ -819,6 +819,34 @@ def test_bit_exact_threshold_epilogue(wb, ab, mma):
                     _assert_exact(wl, c, seed=wb * 100 + ab * 10 + combo + i)
 
 
+_B1, _S2 = Precision(1, "binary"), Precision(2, "signed")
+PAIR_WORKLOADS = [  # kernels without tap-shift: the pair table from bind, in global memory
+    conv(_B1, Precision(2), THRESHOLD_EPILOGUES[0], N=2, H=9, W=7, C=64, K=300),
+    conv(_S2, Precision(2), THRESHOLD_EPILOGUES[2], N=2, H=9, W=9, C=128, K=70, stride=2),
+    conv(Precision(1), _S2, THRESHOLD_EPILOGUES[1], N=2, H=7, W=6, C=45, K=37),
+    gemm(_B1, Precision(2), THRESHOLD_EPILOGUES[3], M=300, N=260, K=512),
+    gemm(_S2, Precision(1), THRESHOLD_EPILOGUES[0], M=77, N=200, K=1000),
+]
+
+
+@pytest.mark.parametrize("wl", PAIR_WORKLOADS, ids=lambda wl: wl.key[:40])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bit_exact_threshold_pairs_outside_tap_shift(wl):
+    """THR_PAIRS in the one-tile and persistent wgmma kernels (two columns' thresholds per add
+    from the packed table of bind): binary, unsigned and signed weights and activations, one-
+    and two-bit outputs, stride 2, odd channel counts, GEMMs; the space's first and last such
+    configs, its first with 64 channels per lane (WN = 256) and two random ones."""
+    if bitserial.device_arch() != bitserial.WGMMA_ARCH:
+        pytest.skip("wgmma needs sm_90a")
+    rng = random.Random(len(wl.key))
+    pairs = [c for c in BITSERIAL.space(wl) if c["THR_PAIRS"] and not c["TAP_SHIFT"]]
+    wide = [c for c in pairs if c["WN"] == 256]
+    assert pairs
+    for cfg in pairs[:1] + pairs[-1:] + wide[:1] + rng.sample(pairs, 2):
+        _assert_exact(wl, cfg, seed=len(wl.key) + cfg["WN"])
+
+
 @pytest.mark.parametrize("wb,ab", [(1, 1), (1, 2), (2, 2), (3, 1), (4, 4)])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

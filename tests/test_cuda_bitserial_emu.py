@@ -202,6 +202,19 @@ CASES = [
      {"SPLIT_K": 8, "KT": 1, "ROW_TABLE": 1}),
     ("gemm_rowtable_wgmma_b1b1", gemm(B1, B1, EPILOGUES[1], M=70, N=64, K=512), "wgmma",
      {"ROW_TABLE": 1}),
+    # THR_PAIRS outside the tap-shift kernel (the packed pair table from bind, in global
+    # memory): a wide block of fused planes (WN = 256: 64 channels per lane) over two column
+    # tiles, the second partial; a persistent GEMM (WN = 128); signed two-plane weights with
+    # the halo load and two k slices (WN = 64, two lanes per word) and one-bit outputs
+    ("wgmma_pairs_wide_fused_b1u2", conv(B1, U2, EPILOGUES[1], N=3, H=8, W=9, C=64, K=300),
+     "wgmma", {"BM": 192, "BN": 256, "WN": 256, "KT": 1, "STAGES": 4, "FUSE_PLANES": 1,
+               "REQUANT": "threshold", "THR_PAIRS": 1}),
+    ("wgmma_pairs_persistent_gemm_b1u2", gemm(B1, U2, EPILOGUES[1], M=300, N=200, K=384),
+     "wgmma", {"PERSIST": 1, "BM": 128, "BN": 128, "WN": 128, "REQUANT": "threshold",
+               "THR_PAIRS": 1}),
+    ("wgmma_pairs_halo_slices_s2u1", conv(S2, U1, EPILOGUES[5], N=1, H=8, W=9, C=256, K=70),
+     "wgmma", {"BM": 64, "BN": 64, "WN": 64, "KT": 2, "STAGES": 4, "HALO": 1, "SLICES": 2,
+               "REQUANT": "threshold", "THR_PAIRS": 1}),
 ]
 
 
@@ -239,6 +252,16 @@ def _check(wl, cfg, seed):
 @pytest.mark.parametrize("wl,mma,changes", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_emulated_kernel_is_bit_exact(wl, mma, changes):
     assert _check(wl, _config(wl, mma, changes), seed=len(wl.key))
+
+
+def test_emulation_catches_a_pair_table_in_channel_order(monkeypatch):
+    """THR_PAIRS from global memory with the bind-time pair table's columns in channel order
+    instead of the lanes' (`pair_channel`) is caught: the pair cases above are not exact by
+    accident."""
+    wl, mma, changes = next(c[1:] for c in CASES if c[0] == "wgmma_pairs_wide_fused_b1u2")
+    cfg = _config(wl, mma, changes)
+    monkeypatch.setattr(bitserial, "pair_channel", lambda j, wn: j)
+    assert not _check(wl, cfg, seed=3)
 
 
 def test_split_k_counters_come_back_to_zero(monkeypatch):

@@ -508,19 +508,22 @@ def test_emulation_catches_wrong_channel_pairs(edit, case, monkeypatch):
 
 
 def test_threshold_pairs_constraints():
-    """THR_PAIRS is offered where the span of compared values fits 16-bit halves (ResNet-50 s2
-    w1a2: [-1728, 1728]; signed two-bit weights x unsigned two-bit activations: [-6K, 3K] with
-    K = 9C; C = 1024, four-bit activations at C = 128 or signed two-bit weights at C = 512
-    too wide) and valid only with the thresholds of persistent tap-shift blocks in shared
-    memory and 16 or 32 channels per lane."""
+    """THR_PAIRS is offered on sm_90a where the span of compared values fits 16-bit halves
+    (ResNet-50 s2 w1a2: [-1728, 1728]; signed two-bit weights x unsigned two-bit activations:
+    [-6K, 3K] with K = 9C; C = 1024, four-bit activations at C = 128 or signed two-bit
+    weights at C = 512 too wide) and valid in wgmma threshold kernels with 16, 32 or 64
+    channels per lane; binary activations (thresholds per tap rectangle) only where
+    persistent tap-shift blocks keep them in shared memory."""
     wl = conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=64, K=48)
     assert bitserial.pair_range(wl) == bitserial.PairRange(-1728, 1728, 0)
     assert bitserial.pair_range(conv(B1, B1, EPILOGUES[5], C=64)) == bitserial.PairRange(
         -1152, 1152, 0)
     assert bitserial.pair_range(conv(S2, U2, EPILOGUES[1], C=64)) == bitserial.PairRange(
         -6 * 576, 3 * 576, -6 * 576)
+    assert bitserial.pair_range(gemm(B1, U2, EPILOGUES[1], K=300)) == bitserial.PairRange(
+        -900, 900, 0)
     for none in (conv(B1, U2, EPILOGUES[1], C=1024), conv(B1, U4, EPILOGUES[1], C=128),
-                 conv(S2, U2, EPILOGUES[1], C=512), gemm(B1, U2, EPILOGUES[1])):
+                 conv(S2, U2, EPILOGUES[1], C=512)):
         assert bitserial.pair_range(none) is None
         assert BITSERIAL.space(none, "sm_90a").knob("THR_PAIRS").values == (0,)
     assert BITSERIAL.space(wl, "sm_90a").knob("THR_PAIRS").values == (0, 1)
@@ -529,10 +532,15 @@ def test_threshold_pairs_constraints():
         "THR_PAIRS").values == (0,)  # int32 output: no thresholds
     space = BITSERIAL.space(wl, "sm_90a")
     cfg = _shift_config(wl, dict(next(c[2] for c in EMU_CASES if c[0] == "pairs_c64_b1u2_cols")))
-    assert space.is_valid(cfg)
-    assert "shared memory" in space.why_invalid(cfg.replace(PERSIST=0))
-    assert "WN = 64 or 128" in space.why_invalid(cfg.replace(BN=32, WN=32))
+    assert space.is_valid(cfg) and space.is_valid(cfg.replace(PERSIST=0, TAP_SHIFT=0))
+    assert "WN = 64, 128 or 256" in space.why_invalid(cfg.replace(BN=32, WN=32))
+    assert "REQUANT='threshold'" in space.why_invalid(cfg.replace(REQUANT="multiply"))
     assert bitserial.smem_bytes(wl, cfg) == bitserial.smem_bytes(wl, cfg.replace(THR_PAIRS=0))
+    binary = conv(B1, B1, EPILOGUES[5], N=3, H=11, W=13, C=64, K=70)
+    slots = _shift_config(binary, next(c[2] for c in EMU_CASES if c[0] == "pairs_c64_b1b1_slots"))
+    assert BITSERIAL.space(binary, "sm_90a").is_valid(slots)
+    assert "per-rectangle" in BITSERIAL.space(binary, "sm_90a").why_invalid(
+        slots.replace(PERSIST=0, TAP_SHIFT=0, ROW_TABLE=0))
 
 
 def test_nvrtc_compiles_threshold_pairs_for_sm90a(tmp_path, monkeypatch):

@@ -49,11 +49,11 @@ registers and one multiply-add less per output; for epilogue-bound layers), SLIC
 wgmma kernels without tap-shift or split-K, on grids under two waves: 2 or 4 sets of the tile's
 warpgroups reduce k tile ranges of the same tile, each with its own stages and named barrier,
 the first adding the others' sums from shared memory before the epilogue), THR_PAIRS
-(persistent tap-shift blocks keeping their thresholds in shared memory, WN = 64 or 128, the
-compared values within 2^15 of each other, `pair_range`: 1 compares two columns per 32-bit add
-in 16-bit halves, each lane's columns holding contiguous output channels, the weights' B rows
-permuted to match, so its threshold bits pack into its own bytes: about 5 instructions per
-output instead of 9).
+(wgmma threshold kernels, WN = 64, 128 or 256, the compared values within 2^15 of each other,
+`pair_range`; binary activations only where persistent tap-shift blocks keep their thresholds
+in shared memory: 1 compares two columns per 32-bit add in 16-bit halves, each lane's columns
+holding contiguous output channels, the weights' B rows permuted to match, so its threshold
+bits pack into its own bytes: about 5 instructions per output instead of 9).
 """
 
 from __future__ import annotations
@@ -269,7 +269,33 @@ def epilogue_thresholds(wl: Workload, config: Mapping, params: EpilogueParams
     table = torch.full((wsum_columns(conv_shape(wl)), threshold_stride(wl)), INT32_MAX,
                        dtype=torch.int32)
     table[: thr.shape[0], : thr.shape[1]] = thr
+    if thr_pairs(config) and not threshold_slots(wl, config):
+        table = pair_table(wl, config, table)
     return table.to(params.multiplier.device)
+
+
+def pair_channel(j: torch.Tensor, wn: int) -> torch.Tensor:
+    """The output channel that accumulator column j of a THR_PAIRS warp tile of wn columns
+    holds (bitserial_common.cu's pair_channel: lane t4 owns channels [wn/4 t4, wn/4 (t4 + 1)))."""
+    ni, t4, e = j // 8, j % 8 // 2, j % 2
+    return wn // 4 * t4 + 16 * (ni // 8) + 8 * e + ni % 8
+
+
+def pair_table(wl: Workload, config: Mapping, table: torch.Tensor) -> torch.Tensor:
+    """THR_PAIRS without thresholds in shared memory: the int32 [rows / 2, PAIR_STRIDE] table of
+    packed words from the [rows, threshold_stride] thresholds, per pair of accumulator columns
+    (2p, 2p + 1; their channels by `pair_channel` within each WN-wide warp tile) and level:
+    0x8000 + base - t in each 16-bit half, t clamped to [base, hi + 1] (`pair_range`)."""
+    r, wn = pair_range(wl), config["WN"]
+    cols = torch.arange(table.shape[0])
+    chans = cols // wn * wn + pair_channel(cols % wn, wn)
+    levels = wl.epilogue.out.qmax - wl.epilogue.out.qmin
+    t = table[chans, :levels].to(torch.int64).clamp(r.base, r.hi + 1)
+    half = 0x8000 + r.base - t
+    words = half[0::2] | (half[1::2] << 16)
+    out = torch.zeros(table.shape[0] // 2, 4 if levels == 3 else levels, dtype=torch.int64)
+    out[:, :levels] = words
+    return torch.where(out >= 1 << 31, out - (1 << 32), out).to(torch.int32)
 
 
 def threshold_stride(wl: Workload) -> int:
@@ -397,13 +423,12 @@ class PairRange:
 
 @cache
 def pair_range(wl: Workload) -> PairRange | None:
-    """The THR_PAIRS bounds of `wl`, or None where THR_PAIRS cannot apply: the int8 mode, a
-    GEMM or a conv that is no tap-shift conv, or y spanning 2^15 values or more (16-bit halves
-    would carry). Every product popcount acc_ij and row popcount rs_i counts at most K = R * S *
-    C bits; binary weights (one plane) also have acc_i <= rs_i, so a plane's W_ALPHA * acc_i +
-    W_BETA * rs_i is extreme at (acc_i, rs_i) = (0, 0), (0, K) or (K, K)."""
-    if (not isinstance(wl, ConvWorkload) or int8_operands(wl)
-            or shift_unsupported_reason(conv_shape(wl)) is not None):
+    """The THR_PAIRS bounds of `wl`, or None where THR_PAIRS cannot apply: the int8 mode, or y
+    spanning 2^15 values or more (16-bit halves would carry). Every product popcount acc_ij and
+    row popcount rs_i counts at most K = R * S * C bits (a GEMM's K); binary weights (one plane)
+    also have acc_i <= rs_i, so a plane's W_ALPHA * acc_i + W_BETA * rs_i is extreme at
+    (acc_i, rs_i) = (0, 0), (0, K) or (K, K)."""
+    if int8_operands(wl):
         return None
     aa, _, ca = plane_coefficients(wl.a)
     ab, bb, cw = plane_coefficients(wl.w)
@@ -1028,13 +1053,15 @@ def _constraints(wl: Workload) -> list:
     def pairs(c: Config) -> str | None:
         if not thr_pairs(c):
             return None
-        if not threshold_slots(wl, c):
-            return ("THR_PAIRS=1 reads the thresholds that persistent tap-shift blocks keep in "
-                    "shared memory (REQUANT='threshold', TAP_SHIFT=1, PERSIST=1)")
-        if c["WN"] not in (64, 128):
-            return "THR_PAIRS=1 gives a lane 16 or 32 output channels: WN = 64 or 128"
+        if c["MMA"] != "wgmma" or not uses_thresholds(c):
+            return "THR_PAIRS=1 is a wgmma kernel's with REQUANT='threshold'"
+        if c["WN"] not in (64, 128, 256):
+            return "THR_PAIRS=1 gives a lane 16, 32 or 64 output channels: WN = 64, 128 or 256"
         if pair_range(wl) is None:
             return "THR_PAIRS=1 needs the compared values within 2^15 of each other"
+        if needs_wtap(wl) and not threshold_slots(wl, c):
+            return ("THR_PAIRS=1 with binary activations reads the per-rectangle thresholds that "
+                    "persistent tap-shift blocks keep in shared memory")
         return None
 
     def output(c: Config) -> str | None:
@@ -1194,7 +1221,7 @@ class BitserialTemplate(KernelTemplate):
                  requant_knob(workload),
                  Knob("SPLIT_K", split_k_values(workload)),
                  Knob("SLICES", slices_values(workload, arch)),
-                 Knob("THR_PAIRS", (0, 1) if 1 in self._tap_shift_values(workload, arch)
+                 Knob("THR_PAIRS", (0, 1) if arch == WGMMA_ARCH
                       and threshold_epilogue(workload) and pair_range(workload) else (0,))]
         return ConfigSpace(knobs, _constraints(workload))
 

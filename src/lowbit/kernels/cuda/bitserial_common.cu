@@ -237,6 +237,8 @@ constexpr int RECTS = TAB * TAB;
 static_assert(WSUM0 >= KOUT * TAB && WSUM0 % 2 == 0, "bitserial.wsum_start: after part 1, even");
 constexpr bool NEED_WTAP = A_BETA != 0;        // binary activations: weight sums over valid taps
 constexpr int THR_LEVELS = OUT_THRESH ? OUT_QMAX - OUT_QMIN : 1;
+// THR_PAIRS: table words per column pair, one per level (3 padded to 4: one 16-byte load)
+constexpr int PAIR_STRIDE = THR_LEVELS == 3 ? 4 : THR_LEVELS;
 // THR_STRIDE (rendered, bitserial.threshold_stride): ints per column in the threshold tables
 static_assert(THR_STRIDE >= THR_LEVELS, "a column's thresholds fit its stride");
 constexpr bool RECT_THR = OUT_THRESH && NEED_WTAP;
@@ -798,6 +800,7 @@ struct RowPrep {
 // Where a row's per-column data starts for column col_base (rect: the row's tap rectangle).
 __device__ __forceinline__ const int* row_data(int rect, int col_base, const EpilogueArgs& ea) {
   if constexpr (RECT_THR) return ea.wtap + WTHR0 + (rect * KPAD + col_base) * THR_STRIDE;
+  else if constexpr (THR_PAIRS) return ea.thr + col_base / 2 * PAIR_STRIDE;  // packed pairs
   else if constexpr (OUT_THRESH) return ea.thr + col_base * THR_STRIDE;
   else if constexpr (BORDER) return ea.wtap + WSUM0 + rect * KPAD + col_base;
   return nullptr;
@@ -1058,15 +1061,16 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const RowPrep& row
 // scaled and the row word added (one multiply-add), one add per threshold, one LOP3 per output
 // bit, a PRMT copying the halves' top bits into byte masks and a LOP3 into the row's bit
 // words: about 5 instructions per output instead of 9 (compares, selects, predicated ORs, quad
-// shuffles). The shared-memory table holds per column pair and level 0x8000 + PAIR_YLO - t in
-// each half (bitserial_wgmma_shift.cu), the row word term - PAIR_YLO + S * PAIR_DOT_LO (>= 0)
-// in both.
-constexpr int PAIR_STRIDE = THR_LEVELS == 3 ? 4 : THR_LEVELS;  // table words per pair (16 B)
-constexpr int PAIR_WORDS = (NT + 7) / 8;  // a row's bit words per lane (NT = 8: 1, 16: 2)
-static_assert(!THR_PAIRS || (OUT_THRESH && OUT_BITS <= 2 && A_ALPHA * W_ALPHA > 0
-                             && SPLIT_K == 1 && (NT == 8 || NT == 16) && MT == 1
-                             && THR_SLOTS > 0),
-              "THR_PAIRS: thresholds in shared memory, WN = 64 or 128 (bitserial.py)");
+// shuffles). The table holds per column pair and level 0x8000 + PAIR_YLO - t in each half:
+// in shared memory where persistent tap-shift blocks keep their thresholds
+// (bitserial_wgmma_shift.cu), else in global memory from bind (bitserial.pair_table); the
+// row word term - PAIR_YLO + S * PAIR_DOT_LO (>= 0) in both halves.
+constexpr int PAIR_WORDS = (NT + 7) / 8;  // a row's bit words per lane (NT = 8: 1, 16: 2, 32: 4)
+static_assert(!THR_PAIRS || (WGMMA && OUT_THRESH && OUT_BITS <= 2 && A_ALPHA * W_ALPHA > 0
+                             && SPLIT_K == 1 && (NT == 8 || NT == 16 || NT == 32) && MT == 1
+                             && (THR_SLOTS > 0 || !RECT_THR)),
+              "THR_PAIRS: wgmma, WN = 64, 128 or 256; binary activations' tables in shared "
+              "memory (bitserial.py)");
 __device__ __forceinline__ constexpr u32 pair_half(int lo, int hi) {
   return (u32)lo | ((u32)hi << 16);
 }
@@ -1079,16 +1083,19 @@ __device__ __forceinline__ u32 pair_thresholds(int t0, int t1) {
   return pair_half(half(t0), half(t1));
 }
 // Output words of one row from its bit words: byte 2b + e of bytes[i] holds plane b's bits of
-// this lane's channels 2 NT t4 + 16 i + 8 e + (0..7). NT = 16: one word per plane of this
+// this lane's channels 2 NT t4 + 16 i + 8 e + (0..7). NT >= 16: NT / 16 words per plane of this
 // lane's own; NT = 8: two lanes' halves per word, the even lane storing plane 0's, the odd one
 // plane 1's.
 __device__ __forceinline__ void store_pair_row(const u32 (&bytes)[PAIR_WORDS], int m, int word0,
                                                int t4, const EpilogueArgs& ea) {
-  if constexpr (NT == 16) {
+  if constexpr (NT >= 16) {
+    constexpr int LANE_WORDS = NT / 16;
 #pragma unroll
-    for (int b = 0; b < OUT_BITS; ++b)
-      store_row_word(prmt(bytes[0], bytes[1], b ? 0x7632 : 0x5410), b * OUT_WORD_TILES + t4, m,
-                     word0, ea);
+    for (int q = 0; q < LANE_WORDS; ++q)
+#pragma unroll
+      for (int b = 0; b < OUT_BITS; ++b)
+        store_row_word(prmt(bytes[2 * q], bytes[2 * q + 1], b ? 0x7632 : 0x5410),
+                       b * OUT_WORD_TILES + t4 * LANE_WORDS + q, m, word0, ea);
   } else {
     const u32 other = __shfl_xor_sync(0xffffffffu, bytes[0], 1);
     const int b = t4 & 1;
