@@ -1102,7 +1102,10 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
     # w1a1 (one accumulator plane, the only precision it fits): 192 x 256 one-tile blocks ran
     # 1.45x faster than 128 x 256 on ResNet-50 s4 / s5 b256 (fifteenth bit-serial session);
     # default only on grids of at least one tile per SM (`default_config`)
-    dict(BM=192, BN=256, WM=64, WN=256, KT=1, STAGES=4),
+    # ... with two columns' thresholds per add where the epilogue allows (below, fused: H100,
+    # same run, ResNet-50 s5 b256 w1a2 20.1 -> 18.0 us, GEMM 4096 53.9 -> 48.2, the spill
+    # gone; bitserial-20261126-004253.json)
+    *(dict(BM=192, BN=256, WM=64, WN=256, KT=1, STAGES=4, THR_PAIRS=pairs) for pairs in (1, 0)),
     # two activation planes on convs of at most 256 output channels: persistent tap-shift
     # blocks of two teams with two columns' thresholds per add, ResNet-50 s3 / s4 b256 w1a2
     # 21.7 / 19.8 us (slab row sums) against 23.6 / 24.7 for the defaults after it (H100,
@@ -1113,7 +1116,8 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
     # w1a2 (unsigned two-bit activations) the same with the planes in one accumulator: ResNet-50
     # s4 / s5 b256 24.6 / 21.0 us, GEMM 4096 53.9 as the default, against 27.7 / 26.9 / 61.5
     # for the 128 x 128 default below in earlier runs (sixteenth bit-serial session)
-    dict(BM=192, BN=256, WM=64, WN=256, KT=1, STAGES=4, FUSE_PLANES=1),
+    *(dict(BM=192, BN=256, WM=64, WN=256, KT=1, STAGES=4, FUSE_PLANES=1, THR_PAIRS=pairs)
+      for pairs in (1, 0)),
     # persistent tap-shift blocks, for convs of at most 128 output channels (C = K = 64, 128
     # measured as the default: ResNet-50 s2 / s3 b256 w1a1 30.4 / 17.9 us, w1a2 47.3 / 28.8,
     # w2a2 61.9 / 40.0, against 45.2 / 39.0, 73.9 / 53.8, 227 / 150 for the defaults below),
@@ -1170,6 +1174,8 @@ def small_grid_default(wl: Workload, cfg: Config, space: ConfigSpace) -> Config:
             small = cfg.replace(BM=64, BN=bn, WM=64, WN=bn, KT=2 if halo else 1, STAGES=4,
                                 HALO=halo, SLICES=2, PERSIST=0, TAP_SHIFT=0, TEAMS=1,
                                 ROW_TABLE=0, ROWSUM="mma")
+            if not space.is_valid(small):  # THR_PAIRS needs WN >= 64
+                small = small.replace(THR_PAIRS=0)
             if space.is_valid(small) and (
                     bn == 32 or math.prod(tile_grid(wl, small)) >= NUM_SMS // 2):
                 return small
@@ -1260,7 +1266,7 @@ class BitserialTemplate(KernelTemplate):
         limit = 128 if mma == "mma_sync" else 136  # wgmma: + row sums of w1 x a1
         for d in DEFAULTS[mma]:  # defaults keep the accumulators well inside the register file
             cfg = Config(d).replace(REQUANT=requant)
-            regime = d["TAP_SHIFT"] or d["FUSE_PLANES"]
+            regime = d["TAP_SHIFT"] or d["FUSE_PLANES"] or d["THR_PAIRS"]
             if (plain and regime) or not space.is_valid(cfg) or acc_regs(workload, d) > limit:
                 continue
             teams = d.get("TEAMS", 1) > 1
