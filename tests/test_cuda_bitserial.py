@@ -156,9 +156,8 @@ def test_wide_one_tile_rows_take_one_accumulator_plane():
 def test_wide_one_tile_default_only_where_it_fills_the_gpu():
     """The w1a1 wgmma default is the 192 x 256 block on grids of at least one such tile per SM
     (ResNet-50 s5 at batch 256: 66 x 2), and a smaller default below that (batch 16); w1a2's
-    is the same block with its activation planes fused and two columns' thresholds per add
-    (not for binary activations, whose thresholds per tap rectangle this kernel reads from
-    global memory), signed two-bit activations (which cannot fuse) keep a smaller one."""
+    is the same block with its activation planes fused, both with two columns' thresholds per
+    add; signed two-bit activations (which cannot fuse) keep a smaller one."""
     b1, u2, s2 = Precision(1, "binary"), Precision(2), Precision(2, "signed")
     arch = bitserial.WGMMA_ARCH
     for n, wide in ((256, True), (16, False)):
@@ -167,7 +166,8 @@ def test_wide_one_tile_default_only_where_it_fills_the_gpu():
                       K=512)
             cfg = BITSERIAL.default_config(wl, "wgmma", arch=arch)
             assert ((cfg["BM"], cfg["BN"]) == (192, 256)) == wide, dict(cfg)
-            assert cfg["FUSE_PLANES"] == cfg["THR_PAIRS"] == int(wide and a_prec is u2)
+            assert cfg["FUSE_PLANES"] == int(wide and a_prec is u2)
+            assert cfg["THR_PAIRS"] == int(wide)
     signed = conv(b1, s2, EPILOGUES[1], N=256, H=7, W=7, C=512, K=512)
     assert BITSERIAL.default_config(signed, "wgmma", arch=arch)["BM"] != 192
 
@@ -827,6 +827,10 @@ PAIR_WORKLOADS = [  # kernels without tap-shift: the pair table from bind, in gl
     conv(Precision(1), _S2, THRESHOLD_EPILOGUES[1], N=2, H=7, W=6, C=45, K=37),
     gemm(_B1, Precision(2), THRESHOLD_EPILOGUES[3], M=300, N=260, K=512),
     gemm(_S2, Precision(1), THRESHOLD_EPILOGUES[0], M=77, N=200, K=1000),
+    # binary activations: thresholds per tap rectangle, packed by the wtap kernel
+    conv(_B1, _B1, THRESHOLD_EPILOGUES[1], N=2, H=9, W=8, C=64, K=300),
+    conv(Precision(1), _B1, THRESHOLD_EPILOGUES[2], N=2, H=7, W=8, C=96, K=70, R=5, S=5, pad=2),
+    gemm(_B1, _B1, THRESHOLD_EPILOGUES[0], M=300, N=130, K=700),
 ]
 
 

@@ -215,6 +215,17 @@ CASES = [
     ("wgmma_pairs_halo_slices_s2u1", conv(S2, U1, EPILOGUES[5], N=1, H=8, W=9, C=256, K=70),
      "wgmma", {"BM": 64, "BN": 64, "WN": 64, "KT": 2, "STAGES": 4, "HALO": 1, "SLICES": 2,
                "REQUANT": "threshold", "THR_PAIRS": 1}),
+    # ... binary activations: thresholds per tap rectangle packed by the wtap kernel (part 4,
+    # each column's half): the wide block with the halo, padding 2 of a 5 x 5 conv with
+    # two-bit outputs, and a GEMM (one rectangle)
+    ("wgmma_pairs_wide_halo_b1b1", conv(B1, B1, EPILOGUES[5], N=3, H=8, W=9, C=64, K=300),
+     "wgmma", {"BM": 192, "BN": 256, "WN": 256, "KT": 1, "STAGES": 4, "HALO": 1,
+               "REQUANT": "threshold", "THR_PAIRS": 1}),
+    ("wgmma_pairs_5x5_u1b1", conv(U1, B1, EPILOGUES[1], N=2, H=7, W=8, C=64, K=70, R=5, S=5,
+                                  pad=2),
+     "wgmma", {"BM": 64, "BN": 128, "WN": 128, "REQUANT": "threshold", "THR_PAIRS": 1}),
+    ("wgmma_pairs_gemm_b1b1", gemm(B1, B1, EPILOGUES[1], M=200, N=100, K=512), "wgmma",
+     {"BM": 128, "BN": 64, "WN": 64, "PERSIST": 1, "REQUANT": "threshold", "THR_PAIRS": 1}),
 ]
 
 
@@ -261,6 +272,16 @@ def test_emulation_catches_a_pair_table_in_channel_order(monkeypatch):
     wl, mma, changes = next(c[1:] for c in CASES if c[0] == "wgmma_pairs_wide_fused_b1u2")
     cfg = _config(wl, mma, changes)
     monkeypatch.setattr(bitserial, "pair_channel", lambda j, wn: j)
+    assert not _check(wl, cfg, seed=3)
+
+
+def test_emulation_catches_swapped_halves_of_packed_rectangle_thresholds(monkeypatch):
+    """Binary activations' packed thresholds (wtap part 4) with each column written into its
+    partner's half are caught."""
+    wl, mma, changes = next(c[1:] for c in CASES if c[0] == "wgmma_pairs_5x5_u1b1")
+    cfg = _config(wl, mma, changes)
+    edit_kernel_file(monkeypatch, "bitserial_common.cu", "* PAIR_STRIDE + k) * 2 + j % 2] =",
+                     "* PAIR_STRIDE + k) * 2 + 1 - j % 2] =")
     assert not _check(wl, cfg, seed=3)
 
 

@@ -512,8 +512,8 @@ def test_threshold_pairs_constraints():
     (ResNet-50 s2 w1a2: [-1728, 1728]; signed two-bit weights x unsigned two-bit activations:
     [-6K, 3K] with K = 9C; C = 1024, four-bit activations at C = 128 or signed two-bit
     weights at C = 512 too wide) and valid in wgmma threshold kernels with 16, 32 or 64
-    channels per lane; binary activations (thresholds per tap rectangle) only where
-    persistent tap-shift blocks keep them in shared memory."""
+    channels per lane; binary activations too (their thresholds per tap rectangle packed in
+    shared memory by tap-shift blocks, by the wtap kernel for the others)."""
     wl = conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=64, K=48)
     assert bitserial.pair_range(wl) == bitserial.PairRange(-1728, 1728, 0)
     assert bitserial.pair_range(conv(B1, B1, EPILOGUES[5], C=64)) == bitserial.PairRange(
@@ -539,8 +539,7 @@ def test_threshold_pairs_constraints():
     binary = conv(B1, B1, EPILOGUES[5], N=3, H=11, W=13, C=64, K=70)
     slots = _shift_config(binary, next(c[2] for c in EMU_CASES if c[0] == "pairs_c64_b1b1_slots"))
     assert BITSERIAL.space(binary, "sm_90a").is_valid(slots)
-    assert "per-rectangle" in BITSERIAL.space(binary, "sm_90a").why_invalid(
-        slots.replace(PERSIST=0, TAP_SHIFT=0, ROW_TABLE=0))
+    assert BITSERIAL.space(binary, "sm_90a").is_valid(slots.replace(PERSIST=0, TAP_SHIFT=0))
 
 
 def test_nvrtc_compiles_threshold_pairs_for_sm90a(tmp_path, monkeypatch):

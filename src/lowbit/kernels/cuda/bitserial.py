@@ -50,8 +50,7 @@ wgmma kernels without tap-shift or split-K, on grids under two waves: 2 or 4 set
 warpgroups reduce k tile ranges of the same tile, each with its own stages and named barrier,
 the first adding the others' sums from shared memory before the epilogue), THR_PAIRS
 (wgmma threshold kernels, WN = 64, 128 or 256, the compared values within 2^15 of each other,
-`pair_range`; binary activations only where persistent tap-shift blocks keep their thresholds
-in shared memory: 1 compares two columns per 32-bit add in 16-bit halves, each lane's columns
+`pair_range`: 1 compares two columns per 32-bit add in 16-bit halves, each lane's columns
 holding contiguous output channels, the weights' B rows permuted to match, so its threshold
 bits pack into its own bytes: about 5 instructions per output instead of 9).
 """
@@ -269,8 +268,8 @@ def epilogue_thresholds(wl: Workload, config: Mapping, params: EpilogueParams
     table = torch.full((wsum_columns(conv_shape(wl)), threshold_stride(wl)), INT32_MAX,
                        dtype=torch.int32)
     table[: thr.shape[0], : thr.shape[1]] = thr
-    if thr_pairs(config) and not threshold_slots(wl, config):
-        table = pair_table(wl, config, table)
+    if thr_pairs(config) and not threshold_slots(wl, config) and not needs_wtap(wl):
+        table = pair_table(wl, config, table)  # binary activations: wtap part 4 instead
     return table.to(params.multiplier.device)
 
 
@@ -679,15 +678,18 @@ def side_tables(wl: Workload, config: Mapping, device: torch.device | str
                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The int32 tables a launch fills before the main kernel (None where not needed): wtap
     [KOUT x (R+1)(S+1) prefix sums, then ((R+1)(S+1))^2 tap rectangles x KOUT rounded up to
-    256 weight sums, then (REQUANT="threshold") as many x levels thresholds less those sums]
-    for binary activations, xpop [planes x pixels] for ROWSUM="table"."""
+    256 weight sums, then (REQUANT="threshold") as many x levels thresholds less those sums,
+    then (THR_PAIRS without shared-memory slots) those packed, per rectangle KOUT/2 column pairs
+    x PAIR_STRIDE words] for binary activations, xpop [planes x pixels] for ROWSUM="table"."""
     sh = conv_shape(wl)
     wtap = xpop = None
     if needs_wtap(wl):  # the prefix table, the weight sums per tap rectangle, their thresholds
         tab = (sh.r + 1) * (sh.s + 1)
-        levels = threshold_stride(wl) if uses_thresholds(config) else 0
-        wtap = torch.empty(wsum_start(sh) + tab * tab * wsum_columns(sh) * (1 + levels),
-                           dtype=torch.int32, device=device)
+        stride = threshold_stride(wl) if uses_thresholds(config) else 0
+        rects = tab * tab * wsum_columns(sh)
+        pairs = rects // 2 * stride if thr_pairs(config) and not threshold_slots(wl, config) else 0
+        wtap = torch.empty(wsum_start(sh) + rects * (1 + stride) + pairs, dtype=torch.int32,
+                           device=device)
     if rowsum_table(config):
         xpop = torch.empty(planes(wl)[0] * sh.nb * sh.h * sh.w, dtype=torch.int32,
                            device=device)
@@ -1059,9 +1061,6 @@ def _constraints(wl: Workload) -> list:
             return "THR_PAIRS=1 gives a lane 16, 32 or 64 output channels: WN = 64, 128 or 256"
         if pair_range(wl) is None:
             return "THR_PAIRS=1 needs the compared values within 2^15 of each other"
-        if needs_wtap(wl) and not threshold_slots(wl, c):
-            return ("THR_PAIRS=1 with binary activations reads the per-rectangle thresholds that "
-                    "persistent tap-shift blocks keep in shared memory")
         return None
 
     def output(c: Config) -> str | None:

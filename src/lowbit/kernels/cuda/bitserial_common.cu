@@ -239,10 +239,26 @@ constexpr bool NEED_WTAP = A_BETA != 0;        // binary activations: weight sum
 constexpr int THR_LEVELS = OUT_THRESH ? OUT_QMAX - OUT_QMIN : 1;
 // THR_PAIRS: table words per column pair, one per level (3 padded to 4: one 16-byte load)
 constexpr int PAIR_STRIDE = THR_LEVELS == 3 ? 4 : THR_LEVELS;
+// THR_PAIRS (bitserial.thr_pairs): a lane's accumulator columns hold contiguous output
+// channels, the weights' B rows permuted to match. Column j of a warp tile (n8 tile ni = j / 8,
+// lane t4 = j % 8 / 2, e = j % 2, the m16n8 fragment) holds channel
+// pair_channel(j) = 2 NT t4 + 16 (ni / 8) + 8 e + ni % 8: lane t4 owns channels [2 NT t4,
+// 2 NT (t4 + 1)), byte e (+ 2 per 8 tiles) of its bit words collecting bit ni % 8 of them.
+__device__ __forceinline__ constexpr int pair_channel(int j) {
+  return 2 * NT * (j % 8 / 2) + 16 * (j / 64) + 8 * (j % 2) + j / 8 % 8;
+}
+__device__ __forceinline__ constexpr int pair_column(int c) {  // the inverse
+  return 8 * (c % 8 + 8 * (c % (2 * NT) / 16)) + 2 * (c / (2 * NT)) + c / 8 % 2;
+}
 // THR_STRIDE (rendered, bitserial.threshold_stride): ints per column in the threshold tables
 static_assert(THR_STRIDE >= THR_LEVELS, "a column's thresholds fit its stride");
 constexpr bool RECT_THR = OUT_THRESH && NEED_WTAP;
 constexpr int WTHR0 = WSUM0 + RECTS * KPAD;
+// Part 4 (RECT_THR with THR_PAIRS outside shared memory), at WPAIR0: part 3 packed for the pair
+// epilogue, wtap[WPAIR0 + (rect_id * KPAD / 2 + p) * PAIR_STRIDE + k] holding the words of
+// accumulator columns 2p, 2p + 1 (pair_thresholds), each column's warp writing its 16-bit half.
+constexpr bool PAIR_WTAP = RECT_THR && THR_PAIRS && THR_SLOTS == 0;
+constexpr int WPAIR0 = WTHR0 + RECTS * KPAD * THR_STRIDE;
 __device__ __forceinline__ constexpr int rect_id(int rlo, int rhi, int slo, int shi) {
   return ((rlo * (R + 1) + rhi) * (S + 1) + slo) * (S + 1) + shi;
 }
@@ -294,6 +310,13 @@ extern "C" __global__ void bitserial_wtap(const u32* __restrict__ w, const int* 
         const i64 t = (i64)thr[col * THR_STRIDE + k] - sum;
         wtap[WTHR0 + ((i64)i * KPAD + col) * THR_STRIDE + k] =
             (int)(t < -2147483648ll ? -2147483648ll : (t > 2147483647ll ? 2147483647ll : t));
+        if constexpr (PAIR_WTAP) {
+          const int j = col / WN * WN + pair_column(col % WN);  // its accumulator column
+          const int tc = t < PAIR_YLO ? PAIR_YLO : (t > PAIR_YHI ? PAIR_YHI + 1 : (int)t);
+          reinterpret_cast<unsigned short*>(wtap + WPAIR0)[
+              (((i64)i * (KPAD / 2) + j / 2) * PAIR_STRIDE + k) * 2 + j % 2] =
+              (unsigned short)(0x8000 + PAIR_YLO - tc);
+        }
       }
     }
   }
@@ -333,17 +356,6 @@ __device__ __forceinline__ int slot(int rows, int row, int ks, int wd) {
     return ks * rows * 8 + row * 8 + (((wd >> 2) ^ ((row >> 2) & 1)) << 2) + (wd & 3);
   if constexpr (WGMMA) return ks * rows * 8 + (row >> 3) * 64 + (wd >> 2) * 32 + (row & 7) * 4 + (wd & 3);
   return (ks * rows + row) * 8 + wd;
-}
-// THR_PAIRS (bitserial.thr_pairs): a lane's accumulator columns hold contiguous output
-// channels, the weights' B rows permuted to match. Column j of a warp tile (n8 tile ni = j / 8,
-// lane t4 = j % 8 / 2, e = j % 2, the m16n8 fragment) holds channel
-// pair_channel(j) = 2 NT t4 + 16 (ni / 8) + 8 e + ni % 8: lane t4 owns channels [2 NT t4,
-// 2 NT (t4 + 1)), byte e (+ 2 per 8 tiles) of its bit words collecting bit ni % 8 of them.
-__device__ __forceinline__ constexpr int pair_channel(int j) {
-  return 2 * NT * (j % 8 / 2) + 16 * (j / 64) + 8 * (j % 2) + j / 8 % 8;
-}
-__device__ __forceinline__ constexpr int pair_column(int c) {  // the inverse
-  return 8 * (c % 8 + 8 * (c % (2 * NT) / 16)) + 2 * (c / (2 * NT)) + c / 8 % 2;
 }
 // Row of the B slab holding weight plane 0 of block column n (wgmma: planes of a warpgroup's
 // WN columns are adjacent, plane j WN rows below plane 0).
@@ -799,6 +811,7 @@ struct RowPrep {
 };
 // Where a row's per-column data starts for column col_base (rect: the row's tap rectangle).
 __device__ __forceinline__ const int* row_data(int rect, int col_base, const EpilogueArgs& ea) {
+  if constexpr (PAIR_WTAP) return ea.wtap + WPAIR0 + (rect * (KPAD / 2) + col_base / 2) * PAIR_STRIDE;
   if constexpr (RECT_THR) return ea.wtap + WTHR0 + (rect * KPAD + col_base) * THR_STRIDE;
   else if constexpr (THR_PAIRS) return ea.thr + col_base / 2 * PAIR_STRIDE;  // packed pairs
   else if constexpr (OUT_THRESH) return ea.thr + col_base * THR_STRIDE;
@@ -1067,10 +1080,8 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const RowPrep& row
 // row word term - PAIR_YLO + S * PAIR_DOT_LO (>= 0) in both halves.
 constexpr int PAIR_WORDS = (NT + 7) / 8;  // a row's bit words per lane (NT = 8: 1, 16: 2, 32: 4)
 static_assert(!THR_PAIRS || (WGMMA && OUT_THRESH && OUT_BITS <= 2 && A_ALPHA * W_ALPHA > 0
-                             && SPLIT_K == 1 && (NT == 8 || NT == 16 || NT == 32) && MT == 1
-                             && (THR_SLOTS > 0 || !RECT_THR)),
-              "THR_PAIRS: wgmma, WN = 64, 128 or 256; binary activations' tables in shared "
-              "memory (bitserial.py)");
+                             && SPLIT_K == 1 && (NT == 8 || NT == 16 || NT == 32) && MT == 1),
+              "THR_PAIRS: wgmma, WN = 64, 128 or 256 (bitserial.py)");
 __device__ __forceinline__ constexpr u32 pair_half(int lo, int hi) {
   return (u32)lo | ((u32)hi << 16);
 }
