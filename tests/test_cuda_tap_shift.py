@@ -312,6 +312,15 @@ EMU_CASES = [
     ("pairs_fused_c64_u2u2_s2out_wn128", conv(U2, U2, S2_OUT, N=2, H=9, W=10, C=64, K=200),
      {"PERSIST": 1, "BM": 64, "BN": 128, "WN": 128, "REQUANT": "threshold", "FUSE_PLANES": 1,
       "THR_PAIRS": 1}),
+    # ... and from global memory: binary activations of a 5 x 5 conv whose 81 rectangle slots
+    # exceed THR_SMEM_BYTES at BN = 64 (the wtap kernel's packed part 4), persistent; one tile
+    # per block with unsigned activations (the bind-time pair table)
+    ("pairs_global_c128_b1b1_5x5", conv(B1, B1, EPILOGUES[5], N=2, H=7, W=8, C=128, K=70, R=5,
+                                        S=5, pad=2),
+     {"PERSIST": 1, "BM": 64, "BN": 64, "WN": 64, "ROW_TABLE": 1, "REQUANT": "threshold",
+      "THR_PAIRS": 1}),
+    ("pairs_global_one_tile_c64_b1u2", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=64, K=48),
+     {"BM": 128, "BN": 64, "WN": 64, "ROWSUM": "cols", "REQUANT": "threshold", "THR_PAIRS": 1}),
 ]
 
 
@@ -543,13 +552,14 @@ def test_threshold_pairs_constraints():
 
 
 def test_nvrtc_compiles_threshold_pairs_for_sm90a(tmp_path, monkeypatch):
-    """Every THR_PAIRS emulation case compiles for sm_90a, its kernel the persistent
-    tap-shift one."""
+    """Every THR_PAIRS emulation case compiles for sm_90a, its kernel a tap-shift one."""
     monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
     for _, wl, changes in (c for c in EMU_CASES if c[0].startswith("pairs")):
-        kernel = BITSERIAL.build(wl, _shift_config(wl, changes), arch="sm_90a")
+        cfg = _shift_config(wl, changes)
+        kernel = BITSERIAL.build(wl, cfg, arch="sm_90a")
         assert kernel._main.cubin[:4] == b"\x7fELF"
-        assert kernel._main.name == "bitserial_wgmma_shift_persistent"
+        assert kernel._main.name == bitserial.kernel_name(cfg)
+        assert kernel._main.name.startswith("bitserial_wgmma_shift")
 
 
 def test_teams_constraints():
