@@ -268,7 +268,7 @@ def epilogue_thresholds(wl: Workload, config: Mapping, params: EpilogueParams
     table = torch.full((wsum_columns(conv_shape(wl)), threshold_stride(wl)), INT32_MAX,
                        dtype=torch.int32)
     table[: thr.shape[0], : thr.shape[1]] = thr
-    if thr_pairs(config) and not threshold_slots(wl, config) and not needs_wtap(wl):
+    if pairs_in_memory(wl, config) and not needs_wtap(wl):
         table = pair_table(wl, config, table)  # binary activations: wtap part 4 instead
     return table.to(params.multiplier.device)
 
@@ -292,7 +292,7 @@ def pair_table(wl: Workload, config: Mapping, table: torch.Tensor) -> torch.Tens
     t = table[chans, :levels].to(torch.int64).clamp(r.base, r.hi + 1)
     half = 0x8000 + r.base - t
     words = half[0::2] | (half[1::2] << 16)
-    out = torch.zeros(table.shape[0] // 2, 4 if levels == 3 else levels, dtype=torch.int64)
+    out = torch.zeros(table.shape[0] // 2, threshold_stride(wl), dtype=torch.int64)
     out[:, :levels] = words
     return torch.where(out >= 1 << 31, out - (1 << 32), out).to(torch.int32)
 
@@ -396,6 +396,12 @@ def fuse_planes(config: Mapping) -> bool:
 def thr_pairs(config: Mapping) -> bool:
     """Threshold bits of two columns per 32-bit add (knob THR_PAIRS; 0 where absent)."""
     return bool(config.get("THR_PAIRS", 0))
+
+
+def pairs_in_memory(wl: Workload, config: Mapping) -> bool:
+    """THR_PAIRS reading its packed thresholds from global memory (`pair_table`, or for binary
+    activations the wtap table's part 4): no `threshold_slots` in shared memory."""
+    return thr_pairs(config) and not threshold_slots(wl, config)
 
 
 def pair_params(wl: Workload, config: Mapping) -> dict[str, int]:
@@ -687,7 +693,7 @@ def side_tables(wl: Workload, config: Mapping, device: torch.device | str
         tab = (sh.r + 1) * (sh.s + 1)
         stride = threshold_stride(wl) if uses_thresholds(config) else 0
         rects = tab * tab * wsum_columns(sh)
-        pairs = rects // 2 * stride if thr_pairs(config) and not threshold_slots(wl, config) else 0
+        pairs = rects // 2 * stride if pairs_in_memory(wl, config) else 0
         wtap = torch.empty(wsum_start(sh) + rects * (1 + stride) + pairs, dtype=torch.int32,
                            device=device)
     if rowsum_table(config):
@@ -1252,8 +1258,8 @@ class BitserialTemplate(KernelTemplate):
     def plain_config(self, workload: Workload, mma: str | None = None,
                      arch: str | None = None) -> Config:
         """The first valid one-tile preferred config without the regime defaults (tap-shift,
-        fused planes, k slices): a stable base that tests and benchmarks build variants from
-        (`default_config` of before those regimes)."""
+        fused planes, two columns' thresholds per add, k slices): a stable base that tests and
+        benchmarks build variants from (`default_config` of before those regimes)."""
         return self._first_default(workload, mma, arch, plain=True)[0]
 
     def _first_default(self, workload: Workload, mma: str | None, arch: str | None,

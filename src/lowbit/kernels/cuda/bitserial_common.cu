@@ -250,6 +250,12 @@ __device__ __forceinline__ constexpr int pair_channel(int j) {
 __device__ __forceinline__ constexpr int pair_column(int c) {  // the inverse
   return 8 * (c % 8 + 8 * (c % (2 * NT) / 16)) + 2 * (c / (2 * NT)) + c / 8 % 2;
 }
+// One 16-bit half of a THR_PAIRS table word for threshold t: 0x8000 + PAIR_YLO - t, t clamped
+// to [PAIR_YLO, PAIR_YHI + 1] (every y lies in [PAIR_YLO, PAIR_YHI]: the compare is the same).
+// T: int, or i64 for the wtap kernel's thresholds less their rectangle sums.
+template <typename T> __device__ __forceinline__ int pair_threshold_half(T t) {
+  return 0x8000 + PAIR_YLO - (t < PAIR_YLO ? PAIR_YLO : (t > PAIR_YHI ? PAIR_YHI + 1 : (int)t));
+}
 // THR_STRIDE (rendered, bitserial.threshold_stride): ints per column in the threshold tables
 static_assert(THR_STRIDE >= THR_LEVELS, "a column's thresholds fit its stride");
 constexpr bool RECT_THR = OUT_THRESH && NEED_WTAP;
@@ -312,10 +318,9 @@ extern "C" __global__ void bitserial_wtap(const u32* __restrict__ w, const int* 
             (int)(t < -2147483648ll ? -2147483648ll : (t > 2147483647ll ? 2147483647ll : t));
         if constexpr (PAIR_WTAP) {
           const int j = col / WN * WN + pair_column(col % WN);  // its accumulator column
-          const int tc = t < PAIR_YLO ? PAIR_YLO : (t > PAIR_YHI ? PAIR_YHI + 1 : (int)t);
           reinterpret_cast<unsigned short*>(wtap + WPAIR0)[
               (((i64)i * (KPAD / 2) + j / 2) * PAIR_STRIDE + k) * 2 + j % 2] =
-              (unsigned short)(0x8000 + PAIR_YLO - tc);
+              (unsigned short)pair_threshold_half(t);
         }
       }
     }
@@ -1087,11 +1092,7 @@ __device__ __forceinline__ constexpr u32 pair_half(int lo, int hi) {
 }
 // the table word of thresholds t0, t1 (columns of one pair)
 __device__ __forceinline__ u32 pair_thresholds(int t0, int t1) {
-  auto half = [](int t) {
-    t = t < PAIR_YLO ? PAIR_YLO : (t > PAIR_YHI ? PAIR_YHI + 1 : t);
-    return 0x8000 + PAIR_YLO - t;
-  };
-  return pair_half(half(t0), half(t1));
+  return pair_half(pair_threshold_half(t0), pair_threshold_half(t1));
 }
 // Output words of one row from its bit words: byte 2b + e of bytes[i] holds plane b's bits of
 // this lane's channels 2 NT t4 + 16 i + 8 e + (0..7). NT >= 16: NT / 16 words per plane of this
