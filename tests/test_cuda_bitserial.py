@@ -226,6 +226,34 @@ def test_k_slices_only_in_small_one_tile_wgmma_grids():
     assert BITSERIAL.space(big, bitserial.WGMMA_ARCH).knob("SLICES").values == (1,)
 
 
+def test_a_in_halo_space():
+    """A_IN_HALO=1 (A tiles read in place from a pixel tile's halo) is a one-tile wgmma
+    kernel's with HALO=1, on stride-1 convs of channels a multiple of 256 whose k slabs KT
+    divides; its grid counts BM / 8 x 8 pixel tiles, margins included, and its halo is the
+    tile's window. NVRTC compiles it for sm_90a."""
+    b1, u2 = Precision(1, "binary"), Precision(2)
+    wl = conv(b1, u2, EPILOGUES[1], N=1, H=16, W=16, C=1024, K=1024)  # the APNN-TC conv
+    space = BITSERIAL.space(wl, bitserial.WGMMA_ARCH)
+    cfg = BITSERIAL.plain_config(wl, "wgmma", arch=bitserial.WGMMA_ARCH).replace(
+        BM=64, BN=32, WN=32, KT=4, STAGES=6, HALO=1, A_IN_HALO=1)
+    assert space.is_valid(cfg), space.why_invalid(cfg)
+    assert bitserial.tile_grid(wl, cfg) == (32, 4)
+    assert bitserial.halo_bytes(wl, cfg) == 2 * 10 * 10 * 1024 // 8
+    assert BITSERIAL.build(wl, cfg, arch="sm_90a")._main.cubin[:4] == b"\x7fELF"
+    assert "HALO=1" in space.why_invalid(cfg.replace(HALO=0))
+    assert "ROWSUM='table'" in space.why_invalid(cfg.replace(ROWSUM="table"))
+    tall = cfg.replace(BM=128, WN=32, KT=2)  # 16 x 8 pixel tiles: 1 x 2 per image
+    assert space.is_valid(tall) and bitserial.tile_grid(wl, tall) == (32, 2)
+    margins = conv(b1, u2, EPILOGUES[1], N=3, H=14, W=14, C=256, K=64)
+    assert bitserial.block_rows(margins, cfg.replace(KT=1)) == 3 * 2 * 2 * 64
+    for other, why in ((conv(b1, u2, N=1, H=16, W=16, C=1024, K=64, stride=2), "stride 1"),
+                       (conv(b1, u2, N=1, H=16, W=16, C=384, K=64), "multiple of 256"),
+                       (conv(b1, u2, N=1, H=16, W=16, C=512, K=64), "KT to divide")):
+        assert why in BITSERIAL.space(other, "sm_90a").why_invalid(
+            cfg.replace(BN=64, WN=64, REQUANT="multiply"))
+    assert BITSERIAL.space(wl, "sm_80").knob("A_IN_HALO").values == (0,)
+
+
 def test_small_grid_default_splits_long_reductions():
     """Where the preferred wgmma default leaves most SMs idle and the reduction is long, the
     default is a one-warpgroup 64-row block wide enough for half a wave, with two k slices and
@@ -913,3 +941,28 @@ def test_bit_exact_k_slices(wb, ab):
                 BM=64, BN=32, WN=32, KT=1, STAGES=4, HALO=int(halo), SLICES=sl)
             assert space.is_valid(cfg), space.why_invalid(cfg)
             _assert_exact(wl, cfg, seed=combo + sl)
+
+
+@pytest.mark.parametrize("wb,ab", [(1, 1), (1, 2), (2, 2), (1, 4), (2, 3)])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bit_exact_a_in_halo(wb, ab):
+    """A_IN_HALO=1 (wgmma reading each tap's A tile in place from the halo): every encoding
+    pair of the bit pair on convs whose 8-pixel tiles overrun the image (margins), 3 x 3 and
+    5 x 5 windows, 8 x 8 tiles of one warpgroup and 16 x 8 tiles of two (in two k slices
+    where the registers allow)."""
+    if bitserial.device_arch() != bitserial.WGMMA_ARCH:
+        pytest.skip("wgmma needs sm_90a")
+    for combo in range(4):
+        w_prec, a_prec = encodings(wb)[combo // 2], encodings(ab)[combo % 2]
+        epi = EPILOGUES[(wb + ab + combo) % len(EPILOGUES)]
+        window = dict(R=5, S=5, pad=2) if combo == 3 else {}
+        wl = conv(w_prec, a_prec, epi, N=2, H=11, W=13, C=256 * (1 + combo % 2), K=70,
+                  **window)
+        space = BITSERIAL.space(wl)
+        for changes in (dict(BM=64, BN=32, WN=32, KT=1, STAGES=4),
+                        dict(BM=128, BN=32, WN=32, KT=1, STAGES=3,
+                             SLICES=2 if wb * ab <= 2 else 1)):  # 512 threads' registers
+            cfg = BITSERIAL.plain_config(wl, "wgmma").replace(HALO=1, A_IN_HALO=1, **changes)
+            assert space.is_valid(cfg), space.why_invalid(cfg)
+            _assert_exact(wl, cfg, seed=combo)

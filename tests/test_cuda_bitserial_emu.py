@@ -226,6 +226,21 @@ CASES = [
      "wgmma", {"BM": 64, "BN": 128, "WN": 128, "REQUANT": "threshold", "THR_PAIRS": 1}),
     ("wgmma_pairs_gemm_b1b1", gemm(B1, B1, EPILOGUES[1], M=200, N=100, K=512), "wgmma",
      {"BM": 128, "BN": 64, "WN": 64, "PERSIST": 1, "REQUANT": "threshold", "THR_PAIRS": 1}),
+    # A tiles read in place from a pixel tile's halo (A_IN_HALO): 8 x 8 tiles over two images
+    # with margins (9 x 11 outputs: the last tile row and column mostly outside), the ones
+    # tile's row sums; 16 x 8 tiles of two warpgroups in two k slices, binary activations'
+    # tap rectangles and thresholds, ones columns; a 5 x 5 window (pad 2) of signed planes
+    # the 32-byte swizzle left to the weights
+    ("wgmma_a_in_halo_b1u2", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=11, C=256, K=40),
+     "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 4, "HALO": 1,
+               "A_IN_HALO": 1}),
+    ("wgmma_a_in_halo_slices_b1b1", conv(B1, B1, EPILOGUES[5], N=1, H=10, W=7, C=512, K=70),
+     "wgmma", {"BM": 128, "BN": 64, "WN": 64, "KT": 1, "STAGES": 3, "HALO": 1,
+               "A_IN_HALO": 1, "SLICES": 2, "ROWSUM": "cols", "REQUANT": "threshold"}),
+    ("wgmma_a_in_halo_5x5_s2s3", conv(S2, S3, EPILOGUES[4], N=1, H=6, W=9, C=256, K=37,
+                                      R=5, S=5, pad=2),
+     "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 3, "HALO": 1,
+               "A_IN_HALO": 1, "SWIZZLE": 32}),
 ]
 
 
@@ -365,7 +380,7 @@ def test_emulation_catches_misplaced_ones_columns(monkeypatch):
     # the staged tiles without the 32-byte swizzle that the descriptors declare
     (("(((wd >> 2) ^ ((row >> 2) & 1)) << 2)", "((wd >> 2) << 2)"), {}),
     # a tile's first wgmma accumulating onto registers nobody zeroed (scale-d must be 0)
-    (("ones, wg_m, wg_n, kt > k0);", "ones, wg_m, wg_n, true);"), {}),
+    (("ones, wg_m, wg_n, kt > k0,", "ones, wg_m, wg_n, true,"), {}),
     # split-K: the last block leaves out the first split's partial sums
     (("for (int z = 0; z < SPLIT_K; ++z) {", "for (int z = 1; z < SPLIT_K; ++z) {"),
      {"SPLIT_K": 4}),

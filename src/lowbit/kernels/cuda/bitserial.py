@@ -18,7 +18,11 @@ reading both operands from shared memory through descriptors, sm_90a only, WM = 
 warpgroup, N = w_bits * WN), SWIZZLE (wgmma shared-memory layout: 0 = 8x16-byte core matrices,
 32 = the 32-byte swizzle; mma.sync: 0), HALO (1: duplicate-aware load: the input rows of a
 block's output pixels plus halo are copied once into shared memory and the im2col tiles are
-gathered from there; convs with R*S > 1 and PERSIST=0 only), ROWSUM (binary weights only: "mma"
+gathered from there; convs with R*S > 1 and PERSIST=0 only), A_IN_HALO (one-tile wgmma kernels
+with HALO=1, stride 1, channels a multiple of 256: 1 makes each block tile a BM / 8 x 8 tile of
+output pixels whose input window sits in shared memory as 16-byte channel chunks by pixel, so
+the wgmma descriptors address every tap's A tile in place: no im2col copies or gather at all,
+the stages carry the weights only), ROWSUM (binary weights only: "mma"
 computes the activation rows' popcounts with one more MMA per plane and k step against a tile of
 ones; "table" reads them from a per-pixel popcount table of x made by a small kernel first,
 summed over the valid taps in the epilogue; "slab", persistent TAP_SHIFT=1 kernels with
@@ -343,7 +347,8 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "SPLIT_K": split_k(config), "TAP_SHIFT": int(tap_shift(config)),
         "ROW_TABLE": int(config.get("ROW_TABLE", 0)), "TEAMS": teams(config),
         "SLICES": slices(config), "SLICE_SUM_WORDS": slice_sum_words(wl, config),
-        "HALO_WORDS": halo_rows(sh, config["BM"]) * sh.w * sh.words if config["HALO"] else 0,
+        "HALO_WORDS": halo_bytes(wl, config) // 4 // q, "A_IN_HALO": int(a_in_halo(config)),
+        "TILES_Y": pixel_tiles(wl, config)[0], "TILES_X": pixel_tiles(wl, config)[1],
         "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh), "KPAD": wsum_columns(sh),
         "WSUM0": wsum_start(sh),
         "HAS_BIAS": int(epi.bias), "RELU": int(epi.relu), "OUT_MODE": _out_mode(wl),
@@ -364,8 +369,9 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
     if tap_shift(config):
         lines.append(render_tables(shift_plan(sh, config["BM"])))
         lines.append(f"constexpr int SLAB_BUFFERS = {slab_buffers(config)};")
-    else:  # out_row's virtual grid is the output itself
-        lines.append("constexpr int VQ = 1, VP = 1;\nconstexpr long long V_ROWS = M_ROWS;")
+    else:  # out_row's virtual grid: the output itself, or A_IN_HALO's pixel tiles
+        lines.append("constexpr int VQ = 1, VP = 1;\n"
+                     f"constexpr long long V_ROWS = {block_rows(wl, config)}ll;")
     body = _cu("bitserial_common.cu")
     if config["MMA"] == "wgmma":
         if wgmma_asm:
@@ -534,9 +540,28 @@ def _row_entries(sh: Shape, vq: int, vp: int, v_rows: int, bm: int,
 
 
 def block_rows(wl: Workload, config: Mapping) -> int:
-    """Rows the block tiles cover: the output rows, or TAP_SHIFT's virtual rows."""
+    """Rows the block tiles cover: the output rows, TAP_SHIFT's virtual rows, or A_IN_HALO's
+    pixel tiles (BM rows each, margins included)."""
     sh = conv_shape(wl)
-    return shift_plan(sh, config["BM"]).v_rows if tap_shift(config) else sh.rows
+    if tap_shift(config):
+        return shift_plan(sh, config["BM"]).v_rows
+    if a_in_halo(config):
+        return sh.nb * math.prod(pixel_tiles(wl, config)) * config["BM"]
+    return sh.rows
+
+
+def a_in_halo(config: Mapping) -> bool:
+    """The MMAs read the A tiles in place from a pixel tile's halo (knob A_IN_HALO=1)."""
+    return bool(config.get("A_IN_HALO", 0))
+
+
+def pixel_tiles(wl: Workload, config: Mapping) -> tuple[int, int]:
+    """(tiles down, tiles across) of an A_IN_HALO block grid per image: BM / 8 x 8 output
+    pixels per tile; (1, 1) without A_IN_HALO (rendered as TILES_Y, TILES_X)."""
+    if not a_in_halo(config):
+        return 1, 1
+    sh = conv_shape(wl)
+    return -(-sh.p // (config["BM"] // 8)), -(-sh.q // 8)
 
 
 def split_k(config: Mapping) -> int:
@@ -611,11 +636,16 @@ def halo_rows(sh: Shape, bm: int) -> int:
 
 
 def halo_bytes(wl: Workload, config: Mapping) -> int:
-    """Shared memory of the HALO=1 input slab: a_bits planes x rows x W x channel words."""
+    """Shared memory of the HALO=1 input slab: a_bits planes x rows x W x channel words; with
+    A_IN_HALO the pixel tile's window, (BM / 8 + R - 1) x (8 + S - 1) pixels."""
     if not config["HALO"]:
         return 0
     sh = conv_shape(wl)
-    return planes(wl)[0] * halo_rows(sh, config["BM"]) * sh.w * sh.words * 4
+    if a_in_halo(config):
+        pixels = (config["BM"] // 8 + sh.r - 1) * (8 + sh.s - 1)
+    else:
+        pixels = halo_rows(sh, config["BM"]) * sh.w
+    return planes(wl)[0] * pixels * sh.words * 4
 
 
 def needs_rowsum(wl: Workload) -> bool:
@@ -745,12 +775,12 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     """Dynamic shared memory of a config: STAGES x (a_bits*BM + w_bits*BN) rows x KT*32 bytes
     (wgmma with binary weights: + a 256-byte tile of ones for the row popcounts, with
     ROWSUM="cols" 16 more B rows per k slab instead, with ROWSUM="slab" 4 bytes per slab
-    position; HALO=1: + the input slab; TAP_SHIFT=1: the
+    position; HALO=1: + the input slab, A_IN_HALO=1 without the a_bits*BM rows; TAP_SHIFT=1: the
     weights once, the slab buffers and slab popcounts per team, persistent blocks their
     columns' `threshold_slots`; the stages and the packing tile are per team too; SLICES: the
     stages per k slice, and at least the slices' sums, `slice_sum_words`, which go over them)."""
     q = planes(wl)[0]
-    rows = q * config["BM"] + b_rows(wl, config)
+    rows = (0 if a_in_halo(config) else q * config["BM"]) + b_rows(wl, config)
     operands = (config["STAGES"] * rows * config["KT"] * 32 * teams(config) * slices(config)
                 + halo_bytes(wl, config))
     ones = 1
@@ -978,6 +1008,20 @@ def _constraints(wl: Workload) -> list:
             return "halo slab too large for 32-bit word offsets"
         return None
 
+    def halo_in_place(c: Config) -> str | None:
+        if not a_in_halo(c):
+            return None
+        if c["MMA"] != "wgmma" or not c["HALO"] or c["PERSIST"] or tap_shift(c):
+            return "A_IN_HALO=1 is the one-tile wgmma kernel's, with HALO=1"
+        if sh.stride != 1 or sh.words % 8:
+            return ("A_IN_HALO=1 needs stride 1 and channels a multiple of 256 (a k slab in "
+                    "one tap)")
+        if sh.k_words // 8 % c["KT"]:
+            return f"A_IN_HALO=1 needs KT to divide the {sh.k_words // 8} k slabs"
+        if rowsum_table(c) or uses_row_table(c):
+            return "A_IN_HALO=1 keeps each row's pixel: not with ROWSUM='table' or ROW_TABLE"
+        return None
+
     def shifted(c: Config) -> str | None:
         if not tap_shift(c):
             return None
@@ -1084,8 +1128,8 @@ def _constraints(wl: Workload) -> list:
             return "too many row tiles for grid.y"
         return None
 
-    return [tiles, mma, fused, three_warpgroup_rows, halo, shifted, team_tiles, rowsums, registers,
-            shared, copies, splits, k_slices, output, pairs, waste]
+    return [tiles, mma, fused, three_warpgroup_rows, halo, halo_in_place, shifted, team_tiles,
+            rowsums, registers, shared, copies, splits, k_slices, output, pairs, waste]
 
 
 # Preferred defaults, best first (APNN-TC-like: big warp tiles for small p*q, smaller for larger).
@@ -1147,11 +1191,13 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
 ]
 DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma",
                               REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
-                              TEAMS=1, FUSE_PLANES=0, SLICES=1, THR_PAIRS=0)
+                              TEAMS=1, FUSE_PLANES=0, SLICES=1, THR_PAIRS=0,
+                              A_IN_HALO=0)
                          for d in _MMA_SYNC_DEFAULTS],
             "wgmma": [dict(dict(PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0, ROWSUM="mma",
                                 REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
-                                TEAMS=1, FUSE_PLANES=0, SLICES=1, THR_PAIRS=0), **d)
+                                TEAMS=1, FUSE_PLANES=0, SLICES=1, THR_PAIRS=0,
+                                A_IN_HALO=0), **d)
                       for d in _WGMMA_DEFAULTS]}
 # the tap-shift defaults' limit on output channels (the widths they were measured at); the
 # two-team ones: 256, and only for two activation planes (a team's MMA phase long enough to
@@ -1201,7 +1247,7 @@ class BitserialTemplate(KernelTemplate):
                                                    "SPLIT_K": 1, "TAP_SHIFT": 0,
                                                    "ROW_TABLE": 0, "TEAMS": 1,
                                                    "FUSE_PLANES": 0, "SLICES": 1,
-                                                   "THR_PAIRS": 0}
+                                                   "THR_PAIRS": 0, "A_IN_HALO": 0}
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         wl = workload
@@ -1225,6 +1271,7 @@ class BitserialTemplate(KernelTemplate):
                  Knob("FUSE_PLANES", (0, 1) if arch == WGMMA_ARCH and fusable_planes(workload)
                       else (0,)),
                  Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
+                 Knob("A_IN_HALO", (0, 1) if arch == WGMMA_ARCH else (0,)),
                  Knob("ROWSUM", ("mma", "table", "slab", "cols")
                       if workload.w.encoding is Encoding.BINARY else ("mma",)),
                  Knob("ROW_TABLE", (0, 1, 2) if 1 in self._tap_shift_values(workload, arch)

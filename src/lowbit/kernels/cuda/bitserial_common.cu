@@ -44,7 +44,8 @@ constexpr int B_PLANE_STEP = WGMMA ? WN * 8 : KT * BN * 8;  // words between wei
 // instead of a second m64n8k256 re-reading it (shared-memory bandwidth limits the MMA phase).
 constexpr int ONES_ROWS = ROWSUM_COLS ? 16 : 0;
 constexpr int B_ROWS = WGMMA ? P_BITS * BN + ONES_ROWS : BN;  // rows of one B slab
-constexpr int A_STAGE_WORDS = Q_BITS * A_PLANE_STEP;
+// A_IN_HALO: the MMAs read the A tiles in place from the block's halo; the stages hold B only
+constexpr int A_STAGE_WORDS = A_IN_HALO ? 0 : Q_BITS * A_PLANE_STEP;
 constexpr int STAGE_WORDS = A_STAGE_WORDS + (P_BITS * BN + ONES_ROWS) * KT * 8;
 constexpr int CPR = TILE_WORDS / VEC;          // copy chunks per row per stage
 constexpr int A_ITERS = (BM * CPR + THREADS - 1) / THREADS;
@@ -75,6 +76,18 @@ constexpr int BLOCK_WORDS = BN >= 32 ? BN / 32 : 1;
 constexpr int PACK_WORDS = OUT_BITS * BM * BLOCK_WORDS;
 constexpr int N_COL_TILES = (KOUT + BN - 1) / BN;
 constexpr int ROW_TILES = (int)((V_ROWS + BM - 1) / BM);  // V_ROWS: TAP_SHIFT's rows, else M_ROWS
+// A_IN_HALO (wgmma, stride 1, CW % 8 == 0): block tile t covers the output pixels of a
+// TILE_H x 8 pixel tile (rows of 8 pixels, 8 * wg_m.. for warpgroup wg_m; tiles past the
+// image's edge keep their rows, dropped by row_pos). Its input window, HALO_H x HALO_W pixels,
+// sits in shared memory as [plane][16-byte chunk][pixel] (16 bytes = 128 channels of a plane),
+// so for tap (r, s) and a chunk pair the 64 rows of a warpgroup are eight runs of 8 pixels at
+// a fixed stride: a core-matrix layout (8 rows x 16 contiguous bytes each, 8-row groups SBO =
+// HALO_W * 16 bytes apart, k halves LBO = HALO_PIX * 16 bytes apart) that wgmma reads through
+// a descriptor, with no im2col copy at all.
+constexpr int TILE_H = BM / 8, HALO_H = TILE_H + R - 1, HALO_W = 8 + S - 1;
+constexpr int HALO_PIX = HALO_H * HALO_W, HALO_CHUNKS = CW / 4;
+static_assert(!A_IN_HALO || (WGMMA && STRIDE == 1 && CW % 8 == 0 && VEC == 4),
+              "A_IN_HALO: wgmma, stride 1, channels a multiple of 256 (bitserial.py)");
 constexpr int N_TILES = N_COL_TILES * ROW_TILES;
 // ROW_TABLE=2: the slab copies' input pixels follow the rows' {output row, rect} entries
 constexpr int VPIX0 = ROW_TABLE >= 2 ? (int)(2 * ROW_TILES * BM) : 0;
@@ -118,12 +131,17 @@ __device__ __forceinline__ VPos vpos_add(VPos a, VPos d) {
 struct RowPos {
   int m, po, qo;
 };
-__device__ __forceinline__ RowPos row_pos(VPos p) {  // TAP_SHIFT
+__device__ __forceinline__ RowPos row_pos(VPos p) {  // TAP_SHIFT, A_IN_HALO
   const bool ok = p.n < NB && p.y < P_OUT && p.c < Q_OUT;
   return RowPos{ok ? (p.n * P_OUT + p.y) * Q_OUT + p.c : (int)M_ROWS, p.y, p.c};
 }
 __device__ __forceinline__ RowPos row_pos(int v) {
   if constexpr (TAP_SHIFT) return row_pos(vpos(v));
+  if constexpr (A_IN_HALO) {  // tile t = (n * TILES_Y + ty) * TILES_X + tx, 8 pixels per row
+    const int i = v % BM, t = v / BM;
+    return row_pos(VPos{t / (TILES_X * TILES_Y), t / TILES_X % TILES_Y * TILE_H + i / 8,
+                        t % TILES_X * 8 + i % 8});
+  }
   return RowPos{v, (v / Q_OUT) % P_OUT, v % Q_OUT};
 }
 __device__ __forceinline__ int out_row(int v) { return row_pos(v).m; }
@@ -429,6 +447,23 @@ __device__ __forceinline__ int halo_load(const u32* __restrict__ x, u32* halo, i
   return row0;
 }
 
+// A_IN_HALO: issue the copies of block tile `tile`'s input window into `halo` (layout above;
+// zeros outside the image), all planes, without a commit: they join the first stage's group.
+__device__ __forceinline__ void halo_tile_load(const u32* __restrict__ x, u32* halo, int tile,
+                                               int tid, int nthreads) {
+  const int tx = tile % TILES_X, ty = tile / TILES_X % TILES_Y, n = tile / (TILES_X * TILES_Y);
+  const int iy0 = ty * TILE_H - PAD, ix0 = tx * 8 - PAD;
+  for (int idx = tid; idx < HALO_PIX * HALO_CHUNKS; idx += nthreads) {
+    const int chunk = idx % HALO_CHUNKS, pix = idx / HALO_CHUNKS;  // a pixel's chunks coalesce
+    const int iy = iy0 + pix / HALO_W, ix = ix0 + pix % HALO_W;
+    const bool valid = (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
+    const int src = valid ? ((n * H + iy) * W + ix) * CW + chunk * 4 : 0;
+#pragma unroll
+    for (int i = 0; i < Q_BITS; ++i)
+      copy_async(halo + ((i * HALO_CHUNKS + chunk) * HALO_PIX + pix) * 4, x + i * X_PLANE + src, valid);
+  }
+}
+
 // Issue the copies of k tile kt (all bit planes, im2col gather for A) into `stage`: cp.async from
 // global memory, or with HALO=1 the A tile from the block's halo slab (rows from halo_row0).
 __device__ __forceinline__ void load_stage(const u32* __restrict__ x, const u32* __restrict__ w,
@@ -444,7 +479,7 @@ __device__ __forceinline__ void load_stage(const u32* __restrict__ x, const u32*
   SharedVec halo_vals[HALO ? A_ITERS : 1][Q_BITS];  // HALO: loaded here, stored below
   u32* halo_dst[HALO ? A_ITERS : 1] = {};
 #pragma unroll
-  for (int it = 0; it < A_ITERS; ++it) {
+  for (int it = 0; it < (A_IN_HALO ? 0 : A_ITERS); ++it) {
     const int idx = tid + it * THREADS;
     if ((BM * CPR) % THREADS == 0 || idx < BM * CPR) {
       const int row = idx / CPR, c = idx % CPR;
@@ -464,7 +499,7 @@ __device__ __forceinline__ void load_stage(const u32* __restrict__ x, const u32*
       }
     }
   }
-  if constexpr (HALO) {
+  if constexpr (HALO && !A_IN_HALO) {
 #pragma unroll
     for (int it = 0; it < A_ITERS; ++it)
       if (halo_dst[it] != nullptr)

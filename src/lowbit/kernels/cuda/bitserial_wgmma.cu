@@ -19,7 +19,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
   if (slice == 0) fill_ones(ones, tid);
   fill_stage_ones_rows(stages, tid);
   u32* halo = ones + ONES_WORDS;  // HALO=1: the block's input slab
-  const int halo_row0 = HALO ? halo_load(x, halo, m0, (int)threadIdx.x, BLOCK_THREADS) : 0;
+  int halo_row0 = 0;
+  if constexpr (A_IN_HALO) halo_tile_load(x, halo, blockIdx.y, (int)threadIdx.x, BLOCK_THREADS);
+  else if constexpr (HALO) halo_row0 = halo_load(x, halo, m0, (int)threadIdx.x, BLOCK_THREADS);
   if constexpr (SLICES > 1 && !HALO) __syncthreads();  // the ones tile, for every slice
 
   Acc acc;
@@ -34,6 +36,11 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     if (k0 + s < k1) load_stage(x, w, stages + s * STAGE_WORDS, ar, n0, k0 + s, tid, halo, halo_row0);
     copy_commit();
   }
+  if constexpr (A_IN_HALO) {  // the halo (in the first stage's group) landed for every slice
+    copy_wait<STAGES - 3>();
+    fence_proxy_async();
+    __syncthreads();
+  }
   for (int kt = k0; kt < k1; ++kt) {
     copy_wait<STAGES - 3>();
     fence_proxy_async();
@@ -44,7 +51,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
         load_stage(x, w, stages + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
       copy_commit();
     }
-    wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, kt > k0);
+    wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, kt > k0,
+                halo, kt);
     wgmma_wait<1>();
   }
   wgmma_wait<0>();

@@ -26,6 +26,17 @@ __device__ __forceinline__ u64 desc_offset(u64 desc, int units, int lbo = 0) {
   const u32 lo = (u32)desc + (u32)units + ((u32)lbo << 16);
   return ((desc >> 32) << 32) | lo;
 }
+// A_IN_HALO: the descriptor of the halo's first pixel, core matrices of 8 pixels: 8-row groups
+// (pixel rows) HALO_W * 16 bytes apart, k halves (16-byte channel chunks) HALO_PIX * 16 apart
+__device__ __forceinline__ u64 halo_desc(const u32* halo) {
+  return ((smem_addr(halo) & 0x3FFFF) >> 4) | ((u64)HALO_PIX << 16) | ((u64)HALO_W << 32);
+}
+// ... and the 16-byte units from it to the A tile of k slab kb (tap, 256 channels: CW % 8 == 0,
+// so a slab lies in one tap) for warpgroup wg_m's pixel rows 8 wg_m..
+__device__ __forceinline__ int halo_units(int kb, int wg_m) {
+  const int tap = kb * 8 / CW, cw = kb * 8 % CW;
+  return cw / 4 * HALO_PIX + (8 * wg_m + tap / S) * HALO_W + tap % S;
+}
 // <device-primitives> (bitserial_emu.py replaces this region with host versions)
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -66,19 +77,23 @@ static_assert(WM == 64 && BM % 64 == 0, "a warpgroup owns 64 rows");
 // The wgmma batch of one stage: every activation plane x all weight planes of this
 // warpgroup's columns, KT k256 slabs (committed as one group; the caller waits). accumulate =
 // false on a tile's first stage: its first slab overwrites the accumulators (zero_acc leaves
-// wgmma accumulators alone).
+// wgmma accumulators alone). A_IN_HALO: the A tiles of k tile kt from `halo`.
 __device__ __forceinline__ void wgmma_stage(Acc& acc, RowSum& rsum, const u32* stage,
-                                            const u32* ones, int wg_m, int wg_n, bool accumulate) {
+                                            const u32* ones, int wg_m, int wg_n, bool accumulate,
+                                            const u32* halo = nullptr, int kt = 0) {
   const u32* sa = stage + wg_m * 64 * 8;
   const u32* sb = stage + A_STAGE_WORDS + wg_n * (P_BITS * WN) * 8;
   const u64 dones = ROWSUM_ONES_TILE ? smem_desc(ones) : 0;  // no ones tile: none to address
+  const u64 dhalo = A_IN_HALO ? halo_desc(halo) : 0;
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < KT; ++ks) {
     const u64 db = smem_desc(sb + ks * B_ROWS * 8);
 #pragma unroll
     for (int i = 0; i < Q_BITS; ++i) {
-      const u64 da = smem_desc(sa + i * A_PLANE_STEP + ks * BM * 8);
+      const u64 da = A_IN_HALO
+          ? desc_offset(dhalo, halo_units(kt * KT + ks, wg_m) + i * HALO_CHUNKS * HALO_PIX)
+          : smem_desc(sa + i * A_PLANE_STEP + ks * BM * 8);
       const int acc_in = ks > 0 || accumulate;
       wgmma_plane(acc, rsum, i, da, db, dones, acc_in);
     }
