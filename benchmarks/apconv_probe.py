@@ -38,7 +38,7 @@ from shift_probe import variant_render
 NEVER = "if (*(volatile u32*)smem == 0x9E3779B9u) "
 MMA_CALL = {"wgmma": "wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS,",
             "mma_sync": "mma_sync_stage(acc, rsum, sa, sa + A_STAGE_WORDS,"}
-EPILOGUE_CALL = {"wgmma": "tile_epilogue(acc, rsum, m0, n0, row0, wg_n * WN,",
+EPILOGUE_CALL = {"wgmma": "tile_epilogue(acc, rsum, prep, m0, n0, row0, wg_n * WN,",
                  "mma_sync": "tile_epilogue(acc, rsum, m0, n0, warp_m * WM, warp_n * WN,"}
 # per MMA kind: the (old, new) text pairs of each cut (shift_probe.variant_render applies them,
 # each exactly once)
@@ -60,7 +60,7 @@ CUTS = {
 _NEXT = ("    {\n      const int next = kt + STAGES - 2;\n      if (next < k1)\n"
          "        load_stage(x, w, stages + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, "
          "tid, halo, halo_row0);\n      copy_commit();\n    }\n")
-_MMA = f"    {MMA_CALL['wgmma']} ones, wg_m, wg_n, kt > k0);\n"
+_MMA = f"    {MMA_CALL['wgmma']} ones, wg_m, wg_n, kt > k0,\n                halo, kt);\n"
 CUTS["mma_first"] = {"wgmma": [(_NEXT + _MMA, _MMA + _NEXT)], "mma_sync": []}
 NONE: dict[str, list] = {k: [] for k in MMA_CALL}
 VARIANTS = {"base": NONE, **CUTS,
@@ -70,14 +70,18 @@ VARIANTS = {"base": NONE, **CUTS,
 BEST = {  # the rows' best configs (bitserial-20261125-210302.json), without slices
     "w1a2": dict(BM=64, BN=32, FUSE_PLANES=0, HALO=1, KT=2, MMA="wgmma", PERSIST=0,
                  REQUANT="threshold", ROWSUM="mma", ROW_TABLE=0, SLICES=1, SPLIT_K=1, STAGES=4,
-                 SWIZZLE=32, TAP_SHIFT=0, TEAMS=1, WM=64, WN=32),
+                 SWIZZLE=32, TAP_SHIFT=0, TEAMS=1, THR_PAIRS=0, A_IN_HALO=0, WM=64,
+                 WN=32),
     "w1a1": dict(BM=64, BN=32, FUSE_PLANES=0, HALO=1, KT=4, MMA="wgmma", PERSIST=0,
                  REQUANT="threshold", ROWSUM="mma", ROW_TABLE=0, SLICES=1, SPLIT_K=1, STAGES=6,
-                 SWIZZLE=32, TAP_SHIFT=0, TEAMS=1, WM=64, WN=32),
+                 SWIZZLE=32, TAP_SHIFT=0, TEAMS=1, THR_PAIRS=0, A_IN_HALO=0, WM=64,
+                 WN=32),
 }
-ROWS = [("w1a2", {}), ("w1a2", {"KT": 4, "STAGES": 6}), ("w1a2", {"SLICES": 2}),
-        ("w1a1", {}), ("w1a1", {"KT": 2, "STAGES": 4, "SLICES": 4}),
-        ("w1a1", {"MMA": "mma_sync", "WM": 16, "WN": 16, "KT": 2, "STAGES": 4, "SWIZZLE": 0})]
+# the A tiles in place from the halo (A_IN_HALO; the eighteenth and nineteenth sessions' runs
+# probed the gathering configs above, apconv_probe-20261125-s18.json / -s19.json), with 2 and
+# 8 of the 9 k tiles' weights in flight, and all 9 resident (STAGES=12)
+_IN_PLACE = {"A_IN_HALO": 1, "KT": 4}
+ROWS = [(p, dict(_IN_PLACE, STAGES=st)) for p in ("w1a2", "w1a1") for st in (4, 12)]
 EMPTY = 'extern "C" __global__ void empty_kernel(int* p) { if (p == nullptr) p[0] = 0; }'
 
 

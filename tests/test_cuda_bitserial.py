@@ -949,8 +949,8 @@ def test_bit_exact_k_slices(wb, ab):
 def test_bit_exact_a_in_halo(wb, ab):
     """A_IN_HALO=1 (wgmma reading each tap's A tile in place from the halo): every encoding
     pair of the bit pair on convs whose 8-pixel tiles overrun the image (margins), 3 x 3 and
-    5 x 5 windows, 8 x 8 tiles of one warpgroup and 16 x 8 tiles of two (in two k slices
-    where the registers allow)."""
+    5 x 5 windows, 8 x 8 tiles of one warpgroup (also with STAGES=12) and 16 x 8 tiles of two
+    (in two k slices where the registers allow)."""
     if bitserial.device_arch() != bitserial.WGMMA_ARCH:
         pytest.skip("wgmma needs sm_90a")
     for combo in range(4):
@@ -961,6 +961,7 @@ def test_bit_exact_a_in_halo(wb, ab):
                   **window)
         space = BITSERIAL.space(wl)
         for changes in (dict(BM=64, BN=32, WN=32, KT=1, STAGES=4),
+                        dict(BM=64, BN=32, WN=32, KT=1, STAGES=12),  # C = 256: all resident
                         dict(BM=128, BN=32, WN=32, KT=1, STAGES=3,
                              SLICES=2 if wb * ab <= 2 else 1)):  # 512 threads' registers
             cfg = BITSERIAL.plain_config(wl, "wgmma").replace(HALO=1, A_IN_HALO=1, **changes)

@@ -237,6 +237,15 @@ CASES = [
     ("wgmma_a_in_halo_slices_b1b1", conv(B1, B1, EPILOGUES[5], N=1, H=10, W=7, C=512, K=70),
      "wgmma", {"BM": 128, "BN": 64, "WN": 64, "KT": 1, "STAGES": 3, "HALO": 1,
                "A_IN_HALO": 1, "SLICES": 2, "ROWSUM": "cols", "REQUANT": "threshold"}),
+    # ... with every k tile resident (STAGES=12: no stage refilled, no wait for the previous
+    # stage's MMAs), alone and in two k slices
+    ("wgmma_a_in_halo_resident_u2b1", conv(U2, B1, EPILOGUES[2], N=1, H=9, W=10, C=256, K=45),
+     "wgmma", {"BM": 64, "BN": 64, "WN": 64, "KT": 1, "STAGES": 12, "HALO": 1,
+               "A_IN_HALO": 1}),
+    ("wgmma_a_in_halo_resident_slices_b1u2", conv(B1, U2, EPILOGUES[1], N=1, H=8, W=8, C=512,
+                                                  K=64),
+     "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 12, "HALO": 1,
+               "A_IN_HALO": 1, "SLICES": 2}),
     ("wgmma_a_in_halo_5x5_s2s3", conv(S2, S3, EPILOGUES[4], N=1, H=6, W=9, C=256, K=37,
                                       R=5, S=5, pad=2),
      "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 3, "HALO": 1,
@@ -278,6 +287,18 @@ def _check(wl, cfg, seed):
 @pytest.mark.parametrize("wl,mma,changes", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_emulated_kernel_is_bit_exact(wl, mma, changes):
     assert _check(wl, _config(wl, mma, changes), seed=len(wl.key))
+
+
+def test_emulation_catches_resident_stages_that_are_refilled(monkeypatch):
+    """A_IN_HALO without the wait for the previous stage's MMAs where stages are refilled (9 k
+    tiles through 4 stages): the refilled stage is overwritten while its MMAs are in flight."""
+    wl = conv(B1, U2, EPILOGUES[1], N=1, H=8, W=8, C=256, K=32)
+    cfg = _config(wl, "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 4,
+                                "HALO": 1, "A_IN_HALO": 1})
+    assert _check(wl, cfg, seed=4)
+    edit_kernel_file(monkeypatch, "bitserial_wgmma.cu",
+                     "A_IN_HALO && (KTILES + SLICES - 1) / SLICES <= STAGES - 2;", "A_IN_HALO;")
+    assert not _check(wl, cfg, seed=4)
 
 
 def test_emulation_catches_a_pair_table_in_channel_order(monkeypatch):
@@ -376,7 +397,8 @@ def test_emulation_catches_misplaced_ones_columns(monkeypatch):
 
 @pytest.mark.parametrize("edit,extra", [
     # one more wgmma batch in flight: the stage being refilled is still being read
-    (("    wgmma_wait<1>();", "    wgmma_wait<2>();"), {}),
+    (("if constexpr (!RESIDENT_STAGES) wgmma_wait<1>();",
+      "if constexpr (!RESIDENT_STAGES) wgmma_wait<2>();"), {}),
     # the staged tiles without the 32-byte swizzle that the descriptors declare
     (("(((wd >> 2) ^ ((row >> 2) & 1)) << 2)", "((wd >> 2) << 2)"), {}),
     # a tile's first wgmma accumulating onto registers nobody zeroed (scale-d must be 0)

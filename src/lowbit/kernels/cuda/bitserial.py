@@ -10,7 +10,7 @@ or BITPLANE layout (bit planes packed in registers so the next layer reads them 
 Knobs (the CUDA template parameters): BM x BN block tile (output rows x columns; BM=192, three
 warpgroups in M, for wgmma kernels without tap-shift: a row tile count between those of 128 and
 256, which can fill the SMs evenly where neither does), WM x WN warp tile, KT k256 steps per
-pipeline stage, STAGES cp.async stages, PERSIST (0: one tile per block; 1: one wave of
+pipeline stage, STAGES cp.async stages (12 only with A_IN_HALO), PERSIST (0: one tile per block; 1: one wave of
 persistent blocks whose copy pipeline runs across tiles, hiding the load latency
 of short reductions such as 3x3 convs on 64 channels; both MMA kinds), MMA ("mma_sync":
 m16n8k256 per warp, fragments loaded from shared memory; "wgmma": Hopper warpgroup m64nNk256
@@ -105,6 +105,9 @@ WGMMA_ARCH = "sm_90a"  # wgmma needs the arch-specific Hopper target
 # N of wgmma m64nNk256 for s32 b1 (PTX ISA): multiples of 8 to 32, then of 16 to 256
 WGMMA_N = frozenset([8, 16, 24, 32, *range(48, 257, 16)])
 MAX_WARPGROUPS = 4
+# STAGES for A_IN_HALO's weight-only stages: every k tile of a 3 x 3 conv on 1,024 channels at
+# KT = 4 (9 k tiles) resident, none refilled (bitserial_wgmma.cu, RESIDENT_STAGES)
+RESIDENT_STAGES = 12
 # ROWSUM="cols": B rows after each k slab's weight rows, 8 of ones and 8 of zeros (wgmma N
 # above 32 is a multiple of 16); bitserial_common.cu's ONES_ROWS
 ONES_ROWS = 16
@@ -1010,7 +1013,8 @@ def _constraints(wl: Workload) -> list:
 
     def halo_in_place(c: Config) -> str | None:
         if not a_in_halo(c):
-            return None
+            return ("STAGES=12 (every k tile resident) is A_IN_HALO=1's, whose stages hold "
+                    "weights only" if c["STAGES"] == RESIDENT_STAGES else None)
         if c["MMA"] != "wgmma" or not c["HALO"] or c["PERSIST"] or tap_shift(c):
             return "A_IN_HALO=1 is the one-tile wgmma kernel's, with HALO=1"
         if sh.stride != 1 or sh.words % 8:
@@ -1265,7 +1269,8 @@ class BitserialTemplate(KernelTemplate):
         mma = ("mma_sync", "wgmma") if arch == WGMMA_ARCH else ("mma_sync",)
         knobs = [Knob("BM", (16, 32, 64, 128, 192, 256)), Knob("BN", (16, 32, 64, 128, 256)),
                  Knob("WM", (16, 32, 64)), Knob("WN", (16, 32, 64, 128, 256)),
-                 Knob("KT", (1, 2, 4, 8)), Knob("STAGES", (2, 3, 4, 6)), Knob("PERSIST", (0, 1)),
+                 Knob("KT", (1, 2, 4, 8)), Knob("STAGES", (2, 3, 4, 6, RESIDENT_STAGES)),
+                 Knob("PERSIST", (0, 1)),
                  Knob("MMA", mma), Knob("TAP_SHIFT", self._tap_shift_values(workload, arch)),
                  Knob("TEAMS", (1, 2) if arch == WGMMA_ARCH else (1,)),
                  Knob("FUSE_PLANES", (0, 1) if arch == WGMMA_ARCH and fusable_planes(workload)

@@ -171,6 +171,10 @@ __device__ __forceinline__ void copy_async(u32* dst, const u32* src, bool valid)
   }
 }
 __device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// A hint: the global line at p into L1 (no fault, nothing waits for it)
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];\n" :: "l"(p));
+}
 // v, hidden from the optimizer: values derived from it are not hoisted out of the loop using it
 __device__ __forceinline__ int opaque(int v) {
   asm volatile("" : "+r"(v));
@@ -914,6 +918,34 @@ __device__ __forceinline__ RowPrep epilogue_rows(int m0, int n0, int row0, int c
 #pragma unroll
     for (int h = 0; h < 2; ++h) pos[mi][h] = row_pos(m0 + row0 + mi * 16 + (lane >> 2) + 8 * h);
   return epilogue_rows(pos, n0, col0, lane, ea);
+}
+
+// The per-column data this lane's epilogue will read (RowPrep's tables at rowp, the column
+// parameters), prefetched into L1 (a one-tile block's epilogue then finds them there instead
+// of waiting an L2 round trip after its last MMA). A hint: THR_PAIRS' packed tables are left
+// out, and nothing is read.
+__device__ __forceinline__ void prefetch_row_data(const RowPrep& rows, int col_base,
+                                                  const EpilogueArgs& ea) {
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int ni = 0; ni < NT; ++ni) {
+        if constexpr (OUT_THRESH && !THR_PAIRS) {
+          if (RECT_THR || (mi == 0 && h == 0)) prefetch_l1(rows.rowp[mi][h] + ni * 8 * THR_STRIDE);
+        } else if constexpr (BORDER && !OUT_THRESH) {
+          prefetch_l1(rows.rowp[mi][h] + ni * 8);
+        }
+      }
+#pragma unroll
+  for (int ni = 0; ni < NT; ++ni) {
+    const int col = col_base + ni * 8;
+    if (OUT_THRESH || col >= KOUT) continue;
+    if constexpr (HAS_BIAS) prefetch_l1(ea.bias + col);
+    if constexpr (OUT_MODE >= 2) prefetch_l1(ea.mult + col), prefetch_l1(ea.shift + col);
+    if constexpr (OUT_MODE == 1) prefetch_l1(ea.scale + col);
+  }
 }
 
 // Bias, ReLU and the output of one value y (accumulator + row and column terms) of row m,

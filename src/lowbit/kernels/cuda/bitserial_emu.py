@@ -110,6 +110,9 @@ __device__ __forceinline__ void copy_async(u32* dst, const u32* src, bool valid)
   emu_copy_open.push_back(EmuCopy{dst, valid ? src : nullptr});
 }
 __device__ __forceinline__ int opaque(int v) { return v; }
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  if (p == nullptr) emu_fail("prefetch of a null pointer");
+}
 __device__ __forceinline__ void copy_commit() {
   emu_copy_groups.push_back(emu_copy_open);
   emu_copy_open.clear();

@@ -1,6 +1,11 @@
 // One output tile per block on Hopper warpgroup MMA (sm_90a). Needs bitserial_common.cu, the
 // rendered wgmma wrappers and bitserial_wgmma_common.cu before it.
 
+// A_IN_HALO with every k tile of a slice in its own stage (STAGES - 2 >= its k tiles; the
+// stages hold weights only, STAGES=12): no stage is refilled, so the loop issues each stage's
+// MMAs once its copies land, without waiting for the previous stage's MMAs
+constexpr bool RESIDENT_STAGES = A_IN_HALO && (KTILES + SLICES - 1) / SLICES <= STAGES - 2;
+
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITSERIAL_KERNEL_PARAMS) {
   extern __shared__ __align__(128) u32 smem[];
   // SLICES > 1: slice s (THREADS threads, its own stage ring and named barrier) reduces the k
@@ -23,6 +28,15 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
   if constexpr (A_IN_HALO) halo_tile_load(x, halo, blockIdx.y, (int)threadIdx.x, BLOCK_THREADS);
   else if constexpr (HALO) halo_row0 = halo_load(x, halo, m0, (int)threadIdx.x, BLOCK_THREADS);
   if constexpr (SLICES > 1 && !HALO) __syncthreads();  // the ones tile, for every slice
+
+  // A_IN_HALO (small grids: each SM one tile's chain): the epilogue's rows worked out and its
+  // per-column data prefetched before the k loop, off the path after the last MMA
+  RowPrep rows{};
+  if constexpr (A_IN_HALO) {
+    const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
+    rows = epilogue_rows(m0, n0, wg_m * 64 + (warp & 3) * 16, wg_n * WN, lane, ea);
+    if (slice == 0) prefetch_row_data(rows, n0 + wg_n * WN + 2 * (lane & 3), ea);
+  }
 
   Acc acc;
   RowSum rsum;
@@ -53,7 +67,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     }
     wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, kt > k0,
                 halo, kt);
-    wgmma_wait<1>();
+    if constexpr (!RESIDENT_STAGES) wgmma_wait<1>();  // stage kt - 1 is refilled next
   }
   wgmma_wait<0>();
   copy_wait<0>();
@@ -69,5 +83,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     if (!split_arrive(split_count, tid)) return;
   }
   u32* s_out = smem;  // packing tile over the operand stages, once every warpgroup is done
-  tile_epilogue(acc, rsum, m0, n0, row0, wg_n * WN, lane, tid, ea, s_out);
+  const RowPrep prep = A_IN_HALO ? rows : epilogue_rows(m0, n0, row0, wg_n * WN, lane, ea);
+  tile_epilogue(acc, rsum, prep, m0, n0, row0, wg_n * WN, lane, tid, ea, s_out);
 }
