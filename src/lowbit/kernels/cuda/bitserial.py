@@ -10,9 +10,9 @@ or BITPLANE layout (bit planes packed in registers so the next layer reads them 
 Knobs (the CUDA template parameters): BM x BN block tile (output rows x columns; BM=192, three
 warpgroups in M, for wgmma kernels without tap-shift: a row tile count between those of 128 and
 256, which can fill the SMs evenly where neither does), WM x WN warp tile, KT k256 steps per
-pipeline stage, STAGES cp.async stages (12 only with A_IN_HALO), PERSIST (0: one tile per block; 1: one wave of
-persistent blocks whose copy pipeline runs across tiles, hiding the load latency
-of short reductions such as 3x3 convs on 64 channels; both MMA kinds), MMA ("mma_sync":
+pipeline stage, STAGES cp.async stages (12 only with A_IN_HALO), PERSIST (0: one tile per
+block; 1: one wave of persistent blocks whose copy pipeline runs across tiles, hiding the load
+latency of short reductions such as 3x3 convs on 64 channels; both MMA kinds), MMA ("mma_sync":
 m16n8k256 per warp, fragments loaded from shared memory; "wgmma": Hopper warpgroup m64nNk256
 reading both operands from shared memory through descriptors, sm_90a only, WM = 64 rows per
 warpgroup, N = w_bits * WN), SWIZZLE (wgmma shared-memory layout: 0 = 8x16-byte core matrices,
