@@ -3,7 +3,8 @@ layer (batch 1, 16 x 16, C = K = 1,024, 3 x 3) timed whole, with parts skipped, 
 kernel of the same grid, block and shared memory (measurement only: the cut variants compute
 garbage).
 
-Variants: base; no_mma (every stage's MMAs skipped behind a branch the GPU never takes, so the
+Variants: base; no_weights / no_halo (A_IN_HALO: the weight or the halo copies left out);
+no_mma (every stage's MMAs skipped behind a branch the GPU never takes, so the
 code stays); no_epilogue (the epilogue skipped the same way); no_mma_no_epilogue (copies and
 the pipeline's barriers alone); no_gather and no_halo_wait (HALO=1: the stages' A tiles not
 gathered from the halo; the first stages' copies not waiting for the halo's); mma_first (wgmma:
@@ -54,6 +55,12 @@ CUTS = {
                           "  return row0;",
                           "  copy_commit();\n  __syncthreads();\n  return row0;")]
                      for k in MMA_CALL},
+    # A_IN_HALO: the stages' weight copies left out (the MMAs read whatever the stages hold),
+    # or the halo's: what each stream of copies costs
+    "no_weights": {k: [("copy_async(dst + j * B_PLANE_STEP, w + j * W_PLANE + src, valid);",
+                        "{}")] for k in MMA_CALL},
+    "no_halo": {k: [("copy_async(halo + ((i * HALO_CHUNKS + chunk) * HALO_PIX + pix) * 4, "
+                     "x + i * X_PLANE + src, valid);", "{}")] for k in MMA_CALL},
 }
 # the stage's MMAs issued before the next stage's copies and gather (whose shared-memory
 # latency then runs behind them) instead of after: the one-tile kernel's loop, reordered
