@@ -4,6 +4,8 @@ kernel of the same grid, block and shared memory (measurement only: the cut vari
 garbage).
 
 Variants: base; no_weights / no_halo (A_IN_HALO: the weight or the halo copies left out);
+even_stride (A_IN_HALO: the halo's chunks at the even stride first built); b_by_row (A_IN_HALO:
+the weight copies in the other kernels' thread order);
 no_mma (every stage's MMAs skipped behind a branch the GPU never takes, so the
 code stays); no_epilogue (the epilogue skipped the same way); no_mma_no_epilogue (copies and
 the pipeline's barriers alone); no_gather and no_halo_wait (HALO=1: the stages' A tiles not
@@ -59,6 +61,12 @@ CUTS = {
     # or the halo's: what each stream of copies costs
     "no_weights": {k: [("copy_async(dst + j * B_PLANE_STEP, w + j * W_PLANE + src, valid);",
                         "{}")] for k in MMA_CALL},
+    # A_IN_HALO: the halo chunks' stride even (HALO_PIX), as first built
+    "even_stride": {k: [("CHUNK_UNITS = HALO_PIX | 1;", "CHUNK_UNITS = HALO_PIX;")]
+                    for k in MMA_CALL},
+    # A_IN_HALO: the weight copies in the row-major thread order of the other kernels
+    "b_by_row": {k: [("constexpr bool B_BY_SLAB = A_IN_HALO;", "constexpr bool B_BY_SLAB = false;")]
+                 for k in MMA_CALL},
     "no_halo": {k: [("copy_async(halo + ((i * HALO_CHUNKS + chunk) * HALO_PIX + pix) * 4, "
                      "x + i * X_PLANE + src, valid);", "{}")] for k in MMA_CALL},
 }

@@ -238,7 +238,7 @@ def test_a_in_halo_space():
         BM=64, BN=32, WN=32, KT=4, STAGES=6, HALO=1, A_IN_HALO=1)
     assert space.is_valid(cfg), space.why_invalid(cfg)
     assert bitserial.tile_grid(wl, cfg) == (32, 4)
-    assert bitserial.halo_bytes(wl, cfg) == 2 * 10 * 10 * 1024 // 8
+    assert bitserial.halo_bytes(wl, cfg) == 2 * 101 * 1024 // 8  # 10 x 10 pixels, odd stride
     assert BITSERIAL.build(wl, cfg, arch="sm_90a")._main.cubin[:4] == b"\x7fELF"
     assert "HALO=1" in space.why_invalid(cfg.replace(HALO=0))
     assert "ROWSUM='table'" in space.why_invalid(cfg.replace(ROWSUM="table"))

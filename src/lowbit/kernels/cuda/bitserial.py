@@ -640,12 +640,13 @@ def halo_rows(sh: Shape, bm: int) -> int:
 
 def halo_bytes(wl: Workload, config: Mapping) -> int:
     """Shared memory of the HALO=1 input slab: a_bits planes x rows x W x channel words; with
-    A_IN_HALO the pixel tile's window, (BM / 8 + R - 1) x (8 + S - 1) pixels."""
+    A_IN_HALO the pixel tile's window, (BM / 8 + R - 1) x (8 + S - 1) pixels (rounded up to
+    odd: the kernel's CHUNK_UNITS)."""
     if not config["HALO"]:
         return 0
     sh = conv_shape(wl)
-    if a_in_halo(config):
-        pixels = (config["BM"] // 8 + sh.r - 1) * (8 + sh.s - 1)
+    if a_in_halo(config):  # each 16-byte chunk's pixels, an odd count (CHUNK_UNITS)
+        pixels = (config["BM"] // 8 + sh.r - 1) * (8 + sh.s - 1) | 1
     else:
         pixels = halo_rows(sh, config["BM"]) * sh.w
     return planes(wl)[0] * pixels * sh.words * 4

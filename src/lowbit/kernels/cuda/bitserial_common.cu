@@ -82,10 +82,14 @@ constexpr int ROW_TILES = (int)((V_ROWS + BM - 1) / BM);  // V_ROWS: TAP_SHIFT's
 // sits in shared memory as [plane][16-byte chunk][pixel] (16 bytes = 128 channels of a plane),
 // so for tap (r, s) and a chunk pair the 64 rows of a warpgroup are eight runs of 8 pixels at
 // a fixed stride: a core-matrix layout (8 rows x 16 contiguous bytes each, 8-row groups SBO =
-// HALO_W * 16 bytes apart, k halves LBO = HALO_PIX * 16 bytes apart) that wgmma reads through
-// a descriptor, with no im2col copy at all.
+// HALO_W * 16 bytes apart, k halves LBO = CHUNK_UNITS * 16 bytes apart) that wgmma reads
+// through a descriptor, with no im2col copy at all. CHUNK_UNITS, the chunks' stride in 16-byte
+// units, is odd: a warp's copies (8 chunks x 4 pixels) then write every 128-byte bank row
+// equally, where an even stride (100 at 3 x 3, 8 x 8 tiles) piled them on two of the eight
+// (Nsight, H100: 6.5x the ideal shared-memory wavefronts and twice the L2 sectors).
 constexpr int TILE_H = BM / 8, HALO_H = TILE_H + R - 1, HALO_W = 8 + S - 1;
-constexpr int HALO_PIX = HALO_H * HALO_W, HALO_CHUNKS = CW / 4;
+constexpr int HALO_PIX = HALO_H * HALO_W, HALO_CHUNKS = CW / 4, CHUNK_UNITS = HALO_PIX | 1;
+constexpr bool B_BY_SLAB = A_IN_HALO;  // the weight copies' thread order (load_stage)
 static_assert(!A_IN_HALO || (WGMMA && STRIDE == 1 && CW % 8 == 0 && VEC == 4),
               "A_IN_HALO: wgmma, stride 1, channels a multiple of 256 (bitserial.py)");
 constexpr int N_TILES = N_COL_TILES * ROW_TILES;
@@ -464,7 +468,7 @@ __device__ __forceinline__ void halo_tile_load(const u32* __restrict__ x, u32* h
     const int src = valid ? ((n * H + iy) * W + ix) * CW + chunk * 4 : 0;
 #pragma unroll
     for (int i = 0; i < Q_BITS; ++i)
-      copy_async(halo + ((i * HALO_CHUNKS + chunk) * HALO_PIX + pix) * 4, x + i * X_PLANE + src, valid);
+      copy_async(halo + ((i * HALO_CHUNKS + chunk) * CHUNK_UNITS + pix) * 4, x + i * X_PLANE + src, valid);
   }
 }
 
@@ -514,7 +518,11 @@ __device__ __forceinline__ void load_stage(const u32* __restrict__ x, const u32*
   for (int it = 0; it < B_ITERS; ++it) {
     const int idx = tid + it * THREADS;
     if ((BN * CPR) % THREADS == 0 || idx < BN * CPR) {
-      const int row = idx / CPR, c = idx % CPR;
+      // B_BY_SLAB: 8 adjacent threads (a 16-byte access's shared-memory phase) copy 4 rows x 2
+      // halves of one slab, 8 distinct 16-byte bank groups in the 32-byte swizzle, where a row's
+      // 8 chunks (4 slabs x 2 halves) hit 2 of them (Nsight, H100: 4x the ideal wavefronts)
+      const int row = B_BY_SLAB ? idx / 2 % BN : idx / CPR;
+      const int c = B_BY_SLAB ? idx / (2 * BN) * 2 + idx % 2 : idx % CPR;
       const int kw = kbase + c * VEC;
       const bool valid = kw < KW && n0 + row < KOUT;
       const i64 src = valid ? (i64)(n0 + row) * KW + kw : 0;

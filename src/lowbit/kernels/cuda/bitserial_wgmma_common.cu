@@ -27,15 +27,15 @@ __device__ __forceinline__ u64 desc_offset(u64 desc, int units, int lbo = 0) {
   return ((desc >> 32) << 32) | lo;
 }
 // A_IN_HALO: the descriptor of the halo's first pixel, core matrices of 8 pixels: 8-row groups
-// (pixel rows) HALO_W * 16 bytes apart, k halves (16-byte channel chunks) HALO_PIX * 16 apart
+// (pixel rows) HALO_W * 16 bytes apart, k halves (16-byte channel chunks) CHUNK_UNITS * 16 apart
 __device__ __forceinline__ u64 halo_desc(const u32* halo) {
-  return ((smem_addr(halo) & 0x3FFFF) >> 4) | ((u64)HALO_PIX << 16) | ((u64)HALO_W << 32);
+  return ((smem_addr(halo) & 0x3FFFF) >> 4) | ((u64)CHUNK_UNITS << 16) | ((u64)HALO_W << 32);
 }
 // ... and the 16-byte units from it to the A tile of k slab kb (tap, 256 channels: CW % 8 == 0,
 // so a slab lies in one tap) for warpgroup wg_m's pixel rows 8 wg_m..
 __device__ __forceinline__ int halo_units(int kb, int wg_m) {
   const int tap = kb * 8 / CW, cw = kb * 8 % CW;
-  return cw / 4 * HALO_PIX + (8 * wg_m + tap / S) * HALO_W + tap % S;
+  return cw / 4 * CHUNK_UNITS + (8 * wg_m + tap / S) * HALO_W + tap % S;
 }
 // <device-primitives> (bitserial_emu.py replaces this region with host versions)
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -92,7 +92,7 @@ __device__ __forceinline__ void wgmma_stage(Acc& acc, RowSum& rsum, const u32* s
 #pragma unroll
     for (int i = 0; i < Q_BITS; ++i) {
       const u64 da = A_IN_HALO
-          ? desc_offset(dhalo, halo_units(kt * KT + ks, wg_m) + i * HALO_CHUNKS * HALO_PIX)
+          ? desc_offset(dhalo, halo_units(kt * KT + ks, wg_m) + i * HALO_CHUNKS * CHUNK_UNITS)
           : smem_desc(sa + i * A_PLANE_STEP + ks * BM * 8);
       const int acc_in = ks > 0 || accumulate;
       wgmma_plane(acc, rsum, i, da, db, dones, acc_in);
