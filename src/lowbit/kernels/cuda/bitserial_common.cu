@@ -90,6 +90,7 @@ constexpr int ROW_TILES = (int)((V_ROWS + BM - 1) / BM);  // V_ROWS: TAP_SHIFT's
 constexpr int TILE_H = BM / 8, HALO_H = TILE_H + R - 1, HALO_W = 8 + S - 1;
 constexpr int HALO_PIX = HALO_H * HALO_W, HALO_CHUNKS = CW / 4, CHUNK_UNITS = HALO_PIX | 1;
 constexpr bool B_BY_SLAB = A_IN_HALO;  // the weight copies' thread order (load_stage)
+constexpr bool HALO_ROTATE = true;  // halo_tile_load's copy order by column tile
 static_assert(!A_IN_HALO || (WGMMA && STRIDE == 1 && CW % 8 == 0 && VEC == 4),
               "A_IN_HALO: wgmma, stride 1, channels a multiple of 256 (bitserial.py)");
 constexpr int N_TILES = N_COL_TILES * ROW_TILES;
@@ -461,7 +462,12 @@ __device__ __forceinline__ void halo_tile_load(const u32* __restrict__ x, u32* h
                                                int tid, int nthreads) {
   const int tx = tile % TILES_X, ty = tile / TILES_X % TILES_Y, n = tile / (TILES_X * TILES_Y);
   const int iy0 = ty * TILE_H - PAD, ix0 = tx * 8 - PAD;
-  for (int idx = tid; idx < HALO_PIX * HALO_CHUNKS; idx += nthreads) {
+  constexpr int COPIES = HALO_PIX * HALO_CHUNKS;
+  // the column tiles' blocks, which all read this halo at once, each start at another warp's
+  // worth of copies (HALO_ROTATE)
+  const int rot = HALO_ROTATE ? (int)blockIdx.x % (COPIES / 32) * 32 : 0;
+  for (int j = tid; j < COPIES; j += nthreads) {
+    const int idx = j + rot < COPIES ? j + rot : j + rot - COPIES;
     const int chunk = idx % HALO_CHUNKS, pix = idx / HALO_CHUNKS;  // a pixel's chunks coalesce
     const int iy = iy0 + pix / HALO_W, ix = ix0 + pix % HALO_W;
     const bool valid = (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
