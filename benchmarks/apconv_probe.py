@@ -5,8 +5,8 @@ garbage).
 
 Variants: base; no_weights / no_halo (A_IN_HALO: the weight or the halo copies left out);
 even_stride (A_IN_HALO: the halo's chunks at the even stride first built); b_by_row (A_IN_HALO:
-the weight copies in the other kernels' thread order); no_rotate (A_IN_HALO: every block's
-halo copies in one order);
+the weight copies in the other kernels' thread order); halo_first (A_IN_HALO: the whole
+halo with the first stage, not each channel group with the first stage that reads it);
 no_mma (every stage's MMAs skipped behind a branch the GPU never takes, so the
 code stays); no_epilogue (the epilogue skipped the same way); no_mma_no_epilogue (copies and
 the pipeline's barriers alone); no_gather and no_halo_wait (HALO=1: the stages' A tiles not
@@ -70,9 +70,9 @@ CUTS = {
                  for k in MMA_CALL},
     "no_halo": {k: [("copy_async(halo + ((i * HALO_CHUNKS + chunk) * CHUNK_UNITS + pix) * 4, "
                      "x + i * X_PLANE + src, valid);", "{}")] for k in MMA_CALL},
-    # A_IN_HALO: every block's halo copies in the same order
-    "no_rotate": {k: [("constexpr bool HALO_ROTATE = true;", "constexpr bool HALO_ROTATE = false;")]
-                  for k in MMA_CALL},
+    # A_IN_HALO: the whole halo with the first stage (as with k slices)
+    "halo_first": {k: [("constexpr bool HALO_STAGED = A_IN_HALO && SLICES == 1;",
+                        "constexpr bool HALO_STAGED = false;")] for k in MMA_CALL},
 }
 # the stage's MMAs issued before the next stage's copies and gather (whose shared-memory
 # latency then runs behind them) instead of after: the one-tile kernel's loop, reordered

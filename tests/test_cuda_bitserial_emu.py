@@ -239,8 +239,13 @@ CASES = [
                "A_IN_HALO": 1, "SLICES": 2, "ROWSUM": "cols", "REQUANT": "threshold"}),
     # ... with every k tile resident (STAGES=12: no stage refilled, no wait for the previous
     # stage's MMAs), alone and in two k slices
-    ("wgmma_a_in_halo_resident_u2b1", conv(U2, B1, EPILOGUES[2], N=1, H=9, W=10, C=256, K=45),
-     "wgmma", {"BM": 64, "BN": 64, "WN": 64, "KT": 1, "STAGES": 12, "HALO": 1,
+    ("wgmma_a_in_halo_resident_u2b1", conv(U2, B1, EPILOGUES[2], N=1, H=9, W=10, C=512, K=45),
+     "wgmma", {"BM": 64, "BN": 64, "WN": 64, "KT": 2, "STAGES": 12, "HALO": 1,
+               "A_IN_HALO": 1}),
+    # ... its halo copied channel group by channel group with the first stage reading each
+    # (four groups, stages of 4 slabs straddling them)
+    ("wgmma_a_in_halo_staged_b1u2", conv(B1, U2, EPILOGUES[1], N=1, H=9, W=7, C=1024, K=40),
+     "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 4, "STAGES": 4, "HALO": 1,
                "A_IN_HALO": 1}),
     ("wgmma_a_in_halo_resident_slices_b1u2", conv(B1, U2, EPILOGUES[1], N=1, H=8, W=8, C=512,
                                                   K=64),
@@ -277,8 +282,14 @@ def edit_kernel_file(monkeypatch, name, old, new):
 
 
 def _check(wl, cfg, seed):
+    """Whether the emulated kernel is exact (False also where its wgmma operands changed while
+    in flight: a race on the GPU)."""
     x, w, params = random_inputs(wl, seed)
-    got, want = bitserial_emu.emulate(wl, cfg, x, w, params), run(wl, x, w, params)
+    try:
+        got = bitserial_emu.emulate(wl, cfg, x, w, params)
+    except bitserial_emu.StaleOperands:
+        return False
+    want = run(wl, x, w, params)
     if got.dtype == torch.float16:
         got, want = got.view(torch.int16), want.view(torch.int16)
     return torch.equal(got, want)
@@ -299,6 +310,18 @@ def test_emulation_catches_resident_stages_that_are_refilled(monkeypatch):
     edit_kernel_file(monkeypatch, "bitserial_wgmma.cu",
                      "A_IN_HALO && (KTILES + SLICES - 1) / SLICES <= STAGES - 2;", "A_IN_HALO;")
     assert not _check(wl, cfg, seed=4)
+
+
+def test_emulation_catches_a_halo_group_copied_late(monkeypatch):
+    """A_IN_HALO with the halo's channel groups each copied one stage after the first stage
+    that reads them: those MMAs read chunks not yet landed."""
+    wl = conv(B1, U2, EPILOGUES[1], N=1, H=8, W=8, C=512, K=32)
+    cfg = _config(wl, "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 2, "STAGES": 4,
+                                "HALO": 1, "A_IN_HALO": 1})
+    assert _check(wl, cfg, seed=5)
+    edit_kernel_file(monkeypatch, "bitserial_wgmma.cu", "halo_stage_load(x, halo, next, tid);",
+                     "halo_stage_load(x, halo, next - 1, tid);")
+    assert not _check(wl, cfg, seed=5)
 
 
 def test_emulation_catches_a_pair_table_in_channel_order(monkeypatch):

@@ -90,7 +90,6 @@ constexpr int ROW_TILES = (int)((V_ROWS + BM - 1) / BM);  // V_ROWS: TAP_SHIFT's
 constexpr int TILE_H = BM / 8, HALO_H = TILE_H + R - 1, HALO_W = 8 + S - 1;
 constexpr int HALO_PIX = HALO_H * HALO_W, HALO_CHUNKS = CW / 4, CHUNK_UNITS = HALO_PIX | 1;
 constexpr bool B_BY_SLAB = A_IN_HALO;  // the weight copies' thread order (load_stage)
-constexpr bool HALO_ROTATE = true;  // halo_tile_load's copy order by column tile
 static_assert(!A_IN_HALO || (WGMMA && STRIDE == 1 && CW % 8 == 0 && VEC == 4),
               "A_IN_HALO: wgmma, stride 1, channels a multiple of 256 (bitserial.py)");
 constexpr int N_TILES = N_COL_TILES * ROW_TILES;
@@ -457,18 +456,16 @@ __device__ __forceinline__ int halo_load(const u32* __restrict__ x, u32* halo, i
 }
 
 // A_IN_HALO: issue the copies of block tile `tile`'s input window into `halo` (layout above;
-// zeros outside the image), all planes, without a commit: they join the first stage's group.
+// zeros outside the image), all planes, 16-byte chunks [c0, c1) (every channel by default),
+// without a commit: they join the group of the stage committed next.
 __device__ __forceinline__ void halo_tile_load(const u32* __restrict__ x, u32* halo, int tile,
-                                               int tid, int nthreads) {
+                                               int tid, int nthreads, int c0 = 0,
+                                               int c1 = HALO_CHUNKS) {
   const int tx = tile % TILES_X, ty = tile / TILES_X % TILES_Y, n = tile / (TILES_X * TILES_Y);
   const int iy0 = ty * TILE_H - PAD, ix0 = tx * 8 - PAD;
-  constexpr int COPIES = HALO_PIX * HALO_CHUNKS;
-  // the column tiles' blocks, which all read this halo at once, each start at another warp's
-  // worth of copies (HALO_ROTATE)
-  const int rot = HALO_ROTATE ? (int)blockIdx.x % (COPIES / 32) * 32 : 0;
-  for (int j = tid; j < COPIES; j += nthreads) {
-    const int idx = j + rot < COPIES ? j + rot : j + rot - COPIES;
-    const int chunk = idx % HALO_CHUNKS, pix = idx / HALO_CHUNKS;  // a pixel's chunks coalesce
+  const int chunks = c1 - c0;
+  for (int idx = tid; idx < HALO_PIX * chunks; idx += nthreads) {
+    const int chunk = c0 + idx % chunks, pix = idx / chunks;  // a pixel's chunks coalesce
     const int iy = iy0 + pix / HALO_W, ix = ix0 + pix % HALO_W;
     const bool valid = (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
     const int src = valid ? ((n * H + iy) * W + ix) * CW + chunk * 4 : 0;
@@ -476,6 +473,19 @@ __device__ __forceinline__ void halo_tile_load(const u32* __restrict__ x, u32* h
     for (int i = 0; i < Q_BITS; ++i)
       copy_async(halo + ((i * HALO_CHUNKS + chunk) * CHUNK_UNITS + pix) * 4, x + i * X_PLANE + src, valid);
   }
+}
+// A_IN_HALO's k slabs (256 channels of one tap) run channel group by channel group, the taps
+// inside: slab j reads group j / RS of tap j % RS (k word slab_word(j)). HALO_STAGED (one k
+// slice): the halo's chunks of group g are copied with the first stage that reads them, so a
+// block's first MMAs wait for 1 / (CW / 8) of its halo, not all of it (measured on an H100:
+// the whole halo before the first MMA cost ~1.7 us of the APNN-TC conv's 6).
+constexpr bool HALO_STAGED = A_IN_HALO && SLICES == 1;
+__device__ __forceinline__ int slab_word(int j) { return j % RS * CW + j / RS * 8; }
+// ... the halo's channel groups that k tile kt reads first
+__device__ __forceinline__ void halo_stage_load(const u32* __restrict__ x, u32* halo, int kt,
+                                                int tid) {
+  const int g0 = (kt * KT + RS - 1) / RS, g1 = ((kt + 1) * KT + RS - 1) / RS;
+  if (g0 < g1) halo_tile_load(x, halo, blockIdx.y, tid, THREADS, 2 * g0, 2 * g1);
 }
 
 // Issue the copies of k tile kt (all bit planes, im2col gather for A) into `stage`: cp.async from
@@ -529,7 +539,7 @@ __device__ __forceinline__ void load_stage(const u32* __restrict__ x, const u32*
       // 8 chunks (4 slabs x 2 halves) hit 2 of them (Nsight, H100: 4x the ideal wavefronts)
       const int row = B_BY_SLAB ? idx / 2 % BN : idx / CPR;
       const int c = B_BY_SLAB ? idx / (2 * BN) * 2 + idx % 2 : idx % CPR;
-      const int kw = kbase + c * VEC;
+      const int kw = A_IN_HALO ? slab_word(kt * KT + c / 2) + c % 2 * 4 : kbase + c * VEC;
       const bool valid = kw < KW && n0 + row < KOUT;
       const i64 src = valid ? (i64)(n0 + row) * KW + kw : 0;
       u32* dst = sb + slot(B_ROWS, b_row(row), c / (8 / VEC), (c % (8 / VEC)) * VEC);

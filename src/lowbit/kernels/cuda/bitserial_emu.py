@@ -14,7 +14,8 @@ std::thread per CUDA thread:
 - wgmma m64nNk256 .b1 .and.popc (and m64nNk32 .s8/.u8 x .s8 for the int8 mode) from
   shared-memory descriptors (start, LBO, SBO, swizzle mode 0
   or 3 = 32-byte swizzle: address bit 4 ^= bit 7), K-major, executed at `wgmma.wait_group`
-  (the latest legal moment: operands overwritten before the wait would be caught); each thread
+  (the latest legal moment) and at issue (the earliest): operands that differ between the two,
+  overwritten or landing late, raise `StaleOperands`; each thread
   computes its own accumulator registers (warp w of the warpgroup: rows 16w + g (+8),
   register k: column 8(k/4) + 2t + k%2);
 - shfl (indexed and xor), bar.sync (the block's and named barriers of a thread count, with
@@ -82,6 +83,7 @@ static inline uint2 __ldcg(const uint2* p) { return *p; }
 static inline int2 __ldg(const int2* p) { return *p; }
 static inline int __ldg(const int* p) { return *p; }
 static std::atomic<int> emu_or_flag;
+static std::atomic<bool> emu_wgmma_stale{false};  // reported by emu_run
 static inline int __syncthreads_or(int pred) {
   emu->bar->arrive_and_wait();  // every thread has read the previous result
   if (threadIdx.x == 0) emu_or_flag = 0;
@@ -231,12 +233,25 @@ static inline u32 emu_desc_addr(u64 desc, int row, int kb) {
   return a;
 }
 
-struct EmuWgmma { int* d; int regs; u64 da, db; bool s8, accumulate; };
+// products: this thread's sums as the operands read at issue; a wgmma whose operands change
+// before it completes (overwritten, or copies landing late) sets emu_wgmma_stale
+struct EmuWgmma { int* d; int regs; u64 da, db; bool s8, accumulate; std::vector<int> products; };
 thread_local std::vector<std::vector<EmuWgmma>> emu_wg_groups;
 thread_local std::vector<EmuWgmma> emu_wg_open;
 
+static inline std::vector<int> emu_wgmma_products(const EmuWgmma& op);
+static inline void emu_wgmma_issue(EmuWgmma op) {
+  op.products = emu_wgmma_products(op);
+  emu_wg_open.push_back(op);
+}
 static inline void emu_wgmma_run(const EmuWgmma& op) {
+  const std::vector<int> sums = emu_wgmma_products(op);
+  if (sums != op.products) emu_wgmma_stale = true;  // emu_run reports it
+  for (int k = 0; k < op.regs; ++k) op.d[k] = op.accumulate ? op.d[k] + sums[k] : sums[k];
+}
+static inline std::vector<int> emu_wgmma_products(const EmuWgmma& op) {
   const int lane = emu_lane(), g = lane >> 2, t = lane & 3, wi = (threadIdx.x >> 5) & 3;
+  std::vector<int> sums(op.regs);
   for (int k = 0; k < op.regs; ++k) {
     const int row = 16 * wi + g + 8 * ((k & 3) >> 1), col = 8 * (k >> 2) + 2 * t + (k & 1);
     int sum = 0;
@@ -248,8 +263,9 @@ static inline void emu_wgmma_run(const EmuWgmma& op) {
       else        // m64nNk256 .b1 .and.popc: 256 bit products
         sum += __builtin_popcount(a & b);
     }
-    op.d[k] = op.accumulate ? op.d[k] + sum : sum;  // scale-d
+    sums[k] = sum;
   }
+  return sums;
 }
 
 __device__ __forceinline__ void wgmma_fence() {}
@@ -267,12 +283,12 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void wgmma_planes(int (&d)[P_BITS][MT][NT][4], u64 da, u64 db,
                                              int accumulate) {
   static_assert(MT == 1, "a warp holds 16 rows of m64");
-  emu_wg_open.push_back(EmuWgmma{&d[0][0][0][0], P_BITS * NT * 4, da, db, ELEM8 != 0,
-                                 accumulate != 0});
+  emu_wgmma_issue(EmuWgmma{&d[0][0][0][0], P_BITS * NT * 4, da, db, ELEM8 != 0,
+                           accumulate != 0, {}});
 }
 __device__ __forceinline__ void wgmma_rowsum(int (&d)[MT][RS_REGS], u64 da, u64 db,
                                              int accumulate) {
-  emu_wg_open.push_back(EmuWgmma{&d[0][0], 4, da, db, false, accumulate != 0});
+  emu_wgmma_issue(EmuWgmma{&d[0][0], 4, da, db, false, accumulate != 0, {}});
 }
 // m64n(N+16)k256 (ROWSUM_COLS): the weights' N columns, then 16 more B rows (ones, zeros)
 // into rs[0][0..7]; B row r lies SBO (256 B) per 8 rows on, so rows N.. are the B operand
@@ -281,8 +297,8 @@ __device__ __forceinline__ void wgmma_planes_ones(int (&d)[P_BITS][MT][NT][4],
                                                   int (&rs)[MT][RS_REGS], u64 da, u64 db,
                                                   int accumulate) {
   wgmma_planes(d, da, db, accumulate);
-  emu_wg_open.push_back(EmuWgmma{&rs[0][0], 8, da, desc_offset(db, P_BITS * WN * 2), false,
-                                 accumulate != 0});
+  emu_wgmma_issue(EmuWgmma{&rs[0][0], 8, da, desc_offset(db, P_BITS * WN * 2), false,
+                           accumulate != 0, {}});
 }
 """
 
@@ -295,6 +311,7 @@ extern "C" int emu_run(int which, const u32* x, const u32* w, void* out, const i
   if (smem_bytes > EMU_SMEM_BYTES || nthreads > 512 || nthreads % 32) return -1;
   emu_block_end = emu_named_idle;
   emu_blocks_ok = true;
+  emu_wgmma_stale = false;
   emu_run_blocks(nthreads, grid_x, grid_y, grid_z, (unsigned char*)smem, smem_bytes,
                  sizeof(smem), [&] {
     if (which == 0) bitserial_wtap(w, thr, wtap);
@@ -303,6 +320,7 @@ extern "C" int emu_run(int which, const u32* x, const u32* w, void* out, const i
                   vrows);
     if (!emu_copy_groups.empty() || !emu_copy_open.empty()) emu_fail("copies left pending");
   });
+  if (emu_wgmma_stale) return -3;
   return emu_blocks_ok ? 0 : -2;  // a block left a named barrier phase with arrivals pending
 }
 """
@@ -373,6 +391,10 @@ def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
     return out
 
 
+class StaleOperands(RuntimeError):
+    """An emulated wgmma read shared memory that changed before the MMA completed."""
+
+
 def _run(lib: ctypes.CDLL, which: int, args: list, grid: tuple[int, int, int], nthreads: int,
          smem: int) -> None:
     rc = lib.emu_run(ctypes.c_int(which), *args, *(ctypes.c_int(g) for g in grid),
@@ -380,6 +402,9 @@ def _run(lib: ctypes.CDLL, which: int, args: list, grid: tuple[int, int, int], n
     if rc == -2:
         raise RuntimeError("the kernel left a named barrier with arrivals pending (bar.arrive "
                            "without the threads that complete its phase)")
+    if rc == -3:
+        raise StaleOperands("wgmma operands changed between issue and completion (a stage "
+                            "refilled while its MMAs ran, or their copies landing late)")
     if rc:
         raise ValueError(f"launch refused by the emulation: {nthreads} threads, {smem} B "
                          f"of shared memory (at most 512 threads and {SMEM_LIMIT} B)")

@@ -25,8 +25,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
   fill_stage_ones_rows(stages, tid);
   u32* halo = ones + ONES_WORDS;  // HALO=1: the block's input slab
   int halo_row0 = 0;
-  if constexpr (A_IN_HALO) halo_tile_load(x, halo, blockIdx.y, (int)threadIdx.x, BLOCK_THREADS);
-  else if constexpr (HALO) halo_row0 = halo_load(x, halo, m0, (int)threadIdx.x, BLOCK_THREADS);
+  if constexpr (A_IN_HALO && !HALO_STAGED) halo_tile_load(x, halo, blockIdx.y, (int)threadIdx.x, BLOCK_THREADS);
+  else if constexpr (HALO && !A_IN_HALO) halo_row0 = halo_load(x, halo, m0, (int)threadIdx.x, BLOCK_THREADS);
   if constexpr (SLICES > 1 && !HALO) __syncthreads();  // the ones tile, for every slice
 
   // A_IN_HALO (small grids: each SM one tile's chain): the epilogue's rows worked out and its
@@ -47,10 +47,13 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
   const int k1 = SLICES > 1 ? (slice + 1) * KTILES / SLICES : split_k_end();
 #pragma unroll
   for (int s = 0; s < STAGES - 2; ++s) {
-    if (k0 + s < k1) load_stage(x, w, stages + s * STAGE_WORDS, ar, n0, k0 + s, tid, halo, halo_row0);
+    if (k0 + s < k1) {
+      load_stage(x, w, stages + s * STAGE_WORDS, ar, n0, k0 + s, tid, halo, halo_row0);
+      if constexpr (HALO_STAGED) halo_stage_load(x, halo, k0 + s, tid);
+    }
     copy_commit();
   }
-  if constexpr (A_IN_HALO) {  // the halo (in the first stage's group) landed for every slice
+  if constexpr (A_IN_HALO && !HALO_STAGED) {  // the halo (with the first stage) landed for every slice
     copy_wait<STAGES - 3>();
     fence_proxy_async();
     __syncthreads();
@@ -61,8 +64,10 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     tile_sync();  // stage kt landed everywhere; every warpgroup's wgmma of kt-2 has retired
     {
       const int next = kt + STAGES - 2;
-      if (next < k1)
+      if (next < k1) {
         load_stage(x, w, stages + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
+        if constexpr (HALO_STAGED) halo_stage_load(x, halo, next, tid);
+      }
       copy_commit();
     }
     wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, kt > k0,

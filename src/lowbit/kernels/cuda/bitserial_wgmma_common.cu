@@ -31,11 +31,11 @@ __device__ __forceinline__ u64 desc_offset(u64 desc, int units, int lbo = 0) {
 __device__ __forceinline__ u64 halo_desc(const u32* halo) {
   return ((smem_addr(halo) & 0x3FFFF) >> 4) | ((u64)CHUNK_UNITS << 16) | ((u64)HALO_W << 32);
 }
-// ... and the 16-byte units from it to the A tile of k slab kb (tap, 256 channels: CW % 8 == 0,
-// so a slab lies in one tap) for warpgroup wg_m's pixel rows 8 wg_m..
-__device__ __forceinline__ int halo_units(int kb, int wg_m) {
-  const int tap = kb * 8 / CW, cw = kb * 8 % CW;
-  return cw / 4 * CHUNK_UNITS + (8 * wg_m + tap / S) * HALO_W + tap % S;
+// ... and the 16-byte units from it to the A tile of k slab j (channel group j / RS of tap
+// j % RS, slab_word) for warpgroup wg_m's pixel rows 8 wg_m..
+__device__ __forceinline__ int halo_units(int j, int wg_m) {
+  const int tap = j % RS, g = j / RS;
+  return 2 * g * CHUNK_UNITS + (8 * wg_m + tap / S) * HALO_W + tap % S;
 }
 // <device-primitives> (bitserial_emu.py replaces this region with host versions)
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
