@@ -71,7 +71,7 @@ CUTS = {
     "no_halo": {k: [("copy_async(halo + ((i * HALO_CHUNKS + chunk) * CHUNK_UNITS + pix) * 4, "
                      "x + i * X_PLANE + src, valid);", "{}")] for k in MMA_CALL},
     # A_IN_HALO: the whole halo with the first stage (as with k slices)
-    "halo_first": {k: [("constexpr bool HALO_STAGED = A_IN_HALO && SLICES == 1;",
+    "halo_first": {k: [("constexpr bool HALO_STAGED = A_IN_HALO;",
                         "constexpr bool HALO_STAGED = false;")] for k in MMA_CALL},
 }
 # the stage's MMAs issued before the next stage's copies and gather (whose shared-memory

@@ -256,7 +256,8 @@ def test_a_in_halo_space():
 
 def test_small_grid_default_splits_long_reductions():
     """Where the preferred wgmma default leaves most SMs idle and the reduction is long, the
-    default is a one-warpgroup 64-row block wide enough for half a wave, with two k slices and
+    default is a one-warpgroup 64-row block wide enough for half a wave: on convs with the
+    in-place halo and every k tile resident where that applies, else with two k slices and
     (convs) the halo load; short reductions and full grids keep the preferred default."""
     b1, u2 = Precision(1, "binary"), Precision(2)
     arch = bitserial.WGMMA_ARCH
@@ -267,7 +268,13 @@ def test_small_grid_default_splits_long_reductions():
         return (cfg["BM"], cfg["BN"], cfg["KT"], cfg["HALO"], cfg["SLICES"])
 
     apconv = conv(b1, u2, EPILOGUES[1], N=1, H=16, W=16, C=1024, K=1024)
-    assert default(apconv) == (64, 32, 2, 1, 2)  # 4 x 32 tiles of 64 x 32
+    assert default(apconv) == (64, 32, 4, 1, 1)  # 4 x 32 tiles of 64 x 32, 9 k tiles resident
+    cfg = BITSERIAL.default_config(apconv, "wgmma", arch=arch)
+    assert cfg["A_IN_HALO"] == 1 and cfg["STAGES"] == bitserial.RESIDENT_STAGES
+    wide_c = conv(b1, u2, EPILOGUES[1], N=1, H=16, W=16, C=2048, K=1024)  # 18 k tiles of 4
+    assert default(wide_c) == (64, 32, 2, 1, 2)
+    stride2 = conv(b1, u2, EPILOGUES[1], N=1, H=32, W=32, C=1024, K=1024, stride=2)
+    assert default(stride2) == (64, 32, 2, 1, 2)
     assert default(gemm(b1, u2, EPILOGUES[1], M=128, N=4096, K=4096)) == (64, 64, 1, 0, 2)
     assert default(gemm(b1, u2, EPILOGUES[1], M=8, N=4096, K=4096)) == (64, 32, 1, 0, 2)
     short = gemm(b1, u2, EPILOGUES[1], M=64, N=1024, K=1024)  # 4 k tiles

@@ -228,13 +228,14 @@ CASES = [
      {"BM": 128, "BN": 64, "WN": 64, "PERSIST": 1, "REQUANT": "threshold", "THR_PAIRS": 1}),
     # A tiles read in place from a pixel tile's halo (A_IN_HALO): 8 x 8 tiles over two images
     # with margins (9 x 11 outputs: the last tile row and column mostly outside), the ones
-    # tile's row sums; 16 x 8 tiles of two warpgroups in two k slices, binary activations'
-    # tap rectangles and thresholds, ones columns; a 5 x 5 window (pad 2) of signed planes
+    # tile's row sums; 16 x 8 tiles of two warpgroups in two k slices (the middle one of three
+    # channel groups read, and copied, by both), binary activations' tap rectangles and
+    # thresholds, ones columns; a 5 x 5 window (pad 2) of signed planes
     # the 32-byte swizzle left to the weights
     ("wgmma_a_in_halo_b1u2", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=11, C=256, K=40),
      "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 4, "HALO": 1,
                "A_IN_HALO": 1}),
-    ("wgmma_a_in_halo_slices_b1b1", conv(B1, B1, EPILOGUES[5], N=1, H=10, W=7, C=512, K=70),
+    ("wgmma_a_in_halo_slices_b1b1", conv(B1, B1, EPILOGUES[5], N=1, H=10, W=7, C=768, K=70),
      "wgmma", {"BM": 128, "BN": 64, "WN": 64, "KT": 1, "STAGES": 3, "HALO": 1,
                "A_IN_HALO": 1, "SLICES": 2, "ROWSUM": "cols", "REQUANT": "threshold"}),
     # ... with every k tile resident (STAGES=12: no stage refilled, no wait for the previous
@@ -319,8 +320,8 @@ def test_emulation_catches_a_halo_group_copied_late(monkeypatch):
     cfg = _config(wl, "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 2, "STAGES": 4,
                                 "HALO": 1, "A_IN_HALO": 1})
     assert _check(wl, cfg, seed=5)
-    edit_kernel_file(monkeypatch, "bitserial_wgmma.cu", "halo_stage_load(x, halo, next, tid);",
-                     "halo_stage_load(x, halo, next - 1, tid);")
+    edit_kernel_file(monkeypatch, "bitserial_wgmma.cu", "halo_stage_load(x, halo, next, k0, tid);",
+                     "halo_stage_load(x, halo, next - 1, k0, tid);")
     assert not _check(wl, cfg, seed=5)
 
 

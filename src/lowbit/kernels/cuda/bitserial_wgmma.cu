@@ -27,7 +27,10 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
   int halo_row0 = 0;
   if constexpr (A_IN_HALO && !HALO_STAGED) halo_tile_load(x, halo, blockIdx.y, (int)threadIdx.x, BLOCK_THREADS);
   else if constexpr (HALO && !A_IN_HALO) halo_row0 = halo_load(x, halo, m0, (int)threadIdx.x, BLOCK_THREADS);
-  if constexpr (SLICES > 1 && !HALO) __syncthreads();  // the ones tile, for every slice
+  if constexpr (SLICES > 1 && (!HALO || A_IN_HALO)) {  // the ones tile, for every slice
+    if constexpr (A_IN_HALO) fence_proxy_async();
+    __syncthreads();
+  }
 
   // A_IN_HALO (small grids: each SM one tile's chain): the epilogue's rows worked out and its
   // per-column data prefetched before the k loop, off the path after the last MMA
@@ -49,7 +52,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
   for (int s = 0; s < STAGES - 2; ++s) {
     if (k0 + s < k1) {
       load_stage(x, w, stages + s * STAGE_WORDS, ar, n0, k0 + s, tid, halo, halo_row0);
-      if constexpr (HALO_STAGED) halo_stage_load(x, halo, k0 + s, tid);
+      if constexpr (HALO_STAGED) halo_stage_load(x, halo, k0 + s, k0, tid);
     }
     copy_commit();
   }
@@ -66,7 +69,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
       const int next = kt + STAGES - 2;
       if (next < k1) {
         load_stage(x, w, stages + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
-        if constexpr (HALO_STAGED) halo_stage_load(x, halo, next, tid);
+        if constexpr (HALO_STAGED) halo_stage_load(x, halo, next, k0, tid);
       }
       copy_commit();
     }
