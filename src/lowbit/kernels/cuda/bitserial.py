@@ -1214,9 +1214,10 @@ TEAMS_DEFAULT_MAX_K = 256
 # Small grids with long reductions (the preferred default under half a wave of tiles, at
 # least SMALL_GRID_K_TILES k tiles): one-warpgroup 64-row blocks, the widest BN of 64 or 32
 # that still makes half a wave; on convs where A_IN_HALO applies with every k tile resident,
-# that; else the k tiles in two slices, and on convs the halo load with KT=2. Measured on an H100 (bitserial-20261125-210302.json): the APNN-TC conv 5.7 (w1a1) and
-# 7.6 us (w1a2) against 15.9 and 13.8 for the preferred default, fc_b128 4.4 and 5.3 against
-# 7.6 and 7.3; with 4 k tiles (fc_b64) the preferred 64 x 64 default stays (2.2 against 2.6).
+# that; else the k tiles in two slices, and on convs the halo load with KT=2. Measured on an
+# H100 (bitserial-20261125-210302.json): the APNN-TC conv 5.7 (w1a1) and 7.6 us (w1a2) against
+# 15.9 and 13.8 for the preferred default, fc_b128 4.4 and 5.3 against 7.6 and 7.3; with 4 k
+# tiles (fc_b64) the preferred 64 x 64 default stays (2.2 against 2.6).
 SMALL_GRID_K_TILES = 8
 
 
