@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from lowbit.core import Config, ConvWorkload, Encoding, Epilogue, GemmWorkload, Layout, Precision
+from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload, Layout, Precision
 from lowbit.core.workloads import load_workloads
 from lowbit.kernels import get_template
 from lowbit.kernels.cuda import BITSERIAL, bitserial
@@ -956,9 +956,8 @@ def test_bit_exact_k_slices(wb, ab):
 def test_bit_exact_a_in_halo(wb, ab):
     """A_IN_HALO=1 (wgmma reading each tap's A tile in place from the halo): every encoding
     pair of the bit pair on convs whose 8-pixel tiles overrun the image (margins), 3 x 3 and
-    5 x 5 windows, 8 x 8 tiles of one warpgroup (also with STAGES=12, and for binary weights
-    the row sums from the halo) and 16 x 8 tiles of two (in two k slices where the registers
-    allow)."""
+    5 x 5 windows, 8 x 8 tiles of one warpgroup (also with STAGES=12) and 16 x 8 tiles of two
+    (in two k slices where the registers allow)."""
     if bitserial.device_arch() != bitserial.WGMMA_ARCH:
         pytest.skip("wgmma needs sm_90a")
     for combo in range(4):
@@ -971,10 +970,7 @@ def test_bit_exact_a_in_halo(wb, ab):
         for changes in (dict(BM=64, BN=32, WN=32, KT=1, STAGES=4),
                         dict(BM=64, BN=32, WN=32, KT=1, STAGES=12),  # C = 256: all resident
                         dict(BM=128, BN=32, WN=32, KT=1, STAGES=3,
-                             SLICES=2 if wb * ab <= 2 else 1),  # 512 threads' registers
-                        dict(BM=64, BN=32, WN=32, KT=1, STAGES=12, ROWSUM="slab")):
+                             SLICES=2 if wb * ab <= 2 else 1)):  # 512 threads' registers
             cfg = BITSERIAL.plain_config(wl, "wgmma").replace(HALO=1, A_IN_HALO=1, **changes)
-            if changes.get("ROWSUM") == "slab" and wl.w.encoding is not Encoding.BINARY:
-                continue  # row sums from the halo: binary weights' only
             assert space.is_valid(cfg), space.why_invalid(cfg)
             _assert_exact(wl, cfg, seed=combo)

@@ -252,16 +252,6 @@ CASES = [
                                                   K=64),
      "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 12, "HALO": 1,
                "A_IN_HALO": 1, "SLICES": 2}),
-    # ... binary weights' row sums from the halo's popcounts (ROWSUM="slab"): four channel
-    # groups over resident stages; two warpgroups, 5 x 5 with margins, one bit of activations
-    ("wgmma_a_in_halo_slab_rowsums_b1u2", conv(B1, U2, EPILOGUES[1], N=1, H=9, W=7, C=1024,
-                                              K=40),
-     "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 4, "STAGES": 12, "HALO": 1,
-               "A_IN_HALO": 1, "ROWSUM": "slab"}),
-    ("wgmma_a_in_halo_slab_rowsums_5x5_b1u1", conv(B1, U1, EPILOGUES[3], N=2, H=10, W=11,
-                                                   C=256, K=70, R=5, S=5, pad=2),
-     "wgmma", {"BM": 128, "BN": 32, "WN": 32, "KT": 1, "STAGES": 4, "HALO": 1,
-               "A_IN_HALO": 1, "ROWSUM": "slab"}),
     ("wgmma_a_in_halo_5x5_s2s3", conv(S2, S3, EPILOGUES[4], N=1, H=6, W=9, C=256, K=37,
                                       R=5, S=5, pad=2),
      "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 3, "HALO": 1,

@@ -638,11 +638,6 @@ def halo_rows(sh: Shape, bm: int) -> int:
     return most
 
 
-def in_place_pixels(sh: Shape, bm: int) -> int:
-    """Input pixels of an A_IN_HALO block's window: (bm / 8 + R - 1) x (8 + S - 1)."""
-    return (bm // 8 + sh.r - 1) * (8 + sh.s - 1)
-
-
 def halo_bytes(wl: Workload, config: Mapping) -> int:
     """Shared memory of the HALO=1 input slab: a_bits planes x rows x W x channel words; with
     A_IN_HALO the pixel tile's window, (BM / 8 + R - 1) x (8 + S - 1) pixels (rounded up to
@@ -651,7 +646,7 @@ def halo_bytes(wl: Workload, config: Mapping) -> int:
         return 0
     sh = conv_shape(wl)
     if a_in_halo(config):  # each 16-byte chunk's pixels, an odd count (CHUNK_UNITS)
-        pixels = in_place_pixels(sh, config["BM"]) | 1
+        pixels = (config["BM"] // 8 + sh.r - 1) * (8 + sh.s - 1) | 1
     else:
         pixels = halo_rows(sh, config["BM"]) * sh.w
     return planes(wl)[0] * pixels * sh.words * 4
@@ -759,8 +754,7 @@ def rowsum_table(config: Mapping) -> bool:
 
 
 def rowsum_slab(config: Mapping) -> bool:
-    """Binary weights' row popcounts from the tap-shift slab or the A_IN_HALO halo in shared
-    memory (ROWSUM="slab")."""
+    """Binary weights' row popcounts from the tap-shift slab in shared memory (ROWSUM="slab")."""
     return config.get("ROWSUM", "mma") == "slab"
 
 
@@ -804,8 +798,6 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
             operands += buffers * -(-plan.slab_pix // 4) * 16 * teams(config)
     if config["MMA"] == "wgmma" and rowsum_mma(wl, config):
         operands += 256 * ones
-    if a_in_halo(config) and rowsum_slab(config):  # the halo pixels' popcounts (HALO_POP)
-        operands += 4 * in_place_pixels(conv_shape(wl), config["BM"])
     if slots := threshold_slots(wl, config):
         operands += slots * config["BN"] * threshold_stride(wl) * 4
     # SLICES > 1: slices 1.. leave their sums (every thread's Acc and RowSum) over the operands
@@ -1075,10 +1067,8 @@ def _constraints(wl: Workload) -> list:
         return None
 
     def rowsums(c: Config) -> str | None:
-        if rowsum_slab(c) and not (tap_shift(c) and c["PERSIST"] and c["STAGES"] == 3) and not (
-                a_in_halo(c) and slices(c) == 1):
-            return ("ROWSUM='slab' is implemented in the persistent TAP_SHIFT=1 kernel "
-                    "(STAGES=3) and with A_IN_HALO=1 in one k slice")
+        if rowsum_slab(c) and not (tap_shift(c) and c["PERSIST"] and c["STAGES"] == 3):
+            return "ROWSUM='slab' is implemented in the persistent TAP_SHIFT=1 kernel, STAGES=3"
         if rowsum_cols(c):
             if c["MMA"] != "wgmma" or c["BN"] != c["WN"] or fuse_planes(c):
                 return ("ROWSUM='cols' is implemented in the wgmma kernels with one warpgroup "

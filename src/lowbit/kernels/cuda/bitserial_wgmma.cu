@@ -6,49 +6,6 @@
 // MMAs once its copies land, without waiting for the previous stage's MMAs
 constexpr bool RESIDENT_STAGES = A_IN_HALO && (KTILES + SLICES - 1) / SLICES <= STAGES - 2;
 
-// ROWSUM_SLAB with A_IN_HALO (one k slice): binary weights' row popcounts from the halo instead
-// of a row-sum wgmma per plane and slab (m64n8 beside two m64n32 per slab at BN = 32). Each
-// thread counts sum_i c_i popc(plane i) over the channel groups of its halo pixels as they land
-// (behind the MMAs of the first stage reading each group), stores the counts once all are in,
-// and each row sums its taps' counts (the halo's zeros outside the image count nothing, as in
-// the MMA's rows).
-constexpr bool HALO_POP = A_IN_HALO && ROWSUM_SLAB;
-constexpr int POP_PER_THREAD = (HALO_PIX + THREADS - 1) / THREADS;
-static_assert(!HALO_POP || SLICES == 1, "ROWSUM_SLAB with A_IN_HALO: one k slice (bitserial.py)");
-__device__ __forceinline__ void halo_popcounts(const u32* halo, int kt, int tid,
-                                               int (&pc)[POP_PER_THREAD]) {
-  const int g0 = (kt * KT + RS - 1) / RS, g1 = ((kt + 1) * KT + RS - 1) / RS;
-  for (int g = g0; g < g1; ++g)
-#pragma unroll
-    for (int k = 0; k < POP_PER_THREAD; ++k) {
-      const int j = tid + k * THREADS;
-      if (j >= HALO_PIX) continue;
-#pragma unroll
-      for (int i = 0; i < Q_BITS; ++i)
-#pragma unroll
-        for (int lc = 0; lc < 2; ++lc) {
-          const uint4 v = *reinterpret_cast<const uint4*>(
-              halo + ((i * HALO_CHUNKS + 2 * g + lc) * CHUNK_UNITS + j) * 4);
-          pc[k] += a_coef(i) * (__popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w));
-        }
-    }
-}
-// ... the row terms of this lane's rows (warpgroup wg_m, its warp's rows row_in_wg..+15): lane
-// l sums the taps of the warp's row l % 16, then each lane fetches its two
-__device__ __forceinline__ void add_halo_rowsums(RowPrep& rows, const int* pop, int wg_m,
-                                                 int row_in_wg, int lane) {
-  const int ri = row_in_wg + (lane & 15);
-  const int* p = pop + (8 * wg_m + ri / 8) * HALO_W + ri % 8;
-  int sum = 0;
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int s = 0; s < S; ++s) sum += p[r * HALO_W + s];
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-    rows.term[0][h] += A_ALPHA * W_BETA * __shfl_sync(0xffffffffu, sum, (lane >> 2) + 8 * h);
-}
-
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITSERIAL_KERNEL_PARAMS) {
   extern __shared__ __align__(128) u32 smem[];
   // SLICES > 1: slice s (THREADS threads, its own stage ring and named barrier) reduces the k
@@ -87,7 +44,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
   Acc acc;
   RowSum rsum;
   zero_acc(acc, rsum);
-  int pc[POP_PER_THREAD] = {};  // HALO_POP
 
   // [0, KTILES) without split-K or slices
   const int k0 = SLICES > 1 ? slice * KTILES / SLICES : split_k_begin();
@@ -119,16 +75,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     }
     wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, kt > k0,
                 halo, kt);
-    if constexpr (HALO_POP) halo_popcounts(halo, kt, tid, pc);
     if constexpr (!RESIDENT_STAGES) wgmma_wait<1>();  // stage kt - 1 is refilled next
-  }
-  if constexpr (HALO_POP) {  // while the last MMAs run
-    int* pop = reinterpret_cast<int*>(halo + Q_BITS * HALO_CHUNKS * CHUNK_UNITS * 4);
-#pragma unroll
-    for (int k = 0; k < POP_PER_THREAD; ++k)
-      if (tid + k * THREADS < HALO_PIX) pop[tid + k * THREADS] = pc[k];
-    tile_sync();
-    add_halo_rowsums(rows, pop, wg_m, (warp & 3) * 16, lane);
   }
   wgmma_wait<0>();
   copy_wait<0>();
