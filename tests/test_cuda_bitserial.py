@@ -203,16 +203,24 @@ def test_tap_shift_default_on_narrow_convs_that_fill_the_gpu():
                             stride=2))["TAP_SHIFT"]
 
 
+def _apnn_conv_config(**changes):
+    """The APNN-TC conv (w1a2), its sm_90a space, and a valid 64 x 32 one-warpgroup halo config
+    with `changes`."""
+    wl = conv(Precision(1, "binary"), Precision(2), EPILOGUES[1], N=1, H=16, W=16, C=1024,
+              K=1024)
+    space = BITSERIAL.space(wl, bitserial.WGMMA_ARCH)
+    cfg = BITSERIAL.plain_config(wl, "wgmma", arch=bitserial.WGMMA_ARCH).replace(
+        BM=64, BN=32, WN=32, HALO=1, **changes)
+    assert space.is_valid(cfg), space.why_invalid(cfg)
+    return wl, space, cfg
+
+
 def test_k_slices_only_in_small_one_tile_wgmma_grids():
     """SLICES > 1 (a one-tile wgmma block's k tiles split over sets of its warpgroups) is in the
     space for grids that leave SMs idle, not for persistent or tap-shift blocks, not beyond
     4 warpgroups or under two k tiles per slice, and not on sm_80."""
     b1, u2 = Precision(1, "binary"), Precision(2)
-    wl = conv(b1, u2, EPILOGUES[1], N=1, H=16, W=16, C=1024, K=1024)  # the APNN-TC conv
-    space = BITSERIAL.space(wl, bitserial.WGMMA_ARCH)
-    cfg = BITSERIAL.plain_config(wl, "wgmma", arch=bitserial.WGMMA_ARCH).replace(
-        BM=64, BN=32, WN=32, KT=1, STAGES=4, HALO=1, SLICES=4)
-    assert space.is_valid(cfg), space.why_invalid(cfg)
+    wl, space, cfg = _apnn_conv_config(KT=1, STAGES=4, SLICES=4)
     assert bitserial.threads(cfg) == 512
     assert BITSERIAL.build(wl, cfg, arch="sm_90a")._main.cubin[:4] == b"\x7fELF"  # NVRTC
     assert "SLICES" in space.why_invalid(cfg.replace(PERSIST=1, HALO=0))
@@ -232,11 +240,7 @@ def test_a_in_halo_space():
     divides; its grid counts BM / 8 x 8 pixel tiles, margins included, and its halo is the
     tile's window. NVRTC compiles it for sm_90a."""
     b1, u2 = Precision(1, "binary"), Precision(2)
-    wl = conv(b1, u2, EPILOGUES[1], N=1, H=16, W=16, C=1024, K=1024)  # the APNN-TC conv
-    space = BITSERIAL.space(wl, bitserial.WGMMA_ARCH)
-    cfg = BITSERIAL.plain_config(wl, "wgmma", arch=bitserial.WGMMA_ARCH).replace(
-        BM=64, BN=32, WN=32, KT=4, STAGES=6, HALO=1, A_IN_HALO=1)
-    assert space.is_valid(cfg), space.why_invalid(cfg)
+    wl, space, cfg = _apnn_conv_config(KT=4, STAGES=6, A_IN_HALO=1)
     assert bitserial.tile_grid(wl, cfg) == (32, 4)
     assert bitserial.halo_bytes(wl, cfg) == 2 * 101 * 1024 // 8  # 10 x 10 pixels, odd stride
     assert BITSERIAL.build(wl, cfg, arch="sm_90a")._main.cubin[:4] == b"\x7fELF"
