@@ -7,6 +7,8 @@ Variants: base; no_weights / no_halo (A_IN_HALO: the weight or the halo copies l
 even_stride (A_IN_HALO: the halo's chunks at the even stride first built); b_by_row (A_IN_HALO:
 the weight copies in the other kernels' thread order); halo_first (A_IN_HALO: the whole
 halo with the first stage, not each channel group with the first stage that reads it);
+rows_first / no_prefetch (A_IN_HALO: the epilogue's rows and L1 prefetches before the first
+copies are issued, or no prefetches);
 no_mma (every stage's MMAs skipped behind a branch the GPU never takes, so the
 code stays); no_epilogue (the epilogue skipped the same way); no_mma_no_epilogue (copies and
 the pipeline's barriers alone); no_gather and no_halo_wait (HALO=1: the stages' A tiles not
@@ -44,6 +46,13 @@ MMA_CALL = {"wgmma": "wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STA
             "mma_sync": "mma_sync_stage(acc, rsum, sa, sa + A_STAGE_WORDS,"}
 EPILOGUE_CALL = {"wgmma": "tile_epilogue(acc, rsum, prep, m0, n0, row0, wg_n * WN,",
                  "mma_sync": "tile_epilogue(acc, rsum, m0, n0, warp_m * WM, warp_n * WN,"}
+_ROWS = ("  // A_IN_HALO (small grids: each SM one tile's chain): the epilogue's rows worked out"
+         " and its\n  // per-column data prefetched while the first copies fly, off the path after"
+         " the last MMA\n  RowPrep rows{};\n  if constexpr (A_IN_HALO) {\n    const EpilogueArgs ea = "
+         "BITSERIAL_EPILOGUE_ARGS;\n    rows = epilogue_rows(m0, n0, wg_m * 64 + (warp & 3) * 16, "
+         "wg_n * WN, lane, ea);\n    if (slice == 0) prefetch_row_data(rows, n0 + wg_n * WN + "
+         "2 * (lane & 3), ea);\n  }\n")
+_ACC = "  Acc acc;\n  RowSum rsum;\n  zero_acc(acc, rsum);\n"
 # per MMA kind: the (old, new) text pairs of each cut (shift_probe.variant_render applies them,
 # each exactly once)
 CUTS = {
@@ -70,6 +79,11 @@ CUTS = {
                  for k in MMA_CALL},
     "no_halo": {k: [("copy_async(halo + ((i * HALO_CHUNKS + chunk) * CHUNK_UNITS + pix) * 4, "
                      "x + i * X_PLANE + src, valid);", "{}")] for k in MMA_CALL},
+    # A_IN_HALO: the epilogue's rows and prefetches before the first copies are issued (as
+    # first built), or without the prefetches
+    "rows_first": {k: [(_ROWS, ""), (_ACC, _ROWS + _ACC)] for k in MMA_CALL},
+    "no_prefetch": {k: [("    if (slice == 0) prefetch_row_data(rows, n0 + wg_n * WN + "
+                         "2 * (lane & 3), ea);\n", "")] for k in MMA_CALL},
     # A_IN_HALO: the whole halo with the first stage (as with k slices)
     "halo_first": {k: [("constexpr bool HALO_STAGED = A_IN_HALO;",
                         "constexpr bool HALO_STAGED = false;")] for k in MMA_CALL},

@@ -32,15 +32,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     __syncthreads();
   }
 
-  // A_IN_HALO (small grids: each SM one tile's chain): the epilogue's rows worked out and its
-  // per-column data prefetched before the k loop, off the path after the last MMA
-  RowPrep rows{};
-  if constexpr (A_IN_HALO) {
-    const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
-    rows = epilogue_rows(m0, n0, wg_m * 64 + (warp & 3) * 16, wg_n * WN, lane, ea);
-    if (slice == 0) prefetch_row_data(rows, n0 + wg_n * WN + 2 * (lane & 3), ea);
-  }
-
   Acc acc;
   RowSum rsum;
   zero_acc(acc, rsum);
@@ -55,6 +46,14 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
       if constexpr (HALO_STAGED) halo_stage_load(x, halo, k0 + s, k0, tid);
     }
     copy_commit();
+  }
+  // A_IN_HALO (small grids: each SM one tile's chain): the epilogue's rows worked out and its
+  // per-column data prefetched while the first copies fly, off the path after the last MMA
+  RowPrep rows{};
+  if constexpr (A_IN_HALO) {
+    const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
+    rows = epilogue_rows(m0, n0, wg_m * 64 + (warp & 3) * 16, wg_n * WN, lane, ea);
+    if (slice == 0) prefetch_row_data(rows, n0 + wg_n * WN + 2 * (lane & 3), ea);
   }
   if constexpr (A_IN_HALO && !HALO_STAGED) {  // the halo (with the first stage) landed for every slice
     copy_wait<STAGES - 3>();
