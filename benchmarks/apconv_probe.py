@@ -46,12 +46,15 @@ MMA_CALL = {"wgmma": "wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STA
             "mma_sync": "mma_sync_stage(acc, rsum, sa, sa + A_STAGE_WORDS,"}
 EPILOGUE_CALL = {"wgmma": "tile_epilogue(acc, rsum, prep, m0, n0, row0, wg_n * WN,",
                  "mma_sync": "tile_epilogue(acc, rsum, m0, n0, warp_m * WM, warp_n * WN,"}
-_ROWS = ("  // A_IN_HALO (small grids: each SM one tile's chain): the epilogue's rows worked out"
-         " and its\n  // per-column data prefetched while the first copies fly, off the path after"
-         " the last MMA\n  RowPrep rows{};\n  if constexpr (A_IN_HALO) {\n    const EpilogueArgs ea = "
-         "BITSERIAL_EPILOGUE_ARGS;\n    rows = epilogue_rows(m0, n0, wg_m * 64 + (warp & 3) * 16, "
-         "wg_n * WN, lane, ea);\n    if (slice == 0) prefetch_row_data(rows, n0 + wg_n * WN + "
-         "2 * (lane & 3), ea);\n  }\n")
+_ROWS = "".join(line + "\n" for line in (
+    "  // A_IN_HALO (small grids: each SM one tile's chain): the epilogue's rows worked out and its",
+    "  // per-column data prefetched while the first copies fly, off the path after the last MMA",
+    "  RowPrep rows{};",
+    "  if constexpr (A_IN_HALO) {",
+    "    const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;",
+    "    rows = epilogue_rows(m0, n0, wg_m * 64 + (warp & 3) * 16, wg_n * WN, lane, ea);",
+    "    if (slice == 0) prefetch_row_data(rows, n0 + wg_n * WN + 2 * (lane & 3), ea);",
+    "  }"))
 _ACC = "  Acc acc;\n  RowSum rsum;\n  zero_acc(acc, rsum);\n"
 # per MMA kind: the (old, new) text pairs of each cut (shift_probe.variant_render applies them,
 # each exactly once)
