@@ -47,8 +47,8 @@ MMA_CALL = {"wgmma": "wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STA
 EPILOGUE_CALL = {"wgmma": "tile_epilogue(acc, rsum, prep, m0, n0, row0, wg_n * WN,",
                  "mma_sync": "tile_epilogue(acc, rsum, m0, n0, warp_m * WM, warp_n * WN,"}
 _ROWS = "".join(line + "\n" for line in (
-    "  // A_IN_HALO (small grids: each SM one tile's chain): the epilogue's rows worked out and its",
-    "  // per-column data prefetched while the first copies fly, off the path after the last MMA",
+    "  // A_IN_HALO (small grids, one tile's chain per SM): the epilogue's rows worked out and",
+    "  // its per-column data prefetched while the first copies fly, off the path after the last MMA",
     "  RowPrep rows{};",
     "  if constexpr (A_IN_HALO) {",
     "    const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;",

@@ -47,8 +47,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     }
     copy_commit();
   }
-  // A_IN_HALO (small grids: each SM one tile's chain): the epilogue's rows worked out and its
-  // per-column data prefetched while the first copies fly, off the path after the last MMA
+  // A_IN_HALO (small grids, one tile's chain per SM): the epilogue's rows worked out and
+  // its per-column data prefetched while the first copies fly, off the path after the last MMA
   RowPrep rows{};
   if constexpr (A_IN_HALO) {
     const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
