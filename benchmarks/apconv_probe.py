@@ -48,7 +48,7 @@ EPILOGUE_CALL = {"wgmma": "tile_epilogue(acc, rsum, prep, m0, n0, row0, wg_n * W
                  "mma_sync": "tile_epilogue(acc, rsum, m0, n0, warp_m * WM, warp_n * WN,"}
 _ROWS = "".join(line + "\n" for line in (
     "  // A_IN_HALO (small grids, one tile's chain per SM): the epilogue's rows worked out and",
-    "  // its per-column data prefetched while the first copies fly, off the path after the last MMA",
+    "  // its per-column data prefetched while the first copies fly (off the last MMA's path)",
     "  RowPrep rows{};",
     "  if constexpr (A_IN_HALO) {",
     "    const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;",

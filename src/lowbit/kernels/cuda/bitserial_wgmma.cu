@@ -48,7 +48,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     copy_commit();
   }
   // A_IN_HALO (small grids, one tile's chain per SM): the epilogue's rows worked out and
-  // its per-column data prefetched while the first copies fly, off the path after the last MMA
+  // its per-column data prefetched while the first copies fly (off the last MMA's path)
   RowPrep rows{};
   if constexpr (A_IN_HALO) {
     const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
