@@ -256,6 +256,12 @@ def test_a_in_halo_space():
         assert why in BITSERIAL.space(other, "sm_90a").why_invalid(
             cfg.replace(BN=64, WN=64, REQUANT="multiply"))
     assert BITSERIAL.space(wl, "sm_80").knob("A_IN_HALO").values == (0,)
+    bulk = cfg.replace(STAGES=12, BULK_WEIGHTS=1)  # 9 k tiles, each one bulk copy
+    assert space.is_valid(bulk), space.why_invalid(bulk)
+    assert bitserial.smem_bytes(wl, bulk) == 12 * 32 * 4 * 32 + 256 + 2 * 101 * 128 + 9 * 8
+    assert BITSERIAL.build(wl, bulk, arch="sm_90a")._main.cubin[:4] == b"\x7fELF"
+    assert "STAGES >= 11" in space.why_invalid(bulk.replace(STAGES=6))
+    assert "A_IN_HALO" in space.why_invalid(bulk.replace(A_IN_HALO=0, HALO=1))
 
 
 def test_small_grid_default_splits_long_reductions():
@@ -960,8 +966,9 @@ def test_bit_exact_k_slices(wb, ab):
 def test_bit_exact_a_in_halo(wb, ab):
     """A_IN_HALO=1 (wgmma reading each tap's A tile in place from the halo): every encoding
     pair of the bit pair on convs whose 8-pixel tiles overrun the image (margins), 3 x 3 and
-    5 x 5 windows, 8 x 8 tiles of one warpgroup (also with STAGES=12) and 16 x 8 tiles of two
-    (in two k slices where the registers allow)."""
+    5 x 5 windows, 8 x 8 tiles of one warpgroup (also with STAGES=12, and with the weights by
+    bulk copies where every k tile is resident) and 16 x 8 tiles of two (in two k slices where
+    the registers allow)."""
     if bitserial.device_arch() != bitserial.WGMMA_ARCH:
         pytest.skip("wgmma needs sm_90a")
     for combo in range(4):
@@ -973,8 +980,11 @@ def test_bit_exact_a_in_halo(wb, ab):
         space = BITSERIAL.space(wl)
         for changes in (dict(BM=64, BN=32, WN=32, KT=1, STAGES=4),
                         dict(BM=64, BN=32, WN=32, KT=1, STAGES=12),  # C = 256: all resident
+                        dict(BM=64, BN=32, WN=32, KT=1, STAGES=12, BULK_WEIGHTS=1),
                         dict(BM=128, BN=32, WN=32, KT=1, STAGES=3,
                              SLICES=2 if wb * ab <= 2 else 1)):  # 512 threads' registers
             cfg = BITSERIAL.plain_config(wl, "wgmma").replace(HALO=1, A_IN_HALO=1, **changes)
+            if changes.get("BULK_WEIGHTS") and bitserial.k_tiles(wl, cfg) > 10:
+                continue  # bulk weights: every k tile resident (C = 256 only here)
             assert space.is_valid(cfg), space.why_invalid(cfg)
             _assert_exact(wl, cfg, seed=combo)

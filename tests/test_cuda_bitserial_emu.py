@@ -252,6 +252,15 @@ CASES = [
                                                   K=64),
      "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 12, "HALO": 1,
                "A_IN_HALO": 1, "SLICES": 2}),
+    # ... each k tile's weights by one bulk copy of their bind-time image on an mbarrier
+    # (BULK_WEIGHTS): margins over two images; 16 x 8 tiles of four warpgroups, four channel
+    # groups, binary activations' thresholds
+    ("wgmma_a_in_halo_bulk_b1u2", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=11, C=256, K=40),
+     "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 12, "HALO": 1,
+               "A_IN_HALO": 1, "BULK_WEIGHTS": 1}),
+    ("wgmma_a_in_halo_bulk_u1b1", conv(U1, B1, EPILOGUES[5], N=1, H=10, W=7, C=1024, K=70),
+     "wgmma", {"BM": 128, "BN": 64, "WN": 64, "KT": 4, "STAGES": 12, "HALO": 1,
+               "A_IN_HALO": 1, "BULK_WEIGHTS": 1, "REQUANT": "threshold"}),
     ("wgmma_a_in_halo_5x5_s2s3", conv(S2, S3, EPILOGUES[4], N=1, H=6, W=9, C=256, K=37,
                                       R=5, S=5, pad=2),
      "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 3, "HALO": 1,
@@ -323,6 +332,28 @@ def test_emulation_catches_a_halo_group_copied_late(monkeypatch):
     edit_kernel_file(monkeypatch, "bitserial_wgmma.cu", "halo_stage_load(x, halo, next, k0, tid);",
                      "halo_stage_load(x, halo, next - 1, k0, tid);")
     assert not _check(wl, cfg, seed=5)
+
+
+def test_emulation_catches_mmas_before_their_bulk_weights(monkeypatch):
+    """BULK_WEIGHTS with each stage's MMAs issued before the wait on its weights' mbarrier:
+    they read the stage before its bulk copy lands."""
+    wl = conv(B1, U2, EPILOGUES[1], N=1, H=8, W=8, C=256, K=32)
+    cfg = _config(wl, "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 12,
+                                "HALO": 1, "A_IN_HALO": 1, "BULK_WEIGHTS": 1})
+    assert _check(wl, cfg, seed=6)
+    wait = "    if constexpr (BULK_WEIGHTS) mbar_wait(bars + kt, 0);"
+    original = bitserial._cu
+
+    def late_wait(file):
+        text = original(file)
+        if file == "bitserial_wgmma.cu":
+            assert text.count(wait) == 1
+            text = text.replace(wait, "").replace(
+                "    if constexpr (!RESIDENT_STAGES) wgmma_wait<1>();",
+                wait + "\n    if constexpr (!RESIDENT_STAGES) wgmma_wait<1>();")
+        return text
+    monkeypatch.setattr(bitserial, "_cu", late_wait)
+    assert not _check(wl, cfg, seed=6)
 
 
 def test_emulation_catches_a_pair_table_in_channel_order(monkeypatch):

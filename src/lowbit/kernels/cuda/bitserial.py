@@ -352,6 +352,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "SLICES": slices(config), "SLICE_SUM_WORDS": slice_sum_words(wl, config),
         "HALO_WORDS": halo_bytes(wl, config) // 4 // q, "A_IN_HALO": int(a_in_halo(config)),
         "TILES_Y": pixel_tiles(wl, config)[0], "TILES_X": pixel_tiles(wl, config)[1],
+        "BULK_WEIGHTS": int(bulk_weights(config)),
         "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh), "KPAD": wsum_columns(sh),
         "WSUM0": wsum_start(sh),
         "HAS_BIAS": int(epi.bias), "RELU": int(epi.relu), "OUT_MODE": _out_mode(wl),
@@ -556,6 +557,29 @@ def block_rows(wl: Workload, config: Mapping) -> int:
 def a_in_halo(config: Mapping) -> bool:
     """The MMAs read the A tiles in place from a pixel tile's halo (knob A_IN_HALO=1)."""
     return bool(config.get("A_IN_HALO", 0))
+
+
+def bulk_weights(config: Mapping) -> bool:
+    """Each k tile's weights arrive as one bulk copy of a bind-time image (knob BULK_WEIGHTS)."""
+    return bool(config.get("BULK_WEIGHTS", 0))
+
+
+def weight_images(wl: Workload, config: Mapping, device: torch.device | str
+                  ) -> torch.Tensor | None:
+    """BULK_WEIGHTS: the int32 buffer of the weights' stage images [column tiles][k tiles]
+    [stage words] that bitserial_wimage fills (None otherwise)."""
+    if not bulk_weights(config):
+        return None
+    cols = tile_grid(wl, config)[0]
+    words = stage_bytes(wl, config) // 4
+    return torch.empty(cols * k_tiles(wl, config) * words, dtype=torch.int32, device=device)
+
+
+def stage_bytes(wl: Workload, config: Mapping) -> int:
+    """Shared memory of one pipeline stage: a_bits*BM (none with A_IN_HALO) + B rows, KT
+    slabs of 32 bytes (the kernels' STAGE_WORDS * 4)."""
+    a_rows = 0 if a_in_halo(config) else planes(wl)[0] * config["BM"]
+    return (a_rows + b_rows(wl, config)) * config["KT"] * 32
 
 
 def pixel_tiles(wl: Workload, config: Mapping) -> tuple[int, int]:
@@ -784,9 +808,10 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     columns' `threshold_slots`; the stages and the packing tile are per team too; SLICES: the
     stages per k slice, and at least the slices' sums, `slice_sum_words`, which go over them)."""
     q = planes(wl)[0]
-    rows = (0 if a_in_halo(config) else q * config["BM"]) + b_rows(wl, config)
-    operands = (config["STAGES"] * rows * config["KT"] * 32 * teams(config) * slices(config)
+    operands = (config["STAGES"] * stage_bytes(wl, config) * teams(config) * slices(config)
                 + halo_bytes(wl, config))
+    if bulk_weights(config):  # an mbarrier per k tile, after the halo
+        operands += 8 * k_tiles(wl, config)
     ones = 1
     if tap_shift(config):  # every channel group resident, slab_buffers slabs of it
         plan = shift_plan(conv_shape(wl), config["BM"])
@@ -878,6 +903,7 @@ class BitserialKernel:
         self._main = CudaKernel(cubin, kernel_name(config))
         self._wtap = CudaKernel(cubin, "bitserial_wtap")
         self._xpop = CudaKernel(cubin, "bitserial_xpop")
+        self._wimage = CudaKernel(cubin, "bitserial_wimage") if bulk_weights(config) else None
         self._grid = tile_grid(workload, config)
         self._threads = threads(config)
         self._smem = smem_bytes(workload, config)
@@ -895,7 +921,9 @@ class BitserialKernel:
         What depends on the layer's constants alone is worked out here, once, not per launch:
         the requantization thresholds (from `params`) and, for binary activations, the weight
         sums per tap rectangle (`bitserial_wtap`, from `w` and those thresholds; a dependent
-        kernel of ~1-4 us that every launch used to run first). The launcher therefore
+        kernel of ~1-4 us that every launch used to run first), and with BULK_WEIGHTS the
+        weights' stage images (`bitserial_wimage`, passed to the main kernel as its `w`). The
+        launcher therefore
         reads `x` afresh each call but keeps the `w` and `params` of bind time: after changing
         `w` in place, call its `refresh_tables()` (or bind again). The launcher's
         `split_workspace` is the split-K partial-sum tensor it writes (None without split-K)."""
@@ -912,8 +940,9 @@ class BitserialKernel:
         thr = epilogue_thresholds(wl, self.config, params)
         split_ws, split_count = split_workspace(wl, self.config, x.device)
         vrows = row_table(wl, self.config, x.device)
-        args = [x, w, out, params.bias, params.scale, params.multiplier, params.shift, wtap, xpop,
-                thr, split_ws, split_count, vrows]
+        wimg = weight_images(wl, self.config, x.device)
+        args = [x, w if wimg is None else wimg, out, params.bias, params.scale, params.multiplier,
+                params.shift, wtap, xpop, thr, split_ws, split_count, vrows]
         grid: tuple[int, ...] = (*self._grid, split_k(self.config))
         if self._persistent:  # one wave of resident blocks, each looping over tiles
             per_sm = self._main.max_active_blocks(self._threads, self._smem, x.device)
@@ -923,8 +952,11 @@ class BitserialKernel:
         def refresh_tables() -> None:
             if wtap is not None:
                 self._wtap.launch(wtap_blocks, WTAP_THREADS, [w, thr, wtap])
+            if wimg is not None:
+                self._wimage.launch((self._grid[0], k_tiles(wl, self.config)), self._threads,
+                                    [w, wimg], shared_mem=stage_bytes(wl, self.config))
 
-        if wtap is not None:
+        if wtap is not None or wimg is not None:
             refresh_tables()
             # done before any launch on another stream (CUDA-graph timing captures on a side one)
             torch.cuda.current_stream(x.device).synchronize()
@@ -1025,6 +1057,16 @@ def _constraints(wl: Workload) -> list:
             return f"A_IN_HALO=1 needs KT to divide the {sh.k_words // 8} k slabs"
         if rowsum_table(c) or uses_row_table(c):
             return "A_IN_HALO=1 keeps each row's pixel: not with ROWSUM='table' or ROW_TABLE"
+        return None
+
+    def bulk(c: Config) -> str | None:
+        if not bulk_weights(c):
+            return None
+        if not a_in_halo(c) or slices(c) > 1 or rowsum_cols(c):
+            return "BULK_WEIGHTS=1 is A_IN_HALO=1's, in one k slice, without ROWSUM='cols'"
+        if k_tiles(wl, c) > c["STAGES"] - 2:
+            return (f"BULK_WEIGHTS=1 keeps every k tile resident: {k_tiles(wl, c)} k tiles "
+                    f"need STAGES >= {k_tiles(wl, c) + 2}")
         return None
 
     def shifted(c: Config) -> str | None:
@@ -1133,7 +1175,7 @@ def _constraints(wl: Workload) -> list:
             return "too many row tiles for grid.y"
         return None
 
-    return [tiles, mma, fused, three_warpgroup_rows, halo, halo_in_place, shifted, team_tiles,
+    return [tiles, mma, fused, three_warpgroup_rows, halo, halo_in_place, bulk, shifted, team_tiles,
             rowsums, registers, shared, copies, splits, k_slices, output, pairs, waste]
 
 
@@ -1197,12 +1239,12 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
 DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma",
                               REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
                               TEAMS=1, FUSE_PLANES=0, SLICES=1, THR_PAIRS=0,
-                              A_IN_HALO=0)
+                              A_IN_HALO=0, BULK_WEIGHTS=0)
                          for d in _MMA_SYNC_DEFAULTS],
             "wgmma": [dict(dict(PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0, ROWSUM="mma",
                                 REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
                                 TEAMS=1, FUSE_PLANES=0, SLICES=1, THR_PAIRS=0,
-                                A_IN_HALO=0), **d)
+                                A_IN_HALO=0, BULK_WEIGHTS=0), **d)
                       for d in _WGMMA_DEFAULTS]}
 # the tap-shift defaults' limit on output channels (the widths they were measured at); the
 # two-team ones: 256, and only for two activation planes (a team's MMA phase long enough to
@@ -1262,7 +1304,8 @@ class BitserialTemplate(KernelTemplate):
                                                    "SPLIT_K": 1, "TAP_SHIFT": 0,
                                                    "ROW_TABLE": 0, "TEAMS": 1,
                                                    "FUSE_PLANES": 0, "SLICES": 1,
-                                                   "THR_PAIRS": 0, "A_IN_HALO": 0}
+                                                   "THR_PAIRS": 0, "A_IN_HALO": 0,
+                                                   "BULK_WEIGHTS": 0}
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         wl = workload
@@ -1288,6 +1331,7 @@ class BitserialTemplate(KernelTemplate):
                       else (0,)),
                  Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
                  Knob("A_IN_HALO", (0, 1) if arch == WGMMA_ARCH else (0,)),
+                 Knob("BULK_WEIGHTS", (0, 1) if arch == WGMMA_ARCH else (0,)),
                  Knob("ROWSUM", ("mma", "table", "slab", "cols")
                       if workload.w.encoding is Encoding.BINARY else ("mma",)),
                  Knob("ROW_TABLE", (0, 1, 2) if 1 in self._tap_shift_values(workload, arch)

@@ -38,8 +38,10 @@ from .bitserial import (
     WGMMA_ARCH,
     WTAP_THREADS,
     XPOP_THREADS,
+    bulk_weights,
     epilogue_thresholds,
     int8_operands,
+    k_tiles,
     kernel_name,
     persistent_grid,
     render,
@@ -50,8 +52,10 @@ from .bitserial import (
     smem_bytes,
     split_k,
     split_workspace,
+    stage_bytes,
     threads,
     tile_grid,
+    weight_images,
 )
 from .host_emu import HOST_INCLUDES, HOST_THREADS, host_library
 
@@ -84,6 +88,13 @@ static inline int2 __ldg(const int2* p) { return *p; }
 static inline int __ldg(const int* p) { return *p; }
 static std::atomic<int> emu_or_flag;
 static std::atomic<bool> emu_wgmma_stale{false};  // reported by emu_run
+// bulk copies (BULK_WEIGHTS), queued under a lock (blocks run one at a time, their threads at
+// once) until a thread waits on their mbarrier
+struct EmuBulk { unsigned* dst; const unsigned* src; unsigned bytes; unsigned long long* bar; };
+static std::mutex emu_bulk_lock;
+static std::vector<EmuBulk> emu_bulk_pending;
+static std::map<unsigned long long*, long long> emu_bulk_expected, emu_bulk_landed;
+static inline void emu_no_wimage(const unsigned*, unsigned*) {}
 static inline int __syncthreads_or(int pred) {
   emu->bar->arrive_and_wait();  // every thread has read the previous result
   if (threadIdx.x == 0) emu_or_flag = 0;
@@ -270,6 +281,49 @@ static inline std::vector<int> emu_wgmma_products(const EmuWgmma& op) {
 
 __device__ __forceinline__ void wgmma_fence() {}
 __device__ __forceinline__ void fence_proxy_async() {}
+// BULK_WEIGHTS: an mbarrier is its 8 shared bytes; the copies it counts (EmuBulk, above) land
+// when a thread waits on it, which checks that they brought the bytes announced
+__device__ __forceinline__ void mbar_init(u64* bar, int count) {
+  std::lock_guard<std::mutex> g(emu_bulk_lock);
+  smem_addr(bar);
+  if (count != 1) emu_fail("mbarrier emulated with one arrival");
+  emu_bulk_expected[bar] = 0;
+  emu_bulk_landed[bar] = 0;
+}
+__device__ __forceinline__ void fence_mbar_init() {}
+__device__ __forceinline__ void mbar_expect_tx(u64* bar, u32 bytes) {
+  std::lock_guard<std::mutex> g(emu_bulk_lock);
+  if (!emu_bulk_expected.count(bar)) emu_fail("mbarrier used before its init");
+  emu_bulk_expected[bar] += bytes;
+}
+__device__ __forceinline__ void bulk_copy(u32* dst, const u32* src, u32 bytes, u64* bar) {
+  std::lock_guard<std::mutex> g(emu_bulk_lock);
+  const u32 d = smem_addr(dst);
+  if (d % 16 || bytes % 16 || d + bytes > emu->smem_size) emu_fail("bulk copy destination");
+  if ((unsigned long long)src % 16) emu_fail("misaligned bulk copy source");
+  emu_bulk_pending.push_back(EmuBulk{dst, src, bytes, bar});
+}
+__device__ __forceinline__ void mbar_wait(u64* bar, int phase) {
+  if (phase != 0) emu_fail("mbarrier phases past the first not emulated");
+  for (int spin = 0;; ++spin) {
+    {
+      std::lock_guard<std::mutex> g(emu_bulk_lock);
+      if (!emu_bulk_expected.count(bar)) emu_fail("mbarrier waited on before its init");
+      for (size_t i = 0; i < emu_bulk_pending.size();) {
+        const EmuBulk& c = emu_bulk_pending[i];
+        if (c.bar != bar) { ++i; continue; }
+        memcpy(c.dst, c.src, c.bytes);
+        emu_bulk_landed[bar] += c.bytes;
+        emu_bulk_pending.erase(emu_bulk_pending.begin() + i);
+      }
+      const long long want = emu_bulk_expected[bar], got = emu_bulk_landed[bar];
+      if (got > want) emu_fail("bulk copies of more than the announced bytes");
+      if (want > 0 && got == want) return;  // the phase completed
+    }
+    if (spin > 20000000) emu_fail("mbarrier phase never completed");
+    std::this_thread::yield();
+  }
+}
 __device__ __forceinline__ void wgmma_commit() {
   emu_wg_groups.push_back(emu_wg_open);
   emu_wg_open.clear();
@@ -316,15 +370,19 @@ extern "C" int emu_run(int which, const u32* x, const u32* w, void* out, const i
                  sizeof(smem), [&] {
     if (which == 0) bitserial_wtap(w, thr, wtap);
     else if (which == 2) bitserial_xpop(x, xpop);
+    else if (which == 3) EMU_WIMAGE(w, (u32*)out);
     else EMU_MAIN(x, w, out, bias, scale, mult, shift, wtap, xpop, thr, split_ws, split_count,
                   vrows);
     if (!emu_copy_groups.empty() || !emu_copy_open.empty()) emu_fail("copies left pending");
+    if (threadIdx.x == 0 && !emu_bulk_pending.empty()) emu_fail("bulk copies left pending");
   });
   if (emu_wgmma_stale) return -3;
   return emu_blocks_ok ? 0 : -2;  // a block left a named barrier phase with arrivals pending
 }
 """
 
+#: the weights' image kernel the emulation runs (BULK_WEIGHTS), or a stand-in
+WIMAGE = {True: "bitserial_wimage", False: "emu_no_wimage"}
 _REGION = re.compile(r"// <device-primitives>.*?// </device-primitives>\n", re.S)
 
 
@@ -341,6 +399,7 @@ def host_source(wl: Workload, config: Config) -> str:
     if re.search(r"\basm\b", text):
         raise RuntimeError("inline PTX left outside the device-primitive regions")
     head = (f"#define EMU_SMEM_BYTES {SMEM_LIMIT}\n#define EMU_MAIN {kernel_name(config)}\n"
+            f"#define EMU_WIMAGE {WIMAGE[bulk_weights(config)]}\n"
             f"#define EMU_A_S8 {int(s8_atype(wl) == 's8')}\n")
     return HOST_INCLUDES + head + HOST_THREADS + HOST_INTRINSICS + text + HOST_MAIN
 
@@ -385,6 +444,14 @@ def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
         _run(lib, 0, args, (wtap_blocks, 1, 1), WTAP_THREADS, 0)
     if xpop is not None:
         _run(lib, 2, args, (xpop_blocks, 1, 1), XPOP_THREADS, 0)
+    wimg = weight_images(wl, config, "cpu")
+    if wimg is not None:  # the weights' stage images, then the main kernel reads them as its w
+        wimg.fill_(-7)
+        image_args = list(args)
+        image_args[2] = ptr(wimg.data_ptr())
+        _run(lib, 3, image_args, (grid[0], k_tiles(wl, config), 1), threads(config),
+             stage_bytes(wl, config))
+        args[1] = ptr(wimg.data_ptr())
     for _ in range(launches):
         out.view(torch.uint8).fill_(poison)
         _run(lib, 1, args, grid, threads(config), smem_bytes(wl, config))

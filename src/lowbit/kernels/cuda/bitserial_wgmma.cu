@@ -5,6 +5,28 @@
 // stages hold weights only, STAGES=12): no stage is refilled, so the loop issues each stage's
 // MMAs once its copies land, without waiting for the previous stage's MMAs
 constexpr bool RESIDENT_STAGES = A_IN_HALO && (KTILES + SLICES - 1) / SLICES <= STAGES - 2;
+// BULK_WEIGHTS (with RESIDENT_STAGES, one k slice): stage kt's weights, a layer constant, come
+// as one bulk copy of its shared-memory image (bitserial_wimage, made at bind) on mbarrier kt,
+// instead of 16-byte cp.async per thread (on an H100 the in-place kernel's warps spent half
+// their samples issuing its ~3,900 copies per block, 2,304 of them the weights').
+constexpr int STAGE_BYTES = STAGE_WORDS * 4;
+static_assert(!BULK_WEIGHTS || (RESIDENT_STAGES && SLICES == 1 && !ROWSUM_COLS),
+              "BULK_WEIGHTS: A_IN_HALO, every k tile resident, one k slice (bitserial.py)");
+
+// The weights' stage images for BULK_WEIGHTS, wimg[column tile][k tile][STAGE_WORDS]: block
+// (column tile, k tile) runs load_stage's own copies into shared memory and stores the result.
+extern "C" __global__ void bitserial_wimage(const u32* __restrict__ w, u32* __restrict__ wimg) {
+  extern __shared__ __align__(128) u32 smem[];
+  if constexpr (BULK_WEIGHTS) {
+    const int tid = (int)threadIdx.x;
+    load_stage(nullptr, w, smem, a_rows(0, tid), blockIdx.x * BN, blockIdx.y, tid);
+    copy_commit();
+    copy_wait<0>();
+    __syncthreads();
+    u32* dst = wimg + ((i64)blockIdx.x * KTILES + blockIdx.y) * STAGE_WORDS;
+    for (int i = tid; i < STAGE_WORDS; i += THREADS) dst[i] = smem[i];
+  }
+}
 
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITSERIAL_KERNEL_PARAMS) {
   extern __shared__ __align__(128) u32 smem[];
@@ -39,10 +61,25 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
   // [0, KTILES) without split-K or slices
   const int k0 = SLICES > 1 ? slice * KTILES / SLICES : split_k_begin();
   const int k1 = SLICES > 1 ? (slice + 1) * KTILES / SLICES : split_k_end();
+  u64* bars = reinterpret_cast<u64*>(halo + Q_BITS * HALO_WORDS);  // BULK_WEIGHTS: per k tile
+  if constexpr (BULK_WEIGHTS) {
+    if (tid == 0) {
+      for (int kt = 0; kt < KTILES; ++kt) mbar_init(bars + kt, 1);
+      fence_mbar_init();
+    }
+    __syncthreads();
+    if (tid == 0)
+      for (int kt = 0; kt < KTILES; ++kt) {
+        mbar_expect_tx(bars + kt, STAGE_BYTES);
+        bulk_copy(stages + kt * STAGE_WORDS, w + ((i64)blockIdx.x * KTILES + kt) * STAGE_WORDS,
+                  STAGE_BYTES, bars + kt);
+      }
+  }
 #pragma unroll
   for (int s = 0; s < STAGES - 2; ++s) {
     if (k0 + s < k1) {
-      load_stage(x, w, stages + s * STAGE_WORDS, ar, n0, k0 + s, tid, halo, halo_row0);
+      if constexpr (!BULK_WEIGHTS)
+        load_stage(x, w, stages + s * STAGE_WORDS, ar, n0, k0 + s, tid, halo, halo_row0);
       if constexpr (HALO_STAGED) halo_stage_load(x, halo, k0 + s, k0, tid);
     }
     copy_commit();
@@ -64,10 +101,12 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     copy_wait<STAGES - 3>();
     fence_proxy_async();
     tile_sync();  // stage kt landed everywhere; every warpgroup's wgmma of kt-2 has retired
+    if constexpr (BULK_WEIGHTS) mbar_wait(bars + kt, 0);  // its weights (each barrier used once)
     {
       const int next = kt + STAGES - 2;
       if (next < k1) {
-        load_stage(x, w, stages + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
+        if constexpr (!BULK_WEIGHTS)
+          load_stage(x, w, stages + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
         if constexpr (HALO_STAGED) halo_stage_load(x, halo, next, k0, tid);
       }
       copy_commit();

@@ -20,6 +20,7 @@ from pathlib import Path
 HOST_INCLUDES = """#include <atomic>
 #include <barrier>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
