@@ -61,20 +61,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
   // [0, KTILES) without split-K or slices
   const int k0 = SLICES > 1 ? slice * KTILES / SLICES : split_k_begin();
   const int k1 = SLICES > 1 ? (slice + 1) * KTILES / SLICES : split_k_end();
-  u64* bars = reinterpret_cast<u64*>(halo + Q_BITS * HALO_WORDS);  // BULK_WEIGHTS: per k tile
-  if constexpr (BULK_WEIGHTS) {
-    if (tid == 0) {
-      for (int kt = 0; kt < KTILES; ++kt) mbar_init(bars + kt, 1);
-      fence_mbar_init();
-    }
-    __syncthreads();
-    if (tid == 0)
-      for (int kt = 0; kt < KTILES; ++kt) {
-        mbar_expect_tx(bars + kt, STAGE_BYTES);
-        bulk_copy(stages + kt * STAGE_WORDS, w + ((i64)blockIdx.x * KTILES + kt) * STAGE_WORDS,
-                  STAGE_BYTES, bars + kt);
-      }
-  }
 #pragma unroll
   for (int s = 0; s < STAGES - 2; ++s) {
     if (k0 + s < k1) {
@@ -83,6 +69,19 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
       if constexpr (HALO_STAGED) halo_stage_load(x, halo, k0 + s, k0, tid);
     }
     copy_commit();
+  }
+  // BULK_WEIGHTS: thread 0 sets up a barrier per k tile and issues the bulk copies (after its
+  // first halo copies); the other threads first touch a barrier after the loop's first block
+  // barrier, by then initialized
+  u64* bars = reinterpret_cast<u64*>(halo + Q_BITS * HALO_WORDS);
+  if (BULK_WEIGHTS && tid == 0) {
+    for (int kt = 0; kt < KTILES; ++kt) mbar_init(bars + kt, 1);
+    fence_mbar_init();
+    for (int kt = 0; kt < KTILES; ++kt) {
+      mbar_expect_tx(bars + kt, STAGE_BYTES);
+      bulk_copy(stages + kt * STAGE_WORDS, w + ((i64)blockIdx.x * KTILES + kt) * STAGE_WORDS,
+                STAGE_BYTES, bars + kt);
+    }
   }
   // A_IN_HALO (small grids, one tile's chain per SM): the epilogue's rows worked out and
   // its per-column data prefetched while the first copies fly (off the last MMA's path)
