@@ -262,11 +262,6 @@ def test_a_in_halo_space():
     assert BITSERIAL.build(wl, bulk, arch="sm_90a")._main.cubin[:4] == b"\x7fELF"
     assert "STAGES >= 11" in space.why_invalid(bulk.replace(STAGES=6))
     assert "A_IN_HALO" in space.why_invalid(bulk.replace(A_IN_HALO=0, HALO=1))
-    cluster = bulk.replace(CLUSTER_M=4)  # the 4 row tiles of a column tile share its copies
-    assert space.is_valid(cluster), space.why_invalid(cluster)
-    assert "__cluster_dims__(1, 4, 1)" in bitserial.render(wl, cluster)
-    assert BITSERIAL.build(wl, cluster, arch="sm_90a")._main.cubin[:4] == b"\x7fELF"
-    assert "BULK_WEIGHTS=1" in space.why_invalid(cfg.replace(CLUSTER_M=2))
 
 
 def test_small_grid_default_splits_long_reductions():
@@ -986,7 +981,6 @@ def test_bit_exact_a_in_halo(wb, ab):
         for changes in (dict(BM=64, BN=32, WN=32, KT=1, STAGES=4),
                         dict(BM=64, BN=32, WN=32, KT=1, STAGES=12),  # C = 256: all resident
                         dict(BM=64, BN=32, WN=32, KT=1, STAGES=12, BULK_WEIGHTS=1),
-                        dict(BM=64, BN=32, WN=32, KT=1, STAGES=12, BULK_WEIGHTS=1, CLUSTER_M=2),
                         dict(BM=128, BN=32, WN=32, KT=1, STAGES=3,
                              SLICES=2 if wb * ab <= 2 else 1)):  # 512 threads' registers
             cfg = BITSERIAL.plain_config(wl, "wgmma").replace(HALO=1, A_IN_HALO=1, **changes)

@@ -261,10 +261,6 @@ CASES = [
     ("wgmma_a_in_halo_bulk_u1b1", conv(U1, B1, EPILOGUES[5], N=1, H=10, W=7, C=1024, K=70),
      "wgmma", {"BM": 128, "BN": 64, "WN": 64, "KT": 4, "STAGES": 12, "HALO": 1,
                "A_IN_HALO": 1, "BULK_WEIGHTS": 1, "REQUANT": "threshold"}),
-    # ... multicast over clusters of 4 row tiles (the emulation: each block issues every copy)
-    ("wgmma_a_in_halo_cluster_b1u2", conv(B1, U2, EPILOGUES[1], N=1, H=16, W=16, C=256, K=40),
-     "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 12, "HALO": 1,
-               "A_IN_HALO": 1, "BULK_WEIGHTS": 1, "CLUSTER_M": 4}),
     ("wgmma_a_in_halo_5x5_s2s3", conv(S2, S3, EPILOGUES[4], N=1, H=6, W=9, C=256, K=37,
                                       R=5, S=5, pad=2),
      "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 3, "HALO": 1,

@@ -352,7 +352,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "SLICES": slices(config), "SLICE_SUM_WORDS": slice_sum_words(wl, config),
         "HALO_WORDS": halo_bytes(wl, config) // 4 // q, "A_IN_HALO": int(a_in_halo(config)),
         "TILES_Y": pixel_tiles(wl, config)[0], "TILES_X": pixel_tiles(wl, config)[1],
-        "BULK_WEIGHTS": int(bulk_weights(config)), "CLUSTER_M": cluster_m(config),
+        "BULK_WEIGHTS": int(bulk_weights(config)),
         "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh), "KPAD": wsum_columns(sh),
         "WSUM0": wsum_start(sh),
         "HAS_BIAS": int(epi.bias), "RELU": int(epi.relu), "OUT_MODE": _out_mode(wl),
@@ -368,8 +368,6 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
     lines = [f"// lowbit bit-serial kernel for {wl.key}", f"// config {config.to_json()}"]
     lines += [f"constexpr int {k} = {int(v)};" for k, v in params.items()]
     lines.append(f"constexpr long long M_ROWS = {sh.rows}ll;")
-    dims = f"__cluster_dims__(1, {cluster_m(config)}, 1)" if cluster_m(config) > 1 else ""
-    lines.append(f"#define BITSERIAL_CLUSTER_DIMS {dims}")
     slots = rect_slots(sh) if params["THR_SLOTS"] and needs_wtap(wl) else [0]
     lines.append(f"__device__ constexpr int RECT_OF_SLOT[] = {{{', '.join(map(str, slots))}}};")
     if tap_shift(config):
@@ -564,12 +562,6 @@ def a_in_halo(config: Mapping) -> bool:
 def bulk_weights(config: Mapping) -> bool:
     """Each k tile's weights arrive as one bulk copy of a bind-time image (knob BULK_WEIGHTS)."""
     return bool(config.get("BULK_WEIGHTS", 0))
-
-
-def cluster_m(config: Mapping) -> int:
-    """Row tiles per thread-block cluster that share each k tile's bulk weight copy, multicast
-    (knob CLUSTER_M; 1 where a config lacks it)."""
-    return int(config.get("CLUSTER_M", 1))
 
 
 def weight_images(wl: Workload, config: Mapping, device: torch.device | str
@@ -1077,17 +1069,6 @@ def _constraints(wl: Workload) -> list:
                     f"need STAGES >= {k_tiles(wl, c) + 2}")
         return None
 
-    def clusters(c: Config) -> str | None:
-        n = cluster_m(c)
-        if n == 1:
-            return None
-        if not bulk_weights(c):
-            return "CLUSTER_M > 1 multicasts the bulk weight copies: BULK_WEIGHTS=1"
-        rows = tile_grid(wl, c)[1]
-        if rows % n:
-            return f"CLUSTER_M={n} must divide the {rows} row tiles"
-        return None
-
     def shifted(c: Config) -> str | None:
         if not tap_shift(c):
             return None
@@ -1194,8 +1175,7 @@ def _constraints(wl: Workload) -> list:
             return "too many row tiles for grid.y"
         return None
 
-    return [tiles, mma, fused, three_warpgroup_rows, halo, halo_in_place, bulk, clusters, shifted,
-            team_tiles,
+    return [tiles, mma, fused, three_warpgroup_rows, halo, halo_in_place, bulk, shifted, team_tiles,
             rowsums, registers, shared, copies, splits, k_slices, output, pairs, waste]
 
 
@@ -1259,13 +1239,12 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
 DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma",
                               REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
                               TEAMS=1, FUSE_PLANES=0, SLICES=1, THR_PAIRS=0,
-                              A_IN_HALO=0, BULK_WEIGHTS=0, CLUSTER_M=1)
+                              A_IN_HALO=0, BULK_WEIGHTS=0)
                          for d in _MMA_SYNC_DEFAULTS],
             "wgmma": [dict(dict(PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0, ROWSUM="mma",
                                 REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
                                 TEAMS=1, FUSE_PLANES=0, SLICES=1, THR_PAIRS=0,
-                                A_IN_HALO=0, BULK_WEIGHTS=0,
-                                CLUSTER_M=1), **d)
+                                A_IN_HALO=0, BULK_WEIGHTS=0), **d)
                       for d in _WGMMA_DEFAULTS]}
 # the tap-shift defaults' limit on output channels (the widths they were measured at); the
 # two-team ones: 256, and only for two activation planes (a team's MMA phase long enough to
@@ -1326,7 +1305,7 @@ class BitserialTemplate(KernelTemplate):
                                                    "ROW_TABLE": 0, "TEAMS": 1,
                                                    "FUSE_PLANES": 0, "SLICES": 1,
                                                    "THR_PAIRS": 0, "A_IN_HALO": 0,
-                                                   "BULK_WEIGHTS": 0, "CLUSTER_M": 1}
+                                                   "BULK_WEIGHTS": 0}
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         wl = workload
@@ -1353,7 +1332,6 @@ class BitserialTemplate(KernelTemplate):
                  Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
                  Knob("A_IN_HALO", (0, 1) if arch == WGMMA_ARCH else (0,)),
                  Knob("BULK_WEIGHTS", (0, 1) if arch == WGMMA_ARCH else (0,)),
-                 Knob("CLUSTER_M", (1, 2, 4) if arch == WGMMA_ARCH else (1,)),
                  Knob("ROWSUM", ("mma", "table", "slab", "cols")
                       if workload.w.encoding is Encoding.BINARY else ("mma",)),
                  Knob("ROW_TABLE", (0, 1, 2) if 1 in self._tap_shift_values(workload, arch)

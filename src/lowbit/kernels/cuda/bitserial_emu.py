@@ -291,10 +291,6 @@ __device__ __forceinline__ void mbar_init(u64* bar, int count) {
   emu_bulk_landed[bar] = 0;
 }
 __device__ __forceinline__ void fence_mbar_init() {}
-// CLUSTER_M > 1: blocks run one at a time, each issuing every k tile's copy to itself (the
-// kernel's LOWBIT_HOST_EMU branch); the cluster barrier has nobody to wait for
-__device__ __forceinline__ int cluster_rank() { return 0; }
-__device__ __forceinline__ void cluster_sync() {}
 __device__ __forceinline__ void mbar_expect_tx(u64* bar, u32 bytes) {
   std::lock_guard<std::mutex> g(emu_bulk_lock);
   if (!emu_bulk_expected.count(bar)) emu_fail("mbarrier used before its init");

@@ -28,15 +28,7 @@ extern "C" __global__ void bitserial_wimage(const u32* __restrict__ w, u32* __re
   }
 }
 
-// CLUSTER_M > 1 (BULK_WEIGHTS): clusters of CLUSTER_M row tiles of one column tile, which read
-// the same weights: CTA r issues the bulk copies of k tiles r, r + CLUSTER_M, ... multicast to
-// every CTA of the cluster, so each weight byte leaves L2 once per cluster instead of once per
-// block (the in-place kernel is bound by L2 -> SM traffic: 8 MB per launch at BN = 32).
-static_assert(CLUSTER_M == 1 || (BULK_WEIGHTS && ROW_TILES % CLUSTER_M == 0),
-              "CLUSTER_M: bulk weights, row tiles a multiple of it (bitserial.py)");
-
-extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) BITSERIAL_CLUSTER_DIMS
-bitserial_wgmma(BITSERIAL_KERNEL_PARAMS) {
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITSERIAL_KERNEL_PARAMS) {
   extern __shared__ __align__(128) u32 smem[];
   // SLICES > 1: slice s (THREADS threads, its own stage ring and named barrier) reduces the k
   // tiles [s KTILES / SLICES, (s + 1) KTILES / SLICES); slice 0 adds the others' sums and runs
@@ -87,25 +79,9 @@ bitserial_wgmma(BITSERIAL_KERNEL_PARAMS) {
     fence_mbar_init();
     for (int kt = 0; kt < KTILES; ++kt) {
       mbar_expect_tx(bars + kt, STAGE_BYTES);
-      if constexpr (CLUSTER_M == 1)
-        bulk_copy(stages + kt * STAGE_WORDS, w + ((i64)blockIdx.x * KTILES + kt) * STAGE_WORDS,
-                  STAGE_BYTES, bars + kt);
+      bulk_copy(stages + kt * STAGE_WORDS, w + ((i64)blockIdx.x * KTILES + kt) * STAGE_WORDS,
+                STAGE_BYTES, bars + kt);
     }
-  }
-  if constexpr (CLUSTER_M > 1) {
-    cluster_sync();  // every CTA's barriers are set up before any copy reaches them
-    const int rank = cluster_rank();
-    if (tid == 0)
-      for (int kt = 0; kt < KTILES; ++kt)
-#ifdef LOWBIT_HOST_EMU  // blocks run one at a time: each issues every k tile, to itself
-        bulk_copy(stages + kt * STAGE_WORDS, w + ((i64)blockIdx.x * KTILES + kt) * STAGE_WORDS,
-                  STAGE_BYTES, bars + kt);
-#else
-        if (kt % CLUSTER_M == rank)
-          bulk_copy_multicast(stages + kt * STAGE_WORDS,
-                              w + ((i64)blockIdx.x * KTILES + kt) * STAGE_WORDS, STAGE_BYTES,
-                              bars + kt, (unsigned short)((1 << CLUSTER_M) - 1));
-#endif
   }
   // A_IN_HALO (small grids, one tile's chain per SM): the epilogue's rows worked out and
   // its per-column data prefetched while the first copies fly (off the last MMA's path)
@@ -154,5 +130,4 @@ bitserial_wgmma(BITSERIAL_KERNEL_PARAMS) {
   u32* s_out = smem;  // packing tile over the operand stages, once every warpgroup is done
   const RowPrep prep = A_IN_HALO ? rows : epilogue_rows(m0, n0, row0, wg_n * WN, lane, ea);
   tile_epilogue(acc, rsum, prep, m0, n0, row0, wg_n * WN, lane, tid, ea, s_out);
-  if constexpr (CLUSTER_M > 1) cluster_sync();  // no CTA leaves while copies may reach it
 }

@@ -64,24 +64,6 @@ __device__ __forceinline__ void bulk_copy(u32* dst, const u32* src, u32 bytes, u
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 }
-// CLUSTER_M > 1: the bulk copy into the same offset of every CTA of the cluster in `mask` (and
-// complete_tx on each one's barrier there); the CTA's rank; a barrier of the whole cluster.
-__device__ __forceinline__ void bulk_copy_multicast(u32* dst, const u32* src, u32 bytes, u64* bar,
-                                                    unsigned short mask) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-               " [%0], [%1], %2, [%3], %4;\n"
-               :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)), "h"(mask)
-               : "memory");
-}
-__device__ __forceinline__ int cluster_rank() {
-  u32 r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return (int)r;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n"
-               ::: "memory");
-}
 __device__ __forceinline__ void mbar_wait(u64* bar, int phase) {
   u32 done = 0;
   while (!done)

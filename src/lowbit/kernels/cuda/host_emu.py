@@ -39,7 +39,6 @@ HOST_THREADS = r"""
 #define __forceinline__ inline
 #define __global__
 #define __launch_bounds__(n)
-#define __cluster_dims__(...)
 #define __restrict__
 #define __shared__
 #define __align__(n)
