@@ -267,8 +267,9 @@ def test_a_in_halo_space():
 def test_small_grid_default_splits_long_reductions():
     """Where the preferred wgmma default leaves most SMs idle and the reduction is long, the
     default is a one-warpgroup 64-row block wide enough for half a wave: on convs with the
-    in-place halo and every k tile resident where that applies, else with two k slices and
-    (convs) the halo load; short reductions and full grids keep the preferred default."""
+    in-place halo and every k tile resident where that applies (two activation planes: 64
+    wide, weights by bulk copies), else with two k slices and (convs) the halo load; short
+    reductions and full grids keep the preferred default."""
     b1, u2 = Precision(1, "binary"), Precision(2)
     arch = bitserial.WGMMA_ARCH
 
@@ -278,9 +279,13 @@ def test_small_grid_default_splits_long_reductions():
         return (cfg["BM"], cfg["BN"], cfg["KT"], cfg["HALO"], cfg["SLICES"])
 
     apconv = conv(b1, u2, EPILOGUES[1], N=1, H=16, W=16, C=1024, K=1024)
-    assert default(apconv) == (64, 32, 4, 1, 1)  # 4 x 32 tiles of 64 x 32, 9 k tiles resident
+    assert default(apconv) == (64, 64, 4, 1, 1)  # 4 x 16 tiles of 64 x 64, 9 k tiles resident
     cfg = BITSERIAL.default_config(apconv, "wgmma", arch=arch)
     assert cfg["A_IN_HALO"] == 1 and cfg["STAGES"] == bitserial.RESIDENT_STAGES
+    assert cfg["BULK_WEIGHTS"] == 1  # two activation planes
+    b1_apconv = conv(b1, b1, EPILOGUES[1], N=1, H=16, W=16, C=1024, K=1024)
+    assert default(b1_apconv) == (64, 32, 4, 1, 1)
+    assert BITSERIAL.default_config(b1_apconv, "wgmma", arch=arch)["BULK_WEIGHTS"] == 0
     wide_c = conv(b1, u2, EPILOGUES[1], N=1, H=16, W=16, C=2048, K=1024)  # 18 k tiles of 4
     assert default(wide_c) == (64, 32, 2, 1, 2)
     stride2 = conv(b1, u2, EPILOGUES[1], N=1, H=32, W=32, C=1024, K=1024, stride=2)

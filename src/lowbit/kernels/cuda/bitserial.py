@@ -1256,7 +1256,8 @@ TEAMS_DEFAULT_MAX_K = 256
 # Small grids with long reductions (the preferred default under half a wave of tiles, at
 # least SMALL_GRID_K_TILES k tiles): one-warpgroup 64-row blocks, the widest BN of 64 or 32
 # that still makes half a wave; on convs where A_IN_HALO applies with every k tile resident,
-# that; else the k tiles in two slices, and on convs the halo load with KT=2. Measured on an
+# that (for two activation planes 64 wide with bulk weight copies); else the k tiles in two
+# slices, and on convs the halo load with KT=2. Measured on an
 # H100 (bitserial-20261125-210302.json): the APNN-TC conv 5.7 (w1a1) and 7.6 us (w1a2) against
 # 15.9 and 13.8 for the preferred default, fc_b128 4.4 and 5.3 against 7.6 and 7.3; with 4 k
 # tiles (fc_b64) the preferred 64 x 64 default stays (2.2 against 2.6).
@@ -1269,6 +1270,16 @@ def small_grid_default(wl: Workload, cfg: Config, space: ConfigSpace) -> Config:
     if (math.prod(tile_grid(wl, cfg)) >= NUM_SMS // 2
             or k_tiles(wl, cfg.replace(KT=1)) < SMALL_GRID_K_TILES):
         return cfg
+    if planes(wl)[0] >= 2:  # two activation planes: 64-wide in-place blocks whose weights
+        # come by bulk copies (H100, same run: the APNN-TC conv w1a2 5.07 / 5.10 us against
+        # 5.46 / 5.49 for the 32-wide default below, bitserial-20261126-030142.json, -030205;
+        # w1a1 slower so, 4.6 against 3.8)
+        for kt in (4, 2):
+            bulk = cfg.replace(BM=64, BN=64, WM=64, WN=64, KT=kt, STAGES=RESIDENT_STAGES, HALO=1,
+                               A_IN_HALO=1, BULK_WEIGHTS=1, SLICES=1, PERSIST=0, TAP_SHIFT=0,
+                               TEAMS=1, ROW_TABLE=0, ROWSUM="mma", THR_PAIRS=0)
+            if space.is_valid(bulk):
+                return bulk
     for bn in (64, 32):
         for kt in (4, 2):  # H100 (bitserial-20261126-020748.json): the APNN-TC conv w1a2 5.4 us,
             # w1a1 4.2, against 7.6 and 5.7 for the sliced halo-gather default below
