@@ -26,8 +26,8 @@ the stages carry the weights only), BULK_WEIGHTS (A_IN_HALO with every k tile re
 slice: 1 brings each k tile's weights as one bulk copy on an mbarrier from a stage image made
 at bind, `bitserial_wimage`, instead of 16-byte cp.async by every thread), ROWSUM (binary
 weights only: "mma" computes the activation rows' popcounts with one more MMA per plane and k
-step against a tile of ones; "table" reads them from a per-pixel popcount table of x made by a small kernel first,
-summed over the valid taps in the epilogue; "slab", persistent TAP_SHIFT=1 kernels with
+step against a tile of ones; "table" reads them from a per-pixel popcount table of x made by a
+small kernel first, summed over the valid taps in the epilogue; "slab", persistent TAP_SHIFT=1 kernels with
 STAGES=3: popcounts of the block's input slab in shared memory, summed over each row's taps
 while the tile's MMAs run; "cols", wgmma kernels with BN = WN: ones columns appended to the
 weights, so the products' wgmma (N = WN + 16) gives the popcounts too and reads each A tile
