@@ -23,15 +23,15 @@ with HALO=1, stride 1, channels a multiple of 256: 1 makes each block tile a BM 
 output pixels whose input window sits in shared memory as 16-byte channel chunks by pixel, so
 the wgmma descriptors address every tap's A tile in place: no im2col copies or gather at all,
 the stages carry the weights only), BULK_WEIGHTS (A_IN_HALO with every k tile resident, one k
-slice: 1 brings each k tile's weights as one bulk copy on an mbarrier from a stage image made
-at bind, `bitserial_wimage`, instead of 16-byte cp.async by every thread), ROWSUM (binary
-weights only: "mma" computes the activation rows' popcounts with one more MMA per plane and k
-step against a tile of ones; "table" reads them from a per-pixel popcount table of x made by a
-small kernel first, summed over the valid taps in the epilogue; "slab", persistent TAP_SHIFT=1 kernels with
-STAGES=3: popcounts of the block's input slab in shared memory, summed over each row's taps
+slice: 1 brings each k tile's weights as one bulk copy on an mbarrier from a stage image made at
+bind, `bitserial_wimage`, instead of 16-byte cp.async by every thread), ROWSUM (binary weights
+only: "mma" computes the activation rows' popcounts with one more MMA per plane and k step
+against a tile of ones; "table" reads them from a per-pixel popcount table of x made by a small
+kernel first, summed over the valid taps in the epilogue; "slab", persistent TAP_SHIFT=1 kernels
+with STAGES=3: popcounts of the block's input slab in shared memory, summed over each row's taps
 while the tile's MMAs run; "cols", wgmma kernels with BN = WN: ones columns appended to the
-weights, so the products' wgmma (N = WN + 16) gives the popcounts too and reads each A tile
-once instead of twice), REQUANT (requantized bit-plane output of 1-2 bits
+weights, so the products' wgmma (N = WN + 16) gives the popcounts too and reads each A tile once
+instead of twice), REQUANT (requantized bit-plane output of 1-2 bits
 only: "multiply" requantizes each output in 64-bit fixed point; "threshold" compares it with
 per-column integer thresholds that fold in bias and ReLU, `lowbit.reference.requant_thresholds`,
 and for binary activations each tap rectangle's weight sums: one multiply-add and the compares
