@@ -6,7 +6,8 @@ garbage).
 Variants: base; no_weights / no_halo (A_IN_HALO: the weight or the halo copies left out);
 even_stride (A_IN_HALO: the halo's chunks at the even stride first built); b_by_row (A_IN_HALO:
 the weight copies in the other kernels' thread order); halo_first (A_IN_HALO: the whole
-halo with the first stage, not each channel group with the first stage that reads it);
+halo with the first stage; measured in `apconv_probe-20261126-s21-staged.json`, removed with
+that kernel path);
 rows_first / no_prefetch (A_IN_HALO: the epilogue's rows and L1 prefetches before the first
 copies are issued, or no prefetches);
 no_mma (every stage's MMAs skipped behind a branch the GPU never takes, so the
@@ -87,9 +88,6 @@ CUTS = {
     "rows_first": {k: [(_ROWS, ""), (_ACC, _ROWS + _ACC)] for k in MMA_CALL},
     "no_prefetch": {k: [("    if (slice == 0) prefetch_row_data(rows, n0 + wg_n * WN + "
                          "2 * (lane & 3), ea);\n", "")] for k in MMA_CALL},
-    # A_IN_HALO: the whole halo with the first stage (as with k slices)
-    "halo_first": {k: [("constexpr bool HALO_STAGED = A_IN_HALO;",
-                        "constexpr bool HALO_STAGED = false;")] for k in MMA_CALL},
 }
 # the stage's MMAs issued before the next stage's copies and gather (whose shared-memory
 # latency then runs behind them) instead of after: the one-tile kernel's loop, reordered

@@ -456,11 +456,10 @@ __device__ __forceinline__ int halo_load(const u32* __restrict__ x, u32* halo, i
 }
 
 // A_IN_HALO: issue the copies of block tile `tile`'s input window into `halo` (layout above;
-// zeros outside the image), all planes, 16-byte chunks [c0, c1) (every channel by default),
-// without a commit: they join the group of the stage committed next.
+// zeros outside the image), all planes, 16-byte chunks [c0, c1), without a commit: they join
+// the group of the stage committed next.
 __device__ __forceinline__ void halo_tile_load(const u32* __restrict__ x, u32* halo, int tile,
-                                               int tid, int nthreads, int c0 = 0,
-                                               int c1 = HALO_CHUNKS) {
+                                               int tid, int nthreads, int c0, int c1) {
   const int tx = tile % TILES_X, ty = tile / TILES_X % TILES_Y, n = tile / (TILES_X * TILES_Y);
   const int iy0 = ty * TILE_H - PAD, ix0 = tx * 8 - PAD;
   const int chunks = c1 - c0;
@@ -475,11 +474,10 @@ __device__ __forceinline__ void halo_tile_load(const u32* __restrict__ x, u32* h
   }
 }
 // A_IN_HALO's k slabs (256 channels of one tap) run channel group by channel group, the taps
-// inside: slab j reads group j / RS of tap j % RS (k word slab_word(j)). HALO_STAGED: the
-// halo's chunks of group g are copied with the first stage (of the k slice) that reads them,
-// so a block's first MMAs wait for 1 / (CW / 8) of its halo, not all of it (H100, APNN-TC
-// conv w1a2: 5.4 us against 7.1 with the whole halo first, every k tile resident).
-constexpr bool HALO_STAGED = A_IN_HALO;
+// inside: slab j reads group j / RS of tap j % RS (k word slab_word(j)). The halo's chunks of
+// group g are copied with the first stage (of the k slice) that reads them, so a block's first
+// MMAs wait for 1 / (CW / 8) of its halo, not all of it (H100, APNN-TC conv w1a2: 5.4 us against
+// 7.1 with the whole halo first, every k tile resident; NOTES.md).
 __device__ __forceinline__ int slab_word(int j) { return j % RS * CW + j / RS * 8; }
 // ... the halo's channel groups that k tile kt reads first in a slice starting at k tile k0
 // (a group two slices read is copied by both, the same bytes)

@@ -13,8 +13,12 @@ constexpr int STAGE_BYTES = STAGE_WORDS * 4;
 static_assert(!BULK_WEIGHTS || (RESIDENT_STAGES && SLICES == 1 && !ROWSUM_COLS),
               "BULK_WEIGHTS: A_IN_HALO, every k tile resident, one k slice (bitserial.py)");
 
-// The weights' stage images for BULK_WEIGHTS, wimg[column tile][k tile][STAGE_WORDS]: block
-// (column tile, k tile) runs load_stage's own copies into shared memory and stores the result.
+// The weights' stage images for BULK_WEIGHTS, wimg[column tile][k tile][STAGE_WORDS] (the image
+// of column tile n, k tile kt at stage_image(n, kt)): block (column tile, k tile) runs
+// load_stage's own copies into shared memory and stores the result.
+__device__ __forceinline__ i64 stage_image(i64 col_tile, i64 kt) {
+  return (col_tile * KTILES + kt) * STAGE_WORDS;
+}
 extern "C" __global__ void bitserial_wimage(const u32* __restrict__ w, u32* __restrict__ wimg) {
   extern __shared__ __align__(128) u32 smem[];
   if constexpr (BULK_WEIGHTS) {
@@ -23,7 +27,7 @@ extern "C" __global__ void bitserial_wimage(const u32* __restrict__ w, u32* __re
     copy_commit();
     copy_wait<0>();
     __syncthreads();
-    u32* dst = wimg + ((i64)blockIdx.x * KTILES + blockIdx.y) * STAGE_WORDS;
+    u32* dst = wimg + stage_image(blockIdx.x, blockIdx.y);
     for (int i = tid; i < STAGE_WORDS; i += THREADS) dst[i] = smem[i];
   }
 }
@@ -46,9 +50,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
   if (slice == 0) fill_ones(ones, tid);
   fill_stage_ones_rows(stages, tid);
   u32* halo = ones + ONES_WORDS;  // HALO=1: the block's input slab
-  int halo_row0 = 0;
-  if constexpr (A_IN_HALO && !HALO_STAGED) halo_tile_load(x, halo, blockIdx.y, (int)threadIdx.x, BLOCK_THREADS);
-  else if constexpr (HALO && !A_IN_HALO) halo_row0 = halo_load(x, halo, m0, (int)threadIdx.x, BLOCK_THREADS);
+  int halo_row0 = 0;  // A_IN_HALO: the halo by channel group with the stages (halo_stage_load)
+  if constexpr (HALO && !A_IN_HALO) halo_row0 = halo_load(x, halo, m0, (int)threadIdx.x, BLOCK_THREADS);
   if constexpr (SLICES > 1 && (!HALO || A_IN_HALO)) {  // the ones tile, for every slice
     if constexpr (A_IN_HALO) fence_proxy_async();
     __syncthreads();
@@ -66,7 +69,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     if (k0 + s < k1) {
       if constexpr (!BULK_WEIGHTS)
         load_stage(x, w, stages + s * STAGE_WORDS, ar, n0, k0 + s, tid, halo, halo_row0);
-      if constexpr (HALO_STAGED) halo_stage_load(x, halo, k0 + s, k0, tid);
+      if constexpr (A_IN_HALO) halo_stage_load(x, halo, k0 + s, k0, tid);
     }
     copy_commit();
   }
@@ -79,8 +82,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     fence_mbar_init();
     for (int kt = 0; kt < KTILES; ++kt) {
       mbar_expect_tx(bars + kt, STAGE_BYTES);
-      bulk_copy(stages + kt * STAGE_WORDS, w + ((i64)blockIdx.x * KTILES + kt) * STAGE_WORDS,
-                STAGE_BYTES, bars + kt);
+      bulk_copy(stages + kt * STAGE_WORDS, w + stage_image(blockIdx.x, kt), STAGE_BYTES,
+                bars + kt);
     }
   }
   // A_IN_HALO (small grids, one tile's chain per SM): the epilogue's rows worked out and
@@ -90,11 +93,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
     rows = epilogue_rows(m0, n0, wg_m * 64 + (warp & 3) * 16, wg_n * WN, lane, ea);
     if (slice == 0) prefetch_row_data(rows, n0 + wg_n * WN + 2 * (lane & 3), ea);
-  }
-  if constexpr (A_IN_HALO && !HALO_STAGED) {  // the halo (with the first stage) landed for every slice
-    copy_wait<STAGES - 3>();
-    fence_proxy_async();
-    __syncthreads();
   }
   for (int kt = k0; kt < k1; ++kt) {
     copy_wait<STAGES - 3>();
@@ -106,7 +104,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
       if (next < k1) {
         if constexpr (!BULK_WEIGHTS)
           load_stage(x, w, stages + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
-        if constexpr (HALO_STAGED) halo_stage_load(x, halo, next, k0, tid);
+        if constexpr (A_IN_HALO) halo_stage_load(x, halo, next, k0, tid);
       }
       copy_commit();
     }
