@@ -49,6 +49,8 @@
 #                ..." overrides the rows; PROBE_VARIANTS="base no_rowsum ..." the variants) (240)
 #   apconv_probe benchmarks/apconv_probe.py: the APNN-TC conv's one-tile kernels with their MMAs
 #                or epilogue skipped, KT / STAGES varied, and an empty kernel of their launch (150)
+#   apconv_floor benchmarks/apconv_floor.py: how fast each copy mechanism (cp.async, bulk,
+#                tensor copies, cluster multicast) lands the APNN-TC conv's operands, no MMAs (240)
 #   bitserial_focus  w1a1/w1a2 rows (FOCUS_LAYERS=a,b; default GEMM 4096, ResNet-50 s2-s5 b256,
 #                the APNN-TC conv): the default config and the FOCUS_CONFIGS (2) fastest committed
 #                ones per row, with their ROWSUM / REQUANT / ROW_TABLE twins, and the configs
@@ -164,6 +166,7 @@ for s in "$@"; do
     bitserial_shift) bitserial_rows shift 540 1 "${SHIFT_LAYERS:-$B256}" ;;
     shift_probe) step shift_probe 240 python3 benchmarks/shift_probe.py ${PROBE_ROWS:+--rows $PROBE_ROWS} \
         ${PROBE_VARIANTS:+--variants $PROBE_VARIANTS} ;;
+    apconv_floor) step apconv_floor 240 python3 benchmarks/apconv_floor.py ;;
     apconv_probe) step apconv_probe 150 python3 benchmarks/apconv_probe.py ;;
     *) echo "unknown step $s" >&2 ;;
     esac

@@ -129,6 +129,15 @@ def test_argument_packing():
         nvrtc.pack_args(["x"])
 
 
+def test_argument_packing_passes_raw_bytes_by_value():
+    """A by-value struct parameter (a 128-byte tensor map) is passed as its bytes' address."""
+    raw = (ctypes.c_ubyte * 128).from_buffer_copy(bytes(range(128)))
+    array, keep = nvrtc.pack_args([raw, 5])
+    assert keep[0] is raw
+    assert ctypes.string_at(array[0], 128) == bytes(range(128))
+    assert ctypes.cast(array[1], ctypes.POINTER(ctypes.c_int)).contents.value == 5
+
+
 def test_dim3():
     assert nvrtc._dim3(5, "grid") == (5, 1, 1)
     assert nvrtc._dim3((2, 3), "grid") == (2, 3, 1)

@@ -259,8 +259,8 @@ def _c_arg(value: Any) -> ctypes._SimpleCData:
         return ctypes.c_uint64(value.data_ptr())
     if value is None:
         return ctypes.c_uint64(0)
-    if isinstance(value, ctypes._SimpleCData):
-        return value
+    if isinstance(value, (ctypes._SimpleCData, ctypes.Array, ctypes.Structure)):
+        return value  # by value: a scalar, or raw bytes such as a 128-byte tensor map
     if isinstance(value, bool):
         return ctypes.c_int(int(value))
     if isinstance(value, int):
@@ -272,7 +272,7 @@ def _c_arg(value: Any) -> ctypes._SimpleCData:
         return ctypes.c_float(value)
     raise TypeError(
         f"kernel argument of type {type(value).__name__} is not supported: "
-        "pass torch.Tensor, int (C int), float (C float) or a ctypes scalar"
+        "pass torch.Tensor, int (C int), float (C float), a ctypes scalar, array or structure"
     )
 
 
