@@ -201,8 +201,10 @@ def tensor_map(x: torch.Tensor, box_bytes: int) -> ctypes.Array:
     planes = x.shape[0]
     err, tmap = driver.cuTensorMapEncodeTiled(
         driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, x.data_ptr(),
-        [128, 16, 16, planes], [128, 16 * 128, 16 * 16 * 128], [box_bytes, 10, 10, 1],
-        [1, 1, 1, 1], driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        [driver.cuuint64_t(v) for v in (128, 16, 16, planes)],
+        [driver.cuuint64_t(v) for v in (128, 16 * 128, 16 * 16 * 128)],
+        [driver.cuuint32_t(v) for v in (box_bytes, 10, 10, 1)],
+        [driver.cuuint32_t(1)] * 4, driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
         driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)

@@ -102,11 +102,11 @@ VARIANTS = {"base": NONE, **CUTS,
                                    for k in MMA_CALL},
             "empty": NONE}
 BEST = {  # the rows' best configs (bitserial-20261125-210302.json), without slices
-    "w1a2": dict(BM=64, BN=32, FUSE_PLANES=0, HALO=1, KT=2, MMA="wgmma", PERSIST=0,
+    "w1a2": dict(BM=64, BN=32, BULK_WEIGHTS=0, FUSE_PLANES=0, HALO=1, KT=2, MMA="wgmma", PERSIST=0,
                  REQUANT="threshold", ROWSUM="mma", ROW_TABLE=0, SLICES=1, SPLIT_K=1, STAGES=4,
                  SWIZZLE=32, TAP_SHIFT=0, TEAMS=1, THR_PAIRS=0, A_IN_HALO=0, WM=64,
                  WN=32),
-    "w1a1": dict(BM=64, BN=32, FUSE_PLANES=0, HALO=1, KT=4, MMA="wgmma", PERSIST=0,
+    "w1a1": dict(BM=64, BN=32, BULK_WEIGHTS=0, FUSE_PLANES=0, HALO=1, KT=4, MMA="wgmma", PERSIST=0,
                  REQUANT="threshold", ROWSUM="mma", ROW_TABLE=0, SLICES=1, SPLIT_K=1, STAGES=6,
                  SWIZZLE=32, TAP_SHIFT=0, TEAMS=1, THR_PAIRS=0, A_IN_HALO=0, WM=64,
                  WN=32),

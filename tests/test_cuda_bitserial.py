@@ -258,10 +258,18 @@ def test_a_in_halo_space():
     assert BITSERIAL.space(wl, "sm_80").knob("A_IN_HALO").values == (0,)
     bulk = cfg.replace(STAGES=12, BULK_WEIGHTS=1)  # 9 k tiles, each one bulk copy
     assert space.is_valid(bulk), space.why_invalid(bulk)
-    assert bitserial.smem_bytes(wl, bulk) == 12 * 32 * 4 * 32 + 256 + 2 * 101 * 128 + 9 * 8
+    # + 9 mbarriers of 8 bytes, 16-byte aligned
+    assert bitserial.smem_bytes(wl, bulk) == 12 * 32 * 4 * 32 + 256 + 2 * 101 * 128 + 10 * 8
     assert BITSERIAL.build(wl, bulk, arch="sm_90a")._main.cubin[:4] == b"\x7fELF"
     assert "STAGES >= 11" in space.why_invalid(bulk.replace(STAGES=6))
     assert "A_IN_HALO" in space.why_invalid(bulk.replace(A_IN_HALO=0, HALO=1))
+    window = bulk.replace(BULK_HALO=1)  # + the halo's mbarrier and its staging area
+    assert space.is_valid(window), space.why_invalid(window)
+    assert bitserial.smem_bytes(wl, window) == bitserial.smem_bytes(wl, bulk) + 2 * 100 * 128
+    assert BITSERIAL.build(wl, window, arch="sm_90a")._main.cubin[:4] == b"\x7fELF"
+    assert "one k slice" in space.why_invalid(cfg.replace(BULK_HALO=1, SLICES=2))
+    assert "A_IN_HALO=1's" in space.why_invalid(window.replace(A_IN_HALO=0, BULK_WEIGHTS=0))
+    assert BITSERIAL.space(wl, "sm_80").knob("BULK_HALO").values == (0,)
 
 
 def test_small_grid_default_splits_long_reductions():
@@ -972,8 +980,8 @@ def test_bit_exact_a_in_halo(wb, ab):
     """A_IN_HALO=1 (wgmma reading each tap's A tile in place from the halo): every encoding
     pair of the bit pair on convs whose 8-pixel tiles overrun the image (margins), 3 x 3 and
     5 x 5 windows, 8 x 8 tiles of one warpgroup (also with STAGES=12, and with the weights by
-    bulk copies where every k tile is resident) and 16 x 8 tiles of two (in two k slices where
-    the registers allow)."""
+    bulk copies where every k tile is resident, the window too) and 16 x 8 tiles of two (the
+    window by bulk copies; in two k slices where the registers allow)."""
     if bitserial.device_arch() != bitserial.WGMMA_ARCH:
         pytest.skip("wgmma needs sm_90a")
     for combo in range(4):
@@ -986,6 +994,9 @@ def test_bit_exact_a_in_halo(wb, ab):
         for changes in (dict(BM=64, BN=32, WN=32, KT=1, STAGES=4),
                         dict(BM=64, BN=32, WN=32, KT=1, STAGES=12),  # C = 256: all resident
                         dict(BM=64, BN=32, WN=32, KT=1, STAGES=12, BULK_WEIGHTS=1),
+                        dict(BM=64, BN=32, WN=32, KT=1, STAGES=12, BULK_WEIGHTS=1,
+                             BULK_HALO=1),
+                        dict(BM=128, BN=32, WN=32, KT=1, STAGES=4, BULK_HALO=1),
                         dict(BM=128, BN=32, WN=32, KT=1, STAGES=3,
                              SLICES=2 if wb * ab <= 2 else 1)):  # 512 threads' registers
             cfg = BITSERIAL.plain_config(wl, "wgmma").replace(HALO=1, A_IN_HALO=1, **changes)

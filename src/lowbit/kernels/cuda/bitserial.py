@@ -24,7 +24,10 @@ output pixels whose input window sits in shared memory as 16-byte channel chunks
 the wgmma descriptors address every tap's A tile in place: no im2col copies or gather at all,
 the stages carry the weights only), BULK_WEIGHTS (A_IN_HALO with every k tile resident, one k
 slice: 1 brings each k tile's weights as one bulk copy on an mbarrier from a stage image made at
-bind, `bitserial_wimage`, instead of 16-byte cp.async by every thread), ROWSUM (binary weights
+bind, `bitserial_wimage`, instead of 16-byte cp.async by every thread), BULK_HALO (A_IN_HALO,
+one k slice: 1 brings the input window as one bulk copy per plane and window row, pixel-major
+into a staging area, which the threads then re-lay chunk by pixel, instead of 16-byte cp.async
+by channel group), ROWSUM (binary weights
 only: "mma" computes the activation rows' popcounts with one more MMA per plane and k step
 against a tile of ones; "table" reads them from a per-pixel popcount table of x made by a small
 kernel first, summed over the valid taps in the epilogue; "slab", persistent TAP_SHIFT=1 kernels
@@ -354,7 +357,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "SLICES": slices(config), "SLICE_SUM_WORDS": slice_sum_words(wl, config),
         "HALO_WORDS": halo_bytes(wl, config) // 4 // q, "A_IN_HALO": int(a_in_halo(config)),
         "TILES_Y": pixel_tiles(wl, config)[0], "TILES_X": pixel_tiles(wl, config)[1],
-        "BULK_WEIGHTS": int(bulk_weights(config)),
+        "BULK_WEIGHTS": int(bulk_weights(config)), "BULK_HALO": int(bulk_halo(config)),
         "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh), "KPAD": wsum_columns(sh),
         "WSUM0": wsum_start(sh),
         "HAS_BIAS": int(epi.bias), "RELU": int(epi.relu), "OUT_MODE": _out_mode(wl),
@@ -564,6 +567,29 @@ def a_in_halo(config: Mapping) -> bool:
 def bulk_weights(config: Mapping) -> bool:
     """Each k tile's weights arrive as one bulk copy of a bind-time image (knob BULK_WEIGHTS)."""
     return bool(config.get("BULK_WEIGHTS", 0))
+
+
+def bulk_halo(config: Mapping) -> bool:
+    """The input window arrives by bulk copies of its rows, re-laid in shared memory (knob
+    BULK_HALO)."""
+    return bool(config.get("BULK_HALO", 0))
+
+
+def mbarrier_bytes(wl: Workload, config: Mapping) -> int:
+    """Shared memory of the one-tile wgmma kernel's mbarriers, after the halo: one per k tile
+    with BULK_WEIGHTS, one for the halo with BULK_HALO (8 bytes each, 16-byte aligned)."""
+    count = (k_tiles(wl, config) if bulk_weights(config) else 0) + int(bulk_halo(config))
+    return 16 * -(-count // 2)
+
+
+def staging_bytes(wl: Workload, config: Mapping) -> int:
+    """BULK_HALO: the pixel-major staging area of the input window (a_bits planes x window
+    pixels x channel words), after the mbarriers; 0 otherwise."""
+    if not bulk_halo(config):
+        return 0
+    sh = conv_shape(wl)
+    pixels = (config["BM"] // 8 + sh.r - 1) * (8 + sh.s - 1)
+    return planes(wl)[0] * pixels * sh.words * 4
 
 
 def weight_images(wl: Workload, config: Mapping, device: torch.device | str
@@ -812,8 +838,7 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     q = planes(wl)[0]
     operands = (config["STAGES"] * stage_bytes(wl, config) * teams(config) * slices(config)
                 + halo_bytes(wl, config))
-    if bulk_weights(config):  # an mbarrier per k tile, after the halo
-        operands += 8 * k_tiles(wl, config)
+    operands += mbarrier_bytes(wl, config) + staging_bytes(wl, config)
     ones = 1
     if tap_shift(config):  # every channel group resident, slab_buffers slabs of it
         plan = shift_plan(conv_shape(wl), config["BM"])
@@ -1071,6 +1096,11 @@ def _constraints(wl: Workload) -> list:
                     f"need STAGES >= {k_tiles(wl, c) + 2}")
         return None
 
+    def bulk_window(c: Config) -> str | None:
+        if bulk_halo(c) and (not a_in_halo(c) or slices(c) > 1):
+            return "BULK_HALO=1 is A_IN_HALO=1's, in one k slice"
+        return None
+
     def shifted(c: Config) -> str | None:
         if not tap_shift(c):
             return None
@@ -1177,7 +1207,8 @@ def _constraints(wl: Workload) -> list:
             return "too many row tiles for grid.y"
         return None
 
-    return [tiles, mma, fused, three_warpgroup_rows, halo, halo_in_place, bulk, shifted, team_tiles,
+    return [tiles, mma, fused, three_warpgroup_rows, halo, halo_in_place, bulk, bulk_window,
+            shifted, team_tiles,
             rowsums, registers, shared, copies, splits, k_slices, output, pairs, waste]
 
 
@@ -1241,12 +1272,12 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
 DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma",
                               REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
                               TEAMS=1, FUSE_PLANES=0, SLICES=1, THR_PAIRS=0,
-                              A_IN_HALO=0, BULK_WEIGHTS=0)
+                              A_IN_HALO=0, BULK_WEIGHTS=0, BULK_HALO=0)
                          for d in _MMA_SYNC_DEFAULTS],
             "wgmma": [dict(dict(PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0, ROWSUM="mma",
                                 REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
                                 TEAMS=1, FUSE_PLANES=0, SLICES=1, THR_PAIRS=0,
-                                A_IN_HALO=0, BULK_WEIGHTS=0), **d)
+                                A_IN_HALO=0, BULK_WEIGHTS=0, BULK_HALO=0), **d)
                       for d in _WGMMA_DEFAULTS]}
 # the tap-shift defaults' limit on output channels (the widths they were measured at); the
 # two-team ones: 256, and only for two activation planes (a team's MMA phase long enough to
@@ -1318,7 +1349,7 @@ class BitserialTemplate(KernelTemplate):
                                                    "ROW_TABLE": 0, "TEAMS": 1,
                                                    "FUSE_PLANES": 0, "SLICES": 1,
                                                    "THR_PAIRS": 0, "A_IN_HALO": 0,
-                                                   "BULK_WEIGHTS": 0}
+                                                   "BULK_WEIGHTS": 0, "BULK_HALO": 0}
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         wl = workload
@@ -1345,6 +1376,7 @@ class BitserialTemplate(KernelTemplate):
                  Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
                  Knob("A_IN_HALO", (0, 1) if arch == WGMMA_ARCH else (0,)),
                  Knob("BULK_WEIGHTS", (0, 1) if arch == WGMMA_ARCH else (0,)),
+                 Knob("BULK_HALO", (0, 1) if arch == WGMMA_ARCH else (0,)),
                  Knob("ROWSUM", ("mma", "table", "slab", "cols")
                       if workload.w.encoding is Encoding.BINARY else ("mma",)),
                  Knob("ROW_TABLE", (0, 1, 2) if 1 in self._tap_shift_values(workload, arch)
