@@ -20,7 +20,9 @@ Configs: the committed best of each precision and a few neighbours (KT / STAGES,
 mma.sync). Prints and writes $OUT/apconv_probe.json (the first run, 2026-11-25, varied KT and
 STAGES: `apconv_probe-20261125-s18.json`).
 
-Usage: python benchmarks/apconv_probe.py [--variants base no_mma ...]
+no_relayout (BULK_HALO: the window waited for, not re-laid).
+
+Usage: python benchmarks/apconv_probe.py [--variants base no_mma ...] [--rows rows.json]
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ CUTS = {
     "rows_first": {k: [(_ROWS, ""), (_ACC, _ROWS + _ACC)] for k in MMA_CALL},
     "no_prefetch": {k: [("    if (slice == 0) prefetch_row_data(rows, n0 + wg_n * WN + "
                          "2 * (lane & 3), ea);\n", "")] for k in MMA_CALL},
+    # BULK_HALO: the window waited for but not re-laid (the MMAs read a stale halo)
+    "no_relayout": {k: [("    halo_relayout(staging, halo, blockIdx.y, tid);\n", "")]
+                    for k in MMA_CALL},
 }
 # the stage's MMAs issued before the next stage's copies and gather (whose shared-memory
 # latency then runs behind them) instead of after: the one-tile kernel's loop, reordered
@@ -102,11 +107,13 @@ VARIANTS = {"base": NONE, **CUTS,
                                    for k in MMA_CALL},
             "empty": NONE}
 BEST = {  # the rows' best configs (bitserial-20261125-210302.json), without slices
-    "w1a2": dict(BM=64, BN=32, BULK_WEIGHTS=0, FUSE_PLANES=0, HALO=1, KT=2, MMA="wgmma", PERSIST=0,
+    "w1a2": dict(BM=64, BN=32, BULK_HALO=0, BULK_WEIGHTS=0, FUSE_PLANES=0, HALO=1,
+                 KT=2, MMA="wgmma", PERSIST=0,
                  REQUANT="threshold", ROWSUM="mma", ROW_TABLE=0, SLICES=1, SPLIT_K=1, STAGES=4,
                  SWIZZLE=32, TAP_SHIFT=0, TEAMS=1, THR_PAIRS=0, A_IN_HALO=0, WM=64,
                  WN=32),
-    "w1a1": dict(BM=64, BN=32, BULK_WEIGHTS=0, FUSE_PLANES=0, HALO=1, KT=4, MMA="wgmma", PERSIST=0,
+    "w1a1": dict(BM=64, BN=32, BULK_HALO=0, BULK_WEIGHTS=0, FUSE_PLANES=0, HALO=1,
+                 KT=4, MMA="wgmma", PERSIST=0,
                  REQUANT="threshold", ROWSUM="mma", ROW_TABLE=0, SLICES=1, SPLIT_K=1, STAGES=6,
                  SWIZZLE=32, TAP_SHIFT=0, TEAMS=1, THR_PAIRS=0, A_IN_HALO=0, WM=64,
                  WN=32),
@@ -129,10 +136,14 @@ def empty_launcher(kernel, x):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--rows", type=Path, default=None,
+                    help="JSON list of [precision, knob changes of BEST[precision]] (default: "
+                         "ROWS)")
     args = ap.parse_args()
+    rows = json.loads(args.rows.read_text()) if args.rows else ROWS
     base_wl = dict(workloads(False))["apconv_b1_c1024"]
     original, results = bitserial.render, []
-    for prec, changes in ROWS:
+    for prec, changes in rows:
         wl = bitserial_workload(base_wl, prec)
         cfg = Config(BEST[prec]).replace(**changes)
         row = {"precision": prec, "changes": changes, "config": dict(cfg)}
