@@ -39,7 +39,7 @@ import common
 from apconv_probe import empty_launcher
 from bitserial import bitserial_workload, gpu_inputs, workloads
 from lowbit.kernels.cuda import BITSERIAL
-from lowbit.kernels.cuda.nvrtc import load_kernel
+from lowbit.kernels.cuda.nvrtc import load_kernel, tensor_map_tiled
 from lowbit.tune.timing import time_us
 
 MODES = {"empty": 0, "cp_async": 1, "bulk": 2, "tma": 3, "tma_px": 4, "tma_mc": 5}
@@ -195,22 +195,9 @@ def smem_bytes(mode: str, bn: int, planes: int) -> int:
 
 def tensor_map(x: torch.Tensor, box_bytes: int) -> ctypes.Array:
     """Tiled tensor map of x [planes, 16, 16, 128 B] (uint8): box box_bytes x 10 x 10 x 1,
-    zeros out of bounds; returned as the 128 bytes the kernel takes by value."""
-    from cuda.bindings import driver
-
-    planes = x.shape[0]
-    err, tmap = driver.cuTensorMapEncodeTiled(
-        driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, x.data_ptr(),
-        [driver.cuuint64_t(v) for v in (128, 16, 16, planes)],
-        [driver.cuuint64_t(v) for v in (128, 16 * 128, 16 * 16 * 128)],
-        [driver.cuuint32_t(v) for v in (box_bytes, 10, 10, 1)],
-        [driver.cuuint32_t(1)] * 4, driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
-        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeTiled: {err}")
-    return (ctypes.c_ubyte * 128).from_buffer_copy(ctypes.string_at(tmap.getPtr(), 128))
+    zeros out of bounds."""
+    return tensor_map_tiled(x.data_ptr(), [128, 16, 16, x.shape[0]],
+                            [128, 16 * 128, 16 * 16 * 128], [box_bytes, 10, 10, 1])
 
 
 def floor_launcher(mode: str, bn: int, planes: int, x: torch.Tensor, w: torch.Tensor,

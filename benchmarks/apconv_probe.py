@@ -20,7 +20,8 @@ Configs: the committed best of each precision and a few neighbours (KT / STAGES,
 mma.sync). Prints and writes $OUT/apconv_probe.json (the first run, 2026-11-25, varied KT and
 STAGES: `apconv_probe-20261125-s18.json`).
 
-no_relayout (BULK_HALO: the window waited for, not re-laid).
+no_relayout (a window by bulk copies re-laid by the threads: the kernel path measured in
+`apconv_probe-20261126-s22-bulk-halo.json`, removed; NOTES.md).
 
 Usage: python benchmarks/apconv_probe.py [--variants base no_mma ...] [--rows rows.json]
 """
@@ -90,16 +91,14 @@ CUTS = {
     "rows_first": {k: [(_ROWS, ""), (_ACC, _ROWS + _ACC)] for k in MMA_CALL},
     "no_prefetch": {k: [("    if (slice == 0) prefetch_row_data(rows, n0 + wg_n * WN + "
                          "2 * (lane & 3), ea);\n", "")] for k in MMA_CALL},
-    # BULK_HALO: the window waited for but not re-laid (the MMAs read a stale halo)
-    "no_relayout": {k: [("    halo_relayout(staging, halo, blockIdx.y, tid);\n", "")]
-                    for k in MMA_CALL},
 }
 # the stage's MMAs issued before the next stage's copies and gather (whose shared-memory
 # latency then runs behind them) instead of after: the one-tile kernel's loop, reordered
 _NEXT = ("    {\n      const int next = kt + STAGES - 2;\n      if (next < k1)\n"
          "        load_stage(x, w, stages + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, "
          "tid, halo, halo_row0);\n      copy_commit();\n    }\n")
-_MMA = f"    {MMA_CALL['wgmma']} ones, wg_m, wg_n, kt > k0,\n                halo, kt);\n"
+_MMA = (f"    {MMA_CALL['wgmma']} ones, wg_m, wg_n, kt > k0,\n"
+        "                TMA_HALO ? halo_tiles(halo) : halo, kt);\n")
 CUTS["mma_first"] = {"wgmma": [(_NEXT + _MMA, _MMA + _NEXT)], "mma_sync": []}
 NONE: dict[str, list] = {k: [] for k in MMA_CALL}
 VARIANTS = {"base": NONE, **CUTS,
@@ -107,12 +106,12 @@ VARIANTS = {"base": NONE, **CUTS,
                                    for k in MMA_CALL},
             "empty": NONE}
 BEST = {  # the rows' best configs (bitserial-20261125-210302.json), without slices
-    "w1a2": dict(BM=64, BN=32, BULK_HALO=0, BULK_WEIGHTS=0, FUSE_PLANES=0, HALO=1,
+    "w1a2": dict(BM=64, BN=32, TMA_HALO=0, BULK_WEIGHTS=0, FUSE_PLANES=0, HALO=1,
                  KT=2, MMA="wgmma", PERSIST=0,
                  REQUANT="threshold", ROWSUM="mma", ROW_TABLE=0, SLICES=1, SPLIT_K=1, STAGES=4,
                  SWIZZLE=32, TAP_SHIFT=0, TEAMS=1, THR_PAIRS=0, A_IN_HALO=0, WM=64,
                  WN=32),
-    "w1a1": dict(BM=64, BN=32, BULK_HALO=0, BULK_WEIGHTS=0, FUSE_PLANES=0, HALO=1,
+    "w1a1": dict(BM=64, BN=32, TMA_HALO=0, BULK_WEIGHTS=0, FUSE_PLANES=0, HALO=1,
                  KT=4, MMA="wgmma", PERSIST=0,
                  REQUANT="threshold", ROWSUM="mma", ROW_TABLE=0, SLICES=1, SPLIT_K=1, STAGES=6,
                  SWIZZLE=32, TAP_SHIFT=0, TEAMS=1, THR_PAIRS=0, A_IN_HALO=0, WM=64,

@@ -258,18 +258,24 @@ def test_a_in_halo_space():
     assert BITSERIAL.space(wl, "sm_80").knob("A_IN_HALO").values == (0,)
     bulk = cfg.replace(STAGES=12, BULK_WEIGHTS=1)  # 9 k tiles, each one bulk copy
     assert space.is_valid(bulk), space.why_invalid(bulk)
-    # + 9 mbarriers of 8 bytes, 16-byte aligned
-    assert bitserial.smem_bytes(wl, bulk) == 12 * 32 * 4 * 32 + 256 + 2 * 101 * 128 + 10 * 8
+    assert bitserial.smem_bytes(wl, bulk) == 12 * 32 * 4 * 32 + 256 + 2 * 101 * 128 + 9 * 8
     assert BITSERIAL.build(wl, bulk, arch="sm_90a")._main.cubin[:4] == b"\x7fELF"
     assert "STAGES >= 11" in space.why_invalid(bulk.replace(STAGES=6))
     assert "A_IN_HALO" in space.why_invalid(bulk.replace(A_IN_HALO=0, HALO=1))
-    window = bulk.replace(BULK_HALO=1)  # + the halo's mbarrier and its staging area
+    window = bulk.replace(TMA_HALO=1)  # the window by tensor copies: 128-byte blocks
     assert space.is_valid(window), space.why_invalid(window)
-    assert bitserial.smem_bytes(wl, window) == bitserial.smem_bytes(wl, bulk) + 2 * 100 * 128
+    assert bitserial.halo_bytes(wl, window) == 2 * (13 * 1024 + 1024)  # 100 rows of 128 B
+    assert (bitserial.smem_bytes(wl, window) == bitserial.smem_bytes(wl, bulk)
+            - bitserial.halo_bytes(wl, bulk) + bitserial.halo_bytes(wl, window) + 8)
     assert BITSERIAL.build(wl, window, arch="sm_90a")._main.cubin[:4] == b"\x7fELF"
-    assert "one k slice" in space.why_invalid(cfg.replace(BULK_HALO=1, SLICES=2))
+    assert "one k slice" in space.why_invalid(cfg.replace(TMA_HALO=1, SLICES=2))
     assert "A_IN_HALO=1's" in space.why_invalid(window.replace(A_IN_HALO=0, BULK_WEIGHTS=0))
-    assert BITSERIAL.space(wl, "sm_80").knob("BULK_HALO").values == (0,)
+    c512 = conv(b1, u2, EPILOGUES[1], N=1, H=16, W=16, C=512, K=64)
+    assert "multiple of 1,024" in BITSERIAL.space(c512, "sm_90a").why_invalid(
+        cfg.replace(KT=2, TMA_HALO=1))
+    dims, strides, box = bitserial.halo_map_geometry(wl, window)
+    assert (dims, strides, box) == ([128, 16, 16, 2], [128, 2048, 32768], [128, 10, 10, 1])
+    assert BITSERIAL.space(wl, "sm_80").knob("TMA_HALO").values == (0,)
 
 
 def test_small_grid_default_splits_long_reductions():
@@ -976,12 +982,48 @@ def test_bit_exact_k_slices(wb, ab):
 @pytest.mark.parametrize("wb,ab", [(1, 1), (1, 2), (2, 2), (1, 4), (2, 3)])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bit_exact_tma_halo(wb, ab):
+    """TMA_HALO=1 (the window by tensor copies into 128-byte-swizzled pixel rows, read in place
+    through 128-byte-swizzle descriptors with the tap tile's phase as base offset): every
+    encoding pair of the bit pair on convs over two images whose tiles overrun the image, of
+    1,024 channels (one 128-byte block; 3 x 3 and 5 x 5 windows) and 2,048 (two); 8 x 8 tiles
+    with every k tile resident (the weights by bulk copies, or cp.async) and 16 x 8 tiles of
+    two warpgroups with 4 stages, where they fit."""
+    if bitserial.device_arch() != bitserial.WGMMA_ARCH:
+        pytest.skip("wgmma needs sm_90a")
+    ran = 0
+    for combo in range(4):
+        w_prec, a_prec = encodings(wb)[combo // 2], encodings(ab)[combo % 2]
+        epi = EPILOGUES[(wb + ab + combo) % len(EPILOGUES)]
+        window = dict(R=5, S=5, pad=2) if combo == 3 else {}
+        wide = combo == 1  # two channel blocks
+        wl = conv(w_prec, a_prec, epi, N=2, H=11, W=13, C=2048 if wide else 1024, K=70,
+                  **window)
+        space = BITSERIAL.space(wl)
+        kt = 8 if wide else 4
+        for changes in (dict(BM=64, BN=32, WN=32, KT=kt, STAGES=12, BULK_WEIGHTS=1),
+                        dict(BM=64, BN=32, WN=32, KT=kt, STAGES=12),
+                        dict(BM=128, BN=32, WN=32, KT=kt, STAGES=4)):
+            cfg = BITSERIAL.plain_config(wl, "wgmma").replace(HALO=1, A_IN_HALO=1, TMA_HALO=1,
+                                                               **changes)
+            why = space.why_invalid(cfg)
+            if why and ("STAGES" in why or "shared memory" in why):
+                continue  # too many k tiles to keep resident, or too many planes' windows
+            assert why is None, why
+            _assert_exact(wl, cfg, seed=combo)
+            ran += 1
+    assert ran >= 4
+
+
+@pytest.mark.parametrize("wb,ab", [(1, 1), (1, 2), (2, 2), (1, 4), (2, 3)])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bit_exact_a_in_halo(wb, ab):
     """A_IN_HALO=1 (wgmma reading each tap's A tile in place from the halo): every encoding
     pair of the bit pair on convs whose 8-pixel tiles overrun the image (margins), 3 x 3 and
     5 x 5 windows, 8 x 8 tiles of one warpgroup (also with STAGES=12, and with the weights by
-    bulk copies where every k tile is resident, the window too) and 16 x 8 tiles of two (the
-    window by bulk copies; in two k slices where the registers allow)."""
+    bulk copies where every k tile is resident) and 16 x 8 tiles of two (in two k slices where
+    the registers allow)."""
     if bitserial.device_arch() != bitserial.WGMMA_ARCH:
         pytest.skip("wgmma needs sm_90a")
     for combo in range(4):
@@ -994,9 +1036,6 @@ def test_bit_exact_a_in_halo(wb, ab):
         for changes in (dict(BM=64, BN=32, WN=32, KT=1, STAGES=4),
                         dict(BM=64, BN=32, WN=32, KT=1, STAGES=12),  # C = 256: all resident
                         dict(BM=64, BN=32, WN=32, KT=1, STAGES=12, BULK_WEIGHTS=1),
-                        dict(BM=64, BN=32, WN=32, KT=1, STAGES=12, BULK_WEIGHTS=1,
-                             BULK_HALO=1),
-                        dict(BM=128, BN=32, WN=32, KT=1, STAGES=4, BULK_HALO=1),
                         dict(BM=128, BN=32, WN=32, KT=1, STAGES=3,
                              SLICES=2 if wb * ab <= 2 else 1)):  # 512 threads' registers
             cfg = BITSERIAL.plain_config(wl, "wgmma").replace(HALO=1, A_IN_HALO=1, **changes)

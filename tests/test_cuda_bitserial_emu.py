@@ -265,19 +265,20 @@ CASES = [
                                       R=5, S=5, pad=2),
      "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 3, "HALO": 1,
                "A_IN_HALO": 1, "SWIZZLE": 32}),
-    # ... the window by bulk copies of its rows, re-laid by the threads (BULK_HALO): margins
-    # over two images with bulk weights; two warpgroups' 16 x 8 tiles with refilled stages
-    # and thresholds; a 5 x 5 window whose rows start left of the image
-    ("wgmma_a_in_halo_bulk_halo_b1u2", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=11, C=256, K=40),
-     "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 12, "HALO": 1,
-               "A_IN_HALO": 1, "BULK_WEIGHTS": 1, "BULK_HALO": 1}),
-    ("wgmma_a_in_halo_bulk_halo_u1b1", conv(U1, B1, EPILOGUES[5], N=1, H=10, W=7, C=1024, K=70),
+    # ... the window by tensor copies into 128-byte-swizzled pixel rows, read in place through
+    # 128-byte-swizzle descriptors (TMA_HALO): margins over two images with bulk weights (two
+    # 128-byte channel blocks); two warpgroups' 16 x 8 tiles with refilled stages and
+    # thresholds; a 5 x 5 window whose rows start left of the image
+    ("wgmma_a_in_halo_tma_halo_b1u2", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=11, C=2048, K=40),
+     "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 8, "STAGES": 12, "HALO": 1,
+               "A_IN_HALO": 1, "BULK_WEIGHTS": 1, "TMA_HALO": 1}),
+    ("wgmma_a_in_halo_tma_halo_u1b1", conv(U1, B1, EPILOGUES[5], N=1, H=10, W=7, C=1024, K=70),
      "wgmma", {"BM": 128, "BN": 64, "WN": 64, "KT": 4, "STAGES": 4, "HALO": 1,
-               "A_IN_HALO": 1, "BULK_HALO": 1, "REQUANT": "threshold"}),
-    ("wgmma_a_in_halo_bulk_halo_5x5_s2s3", conv(S2, S3, EPILOGUES[4], N=1, H=6, W=9, C=256,
-                                                K=37, R=5, S=5, pad=2),
-     "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 3, "HALO": 1,
-               "A_IN_HALO": 1, "BULK_HALO": 1}),
+               "A_IN_HALO": 1, "TMA_HALO": 1, "REQUANT": "threshold"}),
+    ("wgmma_a_in_halo_tma_halo_5x5_s2s3", conv(S2, S3, EPILOGUES[4], N=1, H=6, W=9, C=1024,
+                                               K=37, R=5, S=5, pad=2),
+     "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 4, "STAGES": 3, "HALO": 1,
+               "A_IN_HALO": 1, "TMA_HALO": 1}),
 ]
 
 
@@ -369,19 +370,25 @@ def test_emulation_catches_mmas_before_their_bulk_weights(monkeypatch):
     assert not _check(wl, cfg, seed=6)
 
 
-@pytest.mark.parametrize("edit", [
-    ("    mbar_wait(halo_bar, 0);\n    halo_relayout(staging, halo, blockIdx.y, tid);\n",
-     "    halo_relayout(staging, halo, blockIdx.y, tid);\n    mbar_wait(halo_bar, 0);\n"),
-    ("inside && idx < HALO_UNITS", "idx < HALO_UNITS")],
-    ids=["relayout_before_the_copies_land", "window_margin_not_zeroed"])
-def test_emulation_catches_a_broken_bulk_halo(edit, monkeypatch):
-    """BULK_HALO re-laying the staging area before its bulk copies land, or keeping the
-    staging area's stale bytes for the window's pixels outside the image, is caught."""
-    wl = conv(B1, U2, EPILOGUES[1], N=1, H=7, W=6, C=256, K=32)
-    cfg = _config(wl, "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 12,
-                                "HALO": 1, "A_IN_HALO": 1, "BULK_HALO": 1})
+WINDOW_WAIT = ("    if constexpr (TMA_HALO) if (kt == k0) mbar_wait(halo_bar, 0);  "
+               "// the window, once\n")
+TMA_MMAS = "                TMA_HALO ? halo_tiles(halo) : halo, kt);\n"
+
+
+@pytest.mark.parametrize("edits", [
+    [("bitserial_wgmma.cu", WINDOW_WAIT, ""),
+     ("bitserial_wgmma.cu", TMA_MMAS, TMA_MMAS + WINDOW_WAIT)],
+    [("bitserial_wgmma_common.cu", "((u64)((a >> 7) & 7) << 49)", "0ull")]],
+    ids=["mmas_before_the_window_lands", "no_base_offset"])
+def test_emulation_catches_a_broken_tma_halo(edits, monkeypatch):
+    """TMA_HALO issuing the first MMAs before waiting for the window's tensor copies, or
+    reading the tap tiles without the base offset of their swizzle phase, is caught."""
+    wl = conv(B1, U2, EPILOGUES[1], N=1, H=7, W=6, C=1024, K=32)
+    cfg = _config(wl, "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 4, "STAGES": 12,
+                                "HALO": 1, "A_IN_HALO": 1, "BULK_WEIGHTS": 1, "TMA_HALO": 1})
     assert _check(wl, cfg, seed=7)
-    edit_kernel_file(monkeypatch, "bitserial_wgmma.cu", *edit)
+    for name, old, new in edits:  # each edit wraps the previous ones
+        edit_kernel_file(monkeypatch, name, old, new)
     assert not _check(wl, cfg, seed=7)
 
 

@@ -24,10 +24,11 @@ output pixels whose input window sits in shared memory as 16-byte channel chunks
 the wgmma descriptors address every tap's A tile in place: no im2col copies or gather at all,
 the stages carry the weights only), BULK_WEIGHTS (A_IN_HALO with every k tile resident, one k
 slice: 1 brings each k tile's weights as one bulk copy on an mbarrier from a stage image made at
-bind, `bitserial_wimage`, instead of 16-byte cp.async by every thread), BULK_HALO (A_IN_HALO,
-one k slice: 1 brings the input window as one bulk copy per plane and window row, pixel-major
-into a staging area, which the threads then re-lay chunk by pixel, instead of 16-byte cp.async
-by channel group), ROWSUM (binary weights
+bind, `bitserial_wimage`, instead of 16-byte cp.async by every thread), TMA_HALO (A_IN_HALO,
+one k slice, channels a multiple of 1,024: 1 brings the input window by the tensor copy engine,
+one copy per plane and 128-byte channel block into 128-byte-swizzled pixel rows that the MMAs
+read in place, instead of 16-byte cp.async by channel group; the launcher passes a tensor map of
+x), ROWSUM (binary weights
 only: "mma" computes the activation rows' popcounts with one more MMA per plane and k step
 against a tile of ones; "table" reads them from a per-pixel popcount table of x made by a small
 kernel first, summed over the valid taps in the epilogue; "slab", persistent TAP_SHIFT=1 kernels
@@ -66,6 +67,7 @@ bits pack into its own bytes: about 5 instructions per output instead of 9).
 
 from __future__ import annotations
 
+import ctypes
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -81,7 +83,7 @@ from ...core.validate import check_inputs, output_buffer
 from ...reference.bitserial import plane_coefficients
 from ...reference.epilogue import INT32_MAX, THRESHOLD_MAX_BITS, requant_thresholds
 from ..base import NUM_SMS, KernelTemplate
-from .nvrtc import DEFAULT_ARCH, CudaKernel, compile_cubin, device_arch
+from .nvrtc import DEFAULT_ARCH, CudaKernel, compile_cubin, device_arch, tensor_map_tiled
 from .tap_shift import group_words, render_tables, shift_plan
 from .tap_shift import unsupported_reason as shift_unsupported_reason
 
@@ -357,7 +359,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "SLICES": slices(config), "SLICE_SUM_WORDS": slice_sum_words(wl, config),
         "HALO_WORDS": halo_bytes(wl, config) // 4 // q, "A_IN_HALO": int(a_in_halo(config)),
         "TILES_Y": pixel_tiles(wl, config)[0], "TILES_X": pixel_tiles(wl, config)[1],
-        "BULK_WEIGHTS": int(bulk_weights(config)), "BULK_HALO": int(bulk_halo(config)),
+        "BULK_WEIGHTS": int(bulk_weights(config)), "TMA_HALO": int(tma_halo(config)),
         "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh), "KPAD": wsum_columns(sh),
         "WSUM0": wsum_start(sh),
         "HAS_BIAS": int(epi.bias), "RELU": int(epi.relu), "OUT_MODE": _out_mode(wl),
@@ -373,6 +375,10 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
     lines = [f"// lowbit bit-serial kernel for {wl.key}", f"// config {config.to_json()}"]
     lines += [f"constexpr int {k} = {int(v)};" for k, v in params.items()]
     lines.append(f"constexpr long long M_ROWS = {sh.rows}ll;")
+    tma = tma_halo(config)  # the tensor map parameter, and what the kernel passes on of it
+    lines.append("#define BITSERIAL_XMAP_PARAM" + (", const __grid_constant__ TensorMap xmap"
+                                                   if tma else ""))
+    lines.append(f"#define BITSERIAL_XMAP {'&xmap' if tma else 'nullptr'}")
     slots = rect_slots(sh) if params["THR_SLOTS"] and needs_wtap(wl) else [0]
     lines.append(f"__device__ constexpr int RECT_OF_SLOT[] = {{{', '.join(map(str, slots))}}};")
     if tap_shift(config):
@@ -569,27 +575,38 @@ def bulk_weights(config: Mapping) -> bool:
     return bool(config.get("BULK_WEIGHTS", 0))
 
 
-def bulk_halo(config: Mapping) -> bool:
-    """The input window arrives by bulk copies of its rows, re-laid in shared memory (knob
-    BULK_HALO)."""
-    return bool(config.get("BULK_HALO", 0))
+def tma_halo(config: Mapping) -> bool:
+    """The input window arrives by tensor copies, read in place 128-byte-swizzled (knob
+    TMA_HALO)."""
+    return bool(config.get("TMA_HALO", 0))
 
 
 def mbarrier_bytes(wl: Workload, config: Mapping) -> int:
     """Shared memory of the one-tile wgmma kernel's mbarriers, after the halo: one per k tile
-    with BULK_WEIGHTS, one for the halo with BULK_HALO (8 bytes each, 16-byte aligned)."""
-    count = (k_tiles(wl, config) if bulk_weights(config) else 0) + int(bulk_halo(config))
-    return 16 * -(-count // 2)
+    with BULK_WEIGHTS, one for the halo with TMA_HALO (8 bytes each)."""
+    return 8 * ((k_tiles(wl, config) if bulk_weights(config) else 0) + int(tma_halo(config)))
 
 
-def staging_bytes(wl: Workload, config: Mapping) -> int:
-    """BULK_HALO: the pixel-major staging area of the input window (a_bits planes x window
-    pixels x channel words), after the mbarriers; 0 otherwise."""
-    if not bulk_halo(config):
-        return 0
+def halo_map_geometry(wl: Workload, config: Mapping) -> tuple[list[int], list[int], list[int]]:
+    """TMA_HALO's tensor map of x ([plane][image][row][column][channel words]): its dims and
+    box (innermost first: bytes of a pixel's channels, columns, rows, plane x image) and its
+    strides in bytes (dims 1..3). A box is one 128-byte channel block of the pixel tile's
+    HALO_H x HALO_W window."""
     sh = conv_shape(wl)
-    pixels = (config["BM"] // 8 + sh.r - 1) * (8 + sh.s - 1)
-    return planes(wl)[0] * pixels * sh.words * 4
+    pix = sh.words * 4
+    dims = [pix, sh.w, sh.h, sh.nb * planes(wl)[0]]
+    strides = [pix, pix * sh.w, pix * sh.w * sh.h]
+    box = [128, 8 + sh.s - 1, config["BM"] // 8 + sh.r - 1, 1]
+    return dims, strides, box
+
+
+def halo_tensor_map(wl: Workload, config: Mapping, x: torch.Tensor) -> ctypes.Array | None:
+    """TMA_HALO: the tensor map of `x` (on the GPU) that the kernel's window copies read,
+    128-byte swizzle, zeros out of bounds; None without TMA_HALO."""
+    if not tma_halo(config):
+        return None
+    dims, strides, box = halo_map_geometry(wl, config)
+    return tensor_map_tiled(x.data_ptr(), dims, strides, box, swizzle_bytes=128)
 
 
 def weight_images(wl: Workload, config: Mapping, device: torch.device | str
@@ -693,10 +710,14 @@ def halo_rows(sh: Shape, bm: int) -> int:
 def halo_bytes(wl: Workload, config: Mapping) -> int:
     """Shared memory of the HALO=1 input slab: a_bits planes x rows x W x channel words; with
     A_IN_HALO the pixel tile's window, (BM / 8 + R - 1) x (8 + S - 1) pixels (rounded up to
-    odd: the kernel's CHUNK_UNITS)."""
+    odd: the kernel's CHUNK_UNITS); with TMA_HALO its 128-byte channel blocks of those pixels,
+    each on 1,024 bytes, and 1,024 bytes of slack per plane (the kernel aligns the first)."""
     if not config["HALO"]:
         return 0
     sh = conv_shape(wl)
+    if tma_halo(config):
+        pixels = (config["BM"] // 8 + sh.r - 1) * (8 + sh.s - 1)
+        return planes(wl)[0] * (sh.words // 32 * -(-pixels * 128 // 1024) * 1024 + 1024)
     if a_in_halo(config):  # each 16-byte chunk's pixels, an odd count (CHUNK_UNITS)
         pixels = (config["BM"] // 8 + sh.r - 1) * (8 + sh.s - 1) | 1
     else:
@@ -838,7 +859,7 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     q = planes(wl)[0]
     operands = (config["STAGES"] * stage_bytes(wl, config) * teams(config) * slices(config)
                 + halo_bytes(wl, config))
-    operands += mbarrier_bytes(wl, config) + staging_bytes(wl, config)
+    operands += mbarrier_bytes(wl, config)
     ones = 1
     if tap_shift(config):  # every channel group resident, slab_buffers slabs of it
         plan = shift_plan(conv_shape(wl), config["BM"])
@@ -968,8 +989,10 @@ class BitserialKernel:
         split_ws, split_count = split_workspace(wl, self.config, x.device)
         vrows = row_table(wl, self.config, x.device)
         wimg = weight_images(wl, self.config, x.device)
+        xmap = halo_tensor_map(wl, self.config, x)
         args = [x, w if wimg is None else wimg, out, params.bias, params.scale, params.multiplier,
                 params.shift, wtap, xpop, thr, split_ws, split_count, vrows]
+        args += [] if xmap is None else [xmap]
         grid: tuple[int, ...] = (*self._grid, split_k(self.config))
         if self._persistent:  # one wave of resident blocks, each looping over tiles
             per_sm = self._main.max_active_blocks(self._threads, self._smem, x.device)
@@ -1096,9 +1119,13 @@ def _constraints(wl: Workload) -> list:
                     f"need STAGES >= {k_tiles(wl, c) + 2}")
         return None
 
-    def bulk_window(c: Config) -> str | None:
-        if bulk_halo(c) and (not a_in_halo(c) or slices(c) > 1):
-            return "BULK_HALO=1 is A_IN_HALO=1's, in one k slice"
+    def tensor_window(c: Config) -> str | None:
+        if not tma_halo(c):
+            return None
+        if not a_in_halo(c) or slices(c) > 1:
+            return "TMA_HALO=1 is A_IN_HALO=1's, in one k slice"
+        if sh.words % 32:
+            return "TMA_HALO=1 needs channels a multiple of 1,024 (128-byte channel blocks)"
         return None
 
     def shifted(c: Config) -> str | None:
@@ -1207,7 +1234,7 @@ def _constraints(wl: Workload) -> list:
             return "too many row tiles for grid.y"
         return None
 
-    return [tiles, mma, fused, three_warpgroup_rows, halo, halo_in_place, bulk, bulk_window,
+    return [tiles, mma, fused, three_warpgroup_rows, halo, halo_in_place, bulk, tensor_window,
             shifted, team_tiles,
             rowsums, registers, shared, copies, splits, k_slices, output, pairs, waste]
 
@@ -1272,12 +1299,12 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
 DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma",
                               REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
                               TEAMS=1, FUSE_PLANES=0, SLICES=1, THR_PAIRS=0,
-                              A_IN_HALO=0, BULK_WEIGHTS=0, BULK_HALO=0)
+                              A_IN_HALO=0, BULK_WEIGHTS=0, TMA_HALO=0)
                          for d in _MMA_SYNC_DEFAULTS],
             "wgmma": [dict(dict(PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0, ROWSUM="mma",
                                 REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
                                 TEAMS=1, FUSE_PLANES=0, SLICES=1, THR_PAIRS=0,
-                                A_IN_HALO=0, BULK_WEIGHTS=0, BULK_HALO=0), **d)
+                                A_IN_HALO=0, BULK_WEIGHTS=0, TMA_HALO=0), **d)
                       for d in _WGMMA_DEFAULTS]}
 # the tap-shift defaults' limit on output channels (the widths they were measured at); the
 # two-team ones: 256, and only for two activation planes (a team's MMA phase long enough to
@@ -1349,7 +1376,7 @@ class BitserialTemplate(KernelTemplate):
                                                    "ROW_TABLE": 0, "TEAMS": 1,
                                                    "FUSE_PLANES": 0, "SLICES": 1,
                                                    "THR_PAIRS": 0, "A_IN_HALO": 0,
-                                                   "BULK_WEIGHTS": 0, "BULK_HALO": 0}
+                                                   "BULK_WEIGHTS": 0, "TMA_HALO": 0}
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         wl = workload
@@ -1376,7 +1403,7 @@ class BitserialTemplate(KernelTemplate):
                  Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
                  Knob("A_IN_HALO", (0, 1) if arch == WGMMA_ARCH else (0,)),
                  Knob("BULK_WEIGHTS", (0, 1) if arch == WGMMA_ARCH else (0,)),
-                 Knob("BULK_HALO", (0, 1) if arch == WGMMA_ARCH else (0,)),
+                 Knob("TMA_HALO", (0, 1) if arch == WGMMA_ARCH else (0,)),
                  Knob("ROWSUM", ("mma", "table", "slab", "cols")
                       if workload.w.encoding is Encoding.BINARY else ("mma",)),
                  Knob("ROW_TABLE", (0, 1, 2) if 1 in self._tap_shift_values(workload, arch)

@@ -90,6 +90,10 @@ constexpr int ROW_TILES = (int)((V_ROWS + BM - 1) / BM);  // V_ROWS: TAP_SHIFT's
 constexpr int TILE_H = BM / 8, HALO_H = TILE_H + R - 1, HALO_W = 8 + S - 1;
 constexpr int HALO_PIX = HALO_H * HALO_W, HALO_CHUNKS = CW / 4, CHUNK_UNITS = HALO_PIX | 1;
 constexpr bool B_BY_SLAB = A_IN_HALO;  // the weight copies' thread order (load_stage)
+// TMA_HALO (bitserial_wgmma.cu): the window as 128-byte channel blocks (CW / 32 per plane) of
+// HALO_PIX pixel rows each, on 1,024-byte boundaries (the 128-byte swizzle's period)
+constexpr int HALO_BLOCKS = TMA_HALO ? CW / 32 : 0;
+constexpr int HALO_BLOCK_BYTES = (HALO_PIX * 128 + 1023) / 1024 * 1024;
 static_assert(!A_IN_HALO || (WGMMA && STRIDE == 1 && CW % 8 == 0 && VEC == 4),
               "A_IN_HALO: wgmma, stride 1, channels a multiple of 256 (bitserial.py)");
 constexpr int N_TILES = N_COL_TILES * ROW_TILES;
@@ -631,13 +635,19 @@ __device__ __forceinline__ void mma_sync_stage(Acc& acc, RowSumT& rsum, const u3
 
 // ---- fused epilogue (shared by all kernels) ----
 
-// The parameters of every bit-serial kernel (bitserial.py launches them in this order).
+// The opaque 128 bytes of a tensor map (cuTensorMapEncodeTiled; TMA_HALO's, of x), passed by
+// value: the tensor copies read it from the kernel's parameters.
+struct __align__(64) TensorMap {
+  u64 opaque[16];
+};
+// The parameters of every bit-serial kernel (bitserial.py launches them in this order; with
+// TMA_HALO the rendered BITSERIAL_XMAP_PARAM adds the tensor map of x).
 #define BITSERIAL_KERNEL_PARAMS                                                               \
   const u32* __restrict__ x, const u32* __restrict__ w, void* __restrict__ out,               \
       const int* __restrict__ bias, const float* __restrict__ scale,                          \
       const int* __restrict__ mult, const int* __restrict__ shift, const int* __restrict__ wtap, \
       const int* __restrict__ xpop, const int* __restrict__ thr, int* split_ws,              \
-      int* split_count, const int* __restrict__ vrows
+      int* split_count, const int* __restrict__ vrows BITSERIAL_XMAP_PARAM
 
 struct EpilogueArgs {
   void* out;

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import struct
 
 import torch
 
@@ -40,6 +41,7 @@ from .bitserial import (
     XPOP_THREADS,
     bulk_weights,
     epilogue_thresholds,
+    halo_map_geometry,
     int8_operands,
     k_tiles,
     kernel_name,
@@ -55,6 +57,7 @@ from .bitserial import (
     stage_bytes,
     threads,
     tile_grid,
+    tma_halo,
     weight_images,
 )
 from .host_emu import HOST_INCLUDES, HOST_THREADS, host_library
@@ -88,9 +91,23 @@ static inline int2 __ldg(const int2* p) { return *p; }
 static inline int __ldg(const int* p) { return *p; }
 static std::atomic<int> emu_or_flag;
 static std::atomic<bool> emu_wgmma_stale{false};  // reported by emu_run
-// bulk copies (BULK_WEIGHTS), queued under a lock (blocks run one at a time, their threads at
-// once) until a thread waits on their mbarrier
-struct EmuBulk { unsigned* dst; const unsigned* src; unsigned bytes; unsigned long long* bar; };
+// bulk copies (BULK_WEIGHTS) and tensor copies (TMA_HALO: their bytes, read at issue, in
+// `data`), queued under a lock (blocks run one at a time, their threads at once) until a thread
+// waits on their mbarrier
+struct EmuBulk {
+  unsigned* dst;
+  const unsigned* src;
+  unsigned bytes;
+  unsigned long long* bar;
+  std::vector<unsigned char> data;
+};
+// TMA_HALO: the emulation's tensor map (bitserial_emu.py, emu_tensor_map): the global base,
+// dims and box innermost first (bytes), strides of dims 1.. in bytes, swizzle bytes
+struct EmuTensorMap {
+  unsigned long long base;
+  long long dims[4], strides[3];
+  int box[4], swizzle;
+};
 static std::mutex emu_bulk_lock;
 static std::vector<EmuBulk> emu_bulk_pending;
 static std::map<unsigned long long*, long long> emu_bulk_expected, emu_bulk_landed;
@@ -233,6 +250,12 @@ static inline u32 emu_desc_addr(u64 desc, int row, int kb) {
   u32 a = 0;
   if (mode == 0) {  // 8 x 16-byte core matrices: k halves LBO apart, 8-row groups SBO apart
     a = start + (row >> 3) * sbo + (kb >> 4) * lbo + (row & 7) * 16 + (kb & 15);
+  } else if (mode == 1) {  // 128-byte swizzle: 128-byte rows, 8-row groups SBO apart; a row's
+    // swizzle phase: its 128-byte rows past the start's, plus the base offset (bits 49-51)
+    if (sbo % 128) emu_fail("128-byte swizzled operand with SBO off 128 bytes");
+    const u32 rows = ((row >> 3) * sbo + (row & 7) * 128) >> 7;
+    const u32 phase = (rows + (u32)((desc >> 49) & 7)) & 7, at = (start & 127) + kb;
+    a = (start & ~127u) + rows * 128 + ((((at >> 4) ^ phase) & 7) << 4) + (at & 15);
   } else if (mode == 3) {  // 32-byte swizzle: 32-byte rows, 8-row atoms SBO apart
     if (start % 256) emu_fail("32-byte swizzled operand not 256-byte aligned");
     a = start + (row >> 3) * sbo + (row & 7) * 32 + kb;
@@ -303,6 +326,34 @@ __device__ __forceinline__ void bulk_copy(u32* dst, const u32* src, u32 bytes, u
   if ((unsigned long long)src % 16) emu_fail("misaligned bulk copy source");
   emu_bulk_pending.push_back(EmuBulk{dst, src, bytes, bar});
 }
+// TMA_HALO: a tiled copy of a 128 x b1 x b2 x b3 box, its 128-byte rows swizzled by their
+// phase in the 1,024-byte period (the destination starts one), zeros out of bounds
+__device__ __forceinline__ void tensor_copy_4d(u32* dst, const TensorMap* map, int c0, int c1,
+                                               int c2, int c3, u64* bar) {
+  EmuTensorMap m;
+  memcpy(&m, map, sizeof m);
+  const u32 d = smem_addr(dst);
+  if (m.swizzle != 128 || m.box[0] != 128) emu_fail("tensor copies emulated: 128-byte swizzle");
+  if (d % 1024) emu_fail("128-byte-swizzled tensor copy destination off 1,024 bytes");
+  const int c[4] = {c0, c1, c2, c3};
+  const long long n = (long long)m.box[0] * m.box[1] * m.box[2] * m.box[3];
+  if (d + n > emu->smem_size) emu_fail("tensor copy destination");
+  EmuBulk op{dst, nullptr, (unsigned)n, bar, std::vector<unsigned char>(n)};
+  long long at = 0;
+  for (int i3 = 0; i3 < m.box[3]; ++i3)
+    for (int i2 = 0; i2 < m.box[2]; ++i2)
+      for (int i1 = 0; i1 < m.box[1]; ++i1)
+        for (int i0 = 0; i0 < m.box[0]; ++i0, ++at) {
+          const long long g[4] = {c[0] + i0, c[1] + i1, c[2] + i2, (long long)c[3] + i3};
+          bool inside = true;
+          for (int k = 0; k < 4; ++k) inside = inside && g[k] >= 0 && g[k] < m.dims[k];
+          const unsigned char* src = (const unsigned char*)m.base + g[0] + g[1] * m.strides[0]
+                                     + g[2] * m.strides[1] + g[3] * m.strides[2];
+          op.data[at ^ (((at >> 7) & 7) << 4)] = inside ? *src : 0;
+        }
+  std::lock_guard<std::mutex> g(emu_bulk_lock);
+  emu_bulk_pending.push_back(std::move(op));
+}
 __device__ __forceinline__ void mbar_wait(u64* bar, int phase) {
   if (phase != 0) emu_fail("mbarrier phases past the first not emulated");
   for (int spin = 0;; ++spin) {
@@ -312,7 +363,7 @@ __device__ __forceinline__ void mbar_wait(u64* bar, int phase) {
       for (size_t i = 0; i < emu_bulk_pending.size();) {
         const EmuBulk& c = emu_bulk_pending[i];
         if (c.bar != bar) { ++i; continue; }
-        memcpy(c.dst, c.src, c.bytes);
+        memcpy(c.dst, c.data.empty() ? (const void*)c.src : c.data.data(), c.bytes);
         emu_bulk_landed[bar] += c.bytes;
         emu_bulk_pending.erase(emu_bulk_pending.begin() + i);
       }
@@ -360,7 +411,7 @@ HOST_MAIN = r"""
 extern "C" int emu_run(int which, const u32* x, const u32* w, void* out, const int* bias,
                        const float* scale, const int* mult, const int* shift, int* wtap,
                        int* xpop, const int* thr, int* split_ws, int* split_count,
-                       const int* vrows,
+                       const int* vrows, const void* xmap,
                        int grid_x, int grid_y, int grid_z, int nthreads, long long smem_bytes) {
   if (smem_bytes > EMU_SMEM_BYTES || nthreads > 512 || nthreads % 32) return -1;
   emu_block_end = emu_named_idle;
@@ -372,7 +423,7 @@ extern "C" int emu_run(int which, const u32* x, const u32* w, void* out, const i
     else if (which == 2) bitserial_xpop(x, xpop);
     else if (which == 3) EMU_WIMAGE(w, (u32*)out);
     else EMU_MAIN(x, w, out, bias, scale, mult, shift, wtap, xpop, thr, split_ws, split_count,
-                  vrows);
+                  vrows EMU_XMAP_ARG);
     if (!emu_copy_groups.empty() || !emu_copy_open.empty()) emu_fail("copies left pending");
     if (threadIdx.x == 0 && !emu_bulk_pending.empty()) emu_fail("bulk copies left pending");
   });
@@ -400,7 +451,8 @@ def host_source(wl: Workload, config: Config) -> str:
         raise RuntimeError("inline PTX left outside the device-primitive regions")
     head = (f"#define EMU_SMEM_BYTES {SMEM_LIMIT}\n#define EMU_MAIN {kernel_name(config)}\n"
             f"#define EMU_WIMAGE {WIMAGE[bulk_weights(config)]}\n"
-            f"#define EMU_A_S8 {int(s8_atype(wl) == 's8')}\n")
+            f"#define EMU_A_S8 {int(s8_atype(wl) == 's8')}\n"
+            f"#define EMU_XMAP_ARG {', *(const TensorMap*)xmap' if tma_halo(config) else ''}\n")
     return HOST_INCLUDES + head + HOST_THREADS + HOST_INTRINSICS + text + HOST_MAIN
 
 
@@ -434,8 +486,9 @@ def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
     ptr = ctypes.c_void_p
     vecs = [params.bias, params.scale, params.multiplier, params.shift]
     thr = epilogue_thresholds(wl, config, params)  # held here: args keep only raw pointers
+    xmap = emu_tensor_map(wl, config, x)  # held here too
     args = [ptr(t.data_ptr()) if t is not None else ptr(0)
-            for t in (x, w, out, *vecs, wtap, xpop, thr, split_ws, split_count, vrows)]
+            for t in (x, w, out, *vecs, wtap, xpop, thr, split_ws, split_count, vrows, xmap)]
     grid = (*tile_grid(wl, config), split_k(config))
     if config["PERSIST"]:
         grid = persistent_grid(wl, config, persistent_blocks)
@@ -456,6 +509,16 @@ def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
         out.view(torch.uint8).fill_(poison)
         _run(lib, 1, args, grid, threads(config), smem_bytes(wl, config))
     return out
+
+
+def emu_tensor_map(wl: Workload, config: Config, x: torch.Tensor) -> torch.Tensor | None:
+    """TMA_HALO: the emulation's stand-in for the tensor map of `x` (EmuTensorMap in 128
+    bytes: the geometry of `halo_map_geometry`, 128-byte swizzle); None without TMA_HALO."""
+    if not tma_halo(config):
+        return None
+    dims, strides, box = halo_map_geometry(wl, config)
+    raw = struct.pack("<Q4q3q5i", x.data_ptr(), *dims, *strides, *box, 128)
+    return torch.frombuffer(bytearray(raw.ljust(128, b"\0")), dtype=torch.uint8)
 
 
 class StaleOperands(RuntimeError):

@@ -13,62 +13,25 @@ constexpr int STAGE_BYTES = STAGE_WORDS * 4;
 static_assert(!BULK_WEIGHTS || (RESIDENT_STAGES && SLICES == 1 && !ROWSUM_COLS),
               "BULK_WEIGHTS: A_IN_HALO, every k tile resident, one k slice (bitserial.py)");
 
-// BULK_HALO (A_IN_HALO, one k slice): the block's input window arrives as bulk copies, one
-// per (plane, window row) of the pixels inside the image, pixel-major into a staging area, on
-// one mbarrier; the threads then re-lay it chunk-major (the layout wgmma reads in place, zeros
-// outside the image). On an H100 a copy-only kernel of the APNN-TC conv's grid landed its
-// operands in 2.70 us so against 3.41 by 16-byte cp.async (benchmarks/apconv_floor.py).
-static_assert(!BULK_HALO || (A_IN_HALO && SLICES == 1), "BULK_HALO: A_IN_HALO, one k slice");
-constexpr int MBARS = (BULK_WEIGHTS ? KTILES : 0) + (BULK_HALO ? 1 : 0);
-constexpr int STAGING_WORDS = BULK_HALO ? Q_BITS * HALO_PIX * CW : 0;  // [plane][pixel][CW]
-// The window of pixel tile `tile` (rows and columns inside the image): its bytes, and with
-// `issue` its bulk copies into `staging` on `bar`.
-__device__ __forceinline__ u32 halo_bulk_load(const u32* __restrict__ x, u32* staging, int tile,
-                                              u64* bar, bool issue) {
+// TMA_HALO (A_IN_HALO, one k slice, channels a multiple of 1,024): the block's input window
+// arrives by the tensor copy engine, one copy per (plane, 128-byte channel block) of the
+// tile's HALO_H x HALO_W pixels (zeros outside the image), pixel by pixel into 128-byte rows
+// that the copy swizzles; the MMAs read the tap tiles in place through 128-byte-swizzle
+// descriptors (halo_desc_sw128). No thread issues a copy of it or re-lays it: on an H100 a
+// copy-only kernel of the APNN-TC conv's grid landed its operands in 2.16 us so, 2.70 by bulk
+// copies of the window's rows and 3.41 by 16-byte cp.async (benchmarks/apconv_floor.py), and
+// re-laying bulk-copied rows chunk by pixel cost the in-place kernel ~1 us (NOTES.md).
+static_assert(!TMA_HALO || (A_IN_HALO && SLICES == 1 && CW % 32 == 0),
+              "TMA_HALO: A_IN_HALO, one k slice, channels a multiple of 1,024 (bitserial.py)");
+constexpr int MBARS = (BULK_WEIGHTS ? KTILES : 0) + (TMA_HALO ? 1 : 0);
+__device__ __forceinline__ void halo_tensor_load(const TensorMap* xmap, u32* halo, int tile,
+                                                 u64* bar) {
   const int tx = tile % TILES_X, ty = tile / TILES_X % TILES_Y, n = tile / (TILES_X * TILES_Y);
-  const int iy0 = ty * TILE_H - PAD, ix0 = tx * 8 - PAD;
-  const int xs = ix0 > 0 ? ix0 : 0, xe = ix0 + HALO_W < W ? ix0 + HALO_W : W;
-  if (xe <= xs) return 0;
-  const u32 row_bytes = (u32)(xe - xs) * CW * 4;
-  u32 bytes = 0;
+  mbar_expect_tx(bar, Q_BITS * HALO_BLOCKS * HALO_PIX * 128);  // zero-filled bytes count too
   for (int i = 0; i < Q_BITS; ++i)
-    for (int hy = 0; hy < HALO_H; ++hy) {
-      const int iy = iy0 + hy;
-      if ((unsigned)iy >= (unsigned)H) continue;
-      if (issue)
-        bulk_copy(staging + ((i * HALO_H + hy) * HALO_W + xs - ix0) * CW,
-                  x + i * X_PLANE + ((i64)(n * H + iy) * W + xs) * CW, row_bytes, bar);
-      bytes += row_bytes;
-    }
-  return bytes;
-}
-// ... then every thread re-lays its share of the window: staging [plane][pixel][chunk] ->
-// halo [plane][chunk][pixel] (16-byte chunks, the chunk stride CHUNK_UNITS), zeros for the
-// pixels outside the image; RELAYOUT_BATCH loads first, then their stores (load_shared_vec).
-constexpr int HALO_UNITS = Q_BITS * HALO_PIX * HALO_CHUNKS, RELAYOUT_BATCH = 8;
-__device__ __forceinline__ void halo_relayout(const u32* staging, u32* halo, int tile, int tid) {
-  const int tx = tile % TILES_X, ty = tile / TILES_X % TILES_Y;
-  const int iy0 = ty * TILE_H - PAD, ix0 = tx * 8 - PAD;
-  for (int base = tid; base < HALO_UNITS; base += RELAYOUT_BATCH * THREADS) {
-    SharedVec v[RELAYOUT_BATCH];
-#pragma unroll
-    for (int u = 0; u < RELAYOUT_BATCH; ++u) {
-      const int idx = base + u * THREADS;  // a pixel's chunks: consecutive threads, one line
-      const int chunk = idx % HALO_CHUNKS, pix = idx / HALO_CHUNKS % HALO_PIX;
-      const int iy = iy0 + pix / HALO_W, ix = ix0 + pix % HALO_W;
-      const bool inside = (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
-      v[u] = load_shared_vec(staging + (idx / HALO_CHUNKS) * CW + chunk * 4,
-                             inside && idx < HALO_UNITS);
-    }
-#pragma unroll
-    for (int u = 0; u < RELAYOUT_BATCH; ++u) {
-      const int idx = base + u * THREADS;
-      const int chunk = idx % HALO_CHUNKS, pix = idx / HALO_CHUNKS % HALO_PIX;
-      const int i = idx / (HALO_CHUNKS * HALO_PIX);
-      if (idx < HALO_UNITS)
-        store_shared_vec(halo + ((i * HALO_CHUNKS + chunk) * CHUNK_UNITS + pix) * 4, v[u]);
-    }
-  }
+    for (int b = 0; b < HALO_BLOCKS; ++b)
+      tensor_copy_4d(halo + (i * HALO_BLOCKS + b) * (HALO_BLOCK_BYTES / 4), xmap, b * 128,
+                     tx * 8 - PAD, ty * TILE_H - PAD, i * NB + n, bar);
 }
 
 // The weights' stage images for BULK_WEIGHTS, wimg[column tile][k tile][STAGE_WORDS] (the image
@@ -127,23 +90,20 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     if (k0 + s < k1) {
       if constexpr (!BULK_WEIGHTS)
         load_stage(x, w, stages + s * STAGE_WORDS, ar, n0, k0 + s, tid, halo, halo_row0);
-      if constexpr (A_IN_HALO && !BULK_HALO) halo_stage_load(x, halo, k0 + s, k0, tid);
+      if constexpr (A_IN_HALO && !TMA_HALO) halo_stage_load(x, halo, k0 + s, k0, tid);
     }
     copy_commit();
   }
-  // BULK_WEIGHTS / BULK_HALO: thread 0 sets up a barrier per k tile (and one for the halo) and
-  // issues the bulk copies (the halo's first, after its weight cp.async without BULK_WEIGHTS);
-  // the other threads first touch a barrier after a block barrier, by then initialized
+  // BULK_WEIGHTS / TMA_HALO: thread 0 sets up a barrier per k tile (and one for the halo) and
+  // issues the copies (the halo's first, after its weight cp.async without BULK_WEIGHTS); the
+  // other threads first touch a barrier after the loop's first block barrier, by then
+  // initialized
   u64* bars = reinterpret_cast<u64*>(halo + Q_BITS * HALO_WORDS);
   u64* halo_bar = bars + (MBARS ? MBARS - 1 : 0);
-  u32* staging = reinterpret_cast<u32*>(bars + (MBARS + 1) / 2 * 2);  // 16-byte aligned
   if (MBARS && tid == 0) {
     for (int b = 0; b < MBARS; ++b) mbar_init(bars + b, 1);
     fence_mbar_init();
-    if constexpr (BULK_HALO) {
-      mbar_expect_tx(halo_bar, halo_bulk_load(x, staging, blockIdx.y, halo_bar, false));
-      halo_bulk_load(x, staging, blockIdx.y, halo_bar, true);
-    }
+    if constexpr (TMA_HALO) halo_tensor_load(BITSERIAL_XMAP, halo_tiles(halo), blockIdx.y, halo_bar);
     for (int kt = 0; BULK_WEIGHTS && kt < KTILES; ++kt) {
       mbar_expect_tx(bars + kt, STAGE_BYTES);
       bulk_copy(stages + kt * STAGE_WORDS, w + stage_image(blockIdx.x, kt), STAGE_BYTES,
@@ -158,27 +118,23 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     rows = epilogue_rows(m0, n0, wg_m * 64 + (warp & 3) * 16, wg_n * WN, lane, ea);
     if (slice == 0) prefetch_row_data(rows, n0 + wg_n * WN + 2 * (lane & 3), ea);
   }
-  if constexpr (BULK_HALO) {  // the window, re-laid for the MMAs before the first of them
-    tile_sync();
-    mbar_wait(halo_bar, 0);
-    halo_relayout(staging, halo, blockIdx.y, tid);
-  }
   for (int kt = k0; kt < k1; ++kt) {
     copy_wait<STAGES - 3>();
     fence_proxy_async();
     tile_sync();  // stage kt landed everywhere; every warpgroup's wgmma of kt-2 has retired
+    if constexpr (TMA_HALO) if (kt == k0) mbar_wait(halo_bar, 0);  // the window, once
     if constexpr (BULK_WEIGHTS) mbar_wait(bars + kt, 0);  // its weights (each barrier used once)
     {
       const int next = kt + STAGES - 2;
       if (next < k1) {
         if constexpr (!BULK_WEIGHTS)
           load_stage(x, w, stages + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
-        if constexpr (A_IN_HALO && !BULK_HALO) halo_stage_load(x, halo, next, k0, tid);
+        if constexpr (A_IN_HALO && !TMA_HALO) halo_stage_load(x, halo, next, k0, tid);
       }
       copy_commit();
     }
     wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, kt > k0,
-                halo, kt);
+                TMA_HALO ? halo_tiles(halo) : halo, kt);
     if constexpr (!RESIDENT_STAGES) wgmma_wait<1>();  // stage kt - 1 is refilled next
   }
   wgmma_wait<0>();

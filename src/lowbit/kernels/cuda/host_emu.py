@@ -42,6 +42,7 @@ HOST_THREADS = r"""
 #define __restrict__
 #define __shared__
 #define __align__(n)
+#define __grid_constant__
 struct EmuDim { unsigned x, y, z; };
 thread_local EmuDim threadIdx, blockIdx;
 EmuDim blockDim, gridDim;

@@ -285,6 +285,32 @@ def pack_args(args: Sequence[Any]) -> tuple[ctypes.Array, list]:
     return array, values
 
 
+def tensor_map_tiled(address: int, dims: Sequence[int], strides: Sequence[int],
+                     box: Sequence[int], swizzle_bytes: int = 0) -> ctypes.Array:
+    """A tiled tensor map (cuTensorMapEncodeTiled) of the uint8 tensor at device `address`:
+    `dims` and `box` innermost first (elements = bytes), `strides` of dims 1.. in bytes,
+    swizzle 0 / 32 / 64 / 128 bytes, zeros out of bounds; returned as the 128 bytes a kernel
+    takes by value (a `__grid_constant__` parameter). Needs the CUDA driver."""
+    driver = _driver()
+    swizzles = {0: "NONE", 32: "32B", 64: "64B", 128: "128B"}
+    if swizzle_bytes not in swizzles:
+        raise ValueError(f"swizzle_bytes must be one of {sorted(swizzles)}, got {swizzle_bytes}")
+    if not len(dims) == len(box) == len(strides) + 1:
+        raise ValueError(f"dims {dims}, box {box} and strides {strides} do not match: "
+                         "one stride per dim past the first")
+    swizzle = getattr(driver.CUtensorMapSwizzle,
+                      f"CU_TENSOR_MAP_SWIZZLE_{swizzles[swizzle_bytes]}")
+    result, tmap = driver.cuTensorMapEncodeTiled(
+        driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, len(dims), address,
+        [driver.cuuint64_t(d) for d in dims], [driver.cuuint64_t(s) for s in strides],
+        [driver.cuuint32_t(b) for b in box], [driver.cuuint32_t(1)] * len(dims),
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    _check_cu(result, f"cuTensorMapEncodeTiled(dims={list(dims)}, box={list(box)})")
+    return (ctypes.c_ubyte * 128).from_buffer_copy(ctypes.string_at(tmap.getPtr(), 128))
+
+
 class CudaKernel:
     """One ``extern "C" __global__`` function of an NVRTC cubin, loaded lazily per device."""
 
