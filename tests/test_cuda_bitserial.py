@@ -262,19 +262,23 @@ def test_a_in_halo_space():
     assert BITSERIAL.build(wl, bulk, arch="sm_90a")._main.cubin[:4] == b"\x7fELF"
     assert "STAGES >= 11" in space.why_invalid(bulk.replace(STAGES=6))
     assert "A_IN_HALO" in space.why_invalid(bulk.replace(A_IN_HALO=0, HALO=1))
-    window = bulk.replace(TMA_HALO=1)  # the window by tensor copies: 128-byte blocks
+    window = bulk.replace(TMA_HALO=128)  # the window by tensor copies: 128-byte blocks
     assert space.is_valid(window), space.why_invalid(window)
-    assert bitserial.halo_bytes(wl, window) == 2 * (13 * 1024 + 1024)  # 100 rows of 128 B
+    assert bitserial.halo_bytes(wl, window) == 2 * (104 * 128 + 1024)  # 100 rows, to 8
     assert (bitserial.smem_bytes(wl, window) == bitserial.smem_bytes(wl, bulk)
             - bitserial.halo_bytes(wl, bulk) + bitserial.halo_bytes(wl, window) + 8)
-    assert BITSERIAL.build(wl, window, arch="sm_90a")._main.cubin[:4] == b"\x7fELF"
-    assert "one k slice" in space.why_invalid(cfg.replace(TMA_HALO=1, SLICES=2))
+    narrow = window.replace(TMA_HALO=32)  # four 32-byte blocks per plane, a barrier each
+    assert bitserial.smem_bytes(wl, narrow) == bitserial.smem_bytes(wl, window) + 3 * 8
+    for c in (window, narrow):
+        assert BITSERIAL.build(wl, c, arch="sm_90a")._main.cubin[:4] == b"\x7fELF"
+    assert "one k slice" in space.why_invalid(cfg.replace(TMA_HALO=32, SLICES=2))
     assert "A_IN_HALO=1's" in space.why_invalid(window.replace(A_IN_HALO=0, BULK_WEIGHTS=0))
     c512 = conv(b1, u2, EPILOGUES[1], N=1, H=16, W=16, C=512, K=64)
-    assert "multiple of 1,024" in BITSERIAL.space(c512, "sm_90a").why_invalid(
-        cfg.replace(KT=2, TMA_HALO=1))
-    dims, strides, box = bitserial.halo_map_geometry(wl, window)
-    assert (dims, strides, box) == ([128, 16, 16, 2], [128, 2048, 32768], [128, 10, 10, 1])
+    assert "multiple of 1024" in BITSERIAL.space(c512, "sm_90a").why_invalid(
+        cfg.replace(KT=2, TMA_HALO=128))
+    assert BITSERIAL.space(c512, "sm_90a").is_valid(cfg.replace(KT=2, TMA_HALO=64))
+    dims, strides, box = bitserial.halo_map_geometry(wl, narrow)
+    assert (dims, strides, box) == ([128, 16, 16, 2], [128, 2048, 32768], [32, 10, 10, 1])
     assert BITSERIAL.space(wl, "sm_80").knob("TMA_HALO").values == (0,)
 
 
@@ -983,12 +987,12 @@ def test_bit_exact_k_slices(wb, ab):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bit_exact_tma_halo(wb, ab):
-    """TMA_HALO=1 (the window by tensor copies into 128-byte-swizzled pixel rows, read in place
-    through 128-byte-swizzle descriptors with the tap tile's phase as base offset): every
-    encoding pair of the bit pair on convs over two images whose tiles overrun the image, of
-    1,024 channels (one 128-byte block; 3 x 3 and 5 x 5 windows) and 2,048 (two); 8 x 8 tiles
-    with every k tile resident (the weights by bulk copies, or cp.async) and 16 x 8 tiles of
-    two warpgroups with 4 stages, where they fit."""
+    """TMA_HALO (the window by tensor copies into swizzled pixel rows, read in place through
+    swizzled descriptors with base offset 0, a barrier per channel block): every encoding pair
+    of the bit pair on convs over two images whose tiles overrun the image, of 1,024 channels
+    (3 x 3 and 5 x 5 windows) and 2,048; 8 x 8 tiles with every k tile resident (the weights by
+    bulk copies, or cp.async) and 16 x 8 tiles of two warpgroups with 4 stages, where they
+    fit; 128-, 64- and 32-byte blocks in turn."""
     if bitserial.device_arch() != bitserial.WGMMA_ARCH:
         pytest.skip("wgmma needs sm_90a")
     ran = 0
@@ -1004,8 +1008,9 @@ def test_bit_exact_tma_halo(wb, ab):
         for changes in (dict(BM=64, BN=32, WN=32, KT=kt, STAGES=12, BULK_WEIGHTS=1),
                         dict(BM=64, BN=32, WN=32, KT=kt, STAGES=12),
                         dict(BM=128, BN=32, WN=32, KT=kt, STAGES=4)):
-            cfg = BITSERIAL.plain_config(wl, "wgmma").replace(HALO=1, A_IN_HALO=1, TMA_HALO=1,
-                                                               **changes)
+            width = (128, 64, 32)[(combo + ran) % 3]
+            cfg = BITSERIAL.plain_config(wl, "wgmma").replace(HALO=1, A_IN_HALO=1,
+                                                               TMA_HALO=width, **changes)
             why = space.why_invalid(cfg)
             if why and ("STAGES" in why or "shared memory" in why):
                 continue  # too many k tiles to keep resident, or too many planes' windows

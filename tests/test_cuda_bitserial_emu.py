@@ -265,20 +265,21 @@ CASES = [
                                       R=5, S=5, pad=2),
      "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 3, "HALO": 1,
                "A_IN_HALO": 1, "SWIZZLE": 32}),
-    # ... the window by tensor copies into 128-byte-swizzled pixel rows, read in place through
-    # 128-byte-swizzle descriptors (TMA_HALO): margins over two images with bulk weights (two
-    # 128-byte channel blocks); two warpgroups' 16 x 8 tiles with refilled stages and
-    # thresholds; a 5 x 5 window whose rows start left of the image
+    # ... the window by tensor copies into swizzled pixel rows, read in place through
+    # swizzled descriptors, a barrier per channel block (TMA_HALO = the swizzle width): margins
+    # over two images with bulk weights (two 128-byte blocks); two warpgroups' 16 x 8 tiles
+    # with refilled stages and thresholds (32-byte blocks, four per plane); a 5 x 5 window
+    # whose rows start left of the image (64-byte blocks)
     ("wgmma_a_in_halo_tma_halo_b1u2", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=11, C=2048, K=40),
      "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 8, "STAGES": 12, "HALO": 1,
-               "A_IN_HALO": 1, "BULK_WEIGHTS": 1, "TMA_HALO": 1}),
+               "A_IN_HALO": 1, "BULK_WEIGHTS": 1, "TMA_HALO": 128}),
     ("wgmma_a_in_halo_tma_halo_u1b1", conv(U1, B1, EPILOGUES[5], N=1, H=10, W=7, C=1024, K=70),
      "wgmma", {"BM": 128, "BN": 64, "WN": 64, "KT": 4, "STAGES": 4, "HALO": 1,
-               "A_IN_HALO": 1, "TMA_HALO": 1, "REQUANT": "threshold"}),
+               "A_IN_HALO": 1, "TMA_HALO": 32, "REQUANT": "threshold"}),
     ("wgmma_a_in_halo_tma_halo_5x5_s2s3", conv(S2, S3, EPILOGUES[4], N=1, H=6, W=9, C=1024,
                                                K=37, R=5, S=5, pad=2),
      "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 4, "STAGES": 3, "HALO": 1,
-               "A_IN_HALO": 1, "TMA_HALO": 1}),
+               "A_IN_HALO": 1, "TMA_HALO": 64}),
 ]
 
 
@@ -370,22 +371,26 @@ def test_emulation_catches_mmas_before_their_bulk_weights(monkeypatch):
     assert not _check(wl, cfg, seed=6)
 
 
-WINDOW_WAIT = ("    if constexpr (TMA_HALO) if (kt == k0) mbar_wait(halo_bar, 0);  "
-               "// the window, once\n")
+WINDOW_WAIT = ("    if constexpr (TMA_HALO)  // the window's channel blocks this k tile reads\n"
+               "      for (; halo_waited <= halo_last_block(kt); ++halo_waited)\n"
+               "        mbar_wait(halo_bars + halo_waited, 0);\n")
 TMA_MMAS = "                TMA_HALO ? halo_tiles(halo) : halo, kt);\n"
 
 
 @pytest.mark.parametrize("edits", [
     [("bitserial_wgmma.cu", WINDOW_WAIT, ""),
      ("bitserial_wgmma.cu", TMA_MMAS, TMA_MMAS + WINDOW_WAIT)],
-    [("bitserial_wgmma_common.cu", "((u64)((a >> 7) & 7) << 49)", "0ull")]],
-    ids=["mmas_before_the_window_lands", "no_base_offset"])
+    [("bitserial_wgmma_common.cu", "(HALO_SWIZZLE_MODE << 62)",
+      "((u64)((a >> 7) & 7) << 49) | (HALO_SWIZZLE_MODE << 62)")]],
+    ids=["mmas_before_the_window_lands", "base_offset_of_the_tile_start"])
 def test_emulation_catches_a_broken_tma_halo(edits, monkeypatch):
     """TMA_HALO issuing the first MMAs before waiting for the window's tensor copies, or
-    reading the tap tiles without the base offset of their swizzle phase, is caught."""
+    giving the tap tiles their first row's swizzle phase as base offset (the pattern starts on
+    1,024-byte boundaries: that shifts every row's phase; exact in the emulation's first model,
+    wrong on an H100), is caught."""
     wl = conv(B1, U2, EPILOGUES[1], N=1, H=7, W=6, C=1024, K=32)
     cfg = _config(wl, "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 4, "STAGES": 12,
-                                "HALO": 1, "A_IN_HALO": 1, "BULK_WEIGHTS": 1, "TMA_HALO": 1})
+                                "HALO": 1, "A_IN_HALO": 1, "BULK_WEIGHTS": 1, "TMA_HALO": 128})
     assert _check(wl, cfg, seed=7)
     for name, old, new in edits:  # each edit wraps the previous ones
         edit_kernel_file(monkeypatch, name, old, new)

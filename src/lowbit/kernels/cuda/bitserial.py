@@ -25,10 +25,10 @@ the wgmma descriptors address every tap's A tile in place: no im2col copies or g
 the stages carry the weights only), BULK_WEIGHTS (A_IN_HALO with every k tile resident, one k
 slice: 1 brings each k tile's weights as one bulk copy on an mbarrier from a stage image made at
 bind, `bitserial_wimage`, instead of 16-byte cp.async by every thread), TMA_HALO (A_IN_HALO,
-one k slice, channels a multiple of 1,024: 1 brings the input window by the tensor copy engine,
-one copy per plane and 128-byte channel block into 128-byte-swizzled pixel rows that the MMAs
-read in place, instead of 16-byte cp.async by channel group; the launcher passes a tensor map of
-x), ROWSUM (binary weights
+one k slice; 32, 64 or 128: the input window by the tensor copy engine, one copy per plane and
+channel block of that many bytes per pixel, into pixel rows with that swizzle that the MMAs
+read in place, a barrier per block, instead of 16-byte cp.async by channel group; the launcher
+passes a tensor map of x), ROWSUM (binary weights
 only: "mma" computes the activation rows' popcounts with one more MMA per plane and k step
 against a tile of ones; "table" reads them from a per-pixel popcount table of x made by a small
 kernel first, summed over the valid taps in the epilogue; "slab", persistent TAP_SHIFT=1 kernels
@@ -575,38 +575,43 @@ def bulk_weights(config: Mapping) -> bool:
     return bool(config.get("BULK_WEIGHTS", 0))
 
 
-def tma_halo(config: Mapping) -> bool:
-    """The input window arrives by tensor copies, read in place 128-byte-swizzled (knob
-    TMA_HALO)."""
-    return bool(config.get("TMA_HALO", 0))
+def tma_halo(config: Mapping) -> int:
+    """The swizzle width in bytes (32, 64, 128) of the channel blocks in which the input window
+    arrives by tensor copies and is read in place; 0: cp.async (knob TMA_HALO)."""
+    return int(config.get("TMA_HALO", 0))
+
+
+def halo_blocks(wl: Workload, config: Mapping) -> int:
+    """TMA_HALO: channel blocks per plane of the window (0 without)."""
+    return conv_shape(wl).words * 4 // tma_halo(config) if tma_halo(config) else 0
 
 
 def mbarrier_bytes(wl: Workload, config: Mapping) -> int:
     """Shared memory of the one-tile wgmma kernel's mbarriers, after the halo: one per k tile
-    with BULK_WEIGHTS, one for the halo with TMA_HALO (8 bytes each)."""
-    return 8 * ((k_tiles(wl, config) if bulk_weights(config) else 0) + int(tma_halo(config)))
+    with BULK_WEIGHTS, one per channel block of the window with TMA_HALO (8 bytes each)."""
+    return 8 * ((k_tiles(wl, config) if bulk_weights(config) else 0) + halo_blocks(wl, config))
 
 
 def halo_map_geometry(wl: Workload, config: Mapping) -> tuple[list[int], list[int], list[int]]:
     """TMA_HALO's tensor map of x ([plane][image][row][column][channel words]): its dims and
     box (innermost first: bytes of a pixel's channels, columns, rows, plane x image) and its
-    strides in bytes (dims 1..3). A box is one 128-byte channel block of the pixel tile's
-    HALO_H x HALO_W window."""
+    strides in bytes (dims 1..3). A box is one channel block (TMA_HALO bytes per pixel) of the
+    pixel tile's HALO_H x HALO_W window."""
     sh = conv_shape(wl)
     pix = sh.words * 4
     dims = [pix, sh.w, sh.h, sh.nb * planes(wl)[0]]
     strides = [pix, pix * sh.w, pix * sh.w * sh.h]
-    box = [128, 8 + sh.s - 1, config["BM"] // 8 + sh.r - 1, 1]
+    box = [tma_halo(config), 8 + sh.s - 1, config["BM"] // 8 + sh.r - 1, 1]
     return dims, strides, box
 
 
 def halo_tensor_map(wl: Workload, config: Mapping, x: torch.Tensor) -> ctypes.Array | None:
     """TMA_HALO: the tensor map of `x` (on the GPU) that the kernel's window copies read,
-    128-byte swizzle, zeros out of bounds; None without TMA_HALO."""
+    swizzled TMA_HALO bytes, zeros out of bounds; None without TMA_HALO."""
     if not tma_halo(config):
         return None
     dims, strides, box = halo_map_geometry(wl, config)
-    return tensor_map_tiled(x.data_ptr(), dims, strides, box, swizzle_bytes=128)
+    return tensor_map_tiled(x.data_ptr(), dims, strides, box, swizzle_bytes=tma_halo(config))
 
 
 def weight_images(wl: Workload, config: Mapping, device: torch.device | str
@@ -710,14 +715,15 @@ def halo_rows(sh: Shape, bm: int) -> int:
 def halo_bytes(wl: Workload, config: Mapping) -> int:
     """Shared memory of the HALO=1 input slab: a_bits planes x rows x W x channel words; with
     A_IN_HALO the pixel tile's window, (BM / 8 + R - 1) x (8 + S - 1) pixels (rounded up to
-    odd: the kernel's CHUNK_UNITS); with TMA_HALO its 128-byte channel blocks of those pixels,
-    each on 1,024 bytes, and 1,024 bytes of slack per plane (the kernel aligns the first)."""
+    odd: the kernel's CHUNK_UNITS); with TMA_HALO its channel blocks of those pixels (rounded
+    up to 8, the swizzle's period) and 1,024 bytes of slack per plane (the kernel aligns the
+    first block to 1,024 bytes)."""
     if not config["HALO"]:
         return 0
     sh = conv_shape(wl)
     if tma_halo(config):
-        pixels = (config["BM"] // 8 + sh.r - 1) * (8 + sh.s - 1)
-        return planes(wl)[0] * (sh.words // 32 * -(-pixels * 128 // 1024) * 1024 + 1024)
+        rows = -(-(config["BM"] // 8 + sh.r - 1) * (8 + sh.s - 1) // 8) * 8
+        return planes(wl)[0] * (halo_blocks(wl, config) * rows * tma_halo(config) + 1024)
     if a_in_halo(config):  # each 16-byte chunk's pixels, an odd count (CHUNK_UNITS)
         pixels = (config["BM"] // 8 + sh.r - 1) * (8 + sh.s - 1) | 1
     else:
@@ -1123,9 +1129,10 @@ def _constraints(wl: Workload) -> list:
         if not tma_halo(c):
             return None
         if not a_in_halo(c) or slices(c) > 1:
-            return "TMA_HALO=1 is A_IN_HALO=1's, in one k slice"
-        if sh.words % 32:
-            return "TMA_HALO=1 needs channels a multiple of 1,024 (128-byte channel blocks)"
+            return "TMA_HALO is A_IN_HALO=1's, in one k slice"
+        if sh.words * 4 % tma_halo(c):
+            return (f"TMA_HALO={tma_halo(c)} needs channels a multiple of "
+                    f"{8 * tma_halo(c)} (whole channel blocks)")
         return None
 
     def shifted(c: Config) -> str | None:
@@ -1403,7 +1410,7 @@ class BitserialTemplate(KernelTemplate):
                  Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
                  Knob("A_IN_HALO", (0, 1) if arch == WGMMA_ARCH else (0,)),
                  Knob("BULK_WEIGHTS", (0, 1) if arch == WGMMA_ARCH else (0,)),
-                 Knob("TMA_HALO", (0, 1) if arch == WGMMA_ARCH else (0,)),
+                 Knob("TMA_HALO", (0, 32, 64, 128) if arch == WGMMA_ARCH else (0,)),
                  Knob("ROWSUM", ("mma", "table", "slab", "cols")
                       if workload.w.encoding is Encoding.BINARY else ("mma",)),
                  Knob("ROW_TABLE", (0, 1, 2) if 1 in self._tap_shift_values(workload, arch)

@@ -90,10 +90,11 @@ constexpr int ROW_TILES = (int)((V_ROWS + BM - 1) / BM);  // V_ROWS: TAP_SHIFT's
 constexpr int TILE_H = BM / 8, HALO_H = TILE_H + R - 1, HALO_W = 8 + S - 1;
 constexpr int HALO_PIX = HALO_H * HALO_W, HALO_CHUNKS = CW / 4, CHUNK_UNITS = HALO_PIX | 1;
 constexpr bool B_BY_SLAB = A_IN_HALO;  // the weight copies' thread order (load_stage)
-// TMA_HALO (bitserial_wgmma.cu): the window as 128-byte channel blocks (CW / 32 per plane) of
-// HALO_PIX pixel rows each, on 1,024-byte boundaries (the 128-byte swizzle's period)
-constexpr int HALO_BLOCKS = TMA_HALO ? CW / 32 : 0;
-constexpr int HALO_BLOCK_BYTES = (HALO_PIX * 128 + 1023) / 1024 * 1024;
+// TMA_HALO (bitserial_wgmma.cu; its value, 32, 64 or 128, is the swizzle width in bytes): the
+// window as channel blocks of TMA_HALO bytes per pixel (CW * 4 / TMA_HALO per plane), HALO_PIX
+// rows each, every block on a boundary of its swizzle's period (8 rows)
+constexpr int HALO_BLOCKS = TMA_HALO ? CW * 4 / TMA_HALO : 0;
+constexpr int HALO_BLOCK_BYTES = TMA_HALO ? (HALO_PIX + 7) / 8 * 8 * TMA_HALO : 0;
 static_assert(!A_IN_HALO || (WGMMA && STRIDE == 1 && CW % 8 == 0 && VEC == 4),
               "A_IN_HALO: wgmma, stride 1, channels a multiple of 256 (bitserial.py)");
 constexpr int N_TILES = N_COL_TILES * ROW_TILES;

@@ -250,18 +250,13 @@ static inline u32 emu_desc_addr(u64 desc, int row, int kb) {
   u32 a = 0;
   if (mode == 0) {  // 8 x 16-byte core matrices: k halves LBO apart, 8-row groups SBO apart
     a = start + (row >> 3) * sbo + (kb >> 4) * lbo + (row & 7) * 16 + (kb & 15);
-  } else if (mode == 1) {  // 128-byte swizzle: 128-byte rows, 8-row groups SBO apart; a row's
-    // swizzle phase: its 128-byte rows past the start's, plus the base offset (bits 49-51)
-    if (sbo % 128) emu_fail("128-byte swizzled operand with SBO off 128 bytes");
-    const u32 rows = ((row >> 3) * sbo + (row & 7) * 128) >> 7;
-    const u32 phase = (rows + (u32)((desc >> 49) & 7)) & 7, at = (start & 127) + kb;
-    a = (start & ~127u) + rows * 128 + ((((at >> 4) ^ phase) & 7) << 4) + (at & 15);
-  } else if (mode == 3) {  // 32-byte swizzle: 32-byte rows, 8-row atoms SBO apart
-    if (start % 256) emu_fail("32-byte swizzled operand not 256-byte aligned");
-    a = start + (row >> 3) * sbo + (row & 7) * 32 + kb;
-    a ^= ((a >> 7) & 1) << 4;
-  } else {
-    emu_fail("descriptor swizzle mode not emulated");
+  } else {  // 128 / 64 / 32-byte swizzle (modes 1 / 2 / 3): rows that wide, 8-row groups SBO
+    // apart; a row's 16-byte chunk XORed with its address bits 7.. counted from the pattern's
+    // start, whose bits 7-9 are the base offset (PTX ISA, matrix descriptor: 0 where the
+    // pattern starts on its period's boundaries, wherever the matrix starts)
+    const u32 sw = 256u >> mode, base = (u32)((desc >> 49) & 7);
+    a = start + (row >> 3) * sbo + (row & 7) * sw + kb;
+    a ^= (((a >> 7) - base) & (sw / 16 - 1)) << 4;
   }
   if ((long long)a >= emu->smem_size) emu_fail("wgmma operand outside shared memory");
   return a;
@@ -326,15 +321,18 @@ __device__ __forceinline__ void bulk_copy(u32* dst, const u32* src, u32 bytes, u
   if ((unsigned long long)src % 16) emu_fail("misaligned bulk copy source");
   emu_bulk_pending.push_back(EmuBulk{dst, src, bytes, bar});
 }
-// TMA_HALO: a tiled copy of a 128 x b1 x b2 x b3 box, its 128-byte rows swizzled by their
-// phase in the 1,024-byte period (the destination starts one), zeros out of bounds
+// TMA_HALO: a tiled copy of a sw x b1 x b2 x b3 box (sw: the swizzle width, 32 / 64 / 128
+// bytes), its rows' 16-byte chunks XORed with their row's phase in the 8-row period (the
+// destination starts one), zeros out of bounds
 __device__ __forceinline__ void tensor_copy_4d(u32* dst, const TensorMap* map, int c0, int c1,
                                                int c2, int c3, u64* bar) {
   EmuTensorMap m;
   memcpy(&m, map, sizeof m);
   const u32 d = smem_addr(dst);
-  if (m.swizzle != 128 || m.box[0] != 128) emu_fail("tensor copies emulated: 128-byte swizzle");
-  if (d % 1024) emu_fail("128-byte-swizzled tensor copy destination off 1,024 bytes");
+  const int sw = m.swizzle;
+  if ((sw != 32 && sw != 64 && sw != 128) || m.box[0] != sw)
+    emu_fail("tensor copies emulated: boxes one swizzle wide");
+  if (d % (8 * sw)) emu_fail("swizzled tensor copy destination off its swizzle period");
   const int c[4] = {c0, c1, c2, c3};
   const long long n = (long long)m.box[0] * m.box[1] * m.box[2] * m.box[3];
   if (d + n > emu->smem_size) emu_fail("tensor copy destination");
@@ -349,7 +347,7 @@ __device__ __forceinline__ void tensor_copy_4d(u32* dst, const TensorMap* map, i
           for (int k = 0; k < 4; ++k) inside = inside && g[k] >= 0 && g[k] < m.dims[k];
           const unsigned char* src = (const unsigned char*)m.base + g[0] + g[1] * m.strides[0]
                                      + g[2] * m.strides[1] + g[3] * m.strides[2];
-          op.data[at ^ (((at >> 7) & 7) << 4)] = inside ? *src : 0;
+          op.data[at ^ (((at >> 7) & (sw / 16 - 1)) << 4)] = inside ? *src : 0;
         }
   std::lock_guard<std::mutex> g(emu_bulk_lock);
   emu_bulk_pending.push_back(std::move(op));
@@ -513,11 +511,11 @@ def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
 
 def emu_tensor_map(wl: Workload, config: Config, x: torch.Tensor) -> torch.Tensor | None:
     """TMA_HALO: the emulation's stand-in for the tensor map of `x` (EmuTensorMap in 128
-    bytes: the geometry of `halo_map_geometry`, 128-byte swizzle); None without TMA_HALO."""
+    bytes: the geometry of `halo_map_geometry`, swizzled TMA_HALO bytes); None without it."""
     if not tma_halo(config):
         return None
     dims, strides, box = halo_map_geometry(wl, config)
-    raw = struct.pack("<Q4q3q5i", x.data_ptr(), *dims, *strides, *box, 128)
+    raw = struct.pack("<Q4q3q5i", x.data_ptr(), *dims, *strides, *box, tma_halo(config))
     return torch.frombuffer(bytearray(raw.ljust(128, b"\0")), dtype=torch.uint8)
 
 

@@ -13,25 +13,33 @@ constexpr int STAGE_BYTES = STAGE_WORDS * 4;
 static_assert(!BULK_WEIGHTS || (RESIDENT_STAGES && SLICES == 1 && !ROWSUM_COLS),
               "BULK_WEIGHTS: A_IN_HALO, every k tile resident, one k slice (bitserial.py)");
 
-// TMA_HALO (A_IN_HALO, one k slice, channels a multiple of 1,024): the block's input window
-// arrives by the tensor copy engine, one copy per (plane, 128-byte channel block) of the
-// tile's HALO_H x HALO_W pixels (zeros outside the image), pixel by pixel into 128-byte rows
-// that the copy swizzles; the MMAs read the tap tiles in place through 128-byte-swizzle
-// descriptors (halo_desc_sw128). No thread issues a copy of it or re-lays it: on an H100 a
-// copy-only kernel of the APNN-TC conv's grid landed its operands in 2.16 us so, 2.70 by bulk
-// copies of the window's rows and 3.41 by 16-byte cp.async (benchmarks/apconv_floor.py), and
-// re-laying bulk-copied rows chunk by pixel cost the in-place kernel ~1 us (NOTES.md).
-static_assert(!TMA_HALO || (A_IN_HALO && SLICES == 1 && CW % 32 == 0),
-              "TMA_HALO: A_IN_HALO, one k slice, channels a multiple of 1,024 (bitserial.py)");
-constexpr int MBARS = (BULK_WEIGHTS ? KTILES : 0) + (TMA_HALO ? 1 : 0);
+// TMA_HALO = 32, 64 or 128 (A_IN_HALO, one k slice, channels a multiple of 8 x TMA_HALO): the
+// block's input window arrives by the tensor copy engine, one copy per (plane, channel block of
+// TMA_HALO bytes per pixel) of the tile's HALO_H x HALO_W pixels (zeros outside the image),
+// pixel by pixel into TMA_HALO-byte rows that the copy swizzles; the MMAs read the tap tiles in
+// place through swizzled descriptors (halo_desc_swizzled). A barrier per channel block (all
+// planes), copied in the k slabs' order, so the first MMAs wait for the first block only. No
+// thread issues a copy of the window or re-lays it: on an H100 a copy-only kernel of the
+// APNN-TC conv's grid landed its operands in 2.16 us so (128-byte rows), 2.70 by bulk copies of
+// the window's rows and 3.41 by 16-byte cp.async (benchmarks/apconv_floor.py); re-laying
+// bulk-copied rows chunk by pixel cost the in-place kernel ~1 us (NOTES.md).
+static_assert(!TMA_HALO || (A_IN_HALO && SLICES == 1 && CW * 4 % TMA_HALO == 0),
+              "TMA_HALO: A_IN_HALO, one k slice, whole channel blocks (bitserial.py)");
+constexpr int MBARS = (BULK_WEIGHTS ? KTILES : 0) + HALO_BLOCKS;
 __device__ __forceinline__ void halo_tensor_load(const TensorMap* xmap, u32* halo, int tile,
-                                                 u64* bar) {
+                                                 u64* bars) {
   const int tx = tile % TILES_X, ty = tile / TILES_X % TILES_Y, n = tile / (TILES_X * TILES_Y);
-  mbar_expect_tx(bar, Q_BITS * HALO_BLOCKS * HALO_PIX * 128);  // zero-filled bytes count too
-  for (int i = 0; i < Q_BITS; ++i)
-    for (int b = 0; b < HALO_BLOCKS; ++b)
-      tensor_copy_4d(halo + (i * HALO_BLOCKS + b) * (HALO_BLOCK_BYTES / 4), xmap, b * 128,
-                     tx * 8 - PAD, ty * TILE_H - PAD, i * NB + n, bar);
+  for (int b = 0; b < HALO_BLOCKS; ++b) {
+    mbar_expect_tx(bars + b, Q_BITS * HALO_PIX * TMA_HALO);  // zero-filled bytes count too
+    for (int i = 0; i < Q_BITS; ++i)
+      tensor_copy_4d(halo + (i * HALO_BLOCKS + b) * (HALO_BLOCK_BYTES / 4), xmap, b * TMA_HALO,
+                     tx * 8 - PAD, ty * TILE_H - PAD, i * NB + n, bars + b);
+  }
+}
+// ... the last channel block that k tile kt's slabs read (blocks land in order: waiting for it
+// and those before, once each, covers the tile)
+__device__ __forceinline__ int halo_last_block(int kt) {
+  return ((kt + 1) * KT - 1) / RS / GROUPS_PER_BLOCK;
 }
 
 // The weights' stage images for BULK_WEIGHTS, wimg[column tile][k tile][STAGE_WORDS] (the image
@@ -94,16 +102,18 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     }
     copy_commit();
   }
-  // BULK_WEIGHTS / TMA_HALO: thread 0 sets up a barrier per k tile (and one for the halo) and
-  // issues the copies (the halo's first, after its weight cp.async without BULK_WEIGHTS); the
-  // other threads first touch a barrier after the loop's first block barrier, by then
-  // initialized
+  // BULK_WEIGHTS / TMA_HALO: thread 0 sets up a barrier per k tile (and per channel block of
+  // the window, after them) and issues the copies (the window's first, after its weight
+  // cp.async without BULK_WEIGHTS); the other threads first touch a barrier after the loop's
+  // first block barrier, by then initialized
   u64* bars = reinterpret_cast<u64*>(halo + Q_BITS * HALO_WORDS);
-  u64* halo_bar = bars + (MBARS ? MBARS - 1 : 0);
+  u64* halo_bars = bars + (BULK_WEIGHTS ? KTILES : 0);
+  int halo_waited = 0;  // TMA_HALO: the channel blocks waited for
   if (MBARS && tid == 0) {
     for (int b = 0; b < MBARS; ++b) mbar_init(bars + b, 1);
     fence_mbar_init();
-    if constexpr (TMA_HALO) halo_tensor_load(BITSERIAL_XMAP, halo_tiles(halo), blockIdx.y, halo_bar);
+    if constexpr (TMA_HALO)
+      halo_tensor_load(BITSERIAL_XMAP, halo_tiles(halo), blockIdx.y, halo_bars);
     for (int kt = 0; BULK_WEIGHTS && kt < KTILES; ++kt) {
       mbar_expect_tx(bars + kt, STAGE_BYTES);
       bulk_copy(stages + kt * STAGE_WORDS, w + stage_image(blockIdx.x, kt), STAGE_BYTES,
@@ -122,7 +132,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     copy_wait<STAGES - 3>();
     fence_proxy_async();
     tile_sync();  // stage kt landed everywhere; every warpgroup's wgmma of kt-2 has retired
-    if constexpr (TMA_HALO) if (kt == k0) mbar_wait(halo_bar, 0);  // the window, once
+    if constexpr (TMA_HALO)  // the window's channel blocks this k tile reads
+      for (; halo_waited <= halo_last_block(kt); ++halo_waited)
+        mbar_wait(halo_bars + halo_waited, 0);
     if constexpr (BULK_WEIGHTS) mbar_wait(bars + kt, 0);  // its weights (each barrier used once)
     {
       const int next = kt + STAGES - 2;

@@ -37,23 +37,26 @@ __device__ __forceinline__ int halo_units(int j, int wg_m) {
   const int tap = j % RS, g = j / RS;
   return 2 * g * CHUNK_UNITS + (8 * wg_m + tap / S) * HALO_W + tap % S;
 }
-// TMA_HALO: the window's first 128-byte block, on the first 1,024-byte boundary in `halo`
-// (its slack: bitserial.py, halo_bytes).
+// TMA_HALO: the window's first channel block, on the first 1,024-byte boundary in `halo` (its
+// slack: bitserial.py, halo_bytes).
 __device__ __forceinline__ u32* halo_tiles(u32* halo) {
   const u32 a = smem_addr(halo);
   return halo + (((a + 1023) & ~1023u) - a) / 4;
 }
-// ... and the descriptor of k slab j's A tile (channel group g = j / RS: block g / 4, bytes
-// 32 (g % 4).. of each pixel row; tap j % RS) of activation plane i for warpgroup wg_m, read
-// in place: 128-byte swizzle (mode 1), rows 128 bytes apart, 8-row groups (pixel rows)
-// SBO = HALO_W * 128 bytes apart, LBO unused (1), and since a tap's tile starts at any pixel,
-// the swizzle phase of its first row, (address >> 7) & 7, as the base offset (bits 49-51).
-__device__ __forceinline__ u64 halo_desc_sw128(const u32* tiles, int j, int wg_m, int i) {
+// ... and the descriptor of k slab j's A tile (channel group g = j / RS: block g / GPB,
+// bytes 32 (g % GPB).. of each pixel row; tap j % RS) of activation plane i for warpgroup wg_m,
+// read in place: TMA_HALO-byte swizzle, rows TMA_HALO bytes apart, 8-row groups (pixel rows)
+// SBO = HALO_W * TMA_HALO bytes apart, LBO unused (1). Base offset 0: the swizzle pattern
+// starts on its period's boundaries, where the tensor copies put it, so a row's phase is its
+// address's (PTX ISA, matrix descriptor), wherever a tap's tile starts.
+constexpr int GROUPS_PER_BLOCK = TMA_HALO ? TMA_HALO / 32 : 1;  // 256-channel groups per block
+constexpr u64 HALO_SWIZZLE_MODE = TMA_HALO == 128 ? 1 : TMA_HALO == 64 ? 2 : 3;
+__device__ __forceinline__ u64 halo_desc_swizzled(const u32* tiles, int j, int wg_m, int i) {
   const int tap = j % RS, g = j / RS;
-  const u32 a = smem_addr(tiles) + (i * HALO_BLOCKS + g / 4) * HALO_BLOCK_BYTES +
-                ((8 * wg_m + tap / S) * HALO_W + tap % S) * 128 + (g % 4) * 32;
-  return ((a & 0x3FFFF) >> 4) | (1ull << 16) | ((u64)(HALO_W * 8) << 32) |
-         ((u64)((a >> 7) & 7) << 49) | (1ull << 62);
+  const u32 a = smem_addr(tiles) + (i * HALO_BLOCKS + g / GROUPS_PER_BLOCK) * HALO_BLOCK_BYTES +
+                ((8 * wg_m + tap / S) * HALO_W + tap % S) * TMA_HALO + g % GROUPS_PER_BLOCK * 32;
+  return ((a & 0x3FFFF) >> 4) | (1ull << 16) | ((u64)(HALO_W * TMA_HALO / 16) << 32) |
+         (HALO_SWIZZLE_MODE << 62);
 }
 // <device-primitives> (bitserial_emu.py replaces this region with host versions)
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -129,7 +132,7 @@ static_assert(WM == 64 && BM % 64 == 0, "a warpgroup owns 64 rows");
 // warpgroup's columns, KT k256 slabs (committed as one group; the caller waits). accumulate =
 // false on a tile's first stage: its first slab overwrites the accumulators (zero_acc leaves
 // wgmma accumulators alone). A_IN_HALO: the A tiles of k tile kt from `halo` (TMA_HALO: its
-// 128-byte blocks, halo_tiles).
+// channel blocks, halo_tiles).
 __device__ __forceinline__ void wgmma_stage(Acc& acc, RowSum& rsum, const u32* stage,
                                             const u32* ones, int wg_m, int wg_n, bool accumulate,
                                             const u32* halo = nullptr, int kt = 0) {
@@ -143,7 +146,7 @@ __device__ __forceinline__ void wgmma_stage(Acc& acc, RowSum& rsum, const u32* s
     const u64 db = smem_desc(sb + ks * B_ROWS * 8);
 #pragma unroll
     for (int i = 0; i < Q_BITS; ++i) {
-      const u64 da = TMA_HALO ? halo_desc_sw128(halo, kt * KT + ks, wg_m, i)
+      const u64 da = TMA_HALO ? halo_desc_swizzled(halo, kt * KT + ks, wg_m, i)
           : A_IN_HALO
           ? desc_offset(dhalo, halo_units(kt * KT + ks, wg_m) + i * HALO_CHUNKS * CHUNK_UNITS)
           : smem_desc(sa + i * A_PLANE_STEP + ks * BM * 8);
