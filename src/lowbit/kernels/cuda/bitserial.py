@@ -1337,22 +1337,18 @@ def small_grid_default(wl: Workload, cfg: Config, space: ConfigSpace) -> Config:
     if (math.prod(tile_grid(wl, cfg)) >= NUM_SMS // 2
             or k_tiles(wl, cfg.replace(KT=1)) < SMALL_GRID_K_TILES):
         return cfg
-    def in_place(bn: int, kt: int, bulk: int, tma: int = 0) -> Config:  # A_IN_HALO, every k
-        # tile resident
+    def in_place(bn: int, kt: int, bulk: int) -> Config:  # A_IN_HALO, every k tile resident
         return cfg.replace(BM=64, BN=bn, WM=64, WN=bn, KT=kt, STAGES=RESIDENT_STAGES, HALO=1,
-                           A_IN_HALO=1, BULK_WEIGHTS=bulk, TMA_HALO=tma, SLICES=1, PERSIST=0,
-                           TAP_SHIFT=0, TEAMS=1, ROW_TABLE=0, ROWSUM="mma", THR_PAIRS=0)
+                           A_IN_HALO=1, BULK_WEIGHTS=bulk, SLICES=1, PERSIST=0, TAP_SHIFT=0,
+                           TEAMS=1, ROW_TABLE=0, ROWSUM="mma", THR_PAIRS=0)
 
     if planes(wl)[0] >= 2:  # two activation planes: 64-wide in-place blocks whose weights
         # come by bulk copies (H100, same run: the APNN-TC conv w1a2 5.07 / 5.10 us against
         # 5.46 / 5.49 for the 32-wide default below, bitserial-20261126-030142.json, -030205;
-        # w1a1 slower so, 4.6 against 3.8), and where the channels make 128-byte blocks the
-        # window by tensor copies (5.05 / 5.07 against 5.12 / 5.14, -040328.json and
-        # apconv_probe-20261126-s22-tma.json; w1a1 slower so, 4.5 against 3.9)
+        # w1a1 slower so, 4.6 against 3.8)
         for kt in (4, 2):
-            for tma in (128, 0):
-                if space.is_valid(bulk := in_place(64, kt, 1, tma)):
-                    return bulk
+            if space.is_valid(bulk := in_place(64, kt, 1)):
+                return bulk
     for bn in (64, 32):
         for kt in (4, 2):  # H100 (bitserial-20261126-020748.json): the APNN-TC conv w1a2 5.4 us,
             # w1a1 4.2, against 7.6 and 5.7 for the sliced halo-gather default below
