@@ -94,11 +94,11 @@ CUTS = {
 }
 # the stage's MMAs issued before the next stage's copies and gather (whose shared-memory
 # latency then runs behind them) instead of after: the one-tile kernel's loop, reordered
-_NEXT = ("    {\n      const int next = kt + STAGES - 2;\n      if (next < k1)\n"
-         "        load_stage(x, w, stages + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, "
-         "tid, halo, halo_row0);\n      copy_commit();\n    }\n")
-_MMA = (f"    {MMA_CALL['wgmma']} ones, wg_m, wg_n, kt > k0,\n"
-        "                TMA_HALO ? halo_tiles(halo) : halo, kt);\n")
+_LOOP = bitserial._cu("bitserial_wgmma.cu")  # the one-tile kernel's text, as rendered
+_NEXT = _LOOP[_LOOP.index("    {\n      const int next = kt + STAGES - 2;"):]
+_NEXT = _NEXT[:_NEXT.index("\n    }\n") + len("\n    }\n")]
+_MMA = _LOOP[_LOOP.index(f"    {MMA_CALL['wgmma']}"):]
+_MMA = _MMA[:_MMA.index(";\n") + 2]
 CUTS["mma_first"] = {"wgmma": [(_NEXT + _MMA, _MMA + _NEXT)], "mma_sync": []}
 NONE: dict[str, list] = {k: [] for k in MMA_CALL}
 VARIANTS = {"base": NONE, **CUTS,
