@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from lowbit.core import Config, ConvWorkload, Encoding, Epilogue, GemmWorkload, Layout, Precision
+from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload, Layout, Precision
 from lowbit.core.workloads import load_workloads
 from lowbit.kernels import get_template
 from lowbit.kernels.cuda import BITSERIAL, bitserial
@@ -991,8 +991,8 @@ def test_bit_exact_tma_halo(wb, ab):
     swizzled descriptors with base offset 0, a barrier per channel block): every encoding pair
     of the bit pair on convs over two images whose tiles overrun the image, of 1,024 channels
     (3 x 3 and 5 x 5 windows) and 2,048; 8 x 8 tiles with every k tile resident (the weights by
-    bulk copies, or cp.async; binary weights' row sums from the window) and 16 x 8 tiles of
-    two warpgroups with 4 stages, where they fit; 128-, 64- and 32-byte blocks in turn."""
+    bulk copies, or cp.async) and 16 x 8 tiles of two warpgroups with 4 stages, where they
+    fit; 128-, 64- and 32-byte blocks in turn."""
     if bitserial.device_arch() != bitserial.WGMMA_ARCH:
         pytest.skip("wgmma needs sm_90a")
     ran = 0
@@ -1005,12 +1005,9 @@ def test_bit_exact_tma_halo(wb, ab):
                   **window)
         space = BITSERIAL.space(wl)
         kt = 8 if wide else 4
-        binary_w = wl.w.encoding is Encoding.BINARY  # row sums from the window too
         for changes in (dict(BM=64, BN=32, WN=32, KT=kt, STAGES=12, BULK_WEIGHTS=1),
                         dict(BM=64, BN=32, WN=32, KT=kt, STAGES=12),
-                        dict(BM=128, BN=32, WN=32, KT=kt, STAGES=4),
-                        dict(BM=64, BN=32, WN=32, KT=kt, STAGES=12, BULK_WEIGHTS=1,
-                             ROWSUM="slab" if binary_w else "mma")):
+                        dict(BM=128, BN=32, WN=32, KT=kt, STAGES=4)):
             width = (128, 64, 32)[(combo + ran) % 3]
             cfg = BITSERIAL.plain_config(wl, "wgmma").replace(HALO=1, A_IN_HALO=1,
                                                                TMA_HALO=width, **changes)

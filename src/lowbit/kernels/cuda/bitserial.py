@@ -28,18 +28,18 @@ bind, `bitserial_wimage`, instead of 16-byte cp.async by every thread), TMA_HALO
 one k slice; 32, 64 or 128: the input window by the tensor copy engine, one copy per plane and
 channel block of that many bytes per pixel, into pixel rows with that swizzle that the MMAs
 read in place, a barrier per block, instead of 16-byte cp.async by channel group; the launcher
-passes a tensor map of x), ROWSUM (binary weights only: "mma" computes the activation rows'
-popcounts with one more MMA per plane and k step against a tile of ones; "table" reads them from a
-per-pixel popcount table of x made by a small kernel first, summed over the valid taps in the
-epilogue; "slab", persistent TAP_SHIFT=1 kernels with STAGES=3 and TMA_HALO kernels: popcounts of
-the block's input slab or window in shared memory, summed over each row's taps while the tile's MMAs
-run; "cols", wgmma kernels with BN = WN: ones columns appended to the weights, so the products'
-wgmma (N = WN + 16) gives the popcounts too and reads each A tile once instead of twice), REQUANT
-(requantized bit-plane output of 1-2 bits only: "multiply" requantizes each output in 64-bit fixed
-point; "threshold" compares it with per-column integer thresholds that fold in bias and ReLU,
-`lowbit.reference.requant_thresholds`, and for binary activations each tap rectangle's weight sums:
-one multiply-add and the compares per output),
-SPLIT_K (one-tile-per-block kernels: the k tiles split over SPLIT_K blocks per
+passes a tensor map of x), ROWSUM (binary weights
+only: "mma" computes the activation rows' popcounts with one more MMA per plane and k step
+against a tile of ones; "table" reads them from a per-pixel popcount table of x made by a small
+kernel first, summed over the valid taps in the epilogue; "slab", persistent TAP_SHIFT=1 kernels
+with STAGES=3: popcounts of the block's input slab in shared memory, summed over each row's taps
+while the tile's MMAs run; "cols", wgmma kernels with BN = WN: ones columns appended to the
+weights, so the products' wgmma (N = WN + 16) gives the popcounts too and reads each A tile once
+instead of twice), REQUANT (requantized bit-plane output of 1-2 bits
+only: "multiply" requantizes each output in 64-bit fixed point; "threshold" compares it with
+per-column integer thresholds that fold in bias and ReLU, `lowbit.reference.requant_thresholds`,
+and for binary activations each tap rectangle's weight sums: one multiply-add and the compares
+per output), SPLIT_K (one-tile-per-block kernels: the k tiles split over SPLIT_K blocks per
 tile, grid.z; each stores its k-linear partial sums to a workspace and the tile's last block to
 arrive adds them up and runs the epilogue: for grids of few tiles with long reductions; mma.sync
 only), TAP_SHIFT (1: wgmma convs of stride 1 on C <= 64 or a multiple of 128 channels computed
@@ -592,16 +592,6 @@ def mbarrier_bytes(wl: Workload, config: Mapping) -> int:
     return 8 * ((k_tiles(wl, config) if bulk_weights(config) else 0) + halo_blocks(wl, config))
 
 
-def window_pop_bytes(wl: Workload, config: Mapping) -> int:
-    """ROWSUM="slab" with TMA_HALO: the window pixels' popcounts (an int32 each, 16-byte
-    aligned after the mbarriers, rounded up to 16 bytes); 0 otherwise."""
-    if not (tma_halo(config) and rowsum_slab(config)):
-        return 0
-    sh = conv_shape(wl)
-    pixels = (config["BM"] // 8 + sh.r - 1) * (8 + sh.s - 1)
-    return mbarrier_bytes(wl, config) % 16 + 16 * -(-pixels // 4)
-
-
 def halo_map_geometry(wl: Workload, config: Mapping) -> tuple[list[int], list[int], list[int]]:
     """TMA_HALO's tensor map of x ([plane][image][row][column][channel words]): its dims and
     box (innermost first: bytes of a pixel's channels, columns, rows, plane x image) and its
@@ -843,8 +833,7 @@ def rowsum_table(config: Mapping) -> bool:
 
 
 def rowsum_slab(config: Mapping) -> bool:
-    """Binary weights' row popcounts from the tap-shift slab or the TMA_HALO window in shared
-    memory (ROWSUM="slab")."""
+    """Binary weights' row popcounts from the tap-shift slab in shared memory (ROWSUM="slab")."""
     return config.get("ROWSUM", "mma") == "slab"
 
 
@@ -876,7 +865,7 @@ def smem_bytes(wl: Workload, config: Mapping) -> int:
     q = planes(wl)[0]
     operands = (config["STAGES"] * stage_bytes(wl, config) * teams(config) * slices(config)
                 + halo_bytes(wl, config))
-    operands += mbarrier_bytes(wl, config) + window_pop_bytes(wl, config)
+    operands += mbarrier_bytes(wl, config)
     ones = 1
     if tap_shift(config):  # every channel group resident, slab_buffers slabs of it
         plan = shift_plan(conv_shape(wl), config["BM"])
@@ -1186,10 +1175,8 @@ def _constraints(wl: Workload) -> list:
         return None
 
     def rowsums(c: Config) -> str | None:
-        if rowsum_slab(c) and not (tap_shift(c) and c["PERSIST"] and c["STAGES"] == 3) and not (
-                tma_halo(c) and slices(c) == 1):
-            return ("ROWSUM='slab' is implemented in the persistent TAP_SHIFT=1 kernel "
-                    "(STAGES=3) and with TMA_HALO in one k slice")
+        if rowsum_slab(c) and not (tap_shift(c) and c["PERSIST"] and c["STAGES"] == 3):
+            return "ROWSUM='slab' is implemented in the persistent TAP_SHIFT=1 kernel, STAGES=3"
         if rowsum_cols(c):
             if c["MMA"] != "wgmma" or c["BN"] != c["WN"] or fuse_planes(c):
                 return ("ROWSUM='cols' is implemented in the wgmma kernels with one warpgroup "

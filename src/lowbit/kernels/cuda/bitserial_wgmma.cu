@@ -41,51 +41,6 @@ __device__ __forceinline__ void halo_tensor_load(const TensorMap* xmap, u32* hal
 __device__ __forceinline__ int halo_last_block(int kt) {
   return ((kt + 1) * KT - 1) / RS / GROUPS_PER_BLOCK;
 }
-// ROWSUM_SLAB with TMA_HALO: binary weights' row popcounts from the window instead of a row-sum
-// wgmma per plane and slab. Once the last MMAs are issued (the whole window has landed), each
-// thread counts sum_i a_coef(i) popc(plane i) of its window pixels (a pixel's row in each
-// channel block: the swizzle only permutes its 16-byte chunks) into `pop`, and after a barrier
-// each row sums its taps' counts (zeros outside the image count nothing, as in the MMA's rows),
-// all while the MMAs run. (Counted per channel group inside the k loop instead, on the cp.async
-// halo, it was slower: NOTES.md, "The A tiles in place from the halo".)
-constexpr bool HALO_POP = TMA_HALO && ROWSUM_SLAB;
-static_assert(!ROWSUM_SLAB || TAP_SHIFT || HALO_POP, "ROWSUM_SLAB: TAP_SHIFT or TMA_HALO");
-constexpr int POP_WORDS = HALO_POP ? (HALO_PIX + 3) / 4 * 4 : 0;
-__device__ __forceinline__ void window_popcounts(const u32* tiles, int* pop, int tid) {
-  for (int j = tid; j < HALO_PIX; j += THREADS) {
-    int count = 0;
-#pragma unroll
-    for (int i = 0; i < Q_BITS; ++i) {
-      int plane = 0;
-      for (int b = 0; b < HALO_BLOCKS; ++b) {
-        const u32* row =
-            tiles + (i * HALO_BLOCKS + b) * (HALO_BLOCK_BYTES / 4) + j * (TMA_HALO / 4);
-#pragma unroll
-        for (int c = 0; c < TMA_HALO / 16; ++c) {
-          const uint4 v = reinterpret_cast<const uint4*>(row)[c];
-          plane += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
-        }
-      }
-      count += a_coef(i) * plane;
-    }
-    pop[j] = count;
-  }
-}
-// ... the row terms of this lane's rows (warpgroup wg_m, its warp's rows row_in_wg..+15): lane l
-// sums the taps of the warp's row l % 16, then each lane fetches its two
-__device__ __forceinline__ void add_window_rowsums(RowPrep& rows, const int* pop, int wg_m,
-                                                   int row_in_wg, int lane) {
-  const int ri = row_in_wg + (lane & 15);
-  const int* p = pop + (8 * wg_m + ri / 8) * HALO_W + ri % 8;
-  int sum = 0;
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int s = 0; s < S; ++s) sum += p[r * HALO_W + s];
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-    rows.term[0][h] += A_ALPHA * W_BETA * __shfl_sync(0xffffffffu, sum, (lane >> 2) + 8 * h);
-}
 
 // The weights' stage images for BULK_WEIGHTS, wimg[column tile][k tile][STAGE_WORDS] (the image
 // of column tile n, k tile kt at stage_image(n, kt)): block (column tile, k tile) runs
@@ -193,12 +148,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, kt > k0,
                 TMA_HALO ? halo_tiles(halo) : halo, kt);
     if constexpr (!RESIDENT_STAGES) wgmma_wait<1>();  // stage kt - 1 is refilled next
-  }
-  if constexpr (HALO_POP) {  // while the last MMAs run
-    int* pop = reinterpret_cast<int*>(bars + (MBARS + 1) / 2 * 2);
-    window_popcounts(halo_tiles(halo), pop, tid);
-    tile_sync();
-    add_window_rowsums(rows, pop, wg_m, (warp & 3) * 16, lane);
   }
   wgmma_wait<0>();
   copy_wait<0>();
