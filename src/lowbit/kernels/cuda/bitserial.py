@@ -1346,8 +1346,9 @@ def small_grid_default(wl: Workload, cfg: Config, space: ConfigSpace) -> Config:
         # come by bulk copies (H100, same run: the APNN-TC conv w1a2 5.07 / 5.10 us against
         # 5.46 / 5.49 for the 32-wide default below, bitserial-20261126-030142.json, -030205;
         # w1a1 slower so, 4.6 against 3.8); the window by tensor copies (TMA_HALO=128) measured
-        # even there: 5.05 / 5.07 / 5.12 us against 5.12 / 5.14 / 5.10 in three runs
-        # (bitserial-20261126-040328.json, apconv_probe-20261126-s22-tma.json, -041106.json)
+        # even there: 5.05 / 5.07 / 5.12 / 4.99 us against 5.12 / 5.14 / 5.10 / 5.09 in four
+        # runs (bitserial-20261126-040328.json, apconv_probe-20261126-s22-tma.json, -041106,
+        # -043525)
         for kt in (4, 2):
             if space.is_valid(bulk := in_place(64, kt, 1)):
                 return bulk
