@@ -280,6 +280,14 @@ def test_a_in_halo_space():
     dims, strides, box = bitserial.halo_map_geometry(wl, narrow)
     assert (dims, strides, box) == ([128, 16, 16, 2], [128, 2048, 32768], [32, 10, 10, 1])
     assert BITSERIAL.space(wl, "sm_80").knob("TMA_HALO").values == (0,)
+    rows2 = cfg.replace(PLANE_ROWS=1)  # 4 x 8 pixel tiles, both planes in each wgmma's rows
+    assert space.is_valid(rows2), space.why_invalid(rows2)
+    assert bitserial.tile_grid(wl, rows2) == (32, 8)
+    assert bitserial.halo_bytes(wl, rows2) == (2 * 6 * 10 | 1) * 128
+    assert BITSERIAL.build(wl, rows2, arch="sm_90a")._main.cubin[:4] == b"\x7fELF"
+    assert "TMA_HALO" in space.why_invalid(rows2.replace(TMA_HALO=128))
+    b1b1 = conv(b1, b1, EPILOGUES[1], N=1, H=16, W=16, C=1024, K=64)  # one activation plane
+    assert BITSERIAL.space(b1b1, "sm_90a").knob("PLANE_ROWS").values == (0,)
 
 
 def test_small_grid_default_splits_long_reductions():
@@ -1028,7 +1036,8 @@ def test_bit_exact_a_in_halo(wb, ab):
     pair of the bit pair on convs whose 8-pixel tiles overrun the image (margins), 3 x 3 and
     5 x 5 windows, 8 x 8 tiles of one warpgroup (also with STAGES=12, and with the weights by
     bulk copies where every k tile is resident) and 16 x 8 tiles of two (in two k slices where
-    the registers allow)."""
+    the registers allow); for two activation planes also both planes as rows of one A tile
+    (PLANE_ROWS: 64 x 64 tiles with bulk weights, 128 x 32 tiles of two warpgroups)."""
     if bitserial.device_arch() != bitserial.WGMMA_ARCH:
         pytest.skip("wgmma needs sm_90a")
     for combo in range(4):
@@ -1041,10 +1050,15 @@ def test_bit_exact_a_in_halo(wb, ab):
         for changes in (dict(BM=64, BN=32, WN=32, KT=1, STAGES=4),
                         dict(BM=64, BN=32, WN=32, KT=1, STAGES=12),  # C = 256: all resident
                         dict(BM=64, BN=32, WN=32, KT=1, STAGES=12, BULK_WEIGHTS=1),
+                        dict(BM=64, BN=64, WN=64, KT=1, STAGES=12, BULK_WEIGHTS=1,
+                             PLANE_ROWS=1),
+                        dict(BM=128, BN=32, WN=32, KT=1, STAGES=4, PLANE_ROWS=1),
                         dict(BM=128, BN=32, WN=32, KT=1, STAGES=3,
                              SLICES=2 if wb * ab <= 2 else 1)):  # 512 threads' registers
             cfg = BITSERIAL.plain_config(wl, "wgmma").replace(HALO=1, A_IN_HALO=1, **changes)
             if changes.get("BULK_WEIGHTS") and bitserial.k_tiles(wl, cfg) > 10:
                 continue  # bulk weights: every k tile resident (C = 256 only here)
+            if changes.get("PLANE_ROWS") and ab != 2:
+                continue  # both activation planes as rows: two planes only
             assert space.is_valid(cfg), space.why_invalid(cfg)
             _assert_exact(wl, cfg, seed=combo)

@@ -276,6 +276,19 @@ CASES = [
     ("wgmma_a_in_halo_tma_halo_u1b1", conv(U1, B1, EPILOGUES[5], N=1, H=10, W=7, C=1024, K=70),
      "wgmma", {"BM": 128, "BN": 64, "WN": 64, "KT": 4, "STAGES": 4, "HALO": 1,
                "A_IN_HALO": 1, "TMA_HALO": 32, "REQUANT": "threshold"}),
+    # ... both activation planes as rows of one A tile (PLANE_ROWS): margins over two images
+    # with bulk weights; two warpgroups' 8 x 8 tiles of a 5 x 5 window; signed activations
+    # with thresholds and refilled stages
+    ("wgmma_plane_rows_b1u2", conv(B1, U2, EPILOGUES[1], N=2, H=9, W=11, C=256, K=40),
+     "wgmma", {"BM": 64, "BN": 64, "WN": 64, "KT": 1, "STAGES": 12, "HALO": 1,
+               "A_IN_HALO": 1, "BULK_WEIGHTS": 1, "PLANE_ROWS": 1}),
+    ("wgmma_plane_rows_5x5_s2u2", conv(S2, U2, EPILOGUES[4], N=1, H=10, W=9, C=256, K=37,
+                                       R=5, S=5, pad=2),
+     "wgmma", {"BM": 128, "BN": 32, "WN": 32, "KT": 1, "STAGES": 3, "HALO": 1,
+               "A_IN_HALO": 1, "PLANE_ROWS": 1}),
+    ("wgmma_plane_rows_u1s2", conv(U1, S2, EPILOGUES[5], N=1, H=6, W=13, C=512, K=70),
+     "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 2, "STAGES": 4, "HALO": 1,
+               "A_IN_HALO": 1, "PLANE_ROWS": 1, "REQUANT": "threshold"}),
     ("wgmma_a_in_halo_tma_halo_5x5_s2s3", conv(S2, S3, EPILOGUES[4], N=1, H=6, W=9, C=1024,
                                                K=37, R=5, S=5, pad=2),
      "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 4, "STAGES": 3, "HALO": 1,
@@ -395,6 +408,15 @@ def test_emulation_catches_a_broken_tma_halo(edits, monkeypatch):
     for name, old, new in edits:  # each edit wraps the previous ones
         edit_kernel_file(monkeypatch, name, old, new)
     assert not _check(wl, cfg, seed=7)
+
+
+def test_emulation_catches_plane_rows_left_in_place(monkeypatch):
+    """PLANE_ROWS without moving rows g + 8 (plane 1) into plane 1's registers before the
+    epilogue is caught: the cases above are not exact by accident."""
+    wl, mma, changes = next(c[1:] for c in CASES if c[0] == "wgmma_plane_rows_b1u2")
+    cfg = _config(wl, mma, changes)
+    edit_kernel_file(monkeypatch, "bitserial_wgmma.cu", "  planes_from_rows(acc, rsum);\n", "")
+    assert not _check(wl, cfg, seed=3)
 
 
 def test_emulation_catches_a_pair_table_in_channel_order(monkeypatch):

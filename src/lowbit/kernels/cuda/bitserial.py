@@ -360,6 +360,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "HALO_WORDS": halo_bytes(wl, config) // 4 // q, "A_IN_HALO": int(a_in_halo(config)),
         "TILES_Y": pixel_tiles(wl, config)[0], "TILES_X": pixel_tiles(wl, config)[1],
         "BULK_WEIGHTS": int(bulk_weights(config)), "TMA_HALO": int(tma_halo(config)),
+        "PLANE_ROWS": int(plane_rows(config)),
         "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh), "KPAD": wsum_columns(sh),
         "WSUM0": wsum_start(sh),
         "HAS_BIAS": int(epi.bias), "RELU": int(epi.relu), "OUT_MODE": _out_mode(wl),
@@ -581,6 +582,18 @@ def tma_halo(config: Mapping) -> int:
     return int(config.get("TMA_HALO", 0))
 
 
+def plane_rows(config: Mapping) -> bool:
+    """A warp's 16 rows: one output row's 8 pixels in each of two activation planes, so one
+    wgmma per slab covers both (knob PLANE_ROWS)."""
+    return bool(config.get("PLANE_ROWS", 0))
+
+
+def tile_rows(config: Mapping) -> int:
+    """A_IN_HALO: output pixel rows of a block tile (8 pixels each): BM / 8, or BM / 16 with
+    PLANE_ROWS."""
+    return config["BM"] // 8 // (2 if plane_rows(config) else 1)
+
+
 def halo_blocks(wl: Workload, config: Mapping) -> int:
     """TMA_HALO: channel blocks per plane of the window (0 without)."""
     return conv_shape(wl).words * 4 // tma_halo(config) if tma_halo(config) else 0
@@ -601,7 +614,7 @@ def halo_map_geometry(wl: Workload, config: Mapping) -> tuple[list[int], list[in
     pix = sh.words * 4
     dims = [pix, sh.w, sh.h, sh.nb * planes(wl)[0]]
     strides = [pix, pix * sh.w, pix * sh.w * sh.h]
-    box = [tma_halo(config), 8 + sh.s - 1, config["BM"] // 8 + sh.r - 1, 1]
+    box = [tma_halo(config), 8 + sh.s - 1, tile_rows(config) + sh.r - 1, 1]
     return dims, strides, box
 
 
@@ -638,7 +651,7 @@ def pixel_tiles(wl: Workload, config: Mapping) -> tuple[int, int]:
     if not a_in_halo(config):
         return 1, 1
     sh = conv_shape(wl)
-    return -(-sh.p // (config["BM"] // 8)), -(-sh.q // 8)
+    return -(-sh.p // tile_rows(config)), -(-sh.q // 8)
 
 
 def split_k(config: Mapping) -> int:
@@ -722,8 +735,10 @@ def halo_bytes(wl: Workload, config: Mapping) -> int:
         return 0
     sh = conv_shape(wl)
     if tma_halo(config):
-        rows = -(-(config["BM"] // 8 + sh.r - 1) * (8 + sh.s - 1) // 8) * 8
+        rows = -(-(tile_rows(config) + sh.r - 1) * (8 + sh.s - 1) // 8) * 8
         return planes(wl)[0] * (halo_blocks(wl, config) * rows * tma_halo(config) + 1024)
+    if plane_rows(config):  # each 16-byte chunk's pixels of both planes, an odd count
+        return ((tile_rows(config) + sh.r - 1) * (8 + sh.s - 1) * 2 | 1) * sh.words * 4
     if a_in_halo(config):  # each 16-byte chunk's pixels, an odd count (CHUNK_UNITS)
         pixels = (config["BM"] // 8 + sh.r - 1) * (8 + sh.s - 1) | 1
     else:
@@ -1125,6 +1140,14 @@ def _constraints(wl: Workload) -> list:
                     f"need STAGES >= {k_tiles(wl, c) + 2}")
         return None
 
+    def planes_as_rows(c: Config) -> str | None:
+        if plane_rows(c) and not (a_in_halo(c) and planes(wl)[0] == 2 and slices(c) == 1
+                                  and not tma_halo(c) and not fuse_planes(c)
+                                  and not rowsum_cols(c)):
+            return ("PLANE_ROWS=1 is A_IN_HALO=1's with two activation planes, in one k slice, "
+                    "without TMA_HALO, FUSE_PLANES or ROWSUM='cols'")
+        return None
+
     def tensor_window(c: Config) -> str | None:
         if not tma_halo(c):
             return None
@@ -1242,6 +1265,7 @@ def _constraints(wl: Workload) -> list:
         return None
 
     return [tiles, mma, fused, three_warpgroup_rows, halo, halo_in_place, bulk, tensor_window,
+            planes_as_rows,
             shifted, team_tiles,
             rowsums, registers, shared, copies, splits, k_slices, output, pairs, waste]
 
@@ -1306,12 +1330,13 @@ _WGMMA_DEFAULTS = [  # big N per instruction first; fewer warpgroups as p*q grow
 DEFAULTS = {"mma_sync": [dict(d, MMA="mma_sync", SWIZZLE=0, HALO=0, ROWSUM="mma",
                               REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
                               TEAMS=1, FUSE_PLANES=0, SLICES=1, THR_PAIRS=0,
-                              A_IN_HALO=0, BULK_WEIGHTS=0, TMA_HALO=0)
+                              A_IN_HALO=0, BULK_WEIGHTS=0, TMA_HALO=0, PLANE_ROWS=0)
                          for d in _MMA_SYNC_DEFAULTS],
             "wgmma": [dict(dict(PERSIST=0, MMA="wgmma", SWIZZLE=32, HALO=0, ROWSUM="mma",
                                 REQUANT="multiply", SPLIT_K=1, TAP_SHIFT=0, ROW_TABLE=0,
                                 TEAMS=1, FUSE_PLANES=0, SLICES=1, THR_PAIRS=0,
-                                A_IN_HALO=0, BULK_WEIGHTS=0, TMA_HALO=0), **d)
+                                A_IN_HALO=0, BULK_WEIGHTS=0, TMA_HALO=0,
+                                PLANE_ROWS=0), **d)
                       for d in _WGMMA_DEFAULTS]}
 # the tap-shift defaults' limit on output channels (the widths they were measured at); the
 # two-team ones: 256, and only for two activation planes (a team's MMA phase long enough to
@@ -1386,7 +1411,8 @@ class BitserialTemplate(KernelTemplate):
                                                    "ROW_TABLE": 0, "TEAMS": 1,
                                                    "FUSE_PLANES": 0, "SLICES": 1,
                                                    "THR_PAIRS": 0, "A_IN_HALO": 0,
-                                                   "BULK_WEIGHTS": 0, "TMA_HALO": 0}
+                                                   "BULK_WEIGHTS": 0, "TMA_HALO": 0,
+                                                   "PLANE_ROWS": 0}
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         wl = workload
@@ -1414,6 +1440,8 @@ class BitserialTemplate(KernelTemplate):
                  Knob("A_IN_HALO", (0, 1) if arch == WGMMA_ARCH else (0,)),
                  Knob("BULK_WEIGHTS", (0, 1) if arch == WGMMA_ARCH else (0,)),
                  Knob("TMA_HALO", (0, 32, 64, 128) if arch == WGMMA_ARCH else (0,)),
+                 Knob("PLANE_ROWS", (0, 1) if arch == WGMMA_ARCH and planes(workload)[0] == 2
+                      else (0,)),
                  Knob("ROWSUM", ("mma", "table", "slab", "cols")
                       if workload.w.encoding is Encoding.BINARY else ("mma",)),
                  Knob("ROW_TABLE", (0, 1, 2) if 1 in self._tap_shift_values(workload, arch)

@@ -87,8 +87,25 @@ constexpr int ROW_TILES = (int)((V_ROWS + BM - 1) / BM);  // V_ROWS: TAP_SHIFT's
 // units, is odd: a warp's copies (8 chunks x 4 pixels) then write every 128-byte bank row
 // equally, where an even stride (100 at 3 x 3, 8 x 8 tiles) piled them on two of the eight
 // (Nsight, H100: 6.5x the ideal shared-memory wavefronts and twice the L2 sectors).
-constexpr int TILE_H = BM / 8, HALO_H = TILE_H + R - 1, HALO_W = 8 + S - 1;
-constexpr int HALO_PIX = HALO_H * HALO_W, HALO_CHUNKS = CW / 4, CHUNK_UNITS = HALO_PIX | 1;
+// PLANE_ROWS (two activation planes): a warp's 16 rows are one output row's 8 pixels in plane 0
+// and the same pixels in plane 1, so one wgmma per k slab covers both planes (m64 = 4 output
+// rows x 2 planes x 8 pixels) and the window holds [chunk][window row][plane][pixel]: the tap
+// tiles' 8-row groups (row, plane) stay HALO_W * 16 bytes apart. Each thread's rows g and g + 8
+// are then one pixel's two planes, moved to the planes' registers before the epilogue
+// (planes_from_rows), which drops rows g + 8.
+constexpr int PLANE_GROUPS = PLANE_ROWS ? Q_BITS : 1;  // 8-row groups per output row
+static_assert(!PLANE_ROWS || (A_IN_HALO && Q_BITS == 2 && !FUSE_PLANES && !ROWSUM_COLS &&
+                              SLICES == 1 && !TMA_HALO),
+              "PLANE_ROWS: A_IN_HALO, two activation planes, one k slice (bitserial.py)");
+constexpr int TILE_H = BM / 8 / PLANE_GROUPS, HALO_H = TILE_H + R - 1, HALO_W = 8 + S - 1;
+constexpr int HALO_PIX = HALO_H * HALO_W, HALO_CHUNKS = CW / 4;
+constexpr int CHUNK_UNITS = (PLANE_GROUPS * HALO_PIX) | 1;
+// the window's 16-byte unit of plane i, chunk `chunk`, window pixel `pix`
+__device__ __forceinline__ int halo_unit(int i, int chunk, int pix) {
+  if constexpr (PLANE_ROWS)
+    return chunk * CHUNK_UNITS + (pix / HALO_W * Q_BITS + i) * HALO_W + pix % HALO_W;
+  return (i * HALO_CHUNKS + chunk) * CHUNK_UNITS + pix;
+}
 constexpr bool B_BY_SLAB = A_IN_HALO;  // the weight copies' thread order (load_stage)
 // TMA_HALO (bitserial_wgmma.cu; its value, 32, 64 or 128, is the swizzle width in bytes): the
 // window as channel blocks of TMA_HALO bytes per pixel (CW * 4 / TMA_HALO per plane), HALO_PIX
@@ -148,8 +165,10 @@ __device__ __forceinline__ RowPos row_pos(int v) {
   if constexpr (TAP_SHIFT) return row_pos(vpos(v));
   if constexpr (A_IN_HALO) {  // tile t = (n * TILES_Y + ty) * TILES_X + tx, 8 pixels per row
     const int i = v % BM, t = v / BM;
-    return row_pos(VPos{t / (TILES_X * TILES_Y), t / TILES_X % TILES_Y * TILE_H + i / 8,
-                        t % TILES_X * 8 + i % 8});
+    if constexpr (PLANE_ROWS)  // rows of plane 1 (the second 8 of 16): dropped
+      if (i / 8 % Q_BITS) return row_pos(VPos{NB, 0, 0});
+    return row_pos(VPos{t / (TILES_X * TILES_Y),
+                        t / TILES_X % TILES_Y * TILE_H + i / 8 / PLANE_GROUPS, t % TILES_X * 8 + i % 8});
   }
   return RowPos{v, (v / Q_OUT) % P_OUT, v % Q_OUT};
 }
@@ -475,7 +494,7 @@ __device__ __forceinline__ void halo_tile_load(const u32* __restrict__ x, u32* h
     const int src = valid ? ((n * H + iy) * W + ix) * CW + chunk * 4 : 0;
 #pragma unroll
     for (int i = 0; i < Q_BITS; ++i)
-      copy_async(halo + ((i * HALO_CHUNKS + chunk) * CHUNK_UNITS + pix) * 4, x + i * X_PLANE + src, valid);
+      copy_async(halo + halo_unit(i, chunk, pix) * 4, x + i * X_PLANE + src, valid);
   }
 }
 // A_IN_HALO's k slabs (256 channels of one tap) run channel group by channel group, the taps

@@ -151,6 +151,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
   }
   wgmma_wait<0>();
   copy_wait<0>();
+  planes_from_rows(acc, rsum);
 
   const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
   const int row0 = wg_m * 64 + (warp & 3) * 16;

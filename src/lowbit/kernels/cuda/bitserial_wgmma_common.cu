@@ -35,7 +35,8 @@ __device__ __forceinline__ u64 halo_desc(const u32* halo) {
 // j % RS, slab_word) for warpgroup wg_m's pixel rows 8 wg_m..
 __device__ __forceinline__ int halo_units(int j, int wg_m) {
   const int tap = j % RS, g = j / RS;
-  return 2 * g * CHUNK_UNITS + (8 * wg_m + tap / S) * HALO_W + tap % S;
+  return 2 * g * CHUNK_UNITS + (8 / PLANE_GROUPS * wg_m + tap / S) * PLANE_GROUPS * HALO_W +
+         tap % S;
 }
 // TMA_HALO: the window's first channel block, on the first 1,024-byte boundary in `halo` (its
 // slack: bitserial.py, halo_bytes).
@@ -146,7 +147,7 @@ __device__ __forceinline__ void wgmma_stage(Acc& acc, RowSum& rsum, const u32* s
   for (int ks = 0; ks < KT; ++ks) {
     const u64 db = smem_desc(sb + ks * B_ROWS * 8);
 #pragma unroll
-    for (int i = 0; i < Q_BITS; ++i) {
+    for (int i = 0; i < (PLANE_ROWS ? 1 : Q_BITS); ++i) {  // PLANE_ROWS: every plane's rows
       const u64 da = TMA_HALO ? halo_desc_swizzled(halo, kt * KT + ks, wg_m, i)
           : A_IN_HALO
           ? desc_offset(dhalo, halo_units(kt * KT + ks, wg_m) + i * HALO_CHUNKS * CHUNK_UNITS)
@@ -156,6 +157,24 @@ __device__ __forceinline__ void wgmma_stage(Acc& acc, RowSum& rsum, const u32* s
     }
   }
   wgmma_commit();
+}
+
+// PLANE_ROWS: rows g + 8 of this thread's accumulators (and row sums) hold plane 1 of rows
+// g's pixel: moved into plane 1's registers of rows g, which the epilogue reads as that pixel's
+// plane 1 (it drops rows g + 8).
+__device__ __forceinline__ void planes_from_rows(Acc& acc, RowSum& rsum) {
+  if constexpr (PLANE_ROWS) {
+    static_assert(MT == 1, "a warpgroup's warp owns 16 rows");
+#pragma unroll
+    for (int j = 0; j < P_BITS; ++j)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        acc[1][j][0][nt][0] = acc[0][j][0][nt][2];
+        acc[1][j][0][nt][1] = acc[0][j][0][nt][3];
+      }
+    rsum[1][0][0] = rsum[0][0][2];
+    rsum[1][0][1] = rsum[0][0][3];
+  }
 }
 
 // The 256-byte tile of ones the row-sum wgmma multiplies with (ROWSUM_ONES_TILE), filled once.
