@@ -28,7 +28,9 @@ bind, `bitserial_wimage`, instead of 16-byte cp.async by every thread), TMA_HALO
 one k slice; 32, 64 or 128: the input window by the tensor copy engine, one copy per plane and
 channel block of that many bytes per pixel, into pixel rows with that swizzle that the MMAs
 read in place, a barrier per block, instead of 16-byte cp.async by channel group; the launcher
-passes a tensor map of x), ROWSUM (binary weights
+passes a tensor map of x), PLANE_ROWS (A_IN_HALO with two activation planes, one k slice: 1
+makes a warp's 16 rows one output row's 8 pixels in each plane, so one wgmma per slab covers
+both planes, BM / 16 x 8 pixel tiles), ROWSUM (binary weights
 only: "mma" computes the activation rows' popcounts with one more MMA per plane and k step
 against a tile of ones; "table" reads them from a per-pixel popcount table of x made by a small
 kernel first, summed over the valid taps in the epilogue; "slab", persistent TAP_SHIFT=1 kernels
