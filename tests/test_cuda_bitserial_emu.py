@@ -276,6 +276,10 @@ CASES = [
     ("wgmma_a_in_halo_tma_halo_u1b1", conv(U1, B1, EPILOGUES[5], N=1, H=10, W=7, C=1024, K=70),
      "wgmma", {"BM": 128, "BN": 64, "WN": 64, "KT": 4, "STAGES": 4, "HALO": 1,
                "A_IN_HALO": 1, "TMA_HALO": 32, "REQUANT": "threshold"}),
+    ("wgmma_a_in_halo_tma_halo_5x5_s2s3", conv(S2, S3, EPILOGUES[4], N=1, H=6, W=9, C=1024,
+                                               K=37, R=5, S=5, pad=2),
+     "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 4, "STAGES": 3, "HALO": 1,
+               "A_IN_HALO": 1, "TMA_HALO": 64}),
     # ... both activation planes as rows of one A tile (PLANE_ROWS): margins over two images
     # with bulk weights; two warpgroups' 8 x 8 tiles of a 5 x 5 window; signed activations
     # with thresholds and refilled stages
@@ -289,10 +293,6 @@ CASES = [
     ("wgmma_plane_rows_u1s2", conv(U1, S2, EPILOGUES[5], N=1, H=6, W=13, C=512, K=70),
      "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 2, "STAGES": 4, "HALO": 1,
                "A_IN_HALO": 1, "PLANE_ROWS": 1, "REQUANT": "threshold"}),
-    ("wgmma_a_in_halo_tma_halo_5x5_s2s3", conv(S2, S3, EPILOGUES[4], N=1, H=6, W=9, C=1024,
-                                               K=37, R=5, S=5, pad=2),
-     "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 4, "STAGES": 3, "HALO": 1,
-               "A_IN_HALO": 1, "TMA_HALO": 64}),
 ]
 
 
