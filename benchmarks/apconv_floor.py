@@ -48,7 +48,8 @@ ROUNDS = 3
 
 
 def _primitives() -> str:
-    """The library's own device primitives (mbarrier, bulk copy, cp.async), by their markers."""
+    """The library's own device primitives (mbarrier, bulk and tensor copies, cp.async), by
+    their markers."""
     from lowbit.kernels import cuda
 
     root = Path(cuda.__file__).parent
@@ -64,8 +65,8 @@ KERNEL = r"""
 typedef unsigned int u32;
 typedef unsigned long long u64;
 constexpr int VEC = 4;
+struct __align__(64) TensorMap {{ u64 v[16]; }};  // as bitserial_common.cu's, before its use
 {primitives}
-struct __align__(64) TensorMap {{ u64 v[16]; }};
 
 constexpr int BN = {bn}, MODE = {mode}, PLANES = {planes}, BOX_BYTES = {box};
 constexpr int H = 16, W = 16, PIX_BYTES = 128;  // one plane of a pixel: 1,024 channels
@@ -76,13 +77,6 @@ constexpr int BOX_STRIDE = (HALO_PIX * BOX_BYTES + 127) / 128 * 128;
 constexpr int HALO_BYTES = BOXES * BOX_STRIDE;
 constexpr int KT = 9, KT_BYTES = BN * PIX_BYTES, W_BYTES = KT * KT_BYTES;
 
-__device__ __forceinline__ void tensor_copy(void* dst, const TensorMap* map, int c0, int c1,
-                                            int c2, int c3, u64* bar) {{
-  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {{%2, %3, %4, %5}}], [%6];\n"
-               :: "r"(smem_addr(dst)), "l"((u64)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-                  "r"(smem_addr(bar)) : "memory");
-}}
 __device__ __forceinline__ void bulk_multicast(void* dst, const void* src, u32 bytes, u64* bar,
                                                unsigned short mask) {{
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
@@ -160,7 +154,7 @@ floor_kernel(const unsigned char* __restrict__ x, const unsigned char* __restric
       else
         for (int b = 0; b < BOXES; ++b) {{
           const int p = b / (PIX_BYTES / BOX_BYTES), c = b % (PIX_BYTES / BOX_BYTES);
-          tensor_copy(halo + b * BOX_STRIDE, &xmap, c * BOX_BYTES, x0, y0, p, bar);
+          tensor_copy_4d((u32*)(halo + b * BOX_STRIDE), &xmap, c * BOX_BYTES, x0, y0, p, bar);
         }}
       if constexpr (MODE == 5) {{
         for (int kt = (int)cluster_rank(); kt < KT; kt += 4)
