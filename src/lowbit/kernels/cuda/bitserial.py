@@ -596,6 +596,13 @@ def tile_rows(config: Mapping) -> int:
     return config["BM"] // 8 // (2 if plane_rows(config) else 1)
 
 
+def window_shape(wl: Workload, config: Mapping) -> tuple[int, int]:
+    """A_IN_HALO: the pixel tile's input window, (tile rows + R - 1) x (8 + S - 1) pixels (the
+    kernels' HALO_H x HALO_W)."""
+    sh = conv_shape(wl)
+    return tile_rows(config) + sh.r - 1, 8 + sh.s - 1
+
+
 def halo_blocks(wl: Workload, config: Mapping) -> int:
     """TMA_HALO: channel blocks per plane of the window (0 without)."""
     return conv_shape(wl).words * 4 // tma_halo(config) if tma_halo(config) else 0
@@ -616,7 +623,8 @@ def halo_map_geometry(wl: Workload, config: Mapping) -> tuple[list[int], list[in
     pix = sh.words * 4
     dims = [pix, sh.w, sh.h, sh.nb * planes(wl)[0]]
     strides = [pix, pix * sh.w, pix * sh.w * sh.h]
-    box = [tma_halo(config), 8 + sh.s - 1, tile_rows(config) + sh.r - 1, 1]
+    rows, cols = window_shape(wl, config)
+    box = [tma_halo(config), cols, rows, 1]
     return dims, strides, box
 
 
@@ -735,17 +743,15 @@ def halo_bytes(wl: Workload, config: Mapping) -> int:
     first block to 1,024 bytes)."""
     if not config["HALO"]:
         return 0
-    sh = conv_shape(wl)
-    if tma_halo(config):
-        rows = -(-(tile_rows(config) + sh.r - 1) * (8 + sh.s - 1) // 8) * 8
-        return planes(wl)[0] * (halo_blocks(wl, config) * rows * tma_halo(config) + 1024)
+    sh, q = conv_shape(wl), planes(wl)[0]
+    if not a_in_halo(config):
+        return q * halo_rows(sh, config["BM"]) * sh.w * sh.words * 4
+    pixels = math.prod(window_shape(wl, config))
+    if tma_halo(config):  # pixel rows rounded up to the swizzle's period of 8
+        return q * (halo_blocks(wl, config) * -(-pixels // 8) * 8 * tma_halo(config) + 1024)
     if plane_rows(config):  # each 16-byte chunk's pixels of both planes, an odd count
-        return ((tile_rows(config) + sh.r - 1) * (8 + sh.s - 1) * 2 | 1) * sh.words * 4
-    if a_in_halo(config):  # each 16-byte chunk's pixels, an odd count (CHUNK_UNITS)
-        pixels = (config["BM"] // 8 + sh.r - 1) * (8 + sh.s - 1) | 1
-    else:
-        pixels = halo_rows(sh, config["BM"]) * sh.w
-    return planes(wl)[0] * pixels * sh.words * 4
+        return (q * pixels | 1) * sh.words * 4
+    return q * (pixels | 1) * sh.words * 4  # each chunk's pixels, an odd count (CHUNK_UNITS)
 
 
 def needs_rowsum(wl: Workload) -> bool:
