@@ -106,6 +106,14 @@ __device__ __forceinline__ int halo_unit(int i, int chunk, int pix) {
     return chunk * CHUNK_UNITS + (pix / HALO_W * Q_BITS + i) * HALO_W + pix % HALO_W;
   return (i * HALO_CHUNKS + chunk) * CHUNK_UNITS + pix;
 }
+// A_IN_HALO: block tile `tile`'s image and the input pixel at its window's top left
+struct WindowOrigin {
+  int n, iy0, ix0;
+};
+__device__ __forceinline__ WindowOrigin window_origin(int tile) {
+  const int tx = tile % TILES_X, ty = tile / TILES_X % TILES_Y;
+  return WindowOrigin{tile / (TILES_X * TILES_Y), ty * TILE_H - PAD, tx * 8 - PAD};
+}
 constexpr bool B_BY_SLAB = A_IN_HALO;  // the weight copies' thread order (load_stage)
 // TMA_HALO (bitserial_wgmma.cu; its value, 32, 64 or 128, is the swizzle width in bytes): the
 // window as channel blocks of TMA_HALO bytes per pixel (CW * 4 / TMA_HALO per plane), HALO_PIX
@@ -484,8 +492,7 @@ __device__ __forceinline__ int halo_load(const u32* __restrict__ x, u32* halo, i
 // the group of the stage committed next.
 __device__ __forceinline__ void halo_tile_load(const u32* __restrict__ x, u32* halo, int tile,
                                                int tid, int nthreads, int c0, int c1) {
-  const int tx = tile % TILES_X, ty = tile / TILES_X % TILES_Y, n = tile / (TILES_X * TILES_Y);
-  const int iy0 = ty * TILE_H - PAD, ix0 = tx * 8 - PAD;
+  const auto [n, iy0, ix0] = window_origin(tile);
   const int chunks = c1 - c0;
   for (int idx = tid; idx < HALO_PIX * chunks; idx += nthreads) {
     const int chunk = c0 + idx % chunks, pix = idx / chunks;  // a pixel's chunks coalesce

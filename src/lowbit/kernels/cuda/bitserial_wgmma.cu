@@ -28,12 +28,12 @@ static_assert(!TMA_HALO || (A_IN_HALO && SLICES == 1 && CW * 4 % TMA_HALO == 0),
 constexpr int MBARS = (BULK_WEIGHTS ? KTILES : 0) + HALO_BLOCKS;
 __device__ __forceinline__ void halo_tensor_load(const TensorMap* xmap, u32* halo, int tile,
                                                  u64* bars) {
-  const int tx = tile % TILES_X, ty = tile / TILES_X % TILES_Y, n = tile / (TILES_X * TILES_Y);
+  const WindowOrigin o = window_origin(tile);
   for (int b = 0; b < HALO_BLOCKS; ++b) {
     mbar_expect_tx(bars + b, Q_BITS * HALO_PIX * TMA_HALO);  // zero-filled bytes count too
     for (int i = 0; i < Q_BITS; ++i)
       tensor_copy_4d(halo + (i * HALO_BLOCKS + b) * (HALO_BLOCK_BYTES / 4), xmap, b * TMA_HALO,
-                     tx * 8 - PAD, ty * TILE_H - PAD, i * NB + n, bars + b);
+                     o.ix0, o.iy0, i * NB + o.n, bars + b);
   }
 }
 // ... the last channel block that k tile kt's slabs read (blocks land in order: waiting for it

@@ -46,9 +46,9 @@ __device__ __forceinline__ u32* halo_tiles(u32* halo) {
 }
 // ... and the descriptor of k slab j's A tile (channel group g = j / RS: block
 // g / GROUPS_PER_BLOCK, bytes 32 (g % GROUPS_PER_BLOCK).. of each pixel row; tap j % RS) of
-// activation plane i for warpgroup wg_m,
-// read in place: TMA_HALO-byte swizzle, rows TMA_HALO bytes apart, 8-row groups (pixel rows)
-// SBO = HALO_W * TMA_HALO bytes apart, LBO unused (1). Base offset 0: the swizzle pattern
+// activation plane i for warpgroup wg_m, read in place: TMA_HALO-byte swizzle, rows TMA_HALO
+// bytes apart, 8-row groups (pixel rows) SBO = HALO_W * TMA_HALO bytes apart, LBO unused
+// (1). Base offset 0: the swizzle pattern
 // starts on its period's boundaries, where the tensor copies put it, so a row's phase is its
 // address's (PTX ISA, matrix descriptor), wherever a tap's tile starts.
 constexpr int GROUPS_PER_BLOCK = TMA_HALO ? TMA_HALO / 32 : 1;  // 256-channel groups per block
