@@ -12,12 +12,15 @@ std::thread per CUDA thread:
   A regs 0/1: rows g / g+8, k 32t..32t+31; regs 2/3: k 128+32t..; B regs 0/1: column g, same
   k; C/D: rows g, g+8, columns 2t, 2t+1), operands gathered across the warp;
 - wgmma m64nNk256 .b1 .and.popc (and m64nNk32 .s8/.u8 x .s8 for the int8 mode) from
-  shared-memory descriptors (start, LBO, SBO, swizzle mode 0
-  or 3 = 32-byte swizzle: address bit 4 ^= bit 7), K-major, executed at `wgmma.wait_group`
-  (the latest legal moment) and at issue (the earliest): operands that differ between the two,
-  overwritten or landing late, raise `StaleOperands`; each thread
-  computes its own accumulator registers (warp w of the warpgroup: rows 16w + g (+8),
-  register k: column 8(k/4) + 2t + k%2);
+  shared-memory descriptors (start, LBO, SBO, base offset; no swizzle, or the 128 / 64 /
+  32-byte swizzle: a row's 16-byte chunk index XORed with its address bits 7.. counted from the
+  pattern's start), K-major, executed at `wgmma.wait_group` (the latest legal moment) and at
+  issue (the earliest): operands that differ between the two, overwritten or landing late,
+  raise `StaleOperands`; each thread computes its own accumulator registers (warp w of the
+  warpgroup: rows 16w + g (+8), register k: column 8(k/4) + 2t + k%2);
+- mbarriers with bulk copies and tiled tensor copies (swizzled like the descriptors, zeros out
+  of bounds): the copies land when a thread waits on their mbarrier, which checks the bytes
+  announced by expect_tx;
 - shfl (indexed and xor), bar.sync (the block's and named barriers of a thread count, with
   bar.arrive), __syncwarp, atomicOr on shared memory, cvt.rn.f16.f32 (_Float16), prmt.b32.
 It checks the kernels' indexing, pipelines, descriptors and packing on machines without a GPU;
