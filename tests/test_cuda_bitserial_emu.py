@@ -370,17 +370,9 @@ def test_emulation_catches_mmas_before_their_bulk_weights(monkeypatch):
                                 "HALO": 1, "A_IN_HALO": 1, "BULK_WEIGHTS": 1})
     assert _check(wl, cfg, seed=6)
     wait = "    if constexpr (BULK_WEIGHTS) mbar_wait(bars + kt, 0);"
-    original = bitserial._cu
-
-    def late_wait(file):
-        text = original(file)
-        if file == "bitserial_wgmma.cu":
-            assert text.count(wait) == 1
-            text = text.replace(wait, "").replace(
-                "    if constexpr (!RESIDENT_STAGES) wgmma_wait<1>();",
-                wait + "\n    if constexpr (!RESIDENT_STAGES) wgmma_wait<1>();")
-        return text
-    monkeypatch.setattr(bitserial, "_cu", late_wait)
+    after_mmas = "    if constexpr (!RESIDENT_STAGES) wgmma_wait<1>();"
+    edit_kernel_file(monkeypatch, "bitserial_wgmma.cu", wait, "")
+    edit_kernel_file(monkeypatch, "bitserial_wgmma.cu", after_mmas, wait + "\n" + after_mmas)
     assert not _check(wl, cfg, seed=6)
 
 
