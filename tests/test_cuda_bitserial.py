@@ -262,6 +262,17 @@ def test_a_in_halo_space():
     assert BITSERIAL.build(wl, bulk, arch="sm_90a")._main.cubin[:4] == b"\x7fELF"
     assert "STAGES >= 11" in space.why_invalid(bulk.replace(STAGES=6))
     assert "A_IN_HALO" in space.why_invalid(bulk.replace(A_IN_HALO=0, HALO=1))
+
+
+
+def test_tma_halo_space():
+    """TMA_HALO (the in-place window by tensor copies, in channel blocks of 32, 64 or 128
+    bytes) is A_IN_HALO's, in one k slice, on whole channel blocks; its window takes the
+    blocks' pixel rows rounded up to 8 plus 1,024 bytes of alignment slack per plane and a
+    barrier per block; the tensor map's box is one block of the window. sm_90a only."""
+    b1, u2 = Precision(1, "binary"), Precision(2)
+    wl, space, cfg = _apnn_conv_config(KT=4, STAGES=6, A_IN_HALO=1)
+    bulk = cfg.replace(STAGES=12, BULK_WEIGHTS=1)
     window = bulk.replace(TMA_HALO=128)  # the window by tensor copies: 128-byte blocks
     assert space.is_valid(window), space.why_invalid(window)
     assert bitserial.halo_bytes(wl, window) == 2 * (104 * 128 + 1024)  # 100 rows, to 8
@@ -280,6 +291,14 @@ def test_a_in_halo_space():
     dims, strides, box = bitserial.halo_map_geometry(wl, narrow)
     assert (dims, strides, box) == ([128, 16, 16, 2], [128, 2048, 32768], [32, 10, 10, 1])
     assert BITSERIAL.space(wl, "sm_80").knob("TMA_HALO").values == (0,)
+
+
+def test_plane_rows_space():
+    """PLANE_ROWS (both activation planes as rows of one A tile) halves the pixel tile's rows
+    (BM / 16 x 8), keeps both planes' pixels in each chunk of the window (an odd count), and
+    is A_IN_HALO's with two activation planes, without TMA_HALO."""
+    b1 = Precision(1, "binary")
+    wl, space, cfg = _apnn_conv_config(KT=4, STAGES=6, A_IN_HALO=1)
     rows2 = cfg.replace(PLANE_ROWS=1)  # 4 x 8 pixel tiles, both planes in each wgmma's rows
     assert space.is_valid(rows2), space.why_invalid(rows2)
     assert bitserial.tile_grid(wl, rows2) == (32, 8)
