@@ -55,6 +55,10 @@
 #                the APNN-TC conv): the default config and the FOCUS_CONFIGS (2) fastest committed
 #                ones per row, with their ROWSUM / REQUANT / ROW_TABLE twins, and the configs
 #                of EXTRA_CONFIGS (a JSON list, bitserial.py --extra-configs)          (540)
+#   tests_chained  pytest -m gpu over the chained (PDL) layer tests and the in-place kernels (150)
+#   layer_chain  benchmarks/layer_chain.py: bit-serial layers in x -> y -> x pairs, plain and
+#                chained by programmatic dependent launch, against cuDNN fp16 pairs (CHAIN_LAYERS=a,b
+#                overrides the layers)                                              (300)
 #   bitserial_ab w1a1/w1a2 GEMM 4096^3 + ResNet-50 s2-s5 b256 (AB_LAYERS=a,b overrides), no
 #                tuning: the hand candidates
 #                (with REQUANT / ROWSUM twins) and the committed rows' 3 best configs with
@@ -167,6 +171,11 @@ for s in "$@"; do
     shift_probe) step shift_probe 240 python3 benchmarks/shift_probe.py ${PROBE_ROWS:+--rows $PROBE_ROWS} \
         ${PROBE_VARIANTS:+--variants $PROBE_VARIANTS} ;;
     apconv_floor) step apconv_floor 240 python3 benchmarks/apconv_floor.py ;;
+    tests_chained) step tests_chained 150 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
+        --junitxml="$OUT/tests_chained.xml" -k "chained or a_in_halo or tma_halo" \
+        tests/test_cuda_bitserial.py ;;
+    layer_chain) step layer_chain 300 python3 benchmarks/layer_chain.py \
+        ${CHAIN_LAYERS:+--layers $CHAIN_LAYERS} ;;
     apconv_probe) step apconv_probe 150 python3 benchmarks/apconv_probe.py ;;
     *) echo "unknown step $s" >&2 ;;
     esac

@@ -443,6 +443,66 @@ def test_nvrtc_compiles_wgmma_sample_configs(tmp_path, monkeypatch):
                                          else "bitserial_wgmma")
 
 
+def _chained_configs(arch):
+    """(workload, config) per kernel body: the APNN-TC conv's defaults (w1a2: the in-place
+    block with bulk weights, whose weights go out before the wait; w1a1), a block reading the
+    row-sum table (the xpop kernel chained too), a tap-shift block, persistent wgmma and
+    mma.sync blocks."""
+    b1, u2 = Precision(1, "binary"), Precision(2)
+    apconv = conv(b1, u2, EPILOGUES[1], N=1, H=16, W=16, C=1024, K=1024)
+    b1_apconv = conv(b1, b1, EPILOGUES[5], N=1, H=16, W=16, C=1024, K=1024)
+    s3 = conv(b1, u2, EPILOGUES[1], N=4, H=28, W=28, C=128, K=128)
+    cases = [(s3, BITSERIAL.plain_config(s3, "mma_sync", arch=arch).replace(PERSIST=1))]
+    if arch == "sm_90a":
+        cases += [(apconv, BITSERIAL.default_config(apconv, "wgmma", arch=arch)),
+                  (b1_apconv, BITSERIAL.default_config(b1_apconv, "wgmma", arch=arch)),
+                  (b1_apconv, BITSERIAL.plain_config(b1_apconv, "wgmma", arch=arch).replace(
+                      ROWSUM="table")),
+                  (s3, BITSERIAL.plain_config(s3, "wgmma", arch=arch).replace(
+                      TAP_SHIFT=1, KT=1, STAGES=3, HALO=0, PERSIST=0)),
+                  (s3, BITSERIAL.plain_config(s3, "wgmma", arch=arch).replace(PERSIST=1))]
+    for wl, cfg in cases:
+        assert BITSERIAL.space(wl, arch).is_valid(cfg), BITSERIAL.space(wl, arch).why_invalid(cfg)
+    return cases
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_nvrtc_compiles_chained_kernels(arch, tmp_path, monkeypatch):
+    """CHAINED kernels compile for both targets; on sm_90a every kernel that reads x waits for
+    the previous grid (griddepcontrol.wait) and lets the next one launch, and the in-place
+    block with bulk weights issues its weights' copies before the wait and its window's after;
+    on sm_80 (no PDL) the instructions are left out."""
+    from lowbit.kernels.cuda.nvrtc import compile_ptx
+
+    monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
+    for wl, cfg in _chained_configs(arch):
+        ptx = compile_ptx(bitserial.render(wl, cfg, chained=True), arch).decode()
+        main = ptx[ptx.index(f".entry {bitserial.kernel_name(cfg)}"):]
+        end = main.find(".entry ", 1)
+        main = main if end < 0 else main[:end]
+        xpop = ptx[ptx.index(".entry bitserial_xpop"):]
+        if arch != "sm_90a":
+            assert "griddepcontrol" not in ptx
+            continue
+        for body in (main, xpop):
+            assert body.index("griddepcontrol.launch_dependents") < body.index(
+                "griddepcontrol.wait")
+        if cfg["BULK_WEIGHTS"]:
+            wait = main.index("griddepcontrol.wait")
+            assert main.index("cp.async.bulk.shared") < wait < main.index("cp.async.cg.shared")
+        assert "griddepcontrol" not in compile_ptx(bitserial.render(wl, cfg), arch).decode()
+
+
+def test_chained_bind_needs_sm90(tmp_path, monkeypatch):
+    """bind(chained=True) on a kernel built for sm_80 is refused before any launch."""
+    monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
+    wl, cfg = _chained_configs("sm_80")[0]
+    kernel = BITSERIAL.build(wl, cfg, arch="sm_80")
+    x, w, params = random_inputs(wl, 1)
+    with pytest.raises(ValueError, match="chained=True needs sm_90"):
+        kernel.bind(x, w, params, chained=True)
+
+
 SPLIT_CASES = [  # (workload, MMA, knob changes): split-K with every kind of epilogue term
     (conv(Precision(2, "signed"), Precision(2), EPILOGUES[1], N=1, H=6, W=5, C=280, K=37),
      "mma_sync", {"SPLIT_K": 4, "KT": 1}),
@@ -1045,6 +1105,42 @@ def test_bit_exact_tma_halo(wb, ab):
             _assert_exact(wl, cfg, seed=combo)
             ran += 1
     assert ran >= 4
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["stream", "cuda_graph"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bit_exact_chained_layers(graph):
+    """Four layers launched back to back with bind(chained=True), each reading the previous
+    one's output (programmatic dependent launch: a layer's blocks start while the previous
+    layer runs), on the stream and replayed from a CUDA graph: every layer's output equals the
+    reference of its own input, for each kernel body of `_chained_configs`."""
+    if bitserial.device_arch() != bitserial.WGMMA_ARCH:
+        pytest.skip("programmatic dependent launch and wgmma need sm_90a")
+    for seed, (wl, cfg) in enumerate(_chained_configs("sm_90a")):
+        kernel = BITSERIAL.build(wl, cfg)
+        x, w, params = random_inputs(wl, seed, device="cuda")
+        bufs = [x] + [torch.empty_like(x) for _ in range(4)]
+        layers = [kernel.bind(bufs[i], w, params, out=bufs[i + 1], chained=True)
+                  for i in range(4)]
+        replay = None
+        if graph:
+            replay = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(replay):
+                for layer in layers:
+                    layer()
+        for b in bufs[1:]:
+            b.view(torch.uint8).fill_(0xA5)
+        if replay is not None:
+            replay.replay()
+        else:
+            for layer in layers:
+                layer()
+        torch.cuda.synchronize()
+        w_cpu, p_cpu = w.cpu(), params.to("cpu")
+        for i in range(4):
+            want = run(wl, bufs[i].cpu(), w_cpu, p_cpu)
+            assert torch.equal(bufs[i + 1].cpu(), want), (wl.key, dict(cfg), f"layer {i}")
 
 
 @pytest.mark.parametrize("wb,ab", [(1, 1), (1, 2), (2, 2), (1, 4), (2, 3)])

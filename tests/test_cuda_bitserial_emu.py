@@ -547,3 +547,66 @@ def test_emulation_catches_a_broken_kernel(edit, extra, monkeypatch):
     changes = {"STAGES": 3, "KT": 1, **extra}
     mma = "mma_sync" if "SPLIT_K" in extra else "wgmma"  # split-K runs on mma.sync only
     assert not _check(wl, _config(wl, mma, changes), seed=1)
+
+
+# CHAINED (programmatic dependent launch): one case per kernel body and prologue order; the
+# emulation raises EarlyInputRead where a thread copies from x before griddepcontrol.wait.
+CHAINED_CASES = ["mma_u2s2_bitplane", "mma_persistent_b1b1_fp16", "mma_halo_stride2_s3u4",
+                 "wgmma_halo_u2u2", "wgmma_rowsum_table_b1b1", "wgmma_persistent_s2u2_stride2",
+                 "wgmma_a_in_halo_b1u2", "wgmma_a_in_halo_bulk_b1u2",
+                 "wgmma_a_in_halo_bulk_u1b1", "wgmma_a_in_halo_tma_halo_b1u2",
+                 "wgmma_plane_rows_b1u2", "mma_split4_b1u2_threshold"]
+CASE_BY_ID = {c[0]: c[1:] for c in CASES}
+
+
+def _check_chained(wl, cfg, seed):
+    x, w, params = random_inputs(wl, seed)
+    got = bitserial_emu.emulate(wl, cfg, x, w, params, chained=True)
+    return torch.equal(got, run(wl, x, w, params))
+
+
+@pytest.mark.parametrize("case", CHAINED_CASES)
+def test_emulated_chained_kernel_is_bit_exact(case):
+    """Rendered for programmatic dependent launch, every kernel reads x only after its wait
+    (bulk weights and the epilogue's prefetches before it) and stays exact."""
+    wl, mma, changes = CASE_BY_ID[case]
+    assert _check_chained(wl, _config(wl, mma, changes), seed=len(wl.key) + 1)
+
+
+EARLY_WAIT = "    grid_dependency_wait();\n  }\n"
+HALO_BARS = "  int halo_waited = 0;"
+
+
+@pytest.mark.parametrize("case,edits", [
+    ("mma_halo_stride2_s3u4", [("bitserial_common.cu",
+                                "    if constexpr (!CHAIN_EARLY_WEIGHTS) grid_dependency_wait();\n",
+                                "")]),
+    ("wgmma_a_in_halo_bulk_b1u2", [("bitserial_wgmma.cu", EARLY_WAIT, "  }\n"),
+                                   ("bitserial_wgmma.cu", HALO_BARS,
+                                    "  grid_dependency_wait();\n" + HALO_BARS)]),
+    ("wgmma_a_in_halo_tma_halo_b1u2", [("bitserial_wgmma.cu",
+                                        "      bulk_weights_load(w, stages, bars);\n    }\n",
+                                        "      bulk_weights_load(w, stages, bars);\n"
+                                        "      halo_tensor_load(BITSERIAL_XMAP, halo_tiles(halo),"
+                                        " blockIdx.y, halo_bars);\n    }\n")])],
+    ids=["no_wait", "wait_after_the_window_copies", "window_before_the_wait"])
+def test_emulation_catches_input_read_before_the_wait(case, edits, monkeypatch):
+    """A chained kernel without its wait, with the wait after the window's cp.async, or
+    with the window's tensor copies issued with the early weights: x read too soon."""
+    wl, mma, changes = CASE_BY_ID[case]
+    cfg = _config(wl, mma, changes)
+    assert _check_chained(wl, cfg, seed=3)
+    for edit in edits:  # each edit wraps the previous ones
+        edit_kernel_file(monkeypatch, *edit)
+    with pytest.raises(bitserial_emu.EarlyInputRead):
+        _check_chained(wl, cfg, seed=3)
+
+
+def test_chained_render_leaves_unchained_text_alone():
+    """CHAINED is a render option: the default text defines it 0 (the kernels' SASS as
+    before) and the chained text differs only in that constant."""
+    wl, mma, changes = CASE_BY_ID["wgmma_a_in_halo_bulk_b1u2"]
+    cfg = _config(wl, mma, changes)
+    plain, chained = bitserial.render(wl, cfg), bitserial.render(wl, cfg, chained=True)
+    assert "constexpr int CHAINED = 0;" in plain
+    assert chained == plain.replace("constexpr int CHAINED = 0;", "constexpr int CHAINED = 1;")

@@ -2,6 +2,7 @@
 
 extern "C" __global__ void __launch_bounds__(THREADS) bitserial_kernel(BITSERIAL_KERNEL_PARAMS) {
   extern __shared__ __align__(16) u32 smem[];
+  chain_begin();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
   const i64 m0 = (i64)blockIdx.y * BM;

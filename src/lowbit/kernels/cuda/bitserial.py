@@ -330,10 +330,11 @@ def _pow2_ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
+def render(wl: Workload, config: Config, wgmma_asm: bool = True, chained: bool = False) -> str:
     """CUDA source for (workload, config): constexpr parameters + the bitserial.cu body.
     wgmma_asm=False leaves out the inline-PTX wgmma wrappers (the host emulation supplies its
-    own, `bitserial_emu.py`)."""
+    own, `bitserial_emu.py`); chained=True renders the kernels for launch as programmatic
+    dependents of the previous kernel on the stream (`BitserialKernel.bind(chained=True)`)."""
     sh = conv_shape(wl)
     elem8 = int8_operands(wl)
     if elem8:  # one plane of bytes, products summed by the s8 tensor cores: coefficients 1
@@ -372,7 +373,7 @@ def render(wl: Workload, config: Config, wgmma_asm: bool = True) -> str:
         "THR_STRIDE": threshold_stride(wl) if uses_thresholds(config) else 1,
         "THR_SLOTS": threshold_slots(wl, config),
         "FUSE_PLANES": fuse_planes(config),
-        "THR_PAIRS": int(thr_pairs(config)),
+        "THR_PAIRS": int(thr_pairs(config)), "CHAINED": int(chained),
         **pair_params(wl, config),
     }
     lines = [f"// lowbit bit-serial kernel for {wl.key}", f"// config {config.to_json()}"]
@@ -981,9 +982,18 @@ class BitserialKernel:
         self._wtap = CudaKernel(cubin, "bitserial_wtap")
         self._xpop = CudaKernel(cubin, "bitserial_xpop")
         self._wimage = CudaKernel(cubin, "bitserial_wimage") if bulk_weights(config) else None
+        self._chained: tuple[CudaKernel, CudaKernel] | None = None  # (main, xpop), on demand
         self._grid = tile_grid(workload, config)
         self._threads = threads(config)
         self._smem = smem_bytes(workload, config)
+
+    def chained_kernels(self) -> tuple[CudaKernel, CudaKernel]:
+        """The (main, xpop) kernels rendered with CHAINED (compiled on first use)."""
+        if self._chained is None:
+            cubin = compile_cubin(render(self.workload, self.config, chained=True), self.arch)
+            self._chained = (CudaKernel(cubin, kernel_name(self.config)),
+                             CudaKernel(cubin, "bitserial_xpop"))
+        return self._chained
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams,
                  out: torch.Tensor | None = None) -> torch.Tensor:
@@ -991,9 +1001,16 @@ class BitserialKernel:
         return self.bind(x, w, params, out)()
 
     def bind(self, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams,
-             out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
+             out: torch.Tensor | None = None, chained: bool = False) -> Callable[[], torch.Tensor]:
         """Validate once and return a no-argument launcher (CUDA-graph capture, timing):
         `check_inputs` reads the epilogue vectors, which syncs the device.
+
+        chained=True (sm_90+; a network's layers, each reading the previous one's output): the
+        launcher's kernels go out as programmatic dependents of the previous kernel on the
+        stream (PDL), so their blocks start on the SMs that kernel leaves free, issue what
+        depends on the layer's constants alone (with BULK_WEIGHTS the weights' copies, the
+        epilogue's prefetches), then wait for it to finish before reading `x` or writing `out`.
+        Same results; what it saves is the launch gap and the weights' arrival, per layer.
 
         What depends on the layer's constants alone is worked out here, once, not per launch:
         the requantization thresholds (from `params`) and, for binary activations, the weight
@@ -1006,6 +1023,9 @@ class BitserialKernel:
         `split_workspace` is the split-K partial-sum tensor it writes (None without split-K)."""
         wl = self.workload
         check_inputs(wl, x, w, params)
+        if chained and int(self.arch.removeprefix("sm_").rstrip("a")) < 90:
+            raise ValueError(f"chained=True needs sm_90 or newer (programmatic dependent "
+                             f"launch), this kernel is built for {self.arch}")
         if x.device.type != "cuda":
             raise ValueError(f"x must be a CUDA tensor for {wl.key}, got device {x.device}")
         for name, t in (("x", x), ("w", w)):
@@ -1040,10 +1060,12 @@ class BitserialKernel:
             # done before any launch on another stream (CUDA-graph timing captures on a side one)
             torch.cuda.current_stream(x.device).synchronize()
 
+        main, xpop_kernel = self.chained_kernels() if chained else (self._main, self._xpop)
+
         def launch() -> torch.Tensor:
             if xpop is not None:
-                self._xpop.launch(xpop_blocks, XPOP_THREADS, [x, xpop])
-            self._main.launch(grid, self._threads, args, shared_mem=self._smem)
+                xpop_kernel.launch(xpop_blocks, XPOP_THREADS, [x, xpop], programmatic=chained)
+            main.launch(grid, self._threads, args, shared_mem=self._smem, programmatic=chained)
             return out
 
         launch.split_workspace = split_ws  # type: ignore[attr-defined]  # split-K diagnostics

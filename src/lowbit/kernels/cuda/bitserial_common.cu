@@ -248,7 +248,35 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
   return d;
 }
+// Programmatic dependent launch (CHAINED, sm_90; no-ops on older targets): let the next
+// kernel of the stream launch now, so its blocks take SMs this grid leaves free and run their
+// prologue; wait until the previous kernel of the stream completed and its writes are visible.
+__device__ __forceinline__ void launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dependency_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
 // </device-primitives>
+
+// CHAINED (a bind-time mode, not a config knob: BitserialKernel.bind(chained=True)): the kernel
+// is launched as a programmatic dependent of the previous kernel on the stream (the previous
+// layer, which writes x), so nothing may read x, xpop or the split workspace, or write any
+// output, before grid_dependency_wait. Kernels call chain_begin first: it lets the next kernel
+// launch at once and waits, except where CHAIN_EARLY_WEIGHTS (the in-place kernel with bulk
+// weights) lets the block issue its weights' copies (layer constants) and prefetch its
+// epilogue data first and wait after them (bitserial_wgmma.cu).
+constexpr bool CHAIN_EARLY_WEIGHTS = CHAINED && BULK_WEIGHTS;
+__device__ __forceinline__ void chain_begin() {
+  if constexpr (CHAINED) {
+    launch_dependents();
+    if constexpr (!CHAIN_EARLY_WEIGHTS) grid_dependency_wait();
+  }
+}
 
 // VEC words shared -> shared (halo tile -> im2col stage), zeros when !valid, as a load and a
 // store: a stage's loads all go first, since ptxas keeps a shared load after an earlier shared
@@ -392,6 +420,10 @@ extern "C" __global__ void bitserial_wtap(const u32* __restrict__ w, const int* 
 // 512-byte rows alone and cost 20-45 us on a 4096-row GEMM), then sum over the group with
 // shuffles. No early return: every lane of a warp takes part in the shuffles.
 extern "C" __global__ void bitserial_xpop(const u32* __restrict__ x, int* __restrict__ xpop) {
+  if constexpr (CHAINED) {  // x is the previous kernel's output
+    launch_dependents();
+    grid_dependency_wait();
+  }
   const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   const i64 pix = t / XPOP_LANES;
   const int j = (int)(t % XPOP_LANES);

@@ -21,6 +21,8 @@ std::thread per CUDA thread:
 - mbarriers with bulk copies and tiled tensor copies (swizzled like the descriptors, zeros out
   of bounds): the copies land when a thread waits on their mbarrier, which checks the bytes
   announced by expect_tx;
+- griddepcontrol (CHAINED): a thread's copies from x before its wait raise `EarlyInputRead`
+  (x is the previous kernel's output, possibly still being written);
 - shfl (indexed and xor), bar.sync (the block's and named barriers of a thread count, with
   bar.arrive), __syncwarp, atomicOr on shared memory, cvt.rn.f16.f32 (_Float16), prmt.b32.
 It checks the kernels' indexing, pipelines, descriptors and packing on machines without a GPU;
@@ -94,6 +96,12 @@ static inline int2 __ldg(const int2* p) { return *p; }
 static inline int __ldg(const int* p) { return *p; }
 static std::atomic<int> emu_or_flag;
 static std::atomic<bool> emu_wgmma_stale{false};  // reported by emu_run
+// CHAINED: until a thread has run griddepcontrol.wait, x is the previous kernel's output still
+// being written; a copy from x's bytes [emu_x_lo, emu_x_hi) before it sets emu_chain_early
+static const unsigned char* emu_x_lo = nullptr;
+static const unsigned char* emu_x_hi = nullptr;
+static std::atomic<bool> emu_chain_early{false};  // reported by emu_run
+thread_local bool emu_grid_waited = false;  // a thread per CUDA thread: false at block start
 // bulk copies (BULK_WEIGHTS) and tensor copies (TMA_HALO: their bytes, read at issue, in
 // `data`), queued under a lock (blocks run one at a time, their threads at once) until a thread
 // waits on their mbarrier
@@ -132,6 +140,13 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
   return (u32)off;
 }
 
+static inline void emu_input_read(const void* src) {
+  const unsigned char* p = (const unsigned char*)src;
+  if (CHAINED && !emu_grid_waited && p >= emu_x_lo && p < emu_x_hi) emu_chain_early = true;
+}
+__device__ __forceinline__ void launch_dependents() {}
+__device__ __forceinline__ void grid_dependency_wait() { emu_grid_waited = true; }
+
 struct EmuCopy { u32* dst; const u32* src; };
 thread_local std::vector<std::vector<EmuCopy>> emu_copy_groups;
 thread_local std::vector<EmuCopy> emu_copy_open;
@@ -140,6 +155,7 @@ __device__ __forceinline__ void copy_async(u32* dst, const u32* src, bool valid)
   const u32 d = smem_addr(dst);
   if (d % (VEC * 4) || d + VEC * 4 > emu->smem_size) emu_fail("cp.async destination");
   if (valid && ((unsigned long long)src) % (VEC * 4)) emu_fail("misaligned cp.async source");
+  if (valid) emu_input_read(src);
   emu_copy_open.push_back(EmuCopy{dst, valid ? src : nullptr});
 }
 __device__ __forceinline__ int opaque(int v) { return v; }
@@ -322,6 +338,7 @@ __device__ __forceinline__ void bulk_copy(u32* dst, const u32* src, u32 bytes, u
   const u32 d = smem_addr(dst);
   if (d % 16 || bytes % 16 || d + bytes > emu->smem_size) emu_fail("bulk copy destination");
   if ((unsigned long long)src % 16) emu_fail("misaligned bulk copy source");
+  emu_input_read(src);
   emu_bulk_pending.push_back(EmuBulk{dst, src, bytes, bar});
 }
 // TMA_HALO: a tiled copy of a sw x b1 x b2 x b3 box (sw: the swizzle width, 32 / 64 / 128
@@ -331,6 +348,7 @@ __device__ __forceinline__ void tensor_copy_4d(u32* dst, const TensorMap* map, i
                                                int c2, int c3, u64* bar) {
   EmuTensorMap m;
   memcpy(&m, map, sizeof m);
+  emu_input_read((const void*)m.base);
   const u32 d = smem_addr(dst);
   const int sw = m.swizzle;
   if ((sw != 32 && sw != 64 && sw != 128) || m.box[0] != sw)
@@ -409,6 +427,10 @@ __device__ __forceinline__ void wgmma_planes_ones(int (&d)[P_BITS][MT][NT][4],
 """
 
 HOST_MAIN = r"""
+extern "C" void emu_set_input(const void* x, long long bytes) {
+  emu_x_lo = (const unsigned char*)x;
+  emu_x_hi = emu_x_lo + bytes;
+}
 extern "C" int emu_run(int which, const u32* x, const u32* w, void* out, const int* bias,
                        const float* scale, const int* mult, const int* shift, int* wtap,
                        int* xpop, const int* thr, int* split_ws, int* split_count,
@@ -418,6 +440,7 @@ extern "C" int emu_run(int which, const u32* x, const u32* w, void* out, const i
   emu_block_end = emu_named_idle;
   emu_blocks_ok = true;
   emu_wgmma_stale = false;
+  emu_chain_early = false;
   emu_run_blocks(nthreads, grid_x, grid_y, grid_z, (unsigned char*)smem, smem_bytes,
                  sizeof(smem), [&] {
     if (which == 0) bitserial_wtap(w, thr, wtap);
@@ -429,6 +452,7 @@ extern "C" int emu_run(int which, const u32* x, const u32* w, void* out, const i
     if (threadIdx.x == 0 && !emu_bulk_pending.empty()) emu_fail("bulk copies left pending");
   });
   if (emu_wgmma_stale) return -3;
+  if (emu_chain_early) return -4;
   return emu_blocks_ok ? 0 : -2;  // a block left a named barrier phase with arrivals pending
 }
 """
@@ -438,9 +462,9 @@ WIMAGE = {True: "bitserial_wimage", False: "emu_no_wimage"}
 _REGION = re.compile(r"// <device-primitives>.*?// </device-primitives>\n", re.S)
 
 
-def host_source(wl: Workload, config: Config) -> str:
+def host_source(wl: Workload, config: Config, chained: bool = False) -> str:
     """The kernel's CUDA text with its device primitives replaced by the host versions."""
-    text = render(wl, config, wgmma_asm=False)
+    text = render(wl, config, wgmma_asm=False, chained=chained)
     regions = _REGION.findall(text)
     want = 2 if config["MMA"] == "wgmma" else 1
     if len(regions) != want:
@@ -459,11 +483,13 @@ def host_source(wl: Workload, config: Config) -> str:
 
 def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
             params: EpilogueParams, persistent_blocks: int = 2, poison: int = 0xA5,
-            launches: int = 1) -> torch.Tensor:
+            launches: int = 1, chained: bool = False) -> torch.Tensor:
     """Run the `cuda.bitserial` kernel of (wl, config) on CPU tensors through the host
     emulation; returns the output (poisoned before each launch). Persistent configs run
     `persistent_blocks` blocks, so each loops over several tiles. `launches` > 1 runs the main
-    kernel again on the same side buffers (split-K counters must come back to zero)."""
+    kernel again on the same side buffers (split-K counters must come back to zero).
+    chained=True runs the kernels rendered for programmatic dependent launch and raises
+    `EarlyInputRead` where a thread copies from x before its griddepcontrol.wait."""
     from . import BITSERIAL, INT8_WGMMA
 
     template = INT8_WGMMA if int8_operands(wl) else BITSERIAL
@@ -483,7 +509,9 @@ def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
             table.fill_(-7)  # garbage until a kernel writes it
     if x.dtype == torch.uint8 or w.dtype == torch.uint8:  # int8 layout: the bytes as they are
         x, w = x.view(torch.int8), w.view(torch.int8)
-    lib = host_library(host_source(wl, config), "bitserial")
+    lib = host_library(host_source(wl, config, chained), "bitserial")
+    x_bytes = ctypes.c_longlong(x.numel() * x.element_size())
+    lib.emu_set_input(ctypes.c_void_p(x.data_ptr()), x_bytes)
     ptr = ctypes.c_void_p
     vecs = [params.bias, params.scale, params.multiplier, params.shift]
     thr = epilogue_thresholds(wl, config, params)  # held here: args keep only raw pointers
@@ -526,6 +554,10 @@ class StaleOperands(RuntimeError):
     """An emulated wgmma read shared memory that changed before the MMA completed."""
 
 
+class EarlyInputRead(RuntimeError):
+    """A chained kernel copied from its input before waiting for the kernel that writes it."""
+
+
 def _run(lib: ctypes.CDLL, which: int, args: list, grid: tuple[int, int, int], nthreads: int,
          smem: int) -> None:
     rc = lib.emu_run(ctypes.c_int(which), *args, *(ctypes.c_int(g) for g in grid),
@@ -533,6 +565,9 @@ def _run(lib: ctypes.CDLL, which: int, args: list, grid: tuple[int, int, int], n
     if rc == -2:
         raise RuntimeError("the kernel left a named barrier with arrivals pending (bar.arrive "
                            "without the threads that complete its phase)")
+    if rc == -4:
+        raise EarlyInputRead("a chained kernel copied from x before griddepcontrol.wait (the "
+                             "previous kernel, which writes x, may still be running)")
     if rc == -3:
         raise StaleOperands("wgmma operands changed between issue and completion (a stage "
                             "refilled while its MMAs ran, or their copies landing late)")

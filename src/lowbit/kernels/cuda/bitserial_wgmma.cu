@@ -61,6 +61,21 @@ extern "C" __global__ void bitserial_wimage(const u32* __restrict__ w, u32* __re
   }
 }
 
+// BULK_WEIGHTS: thread 0's bulk copies of every k tile's weights, stage kt on mbarrier kt
+__device__ __forceinline__ void bulk_weights_load(const u32* w, u32* stages, u64* bars) {
+  for (int kt = 0; BULK_WEIGHTS && kt < KTILES; ++kt) {
+    mbar_expect_tx(bars + kt, STAGE_BYTES);
+    bulk_copy(stages + kt * STAGE_WORDS, w + stage_image(blockIdx.x, kt), STAGE_BYTES, bars + kt);
+  }
+}
+// A_IN_HALO: this lane's epilogue rows, and (slice 0) their per-column data prefetched into L1
+__device__ __forceinline__ RowPrep prefetched_rows(i64 m0, int n0, int wg_m, int wg_n, int warp,
+                                                   int lane, int slice, const EpilogueArgs& ea) {
+  const RowPrep rows = epilogue_rows(m0, n0, wg_m * 64 + (warp & 3) * 16, wg_n * WN, lane, ea);
+  if (slice == 0) prefetch_row_data(rows, n0 + wg_n * WN + 2 * (lane & 3), ea);
+  return rows;
+}
+
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITSERIAL_KERNEL_PARAMS) {
   extern __shared__ __align__(128) u32 smem[];
   // SLICES > 1: slice s (THREADS threads, its own stage ring and named barrier) reduces the k
@@ -68,6 +83,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
   // the epilogue. For grids of fewer blocks than SMs, whose k loop is one warpgroup's chain of
   // stages: measured on an H100, fc_b128 -8 to -15%, the APNN-TC conv -2 to -3% (NOTES.md,
   // "Wide one-tile blocks ...").
+  chain_begin();
   const int slice = slice_of_thread();
   const int tid = (int)threadIdx.x - slice * THREADS, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wg_m = wg / WARPS_N, wg_n = wg % WARPS_N;
@@ -93,6 +109,28 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
   // [0, KTILES) without split-K or slices
   const int k0 = SLICES > 1 ? slice * KTILES / SLICES : split_k_begin();
   const int k1 = SLICES > 1 ? (slice + 1) * KTILES / SLICES : split_k_end();
+  // BULK_WEIGHTS / TMA_HALO: thread 0 sets up a barrier per k tile (and per channel block of
+  // the window, after them) and issues the copies (the window's first, after its weight
+  // cp.async without BULK_WEIGHTS); the other threads first touch a barrier after the loop's
+  // first block barrier, by then initialized
+  u64* bars = reinterpret_cast<u64*>(halo + Q_BITS * HALO_WORDS);
+  u64* halo_bars = bars + (BULK_WEIGHTS ? KTILES : 0);
+  // A_IN_HALO (small grids, one tile's chain per SM): the epilogue's rows worked out and
+  // its per-column data prefetched while the first copies fly (off the last MMA's path)
+  RowPrep rows{};
+  // CHAIN_EARLY_WEIGHTS: the weights' copies and the epilogue's prefetches (layer constants)
+  // before the wait for the previous kernel, so they overlap its tail; the rows after it where
+  // they read xpop (ROWSUM_TABLE)
+  constexpr bool EARLY_ROWS = CHAIN_EARLY_WEIGHTS && !ROWSUM_TABLE;
+  if constexpr (CHAIN_EARLY_WEIGHTS) {
+    if (tid == 0) {
+      for (int b = 0; b < MBARS; ++b) mbar_init(bars + b, 1);
+      fence_mbar_init();
+      bulk_weights_load(w, stages, bars);
+    }
+    if constexpr (EARLY_ROWS) rows = prefetched_rows(m0, n0, wg_m, wg_n, warp, lane, slice, BITSERIAL_EPILOGUE_ARGS);
+    grid_dependency_wait();
+  }
 #pragma unroll
   for (int s = 0; s < STAGES - 2; ++s) {
     if (k0 + s < k1) {
@@ -102,32 +140,18 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     }
     copy_commit();
   }
-  // BULK_WEIGHTS / TMA_HALO: thread 0 sets up a barrier per k tile (and per channel block of
-  // the window, after them) and issues the copies (the window's first, after its weight
-  // cp.async without BULK_WEIGHTS); the other threads first touch a barrier after the loop's
-  // first block barrier, by then initialized
-  u64* bars = reinterpret_cast<u64*>(halo + Q_BITS * HALO_WORDS);
-  u64* halo_bars = bars + (BULK_WEIGHTS ? KTILES : 0);
   int halo_waited = 0;  // TMA_HALO: the channel blocks waited for
   if (MBARS && tid == 0) {
-    for (int b = 0; b < MBARS; ++b) mbar_init(bars + b, 1);
-    fence_mbar_init();
+    if constexpr (!CHAIN_EARLY_WEIGHTS) {
+      for (int b = 0; b < MBARS; ++b) mbar_init(bars + b, 1);
+      fence_mbar_init();
+    }
     if constexpr (TMA_HALO)
       halo_tensor_load(BITSERIAL_XMAP, halo_tiles(halo), blockIdx.y, halo_bars);
-    for (int kt = 0; BULK_WEIGHTS && kt < KTILES; ++kt) {
-      mbar_expect_tx(bars + kt, STAGE_BYTES);
-      bulk_copy(stages + kt * STAGE_WORDS, w + stage_image(blockIdx.x, kt), STAGE_BYTES,
-                bars + kt);
-    }
+    if constexpr (!CHAIN_EARLY_WEIGHTS) bulk_weights_load(w, stages, bars);
   }
-  // A_IN_HALO (small grids, one tile's chain per SM): the epilogue's rows worked out and
-  // its per-column data prefetched while the first copies fly (off the last MMA's path)
-  RowPrep rows{};
-  if constexpr (A_IN_HALO) {
-    const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
-    rows = epilogue_rows(m0, n0, wg_m * 64 + (warp & 3) * 16, wg_n * WN, lane, ea);
-    if (slice == 0) prefetch_row_data(rows, n0 + wg_n * WN + 2 * (lane & 3), ea);
-  }
+  if constexpr (A_IN_HALO && !EARLY_ROWS)
+    rows = prefetched_rows(m0, n0, wg_m, wg_n, warp, lane, slice, BITSERIAL_EPILOGUE_ARGS);
   for (int kt = k0; kt < k1; ++kt) {
     copy_wait<STAGES - 3>();
     fence_proxy_async();

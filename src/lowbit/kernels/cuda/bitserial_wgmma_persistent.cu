@@ -17,6 +17,7 @@ static_assert(TEAMS <= 2, "the MMA order alternates between two teams");
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_persistent(
     BITSERIAL_KERNEL_PARAMS) {
   extern __shared__ __align__(128) u32 smem[];
+  chain_begin();
   const int team = team_of_thread();
   const int tid = (int)threadIdx.x - team * THREADS, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wg_m = wg / WARPS_N, wg_n = wg % WARPS_N;

@@ -307,6 +307,7 @@ __device__ __forceinline__ void shift_group_steps(Acc& acc, RowSum& rsum, const 
 // One output tile per block; channel group g's MMAs start once its slab and weights landed.
 extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift(BITSERIAL_KERNEL_PARAMS) {
   extern __shared__ __align__(128) u32 smem[];
+  chain_begin();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wg_m = wg / WARPS_N, wg_n = wg % WARPS_N;
   const int m0 = blockIdx.y * BM;  // virtual rows < 2^31 (bitserial.py)
@@ -390,6 +391,7 @@ __device__ __forceinline__ RowPrep shift_rows(int t, const VPos (&d)[MT][2], int
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_shift_persistent(
     BITSERIAL_KERNEL_PARAMS) {
   extern __shared__ __align__(128) u32 smem[];
+  chain_begin();
   const int team = team_of_thread();
   const int tid = (int)threadIdx.x - team * THREADS, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wg_m = wg / WARPS_N, wg_n = wg % WARPS_N;

@@ -38,6 +38,7 @@ __all__ = [
     "compile_cubin",
     "compile_ptx",
     "device_arch",
+    "launch_config",
     "load_kernel",
     "nvrtc_version",
     "ptxas_report",
@@ -365,11 +366,16 @@ class CudaKernel:
         args: Sequence[Any],
         shared_mem: int = 0,
         device: Any = None,
+        programmatic: bool = False,
     ) -> None:
         """Launch on PyTorch's current stream of ``device`` (default: first tensor arg's device).
 
         ``grid``/``block`` are 1 to 3 ints; ``shared_mem`` is dynamic shared memory in bytes (above
-        48 KiB the function's limit is raised first). Launch errors raise ``CudaError``.
+        48 KiB the function's limit is raised first). ``programmatic``: launch as a programmatic
+        dependent of the previous kernel on the stream (``cuLaunchKernelEx`` with programmatic
+        stream serialization, sm_90+; kept in CUDA-graph capture): the kernel may start before
+        that kernel ends, so it must run ``griddepcontrol.wait`` before reading what it wrote.
+        Launch errors raise ``CudaError``.
         """
         import torch
 
@@ -386,11 +392,37 @@ class CudaKernel:
         stream = torch.cuda.current_stream(device_index).cuda_stream
         driver = _driver()
         with torch.cuda.device(device_index):
-            (result,) = driver.cuLaunchKernel(
-                fn, *g, *b, shared_mem, driver.CUstream(stream), ctypes.addressof(array), 0
-            )
+            if programmatic:
+                config = launch_config(g, b, shared_mem, stream, programmatic=True)
+                (result,) = driver.cuLaunchKernelEx(config, fn, ctypes.addressof(array), 0)
+            else:
+                (result,) = driver.cuLaunchKernel(
+                    fn, *g, *b, shared_mem, driver.CUstream(stream), ctypes.addressof(array), 0
+                )
         del keep
-        _check_cu(result, f"cuLaunchKernel({self.name}, grid={g}, block={b}, smem={shared_mem})")
+        _check_cu(result, f"cuLaunchKernel({self.name}, grid={g}, block={b}, smem={shared_mem}"
+                          f"{', programmatic' if programmatic else ''})")
+
+
+def launch_config(grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int,
+                  stream: int, programmatic: bool = False) -> Any:
+    """The ``CUlaunchConfig`` of a ``cuLaunchKernelEx`` launch on ``stream`` (a raw handle);
+    ``programmatic``: with the programmatic-stream-serialization attribute (PDL)."""
+    driver = _driver()
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = block
+    config.sharedMemBytes = shared_mem
+    config.hStream = driver.CUstream(stream)
+    attrs = []
+    if programmatic:
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        attrs.append(attr)
+    config.attrs = attrs
+    config.numAttrs = len(attrs)
+    return config
 
 
 def _dim3(value: Sequence[int] | int, what: str) -> tuple[int, int, int]:

@@ -1,0 +1,154 @@
+"""Bit-serial conv layers in a chain: each layer reads the previous one's output, as in a network,
+launched plainly and as programmatic dependents (`BitserialKernel.bind(chained=True)`, PDL).
+
+For each layer (C = K, stride 1: its bit-plane output is the next layer's input) and config:
+- `isolated_us`: one launcher replayed alone (the figure of benchmarks/bitserial.py);
+- `pair_us`: two launchers x -> y -> x replayed back to back, per layer, plain launches;
+- `chained_us`: the same pair with chained=True, per layer: each layer's blocks start on the
+  SMs the previous one leaves free, issue their weights' copies, then wait for it.
+Every launcher pair is first run on fresh inputs and checked bit for bit against
+`lowbit.reference.run`, layer by layer, plain and chained. Baselines in the same run: cuDNN fp16
+alone and as the same x -> y -> x pair (channels_last), and for the APNN-TC conv the published
+kernel's 17 us (a single launch, issue 6). Timing: CUDA-graph replays, median
+(`lowbit.tune.timing.time_us`). Floors: `workload_floor_us(wl, "bitserial")`.
+
+Usage: python benchmarks/layer_chain.py [--layers apconv_b1_c1024,...] [--precisions w1a2,w1a1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common
+from bitserial import APNN_TC_US, bitserial_workload, gpu_inputs
+from lowbit.core import Config, ConvWorkload, Workload
+from lowbit.core.workloads import load_workloads
+from lowbit.kernels.cuda import BITSERIAL
+from lowbit.perfmodel.roofline import measure_bandwidth, peaks_for, workload_floor_us
+from lowbit.reference import run
+from lowbit.tune.timing import time_us
+
+LAYERS = {"apconv_b1_c1024": ConvWorkload(N=1, H=16, W=16, C=1024, K=1024, R=3, S=3, pad=1),
+          **dict(load_workloads("apconv_sweep"))}
+
+
+def candidates(wl: Workload) -> list[Config]:
+    """The default config, then its in-place twins that change how the SMs are shared: 32 or
+    64 columns per block, weights by bulk or by cp.async, the window by tensor copies."""
+    space = BITSERIAL.space(wl)
+    d = BITSERIAL.default_config(wl)
+    twins = [d]
+    if d["A_IN_HALO"]:
+        for bn in (32, 64):
+            for bulk in (0, 1):
+                twins.append(d.replace(BN=bn, WN=bn, BULK_WEIGHTS=bulk))
+            twins.append(d.replace(BN=bn, WN=bn, BULK_WEIGHTS=1, TMA_HALO=128))
+    return [c for c in dict.fromkeys(twins) if space.is_valid(c)]
+
+
+def check_pair(wl: Workload, cfg: Config, chained: bool, seed: int) -> bool:
+    """x -> y -> z by two launchers on fresh inputs: both outputs bit-exact."""
+    kernel = BITSERIAL.build(wl, cfg)
+    x, w, params = gpu_inputs(wl, seed)
+    y, z = torch.empty_like(x), torch.empty_like(x)
+    for t in (y, z):
+        t.view(torch.uint8).fill_(0xA5)
+    first = kernel.bind(x, w, params, out=y, chained=chained)
+    second = kernel.bind(y, w, params, out=z, chained=chained)
+    first()
+    second()
+    torch.cuda.synchronize()
+    return torch.equal(y, run(wl, x, w, params)) and torch.equal(z, run(wl, y, w, params))
+
+
+def timed(fn) -> float:
+    return time_us(fn, cuda_graph=True)
+
+
+def config_row(wl: Workload, cfg: Config, seed: int) -> dict:
+    row: dict = {"config": dict(cfg)}
+    row["exact"] = check_pair(wl, cfg, False, seed) and check_pair(wl, cfg, True, seed + 1)
+    if not row["exact"]:
+        return row
+    kernel = BITSERIAL.build(wl, cfg)
+    x, w, params = gpu_inputs(wl, seed)
+    y = torch.empty_like(x)
+    plain = [kernel.bind(x, w, params, out=y), kernel.bind(y, w, params, out=x)]
+    chained = [kernel.bind(x, w, params, out=y, chained=True),
+               kernel.bind(y, w, params, out=x, chained=True)]
+    row["isolated_us"] = timed(plain[0])
+    row["pair_us"] = timed(lambda: (plain[0](), plain[1]())) / 2
+    row["chained_us"] = timed(lambda: (chained[0](), chained[1]())) / 2
+    return row
+
+
+def cudnn_us(wl: ConvWorkload) -> dict:
+    """cuDNN fp16 (channels_last, benchmark mode): one conv alone, and x -> y -> x per conv."""
+    torch.backends.cudnn.benchmark = True
+    x = torch.randn(wl.N, wl.C, wl.H, wl.W, device="cuda", dtype=torch.float16)
+    x = x.to(memory_format=torch.channels_last)
+    w = torch.randn(wl.K, wl.C, wl.R, wl.S, device="cuda", dtype=torch.float16)
+    w = w.to(memory_format=torch.channels_last)
+
+    def conv(t):
+        return F.conv2d(t, w, stride=wl.stride, padding=wl.pad)
+
+    conv(conv(x))
+    return {"cudnn_fp16": timed(lambda: conv(x)),
+            "cudnn_fp16_pair": timed(lambda: conv(conv(x))) / 2}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=lambda v: v.split(","),
+                    default=["apconv_b1_c1024", "apconv_sweep_c512", "apconv_sweep_c1024"])
+    ap.add_argument("--precisions", type=lambda v: v.split(","), default=["w1a2", "w1a1"])
+    args = ap.parse_args()
+    peaks = dataclasses.replace(peaks_for(common.gpu_name()), bandwidth=measure_bandwidth())
+    rows = []
+    for name in args.layers:
+        base = LAYERS[name]
+        base_us = cudnn_us(base)
+        for prec in args.precisions:
+            wl = bitserial_workload(base, prec)
+            row = {"workload": name, "precision": prec, "impl": BITSERIAL.name,
+                   "workload_key": wl.key, "floor_us": workload_floor_us(wl, "bitserial", peaks),
+                   "baselines_us": base_us, "configs": []}
+            if (name, prec) in APNN_TC_US:
+                row["apnn_tc_published_us"] = APNN_TC_US[(name, prec)]
+            for i, cfg in enumerate(candidates(wl)):
+                try:
+                    row["configs"].append(config_row(wl, cfg, seed=10 * i))
+                except Exception as e:  # one config's failure is recorded, not fatal
+                    row["configs"].append({"config": dict(cfg), "error": f"{e!r}"[:300]})
+            exact = [c for c in row["configs"] if c.get("exact")]
+            for key in ("isolated_us", "pair_us", "chained_us"):
+                row[key] = min((c[key] for c in exact), default=None)
+            rows.append(row)
+            print(summary_line(row), flush=True)
+    path = common.write_results("layer_chain", rows, extra={"peaks": dataclasses.asdict(peaks)})
+    print(f"wrote {path}")
+
+
+def summary_line(row: dict) -> str:
+    if row["chained_us"] is None:
+        return f"{row['workload']:20s} {row['precision']} FAILED {row['configs']}"
+    b = row["baselines_us"]
+    apnn = row.get("apnn_tc_published_us")
+    apnn_text = f" APNN-TC/chained {apnn / row['chained_us']:.2f}x" if apnn else ""
+    return (f"{row['workload']:20s} {row['precision']} isolated {row['isolated_us']:.2f} "
+            f"pair {row['pair_us']:.2f} chained {row['chained_us']:.2f} us "
+            f"(floor {row['floor_us']:.2f}); cuDNN pair/chained "
+            f"{b['cudnn_fp16_pair'] / row['chained_us']:.2f}x{apnn_text}")
+
+
+if __name__ == "__main__":
+    main()
