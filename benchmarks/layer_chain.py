@@ -4,8 +4,11 @@ launched plainly and as programmatic dependents (`BitserialKernel.bind(chained=T
 For each layer (C = K, stride 1: its bit-plane output is the next layer's input) and config:
 - `isolated_us`: one launcher replayed alone (the figure of benchmarks/bitserial.py);
 - `pair_us`: two launchers x -> y -> x replayed back to back, per layer, plain launches;
-- `chained_us`: the same pair with chained=True, per layer: each layer's blocks start on the
-  SMs the previous one leaves free, issue their weights' copies, then wait for it.
+- `chained_us`: the same pair with chained=True, per layer (the faster trigger; both are
+  kept, `chained_<trigger>_us`): each layer's blocks start on the SMs the previous one leaves
+  free, issue their weights' copies, then wait for it.
+Beside each layer, `empty`: a kernel of the default config's grid, block and shared memory
+that only triggers and waits, timed the same three ways (the launch and dependency floor).
 Every launcher pair is first run on fresh inputs and checked bit for bit against
 `lowbit.reference.run`, layer by layer, plain and chained. Baselines in the same run: cuDNN fp16
 alone and as the same x -> y -> x pair (channels_last), and for the APNN-TC conv the published
@@ -31,7 +34,9 @@ import common
 from bitserial import APNN_TC_US, bitserial_workload, gpu_inputs
 from lowbit.core import Config, ConvWorkload, Workload
 from lowbit.core.workloads import load_workloads
-from lowbit.kernels.cuda import BITSERIAL
+from lowbit.kernels.cuda import BITSERIAL, bitserial
+from lowbit.kernels.cuda.bitserial import CHAIN_TRIGGERS
+from lowbit.kernels.cuda.nvrtc import load_kernel
 from lowbit.perfmodel.roofline import measure_bandwidth, peaks_for, workload_floor_us
 from lowbit.reference import run
 from lowbit.tune.timing import time_us
@@ -54,15 +59,16 @@ def candidates(wl: Workload) -> list[Config]:
     return [c for c in dict.fromkeys(twins) if space.is_valid(c)]
 
 
-def check_pair(wl: Workload, cfg: Config, chained: bool, seed: int) -> bool:
+def check_pair(wl: Workload, cfg: Config, chained: bool, seed: int,
+               trigger: str = "start") -> bool:
     """x -> y -> z by two launchers on fresh inputs: both outputs bit-exact."""
     kernel = BITSERIAL.build(wl, cfg)
     x, w, params = gpu_inputs(wl, seed)
     y, z = torch.empty_like(x), torch.empty_like(x)
     for t in (y, z):
         t.view(torch.uint8).fill_(0xA5)
-    first = kernel.bind(x, w, params, out=y, chained=chained)
-    second = kernel.bind(y, w, params, out=z, chained=chained)
+    first = kernel.bind(x, w, params, out=y, chained=chained, trigger=trigger)
+    second = kernel.bind(y, w, params, out=z, chained=chained, trigger=trigger)
     first()
     second()
     torch.cuda.synchronize()
@@ -75,19 +81,47 @@ def timed(fn) -> float:
 
 def config_row(wl: Workload, cfg: Config, seed: int) -> dict:
     row: dict = {"config": dict(cfg)}
-    row["exact"] = check_pair(wl, cfg, False, seed) and check_pair(wl, cfg, True, seed + 1)
+    row["exact"] = check_pair(wl, cfg, False, seed) and all(
+        check_pair(wl, cfg, True, seed + 1 + i, trigger)
+        for i, trigger in enumerate(CHAIN_TRIGGERS))
     if not row["exact"]:
         return row
     kernel = BITSERIAL.build(wl, cfg)
     x, w, params = gpu_inputs(wl, seed)
     y = torch.empty_like(x)
     plain = [kernel.bind(x, w, params, out=y), kernel.bind(y, w, params, out=x)]
-    chained = [kernel.bind(x, w, params, out=y, chained=True),
-               kernel.bind(y, w, params, out=x, chained=True)]
     row["isolated_us"] = timed(plain[0])
     row["pair_us"] = timed(lambda: (plain[0](), plain[1]())) / 2
-    row["chained_us"] = timed(lambda: (chained[0](), chained[1]())) / 2
+    for trigger in CHAIN_TRIGGERS:
+        pair = [kernel.bind(x, w, params, out=y, chained=True, trigger=trigger),
+                kernel.bind(y, w, params, out=x, chained=True, trigger=trigger)]
+        row[f"chained_{trigger}_us"] = timed(lambda p=pair: (p[0](), p[1]())) / 2
+    row["chained_us"] = min(row[f"chained_{t}_us"] for t in CHAIN_TRIGGERS)
     return row
+
+
+EMPTY_SOURCE = """extern "C" __global__ void chain_empty(int* flag) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (flag[0] == 12345) flag[1] = 1;  // a read after the wait, as a layer's
+}
+"""
+
+
+def empty_row(wl: Workload, cfg: Config) -> dict:
+    """The launch and dependency floor of `cfg`'s grid: a kernel of its grid, block and shared
+    memory that triggers, waits and exits, alone, as a plain pair and as a chained pair."""
+    kernel = load_kernel(EMPTY_SOURCE, "chain_empty")
+    grid, block = bitserial.tile_grid(wl, cfg), bitserial.threads(cfg)
+    smem = bitserial.smem_bytes(wl, cfg)
+    flag = torch.zeros(2, dtype=torch.int32, device="cuda")
+
+    def launch(programmatic: bool = False) -> None:
+        kernel.launch(grid, block, [flag], shared_mem=smem, programmatic=programmatic)
+
+    return {"grid": list(grid), "threads": block, "smem_bytes": smem,
+            "isolated_us": timed(launch), "pair_us": timed(lambda: (launch(), launch())) / 2,
+            "chained_us": timed(lambda: (launch(True), launch(True))) / 2}
 
 
 def cudnn_us(wl: ConvWorkload) -> dict:
@@ -124,6 +158,7 @@ def main() -> None:
                    "baselines_us": base_us, "configs": []}
             if (name, prec) in APNN_TC_US:
                 row["apnn_tc_published_us"] = APNN_TC_US[(name, prec)]
+            row["empty"] = empty_row(wl, BITSERIAL.default_config(wl))
             for i, cfg in enumerate(candidates(wl)):
                 try:
                     row["configs"].append(config_row(wl, cfg, seed=10 * i))
@@ -146,7 +181,8 @@ def summary_line(row: dict) -> str:
     apnn_text = f" APNN-TC/chained {apnn / row['chained_us']:.2f}x" if apnn else ""
     return (f"{row['workload']:20s} {row['precision']} isolated {row['isolated_us']:.2f} "
             f"pair {row['pair_us']:.2f} chained {row['chained_us']:.2f} us "
-            f"(floor {row['floor_us']:.2f}); cuDNN pair/chained "
+            f"(floor {row['floor_us']:.2f}; empty kernel chained "
+            f"{row['empty']['chained_us']:.2f}); cuDNN pair/chained "
             f"{b['cudnn_fp16_pair'] / row['chained_us']:.2f}x{apnn_text}")
 
 

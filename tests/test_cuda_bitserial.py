@@ -466,29 +466,41 @@ def _chained_configs(arch):
     return cases
 
 
+def _ptx_entry(ptx: str, name: str) -> str:
+    body = ptx[ptx.index(f".entry {name}"):]
+    end = body.find(".entry ", 1)
+    return body if end < 0 else body[:end]
+
+
+@pytest.mark.parametrize("trigger", sorted(bitserial.CHAIN_TRIGGERS))
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-def test_nvrtc_compiles_chained_kernels(arch, tmp_path, monkeypatch):
+def test_nvrtc_compiles_chained_kernels(arch, trigger, tmp_path, monkeypatch):
     """CHAINED kernels compile for both targets; on sm_90a every kernel that reads x waits for
-    the previous grid (griddepcontrol.wait) and lets the next one launch, and the in-place
-    block with bulk weights issues its weights' copies before the wait and its window's after;
-    on sm_80 (no PDL) the instructions are left out."""
+    the previous grid (griddepcontrol.wait) and lets the next one launch: at its start, or
+    ("after_mma") the one-tile kernels after their last MMA and persistent ones at exit; the
+    in-place block with bulk weights issues its weights' copies before the wait and its
+    window's after. On sm_80 (no PDL) the instructions are left out."""
     from lowbit.kernels.cuda.nvrtc import compile_ptx
 
     monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
+    mode = bitserial.CHAIN_TRIGGERS[trigger]
     for wl, cfg in _chained_configs(arch):
-        ptx = compile_ptx(bitserial.render(wl, cfg, chained=True), arch).decode()
-        main = ptx[ptx.index(f".entry {bitserial.kernel_name(cfg)}"):]
-        end = main.find(".entry ", 1)
-        main = main if end < 0 else main[:end]
-        xpop = ptx[ptx.index(".entry bitserial_xpop"):]
+        ptx = compile_ptx(bitserial.render(wl, cfg, chained=mode), arch).decode()
+        main = _ptx_entry(ptx, bitserial.kernel_name(cfg))
+        xpop = _ptx_entry(ptx, "bitserial_xpop")
         if arch != "sm_90a":
             assert "griddepcontrol" not in ptx
             continue
-        for body in (main, xpop):
-            assert body.index("griddepcontrol.launch_dependents") < body.index(
-                "griddepcontrol.wait")
+        assert xpop.index("griddepcontrol.launch_dependents") < xpop.index("griddepcontrol.wait")
+        wait = main.index("griddepcontrol.wait")
+        if trigger == "start":
+            assert main.index("griddepcontrol.launch_dependents") < wait
+        elif cfg["PERSIST"]:
+            assert "griddepcontrol.launch_dependents" not in main
+        else:
+            mma = "wgmma.mma_async" if cfg["MMA"] == "wgmma" else "mma.sync"
+            assert wait < main.rindex(mma) < main.index("griddepcontrol.launch_dependents")
         if cfg["BULK_WEIGHTS"]:
-            wait = main.index("griddepcontrol.wait")
             assert main.index("cp.async.bulk.shared") < wait < main.index("cp.async.cg.shared")
         assert "griddepcontrol" not in compile_ptx(bitserial.render(wl, cfg), arch).decode()
 
@@ -1107,10 +1119,11 @@ def test_bit_exact_tma_halo(wb, ab):
     assert ran >= 4
 
 
+@pytest.mark.parametrize("trigger", sorted(bitserial.CHAIN_TRIGGERS))
 @pytest.mark.parametrize("graph", [False, True], ids=["stream", "cuda_graph"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_bit_exact_chained_layers(graph):
+def test_bit_exact_chained_layers(graph, trigger):
     """Four layers launched back to back with bind(chained=True), each reading the previous
     one's output (programmatic dependent launch: a layer's blocks start while the previous
     layer runs), on the stream and replayed from a CUDA graph: every layer's output equals the
@@ -1121,8 +1134,8 @@ def test_bit_exact_chained_layers(graph):
         kernel = BITSERIAL.build(wl, cfg)
         x, w, params = random_inputs(wl, seed, device="cuda")
         bufs = [x] + [torch.empty_like(x) for _ in range(4)]
-        layers = [kernel.bind(bufs[i], w, params, out=bufs[i + 1], chained=True)
-                  for i in range(4)]
+        layers = [kernel.bind(bufs[i], w, params, out=bufs[i + 1], chained=True,
+                              trigger=trigger) for i in range(4)]
         replay = None
         if graph:
             replay = torch.cuda.CUDAGraph()

@@ -559,28 +559,28 @@ CHAINED_CASES = ["mma_u2s2_bitplane", "mma_persistent_b1b1_fp16", "mma_halo_stri
 CASE_BY_ID = {c[0]: c[1:] for c in CASES}
 
 
-def _check_chained(wl, cfg, seed):
+def _check_chained(wl, cfg, seed, mode=1):
     x, w, params = random_inputs(wl, seed)
-    got = bitserial_emu.emulate(wl, cfg, x, w, params, chained=True)
+    got = bitserial_emu.emulate(wl, cfg, x, w, params, chained=mode)
     return torch.equal(got, run(wl, x, w, params))
 
 
+@pytest.mark.parametrize("mode", sorted(bitserial.CHAIN_TRIGGERS.values()))
 @pytest.mark.parametrize("case", CHAINED_CASES)
-def test_emulated_chained_kernel_is_bit_exact(case):
-    """Rendered for programmatic dependent launch, every kernel reads x only after its wait
-    (bulk weights and the epilogue's prefetches before it) and stays exact."""
+def test_emulated_chained_kernel_is_bit_exact(case, mode):
+    """Rendered for programmatic dependent launch (either trigger), every kernel reads x only
+    after its wait (bulk weights and the epilogue's prefetches before it) and stays exact."""
     wl, mma, changes = CASE_BY_ID[case]
-    assert _check_chained(wl, _config(wl, mma, changes), seed=len(wl.key) + 1)
+    assert _check_chained(wl, _config(wl, mma, changes), seed=len(wl.key) + 1, mode=mode)
 
 
 EARLY_WAIT = "    grid_dependency_wait();\n  }\n"
+TOP_WAIT = "  if constexpr (CHAINED && !CHAIN_EARLY_WEIGHTS) grid_dependency_wait();\n"
 HALO_BARS = "  int halo_waited = 0;"
 
 
 @pytest.mark.parametrize("case,edits", [
-    ("mma_halo_stride2_s3u4", [("bitserial_common.cu",
-                                "    if constexpr (!CHAIN_EARLY_WEIGHTS) grid_dependency_wait();\n",
-                                "")]),
+    ("mma_halo_stride2_s3u4", [("bitserial_common.cu", TOP_WAIT, "")]),
     ("wgmma_a_in_halo_bulk_b1u2", [("bitserial_wgmma.cu", EARLY_WAIT, "  }\n"),
                                    ("bitserial_wgmma.cu", HALO_BARS,
                                     "  grid_dependency_wait();\n" + HALO_BARS)]),
@@ -607,6 +607,8 @@ def test_chained_render_leaves_unchained_text_alone():
     before) and the chained text differs only in that constant."""
     wl, mma, changes = CASE_BY_ID["wgmma_a_in_halo_bulk_b1u2"]
     cfg = _config(wl, mma, changes)
-    plain, chained = bitserial.render(wl, cfg), bitserial.render(wl, cfg, chained=True)
+    plain = bitserial.render(wl, cfg)
     assert "constexpr int CHAINED = 0;" in plain
-    assert chained == plain.replace("constexpr int CHAINED = 0;", "constexpr int CHAINED = 1;")
+    for mode in bitserial.CHAIN_TRIGGERS.values():
+        assert bitserial.render(wl, cfg, chained=mode) == plain.replace(
+            "constexpr int CHAINED = 0;", f"constexpr int CHAINED = {mode};")

@@ -34,6 +34,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_kernel(BITSERIAL
     mma_sync_stage(acc, rsum, sa, sa + A_STAGE_WORDS, warp_m, warp_n, lane);
   }
   copy_wait<0>();
+  chain_mmas_issued();
 
   const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
   if constexpr (SPLIT_K > 1) {

@@ -330,11 +330,12 @@ def _pow2_ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def render(wl: Workload, config: Config, wgmma_asm: bool = True, chained: bool = False) -> str:
+def render(wl: Workload, config: Config, wgmma_asm: bool = True, chained: int = 0) -> str:
     """CUDA source for (workload, config): constexpr parameters + the bitserial.cu body.
     wgmma_asm=False leaves out the inline-PTX wgmma wrappers (the host emulation supplies its
-    own, `bitserial_emu.py`); chained=True renders the kernels for launch as programmatic
-    dependents of the previous kernel on the stream (`BitserialKernel.bind(chained=True)`)."""
+    own, `bitserial_emu.py`); chained = 1 or 2 renders the kernels for launch as programmatic
+    dependents of the previous kernel on the stream, letting the next kernel launch at their
+    start (1) or once their MMAs are issued (2) (`CHAIN_TRIGGERS`, `BitserialKernel.bind`)."""
     sh = conv_shape(wl)
     elem8 = int8_operands(wl)
     if elem8:  # one plane of bytes, products summed by the s8 tensor cores: coefficients 1
@@ -966,6 +967,11 @@ def acc_regs(wl: Workload, config: Mapping) -> int:
     return (tiles * acc_planes(wl, config) * p + extra) * (2 if pingpong else 1)  # two sets
 
 
+#: BitserialKernel.bind(chained=True, trigger=...): when the next kernel may launch -> the
+#: CHAINED value the kernels are rendered with (bitserial_common.cu, chain_begin)
+CHAIN_TRIGGERS = {"start": 1, "after_mma": 2}
+
+
 class BitserialKernel:
     """Compiled bit-serial kernel for one (workload, config); call as kernel(x, w, params)."""
 
@@ -982,18 +988,20 @@ class BitserialKernel:
         self._wtap = CudaKernel(cubin, "bitserial_wtap")
         self._xpop = CudaKernel(cubin, "bitserial_xpop")
         self._wimage = CudaKernel(cubin, "bitserial_wimage") if bulk_weights(config) else None
-        self._chained: tuple[CudaKernel, CudaKernel] | None = None  # (main, xpop), on demand
+        self._chained: dict[int, tuple[CudaKernel, CudaKernel]] = {}  # (main, xpop) by mode
         self._grid = tile_grid(workload, config)
         self._threads = threads(config)
         self._smem = smem_bytes(workload, config)
 
-    def chained_kernels(self) -> tuple[CudaKernel, CudaKernel]:
-        """The (main, xpop) kernels rendered with CHAINED (compiled on first use)."""
-        if self._chained is None:
-            cubin = compile_cubin(render(self.workload, self.config, chained=True), self.arch)
-            self._chained = (CudaKernel(cubin, kernel_name(self.config)),
-                             CudaKernel(cubin, "bitserial_xpop"))
-        return self._chained
+    def chained_kernels(self, trigger: str = "start") -> tuple[CudaKernel, CudaKernel]:
+        """The (main, xpop) kernels rendered for programmatic dependent launch with the next
+        kernel's launch at `trigger` (`CHAIN_TRIGGERS`; compiled on first use)."""
+        mode = CHAIN_TRIGGERS[trigger]
+        if mode not in self._chained:
+            cubin = compile_cubin(render(self.workload, self.config, chained=mode), self.arch)
+            self._chained[mode] = (CudaKernel(cubin, kernel_name(self.config)),
+                                   CudaKernel(cubin, "bitserial_xpop"))
+        return self._chained[mode]
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams,
                  out: torch.Tensor | None = None) -> torch.Tensor:
@@ -1001,7 +1009,8 @@ class BitserialKernel:
         return self.bind(x, w, params, out)()
 
     def bind(self, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams,
-             out: torch.Tensor | None = None, chained: bool = False) -> Callable[[], torch.Tensor]:
+             out: torch.Tensor | None = None, chained: bool = False,
+             trigger: str = "start") -> Callable[[], torch.Tensor]:
         """Validate once and return a no-argument launcher (CUDA-graph capture, timing):
         `check_inputs` reads the epilogue vectors, which syncs the device.
 
@@ -1011,6 +1020,9 @@ class BitserialKernel:
         depends on the layer's constants alone (with BULK_WEIGHTS the weights' copies, the
         epilogue's prefetches), then wait for it to finish before reading `x` or writing `out`.
         Same results; what it saves is the launch gap and the weights' arrival, per layer.
+        `trigger` says when the next kernel may launch: "start" (at once), "after_mma" (once
+        a one-tile block has issued its last MMAs: where several blocks fit an SM, later
+        layers' waiting blocks then do not crowd this layer's; persistent kernels: at exit).
 
         What depends on the layer's constants alone is worked out here, once, not per launch:
         the requantization thresholds (from `params`) and, for binary activations, the weight
@@ -1023,6 +1035,8 @@ class BitserialKernel:
         `split_workspace` is the split-K partial-sum tensor it writes (None without split-K)."""
         wl = self.workload
         check_inputs(wl, x, w, params)
+        if trigger not in CHAIN_TRIGGERS:
+            raise ValueError(f"trigger must be one of {sorted(CHAIN_TRIGGERS)}, got {trigger!r}")
         if chained and int(self.arch.removeprefix("sm_").rstrip("a")) < 90:
             raise ValueError(f"chained=True needs sm_90 or newer (programmatic dependent "
                              f"launch), this kernel is built for {self.arch}")
@@ -1060,7 +1074,8 @@ class BitserialKernel:
             # done before any launch on another stream (CUDA-graph timing captures on a side one)
             torch.cuda.current_stream(x.device).synchronize()
 
-        main, xpop_kernel = self.chained_kernels() if chained else (self._main, self._xpop)
+        main, xpop_kernel = (self.chained_kernels(trigger) if chained
+                             else (self._main, self._xpop))
 
         def launch() -> torch.Tensor:
             if xpop is not None:

@@ -462,7 +462,7 @@ WIMAGE = {True: "bitserial_wimage", False: "emu_no_wimage"}
 _REGION = re.compile(r"// <device-primitives>.*?// </device-primitives>\n", re.S)
 
 
-def host_source(wl: Workload, config: Config, chained: bool = False) -> str:
+def host_source(wl: Workload, config: Config, chained: int = 0) -> str:
     """The kernel's CUDA text with its device primitives replaced by the host versions."""
     text = render(wl, config, wgmma_asm=False, chained=chained)
     regions = _REGION.findall(text)
@@ -483,12 +483,13 @@ def host_source(wl: Workload, config: Config, chained: bool = False) -> str:
 
 def emulate(wl: Workload, config: Config, x: torch.Tensor, w: torch.Tensor,
             params: EpilogueParams, persistent_blocks: int = 2, poison: int = 0xA5,
-            launches: int = 1, chained: bool = False) -> torch.Tensor:
+            launches: int = 1, chained: int = 0) -> torch.Tensor:
     """Run the `cuda.bitserial` kernel of (wl, config) on CPU tensors through the host
     emulation; returns the output (poisoned before each launch). Persistent configs run
     `persistent_blocks` blocks, so each loops over several tiles. `launches` > 1 runs the main
     kernel again on the same side buffers (split-K counters must come back to zero).
-    chained=True runs the kernels rendered for programmatic dependent launch and raises
+    chained = 1 or 2 runs the kernels rendered for programmatic dependent launch
+    (`bitserial.CHAIN_TRIGGERS`) and raises
     `EarlyInputRead` where a thread copies from x before its griddepcontrol.wait."""
     from . import BITSERIAL, INT8_WGMMA
 

@@ -173,6 +173,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
                 TMA_HALO ? halo_tiles(halo) : halo, kt);
     if constexpr (!RESIDENT_STAGES) wgmma_wait<1>();  // stage kt - 1 is refilled next
   }
+  chain_mmas_issued();
   wgmma_wait<0>();
   copy_wait<0>();
   planes_from_rows(acc, rsum);

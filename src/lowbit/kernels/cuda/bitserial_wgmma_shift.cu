@@ -338,6 +338,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift(BITS
     shift_group_steps(acc, rsum, slabs, weights, ones, grp, wg_m, wg_n, acc_in);
     wgmma_commit();
   }
+  chain_mmas_issued();
   wgmma_wait<0>();
 
   const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
