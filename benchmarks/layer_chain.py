@@ -5,8 +5,9 @@ For each layer (C = K, stride 1: its bit-plane output is the next layer's input)
 - `isolated_us`: one launcher replayed alone (the figure of benchmarks/bitserial.py);
 - `pair_us`: two launchers x -> y -> x replayed back to back, per layer, plain launches;
 - `chained_us`: the same pair with chained=True, per layer (the faster trigger; both are
-  kept, `chained_<trigger>_us`): each layer's blocks start on the SMs the previous one leaves
-  free, issue their weights' copies, then wait for it.
+  kept, `chained_<trigger>_us`, and the one bind's trigger="auto" picks, `chained_auto_us`):
+  each layer's blocks start on the SMs the previous one leaves free, issue their weights'
+  copies, then wait for it.
 Beside each layer, `empty`: a kernel of the default config's grid, block and shared memory
 that only triggers and waits, timed the same three ways (the launch and dependency floor).
 Every launcher pair is first run on fresh inputs and checked bit for bit against
@@ -47,7 +48,9 @@ LAYERS = {"apconv_b1_c1024": ConvWorkload(N=1, H=16, W=16, C=1024, K=1024, R=3, 
 
 def candidates(wl: Workload) -> list[Config]:
     """The default config, then its in-place twins that change how the SMs are shared: 32 or
-    64 columns per block, weights by bulk or by cp.async, the window by tensor copies."""
+    64 columns per block, weights by bulk or by cp.async, the window by tensor copies, both
+    activation planes as rows (PLANE_ROWS: 4 x 8 pixel tiles, twice the blocks, each
+    reading all its weights, which a chained block copies before its wait)."""
     space = BITSERIAL.space(wl)
     d = BITSERIAL.default_config(wl)
     twins = [d]
@@ -56,6 +59,7 @@ def candidates(wl: Workload) -> list[Config]:
             for bulk in (0, 1):
                 twins.append(d.replace(BN=bn, WN=bn, BULK_WEIGHTS=bulk))
             twins.append(d.replace(BN=bn, WN=bn, BULK_WEIGHTS=1, TMA_HALO=128))
+            twins.append(d.replace(BN=bn, WN=bn, BULK_WEIGHTS=1, PLANE_ROWS=1))
     return [c for c in dict.fromkeys(twins) if space.is_valid(c)]
 
 
@@ -97,6 +101,8 @@ def config_row(wl: Workload, cfg: Config, seed: int) -> dict:
                 kernel.bind(y, w, params, out=x, chained=True, trigger=trigger)]
         row[f"chained_{trigger}_us"] = timed(lambda p=pair: (p[0](), p[1]())) / 2
     row["chained_us"] = min(row[f"chained_{t}_us"] for t in CHAIN_TRIGGERS)
+    row["auto_trigger"] = kernel.bind(x, w, params, out=y, chained=True).chain_trigger
+    row["chained_auto_us"] = row[f"chained_{row['auto_trigger']}_us"]
     return row
 
 
@@ -165,7 +171,7 @@ def main() -> None:
                 except Exception as e:  # one config's failure is recorded, not fatal
                     row["configs"].append({"config": dict(cfg), "error": f"{e!r}"[:300]})
             exact = [c for c in row["configs"] if c.get("exact")]
-            for key in ("isolated_us", "pair_us", "chained_us"):
+            for key in ("isolated_us", "pair_us", "chained_us", "chained_auto_us"):
                 row[key] = min((c[key] for c in exact), default=None)
             rows.append(row)
             print(summary_line(row), flush=True)
@@ -180,7 +186,8 @@ def summary_line(row: dict) -> str:
     apnn = row.get("apnn_tc_published_us")
     apnn_text = f" APNN-TC/chained {apnn / row['chained_us']:.2f}x" if apnn else ""
     return (f"{row['workload']:20s} {row['precision']} isolated {row['isolated_us']:.2f} "
-            f"pair {row['pair_us']:.2f} chained {row['chained_us']:.2f} us "
+            f"pair {row['pair_us']:.2f} chained {row['chained_us']:.2f} "
+            f"(trigger auto {row['chained_auto_us']:.2f}) us "
             f"(floor {row['floor_us']:.2f}; empty kernel chained "
             f"{row['empty']['chained_us']:.2f}); cuDNN pair/chained "
             f"{b['cudnn_fp16_pair'] / row['chained_us']:.2f}x{apnn_text}")

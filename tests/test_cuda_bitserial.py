@@ -505,14 +505,31 @@ def test_nvrtc_compiles_chained_kernels(arch, trigger, tmp_path, monkeypatch):
         assert "griddepcontrol" not in compile_ptx(bitserial.render(wl, cfg), arch).decode()
 
 
-def test_chained_bind_needs_sm90(tmp_path, monkeypatch):
-    """bind(chained=True) on a kernel built for sm_80 is refused before any launch."""
+def test_chained_bind_refuses_bad_requests(tmp_path, monkeypatch):
+    """bind(chained=True) on a kernel built for sm_80, or with an unknown trigger, is refused
+    before any launch."""
     monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
     wl, cfg = _chained_configs("sm_80")[0]
     kernel = BITSERIAL.build(wl, cfg, arch="sm_80")
     x, w, params = random_inputs(wl, 1)
     with pytest.raises(ValueError, match="chained=True needs sm_90"):
         kernel.bind(x, w, params, chained=True)
+    with pytest.raises(ValueError, match="trigger must be 'auto' or one of"):
+        kernel.bind(x, w, params, chained=True, trigger="late")
+
+
+@pytest.mark.parametrize("blocks,per_sm,persistent,want", [
+    (64, 1, False, "start"),        # APNN-TC conv w1a2, 64-wide: the other SMs are free
+    (128, 3, False, "after_mma"),   # ... 32-wide: three fit an SM, one wave
+    (64, 2, False, "after_mma"),    # ... w1a1 64-wide
+    (512, 7, False, "after_mma"),   # the c512 sweep layer's 32-wide blocks
+    (512, 2, False, "start"),       # the c1024 sweep layer at w1a1: two waves
+    (264, 2, True, "start"),        # persistent blocks trigger at exit otherwise
+])
+def test_chain_trigger_rule(blocks, per_sm, persistent, want):
+    """trigger="auto": "after_mma" only for one wave of blocks that share SMs (measured on an
+    H100, layer_chain-20261126-054513.json)."""
+    assert bitserial.chain_trigger(blocks, per_sm, 132, persistent) == want
 
 
 SPLIT_CASES = [  # (workload, MMA, knob changes): split-K with every kind of epilogue term
@@ -1119,7 +1136,7 @@ def test_bit_exact_tma_halo(wb, ab):
     assert ran >= 4
 
 
-@pytest.mark.parametrize("trigger", sorted(bitserial.CHAIN_TRIGGERS))
+@pytest.mark.parametrize("trigger", [*sorted(bitserial.CHAIN_TRIGGERS), "auto"])
 @pytest.mark.parametrize("graph", [False, True], ids=["stream", "cuda_graph"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
