@@ -59,6 +59,9 @@
 #   layer_chain  benchmarks/layer_chain.py: bit-serial layers in x -> y -> x pairs, plain and
 #                chained by programmatic dependent launch, against cuDNN fp16 pairs (CHAIN_LAYERS=a,b
 #                overrides the layers)                                              (300)
+#   split_bound  benchmarks/split_bound.py: the APNN-TC conv's in-place blocks at C / s channels
+#                and s K columns (the blocks of a k split s, without its exchange), alone and
+#                chained (SPLIT_PRECISIONS=w1a2,w1a1 overrides)                      (300)
 #   bitserial_ab w1a1/w1a2 GEMM 4096^3 + ResNet-50 s2-s5 b256 (AB_LAYERS=a,b overrides), no
 #                tuning: the hand candidates
 #                (with REQUANT / ROWSUM twins) and the committed rows' 3 best configs with
@@ -174,6 +177,8 @@ for s in "$@"; do
     tests_chained) step tests_chained 150 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
         --junitxml="$OUT/tests_chained.xml" -k "chained or a_in_halo or tma_halo" \
         tests/test_cuda_bitserial.py ;;
+    split_bound) step split_bound 300 python3 benchmarks/split_bound.py \
+        --precisions "${SPLIT_PRECISIONS:-w1a2}" ;;
     layer_chain) step layer_chain 300 python3 benchmarks/layer_chain.py \
         ${CHAIN_LAYERS:+--layers $CHAIN_LAYERS} ;;
     apconv_probe) step apconv_probe 150 python3 benchmarks/apconv_probe.py ;;
