@@ -128,7 +128,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
       fence_mbar_init();
       bulk_weights_load(w, stages, bars);
     }
-    if constexpr (EARLY_ROWS) rows = prefetched_rows(m0, n0, wg_m, wg_n, warp, lane, slice, BITSERIAL_EPILOGUE_ARGS);
+    if constexpr (EARLY_ROWS)
+      rows = prefetched_rows(m0, n0, wg_m, wg_n, warp, lane, slice, BITSERIAL_EPILOGUE_ARGS);
     grid_dependency_wait();
   }
 #pragma unroll
