@@ -50,16 +50,12 @@ MMA_CALL = {"wgmma": "wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STA
             "mma_sync": "mma_sync_stage(acc, rsum, sa, sa + A_STAGE_WORDS,"}
 EPILOGUE_CALL = {"wgmma": "tile_epilogue(acc, rsum, prep, m0, n0, row0, wg_n * WN,",
                  "mma_sync": "tile_epilogue(acc, rsum, m0, n0, warp_m * WM, warp_n * WN,"}
-_ROWS = "".join(line + "\n" for line in (
-    "  // A_IN_HALO (small grids, one tile's chain per SM): the epilogue's rows worked out and",
-    "  // its per-column data prefetched while the first copies fly (off the last MMA's path)",
-    "  RowPrep rows{};",
-    "  if constexpr (A_IN_HALO) {",
-    "    const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;",
-    "    rows = epilogue_rows(m0, n0, wg_m * 64 + (warp & 3) * 16, wg_n * WN, lane, ea);",
-    "    if (slice == 0) prefetch_row_data(rows, n0 + wg_n * WN + 2 * (lane & 3), ea);",
-    "  }"))
-_ACC = "  Acc acc;\n  RowSum rsum;\n  zero_acc(acc, rsum);\n"
+# A_IN_HALO: the line that works out the epilogue's rows and prefetches their data (after the
+# first copies are issued), and the loop that issues those copies
+_ROWS = ("  if constexpr (A_IN_HALO && !EARLY_ROWS)\n"
+         "    rows = prefetched_rows(m0, n0, wg_m, wg_n, warp, lane, slice, "
+         "BITSERIAL_EPILOGUE_ARGS);\n")
+_FIRST_COPIES = "#pragma unroll\n  for (int s = 0; s < STAGES - 2; ++s) {\n"
 # per MMA kind: the (old, new) text pairs of each cut (shift_probe.variant_render applies them,
 # each exactly once)
 CUTS = {
@@ -79,17 +75,17 @@ CUTS = {
     "no_weights": {k: [("copy_async(dst + j * B_PLANE_STEP, w + j * W_PLANE + src, valid);",
                         "{}")] for k in MMA_CALL},
     # A_IN_HALO: the halo chunks' stride even (HALO_PIX), as first built
-    "even_stride": {k: [("CHUNK_UNITS = HALO_PIX | 1;", "CHUNK_UNITS = HALO_PIX;")]
-                    for k in MMA_CALL},
+    "even_stride": {k: [("CHUNK_UNITS = (PLANE_GROUPS * HALO_PIX) | 1;",
+                         "CHUNK_UNITS = PLANE_GROUPS * HALO_PIX;")] for k in MMA_CALL},
     # A_IN_HALO: the weight copies in the row-major thread order of the other kernels
     "b_by_row": {k: [("constexpr bool B_BY_SLAB = A_IN_HALO;", "constexpr bool B_BY_SLAB = false;")]
                  for k in MMA_CALL},
-    "no_halo": {k: [("copy_async(halo + ((i * HALO_CHUNKS + chunk) * CHUNK_UNITS + pix) * 4, "
-                     "x + i * X_PLANE + src, valid);", "{}")] for k in MMA_CALL},
+    "no_halo": {k: [("copy_async(halo + halo_unit(i, chunk, pix) * 4, x + i * X_PLANE + src, "
+                     "valid);", "{}")] for k in MMA_CALL},
     # A_IN_HALO: the epilogue's rows and prefetches before the first copies are issued (as
     # first built), or without the prefetches
-    "rows_first": {k: [(_ROWS, ""), (_ACC, _ROWS + _ACC)] for k in MMA_CALL},
-    "no_prefetch": {k: [("    if (slice == 0) prefetch_row_data(rows, n0 + wg_n * WN + "
+    "rows_first": {k: [(_ROWS, ""), (_FIRST_COPIES, _ROWS + _FIRST_COPIES)] for k in MMA_CALL},
+    "no_prefetch": {k: [("  if (slice == 0) prefetch_row_data(rows, n0 + wg_n * WN + "
                          "2 * (lane & 3), ea);\n", "")] for k in MMA_CALL},
 }
 # the stage's MMAs issued before the next stage's copies and gather (whose shared-memory

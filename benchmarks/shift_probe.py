@@ -68,8 +68,8 @@ CONFIG_CHANGES = {"fused": {"FUSE_PLANES": 1}, "cols": {"ROWSUM": "cols"}}
 def variant_render(cuts):
     original = bitserial.render
 
-    def render(wl, config, wgmma_asm=True):
-        text = original(wl, config, wgmma_asm)
+    def render(wl, config, wgmma_asm=True, chained=0):
+        text = original(wl, config, wgmma_asm, chained)
         for old, new in cuts:
             if text.count(old) != 1:
                 raise RuntimeError(f"probe cut not found: {old[:60]}")
