@@ -23,7 +23,11 @@ STAGES: `apconv_probe-20261125-s18.json`).
 no_relayout (a window by bulk copies re-laid by the threads: the kernel path measured in
 `apconv_probe-20261126-s22-bulk-halo.json`, removed; NOTES.md).
 
+--chained launches every variant but the empty one with bind(chained=True) (trigger "auto"):
+each replay then waits for the one before, as a layer of a chain does.
+
 Usage: python benchmarks/apconv_probe.py [--variants base no_mma ...] [--rows rows.json]
+           [--chained]
 """
 
 from __future__ import annotations
@@ -131,6 +135,9 @@ def empty_launcher(kernel, x):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--chained", action="store_true",
+                    help="launch as programmatic dependents (bind(chained=True)): each replay "
+                         "waits for the one before, as a layer of a chain")
     ap.add_argument("--rows", type=Path, default=None,
                     help="JSON list of [precision, knob changes of BEST[precision]] (default: "
                          "ROWS)")
@@ -141,7 +148,8 @@ def main() -> None:
     for prec, changes in rows:
         wl = bitserial_workload(base_wl, prec)
         cfg = Config(BEST[prec]).replace(**changes)
-        row = {"precision": prec, "changes": changes, "config": dict(cfg)}
+        row = {"precision": prec, "changes": changes, "config": dict(cfg),
+               "chained": args.chained}
         why = BITSERIAL.space(wl).why_invalid(cfg)
         if why:
             row["invalid"] = why
@@ -154,7 +162,7 @@ def main() -> None:
             try:
                 kernel = BITSERIAL.build(wl, cfg)
                 launch = (empty_launcher(kernel, x) if name == "empty"
-                          else kernel.bind(x, w, params))
+                          else kernel.bind(x, w, params, chained=args.chained))
                 row[name] = time_us(launch, cuda_graph=True)
             except Exception as e:  # a variant that fails is reported, not fatal
                 row[name] = f"{type(e).__name__}: {e}"[:200]
