@@ -61,6 +61,12 @@ extern "C" __global__ void bitserial_wimage(const u32* __restrict__ w, u32* __re
   }
 }
 
+// BULK_WEIGHTS / TMA_HALO: thread 0 initializes the block's MBARS mbarriers (one arrival each)
+// and makes them visible to the copy engine
+__device__ __forceinline__ void mbars_init(u64* bars) {
+  for (int b = 0; b < MBARS; ++b) mbar_init(bars + b, 1);
+  fence_mbar_init();
+}
 // BULK_WEIGHTS: thread 0's bulk copies of every k tile's weights, stage kt on mbarrier kt
 __device__ __forceinline__ void bulk_weights_load(const u32* w, u32* stages, u64* bars) {
   for (int kt = 0; BULK_WEIGHTS && kt < KTILES; ++kt) {
@@ -124,8 +130,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
   constexpr bool EARLY_ROWS = CHAIN_EARLY_WEIGHTS && !ROWSUM_TABLE;
   if constexpr (CHAIN_EARLY_WEIGHTS) {
     if (tid == 0) {
-      for (int b = 0; b < MBARS; ++b) mbar_init(bars + b, 1);
-      fence_mbar_init();
+      mbars_init(bars);
       bulk_weights_load(w, stages, bars);
     }
     if constexpr (EARLY_ROWS)
@@ -143,10 +148,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
   }
   int halo_waited = 0;  // TMA_HALO: the channel blocks waited for
   if (MBARS && tid == 0) {
-    if constexpr (!CHAIN_EARLY_WEIGHTS) {
-      for (int b = 0; b < MBARS; ++b) mbar_init(bars + b, 1);
-      fence_mbar_init();
-    }
+    if constexpr (!CHAIN_EARLY_WEIGHTS) mbars_init(bars);
     if constexpr (TMA_HALO)
       halo_tensor_load(BITSERIAL_XMAP, halo_tiles(halo), blockIdx.y, halo_bars);
     if constexpr (!CHAIN_EARLY_WEIGHTS) bulk_weights_load(w, stages, bars);
