@@ -10,6 +10,21 @@ from .bitserial import (
 )
 from .epilogue import THRESHOLD_MAX_BITS, apply_epilogue, requant_thresholds, requantize
 from .integer import conv2d_int, gemm_int, im2col_nhwc
+from .netops import (
+    FloatOutput,
+    Int32Output,
+    LayerOutput,
+    RequantizedOutput,
+    avgpool2d_int,
+    avgpool_multiplier,
+    epilogue_outputs,
+    fixed_point_pair,
+    maxpool2d_int,
+    pool_output_size,
+    quantize_float,
+    requantize_int,
+    uint8_input_table,
+)
 from .ops import accumulate, accumulator_stats, random_inputs, random_params, random_values, run
 
 __all__ = [
@@ -17,4 +32,9 @@ __all__ = [
     "bitserial_conv2d", "bitserial_gemm", "bitserial_gemm_values", "conv2d_int", "gemm_int",
     "im2col_nhwc", "plane_coefficients", "popcount", "random_inputs", "random_params",
     "random_values", "requant_thresholds", "requantize", "run", "valid_mask",
+]
+__all__ += [  # network ops (netops)
+    "FloatOutput", "Int32Output", "LayerOutput", "RequantizedOutput", "avgpool2d_int",
+    "avgpool_multiplier", "epilogue_outputs", "fixed_point_pair", "maxpool2d_int",
+    "pool_output_size", "quantize_float", "requantize_int", "uint8_input_table",
 ]
