@@ -1,0 +1,269 @@
+"""Triton network-op kernels (lowbit.kernels.triton.netops) bit for bit against
+lowbit.reference.netops and lowbit.quant.packing.pack.
+
+CPU: under TRITON_INTERPRET=1 on small odd shapes (C not a multiple of 32, odd H and W, batch
+3), every output layout, with poisoned outputs and bound launchers replayed on new inputs.
+GPU (`gpu` mark): ResNet-sized shapes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lowbit.core import Layout, PackedTensor, Precision
+from lowbit.kernels.triton import netops as K
+from lowbit.quant.packing import pack, unpack
+from lowbit.reference import (
+    FloatOutput,
+    RequantizedOutput,
+    avgpool2d_int,
+    avgpool_multiplier,
+    epilogue_outputs,
+    fixed_point_pair,
+    maxpool2d_int,
+    quantize_float,
+    random_values,
+)
+from triton_cases import DEVICE
+
+INT8, BITPLANE = Layout.INT8, Layout.BITPLANE
+
+
+def packed(values: torch.Tensor, prec: Precision | str, layout: Layout) -> PackedTensor:
+    prec = Precision.parse(prec) if isinstance(prec, str) else prec
+    return PackedTensor(pack(values, prec, layout).to(DEVICE), tuple(values.shape), prec, layout)
+
+
+def poisoned(shape, prec, layout) -> PackedTensor:
+    t = K.empty_packed(shape, prec, layout, DEVICE)
+    t.data.fill_(0x5A if t.data.element_size() == 1 else -12345)
+    return t
+
+
+def assert_stored(out: PackedTensor, values: torch.Tensor) -> None:
+    """out's storage equals pack(values) exactly (padding bits included)."""
+    ref = pack(values, out.precision, out.layout)
+    got = out.data.cpu()
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    assert torch.equal(got, ref), f"{(got != ref).sum().item()} of {got.numel()} differ"
+    assert torch.equal(unpack(got, out.precision, out.layout, out.shape[-1]), values)
+
+
+def rand(shape, prec, seed):
+    return random_values(shape, Precision.parse(prec), torch.Generator().manual_seed(seed))
+
+
+# ------------------------------------------------------------------------- layer epilogue
+def epilogue_case(shape, seed, residual_prec=None):
+    g = torch.Generator().manual_seed(seed)
+    k = shape[-1]
+    y = torch.randint(-60000, 60000, shape, generator=g, dtype=torch.int64)
+    specs = []
+    for prec, relu in (("u8", True), ("s8", False), ("u2", True), ("s3", False), ("u1", True)):
+        sa = torch.rand(k, generator=g, dtype=torch.float64) * 3e-3 + 1e-4
+        sb = torch.rand(k, generator=g, dtype=torch.float64) * 0.3 + 0.05
+        m, r, s = fixed_point_pair(sa, sb)
+        specs.append(RequantizedOutput(prec, m, s, r if residual_prec else None, relu))
+    res = rand(shape, residual_prec, seed + 1) if residual_prec else None
+    return y, specs, res
+
+
+LAYOUT_MIXES = [(INT8, INT8, BITPLANE, BITPLANE, BITPLANE), (BITPLANE, INT8, INT8, INT8, INT8)]
+
+
+@pytest.mark.parametrize("residual", [None, ("u8", INT8), ("s8", INT8), ("u4", BITPLANE)])
+@pytest.mark.parametrize("layouts", LAYOUT_MIXES, ids=["int8_first", "bitplane_first"])
+def test_layer_epilogue_outputs(residual, layouts):
+    shape = (3, 5, 7, 45)
+    y, specs, res = epilogue_case(shape, 7 + len(layouts), residual and residual[0])
+    outs = [poisoned(shape, s.precision, lay) for s, lay in zip(specs, layouts, strict=True)]
+    res_t = packed(res, residual[0], residual[1]) if residual else None
+    launch = K.bind_layer_epilogue(y.to(torch.int32).to(DEVICE), specs, outs, res_t)
+    assert len(launch.launches) == 2  # five outputs: two launches of up to four
+    launch()
+    ref = epilogue_outputs(y, None, specs, residual=res)
+    for out, values in zip(outs, ref, strict=True):
+        assert_stored(out, values)
+    assert sum(int(v.unique().numel()) for v in ref) > 20
+
+
+def test_layer_epilogue_bound_launcher_replays_new_inputs():
+    shape = (37, 70)
+    y, specs, res = epilogue_case(shape, 3, "s8")
+    y_dev = y.to(torch.int32).to(DEVICE)
+    res_t = packed(res, "s8", INT8)
+    outs = [poisoned(shape, s.precision, INT8) for s in specs[:2]]
+    launch = K.bind_layer_epilogue(y_dev, specs[:2], outs, res_t)
+    checked = 0
+    for seed in (4, 5):
+        y2, _, res2 = epilogue_case(shape, seed, "s8")
+        y_dev.copy_(y2.to(torch.int32))
+        res_t.data.copy_(pack(res2, Precision.parse("s8"), INT8))
+        launch()
+        for out, values in zip(outs, epilogue_outputs(y2, None, specs[:2], res2), strict=True):
+            assert_stored(out, values)
+            checked += 1
+    assert checked == 4
+
+
+def test_layer_epilogue_float_output_and_plain_call():
+    shape = (3, 3, 5, 21)
+    g = torch.Generator().manual_seed(9)
+    y = torch.randint(-(2**31), 2**31, shape, generator=g, dtype=torch.int64)
+    scale = torch.rand(21, generator=g, dtype=torch.float64) * 1e-5
+    offset = torch.randn(21, generator=g, dtype=torch.float64)
+    m, s = fixed_point_pair(torch.rand(21, generator=g, dtype=torch.float64) * 1e-7 + 1e-9, 0)[
+        0::2]
+    specs = [FloatOutput(scale, offset), RequantizedOutput("s8", m, s)]
+    f, q = K.layer_epilogue(y.to(torch.int32).to(DEVICE), specs, layouts=[INT8, BITPLANE])
+    ref_f, ref_q = epilogue_outputs(y, None, specs)
+    assert f.dtype == torch.float32 and torch.equal(f.cpu(), ref_f)
+    assert isinstance(q, PackedTensor) and q.layout is BITPLANE
+    assert_stored(q, ref_q)
+    assert int(ref_q.unique().numel()) > 50
+
+
+def test_layer_epilogue_input_checks():
+    y = torch.zeros(4, 40, dtype=torch.int32, device=DEVICE)
+    spec = RequantizedOutput("u4", 2**30, 31)
+    good = K.empty_packed((4, 40), "u4", BITPLANE, DEVICE)
+    with pytest.raises(TypeError, match="y must be an int32"):
+        K.bind_layer_epilogue(y.long(), [spec], [good])
+    with pytest.raises(ValueError, match="holds u8"):
+        K.bind_layer_epilogue(y, [spec], [K.empty_packed((4, 40), "u8", INT8, DEVICE)])
+    with pytest.raises(ValueError, match="logical shape"):
+        K.bind_layer_epilogue(y, [spec], [K.empty_packed((4, 41), "u4", INT8, DEVICE)])
+    with pytest.raises(ValueError, match="no residual"):
+        K.bind_layer_epilogue(y, [RequantizedOutput("u4", 5, 3, 1)], [good])
+    with pytest.raises(ValueError, match="shift"):
+        K.bind_layer_epilogue(y, [RequantizedOutput("u4", 5, 0)], [good])
+    with pytest.raises(ValueError, match="same length"):
+        K.bind_layer_epilogue(y, [spec, spec], [good])
+    with pytest.raises(ValueError, match="data must be"):
+        K.bind_layer_epilogue(y, [spec], [PackedTensor(good.data[:1], (4, 40), good.precision,
+                                                       BITPLANE)])
+    with pytest.raises(ValueError, match="'int8' or 'bitplane'"):
+        K.bind_layer_epilogue(y, [spec], [K.empty_packed((4, 40), "u4", "packed", DEVICE)])
+    with pytest.raises(ValueError, match="float32 tensor"):
+        K.bind_layer_epilogue(y, [FloatOutput(1.0)], [good])
+
+
+# ------------------------------------------------------------------------- pooling
+POOL_CASES = [  # (prec, in layout, out layout, kernel, stride, pad)
+    ("u8", INT8, INT8, 3, 2, 1),
+    ("s8", INT8, BITPLANE, 3, 2, 1),
+    ("u2", BITPLANE, BITPLANE, 2, 2, 0),
+    ("s4", BITPLANE, INT8, 3, 1, 1),
+    ("b1", BITPLANE, BITPLANE, 3, 2, 1),
+]
+
+
+@pytest.mark.parametrize("prec,lin,lout,kernel,stride,pad", POOL_CASES)
+def test_maxpool(prec, lin, lout, kernel, stride, pad):
+    x = rand((3, 9, 11, 45), prec, kernel + stride)
+    ref = maxpool2d_int(x, kernel, stride, pad)
+    out = poisoned(ref.shape, prec, lout)
+    K.bind_maxpool2d(packed(x, prec, lin), out, kernel, stride, pad)()
+    assert_stored(out, ref)
+
+
+@pytest.mark.parametrize("prec,lin,lout,kernel,stride,pad", POOL_CASES[:4])
+def test_avgpool(prec, lin, lout, kernel, stride, pad):
+    x = rand((3, 9, 11, 45), prec, kernel * stride)
+    out_prec = "s8" if prec.startswith("s") else "u4"
+    top_in, top_out = Precision.parse(prec).qmax, Precision.parse(out_prec).qmax
+    m, s = avgpool_multiplier(kernel * kernel, 1.0, 0.6 * top_in / top_out)
+    ref = avgpool2d_int(x, kernel, stride, pad, m, s, out_prec)
+    out = poisoned(ref.shape, Precision.parse(out_prec), lout)
+    K.bind_avgpool2d(packed(x, prec, lin), out, kernel, stride, pad, m, s)()
+    assert_stored(out, ref)
+    assert int(ref.unique().numel()) > 3
+
+
+@pytest.mark.parametrize("lin,lout", [(INT8, INT8), (BITPLANE, INT8), (INT8, BITPLANE)])
+def test_global_avgpool(lin, lout):
+    x = rand((3, 7, 5, 70), "u8" if lin is INT8 else "u3", 5)
+    prec = "u8" if lin is INT8 else "u3"
+    m, s = avgpool_multiplier(35, 0.05, 0.04)
+    ref = avgpool2d_int(x, None, None, 0, m, s, "s8")
+    out = K.avgpool2d(packed(x, prec, lin), None, None, 0, m, s, "s8", lout)
+    assert out.shape == (3, 1, 1, 70)
+    assert_stored(out, ref)
+
+
+def test_pool_plain_call_and_checks():
+    x = packed(rand((3, 7, 9, 33), "u2", 1), "u2", BITPLANE)
+    out = K.maxpool2d(x, 3, 2, 1)
+    assert out.layout is BITPLANE
+    assert_stored(out, maxpool2d_int(unpack(x.data.cpu(), x.precision, BITPLANE, 33), 3, 2, 1))
+    with pytest.raises(ValueError, match="x's precision"):
+        K.bind_maxpool2d(x, K.empty_packed(out.shape, "u3", BITPLANE, DEVICE), 3, 2, 1)
+    with pytest.raises(ValueError, match="logical shape"):
+        K.bind_maxpool2d(x, K.empty_packed((3, 4, 4, 33), "u2", BITPLANE, DEVICE), 3, 2, 1)
+    with pytest.raises(ValueError, match="pad"):
+        K.maxpool2d(x, 3, 2, 2)
+    with pytest.raises(ValueError, match="shift"):
+        K.avgpool2d(x, 3, 2, 1, 5, 0, "u4")
+    with pytest.raises(TypeError, match="PackedTensor"):
+        K.maxpool2d(x.data, 3, 2, 1)
+
+
+# ------------------------------------------------------------------------- float image
+IMAGE_CASES = [(torch.float32, "s8", INT8), (torch.float16, "s8", BITPLANE),
+               (torch.bfloat16, "u4", BITPLANE), (torch.float32, "b1", BITPLANE),
+               (torch.float32, "u8", INT8)]
+
+
+@pytest.mark.parametrize("dtype,prec,layout", IMAGE_CASES)
+def test_quantize_image(dtype, prec, layout):
+    g = torch.Generator().manual_seed(11)
+    x = (torch.randn(3, 37, 7, 9, generator=g) * 3).to(dtype)
+    scale = 0.0473
+    # values exactly on rounding boundaries: x / scale = k + 0.5 in float32
+    x.view(-1)[:64] = ((torch.arange(64) - 32 + 0.5) * scale).to(dtype)
+    out = poisoned((3, 7, 9, 37), Precision.parse(prec), layout)
+    status = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    K.bind_quantize_image(x.to(DEVICE), scale, out, status)()
+    ref = quantize_float(x, scale, prec).permute(0, 2, 3, 1)
+    assert_stored(out, ref)
+    assert int(status[0]) == 0
+
+
+def test_quantize_image_flags_nonfinite_and_checks():
+    x = torch.randn(1, 3, 5, 5)
+    x[0, 1, 2, 3] = float("nan")
+    status = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    K.bind_quantize_image(x.to(DEVICE), 0.1, K.empty_packed((1, 5, 5, 3), "s8", INT8, DEVICE),
+                          status)()
+    assert int(status[0]) == 1
+    with pytest.raises(TypeError, match="float32, float16"):
+        K.quantize_image(x.double(), 0.1, "s8")
+    with pytest.raises(ValueError, match="scale"):
+        K.quantize_image(x, 0.0, "s8")
+    with pytest.raises(ValueError, match="NCHW"):
+        K.quantize_image(x[0], 0.1, "s8")
+
+
+# ------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", [INT8, BITPLANE])
+def test_gpu_resnet_shapes(layout):
+    # ResNet-50 stage-4 block end: y [8, 7, 7, 2048] + u8 residual -> u8 wide, u2 bit planes
+    shape = (8, 7, 7, 2048)
+    y, specs, res = epilogue_case(shape, 21, "u8")
+    outs = [K.empty_packed(shape, s.precision, layout, DEVICE) for s in specs]
+    K.bind_layer_epilogue(y.to(torch.int32).cuda(), specs, outs, packed(res, "u8", INT8))()
+    for out, values in zip(outs, epilogue_outputs(y, None, specs, res), strict=True):
+        assert_stored(out, values)
+    # stem max-pool 112 -> 56 and the global average pool before the classifier
+    x = rand((8, 112, 112, 64), "u8" if layout is INT8 else "u2", 22)
+    prec = "u8" if layout is INT8 else "u2"
+    assert_stored(K.maxpool2d(packed(x, prec, layout), 3, 2, 1), maxpool2d_int(x, 3, 2, 1))
+    m, s = avgpool_multiplier(49, 0.05, 0.04)
+    x7 = rand((8, 7, 7, 2048), prec, 23)
+    assert_stored(K.avgpool2d(packed(x7, prec, layout), None, None, 0, m, s, "s8", INT8),
+                  avgpool2d_int(x7, None, None, 0, m, s, "s8"))
+    img = torch.randn(8, 3, 224, 224, generator=torch.Generator().manual_seed(24))
+    assert_stored(K.quantize_image(img.cuda(), 0.02, "s8", layout),
+                  quantize_float(img, 0.02, "s8").permute(0, 2, 3, 1))

@@ -1,0 +1,97 @@
+"""The network-op and stem kernels compile for sm_90 (Hopper) without a GPU, as launched: the
+interpreter tests check what they compute, these that Triton's compiler accepts them and
+ptxas fits them without spills. Run in a fresh Python without TRITON_INTERPRET (the launchers
+are built there on CPU tensors and each launch compiled with `triton.compile`, through
+tests/triton_offline.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def _launchers() -> dict:
+    """name -> Launcher, built on CPU tensors (device checks off)."""
+    import torch
+
+    from lowbit.core import Layout
+    from lowbit.kernels.triton import netops as K
+    from lowbit.reference import FloatOutput, RequantizedOutput
+
+    K.interpreting = lambda: True  # build launchers on CPU tensors; nothing is launched
+    shape = (8, 7, 7, 2048)
+    y = torch.zeros(shape, dtype=torch.int32)
+    specs = [RequantizedOutput("u8", 2**30, 40, 2**30, True),
+             RequantizedOutput("u2", 2**30, 40, 2**30, True), FloatOutput(1.0)]
+    outs = [K.empty_packed(shape, "u8", Layout.INT8, "cpu"),
+            K.empty_packed(shape, "u2", Layout.BITPLANE, "cpu"),
+            torch.empty(shape, dtype=torch.float32)]
+    res = K.empty_packed(shape, "u8", Layout.INT8, "cpu")
+    x_bp = K.empty_packed((8, 112, 112, 64), "u2", Layout.BITPLANE, "cpu")
+    x_i8 = K.empty_packed((8, 112, 112, 64), "s8", Layout.INT8, "cpu")
+    return {
+        "layer_epilogue": K.bind_layer_epilogue(y, specs, outs, res),
+        "maxpool_bitplane": K.bind_maxpool2d(x_bp, K.empty_packed((8, 56, 56, 64), "u2",
+                                                                 Layout.BITPLANE, "cpu"), 3, 2, 1),
+        "avgpool_global": K.bind_avgpool2d(x_i8, K.empty_packed((8, 1, 1, 64), "s8",
+                                                                Layout.INT8, "cpu"),
+                                           None, None, 0, 2**30, 40),
+        "quantize_image": K.bind_quantize_image(
+            torch.empty(8, 3, 224, 224, dtype=torch.float16), 0.02,
+            K.empty_packed((8, 224, 224, 3), "s8", Layout.BITPLANE, "cpu"),
+            torch.zeros(1, dtype=torch.int32)),
+    }
+
+
+def _report() -> dict:
+    from triton.backends.compiler import GPUTarget
+
+    from triton_offline import _source, ptxas_usage
+
+    out = {}
+    for name, launcher in _launchers().items():
+        try:
+            rows = []
+            for s in launcher.launches:
+                src, opts = _source(s.fn, s.args, s.kwargs)
+                ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+                regs, spill = ptxas_usage(ck)
+                rows.append({"regs": regs, "spill_bytes": spill})
+            out[name] = rows
+        except Exception as e:  # reported per case
+            out[name] = f"{type(e).__name__}: {e}"[:3000]
+    return out
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict:
+    if not os.path.isdir(BIN):
+        pytest.skip("this Triton has no bundled NVIDIA tools (ptxas)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    here = Path(__file__).resolve()
+    env["PYTHONPATH"] = os.pathsep.join([str(here.parent), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, str(here)], capture_output=True, text=True, env=env,
+                          timeout=900)
+    if proc.returncode:
+        raise RuntimeError(f"offline compile failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", ["layer_epilogue", "maxpool_bitplane", "avgpool_global",
+                                  "quantize_image"])
+def test_compiles_for_sm90_without_spills(reports, name):
+    rows = reports[name]
+    assert isinstance(rows, list), rows
+    assert rows and all(r["spill_bytes"] == 0 for r in rows), rows
+
+
+if __name__ == "__main__":
+    print(json.dumps(_report()))
