@@ -1,0 +1,253 @@
+"""benchmarks/report.py: BENCHMARKS.md's tables are what the committed results files give, every
+figure links to a file that exists, and each suite renders a synthetic results file."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import report  # noqa: E402
+
+VERSIONS = {"torch": "2.11.0+cu130", "triton": "3.6.0", "cuda": "13.0", "lowbit": "abcdef1234",
+            "driver": "580.1"}
+GPU = "NVIDIA Test GPU"
+
+
+def _doc(benchmark: str, rows: list, **extra) -> dict:
+    return {"benchmark": benchmark, "gpu": GPU, "date": "2026-01-02", "versions": VERSIONS,
+            **extra, "rows": rows}
+
+
+def _bit_row(time_us: float, int8: float, verified: bool = True) -> dict:
+    return {"workload": "resnet50_s4_3x3_b256", "precision": "w1a2", "impl": "cuda.bitserial",
+            "config": {"BM": 64, "BN": 128, "KT": 1, "STAGES": 3, "MMA": "wgmma", "PERSIST": 1,
+                       "TAP_SHIFT": 1, "TEAMS": 2, "THR_PAIRS": 1, "ROWSUM": "slab"},
+            "time_us": time_us, "floor_us": 11.5, "default_config_us": 24.0,
+            "verified": verified,
+            "baselines_us": {"int8_best": int8, "cudnn_fp16": 100.0, "int_mm_im2col": 450.0}}
+
+
+def _chain_config(bn: int, start: float, after: float) -> dict:
+    return {"config": {"BN": bn}, "exact": True, "isolated_us": 5.1, "pair_us": 5.0,
+            "chained_start_us": start, "chained_after_mma_us": after,
+            "chained_us": min(start, after), "chained_auto_us": min(start, after)}
+
+
+# one or more synthetic files per registered suite: {suite: [(file name, document)]}
+SYNTHETIC = {
+    "conv": [("conv-20260102-000000.json", _doc("conv", [
+        {"workload": "resnet50_s4_3x3_b256", "precision": "w8a8",
+         "impl": "triton.conv2d_int8_tma", "config": {"LOOP_ORDER": "crs", "SPLIT_K": 2},
+         "time_us": 60.0, "floor_us": 51.0,
+         "baselines_us": {"cudnn_fp16": 90.0, "int_mm_im2col": 420.0, "default_config": 72.0,
+                          "triton.conv2d_int8": 70.0, "triton.conv2d_int8_tma": 60.0},
+         "cuda_graph_us": {"triton.conv2d_int8_tma": 55.0, "cudnn_fp16": 99.0}}]))],
+    "gemm": [("gemm-20260102-000000.json", _doc("gemm", [
+        {"workload": "fc_b128_4096to4096", "precision": "w8a8", "impl": "triton.gemm_int8",
+         "config": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 2,
+                    "SPLIT_SUM": "last_program"},
+         "time_us": 20.0, "floor_us": 6.5,
+         "baselines_us": {"int_mm": 18.0, "fp16_matmul": 24.0, "default_config": 40.0,
+                          "cuda.int8_wgmma": 31.0},
+         "cuda_graph_us": {"ours": 12.0, "int_mm": 10.8}}]))],
+    "bitserial": [
+        ("bitserial-20260101-000000.json", _doc("bitserial", [_bit_row(21.0, 50.0)],
+                                                 targets={"w1a2_vs_int8_conv_b256": 2.5,
+                                                          "made_up_target": 1.0})),
+        # the fastest bit-exact row wins; the unverified one, faster still, does not count
+        ("bitserial-20260102-000000.json", _doc("bitserial", [_bit_row(20.0, 56.0),
+                                                               _bit_row(5.0, 56.0, False)],
+                                                 targets={"w1a2_vs_int8_conv_b256": 2.5,
+                                                          "made_up_target": 1.0}))],
+    "layer_chain": [("layer_chain-20260102-000000.json", _doc("layer_chain", [
+        {"workload": "apconv_b1_c1024", "precision": "w1a2", "floor_us": 0.94,
+         "isolated_us": 5.12, "pair_us": 5.04, "chained_us": 4.42, "chained_auto_us": 4.42,
+         "apnn_tc_published_us": 17.0,
+         "empty": {"pair_us": 1.22, "chained_us": 0.72},
+         "baselines_us": {"cudnn_fp16": 18.0, "cudnn_fp16_pair": 18.1},
+         "configs": [_chain_config(32, 11.0, 5.96), _chain_config(64, 4.42, 4.82)]}]))],
+    "mma_ablation": [("mma_ablation-20260102-000000.json", _doc("mma_ablation", [
+        {"workload": "resnet50_s3_3x3_b256", "impl": "cuda.mma_conv_s8", "step": step,
+         "time_us": t, "floor_us": 51.1, "baselines_us": {"cudnn_fp16": 98.7}}
+        for step, t in (("default", 424.4), ("tuned_tiles", 202.0),
+                        ("register_packing", 193.1), ("duplicate_aware_load", 222.4))]
+        + [{"workload": "resnet50_s3_3x3_b256", "impl": "cuda.mma_conv_s4", "step": "default",
+            "time_us": 665.7, "floor_us": 51.1, "baselines_us": {"cudnn_fp16": 98.7}}]))],
+    "apconv_floor": [("apconv_floor-20260102-s1.json", {"gpu": GPU, "versions": VERSIONS, "rows": [
+        {"precision": "w1a2", "median_us": {"empty_bn32": 1.1, "cp_async_bn32": 3.41,
+                                            "tma_px_bn64": 2.08, "real_default": 5.12}}]})],
+    "b1_mma_peak": [("b1_mma_peak-20260102.json", [
+        {"kind": "mma.sync m16n8k256", "tops": 9000.0},
+        {"kind": "wgmma m64n128k256 ss swz0", "tops": 14600.0},
+        {"kind": "wgmma m64n128k256 rs swz32", "tops": 15100.0}])],
+    "tuning": [
+        ("tuning-20260102-000000.json", _doc("tuning", [
+            {"workload": "resnet50_s3_3x3", "space_size": 324, "exhaustive_best_us": 13.8,
+             "trials_to_095": {"random": 246, "sa": 162, "diversity": 134, "tpe": 88},
+             "trials_to_095_by_seed": {"random": [172, 316], "sa": [40, 254],
+                                       "diversity": [45, 256], "tpe": [41, 186]},
+             "quality_at_500": 1.0, "wall_s_500": 53.6}],
+            tables=["tables-20260102-000000.json"], timed="timed-20260102-000000.json",
+            seeds=2)),
+        ("timed-20260102-000000.json", _doc("tuning_timed", [
+            {"workload": "resnet50_s3_3x3", "trials": 324, "space_size": 324, "wall_s": 53.6,
+             "best_us": 13.2, "default_us": 21.2, "failures": 0}],
+            template="triton.conv2d_int8", strategy="diversity")),
+        ("tables-20260102-000000.json", {"benchmark": "tuning_tables", "gpu": GPU,
+                                         "versions": VERSIONS, "layers": []}),
+        ("multigpu-20260102-000000.json", {
+            "benchmark": "tuning_multigpu", "gpu": GPU, "versions": VERSIONS,
+            "workload": "resnet50_s3_3x3_b256", "trials": 128,
+            "runs": [{"gpus": 1, "wall_s": 37.9, "best_us": 98.1},
+                     {"gpus": 2, "wall_s": 35.5, "best_us": 98.2}]})],
+    "accuracy": [("accuracy-20260102-000000.json", _doc("accuracy", [
+        {"precision": "w2a2", "method": "max", "accuracy_mean": 96.0, "accuracy_std": 1.0,
+         "accuracies": [95.0, 97.0], "integer_accuracy_mean": 96.0},
+        {"precision": "w2a2", "method": "rand", "accuracy_mean": 97.0, "accuracy_std": 1.0,
+         "accuracies": [96.5, 97.5]}], targets={"rand>=max@w2a2": True}))],
+    "network": [("network-20260102-000000.json", _doc("network", [
+        {"model": "resnet18", "batch": 8, "precision": "w1a2", "time_ms": 0.25,
+         "images_per_s": 32000.0,
+         "baselines_ms": {"fp16_eager": 1.5, "fp16_cuda_graph": 0.5, "fp16_compile": 0.3},
+         "layers": []}]))],
+}
+# what each suite's section must show for its synthetic files
+EXPECTED = {
+    "conv": ["[60.0][conv-20260102-000000]", "tma crs split 2", "| 1.50 |", "| 7.00 |",
+             "1.80 (55.0)", "70.0 / 60.0 / -", "b256 conv vs cuDNN fp16 >= 1.8: met on 0 of 1"],
+    "gemm": ["[20.0][gemm-20260102-000000]", "128x64x128, split 2 (last_program)", "| 0.90 |",
+             "0.90 (10.8 / 12.0)", "FC vs `_int_mm` >= 1.0: met on 0 of 1"],
+    "bitserial": ["[20.0][bitserial-20260102-000000]", "| 2.80 |",
+                  "tap-shift persistent 64x128, two teams, row sums slab, pairs, KT 1, 3 st",
+                  "`w1a2_vs_int8_conv_b256` >= 2.5: met on 1 of 1",
+                  "`made_up_target` >= 1.0: not evaluated"],
+    "layer_chain": ["[5.12][layer_chain-20260102-000000]", "4.42 (start, 64 wide)",
+                    "1.22 / 0.72", "| 3.85 |"],
+    "mma_ablation": ["424.4 (8.31x)", "202.0 (3.95x)", "| 665.7 |", "| 98.7 |"],
+    "apconv_floor": ["| 16-byte cp.async | 3.41 | - |",
+                     "| committed default kernel (whole) | 5.12 | - |",
+                     "tensor copies, 128-byte boxes | - | 2.08"],
+    "b1_mma_peak": ["| mma.sync m16n8k256 | [9,000][b1_mma_peak-20260102] |",
+                    "| wgmma m64n128k256 | [15,100][b1_mma_peak-20260102] | 14,600 - 15,100 | 2 |"],
+    "tuning": ["246 [172-316] / 162 [40-254] / 134 [45-256] / 88 [41-186]", "| 1.61 |",
+               "[20260102-000000][timed-20260102-000000]", "2 GPU(s): 35.5 s, best 98.2 us",
+               "[tables-20260102-000000][]"],
+    "accuracy": ["[97.00 +- 1.00][accuracy-20260102-000000]", "+1.00 +- 0.50",
+                 "`rand>=max@w2a2` met"],
+    "network": ["[0.250][network-20260102-000000]", "32,000", "| 6.00 | 2.00 | 1.20 |"],
+}
+
+
+def _write(tmp: Path, files: list[tuple[str, object]], gpu_dir: str = "gpu-test") -> Path:
+    results = tmp / "results"
+    (results / gpu_dir).mkdir(parents=True, exist_ok=True)
+    for name, doc in files:
+        (results / gpu_dir / name).write_text(json.dumps(doc))
+    return results
+
+
+def _section(text: str, title: str) -> str:
+    """The generated section whose heading starts with `title`."""
+    start = text.index(f"## {title}")
+    nxt = text.find("\n## ", start + 1)
+    return text[start:] if nxt < 0 else text[start:nxt]
+
+
+def test_benchmarks_md_tables_are_what_the_results_files_give():
+    generated = report.render(report.load(), report.extra_files())
+    doc = (ROOT / "BENCHMARKS.md").read_text()
+    assert report.splice(doc, generated) == doc, (
+        "BENCHMARKS.md's tables differ from `python benchmarks/report.py`: regenerate them, "
+        "do not edit them by hand")
+
+
+def test_every_cited_file_exists_and_every_results_file_is_cited():
+    doc = (ROOT / "BENCHMARKS.md").read_text()
+    defined = dict(re.findall(r"^\[([^\]]+)\]: (\S+)$", doc, flags=re.M))
+    used = set(re.findall(r"\]\[([^\]]*)\]", doc))
+    inline = re.findall(r"\]\((benchmarks/results/[^)]+)\)", doc)
+    assert len(defined) >= 100 and inline
+    missing_labels = sorted(u for u in used if u and u not in defined)
+    assert not missing_labels, f"figures link to undefined labels: {missing_labels}"
+    cited = set(defined.values()) | set(inline)
+    gone = sorted(p for p in cited if not (ROOT / p).is_file())
+    assert not gone, f"BENCHMARKS.md cites files that are not in the tree: {gone}"
+    on_disk = {p.relative_to(ROOT).as_posix() for p in (ROOT / "benchmarks" / "results").rglob("*")
+               if p.is_file()}
+    uncited = sorted(on_disk - cited)
+    assert not uncited, f"results files that BENCHMARKS.md does not cite: {uncited}"
+
+
+def test_every_committed_suite_has_a_renderer_that_works():
+    doc = (ROOT / "BENCHMARKS.md").read_text()
+    assert "No renderer registered" not in doc
+    assert "failed (" not in doc
+    suites = {report.suite_of(f.benchmark) for f in report.load()}
+    assert suites <= set(report.SUITES) and len(suites) >= 8
+
+
+def test_each_suite_renders_its_synthetic_file(tmp_path):
+    assert set(SYNTHETIC) == set(report.SUITES), "give every new suite a synthetic file here"
+    checked = 0
+    for name, files in SYNTHETIC.items():
+        results = _write(tmp_path / name, files)
+        text = report.render(report.load(results, tmp_path / name))
+        section = _section(text, report.SUITES[name].title)
+        assert "failed (" not in section and "No renderer" not in section, section
+        for expected in EXPECTED[name]:
+            assert expected in section, f"{name}: {expected!r} not in\n{section}"
+            checked += 1
+        for file_name, _ in files:
+            assert f"results/gpu-test/{file_name}" in text
+    assert checked == sum(len(v) for v in EXPECTED.values()) and len(SYNTHETIC) >= 10
+
+
+def test_unknown_suite_and_a_failing_renderer_fall_back_to_the_generic_table(tmp_path):
+    results = _write(tmp_path, [
+        ("netops-20260102-000000.json", _doc("netops", [{"op": "maxpool", "time_us": 3.25,
+                                                         "nested": {"x": 1}}])),
+        ("conv-20260102-000000.json", _doc("conv", [{"workload": "w", "precision": "w8a8"}]))])
+    text = report.render(report.load(results, tmp_path))
+    netops = _section(text, "Suite `netops`")
+    assert "No renderer registered" in netops
+    assert "| op | time_us |" in netops and "| maxpool | 3.25 |" in netops
+    conv = _section(text, report.SUITES["conv"].title)
+    assert "Renderer `render_conv` failed (KeyError: 'time_us')" in conv
+    assert "| workload | precision |" in conv
+
+
+def test_report_is_deterministic_and_independent_of_file_order(tmp_path):
+    files = SYNTHETIC["bitserial"] + SYNTHETIC["conv"]
+    results = _write(tmp_path, files)
+    loaded = report.load(results, tmp_path)
+    first = report.render(loaded)
+    assert report.render(list(reversed(loaded))) == first
+    assert report.render(report.load(results, tmp_path)) == first
+
+
+def test_splice_replaces_only_between_the_markers():
+    doc = f"head\n{report.BEGIN}\nold\n{report.END}\ntail\n"
+    assert report.splice(doc, f"{report.BEGIN}\nnew\n{report.END}") == (
+        f"head\n{report.BEGIN}\nnew\n{report.END}\ntail\n")
+    with pytest.raises(ValueError, match="markers"):
+        report.splice("no markers here", "x")
+
+
+def test_formats_and_targets():
+    assert [report.us(v) for v in (None, 3.14159, 12.345, 1036.19)] == ["-", "3.14", "12.3",
+                                                                         "1036.2"]
+    assert (report.ratio(3.0, 2.0), report.ratio(None, 2.0), report.ratio(1.0, 0)) == (
+        "1.50", "-", "-")
+    rows = [(None, {"workload": f"l{i}", "precision": "w8a8", "time_us": t, "floor_us": 50.0})
+            for i, t in enumerate((60.0, 70.0))]
+    upper = report.Target("floor", 1.3, lambda r: True, report._over_floor, at_most=True)
+    lower = report.Target("slow", 1.3, lambda r: True, report._over_floor)
+    assert report.target_lines([upper, lower], rows) == [
+        "- floor <= 1.3: met on 1 of 2 (l0 w8a8 1.20, l1 w8a8 1.40)",
+        "- slow >= 1.3: met on 1 of 2 (l0 w8a8 1.20, l1 w8a8 1.40)"]
