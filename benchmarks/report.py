@@ -663,27 +663,34 @@ def paired(a: list[float], b: list[float]) -> str:
 @suite("accuracy", "Quantization accuracy", "benchmarks/accuracy.py")
 def render_accuracy(files: list[Result]) -> list[str]:
     f = latest(files)
-    rows, base = [], {}
+    setup = [k for k in ("dataset", "model") if any(k in r for r in f.rows)]
+
+    def group(r: dict) -> tuple:
+        return (*(r.get(k) for k in setup), r.get("precision"))
+
+    base = {group(r): r.get("accuracies") for r in f.rows if r.get("method") == "max"}
+    rows = []
     for r in f.rows:
-        if r["method"] == "max":
-            base[r["precision"]] = r["accuracies"]
-    for r in f.rows:
-        ref = base.get(r["precision"])
-        rows.append([r["precision"], r["method"],
-                     f.link(f"{r['accuracy_mean']:.2f} +- {r['accuracy_std']:.2f}"),
-                     f"{r['integer_accuracy_mean']:.2f}" if "integer_accuracy_mean" in r
-                     else "-",
-                     paired(r["accuracies"], ref) if ref and r["method"] != "max" else "",
-                     len(r["accuracies"])])
+        accs, ref = r.get("accuracies") or [], base.get(group(r))
+        mean = r.get("accuracy_mean", statistics.fmean(accs) if accs else None)
+        std = r.get("accuracy_std")
+        acc = "-" if mean is None else f"{mean:.2f}" + ("" if std is None else f" +- {std:.2f}")
+        integer = r.get("integer_accuracy_mean")
+        same = ref and len(ref) == len(accs) > 1 and r.get("method") != "max"
+        rows.append([*(r.get(k, "-") for k in setup), r.get("precision", "-"),
+                     r.get("method", "-"), f.link(acc),
+                     "-" if integer is None else f"{integer:.2f}",
+                     paired(accs, ref) if same else "", len(accs) or "-"])
     out = ["Mean +- std over seeds; integer: the same model through `lowbit.convert` (exact "
            "integer layers); minus MAX: paired per-seed difference to the MAX scale, mean +- "
            "standard error. Latest run.", ""]
-    out += table(["precision", "method", "accuracy %", "integer %", "minus MAX (paired)",
-                  "seeds"], rows)
+    out += table([*setup, "precision", "method", "accuracy %", "integer %",
+                  "minus MAX (paired)", "seeds"], rows)
     targets = f.doc.get("targets") or {}
     if targets:
+        verdict = {True: "met", False: "missed"}
         out += ["", "Targets (from the file): " + "; ".join(
-            f"`{k}` {'met' if v else 'missed'}" for k, v in sorted(targets.items())) + "."]
+            f"`{k}` {verdict.get(v, v)}" for k, v in sorted(targets.items())) + "."]
     return [*out, "", provenance([f]), ""]
 
 

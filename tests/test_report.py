@@ -222,6 +222,19 @@ def test_unknown_suite_and_a_failing_renderer_fall_back_to_the_generic_table(tmp
     assert "| workload | precision |" in conv
 
 
+def test_accuracy_rows_of_other_setups_render_without_seed_lists(tmp_path):
+    results = _write(tmp_path, [("accuracy-20260103-000000.json", _doc("accuracy", [
+        {"model": "resnet18", "precision": "w2a2", "method": "max", "accuracy_mean": 61.5},
+        {"model": "resnet18", "precision": "w2a2", "method": "lsq", "accuracy_mean": 66.25,
+         "accuracy_std": 0.4}], targets={"lsq_vs_max": 4.75}))])
+    section = _section(report.render(report.load(results, tmp_path)),
+                       report.SUITES["accuracy"].title)
+    assert "failed (" not in section
+    assert "| model | precision | method |" in section
+    assert "| resnet18 | w2a2 | lsq | [66.25 +- 0.40][accuracy-20260103-000000] | - |" in section
+    assert "`lsq_vs_max` 4.75" in section
+
+
 def test_report_is_deterministic_and_independent_of_file_order(tmp_path):
     files = SYNTHETIC["bitserial"] + SYNTHETIC["conv"]
     results = _write(tmp_path, files)
