@@ -24,6 +24,7 @@ def _launchers() -> dict:
 
     from lowbit.core import Layout
     from lowbit.kernels.triton import netops as K
+    from lowbit.kernels.triton import stem as S
     from lowbit.reference import FloatOutput, RequantizedOutput
 
     K.interpreting = lambda: True  # build launchers on CPU tensors; nothing is launched
@@ -37,7 +38,21 @@ def _launchers() -> dict:
     res = K.empty_packed(shape, "u8", Layout.INT8, "cpu")
     x_bp = K.empty_packed((8, 112, 112, 64), "u2", Layout.BITPLANE, "cpu")
     x_i8 = K.empty_packed((8, 112, 112, 64), "s8", Layout.INT8, "cpu")
+    image = torch.empty(8, 3, 224, 224)
+    weight = torch.ones(64, 7, 7, 3, dtype=torch.int64)
+    stem_outs = [K.empty_packed((8, 56, 56, 64), "u8", Layout.INT8, "cpu"),
+                 K.empty_packed((8, 56, 56, 64), "u2", Layout.BITPLANE, "cpu")]
+    stem_specs = [RequantizedOutput("u8", 2**30, 40, relu=True),
+                  RequantizedOutput("u2", 2**30, 40, relu=True)]
+    alex_out = [K.empty_packed((8, 27, 27, 64), "u8", Layout.INT8, "cpu")]
     return {
+        "stem_resnet": S.bind_stem(image, weight, torch.zeros(64, dtype=torch.int64),
+                                   stem_specs, stem_outs, stride=2, pad=3, pool_pad=1,
+                                   scale=0.02, status=torch.zeros(1, dtype=torch.int32)),
+        "stem_alexnet": S.bind_stem(image.to(torch.uint8),
+                                    torch.ones(64, 11, 11, 3, dtype=torch.int64), None,
+                                    stem_specs[:1], alex_out, stride=4, pad=2,
+                                    pool_pad=0, table=torch.zeros(3, 256, dtype=torch.int64)),
         "layer_epilogue": K.bind_layer_epilogue(y, specs, outs, res),
         "maxpool_bitplane": K.bind_maxpool2d(x_bp, K.empty_packed((8, 56, 56, 64), "u2",
                                                                  Layout.BITPLANE, "cpu"), 3, 2, 1),
@@ -86,7 +101,7 @@ def reports() -> dict:
 
 
 @pytest.mark.parametrize("name", ["layer_epilogue", "maxpool_bitplane", "avgpool_global",
-                                  "quantize_image"])
+                                  "quantize_image", "stem_resnet", "stem_alexnet"])
 def test_compiles_for_sm90_without_spills(reports, name):
     rows = reports[name]
     assert isinstance(rows, list), rows

@@ -1,0 +1,521 @@
+"""The first layer of a CNN on the GPU: float (fp32 / fp16 / bf16, NCHW) or uint8 image ->
+quantized input -> R x R stride-S conv on C channels (int8 tensor cores, exact int32
+accumulation) -> bias, ReLU, requantization into one or more outputs -> 3x3 stride-2 max-pool
+-> the next layer's layouts (INT8 NHWC or BITPLANE).
+
+Semantics (oracle, bit for bit): `reference.quantize_float` (or, for a uint8 image, the lookup
+`table[c, pixel]` of `reference.uint8_input_table`), `reference.accumulate` (conv2d_int),
+`reference.epilogue_outputs`, then `reference.maxpool2d_int` on each output (pooling the int32
+accumulators first is the same: bias, ReLU and requantization are monotone per channel).
+
+Two launches:
+1. `stem_input_kernel` quantizes each image value once (IEEE division, `div_rn`, as on the CPU)
+   into a space-to-depth int8 tensor: S x S blocks of pixels become one pixel of S*S*C channels
+   ([N, HS, WS, CSP], zero padding written in), so the stride-S R x R conv becomes a stride-1
+   RS x RS conv whose every filter row reads RS*CSP contiguous bytes (word loads);
+2. `stem_conv_kernel`: per program, one image, a band of output rows and 64 channels. The conv
+   runs as int8 dots of 64 output columns x 64 channels (K chunks of 64 bytes, zero weights
+   where the space-to-depth filter has no tap). With the pool, each step computes the two new
+   conv rows of one pooled row at the pool windows' first and second columns (2j - pad and
+   2j - pad + 1), keeps the second row for the next step (the windows' shared row), and takes
+   the third column from the neighbour window (a gather along the 64 columns): no conv output
+   is computed twice except one row per band and the padding columns; then the epilogue runs
+   on the pooled int32 values only.
+
+Exactness: int8 x int8 products summed in int32 (|sum| <= K_red * 128 * 128, checked), bias
+and requantization in int64 (|acc + bias| < 2^31 checked at bind, so |z| + 2^61 < 2^63).
+AlexNet's 11x11 stride-4 first layer runs too (space-to-depth by 4, with or without its 3x3/2
+pool with pad 0), at a lower useful fraction of the dots (363 of 768 products).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ...core import Encoding, Layout, PackedTensor, Precision
+from ...reference.netops import FloatOutput, RequantizedOutput, pool_output_size
+from .igemm import Launch, cdiv
+from .netops import (
+    ENC,
+    KIND_NONE,
+    Launcher,
+    _check_device,
+    _emit_output,
+    _output_slot,
+    check_image,
+    check_status,
+    empty_packed,
+    flag_nonfinite,
+    float32_scale,
+    quantize_f32,
+)
+
+#: outputs one stem launch writes
+STEM_MAX_OUTPUTS = 3
+#: output columns and channels per dot
+BLOCK_J = 64
+BLOCK_N = 64
+#: reduction words (4 int8 values each) per dot chunk
+CHUNK_WORDS = 16
+INT32_MIN = tl.constexpr(-(2**31))
+
+
+# =========================================================================== geometry
+@dataclass(frozen=True)
+class StemGeometry:
+    """Shapes of one first layer: image [N, C, H, W], filter [K, R, R, C], stride, pad, and
+    pool_pad (the 3x3 stride-2 max-pool's padding, 0 or 1; None: no pool)."""
+
+    N: int
+    C: int
+    H: int
+    W: int
+    K: int
+    R: int
+    stride: int
+    pad: int
+    pool_pad: int | None = 1
+
+    def __post_init__(self) -> None:
+        for name in ("N", "C", "H", "W", "K", "R", "stride"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if isinstance(self.pad, bool) or not isinstance(self.pad, int) or self.pad < 0:
+            raise ValueError(f"pad must be an int >= 0, got {self.pad!r}")
+        if self.pool_pad not in (None, 0, 1):
+            raise ValueError(f"pool_pad must be None (no pool), 0 or 1, got {self.pool_pad!r}")
+        if self.OH < 1 or self.OW < 1:
+            raise ValueError(f"a {self.R}x{self.R} filter does not fit the {self.H}x{self.W} "
+                             "image")
+        if self.pool_pad is not None and (self.PH < 1 or self.PW < 1):
+            raise ValueError(f"the 3x3 pool does not fit the {self.OH}x{self.OW} conv output")
+
+    # conv and pool output
+    @property
+    def OH(self) -> int:
+        return (self.H + 2 * self.pad - self.R) // self.stride + 1
+
+    @property
+    def OW(self) -> int:
+        return (self.W + 2 * self.pad - self.R) // self.stride + 1
+
+    @property
+    def PH(self) -> int:
+        return self.OH if self.pool_pad is None else pool_output_size(self.OH, 3, 2,
+                                                                       self.pool_pad)
+
+    @property
+    def PW(self) -> int:
+        return self.OW if self.pool_pad is None else pool_output_size(self.OW, 3, 2,
+                                                                       self.pool_pad)
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        """Logical NHWC shape of each output."""
+        return (self.N, self.PH, self.PW, self.K)
+
+    # space-to-depth by the stride: filter offset r - pad = stride * a + d, d in [0, stride)
+    @property
+    def a_min(self) -> int:
+        return (-self.pad) // self.stride
+
+    @property
+    def RS(self) -> int:
+        """Space-to-depth filter size."""
+        return (self.R - 1 - self.pad) // self.stride - self.a_min + 1
+
+    @property
+    def CPW(self) -> int:
+        """Words (4 channels) per space-to-depth pixel: stride^2 * C channels, padded."""
+        return -(-self.stride * self.stride * self.C // 4)
+
+    @property
+    def HS(self) -> int:
+        return self.OH + self.RS - 1
+
+    @property
+    def WS(self) -> int:
+        return self.OW + self.RS - 1
+
+    @property
+    def KW(self) -> int:
+        """Reduction words of the space-to-depth conv."""
+        return self.RS * self.RS * self.CPW
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.KW // CHUNK_WORDS)
+
+    @property
+    def macs(self) -> int:
+        """Multiply-adds of the conv (its own definition, padding taps included)."""
+        return self.N * self.OH * self.OW * self.K * self.R * self.R * self.C
+
+
+def s2d_weights(weight: torch.Tensor, geom: StemGeometry) -> torch.Tensor:
+    """KRSC integer weights -> int8 [K, chunks * 64] in the space-to-depth reduction order
+    (filter row a, column b, channel (d, e, c), padded to words and chunks; zero where the
+    space-to-depth filter has no tap)."""
+    s, c = geom.stride, geom.C
+    rs, cpw = geom.RS, geom.CPW
+    out = torch.zeros(geom.K, rs, rs, cpw * 4, dtype=torch.int8)
+    w = weight.to(torch.int8).cpu()
+    for a in range(rs):
+        for d in range(s):
+            r = s * (a + geom.a_min) + d + geom.pad
+            if not 0 <= r < geom.R:
+                continue
+            for b in range(rs):
+                for e in range(s):
+                    col = s * (b + geom.a_min) + e + geom.pad
+                    if 0 <= col < geom.R:
+                        out[:, a, b, (d * s + e) * c:(d * s + e + 1) * c] = w[:, r, col, :]
+    flat = out.reshape(geom.K, -1)
+    return torch.nn.functional.pad(flat, (0, geom.chunks * CHUNK_WORDS * 4 - flat.shape[1]))
+
+
+# =========================================================================== kernels
+@triton.jit
+def stem_input_kernel(
+    x_ptr, table_ptr, s2d_ptr, status_ptr, NPIX, HS, WS, H, W, scale,
+    C: tl.constexpr, S: tl.constexpr, PS: tl.constexpr, CSP: tl.constexpr, CSPP: tl.constexpr,
+    U8: tl.constexpr, ENC: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
+    HAS_STATUS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Quantized space-to-depth image: s2d[n, Y, X, (d*S + e)*C + c] =
+    q(x[n, c, S*(Y - PS) + d, S*(X - PS) + e]), 0 outside the image and in the padding
+    channels."""
+    pix = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ch = tl.arange(0, CSPP)
+    pmask = pix < NPIX
+    n = pix // (HS * WS)
+    rem = pix % (HS * WS)
+    yy = rem // WS
+    xx = rem % WS
+    d = ch // (S * C)
+    e = (ch // C) % S
+    c = ch % C
+    iy = (S * (yy - PS))[:, None] + d[None, :]
+    ix = (S * (xx - PS))[:, None] + e[None, :]
+    valid = (pmask[:, None] & (ch < S * S * C)[None, :] & (iy >= 0) & (iy < H) & (ix >= 0)
+             & (ix < W))
+    src = ((n[:, None] * C + c[None, :]) * H + iy) * W + ix
+    if U8:
+        v = tl.load(x_ptr + src, mask=valid, other=0).to(tl.int32)
+        q = tl.load(table_ptr + c[None, :] * 256 + v, mask=valid, other=0).to(tl.int32)
+    else:
+        xf = tl.load(x_ptr + src, mask=valid, other=0.0).to(tl.float32)
+        q = quantize_f32(xf, scale, ENC, QMIN, QMAX)
+        if HAS_STATUS:
+            flag_nonfinite(xf, valid, status_ptr)
+    q = tl.where(valid, q, 0)
+    tl.store(s2d_ptr + pix[:, None] * CSP + ch[None, :], q.to(tl.int8),
+             mask=pmask[:, None] & (ch < CSP)[None, :])
+
+
+@triton.jit
+def _conv_cols(s2d_ptr, w_ptr, n, oh, ow, n_idx, n_mask, OH, OW, HS, WS, KWB,
+               CPW: tl.constexpr, RS: tl.constexpr, KW: tl.constexpr, CHUNKS: tl.constexpr,
+               BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr):
+    """int32 conv outputs [BLOCK_J, BLOCK_N] at conv row oh (a scalar) and columns ow
+    (BLOCK_J); positions outside the conv output are INT32_MIN (the pool's padding)."""
+    ohc = tl.minimum(tl.maximum(oh, 0), OH - 1)
+    owc = tl.minimum(tl.maximum(ow, 0), OW - 1)
+    base = ((n * HS + ohc) * WS + owc) * CPW  # word offset of the filter window's corner
+    acc = tl.zeros((BLOCK_J, BLOCK_N), dtype=tl.int32)
+    shifts = tl.arange(0, 4) * 8
+    for ci in tl.static_range(CHUNKS):
+        kw = ci * 16 + tl.arange(0, 16)
+        off = (kw // (RS * CPW)) * (WS * CPW) + kw % (RS * CPW)
+        words = tl.load(s2d_ptr + base[:, None] + off[None, :], mask=(kw < KW)[None, :],
+                        other=0)
+        a = tl.reshape((words[:, :, None] >> shifts[None, None, :]).to(tl.int8),
+                       (BLOCK_J, 64))
+        kb = ci * 64 + tl.arange(0, 64)
+        b = tl.load(w_ptr + n_idx[None, :] * KWB + kb[:, None], mask=n_mask[None, :], other=0)
+        acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+    ok = (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
+    return tl.where(ok[:, None], acc, INT32_MIN)
+
+
+@triton.jit
+def stem_conv_kernel(
+    s2d_ptr, w_ptr, bias_ptr, OH, OW, PH, PW, HS, WS, K, KWB, bands, col_blocks, band_rows,
+    o0, a0, b0, c0_, row0, plane0, o1, a1, b1, c1, row1, plane1, o2, a2, b2, c2, row2, plane2,
+    CPW: tl.constexpr, RS: tl.constexpr, KW: tl.constexpr, CHUNKS: tl.constexpr,
+    POOL: tl.constexpr, PP: tl.constexpr, HAS_BIAS: tl.constexpr,
+    KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr, QLO0: tl.constexpr,
+    QMAX0: tl.constexpr,
+    KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr, QLO1: tl.constexpr,
+    QMAX1: tl.constexpr,
+    KIND2: tl.constexpr, LAYOUT2: tl.constexpr, BITS2: tl.constexpr, QLO2: tl.constexpr,
+    QMAX2: tl.constexpr,
+    BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One program: image n, a band of `band_rows` output rows, a block of output columns and
+    BLOCK_N channels; see the module docstring."""
+    pid = tl.program_id(0)
+    cb = pid % col_blocks
+    band = (pid // col_blocks) % bands
+    n = pid // (col_blocks * bands)
+    n_idx = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n_idx < K
+    jj = tl.arange(0, BLOCK_J)
+    t0 = band * band_rows
+    t_end = tl.minimum(t0 + band_rows, PH)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + n_idx, mask=n_mask, other=0).to(tl.int64)
+    else:
+        bias = tl.zeros((BLOCK_N,), dtype=tl.int64)
+    if POOL:
+        # pooled columns j0 + jj (the last of the block only feeds its neighbour's window)
+        j = cb * (BLOCK_J - 1) + jj
+        col_a = 2 * j - PP
+        nxt = tl.minimum(jj + 1, BLOCK_J - 1)[:, None] + tl.zeros((BLOCK_J, BLOCK_N), tl.int32)
+        carry_a = tl.full((BLOCK_J, BLOCK_N), INT32_MIN, tl.int32)
+        carry_b = tl.full((BLOCK_J, BLOCK_N), INT32_MIN, tl.int32)
+        j_mask = (jj < BLOCK_J - 1) & (j < PW)
+        # t0 - 1 first: its second conv row is the first window row of pooled row t0
+        for t in range(t0 - 1, t_end):
+            oh = 2 * t - PP + 1
+            a_lo = _conv_cols(s2d_ptr, w_ptr, n, oh, col_a, n_idx, n_mask, OH, OW, HS, WS, KWB,
+                              CPW, RS, KW, CHUNKS, BLOCK_J, BLOCK_N)
+            a_hi = _conv_cols(s2d_ptr, w_ptr, n, oh + 1, col_a, n_idx, n_mask, OH, OW, HS, WS,
+                              KWB, CPW, RS, KW, CHUNKS, BLOCK_J, BLOCK_N)
+            rows_a = tl.maximum(carry_a, tl.maximum(a_lo, a_hi))
+            carry_a = a_hi
+            b_lo = _conv_cols(s2d_ptr, w_ptr, n, oh, col_a + 1, n_idx, n_mask, OH, OW, HS, WS,
+                              KWB, CPW, RS, KW, CHUNKS, BLOCK_J, BLOCK_N)
+            b_hi = _conv_cols(s2d_ptr, w_ptr, n, oh + 1, col_a + 1, n_idx, n_mask, OH, OW, HS,
+                              WS, KWB, CPW, RS, KW, CHUNKS, BLOCK_J, BLOCK_N)
+            rows_b = tl.maximum(carry_b, tl.maximum(b_lo, b_hi))
+            carry_b = b_hi
+            pooled = tl.maximum(tl.maximum(rows_a, rows_b), tl.gather(rows_a, nxt, 0))
+            pix = (n * PH + t) * PW + j
+            _stem_outputs(pooled, bias, pix, j_mask & (jj * 0 + t >= t0), n_idx, K,
+                          o0, a0, b0, c0_, row0, plane0, o1, a1, b1, c1, row1, plane1,
+                          o2, a2, b2, c2, row2, plane2,
+                          KIND0, LAYOUT0, BITS0, QLO0, QMAX0, KIND1, LAYOUT1, BITS1, QLO1,
+                          QMAX1, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, BLOCK_J, BLOCK_N)
+    else:
+        ow = cb * BLOCK_J + jj
+        for t in range(t0, t_end):
+            acc = _conv_cols(s2d_ptr, w_ptr, n, t, ow, n_idx, n_mask, OH, OW, HS, WS, KWB,
+                             CPW, RS, KW, CHUNKS, BLOCK_J, BLOCK_N)
+            pix = (n * OH + t) * OW + ow
+            _stem_outputs(acc, bias, pix, ow < OW, n_idx, K,
+                          o0, a0, b0, c0_, row0, plane0, o1, a1, b1, c1, row1, plane1,
+                          o2, a2, b2, c2, row2, plane2,
+                          KIND0, LAYOUT0, BITS0, QLO0, QMAX0, KIND1, LAYOUT1, BITS1, QLO1,
+                          QMAX1, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, BLOCK_J, BLOCK_N)
+
+
+@triton.jit
+def _stem_outputs(acc, bias, pix, pix_mask, n_idx, K,
+                  o0, a0, b0, c0_, row0, plane0, o1, a1, b1, c1, row1, plane1,
+                  o2, a2, b2, c2, row2, plane2,
+                  KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr,
+                  QLO0: tl.constexpr, QMAX0: tl.constexpr,
+                  KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr,
+                  QLO1: tl.constexpr, QMAX1: tl.constexpr,
+                  KIND2: tl.constexpr, LAYOUT2: tl.constexpr, BITS2: tl.constexpr,
+                  QLO2: tl.constexpr, QMAX2: tl.constexpr,
+                  BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr):
+    """y = acc + bias (int64), then the epilogue outputs (`netops._emit_output`)."""
+    y = acc.to(tl.int64) + bias[None, :]
+    c0 = tl.program_id(1) * BLOCK_N
+    _emit_output(y, y, pix, pix_mask, c0, K, o0, a0, b0, c0_, row0, plane0, KIND0, LAYOUT0,
+                 BITS0, QLO0, QMAX0, False, BLOCK_J, BLOCK_N)
+    if KIND1 != 0:
+        _emit_output(y, y, pix, pix_mask, c0, K, o1, a1, b1, c1, row1, plane1, KIND1, LAYOUT1,
+                     BITS1, QLO1, QMAX1, False, BLOCK_J, BLOCK_N)
+    if KIND2 != 0:
+        _emit_output(y, y, pix, pix_mask, c0, K, o2, a2, b2, c2, row2, plane2, KIND2, LAYOUT2,
+                     BITS2, QLO2, QMAX2, False, BLOCK_J, BLOCK_N)
+
+
+# =========================================================================== host side
+@dataclass(frozen=True)
+class StemConfig:
+    """Launch knobs: output rows per program (the band; with the pool each band computes one
+    extra conv row pair) and warps."""
+
+    band_rows: int = 4
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def default_config(geom: StemGeometry, sms: int = 132) -> StemConfig:
+    """The longest band (fewest recomputed rows) that still gives every SM two programs."""
+    blocks = cdiv(geom.PW, BLOCK_J - 1) if geom.pool_pad is not None else cdiv(geom.OW,
+                                                                              BLOCK_J)
+    per_band = geom.N * blocks * cdiv(geom.K, BLOCK_N)
+    for rows in (16, 8, 4, 2):
+        if per_band * cdiv(geom.PH, rows) >= 2 * sms:
+            return StemConfig(band_rows=rows)
+    return StemConfig(band_rows=1 if geom.pool_pad is None else 2)
+
+
+def _input_precision(p: object) -> Precision:
+    p = Precision.parse(p) if isinstance(p, str) else p
+    if not isinstance(p, Precision) or p.encoding is Encoding.BINARY or max(
+            abs(p.qmin), p.qmax) > 128 or p.qmax > 127:
+        raise ValueError(f"precision must be signed (<= 8 bits) or unsigned (<= 7 bits) for "
+                         f"the int8 tensor cores, got {p!r}")
+    return p
+
+
+def _check_weight(weight: object) -> torch.Tensor:
+    if not isinstance(weight, torch.Tensor) or weight.dtype.is_floating_point or \
+            weight.dtype == torch.bool:
+        raise TypeError("weight must be an integer tensor [K, R, R, C] (KRSC values)")
+    if weight.dim() != 4 or weight.shape[1] != weight.shape[2]:
+        raise ValueError(f"weight must be [K, R, R, C], got {tuple(weight.shape)}")
+    if weight.numel() and (int(weight.min()) < -128 or int(weight.max()) > 127):
+        raise ValueError("weight values must lie in [-128, 127] (s8)")
+    return weight
+
+
+def geometry_of(image: torch.Tensor, weight: torch.Tensor, stride: int, pad: int,
+                pool_pad: int | None) -> StemGeometry:
+    n, c, h, w = image.shape
+    if weight.shape[3] != c:
+        raise ValueError(f"weight has C={weight.shape[3]} but the image has {c} channels")
+    return StemGeometry(N=n, C=c, H=h, W=w, K=weight.shape[0], R=weight.shape[1],
+                        stride=stride, pad=pad, pool_pad=pool_pad)
+
+
+def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+              outputs: Sequence[RequantizedOutput | FloatOutput],
+              outs: Sequence[PackedTensor | torch.Tensor], *, stride: int, pad: int,
+              pool_pad: int | None = 1, scale: float | None = None,
+              precision: Precision | str = "s8", table: torch.Tensor | None = None,
+              status: torch.Tensor | None = None, config: StemConfig | None = None
+              ) -> Launcher:
+    """Bind the first layer.
+
+    image: contiguous NCHW, float32 / float16 / bfloat16 (quantized with `scale` into
+    `precision`, `reference.quantize_float`) or uint8 (looked up in `table`, int [C, 256] of
+    `precision` values, `reference.uint8_input_table`). weight: KRSC integer values in s8
+    range; bias: int [K] or None. outputs: one spec per entry of `outs` (RequantizedOutput ->
+    PackedTensor of logical [N, PH, PW, K] in INT8 or BITPLANE; FloatOutput -> float32 tensor
+    of that shape; with the pool, the max of the window's float values: scale >= 0 makes the
+    float output monotone, so pooling commutes with it), at most 3, none with a residual.
+    pool_pad: the 3x3 stride-2 max-pool's padding (1: ResNet, 0: AlexNet) or None for no
+    pool. status: optional int32 device tensor, element 0 set to 1 when a float image held
+    inf or nan."""
+    prec = _input_precision(precision)
+    is_u8 = isinstance(image, torch.Tensor) and image.dtype == torch.uint8
+    if is_u8:
+        if image.dim() != 4 or not image.is_contiguous() or image.numel() == 0:
+            raise ValueError(f"image must be a contiguous NCHW tensor, got shape "
+                             f"{tuple(image.shape)}")
+        _check_device("image", image)
+    else:
+        check_image(image)
+    device = image.device
+    weight = _check_weight(weight)
+    geom = geometry_of(image, weight, stride, pad, pool_pad)
+    k_red = geom.R * geom.R * geom.C
+    bound = k_red * max(abs(prec.qmin), prec.qmax) * 128
+    top = 0
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.dtype.is_floating_point or \
+                tuple(bias.shape) != (geom.K,):
+            raise ValueError(f"bias must be an integer tensor of shape ({geom.K},)")
+        top = int(bias.abs().max())
+    if bound + top >= 2**31:
+        raise ValueError(f"worst-case |acc + bias| {bound + top} must stay below 2^31")
+    if is_u8:
+        if not isinstance(table, torch.Tensor) or tuple(table.shape) != (geom.C, 256):
+            raise ValueError(f"a uint8 image needs table, an int tensor [{geom.C}, 256]")
+        if int(table.min()) < prec.qmin or int(table.max()) > prec.qmax:
+            raise ValueError(f"table values must lie in {prec}'s range")
+        table_dev = table.to(torch.int8).contiguous().to(device)
+        s32 = 1.0
+    else:
+        if scale is None:
+            raise ValueError("a float image needs scale (the input quantizer's scale)")
+        s32 = float32_scale(scale)
+        table_dev = None
+    if status is not None:
+        check_status(status, device)
+    if not isinstance(outputs, (list, tuple)) or not isinstance(outs, (list, tuple)) or \
+            not 1 <= len(outputs) == len(outs) <= STEM_MAX_OUTPUTS:
+        raise ValueError(f"outputs and outs must have the same length, 1..{STEM_MAX_OUTPUTS}")
+    for i, spec in enumerate(outputs):
+        if isinstance(spec, RequantizedOutput) and spec.residual_multiplier is not None:
+            raise ValueError(f"outputs[{i}] has a residual term: the stem has no residual")
+        if isinstance(spec, FloatOutput) and pool_pad is not None and \
+                bool((torch.as_tensor(spec.scale) < 0).any()):
+            raise ValueError(f"outputs[{i}].scale must be >= 0 to pool a float output")
+    slots = [_output_slot(i, s, o, geom.out_shape, device, False)
+             for i, (s, o) in enumerate(zip(outputs, outs, strict=True))]
+    cfg = config or default_config(geom)
+
+    # launch 1: quantized space-to-depth image
+    s2d = torch.empty(geom.N, geom.HS, geom.WS, geom.CPW * 4, dtype=torch.int8, device=device)
+    cspp = max(4, 1 << (geom.CPW * 4 - 1).bit_length())
+    block = max(16, 4096 // cspp)
+    npix = geom.N * geom.HS * geom.WS
+    in_args = (image, table_dev if is_u8 else image, s2d,
+               status if status is not None else s2d, npix, geom.HS, geom.WS, geom.H, geom.W,
+               s32)
+    in_kwargs = dict(C=geom.C, S=geom.stride, PS=-geom.a_min, CSP=geom.CPW * 4, CSPP=cspp,
+                     U8=is_u8, ENC=ENC[prec.encoding], QMIN=prec.qmin, QMAX=prec.qmax,
+                     HAS_STATUS=status is not None and not is_u8, BLOCK=block, num_warps=4)
+    first = Launch(stem_input_kernel, (cdiv(npix, block),), in_args, in_kwargs)
+
+    # launch 2: conv, epilogue, pool
+    w2 = s2d_weights(weight, geom).to(device)
+    bias_dev = (bias.to(torch.int32).contiguous().to(device) if bias is not None
+                else torch.zeros(1, dtype=torch.int32, device=device))
+    pooled = geom.pool_pad is not None
+    col_blocks = cdiv(geom.PW, BLOCK_J - 1) if pooled else cdiv(geom.OW, BLOCK_J)
+    rows = geom.PH if pooled else geom.OH
+    bands = cdiv(rows, cfg.band_rows)
+    args: list = [s2d.view(torch.int32), w2, bias_dev, geom.OH, geom.OW, geom.PH, geom.PW,
+                  geom.HS, geom.WS, geom.K, w2.shape[1], bands, col_blocks, cfg.band_rows]
+    kwargs: dict = dict(CPW=geom.CPW, RS=geom.RS, KW=geom.KW, CHUNKS=geom.chunks, POOL=pooled,
+                        PP=geom.pool_pad or 0, HAS_BIAS=bias is not None)
+    for j in range(STEM_MAX_OUTPUTS):
+        if j < len(slots):
+            a, c = slots[j]
+        else:
+            a, c = (s2d, s2d, s2d, s2d, 0, 0), dict(KIND=KIND_NONE, LAYOUT=0, BITS=8, QLO=0,
+                                                    QMAX=0)
+        args += list(a)
+        kwargs.update({f"{name}{j}": v for name, v in c.items() if name != "RES"})
+    kwargs.update(BLOCK_J=BLOCK_J, BLOCK_N=BLOCK_N, num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages, enable_fp_fusion=False)
+    grid = (geom.N * bands * col_blocks, cdiv(geom.K, BLOCK_N))
+    second = Launch(stem_conv_kernel, grid, tuple(args), kwargs)
+    results = tuple(o.data if isinstance(o, PackedTensor) else o for o in outs)
+    return Launcher((first, second), results)
+
+
+def stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+         outputs: Sequence[RequantizedOutput | FloatOutput],
+         layouts: Sequence[Layout | str] | None = None, **kwargs
+         ) -> list[PackedTensor | torch.Tensor]:
+    """`bind_stem` into new outputs (requantized ones in `layouts`, INT8 by default), launched
+    once; keyword arguments as `bind_stem`."""
+    if not isinstance(image, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        raise TypeError("image and weight must be torch tensors")
+    geom = geometry_of(image, weight, kwargs.get("stride", 1), kwargs.get("pad", 0),
+                       kwargs.get("pool_pad", 1))
+    layouts = [Layout.INT8] * len(outputs) if layouts is None else [Layout(v) for v in layouts]
+    if len(layouts) != len(outputs):
+        raise ValueError("layouts must have one entry per output")
+    outs = [empty_packed(geom.out_shape, s.precision, lay, image.device)
+            if isinstance(s, RequantizedOutput) else
+            torch.empty(geom.out_shape, dtype=torch.float32, device=image.device)
+            for s, lay in zip(outputs, layouts, strict=True)]
+    bind_stem(image, weight, bias, outputs, outs, **kwargs)()
+    return outs

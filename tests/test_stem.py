@@ -1,0 +1,206 @@
+"""The fused first layer (lowbit.kernels.triton.stem) bit for bit against the reference chain
+quantize_float (or the uint8 table) -> accumulate -> epilogue_outputs -> maxpool2d_int.
+
+CPU: under TRITON_INTERPRET=1 on small odd images (2x3x37x45), ResNet's 7x7/2 + 3x3/2 pool,
+AlexNet's 11x11/4 with and without its pool, fp32 / fp16 / uint8 input, INT8 and BITPLANE
+outputs. GPU (`gpu` mark): 224x224 at batch 8 and a CUDA-graph replay.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lowbit.core import ConvWorkload, Layout, PackedTensor, Precision
+from lowbit.kernels.triton import stem as S
+from lowbit.quant.packing import pack
+from lowbit.reference import (
+    FloatOutput,
+    RequantizedOutput,
+    accumulate,
+    epilogue_outputs,
+    fixed_point_pair,
+    maxpool2d_int,
+    quantize_float,
+    uint8_input_table,
+)
+from triton_cases import DEVICE
+
+INT8, BITPLANE = Layout.INT8, Layout.BITPLANE
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def make_case(n, h, w, k, r, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    image = (torch.randn(n, 3, h, w, generator=g) * 1.5).to(dtype)
+    weight = torch.randint(-128, 128, (k, r, r, 3), generator=g)
+    bias = torch.randint(-20000, 20000, (k,), generator=g)
+    return image, weight, bias, g
+
+
+def specs_for(k, g, precs=(("u8", True), ("u2", True), ("s8", False))):
+    out = []
+    for prec, relu in precs:
+        sa = torch.rand(k, generator=g, dtype=torch.float64) * 4e-4 + 2e-5
+        m, _, s = fixed_point_pair(sa, 0.0)
+        out.append(RequantizedOutput(prec, m, s, relu=relu))
+    return out
+
+
+def reference(q_nchw, weight, bias, specs, stride, pad, pool_pad):
+    x = q_nchw.permute(0, 2, 3, 1).contiguous()
+    n, h, w, c = x.shape
+    k, r = weight.shape[0], weight.shape[1]
+    wl = ConvWorkload(N=n, H=h, W=w, C=c, K=k, R=r, S=r, stride=stride, pad=pad)
+    acc = accumulate(wl, x, weight)
+    outs = epilogue_outputs(acc, bias, specs)
+    if pool_pad is None:
+        return outs
+    return [o if o.dtype == torch.float32 else maxpool2d_int(o, 3, 2, pool_pad) for o in outs]
+
+
+def check_outputs(got, ref, layouts, specs):
+    checked = 0
+    for out, values, layout, spec in zip(got, ref, layouts, specs, strict=True):
+        if isinstance(spec, FloatOutput):
+            assert torch.equal(out.cpu(), values)
+        else:
+            assert isinstance(out, PackedTensor) and out.layout is layout
+            want = pack(values, spec.precision, layout)
+            have = out.data.cpu()
+            assert torch.equal(have, want), f"{(have != want).sum().item()} of {want.numel()}"
+            assert int(values.unique().numel()) > 2
+        checked += 1
+    return checked
+
+
+RESNET = dict(stride=2, pad=3, pool_pad=1)
+
+
+@pytest.mark.parametrize("dtype,layouts", [
+    (torch.float32, (INT8, BITPLANE, INT8)),
+    (torch.float16, (BITPLANE, INT8, BITPLANE)),
+], ids=["fp32", "fp16"])
+def test_resnet_stem_float_image(dtype, layouts):
+    image, weight, bias, g = make_case(2, 37, 45, 64, 7, 1, dtype)
+    specs = specs_for(64, g)
+    scale = 0.031
+    # values exactly on rounding boundaries of the input quantizer
+    image.view(-1)[:200] = ((torch.arange(200) - 100 + 0.5) * scale).to(dtype)
+    got = S.stem(image.to(DEVICE), weight, bias, specs, layouts, scale=scale, **RESNET)
+    q = quantize_float(image, scale, "s8")
+    ref = reference(q, weight, bias, specs, 2, 3, 1)
+    assert ref[0].shape == (2, 10, 12, 64)
+    assert check_outputs(got, ref, layouts, specs) == 3
+
+
+def test_resnet_stem_uint8_image_and_float_output():
+    _, weight, _, g = make_case(2, 37, 45, 40, 7, 2)
+    image = torch.randint(0, 256, (2, 3, 37, 45), generator=g, dtype=torch.uint8)
+    table = uint8_input_table(0.019, "s8", MEAN, STD)
+    specs = [specs_for(40, g, (("u4", True),))[0],
+             FloatOutput(torch.rand(40, generator=g, dtype=torch.float64) * 1e-3)]
+    layouts = (BITPLANE, INT8)
+    got = S.stem(image.to(DEVICE), weight, None, specs, layouts, table=table, **RESNET)
+    q = table[torch.arange(3).view(1, 3, 1, 1), image.long()]
+    ref = reference(q, weight, None, specs, 2, 3, 1)
+    # float32(scale * y + offset) is monotone in y (scale >= 0): max-pooling commutes with it
+    ref[1] = F.max_pool2d(ref[1].permute(0, 3, 1, 2), 3, 2, 1).permute(0, 2, 3, 1)
+    assert check_outputs(got, ref, layouts, specs) == 2
+
+
+@pytest.mark.parametrize("pool_pad", [0, None], ids=["pool", "no_pool"])
+def test_alexnet_stem(pool_pad):
+    image, weight, bias, g = make_case(3, 41, 39, 64, 11, 3)
+    specs = specs_for(64, g, (("s8", False), ("u2", True)))
+    layouts = (INT8, BITPLANE)
+    got = S.stem(image.to(DEVICE), weight, bias, specs, layouts, scale=0.05, stride=4, pad=2,
+                 pool_pad=pool_pad)
+    ref = reference(quantize_float(image, 0.05, "s8"), weight, bias, specs, 4, 2, pool_pad)
+    assert check_outputs(got, ref, layouts, specs) == 2
+
+
+def test_bound_launcher_replays_and_flags_nonfinite():
+    image, weight, bias, g = make_case(1, 29, 31, 64, 7, 4)
+    specs = specs_for(64, g, (("u8", True),))
+    geom = S.geometry_of(image, weight, 2, 3, 1)
+    out = S.empty_packed(geom.out_shape, "u8", INT8, DEVICE)
+    img_dev = image.to(DEVICE)
+    status = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    launch = S.bind_stem(img_dev, weight, bias, specs, [out], scale=0.04, status=status,
+                         config=S.StemConfig(band_rows=3), **RESNET)
+    for seed in (5, 6):
+        img2 = torch.randn(image.shape, generator=torch.Generator().manual_seed(seed))
+        img_dev.copy_(img2)
+        launch()
+        ref = reference(quantize_float(img2, 0.04, "s8"), weight, bias, specs, 2, 3, 1)
+        assert torch.equal(out.data.cpu(), pack(ref[0], Precision(8), INT8))
+    assert int(status[0]) == 0
+    img_dev.view(-1)[7] = float("inf")
+    launch()
+    assert int(status[0]) == 1
+
+
+def test_geometry_and_checks():
+    geom = S.StemGeometry(N=8, C=3, H=224, W=224, K=64, R=7, stride=2, pad=3, pool_pad=1)
+    assert (geom.OH, geom.PH, geom.RS, geom.CPW, geom.KW, geom.chunks) == (112, 56, 4, 3, 48, 3)
+    alex = S.StemGeometry(N=8, C=3, H=224, W=224, K=64, R=11, stride=4, pad=2, pool_pad=0)
+    assert (alex.OH, alex.PH, alex.RS, alex.CPW, alex.chunks) == (55, 27, 4, 12, 12)
+    # every tap of the filter lands once in the space-to-depth filter
+    w = torch.randint(-128, 128, (64, 7, 7, 3), generator=torch.Generator().manual_seed(7))
+    w2 = S.s2d_weights(w, geom)
+    assert w2.shape == (64, 192)
+    assert torch.equal(w2.to(torch.int64).sum(1), w.sum((1, 2, 3)))
+    assert int((w2 != 0).sum()) == int((w != 0).sum())
+    image = torch.randn(1, 3, 16, 16, device=DEVICE)
+    spec = specs_for(64, torch.Generator().manual_seed(8), (("u8", True),))
+    with pytest.raises(ValueError, match="scale"):
+        S.stem(image, w, None, spec, **RESNET)
+    with pytest.raises(ValueError, match="weight values"):
+        S.stem(image, w * 2, None, spec, scale=0.1, **RESNET)
+    with pytest.raises(ValueError, match="precision"):
+        S.stem(image, w, None, spec, scale=0.1, precision="u8", **RESNET)
+    with pytest.raises(ValueError, match="table"):
+        S.stem(image.to(torch.uint8), w, None, spec, **RESNET)
+    with pytest.raises(ValueError, match="pool_pad"):
+        S.stem(image, w, None, spec, scale=0.1, stride=2, pad=3, pool_pad=2)
+    with pytest.raises(ValueError, match="residual"):
+        S.stem(image, w, None, [RequantizedOutput("u8", 5, 3, 1)], scale=0.1, **RESNET)
+    with pytest.raises(ValueError, match="2\\^31"):
+        S.stem(image, w, torch.full((64,), 2**31 - 1), spec, scale=0.1, **RESNET)
+
+
+# ------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gpu_resnet_stem_224(dtype):
+    image, weight, bias, g = make_case(8, 224, 224, 64, 7, 11, dtype)
+    specs = specs_for(64, g)
+    layouts = (INT8, BITPLANE, INT8)
+    got = S.stem(image.cuda(), weight, bias, specs, layouts, scale=0.03, **RESNET)
+    ref = reference(quantize_float(image, 0.03, "s8"), weight, bias, specs, 2, 3, 1)
+    assert check_outputs(got, ref, layouts, specs) == 3
+
+
+@pytest.mark.gpu
+def test_gpu_stem_cuda_graph_and_alexnet():
+    image, weight, bias, g = make_case(4, 224, 224, 64, 11, 12)
+    specs = specs_for(64, g, (("u2", True),))
+    geom = S.geometry_of(image, weight, 4, 2, 0)
+    out = S.empty_packed(geom.out_shape, "u2", BITPLANE, "cuda")
+    img = image.cuda()
+    launch = S.bind_stem(img, weight, bias, specs, [out], scale=0.05, stride=4, pad=2,
+                         pool_pad=0)
+    launch()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch()
+    img2 = torch.randn(image.shape, generator=torch.Generator().manual_seed(13))
+    img.copy_(img2)
+    out.data.fill_(0x5A5A5A5A)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = reference(quantize_float(img2, 0.05, "s8"), weight, bias, specs, 4, 2, 0)
+    assert torch.equal(out.data.cpu(), pack(ref[0], Precision(2), BITPLANE))
