@@ -11,9 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lowbit.core import ConvWorkload, Layout, PackedTensor, Precision
 from lowbit.kernels.triton import stem as S
+from lowbit.kernels.triton.netops import fast_requant_ok
 from lowbit.quant.packing import pack
 from lowbit.reference import (
     FloatOutput,
@@ -119,6 +122,37 @@ def test_alexnet_stem(pool_pad):
                  pool_pad=pool_pad)
     ref = reference(quantize_float(image, 0.05, "s8"), weight, bias, specs, 4, 2, pool_pad)
     assert check_outputs(got, ref, layouts, specs) == 2
+
+
+CONFIGS = [S.StemConfig(band_rows=3, images=2, whole_k=True),
+           S.StemConfig(band_rows=2, images=2, whole_k=False, fast_requant=False),
+           S.StemConfig(band_rows=5, images=1, whole_k=True, fast_requant=False)]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["img2_wholek_fast", "img2_chunks_int64",
+                                              "img1_wholek_int64"])
+def test_stem_configs(cfg):
+    # batch 3: the second program of two-image configs has one image slot empty
+    image, weight, bias, g = make_case(3, 33, 29, 64, 7, 9)
+    specs = specs_for(64, g, (("u8", True), ("s4", False)))
+    layouts = (INT8, BITPLANE)
+    got = S.stem(image.to(DEVICE), weight, bias, specs, layouts, scale=0.04, config=cfg,
+                 **RESNET)
+    ref = reference(quantize_float(image, 0.04, "s8"), weight, bias, specs, 2, 3, 1)
+    assert check_outputs(got, ref, layouts, specs) == 2
+
+
+@settings(max_examples=400, deadline=None)
+@given(y=st.integers(-(2**22) + 1, 2**22 - 1), m=st.integers(0, 2**31 - 1),
+       s=st.integers(1, 44), lo=st.sampled_from([-128, 0, -8]))
+def test_fast_requant_float64_is_exact(y, m, s, lo):
+    """The stem's float64 requantization floor(y * (m * 2^-s) + 0.5), clamped, equals the
+    integer one wherever `fast_requant_ok` allows it (same IEEE arithmetic on CPU and GPU)."""
+    hi = 127 if lo < 0 else 255
+    ms = torch.tensor([m], dtype=torch.float64) * 2.0 ** -s
+    fast = torch.floor(torch.tensor([y], dtype=torch.float64) * ms + 0.5).clamp(lo, hi)
+    assert int(fast) == min(max((y * m + (1 << (s - 1))) >> s, lo), hi)
+    assert fast_requant_ok(2**22 - 1, torch.tensor([s]))
 
 
 def test_bound_launcher_replays_and_flags_nonfinite():

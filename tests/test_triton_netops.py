@@ -156,12 +156,19 @@ POOL_CASES = [  # (prec, in layout, out layout, kernel, stride, pad)
     ("u2", BITPLANE, BITPLANE, 2, 2, 0),
     ("s4", BITPLANE, INT8, 3, 1, 1),
     ("b1", BITPLANE, BITPLANE, 3, 2, 1),
+    ("s2", BITPLANE, BITPLANE, 3, 2, 1),  # the bit-sliced max, every width and encoding
+    ("s3", BITPLANE, BITPLANE, 2, 2, 0),
+    ("s4", BITPLANE, BITPLANE, 3, 1, 1),
+    ("u3", BITPLANE, BITPLANE, 3, 2, 1),
+    ("u4", BITPLANE, BITPLANE, 3, 2, 0),
+    ("u1", BITPLANE, BITPLANE, 2, 2, 0),
+    ("s6", BITPLANE, BITPLANE, 3, 2, 1),  # > 4 planes: through values
 ]
 
 
 @pytest.mark.parametrize("prec,lin,lout,kernel,stride,pad", POOL_CASES)
 def test_maxpool(prec, lin, lout, kernel, stride, pad):
-    x = rand((3, 9, 11, 45), prec, kernel + stride)
+    x = rand((3, 9, 11, 45 if prec != "u3" else 70), prec, kernel + stride)
     ref = maxpool2d_int(x, kernel, stride, pad)
     out = poisoned(ref.shape, prec, lout)
     K.bind_maxpool2d(packed(x, prec, lin), out, kernel, stride, pad)()

@@ -111,20 +111,28 @@ def requant_round(z, sh):
 def _emit_output(y, res, pix, pix_mask, c0, K, out_ptr, v1_ptr, v2_ptr, v3_ptr, row, plane,
                  KIND: tl.constexpr, LAYOUT: tl.constexpr, BITS: tl.constexpr,
                  QLO: tl.constexpr, QMAX: tl.constexpr, HAS_RES: tl.constexpr,
-                 BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+                 BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, FAST: tl.constexpr):
     """One output of the layer epilogue. REQUANT: v1 multiplier, v2 residual multiplier,
-    v3 shift (int32 [K]); FLOAT: v1 scale, v2 offset (float64 [K])."""
+    v3 shift (int32 [K]); FLOAT: v1 scale, v2 offset (float64 [K]).
+    FAST (no residual): v1 holds m * 2^-s in float64 and q = floor(y * v1 + 0.5): exact where
+    |y| < 2^22 and s <= 44 (`fast_requant_ok`: y * m is exact in float64, and the one rounding
+    of the sum cannot cross an integer that matters for the clamp)."""
     chan = c0 + tl.arange(0, BLOCK_C)
     c_mask = chan < K
     if KIND == 1:
-        m = tl.load(v1_ptr + chan, mask=c_mask, other=0).to(tl.int64)
-        sh = tl.load(v3_ptr + chan, mask=c_mask, other=1).to(tl.int64)
-        z = y.to(tl.int64) * m[None, :]
-        if HAS_RES:
-            r = tl.load(v2_ptr + chan, mask=c_mask, other=0).to(tl.int64)
-            z += res.to(tl.int64) * r[None, :]
-        q = requant_round(z, sh[None, :])
-        q = tl.minimum(tl.maximum(q, QLO), QMAX).to(tl.int32)
+        if FAST:
+            ms = tl.load(v1_ptr + chan, mask=c_mask, other=0.0)
+            v = tl.math.floor(y.to(tl.float64) * ms[None, :] + 0.5)
+            q = tl.minimum(tl.maximum(v, QLO), QMAX).to(tl.int32)
+        else:
+            m = tl.load(v1_ptr + chan, mask=c_mask, other=0).to(tl.int64)
+            sh = tl.load(v3_ptr + chan, mask=c_mask, other=1).to(tl.int64)
+            z = y.to(tl.int64) * m[None, :]
+            if HAS_RES:
+                r = tl.load(v2_ptr + chan, mask=c_mask, other=0).to(tl.int64)
+                z += res.to(tl.int64) * r[None, :]
+            q = requant_round(z, sh[None, :])
+            q = tl.minimum(tl.maximum(q, QLO), QMAX).to(tl.int32)
         store_values(out_ptr, q, pix, pix_mask, c0, K, row, plane, LAYOUT, BITS, 0,
                      BLOCK_P, BLOCK_C)
     elif KIND == 2:
@@ -133,6 +141,13 @@ def _emit_output(y, res, pix, pix_mask, c0, K, out_ptr, v1_ptr, v2_ptr, v3_ptr, 
         f = y.to(tl.float64) * sc[None, :] + off[None, :]
         tl.store(out_ptr + pix[:, None] * K + chan[None, :], f.to(tl.float32),
                  mask=pix_mask[:, None] & c_mask[None, :])
+
+
+def fast_requant_ok(y_bound: int, shifts: torch.Tensor) -> bool:
+    """Whether `_emit_output`'s FAST float64 requantization is exact: |y| < 2^22 (so
+    |y * m| < 2^53) and every shift <= 44 (the rounding of y * m * 2^-s + 0.5 moves it by less
+    than 2^-s below any integer of magnitude <= 2^8 + 1, the ones the clamp can tell apart)."""
+    return y_bound < 2**22 and int(shifts.max()) <= 44
 
 
 @triton.jit
@@ -164,16 +179,16 @@ def layer_epilogue_kernel(
         res = load_values(res_ptr, pix, pix_mask, c0, K, res_row, res_plane, RES_LAYOUT,
                           RES_BITS, RES_ENC, BLOCK_P, BLOCK_C)
     _emit_output(y, res, pix, pix_mask, c0, K, o0, a0, b0, c0_, row0, plane0, KIND0, LAYOUT0,
-                 BITS0, QLO0, QMAX0, RES0, BLOCK_P, BLOCK_C)
+                 BITS0, QLO0, QMAX0, RES0, BLOCK_P, BLOCK_C, False)
     if KIND1 != 0:
         _emit_output(y, res, pix, pix_mask, c0, K, o1, a1, b1, c1, row1, plane1, KIND1,
-                     LAYOUT1, BITS1, QLO1, QMAX1, RES1, BLOCK_P, BLOCK_C)
+                     LAYOUT1, BITS1, QLO1, QMAX1, RES1, BLOCK_P, BLOCK_C, False)
     if KIND2 != 0:
         _emit_output(y, res, pix, pix_mask, c0, K, o2, a2, b2, c2, row2, plane2, KIND2,
-                     LAYOUT2, BITS2, QLO2, QMAX2, RES2, BLOCK_P, BLOCK_C)
+                     LAYOUT2, BITS2, QLO2, QMAX2, RES2, BLOCK_P, BLOCK_C, False)
     if KIND3 != 0:
         _emit_output(y, res, pix, pix_mask, c0, K, o3, a3, b3, c3, row3, plane3, KIND3,
-                     LAYOUT3, BITS3, QLO3, QMAX3, RES3, BLOCK_P, BLOCK_C)
+                     LAYOUT3, BITS3, QLO3, QMAX3, RES3, BLOCK_P, BLOCK_C, False)
 
 
 @triton.jit
@@ -214,6 +229,103 @@ def pool2d_kernel(
         acc = tl.minimum(tl.maximum(requant_round(z, sh), QMIN), QMAX).to(tl.int32)
     store_values(out_ptr, acc, pix, pix_mask, c0, C, o_row, o_plane, O_LAYOUT, O_BITS, O_ENC,
                  BLOCK_P, BLOCK_C)
+
+
+@triton.jit
+def _plane_words(ptr, pix, ok, word, row, plane, i: tl.constexpr, BITS: tl.constexpr,
+                 IDENT: tl.constexpr):
+    """Words [P, NW] of plane i (0 where i >= BITS); IDENT (all ones or zero) where not ok."""
+    if i < BITS:
+        w = tl.load(ptr + i * plane + pix[:, None] * row + word[None, :],
+                    mask=ok[:, None] & (word < row)[None, :], other=0)
+        w = tl.where(ok[:, None], w, IDENT)
+    else:
+        w = tl.zeros((pix.shape[0], word.shape[0]), dtype=tl.int32)
+    return w
+
+
+@triton.jit
+def _sliced_max(a0, a1, a2, a3, b0, b1, b2, b3, BITS: tl.constexpr):
+    """Bit-sliced max of two unsigned BITS-bit numbers (planes a_i, b_i, 32 lanes a word),
+    MSB first: A wins where it is known greater."""
+    gt = tl.zeros_like(a0)
+    lt = tl.zeros_like(a0)
+    if BITS > 3:
+        gt = gt | (a3 & ~b3)
+        lt = lt | (~a3 & b3)
+    if BITS > 2:
+        und = ~(gt | lt)
+        gt = gt | (und & a2 & ~b2)
+        lt = lt | (und & ~a2 & b2)
+    if BITS > 1:
+        und = ~(gt | lt)
+        gt = gt | (und & a1 & ~b1)
+        lt = lt | (und & ~a1 & b1)
+    und = ~(gt | lt)
+    gt = gt | (und & a0 & ~b0)
+    return ((gt & a0) | (~gt & b0), (gt & a1) | (~gt & b1), (gt & a2) | (~gt & b2),
+            (gt & a3) | (~gt & b3))
+
+
+@triton.jit
+def maxpool_planes_kernel(
+    x_ptr, out_ptr, NPQ, H, W, P, Q, KH, KW, stride, pad, row, x_plane, o_plane,
+    BITS: tl.constexpr, SIGNED: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    """Max pool on bit planes without unpacking: per tap, a bit-sliced max of up to 4 planes,
+    32 channels per word op. Signed values compare as offset binary (top plane flipped);
+    padding taps read the smallest value (the max's identity)."""
+    pix = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    word = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    pmask = pix < NPQ
+    n = pix // (P * Q)
+    pq = pix % (P * Q)
+    h0 = (pq // Q) * stride - pad
+    w0 = (pq % Q) * stride - pad
+    # the running max starts at the smallest value: all planes 0 (offset binary for signed)
+    m0 = tl.zeros((BLOCK_P, BLOCK_W), dtype=tl.int32)
+    m1 = m0
+    m2 = m0
+    m3 = m0
+    for t in range(KH * KW):
+        ih = h0 + t // KW
+        iw = w0 + t % KW
+        ok = pmask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        src = (n * H + ih) * W + iw
+        TOP_IDENT: tl.constexpr = -1 if SIGNED else 0
+        b0 = _plane_words(x_ptr, src, ok, word, row, x_plane, 0, BITS,
+                          TOP_IDENT if BITS == 1 else 0)
+        b1 = _plane_words(x_ptr, src, ok, word, row, x_plane, 1, BITS,
+                          TOP_IDENT if BITS == 2 else 0)
+        b2 = _plane_words(x_ptr, src, ok, word, row, x_plane, 2, BITS,
+                          TOP_IDENT if BITS == 3 else 0)
+        b3 = _plane_words(x_ptr, src, ok, word, row, x_plane, 3, BITS,
+                          TOP_IDENT if BITS == 4 else 0)
+        if SIGNED:  # two's complement -> offset binary: flip the top plane
+            if BITS == 2:
+                b1 = ~b1
+            elif BITS == 3:
+                b2 = ~b2
+            elif BITS == 4:
+                b3 = ~b3
+        m0, m1, m2, m3 = _sliced_max(b0, b1, b2, b3, m0, m1, m2, m3, BITS)
+    if SIGNED:
+        if BITS == 2:
+            m1 = ~m1
+        elif BITS == 3:
+            m2 = ~m2
+        elif BITS == 4:
+            m3 = ~m3
+    # padding channels: 0 in every tap, so 0 in the max (after the flip back, for signed)
+    omask = pmask[:, None] & (word < row)[None, :]
+    optr = out_ptr + pix[:, None] * row + word[None, :]
+    tl.store(optr, m0, mask=omask)
+    if BITS > 1:
+        tl.store(optr + o_plane, m1, mask=omask)
+    if BITS > 2:
+        tl.store(optr + 2 * o_plane, m2, mask=omask)
+    if BITS > 3:
+        tl.store(optr + 3 * o_plane, m3, mask=omask)
 
 
 @triton.jit
@@ -518,7 +630,26 @@ def bind_maxpool2d(x: PackedTensor, out: PackedTensor, kernel: int, stride: int 
     out = check_packed("out", out, (n, p, q, c), x.data.device)
     if out.precision != x.precision:
         raise ValueError(f"out must have x's precision {x.precision}, got {out.precision}")
+    if x.layout is out.layout is Layout.BITPLANE and x.precision.bits <= 4:
+        return _planes_pool_launch(x, out, kernel, stride, pad)
     return _pool_launch(x, out, kernel, kernel, stride, pad, False, 1, 1)
+
+
+def _planes_pool_launch(x: PackedTensor, out: PackedTensor, kernel: int, stride: int,
+                        pad: int) -> Launcher:
+    n, h, w, _ = x.shape
+    _, p, q, _ = out.shape
+    words, x_plane = _strides(x)
+    o_plane = _strides(out)[1]
+    bw = min(8, 1 << max(0, (words - 1).bit_length()))
+    bp = max(32, 2048 // bw)
+    npq = n * p * q
+    args = (x.data, out.data, npq, h, w, p, q, kernel, kernel, stride, pad, words, x_plane,
+            o_plane)
+    kwargs = dict(BITS=x.precision.bits, SIGNED=x.precision.encoding is Encoding.SIGNED,
+                  BLOCK_P=bp, BLOCK_W=bw, num_warps=4)
+    grid = (cdiv(npq, bp), cdiv(words, bw))
+    return Launcher((Launch(maxpool_planes_kernel, grid, args, kwargs),), (out.data,))
 
 
 def _avg_constants(x: PackedTensor, multiplier: object, shift: object) -> tuple[int, int]:
@@ -630,8 +761,10 @@ def bind_quantize_image(x: torch.Tensor, scale: float, out: PackedTensor,
         check_status(status, x.device)
     o_row, o_plane = _strides(out)
     prec = out.precision
-    bc = _block_c(c)
-    bp = max(16, 2048 // bc)
+    # few channels (an RGB image): narrow channel tiles, many pixels per program
+    bc = _block_c(c) if out.layout is Layout.BITPLANE else max(
+        4, min(128, 1 << max(0, (c - 1).bit_length())))
+    bp = max(16, 4096 // bc)
     grid = (cdiv(n * h * w, bp), cdiv(c, bc))
     args = (x, out.data, x if status is None else status, n * h * w, h * w, c, s32, o_row,
             o_plane)

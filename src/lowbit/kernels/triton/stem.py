@@ -50,6 +50,7 @@ from .netops import (
     check_image,
     check_status,
     empty_packed,
+    fast_requant_ok,
     flag_nonfinite,
     float32_scale,
     quantize_f32,
@@ -183,29 +184,29 @@ def s2d_weights(weight: torch.Tensor, geom: StemGeometry) -> torch.Tensor:
 # =========================================================================== kernels
 @triton.jit
 def stem_input_kernel(
-    x_ptr, table_ptr, s2d_ptr, status_ptr, NPIX, HS, WS, H, W, scale,
+    x_ptr, table_ptr, s2d_ptr, status_ptr, HS, WS, H, W, scale,
     C: tl.constexpr, S: tl.constexpr, PS: tl.constexpr, CSP: tl.constexpr, CSPP: tl.constexpr,
     U8: tl.constexpr, ENC: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
-    HAS_STATUS: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_STATUS: tl.constexpr, BLOCK_X: tl.constexpr,
 ):
     """Quantized space-to-depth image: s2d[n, Y, X, (d*S + e)*C + c] =
     q(x[n, c, S*(Y - PS) + d, S*(X - PS) + e]), 0 outside the image and in the padding
-    channels."""
-    pix = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    channels. One program per space-to-depth row (n, Y) and BLOCK_X of its pixels: it reads S
+    image rows of each channel, each value once."""
+    row = tl.program_id(0)
+    n = row // HS
+    yy = row % HS
+    xx = tl.program_id(1) * BLOCK_X + tl.arange(0, BLOCK_X)
     ch = tl.arange(0, CSPP)
-    pmask = pix < NPIX
-    n = pix // (HS * WS)
-    rem = pix % (HS * WS)
-    yy = rem // WS
-    xx = rem % WS
     d = ch // (S * C)
     e = (ch // C) % S
     c = ch % C
-    iy = (S * (yy - PS))[:, None] + d[None, :]
+    iy = S * (yy - PS) + d
     ix = (S * (xx - PS))[:, None] + e[None, :]
-    valid = (pmask[:, None] & (ch < S * S * C)[None, :] & (iy >= 0) & (iy < H) & (ix >= 0)
+    xmask = xx < WS
+    valid = (xmask[:, None] & ((ch < S * S * C) & (iy >= 0) & (iy < H))[None, :] & (ix >= 0)
              & (ix < W))
-    src = ((n[:, None] * C + c[None, :]) * H + iy) * W + ix
+    src = ((n * C + c) * H + iy)[None, :] * W + ix
     if U8:
         v = tl.load(x_ptr + src, mask=valid, other=0).to(tl.int32)
         q = tl.load(table_ptr + c[None, :] * 256 + v, mask=valid, other=0).to(tl.int32)
@@ -215,147 +216,182 @@ def stem_input_kernel(
         if HAS_STATUS:
             flag_nonfinite(xf, valid, status_ptr)
     q = tl.where(valid, q, 0)
-    tl.store(s2d_ptr + pix[:, None] * CSP + ch[None, :], q.to(tl.int8),
-             mask=pmask[:, None] & (ch < CSP)[None, :])
+    tl.store(s2d_ptr + (row * WS + xx)[:, None] * CSP + ch[None, :], q.to(tl.int8),
+             mask=xmask[:, None] & (ch < CSP)[None, :])
 
 
 @triton.jit
-def _conv_cols(s2d_ptr, w_ptr, n, oh, ow, n_idx, n_mask, OH, OW, HS, WS, KWB,
+def _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh, ow, n_idx, n_mask, OH, OW, HS, WS, KWB,
                CPW: tl.constexpr, RS: tl.constexpr, KW: tl.constexpr, CHUNKS: tl.constexpr,
-               BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr):
-    """int32 conv outputs [BLOCK_J, BLOCK_N] at conv row oh (a scalar) and columns ow
-    (BLOCK_J); positions outside the conv output are INT32_MIN (the pool's padding)."""
+               WHOLE_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """int32 conv outputs [BLOCK_M, BLOCK_N] at conv row oh (a scalar) and, per row m, image
+    n[m] (valid where n_ok) and column ow[m]; positions outside the conv output are INT32_MIN
+    (the pool's padding). WHOLE_K: one dot over the reduction padded to a power of two (all
+    loads issued at once), else CHUNKS dots of 64 bytes."""
     ohc = tl.minimum(tl.maximum(oh, 0), OH - 1)
     owc = tl.minimum(tl.maximum(ow, 0), OW - 1)
     base = ((n * HS + ohc) * WS + owc) * CPW  # word offset of the filter window's corner
-    acc = tl.zeros((BLOCK_J, BLOCK_N), dtype=tl.int32)
     shifts = tl.arange(0, 4) * 8
-    for ci in tl.static_range(CHUNKS):
-        kw = ci * 16 + tl.arange(0, 16)
+    if WHOLE_K:
+        KP: tl.constexpr = CHUNKS * 16 if CHUNKS == 1 or CHUNKS == 2 or CHUNKS == 4 else 64
+        kw = tl.arange(0, KP)
         off = (kw // (RS * CPW)) * (WS * CPW) + kw % (RS * CPW)
         words = tl.load(s2d_ptr + base[:, None] + off[None, :], mask=(kw < KW)[None, :],
                         other=0)
         a = tl.reshape((words[:, :, None] >> shifts[None, None, :]).to(tl.int8),
-                       (BLOCK_J, 64))
-        kb = ci * 64 + tl.arange(0, 64)
-        b = tl.load(w_ptr + n_idx[None, :] * KWB + kb[:, None], mask=n_mask[None, :], other=0)
-        acc = tl.dot(a, b, acc, out_dtype=tl.int32)
-    ok = (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
+                       (BLOCK_M, KP * 4))
+        kb = tl.arange(0, KP * 4)
+        b = tl.load(w_ptr + n_idx[None, :] * KWB + kb[:, None],
+                    mask=n_mask[None, :] & (kb < KWB)[:, None], other=0)
+        acc = tl.dot(a, b, out_dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        for ci in tl.static_range(CHUNKS):
+            kw = ci * 16 + tl.arange(0, 16)
+            off = (kw // (RS * CPW)) * (WS * CPW) + kw % (RS * CPW)
+            words = tl.load(s2d_ptr + base[:, None] + off[None, :], mask=(kw < KW)[None, :],
+                            other=0)
+            a = tl.reshape((words[:, :, None] >> shifts[None, None, :]).to(tl.int8),
+                           (BLOCK_M, 64))
+            kb = ci * 64 + tl.arange(0, 64)
+            b = tl.load(w_ptr + n_idx[None, :] * KWB + kb[:, None], mask=n_mask[None, :],
+                        other=0)
+            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+    ok = n_ok & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
     return tl.where(ok[:, None], acc, INT32_MIN)
 
 
 @triton.jit
 def stem_conv_kernel(
-    s2d_ptr, w_ptr, bias_ptr, OH, OW, PH, PW, HS, WS, K, KWB, bands, col_blocks, band_rows,
+    s2d_ptr, w_ptr, bias_ptr, N, OH, OW, PH, PW, HS, WS, K, KWB, bands, col_blocks, band_rows,
     o0, a0, b0, c0_, row0, plane0, o1, a1, b1, c1, row1, plane1, o2, a2, b2, c2, row2, plane2,
     CPW: tl.constexpr, RS: tl.constexpr, KW: tl.constexpr, CHUNKS: tl.constexpr,
-    POOL: tl.constexpr, PP: tl.constexpr, HAS_BIAS: tl.constexpr,
+    WHOLE_K: tl.constexpr, POOL: tl.constexpr, PP: tl.constexpr, HAS_BIAS: tl.constexpr,
+    FAST: tl.constexpr,
     KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr, QLO0: tl.constexpr,
     QMAX0: tl.constexpr,
     KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr, QLO1: tl.constexpr,
     QMAX1: tl.constexpr,
     KIND2: tl.constexpr, LAYOUT2: tl.constexpr, BITS2: tl.constexpr, QLO2: tl.constexpr,
     QMAX2: tl.constexpr,
-    BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr,
+    IMAGES: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """One program: image n, a band of `band_rows` output rows, a block of output columns and
-    BLOCK_N channels; see the module docstring."""
+    """One program: IMAGES images (stacked along the dots' M), a band of `band_rows` output
+    rows, a block of output columns and BLOCK_N channels; see the module docstring."""
+    BLOCK_M: tl.constexpr = IMAGES * BLOCK_J
     pid = tl.program_id(0)
     cb = pid % col_blocks
     band = (pid // col_blocks) % bands
-    n = pid // (col_blocks * bands)
+    mm = tl.arange(0, BLOCK_M)
+    jj = mm % BLOCK_J
+    n = (pid // (col_blocks * bands)) * IMAGES + mm // BLOCK_J
+    n_ok = n < N
+    n = tl.minimum(n, N - 1)
     n_idx = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n_idx < K
-    jj = tl.arange(0, BLOCK_J)
     t0 = band * band_rows
     t_end = tl.minimum(t0 + band_rows, PH)
     if HAS_BIAS:
-        bias = tl.load(bias_ptr + n_idx, mask=n_mask, other=0).to(tl.int64)
+        bias = tl.load(bias_ptr + n_idx, mask=n_mask, other=0)
     else:
-        bias = tl.zeros((BLOCK_N,), dtype=tl.int64)
+        bias = tl.zeros((BLOCK_N,), dtype=tl.int32)
     if POOL:
         # pooled columns j0 + jj (the last of the block only feeds its neighbour's window)
         j = cb * (BLOCK_J - 1) + jj
         col_a = 2 * j - PP
-        nxt = tl.minimum(jj + 1, BLOCK_J - 1)[:, None] + tl.zeros((BLOCK_J, BLOCK_N), tl.int32)
-        carry_a = tl.full((BLOCK_J, BLOCK_N), INT32_MIN, tl.int32)
-        carry_b = tl.full((BLOCK_J, BLOCK_N), INT32_MIN, tl.int32)
-        j_mask = (jj < BLOCK_J - 1) & (j < PW)
+        nxt = (mm - jj + tl.minimum(jj + 1, BLOCK_J - 1))[:, None] + tl.zeros(
+            (BLOCK_M, BLOCK_N), tl.int32)
+        carry_a = tl.full((BLOCK_M, BLOCK_N), INT32_MIN, tl.int32)
+        carry_b = tl.full((BLOCK_M, BLOCK_N), INT32_MIN, tl.int32)
+        j_mask = n_ok & (jj < BLOCK_J - 1) & (j < PW)
         # t0 - 1 first: its second conv row is the first window row of pooled row t0
         for t in range(t0 - 1, t_end):
             oh = 2 * t - PP + 1
-            a_lo = _conv_cols(s2d_ptr, w_ptr, n, oh, col_a, n_idx, n_mask, OH, OW, HS, WS, KWB,
-                              CPW, RS, KW, CHUNKS, BLOCK_J, BLOCK_N)
-            a_hi = _conv_cols(s2d_ptr, w_ptr, n, oh + 1, col_a, n_idx, n_mask, OH, OW, HS, WS,
-                              KWB, CPW, RS, KW, CHUNKS, BLOCK_J, BLOCK_N)
+            a_lo = _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh, col_a, n_idx, n_mask, OH, OW, HS,
+                              WS, KWB, CPW, RS, KW, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
+            a_hi = _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh + 1, col_a, n_idx, n_mask, OH, OW, HS,
+                              WS, KWB, CPW, RS, KW, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
             rows_a = tl.maximum(carry_a, tl.maximum(a_lo, a_hi))
             carry_a = a_hi
-            b_lo = _conv_cols(s2d_ptr, w_ptr, n, oh, col_a + 1, n_idx, n_mask, OH, OW, HS, WS,
-                              KWB, CPW, RS, KW, CHUNKS, BLOCK_J, BLOCK_N)
-            b_hi = _conv_cols(s2d_ptr, w_ptr, n, oh + 1, col_a + 1, n_idx, n_mask, OH, OW, HS,
-                              WS, KWB, CPW, RS, KW, CHUNKS, BLOCK_J, BLOCK_N)
+            b_lo = _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh, col_a + 1, n_idx, n_mask, OH, OW,
+                              HS, WS, KWB, CPW, RS, KW, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
+            b_hi = _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh + 1, col_a + 1, n_idx, n_mask, OH,
+                              OW, HS, WS, KWB, CPW, RS, KW, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
             rows_b = tl.maximum(carry_b, tl.maximum(b_lo, b_hi))
             carry_b = b_hi
             pooled = tl.maximum(tl.maximum(rows_a, rows_b), tl.gather(rows_a, nxt, 0))
             pix = (n * PH + t) * PW + j
             _stem_outputs(pooled, bias, pix, j_mask & (jj * 0 + t >= t0), n_idx, K,
                           o0, a0, b0, c0_, row0, plane0, o1, a1, b1, c1, row1, plane1,
-                          o2, a2, b2, c2, row2, plane2,
+                          o2, a2, b2, c2, row2, plane2, FAST,
                           KIND0, LAYOUT0, BITS0, QLO0, QMAX0, KIND1, LAYOUT1, BITS1, QLO1,
-                          QMAX1, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, BLOCK_J, BLOCK_N)
+                          QMAX1, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, BLOCK_M, BLOCK_N)
     else:
         ow = cb * BLOCK_J + jj
         for t in range(t0, t_end):
-            acc = _conv_cols(s2d_ptr, w_ptr, n, t, ow, n_idx, n_mask, OH, OW, HS, WS, KWB,
-                             CPW, RS, KW, CHUNKS, BLOCK_J, BLOCK_N)
+            acc = _conv_cols(s2d_ptr, w_ptr, n, n_ok, t, ow, n_idx, n_mask, OH, OW, HS, WS,
+                             KWB, CPW, RS, KW, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
             pix = (n * OH + t) * OW + ow
-            _stem_outputs(acc, bias, pix, ow < OW, n_idx, K,
+            _stem_outputs(acc, bias, pix, n_ok & (ow < OW), n_idx, K,
                           o0, a0, b0, c0_, row0, plane0, o1, a1, b1, c1, row1, plane1,
-                          o2, a2, b2, c2, row2, plane2,
+                          o2, a2, b2, c2, row2, plane2, FAST,
                           KIND0, LAYOUT0, BITS0, QLO0, QMAX0, KIND1, LAYOUT1, BITS1, QLO1,
-                          QMAX1, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, BLOCK_J, BLOCK_N)
+                          QMAX1, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
 def _stem_outputs(acc, bias, pix, pix_mask, n_idx, K,
                   o0, a0, b0, c0_, row0, plane0, o1, a1, b1, c1, row1, plane1,
-                  o2, a2, b2, c2, row2, plane2,
+                  o2, a2, b2, c2, row2, plane2, FAST: tl.constexpr,
                   KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr,
                   QLO0: tl.constexpr, QMAX0: tl.constexpr,
                   KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr,
                   QLO1: tl.constexpr, QMAX1: tl.constexpr,
                   KIND2: tl.constexpr, LAYOUT2: tl.constexpr, BITS2: tl.constexpr,
                   QLO2: tl.constexpr, QMAX2: tl.constexpr,
-                  BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr):
-    """y = acc + bias (int64), then the epilogue outputs (`netops._emit_output`)."""
-    y = acc.to(tl.int64) + bias[None, :]
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """y = acc + bias (int32 where the bind checked |acc| + |bias| < 2^31), then the epilogue
+    outputs (`netops._emit_output`; FAST: the float64 requantization, exact under the bounds
+    `bind_stem` checks)."""
+    y = acc + bias[None, :]
     c0 = tl.program_id(1) * BLOCK_N
     _emit_output(y, y, pix, pix_mask, c0, K, o0, a0, b0, c0_, row0, plane0, KIND0, LAYOUT0,
-                 BITS0, QLO0, QMAX0, False, BLOCK_J, BLOCK_N)
+                 BITS0, QLO0, QMAX0, False, BLOCK_M, BLOCK_N, FAST)
     if KIND1 != 0:
         _emit_output(y, y, pix, pix_mask, c0, K, o1, a1, b1, c1, row1, plane1, KIND1, LAYOUT1,
-                     BITS1, QLO1, QMAX1, False, BLOCK_J, BLOCK_N)
+                     BITS1, QLO1, QMAX1, False, BLOCK_M, BLOCK_N, FAST)
     if KIND2 != 0:
         _emit_output(y, y, pix, pix_mask, c0, K, o2, a2, b2, c2, row2, plane2, KIND2, LAYOUT2,
-                     BITS2, QLO2, QMAX2, False, BLOCK_J, BLOCK_N)
+                     BITS2, QLO2, QMAX2, False, BLOCK_M, BLOCK_N, FAST)
 
 
 # =========================================================================== host side
 @dataclass(frozen=True)
 class StemConfig:
     """Launch knobs: output rows per program (the band; with the pool each band computes one
-    extra conv row pair) and warps."""
+    extra conv row pair), images stacked along the dots' M (1 or 2: 64 or 128 rows), one dot
+    over the whole padded reduction (whole_k) or chunks of 64, warps, pipeline stages;
+    fast_requant: the float64 requantization where it is exact (`fast_requant_ok`)."""
 
     band_rows: int = 4
+    images: int = 1
+    whole_k: bool = False
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int = 1
+    fast_requant: bool = True
+
+    def __post_init__(self) -> None:
+        if self.images not in (1, 2):
+            raise ValueError(f"images must be 1 or 2, got {self.images!r}")
+        if not isinstance(self.band_rows, int) or self.band_rows < 1:
+            raise ValueError(f"band_rows must be an int >= 1, got {self.band_rows!r}")
 
 
 def default_config(geom: StemGeometry, sms: int = 132) -> StemConfig:
     """The longest band (fewest recomputed rows) that still gives every SM two programs."""
     blocks = cdiv(geom.PW, BLOCK_J - 1) if geom.pool_pad is not None else cdiv(geom.OW,
                                                                               BLOCK_J)
-    per_band = geom.N * blocks * cdiv(geom.K, BLOCK_N)
+    per_band = cdiv(geom.N, 1) * blocks * cdiv(geom.K, BLOCK_N)
     for rows in (16, 8, 4, 2):
         if per_band * cdiv(geom.PH, rows) >= 2 * sms:
             return StemConfig(band_rows=rows)
@@ -462,15 +498,15 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     # launch 1: quantized space-to-depth image
     s2d = torch.empty(geom.N, geom.HS, geom.WS, geom.CPW * 4, dtype=torch.int8, device=device)
     cspp = max(4, 1 << (geom.CPW * 4 - 1).bit_length())
-    block = max(16, 4096 // cspp)
-    npix = geom.N * geom.HS * geom.WS
+    block_x = max(16, min(1 << (geom.WS - 1).bit_length(), 4096 // cspp))
     in_args = (image, table_dev if is_u8 else image, s2d,
-               status if status is not None else s2d, npix, geom.HS, geom.WS, geom.H, geom.W,
-               s32)
+               status if status is not None else s2d, geom.HS, geom.WS, geom.H, geom.W, s32)
     in_kwargs = dict(C=geom.C, S=geom.stride, PS=-geom.a_min, CSP=geom.CPW * 4, CSPP=cspp,
                      U8=is_u8, ENC=ENC[prec.encoding], QMIN=prec.qmin, QMAX=prec.qmax,
-                     HAS_STATUS=status is not None and not is_u8, BLOCK=block, num_warps=4)
-    first = Launch(stem_input_kernel, (cdiv(npix, block),), in_args, in_kwargs)
+                     HAS_STATUS=status is not None and not is_u8, BLOCK_X=block_x,
+                     num_warps=4)
+    first = Launch(stem_input_kernel, (geom.N * geom.HS, cdiv(geom.WS, block_x)), in_args,
+                   in_kwargs)
 
     # launch 2: conv, epilogue, pool
     w2 = s2d_weights(weight, geom).to(device)
@@ -480,21 +516,32 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     col_blocks = cdiv(geom.PW, BLOCK_J - 1) if pooled else cdiv(geom.OW, BLOCK_J)
     rows = geom.PH if pooled else geom.OH
     bands = cdiv(rows, cfg.band_rows)
-    args: list = [s2d.view(torch.int32), w2, bias_dev, geom.OH, geom.OW, geom.PH, geom.PW,
-                  geom.HS, geom.WS, geom.K, w2.shape[1], bands, col_blocks, cfg.band_rows]
-    kwargs: dict = dict(CPW=geom.CPW, RS=geom.RS, KW=geom.KW, CHUNKS=geom.chunks, POOL=pooled,
-                        PP=geom.pool_pad or 0, HAS_BIAS=bias is not None)
+    args: list = [s2d.view(torch.int32), w2, bias_dev, geom.N, geom.OH, geom.OW, geom.PH,
+                  geom.PW, geom.HS, geom.WS, geom.K, w2.shape[1], bands, col_blocks,
+                  cfg.band_rows]
+    shifts = torch.cat([torch.as_tensor(sp.shift).reshape(-1) for sp in outputs
+                        if isinstance(sp, RequantizedOutput)] or [torch.zeros(1)])
+    fast = cfg.fast_requant and fast_requant_ok(bound + top, shifts)
+    whole_k = cfg.whole_k and geom.chunks <= 4
+    kwargs: dict = dict(CPW=geom.CPW, RS=geom.RS, KW=geom.KW, CHUNKS=geom.chunks,
+                        WHOLE_K=whole_k, POOL=pooled, PP=geom.pool_pad or 0,
+                        HAS_BIAS=bias is not None, FAST=fast)
     for j in range(STEM_MAX_OUTPUTS):
         if j < len(slots):
             a, c = slots[j]
+            spec = outputs[j]
+            if fast and isinstance(spec, RequantizedOutput):
+                # float64 m * 2^-s (exact: m < 2^31) in place of the multiplier
+                m = a[1].to(torch.float64) * torch.pow(2.0, -a[3].to(torch.float64))
+                a = (a[0], m, *a[2:])
         else:
             a, c = (s2d, s2d, s2d, s2d, 0, 0), dict(KIND=KIND_NONE, LAYOUT=0, BITS=8, QLO=0,
                                                     QMAX=0)
         args += list(a)
         kwargs.update({f"{name}{j}": v for name, v in c.items() if name != "RES"})
-    kwargs.update(BLOCK_J=BLOCK_J, BLOCK_N=BLOCK_N, num_warps=cfg.num_warps,
-                  num_stages=cfg.num_stages, enable_fp_fusion=False)
-    grid = (geom.N * bands * col_blocks, cdiv(geom.K, BLOCK_N))
+    kwargs.update(IMAGES=cfg.images, BLOCK_J=BLOCK_J, BLOCK_N=BLOCK_N,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False)
+    grid = (cdiv(geom.N, cfg.images) * bands * col_blocks, cdiv(geom.K, BLOCK_N))
     second = Launch(stem_conv_kernel, grid, tuple(args), kwargs)
     results = tuple(o.data if isinstance(o, PackedTensor) else o for o in outs)
     return Launcher((first, second), results)
