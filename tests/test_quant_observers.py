@@ -61,7 +61,7 @@ def test_rand_observer_stochastic_clip_range_and_mean():
     obs = RandObserver(bins=BINS, threshold=1e-2, tau=1)
     m = _data()
     obs.observe(m)
-    top, p = float(obs.top), obs.p
+    top, p = float(obs.top), float(obs.p)
     assert p > 0
     draws = torch.tensor([obs.clip(255, 0, stochastic=True) for _ in range(400)])
     assert float(draws.min()) >= top * (1 - p) - 1e-9 and float(draws.max()) <= top + 1e-9
@@ -97,9 +97,9 @@ def test_qat_observe_is_ema_and_refreshes_every_tau():
     for v in (2.0, 4.0, 4.0):
         obs.observe(torch.tensor([0.0, v]))
     assert float(obs.top) == pytest.approx(0.5 * (0.5 * 2 + 0.5 * 4) + 0.5 * 4)
-    assert obs.steps == 3 and len(obs._recent) == 1
+    assert int(obs.steps) == 3 and int(obs.refreshes) == 1
     obs.observe(torch.tensor([1.0, 1.0]))
-    assert len(obs._recent) == 2
+    assert int(obs.refreshes) == 2 and int(obs.samples) == 4
     assert obs.clip(255) == pytest.approx(float(obs.top))
 
 
@@ -142,3 +142,24 @@ def test_bad_method():
     with pytest.raises(ValueError, match="method"):
         make_observer("kl")
     assert math.isfinite(MaxObserver().clip(255))
+
+
+def test_observers_skip_and_count_nonfinite_values_and_empty_batches():
+    obs = MaxObserver(bins=64, tau=1)
+    obs.observe(torch.tensor([1.0, float("nan"), 3.0, float("inf")]))
+    assert float(obs.top) == 3.0 and int(obs.nonfinite) == 2 and int(obs.steps) == 1
+    obs.observe(torch.tensor([]))
+    obs.observe(torch.tensor([float("nan")]))
+    assert int(obs.steps) == 1 and int(obs.nonfinite) == 3 and float(obs.top) == 3.0
+    obs.start_calibration()
+    obs.accumulate(torch.tensor([float("-inf"), 2.0]))
+    obs.accumulate(torch.tensor([]))
+    obs.finish_calibration()
+    assert float(obs.top) == 2.0 and int(obs.nonfinite) == 4 and int(obs.samples) == 1
+
+
+def test_rand_p_is_capped_below_one():
+    obs = RandObserver(bins=64, threshold=0.5, tau=1)
+    obs.observe(torch.cat([torch.zeros(1000), torch.ones(1)]))  # nearly all mass at 0
+    assert 0 < float(obs.p) <= 1 - 1 / 64
+    assert obs.clip(255, stochastic=True) >= 1 / 64 - 1e-12

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 
 import torch
@@ -25,7 +26,10 @@ def calibrate(model: nn.Module, loader: Iterable, num_batches: int | None = None
     loader: yields input tensors or (input, target) pairs, already on the model's device.
     num_batches: stop after this many batches (default: the whole loader). Returns the model,
     calibrated in place; its activation quantizers are `frozen` (QAT will not move them; set
-    `act_quant.frozen = False` to let training update them again).
+    `act_quant.frozen = False` to let training update them again). Empty batches are allowed;
+    a batch holding NaN / inf raises (nonfinite="raise") or is skipped value by value
+    ("clamp"). A layer that saw only zeros has no scale: ValueError with the numbers. A layer
+    no batch reached stays without a range (a warning; convert refuses it).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -58,6 +62,21 @@ def calibrate(model: nn.Module, loader: Iterable, num_batches: int | None = None
         model.train(was_training)
     if seen == 0:
         raise ValueError("loader yielded no batches")
+    zero, unseen = [], []
+    for (name, _), q in zip(layers, quantizers, strict=True):
+        obs = q.observer
+        if obs._calib is None:
+            unseen.append(name)
+        elif obs._calib[1] == 0.0:
+            zero.append(f"layer {name}: all {int(obs.samples)} calibration values were 0 "
+                        f"({int(obs.nonfinite)} non-finite skipped)")
+    if zero:
+        raise ValueError("; ".join(zero) + ": no scale can be set from zeros; calibrate on "
+                         "representative data, or keep these layers float (skip=[...])")
+    if unseen:
+        warnings.warn(f"lowbit.calibrate: no calibration batch reached {', '.join(unseen)} "
+                      f"(in {seen} batches): they have no range and convert will refuse them",
+                      stacklevel=2)
     for q in quantizers:
         q.observer.finish_calibration()
         q.frozen = True

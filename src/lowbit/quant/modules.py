@@ -6,6 +6,10 @@ Encodings (`lowbit.core.Precision`): weights signed symmetric per output channel
 with scale mean|w| at 1 bit); activations unsigned when the tensor is non-negative (after a ReLU),
 signed otherwise (binary at 1 bit), one scale per tensor. The activation encoding is fixed by the
 first tensor observed (any negative value -> signed; in calibration: any batch).
+
+Guards (guards.py): a non-finite input raises a ValueError naming the layer (`nonfinite="raise"`)
+or is replaced ("clamp"); observers skip non-finite values and count them; every scale is
+checked (finite, not vanishing) before use; NaN / inf weights always raise.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import Precision
-from .observers import channel_clip, check_method, magnitudes, make_observer
+from .guards import check_nonfinite_mode, check_scale, check_weights, guard_input
+from .observers import channel_clip, check_method, finite_values, magnitudes, make_observer
 from .precision_mix import AdaptivePrecision
 from .quantize import fake_quantize, quantize, round_half_up, scale_from_max
 
@@ -52,14 +57,17 @@ class WeightQuantizer(nn.Module):
     """Per-output-channel (dim 0) weight fake-quantizer; clip from `method` (observers.py)."""
 
     def __init__(self, bits: int, method: str = "max", threshold: float = 1e-5,
-                 percentile: float = 99.99) -> None:
+                 percentile: float = 99.99, layer_name: str = "") -> None:
         super().__init__()
         self.prec = weight_precision(bits)
         self.method = check_method(method)
         self.threshold, self.percentile = threshold, percentile
+        self.layer_name = layer_name
 
     def scale(self, w: torch.Tensor, stochastic: bool = False) -> torch.Tensor:
-        """float32 [K] scales; stochastic draws the Rand clip (training only)."""
+        """float32 [K] scales; stochastic draws the Rand clip (training only). An all-zero
+        channel gets the floor scale (its integers are 0 whatever the scale)."""
+        check_weights(w, self.layer_name)
         if self.prec.bits == 1:
             return scale_from_max(w.detach().float(), self.prec, axis=0)
         clip = channel_clip(w, self.method, self.prec.qmax, self.prec.qmin, stochastic,
@@ -87,17 +95,30 @@ class ActQuantizer(nn.Module):
     def __init__(self, bits: int, method: str = "max", signed: bool | None = None,
                  mix: AdaptivePrecision | None = None, *, bins: int = 2048,
                  momentum: float = 0.1, tau: int = 10, eta: int = 5, threshold: float = 1e-5,
-                 percentile: float = 99.99) -> None:
+                 percentile: float = 99.99, layer_name: str = "",
+                 nonfinite: str = "raise") -> None:
         super().__init__()
         self.bits, self.method, self.mix, self.momentum = bits, check_method(method), mix, momentum
+        self.layer_name, self.nonfinite = layer_name, check_nonfinite_mode(nonfinite)
         self.observer = make_observer(method, bins=bins, momentum=momentum, tau=tau, eta=eta,
                                       threshold=threshold, percentile=percentile)
         code = _UNKNOWN if signed is None else (_SIGNED if signed else _UNSIGNED)
         self.register_buffer("encoding_code", torch.tensor(code))
         self.register_buffer("mean_abs", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("frozen_flag", torch.zeros((), dtype=torch.bool))
+        # QAT steps trained at the deployed precision (convert refuses a mix layer with none)
+        self.register_buffer("target_steps", torch.zeros((), dtype=torch.int64))
         self.calibrating = False
-        self.frozen = False
         activation_precision(bits, True)  # validates bits
+
+    @property
+    def frozen(self) -> bool:
+        """No statistics updates (set by lowbit.calibrate; saved with the model)."""
+        return bool(self.frozen_flag)
+
+    @frozen.setter
+    def frozen(self, value: bool) -> None:
+        self.frozen_flag.fill_(bool(value))
 
     @property
     def signed(self) -> bool | None:
@@ -112,33 +133,56 @@ class ActQuantizer(nn.Module):
         return activation_precision(self.bits if bits is None else bits, self.signed)
 
     @property
+    def step(self) -> int:
+        """Index of the last QAT step observed (0-based; -1 before any)."""
+        return int(self.observer.steps) - 1
+
+    @property
     def training_bits(self) -> int:
-        """Precision the forward uses now: the mix schedule while training with live statistics,
-        else the deployed bits (a frozen quantizer's schedule cannot move)."""
+        """Precision the forward uses now: the mix schedule (under its warm-up cap) while
+        training with live statistics, else the deployed bits (a frozen quantizer's schedule
+        cannot move)."""
         live = self.mix is not None and self.training and not self.frozen
-        return self.mix.bits if live else self.bits
+        return self.mix.bits_at(max(self.step, 0)) if live else self.bits
+
+    def _label(self) -> str:
+        return f"layer {self.layer_name}" if self.layer_name else "activation quantizer"
 
     def scale(self, bits: int | None = None, stochastic: bool = False) -> float:
-        """Scale (real units per integer step) at `bits`; deterministic unless stochastic."""
-        if int(self.observer.seen) == 0:
-            raise RuntimeError("activation quantizer has no range yet: train the model (QAT) "
-                               "or run lowbit.calibrate(model, loader) first")
+        """Scale (real units per integer step) at `bits`; deterministic unless stochastic.
+        RuntimeError before any data; ValueError when the range is 0 (only zeros observed) or
+        the scale is not a usable number (guards.check_scale)."""
+        obs = self.observer
+        if int(obs.seen) == 0:
+            raise RuntimeError(f"{self._label()}: activation quantizer has no range yet: train "
+                               "the model (QAT) or run lowbit.calibrate(model, loader) first")
         bits = self.bits if bits is None else bits
         if self.signed and bits == 1:
-            return max(float(self.mean_abs), 1e-12)
-        qmin, qmax = _range(bits, bool(self.signed))
-        return self.observer.clip(qmax, qmin, stochastic) / qmax
+            s = float(self.mean_abs)
+        else:
+            qmin, qmax = _range(bits, bool(self.signed))
+            s = obs.clip(qmax, qmin, stochastic) / qmax
+        if s == 0.0:
+            raise ValueError(
+                f"{self._label()}: the activation range is 0: it observed only zeros "
+                f"({int(obs.samples)} values behind its range, {int(obs.nonfinite)} non-finite "
+                "skipped); train or calibrate on representative data, or keep the layer float")
+        return check_scale(s, self.layer_name)
 
     @torch.no_grad()
     def _observe(self, x: torch.Tensor) -> None:
-        neg = bool(x.numel()) and float(x.min()) < 0
+        x, bad = finite_values(x)
+        self.observer.nonfinite += bad
+        if x.numel() == 0:
+            return
+        neg = float(x.min()) < 0
         if self.calibrating:
             if neg or self.signed is None:
                 self.encoding_code.fill_(_SIGNED if neg else _UNSIGNED)
-            m = x.detach().float().abs().reshape(-1)
+            m = x.abs()
             self.observer.accumulate(m)
             # running mean over the calibration batches (binary activations' scale)
-            n = self.observer.samples
+            n = int(self.observer.samples)
             self.mean_abs.add_((m.double().sum() - self.mean_abs * m.numel()) / max(n, 1))
             return
         if self.signed is None:
@@ -150,20 +194,38 @@ class ActQuantizer(nn.Module):
         self.mean_abs.copy_(mean if first else self.mean_abs * (1 - self.momentum)
                             + self.momentum * mean)
         obs = self.observer
-        if self.mix is not None and (obs.steps - 1) % obs.tau == 0:
+        if self.mix is not None and self.step % obs.tau == 0:
             self.mix.signed = bool(self.signed)
             qmin, qmax = _range(self.bits, bool(self.signed))
-            self.mix.step(obs.steps - 1, obs.rel, obs.fraction(qmax, qmin), obs.samples)
+            self.mix.step(self.step, obs.rel, obs.fraction(qmax, qmin), int(obs.samples))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.nonfinite == "raise":
+            guard_input(x, self.layer_name, "raise")
         if self.calibrating:
             self._observe(x)
             return x
-        if self.training and not self.frozen:
+        live = self.training and not self.frozen
+        if live:
             self._observe(x)
+        if self.nonfinite == "clamp":
+            x = guard_input(x, self.layer_name, "clamp")
+        if x.numel() == 0:
+            return x
+        if live and float(self.observer.top) == 0.0 and int(self.observer.seen) \
+                and not bool(x.any()):
+            return x  # only zeros so far: any scale gives these zeros back
         bits = self.training_bits
-        stochastic = self.training and not self.frozen
-        s = self.scale(bits, stochastic)
+        if live:
+            self.target_steps += int(bits == self.bits)
+            if self.mix is not None:
+                self.mix.note(max(self.step, 0), bits)
+        return self.fake_quant(x, bits, live)
+
+    def fake_quant(self, x: torch.Tensor, bits: int, live: bool) -> torch.Tensor:
+        """Quantize-dequantize x at `bits` (live: training with statistics); the hook learned
+        quantizers (learned.py) override."""
+        s = self.scale(bits, stochastic=live)
         if bits >= _IDENTITY_BITS:
             return x
         if bits > 8:

@@ -21,8 +21,6 @@ Weight clips are computed per output channel directly from the weight tensor.
 
 from __future__ import annotations
 
-from collections import deque
-
 import torch
 from torch import nn
 
@@ -44,6 +42,14 @@ def magnitudes(x: torch.Tensor, signed: bool) -> torch.Tensor:
     """Flattened float32 magnitudes the range is taken over: |x| if signed, else max(x, 0)."""
     x = x.detach().float().reshape(-1)
     return x.abs() if signed else x.clamp_min(0)
+
+
+def finite_values(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(finite elements of x, flattened float32; how many were NaN / inf)."""
+    x = x.detach().float().reshape(-1)
+    ok = torch.isfinite(x)
+    bad = x.numel() - int(ok.sum())
+    return (x[ok] if bad else x), bad
 
 
 def relative_histogram(m: torch.Tensor, bins: int) -> tuple[torch.Tensor, float]:
@@ -105,8 +111,11 @@ def mse_fraction(probs: torch.Tensor, qmax: int, qmin: int = 0) -> float:
 class Observer(nn.Module):
     """Tracks the magnitude range of one activation tensor; subclasses turn it into a clip.
 
-    State (buffers, saved with the model): `top` (maximum magnitude), `rel` (averaged relative
-    histogram over [0, 1] of `top`), `seen` (1 once anything was observed).
+    State (buffers: saved with the model, restored by load_state_dict): `top` (maximum
+    magnitude), `rel` (averaged relative histogram over [0, 1] of `top`), `seen` (1 once
+    anything was observed), `steps` (QAT batches observed), `samples` (elements behind `rel`),
+    `nonfinite` (NaN / inf elements skipped), and the window of the last `eta` histograms
+    (`recent`, `recent_n`, `refreshes`). Empty batches are not observed (no step).
     """
 
     def __init__(self, bins: int = 2048, momentum: float = 0.1, tau: int = 10, eta: int = 5,
@@ -114,26 +123,48 @@ class Observer(nn.Module):
         super().__init__()
         self.bins, self.momentum, self.tau, self.eta = bins, momentum, tau, eta
         self.threshold, self.percentile = threshold, percentile
-        self.register_buffer("top", torch.zeros((), dtype=torch.float64))
-        self.register_buffer("rel", torch.zeros(bins, dtype=torch.float64))
-        self.register_buffer("seen", torch.zeros((), dtype=torch.int64))
-        self.steps = 0
-        self.samples = 0  # elements behind `rel`
-        self._recent: deque[tuple[torch.Tensor, int]] = deque(maxlen=eta)
+        f64, i64 = torch.float64, torch.int64
+        self.register_buffer("top", torch.zeros((), dtype=f64))
+        self.register_buffer("rel", torch.zeros(bins, dtype=f64))
+        self.register_buffer("seen", torch.zeros((), dtype=i64))
+        self.register_buffer("steps", torch.zeros((), dtype=i64))
+        self.register_buffer("samples", torch.zeros((), dtype=i64))
+        self.register_buffer("nonfinite", torch.zeros((), dtype=i64))
+        self.register_buffer("recent", torch.zeros(eta, bins, dtype=f64))
+        self.register_buffer("recent_n", torch.zeros(eta, dtype=i64))
+        self.register_buffer("refreshes", torch.zeros((), dtype=i64))
         self._calib: tuple[torch.Tensor, float] | None = None
+
+    @torch.no_grad()
+    def finite(self, m: torch.Tensor) -> torch.Tensor:
+        """The finite elements of `m` (flattened); the others are counted in `nonfinite`."""
+        m = m.detach().reshape(-1)
+        ok = torch.isfinite(m)
+        bad = m.numel() - int(ok.sum())
+        if bad:
+            self.nonfinite += bad
+            m = m[ok]
+        return m
 
     @torch.no_grad()
     def observe(self, m: torch.Tensor) -> None:
         """QAT step: EMA of the batch maximum; relative histogram refreshed every tau steps."""
-        top = float(m.max()) if m.numel() else 0.0
+        m = self.finite(m)
+        if m.numel() == 0:
+            return
+        top = float(m.max())
         if int(self.seen) == 0:
             self.top.fill_(top)
         else:
             self.top.mul_(1 - self.momentum).add_(self.momentum * top)
-        if self.steps % self.tau == 0:
-            self._recent.append((relative_histogram(m, self.bins)[0], m.numel()))
-            self.rel.copy_(torch.stack([h for h, _ in self._recent]).mean(0))
-            self.samples = sum(n for _, n in self._recent)
+        if int(self.steps) % self.tau == 0:
+            slot = int(self.refreshes) % self.eta
+            self.recent[slot] = relative_histogram(m, self.bins)[0].to(self.recent.device)
+            self.recent_n[slot] = m.numel()
+            self.refreshes += 1
+            used = min(int(self.refreshes), self.eta)
+            self.rel.copy_(self.recent[:used].mean(0))
+            self.samples.fill_(int(self.recent_n[:used].sum()))
             self.refreshed()
         self.steps += 1
         self.seen.fill_(1)
@@ -141,11 +172,14 @@ class Observer(nn.Module):
     def start_calibration(self) -> None:
         """Forget any calibration in progress; `accumulate` starts a fresh histogram."""
         self._calib = None
-        self.samples = 0
+        self.samples.zero_()
 
     @torch.no_grad()
     def accumulate(self, m: torch.Tensor) -> None:
         """Calibration step: one histogram over every batch, range = maximum over all of them."""
+        m = self.finite(m)
+        if m.numel() == 0:
+            return
         probs, top = relative_histogram(m, self.bins)
         weight = float(m.numel())
         self.samples += m.numel()
@@ -170,15 +204,16 @@ class Observer(nn.Module):
         self.refreshed()
 
     def refreshed(self) -> None:
-        """Hook: the histogram changed (subclasses cache derived values here)."""
+        """Hook: the histogram changed (subclasses update derived state here)."""
 
     def fraction(self, qmax: int, qmin: int = 0) -> float:
         """Deterministic clip as a fraction of `top`."""
         return 1.0
 
     def clip(self, qmax: int, qmin: int = 0, stochastic: bool = False) -> float:
-        """Clip value (same units as the tensor); stochastic only matters for Rand."""
-        return max(float(self.top) * self.fraction(qmax, qmin), _EPS)
+        """Clip value (same units as the tensor); stochastic only matters for Rand. 0 when
+        only zeros were observed (the caller decides whether that is an error)."""
+        return float(self.top) * self.fraction(qmax, qmin)
 
 
 class MaxObserver(Observer):
@@ -200,23 +235,25 @@ class MSEObserver(Observer):
 
 
 class RandObserver(Observer):
-    """Stochastic scale: clip = MAX - U(0, p MAX) in training, MAX (1 - p/2) otherwise."""
+    """Stochastic scale: clip = MAX - U(0, p MAX) in training, MAX (1 - p/2) otherwise.
+    `p` is a buffer (saved with the model); it is capped at 1 - 1/bins so that no draw of the
+    clip falls below one histogram bin of the maximum."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
-        self.p = 0.0
+        self.register_buffer("p", torch.zeros((), dtype=torch.float64))
 
     def refreshed(self) -> None:
-        self.p = rand_fraction(self.rel, self.threshold)
+        self.p.fill_(min(rand_fraction(self.rel, self.threshold), 1.0 - 1.0 / self.bins))
 
     def fraction(self, qmax: int, qmin: int = 0) -> float:
-        return 1.0 - self.p / 2
+        return 1.0 - float(self.p) / 2
 
     def clip(self, qmax: int, qmin: int = 0, stochastic: bool = False) -> float:
         if not stochastic:
             return super().clip(qmax, qmin)
         u = float(torch.rand(()))
-        return max(float(self.top) * (1.0 - u * self.p), _EPS)
+        return float(self.top) * (1.0 - u * float(self.p))
 
 
 OBSERVERS = {"max": MaxObserver, "percentile": PercentileObserver, "mse": MSEObserver,
@@ -244,9 +281,9 @@ def channel_clip(w: torch.Tensor, method: str, qmax: int, qmin: int, stochastic:
         s = a * top[None, :, None] / qmax
         err = ((torch.clamp(round_half_up(m[None] / s), qmin, qmax) * s - m[None]) ** 2).sum(2)
         return (cand[err.argmin(0)] * top).clamp_min(_EPS)
-    # rand: per channel p from the exact tail quantile
+    # rand: per channel p from the exact tail quantile (capped as RandObserver's)
     q = torch.quantile(m, 1.0 - threshold, dim=1)
-    p = (1.0 - q / top).clamp(0.0, 1.0)
+    p = (1.0 - q / top).clamp(0.0, 1.0 - 1.0 / 256)
     u = torch.rand_like(p) if stochastic else torch.full_like(p, 0.5)
     return (top * (1.0 - u * p)).clamp_min(_EPS)
 

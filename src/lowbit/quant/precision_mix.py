@@ -17,8 +17,10 @@ e.g. the zeros after a ReLU, adds nothing). The descent therefore lowers b towar
 by how much of the tensor's mass a bit actually resolves. A histogram of 2^h bins over n elements
 resolves about min(h, log2 n) - 1 bits, so above that the slope measured there is used. The
 real-valued b is the state; the quantizer uses b rounded half up to an integer (never below
-T). `until` (our addition) forces b = T from that training step on, so the deployed precision is
-trained for a final phase.
+T). `until` (our addition) ends a warm-up: b is capped by a ceiling that falls linearly from
+the start precision at step 0 to T at step `until`, so the schedule reaches T by then whatever
+the divergence says, and the deployed precision is trained for the rest. `lowbit.quantize` sizes
+`until` from the training length (`train_steps`, 25% warm-up by default).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
 from .quantize import round_half_up
 
@@ -82,11 +85,15 @@ def resolution_bits(bins: int, samples: int | None = None) -> int:
     return bits
 
 
-class AdaptivePrecision:
-    """Training-precision schedule of one activation tensor; `history` logs (step, bits)."""
+class AdaptivePrecision(nn.Module):
+    """Training-precision schedule of one activation tensor; `history` logs (step, bits).
+
+    The real-valued state b is a buffer (`value_buf`: saved with the model); `history` is a log
+    (the lowbit.save manifest keeps it)."""
 
     def __init__(self, target_bits: int, start_bits: int = MAX_BITS, beta: float = 4.0,
                  signed: bool = False, until: int | None = None) -> None:
+        super().__init__()
         if not isinstance(target_bits, int) or not 1 <= target_bits <= 8:
             raise ValueError(f"target_bits must be an int in 1..8, got {target_bits!r}")
         if not isinstance(start_bits, int) or not target_bits <= start_bits <= MAX_BITS:
@@ -97,8 +104,39 @@ class AdaptivePrecision:
         if until is not None and (not isinstance(until, int) or until < 0):
             raise ValueError(f"until must be None or an int >= 0, got {until!r}")
         self.target, self.beta, self.signed, self.until = target_bits, float(beta), signed, until
-        self.value = float(start_bits)
+        self.start = start_bits
+        self.register_buffer("value_buf", torch.tensor(float(start_bits), dtype=torch.float64))
         self.history: list[tuple[int, int]] = [(0, start_bits)]
+
+    @property
+    def value(self) -> float:
+        return float(self.value_buf)
+
+    @value.setter
+    def value(self, v: float) -> None:
+        self.value_buf.fill_(float(v))
+
+    def ceiling(self, step: int) -> float:
+        """Warm-up cap at training step `step`: start bits at 0, linear down to the target at
+        `until`, the target after (no cap without `until`)."""
+        if self.until is None:
+            return float(self.start)
+        if step >= self.until:
+            return float(self.target)
+        return self.target + (self.start - self.target) * (1.0 - step / self.until)
+
+    def bits_at(self, step: int) -> int:
+        """Integer training precision at `step`: the state's bits, under the warm-up cap."""
+        cap = math.floor(self.ceiling(step) + 0.5)
+        return max(self.target, min(self.bits, cap))
+
+    def note(self, step: int, bits: int) -> None:
+        """Log `bits` at `step` if they differ from the last logged precision."""
+        if self.history[-1][1] != bits:
+            self.history.append((step, bits))
+
+    def extra_repr(self) -> str:
+        return f"target={self.target}, bits={self.bits}, beta={self.beta}, until={self.until}"
 
     @property
     def bits(self) -> int:
@@ -118,11 +156,10 @@ class AdaptivePrecision:
              samples: int | None = None) -> int:
         """One update of b from the tensor's current histogram (of `samples` elements, if
         known); returns the new integer bits."""
-        if self.until is not None and iteration >= self.until:
-            self.value = float(self.target)
-        elif self.bits > self.target:
+        if self.bits > self.target:
             self.value = max(float(self.target),
                              self.value - self.beta * self.slope(probs, clip_fraction, samples))
+        self.value = min(self.value, self.ceiling(iteration))
         self.history.append((iteration, self.bits))
         return self.bits
 
