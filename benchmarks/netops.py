@@ -15,6 +15,7 @@ is recorded in its row and the run goes on. A short table ends the run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import traceback
@@ -100,9 +101,9 @@ def fp16_stem_baseline(batch: int) -> tuple[float, float]:
         return timed(lambda: model(x))
 
 
-#: stem launch variants timed (images, whole_k, num_warps, fast_requant)
-STEM_VARIANTS = [(1, False, 4, True), (1, False, 8, True), (2, False, 8, True),
-                 (2, True, 8, True), (1, True, 4, True), (1, False, 4, False)]
+#: stem launch variants timed beside the default config (StemConfig fields changed)
+STEM_VARIANTS = [{}, {"maxnreg": 168}, {"maxnreg": 128}, {"whole_k": False},
+                 {"block_n": 32}, {"images": 2, "num_warps": 8}]
 
 
 def stem_rows(batch: int, quick: bool) -> list[dict]:
@@ -112,36 +113,39 @@ def stem_rows(batch: int, quick: bool) -> list[dict]:
     rows = []
     base = fp16_stem_baseline(batch)
     variants = STEM_VARIANTS if not quick else STEM_VARIANTS[:1]
-    bands = ((1, 2, 4) if batch <= 16 else (4, 8, 14)) if not quick else (4,)
     for dtype in (torch.float32, torch.float16):
         image, weight, bias, specs, geom = stem_case(batch, dtype)
         img = image.cuda()
         ref = stem_reference(img, weight, bias, specs, 0.03) if batch <= 64 else None
-        for images, whole_k, warps, fast in variants:
-            for band in bands if dtype == torch.float32 else bands[1:2]:
-                cfg = S.StemConfig(band_rows=band, images=images, whole_k=whole_k,
-                                   num_warps=warps, num_stages=1, fast_requant=fast)
-                row = dict(op="stem", workload=f"resnet_stem_224_{str(dtype)[6:]}",
-                           batch=batch, impl="triton.stem", config=cfg.__dict__,
-                           baselines_us={"fp16_eager": base[0], "fp16_cuda_graph": base[1]})
-                try:
-                    outs = [S.empty_packed(geom.out_shape, s.precision, lay, "cuda")
-                            for s, lay in zip(specs, (INT8, BITPLANE), strict=True)]
-                    launch = S.bind_stem(img, weight, bias, specs, outs, stride=2, pad=3,
-                                         pool_pad=1, scale=0.03, config=cfg)
-                    launch()
-                    if ref is not None:
-                        row["exact"] = all(
-                            torch.equal(o.data, pack(v, o.precision, o.layout))
-                            for o, v in zip(outs, ref, strict=True))
-                    row["time_us"], row["graph_us"] = timed(launch)
-                    row["parts_us"] = [time_us(Launcher((part,), ()))
-                                       for part in launch.launches]
-                    row["floor_us"] = floor_us(2 * geom.macs, nbytes(img, *outs))
-                except Exception as e:  # one failed case must not end the run
-                    row["error"] = f"{type(e).__name__}: {e}"[:500]
-                    traceback.print_exc()
-                rows.append(row)
+        default = S.default_config(geom)
+        configs = [dataclasses.replace(default, **v) for v in variants]
+        if dtype == torch.float32 and not quick:  # the band lengths around the default
+            configs += [dataclasses.replace(default, band_rows=b) for b in (1, 4, 8)
+                        if b != default.band_rows]
+        else:
+            configs = configs[:1]
+        for cfg in configs:
+            row = dict(op="stem", workload=f"resnet_stem_224_{str(dtype)[6:]}",
+                       batch=batch, impl="triton.stem", config=cfg.__dict__,
+                       baselines_us={"fp16_eager": base[0], "fp16_cuda_graph": base[1]})
+            try:
+                outs = [S.empty_packed(geom.out_shape, s.precision, lay, "cuda")
+                        for s, lay in zip(specs, (INT8, BITPLANE), strict=True)]
+                launch = S.bind_stem(img, weight, bias, specs, outs, stride=2, pad=3,
+                                     pool_pad=1, scale=0.03, config=cfg)
+                launch()
+                if ref is not None:
+                    row["exact"] = all(
+                        torch.equal(o.data, pack(v, o.precision, o.layout))
+                        for o, v in zip(outs, ref, strict=True))
+                row["time_us"], row["graph_us"] = timed(launch)
+                row["parts_us"] = [time_us(Launcher((part,), ()))
+                                   for part in launch.launches]
+                row["floor_us"] = floor_us(2 * geom.macs, nbytes(img, *outs))
+            except Exception as e:  # one failed case must not end the run
+                row["error"] = f"{type(e).__name__}: {e}"[:500]
+                traceback.print_exc()
+            rows.append(row)
     return rows
 
 
@@ -233,7 +237,8 @@ def print_table(rows: list[dict]) -> None:
     print(f"\n{'op':16s} {'workload':28s} {'batch':>5s} {'config':24s} {'us':>8s} {'graph':>8s}"
           f" {'floor':>7s} {'x floor':>7s} {'fp16':>8s} {'fp16 cg':>8s} exact")
     for r in rows:
-        cfg = ",".join(f"{int(v)}" for v in r.get("config", {}).values())
+        cfg = ",".join(f"{k[:5]}={v}" for k, v in r.get("config", {}).items()
+                       if k in ("band_rows", "whole_k", "block_n", "images", "maxnreg"))
         if "parts_us" in r:
             cfg += " [" + "+".join(f"{p:.0f}" for p in r["parts_us"]) + "]"
         if "error" in r:

@@ -125,12 +125,12 @@ def test_alexnet_stem(pool_pad):
 
 
 CONFIGS = [S.StemConfig(band_rows=3, images=2, whole_k=True),
-           S.StemConfig(band_rows=2, images=2, whole_k=False, fast_requant=False),
-           S.StemConfig(band_rows=5, images=1, whole_k=True, fast_requant=False)]
+           S.StemConfig(band_rows=2, images=2, block_n=32, fast_requant=False),
+           S.StemConfig(band_rows=5, images=1, whole_k=True, block_n=32, fast_requant=False)]
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=["img2_wholek_fast", "img2_chunks_int64",
-                                              "img1_wholek_int64"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["img2_wholek_fast", "img2_n32_int64",
+                                              "img1_wholek_n32_int64"])
 def test_stem_configs(cfg):
     # batch 3: the second program of two-image configs has one image slot empty
     image, weight, bias, g = make_case(3, 33, 29, 64, 7, 9)
@@ -178,13 +178,14 @@ def test_bound_launcher_replays_and_flags_nonfinite():
 
 def test_geometry_and_checks():
     geom = S.StemGeometry(N=8, C=3, H=224, W=224, K=64, R=7, stride=2, pad=3, pool_pad=1)
-    assert (geom.OH, geom.PH, geom.RS, geom.CPW, geom.KW, geom.chunks) == (112, 56, 4, 3, 48, 3)
+    assert (geom.OH, geom.PH, geom.RS, geom.CSP, geom.KB, geom.chunks) == (112, 56, 4, 16, 256,
+                                                                           4)
     alex = S.StemGeometry(N=8, C=3, H=224, W=224, K=64, R=11, stride=4, pad=2, pool_pad=0)
-    assert (alex.OH, alex.PH, alex.RS, alex.CPW, alex.chunks) == (55, 27, 4, 12, 12)
+    assert (alex.OH, alex.PH, alex.RS, alex.CSP, alex.chunks) == (55, 27, 4, 48, 12)
     # every tap of the filter lands once in the space-to-depth filter
     w = torch.randint(-128, 128, (64, 7, 7, 3), generator=torch.Generator().manual_seed(7))
     w2 = S.s2d_weights(w, geom)
-    assert w2.shape == (64, 192)
+    assert w2.shape == (64, 256)
     assert torch.equal(w2.to(torch.int64).sum(1), w.sum((1, 2, 3)))
     assert int((w2 != 0).sum()) == int((w != 0).sum())
     image = torch.randn(1, 3, 16, 16, device=DEVICE)

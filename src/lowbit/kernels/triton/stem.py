@@ -61,8 +61,9 @@ STEM_MAX_OUTPUTS = 3
 #: output columns and channels per dot
 BLOCK_J = 64
 BLOCK_N = 64
-#: reduction words (4 int8 values each) per dot chunk
-CHUNK_WORDS = 16
+#: reduction bytes per dot chunk, and the alignment of a space-to-depth pixel
+CHUNK_BYTES = 64
+PIXEL_ALIGN = 16
 INT32_MIN = tl.constexpr(-(2**31))
 
 
@@ -132,9 +133,10 @@ class StemGeometry:
         return (self.R - 1 - self.pad) // self.stride - self.a_min + 1
 
     @property
-    def CPW(self) -> int:
-        """Words (4 channels) per space-to-depth pixel: stride^2 * C channels, padded."""
-        return -(-self.stride * self.stride * self.C // 4)
+    def CSP(self) -> int:
+        """Bytes per space-to-depth pixel: stride^2 * C channels padded to 16 (so each
+        filter row's RS pixels are 16-byte vectors)."""
+        return -(-self.stride * self.stride * self.C // PIXEL_ALIGN) * PIXEL_ALIGN
 
     @property
     def HS(self) -> int:
@@ -145,13 +147,13 @@ class StemGeometry:
         return self.OW + self.RS - 1
 
     @property
-    def KW(self) -> int:
-        """Reduction words of the space-to-depth conv."""
-        return self.RS * self.RS * self.CPW
+    def KB(self) -> int:
+        """Reduction bytes of the space-to-depth conv: RS filter rows of RS * CSP bytes."""
+        return self.RS * self.RS * self.CSP
 
     @property
     def chunks(self) -> int:
-        return -(-self.KW // CHUNK_WORDS)
+        return -(-self.KB // CHUNK_BYTES)
 
     @property
     def macs(self) -> int:
@@ -161,11 +163,11 @@ class StemGeometry:
 
 def s2d_weights(weight: torch.Tensor, geom: StemGeometry) -> torch.Tensor:
     """KRSC integer weights -> int8 [K, chunks * 64] in the space-to-depth reduction order
-    (filter row a, column b, channel (d, e, c), padded to words and chunks; zero where the
-    space-to-depth filter has no tap)."""
+    (filter row a, column b, channel (d, e, c), padded to the pixel's bytes and to chunks;
+    zero where the space-to-depth filter has no tap)."""
     s, c = geom.stride, geom.C
-    rs, cpw = geom.RS, geom.CPW
-    out = torch.zeros(geom.K, rs, rs, cpw * 4, dtype=torch.int8)
+    rs = geom.RS
+    out = torch.zeros(geom.K, rs, rs, geom.CSP, dtype=torch.int8)
     w = weight.to(torch.int8).cpu()
     for a in range(rs):
         for d in range(s):
@@ -178,7 +180,7 @@ def s2d_weights(weight: torch.Tensor, geom: StemGeometry) -> torch.Tensor:
                     if 0 <= col < geom.R:
                         out[:, a, b, (d * s + e) * c:(d * s + e + 1) * c] = w[:, r, col, :]
     flat = out.reshape(geom.K, -1)
-    return torch.nn.functional.pad(flat, (0, geom.chunks * CHUNK_WORDS * 4 - flat.shape[1]))
+    return torch.nn.functional.pad(flat, (0, geom.chunks * CHUNK_BYTES - flat.shape[1]))
 
 
 # =========================================================================== kernels
@@ -191,13 +193,14 @@ def stem_input_kernel(
 ):
     """Quantized space-to-depth image: s2d[n, Y, X, (d*S + e)*C + c] =
     q(x[n, c, S*(Y - PS) + d, S*(X - PS) + e]), 0 outside the image and in the padding
-    channels. One program per space-to-depth row (n, Y) and BLOCK_X of its pixels: it reads S
-    image rows of each channel, each value once."""
+    channels. One program per space-to-depth row (n, Y) and BLOCK_X of its pixels: it reads the
+    S image rows of each channel, each value once, and writes whole pixels (CSP bytes, a
+    multiple of 16: vector stores)."""
     row = tl.program_id(0)
     n = row // HS
     yy = row % HS
     xx = tl.program_id(1) * BLOCK_X + tl.arange(0, BLOCK_X)
-    ch = tl.arange(0, CSPP)
+    ch = tl.arange(0, CSPP)  # CSPP: CSP rounded up to a power of two
     d = ch // (S * C)
     e = (ch // C) % S
     c = ch % C
@@ -222,41 +225,29 @@ def stem_input_kernel(
 
 @triton.jit
 def _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh, ow, n_idx, n_mask, OH, OW, HS, WS, KWB,
-               CPW: tl.constexpr, RS: tl.constexpr, KW: tl.constexpr, CHUNKS: tl.constexpr,
+               CSP: tl.constexpr, RS: tl.constexpr, KB: tl.constexpr, CHUNKS: tl.constexpr,
                WHOLE_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """int32 conv outputs [BLOCK_M, BLOCK_N] at conv row oh (a scalar) and, per row m, image
     n[m] (valid where n_ok) and column ow[m]; positions outside the conv output are INT32_MIN
-    (the pool's padding). WHOLE_K: one dot over the reduction padded to a power of two (all
-    loads issued at once), else CHUNKS dots of 64 bytes."""
+    (the pool's padding). The reduction runs in CHUNKS dots of 64 bytes, or one (WHOLE_K:
+    every load of the window in flight at once); each filter row is RS * CSP contiguous bytes
+    of the space-to-depth tensor, loaded as 16-byte vectors."""
     ohc = tl.minimum(tl.maximum(oh, 0), OH - 1)
     owc = tl.minimum(tl.maximum(ow, 0), OW - 1)
-    base = ((n * HS + ohc) * WS + owc) * CPW  # word offset of the filter window's corner
-    shifts = tl.arange(0, 4) * 8
-    if WHOLE_K:
-        KP: tl.constexpr = CHUNKS * 16 if CHUNKS == 1 or CHUNKS == 2 or CHUNKS == 4 else 64
-        kw = tl.arange(0, KP)
-        off = (kw // (RS * CPW)) * (WS * CPW) + kw % (RS * CPW)
-        words = tl.load(s2d_ptr + base[:, None] + off[None, :], mask=(kw < KW)[None, :],
+    base = ((n * HS + ohc) * WS + owc) * CSP  # the filter window's corner, 16-byte aligned
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    KC: tl.constexpr = CHUNKS * 64 if WHOLE_K else 64  # bytes per dot
+    for ci in tl.static_range(CHUNKS * 64 // KC):
+        k = ci * KC + tl.arange(0, KC)
+        off = (k // (RS * CSP)) * (WS * CSP) + k % (RS * CSP)
+        off = tl.max_contiguous(tl.multiple_of(off, 16), 16)
+        if KB % KC == 0:
+            a = tl.load(s2d_ptr + base[:, None] + off[None, :])
+        else:
+            a = tl.load(s2d_ptr + base[:, None] + off[None, :], mask=(k < KB)[None, :],
                         other=0)
-        a = tl.reshape((words[:, :, None] >> shifts[None, None, :]).to(tl.int8),
-                       (BLOCK_M, KP * 4))
-        kb = tl.arange(0, KP * 4)
-        b = tl.load(w_ptr + n_idx[None, :] * KWB + kb[:, None],
-                    mask=n_mask[None, :] & (kb < KWB)[:, None], other=0)
-        acc = tl.dot(a, b, out_dtype=tl.int32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-        for ci in tl.static_range(CHUNKS):
-            kw = ci * 16 + tl.arange(0, 16)
-            off = (kw // (RS * CPW)) * (WS * CPW) + kw % (RS * CPW)
-            words = tl.load(s2d_ptr + base[:, None] + off[None, :], mask=(kw < KW)[None, :],
-                            other=0)
-            a = tl.reshape((words[:, :, None] >> shifts[None, None, :]).to(tl.int8),
-                           (BLOCK_M, 64))
-            kb = ci * 64 + tl.arange(0, 64)
-            b = tl.load(w_ptr + n_idx[None, :] * KWB + kb[:, None], mask=n_mask[None, :],
-                        other=0)
-            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        b = tl.load(w_ptr + n_idx[None, :] * KWB + k[:, None], mask=n_mask[None, :], other=0)
+        acc = tl.dot(a, b, acc, out_dtype=tl.int32)
     ok = n_ok & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
     return tl.where(ok[:, None], acc, INT32_MIN)
 
@@ -265,7 +256,7 @@ def _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh, ow, n_idx, n_mask, OH, OW, HS, WS, K
 def stem_conv_kernel(
     s2d_ptr, w_ptr, bias_ptr, N, OH, OW, PH, PW, HS, WS, K, KWB, bands, col_blocks, band_rows,
     o0, a0, b0, c0_, row0, plane0, o1, a1, b1, c1, row1, plane1, o2, a2, b2, c2, row2, plane2,
-    CPW: tl.constexpr, RS: tl.constexpr, KW: tl.constexpr, CHUNKS: tl.constexpr,
+    CSP: tl.constexpr, RS: tl.constexpr, KB: tl.constexpr, CHUNKS: tl.constexpr,
     WHOLE_K: tl.constexpr, POOL: tl.constexpr, PP: tl.constexpr, HAS_BIAS: tl.constexpr,
     FAST: tl.constexpr,
     KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr, QLO0: tl.constexpr,
@@ -308,15 +299,15 @@ def stem_conv_kernel(
         for t in range(t0 - 1, t_end):
             oh = 2 * t - PP + 1
             a_lo = _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh, col_a, n_idx, n_mask, OH, OW, HS,
-                              WS, KWB, CPW, RS, KW, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
+                              WS, KWB, CSP, RS, KB, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
             a_hi = _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh + 1, col_a, n_idx, n_mask, OH, OW, HS,
-                              WS, KWB, CPW, RS, KW, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
+                              WS, KWB, CSP, RS, KB, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
             rows_a = tl.maximum(carry_a, tl.maximum(a_lo, a_hi))
             carry_a = a_hi
             b_lo = _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh, col_a + 1, n_idx, n_mask, OH, OW,
-                              HS, WS, KWB, CPW, RS, KW, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
+                              HS, WS, KWB, CSP, RS, KB, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
             b_hi = _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh + 1, col_a + 1, n_idx, n_mask, OH,
-                              OW, HS, WS, KWB, CPW, RS, KW, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
+                              OW, HS, WS, KWB, CSP, RS, KB, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
             rows_b = tl.maximum(carry_b, tl.maximum(b_lo, b_hi))
             carry_b = b_hi
             pooled = tl.maximum(tl.maximum(rows_a, rows_b), tl.gather(rows_a, nxt, 0))
@@ -330,7 +321,7 @@ def stem_conv_kernel(
         ow = cb * BLOCK_J + jj
         for t in range(t0, t_end):
             acc = _conv_cols(s2d_ptr, w_ptr, n, n_ok, t, ow, n_idx, n_mask, OH, OW, HS, WS,
-                             KWB, CPW, RS, KW, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
+                             KWB, CSP, RS, KB, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
             pix = (n * OH + t) * OW + ow
             _stem_outputs(acc, bias, pix, n_ok & (ow < OW), n_idx, K,
                           o0, a0, b0, c0_, row0, plane0, o1, a1, b1, c1, row1, plane1,
@@ -370,32 +361,40 @@ def _stem_outputs(acc, bias, pix, pix_mask, n_idx, K,
 class StemConfig:
     """Launch knobs: output rows per program (the band; with the pool each band computes one
     extra conv row pair), images stacked along the dots' M (1 or 2: 64 or 128 rows), one dot
-    over the whole padded reduction (whole_k) or chunks of 64, warps, pipeline stages;
-    fast_requant: the float64 requantization where it is exact (`fast_requant_ok`)."""
+    over the whole reduction where its bytes are a power of two (whole_k) or dots of 64,
+    channels per program (block_n: 32 halves the registers, each program reads the window
+    again), warps, pipeline stages; fast_requant: the float64 requantization where it is exact
+    (`fast_requant_ok`)."""
 
     band_rows: int = 4
     images: int = 1
     whole_k: bool = False
+    block_n: int = 64
     num_warps: int = 4
     num_stages: int = 1
     fast_requant: bool = True
+    maxnreg: int | None = None
 
     def __post_init__(self) -> None:
         if self.images not in (1, 2):
             raise ValueError(f"images must be 1 or 2, got {self.images!r}")
+        if self.block_n not in (32, 64):
+            raise ValueError(f"block_n must be 32 or 64, got {self.block_n!r}")
         if not isinstance(self.band_rows, int) or self.band_rows < 1:
             raise ValueError(f"band_rows must be an int >= 1, got {self.band_rows!r}")
 
 
 def default_config(geom: StemGeometry, sms: int = 132) -> StemConfig:
-    """The longest band (fewest recomputed rows) that still gives every SM two programs."""
+    """One dot per conv row over the whole reduction, 64 channels, one image per program, and
+    the longest band (fewest recomputed rows) that still gives every SM two programs: the
+    fastest of the measured variants at batch 8 and 256 (H200, benchmarks/netops.py)."""
     blocks = cdiv(geom.PW, BLOCK_J - 1) if geom.pool_pad is not None else cdiv(geom.OW,
                                                                               BLOCK_J)
-    per_band = cdiv(geom.N, 1) * blocks * cdiv(geom.K, BLOCK_N)
+    per_band = geom.N * blocks * cdiv(geom.K, BLOCK_N)
     for rows in (16, 8, 4, 2):
         if per_band * cdiv(geom.PH, rows) >= 2 * sms:
-            return StemConfig(band_rows=rows)
-    return StemConfig(band_rows=1 if geom.pool_pad is None else 2)
+            return StemConfig(band_rows=rows, whole_k=True)
+    return StemConfig(band_rows=1 if geom.pool_pad is None else 2, whole_k=True)
 
 
 def _input_precision(p: object) -> Precision:
@@ -496,15 +495,15 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     cfg = config or default_config(geom)
 
     # launch 1: quantized space-to-depth image
-    s2d = torch.empty(geom.N, geom.HS, geom.WS, geom.CPW * 4, dtype=torch.int8, device=device)
-    cspp = max(4, 1 << (geom.CPW * 4 - 1).bit_length())
-    block_x = max(16, min(1 << (geom.WS - 1).bit_length(), 4096 // cspp))
+    s2d = torch.empty(geom.N, geom.HS, geom.WS, geom.CSP, dtype=torch.int8, device=device)
+    cspp = 1 << (geom.CSP - 1).bit_length()
+    block_x = max(16, min(1 << (geom.WS - 1).bit_length(), 2048 // cspp))
     in_args = (image, table_dev if is_u8 else image, s2d,
                status if status is not None else s2d, geom.HS, geom.WS, geom.H, geom.W, s32)
-    in_kwargs = dict(C=geom.C, S=geom.stride, PS=-geom.a_min, CSP=geom.CPW * 4, CSPP=cspp,
+    in_kwargs = dict(C=geom.C, S=geom.stride, PS=-geom.a_min, CSP=geom.CSP, CSPP=cspp,
+                     BLOCK_X=block_x,
                      U8=is_u8, ENC=ENC[prec.encoding], QMIN=prec.qmin, QMAX=prec.qmax,
-                     HAS_STATUS=status is not None and not is_u8, BLOCK_X=block_x,
-                     num_warps=4)
+                     HAS_STATUS=status is not None and not is_u8, num_warps=4)
     first = Launch(stem_input_kernel, (geom.N * geom.HS, cdiv(geom.WS, block_x)), in_args,
                    in_kwargs)
 
@@ -516,14 +515,14 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     col_blocks = cdiv(geom.PW, BLOCK_J - 1) if pooled else cdiv(geom.OW, BLOCK_J)
     rows = geom.PH if pooled else geom.OH
     bands = cdiv(rows, cfg.band_rows)
-    args: list = [s2d.view(torch.int32), w2, bias_dev, geom.N, geom.OH, geom.OW, geom.PH,
+    args: list = [s2d, w2, bias_dev, geom.N, geom.OH, geom.OW, geom.PH,
                   geom.PW, geom.HS, geom.WS, geom.K, w2.shape[1], bands, col_blocks,
                   cfg.band_rows]
     shifts = torch.cat([torch.as_tensor(sp.shift).reshape(-1) for sp in outputs
                         if isinstance(sp, RequantizedOutput)] or [torch.zeros(1)])
     fast = cfg.fast_requant and fast_requant_ok(bound + top, shifts)
-    whole_k = cfg.whole_k and geom.chunks <= 4
-    kwargs: dict = dict(CPW=geom.CPW, RS=geom.RS, KW=geom.KW, CHUNKS=geom.chunks,
+    whole_k = cfg.whole_k and geom.chunks in (1, 2, 4)
+    kwargs: dict = dict(CSP=geom.CSP, RS=geom.RS, KB=geom.KB, CHUNKS=geom.chunks,
                         WHOLE_K=whole_k, POOL=pooled, PP=geom.pool_pad or 0,
                         HAS_BIAS=bias is not None, FAST=fast)
     for j in range(STEM_MAX_OUTPUTS):
@@ -539,9 +538,11 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                                                     QMAX=0)
         args += list(a)
         kwargs.update({f"{name}{j}": v for name, v in c.items() if name != "RES"})
-    kwargs.update(IMAGES=cfg.images, BLOCK_J=BLOCK_J, BLOCK_N=BLOCK_N,
+    kwargs.update(IMAGES=cfg.images, BLOCK_J=BLOCK_J, BLOCK_N=cfg.block_n,
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False)
-    grid = (cdiv(geom.N, cfg.images) * bands * col_blocks, cdiv(geom.K, BLOCK_N))
+    if cfg.maxnreg is not None:
+        kwargs["maxnreg"] = cfg.maxnreg
+    grid = (cdiv(geom.N, cfg.images) * bands * col_blocks, cdiv(geom.K, cfg.block_n))
     second = Launch(stem_conv_kernel, grid, tuple(args), kwargs)
     results = tuple(o.data if isinstance(o, PackedTensor) else o for o in outs)
     return Launcher((first, second), results)
