@@ -1,7 +1,8 @@
 """GPU benchmark of the engine's network ops: the fused first layer (lowbit.kernels.triton.stem)
 and the packed-domain pools, layer epilogue and image quantization (.netops), each against its
 roofline floor and the PyTorch fp16 ops a user would run instead (channels_last,
-cudnn.benchmark, eager and under CUDA-graph replay), all in the same run.
+cudnn.benchmark, eager and under CUDA-graph replay), all in the same run; and the classifier
+GEMM (N = 1000) on the int8 GEMM template's default config against torch fp16 matmul.
 
     python benchmarks/netops.py [--out DIR] [--batches 8 256] [--quick]
 
@@ -232,13 +233,44 @@ def op_rows(batch: int) -> list[dict]:
     return rows
 
 
+# --------------------------------------------------------------------------- classifier
+def fc_rows(batch: int) -> list[dict]:
+    """The classifier GEMM (N = 1000) on the existing int8 GEMM template's default config
+    (fp16 output, scale fused) against torch fp16 matmul: where the FC path stands."""
+    from lowbit.core import Epilogue, GemmWorkload
+    from lowbit.kernels.triton import GEMM_INT8
+    from lowbit.reference import random_inputs
+
+    rows = []
+    for k in (512, 2048, 4096, 9216):
+        wl = GemmWorkload(M=batch, N=1000, K=k, epilogue=Epilogue(bias=True, out="fp16"))
+        cfg = GEMM_INT8.default_config(wl)
+        row = dict(op="fc", workload=f"fc_{batch}x1000x{k}", batch=batch,
+                   impl="triton.gemm_int8", config=dict(cfg))
+        try:
+            x, w, params = random_inputs(wl, 5, device="cuda")
+            launch = GEMM_INT8.build(wl, cfg).bind(x, w, params)
+            a = torch.randn(batch, k, device="cuda", dtype=torch.float16)
+            b = torch.randn(1000, k, device="cuda", dtype=torch.float16)
+            row["time_us"], row["graph_us"] = timed(launch)
+            row["floor_us"] = floor_us(2 * batch * 1000 * k, nbytes(x, w) + batch * 2000)
+            row["baselines_us"] = dict(zip(("fp16_eager", "fp16_cuda_graph"),
+                                           timed(lambda a=a, b=b: a @ b.T), strict=True))
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"[:500]
+            traceback.print_exc()
+        rows.append(row)
+    return rows
+
+
 # --------------------------------------------------------------------------- main
 def print_table(rows: list[dict]) -> None:
     print(f"\n{'op':16s} {'workload':28s} {'batch':>5s} {'config':24s} {'us':>8s} {'graph':>8s}"
           f" {'floor':>7s} {'x floor':>7s} {'fp16':>8s} {'fp16 cg':>8s} exact")
     for r in rows:
         cfg = ",".join(f"{k[:5]}={v}" for k, v in r.get("config", {}).items()
-                       if k in ("band_rows", "whole_k", "block_n", "images", "maxnreg"))
+                       if k in ("band_rows", "whole_k", "block_n", "images", "maxnreg",
+                                "SPLIT_K"))
         if "parts_us" in r:
             cfg += " [" + "+".join(f"{p:.0f}" for p in r["parts_us"]) + "]"
         if "error" in r:
@@ -257,7 +289,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="results folder")
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 256])
     ap.add_argument("--quick", action="store_true", help="one stem config per batch")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["stem", "ops"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["stem", "ops", "fc"])
     args = ap.parse_args()
     if args.out is not None:
         os.environ["LOWBIT_RESULTS_DIR"] = str(args.out)
@@ -266,7 +298,7 @@ def main() -> None:
     rows: list[dict] = []
     for batch in args.batches:
         for name, fn in (("stem", lambda b=batch: stem_rows(b, args.quick)),
-                         ("ops", lambda b=batch: op_rows(b))):
+                         ("ops", lambda b=batch: op_rows(b)), ("fc", lambda b=batch: fc_rows(b))):
             if name in args.skip:
                 continue
             try:
