@@ -68,3 +68,104 @@ def test_precompiled_candidates_are_not_built_again(monkeypatch):
         assert not m._built
     assert res[0].error.startswith("compile: ValueError: ptxas") and res[0].compile_s
     assert res[1].ok and res[1].compile_s is not None
+
+
+# ------------------------------------------------------------- environment vs config failures
+
+class ArchKernel:
+    """A kernel whose ahead-of-time compile needs an arch (as `MmaConvKernel.compile(arch)`)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def compile(self, arch):
+        raise AssertionError("compile(arch) must not be called without an arch")
+
+    def __call__(self, x, w, params):
+        return self.inner(x, w, params)
+
+
+class ArchTemplate(FakeConvTemplate):
+    name = "fake.arch"
+
+    def build(self, workload, config):
+        return ArchKernel(super().build(workload, config))
+
+
+def test_a_compile_that_needs_an_arch_is_not_a_failure():
+    """Issue: 'one template fails with an internal `MmaConvKernel.compile() missing 1
+    required positional argument: 'arch'`' (41 of 192 trials)."""
+    inputs = [MeasureInput(ArchTemplate(modes=("ok",)), TINY, Config(tile=t, mode="ok"))
+              for t in (1, 2)]
+    with LocalMeasurer(device="cpu", compile_workers=1, warmup_ms=1, rep_ms=5, seed=2) as m:
+        res = m.measure(inputs)
+    assert [r.error for r in res] == [None, None]
+    assert all(r.ok for r in res)
+
+
+def test_cuda_without_a_gpu_is_an_environment_error_before_any_worker():
+    from lowbit.tune.measure import MeasureEnvironmentError
+
+    with pytest.raises(MeasureEnvironmentError, match="no CUDA device"):
+        LocalMeasurer(device="cuda")
+    with pytest.raises(ValueError, match="device must be"):
+        LocalMeasurer(device="tpu")
+
+
+def test_a_worker_that_cannot_start_is_an_environment_error_after_retries():
+    from lowbit.tune.measure import MeasureEnvironmentError
+
+    seen = []
+    m = LocalMeasurer(device="cpu", compile_workers=0, start_timeout_s=0.01, start_retries=1)
+    with m, pytest.raises(MeasureEnvironmentError, match=r"did not start .*\(2 tries\)"):
+        m.measure([MeasureInput(FakeConvTemplate(), TINY, Config(tile=1, mode="ok"))],
+                  on_result=seen.append)
+    assert seen == []  # nothing reported as a config's result
+
+
+_PARENT = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from lowbit.core import Config
+from lowbit.tune import LocalMeasurer, MeasureInput
+from test_tune_fakes import TINY, FakeConvTemplate
+m = LocalMeasurer(device="cpu", compile_workers=1, warmup_ms=1, rep_ms=2)
+m.precompile([MeasureInput(FakeConvTemplate(), TINY, Config(tile=1, mode="ok"))])
+m.env()
+pids = [m._worker.proc.pid] + [p.pid for p in m._pool._processes.values()]
+print(" ".join(map(str, pids)), flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\\nState:\\tZ" not in f.read()  # a zombie is dead, only not reaped
+    except FileNotFoundError:
+        return False
+
+
+def test_workers_die_with_their_parent():
+    """Issue: 'killing `lowbit tune` leaves measurement workers running for minutes'."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    code = _PARENT.format(tests=str(Path(__file__).parent))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 15
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in pids if _alive(p)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -136,3 +136,53 @@ def test_time_budget_sizes_the_last_round(tmp_path):
                measurer=SleepMeasurer(0.1), batch=10, progress=False, time_budget_s=1.5)
     assert 10 <= res.trials <= 17  # a round of 10, then what fits in the ~0.5 s left
     assert res.wall_s < 1.5 + 0.45
+
+
+class _EnvFailingMeasurer:
+    """One good result, then an environment failure (the device went away)."""
+
+    def env(self):
+        return {"gpu": "fake-gpu"}
+
+    def measure(self, inputs, on_result=None):
+        from lowbit.tune.measure import MeasureResult
+
+        out = []
+        for i, inp in enumerate(inputs):
+            err = "env: CUDA driver initialization failed" if i else None
+            res = MeasureResult(inp.template.name, inp.workload.key, inp.config,
+                                None if err else 1.0, err, env=self.env())
+            if on_result:
+                on_result(res)
+            out.append(res)
+        return out
+
+    def close(self):
+        pass
+
+
+def test_environment_failures_are_not_stored_as_config_failures(fake, tmp_path):
+    from lowbit.tune.measure import MeasureEnvironmentError
+
+    db = tmp_path / "rec.sqlite"
+    with pytest.raises(MeasureEnvironmentError, match="CUDA driver initialization failed"):
+        tune(TINY, [fake], trials=8, strategy="random", db=db,
+             measurer=_EnvFailingMeasurer(), batch=4, progress=False)
+    with RecordsDB(db) as rdb:
+        rows = rdb.records(TINY)
+    assert len(rows) == 1 and rows[0].ok  # the good one only: a rerun retries the rest
+
+
+def test_gpu_templates_on_a_cpu_measurer_are_refused_before_any_trial(tmp_path):
+    from lowbit.tune.measure import MeasureEnvironmentError
+
+    class GpuOnly(FakeConvTemplate):
+        name = "fake.gpu-only"
+        backend = "cuda"
+
+    db = tmp_path / "rec.sqlite"
+    with LocalMeasurer(device="cpu", compile_workers=0) as m, \
+            pytest.raises(MeasureEnvironmentError, match=r"fake\.gpu-only.*CUDA GPU"):
+        tune(TINY, [GpuOnly()], trials=4, db=db, measurer=m, progress=False)
+    with RecordsDB(db) as rdb:
+        assert len(rdb) == 0

@@ -1,44 +1,275 @@
-"""The `lowbit` command: demo, and (as they land) tune, bench, report."""
+"""The `lowbit` command: demo, quantize, summary, tune, report.
+
+A user mistake (a bad argument, a missing file, a model that does not fit) ends in one line
+`error: ...` on stderr and exit code 2; a machine that cannot do the job (no CUDA GPU for a GPU
+command, a measuring worker that cannot start) in one line and exit code 3. Neither prints a
+traceback, and neither records anything.
+"""
 
 from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="lowbit: 1-8 bit conv/GEMM on auto-tuned Tensor Core kernels.")
-console = Console()
+                  help="lowbit: quantize PyTorch models to 1-8 bits and run them on auto-tuned "
+                       "Tensor Core kernels.")
+# a pipe or a file gets wide tables rather than wrapped ones
+console = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=True)
+USER_ERROR, ENVIRONMENT_ERROR = 2, 3
 
 
 @app.callback()
 def _root() -> None:
-    """lowbit: 1-8 bit conv/GEMM on auto-tuned Tensor Core kernels."""
+    """lowbit: quantize PyTorch models to 1-8 bits and run them on auto-tuned Tensor Core
+    kernels."""
 
+
+def _fail(message: str, code: int) -> None:
+    typer.echo("error: " + " ".join(str(message).split()), err=True)
+    raise typer.Exit(code)
+
+
+def reports_errors(fn: Callable) -> Callable:
+    """Turn user and environment errors raised by a command into one line and an exit code."""
+
+    @functools.wraps(fn)
+    def run(*args: object, **kwargs: object) -> object:
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as e:
+            from .tune.measure import MeasureEnvironmentError
+
+            if isinstance(e, MeasureEnvironmentError):
+                _fail(str(e), ENVIRONMENT_ERROR)
+            if isinstance(e, (ValueError, TypeError, OSError)):
+                _fail(str(e), USER_ERROR)
+            raise
+
+    return run
+
+
+# ----------------------------------------------------------------------------------- demo
 
 @app.command()
-def demo(seed: int = typer.Option(0, help="seed of the random layer")) -> None:
-    """Quantize one conv layer to several precisions and run it through lowbit."""
-    from .demo import demo_layer, demo_rows
+@reports_errors
+def demo(float_steps: int = typer.Option(300, help="float32 training steps"),
+         qat_steps: int = typer.Option(150, help="QAT steps per precision"),
+         precisions: str = typer.Option("w8a8,w4a4,w2a2,w1a2", help="comma-separated"),
+         seed: int = typer.Option(0, help="data split and initialization seed")) -> None:
+    """Train a small CNN on handwritten digits, quantize it to several precisions with QAT,
+    convert it to integer layers and report accuracy and size (about a minute on a CPU)."""
+    from .demo import MODEL, _check_precisions, run_demo
 
-    wl, _, _ = demo_layer(seed)
-    table = Table(title=f"conv {wl.N}x{wl.H}x{wl.W}x{wl.C} -> {wl.K}, {wl.R}x{wl.S} "
-                        "(exact integer reference)")
-    for col in ("w", "a", "max err / max|ref|", "rel. L2 err", "packed B", "fp16 B", "ratio"):
+    chosen = tuple(p.strip() for p in precisions.split(",") if p.strip())
+    _check_precisions(chosen)
+    console.print(
+        "[bold]lowbit demo[/]: lowbit quantizes PyTorch models to 1-8 bit weights and "
+        "activations and runs their convolutions on auto-tuned NVIDIA Tensor Core kernels.\n"
+        f"Here: a small CNN ({MODEL}) learns scikit-learn's 8x8 handwritten digits in float32, "
+        "then each precision gets quantization-aware training (lowbit.quantize, first and last "
+        "layer at 8 bits) and is converted to integer layers (lowbit.convert).")
+    report = run_demo(float_steps, qat_steps, chosen, seed,
+                      progress=lambda text: console.print(f"  {text}"))
+    table = Table(title=f"digits test accuracy (float32 {report.float_accuracy:.1%})")
+    for col in ("precision", "accuracy", "integer accuracy", "vs float32", "packed size",
+                "smaller", "QAT s"):
         table.add_column(col, justify="right")
-    for r in demo_rows(seed):
-        table.add_row(str(r.w), str(r.a), f"{r.max_error:.4f}", f"{r.rel_l2_error:.4f}",
-                      f"{r.packed_bytes:,}", f"{r.fp16_bytes:,}",
-                      f"{r.packed_bytes / r.fp16_bytes:.3f}x")
-    table.caption = ("u = unsigned, s = signed two's complement, b = binary -1/+1; weights per "
-                     "output channel, activations per tensor (max scaling); packed = bit planes")
+    table.add_row("float32", f"{report.float_accuracy:.1%}", "-", "-",
+                  f"{report.float_bytes:,} B", "1.0x", "-")
+    for r in report.rows:
+        table.add_row(r.precision, f"{r.accuracy:.1%}", f"{r.integer_accuracy:.1%}",
+                      f"{100 * (r.accuracy - report.float_accuracy):+.1f} pts",
+                      f"{r.packed_bytes:,} B", f"{report.float_bytes / r.packed_bytes:.1f}x",
+                      f"{r.seconds:.1f}")
+    table.caption = ("wXaY = X-bit weights, Y-bit activations; packed size: integer weights "
+                     "at their bit width plus per-channel scales (float32 kept where float)")
     console.print(table)
+    ran = ("Integer accuracy is the converted model run through lowbit.reference, the exact "
+           "CPU oracle every GPU kernel is checked against bit for bit.")
+    kernels = (f"On {report.gpu}: {report.gpu_note}." if report.gpu else
+               f"Kernels: {report.gpu_note}.")
+    console.print(f"{ran}\n{kernels}\nDone in {report.seconds:.0f} s. Next: "
+                  "`lowbit quantize MODEL --precision w4a4` for your own model.")
+
+
+# ----------------------------------------------------------------------------------- quantize
+
+def _layer_overrides(text: str) -> dict[str, dict]:
+    """'conv1=w8a8,fc=float' -> {"conv1": {weight_bits: 8, act_bits: 8}, "fc": {float: True}}."""
+    from .core import parse_wa
+
+    out: dict[str, dict] = {}
+    for item in filter(None, (t.strip() for t in text.replace(";", ",").split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--layers entry {item!r} must be NAME=wXaY or NAME=float")
+        if value == "float":
+            out[name] = {"float": True}
+            continue
+        try:
+            wb, ab = parse_wa(value)
+        except ValueError:
+            raise ValueError(f"--layers entry {item!r} must be NAME=wXaY (bits 1..8) or "
+                             "NAME=float") from None
+        out[name] = {"weight_bits": wb, "act_bits": ab}
+    return out
+
+
+def _calibration_batches(data: str, batch_size: int, image_size: int):
+    from .quant.data import digits_loaders, image_folder_loader
+
+    if data == "digits":
+        return digits_loaders(batch_size=batch_size)[0]
+    if not Path(data).is_dir():
+        raise FileNotFoundError(f"--data {data!r} is neither 'digits' nor an image folder "
+                                "(root/<class>/<image>)")
+    return image_folder_loader(data, batch_size=batch_size, size=image_size, shuffle=True)
+
+
+def _float_model(spec: str, weights: str):
+    import torch
+
+    from .serialize import model_from_spec
+
+    model, _ = model_from_spec(spec)
+    if weights:
+        path = Path(weights)
+        if not path.is_file():
+            raise FileNotFoundError(f"--weights {weights!r}: no such file")
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"--weights {weights!r} does not fit {spec}: missing "
+                             f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+    return model.eval()
 
 
 @app.command()
+@reports_errors
+def quantize(
+    model: str = typer.Argument(..., help="a built-in model name (see lowbit.models), "
+                                "'file.py:function' or 'package.module:function'"),
+    precision: str = typer.Option("w8a8", help="weights and activations, e.g. w4a4, w1a2"),
+    method: str = typer.Option("max", help="clip method: max, percentile, mse, rand"),
+    layers: str = typer.Option("", help="per-layer settings: 'NAME=wXaY,GLOB=float'"),
+    skip_first: bool = typer.Option(False, help="keep the first layer float"),
+    skip_last: bool = typer.Option(False, help="keep the last layer float"),
+    data: str = typer.Option("digits", help="calibration data: 'digits' or an image folder"),
+    image_size: int = typer.Option(224, help="image folder: resize and crop to this size"),
+    batches: int = typer.Option(8, help="calibration batches"),
+    batch_size: int = typer.Option(32, help="calibration batch size"),
+    convert: bool = typer.Option(True, "--convert/--fake-quant",
+                                 help="save integer layers, or the calibrated fake-quant model"),
+    weights: str = typer.Option("", help="float weights to start from (a state dict file)"),
+    out: str = typer.Option("", help="output file (default MODEL-PRECISION.safetensors)"),
+) -> None:
+    """Quantize a float model: calibrate its activation ranges on data (post-training),
+    convert it to integer layers, save it (lowbit.load reads it) and print its summary."""
+    import lowbit
+
+    from .core import parse_wa
+    from .quant import summary as layer_summary
+    from .serialize import save
+
+    wb, ab = parse_wa(precision)
+    overrides = _layer_overrides(layers)
+    float_model = _float_model(model, weights)
+    q = lowbit.quantize(float_model, weight_bits=wb, act_bits=ab, method=method,
+                        skip_first=skip_first, skip_last=skip_last, layers=overrides or None)
+    loader = _calibration_batches(data, batch_size, image_size)
+    lowbit.calibrate(q, loader, num_batches=batches)
+    result = lowbit.convert(q) if convert else q
+    stem = Path(model.rpartition(":")[2] or model).stem
+    path = Path(out or f"{stem}-{precision}.safetensors")
+    save(result, path, arch=model)
+    layer_summary(result, console=console)
+    kind = "integer" if convert else "fake-quant"
+    console.print(f"saved the {kind} model to {path} (lowbit.load({str(path)!r}) reads it back)")
+
+
+# ----------------------------------------------------------------------------------- summary
+
+@app.command()
+@reports_errors
+def summary(target: str = typer.Argument(..., help="a saved lowbit model (.safetensors), or a "
+                                         "model name / factory to preview quantize"),
+            precision: str = typer.Option("w8a8", help="preview: precision to plan")) -> None:
+    """Every conv / linear layer of a saved model (precision, method, scales, or kept float
+    and why), or what `lowbit quantize` would do to a float model."""
+    from .quant import LayerRow
+    from .quant import summary as layer_summary
+    from .quant.overview import render
+    from .serialize import read_manifest
+
+    if target.endswith(".safetensors") or Path(target).is_file():
+        manifest = read_manifest(target)
+        rows = [LayerRow(**r) for r in manifest.get("summary", [])]
+        console.print(render(rows, f"{target} ({manifest['kind']})"))
+        return
+    import lowbit
+
+    from .core import parse_wa
+
+    wb, ab = parse_wa(precision)
+    q = lowbit.quantize(_float_model(target, ""), weight_bits=wb, act_bits=ab)
+    layer_summary(q, console=console)
+
+
+# ----------------------------------------------------------------------------------- tune
+
+def _network_layers(model: str, batch: int, precision: str) -> list:
+    """The layers of a whole network from the engine: `lowbit.graph.network_workloads(
+    model_name, batch, precision) -> [(name, Workload)]`."""
+    try:
+        from .graph import network_workloads
+    except ImportError:
+        raise ValueError("lowbit tune --model needs lowbit.graph.network_workloads(model_name, "
+                         "batch, precision) from the network engine, which this lowbit does "
+                         "not have yet; tune a workload file or suite instead") from None
+    return list(network_workloads(model, batch, precision))
+
+
+def _tune_layers(workloads: str, model: str, batch: int, precision: str, overrides: dict
+                 ) -> list:
+    from .core import load_workloads
+    from .core.workloads import SUITES, workloads_from_file
+
+    if workloads and model:
+        raise ValueError("give a workload file or suite, or --model, not both")
+    if model:
+        return _network_layers(model, batch, precision)
+    if not workloads:
+        raise ValueError("give a workload file, a suite name or --model NAME")
+    if workloads in SUITES:
+        return load_workloads(workloads, **overrides)
+    if not Path(workloads).is_file():
+        raise FileNotFoundError(f"{workloads!r} is neither a workload file nor a suite "
+                                f"({', '.join(SUITES)})")
+    return workloads_from_file(workloads, **overrides)
+
+
+@app.command()
+@reports_errors
 def tune(
-    workloads: str = typer.Argument(..., help="workload JSON file (a list of layers, as in "
+    workloads: str = typer.Argument("", help="workload JSON file (a list of layers, as in "
                                     "src/lowbit/data/workloads) or the name of a shipped suite"),
+    model: str = typer.Option("", help="tune every layer of this network (lowbit.models)"),
+    batch: int = typer.Option(8, help="--model: batch size"),
+    precision: str = typer.Option("w1a2", help="--model: precision, e.g. w1a2, w8a8"),
     trials: int = typer.Option(500, help="measurements per layer (recorded ones count)"),
     strategy: str = typer.Option("diversity", help="random, exhaustive, sa, diversity, tpe"),
     db: str = typer.Option("", help="records database (default: the user cache file)"),
@@ -47,31 +278,25 @@ def tune(
     device: str = typer.Option("", help="cuda, cuda:i or cpu (default: cuda when present)"),
     w: str = typer.Option("", help="weight precision for every layer, e.g. s8, u4, b1"),
     a: str = typer.Option("", help="activation precision for every layer, e.g. s8, u4"),
-    batch: int = typer.Option(32, help="candidates measured per round"),
+    round_size: int = typer.Option(32, help="candidates measured per round"),
     seed: int = typer.Option(0, help="search seed"),
 ) -> None:
-    """Tune every layer of a workload file; the best configs go to the records database."""
-    from pathlib import Path
-
+    """Tune every layer of a workload file, suite or network; the best configs go to the
+    records database."""
     import torch
 
-    from .core import load_workloads, workload_from_dict
-    from .core.workloads import SUITES
+    from .core import Precision
     from .kernels import get_template, templates
-    from .tune import LocalMeasurer
+    from .tune import STRATEGIES, LocalMeasurer
     from .tune import tune as run_tune
 
+    if strategy not in STRATEGIES:
+        raise ValueError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    if trials < 1:
+        raise ValueError(f"--trials must be >= 1, got {trials}")
+    overrides = {k: Precision.parse(v) for k, v in (("w", w), ("a", a)) if v}
+    layers = _tune_layers(workloads, model, batch, precision, overrides)
     _import_backends()
-    overrides = {k: v for k, v in (("w", w), ("a", a)) if v}
-    if workloads in SUITES:
-        layers = load_workloads(workloads, **overrides)
-    else:
-        import json
-
-        data = json.loads(Path(workloads).read_text())
-        data = data if isinstance(data, list) else [data]
-        layers = [(d.get("name", f"layer{i}"), workload_from_dict(d, **overrides))
-                  for i, d in enumerate(data)]
     names = [n.strip() for n in template.split(",") if n.strip()]
     chosen = [get_template(n) for n in names] if names else templates()
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -82,7 +307,7 @@ def tune(
         for name, wl in layers:
             console.print(f"[bold]{name}[/]: {wl.key}")
             r = run_tune(wl, chosen, trials=trials, strategy=strategy, db=db or None,
-                         measurer=measurer, batch=batch, seed=seed)
+                         measurer=measurer, batch=round_size, seed=seed)
             d = r.default_us.get(r.template or "")
             table.add_row(name, r.template or "-", _us(r.time_us), _us(d),
                           f"{r.speedup_over_default:.2f}x" if r.speedup_over_default else "-",
@@ -102,9 +327,25 @@ def _import_backends() -> None:
         console.print(f"[yellow]skipping {mod}: {why}[/]")
 
 
+# ----------------------------------------------------------------------------------- report
+
+@app.command()
+@reports_errors
+def report(results: str = typer.Option("benchmarks/results", help="results folder"),
+           out: str = typer.Option("lowbit-report.html", help="HTML file to write"),
+           all_files: bool = typer.Option(False, "--all", help="every results file, not only "
+                                          "the latest of each benchmark and GPU")) -> None:
+    """Write one self-contained HTML page of the benchmark results (tables and plots)."""
+    from .report import write_report
+
+    n = write_report(results, out, all_files)
+    console.print(f"wrote {out} ({n} results files)")
+
+
 def main() -> None:
     app()
 
 
 if __name__ == "__main__":
     main()
+

@@ -50,3 +50,35 @@ def collect_env(device: str = "cuda") -> dict[str, str]:
         "triton": triton_version,
         "torch": torch.__version__,
     }
+
+
+def needs_gpu(template: object) -> bool:
+    """Whether a kernel template can only be measured on a CUDA GPU: its `needs_gpu`
+    attribute if it has one, else CUDA C++ templates always and Triton templates unless
+    Triton runs in its interpreter (TRITON_INTERPRET=1)."""
+    import os
+
+    flag = getattr(template, "needs_gpu", None)
+    if flag is not None:
+        return bool(flag)
+    backend = getattr(template, "backend", "")
+    return backend == "cuda" or (backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1")
+
+
+def device_problem(device: str) -> str | None:
+    """None when `device` ("cpu", "cuda", "cuda:i") can measure here, else why not. ValueError
+    for a string that names no device."""
+    import torch
+
+    if not isinstance(device, str) or not (device == "cpu" or device == "cuda" or (
+            device.startswith("cuda:") and device[5:].isdigit())):
+        raise ValueError(f"device must be cpu, cuda or cuda:i, got {device!r}")
+    if device == "cpu":
+        return None
+    if not torch.cuda.is_available():
+        return (f"no CUDA device for device={device!r} (torch.cuda.is_available() is False: "
+                "no GPU, no driver, or a CPU build of torch)")
+    index = int(device[5:]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        return f"no CUDA device {index}: this machine has {torch.cuda.device_count()}"
+    return None

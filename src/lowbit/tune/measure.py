@@ -7,19 +7,28 @@ one long-lived worker process on the measuring device: build (cache hit), call o
 inputs from `lowbit.reference.random_inputs`, compare bit for bit with `lowbit.reference.run`,
 then time (`lowbit.tune.timing.time_us` on CUDA: warm-up, median of repeats, L2 flushed).
 
-Every failure becomes a result with a reason, prefixed by its kind:
+Every failure of a candidate becomes a result with a reason, prefixed by its kind:
   compile: build raised         launch: the call raised      wrong: output differs
   crash: the worker died        timeout: no answer in time
 A worker that crashed, hung or hit a CUDA error (its context is unusable) is replaced.
+
+Failures of the environment are not a candidate's: no such device (at construction), a worker
+that does not start, or a worker that cannot set up the workload's inputs and reference on
+its device. Those are retried with a fresh worker and then raised as MeasureEnvironmentError;
+they never become a result. Workers and build processes die with the process that started
+them (PR_SET_PDEATHSIG where available, and a thread watching the parent).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import multiprocessing as mp
 import os
 import random
 import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -30,6 +39,55 @@ from ..core import Config, Workload, workload_from_json
 from ..kernels.base import KernelTemplate
 
 ResultCallback = Callable[["MeasureResult"], None]
+#: prefix of an environment failure's reason (never a config's result)
+ENV_PREFIX = "env:"
+
+
+class MeasureEnvironmentError(RuntimeError):
+    """The measuring environment failed (no device, a worker that cannot start or set up):
+    nothing about the candidates; nothing is recorded for them, and a rerun retries them."""
+
+
+def die_with_parent(parent_pid: int, deathsig: bool) -> None:
+    """Make this process exit when `parent_pid` (its parent) does: PR_SET_PDEATHSIG on Linux
+    when the parent started it from its main thread (the signal follows the starting thread),
+    and a daemon thread that polls the parent pid."""
+    if deathsig and sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before the line above
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="lowbit-parent-watch", daemon=True).start()
+
+
+def _parent_args() -> tuple[int, bool]:
+    return os.getpid(), threading.current_thread() is threading.main_thread()
+
+
+def _aot_compile(kernel: object) -> None:
+    """Call the kernel's ahead-of-time `compile()` when it has one that needs no arguments
+    (`MmaConvKernel.compile(arch)` compiles in `build` already and wants an arch: skipped)."""
+    fn = getattr(kernel, "compile", None)
+    if not callable(fn):
+        return
+    try:
+        inspect.signature(fn).bind()
+    except TypeError:
+        return
+    except ValueError:  # no signature (a builtin): try the plain call
+        pass
+    fn()
 
 
 @dataclass(frozen=True)
@@ -89,9 +147,7 @@ def _compile_job(template: KernelTemplate, wl_json: str, cfg_json: str) -> tuple
     t0 = time.perf_counter()
     try:
         kernel = template.build(workload_from_json(wl_json), Config.from_json(cfg_json))
-        compile_fn = getattr(kernel, "compile", None)
-        if callable(compile_fn):
-            compile_fn()
+        _aot_compile(kernel)
     except Exception as e:
         return f"compile: {type(e).__name__}: {_short(e)}", time.perf_counter() - t0
     return None, time.perf_counter() - t0
@@ -149,9 +205,11 @@ def _poison_allocator(wl: Workload, device: str) -> None:
     del buf
 
 
-def _worker_main(conn, device: str, visible: str | None) -> None:
+def _worker_main(conn, device: str, visible: str | None, parent: tuple[int, bool]) -> None:
     """Worker loop: ("measure", template, wl_json, cfg_json, seed, warmup_ms, rep_ms) -> reply
-    ("ok", time_us, fatal, run_s) or ("error", reason, fatal, run_s)."""
+    ("ok", time_us, fatal, run_s) or ("error", reason, fatal, run_s); a reason starting with
+    ENV_PREFIX is an environment failure (the worker exits after sending it)."""
+    die_with_parent(*parent)
     if visible is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before the first CUDA call
     import torch
@@ -181,8 +239,13 @@ def _worker_main(conn, device: str, visible: str | None) -> None:
         key = (wl.key, seed)
         if key not in cache:
             cache.clear()  # one workload's inputs at a time: big layers are big
-            x, w, params = random_inputs(wl, seed, device=device)
-            cache[key] = (x, w, params, run(wl, x, w, params))  # exact on any device
+            try:
+                x, w, params = random_inputs(wl, seed, device=device)
+                cache[key] = (x, w, params, run(wl, x, w, params))  # exact on any device
+            except Exception as e:  # the device, not the candidate
+                conn.send(("error", f"{ENV_PREFIX} setting up inputs on {device}: "
+                           f"{type(e).__name__}: {_short(e)}", True, time.perf_counter() - t0))
+                return
         x, w, params, ref = cache[key]
         try:
             _poison_allocator(wl, device)
@@ -224,13 +287,23 @@ class _Worker:
 
     def __init__(self, ctx, device: str, visible: str | None, start_timeout_s: float) -> None:
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, device, visible), daemon=True)
+        self.proc = ctx.Process(target=_worker_main,
+                                args=(child, device, visible, _parent_args()), daemon=True)
         self.proc.start()
         child.close()
-        if not self.conn.poll(start_timeout_s):
+        try:
+            if not self.conn.poll(start_timeout_s):
+                raise MeasureEnvironmentError(f"measure worker did not start within "
+                                              f"{start_timeout_s:g} s")
+            _, self.env = self.conn.recv()
+        except (EOFError, OSError) as e:
+            self.proc.join(10)
             self.kill()
-            raise RuntimeError(f"measure worker did not start within {start_timeout_s} s")
-        _, self.env = self.conn.recv()
+            raise MeasureEnvironmentError(f"measure worker died at start "
+                                          f"({_exit_reason(self.proc.exitcode)})") from e
+        except MeasureEnvironmentError:
+            self.kill()
+            raise
 
     def kill(self) -> None:
         if self.proc.is_alive():
@@ -264,15 +337,24 @@ class LocalMeasurer(Measurer):
     compile_timeout_s: per-candidate limit in the pool; warmup_ms/rep_ms: passed to
     `lowbit.tune.timing.time_us` (CUDA: do_bench, L2 flushed; CPU: perf_counter median);
     seed: inputs' seed (fresh random by default); gpu_index: sets CUDA_VISIBLE_DEVICES of the
-    worker (one worker per GPU under Dask).
+    worker (one worker per GPU under Dask); start_retries: fresh workers tried after one that
+    does not start (or cannot set up on the device) before MeasureEnvironmentError.
+    ValueError for a device string naming no device; MeasureEnvironmentError for a CUDA device
+    this machine does not have (before any worker starts).
     """
 
     def __init__(self, device: str = "cuda", compile_workers: int | None = None,
                  timeout_s: float = 60.0, compile_timeout_s: float = 300.0,
                  warmup_ms: float = 10.0, rep_ms: float = 40.0, seed: int | None = None,
                  gpu_index: int | None = None,
-                 start_timeout_s: float = 180.0) -> None:
+                 start_timeout_s: float = 180.0, start_retries: int = 2) -> None:
+        from .env import device_problem
+
+        problem = device_problem(device)
+        if problem and gpu_index is None:
+            raise MeasureEnvironmentError(problem)
         self.device = device
+        self.start_retries = start_retries
         self.compile_workers = (os.cpu_count() or 1) if compile_workers is None else compile_workers
         self.timeout_s = timeout_s
         self.compile_timeout_s = compile_timeout_s
@@ -292,7 +374,16 @@ class LocalMeasurer(Measurer):
             if self._worker is not None:
                 self._worker.kill()
                 self.restarts += 1
-            self._worker = _Worker(self._ctx, self.device, self.visible, self.start_timeout_s)
+                self._worker = None
+            tries = 1 + max(0, self.start_retries)
+            for i in range(tries):
+                try:
+                    self._worker = _Worker(self._ctx, self.device, self.visible,
+                                           self.start_timeout_s)
+                    break
+                except MeasureEnvironmentError as e:
+                    if i == tries - 1:
+                        raise MeasureEnvironmentError(f"{e} ({tries} tries)") from None
         return self._worker
 
     def env(self) -> dict[str, str]:
@@ -318,7 +409,9 @@ class LocalMeasurer(Measurer):
         if self.compile_workers <= 0 or len(inputs) == 0:
             return [(None, None)] * len(inputs)
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.compile_workers, mp_context=self._ctx)
+            self._pool = ProcessPoolExecutor(self.compile_workers, mp_context=self._ctx,
+                                             initializer=die_with_parent,
+                                             initargs=_parent_args())
         futs = [self._pool.submit(_compile_job, i.template, i.workload.to_json(),
                                   i.config.to_json()) for i in inputs]
         out: list[tuple[str | None, float | None]] = []
@@ -370,6 +463,15 @@ class LocalMeasurer(Measurer):
             return value, None, run_s
         return None, value, run_s
 
+    def _run_checked(self, inp: MeasureInput) -> tuple[float | None, str | None, float | None]:
+        """`_run_one`, retrying environment failures on fresh workers, then raising them."""
+        for _ in range(1 + max(0, self.start_retries)):
+            t, err, run_s = self._run_one(inp)
+            if not (err or "").startswith(ENV_PREFIX):
+                return t, err, run_s
+        raise MeasureEnvironmentError(f"{err[len(ENV_PREFIX):].strip()} "
+                                      f"({1 + max(0, self.start_retries)} workers tried)")
+
     @staticmethod
     def _key(inp: MeasureInput) -> tuple[str, str, str]:
         return inp.template.name, inp.workload.key, inp.config.to_json()
@@ -387,7 +489,7 @@ class LocalMeasurer(Measurer):
         results = []
         for inp, (err, compile_s) in zip(inputs, built, strict=True):
             if err is None:
-                t, err, run_s = self._run_one(inp)
+                t, err, run_s = self._run_checked(inp)
             else:
                 t, run_s = None, None
             env = self._worker.env if self._worker is not None else {}

@@ -8,6 +8,11 @@ the fastest verified (template, config). Each template's untuned default config 
 first (the baseline the tuned one is compared with). Every result is committed to the records
 database as it arrives; configs already recorded for this workload and GPU are not measured
 again but count toward `trials` (a killed tune resumes where it stopped).
+
+Environment failures are not results: templates that need a GPU with a measurer that has
+none stop the tune before any trial, and a result whose reason starts with "env:" (or a
+measurer raising MeasureEnvironmentError) stops it without recording anything for that
+candidate, so a rerun retries it. Both raise MeasureEnvironmentError.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from ..kernels import load_backends
 from ..kernels.base import KernelTemplate
 from ..kernels.base import templates as registered_templates
 from .cost_model import Sample
-from .measure import MeasureInput, Measurer, MeasureResult
+from .env import needs_gpu
+from .measure import ENV_PREFIX, MeasureEnvironmentError, MeasureInput, Measurer, MeasureResult
 from .progress import TuneProgress
 from .records import Record, RecordsDB
 from .search import Strategy, Trial, make_strategy
@@ -146,6 +152,7 @@ def tune(workload: Workload, templates: Sequence[KernelTemplate] | None = None,
     measurer = measurer or _default_measurer()
     try:
         gpu = measurer.env()["gpu"]
+        _check_measurable(usable, gpu)
         arms = _make_arms(usable, workload, strategy, seed, records, gpu, transfer)
         by_name = {a.template.name: a for a in arms}
         done = sum(len(a.strategy.measured) for a in arms)
@@ -153,6 +160,10 @@ def tune(workload: Workload, templates: Sequence[KernelTemplate] | None = None,
         title = f"tune {workload.key[:60]}"
         with TuneProgress(title, trials, done, enabled=progress) as bar:
             def commit(res: MeasureResult) -> None:
+                if (res.error or "").startswith(ENV_PREFIX):
+                    raise MeasureEnvironmentError(
+                        f"{res.error[len(ENV_PREFIX):].strip()} (measuring {res.template} on "
+                        f"{gpu}; nothing recorded for it: a rerun retries it)")
                 records.add(_record(res, workload))
                 history.append(res)
                 bar.advance(res.ok, res.time_us, res.template)
@@ -188,6 +199,18 @@ def tune(workload: Workload, templates: Sequence[KernelTemplate] | None = None,
         if own_db:
             records.close()
     return _result(workload, gpu, arms, done, history, time.perf_counter() - t_start)
+
+
+def _check_measurable(usable: list[KernelTemplate], gpu: str) -> None:
+    """MeasureEnvironmentError when a template needs a GPU and the measurer has none."""
+    if not gpu.startswith("cpu"):
+        return
+    gpu_only = [t.name for t in usable if needs_gpu(t)]
+    if gpu_only:
+        raise MeasureEnvironmentError(
+            f"{', '.join(gpu_only)} can only be measured on a CUDA GPU, and this measurer runs "
+            f"on {gpu}: nothing was measured or recorded (tune on a GPU machine, or pick "
+            "templates that run here)")
 
 
 def _make_arms(usable: list[KernelTemplate], workload: Workload, strategy: str, seed: int,
