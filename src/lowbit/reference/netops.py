@@ -282,21 +282,29 @@ def pool_output_size(size: int, kernel: int, stride: int, pad: int) -> int:
     return (size + 2 * pad - kernel) // stride + 1
 
 
-def _pool_args(q: object, kernel: int, stride: int | None, pad: int
-               ) -> tuple[torch.Tensor, int, int, int]:
-    x = _int_tensor("q", q, min_dim=0)
-    if x.dim() != 4:
-        raise ValueError(f"q must be NHWC [N, H, W, C], got shape {tuple(x.shape)}")
+def pool_geometry(h: int, w: int, kernel: int, stride: int | None, pad: int
+                  ) -> tuple[int, int, int]:
+    """(stride, P, Q) of a kernel x kernel pool over an h x w map after checking the
+    arguments (stride None: kernel; pad <= kernel // 2, as PyTorch requires; the window must
+    fit); ValueError naming the argument otherwise."""
     stride = kernel if stride is None else stride
     for name, v, lo in (("kernel", kernel, 1), ("stride", stride, 1), ("pad", pad, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
     if pad > kernel // 2:
         raise ValueError(f"pad must be at most kernel // 2 = {kernel // 2}, got {pad}")
-    h, w = x.shape[1], x.shape[2]
-    if pool_output_size(h, kernel, stride, pad) < 1 or pool_output_size(w, kernel, stride,
-                                                                         pad) < 1:
+    p, q = pool_output_size(h, kernel, stride, pad), pool_output_size(w, kernel, stride, pad)
+    if p < 1 or q < 1:
         raise ValueError(f"kernel {kernel} (pad {pad}) does not fit the {h}x{w} map")
+    return stride, p, q
+
+
+def _pool_args(q: object, kernel: int, stride: int | None, pad: int
+               ) -> tuple[torch.Tensor, int, int, int]:
+    x = _int_tensor("q", q, min_dim=0)
+    if x.dim() != 4:
+        raise ValueError(f"q must be NHWC [N, H, W, C], got shape {tuple(x.shape)}")
+    stride = pool_geometry(x.shape[1], x.shape[2], kernel, stride, pad)[0]
     return x, kernel, stride, pad
 
 

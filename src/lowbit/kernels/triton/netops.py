@@ -33,7 +33,7 @@ from ...reference.netops import (
     MULT_LIMIT,
     FloatOutput,
     RequantizedOutput,
-    pool_output_size,
+    pool_geometry,
 )
 from .epilogue import LAYOUT_BITPLANE, LAYOUT_INT8, pack_store
 from .igemm import Launch, cdiv, launch_or_compile
@@ -233,12 +233,15 @@ def pool2d_kernel(
 
 @triton.jit
 def _plane_words(ptr, pix, ok, word, row, plane, i: tl.constexpr, BITS: tl.constexpr,
-                 IDENT: tl.constexpr):
-    """Words [P, NW] of plane i (0 where i >= BITS); IDENT (all ones or zero) where not ok."""
+                 SIGNED: tl.constexpr):
+    """Words [P, NW] of plane i in offset binary (a signed value's top plane flipped), 0 where
+    not ok (the smallest value: the max's identity) and for i >= BITS."""
     if i < BITS:
         w = tl.load(ptr + i * plane + pix[:, None] * row + word[None, :],
                     mask=ok[:, None] & (word < row)[None, :], other=0)
-        w = tl.where(ok[:, None], w, IDENT)
+        if SIGNED and i == BITS - 1:
+            w = ~w
+        w = tl.where(ok[:, None], w, 0)
     else:
         w = tl.zeros((pix.shape[0], word.shape[0]), dtype=tl.int32)
     return w
@@ -292,30 +295,15 @@ def maxpool_planes_kernel(
         iw = w0 + t % KW
         ok = pmask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
         src = (n * H + ih) * W + iw
-        TOP_IDENT: tl.constexpr = -1 if SIGNED else 0
-        b0 = _plane_words(x_ptr, src, ok, word, row, x_plane, 0, BITS,
-                          TOP_IDENT if BITS == 1 else 0)
-        b1 = _plane_words(x_ptr, src, ok, word, row, x_plane, 1, BITS,
-                          TOP_IDENT if BITS == 2 else 0)
-        b2 = _plane_words(x_ptr, src, ok, word, row, x_plane, 2, BITS,
-                          TOP_IDENT if BITS == 3 else 0)
-        b3 = _plane_words(x_ptr, src, ok, word, row, x_plane, 3, BITS,
-                          TOP_IDENT if BITS == 4 else 0)
-        if SIGNED:  # two's complement -> offset binary: flip the top plane
-            if BITS == 2:
-                b1 = ~b1
-            elif BITS == 3:
-                b2 = ~b2
-            elif BITS == 4:
-                b3 = ~b3
+        b0 = _plane_words(x_ptr, src, ok, word, row, x_plane, 0, BITS, SIGNED)
+        b1 = _plane_words(x_ptr, src, ok, word, row, x_plane, 1, BITS, SIGNED)
+        b2 = _plane_words(x_ptr, src, ok, word, row, x_plane, 2, BITS, SIGNED)
+        b3 = _plane_words(x_ptr, src, ok, word, row, x_plane, 3, BITS, SIGNED)
         m0, m1, m2, m3 = _sliced_max(b0, b1, b2, b3, m0, m1, m2, m3, BITS)
-    if SIGNED:
-        if BITS == 2:
-            m1 = ~m1
-        elif BITS == 3:
-            m2 = ~m2
-        elif BITS == 4:
-            m3 = ~m3
+    if SIGNED:  # offset binary -> two's complement: flip the top plane back
+        m1 = ~m1 if BITS == 2 else m1
+        m2 = ~m2 if BITS == 3 else m2
+        m3 = ~m3 if BITS == 4 else m3
     # padding channels: 0 in every tap, so 0 in the max (after the flip back, for signed)
     omask = pmask[:, None] & (word < row)[None, :]
     optr = out_ptr + pix[:, None] * row + word[None, :]
@@ -606,18 +594,7 @@ def _pool_shape(x: PackedTensor, kernel: int, stride: int | None, pad: int
                 ) -> tuple[int, int, int]:
     if len(x.shape) != 4:
         raise ValueError(f"x must be NHWC (4 logical dims), got {x.shape}")
-    stride = kernel if stride is None else stride
-    for name, v, lo in (("kernel", kernel, 1), ("stride", stride, 1), ("pad", pad, 0)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-    if pad > kernel // 2:
-        raise ValueError(f"pad must be at most kernel // 2 = {kernel // 2}, got {pad}")
-    p = pool_output_size(x.shape[1], kernel, stride, pad)
-    q = pool_output_size(x.shape[2], kernel, stride, pad)
-    if p < 1 or q < 1:
-        raise ValueError(f"kernel {kernel} (pad {pad}) does not fit the "
-                         f"{x.shape[1]}x{x.shape[2]} map")
-    return stride, p, q
+    return pool_geometry(x.shape[1], x.shape[2], kernel, stride, pad)
 
 
 def bind_maxpool2d(x: PackedTensor, out: PackedTensor, kernel: int, stride: int | None = None,

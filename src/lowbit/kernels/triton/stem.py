@@ -391,7 +391,7 @@ def default_config(geom: StemGeometry, sms: int = 132) -> StemConfig:
     blocks = cdiv(geom.PW, BLOCK_J - 1) if geom.pool_pad is not None else cdiv(geom.OW,
                                                                               BLOCK_J)
     per_band = geom.N * blocks * cdiv(geom.K, BLOCK_N)
-    for rows in (16, 8, 4, 2):
+    for rows in (8, 4, 2):
         if per_band * cdiv(geom.PH, rows) >= 2 * sms:
             return StemConfig(band_rows=rows, whole_k=True)
     return StemConfig(band_rows=1 if geom.pool_pad is None else 2, whole_k=True)
