@@ -20,6 +20,7 @@ from .netops import (
     epilogue_outputs,
     fixed_point_pair,
     maxpool2d_int,
+    pool_geometry,
     pool_output_size,
     quantize_float,
     requantize_int,
@@ -36,5 +37,6 @@ __all__ = [
 __all__ += [  # network ops (netops)
     "FloatOutput", "Int32Output", "LayerOutput", "RequantizedOutput", "avgpool2d_int",
     "avgpool_multiplier", "epilogue_outputs", "fixed_point_pair", "maxpool2d_int",
-    "pool_output_size", "quantize_float", "requantize_int", "uint8_input_table",
+    "pool_geometry", "pool_output_size", "quantize_float", "requantize_int",
+    "uint8_input_table",
 ]
