@@ -1,0 +1,48 @@
+"""Whole networks as plans of fused integer layers: a torch.fx trace of a quantized model
+(`trace_model`) becomes a value graph, and `build_plan` turns it into a `Plan` for one input
+shape (tensors with precision / scale / layout, and steps: Quantize, Layer, MaxPool, AvgPool,
+Flatten, Concat, FloatFallback, Output; see `lowbit.graph.ir`). `lowbit.compile` (runtime)
+builds and runs plans."""
+
+from .dataflow import Dataflow, Value, trace_model
+from .impl import BITSERIAL, TORCH_FP16, choose_impl, input_layout
+from .ir import (
+    AvgPool,
+    Concat,
+    Flatten,
+    FloatFallback,
+    Layer,
+    LayerOutput,
+    MaxPool,
+    Output,
+    Plan,
+    PoolWindow,
+    Quantize,
+    Step,
+    TensorSpec,
+)
+from .planner import build_plan
+
+__all__ = [
+    "BITSERIAL",
+    "TORCH_FP16",
+    "AvgPool",
+    "Concat",
+    "Dataflow",
+    "Flatten",
+    "FloatFallback",
+    "Layer",
+    "LayerOutput",
+    "MaxPool",
+    "Output",
+    "Plan",
+    "PoolWindow",
+    "Quantize",
+    "Step",
+    "TensorSpec",
+    "Value",
+    "build_plan",
+    "choose_impl",
+    "input_layout",
+    "trace_model",
+]

@@ -1,0 +1,89 @@
+"""Which implementation runs a layer: the one pluggable choice of the planner.
+
+`choose_impl(workload) -> (impl, reason)` is the default policy (zero tuning): bit-serial b1
+AND tensor cores (`cuda.bitserial`, bit-plane operands) when both operands have <= 4 bits,
+else the int8 tensor-core templates (one value per byte), else PyTorch fp16 (`torch.fp16`)
+when no integer template supports the workload; every refusal is asked of the registered
+templates (`KernelTemplate.unsupported_reason`) and quoted in the reason. A chooser with the
+same signature (e.g. one reading tuning records, `lowbit.tune.dispatch`) replaces it through
+`lowbit.compile(..., choose_impl=...)`; `input_layout(impl)` says what its input must be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+
+from ..core import ConvWorkload, Layout, Workload
+from ..kernels import get_template, load_backends, templates
+
+BITSERIAL = "cuda.bitserial"
+TORCH_FP16 = "torch.fp16"
+#: int8 templates in the order the default policy prefers them
+INT8_CONV = ("cuda.int8_wgmma", "triton.conv2d_int8_tma", "triton.conv2d_int8")
+INT8_GEMM = ("cuda.int8_wgmma", "triton.gemm_int8")
+#: the bit widths bit-serial serves by default (both operands)
+BITSERIAL_MAX_BITS = 4
+
+ImplChooser = Callable[[Workload], tuple[str, str]]
+
+
+@cache
+def _backends() -> tuple[str, ...]:
+    """Registered template names (importing the built-in backends once)."""
+    load_backends()
+    return tuple(t.name for t in templates())
+
+
+def input_layout(impl: str) -> Layout:
+    """The activation / weight layout an implementation reads."""
+    return Layout.BITPLANE if impl == BITSERIAL else Layout.INT8
+
+
+def with_layout(wl: Workload, layout: Layout) -> Workload:
+    return wl.replace(a_layout=layout, w_layout=layout)
+
+
+def unsupported_reason(impl: str, workload: Workload) -> str | None:
+    """Why `impl` cannot run `workload` (in its input layout), None when it can; torch.fp16
+    runs everything."""
+    if impl == TORCH_FP16:
+        return None
+    if impl not in _backends():
+        return f"{impl} is not registered"
+    return get_template(impl).unsupported_reason(with_layout(workload, input_layout(impl)))
+
+
+def _int8_choice(wl: Workload, why_not_bitserial: str | None) -> tuple[str, str]:
+    names = INT8_CONV if isinstance(wl, ConvWorkload) else INT8_GEMM
+    refusals = []
+    for name in names:
+        reason = unsupported_reason(name, wl)
+        if reason is None:
+            why = f"w{wl.w.bits}a{wl.a.bits} ({wl.w} x {wl.a}) on int8 tensor cores"
+            if why_not_bitserial:
+                why += f" (bit-serial: {why_not_bitserial})"
+            if refusals:
+                why += "; " + "; ".join(refusals)
+            return name, why
+        refusals.append(f"{name}: {reason}")
+    return TORCH_FP16, "no integer template runs it: " + "; ".join(
+        ([f"{BITSERIAL}: {why_not_bitserial}"] if why_not_bitserial else []) + refusals)
+
+
+def choose_impl(workload: Workload) -> tuple[str, str]:
+    """The default implementation of a layer and why (module docstring)."""
+    wl = workload
+    if wl.w.bits <= BITSERIAL_MAX_BITS and wl.a.bits <= BITSERIAL_MAX_BITS:
+        reason = unsupported_reason(BITSERIAL, wl)
+        if reason is None:
+            return BITSERIAL, (f"w{wl.w.bits}a{wl.a.bits}: both operands <= "
+                               f"{BITSERIAL_MAX_BITS} bits, bit-serial on b1 AND tensor cores")
+        return _int8_choice(wl, reason)
+    return _int8_choice(wl, None)
+
+
+def choose_int8_impl(workload: Workload, why_not_bitplanes: str) -> tuple[str, str]:
+    """The default choice among layouts of one value per byte (the input cannot be bit
+    planes, `why_not_bitplanes`)."""
+    return _int8_choice(workload, why_not_bitplanes)

@@ -1,0 +1,545 @@
+"""The plan: a whole network as named tensors and a straight-line list of fused steps.
+
+Tensors (`TensorSpec`) are either float32 (the input image, the logits, values around a
+FloatFallback step; shape in the model's own order, NCHW for maps) or quantized: logical NHWC
+integer values ([N, H, W, C], or [N, C] for vectors) with one Precision and one per-tensor
+scale (real value = scale * q), stored in a Layout (INT8: one value per byte; BITPLANE:
+[bits, N, H, W, ceil(C/32)] int32 words). A float value of the source model that several
+consumers read appears once per distinct consumer requirement (a "realization").
+
+Steps read and write tensors by name; their numeric vectors (weights, bias, multipliers,
+shifts, float scales) live in `Plan.params` under the keys the steps name, PyTorch modules of
+FloatFallback steps in `Plan.modules`. Step kinds and their exact semantics (the executor in
+`lowbit.runtime.engine` runs them with `lowbit.reference.netops`):
+
+- Quantize:  float -> quantized, quantize_float(relu?(x), scale, precision) (NCHW -> NHWC).
+- Layer:     conv2d / linear on a quantized input: acc = exact integer conv / GEMM of the
+             input values and the int8 weight values (KRSC / [K, C]); then per output the
+             layer epilogue: requantized
+             clamp(floor((acc m + b + res r + 2^(s-1)) / 2^s), lo, qmax) (lo = max(qmin, 0)
+             with relu; b: the output's bias at its shift; res r: the optional residual
+             operand), which with b = bias m is netops.epilogue_outputs' formula, or
+             float32(scale * acc + offset + residual_scale * res) (relu: max(., 0)); then,
+             with `pool`, a max-pool of every output.
+- MaxPool:   max over each window's valid elements (netops.maxpool2d_int; floats: PyTorch).
+- AvgPool:   window sums (zero padding counted) requantized per window count:
+             clamp(floor((sum m[c] + 2^(s[c]-1)) / 2^s[c]), lo, qmax), c = the window's count;
+             floats: PyTorch's average pool.
+- Flatten:   [N, H, W, C] -> [N, H*W*C] in (h, w, c) order (a view); floats: torch.flatten.
+- Concat:    channel concatenation of tensors of one precision, scale and layout.
+- FloatFallback: a PyTorch module run on float inputs (the plan says why).
+- Output:    the float result (a quantized input is dequantized: scale * q, back to NCHW).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from ..core import Encoding, Layout, Precision, Workload, workload_from_dict
+from ..core.validate import storage_dtype, storage_shape
+
+
+# ------------------------------------------------------------------------------ tensors
+@dataclass(frozen=True)
+class WidePrecision:
+    """Signed integers wider than 8 bits (two's complement; int16 storage up to 16 bits, else
+    int32; one value per element): the wide realizations of residual adds and average pools.
+    An 8-bit residual flips requantized levels downstream, which compound over the blocks;
+    16 bits (2^15 levels) makes low-bit networks track the float residual of the source model
+    and 24 bits 8-bit ones too (`lowbit.graph.planner`). Stands in for
+    `lowbit.core.Precision`, whose widths stop at 8 bits (same attributes)."""
+
+    bits: int = 16
+    encoding: Encoding = Encoding.SIGNED
+
+    def __post_init__(self) -> None:
+        if self.bits not in WIDE_BITS:
+            raise ValueError(f"WidePrecision.bits must be one of {WIDE_BITS}, got {self.bits}")
+
+    @property
+    def qmin(self) -> int:
+        return -(1 << (self.bits - 1))
+
+    @property
+    def qmax(self) -> int:
+        return (1 << (self.bits - 1)) - 1
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        return torch.int16 if self.bits <= 16 else torch.int32
+
+    @property
+    def name(self) -> str:
+        return f"s{self.bits}"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+#: widths of WidePrecision: |value| < 2^23 keeps the residual term |res * r| < 2^54, so a
+#: kernel with an int32 accumulator adds the epilogue's terms in int64 directly
+WIDE_BITS = (16, 24)
+
+
+def parse_precision(text: str) -> Precision | WidePrecision:
+    """'u4' -> Precision; 's16' / 's24' -> WidePrecision."""
+    for bits in WIDE_BITS:
+        if text == f"s{bits}":
+            return WidePrecision(bits)
+    return Precision.parse(text)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of the plan (module docstring). precision/scale/layout are None for floats."""
+
+    name: str
+    shape: tuple[int, ...]
+    precision: Precision | WidePrecision | None = None
+    scale: float | None = None
+    layout: Layout | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        if self.precision is None:
+            if self.scale is not None or self.layout is not None:
+                raise ValueError(f"float tensor {self.name!r} takes no scale or layout")
+            return
+        if isinstance(self.precision, str):
+            object.__setattr__(self, "precision", parse_precision(self.precision))
+        object.__setattr__(self, "layout", Layout(self.layout))
+        if self.scale is None or not math.isfinite(self.scale) or not self.scale > 0:
+            raise ValueError(f"quantized tensor {self.name!r} needs a finite scale > 0, got "
+                             f"{self.scale!r}")
+
+    @property
+    def is_float(self) -> bool:
+        return self.precision is None
+
+    @property
+    def is_wide(self) -> bool:
+        return isinstance(self.precision, WidePrecision)
+
+    @property
+    def storage_shape(self) -> tuple[int, ...]:
+        if self.is_float or self.is_wide:
+            return self.shape
+        return storage_shape(self.shape, self.precision, self.layout)
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        if self.is_float:
+            return torch.float32
+        if self.is_wide:
+            return self.precision.storage_dtype
+        return storage_dtype(self.precision, self.layout)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.storage_shape) * torch.empty((), dtype=self.storage_dtype
+                                                           ).element_size()
+
+    @property
+    def kind(self) -> str:
+        """'f32' or e.g. 'u2/bitplane'."""
+        return "f32" if self.is_float else f"{self.precision}/{self.layout.value}"
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape),
+                "precision": None if self.is_float else str(self.precision),
+                "scale": self.scale, "layout": None if self.is_float else self.layout.value}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TensorSpec:
+        return cls(d["name"], tuple(d["shape"]), d.get("precision"), d.get("scale"),
+                   d.get("layout"))
+
+
+@dataclass(frozen=True)
+class PoolWindow:
+    """A square max-pool window (PyTorch's output size, ceil_mode False)."""
+
+    kernel: int
+    stride: int
+    pad: int = 0
+
+    def to_dict(self) -> dict:
+        return {"kernel": self.kernel, "stride": self.stride, "pad": self.pad}
+
+
+@dataclass(frozen=True)
+class LayerOutput:
+    """One output of a Layer step: a requantized realization (multiplier, shift, bias in
+    units of 2^-shift output steps, and residual_multiplier with a residual; keys into
+    Plan.params, int64 [K]) or a float one (scale / offset float64 [K], residual_scale for
+    the residual term)."""
+
+    tensor: str
+    relu: bool = False
+    multiplier: str | None = None
+    shift: str | None = None
+    bias: str | None = None
+    residual_multiplier: str | None = None
+    scale: str | None = None
+    offset: str | None = None
+    residual_scale: float | None = None
+
+    @property
+    def requantized(self) -> bool:
+        return self.multiplier is not None
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# ------------------------------------------------------------------------------ steps
+@dataclass(frozen=True)
+class Step:
+    """Base of every step: a unique name; `inputs` / `outputs` list tensor names."""
+
+    name: str
+    kind: ClassVar[str] = "step"
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return ()
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return ()
+
+    def to_dict(self) -> dict:
+        d: dict = {"kind": self.kind}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, (Workload, PoolWindow, LayerOutput)):
+                v = v.to_dict()
+            elif isinstance(v, tuple):
+                v = [x.to_dict() if isinstance(x, LayerOutput) else x for x in v]
+            d[f.name] = v
+        return d
+
+
+@dataclass(frozen=True)
+class Quantize(Step):
+    input: str = ""
+    output: str = ""
+    relu: bool = False
+    kind: ClassVar[str] = "quantize"
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.input,)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return (self.output,)
+
+
+@dataclass(frozen=True)
+class Layer(Step):
+    """A conv2d / linear layer with its fused epilogue (module docstring).
+
+    op: 'conv2d' or 'linear'. workload: the kernel's workload (shapes, precisions, operand
+    layouts and the kernel's own epilogue: the fused requantized output where the layer has
+    exactly one requantized output, no residual and no pool, else int32 acc + bias finished
+    by a separate epilogue pass). weight: int8 values (KRSC / [K, C], columns of a linear
+    after a flatten in (h, w, c) order). bias: int64 [K] in accumulator units, None where
+    every output is float or some output's bias is no multiple of its multiplier (the
+    kernel's own epilogue adds bias in accumulator units). impl / impl_reason: the
+    implementation the layer runs on and why.
+    fused: what the step absorbs ('bn', 'relu', 'residual', 'maxpool', 'flatten-permute',
+    'negated-channels'). source: the model's module names.
+    """
+
+    op: str = "conv2d"
+    workload: Workload | None = None
+    input: str = ""
+    weight: str = ""
+    bias: str | None = None
+    residual: str | None = None
+    layer_outputs: tuple[LayerOutput, ...] = ()
+    pool: PoolWindow | None = None
+    impl: str = ""
+    impl_reason: str = ""
+    fused: tuple[str, ...] = ()
+    source: tuple[str, ...] = ()
+    kind: ClassVar[str] = "layer"
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.input,) + ((self.residual,) if self.residual else ())
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return tuple(o.tensor for o in self.layer_outputs)
+
+
+@dataclass(frozen=True)
+class MaxPool(Step):
+    input: str = ""
+    output: str = ""
+    window: PoolWindow = field(default_factory=lambda: PoolWindow(2, 2))
+    kind: ClassVar[str] = "maxpool"
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.input,)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return (self.output,)
+
+
+@dataclass(frozen=True)
+class AvgPool(Step):
+    """Average pool. mode 'window' (kernel / stride / pad, count_include_pad), 'global' (the
+    whole map) or 'adaptive' (PyTorch's adaptive windows to output_hw). counts: the distinct
+    window counts in increasing order; multiplier / shift: int64 [len(counts)] param keys
+    (quantized output), None for a float output. relu: clamp at 0 (a ReLU after the pool)."""
+
+    input: str = ""
+    output: str = ""
+    mode: str = "global"
+    kernel: int | None = None
+    stride: int | None = None
+    pad: int = 0
+    output_hw: tuple[int, int] | None = None
+    counts: tuple[int, ...] = ()
+    multiplier: str | None = None
+    shift: str | None = None
+    relu: bool = False
+    kind: ClassVar[str] = "avgpool"
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.input,)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return (self.output,)
+
+
+@dataclass(frozen=True)
+class Flatten(Step):
+    input: str = ""
+    output: str = ""
+    kind: ClassVar[str] = "flatten"
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.input,)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return (self.output,)
+
+
+@dataclass(frozen=True)
+class Concat(Step):
+    parts: tuple[str, ...] = ()
+    output: str = ""
+    kind: ClassVar[str] = "concat"
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return self.parts
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return (self.output,)
+
+
+@dataclass(frozen=True)
+class FloatFallback(Step):
+    """`module` (a key of Plan.modules) run in float on `args` (float tensors, model order);
+    op: what it computes; reason: why it is not an integer step."""
+
+    args: tuple[str, ...] = ()
+    output: str = ""
+    module: str = ""
+    op: str = ""
+    reason: str = ""
+    kind: ClassVar[str] = "float_fallback"
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return self.args
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return (self.output,)
+
+
+@dataclass(frozen=True)
+class Output(Step):
+    input: str = ""
+    kind: ClassVar[str] = "output"
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.input,)
+
+
+STEP_TYPES: dict[str, type[Step]] = {c.kind: c for c in (Quantize, Layer, MaxPool, AvgPool,
+                                                          Flatten, Concat, FloatFallback, Output)}
+
+
+def step_from_dict(d: dict) -> Step:
+    d = dict(d)
+    kind = d.pop("kind", None)
+    if kind not in STEP_TYPES:
+        raise ValueError(f"step kind must be one of {sorted(STEP_TYPES)}, got {kind!r}")
+    cls = STEP_TYPES[kind]
+    if "workload" in d and d["workload"] is not None:
+        d["workload"] = workload_from_dict(d["workload"])
+    for key in ("window", "pool"):
+        if d.get(key) is not None:
+            d[key] = PoolWindow(**d[key])
+    if "layer_outputs" in d:
+        d["layer_outputs"] = tuple(LayerOutput(**o) for o in d["layer_outputs"])
+    for key in ("fused", "source", "args", "parts", "counts"):
+        if key in d:
+            d[key] = tuple(d[key])
+    if d.get("output_hw") is not None:
+        d["output_hw"] = tuple(d["output_hw"])
+    return cls(**d)
+
+
+# ------------------------------------------------------------------------------ plan
+PLAN_FORMAT = 1
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """A compiled network for one input shape: tensors, steps in execution order, the numeric
+    parameters the steps name and the modules of FloatFallback steps. `input` names the float
+    NCHW image tensor, the Output step names the result."""
+
+    input: str
+    tensors: dict[str, TensorSpec]
+    steps: tuple[Step, ...]
+    params: dict[str, torch.Tensor]
+    modules: dict[str, nn.Module]
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    @property
+    def input_spec(self) -> TensorSpec:
+        return self.tensors[self.input]
+
+    def steps_of(self, kind: type[Step]) -> list[Step]:
+        return [s for s in self.steps if isinstance(s, kind)]
+
+    @property
+    def layers(self) -> list[Layer]:
+        return self.steps_of(Layer)
+
+    @property
+    def fallbacks(self) -> list[FloatFallback]:
+        return self.steps_of(FloatFallback)
+
+    def check(self) -> None:
+        """Every step reads tensors written before it (or the input), each tensor is written
+        once, every named param and module exists; ValueError otherwise."""
+        written = {self.input}
+        if self.input not in self.tensors or not self.tensors[self.input].is_float:
+            raise ValueError(f"plan input {self.input!r} must be a float tensor of the plan")
+        for step in self.steps:
+            for t in step.inputs:
+                if t not in written:
+                    raise ValueError(f"step {step.name} reads {t!r} before it is written")
+            for t in step.outputs:
+                if t in written or t not in self.tensors:
+                    raise ValueError(f"step {step.name} writes {t!r} twice or undeclared")
+                written.add(t)
+            for key in param_keys(step):
+                if key not in self.params:
+                    raise ValueError(f"step {step.name} names missing param {key!r}")
+            if isinstance(step, FloatFallback) and step.module not in self.modules:
+                raise ValueError(f"step {step.name} names missing module {step.module!r}")
+        if not self.steps or not isinstance(self.steps[-1], Output):
+            raise ValueError("a plan ends with its Output step")
+
+    # -------------------------------------------------------------- serialization
+    def to_dict(self) -> dict:
+        """JSON-serializable manifest; `params` (tensors) and `modules` travel separately."""
+        return {"format": PLAN_FORMAT, "input": self.input,
+                "tensors": [t.to_dict() for t in self.tensors.values()],
+                "steps": [s.to_dict() for s in self.steps],
+                "params": {k: {"dtype": str(v.dtype).removeprefix("torch."),
+                               "shape": list(v.shape)} for k, v in self.params.items()},
+                "modules": sorted(self.modules)}
+
+    @classmethod
+    def from_dict(cls, d: dict, params: dict[str, torch.Tensor],
+                  modules: dict[str, nn.Module] | None = None) -> Plan:
+        """Inverse of `to_dict` given the params (and FloatFallback modules) it names."""
+        if d.get("format") != PLAN_FORMAT:
+            raise ValueError(f"plan format must be {PLAN_FORMAT}, got {d.get('format')!r}")
+        for key, meta in d.get("params", {}).items():
+            t = params.get(key)
+            if t is None or list(t.shape) != meta["shape"] or \
+                    str(t.dtype).removeprefix("torch.") != meta["dtype"]:
+                raise ValueError(f"params[{key!r}] must be {meta['dtype']} {meta['shape']}")
+        tensors = {t["name"]: TensorSpec.from_dict(t) for t in d["tensors"]}
+        return cls(d["input"], tensors, tuple(step_from_dict(s) for s in d["steps"]),
+                   dict(params), dict(modules or {}))
+
+    # -------------------------------------------------------------- reports
+    def weight_bytes(self) -> int:
+        """Bytes of the integer weights as the chosen implementations store them."""
+        return sum(layer_weight_bytes(s, self.params[s.weight]) for s in self.layers)
+
+    def peak_activation_bytes(self) -> int:
+        """Largest sum of live tensor bytes at any step (a tensor lives from the step writing
+        it to the last step reading it; the input image counts until its last reader)."""
+        last = {}
+        for i, step in enumerate(self.steps):
+            for t in step.inputs:
+                last[t] = i
+        live = {self.input: self.input_spec.nbytes}
+        peak = live[self.input]
+        for i, step in enumerate(self.steps):
+            for t in step.outputs:
+                live[t] = self.tensors[t].nbytes
+            peak = max(peak, sum(live.values()))
+            for t in [t for t in live if last.get(t, -1) <= i]:
+                del live[t]
+        return peak
+
+    def summary(self) -> str:
+        """A readable table of the steps (rich), with totals."""
+        from .summary import plan_table
+
+        return plan_table(self)
+
+
+def param_keys(step: Step) -> list[str]:
+    """Keys of Plan.params a step names."""
+    keys = []
+    if isinstance(step, Layer):
+        keys += [step.weight] + ([step.bias] if step.bias else [])
+        for o in step.layer_outputs:
+            keys += [k for k in (o.multiplier, o.shift, o.bias, o.residual_multiplier,
+                                 o.scale, o.offset) if k]
+    elif isinstance(step, AvgPool):
+        keys += [k for k in (step.multiplier, step.shift) if k]
+    return keys
+
+
+def layer_weight_bytes(step: Layer, weight: torch.Tensor) -> int:
+    """Weight bytes in the layout the layer's workload names (bit planes: bits x K x words)."""
+    wl = step.workload
+    k = weight.shape[0]
+    taps = math.prod(weight.shape[1:-1])
+    c = weight.shape[-1]
+    if wl.w_layout is Layout.BITPLANE:
+        return wl.w.bits * k * taps * -(-c // 32) * 4
+    return k * taps * c

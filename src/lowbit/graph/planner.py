@@ -1,0 +1,526 @@
+"""Value graph + input shape -> Plan: shapes, implementations, realizations and parameters.
+
+Realizations (the engine contract, ENGINE.md): every consumer names what it reads, and the
+producer writes exactly that. A layer reads its input at its activation quantizer's precision
+and scale, as bit planes when it runs bit-serially, else one value per byte; a residual add
+and an average pool read a "wide" realization: by default signed 16-bit at scale
+2 max|v| / 32767 (`WidePrecision`), or with wide_bits=8 ENGINE.md's u8 (a ReLU output) / s8
+at max|v| / qmax, max|v| from the example input; FloatFallback steps and the output read
+float. ReLU fuses into the realization (clamp at 0), max-pools and element-copying average
+pools push through it (they commute with monotone requantization), flatten is a view, so a
+layer's epilogue writes its consumers' tensors directly; a layer whose every output is
+max-pooled by one window fuses the pool. Binary (1-bit signed) consumers of a layer read a
+float output quantized by a Quantize step (the epilogue has no sign output).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from ..core import ConvWorkload, Encoding, Epilogue, GemmWorkload, Layout, Precision
+from ..quant.quantize import fixed_point, round_half_up
+from ..reference import avgpool_multiplier, fixed_point_pair, pool_output_size
+from .dataflow import (
+    AVGPOOL,
+    CONCAT,
+    FLATTEN,
+    FLOAT,
+    INPUT,
+    LAYER,
+    MAXPOOL,
+    RELU,
+    Dataflow,
+    Value,
+)
+from .impl import (
+    TORCH_FP16,
+    ImplChooser,
+    choose_impl,
+    choose_int8_impl,
+    input_layout,
+    unsupported_reason,
+)
+from .ir import (
+    WIDE_BITS,
+    AvgPool,
+    Concat,
+    Flatten,
+    FloatFallback,
+    Layer,
+    LayerOutput,
+    MaxPool,
+    Output,
+    Plan,
+    Quantize,
+    Step,
+    TensorSpec,
+    WidePrecision,
+)
+from .pools import ADAPTIVE, pooled_hw, single_element_windows, window_counts
+
+U8, S8 = Precision(8), Precision(8, Encoding.SIGNED)
+_TINY = 1e-8
+#: 16-bit wide realizations cover this multiple of the example input's range (values past
+#: the range clamp; 2x still leaves 2^14 levels over it)
+WIDE_HEADROOM = 2.0
+
+
+@dataclass(frozen=True)
+class Req:
+    """What a consumer reads: float (precision None) or precision / scale / layout."""
+
+    precision: Precision | None = None
+    scale: float | None = None
+    layout: Layout | None = None
+
+    @property
+    def is_float(self) -> bool:
+        return self.precision is None
+
+    @property
+    def tag(self) -> str:
+        return "f32" if self.is_float else f"{self.precision}.{self.layout.value}"
+
+
+FLOAT_REQ = Req()
+
+
+@dataclass(eq=False)
+class _LayerState:
+    spec: object
+    workload: ConvWorkload | GemmWorkload
+    impl: str
+    reason: str
+    weight: torch.Tensor
+    input: str = ""
+    residual: str | None = None
+    residual_scale: float | None = None
+    outputs: list[tuple[Req, bool, str]] = field(default_factory=list)
+    fused: list[str] = field(default_factory=list)
+
+
+def nhwc(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return (shape[0], *shape[2:], shape[1]) if len(shape) == 4 else tuple(shape)
+
+
+class Planner:
+    """Builds one Plan; see `build_plan`."""
+
+    def __init__(self, df: Dataflow, input_shape: tuple[int, ...], chooser: ImplChooser,
+                 wide_bits: int = 16, exact_bias: bool = True) -> None:
+        if wide_bits not in (8, *WIDE_BITS):
+            raise ValueError(f"wide_bits must be one of {(8, *WIDE_BITS)}, got {wide_bits!r}")
+        self.df, self.chooser, self.wide_bits = df, chooser, wide_bits
+        self.exact_bias = exact_bias
+        self.shapes: dict[int, tuple[int, ...]] = {}
+        self.flat_from: dict[int, tuple[int, int, int] | None] = {}
+        self.tensors: dict[str, TensorSpec] = {}
+        self.params: dict[str, torch.Tensor] = {}
+        self.modules: dict[str, torch.nn.Module] = {}
+        self.steps: list[tuple[float, int, Step]] = []
+        self.memo: dict[tuple[int, Req, bool], str] = {}
+        self.layers: dict[int, _LayerState] = {}
+        self.input_name = "input"
+        self.tensors["input"] = TensorSpec("input", input_shape)
+        self._infer_shapes(tuple(input_shape))
+
+    # ------------------------------------------------------------------ shapes
+    def _infer_shapes(self, shape: tuple[int, ...]) -> None:
+        same = shape == self.df.example_shape
+        for v in self.df.values:
+            ins = [self.shapes[id(i)] for i in v.inputs]
+            flat = None
+            if v.op == INPUT:
+                out = shape
+            elif v.op == LAYER:
+                out = self._layer_shape(v, ins)
+                flat = None
+            elif v.op == RELU:
+                out, flat = ins[0], self.flat_from[id(v.inputs[0])]
+            elif v.op == MAXPOOL:
+                w = v.attrs["window"]
+                n, c, h, wd = self._map(v, ins[0])
+                out = (n, c, pool_output_size(h, w.kernel, w.stride, w.pad),
+                       pool_output_size(wd, w.kernel, w.stride, w.pad))
+            elif v.op == AVGPOOL:
+                n, c, h, wd = self._map(v, ins[0])
+                out = (n, c, *pooled_hw(h, wd, **self._avg_args(v, h, wd)))
+            elif v.op == FLATTEN:
+                out = (ins[0][0], math.prod(ins[0][1:]))
+                flat = tuple(ins[0][1:]) if len(ins[0]) == 4 else self.flat_from[
+                    id(v.inputs[0])]
+            elif v.op == CONCAT:
+                out = self._concat_shape(v, ins)
+            else:  # FLOAT
+                out = self.df.stats[v.fx_name].shape if same else self._run_float(v, ins)
+            if min(out) < 1:
+                raise ValueError(f"input shape {shape} is too small for the model: {v.name} "
+                                 f"would have shape {out}")
+            if same and out != self.df.stats[v.fx_name].shape:
+                raise AssertionError(f"planner shape of {v.name} {out} != traced "
+                                     f"{self.df.stats[v.fx_name].shape}")
+            self.shapes[id(v)] = out
+            self.flat_from[id(v)] = flat
+
+    @staticmethod
+    def _map(v: Value, shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+        if len(shape) != 4:
+            raise ValueError(f"{v.name}: {v.op} needs an NCHW map, got shape {shape}")
+        return shape
+
+    @staticmethod
+    def _avg_args(v: Value, h: int, w: int) -> dict:
+        a = v.attrs
+        if a["mode"] == ADAPTIVE:
+            oh, ow = (s if s is not None else d for s, d in zip(a["output_size"], (h, w),
+                                                                strict=True))
+            return {"mode": ADAPTIVE, "output_hw": (oh, ow)}
+        return {"mode": a["mode"], "kernel": a["kernel"], "stride": a["stride"],
+                "pad": a["pad"]}
+
+    def _layer_shape(self, v: Value, ins: list[tuple[int, ...]]) -> tuple[int, ...]:
+        spec, x = v.attrs["spec"], ins[0]
+        if spec.kind == "conv2d":
+            n, c, h, w = self._map(v, x)
+            k, r, s, c_w = spec.weight.shape
+            if c != c_w:
+                raise ValueError(f"input shape does not fit the model: {v.name} expects {c_w} "
+                                 f"channels, gets {c}")
+            p = (h + 2 * spec.pad - r) // spec.stride + 1
+            q = (w + 2 * spec.pad - s) // spec.stride + 1
+            out = (n, k, p, q)
+        else:
+            if len(x) != 2 or x[1] != spec.weight.shape[1]:
+                raise ValueError(f"input shape does not fit the model: {v.name} expects "
+                                 f"[N, {spec.weight.shape[1]}], gets {list(x)}")
+            out = (x[0], spec.weight.shape[0])
+        if v.residual is not None and len(ins) > 1 and ins[1] != out:
+            raise ValueError(f"{v.name}: residual of shape {ins[1]} for an output of {out}")
+        return out
+
+    @staticmethod
+    def _concat_shape(v: Value, ins: list[tuple[int, ...]]) -> tuple[int, ...]:
+        rest = {(s[0], *s[2:]) for s in ins}
+        if len(rest) != 1:
+            raise ValueError(f"{v.name}: concatenated shapes {ins} differ outside dim 1")
+        first = ins[0]
+        return (first[0], sum(s[1] for s in ins), *first[2:])
+
+    def _run_float(self, v: Value, ins: list[tuple[int, ...]]) -> tuple[int, ...]:
+        with torch.no_grad():
+            out = v.attrs["module"](*(torch.zeros(s) for s in ins))
+        return tuple(out.shape)
+
+    # ------------------------------------------------------------------ helpers
+    def _emit(self, key: float, step: Step) -> None:
+        self.steps.append((key, len(self.steps), step))
+
+    def _tensor(self, v: Value, req: Req, shape: tuple[int, ...], relu: bool) -> str:
+        base = f"{v.name}.{req.tag}" + (".relu" if relu else "")
+        name, i = base, 1
+        while name in self.tensors:
+            i += 1
+            name = f"{base}.{i}"
+        if req.is_float:
+            self.tensors[name] = TensorSpec(name, shape)
+        else:
+            self.tensors[name] = TensorSpec(name, nhwc(shape), req.precision, req.scale,
+                                            req.layout)
+        return name
+
+    def _param(self, key: str, t: torch.Tensor) -> str:
+        self.params[key] = t.contiguous()
+        return key
+
+    def nonneg(self, v: Value) -> bool:
+        """Whether the value is >= 0 by construction (a ReLU output, or pooled / flattened /
+        concatenated ones)."""
+        if v.op == RELU:
+            return True
+        if v.op in (MAXPOOL, AVGPOOL, FLATTEN, CONCAT):
+            return all(self.nonneg(i) for i in v.inputs)
+        return False
+
+    def wide(self, v: Value, acc_scale: torch.Tensor | None = None) -> Req:
+        """The wide realization of v (module docstring), from the example input's range.
+
+        wide_bits 16 / 24: signed, scale s_w = WIDE_HEADROOM x max|v| / qmax, but for the
+        residual operand of a layer whose accumulator unit is acc_scale[k] (real units) at
+        least sqrt(max|v| max(acc_scale) / 2^30): the epilogue's residual multiplier shares
+        the accumulator's shift, r ~ 2^30 s_w / acc_scale, so its rounding costs up to
+        max|v| acc_scale / (s_w 2^31) while the residual's own rounding costs s_w / 2; that
+        s_w balances the two (total <= sqrt(max|v| acc_scale / 2^30) in real units).
+        wide_bits 8: u8 / s8 one value per byte at max / qmax (ENGINE.md)."""
+        stat = self.df.stats[v.fx_name]
+        if self.wide_bits in WIDE_BITS:
+            prec = WidePrecision(self.wide_bits)
+            scale = max(stat.absmax * WIDE_HEADROOM, _TINY) / prec.qmax
+            if acc_scale is not None:
+                scale = max(scale, math.sqrt(stat.absmax * float(acc_scale.max()) / 2**30))
+            return Req(prec, scale, Layout.INT8)
+        prec = U8 if self.nonneg(v) else S8
+        top = stat.hi if prec is U8 else stat.absmax
+        return Req(prec, max(top, _TINY) / prec.qmax, Layout.INT8)
+
+    # ------------------------------------------------------------------ realizations
+    def realize(self, v: Value, req: Req, relu: bool = False) -> str:
+        """Name of the tensor holding relu?(v) as `req` describes, emitting what makes it."""
+        key = (id(v), req, relu)
+        if key not in self.memo:
+            self.memo[key] = self._make(v, req, relu)
+        return self.memo[key]
+
+    def _make(self, v: Value, req: Req, relu: bool) -> str:
+        shape = self.shapes[id(v)]
+        binary = not req.is_float and req.precision.encoding is Encoding.BINARY
+        if v.op == RELU:
+            return self.realize(v.inputs[0], req, True)
+        if v.op in (INPUT, FLOAT) or (v.op == LAYER and binary):
+            src = self.input_name if v.op == INPUT else (
+                self._fallback(v) if v.op == FLOAT else self.realize(v, FLOAT_REQ, relu))
+            if req.is_float and not relu:
+                return src
+            if req.is_float:  # a ReLU of a float value
+                return self._float_relu(v, src, shape)
+            out = self._tensor(v, req, shape, relu)
+            self._emit(v.index + 0.5, Quantize(f"quantize.{out}", src, out, relu))
+            return out
+        if v.op == LAYER:
+            state = self._layer(v)
+            out = self._tensor(v, req, shape, relu)
+            state.outputs.append((req, relu, out))
+            return out
+        if v.op == MAXPOOL:
+            src = self.realize(v.inputs[0], req, relu)
+            out = self._tensor(v, req, shape, relu)
+            self._emit(v.index, MaxPool(f"maxpool.{out}", src, out, v.attrs["window"]))
+            return out
+        if v.op == AVGPOOL:
+            return self._avgpool(v, req, relu, shape)
+        if v.op == FLATTEN:
+            src = self.realize(v.inputs[0], req, relu)
+            out = self._tensor(v, req, shape, relu)
+            self._emit(v.index, Flatten(f"flatten.{out}", src, out))
+            return out
+        if v.op == CONCAT:
+            parts = tuple(self.realize(p, req, relu) for p in v.inputs)
+            out = self._tensor(v, req, shape, relu)
+            self._emit(v.index, Concat(f"concat.{out}", parts, out))
+            return out
+        raise AssertionError(f"unknown value op {v.op}")
+
+    def _fallback(self, v: Value) -> str:
+        key = (id(v), None, False)
+        if key not in self.memo:
+            args = tuple(self.realize(i, FLOAT_REQ) for i in v.inputs)
+            out = self._tensor(v, FLOAT_REQ, self.shapes[id(v)], False)
+            self.modules[v.name] = v.attrs["module"]
+            self._emit(v.index, FloatFallback(f"float.{v.name}", args, out, v.name,
+                                              v.attrs["op"], v.attrs["reason"]))
+            self.memo[key] = out
+        return self.memo[key]
+
+    def _float_relu(self, v: Value, src: str, shape: tuple[int, ...]) -> str:
+        out = self._tensor(v, FLOAT_REQ, shape, True)
+        key = f"{v.name}.relu"
+        self.modules[key] = torch.nn.ReLU()
+        self._emit(v.index + 0.25, FloatFallback(f"float.{out}", (src,), out, key, "relu",
+                                                 "ReLU of a float tensor"))
+        return out
+
+    def _avgpool(self, v: Value, req: Req, relu: bool, shape: tuple[int, ...]) -> str:
+        x = v.inputs[0]
+        _, _, h, w = self.shapes[id(x)]
+        args = self._avg_args(v, h, w)
+        copies = single_element_windows(h, w, **args)
+        if copies and (h, w) == shape[2:]:
+            return self.realize(x, req, relu)  # the identity (adaptive to the same size)
+        if not req.is_float and req.precision.encoding is Encoding.BINARY:
+            src = self.realize(v, FLOAT_REQ, relu)
+            out = self._tensor(v, req, shape, relu)
+            self._emit(v.index + 0.5, Quantize(f"quantize.{out}", src, out, False))
+            return out
+        counts = window_counts(h, w, **args)
+        m = s = None
+        if copies:  # element copies commute with ReLU and requantization: q_out = q_in
+            src = self.realize(x, req, relu)
+            out = self._tensor(v, req, shape, relu)
+            if not req.is_float:  # m * 2^-s = 1 exactly
+                m = self._param(f"{out}.multiplier", torch.tensor([2**30], dtype=torch.int64))
+                s = self._param(f"{out}.shift", torch.tensor([30], dtype=torch.int64))
+        elif req.is_float:
+            src = self.realize(x, FLOAT_REQ)
+            out = self._tensor(v, req, shape, relu)
+        else:
+            wide = self.wide(x)
+            src = self.realize(x, wide)
+            out = self._tensor(v, req, shape, relu)
+            pairs = [avgpool_multiplier(c, wide.scale, req.scale) for c in counts]
+            m = self._param(f"{out}.multiplier", torch.stack([p[0] for p in pairs]))
+            s = self._param(f"{out}.shift", torch.stack([p[1] for p in pairs]))
+        self._emit(v.index, AvgPool(f"avgpool.{out}", src, out, args["mode"], args.get("kernel"),
+                                    args.get("stride"), args.get("pad", 0),
+                                    args.get("output_hw"), counts, m, s, relu and not copies))
+        return out
+
+    # ------------------------------------------------------------------ layers
+    def _layer(self, v: Value) -> _LayerState:
+        if id(v) in self.layers:
+            return self.layers[id(v)]
+        spec, x = v.attrs["spec"], v.inputs[0]
+        xs = self.shapes[id(x)]
+        weight = spec.weight
+        fused = ["bn"] if spec.folded_bn else []
+        flat = self.flat_from[id(x)]
+        if spec.kind == "conv2d":
+            n, c, h, w = xs
+            k, r, s, _ = weight.shape
+            wl = ConvWorkload(N=n, H=h, W=w, C=c, K=k, R=r, S=s, stride=spec.stride,
+                              pad=spec.pad, w=spec.w, a=spec.a)
+        else:
+            if flat is not None and flat[1] * flat[2] > 1:  # NCHW flatten order -> (h, w, c)
+                c, h, w = flat
+                weight = weight.reshape(-1, c, h, w).permute(0, 2, 3, 1).reshape(
+                    weight.shape[0], -1)
+                fused.append("flatten-permute")
+            wl = GemmWorkload(M=xs[0], N=weight.shape[0], K=xs[1], w=spec.w, a=spec.a)
+        impl, reason = self.chooser(wl)
+        if (input_layout(impl) is Layout.BITPLANE and flat is not None
+                and flat[1] * flat[2] > 1 and flat[0] % 32):
+            impl, reason = choose_int8_impl(wl, f"its input is a flattened {flat[1]}x{flat[2]} "
+                                                f"map of {flat[0]} channels (not a multiple of "
+                                                "32): bit planes would need a re-layout")
+        layout = input_layout(impl)
+        if v.attrs.get("negated"):
+            fused.append(f"negated-channels:{v.attrs['negated']}")
+        state = _LayerState(spec, wl.replace(a_layout=layout, w_layout=layout), impl, reason,
+                            weight.contiguous(), fused=fused)
+        self.layers[id(v)] = state
+        state.input = self.realize(x, Req(spec.a, float(spec.a_scale), layout))
+        if v.residual is not None:
+            wide = self.wide(v.residual, spec.out_scale)
+            state.residual = self.realize(v.residual, wide)
+            state.residual_scale = wide.scale
+            state.fused.append("residual")
+        return state
+
+    def _layer_step(self, v: Value, state: _LayerState) -> Layer:
+        spec = state.spec
+        name = v.name
+        weight = self._param(f"{name}.weight", state.weight.to(torch.int8))
+        acc_bias = round_half_up(spec.out_bias / spec.out_scale).to(torch.int64)
+        outs, kernel_bias = [], True
+        for req, relu, t in state.outputs:
+            if req.is_float:
+                sc = self._param(f"{t}.scale", spec.out_scale.double())
+                off = self._param(f"{t}.offset", spec.out_bias.double())
+                outs.append(LayerOutput(t, relu, scale=sc, offset=off,
+                                        residual_scale=state.residual_scale))
+                continue
+            try:
+                ratio = spec.out_scale.double() / req.scale
+                if state.residual is None:
+                    m, s = (x.to(torch.int64) for x in fixed_point(ratio))
+                    r = None
+                else:
+                    m, r, s = fixed_point_pair(ratio, state.residual_scale / req.scale)
+            except ValueError as e:
+                raise ValueError(f"layer {name}: output {t} has no fixed-point "
+                                 f"requantization ({e})") from None
+            if self.exact_bias:  # out_bias in units of 2^-s output steps
+                b = round_half_up(spec.out_bias.double() / req.scale * torch.pow(2.0, s.double()))
+            else:
+                b = acc_bias * m
+            if bool((b.abs() >= 2**62).any()):
+                raise ValueError(f"layer {name}: output {t}'s bias is out of range (>= 2^62 at "
+                                 "its shift)")
+            b = b.to(torch.int64)
+            kernel_bias = kernel_bias and torch.equal(b, acc_bias * m)
+            outs.append(LayerOutput(
+                t, relu, multiplier=self._param(f"{t}.multiplier", m),
+                shift=self._param(f"{t}.shift", s),
+                residual_multiplier=None if r is None else self._param(f"{t}.residual_mult",
+                                                                       r),
+                bias=self._param(f"{t}.bias", b)))
+        bias = None
+        requantized = any(o.requantized for o in outs)
+        if requantized and kernel_bias and bool((acc_bias.abs() < 2**31).all()):
+            bias = self._param(f"{name}.bias", acc_bias)
+        fused = list(state.fused)
+        if any(relu for _, relu, _ in state.outputs):
+            fused.append("relu")
+        return Layer(f"layer.{name}", spec.kind, state.workload, state.input, weight, bias,
+                     state.residual, tuple(outs), None, state.impl, state.reason,
+                     tuple(fused), v.attrs["source"])
+
+    # ------------------------------------------------------------------ assembly
+    def build(self) -> Plan:
+        out = self.realize(self.df.output, FLOAT_REQ)
+        for v in self.df.values:
+            if id(v) in self.layers:
+                self._emit(v.index, self._layer_step(v, self.layers[id(v)]))
+        steps = [s for _, _, s in sorted(self.steps, key=lambda t: (t[0], t[1]))]
+        steps = fuse_maxpools(steps, self.tensors)
+        steps = [kernel_epilogue(s, self.tensors) if isinstance(s, Layer) else s for s in steps]
+        steps.append(Output("output", out))
+        used = {t for s in steps for t in (*s.inputs, *s.outputs)} | {self.input_name}
+        tensors = {k: t for k, t in self.tensors.items() if k in used}
+        return Plan(self.input_name, tensors, tuple(steps), self.params, self.modules)
+
+
+def fuse_maxpools(steps: list[Step], tensors: dict[str, TensorSpec]) -> list[Step]:
+    """A Layer whose every output is read only by a MaxPool of one window writes the pooled
+    tensors itself (`Layer.pool`)."""
+    readers: dict[str, list[Step]] = {}
+    for s in steps:
+        for t in s.inputs:
+            readers.setdefault(t, []).append(s)
+    drop: set[int] = set()
+    out = []
+    for s in steps:
+        if isinstance(s, Layer) and s.pool is None and s.layer_outputs:
+            pools = [readers.get(o.tensor, []) for o in s.layer_outputs]
+            if all(len(p) == 1 and isinstance(p[0], MaxPool) for p in pools) and \
+                    len({p[0].window for p in pools}) == 1:
+                outs = tuple(replace(o, tensor=p[0].output)
+                             for o, p in zip(s.layer_outputs, pools, strict=True))
+                for o, p in zip(s.layer_outputs, pools, strict=True):
+                    drop.add(id(p[0]))
+                    del tensors[o.tensor]
+                s = replace(s, layer_outputs=outs, pool=pools[0][0].window,
+                            fused=(*s.fused, "maxpool"))
+        out.append(s)
+    return [s for s in out if id(s) not in drop]
+
+
+def kernel_epilogue(step: Layer, tensors: dict[str, TensorSpec]) -> Layer:
+    """The layer's workload with the kernel's own epilogue (`lowbit.core.Epilogue`: bias in
+    accumulator units): the fused requantized output when there is one output, requantized,
+    without residual or pool, its bias is `step.bias` exactly and the implementation takes
+    it; else int32 acc for a separate epilogue pass (which adds each output's shifted
+    bias)."""
+    outs = step.layer_outputs
+    wl = step.workload.replace(epilogue=Epilogue(out="int32"))
+    if (len(outs) == 1 and outs[0].requantized and step.residual is None and step.pool is None
+            and step.bias is not None and step.impl != TORCH_FP16):
+        t = tensors[outs[0].tensor]
+        if not isinstance(t.precision, Precision):  # a 16-bit wide output: epilogue pass
+            return replace(step, workload=wl)
+        fused = wl.replace(epilogue=Epilogue(bias=True, relu=outs[0].relu, out=t.precision,
+                                             out_layout=t.layout))
+        if unsupported_reason(step.impl, fused) is None:
+            wl = fused
+    return replace(step, workload=wl)
+
+
+def build_plan(df: Dataflow, input_shape: tuple[int, ...],
+               chooser: ImplChooser = choose_impl, wide_bits: int = 16,
+               exact_bias: bool = True) -> Plan:
+    """The plan of the value graph `df` for inputs of `input_shape` (NCHW), each layer's
+    implementation from `chooser`, wide realizations of `wide_bits`, biases exact
+    (`exact_bias`) or rounded to accumulator units (ENGINE.md's formula; module docstring)."""
+    return Planner(df, tuple(int(s) for s in input_shape), chooser, wide_bits,
+                   exact_bias).build()

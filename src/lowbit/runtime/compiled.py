@@ -1,0 +1,153 @@
+"""`lowbit.compile(model, example_input) -> CompiledModel`: a quantized model as one plan of fused
+integer layers per input shape, run by an executor.
+
+The model is a fake-quant model of `lowbit.quantize` (trained or calibrated) or one converted
+by `lowbit.convert`. It is traced with torch.fx (`lowbit.graph.trace_model`), its activation
+ranges recorded on `example_input` (the wide realizations of residual adds and average pools
+take their scales from it: pass a representative batch), and planned
+(`lowbit.graph.build_plan`): `CompiledModel.plan` is the plan for the example input's shape,
+and `print(compiled.summary())` shows it. Other input shapes are planned on first use.
+
+Executor: the exact reference (`lowbit.runtime.engine`, int64 on the input's device). The GPU
+executor plugs in later through `EXECUTORS`; without it the reference runs, with a warning
+(once per compiled model) since it is slow.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ..graph import Plan, build_plan, choose_impl, trace_model
+from ..graph.dataflow import is_integer_module, is_quant_layer
+from ..graph.impl import ImplChooser
+from ..graph.ir import WIDE_BITS
+from ..quant.modules import QUANT_MODULES
+from .engine import ReferenceExecutor
+
+#: executor factories by name: (plan, device) -> callable(x, record=False); "reference" is
+#: always there, the GPU phase adds "gpu"
+EXECUTORS: dict[str, Callable[[Plan, torch.device], Callable]] = {
+    "reference": ReferenceExecutor}
+
+
+def _check_image(name: str, x: object, channels: int | None = None) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor (float NCHW image batch), got "
+                        f"{type(x).__name__}")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"{name} must have a floating-point dtype (float32, float16, bfloat16 "
+                        f"or float64), got {x.dtype}")
+    if x.dim() != 4 or min(x.shape) < 1:
+        raise ValueError(f"{name} must be a non-empty NCHW batch [N, C, H, W], got shape "
+                         f"{tuple(x.shape)}")
+    if channels is not None and x.shape[1] != channels:
+        raise ValueError(f"{name} must have {channels} channels (dim 1), got shape "
+                         f"{tuple(x.shape)}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} has non-finite values (inf or nan)")
+    return x
+
+
+def _check_model(model: object) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    layers = [(n, m) for n, m in model.named_modules() if is_quant_layer(m)]
+    if not layers:
+        raise ValueError("model has no lowbit quantized layers: call lowbit.quantize (then "
+                         "train or lowbit.calibrate) or lowbit.convert first")
+    for name, m in layers:
+        if isinstance(m, QUANT_MODULES) and int(m.act_quant.observer.seen) == 0:
+            raise ValueError(f"layer {name} has no activation range: the model was never "
+                             "calibrated (train it or run lowbit.calibrate(model, loader))")
+        if not isinstance(m, QUANT_MODULES) and not is_integer_module(m):
+            raise TypeError(f"layer {name} is not a lowbit layer")
+
+
+class CompiledModel(nn.Module):
+    """forward(float NCHW batch) -> float output, through the plan for the batch's shape
+    (module docstring). Attributes: plan (for the example input's shape), device, executor."""
+
+    def __init__(self, model: nn.Module, example_input: torch.Tensor,
+                 chooser: ImplChooser = choose_impl, executor: str = "auto",
+                 wide_bits: int = 16) -> None:
+        super().__init__()
+        if executor not in ("auto", *EXECUTORS):
+            raise ValueError(f"executor must be 'auto' or one of {sorted(EXECUTORS)}, got "
+                             f"{executor!r}")
+        self.model = model  # holds the FloatFallback modules
+        self.dataflow = trace_model(model, example_input)
+        self.chooser = chooser
+        self.wide_bits = wide_bits
+        self.channels = int(example_input.shape[1])
+        self.device = example_input.device
+        use_gpu = executor == "gpu" or (executor == "auto" and "gpu" in EXECUTORS
+                                        and self.device.type == "cuda")
+        self.executor = "gpu" if use_gpu else "reference"
+        self._warned = False
+        self._plans: dict[tuple[int, ...], Plan] = {}
+        self._runners: dict[tuple[int, ...], Callable] = {}
+        self.plan = self.plan_for(tuple(example_input.shape))
+
+    def plan_for(self, shape: tuple[int, ...]) -> Plan:
+        """The plan for inputs of `shape` (built once per shape)."""
+        shape = tuple(int(s) for s in shape)
+        if shape not in self._plans:
+            self._plans[shape] = build_plan(self.dataflow, shape, self.chooser,
+                                            self.wide_bits)
+        return self._plans[shape]
+
+    def summary(self, shape: tuple[int, ...] | None = None) -> str:
+        return self.plan_for(shape or self.plan.input_spec.shape).summary()
+
+    def _runner(self, shape: tuple[int, ...]) -> Callable:
+        if shape not in self._runners:
+            self._runners[shape] = EXECUTORS[self.executor](self.plan_for(shape), self.device)
+        return self._runners[shape]
+
+    def run(self, x: torch.Tensor, record: bool = False
+            ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """forward, and with `record` also every tensor the plan writes (engine.run_plan)."""
+        x = _check_image("x", x, self.channels)
+        if x.device != self.device:
+            raise ValueError(f"x is on {x.device}, but the model was compiled for "
+                             f"{self.device} (example_input's device)")
+        if self.executor == "reference" and not self._warned:
+            self._warned = True
+            warnings.warn("lowbit.compile: running the plan through the exact reference "
+                          "executor (int64, slow); the GPU executor is not available here",
+                          RuntimeWarning, stacklevel=3)
+        return self._runner(tuple(x.shape))(x, record)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.run(x)
+
+
+def compile_model(model: nn.Module, example_input: torch.Tensor, *,
+                  choose_impl: ImplChooser | None = None, executor: str = "auto",
+                  wide_bits: int = 16) -> CompiledModel:
+    """Compile a quantized model (fake-quant from `lowbit.quantize`, trained or calibrated, or
+    converted by `lowbit.convert`) for inputs like `example_input` (float NCHW; its value
+    ranges set the wide realizations' scales). choose_impl: (workload) -> (impl, reason),
+    default `lowbit.graph.choose_impl`. executor: 'auto' (the GPU executor on a GPU when
+    available, else the reference) or a name of `EXECUTORS`. wide_bits: 16 (default) or 8,
+    the width of the residual adds' and average pools' realizations (`lowbit.graph.planner`).
+    The model is copied: later changes to it do not reach the compiled one."""
+    _check_model(model)
+    _check_image("example_input", example_input)
+    if choose_impl is not None and not callable(choose_impl):
+        raise TypeError(f"choose_impl must be callable (workload) -> (impl, reason), got "
+                        f"{choose_impl!r}")
+    copied = copy.deepcopy(model).eval()
+    if wide_bits not in (8, *WIDE_BITS):
+        raise ValueError(f"wide_bits must be one of {(8, *WIDE_BITS)}, got {wide_bits!r}")
+    return CompiledModel(copied, example_input, choose_impl or _default_chooser(), executor,
+                         wide_bits)
+
+
+def _default_chooser() -> ImplChooser:
+    return choose_impl

@@ -1,0 +1,238 @@
+"""The exact reference executor of a plan: every step through `lowbit.reference` in int64.
+
+`run_plan(plan, x)` returns the float result; with `record=True` also every tensor the plan
+writes, quantized ones in their storage layout (int8 / uint8 bytes or int32 bit planes, as
+`lowbit.quant.packing.pack` stores them) and float ones as float32: what the GPU executor is
+compared against bit for bit. The step semantics are `lowbit.graph.ir`'s; the arithmetic is
+`lowbit.reference.netops` (layer epilogue, pools, quantize_float) and
+`lowbit.reference.accumulate` (exact conv / GEMM on integer values: bit-serial layers too,
+their result is the same integers). Runs on the input's device.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..graph.ir import (
+    AvgPool,
+    Concat,
+    Flatten,
+    FloatFallback,
+    Layer,
+    LayerOutput,
+    MaxPool,
+    Output,
+    Plan,
+    Quantize,
+    TensorSpec,
+    WidePrecision,
+)
+from ..graph.pools import GLOBAL, WINDOW, axis_windows
+from ..quant.packing import pack
+from ..quant.quantize import round_half_up
+from ..reference import (
+    FloatOutput,
+    RequantizedOutput,
+    accumulate,
+    avgpool2d_int,
+    epilogue_outputs,
+    maxpool2d_int,
+    quantize_float,
+    requantize_int,
+)
+from ..reference.netops import Y_LIMIT, round_shift_sum
+
+
+def _nhwc(x: torch.Tensor) -> torch.Tensor:
+    return x.permute(0, 2, 3, 1).contiguous() if x.dim() == 4 else x
+
+
+def _nchw(x: torch.Tensor) -> torch.Tensor:
+    return x.permute(0, 3, 1, 2).contiguous() if x.dim() == 4 else x
+
+
+def window_sums(q: torch.Tensor, rows: list[tuple[int, int, int]],
+                cols: list[tuple[int, int, int]]) -> torch.Tensor:
+    """Exact int64 sums of q [N, H, W, C] over the windows rows x cols ((start, end, _) per
+    axis) -> [N, len(rows), len(cols), C], from the zero-padded integral image."""
+    s = F.pad(q.to(torch.int64).cumsum(1).cumsum(2), (0, 0, 1, 0, 1, 0))
+    h0, h1 = (torch.tensor([r[i] for r in rows], device=q.device) for i in (0, 1))
+    w0, w1 = (torch.tensor([c[i] for c in cols], device=q.device) for i in (0, 1))
+
+    def at(hs: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+        return s[:, hs][:, :, ws]
+
+    return at(h1, w1) - at(h0, w1) - at(h1, w0) + at(h0, w0)
+
+
+class ReferenceExecutor:
+    """Runs one plan (its params moved once to `device`)."""
+
+    def __init__(self, plan: Plan, device: torch.device | str = "cpu") -> None:
+        self.plan = plan
+        self.device = torch.device(device)
+        self.params = {k: v.to(self.device) for k, v in plan.params.items()}
+        self.last_use: dict[str, int] = {}
+        for i, step in enumerate(plan.steps):
+            for t in step.inputs:
+                self.last_use[t] = i
+
+    def __call__(self, x: torch.Tensor, record: bool = False
+                 ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Float result of the plan on x (float NCHW, on self.device); with `record`, also
+        {tensor name: storage} of every tensor written (module docstring)."""
+        env: dict[str, torch.Tensor] = {self.plan.input: x}
+        recorded: dict[str, torch.Tensor] = {}
+        result = None
+        with torch.no_grad():
+            for i, step in enumerate(self.plan.steps):
+                if isinstance(step, Output):
+                    result = self._output(step, env)
+                    continue
+                outs = self._run(step, env)
+                for name, value in outs.items():
+                    env[name] = value
+                    if record:
+                        recorded[name] = self.storage(name, value)
+                for t in step.inputs:
+                    if self.last_use[t] <= i and t != self.plan.input:
+                        env.pop(t, None)
+        return (result, recorded) if record else result
+
+    def storage(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        spec = self.plan.tensors[name]
+        if spec.is_float:
+            return value.clone()
+        if spec.is_wide:
+            return value.to(spec.precision.storage_dtype)
+        return pack(value, spec.precision, spec.layout)
+
+    # ------------------------------------------------------------------ steps
+    def _spec(self, name: str) -> TensorSpec:
+        return self.plan.tensors[name]
+
+    def _run(self, step: object, env: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if isinstance(step, Quantize):
+            x = env[step.input]
+            x = _nhwc(x.clamp_min(0) if step.relu else x)
+            spec = self._spec(step.output)
+            if spec.is_wide:  # quantize_float's formula at 16 bits
+                q = round_half_up(x.float() / torch.tensor(spec.scale, dtype=torch.float32))
+                return {step.output: q.clamp(spec.precision.qmin, spec.precision.qmax
+                                             ).to(torch.int64)}
+            return {step.output: quantize_float(x, spec.scale, spec.precision)}
+        if isinstance(step, Layer):
+            return self._layer(step, env)
+        if isinstance(step, MaxPool):
+            x, w = env[step.input], step.window
+            if self._spec(step.input).is_float:
+                return {step.output: F.max_pool2d(x, w.kernel, w.stride, w.pad)}
+            return {step.output: maxpool2d_int(x, w.kernel, w.stride, w.pad)}
+        if isinstance(step, AvgPool):
+            return {step.output: self._avgpool(step, env[step.input])}
+        if isinstance(step, Flatten):
+            return {step.output: env[step.input].reshape(env[step.input].shape[0], -1)}
+        if isinstance(step, Concat):
+            dim = 1 if self._spec(step.output).is_float else -1
+            return {step.output: torch.cat([env[p] for p in step.parts], dim=dim)}
+        if isinstance(step, FloatFallback):
+            out = self.plan.modules[step.module](*(env[a] for a in step.args))
+            if not isinstance(out, torch.Tensor) or not out.dtype.is_floating_point:
+                raise TypeError(f"{step.name}: the fallback module returned "
+                                f"{type(out).__name__}, not a float tensor")
+            return {step.output: out.float()}
+        raise TypeError(f"unknown step {type(step).__name__}")
+
+    def _layer(self, step: Layer, env: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        p = self.params
+        acc = accumulate(step.workload, env[step.input], p[step.weight])
+        res = env[step.residual] if step.residual else None
+        req = [o for o in step.layer_outputs if o.requantized]
+        outs: dict[str, torch.Tensor] = {}
+        if req:
+            values = self._requantized(step, acc, res, req)
+            outs.update({o.tensor: v for o, v in zip(req, values, strict=True)})
+        for o in step.layer_outputs:
+            if o.requantized:
+                continue
+            if res is None:
+                (y,) = epilogue_outputs(acc, None, [FloatOutput(p[o.scale], p[o.offset])])
+            else:  # the residual term in float64 too
+                y = (acc.double() * p[o.scale] + p[o.offset] + res.double() * o.residual_scale
+                     ).float()
+            outs[o.tensor] = _nchw(y.clamp_min(0) if o.relu else y)
+        if step.pool is not None:
+            w = step.pool
+            for name, v in outs.items():
+                outs[name] = F.max_pool2d(v, w.kernel, w.stride, w.pad) \
+                    if self._spec(name).is_float else maxpool2d_int(v, w.kernel, w.stride, w.pad)
+        return outs
+
+    def _requantized(self, step: Layer, acc: torch.Tensor, res: torch.Tensor | None,
+                     outs: list[LayerOutput]) -> list[torch.Tensor]:
+        """The requantized outputs, clamp(floor((acc m + b + res r + 2^(s-1)) / 2^s)):
+        netops.epilogue_outputs where the layer's bias is in accumulator units (b = bias m)
+        and every tensor fits its 8-bit bounds, else the same sum through netops'
+        round_shift_sum (exact for int64 terms)."""
+        p = self.params
+        precs = [self._spec(o.tensor).precision for o in outs]
+        wide = (res is not None and self._spec(step.residual).is_wide) or \
+            any(isinstance(x, WidePrecision) for x in precs)
+        if step.bias is not None and not wide:
+            specs = [RequantizedOutput(prec, p[o.multiplier], p[o.shift],
+                                       p[o.residual_multiplier] if o.residual_multiplier
+                                       else None, o.relu) for o, prec in zip(outs, precs,
+                                                                             strict=True)]
+            return epilogue_outputs(acc, p[step.bias], specs, residual=res)
+        if acc.numel() and int(acc.abs().max()) >= Y_LIMIT:
+            raise ValueError(f"{step.name}: the accumulator leaves the epilogue's range +-2^32")
+        if res is not None and res.numel() and int(res.abs().max()) > 2**23:
+            raise ValueError(f"{step.name}: residual leaves the 24-bit range")
+        results = []
+        for o, prec in zip(outs, precs, strict=True):
+            terms = [acc * p[o.multiplier], p[o.bias].expand_as(acc)]
+            if o.residual_multiplier:
+                terms.append(res * p[o.residual_multiplier])
+            lo = max(prec.qmin, 0) if o.relu else prec.qmin
+            results.append(round_shift_sum(terms, p[o.shift]).clamp(lo, prec.qmax))
+        return results
+
+    def _avgpool(self, step: AvgPool, x: torch.Tensor) -> torch.Tensor:
+        spec = self._spec(step.output)
+        if spec.is_float:
+            if step.mode == WINDOW:
+                y = F.avg_pool2d(x, step.kernel, step.stride, step.pad)
+            elif step.mode == GLOBAL:
+                y = x.mean(dim=(2, 3), keepdim=True)
+            else:
+                y = F.adaptive_avg_pool2d(x, step.output_hw)
+            return y.clamp_min(0) if step.relu else y
+        m, s = self.params[step.multiplier], self.params[step.shift]
+        if step.mode in (WINDOW, GLOBAL) and not step.relu and len(step.counts) == 1:
+            return avgpool2d_int(x, step.kernel if step.mode == WINDOW else None, step.stride,
+                                 step.pad, m[0], s[0], spec.precision)
+        _, h, w, _ = x.shape
+        oh, ow = step.output_hw or (None, None)
+        rows = axis_windows(h, step.mode, step.kernel, step.stride, step.pad, oh)
+        cols = axis_windows(w, step.mode, step.kernel, step.stride, step.pad, ow)
+        sums = window_sums(x, rows, cols)
+        count = torch.tensor([r[2] for r in rows], device=x.device).view(-1, 1) * \
+            torch.tensor([c[2] for c in cols], device=x.device).view(1, -1)
+        out = torch.empty_like(sums)
+        for i, c in enumerate(step.counts):
+            sel = count == c
+            out[:, sel] = requantize_int(sums[:, sel], m[i], s[i], spec.precision, step.relu)
+        return out
+
+    def _output(self, step: Output, env: dict[str, torch.Tensor]) -> torch.Tensor:
+        spec, v = self._spec(step.input), env[step.input]
+        if spec.is_float:
+            return v
+        return _nchw(v.to(torch.float64) * spec.scale).float()
+
+
+def run_plan(plan: Plan, x: torch.Tensor, record: bool = False
+             ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Run `plan` on x (float NCHW) through the reference on x's device (module docstring)."""
+    return ReferenceExecutor(plan, x.device)(x, record)
