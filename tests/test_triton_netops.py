@@ -190,13 +190,17 @@ def test_avgpool(prec, lin, lout, kernel, stride, pad):
 
 @pytest.mark.parametrize("lin,lout", [(INT8, INT8), (BITPLANE, INT8), (INT8, BITPLANE)])
 def test_global_avgpool(lin, lout):
-    x = rand((3, 7, 5, 70), "u8" if lin is INT8 else "u3", 5)
     prec = "u8" if lin is INT8 else "u3"
-    m, s = avgpool_multiplier(35, 0.05, 0.04)
-    ref = avgpool2d_int(x, None, None, 0, m, s, "s8")
-    out = K.avgpool2d(packed(x, prec, lin), None, None, 0, m, s, "s8", lout)
-    assert out.shape == (3, 1, 1, 70)
-    assert_stored(out, ref)
+    checked = 0
+    for shape in ((3, 7, 5, 70), (2, 9, 11, 40)):  # one tile of the map, and two
+        x = rand(shape, prec, 5 + shape[1])
+        m, s = avgpool_multiplier(shape[1] * shape[2], 0.05, 0.04)
+        ref = avgpool2d_int(x, None, None, 0, m, s, "s8")
+        out = K.avgpool2d(packed(x, prec, lin), None, None, 0, m, s, "s8", lout)
+        assert out.shape == (shape[0], 1, 1, shape[3])
+        assert_stored(out, ref)
+        checked += 1
+    assert checked == 2
 
 
 def test_pool_plain_call_and_checks():

@@ -232,6 +232,32 @@ def pool2d_kernel(
 
 
 @triton.jit
+def global_avgpool_kernel(
+    x_ptr, out_ptr, HW, C, x_row, x_plane, o_row, o_plane, mult, shift,
+    X_LAYOUT: tl.constexpr, X_BITS: tl.constexpr, X_ENC: tl.constexpr,
+    O_LAYOUT: tl.constexpr, O_BITS: tl.constexpr, O_ENC: tl.constexpr,
+    QMIN: tl.constexpr, QMAX: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Global average pool of image n, channels c0 .. c0 + BLOCK_C: the whole map's sum as
+    BLOCK_HW-pixel tiles summed in a reduction (all loads of a tile in flight at once), then
+    requantized as `pool2d_kernel`'s average."""
+    n = tl.program_id(0)
+    c0 = tl.program_id(1) * BLOCK_C
+    acc = tl.zeros((BLOCK_C,), dtype=tl.int32)
+    for h0 in range(0, HW, BLOCK_HW):
+        hw = h0 + tl.arange(0, BLOCK_HW)
+        v = load_values(x_ptr, n * HW + hw, hw < HW, c0, C, x_row, x_plane, X_LAYOUT, X_BITS,
+                        X_ENC, BLOCK_HW, BLOCK_C)
+        acc += tl.sum(v, axis=0)
+    sh = tl.full((1, BLOCK_C), shift, tl.int64)
+    q = requant_round(acc[None, :].to(tl.int64) * mult, sh)
+    q = tl.minimum(tl.maximum(q, QMIN), QMAX).to(tl.int32)
+    pix = tl.full((1,), n, tl.int32)
+    store_values(out_ptr, q, pix, pix >= 0, c0, C, o_row, o_plane, O_LAYOUT, O_BITS, O_ENC, 1,
+                 BLOCK_C)
+
+
+@triton.jit
 def _plane_words(ptr, pix, ok, word, row, plane, i: tl.constexpr, BITS: tl.constexpr,
                  SIGNED: tl.constexpr):
     """Words [P, NW] of plane i in offset binary (a signed value's top plane flipped), 0 where
@@ -646,10 +672,10 @@ def bind_avgpool2d(x: PackedTensor, out: PackedTensor, kernel: int | None,
     2^31 (|v| <= 255: windows of up to 2^23 elements)."""
     x = check_packed("x", x)
     m, s = _avg_constants(x, multiplier, shift)
+    if len(x.shape) != 4:
+        raise ValueError(f"x must be NHWC (4 logical dims), got {x.shape}")
     n, h, w, c = x.shape
     if kernel is None:
-        if len(x.shape) != 4:
-            raise ValueError(f"x must be NHWC (4 logical dims), got {x.shape}")
         kh, kw, stride, pad, p, q = h, w, 1, 0, 1, 1
     else:
         stride, p, q = _pool_shape(x, kernel, stride, pad)
@@ -659,7 +685,26 @@ def bind_avgpool2d(x: PackedTensor, out: PackedTensor, kernel: int | None,
     out = check_packed("out", out, (n, p, q, c), x.data.device)
     if out.precision.encoding is Encoding.BINARY:
         raise ValueError("out cannot be binary: requantize to unsigned or signed")
+    if kernel is None:
+        return _global_pool_launch(x, out, m, s)
     return _pool_launch(x, out, kh, kw, stride, pad, True, m, s)
+
+
+def _global_pool_launch(x: PackedTensor, out: PackedTensor, mult: int, shift: int
+                        ) -> Launcher:
+    n, h, w, c = x.shape
+    x_row, x_plane = _strides(x)
+    o_row, o_plane = _strides(out)
+    bc = min(64, _block_c(c))
+    bhw = max(16, min(64, 1 << (h * w - 1).bit_length()))
+    prec = out.precision
+    args = (x.data, out.data, h * w, c, x_row, x_plane, o_row, o_plane, mult, shift)
+    kwargs = dict(X_LAYOUT=_layout_code(x), X_BITS=x.precision.bits,
+                  X_ENC=ENC[x.precision.encoding], O_LAYOUT=_layout_code(out), O_BITS=prec.bits,
+                  O_ENC=ENC[prec.encoding], QMIN=prec.qmin, QMAX=prec.qmax, BLOCK_HW=bhw,
+                  BLOCK_C=bc, num_warps=4)
+    return Launcher((Launch(global_avgpool_kernel, (n, cdiv(c, bc)), args, kwargs),),
+                    (out.data,))
 
 
 def maxpool2d(x: PackedTensor, kernel: int, stride: int | None = None, pad: int = 0,
