@@ -109,7 +109,7 @@ STEM_VARIANTS = [{}, {"maxnreg": 168}, {"maxnreg": 128}, {"whole_k": False},
 
 def stem_rows(batch: int, quick: bool) -> list[dict]:
     from lowbit.kernels.triton import stem as S
-    from lowbit.kernels.triton.netops import Launcher
+    from lowbit.kernels.triton.stored import Launcher
 
     rows = []
     base = fp16_stem_baseline(batch)

@@ -13,6 +13,7 @@ import torch
 
 from lowbit.core import Layout, PackedTensor, Precision
 from lowbit.kernels.triton import netops as K
+from lowbit.kernels.triton import pools
 from lowbit.quant.packing import pack, unpack
 from lowbit.reference import (
     FloatOutput,
@@ -191,7 +192,7 @@ def test_avgpool(prec, lin, lout, kernel, stride, pad):
 @pytest.mark.parametrize("programs", [1024, 0], ids=["reduction", "window_loop"])
 @pytest.mark.parametrize("lin,lout", [(INT8, INT8), (BITPLANE, INT8), (INT8, BITPLANE)])
 def test_global_avgpool(lin, lout, programs, monkeypatch):
-    monkeypatch.setattr(K, "GLOBAL_POOL_PROGRAMS", programs)  # each of the two kernels
+    monkeypatch.setattr(pools, "GLOBAL_POOL_PROGRAMS", programs)  # each of the two kernels
     prec = "u8" if lin is INT8 else "u3"
     checked = 0
     for shape in ((3, 7, 5, 70), (2, 9, 11, 40)):  # one tile of the map, and two

@@ -25,9 +25,10 @@ def _launchers() -> dict:
     from lowbit.core import Layout
     from lowbit.kernels.triton import netops as K
     from lowbit.kernels.triton import stem as S
+    from lowbit.kernels.triton import stored
     from lowbit.reference import FloatOutput, RequantizedOutput
 
-    K.interpreting = lambda: True  # build launchers on CPU tensors; nothing is launched
+    stored.interpreting = lambda: True  # build launchers on CPU tensors; nothing is launched
     shape = (8, 7, 7, 2048)
     y = torch.zeros(shape, dtype=torch.int32)
     specs = [RequantizedOutput("u8", 2**30, 40, 2**30, True),

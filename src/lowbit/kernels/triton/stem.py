@@ -41,20 +41,15 @@ from ...core import Encoding, Layout, PackedTensor, Precision
 from ...reference.netops import FloatOutput, RequantizedOutput, pool_output_size
 from .igemm import Launch, cdiv
 from .netops import (
-    ENC,
     KIND_NONE,
-    Launcher,
-    _check_device,
-    _emit_output,
-    _output_slot,
     check_image,
     check_status,
-    empty_packed,
+    emit_output,
     fast_requant_ok,
-    flag_nonfinite,
     float32_scale,
-    quantize_f32,
+    output_slot,
 )
+from .stored import ENC, Launcher, check_device, empty_packed, flag_nonfinite, quantize_f32
 
 #: outputs one stem launch writes
 STEM_MAX_OUTPUTS = 3
@@ -342,17 +337,17 @@ def _stem_outputs(acc, bias, pix, pix_mask, n_idx, K,
                   QLO2: tl.constexpr, QMAX2: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """y = acc + bias (int32 where the bind checked |acc| + |bias| < 2^31), then the epilogue
-    outputs (`netops._emit_output`; FAST: the float64 requantization, exact under the bounds
+    outputs (`netops.emit_output`; FAST: the float64 requantization, exact under the bounds
     `bind_stem` checks)."""
     y = acc + bias[None, :]
     c0 = tl.program_id(1) * BLOCK_N
-    _emit_output(y, y, pix, pix_mask, c0, K, o0, a0, b0, c0_, row0, plane0, KIND0, LAYOUT0,
+    emit_output(y, y, pix, pix_mask, c0, K, o0, a0, b0, c0_, row0, plane0, KIND0, LAYOUT0,
                  BITS0, QLO0, QMAX0, False, BLOCK_M, BLOCK_N, FAST)
     if KIND1 != 0:
-        _emit_output(y, y, pix, pix_mask, c0, K, o1, a1, b1, c1, row1, plane1, KIND1, LAYOUT1,
+        emit_output(y, y, pix, pix_mask, c0, K, o1, a1, b1, c1, row1, plane1, KIND1, LAYOUT1,
                      BITS1, QLO1, QMAX1, False, BLOCK_M, BLOCK_N, FAST)
     if KIND2 != 0:
-        _emit_output(y, y, pix, pix_mask, c0, K, o2, a2, b2, c2, row2, plane2, KIND2, LAYOUT2,
+        emit_output(y, y, pix, pix_mask, c0, K, o2, a2, b2, c2, row2, plane2, KIND2, LAYOUT2,
                      BITS2, QLO2, QMAX2, False, BLOCK_M, BLOCK_N, FAST)
 
 
@@ -451,7 +446,7 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         if image.dim() != 4 or not image.is_contiguous() or image.numel() == 0:
             raise ValueError(f"image must be a contiguous NCHW tensor, got shape "
                              f"{tuple(image.shape)}")
-        _check_device("image", image)
+        check_device("image", image)
     else:
         check_image(image)
     device = image.device
@@ -490,7 +485,7 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         if isinstance(spec, FloatOutput) and pool_pad is not None and \
                 bool((torch.as_tensor(spec.scale) < 0).any()):
             raise ValueError(f"outputs[{i}].scale must be >= 0 to pool a float output")
-    slots = [_output_slot(i, s, o, geom.out_shape, device, False)
+    slots = [output_slot(i, s, o, geom.out_shape, device, False)
              for i, (s, o) in enumerate(zip(outputs, outs, strict=True))]
     cfg = config or default_config(geom)
 
