@@ -1,19 +1,30 @@
-"""Quantization accuracy (issue 4): a small CNN on scikit-learn's digits (8x8), FP32 against
-QAT with the MAX scale, the stochastic Rand scale and Rand + adaptive precision mix, at w8a8,
-w4a4, w2a2 and w1a2, over several seeds (mean and std of test accuracy).
+"""Quantization accuracy (issues 4 and 36): lowbit's methods (MAX, Rand, Rand + mix, LSQ, PACT)
+against Brevitas as an external peer, on scikit-learn's digits (8x8) and the harder digits
+(16x16, affine + occlusion + noise, lowbit.quant.datasets), with the digits CNN and the digits
+ResNet of lowbit.models, at w8a8, w4a4, w2a2 and w1a2, over several seeds.
 
-Protocol per seed: stratified 75/25 split of the 1797 images (seed), FP32 training from scratch,
-then for every precision and method a QAT fine-tune of a copy of the FP32 model (same epochs,
-optimizer and data order for every method). The first conv and the last linear layer stay float
-(partial quantization); BatchNorm stays float during QAT and is folded by `convert`. Every QAT
-model is also converted to integer layers and evaluated through `lowbit.reference` (the
-`integer_accuracy_*` columns), which must equal the fake-quant accuracy up to rare rounding flips.
+Protocol per (dataset, model, seed): FP32 training from scratch, then for every precision and
+method a QAT fine-tune of a copy of the FP32 model with the same optimizer (Adam, cosine
+learning rate), epochs, data order and torch seed. Layer policy, identical for every method:
+the first conv and the last linear layer stay float; every other Conv2d / Linear has its
+weights quantized per output channel and its input activation per tensor (unsigned after a
+ReLU); BatchNorm, ReLU, pooling and the residual adds stay float. lowbit models are also
+converted to integer layers and evaluated through `lowbit.reference` (`integer_accuracy_*`).
 
-Targets: Rand+mix >= MAX (mean over seeds) at every bit width; w8a8 within 0.5 points of FP32;
-w2a2 within 3 points. Differences to MAX are paired (same FP32 model, data order and test split
-per seed) and reported with their standard error over seeds. Runs on CPU in a few minutes (one
-process per seed, 20 seeds ~4 min on 2 cores); writes benchmarks/results/cpu/accuracy-*.json.
-    python benchmarks/accuracy.py [--seeds 20] [--fp32-epochs 12] [--qat-epochs 10] [--workers N]
+Brevitas (optional: `pip install brevitas`; skipped with a message when missing) quantizes the
+same layers of the same FP32 model: brevitas.nn.QuantConv2d / QuantLinear with per-channel
+max-scaled weights (Int8WeightPerChannelFloat at weight_bit_width=b; at 1 bit a binary quantizer
+built from the same class with the mean-|w| per-channel scale, lowbit's binary scale) and input
+quantizers Uint8ActPerTensorFloat / Int8ActPerTensorFloat at input_bit_width=b (learned scale
+initialized from the 99.999th percentile), calibrated with brevitas.graph.calibrate over the
+first CALIBRATION_BATCHES training batches, then trained like every other method.
+
+Paired differences (same FP32 model, data order and test split per seed) are reported against
+FP32 and against Brevitas's best configuration, with their standard error over seeds. Targets
+(issue 36): lowbit's best >= Brevitas's best at every bit width on both datasets; on the harder
+dataset lowbit's best w2a2 within 3 points of FP32 and w1a2 within 5. Runs on the CPU, one
+process per task (--jobs); writes benchmarks/results/cpu/accuracy-*.json and a .png beside it.
+    python benchmarks/accuracy.py [--seeds 10] [--jobs 2] [--quick] [--datasets ...]
 """
 
 from __future__ import annotations
@@ -21,12 +32,14 @@ from __future__ import annotations
 import argparse
 import copy
 import itertools
+import math
 import multiprocessing
 import os
 import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -36,46 +49,61 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lowbit
 from common import write_results
+from lowbit import models
 from lowbit.core import parse_wa
 from lowbit.quant import precision_schedule
-from lowbit.quant.data import digits_loaders
+from lowbit.quant.api import eligible_layers
+from lowbit.quant.datasets import benchmark_loaders
+from lowbit.quant.learned import pact_penalty
 
 PRECISIONS = ("w8a8", "w4a4", "w2a2", "w1a2")
-METHODS = (("max", "max", False), ("rand", "rand", False), ("rand+mix", "rand", True))
+DATASETS = ("digits", "digits_hard")
+MODELS = ("digits_cnn", "digits_resnet")
+#: lowbit methods: (quantize method, mix)
+LOWBIT = {"max": ("max", False), "rand": ("rand", False), "rand+mix": ("rand", True),
+          "lsq": ("lsq", False), "pact": ("pact", False)}
+PEERS = ("brevitas",)
+METHODS = (*LOWBIT, *PEERS)
 # Rand's tail threshold: the thesis' 0.001% is below one element of these small activation
 # tensors (batch 64 x 32 x 4 x 4 = 32768), which would make p = 0 and Rand the same as MAX.
 RAND_THRESHOLD = 1e-3
-# Mix settings, one rule for every bit width (no per-precision tuning):
-# - the precision warm-up is capped at the first quarter of QAT (MIX_UNTIL_FRACTION), as a
-#   learning-rate warm-up would be, so rand+mix trains >= 75% of its steps at the deployed
-#   precision (with 1/2, as before, it spent 30-40% of QAT at >= 9 bits);
-# - tau * eta = 20 steps, the histogram window, is about one epoch (22 steps);
-# - beta is set so that the slowest schedule still descends gradually inside the cap: at
-#   beta = 8 the slowest layer (w2a2) reached its target at step 88-96 of 220 (43%), so beta is
-#   scaled by 43% / 25% and rounded up to a power of two: 16. At beta = 8 with the 25% cap
-#   the 2-bit schedules were cut at >= 9 bits and jumped to the target (results 153901).
+# Mix: histogram window tau * eta about one digits epoch; warm-up capped at the first quarter
+# of QAT; beta so that the slowest (2-bit) schedule still descends gradually inside the cap.
 TAU, ETA, BETA = 4, 5, 16.0
 MIX_UNTIL_FRACTION = 0.25
+# PACT's L2 regularization of the clips (our choice; the clip starts at the observed maximum)
+PACT_DECAY = 2e-4
+CALIBRATION_BATCHES = 8
 
 
-def make_model() -> nn.Module:
-    """4 conv + BN + ReLU layers and a linear classifier, ~33k parameters."""
-    def block(c_in: int, c_out: int, stride: int) -> list[nn.Module]:
-        return [nn.Conv2d(c_in, c_out, 3, stride, 1), nn.BatchNorm2d(c_out), nn.ReLU()]
+@dataclass(frozen=True)
+class Schedule:
+    """Training of one dataset: epochs, batch size, learning rates, model width."""
 
-    return nn.Sequential(*block(1, 16, 1), *block(16, 32, 2), *block(32, 32, 1),
-                         *block(32, 64, 2), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                         nn.Linear(64, 10))
+    fp32_epochs: int
+    qat_epochs: int
+    batch_size: int = 64
+    fp32_lr: float = 3e-3
+    qat_lr: float = 1e-3
+    width: float = 1.0
 
 
-def train(model: nn.Module, loader, epochs: int, lr: float) -> None:
+SCHEDULES = {"digits": Schedule(12, 10), "digits_hard": Schedule(10, 3)}
+QUICK = {"digits": Schedule(3, 1), "digits_hard": Schedule(2, 1)}
+
+
+def train(model: nn.Module, loader, epochs: int, lr: float, penalty: float = 0.0) -> None:
+    """Adam with a cosine learning rate; `penalty` weights PACT's L2 on the clips."""
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, epochs * len(loader))
     model.train()
     for _ in range(epochs):
         for x, y in loader:
             opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
+            loss = F.cross_entropy(model(x), y)
+            if penalty:
+                loss = loss + penalty * pact_penalty(model)
+            loss.backward()
             opt.step()
             sched.step()
 
@@ -90,149 +118,379 @@ def accuracy(model: nn.Module, loader) -> float:
     return 100.0 * right / total
 
 
-def qat(fp32: nn.Module, precision: str, method: str, mix: bool, train_loader, epochs: int,
-        seed: int) -> nn.Module:
+def _reseed(loader, seed: int) -> None:
+    """Same data order and torch stream for every method of a seed."""
+    torch.manual_seed(1000 + seed)
+    loader.generator.manual_seed(seed)
+
+
+def lowbit_qat(fp32: nn.Module, precision: str, name: str, loader, sched: Schedule,
+               seed: int) -> nn.Module:
+    method, mix = LOWBIT[name]
     wb, ab = parse_wa(precision)
-    steps = epochs * len(train_loader)
+    steps = sched.qat_epochs * len(loader)
     q = lowbit.quantize(fp32, weight_bits=wb, act_bits=ab, method=method, mix=mix,
                         skip_first=True, skip_last=True, threshold=RAND_THRESHOLD, tau=TAU,
-                        eta=ETA, beta=BETA, mix_until=int(MIX_UNTIL_FRACTION * steps))
-    torch.manual_seed(1000 + seed)
-    train_loader.generator.manual_seed(seed)  # same data order for every method
-    train(q, train_loader, epochs, lr=1e-3)
+                        eta=ETA, beta=BETA, mix_until=max(1, int(MIX_UNTIL_FRACTION * steps)))
+    _reseed(loader, seed)
+    train(q, loader, sched.qat_epochs, sched.qat_lr, PACT_DECAY if method == "pact" else 0.0)
     return q
 
 
-def _mean_std(v: list[float]) -> tuple[float, float]:
+# --- Brevitas, the external peer ---------------------------------------------------------------
+
+def brevitas_available() -> str | None:
+    """None when Brevitas imports, else why not."""
+    try:
+        import brevitas  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _input_signs(model: nn.Module, names: list[str], x: torch.Tensor) -> dict[str, bool]:
+    """Whether each named layer's input holds negative values on batch x (lowbit's rule)."""
+    signed, hooks = {}, []
+    mods = dict(model.named_modules())
+    for n in names:
+        hooks.append(mods[n].register_forward_pre_hook(
+            lambda m, inp, n=n: signed.__setitem__(n, bool((inp[0] < 0).any()))))
+    model.eval()
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    return signed
+
+
+def brevitas_model(fp32: nn.Module, precision: str, sample: torch.Tensor) -> nn.Module:
+    """Copy of `fp32` with the layers lowbit quantizes (all Conv2d / Linear but the first and
+    the last) replaced by Brevitas layers with its standard quantizers (module doc)."""
+    import brevitas.nn as qnn
+    from brevitas.inject.enum import QuantType, StatsOp
+    from brevitas.quant import (
+        Int8ActPerTensorFloat,
+        Int8WeightPerChannelFloat,
+        Uint8ActPerTensorFloat,
+    )
+
+    class BinaryWeightPerChannelMean(Int8WeightPerChannelFloat):
+        quant_type = QuantType.BINARY
+        bit_width = 1
+        scaling_stats_op = StatsOp.AVE
+
+    wb, ab = parse_wa(precision)
+    model = copy.deepcopy(fp32)
+    names = [n for n, _ in eligible_layers(model)][1:-1]
+    signs = _input_signs(model, names, sample)
+    weight_quant = BinaryWeightPerChannelMean if wb == 1 else Int8WeightPerChannelFloat
+    for name in names:
+        layer = model.get_submodule(name)
+        if signs[name] and ab == 1:
+            raise ValueError(f"{name}: signed 1-bit activations have no standard Brevitas "
+                             "integer quantizer")
+        act = Int8ActPerTensorFloat if signs[name] else Uint8ActPerTensorFloat
+        common = {"weight_quant": weight_quant, "weight_bit_width": wb, "input_quant": act,
+                  "input_bit_width": ab, "return_quant_tensor": False,
+                  "bias": layer.bias is not None}
+        if isinstance(layer, nn.Conv2d):
+            new = qnn.QuantConv2d(layer.in_channels, layer.out_channels, layer.kernel_size,
+                                  layer.stride, layer.padding, **common)
+        else:
+            new = qnn.QuantLinear(layer.in_features, layer.out_features, **common)
+        new.load_state_dict(layer.state_dict(), strict=False)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, new)
+    return model
+
+
+def brevitas_qat(fp32: nn.Module, precision: str, loader, sched: Schedule,
+                 seed: int) -> nn.Module:
+    from brevitas.graph.calibrate import calibration_mode
+
+    q = brevitas_model(fp32, precision, next(iter(loader))[0])
+    q.train()
+    with torch.no_grad(), calibration_mode(q):
+        for x, _ in itertools.islice(loader, CALIBRATION_BATCHES):
+            q(x)
+    _reseed(loader, seed)
+    train(q, loader, sched.qat_epochs, sched.qat_lr)
+    return q
+
+
+# --- one task: every precision and method of (dataset, model, seed) ----------------------------
+
+def run_task(dataset: str, model_name: str, seed: int, sched: Schedule,
+             precisions: tuple[str, ...], methods: tuple[str, ...]) -> dict:
+    torch.set_num_threads(1)
+    t0, cpu0 = time.time(), time.process_time()
+    train_loader, test_loader = benchmark_loaders(dataset, sched.batch_size, seed)
+    torch.manual_seed(seed)
+    fp32 = models.get(model_name, num_classes=10, width=sched.width)
+    train(fp32, train_loader, sched.fp32_epochs, sched.fp32_lr)
+    acc = {("fp32", "fp32"): accuracy(fp32, test_loader)}
+    seconds = {("fp32", "fp32"): time.time() - t0}
+    iacc, schedules, errors = {}, {}, {}
+    for precision, method in itertools.product(precisions, methods):
+        t = time.time()
+        key = (precision, method)
+        try:
+            if method in LOWBIT:
+                q = lowbit_qat(copy.deepcopy(fp32), precision, method, train_loader, sched, seed)
+            else:
+                q = brevitas_qat(fp32, precision, train_loader, sched, seed)
+            acc[key] = accuracy(q, test_loader)
+            seconds[key] = time.time() - t
+            if method in LOWBIT:
+                iacc[key] = accuracy(lowbit.convert(q), test_loader)
+            if LOWBIT.get(method, (None, False))[1]:
+                schedules[precision] = {layer: _changes(hist)
+                                        for layer, hist in precision_schedule(q).items()}
+        except Exception as e:  # one failed case must not end the run
+            errors[key] = f"{type(e).__name__}: {e}"
+            print(f"{dataset} {model_name} seed {seed} {precision} {method}: {errors[key]}",
+                  flush=True)
+            continue
+        print(f"{dataset:11s} {model_name:13s} seed {seed:2d} {precision} {method:8s} "
+              f"acc {acc[key]:6.2f} int {iacc.get(key, math.nan):6.2f} "
+              f"[{seconds[key]:5.1f} s, task {time.time() - t0:6.0f} s]", flush=True)
+    return {"dataset": dataset, "model": model_name, "seed": seed, "acc": acc, "iacc": iacc,
+            "seconds": seconds, "schedules": schedules, "errors": errors,
+            "qat_steps": sched.qat_epochs * len(train_loader), "task_s": time.time() - t0,
+            "task_cpu_s": time.process_time() - cpu0}
+
+
+def _changes(history: list[tuple[int, int]]) -> list[list[int]]:
+    out = history[:1]
+    for prev, h in itertools.pairwise(history):
+        if h[1] != prev[1]:
+            out.append(h)
+    return [list(h) for h in out]
+
+
+# --- statistics, rows, targets ----------------------------------------------------------------
+
+def mean_std(v: list[float]) -> tuple[float, float]:
     return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else 0.0)
 
 
-def run_seed(seed: int, fp32_epochs: int, qat_epochs: int, threads: int) -> dict:
-    """Every (precision, method) of one seed: accuracies, integer accuracies, mix schedules."""
-    torch.set_num_threads(threads)
-    t0 = time.time()
-    acc, iacc, schedules = {}, {}, {}
-    train_loader, test_loader = digits_loaders(batch_size=64, seed=seed)
-    torch.manual_seed(seed)
-    fp32 = make_model()
-    train(fp32, train_loader, fp32_epochs, lr=3e-3)
-    acc["fp32", "fp32"] = accuracy(fp32, test_loader)
-    for precision in PRECISIONS:
-        for name, method, mix in METHODS:
-            q = qat(copy.deepcopy(fp32), precision, method, mix, train_loader, qat_epochs, seed)
-            acc[precision, name] = accuracy(q, test_loader)
-            iacc[precision, name] = accuracy(lowbit.convert(q), test_loader)
-            if mix:
-                schedules[precision] = {layer: [list(h) for h in _changes(hist)]
-                                        for layer, hist in precision_schedule(q).items()}
-            print(f"seed {seed} {precision:5s} {name:8s} acc {acc[precision, name]:6.2f} "
-                  f"integer {iacc[precision, name]:6.2f}  [{time.time() - t0:5.0f} s]",
-                  flush=True)
-    return {"acc": acc, "iacc": iacc, "schedules": schedules,
-            "qat_steps": qat_epochs * len(train_loader)}
+def paired(a: list[float], b: list[float]) -> tuple[float, float]:
+    """(mean, standard error) of the per-seed differences a - b."""
+    d = [x - y for x, y in zip(a, b, strict=True)]
+    m, s = mean_std(d)
+    return m, s / math.sqrt(len(d)) if len(d) > 1 else math.nan
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=20)
-    ap.add_argument("--fp32-epochs", type=int, default=12)
-    ap.add_argument("--qat-epochs", type=int, default=10)
-    ap.add_argument("--workers", type=int, default=0,
-                    help="processes, one seed each (default: min(seeds, CPU cores))")
-    args = ap.parse_args()
-    t0 = time.time()
-    workers = args.workers or min(args.seeds, os.cpu_count() or 1)
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    jobs = [(seed, args.fp32_epochs, args.qat_epochs, threads) for seed in range(args.seeds)]
-    if workers > 1:
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-            results = list(pool.map(run_seed, *zip(*jobs, strict=True)))
-    else:
-        results = [run_seed(*job) for job in jobs]
+def _r(v: float) -> float | None:
+    return None if math.isnan(v) else round(v, 3)
+
+
+def make_rows(results: list[dict]) -> list[dict]:
+    """One row per (dataset, model, precision, method) over the seeds that completed it."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in results:
+        groups.setdefault((r["dataset"], r["model"]), []).append(r)
     rows = []
-    for key in results[0]["acc"]:
-        precision, name = key
-        mean, std = _mean_std([r["acc"][key] for r in results])
-        row = {"precision": precision, "method": name, "accuracy_mean": round(mean, 3),
-               "accuracy_std": round(std, 3),
-               "accuracies": [round(r["acc"][key], 3) for r in results]}
-        if key in results[0]["iacc"]:
-            im, istd = _mean_std([r["iacc"][key] for r in results])
-            row.update(integer_accuracy_mean=round(im, 3), integer_accuracy_std=round(istd, 3))
-        if name in ("rand", "rand+mix"):
-            # same FP32 model, data order and test split per seed: a paired comparison
-            diff = [r["acc"][key] - r["acc"][precision, "max"] for r in results]
-            dm, ds = _mean_std(diff)
-            row.update(paired_minus_max_mean=round(dm, 3), paired_minus_max_std=round(ds, 3),
-                       paired_minus_max_se=round(ds / len(diff) ** 0.5, 3))
-        if name == "rand+mix":
-            row["schedule"] = [r["schedules"][precision] for r in results]
-        rows.append(row)
-    steps = results[0]["qat_steps"]
-    setup = {"dataset": "sklearn digits 8x8, 75/25 stratified split per seed",
-             "model": "conv16-conv32/s2-conv32-conv64/s2 (3x3, BN, ReLU) + avgpool + fc10",
-             "float_layers": ["first conv (0)", "last linear (15)"],
-             "schedule_format": "per seed: {layer: [[qat step, activation bits], ...]} "
-                                "at every change of the integer training precision",
-             "seeds": args.seeds, "fp32_epochs": args.fp32_epochs, "qat_epochs": args.qat_epochs,
-             "qat_steps": steps, "rand_threshold": RAND_THRESHOLD, "tau": TAU, "eta": ETA,
-             "beta": BETA, "mix_until_step": int(MIX_UNTIL_FRACTION * steps),
-             "workers": workers, "wall_s": round(time.time() - t0, 1)}
-    path = write_results("accuracy", rows, {"setup": setup, "targets": _targets(rows)})
-    _print_table(rows)
-    print(f"wrote {path}")
-    print(f"wrote {plot_schedules(results[0]['schedules'], path.with_suffix('.png'))}")
+    for (dataset, model_name), rs in groups.items():
+        rs = sorted(rs, key=lambda r: r["seed"])
+        keys = list(dict.fromkeys(k for r in rs for k in r["acc"]))
+        by_seed = {k: {r["seed"]: r["acc"][k] for r in rs if k in r["acc"]} for k in keys}
+        best_peer = {}
+        for precision in {p for p, _ in keys} - {"fp32"}:
+            peers = [(statistics.fmean(by_seed[p, m].values()), m) for p, m in keys
+                     if p == precision and m in PEERS and by_seed[p, m]]
+            if peers:
+                best_peer[precision] = max(peers)[1]
+        for precision, method in keys:
+            accs = by_seed[precision, method]
+            seeds = sorted(accs)
+            values = [accs[s] for s in seeds]
+            m, s = mean_std(values)
+            wb, ab = (32, 32) if precision == "fp32" else parse_wa(precision)
+            row = {"dataset": dataset, "model": model_name, "method": method,
+                   "precision": precision, "w_bits": wb, "a_bits": ab, "seeds": seeds,
+                   "accuracies": [round(v, 3) for v in values], "accuracy_mean": round(m, 3),
+                   "accuracy_std": round(s, 3),
+                   "train_s_mean": round(statistics.fmean(
+                       r["seconds"][precision, method] for r in rs
+                       if (precision, method) in r["seconds"]), 2)}
+            ints = [r["iacc"][precision, method] for r in rs if (precision, method) in r["iacc"]]
+            if ints:
+                im, istd = mean_std(ints)
+                row.update(integer_accuracy_mean=round(im, 3), integer_accuracy_std=round(istd, 3))
+            refs = {"fp32": ("fp32", "fp32")}
+            if precision in best_peer:
+                refs["brevitas_best"] = (precision, best_peer[precision])
+            if method != "max" and (precision, "max") in by_seed:
+                refs["max"] = (precision, "max")
+            for label, ref in refs.items():
+                common = [s for s in seeds if s in by_seed[ref]]
+                if precision == "fp32" or ref == (precision, method) or not common:
+                    continue
+                dm, se = paired([accs[s] for s in common], [by_seed[ref][s] for s in common])
+                row[f"paired_minus_{label}_mean"] = _r(dm)
+                row[f"paired_minus_{label}_se"] = _r(se)
+            if precision in best_peer and method in PEERS:
+                row["brevitas_best"] = best_peer[precision]
+            errors = [r["errors"][precision, method] for r in rs
+                      if (precision, method) in r["errors"]]
+            if errors:
+                row["errors"] = errors
+            rows.append(row)
+    return rows
 
 
-def plot_schedules(schedules: dict[str, dict], path: Path) -> Path:
-    """One panel per precision: activation training bits per layer over the QAT steps."""
+def targets(rows: list[dict]) -> tuple[dict[str, bool], dict[str, dict]]:
+    """Issue 36's targets per (dataset, model, precision), with the numbers behind each."""
+    verdicts, details = {}, {}
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["dataset"], r["model"], r["precision"]), []).append(r)
+    for (dataset, model_name, precision), rs in groups.items():
+        ours = [r for r in rs if r["method"] in LOWBIT]
+        if precision == "fp32" or not ours:
+            continue
+        best = max(ours, key=lambda r: r["accuracy_mean"])
+        where = f"{dataset}/{model_name}/{precision}"
+        if "paired_minus_brevitas_best_mean" in best:
+            d, se = best["paired_minus_brevitas_best_mean"], best["paired_minus_brevitas_best_se"]
+            verdicts[f"lowbit_best>=brevitas_best@{where}"] = d >= 0
+            details[f"lowbit_best>=brevitas_best@{where}"] = {
+                "lowbit_best": best["method"], "paired_mean": d, "paired_se": se}
+        limit = {"w2a2": 3.0, "w1a2": 5.0}.get(precision)
+        if dataset == "digits_hard" and limit is not None:
+            d, se = best["paired_minus_fp32_mean"], best["paired_minus_fp32_se"]
+            key = f"{precision}_within_{limit:g}_of_fp32@{dataset}/{model_name}"
+            verdicts[key] = d >= -limit
+            details[key] = {"lowbit_best": best["method"], "paired_mean": d, "paired_se": se}
+    return verdicts, details
+
+
+# --- output -------------------------------------------------------------------------------------
+
+def plot(rows: list[dict], path: Path) -> Path:
+    """Accuracy (mean +- std over seeds) per precision and method; one panel per dataset and
+    model, FP32 dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(schedules), figsize=(4 * len(schedules), 3), sharey=True)
-    for ax, (precision, layers) in zip(axes, schedules.items(), strict=True):
-        for layer, hist in layers.items():
-            steps, bits = zip(*hist, strict=True)
-            ax.step(steps, bits, where="post", label=f"layer {layer}")
-        ax.set_title(f"rand+mix {precision} (seed 0)")
-        ax.set_xlabel("QAT step")
-    axes[0].set_ylabel("activation training bits")
-    axes[0].legend()
+    panels = list(dict.fromkeys((r["dataset"], r["model"]) for r in rows))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    for ax, (dataset, model_name) in zip(axes[0], panels, strict=True):
+        rs = [r for r in rows if (r["dataset"], r["model"]) == (dataset, model_name)]
+        precisions = [p for p in PRECISIONS if any(r["precision"] == p for r in rs)]
+        for i, method in enumerate(m for m in METHODS if any(r["method"] == m for r in rs)):
+            pts = [(precisions.index(r["precision"]) + (i - 2.5) * 0.06, r["accuracy_mean"],
+                    r["accuracy_std"]) for r in rs
+                   if r["method"] == method and r["precision"] in precisions]
+            if pts:
+                x, y, e = zip(*pts, strict=True)
+                ax.errorbar(x, y, e, marker="o", ms=3, capsize=2, label=method)
+        for r in rs:
+            if r["method"] == "fp32":
+                ax.axhline(r["accuracy_mean"], ls="--", c="k", lw=0.8, label="fp32")
+        ax.set_xticks(range(len(precisions)), precisions)
+        ax.set_title(f"{dataset} / {model_name}", fontsize=9)
+        ax.set_ylabel("test accuracy %")
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
 
 
-def _changes(history: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out = history[:1]
-    for prev, h in itertools.pairwise(history):
-        if h[1] != prev[1]:
-            out.append(h)
-    return out
-
-
-def _targets(rows: list[dict]) -> dict:
-    by = {(r["precision"], r["method"]): r["accuracy_mean"] for r in rows}
-    fp32 = by["fp32", "fp32"]
-    out = {f"rand+mix>=max@{p}": by[p, "rand+mix"] >= by[p, "max"] for p in PRECISIONS}
-    out["w8a8_within_0.5_of_fp32"] = all(fp32 - by["w8a8", m] <= 0.5 for m, _, _ in METHODS)
-    out["w2a2_within_3_of_fp32"] = all(fp32 - by["w2a2", m] <= 3.0 for m, _, _ in METHODS)
-    return out
-
-
-def _print_table(rows: list[dict]) -> None:
-    print(f"{'precision':9s} {'method':9s} {'acc mean':>9s} {'std':>6s} {'integer':>8s} "
-          f"{'-max (paired, +- se)':>20s}")
+def print_table(rows: list[dict]) -> None:
+    print(f"{'dataset':11s} {'model':13s} {'prec':5s} {'method':9s} {'acc':>6s} {'std':>5s} "
+          f"{'int':>6s} {'-fp32 (+-se)':>14s} {'-brevitas (+-se)':>16s} {'s/run':>6s}")
     for r in rows:
-        diff = (f"{r['paired_minus_max_mean']:+6.2f} +- {r['paired_minus_max_se']:.2f}"
-                if "paired_minus_max_mean" in r else "")
-        print(f"{r['precision']:9s} {r['method']:9s} {r['accuracy_mean']:9.2f} "
-              f"{r['accuracy_std']:6.2f} {r.get('integer_accuracy_mean', float('nan')):8.2f} "
-              f"{diff:>20s}")
+        def diff(label: str, r: dict = r) -> str:
+            m = r.get(f"paired_minus_{label}_mean")
+            return "" if m is None else f"{m:+6.2f} +-{r[f'paired_minus_{label}_se'] or 0:5.2f}"
+
+        print(f"{r['dataset']:11s} {r['model']:13s} {r['precision']:5s} {r['method']:9s} "
+              f"{r['accuracy_mean']:6.2f} {r['accuracy_std']:5.2f} "
+              f"{r.get('integer_accuracy_mean', math.nan):6.2f} {diff('fp32'):>14s} "
+              f"{diff('brevitas_best'):>16s} {r['train_s_mean']:6.1f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--jobs", "--workers", type=int, default=0, dest="jobs",
+                    help="processes, one (dataset, model, seed) task each (default: CPU cores)")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 1 QAT epoch, short FP32")
+    ap.add_argument("--fp32-epochs", type=int, help="override every dataset's FP32 epochs")
+    ap.add_argument("--qat-epochs", type=int, help="override every dataset's QAT epochs")
+    ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
+    ap.add_argument("--out", help="results folder (default benchmarks/results/cpu)")
+    args = ap.parse_args(argv)
+    if args.seeds < 1:
+        ap.error("--seeds must be >= 1")
+    if args.out:
+        os.environ["LOWBIT_RESULTS_DIR"] = args.out
+    methods = tuple(args.methods)
+    if "brevitas" in methods and (why := brevitas_available()):
+        print(f"Brevitas is not installed ({why}): skipping the brevitas rows "
+              "(pip install brevitas to compare against it)", flush=True)
+        methods = tuple(m for m in methods if m != "brevitas")
+    schedules = {}
+    for d in args.datasets:
+        s = (QUICK if args.quick else SCHEDULES)[d]
+        s = replace(s, **{k: v for k, v in (("fp32_epochs", args.fp32_epochs),
+                                            ("qat_epochs", args.qat_epochs)) if v})
+        schedules[d] = s
+    tasks = [(d, m, seed, schedules[d], tuple(args.precisions), methods)
+             for d in sorted(args.datasets, key=lambda d: d != "digits_hard")
+             for m in args.models for seed in range(args.seeds)]
+    jobs = args.jobs or min(len(tasks), os.cpu_count() or 1)
+    t0 = time.time()
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            results = list(pool.map(run_task, *zip(*tasks, strict=True)))
+    else:
+        results = [run_task(*t) for t in tasks]
+    rows = make_rows(results)
+    verdicts, details = targets(rows)
+    setup = {"datasets": {d: asdict(s) for d, s in schedules.items()},
+             "models": list(args.models), "methods": list(methods),
+             "quick": args.quick, "layer_policy": "first Conv2d and last Linear float; weights "
+             "per output channel, activations per tensor at every other Conv2d / Linear input",
+             "optimizer": "Adam, cosine learning rate, same data order per seed",
+             "rand_threshold": RAND_THRESHOLD, "tau": TAU, "eta": ETA, "beta": BETA,
+             "mix_until_fraction": MIX_UNTIL_FRACTION, "pact_decay": PACT_DECAY,
+             "brevitas": _brevitas_version(methods),
+             "brevitas_calibration_batches": CALIBRATION_BATCHES,
+             "seeds": args.seeds, "jobs": jobs, "wall_s": round(time.time() - t0, 1),
+             "task_s": {f"{r['dataset']}/{r['model']}/{r['seed']}": round(r["task_s"], 1)
+                        for r in results},
+             "task_cpu_s": {f"{r['dataset']}/{r['model']}/{r['seed']}":
+                            round(r["task_cpu_s"], 1) for r in results},
+             "qat_steps": {f"{r['dataset']}": r["qat_steps"] for r in results},
+             "mix_schedules_seed0": {f"{r['dataset']}/{r['model']}": r["schedules"]
+                                     for r in results if r["seed"] == 0}}
+    path = write_results("accuracy", rows, {"setup": setup, "targets": verdicts,
+                                            "target_details": details})
+    print_table(rows)
+    for k, v in verdicts.items():
+        d = details[k]
+        print(f"target {k}: {'met' if v else 'MISSED'} ({d['lowbit_best']} "
+              f"{d['paired_mean']:+.2f} +- {d['paired_se'] or 0:.2f})")
+    print(f"wrote {path}\nwrote {plot(rows, path.with_suffix('.png'))}")
+    cpu = sum(r["task_cpu_s"] for r in results)
+    print(f"wall {time.time() - t0:.0f} s with {jobs} job(s); CPU {cpu:.0f} s in the tasks")
+
+
+def _brevitas_version(methods: tuple[str, ...]) -> str | None:
+    if "brevitas" not in methods:
+        return None
+    import brevitas
+
+    return brevitas.__version__
 
 
 if __name__ == "__main__":

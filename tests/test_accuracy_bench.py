@@ -1,0 +1,114 @@
+"""benchmarks/accuracy.py: paired statistics, rows and targets on made-up results, the Brevitas
+peer model (same layers quantized, same float layers), and a tiny end-to-end run that writes the
+results JSON (with and without Brevitas installed)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import accuracy as bench
+from lowbit.models import get
+
+
+def _result(dataset, model, seed, accs):
+    acc = {("fp32", "fp32"): accs.pop("fp32")}
+    acc.update({("w2a2", m): v for m, v in accs.items()})
+    return {"dataset": dataset, "model": model, "seed": seed, "acc": acc,
+            "iacc": {k: v for k, v in acc.items() if k[1] in bench.LOWBIT},
+            "seconds": dict.fromkeys(acc, 1.0), "schedules": {}, "errors": {},
+            "qat_steps": 10, "task_s": 5.0, "task_cpu_s": 4.0}
+
+
+def test_paired_mean_and_standard_error():
+    m, se = bench.paired([3.0, 5.0, 4.0], [1.0, 2.0, 4.0])
+    assert m == pytest.approx(5 / 3)
+    d = [2.0, 3.0, 0.0]
+    sd = math.sqrt(sum((x - 5 / 3) ** 2 for x in d) / 2)
+    assert se == pytest.approx(sd / math.sqrt(3))
+    assert math.isnan(bench.paired([1.0], [0.0])[1])
+
+
+def test_rows_and_targets_from_results():
+    results = [_result("digits_hard", "digits_cnn", s, {"fp32": 90.0 + s, "max": 80.0 + s,
+                                                         "lsq": 88.0 + 2 * s,
+                                                         "brevitas": 85.0 + s})
+               for s in range(3)]
+    rows = bench.make_rows(results)
+    by = {r["method"]: r for r in rows}
+    assert len(rows) == 4 and by["fp32"]["w_bits"] == 32
+    lsq = by["lsq"]
+    assert (lsq["w_bits"], lsq["a_bits"], lsq["seeds"]) == (2, 2, [0, 1, 2])
+    assert lsq["accuracies"] == [88.0, 90.0, 92.0] and lsq["accuracy_mean"] == 90.0
+    assert lsq["paired_minus_brevitas_best_mean"] == pytest.approx(4.0)
+    assert lsq["paired_minus_brevitas_best_se"] == pytest.approx(1 / math.sqrt(3), abs=1e-3)
+    assert lsq["paired_minus_fp32_mean"] == pytest.approx(-1.0)
+    assert lsq["paired_minus_max_mean"] == pytest.approx(9.0)
+    assert by["brevitas"]["brevitas_best"] == "brevitas"
+    assert "paired_minus_brevitas_best_mean" not in by["brevitas"]
+    assert lsq["integer_accuracy_mean"] == 90.0 and "integer_accuracy_mean" not in by["brevitas"]
+    verdicts, details = bench.targets(rows)
+    assert verdicts == {"lowbit_best>=brevitas_best@digits_hard/digits_cnn/w2a2": True,
+                        "w2a2_within_3_of_fp32@digits_hard/digits_cnn": True}
+    assert details["w2a2_within_3_of_fp32@digits_hard/digits_cnn"]["lowbit_best"] == "lsq"
+    worse = [_result("digits", "digits_cnn", s, {"fp32": 90.0, "max": 80.0, "brevitas": 81.0})
+             for s in range(2)]
+    verdicts, _ = bench.targets(bench.make_rows(worse))
+    assert verdicts == {"lowbit_best>=brevitas_best@digits/digits_cnn/w2a2": False}
+
+
+def test_brevitas_peer_quantizes_the_same_layers():
+    pytest.importorskip("brevitas")
+    import brevitas.nn as qnn
+
+    torch.manual_seed(0)
+    fp32 = get("digits_resnet", num_classes=10)
+    x = torch.randn(4, 1, 8, 8)
+    checked = 0
+    for precision in ("w4a4", "w1a2"):
+        q = bench.brevitas_model(fp32, precision, x)
+        names = [n for n, m in q.named_modules() if isinstance(m, (qnn.QuantConv2d,
+                                                                     qnn.QuantLinear))]
+        assert names == ["blocks.0.conv1", "blocks.0.conv2", "blocks.1.conv1",
+                         "blocks.1.conv2", "blocks.1.downsample.0"]
+        assert type(q.stem[0]) is torch.nn.Conv2d and type(q.fc) is torch.nn.Linear
+        layer = q.get_submodule("blocks.0.conv1")
+        w = layer.quant_weight().value.detach()
+        levels = {len(torch.unique(w[k])) for k in range(w.shape[0])}
+        assert max(levels) <= (2 if precision == "w1a2" else 15)  # narrow-range 4-bit: 15
+        scale = layer.quant_weight().scale.detach().flatten()
+        assert scale.numel() == w.shape[0]  # per output channel, like lowbit
+        q.eval()
+        with torch.no_grad():
+            assert q(x).shape == (4, 10)
+        checked += 1
+    assert checked == 2
+
+
+def _tiny_run(tmp_path, capsys, methods):
+    bench.main(["--seeds", "1", "--jobs", "1", "--quick", "--fp32-epochs", "1",
+                "--datasets", "digits", "--models", "digits_cnn", "--precisions", "w4a4",
+                "--methods", *methods, "--out", str(tmp_path)])
+    files = sorted(tmp_path.glob("accuracy-*.json"))
+    assert len(files) == 1 and files[0].with_suffix(".png").is_file()
+    return json.loads(files[0].read_text()), capsys.readouterr().out
+
+
+def test_tiny_run_writes_the_results_file(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "brevitas_available", lambda: "ModuleNotFoundError: brevitas")
+    doc, out = _tiny_run(tmp_path, capsys, ["max", "lsq", "brevitas"])
+    assert "skipping the brevitas rows" in out
+    assert doc["benchmark"] == "accuracy"
+    methods = [(r["precision"], r["method"]) for r in doc["rows"]]
+    assert methods == [("fp32", "fp32"), ("w4a4", "max"), ("w4a4", "lsq")]
+    for r in doc["rows"]:
+        assert {"dataset", "model", "method", "w_bits", "a_bits", "seeds", "accuracies",
+                "accuracy_mean", "accuracy_std"} <= set(r)
+        assert 10.0 < r["accuracy_mean"] <= 100.0
+    assert doc["setup"]["methods"] == ["max", "lsq"] and doc["setup"]["brevitas"] is None
