@@ -23,6 +23,7 @@ from lowbit.quant.learned import (
     pact_fake_quantize,
     pact_penalty,
 )
+from lowbit.quant.observers import mse_fraction, relative_histogram
 from lowbit.quant.quantize import round_half_up
 
 
@@ -146,7 +147,10 @@ def test_initial_values_follow_the_papers():
     assert aq.scale() == pytest.approx(2 * float(x.mean()) / math.sqrt(7), rel=1e-5)
     pq = PACTActQuantizer(3).train()
     pq(x)
-    assert pq.scale() == pytest.approx(float(x.max()) / 7, rel=1e-5)
+    probs, top = relative_histogram(x.reshape(-1), pq.observer.bins)
+    clip = top * mse_fraction(probs, 7, 0)
+    assert 0 < clip < top
+    assert pq.scale() == pytest.approx(clip / 7, rel=1e-5)
 
 
 @pytest.mark.parametrize("method", ["lsq", "pact"])
@@ -161,7 +165,7 @@ def test_learned_scales_train_and_reach_the_integer_layers(method):
         inits = None
         for i in range(4):
             opt.zero_grad()
-            # PACT's clip starts at the maximum: only its L2 penalty moves it before clipping
+            # PACT's L2 penalty gives every clip a gradient, clipping or not
             (F.mse_loss(q(_x(seed=i)), target) + 1e-3 * pact_penalty(q)).backward()
             if inits is None:
                 inits = {n: p.detach().clone() for n, p in q.named_parameters()

@@ -14,9 +14,12 @@ XNOR-Net scale), STE inside |v| <= s.
 PACT (Choi et al., 2018): the activation clip alpha is a trained parameter, y = clip(x, 0, alpha)
 quantized with step alpha / Qp. Backward: dy/dx = 1 inside (0, alpha), dy/dalpha = 1 where
 x >= alpha (the paper's STE; signed tensors clip at [qmin s, alpha] and give qmin / Qp below).
-alpha starts at the first observed maximum (MAX scaling); `pact_penalty` is its optional L2
-regularizer. Weights under PACT use lowbit's per-channel MAX quantizer (the paper pairs PACT with
-DoReFa weights; keeping MAX isolates what the learned clip does).
+alpha starts at the clip minimizing the quantization MSE of the first batch's (or the
+calibration's) magnitude histogram at the deployed bits (lowbit's "mse" clip); the paper starts
+at 10 and trains from scratch, which a short fine-tune from FP32 cannot afford (at 2 bits a clip
+at the maximum leaves most activations in the lowest level). `pact_penalty` is the optional L2
+regularizer of alpha. Weights under PACT use lowbit's per-channel MAX quantizer (the paper
+pairs PACT with DoReFa weights; keeping MAX isolates what the learned clip does).
 
 Combinations with the other methods (`lowbit.quantize(method=..., mix=...)`):
 - PACT + mix: yes. alpha is a clip, independent of the bit width, so the adaptive training
@@ -48,7 +51,7 @@ from .modules import (
     WeightQuantizer,
     _range,
 )
-from .observers import METHODS, MaxObserver
+from .observers import METHODS, MaxObserver, mse_fraction
 from .precision_mix import AdaptivePrecision
 from .quantize import _broadcast, round_half_up
 
@@ -254,7 +257,8 @@ class _ClipObserver(MaxObserver):
 
 class PACTActQuantizer(_LearnedActQuantizer):
     """Per-tensor PACT activation quantizer: `alpha` (the clip) is a parameter, initialized to
-    the first observed maximum; scale at b bits = alpha / Qp(b), so a mix schedule works."""
+    the MSE-optimal clip of the first observed histogram at the deployed bits (mean |x| for
+    binary); scale at b bits = alpha / Qp(b), so a mix schedule works."""
 
     def __init__(self, bits: int, **options: object) -> None:
         super().__init__(bits, "pact", **options)
@@ -268,7 +272,8 @@ class PACTActQuantizer(_LearnedActQuantizer):
     def _initial_value(self) -> float:
         if self.signed and self.bits == 1:
             return float(self.mean_abs)
-        return float(self.observer.top)
+        qmin, qmax = _range(self.bits, bool(self.signed))
+        return float(self.observer.top) * mse_fraction(self.observer.rel, qmax, qmin)
 
     def _scale_tensor(self, bits: int) -> torch.Tensor:
         a = self._value().detach().float()
