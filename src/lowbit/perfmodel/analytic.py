@@ -1,4 +1,4 @@
-"""APNN-TC's tile heuristic quantities and a roofline-style time estimate.
+"""APNN-TC's tile heuristic quantities and the analytic time model.
 
 APNN-TC (Feng et al., SC'21) picks tile sizes by two numbers:
   Eq. 3  TLP = (M / BM) * (N / BN)      thread blocks that run concurrently (work parallelism)
@@ -6,6 +6,23 @@ APNN-TC (Feng et al., SC'21) picks tile sizes by two numbers:
          operations per operand element loaded into shared memory (compute intensity).
 Larger tiles raise CI (fewer global loads per op) and lower TLP; a good tile keeps
 TLP >= the number of SMs (at least one full wave) while maximising CI.
+
+`estimate` is the analytic time model on a `Geometry` (any template family, `geometry.py`):
+
+  t = overhead + max(compute, dram, l2) + waves x steps x step latency
+
+  compute  the busiest SM's blocks (ceil(blocks / SMs), blocks sharing an SM share its MMA
+           rate) x the padded tile's MMA work / (peak / SMs), at the rate of the instruction
+           class (int8 wgmma, b1 AND, fp16, mma.sync s8 / s4), times a per-class efficiency
+  dram     the fewest bytes the layer must move (`roofline.workload_bytes`) / HBM bandwidth
+  l2       the bytes the tiles stage (each A tile re-read per column tile, each B tile per row
+           tile, split-K partials) / L2 bandwidth
+  latency  a step of the main loop cannot take less than one pipelined load: short reductions
+           and deep waves of small tiles are latency-bound (the thesis's "waves x per-wave
+           time" model, `sampling.py`)
+
+The constants (`AnalyticParams`) were fitted by least squares on log time over the recorded H100
+measurements (`benchmarks/perfmodel.py --calibrate`); the learned model corrects the rest.
 """
 
 from __future__ import annotations
@@ -15,9 +32,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..core import Workload
+from .geometry import Geometry
 from .hardware import H100, GpuSpec
 from .launch import LaunchShape, launch_shape
 from .occupancy import Occupancy, occupancy
+from .roofline import Peaks, peaks_for, workload_bytes
 
 
 @dataclass(frozen=True)
@@ -74,3 +93,82 @@ def analyze(workload: Workload, config: Mapping, template: object = None,
     if occ.blocks_per_sm == 0:
         est = float("inf")
     return Analysis(s, occ, tlp, ci, waves, wave_eff, pad_eff, gbytes, est)
+
+
+@dataclass(frozen=True)
+class AnalyticParams:
+    """Constants of `estimate` (module doc). Times in microseconds, events timing."""
+
+    overhead_us: float = 12.5        # launch + event pair + prologue / epilogue of one block
+    step_us: float = 0.13            # fewest microseconds per main-loop step per wave
+    l2_bytes_per_s: float = 10.9e12  # L2 -> SM bandwidth for the staged tiles
+    efficiency: tuple[tuple[str, float], ...] = (
+        ("b1_and", 0.68), ("fp16", 0.8), ("int4_mma_sync", 0.12), ("int8", 0.49),
+        ("int8_mma_sync", 0.12))
+
+    def eff(self, rate: str) -> float:
+        return dict(self.efficiency).get(rate, 0.5)
+
+
+DEFAULT_PARAMS = AnalyticParams()
+#: families whose resource figures are rough estimates (the template's own constraints decide
+#: what launches): never ruled out by them
+ESTIMATED_RESOURCES = ("bitserial", "mma_conv")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The terms of `estimate` for one launch (microseconds unless named otherwise)."""
+
+    occ: Occupancy
+    waves: float          # blocks / resident slots (fractional)
+    full_waves: int       # ceil(waves)
+    blocks_per_sm: int    # ceil(blocks / SMs): the busiest SM's blocks
+    compute_us: float
+    dram_us: float
+    l2_us: float
+    latency_us: float
+    total_us: float
+
+
+def _rate(peaks: Peaks, rate: str) -> float:
+    return {"int8": peaks.int8, "b1_and": peaks.b1_and, "fp16": peaks.fp16,
+            "int8_mma_sync": peaks.int8_mma_sync,
+            "int4_mma_sync": peaks.int4_mma_sync}.get(rate, peaks.int8)
+
+
+def estimate(geom: Geometry, workload: Workload, gpu: GpuSpec = H100,
+             params: AnalyticParams = DEFAULT_PARAMS, peaks: Peaks | None = None) -> Estimate:
+    """Analytic time of the launch `geom` of `workload` on `gpu` (module doc). A launch whose
+    estimated resources cannot fit one block on an SM gets total_us = inf, except in the CUDA
+    families (`ESTIMATED_RESOURCES`), whose register and shared-memory figures are rough
+    and whose templates admit only configs that launch: those count one block per SM."""
+    peaks = peaks or peaks_for(gpu.name)
+    occ = occupancy(geom.threads, geom.regs_per_thread, geom.smem_bytes, gpu)
+    per_sm = max(occ.blocks_per_sm, 1)
+    blocks = geom.blocks
+    slots = gpu.sms * per_sm
+    waves = blocks / slots
+    full = math.ceil(waves)
+    busiest = math.ceil(blocks / gpu.sms)
+    tile_ops = 2.0 * geom.block_m * geom.block_n * geom.k_step * geom.k_steps * geom.planes
+    sm_rate = _rate(peaks, geom.rate) * params.eff(geom.rate) / gpu.sms
+    compute = busiest * tile_ops / sm_rate * 1e6
+    dram = workload_bytes(workload) / peaks.bandwidth * 1e6 if geom.family != "fp16" else (
+        2.0 * _fp16_elems(workload) / peaks.bandwidth * 1e6)
+    staged = blocks * geom.k_steps * geom.k_step * (geom.block_m + geom.block_n) * geom.a_bytes
+    if geom.rate == "b1_and":
+        staged *= max(1, geom.planes)
+    l2 = staged / params.l2_bytes_per_s * 1e6
+    latency = full * geom.k_steps * params.step_us
+    total = params.overhead_us + max(compute, dram, l2) + latency
+    if occ.blocks_per_sm == 0 and geom.family not in ESTIMATED_RESOURCES:
+        total = float("inf")
+    return Estimate(occ, waves, full, busiest, compute, dram, l2, latency, total)
+
+
+def _fp16_elems(wl: Workload) -> int:
+    """Elements of x, w and the output (each moved once in fp16)."""
+    from ..core.validate import operand_shapes
+
+    return sum(math.prod(s) for s in operand_shapes(wl))

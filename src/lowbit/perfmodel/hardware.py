@@ -22,6 +22,17 @@ class GpuSpec:
 
 
 H100 = GpuSpec(name="NVIDIA H100 80GB HBM3", sms=132)
+H200 = GpuSpec(name="NVIDIA H200", sms=132)  # same SMs as the H100 SXM, faster HBM3e
+
+
+def gpu_spec_for(name: str | None) -> GpuSpec:
+    """The spec of a GPU by name: the H200 or H100 (also for unknown names: the design
+    target); None: the current GPU (`current_gpu_spec`)."""
+    if name is None:
+        return current_gpu_spec()
+    if "H200" in name.upper():
+        return H200
+    return H100 if "H100" in name.upper() else GpuSpec(name=name, sms=H100.sms)
 
 
 def current_gpu_spec() -> GpuSpec:

@@ -1,5 +1,7 @@
 """Prune launch shapes before measuring (Dao's thesis: workload, coalescing, occupancy).
 
+`space_filters` applies the thesis's filters to a whole space of any template family (the
+pruned tuner, `lowbit.tune.pruned`). The older per-config rule on `launch_shape`:
 A config is pruned when the model is sure it is not worth a measurement:
   - it cannot launch (shared memory, registers or threads over the per-block limits);
   - a tile is more than twice the padded problem in M or N (mostly padding work), unless it
@@ -9,11 +11,13 @@ A config is pruned when the model is sure it is not worth a measurement:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from ..core import ConfigSpace, Workload
-from .analytic import analyze
+from .analytic import ESTIMATED_RESOURCES, analyze
+from .geometry import geometry
 from .hardware import H100, GpuSpec
+from .occupancy import occupancy
 
 
 def prune_reason(workload: Workload, config: Mapping, template: object = None,
@@ -48,3 +52,45 @@ def pruned_space(space: ConfigSpace, workload: Workload, template: object = None
 
     out = ConfigSpace(space.knobs, (*space.constraints, rule))
     return out if out.all_configs() else space
+
+
+# ----------------------------------------------------------------------------- thesis filters
+
+def space_filters(template: object, workload: Workload, configs: Sequence[Mapping],
+                  gpu: GpuSpec = H100) -> list[str | None]:
+    """The thesis's filters (ch. 3) over a whole space, on each config's `Geometry`: None to
+    keep a config, else the reason it is filtered.
+
+      launch       the block cannot be resident at all (threads, registers, shared memory;
+                   families whose resources are only estimated are left to the template's
+                   own constraints, `analytic.ESTIMATED_RESOURCES`)
+      fit          a block tile over twice the problem in M or N (mostly padding), unless no
+                   config of the space has a smaller tile in that dimension
+      coalescing   a K step under one 16-byte vector per row (Triton families; the bit-serial
+                   k step is 32 bytes or more)
+      concurrency  the grid leaves over three quarters of the SMs idle while some config of
+                   the space fills them all (work units >= SMs)
+    """
+    geoms = [geometry(template, workload, c) for c in configs]
+    if not geoms:
+        return []
+    min_m = min(g.block_m for g in geoms)
+    min_n = min(g.block_n for g in geoms)
+    fills = any(g.blocks >= gpu.sms for g in geoms)
+    out: list[str | None] = []
+    for g in geoms:
+        occ = occupancy(g.threads, g.regs_per_thread, g.smem_bytes, gpu)
+        if occ.blocks_per_sm == 0 and g.family not in ESTIMATED_RESOURCES:
+            out.append(f"launch: {g.threads} threads, ~{g.regs_per_thread} regs, "
+                       f"{g.smem_bytes} B smem")
+        elif g.block_m > min_m and g.block_m >= 2 * max(g.M, 16):
+            out.append(f"fit: tile M={g.block_m} over twice M={g.M}")
+        elif g.block_n > min_n and g.block_n >= 2 * max(g.N, 16):
+            out.append(f"fit: tile N={g.block_n} over twice N={g.N}")
+        elif g.family in ("igemm", "tma_conv") and g.k_step * g.a_bytes < 16:
+            out.append(f"coalescing: K step of {g.k_step * g.a_bytes:g} B under 16 B")
+        elif fills and g.blocks * 4 < gpu.sms:
+            out.append(f"concurrency: {g.blocks} blocks on {gpu.sms} SMs")
+        else:
+            out.append(None)
+    return out

@@ -1,12 +1,46 @@
-"""Dispatch without re-tuning: the best recorded (template, config) of a workload, built."""
+"""Dispatch without tuning: the recorded best, else the performance model's pick.
+
+`kernel_for(workload)` builds the fastest recorded (template, config) of the workload; without
+a record it builds what `choose` predicts fastest among our templates. `choose` is what the
+network engine asks per layer: every template that supports the layer, each with a small
+candidate set — its default config plus configs drawn near it and across its space, ranked by
+the model (`lowbit.perfmodel.predict`) — and PyTorch fp16 (cuDNN conv / cuBLAS matmul,
+`FP16`) as one more candidate, estimated by the analytic model calibrated on the recorded fp16
+baselines. A non-default config must be predicted `margin` faster than the default to be
+picked: the default is the config the kernels' authors measured, a far config only the model.
+"""
 
 from __future__ import annotations
 
+import inspect
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import Workload
+from ..core import Config, ConfigSpace, Workload
+from ..kernels import load_backends
 from ..kernels.base import Kernel, KernelTemplate, get_template, templates
+from ..perfmodel.dataset import FP16_TEMPLATE
+from ..perfmodel.hardware import GpuSpec, gpu_spec_for
+from ..perfmodel.predict import default_model, predict_many
 from .records import Record, RecordsDB
+
+FP16 = FP16_TEMPLATE  # "torch.fp16": the engine runs the layer in PyTorch fp16
+DEFAULT_MARGIN = 0.10
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What to run a layer with: `template` (a template name, or FP16) and its `config`
+    (None for FP16), the predicted (or recorded) time, why, and the runners-up per template."""
+
+    template: str
+    config: Config | None
+    predicted_us: float
+    reason: str
+    alternatives: tuple[tuple[str, float], ...] = ()
 
 
 def best_record(workload: Workload, db: RecordsDB | str | Path | None = None,
@@ -18,16 +52,126 @@ def best_record(workload: Workload, db: RecordsDB | str | Path | None = None,
         return records.best(workload, gpu)
 
 
+def _with_arch(fn, workload: Workload, arch: str | None):
+    """fn(workload) or fn(workload, arch=arch) for the templates whose spaces depend on it."""
+    if arch and "arch" in inspect.signature(fn).parameters:
+        return fn(workload, arch=arch)
+    return fn(workload)
+
+
+def _target_arch(spec: GpuSpec) -> str | None:
+    """The arch to shape spaces for when predicting for `spec` on a machine without its GPU
+    (None: the templates' own choice, the current device's)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return "sm_90a" if any(n in spec.name.upper() for n in ("H100", "H200", "H800")) else None
+
+
+def candidate_configs(template: KernelTemplate, workload: Workload, n: int = 48,
+                      seed: int = 0, budget_s: float = 0.15, arch: str | None = None
+                      ) -> list[Config]:
+    """The default config, its valid one-knob neighbours, short random walks from it and
+    uniform random draws of valid points, without enumerating the space (bit-serial spaces
+    take seconds to enumerate): at most about `n` distinct configs, default first."""
+    space: ConfigSpace = _with_arch(template.space, workload, arch)
+    default = _with_arch(template.default_config, workload, arch)
+    rng = random.Random(seed)
+    out: dict[Config, None] = {default: None}
+    for c in space.neighbors(default):
+        out.setdefault(c)
+    deadline = time.perf_counter() + budget_s
+    walkers = [default] * 4
+    while len(out) < n and time.perf_counter() < deadline:
+        walkers = [space.mutate(w, rng) for w in walkers]
+        for w in walkers:
+            out.setdefault(w)
+        draw = Config({k.name: rng.choice(k.values) for k in space.knobs})
+        if space.is_valid(draw):
+            out.setdefault(draw)
+    return list(out)
+
+
+def _usable(workload: Workload, pool: Sequence[KernelTemplate] | None) -> list[KernelTemplate]:
+    if pool is None:
+        load_backends()
+        pool = templates()
+    out = []
+    for t in pool:
+        try:
+            if t.supports(workload):
+                out.append(t)
+        except Exception:  # a template that cannot even judge (missing toolchain): skip
+            continue
+    return out
+
+
+def choose(workload: Workload, gpu: GpuSpec | str | None = None,
+           templates: Sequence[KernelTemplate] | None = None, include_fp16: bool = True,
+           db: RecordsDB | str | Path | None = None, margin: float = DEFAULT_MARGIN,
+           candidates: int = 48, seed: int = 0) -> Choice:
+    """The predicted fastest way to run `workload` on `gpu` (default: the current GPU, else
+    the H100): a recorded best when `db` has one (measured time), else the model's pick of our
+    templates' candidates (module doc), and FP16 when `include_fp16` and the fp16 estimate
+    beats it. ValueError when nothing can run the workload."""
+    spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec_for(gpu)
+    arch = _target_arch(spec)
+    alternatives: list[tuple[str, float]] = []
+    best: Choice | None = None
+    if db is not None:
+        rec = best_record(workload, db, spec.name)
+        if rec is not None:
+            best = Choice(rec.template, rec.cfg, float(rec.time_us),
+                          f"recorded best of {rec.template} on {rec.gpu}")
+            alternatives.append((rec.template, float(rec.time_us)))
+    if best is None:
+        model = default_model()
+        for t in _usable(workload, templates):
+            try:
+                cfgs = candidate_configs(t, workload, candidates, seed, arch=arch)
+            except Exception:  # a template whose space cannot be built for this target
+                continue
+            pred = predict_many(t, workload, cfgs, spec, model)
+            default_us = float(pred[0])
+            i = int(pred.argmin())
+            if i and pred[i] <= default_us * (1 - margin):
+                pick = Choice(t.name, cfgs[i], float(pred[i]),
+                              f"model: {pred[i]:.1f} us vs default {default_us:.1f} us "
+                              f"({len(cfgs)} candidates)")
+            else:
+                pick = Choice(t.name, cfgs[0], default_us,
+                              f"model: default config ({len(cfgs)} candidates within "
+                              f"{margin:.0%})")
+            alternatives.append((t.name, pick.predicted_us))
+            if best is None or pick.predicted_us < best.predicted_us:
+                best = pick
+    if include_fp16:
+        fp16_us = float(predict_many(FP16, workload, [{}], spec)[0])
+        alternatives.append((FP16, fp16_us))
+        if best is None or fp16_us < best.predicted_us:
+            why = "no template of ours supports it" if best is None else (
+                f"fp16 estimate {fp16_us:.1f} us beats {best.template} {best.predicted_us:.1f} us")
+            best = Choice(FP16, None, fp16_us, why)
+    if best is None:
+        raise ValueError(f"no template supports {workload.key}")
+    return Choice(best.template, best.config, best.predicted_us, best.reason,
+                  tuple(sorted(alternatives, key=lambda a: a[1])))
+
+
 def kernel_for(workload: Workload, db: RecordsDB | str | Path | None = None,
                gpu: str | None = None, fallback: bool = True) -> Kernel:
-    """The tuned kernel for `workload` from the records; without a record, the default config
-    of the first registered template that supports it (`fallback`), else ValueError."""
+    """The tuned kernel for `workload` from the records; without a record (and `fallback`),
+    the template and config `choose` predicts fastest among ours (no fp16), else ValueError."""
     rec = best_record(workload, db, gpu)
     if rec is not None:
         return get_template(rec.template).build(workload, rec.cfg)
     if fallback:
-        usable: list[KernelTemplate] = [t for t in templates() if t.supports(workload)]
-        if usable:
-            return usable[0].build(workload, usable[0].default_config(workload))
+        try:
+            pick = choose(workload, gpu, include_fp16=False)
+        except ValueError:
+            pick = None
+        if pick is not None and pick.config is not None:
+            return get_template(pick.template).build(workload, pick.config)
     raise ValueError(f"no tuning record for {workload.key}"
                      + (f" on {gpu}" if gpu else "") + " and no fallback template")

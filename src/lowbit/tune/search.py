@@ -8,6 +8,8 @@
   diversity   the convolution paper's diversity-aware exploration on top of `sa` (see
               `DiversitySearch`)
   tpe         Optuna's TPE sampler, an outside anchor
+  pruned      the thesis's filters, then the performance model's predicted order
+              (`lowbit.tune.pruned`)
 
 `propose` never returns a config already measured or proposed-and-pending, and returns fewer
 than n only when the space is used up. `update` takes `Trial`s (time_us None = failed).
@@ -26,7 +28,7 @@ from .cost_model import RankCostModel, Sample
 from .features import Featurizer
 from .sa import AnnealSettings, SpaceWalker, anneal
 
-STRATEGIES = ("random", "exhaustive", "sa", "diversity", "tpe")
+STRATEGIES = ("random", "exhaustive", "sa", "diversity", "tpe", "pruned")
 #: the convolution paper's SA settings (also AutoTVM's defaults, with 128 walkers)
 PAPER_SA = AnnealSettings()
 
@@ -321,4 +323,8 @@ def make_strategy(name: str, space: ConfigSpace, workload: Workload, template: o
                                settings=settings, transfer=transfer)
     if name == "tpe":
         return TPESearch(space, seed)
+    if name == "pruned":
+        from .pruned import PrunedSearch  # it builds on this module
+
+        return PrunedSearch(space, workload, template, seed)
     raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {name!r}")

@@ -1,0 +1,542 @@
+"""Performance models (issue 34): held-out accuracy, the pruned tuner, zero-tuning dispatch.
+
+Offline (default; CPU, from the recorded measurements under benchmarks/results):
+  model_accuracy rows   leave-one-layer-out accuracy per template of the learned model and of
+                        the analytic model alone (`lowbit.perfmodel.evaluate`), and of the
+                        calibrated fp16 estimate (leave one layer out of its calibration)
+  pruned_tuner rows     per measured space of >= 100 configs: measurements the pruned tuner
+                        (`lowbit.tune.pruned`, model trained without that layer) needs to reach
+                        0.97x of the space's best, as a fraction of the space, beside random
+                        search's expected fraction
+  --export-snapshot     rewrites the packaged measurement snapshot the default model trains on
+  --calibrate           prints the analytic constants fitted to the data
+
+GPU (--gpu; <= 5 minutes on an H100): on every shared workload and 26 new layer shapes at w8a8
+(and a few at w1a2), measures each template's default config, the model's top picks and a
+random config through `lowbit.tune.LocalMeasurer` (built, checked bit for bit against
+`lowbit.reference`, timed in a crash-isolated worker; a failure is a recorded row), times
+cuDNN / cuBLAS fp16, and writes
+  measurement rows      every candidate (future training data)
+  dispatch rows         {workload, template, dispatch_us, tuned_us (best measured in the
+                        sample), dispatch_over_tuned, cudnn_fp16_us, engine_*}
+  model_accuracy rows   the default model on the fresh measurements (new shapes: held out)
+  sampling rows         the thesis's 2x / 3x saturation sampling vs the measured time
+
+    python benchmarks/perfmodel.py [--quick] [--out DIR] [--export-snapshot] [--calibrate]
+    python benchmarks/perfmodel.py --gpu [--budget-s 230] [--out DIR] [--no-bitserial]
+
+Results: benchmarks/results/<gpu>/perfmodel-<stamp>.json ("benchmark": "perfmodel"); a short
+table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import random
+import statistics
+import sys
+import time
+import traceback
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload, Workload, load_workloads
+from lowbit.core.workloads import SUITES
+from lowbit.perfmodel import calibrate as cal
+from lowbit.perfmodel.dataset import (
+    FP16_TEMPLATE,
+    SNAPSHOT,
+    Measurement,
+    deduplicate,
+    int8_workload,
+    load_results,
+    save_snapshot,
+    summary,
+)
+from lowbit.perfmodel.evaluate import accuracy, learned_fit, leave_one_layer_out
+
+ROOT = Path(__file__).resolve().parent.parent
+H100_NAME = "NVIDIA H100 80GB HBM3"
+BITPLANE_EPI = Epilogue(bias=True, relu=True, out="u2", out_layout="bitplane")
+
+#: new layer shapes (issue 34): MobileNet / EfficientNet pointwise, YOLO, DenseNet, U-Net,
+#: odd channels, batch 1, non-square maps, 5x5, unpadded stride 2, odd-size GEMMs
+NEW_LAYERS: tuple[tuple[str, dict], ...] = (
+    ("mbv2_pw_112_32to16_b1", dict(op="conv2d", N=1, H=112, W=112, C=32, K=16, R=1, S=1)),
+    ("mbv2_pw_56_24to144_b8", dict(op="conv2d", N=8, H=56, W=56, C=24, K=144, R=1, S=1)),
+    ("mbv2_pw_28_144to32_b8", dict(op="conv2d", N=8, H=28, W=28, C=144, K=32, R=1, S=1)),
+    ("mbv2_pw_14_384to64_b8", dict(op="conv2d", N=8, H=14, W=14, C=384, K=64, R=1, S=1)),
+    ("mbv2_pw_7_960to320_b1", dict(op="conv2d", N=1, H=7, W=7, C=960, K=320, R=1, S=1)),
+    ("effb0_pw_28_240to40_b8", dict(op="conv2d", N=8, H=28, W=28, C=240, K=40, R=1, S=1)),
+    ("effb0_pw_14_480to80_b8", dict(op="conv2d", N=8, H=14, W=14, C=480, K=80, R=1, S=1)),
+    ("effb0_pw_14_672to112_b8", dict(op="conv2d", N=8, H=14, W=14, C=672, K=112, R=1, S=1)),
+    ("effb0_pw_7_1152to320_b1", dict(op="conv2d", N=1, H=7, W=7, C=1152, K=320, R=1, S=1)),
+    ("yolo_pw_52_256to128_b8", dict(op="conv2d", N=8, H=52, W=52, C=256, K=128, R=1, S=1)),
+    ("yolo_26_256to512_b8", dict(op="conv2d", N=8, H=26, W=26, C=256, K=512, R=3, S=3, pad=1)),
+    ("yolo_13_512to1024_b1", dict(op="conv2d", N=1, H=13, W=13, C=512, K=1024, R=3, S=3,
+                                  pad=1)),
+    ("yolo_76_128to256_s2_b4", dict(op="conv2d", N=4, H=76, W=76, C=128, K=256, R=3, S=3,
+                                    stride=2, pad=1)),
+    ("densenet_56_128to32_b8", dict(op="conv2d", N=8, H=56, W=56, C=128, K=32, R=3, S=3,
+                                    pad=1)),
+    ("densenet_pw_28_480to128_b8", dict(op="conv2d", N=8, H=28, W=28, C=480, K=128, R=1,
+                                        S=1)),
+    ("unet_128_64to64_b1", dict(op="conv2d", N=1, H=128, W=128, C=64, K=64, R=3, S=3, pad=1)),
+    ("unet_64x96_128to128_b2", dict(op="conv2d", N=2, H=64, W=96, C=128, K=128, R=3, S=3,
+                                    pad=1)),
+    ("unet_40x24_256to256_b4", dict(op="conv2d", N=4, H=40, W=24, C=256, K=256, R=3, S=3,
+                                    pad=1)),
+    ("odd_28_100to200_b8", dict(op="conv2d", N=8, H=28, W=28, C=100, K=200, R=3, S=3, pad=1)),
+    ("odd_pw_14_72to120_b16", dict(op="conv2d", N=16, H=14, W=14, C=72, K=120, R=1, S=1)),
+    ("conv5x5_28_64to64_b8", dict(op="conv2d", N=8, H=28, W=28, C=64, K=64, R=5, S=5, pad=2)),
+    ("unpadded_s2_56_64to128_b8", dict(op="conv2d", N=8, H=56, W=56, C=64, K=128, R=3, S=3,
+                                       stride=2)),
+    ("b1_7x7_512to512", dict(op="conv2d", N=1, H=7, W=7, C=512, K=512, R=3, S=3, pad=1)),
+    ("gemm_classifier_256x1000x2048", dict(op="gemm", M=256, N=1000, K=2048)),
+    ("gemv_1x4096x4096", dict(op="gemm", M=1, N=4096, K=4096)),
+    ("gemm_16x1000x1280", dict(op="gemm", M=16, N=1000, K=1280)),
+    ("gemm_odd_333x777x1000", dict(op="gemm", M=333, N=777, K=1000)),
+    ("gemm_4096x4096x1000", dict(op="gemm", M=4096, N=4096, K=1000)),
+)
+#: templates measured in the GPU run (dispatch chooses among these)
+GPU_TEMPLATES = ("triton.conv2d_int8", "triton.conv2d_int8_tma", "cuda.int8_wgmma",
+                 "triton.gemm_int8")
+BITSERIAL_LAYERS = ("resnet18_56x56_64to64_s1", "resnet18_14x14_256to256_s1",
+                    "resnet50_s4_3x3_b256", "fc_b128_4096to4096", "mbv2_pw_14_384to64_b8",
+                    "gemm_classifier_256x1000x2048", "b1_7x7_512to512")
+
+
+def int8_layer(d_or_wl: dict | Workload) -> Workload:
+    """The w8a8 layer: conv epilogue bias + ReLU -> s8 (what the next layer reads), GEMM
+    int32 (the shared FC shapes' convention)."""
+    from lowbit.core import workload_from_dict
+
+    wl = d_or_wl if isinstance(d_or_wl, Workload) else workload_from_dict(d_or_wl)
+    if isinstance(wl, ConvWorkload):
+        return int8_workload(wl)
+    return wl.replace(w="s8", a="s8", w_layout="int8", a_layout="int8", epilogue=Epilogue())
+
+
+def bitserial_layer(wl: Workload) -> Workload:
+    return wl.replace(w="b1", a="u2", w_layout="bitplane", a_layout="bitplane",
+                      epilogue=BITPLANE_EPI)
+
+
+def all_layers() -> list[tuple[str, Workload, bool]]:
+    """(name, w8a8 workload, new shape?) for the shared workloads and NEW_LAYERS."""
+    shared = [(n, int8_layer(wl), False) for s in SUITES for n, wl in load_workloads(s)]
+    new = [(n, int8_layer(d), True) for n, d in NEW_LAYERS]
+    out = []
+    for i in range(max(len(shared), len(new))):  # interleaved: a cut budget keeps both kinds
+        out += [x[i] for x in (shared, new) if i < len(x)]
+    return out
+
+
+def _doc(rows: list[dict], gpu: str, extra: dict) -> dict:
+    import common
+
+    return {"benchmark": "perfmodel", "gpu": gpu, "date": _dt.date.today().isoformat(),
+            "versions": common.versions(), **extra, "rows": rows}
+
+
+def _write(doc: dict, out: Path | None, gpu: str) -> Path:
+    folder = out or ROOT / "benchmarks" / "results" / gpu.lower().replace(" ", "-")
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = folder / f"perfmodel-{stamp}.json"
+    path.write_text(json.dumps(doc, indent=1))
+    return path
+
+
+# ----------------------------------------------------------------------------- offline
+
+def fp16_loo(ms: list[Measurement]) -> dict:
+    """Accuracy of the fp16 estimate with each layer left out of its calibration."""
+    fp = [m for m in ms if m.template == FP16_TEMPLATE]
+    pairs = []
+    for layer in sorted({m.layer for m in fp}):
+        params = cal.calibrate([m for m in fp if m.layer != layer], cal.FP16_PARAMS)
+        for m in fp:
+            if m.layer == layer:
+                pairs.append((layer, m.gpu + layer,
+                              cal.fp16_estimate_us(m.workload, m.gpu, params), m.events_us))
+    row = accuracy(FP16_TEMPLATE, pairs).row()
+    return {**row, "kind": "model_accuracy", "model": "analytic_calibrated", "data": "recorded"}
+
+
+def pruned_rows(ms: list[Measurement], min_space: int = 100, rounds: int = 300) -> list[dict]:
+    """Pruned-tuner replay on each measured space of >= `min_space` configs (module doc)."""
+    from lowbit.tune.pruned import PrunedSearch, expected_random_trials, replay, table_space
+
+    ms = [m for m in ms if m.template != FP16_TEMPLATE]
+    fit = learned_fit(rounds=rounds)
+    layer_of = np.array([m.layer for m in ms])
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, m in enumerate(ms):
+        groups[(m.template, m.workload.key, m.gpu)].append(i)
+    rows = []
+    for (tmpl, key, gpu), ix in sorted(groups.items()):
+        if len(ix) < min_space:
+            continue
+        pred = fit(ms, np.flatnonzero(layer_of != ms[ix[0]].layer))(np.array(ix))
+        cfgs = [ms[i].config for i in ix]
+        times = {ms[i].config: ms[i].events_us for i in ix}
+        by_cfg = dict(zip(cfgs, pred, strict=True))
+        target = min(times.values()) / 0.97
+        good = sum(t <= target for t in times.values())
+        strat = PrunedSearch(table_space(cfgs), ms[ix[0]].workload, tmpl,
+                             predict=lambda cs, p=by_cfg: [p[c] for c in cs], gpu=gpu)
+        n = replay(strat, times, target, batch=8)
+        rows.append({"kind": "pruned_tuner", "template": tmpl, "workload": key, "gpu": gpu,
+                     "space_size": len(ix), "survivors": strat.survivors,
+                     "trials_to_097": n,
+                     "fraction_measured_to_097": None if n is None else round(n / len(ix), 4),
+                     "random_fraction_to_097": round(
+                         expected_random_trials(len(ix), good) / len(ix), 4),
+                     "space_note": "table of measured configs (exhaustive for the "
+                                   "triton.conv2d_int8 tables, the configs ever measured "
+                                   "for the others)"})
+    return rows
+
+
+def offline(results: Path, quick: bool, out: Path | None) -> list[dict]:
+    t0 = time.perf_counter()
+    ms = deduplicate(load_results(results))
+    print(f"{len(ms)} measurements after deduplication ({time.perf_counter() - t0:.0f} s)",
+          flush=True)
+    for (gpu, tmpl), (layers, n) in summary(ms).items():
+        print(f"  {gpu:24s} {tmpl:26s} {layers:3d} layers {n:5d} rows")
+    rounds = 150 if quick else 300
+    rows: list[dict] = []
+    layers = None
+    if quick:  # the layers with many configs only
+        counts = defaultdict(int)
+        for m in ms:
+            counts[m.layer] += 1
+        layers = [k for k, v in counts.items() if v >= 100]
+    for name, fit in (("learned", learned_fit(rounds=rounds)), ("analytic", _analytic_fit)):
+        t1 = time.perf_counter()
+        for acc in leave_one_layer_out(ms, fit, layers=layers):
+            rows.append({**acc.row(), "kind": "model_accuracy", "model": name,
+                         "data": "recorded"})
+        print(f"leave-one-layer-out ({name}): {time.perf_counter() - t1:.0f} s", flush=True)
+    rows.append(fp16_loo(ms))
+    t1 = time.perf_counter()
+    rows += pruned_rows(ms, rounds=rounds)
+    print(f"pruned-tuner replays: {time.perf_counter() - t1:.0f} s", flush=True)
+    gpu = H100_NAME
+    doc = _doc(rows, f"{gpu} (offline: recorded measurements)",
+               {"mode": "offline", "measurements": len(ms),
+                "sources": [*sorted({m.source for m in ms})[:3], "..."]})
+    print(f"wrote {_write(doc, out, gpu)}")
+    return rows
+
+
+def _analytic_fit(ms: list[Measurement], train: np.ndarray):
+    """The calibrated analytic model alone (constants refit without the held-out layer)."""
+    from lowbit.perfmodel.analytic import estimate
+    from lowbit.perfmodel.geometry import geometry
+    from lowbit.perfmodel.hardware import gpu_spec_for
+
+    sample = [ms[i] for i in train[:: max(1, len(train) // 1500)]]
+    params = cal.calibrate(sample)
+
+    def predict(test: np.ndarray) -> np.ndarray:
+        return np.array([estimate(geometry(ms[i].template, ms[i].workload, ms[i].config),
+                                  ms[i].workload, gpu_spec_for(ms[i].gpu), params).total_us
+                         for i in test])
+
+    return predict
+
+
+# ----------------------------------------------------------------------------- GPU
+
+class GpuRun:
+    """State of the device run: measurer, model, rows, budget."""
+
+    def __init__(self, budget_s: float) -> None:
+        from lowbit.kernels import load_backends
+        from lowbit.perfmodel.hardware import current_gpu_spec
+        from lowbit.perfmodel.predict import default_model
+        from lowbit.tune import LocalMeasurer
+
+        load_backends()
+        self.t0 = time.perf_counter()
+        self.budget_s = budget_s
+        self.spec = current_gpu_spec()
+        self.model = default_model()
+        print(f"model ready in {time.perf_counter() - self.t0:.0f} s", flush=True)
+        self.measurer = LocalMeasurer(device="cuda", timeout_s=30, compile_timeout_s=120,
+                                      warmup_ms=10, rep_ms=40)
+        self.rows: list[dict] = []
+        self.rng = random.Random(0)
+
+    def left(self) -> float:
+        return self.budget_s - (time.perf_counter() - self.t0)
+
+    def plan(self, name: str, wl: Workload, templates: tuple[str, ...]) -> list[tuple]:
+        """(template, config, role) candidates of one layer: dispatch pick, each template's
+        default, its two model-ranked best candidates and one random candidate."""
+        from lowbit.kernels import get_template
+        from lowbit.tune.dispatch import candidate_configs, choose
+
+        usable = [get_template(t) for t in templates]
+        usable = [t for t in usable if _supports(t, wl)]
+        jobs: dict[tuple[str, Config], str] = {}
+        pick = choose(wl, self.spec, templates=usable, include_fp16=False)
+        jobs[(pick.template, pick.config)] = "dispatch"
+        for t in usable:
+            try:
+                cfgs = candidate_configs(t, wl, 48, seed=self.rng.randrange(1000))
+            except Exception as e:
+                print(f"  {name} {t.name}: no candidates ({type(e).__name__}: {e})"[:200])
+                continue
+            pred = self.model.predict([(t.name, wl, c) for c in cfgs], self.spec)
+            order = [int(i) for i in np.argsort(pred)]
+            jobs.setdefault((t.name, cfgs[0]), "default")
+            for i in [i for i in order if i][:2]:
+                jobs.setdefault((t.name, cfgs[i]), "model")
+            if len(cfgs) > 3:
+                jobs.setdefault((t.name, cfgs[self.rng.randrange(1, len(cfgs))]), "random")
+        return [(t, c, role, pick) for (t, c), role in jobs.items()]
+
+    def measure_layer(self, name: str, wl: Workload, new: bool,
+                      templates: tuple[str, ...]) -> None:
+        from lowbit.kernels import get_template
+        from lowbit.tune import MeasureInput
+
+        jobs = self.plan(name, wl, templates)
+        if not jobs:
+            return
+        pick = jobs[0][3]
+        inputs = [MeasureInput(get_template(t), wl, c) for t, c, _, _ in jobs]
+        results = self.measurer.measure(inputs)
+        measured = {}
+        for (t, c, role, _), res in zip(jobs, results, strict=True):
+            pred = float(self.model.predict([(t, wl, c)], self.spec)[0])
+            self.rows.append({"kind": "measurement", "workload": name, "new_shape": new,
+                              "workload_key": wl.key, "wl": wl.to_dict(), "template": t,
+                              "config": dict(c), "role": role, "time_us": res.time_us,
+                              "predicted_us": round(pred, 3), "error": res.error})
+            if res.time_us is not None:
+                measured[(t, c)] = res.time_us
+        fp16 = _fp16_us(wl)
+        ok = sorted(measured.items(), key=lambda kv: kv[1])
+        dispatch_us = measured.get((pick.template, pick.config))
+        tuned_us = ok[0][1] if ok else None
+        engine = _engine_choice(pick, fp16, self.spec, wl)
+        engine_us = fp16 if engine == FP16_TEMPLATE else dispatch_us
+        self.rows.append({
+            "kind": "dispatch", "workload": name, "new_shape": new, "workload_key": wl.key,
+            "template": pick.template, "config": dict(pick.config),
+            "predicted_us": round(pick.predicted_us, 3), "dispatch_us": dispatch_us,
+            "tuned_us": tuned_us, "tuned_template": ok[0][0][0] if ok else None,
+            "dispatch_over_tuned": None if dispatch_us is None or tuned_us is None
+            else round(dispatch_us / tuned_us, 3),
+            "cudnn_fp16_us": fp16, "wl_fp16": int8_workload(wl).to_dict(),
+            "engine_template": engine, "engine_us": engine_us,
+            "engine_over_fp16": None if engine_us is None or fp16 is None
+            else round(engine_us / fp16, 3),
+            "n_measured": len(measured), "n_failed": len(jobs) - len(measured)})
+        r = self.rows[-1]
+        print(f"{name:32s} {pick.template:24s} dispatch {_f(dispatch_us)} tuned "
+              f"{_f(tuned_us)} fp16 {_f(fp16)} engine {engine} "
+              f"({len(measured)}/{len(jobs)} ok, {self.left():.0f} s left)", flush=True)
+        del r
+
+    def sampling(self, limit: int = 4) -> None:
+        """Saturation-point sampling vs measurement for a few large layers' defaults."""
+        from lowbit.kernels import get_template
+        from lowbit.perfmodel.sampling import sampling_predict, waves
+        from lowbit.tune import MeasureInput
+
+        done = 0
+        for r in [r for r in self.rows if r["kind"] == "measurement" and r["role"] == "default"
+                  and r["time_us"] is not None]:
+            if done >= limit or self.left() < 20:
+                break
+            from lowbit.core import workload_from_dict
+
+            wl, t, c = workload_from_dict(r["wl"]), get_template(r["template"]), \
+                Config(r["config"])
+            if waves(t, wl, c, self.spec) < 5:
+                continue
+
+            def measure(w: Workload, t=t, c=c) -> float:
+                res = self.measurer.measure([MeasureInput(t, w, c)])[0]
+                if res.time_us is None:
+                    raise RuntimeError(res.error)
+                return res.time_us
+
+            try:
+                p = sampling_predict(measure, t, wl, c, self.spec)
+            except Exception as e:
+                print(f"  sampling {r['workload']} {t.name}: {type(e).__name__}: {e}"[:200])
+                continue
+            done += 1
+            self.rows.append({"kind": "sampling", "workload": r["workload"],
+                              "template": t.name, "config": r["config"],
+                              "target_waves": p.target_waves, "samples": p.samples,
+                              "predicted_us": round(p.predicted_us, 3),
+                              "measured_us": r["time_us"],
+                              "ape": round(abs(p.predicted_us - r["time_us"])
+                                           / r["time_us"] * 100, 2)})
+
+    def accuracy_rows(self) -> None:
+        for new_only in (True, False):
+            pairs: dict[str, list] = defaultdict(list)
+            for r in self.rows:
+                if r["kind"] == "measurement" and r["time_us"] and (r["new_shape"] or
+                                                                    not new_only):
+                    pairs[r["template"]].append((r["workload"], r["workload_key"],
+                                                 r["predicted_us"], r["time_us"]))
+            for tmpl, p in sorted(pairs.items()):
+                self.rows.append({**accuracy(tmpl, p, min_tau_configs=4).row(),
+                                  "kind": "model_accuracy", "model": "learned",
+                                  "data": "fresh, new shapes (held out)" if new_only
+                                  else "fresh, all layers"})
+
+
+def _supports(t, wl: Workload) -> bool:
+    try:
+        return t.supports(wl)
+    except Exception:
+        return False
+
+
+def _fp16_us(wl: Workload) -> float | None:
+    import common
+
+    try:
+        if isinstance(wl, GemmWorkload):
+            return common.fp16_gemm_us(wl)
+        return common.cudnn_fp16_conv_us(wl)
+    except Exception as e:
+        print(f"  fp16 baseline failed: {type(e).__name__}: {e}"[:200])
+        return None
+
+
+def _engine_choice(pick, fp16_measured: float | None, spec, wl: Workload) -> str:
+    """The engine's choice by prediction (fp16 estimate vs our pick), as `choose` makes it."""
+    fp16_pred = cal.fp16_estimate_us(wl, spec)
+    return FP16_TEMPLATE if fp16_pred < pick.predicted_us else pick.template
+
+
+def _f(v: float | None) -> str:
+    return "   -   " if v is None else f"{v:7.1f}"
+
+
+def gpu_mode(budget_s: float, out: Path | None, bitserial: bool) -> list[dict]:
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("--gpu needs a CUDA GPU")
+    run = GpuRun(budget_s)
+    gpu = torch.cuda.get_device_name()
+    layers = all_layers()
+    try:
+        for name, wl, new in layers:
+            if run.left() < 25:
+                print(f"budget spent: skipping {name} and later layers")
+                break
+            try:
+                run.measure_layer(name, wl, new, GPU_TEMPLATES)
+            except Exception as e:
+                traceback.print_exc()
+                run.rows.append({"kind": "error", "workload": name, "error": repr(e)[:300]})
+        if bitserial:
+            by_name = {n: (wl, new) for n, wl, new in layers}
+            for name in BITSERIAL_LAYERS:
+                if run.left() < 30 or name not in by_name:
+                    continue
+                wl, new = by_name[name]
+                try:
+                    run.measure_layer(name + "_w1a2", bitserial_layer(wl), new,
+                                      ("cuda.bitserial",))
+                except Exception as e:
+                    traceback.print_exc()
+                    run.rows.append({"kind": "error", "workload": name, "error": repr(e)[:300]})
+        run.sampling()
+    finally:
+        run.measurer.close()
+    run.accuracy_rows()
+    doc = _doc(run.rows, gpu, {"mode": "gpu", "budget_s": budget_s,
+                               "wall_s": round(time.perf_counter() - run.t0, 1)})
+    print(f"wrote {_write(doc, out, gpu)}")
+    return run.rows
+
+
+# ----------------------------------------------------------------------------- table
+
+def print_table(rows: list[dict]) -> None:
+    acc = [r for r in rows if r["kind"] == "model_accuracy"]
+    if acc:
+        print(f"\n{'model accuracy':44s} {'MdAPE%':>7s} {'tau':>6s} {'layers':>6s} "
+              f"{'configs':>7s}")
+        for r in acc:
+            tau = "   -  " if r["kendall_tau"] is None else f"{r['kendall_tau']:6.3f}"
+            label = f"{r['template']} [{r['model']}, {r['data'][:12]}]"
+            print(f"{label:44s} {r['median_ape']:7.1f} {tau} {r['n_layers']:6d} "
+                  f"{r['n_configs']:7d}")
+    pruned = [r for r in rows if r["kind"] == "pruned_tuner"]
+    if pruned:
+        fr = [r["fraction_measured_to_097"] for r in pruned
+              if r["fraction_measured_to_097"] is not None]
+        rnd = [r["random_fraction_to_097"] for r in pruned]
+        print(f"\npruned tuner: {len(pruned)} spaces, median fraction to 0.97x "
+              f"{statistics.median(fr) if fr else float('nan'):.3f} (random "
+              f"{statistics.median(rnd):.3f}); <= 10% on "
+              f"{sum(f <= 0.10 for f in fr)} of {len(pruned)}")
+    disp = [r for r in rows if r["kind"] == "dispatch"]
+    if disp:
+        ratios = [r["dispatch_over_tuned"] for r in disp if r["dispatch_over_tuned"]]
+        print(f"\ndispatch: {len(disp)} layers, median dispatch/tuned "
+              f"{statistics.median(ratios) if ratios else float('nan'):.3f}, within 1.25x "
+              f"on {sum(x <= 1.25 for x in ratios)} of {len(ratios)}")
+    samp = [r for r in rows if r["kind"] == "sampling"]
+    if samp:
+        print(f"sampling: {len(samp)} configs, median APE "
+              f"{statistics.median(r['ape'] for r in samp):.1f}%")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gpu", action="store_true", help="measure on this GPU (module doc)")
+    ap.add_argument("--budget-s", type=float, default=230.0,
+                    help="GPU mode: seconds for measuring (the run ends about 30 s later)")
+    ap.add_argument("--no-bitserial", action="store_true")
+    ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--quick", action="store_true", help="offline: layers of >= 100 rows")
+    ap.add_argument("--export-snapshot", action="store_true",
+                    help=f"offline: rewrite {SNAPSHOT.name} from --results")
+    ap.add_argument("--calibrate", action="store_true", help="offline: print fitted constants")
+    ap.add_argument("--out", type=Path, default=None, help="results folder")
+    args = ap.parse_args(argv)
+    if args.out is None and os.environ.get("OUT"):
+        args.out = Path(os.environ["OUT"])
+    if args.gpu:
+        rows = gpu_mode(args.budget_s, args.out, not args.no_bitserial)
+    elif args.export_snapshot or args.calibrate:
+        ms = deduplicate(load_results(args.results))
+        if args.export_snapshot:
+            print(f"wrote {save_snapshot(ms)} measurements to {SNAPSHOT}")
+        if args.calibrate:
+            ours = [m for m in ms if m.template != FP16_TEMPLATE]
+            fp = [m for m in ms if m.template == FP16_TEMPLATE]
+            print("ours:", cal.calibrate(ours[:: max(1, len(ours) // 2000)]))
+            print("fp16:", cal.calibrate(fp, cal.FP16_PARAMS))
+        return
+    else:
+        rows = offline(args.results, args.quick, args.out)
+    print_table(rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,459 @@
+"""Every verified measurement we have, as (gpu, template, workload, config, time) rows.
+
+Sources: the results files of `benchmarks/` (DESIGN.md format: exhaustive `tuning_tables`,
+the best and tried configs of `conv`, `gemm`, `tma_conv`, `bitserial` rows, `mma_ablation`
+sweeps, tuner bests of `tuning_timed`, verified `config_probe` rows, the measurement rows of
+`perfmodel` GPU runs), and the tuner's SQLite records. Only verified measurements count (a
+table entry without error, a tried config marked exact, a benchmark row's chosen config,
+which the benchmark checked bit for bit before timing).
+
+Timing: the tuner and the conv / GEMM benchmarks time with CUDA events around one launch
+(`do_bench`, "events"); the bit-serial benchmarks and probes replay CUDA graphs ("graph"), which
+leaves out about 4 us of launch overhead (`GRAPH_OFFSET_US`: the median difference, 3.96
+us, of 240 same-config pairs in the conv / GEMM files of 2026-11-22..24,
+`paired_graph_offsets`). Rows keep the time as measured; `Measurement.events_us` puts both
+on the events scale.
+
+The cuDNN / cuBLAS fp16 baselines join as the pseudo-template `FP16_TEMPLATE` with an empty
+config (their time depends on the shape only).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import statistics
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core import Config, ConvWorkload, Epilogue, Workload, workload_from_dict
+from ..core.workloads import SUITES, load_workloads
+
+FP16_TEMPLATE = "torch.fp16"
+GRAPH_OFFSET_US = 3.96
+TIMINGS = ("events", "graph")
+_INT8_EPILOGUE = Epilogue(bias=True, relu=True, out="s8")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One verified timing. `time_us` as measured with `timing` ("events" or "graph");
+    `source`: the file (or records database) it came from, `stamp` its date for ordering."""
+
+    gpu: str
+    template: str
+    workload: Workload
+    config: Config
+    time_us: float
+    timing: str = "events"
+    source: str = ""
+    stamp: str = ""
+
+    @property
+    def events_us(self) -> float:
+        """The time on the events scale (what `lowbit.tune` measures)."""
+        return self.time_us + (GRAPH_OFFSET_US if self.timing == "graph" else 0.0)
+
+    @property
+    def layer(self) -> str:
+        """The layer's shape, without precisions or epilogue: the unit held out together."""
+        return self.workload.key.split("|", 1)[0]
+
+    def to_dict(self) -> dict:
+        return {"gpu": self.gpu, "template": self.template, "workload": self.workload.to_dict(),
+                "config": dict(self.config), "time_us": self.time_us, "timing": self.timing,
+                "source": self.source, "stamp": self.stamp}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Measurement:
+        return cls(d["gpu"], d["template"], workload_from_dict(d["workload"]),
+                   Config(d["config"]), float(d["time_us"]), d.get("timing", "events"),
+                   d.get("source", ""), d.get("stamp", ""))
+
+
+# ----------------------------------------------------------------------------- workloads
+
+def _epilogue_from_key(text: str) -> Epilogue:
+    """Inverse of `Epilogue.key`: 'bias+relu->u2/bitplane', 'int32', 'relu->fp16'."""
+    head, arrow, out = text.rpartition("->")
+    parts = set(head.split("+")) if arrow else set()
+    if not arrow:
+        out = text
+    bad = parts - {"bias", "relu"}
+    if bad:
+        raise ValueError(f"epilogue key {text!r}: unknown parts {sorted(bad)}")
+    name, _, layout = out.partition("/")
+    kw: dict = {"bias": "bias" in parts, "relu": "relu" in parts, "out": name}
+    if layout:
+        kw["out_layout"] = layout
+    return Epilogue(**kw)
+
+
+_KEY = re.compile(r"(\w+)\(([^)]*)\)\|w=(\w+)/(\w+)\|a=(\w+)/(\w+)\|(.+)")
+
+
+def workload_from_key(key: str) -> Workload:
+    """Inverse of `Workload.key` (ValueError naming the key when it does not parse)."""
+    m = _KEY.fullmatch(key.strip())
+    if not m:
+        raise ValueError(f"not a workload key: {key!r}")
+    op, shape, w, wl_, a, al, epi = m.groups()
+    d: dict = {"op": op, "w": w, "w_layout": wl_, "a": a, "a_layout": al,
+               "epilogue": _epilogue_from_key(epi)}
+    for item in shape.split(","):
+        name, _, value = item.partition("=")
+        d[name] = int(value)
+    return workload_from_dict(d)
+
+
+def _named_workloads() -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for suite in SUITES:
+        for name, wl in load_workloads(suite):
+            out[name] = wl.to_dict()
+    return out
+
+
+def int8_workload(base: Workload) -> Workload:
+    """The w8a8 twin of a layer, epilogue bias + ReLU -> s8 (the int8 benchmarks' layer)."""
+    return base.replace(w="s8", a="s8", w_layout="int8", a_layout="int8", epilogue=_INT8_EPILOGUE)
+
+
+# ----------------------------------------------------------------------------- parsers
+
+_STAMP = re.compile(r"(\d{8})(?:-(\d{6}|s\d+))?")
+
+
+def file_stamp(name: str) -> str:
+    """Sortable date of a results file from its name ('20261126-044801', '20261125-s18')."""
+    m = _STAMP.search(name)
+    if not m:
+        return ""
+    return m.group(1) + "-" + (m.group(2) or "")
+
+
+class _Reader:
+    """Turns one results document into measurements (one method per benchmark kind)."""
+
+    def __init__(self, doc: dict, source: str, names: dict[str, dict],
+                 keys_by_name: dict[tuple[str, str], str]) -> None:
+        self.doc = doc
+        self.gpu = doc.get("gpu", "")
+        self.source = source
+        self.stamp = file_stamp(source)
+        self.names = names
+        self.keys_by_name = keys_by_name
+
+    def m(self, template: str, wl: Workload, config: dict, t: object, timing: str
+          ) -> Measurement | None:
+        if not isinstance(t, int | float) or not t > 0:
+            return None
+        cfg = Config({k: v for k, v in config.items() if k != "template"})
+        return Measurement(self.gpu, template, wl, cfg, float(t), timing, self.source,
+                           self.stamp)
+
+    def named(self, name: str, precision: str, epilogue: str | None) -> Workload | None:
+        key = self.keys_by_name.get((name, precision))
+        if key is not None:
+            return workload_from_key(key)
+        base = self.names.get(name)
+        if base is None or precision != "w8a8":
+            return None
+        epi = _epilogue_from_key(epilogue) if epilogue else _INT8_EPILOGUE
+        return workload_from_dict(base, w="s8", a="s8", epilogue=epi)
+
+    def read(self) -> Iterator[Measurement | None]:
+        kind = self.doc.get("benchmark")
+        if kind == "tuning_tables":
+            yield from self.tables()
+        elif kind == "bitserial":
+            yield from self.bitserial()
+        elif kind in ("conv", "gemm", "tma_conv"):
+            yield from self.conv_gemm()
+        elif kind == "mma_ablation":
+            yield from self.mma_ablation()
+        elif kind == "tuning_timed":
+            yield from self.timed()
+        elif kind == "perfmodel":
+            yield from self.perfmodel()
+        elif kind is None and self.source.startswith("config_probe"):
+            yield from self.config_probe()
+
+    def tables(self) -> Iterator[Measurement | None]:
+        tmpl = self.doc["template"]
+        for layer in self.doc["layers"]:
+            wl = workload_from_dict(layer["wl"])
+            for cfg, t, err in layer["table"]:
+                if err is None:
+                    yield self.m(tmpl, wl, cfg, t, "events")
+
+    def bitserial(self) -> Iterator[Measurement | None]:
+        for r in self.doc["rows"]:
+            wl = workload_from_key(r["workload_key"])
+            tmpl = r.get("impl", "cuda.bitserial")
+            if r.get("verified") and r.get("config"):
+                yield self.m(tmpl, wl, r["config"], r.get("time_us"), "graph")
+            for t in r.get("tried", ()):
+                if t.get("exact"):
+                    yield self.m(tmpl, wl, t["config"], t.get("us"), "graph")
+            tuned = r.get("tuned")
+            if tuned and tuned.get("config"):
+                yield self.m(tmpl, wl, tuned["config"], tuned.get("tuner_us"), "events")
+            base = r.get("baselines_us", {})
+            if isinstance(wl, ConvWorkload):
+                yield self.m(FP16_TEMPLATE, int8_workload(wl), {}, base.get("cudnn_fp16"),
+                             "graph")
+            else:
+                yield self.m(FP16_TEMPLATE, int8_workload(wl), {}, base.get("fp16_matmul"),
+                             "events")
+            best = r.get("baseline_configs", {}).get("int8_best_config")
+            if best:
+                name = best.get("template") or ("triton.conv2d_int8_tma" if "BLOCK_I" in best
+                                                else "triton.conv2d_int8"
+                                                if isinstance(wl, ConvWorkload)
+                                                else "triton.gemm_int8")
+                yield self.m(name, int8_workload(wl), best, base.get("int8_best"), "graph")
+
+    def conv_gemm(self) -> Iterator[Measurement | None]:
+        for r in self.doc["rows"]:
+            wl = self.named(r["workload"], r.get("precision", ""),
+                            r.get("epilogue", self.doc.get("epilogue")))
+            if wl is None:
+                continue
+            base = r.get("baselines_us", {})
+            graph = r.get("cuda_graph_us") or {}
+            yield self.m(r["impl"], wl, r["config"], r.get("time_us"), "events")
+            yield self.m(r["impl"], wl, r["config"], graph.get("triton"), "graph")
+            fp16 = base.get("cudnn_fp16", base.get("fp16_matmul"))
+            yield self.m(FP16_TEMPLATE, int8_workload(wl), {}, fp16, "events")
+            igemm = r.get("igemm_config")
+            if igemm:
+                yield self.m("triton.conv2d_int8", wl, igemm, base.get("triton.conv2d_int8"),
+                             "events")
+            for key, name in (("cuda_int8_wgmma", "cuda.int8_wgmma"),
+                              ("triton_gemm_int8", "triton.gemm_int8")):
+                other = r.get(key)
+                if other and other.get("config"):
+                    yield self.m(name, wl, other["config"], other.get("time_us"), "events")
+                    yield self.m(name, wl, other["config"], other.get("graph_us"), "graph")
+
+    def mma_ablation(self) -> Iterator[Measurement | None]:
+        from ..core import Epilogue as Epi
+
+        epi = Epi(bias=True, relu=True, out="u4", out_layout="packed")
+        for layer in self.doc.get("sweep", ()):
+            base = self.names.get(layer["workload"])
+            if base is None:
+                continue
+            wl = workload_from_dict(base, w="s8", a="u8", epilogue=epi)
+            for res in layer["results"]:
+                if res.get("verified"):
+                    yield self.m("cuda.mma_conv_s8", wl, res["config"], res.get("time_us"),
+                                 "events")
+
+    def timed(self) -> Iterator[Measurement | None]:
+        for r in self.doc["rows"]:
+            tmpl = r.get("best_template") or self.doc.get("template")
+            if tmpl and r.get("best_config") and r.get("key"):
+                yield self.m(tmpl, workload_from_key(r["key"]), r["best_config"],
+                             r.get("best_us"), "events")
+
+    def perfmodel(self) -> Iterator[Measurement | None]:
+        for r in self.doc["rows"]:
+            if r.get("kind") == "measurement" and r.get("error") is None and r.get("wl"):
+                yield self.m(r["template"], workload_from_dict(r["wl"]), r["config"],
+                             r.get("time_us"), "events")
+            elif r.get("kind") == "dispatch" and r.get("wl_fp16"):
+                yield self.m(FP16_TEMPLATE, workload_from_dict(r["wl_fp16"]), {},
+                             r.get("cudnn_fp16_us"), "events")
+
+    def config_probe(self) -> Iterator[Measurement | None]:
+        for r in self.doc["rows"]:
+            if not r.get("exact"):
+                continue
+            wl = self.named(r.get("workload", ""), r.get("precision", ""), None)
+            if wl is not None:
+                yield self.m("cuda.bitserial", wl, r["config"], r.get("us"), "graph")
+
+
+def _result_docs(paths: Iterable[Path]) -> list[tuple[str, dict]]:
+    docs = []
+    for p in sorted(paths):
+        try:
+            doc = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("rows", doc.get("layers")), list):
+            docs.append((p.name, doc))
+    return docs
+
+
+def _keys_by_name(docs: list[tuple[str, dict]]) -> dict[tuple[str, str], str]:
+    """(workload name, precision) -> workload key, from rows that carry both."""
+    out: dict[tuple[str, str], str] = {}
+    for _, doc in docs:
+        for r in doc.get("rows", ()):
+            if isinstance(r, dict) and "workload_key" in r and "workload" in r:
+                out[(r["workload"], r.get("precision", ""))] = r["workload_key"]
+    return out
+
+
+def load_results(root: str | Path, migrate: Migration | None = None,
+                 complete: bool = True) -> list[Measurement]:
+    """Every verified measurement in the results files under `root` (searched recursively;
+    a file that is not a results document is skipped), renamed by `migrate`, configs completed
+    (`complete_configs`), not yet deduplicated."""
+    paths = [p for p in Path(root).rglob("*.json")]
+    docs = _result_docs(paths)
+    names = _named_workloads()
+    by_name = _keys_by_name(docs)
+    out: list[Measurement] = []
+    for source, doc in docs:
+        try:
+            found = [m for m in _Reader(doc, source, names, by_name).read() if m is not None]
+        except (KeyError, TypeError, ValueError):
+            continue  # a results format this reader does not know: skip the whole file
+        out.extend(found)
+    if migrate:
+        out = [migrate_all(m, migrate) for m in out]
+    return complete_configs(out) if complete else out
+
+
+def load_records(db: object, gpu: str | None = None, migrate: Migration | None = None
+                 ) -> list[Measurement]:
+    """The successful measurements of a `lowbit.tune.records.RecordsDB` (or its path)."""
+    from ..tune.records import RecordsDB  # tune sits beside perfmodel: imported on use
+
+    own = not isinstance(db, RecordsDB)
+    records = RecordsDB(db) if own else db
+    try:
+        out = []
+        for r in records.records(gpu=gpu):
+            if r.time_us is None or r.time_us <= 0:
+                continue
+            try:
+                wl = (workload_from_dict(json.loads(r.workload_json)) if r.workload_json
+                      else workload_from_key(r.workload))
+            except (ValueError, TypeError):
+                continue
+            stamp = f"{r.timestamp:017.6f}"
+            out.append(Measurement(r.gpu, r.template, wl, r.cfg, float(r.time_us), "events",
+                                   f"records:{Path(str(records.path)).name}", stamp))
+    finally:
+        if own:
+            records.close()
+    return [migrate_all(m, migrate) for m in out] if migrate else out
+
+
+#: (template name, config, workload) -> (template name, config): renames old records (e.g.
+#: "cuda.bitserial" rows into the family template that now owns their config)
+Migration = Callable[[str, Config, Workload], tuple[str, Config]]
+
+
+def migrate_all(m: Measurement, migrate: Migration) -> Measurement:
+    name, cfg = migrate(m.template, m.config, m.workload)
+    if name == m.template and cfg == m.config:
+        return m
+    return Measurement(m.gpu, name, m.workload, Config(cfg), m.time_us, m.timing, m.source,
+                       m.stamp)
+
+
+def complete_configs(ms: Iterable[Measurement]) -> list[Measurement]:
+    """Configs recorded before a knob existed, completed with the value they meant (the
+    template's `added_knobs`, for templates registered here), so that old and new records
+    of one kernel are one config; configs whose knobs still differ from today's space (a
+    probe's variant of the kernel, or a kernel from before a knob that has no old meaning)
+    are dropped."""
+    from ..kernels import get_template, load_backends
+
+    load_backends()
+    names: dict[tuple[str, str], tuple[frozenset[str], dict] | None] = {}
+    out = []
+    for m in ms:
+        key = (m.template, m.workload.key)
+        if key not in names:
+            try:
+                tmpl = get_template(m.template)
+                names[key] = (frozenset(tmpl.space(m.workload).names), dict(tmpl.added_knobs))
+            except Exception:  # unregistered, or no space here (another arch): keep as is
+                names[key] = None
+        if names[key] is None:
+            out.append(m)
+            continue
+        known, added = names[key]
+        missing = {k: v for k, v in added.items() if k in known and k not in m.config}
+        cfg = Config({**missing, **m.config}) if missing else m.config
+        if set(cfg) == known:
+            out.append(m if cfg is m.config else Measurement(
+                m.gpu, m.template, m.workload, cfg, m.time_us, m.timing, m.source, m.stamp))
+    return out
+
+
+def deduplicate(ms: Iterable[Measurement]) -> list[Measurement]:
+    """One row per (gpu, template, workload, config): the latest measurement, events timing
+    preferred over graph timing of the same stamp (kernels change between sessions: the
+    latest one measured the code that is closest to today's)."""
+    best: dict[tuple, Measurement] = {}
+    for m in ms:
+        key = (m.gpu, m.template, m.workload.key, m.config)
+        rank = (m.stamp, m.timing == "events")
+        have = best.get(key)
+        if have is None or rank > (have.stamp, have.timing == "events"):
+            best[key] = m
+    return sorted(best.values(), key=lambda m: (m.gpu, m.template, m.workload.key, m.stamp))
+
+
+def paired_graph_offsets(root: str | Path) -> list[float]:
+    """events - graph time of the same config in the same row (conv / GEMM results files)."""
+    out = []
+    for _, doc in _result_docs(Path(root).rglob("*.json")):
+        if doc.get("benchmark") not in ("conv", "gemm"):
+            continue
+        for r in doc["rows"]:
+            graph = r.get("cuda_graph_us") or {}
+            if isinstance(graph.get("triton"), float) and isinstance(r.get("time_us"), float):
+                out.append(r["time_us"] - graph["triton"])
+            base = r.get("baselines_us", {})
+            if isinstance(graph.get("cudnn_fp16"), float) and "cudnn_fp16" in base:
+                out.append(base["cudnn_fp16"] - graph["cudnn_fp16"])
+    return out
+
+
+# ----------------------------------------------------------------------------- snapshot
+
+SNAPSHOT = Path(__file__).with_name("measurements.jsonl.gz")
+
+
+def save_snapshot(ms: Iterable[Measurement], path: str | Path = SNAPSHOT) -> int:
+    """Write measurements as gzipped JSON lines; returns the count."""
+    rows = [json.dumps(m.to_dict(), sort_keys=True) for m in ms]
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join(rows) + ("\n" if rows else ""))
+    return len(rows)
+
+
+def load_snapshot(path: str | Path = SNAPSHOT) -> list[Measurement]:
+    """The measurements `save_snapshot` wrote (the packaged H100 / H200 snapshot by
+    default; an empty list when the file is missing)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    with gzip.open(p, "rt") as f:
+        return [Measurement.from_dict(json.loads(line)) for line in f if line.strip()]
+
+
+def summary(ms: Iterable[Measurement]) -> dict[tuple[str, str], tuple[int, int]]:
+    """(gpu, template) -> (layers, measurements)."""
+    layers: dict[tuple[str, str], set[str]] = {}
+    counts: dict[tuple[str, str], int] = {}
+    for m in ms:
+        k = (m.gpu, m.template)
+        layers.setdefault(k, set()).add(m.workload.key)
+        counts[k] = counts.get(k, 0) + 1
+    return {k: (len(layers[k]), counts[k]) for k in sorted(counts)}
+
+
+def median_offset(offsets: list[float]) -> float:
+    return statistics.median(offsets) if offsets else GRAPH_OFFSET_US
