@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from lowbit.core import ConvWorkload, Layout, PackedTensor, Precision
 from lowbit.kernels.triton import stem as S
-from lowbit.kernels.triton.netops import fast_requant_ok
+from lowbit.kernels.triton import netops as N
 from lowbit.quant.packing import pack
 from lowbit.reference import (
     FloatOutput,
@@ -143,16 +143,24 @@ def test_stem_configs(cfg):
 
 
 @settings(max_examples=400, deadline=None)
-@given(y=st.integers(-(2**22) + 1, 2**22 - 1), m=st.integers(0, 2**31 - 1),
-       s=st.integers(1, 44), lo=st.sampled_from([-128, 0, -8]))
-def test_fast_requant_float64_is_exact(y, m, s, lo):
-    """The stem's float64 requantization floor(y * (m * 2^-s) + 0.5), clamped, equals the
-    integer one wherever `fast_requant_ok` allows it (same IEEE arithmetic on CPU and GPU)."""
-    hi = 127 if lo < 0 else 255
-    ms = torch.tensor([m], dtype=torch.float64) * 2.0 ** -s
-    fast = torch.floor(torch.tensor([y], dtype=torch.float64) * ms + 0.5).clamp(lo, hi)
-    assert int(fast) == min(max((y * m + (1 << (s - 1))) >> s, lo), hi)
-    assert fast_requant_ok(2**22 - 1, torch.tensor([s]))
+@given(y=st.integers(-(2**21), 2**21), m=st.integers(0, 2**31 - 1),
+       b=st.integers(-(2**50), 2**50), s=st.integers(1, 62),
+       prec=st.sampled_from(["s8", "u8", "u2", "s4"]), relu=st.booleans())
+def test_fast_requant_float64_is_exact(y, m, b, s, prec, relu):
+    """The float64 requantization floor(y (m 2^-s) + b 2^-s + 0.5), clamped, equals the
+    integer one wherever `netops.requant_mode` picks it (same IEEE arithmetic on CPU and GPU;
+    kernels compile without FMA); it is picked for every shift up to 52 - bits."""
+    spec = N.Requantized(prec, m, s, b, relu=relu)
+    mode = N.requant_mode(spec, 1, 2**21, 0)
+    assert mode == (N.FAST if s <= 52 - spec.precision.bits else N.DIRECT)
+    lo, hi = spec.low, spec.precision.qmax
+    exact = min(max((y * m + b + (1 << (s - 1))) >> s, lo), hi)
+    if mode == N.FAST:
+        scaled = 2.0 ** -s
+        ms = torch.tensor([m], dtype=torch.float64) * scaled
+        bs = torch.tensor([b], dtype=torch.float64) * scaled
+        fast = torch.floor(torch.tensor([y], dtype=torch.float64) * ms + bs + 0.5).clamp(lo, hi)
+        assert int(fast) == exact
 
 
 def test_bound_launcher_replays_and_flags_nonfinite():

@@ -1,35 +1,53 @@
 """Triton kernels of the engine's integer network ops on stored tensors, bit-exact against
-`lowbit.reference.netops` (formulas there):
+`lowbit.reference.netops` (formulas there) and the plan semantics of `lowbit.graph.ir`:
 
-- `bind_layer_epilogue`: int32 y = acc + bias [..., K] (+ a residual operand) -> one or more
-  outputs, each requantized into its own precision and layout (INT8 or BITPLANE) with ReLU, or
-  dequantized to float32 (logits);
-- `bind_maxpool2d`, `bind_avgpool2d` (global included): NHWC in INT8 or BITPLANE -> the same
-  or the other layout (average pool requantized);
-- `bind_quantize_image`: a float NCHW image (fp32 / fp16 / bf16) -> INT8 or BITPLANE NHWC.
+- `bind_layer_epilogue`: int32 y [..., K] (a conv's accumulator) + an optional residual
+  operand -> one or more outputs, each requantized into its own precision (<= 8 bits or wide
+  16 / 24-bit) and layout (INT8 or BITPLANE) with its bias at the output's shift and ReLU, or
+  dequantized to float32 (logits; NHWC or NCHW);
+- `bind_maxpool2d`, `bind_avgpool2d`, `bind_avgpool_windows` (pools.py): NHWC in INT8 or
+  BITPLANE -> the same or the other layout (average pools requantized);
+- `bind_quantize`: a float NCHW (or [N, C]) tensor -> INT8 / BITPLANE / wide NHWC.
 
 Quantized tensors travel as `lowbit.core.PackedTensor` (storage + logical NHWC or [M, C] shape,
-precision, layout). Each `bind_*` checks its arguments once (ValueError / TypeError naming the
-argument, before any launch) and returns a `Launcher`: calling it replays the launch with every
-argument fixed (no host work besides Triton's launch, CUDA-graph capturable). The plain
-functions (`layer_epilogue`, `maxpool2d`, ...) allocate the outputs and launch once.
+precision, layout; wide precisions: `stored.IntPrecision`). Each `bind_*` checks its arguments
+once (ValueError / TypeError naming the argument, before any launch) and returns a `Launcher`:
+calling it replays the launch with every argument fixed (no host work besides Triton's launch,
+CUDA-graph capturable). The plain functions (`layer_epilogue`, `maxpool2d`, ...) allocate the
+outputs and launch once.
 
-Non-finite image values cannot raise inside a kernel: `bind_quantize_image(..., status=t)`
-sets t[0] to 1 when the image held any (the caller reads it after the forward).
+Requantized output (`Requantized`; reference `RequantizedOutput` has b = 0):
+    q = clamp(floor((y m + b + res r + 2^(s-1)) / 2^s), lo, qmax),  lo = max(qmin, 0) with relu
+computed in one of three exact ways chosen at bind (`requant_mode`): int64 directly where the
+terms' bounds keep the sum inside int64 (DIRECT), the reference's split sum otherwise (SPLIT),
+or, without a residual, float64 floor(y (m 2^-s) + b 2^-s + 0.5) where that is exact (FAST:
+|y m + b| < 2^53 and s <= 52 - bits, see `requant_mode`).
+Float output (`Dequantized`): float32(y scale + offset + res residual_scale) in float64 (the
+terms added in that order, no FMA), then ReLU.
+
+Non-finite floats cannot raise inside a kernel: `bind_quantize(..., status=t)` sets t[0] to 1
+when the input held any (the caller reads it after the forward).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from ...core import Layout, PackedTensor, Precision
+from ...core import Encoding, Layout, PackedTensor, Precision
 from ...reference.netops import MULT_LIMIT, FloatOutput, RequantizedOutput
 from .igemm import Launch, cdiv
-from .pools import avgpool2d, bind_avgpool2d, bind_maxpool2d, maxpool2d
+from .pools import (
+    avgpool2d,
+    bind_avgpool2d,
+    bind_avgpool_windows,
+    bind_maxpool2d,
+    maxpool2d,
+)
 from .stored import (
     ENC,
     Launcher,
@@ -40,81 +58,198 @@ from .stored import (
     flag_nonfinite,
     float_channel_vector,
     int_channel_vector,
+    is_wide,
     layout_code,
     load_values,
     quantize_f32,
     requant_round,
+    round_shift_terms,
     storage_strides,
     store_values,
+    value_bound,
 )
 
 #: layer epilogue outputs per launch (more outputs: more launches, each re-reading y)
 MAX_OUTPUTS = 4
-KIND_NONE, KIND_REQUANT, KIND_FLOAT = 0, 1, 2
-__all__ = ["Launcher", "avgpool2d", "bind_avgpool2d", "bind_layer_epilogue", "bind_maxpool2d",
+KIND_NONE, KIND_REQUANT, KIND_FLOAT, KIND_FLOAT_NCHW = 0, 1, 2, 3
+#: requantization modes (module docstring)
+DIRECT, SPLIT, FAST = 0, 1, 2
+#: |residual values| the epilogue takes (24-bit wide realizations)
+RESIDUAL_LIMIT = 2**23
+BIAS_LIMIT = 2**62
+__all__ = ["Dequantized", "Launcher", "Requantized", "avgpool2d", "bind_avgpool2d",
+           "bind_avgpool_windows", "bind_layer_epilogue", "bind_maxpool2d", "bind_quantize",
            "bind_quantize_image", "empty_packed", "layer_epilogue", "maxpool2d",
-           "quantize_image"]
+           "quantize_image", "requant_mode"]
+
+
+# =========================================================================== output specs
+@dataclass(frozen=True, eq=False)
+class Requantized:
+    """One requantized output (module docstring). precision: a `Precision` (not binary) or a
+    wide signed one (`stored.IntPrecision`, graph's WidePrecision); multiplier [K] in
+    [0, 2^31), shift [K] in 1..62, bias [K] (b, in units of 2^-shift output steps,
+    |b| < 2^62; None: 0), residual_multiplier [K] (|r| < 2^31; None: no residual term).
+    Vectors may be ints (broadcast)."""
+
+    precision: object
+    multiplier: torch.Tensor | int
+    shift: torch.Tensor | int
+    bias: torch.Tensor | int | None = None
+    residual_multiplier: torch.Tensor | int | None = None
+    relu: bool = False
+
+    def __post_init__(self) -> None:
+        p = self.precision
+        if isinstance(p, str):
+            p = Precision.parse(p)
+            object.__setattr__(self, "precision", p)
+        if not all(hasattr(p, a) for a in ("bits", "encoding", "qmin", "qmax")):
+            raise TypeError(f"precision must be a Precision or a wide signed precision, got {p!r}")
+        if p.encoding is Encoding.BINARY:
+            raise ValueError("precision cannot be binary: requantize to unsigned or signed")
+        if not isinstance(self.relu, bool):
+            raise TypeError(f"relu must be a bool, got {self.relu!r}")
+
+    @property
+    def low(self) -> int:
+        return max(int(self.precision.qmin), 0) if self.relu else int(self.precision.qmin)
+
+
+@dataclass(frozen=True, eq=False)
+class Dequantized:
+    """A float32 output (module docstring): scale, offset [K] float64 (offset None: 0),
+    residual_scale (a number; None: no residual term), relu; channels_first: the float tensor
+    is NCHW ([N, K, H, W]) instead of y's NHWC order."""
+
+    scale: torch.Tensor | float
+    offset: torch.Tensor | float | None = None
+    residual_scale: float | None = None
+    relu: bool = False
+    channels_first: bool = False
+
+
+OutputSpec = Requantized | Dequantized | RequantizedOutput | FloatOutput
+
+
+def as_output_spec(i: int, spec: object) -> Requantized | Dequantized:
+    """The kernel spec of a reference output spec (RequantizedOutput: b = 0; FloatOutput)."""
+    if isinstance(spec, (Requantized, Dequantized)):
+        return spec
+    if isinstance(spec, RequantizedOutput):
+        return Requantized(spec.precision, spec.multiplier, spec.shift, None,
+                           spec.residual_multiplier, spec.relu)
+    if isinstance(spec, FloatOutput):
+        return Dequantized(spec.scale, spec.offset)
+    raise TypeError(f"outputs[{i}] must be a Requantized / Dequantized (or reference "
+                    f"RequantizedOutput / FloatOutput) spec, got {type(spec).__name__}")
+
+
+def _int64_vector(name: str, v: object, k: int, limit: int) -> torch.Tensor:
+    t = torch.as_tensor(0 if v is None else v)
+    if t.dtype.is_floating_point or t.dtype == torch.bool:
+        raise TypeError(f"{name} must be an int or an integer tensor, got {t.dtype}")
+    t = t.to(torch.int64).cpu()
+    t = t.expand(k) if t.dim() == 0 else t
+    if tuple(t.shape) != (k,):
+        raise ValueError(f"{name} must be a scalar or a vector of length {k}, got shape "
+                         f"{tuple(t.shape)}")
+    if k and int(t.abs().max()) >= limit:
+        raise ValueError(f"{name} must satisfy |value| < 2^{limit.bit_length() - 1}")
+    return t.contiguous()
+
+
+def requant_mode(spec: Requantized, k: int, y_bound: int, res_bound: int,
+                 fast: bool = True) -> int:
+    """The exact way to compute `spec` (module docstring) for |y| <= y_bound and residual
+    values |res| <= res_bound: FAST (float64, no residual term) where
+    y_bound max(m) + max|b| < 2^53 (so y m + b and its scaling by 2^-s are exact in float64)
+    and every s <= 52 - bits (the one rounding, of + 0.5, is exact for |q| <= 2^bits, and
+    beyond that the clamp decides); DIRECT where the int64 sum plus the rounding term stays
+    below 2^63; else SPLIT."""
+    m = _int64_vector("multiplier", spec.multiplier, k, MULT_LIMIT)
+    s = _int64_vector("shift", spec.shift, k, 63)
+    b = _int64_vector("bias", spec.bias, k, BIAS_LIMIT)
+    r = _int64_vector("residual_multiplier", spec.residual_multiplier, k, MULT_LIMIT)
+    m_top, b_top, s_top = int(m.max()), int(b.abs().max()), int(s.max())
+    terms = y_bound * m_top + b_top
+    if fast and spec.residual_multiplier is None and terms < 2**53 and \
+            s_top <= 52 - int(spec.precision.bits):
+        return FAST
+    if spec.residual_multiplier is not None:
+        terms += res_bound * int(r.abs().max())
+    return DIRECT if terms + 2 ** (s_top - 1) < 2**63 else SPLIT
 
 
 # =========================================================================== kernels
 @triton.jit
-def emit_output(y, res, pix, pix_mask, c0, K, out_ptr, v1_ptr, v2_ptr, v3_ptr, row, plane,
-                 KIND: tl.constexpr, LAYOUT: tl.constexpr, BITS: tl.constexpr,
-                 QLO: tl.constexpr, QMAX: tl.constexpr, HAS_RES: tl.constexpr,
-                 BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, FAST: tl.constexpr):
-    """One output of the layer epilogue. REQUANT: v1 multiplier, v2 residual multiplier,
-    v3 shift (int32 [K]); FLOAT: v1 scale, v2 offset (float64 [K]).
-    FAST (no residual): v1 holds m * 2^-s in float64 and q = floor(y * v1 + 0.5): exact where
-    |y| < 2^22 and s <= 44 (`fast_requant_ok`: y * m is exact in float64, and the one rounding
-    of the sum cannot cross an integer that matters for the clamp)."""
+def emit_output(y, res, pix, pix_mask, c0, K, out_ptr, v1_ptr, v2_ptr, v3_ptr, v4_ptr, row,
+                plane, KIND: tl.constexpr, LAYOUT: tl.constexpr, BITS: tl.constexpr,
+                QLO: tl.constexpr, QMAX: tl.constexpr, HAS_RES: tl.constexpr,
+                MODE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """One output of the layer epilogue (module docstring). REQUANT: v1 multiplier (FAST:
+    m 2^-s float64), v2 residual multiplier, v3 shift (int32 [K]), v4 b (int64; FAST:
+    b 2^-s float64). FLOAT: v1 scale, v2 offset, v3 residual scale (float64 [K]); QLO 0
+    means ReLU; FLOAT_NCHW: `row` is H*W, the output NCHW."""
     chan = c0 + tl.arange(0, BLOCK_C)
     c_mask = chan < K
     if KIND == 1:
-        if FAST:
+        if MODE == 2:
             ms = tl.load(v1_ptr + chan, mask=c_mask, other=0.0)
-            v = tl.math.floor(y.to(tl.float64) * ms[None, :] + 0.5)
+            bs = tl.load(v4_ptr + chan, mask=c_mask, other=0.0)
+            v = tl.math.floor(y.to(tl.float64) * ms[None, :] + bs[None, :] + 0.5)
             q = tl.minimum(tl.maximum(v, QLO), QMAX).to(tl.int32)
         else:
             m = tl.load(v1_ptr + chan, mask=c_mask, other=0).to(tl.int64)
-            sh = tl.load(v3_ptr + chan, mask=c_mask, other=1).to(tl.int64)
-            z = y.to(tl.int64) * m[None, :]
+            sh = tl.load(v3_ptr + chan, mask=c_mask, other=1).to(tl.int64)[None, :]
+            b = tl.load(v4_ptr + chan, mask=c_mask, other=0)[None, :]
+            t0 = y.to(tl.int64) * m[None, :]
+            t2 = tl.zeros_like(t0)
             if HAS_RES:
                 r = tl.load(v2_ptr + chan, mask=c_mask, other=0).to(tl.int64)
-                z += res.to(tl.int64) * r[None, :]
-            q = requant_round(z, sh[None, :])
+                t2 = res.to(tl.int64) * r[None, :]
+            if MODE == 1:
+                q = round_shift_terms(t0, b, t2, sh)
+            else:
+                q = requant_round(t0 + b + t2, sh)
             q = tl.minimum(tl.maximum(q, QLO), QMAX).to(tl.int32)
         store_values(out_ptr, q, pix, pix_mask, c0, K, row, plane, LAYOUT, BITS, 0,
                      BLOCK_P, BLOCK_C)
-    elif KIND == 2:
+    elif KIND >= 2:
         sc = tl.load(v1_ptr + chan, mask=c_mask, other=0.0)
         off = tl.load(v2_ptr + chan, mask=c_mask, other=0.0)
         f = y.to(tl.float64) * sc[None, :] + off[None, :]
-        tl.store(out_ptr + pix[:, None] * K + chan[None, :], f.to(tl.float32),
-                 mask=pix_mask[:, None] & c_mask[None, :])
-
-
-def fast_requant_ok(y_bound: int, shifts: torch.Tensor) -> bool:
-    """Whether `emit_output`'s FAST float64 requantization is exact: |y| < 2^22 (so
-    |y * m| < 2^53) and every shift <= 44 (the rounding of y * m * 2^-s + 0.5 moves it by less
-    than 2^-s below any integer of magnitude <= 2^8 + 1, the ones the clamp can tell apart)."""
-    return y_bound < 2**22 and int(shifts.max()) <= 44
+        if HAS_RES:
+            rs = tl.load(v3_ptr + chan, mask=c_mask, other=0.0)
+            f = f + res.to(tl.float64) * rs[None, :]
+        f = f.to(tl.float32)
+        if QLO == 0:
+            f = tl.maximum(f, 0.0)
+        mask = pix_mask[:, None] & c_mask[None, :]
+        if KIND == 2:
+            tl.store(out_ptr + pix[:, None] * K + chan[None, :], f, mask=mask)
+        else:
+            n = pix // row
+            hw = pix % row
+            tl.store(out_ptr + (n * K * row + hw)[:, None] + (chan * row)[None, :], f,
+                     mask=mask)
 
 
 @triton.jit
 def layer_epilogue_kernel(
     y_ptr, res_ptr, M, K, res_row, res_plane,
-    o0, a0, b0, c0_, row0, plane0, o1, a1, b1, c1, row1, plane1,
-    o2, a2, b2, c2, row2, plane2, o3, a3, b3, c3, row3, plane3,
+    o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1, plane1,
+    o2, a2, b2, c2, d2, row2, plane2, o3, a3, b3, c3, d3, row3, plane3,
     HAS_RES: tl.constexpr, RES_LAYOUT: tl.constexpr, RES_BITS: tl.constexpr,
     RES_ENC: tl.constexpr,
     KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr, QLO0: tl.constexpr,
-    QMAX0: tl.constexpr, RES0: tl.constexpr,
+    QMAX0: tl.constexpr, RES0: tl.constexpr, MODE0: tl.constexpr,
     KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr, QLO1: tl.constexpr,
-    QMAX1: tl.constexpr, RES1: tl.constexpr,
+    QMAX1: tl.constexpr, RES1: tl.constexpr, MODE1: tl.constexpr,
     KIND2: tl.constexpr, LAYOUT2: tl.constexpr, BITS2: tl.constexpr, QLO2: tl.constexpr,
-    QMAX2: tl.constexpr, RES2: tl.constexpr,
+    QMAX2: tl.constexpr, RES2: tl.constexpr, MODE2: tl.constexpr,
     KIND3: tl.constexpr, LAYOUT3: tl.constexpr, BITS3: tl.constexpr, QLO3: tl.constexpr,
-    QMAX3: tl.constexpr, RES3: tl.constexpr,
+    QMAX3: tl.constexpr, RES3: tl.constexpr, MODE3: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """y (int32 [M, K]) and the residual read once per tile, then up to four outputs."""
@@ -128,28 +263,28 @@ def layer_epilogue_kernel(
     if HAS_RES:
         res = load_values(res_ptr, pix, pix_mask, c0, K, res_row, res_plane, RES_LAYOUT,
                           RES_BITS, RES_ENC, BLOCK_P, BLOCK_C)
-    emit_output(y, res, pix, pix_mask, c0, K, o0, a0, b0, c0_, row0, plane0, KIND0, LAYOUT0,
-                 BITS0, QLO0, QMAX0, RES0, BLOCK_P, BLOCK_C, False)
+    emit_output(y, res, pix, pix_mask, c0, K, o0, a0, b0, c0_, d0, row0, plane0, KIND0,
+                LAYOUT0, BITS0, QLO0, QMAX0, RES0, MODE0, BLOCK_P, BLOCK_C)
     if KIND1 != 0:
-        emit_output(y, res, pix, pix_mask, c0, K, o1, a1, b1, c1, row1, plane1, KIND1,
-                     LAYOUT1, BITS1, QLO1, QMAX1, RES1, BLOCK_P, BLOCK_C, False)
+        emit_output(y, res, pix, pix_mask, c0, K, o1, a1, b1, c1, d1, row1, plane1, KIND1,
+                    LAYOUT1, BITS1, QLO1, QMAX1, RES1, MODE1, BLOCK_P, BLOCK_C)
     if KIND2 != 0:
-        emit_output(y, res, pix, pix_mask, c0, K, o2, a2, b2, c2, row2, plane2, KIND2,
-                     LAYOUT2, BITS2, QLO2, QMAX2, RES2, BLOCK_P, BLOCK_C, False)
+        emit_output(y, res, pix, pix_mask, c0, K, o2, a2, b2, c2, d2, row2, plane2, KIND2,
+                    LAYOUT2, BITS2, QLO2, QMAX2, RES2, MODE2, BLOCK_P, BLOCK_C)
     if KIND3 != 0:
-        emit_output(y, res, pix, pix_mask, c0, K, o3, a3, b3, c3, row3, plane3, KIND3,
-                     LAYOUT3, BITS3, QLO3, QMAX3, RES3, BLOCK_P, BLOCK_C, False)
+        emit_output(y, res, pix, pix_mask, c0, K, o3, a3, b3, c3, d3, row3, plane3, KIND3,
+                    LAYOUT3, BITS3, QLO3, QMAX3, RES3, MODE3, BLOCK_P, BLOCK_C)
 
 
 @triton.jit
-def quantize_image_kernel(
+def quantize_kernel(
     x_ptr, out_ptr, status_ptr, NHW, HW, C, scale, o_row, o_plane,
     O_LAYOUT: tl.constexpr, O_BITS: tl.constexpr, O_ENC: tl.constexpr,
-    QMIN: tl.constexpr, QMAX: tl.constexpr, HAS_STATUS: tl.constexpr,
+    QMIN: tl.constexpr, QMAX: tl.constexpr, RELU: tl.constexpr, HAS_STATUS: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """q = clamp(floor(x / scale + 0.5)) in float32 with IEEE division (div_rn), NCHW ->
-    NHWC storage; binary: +1 for x >= 0 else -1."""
+    """q = clamp(floor(relu?(x) / scale + 0.5)) in float32 with IEEE division (div_rn), NCHW
+    -> NHWC storage; binary: +1 for x >= 0 else -1."""
     pix = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     c0 = tl.program_id(1) * BLOCK_C
     chan = c0 + tl.arange(0, BLOCK_C)
@@ -159,58 +294,88 @@ def quantize_image_kernel(
     hw = pix % HW
     x = tl.load(x_ptr + (n * C * HW + hw)[:, None] + (chan * HW)[None, :], mask=mask,
                 other=0.0).to(tl.float32)
-    q = quantize_f32(x, scale, O_ENC, QMIN, QMAX)
     if HAS_STATUS:
         flag_nonfinite(x, mask, status_ptr)
+    if RELU:
+        x = tl.maximum(x, 0.0)
+    q = quantize_f32(x, scale, O_ENC, QMIN, QMAX)
     store_values(out_ptr, q, pix, pix_mask, c0, C, o_row, o_plane, O_LAYOUT, O_BITS, O_ENC,
                  BLOCK_P, BLOCK_C)
 
 
 # =========================================================================== host side
 # --------------------------------------------------------------------------- layer epilogue
+def _unused_slot(placeholder: torch.Tensor) -> tuple[tuple, dict]:
+    return ((placeholder,) * 5 + (0, 0),
+            dict(KIND=KIND_NONE, LAYOUT=0, BITS=8, QLO=0, QMAX=0, RES=False, MODE=0))
+
+
 def output_slot(i: int, spec: object, out: object, shape: tuple[int, ...],
-                 device: torch.device, has_residual: bool) -> tuple[tuple, dict]:
+                device: torch.device, has_residual: bool, y_bound: int = 2**31,
+                res_bound: int = 0, fast: bool = True) -> tuple[tuple, dict]:
+    """(args, constexprs) of output i of the epilogue for an int32 y of logical `shape`:
+    args (out, v1, v2, v3, v4, row, plane) as `emit_output` reads them."""
+    spec = as_output_spec(i, spec)
     k = shape[-1]
-    if isinstance(spec, RequantizedOutput):
+    if isinstance(spec, Requantized):
         p = check_packed(f"outs[{i}]", out, shape, device)
-        if p.precision != spec.precision:
+        if str(p.precision) != str(spec.precision):
             raise ValueError(f"outs[{i}] holds {p.precision} but outputs[{i}] requantizes to "
                              f"{spec.precision}")
         mult = int_channel_vector(f"outputs[{i}].multiplier", spec.multiplier, k, 0,
-                               MULT_LIMIT - 1, device)
+                                  MULT_LIMIT - 1, device)
         shift = int_channel_vector(f"outputs[{i}].shift", spec.shift, k, 1, 62, device)
+        bias = _int64_vector(f"outputs[{i}].bias", spec.bias, k, BIAS_LIMIT)
         res_on = spec.residual_multiplier is not None
         if res_on and not has_residual:
             raise ValueError(f"outputs[{i}] has a residual_multiplier but no residual was given")
         rmul = int_channel_vector(f"outputs[{i}].residual_multiplier", spec.residual_multiplier,
-                               k, -(MULT_LIMIT - 1), MULT_LIMIT - 1, device) if res_on else mult
+                                  k, -(MULT_LIMIT - 1), MULT_LIMIT - 1, device) if res_on else mult
+        mode = requant_mode(spec, k, y_bound, res_bound, fast)
+        if mode == FAST:  # m 2^-s and b 2^-s in float64: exact (powers of two, |b| < 2^53)
+            scaled = torch.pow(2.0, -shift.cpu().to(torch.float64))
+            v1 = (mult.cpu().to(torch.float64) * scaled).to(device)
+            v4 = (bias.to(torch.float64) * scaled).to(device)
+        else:
+            v1, v4 = mult, bias.to(device)
         row, plane = storage_strides(p)
-        args = (p.data, mult, rmul, shift, row, plane)
-        consts = dict(KIND=KIND_REQUANT, LAYOUT=layout_code(p), BITS=p.precision.bits,
-                      QLO=spec.low, QMAX=spec.precision.qmax, RES=res_on)
-        return args, consts
-    if isinstance(spec, FloatOutput):
-        if (not isinstance(out, torch.Tensor) or out.dtype != torch.float32
-                or tuple(out.shape) != shape or not out.is_contiguous()):
-            raise ValueError(f"outs[{i}] must be a contiguous float32 tensor of shape {shape} "
-                             "(a FloatOutput)")
-        check_device(f"outs[{i}]", out, device)
-        scale = float_channel_vector(f"outputs[{i}].scale", spec.scale, k, device)
-        offset = float_channel_vector(f"outputs[{i}].offset", spec.offset, k, device)
-        consts = dict(KIND=KIND_FLOAT, LAYOUT=0, BITS=8, QLO=0, QMAX=0, RES=False)
-        return (out, scale, offset, scale, 0, 0), consts
-    raise TypeError(f"outputs[{i}] must be a RequantizedOutput or FloatOutput (the kernel's "
-                    f"input already is the int32 output), got {type(spec).__name__}")
+        consts = dict(KIND=KIND_REQUANT, LAYOUT=layout_code(p), BITS=min(p.precision.bits, 8),
+                      QLO=spec.low, QMAX=int(spec.precision.qmax), RES=res_on, MODE=mode)
+        return (p.data, v1, rmul, shift, v4, row, plane), consts
+    nchw = (shape[0], k, *shape[1:-1])
+    want = nchw if spec.channels_first else shape
+    if (not isinstance(out, torch.Tensor) or out.dtype != torch.float32
+            or tuple(out.shape) != want or not out.is_contiguous()):
+        raise ValueError(f"outs[{i}] must be a contiguous float32 tensor of shape {want} "
+                         "(a float output)")
+    check_device(f"outs[{i}]", out, device)
+    scale = float_channel_vector(f"outputs[{i}].scale", spec.scale, k, device)
+    offset = float_channel_vector(f"outputs[{i}].offset", spec.offset, k, device)
+    res_on = spec.residual_scale is not None
+    if res_on and not has_residual:
+        raise ValueError(f"outputs[{i}] has a residual_scale but no residual was given")
+    rscale = float_channel_vector(f"outputs[{i}].residual_scale", spec.residual_scale, k,
+                                  device) if res_on else scale
+    hw = 1
+    for d in shape[1:-1]:
+        hw *= d
+    consts = dict(KIND=KIND_FLOAT_NCHW if spec.channels_first else KIND_FLOAT, LAYOUT=0,
+                  BITS=8, QLO=0 if spec.relu else -1, QMAX=0, RES=res_on, MODE=0)
+    return (out, scale, offset, rscale, scale, hw, 0), consts
 
 
-def bind_layer_epilogue(y: torch.Tensor, outputs: Sequence[RequantizedOutput | FloatOutput],
+def bind_layer_epilogue(y: torch.Tensor, outputs: Sequence[OutputSpec],
                         outs: Sequence[PackedTensor | torch.Tensor],
-                        residual: PackedTensor | None = None) -> Launcher:
-    """Bind the layer epilogue: y int32 [..., K] (acc + bias, contiguous), one spec per output
-    (`lowbit.reference.netops`: RequantizedOutput, whose `outs` entry is a PackedTensor of y's
-    logical shape in INT8 or BITPLANE layout and the spec's precision; FloatOutput, whose entry
-    is a float32 tensor of y's shape), optional residual PackedTensor of y's logical shape
-    (|values| <= 255). Equals `reference.epilogue_outputs(y, None, outputs, residual values)`."""
+                        residual: PackedTensor | None = None, y_bound: int | None = None,
+                        fast: bool = True) -> Launcher:
+    """Bind the layer epilogue: y int32 [..., K] (contiguous), one spec per output
+    (`Requantized` or reference `RequantizedOutput`: the `outs` entry a PackedTensor of y's
+    logical shape in INT8 or BITPLANE layout and the spec's precision; `Dequantized` /
+    `FloatOutput`: a float32 tensor of y's shape, or NCHW with channels_first), optional
+    residual PackedTensor of y's logical shape (|values| <= 2^23, wide ones included).
+    y_bound: max |y| (default 2^31, any int32) for the choice of `requant_mode`; fast: allow
+    its FAST mode. With b = 0 equals `reference.epilogue_outputs(y, None, outputs,
+    residual values)`; in general the module docstring's formulas."""
     if not isinstance(y, torch.Tensor) or y.dtype != torch.int32 or y.dim() < 1:
         raise TypeError(f"y must be an int32 tensor [..., K], got "
                         f"{y.dtype if isinstance(y, torch.Tensor) else type(y).__name__}")
@@ -221,15 +386,19 @@ def bind_layer_epilogue(y: torch.Tensor, outputs: Sequence[RequantizedOutput | F
     if not isinstance(outputs, (list, tuple)) or not isinstance(outs, (list, tuple)) \
             or len(outputs) != len(outs) or not outputs:
         raise ValueError("outputs and outs must be non-empty sequences of the same length")
+    y_bound = 2**31 if y_bound is None else int(y_bound)
     res_args, res_consts = (y, 0, 0), dict(HAS_RES=False, RES_LAYOUT=0, RES_BITS=8, RES_ENC=0)
+    res_bound = 0
     if residual is not None:
         r = check_packed("residual", residual, shape, y.device)
-        if max(abs(r.precision.qmin), abs(r.precision.qmax)) > 255:
-            raise ValueError("residual values must fit |v| <= 255")
+        res_bound = value_bound(r.precision)
+        if res_bound > RESIDUAL_LIMIT:
+            raise ValueError("residual values must fit |v| <= 2^23")
         res_args = (r.data, *storage_strides(r))
-        res_consts = dict(HAS_RES=True, RES_LAYOUT=layout_code(r), RES_BITS=r.precision.bits,
-                          RES_ENC=ENC[r.precision.encoding])
-    slots = [output_slot(i, s, o, shape, y.device, residual is not None)
+        res_consts = dict(HAS_RES=True, RES_LAYOUT=layout_code(r),
+                          RES_BITS=min(r.precision.bits, 8), RES_ENC=ENC[r.precision.encoding])
+    slots = [output_slot(i, s, o, shape, y.device, residual is not None, y_bound, res_bound,
+                         fast)
              for i, (s, o) in enumerate(zip(outputs, outs, strict=True))]
     k = shape[-1]
     m = y.numel() // k
@@ -242,11 +411,7 @@ def bind_layer_epilogue(y: torch.Tensor, outputs: Sequence[RequantizedOutput | F
         args: list = [y, res_args[0], m, k, res_args[1], res_args[2]]
         kwargs: dict = dict(res_consts)
         for j in range(MAX_OUTPUTS):
-            if j < len(group):
-                a, c = group[j]
-            else:
-                a = (y, y, y, y, 0, 0)
-                c = dict(KIND=KIND_NONE, LAYOUT=0, BITS=8, QLO=0, QMAX=0, RES=False)
+            a, c = group[j] if j < len(group) else _unused_slot(y)
             args += list(a)
             kwargs.update({f"{name}{j}": v for name, v in c.items()})
         kwargs.update(BLOCK_P=bp, BLOCK_C=bc, num_warps=4, enable_fp_fusion=False)
@@ -255,7 +420,7 @@ def bind_layer_epilogue(y: torch.Tensor, outputs: Sequence[RequantizedOutput | F
     return Launcher(tuple(launches), results)
 
 
-def layer_epilogue(y: torch.Tensor, outputs: Sequence[RequantizedOutput | FloatOutput],
+def layer_epilogue(y: torch.Tensor, outputs: Sequence[OutputSpec],
                    layouts: Sequence[Layout | str] | None = None,
                    residual: PackedTensor | None = None) -> list[PackedTensor | torch.Tensor]:
     """`bind_layer_epilogue` with new outputs (requantized ones in `layouts`, INT8 by
@@ -263,25 +428,31 @@ def layer_epilogue(y: torch.Tensor, outputs: Sequence[RequantizedOutput | FloatO
     layouts = [Layout.INT8] * len(outputs) if layouts is None else [Layout(v) for v in layouts]
     if len(layouts) != len(outputs):
         raise ValueError("layouts must have one entry per output")
-    outs = [empty_packed(y.shape, s.precision, lay, y.device)
-            if isinstance(s, RequantizedOutput) else torch.empty(y.shape, dtype=torch.float32,
-                                                                 device=y.device)
-            for s, lay in zip(outputs, layouts, strict=True)]
+    outs = []
+    for i, (s, lay) in enumerate(zip(outputs, layouts, strict=True)):
+        spec = as_output_spec(i, s)
+        if isinstance(spec, Requantized):
+            outs.append(empty_packed(y.shape, spec.precision, lay, y.device))
+        else:
+            shape = (y.shape[0], y.shape[-1], *y.shape[1:-1]) if spec.channels_first else y.shape
+            outs.append(torch.empty(shape, dtype=torch.float32, device=y.device))
     bind_layer_epilogue(y, outputs, outs, residual)()
     return outs
 
 
-# --------------------------------------------------------------------------- float image
+# --------------------------------------------------------------------------- float input
 FLOAT_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def check_image(x: object) -> torch.Tensor:
-    """A contiguous float NCHW tensor (fp32 / fp16 / bf16) on the kernels' device."""
+def check_image(x: object, dims: tuple[int, ...] = (4,)) -> torch.Tensor:
+    """A contiguous float tensor (fp32 / fp16 / bf16) on the kernels' device: NCHW (or, with
+    2 in `dims`, [N, C])."""
     if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_INPUTS:
         got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
         raise TypeError(f"x must be a float32, float16 or bfloat16 tensor, got {got}")
-    if x.dim() != 4 or not x.is_contiguous() or x.numel() == 0:
-        raise ValueError(f"x must be a contiguous non-empty NCHW tensor, got shape "
+    if x.dim() not in dims or not x.is_contiguous() or x.numel() == 0:
+        what = "NCHW" if dims == (4,) else "NCHW or [N, C]"
+        raise ValueError(f"x must be a contiguous non-empty {what} tensor, got shape "
                          f"{tuple(x.shape)}")
     check_device("x", x)
     return x
@@ -306,16 +477,18 @@ def check_status(status: object, device: torch.device) -> torch.Tensor:
     return status
 
 
-def bind_quantize_image(x: torch.Tensor, scale: float, out: PackedTensor,
-                        status: torch.Tensor | None = None) -> Launcher:
-    """Quantize a float NCHW image into `out` (logical NHWC [N, H, W, C], INT8 or BITPLANE):
-    `reference.quantize_float(x, scale, out.precision)` permuted to NHWC, bit for bit.
-    status: optional int32 device tensor; its element 0 is set to 1 when x held inf or nan
-    (the caller zeroes it and reads it; untouched otherwise)."""
-    x = check_image(x)
-    n, c, h, w = x.shape
+def bind_quantize(x: torch.Tensor, scale: float, out: PackedTensor, relu: bool = False,
+                  status: torch.Tensor | None = None) -> Launcher:
+    """Quantize a float NCHW (or [N, C]) tensor into `out` (logical NHWC [N, H, W, C] or
+    [N, C]; INT8 / BITPLANE, or a wide precision in INT8): `reference.quantize_float(
+    relu?(x), scale, out.precision)` in NHWC order, bit for bit (a wide precision: the same
+    float32 formula clamped to its range). status: optional int32 device tensor; its element
+    0 is set to 1 when x held inf or nan (the caller zeroes it and reads it)."""
+    x = check_image(x, (2, 4))
+    n, c = x.shape[:2]
+    hw = x.shape[2:]
     s32 = float32_scale(scale)
-    out = check_packed("out", out, (n, h, w, c), x.device)
+    out = check_packed("out", out, (n, *hw, c), x.device)
     if status is not None:
         check_status(status, x.device)
     o_row, o_plane = storage_strides(out)
@@ -324,13 +497,21 @@ def bind_quantize_image(x: torch.Tensor, scale: float, out: PackedTensor,
     bc = channel_tile(c) if out.layout is Layout.BITPLANE else max(
         4, min(128, 1 << max(0, (c - 1).bit_length())))
     bp = max(16, 4096 // bc)
-    grid = (cdiv(n * h * w, bp), cdiv(c, bc))
-    args = (x, out.data, x if status is None else status, n * h * w, h * w, c, s32, o_row,
+    npix = x.numel() // c
+    grid = (cdiv(npix, bp), cdiv(c, bc))
+    args = (x, out.data, x if status is None else status, npix, npix // n, c, s32, o_row,
             o_plane)
-    kwargs = dict(O_LAYOUT=layout_code(out), O_BITS=prec.bits, O_ENC=ENC[prec.encoding],
-                  QMIN=prec.qmin, QMAX=prec.qmax, HAS_STATUS=status is not None,
-                  BLOCK_P=bp, BLOCK_C=bc, num_warps=4)
-    return Launcher((Launch(quantize_image_kernel, grid, args, kwargs),), (out.data,))
+    kwargs = dict(O_LAYOUT=layout_code(out), O_BITS=min(prec.bits, 8),
+                  O_ENC=ENC[prec.encoding], QMIN=int(prec.qmin), QMAX=int(prec.qmax),
+                  RELU=bool(relu), HAS_STATUS=status is not None, BLOCK_P=bp, BLOCK_C=bc,
+                  num_warps=4)
+    return Launcher((Launch(quantize_kernel, grid, args, kwargs),), (out.data,))
+
+
+def bind_quantize_image(x: torch.Tensor, scale: float, out: PackedTensor,
+                        status: torch.Tensor | None = None) -> Launcher:
+    """`bind_quantize` of a float NCHW image (no ReLU)."""
+    return bind_quantize(check_image(x), scale, out, False, status)
 
 
 def quantize_image(x: torch.Tensor, scale: float, precision: Precision | str,
@@ -341,3 +522,7 @@ def quantize_image(x: torch.Tensor, scale: float, precision: Precision | str,
     out = empty_packed((n, h, w, c), precision, layout, x.device)
     bind_quantize_image(x, scale, out)()
     return out
+
+
+def is_wide_spec(spec: object) -> bool:
+    return isinstance(spec, Requantized) and is_wide(spec.precision)

@@ -1,9 +1,14 @@
 """Packed-domain pooling kernels on stored tensors, bit-exact against
-`lowbit.reference.netops` (maxpool2d_int, avgpool2d_int): max and average pools (global
-included) reading and writing INT8 or BITPLANE; bit-plane max pools of up to 4 planes run on
-the words themselves (bit-sliced compares, 32 channels per operation)."""
+`lowbit.reference.netops` (maxpool2d_int, avgpool2d_int) and the plan's AvgPool
+(`lowbit.graph.ir`): max and average pools (global included) reading and writing INT8 or
+BITPLANE (and wide 9-32 bit tensors one value per element, `stored.IntPrecision`); bit-plane
+max pools of up to 4 planes run on the words themselves (bit-sliced compares, 32 channels per
+operation); `bind_avgpool_windows` takes any windows (adaptive pools, several divisors, ReLU)
+from per-axis tables."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import triton
@@ -23,6 +28,7 @@ from .stored import (
     requant_round,
     storage_strides,
     store_values,
+    value_bound,
 )
 
 #: a global average pool of at most this many (image, 64 channels) programs runs as one
@@ -95,6 +101,44 @@ def global_avgpool_kernel(
     pix = tl.full((1,), n, tl.int32)
     store_values(out_ptr, q, pix, pix >= 0, c0, C, o_row, o_plane, O_LAYOUT, O_BITS, O_ENC, 1,
                  BLOCK_C)
+
+
+@triton.jit
+def window_avgpool_kernel(
+    x_ptr, out_ptr, win_ptr, cidx_ptr, mult_ptr, shift_ptr, NPQ, H, W, C, P, Q,
+    x_row, x_plane, o_row, o_plane,
+    KH: tl.constexpr, KW: tl.constexpr, X_LAYOUT: tl.constexpr, X_BITS: tl.constexpr,
+    X_ENC: tl.constexpr, O_LAYOUT: tl.constexpr, O_BITS: tl.constexpr, O_ENC: tl.constexpr,
+    QLO: tl.constexpr, QMAX: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Average pool over windows from tables: win [P + Q, 2] int32 holds each output row's
+    then each output column's [start, end) of valid input elements (at most KH resp. KW of
+    them), cidx [P * Q] the index of each window's divisor in mult / shift (int64)."""
+    pix = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    c0 = tl.program_id(1) * BLOCK_C
+    pix_mask = pix < NPQ
+    n = pix // (P * Q)
+    pq = pix % (P * Q)
+    p = pq // Q
+    q = pq % Q
+    h0 = tl.load(win_ptr + 2 * p, mask=pix_mask, other=0)
+    h1 = tl.load(win_ptr + 2 * p + 1, mask=pix_mask, other=0)
+    w0 = tl.load(win_ptr + 2 * (P + q), mask=pix_mask, other=0)
+    w1 = tl.load(win_ptr + 2 * (P + q) + 1, mask=pix_mask, other=0)
+    acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.int32)
+    for t in range(KH * KW):
+        ih = h0 + t // KW
+        iw = w0 + t % KW
+        ok = pix_mask & (ih < h1) & (iw < w1)
+        acc += load_values(x_ptr, (n * H + ih) * W + iw, ok, c0, C, x_row, x_plane, X_LAYOUT,
+                           X_BITS, X_ENC, BLOCK_P, BLOCK_C)
+    ci = tl.load(cidx_ptr + pq, mask=pix_mask, other=0)
+    m = tl.load(mult_ptr + ci, mask=pix_mask, other=0)
+    sh = tl.load(shift_ptr + ci, mask=pix_mask, other=1)
+    z = acc.to(tl.int64) * m[:, None]
+    v = tl.minimum(tl.maximum(requant_round(z, sh[:, None]), QLO), QMAX).to(tl.int32)
+    store_values(out_ptr, v, pix, pix_mask, c0, C, o_row, o_plane, O_LAYOUT, O_BITS, O_ENC,
+                 BLOCK_P, BLOCK_C)
 
 
 @triton.jit
@@ -183,8 +227,17 @@ def maxpool_planes_kernel(
 
 
 # =========================================================================== host side
+def _codes(x: PackedTensor, out: PackedTensor, low: int | None = None) -> dict:
+    """Constexprs of an input and an output operand (low: the clamp's lower bound)."""
+    prec = out.precision
+    return dict(X_LAYOUT=layout_code(x), X_BITS=min(x.precision.bits, 8),
+                X_ENC=ENC[x.precision.encoding], O_LAYOUT=layout_code(out),
+                O_BITS=min(prec.bits, 8), O_ENC=ENC[prec.encoding],
+                QMIN=int(prec.qmin) if low is None else low, QMAX=int(prec.qmax))
+
+
 def _pool_launch(x: PackedTensor, out: PackedTensor, kh: int, kw: int, stride: int, pad: int,
-                 avg: bool, mult: int, shift: int) -> Launcher:
+                 avg: bool, mult: int, shift: int, low: int | None = None) -> Launcher:
     n, h, w, c = x.shape
     _, p, q, _ = out.shape
     x_row, x_plane = storage_strides(x)
@@ -193,13 +246,9 @@ def _pool_launch(x: PackedTensor, out: PackedTensor, kh: int, kw: int, stride: i
     bp = max(16, 2048 // bc)
     npq = n * p * q
     grid = (cdiv(npq, bp), cdiv(c, bc))
-    prec = out.precision
     args = (x.data, out.data, npq, h, w, c, p, q, kh, kw, stride, pad, x_row, x_plane, o_row,
             o_plane, mult, shift)
-    kwargs = dict(AVG=avg, X_LAYOUT=layout_code(x), X_BITS=x.precision.bits,
-                  X_ENC=ENC[x.precision.encoding], O_LAYOUT=layout_code(out), O_BITS=prec.bits,
-                  O_ENC=ENC[prec.encoding], QMIN=prec.qmin, QMAX=prec.qmax,
-                  BLOCK_P=bp, BLOCK_C=bc, num_warps=4)
+    kwargs = dict(AVG=avg, **_codes(x, out, low), BLOCK_P=bp, BLOCK_C=bc, num_warps=4)
     return Launcher((Launch(pool2d_kernel, grid, args, kwargs),), (out.data,))
 
 
@@ -218,7 +267,7 @@ def bind_maxpool2d(x: PackedTensor, out: PackedTensor, kernel: int, stride: int 
     stride, p, q = _pool_shape(x, kernel, stride, pad)
     n, _, _, c = x.shape
     out = check_packed("out", out, (n, p, q, c), x.data.device)
-    if out.precision != x.precision:
+    if str(out.precision) != str(x.precision):
         raise ValueError(f"out must have x's precision {x.precision}, got {out.precision}")
     if x.layout is out.layout is Layout.BITPLANE and x.precision.bits <= 4:
         return _planes_pool_launch(x, out, kernel, stride, pad)
@@ -251,12 +300,17 @@ def _avg_constants(x: PackedTensor, multiplier: object, shift: object) -> tuple[
     return m, s
 
 
+def _check_sum_bound(x: PackedTensor, elements: int) -> None:
+    if value_bound(x.precision) * elements >= 2**31:
+        raise ValueError(f"a window of {elements} {x.precision} values may sum past int32")
+
+
 def bind_avgpool2d(x: PackedTensor, out: PackedTensor, kernel: int | None,
                    stride: int | None, pad: int, multiplier: int | torch.Tensor,
-                   shift: int | torch.Tensor) -> Launcher:
+                   shift: int | torch.Tensor, relu: bool = False) -> Launcher:
     """Average pool requantized into `out`'s precision (`reference.avgpool2d_int`; scalar
-    multiplier and shift); kernel None: global (adaptive to 1x1). |window sum| must stay below
-    2^31 (|v| <= 255: windows of up to 2^23 elements)."""
+    multiplier and shift; relu: clamp at 0 too); kernel None: global (adaptive to 1x1).
+    |window sum| must stay below 2^31 (|v| <= 255: windows of up to 2^23 elements)."""
     x = check_packed("x", x)
     m, s = _avg_constants(x, multiplier, shift)
     if len(x.shape) != 4:
@@ -267,29 +321,84 @@ def bind_avgpool2d(x: PackedTensor, out: PackedTensor, kernel: int | None,
     else:
         stride, p, q = _pool_shape(x, kernel, stride, pad)
         kh = kw = kernel
-    if kh * kw * 256 >= 2**31:
-        raise ValueError(f"a {kh}x{kw} window's sum may leave int32")
+    _check_sum_bound(x, kh * kw)
     out = check_packed("out", out, (n, p, q, c), x.data.device)
     if out.precision.encoding is Encoding.BINARY:
         raise ValueError("out cannot be binary: requantize to unsigned or signed")
+    low = max(int(out.precision.qmin), 0) if relu else None
     if kernel is None and n * cdiv(c, 64) <= GLOBAL_POOL_PROGRAMS:
-        return _global_pool_launch(x, out, m, s)
-    return _pool_launch(x, out, kh, kw, stride, pad, True, m, s)
+        return _global_pool_launch(x, out, m, s, low)
+    return _pool_launch(x, out, kh, kw, stride, pad, True, m, s, low)
 
 
-def _global_pool_launch(x: PackedTensor, out: PackedTensor, mult: int, shift: int
-                        ) -> Launcher:
+def bind_avgpool_windows(x: PackedTensor, out: PackedTensor,
+                         rows: Sequence[tuple[int, int, int]],
+                         cols: Sequence[tuple[int, int, int]], counts: Sequence[int],
+                         multipliers: Sequence[int] | torch.Tensor,
+                         shifts: Sequence[int] | torch.Tensor, relu: bool = False) -> Launcher:
+    """Average pool of NHWC x over the windows rows x cols ((start, end, count) per output
+    row / column: valid input elements [start, end), divisor factor count), each window's
+    sum requantized with the multiplier / shift of its divisor (row count x column count,
+    an entry of `counts`): clamp(floor((sum m + 2^(s-1)) / 2^s), lo, qmax), lo = max(qmin, 0)
+    with relu. The plan's AvgPool (`lowbit.graph.pools.axis_windows` makes the tables);
+    `out` [N, len(rows), len(cols), C] in any layout and precision (not binary)."""
+    x = check_packed("x", x)
+    if len(x.shape) != 4:
+        raise ValueError(f"x must be NHWC (4 logical dims), got {x.shape}")
+    if x.precision.encoding is Encoding.BINARY:
+        raise ValueError("average pooling of binary (-1/+1) values is not supported")
+    n, h, w, c = x.shape
+    counts = [int(v) for v in counts]
+    mult = torch.as_tensor(multipliers, dtype=torch.int64).reshape(-1).cpu()
+    shift = torch.as_tensor(shifts, dtype=torch.int64).reshape(-1).cpu()
+    if not counts or mult.numel() != len(counts) or shift.numel() != len(counts):
+        raise ValueError("multipliers and shifts need one entry per count")
+    if int(mult.min()) < 0 or int(mult.max()) >= MULT_LIMIT or int(shift.min()) < 1 or \
+            int(shift.max()) > 62:
+        raise ValueError("multipliers must be in [0, 2^31) and shifts in 1..62")
+    for name, wins, size in (("rows", rows, h), ("cols", cols, w)):
+        if not wins or any(not 0 <= a < b <= size for a, b, _ in wins):
+            raise ValueError(f"{name} must be non-empty (start, end, count) windows inside "
+                             f"0..{size}")
+    kh = max(b - a for a, b, _ in rows)
+    kw = max(b - a for a, b, _ in cols)
+    _check_sum_bound(x, kh * kw)
+    index = {v: i for i, v in enumerate(counts)}
+    try:
+        cidx = [index[rc * cc] for _, _, rc in rows for _, _, cc in cols]
+    except KeyError as e:
+        raise ValueError(f"window divisor {e.args[0]} is not among counts {counts}") from None
+    p, q = len(rows), len(cols)
+    out = check_packed("out", out, (n, p, q, c), x.data.device)
+    if out.precision.encoding is Encoding.BINARY:
+        raise ValueError("out cannot be binary: requantize to unsigned or signed")
+    dev = x.data.device
+    win = torch.tensor([[a, b] for a, b, _ in (*rows, *cols)], dtype=torch.int32, device=dev)
+    cidx_t = torch.tensor(cidx, dtype=torch.int32, device=dev)
+    x_row, x_plane = storage_strides(x)
+    o_row, o_plane = storage_strides(out)
+    bc = channel_tile(c)
+    bp = max(16, 2048 // bc)
+    npq = n * p * q
+    low = max(int(out.precision.qmin), 0) if relu else int(out.precision.qmin)
+    codes = _codes(x, out, low)
+    codes["QLO"] = codes.pop("QMIN")
+    args = (x.data, out.data, win, cidx_t, mult.to(dev), shift.to(dev), npq, h, w, c, p, q,
+            x_row, x_plane, o_row, o_plane)
+    kwargs = dict(KH=kh, KW=kw, **codes, BLOCK_P=bp, BLOCK_C=bc, num_warps=4)
+    return Launcher((Launch(window_avgpool_kernel, (cdiv(npq, bp), cdiv(c, bc)), args,
+                            kwargs),), (out.data,))
+
+
+def _global_pool_launch(x: PackedTensor, out: PackedTensor, mult: int, shift: int,
+                        low: int | None = None) -> Launcher:
     n, h, w, c = x.shape
     x_row, x_plane = storage_strides(x)
     o_row, o_plane = storage_strides(out)
     bc = min(64, channel_tile(c))
     bhw = max(16, min(64, 1 << (h * w - 1).bit_length()))
-    prec = out.precision
     args = (x.data, out.data, h * w, c, x_row, x_plane, o_row, o_plane, mult, shift)
-    kwargs = dict(X_LAYOUT=layout_code(x), X_BITS=x.precision.bits,
-                  X_ENC=ENC[x.precision.encoding], O_LAYOUT=layout_code(out), O_BITS=prec.bits,
-                  O_ENC=ENC[prec.encoding], QMIN=prec.qmin, QMAX=prec.qmax, BLOCK_HW=bhw,
-                  BLOCK_C=bc, num_warps=4)
+    kwargs = dict(**_codes(x, out, low), BLOCK_HW=bhw, BLOCK_C=bc, num_warps=4)
     return Launcher((Launch(global_avgpool_kernel, (n, cdiv(c, bc)), args, kwargs),),
                     (out.data,))
 

@@ -23,7 +23,8 @@ Two launches:
    on the pooled int32 values only.
 
 Exactness: int8 x int8 products summed in int32 (|sum| <= K_red * 128 * 128, checked), bias
-and requantization in int64 (|acc + bias| < 2^31 checked at bind, so |z| + 2^61 < 2^63).
+and requantization as `netops.emit_output` (|acc + bias| < 2^31 checked at bind; each
+output's bias at its shift and its exact mode from `netops.requant_mode`).
 AlexNet's 11x11 stride-4 first layer runs too (space-to-depth by 4, with or without its 3x3/2
 pool with pad 0), at a lower useful fraction of the dots (363 of 768 products).
 """
@@ -38,14 +39,17 @@ import triton
 import triton.language as tl
 
 from ...core import Encoding, Layout, PackedTensor, Precision
-from ...reference.netops import FloatOutput, RequantizedOutput, pool_output_size
+from ...reference.netops import pool_output_size
 from .igemm import Launch, cdiv
 from .netops import (
-    KIND_NONE,
+    Dequantized,
+    OutputSpec,
+    Requantized,
+    _unused_slot,
+    as_output_spec,
     check_image,
     check_status,
     emit_output,
-    fast_requant_ok,
     float32_scale,
     output_slot,
 )
@@ -250,16 +254,16 @@ def _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh, ow, n_idx, n_mask, OH, OW, HS, WS, K
 @triton.jit
 def stem_conv_kernel(
     s2d_ptr, w_ptr, bias_ptr, N, OH, OW, PH, PW, HS, WS, K, KWB, bands, col_blocks, band_rows,
-    o0, a0, b0, c0_, row0, plane0, o1, a1, b1, c1, row1, plane1, o2, a2, b2, c2, row2, plane2,
+    o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1, plane1,
+    o2, a2, b2, c2, d2, row2, plane2,
     CSP: tl.constexpr, RS: tl.constexpr, KB: tl.constexpr, CHUNKS: tl.constexpr,
     WHOLE_K: tl.constexpr, POOL: tl.constexpr, PP: tl.constexpr, HAS_BIAS: tl.constexpr,
-    FAST: tl.constexpr,
     KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr, QLO0: tl.constexpr,
-    QMAX0: tl.constexpr,
+    QMAX0: tl.constexpr, MODE0: tl.constexpr,
     KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr, QLO1: tl.constexpr,
-    QMAX1: tl.constexpr,
+    QMAX1: tl.constexpr, MODE1: tl.constexpr,
     KIND2: tl.constexpr, LAYOUT2: tl.constexpr, BITS2: tl.constexpr, QLO2: tl.constexpr,
-    QMAX2: tl.constexpr,
+    QMAX2: tl.constexpr, MODE2: tl.constexpr,
     IMAGES: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One program: IMAGES images (stacked along the dots' M), a band of `band_rows` output
@@ -308,10 +312,11 @@ def stem_conv_kernel(
             pooled = tl.maximum(tl.maximum(rows_a, rows_b), tl.gather(rows_a, nxt, 0))
             pix = (n * PH + t) * PW + j
             _stem_outputs(pooled, bias, pix, j_mask & (jj * 0 + t >= t0), n_idx, K,
-                          o0, a0, b0, c0_, row0, plane0, o1, a1, b1, c1, row1, plane1,
-                          o2, a2, b2, c2, row2, plane2, FAST,
-                          KIND0, LAYOUT0, BITS0, QLO0, QMAX0, KIND1, LAYOUT1, BITS1, QLO1,
-                          QMAX1, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, BLOCK_M, BLOCK_N)
+                          o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1,
+                          plane1, o2, a2, b2, c2, d2, row2, plane2,
+                          KIND0, LAYOUT0, BITS0, QLO0, QMAX0, MODE0, KIND1, LAYOUT1, BITS1,
+                          QLO1, QMAX1, MODE1, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, MODE2,
+                          BLOCK_M, BLOCK_N)
     else:
         ow = cb * BLOCK_J + jj
         for t in range(t0, t_end):
@@ -319,36 +324,36 @@ def stem_conv_kernel(
                              KWB, CSP, RS, KB, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
             pix = (n * OH + t) * OW + ow
             _stem_outputs(acc, bias, pix, n_ok & (ow < OW), n_idx, K,
-                          o0, a0, b0, c0_, row0, plane0, o1, a1, b1, c1, row1, plane1,
-                          o2, a2, b2, c2, row2, plane2, FAST,
-                          KIND0, LAYOUT0, BITS0, QLO0, QMAX0, KIND1, LAYOUT1, BITS1, QLO1,
-                          QMAX1, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, BLOCK_M, BLOCK_N)
+                          o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1,
+                          plane1, o2, a2, b2, c2, d2, row2, plane2,
+                          KIND0, LAYOUT0, BITS0, QLO0, QMAX0, MODE0, KIND1, LAYOUT1, BITS1,
+                          QLO1, QMAX1, MODE1, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, MODE2,
+                          BLOCK_M, BLOCK_N)
 
 
 @triton.jit
 def _stem_outputs(acc, bias, pix, pix_mask, n_idx, K,
-                  o0, a0, b0, c0_, row0, plane0, o1, a1, b1, c1, row1, plane1,
-                  o2, a2, b2, c2, row2, plane2, FAST: tl.constexpr,
+                  o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1, plane1,
+                  o2, a2, b2, c2, d2, row2, plane2,
                   KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr,
-                  QLO0: tl.constexpr, QMAX0: tl.constexpr,
+                  QLO0: tl.constexpr, QMAX0: tl.constexpr, MODE0: tl.constexpr,
                   KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr,
-                  QLO1: tl.constexpr, QMAX1: tl.constexpr,
+                  QLO1: tl.constexpr, QMAX1: tl.constexpr, MODE1: tl.constexpr,
                   KIND2: tl.constexpr, LAYOUT2: tl.constexpr, BITS2: tl.constexpr,
-                  QLO2: tl.constexpr, QMAX2: tl.constexpr,
+                  QLO2: tl.constexpr, QMAX2: tl.constexpr, MODE2: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """y = acc + bias (int32 where the bind checked |acc| + |bias| < 2^31), then the epilogue
-    outputs (`netops.emit_output`; FAST: the float64 requantization, exact under the bounds
-    `bind_stem` checks)."""
+    outputs (`netops.emit_output`, each in its exact mode)."""
     y = acc + bias[None, :]
     c0 = tl.program_id(1) * BLOCK_N
-    emit_output(y, y, pix, pix_mask, c0, K, o0, a0, b0, c0_, row0, plane0, KIND0, LAYOUT0,
-                 BITS0, QLO0, QMAX0, False, BLOCK_M, BLOCK_N, FAST)
+    emit_output(y, y, pix, pix_mask, c0, K, o0, a0, b0, c0_, d0, row0, plane0, KIND0,
+                LAYOUT0, BITS0, QLO0, QMAX0, False, MODE0, BLOCK_M, BLOCK_N)
     if KIND1 != 0:
-        emit_output(y, y, pix, pix_mask, c0, K, o1, a1, b1, c1, row1, plane1, KIND1, LAYOUT1,
-                     BITS1, QLO1, QMAX1, False, BLOCK_M, BLOCK_N, FAST)
+        emit_output(y, y, pix, pix_mask, c0, K, o1, a1, b1, c1, d1, row1, plane1, KIND1,
+                    LAYOUT1, BITS1, QLO1, QMAX1, False, MODE1, BLOCK_M, BLOCK_N)
     if KIND2 != 0:
-        emit_output(y, y, pix, pix_mask, c0, K, o2, a2, b2, c2, row2, plane2, KIND2, LAYOUT2,
-                     BITS2, QLO2, QMAX2, False, BLOCK_M, BLOCK_N, FAST)
+        emit_output(y, y, pix, pix_mask, c0, K, o2, a2, b2, c2, d2, row2, plane2, KIND2,
+                    LAYOUT2, BITS2, QLO2, QMAX2, False, MODE2, BLOCK_M, BLOCK_N)
 
 
 # =========================================================================== host side
@@ -359,7 +364,7 @@ class StemConfig:
     over the whole reduction where its bytes are a power of two (whole_k) or dots of 64,
     channels per program (block_n: 32 halves the registers, each program reads the window
     again), warps, pipeline stages; fast_requant: the float64 requantization where it is exact
-    (`fast_requant_ok`)."""
+    (`netops.requant_mode`)."""
 
     band_rows: int = 4
     images: int = 1
@@ -422,7 +427,7 @@ def geometry_of(image: torch.Tensor, weight: torch.Tensor, stride: int, pad: int
 
 
 def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-              outputs: Sequence[RequantizedOutput | FloatOutput],
+              outputs: Sequence[OutputSpec],
               outs: Sequence[PackedTensor | torch.Tensor], *, stride: int, pad: int,
               pool_pad: int | None = 1, scale: float | None = None,
               precision: Precision | str = "s8", table: torch.Tensor | None = None,
@@ -433,9 +438,10 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     image: contiguous NCHW, float32 / float16 / bfloat16 (quantized with `scale` into
     `precision`, `reference.quantize_float`) or uint8 (looked up in `table`, int [C, 256] of
     `precision` values, `reference.uint8_input_table`). weight: KRSC integer values in s8
-    range; bias: int [K] or None. outputs: one spec per entry of `outs` (RequantizedOutput ->
-    PackedTensor of logical [N, PH, PW, K] in INT8 or BITPLANE; FloatOutput -> float32 tensor
-    of that shape; with the pool, the max of the window's float values: scale >= 0 makes the
+    range; bias: int [K] or None. outputs: one spec per entry of `outs` (`netops.Requantized`
+    or RequantizedOutput -> PackedTensor of logical [N, PH, PW, K] in INT8 or BITPLANE, or a
+    wide one in INT8; Dequantized / FloatOutput -> float32 tensor of that shape (NCHW with
+    channels_first); with the pool, the max of the window's float values: scale >= 0 makes the
     float output monotone, so pooling commutes with it), at most 3, none with a residual.
     pool_pad: the 3x3 stride-2 max-pool's padding (1: ResNet, 0: AlexNet) or None for no
     pool. status: optional int32 device tensor, element 0 set to 1 when a float image held
@@ -479,15 +485,18 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if not isinstance(outputs, (list, tuple)) or not isinstance(outs, (list, tuple)) or \
             not 1 <= len(outputs) == len(outs) <= STEM_MAX_OUTPUTS:
         raise ValueError(f"outputs and outs must have the same length, 1..{STEM_MAX_OUTPUTS}")
-    for i, spec in enumerate(outputs):
-        if isinstance(spec, RequantizedOutput) and spec.residual_multiplier is not None:
+    specs = [as_output_spec(i, spec) for i, spec in enumerate(outputs)]
+    for i, spec in enumerate(specs):
+        if (spec.residual_multiplier if isinstance(spec, Requantized)
+                else spec.residual_scale) is not None:
             raise ValueError(f"outputs[{i}] has a residual term: the stem has no residual")
-        if isinstance(spec, FloatOutput) and pool_pad is not None and \
+        if isinstance(spec, Dequantized) and pool_pad is not None and \
                 bool((torch.as_tensor(spec.scale) < 0).any()):
             raise ValueError(f"outputs[{i}].scale must be >= 0 to pool a float output")
-    slots = [output_slot(i, s, o, geom.out_shape, device, False)
-             for i, (s, o) in enumerate(zip(outputs, outs, strict=True))]
     cfg = config or default_config(geom)
+    slots = [output_slot(i, s, o, geom.out_shape, device, False, bound + top,
+                         fast=cfg.fast_requant)
+             for i, (s, o) in enumerate(zip(specs, outs, strict=True))]
 
     # launch 1: quantized space-to-depth image
     s2d = torch.empty(geom.N, geom.HS, geom.WS, geom.CSP, dtype=torch.int8, device=device)
@@ -513,24 +522,12 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     args: list = [s2d, w2, bias_dev, geom.N, geom.OH, geom.OW, geom.PH,
                   geom.PW, geom.HS, geom.WS, geom.K, w2.shape[1], bands, col_blocks,
                   cfg.band_rows]
-    shifts = torch.cat([torch.as_tensor(sp.shift).reshape(-1) for sp in outputs
-                        if isinstance(sp, RequantizedOutput)] or [torch.zeros(1)])
-    fast = cfg.fast_requant and fast_requant_ok(bound + top, shifts)
     whole_k = cfg.whole_k and geom.chunks in (1, 2, 4)
     kwargs: dict = dict(CSP=geom.CSP, RS=geom.RS, KB=geom.KB, CHUNKS=geom.chunks,
                         WHOLE_K=whole_k, POOL=pooled, PP=geom.pool_pad or 0,
-                        HAS_BIAS=bias is not None, FAST=fast)
+                        HAS_BIAS=bias is not None)
     for j in range(STEM_MAX_OUTPUTS):
-        if j < len(slots):
-            a, c = slots[j]
-            spec = outputs[j]
-            if fast and isinstance(spec, RequantizedOutput):
-                # float64 m * 2^-s (exact: m < 2^31) in place of the multiplier
-                m = a[1].to(torch.float64) * torch.pow(2.0, -a[3].to(torch.float64))
-                a = (a[0], m, *a[2:])
-        else:
-            a, c = (s2d, s2d, s2d, s2d, 0, 0), dict(KIND=KIND_NONE, LAYOUT=0, BITS=8, QLO=0,
-                                                    QMAX=0)
+        a, c = slots[j] if j < len(slots) else _unused_slot(s2d)
         args += list(a)
         kwargs.update({f"{name}{j}": v for name, v in c.items() if name != "RES"})
     kwargs.update(IMAGES=cfg.images, BLOCK_J=BLOCK_J, BLOCK_N=cfg.block_n,
@@ -544,7 +541,7 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-         outputs: Sequence[RequantizedOutput | FloatOutput],
+         outputs: Sequence[OutputSpec],
          layouts: Sequence[Layout | str] | None = None, **kwargs
          ) -> list[PackedTensor | torch.Tensor]:
     """`bind_stem` into new outputs (requantized ones in `layouts`, INT8 by default), launched
@@ -556,9 +553,14 @@ def stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     layouts = [Layout.INT8] * len(outputs) if layouts is None else [Layout(v) for v in layouts]
     if len(layouts) != len(outputs):
         raise ValueError("layouts must have one entry per output")
-    outs = [empty_packed(geom.out_shape, s.precision, lay, image.device)
-            if isinstance(s, RequantizedOutput) else
-            torch.empty(geom.out_shape, dtype=torch.float32, device=image.device)
-            for s, lay in zip(outputs, layouts, strict=True)]
+    n, ph, pw, k = geom.out_shape
+    outs = []
+    for i, (s, lay) in enumerate(zip(outputs, layouts, strict=True)):
+        spec = as_output_spec(i, s)
+        if isinstance(spec, Requantized):
+            outs.append(empty_packed(geom.out_shape, spec.precision, lay, image.device))
+        else:
+            shape = (n, k, ph, pw) if spec.channels_first else geom.out_shape
+            outs.append(torch.empty(shape, dtype=torch.float32, device=image.device))
     bind_stem(image, weight, bias, outputs, outs, **kwargs)()
     return outs

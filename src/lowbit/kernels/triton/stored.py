@@ -1,7 +1,13 @@
 """Plumbing shared by the Triton kernels that read and write quantized tensors as stored
 (`lowbit.core.PackedTensor`, INT8 or BITPLANE layout; `lowbit.core.layout`): device helpers
 that load / store value tiles in either layout, the exact float32 quantizer, and the host side
-of bound launches (`Launcher`, checks, strides)."""
+of bound launches (`Launcher`, checks, strides).
+
+Besides `lowbit.core.Precision` (<= 8 bits), a PackedTensor here may hold signed integers of
+9 to 32 bits one per element in the INT8 layout ("wide": int16 storage up to 16 bits, else
+int32): the engine's 16 / 24-bit residual realizations (`lowbit.graph.ir.WidePrecision`) and
+int32 accumulators (`IntPrecision(32)`). Any object with `bits`, `encoding` (signed), `qmin`
+and `qmax` serves as such a precision."""
 
 from __future__ import annotations
 
@@ -83,6 +89,23 @@ def requant_round(z, sh):
 
 
 @triton.jit
+def round_shift_terms(t0, t1, t2, sh):
+    """floor((t0 + t1 + t2 + 2^(sh-1)) / 2^sh) of int64 terms, exact for any int64 terms and
+    sh in 1..62 even where their sum leaves int64 (`lowbit.reference.netops.round_shift_sum`:
+    the terms' multiples of 2^sh summed as they are, their low sh bits halved first)."""
+    one = tl.full(sh.shape, 1, tl.int64)
+    mask = (one << sh) - 1
+    high = (t0 >> sh) + (t1 >> sh) + (t2 >> sh)
+    l0 = t0 & mask
+    l1 = t1 & mask
+    l2 = t2 & mask
+    odd_sum = (l0 & 1) + (l1 & 1) + (l2 & 1)
+    half = (l0 >> 1) + (l1 >> 1) + (l2 >> 1) + (odd_sum >> 1)
+    wide = (half + (one << tl.maximum(sh - 2, 0))) >> tl.maximum(sh - 1, 0)
+    return high + tl.where(sh >= 2, wide, half + (odd_sum & 1))
+
+
+@triton.jit
 def quantize_f32(x, scale, ENC: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr):
     """int32 clamp(floor(x / scale + 0.5), QMIN, QMAX) of float32 x, IEEE-rounded division and
     add (as `lowbit.quant.quantize.quantize` on the CPU); binary: sign with 0 -> +1."""
@@ -103,6 +126,55 @@ def flag_nonfinite(x, mask, status_ptr):
 
 
 # =========================================================================== host side
+@dataclass(frozen=True)
+class IntPrecision:
+    """Signed integers of `bits` (9..32) stored one per element (int16 up to 16 bits, else
+    int32): the wide tensors of the module docstring."""
+
+    bits: int = 32
+    encoding: Encoding = Encoding.SIGNED
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bits, bool) or not isinstance(self.bits, int) or \
+                not 9 <= self.bits <= 32:
+            raise ValueError(f"IntPrecision.bits must be an int in 9..32, got {self.bits!r}")
+
+    @property
+    def qmin(self) -> int:
+        return -(1 << (self.bits - 1))
+
+    @property
+    def qmax(self) -> int:
+        return (1 << (self.bits - 1)) - 1
+
+    def __str__(self) -> str:
+        return f"s{self.bits}"
+
+
+def is_wide(prec: object) -> bool:
+    """A precision wider than 8 bits (module docstring)."""
+    return int(prec.bits) > 8
+
+
+def stored_dtype(prec: object, layout: Layout) -> torch.dtype:
+    """Storage dtype of a tensor of `prec` in `layout` (wide ones: int16 / int32)."""
+    if is_wide(prec):
+        return torch.int16 if prec.bits <= 16 else torch.int32
+    return storage_dtype(prec, layout)
+
+
+def stored_shape(shape: tuple[int, ...], prec: object, layout: Layout) -> tuple[int, ...]:
+    """Storage shape of a tensor of logical `shape` (wide ones: the shape itself)."""
+    if is_wide(prec):
+        return tuple(shape)
+    return storage_shape(tuple(shape), prec, layout)
+
+
+def value_bound(prec: object) -> int:
+    """max |value| of a precision."""
+    return max(abs(int(prec.qmin)), abs(int(prec.qmax)))
+
+
 @dataclass(frozen=True, eq=False)
 class Launcher:
     """A bound op: `launcher()` replays its launches with every argument fixed and returns
@@ -119,11 +191,15 @@ class Launcher:
 
 def empty_packed(shape: Sequence[int], precision: Precision | str, layout: Layout | str,
                  device: torch.device | str) -> PackedTensor:
-    """A new (uninitialized) PackedTensor of logical `shape` in `layout`."""
+    """A new (uninitialized) PackedTensor of logical `shape` in `layout` (a wide precision:
+    INT8 layout, module docstring)."""
     prec = Precision.parse(precision) if isinstance(precision, str) else precision
     layout = Layout(layout)
     shape = tuple(int(s) for s in shape)
-    data = torch.empty(storage_shape(shape, prec, layout), dtype=storage_dtype(prec, layout),
+    if is_wide(prec) and layout is not Layout.INT8:
+        raise ValueError(f"a {prec} tensor is stored one value per element (layout 'int8'), "
+                         f"got '{layout.value}'")
+    data = torch.empty(stored_shape(shape, prec, layout), dtype=stored_dtype(prec, layout),
                        device=device)
     return PackedTensor(data, shape, prec, layout)
 
@@ -146,8 +222,11 @@ def check_packed(name: str, t: object, shape: tuple[int, ...] | None = None,
         raise ValueError(f"{name}.layout must be 'int8' or 'bitplane', got '{t.layout.value}'")
     if shape is not None and tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name} must have logical shape {tuple(shape)}, got {t.shape}")
-    want_shape = storage_shape(t.shape, t.precision, t.layout)
-    want_dtype = storage_dtype(t.precision, t.layout)
+    if is_wide(t.precision) and (t.layout is not Layout.INT8 or
+                                 t.precision.encoding is not Encoding.SIGNED):
+        raise ValueError(f"{name}: a {t.precision} tensor must be signed in layout 'int8'")
+    want_shape = stored_shape(t.shape, t.precision, t.layout)
+    want_dtype = stored_dtype(t.precision, t.layout)
     d = t.data
     if d.dtype != want_dtype or tuple(d.shape) != want_shape or not d.is_contiguous():
         raise ValueError(f"{name}.data must be a contiguous {want_dtype} tensor of shape "
