@@ -29,8 +29,6 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -38,34 +36,10 @@ PRECISIONS = ("w8a8", "w4a4", "w2a2", "w1a2")
 METHODS = (("max", "max", False), ("rand", "rand", False), ("rand+mix", "rand", True))
 
 
-def train(model: nn.Module, loader, steps: int, lr: float) -> nn.Module:
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    model.train()
-    done = 0
-    while done < steps:
-        for x, y in loader:
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-            done += 1
-            if done == steps:
-                break
-    return model.eval()
-
-
-@torch.no_grad()
-def accuracy(model: nn.Module, loader) -> float:
-    model.eval()
-    right = total = 0
-    for x, y in loader:
-        right += int((model(x).argmax(1) == y).sum())
-        total += len(y)
-    return 100.0 * right / total
-
-
 def run_seed(seed: int, args: argparse.Namespace) -> dict:
     import lowbit
     from lowbit.core import parse_wa
+    from lowbit.demo import accuracy, train
     from lowbit.models import get
     from lowbit.quant import precision_schedule
     from lowbit.quant.data import digits_loaders
@@ -76,7 +50,7 @@ def run_seed(seed: int, args: argparse.Namespace) -> dict:
     torch.manual_seed(seed)
     fp32 = train(get(args.model, num_classes=10, width=args.width), train_loader,
                  args.fp32_steps, 3e-3)
-    out = {"acc": {"fp32": accuracy(fp32, test_loader)}, "reached": {}, "errors": {}}
+    out = {"acc": {"fp32": 100 * accuracy(fp32, test_loader)}, "reached": {}, "errors": {}}
     for precision in args.precisions:
         wb, ab = parse_wa(precision)
         for name, method, mix in METHODS:
@@ -88,7 +62,7 @@ def run_seed(seed: int, args: argparse.Namespace) -> dict:
                                     method=method, mix=mix, train_steps=args.qat_steps,
                                     mix_warmup=args.mix_warmup)
                 train(q, train_loader, args.qat_steps, 1e-3)
-                out["acc"][key] = accuracy(q, test_loader)
+                out["acc"][key] = 100 * accuracy(q, test_loader)
                 if mix:
                     out["reached"][precision] = max(
                         next((s for s, b in hist if b == ab), args.qat_steps)

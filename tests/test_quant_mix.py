@@ -14,6 +14,7 @@ from lowbit.quant.precision_mix import (
     kl_divergence,
     quantized_histogram,
 )
+from test_save_load import make_resnet, one_thread  # noqa: F401  (autouse: one thread)
 
 
 def _probs(kind="uniform", n=100_000, bins=2048):
@@ -95,46 +96,8 @@ def test_bad_arguments(kwargs, match):
 
 # ----------------------------------------------------------------- quantize(mix=True) on digits
 
-@pytest.fixture
-def one_thread():
-    """Tiny models train faster on one thread, and far faster on a loaded machine (OpenMP
-    spin-waits on busy cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _digits_resnet():
-    from test_save_load import make_resnet
-
     return make_resnet(width=8)
-
-
-def _train(model, loader, steps, lr):
-    import torch.nn.functional as F
-
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    model.train()
-    done = 0
-    while done < steps:
-        for x, y in loader:
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-            done += 1
-            if done == steps:
-                break
-    return model.eval()
-
-
-@torch.no_grad()
-def _accuracy(model, loader):
-    right = total = 0
-    for x, y in loader:
-        right += int((model(x).argmax(1) == y).sum())
-        total += len(y)
-    return right / total
 
 
 def test_mix_needs_the_training_length():
@@ -148,26 +111,27 @@ def test_mix_needs_the_training_length():
         lowbit.quantize(_digits_resnet(), mix=True, train_steps=10, mix_warmup=1.5)
 
 
-def test_readme_recipe_reaches_the_target_with_most_of_training_ahead(one_thread):
+def test_readme_recipe_reaches_the_target_with_most_of_training_ahead():
     """Issue: 'With method="rand", mix=True and 100 QAT steps, w1a2 reached 0.15 accuracy
     against 0.88 with MAX; without mix 0.81-0.83. After 100 steps the layers were still at
     23-25 activation bits against a 2-bit target'. Sized from train_steps, every layer trains
     at its deployed precision from 25% of training on, and the accuracy does not collapse."""
     import lowbit
+    from lowbit.demo import accuracy, train
     from lowbit.quant import precision_schedule
     from lowbit.quant.data import digits_loaders
 
-    train, test = digits_loaders(batch_size=64, seed=0)
+    loader, test = digits_loaders(batch_size=64, seed=0)
     torch.manual_seed(0)
-    fp32 = _train(_digits_resnet(), train, 100, 3e-3)
+    fp32 = train(_digits_resnet(), loader, 100, 3e-3)
     acc = {}
     for mix in (False, True):
         torch.manual_seed(1)
-        train.generator.manual_seed(1)
+        loader.generator.manual_seed(1)
         q = lowbit.quantize(fp32, weight_bits=1, act_bits=2, method="rand", mix=mix,
                             train_steps=100)
-        q = _train(q, train, 100, 1e-3)
-        acc[mix] = _accuracy(q, test)
+        q = train(q, loader, 100, 1e-3)
+        acc[mix] = accuracy(q, test)
     checked = 0
     for name, hist in precision_schedule(q).items():
         first = next(step for step, bits in hist if bits == 2)
@@ -180,7 +144,7 @@ def test_readme_recipe_reaches_the_target_with_most_of_training_ahead(one_thread
     lowbit.convert(q)  # trained at its deployed precision: converts without complaint
 
 
-def test_convert_refuses_a_layer_never_trained_at_its_deployed_precision(one_thread):
+def test_convert_refuses_a_layer_never_trained_at_its_deployed_precision():
     """Issue: '... and `convert` deployed at 2 bits without a word'."""
     import lowbit
 

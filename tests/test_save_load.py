@@ -19,6 +19,16 @@ from lowbit.quant import quant_layers, summary
 from lowbit.serialize import load, save
 
 PRECISIONS = ((8, 8), (4, 4), (2, 2), (1, 2))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models train faster on one thread, and far faster on a loaded machine (OpenMP
+    spin-waits on busy cores). Modules that import this fixture run on one thread too."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 TESTS_DIR = Path(__file__).resolve().parent
 
 
@@ -324,3 +334,10 @@ def test_a_zoo_model_loads_by_name(tmp_path):
     c.lowbit_arch = {"zoo": "digits_resnet", "kwargs": {"width": 0.5}}  # as the zoo may set
     save(c, tmp_path / "z2.safetensors")
     assert torch.equal(load(tmp_path / "z2.safetensors")(_x(seed=2)), c(_x(seed=2)))
+
+
+def test_fake_quant_state_of_another_precision_fails_loudly():
+    w4, w2 = _calibrated(4, 4), _calibrated(2, 2)
+    with pytest.raises(ValueError, match=r"stem\.0: the state holds w2a2, but this layer is "
+                                         r"w4a4"):
+        w4.load_state_dict(w2.state_dict())

@@ -49,7 +49,9 @@ class DemoReport:
     seconds: float = 0.0
 
 
-def _train(model: nn.Module, loader, steps: int, lr: float) -> nn.Module:
+def train(model: nn.Module, loader, steps: int, lr: float) -> nn.Module:
+    """`steps` Adam steps of cross-entropy over `loader` (cycled); returns the model in eval
+    mode."""
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
     done = 0
@@ -65,7 +67,8 @@ def _train(model: nn.Module, loader, steps: int, lr: float) -> nn.Module:
 
 
 @torch.no_grad()
-def _accuracy(model: nn.Module, loader) -> float:
+def accuracy(model: nn.Module, loader) -> float:
+    """Top-1 accuracy (fraction) of `model` in eval mode over `loader`."""
     model.eval()
     right = total = 0
     for x, y in loader:
@@ -116,7 +119,7 @@ def qat(fp32: nn.Module, wb: int, ab: int, loader, steps: int) -> nn.Module:
     edge = dict(weight_bits=8, act_bits=8)
     q = lowbit.quantize(copy.deepcopy(fp32), weight_bits=wb, act_bits=ab, method="max",
                         layers={names[0]: edge, names[-1]: edge})
-    return _train(q, loader, steps, 1e-3)
+    return train(q, loader, steps, 1e-3)
 
 
 def gpu_section(int_model: nn.Module, fp32: nn.Module, example: torch.Tensor, label: str
@@ -160,18 +163,18 @@ def run_demo(float_steps: int = 300, qat_steps: int = 150,
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny layers: one thread is fastest, and far faster under load
     try:
-        train, test = digits_loaders(batch_size=64, seed=seed)
+        train_loader, test = digits_loaders(batch_size=64, seed=seed)
         torch.manual_seed(seed)
-        fp32 = _train(models.get(MODEL, num_classes=10), train, float_steps, 3e-3)
-        report = DemoReport(_accuracy(fp32, test), float_bytes(fp32), float_steps, qat_steps)
+        fp32 = train(models.get(MODEL, num_classes=10), train_loader, float_steps, 3e-3)
+        report = DemoReport(accuracy(fp32, test), float_bytes(fp32), float_steps, qat_steps)
         say(f"float32: {report.float_accuracy:.1%} test accuracy after {float_steps} steps")
         int_model = None
         for p, (wb, ab) in zip(precisions, bits, strict=True):
             t = time.perf_counter()
             torch.manual_seed(seed + 1)
-            q = qat(fp32, wb, ab, train, qat_steps)
+            q = qat(fp32, wb, ab, train_loader, qat_steps)
             int_model = convert(q)
-            row = DemoRow(p, _accuracy(q, test), _accuracy(int_model, test),
+            row = DemoRow(p, accuracy(q, test), accuracy(int_model, test),
                           packed_bytes(int_model), time.perf_counter() - t)
             report.rows.append(row)
             say(f"{p}: {row.accuracy:.1%} (integer {row.integer_accuracy:.1%}), "

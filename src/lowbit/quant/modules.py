@@ -247,7 +247,26 @@ def _range(bits: int, signed: bool) -> tuple[int, int]:
     return (-1, 1) if signed else (0, (1 << bits) - 1)
 
 
-class QuantConv2d(nn.Conv2d):
+class _QuantLayer:
+    """Shared by QuantConv2d / QuantLinear: a `qlayout` buffer (int64 [2]: weight bits,
+    activation bits) so that load_state_dict refuses a state of other precisions instead of
+    loading scales and statistics that mean something else."""
+
+    def _attach(self, weight_quant: WeightQuantizer, act_quant: ActQuantizer) -> None:
+        self.weight_quant, self.act_quant = weight_quant, act_quant
+        self.register_buffer("qlayout", torch.tensor([weight_quant.prec.bits, act_quant.bits]))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[override]
+        got = state_dict.get(prefix + "qlayout")
+        if got is not None and not torch.equal(got.cpu().long(), self.qlayout.cpu()):
+            name = self.act_quant.layer_name or prefix.rstrip(".")
+            raise ValueError(f"{name}: the state holds w{int(got[0])}a{int(got[1])}, but this "
+                             f"layer is w{int(self.qlayout[0])}a{int(self.qlayout[1])}: load a "
+                             "state of the same architecture and precisions")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+class QuantConv2d(_QuantLayer, nn.Conv2d):
     """Conv2d on fake-quantized input and per-channel fake-quantized weights (float bias)."""
 
     weight_quant: WeightQuantizer
@@ -261,14 +280,14 @@ class QuantConv2d(nn.Conv2d):
                   conv.padding_mode, device=conv.weight.device, dtype=conv.weight.dtype)
         new.load_state_dict(conv.state_dict())
         new.train(conv.training)
-        new.weight_quant, new.act_quant = weight_quant, act_quant
+        new._attach(weight_quant, act_quant)
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._conv_forward(self.act_quant(x), self.weight_quant(self.weight), self.bias)
 
 
-class QuantLinear(nn.Linear):
+class QuantLinear(_QuantLayer, nn.Linear):
     """Linear on fake-quantized input and per-channel fake-quantized weights (float bias)."""
 
     weight_quant: WeightQuantizer
@@ -281,7 +300,7 @@ class QuantLinear(nn.Linear):
                   device=linear.weight.device, dtype=linear.weight.dtype)
         new.load_state_dict(linear.state_dict())
         new.train(linear.training)
-        new.weight_quant, new.act_quant = weight_quant, act_quant
+        new._attach(weight_quant, act_quant)
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ them float (`lowbit_float_reason`), or get one from what they are.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict, dataclass
 
 from rich.console import Console
@@ -104,13 +105,14 @@ def _num(v: float | None) -> str:
 def render(rows: list[LayerRow], title: str = "lowbit summary") -> Table:
     """A rich table of `rows`, with a caption counting quantized and float layers."""
     table = Table(title=title)
-    for col in ("layer", "type", "state", "w", "a", "method", "a scale", "w scales", "note"):
+    for col in ("layer", "state", "w", "a", "method", "a scale", "w scales", "note"):
         table.add_column(col, justify="left" if col in ("layer", "note") else "right")
     for r in rows:
         ws = "-" if r.weight_scale_min is None else \
-            f"{r.weight_scale_min:.3g}..{r.weight_scale_max:.3g}"
-        table.add_row(r.name or "(model)", r.type, r.state, r.weight or "-", r.act or "-",
-                      r.method or "-", _num(r.act_scale), ws, r.reason)
+            f"{r.weight_scale_min:.2g}..{r.weight_scale_max:.2g}"
+        table.add_row(r.name or "(model)", r.state if r.state != "float" else
+                      f"float ({r.type})", r.weight or "-", r.act or "-", r.method or "-",
+                      _num(r.act_scale), ws, r.reason)
     n_float = sum(r.kept_float for r in rows)
     table.caption = f"{len(rows) - n_float} quantized, {n_float} kept float"
     return table
@@ -123,5 +125,7 @@ def summary(model: nn.Module, *, show: bool = True, console: Console | None = No
     (to `console`, default stdout)."""
     rows = layer_rows(model)
     if show or console is not None:
-        (console or Console()).print(render(rows))
+        # a pipe or a file gets a wide table rather than a wrapped one
+        default = Console(width=None if sys.stdout.isatty() else 140)
+        (console or default).print(render(rows))
     return rows

@@ -103,7 +103,7 @@ class _IntegerBase(nn.Module):
         return LayerRow(name, type(self).__name__, "integer", str(self.w), str(self.a),
                         None, float(self.a_scale), float(self.w_scale.min()),
                         float(self.w_scale.max()),
-                        f"BatchNorm {self.folded_bn_name} folded" if self.folded_bn_name else "")
+                        f"folded {self.folded_bn_name}" if self.folded_bn_name else "")
 
     def extra_repr(self) -> str:
         return (f"{self.kind}, w={self.w}, a={self.a}, a_scale={float(self.a_scale):.4g}, "
