@@ -314,6 +314,8 @@ def test_torch_export_of_a_converted_cnn():
     assert any("lowbit.gemm_int" in t for t in targets), targets
     assert torch.equal(ep.module()(x), c(x))
     assert torch.equal(ep.module()(_x(seed=6)), c(_x(seed=6)))
+    compiled = torch.compile(c, backend="aot_eager", fullgraph=True)  # no graph break
+    assert torch.equal(compiled(_x(seed=7)), c(_x(seed=7)))
 
 
 def test_converted_model_quant_layers_and_names():
