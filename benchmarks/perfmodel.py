@@ -240,17 +240,15 @@ def offline(results: Path, quick: bool, out: Path | None) -> list[dict]:
 
 
 def _analytic_fit(ms: list[Measurement], train: np.ndarray):
-    """The calibrated analytic model alone (constants refit without the held-out layer)."""
+    """The analytic model alone, with its default constants (`AnalyticParams`: five numbers
+    fitted once on all recorded layers, so not strictly held out)."""
     from lowbit.perfmodel.analytic import estimate
     from lowbit.perfmodel.geometry import geometry
     from lowbit.perfmodel.hardware import gpu_spec_for
 
-    sample = [ms[i] for i in train[:: max(1, len(train) // 1500)]]
-    params = cal.calibrate(sample)
-
     def predict(test: np.ndarray) -> np.ndarray:
         return np.array([estimate(geometry(ms[i].template, ms[i].workload, ms[i].config),
-                                  ms[i].workload, gpu_spec_for(ms[i].gpu), params).total_us
+                                  ms[i].workload, gpu_spec_for(ms[i].gpu)).total_us
                          for i in test])
 
     return predict
@@ -261,7 +259,7 @@ def _analytic_fit(ms: list[Measurement], train: np.ndarray):
 class GpuRun:
     """State of the device run: measurer, model, rows, budget."""
 
-    def __init__(self, budget_s: float) -> None:
+    def __init__(self, budget_s: float, measurer=None, fp16_us=None) -> None:
         from lowbit.kernels import load_backends
         from lowbit.perfmodel.hardware import current_gpu_spec
         from lowbit.perfmodel.predict import default_model
@@ -273,8 +271,10 @@ class GpuRun:
         self.spec = current_gpu_spec()
         self.model = default_model()
         print(f"model ready in {time.perf_counter() - self.t0:.0f} s", flush=True)
-        self.measurer = LocalMeasurer(device="cuda", timeout_s=30, compile_timeout_s=120,
-                                      warmup_ms=10, rep_ms=40)
+        self.measurer = measurer or LocalMeasurer(device="cuda", timeout_s=30,
+                                                  compile_timeout_s=120, warmup_ms=10,
+                                                  rep_ms=40)
+        self.fp16_us = fp16_us or _fp16_us
         self.rows: list[dict] = []
         self.rng = random.Random(0)
 
@@ -282,8 +282,9 @@ class GpuRun:
         return self.budget_s - (time.perf_counter() - self.t0)
 
     def plan(self, name: str, wl: Workload, templates: tuple[str, ...]) -> list[tuple]:
-        """(template, config, role) candidates of one layer: dispatch pick, each template's
-        default, its two model-ranked best candidates and one random candidate."""
+        """(template, config, role, pick) candidates of one layer: the dispatch pick, each
+        template's default and its model-ranked best candidate, and one random candidate of
+        the dispatch pick's template."""
         from lowbit.kernels import get_template
         from lowbit.tune.dispatch import candidate_configs, choose
 
@@ -301,9 +302,9 @@ class GpuRun:
             pred = self.model.predict([(t.name, wl, c) for c in cfgs], self.spec)
             order = [int(i) for i in np.argsort(pred)]
             jobs.setdefault((t.name, cfgs[0]), "default")
-            for i in [i for i in order if i][:2]:
+            for i in [i for i in order if i][:1]:
                 jobs.setdefault((t.name, cfgs[i]), "model")
-            if len(cfgs) > 3:
+            if t.name == pick.template and len(cfgs) > 3:
                 jobs.setdefault((t.name, cfgs[self.rng.randrange(1, len(cfgs))]), "random")
         return [(t, c, role, pick) for (t, c), role in jobs.items()]
 
@@ -327,7 +328,7 @@ class GpuRun:
                               "predicted_us": round(pred, 3), "error": res.error})
             if res.time_us is not None:
                 measured[(t, c)] = res.time_us
-        fp16 = _fp16_us(wl)
+        fp16 = self.fp16_us(wl)
         ok = sorted(measured.items(), key=lambda kv: kv[1])
         dispatch_us = measured.get((pick.template, pick.config))
         tuned_us = ok[0][1] if ok else None
@@ -339,7 +340,7 @@ class GpuRun:
             "predicted_us": round(pick.predicted_us, 3), "dispatch_us": dispatch_us,
             "tuned_us": tuned_us, "tuned_template": ok[0][0][0] if ok else None,
             "dispatch_over_tuned": None if dispatch_us is None or tuned_us is None
-            else round(dispatch_us / tuned_us, 3),
+            else round(dispatch_us / tuned_us, 3), "dispatch_failed": dispatch_us is None,
             "cudnn_fp16_us": fp16, "wl_fp16": int8_workload(wl).to_dict(),
             "engine_template": engine, "engine_us": engine_us,
             "engine_over_fp16": None if engine_us is None or fp16 is None
@@ -433,36 +434,33 @@ def _f(v: float | None) -> str:
     return "   -   " if v is None else f"{v:7.1f}"
 
 
-def gpu_mode(budget_s: float, out: Path | None, bitserial: bool) -> list[dict]:
+def gpu_mode(budget_s: float, out: Path | None, bitserial: bool, run: GpuRun | None = None
+             ) -> list[dict]:
     import torch
 
-    if not torch.cuda.is_available():
-        sys.exit("--gpu needs a CUDA GPU")
-    run = GpuRun(budget_s)
-    gpu = torch.cuda.get_device_name()
+    if run is None:
+        if not torch.cuda.is_available():
+            sys.exit("--gpu needs a CUDA GPU")
+        run = GpuRun(budget_s)
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (dry run)"
     layers = all_layers()
+    plan = [(n, wl, new, GPU_TEMPLATES) for n, wl, new in layers]
+    if bitserial:  # every eighth entry a w1a2 layer, so a cut budget keeps some of each
+        by_name = {n: (wl, new) for n, wl, new in layers}
+        bits = [(n + "_w1a2", bitserial_layer(by_name[n][0]), by_name[n][1],
+                 ("cuda.bitserial",)) for n in BITSERIAL_LAYERS if n in by_name]
+        for i, entry in enumerate(bits):
+            plan.insert(min(len(plan), 4 + 8 * i), entry)
     try:
-        for name, wl, new in layers:
+        for name, wl, new, templates in plan:
             if run.left() < 25:
                 print(f"budget spent: skipping {name} and later layers")
                 break
             try:
-                run.measure_layer(name, wl, new, GPU_TEMPLATES)
+                run.measure_layer(name, wl, new, templates)
             except Exception as e:
                 traceback.print_exc()
                 run.rows.append({"kind": "error", "workload": name, "error": repr(e)[:300]})
-        if bitserial:
-            by_name = {n: (wl, new) for n, wl, new in layers}
-            for name in BITSERIAL_LAYERS:
-                if run.left() < 30 or name not in by_name:
-                    continue
-                wl, new = by_name[name]
-                try:
-                    run.measure_layer(name + "_w1a2", bitserial_layer(wl), new,
-                                      ("cuda.bitserial",))
-                except Exception as e:
-                    traceback.print_exc()
-                    run.rows.append({"kind": "error", "workload": name, "error": repr(e)[:300]})
         run.sampling()
     finally:
         run.measurer.close()

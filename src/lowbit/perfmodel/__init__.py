@@ -21,7 +21,7 @@ from .hardware import H100, H200, GpuSpec, current_gpu_spec, gpu_spec_for
 from .launch import LaunchShape, launch_shape
 from .learned import LearnedModel
 from .occupancy import Occupancy, occupancy
-from .predict import default_model, predict_many, predict_us
+from .predict import default_model, predict_many, predict_results, predict_us
 from .prune import prune_reason, pruned_space, space_filters
 from .sampling import WaveLine, sampling_predict, saturation_workloads
 
@@ -30,6 +30,6 @@ __all__ = [
     "GpuSpec", "LaunchShape", "LearnedModel", "Measurement", "Occupancy", "WaveLine", "analyze",
     "current_gpu_spec", "deduplicate", "default_model", "estimate", "fp16_estimate_us",
     "geometry", "gpu_spec_for", "launch_shape", "load_records", "load_results", "occupancy",
-    "predict_many", "predict_us", "prune_reason", "pruned_space", "sampling_predict",
-    "saturation_workloads", "space_filters",
+    "predict_many", "predict_results", "predict_us", "prune_reason", "pruned_space",
+    "sampling_predict", "saturation_workloads", "space_filters",
 ]

@@ -99,12 +99,12 @@ def analyze(workload: Workload, config: Mapping, template: object = None,
 class AnalyticParams:
     """Constants of `estimate` (module doc). Times in microseconds, events timing."""
 
-    overhead_us: float = 12.5        # launch + event pair + prologue / epilogue of one block
-    step_us: float = 0.13            # fewest microseconds per main-loop step per wave
-    l2_bytes_per_s: float = 10.9e12  # L2 -> SM bandwidth for the staged tiles
+    overhead_us: float = 13.4        # launch + event pair + prologue / epilogue of one block
+    step_us: float = 0.197           # fewest microseconds per main-loop step per wave
+    l2_bytes_per_s: float = 18.5e12  # L2 -> SM bandwidth for the staged tiles
     efficiency: tuple[tuple[str, float], ...] = (
-        ("b1_and", 0.68), ("fp16", 0.8), ("int4_mma_sync", 0.12), ("int8", 0.49),
-        ("int8_mma_sync", 0.12))
+        ("b1_and", 0.95), ("fp16", 0.8), ("int4_mma_sync", 0.12), ("int8", 0.51),
+        ("int8_mma_sync", 0.165))
 
     def eff(self, rate: str) -> float:
         return dict(self.efficiency).get(rate, 0.5)

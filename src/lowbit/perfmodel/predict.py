@@ -119,3 +119,20 @@ def predict_us(template: object, config: Mapping, workload: Workload,
                cuda_graph: bool = False) -> float:
     """Predicted time of one (template, config, workload) in microseconds (`predict_many`)."""
     return float(predict_many(template, workload, [config], gpu, model, cuda_graph)[0])
+
+
+def predict_results(workload: Workload, results: Sequence[object],
+                    gpu: GpuSpec | str | None = None, model: LearnedModel | None = None
+                    ) -> list[float]:
+    """The predicted time beside each measurement of `workload` (objects with `.template`
+    and `.config`, e.g. `lowbit.tune.MeasureResult`s of a tune's history), one batched
+    prediction per template: what `lowbit tune --predict` prints."""
+    out = [0.0] * len(results)
+    by_template: dict[str, list[int]] = {}
+    for i, r in enumerate(results):
+        by_template.setdefault(r.template, []).append(i)
+    for name, ix in by_template.items():
+        pred = predict_many(name, workload, [results[i].config for i in ix], gpu, model)
+        for i, p in zip(ix, pred, strict=True):
+            out[i] = float(p)
+    return out

@@ -112,7 +112,8 @@ def choose(workload: Workload, gpu: GpuSpec | str | None = None,
            db: RecordsDB | str | Path | None = None, margin: float = DEFAULT_MARGIN,
            candidates: int = 48, seed: int = 0) -> Choice:
     """The predicted fastest way to run `workload` on `gpu` (default: the current GPU, else
-    the H100): a recorded best when `db` has one (measured time), else the model's pick of our
+    the H100): a recorded best when `db` has one (measured time; on `gpu` when named, else on
+    any), else the model's pick of our
     templates' candidates (module doc), and FP16 when `include_fp16` and the fp16 estimate
     beats it. ValueError when nothing can run the workload."""
     spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec_for(gpu)
@@ -120,7 +121,7 @@ def choose(workload: Workload, gpu: GpuSpec | str | None = None,
     alternatives: list[tuple[str, float]] = []
     best: Choice | None = None
     if db is not None:
-        rec = best_record(workload, db, spec.name)
+        rec = best_record(workload, db, spec.name if gpu is not None else None)
         if rec is not None:
             best = Choice(rec.template, rec.cfg, float(rec.time_us),
                           f"recorded best of {rec.template} on {rec.gpu}")
@@ -157,6 +158,28 @@ def choose(workload: Workload, gpu: GpuSpec | str | None = None,
         raise ValueError(f"no template supports {workload.key}")
     return Choice(best.template, best.config, best.predicted_us, best.reason,
                   tuple(sorted(alternatives, key=lambda a: a[1])))
+
+
+def choose_impl(workload: Workload, gpu: GpuSpec | str | None = None) -> tuple[str, str]:
+    """`lowbit.compile(..., choose_impl=...)`'s chooser, by the performance model: the
+    implementation (a template name, or FP16) predicted fastest over the input layouts the
+    layer may take — bit planes when both operands have <= 4 bits, one value per byte always —
+    and why."""
+    from ..core import Layout
+
+    variants = [workload.replace(a_layout=Layout.INT8, w_layout=Layout.INT8)]
+    if workload.w.bits <= 4 and workload.a.bits <= 4:
+        variants.append(workload.replace(a_layout=Layout.BITPLANE, w_layout=Layout.BITPLANE))
+    picks = []
+    for wl in variants:
+        try:
+            picks.append(choose(wl, gpu))
+        except ValueError:
+            continue
+    if not picks:
+        return FP16, "no template of ours supports it"
+    best = min(picks, key=lambda c: c.predicted_us)
+    return best.template, f"{best.reason} (predicted {best.predicted_us:.1f} us)"
 
 
 def kernel_for(workload: Workload, db: RecordsDB | str | Path | None = None,

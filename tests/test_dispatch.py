@@ -1,0 +1,116 @@
+"""Zero-tuning dispatch: candidate configs, the model's pick with its margin, fp16 as a
+candidate, records first, `kernel_for` and the engine's `choose_impl`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lowbit.core import ConvWorkload, Epilogue, GemmWorkload
+from lowbit.kernels import get_template, load_backends
+from lowbit.perfmodel.learned import LearnedModel
+from lowbit.tune import dispatch
+from lowbit.tune.records import Record, RecordsDB
+
+load_backends()
+CONV = ConvWorkload(N=2, H=8, W=8, C=64, K=64, R=3, S=3, pad=1, w="s8", a="s8",
+                    epilogue=Epilogue(bias=True, relu=True, out="s8"))
+BITS = CONV.replace(w="b1", a="u2", w_layout="bitplane", a_layout="bitplane",
+                    epilogue=Epilogue(bias=True, relu=True, out="u2", out_layout="bitplane"))
+IGEMM = get_template("triton.conv2d_int8")
+
+
+@pytest.fixture(autouse=True)
+def analytic_model(monkeypatch):
+    """The analytic estimates (an untrained model): no training in unit tests."""
+    monkeypatch.setattr(dispatch, "default_model", lambda: LearnedModel())
+
+
+def test_candidate_configs_are_valid_distinct_and_start_with_the_default():
+    checked = 0
+    for tmpl, wl, arch in ((IGEMM, CONV, None), (get_template("cuda.bitserial"), BITS,
+                                                 "sm_90a")):
+        space = dispatch._with_arch(tmpl.space, wl, arch)
+        cfgs = dispatch.candidate_configs(tmpl, wl, n=24, arch=arch)
+        assert cfgs[0] == dispatch._with_arch(tmpl.default_config, wl, arch)
+        assert len(set(cfgs)) == len(cfgs) > 4
+        for c in cfgs:
+            assert space.is_valid(c)
+            checked += 1
+    assert checked > 8
+
+
+def _fake_predict(times):
+    """predict_many stand-in: `times(template, config)` per config; fp16 a fixed 1e6."""
+    def predict(template, workload, configs, gpu=None, model=None, cuda_graph=False):
+        name = template if isinstance(template, str) else template.name
+        if name == dispatch.FP16:
+            return np.full(len(configs), 1e6)
+        return np.array([times(name, c) for c in configs], float)
+    return predict
+
+
+def test_a_non_default_config_needs_the_margin(monkeypatch):
+    default = IGEMM.default_config(CONV)
+    for speedup, want_default in ((0.95, True), (0.80, False)):
+        def times(name, c, speedup=speedup):
+            if c == default:
+                return 100.0
+            return 100.0 * speedup if c["num_stages"] != default["num_stages"] else 150.0
+        monkeypatch.setattr(dispatch, "predict_many", _fake_predict(times))
+        pick = dispatch.choose(CONV, templates=[IGEMM], include_fp16=False)
+        assert pick.template == IGEMM.name
+        assert (pick.config == default) is want_default
+        assert pick.predicted_us == (100.0 if want_default else 100.0 * speedup)
+
+
+def test_fp16_wins_when_predicted_faster(monkeypatch):
+    def predict(template, workload, configs, gpu=None, model=None, cuda_graph=False):
+        name = template if isinstance(template, str) else template.name
+        return np.full(len(configs), 5.0 if name == dispatch.FP16 else 50.0)
+
+    monkeypatch.setattr(dispatch, "predict_many", predict)
+    pick = dispatch.choose(CONV, templates=[IGEMM])
+    assert (pick.template, pick.config, pick.predicted_us) == (dispatch.FP16, None, 5.0)
+    assert [a[0] for a in pick.alternatives] == [dispatch.FP16, IGEMM.name]
+    assert "fp16 estimate" in pick.reason
+    with pytest.raises(ValueError, match="no template supports"):
+        dispatch.choose(CONV, templates=[], include_fp16=False)
+
+
+def test_model_choice_over_every_supporting_template():
+    pick = dispatch.choose(CONV)
+    names = {a[0] for a in pick.alternatives}
+    assert dispatch.FP16 in names and IGEMM.name in names
+    assert pick.predicted_us == min(a[1] for a in pick.alternatives)
+    if pick.template != dispatch.FP16:
+        assert get_template(pick.template).space(CONV).is_valid(pick.config)
+    bits = dispatch.choose(BITS, include_fp16=False)
+    assert bits.template == "cuda.bitserial" and bits.predicted_us > 0
+
+
+def test_records_come_first_and_kernel_for_builds(tmp_path):
+    cfg = IGEMM.default_config(CONV).replace(num_stages=2)
+    with RecordsDB(tmp_path / "r.sqlite") as db:
+        db.add(Record(CONV.key, IGEMM.name, cfg.to_json(), 9.5, None, "G"))
+        pick = dispatch.choose(CONV, db=db, templates=[IGEMM], include_fp16=False)
+        assert (pick.template, pick.config, pick.predicted_us) == (IGEMM.name, cfg, 9.5)
+        assert "recorded" in pick.reason
+        kernel = dispatch.kernel_for(CONV, db)
+        assert kernel.config == cfg
+    fresh = dispatch.kernel_for(CONV, tmp_path / "empty.sqlite")
+    want = dispatch.choose(CONV, include_fp16=False)
+    assert (fresh.config, getattr(fresh, "template", want.template)) == (want.config,
+                                                                          want.template)
+    with pytest.raises(ValueError, match="no tuning record"):
+        dispatch.kernel_for(GemmWorkload(M=4, N=4, K=4, w="u8", a="u8"),
+                            tmp_path / "empty.sqlite", fallback=False)
+
+
+def test_choose_impl_covers_both_input_layouts():
+    w1a2 = BITS.replace(a_layout="int8", w_layout="int8")
+    impl, why = dispatch.choose_impl(w1a2)
+    assert impl in {"cuda.bitserial", dispatch.FP16} or get_template(impl).backend
+    assert "predicted" in why or impl == dispatch.FP16
+    impl8, _ = dispatch.choose_impl(CONV)
+    assert impl8 != "cuda.bitserial"
