@@ -186,8 +186,8 @@ class _Converter:
     def value(self, a: object) -> Value | None:
         return self.env.get(a.name) if isinstance(a, fx.Node) else None
 
-    def add(self, node: fx.Node, op: str, inputs: list[Value], **attrs: object) -> Value:
-        v = Value(node.name, op, inputs, node.name, dict(attrs), len(self.values))
+    def add(self, node: fx.Node, value_op: str, inputs: list[Value], **attrs: object) -> Value:
+        v = Value(node.name, value_op, inputs, node.name, dict(attrs), len(self.values))
         self.values.append(v)
         self.env[node.name] = v
         return v
@@ -239,7 +239,7 @@ class _Converter:
         if is_quant_layer(m):
             return self.layer(node, m, x)
         if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
-            return self.add(node, _BN, [x], module=m)
+            return self.add(node, _BN, [x], module=m, target=str(node.target))
         if isinstance(m, nn.ReLU):
             return self.add(node, RELU, [x])
         if isinstance(m, _DROPOUTS):
@@ -373,7 +373,7 @@ def _fold_batchnorms(df: Dataflow) -> None:
                                                                    QUANT_MODULES)
                 and users[id(x)] == [v] and v.attrs["module"].track_running_stats):
             x.attrs["bn"] = v.attrs["module"]
-            x.attrs["source"] += (v.name,)
+            x.attrs["source"] += (v.attrs["target"],)
             x.fx_name = v.fx_name
             _replace(df.values, v, x)
             if df.output is v:
@@ -381,7 +381,7 @@ def _fold_batchnorms(df: Dataflow) -> None:
             df.values.remove(v)
         else:
             v.op = FLOAT
-            v.attrs.update(op=f"{v.name}: {type(v.attrs['module']).__name__}",
+            v.attrs.update(op=f"{v.attrs['target']}: {type(v.attrs['module']).__name__}",
                            reason="BatchNorm not directly after a fake-quant conv/linear "
                                   "whose only reader it is: nothing to fold it into")
 

@@ -177,7 +177,9 @@ class LayerOutput:
     """One output of a Layer step: a requantized realization (multiplier, shift, bias in
     units of 2^-shift output steps, and residual_multiplier with a residual; keys into
     Plan.params, int64 [K]) or a float one (scale / offset float64 [K], residual_scale for
-    the residual term)."""
+    the residual term). Multipliers are < 2^31 except on layers with a residual, whose
+    shared shift gives both multipliers >= 31 significant bits where |z| < 2^61 allows
+    (`lowbit.graph.planner.shared_shift`): their epilogue needs int64 multipliers."""
 
     tensor: str
     relu: bool = False

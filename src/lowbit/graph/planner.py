@@ -3,14 +3,21 @@
 Realizations (the engine contract, ENGINE.md): every consumer names what it reads, and the
 producer writes exactly that. A layer reads its input at its activation quantizer's precision
 and scale, as bit planes when it runs bit-serially, else one value per byte; a residual add
-and an average pool read a "wide" realization: by default signed 16-bit at scale
-2 max|v| / 32767 (`WidePrecision`), or with wide_bits=8 ENGINE.md's u8 (a ReLU output) / s8
-at max|v| / qmax, max|v| from the example input; FloatFallback steps and the output read
+and an average pool read a "wide" realization: by default signed 24-bit (int32 storage,
+`WidePrecision`) at scale 2 max|v| / (2^23 - 1) or coarser for a residual (`Planner.wide`),
+16-bit likewise, or with wide_bits=8 ENGINE.md's u8 (a ReLU output) / s8 at max|v| / qmax,
+max|v| from the example input; FloatFallback steps and the output read
 float. ReLU fuses into the realization (clamp at 0), max-pools and element-copying average
 pools push through it (they commute with monotone requantization), flatten is a view, so a
 layer's epilogue writes its consumers' tensors directly; a layer whose every output is
 max-pooled by one window fuses the pool. Binary (1-bit signed) consumers of a layer read a
 float output quantized by a Quantize step (the epilogue has no sign output).
+
+Biases: each requantized output carries the layer's (BN-folded) bias at its own shift,
+round(out_bias / s_o 2^s), exact to 2^-s of an output step (exact_bias, default); with
+exact_bias=False it is ENGINE.md's bias rounded to accumulator units times the multiplier,
+which flips outputs of coarse low-bit layers near rounding boundaries (half an accumulator
+unit) and lets every single-output layer use its kernel's fused epilogue.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..core import ConvWorkload, Encoding, Epilogue, GemmWorkload, Layout, Precision
+from ..kernels.base import acc_bound
 from ..quant.quantize import fixed_point, round_half_up
 from ..reference import avgpool_multiplier, fixed_point_pair, pool_output_size
 from .dataflow import (
@@ -110,7 +118,7 @@ class Planner:
     """Builds one Plan; see `build_plan`."""
 
     def __init__(self, df: Dataflow, input_shape: tuple[int, ...], chooser: ImplChooser,
-                 wide_bits: int = 16, exact_bias: bool = True) -> None:
+                 wide_bits: int = 24, exact_bias: bool = True) -> None:
         if wide_bits not in (8, *WIDE_BITS):
             raise ValueError(f"wide_bits must be one of {(8, *WIDE_BITS)}, got {wide_bits!r}")
         self.df, self.chooser, self.wide_bits = df, chooser, wide_bits
@@ -156,7 +164,7 @@ class Planner:
                 out = self._concat_shape(v, ins)
             else:  # FLOAT
                 out = self.df.stats[v.fx_name].shape if same else self._run_float(v, ins)
-            if min(out) < 1:
+            if out and min(out) < 1:
                 raise ValueError(f"input shape {shape} is too small for the model: {v.name} "
                                  f"would have shape {out}")
             if same and out != self.df.stats[v.fx_name].shape:
@@ -244,23 +252,14 @@ class Planner:
             return all(self.nonneg(i) for i in v.inputs)
         return False
 
-    def wide(self, v: Value, acc_scale: torch.Tensor | None = None) -> Req:
-        """The wide realization of v (module docstring), from the example input's range.
-
-        wide_bits 16 / 24: signed, scale s_w = WIDE_HEADROOM x max|v| / qmax, but for the
-        residual operand of a layer whose accumulator unit is acc_scale[k] (real units) at
-        least sqrt(max|v| max(acc_scale) / 2^30): the epilogue's residual multiplier shares
-        the accumulator's shift, r ~ 2^30 s_w / acc_scale, so its rounding costs up to
-        max|v| acc_scale / (s_w 2^31) while the residual's own rounding costs s_w / 2; that
-        s_w balances the two (total <= sqrt(max|v| acc_scale / 2^30) in real units).
-        wide_bits 8: u8 / s8 one value per byte at max / qmax (ENGINE.md)."""
+    def wide(self, v: Value) -> Req:
+        """The wide realization of v (module docstring), from the example input's range:
+        wide_bits 16 / 24 signed at WIDE_HEADROOM x max|v| / qmax, wide_bits 8 u8 / s8 one
+        value per byte at max / qmax (ENGINE.md)."""
         stat = self.df.stats[v.fx_name]
         if self.wide_bits in WIDE_BITS:
             prec = WidePrecision(self.wide_bits)
-            scale = max(stat.absmax * WIDE_HEADROOM, _TINY) / prec.qmax
-            if acc_scale is not None:
-                scale = max(scale, math.sqrt(stat.absmax * float(acc_scale.max()) / 2**30))
-            return Req(prec, scale, Layout.INT8)
+            return Req(prec, max(stat.absmax * WIDE_HEADROOM, _TINY) / prec.qmax, Layout.INT8)
         prec = U8 if self.nonneg(v) else S8
         top = stat.hi if prec is U8 else stat.absmax
         return Req(prec, max(top, _TINY) / prec.qmax, Layout.INT8)
@@ -401,7 +400,7 @@ class Planner:
         self.layers[id(v)] = state
         state.input = self.realize(x, Req(spec.a, float(spec.a_scale), layout))
         if v.residual is not None:
-            wide = self.wide(v.residual, spec.out_scale)
+            wide = self.wide(v.residual)
             state.residual = self.realize(v.residual, wide)
             state.residual_scale = wide.scale
             state.fused.append("residual")
@@ -425,8 +424,14 @@ class Planner:
                 if state.residual is None:
                     m, s = (x.to(torch.int64) for x in fixed_point(ratio))
                     r = None
-                else:
+                elif self.wide_bits == 8:
                     m, r, s = fixed_point_pair(ratio, state.residual_scale / req.scale)
+                else:
+                    res_prec = self.tensors[state.residual].precision
+                    steps = (acc_bound(state.workload) * ratio
+                             + (res_prec.qmax + 1) * state.residual_scale / req.scale
+                             + spec.out_bias.double().abs() / req.scale)
+                    m, r, s = shared_shift(ratio, state.residual_scale / req.scale, steps)
             except ValueError as e:
                 raise ValueError(f"layer {name}: output {t} has no fixed-point "
                                  f"requantization ({e})") from None
@@ -469,6 +474,27 @@ class Planner:
         used = {t for s in steps for t in (*s.inputs, *s.outputs)} | {self.input_name}
         tensors = {k: t for k, t in self.tensors.items() if k in used}
         return Plan(self.input_name, tensors, tuple(steps), self.params, self.modules)
+
+
+def shared_shift(ratio_a: torch.Tensor, ratio_b: float, z_steps: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(m_a, m_b, shift) int64 per channel for a residual epilogue: m_a ~ ratio_a 2^s and
+    m_b ~ ratio_b 2^s at one shift, the smaller multiplier with >= 31 significant bits where
+    |z| < 2^61 allows it (z_steps: the largest |z| in output steps, from the accumulator and
+    residual bounds and the bias). `fixed_point_pair` keeps both below 2^31 instead, which
+    leaves the smaller one few bits when the residual's scale is much finer than the
+    accumulator unit: its rounding then flips outputs near rounding boundaries."""
+    a = ratio_a.double()
+    b = torch.full_like(a, float(ratio_b))
+    want = torch.ceil(30 - torch.log2(torch.minimum(a, b)))
+    most = torch.floor(61 - torch.log2(z_steps.double() + 1))
+    s = torch.minimum(want, most).clamp(1, 62)
+    scale = torch.pow(2.0, s)
+    m_a, m_b = torch.round(a * scale), torch.round(b * scale)
+    if bool((m_a < 1).any()) or bool((m_b < 1).any()):
+        raise ValueError("no fixed-point pair: the accumulator and residual scales are more "
+                         "than 2^61 apart")
+    return m_a.to(torch.int64), m_b.to(torch.int64), s.to(torch.int64)
 
 
 def fuse_maxpools(steps: list[Step], tensors: dict[str, TensorSpec]) -> list[Step]:
@@ -517,7 +543,7 @@ def kernel_epilogue(step: Layer, tensors: dict[str, TensorSpec]) -> Layer:
 
 
 def build_plan(df: Dataflow, input_shape: tuple[int, ...],
-               chooser: ImplChooser = choose_impl, wide_bits: int = 16,
+               chooser: ImplChooser = choose_impl, wide_bits: int = 24,
                exact_bias: bool = True) -> Plan:
     """The plan of the value graph `df` for inputs of `input_shape` (NCHW), each layer's
     implementation from `chooser`, wide realizations of `wide_bits`, biases exact

@@ -74,7 +74,7 @@ class CompiledModel(nn.Module):
 
     def __init__(self, model: nn.Module, example_input: torch.Tensor,
                  chooser: ImplChooser = choose_impl, executor: str = "auto",
-                 wide_bits: int = 16) -> None:
+                 wide_bits: int = 24) -> None:
         super().__init__()
         if executor not in ("auto", *EXECUTORS):
             raise ValueError(f"executor must be 'auto' or one of {sorted(EXECUTORS)}, got "
@@ -129,13 +129,15 @@ class CompiledModel(nn.Module):
 
 def compile_model(model: nn.Module, example_input: torch.Tensor, *,
                   choose_impl: ImplChooser | None = None, executor: str = "auto",
-                  wide_bits: int = 16) -> CompiledModel:
+                  wide_bits: int = 24) -> CompiledModel:
     """Compile a quantized model (fake-quant from `lowbit.quantize`, trained or calibrated, or
     converted by `lowbit.convert`) for inputs like `example_input` (float NCHW; its value
     ranges set the wide realizations' scales). choose_impl: (workload) -> (impl, reason),
     default `lowbit.graph.choose_impl`. executor: 'auto' (the GPU executor on a GPU when
-    available, else the reference) or a name of `EXECUTORS`. wide_bits: 16 (default) or 8,
-    the width of the residual adds' and average pools' realizations (`lowbit.graph.planner`).
+    available, else the reference) or a name of `EXECUTORS`. wide_bits: 24 (default), 16 or
+    8, the width of the residual adds' and average pools' realizations (24: int32 storage,
+    the plan tracks the model's float residual stream; 8: ENGINE.md's u8 / s8, a quarter of
+    the bytes, an approximation whose rounding flips compound; `lowbit.graph.planner`).
     The model is copied: later changes to it do not reach the compiled one."""
     _check_model(model)
     _check_image("example_input", example_input)

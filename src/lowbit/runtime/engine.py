@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..core import Precision
 from ..graph.ir import (
     AvgPool,
     Concat,
@@ -50,6 +51,15 @@ def _nhwc(x: torch.Tensor) -> torch.Tensor:
 
 def _nchw(x: torch.Tensor) -> torch.Tensor:
     return x.permute(0, 3, 1, 2).contiguous() if x.dim() == 4 else x
+
+
+def _requantize(q: torch.Tensor, m: torch.Tensor, s: torch.Tensor,
+                prec: Precision | WidePrecision, relu: bool) -> torch.Tensor:
+    """netops.requantize_int, also for 16 / 24-bit wide outputs (same formula)."""
+    if isinstance(prec, Precision):
+        return requantize_int(q, m, s, prec, relu)
+    lo = max(prec.qmin, 0) if relu else prec.qmin
+    return round_shift_sum([q * m], s.expand(q.shape[-1])).clamp(lo, prec.qmax)
 
 
 def window_sums(q: torch.Tensor, rows: list[tuple[int, int, int]],
@@ -209,7 +219,8 @@ class ReferenceExecutor:
                 y = F.adaptive_avg_pool2d(x, step.output_hw)
             return y.clamp_min(0) if step.relu else y
         m, s = self.params[step.multiplier], self.params[step.shift]
-        if step.mode in (WINDOW, GLOBAL) and not step.relu and len(step.counts) == 1:
+        if step.mode in (WINDOW, GLOBAL) and not step.relu and len(step.counts) == 1 and \
+                not spec.is_wide:
             return avgpool2d_int(x, step.kernel if step.mode == WINDOW else None, step.stride,
                                  step.pad, m[0], s[0], spec.precision)
         _, h, w, _ = x.shape
@@ -222,7 +233,7 @@ class ReferenceExecutor:
         out = torch.empty_like(sums)
         for i, c in enumerate(step.counts):
             sel = count == c
-            out[:, sel] = requantize_int(sums[:, sel], m[i], s[i], spec.precision, step.relu)
+            out[:, sel] = _requantize(sums[:, sel], m[i], s[i], spec.precision, step.relu)
         return out
 
     def _output(self, step: Output, env: dict[str, torch.Tensor]) -> torch.Tensor:

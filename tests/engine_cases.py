@@ -1,0 +1,72 @@
+"""Shared cases of the graph / engine tests: small zoo models quantized and calibrated on random
+data, and the precision plans of issue 32 (w1a2, w2a2, w4a4, w8a8, mixed)."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+import lowbit
+import lowbit.models as zoo
+
+PRECISIONS = ("w1a2", "w2a2", "w4a4", "w8a8", "mixed")
+#: (width, input H x W) per zoo network: small enough for the CPU, wide enough that the
+#: logits do not hinge on a handful of 2-bit activations
+SIZES = {"resnet18": (0.25, (32, 32)), "resnet34": (0.25, (32, 32)),
+         "resnet50": (0.25, (32, 32)), "vgg16": (0.25, (32, 32)),
+         "alexnet": (0.25, (64, 64)), "apnn_vgg_variant": (0.25, (32, 32))}
+
+
+def layer_names(model: nn.Module) -> list[str]:
+    return [n for n, m in model.named_modules() if type(m) in (nn.Conv2d, nn.Linear)]
+
+
+def quantize(model: nn.Module, precision: str) -> nn.Module:
+    """w<b>a<b>, or 'mixed': first and last layer w8a8, the others w1a2."""
+    if precision == "mixed":
+        names = layer_names(model)
+        eight = {"weight_bits": 8, "act_bits": 8}
+        return lowbit.quantize(model, weight_bits=1, act_bits=2,
+                               layers={names[0]: eight, names[-1]: eight})
+    return lowbit.quantize(model, weight_bits=int(precision[1]), act_bits=int(precision[3]))
+
+
+def randomize_batchnorms(model: nn.Module, seed: int, negative: float = 0.0) -> None:
+    """Random running statistics and affine parameters (a fraction `negative` of the gammas
+    below 0), so that folding does something."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
+                k = m.num_features
+                m.running_mean.copy_(torch.randn(k, generator=g) * 0.3)
+                m.running_var.copy_(torch.rand(k, generator=g) + 0.5)
+                gamma = torch.rand(k, generator=g) + 0.5
+                flip = torch.rand(k, generator=g) < negative
+                m.weight.copy_(torch.where(flip, -gamma, gamma))
+                m.bias.copy_(torch.randn(k, generator=g) * 0.2)
+
+
+def calibrated(name: str, precision: str, seed: int = 0, size: tuple[int, int] | None = None,
+               width: float | None = None, calib_batch: int = 4, **options: object
+               ) -> tuple[nn.Module, torch.Tensor]:
+    """(fake-quant model calibrated on random images, the calibration batch)."""
+    w, hw = SIZES.get(name, (1.0, (8, 8)))
+    width = w if width is None else width
+    hw = size or hw
+    torch.manual_seed(seed)
+    model = zoo.get(name, num_classes=10, width=width, **options).eval()
+    randomize_batchnorms(model, seed)
+    channels = 1 if name.startswith("digits") else 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = quantize(model, precision)
+    calib = torch.randn(calib_batch, channels, *hw, generator=torch.Generator().manual_seed(seed))
+    lowbit.calibrate(q, [calib])
+    return q, calib
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())

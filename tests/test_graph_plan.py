@@ -1,0 +1,343 @@
+"""Plans: what fuses, what falls back and why, layouts and implementations, serialization."""
+
+import dataclasses
+import json
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import lowbit
+from engine_cases import calibrated, randomize_batchnorms, rel_err
+from lowbit.core import ConvWorkload, GemmWorkload
+from lowbit.graph import (
+    AvgPool,
+    Concat,
+    Flatten,
+    FloatFallback,
+    Layer,
+    MaxPool,
+    Plan,
+    Quantize,
+    choose_impl,
+    trace_model,
+)
+from lowbit.graph.impl import BITSERIAL, TORCH_FP16
+from lowbit.runtime.compiled import compile_model
+from lowbit.runtime.engine import run_plan
+
+
+def _compile(q, x, **options):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return compile_model(q, x, **options)
+
+
+def _quantized(model, x, wb=2, ab=2, **options):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = lowbit.quantize(model.eval(), weight_bits=wb, act_bits=ab, **options)
+    lowbit.calibrate(q, [x])
+    return q
+
+
+def _check_against_convert(q, plan, x, tol=1e-6):
+    with torch.no_grad():
+        expect = lowbit.convert(q)(x)
+    got = run_plan(plan, x)
+    err = rel_err(got, expect)
+    assert err < tol, err
+    return err
+
+
+def test_resnet18_fusions_counted():
+    q, calib = calibrated("resnet18", "w1a2", seed=0, size=(64, 64), width=0.125)
+    plan = _compile(q, calib).plan
+    layers = plan.layers
+    assert len(layers) == 21
+    count = {f: sum(f in s.fused for s in layers) for f in ("bn", "relu", "residual", "maxpool")}
+    assert count == {"bn": 20, "relu": 17, "residual": 8, "maxpool": 1}
+    kinds = [type(s).__name__ for s in plan.steps]
+    assert kinds.count("Quantize") == 1 and kinds.count("MaxPool") == 0
+    assert kinds.count("AvgPool") == 1 and kinds.count("Flatten") == 1
+    assert kinds.count("FloatFallback") == 0 and kinds[-1] == "Output"
+    stem = layers[0]
+    assert stem.pool is not None and (stem.pool.kernel, stem.pool.stride) == (3, 2)
+    # the stem writes what layer1.0 reads: conv1's input (bit planes) and the residual
+    assert len(stem.layer_outputs) == 2
+    kinds_out = sorted(plan.tensors[o.tensor].kind for o in stem.layer_outputs)
+    assert kinds_out == ["s24/int8", "u2/bitplane"]
+    # a block output read by the next conv1 and the next residual: two realizations; one read
+    # by conv1 and the downsample conv (one activation range, one scale): one
+    by_source = {s.source[0]: s for s in layers}
+    assert len(by_source["layer1.0.conv2"].layer_outputs) == 2
+    assert len(by_source["layer1.1.conv2"].layer_outputs) == 1
+    assert by_source["layer2.0.conv1"].input == by_source["layer2.0.downsample.0"].input
+    pool = plan.steps_of(AvgPool)[0]
+    assert pool.mode == "adaptive" or pool.mode == "global"
+    assert plan.tensors[pool.input].is_wide and plan.tensors[pool.output].kind == "u2/bitplane"
+    # what the kernels run: bit-serial everywhere at <= 4 bits
+    assert all(s.impl == BITSERIAL for s in layers)
+    assert plan.weight_bytes() < sum(plan.params[s.weight].numel() for s in layers) * 2 / 8
+    _check_against_convert(q, plan, torch.randn(3, 3, 64, 64), tol=0.01)
+
+
+class _Depthwise(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1)
+        self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.pw = nn.Conv2d(16, 8, 1)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x):
+        x = F.relu(self.conv(x))
+        x = F.relu(self.pw(self.dw(x)))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def test_depthwise_conv_is_a_named_float_fallback():
+    x = torch.randn(4, 3, 16, 16)
+    q = _quantized(_Depthwise(), x, 4, 4)
+    plan = _compile(q, x).plan
+    (fb,) = plan.fallbacks
+    assert fb.op.startswith("dw: Conv2d") and "groups=16" in fb.reason
+    assert "groups=16" in plan.summary()
+    assert len(plan.layers) == 3
+    # the conv before it writes float for it; the pointwise conv reads its quantized output
+    conv = plan.layers[0]
+    assert [plan.tensors[o.tensor].is_float for o in conv.layer_outputs] == [True]
+    assert any(isinstance(s, Quantize) and s.input == fb.output for s in plan.steps)
+    _check_against_convert(q, plan, torch.randn(3, 3, 16, 16))
+
+
+@pytest.mark.parametrize("name,size", [("vgg16", (64, 64)), ("alexnet", (64, 64)),
+                                       ("apnn_vgg_variant", (32, 32))])
+def test_flatten_permutes_the_first_linear(name, size):
+    q, calib = calibrated(name, "w4a4", seed=3, size=size, width=0.125)
+    plan = _compile(q, calib).plan
+    fc = plan.layers[[s.op for s in plan.layers].index("linear")]
+    assert "flatten-permute" in fc.fused
+    spec = lowbit.convert(q).get_submodule(fc.source[0]).spec
+    flat = plan.steps_of(Flatten)[0]
+    _, h, w, c = plan.tensors[flat.input].shape
+    assert h * w > 1
+    expect = spec.weight.reshape(-1, c, h, w).permute(0, 2, 3, 1).reshape(spec.weight.shape[0], -1)
+    assert torch.equal(plan.params[fc.weight], expect.to(torch.int8))
+    _check_against_convert(q, plan, torch.randn(3, 3, *size), tol=0.01)
+
+
+def test_negative_batchnorm_scales_negate_channels():
+    model = lowbit.models.get("digits_resnet", num_classes=10).eval()
+    randomize_batchnorms(model, 5, negative=0.5)
+    x = torch.randn(16, 1, 8, 8)
+    q = _quantized(model, x)
+    plan = _compile(q, x).plan
+    negated = [s for s in plan.layers if any(f.startswith("negated-channels") for f in s.fused)]
+    assert len(negated) >= 4
+    for s in negated:
+        spec = lowbit.convert(q).get_submodule(s.source[0]).spec
+        neg = spec.out_scale < 0
+        assert bool(neg.any())
+        w = plan.params[s.weight].to(torch.int64)
+        assert torch.equal(w[neg], -spec.weight[neg].to(torch.int64))
+        assert torch.equal(w[~neg], spec.weight[~neg].to(torch.int64))
+    _check_against_convert(q, plan, torch.randn(5, 1, 8, 8))
+
+
+def test_negated_weights_at_the_signed_minimum_widen_the_precision():
+    model = lowbit.models.get("digits_cnn", num_classes=10).eval()
+    randomize_batchnorms(model, 6, negative=0.5)
+    x = torch.randn(16, 1, 8, 8)
+    q = _quantized(model, x, 2, 2, method="mse")  # clips: weights reach -2
+    plan = _compile(q, x).plan
+    widened = [s for s in plan.layers if s.workload.w.bits == 3]
+    assert widened, [(s.name, s.workload.w) for s in plan.layers]
+    assert all(int(plan.params[s.weight].min()) >= -4 for s in widened)
+    _check_against_convert(q, plan, torch.randn(5, 1, 8, 8))
+
+
+def test_zero_batchnorm_scale_falls_back():
+    model = lowbit.models.get("digits_cnn", num_classes=10).eval()
+    with torch.no_grad():
+        model[1].weight[3] = 0.0
+    x = torch.randn(16, 1, 8, 8)
+    q = _quantized(model, x)
+    plan = _compile(q, x).plan
+    (fb,) = plan.fallbacks
+    assert "scale is 0" in fb.reason and fb.op.startswith("0, 1: QuantConv2d")
+    _check_against_convert(q, plan, torch.randn(5, 1, 8, 8))
+
+
+class _Mixed(nn.Module):
+    """Concat, functional ops, unknown functions, a broadcasting add, pools, view."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.b1 = nn.Conv2d(8, 8, 3, padding=1)
+        self.b2 = nn.Conv2d(8, 8, 1)
+        self.c = nn.Conv2d(16, 16, 3, padding=1)
+        self.pool = nn.AvgPool2d(2)
+        self.d = nn.Conv2d(16, 16, 1)
+        self.fc = nn.Linear(16 * 2 * 2, 10)
+
+    def forward(self, x):
+        x = F.relu(self.bn(self.a(x)))
+        y = torch.cat([self.b1(x), F.relu(self.b2(x))], 1)
+        y = torch.sigmoid(y) * 3
+        y = self.c(y)
+        y = torch.add(y, y.mean())
+        y = F.max_pool2d(F.relu(y), 2)
+        y = F.relu(self.pool(self.d(y)))
+        y = F.adaptive_avg_pool2d(y, (2, 2))
+        return self.fc(F.dropout(y.view(y.size(0), -1), 0.5, self.training))
+
+
+def test_unsupported_functions_fall_back_and_the_rest_fuses():
+    torch.manual_seed(0)
+    model = _Mixed()
+    randomize_batchnorms(model, 1)
+    x = torch.randn(4, 3, 16, 16)
+    q = _quantized(model, x, 2, 3)
+    plan = _compile(q, x).plan
+    ops = sorted(f.op.split(":")[0] for f in plan.fallbacks)
+    assert ops == ["add", "function mul", "function sigmoid", "method mean"], ops
+    reasons = {f.op: f.reason for f in plan.fallbacks}
+    assert "no conv/linear output" in reasons["add"]
+    assert len(plan.steps_of(Concat)) == 1 and len(plan.steps_of(Flatten)) == 1
+    pools = plan.steps_of(AvgPool)
+    assert {p.mode for p in pools} == {"window", "adaptive"}
+    assert any(p.relu for p in pools)  # relu(avgpool(conv)) clamps in the pool's output
+    assert "maxpool" in plan.layers[[s.source[0] for s in plan.layers].index("c")].fused or \
+        plan.steps_of(MaxPool)
+    _check_against_convert(q, plan, torch.randn(3, 3, 16, 16))
+
+
+class _SignedInput(nn.Module):
+    """A conv reading a signed (pre-ReLU) value at 1 bit: binary activations."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.b(self.a(x))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(F.relu(y), 1), 1))
+
+
+def test_binary_consumer_reads_a_quantized_float_output():
+    x = torch.randn(6, 3, 8, 8)
+    q = _quantized(_SignedInput(), x, 1, 1)
+    plan = _compile(q, x).plan
+    b = plan.layers[1]
+    assert plan.tensors[b.input].precision.name == "b1"
+    (quant,) = [s for s in plan.steps if isinstance(s, Quantize) and s.output == b.input]
+    assert plan.tensors[quant.input].is_float
+    _check_against_convert(q, plan, torch.randn(3, 3, 8, 8))
+
+
+def test_plan_manifest_round_trips_through_json():
+    q, calib = calibrated("resnet18", "mixed", seed=2, width=0.125)
+    plan = _compile(q, calib).plan
+    text = json.dumps(plan.to_dict())
+    again = Plan.from_dict(json.loads(text), plan.params, plan.modules)
+    assert [s.to_dict() for s in again.steps] == [s.to_dict() for s in plan.steps]
+    assert again.tensors == plan.tensors
+    x = torch.randn(4, 3, 32, 32)
+    assert torch.equal(run_plan(again, x), run_plan(plan, x))
+    params = dict(plan.params)
+    params.pop(plan.layers[3].weight)
+    with pytest.raises(ValueError, match="params"):
+        Plan.from_dict(json.loads(text), params, plan.modules)
+    bad = json.loads(text)
+    bad["steps"] = bad["steps"][1:]
+    with pytest.raises(ValueError, match="before it is written"):
+        Plan.from_dict(bad, plan.params, plan.modules)
+
+
+def test_summary_shows_steps_implementations_and_totals():
+    q, calib = calibrated("resnet18", "mixed", seed=2, width=0.125)
+    text = _compile(q, calib).summary()
+    for needle in ("layer.conv1", "cuda.bitserial", "bn, relu, maxpool", "residual",
+                   "s8/int8 -> ", "u2/bitplane", "weights:", "peak activations:",
+                   "float fallbacks: 0"):
+        assert needle in text, needle
+
+
+def test_choose_impl_policy_and_reasons():
+    bit = ConvWorkload(N=2, H=8, W=8, C=64, K=64, R=3, S=3, pad=1, w="b1", a="u2")
+    assert choose_impl(bit)[0] == BITSERIAL
+    int8 = ConvWorkload(N=2, H=8, W=8, C=64, K=64, R=3, S=3, pad=1, w="s8", a="s8")
+    impl, why = choose_impl(int8)
+    assert impl in ("cuda.int8_wgmma", "triton.conv2d_int8_tma", "triton.conv2d_int8")
+    assert "int8 tensor cores" in why
+    stem = ConvWorkload(N=2, H=32, W=32, C=3, K=64, R=7, S=7, stride=2, pad=3, w="s8",
+                        a="s8")
+    impl, why = choose_impl(stem)
+    assert impl != "cuda.int8_wgmma" and "C=3" in why  # wgmma needs C % 4 == 0
+    huge = GemmWorkload(M=4, N=8, K=2**20, w="s8", a="s8")
+    impl, why = choose_impl(huge)
+    assert impl == TORCH_FP16 and "accumulator" in why
+
+
+def test_accumulator_unit_biases_use_the_kernel_epilogue():
+    """exact_bias=False: ENGINE.md's biases in accumulator units; single-output layers get
+    the kernel's fused requantizing epilogue, and the executor's two epilogue paths (netops,
+    and the shifted-bias sum) agree bit for bit."""
+    q, calib = calibrated("vgg16", "w2a2", seed=4, width=0.125)
+    dataflow = trace_model(q.eval(), calib)
+    from lowbit.graph import build_plan
+
+    plan = build_plan(dataflow, tuple(calib.shape), exact_bias=False)
+    fused = [s for s in plan.layers if s.workload.epilogue.requantizes]
+    assert len(fused) >= 10 and all(s.bias is not None for s in fused)
+    no_bias = Plan(plan.input, plan.tensors,
+                   tuple(dataclasses.replace(s, bias=None) if isinstance(s, Layer) else s
+                         for s in plan.steps), plan.params, plan.modules)
+    x = torch.randn(3, 3, 32, 32)
+    a, rec_a = run_plan(plan, x, record=True)
+    b, rec_b = run_plan(no_bias, x, record=True)
+    assert torch.equal(a, b)
+    assert rec_a.keys() == rec_b.keys() and all(torch.equal(rec_a[k], rec_b[k]) for k in rec_a)
+    exact = build_plan(dataflow, tuple(calib.shape))
+    assert not any(s.workload.epilogue.requantizes and s.bias is None for s in exact.layers)
+
+
+def test_input_too_small_for_the_model():
+    q, calib = calibrated("vgg16", "w2a2", seed=5, width=0.125)
+    cm = _compile(q, calib)
+    with pytest.raises(ValueError, match="too small"):
+        cm.plan_for((1, 3, 16, 16))
+
+
+def test_untraceable_model_is_a_clear_error():
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return y if float(y.sum()) > 0 else -y
+
+    x = torch.randn(2, 3, 8, 8)
+    q = _quantized(Branchy(), x)
+    with pytest.raises(ValueError, match="cannot be traced"):
+        _compile(q, x)
+
+
+def test_float_fallback_steps_report_their_module():
+    x = torch.randn(4, 3, 16, 16)
+    q = _quantized(_Depthwise(), x, 4, 4)
+    plan = _compile(q, x).plan
+    for step in plan.steps:
+        if isinstance(step, FloatFallback):
+            assert isinstance(plan.modules[step.module], nn.Module) and step.reason
+        if isinstance(step, Layer):
+            assert step.impl and step.impl_reason and step.workload is not None
