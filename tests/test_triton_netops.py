@@ -14,6 +14,7 @@ import torch
 from lowbit.core import Layout, PackedTensor, Precision
 from lowbit.kernels.triton import netops as K
 from lowbit.kernels.triton import pools
+from lowbit.kernels.triton import stored as K_stored
 from lowbit.quant.packing import pack, unpack
 from lowbit.reference import (
     FloatOutput,
@@ -26,6 +27,7 @@ from lowbit.reference import (
     quantize_float,
     random_values,
 )
+from lowbit.reference.netops import round_shift_sum
 from triton_cases import DEVICE
 
 INT8, BITPLANE = Layout.INT8, Layout.BITPLANE
@@ -281,3 +283,197 @@ def test_gpu_resnet_shapes(layout):
     img = torch.randn(8, 3, 224, 224, generator=torch.Generator().manual_seed(24))
     assert_stored(K.quantize_image(img.cuda(), 0.02, "s8", layout),
                   quantize_float(img, 0.02, "s8").permute(0, 2, 3, 1))
+
+
+# ------------------------------------------------------------------------- engine extensions
+S16, S24 = K_stored.IntPrecision(16), K_stored.IntPrecision(24)
+
+
+def wide_packed(values: torch.Tensor, prec) -> PackedTensor:
+    data = values.to(K_stored.stored_dtype(prec, INT8)).to(DEVICE)
+    return PackedTensor(data, tuple(values.shape), prec, INT8)
+
+
+def stored_values(out: PackedTensor) -> torch.Tensor:
+    if K_stored.is_wide(out.precision):
+        return out.data.cpu().to(torch.int64)
+    return unpack(out.data.cpu(), out.precision, out.layout, out.shape[-1])
+
+
+def shifted_oracle(y, spec, res):
+    """clamp(floor((y m + b + res r + 2^(s-1)) / 2^s)) exactly (reference round_shift_sum)."""
+    k = y.shape[-1]
+    m = torch.as_tensor(spec.multiplier).to(torch.int64).expand(k)
+    b = torch.as_tensor(0 if spec.bias is None else spec.bias).to(torch.int64).expand(k)
+    terms = [y * m, b.expand_as(y)]
+    if spec.residual_multiplier is not None:
+        terms.append(res * torch.as_tensor(spec.residual_multiplier).to(torch.int64).expand(k))
+    s = torch.as_tensor(spec.shift).to(torch.int64).expand(k)
+    return round_shift_sum(terms, s).clamp(spec.low, spec.precision.qmax)
+
+
+MODE_CASES = {  # mode: (|y| <, whether two channels' b are near 2^62)
+    K.FAST: (2**20, False),
+    K.DIRECT: (2**31, False),
+    K.SPLIT: (2**31, True),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODE_CASES), ids=["direct", "split", "fast"])
+def test_layer_epilogue_shifted_bias_exact_modes(mode):
+    """Each output's bias at its shift (b), 8-bit, bit-plane and wide outputs, in each of the
+    three exact ways of computing them (forced through the terms' magnitudes)."""
+    y_top, huge_b = MODE_CASES[mode]
+    g = torch.Generator().manual_seed(40 + mode)
+    shape = (3, 5, 7, 45)
+    k = shape[-1]
+    y = torch.randint(-y_top + 1, y_top, shape, generator=g, dtype=torch.int64)
+    y.view(-1)[:4] = torch.tensor([y_top - 1, -y_top + 1, 0, 1])
+    specs, layouts = [], []
+    for prec, relu, layout in (("u8", True, INT8), ("s8", False, BITPLANE), (S16, False, INT8),
+                               ("u2", True, BITPLANE), (S24, True, INT8)):
+        p = Precision.parse(prec) if isinstance(prec, str) else prec
+        ratio = (torch.rand(k, generator=g, dtype=torch.float64) + 0.5) * p.qmax / y_top
+        m, _, s = fixed_point_pair(ratio, 0.0)
+        # b within a few output steps (2^s each), both signs
+        b = (torch.rand(k, generator=g, dtype=torch.float64) * 6 - 3) * torch.pow(2.0, s)
+        b = b.clamp(-(2.0**61), 2.0**61).to(torch.int64)
+        if huge_b:  # y m + b may pass 2^63
+            b[:2] = torch.tensor([2**62 - 1, -(2**62) + 1])
+            m[0] = 2**31 - 1
+        specs.append(K.Requantized(p, m, s, b, relu=relu))
+        layouts.append(layout)
+    modes = [K.requant_mode(sp, k, y_top, 0) for sp in specs]
+    assert modes.count(mode) >= 3, modes
+    outs = [poisoned(shape, sp.precision, lay) if not K_stored.is_wide(sp.precision) else
+            K.empty_packed(shape, sp.precision, INT8, DEVICE) for sp, lay in zip(
+                specs, layouts, strict=True)]
+    K.bind_layer_epilogue(y.to(torch.int32).to(DEVICE), specs, outs, y_bound=y_top)()
+    checked = 0
+    for out, sp in zip(outs, specs, strict=True):
+        want = shifted_oracle(y, sp, None)
+        assert torch.equal(stored_values(out), want), sp.precision
+        if not K_stored.is_wide(sp.precision):
+            assert_stored(out, want)
+        checked += int(want.unique().numel() > 2)
+    assert checked >= 4
+
+
+@pytest.mark.parametrize("res_prec", [S16, S24, "u4"], ids=["s16", "s24", "u4_planes"])
+def test_layer_epilogue_wide_residual_and_float_outputs(res_prec):
+    """A 16 / 24-bit residual (or a bit-plane one) into requantized outputs with their own
+    shifted bias, and float outputs with the residual term, ReLU, NCHW and NHWC."""
+    g = torch.Generator().manual_seed(50)
+    shape = (2, 3, 5, 37)
+    k = shape[-1]
+    y = torch.randint(-(2**24), 2**24, shape, generator=g, dtype=torch.int64)
+    if isinstance(res_prec, str):
+        rp = Precision.parse(res_prec)
+        res = rand(shape, res_prec, 51)
+        res_t = packed(res, rp, BITPLANE)
+    else:
+        rp = res_prec
+        res = torch.randint(rp.qmin, rp.qmax + 1, shape, generator=g, dtype=torch.int64)
+        res_t = wide_packed(res, rp)
+    sa = torch.rand(k, generator=g, dtype=torch.float64) * 1e-6 + 1e-7
+    sb = torch.rand(k, generator=g, dtype=torch.float64) * 8.0 / max(rp.qmax, 1)
+    m, r, s = fixed_point_pair(sa, sb)
+    b = torch.randint(-(2**40), 2**40, (k,), generator=g, dtype=torch.int64)
+    specs = [K.Requantized("u8", m, s, b, r, relu=True), K.Requantized(S16, m, s, b, r),
+             K.Requantized("s4", m, s, None, r)]
+    scale = torch.rand(k, generator=g, dtype=torch.float64) * 1e-6
+    offset = torch.randn(k, generator=g, dtype=torch.float64)
+    fspecs = [K.Dequantized(scale, offset, 0.37, relu=True, channels_first=True),
+              K.Dequantized(scale, offset, 0.37)]
+    outs = [K.empty_packed(shape, "u8", INT8, DEVICE), K.empty_packed(shape, S16, INT8, DEVICE),
+            poisoned(shape, "s4", BITPLANE),
+            torch.full((2, k, 3, 5), float("nan"), device=DEVICE),
+            torch.full(shape, float("nan"), device=DEVICE)]
+    K.bind_layer_epilogue(y.to(torch.int32).to(DEVICE), specs + fspecs, outs, res_t,
+                          y_bound=2**24)()
+    for out, sp in zip(outs[:3], specs, strict=True):
+        assert torch.equal(stored_values(out), shifted_oracle(y, sp, res))
+    f = (y.double() * scale + offset + res.double() * 0.37).float()
+    assert torch.equal(outs[3].cpu(), f.clamp_min(0).permute(0, 3, 1, 2))
+    assert torch.equal(outs[4].cpu(), f)
+    assert int((f < 0).sum()) > 10 and int((f > 0).sum()) > 10
+
+
+def test_window_avgpool_adaptive_relu_wide():
+    """Adaptive windows (uneven, several divisors) of a 16-bit wide input, requantized per
+    divisor with ReLU into bit planes; and a padded window pool with ReLU into a wide s16."""
+    from lowbit.graph.pools import ADAPTIVE, WINDOW, axis_windows, window_counts
+    from lowbit.runtime.engine import window_sums
+
+    g = torch.Generator().manual_seed(60)
+    x = torch.randint(S16.qmin, S16.qmax + 1, (3, 7, 9, 40), generator=g, dtype=torch.int64)
+    checked = 0
+    for mode, args, out_prec, layout in (
+            (ADAPTIVE, dict(output_hw=(4, 5)), Precision.parse("u4"), BITPLANE),
+            (ADAPTIVE, dict(output_hw=(5, 6)), Precision.parse("s8"), INT8),
+            (WINDOW, dict(kernel=3, stride=2, pad=1), S16, INT8)):
+        hw = args.get("output_hw", (None, None))
+        axis = {k: v for k, v in args.items() if k != "output_hw"}
+        rows = axis_windows(7, mode, out=hw[0], **axis)
+        cols = axis_windows(9, mode, out=hw[1], **axis)
+        counts = sorted({r[2] * c[2] for r in rows for c in cols})
+        pairs = [avgpool_multiplier(c, 1.0, 50.0 * c ** 0.5) for c in counts]
+        mult = torch.stack([p[0] for p in pairs])
+        shift = torch.stack([p[1] for p in pairs])
+        out = K.empty_packed((3, len(rows), len(cols), 40), out_prec, layout, DEVICE)
+        K.bind_avgpool_windows(wide_packed(x, S16), out, rows, cols, counts, mult, shift,
+                               relu=True)()
+        sums = window_sums(x, rows, cols)
+        count = torch.tensor([r[2] for r in rows]).view(-1, 1) * torch.tensor(
+            [c[2] for c in cols]).view(1, -1)
+        want = torch.empty_like(sums)
+        for i, c in enumerate(counts):
+            sel = count == c
+            want[:, sel] = round_shift_sum([sums[:, sel] * mult[i]], shift[i].expand(40)
+                                           ).clamp(0, out_prec.qmax)
+        assert torch.equal(stored_values(out), want)
+        assert tuple(counts) == window_counts(7, 9, mode, **args)
+        assert len(counts) > 1 or mode == WINDOW
+        checked += int(want.unique().numel() > 3)
+    assert checked == 3
+
+
+@pytest.mark.parametrize("shape,prec,layout,relu", [
+    ((5, 37), "u4", BITPLANE, True), ((2, 37, 3, 5), S16, INT8, False),
+    ((2, 37, 3, 5), S24, INT8, True), ((5, 37), "b1", BITPLANE, False)])
+def test_quantize_relu_2d_and_wide(shape, prec, layout, relu):
+    g = torch.Generator().manual_seed(70)
+    x = torch.randn(shape, generator=g) * 40
+    scale = 0.0173
+    x.view(-1)[:16] = (torch.arange(16) - 8 + 0.5) * scale  # rounding ties
+    p = Precision.parse(prec) if isinstance(prec, str) else prec
+    nhwc = tuple(x.permute(0, 2, 3, 1).shape) if x.dim() == 4 else shape
+    out = K.empty_packed(nhwc, p, layout, DEVICE)
+    K.bind_quantize(x.to(DEVICE), scale, out, relu=relu)()
+    xr = (x.clamp_min(0) if relu else x)
+    xr = xr.permute(0, 2, 3, 1) if x.dim() == 4 else xr
+    if K_stored.is_wide(p):
+        want = torch.floor(xr / torch.tensor(scale, dtype=torch.float32) + 0.5).clamp(
+            p.qmin, p.qmax).to(torch.int64)
+    else:
+        want = quantize_float(xr, scale, p)
+    assert torch.equal(stored_values(out), want)
+    assert int(want.unique().numel()) >= min(3, p.qmax - p.qmin)
+
+
+def test_int32_maxpool_and_wide_checks():
+    """Max-pool of int32 accumulators (IntPrecision(32)): what a layer's fused pool runs
+    before its epilogue."""
+    i32 = K_stored.IntPrecision(32)
+    g = torch.Generator().manual_seed(80)
+    x = torch.randint(-(2**31) + 1, 2**31 - 1, (2, 7, 9, 40), generator=g, dtype=torch.int64)
+    out = K.empty_packed((2, 4, 5, 40), i32, INT8, DEVICE)
+    K.bind_maxpool2d(wide_packed(x, i32), out, 3, 2, 1)()
+    assert torch.equal(stored_values(out), maxpool2d_int(x, 3, 2, 1))
+    with pytest.raises(ValueError, match="one value per element"):
+        K.empty_packed((2, 40), S16, BITPLANE, DEVICE)
+    with pytest.raises(ValueError, match="bits must be"):
+        K_stored.IntPrecision(40)
+    with pytest.raises(ValueError, match="sum past int32"):
+        K.bind_avgpool_windows(wide_packed(x, i32), out, [(0, 3, 3)] * 4, [(0, 3, 3)] * 5,
+                               [9], [1], [1])

@@ -20,8 +20,8 @@ Requantized output (`Requantized`; reference `RequantizedOutput` has b = 0):
     q = clamp(floor((y m + b + res r + 2^(s-1)) / 2^s), lo, qmax),  lo = max(qmin, 0) with relu
 computed in one of three exact ways chosen at bind (`requant_mode`): int64 directly where the
 terms' bounds keep the sum inside int64 (DIRECT), the reference's split sum otherwise (SPLIT),
-or, without a residual, float64 floor(y (m 2^-s) + b 2^-s + 0.5) where that is exact (FAST:
-|y m + b| < 2^53 and s <= 52 - bits, see `requant_mode`).
+or, without a residual, float64 floor(y (m 2^-s) + b 2^-s + 0.5) where every intermediate is
+an integer below 2^53 scaled by a power of two, hence exact (FAST, see `requant_mode`).
 Float output (`Dequantized`): float32(y scale + offset + res residual_scale) in float64 (the
 terms added in that order, no FMA), then ReLU.
 
@@ -163,22 +163,20 @@ def requant_mode(spec: Requantized, k: int, y_bound: int, res_bound: int,
                  fast: bool = True) -> int:
     """The exact way to compute `spec` (module docstring) for |y| <= y_bound and residual
     values |res| <= res_bound: FAST (float64, no residual term) where
-    y_bound max(m) + max|b| < 2^53 (so y m + b and its scaling by 2^-s are exact in float64)
-    and every s <= 52 - bits (the one rounding, of + 0.5, is exact for |q| <= 2^bits, and
-    beyond that the clamp decides); DIRECT where the int64 sum plus the rounding term stays
-    below 2^63; else SPLIT."""
+    y_bound max(m) + max|b| + 2^(max(s) - 1) < 2^53: then y m, y m + b and
+    y m + b + 2^(s-1) are integers below 2^53, so y (m 2^-s), + b 2^-s and + 0.5 are exact
+    in float64 (scalings by powers of two) and the floor is the integer one; DIRECT where
+    the int64 sum plus the rounding term stays below 2^63; else SPLIT."""
     m = _int64_vector("multiplier", spec.multiplier, k, MULT_LIMIT)
     s = _int64_vector("shift", spec.shift, k, 63)
     b = _int64_vector("bias", spec.bias, k, BIAS_LIMIT)
     r = _int64_vector("residual_multiplier", spec.residual_multiplier, k, MULT_LIMIT)
-    m_top, b_top, s_top = int(m.max()), int(b.abs().max()), int(s.max())
-    terms = y_bound * m_top + b_top
-    if fast and spec.residual_multiplier is None and terms < 2**53 and \
-            s_top <= 52 - int(spec.precision.bits):
+    terms = y_bound * int(m.max()) + int(b.abs().max()) + 2 ** (int(s.max()) - 1)
+    if fast and spec.residual_multiplier is None and terms < 2**53:
         return FAST
     if spec.residual_multiplier is not None:
         terms += res_bound * int(r.abs().max())
-    return DIRECT if terms + 2 ** (s_top - 1) < 2**63 else SPLIT
+    return DIRECT if terms < 2**63 else SPLIT
 
 
 # =========================================================================== kernels

@@ -267,7 +267,9 @@ def int_channel_vector(name: str, v: object, k: int, lo: int, hi: int,
 
 
 def float_channel_vector(name: str, v: object, k: int, device: torch.device) -> torch.Tensor:
-    t = torch.zeros(()) if v is None else torch.as_tensor(v)
+    # a Python number straight to float64 (as_tensor would round it to float32 first)
+    t = torch.as_tensor(0.0 if v is None else v,
+                        dtype=None if isinstance(v, torch.Tensor) else torch.float64)
     t = t.to(torch.float64).cpu()
     if t.dim() == 0:
         t = t.expand(k)
