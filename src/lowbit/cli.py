@@ -61,8 +61,8 @@ def reports_errors(fn: Callable) -> Callable:
 
 @app.command()
 @reports_errors
-def demo(float_steps: int = typer.Option(300, help="float32 training steps"),
-         qat_steps: int = typer.Option(150, help="QAT steps per precision"),
+def demo(float_steps: int = typer.Option(200, help="float32 training steps"),
+         qat_steps: int = typer.Option(100, help="QAT steps per precision"),
          precisions: str = typer.Option("w8a8,w4a4,w2a2,w1a2", help="comma-separated"),
          seed: int = typer.Option(0, help="data split and initialization seed")) -> None:
     """Train a small CNN on handwritten digits, quantize it to several precisions with QAT,

@@ -49,10 +49,11 @@ class DemoReport:
     seconds: float = 0.0
 
 
-def train(model: nn.Module, loader, steps: int, lr: float) -> nn.Module:
-    """`steps` Adam steps of cross-entropy over `loader` (cycled); returns the model in eval
-    mode."""
+def train(model: nn.Module, loader, steps: int, lr: float, cosine: bool = False) -> nn.Module:
+    """`steps` Adam steps of cross-entropy over `loader` (cycled), the learning rate annealed
+    to 0 on a cosine when `cosine`; returns the model in eval mode."""
     opt = torch.optim.Adam(model.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps) if cosine else None
     model.train()
     done = 0
     while done < steps:
@@ -60,6 +61,8 @@ def train(model: nn.Module, loader, steps: int, lr: float) -> nn.Module:
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             opt.step()
+            if sched is not None:
+                sched.step()
             done += 1
             if done == steps:
                 break
@@ -119,7 +122,7 @@ def qat(fp32: nn.Module, wb: int, ab: int, loader, steps: int) -> nn.Module:
     edge = dict(weight_bits=8, act_bits=8)
     q = lowbit.quantize(copy.deepcopy(fp32), weight_bits=wb, act_bits=ab, method="max",
                         layers={names[0]: edge, names[-1]: edge})
-    return train(q, loader, steps, 1e-3)
+    return train(q, loader, steps, 1e-3, cosine=True)
 
 
 def gpu_section(int_model: nn.Module, fp32: nn.Module, example: torch.Tensor, label: str
@@ -148,7 +151,7 @@ def gpu_section(int_model: nn.Module, fp32: nn.Module, example: torch.Tensor, la
                   f"{len(x)} against {base:.1f} us for PyTorch fp16 ({base / ours:.2f}x)")
 
 
-def run_demo(float_steps: int = 300, qat_steps: int = 150,
+def run_demo(float_steps: int = 200, qat_steps: int = 100,
              precisions: tuple[str, ...] = DEMO_PRECISIONS, seed: int = 0,
              progress=None) -> DemoReport:
     """Train, quantize, convert and measure (module doc). `progress(text)` is called as each
@@ -165,7 +168,8 @@ def run_demo(float_steps: int = 300, qat_steps: int = 150,
     try:
         train_loader, test = digits_loaders(batch_size=64, seed=seed)
         torch.manual_seed(seed)
-        fp32 = train(models.get(MODEL, num_classes=10), train_loader, float_steps, 3e-3)
+        fp32 = train(models.get(MODEL, num_classes=10), train_loader, float_steps, 3e-3,
+                     cosine=True)
         report = DemoReport(accuracy(fp32, test), float_bytes(fp32), float_steps, qat_steps)
         say(f"float32: {report.float_accuracy:.1%} test accuracy after {float_steps} steps")
         int_model = None
