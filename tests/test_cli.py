@@ -138,6 +138,7 @@ def test_quantize_from_an_image_folder(factory, tmp_path):
     (("quantize", "{factory}:model", "--layers", "0=w2"), ("0=w2",)),
     (("quantize", "{factory}:model", "--method", "minmax"), ("minmax",)),
     (("quantize", "{factory}:model", "--weights", "/no/weights.pt"), ("/no/weights.pt",)),
+    (("quantize", "{factory}:rgb", "--data", "digits"), ("does not fit", "channels")),
     (("summary", "/no/such/file.safetensors"), ("/no/such/file.safetensors",)),
     (("report", "--results", "/no/such/dir"), ("/no/such/dir",)),
 ])

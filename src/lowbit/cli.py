@@ -191,7 +191,10 @@ def quantize(
     q = lowbit.quantize(float_model, weight_bits=wb, act_bits=ab, method=method,
                         skip_first=skip_first, skip_last=skip_last, layers=overrides or None)
     loader = _calibration_batches(data, batch_size, image_size)
-    lowbit.calibrate(q, loader, num_batches=batches)
+    try:
+        lowbit.calibrate(q, loader, num_batches=batches)
+    except RuntimeError as e:  # torch's shape errors: the data does not fit the model
+        raise ValueError(f"--data {data} does not fit {model}: {e}") from None
     result = lowbit.convert(q) if convert else q
     stem = Path(model.rpartition(":")[2] or model).stem
     path = Path(out or f"{stem}-{precision}.safetensors")
