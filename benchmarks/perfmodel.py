@@ -19,7 +19,8 @@ cuDNN / cuBLAS fp16, and writes
   measurement rows      every candidate (future training data)
   dispatch rows         {workload, template, dispatch_us, tuned_us (best measured in the
                         sample), dispatch_over_tuned, cudnn_fp16_us, engine_*}
-  model_accuracy rows   the default model on the fresh measurements (new shapes: held out)
+  model_accuracy rows   the default model on the fresh measurements (held out: the layers
+                        its training snapshot lacks)
   sampling rows         the thesis's 2x / 3x saturation sampling vs the measured time
 
     python benchmarks/perfmodel.py [--quick] [--out DIR] [--export-snapshot] [--calibrate]
@@ -275,6 +276,10 @@ class GpuRun:
                                                   compile_timeout_s=120, warmup_ms=10,
                                                   rep_ms=40)
         self.fp16_us = fp16_us or _fp16_us
+        from lowbit.perfmodel.dataset import load_snapshot
+
+        # layers the default model trained on: accuracy on the others is held out
+        self.trained = {m.layer for m in load_snapshot()}
         self.rows: list[dict] = []
         self.rng = random.Random(0)
 
@@ -313,9 +318,12 @@ class GpuRun:
         from lowbit.kernels import get_template
         from lowbit.tune import MeasureInput
 
+        t_choose = time.perf_counter()
         jobs = self.plan(name, wl, templates)
+        choose_s = time.perf_counter() - t_choose  # the plan: choose + candidates + ranking
         if not jobs:
             return
+        held_out = wl.key.split("|", 1)[0] not in self.trained
         pick = jobs[0][3]
         inputs = [MeasureInput(get_template(t), wl, c) for t, c, _, _ in jobs]
         results = self.measurer.measure(inputs)
@@ -323,6 +331,7 @@ class GpuRun:
         for (t, c, role, _), res in zip(jobs, results, strict=True):
             pred = float(self.model.predict([(t, wl, c)], self.spec)[0])
             self.rows.append({"kind": "measurement", "workload": name, "new_shape": new,
+                              "held_out": held_out,
                               "workload_key": wl.key, "wl": wl.to_dict(), "template": t,
                               "config": dict(c), "role": role, "time_us": res.time_us,
                               "predicted_us": round(pred, 3), "error": res.error})
@@ -345,7 +354,8 @@ class GpuRun:
             "engine_template": engine, "engine_us": engine_us,
             "engine_over_fp16": None if engine_us is None or fp16 is None
             else round(engine_us / fp16, 3),
-            "n_measured": len(measured), "n_failed": len(jobs) - len(measured)})
+            "n_measured": len(measured), "n_failed": len(jobs) - len(measured),
+            "held_out": held_out, "plan_s": round(choose_s, 3)})
         r = self.rows[-1]
         print(f"{name:32s} {pick.template:24s} dispatch {_f(dispatch_us)} tuned "
               f"{_f(tuned_us)} fp16 {_f(fp16)} engine {engine} "
@@ -391,17 +401,17 @@ class GpuRun:
                                            / r["time_us"] * 100, 2)})
 
     def accuracy_rows(self) -> None:
-        for new_only in (True, False):
+        for held_only in (True, False):
             pairs: dict[str, list] = defaultdict(list)
             for r in self.rows:
-                if r["kind"] == "measurement" and r["time_us"] and (r["new_shape"] or
-                                                                    not new_only):
+                if r["kind"] == "measurement" and r["time_us"] and (r["held_out"] or
+                                                                    not held_only):
                     pairs[r["template"]].append((r["workload"], r["workload_key"],
                                                  r["predicted_us"], r["time_us"]))
             for tmpl, p in sorted(pairs.items()):
                 self.rows.append({**accuracy(tmpl, p, min_tau_configs=4).row(),
                                   "kind": "model_accuracy", "model": "learned",
-                                  "data": "fresh, new shapes (held out)" if new_only
+                                  "data": "fresh, held-out layers" if held_only
                                   else "fresh, all layers"})
 
 
@@ -476,12 +486,12 @@ def gpu_mode(budget_s: float, out: Path | None, bitserial: bool, run: GpuRun | N
 def print_table(rows: list[dict]) -> None:
     acc = [r for r in rows if r["kind"] == "model_accuracy"]
     if acc:
-        print(f"\n{'model accuracy':44s} {'MdAPE%':>7s} {'tau':>6s} {'layers':>6s} "
+        print(f"\n{'model accuracy':56s} {'MdAPE%':>7s} {'tau':>6s} {'layers':>6s} "
               f"{'configs':>7s}")
         for r in acc:
             tau = "   -  " if r["kendall_tau"] is None else f"{r['kendall_tau']:6.3f}"
-            label = f"{r['template']} [{r['model']}, {r['data'][:12]}]"
-            print(f"{label:44s} {r['median_ape']:7.1f} {tau} {r['n_layers']:6d} "
+            label = f"{r['template']} [{r['model'][:8]}, {r['data'][:20]}]"
+            print(f"{label:56s} {r['median_ape']:7.1f} {tau} {r['n_layers']:6d} "
                   f"{r['n_configs']:7d}")
     pruned = [r for r in rows if r["kind"] == "pruned_tuner"]
     if pruned:
@@ -497,7 +507,8 @@ def print_table(rows: list[dict]) -> None:
         ratios = [r["dispatch_over_tuned"] for r in disp if r["dispatch_over_tuned"]]
         print(f"\ndispatch: {len(disp)} layers, median dispatch/tuned "
               f"{statistics.median(ratios) if ratios else float('nan'):.3f}, within 1.25x "
-              f"on {sum(x <= 1.25 for x in ratios)} of {len(ratios)}")
+              f"on {sum(x <= 1.25 for x in ratios)} of {len(ratios)}; plan (choose + candidates) "
+              f"median {statistics.median(r['plan_s'] for r in disp):.2f} s on the host CPU")
     samp = [r for r in rows if r["kind"] == "sampling"]
     if samp:
         print(f"sampling: {len(samp)} configs, median APE "

@@ -70,7 +70,7 @@ def _target_arch(spec: GpuSpec) -> str | None:
 
 
 def candidate_configs(template: KernelTemplate, workload: Workload, n: int = 48,
-                      seed: int = 0, budget_s: float = 0.15, arch: str | None = None
+                      seed: int = 0, budget_s: float = 0.05, arch: str | None = None
                       ) -> list[Config]:
     """The default config, its valid one-knob neighbours, short random walks from it and
     uniform random draws of valid points, without enumerating the space (bit-serial spaces
