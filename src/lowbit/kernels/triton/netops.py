@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from ...core import Encoding, Layout, PackedTensor, Precision
-from ...reference.netops import MULT_LIMIT, FloatOutput, RequantizedOutput
+from ...reference.netops import FloatOutput, RequantizedOutput
 from .igemm import Launch, cdiv
 from .pools import (
     avgpool2d,
@@ -76,6 +76,9 @@ KIND_NONE, KIND_REQUANT, KIND_FLOAT, KIND_FLOAT_NCHW = 0, 1, 2, 3
 DIRECT, SPLIT, FAST = 0, 1, 2
 #: |residual values| the epilogue takes (24-bit wide realizations)
 RESIDUAL_LIMIT = 2**23
+#: multipliers and biases are int64: a residual layer's shared shift can give multipliers
+#: past 2^31 (`lowbit.graph.planner.shared_shift`); each product must stay in int64
+MULT_LIMIT = 2**62
 BIAS_LIMIT = 2**62
 __all__ = ["Dequantized", "Launcher", "Requantized", "avgpool2d", "bind_avgpool2d",
            "bind_avgpool_windows", "bind_layer_epilogue", "bind_maxpool2d", "bind_quantize",
@@ -88,9 +91,10 @@ __all__ = ["Dequantized", "Launcher", "Requantized", "avgpool2d", "bind_avgpool2
 class Requantized:
     """One requantized output (module docstring). precision: a `Precision` (not binary) or a
     wide signed one (`stored.IntPrecision`, graph's WidePrecision); multiplier [K] in
-    [0, 2^31), shift [K] in 1..62, bias [K] (b, in units of 2^-shift output steps,
-    |b| < 2^62; None: 0), residual_multiplier [K] (|r| < 2^31; None: no residual term).
-    Vectors may be ints (broadcast)."""
+    [0, 2^62), shift [K] in 1..62, bias [K] (b, in units of 2^-shift output steps,
+    |b| < 2^62; None: 0), residual_multiplier [K] (|r| < 2^62; None: no residual term),
+    with |y| m and |res| |r| inside int64 (checked at bind). Vectors may be ints
+    (broadcast)."""
 
     precision: object
     multiplier: torch.Tensor | int
@@ -185,10 +189,10 @@ def emit_output(y, res, pix, pix_mask, c0, K, out_ptr, v1_ptr, v2_ptr, v3_ptr, v
                 plane, KIND: tl.constexpr, LAYOUT: tl.constexpr, BITS: tl.constexpr,
                 QLO: tl.constexpr, QMAX: tl.constexpr, HAS_RES: tl.constexpr,
                 MODE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    """One output of the layer epilogue (module docstring). REQUANT: v1 multiplier (FAST:
-    m 2^-s float64), v2 residual multiplier, v3 shift (int32 [K]), v4 b (int64; FAST:
-    b 2^-s float64). FLOAT: v1 scale, v2 offset, v3 residual scale (float64 [K]); QLO 0
-    means ReLU; FLOAT_NCHW: `row` is H*W, the output NCHW."""
+    """One output of the layer epilogue (module docstring). REQUANT: v1 multiplier (int64;
+    FAST: m 2^-s float64), v2 residual multiplier (int64), v3 shift (int32 [K]), v4 b
+    (int64; FAST: b 2^-s float64). FLOAT: v1 scale, v2 offset, v3 residual scale
+    (float64 [K]); QLO 0 means ReLU; FLOAT_NCHW: `row` is H*W, the output NCHW."""
     chan = c0 + tl.arange(0, BLOCK_C)
     c_mask = chan < K
     if KIND == 1:
@@ -320,22 +324,27 @@ def output_slot(i: int, spec: object, out: object, shape: tuple[int, ...],
         if str(p.precision) != str(spec.precision):
             raise ValueError(f"outs[{i}] holds {p.precision} but outputs[{i}] requantizes to "
                              f"{spec.precision}")
-        mult = int_channel_vector(f"outputs[{i}].multiplier", spec.multiplier, k, 0,
-                                  MULT_LIMIT - 1, device)
+        mult = _int64_vector(f"outputs[{i}].multiplier", spec.multiplier, k, MULT_LIMIT)
+        if k and int(mult.min()) < 0:
+            raise ValueError(f"outputs[{i}].multiplier must be >= 0")
         shift = int_channel_vector(f"outputs[{i}].shift", spec.shift, k, 1, 62, device)
         bias = _int64_vector(f"outputs[{i}].bias", spec.bias, k, BIAS_LIMIT)
         res_on = spec.residual_multiplier is not None
         if res_on and not has_residual:
             raise ValueError(f"outputs[{i}] has a residual_multiplier but no residual was given")
-        rmul = int_channel_vector(f"outputs[{i}].residual_multiplier", spec.residual_multiplier,
-                                  k, -(MULT_LIMIT - 1), MULT_LIMIT - 1, device) if res_on else mult
+        rmul = _int64_vector(f"outputs[{i}].residual_multiplier", spec.residual_multiplier, k,
+                             MULT_LIMIT)
+        if y_bound * int(mult.max()) >= 2**63 or res_bound * int(rmul.abs().max()) >= 2**63:
+            raise ValueError(f"outputs[{i}]: y m or res r may leave int64 (|y| <= {y_bound}, "
+                             f"|res| <= {res_bound})")
         mode = requant_mode(spec, k, y_bound, res_bound, fast)
-        if mode == FAST:  # m 2^-s and b 2^-s in float64: exact (powers of two, |b| < 2^53)
+        if mode == FAST:  # m 2^-s and b 2^-s in float64: exact (powers of two, < 2^53)
             scaled = torch.pow(2.0, -shift.cpu().to(torch.float64))
-            v1 = (mult.cpu().to(torch.float64) * scaled).to(device)
+            v1 = (mult.to(torch.float64) * scaled).to(device)
             v4 = (bias.to(torch.float64) * scaled).to(device)
         else:
-            v1, v4 = mult, bias.to(device)
+            v1, v4 = mult.to(device), bias.to(device)
+        rmul = rmul.to(device)
         row, plane = storage_strides(p)
         consts = dict(KIND=KIND_REQUANT, LAYOUT=layout_code(p), BITS=min(p.precision.bits, 8),
                       QLO=spec.low, QMAX=int(spec.precision.qmax), RES=res_on, MODE=mode)

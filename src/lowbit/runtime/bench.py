@@ -1,0 +1,508 @@
+"""Whole-network benchmarks (`lowbit bench`, benchmarks/network.py): a calibrated quantized
+zoo model compiled for the GPU executor, timed against PyTorch fp16 in the same process.
+
+- `build_quantized(name, recipe, ...)`: the zoo model (`lowbit.models`) quantized by a
+  precision recipe and calibrated on random images. Recipes: "wXaY" (every conv / linear at
+  X-bit weights and Y-bit activations except the first conv and the last linear at w8a8, the
+  issue-32 setting), "wXaY-all" (every layer), "mixed" (first / last w8a8, the others cycling
+  through w1a2, w2a2, w4a4, w8a8: every kind of layout change between layers).
+- `bench_network(...)`: one results row (DESIGN.md "network" rows): the engine's forward (CUDA
+  graph replay, median of many, L2 flushed between runs like the baselines), host overhead
+  per forward, per-step times in the engine and alone (CUDA events behind a sleep that queues
+  the launches first, so launch gaps do not count) with their roofline floors, and the
+  baselines: PyTorch fp16 channels_last eager (cudnn.benchmark), the same under CUDA-graph
+  replay and torch.compile fp16 (`compile_mode`; timed under a CUDA graph where the mode
+  leaves graphs to the caller), memory against fp16.
+- `check_targets(rows)`: the issue-32 targets as met / missed with the number that bounds them.
+
+Floors (DESIGN.md hardware facts, H100): bytes / 3.0 TB/s against ops / peak per
+implementation: bit-serial 10,279 T bit-ops/s / (w_bits a_bits), int8 1,280 TOPS, fp16
+648 TFLOPS; bytes are the step's ideal traffic (inputs, weights and outputs in their stored
+layouts, no int32 round trip).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..graph.ir import Layer, Plan, layer_weight_bytes
+
+BANDWIDTH = 3.0e12
+PEAK_OPS = {"bitserial": 10_279e12, "int8": 1_280e12, "fp16": 648e12}
+#: zoo networks a recipe runs on, with their default input size
+IMAGE_SIZE = {"resnet18": 224, "resnet34": 224, "resnet50": 224, "vgg16": 224,
+              "alexnet": 224, "apnn_vgg_variant": 32, "digits_resnet": 8, "digits_cnn": 8}
+MIX_CYCLE = ((1, 2), (2, 2), (4, 4), (8, 8))
+
+
+# ------------------------------------------------------------------------------ models
+def conv_linear_names(model: nn.Module) -> list[str]:
+    return [n for n, m in model.named_modules() if type(m) in (nn.Conv2d, nn.Linear)]
+
+
+def parse_recipe(recipe: str) -> tuple[int | None, int | None, bool]:
+    """'w1a2' -> (1, 2, False); 'w4a4-all' -> (4, 4, True); 'mixed' -> (None, None, False)."""
+    if recipe == "mixed":
+        return None, None, False
+    body, _, suffix = recipe.partition("-")
+    try:
+        if body[0] != "w" or "a" not in body or suffix not in ("", "all"):
+            raise ValueError
+        w, a = body[1:].split("a")
+        bits = int(w), int(a)
+    except ValueError:
+        raise ValueError(f"recipe must be 'wXaY', 'wXaY-all' or 'mixed', got {recipe!r}") \
+            from None
+    if not all(1 <= b <= 8 for b in bits):
+        raise ValueError(f"recipe bits must be in 1..8, got {recipe!r}")
+    return bits[0], bits[1], suffix == "all"
+
+
+def recipe_layers(model: nn.Module, recipe: str) -> tuple[int, int, dict[str, dict]]:
+    """(weight_bits, act_bits, per-layer overrides) of `lowbit.quantize` for a recipe."""
+    w, a, every = parse_recipe(recipe)
+    names = conv_linear_names(model)
+    eight = {"weight_bits": 8, "act_bits": 8}
+    if w is None:
+        layers = {n: dict(zip(("weight_bits", "act_bits"), MIX_CYCLE[i % len(MIX_CYCLE)],
+                              strict=True)) for i, n in enumerate(names[1:-1])}
+        layers.update({names[0]: eight, names[-1]: eight})
+        return 1, 2, layers
+    return w, a, ({} if every or len(names) < 2 else {names[0]: eight, names[-1]: eight})
+
+
+def randomize_batchnorms(model: nn.Module, seed: int) -> None:
+    """Random running statistics and affine parameters (folding then does something)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
+                k = m.num_features
+                m.running_mean.copy_(torch.randn(k, generator=g) * 0.3)
+                m.running_var.copy_(torch.rand(k, generator=g) + 0.5)
+                m.weight.copy_(torch.rand(k, generator=g) + 0.5)
+                m.bias.copy_(torch.randn(k, generator=g) * 0.2)
+
+
+def random_images(batch: int, size: int | tuple[int, int], channels: int = 3, seed: int = 0,
+                  device: torch.device | str = "cpu") -> torch.Tensor:
+    hw = (size, size) if isinstance(size, int) else tuple(size)
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, channels, *hw, generator=g).to(device)
+
+
+def build_quantized(name: str, recipe: str, *, image_size: int | tuple[int, int] | None = None,
+                    width: float = 1.0, num_classes: int = 1000, seed: int = 0,
+                    calib_batch: int = 4, device: torch.device | str = "cpu",
+                    **options: object) -> tuple[nn.Module, nn.Module]:
+    """(fake-quant model calibrated on `calib_batch` random images, the float model it came
+    from), both on `device` in eval mode. Options go to `lowbit.models.get`."""
+    import lowbit.models as zoo
+
+    from ..quant.api import quantize_model
+    from ..quant.calibrate import calibrate
+
+    torch.manual_seed(seed)
+    model = zoo.get(name, num_classes=num_classes, width=width, **options).eval()
+    randomize_batchnorms(model, seed)
+    w, a, layers = recipe_layers(model, recipe)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = quantize_model(model, weight_bits=w, act_bits=a, layers=layers)
+    model, q = model.to(device), q.to(device).eval()
+    channels = 1 if name.startswith("digits") else 3
+    size = image_size or IMAGE_SIZE.get(name, 224)
+    calibrate(q, [random_images(calib_batch, size, channels, seed + 1, device)])
+    return q, model
+
+
+# ------------------------------------------------------------------------------ timing
+def cuda_events_us(fn: Callable[[], object], reps: int = 20, sleep_ms: float = 20.0
+                   ) -> list[float]:
+    """GPU time of each of `reps` back-to-back calls of fn (CUDA events), the launches queued
+    behind a sleep kernel first so the host's launch time does not show."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(sleep_ms * 1.5e6))
+    for i in range(reps):
+        starts[i].record()
+        fn()
+    starts[reps].record()
+    torch.cuda.synchronize()
+    return [starts[i].elapsed_time(starts[i + 1]) * 1e3 for i in range(reps)]
+
+
+def step_times_us(steps: list[Callable[[], object]], reps: int = 10,
+                  sleep_ms: float = 50.0) -> list[float]:
+    """Median GPU time of each step inside the whole sequence (events between steps)."""
+    samples: list[list[float]] = [[] for _ in steps]
+    for _ in range(reps):
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(len(steps) + 1)]
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(sleep_ms * 1.5e6))
+        for i, step in enumerate(steps):
+            events[i].record()
+            step()
+        events[-1].record()
+        torch.cuda.synchronize()
+        for i in range(len(steps)):
+            samples[i].append(events[i].elapsed_time(events[i + 1]) * 1e3)
+    return [statistics.median(s) for s in samples]
+
+
+def graph_of(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """fn captured in a CUDA graph (after a warm-up on a side stream)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
+def median_us(fn: Callable[[], object], rep_ms: float = 200) -> float:
+    from ..tune.timing import time_us
+
+    return time_us(fn, warmup_ms=25, rep_ms=rep_ms)
+
+
+def host_overhead_us(executor, x: torch.Tensor, calls: int = 50) -> float:
+    """Host time of one forward call (input copy, graph replay, output clone), measured while
+    the GPU is held busy so no call waits for it; the non-finite check is off (it syncs)."""
+    check = executor.check_finite
+    executor.check_finite = False
+    try:
+        executor(x)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(200 * 1.5e6))
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            executor(x)
+        dt = (time.perf_counter() - t0) / calls
+        torch.cuda.synchronize()
+    finally:
+        executor.check_finite = check
+    return dt * 1e6
+
+
+# ------------------------------------------------------------------------------ floors
+def step_floor_us(plan: Plan, step) -> float:
+    """Roofline floor of one step (module docstring), microseconds."""
+    nbytes = sum(plan.tensors[t].nbytes for t in (*step.inputs, *step.outputs)
+                 if t in plan.tensors)
+    ops = 0.0
+    peak = PEAK_OPS["int8"]
+    if isinstance(step, Layer):
+        wl = step.workload
+        m, n, k = wl.gemm_shape
+        ops = 2.0 * m * n * k
+        nbytes += layer_weight_bytes(step, plan.params[step.weight])
+        if step.impl == "cuda.bitserial":
+            peak = PEAK_OPS["bitserial"] / (wl.w.bits * wl.a.bits)
+        elif step.impl == "torch.fp16":
+            peak = PEAK_OPS["fp16"]
+    return max(ops / peak, nbytes / BANDWIDTH) * 1e6
+
+
+# ------------------------------------------------------------------------------ baselines
+def fp16_baselines(model: nn.Module, x: torch.Tensor, compile_mode: str | None
+                   ) -> tuple[dict[str, float | None], dict[str, object]]:
+    """{fp16_eager, fp16_cuda_graph, fp16_compile} in ms and notes (errors, the fp16 peak
+    activation bytes, per-module eager times by module name)."""
+    torch.backends.cudnn.benchmark = True
+    m = _fp16_copy(model)
+    xh = x.to(torch.float16).contiguous(memory_format=torch.channels_last)
+    out: dict[str, float | None] = {"fp16_eager": None, "fp16_cuda_graph": None,
+                                    "fp16_compile": None}
+    notes: dict[str, object] = {}
+    with torch.no_grad():
+        m(xh)
+        out["fp16_eager"] = median_us(lambda: m(xh)) / 1e3
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        m(xh)
+        torch.cuda.synchronize()
+        notes["fp16_peak_activation_bytes"] = int(torch.cuda.max_memory_allocated() - base)
+        notes["fp16_modules_us"] = _module_times_us(m, xh)
+        try:
+            g = graph_of(lambda: m(xh))
+            out["fp16_cuda_graph"] = median_us(g.replay) / 1e3
+        except Exception as e:
+            notes["fp16_cuda_graph_error"] = f"{type(e).__name__}: {e}"[:300]
+        if compile_mode:
+            try:
+                t0 = time.perf_counter()
+                cm = torch.compile(m, mode=compile_mode)
+                cm(xh)
+                cm(xh)
+                notes["fp16_compile_s"] = round(time.perf_counter() - t0, 1)
+                if "cudagraphs" in compile_mode or compile_mode in ("reduce-overhead",
+                                                                     "max-autotune"):
+                    out["fp16_compile"] = median_us(lambda: cm(xh)) / 1e3
+                else:
+                    g = graph_of(lambda: cm(xh))
+                    out["fp16_compile"] = median_us(g.replay) / 1e3
+                notes["fp16_compile_mode"] = compile_mode
+            except Exception as e:
+                notes["fp16_compile_error"] = f"{type(e).__name__}: {e}"[:300]
+    return out, notes
+
+
+def _fp16_copy(model: nn.Module) -> nn.Module:
+    import copy
+
+    return copy.deepcopy(model).half().eval().to(memory_format=torch.channels_last)
+
+
+def _module_times_us(model: nn.Module, x: torch.Tensor, reps: int = 5) -> dict[str, float]:
+    """Eager fp16 time of every conv / linear module (events around each, launches queued
+    behind a sleep), median of `reps` forwards."""
+    samples: dict[str, list[float]] = {}
+    handles, pending = [], []
+    for name, mod in model.named_modules():
+        if type(mod) not in (nn.Conv2d, nn.Linear):
+            continue
+
+        def pre(_m, _a, name=name):
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            pending.append((name, ev))
+
+        def post(_m, _a, _o, name=name):
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            pending.append((name, ev))
+
+        handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
+    try:
+        for _ in range(reps):
+            pending.clear()
+            torch.cuda.synchronize()
+            torch.cuda._sleep(int(30 * 1.5e6))
+            model(x)
+            torch.cuda.synchronize()
+            for (n0, e0), (_, e1) in zip(pending[::2], pending[1::2], strict=True):
+                samples.setdefault(n0, []).append(e0.elapsed_time(e1) * 1e3)
+    finally:
+        for h in handles:
+            h.remove()
+    return {n: statistics.median(v) for n, v in samples.items()}
+
+
+# ------------------------------------------------------------------------------ one row
+@dataclass(frozen=True)
+class BenchCase:
+    model: str
+    batch: int
+    precision: str
+    image_size: int | None = None
+
+
+def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
+                  seed: int = 0, chain: bool = False, quick: bool = False,
+                  check: bool = True) -> dict:
+    """One "network" results row for `case` on the current GPU (module docstring)."""
+    from .compiled import compile_model
+    from .engine import ReferenceExecutor
+    from .gpu import GpuExecutor
+
+    device = torch.device("cuda")
+    size = case.image_size or IMAGE_SIZE.get(case.model, 224)
+    row: dict = {"model": case.model, "batch": case.batch, "precision": case.precision,
+                 "image_size": size}
+    phases: dict[str, float] = {}
+    t0 = time.perf_counter()
+    q, float_model = build_quantized(case.model, case.precision, image_size=size, seed=seed,
+                                     device=device)
+    x = random_images(case.batch, size, 1 if case.model.startswith("digits") else 3,
+                      seed + 2, device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cm = compile_model(q, x, executor="reference")
+    plan = cm.plan
+    phases["plan_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ex = GpuExecutor(plan, device, chain=chain)
+    phases["bind_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    y = ex(x)
+    torch.cuda.synchronize()
+    phases["first_forward_s"] = time.perf_counter() - t0
+    if check and case.batch <= 16:
+        ref = ReferenceExecutor(plan, device)(x)
+        row["top1_equal"] = bool(torch.equal(y.argmax(1), ref.argmax(1)))
+        row["logits_equal"] = bool(torch.equal(y, ref))
+    rep_ms = 100 if quick else 300
+    from ..tune.timing import time_us
+
+    row["time_ms"] = time_us(ex.replay, warmup_ms=25, rep_ms=rep_ms) / 1e3
+    row["images_per_s"] = case.batch / (row["time_ms"] / 1e3)
+    row["host_overhead_us"] = host_overhead_us(ex, x)
+    inside = step_times_us([b for b in ex.steps if not b.record_only], reps=5 if quick else 10)
+    run = [b for b in ex.steps if not b.record_only]
+    total = sum(inside) or 1.0
+    layers = []
+    for b, t in zip(run, inside, strict=True):
+        if not b.launches:
+            continue
+        alone = statistics.median(cuda_events_us(b, reps=10 if quick else 30))
+        layers.append({"name": b.name, "impl": b.how, "time_us": t,
+                       "floor_us": step_floor_us(plan, b.step), "share": t / total,
+                       "alone_us": alone,
+                       "source": list(getattr(b.step, "source", ()))})
+    row["layers"] = layers
+    row["floor_ms"] = sum(r["floor_us"] for r in layers) / 1e3
+    row["steps_sum_ms"] = total / 1e3
+    row["weights_bytes"] = plan.weight_bytes()
+    row["peak_activation_bytes"] = plan.peak_activation_bytes()
+    row["arena_bytes"] = ex.nbytes()
+    row["fp16_weights_bytes"] = 2 * sum(p.numel() for p in float_model.parameters())
+    baselines, notes = fp16_baselines(float_model, x, compile_mode)
+    row["baselines_ms"] = baselines
+    row["fp16_peak_activation_bytes"] = notes.pop("fp16_peak_activation_bytes", None)
+    modules = notes.pop("fp16_modules_us", {})
+    for r in layers:
+        r["fp16_us"] = sum(modules.get(s, 0.0) for s in r["source"]) or None
+    row["notes"] = {**notes, **{k: round(v, 2) for k, v in phases.items()}}
+    return row
+
+
+# ------------------------------------------------------------------------------ targets
+@dataclass(frozen=True)
+class Target:
+    name: str
+    value: float | None
+    bound: float
+    met: bool | None
+    why: str = ""
+
+
+def _row(rows: list[dict], model: str, batch: int, precision: str) -> dict | None:
+    for r in rows:
+        if (r.get("model"), r.get("batch"), r.get("precision")) == (model, batch, precision) \
+                and r.get("time_ms"):
+            return r
+    return None
+
+
+def _bottleneck(row: dict) -> str:
+    """What bounds a row: its floor and its three largest steps against their floors."""
+    top = sorted(row.get("layers", []), key=lambda r: -r["time_us"])[:3]
+    parts = [f"{r['name']} {r['time_us']:.1f} us (floor {r['floor_us']:.1f})" for r in top]
+    return f"network floor {row.get('floor_ms', 0):.3f} ms; largest: " + ", ".join(parts)
+
+
+def check_targets(rows: list[dict]) -> list[Target]:
+    """The issue-32 targets over the rows present (missing rows: met None)."""
+    out: list[Target] = []
+
+    def ratio(r: dict | None, key: str) -> float | None:
+        base = (r or {}).get("baselines_ms", {}).get(key)
+        return base / r["time_ms"] if r and base else None
+
+    def add(name: str, value: float | None, bound: float, higher: bool, r: dict | None) -> None:
+        met = None if value is None else (value >= bound if higher else value <= bound)
+        out.append(Target(name, value, bound, met, "" if met or r is None else _bottleneck(r)))
+
+    r18 = _row(rows, "resnet18", 8, "w1a2")
+    add("ResNet-18 w1a2 b8 time (ms) <=", r18 and r18["time_ms"], 0.10, False, r18)
+    add("ResNet-18 w1a2 b8 x fp16 CUDA graph >=", ratio(r18, "fp16_cuda_graph"), 4.5, True, r18)
+    r50 = _row(rows, "resnet50", 256, "w1a2")
+    add("ResNet-50 w1a2 b256 images/s >=", r50 and r50["images_per_s"], 110_000, True, r50)
+    r50_8 = _row(rows, "resnet50", 256, "w8a8")
+    add("ResNet-50 w8a8 b256 x fp16 CUDA graph >=", ratio(r50_8, "fp16_cuda_graph"), 2.0, True,
+        r50_8)
+    add("ResNet-50 w8a8 b256 x torch.compile fp16 >=", ratio(r50_8, "fp16_compile"), 1.3, True,
+        r50_8)
+    for name in ("vgg16", "alexnet"):
+        r = _row(rows, name, 8, "w1a2")
+        add(f"{name} w1a2 b8 x fp16 CUDA graph >=", ratio(r, "fp16_cuda_graph"), 4.0, True, r)
+    worst, where = None, None
+    for r in rows:
+        for s in r.get("layers", []):
+            if s.get("alone_us") and s["time_us"] > 2.0:
+                v = s["time_us"] / s["alone_us"]
+                if worst is None or v > worst:
+                    worst, where = v, f"{r['model']} b{r['batch']} {s['name']}"
+    out.append(Target("every step in the engine / alone <=", worst, 1.15,
+                      None if worst is None else worst <= 1.15, where or ""))
+    for r in rows:
+        stems = [s for s in r.get("layers", []) if s["impl"].startswith("triton stem")]
+        for s in stems:
+            v = s["time_us"] / s["floor_us"]
+            out.append(Target(f"{r['model']} b{r['batch']} stem time / floor <=", v, 3.0,
+                              v <= 3.0, f"{s['time_us']:.1f} us, floor {s['floor_us']:.1f}"))
+    return out
+
+
+def summary_table(rows: list[dict]) -> str:
+    """A short text table of the rows and the targets."""
+    lines = [f"{'model':<10} {'b':>4} {'prec':<6} {'ms':>8} {'img/s':>9} {'eager':>7} "
+             f"{'graph':>7} {'compile':>7} {'x graph':>7} {'floor':>7}  note"]
+    for r in rows:
+        if r.get("error"):
+            lines.append(f"{r['model']:<10} {r['batch']:>4} {r['precision']:<6} error: "
+                         f"{r['error'][:80]}")
+            continue
+        b = r["baselines_ms"]
+
+        def f(v: float | None) -> str:
+            return f"{v:7.3f}" if v else "      -"
+
+        x = b.get("fp16_cuda_graph") / r["time_ms"] if b.get("fp16_cuda_graph") else None
+        lines.append(f"{r['model']:<10} {r['batch']:>4} {r['precision']:<6} "
+                     f"{r['time_ms']:8.3f} {r['images_per_s']:9.0f} {f(b.get('fp16_eager'))} "
+                     f"{f(b.get('fp16_cuda_graph'))} {f(b.get('fp16_compile'))} "
+                     f"{(f'{x:6.2f}x') if x else '      -'} {r['floor_ms']:7.3f}  "
+                     f"host {r['host_overhead_us']:.1f} us"
+                     + ("" if r.get("top1_equal", True) else "  TOP-1 MISMATCH"))
+    lines.append("")
+    for t in check_targets(rows):
+        state = "n/a " if t.met is None else ("met " if t.met else "MISS")
+        val = "-" if t.value is None else (f"{t.value:.3f}" if t.value < 1000 else
+                                           f"{t.value:,.0f}")
+        lines.append(f"[{state}] {t.name} {t.bound:g}: {val}  {t.why}")
+    return "\n".join(lines)
+
+
+def per_layer_figure(row: dict, path: str) -> str | None:
+    """Bar chart of where the time goes per step (ours) next to fp16 eager per module; None
+    when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    layers = row["layers"]
+    n = len(layers)
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.28 * n), 4.0))
+    xs = range(n)
+    ax.bar([i - 0.2 for i in xs], [r["time_us"] for r in layers], 0.4, label="lowbit")
+    ax.bar([i + 0.2 for i in xs], [r.get("fp16_us") or 0 for r in layers], 0.4,
+           label="PyTorch fp16 eager (module)")
+    ax.plot(list(xs), [r["floor_us"] for r in layers], "k_", markersize=8, label="floor")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([r["name"].split(".", 1)[-1][:18] for r in layers], rotation=90,
+                       fontsize=6)
+    ax.set_ylabel("us")
+    ax.set_title(f"{row['model']} b{row['batch']} {row['precision']}: "
+                 f"{row['time_ms']:.3f} ms")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,519 @@
+"""The GPU executor of a plan: every tensor in one static arena, every step bound once to its
+kernels, the whole forward one CUDA graph.
+
+`GpuExecutor(plan, device)` is called as the reference executor is (`x, record=False`) and
+computes the same integers (`lowbit.runtime.engine` defines them), bit for bit:
+
+- storage: each plan tensor is a view of one byte arena at a fixed offset (`buffers`: tensors
+  whose lifetimes do not overlap share bytes; `reuse_memory=False` keeps every tensor);
+  Flatten is a view (INT8 / wide: always; BITPLANE: when the map's channels fill whole words
+  or the map is 1x1, the only flattens the planner makes of bit planes);
+- Layer: the step's kernel (`layers.layer_kernel`, weights packed once into the workload's
+  layout) with its own fused epilogue where the workload has one; else the kernel writes the
+  int32 accumulator and `netops.bind_layer_epilogue` writes every output (bias at each
+  output's shift, residual, wide and float outputs). A fused max-pool pools the int32
+  accumulator first where every output is requantized and there is no residual (the
+  epilogue is monotone), else each output after the epilogue;
+- Quantize + first conv: the fused stem (`kernels.triton.stem`: float image -> quantized ->
+  conv -> epilogue -> 3x3/2 max-pool) where the first layer is a 7x7/2 or 11x11/4 conv on
+  <= 4 channels of the image quantized to <= 8 bits (not binary; unsigned <= 7 bits); the
+  Quantize's own tensor is then written only when recording;
+- MaxPool / AvgPool / Quantize: `kernels.triton.netops`; Concat: a copy into the output
+  (words of bit planes where every part but the last fills whole words, else values);
+  FloatFallback: the PyTorch module on the device, in float32 (not bit-exact against a CPU
+  reference: float32 rounding, ~1e-6 relative, and a quantizer after it can flip a level at
+  a rounding tie); Output: scale * q in float64, rounded to float32, NCHW.
+
+Forward: the input is checked (type, dtype, shape, device) before any launch and copied into
+a static buffer; then the CUDA graph of all launches replays (captured on the first call after
+an eager warm-up; eager without CUDA); non-finite input sets a status flag in the quantize
+kernels, read after the replay (ValueError). `record=True` runs the steps eagerly and returns
+every tensor a step writes in its storage layout (as `ReferenceExecutor` does).
+
+Without a GPU (device "cpu") the Triton ops run under TRITON_INTERPRET=1 and the conv / GEMM
+kernels through `layers.reference_kernel` (same bind contract): the CPU tests of the whole
+executor.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ..core import Encoding, Layout, PackedTensor, Precision
+from ..core.validate import out_storage
+from ..graph.ir import (
+    AvgPool,
+    Concat,
+    Flatten,
+    FloatFallback,
+    Layer,
+    MaxPool,
+    Output,
+    Plan,
+    Quantize,
+    Step,
+)
+from ..graph.pools import GLOBAL, WINDOW, axis_windows
+from ..kernels.base import acc_bound
+from ..quant.packing import from_bitplanes
+from .buffers import Scratch, plan_arena, temporaries_bytes, view_of
+from .layers import (
+    KernelFactory,
+    describe_kernel,
+    kernel_params,
+    layer_kernel,
+    output_specs,
+    packed_weight,
+    prebuild,
+    reference_kernel,
+)
+
+#: (filter size, stride) of the first layers the fused stem serves
+STEM_SHAPES = ((7, 2), (11, 4))
+STEM_MAX_CHANNELS = 4
+
+
+def _triton():
+    """The Triton ops (imported on first use: importing Triton is slow and needs it set up)."""
+    from ..kernels.triton import netops, stem, stored
+
+    return netops, stem, stored
+
+
+@dataclass
+class BoundStep:
+    """One plan step bound to its launches: `launches` run in order; `record_only` ones only
+    when recording (the Quantize a fused stem made redundant); `how` says what runs."""
+
+    step: Step
+    launches: list[Callable[[], object]] = field(default_factory=list)
+    how: str = ""
+    record_only: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.step.name
+
+    def __call__(self) -> None:
+        for launch in self.launches:
+            launch()
+
+
+def stem_refusal(plan: Plan, quantize: Quantize, layer: Layer) -> str | None:
+    """Why the fused stem cannot run `quantize` + `layer` (None: it can)."""
+    wl = layer.workload
+    spec = plan.tensors[quantize.output]
+    if quantize.input != plan.input or quantize.relu or spec.is_wide:
+        return "not the image's own quantizer"
+    p = spec.precision
+    if p.encoding is Encoding.BINARY or p.qmax > 127 or p.qmin < -128:
+        return f"input precision {p} is not an int8 tensor-core operand"
+    if layer.op != "conv2d" or (wl.R, wl.stride) not in STEM_SHAPES or wl.R != wl.S:
+        return f"not a {' / '.join(f'{r}x{r}/{s}' for r, s in STEM_SHAPES)} conv"
+    if wl.C > STEM_MAX_CHANNELS or layer.residual is not None or len(layer.layer_outputs) > 3:
+        return "more than 4 channels, a residual or more than 3 outputs"
+    if layer.pool is not None and (layer.pool.kernel, layer.pool.stride) != (3, 2):
+        return "its max-pool is not 3x3/2"
+    for o in layer.layer_outputs:
+        if not o.requantized and layer.pool is not None and \
+                bool((plan.params[o.scale] < 0).any()):
+            return "a pooled float output with a negative scale"
+    return None
+
+
+class GpuExecutor:
+    """Runs one plan on `device` (module docstring). kernels: Layer step -> Kernel (default
+    `layers.layer_kernel` on CUDA, `layers.reference_kernel` elsewhere); reuse_memory: share
+    bytes between tensors of disjoint lifetimes; use_graph: CUDA-graph replay (default on
+    CUDA); fuse_stem: the fused first layer; chain: programmatic dependent launch of the
+    bit-serial kernels (`bind(chained=True)`); check_finite: read the non-finite flag after
+    every forward (a device sync) and raise ValueError."""
+
+    def __init__(self, plan: Plan, device: torch.device | str = "cuda", *,
+                 kernels: KernelFactory | None = None, reuse_memory: bool = True,
+                 use_graph: bool | None = None, fuse_stem: bool = True, chain: bool = False,
+                 check_finite: bool = True) -> None:
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.plan, self.device = plan, device
+        cuda = device.type == "cuda"
+        self.kernels = kernels or (layer_kernel if cuda else reference_kernel)
+        self.use_graph = cuda if use_graph is None else bool(use_graph)
+        if self.use_graph and not cuda:
+            raise ValueError("use_graph needs a CUDA device")
+        self.chain, self.check_finite = chain, check_finite
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.arena = plan_arena(plan, reuse_memory)
+        self.memory = torch.empty(max(self.arena.nbytes, 1), dtype=torch.uint8, device=device)
+        self.buffers: dict[str, torch.Tensor] = {}
+        for name in self.arena.offsets:
+            spec = plan.tensors[name]
+            self.buffers[name] = view_of(self.memory, self.arena.offsets[name],
+                                         spec.storage_shape, spec.storage_dtype)
+        self.status = torch.zeros(1, dtype=torch.int32, device=device)
+        self.result = torch.empty(0, device=device)  # the Output step's binding sets it
+        readers: dict[str, list[Step]] = {}
+        for s in plan.steps:
+            for t in s.inputs:
+                readers.setdefault(t, []).append(s)
+        self.stems: dict[str, Quantize] = {}
+        if fuse_stem:
+            producers = {t: s for s in plan.steps for t in s.outputs}
+            for s in plan.layers:
+                q = producers.get(s.input)
+                if isinstance(q, Quantize) and stem_refusal(plan, q, s) is None:
+                    self.stems[s.name] = q
+        stem_only = {q.name for name, q in self.stems.items()
+                     if all(r.name == name for r in readers[q.output])}
+        if cuda:  # compile the layers' kernels side by side first
+            prebuild([s for s in plan.layers if s.name not in self.stems], self.kernels)
+        self.scratch = Scratch(max([temporaries_bytes(self._temporaries(s))
+                                    for s in plan.steps] + [0]), device)
+        self.steps: list[BoundStep] = []
+        for step in plan.steps:
+            self.scratch.reset()
+            bound = self._bind(step)
+            bound.record_only = step.name in stem_only
+            self.steps.append(bound)
+
+    # ------------------------------------------------------------------ storage
+    def packed(self, name: str) -> PackedTensor:
+        spec = self.plan.tensors[name]
+        return PackedTensor(self.buffers[name], spec.shape, spec.precision, spec.layout)
+
+    def _operand(self, name: str) -> PackedTensor | torch.Tensor:
+        return self.buffers[name] if self.plan.tensors[name].is_float else self.packed(name)
+
+    def nbytes(self) -> int:
+        """Device bytes of the arena and the scratch region (weights not included)."""
+        return self.memory.numel() + self.scratch.region.numel()
+
+    # ------------------------------------------------------------------ binding
+    def _temporaries(self, step: Step) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """Shapes / dtypes of the step-local temporaries `_bind_layer` takes."""
+        if not isinstance(step, Layer) or step.name in self.stems or \
+                step.workload.epilogue.requantizes:
+            return []
+        shape = out_storage(step.workload)[0]
+        temps = [(tuple(shape), torch.int32)]
+        if step.pool is None:
+            return temps
+        if step.residual is None and all(o.requantized for o in step.layer_outputs):
+            first = self.plan.tensors[step.layer_outputs[0].tensor]
+            return [*temps, (first.shape, torch.int32)]
+        for o in step.layer_outputs:
+            spec = self.plan.tensors[o.tensor]
+            if spec.is_float:
+                temps.append(((shape[0], shape[3], shape[1], shape[2]), torch.float32))
+            else:
+                full = spec.__class__(spec.name, tuple(shape), spec.precision, spec.scale,
+                                      spec.layout)
+                temps.append((full.storage_shape, full.storage_dtype))
+        return temps
+
+    def _bind(self, step: Step) -> BoundStep:
+        netops, _, _ = _triton()
+        plan = self.plan
+        if isinstance(step, Layer):
+            return self._bind_layer(step)
+        if isinstance(step, Quantize):
+            spec = plan.tensors[step.output]
+            return BoundStep(step, [netops.bind_quantize(
+                self.buffers[step.input], spec.scale, self.packed(step.output), step.relu,
+                self.status)], "netops quantize")
+        if isinstance(step, MaxPool):
+            return self._bind_maxpool(step)
+        if isinstance(step, AvgPool):
+            return self._bind_avgpool(step)
+        if isinstance(step, Flatten):
+            self._flatten_view(step)
+            return BoundStep(step, [], "view")
+        if isinstance(step, Concat):
+            return self._bind_concat(step)
+        if isinstance(step, FloatFallback):
+            return self._bind_fallback(step)
+        if isinstance(step, Output):
+            return self._bind_output(step)
+        raise TypeError(f"unknown step {type(step).__name__}")
+
+    def _bind_kernel(self, kernel, x, w, params, out) -> Callable[[], object]:
+        if self.chain and hasattr(kernel, "chained_kernels"):
+            return kernel.bind(x, w, params, out, chained=True)
+        return kernel.bind(x, w, params, out)
+
+    def _bind_layer(self, step: Layer) -> BoundStep:
+        netops, stem, stored = _triton()
+        plan, wl = self.plan, step.workload
+        specs = output_specs(step, plan)
+        outs = [self._operand(o.tensor) for o in step.layer_outputs]
+        if step.name in self.stems:
+            q = self.stems[step.name]
+            spec_in = plan.tensors[q.output]
+            launch = stem.bind_stem(
+                self.buffers[plan.input], plan.params[step.weight].to(torch.int64), None, specs,
+                outs, stride=wl.stride, pad=wl.pad,
+                pool_pad=step.pool.pad if step.pool is not None else None,
+                scale=spec_in.scale, precision=spec_in.precision, status=self.status)
+            return BoundStep(step, [launch], "triton stem (image quantized, conv, epilogue"
+                             + (", 3x3/2 max-pool" if step.pool else "") + f"; plan: {step.impl})")
+        kernel = self.kernels(step)
+        how = describe_kernel(step, kernel)
+        x = self.buffers[step.input]
+        w = packed_weight(step, plan, self.device)
+        params = kernel_params(step, plan, self.device)
+        if wl.epilogue.requantizes:
+            (o,) = step.layer_outputs
+            return BoundStep(step, [self._bind_kernel(kernel, x, w, params,
+                                                      self.buffers[o.tensor])],
+                             f"{how} (its own epilogue)")
+        shape = tuple(out_storage(wl)[0])
+        acc = self.scratch.take(shape, torch.int32)
+        launches = [self._bind_kernel(kernel, x, w, params, acc)]
+        res = self.packed(step.residual) if step.residual else None
+        bound = acc_bound(wl)
+        if step.pool is None:
+            launches.append(netops.bind_layer_epilogue(acc, specs, outs, res, bound))
+            return BoundStep(step, launches, f"{how} + netops epilogue")
+        win = step.pool
+        i32 = stored.IntPrecision(32)
+        if res is None and all(isinstance(s, netops.Requantized) for s in specs):
+            pooled_shape = plan.tensors[step.layer_outputs[0].tensor].shape
+            pooled = self.scratch.take(pooled_shape, torch.int32)
+            launches.append(netops.bind_maxpool2d(
+                PackedTensor(acc, shape, i32, Layout.INT8),
+                PackedTensor(pooled, pooled_shape, i32, Layout.INT8),
+                win.kernel, win.stride, win.pad))
+            launches.append(netops.bind_layer_epilogue(pooled, specs, outs, None, bound))
+            return BoundStep(step, launches, f"{how} + int32 max-pool + netops epilogue")
+        temps = []
+        for o, spec in zip(step.layer_outputs, specs, strict=True):
+            t = plan.tensors[o.tensor]
+            if t.is_float:
+                temps.append(self.scratch.take((shape[0], shape[3], shape[1], shape[2]),
+                                               torch.float32))
+            else:
+                full = self._temporaries(step)[len(temps) + 1]
+                temps.append(PackedTensor(self.scratch.take(*full), shape, spec.precision,
+                                          t.layout))
+        launches.append(netops.bind_layer_epilogue(acc, specs, temps, res, bound))
+        for o, t in zip(step.layer_outputs, temps, strict=True):
+            if isinstance(t, PackedTensor):
+                launches.append(netops.bind_maxpool2d(t, self.packed(o.tensor), win.kernel,
+                                                      win.stride, win.pad))
+            else:
+                launches.append(_float_maxpool(t, self.buffers[o.tensor], win))
+        return BoundStep(step, launches, f"{how} + netops epilogue + max-pool")
+
+    def _bind_maxpool(self, step: MaxPool) -> BoundStep:
+        netops, _, _ = _triton()
+        w = step.window
+        if self.plan.tensors[step.input].is_float:
+            return BoundStep(step, [_float_maxpool(self.buffers[step.input],
+                                                   self.buffers[step.output], w)], "torch")
+        return BoundStep(step, [netops.bind_maxpool2d(
+            self.packed(step.input), self.packed(step.output), w.kernel, w.stride, w.pad)],
+            "netops max-pool")
+
+    def _bind_avgpool(self, step: AvgPool) -> BoundStep:
+        netops, _, _ = _triton()
+        x, out = self.buffers[step.input], self.buffers[step.output]
+        if self.plan.tensors[step.output].is_float:
+            def launch() -> None:
+                if step.mode == WINDOW:
+                    y = F.avg_pool2d(x, step.kernel, step.stride, step.pad)
+                elif step.mode == GLOBAL:
+                    y = x.mean(dim=(2, 3), keepdim=True)
+                else:
+                    y = F.adaptive_avg_pool2d(x, step.output_hw)
+                out.copy_(y.clamp_min(0) if step.relu else y)
+
+            return BoundStep(step, [launch], "torch")
+        m, s = self.plan.params[step.multiplier], self.plan.params[step.shift]
+        xp, op = self.packed(step.input), self.packed(step.output)
+        if step.mode in (WINDOW, GLOBAL) and len(step.counts) == 1:
+            kernel = step.kernel if step.mode == WINDOW else None
+            return BoundStep(step, [netops.bind_avgpool2d(xp, op, kernel, step.stride,
+                                                          step.pad, m[0], s[0], step.relu)],
+                             "netops average pool")
+        _, h, w, _ = xp.shape
+        oh, ow = step.output_hw or (None, None)
+        rows = axis_windows(h, step.mode, step.kernel, step.stride, step.pad, oh)
+        cols = axis_windows(w, step.mode, step.kernel, step.stride, step.pad, ow)
+        return BoundStep(step, [netops.bind_avgpool_windows(xp, op, rows, cols, step.counts,
+                                                            m, s, step.relu)],
+                         "netops window-table average pool")
+
+    def _flatten_view(self, step: Flatten) -> None:
+        spec, src = self.plan.tensors[step.input], self.buffers[step.input]
+        out = self.plan.tensors[step.output]
+        if spec.is_float or spec.is_wide or spec.layout is Layout.INT8:
+            view = src.reshape(src.shape[0], -1)
+        else:
+            _, h, w, c = spec.shape if len(spec.shape) == 4 else (0, 1, 1, spec.shape[-1])
+            if c % 32 and h * w > 1:
+                raise ValueError(f"{step.name}: flattening bit planes of {c} channels (not a "
+                                 "multiple of 32) over a map would need a re-layout")
+            view = src.reshape(src.shape[0], src.shape[1], -1)
+        if tuple(view.shape) != tuple(out.storage_shape):
+            raise AssertionError(f"{step.name}: flatten view {tuple(view.shape)} != "
+                                 f"{out.storage_shape}")
+        self.buffers[step.output] = view
+
+    def _bind_concat(self, step: Concat) -> BoundStep:
+        out_spec, out = self.plan.tensors[step.output], self.buffers[step.output]
+        parts = [self.buffers[p] for p in step.parts]
+        specs = [self.plan.tensors[p] for p in step.parts]
+        if out_spec.is_float or out_spec.is_wide or out_spec.layout is Layout.INT8:
+            dim = 1 if out_spec.is_float else -1
+            return BoundStep(step, [lambda: torch.cat(parts, dim=dim, out=out)], "torch.cat")
+        if all(s.shape[-1] % 32 == 0 for s in specs[:-1]):
+            return BoundStep(step, [lambda: torch.cat(parts, dim=-1, out=out)],
+                             "torch.cat of bit-plane words")
+        prec, c = out_spec.precision, out_spec.shape[-1]
+
+        def launch() -> None:
+            values = torch.cat([from_bitplanes(t, s.precision, s.shape[-1])
+                                for t, s in zip(parts, specs, strict=True)], dim=-1)
+            out.copy_(_to_bitplanes(values, prec, c))
+
+        return BoundStep(step, [launch], "bit-plane values concatenated (torch)")
+
+    def _bind_fallback(self, step: FloatFallback) -> BoundStep:
+        module = copy.deepcopy(self.plan.modules[step.module]).to(self.device).eval()
+        args = [self.buffers[a] for a in step.args]
+        out = self.buffers[step.output]
+        with torch.no_grad():  # the module's output must be a float tensor of out's shape
+            probe = module(*(torch.zeros_like(a) for a in args))
+        if not isinstance(probe, torch.Tensor) or not probe.dtype.is_floating_point or \
+                tuple(probe.shape) != tuple(out.shape):
+            raise TypeError(f"{step.name}: the fallback module returns "
+                            f"{getattr(probe, 'dtype', type(probe).__name__)} "
+                            f"{tuple(getattr(probe, 'shape', ()))}, not float {tuple(out.shape)}")
+
+        def launch() -> None:
+            with torch.no_grad():
+                out.copy_(module(*args))
+
+        return BoundStep(step, [launch], f"PyTorch float32 ({step.op}: {step.reason})")
+
+    def _bind_output(self, step: Output) -> BoundStep:
+        spec = self.plan.tensors[step.input]
+        if spec.is_float:
+            self.result = self.buffers[step.input]
+            return BoundStep(step, [], "float result")
+        shape = (spec.shape[0], spec.shape[-1], *spec.shape[1:-1])
+        src = self.buffers[step.input]
+        result = self.result = torch.empty(shape, dtype=torch.float32, device=self.device)
+
+        def launch() -> None:
+            if spec.layout is Layout.BITPLANE:
+                v = from_bitplanes(src, spec.precision, spec.shape[-1])
+            else:
+                v = src
+            y = v.to(torch.float64) * spec.scale
+            result.copy_(y.permute(0, 3, 1, 2) if y.dim() == 4 else y)
+
+        return BoundStep(step, [launch], "dequantize (float64)")
+
+    # ------------------------------------------------------------------ running
+    def check_input(self, x: object) -> torch.Tensor:
+        spec = self.plan.input_spec
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if not x.dtype.is_floating_point:
+            raise TypeError(f"x must have a floating-point dtype, got {x.dtype}")
+        if tuple(x.shape) != tuple(spec.shape):
+            raise ValueError(f"x must have the plan's input shape {tuple(spec.shape)}, got "
+                             f"{tuple(x.shape)}")
+        if x.device != self.device:
+            raise ValueError(f"x is on {x.device}, the executor on {self.device}")
+        return x
+
+    def run_steps(self) -> None:
+        """Every launch of the forward in order (what the CUDA graph holds)."""
+        self.status.zero_()
+        for step in self.steps:
+            if not step.record_only:
+                step()
+
+    def capture(self) -> None:
+        """Eager warm-up (compiles every kernel), then capture the forward as a CUDA graph."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self.run_steps()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.run_steps()
+        self.graph = graph
+
+    def replay(self) -> None:
+        """One forward on the input buffer's contents (graph replay, or eager)."""
+        if self.use_graph:
+            if self.graph is None:
+                self.capture()
+            self.graph.replay()
+        else:
+            self.run_steps()
+
+    def _raise_if_nonfinite(self) -> None:
+        if self.check_finite and int(self.status[0]):
+            raise ValueError("x has non-finite values (inf or nan)")
+
+    def __call__(self, x: torch.Tensor, record: bool = False
+                 ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        x = self.check_input(x)
+        self.buffers[self.plan.input].copy_(x)
+        if record:
+            return self._record()
+        self.replay()
+        self._raise_if_nonfinite()
+        return self.result.clone()
+
+    def _record(self) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        recorded: dict[str, torch.Tensor] = {}
+        self.status.zero_()
+        for step in self.steps:
+            step()
+            for t in step.step.outputs:
+                recorded[t] = self.buffers[t].clone()
+        self._raise_if_nonfinite()
+        return self.result.clone(), recorded
+
+    def implementations(self) -> dict[str, str]:
+        """{step name: what runs it} (stems, kernels, epilogue passes, fallbacks)."""
+        return {b.name: ("not run (fused into the stem) " if b.record_only else "") + b.how
+                for b in self.steps}
+
+
+def _float_maxpool(x: torch.Tensor, out: torch.Tensor, w) -> Callable[[], None]:
+    def launch() -> None:
+        out.copy_(F.max_pool2d(x, w.kernel, w.stride, w.pad))
+
+    return launch
+
+
+def _to_bitplanes(values: torch.Tensor, prec: Precision, channels: int) -> torch.Tensor:
+    """Bit planes of integer values [..., C] without range checks (no device sync: CUDA-graph
+    capturable); `lowbit.quant.packing.to_bitplanes`' layout."""
+    v = values.to(torch.int64)
+    pat = (v > 0).to(torch.int64) if prec.encoding is Encoding.BINARY else \
+        v & ((1 << prec.bits) - 1)
+    pad = (-channels) % 32
+    pat = F.pad(pat, (0, pad)).reshape(*pat.shape[:-1], -1, 32)
+    lane = torch.arange(32, device=pat.device, dtype=torch.int64)
+    planes = torch.stack([(((pat >> i) & 1) << lane).sum(-1) for i in range(prec.bits)])
+    return torch.where(planes >= 2**31, planes - 2**32, planes).to(torch.int32)
+
+
+def gpu_executor(plan: Plan, device: torch.device) -> GpuExecutor:
+    """`EXECUTORS["gpu"]` factory: a GpuExecutor with the defaults."""
+    return GpuExecutor(plan, device)

@@ -1,0 +1,274 @@
+"""The conv / GEMM kernel of each Layer step, its packed weights and its epilogue specs.
+
+`layer_kernel(step)` is the one place a Layer's kernel is chosen and built (GPU): the step's
+implementation (`step.impl`, a registered template) with its tuned config when the records
+hold one for that template, else its default config; built once per distinct (template,
+workload, config). "torch.fp16" layers run on the exact fp16 tensor-core template
+(`triton.conv2d_fp16`: integer operands are exact in fp16, the fp32 accumulator exact while
+the worst-case |acc| < 2^24; a GEMM as a 1x1 conv), else as a float64 PyTorch conv / matmul
+of the integer values (exact while |acc| < 2^53). Every kernel here has the template
+contract `bind(x, w, params, out) -> launcher` and equals `lowbit.reference.run`.
+
+Without a GPU, `reference_kernel(step)` stands in with the same contract (the reference run,
+copied into `out`); `interpreted_kernel(step)` runs the Triton int8 / fp16 templates under
+TRITON_INTERPRET=1 and the reference for the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..core import Config, ConvWorkload, Epilogue, GemmWorkload, Workload
+from ..core.epilogue import EpilogueParams
+from ..core.validate import check_inputs, output_buffer
+from ..graph.impl import TORCH_FP16
+from ..graph.ir import Layer, Plan, WidePrecision
+from ..kernels import get_template, load_backends
+from ..kernels.base import Kernel, acc_bound
+from ..kernels.triton.netops import Dequantized, Requantized
+from ..quant.packing import pack
+from ..reference import run as reference_run
+
+FP16_TEMPLATE = "triton.conv2d_fp16"
+EXACT_FP32, EXACT_FP64 = 2**24, 2**53
+#: Triton templates the interpreter runs on the CPU (`interpreted_kernel`)
+INTERPRETABLE = ("triton.conv2d_int8", "triton.gemm_int8")
+
+KernelFactory = Callable[[Layer], Kernel]
+
+
+# ------------------------------------------------------------------------------ shims
+class ReferenceKernel:
+    """`lowbit.reference.run` behind the kernel contract (CPU stand-in of any template)."""
+
+    def __init__(self, workload: Workload, name: str = "reference") -> None:
+        self.workload = workload
+        self.config = None
+        self.name = name
+
+    def __call__(self, x, w, params, out=None):
+        return self.bind(x, w, params, out)()
+
+    def bind(self, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams,
+             out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
+        check_inputs(self.workload, x, w, params)
+        out = output_buffer(self.workload, x.device, out)
+
+        def launch() -> torch.Tensor:
+            out.copy_(reference_run(self.workload, x, w, params))
+            return out
+
+        return launch
+
+
+class Float64Kernel:
+    """A conv / GEMM with int32 output as a float64 PyTorch op on the integer values: exact
+    while the worst-case |acc| < 2^53 (checked). For "torch.fp16" layers beyond the fp16
+    template's fp32 bound."""
+
+    def __init__(self, workload: Workload) -> None:
+        if workload.epilogue != Epilogue():
+            raise ValueError("Float64Kernel writes the int32 accumulator only")
+        if acc_bound(workload) >= EXACT_FP64:
+            raise ValueError(f"{workload.key}: |acc| may reach 2^53, float64 is not exact")
+        self.workload = workload
+        self.config = None
+        self.name = "torch.float64"
+
+    def __call__(self, x, w, params, out=None):
+        return self.bind(x, w, params, out)()
+
+    def bind(self, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams,
+             out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
+        wl = self.workload
+        check_inputs(wl, x, w, params)
+        out = output_buffer(wl, x.device, out)
+        wd = w.to(torch.float64)
+        if isinstance(wl, ConvWorkload):
+            wd = wd.permute(0, 3, 1, 2).contiguous()
+
+            def launch() -> torch.Tensor:
+                y = F.conv2d(x.permute(0, 3, 1, 2).to(torch.float64), wd, stride=wl.stride,
+                             padding=wl.pad)
+                out.copy_(y.permute(0, 2, 3, 1))
+                return out
+        else:
+            def launch() -> torch.Tensor:
+                out.copy_(x.to(torch.float64) @ wd.t())
+                return out
+
+        return launch
+
+
+def gemm_as_conv(wl: GemmWorkload) -> ConvWorkload:
+    """The 1x1 conv with the GEMM's storage: [M, K] = [M, 1, 1, K] NHWC, [N, K] KRSC."""
+    m, n, k = wl.gemm_shape
+    return ConvWorkload(N=m, H=1, W=1, C=k, K=n, R=1, S=1, stride=1, pad=0, w=wl.w, a=wl.a,
+                        epilogue=wl.epilogue, a_layout=wl.a_layout, w_layout=wl.w_layout)
+
+
+class ConvAsGemmKernel:
+    """A conv kernel serving a GEMM workload through `gemm_as_conv` (views, no copies)."""
+
+    def __init__(self, workload: GemmWorkload, conv_kernel: Kernel) -> None:
+        self.workload = workload
+        self.conv = conv_kernel
+        self.config = conv_kernel.config
+        self.name = getattr(conv_kernel, "template", "conv")
+
+    def __call__(self, x, w, params, out=None):
+        return self.bind(x, w, params, out)()
+
+    def bind(self, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams,
+             out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
+        check_inputs(self.workload, x, w, params)
+        out = output_buffer(self.workload, x.device, out)
+        m, n, k = self.workload.gemm_shape
+        inner = self.conv.bind(x.view(m, 1, 1, k), w.view(n, 1, 1, k), params,
+                               out.view(m, 1, 1, n))
+
+        def launch() -> torch.Tensor:
+            inner()
+            return out
+
+        return launch
+
+
+# ------------------------------------------------------------------------------ factories
+@cache
+def _built(template: str, workload: Workload, config: Config | None) -> Kernel:
+    load_backends()
+    t = get_template(template)
+    return t.build(workload, t.default_config(workload) if config is None else config)
+
+
+def fp16_kernel(workload: Workload) -> tuple[Kernel, str]:
+    """The kernel of a "torch.fp16" layer and how it runs (module docstring)."""
+    load_backends()
+    conv = gemm_as_conv(workload) if isinstance(workload, GemmWorkload) else workload
+    reason = get_template(FP16_TEMPLATE).unsupported_reason(conv)
+    if reason is None:
+        kernel = _built(FP16_TEMPLATE, conv, None)
+        if isinstance(workload, GemmWorkload):
+            kernel = ConvAsGemmKernel(workload, kernel)
+        return kernel, f"{FP16_TEMPLATE} (exact: worst-case |acc| < 2^24)"
+    return Float64Kernel(workload), f"torch float64 (exact: |acc| < 2^53; fp16 template: " \
+                                    f"{reason})"
+
+
+def _recorded_config(step: Layer, records: str | Path | None) -> Config | None:
+    if records is None:
+        return None
+    from ..tune.dispatch import best_record
+
+    rec = best_record(step.workload, records)
+    return rec.cfg if rec is not None and rec.template == step.impl else None
+
+
+def layer_kernel(step: Layer, records: str | Path | None = None) -> Kernel:
+    """The GPU kernel of a Layer step (module docstring): step.impl's template with the
+    recorded best config of that template in `records` (a tuning database) when there is
+    one, else its default config; "torch.fp16" through `fp16_kernel`. Built once per
+    (template, workload, config)."""
+    if step.impl == TORCH_FP16:
+        return fp16_kernel(step.workload)[0]
+    return _built(step.impl, step.workload, _recorded_config(step, records))
+
+
+def prebuild(steps: list[Layer], factory: KernelFactory = layer_kernel,
+             workers: int = 8) -> int:
+    """Build the kernels of `steps` (one per distinct (impl, workload)) in `workers` threads:
+    NVRTC releases the GIL, so a network's bit-serial kernels compile side by side (their
+    modules load lazily, on first launch). Returns how many were built."""
+    distinct = {(s.impl, s.workload): s for s in steps}
+    if workers <= 1 or len(distinct) <= 1:
+        for s in distinct.values():
+            factory(s)
+        return len(distinct)
+    with ThreadPoolExecutor(min(workers, len(distinct))) as pool:
+        list(pool.map(factory, distinct.values()))
+    return len(distinct)
+
+
+def reference_kernel(step: Layer) -> Kernel:
+    """CPU stand-in for any Layer step's kernel."""
+    return ReferenceKernel(step.workload, f"reference ({step.impl})")
+
+
+def interpreted_kernel(step: Layer) -> Kernel:
+    """Triton int8 / fp16 templates under the interpreter, the reference for the rest."""
+    if step.impl in INTERPRETABLE:
+        return _built(step.impl, step.workload, None)
+    if step.impl == TORCH_FP16:
+        kernel, how = fp16_kernel(step.workload)
+        if how.startswith(FP16_TEMPLATE):
+            return kernel
+    return reference_kernel(step)
+
+
+def describe_kernel(step: Layer, kernel: Kernel) -> str:
+    """How the step's conv / GEMM runs, for the executor's summary."""
+    if step.impl == TORCH_FP16:
+        if isinstance(kernel, Float64Kernel):
+            return "torch.fp16 layer as a float64 torch op (exact: |acc| < 2^53)"
+        if isinstance(kernel, ReferenceKernel):
+            return f"torch.fp16 layer on {kernel.name}"
+        return f"torch.fp16 layer on {FP16_TEMPLATE} (exact: |acc| < 2^24)"
+    name = getattr(kernel, "name", None) or getattr(kernel, "template", step.impl)
+    return str(name)
+
+
+# ------------------------------------------------------------------------------ operands
+def packed_weight(step: Layer, plan: Plan, device: torch.device) -> torch.Tensor:
+    """The step's int8 weight values in its workload's weight layout, on `device`."""
+    wl = step.workload
+    return pack(plan.params[step.weight].to(torch.int64), wl.w, wl.w_layout).contiguous().to(
+        device)
+
+
+def kernel_params(step: Layer, plan: Plan, device: torch.device) -> EpilogueParams:
+    """The run-time vectors of the workload's own epilogue: none for an int32 accumulator;
+    bias (accumulator units), multiplier and shift of the one output for a fused
+    requantization."""
+    epi = step.workload.epilogue
+    if not epi.requantizes:
+        return EpilogueParams()
+    (o,) = step.layer_outputs
+    p = plan.params
+
+    def i32(key: str) -> torch.Tensor:
+        return p[key].to(torch.int32).contiguous().to(device)
+
+    return EpilogueParams(bias=i32(step.bias) if epi.bias else None,
+                          multiplier=i32(o.multiplier), shift=i32(o.shift))
+
+
+def output_specs(step: Layer, plan: Plan) -> list[Requantized | Dequantized]:
+    """The netops epilogue spec of each output of the step (`lowbit.runtime.engine`'s
+    formulas): requantized ones with b = bias * m where the reference adds the layer's bias
+    in accumulator units (a bias, no wide tensor), else the output's own shifted bias; float
+    ones with their residual term, NCHW for maps."""
+    p = plan.params
+    specs: list[Requantized | Dequantized] = []
+    precs = [plan.tensors[o.tensor].precision for o in step.layer_outputs if o.requantized]
+    wide = (step.residual is not None and plan.tensors[step.residual].is_wide) or any(
+        isinstance(x, WidePrecision) for x in precs)
+    for o in step.layer_outputs:
+        spec = plan.tensors[o.tensor]
+        if o.requantized:
+            m = p[o.multiplier].to(torch.int64)
+            b = m * p[step.bias].to(torch.int64) if step.bias is not None and not wide else \
+                p[o.bias].to(torch.int64)
+            r = p[o.residual_multiplier] if o.residual_multiplier else None
+            specs.append(Requantized(spec.precision, m, p[o.shift], b, r, o.relu))
+        else:
+            rs = o.residual_scale if step.residual is not None else None
+            specs.append(Dequantized(p[o.scale], p[o.offset], rs, o.relu,
+                                     channels_first=len(spec.shape) == 4))
+    return specs

@@ -1,0 +1,230 @@
+"""The GPU executor (lowbit.runtime.gpu) on the CPU: Triton ops under TRITON_INTERPRET=1, the
+conv / GEMM kernels through the reference shim (same bind contract), on small zoo models at
+the issue's precisions. Every tensor a plan writes equals the reference executor's bit for
+bit (storage: bytes, bit planes with their padding bits, wide int16 / int32, float32), the
+logits too. Models are narrow (width 1/8 - 1/2) and images tiny: the interpreter is slow.
+The same executor on a GPU: tests/test_engine_gpu_cuda.py.
+"""
+
+from __future__ import annotations
+
+import warnings
+from functools import cache
+
+import pytest
+import torch
+from torch import nn
+
+import lowbit
+from lowbit.core import ConvWorkload, GemmWorkload
+from lowbit.graph import TORCH_FP16, Concat, FloatFallback, Layer, choose_impl
+from lowbit.graph.impl import unsupported_reason
+from lowbit.reference import random_inputs, run
+from lowbit.runtime.bench import build_quantized, random_images
+from lowbit.runtime.buffers import lifetimes, plan_arena, tensor_bytes
+from lowbit.runtime.compiled import compile_model
+from lowbit.runtime.engine import ReferenceExecutor
+from lowbit.runtime.gpu import GpuExecutor
+from lowbit.runtime.layers import Float64Kernel, fp16_kernel, interpreted_kernel
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+def _compile(q: nn.Module, x: torch.Tensor, **options):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return compile_model(q, x, **options)
+
+
+@cache
+def zoo_plan(name: str, recipe: str, batch: int, size: tuple[int, int], width: float):
+    q, _ = build_quantized(name, recipe, image_size=size, width=width, num_classes=10,
+                           seed=3, calib_batch=2)
+    x = random_images(batch, size, 1 if name.startswith("digits") else 3, seed=4)
+    return _compile(q, x).plan, x
+
+
+def assert_matches_reference(plan, ex: GpuExecutor, x: torch.Tensor) -> int:
+    """Record both executors; every tensor and the result equal. Returns tensors compared."""
+    y, got = ex(x, record=True)
+    y_ref, want = ReferenceExecutor(plan)(x, record=True)
+    assert set(got) == set(want)
+    for name, ref in want.items():
+        have = got[name]
+        assert have.dtype == ref.dtype and have.shape == ref.shape, name
+        assert torch.equal(have, ref), f"{name}: {(have != ref).sum().item()} of {ref.numel()}"
+    assert torch.equal(y, y_ref)
+    return len(want)
+
+
+ZOO = [  # (model, recipe, batch, image, width, fused stem)
+    ("resnet18", "w1a2", 2, (32, 40), 0.125, True),    # int8 stem + pool fused, 24-bit residuals
+    ("resnet18", "w2a2-all", 3, (32, 32), 0.125, False),  # bit-plane image, 16-bit residuals
+    ("vgg16", "w4a4", 1, (32, 32), 0.125, False),      # pools fused into layers, adaptive pool
+    ("alexnet", "w1a2", 1, (64, 64), 0.125, True),     # 11x11/4 stem, pools after epilogues
+    ("resnet50", "mixed", 1, (32, 32), 0.125, False),  # bottlenecks, layouts change per layer
+    ("digits_resnet", "w1a1-all", 3, (8, 8), 0.5, False),  # binary activations: float outputs
+    ("apnn_vgg_variant", "w8a8", 2, (32, 32), 0.25, False),
+]
+
+
+@pytest.mark.parametrize("name,recipe,batch,size,width,stem", ZOO,
+                         ids=[f"{c[0]}-{c[1]}" for c in ZOO])
+def test_zoo_plans_bit_exact(name, recipe, batch, size, width, stem):
+    plan, x = zoo_plan(name, recipe, batch, size, width)
+    ex = GpuExecutor(plan, "cpu", fuse_stem=stem)
+    assert bool(ex.stems) == stem, ex.implementations()
+    n = assert_matches_reference(plan, ex, x)
+    assert n == len(plan.steps) - 1 + sum(isinstance(s, Layer) and len(s.outputs) - 1
+                                          for s in plan.steps)
+
+
+def test_forward_replays_new_inputs_and_reuses_memory():
+    """The bound launches read the input buffer afresh: two forwards on new images equal the
+    reference; tensors of disjoint lifetimes share arena bytes."""
+    plan, x = zoo_plan("digits_resnet", "w2a2", 2, (8, 8), 0.5)
+    ex = GpuExecutor(plan, "cpu")
+    ref = ReferenceExecutor(plan)
+    checked = 0
+    for seed in (11, 12):
+        x2 = random_images(x.shape[0], tuple(x.shape[2:]), x.shape[1], seed=seed) * 1.5
+        y = ex(x2)
+        assert torch.equal(y, ref(x2))
+        checked += 1
+    assert checked == 2
+    total = sum(tensor_bytes(plan.tensors[t]) for t in ex.arena.offsets)
+    assert ex.arena.nbytes < total
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_arena_never_overlaps_live_tensors(reuse):
+    plan, _ = zoo_plan("resnet50", "mixed", 1, (32, 32), 0.125)
+    arena = plan_arena(plan, reuse)
+    life, aliases = lifetimes(plan)
+    names = sorted(arena.offsets)
+    pairs = 0
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            (a0, a1), (b0, b1) = life[a], life[b]
+            if reuse and (a1 < b0 or b1 < a0):
+                continue
+            ra = (arena.offsets[a], arena.offsets[a] + tensor_bytes(plan.tensors[a]))
+            rb = (arena.offsets[b], arena.offsets[b] + tensor_bytes(plan.tensors[b]))
+            assert ra[1] <= rb[0] or rb[1] <= ra[0], (a, b)
+            pairs += 1
+    assert pairs > 20 and aliases  # the flatten is a view
+    assert all(o % 256 == 0 for o in arena.offsets.values())
+
+
+class Branchy(nn.Module):
+    """Concatenations (whole 32-channel words first, then not), a depthwise conv (a float
+    fallback) and a ReLU on a float tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.a = nn.Sequential(nn.Conv2d(16, 32, 1), nn.ReLU())
+        self.b = nn.Sequential(nn.Conv2d(16, 40, 3, padding=1), nn.ReLU())
+        self.dw = nn.Conv2d(72, 72, 3, padding=1, groups=72)
+        self.head = nn.Conv2d(216, 24, 1)
+        self.fc = nn.Linear(24, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        a, b = self.a(x), self.b(x)
+        y = torch.relu(self.dw(torch.cat([a, b], 1)))
+        h = torch.cat([y, torch.cat([a, b], 1), torch.cat([b, a], 1)], 1)
+        h = torch.relu(self.head(h))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(h, 1), 1))
+
+
+def test_concat_fallback_and_float_outputs():
+    torch.manual_seed(0)
+    q = lowbit.quantize(Branchy().eval(), weight_bits=2, act_bits=2)
+    x = torch.randn(2, 3, 9, 11)
+    lowbit.calibrate(q, [x])
+    plan = _compile(q, x).plan
+    ex = GpuExecutor(plan, "cpu")
+    how = ex.implementations()
+    assert any(isinstance(s, FloatFallback) for s in plan.steps)
+    kinds = {how[s.name] for s in plan.steps if isinstance(s, Concat)}
+    assert {"torch.cat", "torch.cat of bit-plane words",
+            "bit-plane values concatenated (torch)"} <= kinds, kinds
+    assert assert_matches_reference(plan, ex, x) == len(plan.tensors) - 1
+
+
+def _fp16_where_int8(wl):
+    """torch.fp16 for the 8-bit layers (the first conv and the classifier), else default."""
+    if wl.a.bits == 8:
+        return TORCH_FP16, "test: fp16"
+    return choose_impl(wl)
+
+
+def test_torch_fp16_layers_on_the_fp16_template():
+    """"torch.fp16" layers run exactly on triton.conv2d_fp16 (a GEMM as a 1x1 conv), here
+    under the interpreter."""
+    q, _ = build_quantized("digits_cnn", "w4a4", image_size=(8, 8), width=0.5, num_classes=10,
+                           seed=5, calib_batch=2)
+    x = random_images(3, (8, 8), 1, seed=6)
+    plan = _compile(q, x, choose_impl=_fp16_where_int8).plan
+    fp16 = [s for s in plan.layers if s.impl == TORCH_FP16]
+    assert len(fp16) == 2 and {type(s.workload) for s in fp16} == {ConvWorkload, GemmWorkload}
+    ex = GpuExecutor(plan, "cpu", kernels=interpreted_kernel, fuse_stem=False)
+    how = ex.implementations()
+    assert all("triton.conv2d_fp16" in how[s.name] for s in fp16), how
+    assert assert_matches_reference(plan, ex, x) > 5
+
+
+@pytest.mark.parametrize("wl", [
+    ConvWorkload(N=2, H=5, W=7, C=6, K=9, R=3, S=3, stride=2, pad=1, w="s8", a="u8"),
+    GemmWorkload(M=3, N=11, K=2000, w="s8", a="u8")], ids=["conv", "gemm"])
+def test_fp16_fallbacks_equal_reference(wl):
+    """Beyond the fp16 template's 2^24 bound a "torch.fp16" layer runs in float64 (exact to
+    2^53); within it on the template. Both equal `lowbit.reference.run`."""
+    kernel, how = fp16_kernel(wl)
+    big = wl.gemm_shape[2] * 255 * 128 >= 2**24
+    assert isinstance(kernel, Float64Kernel) == big, how
+    checked = 0
+    for seed in (1, 2):
+        xv, w, params = random_inputs(wl, seed)
+        assert torch.equal(kernel(xv, w, params), run(wl, xv, w, params))
+        checked += 1
+    assert checked == 2
+
+
+def test_interpreted_int8_templates_through_the_executor():
+    """The Triton int8 conv template (interpreted) serves the 8-bit layers it supports."""
+    def triton_int8(wl):
+        name = "triton.conv2d_int8" if isinstance(wl, ConvWorkload) else "triton.gemm_int8"
+        if wl.a.bits == 8 and unsupported_reason(name, wl) is None:
+            return name, "test: triton int8"
+        return choose_impl(wl)
+
+    q, _ = build_quantized("digits_cnn", "w8a8-all", image_size=(8, 8), width=0.5,
+                           num_classes=10, seed=7, calib_batch=2)
+    x = random_images(2, (8, 8), 1, seed=8)
+    plan = _compile(q, x, choose_impl=triton_int8).plan
+    served = [s for s in plan.layers if s.impl.startswith("triton.")]
+    assert served  # the first conv (signed input); u8 activations exceed the int8 range
+    ex = GpuExecutor(plan, "cpu", kernels=interpreted_kernel)
+    assert assert_matches_reference(plan, ex, x) > 5
+
+
+def test_input_checks_before_any_launch():
+    plan, x = zoo_plan("digits_resnet", "w1a1-all", 3, (8, 8), 0.5)
+    ex = GpuExecutor(plan, "cpu")
+    launched = []
+    for b in ex.steps:
+        b.launches = [lambda f=f: (launched.append(1), f())[1] for f in b.launches]
+    with pytest.raises(ValueError, match="input shape"):
+        ex(x[:2])
+    with pytest.raises(TypeError, match="floating-point"):
+        ex(x.to(torch.int32))
+    with pytest.raises(TypeError, match=r"torch\.Tensor"):
+        ex(x.numpy())
+    assert not launched
+    bad = x.clone()
+    bad[1, 0, 2, 3] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        ex(bad)
+    assert torch.equal(ex(x), ReferenceExecutor(plan)(x))  # the flag resets per forward
