@@ -123,6 +123,29 @@ def build_quantized(name: str, recipe: str, *, image_size: int | tuple[int, int]
     return q, model
 
 
+def compile_plan(q: nn.Module, x: torch.Tensor, exact_bias: bool = True) -> tuple[Plan, str]:
+    """The plan of `q` for x's shape, traced on x's device; if that fails, traced on the CPU
+    on two of x's images and planned for x's shape ((plan, where it was traced)).
+    exact_bias=False: biases rounded to accumulator units (`lowbit.graph.build_plan`), which
+    lets single-output layers use their kernel's own epilogue."""
+    import copy
+
+    from ..graph import build_plan
+    from .compiled import compile_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            cm, where = compile_model(q, x, executor="reference"), str(x.device)
+        except Exception as e:  # the planner is exercised on the CPU: fall back to it
+            where = f"cpu (on {x.device}: {type(e).__name__}: {e}"[:200] + ")"
+            cm = compile_model(copy.deepcopy(q).cpu(), x[:2].cpu(), executor="reference")
+        shape = tuple(x.shape)
+        if exact_bias:
+            return cm.plan_for(shape), where
+        return build_plan(cm.dataflow, shape, cm.chooser, cm.wide_bits, exact_bias=False), where
+
+
 # ------------------------------------------------------------------------------ timing
 def cuda_events_us(fn: Callable[[], object], reps: int = 20, sleep_ms: float = 20.0
                    ) -> list[float]:
@@ -197,9 +220,11 @@ def host_overhead_us(executor, x: torch.Tensor, calls: int = 50) -> float:
 
 
 # ------------------------------------------------------------------------------ floors
-def step_floor_us(plan: Plan, step) -> float:
-    """Roofline floor of one step (module docstring), microseconds."""
-    nbytes = sum(plan.tensors[t].nbytes for t in (*step.inputs, *step.outputs)
+def step_floor_us(plan: Plan, step, image_in: bool = False) -> float:
+    """Roofline floor of one step (module docstring), microseconds; image_in: the step reads
+    the float image instead of its quantized input (the fused stem)."""
+    inputs = (plan.input, *step.inputs[1:]) if image_in else step.inputs
+    nbytes = sum(plan.tensors[t].nbytes for t in (*inputs, *step.outputs)
                  if t in plan.tensors)
     ops = 0.0
     peak = PEAK_OPS["int8"]
@@ -242,22 +267,40 @@ def fp16_baselines(model: nn.Module, x: torch.Tensor, compile_mode: str | None
         except Exception as e:
             notes["fp16_cuda_graph_error"] = f"{type(e).__name__}: {e}"[:300]
         if compile_mode:
-            try:
-                t0 = time.perf_counter()
-                cm = torch.compile(m, mode=compile_mode)
-                cm(xh)
-                cm(xh)
-                notes["fp16_compile_s"] = round(time.perf_counter() - t0, 1)
-                if "cudagraphs" in compile_mode or compile_mode in ("reduce-overhead",
-                                                                     "max-autotune"):
-                    out["fp16_compile"] = median_us(lambda: cm(xh)) / 1e3
-                else:
-                    g = graph_of(lambda: cm(xh))
-                    out["fp16_compile"] = median_us(g.replay) / 1e3
-                notes["fp16_compile_mode"] = compile_mode
-            except Exception as e:
-                notes["fp16_compile_error"] = f"{type(e).__name__}: {e}"[:300]
+            out["fp16_compile"], more = compile_baseline_ms(m, xh, compile_mode)
+            notes.update(more)
     return out, notes
+
+
+def compile_baseline_ms(m: nn.Module, xh: torch.Tensor, mode: str
+                        ) -> tuple[float | None, dict[str, object]]:
+    """torch.compile(mode) of the fp16 model `m` on xh: median ms (under a CUDA graph where
+    the mode leaves graphs to the caller) and notes (compile seconds, or the error)."""
+    notes: dict[str, object] = {"fp16_compile_mode": mode}
+    try:
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            cm = torch.compile(m, mode=mode)
+            cm(xh)
+            cm(xh)
+            notes["fp16_compile_s"] = round(time.perf_counter() - t0, 1)
+            if "cudagraphs" in mode or mode in ("reduce-overhead", "max-autotune"):
+                return median_us(lambda: cm(xh)) / 1e3, notes
+            g = graph_of(lambda: cm(xh))
+            return median_us(g.replay) / 1e3, notes
+    except Exception as e:  # a failing baseline is reported, not fatal
+        notes["fp16_compile_error"] = f"{type(e).__name__}: {e}"[:300]
+        return None, notes
+
+
+def fp16_model(name: str, seed: int = 0, **options: object) -> nn.Module:
+    """The float zoo model `build_quantized` starts from, in fp16 channels_last on the GPU."""
+    import lowbit.models as zoo
+
+    torch.manual_seed(seed)
+    model = zoo.get(name, **options).eval()
+    randomize_batchnorms(model, seed)
+    return _fp16_copy(model).cuda()
 
 
 def _fp16_copy(model: nn.Module) -> nn.Module:
@@ -302,19 +345,26 @@ def _module_times_us(model: nn.Module, x: torch.Tensor, reps: int = 5) -> dict[s
 
 
 # ------------------------------------------------------------------------------ one row
+#: fp16 baselines by (model, batch, image size, compile mode): measured once per process
+_BASELINES: dict[tuple, tuple[dict, dict]] = {}
+
+
 @dataclass(frozen=True)
 class BenchCase:
+    """One network row; exact_bias False: the plan with biases in accumulator units (the
+    kernels' own fused epilogues where a layer has one output)."""
+
     model: str
     batch: int
     precision: str
     image_size: int | None = None
+    exact_bias: bool = True
 
 
 def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
                   seed: int = 0, chain: bool = False, quick: bool = False,
                   check: bool = True) -> dict:
     """One "network" results row for `case` on the current GPU (module docstring)."""
-    from .compiled import compile_model
     from .engine import ReferenceExecutor
     from .gpu import GpuExecutor
 
@@ -328,11 +378,10 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
                                      device=device)
     x = random_images(case.batch, size, 1 if case.model.startswith("digits") else 3,
                       seed + 2, device)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cm = compile_model(q, x, executor="reference")
-    plan = cm.plan
+    plan, where = compile_plan(q, x, case.exact_bias)
     phases["plan_s"] = time.perf_counter() - t0
+    row["planned_on"] = where
+    row["exact_bias"] = case.exact_bias
     t0 = time.perf_counter()
     ex = GpuExecutor(plan, device, chain=chain)
     phases["bind_s"] = time.perf_counter() - t0
@@ -359,7 +408,8 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
             continue
         alone = statistics.median(cuda_events_us(b, reps=10 if quick else 30))
         layers.append({"name": b.name, "impl": b.how, "time_us": t,
-                       "floor_us": step_floor_us(plan, b.step), "share": t / total,
+                       "floor_us": step_floor_us(plan, b.step, b.how.startswith("triton stem")),
+                       "share": t / total,
                        "alone_us": alone,
                        "source": list(getattr(b.step, "source", ()))})
     row["layers"] = layers
@@ -369,7 +419,11 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
     row["peak_activation_bytes"] = plan.peak_activation_bytes()
     row["arena_bytes"] = ex.nbytes()
     row["fp16_weights_bytes"] = 2 * sum(p.numel() for p in float_model.parameters())
-    baselines, notes = fp16_baselines(float_model, x, compile_mode)
+    key = (case.model, case.batch, size, compile_mode)
+    if key not in _BASELINES:  # the float model is the same for every recipe
+        _BASELINES[key] = fp16_baselines(float_model, x, compile_mode)
+    baselines, notes = _BASELINES[key]
+    baselines, notes = dict(baselines), dict(notes)
     row["baselines_ms"] = baselines
     row["fp16_peak_activation_bytes"] = notes.pop("fp16_peak_activation_bytes", None)
     modules = notes.pop("fp16_modules_us", {})

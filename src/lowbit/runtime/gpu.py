@@ -58,7 +58,7 @@ from ..graph.ir import (
     Quantize,
     Step,
 )
-from ..graph.pools import GLOBAL, WINDOW, axis_windows
+from ..graph.pools import ADAPTIVE, GLOBAL, WINDOW, axis_windows
 from ..kernels.base import acc_bound
 from ..quant.packing import from_bitplanes
 from .buffers import Scratch, plan_arena, temporaries_bytes, view_of
@@ -336,8 +336,9 @@ class GpuExecutor:
             return BoundStep(step, [launch], "torch")
         m, s = self.plan.params[step.multiplier], self.plan.params[step.shift]
         xp, op = self.packed(step.input), self.packed(step.output)
-        if step.mode in (WINDOW, GLOBAL) and len(step.counts) == 1:
-            kernel = step.kernel if step.mode == WINDOW else None
+        whole_map = step.mode == GLOBAL or (step.mode == ADAPTIVE and step.output_hw == (1, 1))
+        if (step.mode == WINDOW or whole_map) and len(step.counts) == 1:
+            kernel = None if whole_map else step.kernel
             return BoundStep(step, [netops.bind_avgpool2d(xp, op, kernel, step.stride,
                                                           step.pad, m[0], s[0], step.relu)],
                              "netops average pool")

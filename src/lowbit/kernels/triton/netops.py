@@ -410,7 +410,7 @@ def bind_layer_epilogue(y: torch.Tensor, outputs: Sequence[OutputSpec],
     k = shape[-1]
     m = y.numel() // k
     bc = channel_tile(k)
-    bp = max(16, 4096 // bc)
+    bp = max(16, 2048 // bc)  # 16 values a thread: int64 requantization is register-hungry
     grid = (cdiv(m, bp), cdiv(k, bc))
     launches = []
     for first in range(0, len(slots), MAX_OUTPUTS):

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# One device call for the GPU executor (issue 32), <= 6 minutes on an H100 with cold Triton /
+# NVRTC caches. Steps in priority order, each under `timeout` and within what is left of the
+# budget (BUDGET_S, default 345 s); a failing or cut step does not stop the next, and
+# network.py rewrites its results file after every case, so a cut run keeps its rows.
+#   1. tests_a   pytest -m gpu: ResNet-18 w1a2 b8 (every tensor bit-exact under graph replay),
+#                the non-finite check, then the netops / stem GPU tests
+#   2. bench     benchmarks/network.py: resnet18 b8 w1a2, resnet50 b256 w1a2 and w8a8, vgg16 b8
+#                w1a2, alexnet b8 w1a2 (the b8 rows also check logits against the reference),
+#                then resnet18 b8 w1a2 with the biases in accumulator units (its single-output
+#                layers on their kernels' own epilogues); the torch.compile baseline (mode
+#                "default", not the issue's "max-autotune", which compiles for minutes) for
+#                ResNet-50 b256 only, measured after every case
+#   3. tests_b   the other engine GPU tests (VGG-16, AlexNet, ResNet-50, chained layers, fp16
+#                layers, ...) with the time left
+# Outputs under $OUT (<= 8 files): summary.txt (steps, exit codes, seconds, environment),
+# tests_a.log, bench.log, tests_b.log, network-*.json, network-*.png.
+set -u
+OUT=${OUT:-/tmp/lowbit-out}
+mkdir -p "$OUT"
+START=$(date +%s)
+BUDGET_S=${BUDGET_S:-345}
+SUMMARY="$OUT/summary.txt"
+
+elapsed() { echo $(( $(date +%s) - START )); }
+left() { echo $(( BUDGET_S - $(elapsed) )); }
+
+{
+  echo "start $(date -u +%FT%TZ)"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl 2>&1 | tail -3 || echo "wheel install failed"
+} >> "$SUMMARY" 2>&1
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests
+export PYTHONDONTWRITEBYTECODE=1
+export LOWBIT_RESULTS_DIR="$OUT"
+
+python3 - >> "$SUMMARY" 2>&1 <<'EOF'
+import importlib
+for mod in ("torch", "triton", "pytest", "hypothesis", "matplotlib", "cuda.bindings",
+            "safetensors", "typer", "rich", "optuna", "xgboost"):
+    try:
+        m = importlib.import_module(mod)
+        print(f"{mod} {getattr(m, '__version__', 'ok')}")
+    except Exception as e:
+        print(f"MISSING {mod}: {type(e).__name__}: {e}")
+import torch
+print("gpu", torch.cuda.get_device_name() if torch.cuda.is_available() else "NONE")
+EOF
+echo "setup done at $(elapsed)s" >> "$SUMMARY"
+
+# step NAME LIMIT_S CMD...: run CMD under min(LIMIT_S, time left - RESERVE_S), log to $OUT/NAME.log
+step() {
+  local name=$1 limit=$2 reserve=$3
+  shift 3
+  local budget=$(( $(left) - reserve ))
+  (( budget < limit )) && limit=$budget
+  if (( limit < 20 )); then
+    echo "$name skipped (no time left) at $(elapsed)s" >> "$SUMMARY"
+    return
+  fi
+  local t0=$(date +%s)
+  timeout -k 5 "$limit" "$@" >> "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc ($( [ $rc = 124 ] && echo "cut at ${limit}s" || echo ok)) $(( $(date +%s) - t0 ))s, at $(elapsed)s" >> "$SUMMARY"
+}
+
+PYTEST="python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs"
+step tests_a 110 200 $PYTEST tests/test_engine_gpu_cuda.py \
+  -k "resnet18-w1a2-b8 or nonfinite"
+step tests_a 45 155 $PYTEST tests/test_triton_netops.py tests/test_stem.py
+step bench 230 10 python3 benchmarks/network.py --out "$OUT" --quick \
+  --cases resnet18:8:w1a2 resnet50:256:w1a2 resnet50:256:w8a8 vgg16:8:w1a2 alexnet:8:w1a2 \
+  resnet18:8:w1a2:kernelbias --compile-mode default --compile-models resnet50
+step tests_b 200 5 $PYTEST tests/test_engine_gpu_cuda.py \
+  -k "not (resnet18-w1a2-b8 and bit_exact) and not nonfinite"
+echo "end at $(elapsed)s" >> "$SUMMARY"
+tail -40 "$OUT/bench.log" >> "$SUMMARY" 2>/dev/null
+exit 0

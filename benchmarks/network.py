@@ -1,0 +1,181 @@
+"""Whole networks on the GPU executor against PyTorch fp16 (issue 32): `"benchmark": "network"`
+rows {model, batch, precision, time_ms, images_per_s, baselines_ms: {fp16_eager,
+fp16_cuda_graph, fp16_compile}, layers: [{name, impl, time_us, floor_us, share, alone_us}],
+weights_bytes, peak_activation_bytes, fp16_weights_bytes, fp16_peak_activation_bytes} in one
+results file (DESIGN.md format) under benchmarks/results/<gpu>/ or --out, rewritten after every
+case so a cut-off run keeps what it measured; a failing case is a row with its error. Prints a
+table and the issue-32 targets (met / missed, with what bounds each miss) last, and draws the
+per-step times next to PyTorch fp16's per module (network-<stamp>.png).
+
+    python benchmarks/network.py --cases resnet18:8:w1a2 resnet50:256:w8a8 --compile-mode default
+    python benchmarks/network.py --models resnet18 vgg16 --batches 8 --precisions w1a2 w8a8
+
+Precisions are `lowbit.runtime.bench` recipes ("w1a2": first conv and last linear at w8a8).
+The whole library code lives in lowbit.runtime.bench (what `lowbit bench` runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import gpu_name, results_dir, versions
+from lowbit.runtime.bench import (
+    IMAGE_SIZE,
+    BenchCase,
+    bench_network,
+    check_targets,
+    compile_baseline_ms,
+    fp16_model,
+    per_layer_figure,
+    random_images,
+    summary_table,
+)
+
+DEFAULT_CASES = ["resnet18:8:w1a2", "resnet50:256:w1a2", "resnet50:256:w8a8", "vgg16:8:w1a2",
+                 "alexnet:8:w1a2"]
+
+
+def parse_case(text: str) -> BenchCase:
+    """MODEL:BATCH:PRECISION, optionally :kernelbias (the plan's biases in accumulator units,
+    so single-output layers keep their kernel's own epilogue)."""
+    try:
+        model, batch, precision, *rest = text.split(":")
+        if rest not in ([], ["kernelbias"]):
+            raise ValueError
+        return BenchCase(model, int(batch), precision, exact_bias=not rest)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"a case is MODEL:BATCH:PRECISION[:kernelbias], got {text!r}") from None
+
+
+def cases_of(args: argparse.Namespace) -> list[BenchCase]:
+    if args.models or args.batches or args.precisions:
+        return [BenchCase(m, b, p) for m in (args.models or ["resnet18"])
+                for b in (args.batches or [8]) for p in (args.precisions or ["w1a2"])]
+    return args.cases or [parse_case(c) for c in DEFAULT_CASES]
+
+
+def write(path: Path, rows: list[dict], extra: dict) -> None:
+    doc = {"benchmark": "network", "gpu": gpu_name(), "date": dt.date.today().isoformat(),
+           "versions": versions(), **extra, "rows": rows,
+           "targets": [t.__dict__ for t in check_targets(rows)]}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    tmp.replace(path)
+
+
+def figure(rows: list[dict], path: Path) -> Path | None:
+    """One picture, a panel per row (per_layer_figure's bars)."""
+    good = [r for r in rows if r.get("layers")]
+    if not good:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    from tempfile import TemporaryDirectory
+
+    with TemporaryDirectory() as tmp:
+        panels = [per_layer_figure(r, f"{tmp}/{i}.png") for i, r in enumerate(good)]
+        images = [plt.imread(p) for p in panels if p]
+        fig, axes = plt.subplots(len(images), 1, figsize=(12, 4.2 * len(images)), squeeze=False)
+        for ax, img in zip(axes[:, 0], images, strict=True):
+            ax.imshow(img)
+            ax.axis("off")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+    return path
+
+
+def late_compile_baselines(rows: list[dict], models: list[str], mode: str, path: Path,
+                           extra: dict) -> None:
+    """torch.compile baselines of the rows of `models`, once per (model, batch), after every
+    case ran; each result written as it comes."""
+    done: dict[tuple, tuple] = {}
+    for row in rows:
+        if row.get("error") or row["model"] not in models:
+            continue
+        key = (row["model"], row["batch"], row.get("image_size"))
+        if key not in done:
+            print(f"== torch.compile({mode}) {row['model']} b{row['batch']}", flush=True)
+            size = row.get("image_size") or IMAGE_SIZE.get(row["model"], 224)
+            m = fp16_model(row["model"])
+            xh = random_images(row["batch"], size, seed=2, device="cuda").half().contiguous(
+                memory_format=torch.channels_last)
+            done[key] = compile_baseline_ms(m, xh, mode)
+            del m
+            torch.cuda.empty_cache()
+        row["baselines_ms"]["fp16_compile"], notes = done[key]
+        row.setdefault("notes", {}).update(notes)
+        write(path, rows, extra)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=None, help="results folder")
+    ap.add_argument("--cases", type=parse_case, nargs="+", default=None,
+                    help=f"MODEL:BATCH:PRECISION in priority order (default {DEFAULT_CASES})")
+    ap.add_argument("--models", nargs="+", default=None)
+    ap.add_argument("--batches", type=int, nargs="+", default=None)
+    ap.add_argument("--precisions", nargs="+", default=None)
+    ap.add_argument("--compile-mode", default="max-autotune",
+                    help="torch.compile mode of the fp16 baseline ('none' skips it)")
+    ap.add_argument("--compile-models", nargs="+", default=None,
+                    help="the torch.compile baseline only for these models, measured after "
+                         "every case (a cut run keeps its other rows)")
+    ap.add_argument("--chain", action="store_true", help="chain bit-serial layers (PDL)")
+    ap.add_argument("--quick", action="store_true", help="fewer timing repeats")
+    ap.add_argument("--no-figure", action="store_true")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("network.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    out = args.out or results_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = out / f"network-{stamp}.json"
+    mode = None if args.compile_mode == "none" else args.compile_mode
+    extra = {"compile_mode": mode, "chain": args.chain, "quick": args.quick}
+    rows: list[dict] = []
+    inline = mode if args.compile_models is None else None
+    for case in cases_of(args):
+        t0 = time.perf_counter()
+        print(f"== {case.model} b{case.batch} {case.precision}", flush=True)
+        try:
+            row = bench_network(case, compile_mode=inline, chain=args.chain, quick=args.quick)
+        except Exception as e:  # one failing case is a row, the run goes on
+            traceback.print_exc()
+            row = {"model": case.model, "batch": case.batch, "precision": case.precision,
+                   "error": f"{type(e).__name__}: {e}"[:2000]}
+        row["wall_s"] = round(time.perf_counter() - t0, 1)
+        rows.append(row)
+        write(path, rows, extra)
+        print(summary_table([row]).split("\n\n")[0], flush=True)
+        torch.cuda.empty_cache()
+    if mode and args.compile_models:
+        late_compile_baselines(rows, args.compile_models, mode, path, extra)
+    if not args.no_figure:
+        try:
+            figure(rows, out / f"network-{stamp}.png")
+        except Exception as e:  # the picture is optional
+            print(f"figure failed: {type(e).__name__}: {e}", file=sys.stderr)
+    print(f"results: {path}")
+    print(summary_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
