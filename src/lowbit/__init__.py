@@ -18,7 +18,13 @@ __version__ = "0.1.0"
 # quantize / calibrate / convert load lazily: `import lowbit` stays light
 _LAZY = {"quantize": ("lowbit.quant.api", "quantize_model"),
          "calibrate": ("lowbit.quant.calibrate", "calibrate"),
-         "convert": ("lowbit.runtime.integer_model", "convert")}
+         "convert": ("lowbit.runtime.integer_model", "convert"),
+         "compile": ("lowbit.runtime.compiled", "compile_model"),
+         "summary": ("lowbit.quant.overview", "summary"),
+         "save": ("lowbit.serialize", "save"),
+         "load": ("lowbit.serialize", "load"),
+         "autoprecision": ("lowbit.runtime.autoprecision", "autoprecision"),
+         "models": ("lowbit.models", None)}
 
 
 def __getattr__(name: str) -> object:
@@ -26,10 +32,12 @@ def __getattr__(name: str) -> object:
         import importlib
 
         module, attr = _LAZY[name]
-        return getattr(importlib.import_module(module), attr)
+        mod = importlib.import_module(module)
+        return mod if attr is None else getattr(mod, attr)
     raise AttributeError(f"module 'lowbit' has no attribute {name!r}")
 
 __all__ = [
     "Config", "ConfigSpace", "ConvWorkload", "Encoding", "Epilogue", "GemmWorkload", "Layout",
-    "PackedTensor", "Precision", "Workload", "__version__", "calibrate", "convert", "quantize",
+    "PackedTensor", "Precision", "Workload", "__version__", "autoprecision", "calibrate",
+    "compile", "convert", "load", "models", "quantize", "save", "summary",
 ]

@@ -274,7 +274,8 @@ def tune(
     batch: int = typer.Option(8, help="--model: batch size"),
     precision: str = typer.Option("w1a2", help="--model: precision, e.g. w1a2, w8a8"),
     trials: int = typer.Option(500, help="measurements per layer (recorded ones count)"),
-    strategy: str = typer.Option("diversity", help="random, exhaustive, sa, diversity, tpe"),
+    strategy: str = typer.Option("diversity", help="random, exhaustive, sa, diversity, tpe, "
+                                 "pruned"),
     db: str = typer.Option("", help="records database (default: the user cache file)"),
     template: str = typer.Option("", help="comma-separated template names to consider "
                                  "(default: every registered one)"),
@@ -283,6 +284,8 @@ def tune(
     a: str = typer.Option("", help="activation precision for every layer, e.g. s8, u4"),
     round_size: int = typer.Option(32, help="candidates measured per round"),
     seed: int = typer.Option(0, help="search seed"),
+    predict: bool = typer.Option(False, "--predict", help="print the performance model's "
+                                 "predicted time beside each measurement"),
 ) -> None:
     """Tune every layer of a workload file, suite or network; the best configs go to the
     records database."""
@@ -315,7 +318,22 @@ def tune(
             table.add_row(name, r.template or "-", _us(r.time_us), _us(d),
                           f"{r.speedup_over_default:.2f}x" if r.speedup_over_default else "-",
                           str(r.trials), str(r.failures))
+            if predict:
+                _print_predictions(name, wl, r)
     console.print(table)
+
+
+def _print_predictions(name: str, wl: object, r: object) -> None:
+    """`lowbit tune --predict`: each measurement of this run beside the model's prediction."""
+    from .perfmodel import predict_results
+
+    preds = predict_results(wl, r.history, r.gpu)
+    detail = Table(title=f"{name}: measured vs predicted ({r.gpu})")
+    for col in ("template", "config", "measured us", "predicted us"):
+        detail.add_column(col, justify="right")
+    for res, p in zip(r.history, preds, strict=True):
+        detail.add_row(res.template, res.config.to_json(), _us(res.time_us), f"{p:.1f}")
+    console.print(detail)
 
 
 def _us(t: float | None) -> str:
