@@ -446,7 +446,7 @@ class Target:
 def _row(rows: list[dict], model: str, batch: int, precision: str) -> dict | None:
     for r in rows:
         if (r.get("model"), r.get("batch"), r.get("precision")) == (model, batch, precision) \
-                and r.get("time_ms"):
+                and r.get("time_ms") and r.get("exact_bias", True):
             return r
     return None
 

@@ -44,16 +44,20 @@ KernelFactory = Callable[[Layer], Kernel]
 
 
 # ------------------------------------------------------------------------------ shims
-class ReferenceKernel:
+class _Callable:
+    """`kernel(x, w, params, out=None)`: bind and launch once (the Kernel protocol)."""
+
+    def __call__(self, x, w, params, out=None):
+        return self.bind(x, w, params, out)()
+
+
+class ReferenceKernel(_Callable):
     """`lowbit.reference.run` behind the kernel contract (CPU stand-in of any template)."""
 
     def __init__(self, workload: Workload, name: str = "reference") -> None:
         self.workload = workload
         self.config = None
         self.name = name
-
-    def __call__(self, x, w, params, out=None):
-        return self.bind(x, w, params, out)()
 
     def bind(self, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams,
              out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
@@ -67,7 +71,7 @@ class ReferenceKernel:
         return launch
 
 
-class Float64Kernel:
+class Float64Kernel(_Callable):
     """A conv / GEMM with int32 output as a float64 PyTorch op on the integer values: exact
     while the worst-case |acc| < 2^53 (checked). For "torch.fp16" layers beyond the fp16
     template's fp32 bound."""
@@ -80,9 +84,6 @@ class Float64Kernel:
         self.workload = workload
         self.config = None
         self.name = "torch.float64"
-
-    def __call__(self, x, w, params, out=None):
-        return self.bind(x, w, params, out)()
 
     def bind(self, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams,
              out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
@@ -113,7 +114,7 @@ def gemm_as_conv(wl: GemmWorkload) -> ConvWorkload:
                         epilogue=wl.epilogue, a_layout=wl.a_layout, w_layout=wl.w_layout)
 
 
-class ConvAsGemmKernel:
+class ConvAsGemmKernel(_Callable):
     """A conv kernel serving a GEMM workload through `gemm_as_conv` (views, no copies)."""
 
     def __init__(self, workload: GemmWorkload, conv_kernel: Kernel) -> None:
@@ -121,9 +122,6 @@ class ConvAsGemmKernel:
         self.conv = conv_kernel
         self.config = conv_kernel.config
         self.name = getattr(conv_kernel, "template", "conv")
-
-    def __call__(self, x, w, params, out=None):
-        return self.bind(x, w, params, out)()
 
     def bind(self, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams,
              out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:

@@ -58,7 +58,6 @@ from .stored import (
     flag_nonfinite,
     float_channel_vector,
     int_channel_vector,
-    is_wide,
     layout_code,
     load_values,
     quantize_f32,
@@ -427,11 +426,11 @@ def bind_layer_epilogue(y: torch.Tensor, outputs: Sequence[OutputSpec],
     return Launcher(tuple(launches), results)
 
 
-def layer_epilogue(y: torch.Tensor, outputs: Sequence[OutputSpec],
-                   layouts: Sequence[Layout | str] | None = None,
-                   residual: PackedTensor | None = None) -> list[PackedTensor | torch.Tensor]:
-    """`bind_layer_epilogue` with new outputs (requantized ones in `layouts`, INT8 by
-    default), launched once."""
+def new_outputs(outputs: Sequence[OutputSpec], layouts: Sequence[Layout | str] | None,
+                shape: tuple[int, ...], device: torch.device) -> list:
+    """New (uninitialized) output tensors for specs on y of logical NHWC / [M, K] `shape`:
+    PackedTensors in `layouts` (INT8 by default) for requantized outputs, float32 tensors
+    (NCHW with channels_first) for float ones."""
     layouts = [Layout.INT8] * len(outputs) if layouts is None else [Layout(v) for v in layouts]
     if len(layouts) != len(outputs):
         raise ValueError("layouts must have one entry per output")
@@ -439,10 +438,18 @@ def layer_epilogue(y: torch.Tensor, outputs: Sequence[OutputSpec],
     for i, (s, lay) in enumerate(zip(outputs, layouts, strict=True)):
         spec = as_output_spec(i, s)
         if isinstance(spec, Requantized):
-            outs.append(empty_packed(y.shape, spec.precision, lay, y.device))
+            outs.append(empty_packed(shape, spec.precision, lay, device))
         else:
-            shape = (y.shape[0], y.shape[-1], *y.shape[1:-1]) if spec.channels_first else y.shape
-            outs.append(torch.empty(shape, dtype=torch.float32, device=y.device))
+            nchw = (shape[0], shape[-1], *shape[1:-1]) if spec.channels_first else shape
+            outs.append(torch.empty(nchw, dtype=torch.float32, device=device))
+    return outs
+
+
+def layer_epilogue(y: torch.Tensor, outputs: Sequence[OutputSpec],
+                   layouts: Sequence[Layout | str] | None = None,
+                   residual: PackedTensor | None = None) -> list[PackedTensor | torch.Tensor]:
+    """`bind_layer_epilogue` with new outputs (`new_outputs`), launched once."""
+    outs = new_outputs(outputs, layouts, tuple(y.shape), y.device)
     bind_layer_epilogue(y, outputs, outs, residual)()
     return outs
 
@@ -529,7 +536,3 @@ def quantize_image(x: torch.Tensor, scale: float, precision: Precision | str,
     out = empty_packed((n, h, w, c), precision, layout, x.device)
     bind_quantize_image(x, scale, out)()
     return out
-
-
-def is_wide_spec(spec: object) -> bool:
-    return isinstance(spec, Requantized) and is_wide(spec.precision)

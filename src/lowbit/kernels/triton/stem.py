@@ -51,9 +51,13 @@ from .netops import (
     check_status,
     emit_output,
     float32_scale,
+    new_outputs,
     output_slot,
 )
 from .stored import ENC, Launcher, check_device, empty_packed, flag_nonfinite, quantize_f32
+
+__all__ = ["StemConfig", "StemGeometry", "bind_stem", "default_config", "empty_packed",
+           "geometry_of", "s2d_weights", "stem"]
 
 #: outputs one stem launch writes
 STEM_MAX_OUTPUTS = 3
@@ -550,17 +554,6 @@ def stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         raise TypeError("image and weight must be torch tensors")
     geom = geometry_of(image, weight, kwargs.get("stride", 1), kwargs.get("pad", 0),
                        kwargs.get("pool_pad", 1))
-    layouts = [Layout.INT8] * len(outputs) if layouts is None else [Layout(v) for v in layouts]
-    if len(layouts) != len(outputs):
-        raise ValueError("layouts must have one entry per output")
-    n, ph, pw, k = geom.out_shape
-    outs = []
-    for i, (s, lay) in enumerate(zip(outputs, layouts, strict=True)):
-        spec = as_output_spec(i, s)
-        if isinstance(spec, Requantized):
-            outs.append(empty_packed(geom.out_shape, spec.precision, lay, image.device))
-        else:
-            shape = (n, k, ph, pw) if spec.channels_first else geom.out_shape
-            outs.append(torch.empty(shape, dtype=torch.float32, device=image.device))
+    outs = new_outputs(outputs, layouts, geom.out_shape, image.device)
     bind_stem(image, weight, bias, outputs, outs, **kwargs)()
     return outs
