@@ -20,6 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -31,9 +32,11 @@ from ..graph.impl import TORCH_FP16
 from ..graph.ir import Layer, Plan, WidePrecision
 from ..kernels import get_template, load_backends
 from ..kernels.base import Kernel, acc_bound
-from ..kernels.triton.netops import Dequantized, Requantized
 from ..quant.packing import pack
 from ..reference import run as reference_run
+
+if TYPE_CHECKING:
+    from ..kernels.triton.netops import Dequantized, Requantized
 
 FP16_TEMPLATE = "triton.conv2d_fp16"
 EXACT_FP32, EXACT_FP64 = 2**24, 2**53
@@ -252,6 +255,8 @@ def output_specs(step: Layer, plan: Plan) -> list[Requantized | Dequantized]:
     formulas): requantized ones with b = bias * m where the reference adds the layer's bias
     in accumulator units (a bias, no wide tensor), else the output's own shifted bias; float
     ones with their residual term, NCHW for maps."""
+    from ..kernels.triton.netops import Dequantized, Requantized  # Triton on first use
+
     p = plan.params
     specs: list[Requantized | Dequantized] = []
     precs = [plan.tensors[o.tensor].precision for o in step.layer_outputs if o.requantized]
