@@ -228,11 +228,11 @@ class Step:
 
 
 @dataclass(frozen=True)
-class Quantize(Step):
+class UnaryStep(Step):
+    """A step reading one tensor and writing one."""
+
     input: str = ""
     output: str = ""
-    relu: bool = False
-    kind: ClassVar[str] = "quantize"
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -241,6 +241,12 @@ class Quantize(Step):
     @property
     def outputs(self) -> tuple[str, ...]:
         return (self.output,)
+
+
+@dataclass(frozen=True)
+class Quantize(UnaryStep):
+    relu: bool = False
+    kind: ClassVar[str] = "quantize"
 
 
 @dataclass(frozen=True)
@@ -283,30 +289,18 @@ class Layer(Step):
 
 
 @dataclass(frozen=True)
-class MaxPool(Step):
-    input: str = ""
-    output: str = ""
+class MaxPool(UnaryStep):
     window: PoolWindow = field(default_factory=lambda: PoolWindow(2, 2))
     kind: ClassVar[str] = "maxpool"
 
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return (self.input,)
-
-    @property
-    def outputs(self) -> tuple[str, ...]:
-        return (self.output,)
-
 
 @dataclass(frozen=True)
-class AvgPool(Step):
+class AvgPool(UnaryStep):
     """Average pool. mode 'window' (kernel / stride / pad, count_include_pad), 'global' (the
     whole map) or 'adaptive' (PyTorch's adaptive windows to output_hw). counts: the distinct
     window counts in increasing order; multiplier / shift: int64 [len(counts)] param keys
     (quantized output), None for a float output. relu: clamp at 0 (a ReLU after the pool)."""
 
-    input: str = ""
-    output: str = ""
     mode: str = "global"
     kernel: int | None = None
     stride: int | None = None
@@ -318,28 +312,10 @@ class AvgPool(Step):
     relu: bool = False
     kind: ClassVar[str] = "avgpool"
 
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return (self.input,)
-
-    @property
-    def outputs(self) -> tuple[str, ...]:
-        return (self.output,)
-
 
 @dataclass(frozen=True)
-class Flatten(Step):
-    input: str = ""
-    output: str = ""
+class Flatten(UnaryStep):
     kind: ClassVar[str] = "flatten"
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return (self.input,)
-
-    @property
-    def outputs(self) -> tuple[str, ...]:
-        return (self.output,)
 
 
 @dataclass(frozen=True)

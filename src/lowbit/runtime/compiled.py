@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..graph import Plan, build_plan, choose_impl, trace_model
+from ..graph import Dataflow, Plan, build_plan, choose_impl, trace_model
 from ..graph.dataflow import is_integer_module, is_quant_layer
 from ..graph.impl import ImplChooser
 from ..graph.ir import WIDE_BITS
@@ -35,7 +35,8 @@ EXECUTORS: dict[str, Callable[[Plan, torch.device], Callable]] = {
     "reference": ReferenceExecutor}
 
 
-def _check_image(name: str, x: object, channels: int | None = None) -> torch.Tensor:
+def _check_image(name: str, x: object, channels: int | None = None,
+                 device: torch.device | None = None) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor (float NCHW image batch), got "
                         f"{type(x).__name__}")
@@ -48,6 +49,9 @@ def _check_image(name: str, x: object, channels: int | None = None) -> torch.Ten
     if channels is not None and x.shape[1] != channels:
         raise ValueError(f"{name} must have {channels} channels (dim 1), got shape "
                          f"{tuple(x.shape)}")
+    if device is not None and x.device != device:
+        raise ValueError(f"{name} is on {x.device}, but the model was compiled for {device} "
+                         "(example_input's device)")
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} has non-finite values (inf or nan)")
     return x
@@ -70,33 +74,49 @@ def _check_model(model: object) -> None:
 
 class CompiledModel(nn.Module):
     """forward(float NCHW batch) -> float output, through the plan for the batch's shape
-    (module docstring). Attributes: plan (for the example input's shape), device, executor."""
+    (module docstring). Attributes: plan (the first plan: the example input's shape), device,
+    executor ('reference' or 'gpu'). Built by `compile_model`, or from saved plans by
+    `from_plan` (then only their input shapes run)."""
 
-    def __init__(self, model: nn.Module, example_input: torch.Tensor,
-                 chooser: ImplChooser = choose_impl, executor: str = "auto",
+    def __init__(self, plan: Plan, *, dataflow: Dataflow | None = None,
+                 model: nn.Module | None = None, chooser: ImplChooser = choose_impl,
+                 device: torch.device | str = "cpu", executor: str = "auto",
                  wide_bits: int = 24) -> None:
         super().__init__()
         if executor not in ("auto", *EXECUTORS):
             raise ValueError(f"executor must be 'auto' or one of {sorted(EXECUTORS)}, got "
                              f"{executor!r}")
-        self.model = model  # holds the FloatFallback modules
-        self.dataflow = trace_model(model, example_input)
+        self.model = model  # holds the FloatFallback modules of plans built from dataflow
+        self.dataflow = dataflow
         self.chooser = chooser
         self.wide_bits = wide_bits
-        self.channels = int(example_input.shape[1])
-        self.device = example_input.device
+        self.plan = plan
+        self.channels = int(plan.input_spec.shape[1])
+        self.device = torch.device(device)
         use_gpu = executor == "gpu" or (executor == "auto" and "gpu" in EXECUTORS
                                         and self.device.type == "cuda")
         self.executor = "gpu" if use_gpu else "reference"
         self._warned = False
-        self._plans: dict[tuple[int, ...], Plan] = {}
+        self._plans: dict[tuple[int, ...], Plan] = {plan.input_spec.shape: plan}
         self._runners: dict[tuple[int, ...], Callable] = {}
-        self.plan = self.plan_for(tuple(example_input.shape))
+
+    @classmethod
+    def from_plan(cls, plan: Plan, device: torch.device | str = "cpu",
+                  executor: str = "auto") -> CompiledModel:
+        """A compiled model running `plan` (e.g. one `Plan.from_dict` restored) for inputs
+        of its shape."""
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan must be a lowbit.graph.Plan, got {type(plan).__name__}")
+        return cls(plan, device=device, executor=executor)
 
     def plan_for(self, shape: tuple[int, ...]) -> Plan:
         """The plan for inputs of `shape` (built once per shape)."""
         shape = tuple(int(s) for s in shape)
         if shape not in self._plans:
+            if self.dataflow is None:
+                raise ValueError(f"x must have shape {self.plan.input_spec.shape} (this "
+                                 f"compiled model holds plans for {sorted(self._plans)}); "
+                                 f"compile the model again for inputs of shape {shape}")
             self._plans[shape] = build_plan(self.dataflow, shape, self.chooser,
                                             self.wide_bits)
         return self._plans[shape]
@@ -112,10 +132,7 @@ class CompiledModel(nn.Module):
     def run(self, x: torch.Tensor, record: bool = False
             ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """forward, and with `record` also every tensor the plan writes (engine.run_plan)."""
-        x = _check_image("x", x, self.channels)
-        if x.device != self.device:
-            raise ValueError(f"x is on {x.device}, but the model was compiled for "
-                             f"{self.device} (example_input's device)")
+        x = _check_image("x", x, self.channels, self.device)
         if self.executor == "reference" and not self._warned:
             self._warned = True
             warnings.warn("lowbit.compile: running the plan through the exact reference "
@@ -144,11 +161,17 @@ def compile_model(model: nn.Module, example_input: torch.Tensor, *,
     if choose_impl is not None and not callable(choose_impl):
         raise TypeError(f"choose_impl must be callable (workload) -> (impl, reason), got "
                         f"{choose_impl!r}")
-    copied = copy.deepcopy(model).eval()
     if wide_bits not in (8, *WIDE_BITS):
         raise ValueError(f"wide_bits must be one of {(8, *WIDE_BITS)}, got {wide_bits!r}")
-    return CompiledModel(copied, example_input, choose_impl or _default_chooser(), executor,
-                         wide_bits)
+    if executor not in ("auto", *EXECUTORS):
+        raise ValueError(f"executor must be 'auto' or one of {sorted(EXECUTORS)}, got "
+                         f"{executor!r}")
+    chooser = choose_impl or _default_chooser()
+    copied = copy.deepcopy(model).eval()
+    dataflow = trace_model(copied, example_input)
+    plan = build_plan(dataflow, tuple(example_input.shape), chooser, wide_bits)
+    return CompiledModel(plan, dataflow=dataflow, model=copied, chooser=chooser,
+                         device=example_input.device, executor=executor, wide_bits=wide_bits)
 
 
 def _default_chooser() -> ImplChooser:
