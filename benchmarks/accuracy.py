@@ -51,6 +51,7 @@ import lowbit
 from common import write_results
 from lowbit import models
 from lowbit.core import parse_wa
+from lowbit.demo import accuracy as top1
 from lowbit.quant import precision_schedule
 from lowbit.quant.api import eligible_layers
 from lowbit.quant.datasets import benchmark_loaders
@@ -108,14 +109,9 @@ def train(model: nn.Module, loader, epochs: int, lr: float, penalty: float = 0.0
             sched.step()
 
 
-@torch.no_grad()
 def accuracy(model: nn.Module, loader) -> float:
-    model.eval()
-    right = total = 0
-    for x, y in loader:
-        right += int((model(x).argmax(1) == y).sum())
-        total += len(y)
-    return 100.0 * right / total
+    """Top-1 test accuracy in percent."""
+    return 100.0 * top1(model, loader)
 
 
 def _reseed(loader, seed: int) -> None:
