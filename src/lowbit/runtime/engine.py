@@ -201,12 +201,29 @@ class ReferenceExecutor:
             raise ValueError(f"{step.name}: residual leaves the 24-bit range")
         results = []
         for o, prec in zip(outs, precs, strict=True):
-            terms = [acc * p[o.multiplier], p[o.bias].expand_as(acc)]
-            if o.residual_multiplier:
-                terms.append(res * p[o.residual_multiplier])
+            m, b, s = p[o.multiplier], p[o.bias], p[o.shift]
+            r = p[o.residual_multiplier] if o.residual_multiplier else None
             lo = max(prec.qmin, 0) if o.relu else prec.qmin
-            results.append(round_shift_sum(terms, p[o.shift]).clamp(lo, prec.qmax))
+            if self._direct(step, o, acc, res):  # |z| + 2^(s-1) < 2^63: int64 as it is
+                z = acc * m + b if r is None else acc * m + b + res * r
+                q = (z + (torch.ones_like(s) << (s - 1))) >> s
+            else:  # the terms' sum could leave int64
+                terms = [acc * m, b.expand_as(acc)] + ([] if r is None else [res * r])
+                q = round_shift_sum(terms, s)
+            results.append(q.clamp(lo, prec.qmax))
         return results
+
+    def _direct(self, step: Layer, o: LayerOutput, acc: torch.Tensor,
+                res: torch.Tensor | None) -> bool:
+        """Whether z = acc m + b + res r plus the rounding term stays below 2^63 for this
+        step's accumulators and residual (bounds in exact Python integers, per channel)."""
+        p = self.params
+        top_acc = int(acc.abs().max()) if acc.numel() else 0
+        top_res = int(res.abs().max()) if res is not None and res.numel() else 0
+        m, b, s = (p[k].tolist() for k in (o.multiplier, o.bias, o.shift))
+        r = p[o.residual_multiplier].tolist() if o.residual_multiplier else [0] * len(m)
+        return all(top_acc * mi + abs(bi) + top_res * abs(ri) + (1 << (si - 1)) < 2**63
+                   for mi, bi, ri, si in zip(m, b, r, s, strict=True))
 
     def _avgpool(self, step: AvgPool, x: torch.Tensor) -> torch.Tensor:
         spec = self._spec(step.output)
