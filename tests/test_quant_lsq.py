@@ -261,7 +261,8 @@ def test_pact_penalty_sums_alpha_squared():
     q(_x())
     alphas = [m.alpha for m in q.modules() if isinstance(m, PACTActQuantizer)]
     assert len(alphas) == 3
-    assert float(pact_penalty(q)) == pytest.approx(sum(float(a.detach()) ** 2 for a in alphas))
+    assert float(pact_penalty(q).detach()) == pytest.approx(sum(float(a.detach()) ** 2
+                                                            for a in alphas))
     assert float(pact_penalty(Net())) == 0.0
 
 
@@ -284,3 +285,26 @@ def test_methods_combinations_and_errors():
     wq = LSQWeightQuantizer(4, 3)
     with pytest.raises(ValueError, match="5 output channels"):
         wq(torch.randn(5, 2))
+
+
+@pytest.mark.parametrize("method", ["lsq", "pact"])
+def test_save_and_load_keep_the_learned_scales(tmp_path, method):
+    from lowbit.serialize import load, save
+
+    torch.manual_seed(6)
+    q = lowbit.quantize(get("digits_resnet", num_classes=10), 2, 2, method=method,
+                        skip_first=True, skip_last=True)
+    opt = torch.optim.Adam(q.parameters(), lr=1e-3)
+    for i in range(2):
+        opt.zero_grad()
+        F.cross_entropy(q(_x(16, i, (1, 8, 8))), torch.arange(16) % 10).backward()
+        opt.step()
+    q.eval()
+    path = save(q, tmp_path / f"{method}.safetensors", arch="digits_resnet",
+                arch_kwargs={"num_classes": 10})
+    back = load(path).eval()
+    kinds = {type(m.act_quant).__name__ for _, m in quant_layers(back)}
+    assert kinds == {"LSQActQuantizer" if method == "lsq" else "PACTActQuantizer"}
+    x = _x(8, 3, (1, 8, 8))
+    with torch.no_grad():
+        assert torch.equal(q(x), back(x))
