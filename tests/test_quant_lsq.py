@@ -194,17 +194,22 @@ def test_learned_scales_train_and_reach_the_integer_layers(method):
     assert checked == 5
 
 
-@pytest.mark.parametrize("method", ["lsq", "pact"])
-def test_round_trip_on_the_digits_resnet(method):
-    torch.manual_seed(2)
+def _trained_resnet(method, seed, steps):
+    """The digits ResNet at w2a2 after a few QAT steps (eval mode)."""
+    torch.manual_seed(seed)
     q = lowbit.quantize(get("digits_resnet", num_classes=10), 2, 2, method=method,
                         skip_first=True, skip_last=True)
     opt = torch.optim.Adam(q.parameters(), lr=1e-3)
-    for i in range(3):
+    for i in range(steps):
         opt.zero_grad()
         F.cross_entropy(q(_x(16, i, (1, 8, 8))), torch.arange(16) % 10).backward()
         opt.step()
-    q.eval()
+    return q.eval()
+
+
+@pytest.mark.parametrize("method", ["lsq", "pact"])
+def test_round_trip_on_the_digits_resnet(method):
+    q = _trained_resnet(method, seed=2, steps=3)
     x = _x(32, 5, (1, 8, 8))
     with torch.no_grad():
         assert torch.allclose(q(x), lowbit.convert(q)(x), rtol=1e-4, atol=1e-5)
@@ -291,15 +296,7 @@ def test_methods_combinations_and_errors():
 def test_save_and_load_keep_the_learned_scales(tmp_path, method):
     from lowbit.serialize import load, save
 
-    torch.manual_seed(6)
-    q = lowbit.quantize(get("digits_resnet", num_classes=10), 2, 2, method=method,
-                        skip_first=True, skip_last=True)
-    opt = torch.optim.Adam(q.parameters(), lr=1e-3)
-    for i in range(2):
-        opt.zero_grad()
-        F.cross_entropy(q(_x(16, i, (1, 8, 8))), torch.arange(16) % 10).backward()
-        opt.step()
-    q.eval()
+    q = _trained_resnet(method, seed=6, steps=2)
     path = save(q, tmp_path / f"{method}.safetensors", arch="digits_resnet",
                 arch_kwargs={"num_classes": 10})
     back = load(path).eval()
