@@ -218,8 +218,13 @@ class Planner:
         return (first[0], sum(s[1] for s in ins), *first[2:])
 
     def _run_float(self, v: Value, ins: list[tuple[int, ...]]) -> tuple[int, ...]:
+        """A float value's shape for new input shapes: its module run once on zeros (on the
+        device of its parameters)."""
+        module = v.attrs["module"]
+        held = next(module.parameters(), next(module.buffers(), None))
+        device = held.device if held is not None else torch.device("cpu")
         with torch.no_grad():
-            out = v.attrs["module"](*(torch.zeros(s) for s in ins))
+            out = module(*(torch.zeros(s, device=device) for s in ins))
         return tuple(out.shape)
 
     # ------------------------------------------------------------------ helpers
