@@ -341,3 +341,28 @@ def test_float_fallback_steps_report_their_module():
             assert isinstance(plan.modules[step.module], nn.Module) and step.reason
         if isinstance(step, Layer):
             assert step.impl and step.impl_reason and step.workload is not None
+
+
+class _TwoFlattens(nn.Module):
+    """Two maps of different sizes flattened, concatenated, then a linear layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(8, 12, 3, stride=2, padding=1)
+        self.fc = nn.Linear(8 * 4 * 4 + 12 * 2 * 2, 6)
+
+    def forward(self, x):
+        a = F.relu(self.a(x))
+        b = F.relu(self.b(a))
+        return self.fc(torch.cat([torch.flatten(a, 1), b.flatten(1)], dim=1))
+
+
+def test_concatenated_flattens_permute_each_segment():
+    x = torch.randn(8, 3, 4, 4)
+    q = _quantized(_TwoFlattens(), x, 2, 2)
+    plan = _compile(q, x).plan
+    fc = plan.layers[-1]
+    assert "flatten-permute" in fc.fused and len(plan.steps_of(Concat)) == 1
+    assert fc.impl != BITSERIAL and "not a multiple of 32" in fc.impl_reason
+    _check_against_convert(q, plan, torch.randn(3, 3, 4, 4))

@@ -257,7 +257,8 @@ class Layer(Step):
     layouts and the kernel's own epilogue: the fused requantized output where the layer has
     exactly one requantized output, no residual and no pool, else int32 acc + bias finished
     by a separate epilogue pass). weight: int8 values (KRSC / [K, C], columns of a linear
-    after a flatten in (h, w, c) order). bias: int64 [K] in accumulator units, None where
+    after a flatten in (h, w, c) order, segment by segment after a concatenation of
+    flattens). bias: int64 [K] in accumulator units, None where
     every output is float or some output's bias is no multiple of its multiplier (the
     kernel's own epilogue adds bias in accumulator units). impl / impl_reason: the
     implementation the layer runs on and why.

@@ -124,7 +124,9 @@ class Planner:
         self.df, self.chooser, self.wide_bits = df, chooser, wide_bits
         self.exact_bias = exact_bias
         self.shapes: dict[int, tuple[int, ...]] = {}
-        self.flat_from: dict[int, tuple[int, int, int] | None] = {}
+        #: per 2-d value flattened from maps: its (C, H, W) segments in order (concatenated
+        #: flattens have several), None where its order is the model's
+        self.flat_from: dict[int, tuple[tuple[int, int, int], ...] | None] = {}
         self.tensors: dict[str, TensorSpec] = {}
         self.params: dict[str, torch.Tensor] = {}
         self.modules: dict[str, torch.nn.Module] = {}
@@ -158,10 +160,14 @@ class Planner:
                 out = (n, c, *pooled_hw(h, wd, **self._avg_args(v, h, wd)))
             elif v.op == FLATTEN:
                 out = (ins[0][0], math.prod(ins[0][1:]))
-                flat = tuple(ins[0][1:]) if len(ins[0]) == 4 else self.flat_from[
+                flat = (tuple(ins[0][1:]),) if len(ins[0]) == 4 else self.flat_from[
                     id(v.inputs[0])]
             elif v.op == CONCAT:
                 out = self._concat_shape(v, ins)
+                parts = [self.flat_from[id(i)] or ((s[1], 1, 1),) for i, s in zip(
+                    v.inputs, ins, strict=True)]
+                if len(out) == 2 and any(self.flat_from[id(i)] for i in v.inputs):
+                    flat = tuple(seg for part in parts for seg in part)
             else:  # FLOAT
                 out = self.df.stats[v.fx_name].shape if same else self._run_float(v, ins)
             if out and min(out) < 1:
@@ -378,25 +384,24 @@ class Planner:
         xs = self.shapes[id(x)]
         weight = spec.weight
         fused = ["bn"] if spec.folded_bn else []
-        flat = self.flat_from[id(x)]
+        segments = [seg for seg in self.flat_from[id(x)] or () if seg[1] * seg[2] > 1]
         if spec.kind == "conv2d":
             n, c, h, w = xs
             k, r, s, _ = weight.shape
             wl = ConvWorkload(N=n, H=h, W=w, C=c, K=k, R=r, S=s, stride=spec.stride,
                               pad=spec.pad, w=spec.w, a=spec.a)
         else:
-            if flat is not None and flat[1] * flat[2] > 1:  # NCHW flatten order -> (h, w, c)
-                c, h, w = flat
-                weight = weight.reshape(-1, c, h, w).permute(0, 2, 3, 1).reshape(
-                    weight.shape[0], -1)
+            if segments:  # NCHW flatten order -> (h, w, c), segment by segment
+                weight = nhwc_columns(weight, self.flat_from[id(x)])
                 fused.append("flatten-permute")
             wl = GemmWorkload(M=xs[0], N=weight.shape[0], K=xs[1], w=spec.w, a=spec.a)
         impl, reason = self.chooser(wl)
-        if (input_layout(impl) is Layout.BITPLANE and flat is not None
-                and flat[1] * flat[2] > 1 and flat[0] % 32):
-            impl, reason = choose_int8_impl(wl, f"its input is a flattened {flat[1]}x{flat[2]} "
-                                                f"map of {flat[0]} channels (not a multiple of "
-                                                "32): bit planes would need a re-layout")
+        odd = [seg for seg in segments if seg[0] % 32]
+        if input_layout(impl) is Layout.BITPLANE and odd:
+            c, h, w = odd[0]
+            impl, reason = choose_int8_impl(wl, f"its input is a flattened {h}x{w} map of {c} "
+                                                "channels (not a multiple of 32): bit planes "
+                                                "would need a re-layout")
         layout = input_layout(impl)
         if v.attrs.get("negated"):
             fused.append(f"negated-channels:{v.attrs['negated']}")
@@ -479,6 +484,20 @@ class Planner:
         used = {t for s in steps for t in (*s.inputs, *s.outputs)} | {self.input_name}
         tensors = {k: t for k, t in self.tensors.items() if k in used}
         return Plan(self.input_name, tensors, tuple(steps), self.params, self.modules)
+
+
+def nhwc_columns(weight: torch.Tensor, segments: tuple[tuple[int, int, int], ...]
+                 ) -> torch.Tensor:
+    """A linear layer's weight [K, F] with the columns of each (C, H, W) segment of its
+    flattened input moved from NCHW order (c, h, w) to NHWC order (h, w, c)."""
+    cols, start = [], 0
+    for c, h, w in segments:
+        part = weight[:, start:start + c * h * w]
+        cols.append(part.reshape(-1, c, h, w).permute(0, 2, 3, 1).reshape(weight.shape[0], -1))
+        start += c * h * w
+    if start != weight.shape[1]:
+        raise AssertionError(f"flatten segments cover {start} of {weight.shape[1]} columns")
+    return torch.cat(cols, dim=1)
 
 
 def shared_shift(ratio_a: torch.Tensor, ratio_b: float, z_steps: torch.Tensor
