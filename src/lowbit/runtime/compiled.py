@@ -8,9 +8,10 @@ take their scales from it: pass a representative batch), and planned
 (`lowbit.graph.build_plan`): `CompiledModel.plan` is the plan for the example input's shape,
 and `print(compiled.summary())` shows it. Other input shapes are planned on first use.
 
-Executor: the exact reference (`lowbit.runtime.engine`, int64 on the input's device). The GPU
-executor plugs in later through `EXECUTORS`; without it the reference runs, with a warning
-(once per compiled model) since it is slow.
+Executors (`EXECUTORS`): "gpu" (`lowbit.runtime.gpu`: the plan's kernels bound once, packed
+tensors in one arena, the forward replayed as one CUDA graph) for inputs on a CUDA device, and
+the exact reference (`lowbit.runtime.engine`, int64 on the input's device) otherwise, with a
+warning (once per compiled model) since it is slow.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from ..graph.impl import ImplChooser
 from ..graph.ir import WIDE_BITS
 from ..quant.modules import QUANT_MODULES
 from .engine import ReferenceExecutor
+from .gpu import gpu_executor
 
-#: executor factories by name: (plan, device) -> callable(x, record=False); "reference" is
-#: always there, the GPU phase adds "gpu"
+#: executor factories by name: (plan, device) -> callable(x, record=False)
 EXECUTORS: dict[str, Callable[[Plan, torch.device], Callable]] = {
-    "reference": ReferenceExecutor}
+    "reference": ReferenceExecutor, "gpu": gpu_executor}
 
 
 def _check_image(name: str, x: object, channels: int | None = None,
