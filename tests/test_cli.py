@@ -58,7 +58,7 @@ def test_help_lists_every_command():
     """Issue: '`lowbit --help` offers only `demo` and `tune`'."""
     result = _run("--help")
     assert result.exit_code == 0
-    for cmd in ("demo", "quantize", "summary", "tune", "report"):
+    for cmd in ("demo", "quantize", "summary", "tune", "bench", "report"):
         assert cmd in result.output
 
 

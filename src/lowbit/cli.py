@@ -232,18 +232,72 @@ def summary(target: str = typer.Argument(..., help="a saved lowbit model (.safet
     layer_summary(q, console=console)
 
 
+# ---------------------------------------------------------------------------------- bench
+
+@app.command()
+@reports_errors
+def bench(
+    model: str = typer.Argument(..., help="zoo network: resnet18, resnet34, resnet50, vgg16, "
+                                "alexnet, apnn_vgg_variant"),
+    batch: int = typer.Option(8, help="images per forward"),
+    precision: str = typer.Option("w1a2", help="recipe: wXaY (first conv and classifier at "
+                                  "w8a8), wXaY-all, or mixed"),
+    compile_mode: str = typer.Option("default", help="torch.compile mode of the fp16 baseline "
+                                     "(default, max-autotune, ...; 'none' skips it)"),
+    kernel_bias: bool = typer.Option(False, "--kernel-bias", help="biases in accumulator "
+                                     "units, so single-output layers use their kernel's own "
+                                     "epilogue"),
+    out: str = typer.Option("", help="write the results JSON (and the per-layer PNG) here"),
+) -> None:
+    """Time a whole quantized network on this GPU against PyTorch fp16 (eager, CUDA graph,
+    torch.compile) in the same run: per-layer table and whole-network latency."""
+    import json
+
+    import torch
+
+    from .models import names
+    from .runtime.bench import BenchCase, bench_network, per_layer_figure, summary_table
+
+    if model not in names():
+        raise ValueError(f"model must be one of {', '.join(names())}, got {model!r}")
+    if batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {batch}")
+    if not torch.cuda.is_available():
+        from .tune.measure import MeasureEnvironmentError
+
+        raise MeasureEnvironmentError("lowbit bench needs a CUDA GPU; none is visible here "
+                                      "(lowbit.compile still runs the plan through the exact "
+                                      "reference on a CPU)")
+    row = bench_network(BenchCase(model, batch, precision, exact_bias=not kernel_bias),
+                        compile_mode=None if compile_mode == "none" else compile_mode)
+    table = Table(title=f"{model} batch {batch} {precision} on {torch.cuda.get_device_name()}")
+    for col in ("step", "impl", "us", "floor us", "share", "fp16 us"):
+        table.add_column(col, justify="right")
+    for r in row["layers"]:
+        table.add_row(r["name"], r["impl"], f"{r['time_us']:.1f}", f"{r['floor_us']:.1f}",
+                      f"{100 * r['share']:.1f}%", _us(r.get("fp16_us")))
+    console.print(table)
+    console.print(summary_table([row]))
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        stem = Path(out) / f"network-{model}-b{batch}-{precision}"
+        stem.with_suffix(".json").write_text(json.dumps({"benchmark": "network",
+                                                         "rows": [row]}, indent=1))
+        per_layer_figure(row, str(stem.with_suffix(".png")))
+        console.print(f"wrote {stem}.json")
+
+
 # ----------------------------------------------------------------------------------- tune
 
 def _network_layers(model: str, batch: int, precision: str) -> list:
-    """The layers of a whole network from the engine: `lowbit.graph.network_workloads(
-    model_name, batch, precision) -> [(name, Workload)]`."""
-    try:
-        from .graph import network_workloads
-    except ImportError:
-        raise ValueError("lowbit tune --model needs lowbit.graph.network_workloads(model_name, "
-                         "batch, precision) from the network engine, which this lowbit does "
-                         "not have yet; tune a workload file or suite instead") from None
-    return list(network_workloads(model, batch, precision))
+    """The distinct layer workloads of a zoo network as the engine plans them
+    (`lowbit.runtime.bench.network_workloads`)."""
+    from .models import names
+    from .runtime.bench import network_workloads
+
+    if model not in names():
+        raise ValueError(f"--model must be one of {', '.join(names())}, got {model!r}")
+    return network_workloads(model, batch, precision)
 
 
 def _tune_layers(workloads: str, model: str, batch: int, precision: str, overrides: dict

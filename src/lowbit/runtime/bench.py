@@ -146,6 +146,33 @@ def compile_plan(q: nn.Module, x: torch.Tensor, exact_bias: bool = True) -> tupl
         return build_plan(cm.dataflow, shape, cm.chooser, cm.wide_bits, exact_bias=False), where
 
 
+
+def network_workloads(name: str, batch: int, precision: str, *,
+                      image_size: int | tuple[int, int] | None = None
+                      ) -> list[tuple[str, object]]:
+    """The distinct kernel workloads of zoo network `name` at `batch` under a precision recipe
+    (`parse_recipe`), as the engine would plan them: [(layer name, Workload)] in execution
+    order, one entry per distinct workload (what `lowbit tune --model` tunes). Planned on the
+    CPU from a model calibrated on two random images; no GPU needed."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+    size = image_size or IMAGE_SIZE.get(name, 224)
+    q, _ = build_quantized(name, precision, image_size=size, calib_batch=2)
+    channels = 1 if name.startswith("digits") else 3
+    from .compiled import compile_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cm = compile_model(q, random_images(2, size, channels, seed=3), executor="reference")
+    hw = (size, size) if isinstance(size, int) else tuple(size)
+    plan = cm.plan_for((batch, channels, *hw))
+    seen: dict[str, tuple[str, object]] = {}
+    for step in plan.layers:
+        if step.impl == "torch.fp16":
+            continue
+        seen.setdefault(step.workload.key, (step.name, step.workload))
+    return list(seen.values())
+
 # ------------------------------------------------------------------------------ timing
 def cuda_events_us(fn: Callable[[], object], reps: int = 20, sleep_ms: float = 20.0
                    ) -> list[float]:

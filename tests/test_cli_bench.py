@@ -1,0 +1,51 @@
+"""`lowbit bench` and `lowbit tune --model` on a CPU: the errors a user meets before any GPU
+work, and the network's layer workloads that `tune --model` tunes."""
+
+from __future__ import annotations
+
+import torch
+from typer.testing import CliRunner
+
+from lowbit.cli import ENVIRONMENT_ERROR, USER_ERROR, app
+from lowbit.core import ConvWorkload, GemmWorkload
+from lowbit.runtime.bench import network_workloads
+
+
+def _run(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def test_bench_unknown_model_is_one_user_error():
+    r = _run("bench", "resnet1000")
+    assert r.exit_code == USER_ERROR
+    assert "model must be one of" in r.output and "resnet18" in r.output
+    assert "Traceback" not in r.output
+
+
+def test_bench_without_gpu_is_an_environment_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    r = _run("bench", "resnet18", "--batch", "2")
+    assert r.exit_code == ENVIRONMENT_ERROR
+    assert "needs a CUDA GPU" in r.output
+
+
+def test_network_workloads_are_the_plans_distinct_layers():
+    layers = network_workloads("digits_cnn", 3, "w2a2")
+    keys = [wl.key for _, wl in layers]
+    assert len(keys) == len(set(keys)) >= 3
+    convs = [wl for _, wl in layers if isinstance(wl, ConvWorkload)]
+    gemms = [wl for _, wl in layers if isinstance(wl, GemmWorkload)]
+    assert convs and gemms
+    assert all(wl.N == 3 for wl in convs) and all(wl.M == 3 for wl in gemms)
+    # the recipe: first conv and classifier at 8 bits, the rest at w2a2 on bit planes
+    assert (convs[0].w.bits, convs[0].a.bits) == (8, 8)
+    assert (gemms[-1].w.bits, gemms[-1].a.bits) == (8, 8)
+    middle = convs[1:]
+    assert middle and all((wl.w.bits, wl.a.bits) == (2, 2) for wl in middle)
+    assert all(wl.a_layout.value == "bitplane" for wl in middle)
+
+
+def test_tune_model_rejects_unknown_network():
+    r = _run("tune", "--model", "nonet", "--trials", "1")
+    assert r.exit_code == USER_ERROR
+    assert "--model must be one of" in r.output
