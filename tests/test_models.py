@@ -75,3 +75,17 @@ def test_bad_arguments():
         zoo.get("alexnet", weights=3)
     with pytest.raises(TypeError, match="image_size"):
         zoo.get("resnet18", image_size=32)
+
+
+def test_zoo_models_name_their_architecture_for_save(tmp_path):
+    """lowbit.save rebuilds a zoo model from its own `lowbit_arch`: no arch= needed."""
+    import lowbit
+
+    m = zoo.get("digits_cnn", num_classes=10, width=0.5)
+    assert m.lowbit_arch == {"zoo": "digits_cnn", "kwargs": {"num_classes": 10, "width": 0.5}}
+    q = lowbit.quantize(m, weight_bits=2, act_bits=2)
+    lowbit.calibrate(q, [torch.randn(4, 1, 8, 8)])
+    c = lowbit.convert(q)
+    lowbit.save(c, tmp_path / "m.safetensors")
+    x = torch.randn(3, 1, 8, 8)
+    assert torch.equal(c(x), lowbit.load(tmp_path / "m.safetensors")(x))

@@ -83,6 +83,8 @@ def get(name: str, num_classes: int = 1000, weights: object = None,
         if missing or unexpected:
             raise ValueError(f"weights do not fit {name}: missing {missing[:5]}, unexpected "
                              f"{unexpected[:5]}")
+    # names the architecture, so lowbit.save can rebuild it without arch= (serialize.arch)
+    model.lowbit_arch = {"zoo": name, "kwargs": {"num_classes": num_classes, **options}}
     return model
 
 
