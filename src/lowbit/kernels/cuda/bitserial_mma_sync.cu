@@ -1,4 +1,11 @@
-// One output tile per block (grid = all tiles), mma.sync. Needs bitserial_common.cu before it.
+// Template cuda.bitserial_mma_sync: one output tile per block (grid = all tiles), mma.sync
+// m16n8k256 b1 AND per warp, fragments loaded from the cp.async stages; optionally the
+// duplicate-aware halo load (HALO) and split-K (SPLIT_K: grid.z blocks per tile, the last to
+// arrive runs the epilogue). sm_80 and newer.
+
+#include "bitserial_common.cu"
+#include "bitserial_mma_sync_stage.cu"
+#include "bitserial_split_k.cu"
 
 extern "C" __global__ void __launch_bounds__(THREADS) bitserial_kernel(BITSERIAL_KERNEL_PARAMS) {
   extern __shared__ __align__(16) u32 smem[];
@@ -27,11 +34,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_kernel(BITSERIAL
     {
       const int next = kt + STAGES - 1;
       if (next < k1)
-        load_stage(x, w, smem + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
+        CUT_LOADS load_stage(x, w, smem + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
       copy_commit();
     }
     const u32* sa = smem + ((kt - k0) % STAGES) * STAGE_WORDS;
-    mma_sync_stage(acc, rsum, sa, sa + A_STAGE_WORDS, warp_m, warp_n, lane);
+    CUT_MMA mma_sync_stage(acc, rsum, sa, sa + A_STAGE_WORDS, warp_m, warp_n, lane);
   }
   copy_wait<0>();
   chain_mmas_issued();
@@ -42,5 +49,5 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_kernel(BITSERIAL
     if (!split_arrive(split_count, tid)) return;
   }
   u32* s_out = smem;  // packing tile over the operand stages, once every warp is done with them
-  tile_epilogue(acc, rsum, m0, n0, warp_m * WM, warp_n * WN, lane, tid, ea, s_out);
+  CUT_EPILOGUE tile_epilogue(acc, rsum, m0, n0, warp_m * WM, warp_n * WN, lane, tid, ea, s_out);
 }

@@ -1,10 +1,13 @@
-// Tap-shift conv on Hopper warpgroup MMA (TAP_SHIFT=1, sm_90a; geometry in tap_shift.py, which
-// renders VQ, VP, SHIFT_BASE, SLAB_PIX, ... and the SHIFT_* tables before this file). One
+// Template cuda.bitserial_tap_shift: the tap-shift conv on Hopper warpgroup MMA (sm_90a;
+// geometry in tap_shift.py, which renders VQ, VP, SHIFT_BASE, SLAB_PIX, ... and the SHIFT_*
+// tables with the parameters), one tile per block or persistent (PERSIST). One
 // output tile of BM virtual rows per block: the block copies its input slab (every channel
 // group, cp.async, zeros at padding) and its weights once, then issues every k256 step as a
 // wgmma whose A descriptor points into the slab at the tap's shift: no im2col copies, no
-// per-step barriers. Needs bitserial_common.cu, the rendered wgmma wrappers and
-// bitserial_wgmma_common.cu before it.
+// per-step barriers.
+
+#include "bitserial_common.cu"
+#include "bitserial_wgmma_common.cu"
 
 // Shared memory: the weights of every channel group ([GROUPS][B_GROUP_WORDS], wgmma B layout),
 // then the input slab of every group ([GROUPS][A_GROUP_WORDS]; persistent blocks keep
@@ -13,12 +16,12 @@ constexpr int A_SHIFT_PLANE = GROUP_CHUNKS * SLAB_PIX * 4;           // words pe
 constexpr int A_GROUP_WORDS = (Q_BITS * A_SHIFT_PLANE + 63) / 64 * 64;  // 256-byte aligned
 constexpr int B_GROUP_WORDS = (GROUP_STEPS * B_ROWS * 8 + 63) / 64 * 64;
 constexpr int SLABS_WORDS = GROUPS * A_GROUP_WORDS;
-// Persistent blocks keep SLAB_BUFFERS = 3 slabs (rendered, bitserial.slab_buffers). STAGES = 3:
+// Persistent blocks keep SLAB_BUFFERS = 3 slabs (rendered, bitserial_layout.slab_buffers). STAGES = 3:
 // the slab two tiles ahead loads into the buffer the previous tile released while this one
 // computes (one barrier per tile). STAGES = 4 (PINGPONG): the next tile's MMAs run during this
 // tile's epilogue too, in a second accumulator set, while the tile after that loads.
 constexpr bool PINGPONG = PERSIST && STAGES == 4;
-static_assert(SLAB_BUFFERS == (PERSIST ? 3 : 1), "bitserial.slab_buffers");
+static_assert(SLAB_BUFFERS == (PERSIST ? 3 : 1), "bitserial_layout.slab_buffers");
 constexpr int ONES_OFFSET = GROUPS * B_GROUP_WORDS + TEAMS * SLAB_BUFFERS * SLABS_WORDS;
 // TEAMS = 2 (persistent, STAGES = 3): two teams of warpgroups in one block share the resident
 // weights and take the block's row tiles in turn, each with its own slab buffers, barrier
@@ -53,7 +56,7 @@ constexpr int SLAB_COPIES = SLAB_PIX * GROUP_CHUNKS * PER_ENTRY;
 constexpr int SLAB_SLOTS = (SLAB_COPIES + THREADS - 1) / THREADS;
 constexpr int COPY_WORDS = 4 / PER_ENTRY;  // CW, or 4 (one 16-byte chunk) for C >= 128
 // ROW_TABLE=2: each copy's input pixel from the bound table of virtual input positions
-// (bitserial.row_table, after the rows' entries: vpix[f + SHIFT_BASE] = pixel of position f,
+// (bitserial_tables.row_table, after the rows' entries: vpix[f + SHIFT_BASE] = pixel of position f,
 // -1 in the margin) instead of carries and bounds tests (~30 instructions per copy, two to
 // three copies per thread and tile at C = 64). off[k]: copy k's position offset from the
 // tile's first row plus SHIFT_BASE; d[k]: the same split into (image, row, column).
@@ -180,12 +183,12 @@ constexpr int POP_BUFFERS = POP_OWN ? 2 : 1;
 static_assert(!ROWSUM_SLAB || (PERSIST && !PINGPONG && NEED_ROWSUM),
               "ROWSUM_SLAB: binary weights, persistent tap-shift kernel, STAGES = 3");
 
-// THR_SMEM (THR_SLOTS > 0, rendered by bitserial.threshold_slots): a persistent block's
+// THR_SMEM (THR_SLOTS > 0, rendered by bitserial_layout.threshold_slots): a persistent block's
 // columns are fixed, so it copies its BN columns' thresholds to shared memory once, after the
 // packing tiles, and the epilogue's threshold loads (per tile and lane, NT column pairs of
 // 16-byte loads for two-bit outputs; for binary activations one 8-byte load per row and pair)
 // hit shared memory instead of L1 / L2. Without binary activations every row compares with
-// the one per-column table (bitserial.epilogue_thresholds: THR_SLOTS = 1); with them, each tap
+// the one per-column table (bitserial_tables.epilogue_thresholds: THR_SLOTS = 1); with them, each tap
 // rectangle an output pixel has gets a slot (RECT_OF_SLOT: its part-3 rows of wtap), and the
 // row table holds the rows' slots instead of their rectangle ids (one slot where pad = 0).
 constexpr bool THR_SMEM = THR_SLOTS > 0;
@@ -310,7 +313,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift(BITS
   chain_begin();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wg_m = wg / WARPS_N, wg_n = wg % WARPS_N;
-  const int m0 = blockIdx.y * BM;  // virtual rows < 2^31 (bitserial.py)
+  const int m0 = blockIdx.y * BM;  // virtual rows < 2^31 (the template's constraints)
   const int n0 = blockIdx.x * BN;
   u32* weights = smem;
   u32* slabs = smem + GROUPS * B_GROUP_WORDS;
@@ -335,7 +338,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift(BITS
     fence_proxy_async();
     __syncthreads();  // group grp landed everywhere
     wgmma_fence();
-    shift_group_steps(acc, rsum, slabs, weights, ones, grp, wg_m, wg_n, acc_in);
+    CUT_MMA shift_group_steps(acc, rsum, slabs, weights, ones, grp, wg_m, wg_n, acc_in);
     wgmma_commit();
   }
   chain_mmas_issued();
@@ -343,7 +346,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bitserial_wgmma_shift(BITS
 
   const EpilogueArgs ea = BITSERIAL_EPILOGUE_ARGS;
   // the packing tile over the operands, once every warpgroup is done
-  tile_epilogue(acc, rsum, m0, n0, wg_m * 64 + (warp & 3) * 16, wg_n * WN, lane, tid, ea, smem);
+  CUT_EPILOGUE tile_epilogue(acc, rsum, m0, n0, wg_m * 64 + (warp & 3) * 16, wg_n * WN, lane, tid, ea, smem);
 }
 
 // cp.async every channel group's slab of row tile t (nothing past the last tile; its copies'
@@ -480,20 +483,20 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_shif
         rows = shift_rows(tile, lane_d, n0, row0, col0, lane, ea);
         wgmma_wait<1>();   // this tile's MMAs are done
         __syncthreads();   // every warpgroup's MMAs are done with this tile's slab
-        load_slabs(x, slab, tile + SLAB_BUFFERS * step,
+        CUT_LOADS load_slabs(x, slab, tile + SLAB_BUFFERS * step,
                    slab_pixels(vpix, tile + SLAB_BUFFERS * step, slots, tid), tid);
       } else {
         mma_turn_wait(team, it == 0);  // the other team's tile gridDim.y back is issued
-        shift_tile_mma(cur, cur_rs, slab, weights, ones, wg_m, wg_n);
+        CUT_MMA shift_tile_mma(cur, cur_rs, slab, weights, ones, wg_m, wg_n);
         mma_turn_pass(team, tile + (int)gridDim.y < ROW_TILES);  // its tile gridDim.y on
         // while the MMAs run: the slab two tiles on, into the buffer the previous tile released
         if constexpr (SLAB_TABLE) {
-          load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS, tile + 2 * step,
-                     pix_ahead, tid);
+          CUT_LOADS load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS,
+                               tile + 2 * step, pix_ahead, tid);
           pix_ahead = slab_pixels(vpix, tile + 3 * step, slots, tid);
         } else {
-          load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS, tile + 2 * step,
-                     slab_pixels(vpix, tile + 2 * step, slots, tid), tid);
+          CUT_LOADS load_slabs(x, slabs + ((it + 2) % SLAB_BUFFERS) * SLABS_WORDS,
+                               tile + 2 * step, slab_pixels(vpix, tile + 2 * step, slots, tid), tid);
         }
         if constexpr (POP_OWN) {  // the next tile's slab (garbage past the last: never read)
           copy_wait<1>();
@@ -518,7 +521,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_shif
           for (int h = 0; h < 2; ++h)
             rows.rowp[mi][h] = lane_thr + (RECT_THR ? rows.rect[mi][h] * SLOT_WORDS : 0);
       }
-      tile_epilogue(cur, cur_rs, rows, tile * BM, n0, row0, col0, lane, tid, ea, s_out);
+      CUT_EPILOGUE tile_epilogue(cur, cur_rs, rows, tile * BM, n0, row0, col0, lane, tid, ea, s_out);
     }
   }
   wgmma_wait<0>();
