@@ -69,8 +69,8 @@ class KnobDef:
             return None
         for other, allowed in {**self.requires, **self.value_requires.get(value, {})}.items():
             if config[other] not in allowed:
-                want = allowed[0] if len(allowed) == 1 else f"one of {allowed}"
-                return f"{self.name}={value!r} needs {other}={want!r} (got {config[other]!r})"
+                return (f"{self.name}={value!r} needs {_needs({other: allowed})} "
+                        f"(got {config[other]!r})")
         return None
 
 

@@ -33,8 +33,8 @@ from .nvrtc import CompileError, CudaError, CudaKernel, compile_cubin, compile_p
 for _template in (*FAMILIES, INT8_WGMMA):
     register(_template)
 
-__all__ = ["BY_NAME", "FAMILIES", "INT8_WGMMA", "LEGACY", "MMA_SYNC", "MMA_SYNC_PERSISTENT", "S4_TEMPLATE",
-           "S8_TEMPLATE", "TAP_SHIFT", "WGMMA", "WGMMA_PERSISTENT", "BitserialFamily",
-           "BitserialKernel", "CompileError", "CudaError", "CudaKernel", "Int8WgmmaTemplate",
-           "MmaConvTemplate", "compile_cubin", "compile_ptx", "default_bitserial", "family_of",
-           "kernel_spec", "load_kernel", "migrate_config"]
+__all__ = ["BY_NAME", "FAMILIES", "INT8_WGMMA", "LEGACY", "MMA_SYNC", "MMA_SYNC_PERSISTENT",
+           "S4_TEMPLATE", "S8_TEMPLATE", "TAP_SHIFT", "WGMMA", "WGMMA_PERSISTENT",
+           "BitserialFamily", "BitserialKernel", "CompileError", "CudaError", "CudaKernel",
+           "Int8WgmmaTemplate", "MmaConvTemplate", "compile_cubin", "compile_ptx",
+           "default_bitserial", "family_of", "kernel_spec", "load_kernel", "migrate_config"]

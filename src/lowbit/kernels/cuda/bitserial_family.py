@@ -22,7 +22,6 @@ from ...core.space import Constraint, Scalar
 from ..base import KernelTemplate
 from . import bitserial_defaults as defaults
 from .bitserial_layout import (
-    RESIDENT_STAGES,
     acc_planes,
     acc_regs,
     block_rows,
@@ -176,13 +175,6 @@ def k_slices(wl: Workload, c: Mapping) -> str | None:
     cols, rows = tile_grid(wl, c)
     if cols * rows >= SPLIT_K_MAX_TILES:
         return f"{cols * rows} tiles fill the GPU without splitting a block's k tiles"
-    return None
-
-
-def stages_resident(wl: Workload, c: Mapping) -> str | None:
-    if (c["STAGES"] == RESIDENT_STAGES) != bool(c["A_IN_HALO"]):
-        return (f"STAGES={RESIDENT_STAGES} (every k tile resident) is A_IN_HALO=1's, whose "
-                "stages hold weights only, and A_IN_HALO=1's only")
     return None
 
 

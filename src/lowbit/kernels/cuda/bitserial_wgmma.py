@@ -30,7 +30,6 @@ from .bitserial_family import (
     registers,
     row_indices,
     shared_memory,
-    stages_resident,
     tile_waste,
     warp_tiles,
     wgmma_n,
@@ -132,9 +131,6 @@ class WgmmaTemplate(BitserialFamily):
     fixes: ClassVar[Mapping[str, Scalar]] = {"MMA": "wgmma", "WM": 64}
     knobs = KnobTable(
         *TILES,
-        KnobDef("STAGES", (3, 4, 6, RESIDENT_STAGES), "cp.async pipeline stages (one stays "
-                f"in flight; {RESIDENT_STAGES}: A_IN_HALO's weight-only stages, every k tile "
-                "resident)"),
         KnobDef("HALO", (0, 1), "1: the block's input rows plus halo copied once into shared "
                 "memory, the im2col tiles gathered from there", applies=kernel_window),
         KnobDef("A_IN_HALO", (0, 1), "1: a block tile is a BM / 8 x 8 tile of output pixels "
@@ -142,6 +138,9 @@ class WgmmaTemplate(BitserialFamily):
                 "the wgmma descriptors address every tap's A tile in place (no im2col), the "
                 "stages carry the weights only", requires={"HALO": (1,)},
                 applies=in_place_geometry),
+        KnobDef("STAGES", (3, 4, 6, RESIDENT_STAGES), "cp.async pipeline stages (one stays "
+                f"in flight; {RESIDENT_STAGES}: A_IN_HALO's weight-only stages, every k tile "
+                "resident)", value_requires={RESIDENT_STAGES: {"A_IN_HALO": (1,)}}),
         KnobDef("BULK_WEIGHTS", (0, 1), "1: each k tile's weights as one bulk copy on an "
                 "mbarrier from a stage image made at bind (every k tile resident)",
                 requires={"A_IN_HALO": (1,)}),
@@ -164,7 +163,7 @@ class WgmmaTemplate(BitserialFamily):
         KnobDef("ROW_TABLE", (0, 1), ROW_TABLE_DOC,
                 requires={"A_IN_HALO": (0,), "ROWSUM": ("mma", "cols")}),
         REQUANT, THR_PAIRS, SWIZZLE)
-    checks = (warp_tiles, wgmma_n, stages_resident, in_place_slabs, bulk_resident, tma_blocks,
+    checks = (warp_tiles, wgmma_n, in_place_slabs, bulk_resident, tma_blocks,
               halo_slab, ones_columns, row_indices, k_slices, registers, shared_memory,
               copy_chunks, bitplane_words, tile_waste)
 

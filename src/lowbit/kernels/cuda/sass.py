@@ -49,16 +49,18 @@ def kernel_instructions(cubin: bytes) -> dict[str, list[str]]:
         f.flush()
         text = subprocess.run([tool, "-c", f.name], capture_output=True, text=True,
                               check=True).stdout
-    out = {}
-    for part in text.split("\t.section\t.text.")[1:]:
-        name = part.split(",", 1)[0]
-        labels: dict[str, str] = {}
+    return {part.split(",", 1)[0]: _renumbered([m[1] for m in _INSTR.finditer(part)])
+            for part in text.split("\t.section\t.text.")[1:]}
 
-        def label(m: re.Match) -> str:
-            return labels.setdefault(m[0], f".L{len(labels)}")
 
-        out[name] = [_LABEL.sub(label, m[1]) for m in _INSTR.finditer(part)]
-    return out
+def _renumbered(instructions: list[str]) -> list[str]:
+    """Branch labels renumbered in order of first use."""
+    labels: dict[str, str] = {}
+
+    def label(m: re.Match) -> str:
+        return labels.setdefault(m[0], f".L{len(labels)}")
+
+    return [_LABEL.sub(label, i) for i in instructions]
 
 
 def opcodes(instructions: list[str]) -> list[str]:
