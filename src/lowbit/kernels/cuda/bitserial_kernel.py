@@ -4,7 +4,7 @@ and launch many times (CUDA-graph capture, timing, chained layers)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
 import torch
@@ -45,7 +45,8 @@ class KernelSource(Protocol):
 
     def kernel_name(self, config: Mapping) -> str: ...
 
-    def render(self, workload: Workload, config: Mapping, chained: int = 0) -> str: ...
+    def render(self, workload: Workload, config: Mapping, chained: int = 0,
+               cuts: Collection[str] = ()) -> str: ...
 
 
 def chain_trigger(blocks: int, per_sm: int, sms: int, persistent: bool) -> str:
@@ -64,16 +65,17 @@ def chain_trigger(blocks: int, per_sm: int, sms: int, persistent: bool) -> str:
 class BitserialKernel:
     """Compiled bit-serial kernel for one (workload, config) of `family`; call as
     kernel(x, w, params). `config` is the family's config (what records store); `spec` its
-    full parameters."""
+    full parameters. `cuts`: probes only (`bitserial_render.CUTS`; the output is garbage)."""
 
     def __init__(self, family: KernelSource, workload: Workload, config: Config,
-                 arch: str | None = None) -> None:
+                 arch: str | None = None, cuts: Collection[str] = ()) -> None:
         self.family = family
         self.template = family.name
         self.workload = workload
         self.config = config
         self.spec = family.spec(config)
-        self.source = family.render(workload, config)
+        self.cuts = tuple(cuts)
+        self.source = family.render(workload, config, cuts=self.cuts)
         self.arch = arch or device_arch()
         cubin = compile_cubin(self.source, self.arch)
         self._persistent = bool(self.spec["PERSIST"])
@@ -92,7 +94,8 @@ class BitserialKernel:
         kernel's launch at `trigger` (`CHAIN_TRIGGERS`; compiled on first use)."""
         mode = CHAIN_TRIGGERS[trigger]
         if mode not in self._chained:
-            source = self.family.render(self.workload, self.config, chained=mode)
+            source = self.family.render(self.workload, self.config, chained=mode,
+                                        cuts=self.cuts)
             cubin = compile_cubin(source, self.arch)
             self._chained[mode] = (CudaKernel(cubin, self._name),
                                    CudaKernel(cubin, "bitserial_xpop"))
