@@ -48,7 +48,8 @@ from lowbit.kernels.cuda import bitserial_layout as layout
 from lowbit.kernels.cuda import bitserial_shape as shape
 from lowbit.kernels.cuda import bitserial_tables as tables
 from lowbit.kernels.cuda.bitserial_kernel import CHAIN_TRIGGERS, chain_trigger
-from lowbit.kernels.cuda.nvrtc import compile_ptx, device_arch
+from lowbit.kernels.cuda.nvrtc import compile_cubin, compile_ptx, device_arch
+from lowbit.kernels.cuda.sass import nvdisasm_path, sass_summary
 from lowbit.reference import random_inputs, run
 
 BP = Layout.BITPLANE
@@ -203,7 +204,7 @@ def test_old_configs_migrate_into_their_family_unchanged():
     for (text, arch), size in sorted(sizes.items())[::7]:  # a few: listing takes ~0.1-1 s
         wl = workload_from_json(text)
         assert sum(len(f.space(wl, arch)) for f in FAMILIES
-                   if f.supports(wl) and not f.arch_reason(arch)) == size
+                   if f.workload_reason(wl) is None and not f.arch_reason(arch)) == size
 
 
 def test_migration_of_partial_and_int8_records():
@@ -248,6 +249,24 @@ def test_defaults_pick_the_recorded_kernels():
             assert BY_NAME[name].default_config(wl, entry["arch"]) == cfg, entry["role"]
         checked += 1
     assert checked >= 700
+
+
+def test_default_kernels_compile_to_the_recorded_sass():
+    """The first recorded default of each (family, arch), int8 included, migrated and rendered
+    by its family's template, compiles to the SASS instructions recorded before the split
+    (benchmarks/sass_check.py checks every recorded default)."""
+    if nvdisasm_path() is None:
+        pytest.skip("needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
+    picked: dict[tuple[str, str], dict] = {}
+    for entry in baseline()["entries"]:
+        name, _ = migrate_config(entry["template"], entry["config"])
+        picked.setdefault((name, entry["arch"]), entry)
+    for (name, arch), entry in sorted(picked.items()):
+        wl = workload_from_json(entry["workload_json"])
+        cfg = migrate_config(entry["template"], entry["config"])[1]
+        cubin = compile_cubin(BY_NAME[name].render(wl, cfg), arch)
+        assert sass_summary(cubin) == entry["sass"], (name, arch, entry["workload"])
+    assert len(picked) == 8  # 5 families on sm_90a, the mma.sync two on sm_80, int8
 
 
 def test_defaults_requantize_by_thresholds_where_allowed():

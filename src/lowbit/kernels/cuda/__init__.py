@@ -21,9 +21,10 @@ from .bitserial_families import (
     kernel_spec,
     migrate_config,
 )
-from .bitserial_family import BitserialFamily
+from .bitserial_family import BitserialFamily, target_arch
 from .bitserial_kernel import BitserialKernel
 from .bitserial_mma_sync import MMA_SYNC, MMA_SYNC_PERSISTENT
+from .bitserial_shape import WGMMA_ARCH
 from .bitserial_tap_shift import TAP_SHIFT
 from .bitserial_wgmma import WGMMA, WGMMA_PERSISTENT
 from .int8_wgmma import INT8_WGMMA, Int8WgmmaTemplate
@@ -34,7 +35,8 @@ for _template in (*FAMILIES, INT8_WGMMA):
     register(_template)
 
 __all__ = ["BY_NAME", "FAMILIES", "INT8_WGMMA", "LEGACY", "MMA_SYNC", "MMA_SYNC_PERSISTENT",
-           "S4_TEMPLATE", "S8_TEMPLATE", "TAP_SHIFT", "WGMMA", "WGMMA_PERSISTENT",
+           "S4_TEMPLATE", "S8_TEMPLATE", "TAP_SHIFT", "WGMMA", "WGMMA_ARCH", "WGMMA_PERSISTENT",
            "BitserialFamily", "BitserialKernel", "CompileError", "CudaError", "CudaKernel",
            "Int8WgmmaTemplate", "MmaConvTemplate", "compile_cubin", "compile_ptx",
-           "default_bitserial", "family_of", "kernel_spec", "load_kernel", "migrate_config"]
+           "default_bitserial", "family_of", "kernel_spec", "load_kernel", "migrate_config",
+           "target_arch"]

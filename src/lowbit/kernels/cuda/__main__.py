@@ -41,11 +41,11 @@ def listing(wl: Workload | None, arch: str) -> list[str]:
         if reason:
             lines += [f"  on {wl.key} ({arch}): not supported: {reason}", ""]
             continue
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         size = len(family.space(wl, arch))
-        took = time.perf_counter() - start
-        lines.append(f"  on {wl.key} ({arch}): {size} configs (listed in {took:.2f} s); "
-                     f"default {dict(family.default_config(wl, arch))}")
+        took, cpu = time.perf_counter() - start, time.process_time() - cpu
+        lines.append(f"  on {wl.key} ({arch}): {size} configs (listed in {took:.2f} s, "
+                     f"{cpu:.2f} s of CPU); default {dict(family.default_config(wl, arch))}")
         lines.append("")
     if wl is not None:
         family, config = default_bitserial(wl, arch)

@@ -216,6 +216,13 @@ class BitserialFamily(KernelTemplate):
     kind: ClassVar[str]
     summary: ClassVar[str] = ""
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        """The family's docstring lists its knobs, from its table (declared once)."""
+        super().__init_subclass__(**kwargs)
+        if "knobs" in cls.__dict__:
+            cls.__doc__ = "\n".join([(cls.__doc__ or "").rstrip(), "", "Knobs:",
+                                     *cls.knobs.describe(indent="    ")])
+
     @property
     def fixed(self) -> dict[str, Scalar]:
         """Every parameter outside the knob table, at this family's value."""
