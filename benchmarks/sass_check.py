@@ -7,8 +7,10 @@ outputs on three layers; the benchmarks' GEMM 4096 and APNN-TC conv too) and for
 instructions (`lowbit.kernels.cuda.sass`: NVRTC cubin, nvdisasm, addresses dropped, branch
 labels renumbered per kernel). It was recorded from the single `cuda.bitserial` template
 (commit 1752cab) before its split into families, by benchmarks/sass_baseline_record.py (in git
-history); its configs are in that template's form, with the role they had ("default" /
-"default_sm80": `default_config(wl)`; "<family>@<arch>": the family's preferred default).
+history: commit 8b5a335); its configs are in that template's form, with the role they had
+("default" / "default_sm80": `default_config(wl)`; "<family>@<arch>": the family's preferred
+default), and a sample of the single template's spaces (tests/test_cuda_bitserial.py reads
+both). Checked after the split: 798 of 798 entries, 2,616 kernels, the same instructions.
 
 `python benchmarks/sass_check.py [--limit N] [--jobs J] [--sample K]` migrates each recorded
 config (`lowbit.kernels.cuda.migrate_config`), checks that the family's `default_config` (or

@@ -624,7 +624,7 @@ def _compile_sample() -> list[tuple[object, Config]]:
 def test_nvrtc_compiles_sample_configs(arch):
     """Sampled mma.sync configs compile one tile per block, persistent and with the halo."""
     built = 0
-    for wl, cfg in _compile_sample()[::2 if arch == "sm_80" else 1]:
+    for wl, cfg in _compile_sample():
         for persist, halo in ((0, 0), (1, 0), (0, 1)):  # both mma.sync bodies, halo load
             cfg = cfg.replace(PERSIST=persist, HALO=halo)
             if why_invalid(wl, cfg, arch) is None:
@@ -633,15 +633,17 @@ def test_nvrtc_compiles_sample_configs(arch):
                 assert kernel._main.name == ("bitserial_persistent" if persist
                                              else "bitserial_kernel")
                 built += 1
-    assert built >= 6
+    assert built >= 12
 
 
 def test_nvrtc_compiles_wgmma_sample_configs():
-    """Per sampled workload: the defaults, the halo twin and a random config of each wgmma
-    family without tap-shift (tap-shift: its own test file) compile for sm_90a."""
+    """Per sampled workload: the default, the plain default's halo twin and a random config of
+    each wgmma family without tap-shift (tap-shift: its own test file) compile for sm_90a."""
     rng, built = random.Random(9), 0
-    for wl, _ in _compile_sample()[1::2]:
-        cases = [(WGMMA, WGMMA.default_config(wl, ARCH90, plain=True).replace(HALO=1)),
+    for wl, _ in _compile_sample():
+        family, default = default_bitserial(wl, ARCH90)
+        cases = [(family, default),
+                 (WGMMA, WGMMA.default_config(wl, ARCH90, plain=True).replace(HALO=1)),
                  (WGMMA, WGMMA.space(wl, ARCH90).sample(1, rng)[0]),
                  (WGMMA_PERSISTENT, WGMMA_PERSISTENT.space(wl, ARCH90).sample(1, rng)[0])]
         for family, cfg in cases:
@@ -651,7 +653,7 @@ def test_nvrtc_compiles_wgmma_sample_configs():
             assert kernel._main.cubin[:4] == b"\x7fELF"
             assert kernel._main.name == family.kernel_name(cfg)
             built += 1
-    assert built == 12
+    assert built == 32
 
 
 def _chained_configs(arch):
@@ -769,8 +771,8 @@ def _split_config(wl, changes, arch):
 
 @pytest.mark.parametrize("arch", ["sm_80", ARCH90])
 def test_nvrtc_compiles_split_k(arch):
-    """Split-K, the mma.sync one-tile kernel's: every case compiles (sm_80: every other)."""
-    for wl, changes in SPLIT_CASES[::2 if arch == "sm_80" else 1]:
+    """Split-K, the mma.sync one-tile kernel's: every case compiles."""
+    for wl, changes in SPLIT_CASES:
         kernel = MMA_SYNC.build(wl, _split_config(wl, changes, arch), arch=arch)
         assert kernel._main.cubin[:4] == b"\x7fELF"
         assert "constexpr int SPLIT_K = " + str(changes["SPLIT_K"]) in kernel.source

@@ -48,6 +48,7 @@ B1, U1, U2, S2, S3, U4 = (Precision(1, "binary"), Precision(1), Precision(2),
                           Precision(2, "signed"), Precision(3, "signed"), Precision(4))
 U3 = Precision(3)
 S2_OUT = Epilogue(bias=True, out=Precision(2, "signed"), out_layout=Layout.BITPLANE)
+SHIFT = "bitserial_tap_shift.cu"  # the tap-shift kernels' file, which mutation tests edit
 
 
 def _shape(n, h, w, c, r, s, pad):
@@ -153,14 +154,14 @@ def test_nvrtc_compiles_tap_shift_for_sm90a():
         space = TAP_SHIFT.space(wl, ARCH90).all_configs()
         pingpong = [c for c in space if c["STAGES"] == 4]
         teams = [c for c in space if c["TEAMS"] == 2]
-        for cfg in [rng.choice(space), *rng.sample(pingpong, min(1, len(pingpong))),
+        for cfg in [*rng.sample(space, 2), *rng.sample(pingpong, min(1, len(pingpong))),
                     *rng.sample(teams, min(1, len(teams)))]:
             kernel = TAP_SHIFT.build(wl, cfg, arch=ARCH90)
             assert kernel._main.cubin[:4] == b"\x7fELF"
             assert kernel._main.name == TAP_SHIFT.kernel_name(cfg)
             assert kernel._main.name.startswith("bitserial_wgmma_shift")
             built += 1
-    assert built >= 7
+    assert built >= 10
 
 
 # (id, workload, knob changes to the wgmma default): every slab layout (C <= 32: 4 positions
@@ -401,7 +402,7 @@ def test_emulation_catches_wrong_ones_columns(edit, monkeypatch):
     wl = conv(B1, U2, EPILOGUES[0], N=2, H=5, W=6, C=32, K=40)  # int32 out: every sum shows
     cfg = _shift_config(wl, {"PERSIST": 1, "BM": 64, "BN": 32, "WN": 32, "ROWSUM": "cols"})
     assert _check(wl, cfg, seed=3)
-    edit_kernel(monkeypatch, *edit)
+    edit_kernel(monkeypatch, *edit, file=SHIFT)
     assert not _check(wl, cfg, seed=3)
 
 
@@ -418,7 +419,7 @@ def test_emulation_catches_a_wrong_slab_rowsum(edit, c, monkeypatch):
     between warps a tile apart, which the emulation's schedule does not produce.)"""
     wl = conv(B1, U2, EPILOGUES[1], N=2, H=5 if c > 128 else 11, W=6, C=c, K=40)
     cfg = _shift_config(wl, {"PERSIST": 1, "BM": 64, "BN": 32, "WN": 32, "ROWSUM": "slab"})
-    edit_kernel(monkeypatch, *edit)
+    edit_kernel(monkeypatch, *edit, file=SHIFT)
     assert not _check(wl, cfg, seed=2)
 
 
@@ -444,7 +445,7 @@ def test_emulation_catches_teams_in_each_others_way(edit, c, wn, monkeypatch):
     bits into the same shared-memory tile, is caught."""
     wl = conv(S2, U2, EPILOGUES[1], N=2, H=7, W=9, C=c, K=64)
     cfg = _shift_config(wl, {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": wn})
-    edit_kernel(monkeypatch, *edit)
+    edit_kernel(monkeypatch, *edit, file=SHIFT)
     assert not _check(wl, cfg, seed=4)
 
 
@@ -485,7 +486,7 @@ def test_emulation_catches_wrong_shared_thresholds(edit, teams, monkeypatch):
     wl = conv(B1, U2, EPILOGUES[1], N=2, H=9, W=10, C=128, K=70)
     cfg = _shift_config(wl, {"PERSIST": 1, "TEAMS": teams, "BM": 64, "BN": 32, "WN": 16,
                              "REQUANT": "threshold"})
-    edit_kernel(monkeypatch, *edit)
+    edit_kernel(monkeypatch, *edit, file=SHIFT)
     assert not _check(wl, cfg, seed=6)
 
 
@@ -519,7 +520,7 @@ def test_emulation_reports_an_order_arrival_without_its_partner(monkeypatch):
     wl = conv(S2, U2, EPILOGUES[1], N=2, H=7, W=9, C=512, K=64)
     cfg = _shift_config(wl, {"PERSIST": 1, "TEAMS": 2, "BM": 64, "BN": 32, "WN": 32})
     edit_kernel(monkeypatch, "mma_turn_pass(team, tile + (int)gridDim.y < ROW_TILES)",
-                     "mma_turn_pass(team, true)")
+                "mma_turn_pass(team, true)", file=SHIFT)
     with pytest.raises(RuntimeError, match="named barrier"):
         _check(wl, cfg, seed=4)
 
