@@ -636,6 +636,7 @@ def test_nvrtc_compiles_sample_configs(arch):
     assert built >= 12
 
 
+@pytest.mark.slow  # 32 NVRTC compiles: ~40 s cold on 2 loaded cores
 def test_nvrtc_compiles_wgmma_sample_configs():
     """Per sampled workload: the default, the plain default's halo twin and a random config of
     each wgmma family without tap-shift (tap-shift: its own test file) compile for sm_90a."""

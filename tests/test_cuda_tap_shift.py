@@ -144,6 +144,7 @@ def test_slab_row_sums_only_in_the_persistent_tap_shift_kernel():
             == buffers * -(-plan.slab_pix // 4) * 16 - ones)
 
 
+@pytest.mark.slow  # 10 NVRTC compiles of tap-shift kernels: ~60 s cold on 2 loaded cores
 def test_nvrtc_compiles_tap_shift_for_sm90a():
     """Sampled tap-shift configs compile for sm_90a: one tile per block and persistent, two
     tiles in flight, two teams."""
