@@ -2,7 +2,7 @@
 
 mma.sync m16n8k256 (register fragments, 8 independent accumulators per warp) against wgmma
 m64nNk256 (sm_90a; N = 64, 128, 256; A from shared memory or registers, B from shared memory in
-the unswizzled core-matrix layout or the 32-byte swizzle of `cuda.bitserial`'s SWIZZLE knob;
+the unswizzled core-matrix layout or the 32-byte swizzle of the wgmma families' SWIZZLE knob;
 1 or 2 warpgroups per block, 2 blocks per SM). Reports T bit-ops/s (2 * m * n * k per
 instruction), best of 5 launches timed with CUDA events. The wgmma rows need an sm_90a GPU.
 
@@ -19,7 +19,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common
-from lowbit.kernels.cuda import bitserial
+from lowbit.kernels.cuda.bitserial_render import wgmma_source as wgmma_wrappers
+from lowbit.kernels.cuda.bitserial_shape import WGMMA_ARCH
 from lowbit.kernels.cuda.nvrtc import device_arch, load_kernel
 
 HDR = "typedef unsigned int u32;\ntypedef unsigned long long u64;\n"
@@ -45,9 +46,9 @@ def wgmma_source(n: int, swizzle: int, a_in_registers: bool) -> str:
     one group in flight, on one shared-memory tile (filled once)."""
     desc = ("start | (1ull << 16) | (16ull << 32) | (3ull << 62)" if swizzle
             else "start | (8ull << 16) | (16ull << 32)")
-    call = "wgmma_rs(acc, af, db);" if a_in_registers else "wgmma_planes(acc, da, db);"
-    return (HDR + f"constexpr int P_BITS = 1, MT = 1, NT = {n // 8};\n"
-            + bitserial.wgmma_source(1, n) + (_wgmma_rs(n) if a_in_registers else "") + f"""
+    call = "wgmma_rs(acc, af, db);" if a_in_registers else "wgmma_planes(acc, da, db, 1);"
+    return (HDR + f"constexpr int P_BITS = 1, MT = 1, NT = {n // 8}, RS_REGS = 4;\n"
+            + wgmma_wrappers(1, n) + (_wgmma_rs(n) if a_in_registers else "") + f"""
 __device__ __forceinline__ u64 desc(const u32* p) {{
   const u64 start = ((u64)__cvta_generic_to_shared(p) & 0x3FFFF) >> 4;
   return {desc};
@@ -124,7 +125,7 @@ def main() -> None:
         rows.append({"kind": "mma.sync m16n8k256", "warps_per_block": warps, "blocks_per_sm": 2,
                      "tops": ops / t / 1e12})
         print(rows[-1], flush=True)
-    if device_arch() != bitserial.WGMMA_ARCH:
+    if device_arch() != WGMMA_ARCH:
         print("no wgmma on this GPU")
     else:
         for n in (64, 128, 256):

@@ -9,10 +9,15 @@ few configs), `int_mm_im2col` / `int_mm` (cuBLASLt int8), `cudnn_fp16` (conv) / 
 Timing: CUDA-graph replays (`lowbit.tune.timing.time_us`), median. Floors:
 `lowbit.perfmodel.roofline.workload_floor_us(wl, "bitserial")` with the measured bandwidth.
 
-With --tune-trials N each bit-serial row first runs `lowbit.tune` over the `cuda.bitserial`
-space (N verified trials, records in $LOWBIT_RESULTS_DIR/bitserial_tune.sqlite) and its best
-config joins the row's candidates; --int8-timed adds the tuned int8 configs of
-benchmarks/tuning.py's timed-*.json files (either int8 template) to `int8_best`.
+Configs are handled as kernel parameters (`lowbit.kernels.cuda.kernel_spec`: every family's
+knobs) and built by their family's template; rows name the fastest one's template (`impl`) and
+config, tries their own. Earlier results (of any template, the single "cuda.bitserial" of
+before the split included) are read through `migrate_config`.
+
+With --tune-trials N each bit-serial row first runs `lowbit.tune` over the bit-serial families
+(N verified trials, records in $LOWBIT_RESULTS_DIR/bitserial_tune.sqlite) and its best config
+joins the row's candidates; --int8-timed adds the tuned int8 configs of benchmarks/tuning.py's
+timed-*.json files (either int8 template) to `int8_best`.
 
 Usage: python benchmarks/bitserial.py [--budget-s 300] [--quick] [--layers a,b]
            [--tune-trials 200 --tune-budget-s 90] [--int8-timed timed-*.json]
@@ -46,7 +51,19 @@ from lowbit.core import (
 )
 from lowbit.core.validate import operand_shapes
 from lowbit.core.workloads import load_workloads
-from lowbit.kernels.cuda import BITSERIAL, bitserial
+from lowbit.kernels.cuda import (
+    FAMILIES,
+    LEGACY,
+    MMA_SYNC,
+    WGMMA,
+    default_bitserial,
+    family_of,
+    kernel_spec,
+    migrate_config,
+)
+from lowbit.kernels.cuda import bitserial_family as family_mod
+from lowbit.kernels.cuda import bitserial_layout as layout
+from lowbit.kernels.cuda.bitserial_shape import conv_shape, needs_wtap
 from lowbit.perfmodel.roofline import (
     measure_bandwidth,
     peaks_for,
@@ -72,14 +89,53 @@ L2_BYTES_PER_CYCLE = 64  # per SM, L2 -> shared memory
 BARRIER_CYCLES = 400  # wait for a stage + __syncthreads + first fragment loads
 
 
+def specs_of(wl: Workload) -> list[Config]:
+    """Every config of the bit-serial families this GPU runs, as kernel parameters."""
+    return [f.spec(c) for f in FAMILIES if f.supports(wl) for c in f.space(wl)]
+
+
+def valid(wl: Workload, spec: Config) -> bool:
+    """Whether kernel parameters are a config of a family's space on this GPU."""
+    try:
+        family = family_of(spec)
+    except ValueError:
+        return False
+    return family.supports(wl) and family.space(wl).is_valid(family.config_of(spec))
+
+
+def build(wl: Workload, spec: Config):
+    family = family_of(spec)
+    return family.build(wl, family.config_of(spec))
+
+
+def kind_default(wl: Workload, mma: str) -> Config:
+    """The default kernel parameters of an MMA kind: `default_bitserial` for wgmma (sm_90a),
+    the mma.sync one-tile family's default for mma.sync."""
+    if mma == "wgmma":
+        family, cfg = default_bitserial(wl)
+        return family.spec(cfg)
+    return MMA_SYNC.spec(MMA_SYNC.default_config(wl))
+
+
+def plain_spec(wl: Workload, mma: str = "wgmma") -> Config:
+    """The plain default (no regime defaults) of an MMA kind's one-tile family."""
+    family = WGMMA if mma == "wgmma" else MMA_SYNC
+    return family.spec(family.default_config(wl, plain=True))
+
+
+def tried_spec(row: dict, tried: dict) -> Config:
+    """The kernel parameters of a result row's try (rows before the split: "cuda.bitserial")."""
+    return kernel_spec(tried.get("template", row.get("impl", LEGACY)), tried["config"])
+
+
 def estimate_us(wl: Workload, c: Config) -> float:
     """Rough time of a config (ranks candidates only; the measurement decides): tensor-core vs
     shared-memory cycles per tile, resident blocks per SM, and exposed latency per wave unless
     the kernel is persistent."""
-    sh = bitserial.conv_shape(wl)
+    sh = conv_shape(wl)
     p, q = wl.w.bits, wl.a.bits
     wm, wn = c["BM"] // c["WM"], c["BN"] // c["WN"]
-    ktiles = bitserial.k_tiles(wl, c)
+    ktiles = layout.k_tiles(wl, c)
     ksteps = ktiles * c["KT"]
     mma = (c["BM"] // 16) * (c["BN"] // 8) * p * q * ksteps
     if wl.w.encoding.value == "binary":
@@ -90,9 +146,9 @@ def estimate_us(wl: Workload, c: Config) -> float:
         smem_bytes = (q * c["BM"] * wn + p * c["BN"] * wm) * 32 * ksteps
     l2_bytes = (q * c["BM"] + p * c["BN"]) * 32 * ksteps  # operand tiles streamed per tile
     cycles = max(mma * MMA_CYCLES, smem_bytes / 128, l2_bytes / L2_BYTES_PER_CYCLE)
-    threads = bitserial.threads(c)
-    regs = bitserial.acc_regs(wl, c) + bitserial.OTHER_REGS
-    per_sm = max(1, min(65536 // (threads * regs), (227 * 1024) // bitserial.smem_bytes(wl, c),
+    threads = layout.threads(c)
+    regs = layout.acc_regs(wl, c) + family_mod.OTHER_REGS
+    per_sm = max(1, min(65536 // (threads * regs), (227 * 1024) // layout.smem_bytes(wl, c),
                         2048 // threads))
     tiles = -(-sh.rows // c["BM"]) * -(-sh.kout // c["BN"])
     waves = -(-tiles // (SMS * per_sm))
@@ -111,10 +167,10 @@ def candidates(wl: Workload, n: int, persist: bool = True) -> list[Config]:
     of the defaults (HALO=1; wgmma: other KT/STAGES pairs and persistent blocks; binary
     weights: ROWSUM="table"; 1-2 bit outputs: the other REQUANT mode of every chosen; grids of
     few tiles: every chosen one at each SPLIT_K > 1) where valid."""
-    space = BITSERIAL.space(wl)
+    space = specs_of(wl)
     chosen: list[Config] = []
     for mma in sorted({c["MMA"] for c in space}):  # mma_sync first
-        default = BITSERIAL.default_config(wl, mma)
+        default = kind_default(wl, mma)
         picked, shapes = [default], {(default["BM"], default["BN"], default["WM"], default["WN"])}
         ranked = [c for c in space if c["MMA"] == mma and c["SWIZZLE"] == default["SWIZZLE"]
                   and not c["HALO"] and c["ROWSUM"] == "mma"
@@ -133,7 +189,7 @@ def candidates(wl: Workload, n: int, persist: bool = True) -> list[Config]:
     for c in [c for c in chosen if c["MMA"] == "wgmma"][:1]:
         twins += [c.replace(HALO=1), c.replace(KT=2, STAGES=4), c.replace(KT=2, STAGES=4, HALO=1),
                   c.replace(KT=1, STAGES=6), c.replace(KT=1, STAGES=6, HALO=1)]
-    defaults = [c for c in chosen if c == BITSERIAL.default_config(wl, c["MMA"])]
+    defaults = [c for c in chosen if c == kind_default(wl, c["MMA"])]
     if any(c["ROWSUM"] == "table" for c in space):  # binary weights: row sums from the table
         twins += [c.replace(ROWSUM="table") for c in defaults]
     if any(c["REQUANT"] == "threshold" for c in space):  # 1-2 bit planes out: both modes
@@ -141,17 +197,17 @@ def candidates(wl: Workload, n: int, persist: bool = True) -> list[Config]:
     if persist:  # persistent wgmma blocks: the first valid one, and at 6 stages (H100,
         # 2026-11-24: the best GEMM 4096 w1a2 config, 56.6 us against 61.4 one tile per block)
         wgmma = [c for c in chosen if c["MMA"] == "wgmma"]
-        twins += [t for t in (c.replace(PERSIST=1) for c in wgmma) if space.is_valid(t)][:1]
+        twins += [t for t in (c.replace(PERSIST=1) for c in wgmma) if valid(wl, t)][:1]
         twins += [t for t in (c.replace(PERSIST=1, KT=1, STAGES=6) for c in wgmma)
-                  if space.is_valid(t)][:1]
-    twins += shift_candidates(space)
-    # split-K (grids of few tiles only: the space has SPLIT_K > 1 nowhere else)
-    splits = [v for v in space.knob("SPLIT_K").values if v > 1]
+                  if valid(wl, t)][:1]
+    twins += shift_candidates(wl, space)
+    # split-K (the mma.sync one-tile family's, grids of few tiles only)
+    splits = [v for v in MMA_SYNC.space(wl).knob("SPLIT_K").values if v > 1]
     twins += [c.replace(PERSIST=0, SPLIT_K=v) for c in chosen for v in splits]
-    return chosen + [t for t in dict.fromkeys(twins) if space.is_valid(t) and t not in chosen]
+    return chosen + [t for t in dict.fromkeys(twins) if valid(wl, t) and t not in chosen]
 
 
-def shift_candidates(space) -> list[Config]:
+def shift_candidates(wl: Workload, space: list[Config]) -> list[Config]:
     """One TAP_SHIFT=1 config per block tile shape (BM, BN, WN), PERSIST and STAGES (32-byte
     swizzled B, row sums by MMA, rows from the table: ROW_TABLE=1, REQUANT "threshold" where
     offered), each followed by its ROWSUM="slab" twin where valid: the estimate above does not
@@ -162,7 +218,7 @@ def shift_candidates(space) -> list[Config]:
     shapes = {(c["BM"], c["BN"], c["WN"], c["PERSIST"], c["STAGES"]): c for c in shifted
               if c["REQUANT"] == requant}
     twins = [(c, c.replace(ROWSUM="slab")) for c in shapes.values()]
-    return [t for pair in twins for t in pair if space.is_valid(t)]
+    return [t for pair in twins for t in pair if valid(wl, t)]
 
 
 def precisions(name: str) -> tuple[Precision, Precision]:
@@ -229,12 +285,15 @@ def bitserial_row(wl: Workload, seed: int, tries: int, persist: bool,
 
     x, w, params = gpu_inputs(wl, seed)
     want = run(wl, x, w, params)
-    configs = [BITSERIAL.default_config(wl)] if focus else candidates(wl, tries, persist)
+    configs = [kind_default(wl, "wgmma" if WGMMA.supports(wl) else "mma_sync")] if focus \
+        else candidates(wl, tries, persist)
     configs += [c for c in extra if c not in configs]
-    precompile([(BITSERIAL, wl, c) for c in configs])  # NVRTC's disk cache, in parallel
+    # NVRTC's disk cache, in parallel
+    precompile([(family_of(c), wl, family_of(c).config_of(c)) for c in configs])
     best: dict = {}
     for cfg in configs:
-        kernel = BITSERIAL.build(wl, cfg)
+        family = family_of(cfg)
+        kernel = build(wl, cfg)
         out = torch.empty_like(want)
         out.view(torch.uint8).fill_(0xA5)
         launcher = kernel.bind(x, w, params, out)
@@ -244,17 +303,19 @@ def bitserial_row(wl: Workload, seed: int, tries: int, persist: bool,
         us = timed(launcher) if exact else float("nan")
         if cfg == configs[0]:
             best["default_config_us"] = us
-        best.setdefault("tried", []).append({"config": dict(cfg), "us": us, "exact": exact})
+        best.setdefault("tried", []).append({"template": family.name,
+                                             "config": dict(family.config_of(cfg)), "us": us,
+                                             "exact": exact})
         if not exact:
             best.setdefault("errors", []).append(f"{cfg.to_json()} NOT bit-exact")
             continue
         by_mma = best.setdefault("best_us_by_mma", {})
         by_mma[cfg["MMA"]] = min(us, by_mma.get(cfg["MMA"], us))
         if "time_us" not in best or us < best["time_us"]:
-            best.update(time_us=us, config=dict(cfg))
+            best.update(time_us=us, impl=family.name, config=dict(family.config_of(cfg)))
     best["verified"] = "time_us" in best
-    if best["verified"] and bitserial.needs_wtap(wl):
-        launcher = BITSERIAL.build(wl, Config(best["config"])).bind(x, w, params)
+    if best["verified"] and needs_wtap(wl):
+        launcher = build(wl, kernel_spec(best["impl"], best["config"])).bind(x, w, params)
         best["bind_tables_us"] = timed(launcher.refresh_tables)
         best["with_tables_us"] = timed(lambda: (launcher.refresh_tables(), launcher()))
     return best
@@ -279,7 +340,8 @@ def int8_best_us(base: Workload, tries: int, tuned: list[tuple[str, Config]] = (
     configs = [tmpl.default_config(wl)]
     configs += [c for c in tmpl.space(wl).sample(tries + 4, random.Random(0))
                 if c != configs[0]][: tries - 1]
-    jobs = [(tmpl, c) for c in configs] + [(get_template(t), c) for t, c in tuned]
+    jobs = [(tmpl, c) for c in configs]
+    jobs += [(get_template(name), c) for name, c in (migrate_config(t, c) for t, c in tuned)]
     best, best_cfg = None, None
     for t, cfg in jobs:
         try:
@@ -296,51 +358,60 @@ def int8_best_us(base: Workload, tries: int, tuned: list[tuple[str, Config]] = (
 
 
 def tuned_bitserial(wl: Workload, trials: int, budget_s: float, measurer) -> dict:
-    """`lowbit.tune` over the cuda.bitserial space: best config, trials, wall seconds."""
+    """`lowbit.tune` over the bit-serial families: best template and config, trials, wall
+    seconds."""
     from lowbit.tune import tune
 
     db = Path(common.results_dir()) / "bitserial_tune.sqlite"
     t0 = time.perf_counter()
-    res = tune(wl, [BITSERIAL], trials=trials, strategy="diversity", db=db, measurer=measurer,
-               progress=False, time_budget_s=budget_s)
-    return {"config": dict(res.config) if res.config else None, "tuner_us": res.time_us,
-            "trials": res.trials, "wall_s": round(time.perf_counter() - t0, 1)}
+    res = tune(wl, [f for f in FAMILIES if f.supports(wl)], trials=trials, strategy="diversity",
+               db=db, measurer=measurer, progress=False, time_budget_s=budget_s)
+    return {"template": res.template, "config": dict(res.config) if res.config else None,
+            "tuner_us": res.time_us, "trials": res.trials,
+            "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def knob_values(wl: Workload, name: str) -> tuple:
+    """The values a knob takes on `wl` in any family this GPU runs."""
+    values = {}
+    for f in FAMILIES:
+        if f.supports(wl) and name in f.knobs.names:
+            values.update(dict.fromkeys(f.knobs[name].values_for(wl)))
+    return tuple(values)
 
 
 def with_twins(wl: Workload, configs: list[Config]) -> list[Config]:
-    """configs, each followed by its twins in the other ROWSUM modes and the other REQUANT
-    mode where the space has them, by its FUSE_PLANES twin (the config itself only), and by
-    the THR_PAIRS twins of itself, its ROWSUM and its ROW_TABLE twins."""
-    space = BITSERIAL.space(wl)
+    """configs (kernel parameters), each followed by its twins in the other ROWSUM modes and
+    the other REQUANT mode where the families have them, by its FUSE_PLANES twin (the config
+    itself only), and by the THR_PAIRS twins of itself, its ROWSUM and its ROW_TABLE twins."""
     out: list[Config] = []
-    for c in (BITSERIAL.with_added_knobs(c, space.names) for c in configs):
-        other_rowsums = [c.replace(ROWSUM=v) for v in space.knob("ROWSUM").values]
+    for c in configs:
+        other_rowsums = [c.replace(ROWSUM=v) for v in knob_values(wl, "ROWSUM")]
         other_requant = c.replace(REQUANT=OTHER_REQUANT[c["REQUANT"]])
         twins = [c, *other_rowsums, other_requant]
-        twins += [t.replace(ROW_TABLE=v) for t in twins for v in space.knob("ROW_TABLE").values]
-        twins += [c.replace(FUSE_PLANES=v) for v in space.knob("FUSE_PLANES").values]
+        twins += [t.replace(ROW_TABLE=v) for t in twins for v in knob_values(wl, "ROW_TABLE")]
+        twins += [c.replace(FUSE_PLANES=v) for v in knob_values(wl, "FUSE_PLANES")]
         pair_bases = [c, *other_rowsums,
-                      *(c.replace(ROW_TABLE=v) for v in space.knob("ROW_TABLE").values)]
-        pairs = space.knob("THR_PAIRS").values
-        twins += [t.replace(THR_PAIRS=v) for t in pair_bases for v in pairs]
-        out += [t for t in dict.fromkeys(twins) if space.is_valid(t) and t not in out]
+                      *(c.replace(ROW_TABLE=v) for v in knob_values(wl, "ROW_TABLE"))]
+        twins += [t.replace(THR_PAIRS=v) for t in pair_bases
+                  for v in knob_values(wl, "THR_PAIRS")]
+        out += [t for t in dict.fromkeys(twins) if valid(wl, t) and t not in out]
     return out
 
 
 def listed_configs(wl: Workload, listed: list[dict], name: str, prec: str) -> list[Config]:
-    """The valid configs of `listed` ({workload, precision, config}: knob overrides of the
-    plain wgmma default, `plain_config`) for this row; an invalid one is reported and left
-    out."""
-    space, out = BITSERIAL.space(wl), []
+    """The valid configs of `listed` ({workload, precision, config}: kernel parameters that
+    override the plain wgmma default's, `plain_spec`) for this row; an invalid one is reported
+    and left out."""
+    out = []
     for entry in listed:
         if (entry["workload"], entry["precision"]) != (name, prec):
             continue
-        cfg = BITSERIAL.plain_config(wl, "wgmma").replace(**entry["config"])
-        why = space.why_invalid(cfg)
-        if why is None:
+        cfg = plain_spec(wl).replace(**entry["config"])
+        if valid(wl, cfg):
             out.append(cfg)
         else:
-            print(f"{name} {prec}: listed config not in the space ({why}): {cfg.to_json()}")
+            print(f"{name} {prec}: listed config in no family's space: {cfg.to_json()}")
     return out
 
 
@@ -351,14 +422,14 @@ def exact_tries(row: dict) -> list[dict]:
 
 
 def earlier_bests(paths: list[Path], n: int = 3) -> dict[tuple[str, str], list[Config]]:
-    """The n fastest distinct exact configs of each (workload, precision) row over earlier
-    bitserial-*.json results, to be re-timed beside this run's candidates."""
+    """The n fastest distinct exact configs (kernel parameters) of each (workload, precision)
+    row over earlier bitserial-*.json results, to be re-timed beside this run's candidates."""
     timed: dict[tuple[str, str], dict[Config, float]] = {}
     for path in paths:
         for row in json.loads(Path(path).read_text())["rows"]:
             seen = timed.setdefault((row["workload"], row["precision"]), {})
             for t in exact_tries(row):
-                cfg = Config(t["config"])
+                cfg = tried_spec(row, t)
                 seen[cfg] = min(t["us"], seen.get(cfg, t["us"]))
     return {key: sorted(seen, key=seen.get)[:n] for key, seen in timed.items()}
 
@@ -437,7 +508,7 @@ def main() -> None:
                 if time.time() - t0 > args.budget_s:
                     break
                 wl = bitserial_workload(base, prec)
-                row = {"workload": name, "precision": prec, "impl": BITSERIAL.name,
+                row = {"workload": name, "precision": prec,
                        "epilogue": wl.epilogue.key, "workload_key": wl.key,
                        "floor_us": workload_floor_us(wl, "bitserial", peaks)}
                 try:
@@ -447,7 +518,8 @@ def main() -> None:
                         row["tuned"] = tuned_bitserial(wl, args.tune_trials,
                                                        args.tune_budget_s, measurer)
                         if row["tuned"]["config"]:
-                            extra.append(Config(row["tuned"]["config"]))
+                            extra.append(kernel_spec(row["tuned"]["template"],
+                                                     row["tuned"]["config"]))
                     row.update(bitserial_row(wl, len(rows), args.tries, not args.no_persist,
                                              extra, args.focus))
                 except Exception as e:

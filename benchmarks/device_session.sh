@@ -15,10 +15,8 @@
 # Steps (seconds are the limits, sized for an H100 and a warm Triton cache):
 #   tests        pytest -m gpu over the Triton kernels and the tuner              (240)
 #   tests_cuda   pytest -m gpu over the CUDA bit-serial and mma.sync kernels       (540)
-#   tests_bitserial  the same, only the kernels of bitserial_common.cu (bit-serial and
-#                cuda.int8_wgmma)                                                   (300)
-#   split_check  benchmarks/split_k_check.py: the split-K test configs launched 8 times each,
-#                wrong outputs located and matched against the splits' partial sums (120)
+#   tests_bitserial  the same, only the bit-serial families and cuda.int8_wgmma (their
+#                tap-shift tests included)                                          (540)
 #   gemm         benchmarks/gemm.py, whole space of the FC shapes                  (300)
 #   conv_b16     benchmarks/conv.py on ResNet-50 3x3 at batch 16                   (300)
 #   conv_b256    benchmarks/conv.py on ResNet-50 3x3 at batch 256                  (420)
@@ -39,18 +37,15 @@
 #   bitserial_small  w1a1/w1a2 on grids of few tiles, where split-K applies: the APNN-TC conv
 #                (b1, 16x16, C=K=1024) and fc_b128 (SMALL_LAYERS=a,b overrides); candidates
 #                with their SPLIT_K twins + the committed rows' 3 best           (300)
-#   tests_shift  pytest -m gpu over the tap-shift wgmma conv (TAP_SHIFT=1)             (300)
+#   tests_shift  pytest -m gpu over the tap-shift wgmma conv (cuda.bitserial_tap_shift)  (300)
 #   bitserial_shift  w1a1/w1a2 ResNet-50 s2-s5 b256 (SHIFT_LAYERS=a,b overrides): candidates
 #                with every tap-shift tile shape + the committed rows' 3 best       (540)
 #   bitserial_tuned_shift  w1a1/w1a2 rows tuned over the space with TAP_SHIFT (SHIFT_LAYERS=a,b;
 #                default the ResNet-50 b256 3x3 layers)                               (590)
-#   shift_probe  benchmarks/shift_probe.py: the persistent tap-shift kernel timed with its
-#                epilogue, its loads or its shifted descriptors cut out (PROBE_ROWS="s2:w1a1:128:64:64
-#                ..." overrides the rows; PROBE_VARIANTS="base no_rowsum ..." the variants) (240)
-#   apconv_probe benchmarks/apconv_probe.py: the APNN-TC conv's one-tile kernels with their MMAs
-#                or epilogue skipped, KT / STAGES varied, and an empty kernel of their launch (150)
-#   apconv_floor benchmarks/apconv_floor.py: how fast each copy mechanism (cp.async, bulk,
-#                tensor copies, cluster multicast) lands the APNN-TC conv's operands, no MMAs (240)
+#   cut_probe    benchmarks/probes/cut_probe.py: bit-serial kernels timed whole and with their
+#                MMAs, epilogue or stage loads cut out through the templates' cut points, and
+#                an empty kernel of their launch (PROBE_ROWS="workload:precision[:template] ..."
+#                overrides the rows; PROBE_VARIANTS="base mma ..." the variants)   (240)
 #   bitserial_focus  w1a1/w1a2 rows (FOCUS_LAYERS=a,b; default GEMM 4096, ResNet-50 s2-s5 b256,
 #                the APNN-TC conv): the default config and the FOCUS_CONFIGS (2) fastest committed
 #                ones per row, with their ROWSUM / REQUANT / ROW_TABLE twins, and the configs
@@ -59,9 +54,6 @@
 #   layer_chain  benchmarks/layer_chain.py: bit-serial layers in x -> y -> x pairs, plain and
 #                chained by programmatic dependent launch, against cuDNN fp16 pairs (CHAIN_LAYERS=a,b
 #                overrides the layers)                                              (300)
-#   split_bound  benchmarks/split_bound.py: the APNN-TC conv's in-place blocks at C / s channels
-#                and s K columns (the blocks of a k split s, without its exchange), alone and
-#                chained (SPLIT_PRECISIONS=w1a2,w1a1 overrides)                      (300)
 #   bitserial_ab w1a1/w1a2 GEMM 4096^3 + ResNet-50 s2-s5 b256 (AB_LAYERS=a,b overrides), no
 #                tuning: the hand candidates
 #                (with REQUANT / ROWSUM twins) and the committed rows' 3 best configs with
@@ -120,8 +112,8 @@ bitserial_rows() {  # bitserial_rows SUFFIX LIMIT TRIES LAYERS: w1a1/w1a2 rows (
 }
 
 TRITON_TESTS="tests/test_triton_igemm.py tests/test_triton_tma_conv.py tests/test_tune_gpu.py"
-CUDA_TESTS="tests/test_cuda_bitserial.py tests/test_cuda_int8_wgmma.py tests/test_cuda_mma_conv.py
-    tests/test_cuda_nvrtc.py"
+CUDA_TESTS="tests/test_cuda_bitserial.py tests/test_cuda_tap_shift.py tests/test_cuda_int8_wgmma.py
+    tests/test_cuda_mma_conv.py tests/test_cuda_nvrtc.py"
 B16=resnet50_s2_3x3,resnet50_s3_3x3,resnet50_s4_3x3,resnet50_s5_3x3
 B256=resnet50_s2_3x3_b256,resnet50_s3_3x3_b256,resnet50_s4_3x3_b256,resnet50_s5_3x3_b256
 for s in "$@"; do
@@ -130,10 +122,9 @@ for s in "$@"; do
         --junitxml="$OUT/tests.xml" $TRITON_TESTS ;;
     tests_cuda) step tests_cuda 540 python3 -m pytest -q -m gpu -n 14 -p no:cacheprovider \
         --junitxml="$OUT/tests_cuda.xml" $CUDA_TESTS ;;
-    tests_bitserial) step tests_bitserial 300 python3 -m pytest -q -m gpu -n 14 -p no:cacheprovider \
+    tests_bitserial) step tests_bitserial 540 python3 -m pytest -q -m gpu -n 14 -p no:cacheprovider \
         --junitxml="$OUT/tests_bitserial.xml" tests/test_cuda_bitserial.py \
-        tests/test_cuda_int8_wgmma.py ;;
-    split_check) step split_check 120 python3 benchmarks/split_k_check.py --launches 8 ;;
+        tests/test_cuda_tap_shift.py tests/test_cuda_int8_wgmma.py ;;
     gemm) step gemm 300 python3 benchmarks/gemm.py --whole-space-below 1000 ;;
     conv_b16) step conv_b16 300 python3 benchmarks/conv.py --suites resnet50_3x3_b16 \
         --max-configs 24 --budget-s 240 --timed $(timed_files) ;;
@@ -171,17 +162,13 @@ for s in "$@"; do
     tests_shift) step tests_shift 300 python3 -m pytest -q -m gpu -n 14 -p no:cacheprovider \
         --junitxml="$OUT/tests_shift.xml" tests/test_cuda_tap_shift.py ;;
     bitserial_shift) bitserial_rows shift 540 1 "${SHIFT_LAYERS:-$B256}" ;;
-    shift_probe) step shift_probe 240 python3 benchmarks/shift_probe.py ${PROBE_ROWS:+--rows $PROBE_ROWS} \
-        ${PROBE_VARIANTS:+--variants $PROBE_VARIANTS} ;;
-    apconv_floor) step apconv_floor 240 python3 benchmarks/apconv_floor.py ;;
+    cut_probe) step cut_probe 240 python3 benchmarks/probes/cut_probe.py \
+        ${PROBE_ROWS:+--rows $PROBE_ROWS} ${PROBE_VARIANTS:+--variants $PROBE_VARIANTS} ;;
     tests_chained) step tests_chained 150 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
         --junitxml="$OUT/tests_chained.xml" -k "chained or a_in_halo or tma_halo" \
         tests/test_cuda_bitserial.py ;;
-    split_bound) step split_bound 300 python3 benchmarks/split_bound.py \
-        --precisions "${SPLIT_PRECISIONS:-w1a2}" ;;
     layer_chain) step layer_chain 300 python3 benchmarks/layer_chain.py \
         ${CHAIN_LAYERS:+--layers $CHAIN_LAYERS} ;;
-    apconv_probe) step apconv_probe 150 python3 benchmarks/apconv_probe.py ;;
     *) echo "unknown step $s" >&2 ;;
     esac
 done

@@ -32,11 +32,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common
-from bitserial import APNN_TC_US, bitserial_workload, gpu_inputs
+from bitserial import APNN_TC_US, bitserial_workload, build, gpu_inputs, valid
 from lowbit.core import Config, ConvWorkload, Workload
 from lowbit.core.workloads import load_workloads
-from lowbit.kernels.cuda import BITSERIAL, bitserial
-from lowbit.kernels.cuda.bitserial import CHAIN_TRIGGERS
+from lowbit.kernels.cuda import BitserialKernel, default_bitserial, family_of
+from lowbit.kernels.cuda import bitserial_layout as layout
+from lowbit.kernels.cuda.bitserial_kernel import CHAIN_TRIGGERS
 from lowbit.kernels.cuda.nvrtc import load_kernel
 from lowbit.perfmodel.roofline import measure_bandwidth, peaks_for, workload_floor_us
 from lowbit.reference import run
@@ -46,13 +47,17 @@ LAYERS = {"apconv_b1_c1024": ConvWorkload(N=1, H=16, W=16, C=1024, K=1024, R=3, 
           **dict(load_workloads("apconv_sweep"))}
 
 
+def default_spec(wl: Workload) -> Config:
+    family, cfg = default_bitserial(wl)
+    return family.spec(cfg)
+
+
 def candidates(wl: Workload) -> list[Config]:
-    """The default config, then its in-place twins that change how the SMs are shared: 32 or
-    64 columns per block, weights by bulk or by cp.async, the window by tensor copies, both
-    activation planes as rows (PLANE_ROWS: 4 x 8 pixel tiles, twice the blocks, each
-    reading all its weights, which a chained block copies before its wait)."""
-    space = BITSERIAL.space(wl)
-    d = BITSERIAL.default_config(wl)
+    """The default config (kernel parameters), then its in-place twins that change how the
+    SMs are shared: 32 or 64 columns per block, weights by bulk or by cp.async, the window by
+    tensor copies, both activation planes as rows (PLANE_ROWS: 4 x 8 pixel tiles, twice the
+    blocks, each reading all its weights, which a chained block copies before its wait)."""
+    d = default_spec(wl)
     twins = [d]
     if d["A_IN_HALO"]:
         for bn in (32, 64):
@@ -60,10 +65,10 @@ def candidates(wl: Workload) -> list[Config]:
                 twins.append(d.replace(BN=bn, WN=bn, BULK_WEIGHTS=bulk))
             twins.append(d.replace(BN=bn, WN=bn, BULK_WEIGHTS=1, TMA_HALO=128))
             twins.append(d.replace(BN=bn, WN=bn, BULK_WEIGHTS=1, PLANE_ROWS=1))
-    return [c for c in dict.fromkeys(twins) if space.is_valid(c)]
+    return [c for c in dict.fromkeys(twins) if valid(wl, c)]
 
 
-def check_pair(kernel: bitserial.BitserialKernel, chained: bool, seed: int,
+def check_pair(kernel: BitserialKernel, chained: bool, seed: int,
                trigger: str = "start") -> bool:
     """x -> y -> z by two launchers of `kernel` on fresh inputs: both outputs bit-exact."""
     wl = kernel.workload
@@ -84,8 +89,9 @@ def timed(fn) -> float:
 
 
 def config_row(wl: Workload, cfg: Config, seed: int) -> dict:
-    row: dict = {"config": dict(cfg)}
-    kernel = BITSERIAL.build(wl, cfg)  # one build: its chained kernels compile once too
+    family = family_of(cfg)
+    row: dict = {"template": family.name, "config": dict(family.config_of(cfg))}
+    kernel = build(wl, cfg)  # one build: its chained kernels compile once too
     row["exact"] = check_pair(kernel, False, seed) and all(
         check_pair(kernel, True, seed + 1 + i, trigger)
         for i, trigger in enumerate(CHAIN_TRIGGERS))
@@ -118,8 +124,8 @@ def empty_row(wl: Workload, cfg: Config) -> dict:
     """The launch and dependency floor of `cfg`'s grid: a kernel of its grid, block and shared
     memory that triggers, waits and exits, alone, as a plain pair and as a chained pair."""
     kernel = load_kernel(EMPTY_SOURCE, "chain_empty")
-    grid, block = bitserial.tile_grid(wl, cfg), bitserial.threads(cfg)
-    smem = bitserial.smem_bytes(wl, cfg)
+    grid, block = layout.tile_grid(wl, cfg), layout.threads(cfg)
+    smem = layout.smem_bytes(wl, cfg)
     flag = torch.zeros(2, dtype=torch.int32, device="cuda")
 
     def launch(programmatic: bool = False) -> None:
@@ -159,12 +165,12 @@ def main() -> None:
         base_us = cudnn_us(base)
         for prec in args.precisions:
             wl = bitserial_workload(base, prec)
-            row = {"workload": name, "precision": prec, "impl": BITSERIAL.name,
+            row = {"workload": name, "precision": prec,
                    "workload_key": wl.key, "floor_us": workload_floor_us(wl, "bitserial", peaks),
                    "baselines_us": base_us, "configs": []}
             if (name, prec) in APNN_TC_US:
                 row["apnn_tc_published_us"] = APNN_TC_US[(name, prec)]
-            row["empty"] = empty_row(wl, BITSERIAL.default_config(wl))
+            row["empty"] = empty_row(wl, default_spec(wl))
             for i, cfg in enumerate(candidates(wl)):
                 try:
                     row["configs"].append(config_row(wl, cfg, seed=10 * i))

@@ -3,6 +3,7 @@
 # argument, the full section set of one launch of its kernel, as a report plus text exports
 # (details page; per-SASS-line source counters incl. warp stall samples) under $OUT/ncu/.
 #   bash benchmarks/ncu_bitserial.sh resnet50_s2_3x3_b256:w1a1:0 gemm_4096:w1a1:0:PERSIST=1,KT=2
+# (overrides: kernel parameters, `lowbit.kernels.cuda.kernel_spec`; the family follows them)
 # JSON: $PROFILE_JSON (default: the newest committed bitserial-*.json of this GPU).
 # CACHE_CONTROL=none keeps L2 warm between ncu's replay passes, as in CUDA-graph timing (default
 # all: caches flushed before each pass, so a small kernel's operands come from DRAM).

@@ -1,61 +1,44 @@
-"""The kernels that benchmark scripts build from the library's text (`benchmarks/apconv_probe.py`'s
-cut variants) still render and compile: a probe's text edits must find the text they cut, and
-an edit of the library's kernels that moves it is caught here rather than on the device."""
+"""The kernels the benchmark probes build through the templates' hooks still compile: every
+family's default rendered with each named cut point it has (`bitserial_render.CUTS`,
+benchmarks/probes/cut_probe.py) compiles for sm_90a, and the cut text stays out of the kernels
+that are not cut."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from lowbit.core import Epilogue, Layout, Precision
+from lowbit.kernels.cuda import FAMILIES
+from lowbit.kernels.cuda.bitserial_render import CUTS
+from lowbit.kernels.cuda.cu_source import cu_file
+from lowbit.kernels.cuda.nvrtc import compile_ptx
+from test_cuda_bitserial import conv
 
-import apconv_probe
-from bitserial import bitserial_workload, workloads
-from lowbit.core import Config
-from lowbit.kernels.cuda import BITSERIAL, bitserial
-from lowbit.kernels.cuda.nvrtc import compile_cubin
-from shift_probe import variant_render
-
-# variants that need another kernel path than the in-place rows' (HALO=1's gather)
-GATHER_ONLY = {"no_gather", "no_halo_wait"}
+BP = Layout.BITPLANE
 
 
-def _in_place_rows():
-    base = dict(workloads(False))["apconv_b1_c1024"]
-    for prec, changes in apconv_probe.ROWS:
-        wl = bitserial_workload(base, prec)
-        cfg = Config(apconv_probe.BEST[prec]).replace(**changes)
-        assert BITSERIAL.space(wl, "sm_90a").is_valid(cfg), (prec, changes)
-        yield wl, cfg
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_every_family_has_every_cut_point(family):
+    """Each family's entry file marks the MMAs, the epilogue and the stage loads."""
+    entry = cu_file(family.entry)
+    for cut in CUTS:
+        assert f"CUT_{cut.upper()} " in entry, (family.entry, cut)
 
 
-@pytest.mark.parametrize("variant", sorted(set(apconv_probe.VARIANTS) - GATHER_ONLY))
-def test_apconv_probe_cuts_apply(variant):
-    """Every cut of the probe finds its text, once, in the in-place rows' kernels."""
-    render = variant_render(apconv_probe.VARIANTS[variant]["wgmma"])
-    for wl, cfg in _in_place_rows():
-        text = render(wl, cfg)
-        assert "bitserial_wgmma(" in text
-
-
-@pytest.mark.parametrize("variant", ["rows_first", "no_prefetch", "no_mma_no_epilogue"])
-def test_apconv_probe_variants_compile(variant, tmp_path, monkeypatch):
-    """The cut variants that move or drop code compile for sm_90a (NVRTC, no GPU)."""
-    monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
-    render = variant_render(apconv_probe.VARIANTS[variant]["wgmma"])
-    wl, cfg = next(_in_place_rows())
-    assert compile_cubin(render(wl, cfg), "sm_90a")[:4] == b"\x7fELF"
-    assert bitserial.kernel_name(cfg) == "bitserial_wgmma"
-
-
-def test_apconv_floor_kernels_compile(tmp_path, monkeypatch):
-    """`benchmarks/apconv_floor.py` includes the library's device primitives: each copy
-    mechanism's kernel compiles for sm_90a (it once stopped compiling after a library change)."""
-    import apconv_floor
-
-    monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
-    for mode in apconv_floor.MODES:
-        source = apconv_floor.floor_source(mode, 64, 2)
-        assert compile_cubin(source, "sm_90a")[:4] == b"\x7fELF", mode
+@pytest.mark.parametrize("cut", sorted(CUTS))
+def test_cut_kernels_compile(cut):
+    """The APNN-TC-like conv's default of every family, with the cut, compiles (PTX for sm_90a:
+    the cut part's code stays behind its never-taken branch)."""
+    wl = conv(Precision(1, "binary"), Precision(2),
+              Epilogue(bias=True, relu=True, out=Precision(2), out_layout=BP),
+              N=2, H=16, W=16, C=128, K=128)
+    compiled = 0
+    for family in FAMILIES:
+        assert family.supports(wl)
+        cfg = family.default_config(wl, "sm_90a")
+        text = family.render(wl, cfg, cuts=(cut,))
+        assert f"#define LOWBIT_CUT_{cut.upper()} 1" in text
+        ptx = compile_ptx(text, "sm_90a").decode()
+        assert f".entry {family.kernel_name(cfg)}" in ptx
+        compiled += 1
+    assert compiled == len(FAMILIES)

@@ -1,21 +1,26 @@
 """The bit-serial kernels' own CUDA text run on the CPU by the host emulation (bitserial_emu.py):
-bit-exact against `lowbit.reference.run` for both MMA paths (mma.sync, wgmma with and without
-the 32-byte swizzle), the persistent (both MMA kinds), duplicate-aware-load and split-K
-variants, the row-sum table, every encoding pair, every epilogue, odd shapes, stride 2 and
-GEMMs. Before the emulation existed these kernels were checked only on a GPU. The last tests
-show the emulation fails when the kernel is wrong."""
+bit-exact against `lowbit.reference.run` for every family but tap-shift (test_cuda_tap_shift.py)
+(mma.sync, wgmma with and without the 32-byte swizzle, persistent blocks of both kinds, the
+duplicate-aware load, split-K, k slices, teams, the in-place halo), the row-sum table, every
+encoding pair, every epilogue, odd shapes, stride 2 and GEMMs. Before the emulation existed
+these kernels were checked only on a GPU. The last tests show the emulation fails when the
+kernel is wrong (a .cu file edited for the test: `edit_kernel`)."""
 
 from __future__ import annotations
+
+from importlib import resources
 
 import pytest
 import torch
 
 from lowbit.core import Epilogue, Layout, Precision
-from lowbit.kernels.cuda import BITSERIAL, bitserial, bitserial_emu
-from lowbit.kernels.cuda.bitserial import WGMMA_ARCH
+from lowbit.kernels.cuda import MMA_SYNC, MMA_SYNC_PERSISTENT, WGMMA, bitserial_emu, cu_source
+from lowbit.kernels.cuda import bitserial_layout as layout
+from lowbit.kernels.cuda import bitserial_tables as tables
+from lowbit.kernels.cuda.bitserial_kernel import CHAIN_TRIGGERS
 from lowbit.kernels.cuda.host_emu import compiler
 from lowbit.reference import random_inputs, run
-from test_cuda_bitserial import EPILOGUES, conv, gemm
+from test_cuda_bitserial import ARCH90, EPILOGUES, conv, gemm, plain, split, why_invalid
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
 
@@ -297,34 +302,43 @@ CASES = [
 
 
 def _config(wl, mma, changes):
-    # multiplying requantization unless a case names REQUANT (the default where allowed is
-    # "threshold", which the *_threshold cases cover)
-    cfg = BITSERIAL.plain_config(wl, mma, arch=WGMMA_ARCH).replace(REQUANT="multiply")
-    cfg = cfg.replace(**changes)
-    assert BITSERIAL.space(wl, WGMMA_ARCH).is_valid(cfg), cfg
-    return cfg
+    """The kernel parameters of the plain default of the MMA kind with `changes`: multiplying
+    requantization unless a case names REQUANT (the default where allowed is "threshold",
+    which the *_threshold cases cover)."""
+    spec = plain(wl, mma).replace(REQUANT="multiply").replace(**changes)
+    assert why_invalid(wl, spec) is None, why_invalid(wl, spec)
+    return spec
 
 
-def edit_kernel_file(monkeypatch, name, old, new):
-    """Render the kernels with `old` replaced by `new` in the .cu file `name` (a mutation the
-    emulation must catch); `old` must occur there exactly once."""
-    original = bitserial._cu
+def edit_kernel(monkeypatch, old, new, file=None):
+    """Render the kernels with `old` replaced by `new` in the one kernel .cu file that holds it
+    (`file`, where named: a mutation the emulation must catch); `old` must occur there exactly
+    once."""
+    original = cu_source.cu_file
+    files = [file] if file else [
+        f.name for f in resources.files("lowbit.kernels.cuda").iterdir()
+        if f.name.startswith(("bitserial_", "mma_conv")) and f.name.endswith(".cu")]
+    holders = [f for f in files if old in original(f)]
+    assert len(holders) == 1 and original(holders[0]).count(old) == 1, (old, holders)
 
-    def edited(file):
-        text = original(file)
-        if file == name:
-            assert text.count(old) == 1, old
-            text = text.replace(old, new)
-        return text
-    monkeypatch.setattr(bitserial, "_cu", edited)
+    def edited(name):
+        text = original(name)
+        return text.replace(old, new) if name == holders[0] else text
+    monkeypatch.setattr(cu_source, "cu_file", edited)
 
 
-def _check(wl, cfg, seed):
+def emulate(wl, spec, x, w, params, **kw):
+    """The emulated kernel of kernel parameters `spec` (its family's)."""
+    family, cfg = split(spec)
+    return bitserial_emu.emulate(family, wl, cfg, x, w, params, **kw)
+
+
+def _check(wl, spec, seed):
     """Whether the emulated kernel is exact (False also where its wgmma operands changed while
     in flight: a race on the GPU)."""
     x, w, params = random_inputs(wl, seed)
     try:
-        got = bitserial_emu.emulate(wl, cfg, x, w, params)
+        got = emulate(wl, spec, x, w, params)
     except bitserial_emu.StaleOperands:
         return False
     want = run(wl, x, w, params)
@@ -333,7 +347,14 @@ def _check(wl, cfg, seed):
     return torch.equal(got, want)
 
 
-@pytest.mark.parametrize("wl,mma,changes", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+# the slowest cases (384-thread blocks of m64n256, ~40-50 s each on 2 loaded cores, their host
+# compile included): `slow`, where CI may leave them out
+SLOW_CASES = {"wgmma_bm192_bn256_b1b1_halo", "wgmma_pairs_wide_halo_b1b1"}
+
+
+@pytest.mark.parametrize("wl,mma,changes", [
+    pytest.param(*c[1:], id=c[0], marks=pytest.mark.slow if c[0] in SLOW_CASES else ())
+    for c in CASES])
 def test_emulated_kernel_is_bit_exact(wl, mma, changes):
     assert _check(wl, _config(wl, mma, changes), seed=len(wl.key))
 
@@ -345,8 +366,8 @@ def test_emulation_catches_resident_stages_that_are_refilled(monkeypatch):
     cfg = _config(wl, "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 1, "STAGES": 4,
                                 "HALO": 1, "A_IN_HALO": 1})
     assert _check(wl, cfg, seed=4)
-    edit_kernel_file(monkeypatch, "bitserial_wgmma.cu",
-                     "A_IN_HALO && (KTILES + SLICES - 1) / SLICES <= STAGES - 2;", "A_IN_HALO;")
+    edit_kernel(monkeypatch, "A_IN_HALO && (KTILES + SLICES - 1) / SLICES <= STAGES - 2;",
+                "A_IN_HALO;")
     assert not _check(wl, cfg, seed=4)
 
 
@@ -357,7 +378,7 @@ def test_emulation_catches_a_halo_group_copied_late(monkeypatch):
     cfg = _config(wl, "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 2, "STAGES": 4,
                                 "HALO": 1, "A_IN_HALO": 1})
     assert _check(wl, cfg, seed=5)
-    edit_kernel_file(monkeypatch, "bitserial_wgmma.cu", "halo_stage_load(x, halo, next, k0, tid);",
+    edit_kernel(monkeypatch, "halo_stage_load(x, halo, next, k0, tid);",
                      "halo_stage_load(x, halo, next - 1, k0, tid);")
     assert not _check(wl, cfg, seed=5)
 
@@ -371,8 +392,8 @@ def test_emulation_catches_mmas_before_their_bulk_weights(monkeypatch):
     assert _check(wl, cfg, seed=6)
     wait = "    if constexpr (BULK_WEIGHTS) mbar_wait(bars + kt, 0);"
     after_mmas = "    if constexpr (!RESIDENT_STAGES) wgmma_wait<1>();"
-    edit_kernel_file(monkeypatch, "bitserial_wgmma.cu", wait, "")
-    edit_kernel_file(monkeypatch, "bitserial_wgmma.cu", after_mmas, wait + "\n" + after_mmas)
+    edit_kernel(monkeypatch, wait, "")
+    edit_kernel(monkeypatch, after_mmas, wait + "\n" + after_mmas)
     assert not _check(wl, cfg, seed=6)
 
 
@@ -397,8 +418,8 @@ def test_emulation_catches_a_broken_tma_halo(edits, monkeypatch):
     cfg = _config(wl, "wgmma", {"BM": 64, "BN": 32, "WN": 32, "KT": 4, "STAGES": 12,
                                 "HALO": 1, "A_IN_HALO": 1, "BULK_WEIGHTS": 1, "TMA_HALO": 128})
     assert _check(wl, cfg, seed=7)
-    for name, old, new in edits:  # each edit wraps the previous ones
-        edit_kernel_file(monkeypatch, name, old, new)
+    for file, old, new in edits:  # each edit wraps the previous ones
+        edit_kernel(monkeypatch, old, new, file)
     assert not _check(wl, cfg, seed=7)
 
 
@@ -407,7 +428,7 @@ def test_emulation_catches_plane_rows_left_in_place(monkeypatch):
     epilogue is caught: the cases above are not exact by accident."""
     wl, mma, changes = next(c[1:] for c in CASES if c[0] == "wgmma_plane_rows_b1u2")
     cfg = _config(wl, mma, changes)
-    edit_kernel_file(monkeypatch, "bitserial_wgmma.cu", "  planes_from_rows(acc, rsum);\n", "")
+    edit_kernel(monkeypatch, "  planes_from_rows(acc, rsum);\n", "")
     assert not _check(wl, cfg, seed=3)
 
 
@@ -417,7 +438,7 @@ def test_emulation_catches_a_pair_table_in_channel_order(monkeypatch):
     accident."""
     wl, mma, changes = next(c[1:] for c in CASES if c[0] == "wgmma_pairs_wide_fused_b1u2")
     cfg = _config(wl, mma, changes)
-    monkeypatch.setattr(bitserial, "pair_channel", lambda j, wn: j)
+    monkeypatch.setattr(tables, "pair_channel", lambda j, wn: j)
     assert not _check(wl, cfg, seed=3)
 
 
@@ -426,7 +447,7 @@ def test_emulation_catches_swapped_halves_of_packed_rectangle_thresholds(monkeyp
     partner's half are caught."""
     wl, mma, changes = next(c[1:] for c in CASES if c[0] == "wgmma_pairs_5x5_u1b1")
     cfg = _config(wl, mma, changes)
-    edit_kernel_file(monkeypatch, "bitserial_common.cu", "* PAIR_STRIDE + k) * 2 + j % 2] =",
+    edit_kernel(monkeypatch, "* PAIR_STRIDE + k) * 2 + j % 2] =",
                      "* PAIR_STRIDE + k) * 2 + 1 - j % 2] =")
     assert not _check(wl, cfg, seed=3)
 
@@ -439,28 +460,28 @@ def test_split_k_counters_come_back_to_zero(monkeypatch):
     cfg = _config(wl, "mma_sync", {"SPLIT_K": 4, "KT": 1, "STAGES": 3})
     x, w, params = random_inputs(wl, 5)
     want = run(wl, x, w, params)
-    assert torch.equal(bitserial_emu.emulate(wl, cfg, x, w, params, launches=2), want)
+    assert torch.equal(emulate(wl, cfg, x, w, params, launches=2), want)
     real = bitserial_emu.host_source
     reset = "if (tid == 0) split_count[tile] = 0;"
     monkeypatch.setattr(bitserial_emu, "host_source",
                         lambda *args: real(*args).replace(reset, ""))
-    assert torch.equal(bitserial_emu.emulate(wl, cfg, x, w, params), want)
-    assert not torch.equal(bitserial_emu.emulate(wl, cfg, x, w, params, launches=2), want)
+    assert torch.equal(emulate(wl, cfg, x, w, params), want)
+    assert not torch.equal(emulate(wl, cfg, x, w, params, launches=2), want)
 
 
 def test_split_k_constraints():
+    """Split-K: the mma.sync one-tile family's knob, each split at least a k tile, only on
+    grids that leave SMs idle with more than one k tile."""
     wl = conv(S2, U2, EPILOGUES[1], N=1, H=6, W=5, C=280, K=37)  # 9 taps x 9 words: 11 k tiles
-    space = BITSERIAL.space(wl, WGMMA_ARCH)
     base = _config(wl, "mma_sync", {"KT": 1})
-    assert space.is_valid(base.replace(SPLIT_K=4))  # 3, 3, 3, 2 k tiles
-    assert "without k tiles" in space.why_invalid(base.replace(SPLIT_K=8))  # 2 x 7 >= 11
-    assert "PERSIST=0" in space.why_invalid(base.replace(SPLIT_K=2, PERSIST=1))
-    wgmma = _config(wl, "wgmma", {"KT": 1})
-    assert "mma_sync" in space.why_invalid(wgmma.replace(SPLIT_K=2))
+    assert why_invalid(wl, base.replace(SPLIT_K=4)) is None  # 3, 3, 3, 2 k tiles
+    assert "without k tiles" in why_invalid(wl, base.replace(SPLIT_K=8))  # 2 x 7 >= 11
+    assert "SPLIT_K" not in MMA_SYNC_PERSISTENT.knobs.names
+    assert "SPLIT_K" not in WGMMA.knobs.names  # (wgmma split-K was wrong on an H100)
     big = conv(S2, U2, EPILOGUES[1], N=64, H=56, W=56, C=64, K=64)
-    assert BITSERIAL.space(big, WGMMA_ARCH).knob("SPLIT_K").values == (1,)
+    assert MMA_SYNC.space(big, ARCH90).knob("SPLIT_K").values == (1,)
     one_k_tile = gemm(S2, U2, EPILOGUES[1], M=64, N=64, K=256)
-    assert BITSERIAL.space(one_k_tile, WGMMA_ARCH).knob("SPLIT_K").values == (1,)
+    assert MMA_SYNC.space(one_k_tile, ARCH90).knob("SPLIT_K").values == (1,)
 
 
 def test_team_cases_cover_both_tile_parities():
@@ -469,8 +490,8 @@ def test_team_cases_cover_both_tile_parities():
     parities = set()
     for _, wl, mma, changes in (c for c in CASES if "teams" in c[0]):
         cfg = _config(wl, mma, changes)
-        cols, rows = bitserial.tile_grid(wl, cfg)
-        blocks = bitserial.persistent_grid(wl, cfg, 2)[0]
+        cols, rows = layout.tile_grid(wl, cfg)
+        blocks = layout.persistent_grid(wl, cfg, 2)[0]
         parities |= {len(range(b, cols * rows, blocks)) % 2 for b in range(blocks)}
     assert parities == {0, 1}
 
@@ -482,7 +503,7 @@ def test_team_cases_cover_both_tile_parities():
 def test_emulation_catches_broken_teams(edit, monkeypatch):
     """Persistent wgmma teams that share one stage ring give wrong results; an order arrival
     after a team's last tile where the other team has none left is reported."""
-    edit_kernel_file(monkeypatch, "bitserial_wgmma_persistent.cu", *edit)
+    edit_kernel(monkeypatch, *edit)
     wl = conv(B1, B1, EPILOGUES[5], N=2, H=17, W=16, C=40, K=130)
     cfg = _config(wl, "wgmma", {"PERSIST": 1, "TEAMS": 2, "BM": 128, "BN": 128, "WN": 128,
                                 "REQUANT": "threshold"})
@@ -500,7 +521,7 @@ def test_emulation_catches_misplaced_ones_columns(monkeypatch):
     wl = conv(B1, U2, EPILOGUES[0], N=1, H=6, W=5, C=64, K=40)
     cfg = _config(wl, "wgmma", {"BN": 64, "WN": 64, "ROWSUM": "cols"})
     assert _check(wl, cfg, seed=2)
-    edit_kernel_file(monkeypatch, "bitserial_wgmma_common.cu", "row < 8 ? ~0u : 0u;",
+    edit_kernel(monkeypatch, "row < 8 ? ~0u : 0u;",
                      "row >= 8 ? ~0u : 0u;")
     assert not _check(wl, cfg, seed=2)
 
@@ -528,8 +549,8 @@ def test_emulation_catches_misplaced_ones_columns(monkeypatch):
     # SLICES: the second slice's sums left out; every slice starting at k tile 0
     (("for (int s = 1; s < SLICES; ++s) slice_sums<true>",
       "for (int s = 2; s < SLICES; ++s) slice_sums<true>"), {"SLICES": 2}),
-    (("SLICES > 1 ? slice * KTILES / SLICES : split_k_begin()",
-      "SLICES > 1 ? 0 : split_k_begin()"), {"SLICES": 4, "BN": 32}),
+    (("SLICES > 1 ? slice * KTILES / SLICES : 0", "SLICES > 1 ? 0 : 0"),
+     {"SLICES": 4, "BN": 32}),
 ], ids=["wgmma_wait_too_late", "swizzle_missing", "first_wgmma_accumulates",
         "split_k_first_split_left_out", "threshold_search_swapped", "halo_planes_crossed",
         "fused_plane_once", "fused_plane_overwrites", "slice_sums_left_out",
@@ -561,11 +582,11 @@ CASE_BY_ID = {c[0]: c[1:] for c in CASES}
 
 def _check_chained(wl, cfg, seed, mode=1):
     x, w, params = random_inputs(wl, seed)
-    got = bitserial_emu.emulate(wl, cfg, x, w, params, chained=mode)
+    got = emulate(wl, cfg, x, w, params, chained=mode)
     return torch.equal(got, run(wl, x, w, params))
 
 
-@pytest.mark.parametrize("mode", sorted(bitserial.CHAIN_TRIGGERS.values()))
+@pytest.mark.parametrize("mode", sorted(CHAIN_TRIGGERS.values()))
 @pytest.mark.parametrize("case", CHAINED_CASES)
 def test_emulated_chained_kernel_is_bit_exact(case, mode):
     """Rendered for programmatic dependent launch (either trigger), every kernel reads x only
@@ -580,7 +601,7 @@ HALO_BARS = "  int halo_waited = 0;"
 
 
 @pytest.mark.parametrize("case,edits", [
-    ("mma_halo_stride2_s3u4", [("bitserial_common.cu", TOP_WAIT, "")]),
+    ("mma_halo_stride2_s3u4", [("bitserial_chain.cu", TOP_WAIT, "")]),
     ("wgmma_a_in_halo_bulk_b1u2", [("bitserial_wgmma.cu", EARLY_WAIT, "  }\n"),
                                    ("bitserial_wgmma.cu", HALO_BARS,
                                     "  grid_dependency_wait();\n" + HALO_BARS)]),
@@ -596,8 +617,8 @@ def test_emulation_catches_input_read_before_the_wait(case, edits, monkeypatch):
     wl, mma, changes = CASE_BY_ID[case]
     cfg = _config(wl, mma, changes)
     assert _check_chained(wl, cfg, seed=3)
-    for edit in edits:  # each edit wraps the previous ones
-        edit_kernel_file(monkeypatch, *edit)
+    for file, old, new in edits:  # each edit wraps the previous ones
+        edit_kernel(monkeypatch, old, new, file)
     with pytest.raises(bitserial_emu.EarlyInputRead):
         _check_chained(wl, cfg, seed=3)
 
@@ -606,9 +627,9 @@ def test_chained_render_leaves_unchained_text_alone():
     """CHAINED is a render option: the default text defines it 0 (the kernels' SASS as
     before) and the chained text differs only in that constant."""
     wl, mma, changes = CASE_BY_ID["wgmma_a_in_halo_bulk_b1u2"]
-    cfg = _config(wl, mma, changes)
-    plain = bitserial.render(wl, cfg)
-    assert "constexpr int CHAINED = 0;" in plain
-    for mode in bitserial.CHAIN_TRIGGERS.values():
-        assert bitserial.render(wl, cfg, chained=mode) == plain.replace(
+    family, cfg = split(_config(wl, mma, changes))
+    text = family.render(wl, cfg)
+    assert "constexpr int CHAINED = 0;" in text
+    for mode in CHAIN_TRIGGERS.values():
+        assert family.render(wl, cfg, chained=mode) == text.replace(
             "constexpr int CHAINED = 0;", f"constexpr int CHAINED = {mode};")

@@ -1,5 +1,5 @@
-"""`cuda.int8_wgmma`: int8-layout conv2d / GEMM on s8 wgmma through the bit-serial kernel. CPU:
-support rules, the space, NVRTC compilation for sm_90a, bit-exact runs in the host emulation
+"""`cuda.int8_wgmma`: int8-layout conv2d / GEMM on s8 wgmma through the bit-serial wgmma kernels.
+CPU: support rules, the space, NVRTC compilation for sm_90a, bit-exact runs in the host emulation
 (s8 and u8 activations, stride 2, 1x1 with a 1-word channel tail, GEMM, persistent blocks,
 every output kind). GPU (sm_90a): bit-exact on the shared ResNet-50 layers and the
 FC shapes."""
@@ -13,9 +13,11 @@ import torch
 
 from lowbit.core import ConvWorkload, Epilogue, GemmWorkload, load_workloads
 from lowbit.kernels import get_template
-from lowbit.kernels.cuda import INT8_WGMMA, bitserial
+from lowbit.kernels.cuda import INT8_WGMMA, WGMMA, WGMMA_PERSISTENT
 from lowbit.kernels.cuda.bitserial_emu import emulate
+from lowbit.kernels.cuda.bitserial_shape import WGMMA_ARCH, conv_shape
 from lowbit.kernels.cuda.host_emu import compiler
+from lowbit.kernels.cuda.nvrtc import device_arch
 from lowbit.reference import random_inputs, run
 
 S8_OUT = Epilogue(bias=True, relu=True, out="s8")
@@ -46,12 +48,17 @@ def test_registered_and_support_rules():
     with pytest.raises(ValueError, match="sm_90a"):
         INT8_WGMMA.space(wl, arch="sm_80")
     space = INT8_WGMMA.space(wl, "sm_90a")
-    assert {c["MMA"] for c in space} == {"wgmma"}
-    assert INT8_WGMMA.default_config(wl, "sm_90a") in space
-    # a preferred default (the bit-serial wgmma ones on this template's knobs), not the
-    # fallback to the space's first point (BM = 64, BN = 16)
-    assert INT8_WGMMA.default_config(wl, "sm_90a") != space.all_configs()[0]
-    assert bitserial.conv_shape(wl).words == 16  # 64 int8 channels = 16 words per pixel
+    default = INT8_WGMMA.default_config(wl, "sm_90a")
+    assert default in space
+    # a preferred default (the wgmma family's on this template's knobs), not the fallback to
+    # the space's first point (BM = 64, BN = 16)
+    assert default != space.all_configs()[0]
+    assert conv_shape(wl).words == 16  # 64 int8 channels = 16 words per pixel
+    # the wgmma families' kernels: one tile per block, or persistent
+    for persist, family in ((0, WGMMA), (1, WGMMA_PERSISTENT)):
+        cfg = default.replace(PERSIST=persist)
+        assert INT8_WGMMA.spec(cfg)["MMA"] == "wgmma"
+        assert INT8_WGMMA.kernel_name(cfg) == family.kernels[persist]
 
 
 @pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler")
@@ -59,14 +66,13 @@ def test_registered_and_support_rules():
 def test_emulated_int8_wgmma_is_bit_exact(wl, changes):
     cfg = INT8_WGMMA.default_config(wl, "sm_90a").replace(**changes)
     x, w, params = random_inputs(wl, 3)
-    got, want = emulate(wl, cfg, x, w, params), run(wl, x, w, params)
+    got, want = emulate(INT8_WGMMA, wl, cfg, x, w, params), run(wl, x, w, params)
     if got.dtype == torch.float16:
         got, want = got.view(torch.int16), want.view(torch.int16)
     assert torch.equal(got, want), dict(cfg)
 
 
-def test_nvrtc_compiles_for_sm90a(tmp_path, monkeypatch):
-    monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
+def test_nvrtc_compiles_for_sm90a():
     wl = dict(load_workloads("resnet50_3x3_b256", epilogue=S8_OUT))["resnet50_s2_3x3_b256"]
     for cfg in (INT8_WGMMA.default_config(wl, "sm_90a"),
                 INT8_WGMMA.default_config(wl, "sm_90a").replace(PERSIST=1)):
@@ -84,14 +90,19 @@ def _gpu_workloads() -> list[tuple[str, object]]:
                   if wl.M * wl.N * wl.K < 2**33]
 
 
+def test_gpu_workloads_are_the_shared_layers():
+    """The GPU test's layers: the 8 ResNet-50 3x3 layers and the GEMMs under 2^33 MACs."""
+    assert len(_gpu_workloads()) == 8 + 3
+
+
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name,wl", _gpu_workloads(), ids=lambda v: v if isinstance(v, str)
                          else "")
 def test_gpu_shared_workloads_default_and_sampled(name, wl):
-    if bitserial.device_arch() != bitserial.WGMMA_ARCH:
+    if device_arch() != WGMMA_ARCH:
         pytest.skip("wgmma needs sm_90a")
     space = INT8_WGMMA.space(wl)
+    checked = 0
     for i, cfg in enumerate([INT8_WGMMA.default_config(wl),
                              *space.sample(2, random.Random(name))]):
         x, w, params = random_inputs(wl, 50 + i, device="cuda")
@@ -100,3 +111,5 @@ def test_gpu_shared_workloads_default_and_sampled(name, wl):
         out.view(torch.uint8).fill_(0xA5)
         got = INT8_WGMMA.build(wl, cfg).bind(x, w, params, out)()
         assert torch.equal(got, want), (name, dict(cfg))
+        checked += 1
+    assert checked == 3

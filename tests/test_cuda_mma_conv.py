@@ -160,9 +160,7 @@ def _compile_cases() -> list[tuple[object, object, Config]]:
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-def test_sample_of_configs_compiles_with_nvrtc(arch: str, tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
-    nvrtc._memory_cache.clear()
+def test_sample_of_configs_compiles_with_nvrtc(arch: str) -> None:
     for template, wl, cfg in _compile_cases():
         kernel = template.build(wl, cfg) if not HAS_CUDA else None
         cubin = (kernel.compile(arch) if kernel is not None
@@ -242,7 +240,6 @@ S8_SHAPES = [
 
 
 @gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("shape", range(len(S8_SHAPES)))
 @pytest.mark.parametrize("epi", range(len(EPILOGUES)))
 def test_s8_bit_exact(shape: int, epi: int) -> None:
@@ -260,7 +257,6 @@ S4_SHAPES = [
 
 
 @gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("shape", range(len(S4_SHAPES)))
 @pytest.mark.parametrize("epi", [0, 1, 2, 4, 6])
 def test_s4_bit_exact(shape: int, epi: int) -> None:
@@ -271,7 +267,6 @@ def test_s4_bit_exact(shape: int, epi: int) -> None:
 
 
 @gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("epi", [0, 2, 4])
 def test_gemm_bit_exact(epi: int) -> None:
     for m, n, k in ((1, 8, 32), (37, 19, 100), (256, 96, 512)):
@@ -282,18 +277,21 @@ def test_gemm_bit_exact(epi: int) -> None:
 
 
 @gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("suite", ["resnet18_b8", "resnet50_3x3_b16", "tvm_tutorial"])
 def test_shared_workloads_bit_exact(suite: str) -> None:
-    for name, wl in load_workloads(suite, w="s8", a="u8", epilogue=REQ_U4_PACKED):
+    layers = load_workloads(suite, w="s8", a="u8", epilogue=REQ_U4_PACKED)
+    checked = 0
+    for name, wl in layers:
         wl = wl.replace(N=min(wl.N, 2))
-        for i, cfg in enumerate(_configs(S8_TEMPLATE, wl, 1, seed=len(name))):
+        configs = _configs(S8_TEMPLATE, wl, 1, seed=len(name))
+        for i, cfg in enumerate(configs):
             out, ref = _poisoned_run(S8_TEMPLATE.build(wl, cfg), wl, seed=400 + i)
             _assert_matches(out, ref, f"{name} {cfg}")
+        checked += len(configs) >= 2  # the default and a sampled config at least
+    assert checked == len(layers) > 0
 
 
 @gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_misaligned_views_fall_back_to_byte_loads() -> None:
     wl = s8_conv(C=32, K=16)
     kernel = S8_TEMPLATE.build(wl, S8_TEMPLATE.default_config(wl))

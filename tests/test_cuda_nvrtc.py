@@ -146,7 +146,6 @@ def test_dim3():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_launch_on_current_stream():
     kernel = nvrtc.load_kernel(ADD_ONE, "add_scaled")
     n = 1000
@@ -160,7 +159,6 @@ def test_launch_on_current_stream():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_launch_bmma_and_big_shared_memory():
     kernel = nvrtc.load_kernel(BMMA, "bmma")
     a = torch.full((32,), -1, dtype=torch.int32, device="cuda")

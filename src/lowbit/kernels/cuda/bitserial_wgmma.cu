@@ -1,5 +1,11 @@
-// One output tile per block on Hopper warpgroup MMA (sm_90a). Needs bitserial_common.cu, the
-// rendered wgmma wrappers and bitserial_wgmma_common.cu before it.
+// Template cuda.bitserial_wgmma: one output tile per block on Hopper warpgroup MMA (sm_90a),
+// the A tiles gathered (im2col) into the cp.async stages, from global memory or from the
+// block's halo (HALO), or read in place from a pixel tile's input window (A_IN_HALO, with its
+// weights by bulk copies, BULK_WEIGHTS, and the window by tensor copies, TMA_HALO); the k tiles
+// optionally split over SLICES sets of warpgroups.
+
+#include "bitserial_common.cu"
+#include "bitserial_wgmma_common.cu"
 
 // A_IN_HALO with every k tile of a slice in its own stage (STAGES - 2 >= its k tiles; the
 // stages hold weights only, STAGES=12): no stage is refilled, so the loop issues each stage's
@@ -11,7 +17,7 @@ constexpr bool RESIDENT_STAGES = A_IN_HALO && (KTILES + SLICES - 1) / SLICES <= 
 // their samples issuing its ~3,900 copies per block, 2,304 of them the weights').
 constexpr int STAGE_BYTES = STAGE_WORDS * 4;
 static_assert(!BULK_WEIGHTS || (RESIDENT_STAGES && SLICES == 1 && !ROWSUM_COLS),
-              "BULK_WEIGHTS: A_IN_HALO, every k tile resident, one k slice (bitserial.py)");
+              "BULK_WEIGHTS: A_IN_HALO, every k tile resident, one k slice (the template's constraints)");
 
 // TMA_HALO = 32, 64 or 128 (A_IN_HALO, one k slice, channels a multiple of 8 x TMA_HALO): the
 // block's input window arrives by the tensor copy engine, one copy per (plane, channel block of
@@ -24,7 +30,7 @@ static_assert(!BULK_WEIGHTS || (RESIDENT_STAGES && SLICES == 1 && !ROWSUM_COLS),
 // the window's rows and 3.41 by 16-byte cp.async (benchmarks/apconv_floor.py); re-laying
 // bulk-copied rows chunk by pixel cost the in-place kernel ~1 us (NOTES.md).
 static_assert(!TMA_HALO || (A_IN_HALO && SLICES == 1 && CW * 4 % TMA_HALO == 0),
-              "TMA_HALO: A_IN_HALO, one k slice, whole channel blocks (bitserial.py)");
+              "TMA_HALO: A_IN_HALO, one k slice, whole channel blocks (the template's constraints)");
 constexpr int MBARS = (BULK_WEIGHTS ? KTILES : 0) + HALO_BLOCKS;
 __device__ __forceinline__ void halo_tensor_load(const TensorMap* xmap, u32* halo, int tile,
                                                  u64* bars) {
@@ -112,9 +118,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
   RowSum rsum;
   zero_acc(acc, rsum);
 
-  // [0, KTILES) without split-K or slices
-  const int k0 = SLICES > 1 ? slice * KTILES / SLICES : split_k_begin();
-  const int k1 = SLICES > 1 ? (slice + 1) * KTILES / SLICES : split_k_end();
+  // [0, KTILES) without slices
+  const int k0 = SLICES > 1 ? slice * KTILES / SLICES : 0;
+  const int k1 = SLICES > 1 ? (slice + 1) * KTILES / SLICES : KTILES;
   // BULK_WEIGHTS / TMA_HALO: thread 0 sets up a barrier per k tile (and per channel block of
   // the window, after them) and issues the copies (the window's first, after its weight
   // cp.async without BULK_WEIGHTS); the other threads first touch a barrier after the loop's
@@ -167,12 +173,12 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
       const int next = kt + STAGES - 2;
       if (next < k1) {
         if constexpr (!BULK_WEIGHTS)
-          load_stage(x, w, stages + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
+          CUT_LOADS load_stage(x, w, stages + ((next - k0) % STAGES) * STAGE_WORDS, ar, n0, next, tid, halo, halo_row0);
         if constexpr (A_IN_HALO && !TMA_HALO) halo_stage_load(x, halo, next, k0, tid);
       }
       copy_commit();
     }
-    wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, kt > k0,
+    CUT_MMA wgmma_stage(acc, rsum, stages + ((kt - k0) % STAGES) * STAGE_WORDS, ones, wg_m, wg_n, kt > k0,
                 TMA_HALO ? halo_tiles(halo) : halo, kt);
     if constexpr (!RESIDENT_STAGES) wgmma_wait<1>();  // stage kt - 1 is refilled next
   }
@@ -186,12 +192,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
   if constexpr (SLICES > 1) {
     if (!slices_reduce(acc, rsum, smem, slice, tid)) return;
   }
-  if constexpr (SPLIT_K > 1) {  // not in the space: wrong on an H100 though exact in the
-    // host emulation (NOTES.md, "Split-K"); kept, emulation-exact, for that investigation
-    split_store(acc, rsum, ea, m0, n0, row0, wg_n * WN, lane);
-    if (!split_arrive(split_count, tid)) return;
-  }
   u32* s_out = smem;  // packing tile over the operand stages, once every warpgroup is done
   const RowPrep prep = A_IN_HALO ? rows : epilogue_rows(m0, n0, row0, wg_n * WN, lane, ea);
-  tile_epilogue(acc, rsum, prep, m0, n0, row0, wg_n * WN, lane, tid, ea, s_out);
+  CUT_EPILOGUE tile_epilogue(acc, rsum, prep, m0, n0, row0, wg_n * WN, lane, tid, ea, s_out);
 }

@@ -1,8 +1,7 @@
 // What the Hopper warpgroup-MMA kernels share (bitserial_wgmma.cu: one tile per block;
-// bitserial_wgmma_persistent.cu: persistent blocks): wgmma.mma_async m64nNk256 b1 AND, both
-// operands read from shared memory through descriptors (no fragment loads: the mma.sync path is
-// co-limited by them). Needs bitserial_common.cu and the rendered wgmma_planes / wgmma_rowsum
-// (bitserial.py) before it.
+// bitserial_wgmma_persistent.cu: persistent blocks; bitserial_tap_shift.cu): wgmma.mma_async
+// m64nNk256 b1 AND, both operands read from shared memory through descriptors (no fragment
+// loads: the mma.sync path is co-limited by them). Needs bitserial_common.cu before it.
 //
 // Warpgroup (wg_m, wg_n) owns rows [64 wg_m, 64 wg_m + 64) and columns [WN wg_n, WN wg_n + WN)
 // of the block tile; per k256 slab it issues one m64nNk256 (N = P_BITS * WN: all weight planes
@@ -39,7 +38,7 @@ __device__ __forceinline__ int halo_units(int j, int wg_m) {
          tap % S;
 }
 // TMA_HALO: the window's first channel block, on the first 1,024-byte boundary in `halo` (its
-// slack: bitserial.py, halo_bytes).
+// slack: bitserial_layout.halo_bytes).
 __device__ __forceinline__ u32* halo_tiles(u32* halo) {
   const u32 a = smem_addr(halo);
   return halo + (((a + 1023) & ~1023u) - a) / 4;
@@ -60,50 +59,10 @@ __device__ __forceinline__ u64 halo_desc_swizzled(const u32* tiles, int j, int w
   return ((a & 0x3FFFF) >> 4) | (1ull << 16) | ((u64)(HALO_W * TMA_HALO / 16) << 32) |
          (HALO_SWIZZLE_MODE << 62);
 }
-// <device-primitives> (bitserial_emu.py replaces this region with host versions)
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
-}
-// cp.async writes shared memory through the generic proxy; wgmma reads it through the async one.
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-// BULK_WEIGHTS: a bulk copy (the copy engine, one instruction) of `bytes` contiguous global
-// bytes into shared memory, counted on the mbarrier `bar`, whose phase completes once the
-// arrivals and the bytes announced by mbar_expect_tx are in.
-__device__ __forceinline__ void mbar_init(u64* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(smem_addr(bar)), "r"(count));
-}
-__device__ __forceinline__ void fence_mbar_init() {  // the inits, visible to the copy engine
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(u64* bar, u32 bytes) {  // one arrival + bytes
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-               :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_copy(u32* dst, const u32* src, u32 bytes, u64* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-               :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
-}
-// TMA_HALO: a tiled tensor copy (the copy engine) of the 4-d box at coordinates (c0..c3) of
-// the tensor map into shared memory at `dst`, counted on `bar` like a bulk copy
-__device__ __forceinline__ void tensor_copy_4d(u32* dst, const TensorMap* map, int c0, int c1,
-                                               int c2, int c3, u64* bar) {
-  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
-               :: "r"(smem_addr(dst)), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1),
-                  "r"(c2), "r"(c3), "r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u64* bar, int phase) {
-  u32 done = 0;
-  while (!done)
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 " selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(smem_addr(bar)), "r"(phase)
-                 : "memory");
-}
-// </device-primitives>
+#include "bitserial_wgmma_device.cu"
+// wgmma_planes, wgmma_rowsum (and wgmma_planes_ones): inline PTX rendered for this kernel's N
+// (bitserial_render.wgmma_source), or the emulation's host versions
+#include "bitserial_wgmma_ops.cu"
 
 // The MMAs of activation plane i (descriptor da) x all weight planes (db) at one k step, and
 // for binary weights the plane's row popcounts: ROWSUM_COLS from the same wgmma's ones columns,
@@ -201,7 +160,7 @@ __device__ __forceinline__ void fill_stage_ones_rows(u32* stages, int tid) {
 // slice adds them. Only what the MMAs wrote: FUSE_PLANES leaves acc[1] unused, and the row sums
 // exist with binary weights' ones tile or ones columns.
 static_assert(SLICES == 1 || SLICE_SUM_WORDS * 4 >= (int)(sizeof(Acc) + sizeof(RowSum)),
-              "bitserial.slice_sum_words sizes the slices' sums");
+              "bitserial_layout.slice_sum_words sizes the slices' sums");
 template <bool ADD>
 __device__ __forceinline__ void slice_sums(Acc& acc, RowSum& rsum, int* buf, int tid) {
   int w = 0;

@@ -1,4 +1,5 @@
-// Persistent blocks on Hopper warpgroup MMA (sm_90a): tiles blockIdx.x, +gridDim.x, ... with
+// Template cuda.bitserial_wgmma_persistent: persistent blocks on Hopper warpgroup MMA (sm_90a):
+// tiles blockIdx.x, +gridDim.x, ... with
 // the cp.async pipeline running across tile boundaries, so the next tile's first stages load
 // while this tile's last wgmma batches and its epilogue run (a one-tile block exposes its
 // pipeline fill and its epilogue once per tile: GEMM 4096 w1a1 has 4 k tiles of KT=4, ResNet-50
@@ -8,9 +9,11 @@
 // each with its own stage ring and barrier (named barrier 1 + team), take the block's tiles in
 // turn (team t: blockIdx.x + (2i + t) gridDim.x), and a team starts issuing a tile's MMAs only
 // once the other team has issued all of its previous tile's (named barriers 3 + team), so one
-// team's MMAs run while the other's epilogue does (bitserial_wgmma_shift.cu has the same
-// order). Needs bitserial_common.cu, the rendered wgmma wrappers and bitserial_wgmma_common.cu
-// before it.
+// team's MMAs run while the other's epilogue does (bitserial_tap_shift.cu has the same
+// order).
+
+#include "bitserial_common.cu"
+#include "bitserial_wgmma_common.cu"
 
 static_assert(TEAMS <= 2, "the MMA order alternates between two teams");
 
@@ -65,18 +68,18 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma_pers
       // opaque: NVRTC otherwise computes each k tile's copy offsets (which depend on tid alone)
       // once, before the tile loop, and spills them (s5 w1a1 256 x 128: 76 bytes)
       if (ld.tile < N_TILES)
-        load_stage(x, w, stages + to * STAGE_WORDS, ld.ar, ld.n0, kl, opaque(tid));
+        CUT_LOADS load_stage(x, w, stages + to * STAGE_WORDS, ld.ar, ld.n0, kl, opaque(tid));
       copy_commit();
       fill = fill == STAGES - 1 ? 0 : fill + 1;
       if (kt == 0) mma_turn_wait(team, first);
-      wgmma_stage(acc, rsum, stages + from * STAGE_WORDS, ones, wg_m, wg_n, kt > 0);
+      CUT_MMA wgmma_stage(acc, rsum, stages + from * STAGE_WORDS, ones, wg_m, wg_n, kt > 0);
       if (kt == KTILES - 1) mma_turn_pass(team, tile + (int)gridDim.x < N_TILES);
       read = read == STAGES - 1 ? 0 : read + 1;
       if (kt < KTILES - 1) wgmma_wait<1>();
     }
     first = false;
     wgmma_wait<0>();  // the tile's accumulators are final
-    tile_epilogue(acc, rsum, tile / N_COL_TILES * BM, tile % N_COL_TILES * BN, row0, col0, lane,
+    CUT_EPILOGUE tile_epilogue(acc, rsum, tile / N_COL_TILES * BM, tile % N_COL_TILES * BN, row0, col0, lane,
                   tid, ea, s_out);
     zero_acc(acc, rsum);
   }

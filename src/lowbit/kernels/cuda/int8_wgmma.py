@@ -1,16 +1,16 @@
-"""int8 conv2d / GEMM on Hopper s8 tensor cores through the bit-serial wgmma kernel.
+"""int8 conv2d / GEMM on Hopper s8 tensor cores through the bit-serial wgmma kernels.
 
-The bit-serial wgmma kernel (`bitserial.py`, `bitserial_wgmma*.cu`) stages 32-byte k slabs per
-row with cp.async (im2col gather, zero-filled padding), keeps one wgmma batch in flight
-(`wgmma.wait_group 1`, which Triton does not do for integer dots) and runs the fused epilogue.
-A 32-byte slab of int8 channels is exactly the k32 of `wgmma m64nNk32.s32.{s8,u8}.s8`, so with
-one "plane" of bytes (CW = C/4 words per pixel, coefficients 1, no row sums) the same kernel is
-an int8 implicit GEMM for operands in the int8 layout (NHWC / KRSC, one byte per value).
+The wgmma bit-serial kernels (`bitserial_wgmma.cu`, `bitserial_wgmma_persistent.cu`) stage
+32-byte k slabs per row with cp.async (im2col gather, zero-filled padding), keep one wgmma batch
+in flight (`wgmma.wait_group 1`, which Triton does not do for integer dots) and run the fused
+epilogue. A 32-byte slab of int8 channels is exactly the k32 of `wgmma m64nNk32.s32.{s8,u8}.s8`,
+so with one "plane" of bytes (CW = C/4 words per pixel, coefficients 1, no row sums) the same
+kernels are an int8 implicit GEMM for operands in the int8 layout (NHWC / KRSC, one byte per
+value).
 
-Template `cuda.int8_wgmma` (sm_90a only): knobs of `cuda.bitserial` with MMA fixed to wgmma
-(BM, BN, WN, KT, STAGES, PERSIST, SWIZZLE, HALO, REQUANT; SPLIT_K fixed at 1). Exact: int32
-accumulation, the workload's worst-case |sum| must fit (checked), outputs as
-`lowbit.reference.run`.
+Template `cuda.int8_wgmma` (sm_90a only): the wgmma families' tile and pipeline knobs, one tile
+per block or persistent (PERSIST). Exact: int32 accumulation, the workload's worst-case |sum|
+must fit (checked), outputs as `lowbit.reference.run`.
 """
 
 from __future__ import annotations
@@ -18,32 +18,55 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from ...core import Config, ConfigSpace, Encoding, Knob, Layout, Workload
-from ..base import EXACT_INT32, KernelTemplate, acc_bound
-from .bitserial import (
-    DEFAULTS,
-    WGMMA_ARCH,
-    BitserialKernel,
-    BitserialTemplate,
-    _constraints,
-    conv_shape,
-    requant_knob,
-    support_limits_reason,
-    target_arch,
+from ...core import Config, Encoding, Layout, Workload
+from ...core.knobs import KnobDef, KnobTable
+from ...core.space import Scalar
+from ..base import EXACT_INT32, acc_bound
+from . import bitserial_defaults as defaults
+from .bitserial_family import (
+    BitserialFamily,
+    bitplane_words,
+    copy_chunks,
+    halo_slab,
+    registers,
+    shared_memory,
+    tile_waste,
+    warp_tiles,
+    wgmma_n,
 )
+from .bitserial_render import render
+from .bitserial_shape import WGMMA_ARCH, conv_shape, kernel_window, support_limits_reason
+from .bitserial_wgmma import REQUANT, SWIZZLE, WGMMA, WGMMA_PERSISTENT, persistent_spill
 
 
-class Int8WgmmaTemplate(KernelTemplate):
-    """NHWC x KRSC int8 conv2d (and GEMM) on s8 wgmma with the bit-serial kernel's pipeline."""
+class Int8WgmmaTemplate(BitserialFamily):
+    """NHWC x KRSC int8 conv2d (and GEMM) on s8 wgmma with the bit-serial wgmma kernels."""
 
     name = "cuda.int8_wgmma"
-    backend = "cuda"
-    added_knobs: ClassVar[Mapping[str, object]] = {"REQUANT": "multiply", "SPLIT_K": 1}
+    kind = "wgmma"
+    archs = (WGMMA_ARCH,)
+    summary = "int8-layout operands on s8 wgmma through the bit-serial wgmma kernels"
+    kernels: ClassVar[Mapping[int, str]] = {0: WGMMA.kernels[0], 1: WGMMA_PERSISTENT.kernels[1]}
+    entries: ClassVar[Mapping[int, str]] = {0: WGMMA.entry, 1: WGMMA_PERSISTENT.entry}
+    entry = WGMMA.entry
+    fixes: ClassVar[Mapping[str, Scalar]] = {"MMA": "wgmma", "WM": 64}
+    knobs = KnobTable(
+        KnobDef("BM", (64, 128, 256), "block tile rows: 64 per warpgroup"),
+        KnobDef("BN", (16, 32, 64, 128, 256), "block tile columns (output channels)"),
+        KnobDef("WN", (16, 32, 64, 128, 256), "columns per warpgroup (wgmma N)"),
+        KnobDef("KT", (1, 2, 4), "k32 byte slabs per pipeline stage"),
+        KnobDef("STAGES", (3, 4, 6), "cp.async pipeline stages (one stays in flight)"),
+        KnobDef("PERSIST", (0, 1), "1: one wave of persistent blocks, the copies pipelined "
+                "across tiles (bitserial_wgmma_persistent.cu)"),
+        KnobDef("HALO", (0, 1), "1: the block's input rows plus halo copied once into shared "
+                "memory, the im2col tiles gathered from there (one tile per block)",
+                requires={"PERSIST": (0,)}, applies=kernel_window),
+        REQUANT, SWIZZLE)
+    checks = (warp_tiles, wgmma_n, persistent_spill, halo_slab, registers, shared_memory,
+              copy_chunks, bitplane_words, tile_waste)
 
-    def unsupported_reason(self, workload: Workload) -> str | None:
+    def workload_reason(self, workload: Workload) -> str | None:
         wl = workload
-        if target_arch() != WGMMA_ARCH:
-            return f"needs {WGMMA_ARCH} (wgmma); this GPU is {target_arch()}"
         for name, layout in (("a_layout", wl.a_layout), ("w_layout", wl.w_layout)):
             if layout is not Layout.INT8:
                 return f"{name}={layout.value!r}: only the int8 layout (one value per byte)"
@@ -57,40 +80,28 @@ class Int8WgmmaTemplate(KernelTemplate):
             return f"worst-case |accumulator| {bound} >= {EXACT_INT32}: int32 would not be exact"
         return support_limits_reason(wl)
 
-    def space(self, workload: Workload, arch: str | None = None) -> ConfigSpace:
-        """Configs for `workload` on `arch` (default `target_arch()`); sm_90a only."""
-        self.check_supported(workload)
-        arch = arch or target_arch()
-        if arch != WGMMA_ARCH:
-            raise ValueError(f"{self.name} needs {WGMMA_ARCH} (wgmma), got {arch}")
-        knobs = [Knob("BM", (64, 128, 256)), Knob("BN", (16, 32, 64, 128, 256)),
-                 Knob("WM", (64,)), Knob("WN", (16, 32, 64, 128, 256)),
-                 Knob("KT", (1, 2, 4)), Knob("STAGES", (3, 4, 6)), Knob("PERSIST", (0, 1)),
-                 Knob("MMA", ("wgmma",)), Knob("SWIZZLE", (0, 32)), Knob("HALO", (0, 1)),
-                 Knob("ROWSUM", ("mma",)), requant_knob(workload),
-                 Knob("SPLIT_K", (1,))]  # split-K: mma.sync only (bitserial.py)
-        return ConfigSpace(knobs, _constraints(workload))
+    def kernel_name(self, config: Mapping) -> str:
+        return self.kernels[config["PERSIST"]]
 
-    def default_config(self, workload: Workload, arch: str | None = None) -> Config:
-        """The first valid of the bit-serial wgmma defaults (big N per instruction first), on
-        this template's knobs: those that set a bit-serial knob it lacks (tap-shift, fused
-        planes) are skipped, the others' bit-serial knobs left out."""
+    def render(self, workload: Workload, config: Mapping, chained: int = 0, cuts=(),
+               supplied: Mapping[str, str] | None = None) -> str:
+        return render(workload, self.spec(config), self.entries[config["PERSIST"]], chained,
+                      cuts, supplied)
+
+    def default_config(self, workload: Workload, arch: str | None = None,
+                       plain: bool = False) -> Config:
+        """The first valid of the one-tile wgmma family's preferred configs that set no knob
+        this template lacks (big N per instruction first), requantizing by multiplying."""
         space = self.space(workload, arch)
-        lacks = {k: v for k, v in BitserialTemplate.added_knobs.items() if k not in space.names}
-        for d in DEFAULTS["wgmma"]:
-            if any(d.get(k, v) != v for k, v in lacks.items()):
+        for d in defaults.preferred(defaults.WGMMA):
+            if any(k not in self.knobs.names and v != WGMMA.knobs[k].neutral
+                   for k, v in d.items()):
                 continue
-            cfg = Config({k: v for k, v in d.items() if k in space.names})
+            cfg = Config({**self.knobs.neutral(), **{k: v for k, v in d.items()
+                                                     if k in self.knobs.names}})
             if space.is_valid(cfg):
                 return cfg
         return space.all_configs()[0]
-
-    def build(self, workload: Workload, config: Config, arch: str | None = None
-              ) -> BitserialKernel:
-        """Compile for `arch` (default sm_90a); ValueError on an invalid config."""
-        arch = arch or WGMMA_ARCH
-        config = self.checked_config(workload, config, self.space(workload, arch))
-        return BitserialKernel(workload, config, arch, template=self.name)
 
 
 INT8_WGMMA = Int8WgmmaTemplate()

@@ -1,6 +1,6 @@
 """Tiled mma.sync implicit-GEMM convolution (Choi et al.'s schedule space), CUDA through NVRTC.
 
-Two registered templates share one kernel body (`mma_conv_cuda.BODY`):
+Two registered templates share one kernel body (`mma_conv.cu`):
 - ``cuda.mma_conv_s8``: ``mma.sync m16n8k32`` on 8-bit storage (Layout.INT8 activations NHWC and
   weights KRSC, any precision up to 8 bits: signed/binary operands as s8, unsigned as u8);
 - ``cuda.mma_conv_s4``: ``mma.sync m16n8k64`` on 4-bit dense-packed storage (Layout.PACKED,
@@ -30,9 +30,16 @@ from ...core.precision import Encoding
 from ...core.validate import check_inputs, output_buffer
 from ..base import KernelTemplate, register
 from . import nvrtc
-from .mma_conv_cuda import BODY, PRELUDE_NAMES
+from .cu_source import expand
 
 KERNEL_NAME = "mma_conv"
+#: the constants `render` defines before the kernel text (mma_conv.cu)
+PRELUDE_NAMES = (
+    "WARPS_M", "WARPS_N", "TILES_M", "TILES_N", "KB", "LOOP_CRS", "DUP", "REG_PACK",
+    "MMA_S4", "A_SIGNED", "W_SIGNED", "VEC", "NIBBLE_TAIL",
+    "NB", "H", "W", "CB", "K", "R", "S", "STRIDE", "PAD", "P", "Q", "TP", "TQ",
+    "HAS_BIAS", "RELU", "OUT_KIND", "OUT_BITS", "QMIN", "QMAX",
+)
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory per block on sm_90 (sm_80: 163 KiB)
 MAX_REGS = 255
 REGS_PER_SM = 65536
@@ -247,9 +254,10 @@ def vector_bytes(shape: ConvShape, variant: Variant) -> int:
 
 
 def render(wl: Workload, config: Config, variant: Variant, vec: int | None = None,
-           body: str = BODY) -> str:
-    """CUDA source of one (workload, config): knob and shape constants + the kernel body
-    (``body``: the host emulation swaps the device primitives, see `mma_conv_emu`)."""
+           supplied: dict[str, str] | None = None) -> str:
+    """CUDA source of one (workload, config): knob and shape constants + mma_conv.cu expanded
+    (``supplied``: files in place of the package's; the host emulation swaps the device
+    primitives, see `mma_conv_emu`)."""
     shape = conv_shape(wl, variant)
     bm, _ = block_tile(config)
     tp, tq = pixel_tile(shape, bm)
@@ -278,6 +286,7 @@ def render(wl: Workload, config: Config, variant: Variant, vec: int | None = Non
     assert set(values) == set(PRELUDE_NAMES)
     # macros, not constexpr: the MMA instruction is chosen with #if
     prelude = "".join(f"#define {k} {int(v)}\n" for k, v in values.items())
+    body = expand("mma_conv.cu", supplied)
     return f"// lowbit {variant.mma} conv, config {config.to_json()}\n{prelude}{body}"
 
 

@@ -1,4 +1,4 @@
-"""Geometry of the tap-shift wgmma conv (knob TAP_SHIFT=1, `bitserial_wgmma_shift.cu`).
+"""Geometry of the tap-shift wgmma conv (cuda.bitserial_tap_shift, `bitserial_tap_shift.cu`).
 
 A stride-1 conv computed in virtual rows: output pixel (n, ho, wo) is row
 v = (n * VP + ho) * VQ + wo of a grid VP x VQ per image that leaves zero rows and columns after
@@ -30,7 +30,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .bitserial import Shape
+    from .bitserial_shape import Shape
 
 ENTRY_BYTES = 16  # one core-matrix row: 128 bits of k
 MAX_GROUPS = 8    # channel groups of 256 (the kernel's copy_wait ladder)
@@ -159,7 +159,7 @@ def plane_words(plan: ShiftPlan) -> int:
 
 
 def render_tables(plan: ShiftPlan) -> str:
-    """The plan as constexpr parameters and X-macro tables for bitserial_wgmma_shift.cu:
+    """The plan as constexpr parameters and X-macro tables for bitserial_tap_shift.cu:
     SHIFT_STEPS(X) -> X(group, slab, A offset in entries, LBO in entries, ones tile) per k256
     step; SHIFT_HALVES(X) -> X(group, slab, half, first weight word, weight words);
     SHIFT_ONES(X) -> X(tile, words of ones in the low half, in the high half)."""

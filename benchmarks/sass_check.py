@@ -1,0 +1,87 @@
+"""The SASS of the bit-serial templates' default configs against a recorded baseline (no GPU).
+
+`benchmarks/sass_baseline.json` holds, for the default config of every bit-serial kernel family
+on the shared workloads (w1a1, w1a2, w2a2, with the benchmarks' epilogue; int32 and fp16
+outputs on three layers; the benchmarks' GEMM 4096 and APNN-TC conv too) and for
+`cuda.int8_wgmma`'s default on int8 layers, each kernel's instruction count and a digest of its
+instructions (`lowbit.kernels.cuda.sass`: NVRTC cubin, nvdisasm, addresses dropped, branch
+labels renumbered per kernel). It was recorded from the single `cuda.bitserial` template
+(commit 1752cab) before its split into families, by benchmarks/sass_baseline_record.py (in git
+history: commit 8b5a335); its configs are in that template's form, with the role they had
+("default" / "default_sm80": `default_config(wl)`; "<family>@<arch>": the family's preferred
+default), and a sample of the single template's spaces (tests/test_cuda_bitserial.py reads
+both). Checked after the split: 798 of 798 entries, 2,616 kernels, the same instructions.
+
+`python benchmarks/sass_check.py [--limit N] [--jobs J] [--sample K]` migrates each recorded
+config (`lowbit.kernels.cuda.migrate_config`), checks that the family's `default_config` (or
+`default_bitserial`, for the "default" roles) picks it, renders it with its family's template,
+compiles it for the recorded arch and compares every kernel's instructions: same count and
+digest, or a FAIL line. Exit status 1 on any difference. About 1 s of CPU per entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+BASELINE = Path(__file__).resolve().parent / "sass_baseline.json"
+
+
+def check_entry(entry: dict) -> list[str]:
+    """Differences of one baseline entry from what the current templates pick and compile
+    ([] if none)."""
+    from lowbit.core import Config, workload_from_json
+    from lowbit.kernels.cuda import BY_NAME, default_bitserial, migrate_config
+    from lowbit.kernels.cuda.nvrtc import compile_cubin
+    from lowbit.kernels.cuda.sass import sass_summary
+
+    wl = workload_from_json(entry["workload_json"])
+    name, cfg = migrate_config(entry["template"], Config(entry["config"]))
+    family, arch, role = BY_NAME[name], entry["arch"], entry["role"]
+    tag = f"{entry['workload']} {entry['precision']} {role} {arch} -> {name}"
+    diffs = []
+    if role.startswith("default"):
+        picked, picked_cfg = default_bitserial(wl, arch)
+        if (picked.name, picked_cfg) != (name, cfg):
+            diffs.append(f"FAIL {tag}: default_bitserial picks {picked.name} {dict(picked_cfg)}")
+    elif family.default_config(wl, arch) != cfg:
+        diffs.append(f"FAIL {tag}: default_config picks {dict(family.default_config(wl, arch))}")
+    got = sass_summary(compile_cubin(family.render(wl, cfg), arch))
+    want = entry["sass"]
+    for k in sorted(set(want) | set(got)):
+        if want.get(k) != got.get(k):
+            diffs.append(f"FAIL {tag}: {k} {want.get(k)} != {got.get(k)}")
+    return diffs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--baseline", type=Path, default=BASELINE)
+    ap.add_argument("--limit", type=int, default=0, help="check the first N entries only")
+    ap.add_argument("--sample", type=int, default=0, help="check N random entries only")
+    ap.add_argument("--jobs", type=int, default=2)
+    args = ap.parse_args()
+    entries = json.loads(args.baseline.read_text())["entries"]
+    if args.limit:
+        entries = entries[: args.limit]
+    if args.sample:
+        entries = random.Random(0).sample(entries, min(args.sample, len(entries)))
+    failed, kernels = 0, 0
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for entry, diffs in zip(entries, pool.map(check_entry, entries, chunksize=4),
+                                strict=True):
+            failed += bool(diffs)
+            kernels += len(entry["sass"])
+            for d in diffs:
+                print(d, flush=True)
+    print(f"{len(entries) - failed} of {len(entries)} entries ({kernels} kernels) pick and "
+          "compile to the recorded SASS")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

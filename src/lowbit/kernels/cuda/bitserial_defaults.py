@@ -1,0 +1,100 @@
+"""The untuned bit-serial kernels: preferred configs per family, best first, and the rule that
+picks the first that fits a workload.
+
+`PREFERRED[mma]` is one list over the families of an MMA kind ("mma_sync" on every arch,
+"wgmma" on sm_90a), in the order the measurements ranked them (BENCHMARKS.md, "Bit-serial
+defaults"); a family's own preferred list is its entries of that list (the persistent families
+take their one-tile sibling's). Each entry names its family's template and sets some of its
+knobs (the others neutral); REQUANT is "threshold" wherever the output allows. A config is
+picked where it is valid, keeps its accumulators in `ACC_LIMIT` registers, and its regime's
+condition holds (`regime_fits`). `bitserial_families.default_bitserial` walks the whole list of
+the arch's kind; a family's `default_config` its own entries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from ...core import Workload
+from ..base import NUM_SMS
+from .bitserial_shape import conv_shape, planes
+
+MMA_SYNC, MMA_SYNC_PERSISTENT = "cuda.bitserial_mma_sync", "cuda.bitserial_mma_sync_persistent"
+WGMMA, WGMMA_PERSISTENT = "cuda.bitserial_wgmma", "cuda.bitserial_wgmma_persistent"
+TAP_SHIFT = "cuda.bitserial_tap_shift"
+#: the family whose preferred list a persistent family takes
+PREFERRED_FROM = {MMA_SYNC_PERSISTENT: MMA_SYNC, WGMMA_PERSISTENT: WGMMA}
+#: accumulator registers a default may keep per thread (wgmma: + the row sums of w1 x a1)
+ACC_LIMIT = {"mma_sync": 128, "wgmma": 136}
+# the tap-shift defaults' limit on output channels (the widths they were measured at); the
+# two-team ones: 256, and only for two activation planes (a team's MMA phase long enough to
+# hide the other's epilogue, NOTES.md "Teams")
+TAP_SHIFT_DEFAULT_MAX_K = 128
+TEAMS_DEFAULT_MAX_K = 256
+
+# wgmma defaults use the 32-byte swizzle (up to 1.4x faster than core matrices, NOTES.md v4);
+# the one-tile ones KT=1 with 6 stages
+_SW = dict(SWIZZLE=32)
+_TILE = dict(KT=1, STAGES=6, **_SW)
+PREFERRED: dict[str, list[tuple[str, dict]]] = {
+    # APNN-TC-like: big warp tiles for small p*q, smaller for larger
+    "mma_sync": [(MMA_SYNC, dict(BM=bm, BN=bn, WM=wm, WN=wn, KT=kt, STAGES=st))
+                 for bm, bn, wm, wn, kt, st in [
+                     (128, 128, 64, 32, 2, 3), (128, 64, 32, 32, 2, 3), (64, 64, 32, 32, 2, 3),
+                     (64, 64, 16, 32, 2, 3), (32, 64, 16, 32, 2, 3), (32, 32, 16, 32, 2, 3),
+                     (32, 32, 16, 16, 1, 2), (16, 32, 16, 32, 1, 2), (16, 16, 16, 16, 1, 2)]],
+    "wgmma": [
+        # w1a1 (one accumulator plane): 192 x 256 one-tile blocks, on grids of at least one
+        # tile per SM, two columns' thresholds per add where the epilogue allows
+        *((WGMMA, dict(BM=192, BN=256, WN=256, KT=1, STAGES=4, THR_PAIRS=pairs, **_SW))
+          for pairs in (1, 0)),
+        # two activation planes on convs of at most 256 output channels: persistent tap-shift
+        # blocks of two teams; row sums from the slab for binary weights
+        *((TAP_SHIFT, dict(BM=64, BN=128, WN=128, STAGES=3, PERSIST=1, TEAMS=2, ROW_TABLE=1,
+                           ROWSUM=rowsum, THR_PAIRS=1, **_SW)) for rowsum in ("slab", "mma")),
+        # unsigned two-bit activations: the planes in one accumulator, 192 x 256 blocks
+        *((WGMMA, dict(BM=192, BN=256, WN=256, KT=1, STAGES=4, FUSE_PLANES=1,
+                       THR_PAIRS=pairs, **_SW)) for pairs in (1, 0)),
+        # persistent tap-shift blocks for convs of at most 128 output channels; ones columns
+        # for the row sums of binary weights; at BN = 64 the slab copies' pixels from the table
+        *((TAP_SHIFT, dict(BM=128, BN=bn, WN=bn, STAGES=3, PERSIST=1,
+                           ROW_TABLE=1 if bn == 128 else 2, ROWSUM=rowsum, THR_PAIRS=pairs, **_SW))
+          for bn in (128, 64) for rowsum in ("cols", "mma") for pairs in (1, 0)),
+        # big N per instruction first; fewer warpgroups as p*q grows
+        *((WGMMA, dict(BM=bm, BN=bn, WN=wn, **_TILE)) for bm, bn, wn in [
+            (128, 256, 128), (128, 256, 256), (128, 128, 128), (128, 64, 64), (128, 64, 32),
+            (64, 64, 32), (128, 32, 16), (64, 32, 16), (64, 32, 32), (64, 16, 16)]),
+    ],
+}
+
+
+def preferred(family: str) -> list[dict]:
+    """A family's preferred configs (its knobs only, REQUANT not set), best first."""
+    name = PREFERRED_FROM.get(family, family)
+    return [cfg for entries in PREFERRED.values() for fam, cfg in entries if fam == name]
+
+
+def is_regime(family: str, config: Mapping) -> bool:
+    """A regime default (tap-shift, fused planes, two columns' thresholds per add), which
+    `plain` defaults leave out."""
+    return family == TAP_SHIFT or bool(config.get("FUSE_PLANES") or config.get("THR_PAIRS"))
+
+
+def regime_fits(wl: Workload, spec: Mapping, acc_regs: int) -> bool:
+    """Whether a preferred config (full parameters `spec`, `acc_regs` accumulator registers)
+    suits `wl`: accumulators within ACC_LIMIT; tap-shift defaults on convs of at most
+    TAP_SHIFT_DEFAULT_MAX_K output channels (two teams: TEAMS_DEFAULT_MAX_K, two activation
+    planes only); 192-row and tap-shift blocks on grids of at least one tile per SM."""
+    from .bitserial_layout import tile_grid
+
+    if acc_regs > ACC_LIMIT[spec["MMA"]]:
+        return False
+    teams = spec["TEAMS"] > 1
+    if spec["TAP_SHIFT"] and conv_shape(wl).kout > (
+            TEAMS_DEFAULT_MAX_K if teams else TAP_SHIFT_DEFAULT_MAX_K):
+        return False
+    if teams and planes(wl)[0] < 2:
+        return False
+    return not ((spec["BM"] == 192 or spec["TAP_SHIFT"])
+                and math.prod(tile_grid(wl, spec)) < NUM_SMS)

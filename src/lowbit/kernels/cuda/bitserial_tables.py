@@ -1,0 +1,209 @@
+"""The tables a bound bit-serial kernel reads besides its operands, made at bind: the
+requantization thresholds (and their packed pairs), the per-row table, the side tables the
+small kernels fill (weight sums per tap rectangle, pixel popcounts), the weights' stage images,
+the split-K workspace and TMA_HALO's tensor map. `spec`: the kernel's parameters
+(`bitserial_layout`)."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping
+
+import torch
+
+from ...core import Workload
+from ...core.epilogue import EpilogueParams
+from ...reference.epilogue import INT32_MAX, requant_thresholds
+from .bitserial_layout import (
+    k_tiles,
+    pairs_in_memory,
+    rowsum_table,
+    stage_bytes,
+    tap_shift,
+    threshold_slots,
+    tile_grid,
+    uses_thresholds,
+    window_shape,
+)
+from .bitserial_shape import (
+    Shape,
+    conv_shape,
+    needs_wtap,
+    pair_range,
+    planes,
+    rect_slots,
+    threshold_stride,
+    wsum_columns,
+    wsum_start,
+)
+from .nvrtc import tensor_map_tiled
+from .tap_shift import shift_plan
+
+
+def epilogue_thresholds(wl: Workload, spec: Mapping, params: EpilogueParams
+                        ) -> torch.Tensor | None:
+    """The int32 [wsum_columns, threshold_stride] table a REQUANT="threshold" kernel reads
+    (None otherwise), on the device of params.multiplier: `requant_thresholds` in front, padded
+    past KOUT and past the levels with INT32_MAX (never reached), so the kernel loads every
+    column of a block tile unguarded and a column pair's thresholds as 16-byte loads."""
+    if not uses_thresholds(spec):
+        return None
+    thr = requant_thresholds(wl.epilogue, params)
+    table = torch.full((wsum_columns(conv_shape(wl)), threshold_stride(wl)), INT32_MAX,
+                       dtype=torch.int32)
+    table[: thr.shape[0], : thr.shape[1]] = thr
+    if pairs_in_memory(wl, spec) and not needs_wtap(wl):
+        table = pair_table(wl, spec, table)  # binary activations: wtap part 4 instead
+    return table.to(params.multiplier.device)
+
+
+def pair_channel(j: torch.Tensor, wn: int) -> torch.Tensor:
+    """The output channel that accumulator column j of a THR_PAIRS warp tile of wn columns
+    holds (bitserial_common.cu's pair_channel: lane t4 owns channels [wn/4 t4, wn/4 (t4 + 1)))."""
+    ni, t4, e = j // 8, j % 8 // 2, j % 2
+    return wn // 4 * t4 + 16 * (ni // 8) + 8 * e + ni % 8
+
+
+def pair_table(wl: Workload, spec: Mapping, table: torch.Tensor) -> torch.Tensor:
+    """THR_PAIRS without thresholds in shared memory: the int32 [rows / 2, PAIR_STRIDE] table of
+    packed words from the [rows, threshold_stride] thresholds, per pair of accumulator columns
+    (2p, 2p + 1; their channels by `pair_channel` within each WN-wide warp tile) and level:
+    0x8000 + base - t in each 16-bit half, t clamped to [base, hi + 1] (`pair_range`)."""
+    r, wn = pair_range(wl), spec["WN"]
+    cols = torch.arange(table.shape[0])
+    chans = cols // wn * wn + pair_channel(cols % wn, wn)
+    levels = wl.epilogue.out.qmax - wl.epilogue.out.qmin
+    t = table[chans, :levels].to(torch.int64).clamp(r.base, r.hi + 1)
+    half = 0x8000 + r.base - t
+    words = half[0::2] | (half[1::2] << 16)
+    out = torch.zeros(table.shape[0] // 2, threshold_stride(wl), dtype=torch.int64)
+    out[:, :levels] = words
+    return torch.where(out >= 1 << 31, out - (1 << 32), out).to(torch.int32)
+
+
+def row_table(wl: Workload, spec: Mapping, device: torch.device | str) -> torch.Tensor | None:
+    """ROW_TABLE=1: int32 [row tiles * BM, 2], for every row v the blocks tile (the output rows,
+    or the tap-shift grid's virtual rows) its output row (M_ROWS where v lies in the margin or
+    past the last image: dropped) and the id of its tap rectangle (the taps whose input lies
+    inside the image; the kernel's `rect_id` of `tap_range` on both axes; with
+    `threshold_slots` of binary activations its slot in `rect_slots`). ROW_TABLE=2: flat,
+    followed by the input pixel of every virtual input position f >= -BASE a slab copy reads,
+    at f + BASE (-1 in the margin, before the first image or past the last: copied as zeros).
+    Depends on the geometry alone; None without ROW_TABLE."""
+    if not spec["ROW_TABLE"]:
+        return None
+    sh = conv_shape(wl)
+    if not tap_shift(spec):  # the output rows themselves
+        return _row_entries(sh, sh.q, sh.p, sh.rows, spec["BM"], device)
+    plan = shift_plan(sh, spec["BM"])
+    rows = _row_entries(sh, plan.vq, plan.vp, plan.v_rows, spec["BM"], device)
+    if threshold_slots(wl, spec) and needs_wtap(wl):  # rect ids -> slots (no pixel's: 0)
+        slot = torch.zeros((sh.r + 1) ** 2 * (sh.s + 1) ** 2, dtype=torch.int32, device=device)
+        ids = torch.tensor(rect_slots(sh), device=device)
+        slot[ids] = torch.arange(len(ids), dtype=torch.int32, device=device)
+        rows[:, 1] = slot[rows[:, 1].long()]
+    if spec["ROW_TABLE"] < 2:
+        return rows
+    f = torch.arange(rows.shape[0] + plan.slab_pix + plan.per_entry, device=device) - plan.base
+    n, y, col = _grid_coords(f, plan.vq, plan.vp)
+    inside = (n >= 0) & (n < sh.nb) & (y < sh.h) & (col < sh.w)
+    pix = torch.where(inside, (n * sh.h + y) * sh.w + col, torch.full_like(f, -1))
+    return torch.cat([rows.flatten(), pix.to(torch.int32)])
+
+
+def _grid_coords(v: torch.Tensor, vq: int, vp: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(n, y, col) of v = (n * vp + y) * vq + col, 0 <= y < vp, 0 <= col < vq, floor-wise (the
+    kernel's vpos_floor: n < 0 before the grid)."""
+    t = v // vq  # torch's // floors, like Python's
+    return t // vp, t % vp, v % vq
+
+
+def _row_entries(sh: Shape, vq: int, vp: int, v_rows: int, bm: int,
+                 device: torch.device | str) -> torch.Tensor:
+    """ROW_TABLE's [row tiles * BM, 2] {output row, tap rectangle id} part (row_table) for
+    rows v = (n * vp + y) * vq + col: the tap-shift grid's, or the output's (vq, vp = Q, P)."""
+    v = torch.arange(-(-v_rows // bm) * bm, device=device)
+    n, y, col = _grid_coords(v, vq, vp)
+    inside = (n < sh.nb) & (y < sh.p) & (col < sh.q)
+    m = torch.where(inside, (n * sh.p + y) * sh.q + col, torch.full_like(v, sh.rows))
+
+    def tap_range(start: torch.Tensor, extent: int, taps: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        lo = (-start).clamp(min=0)
+        return lo, torch.maximum((extent - start).clamp(max=taps), lo)
+
+    rlo, rhi = tap_range(y * sh.stride - sh.pad, sh.h, sh.r)
+    slo, shi = tap_range(col * sh.stride - sh.pad, sh.w, sh.s)
+    rect = ((rlo * (sh.r + 1) + rhi) * (sh.s + 1) + slo) * (sh.s + 1) + shi
+    return torch.stack([m, rect], 1).to(torch.int32).contiguous()
+
+
+def halo_map_geometry(wl: Workload, spec: Mapping) -> tuple[list[int], list[int], list[int]]:
+    """TMA_HALO's tensor map of x ([plane][image][row][column][channel words]): its dims and
+    box (innermost first: bytes of a pixel's channels, columns, rows, plane x image) and its
+    strides in bytes (dims 1..3). A box is one channel block (TMA_HALO bytes per pixel) of the
+    pixel tile's HALO_H x HALO_W window."""
+    sh = conv_shape(wl)
+    pix = sh.words * 4
+    dims = [pix, sh.w, sh.h, sh.nb * planes(wl)[0]]
+    strides = [pix, pix * sh.w, pix * sh.w * sh.h]
+    rows, cols = window_shape(wl, spec)
+    box = [spec["TMA_HALO"], cols, rows, 1]
+    return dims, strides, box
+
+
+def halo_tensor_map(wl: Workload, spec: Mapping, x: torch.Tensor) -> ctypes.Array | None:
+    """TMA_HALO: the tensor map of `x` (on the GPU) that the kernel's window copies read,
+    swizzled TMA_HALO bytes, zeros out of bounds; None without TMA_HALO."""
+    if not spec["TMA_HALO"]:
+        return None
+    dims, strides, box = halo_map_geometry(wl, spec)
+    return tensor_map_tiled(x.data_ptr(), dims, strides, box, swizzle_bytes=spec["TMA_HALO"])
+
+
+def weight_images(wl: Workload, spec: Mapping, device: torch.device | str
+                  ) -> torch.Tensor | None:
+    """BULK_WEIGHTS: the int32 buffer of the weights' stage images [column tiles][k tiles]
+    [stage words] that bitserial_wimage fills (None otherwise)."""
+    if not spec["BULK_WEIGHTS"]:
+        return None
+    cols = tile_grid(wl, spec)[0]
+    words = stage_bytes(wl, spec) // 4
+    return torch.empty(cols * k_tiles(wl, spec) * words, dtype=torch.int32, device=device)
+
+
+def split_workspace(wl: Workload, spec: Mapping, device: torch.device | str
+                    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """SPLIT_K > 1: the int32 partial sums [SPLIT_K, row tiles * BM, column tiles * BN] and the
+    per-tile arrival counters (zeros; the last block of a tile resets its counter, so both are
+    reused by every launch of one bound kernel); (None, None) otherwise."""
+    splits = spec["SPLIT_K"]
+    if splits == 1:
+        return None, None
+    cols, rows = tile_grid(wl, spec)
+    ws = torch.empty(splits * rows * spec["BM"] * cols * spec["BN"], dtype=torch.int32,
+                     device=device)
+    return ws, torch.zeros(rows * cols, dtype=torch.int32, device=device)
+
+
+def side_tables(wl: Workload, spec: Mapping, device: torch.device | str
+                ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The int32 tables a launch fills before the main kernel (None where not needed): wtap
+    [KOUT x (R+1)(S+1) prefix sums, then ((R+1)(S+1))^2 tap rectangles x KOUT rounded up to
+    256 weight sums, then (REQUANT="threshold") as many x levels thresholds less those sums,
+    then (THR_PAIRS without shared-memory slots) those packed, per rectangle KOUT/2 column pairs
+    x PAIR_STRIDE words] for binary activations, xpop [planes x pixels] for ROWSUM="table"."""
+    sh = conv_shape(wl)
+    wtap = xpop = None
+    if needs_wtap(wl):  # the prefix table, the weight sums per tap rectangle, their thresholds
+        tab = (sh.r + 1) * (sh.s + 1)
+        stride = threshold_stride(wl) if uses_thresholds(spec) else 0
+        rects = tab * tab * wsum_columns(sh)
+        pairs = rects // 2 * stride if pairs_in_memory(wl, spec) else 0
+        wtap = torch.empty(wsum_start(sh) + rects * (1 + stride) + pairs, dtype=torch.int32,
+                           device=device)
+    if rowsum_table(spec):
+        xpop = torch.empty(planes(wl)[0] * sh.nb * sh.h * sh.w, dtype=torch.int32,
+                           device=device)
+    return wtap, xpop

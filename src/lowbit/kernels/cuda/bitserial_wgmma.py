@@ -1,0 +1,250 @@
+"""The wgmma bit-serial families (sm_90a): Hopper warpgroup m64nNk256 b1 AND reading both
+operands from shared memory through descriptors (WM = 64 rows per warpgroup, N = w_bits * WN).
+
+- `cuda.bitserial_wgmma` (bitserial_wgmma.cu): one output tile per block; the A tiles gathered
+  into the stages (from global memory, or from the block's halo), or read in place from a pixel
+  tile's input window (A_IN_HALO, with BULK_WEIGHTS, TMA_HALO, PLANE_ROWS), the k tiles
+  optionally split over warpgroup sets (SLICES); and its small-grid defaults;
+- `cuda.bitserial_wgmma_persistent` (bitserial_wgmma_persistent.cu): persistent blocks, one or
+  two teams of warpgroups (TEAMS).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import ClassVar
+
+from ...core import Config, ConfigSpace, Workload
+from ...core.knobs import KnobDef, KnobTable
+from ...core.space import Scalar
+from ..base import NUM_SMS
+from . import bitserial_defaults as defaults
+from .bitserial_family import (
+    WGMMA_N,
+    BitserialFamily,
+    bitplane_words,
+    copy_chunks,
+    halo_slab,
+    k_slices,
+    registers,
+    row_indices,
+    shared_memory,
+    tile_waste,
+    warp_tiles,
+    wgmma_n,
+)
+from .bitserial_layout import ONES_ROWS, RESIDENT_STAGES, acc_planes, k_tiles, threads, tile_grid
+from .bitserial_shape import (
+    WGMMA_ARCH,
+    conv_shape,
+    few_tiles,
+    fusable_planes,
+    in_place_geometry,
+    kernel_window,
+    needs_rowsum,
+    pairs_possible,
+    planes,
+    threshold_epilogue,
+    two_activation_planes,
+)
+
+TILES = (
+    KnobDef("BM", (64, 128, 192, 256), "block tile rows: 64 per warpgroup (192: three "
+            "warpgroups, a row tile count between those of 128 and 256)"),
+    KnobDef("BN", (16, 32, 64, 128, 256), "block tile columns (output channels)"),
+    KnobDef("WN", (16, 32, 64, 128, 256), "columns per warpgroup (wgmma N = w_bits * WN)"),
+    KnobDef("KT", (1, 2, 4, 8), "k256 steps per pipeline stage"),
+)
+SWIZZLE = KnobDef("SWIZZLE", (0, 32), "shared-memory layout of the stages: 0 = 8x16-byte core "
+                  "matrices, 32 = the 32-byte swizzle")
+FUSE_PLANES = KnobDef(
+    "FUSE_PLANES", (0, 1), "1: the two activation planes summed in one accumulator by the "
+    "tensor cores (plane 1 issued twice): half the accumulators, three MMAs per k step instead "
+    "of two", applies=fusable_planes)
+REQUANT = KnobDef(
+    "REQUANT", ("multiply", "threshold"),
+    "requantized 1-2 bit planes: 'multiply' in 64-bit fixed point; 'threshold' compares with "
+    "per-column integer thresholds that fold in bias and ReLU", applies=threshold_epilogue)
+THR_PAIRS = KnobDef(
+    "THR_PAIRS", (0, 1), "1: threshold bits of two columns per 32-bit add (16-bit halves; a "
+    "lane's columns hold contiguous output channels, the weights' rows permuted to match)",
+    requires={"REQUANT": ("threshold",), "WN": (64, 128, 256)}, applies=pairs_possible)
+ROWSUM_DOC = ("binary weights' activation row popcounts: 'mma' a second wgmma per plane and "
+              "k step against a tile of ones; 'table' a per-pixel popcount table of x summed "
+              "over the valid taps in the epilogue; 'cols' 16 ones-and-zeros columns appended "
+              "to the weights (needs BN = WN), the products' wgmma reading each A tile once")
+ROW_TABLE_DOC = ("1: each row's output row and tap rectangle from a per-row table filled at "
+                 "bind (0: worked out from the row index in the epilogue)")
+
+
+def ones_columns(wl: Workload, c: Mapping) -> str | None:
+    if c["ROWSUM"] != "cols":
+        return None
+    if c["BN"] != c["WN"]:
+        return "ROWSUM='cols' needs one warpgroup in N (BN = WN)"
+    n = planes(wl)[1] * c["WN"] + ONES_ROWS
+    return None if n in WGMMA_N else f"wgmma N = WN + {ONES_ROWS} = {n} is not a valid wgmma N"
+
+
+def in_place_slabs(wl: Workload, c: Mapping) -> str | None:
+    slabs = conv_shape(wl).k_words // 8
+    if c["A_IN_HALO"] and slabs % c["KT"]:
+        return f"A_IN_HALO=1 needs KT to divide the {slabs} k slabs"
+    return None
+
+
+def bulk_resident(wl: Workload, c: Mapping) -> str | None:
+    if c["BULK_WEIGHTS"] and k_tiles(wl, c) > c["STAGES"] - 2:
+        return (f"BULK_WEIGHTS=1 keeps every k tile resident: {k_tiles(wl, c)} k tiles need "
+                f"STAGES >= {k_tiles(wl, c) + 2}")
+    return None
+
+
+def tma_blocks(wl: Workload, c: Mapping) -> str | None:
+    if c["TMA_HALO"] and conv_shape(wl).words * 4 % c["TMA_HALO"]:
+        return (f"TMA_HALO={c['TMA_HALO']} needs channels a multiple of {8 * c['TMA_HALO']} "
+                "(whole channel blocks)")
+    return None
+
+
+def persistent_spill(wl: Workload, c: Mapping) -> str | None:
+    # NVRTC 13 (sm_90a), the epilogue living inside the tile loop: m64n256 blocks spill 870 B;
+    # 4-warpgroup blocks (capped at 128 registers per thread; two teams of two warpgroups too)
+    # spill 488 B with 128 accumulator registers (two m64n128 planes) and none with 64
+    n = planes(wl)[1] * c["WN"]
+    if c["PERSIST"] and (n > 128 or (threads(c) > 256 and acc_planes(wl, c) * n > 128)):
+        return ("persistent wgmma blocks spill beyond N = 128 per wgmma, or beyond one "
+                "m64n128 accumulator per thread with more than 2 warpgroups")
+    return None
+
+
+class WgmmaTemplate(BitserialFamily):
+    """wgmma bit-serial conv/GEMM, one output tile per block."""
+
+    name = defaults.WGMMA
+    kind = "wgmma"
+    archs = (WGMMA_ARCH,)
+    summary = "wgmma m64nNk256 per warpgroup, one output tile per block"
+    entry = "bitserial_wgmma.cu"
+    kernels: ClassVar[Mapping[int, str]] = {0: "bitserial_wgmma"}
+    fixes: ClassVar[Mapping[str, Scalar]] = {"MMA": "wgmma", "WM": 64}
+    knobs = KnobTable(
+        *TILES,
+        KnobDef("HALO", (0, 1), "1: the block's input rows plus halo copied once into shared "
+                "memory, the im2col tiles gathered from there", applies=kernel_window),
+        KnobDef("A_IN_HALO", (0, 1), "1: a block tile is a BM / 8 x 8 tile of output pixels "
+                "whose input window sits in shared memory as 16-byte channel chunks by pixel; "
+                "the wgmma descriptors address every tap's A tile in place (no im2col), the "
+                "stages carry the weights only", requires={"HALO": (1,)},
+                applies=in_place_geometry),
+        KnobDef("STAGES", (3, 4, 6, RESIDENT_STAGES), "cp.async pipeline stages (one stays "
+                f"in flight; {RESIDENT_STAGES}: A_IN_HALO's weight-only stages, every k tile "
+                "resident)", value_requires={RESIDENT_STAGES: {"A_IN_HALO": (1,)}}),
+        KnobDef("BULK_WEIGHTS", (0, 1), "1: each k tile's weights as one bulk copy on an "
+                "mbarrier from a stage image made at bind (every k tile resident)",
+                requires={"A_IN_HALO": (1,)}),
+        KnobDef("TMA_HALO", (0, 32, 64, 128), "the input window by the tensor copy engine, "
+                "one copy per plane and channel block of this many bytes per pixel, into "
+                "swizzled pixel rows the MMAs read in place", requires={"A_IN_HALO": (1,)}),
+        KnobDef("PLANE_ROWS", (0, 1), "1: a warp's 16 rows are one output row's 8 pixels in "
+                "each of two activation planes: one wgmma per slab covers both planes",
+                requires={"A_IN_HALO": (1,), "TMA_HALO": (0,)}, applies=two_activation_planes),
+        KnobDef("SLICES", (1, 2, 4), "sets of the tile's warpgroups that reduce k tile "
+                "ranges of the same tile, the first adding the others' sums from shared "
+                "memory; for grids under two waves", applies=few_tiles,
+                requires={"BULK_WEIGHTS": (0,), "TMA_HALO": (0,), "PLANE_ROWS": (0,)}),
+        KnobDef(FUSE_PLANES.name, FUSE_PLANES.values, FUSE_PLANES.doc,
+                requires={"PLANE_ROWS": (0,)}, applies=fusable_planes),
+        KnobDef("ROWSUM", ("mma", "table", "cols"), ROWSUM_DOC, applies=needs_rowsum,
+                value_requires={"table": {"A_IN_HALO": (0,)},
+                                "cols": {"BULK_WEIGHTS": (0,), "PLANE_ROWS": (0,),
+                                         "FUSE_PLANES": (0,)}}),
+        KnobDef("ROW_TABLE", (0, 1), ROW_TABLE_DOC,
+                requires={"A_IN_HALO": (0,), "ROWSUM": ("mma", "cols")}),
+        REQUANT, THR_PAIRS, SWIZZLE)
+    checks = (warp_tiles, wgmma_n, in_place_slabs, bulk_resident, tma_blocks,
+              halo_slab, ones_columns, row_indices, k_slices, registers, shared_memory,
+              copy_chunks, bitplane_words, tile_waste)
+
+    def refine_default(self, workload: Workload, config: Config, space: ConfigSpace
+                       ) -> Config:
+        return self.config_of(small_grid_default(workload, self.spec(config), space))
+
+
+class WgmmaPersistentTemplate(BitserialFamily):
+    """wgmma bit-serial conv/GEMM, persistent blocks of one or two teams."""
+
+    name = defaults.WGMMA_PERSISTENT
+    kind = "wgmma"
+    archs = (WGMMA_ARCH,)
+    summary = ("wgmma m64nNk256 per warpgroup, persistent blocks (one or two teams of "
+               "warpgroups), the copies pipelined across tiles")
+    entry = "bitserial_wgmma_persistent.cu"
+    kernels: ClassVar[Mapping[int, str]] = {1: "bitserial_wgmma_persistent"}
+    fixes: ClassVar[Mapping[str, Scalar]] = {"MMA": "wgmma", "WM": 64, "PERSIST": 1}
+    knobs = KnobTable(
+        *TILES,
+        KnobDef("STAGES", (3, 4, 6), "cp.async pipeline stages (one stays in flight)"),
+        KnobDef("TEAMS", (1, 2), "2: two teams of the tile's warpgroups, each with its own "
+                "stages, take the block's tiles in turn, their MMA issue alternating so one "
+                "team's MMAs run while the other's epilogue does"),
+        FUSE_PLANES,
+        KnobDef("ROWSUM", ("mma", "table", "cols"), ROWSUM_DOC, applies=needs_rowsum,
+                value_requires={"cols": {"FUSE_PLANES": (0,)}}),
+        KnobDef("ROW_TABLE", (0, 1), ROW_TABLE_DOC, requires={"ROWSUM": ("mma", "cols")}),
+        REQUANT, THR_PAIRS, SWIZZLE)
+    checks = (warp_tiles, wgmma_n, persistent_spill, ones_columns, row_indices, registers,
+              shared_memory, copy_chunks, bitplane_words, tile_waste)
+
+
+WGMMA = WgmmaTemplate()
+WGMMA_PERSISTENT = WgmmaPersistentTemplate()
+
+# Small grids with long reductions (under half a wave of tiles, at least SMALL_GRID_K_TILES k
+# tiles): one-warpgroup 64-row blocks, the widest BN of 64 or 32 that still makes half a wave;
+# where A_IN_HALO applies with every k tile resident, that (for two activation planes 64 wide
+# with bulk weight copies); else the k tiles in two slices, and on convs the halo load with
+# KT=2. Measured on an H100: the APNN-TC conv 5.7 (w1a1) and 7.6 us (w1a2) against 15.9 and
+# 13.8 for the preferred default, fc_b128 4.4 and 5.3 against 7.6 and 7.3; with 4 k tiles
+# (fc_b64) the preferred 64 x 64 default stays (2.2 against 2.6). In place with every k tile
+# resident: the APNN-TC conv w1a2 5.4 us, w1a1 4.2, against 7.6 and 5.7 sliced; 64 wide with
+# bulk weights, w1a2 5.07 us against 5.46 (w1a1 slower so: 4.6 against 3.8).
+SMALL_GRID_K_TILES = 8
+
+
+def small_grid_default(wl: Workload, spec: Config, space: ConfigSpace) -> Config:
+    """A default's full parameters `spec` (of any wgmma family), or, where the grid is small
+    and the reduction long, the one-tile wgmma's small-grid default built from it (a
+    `WGMMA` spec, valid in `space`, that family's space for `wl`)."""
+    if (math.prod(tile_grid(wl, spec)) >= NUM_SMS // 2
+            or k_tiles(wl, spec.replace(KT=1)) < SMALL_GRID_K_TILES):
+        return spec
+
+    def valid(candidate: Config) -> bool:
+        return WGMMA.owns(candidate) and space.is_valid(WGMMA.config_of(candidate))
+
+    def in_place(bn: int, kt: int, bulk: int) -> Config:  # A_IN_HALO, every k tile resident
+        return spec.replace(BM=64, BN=bn, WM=64, WN=bn, KT=kt, STAGES=RESIDENT_STAGES, HALO=1,
+                            A_IN_HALO=1, BULK_WEIGHTS=bulk, SLICES=1, PERSIST=0, TAP_SHIFT=0,
+                            TEAMS=1, ROW_TABLE=0, ROWSUM="mma", THR_PAIRS=0)
+
+    if planes(wl)[0] >= 2:  # two activation planes: 64-wide in-place blocks, bulk weights
+        for kt in (4, 2):
+            if valid(bulk := in_place(64, kt, 1)):
+                return bulk
+    for bn in (64, 32):
+        for kt in (4, 2):
+            resident = in_place(bn, kt, 0)
+            if (valid(resident) and k_tiles(wl, resident) <= RESIDENT_STAGES - 2
+                    and (bn == 32 or math.prod(tile_grid(wl, resident)) >= NUM_SMS // 2)):
+                return resident
+        for halo in (1, 0):
+            small = spec.replace(BM=64, BN=bn, WM=64, WN=bn, KT=2 if halo else 1, STAGES=4,
+                                 HALO=halo, SLICES=2, PERSIST=0, TAP_SHIFT=0, TEAMS=1,
+                                 ROW_TABLE=0, ROWSUM="mma")
+            if not valid(small):  # THR_PAIRS needs WN >= 64
+                small = small.replace(THR_PAIRS=0)
+            if valid(small) and (bn == 32 or math.prod(tile_grid(wl, small)) >= NUM_SMS // 2):
+                return small
+    return spec
