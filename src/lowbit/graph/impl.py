@@ -1,12 +1,14 @@
 """Which implementation runs a layer: the one pluggable choice of the planner.
 
 `choose_impl(workload) -> (impl, reason)` is the default policy (zero tuning): bit-serial b1
-AND tensor cores (`cuda.bitserial`, bit-plane operands) when both operands have <= 4 bits,
-else the int8 tensor-core templates (one value per byte), else PyTorch fp16 (`torch.fp16`)
-when no integer template supports the workload; every refusal is asked of the registered
-templates (`KernelTemplate.unsupported_reason`) and quoted in the reason. A chooser with the
-same signature (e.g. one reading tuning records, `lowbit.tune.dispatch`) replaces it through
-`lowbit.compile(..., choose_impl=...)`; `input_layout(impl)` says what its input must be.
+AND tensor cores when both operands have <= 4 bits (bit-plane operands; the impl names the
+kernel family that `lowbit.kernels.cuda.default_bitserial` picks, e.g.
+`cuda.bitserial_wgmma`), else the int8 tensor-core templates (one value per byte), else
+PyTorch fp16 (`torch.fp16`) when no integer template supports the workload; every refusal is
+asked of the templates (`KernelTemplate.unsupported_reason`) and quoted in the reason. A
+chooser with the same signature (e.g. one reading tuning records, `lowbit.tune.dispatch`)
+replaces it through `lowbit.compile(..., choose_impl=...)`; `input_layout(impl)` says what its
+input must be.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from functools import cache
 from ..core import ConvWorkload, Layout, Workload
 from ..kernels import get_template, load_backends, templates
 
+#: prefix of the bit-serial family templates' names (`lowbit.kernels.cuda.FAMILIES`)
 BITSERIAL = "cuda.bitserial"
 TORCH_FP16 = "torch.fp16"
 #: int8 templates in the order the default policy prefers them
@@ -35,9 +38,14 @@ def _backends() -> tuple[str, ...]:
     return tuple(t.name for t in templates())
 
 
+def is_bitserial(impl: str) -> bool:
+    """Whether `impl` is one of the bit-serial family templates (bit-plane operands)."""
+    return impl.startswith(BITSERIAL)
+
+
 def input_layout(impl: str) -> Layout:
     """The activation / weight layout an implementation reads."""
-    return Layout.BITPLANE if impl == BITSERIAL else Layout.INT8
+    return Layout.BITPLANE if is_bitserial(impl) else Layout.INT8
 
 
 def with_layout(wl: Workload, layout: Layout) -> Workload:
@@ -46,9 +54,14 @@ def with_layout(wl: Workload, layout: Layout) -> Workload:
 
 def unsupported_reason(impl: str, workload: Workload) -> str | None:
     """Why `impl` cannot run `workload` (in its input layout), None when it can; torch.fp16
-    runs everything."""
+    runs everything; BITSERIAL asks whether any bit-serial family can."""
     if impl == TORCH_FP16:
         return None
+    if impl == BITSERIAL:
+        _backends()
+        from ..kernels.cuda.bitserial_shape import bitplane_reason
+
+        return bitplane_reason(with_layout(workload, Layout.BITPLANE))
     if impl not in _backends():
         return f"{impl} is not registered"
     return get_template(impl).unsupported_reason(with_layout(workload, input_layout(impl)))
@@ -77,10 +90,21 @@ def choose_impl(workload: Workload) -> tuple[str, str]:
     if wl.w.bits <= BITSERIAL_MAX_BITS and wl.a.bits <= BITSERIAL_MAX_BITS:
         reason = unsupported_reason(BITSERIAL, wl)
         if reason is None:
-            return BITSERIAL, (f"w{wl.w.bits}a{wl.a.bits}: both operands <= "
-                               f"{BITSERIAL_MAX_BITS} bits, bit-serial on b1 AND tensor cores")
+            return bitserial_family(wl), (
+                f"w{wl.w.bits}a{wl.a.bits}: both operands <= {BITSERIAL_MAX_BITS} bits, "
+                "bit-serial on b1 AND tensor cores")
         return _int8_choice(wl, reason)
     return _int8_choice(wl, None)
+
+
+@cache
+def bitserial_family(workload: Workload) -> str:
+    """Name of the bit-serial family whose untuned default serves `workload` (bit planes) on
+    this machine's target arch (`lowbit.kernels.cuda.default_bitserial`)."""
+    _backends()
+    from ..kernels.cuda import default_bitserial
+
+    return default_bitserial(with_layout(workload, Layout.BITPLANE))[0].name
 
 
 def choose_int8_impl(workload: Workload, why_not_bitplanes: str) -> tuple[str, str]:

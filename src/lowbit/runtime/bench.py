@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..graph.impl import is_bitserial
 from ..graph.ir import Layer, Plan, layer_weight_bytes
 
 BANDWIDTH = 3.0e12
@@ -260,7 +261,7 @@ def step_floor_us(plan: Plan, step, image_in: bool = False) -> float:
         m, n, k = wl.gemm_shape
         ops = 2.0 * m * n * k
         nbytes += layer_weight_bytes(step, plan.params[step.weight])
-        if step.impl == "cuda.bitserial":
+        if is_bitserial(step.impl):
             peak = PEAK_OPS["bitserial"] / (wl.w.bits * wl.a.bits)
         elif step.impl == "torch.fp16":
             peak = PEAK_OPS["fp16"]

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from ..core import Config, ConvWorkload, Epilogue, GemmWorkload, Workload
 from ..core.epilogue import EpilogueParams
 from ..core.validate import check_inputs, output_buffer
-from ..graph.impl import TORCH_FP16
+from ..graph.impl import TORCH_FP16, is_bitserial
 from ..graph.ir import Layer, Plan, WidePrecision
 from ..kernels import get_template, load_backends
 from ..kernels.base import Kernel, acc_bound
@@ -146,6 +146,12 @@ class ConvAsGemmKernel(_Callable):
 def _built(template: str, workload: Workload, config: Config | None) -> Kernel:
     load_backends()
     t = get_template(template)
+    if config is None and is_bitserial(template):
+        from ..kernels.cuda import default_bitserial
+
+        family, cfg = default_bitserial(workload)  # the best untuned kernel of any family
+        if family.name == template:
+            return t.build(workload, cfg)
     return t.build(workload, t.default_config(workload) if config is None else config)
 
 
