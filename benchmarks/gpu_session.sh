@@ -13,6 +13,8 @@
 #                ResNet-50 b256 only, measured after every case
 #   3. tests_b   the other engine GPU tests (VGG-16, AlexNet, ResNet-50, chained layers, fp16
 #                layers, ...) with the time left
+# Env: BUDGET_S, NETOPS_TESTS=0 / TESTS_B=0 skip those steps, CASES="model:batch:precision ..."
+# and COMPILE_MODE (default "default"; "none" skips torch.compile) pick the benchmark rows.
 # Outputs under $OUT (<= 8 files): summary.txt (steps, exit codes, seconds, environment),
 # tests_a.log, bench.log, tests_b.log, network-*.json, network-*.png.
 set -u
@@ -67,11 +69,12 @@ step() {
 PYTEST="python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs"
 step tests_a 110 200 $PYTEST tests/test_engine_gpu_cuda.py \
   -k "resnet18-w1a2-b8 or nonfinite"
-step tests_a 45 155 $PYTEST tests/test_triton_netops.py tests/test_stem.py
+[ "${NETOPS_TESTS:-1}" = 1 ] && step tests_a 45 155 $PYTEST tests/test_triton_netops.py tests/test_stem.py
+# CASES / COMPILE_MODE override the benchmark's rows and its torch.compile baseline ('none')
 step bench 230 10 python3 benchmarks/network.py --out "$OUT" --quick \
-  --cases resnet18:8:w1a2 resnet50:256:w1a2 resnet50:256:w8a8 vgg16:8:w1a2 alexnet:8:w1a2 \
-  resnet18:8:w1a2:kernelbias --compile-mode default --compile-models resnet50
-step tests_b 200 5 $PYTEST tests/test_engine_gpu_cuda.py \
+  --cases ${CASES:-resnet18:8:w1a2 resnet50:256:w1a2 resnet50:256:w8a8 vgg16:8:w1a2 alexnet:8:w1a2 resnet18:8:w1a2:kernelbias} \
+  --compile-mode "${COMPILE_MODE:-default}" --compile-models resnet50
+[ "${TESTS_B:-1}" = 1 ] && step tests_b 200 5 $PYTEST tests/test_engine_gpu_cuda.py \
   -k "not (resnet18-w1a2-b8 and bit_exact) and not nonfinite"
 echo "end at $(elapsed)s" >> "$SUMMARY"
 tail -40 "$OUT/bench.log" >> "$SUMMARY" 2>/dev/null
