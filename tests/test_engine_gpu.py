@@ -80,6 +80,34 @@ def test_zoo_plans_bit_exact(name, recipe, batch, size, width, stem):
                                           for s in plan.steps)
 
 
+@pytest.mark.parametrize("name,size", [("resnet18", (32, 40)), ("alexnet", (64, 64))])
+def test_fused_stem_image_never_shares_bytes_with_its_outputs(name, size):
+    """A fused first layer reads the image at its own step, after the plan's Quantize step
+    (the image's last reader in the plan): the arena keeps the image alive until then, so the
+    stem's outputs cannot overwrite the pixels it is still reading (found on an H200: the
+    stem then read its own outputs as non-finite pixels). The image outlives every step, so
+    each replay of the forward reads the image it was given."""
+    plan, _ = zoo_plan(name, "w1a2", 2, size, 0.125)
+    ex = GpuExecutor(plan, "cpu")
+    checked = 0
+    for layer_name, q in ex.stems.items():
+        layer = next(s for s in plan.layers if s.name == layer_name)
+        lo = ex.arena.offsets[q.input]
+        hi = lo + tensor_bytes(plan.tensors[q.input])
+        for out in layer.outputs:
+            o_lo = ex.arena.offsets[ex.arena.base(out)]
+            o_hi = o_lo + tensor_bytes(plan.tensors[out])
+            assert o_hi <= lo or hi <= o_lo, (out, (o_lo, o_hi), (lo, hi))
+            checked += 1
+    assert ex.stems and checked >= len(ex.stems)
+    image = (ex.arena.offsets[plan.input],
+             ex.arena.offsets[plan.input] + tensor_bytes(plan.tensors[plan.input]))
+    for t in ex.arena.offsets:
+        if t != plan.input and ex.arena.base(t) == t:
+            a = ex.arena.offsets[t]
+            assert a + tensor_bytes(plan.tensors[t]) <= image[0] or image[1] <= a, t
+
+
 def test_forward_replays_new_inputs_and_reuses_memory():
     """The bound launches read the input buffer afresh: two forwards on new images equal the
     reference; tensors of disjoint lifetimes share arena bytes. The plan's biases are in

@@ -37,9 +37,12 @@ class Arena:
         return name
 
 
-def lifetimes(plan: Plan) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+def lifetimes(plan: Plan, reads: dict[str, int] | None = None
+              ) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
     """{tensor: (first step, last step)} of the plan's non-alias tensors (the input from -1)
-    and {Flatten output: its input} (module docstring)."""
+    and {Flatten output: its input} (module docstring). `reads` adds reads the plan does not
+    show: {tensor: index of a later step that reads it} (a fused first layer reads the image
+    that the plan's Quantize step reads)."""
     aliases = {s.output: s.input for s in plan.steps if isinstance(s, Flatten)}
 
     def root(t: str) -> str:
@@ -55,13 +58,17 @@ def lifetimes(plan: Plan) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
         for t in (*step.inputs, *step.outputs):
             r = root(t)
             life[r][1] = max(life[r][1], i)
+    for t, i in (reads or {}).items():
+        r = root(t)
+        life[r][1] = max(life[r][1], i)
     return {t: (a, b) for t, (a, b) in life.items()}, aliases
 
 
-def plan_arena(plan: Plan, reuse: bool = True) -> Arena:
+def plan_arena(plan: Plan, reuse: bool = True, reads: dict[str, int] | None = None) -> Arena:
     """Offsets for every tensor of `plan` (first fit by order of first write); reuse=False
-    gives every tensor its own bytes (all of them readable after a forward)."""
-    life, aliases = lifetimes(plan)
+    gives every tensor its own bytes (all of them readable after a forward); `reads` as in
+    `lifetimes`."""
+    life, aliases = lifetimes(plan, reads)
     order = sorted(life, key=lambda t: (life[t][0], t))
     placed: list[tuple[int, int, str]] = []  # (offset, end, tensor)
     offsets: dict[str, int] = {}

@@ -149,15 +149,6 @@ class GpuExecutor:
             raise ValueError("use_graph needs a CUDA device")
         self.chain, self.check_finite = chain, check_finite
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.arena = plan_arena(plan, reuse_memory)
-        self.memory = torch.empty(max(self.arena.nbytes, 1), dtype=torch.uint8, device=device)
-        self.buffers: dict[str, torch.Tensor] = {}
-        for name in self.arena.offsets:
-            spec = plan.tensors[name]
-            self.buffers[name] = view_of(self.memory, self.arena.offsets[name],
-                                         spec.storage_shape, spec.storage_dtype)
-        self.status = torch.zeros(1, dtype=torch.int32, device=device)
-        self.result = torch.empty(0, device=device)  # the Output step's binding sets it
         readers: dict[str, list[Step]] = {}
         for s in plan.steps:
             for t in s.inputs:
@@ -169,6 +160,21 @@ class GpuExecutor:
                 q = producers.get(s.input)
                 if isinstance(q, Quantize) and stem_refusal(plan, q, s) is None:
                     self.stems[s.name] = q
+        # a fused stem reads its Quantize step's float input itself, at the layer's step; and
+        # the input image lives through the whole forward, so that every replay of the graph
+        # (timing loops included) reads the same image
+        index = {s.name: i for i, s in enumerate(plan.steps)}
+        reads = {q.input: index[name] for name, q in self.stems.items()}
+        reads[plan.input] = len(plan.steps) - 1
+        self.arena = plan_arena(plan, reuse_memory, reads)
+        self.memory = torch.empty(max(self.arena.nbytes, 1), dtype=torch.uint8, device=device)
+        self.buffers: dict[str, torch.Tensor] = {}
+        for name in self.arena.offsets:
+            spec = plan.tensors[name]
+            self.buffers[name] = view_of(self.memory, self.arena.offsets[name],
+                                         spec.storage_shape, spec.storage_dtype)
+        self.status = torch.zeros(1, dtype=torch.int32, device=device)
+        self.result = torch.empty(0, device=device)  # the Output step's binding sets it
         stem_only = {q.name for name, q in self.stems.items()
                      if all(r.name == name for r in readers[q.output])}
         if cuda:  # compile the layers' kernels side by side first
@@ -475,6 +481,7 @@ class GpuExecutor:
         self.buffers[self.plan.input].copy_(x)
         if record:
             return self._record()
+        self.buffers[self.plan.input].copy_(x)
         self.replay()
         self._raise_if_nonfinite()
         return self.result.clone()
