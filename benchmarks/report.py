@@ -182,12 +182,13 @@ def gpu_heading(gpu: str, groups: list) -> list[str]:
 
 def latest_rows(files: list[Result], key: Callable[[dict], object]
                 ) -> list[tuple[Result, dict]]:
-    """Per key, the row of the latest run that has it; in file, then row order."""
+    """Per key, the row of the latest run that has it; in file, then row order. Rows whose
+    key is None are left out."""
     chosen: dict[object, tuple[Result, int, dict]] = {}
     for f in sorted(files, key=lambda f: f.order):
         for i, r in enumerate(f.rows):
-            if isinstance(r, dict):
-                chosen[key(r)] = (f, i, r)
+            if isinstance(r, dict) and (k := key(r)) is not None:
+                chosen[k] = (f, i, r)
     return [(f, r) for f, _, r in sorted(chosen.values(), key=lambda t: (t[0].order, t[1]))]
 
 
@@ -694,25 +695,125 @@ def render_accuracy(files: list[Result]) -> list[str]:
     return [*out, "", provenance([f]), ""]
 
 
+@suite("qat_schedule", "Adaptive precision (mix) schedules", "benchmarks/qat_schedule.py")
+def render_qat_schedule(files: list[Result]) -> list[str]:
+    """Rows {precision, method, accuracy_mean, accuracy_std, paired_minus_rand_mean / _se} of
+    the README recipe with and without mix, one table row per (run, precision)."""
+    out = ["The README recipe (`method=\"rand\"`) with and without `mix`, same seeds; "
+           "paired difference mix - no mix in accuracy points +- its standard error.", ""]
+    rows = []
+    for f in sorted(files, key=lambda f: f.order):
+        setup = f.doc.get("setup", {})
+        by = {(r["precision"], r["method"]): r for r in f.rows if isinstance(r, dict)}
+        for (prec, method), r in sorted(by.items()):
+            if method != "rand+mix":
+                continue
+            rand = by.get((prec, "rand"), {})
+            rows.append([setup.get("model", "-"), setup.get("qat_steps", "-"),
+                         setup.get("mix_warmup", "-"), setup.get("seeds", "-"), prec,
+                         f"{rand.get('accuracy_mean', float('nan')):.2f}",
+                         f.link(f"{r['accuracy_mean']:.2f}"),
+                         f"{r.get('paired_minus_rand_mean', 0):+.2f} +- "
+                         f"{r.get('paired_minus_rand_se', 0):.2f}", run_of(f)])
+    out += table(["model", "QAT steps", "warm-up", "seeds", "precision", "rand %",
+                  "rand + mix %", "mix - no mix", "run"], rows)
+    return [*out, "", provenance(files), ""]
+
+
 @suite("network", "Whole networks", "benchmarks/network.py")
 def render_network(files: list[Result]) -> list[str]:
     """DESIGN.md's network rows: {model, batch, precision, time_ms, images_per_s,
     baselines_ms: {fp16_eager, fp16_cuda_graph, fp16_compile}, layers}."""
-    out = ["Per model, batch and precision the latest run; baselines of the same run.", ""]
+    out = ["Per model, batch, precision and bias mode the latest run (rows with an error are "
+           "left out); baselines of the same run. Bias: `exact` keeps each output's bias at its "
+           "shift (separate epilogue pass), `kernel` rounds it to accumulator units so "
+           "single-output layers use their kernel's own epilogue. Floor: the sum of the "
+           "layers' roofline floors.", ""]
     groups = by_gpu(files)
     for gpu, group in groups:
-        picked = latest_rows(group, lambda r: (r["model"], r["batch"], r["precision"]))
+        picked = latest_rows(group, lambda r: (r["model"], r["batch"], r["precision"],
+                                               r.get("exact_bias", True))
+                             if r.get("time_ms") else None)
         rows = []
         for f, r in picked:
             b, t = r.get("baselines_ms") or {}, r["time_ms"]
-            rows.append([r["model"], r["batch"], r["precision"], f.link(f"{t:.3f}"),
-                         f"{r.get('images_per_s', 0):,.0f}",
+            rows.append([r["model"], r["batch"], r["precision"],
+                         "exact" if r.get("exact_bias", True) else "kernel",
+                         f.link(f"{t:.3f}"), f"{r.get('images_per_s', 0):,.0f}",
                          *(ratio(b.get(k), t) for k in ("fp16_eager", "fp16_cuda_graph",
-                                                        "fp16_compile")), run_of(f)])
+                                                        "fp16_compile")),
+                         f"{r['floor_ms']:.3f}" if r.get("floor_ms") else "-",
+                         us(r.get("host_overhead_us")), run_of(f)])
         out += gpu_heading(gpu, groups)
-        out += table(["model", "batch", "precision", "ms", "images/s", "fp16 eager / ours",
-                      "fp16 CUDA graph / ours", "torch.compile / ours", "run"], rows)
+        out += table(["model", "batch", "precision", "bias", "ms", "images/s",
+                      "fp16 eager / ours", "fp16 CUDA graph / ours", "torch.compile / ours",
+                      "floor ms", "host us", "run"], rows)
         out += ["", provenance(f for f, _ in picked), ""]
+    return out
+
+
+@suite("netops", "Network ops and the fused first layer", "benchmarks/netops.py")
+def render_netops(files: list[Result]) -> list[str]:
+    """Rows {op, workload, batch, impl, time_us, graph_us, floor_us, baselines_us}: the
+    packed-domain kernels (epilogue, pools, image quantization) and the first layer."""
+    out = ["Per op, workload and batch the latest run; CUDA-graph times, PyTorch fp16 of the "
+           "same run (same op in fp16, channels_last).", ""]
+    groups = by_gpu(files)
+    for gpu, group in groups:
+        picked = latest_rows(group, lambda r: (r["op"], r["workload"], r["batch"], r["impl"]))
+        rows = []
+        for f, r in picked:
+            t = r.get("graph_us") or r.get("time_us")
+            b = r.get("baselines_us") or {}
+            rows.append([r["op"], r["workload"], r["batch"], r["impl"], f.link(us(t)),
+                         us(r.get("floor_us")), ratio(t, r.get("floor_us")),
+                         us(b.get("fp16_cuda_graph")), ratio(b.get("fp16_cuda_graph"), t),
+                         run_of(f)])
+        out += gpu_heading(gpu, groups)
+        out += table(["op", "workload", "batch", "impl", "us", "floor us", "/ floor",
+                      "fp16 graph us", "fp16 / ours", "run"], rows)
+        out += ["", provenance(f for f, _ in picked), ""]
+    return out
+
+
+def _num(v: float | None, digits: int) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+@suite("perfmodel", "Performance model", "benchmarks/perfmodel.py")
+def render_perfmodel(files: list[Result]) -> list[str]:
+    """Rows of kind model_accuracy {template, median_ape, kendall_tau, n_layers, n_configs},
+    pruned_tuner {template, workload, space_size, fraction_measured_to_097} and dispatch
+    {workload, template, dispatch_us, tuned_us, dispatch_over_tuned, cudnn_fp16_us}."""
+    out = ["Held-out accuracy (leave one layer out on recorded data; fresh shapes in GPU runs), "
+           "the pruned tuner's replays and zero-tuning dispatch; latest run per row.", ""]
+    groups = by_gpu(files)
+    for gpu, group in groups:
+        acc = latest_rows(group, lambda r: (r["template"], r.get("model"), r.get("data"))
+                          if r.get("kind") == "model_accuracy" else None)
+        out += gpu_heading(gpu, groups)
+        if acc:
+            out += table(["template", "model", "data", "median APE %", "Kendall tau",
+                          "layers", "configs"],
+                         [[r["template"], r.get("model", "-"), r.get("data", "-"),
+                           f.link(_num(r.get("median_ape"), 1)), _num(r.get("kendall_tau"), 2),
+                           r.get("n_layers", "-"), r.get("n_configs", "-")] for f, r in acc])
+            out += [""]
+        pruned = latest_rows(group, lambda r: (r["template"], r["workload"])
+                             if r.get("kind") == "pruned_tuner" else None)
+        if pruned:
+            fr = [r["fraction_measured_to_097"] for _, r in pruned]
+            out += [f"Pruned tuner: {len(fr)} spaces, median fraction of the space measured to "
+                    f"reach 0.97x of the best {statistics.median(fr):.3f} (max {max(fr):.3f}), "
+                    f"{sum(x <= 0.10 for x in fr)} of {len(fr)} at or under 10%.", ""]
+        disp = latest_rows(group, lambda r: r["workload"] if r.get("kind") == "dispatch"
+                           else None)
+        if disp:
+            over = [r["dispatch_over_tuned"] for _, r in disp if r.get("dispatch_over_tuned")]
+            out += [f"Zero-tuning dispatch: {len(over)} layers, median dispatch / best measured "
+                    f"{statistics.median(over):.2f}x, {sum(x <= 1.25 for x in over)} within "
+                    "1.25x.", ""]
+        out += [provenance({f for f, _ in acc + pruned + disp}), ""]
     return out
 
 

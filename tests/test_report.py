@@ -115,7 +115,30 @@ SYNTHETIC = {
         {"model": "resnet18", "batch": 8, "precision": "w1a2", "time_ms": 0.25,
          "images_per_s": 32000.0,
          "baselines_ms": {"fp16_eager": 1.5, "fp16_cuda_graph": 0.5, "fp16_compile": 0.3},
-         "layers": []}]))],
+         "layers": []},
+        {"model": "resnet18", "batch": 8, "precision": "w1a2", "exact_bias": False,
+         "time_ms": 0.2, "images_per_s": 40000.0, "floor_ms": 0.02, "host_overhead_us": 30.0,
+         "baselines_ms": {"fp16_eager": 1.5, "fp16_cuda_graph": 0.5}, "layers": []},
+        {"model": "vgg16", "batch": 8, "precision": "w1a2", "error": "ValueError: x"}]))],
+    "qat_schedule": [("qat_schedule-20260102-000000.json", dict(_doc("qat_schedule", [
+        {"precision": "w2a2", "method": "rand", "accuracy_mean": 66.5},
+        {"precision": "w2a2", "method": "rand+mix", "accuracy_mean": 63.1,
+         "paired_minus_rand_mean": -3.4, "paired_minus_rand_se": 3.7}]),
+        setup={"model": "digits_resnet", "qat_steps": 100, "mix_warmup": 0.25, "seeds": 10}))],
+    "netops": [("netops-20260102-000000.json", _doc("netops", [
+        {"op": "stem", "workload": "224x224x3_to_56x56x64", "batch": 8, "impl": "triton.stem",
+         "time_us": 40.0, "graph_us": 33.0, "floor_us": 2.2,
+         "baselines_us": {"fp16_cuda_graph": 99.0}}]))],
+    "perfmodel": [("perfmodel-20260102-000000.json", _doc("perfmodel", [
+        {"kind": "model_accuracy", "template": "triton.conv2d_int8", "model": "learned",
+         "data": "recorded", "median_ape": 11.4, "kendall_tau": 0.47, "n_layers": 25,
+         "n_configs": 3040},
+        {"kind": "pruned_tuner", "template": "triton.conv2d_int8", "workload": "a",
+         "space_size": 300, "fraction_measured_to_097": 0.02},
+        {"kind": "pruned_tuner", "template": "triton.conv2d_int8", "workload": "b",
+         "space_size": 300, "fraction_measured_to_097": 0.5},
+        {"kind": "dispatch", "workload": "a", "template": "triton.conv2d_int8",
+         "dispatch_us": 12.0, "tuned_us": 10.0, "dispatch_over_tuned": 1.2}]))],
 }
 # what each suite's section must show for its synthetic files
 EXPECTED = {
@@ -140,7 +163,17 @@ EXPECTED = {
                "[tables-20260102-000000][]"],
     "accuracy": ["[97.00 +- 1.00][accuracy-20260102-000000]", "+1.00 +- 0.50",
                  "`rand>=max@w2a2` met"],
-    "network": ["[0.250][network-20260102-000000]", "32,000", "| 6.00 | 2.00 | 1.20 |"],
+    "network": ["[0.250][network-20260102-000000]", "32,000", "| 6.00 | 2.00 | 1.20 |",
+                "| kernel | [0.200][network-20260102-000000] | 40,000 | 7.50 | 2.50 | - | 0.020 "
+                "| 30.0 |"],
+    "qat_schedule": ["| digits_resnet | 100 | 0.25 | 10 | w2a2 | 66.50 | "
+                     "[63.10][qat_schedule-20260102-000000] | -3.40 +- 3.70 |"],
+    "netops": ["| stem | 224x224x3_to_56x56x64 | 8 | triton.stem | "
+               "[33.0][netops-20260102-000000] | 2.20 | 15.00 | 99.0 | 3.00 |"],
+    "perfmodel": ["| triton.conv2d_int8 | learned | recorded | [11.4][perfmodel-20260102-000000]"
+                  " | 0.47 | 25 | 3040 |", "median fraction of the space measured to reach 0.97x "
+                  "of the best 0.260 (max 0.500), 1 of 2 at or under 10%",
+                  "median dispatch / best measured 1.20x, 1 within 1.25x"],
 }
 
 
@@ -210,13 +243,13 @@ def test_each_suite_renders_its_synthetic_file(tmp_path):
 
 def test_unknown_suite_and_a_failing_renderer_fall_back_to_the_generic_table(tmp_path):
     results = _write(tmp_path, [
-        ("netops-20260102-000000.json", _doc("netops", [{"op": "maxpool", "time_us": 3.25,
-                                                         "nested": {"x": 1}}])),
+        ("probe-20260102-000000.json", _doc("probe", [{"op": "maxpool", "time_us": 3.25,
+                                                       "nested": {"x": 1}}])),
         ("conv-20260102-000000.json", _doc("conv", [{"workload": "w", "precision": "w8a8"}]))])
     text = report.render(report.load(results, tmp_path))
-    netops = _section(text, "Suite `netops`")
-    assert "No renderer registered" in netops
-    assert "| op | time_us |" in netops and "| maxpool | 3.25 |" in netops
+    probe = _section(text, "Suite `probe`")
+    assert "No renderer registered" in probe
+    assert "| op | time_us |" in probe and "| maxpool | 3.25 |" in probe
     conv = _section(text, report.SUITES["conv"].title)
     assert "Renderer `render_conv` failed (KeyError: 'time_us')" in conv
     assert "| workload | precision |" in conv
