@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload
+from lowbit.kernels.cuda import FAMILIES, LEGACY, MMA_SYNC, MMA_SYNC_PERSISTENT
 from lowbit.perfmodel.dataset import (
     FP16_TEMPLATE,
     GRAPH_OFFSET_US,
@@ -54,20 +55,28 @@ def test_load_results_keeps_only_verified_rows(tmp_path):
         "layers": [{"wl": CONV.to_dict(), "table": [
             [igemm, 10.0, None], [{**igemm, "BLOCK_M": 128}, None, "wrong: 3 differ"],
             [{**igemm, "num_stages": 2}, 12.0, None]]}]})
-    bit_cfg = {"BM": 64, "BN": 64, "KT": 2}
+    # rows of the single "cuda.bitserial" template: every kernel parameter in the config
+    bit_cfg = {"BM": 64, "BN": 64, "WM": 32, "WN": 32, "KT": 2, "STAGES": 3, "MMA": "mma_sync",
+               "PERSIST": 0}
     _write(tmp_path, "bitserial-20261123-100000.json", {
         "benchmark": "bitserial", "gpu": "G", "rows": [{
-            "workload": "x", "precision": "w1a2", "impl": "cuda.bitserial",
+            "workload": "x", "precision": "w1a2", "impl": LEGACY,
             "workload_key": BITS.key, "verified": True, "config": bit_cfg, "time_us": 5.0,
-            "tried": [{"config": {**bit_cfg, "KT": 4}, "us": 6.0, "exact": True},
-                      {"config": {**bit_cfg, "KT": 8}, "us": 1.0, "exact": False}],
+            "tried": [{"config": {**bit_cfg, "PERSIST": 1}, "us": 6.0, "exact": True},
+                      {"config": {**bit_cfg, "KT": 8}, "us": 1.0, "exact": False},
+                      {"config": {**bit_cfg, "PREFETCH": 1}, "us": 2.0, "exact": True},
+                      {"config": {**bit_cfg, "MMA": "wgmma", "WM": 64, "SPLIT_K": 2},
+                       "us": 3.0, "exact": True}],  # a probe's knob; a kernel no family has
             "baselines_us": {"cudnn_fp16": 20.0}, "baseline_configs": {}}]})
     _write(tmp_path, "notes.json", {"nothing": 1})  # not a results document: skipped
     ms = load_results(tmp_path, complete=False)
     kinds = sorted((m.template, m.timing, m.time_us) for m in ms)
-    assert kinds == [("cuda.bitserial", "graph", 5.0), ("cuda.bitserial", "graph", 6.0),
+    assert kinds == [(MMA_SYNC.name, "graph", 5.0), (MMA_SYNC_PERSISTENT.name, "graph", 6.0),
                      (FP16_TEMPLATE, "graph", 20.0), ("triton.conv2d_int8", "events", 10.0),
                      ("triton.conv2d_int8", "events", 12.0)]
+    plain = next(m for m in ms if m.time_us == 5.0)
+    assert plain.config == MMA_SYNC.config_of({**MMA_SYNC.fixed, **MMA_SYNC.knobs.neutral(),
+                                               **bit_cfg})
     fp16 = next(m for m in ms if m.template == FP16_TEMPLATE)
     assert fp16.workload.a_layout.value == "int8"  # fp16 rows keyed by the shape's s8 twin
     assert fp16.events_us == pytest.approx(20.0 + GRAPH_OFFSET_US)
@@ -104,16 +113,21 @@ def test_records_database_rows(tmp_path):
                       workload_json=CONV.to_json()))
         db.add(Record(CONV.key, "triton.conv2d_int8", Config(A=2).to_json(), None,
                       "wrong: 1 differ", "G"))
+        spec = MMA_SYNC_PERSISTENT.spec(MMA_SYNC_PERSISTENT.default_config(BITS))
+        db.add(Record(BITS.key, LEGACY, Config(spec).to_json(), 4.0, None, "G",
+                      workload_json=BITS.to_json()))  # a row of before the families' split
         ms = load_records(db)
-    assert [(m.workload, m.config, m.time_us, m.timing) for m in ms] == [
-        (CONV, Config(A=1), 7.5, "events")]
+    assert [(m.template, m.workload, m.config, m.time_us, m.timing) for m in ms] == [
+        ("triton.conv2d_int8", CONV, Config(A=1), 7.5, "events"),
+        (MMA_SYNC_PERSISTENT.name, BITS, MMA_SYNC_PERSISTENT.config_of(spec), 4.0, "events")]
 
 
 def test_packaged_snapshot_and_offset_agree_with_the_results_files():
     ms = load_snapshot(SNAPSHOT)
     templates = {m.template for m in ms}
     assert len(ms) > 5000
-    assert {"triton.conv2d_int8", "cuda.bitserial", FP16_TEMPLATE} <= templates
+    assert {"triton.conv2d_int8", FP16_TEMPLATE, *(f.name for f in FAMILIES)} <= templates
+    assert LEGACY not in templates  # rows of before the split as their family's
     assert all(m.time_us > 0 for m in ms)
     offsets = paired_graph_offsets(ROOT / "benchmarks" / "results")
     assert len(offsets) > 100

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload
+from lowbit.kernels.cuda import FAMILIES, INT8_WGMMA, LEGACY, MMA_SYNC, TAP_SHIFT, WGMMA_PERSISTENT
 from lowbit.perfmodel import H100, estimate, geometry
 from lowbit.perfmodel.analytic import DEFAULT_PARAMS
 from lowbit.perfmodel.calibrate import FP16_PARAMS, calibrate, fp16_estimate_us, median_ape
@@ -35,11 +36,21 @@ def test_geometry_of_each_family():
                                                     "BLOCK_Q": 8})
     assert tma.family == "tma_conv" and tma.block_m == 64
     assert tma.padded_m == 8 * 4 * 2 * 64  # 8 x 4 x 2 pixel tiles over 16 x 14 x 14
-    bits = geometry("cuda.bitserial", BITS, {"BM": 128, "BN": 64, "WM": 64, "WN": 64,
-                                             "KT": 1, "STAGES": 3, "MMA": "wgmma",
-                                             "PERSIST": 1, "TEAMS": 2})
+    legacy = {"BM": 128, "BN": 64, "WM": 64, "WN": 64, "KT": 1, "STAGES": 3, "MMA": "wgmma",
+              "PERSIST": 1, "TEAMS": 2}  # a "cuda.bitserial" record of before the split
+    bits = geometry(LEGACY, BITS, legacy)
     assert (bits.family, bits.rate, bits.planes) == ("bitserial", "b1_and", 2)
     assert bits.k_steps == 9 and bits.threads == 2 * 128 * 2 and bits.persistent
+    family = {k: v for k, v in legacy.items() if k in WGMMA_PERSISTENT.knobs.names}
+    family = Config({**WGMMA_PERSISTENT.knobs.neutral(), **family})
+    assert geometry(WGMMA_PERSISTENT, BITS, family) == bits  # its fixed WM, MMA, PERSIST
+    sync = geometry(MMA_SYNC.name, BITS, {**MMA_SYNC.knobs.neutral(), "BM": 64, "BN": 64,
+                                          "WM": 32, "WN": 32, "KT": 2, "STAGES": 3})
+    assert (sync.family, sync.threads, sync.persistent) == ("bitserial", 4 * 32, False)
+    shift = geometry(TAP_SHIFT.name, BITS, TAP_SHIFT.default_config(BITS, "sm_90a"))
+    assert shift.family == "bitserial" and shift.k_step == 256  # KT fixed to 1
+    s8 = geometry(INT8_WGMMA.name, CONV, INT8_WGMMA.default_config(CONV, "sm_90a"))
+    assert (s8.family, s8.rate) == ("bitserial", "int8")
     mma = geometry("cuda.mma_conv_s8", CONV, {"warps_m": 2, "warps_n": 2, "tiles_m": 2,
                                               "tiles_n": 4, "k_chunk": 64})
     assert (mma.family, mma.block_m, mma.block_n, mma.threads) == ("mma_conv", 64, 128, 128)
@@ -70,6 +81,26 @@ def test_featurizer_columns_and_unknown_values():
     assert math.isnan(x[0, col])  # a value the fit never saw is missing, not a wrong code
     assert math.isnan(x[0, f.names.index("bitserial:MMA")])
     assert Featurizer.from_dict(f.to_dict()).names == f.names
+
+
+def test_family_configs_and_their_legacy_records_share_feature_rows():
+    """A family config is read as its kernel's full parameters: the same row as the legacy
+    "cuda.bitserial" record of that kernel, MMA / PERSIST / TAP_SHIFT among the columns."""
+    points = []
+    for family in FAMILIES:
+        cfg = family.default_config(BITS, "sm_90a")
+        points += [(family.name, BITS, cfg), (LEGACY, BITS, dict(family.spec(cfg)))]
+    f = Featurizer().fit(points)
+    assert {"bitserial:MMA", "bitserial:PERSIST", "bitserial:TAP_SHIFT"} <= set(f.names)
+    x, est = f.matrix(points, H100)
+    checked = 0
+    for i in range(0, len(points), 2):
+        assert np.array_equal(x[i], x[i + 1], equal_nan=True) and est[i] == est[i + 1]
+        checked += 1
+    assert checked == len(FAMILIES) == 5
+    kinds = {tuple(row) for row in x[:, [f.names.index(f"bitserial:{k}") for k in
+                                          ("MMA", "PERSIST", "TAP_SHIFT")]]}
+    assert len(kinds) >= 4  # the families' kernels are told apart
 
 
 def _synthetic(n_layers: int = 6) -> list[Measurement]:
@@ -126,6 +157,12 @@ def test_leave_one_layer_out_holds_each_layer_out():
     assert all(len(s) == 3 for s in seen_train)  # the held-out layer never trains
     assert acc.median_ape == 0.0 and acc.kendall_tau == pytest.approx(1.0)
     assert (acc.n_layers, acc.n_configs) == (4, len(ms))
+    halves = [Measurement(m.gpu, "ab"[i % 2], m.workload, m.config, m.time_us, m.timing,
+                          m.source, m.stamp) for i, m in enumerate(ms)]
+    a, b, both = leave_one_layer_out(halves, oracle, groups={"a+b": ("a", "b")})
+    assert [x.template for x in (a, b, both)] == ["a", "b", "a+b"]
+    assert both.n_configs == a.n_configs + b.n_configs == len(ms)
+    assert both.n_tau_layers == 4  # each workload's configs of both templates ranked together
 
 
 def test_calibrate_fits_constants_to_data():

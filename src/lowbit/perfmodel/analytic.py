@@ -68,7 +68,8 @@ class Analysis:
         }
 
 
-# Order-of-magnitude H100 rates for the estimate only (DESIGN.md has the measured ones).
+# Order-of-magnitude H100 rates for the estimate only (the measured ones: docs/design.md,
+# section 5, "Hardware facts").
 _INT8_OPS_PER_US = 1.1e6  # ~1,100 TOPS
 _BYTES_PER_US = 3.0e6  # ~3 TB/s
 

@@ -1,11 +1,11 @@
 """Every verified measurement we have, as (gpu, template, workload, config, time) rows.
 
-Sources: the results files of `benchmarks/` (DESIGN.md format: exhaustive `tuning_tables`,
-the best and tried configs of `conv`, `gemm`, `tma_conv`, `bitserial` rows, `mma_ablation`
-sweeps, tuner bests of `tuning_timed`, verified `config_probe` rows, the measurement rows of
-`perfmodel` GPU runs), and the tuner's SQLite records. Only verified measurements count (a
-table entry without error, a tried config marked exact, a benchmark row's chosen config,
-which the benchmark checked bit for bit before timing).
+Sources: the results files of `benchmarks/` (format: docs/design.md, section 5; exhaustive
+`tuning_tables`, the best and tried configs of `conv`, `gemm`, `tma_conv`, `bitserial` rows,
+`mma_ablation` sweeps, tuner bests of `tuning_timed`, verified `config_probe` rows, the
+measurement rows of `perfmodel` GPU runs), and the tuner's SQLite records. Only verified
+measurements count (a table entry without error, a tried config marked exact, a benchmark
+row's chosen config, which the benchmark checked bit for bit before timing).
 
 Timing: the tuner and the conv / GEMM benchmarks time with CUDA events around one launch
 (`do_bench`, "events"); the bit-serial benchmarks and probes replay CUDA graphs ("graph"), which
@@ -16,6 +16,11 @@ on the events scale.
 
 The cuDNN / cuBLAS fp16 baselines join as the pseudo-template `FP16_TEMPLATE` with an empty
 config (their time depends on the shape only).
+
+Templates and configs are today's: rows of the single bit-serial template ("cuda.bitserial",
+which the bit-serial families replaced) and old `cuda.int8_wgmma` configs are read through
+`lowbit.kernels.cuda.migrate_config` (`migrate_kernels`); a row whose config no kernel of
+today has (a probe's variant) is dropped.
 """
 
 from __future__ import annotations
@@ -24,12 +29,13 @@ import gzip
 import json
 import re
 import statistics
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import Config, ConvWorkload, Epilogue, Workload, workload_from_dict
 from ..core.workloads import SUITES, load_workloads
+from ..kernels.cuda import LEGACY, kernel_spec, migrate_config
 
 FP16_TEMPLATE = "torch.fp16"
 GRAPH_OFFSET_US = 3.96
@@ -192,7 +198,7 @@ class _Reader:
     def bitserial(self) -> Iterator[Measurement | None]:
         for r in self.doc["rows"]:
             wl = workload_from_key(r["workload_key"])
-            tmpl = r.get("impl", "cuda.bitserial")
+            tmpl = r.get("impl", LEGACY)
             if r.get("verified") and r.get("config"):
                 yield self.m(tmpl, wl, r["config"], r.get("time_us"), "graph")
             for t in r.get("tried", ()):
@@ -275,7 +281,7 @@ class _Reader:
                 continue
             wl = self.named(r.get("workload", ""), r.get("precision", ""), None)
             if wl is not None:
-                yield self.m("cuda.bitserial", wl, r["config"], r.get("us"), "graph")
+                yield self.m(LEGACY, wl, r["config"], r.get("us"), "graph")
 
 
 def _result_docs(paths: Iterable[Path]) -> list[tuple[str, dict]]:
@@ -303,8 +309,9 @@ def _keys_by_name(docs: list[tuple[str, dict]]) -> dict[tuple[str, str], str]:
 def load_results(root: str | Path, migrate: Migration | None = None,
                  complete: bool = True) -> list[Measurement]:
     """Every verified measurement in the results files under `root` (searched recursively;
-    a file that is not a results document is skipped), renamed by `migrate`, configs completed
-    (`complete_configs`), not yet deduplicated."""
+    a file that is not a results document is skipped), renamed by `migrate` (default
+    `migrate_kernels`; rows it rejects dropped), configs completed (`complete_configs`), not
+    yet deduplicated."""
     paths = [p for p in Path(root).rglob("*.json")]
     docs = _result_docs(paths)
     names = _named_workloads()
@@ -316,14 +323,14 @@ def load_results(root: str | Path, migrate: Migration | None = None,
         except (KeyError, TypeError, ValueError):
             continue  # a results format this reader does not know: skip the whole file
         out.extend(found)
-    if migrate:
-        out = [migrate_all(m, migrate) for m in out]
+    out = migrate_rows(out, migrate or migrate_kernels)
     return complete_configs(out) if complete else out
 
 
 def load_records(db: object, gpu: str | None = None, migrate: Migration | None = None
                  ) -> list[Measurement]:
-    """The successful measurements of a `lowbit.tune.records.RecordsDB` (or its path)."""
+    """The successful measurements of a `lowbit.tune.records.RecordsDB` (or its path),
+    renamed by `migrate` (default `migrate_kernels`; rows it rejects dropped)."""
     from ..tune.records import RecordsDB  # tune sits beside perfmodel: imported on use
 
     own = not isinstance(db, RecordsDB)
@@ -344,20 +351,48 @@ def load_records(db: object, gpu: str | None = None, migrate: Migration | None =
     finally:
         if own:
             records.close()
-    return [migrate_all(m, migrate) for m in out] if migrate else out
+    return migrate_rows(out, migrate or migrate_kernels)
 
 
 #: (template name, config, workload) -> (template name, config): renames old records (e.g.
-#: "cuda.bitserial" rows into the family template that now owns their config)
+#: "cuda.bitserial" rows into the family template that now owns their config); ValueError
+#: for a row that names no kernel of today
 Migration = Callable[[str, Config, Workload], tuple[str, Config]]
 
 
-def migrate_all(m: Measurement, migrate: Migration) -> Measurement:
-    name, cfg = migrate(m.template, m.config, m.workload)
+def migrate_kernels(template: str, config: Mapping, workload: Workload | None = None
+                    ) -> tuple[str, Config]:
+    """Today's (template, config) of a measurement (`lowbit.kernels.cuda.migrate_config`): a
+    "cuda.bitserial" row becomes its family's, an old `cuda.int8_wgmma` config loses the knobs
+    that template no longer has, others pass unchanged. ValueError for a bit-serial config
+    that no kernel of today has, or that sets parameters no kernel has (a probe's variant).
+    The tuner's records read their rows through it too (`lowbit.tune.records.migrated`)."""
+    try:
+        name, cfg = migrate_config(template, config)
+        unknown = (set(config) - set(kernel_spec(template, config))
+                   if template == LEGACY or cfg != Config(config) else set())
+    except KeyError as e:
+        raise ValueError(f"{template} config {dict(config)} lacks {e}") from None
+    if unknown:
+        raise ValueError(f"{template} config sets {sorted(unknown)}, which no kernel has")
+    return name, cfg
+
+
+def migrate_all(m: Measurement, migrate: Migration) -> Measurement | None:
+    """`m` renamed by `migrate` (None where `migrate` rejects it with ValueError)."""
+    try:
+        name, cfg = migrate(m.template, m.config, m.workload)
+    except ValueError:
+        return None
     if name == m.template and cfg == m.config:
         return m
     return Measurement(m.gpu, name, m.workload, Config(cfg), m.time_us, m.timing, m.source,
                        m.stamp)
+
+
+def migrate_rows(ms: Iterable[Measurement], migrate: Migration) -> list[Measurement]:
+    """`migrate_all` of every row, the rejected ones dropped."""
+    return [r for r in (migrate_all(m, migrate) for m in ms) if r is not None]
 
 
 def complete_configs(ms: Iterable[Measurement]) -> list[Measurement]:

@@ -10,7 +10,7 @@ held-out (layer, workload) of at least `min_tau_configs` configs, averaged over 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,10 +92,13 @@ def learned_fit(**kwargs: object) -> Fit:
 
 def leave_one_layer_out(ms: Sequence[Measurement], fit: Fit | None = None,
                         templates: Sequence[str] | None = None, min_tau_configs: int = 8,
-                        layers: Sequence[str] | None = None) -> list[Accuracy]:
+                        layers: Sequence[str] | None = None,
+                        groups: Mapping[str, Collection[str]] | None = None) -> list[Accuracy]:
     """Per-template held-out accuracy (module doc). `templates`: those to report (default:
     every template but the fp16 baseline); `layers`: hold out only these (default: every
-    layer that has a measurement of a reported template)."""
+    layer that has a measurement of a reported template); `groups`: name -> templates, each
+    reported once more as one (their predictions together: Kendall's tau ranks the configs of
+    all of them per workload, e.g. the bit-serial families as the one template they were)."""
     fit = fit or learned_fit()
     ms = [m for m in ms if m.template != FP16_TEMPLATE]
     wanted = set(templates) if templates else {m.template for m in ms}
@@ -112,4 +115,9 @@ def leave_one_layer_out(ms: Sequence[Measurement], fit: Fit | None = None,
         for i, p in zip(test, pred, strict=True):
             m = ms[i]
             pairs[m.template].append((layer, m.gpu + m.workload.key, float(p), m.events_us))
-    return [accuracy(t, p, min_tau_configs) for t, p in pairs.items() if p]
+    out = [accuracy(t, p, min_tau_configs) for t, p in pairs.items() if p]
+    for name, members in (groups or {}).items():
+        joined = [x for t in sorted(members) for x in pairs.get(t, ())]
+        if joined:
+            out.append(accuracy(name, joined, min_tau_configs))
+    return out

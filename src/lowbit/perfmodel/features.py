@@ -5,7 +5,9 @@ the launch geometry (`geometry.py`: tiles, blocks, waves over the SMs, k steps, 
 estimated shared memory and registers, occupancy), APNN-TC's compute intensity, the padding
 and wave efficiency, and the analytic model's terms (`analytic.estimate`: compute, DRAM, L2,
 latency, total). Then the config's own knobs, one column per (family, knob), so that two
-families' knobs of the same name never share a column and renamed templates keep theirs;
+families' knobs of the same name never share a column and renamed templates keep theirs; a
+bit-serial family's config is read as its full kernel parameters (`geometry.kernel_params`),
+so the families and the records of the single template they replaced share their columns;
 numeric knobs as numbers, the others as codes of a vocabulary learned at fit time (NaN for a
 value or a knob the model never saw: XGBoost treats it as missing).
 """
@@ -19,7 +21,7 @@ import numpy as np
 
 from ..core import ConvWorkload, Workload
 from .analytic import DEFAULT_PARAMS, AnalyticParams, estimate
-from .geometry import FAMILIES, RATES, Geometry, family_of, geometry
+from .geometry import FAMILIES, RATES, Geometry, family_of, geometry, kernel_params
 from .hardware import H100, GpuSpec
 from .roofline import peaks_for
 
@@ -81,7 +83,8 @@ class Featurizer:
     def fit(self, points: Sequence[tuple[str, Workload, Mapping]]) -> Featurizer:
         cols: dict[str, None] = {}
         vocab: dict[str, dict[str, int]] = {}
-        for _, _, cfg in points:
+        for tmpl, _, config in points:
+            cfg = kernel_params(tmpl, config)
             fam = family_of(cfg)
             for k, v in cfg.items():
                 col = f"{fam}:{k}"
@@ -92,7 +95,9 @@ class Featurizer:
         self.vocab = vocab
         return self
 
-    def knob_row(self, config: Mapping) -> list[float]:
+    def knob_row(self, config: Mapping, template: object = "") -> list[float]:
+        """The knob columns of `template`'s `config` (NaN where it has no value)."""
+        config = kernel_params(template, config)
         fam = family_of(config)
         out = [math.nan] * len(self.knob_columns)
         index = {c: i for i, c in enumerate(self.knob_columns)}
@@ -116,7 +121,7 @@ class Featurizer:
         rows, ests = [], []
         for (tmpl, wl, cfg), spec in zip(points, gpus, strict=True):
             generic, est = generic_row(tmpl, wl, cfg, spec, params)
-            rows.append(generic + self.knob_row(cfg))
+            rows.append(generic + self.knob_row(cfg, tmpl))
             ests.append(est)
         if not rows:
             return np.zeros((0, len(self.names)), np.float32), np.zeros(0)

@@ -1,12 +1,15 @@
 """Launch geometry of a (template, workload, config), read from the config's knobs.
 
-A template family is recognized by its knob names, not by its template name, so that records
-of a template that was renamed or split (the bit-serial template into family templates) keep
-their meaning, and a new template with familiar knobs is understood at once:
+A template family is recognized by its knob names, not by its template name, so that a new
+template with familiar knobs is understood at once. The bit-serial family templates (and
+`cuda.int8_wgmma`) leave the parameters they fix out of their configs, so their configs are
+read as full kernel parameters first (`kernel_params`: `lowbit.kernels.cuda.kernel_spec`,
+which also reads records of the single "cuda.bitserial" template they replaced):
 
   igemm      BLOCK_M / BLOCK_N / BLOCK_K, num_warps, num_stages, SPLIT_K (Triton implicit GEMM)
   tma_conv   BLOCK_I x BLOCK_P x BLOCK_Q pixel tiles, BLOCK_N, BLOCK_K (Triton TMA conv)
-  bitserial  BM, BN, WM, WN, KT, STAGES, MMA, ... (CUDA bit-serial / its s8 wgmma mode)
+  bitserial  BM, BN, WM, WN, KT, STAGES, MMA, ... (the bit-serial kernel parameters; the s8
+             wgmma kernels of `cuda.int8_wgmma` too)
   mma_conv   warps_m / warps_n, tiles_m / tiles_n, k_chunk (CUDA mma.sync conv, Choi et al.)
   generic    anything else: `lowbit.perfmodel.launch_shape`'s aliases (or the template's own
              `launch_shape`), so every template gets a geometry
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 
 from ..core import ConvWorkload, Workload
 from ..core.layout import Layout
+from ..kernels.cuda import BY_NAME, LEGACY, kernel_spec
 from .launch import launch_shape
 
 FAMILIES = ("igemm", "tma_conv", "bitserial", "mma_conv", "generic", "fp16")
@@ -136,7 +140,7 @@ def _bitserial(wl: Workload, c: Mapping, template: str) -> Geometry:
         smem = stages * (bm + bn) * step
         rate, a_bytes = "int8", 1.0
     tiles = math.ceil(m / bm) * math.ceil(n / bn)
-    other = 32 if wgmma and not c.get("PERSIST") else 48  # bitserial.py's OTHER_REGS*
+    other = 32 if wgmma and not c.get("PERSIST") else 48  # bitserial_family's OTHER_REGS*
     regs = min(255, bm * bn * acc_planes // tile_threads + other)
     return Geometry("bitserial", rate, m, n, k, bm, bn, math.ceil(m / bm) * bm, tiles, split,
                     step, math.ceil(steps / split), tile_threads * team, stages, smem, regs,
@@ -185,6 +189,19 @@ def fp16_geometry(wl: Workload, block_m: int = 128, block_n: int = 128, split: i
                     min(255, block_m * block_n // 256 + 40), False, 1, 2.0)
 
 
+def kernel_params(template: object, config: Mapping) -> Mapping:
+    """What the model reads of a config: the full kernel parameters of a bit-serial template's
+    config (`kernel_spec`; legacy "cuda.bitserial" configs included), else the config itself
+    (also for a bit-serial config that names no kernel of today: its knobs as they are)."""
+    name = template if isinstance(template, str) else getattr(template, "name", "")
+    if name in BY_NAME or name == LEGACY:
+        try:
+            return kernel_spec(name, config)
+        except (ValueError, KeyError):
+            return config
+    return config
+
+
 def family_of(config: Mapping) -> str:
     """The family whose knobs `config` has (module doc)."""
     if "BLOCK_I" in config:
@@ -204,6 +221,7 @@ def geometry(template: object, workload: Workload, config: Mapping) -> Geometry:
     name = template if isinstance(template, str) else getattr(template, "name", "")
     if name == "torch.fp16":
         return fp16_geometry(workload)
+    config = kernel_params(name, config)
     fam = family_of(config)
     if fam == "igemm":
         return _igemm(workload, config, name)

@@ -7,7 +7,7 @@ directory under a name that hashes its training data, so later processes load it
 milliseconds. The cuDNN / cuBLAS fp16 baseline is predicted by `calibrate.fp16_estimate_us`.
 
     predict_us("triton.conv2d_int8", config, workload)          # microseconds, events timing
-    predict_many("cuda.bitserial", workload, configs, gpu="NVIDIA H200")
+    predict_many("cuda.bitserial_wgmma", workload, configs, gpu="NVIDIA H200")
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .features import GENERIC
 from .hardware import GpuSpec, gpu_spec_for
 from .learned import LearnedModel
 
-MODEL_VERSION = "1"  # bump when features or training change: old cached models retrain
+MODEL_VERSION = "2"  # bump when features or training change: old cached models retrain
 _MODELS: dict[str, LearnedModel] = {}
 
 

@@ -1,6 +1,6 @@
 """Roofline floors: max(ops / measured peak, bytes / measured bandwidth).
 
-Peaks are the rates measured on an H100 80GB HBM3 (shared/DESIGN.md, "Hardware facts");
+Peaks are the rates measured on an H100 80GB HBM3 (docs/design.md, section 5, "Hardware facts");
 `measure_bandwidth` re-measures the copy bandwidth in the benchmark's own run.
 """
 
