@@ -1,13 +1,16 @@
 """Zero-tuning dispatch: candidate configs, the model's pick with its margin, fp16 as a
-candidate, records first, `kernel_for` and the engine's `choose_impl`."""
+candidate, the bit-serial families as one group under `default_bitserial`, records first (old
+"cuda.bitserial" rows as their family's), `kernel_for` and the engine's `choose_impl`."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from lowbit.core import ConvWorkload, Epilogue, GemmWorkload
+from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload
 from lowbit.kernels import get_template, load_backends
+from lowbit.kernels.cuda import FAMILIES, LEGACY, TAP_SHIFT, WGMMA, default_bitserial
+from lowbit.kernels.cuda.bitserial_family import BitserialFamily
 from lowbit.perfmodel.learned import LearnedModel
 from lowbit.tune import dispatch
 from lowbit.tune.records import Record, RecordsDB
@@ -18,6 +21,7 @@ CONV = ConvWorkload(N=2, H=8, W=8, C=64, K=64, R=3, S=3, pad=1, w="s8", a="s8",
 BITS = CONV.replace(w="b1", a="u2", w_layout="bitplane", a_layout="bitplane",
                     epilogue=Epilogue(bias=True, relu=True, out="u2", out_layout="bitplane"))
 IGEMM = get_template("triton.conv2d_int8")
+FAMILY_NAMES = {f.name for f in FAMILIES}
 
 
 @pytest.fixture(autouse=True)
@@ -28,8 +32,8 @@ def analytic_model(monkeypatch):
 
 def test_candidate_configs_are_valid_distinct_and_start_with_the_default():
     checked = 0
-    for tmpl, wl, arch in ((IGEMM, CONV, None), (get_template("cuda.bitserial"), BITS,
-                                                 "sm_90a")):
+    for tmpl, wl, arch in ((IGEMM, CONV, None), (WGMMA, BITS, "sm_90a"),
+                           (TAP_SHIFT, BITS, "sm_90a")):
         space = dispatch._with_arch(tmpl.space, wl, arch)
         cfgs = dispatch.candidate_configs(tmpl, wl, n=24, arch=arch)
         assert cfgs[0] == dispatch._with_arch(tmpl.default_config, wl, arch)
@@ -37,7 +41,7 @@ def test_candidate_configs_are_valid_distinct_and_start_with_the_default():
         for c in cfgs:
             assert space.is_valid(c)
             checked += 1
-    assert checked > 8
+    assert checked > 12
 
 
 def _fake_predict(times):
@@ -86,7 +90,9 @@ def test_model_choice_over_every_supporting_template():
     if pick.template != dispatch.FP16:
         assert get_template(pick.template).space(CONV).is_valid(pick.config)
     bits = dispatch.choose(BITS, include_fp16=False)
-    assert bits.template == "cuda.bitserial" and bits.predicted_us > 0
+    assert bits.template in FAMILY_NAMES and bits.predicted_us > 0
+    assert get_template(bits.template).space(BITS, "sm_90a").is_valid(bits.config)
+    assert LEGACY not in {a[0] for a in bits.alternatives}
 
 
 def test_records_come_first_and_kernel_for_builds(tmp_path):
@@ -110,7 +116,55 @@ def test_records_come_first_and_kernel_for_builds(tmp_path):
 def test_choose_impl_covers_both_input_layouts():
     w1a2 = BITS.replace(a_layout="int8", w_layout="int8")
     impl, why = dispatch.choose_impl(w1a2)
-    assert impl in {"cuda.bitserial", dispatch.FP16} or get_template(impl).backend
+    assert impl == dispatch.FP16 or get_template(impl).backend
     assert "predicted" in why or impl == dispatch.FP16
     impl8, _ = dispatch.choose_impl(CONV)
-    assert impl8 != "cuda.bitserial"
+    assert impl8 not in FAMILY_NAMES | {LEGACY}
+
+
+def test_families_compete_as_one_group_under_the_untuned_default(monkeypatch):
+    """Every family's candidates are predicted; another family's config wins only when it is
+    predicted `margin` faster than `default_bitserial`'s kernel."""
+    family, default = default_bitserial(BITS, "sm_90a")
+    others = [f for f in FAMILIES if f is not family and f.supports(BITS)]
+    assert others
+    rival = others[0]
+    seen: set[str] = set()
+    for speedup, want_default in ((0.95, True), (0.80, False)):
+        def times(name, c, speedup=speedup):
+            seen.add(name)
+            if name == family.name and c == default:
+                return 100.0
+            return 100.0 * speedup if name == rival.name else 150.0
+        monkeypatch.setattr(dispatch, "predict_many", _fake_predict(times))
+        pick = dispatch.choose(BITS, "NVIDIA H100 80GB HBM3", include_fp16=False)
+        if want_default:
+            assert (pick.template, pick.config, pick.predicted_us) == (family.name, default,
+                                                                       100.0)
+            assert "default config" in pick.reason
+        else:
+            assert (pick.template, pick.predicted_us) == (rival.name, 80.0)
+            assert rival.space(BITS, "sm_90a").is_valid(pick.config)
+            assert family.name in pick.reason
+        assert pick.predicted_us == min(a[1] for a in pick.alternatives)
+    assert {f.name for f in others} | {family.name} <= seen
+
+
+def _fake_build(self, workload, config, arch=None):
+    """BitserialFamily.build stand-in (no GPU here): what would be compiled."""
+    return (self.name, workload, Config(config))
+
+
+def test_kernel_for_bitserial_default_and_old_records(monkeypatch, tmp_path):
+    """Without records the untuned bit-serial kernel; an old "cuda.bitserial" record builds
+    its family's kernel with the family's config."""
+    monkeypatch.setattr(BitserialFamily, "build", _fake_build)
+    family, default = default_bitserial(BITS)
+    assert dispatch.kernel_for(BITS, tmp_path / "empty.sqlite") == (family.name, BITS, default)
+    cfg = TAP_SHIFT.default_config(BITS)
+    legacy = Config(TAP_SHIFT.spec(cfg))  # the old template's configs held every parameter
+    with RecordsDB(tmp_path / "old.sqlite") as db:
+        db.add(Record(BITS.key, LEGACY, legacy.to_json(), 7.0, None, "NVIDIA H100 80GB HBM3"))
+        assert dispatch.kernel_for(BITS, db) == (TAP_SHIFT.name, BITS, cfg)
+        pick = dispatch.choose(BITS, db=db, include_fp16=False)
+        assert (pick.template, pick.config, pick.predicted_us) == (TAP_SHIFT.name, cfg, 7.0)

@@ -1,13 +1,17 @@
 """Dispatch without tuning: the recorded best, else the performance model's pick.
 
 `kernel_for(workload)` builds the fastest recorded (template, config) of the workload; without
-a record it builds what `choose` predicts fastest among our templates. `choose` is what the
-network engine asks per layer: every template that supports the layer, each with a small
-candidate set — its default config plus configs drawn near it and across its space, ranked by
-the model (`lowbit.perfmodel.predict`) — and PyTorch fp16 (cuDNN conv / cuBLAS matmul,
-`FP16`) as one more candidate, estimated by the analytic model calibrated on the recorded fp16
-baselines. A non-default config must be predicted `margin` faster than the default to be
-picked: the default is the config the kernels' authors measured, a far config only the model.
+a record, the untuned bit-serial kernel (`lowbit.kernels.cuda.default_bitserial`) where a
+bit-serial family runs the workload, else what `choose` predicts fastest among our templates.
+`choose` is what the network engine asks per layer: every template that supports the layer,
+each with a small candidate set — its default config plus configs drawn near it and across its
+space, ranked by the model (`lowbit.perfmodel.predict`) — and PyTorch fp16 (cuDNN conv /
+cuBLAS matmul, `FP16`) as one more candidate, estimated by the analytic model calibrated on
+the recorded fp16 baselines. A non-default config must be predicted `margin` faster than the
+default to be picked: the default is the config the kernels' authors measured, a far config
+only the model. The bit-serial families compete as one group whose default is
+`default_bitserial`'s kernel: every family's candidates (its own default first) must beat that
+one by the margin.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 from ..core import Config, ConfigSpace, Workload
 from ..kernels import load_backends
 from ..kernels.base import Kernel, KernelTemplate, get_template, templates
+from ..kernels.cuda import FAMILIES, default_bitserial
 from ..perfmodel.dataset import FP16_TEMPLATE
 from ..perfmodel.hardware import GpuSpec, gpu_spec_for
 from ..perfmodel.predict import default_model, predict_many
@@ -107,6 +112,70 @@ def _usable(workload: Workload, pool: Sequence[KernelTemplate] | None) -> list[K
     return out
 
 
+def template_groups(usable: Sequence[KernelTemplate]) -> list[list[KernelTemplate]]:
+    """The templates that compete under one default: each template alone, the bit-serial
+    families together (module doc)."""
+    family = {f.name for f in FAMILIES}
+    families = [t for t in usable if t.name in family]
+    return [[t] for t in usable if t.name not in family] + ([families] if families else [])
+
+
+def group_default(group: Sequence[KernelTemplate], workload: Workload, arch: str | None = None
+                  ) -> tuple[KernelTemplate, Config]:
+    """The default of a group of `template_groups` for `arch` (None: the templates' own
+    choice): `default_bitserial`'s kernel where its family is in the group, else the first
+    template's default config."""
+    by_name = {t.name: t for t in group}
+    if by_name.keys() & {f.name for f in FAMILIES}:
+        try:
+            family, cfg = default_bitserial(workload, arch)
+        except ValueError:  # no family fits: the first template's own default
+            family, cfg = None, None
+        if family is not None and family.name in by_name:
+            return by_name[family.name], cfg
+    return group[0], _with_arch(group[0].default_config, workload, arch)
+
+
+def _group_pick(group: list[KernelTemplate], workload: Workload, spec: GpuSpec, model,
+                arch: str | None, per_template: int, seed: int, margin: float
+                ) -> tuple[Choice, list[tuple[str, float]]] | None:
+    """The group's pick (the fastest predicted candidate that is the group default or beats
+    it by `margin`) and its alternatives (each template's fastest such candidate); None when
+    no template of the group has candidates here."""
+    try:
+        dflt_t, dflt = group_default(group, workload, arch)
+    except Exception:  # a template whose space cannot be built for this target
+        return None
+    preds: dict[str, tuple[list[Config], list[float]]] = {}
+    for t in group:
+        try:
+            cfgs = candidate_configs(t, workload, per_template, seed, arch=arch)
+        except Exception:
+            continue
+        if t is dflt_t and dflt not in cfgs:
+            cfgs = [dflt, *cfgs]
+        preds[t.name] = (cfgs, [float(p) for p in predict_many(t, workload, cfgs, spec, model)])
+    if dflt_t.name not in preds:
+        return None
+    cfgs, times = preds[dflt_t.name]
+    default_us = times[cfgs.index(dflt)]
+    count = sum(len(c) for c, _ in preds.values())
+    picks: dict[str, tuple[Config, float]] = {}
+    for name, (cfgs, times) in preds.items():
+        for c, us in zip(cfgs, times, strict=True):
+            if (name == dflt_t.name and c == dflt) or us <= default_us * (1 - margin):
+                if name not in picks or us < picks[name][1]:
+                    picks[name] = (c, us)
+    name, (cfg, us) = min(picks.items(), key=lambda kv: kv[1][1])
+    if name == dflt_t.name and cfg == dflt:
+        pick = Choice(name, cfg, us, f"model: default config ({count} candidates within "
+                                     f"{margin:.0%})")
+    else:
+        pick = Choice(name, cfg, us, f"model: {us:.1f} us vs default {default_us:.1f} us "
+                                     f"({dflt_t.name}; {count} candidates)")
+    return pick, [(t, p[1]) for t, p in picks.items()]
+
+
 def choose(workload: Workload, gpu: GpuSpec | str | None = None,
            templates: Sequence[KernelTemplate] | None = None, include_fp16: bool = True,
            db: RecordsDB | str | Path | None = None, margin: float = DEFAULT_MARGIN,
@@ -128,23 +197,12 @@ def choose(workload: Workload, gpu: GpuSpec | str | None = None,
             alternatives.append((rec.template, float(rec.time_us)))
     if best is None:
         model = default_model()
-        for t in _usable(workload, templates):
-            try:
-                cfgs = candidate_configs(t, workload, candidates, seed, arch=arch)
-            except Exception:  # a template whose space cannot be built for this target
+        for group in template_groups(_usable(workload, templates)):
+            found = _group_pick(group, workload, spec, model, arch, candidates, seed, margin)
+            if found is None:
                 continue
-            pred = predict_many(t, workload, cfgs, spec, model)
-            default_us = float(pred[0])
-            i = int(pred.argmin())
-            if i and pred[i] <= default_us * (1 - margin):
-                pick = Choice(t.name, cfgs[i], float(pred[i]),
-                              f"model: {pred[i]:.1f} us vs default {default_us:.1f} us "
-                              f"({len(cfgs)} candidates)")
-            else:
-                pick = Choice(t.name, cfgs[0], default_us,
-                              f"model: default config ({len(cfgs)} candidates within "
-                              f"{margin:.0%})")
-            alternatives.append((t.name, pick.predicted_us))
+            pick, group_alternatives = found
+            alternatives += group_alternatives
             if best is None or pick.predicted_us < best.predicted_us:
                 best = pick
     if include_fp16:
@@ -185,10 +243,18 @@ def choose_impl(workload: Workload, gpu: GpuSpec | str | None = None) -> tuple[s
 def kernel_for(workload: Workload, db: RecordsDB | str | Path | None = None,
                gpu: str | None = None, fallback: bool = True) -> Kernel:
     """The tuned kernel for `workload` from the records; without a record (and `fallback`),
-    the template and config `choose` predicts fastest among ours (no fp16), else ValueError."""
+    the untuned bit-serial kernel (`default_bitserial`) where a family runs the workload, else
+    the template and config `choose` predicts fastest among ours (no fp16); else ValueError."""
     rec = best_record(workload, db, gpu)
     if rec is not None:
         return get_template(rec.template).build(workload, rec.cfg)
+    if fallback and any(f.supports(workload) for f in FAMILIES):
+        try:
+            family, cfg = default_bitserial(workload)
+        except ValueError:
+            family = None
+        if family is not None:
+            return family.build(workload, cfg)
     if fallback:
         try:
             pick = choose(workload, gpu, include_fp16=False)

@@ -3,6 +3,13 @@
 WAL mode and one commit per measurement: a tuner killed with SIGKILL loses nothing it had
 recorded, and a rerun skips what is there. The default file lives under the user cache
 directory (platformdirs); `LOWBIT_RECORDS` or an explicit path overrides it.
+
+Rows are read as today's templates know them: a row of the single bit-serial template that the
+bit-serial families replaced ("cuda.bitserial"), or an old `cuda.int8_wgmma` config, comes
+back as its family's template and config (`perfmodel.dataset.migrate_kernels`, on
+`lowbit.kernels.cuda.migrate_config`; the file keeps what was written, `import_jsonl` adds the
+migrated rows). A row that names no kernel of today keeps its old name and config, and `best`
+never returns it.
 """
 
 from __future__ import annotations
@@ -12,10 +19,12 @@ import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..core import Config, Workload
+from ..kernels.cuda import INT8_WGMMA, LEGACY
+from ..perfmodel.dataset import migrate_kernels
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS measurements (
@@ -114,17 +123,27 @@ class RecordsDB:
     def _select(self, where: str = "", args: tuple = ()) -> list[Record]:
         cur = self._conn.execute(
             f"SELECT {', '.join(_COLUMNS)} FROM measurements {where} ORDER BY id", args)
-        return [Record(**dict(zip(_COLUMNS, row, strict=True))) for row in cur]
+        return [migrated(Record(**dict(zip(_COLUMNS, row, strict=True)))) for row in cur]
+
+    def _where(self, workload: Workload | str | None, gpu: str | None,
+               template: str | None, ok: bool = False) -> list[Record]:
+        """Rows matching the filters (a template's own rows and the legacy rows that may
+        migrate to it, filtered after migration), oldest first; `ok`: successful only."""
+        conds, args = ["time_us IS NOT NULL"] if ok else [], []
+        for col, val in (("workload", _key(workload)), ("gpu", gpu)):
+            if val is not None:
+                conds.append(f"{col} = ?")
+                args.append(val)
+        if template is not None:
+            conds.append("template IN (?, ?)")
+            args += [template, LEGACY]
+        rows = self._select("WHERE " + " AND ".join(conds) if conds else "", tuple(args))
+        return rows if template is None else [r for r in rows if r.template == template]
 
     def records(self, workload: Workload | str | None = None, gpu: str | None = None,
                 template: str | None = None) -> list[Record]:
         """All measurements matching the given filters, oldest first."""
-        conds, args = [], []
-        for col, val in (("workload", _key(workload)), ("gpu", gpu), ("template", template)):
-            if val is not None:
-                conds.append(f"{col} = ?")
-                args.append(val)
-        return self._select("WHERE " + " AND ".join(conds) if conds else "", tuple(args))
+        return self._where(workload, gpu, template)
 
     def measured(self, workload: Workload | str, template: str, gpu: str
                  ) -> dict[str, Record]:
@@ -133,14 +152,9 @@ class RecordsDB:
 
     def best(self, workload: Workload | str, gpu: str | None = None,
              template: str | None = None) -> Record | None:
-        """Fastest successful measurement of `workload` (on `gpu` when given)."""
-        conds = ["workload = ?", "time_us IS NOT NULL"]
-        args: list = [_key(workload)]
-        for col, val in (("gpu", gpu), ("template", template)):
-            if val is not None:
-                conds.append(f"{col} = ?")
-                args.append(val)
-        rows = self._select("WHERE " + " AND ".join(conds), tuple(args))
+        """Fastest successful measurement of `workload` (on `gpu` when given) of a kernel
+        that exists today (module doc)."""
+        rows = [r for r in self._where(workload, gpu, template, ok=True) if _current(r)]
         return min(rows, key=lambda r: r.time_us) if rows else None
 
     def gpus(self) -> list[str]:
@@ -161,18 +175,49 @@ class RecordsDB:
         return len(recs)
 
     def import_jsonl(self, path: str | os.PathLike) -> int:
-        """Add the records of a JSON-lines file, skipping exact duplicates; returns how many
-        were added."""
+        """Add the records of a JSON-lines file (as today's templates know them, `migrated`),
+        skipping exact duplicates; returns how many were added."""
         have = {(r.workload, r.template, r.config, r.gpu, r.timestamp) for r in self._select()}
         new = []
         with open(path) as f:
             for line in f:
                 if line.strip():
-                    r = Record(**json.loads(line))
+                    r = migrated(Record(**json.loads(line)))
                     if (r.workload, r.template, r.config, r.gpu, r.timestamp) not in have:
                         new.append(r)
         self.add_many(new)
         return len(new)
+
+
+#: templates whose old rows `migrated` rewrites
+_MIGRATED = (LEGACY, INT8_WGMMA.name)
+
+
+def migrated(rec: Record) -> Record:
+    """`rec` as today's templates know it: a legacy bit-serial row as its family's template
+    and config, an old `cuda.int8_wgmma` config without the knobs that template lost
+    (`migrate_kernels`); unchanged where nothing applies, or where the config names no
+    kernel of today."""
+    if rec.template not in _MIGRATED:
+        return rec
+    try:
+        name, cfg = migrate_kernels(rec.template, rec.cfg)
+    except ValueError:
+        return rec
+    text = cfg.to_json()
+    if name == rec.template and text == rec.config:
+        return rec
+    return replace(rec, template=name, config=text)
+
+
+def _current(rec: Record) -> bool:
+    """Whether a `migrated` row names a kernel of today."""
+    if rec.template not in _MIGRATED:
+        return True
+    try:
+        return migrate_kernels(rec.template, rec.cfg) == (rec.template, rec.cfg)
+    except ValueError:
+        return False
 
 
 def _key(workload: Workload | str | None) -> str | None:
