@@ -184,7 +184,8 @@ def candidates(wl: Workload, n: int, persist: bool = True) -> list[Config]:
                 shapes.add(shape)
         chosen += picked
     # twins of the defaults: duplicate-aware load, and for wgmma the (KT, STAGES) pairs that won
-    # on H100 (NOTES.md v4 run 2: the estimate above does not model the wgmma pipeline)
+    # on H100 (docs/history/bitserial.md, session 11-22 v4: the estimate above does not model
+    # the wgmma pipeline)
     twins = [chosen[0].replace(PERSIST=0, HALO=1)]
     for c in [c for c in chosen if c["MMA"] == "wgmma"][:1]:
         twins += [c.replace(HALO=1), c.replace(KT=2, STAGES=4), c.replace(KT=2, STAGES=4, HALO=1),

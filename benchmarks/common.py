@@ -1,5 +1,6 @@
-"""Shared benchmark plumbing: results files in the DESIGN.md format, GPU/version info, and the
-baselines a user would pick instead of lowbit (cuDNN fp16 conv, im2col + torch._int_mm).
+"""Shared benchmark plumbing: results files in the format of docs/design.md (section 5),
+GPU/version info, and the baselines a user would pick instead of lowbit (cuDNN fp16 conv,
+im2col + torch._int_mm).
 
 Every benchmark writes one JSON file per run under benchmarks/results/<gpu>/ (or the folder in
 $LOWBIT_RESULTS_DIR, e.g. $OUT on the device machine); ratios come from one file only.
@@ -29,7 +30,8 @@ def gpu_name() -> str:
 
 
 def gpu_dirname(name: str | None = None) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (DESIGN.md results layout)."""
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (results layout: docs/design.md,
+    section 5)."""
     return (name or gpu_name()).lower().replace(" ", "-")
 
 

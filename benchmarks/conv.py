@@ -87,19 +87,17 @@ def bench_configs(template, wl: Workload, max_configs: int, seed: int = 0) -> li
 
 
 def int8_wgmma_configs(wl: ConvWorkload, max_configs: int, seed: int = 0) -> list[Config]:
-    """`cuda.int8_wgmma` (sm_90a GPUs only, else none): default first, its split-K twins
-    (grids of few tiles), then sampled points with at least 128 x 64 tiles."""
-    from lowbit.kernels.cuda import INT8_WGMMA, bitserial
+    """`cuda.int8_wgmma` (sm_90a GPUs only, else none): default first, then sampled points
+    with at least 128 x 64 tiles."""
+    from lowbit.kernels.cuda import INT8_WGMMA, WGMMA_ARCH, target_arch
 
-    if bitserial.target_arch() != bitserial.WGMMA_ARCH or not INT8_WGMMA.supports(wl):
+    if target_arch() != WGMMA_ARCH or not INT8_WGMMA.supports(wl):
         return []
     space = INT8_WGMMA.space(wl)
     default = INT8_WGMMA.default_config(wl)
-    twins = [t for t in (default.replace(SPLIT_K=v) for v in space.knob("SPLIT_K").values[1:])
-             if space.is_valid(t)]
-    rest = [c for c in space if c != default and c not in twins and c["BM"] * c["BN"] >= 128 * 64]
-    n = max(0, max_configs - 1 - len(twins))
-    return [default, *twins, *random.Random(seed).sample(rest, min(len(rest), n))]
+    rest = [c for c in space if c != default and c["BM"] * c["BN"] >= 128 * 64]
+    n = max(0, max_configs - 1)
+    return [default, *random.Random(seed).sample(rest, min(len(rest), n))]
 
 
 def tma_configs(wl: ConvWorkload, max_configs: int, seed: int = 0) -> list[Config]:
@@ -286,8 +284,8 @@ def fp16_row(name: str, wl: ConvWorkload, peaks, max_configs: int) -> dict:
 
 
 class ResultsFile:
-    """One results file per run (DESIGN.md format), rewritten after every layer so a run cut
-    short still leaves its finished rows."""
+    """One results file per run (the format of docs/design.md, section 5), rewritten after
+    every layer so a run cut short still leaves its finished rows."""
 
     def __init__(self, benchmark: str, extra: dict):
         import datetime as dt
@@ -363,15 +361,22 @@ def _with_tuned(wl: Workload, cfgs: list[Config], args) -> list[Config]:
 def timed_bests(files: list[Path]) -> dict[tuple[str, str], list[Config]]:
     """(layer name, template name) -> the best configs found before: each template's best in
     timed-*.json files (tuning.py; older files name only the winner's) and the winning config
-    of each row of earlier conv-*.json results."""
+    of each row of earlier conv-*.json results, as today's templates know them
+    (`migrate_config`; a config no kernel of today has is left out)."""
     import json
+
+    from lowbit.kernels.cuda import migrate_config
 
     out: dict[tuple[str, str], list[Config]] = {}
 
     def add(layer: str, template: str, cfg: dict) -> None:
+        try:
+            template, config = migrate_config(template, cfg)
+        except (ValueError, KeyError):
+            return
         cfgs = out.setdefault((layer, template), [])
-        if Config(cfg) not in cfgs:
-            cfgs.append(Config(cfg))
+        if config not in cfgs:
+            cfgs.append(config)
 
     for f in files:
         doc = json.loads(f.read_text())

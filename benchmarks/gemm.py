@@ -3,8 +3,8 @@
 Per shape of gemm.json (w8a8, int32 output like `torch._int_mm`): a bounded slice of the
 `triton.gemm_int8` space searched exhaustively (each config verified bit for bit, then timed),
 the default config, int_mm, fp16 matmul for reference, and the roofline floor; on sm_90a also
-the best of 12 configs of `cuda.int8_wgmma` (s8 wgmma: the default, its split-K twins, sampled
-points; `row["cuda_int8_wgmma"]`). The row's impl / config / time_us are the faster template's
+the best of 12 configs of `cuda.int8_wgmma` (s8 wgmma: the default, then sampled points;
+`row["cuda_int8_wgmma"]`). The row's impl / config / time_us are the faster template's
 (`row["triton_gemm_int8"]` keeps the Triton figures). Shapes that `torch._int_mm` refuses
 (M <= 16) have no int_mm baseline.
 

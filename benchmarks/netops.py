@@ -8,9 +8,10 @@ GEMM (N = 1000) on the int8 GEMM template's default config against torch fp16 ma
 
 Rows (results file "benchmark": "netops"): {op, workload, batch, impl, config, time_us,
 graph_us, floor_us, exact, baselines_us: {fp16_eager, fp16_cuda_graph}}. The floor is
-max(ops / int8 tensor-core rate, bytes / DRAM bandwidth) with the DESIGN.md measured rates;
-bytes = the op's inputs as stored + its outputs as stored. Each case runs on its own: a failure
-is recorded in its row and the run goes on. A short table ends the run.
+max(ops / int8 tensor-core rate, bytes / DRAM bandwidth) with the rates measured in
+docs/design.md (section 5, "Hardware facts"); bytes = the op's inputs as stored + its outputs
+as stored. Each case runs on its own: a failure is recorded in its row and the run goes on. A
+short table ends the run.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from lowbit.reference import (
 )
 from lowbit.tune.timing import time_us
 
-INT8_OPS = 1158e12  # Triton int8 dot, 8192^3 (DESIGN.md)
-DRAM_BPS = 3.0e12  # device-to-device copy, bytes read + written (DESIGN.md)
+INT8_OPS = 1158e12  # Triton int8 dot, 8192^3 (docs/design.md, "Hardware facts")
+DRAM_BPS = 3.0e12  # device-to-device copy, bytes read + written (the same table)
 INT8, BITPLANE = Layout.INT8, Layout.BITPLANE
 
 

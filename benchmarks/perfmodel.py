@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload, Workload, load_workloads
 from lowbit.core.workloads import SUITES
+from lowbit.kernels.cuda import FAMILIES
 from lowbit.perfmodel import calibrate as cal
 from lowbit.perfmodel.dataset import (
     FP16_TEMPLATE,
@@ -109,6 +110,10 @@ NEW_LAYERS: tuple[tuple[str, dict], ...] = (
 #: templates measured in the GPU run (dispatch chooses among these)
 GPU_TEMPLATES = ("triton.conv2d_int8", "triton.conv2d_int8_tma", "cuda.int8_wgmma",
                  "triton.gemm_int8")
+#: the bit-serial family templates (measured on the w1a2 layers; in the offline accuracy also
+#: together, as BITSERIAL_GROUP: the one template "cuda.bitserial" they replaced)
+BITSERIAL_TEMPLATES = tuple(f.name for f in FAMILIES)
+BITSERIAL_GROUP = "cuda.bitserial_* (all families)"
 BITSERIAL_LAYERS = ("resnet18_56x56_64to64_s1", "resnet18_14x14_256to256_s1",
                     "resnet50_s4_3x3_b256", "fc_b128_4096to4096", "mbv2_pw_14_384to64_b8",
                     "gemm_classifier_256x1000x2048", "b1_7x7_512to512")
@@ -224,7 +229,8 @@ def offline(results: Path, quick: bool, out: Path | None) -> list[dict]:
         layers = [k for k, v in counts.items() if v >= 100]
     for name, fit in (("learned", learned_fit(rounds=rounds)), ("analytic", _analytic_fit)):
         t1 = time.perf_counter()
-        for acc in leave_one_layer_out(ms, fit, layers=layers):
+        for acc in leave_one_layer_out(ms, fit, layers=layers,
+                                       groups={BITSERIAL_GROUP: BITSERIAL_TEMPLATES}):
             rows.append({**acc.row(), "kind": "model_accuracy", "model": name,
                          "data": "recorded"})
         print(f"leave-one-layer-out ({name}): {time.perf_counter() - t1:.0f} s", flush=True)
@@ -289,28 +295,37 @@ class GpuRun:
     def plan(self, name: str, wl: Workload, templates: tuple[str, ...]) -> list[tuple]:
         """(template, config, role, pick) candidates of one layer: the dispatch pick, each
         template's default and its model-ranked best candidate, and one random candidate of
-        the dispatch pick's template."""
+        the dispatch pick's template. The bit-serial families count as one template (as
+        `choose` ranks them): `default_bitserial`'s kernel is their default, their model pick
+        the best of all their candidates."""
         from lowbit.kernels import get_template
-        from lowbit.tune.dispatch import candidate_configs, choose
+        from lowbit.tune.dispatch import candidate_configs, choose, group_default, template_groups
 
         usable = [get_template(t) for t in templates]
         usable = [t for t in usable if _supports(t, wl)]
         jobs: dict[tuple[str, Config], str] = {}
         pick = choose(wl, self.spec, templates=usable, include_fp16=False)
         jobs[(pick.template, pick.config)] = "dispatch"
-        for t in usable:
-            try:
-                cfgs = candidate_configs(t, wl, 48, seed=self.rng.randrange(1000))
-            except Exception as e:
-                print(f"  {name} {t.name}: no candidates ({type(e).__name__}: {e})"[:200])
+        for group in template_groups(usable):
+            cands: list[tuple[str, Config]] = []
+            for t in group:
+                try:
+                    cands += [(t.name, c) for c in
+                              candidate_configs(t, wl, 48, seed=self.rng.randrange(1000))]
+                except Exception as e:
+                    print(f"  {name} {t.name}: no candidates ({type(e).__name__}: {e})"[:200])
+            if not cands:
                 continue
-            pred = self.model.predict([(t.name, wl, c) for c in cfgs], self.spec)
-            order = [int(i) for i in np.argsort(pred)]
-            jobs.setdefault((t.name, cfgs[0]), "default")
-            for i in [i for i in order if i][:1]:
-                jobs.setdefault((t.name, cfgs[i]), "model")
-            if t.name == pick.template and len(cfgs) > 3:
-                jobs.setdefault((t.name, cfgs[self.rng.randrange(1, len(cfgs))]), "random")
+            default_t, default = group_default(group, wl)
+            pred = self.model.predict([(t, wl, c) for t, c in cands], self.spec)
+            jobs.setdefault((default_t.name, default), "default")
+            for i in [int(i) for i in np.argsort(pred)][:2]:
+                if cands[i] != (default_t.name, default):
+                    jobs.setdefault(cands[i], "model")
+                    break
+            mine = [tc for tc in cands if tc[0] == pick.template]
+            if len(mine) > 3:
+                jobs.setdefault(mine[self.rng.randrange(1, len(mine))], "random")
         return [(t, c, role, pick) for (t, c), role in jobs.items()]
 
     def measure_layer(self, name: str, wl: Workload, new: bool,
@@ -458,7 +473,7 @@ def gpu_mode(budget_s: float, out: Path | None, bitserial: bool, run: GpuRun | N
     if bitserial:  # every eighth entry a w1a2 layer, so a cut budget keeps some of each
         by_name = {n: (wl, new) for n, wl, new in layers}
         bits = [(n + "_w1a2", bitserial_layer(by_name[n][0]), by_name[n][1],
-                 ("cuda.bitserial",)) for n in BITSERIAL_LAYERS if n in by_name]
+                 BITSERIAL_TEMPLATES) for n in BITSERIAL_LAYERS if n in by_name]
         for i, entry in enumerate(bits):
             plan.insert(min(len(plan), 4 + 8 * i), entry)
     try:

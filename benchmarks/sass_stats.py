@@ -5,8 +5,8 @@ renders the kernel, compiles it with NVRTC for sm_90a (ptxas -v: registers, spil
 disassembles the cubin (`lowbit.kernels.cuda.sass`, nvdisasm): the main kernel's instruction
 count and its commonest opcodes. The epilogue and the stage loop are straight-line code, so
 static counts track the per-tile dynamic ones closely enough to compare versions of a kernel
-(NOTES.md, "Bit-serial epilogue") before a device run. Rows of before the families' split are
-read through `migrate_config`.
+(docs/history/bitserial.md: the epilogue's instruction counts, sessions S3-S7) before a
+device run. Rows of before the families' split are read through `migrate_config`.
 
     python benchmarks/sass_stats.py --json results/.../bitserial-x.json --top 2
     python benchmarks/sass_stats.py --workload resnet50_s2_3x3_b256 --precision w1a1 \
@@ -41,7 +41,8 @@ def stats(workload: str, precision: str, spec: Config) -> dict:
     kernel = family.kernel_name(cfg)
     ops = opcodes(kernel_instructions(compile_cubin(source, ARCH))[kernel])
     common = collections.Counter(o.split(".")[0] for o in ops).most_common(6)
-    # BRA.DIV: shuffles under a divergent branch (NOTES.md, "Virtual-grid positions")
+    # BRA.DIV: shuffles under a divergent branch (docs/history/bitserial.md, session S8,
+    # virtual-grid positions by carries)
     return {"sass": len(ops), **ptxas_report(source, ARCH, kernel), "top": common,
             "bra_div": ops.count("BRA.DIV")}
 
