@@ -26,14 +26,14 @@ def _launchers() -> dict:
     """name -> Launcher, built on CPU tensors (device checks off; nothing launched)."""
     import torch
 
-    from lowbit.core import Layout
+    from lowbit.core import Layout, WidePrecision
     from lowbit.kernels.triton import netops as K
     from lowbit.kernels.triton import stem as S
     from lowbit.kernels.triton import stored
 
     stored.interpreting = lambda: True
     int8, planes = Layout.INT8, Layout.BITPLANE
-    s16, s24, i32 = (stored.IntPrecision(b) for b in (16, 24, 32))
+    s16, s24, i32 = (WidePrecision(b) for b in (16, 24, 32))
     shape = (8, 7, 7, 512)
     k = shape[-1]
     y = torch.zeros(shape, dtype=torch.int32)

@@ -17,9 +17,9 @@ import torch
 
 import lowbit
 from engine_cases import PRECISIONS, SIZES, calibrated, rel_err
+from lowbit.core import WidePrecision
 from lowbit.graph import FloatFallback, Layer
 from lowbit.graph.impl import is_bitserial
-from lowbit.graph.ir import WidePrecision
 from lowbit.quant.packing import unpack
 from lowbit.runtime.compiled import compile_model
 from lowbit.runtime.engine import run_plan

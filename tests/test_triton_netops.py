@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lowbit.core import Layout, PackedTensor, Precision
+from lowbit.core import Layout, PackedTensor, Precision, WidePrecision
 from lowbit.kernels.triton import netops as K
 from lowbit.kernels.triton import pools
 from lowbit.kernels.triton import stored as K_stored
@@ -286,7 +286,7 @@ def test_gpu_resnet_shapes(layout):
 
 
 # ------------------------------------------------------------------------- engine extensions
-S16, S24 = K_stored.IntPrecision(16), K_stored.IntPrecision(24)
+S16, S24 = WidePrecision(16), WidePrecision(24)
 
 
 def wide_packed(values: torch.Tensor, prec) -> PackedTensor:
@@ -462,9 +462,9 @@ def test_quantize_relu_2d_and_wide(shape, prec, layout, relu):
 
 
 def test_int32_maxpool_and_wide_checks():
-    """Max-pool of int32 accumulators (IntPrecision(32)): what a layer's fused pool runs
+    """Max-pool of int32 accumulators (WidePrecision(32)): what a layer's fused pool runs
     before its epilogue."""
-    i32 = K_stored.IntPrecision(32)
+    i32 = WidePrecision(32)
     g = torch.Generator().manual_seed(80)
     x = torch.randint(-(2**31) + 1, 2**31 - 1, (2, 7, 9, 40), generator=g, dtype=torch.int64)
     out = K.empty_packed((2, 4, 5, 40), i32, INT8, DEVICE)
@@ -473,7 +473,7 @@ def test_int32_maxpool_and_wide_checks():
     with pytest.raises(ValueError, match="one value per element"):
         K.empty_packed((2, 40), S16, BITPLANE, DEVICE)
     with pytest.raises(ValueError, match="bits must be"):
-        K_stored.IntPrecision(40)
+        WidePrecision(40)
     with pytest.raises(ValueError, match="sum past int32"):
         K.bind_avgpool_windows(wide_packed(x, i32), out, [(0, 3, 3)] * 4, [(0, 3, 3)] * 5,
                                [9], [1], [1])

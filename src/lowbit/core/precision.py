@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
+import torch
+
 
 class Encoding(str, Enum):
     """How the b bits of one element map to an integer value.
@@ -89,3 +91,40 @@ def parse_wa(text: str) -> tuple[int, int]:
     if not m:
         raise ValueError(f"precision pair must look like w1a2 (bits 1..8), got {text!r}")
     return int(m.group(1)), int(m.group(2))
+
+
+@dataclass(frozen=True)
+class WidePrecision:
+    """Signed integers of 9..32 bits (two's complement), stored one value per element: int16
+    up to 16 bits, else int32. The wide tensors of a network plan (residual adds, average
+    pools: `lowbit.graph`) and the accumulators the Triton network ops read; it stands in for
+    `Precision`, whose widths stop at 8 bits (same attributes)."""
+
+    bits: int = 16
+    encoding: Encoding = Encoding.SIGNED
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bits, bool) or not isinstance(self.bits, int) or \
+                not 9 <= self.bits <= 32:
+            raise ValueError(f"WidePrecision.bits must be an int in 9..32, got {self.bits!r}")
+        if Encoding(self.encoding) is not Encoding.SIGNED:
+            raise ValueError(f"WidePrecision is signed, got encoding {self.encoding!r}")
+
+    @property
+    def qmin(self) -> int:
+        return -(1 << (self.bits - 1))
+
+    @property
+    def qmax(self) -> int:
+        return (1 << (self.bits - 1)) - 1
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        return torch.int16 if self.bits <= 16 else torch.int32
+
+    @property
+    def name(self) -> str:
+        return f"s{self.bits}"
+
+    def __str__(self) -> str:
+        return self.name

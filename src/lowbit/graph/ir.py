@@ -40,49 +40,14 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from ..core import Encoding, Layout, Precision, Workload, workload_from_dict
+from ..core import Layout, Precision, WidePrecision, Workload, workload_from_dict
 from ..core.validate import storage_dtype, storage_shape
 
-
 # ------------------------------------------------------------------------------ tensors
-@dataclass(frozen=True)
-class WidePrecision:
-    """Signed integers wider than 8 bits (two's complement; int16 storage up to 16 bits, else
-    int32; one value per element): the wide realizations of residual adds and average pools.
-    An 8-bit residual flips requantized levels downstream, which compound over the blocks;
-    16 bits (2^15 levels) makes low-bit networks track the float residual of the source model
-    and 24 bits 8-bit ones too (`lowbit.graph.planner`). Stands in for
-    `lowbit.core.Precision`, whose widths stop at 8 bits (same attributes)."""
-
-    bits: int = 16
-    encoding: Encoding = Encoding.SIGNED
-
-    def __post_init__(self) -> None:
-        if self.bits not in WIDE_BITS:
-            raise ValueError(f"WidePrecision.bits must be one of {WIDE_BITS}, got {self.bits}")
-
-    @property
-    def qmin(self) -> int:
-        return -(1 << (self.bits - 1))
-
-    @property
-    def qmax(self) -> int:
-        return (1 << (self.bits - 1)) - 1
-
-    @property
-    def storage_dtype(self) -> torch.dtype:
-        return torch.int16 if self.bits <= 16 else torch.int32
-
-    @property
-    def name(self) -> str:
-        return f"s{self.bits}"
-
-    def __str__(self) -> str:
-        return self.name
-
-
-#: widths of WidePrecision: |value| < 2^23 keeps the residual term |res * r| < 2^54, so a
-#: kernel with an int32 accumulator adds the epilogue's terms in int64 directly
+#: widths of the plans' wide realizations (`lowbit.core.WidePrecision`; 16-bit residuals track
+#: low-bit networks, 24-bit ones 8-bit networks too: `lowbit.graph.planner`): |value| < 2^23
+#: keeps the residual term |res * r| < 2^54, so a kernel with an int32 accumulator adds the
+#: epilogue's terms in int64 directly
 WIDE_BITS = (16, 24)
 
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from ..core import Encoding, Layout, PackedTensor, Precision
+from ..core import Encoding, Layout, PackedTensor, Precision, WidePrecision
 from ..core.validate import out_storage
 from ..graph.ir import (
     AvgPool,
@@ -254,7 +254,7 @@ class GpuExecutor:
         return kernel.bind(x, w, params, out)
 
     def _bind_layer(self, step: Layer) -> BoundStep:
-        netops, stem, stored = _triton()
+        netops, stem, _ = _triton()
         plan, wl = self.plan, step.workload
         specs = output_specs(step, plan)
         outs = [self._operand(o.tensor) for o in step.layer_outputs]
@@ -287,7 +287,7 @@ class GpuExecutor:
             launches.append(netops.bind_layer_epilogue(acc, specs, outs, res, bound))
             return BoundStep(step, launches, f"{how} + netops epilogue")
         win = step.pool
-        i32 = stored.IntPrecision(32)
+        i32 = WidePrecision(32)
         if res is None and all(isinstance(s, netops.Requantized) for s in specs):
             pooled_shape = plan.tensors[step.layer_outputs[0].tensor].shape
             pooled = self.scratch.take(pooled_shape, torch.int32)

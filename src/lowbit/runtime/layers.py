@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from ..core import Config, ConvWorkload, Epilogue, GemmWorkload, Workload
+from ..core import Config, ConvWorkload, Epilogue, GemmWorkload, WidePrecision, Workload
 from ..core.epilogue import EpilogueParams
 from ..core.validate import check_inputs, output_buffer
 from ..graph.impl import TORCH_FP16, is_bitserial
-from ..graph.ir import Layer, Plan, WidePrecision
+from ..graph.ir import Layer, Plan
 from ..kernels import get_template, load_backends
 from ..kernels.base import Kernel, acc_bound
 from ..quant.packing import pack

@@ -10,7 +10,7 @@
 - `bind_quantize`: a float NCHW (or [N, C]) tensor -> INT8 / BITPLANE / wide NHWC.
 
 Quantized tensors travel as `lowbit.core.PackedTensor` (storage + logical NHWC or [M, C] shape,
-precision, layout; wide precisions: `stored.IntPrecision`). Each `bind_*` checks its arguments
+precision, layout; wide precisions: `lowbit.core.WidePrecision`). Each `bind_*` checks its arguments
 once (ValueError / TypeError naming the argument, before any launch) and returns a `Launcher`:
 calling it replays the launch with every argument fixed (no host work besides Triton's launch,
 CUDA-graph capturable). The plain functions (`layer_epilogue`, `maxpool2d`, ...) allocate the
@@ -89,7 +89,7 @@ __all__ = ["Dequantized", "Launcher", "Requantized", "avgpool2d", "bind_avgpool2
 @dataclass(frozen=True, eq=False)
 class Requantized:
     """One requantized output (module docstring). precision: a `Precision` (not binary) or a
-    wide signed one (`stored.IntPrecision`, graph's WidePrecision); multiplier [K] in
+    wide signed one (`lowbit.core.WidePrecision`); multiplier [K] in
     [0, 2^62), shift [K] in 1..62, bias [K] (b, in units of 2^-shift output steps,
     |b| < 2^62; None: 0), residual_multiplier [K] (|r| < 2^62; None: no residual term),
     with |y| m and |res| |r| inside int64 (checked at bind). Vectors may be ints

@@ -1,7 +1,7 @@
 """Packed-domain pooling kernels on stored tensors, bit-exact against
 `lowbit.reference.netops` (maxpool2d_int, avgpool2d_int) and the plan's AvgPool
 (`lowbit.graph.ir`): max and average pools (global included) reading and writing INT8 or
-BITPLANE (and wide 9-32 bit tensors one value per element, `stored.IntPrecision`); bit-plane
+BITPLANE (and wide 9-32 bit tensors one value per element, `WidePrecision`); bit-plane
 max pools of up to 4 planes run on the words themselves (bit-sliced compares, 32 channels per
 operation); `bind_avgpool_windows` takes any windows (adaptive pools, several divisors, ReLU)
 from per-axis tables."""

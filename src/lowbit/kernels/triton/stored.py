@@ -5,8 +5,8 @@ of bound launches (`Launcher`, checks, strides).
 
 Besides `lowbit.core.Precision` (<= 8 bits), a PackedTensor here may hold signed integers of
 9 to 32 bits one per element in the INT8 layout ("wide": int16 storage up to 16 bits, else
-int32): the engine's 16 / 24-bit residual realizations (`lowbit.graph.ir.WidePrecision`) and
-int32 accumulators (`IntPrecision(32)`). Any object with `bits`, `encoding` (signed), `qmin`
+int32): the engine's 16 / 24-bit residual realizations (`lowbit.core.WidePrecision`) and
+int32 accumulators (`WidePrecision(32)`). Any object with `bits`, `encoding` (signed), `qmin`
 and `qmax` serves as such a precision."""
 
 from __future__ import annotations
@@ -126,31 +126,6 @@ def flag_nonfinite(x, mask, status_ptr):
 
 
 # =========================================================================== host side
-@dataclass(frozen=True)
-class IntPrecision:
-    """Signed integers of `bits` (9..32) stored one per element (int16 up to 16 bits, else
-    int32): the wide tensors of the module docstring."""
-
-    bits: int = 32
-    encoding: Encoding = Encoding.SIGNED
-
-    def __post_init__(self) -> None:
-        if isinstance(self.bits, bool) or not isinstance(self.bits, int) or \
-                not 9 <= self.bits <= 32:
-            raise ValueError(f"IntPrecision.bits must be an int in 9..32, got {self.bits!r}")
-
-    @property
-    def qmin(self) -> int:
-        return -(1 << (self.bits - 1))
-
-    @property
-    def qmax(self) -> int:
-        return (1 << (self.bits - 1)) - 1
-
-    def __str__(self) -> str:
-        return f"s{self.bits}"
-
-
 def is_wide(prec: object) -> bool:
     """A precision wider than 8 bits (module docstring)."""
     return int(prec.bits) > 8
