@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import triton
+
+from triton_offline import run_module_report
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
@@ -67,26 +66,6 @@ def _launchers() -> dict:
     }
 
 
-def _report() -> dict:
-    from triton.backends.compiler import GPUTarget
-
-    from triton_offline import _source, ptxas_usage
-
-    out = {}
-    for name, launcher in _launchers().items():
-        try:
-            rows = []
-            for s in launcher.launches:
-                src, opts = _source(s.fn, s.args, s.kwargs)
-                ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
-                regs, spill = ptxas_usage(ck)
-                rows.append({"regs": regs, "spill_bytes": spill})
-            out[name] = rows
-        except Exception as e:  # reported per case
-            out[name] = f"{type(e).__name__}: {e}"[:3000]
-    return out
-
-
 SPILL_LIMIT = {"stem_resnet": 512, "stem_alexnet": 512}
 
 
@@ -94,14 +73,7 @@ SPILL_LIMIT = {"stem_resnet": 512, "stem_alexnet": 512}
 def reports() -> dict:
     if not os.path.isdir(BIN):
         pytest.skip("this Triton has no bundled NVIDIA tools (ptxas)")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    here = Path(__file__).resolve()
-    env["PYTHONPATH"] = os.pathsep.join([str(here.parent), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, str(here)], capture_output=True, text=True, env=env,
-                          timeout=900)
-    if proc.returncode:
-        raise RuntimeError(f"offline compile failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_module_report(__file__)
 
 
 @pytest.mark.parametrize("name", ["layer_epilogue", "maxpool_bitplane", "avgpool_global",
@@ -116,4 +88,6 @@ def test_compiles_for_sm90_without_spills(reports, name):
 
 
 if __name__ == "__main__":
-    print(json.dumps(_report()))
+    from triton_offline import launcher_report
+
+    print(json.dumps(launcher_report(_launchers())))

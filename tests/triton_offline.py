@@ -128,6 +128,40 @@ def compile_in_subprocess(cases: list[tuple[str, str, str]], timeout_s: float = 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def launcher_report(launchers: dict) -> dict:
+    """{name: [{kernel, regs, spill_bytes} per launch] or the error text} of bound Triton
+    launchers (`kernels.triton.stored.Launcher`), each launch compiled for sm_90."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    out: dict = {}
+    for name, launcher in launchers.items():
+        try:
+            rows = []
+            for s in launcher.launches:
+                src, opts = _source(s.fn, s.args, s.kwargs)
+                ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+                regs, spill = ptxas_usage(ck)
+                rows.append({"kernel": s.fn.__name__, "regs": regs, "spill_bytes": spill})
+            out[name] = rows
+        except Exception as e:  # reported per case
+            out[name] = f"{type(e).__name__}: {e}"[:3000]
+    return out
+
+
+def run_module_report(test_file: str, timeout_s: float = 900) -> dict:
+    """Run `python test_file` (which prints `launcher_report(...)` as its last line) in a
+    fresh Python without TRITON_INTERPRET, tests/ on its path; its JSON."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    here = Path(test_file).resolve()
+    env["PYTHONPATH"] = os.pathsep.join([str(here.parent), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, str(here)], capture_output=True, text=True, env=env,
+                          timeout=timeout_s)
+    if proc.returncode:
+        raise RuntimeError(f"offline compile failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def _main() -> None:
     results: list = []
     for case in json.loads(sys.stdin.read()):
