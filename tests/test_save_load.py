@@ -343,3 +343,44 @@ def test_fake_quant_state_of_another_precision_fails_loudly():
     with pytest.raises(ValueError, match=r"stem\.0: the state holds w2a2, but this layer is "
                                          r"w4a4"):
         w4.load_state_dict(w2.state_dict())
+
+
+def test_compiled_model_round_trip_is_bit_identical(tmp_path):
+    """issue 35: save / load of a compiled network (its plans and their integer parameters):
+    the loaded model runs the same plan, with the same outputs; a plan with float fallback
+    steps refuses to save, naming them."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    torch.manual_seed(0)
+    q = lowbit.quantize(lowbit.models.get("digits_resnet", num_classes=10), weight_bits=2,
+                        act_bits=2)
+    lowbit.calibrate(q, [torch.randn(8, 1, 8, 8)])
+    x = torch.randn(3, 1, 8, 8)
+    cm = lowbit.compile(q, x)
+    y = cm(x)
+    path = lowbit.save(cm, tmp_path / "c.safetensors")
+    assert lowbit.serialize.read_manifest(path)["kind"] == "compiled"
+    loaded = lowbit.load(path)
+    assert type(loaded).__name__ == "CompiledModel"
+    assert loaded.plan.to_dict() == cm.plan.to_dict()
+    assert torch.equal(loaded(x), y) and torch.equal(loaded(x * 0.5), cm(x * 0.5))
+    with pytest.raises(ValueError, match="compile the model again"):
+        loaded(torch.randn(2, 1, 8, 8))
+
+    class Depthwise(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(4, 8, 3, padding=1)
+            self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+            self.fc = nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.fc(self.dw(self.conv(x)).mean((2, 3)))
+
+    q2 = lowbit.quantize(Depthwise(), weight_bits=4, act_bits=4)
+    lowbit.calibrate(q2, [torch.randn(4, 4, 6, 6)])
+    cm2 = lowbit.compile(q2, torch.randn(2, 4, 6, 6))
+    assert cm2.plan.fallbacks
+    with pytest.raises(ValueError, match="float fallback steps"):
+        lowbit.save(cm2, tmp_path / "d.safetensors")

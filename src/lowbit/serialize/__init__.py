@@ -1,6 +1,6 @@
 """Save and load lowbit models: `save(model, path)` / `load(path)` (one safetensors file with a
-JSON manifest), for fake-quant and converted models and any kind registered with
-`register_kind` (e.g. a compiled network plan)."""
+JSON manifest), for fake-quant, converted and compiled models (`compiled.py`: a network's plans)
+and any kind registered with `register_kind`."""
 
 from .arch import arch_entry, build_model, model_from_spec
 from .files import load, read_manifest, save

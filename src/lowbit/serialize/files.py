@@ -18,7 +18,10 @@ import torch
 from torch import nn
 
 from ..quant.overview import layer_rows
-from . import builtin  # noqa: F401  (registers the built-in kinds)
+from . import (
+    builtin,  # noqa: F401  (registers the built-in kinds)
+    compiled,  # noqa: F401  (registered after them, so tried first)
+)
 from .arch import arch_entry, build_model
 from .registry import get_kind, kind_of
 
