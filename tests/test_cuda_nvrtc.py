@@ -45,6 +45,14 @@ def test_compile_cubin_and_ptx(cache, arch):
     assert b"and.popc" in ptx
 
 
+def test_compile_leaves_interpreter_bytes_intact(cache):
+    """NVRTC fills caller buffers: a one-byte log (empty, just NUL) once went into the shared
+    b" " object and broke every later b" " (torch.save wrote unloadable files)."""
+    nvrtc.compile_cubin(ADD_ONE, "sm_80")
+    nvrtc.compile_ptx(ADD_ONE, "sm_80")
+    assert b" " * 1 == bytes([32]) and b" ".join([b"a", b"b"]) == b"a b"
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_ptxas_report_names_registers_and_spills(arch):
     """ptxas -v figures of one kernel of the source, without a GPU."""

@@ -168,13 +168,13 @@ def _nvrtc_compile(kind: str, source: str, arch: str, opts: Sequence[str]) -> by
         if kind == "cubin":
             result, size = nvrtc.nvrtcGetCUBINSize(prog)
             _check_nvrtc(result, "nvrtcGetCUBINSize")
-            buf = b" " * size
+            buf = bytearray(size)
             (result,) = nvrtc.nvrtcGetCUBIN(prog, buf)
             _check_nvrtc(result, "nvrtcGetCUBIN")
         else:
             result, size = nvrtc.nvrtcGetPTXSize(prog)
             _check_nvrtc(result, "nvrtcGetPTXSize")
-            buf = b" " * size
+            buf = bytearray(size)
             (result,) = nvrtc.nvrtcGetPTX(prog, buf)
             _check_nvrtc(result, "nvrtcGetPTX")
         return bytes(buf)
@@ -196,10 +196,12 @@ def _program_log(prog: Any) -> str:
     nvrtc = _nvrtc()
     result, size = nvrtc.nvrtcGetProgramLogSize(prog)
     _check_nvrtc(result, "nvrtcGetProgramLogSize")
-    buf = b" " * size
+    # NVRTC writes into the buffer: a bytes object would be mutated in place, and b" " * 1 is
+    # the interpreter's shared one-byte b" ".
+    buf = bytearray(size)
     (result,) = nvrtc.nvrtcGetProgramLog(prog, buf)
     _check_nvrtc(result, "nvrtcGetProgramLog")
-    return buf.rstrip(b"\0 ").decode(errors="replace")
+    return bytes(buf).rstrip(b"\0 ").decode(errors="replace")
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
