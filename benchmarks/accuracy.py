@@ -24,6 +24,10 @@ FP32 and against Brevitas's best configuration, with their standard error over s
 (issue 36): lowbit's best >= Brevitas's best at every bit width on both datasets; on the harder
 dataset lowbit's best w2a2 within 3 points of FP32 and w1a2 within 5. Runs on the CPU, one
 process per task (--jobs); writes benchmarks/results/cpu/accuracy-*.json and a .png beside it.
+Every finished task is appended at once to a journal (--journal, JSON lines, keyed by the run's
+settings): a run that is stopped loses no finished task, `--resume` skips the tasks the journal
+holds, and `--from-journal` writes the results of the tasks finished so far (cells state their
+number of seeds).
     python benchmarks/accuracy.py [--seeds 10] [--jobs 2] [--quick] [--datasets ...]
 """
 
@@ -31,14 +35,16 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import itertools
+import json
 import math
 import multiprocessing
 import os
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -411,6 +417,51 @@ def print_table(rows: list[dict]) -> None:
               f"{diff('brevitas_best'):>16s} {r['train_s_mean']:6.1f}")
 
 
+def _settings_key(schedules: dict[str, Schedule], precisions: tuple[str, ...],
+                  methods: tuple[str, ...]) -> str:
+    """Hash of everything that decides a task's numbers besides (dataset, model, seed)."""
+    doc = {"schedules": {d: asdict(s) for d, s in sorted(schedules.items())},
+           "precisions": precisions, "methods": methods, "constants": [
+               RAND_THRESHOLD, TAU, ETA, BETA, MIX_UNTIL_FRACTION, PACT_DECAY,
+               CALIBRATION_BATCHES]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _encode(result: dict) -> dict:
+    """A task result as JSON: its (precision, method) keys as 'precision/method'."""
+    return {k: ({"/".join(kk): vv for kk, vv in v.items()}
+                if k in ("acc", "iacc", "seconds", "errors") else v)
+            for k, v in result.items()}
+
+
+def _decode(doc: dict) -> dict:
+    return {k: ({tuple(kk.split("/")): vv for kk, vv in v.items()}
+                if k in ("acc", "iacc", "seconds", "errors") else v)
+            for k, v in doc.items()}
+
+
+def read_journal(path: Path, settings: str) -> list[dict]:
+    """The finished task results of `path` that were run with `settings` (latest per task)."""
+    if not path.is_file():
+        return []
+    found = {}
+    for line in path.read_text().splitlines():
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a kill
+            continue
+        if doc.get("settings") == settings:
+            r = _decode(doc["result"])
+            found[(r["dataset"], r["model"], r["seed"])] = r
+    return list(found.values())
+
+
+def _journal(path: Path, settings: str, result: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps({"settings": settings, "result": _encode(result)}) + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=10)
@@ -424,6 +475,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
     ap.add_argument("--out", help="results folder (default benchmarks/results/cpu)")
+    ap.add_argument("--journal", type=Path, help="task journal, JSON lines (default: "
+                    "accuracy-journal.jsonl in the results folder)")
+    ap.add_argument("--resume", action="store_true",
+                    help="skip the tasks that the journal holds for the same settings")
+    ap.add_argument("--from-journal", action="store_true",
+                    help="run nothing: write the results of the journal's finished tasks")
     args = ap.parse_args(argv)
     if args.seeds < 1:
         ap.error("--seeds must be >= 1")
@@ -440,16 +497,40 @@ def main(argv: list[str] | None = None) -> None:
         s = replace(s, **{k: v for k, v in (("fp32_epochs", args.fp32_epochs),
                                             ("qat_epochs", args.qat_epochs)) if v})
         schedules[d] = s
-    tasks = [(d, m, seed, schedules[d], tuple(args.precisions), methods)
+    precisions = tuple(args.precisions)
+    settings = _settings_key(schedules, precisions, methods)
+    journal = args.journal or Path(os.environ.get("LOWBIT_RESULTS_DIR") or
+                                   Path(__file__).parent / "results" / "cpu"
+                                   ) / "accuracy-journal.jsonl"
+    wanted = {(d, m, seed) for d in args.datasets for m in args.models
+              for seed in range(args.seeds)}
+    done = [r for r in read_journal(journal, settings)
+            if (r["dataset"], r["model"], r["seed"]) in wanted]
+    if args.from_journal and not done:
+        ap.error(f"--from-journal: {journal} holds no finished task of these settings")
+    skip = {(r["dataset"], r["model"], r["seed"]) for r in done} if (
+        args.resume or args.from_journal) else set()
+    # seed-major order: a run stopped early has every (dataset, model) at a similar seed count
+    tasks = [(d, m, seed, schedules[d], precisions, methods)
+             for seed in range(args.seeds)
              for d in sorted(args.datasets, key=lambda d: d != "digits_hard")
-             for m in args.models for seed in range(args.seeds)]
-    jobs = args.jobs or min(len(tasks), os.cpu_count() or 1)
+             for m in args.models if (d, m, seed) not in skip]
+    if args.from_journal:
+        tasks = []
+    results = [r for r in done if (r["dataset"], r["model"], r["seed"]) in skip]
+    jobs = args.jobs or max(1, min(len(tasks), os.cpu_count() or 1))
     t0 = time.time()
-    if jobs > 1:
+    if jobs > 1 and tasks:
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            results = list(pool.map(run_task, *zip(*tasks, strict=True)))
+            for fut in as_completed([pool.submit(run_task, *t) for t in tasks]):
+                results.append(fut.result())
+                _journal(journal, settings, results[-1])
     else:
-        results = [run_task(*t) for t in tasks]
+        for t in tasks:
+            results.append(run_task(*t))
+            _journal(journal, settings, results[-1])
+    results.sort(key=lambda r: (DATASETS.index(r["dataset"]), MODELS.index(r["model"]),
+                                r["seed"]))
     rows = make_rows(results)
     verdicts, details = targets(rows)
     setup = {"datasets": {d: asdict(s) for d, s in schedules.items()},
@@ -461,7 +542,11 @@ def main(argv: list[str] | None = None) -> None:
              "mix_until_fraction": MIX_UNTIL_FRACTION, "pact_decay": PACT_DECAY,
              "brevitas": _brevitas_version(methods),
              "brevitas_calibration_batches": CALIBRATION_BATCHES,
-             "seeds": args.seeds, "jobs": jobs, "wall_s": round(time.time() - t0, 1),
+             "seeds": args.seeds, "jobs": jobs, "settings_key": settings,
+             "seeds_finished": {f"{d}/{m}": sorted(r["seed"] for r in results
+                                                   if (r["dataset"], r["model"]) == (d, m))
+                                for d in args.datasets for m in args.models},
+             "wall_s": round(time.time() - t0, 1),
              "task_s": {f"{r['dataset']}/{r['model']}/{r['seed']}": round(r["task_s"], 1)
                         for r in results},
              "task_cpu_s": {f"{r['dataset']}/{r['model']}/{r['seed']}":

@@ -112,3 +112,34 @@ def test_tiny_run_writes_the_results_file(tmp_path, capsys, monkeypatch):
                 "accuracy_mean", "accuracy_std"} <= set(r)
         assert 10.0 < r["accuracy_mean"] <= 100.0
     assert doc["setup"]["methods"] == ["max", "lsq"] and doc["setup"]["brevitas"] is None
+
+
+def test_journal_resume_and_results_from_journal(tmp_path, capsys, monkeypatch):
+    """Every finished task is journaled at once; --resume runs only the missing ones; a line cut
+    short by a kill and tasks of other settings are ignored; --from-journal runs nothing."""
+    monkeypatch.setattr(bench, "brevitas_available", lambda: "ModuleNotFoundError: brevitas")
+    _tiny_run(tmp_path, capsys, ["max"])
+    journal = tmp_path / "accuracy-journal.jsonl"
+    lines = journal.read_text().splitlines()
+    assert len(lines) == 1
+    first = json.loads(lines[0])
+    other = dict(first, settings="another-run")
+    journal.write_text("\n".join([lines[0], json.dumps(other), lines[0][:40]]) + "\n")
+    ran = []
+    real = bench.run_task
+    monkeypatch.setattr(bench, "run_task", lambda *a: ran.append(a[:3]) or real(*a))
+    args = ["--jobs", "1", "--quick", "--fp32-epochs", "1", "--datasets", "digits",
+            "--models", "digits_cnn", "--precisions", "w4a4", "--methods", "max",
+            "--out", str(tmp_path)]
+    bench.main(["--seeds", "2", "--resume", *args])
+    assert ran == [("digits", "digits_cnn", 1)]
+    assert len(journal.read_text().splitlines()) == 4
+    for f in tmp_path.glob("accuracy-2*.json"):
+        f.unlink()
+    bench.main(["--seeds", "2", "--from-journal", *args])
+    assert len(ran) == 1
+    (path,) = tmp_path.glob("accuracy-2*.json")
+    doc = json.loads(path.read_text())
+    assert doc["setup"]["seeds_finished"] == {"digits/digits_cnn": [0, 1]}
+    assert [r["seeds"] for r in doc["rows"]] == [[0, 1], [0, 1]]
+    assert doc["rows"][1]["accuracies"][0] == round(first["result"]["acc"]["w4a4/max"], 3)
