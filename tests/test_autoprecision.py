@@ -79,6 +79,19 @@ def test_bits_budget_without_a_time_model():
     assert res.front[-1].avg_bits == pytest.approx(8.0)
 
 
+def test_bits_budget_with_a_time_model_keeps_latencies():
+    """budget_bits with layer_time_us: the front and the budget are over average bits (the
+    budget is never compared with microseconds), each point's latency still predicted."""
+    torch.manual_seed(1)
+    model = get("digits_cnn", num_classes=10)
+    res = autoprecision(model, _data(2), budget_bits=3.0, layer_time_us=_fake_time_us,
+                        precisions=("w8a8", "w2a2"), batches=2)
+    assert res.cost_unit == "avg weight bits" and len(res.latency_us) == 3 * 2
+    assert res.chosen is not None and res.chosen.cost == res.chosen.avg_bits <= 3.0
+    assert all(pt.latency_us is not None and pt.latency_us > 0 for pt in res.front)
+    assert res.front[-1].avg_bits == pytest.approx(8.0)
+
+
 def test_layer_workloads_have_the_layer_shapes():
     model = get("digits_resnet", num_classes=10)
     seen = []

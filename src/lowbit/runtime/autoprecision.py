@@ -162,8 +162,10 @@ def autoprecision(model: nn.Module, data: Iterable, *, budget_us: float | None =
                   evaluate: Callable[[Plan], float] | None = None) -> AutoPrecision:
     """Choose every quantized layer's precision (module doc). `model`: the float model (eval
     mode is used). `data`: batches (x or (x, y)) for sensitivity. One budget: `budget_us`
-    (predicted latency, needs layer_time_us) or `budget_bits` (average weight bits); neither:
-    the front only. Returns the front, the chosen plan and the uniform plans."""
+    (predicted latency, needs layer_time_us) or `budget_bits` (average weight bits; the front
+    is then over bits, with each point's latency still predicted when layer_time_us is given);
+    neither: the front only, over latency when layer_time_us is given. Returns the front, the
+    chosen plan and the uniform plans."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if budget_us is not None and budget_bits is not None:
@@ -200,8 +202,10 @@ def autoprecision(model: nn.Module, data: Iterable, *, budget_us: float | None =
     params = {n: mods[n].weight.numel() for n in layers}
     total_params = sum(params.values())
 
+    by_latency = layer_time_us is not None and budget_bits is None
+
     def cost(name: str, p: str) -> float:
-        if layer_time_us is not None:
+        if by_latency:
             return times[name, p]
         return pairs[p][0] * params[name] / total_params
 
@@ -211,7 +215,7 @@ def autoprecision(model: nn.Module, data: Iterable, *, budget_us: float | None =
                                                            strict=True)) / total_params
         latency = sum(times[n, p] for n, p in zip(layers, plan_precisions, strict=True)) \
             if times else None
-        return PlanPoint(plan, latency if latency is not None else bits,
+        return PlanPoint(plan, latency if by_latency else bits,
                          sum(sens[n, p] for n, p in zip(layers, plan_precisions, strict=True)),
                          bits, latency)
 
@@ -228,5 +232,5 @@ def autoprecision(model: nn.Module, data: Iterable, *, budget_us: float | None =
         chosen = scored(chosen) if chosen is not None else None
         uniform = {p: scored(pt) for p, pt in uniform.items()}
     return AutoPrecision(tuple(layers), precisions,
-                         "us" if layer_time_us is not None else "avg weight bits", sens, times,
+                         "us" if by_latency else "avg weight bits", sens, times,
                          front, chosen, uniform)
