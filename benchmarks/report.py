@@ -663,35 +663,76 @@ def paired(a: list[float], b: list[float]) -> str:
 
 @suite("accuracy", "Quantization accuracy", "benchmarks/accuracy.py")
 def render_accuracy(files: list[Result]) -> list[str]:
-    f = latest(files)
-    setup = [k for k in ("dataset", "model") if any(k in r for r in f.rows)]
+    """Per (dataset, model), the rows of the latest run that has that pair (runs may cover
+    different pairs and seed counts: the seeds column says how many each row has)."""
+    def pair(f: Result) -> set[tuple]:
+        return {(r.get("dataset"), r.get("model")) for r in f.rows if isinstance(r, dict)}
 
-    def group(r: dict) -> tuple:
-        return (*(r.get(k) for k in setup), r.get("precision"))
-
-    base = {group(r): r.get("accuracies") for r in f.rows if r.get("method") == "max"}
+    owner: dict[tuple, Result] = {}
+    for f in sorted(files, key=lambda f: f.order):
+        for k in pair(f):
+            owner[k] = f
+    used = sorted(set(owner.values()), key=lambda f: f.order)
+    setup = [k for k in ("dataset", "model") if any(k in r for f in used for r in f.rows)]
     rows = []
-    for r in f.rows:
-        accs, ref = r.get("accuracies") or [], base.get(group(r))
-        mean = r.get("accuracy_mean", statistics.fmean(accs) if accs else None)
-        std = r.get("accuracy_std")
-        acc = "-" if mean is None else f"{mean:.2f}" + ("" if std is None else f" +- {std:.2f}")
-        integer = r.get("integer_accuracy_mean")
-        same = ref and len(ref) == len(accs) > 1 and r.get("method") != "max"
-        rows.append([*(r.get(k, "-") for k in setup), r.get("precision", "-"),
-                     r.get("method", "-"), f.link(acc),
-                     "-" if integer is None else f"{integer:.2f}",
-                     paired(accs, ref) if same else "", len(accs) or "-"])
+    for key, f in sorted(owner.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+        mine = [r for r in f.rows if (r.get("dataset"), r.get("model")) == key]
+        base = {r.get("precision"): r.get("accuracies") for r in mine
+                if r.get("method") == "max"}
+        for r in mine:
+            accs, ref = r.get("accuracies") or [], base.get(r.get("precision"))
+            mean = r.get("accuracy_mean", statistics.fmean(accs) if accs else None)
+            std = r.get("accuracy_std")
+            acc = "-" if mean is None else f"{mean:.2f}" + (
+                "" if std is None else f" +- {std:.2f}")
+            integer = r.get("integer_accuracy_mean")
+            same = ref and len(ref) == len(accs) > 1 and r.get("method") != "max"
+            rows.append([*(r.get(k, "-") for k in setup), r.get("precision", "-"),
+                         r.get("method", "-"), f.link(acc),
+                         "-" if integer is None else f"{integer:.2f}",
+                         paired(accs, ref) if same else "", len(accs) or "-"])
     out = ["Mean +- std over seeds; integer: the same model through `lowbit.convert` (exact "
            "integer layers); minus MAX: paired per-seed difference to the MAX scale, mean +- "
-           "standard error. Latest run.", ""]
+           "standard error. Per (dataset, model) the latest run that has it.", ""]
     out += table([*setup, "precision", "method", "accuracy %", "integer %",
                   "minus MAX (paired)", "seeds"], rows)
+    verdict = {True: "met", False: "missed"}
+    for f in used:
+        targets = f.doc.get("targets") or {}
+        if targets:
+            out += ["", f"Targets of {f.link(f.name)} (its pairs only): " + "; ".join(
+                f"`{k}` {verdict.get(v, v)}" for k, v in sorted(targets.items())) + "."]
+    return [*out, "", provenance(used), ""]
+
+
+@suite("autoprecision", "Per-layer precision (autoprecision)", "benchmarks/autoprecision.py")
+def render_autoprecision(files: list[Result]) -> list[str]:
+    """The latest run: accuracy of the chosen plans and the uniform ones, their latency and
+    bits, and the paired difference of each chosen plan against each uniform plan."""
+    f = latest(files)
+    setup = f.doc.get("setup", {})
+    autos = [r["plan"] for r in f.rows if r.get("plan", "").startswith("auto")]
+    rows = []
+    for r in f.rows:
+        diffs = [f"{r[f'{a} minus_mean']:+.2f} +- {r[f'{a} minus_se']:.2f}"
+                 if f"{a} minus_mean" in r else "" for a in autos]
+        rows.append([r.get("plan", "-"), f.link(f"{r['accuracy_mean']:.2f} +- "
+                                               f"{r['accuracy_std']:.2f}"),
+                     _num(r.get("predicted_latency_us_mean"), 2),
+                     _num(r.get("measured_latency_ms_mean"), 4),
+                     _num(r.get("avg_weight_bits_mean"), 2), *diffs, len(r.get("seeds", []))])
+    out = [f"{setup.get('dataset', '?')} / {setup.get('model', '?')}, {setup.get('method', '?')} "
+           f"QAT, first and last layer float; latency: {setup.get('latency', '?')}, batch "
+           f"{setup.get('batch', '?')}. Chosen plans within uniform {setup.get('baseline')}'s "
+           "latency or average weight bits; paired per-seed differences, mean +- standard "
+           "error.", ""]
+    out += table(["plan", "accuracy %", "predicted us", "measured ms", "avg w bits",
+                  *(f"{a} minus this" for a in autos), "seeds"], rows)
     targets = f.doc.get("targets") or {}
-    if targets:
-        verdict = {True: "met", False: "missed"}
-        out += ["", "Targets (from the file): " + "; ".join(
-            f"`{k}` {verdict.get(v, v)}" for k, v in sorted(targets.items())) + "."]
+    flags = {k: v for k, v in targets.items() if isinstance(v, bool)}
+    if flags:
+        out += ["", "Targets: " + "; ".join(f"`{k}` {'met' if v else 'missed'}"
+                                           for k, v in sorted(flags.items())) + "."]
     return [*out, "", provenance([f]), ""]
 
 

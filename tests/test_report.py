@@ -110,7 +110,20 @@ SYNTHETIC = {
         {"precision": "w2a2", "method": "max", "accuracy_mean": 96.0, "accuracy_std": 1.0,
          "accuracies": [95.0, 97.0], "integer_accuracy_mean": 96.0},
         {"precision": "w2a2", "method": "rand", "accuracy_mean": 97.0, "accuracy_std": 1.0,
-         "accuracies": [96.5, 97.5]}], targets={"rand>=max@w2a2": True}))],
+         "accuracies": [96.5, 97.5]}], targets={"rand>=max@w2a2": True})),
+                 # a later run of another (dataset, model) pair: both pairs are shown
+                 ("accuracy-20260103-000000.json", _doc("accuracy", [
+                     {"dataset": "digits_hard", "model": "digits_resnet", "precision": "w1a2",
+                      "method": "lsq", "accuracy_mean": 80.0, "accuracy_std": 2.0,
+                      "accuracies": [78.0, 80.0, 82.0]}]))],
+    "autoprecision": [("autoprecision-20260102-000000.json", _doc("autoprecision", [
+        {"plan": "auto at w2a2 bits", "seeds": [0, 1], "accuracy_mean": 80.0,
+         "accuracy_std": 1.0, "predicted_latency_us_mean": 50.0, "avg_weight_bits_mean": 1.96},
+        {"plan": "uniform w2a2", "seeds": [0, 1], "accuracy_mean": 77.0, "accuracy_std": 1.0,
+         "predicted_latency_us_mean": 50.0, "avg_weight_bits_mean": 2.0,
+         "auto at w2a2 bits minus_mean": 3.0, "auto at w2a2 bits minus_se": 0.5}],
+        targets={"more_accurate_than_uniform_w2a2_at_its_bits_by_2se": True,
+                 "bits_paired_mean": 3.0}))],
     "network": [("network-20260102-000000.json", _doc("network", [
         {"model": "resnet18", "batch": 8, "precision": "w1a2", "time_ms": 0.25,
          "images_per_s": 32000.0,
@@ -162,7 +175,12 @@ EXPECTED = {
                "[20260102-000000][timed-20260102-000000]", "2 GPU(s): 35.5 s, best 98.2 us",
                "[tables-20260102-000000][]"],
     "accuracy": ["[97.00 +- 1.00][accuracy-20260102-000000]", "+1.00 +- 0.50",
-                 "`rand>=max@w2a2` met"],
+                 "`rand>=max@w2a2` met",
+                 "| digits_hard | digits_resnet | w1a2 | lsq | "
+                 "[80.00 +- 2.00][accuracy-20260103-000000] | - |  | 3 |"],
+    "autoprecision": ["| uniform w2a2 | [77.00 +- 1.00][autoprecision-20260102-000000] | "
+                      "50.00 | - | 2.00 | +3.00 +- 0.50 | 2 |",
+                      "`more_accurate_than_uniform_w2a2_at_its_bits_by_2se` met"],
     "network": ["[0.250][network-20260102-000000]", "32,000", "| 6.00 | 2.00 | 1.20 |",
                 "| kernel | [0.200][network-20260102-000000] | 40,000 | 7.50 | 2.50 | - | 0.020 "
                 "| 30.0 |"],
