@@ -88,6 +88,28 @@ def test_demo_rows_have_accuracy_and_packed_size():
     assert w1.packed_bytes < w4.packed_bytes
     assert report.float_accuracy > 0.5
     assert report.gpu is None or isinstance(report.gpu, str)
+    # the engine section compiled the w1a2 model and its plan agrees with the integer model
+    assert "lowbit.compile" in report.gpu_note and "cuda.bitserial" in report.gpu_note
+    batch = int(report.gpu_note.split(" predictions")[0].split(" of ")[-1])
+    assert f"{batch} of {batch} predictions" in report.gpu_note
+
+
+@pytest.mark.gpu
+def test_demo_engine_section_on_the_gpu():
+    """On a GPU: the compiled integer model runs on our kernels, gives the integer model's
+    predictions and is timed against PyTorch fp16."""
+    from lowbit import convert, models
+    from lowbit.demo import MODEL, engine_section, qat
+    from lowbit.quant.data import digits_loaders
+
+    train, test = digits_loaders(batch_size=64, seed=0)
+    torch.manual_seed(0)
+    fp32 = models.get(MODEL, num_classes=10)
+    int_model = convert(qat(fp32, 1, 2, train, 5))
+    x = next(iter(test))[0]
+    gpu, note = engine_section(int_model, fp32, x, "w1a2", device="cuda")
+    assert gpu and "us for PyTorch fp16" in note, note
+    assert f"{len(x)} of {len(x)} predictions" in note, note
 
 
 def test_demo_bad_precision_is_one_line():

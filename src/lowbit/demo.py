@@ -6,8 +6,9 @@ precision (w8a8, w4a4, w2a2, w1a2 by default) a copy is quantization-aware train
 integer layers (`lowbit.convert`); the demo reports test accuracy against float32 (fake-quant
 and integer), and the size of the packed model against float32. Without a GPU the integer
 layers run through `lowbit.reference`, the exact CPU oracle the GPU kernels are checked against:
-no GPU kernel runs. With one, `gpu_section` compiles the integer model (`lowbit.compile`, the
-network engine) and times it against PyTorch fp16.
+no GPU kernel runs. `engine_section` compiles the last integer model with the network engine
+(`lowbit.compile`), names the kernels of its plan and checks the compiled outputs against the
+integer model's; on a GPU it also times the compiled model against PyTorch fp16.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -125,30 +127,47 @@ def qat(fp32: nn.Module, wb: int, ab: int, loader, steps: int) -> nn.Module:
     return train(q, loader, steps, 1e-3, cosine=True)
 
 
-def gpu_section(int_model: nn.Module, fp32: nn.Module, example: torch.Tensor, label: str
-                ) -> tuple[str | None, str]:
-    """Hook for a machine with a GPU: compile the integer model with the network engine
-    (`lowbit.compile`) and time it against PyTorch fp16. Returns (GPU name or None, what
-    happened in words)."""
-    if not torch.cuda.is_available():
-        return None, ("no CUDA GPU here, so no GPU kernel ran (with one, the demo compiles the "
-                      "integer model with lowbit.compile and times it against PyTorch fp16)")
-    try:
-        from .runtime.compiled import compile_model
-    except ImportError as e:
-        return None, f"the network engine (lowbit.compile) is not in this build ({e})"
+def engine_section(int_model: nn.Module, fp32: nn.Module, example: torch.Tensor, label: str,
+                   device: torch.device | str | None = None) -> tuple[str | None, str]:
+    """Compile the integer model with the network engine (`lowbit.compile`) on `device`
+    (default: the GPU when there is one, else the CPU), check that the compiled model gives the
+    integer model's outputs, and on a GPU time it against PyTorch fp16 (CUDA events, median).
+    Returns (GPU name or None, what happened in words: the kernels of the plan, the agreement,
+    the times)."""
+    from collections import Counter
+
+    from .graph.ir import Layer
+    from .runtime.compiled import compile_model
+
+    device = torch.device(device if device is not None else
+                          "cuda" if torch.cuda.is_available() else "cpu")
+    x = example.to(device)
+    model = copy.deepcopy(int_model).to(device)
+    compiled = compile_model(model, x)
+    impls = Counter(s.impl for s in compiled.plan.steps if isinstance(s, Layer))
+    kernels = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in impls.items())
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the CPU's reference executor
+        got, want = compiled(x), model(x)
+    same = int((got.argmax(1) == want.argmax(1)).sum())
+    diff = float((got.float() - want.float()).abs().max()) if got.numel() else 0.0
+    agree = (f"{same} of {len(x)} predictions equal to the integer model's (largest logit "
+             f"difference {diff:.3g})")
+    if device.type != "cuda":
+        return None, (f"no CUDA GPU here, so no GPU kernel ran: lowbit.compile planned the "
+                      f"{label} model for {kernels} and ran the plan through the exact "
+                      f"reference executor: {agree}")
     from .tune.timing import time_us
 
-    name = torch.cuda.get_device_name()
-    x = example.cuda()
-    compiled = compile_model(int_model.cuda(), x)
     ours = time_us(lambda: compiled(x), device="cuda")
-    half = copy.deepcopy(fp32).cuda().half().to(memory_format=torch.channels_last)
+    half = copy.deepcopy(fp32).to(device).half().to(memory_format=torch.channels_last)
     xh = x.half().to(memory_format=torch.channels_last)
     with torch.no_grad():
         base = time_us(lambda: half(xh), device="cuda")
-    return name, (f"compiled the {label} model with lowbit.compile: {ours:.1f} us per batch of "
-                  f"{len(x)} against {base:.1f} us for PyTorch fp16 ({base / ours:.2f}x)")
+    return torch.cuda.get_device_name(device), (
+        f"compiled the {label} model with lowbit.compile ({kernels}): {ours:.1f} us per "
+        f"batch of {len(x)} against {base:.1f} us for PyTorch fp16 ({base / ours:.2f}x); "
+        f"{agree}")
 
 
 def run_demo(float_steps: int = 200, qat_steps: int = 100,
@@ -183,8 +202,8 @@ def run_demo(float_steps: int = 200, qat_steps: int = 100,
             report.rows.append(row)
             say(f"{p}: {row.accuracy:.1%} (integer {row.integer_accuracy:.1%}), "
                 f"{row.packed_bytes:,} bytes")
-        report.gpu, report.gpu_note = gpu_section(int_model, fp32, next(iter(test))[0],
-                                                  precisions[-1])
+        report.gpu, report.gpu_note = engine_section(int_model, fp32, next(iter(test))[0],
+                                                     precisions[-1])
     finally:
         torch.set_num_threads(threads)
     report.seconds = time.perf_counter() - t0
