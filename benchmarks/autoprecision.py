@@ -3,10 +3,10 @@ on the digits ResNet and the harder digits, against uniform precision at the sam
 
 Protocol per seed (the FP32 model, data order and QAT schedule of benchmarks/accuracy.py):
 1. Train the FP32 digits ResNet; first conv and last linear stay float (accuracy.py's policy).
-2. Kernel time of every (layer, precision): the zero-tuning dispatch's pick over our templates
-   and cuDNN fp16 (`lowbit.tune.dispatch.choose`, over both input layouts) at inference batch
-   --batch on --gpu, predicted by `lowbit.perfmodel` (no GPU needed; the figure says
-   "predicted"). The budget is the predicted latency of uniform w2a2.
+2. Kernel time of every (layer, precision): `lowbit.runtime.autoprecision.predicted_time_us`
+   (the zero-tuning dispatch's pick over our templates, both input layouts, and cuDNN fp16,
+   predicted by `lowbit.perfmodel`; no GPU needed) at inference batch --batch on --gpu. The
+   budgets are uniform w2a2's predicted latency and its average weight bits.
 3. `autoprecision(..., budget_us=that)`: the Pareto front and the least sensitive plan within it.
 4. QAT (LSQ, the same schedule for every plan) of the chosen plan and of the uniform plans;
    test accuracy. On a GPU (`--measure`), each trained plan is also converted, compiled and its
@@ -21,11 +21,12 @@ autoprecision-*.json:
 from __future__ import annotations
 
 import argparse
-import functools
+import math
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -36,10 +37,13 @@ import lowbit
 from accuracy import QUICK, SCHEDULES, Schedule, _reseed, accuracy, paired, train
 from common import write_results
 from lowbit import models
-from lowbit.core import Layout, Workload
 from lowbit.quant.datasets import benchmark_loaders
-from lowbit.runtime.autoprecision import AutoPrecision, PlanPoint, autoprecision
-from lowbit.tune.dispatch import choose
+from lowbit.runtime.autoprecision import (
+    AutoPrecision,
+    PlanPoint,
+    autoprecision,
+    predicted_time_us,
+)
 
 DATASET, MODEL = "digits_hard", "digits_resnet"
 PRECISIONS = ("w8a8", "w4a4", "w2a4", "w2a2", "w1a2")
@@ -50,24 +54,6 @@ METHOD = "lsq"
 LATENCY, BITS = "auto at w2a2 latency", "auto at w2a2 bits"
 AUTO = (LATENCY, BITS)
 DEFAULT_GPU = "NVIDIA H100 80GB HBM3"
-
-
-@functools.cache
-def predicted_us(workload: Workload, gpu: str) -> float:
-    """The dispatch's predicted time of the fastest way to run `workload` on `gpu`: our
-    templates over both input layouts (bit planes at <= 4 bits, bytes always) and fp16."""
-    variants = [workload.replace(a_layout=Layout.INT8, w_layout=Layout.INT8)]
-    if workload.w.bits <= 4 and workload.a.bits <= 4:
-        variants.append(workload.replace(a_layout=Layout.BITPLANE, w_layout=Layout.BITPLANE))
-    times = []
-    for wl in variants:
-        try:
-            times.append(choose(wl, gpu).predicted_us)
-        except ValueError:
-            continue
-    if not times:
-        raise ValueError(f"nothing runs {workload.key}")
-    return min(times)
 
 
 def qat(fp32: torch.nn.Module, point: PlanPoint, choice: AutoPrecision, loader,
@@ -89,7 +75,8 @@ def measured_ms(q: torch.nn.Module, x: torch.Tensor) -> float:
     return median_us(lambda: compiled(x)) / 1e3
 
 
-def run_seed(seed: int, sched: Schedule, batch: int, gpu: str, measure: bool) -> list[dict]:
+def run_seed(seed: int, sched: Schedule, batch: int, time_us: Callable, measure: bool
+             ) -> list[dict]:
     torch.set_num_threads(1)
     t0 = time.time()
     train_loader, test_loader = benchmark_loaders(DATASET, sched.batch_size, seed)
@@ -98,9 +85,6 @@ def run_seed(seed: int, sched: Schedule, batch: int, gpu: str, measure: bool) ->
     train(fp32, train_loader, sched.fp32_epochs, sched.fp32_lr)
     fp32.eval()
     rows = [{"seed": seed, "plan": "fp32", "accuracy": accuracy(fp32, test_loader)}]
-
-    def time_us(wl: Workload) -> float:
-        return predicted_us(wl, gpu)
 
     common = dict(layer_time_us=time_us, precisions=PRECISIONS, method="max", batch=batch)
     front = autoprecision(fp32, train_loader, **common)
@@ -162,7 +146,7 @@ def summarize(per_seed: list[dict]) -> tuple[list[dict], dict]:
                 d, se = paired([by_plan[auto][s]["accuracy"] for s in common],
                                [seeds[s]["accuracy"] for s in common])
                 row[f"{auto} minus_mean"] = round(d, 3)
-                row[f"{auto} minus_se"] = round(se, 3)
+                row[f"{auto} minus_se"] = round(se, 3) if len(common) > 1 else None
         rows.append(row)
     base = next((r for r in rows if r["plan"] == f"uniform {BASELINE}"), {})
     verdict = {}
@@ -192,8 +176,9 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["LOWBIT_RESULTS_DIR"] = args.out
     sched = (QUICK if args.quick else SCHEDULES)[DATASET]
     t0 = time.time()
+    time_us = predicted_time_us(args.gpu)  # one cache for every seed
     per_seed = [r for seed in range(args.seeds)
-                for r in run_seed(seed, sched, args.batch, args.gpu, args.measure)]
+                for r in run_seed(seed, sched, args.batch, time_us, args.measure)]
     rows, verdict = summarize(per_seed)
     setup = {"dataset": DATASET, "model": MODEL, "method": METHOD, "precisions": PRECISIONS,
              "baseline": BASELINE, "batch": args.batch,
@@ -205,7 +190,8 @@ def main(argv: list[str] | None = None) -> None:
                                                  "per_seed": per_seed})
     for r in rows:
         diff = "".join(f"  {a.split()[-1]}-auto minus this {r[f'{a} minus_mean']:+.2f} +- "
-                       f"{r[f'{a} minus_se']:.2f}" for a in AUTO if f"{a} minus_mean" in r)
+                       f"{r[f'{a} minus_se'] or math.nan:.2f}" for a in AUTO
+                       if f"{a} minus_mean" in r)
         lat = r.get("predicted_latency_us_mean")
         print(f"{r['plan']:22s} acc {r['accuracy_mean']:6.2f} +- {r['accuracy_std']:4.2f}"
               + (f"  predicted {lat:8.2f} us" if lat is not None else "") + diff)

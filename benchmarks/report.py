@@ -714,7 +714,7 @@ def render_autoprecision(files: list[Result]) -> list[str]:
     autos = [r["plan"] for r in f.rows if r.get("plan", "").startswith("auto")]
     rows = []
     for r in f.rows:
-        diffs = [f"{r[f'{a} minus_mean']:+.2f} +- {r[f'{a} minus_se']:.2f}"
+        diffs = [f"{r[f'{a} minus_mean']:+.2f} +- {r[f'{a} minus_se'] or math.nan:.2f}"
                  if f"{a} minus_mean" in r else "" for a in autos]
         rows.append([r.get("plan", "-"), f.link(f"{r['accuracy_mean']:.2f} +- "
                                                f"{r['accuracy_std']:.2f}"),

@@ -109,10 +109,45 @@ def test_layer_workloads_have_the_layer_shapes():
     assert str(convs[0].a.encoding).lower().endswith("unsigned")  # after a ReLU
 
 
+def test_latency_budget_defaults_to_the_performance_model(monkeypatch):
+    from lowbit.runtime import autoprecision as mod
+
+    asked = []
+    monkeypatch.setattr(mod, "predicted_time_us",
+                        lambda gpu=None: lambda wl: asked.append(wl) or _fake_time_us(wl))
+    res = autoprecision(get("digits_cnn", num_classes=10), _data(1), budget_us=1e9,
+                        precisions=("w2a2", "w1a2"), batches=1)
+    assert res.cost_unit == "us" and len(asked) == 3 * 2 and res.chosen is not None
+
+
+def test_predicted_time_takes_the_faster_layout(monkeypatch):
+    """predicted_time_us: the dispatch's pick over both input layouts, per workload once."""
+    from lowbit.core import Layout
+    from lowbit.runtime.autoprecision import predicted_time_us
+    from lowbit.tune import dispatch
+
+    calls = []
+
+    class Pick:
+        def __init__(self, us):
+            self.predicted_us = us
+
+    def choose(wl, gpu=None):
+        calls.append(wl.a_layout)
+        return Pick(3.0 if wl.a_layout is Layout.BITPLANE else 5.0)
+
+    monkeypatch.setattr(dispatch, "choose", choose)
+    time_us = predicted_time_us("NVIDIA H100 80GB HBM3")
+    wl = ConvWorkload(N=8, H=8, W=8, C=32, K=32, R=3, S=3, pad=1, w="b1", a="u2")
+    assert time_us(wl) == 3.0 and time_us(wl) == 3.0
+    assert sorted(calls, key=str) == sorted([Layout.INT8, Layout.BITPLANE], key=str)
+    assert time_us(wl.replace(w="s8", a="s8")) == 5.0 and len(calls) == 3
+
+
 @pytest.mark.parametrize("kwargs,match", [
-    ({"budget_us": 1.0}, "layer_time_us"), ({"budget_us": 1.0, "budget_bits": 2.0,
+    ({"layer_time_us": 3}, "layer_time_us"), ({"budget_us": 1.0, "budget_bits": 2.0,
                                              "layer_time_us": _fake_time_us}, "one budget"),
     ({"precisions": ()}, "precisions"), ({"batches": 0}, "batches")])
 def test_bad_arguments(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises((ValueError, TypeError), match=match):
         autoprecision(get("digits_cnn", num_classes=10), _data(1), **kwargs)

@@ -40,3 +40,5 @@ def test_one_seed_never_meets_the_target():
     rows, verdict = bench.summarize(_seed_rows(0, 90.0, 70.0))
     assert verdict["more_accurate_than_uniform_w2a2_at_its_bits_by_2se"] is False
     assert all(r["accuracy_std"] == 0.0 for r in rows)
+    assert rows[-1][f"{bench.BITS} minus_mean"] == 20.0
+    assert rows[-1][f"{bench.BITS} minus_se"] is None  # no standard error from one seed

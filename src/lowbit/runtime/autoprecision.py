@@ -11,8 +11,9 @@
    its layers (first-order additivity, as in HAWQ-style allocation).
 2. Cost: the plan's predicted latency, the sum of `layer_time_us(workload)` over its layers
    (each layer's ConvWorkload / GemmWorkload at its precision, shapes from `data`'s first batch
-   or `batch`), when `layer_time_us` is given (the tuning records or the performance model);
-   otherwise the parameter-weighted average weight bits ("effective bits").
+   or `batch`), when `layer_time_us` is given (measured times from the tuning records, or
+   `predicted_time_us()`: the performance model, the default for a `budget_us`); with a
+   `budget_bits` or no time model, the parameter-weighted average weight bits.
 3. The Pareto front of (cost, total sensitivity) over all plans, exact by dynamic programming
    over the layers (dominated partial plans pruned); the chosen plan is the least sensitive
    one within the budget. `evaluate(plan) -> accuracy` (optional; e.g. QAT then test accuracy)
@@ -26,6 +27,7 @@ latency on a GPU (compile, CUDA-graph replay) is the engine's job and not done h
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -153,6 +155,33 @@ def pareto_front(options: list[list[tuple[float, float, str]]]) -> list[tuple[fl
     return front
 
 
+def predicted_time_us(gpu: str | None = None) -> Callable[[ConvWorkload | GemmWorkload], float]:
+    """`layer_time_us` from the performance model (`lowbit.tune.dispatch.choose`, no
+    measurement): the predicted time of the fastest way to run a layer on `gpu` (default:
+    this machine's GPU, else the H100) among our templates, over both input layouts (bit
+    planes where both operands have <= 4 bits, one value per byte always), and cuDNN fp16."""
+    from ..core import Layout
+    from ..tune.dispatch import choose
+
+    @functools.cache
+    def time_us(workload: ConvWorkload | GemmWorkload) -> float:
+        variants = [workload.replace(a_layout=Layout.INT8, w_layout=Layout.INT8)]
+        if workload.w.bits <= 4 and workload.a.bits <= 4:
+            variants.append(workload.replace(a_layout=Layout.BITPLANE,
+                                             w_layout=Layout.BITPLANE))
+        times = []
+        for wl in variants:
+            try:
+                times.append(choose(wl, gpu).predicted_us)
+            except ValueError:  # no template of ours and no fp16 for this layout
+                continue
+        if not times:
+            raise ValueError(f"the performance model has no way to run {workload.key}")
+        return min(times)
+
+    return time_us
+
+
 def autoprecision(model: nn.Module, data: Iterable, *, budget_us: float | None = None,
                   budget_bits: float | None = None,
                   layer_time_us: Callable[[ConvWorkload | GemmWorkload], float] | None = None,
@@ -162,7 +191,8 @@ def autoprecision(model: nn.Module, data: Iterable, *, budget_us: float | None =
                   evaluate: Callable[[Plan], float] | None = None) -> AutoPrecision:
     """Choose every quantized layer's precision (module doc). `model`: the float model (eval
     mode is used). `data`: batches (x or (x, y)) for sensitivity. One budget: `budget_us`
-    (predicted latency, needs layer_time_us) or `budget_bits` (average weight bits; the front
+    (latency; layer_time_us default: `predicted_time_us()`, the performance model's
+    prediction for this GPU) or `budget_bits` (average weight bits; the front
     is then over bits, with each point's latency still predicted when layer_time_us is given);
     neither: the front only, over latency when layer_time_us is given. Returns the front, the
     chosen plan and the uniform plans."""
@@ -170,8 +200,11 @@ def autoprecision(model: nn.Module, data: Iterable, *, budget_us: float | None =
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if budget_us is not None and budget_bits is not None:
         raise ValueError("give one budget: budget_us or budget_bits, not both")
+    if layer_time_us is not None and not callable(layer_time_us):
+        raise TypeError(f"layer_time_us must be callable (workload) -> microseconds, got "
+                        f"{layer_time_us!r}")
     if budget_us is not None and layer_time_us is None:
-        raise ValueError("budget_us needs layer_time_us(workload) -> microseconds")
+        layer_time_us = predicted_time_us()
     precisions = tuple(precisions)
     if not precisions:
         raise ValueError("precisions must name at least one 'wXaY' precision")
