@@ -8,6 +8,13 @@ Order (exact integer semantics, see `lowbit.reference.epilogue`):
   out = Precision p: clamp((y * multiplier[k] + 2^(shift[k]-1)) >> shift[k], p.qmin, p.qmax)
         i.e. fixed-point requantization with round-half-up, multiplier in [1, 2^31), shift in
         [1, 62], the int64 product exact. `lowbit.quant.fixed_point` turns a float scale into it.
+
+With shifted_bias (requantized outputs only, instead of `bias`) the bias is an int64 per
+channel in units of 2^-shift output steps, added after the multiply:
+  out = clamp(floor((acc * multiplier[k] + shifted_bias[k] + 2^(shift[k]-1)) / 2^shift[k]),
+              lo, p.qmax),   lo = max(p.qmin, 0) with relu, else p.qmin
+exact for |acc| < 2^32, multiplier in [0, 2^31), shift in [1, 62], |shifted_bias| < 2^62 (the
+engine's exact-bias requantization: a bias finer than one accumulator unit stays exact).
 """
 
 from __future__ import annotations
@@ -31,9 +38,10 @@ class Epilogue:
     relu: bool = False
     out: str | Precision = OUT_INT32
     out_layout: Layout = Layout.INT8
+    shifted_bias: bool = False
 
     def __post_init__(self) -> None:
-        for f in ("bias", "relu"):
+        for f in ("bias", "relu", "shifted_bias"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Epilogue.{f} must be a bool, got {getattr(self, f)!r}")
         out = self.out
@@ -62,6 +70,12 @@ class Epilogue:
             raise ValueError(
                 f"Epilogue.out_layout must be 'int8' (plain) for {out} output, got {layout.value}"
             )
+        if self.shifted_bias and not isinstance(out, Precision):
+            raise ValueError(f"Epilogue.shifted_bias needs a requantized output (a Precision), "
+                             f"got out={out}")
+        if self.shifted_bias and self.bias:
+            raise ValueError("Epilogue.shifted_bias replaces the accumulator-unit bias: set "
+                             "bias=False with shifted_bias=True")
 
     @property
     def requantizes(self) -> bool:
@@ -69,34 +83,81 @@ class Epilogue:
 
     @property
     def key(self) -> str:
-        """Canonical string, e.g. 'bias+relu->u2/bitplane' or 'int32'."""
-        parts = [p for p, on in (("bias", self.bias), ("relu", self.relu)) if on]
+        """Canonical string, e.g. 'bias+relu->u2/bitplane', 'sbias+relu->u2/bitplane'
+        (shifted bias) or 'int32'."""
+        parts = [p for p, on in (("bias", self.bias), ("sbias", self.shifted_bias),
+                                 ("relu", self.relu)) if on]
         out = str(self.out)
         if self.requantizes:
             out += f"/{self.out_layout.value}"
         return "+".join(parts) + ("->" if parts else "") + out
 
     def to_dict(self) -> dict:
-        return {"bias": self.bias, "relu": self.relu, "out": str(self.out),
-                "out_layout": self.out_layout.value}
+        """JSON-able fields; "shifted_bias" only when set, so the dicts (and workload keys)
+        of every other epilogue stay what they were."""
+        d = {"bias": self.bias, "relu": self.relu, "out": str(self.out),
+             "out_layout": self.out_layout.value}
+        if self.shifted_bias:
+            d["shifted_bias"] = True
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Epilogue:
         return cls(bias=d.get("bias", False), relu=d.get("relu", False),
-                   out=d.get("out", OUT_INT32), out_layout=d.get("out_layout", "int8"))
+                   out=d.get("out", OUT_INT32), out_layout=d.get("out_layout", "int8"),
+                   shifted_bias=d.get("shifted_bias", False))
 
 
 @dataclass(frozen=True, eq=False)
 class EpilogueParams:
     """Run-time per-output-channel vectors of an Epilogue (all length K, contiguous, on the
     kernel's device): bias int32; scale float32 (fp16 output); multiplier and shift int32
-    (requantized output). Fields the epilogue does not use are None."""
+    (requantized output); shifted_bias int64 (Epilogue.shifted_bias: units of 2^-shift
+    output steps). Fields the epilogue does not use are None."""
 
     bias: torch.Tensor | None = None
     scale: torch.Tensor | None = None
     multiplier: torch.Tensor | None = None
     shift: torch.Tensor | None = None
+    shifted_bias: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> EpilogueParams:
         return EpilogueParams(*(None if t is None else t.to(device) for t in
-                                (self.bias, self.scale, self.multiplier, self.shift)))
+                                (self.bias, self.scale, self.multiplier, self.shift,
+                                 self.shifted_bias)))
+
+
+#: |shifted_bias| bound: with |acc * multiplier| < 2^62 their sum stays inside int64
+SHIFTED_BIAS_LIMIT = 2**62
+
+
+def bias_vector(epilogue: Epilogue, params: EpilogueParams) -> torch.Tensor | None:
+    """The vector a kernel reads through its one bias argument: the int64 shifted bias with
+    Epilogue.shifted_bias, the int32 accumulator-unit bias with Epilogue.bias, else None."""
+    if epilogue.shifted_bias:
+        return params.shifted_bias
+    return params.bias if epilogue.bias else None
+
+
+def check_shifted_bias(epilogue: Epilogue, params: EpilogueParams, k: int,
+                       device: torch.device | str | None = None) -> None:
+    """With Epilogue.shifted_bias: params.shifted_bias is a contiguous int64 vector of length
+    k (on `device` when given) with |b| < 2^62, and params.bias is unset (TypeError /
+    ValueError naming what is wrong). Reads the vector: a device sync on CUDA. No-op
+    otherwise."""
+    if not epilogue.shifted_bias:
+        return
+    b = params.shifted_bias
+    if not isinstance(b, torch.Tensor):
+        raise TypeError(f"params.shifted_bias must be a torch.Tensor of torch.int64 for "
+                        f"epilogue {epilogue.key}, got {b!r}")
+    if b.dtype != torch.int64 or tuple(b.shape) != (k,) or not b.is_contiguous():
+        raise ValueError(f"params.shifted_bias must be a contiguous torch.int64 vector of "
+                         f"length {k}, got {b.dtype} {tuple(b.shape)}")
+    if device is not None and b.device != torch.device(device):
+        raise ValueError(f"params.shifted_bias is on {b.device}, expected {device}")
+    if params.bias is not None:
+        raise ValueError("params.bias must be None with a shifted bias (the epilogue adds "
+                         "params.shifted_bias, in units of 2^-shift output steps)")
+    if b.numel() and (int(b.min()) <= -SHIFTED_BIAS_LIMIT or int(b.max()) >= SHIFTED_BIAS_LIMIT):
+        raise ValueError("params.shifted_bias must lie in (-2^62, 2^62)")

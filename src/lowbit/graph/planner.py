@@ -17,7 +17,9 @@ Biases: each requantized output carries the layer's (BN-folded) bias at its own 
 round(out_bias / s_o 2^s), exact to 2^-s of an output step (exact_bias, default); with
 exact_bias=False it is ENGINE.md's bias rounded to accumulator units times the multiplier,
 which flips outputs of coarse low-bit layers near rounding boundaries (half an accumulator
-unit) and lets every single-output layer use its kernel's fused epilogue.
+unit). Either way a layer with one requantized output (no residual, no pool) runs its
+kernel's fused epilogue where the implementation takes its bias (`kernel_epilogue`: the
+shifted bias itself, `Epilogue.shifted_bias`, or the accumulator-unit one).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..core import ConvWorkload, Encoding, Epilogue, GemmWorkload, Layout, Precision
+from ..kernels import get_template, load_backends
 from ..kernels.base import acc_bound
 from ..quant.quantize import fixed_point, round_half_up
 from ..reference import avgpool_multiplier, fixed_point_pair, pool_output_size
@@ -547,23 +550,42 @@ def fuse_maxpools(steps: list[Step], tensors: dict[str, TensorSpec]) -> list[Ste
 
 
 def kernel_epilogue(step: Layer, tensors: dict[str, TensorSpec]) -> Layer:
-    """The layer's workload with the kernel's own epilogue (`lowbit.core.Epilogue`: bias in
-    accumulator units): the fused requantized output when there is one output, requantized,
-    without residual or pool, its bias is `step.bias` exactly and the implementation takes
-    it; else int32 acc for a separate epilogue pass (which adds each output's shifted
-    bias)."""
+    """The layer's workload with the kernel's own epilogue (`lowbit.core.Epilogue`) where the
+    layer has one output, requantized to a Precision, without residual or pool, and the
+    implementation takes it: bias in accumulator units where the output's bias is exactly
+    `step.bias` times its multiplier (kernel-bias plans), else the output's own bias at its
+    shift (`Epilogue.shifted_bias`, exact-bias plans) on templates that declare
+    `takes_shifted_bias`; otherwise int32 acc for a separate epilogue pass (which adds each
+    output's shifted bias)."""
     outs = step.layer_outputs
     wl = step.workload.replace(epilogue=Epilogue(out="int32"))
-    if (len(outs) == 1 and outs[0].requantized and step.residual is None and step.pool is None
-            and step.bias is not None and step.impl != TORCH_FP16):
-        t = tensors[outs[0].tensor]
-        if not isinstance(t.precision, Precision):  # a 16-bit wide output: epilogue pass
-            return replace(step, workload=wl)
-        fused = wl.replace(epilogue=Epilogue(bias=True, relu=outs[0].relu, out=t.precision,
-                                             out_layout=t.layout))
+    if not (len(outs) == 1 and outs[0].requantized and step.residual is None
+            and step.pool is None and step.impl != TORCH_FP16):
+        return replace(step, workload=wl)
+    t = tensors[outs[0].tensor]
+    if not isinstance(t.precision, Precision):  # a 16-bit wide output: epilogue pass
+        return replace(step, workload=wl)
+    kinds = ([dict(bias=True)] if step.bias is not None else []) + \
+        ([dict(shifted_bias=True)] if takes_shifted_bias(step.impl) else [])
+    for kind in kinds:
+        fused = wl.replace(epilogue=Epilogue(relu=outs[0].relu, out=t.precision,
+                                             out_layout=t.layout, **kind))
         if unsupported_reason(step.impl, fused) is None:
-            wl = fused
+            return replace(step, workload=fused)
     return replace(step, workload=wl)
+
+
+def takes_shifted_bias(impl: str) -> bool:
+    """Whether the registered template `impl` runs `Epilogue.shifted_bias` (its class says so
+    with `takes_shifted_bias = True`; templates without the attribute never get one)."""
+    if impl == TORCH_FP16:
+        return False
+    load_backends()
+    try:
+        template = get_template(impl)
+    except ValueError:
+        return False
+    return bool(getattr(template, "takes_shifted_bias", False))
 
 
 def build_plan(df: Dataflow, input_shape: tuple[int, ...],

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from ..core import OUT_FP16, Epilogue
-from ..core.epilogue import EpilogueParams
+from ..core.epilogue import EpilogueParams, check_shifted_bias
 from ..quant.packing import pack
+from .netops import round_shift_sum
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
@@ -20,6 +21,54 @@ def requantize(y: torch.Tensor, multiplier: torch.Tensor, shift: torch.Tensor,
     q = y * m
     low = q & ((1 << s) - 1)
     return ((q >> s) + ((low + (1 << (s - 1))) >> s)).clamp(qmin, qmax)
+
+
+#: |accumulator| bound of the shifted-bias requantization (acc * multiplier stays in int64)
+SHIFTED_ACC_LIMIT = 2**32
+MULTIPLIER_LIMIT = 2**31
+
+
+def _int_vector(name: str, t: object, k: int, lo: int, hi: int) -> torch.Tensor:
+    """params.<name> as int64 [k], every entry in [lo, hi] (TypeError / ValueError else)."""
+    if not isinstance(t, torch.Tensor) or t.dtype.is_floating_point or t.dtype == torch.bool:
+        raise TypeError(f"params.{name} must be an integer torch.Tensor, got {t!r}")
+    if tuple(t.shape) != (k,):
+        raise ValueError(f"params.{name} must have shape ({k},), got {tuple(t.shape)}")
+    v = t.to(torch.int64)
+    if v.numel() and (int(v.min()) < lo or int(v.max()) > hi):
+        raise ValueError(f"params.{name} must lie in [{lo}, {hi}], got "
+                         f"[{int(v.min())}, {int(v.max())}]")
+    return v
+
+
+def shifted_requantize(acc: torch.Tensor, epilogue: Epilogue, params: EpilogueParams
+                       ) -> torch.Tensor:
+    """Epilogue.shifted_bias's requantization of int accumulators [..., K] (int64 values):
+    clamp(floor((acc m + b + 2^(s-1)) / 2^s), lo, qmax), lo = max(qmin, 0) with relu, exact
+    (`netops.round_shift_sum`: the sum may pass int64) for |acc| < 2^32, m in [0, 2^31),
+    s in 1..62, |b| < 2^62 (ValueError / TypeError outside)."""
+    out = epilogue.out
+    k = acc.shape[-1]
+    check_shifted_bias(epilogue, params, k)
+    m = _int_vector("multiplier", params.multiplier, k, 0, MULTIPLIER_LIMIT - 1)
+    s = _int_vector("shift", params.shift, k, 1, 62)
+    y = acc.to(torch.int64)
+    if y.numel() and int(y.abs().max()) >= SHIFTED_ACC_LIMIT:
+        raise ValueError("the accumulator leaves the shifted-bias epilogue's range +-2^32")
+    b = params.shifted_bias.to(torch.int64)
+    q = round_shift_sum([y * m, b.expand_as(y)], s.expand_as(y))
+    lo = max(out.qmin, 0) if epilogue.relu else out.qmin
+    return q.clamp(lo, out.qmax)
+
+
+def shifted_bias_from(bias: torch.Tensor, multiplier: torch.Tensor, shift: torch.Tensor,
+                      generator: torch.Generator) -> torch.Tensor:
+    """Random int64 shifted biases for tests and timing: the accumulator-unit `bias` moved to
+    the output's shift (bias * multiplier) plus a random fraction of an output step in
+    (-1, 1), so outputs land on both sides of rounding boundaries (all vectors [K], CPU)."""
+    m, s = multiplier.to(torch.int64), shift.to(torch.int64)
+    frac = torch.randint(-(2**20), 2**20, m.shape, generator=generator)
+    return bias.to(torch.int64) * m + ((frac << s) >> 20)
 
 
 #: widest requantized output whose epilogue kernels may run as thresholds (2^bits - 1 compares)
@@ -36,9 +85,14 @@ def requant_thresholds(epilogue: Epilogue, params: EpilogueParams) -> torch.Tens
 
     Exact: the multiplier is >= 1, so requantize is non-decreasing and
     requantize(y) >= v  <=>  y >= ceil((v * 2^s - 2^(s-1)) / m); ReLU makes a threshold <= 0
-    always true. Thresholds past the int32 range clamp to it (always / never true)."""
+    always true. Thresholds past the int32 range clamp to it (always / never true).
+    With Epilogue.shifted_bias the same for `shifted_requantize` (also non-decreasing in y):
+    q >= v  <=>  (relu and v <= 0) or y >= ceil((v * 2^s - 2^(s-1) - b) / m), and with m = 0
+    a constant: every threshold always or never true."""
     if not epilogue.requantizes:
         raise ValueError("requant_thresholds needs a requantizing epilogue")
+    if epilogue.shifted_bias:
+        return _shifted_thresholds(epilogue, params)
     out = epilogue.out
     mult, shift = params.multiplier.tolist(), params.shift.tolist()
     bias = params.bias.tolist() if epilogue.bias else [0] * len(mult)
@@ -53,8 +107,33 @@ def requant_thresholds(epilogue: Epilogue, params: EpilogueParams) -> torch.Tens
     return torch.tensor(rows, dtype=torch.int32).reshape(len(mult), out.qmax - out.qmin)
 
 
+def _shifted_thresholds(epilogue: Epilogue, params: EpilogueParams) -> torch.Tensor:
+    out = epilogue.out
+    k = params.multiplier.shape[0] if isinstance(params.multiplier, torch.Tensor) else 0
+    check_shifted_bias(epilogue, params, k)
+    mult = _int_vector("multiplier", params.multiplier, k, 0, MULTIPLIER_LIMIT - 1).tolist()
+    shift = _int_vector("shift", params.shift, k, 1, 62).tolist()
+    rows = []
+    for m, sh, b in zip(mult, shift, params.shifted_bias.tolist(), strict=True):
+        row = []
+        for v in range(out.qmin + 1, out.qmax + 1):
+            need = v * 2**sh - 2 ** (sh - 1) - b  # y m >= need
+            if epilogue.relu and v <= 0:
+                t = INT32_MIN
+            elif m == 0:
+                t = INT32_MIN if need <= 0 else INT32_MAX
+            else:
+                t = -(-need // m)  # ceil, in exact Python integers
+            row.append(min(max(t, INT32_MIN), INT32_MAX))
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.int32).reshape(k, out.qmax - out.qmin)
+
+
 def apply_epilogue(acc: torch.Tensor, epilogue: Epilogue, params: EpilogueParams) -> torch.Tensor:
     """int64 accumulators [..., K] -> the output in the epilogue's storage layout."""
+    if epilogue.shifted_bias:
+        q = shifted_requantize(acc, epilogue, params)
+        return pack(q, epilogue.out, epilogue.out_layout)
     y = acc.to(torch.int64)
     if epilogue.bias:
         y = y + params.bias.to(torch.int64)

@@ -241,8 +241,9 @@ def packed_weight(step: Layer, plan: Plan, device: torch.device) -> torch.Tensor
 
 def kernel_params(step: Layer, plan: Plan, device: torch.device) -> EpilogueParams:
     """The run-time vectors of the workload's own epilogue: none for an int32 accumulator;
-    bias (accumulator units), multiplier and shift of the one output for a fused
-    requantization."""
+    multiplier and shift of the one output for a fused requantization, with its bias in
+    accumulator units (`step.bias`, Epilogue.bias) or at its shift (the output's int64 bias,
+    Epilogue.shifted_bias)."""
     epi = step.workload.epilogue
     if not epi.requantizes:
         return EpilogueParams()
@@ -252,8 +253,10 @@ def kernel_params(step: Layer, plan: Plan, device: torch.device) -> EpiloguePara
     def i32(key: str) -> torch.Tensor:
         return p[key].to(torch.int32).contiguous().to(device)
 
+    shifted = p[o.bias].to(torch.int64).contiguous().to(device) if epi.shifted_bias else None
     return EpilogueParams(bias=i32(step.bias) if epi.bias else None,
-                          multiplier=i32(o.multiplier), shift=i32(o.shift))
+                          multiplier=i32(o.multiplier), shift=i32(o.shift),
+                          shifted_bias=shifted)
 
 
 def output_specs(step: Layer, plan: Plan) -> list[Requantized | Dequantized]:

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 import torch
 
 from ...core import Config, Workload
-from ...core.epilogue import EpilogueParams
+from ...core.epilogue import EpilogueParams, bias_vector, check_shifted_bias
 from ...core.validate import check_inputs, out_storage
 from .bitserial_family import BitserialFamily
 from .bitserial_layout import (
@@ -51,7 +51,14 @@ from .bitserial_layout import (
     tile_grid,
 )
 from .bitserial_render import WGMMA_OPS
-from .bitserial_shape import WGMMA_ARCH, WTAP_THREADS, XPOP_THREADS, s8_atype, side_table_blocks
+from .bitserial_shape import (
+    WGMMA_ARCH,
+    WTAP_THREADS,
+    XPOP_THREADS,
+    conv_shape,
+    s8_atype,
+    side_table_blocks,
+)
 from .bitserial_tables import (
     epilogue_thresholds,
     halo_map_geometry,
@@ -112,6 +119,7 @@ def emulate(template: BitserialFamily, wl: Workload, config: Mapping, x: torch.T
                          f"{reason}")
     spec = template.spec(config)
     check_inputs(wl, x, w, params)
+    check_shifted_bias(wl.epilogue, params, conv_shape(wl).kout)
     shape, dtype = out_storage(wl)
     out = torch.empty(shape, dtype=dtype)
     wtap, xpop = side_tables(wl, spec, "cpu")
@@ -126,7 +134,7 @@ def emulate(template: BitserialFamily, wl: Workload, config: Mapping, x: torch.T
     x_bytes = ctypes.c_longlong(x.numel() * x.element_size())
     lib.emu_set_input(ctypes.c_void_p(x.data_ptr()), x_bytes)
     ptr = ctypes.c_void_p
-    vecs = [params.bias, params.scale, params.multiplier, params.shift]
+    vecs = [bias_vector(wl.epilogue, params), params.scale, params.multiplier, params.shift]
     thr = epilogue_thresholds(wl, spec, params)  # held here: args keep only raw pointers
     xmap = emu_tensor_map(wl, spec, x)  # held here too
     args = [ptr(t.data_ptr()) if t is not None else ptr(0)

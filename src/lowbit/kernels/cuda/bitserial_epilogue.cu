@@ -77,17 +77,24 @@ constexpr bool BORDER = NEED_WTAP && PAD > 0;
 // Per-column epilogue parameters (zeros past KOUT). off: the bias and, for binary activations
 // without padding, the column's all-tap weight sum (both folded into the thresholds with
 // OUT_THRESH). Loaded once per tile and lane: the epilogue walks columns outside rows.
+// HAS_BIAS: 0 none, 1 int32 in accumulator units (off), 2 the shifted bias (Epilogue.shifted_bias,
+// requantized outputs, multiply path): sbias, the column's int64 bias in units of 2^-shift
+// output steps (the kernel's bias argument points at int64s then), added after the multiply;
+// with thresholds it is folded into them on the host like any bias. (One parameter, not a new
+// constexpr: an extra rendered constant alone changed the tap-shift kernel's SASS schedule.)
 struct ColParams {
   int off, mult, shift;
   float scale;
+  i64 sbias;
 };
 __device__ __forceinline__ ColParams col_params(const EpilogueArgs& ea, int col) {
   const bool ok = col < KOUT && !OUT_THRESH;
   const bool mul = OUT_MODE >= 2 && ok;
-  const int bias = (HAS_BIAS && ok) ? ea.bias[col] : 0;
+  const int bias = (HAS_BIAS == 1 && ok) ? ea.bias[col] : 0;
   const int wall = (NEED_WTAP && !BORDER && ok) ? ea.wtap[WSUM0 + FULL_RECT * KPAD + col] : 0;
+  const i64 sbias = (HAS_BIAS == 2 && mul) ? reinterpret_cast<const i64*>(ea.bias)[col] : 0;
   return ColParams{bias + wall, mul ? ea.mult[col] : 0, mul ? ea.shift[col] : 1,
-                   (OUT_MODE == 1 && ok) ? ea.scale[col] : 0.f};
+                   (OUT_MODE == 1 && ok) ? ea.scale[col] : 0.f, sbias};
 }
 typedef int PairThresholds[2][THR_LEVELS];  // columns col, col + 1
 // The thresholds of a column pair (col even): 2 * THR_STRIDE adjacent ints at p, 8-byte
@@ -282,7 +289,8 @@ __device__ __forceinline__ void prefetch_row_data(const RowPrep& rows, int col_b
   for (int ni = 0; ni < NT; ++ni) {
     const int col = col_base + ni * 8;
     if (OUT_THRESH || col >= KOUT) continue;
-    if constexpr (HAS_BIAS) prefetch_l1(ea.bias + col);
+    if constexpr (HAS_BIAS == 1) prefetch_l1(ea.bias + col);
+    if constexpr (HAS_BIAS == 2) prefetch_l1(reinterpret_cast<const i64*>(ea.bias) + col);
     if constexpr (OUT_MODE >= 2) prefetch_l1(ea.mult + col), prefetch_l1(ea.shift + col);
     if constexpr (OUT_MODE == 1) prefetch_l1(ea.scale + col);
   }
@@ -296,7 +304,7 @@ __device__ __forceinline__ int epilogue_value(int y, const ColParams& cp,
                                               const EpilogueArgs& ea) {
   const bool ok = m < M_ROWS && col < KOUT;
   if constexpr (OUT_THRESH) return (int)threshold_code(y, thr);  // past KOUT: word_mask
-  if constexpr (RELU) y = y > 0 ? y : 0;
+  if constexpr (RELU && HAS_BIAS != 2) y = y > 0 ? y : 0;
   if constexpr (OUT_MODE == 0) {
     if (ok) reinterpret_cast<int*>(ea.out)[(i64)m * KOUT + col] = y;
     return 0;
@@ -305,8 +313,16 @@ __device__ __forceinline__ int epilogue_value(int y, const ColParams& cp,
     return 0;
   } else {
     const int sh = cp.shift;
-    i64 v = ((i64)y * cp.mult + (1ll << (sh - 1))) >> sh;
-    v = v < OUT_QMIN ? OUT_QMIN : (v > OUT_QMAX ? OUT_QMAX : v);
+    i64 v;
+    if constexpr (HAS_BIAS == 2) {  // |y m| < 2^62 and |b| < 2^62: z fits, z + 2^(sh-1) may not
+      const i64 z = (i64)y * cp.mult + cp.sbias;
+      v = (z >> sh) + (((z & ((1ll << sh) - 1)) + (1ll << (sh - 1))) >> sh);
+    } else {
+      v = ((i64)y * cp.mult + (1ll << (sh - 1))) >> sh;
+    }
+    // ReLU with a shifted bias: the clamp at 0 after requantizing (requantize(0) is no longer 0)
+    constexpr int LO = (RELU && HAS_BIAS == 2 && OUT_QMIN < 0) ? 0 : OUT_QMIN;
+    v = v < LO ? LO : (v > OUT_QMAX ? OUT_QMAX : v);
     if constexpr (OUT_MODE == 2) {  // one byte per value: two's complement of all 8 bits
       if (ok) reinterpret_cast<unsigned char*>(ea.out)[(i64)m * KOUT + col] = (unsigned char)(int)v;
     }

@@ -201,6 +201,8 @@ class BitserialFamily(KernelTemplate):
     """One bit-serial kernel family: its knobs, fixed parameters, constraints and .cu entry."""
 
     backend = "cuda"
+    #: runs Epilogue.shifted_bias (bitserial_epilogue.cu's SHIFTED_BIAS; thresholds fold it in)
+    takes_shifted_bias: ClassVar[bool] = True
     #: knobs of this family (declared once: space, docs, requirements)
     knobs: ClassVar[KnobTable]
     #: the parameters this family's kernels always have (besides the neutral ones)

@@ -10,7 +10,7 @@ from typing import Protocol
 import torch
 
 from ...core import Config, Workload
-from ...core.epilogue import EpilogueParams
+from ...core.epilogue import EpilogueParams, bias_vector, check_shifted_bias
 from ...core.validate import check_inputs, output_buffer
 from .bitserial_layout import (
     k_tiles,
@@ -20,7 +20,7 @@ from .bitserial_layout import (
     threads,
     tile_grid,
 )
-from .bitserial_shape import WTAP_THREADS, XPOP_THREADS, side_table_blocks
+from .bitserial_shape import WTAP_THREADS, XPOP_THREADS, conv_shape, side_table_blocks
 from .bitserial_tables import (
     epilogue_thresholds,
     halo_tensor_map,
@@ -133,6 +133,7 @@ class BitserialKernel:
         writes (None without split-K)."""
         wl, spec = self.workload, self.spec
         check_inputs(wl, x, w, params)
+        check_shifted_bias(wl.epilogue, params, conv_shape(wl).kout, x.device)
         if trigger != "auto" and trigger not in CHAIN_TRIGGERS:
             raise ValueError(f"trigger must be 'auto' or one of {sorted(CHAIN_TRIGGERS)}, "
                              f"got {trigger!r}")
@@ -152,8 +153,9 @@ class BitserialKernel:
         vrows = row_table(wl, spec, x.device)
         wimg = weight_images(wl, spec, x.device)
         xmap = halo_tensor_map(wl, spec, x)
-        args = [x, w if wimg is None else wimg, out, params.bias, params.scale, params.multiplier,
-                params.shift, wtap, xpop, thr, split_ws, split_count, vrows]
+        args = [x, w if wimg is None else wimg, out, bias_vector(wl.epilogue, params),
+                params.scale, params.multiplier, params.shift, wtap, xpop, thr, split_ws,
+                split_count, vrows]
         args += [] if xmap is None else [xmap]
         grid: tuple[int, ...] = (*self._grid, spec["SPLIT_K"])
         if self._persistent:  # one wave of resident blocks, each looping over tiles

@@ -103,6 +103,10 @@ def wgmma_source(w_bits: int, wn: int, s8_type: str | None = None,
     return "".join(out)
 
 
+#: HAS_BIAS of Epilogue.shifted_bias (bitserial_epilogue.cu: int64 bias added after the multiply)
+SHIFTED_BIAS = 2
+
+
 def pair_params(wl: Workload, spec: Mapping) -> dict[str, int]:
     """PAIR_YLO, PAIR_YHI, PAIR_DOT_LO of `pair_range` (zeros without THR_PAIRS)."""
     r = pair_range(wl) if spec["THR_PAIRS"] else None
@@ -146,7 +150,8 @@ def kernel_params(wl: Workload, spec: Mapping, chained: int = 0) -> dict[str, in
         "PLANE_ROWS": spec["PLANE_ROWS"],
         "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh), "KPAD": wsum_columns(sh),
         "WSUM0": wsum_start(sh),
-        "HAS_BIAS": int(epi.bias), "RELU": int(epi.relu), "OUT_MODE": out_mode(wl),
+        "HAS_BIAS": SHIFTED_BIAS if epi.shifted_bias else int(epi.bias),
+        "RELU": int(epi.relu), "OUT_MODE": out_mode(wl),
         "OUT_THRESH": int(thresholds),
         "OUT_BITS": out.bits if out else 1, "OUT_QMIN": out.qmin if out else 0,
         "OUT_QMAX": out.qmax if out else 0,

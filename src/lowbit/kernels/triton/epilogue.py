@@ -22,6 +22,9 @@ ENC_CODE = {Encoding.UNSIGNED: ENC_UNSIGNED, Encoding.SIGNED: ENC_SIGNED,
 SRC_INT8, SRC_PACKED, SRC_FLOAT = 0, 1, 2
 # output kinds
 OUT_KIND_INT32, OUT_KIND_FP16, OUT_KIND_REQUANT, OUT_KIND_FLOAT = 0, 1, 2, 3
+# HAS_BIAS: no bias (0 / False), int32 in accumulator units (1 / True), int64 at the output's
+# shift (2: Epilogue.shifted_bias, added after the multiply)
+BIAS_SHIFTED = 2
 # output layouts
 LAYOUT_CODE = {Layout.INT8: 0, Layout.PACKED: 1, Layout.BITPLANE: 2}
 LAYOUT_INT8, LAYOUT_PACKED, LAYOUT_BITPLANE = 0, 1, 2
@@ -82,6 +85,9 @@ def epilogue_store(acc, offs_m, n0, M, NOUT, out_ptr, out_row, out_plane,
     WIDE: acc + bias may leave int32 (the launcher checks |acc| bound + max|bias|), so bias and
     ReLU run in int64; otherwise in int32, which halves the epilogue's registers (an int64
     tile of 128 x 128 over 128 threads alone is 256 registers per thread).
+    HAS_BIAS == BIAS_SHIFTED (requantized outputs): bias_ptr holds int64 biases in units of
+    2^-shift output steps, added to acc * multiplier (|sum| < 2^63) and rounded without
+    overflow; ReLU is then the clamp at QMIN, which the launcher passes as max(qmin, 0).
     """
     offs_n = n0 + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
@@ -96,11 +102,12 @@ def epilogue_store(acc, offs_m, n0, M, NOUT, out_ptr, out_row, out_plane,
             y = acc.to(tl.int64)
         else:
             y = acc
-        if HAS_BIAS:
+        if HAS_BIAS == 1:
             b = tl.load(bias_ptr + offs_n, mask=n_mask, other=0)
             y = y + b.to(y.dtype)[None, :]
         if RELU:
-            y = tl.maximum(y, 0)
+            if HAS_BIAS != 2:
+                y = tl.maximum(y, 0)
         if OUT_KIND == 0:
             ptrs = out_ptr + offs_m[:, None] * out_row + offs_n[None, :]
             tl.store(ptrs, y.to(tl.int32), mask=mask)
@@ -112,8 +119,14 @@ def epilogue_store(acc, offs_m, n0, M, NOUT, out_ptr, out_row, out_plane,
             mul = tl.load(mult_ptr + offs_n, mask=n_mask, other=1).to(tl.int64)
             sh = tl.load(shift_ptr + offs_n, mask=n_mask, other=1).to(tl.int64)
             rnd = tl.full([BLOCK_N], 1, tl.int64) << (sh - 1)
-            # fixed-point requantization, round half up; the int64 product is exact
-            q = (y.to(tl.int64) * mul[None, :] + rnd[None, :]) >> sh[None, :]
+            if HAS_BIAS == 2:
+                sb = tl.load(bias_ptr + offs_n, mask=n_mask, other=0).to(tl.int64)
+                z = y.to(tl.int64) * mul[None, :] + sb[None, :]
+                low = z & ((rnd << 1) - 1)[None, :]  # the rounding term joins the low bits
+                q = (z >> sh[None, :]) + ((low + rnd[None, :]) >> sh[None, :])
+            else:
+                # fixed-point requantization, round half up; the int64 product is exact
+                q = (y.to(tl.int64) * mul[None, :] + rnd[None, :]) >> sh[None, :]
             q = tl.minimum(tl.maximum(q, QMIN), QMAX).to(tl.int32)
             if OUT_LAYOUT == 0:
                 ptrs = out_ptr + offs_m[:, None] * out_row + offs_n[None, :]

@@ -266,7 +266,7 @@ class Problem:
     a_operand: tuple[int, int, int]
     w_operand: tuple[int, int, int]
     dot_fp16: bool
-    bias: bool
+    bias: bool | int  # the kernels' HAS_BIAS: False, True (accumulator units), BIAS_SHIFTED
     relu: bool
     out: tuple[int, int, int, int, int]
     wide: bool = False  # acc + bias may leave int32: bias and ReLU in int64

@@ -37,6 +37,7 @@ from ...core import (
     Layout,
     Workload,
 )
+from ...core.epilogue import bias_vector, check_shifted_bias
 from ...core.precision import Encoding, Precision
 from ...core.validate import (
     check_inputs,
@@ -47,6 +48,7 @@ from ...core.validate import (
 )
 from ..base import EXACT_INT32, NUM_SMS, KernelTemplate, acc_bound
 from .epilogue import (
+    BIAS_SHIFTED,
     ENC_CODE,
     LAYOUT_CODE,
     OUT_KIND_FLOAT,
@@ -111,7 +113,8 @@ def problem(wl: Workload, dot_fp16: bool) -> Problem:
     epi = wl.epilogue
     if epi.requantizes:
         kind, prec = OUT_KIND_REQUANT, epi.out
-        out = (kind, LAYOUT_CODE[epi.out_layout], prec.bits, prec.qmin, prec.qmax)
+        lo = max(prec.qmin, 0) if epi.shifted_bias and epi.relu else prec.qmin
+        out = (kind, LAYOUT_CODE[epi.out_layout], prec.bits, lo, prec.qmax)
         if epi.out_layout is Layout.BITPLANE:
             out_row = -(-nout // 32)
             out_plane = m * out_row
@@ -134,7 +137,8 @@ def problem(wl: Workload, dot_fp16: bool) -> Problem:
         w_row=_storage_width(chans, wl.w, wl.w_layout),
         out_row=out_row, out_plane=out_plane,
         a_operand=_operand(wl.a, wl.a_layout), w_operand=_operand(wl.w, wl.w_layout),
-        dot_fp16=dot_fp16, bias=epi.bias, relu=epi.relu, out=out)
+        dot_fp16=dot_fp16, bias=BIAS_SHIFTED if epi.shifted_bias else epi.bias, relu=epi.relu,
+        out=out)
 
 
 def _check_device(x: torch.Tensor) -> None:
@@ -147,7 +151,9 @@ def placeholder_vectors(epi: Epilogue, device: torch.device | str) -> tuple:
     """(bias, scale, multiplier, shift) with the dtypes a real call passes and None where the
     epilogue takes none, so an ahead-of-time compile specializes exactly like the launch
     (a float32 stand-in where the launch passes `out` is a different binary: a cache miss)."""
-    need = epilogue_vector_dtypes(epi)
+    need = dict(epilogue_vector_dtypes(epi))
+    if epi.shifted_bias:
+        need["bias"] = torch.int64
     return tuple(None if need[n] is None else torch.empty(16, dtype=need[n], device=device)
                  for n in ("bias", "scale", "multiplier", "shift"))
 
@@ -174,6 +180,7 @@ class IgemmKernel:
         """Validate once, return a no-argument launcher for these tensors (CUDA-graph capture
         and timing: `check_inputs` reads the epilogue vectors, a device sync on CUDA)."""
         check_inputs(self.workload, x, w, params)
+        check_shifted_bias(self.workload.epilogue, params, self.problem.NOUT, x.device)
         _check_device(x)
         out = output_buffer(self.workload, x.device, out)
         prob, cfg = self.problem, self.config
@@ -181,7 +188,8 @@ class IgemmKernel:
             top = int(params.bias.to(torch.int64).abs().max()) if params.bias.numel() else 0
             if acc_bound(self.workload) + top >= EXACT_INT32:
                 prob = dataclasses.replace(prob, wide=True)
-        vecs = (params.bias, params.scale, params.multiplier, params.shift)
+        vecs = (bias_vector(self.workload.epilogue, params), params.scale, params.multiplier,
+                params.shift)
         workspace = split_workspace(prob, cfg["SPLIT_K"], output_tiles(prob, cfg), x.device)
         plan = launches(prob, cfg, x, w, out, *vecs, workspace)  # arguments fixed once
 
@@ -210,6 +218,8 @@ class IgemmKernel:
 
 class _IgemmTemplate(KernelTemplate):
     backend = "triton"
+    #: runs Epilogue.shifted_bias (epilogue_store's HAS_BIAS = BIAS_SHIFTED)
+    takes_shifted_bias: ClassVar[bool] = True
     added_knobs: ClassVar[Mapping[str, object]] = {"SPLIT_SUM": "second_kernel"}
     dot_fp16 = False
     workload_type: type = Workload

@@ -38,6 +38,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...core import Config, ConfigSpace, ConvWorkload, Knob, Layout, Workload
+from ...core.epilogue import bias_vector, check_shifted_bias
 from ...core.precision import Encoding
 from ...core.validate import check_inputs, output_buffer
 from ..base import NUM_SMS, KernelTemplate
@@ -229,6 +230,7 @@ class TmaConvKernel:
         """Validate once, return a no-argument launcher for these tensors."""
         wl = self.workload
         check_inputs(wl, x, w, params)
+        check_shifted_bias(wl.epilogue, params, wl.K, x.device)
         _check_device(x)
         for name, t in (("x", x), ("w", w)):
             if t.data_ptr() % 16:
@@ -241,7 +243,7 @@ class TmaConvKernel:
                 prob = dataclasses.replace(prob, wide=True)
         # descriptors built once per bind: host-side work kept out of the timed launcher
         descs = _descriptors(wl, cfg, _as_int8(x), _as_int8(w))
-        vecs = (params.bias, params.scale, params.multiplier, params.shift)
+        vecs = (bias_vector(wl.epilogue, params), params.scale, params.multiplier, params.shift)
         workspace = split_workspace(prob, cfg["SPLIT_K"], output_tiles(wl, cfg), x.device)
         plan = launches(wl, prob, cfg, descs, out, *vecs, workspace)  # arguments fixed once
 
@@ -289,6 +291,8 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
 
     name = "triton.conv2d_int8_tma"
     backend = "triton"
+    #: runs Epilogue.shifted_bias (epilogue_store's HAS_BIAS = BIAS_SHIFTED)
+    takes_shifted_bias: ClassVar[bool] = True
     added_knobs: ClassVar[Mapping[str, object]] = {"SPLIT_K": 1}
 
     def unsupported_reason(self, wl: Workload) -> str | None:
