@@ -232,6 +232,12 @@ def _epi(out: Precision, relu: bool, layout: Layout = BP) -> Epilogue:
     return Epilogue(bias=True, relu=relu, out=out, out_layout=layout)
 
 
+#: the tap-shift config default_bitserial picks for ResNet's 56 x 56 x 64 3x3 w1a2 layers on
+#: sm_90a: persistent, thresholds of two columns per add (THR_PAIRS)
+TAP_SHIFT_NET = {"BM": 128, "BN": 64, "FUSE_PLANES": 0, "PERSIST": 1, "REQUANT": "threshold",
+                 "ROWSUM": "cols", "ROW_TABLE": 2, "STAGES": 3, "SWIZZLE": 32, "TEAMS": 1,
+                 "THR_PAIRS": 1, "WN": 64}
+
 #: (id, family name, workload with an accumulator-unit bias, knob changes to the family's
 #: default config on sm_90a): the multiply path (SHIFTED_BIAS in bitserial_epilogue.cu) and
 #: thresholds (host-folded), the families the networks' w1a2 layers run on first
@@ -247,7 +253,10 @@ BITSERIAL_CASES = [
     ("mma_sync_threshold_b1b1_s2", "cuda.bitserial_mma_sync",
      _conv(B1, B1, _epi(S2, False), N=1, H=6, W=6, C=40, K=33), {"REQUANT": "threshold"}),
     ("tap_shift_threshold_pairs_b1u2", "cuda.bitserial_tap_shift",
-     _conv(B1, U2, _epi(U2, True), N=2, H=9, W=8, C=64, K=64), {}),
+     _conv(B1, U2, _epi(U2, True), N=2, H=9, W=8, C=64, K=64), TAP_SHIFT_NET),
+    ("tap_shift_multiply_b1u2", "cuda.bitserial_tap_shift",
+     _conv(B1, U2, _epi(U2, True), N=2, H=9, W=8, C=64, K=64),
+     {**TAP_SHIFT_NET, "REQUANT": "multiply", "THR_PAIRS": 0}),
     ("wgmma_persistent_gemm_multiply_u1", "cuda.bitserial_wgmma_persistent",
      _gemm(B1, U2, _epi(Precision(1), True), M=130, N=70, K=512), {"REQUANT": "multiply"}),
     ("int8_wgmma_s8_relu", "cuda.int8_wgmma",
@@ -350,7 +359,8 @@ TRITON_CASES = [  # (id, workload with an accumulator-unit bias, config changes)
 
 
 @pytest.mark.parametrize("wl,changes", [pytest.param(*c[1:], id=c[0]) for c in TRITON_CASES])
-def test_interpreted_triton_int8_templates_are_bit_exact(wl, changes):
+@pytest.mark.parametrize("dot_fp16", [False, True], ids=["int8", "fp16"])
+def test_interpreted_triton_templates_are_bit_exact(wl, changes, dot_fp16):
     from lowbit.core import Config
     from lowbit.kernels.triton import IgemmKernel
     from lowbit.kernels.triton.templates import interpreting, problem
@@ -359,7 +369,7 @@ def test_interpreted_triton_int8_templates_are_bit_exact(wl, changes):
         pytest.skip("the interpreter's tiny tiles (GPU: test_gpu_templates_are_bit_exact)")
     swl, x, w, params = shifted_inputs(wl, seed=len(wl.key))
     cfg = {**TINY, **({"LOOP_ORDER": "rsc"} if isinstance(wl, ConvWorkload) else {}), **changes}
-    kernel = IgemmKernel("test", swl, Config(cfg), problem(swl, False))
+    kernel = IgemmKernel("test", swl, Config(cfg), problem(swl, dot_fp16))
     shape, dtype = out_storage(swl)
     out = kernel(x, w, params, out=torch.full(shape, 0x5A, dtype=dtype))
     want = run(swl, x, w, params)
@@ -487,9 +497,10 @@ GPU_CASES = [
     ("wgmma_persistent_gemm_multiply", "cuda.bitserial_wgmma_persistent",
      _gemm(B1, U2, _epi(S4, True, I8), M=1000, N=200, K=1024), {}),
     ("tap_shift_threshold", "cuda.bitserial_tap_shift",
-     _conv(B1, U2, _epi(U2, True), N=4, H=28, W=28, C=64, K=64), {}),
+     _conv(B1, U2, _epi(U2, True), N=4, H=28, W=28, C=64, K=64), TAP_SHIFT_NET),
     ("tap_shift_multiply", "cuda.bitserial_tap_shift",
-     _conv(B1, U2, _epi(U2, False), N=4, H=28, W=28, C=64, K=64), {"REQUANT": "multiply"}),
+     _conv(B1, U2, _epi(U2, False), N=4, H=28, W=28, C=64, K=64),
+     {**TAP_SHIFT_NET, "REQUANT": "multiply", "THR_PAIRS": 0}),
     ("int8_wgmma", "cuda.int8_wgmma",
      _conv(S8, Precision(7), _epi(S8, True, I8), I8, N=4, H=14, W=14, C=64, K=96), {}),
     ("triton_conv2d_int8", "triton.conv2d_int8",
