@@ -1,9 +1,12 @@
 """Performance models (issue 34): held-out accuracy, the pruned tuner, zero-tuning dispatch.
 
 Offline (default; CPU, from the recorded measurements under benchmarks/results):
-  model_accuracy rows   leave-one-layer-out accuracy per template of the learned model and of
-                        the analytic model alone (`lowbit.perfmodel.evaluate`), and of the
-                        calibrated fp16 estimate (leave one layer out of its calibration)
+  model_accuracy rows   leave-one-layer-out accuracy per template of the learned model, of the
+                        learned model anchored by one measured config per held-out workload
+                        ("learned_anchored": the predicted-fastest one; the others scaled by
+                        its measured / predicted time), and of the analytic model alone
+                        (`lowbit.perfmodel.evaluate`), and of the calibrated fp16 estimate
+                        (leave one layer out of its calibration)
   pruned_tuner rows     per measured space of >= 100 configs: measurements the pruned tuner
                         (`lowbit.tune.pruned`, model trained without that layer) needs to reach
                         0.97x of the space's best, as a fraction of the space, beside random
@@ -24,6 +27,8 @@ cuDNN / cuBLAS fp16, and writes
   sampling rows         the thesis's 2x / 3x saturation sampling vs the measured time
 
     python benchmarks/perfmodel.py [--quick] [--out DIR] [--export-snapshot] [--calibrate]
+    python benchmarks/perfmodel.py --templates triton.gemm_int8 --max-layers 8 --no-pruned
+                                  (while iterating: a part of the evaluation in seconds)
     python benchmarks/perfmodel.py --gpu [--budget-s 230] [--out DIR] [--no-bitserial]
 
 Results: benchmarks/results/<gpu>/perfmodel-<stamp>.json ("benchmark": "perfmodel"); a short
@@ -62,7 +67,7 @@ from lowbit.perfmodel.dataset import (
     save_snapshot,
     summary,
 )
-from lowbit.perfmodel.evaluate import accuracy, learned_fit, leave_one_layer_out
+from lowbit.perfmodel.evaluate import accuracy, learned_fit, leave_one_layer_out, memoized
 
 ROOT = Path(__file__).resolve().parent.parent
 H100_NAME = "NVIDIA H100 80GB HBM3"
@@ -177,12 +182,13 @@ def fp16_loo(ms: list[Measurement]) -> dict:
     return {**row, "kind": "model_accuracy", "model": "analytic_calibrated", "data": "recorded"}
 
 
-def pruned_rows(ms: list[Measurement], min_space: int = 100, rounds: int = 300) -> list[dict]:
+def pruned_rows(ms: list[Measurement], min_space: int = 100, rounds: int | None = None
+                ) -> list[dict]:
     """Pruned-tuner replay on each measured space of >= `min_space` configs (module doc)."""
     from lowbit.tune.pruned import PrunedSearch, expected_random_trials, replay, table_space
 
     ms = [m for m in ms if m.template != FP16_TEMPLATE]
-    fit = learned_fit(rounds=rounds)
+    fit = learned_fit(rounds=rounds) if rounds else learned_fit()
     layer_of = np.array([m.layer for m in ms])
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, m in enumerate(ms):
@@ -212,32 +218,52 @@ def pruned_rows(ms: list[Measurement], min_space: int = 100, rounds: int = 300) 
     return rows
 
 
-def offline(results: Path, quick: bool, out: Path | None) -> list[dict]:
+def held_out_layers(ms: list[Measurement], quick: bool, templates: list[str] | None,
+                    max_layers: int | None) -> list[str] | None:
+    """The layers the offline evaluation holds out (None: every layer): --quick keeps layers
+    of >= 100 rows, --templates those with a row of these templates, --max-layers an evenly
+    spaced sample of that many (sorted by name, so reruns hold out the same ones)."""
+    if not (quick or templates or max_layers):
+        return None
+    counts: dict[str, int] = defaultdict(int)
+    for m in ms:
+        if m.template != FP16_TEMPLATE and (not templates or m.template in templates):
+            counts[m.layer] += 1
+    layers = sorted(k for k, v in counts.items() if v >= (100 if quick else 1))
+    if max_layers and len(layers) > max_layers:
+        layers = [layers[i * len(layers) // max_layers] for i in range(max_layers)]
+    return layers
+
+
+def offline(results: Path, quick: bool, out: Path | None, templates: list[str] | None = None,
+            max_layers: int | None = None, pruned: bool = True) -> list[dict]:
+    """The offline evaluation (module doc); `templates` / `max_layers`: a quicker partial run
+    while iterating (`held_out_layers`; the default run holds out every layer)."""
     t0 = time.perf_counter()
     ms = deduplicate(load_results(results))
     print(f"{len(ms)} measurements after deduplication ({time.perf_counter() - t0:.0f} s)",
           flush=True)
     for (gpu, tmpl), (layers, n) in summary(ms).items():
         print(f"  {gpu:24s} {tmpl:26s} {layers:3d} layers {n:5d} rows")
-    rounds = 150 if quick else 300
+    rounds = 150 if quick else None  # None: the shipped model's (LearnedModel's default)
     rows: list[dict] = []
-    layers = None
-    if quick:  # the layers with many configs only
-        counts = defaultdict(int)
-        for m in ms:
-            counts[m.layer] += 1
-        layers = [k for k, v in counts.items() if v >= 100]
-    for name, fit in (("learned", learned_fit(rounds=rounds)), ("analytic", _analytic_fit)):
+    layers = held_out_layers(ms, quick, templates, max_layers)
+    learned = memoized(learned_fit(rounds=rounds) if rounds else learned_fit())
+    for name, fit, anchor in (("learned", learned, False), ("learned_anchored", learned, True),
+                              ("analytic", _analytic_fit, False)):
         t1 = time.perf_counter()
-        for acc in leave_one_layer_out(ms, fit, layers=layers,
-                                       groups={BITSERIAL_GROUP: BITSERIAL_TEMPLATES}):
+        for acc in leave_one_layer_out(ms, fit, templates=templates, layers=layers,
+                                       groups={BITSERIAL_GROUP: BITSERIAL_TEMPLATES},
+                                       anchor=anchor):
             rows.append({**acc.row(), "kind": "model_accuracy", "model": name,
                          "data": "recorded"})
         print(f"leave-one-layer-out ({name}): {time.perf_counter() - t1:.0f} s", flush=True)
-    rows.append(fp16_loo(ms))
-    t1 = time.perf_counter()
-    rows += pruned_rows(ms, rounds=rounds)
-    print(f"pruned-tuner replays: {time.perf_counter() - t1:.0f} s", flush=True)
+    if not templates or FP16_TEMPLATE in templates:
+        rows.append(fp16_loo(ms))
+    if pruned:
+        t1 = time.perf_counter()
+        rows += pruned_rows(ms, rounds=rounds)
+        print(f"pruned-tuner replays: {time.perf_counter() - t1:.0f} s", flush=True)
     gpu = H100_NAME
     doc = _doc(rows, f"{gpu} (offline: recorded measurements)",
                {"mode": "offline", "measurements": len(ms),
@@ -538,6 +564,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-bitserial", action="store_true")
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--quick", action="store_true", help="offline: layers of >= 100 rows")
+    ap.add_argument("--templates", nargs="+", default=None,
+                    help="offline: report only these templates (held out: their layers)")
+    ap.add_argument("--max-layers", type=int, default=None,
+                    help="offline: hold out an evenly spaced sample of this many layers")
+    ap.add_argument("--no-pruned", action="store_true",
+                    help="offline: skip the pruned-tuner replays")
     ap.add_argument("--export-snapshot", action="store_true",
                     help=f"offline: rewrite {SNAPSHOT.name} from --results")
     ap.add_argument("--calibrate", action="store_true", help="offline: print fitted constants")
@@ -558,7 +590,8 @@ def main(argv: list[str] | None = None) -> None:
             print("fp16:", cal.calibrate(fp, cal.FP16_PARAMS))
         return
     else:
-        rows = offline(args.results, args.quick, args.out)
+        rows = offline(args.results, args.quick, args.out, args.templates, args.max_layers,
+                       not args.no_pruned)
     print_table(rows)
 
 

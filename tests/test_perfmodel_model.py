@@ -14,7 +14,13 @@ from lowbit.perfmodel import H100, estimate, geometry
 from lowbit.perfmodel.analytic import DEFAULT_PARAMS
 from lowbit.perfmodel.calibrate import FP16_PARAMS, calibrate, fp16_estimate_us, median_ape
 from lowbit.perfmodel.dataset import FP16_TEMPLATE, Measurement
-from lowbit.perfmodel.evaluate import accuracy, kendall_tau, leave_one_layer_out
+from lowbit.perfmodel.evaluate import (
+    accuracy,
+    anchored_predictions,
+    kendall_tau,
+    leave_one_layer_out,
+    memoized,
+)
 from lowbit.perfmodel.features import GENERIC, Featurizer
 from lowbit.perfmodel.learned import LearnedModel
 
@@ -163,6 +169,66 @@ def test_leave_one_layer_out_holds_each_layer_out():
     assert [x.template for x in (a, b, both)] == ["a", "b", "a+b"]
     assert both.n_configs == a.n_configs + b.n_configs == len(ms)
     assert both.n_tau_layers == 4  # each workload's configs of both templates ranked together
+
+
+def _oracle(scale: float = 1.0, seen: list | None = None):
+    """A `Fit` predicting `scale` x the measured time; records each fold's training rows."""
+    def fit(all_ms, train):
+        if seen is not None:
+            seen.append([all_ms[i] for i in train])
+        return lambda test: np.array([scale * all_ms[i].events_us for i in test])
+    return fit
+
+
+def test_leave_one_layer_out_holds_out_every_gpu_and_precision_of_a_layer():
+    """A layer measured on two GPUs, at two precisions and by two templates is one fold: none
+    of its rows trains the model that predicts any of them."""
+    rows = []
+    for i, wl in enumerate((CONV, CONV.replace(N=32), CONV.replace(C=128))):
+        for gpu in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"):
+            for tmpl, w in (("triton.conv2d_int8", wl), ("cuda.bitserial_wgmma",
+                                                         wl.replace(w="b1", a="u2"))):
+                rows.append(Measurement(gpu, tmpl, w, Config(IGEMM), 10.0 + i, "events"))
+    seen: list[list[Measurement]] = []
+    out = leave_one_layer_out(rows, _oracle(seen=seen))
+    assert len(seen) == 3 and sum(a.n_configs for a in out) == len(rows) == 12
+    layers = sorted({m.layer for m in rows})
+    for layer, train in zip(layers, seen, strict=True):  # folds in layer order
+        assert len(train) == 8 and all(m.layer != layer for m in train)
+    assert all(a.median_ape == 0.0 and a.n_layers == 3 for a in out)
+
+
+def test_anchored_predictions_scale_each_workload_by_its_fastest_predicted_config():
+    ms = [Measurement("G", "t", CONV, Config({"BLOCK_M": b}), t) for b, t in
+          ((64, 30.0), (128, 12.0), (256, 36.0))]
+    ms.append(Measurement("G", "u", CONV, Config({"BLOCK_M": 64}), 50.0))  # alone: dropped
+    ms.append(Measurement("H", "t", CONV, Config({"BLOCK_M": 64}), 8.0))   # another GPU
+    ms.append(Measurement("H", "t", CONV, Config({"BLOCK_M": 128}), 9.0))
+    test = np.arange(len(ms))
+    pred = np.array([20.0, 10.0, 40.0, 1.0, 4.0, 5.0])
+    kept, scaled = anchored_predictions(ms, test, pred)
+    # anchors: row 1 (pred 10, measured 12: x1.2) and row 4 (pred 4, measured 8: x2)
+    assert kept.tolist() == [0, 2, 5]
+    assert scaled == pytest.approx([24.0, 48.0, 10.0])
+
+
+def test_anchored_evaluation_removes_a_layer_scale_and_trains_once_per_fold():
+    ms = _synthetic(4)
+    calls: list[int] = []
+    base = _oracle(scale=1.5)
+
+    def counted(all_ms, train):
+        calls.append(len(train))
+        return base(all_ms, train)
+
+    fit = memoized(counted)
+    (plain,) = leave_one_layer_out(ms, fit)
+    (anchored,) = leave_one_layer_out(ms, fit, anchor=True)
+    assert len(calls) == 4  # the second evaluation reused the four folds' models
+    assert plain.median_ape == pytest.approx(50.0)
+    assert anchored.median_ape == pytest.approx(0.0, abs=1e-9)
+    assert anchored.n_configs == len(ms) - 4  # one anchor per held-out workload
+    assert anchored.kendall_tau == pytest.approx(1.0)
 
 
 def test_calibrate_fits_constants_to_data():
