@@ -39,10 +39,12 @@ class LearnedModel:
     """XGBoost regressor on log(time / analytic estimate) (module doc).
 
     rounds / depth / eta: boosting settings; min_child_weight and subsampling keep the trees
-    from memorizing single layers (the evaluation holds whole layers out)."""
+    from memorizing single layers (the evaluation holds whole layers out); threads: one by
+    default (training on the snapshot takes ~5 s on one core; two threads on a busy
+    two-core host took five times as long)."""
 
     def __init__(self, rounds: int = 300, depth: int = 6, eta: float = 0.05, seed: int = 0,
-                 threads: int = 2, residual: bool = True, **params: object) -> None:
+                 threads: int = 1, residual: bool = True, **params: object) -> None:
         self.params = {"objective": "reg:absoluteerror", "eta": eta, "max_depth": depth,
                        "min_child_weight": 3, "subsample": 0.8, "colsample_bytree": 0.8,
                        "lambda": 1.0, "nthread": threads, "seed": seed, "verbosity": 0,
