@@ -268,3 +268,23 @@ def test_predict_results_batches_per_template():
     assert got[1] == pytest.approx(fp16_estimate_us(CONV))
     graph = predict_many("triton.conv2d_int8", CONV, cfgs, None, model, cuda_graph=True)
     assert np.all(graph < want)
+
+
+def test_benchmark_partial_runs_hold_out_a_sample_of_the_templates_layers():
+    """benchmarks/perfmodel.py --templates / --max-layers / --quick: the layers held out."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from perfmodel import held_out_layers
+
+    ms = _synthetic(4)  # 4 layers x 9 configs of triton.conv2d_int8
+    other = Measurement("G", "triton.gemm_int8", GemmWorkload(M=64, N=64, K=64),
+                        Config(IGEMM), 5.0)
+    ms.append(other)
+    layers = sorted({m.layer for m in ms if m.template == "triton.conv2d_int8"})
+    assert held_out_layers(ms, False, None, None) is None  # the full run: every layer
+    assert held_out_layers(ms, False, ["triton.conv2d_int8"], None) == layers
+    assert held_out_layers(ms, False, ["triton.gemm_int8"], None) == [other.layer]
+    assert held_out_layers(ms, False, ["triton.conv2d_int8"], 2) == [layers[0], layers[2]]
+    assert held_out_layers(ms, True, None, None) == []  # no layer has >= 100 rows
