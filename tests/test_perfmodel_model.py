@@ -139,6 +139,27 @@ def test_learned_model_fits_and_round_trips(tmp_path):
         LearnedModel().fit([])
 
 
+def test_learned_model_fits_the_median_time_through_slow_outliers():
+    """Each point measured three times, one of them 4x slow on half the points: the default
+    objective (absolute error of the log ratio) predicts the typical time, squared error is
+    pulled toward the outliers."""
+    ms = _synthetic()
+    rows = [Measurement(m.gpu, m.template, m.workload, m.config,
+                        m.time_us * (4.0 if k == 0 and i % 2 == 0 else 1.0), "events", "s",
+                        str(k))
+            for k in range(3) for i, m in enumerate(ms)]
+    pts = [(m.template, m.workload, m.config) for m in ms]
+    truth = np.array([m.time_us for m in ms])
+
+    def ape(**kw: object) -> float:
+        pred = LearnedModel(rounds=60, **kw).fit(rows).predict(pts, H100)
+        return float(np.median(np.abs(pred - truth) / truth))
+
+    assert LearnedModel().params["objective"] == "reg:absoluteerror"
+    assert ape() < 0.03
+    assert ape(objective="reg:squarederror") > 0.10
+
+
 def test_kendall_tau_and_accuracy():
     assert kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert kendall_tau([4, 3, 2, 1], [10, 20, 30, 40]) == pytest.approx(-1.0)
