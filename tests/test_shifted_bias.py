@@ -557,3 +557,27 @@ def test_shifted_bias_plans_round_trip_through_json():
     got = [s.workload for s in again.layers]
     assert got == [s.workload for s in plan.layers]
     assert sum(wl.epilogue.shifted_bias and "sbias" in wl.key for wl in got) == 8
+
+
+def test_random_inputs_and_checks_of_shifted_bias_workloads():
+    """Tuning and benchmarks draw inputs with `random_inputs`: a shifted-bias workload gets an
+    int64 shifted bias (no accumulator-unit bias) that the reference runs; the common param
+    check rejects a missing one; the template without the mode says so."""
+    from lowbit.core.validate import check_params
+    from lowbit.kernels import get_template, load_backends
+
+    wl = ConvWorkload(N=2, H=5, W=7, C=32, K=40, R=3, S=3, pad=1, w="b1", a="u2",
+                      epilogue=Epilogue(relu=True, out="u2", out_layout=I8, shifted_bias=True))
+    x, w, p = random_inputs(wl, seed=11)
+    assert p.bias is None and p.shifted_bias.dtype == torch.int64
+    assert p.shifted_bias.shape == (40,) and int(p.shifted_bias.abs().max()) > 0
+    out = run(wl, x, w, p)
+    assert out.shape == (2, 5, 7, 40) and 0 < int(out.max()) <= 3
+    check_params(wl, p, torch.device("cpu"))
+    with pytest.raises((TypeError, ValueError), match="shifted_bias"):
+        check_params(wl, EpilogueParams(multiplier=p.multiplier, shift=p.shift),
+                     torch.device("cpu"))
+    load_backends()
+    reasons = [get_template(n).unsupported_reason(wl.replace(a="s8", w="s8"))
+               for n in ("cuda.mma_conv_s8",)]
+    assert all(r and "shifted_bias" in r for r in reasons)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .epilogue import OUT_FP16, Epilogue, EpilogueParams
+from .epilogue import OUT_FP16, Epilogue, EpilogueParams, check_shifted_bias
 from .layout import Layout
 from .precision import Encoding, Precision
 from .workload import ConvWorkload, Workload
@@ -116,6 +116,7 @@ def check_params(wl: Workload, params: EpilogueParams, device: torch.device) -> 
         m, s = params.multiplier, params.shift
         if bool(((m < 1) | (s < 1) | (s > 62)).any()):
             raise ValueError("params.multiplier must be >= 1 and params.shift in 1..62")
+    check_shifted_bias(wl.epilogue, params, k, device)
 
 
 def check_inputs(wl: Workload, x: torch.Tensor, w: torch.Tensor,

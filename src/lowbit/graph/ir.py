@@ -220,12 +220,13 @@ class Layer(Step):
 
     op: 'conv2d' or 'linear'. workload: the kernel's workload (shapes, precisions, operand
     layouts and the kernel's own epilogue: the fused requantized output where the layer has
-    exactly one requantized output, no residual and no pool, else int32 acc + bias finished
-    by a separate epilogue pass). weight: int8 values (KRSC / [K, C], columns of a linear
+    exactly one requantized output, no residual and no pool and the implementation takes it,
+    with the bias in accumulator units (`bias`) where that is exact, else at the output's
+    shift (`Epilogue.shifted_bias`, the output's own `bias`); otherwise int32 acc finished by
+    a separate epilogue pass). weight: int8 values (KRSC / [K, C], columns of a linear
     after a flatten in (h, w, c) order, segment by segment after a concatenation of
-    flattens). bias: int64 [K] in accumulator units, None where
-    every output is float or some output's bias is no multiple of its multiplier (the
-    kernel's own epilogue adds bias in accumulator units). impl / impl_reason: the
+    flattens). bias: int64 [K] in accumulator units, None where every output is float or
+    some output's bias is no multiple of its multiplier. impl / impl_reason: the
     implementation the layer runs on and why.
     fused: what the step absorbs ('bn', 'relu', 'residual', 'maxpool', 'flatten-permute',
     'negated-channels'). source: the model's module names.

@@ -11,7 +11,7 @@ from ..core.epilogue import EpilogueParams
 from ..core.validate import check_inputs, operand_shapes
 from ..quant.packing import pack, unpack
 from ..quant.quantize import fixed_point
-from .epilogue import apply_epilogue
+from .epilogue import apply_epilogue, shifted_bias_from
 from .integer import conv2d_int, gemm_int
 
 
@@ -62,7 +62,7 @@ def random_params(wl: Workload, generator: torch.Generator) -> EpilogueParams:
     mean, std = accumulator_stats(wl)
     jitter = 0.5 + torch.rand(k, generator=generator, dtype=torch.float64)
     bias, center = None, mean
-    if epi.bias:
+    if epi.bias or epi.shifted_bias:
         # shift the accumulators to straddle 0, so ReLU keeps about half of them
         shift_by = -mean + std * (torch.rand(k, generator=generator, dtype=torch.float64) - 0.25)
         bias = shift_by.round().to(torch.int32)
@@ -74,7 +74,11 @@ def random_params(wl: Workload, generator: torch.Generator) -> EpilogueParams:
         mult, shift = fixed_point(top / spread * jitter)
     elif epi.out == OUT_FP16:
         scale = (jitter / (std + 1.0)).to(torch.float32)
-    return EpilogueParams(bias=bias, scale=scale, multiplier=mult, shift=shift)
+    shifted = None
+    if epi.shifted_bias:  # the same bias at the output's shift, plus a fraction of a step
+        shifted, bias = shifted_bias_from(bias, mult, shift, generator), None
+    return EpilogueParams(bias=bias, scale=scale, multiplier=mult, shift=shift,
+                          shifted_bias=shifted)
 
 
 def random_inputs(wl: Workload, seed: int, device: torch.device | str = "cpu"

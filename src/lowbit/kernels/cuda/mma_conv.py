@@ -171,6 +171,9 @@ class MmaConvTemplate(KernelTemplate):
         epi = wl.epilogue
         if epi.requantizes and epi.out_layout is Layout.BITPLANE:
             return "bit-plane output is written by the bit-serial templates, not this one"
+        if epi.shifted_bias:
+            return "the bias at the output's shift (Epilogue.shifted_bias) is not in this " \
+                   "template's epilogue: bias in accumulator units only"
         shape = conv_shape(wl, v)
         if shape.N * shape.H * shape.W >= 2**31 or shape.M >= 2**31:
             return "more than 2^31 input or output pixels"
