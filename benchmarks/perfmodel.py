@@ -264,8 +264,9 @@ def offline(results: Path, quick: bool, out: Path | None, templates: list[str] |
         t1 = time.perf_counter()
         rows += pruned_rows(ms, rounds=rounds)
         print(f"pruned-tuner replays: {time.perf_counter() - t1:.0f} s", flush=True)
-    gpu = H100_NAME
-    doc = _doc(rows, f"{gpu} (offline: recorded measurements)",
+    gpu = H100_NAME  # the results folder; the label names every GPU the data came from
+    measured_on = " and ".join(sorted({m.gpu for m in ms}))
+    doc = _doc(rows, f"offline: recorded measurements on {measured_on}",
                {"mode": "offline", "measurements": len(ms),
                 "sources": [*sorted({m.source for m in ms})[:3], "..."]})
     print(f"wrote {_write(doc, out, gpu)}")

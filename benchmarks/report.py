@@ -821,13 +821,19 @@ def _num(v: float | None, digits: int) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
+MODEL_LABEL = {"learned_anchored": "learned + 1 measured config"}
+
+
 @suite("perfmodel", "Performance model", "benchmarks/perfmodel.py")
 def render_perfmodel(files: list[Result]) -> list[str]:
     """Rows of kind model_accuracy {template, median_ape, kendall_tau, n_layers, n_configs},
     pruned_tuner {template, workload, space_size, fraction_measured_to_097} and dispatch
     {workload, template, dispatch_us, tuned_us, dispatch_over_tuned, cudnn_fp16_us}."""
     out = ["Held-out accuracy (leave one layer out on recorded data; fresh shapes in GPU runs), "
-           "the pruned tuner's replays and zero-tuning dispatch; latest run per row.", ""]
+           "the pruned tuner's replays and zero-tuning dispatch; latest run per row. Learned "
+           "model: XGBoost, absolute error of the log time ratio; \"learned + 1 measured "
+           "config\": each held-out workload's predictions rescaled by one measurement (the "
+           "config predicted fastest), scored on the others.", ""]
     groups = by_gpu(files)
     for gpu, group in groups:
         acc = latest_rows(group, lambda r: (r["template"], r.get("model"), r.get("data"))
@@ -836,7 +842,8 @@ def render_perfmodel(files: list[Result]) -> list[str]:
         if acc:
             out += table(["template", "model", "data", "median APE %", "Kendall tau",
                           "layers", "configs"],
-                         [[r["template"], r.get("model", "-"), r.get("data", "-"),
+                         [[r["template"], MODEL_LABEL.get(r.get("model"), r.get("model", "-")),
+                           r.get("data", "-"),
                            f.link(_num(r.get("median_ape"), 1)), _num(r.get("kendall_tau"), 2),
                            r.get("n_layers", "-"), r.get("n_configs", "-")] for f, r in acc])
             out += [""]
