@@ -736,6 +736,30 @@ def render_autoprecision(files: list[Result]) -> list[str]:
     return [*out, "", provenance([f]), ""]
 
 
+@suite("wide_bits", "Wide realizations on trained models", "benchmarks/wide_bits.py")
+def render_wide_bits(files: list[Result]) -> list[str]:
+    """The latest run: per (precision, wide_bits), the top-1 agreement of the compiled plan
+    with the converted integer model over seeds (min, mean), and the accuracy change."""
+    f = latest(files)
+    groups: dict[tuple, list[dict]] = {}
+    for r in f.rows:
+        groups.setdefault((r["precision"], r["wide_bits"]), []).append(r)
+    rows = []
+    for (prec, bits), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
+        agree = [r["top1_agreement"] for r in rs]
+        delta = [r["accuracy"] - r["integer_accuracy"] for r in rs]
+        rows.append([prec, bits, f.link(f"{100 * statistics.fmean(agree):.2f}"),
+                     f"{100 * min(agree):.2f}", f"{statistics.fmean(delta):+.2f}",
+                     f"{max(r['max_logit_diff'] for r in rs):.3f}", len(rs)])
+    setup = f.doc.get("setup", {})
+    out = [f"{setup.get('dataset', '?')} / {setup.get('model', '?')}: residual adds realized at "
+           "`wide_bits`, the compiled plan against the converted integer model on the test "
+           "split (agreement: same predicted class, %).", ""]
+    out += table(["precision", "wide bits", "agreement % (mean)", "min %",
+                  "accuracy change (points)", "max logit diff", "seeds"], rows)
+    return [*out, "", provenance([f]), ""]
+
+
 @suite("qat_schedule", "Adaptive precision (mix) schedules", "benchmarks/qat_schedule.py")
 def render_qat_schedule(files: list[Result]) -> list[str]:
     """Rows {precision, method, accuracy_mean, accuracy_std, paired_minus_rand_mean / _se} of

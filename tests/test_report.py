@@ -116,6 +116,10 @@ SYNTHETIC = {
                      {"dataset": "digits_hard", "model": "digits_resnet", "precision": "w1a2",
                       "method": "lsq", "accuracy_mean": 80.0, "accuracy_std": 2.0,
                       "accuracies": [78.0, 80.0, 82.0]}]))],
+    "wide_bits": [("wide_bits-20260102-000000.json", _doc("wide_bits", [
+        {"seed": s, "precision": "w2a2", "wide_bits": b, "top1_agreement": a,
+         "accuracy": 85.0 + d, "integer_accuracy": 85.0, "max_logit_diff": 0.1 * b / 8}
+        for s, (b, a, d) in enumerate([(16, 0.998, 0.1), (16, 1.0, 0.0), (24, 1.0, 0.0)])]))],
     "autoprecision": [("autoprecision-20260102-000000.json", _doc("autoprecision", [
         {"plan": "auto at w2a2 bits", "seeds": [0, 1], "accuracy_mean": 80.0,
          "accuracy_std": 1.0, "predicted_latency_us_mean": 50.0, "avg_weight_bits_mean": 1.96},
@@ -178,6 +182,9 @@ EXPECTED = {
                  "`rand>=max@w2a2` met",
                  "| digits_hard | digits_resnet | w1a2 | lsq | "
                  "[80.00 +- 2.00][accuracy-20260103-000000] | - |  | 3 |"],
+    "wide_bits": ["| w2a2 | 16 | [99.90][wide_bits-20260102-000000] | 99.80 | +0.05 | 0.200 | 2 |",
+                  "| w2a2 | 24 | [100.00][wide_bits-20260102-000000] | 100.00 | +0.00 | 0.300 "
+                  "| 1 |"],
     "autoprecision": ["| uniform w2a2 | [77.00 +- 1.00][autoprecision-20260102-000000] | "
                       "50.00 | - | 2.00 | +3.00 +- 0.50 | 2 |",
                       "`more_accurate_than_uniform_w2a2_at_its_bits_by_2se` met"],
