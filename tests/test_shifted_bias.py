@@ -314,7 +314,7 @@ def test_shifted_bias_renders_a_switch_that_stays_off_elsewhere():
 
 
 @pytest.mark.parametrize("edit", [("(i64)y * cp.mult + cp.sbias", "(i64)y * cp.mult"),
-                                  ("(RELU && HAS_BIAS == 2 && OUT_QMIN < 0)", "(false)")],
+                                  ("(RELU && HAS_BIAS >= 2 && OUT_QMIN < 0)", "(false)")],
                          ids=["bias_dropped", "relu_clamp_dropped"])
 def test_emulation_catches_a_broken_shifted_epilogue(edit):
     """The multiply path's exactness test fails when the kernel drops the shifted bias or
@@ -422,11 +422,12 @@ def _fusable(plan) -> list:
 def test_exact_bias_plans_fuse_every_single_output_layer(name, blocks):
     """w1a2 ResNets with exact biases: every layer without residual, pool or wide output
     (conv1 of each basic block; conv1 and conv2 of each bottleneck) runs its kernel's own
-    epilogue with the output's bias at its shift; the others write int32 for the pass."""
+    epilogue with the output's bias at its shift; the others write int32 for the pass, but
+    for the residual layers of test_residual_epilogue.py."""
     plan = _plan(name)
     fusable = _fusable(plan)
     assert len(fusable) == blocks
-    fused = [s for s in plan.layers if s.workload.epilogue.requantizes]
+    fused = [s for s in plan.layers if s.workload.epilogue.requantizes and s.residual is None]
     assert {s.name for s in fused} == {s.name for s in fusable}
     shifted_steps = [s for s in fused if s.workload.epilogue.shifted_bias]
     assert len(shifted_steps) == blocks  # BN biases are no multiples of the multipliers
@@ -437,9 +438,10 @@ def test_exact_bias_plans_fuse_every_single_output_layer(name, blocks):
 
 
 def test_accumulator_unit_plans_keep_their_kernel_bias():
-    """exact_bias=False plans fuse the same layers with the bias in accumulator units."""
+    """exact_bias=False plans fuse the same layers with the bias in accumulator units (and
+    the residual layers with it at the output's shift: test_residual_epilogue.py)."""
     plan = _plan("resnet18", exact_bias=False)
-    fused = [s for s in plan.layers if s.workload.epilogue.requantizes]
+    fused = [s for s in plan.layers if s.workload.epilogue.requantizes and s.residual is None]
     assert len(fused) == len(_fusable(plan)) == 8
     assert all(s.workload.epilogue.bias and not s.workload.epilogue.shifted_bias
                for s in fused)
@@ -556,7 +558,8 @@ def test_shifted_bias_plans_round_trip_through_json():
     again = Plan.from_dict(json.loads(json.dumps(plan.to_dict())), plan.params, plan.modules)
     got = [s.workload for s in again.layers]
     assert got == [s.workload for s in plan.layers]
-    assert sum(wl.epilogue.shifted_bias and "sbias" in wl.key for wl in got) == 8
+    assert sum(wl.epilogue.shifted_bias and wl.epilogue.residual is None and "sbias" in wl.key
+               for wl in got) == 8
 
 
 def test_random_inputs_and_checks_of_shifted_bias_workloads():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .epilogue import OUT_FP16, Epilogue, EpilogueParams, check_shifted_bias
+from .epilogue import OUT_FP16, Epilogue, EpilogueParams, check_residual, check_shifted_bias
 from .layout import Layout
 from .precision import Encoding, Precision
 from .workload import ConvWorkload, Workload
@@ -99,7 +99,7 @@ def epilogue_vector_dtypes(epi: Epilogue) -> dict[str, torch.dtype | None]:
     req = torch.int32 if epi.requantizes else None
     return {"bias": torch.int32 if epi.bias else None,
             "scale": torch.float32 if epi.out == OUT_FP16 else None,
-            "multiplier": req, "shift": req}
+            "multiplier": torch.int64 if epi.residual is not None else req, "shift": req}
 
 
 def check_params(wl: Workload, params: EpilogueParams, device: torch.device) -> None:
@@ -117,6 +117,32 @@ def check_params(wl: Workload, params: EpilogueParams, device: torch.device) -> 
         if bool(((m < 1) | (s < 1) | (s > 62)).any()):
             raise ValueError("params.multiplier must be >= 1 and params.shift in 1..62")
     check_shifted_bias(wl.epilogue, params, k, device)
+    check_residual(wl.epilogue, params, operand_shapes(wl)[2], device)
+    if wl.epilogue.residual is not None:
+        check_residual_range(wl, params)
+
+
+def accumulator_limit(wl: Workload) -> int:
+    """max |acc| of the workload's conv / GEMM: max|a| max|w| times the reduction length."""
+    def top(p: Precision) -> int:
+        return max(abs(p.qmin), abs(p.qmax))
+
+    return top(wl.a) * top(wl.w) * wl.gemm_shape[2]
+
+
+def check_residual_range(wl: Workload, params: EpilogueParams) -> None:
+    """A residual epilogue's sum stays in int64 for every input the workload allows:
+    |acc| m + |b| + |res| |r| + 2^(s-1) < 2^63 per channel with the accumulator's and the
+    residual precision's bounds (exact Python integers; ValueError naming the first channel
+    past it). Kernels add the terms in 64 bits, so this is their exactness condition."""
+    top_acc, top_res = accumulator_limit(wl), -wl.epilogue.residual.qmin
+    cols = zip(params.multiplier.tolist(), params.shifted_bias.tolist(),
+               params.residual_multiplier.tolist(), params.shift.tolist(), strict=True)
+    for c, (m, b, r, s) in enumerate(cols):
+        if top_acc * m + abs(b) + top_res * abs(r) + (1 << (s - 1)) >= 2**63:
+            raise ValueError(f"channel {c}: |acc| m + |b| + |res| |r| + 2^(s-1) can reach 2^63 "
+                             f"(max|acc| {top_acc}, max|res| {top_res}, m {m}, b {b}, r {r}, "
+                             f"s {s}): the residual epilogue's 64-bit sum could overflow")
 
 
 def check_inputs(wl: Workload, x: torch.Tensor, w: torch.Tensor,

@@ -5,7 +5,12 @@ from __future__ import annotations
 import torch
 
 from ..core import OUT_FP16, Epilogue
-from ..core.epilogue import EpilogueParams, check_shifted_bias
+from ..core.epilogue import (
+    WIDE_MULTIPLIER_LIMIT,
+    EpilogueParams,
+    check_residual,
+    check_shifted_bias,
+)
 from ..quant.packing import pack
 from .netops import round_shift_sum
 
@@ -44,21 +49,43 @@ def _int_vector(name: str, t: object, k: int, lo: int, hi: int) -> torch.Tensor:
 def shifted_requantize(acc: torch.Tensor, epilogue: Epilogue, params: EpilogueParams
                        ) -> torch.Tensor:
     """Epilogue.shifted_bias's requantization of int accumulators [..., K] (int64 values):
-    clamp(floor((acc m + b + 2^(s-1)) / 2^s), lo, qmax), lo = max(qmin, 0) with relu, exact
-    (`netops.round_shift_sum`: the sum may pass int64) for |acc| < 2^32, m in [0, 2^31),
-    s in 1..62, |b| < 2^62 (ValueError / TypeError outside)."""
+    clamp(floor((acc m + b [+ res r] + 2^(s-1)) / 2^s), lo, qmax), lo = max(qmin, 0) with relu,
+    exact (`netops.round_shift_sum`: the sum may pass int64) for |acc| < 2^32, m in [0, 2^31),
+    s in 1..62, |b| < 2^62; with Epilogue.residual (res: params.residual, the accumulators'
+    shape) m in [0, 2^62), |r| < 2^62 and each product acc m, res r inside int64 (ValueError /
+    TypeError outside)."""
     out = epilogue.out
     k = acc.shape[-1]
     check_shifted_bias(epilogue, params, k)
-    m = _int_vector("multiplier", params.multiplier, k, 0, MULTIPLIER_LIMIT - 1)
+    check_residual(epilogue, params, tuple(acc.shape), values=True)
+    wide = epilogue.residual is not None
+    m = _int_vector("multiplier", params.multiplier, k, 0,
+                    (WIDE_MULTIPLIER_LIMIT if wide else MULTIPLIER_LIMIT) - 1)
     s = _int_vector("shift", params.shift, k, 1, 62)
     y = acc.to(torch.int64)
-    if y.numel() and int(y.abs().max()) >= SHIFTED_ACC_LIMIT:
+    top = int(y.abs().max()) if y.numel() else 0
+    if top >= SHIFTED_ACC_LIMIT:
         raise ValueError("the accumulator leaves the shifted-bias epilogue's range +-2^32")
     b = params.shifted_bias.to(torch.int64)
-    q = round_shift_sum([y * m, b.expand_as(y)], s.expand_as(y))
+    terms = [_exact_product(y, m, top, "acc * multiplier"), b.expand_as(y)]
+    if wide:
+        res = params.residual.to(torch.int64)
+        top_res = int(res.abs().max()) if res.numel() else 0
+        terms.append(_exact_product(res, params.residual_multiplier, top_res,
+                                    "residual * residual_multiplier"))
+    q = round_shift_sum(terms, s.expand_as(y))
     lo = max(out.qmin, 0) if epilogue.relu else out.qmin
     return q.clamp(lo, out.qmax)
+
+
+def _exact_product(v: torch.Tensor, mult: torch.Tensor, top: int, what: str) -> torch.Tensor:
+    """v * mult (int64 [..., K] times [K]) after checking max|v| max|mult| < 2^63 (exact
+    Python integers; ValueError naming `what` else)."""
+    mult = mult.to(torch.int64)
+    top_m = int(mult.abs().max()) if mult.numel() else 0
+    if top * top_m >= 2**63:
+        raise ValueError(f"{what} can leave int64 (max|v| {top}, max|multiplier| {top_m})")
+    return v * mult
 
 
 def shifted_bias_from(bias: torch.Tensor, multiplier: torch.Tensor, shift: torch.Tensor,
@@ -91,6 +118,9 @@ def requant_thresholds(epilogue: Epilogue, params: EpilogueParams) -> torch.Tens
     a constant: every threshold always or never true."""
     if not epilogue.requantizes:
         raise ValueError("requant_thresholds needs a requantizing epilogue")
+    if epilogue.residual is not None:
+        raise ValueError("requant_thresholds cannot fold a residual (a second variable): "
+                         "residual epilogues run the multiply path")
     if epilogue.shifted_bias:
         return _shifted_thresholds(epilogue, params)
     out = epilogue.out

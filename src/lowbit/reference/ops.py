@@ -8,7 +8,7 @@ import torch
 
 from ..core import OUT_FP16, ConvWorkload, Encoding, Precision, Workload
 from ..core.epilogue import EpilogueParams
-from ..core.validate import check_inputs, operand_shapes
+from ..core.validate import accumulator_limit, check_inputs, operand_shapes
 from ..quant.packing import pack, unpack
 from ..quant.quantize import fixed_point
 from .epilogue import apply_epilogue, shifted_bias_from
@@ -74,11 +74,40 @@ def random_params(wl: Workload, generator: torch.Generator) -> EpilogueParams:
         mult, shift = fixed_point(top / spread * jitter)
     elif epi.out == OUT_FP16:
         scale = (jitter / (std + 1.0)).to(torch.float32)
-    shifted = None
+    shifted = res = res_mult = None
+    if epi.residual is not None:
+        mult, shift, res_mult = _wide_multipliers(wl, mult, shift, generator)
+        res = random_values(operand_shapes(wl)[2], epi.residual, generator).to(
+            epi.residual.storage_dtype)
     if epi.shifted_bias:  # the same bias at the output's shift, plus a fraction of a step
         shifted, bias = shifted_bias_from(bias, mult, shift, generator), None
     return EpilogueParams(bias=bias, scale=scale, multiplier=mult, shift=shift,
-                          shifted_bias=shifted)
+                          shifted_bias=shifted, residual=res, residual_multiplier=res_mult)
+
+
+def _wide_multipliers(wl: Workload, mult: torch.Tensor, shift: torch.Tensor,
+                      generator: torch.Generator
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(m, s, r) of a residual epilogue: the int32 pair (mult, shift) moved to a wider shift
+    (up to 20 bits more while |z| stays below 2^61 for the workload's bounds, as the planner's
+    shared shift does) and a residual multiplier of either sign worth up to about half the
+    output range over the residual's full range, all int64 [K]."""
+    epi = wl.epilogue
+    top_out = epi.out.qmax - epi.out.qmin + 1
+    frac = torch.rand(mult.shape, generator=generator, dtype=torch.float64) - 0.5
+    sign = torch.where(torch.rand(mult.shape, generator=generator) < 0.25, -1.0, 1.0)
+    ms, ss, rs = [], [], []
+    for m, s, f, g in zip(mult.tolist(), shift.tolist(), frac.tolist(), sign.tolist(),
+                          strict=True):
+        # the residual's worth in output steps per unit, at shift s
+        r_ratio = g * top_out * (0.25 + abs(f)) / -epi.residual.qmin
+        steps = accumulator_limit(wl) * m / 2**s + top_out * 2
+        extra = max(0, min(20, 62 - s, 60 - math.ceil(math.log2(steps + 1)) - s))
+        ms.append(m << extra)
+        ss.append(s + extra)
+        rs.append(round(r_ratio * 2 ** (s + extra)))
+    return (torch.tensor(ms, dtype=torch.int64), torch.tensor(ss, dtype=torch.int32),
+            torch.tensor(rs, dtype=torch.int64))
 
 
 def random_inputs(wl: Workload, seed: int, device: torch.device | str = "cpu"

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 import torch
 
 from ...core import Config, Workload
-from ...core.epilogue import EpilogueParams, bias_vector, check_shifted_bias
+from ...core.epilogue import EpilogueParams, check_shifted_bias
 from ...core.validate import check_inputs, out_storage
 from .bitserial_family import BitserialFamily
 from .bitserial_layout import (
@@ -61,6 +61,7 @@ from .bitserial_shape import (
 )
 from .bitserial_tables import (
     epilogue_thresholds,
+    epilogue_vectors,
     halo_map_geometry,
     row_table,
     side_tables,
@@ -134,11 +135,12 @@ def emulate(template: BitserialFamily, wl: Workload, config: Mapping, x: torch.T
     x_bytes = ctypes.c_longlong(x.numel() * x.element_size())
     lib.emu_set_input(ctypes.c_void_p(x.data_ptr()), x_bytes)
     ptr = ctypes.c_void_p
-    vecs = [bias_vector(wl.epilogue, params), params.scale, params.multiplier, params.shift]
     thr = epilogue_thresholds(wl, spec, params)  # held here: args keep only raw pointers
+    bias, scale, mult, shift, thr_arg = epilogue_vectors(wl, params, thr)
     xmap = emu_tensor_map(wl, spec, x)  # held here too
     args = [ptr(t.data_ptr()) if t is not None else ptr(0)
-            for t in (x, w, out, *vecs, wtap, xpop, thr, split_ws, split_count, vrows, xmap)]
+            for t in (x, w, out, bias, scale, mult, shift, wtap, xpop, thr_arg, split_ws,
+                      split_count, vrows, xmap)]
     grid = (*tile_grid(wl, spec), spec["SPLIT_K"])
     if spec["PERSIST"]:
         grid = persistent_grid(wl, spec, persistent_blocks)

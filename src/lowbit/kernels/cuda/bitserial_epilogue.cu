@@ -82,19 +82,25 @@ constexpr bool BORDER = NEED_WTAP && PAD > 0;
 // output steps (the kernel's bias argument points at int64s then), added after the multiply;
 // with thresholds it is folded into them on the host like any bias. (One parameter, not a new
 // constexpr: an extra rendered constant alone changed the tap-shift kernel's SASS schedule.)
+// HAS_BIAS 3 / 4: the shifted bias and a residual (Epilogue.residual; int32 / int16 storage),
+// multiply path only: z = y m + b + res r in 64 bits, with int64 multipliers. No new parameter
+// either: the pointers the multiply path leaves unused carry it (mult: int64 m, scale: int64 r,
+// thr: the residual [M_ROWS][KOUT], NHWC like the output; bitserial_tables.epilogue_vectors).
 struct ColParams {
   int off, mult, shift;
   float scale;
-  i64 sbias;
+  i64 sbias, wmult, rmult;
 };
 __device__ __forceinline__ ColParams col_params(const EpilogueArgs& ea, int col) {
   const bool ok = col < KOUT && !OUT_THRESH;
   const bool mul = OUT_MODE >= 2 && ok;
   const int bias = (HAS_BIAS == 1 && ok) ? ea.bias[col] : 0;
   const int wall = (NEED_WTAP && !BORDER && ok) ? ea.wtap[WSUM0 + FULL_RECT * KPAD + col] : 0;
-  const i64 sbias = (HAS_BIAS == 2 && mul) ? reinterpret_cast<const i64*>(ea.bias)[col] : 0;
-  return ColParams{bias + wall, mul ? ea.mult[col] : 0, mul ? ea.shift[col] : 1,
-                   (OUT_MODE == 1 && ok) ? ea.scale[col] : 0.f, sbias};
+  const i64 sbias = (HAS_BIAS >= 2 && mul) ? reinterpret_cast<const i64*>(ea.bias)[col] : 0;
+  const i64 wmult = (HAS_BIAS >= 3 && mul) ? reinterpret_cast<const i64*>(ea.mult)[col] : 0;
+  const i64 rmult = (HAS_BIAS >= 3 && mul) ? reinterpret_cast<const i64*>(ea.scale)[col] : 0;
+  return ColParams{bias + wall, (mul && HAS_BIAS < 3) ? ea.mult[col] : 0, mul ? ea.shift[col] : 1,
+                   (OUT_MODE == 1 && ok) ? ea.scale[col] : 0.f, sbias, wmult, rmult};
 }
 typedef int PairThresholds[2][THR_LEVELS];  // columns col, col + 1
 // The thresholds of a column pair (col even): 2 * THR_STRIDE adjacent ints at p, 8-byte
@@ -290,7 +296,10 @@ __device__ __forceinline__ void prefetch_row_data(const RowPrep& rows, int col_b
     const int col = col_base + ni * 8;
     if (OUT_THRESH || col >= KOUT) continue;
     if constexpr (HAS_BIAS == 1) prefetch_l1(ea.bias + col);
-    if constexpr (HAS_BIAS == 2) prefetch_l1(reinterpret_cast<const i64*>(ea.bias) + col);
+    if constexpr (HAS_BIAS >= 2) prefetch_l1(reinterpret_cast<const i64*>(ea.bias) + col);
+    if constexpr (HAS_BIAS >= 3)
+      prefetch_l1(reinterpret_cast<const i64*>(ea.mult) + col),
+          prefetch_l1(reinterpret_cast<const i64*>(ea.scale) + col);
     if constexpr (OUT_MODE >= 2) prefetch_l1(ea.mult + col), prefetch_l1(ea.shift + col);
     if constexpr (OUT_MODE == 1) prefetch_l1(ea.scale + col);
   }
@@ -304,7 +313,7 @@ __device__ __forceinline__ int epilogue_value(int y, const ColParams& cp,
                                               const EpilogueArgs& ea) {
   const bool ok = m < M_ROWS && col < KOUT;
   if constexpr (OUT_THRESH) return (int)threshold_code(y, thr);  // past KOUT: word_mask
-  if constexpr (RELU && HAS_BIAS != 2) y = y > 0 ? y : 0;
+  if constexpr (RELU && HAS_BIAS < 2) y = y > 0 ? y : 0;
   if constexpr (OUT_MODE == 0) {
     if (ok) reinterpret_cast<int*>(ea.out)[(i64)m * KOUT + col] = y;
     return 0;
@@ -317,11 +326,17 @@ __device__ __forceinline__ int epilogue_value(int y, const ColParams& cp,
     if constexpr (HAS_BIAS == 2) {  // |y m| < 2^62 and |b| < 2^62: z fits, z + 2^(sh-1) may not
       const i64 z = (i64)y * cp.mult + cp.sbias;
       v = (z >> sh) + (((z & ((1ll << sh) - 1)) + (1ll << (sh - 1))) >> sh);
+    } else if constexpr (HAS_BIAS >= 3) {  // the host checked |y| m + |b| + |res| |r| < 2^63
+      const i64 at = (i64)m * KOUT + col;
+      const i64 res = !ok ? 0 : HAS_BIAS == 4 ? (i64)reinterpret_cast<const short*>(ea.thr)[at]
+                                              : (i64)ea.thr[at];
+      const i64 z = (i64)y * cp.wmult + cp.sbias + res * cp.rmult;
+      v = (z >> sh) + (((z & ((1ll << sh) - 1)) + (1ll << (sh - 1))) >> sh);
     } else {
       v = ((i64)y * cp.mult + (1ll << (sh - 1))) >> sh;
     }
     // ReLU with a shifted bias: the clamp at 0 after requantizing (requantize(0) is no longer 0)
-    constexpr int LO = (RELU && HAS_BIAS == 2 && OUT_QMIN < 0) ? 0 : OUT_QMIN;
+    constexpr int LO = (RELU && HAS_BIAS >= 2 && OUT_QMIN < 0) ? 0 : OUT_QMIN;
     v = v < LO ? LO : (v > OUT_QMAX ? OUT_QMAX : v);
     if constexpr (OUT_MODE == 2) {  // one byte per value: two's complement of all 8 bits
       if (ok) reinterpret_cast<unsigned char*>(ea.out)[(i64)m * KOUT + col] = (unsigned char)(int)v;

@@ -10,7 +10,7 @@ from typing import Protocol
 import torch
 
 from ...core import Config, Workload
-from ...core.epilogue import EpilogueParams, bias_vector, check_shifted_bias
+from ...core.epilogue import EpilogueParams, check_shifted_bias
 from ...core.validate import check_inputs, output_buffer
 from .bitserial_layout import (
     k_tiles,
@@ -23,6 +23,7 @@ from .bitserial_layout import (
 from .bitserial_shape import WTAP_THREADS, XPOP_THREADS, conv_shape, side_table_blocks
 from .bitserial_tables import (
     epilogue_thresholds,
+    epilogue_vectors,
     halo_tensor_map,
     row_table,
     side_tables,
@@ -153,9 +154,9 @@ class BitserialKernel:
         vrows = row_table(wl, spec, x.device)
         wimg = weight_images(wl, spec, x.device)
         xmap = halo_tensor_map(wl, spec, x)
-        args = [x, w if wimg is None else wimg, out, bias_vector(wl.epilogue, params),
-                params.scale, params.multiplier, params.shift, wtap, xpop, thr, split_ws,
-                split_count, vrows]
+        bias, scale, mult, shift, thr_arg = epilogue_vectors(wl, params, thr)
+        args = [x, w if wimg is None else wimg, out, bias, scale, mult, shift, wtap, xpop,
+                thr_arg, split_ws, split_count, vrows]
         args += [] if xmap is None else [xmap]
         grid: tuple[int, ...] = (*self._grid, spec["SPLIT_K"])
         if self._persistent:  # one wave of resident blocks, each looping over tiles

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from ...core import Encoding, Workload
+import torch
+
+from ...core import Encoding, Epilogue, Workload
 from ...reference.bitserial import plane_coefficients
 from .bitserial_layout import (
     ONES_ROWS,
@@ -105,6 +107,16 @@ def wgmma_source(w_bits: int, wn: int, s8_type: str | None = None,
 
 #: HAS_BIAS of Epilogue.shifted_bias (bitserial_epilogue.cu: int64 bias added after the multiply)
 SHIFTED_BIAS = 2
+#: HAS_BIAS of the shifted bias with Epilogue.residual in int32 / int16 storage
+RESIDUAL_I32, RESIDUAL_I16 = 3, 4
+
+
+def has_bias(epi: Epilogue) -> int:
+    """bitserial_epilogue.cu's HAS_BIAS of the epilogue: 0 none, 1 accumulator units,
+    SHIFTED_BIAS, or RESIDUAL_I32 / RESIDUAL_I16 (the shifted bias and a residual)."""
+    if epi.residual is not None:
+        return RESIDUAL_I16 if epi.residual.storage_dtype == torch.int16 else RESIDUAL_I32
+    return SHIFTED_BIAS if epi.shifted_bias else int(epi.bias)
 
 
 def pair_params(wl: Workload, spec: Mapping) -> dict[str, int]:
@@ -150,7 +162,7 @@ def kernel_params(wl: Workload, spec: Mapping, chained: int = 0) -> dict[str, in
         "PLANE_ROWS": spec["PLANE_ROWS"],
         "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh), "KPAD": wsum_columns(sh),
         "WSUM0": wsum_start(sh),
-        "HAS_BIAS": SHIFTED_BIAS if epi.shifted_bias else int(epi.bias),
+        "HAS_BIAS": has_bias(epi),
         "RELU": int(epi.relu), "OUT_MODE": out_mode(wl),
         "OUT_THRESH": int(thresholds),
         "OUT_BITS": out.bits if out else 1, "OUT_QMIN": out.qmin if out else 0,

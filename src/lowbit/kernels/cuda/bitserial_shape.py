@@ -97,8 +97,10 @@ def bitplane_output(wl: Workload) -> bool:
 
 def threshold_epilogue(wl: Workload) -> bool:
     """Requantized bit-plane output of <= THRESHOLD_MAX_BITS bits: the epilogue can compare
-    each output with per-column thresholds (`requant_thresholds`) instead of requantizing it."""
-    return bitplane_output(wl) and wl.epilogue.out.bits <= THRESHOLD_MAX_BITS
+    each output with per-column thresholds (`requant_thresholds`) instead of requantizing it.
+    Never with a residual (a second variable per output): those run the multiply path."""
+    return bitplane_output(wl) and wl.epilogue.out.bits <= THRESHOLD_MAX_BITS and \
+        wl.epilogue.residual is None
 
 
 def needs_rowsum(wl: Workload) -> bool:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import torch
 
 from ...core import Workload
-from ...core.epilogue import EpilogueParams
+from ...core.epilogue import EpilogueParams, bias_vector
 from ...reference.epilogue import INT32_MAX, requant_thresholds
 from .bitserial_layout import (
     k_tiles,
@@ -55,6 +55,21 @@ def epilogue_thresholds(wl: Workload, spec: Mapping, params: EpilogueParams
     if pairs_in_memory(wl, spec) and not needs_wtap(wl):
         table = pair_table(wl, spec, table)  # binary activations: wtap part 4 instead
     return table.to(params.multiplier.device)
+
+
+def epilogue_vectors(wl: Workload, params: EpilogueParams, thr: torch.Tensor | None
+                     ) -> list[torch.Tensor | None]:
+    """The kernel's (bias, scale, mult, shift, thr) arguments (BITSERIAL_KERNEL_PARAMS order):
+    the vectors of `params` and the threshold table `thr`; with Epilogue.residual (multiply
+    path, no thresholds) the pointers that path leaves unused carry the residual term
+    (bitserial_epilogue.cu, HAS_BIAS 3 / 4): bias the int64 shifted bias, scale the int64
+    residual multipliers, mult the int64 multipliers, thr the residual tensor."""
+    bias = bias_vector(wl.epilogue, params)
+    if wl.epilogue.residual is None:
+        return [bias, params.scale, params.multiplier, params.shift, thr]
+    if thr is not None:
+        raise ValueError("a residual epilogue runs the multiply path, not thresholds")
+    return [bias, params.residual_multiplier, params.multiplier, params.shift, params.residual]
 
 
 def pair_channel(j: torch.Tensor, wn: int) -> torch.Tensor:
