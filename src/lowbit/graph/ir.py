@@ -220,10 +220,11 @@ class Layer(Step):
 
     op: 'conv2d' or 'linear'. workload: the kernel's workload (shapes, precisions, operand
     layouts and the kernel's own epilogue: the fused requantized output where the layer has
-    exactly one requantized output, no residual and no pool and the implementation takes it,
-    with the bias in accumulator units (`bias`) where that is exact, else at the output's
-    shift (`Epilogue.shifted_bias`, the output's own `bias`); otherwise int32 acc finished by
-    a separate epilogue pass). weight: int8 values (KRSC / [K, C], columns of a linear
+    exactly one requantized output and no pool and the implementation takes it, with the
+    bias in accumulator units (`bias`) where that is exact, else at the output's shift
+    (`Epilogue.shifted_bias`, the output's own `bias`), and a wide residual with its int64
+    multiplier (`Epilogue.residual`) where the kernel's 64-bit sum provably fits; otherwise
+    int32 acc finished by a separate epilogue pass). weight: int8 values (KRSC / [K, C], columns of a linear
     after a flatten in (h, w, c) order, segment by segment after a concatenation of
     flattens). bias: int64 [K] in accumulator units, None where every output is float or
     some output's bias is no multiple of its multiplier. impl / impl_reason: the

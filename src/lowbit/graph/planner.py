@@ -17,9 +17,10 @@ Biases: each requantized output carries the layer's (BN-folded) bias at its own 
 round(out_bias / s_o 2^s), exact to 2^-s of an output step (exact_bias, default); with
 exact_bias=False it is ENGINE.md's bias rounded to accumulator units times the multiplier,
 which flips outputs of coarse low-bit layers near rounding boundaries (half an accumulator
-unit). Either way a layer with one requantized output (no residual, no pool) runs its
-kernel's fused epilogue where the implementation takes its bias (`kernel_epilogue`: the
-shifted bias itself, `Epilogue.shifted_bias`, or the accumulator-unit one).
+unit). Either way a layer with one requantized output (no pool) runs its kernel's fused
+epilogue where the implementation takes its bias (`kernel_epilogue`: the shifted bias itself,
+`Epilogue.shifted_bias`, or the accumulator-unit one) and its wide residual, if any
+(`Epilogue.residual`, where the 64-bit sum provably fits).
 """
 
 from __future__ import annotations
@@ -482,7 +483,8 @@ class Planner:
                 self._emit(v.index, self._layer_step(v, self.layers[id(v)]))
         steps = [s for _, _, s in sorted(self.steps, key=lambda t: (t[0], t[1]))]
         steps = fuse_maxpools(steps, self.tensors)
-        steps = [kernel_epilogue(s, self.tensors) if isinstance(s, Layer) else s for s in steps]
+        steps = [kernel_epilogue(s, self.tensors, self.params) if isinstance(s, Layer) else s
+                 for s in steps]
         steps.append(Output("output", out))
         used = {t for s in steps for t in (*s.inputs, *s.outputs)} | {self.input_name}
         tensors = {k: t for k, t in self.tensors.items() if k in used}
@@ -549,24 +551,31 @@ def fuse_maxpools(steps: list[Step], tensors: dict[str, TensorSpec]) -> list[Ste
     return [s for s in out if id(s) not in drop]
 
 
-def kernel_epilogue(step: Layer, tensors: dict[str, TensorSpec]) -> Layer:
+def kernel_epilogue(step: Layer, tensors: dict[str, TensorSpec],
+                    params: dict[str, torch.Tensor] | None = None) -> Layer:
     """The layer's workload with the kernel's own epilogue (`lowbit.core.Epilogue`) where the
-    layer has one output, requantized to a Precision, without residual or pool, and the
-    implementation takes it: bias in accumulator units where the output's bias is exactly
-    `step.bias` times its multiplier (kernel-bias plans), else the output's own bias at its
-    shift (`Epilogue.shifted_bias`, exact-bias plans) on templates that declare
-    `takes_shifted_bias`; otherwise int32 acc for a separate epilogue pass (which adds each
-    output's shifted bias)."""
+    layer has one output, requantized to a Precision, without pool, and the implementation
+    takes it: bias in accumulator units where the output's bias is exactly `step.bias` times
+    its multiplier (kernel-bias plans), else the output's own bias at its shift
+    (`Epilogue.shifted_bias`, exact-bias plans) on templates that declare
+    `takes_shifted_bias`; with a wide residual (`Epilogue.residual`, given `params`) on
+    templates that declare `takes_residual` where `residual_fits` proves the kernel's 64-bit
+    sum exact; otherwise int32 acc for a separate epilogue pass (which adds each output's
+    shifted bias and the residual)."""
     outs = step.layer_outputs
     wl = step.workload.replace(epilogue=Epilogue(out="int32"))
-    if not (len(outs) == 1 and outs[0].requantized and step.residual is None
-            and step.pool is None and step.impl != TORCH_FP16):
+    if not (len(outs) == 1 and outs[0].requantized and step.pool is None
+            and step.impl != TORCH_FP16):
         return replace(step, workload=wl)
     t = tensors[outs[0].tensor]
     if not isinstance(t.precision, Precision):  # a 16-bit wide output: epilogue pass
         return replace(step, workload=wl)
-    kinds = ([dict(bias=True)] if step.bias is not None else []) + \
-        ([dict(shifted_bias=True)] if takes_shifted_bias(step.impl) else [])
+    if step.residual is not None:
+        kinds = [] if params is None or not residual_fits(step, tensors, params) else \
+            [dict(shifted_bias=True, residual=tensors[step.residual].precision)]
+    else:
+        kinds = ([dict(bias=True)] if step.bias is not None else []) + \
+            ([dict(shifted_bias=True)] if takes_shifted_bias(step.impl) else [])
     for kind in kinds:
         fused = wl.replace(epilogue=Epilogue(relu=outs[0].relu, out=t.precision,
                                              out_layout=t.layout, **kind))
@@ -575,9 +584,32 @@ def kernel_epilogue(step: Layer, tensors: dict[str, TensorSpec]) -> Layer:
     return replace(step, workload=wl)
 
 
+def residual_fits(step: Layer, tensors: dict[str, TensorSpec],
+                  params: dict[str, torch.Tensor]) -> bool:
+    """Whether the step's one output can take its residual in a kernel's epilogue: the
+    template declares `takes_residual`, the residual is a wide tensor of the output's shape,
+    and |acc| m + |b| + |res| |r| + 2^(s-1) < 2^63 per channel for the workload's accumulator
+    bound and the residual precision's range (exact Python integers, as engine._direct)."""
+    res, (o,) = tensors[step.residual], step.layer_outputs
+    if not (_template_flag(step.impl, "takes_residual") and res.is_wide
+            and o.residual_multiplier is not None and res.shape == tensors[o.tensor].shape):
+        return False
+    top_acc, top_res = acc_bound(step.workload), -res.precision.qmin
+    m, b, r, s = (params[k].tolist() for k in (o.multiplier, o.bias, o.residual_multiplier,
+                                               o.shift))
+    return all(top_acc * mi + abs(bi) + top_res * abs(ri) + (1 << (si - 1)) < 2**63
+               for mi, bi, ri, si in zip(m, b, r, s, strict=True))
+
+
 def takes_shifted_bias(impl: str) -> bool:
     """Whether the registered template `impl` runs `Epilogue.shifted_bias` (its class says so
     with `takes_shifted_bias = True`; templates without the attribute never get one)."""
+    return _template_flag(impl, "takes_shifted_bias")
+
+
+def _template_flag(impl: str, flag: str) -> bool:
+    """The registered template's class attribute `flag` (False where it has none, for
+    torch.fp16 and for names no template has)."""
     if impl == TORCH_FP16:
         return False
     load_backends()
@@ -585,7 +617,7 @@ def takes_shifted_bias(impl: str) -> bool:
         template = get_template(impl)
     except ValueError:
         return False
-    return bool(getattr(template, "takes_shifted_bias", False))
+    return bool(getattr(template, flag, False))
 
 
 def build_plan(df: Dataflow, input_shape: tuple[int, ...],

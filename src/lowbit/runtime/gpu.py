@@ -9,7 +9,8 @@ computes the same integers (`lowbit.runtime.engine` defines them), bit for bit:
   Flatten is a view (INT8 / wide: always; BITPLANE: when the map's channels fill whole words
   or the map is 1x1, the only flattens the planner makes of bit planes);
 - Layer: the step's kernel (`layers.layer_kernel`, weights packed once into the workload's
-  layout) with its own fused epilogue where the workload has one; else the kernel writes the
+  layout) with its own fused epilogue where the workload has one (its residual buffer passed
+  with Epilogue.residual); else the kernel writes the
   int32 accumulator and `netops.bind_layer_epilogue` writes every output (bias at each
   output's shift, residual, wide and float outputs). A fused max-pool pools the int32
   accumulator first where every output is requantized and there is no residual (the
@@ -272,7 +273,8 @@ class GpuExecutor:
         how = describe_kernel(step, kernel)
         x = self.buffers[step.input]
         w = packed_weight(step, plan, self.device)
-        params = kernel_params(step, plan, self.device)
+        params = kernel_params(step, plan, self.device, self.buffers[step.residual]
+                               if wl.epilogue.residual is not None else None)
         if wl.epilogue.requantizes:
             (o,) = step.layer_outputs
             return BoundStep(step, [self._bind_kernel(kernel, x, w, params,

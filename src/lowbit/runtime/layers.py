@@ -239,11 +239,13 @@ def packed_weight(step: Layer, plan: Plan, device: torch.device) -> torch.Tensor
         device)
 
 
-def kernel_params(step: Layer, plan: Plan, device: torch.device) -> EpilogueParams:
+def kernel_params(step: Layer, plan: Plan, device: torch.device,
+                  residual: torch.Tensor | None = None) -> EpilogueParams:
     """The run-time vectors of the workload's own epilogue: none for an int32 accumulator;
     multiplier and shift of the one output for a fused requantization, with its bias in
     accumulator units (`step.bias`, Epilogue.bias) or at its shift (the output's int64 bias,
-    Epilogue.shifted_bias)."""
+    Epilogue.shifted_bias); with Epilogue.residual also `residual` (the step's residual
+    buffer, its wide storage) and the int64 multipliers."""
     epi = step.workload.epilogue
     if not epi.requantizes:
         return EpilogueParams()
@@ -253,10 +255,19 @@ def kernel_params(step: Layer, plan: Plan, device: torch.device) -> EpiloguePara
     def i32(key: str) -> torch.Tensor:
         return p[key].to(torch.int32).contiguous().to(device)
 
-    shifted = p[o.bias].to(torch.int64).contiguous().to(device) if epi.shifted_bias else None
-    return EpilogueParams(bias=i32(step.bias) if epi.bias else None,
-                          multiplier=i32(o.multiplier), shift=i32(o.shift),
-                          shifted_bias=shifted)
+    def i64(key: str) -> torch.Tensor:
+        return p[key].to(torch.int64).contiguous().to(device)
+
+    shifted = i64(o.bias) if epi.shifted_bias else None
+    if epi.residual is None:
+        return EpilogueParams(bias=i32(step.bias) if epi.bias else None,
+                              multiplier=i32(o.multiplier), shift=i32(o.shift),
+                              shifted_bias=shifted)
+    if residual is None:
+        raise ValueError(f"{step.name}: its epilogue adds a residual, pass its buffer")
+    return EpilogueParams(multiplier=i64(o.multiplier), shift=i32(o.shift),
+                          shifted_bias=shifted, residual=residual,
+                          residual_multiplier=i64(o.residual_multiplier))
 
 
 def output_specs(step: Layer, plan: Plan) -> list[Requantized | Dequantized]:
