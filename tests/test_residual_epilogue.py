@@ -170,6 +170,28 @@ def test_random_inputs_of_residual_workloads():
     assert not torch.equal(y, run(wl, x, w, flipped))
 
 
+def test_templates_without_the_residual_term_refuse_it():
+    """Every template that takes the layer without a residual term but does not declare
+    takes_residual names the residual (or the shifted bias it needs) in its unsupported
+    reason: none silently drops the term."""
+    from lowbit.kernels import load_backends
+    from lowbit.kernels.base import templates
+
+    load_backends()
+    s8 = Precision.parse("s8")
+    plain = ConvWorkload(w="s8", a="s8", epilogue=Epilogue(bias=True, relu=True, out=s8),
+                         N=2, H=6, W=6, C=64, K=40, R=3, S=3, stride=1, pad=1)
+    wl = plain.replace(epilogue=res_epi(s8, True, Layout.INT8))
+    checked = 0
+    for t in templates():
+        if getattr(t, "takes_residual", False) or t.unsupported_reason(plain) is not None:
+            continue
+        reason = t.unsupported_reason(wl)
+        assert reason and ("residual" in reason or "shifted" in reason), (t.name, reason)
+        checked += 1
+    assert checked >= 3
+
+
 # ------------------------------------------------------------------------------ bit-serial
 #: the tap-shift config default_bitserial picks for ResNet-18's 56 x 56 x 64 block-ending
 #: convs with a residual (multiply path)

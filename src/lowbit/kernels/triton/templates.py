@@ -228,6 +228,9 @@ class _IgemmTemplate(KernelTemplate):
     def unsupported_reason(self, wl: Workload) -> str | None:
         if not isinstance(wl, self.workload_type):
             return f"needs a {self.workload_type.__name__}, got {type(wl).__name__}"
+        if wl.epilogue.residual is not None:
+            return ("a residual term in the epilogue (Epilogue.residual) is written by the "
+                    "bit-serial templates' epilogue, not this one")
         for name, layout in (("a_layout", wl.a_layout), ("w_layout", wl.w_layout)):
             if layout is Layout.BITPLANE:
                 return f"{name} 'bitplane' operands are served by the bit-serial templates"

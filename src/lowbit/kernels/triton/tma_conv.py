@@ -298,6 +298,9 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
     def unsupported_reason(self, wl: Workload) -> str | None:
         if not isinstance(wl, ConvWorkload):
             return f"needs a ConvWorkload, got {type(wl).__name__}"
+        if wl.epilogue.residual is not None:
+            return ("a residual term in the epilogue (Epilogue.residual) is written by the "
+                    "bit-serial templates' epilogue, not this one")
         if wl.stride not in (1, 2):
             return (f"stride={wl.stride}: only strides 1 and 2 (the input window of a spatial "
                     "tile is then one TMA box); use triton.conv2d_int8")
