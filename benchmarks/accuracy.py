@@ -417,13 +417,13 @@ def print_table(rows: list[dict]) -> None:
               f"{diff('brevitas_best'):>16s} {r['train_s_mean']:6.1f}")
 
 
-def _settings_key(schedules: dict[str, Schedule], precisions: tuple[str, ...],
+def _settings_key(schedule: Schedule, precisions: tuple[str, ...],
                   methods: tuple[str, ...]) -> str:
-    """Hash of everything that decides a task's numbers besides (dataset, model, seed)."""
-    doc = {"schedules": {d: asdict(s) for d, s in sorted(schedules.items())},
-           "precisions": precisions, "methods": methods, "constants": [
-               RAND_THRESHOLD, TAU, ETA, BETA, MIX_UNTIL_FRACTION, PACT_DECAY,
-               CALIBRATION_BATCHES]}
+    """Hash of everything that decides a task's numbers besides (dataset, model, seed): its
+    dataset's schedule, the precisions, the methods and the method constants."""
+    doc = {"schedule": asdict(schedule), "precisions": precisions, "methods": methods,
+           "constants": [RAND_THRESHOLD, TAU, ETA, BETA, MIX_UNTIL_FRACTION, PACT_DECAY,
+                         CALIBRATION_BATCHES]}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -440,8 +440,9 @@ def _decode(doc: dict) -> dict:
             for k, v in doc.items()}
 
 
-def read_journal(path: Path, settings: str) -> list[dict]:
-    """The finished task results of `path` that were run with `settings` (latest per task)."""
+def read_journal(path: Path, settings: dict[str, str]) -> list[dict]:
+    """The finished task results of `path` whose settings key is their dataset's in
+    `settings` (dataset -> key; latest per task)."""
     if not path.is_file():
         return []
     found = {}
@@ -450,8 +451,8 @@ def read_journal(path: Path, settings: str) -> list[dict]:
             doc = json.loads(line)
         except json.JSONDecodeError:  # a line cut short by a kill
             continue
-        if doc.get("settings") == settings:
-            r = _decode(doc["result"])
+        r = _decode(doc["result"])
+        if doc.get("settings") == settings.get(r["dataset"]):
             found[(r["dataset"], r["model"], r["seed"])] = r
     return list(found.values())
 
@@ -498,7 +499,7 @@ def main(argv: list[str] | None = None) -> None:
                                             ("qat_epochs", args.qat_epochs)) if v})
         schedules[d] = s
     precisions = tuple(args.precisions)
-    settings = _settings_key(schedules, precisions, methods)
+    settings = {d: _settings_key(s, precisions, methods) for d, s in schedules.items()}
     journal = args.journal or Path(os.environ.get("LOWBIT_RESULTS_DIR") or
                                    Path(__file__).parent / "results" / "cpu"
                                    ) / "accuracy-journal.jsonl"
@@ -524,11 +525,11 @@ def main(argv: list[str] | None = None) -> None:
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             for fut in as_completed([pool.submit(run_task, *t) for t in tasks]):
                 results.append(fut.result())
-                _journal(journal, settings, results[-1])
+                _journal(journal, settings[results[-1]["dataset"]], results[-1])
     else:
         for t in tasks:
             results.append(run_task(*t))
-            _journal(journal, settings, results[-1])
+            _journal(journal, settings[results[-1]["dataset"]], results[-1])
     results.sort(key=lambda r: (DATASETS.index(r["dataset"]), MODELS.index(r["model"]),
                                 r["seed"]))
     rows = make_rows(results)
@@ -542,7 +543,7 @@ def main(argv: list[str] | None = None) -> None:
              "mix_until_fraction": MIX_UNTIL_FRACTION, "pact_decay": PACT_DECAY,
              "brevitas": _brevitas_version(methods),
              "brevitas_calibration_batches": CALIBRATION_BATCHES,
-             "seeds": args.seeds, "jobs": jobs, "settings_key": settings,
+             "seeds": args.seeds, "jobs": jobs, "settings_keys": settings,
              "seeds_finished": {f"{d}/{m}": sorted(r["seed"] for r in results
                                                    if (r["dataset"], r["model"]) == (d, m))
                                 for d in args.datasets for m in args.models},

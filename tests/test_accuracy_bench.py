@@ -136,10 +136,14 @@ def test_journal_resume_and_results_from_journal(tmp_path, capsys, monkeypatch):
     assert len(journal.read_text().splitlines()) == 4
     for f in tmp_path.glob("accuracy-2*.json"):
         f.unlink()
-    bench.main(["--seeds", "2", "--from-journal", *args])
+    # keys are per dataset: a later run over more datasets finds the same tasks
+    cut = args.index("--datasets") + 1
+    wider = [*args[:cut], "digits", "digits_hard", *args[args.index("--models"):]]
+    bench.main(["--seeds", "2", "--from-journal", *wider])
     assert len(ran) == 1
     (path,) = tmp_path.glob("accuracy-2*.json")
     doc = json.loads(path.read_text())
-    assert doc["setup"]["seeds_finished"] == {"digits/digits_cnn": [0, 1]}
+    assert doc["setup"]["seeds_finished"] == {"digits/digits_cnn": [0, 1],
+                                              "digits_hard/digits_cnn": []}
     assert [r["seeds"] for r in doc["rows"]] == [[0, 1], [0, 1]]
     assert doc["rows"][1]["accuracies"][0] == round(first["result"]["acc"]["w4a4/max"], 3)
