@@ -224,11 +224,11 @@ class Layer(Step):
     bias in accumulator units (`bias`) where that is exact, else at the output's shift
     (`Epilogue.shifted_bias`, the output's own `bias`), and a wide residual with its int64
     multiplier (`Epilogue.residual`) where the kernel's 64-bit sum provably fits; otherwise
-    int32 acc finished by a separate epilogue pass). weight: int8 values (KRSC / [K, C], columns of a linear
-    after a flatten in (h, w, c) order, segment by segment after a concatenation of
-    flattens). bias: int64 [K] in accumulator units, None where every output is float or
-    some output's bias is no multiple of its multiplier. impl / impl_reason: the
-    implementation the layer runs on and why.
+    int32 acc finished by a separate epilogue pass). weight: int8 values (KRSC / [K, C],
+    columns of a linear after a flatten in (h, w, c) order, segment by segment after a
+    concatenation of flattens). bias: int64 [K] in accumulator units, None where every
+    output is float or some output's bias is no multiple of its multiplier. impl /
+    impl_reason: the implementation the layer runs on and why.
     fused: what the step absorbs ('bn', 'relu', 'residual', 'maxpool', 'flatten-permute',
     'negated-channels'). source: the model's module names.
     """
