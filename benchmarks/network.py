@@ -45,16 +45,20 @@ DEFAULT_CASES = ["resnet18:8:w1a2", "resnet50:256:w1a2", "resnet50:256:w8a8", "v
 
 
 def parse_case(text: str) -> BenchCase:
-    """MODEL:BATCH:PRECISION, optionally :kernelbias (the plan's biases in accumulator units,
-    so single-output layers keep their kernel's own epilogue)."""
+    """MODEL:BATCH:PRECISION, then optionally :kernelbias (the plan's biases in accumulator
+    units, so single-output layers keep their kernel's own epilogue) and :wide16 / :wide8
+    (the residual stream's width, `lowbit.compile(wide_bits=...)`; default 24)."""
     try:
         model, batch, precision, *rest = text.split(":")
-        if rest not in ([], ["kernelbias"]):
+        wide = [r for r in rest if r in ("wide16", "wide8", "wide24")]
+        if len(wide) > 1 or any(r not in ("kernelbias", *wide) for r in rest):
             raise ValueError
-        return BenchCase(model, int(batch), precision, exact_bias=not rest)
+        return BenchCase(model, int(batch), precision, exact_bias="kernelbias" not in rest,
+                         wide_bits=int(wide[0][4:]) if wide else 24)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"a case is MODEL:BATCH:PRECISION[:kernelbias], got {text!r}") from None
+            f"a case is MODEL:BATCH:PRECISION[:kernelbias][:wide16|:wide8], got {text!r}"
+        ) from None
 
 
 def cases_of(args: argparse.Namespace) -> list[BenchCase]:

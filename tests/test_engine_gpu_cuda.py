@@ -121,3 +121,20 @@ def test_nonfinite_input_raises_after_replay():
     with pytest.raises(ValueError, match="executor on"):
         ex(x.cpu())
     assert torch.equal(ex(random_images(8, 224, seed=6, device="cuda")), y)
+
+
+def test_compile_follows_the_example_device():
+    """A converted model left on the CPU compiles for a CUDA example (the copy moves to the
+    example's device) and gives the reference executor's logits; the user's model stays put."""
+    import lowbit
+
+    q, _ = build_quantized("resnet18", "w1a2", image_size=64, seed=1)
+    model = lowbit.convert(q)
+    x = random_images(4, 64, seed=2, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = lowbit.compile(model, x)
+    y = compiled(x)
+    assert y.device.type == "cuda"
+    assert {t.device.type for t in model.state_dict().values()} == {"cpu"}
+    assert torch.equal(y, ReferenceExecutor(compiled.plan_for(tuple(x.shape)), "cuda")(x))

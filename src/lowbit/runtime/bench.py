@@ -124,11 +124,13 @@ def build_quantized(name: str, recipe: str, *, image_size: int | tuple[int, int]
     return q, model
 
 
-def compile_plan(q: nn.Module, x: torch.Tensor, exact_bias: bool = True) -> tuple[Plan, str]:
+def compile_plan(q: nn.Module, x: torch.Tensor, exact_bias: bool = True, wide_bits: int = 24
+                 ) -> tuple[Plan, str]:
     """The plan of `q` for x's shape, traced on x's device; if that fails, traced on the CPU
     on two of x's images and planned for x's shape ((plan, where it was traced)).
     exact_bias=False: biases rounded to accumulator units (`lowbit.graph.build_plan`), which
-    lets single-output layers use their kernel's own epilogue."""
+    lets single-output layers use their kernel's own epilogue. wide_bits: as
+    `lowbit.compile`'s."""
     import copy
 
     from ..graph import build_plan
@@ -137,10 +139,12 @@ def compile_plan(q: nn.Module, x: torch.Tensor, exact_bias: bool = True) -> tupl
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            cm, where = compile_model(q, x, executor="reference"), str(x.device)
+            cm, where = compile_model(q, x, executor="reference",
+                                      wide_bits=wide_bits), str(x.device)
         except Exception as e:  # the planner is exercised on the CPU: fall back to it
             where = f"cpu (on {x.device}: {type(e).__name__}: {e}"[:200] + ")"
-            cm = compile_model(copy.deepcopy(q).cpu(), x[:2].cpu(), executor="reference")
+            cm = compile_model(copy.deepcopy(q).cpu(), x[:2].cpu(), executor="reference",
+                               wide_bits=wide_bits)
         shape = tuple(x.shape)
         if exact_bias:
             return cm.plan_for(shape), where
@@ -387,6 +391,7 @@ class BenchCase:
     precision: str
     image_size: int | None = None
     exact_bias: bool = True
+    wide_bits: int = 24
 
 
 def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
@@ -406,10 +411,11 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
                                      device=device)
     x = random_images(case.batch, size, 1 if case.model.startswith("digits") else 3,
                       seed + 2, device)
-    plan, where = compile_plan(q, x, case.exact_bias)
+    plan, where = compile_plan(q, x, case.exact_bias, case.wide_bits)
     phases["plan_s"] = time.perf_counter() - t0
     row["planned_on"] = where
     row["exact_bias"] = case.exact_bias
+    row["wide_bits"] = case.wide_bits
     t0 = time.perf_counter()
     ex = GpuExecutor(plan, device, chain=chain)
     phases["bind_s"] = time.perf_counter() - t0
@@ -434,11 +440,15 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
     for b, t in zip(run, inside, strict=True):
         if not b.launches:
             continue
-        alone = statistics.median(cuda_events_us(b, reps=10 if quick else 30))
+        reps = 10 if quick else 30
+        alone = statistics.median(cuda_events_us(b, reps=reps))
         layers.append({"name": b.name, "impl": b.how, "time_us": t,
                        "floor_us": step_floor_us(plan, b.step, b.how.startswith("triton stem")),
                        "share": t / total,
                        "alone_us": alone,
+                       # each launch of a multi-launch step alone (kernel, epilogue pass, ...)
+                       "launches_us": [statistics.median(cuda_events_us(f, reps=reps))
+                                       for f in b.launches] if len(b.launches) > 1 else None,
                        "source": list(getattr(b.step, "source", ()))})
     row["layers"] = layers
     row["floor_ms"] = sum(r["floor_us"] for r in layers) / 1e3
@@ -474,7 +484,8 @@ class Target:
 def _row(rows: list[dict], model: str, batch: int, precision: str) -> dict | None:
     for r in rows:
         if (r.get("model"), r.get("batch"), r.get("precision")) == (model, batch, precision) \
-                and r.get("time_ms") and r.get("exact_bias", True):
+                and r.get("time_ms") and r.get("exact_bias", True) \
+                and r.get("wide_bits", 24) == 24:
             return r
     return None
 
@@ -544,7 +555,8 @@ def summary_table(rows: list[dict]) -> str:
             return f"{v:7.3f}" if v else "      -"
 
         x = b.get("fp16_cuda_graph") / r["time_ms"] if b.get("fp16_cuda_graph") else None
-        lines.append(f"{r['model']:<10} {r['batch']:>4} {r['precision']:<6} "
+        prec = r["precision"] + ("" if r.get("wide_bits", 24) == 24 else f"/{r['wide_bits']}")
+        lines.append(f"{r['model']:<10} {r['batch']:>4} {prec:<6} "
                      f"{r['time_ms']:8.3f} {r['images_per_s']:9.0f} {f(b.get('fp16_eager'))} "
                      f"{f(b.get('fp16_cuda_graph'))} {f(b.get('fp16_compile'))} "
                      f"{(f'{x:6.2f}x') if x else '      -'} {r['floor_ms']:7.3f}  "

@@ -168,7 +168,8 @@ def compile_model(model: nn.Module, example_input: torch.Tensor, *,
         raise ValueError(f"executor must be 'auto' or one of {sorted(EXECUTORS)}, got "
                          f"{executor!r}")
     chooser = choose_impl or _default_chooser()
-    copied = copy.deepcopy(model).eval()
+    # traced where the example runs: a model left on the CPU follows a CUDA example
+    copied = copy.deepcopy(model).eval().to(example_input.device)
     dataflow = trace_model(copied, example_input)
     plan = build_plan(dataflow, tuple(example_input.shape), chooser, wide_bits)
     return CompiledModel(plan, dataflow=dataflow, model=copied, chooser=chooser,
