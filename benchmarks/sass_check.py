@@ -17,6 +17,9 @@ config (`lowbit.kernels.cuda.migrate_config`), checks that the family's `default
 `default_bitserial`, for the "default" roles) picks it, renders it with its family's template,
 compiles it for the recorded arch and compares every kernel's instructions: same count and
 digest, or a FAIL line. Exit status 1 on any difference. About 1 s of CPU per entry.
+`--record` instead writes the current SASS into the entries that differ only in their SASS
+(a deliberate kernel change), counted by output kind: the change's reach, to state in its
+commit (e.g. the column-pair stores of 2026-11-27 reach int32 / fp16 / INT8 outputs only).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import argparse
 import json
 import random
 import sys
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -34,6 +38,11 @@ BASELINE = Path(__file__).resolve().parent / "sass_baseline.json"
 def check_entry(entry: dict) -> list[str]:
     """Differences of one baseline entry from what the current templates pick and compile
     ([] if none)."""
+    return compare_entry(entry)[0]
+
+
+def compare_entry(entry: dict) -> tuple[list[str], dict]:
+    """(differences as in check_entry, the SASS summary compiled now)."""
     from lowbit.core import Config, workload_from_json
     from lowbit.kernels.cuda import BY_NAME, default_bitserial, migrate_config
     from lowbit.kernels.cuda.nvrtc import compile_cubin
@@ -55,7 +64,13 @@ def check_entry(entry: dict) -> list[str]:
     for k in sorted(set(want) | set(got)):
         if want.get(k) != got.get(k):
             diffs.append(f"FAIL {tag}: {k} {want.get(k)} != {got.get(k)}")
-    return diffs
+    return diffs, got
+
+
+def output_kind(entry: dict) -> str:
+    epi = json.loads(entry["workload_json"]).get("epilogue", {})
+    return epi.get("out_layout", "int8") if epi.get("out", "int32") not in ("int32", "fp16") \
+        else epi["out"]
 
 
 def main() -> None:
@@ -64,22 +79,33 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=0, help="check the first N entries only")
     ap.add_argument("--sample", type=int, default=0, help="check N random entries only")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--record", action="store_true",
+                    help="write the current SASS of entries that differ only in SASS")
     args = ap.parse_args()
-    entries = json.loads(args.baseline.read_text())["entries"]
+    doc = json.loads(args.baseline.read_text())
+    entries = doc["entries"]
     if args.limit:
         entries = entries[: args.limit]
     if args.sample:
         entries = random.Random(0).sample(entries, min(args.sample, len(entries)))
-    failed, kernels = 0, 0
+    failed, kernels, recorded = 0, 0, Counter()
     with ProcessPoolExecutor(args.jobs) as pool:
-        for entry, diffs in zip(entries, pool.map(check_entry, entries, chunksize=4),
-                                strict=True):
-            failed += bool(diffs)
+        for entry, (diffs, got) in zip(entries, pool.map(compare_entry, entries, chunksize=4),
+                                       strict=True):
             kernels += len(entry["sass"])
+            if args.record and diffs and not any("picks" in d for d in diffs):
+                entry["sass"] = got
+                recorded[output_kind(entry)] += 1
+                continue
+            failed += bool(diffs)
             for d in diffs:
                 print(d, flush=True)
-    print(f"{len(entries) - failed} of {len(entries)} entries ({kernels} kernels) pick and "
-          "compile to the recorded SASS")
+    print(f"{len(entries) - failed - sum(recorded.values())} of {len(entries)} entries "
+          f"({kernels} kernels) pick and compile to the recorded SASS")
+    if recorded:
+        args.baseline.write_text(json.dumps(doc, indent=1))
+        print("recorded the new SASS of", ", ".join(f"{n} {k}" for k, n in
+                                                   sorted(recorded.items())), "entries")
     sys.exit(1 if failed else 0)
 
 

@@ -157,6 +157,13 @@ CASES = [
                                         N=1, H=5, W=9, C=40, K=45), "wgmma",
      {"REQUANT": "threshold"}),
     ("gemm_mma_s3b1", gemm(S3, B1, EPILOGUES[4], M=77, N=45, K=300), "mma_sync", {}),
+    # an even KOUT: int32 / fp16 / INT8 outputs leave as one store per column pair
+    ("wgmma_int32_pairs_b1u2", conv(B1, U2, EPILOGUES[0], N=1, H=6, W=5, C=64, K=72),
+     "wgmma", {}),
+    ("mma_int32_pairs_gemm_s2b1", gemm(S2, B1, EPILOGUES[0], M=45, N=66, K=300), "mma_sync",
+     {}),
+    ("mma_fp16_pairs_u2b1", conv(U2, B1, EPILOGUES[2], N=1, H=5, W=7, C=40, K=34),
+     "mma_sync", {}),
     ("gemm_wgmma_b1b1", gemm(B1, B1, EPILOGUES[1], M=70, N=64, K=512), "wgmma", {}),
     # wide rows: interior pixels and every kind of border pixel (tap-rectangle corrections of
     # binary activations) in one launch
@@ -568,6 +575,28 @@ def test_emulation_catches_a_broken_kernel(edit, extra, monkeypatch):
     changes = {"STAGES": 3, "KT": 1, **extra}
     mma = "mma_sync" if "SPLIT_K" in extra else "wgmma"  # split-K runs on mma.sync only
     assert not _check(wl, _config(wl, mma, changes), seed=1)
+
+
+@pytest.mark.parametrize("case,edit", [
+    ("wgmma_int32_pairs_b1u2", ("make_int2(v[0], v[1])", "make_int2(v[1], v[0])")),
+    ("mma_fp16_pairs_u2b1", ("((u32)v[0] & 0xffffu) | ((u32)v[1] << 16)",
+                             "((u32)v[1] & 0xffffu) | ((u32)v[0] << 16)")),
+    ("mma_s2b1_wide_rows_int8", ("(((u32)v[1] & 0xffu) << 8)", "(((u32)v[0] & 0xffu) << 8)")),
+])
+def test_emulation_catches_crossed_output_pairs(case, edit, monkeypatch):
+    """The column-pair stores of int32 / fp16 / INT8 outputs: a pair stored crosswise fails."""
+    real = bitserial_emu.host_source
+
+    def broken(*args):
+        text = real(*args)
+        assert edit[0] in text
+        return text.replace(edit[0], edit[1])
+
+    wl, mma, changes = CASE_BY_ID[case]
+    assert wl.epilogue.out in ("int32", "fp16") or wl.epilogue.out_layout is Layout.INT8
+    assert _check(wl, _config(wl, mma, changes), seed=2)
+    monkeypatch.setattr(bitserial_emu, "host_source", broken)
+    assert not _check(wl, _config(wl, mma, changes), seed=2)
 
 
 # CHAINED (programmatic dependent launch): one case per kernel body and prologue order; the

@@ -257,19 +257,22 @@ def test_emulated_bitserial_kernels_are_bit_exact(name, wl, changes):
     assert not torch.equal(want, run(wl, x, w, flipped))
 
 
-@pytest.mark.parametrize("edit", [("+ res * cp.rmult", ""),
-                                  ("(i64)reinterpret_cast<const short*>(ea.thr)[at]",
-                                   "(i64)ea.thr[at]")],
-                         ids=["residual_dropped", "int16_read_as_int32"])
-def test_emulation_catches_a_broken_residual_epilogue(edit):
-    """The exactness test fails when the kernel drops the residual term or reads an int16
-    residual as int32 (a .cu file edited for the test)."""
+@pytest.mark.parametrize("edit,k,wide", [
+    (("+ res * cp.rmult", ""), 37, R16),
+    (("(i64)reinterpret_cast<const short*>(ea.thr)[at]", "(i64)ea.thr[at]"), 37, R16),
+    # an even K: the column pair's residuals arrive as one load (load_residual_pair)
+    (("res[0] = (short)(v & 0xffffu);", "res[0] = (short)(v >> 16);"), 40, R16),
+    (("res[1] = v.y;", "res[1] = v.x;"), 40, None),
+], ids=["residual_dropped", "int16_read_as_int32", "int16_pair_crossed", "int32_pair_crossed"])
+def test_emulation_catches_a_broken_residual_epilogue(edit, k, wide):
+    """The exactness test fails when the kernel drops the residual term, reads an int16
+    residual as int32 or crosses a column pair's residuals (a .cu file edited for the test)."""
     from lowbit.kernels.cuda.cu_source import cu_file
 
     _needs_compiler()
     text = cu_file("bitserial_epilogue.cu")
     assert text.count(edit[0]) == 1
-    wl = _conv(S2, U2, res_epi(S4, True, I8, R16))
+    wl = _conv(S2, U2, res_epi(S4, True, I8, *([wide] if wide else [])), K=k)
     x, w, params = random_inputs(wl, 3)
     good = _emulate("cuda.bitserial_mma_sync", wl, {}, x, w, params)
     assert torch.equal(good, run(wl, x, w, params))

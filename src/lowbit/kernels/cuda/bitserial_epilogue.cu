@@ -305,20 +305,66 @@ __device__ __forceinline__ void prefetch_row_data(const RowPrep& rows, int col_b
   }
 }
 
+// A lane holds columns col, col + 1 (col even) of each of its rows: with an even KOUT the pair
+// is never split by KOUT, so int32 / fp16 / INT8 outputs leave as one 8 / 4 / 2-byte store and
+// a residual arrives as one 8 / 4-byte load. Per-element accesses of 4 bytes at an 8-byte lane
+// stride kept the int32 store of a store-bound 1x1 conv (256 x 56 x 56 x 256, 822 MB) at
+// ~1 TB/s on an H200, a quarter of its bandwidth (network bench, 2026-11-27).
+constexpr bool PAIR_STORE = OUT_MODE <= 2 && !OUT_THRESH && KOUT % 2 == 0;
+constexpr bool RES_PAIRS = HAS_BIAS >= 3 && KOUT % 2 == 0;
+
+// The residual values of this lane's column pair (col even) in row m, 0 outside the output.
+__device__ __forceinline__ void load_residual_pair(const EpilogueArgs& ea, int m, int col,
+                                                   i64 (&res)[2]) {
+  res[0] = res[1] = 0;
+  if (m >= M_ROWS || col >= KOUT) return;
+  const i64 at = (i64)m * KOUT + col;
+  if constexpr (HAS_BIAS == 4) {  // int16 storage
+    const u32 v = *reinterpret_cast<const u32*>(reinterpret_cast<const short*>(ea.thr) + at);
+    res[0] = (short)(v & 0xffffu);
+    res[1] = (short)(v >> 16);
+  } else {
+    const int2 v = *reinterpret_cast<const int2*>(ea.thr + at);
+    res[0] = v.x;
+    res[1] = v.y;
+  }
+}
+
+// Store the output pair (col, col + 1) of row m (PAIR_STORE; v: epilogue_value's returns).
+__device__ __forceinline__ void store_output_pair(const EpilogueArgs& ea, int m, int col,
+                                                  const int (&v)[2]) {
+  if (m >= M_ROWS || col >= KOUT) return;
+  const i64 at = (i64)m * KOUT + col;
+  if constexpr (OUT_MODE == 0) {
+    *reinterpret_cast<int2*>(reinterpret_cast<int*>(ea.out) + at) = make_int2(v[0], v[1]);
+  } else if constexpr (OUT_MODE == 1) {
+    *reinterpret_cast<u32*>(reinterpret_cast<unsigned short*>(ea.out) + at) =
+        ((u32)v[0] & 0xffffu) | ((u32)v[1] << 16);
+  } else {
+    *reinterpret_cast<unsigned short*>(reinterpret_cast<unsigned char*>(ea.out) + at) =
+        (unsigned short)(((u32)v[0] & 0xffu) | (((u32)v[1] & 0xffu) << 8));
+  }
+}
+
 // Bias, ReLU and the output of one value y (accumulator + row and column terms) of row m,
-// column col: stored here for int32 / fp16 / INT8 outputs; returns the requantized bit pattern
-// for bit-plane outputs (0 past KOUT). thr: OUT_THRESH's thresholds of (m, col).
+// column col: stored here for int32 / fp16 / INT8 outputs, or with PAIR_STORE returned (the
+// int32, the fp16 bits, the byte) for store_output_pair; returns the requantized bit pattern
+// for bit-plane outputs (0 past KOUT). thr: OUT_THRESH's thresholds of (m, col). res_in: the
+// residual of (m, col) when RES_PAIRS loaded it (load_residual_pair).
 __device__ __forceinline__ int epilogue_value(int y, const ColParams& cp,
                                               const int (&thr)[THR_LEVELS], int m, int col,
-                                              const EpilogueArgs& ea) {
+                                              const EpilogueArgs& ea, i64 res_in) {
   const bool ok = m < M_ROWS && col < KOUT;
   if constexpr (OUT_THRESH) return (int)threshold_code(y, thr);  // past KOUT: word_mask
   if constexpr (RELU && HAS_BIAS < 2) y = y > 0 ? y : 0;
   if constexpr (OUT_MODE == 0) {
+    if constexpr (PAIR_STORE) return y;
     if (ok) reinterpret_cast<int*>(ea.out)[(i64)m * KOUT + col] = y;
     return 0;
   } else if constexpr (OUT_MODE == 1) {
-    if (ok) reinterpret_cast<unsigned short*>(ea.out)[(i64)m * KOUT + col] = f32_to_f16_bits(__fmul_rn((float)y, cp.scale));
+    const unsigned short bits = f32_to_f16_bits(__fmul_rn((float)y, cp.scale));
+    if constexpr (PAIR_STORE) return bits;
+    if (ok) reinterpret_cast<unsigned short*>(ea.out)[(i64)m * KOUT + col] = bits;
     return 0;
   } else {
     const int sh = cp.shift;
@@ -328,8 +374,9 @@ __device__ __forceinline__ int epilogue_value(int y, const ColParams& cp,
       v = (z >> sh) + (((z & ((1ll << sh) - 1)) + (1ll << (sh - 1))) >> sh);
     } else if constexpr (HAS_BIAS >= 3) {  // the host checked |y| m + |b| + |res| |r| < 2^63
       const i64 at = (i64)m * KOUT + col;
-      const i64 res = !ok ? 0 : HAS_BIAS == 4 ? (i64)reinterpret_cast<const short*>(ea.thr)[at]
-                                              : (i64)ea.thr[at];
+      const i64 res = RES_PAIRS ? res_in
+                      : !ok ? 0 : HAS_BIAS == 4 ? (i64)reinterpret_cast<const short*>(ea.thr)[at]
+                                                : (i64)ea.thr[at];
       const i64 z = (i64)y * cp.wmult + cp.sbias + res * cp.rmult;
       v = (z >> sh) + (((z & ((1ll << sh) - 1)) + (1ll << (sh - 1))) >> sh);
     } else {
@@ -339,6 +386,7 @@ __device__ __forceinline__ int epilogue_value(int y, const ColParams& cp,
     constexpr int LO = (RELU && HAS_BIAS >= 2 && OUT_QMIN < 0) ? 0 : OUT_QMIN;
     v = v < LO ? LO : (v > OUT_QMAX ? OUT_QMAX : v);
     if constexpr (OUT_MODE == 2) {  // one byte per value: two's complement of all 8 bits
+      if constexpr (PAIR_STORE) return (int)v;
       if (ok) reinterpret_cast<unsigned char*>(ea.out)[(i64)m * KOUT + col] = (unsigned char)(int)v;
     }
     return col < KOUT ? ((int)v & ((1 << OUT_BITS) - 1)) : 0;
@@ -426,6 +474,7 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const RowPrep& row
     uint2 wpair[MT][2];           // BORDER: the tap-rectangle weight sums of this lane's column pair
     uint2 splits[MT][2];          // SPLIT_K > 1: the k-linear sums of that pair (split_sum)
     PairThresholds thr[MT][2];    // OUT_THRESH: that pair's thresholds, per row
+    i64 res[MT][2][2];            // RES_PAIRS: that pair's residuals, per row
 #pragma unroll
     for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
@@ -445,6 +494,7 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const RowPrep& row
         }
         if constexpr (SPLIT_K > 1)
           splits[mi][h] = split_sum(ea, m0 + row0 + mi * 16 + g + 8 * h, n0 + col0 + ni * 8 + 2 * t4);
+        if constexpr (RES_PAIRS) load_residual_pair(ea, rows.m[mi][h], n0 + col0 + ni * 8 + 2 * t4, res[mi][h]);
       }
     const ColParams cps[2] = {col_params(ea, n0 + col0 + ni * 8 + 2 * t4),
                               col_params(ea, n0 + col0 + ni * 8 + 2 * t4 + 1)};
@@ -470,7 +520,8 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const RowPrep& row
             for (int b = 0; b < OUT_BITS; ++b)
               or_if(word_bits[mi][h][ni / 4][b], bits[b], 1u << ((ni % 4) * 8 + e));
           } else {
-            pats[mi][h][e] = epilogue_value(y, cp, thr[mi][h][e], rows.m[mi][h], col, ea);
+            pats[mi][h][e] = epilogue_value(y, cp, thr[mi][h][e], rows.m[mi][h], col, ea,
+                                            RES_PAIRS ? res[mi][h][e] : 0);
           }
         }
     }
@@ -478,7 +529,9 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const RowPrep& row
     for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if constexpr (PACK_IN_SMEM) {
+        if constexpr (PAIR_STORE) {
+          store_output_pair(ea, rows.m[mi][h], n0 + col0 + ni * 8 + 2 * t4, pats[mi][h]);
+        } else if constexpr (PACK_IN_SMEM) {
           const int c0 = col0 + ni * 8;  // first column of this n8 tile in the block
           const int row = row0 + mi * 16 + g + 8 * h;
 #pragma unroll

@@ -147,6 +147,10 @@ class BitserialKernel:
             if t.data_ptr() % 16:
                 raise ValueError(f"{name} must start at a 16-byte aligned address")
         out = output_buffer(wl, x.device, out)
+        # the epilogue stores and reads column pairs as one vector access
+        for name, t in (("out", out), ("params.residual", params.residual)):
+            if t is not None and t.data_ptr() % 16:
+                raise ValueError(f"{name} must start at a 16-byte aligned address")
         wtap, xpop = side_tables(wl, spec, x.device)
         wtap_blocks, xpop_blocks = side_table_blocks(wl)
         thr = epilogue_thresholds(wl, spec, params)

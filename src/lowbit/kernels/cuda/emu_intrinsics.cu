@@ -7,6 +7,7 @@ struct uint2 { unsigned x, y; };
 struct uint4 { unsigned x, y, z, w; };
 struct int2 { int x, y; };
 inline uint2 make_uint2(unsigned a, unsigned b) { return uint2{a, b}; }
+inline int2 make_int2(int a, int b) { return int2{a, b}; }
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
   return uint4{a, b, c, d};
 }
