@@ -1,5 +1,6 @@
 """benchmarks/report.py: BENCHMARKS.md's tables are what the committed results files give, every
-figure links to a file that exists, and each suite renders a synthetic results file."""
+figure links to a file that exists, only cited files get a link definition, every results file
+is counted once, and each suite renders a synthetic results file."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import report  # noqa: E402
+import report_kernels  # noqa: E402
 
 VERSIONS = {"torch": "2.11.0+cu130", "triton": "3.6.0", "cuda": "13.0", "lowbit": "abcdef1234",
             "driver": "580.1"}
@@ -97,8 +99,16 @@ SYNTHETIC = {
             seeds=2)),
         ("timed-20260102-000000.json", _doc("tuning_timed", [
             {"workload": "resnet50_s3_3x3", "trials": 324, "space_size": 324, "wall_s": 53.6,
-             "best_us": 13.2, "default_us": 21.2, "failures": 0}],
+             "best_us": 13.2, "default_us": 21.2, "failures": 0},
+            {"workload": "resnet50_s4_3x3", "trials": 342, "space_size": 342, "wall_s": 46.1,
+             "best_us": 14.2, "default_us": 26.8, "failures": 0}],
             template="triton.conv2d_int8", strategy="diversity")),
+        # a later timed tune of one layer supersedes that layer's row only
+        ("timed-20260103-000000.json", {**_doc("tuning_timed", [
+            {"workload": "resnet50_s4_3x3", "trials": 300, "space_size": 7866, "wall_s": 42.5,
+             "best_us": 13.0, "default_us": 27.0, "best_template": "triton.conv2d_int8_tma",
+             "failures": 0}], templates=["triton.conv2d_int8", "triton.conv2d_int8_tma"],
+            strategy="diversity"), "date": "2026-01-03"}),
         ("tables-20260102-000000.json", {"benchmark": "tuning_tables", "gpu": GPU,
                                          "versions": VERSIONS, "layers": []}),
         ("multigpu-20260102-000000.json", {
@@ -107,10 +117,18 @@ SYNTHETIC = {
             "runs": [{"gpus": 1, "wall_s": 37.9, "best_us": 98.1},
                      {"gpus": 2, "wall_s": 35.5, "best_us": 98.2}]})],
     "accuracy": [("accuracy-20260102-000000.json", _doc("accuracy", [
+        {"precision": "fp32", "method": "fp32", "accuracy_mean": 98.0, "accuracy_std": 0.5,
+         "accuracies": [97.5, 98.5], "seeds": [0, 1]},
         {"precision": "w2a2", "method": "max", "accuracy_mean": 96.0, "accuracy_std": 1.0,
-         "accuracies": [95.0, 97.0], "integer_accuracy_mean": 96.0},
+         "accuracies": [95.0, 97.0], "seeds": [0, 1], "integer_accuracy_mean": 96.0},
         {"precision": "w2a2", "method": "rand", "accuracy_mean": 97.0, "accuracy_std": 1.0,
-         "accuracies": [96.5, 97.5]}], targets={"rand>=max@w2a2": True})),
+         "accuracies": [96.5, 97.5], "seeds": [0, 1], "integer_accuracy_mean": 97.001},
+        {"precision": "w2a2", "method": "brevitas", "accuracy_mean": 96.5, "accuracy_std": 0.5,
+         "accuracies": [96.0, 97.0], "seeds": [0, 1]},
+        {"precision": "w1a2", "method": "max", "accuracy_mean": 90.0, "accuracy_std": 2.0,
+         "accuracies": [88.0, 92.0], "seeds": [0, 1]}],
+        targets={"rand>=max@w2a2": True, "rand>=max@w1a2": False},
+        target_details={"rand>=max@w1a2": {"paired_mean": -1.5, "paired_se": 0.5}})),
                  # a later run of another (dataset, model) pair: both pairs are shown
                  ("accuracy-20260103-000000.json", _doc("accuracy", [
                      {"dataset": "digits_hard", "model": "digits_resnet", "precision": "w1a2",
@@ -120,14 +138,24 @@ SYNTHETIC = {
         {"seed": s, "precision": "w2a2", "wide_bits": b, "top1_agreement": a,
          "accuracy": 85.0 + d, "integer_accuracy": 85.0, "max_logit_diff": 0.1 * b / 8}
         for s, (b, a, d) in enumerate([(16, 0.998, 0.1), (16, 1.0, 0.0), (24, 1.0, 0.0)])]))],
-    "autoprecision": [("autoprecision-20260102-000000.json", _doc("autoprecision", [
-        {"plan": "auto at w2a2 bits", "seeds": [0, 1], "accuracy_mean": 80.0,
-         "accuracy_std": 1.0, "predicted_latency_us_mean": 50.0, "avg_weight_bits_mean": 1.96},
-        {"plan": "uniform w2a2", "seeds": [0, 1], "accuracy_mean": 77.0, "accuracy_std": 1.0,
-         "predicted_latency_us_mean": 50.0, "avg_weight_bits_mean": 2.0,
-         "auto at w2a2 bits minus_mean": 3.0, "auto at w2a2 bits minus_se": 0.5}],
-        targets={"more_accurate_than_uniform_w2a2_at_its_bits_by_2se": True,
-                 "bits_paired_mean": 3.0}))],
+    "autoprecision": [
+        # more seeds, no measurements: its accuracy table is shown, though older
+        ("autoprecision-20260101-000000.json", _doc("autoprecision", [
+            {"plan": "auto at w2a2 bits", "seeds": [0, 1, 2], "accuracy_mean": 80.0,
+             "accuracy_std": 1.0, "predicted_latency_us_mean": 50.0,
+             "avg_weight_bits_mean": 1.96},
+            {"plan": "uniform w2a2", "seeds": [0, 1, 2], "accuracy_mean": 77.0,
+             "accuracy_std": 1.0, "predicted_latency_us_mean": 50.0, "avg_weight_bits_mean": 2.0,
+             "auto at w2a2 bits minus_mean": 3.0, "auto at w2a2 bits minus_se": 0.5}],
+            setup={"dataset": "digits_hard", "model": "digits_resnet", "seeds": 3},
+            targets={"more_accurate_than_uniform_w2a2_at_its_bits_by_2se": True,
+                     "bits_paired_mean": 3.0})),
+        # fewer seeds, measured on a GPU: its latencies are shown
+        ("autoprecision-20260102-000000.json", _doc("autoprecision", [
+            {"plan": "uniform w2a2", "seeds": [0, 1], "accuracy_mean": 70.0, "accuracy_std": 1.0,
+             "measured_latency_ms_mean": 0.25}], setup={"seeds": 2},
+            per_seed=[{"seed": s, "plan": "uniform w2a2", "measured_latency_ms": ms}
+                      for s, ms in ((0, 0.2), (1, 0.3))] + [{"seed": 0, "plan": "front"}]))],
     "network": [("network-20260102-000000.json", _doc("network", [
         {"model": "resnet18", "batch": 8, "precision": "w1a2", "time_ms": 0.25,
          "images_per_s": 32000.0,
@@ -136,7 +164,18 @@ SYNTHETIC = {
         {"model": "resnet18", "batch": 8, "precision": "w1a2", "exact_bias": False,
          "time_ms": 0.2, "images_per_s": 40000.0, "floor_ms": 0.02, "host_overhead_us": 30.0,
          "baselines_ms": {"fp16_eager": 1.5, "fp16_cuda_graph": 0.5}, "layers": []},
-        {"model": "vgg16", "batch": 8, "precision": "w1a2", "error": "ValueError: x"}]))],
+        {"model": "resnet50", "batch": 256, "precision": "w1a2", "time_ms": 14.0,
+         "images_per_s": 18000.0, "baselines_ms": {"fp16_cuda_graph": 14.0},
+         "layers": [{"name": f"layer.l{i}", "impl": "cuda.bitserial_wgmma", "time_us": t,
+                     "floor_us": t / 3, "fp16_us": 100.0,
+                     "launches_us": [t * 0.6, t * 0.4] if i == 0 else None}
+                    for i, t in enumerate((1500.0, 10.0, 900.0, 20.0, 700.0, 30.0, 40.0))]},
+        {"model": "vgg16", "batch": 8, "precision": "w1a2", "error": "ValueError: x"}])),
+                # a later run of :wide16 cases only: it must not replace the default rows
+                ("network-20260103-000000.json", _doc("network", [
+                    {"model": "resnet18", "batch": 8, "precision": "w1a2", "wide_bits": 16,
+                     "time_ms": 0.19, "images_per_s": 42000.0,
+                     "baselines_ms": {"fp16_cuda_graph": 0.5}, "layers": []}]))],
     "qat_schedule": [("qat_schedule-20260102-000000.json", dict(_doc("qat_schedule", [
         {"precision": "w2a2", "method": "rand", "accuracy_mean": 66.5},
         {"precision": "w2a2", "method": "rand+mix", "accuracy_mean": 63.1,
@@ -157,49 +196,74 @@ SYNTHETIC = {
         {"kind": "dispatch", "workload": "a", "template": "triton.conv2d_int8",
          "dispatch_us": 12.0, "tuned_us": 10.0, "dispatch_over_tuned": 1.2}]))],
 }
-# what each suite's section must show for its synthetic files
+# what each suite's section must show for its synthetic files (labels: the cited file's stem)
 EXPECTED = {
-    "conv": ["[60.0][conv-20260102-000000]", "tma crs split 2", "| 1.50 |", "| 7.00 |",
-             "1.80 (55.0)", "70.0 / 60.0 / -", "b256 conv vs cuDNN fp16 >= 1.8: met on 0 of 1"],
-    "gemm": ["[20.0][gemm-20260102-000000]", "128x64x128, split 2 (last_program)", "| 0.90 |",
+    "conv": ["|[60.0][conv-20260102-000000]|tma crs split 2|", "|1.50|7.00|", "|1.80 (55.0)|",
+             "|70.0 / 60.0 / -|", "b256 conv vs cuDNN fp16 >= 1.8: met on 0 of 1"],
+    "gemm": ["[20.0][gemm-20260102-000000]", "128x64x128, split 2 (last_program)", "|0.90|",
              "0.90 (10.8 / 12.0)", "FC vs `_int_mm` >= 1.0: met on 0 of 1"],
-    "bitserial": ["[20.0][bitserial-20260102-000000]", "| 2.80 |",
+    "bitserial": ["[20.0][bitserial-20260102-000000]", "|2.80|",
                   "tap-shift persistent 64x128, two teams, row sums slab, pairs, KT 1, 3 st",
                   "`w1a2_vs_int8_conv_b256` >= 2.5: met on 1 of 1",
                   "`made_up_target` >= 1.0: not evaluated"],
-    "layer_chain": ["[5.12][layer_chain-20260102-000000]", "4.42 (start, 64 wide)",
-                    "1.22 / 0.72", "| 3.85 |"],
-    "mma_ablation": ["424.4 (8.31x)", "202.0 (3.95x)", "| 665.7 |", "| 98.7 |"],
-    "apconv_floor": ["| 16-byte cp.async | 3.41 | - |",
-                     "| committed default kernel (whole) | 5.12 | - |",
-                     "tensor copies, 128-byte boxes | - | 2.08"],
-    "b1_mma_peak": ["| mma.sync m16n8k256 | [9,000][b1_mma_peak-20260102] |",
-                    "| wgmma m64n128k256 | [15,100][b1_mma_peak-20260102] | 14,600 - 15,100 | 2 |"],
-    "tuning": ["246 [172-316] / 162 [40-254] / 134 [45-256] / 88 [41-186]", "| 1.61 |",
-               "[20260102-000000][timed-20260102-000000]", "2 GPU(s): 35.5 s, best 98.2 us",
-               "[tables-20260102-000000][]"],
-    "accuracy": ["[97.00 +- 1.00][accuracy-20260102-000000]", "+1.00 +- 0.50",
-                 "`rand>=max@w2a2` met",
-                 "| digits_hard | digits_resnet | w1a2 | lsq | "
-                 "[80.00 +- 2.00][accuracy-20260103-000000] | - |  | 3 |"],
-    "wide_bits": ["| w2a2 | 16 | [99.90][wide_bits-20260102-000000] | 99.80 | +0.05 | 0.200 | 2 |",
-                  "| w2a2 | 24 | [100.00][wide_bits-20260102-000000] | 100.00 | +0.00 | 0.300 "
-                  "| 1 |"],
-    "autoprecision": ["| uniform w2a2 | [77.00 +- 1.00][autoprecision-20260102-000000] | "
-                      "50.00 | - | 2.00 | +3.00 +- 0.50 | 2 |",
-                      "`more_accurate_than_uniform_w2a2_at_its_bits_by_2se` met"],
-    "network": ["[0.250][network-20260102-000000]", "32,000", "| 6.00 | 2.00 | 1.20 |",
-                "| kernel | [0.200][network-20260102-000000] | 40,000 | 7.50 | 2.50 | - | 0.020 "
-                "| 30.0 |"],
-    "qat_schedule": ["| digits_resnet | 100 | 0.25 | 10 | w2a2 | 66.50 | "
-                     "[63.10][qat_schedule-20260102-000000] | -3.40 +- 3.70 |"],
-    "netops": ["| stem | 224x224x3_to_56x56x64 | 8 | triton.stem | "
-               "[33.0][netops-20260102-000000] | 2.20 | 15.00 | 99.0 | 3.00 |"],
-    "perfmodel": ["| triton.conv2d_int8 | learned | recorded | [11.4][perfmodel-20260102-000000]"
-                  " | 0.47 | 25 | 3040 |", "median fraction of the space measured to reach 0.97x "
-                  "of the best 0.260 (max 0.500), 1 of 2 at or under 10%",
+    "layer_chain": ["|[5.12][layer_chain-20260102-000000]|5.04|4.42 (start, 64 wide)|",
+                    "1.22 / 0.72", "|3.85|"],
+    "mma_ablation": ["424.4 (8.31x)", "202.0 (3.95x)", "|665.7|", "|98.7|"],
+    "apconv_floor": ["|16-byte cp.async|3.41|-|", "|committed default kernel (whole)|5.12|-|",
+                     "|tensor copies, 128-byte boxes|-|2.08|"],
+    "b1_mma_peak": ["File: [b1_mma_peak-20260102.json][b1_mma_peak-20260102].",
+                    "|mma.sync m16n8k256|9,000|", "|wgmma m64n128k256|15,100|14,600 - 15,100|2|"],
+    "tuning": ["246 [172-316] / 162 [40-254] / 134 [45-256] / 88 [41-186]", "|1.61|",
+               "|resnet50_s3_3x3|igemm|diversity|324|324|53.6|[13.2][timed-20260102-000000]|",
+               "|resnet50_s4_3x3|igemm, tma|diversity|300|7866|42.5|"
+               "[13.0 (tma)][timed-20260103-000000]|27.0|2.08|0|2026-01-03|",
+               "2 GPU(s): 35.5 s, best 98.2 us", "5 files of this suite under `results/gpu-test/`; "
+               "the tables cite 4."],
+    "accuracy": ["|dataset|model|FP32|precision|MAX|Rand|Brevitas|LSQ|best vs Brevitas|seeds|",
+                 "|-|-|98.00 +- 0.50|[w2a2][accuracy-20260102-000000]|96.00 +- 1.00|"
+                 "97.00 +- 1.00|96.50 +- 0.50|-|rand +0.50 +- 0.00|2|",
+                 "||||[w1a2][accuracy-20260102-000000]|90.00 +- 2.00|-|-|-||2|",
+                 "|digits_hard|digits_resnet||[w1a2][accuracy-20260103-000000]|-|-|-|"
+                 "80.00 +- 2.00||3|",
+                 "the same accuracy in 1 of 2 cells; differs in w2a2 rand 97.000 -> 97.001.",
+                 "`rand>=max` met in 1 of 2 (missed: w1a2 -1.50 +- 0.50)"],
+    "wide_bits": ["|w2a2|16|99.90|99.80|+0.05|0.200|2|", "|w2a2|24|100.00|100.00|+0.00|0.300|1|"],
+    "autoprecision": ["Accuracy: [autoprecision-20260101-000000.json]"
+                      "[autoprecision-20260101-000000], NVIDIA Test GPU, 3 seeds",
+                      "|uniform w2a2|77.00 +- 1.00|50.00|2.00|+3.00 +- 0.50|",
+                      "`more_accurate_than_uniform_w2a2_at_its_bits_by_2se` met",
+                      "Measured latency: [autoprecision-20260102-000000.json]"
+                      "[autoprecision-20260102-000000], NVIDIA Test GPU, 2 seeds",
+                      "|uniform w2a2|[0.2500][autoprecision-20260102-000000]|0.2000 - 0.3000|2|"],
+    "network": ["|resnet18|8|w1a2|exact|24|[0.250][network-20260102-000000]|32,000|6.00|2.00|1.20|",
+                "|resnet18|8|w1a2|exact|16|[0.190][network-20260103-000000]|42,000|",
+                "|resnet18|8|w1a2|kernel|24|[0.200][network-20260102-000000]|40,000|7.50|2.50|-|"
+                "0.020|30.0|",
+                "Largest steps of resnet50 b256 w1a2 (exact bias, wide 24)",
+                "|layer.l0|cuda.bitserial_wgmma|1500.0|900.0 + 600.0|500.0|100.0|",
+                "|layer.l3|cuda.bitserial_wgmma|20.0|-|6.67|100.0|"],
+    "qat_schedule": ["|digits_resnet|100|0.25|10|w2a2|66.50|"
+                     "[63.10][qat_schedule-20260102-000000]|-3.40 +- 3.70|"],
+    "netops": ["|stem|224x224x3_to_56x56x64|8|triton.stem|"
+               "[33.0][netops-20260102-000000]|2.20|15.00|99.0|3.00|"],
+    "perfmodel": ["|triton.conv2d_int8|recorded|[11.4][perfmodel-20260102-000000] (0.47)|25|3040|",
+                  "median fraction of the space measured to reach 0.97x of the best 0.260 "
+                  "(max 0.500), 1 of 2 at or under 10%",
                   "median dispatch / best measured 1.20x, 1 within 1.25x"],
 }
+# what a section must not show: superseded rows, and rows a key collision would hide
+ABSENT = {
+    "tuning": ["|resnet50_s4_3x3|igemm|diversity|342|"],
+    "network": ["vgg16", "|layer.l1|"],
+    "autoprecision": ["70.00 +- 1.00"],
+}
+
+
+def _labelled(text: str) -> str:
+    """`text` with each numbered link label replaced by the stem of the file it defines."""
+    defs = dict(re.findall(r"^\[(\d+)\]: (\S+)$", text, flags=re.M))
+    return re.sub(r"\]\[(\d+)\]", lambda m: f"][{Path(defs[m[1]]).stem}]" if m[1] in defs
+                  else m[0], text)
 
 
 def _write(tmp: Path, files: list[tuple[str, object]], gpu_dir: str = "gpu-test") -> Path:
@@ -225,21 +289,53 @@ def test_benchmarks_md_tables_are_what_the_results_files_give():
         "do not edit them by hand")
 
 
-def test_every_cited_file_exists_and_every_results_file_is_cited():
+def _links(text: str) -> tuple[dict[str, str], list[str]]:
+    """The link definitions of a generated text ({label: path}) and every label its figures
+    use, in order (repeats kept)."""
+    defined = dict(re.findall(r"^\[([^\]]+)\]: (\S+)$", text, flags=re.M))
+    return defined, re.findall(r"\]\[([^\]]+)\]", text)
+
+
+def _check_links(text: str) -> int:
+    """Assert that every cited label is defined and every definition is cited; the number of
+    citations checked."""
+    defined, used = _links(text)
+    undefined = sorted({u for u in used if u not in defined})
+    assert not undefined, f"figures cite labels with no link definition: {undefined}"
+    unused = sorted(set(defined) - set(used))
+    assert not unused, f"link definitions no figure cites: {unused}"
+    return len(used)
+
+
+def test_benchmarks_md_cites_only_defined_files_and_defines_only_cited_ones():
     doc = (ROOT / "BENCHMARKS.md").read_text()
-    defined = dict(re.findall(r"^\[([^\]]+)\]: (\S+)$", doc, flags=re.M))
-    used = set(re.findall(r"\]\[([^\]]*)\]", doc))
-    inline = re.findall(r"\]\((benchmarks/results/[^)]+)\)", doc)
-    assert len(defined) >= 100 and inline
-    missing_labels = sorted(u for u in used if u and u not in defined)
-    assert not missing_labels, f"figures link to undefined labels: {missing_labels}"
-    cited = set(defined.values()) | set(inline)
-    gone = sorted(p for p in cited if not (ROOT / p).is_file())
+    assert _check_links(doc) >= 100
+    defined, _ = _links(doc)
+    gone = sorted(p for p in defined.values() if not (ROOT / p).is_file())
     assert not gone, f"BENCHMARKS.md cites files that are not in the tree: {gone}"
-    on_disk = {p.relative_to(ROOT).as_posix() for p in (ROOT / "benchmarks" / "results").rglob("*")
-               if p.is_file()}
-    uncited = sorted(on_disk - cited)
-    assert not uncited, f"results files that BENCHMARKS.md does not cite: {uncited}"
+    inline = re.findall(r"\]\((benchmarks/results/[^)]+)\)", doc)
+    assert inline and all((ROOT / p).is_file() for p in inline)
+
+
+def test_every_results_file_is_counted_once():
+    """The sections' file counts and the "Other files" lines add up to the files on disk."""
+    doc = (ROOT / "BENCHMARKS.md").read_text()
+    counts = [int(n) for n in re.findall(r"^(\d+) files? of this suite", doc, flags=re.M)]
+    others = [int(n) for n in re.findall(r"^- `benchmarks/results/[^`]*`: (\d+) files", doc,
+                                          flags=re.M)]
+    on_disk = [p for p in (ROOT / "benchmarks" / "results").rglob("*") if p.is_file()]
+    assert len(counts) == len(report.render(report.load(), report.extra_files())
+                              .split("\n## ")) - 1 - bool(others)
+    assert sum(counts) + sum(others) == len(on_disk)
+
+
+def test_a_cited_label_without_definition_or_an_unused_definition_fails():
+    ok = "|x|\n|---|\n|[1.0][1]|\n\n[1]: a.json"
+    assert _check_links(ok) == 1
+    for broken in ("|[1.0][2]|\n\n[1]: a.json",            # cites an undefined label
+                   "|[1.0][1]|\n\n[1]: a.json\n[2]: b.json"):  # defines an unused one
+        with pytest.raises(AssertionError):
+            _check_links(broken)
 
 
 def test_every_committed_suite_has_a_renderer_that_works():
@@ -252,18 +348,34 @@ def test_every_committed_suite_has_a_renderer_that_works():
 
 def test_each_suite_renders_its_synthetic_file(tmp_path):
     assert set(SYNTHETIC) == set(report.SUITES), "give every new suite a synthetic file here"
-    checked = 0
+    checked = links = 0
     for name, files in SYNTHETIC.items():
         results = _write(tmp_path / name, files)
         text = report.render(report.load(results, tmp_path / name))
-        section = _section(text, report.SUITES[name].title)
+        links += _check_links(text)
+        section = _section(_labelled(text), report.SUITES[name].title)
         assert "failed (" not in section and "No renderer" not in section, section
         for expected in EXPECTED[name]:
             assert expected in section, f"{name}: {expected!r} not in\n{section}"
             checked += 1
-        for file_name, _ in files:
-            assert f"results/gpu-test/{file_name}" in text
-    assert checked == sum(len(v) for v in EXPECTED.values()) and len(SYNTHETIC) >= 10
+        for absent in ABSENT.get(name, []):
+            assert absent not in section, f"{name}: {absent!r} in\n{section}"
+            checked += 1
+        n = len(files)
+        assert f"{n} file{'s' if n > 1 else ''} of this suite under `results/gpu-test/`" in text
+    assert checked == sum(len(v) for v in (*EXPECTED.values(), *ABSENT.values()))
+    assert len(SYNTHETIC) >= 10 and links >= len(SYNTHETIC)
+
+
+def test_a_table_citing_one_file_names_it_once_above(tmp_path):
+    files = SYNTHETIC["layer_chain"]
+    row = files[0][1]["rows"][0]
+    results = _write(tmp_path, [(files[0][0], {**files[0][1], "rows": [
+        row, {**row, "workload": "apconv_sweep_c512", "isolated_us": 6.27}]})])
+    text = _labelled(report.render(report.load(results, tmp_path)))
+    assert text.count("[layer_chain-20260102-000000]") == 1
+    assert "File: [layer_chain-20260102-000000.json][layer_chain-20260102-000000]." in text
+    assert "|apconv_sweep_c512|w1a2|6.27|" in text
 
 
 def test_unknown_suite_and_a_failing_renderer_fall_back_to_the_generic_table(tmp_path):
@@ -274,10 +386,10 @@ def test_unknown_suite_and_a_failing_renderer_fall_back_to_the_generic_table(tmp
     text = report.render(report.load(results, tmp_path))
     probe = _section(text, "Suite `probe`")
     assert "No renderer registered" in probe
-    assert "| op | time_us |" in probe and "| maxpool | 3.25 |" in probe
+    assert "|op|time_us|" in probe and "|maxpool|3.25|" in probe
     conv = _section(text, report.SUITES["conv"].title)
     assert "Renderer `render_conv` failed (KeyError: 'time_us')" in conv
-    assert "| workload | precision |" in conv
+    assert "|workload|precision|" in conv
 
 
 def test_accuracy_rows_of_other_setups_render_without_seed_lists(tmp_path):
@@ -285,11 +397,11 @@ def test_accuracy_rows_of_other_setups_render_without_seed_lists(tmp_path):
         {"model": "resnet18", "precision": "w2a2", "method": "max", "accuracy_mean": 61.5},
         {"model": "resnet18", "precision": "w2a2", "method": "lsq", "accuracy_mean": 66.25,
          "accuracy_std": 0.4}], targets={"lsq_vs_max": 4.75}))])
-    section = _section(report.render(report.load(results, tmp_path)),
+    section = _section(_labelled(report.render(report.load(results, tmp_path))),
                        report.SUITES["accuracy"].title)
     assert "failed (" not in section
-    assert "| model | precision | method |" in section
-    assert "| resnet18 | w2a2 | lsq | [66.25 +- 0.40][accuracy-20260103-000000] | - |" in section
+    assert "|model|precision|MAX|LSQ|best vs Brevitas|seeds|" in section
+    assert "|resnet18|[w2a2][accuracy-20260103-000000]|61.50|66.25 +- 0.40||-|" in section
     assert "`lsq_vs_max` 4.75" in section
 
 
@@ -317,8 +429,11 @@ def test_formats_and_targets():
         "1.50", "-", "-")
     rows = [(None, {"workload": f"l{i}", "precision": "w8a8", "time_us": t, "floor_us": 50.0})
             for i, t in enumerate((60.0, 70.0))]
-    upper = report.Target("floor", 1.3, lambda r: True, report._over_floor, at_most=True)
-    lower = report.Target("slow", 1.3, lambda r: True, report._over_floor)
-    assert report.target_lines([upper, lower], rows) == [
-        "- floor <= 1.3: met on 1 of 2 (l0 w8a8 1.20, l1 w8a8 1.40)",
-        "- slow >= 1.3: met on 1 of 2 (l0 w8a8 1.20, l1 w8a8 1.40)"]
+    upper = report_kernels.Target("floor", 1.3, lambda r: True, report_kernels._over_floor,
+                                  at_most=True)
+    lower = report_kernels.Target("slow", 1.3, lambda r: True, report_kernels._over_floor)
+    never = report_kernels.Target("never", 9.0, lambda r: True, report_kernels._over_floor)
+    assert report_kernels.target_lines([upper, lower, never], rows) == [
+        "- floor <= 1.3: met on 1 of 2 (missed: l1 w8a8 1.40)",
+        "- slow >= 1.3: met on 1 of 2 (missed: l0 w8a8 1.20)",
+        "- never >= 9.0: met on 0 of 2"]

@@ -1,0 +1,470 @@
+"""Renderers of the kernel suites (int8 conv / GEMM, bit-serial, layer chains, ablations,
+MMA peaks) and of the tuner; registered with `report_core.suite` on import."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from report_core import (
+    Result,
+    by_gpu,
+    drop_same,
+    gpu_heading,
+    latest,
+    latest_rows,
+    provenance,
+    ratio,
+    run_of,
+    suite,
+    table,
+    us,
+)
+
+# --- kernel suites --------------------------------------------------------------------------
+
+IMPL = {"triton.conv2d_int8": "igemm", "triton.conv2d_int8_tma": "tma",
+        "cuda.int8_wgmma": "int8_wgmma", "triton.conv2d_fp16": "fp16",
+        "triton.gemm_int8": "triton"}
+
+
+def int8_template(impl: str, cfg: dict) -> str:
+    text = IMPL.get(impl, impl)
+    if cfg.get("LOOP_ORDER", "rsc") != "rsc":
+        text += " " + cfg["LOOP_ORDER"]
+    if cfg.get("SPLIT_K", 1) > 1:
+        text += f" split {cfg['SPLIT_K']}"
+    return text
+
+
+@suite("conv", "Int8 convolution against cuDNN fp16 and im2col + `_int_mm`",
+       "benchmarks/conv.py", benchmarks=("tma_conv",))
+def render_conv(files: list[Result]) -> list[str]:
+    out = ["Each layer's latest run: the fastest bit-exact config of the int8 templates' slices "
+           "(plus tuned configs), w8a8, bias + ReLU -> s8 NHWC. Ratios > 1: ours faster.", ""]
+    for gpu, group in by_gpu(files):
+        picked = latest_rows(group, lambda r: (r.get("workload"), r.get("precision")))
+        rows = []
+        for f, r in picked:
+            b, cg, t = r.get("baselines_us") or {}, r.get("cuda_graph_us") or {}, r["time_us"]
+            ours_g = cg.get(r.get("impl")) or cg.get("ours") or cg.get("triton")
+            per = " / ".join(us(b.get(k)) for k in IMPL if k.startswith(("triton.conv", "cuda"))
+                             and k != "triton.conv2d_fp16")
+            graph = (f"{ratio(cg.get('cudnn_fp16'), ours_g)} ({us(ours_g)})" if ours_g else "-")
+            rows.append([r["workload"], r.get("precision", "-"), f.link(us(t)),
+                         int8_template(r.get("impl", ""), r.get("config") or {}),
+                         us(r.get("floor_us")), ratio(t, r.get("floor_us")),
+                         ratio(b.get("cudnn_fp16"), t), ratio(b.get("int_mm_im2col"), t),
+                         ratio(b.get("default_config"), t), graph, per, run_of(f)])
+        out += gpu_heading(gpu, by_gpu(files))
+        out += table(*drop_same(["layer", "prec", "ours us", "template", "floor us", "ours / floor",
+                      "cuDNN fp16 / ours", "im2col + `_int_mm` / ours", "default / ours",
+                      "graph: cuDNN / ours (ours us)", "igemm / tma / int8_wgmma us", "run"],
+                     rows, "run"))
+        out += ["", provenance(f for f, _ in picked), ""]
+        out += _int8_target_block(picked)
+    return out
+
+
+def _int8_target_block(picked: list[tuple[Result, dict]]) -> list[str]:
+    lines = target_lines(INT8_TARGETS, picked)
+    return ["Targets (issue 3), on the rows above:", "", *lines, ""] if lines else []
+
+
+@suite("gemm", "Int8 GEMM against `torch._int_mm`", "benchmarks/gemm.py")
+def render_gemm(files: list[Result]) -> list[str]:
+    out = ["Each shape's latest run: the Triton template's whole space (int32 out, like "
+           "`torch._int_mm`), `cuda.int8_wgmma` beside it.", ""]
+    for gpu, group in by_gpu(files):
+        picked = latest_rows(group, lambda r: (r.get("workload"), r.get("precision")))
+        rows = []
+        for f, r in picked:
+            b, cg, t, cfg = (r.get("baselines_us") or {}, r.get("cuda_graph_us") or {},
+                             r["time_us"], r.get("config") or {})
+            tile = "x".join(str(cfg.get(k, "?")) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+            if cfg.get("SPLIT_K", 1) > 1:
+                tile += f", split {cfg['SPLIT_K']} ({cfg.get('SPLIT_SUM', 'second_kernel')})"
+            ours_g = cg.get("ours") or cg.get("triton")
+            graph = (f"{ratio(cg.get('int_mm'), ours_g)} ({us(cg.get('int_mm'))} / "
+                     f"{us(ours_g)})" if ours_g and cg.get("int_mm") else "-")
+            rows.append([r["workload"], f.link(us(t)), tile, us(r.get("floor_us")),
+                         ratio(t, r.get("floor_us")), ratio(b.get("int_mm"), t), graph,
+                         ratio(b.get("fp16_matmul"), t), ratio(b.get("default_config"), t),
+                         us(b.get("cuda.int8_wgmma")), run_of(f)])
+        out += gpu_heading(gpu, by_gpu(files))
+        out += table(*drop_same(["GEMM", "ours us", "config", "floor us", "ours / floor",
+                      "`_int_mm` / ours", "graph: `_int_mm` / ours (us)", "fp16 matmul / ours",
+                      "default / ours", "cuda.int8_wgmma us", "run"], rows, "run"))
+        out += ["", provenance(f for f, _ in picked), ""]
+        out += _int8_target_block(picked)
+    return out
+
+
+def family(cfg: dict) -> str:
+    """The bit-serial kernel family a config runs (docs/design.md, "Bit-serial families")."""
+    persistent = cfg.get("PERSIST", 0)
+    if cfg.get("TAP_SHIFT"):
+        return "tap-shift" + (" persistent" if persistent else "")
+    if cfg.get("MMA", "mma_sync") == "wgmma":
+        if cfg.get("A_IN_HALO"):
+            return "wgmma in-place"
+        return "wgmma persistent" if persistent else "wgmma one-tile"
+    return "mma.sync persistent" if persistent else "mma.sync one-tile"
+
+
+def kernel_text(cfg: dict) -> str:
+    parts = [f"{family(cfg)} {cfg.get('BM', '?')}x{cfg.get('BN', '?')}"]
+    flags = (("TEAMS", lambda v: v > 1, lambda v: "two teams"),
+             ("HALO", lambda v: v and not cfg.get("A_IN_HALO"), lambda v: "halo"),
+             ("ROWSUM", lambda v: v != "mma", lambda v: f"row sums {v}"),
+             ("FUSE_PLANES", bool, lambda v: "fused planes"),
+             ("ROW_TABLE", bool, lambda v: f"row table {v}"),
+             ("THR_PAIRS", bool, lambda v: "pairs"),
+             ("SLICES", lambda v: v > 1, lambda v: f"{v} k slices"),
+             ("SPLIT_K", lambda v: v > 1, lambda v: f"split {v}"),
+             ("BULK_WEIGHTS", bool, lambda v: "bulk weights"),
+             ("TMA_HALO", bool, lambda v: f"window by TMA ({v} B)"),
+             ("PLANE_ROWS", bool, lambda v: "plane rows"))
+    parts += [text(cfg[k]) for k, keep, text in flags if k in cfg and keep(cfg[k])]
+    parts.append(f"KT {cfg.get('KT', '?')}, {cfg.get('STAGES', '?')} st")
+    return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A goal on the rows of a table: value(row) >= goal (or <= goal with `at_most`)."""
+
+    name: str
+    goal: float
+    keep: Callable[[dict], bool]
+    value: Callable[[dict], float | None]
+    at_most: bool = False
+
+
+def _b256(r: dict) -> bool:
+    return r["workload"].startswith("resnet50_") and r["workload"].endswith("_b256")
+
+
+def _vs(key: str) -> Callable[[dict], float | None]:
+    """Baseline `key` (or APNN-TC's published time) over the row's time."""
+    def value(r: dict) -> float | None:
+        base = (r.get("apnn_tc_published_us") if key == "apnn_tc"
+                else (r.get("baselines_us") or {}).get(key))
+        return base / r["time_us"] if base and r.get("time_us") else None
+    return value
+
+
+def _over_floor(r: dict) -> float | None:
+    return r["time_us"] / r["floor_us"] if r.get("floor_us") else None
+
+
+def _prec(p: str, keep: Callable[[dict], bool]) -> Callable[[dict], bool]:
+    return lambda r: r["precision"] == p and keep(r)
+
+
+# bit-serial targets by the name the results files give them (their "targets" field)
+BITSERIAL_TARGETS = {
+    "w1a1_vs_int8_conv_b256": (_prec("w1a1", _b256), _vs("int8_best")),
+    "w1a2_vs_int8_conv_b256": (_prec("w1a2", _b256), _vs("int8_best")),
+    "w1a2_vs_cudnn_fp16_b256": (_prec("w1a2", _b256), _vs("cudnn_fp16")),
+    "w1a2_gemm_vs_int_mm": (_prec("w1a2", lambda r: r["workload"].startswith("fc_")),
+                            _vs("int_mm")),
+    "apnn_tc_speedup": (lambda r: bool(r.get("apnn_tc_published_us")), _vs("apnn_tc")),
+}
+# int8 targets of issue 3 (the conv / GEMM files do not carry them)
+_INT8 = lambda r: r.get("precision") == "w8a8"  # noqa: E731
+INT8_TARGETS = (
+    Target("b256 conv vs cuDNN fp16", 1.8, lambda r: _INT8(r) and _b256(r), _vs("cudnn_fp16")),
+    Target("b256 conv ours / floor", 1.3, lambda r: _INT8(r) and _b256(r), _over_floor, True),
+    Target("ResNet-50 b16 conv vs cuDNN fp16", 3.0,
+           lambda r: _INT8(r) and re.fullmatch(r"resnet50_s\d_3x3", r["workload"]) is not None,
+           _vs("cudnn_fp16")),
+    Target("every conv vs im2col + `_int_mm`", 1.5, _INT8, _vs("int_mm_im2col")),
+    Target("GEMM 8192^3 vs `_int_mm`", 1.2, lambda r: r["workload"] == "fc_b8192_8192to8192",
+           _vs("int_mm")),
+    Target("FC vs `_int_mm`", 1.0, lambda r: r["workload"].startswith("fc_")
+           and r["workload"] != "fc_b8192_8192to8192", _vs("int_mm")),
+)
+
+
+def target_lines(targets: Iterable[Target], picked: list[tuple[Result, dict]]) -> list[str]:
+    """One line per target: on how many of the rows it applies to it is met, and the value of
+    each row that misses it where some meet it (all values are in the table)."""
+    out = []
+    for t in targets:
+        found = [(r["workload"], r["precision"], v) for _, r in picked
+                 if t.keep(r) and (v := t.value(r)) is not None]
+        if not found:
+            continue
+        missed = [(w, p, v) for w, p, v in found if not ((v <= t.goal) if t.at_most
+                                                           else (v >= t.goal))]
+        detail = ", ".join(f"{w} {p} {v:.2f}" for w, p, v in missed)
+        out.append(f"- {t.name} {'<=' if t.at_most else '>='} {t.goal}: met on "
+                   f"{len(found) - len(missed)} of {len(found)}"
+                   + (f" (missed: {detail})" if 0 < len(missed) < len(found) else ""))
+    return out
+
+
+def file_targets(targets: dict) -> list[Target]:
+    return [Target(f"`{name}`", goal, *BITSERIAL_TARGETS[name])
+            for name, goal in sorted(targets.items()) if name in BITSERIAL_TARGETS]
+
+
+def _fp16(baselines: dict) -> float | None:
+    """cuDNN fp16 for convolutions, the fp16 matmul for GEMMs."""
+    return baselines.get("cudnn_fp16") or baselines.get("fp16_matmul")
+
+
+def _mma_sync_only(picked: list[tuple[Result, dict]]) -> list[str]:
+    """Precisions whose every row runs an mma.sync kernel (none of the later families), when
+    other precisions do not: the rows the compact table shows."""
+    fams: dict[str, set[str]] = {}
+    for _, r in picked:
+        fams.setdefault(r["precision"], set()).add(family(r.get("config") or {}).split()[0])
+    only = sorted(p for p, f in fams.items() if f == {"mma.sync"})
+    return only if len(only) < len(fams) else []
+
+
+def _legacy_table(picked: list[tuple[Result, dict]], precisions: list[str]) -> list[str]:
+    """Workload x precision: us (x fp16) of the precisions `_mma_sync_only` picks."""
+    if not precisions:
+        return []
+    cells: dict[str, dict[str, str]] = {}
+    for f, r in picked:
+        if r["precision"] in precisions:
+            t = r["time_us"]
+            cells.setdefault(r["workload"], {})[r["precision"]] = (
+                f"{f.link(us(t))} ({ratio(_fp16(r.get('baselines_us') or {}), t)}x)")
+    dates = sorted({f.date for f, r in picked if r["precision"] in precisions})
+    return ["", f"Precisions that only the mma.sync kernels serve ({', '.join(precisions)}; "
+            f"runs {', '.join(dates)}): us (x fp16), kernel configs in the files.", "",
+            *table(["workload", *precisions],
+                   [[w, *(c.get(p, "-") for p in precisions)] for w, c in cells.items()])]
+
+
+@suite("bitserial", "Bit-serial convolution and GEMM on b1 AND tensor cores",
+       "benchmarks/bitserial.py")
+def render_bitserial(files: list[Result]) -> list[str]:
+    out = ["Per layer and precision the fastest bit-exact row over all committed runs, with "
+           "the baselines of that row's own run (`int8_best`: our tuned int8 templates; cuDNN "
+           "fp16, or the fp16 matmul for GEMMs; im2col + `_int_mm`, or `_int_mm` for GEMMs; "
+           "APNN-TC: its published time). Epilogue: bias + ReLU -> requantized bit planes. "
+           "Rows not re-run since an old kernel keep that run's date.", ""]
+    groups = by_gpu(files)
+    for gpu, group in groups:
+        best: dict[tuple, tuple[Result, int, dict]] = {}
+        for f in group:
+            for i, r in enumerate(f.rows):
+                if r.get("time_us") is None or r.get("verified") is False:
+                    continue
+                k = (r["workload"], r["precision"])
+                if k not in best or r["time_us"] < best[k][2]["time_us"]:
+                    best[k] = (f, i, r)
+        first = {}
+        for f in group:
+            for r in f.rows:
+                first.setdefault(r["workload"], len(first))
+        picked = [(f, r) for f, _, r in sorted(best.values(), key=lambda t: (
+            first[t[2]["workload"]], t[2]["precision"]))]
+        legacy = _mma_sync_only(picked)
+        rows = []
+        for f, r in picked:
+            if r["precision"] in legacy:
+                continue
+            t, b = r["time_us"], r.get("baselines_us") or {}
+            dflt = r.get("default_config_us") or b.get("default_config")
+            rows.append([r["workload"], r["precision"], f.link(us(t)), us(r.get("floor_us")),
+                         ratio(t, r.get("floor_us")), us(dflt), ratio(b.get("int8_best"), t),
+                         ratio(_fp16(b), t), ratio(b.get("int_mm_im2col") or b.get("int_mm"), t),
+                         ratio(r.get("apnn_tc_published_us"), t),
+                         kernel_text(r.get("config") or {}), run_of(f)])
+        out += gpu_heading(gpu, groups)
+        out += table(*drop_same(["workload", "prec", "us", "floor us", "us / floor",
+                                 "default us", "x int8_best", "x fp16", "x `_int_mm`",
+                                 "x APNN-TC", "kernel", "run"], rows, "run"))
+        out += _legacy_table(picked, legacy)
+        out += ["", provenance(f for f, _ in picked), ""]
+        targets = latest(group).doc.get("targets") or {}
+        lines = target_lines(file_targets(targets), picked)
+        unknown = sorted(set(targets) - set(BITSERIAL_TARGETS))
+        if lines or unknown:
+            out += ["Targets (issue 6; from the results file), on the rows above:", ""]
+            out += lines + [f"- `{n}` >= {targets[n]}: not evaluated by report.py"
+                            for n in unknown] + [""]
+    return out
+
+
+@suite("layer_chain", "Bit-serial layers chained by programmatic dependent launch",
+       "benchmarks/layer_chain.py")
+def render_layer_chain(files: list[Result]) -> list[str]:
+    out = ["Each layer reads the previous one's bit-plane output (C = K, stride 1). isolated: "
+           "one launcher replayed; pair: x -> y -> x plain, per layer; chained: the pair with "
+           "`bind(chained=True)` at the best config and trigger; auto: the trigger "
+           "`chain_trigger` picks; empty: a kernel of the default's launch that only triggers "
+           "and waits. Latest run.", ""]
+    groups = by_gpu(files)
+    for gpu, group in groups:
+        f = latest(group)
+        rows = []
+        for r in f.rows:
+            best = min(r["configs"], key=lambda c: c["chained_us"])
+            trig = ("start" if best["chained_us"] == best.get("chained_start_us")
+                    else "after_mma")
+            empty, b = r.get("empty") or {}, r.get("baselines_us") or {}
+            rows.append([r["workload"], r["precision"], f.link(us(r["isolated_us"])),
+                         us(r["pair_us"]),
+                         f"{us(r['chained_us'])} ({trig}, {best['config'].get('BN')} wide)",
+                         us(r.get("chained_auto_us")),
+                         f"{us(empty.get('pair_us'))} / {us(empty.get('chained_us'))}",
+                         us(r.get("floor_us")), ratio(b.get("cudnn_fp16_pair"), r["chained_us"]),
+                         ratio(r.get("apnn_tc_published_us"), r["chained_us"])])
+        out += gpu_heading(gpu, groups)
+        out += table(["layer", "prec", "isolated us", "pair us", "chained us (trigger)",
+                      "auto us", "empty pair / chained us", "floor us",
+                      "cuDNN fp16 pair / chained", "APNN-TC / chained"], rows)
+        out += ["", provenance([f]), ""]
+    return out
+
+
+MMA_STEPS = ("default", "tuned_tiles", "register_packing", "duplicate_aware_load")
+
+
+@suite("mma_ablation", "Tiled mma.sync conv template: ablation", "benchmarks/mma_ablation.py")
+def render_mma_ablation(files: list[Result]) -> list[str]:
+    out = ["`cuda.mma_conv_s8` (ResNet-50 3x3, batch 256, w8a8 -> u4 packed), each step added to "
+           "the previous: us (x floor); `s4`: the m16n8k64 template's default (INT4 is emulated "
+           "on Hopper). Latest run.", ""]
+    groups = by_gpu(files)
+    for gpu, group in groups:
+        f = latest(group)
+        cells: dict[str, dict[str, dict]] = {}
+        for r in f.rows:
+            step = "s4" if r["impl"].endswith("s4") else r["step"]
+            cells.setdefault(r["workload"], {})[step] = r
+        rows = []
+        for wl, steps in cells.items():
+            first = next(iter(steps.values()))
+            row = [wl] + [f"{us(s['time_us'])} ({ratio(s['time_us'], s['floor_us'])}x)"
+                          if (s := steps.get(k)) else "-" for k in MMA_STEPS]
+            row += [us(steps["s4"]["time_us"]) if "s4" in steps else "-",
+                    us((first.get("baselines_us") or {}).get("cudnn_fp16"))]
+            rows.append(row)
+        out += gpu_heading(gpu, groups)
+        out += [f"File: {f.link(f.name)}.", ""]
+        out += table(["layer", *MMA_STEPS, "s4 default", "cuDNN fp16 us"], rows)
+        out += ["", provenance([f]), ""]
+    return out
+
+
+APCONV_MECHANISMS = (("empty", "empty kernel"), ("cp_async", "16-byte cp.async"),
+                     ("bulk", "bulk copies"), ("tma", "tensor copies, 16-byte boxes"),
+                     ("tma_px", "tensor copies, 128-byte boxes"),
+                     ("tma_mc", "128-byte boxes, weights multicast (clusters of 4)"))
+
+
+@suite("apconv_floor", "Operand-delivery floor of the APNN-TC conv",
+       "benchmarks/apconv_floor.py")
+def render_apconv_floor(files: list[Result]) -> list[str]:
+    out = ["Copy-only kernels of the APNN-TC conv's grid (b1, 16 x 16, C = K = 1,024): each "
+           "block lands its window and weights, then stops; medians of interleaved rounds, us, "
+           "with the committed default kernel beside them.", ""]
+    groups = by_gpu(files)
+    for gpu, group in groups:
+        f = latest(group)
+        cols = [(r["precision"], bn) for r in f.rows for bn in (32, 64)]
+        med = {r["precision"]: r["median_us"] for r in f.rows}
+        rows = [[label] + [us(med[p].get(f"{key}_bn{bn}")) for p, bn in cols]
+                for key, label in APCONV_MECHANISMS]
+        rows.append(["committed default kernel (whole)"]
+                    + [us(med[p].get("real_default")) if bn == 32 else "-" for p, bn in cols])
+        out += gpu_heading(gpu, groups)
+        out += [f"File: {f.link(f.name)}.", ""]
+        out += table(["mechanism"] + [f"{p} BN {bn}" for p, bn in cols], rows)
+        out += ["", provenance([f]), ""]
+    return out
+
+
+@suite("b1_mma_peak", "Tensor-core rates with no loads", "benchmarks/b1_mma_peak.py")
+def render_b1_mma_peak(files: list[Result]) -> list[str]:
+    out = ["b1 AND rates of the MMA instructions alone (T bit-ops/s), best and range over the "
+           "block shapes and operand sources timed. Latest run.", ""]
+    groups = by_gpu(files)
+    for gpu, group in groups:
+        f = latest(group)
+        rates: dict[str, list[float]] = {}
+        for r in f.rows:
+            kind = re.sub(r" (ss|rs) swz\d+$", "", r["kind"])
+            rates.setdefault(kind, []).append(r["tops"])
+        rows = [[k, f.link(f"{max(v):,.0f}"), f"{min(v):,.0f} - {max(v):,.0f}", len(v)]
+                for k, v in rates.items()]
+        out += [f"**{gpu}**", "", *table(["instruction", "best", "range", "shapes"], rows)]
+        out += ["", provenance([f]), ""]
+    return out
+
+
+# --- tuning and accuracy --------------------------------------------------------------------
+
+STRATEGIES = ("random", "sa", "diversity", "tpe")
+
+
+@suite("tuning", "Tuning quality", "benchmarks/tuning.py",
+       benchmarks=("tuning_timed", "tuning_tables", "tuning_multigpu"))
+def render_tuning(files: list[Result]) -> list[str]:
+    out: list[str] = []
+    used: list[Result] = []
+    kinds = {k: [f for f in files if f.benchmark == k] for k in
+             ("tuning", "tuning_timed", "tuning_multigpu")}
+    for f in [latest(kinds["tuning"])] if kinds["tuning"] else []:
+        timed = {r["workload"]: r for t in kinds["tuning_timed"]
+                 if t.name == f.doc.get("timed") for r in t.rows}
+        out += [f"Replays of the exhaustively measured spaces (every config built, verified and "
+                f"timed: {', '.join(f.doc.get('tables', []))}) with each strategy, "
+                f"{f.doc.get('seeds', '?')} seeds; trials to reach 0.95x the exhaustive best, "
+                "median [min-max]; the timed tune as a user runs it "
+                f"({f.doc.get('timed', '-')}). File: {f.link(f.name)}.", ""]
+        rows = []
+        for r in f.rows:
+            seeds = r.get("trials_to_095_by_seed") or {}
+            t = timed.get(r["workload"], {})
+            rows.append([r["workload"], r.get("space_size", "-"),
+                         us(r.get("exhaustive_best_us")),
+                         ratio(t.get("default_us"), t.get("best_us")),
+                         " / ".join(f"{r['trials_to_095'][s]} [{min(seeds[s])}-{max(seeds[s])}]"
+                                    if s in seeds else str(r["trials_to_095"].get(s, "-"))
+                                    for s in STRATEGIES),
+                         r.get("quality_at_500", "-"), r.get("wall_s_500", "-")])
+        out += table(["layer", "space", "exhaustive best us", "tuned / default (timed)",
+                      "trials to 0.95x: " + " / ".join(STRATEGIES), "quality@500",
+                      "wall s, 500 trials"], rows)
+        out += [""]
+        used.append(f)
+    if kinds["tuning_timed"]:
+        out += ["Timed tunes on the GPU (`lowbit.tune.tune`: crash-isolated worker, parallel "
+                "compile, every candidate verified), per layer the latest:", ""]
+        picked = latest_rows(kinds["tuning_timed"], lambda r: r.get("workload"))
+        rows = []
+        for f, r in picked:
+            names = f.doc.get("templates") or [f.doc.get("template", "?")]
+            default = r.get("default_us") or (r.get("defaults_us") or {}).get(
+                r.get("best_template"))
+            rows.append([r["workload"], ", ".join(IMPL.get(n, n) for n in names),
+                         f.doc.get("strategy", "-"), r.get("trials", "-"),
+                         r.get("space_size", "-"), r.get("wall_s", "-"),
+                         f.link(f"{us(r['best_us'])} ({IMPL.get(r.get('best_template'), '')})"
+                                .replace(" ()", "")), us(default),
+                         ratio(default, r["best_us"]), r.get("failures", "-"), run_of(f)])
+        out += table(*drop_same(["layer", "templates", "strategy", "trials", "space", "wall s",
+                                 "best us", "default us", "default / best", "failures", "run"],
+                                rows, "run"))
+        out += [""]
+        used += [f for f, _ in picked]
+    out += [provenance(used), ""] if used else []
+    if kinds["tuning_multigpu"]:
+        f = latest(kinds["tuning_multigpu"])
+        runs = "; ".join(f"{r['gpus']} GPU(s): {r['wall_s']} s, best {us(r['best_us'])} us"
+                         for r in f.doc.get("runs", []))
+        out += [f"Distributed ({f.link(f.name)}, {f.gpu}, {f.date}): {f.doc.get('trials')} "
+                f"trials of {f.doc.get('workload')}: {runs}.", ""]
+    return out
+

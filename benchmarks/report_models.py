@@ -1,0 +1,399 @@
+"""Renderers of the model-level suites (accuracy, autoprecision, wide realizations, QAT
+schedules, whole networks, network ops, performance model); registered on import."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from report_core import (
+    Result,
+    by_gpu,
+    drop_same,
+    gpu_heading,
+    latest,
+    latest_rows,
+    num,
+    provenance,
+    ratio,
+    run_of,
+    suite,
+    table,
+    us,
+)
+
+
+def paired(a: list[float], b: list[float]) -> str:
+    """mean +- standard error of the per-seed differences a - b."""
+    d = [x - y for x, y in zip(a, b, strict=True)]
+    se = statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else float("nan")
+    return f"{statistics.fmean(d):+.2f} +- {se:.2f}"
+
+
+def _mean_std(r: dict) -> str:
+    """A row's accuracy: mean +- std over seeds (mean alone where no std is given)."""
+    accs = r.get("accuracies") or []
+    mean = r.get("accuracy_mean", statistics.fmean(accs) if accs else None)
+    if mean is None:
+        return "-"
+    std = r.get("accuracy_std")
+    return f"{mean:.2f}" + ("" if std is None else f" +- {std:.2f}")
+
+
+def _n_seeds(r: dict) -> int:
+    return len(r.get("accuracies") or r.get("seeds") or [])
+
+
+def _best_vs_brevitas(cells: dict[str, dict]) -> str:
+    """The best lowbit method of a (dataset, model, precision) against the best Brevitas one:
+    'method +d +- se', the paired per-seed difference; '' without both or without seeds."""
+    def best(rows: list[dict]) -> dict | None:
+        rows = [r for r in rows if r.get("accuracy_mean") is not None]
+        return max(rows, key=lambda r: r["accuracy_mean"]) if rows else None
+
+    ours = best([r for m, r in cells.items() if not m.startswith("brevitas")])
+    theirs = best([r for m, r in cells.items() if m.startswith("brevitas")])
+    if not ours or not theirs:
+        return ""
+    a, b = ours.get("accuracies") or [], theirs.get("accuracies") or []
+    if len(a) != len(b) or len(a) < 2 or ours.get("seeds") != theirs.get("seeds"):
+        return ""
+    return f"{ours['method']} {paired(a, b)}"
+
+
+def _target_text(targets: dict, details: dict) -> str:
+    """Targets named `kind@where` grouped by kind: met in n of m, the misses with their paired
+    difference where the file gives it; other targets by name and value."""
+    kinds: dict[str, list[tuple[str, object]]] = {}
+    for name, value in sorted(targets.items()):
+        kind, _, where = name.partition("@")
+        kinds.setdefault(kind, []).append((where, value))
+    parts = []
+    for kind, items in kinds.items():
+        if not all(isinstance(v, bool) for _, v in items):
+            parts += [f"`{kind}{'@' + w if w else ''}` {v}" for w, v in items]
+            continue
+        missed = []
+        for where, ok in items:
+            if not ok:
+                d = details.get(f"{kind}@{where}" if where else kind) or {}
+                extra = (f" {d.get('lowbit_best', '')} {d['paired_mean']:+.2f} +- "
+                         f"{d.get('paired_se', math.nan):.2f}" if "paired_mean" in d else "")
+                missed.append((where or kind) + extra.replace("  ", " "))
+        text = f"`{kind}` met in {len(items) - len(missed)} of {len(items)}"
+        parts.append(text + (f" (missed: {', '.join(missed)})" if missed else ""))
+    return "; ".join(parts)
+
+
+METHOD_LABEL = {"max": "MAX", "rand": "Rand", "rand+mix": "Rand+mix", "lsq": "LSQ",
+                "pact": "PACT", "brevitas": "Brevitas"}
+
+
+@suite("accuracy", "Quantization accuracy", "benchmarks/accuracy.py")
+def render_accuracy(files: list[Result]) -> list[str]:
+    """One row per (dataset, model, precision) with the methods as columns, from the latest run
+    that has the (dataset, model) pair; FP32 once per pair; the targets of the runs shown."""
+    owner: dict[tuple, Result] = {}
+    for f in sorted(files, key=lambda f: f.order):
+        for r in f.rows:
+            owner[(r.get("dataset"), r.get("model"))] = f
+    used = sorted(set(owner.values()), key=lambda f: f.order)
+    setup = [k for k in ("dataset", "model") if any(k in r for f in used for r in f.rows)]
+    methods: list[str] = []
+    cells: dict[tuple, dict[str, dict[str, dict]]] = {}  # pair -> precision -> method -> row
+    for pair, f in sorted(owner.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+        for r in f.rows:
+            if (r.get("dataset"), r.get("model")) == pair:
+                method = r.get("method", "-")
+                methods += [] if method in methods else [method]
+                cells.setdefault(pair, {}).setdefault(r.get("precision", "-"), {})[method] = r
+    fp32 = "fp32" in methods
+    methods = [m for m in methods if m != "fp32"]
+    rows, integer = [], []
+    for pair, precs in cells.items():
+        f, base = owner[pair], precs.get("fp32", {}).get("fp32")
+        names = [str(p) if p is not None else "-"
+                 for p, k in zip(pair, ("dataset", "model"), strict=True) if k in setup]
+        for i, (prec, by) in enumerate((p, b) for p, b in precs.items() if p != "fp32"):
+            rows.append([*(names if i == 0 else [""] * len(names)),
+                         *([_mean_std(base) if i == 0 and base else ""] if fp32 else []),
+                         f.link(prec), *(_mean_std(by[m]) if m in by else "-" for m in methods),
+                         _best_vs_brevitas(by),
+                         "/".join(str(n) for n in sorted({_n_seeds(r) for r in by.values()}
+                                                         - {0})) or "-"])
+            integer += [(pair, prec, m, r) for m, r in by.items() if "integer_accuracy_mean" in r]
+    out = ["Test accuracy %, mean +- std over seeds, per (dataset, model) from the latest run "
+           "that has it (FP32: the float model); best vs Brevitas: lowbit's most accurate "
+           "method minus Brevitas's, paired per-seed difference, mean +- standard error.", ""]
+    out += table([*setup, *(["FP32"] if fp32 else []), "precision",
+                  *(METHOD_LABEL.get(m, m) for m in methods),
+                  "best vs Brevitas", "seeds"], rows)
+    differ = [" ".join(x for x in ("/".join(str(p) for p in pair if p is not None), prec, m,
+                                   f"{r['accuracy_mean']:.3f} -> {r['integer_accuracy_mean']:.3f}")
+                       if x)
+              for pair, prec, m, r in integer if r["integer_accuracy_mean"] != r["accuracy_mean"]]
+    if integer:
+        out += ["", f"Integer model (`lowbit.convert`, exact integer layers): the same accuracy "
+                f"in {len(integer) - len(differ)} of {len(integer)} cells"
+                + (f"; differs in {', '.join(differ)}." if differ else ".")]
+    for f in used:
+        if targets := f.doc.get("targets") or {}:
+            out += ["", f"Targets of {f.link(f.name)}: "
+                    + _target_text(targets, f.doc.get("target_details") or {}) + "."]
+    return [*out, "", provenance(used), ""]
+
+
+def _seed_count(f: Result) -> int:
+    """How many seeds a run has: its setup's count, else the longest row's seed list."""
+    return int((f.doc.get("setup") or {}).get("seeds")
+               or max((len(r.get("seeds") or []) for r in f.rows), default=0))
+
+
+def _measured(f: Result) -> dict[str, list[float]]:
+    """Per plan, the measured latencies (ms) of its seeds (`per_seed` entries)."""
+    out: dict[str, list[float]] = {}
+    for e in f.doc.get("per_seed") or []:
+        if e.get("measured_latency_ms") is not None:
+            out.setdefault(e["plan"], []).append(e["measured_latency_ms"])
+    return out
+
+
+@suite("autoprecision", "Per-layer precision (autoprecision)", "benchmarks/autoprecision.py")
+def render_autoprecision(files: list[Result]) -> list[str]:
+    """Accuracy from the run with the most seeds (the latest of those): the chosen plans and
+    the uniform ones, predicted latency, bits and the paired difference of each chosen plan
+    against each plan; measured latency per plan (median over seeds) from the latest run that
+    measured it. Each table names its file, GPU and seed count."""
+    f = max(files, key=lambda f: (_seed_count(f), f.order))
+    setup = f.doc.get("setup", {})
+    autos = [r["plan"] for r in f.rows if r.get("plan", "").startswith("auto")]
+    rows = []
+    for r in f.rows:
+        diffs = [f"{r[f'{a} minus_mean']:+.2f} +- {r[f'{a} minus_se'] or math.nan:.2f}"
+                 if f"{a} minus_mean" in r else "" for a in autos]
+        rows.append([r.get("plan", "-"), f.link(f"{r['accuracy_mean']:.2f} +- "
+                                               f"{r['accuracy_std']:.2f}"),
+                     num(r.get("predicted_latency_us_mean"), 2),
+                     num(r.get("avg_weight_bits_mean"), 2), *diffs])
+    out = [f"{setup.get('dataset', '?')} / {setup.get('model', '?')}, {setup.get('method', '?')} "
+           f"QAT, first and last layer float, batch {setup.get('batch', '?')}. Chosen plans "
+           f"within uniform {setup.get('baseline')}'s latency or average weight bits; paired "
+           "per-seed differences, mean +- standard error.", "",
+           f"Accuracy: {f.link(f.name)}, {f.gpu}, {_seed_count(f)} seeds; latency "
+           f"{setup.get('latency', '?')}.", ""]
+    out += table(["plan", "accuracy %", "predicted us", "avg w bits",
+                  *(f"{a} minus this" for a in autos)], rows)
+    flags = {k: v for k, v in (f.doc.get("targets") or {}).items() if isinstance(v, bool)}
+    if flags:
+        out += ["", "Targets: " + "; ".join(f"`{k}` {'met' if v else 'missed'}"
+                                           for k, v in sorted(flags.items())) + "."]
+    out += ["", provenance([f]), ""]
+    timed = [g for g in files if _measured(g)]
+    if timed:
+        g = latest(timed)
+        rows = [[plan, g.link(f"{statistics.median(ms):.4f}"), f"{min(ms):.4f} - {max(ms):.4f}",
+                 len(ms)] for plan, ms in _measured(g).items()]
+        out += [f"Measured latency: {g.link(g.name)}, {g.gpu}, {_seed_count(g)} seeds (each "
+                "seed's plan timed, CUDA graph), ms:", ""]
+        out += table(["plan", "median ms", "range ms", "seeds"], rows)
+        out += ["", provenance([g]), ""]
+    return out
+
+
+@suite("wide_bits", "Wide realizations on trained models", "benchmarks/wide_bits.py")
+def render_wide_bits(files: list[Result]) -> list[str]:
+    """The latest run: per (precision, wide_bits), the top-1 agreement of the compiled plan
+    with the converted integer model over seeds (min, mean), and the accuracy change."""
+    f = latest(files)
+    groups: dict[tuple, list[dict]] = {}
+    for r in f.rows:
+        groups.setdefault((r["precision"], r["wide_bits"]), []).append(r)
+    rows = []
+    for (prec, bits), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
+        agree = [r["top1_agreement"] for r in rs]
+        delta = [r["accuracy"] - r["integer_accuracy"] for r in rs]
+        rows.append([prec, bits, f.link(f"{100 * statistics.fmean(agree):.2f}"),
+                     f"{100 * min(agree):.2f}", f"{statistics.fmean(delta):+.2f}",
+                     f"{max(r['max_logit_diff'] for r in rs):.3f}", len(rs)])
+    setup = f.doc.get("setup", {})
+    out = [f"{setup.get('dataset', '?')} / {setup.get('model', '?')}: residual adds realized at "
+           "`wide_bits`, the compiled plan against the converted integer model on the test "
+           "split (agreement: same predicted class, %).", ""]
+    out += table(["precision", "wide bits", "agreement % (mean)", "min %",
+                  "accuracy change (points)", "max logit diff", "seeds"], rows)
+    return [*out, "", provenance([f]), ""]
+
+
+@suite("qat_schedule", "Adaptive precision (mix) schedules", "benchmarks/qat_schedule.py")
+def render_qat_schedule(files: list[Result]) -> list[str]:
+    """Rows {precision, method, accuracy_mean, accuracy_std, paired_minus_rand_mean / _se} of
+    the README recipe with and without mix: per (model, QAT steps, warm-up, seeds, precision)
+    the latest run (runs with other settings are an ablation, each keeps its rows)."""
+    out = ["The README recipe (`method=\"rand\"`) with and without `mix`, same seeds; "
+           "paired difference mix - no mix in accuracy points +- its standard error.", ""]
+    latest_of: dict[tuple, list] = {}
+    for f in sorted(files, key=lambda f: f.order):
+        setup = f.doc.get("setup", {})
+        by = {(r["precision"], r["method"]): r for r in f.rows if isinstance(r, dict)}
+        for (prec, method), r in sorted(by.items()):
+            if method != "rand+mix":
+                continue
+            rand = by.get((prec, "rand"), {})
+            key = (setup.get("model", "-"), setup.get("qat_steps", "-"),
+                   setup.get("mix_warmup", "-"), setup.get("seeds", "-"), prec)
+            latest_of[key] = [f, *key, f"{rand.get('accuracy_mean', float('nan')):.2f}",
+                              f.link(f"{r['accuracy_mean']:.2f}"),
+                              f"{r.get('paired_minus_rand_mean', 0):+.2f} +- "
+                              f"{r.get('paired_minus_rand_se', 0):.2f}", run_of(f)]
+    out += table(*drop_same(["model", "QAT steps", "warm-up", "seeds", "precision", "rand %",
+                             "rand + mix %", "mix - no mix", "run"],
+                            [row[1:] for row in latest_of.values()], "run"))
+    return [*out, "", provenance({row[0] for row in latest_of.values()}), ""]
+
+
+def _network_key(r: dict) -> tuple | None:
+    """A network row's key: model, batch, precision, bias mode and the width of its residual
+    adds (24 bits where the row does not say); None for rows without a time (errors)."""
+    if not r.get("time_ms"):
+        return None
+    return (r["model"], r["batch"], r["precision"], r.get("exact_bias", True),
+            r.get("wide_bits", 24))
+
+
+def _largest_steps(f: Result, r: dict, n: int = 6) -> list[str]:
+    """The row's `n` slowest steps: impl, time, the alone time of each launch of multi-launch
+    steps, roofline floor and the fp16 time of the same layers (us)."""
+    layers = sorted((x for x in r.get("layers") or [] if x.get("time_us")),
+                    key=lambda x: -x["time_us"])[:n]
+    if not layers:
+        return []
+    rows = [[x.get("name", "-"), x.get("impl", "-"), f.link(us(x["time_us"])),
+             " + ".join(us(t) for t in x.get("launches_us") or []) or "-",
+             us(x.get("floor_us")), us(x.get("fp16_us"))] for x in layers]
+    return [f"Largest steps of {r['model']} b{r['batch']} {r['precision']} (exact bias, wide "
+            f"{r.get('wide_bits', 24)}), {f.date}: us in the engine, per-launch alone us of "
+            "multi-launch steps, floor, fp16 us of the same layers.", "",
+            *table(["step", "impl", "us", "launches us", "floor us", "fp16 us"], rows), ""]
+
+
+@suite("network", "Whole networks", "benchmarks/network.py")
+def render_network(files: list[Result]) -> list[str]:
+    """DESIGN.md's network rows: {model, batch, precision, exact_bias, wide_bits, time_ms,
+    images_per_s, baselines_ms: {fp16_eager, fp16_cuda_graph, fp16_compile}, floor_ms,
+    host_overhead_us, layers: [{name, impl, time_us, launches_us, floor_us, fp16_us}]}."""
+    out = ["Per model, batch, precision, bias mode and residual width the latest run (rows "
+           "with an error are left out); baselines of the same run. Bias: `exact` keeps each "
+           "output's bias at its shift (separate epilogue pass), `kernel` rounds it to "
+           "accumulator units so single-output layers use their kernel's own epilogue. Wide: "
+           "the bits of the residual adds' accumulators (24 by default; 16 or 8 with "
+           "`:wide16` / `:wide8`). Floor: the sum of the layers' roofline floors.", ""]
+    groups = by_gpu(files)
+    for gpu, group in groups:
+        picked = sorted(latest_rows(group, _network_key), key=lambda fr: (
+            str(fr[1]["model"]), fr[1]["batch"], fr[1]["precision"],
+            not fr[1].get("exact_bias", True), -fr[1].get("wide_bits", 24)))
+        rows = []
+        for f, r in picked:
+            b, t = r.get("baselines_ms") or {}, r["time_ms"]
+            rows.append([r["model"], r["batch"], r["precision"],
+                         "exact" if r.get("exact_bias", True) else "kernel",
+                         r.get("wide_bits", 24), f.link(f"{t:.3f}"),
+                         f"{r.get('images_per_s', 0):,.0f}",
+                         *(ratio(b.get(k), t) for k in ("fp16_eager", "fp16_cuda_graph",
+                                                        "fp16_compile")),
+                         f"{r['floor_ms']:.3f}" if r.get("floor_ms") else "-",
+                         us(r.get("host_overhead_us")), run_of(f)])
+        out += gpu_heading(gpu, groups)
+        out += table(*drop_same(["model", "batch", "precision", "bias", "wide", "ms", "images/s",
+                      "fp16 eager / ours", "fp16 CUDA graph / ours", "torch.compile / ours",
+                      "floor ms", "host us", "run"], rows, "run"))
+        out += ["", provenance(f for f, _ in picked), ""]
+        big = [(f, r) for f, r in picked if _network_key(r) == ("resnet50", 256, "w1a2", True, 24)]
+        out += _largest_steps(*big[-1]) if big else []
+    return out
+
+
+@suite("netops", "Network ops and the fused first layer", "benchmarks/netops.py")
+def render_netops(files: list[Result]) -> list[str]:
+    """Rows {op, workload, batch, impl, time_us, graph_us, floor_us, baselines_us}: the
+    packed-domain kernels (epilogue, pools, image quantization) and the first layer."""
+    out = ["Per op, workload and batch the latest run; CUDA-graph times, PyTorch fp16 of the "
+           "same run (same op in fp16, channels_last).", ""]
+    groups = by_gpu(files)
+    for gpu, group in groups:
+        picked = latest_rows(group, lambda r: (r["op"], r["workload"], r["batch"], r["impl"]))
+        rows = []
+        for f, r in picked:
+            t = r.get("graph_us") or r.get("time_us")
+            b = r.get("baselines_us") or {}
+            rows.append([r["op"], r["workload"], r["batch"], r["impl"], f.link(us(t)),
+                         us(r.get("floor_us")), ratio(t, r.get("floor_us")),
+                         us(b.get("fp16_cuda_graph")), ratio(b.get("fp16_cuda_graph"), t),
+                         run_of(f)])
+        out += gpu_heading(gpu, groups)
+        out += table(*drop_same(["op", "workload", "batch", "impl", "us", "floor us", "/ floor",
+                      "fp16 graph us", "fp16 / ours", "run"], rows, "run"))
+        out += ["", provenance(f for f, _ in picked), ""]
+    return out
+
+
+MODEL_LABEL = {"learned_anchored": "learned + 1 measured config"}
+
+
+def _ape_tau(f: Result, r: dict) -> str:
+    return f"{f.link(num(r.get('median_ape'), 1))} ({num(r.get('kendall_tau'), 2)})"
+
+
+def _model_accuracy_table(acc: list[tuple[Result, dict]]) -> list[str]:
+    """One row per (template, data) with the models as columns: median APE % (Kendall tau);
+    layers and configs of the row's first model."""
+    models = list(dict.fromkeys(r.get("model", "-") for _, r in acc))
+    cells: dict[tuple, dict[str, tuple[Result, dict]]] = {}
+    for f, r in acc:
+        cells.setdefault((r["template"], r.get("data", "-")), {})[r.get("model", "-")] = (f, r)
+    rows = []
+    for (template, data), by in cells.items():
+        figures = [_ape_tau(*by[m]) if m in by else "-" for m in models]
+        first = next(iter(by.values()))[1]
+        rows.append([template, data, *figures, first.get("n_layers", "-"),
+                     first.get("n_configs", "-")])
+    if not rows:
+        return []
+    return [*table(["template", "data",
+                    *(f"{MODEL_LABEL.get(m, m)}: APE % (tau)" for m in models),
+                    "layers", "configs"], rows), ""]
+
+
+@suite("perfmodel", "Performance model", "benchmarks/perfmodel.py")
+def render_perfmodel(files: list[Result]) -> list[str]:
+    """Rows of kind model_accuracy {template, median_ape, kendall_tau, n_layers, n_configs},
+    pruned_tuner {template, workload, space_size, fraction_measured_to_097} and dispatch
+    {workload, template, dispatch_us, tuned_us, dispatch_over_tuned, cudnn_fp16_us}."""
+    out = ["Held-out accuracy (leave one layer out on recorded data; fresh shapes in GPU runs), "
+           "the pruned tuner's replays and zero-tuning dispatch; latest run per row. Learned "
+           "model: XGBoost, absolute error of the log time ratio; \"learned + 1 measured "
+           "config\": each held-out workload's predictions rescaled by one measurement (the "
+           "config predicted fastest), scored on the others.", ""]
+    groups = by_gpu(files)
+    for gpu, group in groups:
+        acc = latest_rows(group, lambda r: (r["template"], r.get("model"), r.get("data"))
+                          if r.get("kind") == "model_accuracy" else None)
+        out += gpu_heading(gpu, groups)
+        out += _model_accuracy_table(acc)
+        pruned = latest_rows(group, lambda r: (r["template"], r["workload"])
+                             if r.get("kind") == "pruned_tuner" else None)
+        if pruned:
+            fr = [r["fraction_measured_to_097"] for _, r in pruned]
+            out += [f"Pruned tuner: {len(fr)} spaces, median fraction of the space measured to "
+                    f"reach 0.97x of the best {statistics.median(fr):.3f} (max {max(fr):.3f}), "
+                    f"{sum(x <= 0.10 for x in fr)} of {len(fr)} at or under 10%.", ""]
+        disp = latest_rows(group, lambda r: r["workload"] if r.get("kind") == "dispatch"
+                           else None)
+        if disp:
+            over = [r["dispatch_over_tuned"] for _, r in disp if r.get("dispatch_over_tuned")]
+            out += [f"Zero-tuning dispatch: {len(over)} layers, median dispatch / best measured "
+                    f"{statistics.median(over):.2f}x, {sum(x <= 1.25 for x in over)} within "
+                    "1.25x.", ""]
+        out += [provenance({f for f, _ in acc + pruned + disp}), ""]
+    return out
+
