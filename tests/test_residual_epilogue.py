@@ -332,30 +332,6 @@ def test_residual_path_compiles_with_nvrtc(name, arch):
     assert built == 2
 
 
-def test_residual_default_on_resnet50_block_ends_does_not_spill():
-    """The untuned kernel of ResNet-50's 1x1 block-ending conv with a residual (batch 256,
-    56 x 56, 64 -> 256, w1a2) keeps at most RESIDUAL_MAX_WN columns per warpgroup and its SASS
-    has no local-memory loads or stores (192 x 256 blocks of 256 columns spilled: 136 of
-    them); without the residual the default stays the 256-column fused-planes kernel."""
-    from lowbit.kernels.cuda import default_bitserial
-    from lowbit.kernels.cuda.bitserial_defaults import RESIDUAL_MAX_WN
-    from lowbit.kernels.cuda.nvrtc import compile_cubin
-    from lowbit.kernels.cuda.sass import kernel_instructions, nvdisasm_path, opcodes
-
-    dims = dict(N=256, H=56, W=56, C=64, K=256, R=1, S=1, pad=0)
-    plain = _conv(B1, U2, Epilogue(shifted_bias=True, relu=True, out=U2, out_layout=BP), **dims)
-    assert default_bitserial(plain, "sm_90a")[1]["WN"] == 256
-    wl = _conv(B1, U2, res_epi(U2, True), **dims)
-    family, cfg = default_bitserial(wl, "sm_90a")
-    assert cfg["WN"] <= RESIDUAL_MAX_WN
-    if nvdisasm_path() is None:
-        pytest.skip("needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
-    kernels = kernel_instructions(compile_cubin(family.render(wl, cfg), "sm_90a"))
-    assert max(len(v) for v in kernels.values()) > 500  # the main kernel is among them
-    for name, instructions in kernels.items():
-        assert not [o for o in opcodes(instructions) if o.startswith(("LDL", "STL"))], name
-
-
 # ------------------------------------------------------------------------------ plans
 def _residual_layers(plan) -> tuple[list, list]:
     """(layers with a residual and one requantized output, the other residual layers)."""

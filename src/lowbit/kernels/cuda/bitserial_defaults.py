@@ -32,10 +32,6 @@ ACC_LIMIT = {"mma_sync": 128, "wgmma": 136}
 # hide the other's epilogue, NOTES.md "Teams")
 TAP_SHIFT_DEFAULT_MAX_K = 128
 TEAMS_DEFAULT_MAX_K = 256
-# with a residual the epilogue's 64-bit multiply-adds (acc m + b + res r per column) at 256
-# columns per warpgroup spill (ResNet-50's 1x1 block ends: 136 local-memory instructions, the
-# kernel 4x its floor on an H200); 128 columns do not
-RESIDUAL_MAX_WN = 128
 
 # wgmma defaults use the 32-byte swizzle (up to 1.4x faster than core matrices, NOTES.md v4);
 # the one-tile ones KT=1 with 6 stages
@@ -89,13 +85,10 @@ def regime_fits(wl: Workload, spec: Mapping, acc_regs: int) -> bool:
     """Whether a preferred config (full parameters `spec`, `acc_regs` accumulator registers)
     suits `wl`: accumulators within ACC_LIMIT; tap-shift defaults on convs of at most
     TAP_SHIFT_DEFAULT_MAX_K output channels (two teams: TEAMS_DEFAULT_MAX_K, two activation
-    planes only); 192-row and tap-shift blocks on grids of at least one tile per SM; with a
-    residual epilogue at most RESIDUAL_MAX_WN columns per warp(group)."""
+    planes only); 192-row and tap-shift blocks on grids of at least one tile per SM."""
     from .bitserial_layout import tile_grid
 
     if acc_regs > ACC_LIMIT[spec["MMA"]]:
-        return False
-    if wl.epilogue.residual is not None and spec["WN"] > RESIDUAL_MAX_WN:
         return False
     teams = spec["TEAMS"] > 1
     if spec["TAP_SHIFT"] and conv_shape(wl).kout > (
