@@ -263,7 +263,10 @@ def test_emulated_bitserial_kernels_are_bit_exact(name, wl, changes):
     # an even K: the column pair's residuals arrive as one load (load_residual_pair)
     (("res[0] = (short)(v & 0xffffu);", "res[0] = (short)(v >> 16);"), 40, R16),
     (("res[1] = v.y;", "res[1] = v.x;"), 40, None),
-], ids=["residual_dropped", "int16_read_as_int32", "int16_pair_crossed", "int32_pair_crossed"])
+    # the requantization's round half up (round_shift) truncated to a floor
+    (("return (q >> 1) + (q & 1);", "return q >> 1;"), 37, R16),
+], ids=["residual_dropped", "int16_read_as_int32", "int16_pair_crossed", "int32_pair_crossed",
+        "rounding_floored"])
 def test_emulation_catches_a_broken_residual_epilogue(edit, k, wide):
     """The exactness test fails when the kernel drops the residual term, reads an int16
     residual as int32 or crosses a column pair's residuals (a .cu file edited for the test)."""
