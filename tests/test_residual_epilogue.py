@@ -391,6 +391,28 @@ def test_planner_keeps_the_int32_pass_where_the_sum_could_overflow():
     assert kernel_epilogue(step, plan.tensors).workload.epilogue == Epilogue()  # no params
 
 
+def test_planner_keeps_the_int32_pass_for_large_residual_outputs(monkeypatch):
+    """Above RESIDUAL_FUSE_MAX_OUTPUTS output values (the measured crossover: the fused
+    residual's 64-bit arithmetic then costs more than the separate pass) the layer keeps the
+    int32 pass; at or below it the residual is fused."""
+    from dataclasses import replace
+    from math import prod
+
+    from lowbit.graph import planner
+
+    plan = _plan("resnet18")
+    step = _residual_layers(plan)[0][0]
+    size = prod(plan.tensors[step.layer_outputs[0].tensor].shape)
+    plain = replace(step, workload=step.workload.replace(epilogue=Epilogue()))
+    fused = planner.kernel_epilogue(plain, plan.tensors, plan.params).workload.epilogue
+    assert fused.residual == WidePrecision(24)
+    monkeypatch.setattr(planner, "RESIDUAL_FUSE_MAX_OUTPUTS", size - 1)
+    back = planner.kernel_epilogue(plain, plan.tensors, plan.params).workload.epilogue
+    assert back == Epilogue()
+    monkeypatch.setattr(planner, "RESIDUAL_FUSE_MAX_OUTPUTS", size)
+    assert planner.kernel_epilogue(plain, plan.tensors, plan.params).workload.epilogue == fused
+
+
 def test_a_plan_layer_through_the_emulation():
     """A fused residual layer of the ResNet-18 plan, with the plan's own multipliers (m past
     2^31) and bias and a random residual, through the emulated kernel of its family equals

@@ -551,6 +551,14 @@ def fuse_maxpools(steps: list[Step], tensors: dict[str, TensorSpec]) -> list[Ste
     return [s for s in out if id(s) not in drop]
 
 
+#: Outputs up to which a layer takes its residual in the kernel's epilogue rather than in the
+#: int32 pass. Measured on an H200 (benchmarks/probes/epilogue_probe.py, ResNet-50's 1x1 block
+#: end at batch 256, 205 M outputs): the residual's 64-bit multiply-adds cost ~4.0 ps per
+#: output over the int32-output kernel (1111 vs 282 us), the separate pass ~2.3 ps (bytes)
+#: plus a launch (~4 us); fusing pays below ~2.4 M outputs (ResNet-18 at batch 8), not above.
+RESIDUAL_FUSE_MAX_OUTPUTS = 2_000_000
+
+
 def kernel_epilogue(step: Layer, tensors: dict[str, TensorSpec],
                     params: dict[str, torch.Tensor] | None = None) -> Layer:
     """The layer's workload with the kernel's own epilogue (`lowbit.core.Epilogue`) where the
@@ -560,8 +568,9 @@ def kernel_epilogue(step: Layer, tensors: dict[str, TensorSpec],
     (`Epilogue.shifted_bias`, exact-bias plans) on templates that declare
     `takes_shifted_bias`; with a wide residual (`Epilogue.residual`, given `params`) on
     templates that declare `takes_residual` where `residual_fits` proves the kernel's 64-bit
-    sum exact; otherwise int32 acc for a separate epilogue pass (which adds each output's
-    shifted bias and the residual)."""
+    sum exact and the output has at most RESIDUAL_FUSE_MAX_OUTPUTS values; otherwise int32
+    acc for a separate epilogue pass (which adds each output's shifted bias and the
+    residual)."""
     outs = step.layer_outputs
     wl = step.workload.replace(epilogue=Epilogue(out="int32"))
     if not (len(outs) == 1 and outs[0].requantized and step.pool is None
@@ -571,8 +580,10 @@ def kernel_epilogue(step: Layer, tensors: dict[str, TensorSpec],
     if not isinstance(t.precision, Precision):  # a 16-bit wide output: epilogue pass
         return replace(step, workload=wl)
     if step.residual is not None:
-        kinds = [] if params is None or not residual_fits(step, tensors, params) else \
-            [dict(shifted_bias=True, residual=tensors[step.residual].precision)]
+        fuse = params is not None and math.prod(t.shape) <= RESIDUAL_FUSE_MAX_OUTPUTS \
+            and residual_fits(step, tensors, params)
+        kinds = [dict(shifted_bias=True, residual=tensors[step.residual].precision)] \
+            if fuse else []
     else:
         kinds = ([dict(bias=True)] if step.bias is not None else []) + \
             ([dict(shifted_bias=True)] if takes_shifted_bias(step.impl) else [])
