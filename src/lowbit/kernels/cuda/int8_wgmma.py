@@ -15,13 +15,14 @@ must fit (checked), outputs as `lowbit.reference.run`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import ClassVar
 
 from ...core import Config, Encoding, Layout, Workload
 from ...core.knobs import KnobDef, KnobTable
 from ...core.space import Scalar
-from ..base import EXACT_INT32, acc_bound
+from ..base import EXACT_INT32, NUM_SMS, acc_bound
 from . import bitserial_defaults as defaults
 from .bitserial_family import (
     BitserialFamily,
@@ -34,10 +35,13 @@ from .bitserial_family import (
     warp_tiles,
     wgmma_n,
 )
+from .bitserial_layout import tile_grid
 from .bitserial_render import render
 from .bitserial_shape import WGMMA_ARCH, conv_shape, kernel_window, support_limits_reason
 from .bitserial_wgmma import REQUANT, SWIZZLE, WGMMA, WGMMA_PERSISTENT, persistent_spill
 
+#: tiles a default's grid should have: half the SMs, below which a smaller tile is taken
+MIN_DEFAULT_TILES = NUM_SMS // 2
 
 class Int8WgmmaTemplate(BitserialFamily):
     """NHWC x KRSC int8 conv2d (and GEMM) on s8 wgmma with the bit-serial wgmma kernels."""
@@ -91,8 +95,12 @@ class Int8WgmmaTemplate(BitserialFamily):
     def default_config(self, workload: Workload, arch: str | None = None,
                        plain: bool = False) -> Config:
         """The first valid of the one-tile wgmma family's preferred configs that set no knob
-        this template lacks (big N per instruction first), requantizing by multiplying."""
+        this template lacks (big N per instruction first) whose grid has at least
+        MIN_DEFAULT_TILES tiles, else the valid one with the most tiles; requantizing by
+        multiplying. (Small-M layers, e.g. a classifier at batch 256 or 8, took the first
+        config's 128 x 256 tiles: 8 blocks on 132 SMs for M = 256, N = 1000.)"""
         space = self.space(workload, arch)
+        valid = []
         for d in defaults.preferred(defaults.WGMMA):
             if any(k not in self.knobs.names and v != WGMMA.knobs[k].neutral
                    for k, v in d.items()):
@@ -100,7 +108,12 @@ class Int8WgmmaTemplate(BitserialFamily):
             cfg = Config({**self.knobs.neutral(), **{k: v for k, v in d.items()
                                                      if k in self.knobs.names}})
             if space.is_valid(cfg):
-                return cfg
+                tiles = math.prod(tile_grid(workload, self.spec(cfg)))
+                if tiles >= MIN_DEFAULT_TILES:
+                    return cfg
+                valid.append((tiles, cfg))
+        if valid:
+            return max(valid, key=lambda tc: tc[0])[1]  # max keeps the first of equals
         return space.all_configs()[0]
 
 
