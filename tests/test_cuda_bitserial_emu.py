@@ -533,6 +533,18 @@ def test_emulation_catches_misplaced_ones_columns(monkeypatch):
     assert not _check(wl, cfg, seed=2)
 
 
+def _break_source(monkeypatch, edit: tuple[str, str]) -> None:
+    """Emulate kernels from their text with edit[0] (which must occur) replaced by edit[1]."""
+    real = bitserial_emu.host_source
+
+    def broken(*args):
+        text = real(*args)
+        assert edit[0] in text
+        return text.replace(edit[0], edit[1])
+
+    monkeypatch.setattr(bitserial_emu, "host_source", broken)
+
+
 @pytest.mark.parametrize("edit,extra", [
     # one more wgmma batch in flight: the stage being refilled is still being read
     (("if constexpr (!RESIDENT_STAGES) wgmma_wait<1>();",
@@ -563,14 +575,7 @@ def test_emulation_catches_misplaced_ones_columns(monkeypatch):
         "fused_plane_once", "fused_plane_overwrites", "slice_sums_left_out",
         "slices_overlap"])
 def test_emulation_catches_a_broken_kernel(edit, extra, monkeypatch):
-    real = bitserial_emu.host_source
-
-    def broken(*args):
-        text = real(*args)
-        assert edit[0] in text
-        return text.replace(edit[0], edit[1])
-
-    monkeypatch.setattr(bitserial_emu, "host_source", broken)
+    _break_source(monkeypatch, edit)
     wl = conv(S2, U2, EPILOGUES[1], N=1, H=6, W=5, C=200, K=37)
     changes = {"STAGES": 3, "KT": 1, **extra}
     mma = "mma_sync" if "SPLIT_K" in extra else "wgmma"  # split-K runs on mma.sync only
@@ -585,17 +590,10 @@ def test_emulation_catches_a_broken_kernel(edit, extra, monkeypatch):
 ])
 def test_emulation_catches_crossed_output_pairs(case, edit, monkeypatch):
     """The column-pair stores of int32 / fp16 / INT8 outputs: a pair stored crosswise fails."""
-    real = bitserial_emu.host_source
-
-    def broken(*args):
-        text = real(*args)
-        assert edit[0] in text
-        return text.replace(edit[0], edit[1])
-
     wl, mma, changes = CASE_BY_ID[case]
     assert wl.epilogue.out in ("int32", "fp16") or wl.epilogue.out_layout is Layout.INT8
     assert _check(wl, _config(wl, mma, changes), seed=2)
-    monkeypatch.setattr(bitserial_emu, "host_source", broken)
+    _break_source(monkeypatch, edit)
     assert not _check(wl, _config(wl, mma, changes), seed=2)
 
 
