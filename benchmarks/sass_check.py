@@ -35,14 +35,9 @@ from pathlib import Path
 BASELINE = Path(__file__).resolve().parent / "sass_baseline.json"
 
 
-def check_entry(entry: dict) -> list[str]:
-    """Differences of one baseline entry from what the current templates pick and compile
-    ([] if none)."""
-    return compare_entry(entry)[0]
-
-
 def compare_entry(entry: dict) -> tuple[list[str], dict]:
-    """(differences as in check_entry, the SASS summary compiled now)."""
+    """(differences of one baseline entry from what the current templates pick and compile,
+    [] if none; the SASS summary compiled now)."""
     from lowbit.core import Config, workload_from_json
     from lowbit.kernels.cuda import BY_NAME, default_bitserial, migrate_config
     from lowbit.kernels.cuda.nvrtc import compile_cubin

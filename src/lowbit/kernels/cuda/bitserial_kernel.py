@@ -143,12 +143,9 @@ class BitserialKernel:
                              f"launch), this kernel is built for {self.arch}")
         if x.device.type != "cuda":
             raise ValueError(f"x must be a CUDA tensor for {wl.key}, got device {x.device}")
-        for name, t in (("x", x), ("w", w)):
-            if t.data_ptr() % 16:
-                raise ValueError(f"{name} must start at a 16-byte aligned address")
         out = output_buffer(wl, x.device, out)
-        # the epilogue stores and reads column pairs as one vector access
-        for name, t in (("out", out), ("params.residual", params.residual)):
+        # vector loads of the operands; the epilogue stores and reads column pairs as one access
+        for name, t in (("x", x), ("w", w), ("out", out), ("params.residual", params.residual)):
             if t is not None and t.data_ptr() % 16:
                 raise ValueError(f"{name} must start at a 16-byte aligned address")
         wtap, xpop = side_tables(wl, spec, x.device)
