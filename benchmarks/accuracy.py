@@ -85,7 +85,8 @@ CALIBRATION_BATCHES = 8
 
 @dataclass(frozen=True)
 class Schedule:
-    """Training of one dataset: epochs, batch size, learning rates, model width."""
+    """Training of one dataset: epochs, batch size, learning rates, model width, and the weight
+    of knowledge distillation from the FP32 model in the QAT loss (0: cross-entropy alone)."""
 
     fp32_epochs: int
     qat_epochs: int
@@ -93,21 +94,34 @@ class Schedule:
     fp32_lr: float = 3e-3
     qat_lr: float = 1e-3
     width: float = 1.0
+    distill: float = 0.0
 
 
 SCHEDULES = {"digits": Schedule(12, 10), "digits_hard": Schedule(10, 3)}
 QUICK = {"digits": Schedule(3, 1), "digits_hard": Schedule(2, 1)}
 
 
-def train(model: nn.Module, loader, epochs: int, lr: float, penalty: float = 0.0) -> None:
-    """Adam with a cosine learning rate; `penalty` weights PACT's L2 on the clips."""
+def train(model: nn.Module, loader, epochs: int, lr: float, penalty: float = 0.0,
+          teacher: nn.Module | None = None, distill: float = 0.0) -> None:
+    """Adam with a cosine learning rate; `penalty` weights PACT's L2 on the clips. With a
+    `teacher` and distill > 0 the loss is (1 - distill) * cross-entropy + distill *
+    KL(teacher || model) on the logits at temperature 1 (the LSQ paper's distillation)."""
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, epochs * len(loader))
     model.train()
+    if teacher is not None:
+        teacher.eval()
     for _ in range(epochs):
         for x, y in loader:
             opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
+            out = model(x)
+            loss = F.cross_entropy(out, y)
+            if teacher is not None and distill:
+                with torch.no_grad():
+                    target = F.log_softmax(teacher(x), dim=1)
+                kd = F.kl_div(F.log_softmax(out, dim=1), target, reduction="batchmean",
+                              log_target=True)
+                loss = (1 - distill) * loss + distill * kd
             if penalty:
                 loss = loss + penalty * pact_penalty(model)
             loss.backward()
@@ -128,14 +142,16 @@ def _reseed(loader, seed: int) -> None:
 
 def lowbit_qat(fp32: nn.Module, precision: str, name: str, loader, sched: Schedule,
                seed: int) -> nn.Module:
+    """QAT of lowbit method `name` on a copy of `fp32` (the teacher when sched.distill)."""
     method, mix = LOWBIT[name]
     wb, ab = parse_wa(precision)
     steps = sched.qat_epochs * len(loader)
-    q = lowbit.quantize(fp32, weight_bits=wb, act_bits=ab, method=method, mix=mix,
+    q = lowbit.quantize(copy.deepcopy(fp32), weight_bits=wb, act_bits=ab, method=method, mix=mix,
                         skip_first=True, skip_last=True, threshold=RAND_THRESHOLD, tau=TAU,
                         eta=ETA, beta=BETA, mix_until=max(1, int(MIX_UNTIL_FRACTION * steps)))
     _reseed(loader, seed)
-    train(q, loader, sched.qat_epochs, sched.qat_lr, PACT_DECAY if method == "pact" else 0.0)
+    train(q, loader, sched.qat_epochs, sched.qat_lr, PACT_DECAY if method == "pact" else 0.0,
+          fp32, sched.distill)
     return q
 
 
@@ -216,20 +232,45 @@ def brevitas_qat(fp32: nn.Module, precision: str, loader, sched: Schedule,
         for x, _ in itertools.islice(loader, CALIBRATION_BATCHES):
             q(x)
     _reseed(loader, seed)
-    train(q, loader, sched.qat_epochs, sched.qat_lr)
+    train(q, loader, sched.qat_epochs, sched.qat_lr, teacher=fp32, distill=sched.distill)
     return q
 
 
 # --- one task: every precision and method of (dataset, model, seed) ----------------------------
 
+def fp32_model(dataset: str, model_name: str, seed: int, sched: Schedule, train_loader,
+               cache: Path | None = None) -> nn.Module:
+    """The FP32 model of (dataset, model, seed), trained from scratch, or loaded from `cache`
+    (a folder of checkpoints keyed by everything that decides it) together with the torch and
+    data-order random states its training left, so the QAT that follows is the same either
+    way."""
+    torch.manual_seed(seed)
+    fp32 = models.get(model_name, num_classes=10, width=sched.width)
+    key = json.dumps([dataset, model_name, seed, sched.fp32_epochs, sched.fp32_lr,
+                      sched.batch_size, sched.width, torch.__version__])
+    path = None if cache is None else Path(cache) / (
+        f"{dataset}-{model_name}-{seed}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.pt")
+    if path is not None and path.is_file():
+        saved = torch.load(path, weights_only=True)
+        fp32.load_state_dict(saved["model"])
+        torch.set_rng_state(saved["torch_rng"])
+        train_loader.generator.set_state(saved["loader_rng"])
+        return fp32
+    train(fp32, train_loader, sched.fp32_epochs, sched.fp32_lr)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": fp32.state_dict(), "torch_rng": torch.get_rng_state(),
+                    "loader_rng": train_loader.generator.get_state()}, path)
+    return fp32
+
+
 def run_task(dataset: str, model_name: str, seed: int, sched: Schedule,
-             precisions: tuple[str, ...], methods: tuple[str, ...]) -> dict:
+             precisions: tuple[str, ...], methods: tuple[str, ...],
+             fp32_cache: Path | None = None) -> dict:
     torch.set_num_threads(1)
     t0, cpu0 = time.time(), time.process_time()
     train_loader, test_loader = benchmark_loaders(dataset, sched.batch_size, seed)
-    torch.manual_seed(seed)
-    fp32 = models.get(model_name, num_classes=10, width=sched.width)
-    train(fp32, train_loader, sched.fp32_epochs, sched.fp32_lr)
+    fp32 = fp32_model(dataset, model_name, seed, sched, train_loader, fp32_cache)
     acc = {("fp32", "fp32"): accuracy(fp32, test_loader)}
     seconds = {("fp32", "fp32"): time.time() - t0}
     iacc, schedules, errors = {}, {}, {}
@@ -238,7 +279,7 @@ def run_task(dataset: str, model_name: str, seed: int, sched: Schedule,
         key = (precision, method)
         try:
             if method in LOWBIT:
-                q = lowbit_qat(copy.deepcopy(fp32), precision, method, train_loader, sched, seed)
+                q = lowbit_qat(fp32, precision, method, train_loader, sched, seed)
             else:
                 q = brevitas_qat(fp32, precision, train_loader, sched, seed)
             acc[key] = accuracy(q, test_loader)
@@ -471,6 +512,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="a smoke run: 1 QAT epoch, short FP32")
     ap.add_argument("--fp32-epochs", type=int, help="override every dataset's FP32 epochs")
     ap.add_argument("--qat-epochs", type=int, help="override every dataset's QAT epochs")
+    ap.add_argument("--qat-lr", type=float, help="override every dataset's QAT learning rate")
+    ap.add_argument("--distill", type=float, help="override every dataset's weight of "
+                    "distillation from the FP32 model in the QAT loss (0..1)")
+    ap.add_argument("--fp32-cache", type=Path, help="folder of FP32 checkpoints: a task whose "
+                    "FP32 model is there loads it instead of training it (same numbers)")
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
@@ -485,6 +531,13 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.seeds < 1:
         ap.error("--seeds must be >= 1")
+    for name in ("fp32_epochs", "qat_epochs"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.qat_lr is not None and not args.qat_lr > 0:
+        ap.error("--qat-lr must be > 0")
+    if args.distill is not None and not 0 <= args.distill <= 1:
+        ap.error("--distill must be in [0, 1]")
     if args.out:
         os.environ["LOWBIT_RESULTS_DIR"] = args.out
     methods = tuple(args.methods)
@@ -496,7 +549,9 @@ def main(argv: list[str] | None = None) -> None:
     for d in args.datasets:
         s = (QUICK if args.quick else SCHEDULES)[d]
         s = replace(s, **{k: v for k, v in (("fp32_epochs", args.fp32_epochs),
-                                            ("qat_epochs", args.qat_epochs)) if v})
+                                            ("qat_epochs", args.qat_epochs),
+                                            ("qat_lr", args.qat_lr),
+                                            ("distill", args.distill)) if v is not None})
         schedules[d] = s
     precisions = tuple(args.precisions)
     settings = {d: _settings_key(s, precisions, methods) for d, s in schedules.items()}
@@ -512,7 +567,7 @@ def main(argv: list[str] | None = None) -> None:
     skip = {(r["dataset"], r["model"], r["seed"]) for r in done} if (
         args.resume or args.from_journal) else set()
     # seed-major order: a run stopped early has every (dataset, model) at a similar seed count
-    tasks = [(d, m, seed, schedules[d], precisions, methods)
+    tasks = [(d, m, seed, schedules[d], precisions, methods, args.fp32_cache)
              for seed in range(args.seeds)
              for d in sorted(args.datasets, key=lambda d: d != "digits_hard")
              for m in args.models if (d, m, seed) not in skip]

@@ -147,3 +147,51 @@ def test_journal_resume_and_results_from_journal(tmp_path, capsys, monkeypatch):
                                               "digits_hard/digits_cnn": []}
     assert [r["seeds"] for r in doc["rows"]] == [[0, 1], [0, 1]]
     assert doc["rows"][1]["accuracies"][0] == round(first["result"]["acc"]["w4a4/max"], 3)
+
+
+def test_fp32_cache_gives_the_same_task(tmp_path):
+    """A task whose FP32 model comes from the cache has the numbers of one that trains it: the
+    checkpoint carries the random states (QAT data order, Brevitas's calibration batches)."""
+    sched = bench.Schedule(fp32_epochs=1, qat_epochs=1)
+    args = ("digits", "digits_cnn", 0, sched, ("w2a2",), ("max", "lsq"))
+    plain = bench.run_task(*args)
+    first = bench.run_task(*args, tmp_path)
+    assert len(list(tmp_path.glob("digits-digits_cnn-0-*.pt"))) == 1
+    cached = bench.run_task(*args, tmp_path)
+    assert cached["seconds"]["fp32", "fp32"] < first["seconds"]["fp32", "fp32"]
+    assert plain["acc"] == first["acc"] == cached["acc"]
+    assert len(plain["acc"]) == 3
+
+
+def _linear_digits():
+    from lowbit.quant.data import digits_loaders
+
+    train_loader, _ = digits_loaders(64, 0)
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10)), train_loader
+
+
+def test_distillation_learns_the_teacher_without_labels():
+    """distill=1 with every label replaced by 0: the student follows the teacher's predictions,
+    where cross-entropy alone learns the constant label."""
+    model, loader = _linear_digits()
+    bench.train(model, loader, 3, 1e-2)
+    teacher = model.eval()
+    x = torch.cat([xb for xb, _ in loader])
+    ones = [(xb, torch.zeros_like(yb)) for xb, yb in loader]
+    agree = {}
+    for distill in (0.0, 1.0):
+        student, _ = _linear_digits()
+        torch.nn.init.zeros_(student[1].weight)
+        bench.train(student, ones, 3, 1e-2, teacher=teacher, distill=distill)
+        with torch.no_grad():
+            agree[distill] = (student(x).argmax(1) == teacher(x).argmax(1)).float().mean()
+    assert agree[1.0] > 0.9 > 0.2 > agree[0.0]
+
+
+@pytest.mark.parametrize("option", [["--distill", "1.5"], ["--qat-lr", "0"],
+                                    ["--qat-epochs", "0"]])
+def test_bad_schedule_options_are_refused(option, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--seeds", "1", *option])
+    assert option[0] in capsys.readouterr().err
