@@ -3,7 +3,8 @@ quantize_float (or the uint8 table) -> accumulate -> epilogue_outputs -> maxpool
 
 CPU: under TRITON_INTERPRET=1 on small odd images (2x3x37x45), ResNet's 7x7/2 + 3x3/2 pool,
 AlexNet's 11x11/4 with and without its pool, fp32 / fp16 / uint8 input, INT8 and BITPLANE
-outputs. GPU (`gpu` mark): 224x224 at batch 8 and a CUDA-graph replay.
+outputs; both conv kernels ("bands" and "gemm"). GPU (`gpu` mark): 224x224 at batch 8 and a
+CUDA-graph replay.
 """
 
 from __future__ import annotations
@@ -142,6 +143,49 @@ def test_stem_configs(cfg):
     assert check_outputs(got, ref, layouts, specs) == 2
 
 
+GEMM_CASES = [  # (name, image n x h x w, filter, stride, pad, pool_pad, config, dtype)
+    ("resnet_pool_wholek", (2, 20, 18), 7, 2, 3, 1,
+     S.StemConfig(kernel="gemm", block_j=16, band_rows=2, whole_k=True), torch.float32),
+    ("resnet_pool_2colblocks_chunked", (1, 21, 67), 7, 2, 3, 1,
+     S.StemConfig(kernel="gemm", block_j=16, band_rows=4, block_n=32), torch.float16),
+    ("resnet_no_pool", (2, 20, 18), 7, 2, 3, None,
+     S.StemConfig(kernel="gemm", block_j=16, whole_k=True, fast_requant=False),
+     torch.float32),
+    ("alexnet_pool0", (2, 41, 39), 11, 4, 2, 0,
+     S.StemConfig(kernel="gemm", block_j=16, band_rows=3), torch.float32),
+]
+
+
+@pytest.mark.parametrize("case", GEMM_CASES, ids=[c[0] for c in GEMM_CASES])
+def test_gemm_kernel_matches_reference(case):
+    _, (n, h, w), r, stride, pad, pool_pad, cfg, dtype = case
+    image, weight, bias, g = make_case(n, h, w, 64, r, 21, dtype)
+    specs = specs_for(64, g, (("u8", True), ("u2", True), ("s8", False)))
+    layouts = (INT8, BITPLANE, BITPLANE)
+    got = S.stem(image.to(DEVICE), weight, bias, specs, layouts, scale=0.04, stride=stride,
+                 pad=pad, pool_pad=pool_pad, config=cfg)
+    ref = reference(quantize_float(image, 0.04, "s8"), weight, bias, specs, stride, pad,
+                    pool_pad)
+    if case[0] == "resnet_pool_2colblocks_chunked":
+        assert ref[0].shape[2] > cfg.block_j - 1  # two column blocks
+    assert check_outputs(got, ref, layouts, specs) == 3
+
+
+def test_gemm_kernel_uint8_image_float_output():
+    _, weight, _, g = make_case(1, 19, 23, 40, 7, 22)
+    image = torch.randint(0, 256, (1, 3, 19, 23), generator=g, dtype=torch.uint8)
+    table = uint8_input_table(0.019, "s8", MEAN, STD)
+    specs = [specs_for(40, g, (("u4", True),))[0],
+             FloatOutput(torch.rand(40, generator=g, dtype=torch.float64) * 1e-3)]
+    layouts = (INT8, INT8)
+    got = S.stem(image.to(DEVICE), weight, None, specs, layouts, table=table,
+                 config=S.StemConfig(kernel="gemm", block_j=32, band_rows=5), **RESNET)
+    q = table[torch.arange(3).view(1, 3, 1, 1), image.long()]
+    ref = reference(q, weight, None, specs, 2, 3, 1)
+    ref[1] = F.max_pool2d(ref[1].permute(0, 3, 1, 2), 3, 2, 1).permute(0, 2, 3, 1)
+    assert check_outputs(got, ref, layouts, specs) == 2
+
+
 @settings(max_examples=400, deadline=None)
 @given(y=st.integers(-(2**21), 2**21), m=st.integers(0, 2**31 - 1),
        b=st.integers(-(2**50), 2**50), s=st.integers(1, 62),
@@ -210,6 +254,12 @@ def test_geometry_and_checks():
         S.stem(image, w, None, spec, scale=0.1, stride=2, pad=3, pool_pad=2)
     with pytest.raises(ValueError, match="residual"):
         S.stem(image, w, None, [RequantizedOutput("u8", 5, 3, 1)], scale=0.1, **RESNET)
+    with pytest.raises(ValueError, match="kernel"):
+        S.StemConfig(kernel="im2col")
+    with pytest.raises(ValueError, match="images"):
+        S.StemConfig(kernel="gemm", images=2)
+    with pytest.raises(ValueError, match="block_j"):
+        S.StemConfig(block_j=48)
     with pytest.raises(ValueError, match="2\\^31"):
         S.stem(image, w, torch.full((64,), 2**31 - 1), spec, scale=0.1, **RESNET)
 
@@ -224,6 +274,21 @@ def test_gpu_resnet_stem_224(dtype):
     got = S.stem(image.cuda(), weight, bias, specs, layouts, scale=0.03, **RESNET)
     ref = reference(quantize_float(image, 0.03, "s8"), weight, bias, specs, 2, 3, 1)
     assert check_outputs(got, ref, layouts, specs) == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [
+    S.StemConfig(kernel="gemm", block_j=64, band_rows=8, whole_k=True, num_warps=8,
+                 num_stages=2),
+    S.StemConfig(kernel="gemm", block_j=32, band_rows=2, whole_k=False, num_warps=4,
+                 num_stages=3)], ids=["j64_wholek_s2", "j32_chunked_s3"])
+def test_gpu_gemm_kernel_224(cfg):
+    image, weight, bias, g = make_case(8, 224, 224, 64, 7, 14)
+    specs = specs_for(64, g, (("u8", True), ("u2", True)))
+    layouts = (INT8, BITPLANE)
+    got = S.stem(image.cuda(), weight, bias, specs, layouts, scale=0.03, config=cfg, **RESNET)
+    ref = reference(quantize_float(image, 0.03, "s8"), weight, bias, specs, 2, 3, 1)
+    assert check_outputs(got, ref, layouts, specs) == 2
 
 
 @pytest.mark.gpu

@@ -20,7 +20,8 @@ Two launches:
    2j - pad + 1), keeps the second row for the next step (the windows' shared row), and takes
    the third column from the neighbour window (a gather along the 64 columns): no conv output
    is computed twice except one row per band and the padding columns; then the epilogue runs
-   on the pooled int32 values only.
+   on the pooled int32 values only. `StemConfig(kernel="gemm")` runs the same work as one
+   dot of 4 * block_j rows per pooled row instead (`stem_gemm`).
 
 Exactness: int8 x int8 products summed in int32 (|sum| <= K_red * 128 * 128, checked), bias
 and requantization as `netops.emit_output` (|acc + bias| < 2^31 checked at bind; each
@@ -49,11 +50,11 @@ from .netops import (
     as_output_spec,
     check_image,
     check_status,
-    emit_output,
     float32_scale,
     new_outputs,
     output_slot,
 )
+from .stem_gemm import INT32_MIN, stem_gemm_kernel, stem_outputs
 from .stored import ENC, Launcher, check_device, empty_packed, flag_nonfinite, quantize_f32
 
 __all__ = ["StemConfig", "StemGeometry", "bind_stem", "default_config", "empty_packed",
@@ -61,13 +62,14 @@ __all__ = ["StemConfig", "StemGeometry", "bind_stem", "default_config", "empty_p
 
 #: outputs one stem launch writes
 STEM_MAX_OUTPUTS = 3
-#: output columns and channels per dot
+#: conv kernels a StemConfig names
+STEM_KERNELS = ("bands", "gemm")
+#: output columns and channels per dot (defaults)
 BLOCK_J = 64
 BLOCK_N = 64
 #: reduction bytes per dot chunk, and the alignment of a space-to-depth pixel
 CHUNK_BYTES = 64
 PIXEL_ALIGN = 16
-INT32_MIN = tl.constexpr(-(2**31))
 
 
 # =========================================================================== geometry
@@ -315,7 +317,7 @@ def stem_conv_kernel(
             carry_b = b_hi
             pooled = tl.maximum(tl.maximum(rows_a, rows_b), tl.gather(rows_a, nxt, 0))
             pix = (n * PH + t) * PW + j
-            _stem_outputs(pooled, bias, pix, j_mask & (jj * 0 + t >= t0), n_idx, K,
+            stem_outputs(pooled, bias, pix, j_mask & (jj * 0 + t >= t0), n_idx, K,
                           o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1,
                           plane1, o2, a2, b2, c2, d2, row2, plane2,
                           KIND0, LAYOUT0, BITS0, QLO0, QMAX0, MODE0, KIND1, LAYOUT1, BITS1,
@@ -327,7 +329,7 @@ def stem_conv_kernel(
             acc = _conv_cols(s2d_ptr, w_ptr, n, n_ok, t, ow, n_idx, n_mask, OH, OW, HS, WS,
                              KWB, CSP, RS, KB, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
             pix = (n * OH + t) * OW + ow
-            _stem_outputs(acc, bias, pix, n_ok & (ow < OW), n_idx, K,
+            stem_outputs(acc, bias, pix, n_ok & (ow < OW), n_idx, K,
                           o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1,
                           plane1, o2, a2, b2, c2, d2, row2, plane2,
                           KIND0, LAYOUT0, BITS0, QLO0, QMAX0, MODE0, KIND1, LAYOUT1, BITS1,
@@ -335,43 +337,23 @@ def stem_conv_kernel(
                           BLOCK_M, BLOCK_N)
 
 
-@triton.jit
-def _stem_outputs(acc, bias, pix, pix_mask, n_idx, K,
-                  o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1, plane1,
-                  o2, a2, b2, c2, d2, row2, plane2,
-                  KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr,
-                  QLO0: tl.constexpr, QMAX0: tl.constexpr, MODE0: tl.constexpr,
-                  KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr,
-                  QLO1: tl.constexpr, QMAX1: tl.constexpr, MODE1: tl.constexpr,
-                  KIND2: tl.constexpr, LAYOUT2: tl.constexpr, BITS2: tl.constexpr,
-                  QLO2: tl.constexpr, QMAX2: tl.constexpr, MODE2: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """y = acc + bias (int32 where the bind checked |acc| + |bias| < 2^31), then the epilogue
-    outputs (`netops.emit_output`, each in its exact mode)."""
-    y = acc + bias[None, :]
-    c0 = tl.program_id(1) * BLOCK_N
-    emit_output(y, y, pix, pix_mask, c0, K, o0, a0, b0, c0_, d0, row0, plane0, KIND0,
-                LAYOUT0, BITS0, QLO0, QMAX0, False, MODE0, BLOCK_M, BLOCK_N)
-    if KIND1 != 0:
-        emit_output(y, y, pix, pix_mask, c0, K, o1, a1, b1, c1, d1, row1, plane1, KIND1,
-                    LAYOUT1, BITS1, QLO1, QMAX1, False, MODE1, BLOCK_M, BLOCK_N)
-    if KIND2 != 0:
-        emit_output(y, y, pix, pix_mask, c0, K, o2, a2, b2, c2, d2, row2, plane2, KIND2,
-                    LAYOUT2, BITS2, QLO2, QMAX2, False, MODE2, BLOCK_M, BLOCK_N)
-
-
 # =========================================================================== host side
 @dataclass(frozen=True)
 class StemConfig:
-    """Launch knobs: output rows per program (the band; with the pool each band computes one
-    extra conv row pair), images stacked along the dots' M (1 or 2: 64 or 128 rows), one dot
-    over the whole reduction where its bytes are a power of two (whole_k) or dots of 64,
-    channels per program (block_n: 32 halves the registers, each program reads the window
-    again), warps, pipeline stages; fast_requant: the float64 requantization where it is exact
-    (`netops.requant_mode`)."""
+    """Launch knobs. kernel: "bands" (`stem_conv_kernel`: four dots of BLOCK_J rows per
+    pooled row) or "gemm" (`stem_gemm.stem_gemm_kernel`: one dot of 4 * block_j rows per
+    pooled row, weights loaded once, loads pipelined by num_stages). band_rows: output rows
+    per program (with the pool each band computes one extra conv row pair); images: images
+    stacked along the dots' M ("bands" only: 1 or 2); block_j: output columns per dot
+    (pooled: block_j - 1 written per program); whole_k: one dot over the whole reduction where
+    its bytes are a power of two, else dots of 64; block_n: channels per program (32 halves
+    the registers, each program reads the window again); warps, pipeline stages;
+    fast_requant: the float64 requantization where it is exact (`netops.requant_mode`)."""
 
     band_rows: int = 4
     images: int = 1
+    kernel: str = "bands"
+    block_j: int = BLOCK_J
     whole_k: bool = False
     block_n: int = 64
     num_warps: int = 4
@@ -380,8 +362,13 @@ class StemConfig:
     maxnreg: int | None = None
 
     def __post_init__(self) -> None:
-        if self.images not in (1, 2):
-            raise ValueError(f"images must be 1 or 2, got {self.images!r}")
+        if self.kernel not in STEM_KERNELS:
+            raise ValueError(f"kernel must be one of {STEM_KERNELS}, got {self.kernel!r}")
+        if self.images not in ((1, 2) if self.kernel == "bands" else (1,)):
+            raise ValueError(f"images must be 1 or 2 (1 with kernel='gemm'), got "
+                             f"{self.images!r}")
+        if self.block_j not in (16, 32, 64):
+            raise ValueError(f"block_j must be 16, 32 or 64, got {self.block_j!r}")
         if self.block_n not in (32, 64):
             raise ValueError(f"block_n must be 32 or 64, got {self.block_n!r}")
         if not isinstance(self.band_rows, int) or self.band_rows < 1:
@@ -520,7 +507,8 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     bias_dev = (bias.to(torch.int32).contiguous().to(device) if bias is not None
                 else torch.zeros(1, dtype=torch.int32, device=device))
     pooled = geom.pool_pad is not None
-    col_blocks = cdiv(geom.PW, BLOCK_J - 1) if pooled else cdiv(geom.OW, BLOCK_J)
+    bj = cfg.block_j
+    col_blocks = cdiv(geom.PW, bj - 1) if pooled else cdiv(geom.OW, bj)
     rows = geom.PH if pooled else geom.OH
     bands = cdiv(rows, cfg.band_rows)
     args: list = [s2d, w2, bias_dev, geom.N, geom.OH, geom.OW, geom.PH,
@@ -534,12 +522,19 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         a, c = slots[j] if j < len(slots) else _unused_slot(s2d)
         args += list(a)
         kwargs.update({f"{name}{j}": v for name, v in c.items() if name != "RES"})
-    kwargs.update(IMAGES=cfg.images, BLOCK_J=BLOCK_J, BLOCK_N=cfg.block_n,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False)
+    kwargs.update(BLOCK_J=bj, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages, enable_fp_fusion=False)
     if cfg.maxnreg is not None:
         kwargs["maxnreg"] = cfg.maxnreg
-    grid = (cdiv(geom.N, cfg.images) * bands * col_blocks, cdiv(geom.K, cfg.block_n))
-    second = Launch(stem_conv_kernel, grid, tuple(args), kwargs)
+    channel_blocks = cdiv(geom.K, cfg.block_n)
+    if cfg.kernel == "gemm":
+        tiles = geom.N * bands * col_blocks if pooled else cdiv(geom.N * geom.OH * geom.OW,
+                                                                 4 * bj)
+        second = Launch(stem_gemm_kernel, (tiles, channel_blocks), tuple(args), kwargs)
+    else:
+        kwargs["IMAGES"] = cfg.images
+        grid = (cdiv(geom.N, cfg.images) * bands * col_blocks, channel_blocks)
+        second = Launch(stem_conv_kernel, grid, tuple(args), kwargs)
     results = tuple(o.data if isinstance(o, PackedTensor) else o for o in outs)
     return Launcher((first, second), results)
 

@@ -1,0 +1,185 @@
+"""The stem's conv as one implicit GEMM per step (`StemConfig(kernel="gemm")`), and the
+epilogue both stem conv kernels share.
+
+Same input as `stem.stem_conv_kernel` (the quantized space-to-depth image, the space-to-depth
+weights) and the same outputs bit for bit; the difference is the shape of the work:
+
+- with the pool, one program owns an image, a band of pooled rows, BLOCK_J pooled columns
+  (BLOCK_J - 1 of them written) and BLOCK_N channels. Each step (one pooled row) is ONE int8
+  dot of M = 4 * BLOCK_J rows (the two new conv rows x the pool windows' first and second
+  columns x BLOCK_J) by BLOCK_N channels over the whole space-to-depth reduction (or a
+  pipelined loop over 64-byte chunks), instead of four dots of 64 rows; the weights are
+  loaded once per program (whole_k), so each step's only loads are the A rows, which the
+  software pipeliner (num_stages >= 2) prefetches during the previous step's epilogue;
+- the accumulator is split into its four [BLOCK_J, BLOCK_N] parts (reshape, permute, split),
+  rows are pooled with the carried conv row, columns with the neighbour window's first
+  column (a gather along BLOCK_J), then the epilogue runs on the pooled values only;
+- without the pool, a program is a tile of 4 * BLOCK_J consecutive output pixels (image, row,
+  column flattened): a plain implicit GEMM.
+
+Exactness: as `stem` (int32 accumulation, int32 bias add checked at bind, each output in the
+exact mode of `netops.requant_mode`); pooling the int32 values first is the same as pooling
+the outputs (bias, ReLU, requantization monotone per channel).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .netops import emit_output
+
+INT32_MIN = tl.constexpr(-(2**31))
+
+
+@triton.jit
+def stem_outputs(acc, bias, pix, pix_mask, n_idx, K,
+                 o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1, plane1,
+                 o2, a2, b2, c2, d2, row2, plane2,
+                 KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr,
+                 QLO0: tl.constexpr, QMAX0: tl.constexpr, MODE0: tl.constexpr,
+                 KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr,
+                 QLO1: tl.constexpr, QMAX1: tl.constexpr, MODE1: tl.constexpr,
+                 KIND2: tl.constexpr, LAYOUT2: tl.constexpr, BITS2: tl.constexpr,
+                 QLO2: tl.constexpr, QMAX2: tl.constexpr, MODE2: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """y = acc + bias (int32 where the bind checked |acc| + |bias| < 2^31), then the epilogue
+    outputs (`netops.emit_output`, each in its exact mode)."""
+    y = acc + bias[None, :]
+    c0 = tl.program_id(1) * BLOCK_N
+    emit_output(y, y, pix, pix_mask, c0, K, o0, a0, b0, c0_, d0, row0, plane0, KIND0,
+                LAYOUT0, BITS0, QLO0, QMAX0, False, MODE0, BLOCK_M, BLOCK_N)
+    if KIND1 != 0:
+        emit_output(y, y, pix, pix_mask, c0, K, o1, a1, b1, c1, d1, row1, plane1, KIND1,
+                    LAYOUT1, BITS1, QLO1, QMAX1, False, MODE1, BLOCK_M, BLOCK_N)
+    if KIND2 != 0:
+        emit_output(y, y, pix, pix_mask, c0, K, o2, a2, b2, c2, d2, row2, plane2, KIND2,
+                    LAYOUT2, BITS2, QLO2, QMAX2, False, MODE2, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _window_dot(s2d_ptr, w_ptr, b_whole, base, n_idx, n_mask, WS, KWB,
+                CSP: tl.constexpr, RS: tl.constexpr, KB: tl.constexpr,
+                CHUNKS: tl.constexpr, WHOLE_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    """int32 [BLOCK_M, BLOCK_N]: each row's space-to-depth window (its corner at byte `base`,
+    16-byte aligned; filter row a at + a * WS * CSP, RS * CSP contiguous bytes) times the
+    weights: one dot with b_whole ([CHUNKS * 64, BLOCK_N], loaded by the caller) or a loop
+    of 64-byte chunks (pipelined by num_stages)."""
+    if WHOLE_K:
+        k = tl.arange(0, CHUNKS * 64)
+        off = (k // (RS * CSP)) * (WS * CSP) + k % (RS * CSP)
+        off = tl.max_contiguous(tl.multiple_of(off, 16), 16)
+        if KB % (CHUNKS * 64) == 0:
+            a = tl.load(s2d_ptr + base[:, None] + off[None, :])
+        else:
+            a = tl.load(s2d_ptr + base[:, None] + off[None, :], mask=(k < KB)[None, :],
+                        other=0)
+        acc = tl.dot(a, b_whole, out_dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        for ci in range(CHUNKS):
+            k = ci * 64 + tl.arange(0, 64)
+            off = (k // (RS * CSP)) * (WS * CSP) + k % (RS * CSP)
+            off = tl.max_contiguous(tl.multiple_of(off, 16), 16)
+            a = tl.load(s2d_ptr + base[:, None] + off[None, :], mask=(k < KB)[None, :],
+                        other=0)
+            b = tl.load(w_ptr + n_idx[None, :] * KWB + k[:, None], mask=n_mask[None, :],
+                        other=0)
+            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+    return acc
+
+
+@triton.jit
+def stem_gemm_kernel(
+    s2d_ptr, w_ptr, bias_ptr, N, OH, OW, PH, PW, HS, WS, K, KWB, bands, col_blocks, band_rows,
+    o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1, plane1,
+    o2, a2, b2, c2, d2, row2, plane2,
+    CSP: tl.constexpr, RS: tl.constexpr, KB: tl.constexpr, CHUNKS: tl.constexpr,
+    WHOLE_K: tl.constexpr, POOL: tl.constexpr, PP: tl.constexpr, HAS_BIAS: tl.constexpr,
+    KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr, QLO0: tl.constexpr,
+    QMAX0: tl.constexpr, MODE0: tl.constexpr,
+    KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr, QLO1: tl.constexpr,
+    QMAX1: tl.constexpr, MODE1: tl.constexpr,
+    KIND2: tl.constexpr, LAYOUT2: tl.constexpr, BITS2: tl.constexpr, QLO2: tl.constexpr,
+    QMAX2: tl.constexpr, MODE2: tl.constexpr,
+    BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """See the module docstring. Grid: pool: (N * bands * col_blocks, channel blocks);
+    no pool: (cdiv(N * OH * OW, 4 * BLOCK_J), channel blocks)."""
+    BM: tl.constexpr = 4 * BLOCK_J
+    pid = tl.program_id(0)
+    n_idx = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n_idx < K
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + n_idx, mask=n_mask, other=0)
+    else:
+        bias = tl.zeros((BLOCK_N,), dtype=tl.int32)
+    b_whole = tl.zeros((64, BLOCK_N), dtype=tl.int8)
+    if WHOLE_K:
+        kw = tl.arange(0, CHUNKS * 64)
+        b_whole = tl.load(w_ptr + n_idx[None, :] * KWB + kw[:, None], mask=n_mask[None, :],
+                          other=0)
+    mm = tl.arange(0, BM)
+    if POOL:
+        # row m: conv row pair member rs, column parity par, pooled column jm of the block
+        rs = mm // (2 * BLOCK_J)
+        par = (mm // BLOCK_J) % 2
+        jm = mm % BLOCK_J
+        cb = pid % col_blocks
+        band = (pid // col_blocks) % bands
+        n = pid // (col_blocks * bands)
+        col = 2 * (cb * (BLOCK_J - 1) + jm) - PP + par
+        col_ok = (col >= 0) & (col < OW)
+        colc = tl.minimum(tl.maximum(col, 0), OW - 1)
+        jj = tl.arange(0, BLOCK_J)
+        jo = cb * (BLOCK_J - 1) + jj
+        j_mask = (jj < BLOCK_J - 1) & (jo < PW)
+        nxt = tl.minimum(jj + 1, BLOCK_J - 1)[:, None] + tl.zeros((BLOCK_J, BLOCK_N),
+                                                                   tl.int32)
+        carry_a = tl.full((BLOCK_J, BLOCK_N), INT32_MIN, tl.int32)
+        carry_b = tl.full((BLOCK_J, BLOCK_N), INT32_MIN, tl.int32)
+        t0 = band * band_rows
+        t_end = tl.minimum(t0 + band_rows, PH)
+        # t0 - 1 first: its second conv row is the first window row of pooled row t0
+        for t in range(t0 - 1, t_end):
+            oh = 2 * t - PP + 1 + rs
+            ohc = tl.minimum(tl.maximum(oh, 0), OH - 1)
+            base = ((n * HS + ohc) * WS + colc) * CSP
+            acc = _window_dot(s2d_ptr, w_ptr, b_whole, base, n_idx, n_mask, WS, KWB, CSP, RS,
+                              KB, CHUNKS, WHOLE_K, BM, BLOCK_N)
+            ok = col_ok & (oh >= 0) & (oh < OH)
+            acc = tl.where(ok[:, None], acc, INT32_MIN)
+            # [rs, par, jm, n] -> [jm, n, par, rs]; split off rs, then par
+            parts = tl.permute(tl.reshape(acc, (2, 2, BLOCK_J, BLOCK_N)), (2, 3, 1, 0))
+            lo, hi = tl.split(parts)
+            lo_a, lo_b = tl.split(lo)
+            hi_a, hi_b = tl.split(hi)
+            rows_a = tl.maximum(carry_a, tl.maximum(lo_a, hi_a))
+            rows_b = tl.maximum(carry_b, tl.maximum(lo_b, hi_b))
+            carry_a = hi_a
+            carry_b = hi_b
+            pooled = tl.maximum(tl.maximum(rows_a, rows_b), tl.gather(rows_a, nxt, 0))
+            pix = (n * PH + t) * PW + jo
+            stem_outputs(pooled, bias, pix, j_mask & (jj * 0 + t >= t0), n_idx, K,
+                         o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1,
+                         plane1, o2, a2, b2, c2, d2, row2, plane2,
+                         KIND0, LAYOUT0, BITS0, QLO0, QMAX0, MODE0, KIND1, LAYOUT1, BITS1,
+                         QLO1, QMAX1, MODE1, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, MODE2,
+                         BLOCK_J, BLOCK_N)
+    else:
+        pix = pid * BM + mm
+        pix_mask = pix < N * OH * OW
+        p = tl.minimum(pix, N * OH * OW - 1)
+        ow = p % OW
+        oh = (p // OW) % OH
+        n = p // (OW * OH)
+        base = ((n * HS + oh) * WS + ow) * CSP
+        acc = _window_dot(s2d_ptr, w_ptr, b_whole, base, n_idx, n_mask, WS, KWB, CSP, RS, KB,
+                          CHUNKS, WHOLE_K, BM, BLOCK_N)
+        stem_outputs(acc, bias, pix, pix_mask, n_idx, K,
+                     o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1,
+                     plane1, o2, a2, b2, c2, d2, row2, plane2,
+                     KIND0, LAYOUT0, BITS0, QLO0, QMAX0, MODE0, KIND1, LAYOUT1, BITS1,
+                     QLO1, QMAX1, MODE1, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, MODE2,
+                     BM, BLOCK_N)
