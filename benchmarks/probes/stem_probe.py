@@ -1,0 +1,235 @@
+"""The fused first layer's conv kernels timed side by side (GPU): the current default
+("bands"), the implicit-GEMM kernel ("gemm") over a small sweep of its knobs, and cuDNN fp16
+conv 7x7/2 + ReLU + max-pool 3x3/2 on the same shapes, in one run.
+
+ResNet-18/50 stem geometry (float32 image 224 x 224, C=3, K=64, 7x7/2 pad 3, pool 3x3/2 pad
+1) with the engine's outputs (u8 in INT8 for layer1's residual, u2 in BITPLANE for its
+bit-serial conv), batch 8 and 256. Every variant's outputs are checked bit for bit against
+the default's (and, at batch 8, against `lowbit.reference`). Times: CUDA-graph replay median
+(`tune.timing.time_us`, which repeats well over 20 times), the whole stem and its conv launch
+alone. floor_us: the network bench's roofline (`runtime.bench`: max(ops / int8 peak, bytes /
+DRAM bandwidth), bytes = image + weights + outputs as stored). One failing variant is
+recorded in its row and the run goes on; ~2-4 minutes on an H100/H200.
+
+    python benchmarks/probes/stem_probe.py [--out DIR] [--batches 8 256] [--quick]
+
+Writes stem_probe-<time>.json (rows with "benchmark": "stem_probe") and .txt (the table) to
+DIR (default benchmarks/results/<gpu>/logs/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from common import ROOT, gpu_dirname, gpu_name, versions
+from lowbit.core import ConvWorkload, Layout
+from lowbit.kernels.triton import stem as S
+from lowbit.kernels.triton.igemm import cdiv
+from lowbit.kernels.triton.stored import Launcher
+from lowbit.quant.packing import pack
+from lowbit.reference import (
+    RequantizedOutput,
+    accumulate,
+    epilogue_outputs,
+    fixed_point_pair,
+    maxpool2d_int,
+    quantize_float,
+)
+from lowbit.runtime.bench import BANDWIDTH, PEAK_OPS
+from lowbit.tune.timing import time_us
+
+INT8, BITPLANE = Layout.INT8, Layout.BITPLANE
+SCALE = 0.03
+SMS = 132
+
+
+def gemm_config(geom: S.StemGeometry, block_j: int = 64, per_sm: int = 2,
+                **knobs) -> S.StemConfig:
+    """A "gemm" config whose band is the longest (of 16, 8, 4, 2) that still gives every SM
+    `per_sm` programs (band_rows in knobs overrides)."""
+    blocks = cdiv(geom.PW, block_j - 1)
+    per_band = geom.N * blocks * cdiv(geom.K, knobs.get("block_n", 64))
+    rows = next((r for r in (16, 8, 4, 2) if per_band * cdiv(geom.PH, r) >= per_sm * SMS), 1)
+    base = dict(kernel="gemm", block_j=block_j, band_rows=rows, whole_k=True, num_warps=8,
+                num_stages=2)
+    return S.StemConfig(**{**base, **knobs})
+
+
+#: (name, config maker): the gemm sweep around its suggested config
+SWEEP = [
+    ("gemm j64 wk s2 w8", lambda g: gemm_config(g)),
+    ("gemm j64 wk s1 w8", lambda g: gemm_config(g, num_stages=1)),
+    ("gemm j64 wk s3 w8", lambda g: gemm_config(g, num_stages=3)),
+    ("gemm j64 wk s2 w4", lambda g: gemm_config(g, num_warps=4)),
+    ("gemm j64 k64 s3 w8", lambda g: gemm_config(g, whole_k=False, num_stages=3)),
+    ("gemm j64 wk s2 w8 n32", lambda g: gemm_config(g, block_n=32)),
+    ("gemm j64 wk s2 w8 band x2", lambda g: gemm_config(
+        g, band_rows=2 * gemm_config(g).band_rows)),
+    ("gemm j64 wk s2 w8 band x4", lambda g: gemm_config(
+        g, band_rows=4 * gemm_config(g).band_rows)),
+    ("gemm j64 wk s2 w8 band /2", lambda g: gemm_config(
+        g, band_rows=max(1, gemm_config(g).band_rows // 2))),
+    ("gemm j32 wk s2 w4", lambda g: gemm_config(g, block_j=32, num_warps=4)),
+    ("gemm j32 wk s3 w4", lambda g: gemm_config(g, block_j=32, num_warps=4, num_stages=3)),
+    ("gemm j32 k64 s3 w4", lambda g: gemm_config(g, block_j=32, num_warps=4, whole_k=False,
+                                                  num_stages=3)),
+    ("gemm j16 wk s2 w4", lambda g: gemm_config(g, block_j=16, num_warps=4)),
+    ("bands j32", lambda g: dataclasses.replace(S.default_config(g), block_j=32)),
+]
+
+
+def make_case(batch: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    image = (torch.randn(batch, 3, 224, 224, generator=g) * 1.5).cuda()
+    weight = torch.randint(-128, 128, (64, 7, 7, 3), generator=g)
+    bias = torch.randint(-20000, 20000, (64,), generator=g)
+    specs = []
+    for prec in ("u8", "u2"):
+        m, _, s = fixed_point_pair(torch.rand(64, generator=g, dtype=torch.float64) * 4e-4
+                                   + 2e-5, 0.0)
+        specs.append(RequantizedOutput(prec, m, s, relu=True))
+    return image, weight, bias, specs, S.geometry_of(image, weight, 2, 3, 1)
+
+
+def reference_outputs(image, weight, bias, specs) -> list[torch.Tensor]:
+    q = quantize_float(image, SCALE, "s8").permute(0, 2, 3, 1).contiguous()
+    wl = ConvWorkload(N=q.shape[0], H=224, W=224, C=3, K=64, R=7, S=7, stride=2, pad=3)
+    acc = accumulate(wl, q, weight.cuda())
+    return [maxpool2d_int(o, 3, 2, 1) for o in epilogue_outputs(acc, bias.cuda(), specs)]
+
+
+def floor_us(geom: S.StemGeometry, image: torch.Tensor, outs) -> float:
+    nbytes = image.numel() * image.element_size() + geom.K * geom.R * geom.R * geom.C
+    nbytes += sum(o.data.numel() * o.data.element_size() for o in outs)
+    return max(2.0 * geom.macs / PEAK_OPS["int8"], nbytes / BANDWIDTH) * 1e6
+
+
+def cudnn_us(batch: int) -> float:
+    """cuDNN fp16 conv 7x7/2 pad 3 (channels_last, cudnn.benchmark) + ReLU + max-pool 3x3/2
+    pad 1, CUDA-graph replay median."""
+    torch.backends.cudnn.benchmark = True
+    x = torch.randn(batch, 3, 224, 224, device="cuda", dtype=torch.float16).to(
+        memory_format=torch.channels_last)
+    w = torch.randn(64, 3, 7, 7, device="cuda", dtype=torch.float16).to(
+        memory_format=torch.channels_last)
+    fn = lambda: F.max_pool2d(F.relu(F.conv2d(x, w, stride=2, padding=3)), 3, 2, 1)  # noqa
+    fn()
+    torch.cuda.synchronize()
+    return time_us(fn, cuda_graph=True)
+
+
+def run_variant(name: str, cfg: S.StemConfig, case, want, ref) -> dict:
+    image, weight, bias, specs, geom = case
+    row = {"benchmark": "stem_probe", "batch": geom.N, "variant": name,
+           "config": dataclasses.asdict(cfg)}
+    try:
+        outs = [S.empty_packed(geom.out_shape, s.precision, lay, "cuda")
+                for s, lay in zip(specs, (INT8, BITPLANE), strict=True)]
+        for o in outs:
+            o.data.fill_(0x5A)
+        launch = S.bind_stem(image, weight, bias, specs, outs, stride=2, pad=3, pool_pad=1,
+                             scale=SCALE, config=cfg)
+        launch()
+        torch.cuda.synchronize()
+        have = [o.data.clone() for o in outs]
+        if want is not None:
+            row["exact_vs_default"] = all(torch.equal(a, b) for a, b in zip(have, want,
+                                                                              strict=True))
+        if ref is not None:
+            row["exact_vs_reference"] = all(
+                torch.equal(o.data, pack(v, o.precision, o.layout))
+                for o, v in zip(outs, ref, strict=True))
+        row["time_us"] = time_us(launch, cuda_graph=True)
+        row["conv_us"] = time_us(Launcher((launch.launches[1],), ()), cuda_graph=True)
+        row["input_us"] = time_us(Launcher((launch.launches[0],), ()), cuda_graph=True)
+        row["floor_us"] = floor_us(geom, image, outs)
+        row["_outputs"] = have
+    except Exception as e:  # one failing variant must not end the run
+        row["error"] = f"{type(e).__name__}: {e}"[:400]
+        traceback.print_exc()
+    return row
+
+
+def batch_rows(batch: int, quick: bool) -> list[dict]:
+    case = make_case(batch)
+    image, weight, bias, specs, geom = case
+    ref = reference_outputs(image, weight, bias, specs) if batch <= 16 else None
+    default = run_variant("bands default", S.default_config(geom), case, None, ref)
+    want = default.pop("_outputs", None)
+    rows = [default]
+    for name, make in (SWEEP[:2] if quick else SWEEP):
+        try:
+            cfg = make(geom)
+        except Exception as e:
+            rows.append({"benchmark": "stem_probe", "batch": batch, "variant": name,
+                         "error": f"{type(e).__name__}: {e}"[:400]})
+            continue
+        row = run_variant(name, cfg, case, want, ref)
+        row.pop("_outputs", None)
+        rows.append(row)
+    try:
+        base = cudnn_us(batch)
+    except Exception as e:
+        base = None
+        rows.append({"benchmark": "stem_probe", "batch": batch, "variant": "cudnn fp16",
+                     "error": f"{type(e).__name__}: {e}"[:400]})
+    for r in rows:
+        r["cudnn_fp16_us"] = base
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'batch':>5} {'variant':26} {'stem us':>8} {'conv us':>8} {'input':>6} "
+             f"{'floor':>6} {'x floor':>7} {'cudnn':>7} exact"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['batch']:>5} {r['variant']:26} ERROR {r['error'][:90]}")
+            continue
+        exact = "/".join(str(r[k]) for k in ("exact_vs_default", "exact_vs_reference")
+                         if k in r) or "-"
+        cudnn = f"{r['cudnn_fp16_us']:7.1f}" if r.get("cudnn_fp16_us") else "      -"
+        lines.append(f"{r['batch']:>5} {r['variant']:26} {r['time_us']:8.1f} "
+                     f"{r['conv_us']:8.1f} {r['input_us']:6.1f} {r['floor_us']:6.1f} "
+                     f"{r['time_us'] / r['floor_us']:7.2f} {cudnn} {exact}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--batches", type=int, nargs="+", default=[8, 256])
+    ap.add_argument("--quick", action="store_true", help="the default and two gemm configs")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
+    out = args.out or ROOT / "benchmarks" / "results" / gpu_dirname() / "logs"
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    rows: list[dict] = []
+    for batch in args.batches:
+        rows += batch_rows(batch, args.quick)
+        print(f"batch {batch} done at {time.time() - t0:.0f} s", flush=True)
+    text = table(rows)
+    print(text)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    doc = {"benchmark": "stem_probe", "gpu": gpu_name(), "date": dt.date.today().isoformat(),
+           "versions": versions(), "rows": rows}
+    (out / f"stem_probe-{stamp}.json").write_text(json.dumps(doc, indent=1))
+    (out / f"stem_probe-{stamp}.txt").write_text(text + "\n")
+    print("wrote", out / f"stem_probe-{stamp}.json", f"({time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
