@@ -99,14 +99,17 @@ def test_resnet_stem_float_image(dtype, layouts):
     assert check_outputs(got, ref, layouts, specs) == 3
 
 
-def test_resnet_stem_uint8_image_and_float_output():
+@pytest.mark.parametrize("cfg", [None, S.StemConfig(kernel="gemm", block_j=32, band_rows=5)],
+                         ids=["default", "gemm"])
+def test_resnet_stem_uint8_image_and_float_output(cfg):
     _, weight, _, g = make_case(2, 37, 45, 40, 7, 2)
     image = torch.randint(0, 256, (2, 3, 37, 45), generator=g, dtype=torch.uint8)
     table = uint8_input_table(0.019, "s8", MEAN, STD)
     specs = [specs_for(40, g, (("u4", True),))[0],
              FloatOutput(torch.rand(40, generator=g, dtype=torch.float64) * 1e-3)]
     layouts = (BITPLANE, INT8)
-    got = S.stem(image.to(DEVICE), weight, None, specs, layouts, table=table, **RESNET)
+    got = S.stem(image.to(DEVICE), weight, None, specs, layouts, table=table, config=cfg,
+                 **RESNET)
     q = table[torch.arange(3).view(1, 3, 1, 1), image.long()]
     ref = reference(q, weight, None, specs, 2, 3, 1)
     # float32(scale * y + offset) is monotone in y (scale >= 0): max-pooling commutes with it
@@ -169,21 +172,6 @@ def test_gemm_kernel_matches_reference(case):
     if case[0] == "resnet_pool_2colblocks_chunked":
         assert ref[0].shape[2] > cfg.block_j - 1  # two column blocks
     assert check_outputs(got, ref, layouts, specs) == 3
-
-
-def test_gemm_kernel_uint8_image_float_output():
-    _, weight, _, g = make_case(1, 19, 23, 40, 7, 22)
-    image = torch.randint(0, 256, (1, 3, 19, 23), generator=g, dtype=torch.uint8)
-    table = uint8_input_table(0.019, "s8", MEAN, STD)
-    specs = [specs_for(40, g, (("u4", True),))[0],
-             FloatOutput(torch.rand(40, generator=g, dtype=torch.float64) * 1e-3)]
-    layouts = (INT8, INT8)
-    got = S.stem(image.to(DEVICE), weight, None, specs, layouts, table=table,
-                 config=S.StemConfig(kernel="gemm", block_j=32, band_rows=5), **RESNET)
-    q = table[torch.arange(3).view(1, 3, 1, 1), image.long()]
-    ref = reference(q, weight, None, specs, 2, 3, 1)
-    ref[1] = F.max_pool2d(ref[1].permute(0, 3, 1, 2), 3, 2, 1).permute(0, 2, 3, 1)
-    assert check_outputs(got, ref, layouts, specs) == 2
 
 
 @settings(max_examples=400, deadline=None)
