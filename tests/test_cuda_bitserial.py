@@ -970,6 +970,27 @@ def test_bit_exact_odd_conv_shapes(dims):
     assert checked == (6 if _wgmma_gpu() else 3)
 
 
+@pytest.mark.gpu
+def test_bit_exact_int16_accumulator():
+    """Epilogue(out="int16") (the bare accumulator a separate pass reads, |acc| < 2^15): every
+    kernel variant and the default (tap-shift where it applies), odd and even K, signed
+    values and ReLU, a GEMM, and a C = 1024 w1a2 conv whose bound 3 * 9216 is near 2^15."""
+    B1, U2, S2 = Precision(1, "binary"), Precision(2), Precision(2, "signed")
+    cases = [conv(B1, U2, Epilogue(out="int16"), N=2, H=9, W=9, C=1024, K=64),
+             conv(S2, U2, Epilogue(relu=True, out="int16"), N=3, H=14, W=14, C=64, K=37),
+             gemm(B1, U2, Epilogue(out="int16"), M=77, N=66, K=2000)]
+    checked = 0
+    for i, wl in enumerate(cases):
+        for variant in VARIANTS:
+            cfg = _config(wl, variant)
+            if cfg is not None:
+                _assert_exact(wl, cfg, seed=i)
+                checked += 1
+        _assert_exact(wl, None, seed=i)
+        checked += 1
+    assert checked == (15 if _wgmma_gpu() else 9)
+
+
 @pytest.mark.parametrize("case", range(len(SPLIT_CASES)))
 @pytest.mark.gpu
 def test_bit_exact_split_k(case):

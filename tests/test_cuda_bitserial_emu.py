@@ -164,6 +164,11 @@ CASES = [
      {}),
     ("mma_fp16_pairs_u2b1", conv(U2, B1, EPILOGUES[2], N=1, H=5, W=7, C=40, K=34),
      "mma_sync", {}),
+    # the bare accumulator as int16 (|acc| < 2^15): column pairs, and an odd KOUT with ReLU
+    ("wgmma_int16_pairs_b1u2", conv(B1, U2, Epilogue(out="int16"), N=1, H=6, W=5, C=64, K=72),
+     "wgmma", {}),
+    ("mma_int16_relu_odd_gemm_s2u2", gemm(S2, U2, Epilogue(relu=True, out="int16"), M=45, N=33,
+                                         K=300), "mma_sync", {}),
     ("gemm_wgmma_b1b1", gemm(B1, B1, EPILOGUES[1], M=70, N=64, K=512), "wgmma", {}),
     # wide rows: interior pixels and every kind of border pixel (tap-rectangle corrections of
     # binary activations) in one launch
@@ -586,12 +591,15 @@ def test_emulation_catches_a_broken_kernel(edit, extra, monkeypatch):
     ("wgmma_int32_pairs_b1u2", ("make_int2(v[0], v[1])", "make_int2(v[1], v[0])")),
     ("mma_fp16_pairs_u2b1", ("((u32)v[0] & 0xffffu) | ((u32)v[1] << 16)",
                              "((u32)v[1] & 0xffffu) | ((u32)v[0] << 16)")),
+    ("wgmma_int16_pairs_b1u2", ("((u32)v[0] & 0xffffu) | ((u32)v[1] << 16)",
+                                "((u32)v[1] & 0xffffu) | ((u32)v[0] << 16)")),
     ("mma_s2b1_wide_rows_int8", ("(((u32)v[1] & 0xffu) << 8)", "(((u32)v[0] & 0xffu) << 8)")),
 ])
 def test_emulation_catches_crossed_output_pairs(case, edit, monkeypatch):
-    """The column-pair stores of int32 / fp16 / INT8 outputs: a pair stored crosswise fails."""
+    """The column-pair stores of int32 / fp16 / int16 / INT8 outputs: a pair stored crosswise
+    fails."""
     wl, mma, changes = CASE_BY_ID[case]
-    assert wl.epilogue.out in ("int32", "fp16") or wl.epilogue.out_layout is Layout.INT8
+    assert wl.epilogue.out in ("int32", "fp16", "int16") or wl.epilogue.out_layout is Layout.INT8
     assert _check(wl, _config(wl, mma, changes), seed=2)
     _break_source(monkeypatch, edit)
     assert not _check(wl, _config(wl, mma, changes), seed=2)

@@ -183,6 +183,8 @@ EMU_CASES = [
     ("c256_b1u2_threshold", conv(B1, U2, EPILOGUES[1], N=2, H=4, W=5, C=256, K=64),
      {"REQUANT": "threshold"}),
     ("c384_u2u2_fp16", conv(U2, U2, EPILOGUES[2], N=2, H=4, W=4, C=384, K=40), {}),
+    ("c64_b1u2_int16_relu", conv(B1, U2, Epilogue(relu=True, out="int16"), N=2, H=5, W=6,
+                                 C=64, K=40), {}),
     ("c512_b1b1_4wg", conv(B1, B1, EPILOGUES[4], N=2, H=6, W=6, C=512, K=64),
      {"BM": 128, "BN": 64, "WN": 32}),
     ("c128_1x3_pad2", conv(B1, U2, EPILOGUES[1], N=2, H=5, W=6, C=128, K=32, R=1, S=3,

@@ -371,3 +371,31 @@ def test_concatenated_flattens_permute_each_segment():
     assert "flatten-permute" in fc.fused and len(plan.steps_of(Concat)) == 1
     assert not is_bitserial(fc.impl) and "not a multiple of 32" in fc.impl_reason
     _check_against_convert(q, plan, torch.randn(3, 3, 4, 4))
+
+
+def test_separate_passes_read_the_narrowest_accumulator():
+    """Layers finished by a separate epilogue pass store int16 accumulators where a bit-serial
+    kernel writes them and |acc| < 2^15, int32 where the layer pools or is int8 / fp16; the
+    two bit widths of one network (w1a2 body, w8a8 stem and classifier) take both, and the
+    engine's integers do not depend on it (the reference executor ignores the storage)."""
+    from lowbit.graph import build_plan
+    from lowbit.graph.planner import accumulator_workload
+    from lowbit.kernels.base import acc_bound
+
+    q, calib = calibrated("resnet18", "w1a2", seed=4, width=0.125)
+    plan = build_plan(trace_model(q.eval(), calib), tuple(calib.shape))
+    passes = [s for s in plan.layers if not s.workload.epilogue.requantizes
+              and s.workload.epilogue.out != "fp16"]
+    narrow = [s for s in passes if s.workload.epilogue.out == "int16"]
+    wide = [s for s in passes if s.workload.epilogue.out == "int32"]
+    assert len(narrow) >= 6 and len(wide) >= 1 and len(narrow) + len(wide) == len(passes)
+    for s in narrow:
+        assert is_bitserial(s.impl) and s.pool is None and acc_bound(s.workload) < 2**15
+    for s in wide:
+        assert not is_bitserial(s.impl) or s.pool is not None or acc_bound(s.workload) >= 2**15
+    # a bit-serial layer whose accumulator could leave int16 keeps int32
+    step = narrow[0]
+    big = dataclasses.replace(step, workload=step.workload.replace(w="s4", a="u4", C=512))
+    assert acc_bound(big.workload) >= 2**15
+    assert accumulator_workload(big).epilogue.out == "int32"
+    assert accumulator_workload(step).epilogue.out == "int16"

@@ -377,7 +377,7 @@ def test_accumulator_unit_plans_fuse_the_residual_with_a_shifted_bias():
                                   and s.workload.epilogue.shifted_bias for s in ones)
 
 
-def test_planner_keeps_the_int32_pass_where_the_sum_could_overflow():
+def test_planner_keeps_the_separate_pass_where_the_sum_could_overflow():
     from dataclasses import replace
 
     from lowbit.graph.planner import kernel_epilogue, residual_fits
@@ -393,14 +393,15 @@ def test_planner_keeps_the_int32_pass_where_the_sum_could_overflow():
     assert not residual_fits(step, plan.tensors, params)
     back = kernel_epilogue(replace(step, workload=step.workload.replace(
         epilogue=Epilogue())), plan.tensors, params)
-    assert back.workload.epilogue == Epilogue()
-    assert kernel_epilogue(step, plan.tensors).workload.epilogue == Epilogue()  # no params
+    pass_acc = Epilogue(out="int16")  # w1a2: |acc| < 2^15 (test_accumulator_workload)
+    assert back.workload.epilogue == pass_acc
+    assert kernel_epilogue(step, plan.tensors).workload.epilogue == pass_acc  # no params
 
 
-def test_planner_keeps_the_int32_pass_for_large_residual_outputs(monkeypatch):
+def test_planner_keeps_the_separate_pass_for_large_residual_outputs(monkeypatch):
     """Above RESIDUAL_FUSE_MAX_OUTPUTS output values (the measured crossover: the fused
     residual's 64-bit arithmetic then costs more than the separate pass) the layer keeps the
-    int32 pass; at or below it the residual is fused."""
+    separate pass (its int16 accumulator); at or below it the residual is fused."""
     from dataclasses import replace
     from math import prod
 
@@ -414,7 +415,7 @@ def test_planner_keeps_the_int32_pass_for_large_residual_outputs(monkeypatch):
     assert fused.residual == WidePrecision(24)
     monkeypatch.setattr(planner, "RESIDUAL_FUSE_MAX_OUTPUTS", size - 1)
     back = planner.kernel_epilogue(plain, plan.tensors, plan.params).workload.epilogue
-    assert back == Epilogue()
+    assert back == Epilogue(out="int16")
     monkeypatch.setattr(planner, "RESIDUAL_FUSE_MAX_OUTPUTS", size)
     assert planner.kernel_epilogue(plain, plan.tensors, plan.params).workload.epilogue == fused
 

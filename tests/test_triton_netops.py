@@ -91,6 +91,24 @@ def test_layer_epilogue_outputs(residual, layouts):
     assert sum(int(v.unique().numel()) for v in ref) > 20
 
 
+def test_layer_epilogue_reads_an_int16_accumulator():
+    """A kernel's int16 accumulator (Epilogue(out="int16")): the same outputs as its values
+    in int32, over the whole int16 range."""
+    shape = (4, 3, 5, 38)
+    y, specs, res = epilogue_case(shape, 11, "s8")
+    y = y.clamp(-(2**15), 2**15 - 1)
+    y.view(-1)[:2] = torch.tensor([-(2**15), 2**15 - 1])
+    outs = [poisoned(shape, s.precision, lay) for s, lay in zip(specs, LAYOUT_MIXES[0],
+                                                                strict=True)]
+    launch = K.bind_layer_epilogue(y.to(torch.int16).to(DEVICE), specs, outs,
+                                   packed(res, "s8", INT8), y_bound=2**15)
+    launch()
+    ref = epilogue_outputs(y, None, specs, residual=res)
+    for out, values in zip(outs, ref, strict=True):
+        assert_stored(out, values)
+    assert len(outs) == 5 and sum(int(v.unique().numel()) for v in ref) > 20
+
+
 def test_layer_epilogue_bound_launcher_replays_new_inputs():
     shape = (37, 70)
     y, specs, res = epilogue_case(shape, 3, "s8")

@@ -1,7 +1,7 @@
 """Core value types shared by every stage: precisions, layouts, epilogues, workloads and
 config spaces."""
 
-from .epilogue import OUT_FP16, OUT_INT32, Epilogue
+from .epilogue import OUT_FP16, OUT_INT16, OUT_INT32, Epilogue
 from .layout import PACKABLE_BITS, Layout
 from .packed import PackedTensor
 from .precision import Encoding, Precision, WidePrecision, parse_wa
@@ -11,6 +11,7 @@ from .workloads import load_workloads
 
 __all__ = [
     "OUT_FP16",
+    "OUT_INT16",
     "OUT_INT32",
     "PACKABLE_BITS",
     "Config",

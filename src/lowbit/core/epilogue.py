@@ -4,6 +4,9 @@ Order (exact integer semantics, see `lowbit.reference.epilogue`):
   y = acc + bias[k]                      (bias: int32 in accumulator units, optional)
   y = max(y, 0)                          (relu, optional)
   out = int32:  y
+  out = int16:  y (bias=False: the bare accumulator, ReLU optional, for a kernel whose
+                worst-case |accumulator| is below 2^15; the reference raises OverflowError
+                where a value leaves int16, a kernel stores its low 16 bits)
   out = fp16:   fp16(float32(y) * scale[k])
   out = Precision p: clamp((y * multiplier[k] + 2^(shift[k]-1)) >> shift[k], p.qmin, p.qmax)
         i.e. fixed-point requantization with round-half-up, multiplier in [1, 2^31), shift in
@@ -35,7 +38,10 @@ from .layout import PACKABLE_BITS, Layout
 from .precision import Encoding, Precision, WidePrecision
 
 OUT_INT32 = "int32"
+OUT_INT16 = "int16"
 OUT_FP16 = "fp16"
+#: outputs of the accumulator itself (no requantization), with their storage dtypes
+ACCUMULATOR_OUTPUTS = {OUT_INT32: torch.int32, OUT_INT16: torch.int16}
 
 
 @dataclass(frozen=True)
@@ -54,10 +60,14 @@ class Epilogue:
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Epilogue.{f} must be a bool, got {getattr(self, f)!r}")
         out = self.out
-        if isinstance(out, str) and out not in (OUT_INT32, OUT_FP16):
+        if isinstance(out, str) and out not in (OUT_INT32, OUT_INT16, OUT_FP16):
             out = Precision.parse(out)
         if not isinstance(out, (str, Precision)):
-            raise TypeError(f"Epilogue.out must be 'int32', 'fp16' or a Precision, got {out!r}")
+            raise TypeError(f"Epilogue.out must be 'int32', 'int16', 'fp16' or a Precision, "
+                            f"got {out!r}")
+        if out == OUT_INT16 and self.bias:
+            raise ValueError("Epilogue.out 'int16' is the bare accumulator (ReLU optional): "
+                             "set bias=False and add the bias where the output is read")
         object.__setattr__(self, "out", out)
         try:
             layout = Layout(self.out_layout)

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from .epilogue import OUT_FP16, Epilogue, EpilogueParams, check_residual, check_shifted_bias
+from .epilogue import (
+    ACCUMULATOR_OUTPUTS,
+    OUT_FP16,
+    Epilogue,
+    EpilogueParams,
+    check_residual,
+    check_shifted_bias,
+)
 from .layout import Layout
 from .precision import Encoding, Precision
 from .workload import ConvWorkload, Workload
@@ -49,7 +56,7 @@ def out_storage(wl: Workload) -> tuple[tuple[int, ...], torch.dtype]:
     if epi.requantizes:
         return storage_shape(out_shape, epi.out, epi.out_layout), storage_dtype(epi.out,
                                                                                  epi.out_layout)
-    return out_shape, (torch.float16 if epi.out == OUT_FP16 else torch.int32)
+    return out_shape, (torch.float16 if epi.out == OUT_FP16 else ACCUMULATOR_OUTPUTS[epi.out])
 
 
 def output_buffer(wl: Workload, device: torch.device, out: object = None) -> torch.Tensor:

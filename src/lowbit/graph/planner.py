@@ -30,7 +30,17 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..core import ConvWorkload, Encoding, Epilogue, GemmWorkload, Layout, Precision
+from ..core import (
+    OUT_INT16,
+    OUT_INT32,
+    ConvWorkload,
+    Encoding,
+    Epilogue,
+    GemmWorkload,
+    Layout,
+    Precision,
+    Workload,
+)
 from ..kernels import get_template, load_backends
 from ..kernels.base import acc_bound
 from ..quant.quantize import fixed_point, round_half_up
@@ -53,6 +63,7 @@ from .impl import (
     choose_impl,
     choose_int8_impl,
     input_layout,
+    is_bitserial,
     unsupported_reason,
 )
 from .ir import (
@@ -568,11 +579,11 @@ def kernel_epilogue(step: Layer, tensors: dict[str, TensorSpec],
     (`Epilogue.shifted_bias`, exact-bias plans) on templates that declare
     `takes_shifted_bias`; with a wide residual (`Epilogue.residual`, given `params`) on
     templates that declare `takes_residual` where `residual_fits` proves the kernel's 64-bit
-    sum exact and the output has at most RESIDUAL_FUSE_MAX_OUTPUTS values; otherwise int32
-    acc for a separate epilogue pass (which adds each output's shifted bias and the
-    residual)."""
+    sum exact and the output has at most RESIDUAL_FUSE_MAX_OUTPUTS values; otherwise the bare
+    accumulator (`accumulator_workload`) for a separate epilogue pass (which adds each output's
+    shifted bias and the residual)."""
     outs = step.layer_outputs
-    wl = step.workload.replace(epilogue=Epilogue(out="int32"))
+    wl = accumulator_workload(step)
     if not (len(outs) == 1 and outs[0].requantized and step.pool is None
             and step.impl != TORCH_FP16):
         return replace(step, workload=wl)
@@ -593,6 +604,20 @@ def kernel_epilogue(step: Layer, tensors: dict[str, TensorSpec],
         if unsupported_reason(step.impl, fused) is None:
             return replace(step, workload=fused)
     return replace(step, workload=wl)
+
+
+def accumulator_workload(step: Layer) -> Workload:
+    """The step's workload storing its bare accumulator for a separate epilogue pass: int16
+    where a bit-serial kernel writes it and the worst-case |acc| is below 2^15 (a w1a2 / w2a2
+    layer up to K = C R S of ~5,000: half the bytes of the int32 round trip, which bounds
+    ResNet-50's block ends at batch 256), without a fused pool (the pool reads int32); int32
+    otherwise."""
+    wl = step.workload
+    if step.pool is None and is_bitserial(step.impl) and acc_bound(wl) < 2**15:
+        narrow = wl.replace(epilogue=Epilogue(out=OUT_INT16))
+        if unsupported_reason(step.impl, narrow) is None:
+            return narrow
+    return wl.replace(epilogue=Epilogue(out=OUT_INT32))
 
 
 def residual_fits(step: Layer, tensors: dict[str, TensorSpec],

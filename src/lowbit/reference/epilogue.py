@@ -6,6 +6,7 @@ import torch
 
 from ..core import OUT_FP16, Epilogue
 from ..core.epilogue import (
+    ACCUMULATOR_OUTPUTS,
     WIDE_MULTIPLIER_LIMIT,
     EpilogueParams,
     check_residual,
@@ -174,6 +175,9 @@ def apply_epilogue(acc: torch.Tensor, epilogue: Epilogue, params: EpilogueParams
         return pack(q, epilogue.out, epilogue.out_layout)
     if epilogue.out == OUT_FP16:
         return (y.to(torch.float32) * params.scale.to(torch.float32)).to(torch.float16)
-    if y.numel() and (int(y.min()) < INT32_MIN or int(y.max()) > INT32_MAX):
-        raise OverflowError("int32 output overflows: the accumulator exceeds the int32 range")
-    return y.to(torch.int32)
+    dtype = ACCUMULATOR_OUTPUTS[epilogue.out]
+    lo, hi = torch.iinfo(dtype).min, torch.iinfo(dtype).max
+    if y.numel() and (int(y.min()) < lo or int(y.max()) > hi):
+        raise OverflowError(f"{epilogue.out} output overflows: the accumulator exceeds the "
+                            f"{epilogue.out} range [{lo}, {hi}]")
+    return y.to(dtype)

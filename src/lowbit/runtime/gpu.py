@@ -11,7 +11,9 @@ computes the same integers (`lowbit.runtime.engine` defines them), bit for bit:
 - Layer: the step's kernel (`layers.layer_kernel`, weights packed once into the workload's
   layout) with its own fused epilogue where the workload has one (its residual buffer passed
   with Epilogue.residual); else the kernel writes the
-  int32 accumulator and `netops.bind_layer_epilogue` writes every output (bias at each
+  accumulator (int16 where it fits and the kernel is bit-serial:
+  `planner.accumulator_workload`; int32 otherwise) and `netops.bind_layer_epilogue` writes
+  every output (bias at each
   output's shift, residual, wide and float outputs). A fused max-pool pools the int32
   accumulator first where every output is requantized and there is no residual (the
   epilogue is monotone), else each output after the epilogue;
@@ -207,8 +209,8 @@ class GpuExecutor:
         if not isinstance(step, Layer) or step.name in self.stems or \
                 step.workload.epilogue.requantizes:
             return []
-        shape = out_storage(step.workload)[0]
-        temps = [(tuple(shape), torch.int32)]
+        shape, acc_dtype = out_storage(step.workload)
+        temps = [(tuple(shape), acc_dtype)]
         if step.pool is None:
             return temps
         if step.residual is None and all(o.requantized for o in step.layer_outputs):
@@ -280,8 +282,9 @@ class GpuExecutor:
             return BoundStep(step, [self._bind_kernel(kernel, x, w, params,
                                                       self.buffers[o.tensor])],
                              f"{how} (its own epilogue)")
-        shape = tuple(out_storage(wl)[0])
-        acc = self.scratch.take(shape, torch.int32)
+        shape, acc_dtype = out_storage(wl)
+        shape = tuple(shape)
+        acc = self.scratch.take(shape, acc_dtype)  # int16 or int32 (planner.kernel_epilogue)
         launches = [self._bind_kernel(kernel, x, w, params, acc)]
         res = self.packed(step.residual) if step.residual else None
         bound = acc_bound(wl)

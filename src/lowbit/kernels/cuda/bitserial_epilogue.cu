@@ -86,6 +86,8 @@ constexpr bool BORDER = NEED_WTAP && PAD > 0;
 // multiply path only: z = y m + b + res r in 64 bits, with int64 multipliers. No new parameter
 // either: the pointers the multiply path leaves unused carry it (mult: int64 m, scale: int64 r,
 // thr: the residual [M_ROWS][KOUT], NHWC like the output; bitserial_tables.epilogue_vectors).
+// Requantized outputs (bytes or bit planes): the modes that read multipliers and shifts.
+constexpr bool REQUANT_OUT = OUT_MODE == 2 || OUT_MODE == 3;
 struct ColParams {
   int off, mult, shift;
   float scale;
@@ -93,7 +95,7 @@ struct ColParams {
 };
 __device__ __forceinline__ ColParams col_params(const EpilogueArgs& ea, int col) {
   const bool ok = col < KOUT && !OUT_THRESH;
-  const bool mul = OUT_MODE >= 2 && ok;
+  const bool mul = REQUANT_OUT && ok;
   const int bias = (HAS_BIAS == 1 && ok) ? ea.bias[col] : 0;
   const int wall = (NEED_WTAP && !BORDER && ok) ? ea.wtap[WSUM0 + FULL_RECT * KPAD + col] : 0;
   const i64 sbias = (HAS_BIAS >= 2 && mul) ? reinterpret_cast<const i64*>(ea.bias)[col] : 0;
@@ -300,17 +302,17 @@ __device__ __forceinline__ void prefetch_row_data(const RowPrep& rows, int col_b
     if constexpr (HAS_BIAS >= 3)
       prefetch_l1(reinterpret_cast<const i64*>(ea.mult) + col),
           prefetch_l1(reinterpret_cast<const i64*>(ea.scale) + col);
-    if constexpr (OUT_MODE >= 2) prefetch_l1(ea.mult + col), prefetch_l1(ea.shift + col);
+    if constexpr (REQUANT_OUT) prefetch_l1(ea.mult + col), prefetch_l1(ea.shift + col);
     if constexpr (OUT_MODE == 1) prefetch_l1(ea.scale + col);
   }
 }
 
 // A lane holds columns col, col + 1 (col even) of each of its rows: with an even KOUT the pair
-// is never split by KOUT, so int32 / fp16 / INT8 outputs leave as one 8 / 4 / 2-byte store and
-// a residual arrives as one 8 / 4-byte load. Per-element accesses of 4 bytes at an 8-byte lane
+// is never split by KOUT, so int32 / fp16 or int16 / INT8 outputs leave as one 8 / 4 / 2-byte
+// store and a residual arrives as one 8 / 4-byte load. Per-element accesses of 4 bytes at an 8-byte lane
 // stride kept the int32 store of a store-bound 1x1 conv (256 x 56 x 56 x 256, 822 MB) at
 // ~1 TB/s on an H200, a quarter of its bandwidth (network bench, 2026-11-27).
-constexpr bool PAIR_STORE = OUT_MODE <= 2 && !OUT_THRESH && KOUT % 2 == 0;
+constexpr bool PAIR_STORE = (OUT_MODE <= 2 || OUT_MODE == 4) && !OUT_THRESH && KOUT % 2 == 0;
 constexpr bool RES_PAIRS = HAS_BIAS >= 3 && KOUT % 2 == 0;
 
 // The residual values of this lane's column pair (col even) in row m, 0 outside the output.
@@ -337,7 +339,7 @@ __device__ __forceinline__ void store_output_pair(const EpilogueArgs& ea, int m,
   const i64 at = (i64)m * KOUT + col;
   if constexpr (OUT_MODE == 0) {
     *reinterpret_cast<int2*>(reinterpret_cast<int*>(ea.out) + at) = make_int2(v[0], v[1]);
-  } else if constexpr (OUT_MODE == 1) {
+  } else if constexpr (OUT_MODE == 1 || OUT_MODE == 4) {  // fp16 bits / int16
     *reinterpret_cast<u32*>(reinterpret_cast<unsigned short*>(ea.out) + at) =
         ((u32)v[0] & 0xffffu) | ((u32)v[1] << 16);
   } else {
@@ -357,9 +359,9 @@ __device__ __forceinline__ i64 round_shift(i64 z, int sh) {
 }
 
 // Bias, ReLU and the output of one value y (accumulator + row and column terms) of row m,
-// column col: stored here for int32 / fp16 / INT8 outputs, or with PAIR_STORE returned (the
-// int32, the fp16 bits, the byte) for store_output_pair; returns the requantized bit pattern
-// for bit-plane outputs (0 past KOUT). thr: OUT_THRESH's thresholds of (m, col). res_in: the
+// column col: stored here for int32 / fp16 / int16 / INT8 outputs, or with PAIR_STORE returned
+// (the int32, the fp16 bits, the int16, the byte) for store_output_pair; returns the requantized
+// bit pattern for bit-plane outputs (0 past KOUT). thr: OUT_THRESH's thresholds of (m, col). res_in: the
 // residual of (m, col) when RES_PAIRS loaded it (load_residual_pair).
 __device__ __forceinline__ int epilogue_value(int y, const ColParams& cp,
                                               const int (&thr)[THR_LEVELS], int m, int col,
@@ -375,6 +377,10 @@ __device__ __forceinline__ int epilogue_value(int y, const ColParams& cp,
     const unsigned short bits = f32_to_f16_bits(__fmul_rn((float)y, cp.scale));
     if constexpr (PAIR_STORE) return bits;
     if (ok) reinterpret_cast<unsigned short*>(ea.out)[(i64)m * KOUT + col] = bits;
+    return 0;
+  } else if constexpr (OUT_MODE == 4) {  // the host checked |y| < 2^15 (acc_bound)
+    if constexpr (PAIR_STORE) return y;
+    if (ok) reinterpret_cast<short*>(ea.out)[(i64)m * KOUT + col] = (short)y;
     return 0;
   } else {
     const int sh = cp.shift;

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from functools import cache
 
 from ...core import ConvWorkload, Encoding, Layout, Workload
-from ...core.epilogue import OUT_FP16
+from ...core.epilogue import OUT_FP16, OUT_INT16
 from ...reference.bitserial import plane_coefficients
 from ...reference.epilogue import THRESHOLD_MAX_BITS
-from ..base import NUM_SMS
+from ..base import NUM_SMS, acc_bound
 
 MAX_BITS = 4          # per operand; wider precisions belong to the int8 path
+INT16_LIMIT = 2**15   # |accumulator| bound of an int16 output
 WGMMA_ARCH = "sm_90a"  # wgmma needs the arch-specific Hopper target
 #: bitserial_wtap runs a warp per output column, 4 per block; bitserial_xpop xpop_lanes lanes
 #: per input pixel
@@ -83,11 +84,12 @@ def copy_vec(shape: Shape) -> int:
 
 
 def out_mode(wl: Workload) -> int:
-    """The kernels' OUT_MODE: 0 int32, 1 fp16, 2 requantized bytes, 3 requantized bit planes."""
+    """The kernels' OUT_MODE: 0 int32, 1 fp16, 2 requantized bytes, 3 requantized bit planes,
+    4 int16."""
     epi = wl.epilogue
     if epi.requantizes:
         return 3 if epi.out_layout is Layout.BITPLANE else 2
-    return 1 if epi.out == OUT_FP16 else 0
+    return {OUT_FP16: 1, OUT_INT16: 4}.get(epi.out, 0)
 
 
 def bitplane_output(wl: Workload) -> bool:
@@ -147,10 +149,14 @@ def few_tiles(wl: Workload) -> bool:
 
 def support_limits_reason(wl: Workload) -> str | None:
     """What the kernels cannot do whatever the operands' layout: packed requantized output,
-    or row, weight or input-word indices past 32 bits; None when within the limits."""
+    an int16 output that the accumulator could leave, or row, weight or input-word indices
+    past 32 bits; None when within the limits."""
     epi = wl.epilogue
     if epi.requantizes and epi.out_layout is Layout.PACKED:
         return "requantized output must be in the int8 or bitplane layout, not packed"
+    if epi.out == OUT_INT16 and acc_bound(wl) >= INT16_LIMIT:
+        return (f"int16 output needs the worst-case |accumulator| below 2^15, got "
+                f"{acc_bound(wl)} (use int32)")
     sh = conv_shape(wl)
     if (sh.rows + 256 >= 2**31 or sh.kout * sh.k_words >= 2**31
             or sh.nb * sh.h * sh.w * sh.words >= 2**31):

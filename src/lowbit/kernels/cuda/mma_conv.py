@@ -24,7 +24,16 @@ from dataclasses import dataclass
 
 import torch
 
-from ...core import OUT_FP16, Config, ConfigSpace, ConvWorkload, Knob, Layout, Workload
+from ...core import (
+    OUT_FP16,
+    OUT_INT16,
+    Config,
+    ConfigSpace,
+    ConvWorkload,
+    Knob,
+    Layout,
+    Workload,
+)
 from ...core.epilogue import EpilogueParams
 from ...core.precision import Encoding
 from ...core.validate import check_inputs, output_buffer
@@ -171,6 +180,8 @@ class MmaConvTemplate(KernelTemplate):
         epi = wl.epilogue
         if epi.requantizes and epi.out_layout is Layout.BITPLANE:
             return "bit-plane output is written by the bit-serial templates, not this one"
+        if epi.out == OUT_INT16:
+            return "int16 output is written by the bit-serial templates: use int32"
         if epi.shifted_bias:
             return "the bias at the output's shift (Epilogue.shifted_bias) is not in this " \
                    "template's epilogue: bias in accumulator units only"

@@ -1,7 +1,7 @@
 """Triton kernels of the engine's integer network ops on stored tensors, bit-exact against
 `lowbit.reference.netops` (formulas there) and the plan semantics of `lowbit.graph.ir`:
 
-- `bind_layer_epilogue`: int32 y [..., K] (a conv's accumulator) + an optional residual
+- `bind_layer_epilogue`: int32 / int16 y [..., K] (a conv's accumulator) + an optional residual
   operand -> one or more outputs, each requantized into its own precision (<= 8 bits or wide
   16 / 24-bit) and layout (INT8 or BITPLANE) with its bias at the output's shift and ReLU, or
   dequantized to float32 (logits; NHWC or NCHW);
@@ -253,13 +253,14 @@ def layer_epilogue_kernel(
     QMAX3: tl.constexpr, RES3: tl.constexpr, MODE3: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """y (int32 [M, K]) and the residual read once per tile, then up to four outputs."""
+    """y (int32 or int16 [M, K]) and the residual read once per tile, then up to four
+    outputs."""
     pix = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     c0 = tl.program_id(1) * BLOCK_C
     pix_mask = pix < M
     chan = c0 + tl.arange(0, BLOCK_C)
     y = tl.load(y_ptr + pix[:, None] * K + chan[None, :],
-                mask=pix_mask[:, None] & (chan < K)[None, :], other=0)
+                mask=pix_mask[:, None] & (chan < K)[None, :], other=0).to(tl.int32)
     res = y
     if HAS_RES:
         res = load_values(res_ptr, pix, pix_mask, c0, K, res_row, res_plane, RES_LAYOUT,
@@ -374,7 +375,8 @@ def bind_layer_epilogue(y: torch.Tensor, outputs: Sequence[OutputSpec],
                         outs: Sequence[PackedTensor | torch.Tensor],
                         residual: PackedTensor | None = None, y_bound: int | None = None,
                         fast: bool = True) -> Launcher:
-    """Bind the layer epilogue: y int32 [..., K] (contiguous), one spec per output
+    """Bind the layer epilogue: y int32 or int16 [..., K] (contiguous; an int16 y is a
+    kernel's `Epilogue(out="int16")` accumulator, half the bytes), one spec per output
     (`Requantized` or reference `RequantizedOutput`: the `outs` entry a PackedTensor of y's
     logical shape in INT8 or BITPLANE layout and the spec's precision; `Dequantized` /
     `FloatOutput`: a float32 tensor of y's shape, or NCHW with channels_first), optional
@@ -382,8 +384,9 @@ def bind_layer_epilogue(y: torch.Tensor, outputs: Sequence[OutputSpec],
     y_bound: max |y| (default 2^31, any int32) for the choice of `requant_mode`; fast: allow
     its FAST mode. With b = 0 equals `reference.epilogue_outputs(y, None, outputs,
     residual values)`; in general the module docstring's formulas."""
-    if not isinstance(y, torch.Tensor) or y.dtype != torch.int32 or y.dim() < 1:
-        raise TypeError(f"y must be an int32 tensor [..., K], got "
+    if not isinstance(y, torch.Tensor) or y.dtype not in (torch.int32, torch.int16) or \
+            y.dim() < 1:
+        raise TypeError(f"y must be an int32 or int16 tensor [..., K], got "
                         f"{y.dtype if isinstance(y, torch.Tensor) else type(y).__name__}")
     if not y.is_contiguous() or y.numel() == 0:
         raise ValueError("y must be contiguous and non-empty")

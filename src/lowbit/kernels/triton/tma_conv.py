@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ...core import Config, ConfigSpace, ConvWorkload, Knob, Layout, Workload
+from ...core import OUT_INT16, Config, ConfigSpace, ConvWorkload, Knob, Layout, Workload
 from ...core.epilogue import bias_vector, check_shifted_bias
 from ...core.precision import Encoding
 from ...core.validate import check_inputs, output_buffer
@@ -301,6 +301,8 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
         if wl.epilogue.residual is not None:
             return ("a residual term in the epilogue (Epilogue.residual) is written by the "
                     "bit-serial templates' epilogue, not this one")
+        if wl.epilogue.out == OUT_INT16:
+            return "int16 output is written by the bit-serial templates: use int32"
         if wl.stride not in (1, 2):
             return (f"stride={wl.stride}: only strides 1 and 2 (the input window of a spatial "
                     "tile is then one TMA box); use triton.conv2d_int8")
