@@ -3,8 +3,11 @@
 `choose_impl(workload) -> (impl, reason)` is the default policy (zero tuning): bit-serial b1
 AND tensor cores when both operands have <= 4 bits (bit-plane operands; the impl names the
 kernel family that `lowbit.kernels.cuda.default_bitserial` picks, e.g.
-`cuda.bitserial_wgmma`), else the int8 tensor-core templates (one value per byte), else
-PyTorch fp16 (`torch.fp16`) when no integer template supports the workload; every refusal is
+`cuda.bitserial_wgmma`), else the int8 tensor-core templates (one value per byte; a GEMM of
+at most GEMV_ROWS rows first on the weight-streaming `triton.gemv_int8`, which reads each weight
+byte once with the grid split over K: at that size the GEMM is bound by the weight bytes, and
+the tile templates pad the rows to 64 and fill few SMs), else PyTorch fp16 (`torch.fp16`) when
+no integer template supports the workload; every refusal is
 asked of the templates (`KernelTemplate.unsupported_reason`) and quoted in the reason. A
 chooser with the same signature (e.g. one reading tuning records, `lowbit.tune.dispatch`)
 replaces it through `lowbit.compile(..., choose_impl=...)`; `input_layout(impl)` says what its
@@ -25,6 +28,9 @@ TORCH_FP16 = "torch.fp16"
 #: int8 templates in the order the default policy prefers them
 INT8_CONV = ("cuda.int8_wgmma", "triton.conv2d_int8_tma", "triton.conv2d_int8")
 INT8_GEMM = ("cuda.int8_wgmma", "triton.gemm_int8")
+#: the skinny-GEMM template and the most rows it is the default for
+INT8_GEMV = "triton.gemv_int8"
+GEMV_ROWS = 16
 #: the bit widths bit-serial serves by default (both operands)
 BITSERIAL_MAX_BITS = 4
 
@@ -68,7 +74,10 @@ def unsupported_reason(impl: str, workload: Workload) -> str | None:
 
 
 def _int8_choice(wl: Workload, why_not_bitserial: str | None) -> tuple[str, str]:
-    names = INT8_CONV if isinstance(wl, ConvWorkload) else INT8_GEMM
+    if isinstance(wl, ConvWorkload):
+        names = INT8_CONV
+    else:
+        names = ((INT8_GEMV,) if wl.gemm_shape[0] <= GEMV_ROWS else ()) + INT8_GEMM
     refusals = []
     for name in names:
         reason = unsupported_reason(name, wl)

@@ -11,12 +11,14 @@ the recorded fp16 baselines. A non-default config must be predicted `margin` fas
 default to be picked: the default is the config the kernels' authors measured, a far config
 only the model. The bit-serial families compete as one group whose default is
 `default_bitserial`'s kernel: every family's candidates (its own default first) must beat that
-one by the margin.
+one by the margin. A weight-streaming template (`streams_weights`, e.g. `triton.gemv_int8`),
+which the learned model has no measurements of, is timed by `stream_estimate_us` instead.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -29,11 +31,23 @@ from ..kernels.base import Kernel, KernelTemplate, get_template, templates
 from ..kernels.cuda import FAMILIES, default_bitserial
 from ..perfmodel.dataset import FP16_TEMPLATE
 from ..perfmodel.hardware import GpuSpec, gpu_spec_for
+from ..perfmodel.launch import launch_shape
+from ..perfmodel.occupancy import occupancy
 from ..perfmodel.predict import default_model, predict_many
+from ..perfmodel.roofline import peaks_for, workload_bytes
 from .records import Record, RecordsDB
 
 FP16 = FP16_TEMPLATE  # "torch.fp16": the engine runs the layer in PyTorch fp16
 DEFAULT_MARGIN = 0.10
+#: constants of `stream_estimate_us`: the fewest events-scale microseconds of any kernel in the
+#: measurement snapshot (5.6 us: launch, events, a minimal prologue and epilogue); a loaded DRAM
+#: round trip a weight tile waits for; the mma.sync int8 efficiency on padded rows (the
+#: analytic model's "int8_mma_sync"-class figure, rounded up: the skinny dot is no bottleneck)
+STREAM_OVERHEAD_US = 5.5
+STREAM_LATENCY_US = 1.0
+STREAM_MMA_EFFICIENCY = 0.5
+#: int32 atomic adds per second into distinct L2 lines (order of magnitude, Hopper)
+ATOMICS_PER_S = 1.0e11
 
 
 @dataclass(frozen=True)
@@ -98,6 +112,45 @@ def candidate_configs(template: KernelTemplate, workload: Workload, n: int = 48,
     return list(out)
 
 
+def stream_estimate_us(template: KernelTemplate, workload: Workload, config: Config,
+                       spec: GpuSpec) -> float:
+    """Events-scale time (microseconds) of a weight-streaming template's `config` (a documented
+    bytes / bandwidth + launch estimate, not the learned model):
+
+        STREAM_OVERHEAD_US + max(stream, compute, atomics) + waves x STREAM_LATENCY_US
+
+    stream: the fewest bytes (`roofline.workload_bytes`) over the bandwidth the launch reaches,
+    by Little's law the bytes it keeps in flight (resident programs x (stages - 1) weight
+    tiles, at most the program's own slice) per STREAM_LATENCY_US, at most the GPU's peak;
+    compute: the rows padded to the dot's block_m on mma.sync int8; atomics: the split-K
+    partial sums (M x N x SPLIT_K int32 adds), which overlap the stream; waves: grid blocks
+    over the resident slots (occupancy from the template's `launch_shape`)."""
+    s = launch_shape(workload, config, template)
+    peaks = peaks_for(spec.name)
+    m, n, k = workload.gemm_shape
+    occ = occupancy(s.threads, s.regs_per_thread, s.smem_bytes, spec)
+    slots = spec.sms * max(occ.blocks_per_sm, 1)
+    w_bytes = workload_bytes(workload) * s.block_n / max(n, 1)  # one tile's share
+    per_program = w_bytes / max(s.split_k, 1)
+    tile = min(per_program, s.block_n * s.block_k * workload.w.bits / 8)
+    in_flight = min(s.grid_blocks, slots) * min(per_program, max(1, s.stages - 1) * tile)
+    bandwidth = min(peaks.bandwidth, in_flight / (STREAM_LATENCY_US * 1e-6))
+    stream = workload_bytes(workload) / bandwidth * 1e6
+    compute = 2 * s.block_m * n * k / (peaks.int8_mma_sync * STREAM_MMA_EFFICIENCY) * 1e6
+    atomics = m * n * s.split_k / ATOMICS_PER_S * 1e6 if s.split_k > 1 else 0.0
+    waves = math.ceil(s.grid_blocks / slots)
+    return STREAM_OVERHEAD_US + max(stream, compute, atomics) + waves * STREAM_LATENCY_US
+
+
+def _predicted(template: KernelTemplate, workload: Workload, configs: Sequence[Config],
+               spec: GpuSpec, model) -> list[float]:
+    """Predicted times of `configs`: `stream_estimate_us` for a weight-streaming template
+    (`streams_weights`), else the model (`predict_many`)."""
+    if getattr(template, "streams_weights", False):
+        return [stream_estimate_us(template, workload, c, spec) for c in configs]
+    return [float(p) for p in predict_many(template, workload, configs, spec, model)]
+
+
 def _usable(workload: Workload, pool: Sequence[KernelTemplate] | None) -> list[KernelTemplate]:
     if pool is None:
         load_backends()
@@ -154,7 +207,7 @@ def _group_pick(group: list[KernelTemplate], workload: Workload, spec: GpuSpec, 
             continue
         if t is dflt_t and dflt not in cfgs:
             cfgs = [dflt, *cfgs]
-        preds[t.name] = (cfgs, [float(p) for p in predict_many(t, workload, cfgs, spec, model)])
+        preds[t.name] = (cfgs, _predicted(t, workload, cfgs, spec, model))
     if dflt_t.name not in preds:
         return None
     cfgs, times = preds[dflt_t.name]

@@ -17,6 +17,7 @@ in global memory, reset by that program for the next launch).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .epilogue import OUT_KIND_FLOAT, epilogue_store, load_operand
+from .epilogue import OUT_KIND_FLOAT, SRC_PACKED, epilogue_store, load_operand
 
 
 @triton.jit
@@ -93,10 +94,15 @@ def tap_operands(x_ptr, w_ptr, it, chunks, n_img, ih0, iw0, m_mask, offs_m, w_ba
                  H, W, C, x_row, w_row, R: tl.constexpr, S: tl.constexpr, IS_GEMM: tl.constexpr,
                  A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr,
                  W_SRC: tl.constexpr, W_BITS: tl.constexpr, W_ENC: tl.constexpr,
-                 LOOP_CRS: tl.constexpr, EVEN_C: tl.constexpr, DOT_T: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+                 LOOP_CRS: tl.constexpr, EVEN_C: tl.constexpr, ALIGN_C: tl.constexpr,
+                 DOT_T: tl.constexpr, BLOCK_K: tl.constexpr):
     """Operand tiles [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] of reduction step `it`: one tap
-    (r, s) and one chunk of its C channels."""
+    (r, s) and one chunk of its C channels.
+
+    ALIGN_C: a power of two dividing C, x_row and w_row (`channel_alignment`). Triton only
+    knows divisibility by 16 of run-time integers, so without the hint a row stride of, say,
+    1000 bytes makes every operand load a 1-byte load (no cp.async); with it, the loads are
+    ALIGN_C bytes wide and the channel mask of the last chunk keeps that width."""
     rs, cc = tap_and_chunk(it, R * S, chunks, LOOP_CRS)
     chan = cc * BLOCK_K + tl.arange(0, BLOCK_K)
     if EVEN_C:
@@ -104,6 +110,8 @@ def tap_operands(x_ptr, w_ptr, it, chunks, n_img, ih0, iw0, m_mask, offs_m, w_ba
         c_mask = tl.full([BLOCK_K], 1, tl.int1)
     else:
         c_mask = chan < C
+        if ALIGN_C > 1:  # C % ALIGN_C == 0: the mask is constant over aligned runs of channels
+            c_mask = tl.max_constancy(c_mask, ALIGN_C)
     if IS_GEMM:
         a_off = offs_m * x_row
         a_mask = m_mask
@@ -112,9 +120,12 @@ def tap_operands(x_ptr, w_ptr, it, chunks, n_img, ih0, iw0, m_mask, offs_m, w_ba
         iw = iw0 + rs % S
         a_mask = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
         a_off = ((n_img * H + ih) * W + iw) * x_row
+    w_off = (w_base + rs) * w_row
+    if ALIGN_C > 1:
+        a_off = tl.multiple_of(a_off, ALIGN_C)
+        w_off = tl.multiple_of(w_off, ALIGN_C)
     a = load_operand(x_ptr, a_off, chan, a_mask, c_mask, A_SRC, A_BITS, A_ENC, True, DOT_T)
-    b = load_operand(w_ptr, (w_base + rs) * w_row, chan, n_mask, c_mask,
-                     W_SRC, W_BITS, W_ENC, False, DOT_T)
+    b = load_operand(w_ptr, w_off, chan, n_mask, c_mask, W_SRC, W_BITS, W_ENC, False, DOT_T)
     return a, b
 
 
@@ -151,7 +162,7 @@ def igemm_kernel(
     HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
     OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
     WIDE: tl.constexpr, SPLIT_K: tl.constexpr, SUM_IN_KERNEL: tl.constexpr,
-    LOOP_CRS: tl.constexpr, EVEN_C: tl.constexpr, ROW_TAPS: tl.constexpr,
+    LOOP_CRS: tl.constexpr, EVEN_C: tl.constexpr, ALIGN_C: tl.constexpr, ROW_TAPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid_k = tl.program_id(1)
@@ -197,7 +208,7 @@ def igemm_kernel(
             a, b = tap_operands(x_ptr, w_ptr, it, chunks, n_img, ih0, iw0, m_mask, offs_m,
                                 w_base, n_mask, H, W, C, x_row, w_row, R, S, IS_GEMM,
                                 A_SRC, A_BITS, A_ENC, W_SRC, W_BITS, W_ENC, LOOP_CRS, EVEN_C,
-                                DOT_T, BLOCK_K)
+                                ALIGN_C, DOT_T, BLOCK_K)
         acc = tl.dot(a, b, acc, out_dtype=ACC_T)
 
     if DOT_FP16 and OUT_KIND != 3:
@@ -298,6 +309,15 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def channel_alignment(prob: Problem) -> int:
+    """The largest power of two up to 16 dividing C, x_row and w_row where both operands hold
+    one value per element (int8 bytes or fp16), else 1: the igemm kernel's ALIGN_C (16 needs
+    no hint: Triton specializes integers divisible by 16 itself)."""
+    if prob.a_operand[0] == SRC_PACKED or prob.w_operand[0] == SRC_PACKED:
+        return 1
+    return math.gcd(prob.C, prob.x_row, prob.w_row, 16)
+
+
 def reduction_steps(r: int, s: int, c: int, block_k: int, row_taps: bool = False) -> int:
     """Iterations of the reduction loop over an R x S x C reduction in BLOCK_K chunks: per tap
     and channel chunk, or (row_taps, LOOP_ORDER "r_sc") per kernel row and chunk of its S*C
@@ -362,6 +382,7 @@ def launches(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor, out:
         W_SRC=prob.w_operand[0], W_BITS=prob.w_operand[1], W_ENC=prob.w_operand[2],
         DOT_FP16=prob.dot_fp16, SPLIT_K=split, SUM_IN_KERNEL=in_kernel,
         LOOP_CRS=cfg.get("LOOP_ORDER", "rsc") == "crs", EVEN_C=prob.C % bk == 0,
+        ALIGN_C=channel_alignment(prob),
         ROW_TAPS=row_taps,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.get("GROUP_M", 8),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **epi)

@@ -60,6 +60,7 @@ from .epilogue import (
     SRC_PACKED,
 )
 from .igemm import (
+    Launch,
     Problem,
     launch,
     launches,
@@ -183,21 +184,28 @@ class IgemmKernel:
         check_shifted_bias(self.workload.epilogue, params, self.problem.NOUT, x.device)
         _check_device(x)
         out = output_buffer(self.workload, x.device, out)
-        prob, cfg = self.problem, self.config
+        prob = self.problem
         if self.workload.epilogue.bias and not prob.wide:
             top = int(params.bias.to(torch.int64).abs().max()) if params.bias.numel() else 0
             if acc_bound(self.workload) + top >= EXACT_INT32:
                 prob = dataclasses.replace(prob, wide=True)
         vecs = (bias_vector(self.workload.epilogue, params), params.scale, params.multiplier,
                 params.shift)
-        workspace = split_workspace(prob, cfg["SPLIT_K"], output_tiles(prob, cfg), x.device)
-        plan = launches(prob, cfg, x, w, out, *vecs, workspace)  # arguments fixed once
+        plan = self.plan(prob, x, w, out, vecs)  # arguments fixed once
 
         def launcher() -> torch.Tensor:
             replay(plan)
             return out
 
         return launcher
+
+    def plan(self, prob: Problem, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
+             vecs: tuple) -> list[Launch]:
+        """The launches of one validated call, every argument fixed, with the launcher's own
+        scratch (`vecs`: bias, scale, multiplier, shift or None)."""
+        cfg = self.config
+        workspace = split_workspace(prob, cfg["SPLIT_K"], output_tiles(prob, cfg), x.device)
+        return launches(prob, cfg, x, w, out, *vecs, workspace)
 
     def compile(self):
         """Compile ahead of time (fills Triton's on-disk cache) without launching; returns
@@ -212,8 +220,8 @@ class IgemmKernel:
         x = torch.empty(16, dtype=storage_dtype(wl.a, wl.a_layout), device=device)
         w = torch.empty(16, dtype=storage_dtype(wl.w, wl.w_layout), device=device)
         out = torch.empty(16, dtype=out_storage(wl)[1], device=device)
-        return launch(self.problem, self.config, x, w, out,
-                      *placeholder_vectors(wl.epilogue, device), compile_only=True)
+        plan = self.plan(self.problem, x, w, out, placeholder_vectors(wl.epilogue, device))
+        return replay(plan, compile_only=True)
 
 
 class _IgemmTemplate(KernelTemplate):

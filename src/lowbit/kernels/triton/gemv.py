@@ -1,0 +1,259 @@
+"""Weight-streaming split-K int8 GEMV / skinny GEMM: out[M, N] = a[M, K] . w[N, K]^T, M <= 64.
+
+At M <= 16 (a classifier or an FC layer at batch 1-16) a GEMM reads N*K weight bytes to do
+2*M*N*K operations: it is bound by the memory bandwidth, not by the tensor cores, and the tile
+templates (64-128 row tiles, a grid of cdiv(N, BLOCK_N) tiles) leave most SMs idle at N = 1000
+and waste 4-64x the MMA work on padding rows. This kernel instead:
+  - gives each program BLOCK_N weight rows and one slice of K (SPLIT_K slices), so that the
+    grid cdiv(N, BLOCK_N) x SPLIT_K fills the 132 SMs even at N = 1000;
+  - streams the weight tile [BLOCK_N, BLOCK_K] with wide loads along K (16-byte cp.async where
+    K % 16 == 0, else ALIGN_K bytes: `channel_alignment`), software-pipelined `num_stages`
+    deep, so each weight byte crosses DRAM once with several tiles in flight per SM;
+  - multiplies on int8 tensor cores with the rows padded to BLOCK_M = 16, 32 or 64 (the padding
+    rows are masked off: they load nothing);
+  - reduces the K slices exactly: each program adds its int32 partial tile into one running
+    sum [M, N] with integer atomics (any order gives the same integer; every partial and
+    running sum is bounded by the workload's worst-case |accumulator| < 2^31, checked), and
+    the program that arrives last at its column tile (an acquire-release arrival counter,
+    `igemm.arrived_last`) takes the full sum with an atomic exchange against 0 (which also
+    leaves the sum zeroed for the next launch) and runs the fused epilogue once on it.
+The epilogue is the int8 templates' (`epilogue.epilogue_store`: int32, fp16, requantized int8
+/ packed / bit-plane outputs, bias, shifted bias, ReLU), so outputs equal
+`lowbit.reference.run` bit for bit. Operands may be int8 or densely packed sub-byte values
+(unpacked in registers: only the packed bytes cross DRAM).
+
+Knobs (`GEMV_KNOBS`): BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages; BLOCK_M is fixed by M.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import triton
+import triton.language as tl
+
+from ...core import Config, ConfigSpace, Workload
+from ...core.knobs import KnobDef, KnobTable
+from ..base import NUM_SMS
+from .epilogue import epilogue_store, load_operand
+from .igemm import Launch, Problem, SplitWorkspace, arrived_last, cdiv, channel_alignment
+from .templates import SMEM_LIMIT, GemmInt8Template, IgemmKernel, problem
+
+#: the most rows the template takes (one row tile of the tensor-core dot)
+GEMV_MAX_M = 64
+#: programs the default config's grid reaches at least: one per SM (with 3 tiles of 16 KB in
+#: flight each, 6 MB in flight: twice what the H100's bandwidth x latency product needs), and
+#: at most two per SM, one wave
+TARGET_PROGRAMS = NUM_SMS
+#: the deepest K split (more adds atomics and arrival traffic for no more bandwidth)
+MAX_SPLIT = 64
+
+
+@triton.jit
+def gemv_kernel(
+    x_ptr, w_ptr, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr, sum_ptr, count_ptr,
+    M, NOUT, K, x_row, w_row, out_row, out_plane, k_per_split,
+    A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr,
+    W_SRC: tl.constexpr, W_BITS: tl.constexpr, W_ENC: tl.constexpr,
+    HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
+    OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
+    WIDE: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, ALIGN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Program (column tile, K slice): acc = a[:, slice] . w[tile, slice]^T, then the epilogue
+    (SPLIT_K == 1) or the atomic sum and the last arrival's epilogue (module doc)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < NOUT
+    a_off = offs_m * x_row
+    w_off = offs_n * w_row
+    if ALIGN_K > 1:
+        a_off = tl.multiple_of(a_off, ALIGN_K)
+        w_off = tl.multiple_of(w_off, ALIGN_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        chan = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            k_mask = tl.full([BLOCK_K], 1, tl.int1)
+        else:
+            k_mask = chan < K
+            if ALIGN_K > 1:  # K % ALIGN_K == 0: constant over aligned runs (wide loads)
+                k_mask = tl.max_constancy(k_mask, ALIGN_K)
+        a = load_operand(x_ptr, a_off, chan, m_mask, k_mask, A_SRC, A_BITS, A_ENC, True,
+                         tl.int8)
+        b = load_operand(w_ptr, w_off, chan, n_mask, k_mask, W_SRC, W_BITS, W_ENC, False,
+                         tl.int8)
+        acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+
+    if SPLIT_K == 1:
+        epilogue_store(acc, offs_m, pid_n * BLOCK_N, M, NOUT, out_ptr, out_row, out_plane,
+                       bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS, RELU, OUT_KIND,
+                       OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_M, BLOCK_N)
+    else:
+        mask = m_mask[:, None] & n_mask[None, :]
+        sums = sum_ptr + offs_m[:, None] * NOUT + offs_n[None, :]
+        tl.atomic_add(sums, acc, mask=mask, sem="relaxed", scope="gpu")
+        if arrived_last(count_ptr + pid_n, SPLIT_K):
+            total = tl.atomic_xchg(sums, tl.zeros_like(acc), mask=mask, sem="relaxed",
+                                   scope="gpu")
+            epilogue_store(total, offs_m, pid_n * BLOCK_N, M, NOUT, out_ptr, out_row,
+                           out_plane, bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS,
+                           RELU, OUT_KIND, OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_M,
+                           BLOCK_N)
+
+
+def block_m(m: int) -> int:
+    """Rows of the dot: M rounded up to 16, 32 or 64 (the int8 MMA's smallest row tile)."""
+    return max(16, 1 << (m - 1).bit_length())
+
+
+def k_chunks(k: int, cfg: Mapping) -> int:
+    return cdiv(k, cfg["BLOCK_K"])
+
+
+def k_per_split(k: int, cfg: Mapping) -> int:
+    """Reduction elements per K slice: whole BLOCK_K chunks, the last slice ragged."""
+    return cdiv(k_chunks(k, cfg), cfg["SPLIT_K"]) * cfg["BLOCK_K"]
+
+
+def sum_workspace(prob: Problem, split: int, tiles: int, device: torch.device | str
+                  ) -> SplitWorkspace | None:
+    """Scratch of a split launch: the running int32 sum [M, NOUT] and one arrival counter per
+    column tile, both zero between launches (the last program of a tile leaves them so);
+    None without split-K."""
+    if split == 1:
+        return None
+    return SplitWorkspace(torch.zeros((prob.M, prob.NOUT), dtype=torch.int32, device=device),
+                          torch.zeros(tiles, dtype=torch.int32, device=device))
+
+
+def gemv_launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor,
+                out: torch.Tensor, vecs: tuple, workspace: SplitWorkspace | None) -> Launch:
+    """The one launch of a validated call (`vecs`: bias, scale, multiplier, shift or None;
+    `workspace`: `sum_workspace(...)`). No checks here."""
+    split = cfg["SPLIT_K"]
+    tiles = cdiv(prob.NOUT, cfg["BLOCK_N"])
+    vecs = tuple(t if t is not None else out for t in vecs)
+    scratch = (out, out) if workspace is None else (workspace.partials, workspace.arrivals)
+    kind, layout, obits, qmin, qmax = prob.out
+    args = (x, w, out, *vecs, *scratch, prob.M, prob.NOUT, prob.C, prob.x_row, prob.w_row,
+            prob.out_row, prob.out_plane, k_per_split(prob.C, cfg))
+    kwargs = dict(
+        A_SRC=prob.a_operand[0], A_BITS=prob.a_operand[1], A_ENC=prob.a_operand[2],
+        W_SRC=prob.w_operand[0], W_BITS=prob.w_operand[1], W_ENC=prob.w_operand[2],
+        HAS_BIAS=prob.bias, RELU=prob.relu, OUT_KIND=kind, OUT_LAYOUT=layout, OUT_BITS=obits,
+        QMIN=qmin, QMAX=qmax, WIDE=prob.wide, SPLIT_K=split,
+        EVEN_K=prob.C % cfg["BLOCK_K"] == 0, ALIGN_K=channel_alignment(prob),
+        BLOCK_M=block_m(prob.M), BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return Launch(gemv_kernel, (tiles, split), args, kwargs)
+
+
+class GemvKernel(IgemmKernel):
+    """One compiled (workload, config) of `triton.gemv_int8`: `kernel(x, w, params, out=None)`
+    and `bind(...)` as `IgemmKernel` (a bound launcher owns its zeroed sum workspace)."""
+
+    def plan(self, prob: Problem, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
+             vecs: tuple) -> list[Launch]:
+        cfg = self.config
+        workspace = sum_workspace(prob, cfg["SPLIT_K"], cdiv(prob.NOUT, cfg["BLOCK_N"]),
+                                  x.device)
+        return [gemv_launch(prob, cfg, x, w, out, vecs, workspace)]
+
+
+GEMV_KNOBS = KnobTable(
+    KnobDef("BLOCK_N", (64, 32, 128, 256), "weight rows (output columns) per program"),
+    KnobDef("BLOCK_K", (256, 32, 64, 128, 512), "reduction elements per pipelined load"),
+    KnobDef("SPLIT_K", (1, 2, 4, 8, 16, 32, MAX_SPLIT),
+            "K slices per column tile, summed by int32 atomics"),
+    KnobDef("num_warps", (4, 2, 8), "warps per program"),
+    KnobDef("num_stages", (4, 2, 3, 5, 6), "software-pipeline depth of the weight stream"),
+)
+
+
+class GemvInt8Template(GemmInt8Template):
+    """Skinny GEMM a [M, K] x w [N, K]^T with M <= GEMV_MAX_M, streaming the weights with
+    split-K (module doc); same workloads, operands and epilogues as `triton.gemm_int8`."""
+
+    name = "triton.gemv_int8"
+    added_knobs: Mapping[str, object] = {}
+    #: read by `lowbit.tune.dispatch`: time it by the weight-streaming estimate (the learned
+    #: model has no measurements of this template)
+    streams_weights = True
+
+    def unsupported_reason(self, wl: Workload) -> str | None:
+        reason = super().unsupported_reason(wl)
+        if reason is None and wl.gemm_shape[0] > GEMV_MAX_M:
+            return (f"M={wl.gemm_shape[0]} rows > {GEMV_MAX_M}: the weight-streaming GEMV "
+                    "serves skinny GEMMs (use triton.gemm_int8)")
+        return reason
+
+    def constraints(self, wl: Workload) -> list:
+        m, n, k = wl.gemm_shape
+        bm = block_m(m)
+
+        def fits(c: Config) -> str | None:
+            if c["BLOCK_N"] > max(32, 1 << (n - 1).bit_length()):
+                return f"BLOCK_N={c['BLOCK_N']} exceeds N={n} rounded up"
+            if c["BLOCK_K"] > max(32, 1 << (k - 1).bit_length()):
+                return f"BLOCK_K={c['BLOCK_K']} exceeds K={k} rounded up"
+            if c["BLOCK_N"] < 8 * c["num_warps"]:
+                return f"BLOCK_N={c['BLOCK_N']} < 8 columns per warp x {c['num_warps']} warps"
+            return None
+
+        def smem(c: Config) -> str | None:
+            need = c["num_stages"] * (bm + c["BLOCK_N"]) * c["BLOCK_K"]
+            return f"shared memory {need} B > {SMEM_LIMIT} B" if need > SMEM_LIMIT else None
+
+        def split(c: Config) -> str | None:
+            chunks = k_chunks(k, c)
+            if c["SPLIT_K"] > chunks:
+                return f"SPLIT_K={c['SPLIT_K']} > {chunks} chunks of BLOCK_K"
+            if (c["SPLIT_K"] - 1) * cdiv(chunks, c["SPLIT_K"]) >= chunks:
+                return f"SPLIT_K={c['SPLIT_K']} leaves a K slice empty ({chunks} chunks)"
+            return None
+
+        return [fits, smem, split]
+
+    def space(self, wl: Workload) -> ConfigSpace:
+        self.check_supported(wl)
+        return GEMV_KNOBS.space(wl, self.constraints(wl))
+
+    def default_config(self, wl: Workload) -> Config:
+        """BLOCK_N 64 (32 for N <= 32), BLOCK_K 256 (128 where K % 4 != 0: byte loads, one
+        register each; K rounded up to a power of two when smaller, at least 32), 4 warps,
+        4 stages, and the smallest power-of-two SPLIT_K whose grid reaches TARGET_PROGRAMS,
+        as deep as the K chunks allow."""
+        space = self.space(wl)
+        _, n, k = wl.gemm_shape
+        widest = 256 if k % 4 == 0 else 128
+        cfg = Config(BLOCK_N=64 if n > 32 else 32,
+                     BLOCK_K=min(widest, max(32, 1 << (k - 1).bit_length())), SPLIT_K=1,
+                     num_warps=4, num_stages=4)
+        tiles = cdiv(n, cfg["BLOCK_N"])
+        while tiles * cfg["SPLIT_K"] < TARGET_PROGRAMS and cfg["SPLIT_K"] < MAX_SPLIT:
+            deeper = cfg.replace(SPLIT_K=2 * cfg["SPLIT_K"])
+            if not space.is_valid(deeper):
+                break
+            cfg = deeper
+        return cfg if space.is_valid(cfg) else space.all_configs()[0]
+
+    def launch_shape(self, wl: Workload, config: Config) -> dict:
+        """Launch shape for `lowbit.perfmodel.launch_shape` (rows padded to BLOCK_M)."""
+        return dict(block_m=block_m(wl.gemm_shape[0]), block_n=config["BLOCK_N"],
+                    block_k=config["BLOCK_K"], warps=config["num_warps"],
+                    stages=config["num_stages"], split_k=config["SPLIT_K"], operand_bits=8)
+
+    def build(self, wl: Workload, config: Config) -> GemvKernel:
+        config = self.checked_config(wl, config)
+        return GemvKernel(self.name, wl, config, problem(wl, False))
+
+
+__all__ = ["GEMV_KNOBS", "GEMV_MAX_M", "GemvInt8Template", "GemvKernel", "block_m",
+           "gemv_launch", "k_per_split"]
