@@ -182,6 +182,33 @@ def test_engine_default_policy_prefers_the_gemv_up_to_16_rows():
     assert impl != INT8_GEMV
 
 
+def test_compiles_for_sm90_with_wide_weight_loads():
+    """Offline sm_90 compile (tests/triton_offline.py): int8 MMAs, 16-byte cp.async for
+    K % 16 == 0 and 8-byte for K = 1000, one acquire-release arrival atomic with split-K,
+    no spills."""
+    import os
+
+    import triton
+
+    from triton_offline import compile_in_subprocess
+
+    if not os.path.isdir(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
+                                      "bin")):
+        pytest.skip("this Triton has no bundled NVIDIA tools (ptxas)")
+    shapes = {(8, 4096, 25088): 16, (1, 1000, 1000): 8, (16, 1000, 2048): 16}
+    cases = []
+    for m, n, k in shapes:
+        wl = GemmWorkload(M=m, N=n, K=k, epilogue=Epilogue(bias=True, relu=True, out="s8"))
+        cases.append((GEMV.name, wl.to_json(), GEMV.default_config(wl).to_json()))
+    for (shape, width), got in zip(shapes.items(), compile_in_subprocess(cases), strict=True):
+        assert isinstance(got, list), got  # else the compiler's error text
+        main = got[0]
+        assert main["mma_sync"] + main["wgmma"] > 0 and main["spill_bytes"] == 0, (shape, main)
+        assert main["cp_async_bytes"] == [width] and main["byte_loads"] == 0, (shape, main)
+        assert main["acq_rel_atomics"] == 1, (shape, main)
+    assert len(cases) == 3
+
+
 # ------------------------------------------------------------------------------- GPU
 FC = [(m, n, k) for m in (1, 8, 16) for n, k in ((1000, 2048), (4096, 25088), (4096, 4096),
                                                  (1000, 512))]

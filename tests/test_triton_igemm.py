@@ -108,6 +108,33 @@ def test_conv_1x1_even_channels_int32():
     check(wl, tiny_kernel(wl, TINY), seed=6)
 
 
+def test_channel_alignment_is_the_power_of_two_dividing_the_rows():
+    from lowbit.kernels.triton.igemm import channel_alignment
+
+    cases = {(1000, "int8"): 8, (100, "int8"): 4, (90, "int8"): 2, (1001, "int8"): 1,
+             (64, "int8"): 16, (1000, "packed"): 1}
+    for (k, layout), want in cases.items():
+        wl = GemmWorkload(M=3, N=5, K=k, a="u4", w="s4", a_layout=layout, w_layout=layout)
+        assert channel_alignment(problem(wl, False)) == want, (k, layout)
+    conv = ConvWorkload(N=1, H=5, W=5, C=20, K=8, R=3, S=3, pad=1)
+    assert channel_alignment(problem(conv, False)) == 4
+    assert len(cases) == 6
+
+
+@pytest.mark.parametrize("k", [40, 90, 100])
+def test_gemm_unaligned_k_is_exact(k):
+    """K % 16 != 0 with the alignment hint (ALIGN_C 8, 2, 4) and a masked last chunk."""
+    wl = GemmWorkload(M=21, N=37, K=k, epilogue=Epilogue(bias=True, relu=True, out="s8"))
+    check(wl, tiny_kernel(wl, TINY), seed=k)
+    check(wl, tiny_kernel(wl, SPLIT3_LAST), seed=k + 1)
+
+
+def test_conv_unaligned_channels_is_exact():
+    wl = ConvWorkload(N=2, H=6, W=7, C=20, K=24, R=3, S=3, stride=2, pad=1,
+                      epilogue=Epilogue(bias=True, out="s8"))
+    check(wl, tiny_kernel(wl, TINY), seed=21)
+
+
 @pytest.mark.parametrize("stride,pad", [(1, 0), (2, 0), (1, 1)])
 def test_conv_1x1_runs_as_a_gemm_only_when_pointwise(stride, pad):
     """A 1x1 stride-1 unpadded conv takes the GEMM path (rows = pixels); stride 2 or padding

@@ -111,7 +111,11 @@ def report(template: str, workload_json: str, config_json: str) -> list[dict]:
         out.append({"name": ck.metadata.name, "regs": regs, "spill_bytes": spill,
                     "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
                     "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
-                    "acq_rel_atomics": len(re.findall(r"atom\.global\.gpu\.acq_rel", ptx))})
+                    "acq_rel_atomics": len(re.findall(r"atom\.global\.gpu\.acq_rel", ptx)),
+                    "mma_sync": len(re.findall(r"mma\.sync", ptx)),
+                    "cp_async_bytes": sorted({int(b, 0) for b in re.findall(
+                        r"cp\.async\.c[ag]\.shared\.global[^;]*?,\s*(0x[0-9a-f]+|\d+)", ptx)}),
+                    "byte_loads": len(re.findall(r"ld\.global[.a-z0-9:]*\.[us]8\b", ptx))})
     return out
 
 
