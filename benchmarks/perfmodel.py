@@ -1,6 +1,7 @@
 """Performance models (issue 34): held-out accuracy, the pruned tuner, zero-tuning dispatch.
 
-Offline (default; CPU, from the recorded measurements under benchmarks/results):
+Offline (default; CPU, from the recorded measurements under benchmarks/results: its results
+files and the consolidated measurements.jsonl.gz of the files that left the tree):
   model_accuracy rows   leave-one-layer-out accuracy per template of the learned model, of the
                         learned model anchored by one measured config per held-out workload
                         ("learned_anchored": the predicted-fastest one; the others scaled by

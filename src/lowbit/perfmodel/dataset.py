@@ -3,7 +3,9 @@
 Sources: the results files of `benchmarks/` (format: docs/design.md, section 5; exhaustive
 `tuning_tables`, the best and tried configs of `conv`, `gemm`, `tma_conv`, `bitserial` rows,
 `mma_ablation` sweeps, tuner bests of `tuning_timed`, verified `config_probe` rows, the
-measurement rows of `perfmodel` GPU runs), and the tuner's SQLite records. Only verified
+measurement rows of `perfmodel` GPU runs), the consolidated dataset of results files that
+left the tree (`CONSOLIDATED`, written by `benchmarks/consolidate.py`), and the tuner's SQLite
+records. Only verified
 measurements count (a table entry without error, a tried config marked exact, a benchmark
 row's chosen config, which the benchmark checked bit for bit before timing).
 
@@ -284,7 +286,9 @@ class _Reader:
                 yield self.m(LEGACY, wl, r["config"], r.get("us"), "graph")
 
 
-def _result_docs(paths: Iterable[Path]) -> list[tuple[str, dict]]:
+def _result_docs(paths: Iterable[Path], root: Path | None = None) -> list[tuple[str, dict]]:
+    """(path, document) of the results documents among `paths`, in path order: the path
+    relative to `root` (posix), or the file name without `root`."""
     docs = []
     for p in sorted(paths):
         try:
@@ -292,11 +296,11 @@ def _result_docs(paths: Iterable[Path]) -> list[tuple[str, dict]]:
         except (OSError, ValueError):
             continue
         if isinstance(doc, dict) and isinstance(doc.get("rows", doc.get("layers")), list):
-            docs.append((p.name, doc))
+            docs.append((p.relative_to(root).as_posix() if root else p.name, doc))
     return docs
 
 
-def _keys_by_name(docs: list[tuple[str, dict]]) -> dict[tuple[str, str], str]:
+def _keys_by_name(docs: Iterable[tuple[str, dict]]) -> dict[tuple[str, str], str]:
     """(workload name, precision) -> workload key, from rows that carry both."""
     out: dict[tuple[str, str], str] = {}
     for _, doc in docs:
@@ -306,25 +310,45 @@ def _keys_by_name(docs: list[tuple[str, dict]]) -> dict[tuple[str, str], str]:
     return out
 
 
+def _read(doc: dict, source: str, names: dict[str, dict],
+          by_name: dict[tuple[str, str], str]) -> list[Measurement]:
+    """The raw measurements of one document (none for a format the reader does not know)."""
+    try:
+        return [m for m in _Reader(doc, source, names, by_name).read() if m is not None]
+    except (KeyError, TypeError, ValueError):
+        return []  # a results format this reader does not know: skip the whole file
+
+
 def load_results(root: str | Path, migrate: Migration | None = None,
                  complete: bool = True) -> list[Measurement]:
     """Every verified measurement in the results files under `root` (searched recursively;
-    a file that is not a results document is skipped), renamed by `migrate` (default
-    `migrate_kernels`; rows it rejects dropped), configs completed (`complete_configs`), not
-    yet deduplicated."""
-    paths = [p for p in Path(root).rglob("*.json")]
-    docs = _result_docs(paths)
+    a file that is not a results document is skipped) and its consolidated dataset (`root /
+    CONSOLIDATED`; a file back in the tree replaces its record), in path order, renamed by
+    `migrate` (default `migrate_kernels`; rows it rejects dropped), configs completed
+    (`complete_configs`), not yet deduplicated."""
+    root = Path(root)
+    docs = _result_docs(root.rglob("*.json"), root)
+    archive = _archive(root)
     names = _named_workloads()
-    by_name = _keys_by_name(docs)
-    out: list[Measurement] = []
-    for source, doc in docs:
-        try:
-            found = [m for m in _Reader(doc, source, names, by_name).read() if m is not None]
-        except (KeyError, TypeError, ValueError):
-            continue  # a results format this reader does not know: skip the whole file
-        out.extend(found)
+    by_name = _merged_keys(docs, archive)
+    parts = [(_parts(path), lambda d=doc, p=path: _read(d, Path(p).name, names, by_name))
+             for path, doc in docs]
+    parts += [(_parts(r.path), lambda r=r: list(r.measurements)) for r in archive]
+    out = [m for _, read in sorted(parts, key=lambda t: t[0]) for m in read()]
     out = migrate_rows(out, migrate or migrate_kernels)
     return complete_configs(out) if complete else out
+
+
+def _merged_keys(docs: list[tuple[str, dict]], archive: list[ConsolidatedFile]
+                 ) -> dict[tuple[str, str], str]:
+    """`_keys_by_name` over the files and the consolidated ones, in path order (a later
+    file's key wins, as among files)."""
+    entries = [(_parts(p), _keys_by_name([(p, d)])) for p, d in docs]
+    entries += [(_parts(r.path), dict(r.workload_keys)) for r in archive]
+    out: dict[tuple[str, str], str] = {}
+    for _, keys in sorted(entries, key=lambda t: t[0]):
+        out.update(keys)
+    return out
 
 
 def load_records(db: object, gpu: str | None = None, migrate: Migration | None = None
@@ -441,19 +465,129 @@ def deduplicate(ms: Iterable[Measurement]) -> list[Measurement]:
 
 
 def paired_graph_offsets(root: str | Path) -> list[float]:
-    """events - graph time of the same config in the same row (conv / GEMM results files)."""
-    out = []
-    for _, doc in _result_docs(Path(root).rglob("*.json")):
-        if doc.get("benchmark") not in ("conv", "gemm"):
-            continue
-        for r in doc["rows"]:
-            graph = r.get("cuda_graph_us") or {}
-            if isinstance(graph.get("triton"), float) and isinstance(r.get("time_us"), float):
-                out.append(r["time_us"] - graph["triton"])
-            base = r.get("baselines_us", {})
-            if isinstance(graph.get("cudnn_fp16"), float) and "cudnn_fp16" in base:
-                out.append(base["cudnn_fp16"] - graph["cudnn_fp16"])
+    """events - graph time of the same config in the same row (conv / GEMM results files,
+    and those of the consolidated dataset under `root`)."""
+    root = Path(root)
+    out = [x for r in _archive(root) for x in r.graph_offsets]
+    for _, doc in _result_docs(root.rglob("*.json")):
+        out += _graph_offsets(doc)
     return out
+
+
+def _graph_offsets(doc: dict) -> list[float]:
+    if doc.get("benchmark") not in ("conv", "gemm"):
+        return []
+    out = []
+    for r in doc["rows"]:
+        graph = r.get("cuda_graph_us") or {}
+        if isinstance(graph.get("triton"), float) and isinstance(r.get("time_us"), float):
+            out.append(r["time_us"] - graph["triton"])
+        base = r.get("baselines_us", {})
+        if isinstance(graph.get("cudnn_fp16"), float) and "cudnn_fp16" in base:
+            out.append(base["cudnn_fp16"] - graph["cudnn_fp16"])
+    return out
+
+
+# ----------------------------------------------------------------------------- consolidated
+
+#: the consolidated dataset's file name under a results folder (`consolidate`)
+CONSOLIDATED = "measurements.jsonl.gz"
+
+
+@dataclass(frozen=True)
+class ConsolidatedFile:
+    """One results file folded into the consolidated dataset: `path` relative to the results
+    folder, its provenance (`benchmark`, `gpu`, `date`, `versions`, `rows`: how many rows
+    it had), and what `load_results` / `paired_graph_offsets` read from it: its raw
+    measurements (before `migrate` and `complete_configs`, which apply at load time as to
+    files), its (workload name, precision) -> workload key pairs and its graph offsets."""
+
+    path: str
+    benchmark: str
+    gpu: str
+    date: str
+    versions: Mapping
+    rows: int
+    measurements: tuple[Measurement, ...]
+    workload_keys: tuple[tuple[tuple[str, str], str], ...] = ()
+    graph_offsets: tuple[float, ...] = ()
+
+    def to_dict(self) -> dict:
+        source, stamp = Path(self.path).name, file_stamp(Path(self.path).name)
+        ms = []
+        for m in self.measurements:
+            if (m.gpu, m.source, m.stamp) != (self.gpu, source, stamp):
+                raise ValueError(f"{self.path}: a measurement of {m.source} on {m.gpu!r}")
+            ms.append({k: v for k, v in m.to_dict().items()
+                       if k not in ("gpu", "source", "stamp")})
+        return {"path": self.path, "benchmark": self.benchmark, "gpu": self.gpu,
+                "date": self.date, "versions": dict(self.versions), "rows": self.rows,
+                "workload_keys": [[n, p, k] for (n, p), k in self.workload_keys],
+                "graph_offsets": list(self.graph_offsets), "measurements": ms}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ConsolidatedFile:
+        source = Path(d["path"]).name
+        ctx = {"gpu": d["gpu"], "source": source, "stamp": file_stamp(source)}
+        return cls(d["path"], d["benchmark"], d["gpu"], d["date"], d.get("versions", {}),
+                   int(d["rows"]),
+                   tuple(Measurement.from_dict({**m, **ctx}) for m in d["measurements"]),
+                   tuple(((n, p), k) for n, p, k in d.get("workload_keys", ())),
+                   tuple(d.get("graph_offsets", ())))
+
+
+def consolidate(root: str | Path, paths: Iterable[str | Path]) -> list[ConsolidatedFile]:
+    """The results files `paths` (under `root`) as consolidated records: what
+    `load_results(root)` reads from each, with its provenance. Named workloads resolve
+    through every file and consolidated record under `root`, as in `load_results`."""
+    root = Path(root)
+    docs = _result_docs(root.rglob("*.json"), root)
+    by_name = _merged_keys(docs, _archive(root))
+    names = _named_workloads()
+    wanted = {Path(p).resolve().relative_to(root.resolve()).as_posix() for p in paths}
+    out = []
+    for path, doc in docs:
+        if path not in wanted:
+            continue
+        name = Path(path).name
+        stamp = file_stamp(name)[:8]
+        date = doc.get("date") or (f"{stamp[:4]}-{stamp[4:6]}-{stamp[6:]}" if stamp else "")
+        rows = doc.get("rows", doc.get("layers"))
+        out.append(ConsolidatedFile(
+            path, str(doc.get("benchmark") or name.split("-")[0]), doc.get("gpu", ""), date,
+            doc.get("versions") or {}, len(rows), tuple(_read(doc, name, names, by_name)),
+            tuple(_keys_by_name([(path, doc)]).items()), tuple(_graph_offsets(doc))))
+    return out
+
+
+def write_consolidated(records: Iterable[ConsolidatedFile], path: str | Path) -> int:
+    """Write `records` as gzipped JSON lines (one results file a line, in path order, no
+    time stamp or name in the gzip header: the same records give the same bytes); returns the
+    number of measurements."""
+    records = sorted(records, key=lambda r: _parts(r.path))
+    text = "".join(json.dumps(r.to_dict(), sort_keys=True) + "\n" for r in records)
+    with open(path, "wb") as raw, gzip.GzipFile("", "wb", fileobj=raw, mtime=0) as f:
+        f.write(text.encode())
+    return sum(len(r.measurements) for r in records)
+
+
+def _parts(path: str) -> tuple[str, ...]:  # the sort key of a path: as `sorted(paths)` orders
+    return Path(path).parts
+
+
+def _archive(root: Path) -> list[ConsolidatedFile]:
+    """The consolidated records under `root` whose file is not in the tree (a file that
+    came back replaces its record)."""
+    return [r for r in read_consolidated(root / CONSOLIDATED) if not (root / r.path).exists()]
+
+
+def read_consolidated(path: str | Path) -> list[ConsolidatedFile]:
+    """The records `write_consolidated` wrote (an empty list when the file is missing)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    with gzip.open(p, "rt") as f:
+        return [ConsolidatedFile.from_dict(json.loads(line)) for line in f if line.strip()]
 
 
 # ----------------------------------------------------------------------------- snapshot
