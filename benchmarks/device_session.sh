@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# One device call: the GPU tests, then the benchmark steps named on the command line; every
-# log, JUnit file and results JSON lands under $OUT (benchmarks/common.py writes results into
-# $LOWBIT_RESULTS_DIR). Steps run in the order given, each under its own time limit, and a
-# failing step does not stop the next one.
+# One device call: the GPU tests, then the benchmark steps named on the command line. Results
+# JSON lands in $OUT (benchmarks/common.py writes results into $LOWBIT_RESULTS_DIR), among them
+# gpu_tests-*.json, the test steps' counts from their JUnit files
+# (benchmarks/gpu_tests_summary.py); logs and JUnit files go to $OUT/logs/, which stays out of
+# the tree. Steps run in the order given, each under its own time limit, and a failing step
+# does not stop the next one.
 #
 #   bash benchmarks/device_session.sh tests gemm                 # one call of <= 10 min
 #
@@ -69,16 +71,18 @@ else
     export PYTHONPATH=$PWD/src
 fi
 export PYTHONUNBUFFERED=1 LOWBIT_RESULTS_DIR=$OUT
+LOGS=$OUT/logs
+mkdir -p "$LOGS"
 # the device's copy of .git can be stale: pass LOWBIT_GIT_SHA from the calling machine
 export LOWBIT_GIT_SHA=${LOWBIT_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$LOGS/gpu.txt"
 
 step() {  # step NAME LIMIT_S COMMAND...  (LIMIT_<NAME>=seconds overrides the limit)
     local name=$1 limit=$2 override="LIMIT_$1"
     limit=${!override:-$limit}
     shift 2
     echo "=== $name (limit ${limit}s) $(date -u +%T)"
-    timeout -s INT -k 20 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+    timeout -s INT -k 20 "$limit" "$@" 2>&1 | tee "$LOGS/$name.log"
     echo "=== $name rc=$? $(date -u +%T)"
 }
 
@@ -119,11 +123,11 @@ B256=resnet50_s2_3x3_b256,resnet50_s3_3x3_b256,resnet50_s4_3x3_b256,resnet50_s5_
 for s in "$@"; do
     case $s in
     tests) step tests 240 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
-        --junitxml="$OUT/tests.xml" $TRITON_TESTS ;;
+        --junitxml="$LOGS/tests.xml" $TRITON_TESTS ;;
     tests_cuda) step tests_cuda 540 python3 -m pytest -q -m gpu -n 14 -p no:cacheprovider \
-        --junitxml="$OUT/tests_cuda.xml" $CUDA_TESTS ;;
+        --junitxml="$LOGS/tests_cuda.xml" $CUDA_TESTS ;;
     tests_bitserial) step tests_bitserial 540 python3 -m pytest -q -m gpu -n 14 -p no:cacheprovider \
-        --junitxml="$OUT/tests_bitserial.xml" tests/test_cuda_bitserial.py \
+        --junitxml="$LOGS/tests_bitserial.xml" tests/test_cuda_bitserial.py \
         tests/test_cuda_tap_shift.py tests/test_cuda_int8_wgmma.py ;;
     gemm) step gemm 300 python3 benchmarks/gemm.py --whole-space-below 1000 ;;
     conv_b16) step conv_b16 300 python3 benchmarks/conv.py --suites resnet50_3x3_b16 \
@@ -147,7 +151,7 @@ for s in "$@"; do
     bitserial_tuned_small) bitserial_tuned small apconv_b1_c1024,fc_b128_4096to4096 ;;
     bitserial_tuned_shift) bitserial_tuned shift "${SHIFT_LAYERS:-$B256}" ;;
     tests_split) step tests_split 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
-        --junitxml="$OUT/tests_split.xml" -k split tests/test_cuda_bitserial.py ;;
+        --junitxml="$LOGS/tests_split.xml" -k split tests/test_cuda_bitserial.py ;;
     bitserial_small) bitserial_rows small 300 3 \
         "${SMALL_LAYERS:-apconv_b1_c1024,fc_b128_4096to4096}" ;;
     bitserial_ab) bitserial_rows ab 590 1 "${AB_LAYERS:-gemm_4096,$B256}" ;;
@@ -160,15 +164,19 @@ for s in "$@"; do
         --configs $(compgen -G "$GPU_DIR/bitserial-2026112[3-9]-*.json") \
         ${EXTRA_CONFIGS:+--extra-configs "$EXTRA_CONFIGS"} --int8-timed $INT8_TIMED ;;
     tests_shift) step tests_shift 300 python3 -m pytest -q -m gpu -n 14 -p no:cacheprovider \
-        --junitxml="$OUT/tests_shift.xml" tests/test_cuda_tap_shift.py ;;
+        --junitxml="$LOGS/tests_shift.xml" tests/test_cuda_tap_shift.py ;;
     bitserial_shift) bitserial_rows shift 540 1 "${SHIFT_LAYERS:-$B256}" ;;
     cut_probe) step cut_probe 240 python3 benchmarks/probes/cut_probe.py \
         ${PROBE_ROWS:+--rows $PROBE_ROWS} ${PROBE_VARIANTS:+--variants $PROBE_VARIANTS} ;;
     tests_chained) step tests_chained 150 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
-        --junitxml="$OUT/tests_chained.xml" -k "chained or a_in_halo or tma_halo" \
+        --junitxml="$LOGS/tests_chained.xml" -k "chained or a_in_halo or tma_halo" \
         tests/test_cuda_bitserial.py ;;
     layer_chain) step layer_chain 300 python3 benchmarks/layer_chain.py \
         ${CHAIN_LAYERS:+--layers $CHAIN_LAYERS} ;;
     *) echo "unknown step $s" >&2 ;;
     esac
 done
+# the test steps' counts as a results file for the tree
+if compgen -G "$LOGS/*.xml" >/dev/null; then
+    python3 benchmarks/gpu_tests_summary.py "$LOGS"/*.xml --out "$OUT"
+fi

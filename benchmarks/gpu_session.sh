@@ -15,14 +15,17 @@
 #                layers, ...) with the time left
 # Env: BUDGET_S, NETOPS_TESTS=0 / TESTS_B=0 skip those steps, CASES="model:batch:precision ..."
 # and COMPILE_MODE (default "default"; "none" skips torch.compile) pick the benchmark rows.
-# Outputs under $OUT (<= 8 files): summary.txt (steps, exit codes, seconds, environment),
-# tests_a.log, bench.log, tests_b.log, network-*.json, network-*.png.
+# Outputs under $OUT: the results files to commit under benchmarks/results/<gpu>/ --
+# network-*.json, network-*.png and gpu_tests-*.json (the pytest runs' counts, from their JUnit
+# XML, benchmarks/gpu_tests_summary.py) -- and, not for the tree, logs/: summary.txt (steps,
+# exit codes, seconds, environment), tests_a.log, bench.log, tests_b.log and the JUnit files.
 set -u
 OUT=${OUT:-/tmp/lowbit-out}
-mkdir -p "$OUT"
+LOGS="$OUT/logs"
+mkdir -p "$LOGS"
 START=$(date +%s)
 BUDGET_S=${BUDGET_S:-345}
-SUMMARY="$OUT/summary.txt"
+SUMMARY="$LOGS/summary.txt"
 
 elapsed() { echo $(( $(date +%s) - START )); }
 left() { echo $(( BUDGET_S - $(elapsed) )); }
@@ -50,7 +53,8 @@ print("gpu", torch.cuda.get_device_name() if torch.cuda.is_available() else "NON
 EOF
 echo "setup done at $(elapsed)s" >> "$SUMMARY"
 
-# step NAME LIMIT_S CMD...: run CMD under min(LIMIT_S, time left - RESERVE_S), log to $OUT/NAME.log
+# step NAME LIMIT_S RESERVE_S CMD...: run CMD under min(LIMIT_S, time left - RESERVE_S), log to
+# $LOGS/NAME.log
 step() {
   local name=$1 limit=$2 reserve=$3
   shift 3
@@ -61,21 +65,27 @@ step() {
     return
   fi
   local t0=$(date +%s)
-  timeout -k 5 "$limit" "$@" >> "$OUT/$name.log" 2>&1
+  timeout -k 5 "$limit" "$@" >> "$LOGS/$name.log" 2>&1
   local rc=$?
   echo "$name rc=$rc ($( [ $rc = 124 ] && echo "cut at ${limit}s" || echo ok)) $(( $(date +%s) - t0 ))s, at $(elapsed)s" >> "$SUMMARY"
 }
 
 PYTEST="python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs"
-step tests_a 110 200 $PYTEST tests/test_engine_gpu_cuda.py \
+# junit_pytest NAME: the pytest command line of step NAME, its JUnit XML into $LOGS/NAME.xml
+junit_pytest() { echo "$PYTEST --junitxml=$LOGS/$1.xml"; }
+step tests_a 110 200 $(junit_pytest tests_a) tests/test_engine_gpu_cuda.py \
   -k "resnet18-w1a2-b8 or nonfinite"
-[ "${NETOPS_TESTS:-1}" = 1 ] && step tests_a 45 155 $PYTEST tests/test_triton_netops.py tests/test_stem.py
+[ "${NETOPS_TESTS:-1}" = 1 ] && step tests_a 45 155 $(junit_pytest tests_a_netops) \
+  tests/test_triton_netops.py tests/test_stem.py
 # CASES / COMPILE_MODE override the benchmark's rows and its torch.compile baseline ('none')
 step bench 230 10 python3 benchmarks/network.py --out "$OUT" --quick \
   --cases ${CASES:-resnet18:8:w1a2 resnet50:256:w1a2 resnet50:256:w8a8 vgg16:8:w1a2 alexnet:8:w1a2 resnet18:8:w1a2:kernelbias} \
   --compile-mode "${COMPILE_MODE:-default}" --compile-models resnet50
-[ "${TESTS_B:-1}" = 1 ] && step tests_b 200 5 $PYTEST tests/test_engine_gpu_cuda.py \
+[ "${TESTS_B:-1}" = 1 ] && step tests_b 200 5 $(junit_pytest tests_b) tests/test_engine_gpu_cuda.py \
   -k "not (resnet18-w1a2-b8 and bit_exact) and not nonfinite"
+# the tests' counts as a results file for the tree (the logs stay in $LOGS)
+compgen -G "$LOGS/*.xml" > /dev/null && python3 benchmarks/gpu_tests_summary.py "$LOGS"/*.xml \
+  --out "$OUT" >> "$SUMMARY" 2>&1
 echo "end at $(elapsed)s" >> "$SUMMARY"
-tail -40 "$OUT/bench.log" >> "$SUMMARY" 2>/dev/null
+tail -40 "$LOGS/bench.log" >> "$SUMMARY" 2>/dev/null
 exit 0
