@@ -10,7 +10,9 @@ A suite renderer turns its files into the suite's current table(s): the latest (
 bit-serial kernels, the fastest bit-exact) row per key, never a history of runs. Every figure
 links to the file it comes from, every ratio divides times of one file (the same run), and the
 report defines a link for exactly the files its tables cite; each section counts its other
-files (they stay as data, git keeps their history). The output is a pure function of the
+files. Files that nothing cites leave the tree (`benchmarks/consolidate.py` folds their
+measurements into benchmarks/results/measurements.jsonl.gz, which the performance-model section
+cites; git keeps the files). The output is a pure function of the
 files: sorted, fixed number formats, no clock.
 
 Adding a suite: write `render_x(files: list[Result]) -> list[str]` (markdown lines) in
@@ -33,12 +35,14 @@ import report_kernels  # noqa: F401  (registers the kernel suites)
 import report_models  # noqa: F401  (registers the model suites)
 from report_core import (
     BEGIN,
+    DATASET_NAME,
     DOC,
     END,
     RESULTS,
     ROOT,
     SUITES,
     Result,
+    dataset_line,
     load,
     ratio,
     render_generic,
@@ -46,8 +50,8 @@ from report_core import (
     us,
 )
 
-__all__ = ["BEGIN", "END", "SUITES", "Result", "cited_labels", "extra_files", "load", "main",
-           "ratio", "render", "splice", "us"]
+__all__ = ["BEGIN", "DATASET_NAME", "END", "SUITES", "Result", "cited_labels", "extra_files",
+           "load", "main", "ratio", "render", "splice", "us"]
 
 # --- the report -----------------------------------------------------------------------------
 
@@ -68,15 +72,16 @@ def _folders(paths: Iterable[str]) -> str:
 
 
 def files_line(files: list[Result], extra: list[str], body: str) -> str:
-    """One line: how many files the suite has and where, how many the tables cite, and links
-    to the plots of the cited runs."""
+    """One line: how many files the suite has and where, how many the tables cite (where not
+    all), and links to the plots of the cited runs."""
     cited = cited_labels(body)
     stems = {f.name.rsplit(".", 1)[0] for f in files if (f.label or f.path) in cited}
     plots = [p for p in extra if Path(p).stem in stems]
     n = len(files) + len(extra)
+    n_cited = sum((f.label or f.path) in cited for f in files)
     text = (f"{n} file{'s' if n != 1 else ''} of this suite"
-            f"{_folders([f.path for f in files] + extra)}; the tables cite "
-            f"{sum((f.label or f.path) in cited for f in files)}")
+            f"{_folders([f.path for f in files] + extra)}"
+            + (f"; the tables cite {n_cited}" if n_cited < len(files) else ""))
     if plots:
         text += "; plots: " + ", ".join(f"[{Path(p).name}]({p})" for p in plots)
     return text + "."
@@ -111,7 +116,7 @@ def cite_once(body: list[str], files: list[Result]) -> list[str]:
     return out
 
 
-def section(name: str, files: list[Result], extra: list[str]) -> list[str]:
+def section(name: str, files: list[Result], extra: list[str], root: Path = ROOT) -> list[str]:
     s = SUITES.get(name)
     title = s.title if s else f"Suite `{name}`"
     head = [f"## {title}" + (f" (`{s.script}`)" if s else ""), ""]
@@ -125,25 +130,29 @@ def section(name: str, files: list[Result], extra: list[str]) -> list[str]:
             body = [f"Renderer `{s.render.__name__}` failed ({type(e).__name__}: {e}); the "
                     "latest file's rows:", "", *render_generic(files)]
     body = cite_once(body, files)
+    body += [line for p in extra if Path(p).name == DATASET_NAME
+             for line in (dataset_line(p, root), "")]
     return head + body + [files_line(files, extra, "\n".join(body)), ""]
 
 
-def render(files: list[Result], extra: Iterable[str] = ()) -> str:
+def render(files: list[Result], extra: Iterable[str] = (), root: Path = ROOT) -> str:
     """The generated part of BENCHMARKS.md (markers included). `extra`: non-JSON files under
-    the results folder (plots, logs); those whose name starts like a suite's files belong to
-    it, the rest are counted under "Other files". Link definitions: the files cited."""
+    the results folder (plots, the consolidated dataset), as paths relative to `root`; those
+    whose name starts like a suite's files belong to it, the dataset to the performance
+    model's, the rest are counted under "Other files". Link definitions: the files cited."""
     groups: dict[str, list[Result]] = {}
     for f in files:
         groups.setdefault(suite_of(f.benchmark), []).append(f)
     order = [n for n in SUITES if n in groups] + sorted(n for n in groups if n not in SUITES)
     extra = sorted(extra)
-    lines = [BEGIN, "", "Each section ends with its number of files; those its tables do not cite "
-             "stay as data (git keeps their history).", ""]
+    lines = [BEGIN, "", "Each section ends with its number of files; files that nothing cites "
+             "leave the tree (`benchmarks/consolidate.py`).", ""]
     for name in order:
         mine = [p for p in extra if Path(p).name.split("-")[0] in
-                {f.name.split("-")[0] for f in groups[name]}]
+                {f.name.split("-")[0] for f in groups[name]}
+                or (name == "perfmodel" and Path(p).name == DATASET_NAME)]
         extra = [p for p in extra if p not in mine]
-        lines += section(name, groups[name], mine)
+        lines += section(name, groups[name], mine, root)
     if extra:
         dirs = Counter(p.rsplit("/", 1)[0] + "/" for p in extra)
         lines += ["## Other files", ""]

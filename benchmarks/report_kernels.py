@@ -415,21 +415,29 @@ def render_tuning(files: list[Result]) -> list[str]:
     used: list[Result] = []
     kinds = {k: [f for f in files if f.benchmark == k] for k in
              ("tuning", "tuning_timed", "tuning_multigpu")}
+    by_name = {f.name: f for f in files}
+
+    def named(name: str) -> str:  # a file the tuning run names: linked where it is in the tree
+        return by_name[name].link(name) if name in by_name else name
+
     for f in [latest(kinds["tuning"])] if kinds["tuning"] else []:
-        timed = {r["workload"]: r for t in kinds["tuning_timed"]
-                 if t.name == f.doc.get("timed") for r in t.rows}
+        inputs = [by_name[n] for n in (*f.doc.get("tables", []), f.doc.get("timed"))
+                  if n in by_name]
+        timed = {r["workload"]: (t, r) for t in inputs if t.benchmark == "tuning_timed"
+                 for r in t.rows}
         out += [f"Replays of the exhaustively measured spaces (every config built, verified and "
-                f"timed: {', '.join(f.doc.get('tables', []))}) with each strategy, "
-                f"{f.doc.get('seeds', '?')} seeds; trials to reach 0.95x the exhaustive best, "
-                "median [min-max]; the timed tune as a user runs it "
-                f"({f.doc.get('timed', '-')}). File: {f.link(f.name)}.", ""]
+                f"timed: {', '.join(named(n) for n in f.doc.get('tables', []))}) with each "
+                f"strategy, {f.doc.get('seeds', '?')} seeds; trials to reach 0.95x the "
+                "exhaustive best, median [min-max]; the timed tune as a user runs it "
+                f"({named(f.doc.get('timed', '-'))}). File: {f.link(f.name)}.", ""]
         rows = []
         for r in f.rows:
             seeds = r.get("trials_to_095_by_seed") or {}
-            t = timed.get(r["workload"], {})
+            t, tr = timed.get(r["workload"], (None, {}))
+            tuned = ratio(tr.get("default_us"), tr.get("best_us"))
             rows.append([r["workload"], r.get("space_size", "-"),
                          us(r.get("exhaustive_best_us")),
-                         ratio(t.get("default_us"), t.get("best_us")),
+                         t.link(tuned) if t and tuned != "-" else tuned,
                          " / ".join(f"{r['trials_to_095'][s]} [{min(seeds[s])}-{max(seeds[s])}]"
                                     if s in seeds else str(r["trials_to_095"].get(s, "-"))
                                     for s in STRATEGIES),
@@ -438,7 +446,7 @@ def render_tuning(files: list[Result]) -> list[str]:
                       "trials to 0.95x: " + " / ".join(STRATEGIES), "quality@500",
                       "wall s, 500 trials"], rows)
         out += [""]
-        used.append(f)
+        used += [f, *inputs]
     if kinds["tuning_timed"]:
         out += ["Timed tunes on the GPU (`lowbit.tune.tune`: crash-isolated worker, parallel "
                 "compile, every candidate verified), per layer the latest:", ""]

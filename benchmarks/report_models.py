@@ -1,5 +1,6 @@
 """Renderers of the model-level suites (accuracy, autoprecision, wide realizations, QAT
-schedules, whole networks, network ops, performance model); registered on import."""
+schedules, whole networks, network ops, performance model) and of the GPU test runs and
+probes; registered on import."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from report_core import (
     provenance,
     ratio,
     run_of,
+    short_sha,
     suite,
     table,
     us,
@@ -397,3 +399,41 @@ def render_perfmodel(files: list[Result]) -> list[str]:
         out += [provenance({f for f, _ in acc + pruned + disp}), ""]
     return out
 
+
+
+def _test_files(files: list[str]) -> str:
+    names = [f.removeprefix("tests/").removesuffix(".py") for f in files]
+    return ", ".join(names[:4]) + (f" +{len(names) - 4}" if len(names) > 4 else "") or "-"
+
+
+@suite("gpu_tests", "GPU tests", "benchmarks/gpu_tests_summary.py")
+def render_gpu_tests(files: list[Result]) -> list[str]:
+    """Rows {step, files, passed, failed, errors, skipped, duration_s, complete}: one pytest
+    run of a device call each (its JUnit XML, or its log for older calls)."""
+    out = ["`pytest -m gpu` runs of the latest device calls; \"(cut)\": counted from the "
+           "progress marks of a log cut before pytest's summary.", ""]
+    groups = by_gpu(files)
+    for gpu, group in groups:
+        picked = sorted(group, key=lambda f: f.order)[-6:]
+        rows = [[f.stamp, short_sha(f.versions.get("lowbit", "-")), r.get("step", "-"),
+                 _test_files(r.get("files") or []), f.link(str(r["passed"])),
+                 f"{r['failed']} / {r['errors']}", r["skipped"],
+                 num(r.get("duration_s"), 0) + ("" if r.get("complete", True) else " (cut)")]
+                for f in picked for r in f.rows]
+        out += gpu_heading(gpu, groups)
+        out += table(["run", "lowbit", "step", "test files", "passed", "failed / errors",
+                      "skipped", "s"], rows)
+        out += ["", provenance(picked), ""]
+    return out
+
+
+@suite("probes", "Probes", "benchmarks/probes/", benchmarks=("*_probe",))
+def render_probes(files: list[Result]) -> list[str]:
+    """Files of the measurement-only probes (`<probe>-<stamp>.json`, rows of their own
+    shape), one link each; NOTES.md quotes what they showed."""
+    probes: dict[str, list[Result]] = {}
+    for f in sorted(files, key=lambda f: f.order):
+        probes.setdefault(f.benchmark, []).append(f)
+    runs = "; ".join(f"`{name}` " + ", ".join(f"{f.link(f.stamp)} ({f.gpu})" for f in fs)
+                     for name, fs in sorted(probes.items()))
+    return [f"Outputs that NOTES.md quotes: {runs}.", ""]

@@ -195,6 +195,13 @@ SYNTHETIC = {
          "space_size": 300, "fraction_measured_to_097": 0.5},
         {"kind": "dispatch", "workload": "a", "template": "triton.conv2d_int8",
          "dispatch_us": 12.0, "tuned_us": 10.0, "dispatch_over_tuned": 1.2}]))],
+    "gpu_tests": [("gpu_tests-20260102-000000.json", _doc("gpu_tests", [
+        {"step": "tests", "files": ["tests/test_a.py", "tests/test_b.py"], "tests": 6,
+         "passed": 3, "failed": 1, "errors": 0, "skipped": 2, "duration_s": 12.3,
+         "complete": True}]))],
+    # a probe's output as the probe wrote it (no "benchmark" field: its file name says it)
+    "probes": [("epilogue_probe-20260102-000000.json", {"gpu": GPU, "versions": VERSIONS,
+                                                        "rows": [{"a": 1}, {"a": 2}]})],
 }
 # what each suite's section must show for its synthetic files (labels: the cited file's stem)
 EXPECTED = {
@@ -217,8 +224,11 @@ EXPECTED = {
                "|resnet50_s3_3x3|igemm|diversity|324|324|53.6|[13.2][timed-20260102-000000]|",
                "|resnet50_s4_3x3|igemm, tma|diversity|300|7866|42.5|"
                "[13.0 (tma)][timed-20260103-000000]|27.0|2.08|0|2026-01-03|",
-               "2 GPU(s): 35.5 s, best 98.2 us", "5 files of this suite under `results/gpu-test/`; "
-               "the tables cite 4."],
+               "2 GPU(s): 35.5 s, best 98.2 us",
+               "5 files of this suite under `results/gpu-test/`.",  # all cited, inputs too:
+               "timed: [tables-20260102-000000.json][tables-20260102-000000])",
+               "|13.8|[1.61][timed-20260102-000000]|",  # the ratio cites the timed run's file
+               "([timed-20260102-000000.json][timed-20260102-000000]). File:"],
     "accuracy": ["|dataset|model|FP32|precision|MAX|Rand|Brevitas|LSQ|best vs Brevitas|seeds|",
                  "|-|-|98.00 +- 0.50|[w2a2][accuracy-20260102-000000]|96.00 +- 1.00|"
                  "97.00 +- 1.00|96.50 +- 0.50|-|rand +0.50 +- 0.00|2|",
@@ -246,6 +256,11 @@ EXPECTED = {
                      "[63.10][qat_schedule-20260102-000000]|-3.40 +- 3.70|"],
     "netops": ["|stem|224x224x3_to_56x56x64|8|triton.stem|"
                "[33.0][netops-20260102-000000]|2.20|15.00|99.0|3.00|"],
+    "gpu_tests": ["|run|lowbit|step|test files|passed|failed / errors|skipped|s|",
+                  "|20260102-000000|abcdef1|tests|test_a, test_b|"
+                  "[3][gpu_tests-20260102-000000]|1 / 0|2|12|"],
+    "probes": ["`epilogue_probe` [20260102-000000][epilogue_probe-20260102-000000] "
+               "(NVIDIA Test GPU)."],
     "perfmodel": ["|triton.conv2d_int8|recorded|[11.4][perfmodel-20260102-000000] (0.47)|25|3040|",
                   "median fraction of the space measured to reach 0.97x of the best 0.260 "
                   "(max 0.500), 1 of 2 at or under 10%",
@@ -437,3 +452,27 @@ def test_formats_and_targets():
         "- floor <= 1.3: met on 1 of 2 (missed: l1 w8a8 1.40)",
         "- slow >= 1.3: met on 1 of 2 (missed: l0 w8a8 1.20)",
         "- never >= 9.0: met on 0 of 2"]
+
+
+def test_the_performance_model_section_cites_the_consolidated_dataset(tmp_path):
+    """The dataset file is the perfmodel suite's, counted and linked in its section; a file
+    the tables leave uncited shows in the count."""
+    from lowbit.perfmodel.dataset import CONSOLIDATED, consolidate, write_consolidated
+
+    results = _write(tmp_path, [*SYNTHETIC["perfmodel"], ("perfmodel-20260101-000000.json",
+                                                          _doc("perfmodel", []))])
+    timed = SYNTHETIC["tuning"][2]  # a results file with no measurement rows of its own kind
+    (results / "gpu-test" / "old").mkdir()
+    (results / "gpu-test" / "old" / timed[0]).write_text(json.dumps(timed[1]))
+    records = consolidate(results, [results / "gpu-test" / "old" / timed[0]])
+    assert report.DATASET_NAME == CONSOLIDATED
+    write_consolidated(records, results / CONSOLIDATED)
+    (results / "gpu-test" / "old" / timed[0]).unlink()  # folded: it leaves the tree
+    text = report.render(report.load(results, tmp_path), report.extra_files(results, tmp_path),
+                         root=tmp_path)
+    section = _section(text, report.SUITES["perfmodel"].title)
+    assert (f"Also trained and evaluated on [{CONSOLIDATED}](results/{CONSOLIDATED}): 0 "
+            "measurements of 1 uncited results files (2026-01-03 .. 2026-01-03)") in section
+    assert ("3 files of this suite: `results/` 1, `results/gpu-test/` 2; the tables cite 1."
+            in section)
+    assert "Other files" not in text
