@@ -399,3 +399,32 @@ def test_separate_passes_read_the_narrowest_accumulator():
     assert acc_bound(big.workload) >= 2**15
     assert accumulator_workload(big).epilogue.out == "int32"
     assert accumulator_workload(step).epilogue.out == "int16"
+
+
+def test_templates_without_an_int16_store_refuse_it():
+    """Every registered template that runs a layer with an int32 accumulator output either
+    writes Epilogue(out="int16") (the bit-serial families, where |acc| < 2^15) or names int16
+    in its unsupported reason: none writes int32 into an int16 buffer."""
+    from lowbit.core import Epilogue
+    from lowbit.kernels import load_backends
+    from lowbit.kernels.base import acc_bound, templates
+
+    load_backends()
+    checked = refused = 0
+    for a, lay in (("s8", "int8"), ("u2", "bitplane")):
+        for plain in (ConvWorkload(w="s8" if a == "s8" else "b1", a=a, a_layout=lay, w_layout=lay,
+                                   N=2, H=6, W=6, C=64, K=40, R=3, S=3, stride=1, pad=1),
+                      GemmWorkload(M=8, N=40, K=64, w="s8" if a == "s8" else "b1", a=a,
+                                   a_layout=lay, w_layout=lay)):
+            narrow = plain.replace(epilogue=Epilogue(out="int16"))
+            for t in templates():
+                if t.unsupported_reason(plain) is not None:
+                    continue
+                reason = t.unsupported_reason(narrow)
+                if is_bitserial(t.name) and acc_bound(plain) < 2**15:
+                    assert reason is None, (t.name, reason)
+                else:
+                    assert reason and "int16" in reason, (t.name, reason)
+                    refused += 1
+                checked += 1
+    assert checked >= 8 and refused >= 4

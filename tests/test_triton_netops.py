@@ -91,9 +91,10 @@ def test_layer_epilogue_outputs(residual, layouts):
     assert sum(int(v.unique().numel()) for v in ref) > 20
 
 
-def test_layer_epilogue_reads_an_int16_accumulator():
+@pytest.mark.parametrize("tile_values,num_warps", [(2048, 4), (512, 2)])
+def test_layer_epilogue_reads_an_int16_accumulator(tile_values, num_warps):
     """A kernel's int16 accumulator (Epilogue(out="int16")): the same outputs as its values
-    in int32, over the whole int16 range."""
+    in int32, over the whole int16 range, at two launch knobs."""
     shape = (4, 3, 5, 38)
     y, specs, res = epilogue_case(shape, 11, "s8")
     y = y.clamp(-(2**15), 2**15 - 1)
@@ -101,7 +102,11 @@ def test_layer_epilogue_reads_an_int16_accumulator():
     outs = [poisoned(shape, s.precision, lay) for s, lay in zip(specs, LAYOUT_MIXES[0],
                                                                 strict=True)]
     launch = K.bind_layer_epilogue(y.to(torch.int16).to(DEVICE), specs, outs,
-                                   packed(res, "s8", INT8), y_bound=2**15)
+                                   packed(res, "s8", INT8), y_bound=2**15,
+                                   tile_values=tile_values, num_warps=num_warps)
+    for bad in (dict(tile_values=3000), dict(num_warps=3)):
+        with pytest.raises(ValueError, match="tile_values must be"):
+            K.bind_layer_epilogue(y.to(torch.int16).to(DEVICE), specs, outs, **bad)
     launch()
     ref = epilogue_outputs(y, None, specs, residual=res)
     for out, values in zip(outs, ref, strict=True):

@@ -6,7 +6,10 @@ and bit-plane outputs, with and without a shifted bias and a 24- / 16-bit residu
 the default family and config `default_bitserial` picks for that epilogue, the median time,
 the bytes the epilogue moves (output written, residual read; the operands are a few MB) and
 the bandwidth they imply. Output checked against `lowbit.reference` on the first 2 images'
-rows (the kernel runs the whole batch).
+rows (the kernel runs the whole batch). Then the separate pass a multi-output block end runs
+after an int32 / int16 accumulator (`netops.bind_layer_epilogue`: a u2 bit-plane output and a
+24-bit wide copy, both with the 24-bit residual, ReLU) at each launch knob (values and warps
+per program), checked against `reference.epilogue_outputs` on the first 2 images.
 
     python benchmarks/probes/epilogue_probe.py [--batch 256]    # rows to $OUT/epilogue_probe.json
 """
@@ -32,6 +35,7 @@ BP, I8 = Layout.BITPLANE, Layout.INT8
 U2, S8 = Precision(2), Precision(8, "signed")
 EPILOGUES = {
     "int32": Epilogue(),
+    "int16": Epilogue(out="int16"),
     "fp16": Epilogue(bias=True, out="fp16"),
     "sbias->s8/int8": Epilogue(shifted_bias=True, out=S8, out_layout=I8),
     "sbias+relu->u2/bitplane": Epilogue(shifted_bias=True, relu=True, out=U2, out_layout=BP),
@@ -71,6 +75,38 @@ def probe(batch: int, name: str, epi: Epilogue) -> dict:
             "tb_per_s": (out_bytes + res_bytes) / us / 1e6, "exact_small": exact}
 
 
+def pass_probe(batch: int, acc: torch.dtype, tile_values: int, warps: int) -> dict:
+    """The block end's separate pass (module docstring) at one launch knob."""
+    from lowbit.core import PackedTensor
+    from lowbit.kernels.triton import netops
+    from lowbit.quant.packing import unpack
+
+    g = torch.Generator().manual_seed(3)
+    rows, k = batch * 56 * 56, 256
+    wide = WidePrecision(24)
+    y = torch.randint(-190, 190, (rows, k), generator=g, dtype=torch.int32).to(acc)
+    res = torch.randint(-(2**22), 2**22, (rows, k), generator=g, dtype=torch.int32)
+    m = torch.randint(2**40, 2**41, (k,), generator=g)
+    r = torch.randint(2**30, 2**31, (k,), generator=g)
+    specs = [netops.Requantized(U2, m, 52, None, r, True),
+             netops.Requantized(wide, m >> 3, 27, None, r >> 3, True)]
+    outs = [netops.empty_packed((rows, k), U2, BP, "cuda"),
+            netops.empty_packed((rows, k), wide, I8, "cuda")]
+    res_t = PackedTensor(res.cuda(), (rows, k), wide, I8)
+    launch = netops.bind_layer_epilogue(y.cuda(), specs, outs, res_t, 2**15,
+                                        tile_values=tile_values, num_warps=warps)
+    us = time_us(launch, rep_ms=200)
+    n = 2 * 56 * 56
+    want = [((y[:n].to(torch.int64) * sp.multiplier + res[:n] * sp.residual_multiplier
+              + (1 << (sp.shift - 1))) >> sp.shift).clamp(0, sp.precision.qmax) for sp in specs]
+    got = [unpack(o.data.cpu(), o.precision, o.layout, k) if o.layout is BP
+           else o.data.cpu().to(torch.int64) for o in outs]
+    exact = all(torch.equal(a[:n], b) for a, b in zip(got, want, strict=True))
+    nbytes = y.numel() * y.element_size() + 2 * res.numel() * 4 + rows * k // 4
+    return {"pass": f"{str(acc).removeprefix('torch.')} y, {tile_values} values, {warps} warps",
+            "time_us": us, "bytes": nbytes, "tb_per_s": nbytes / us / 1e6, "exact_small": exact}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=256)
@@ -85,6 +121,20 @@ def main() -> None:
         print(f"{name:32s} " + (f"{r['time_us']:8.1f} us {r['tb_per_s']:5.2f} TB/s "
                                 f"{r['family']} WN={r['config'].get('WN')} exact={r['exact_small']}"
                                 if "error" not in r else r["error"]), flush=True)
+    for acc in (torch.int32, torch.int16):
+        for tile_values, warps in ((2048, 4), (1024, 4), (4096, 4), (2048, 8), (4096, 8),
+                                   (1024, 2)):
+            if acc == torch.int32 and (tile_values, warps) != (2048, 4):
+                continue
+            try:
+                rows.append(pass_probe(args.batch, acc, tile_values, warps))
+            except Exception as e:
+                rows.append({"pass": f"{acc} {tile_values} {warps}",
+                             "error": f"{type(e).__name__}: {e}"[:300]})
+            r = rows[-1]
+            print(f"{r['pass']:40s} " + (f"{r['time_us']:8.1f} us {r['tb_per_s']:5.2f} TB/s "
+                                         f"exact={r['exact_small']}" if "error" not in r
+                                         else r["error"]), flush=True)
     path = write_probe("epilogue_probe", rows)
     print("wrote", path)
 

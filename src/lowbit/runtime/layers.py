@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 FP16_TEMPLATE = "triton.conv2d_fp16"
 EXACT_FP32, EXACT_FP64 = 2**24, 2**53
 #: Triton templates the interpreter runs on the CPU (`interpreted_kernel`)
-INTERPRETABLE = ("triton.conv2d_int8", "triton.gemm_int8")
+INTERPRETABLE = ("triton.conv2d_int8", "triton.gemm_int8", "triton.gemv_int8")
 
 KernelFactory = Callable[[Layer], Kernel]
 

@@ -1,8 +1,10 @@
-"""Triton templates: int8 implicit-GEMM conv2d and GEMM (wgmma s8 on Hopper) and the conv on
-fp16 tensor cores, with the fused epilogue and packed sub-byte I/O. Importing this package
+"""Triton templates: int8 implicit-GEMM conv2d and GEMM (wgmma s8 on Hopper), the split-K
+weight-streaming GEMV (M <= 64) and the conv on fp16 tensor cores, with the fused epilogue and
+packed sub-byte I/O. Importing this package
 registers them (`lowbit.kernels.get_template("triton.conv2d_int8")`)."""
 
 from ..base import register
+from .gemv import GemvInt8Template, GemvKernel
 from .templates import (
     Conv2dFp16Template,
     Conv2dInt8Template,
@@ -16,7 +18,9 @@ CONV2D_INT8 = register(Conv2dInt8Template())
 GEMM_INT8 = register(GemmInt8Template())
 CONV2D_FP16 = register(Conv2dFp16Template())
 CONV2D_INT8_TMA = register(Conv2dInt8TmaTemplate())
+GEMV_INT8 = register(GemvInt8Template())
 
-__all__ = ["CONV2D_FP16", "CONV2D_INT8", "CONV2D_INT8_TMA", "GEMM_INT8", "Conv2dFp16Template",
-           "Conv2dInt8Template", "Conv2dInt8TmaTemplate", "GemmInt8Template", "IgemmKernel",
-           "TmaConvKernel", "conv2d_fp16"]
+__all__ = ["CONV2D_FP16", "CONV2D_INT8", "CONV2D_INT8_TMA", "GEMM_INT8", "GEMV_INT8",
+           "Conv2dFp16Template", "Conv2dInt8Template", "Conv2dInt8TmaTemplate",
+           "GemmInt8Template", "GemvInt8Template", "GemvKernel", "IgemmKernel", "TmaConvKernel",
+           "conv2d_fp16"]

@@ -374,7 +374,8 @@ def output_slot(i: int, spec: object, out: object, shape: tuple[int, ...],
 def bind_layer_epilogue(y: torch.Tensor, outputs: Sequence[OutputSpec],
                         outs: Sequence[PackedTensor | torch.Tensor],
                         residual: PackedTensor | None = None, y_bound: int | None = None,
-                        fast: bool = True) -> Launcher:
+                        fast: bool = True, tile_values: int = 2048,
+                        num_warps: int = 4) -> Launcher:
     """Bind the layer epilogue: y int32 or int16 [..., K] (contiguous; an int16 y is a
     kernel's `Epilogue(out="int16")` accumulator, half the bytes), one spec per output
     (`Requantized` or reference `RequantizedOutput`: the `outs` entry a PackedTensor of y's
@@ -382,8 +383,9 @@ def bind_layer_epilogue(y: torch.Tensor, outputs: Sequence[OutputSpec],
     `FloatOutput`: a float32 tensor of y's shape, or NCHW with channels_first), optional
     residual PackedTensor of y's logical shape (|values| <= 2^23, wide ones included).
     y_bound: max |y| (default 2^31, any int32) for the choice of `requant_mode`; fast: allow
-    its FAST mode. With b = 0 equals `reference.epilogue_outputs(y, None, outputs,
-    residual values)`; in general the module docstring's formulas."""
+    its FAST mode; tile_values (a power of two >= 512) / num_warps: values and warps per
+    program (launch knobs, any exact). With b = 0 equals `reference.epilogue_outputs(y, None,
+    outputs, residual values)`; in general the module docstring's formulas."""
     if not isinstance(y, torch.Tensor) or y.dtype not in (torch.int32, torch.int16) or \
             y.dim() < 1:
         raise TypeError(f"y must be an int32 or int16 tensor [..., K], got "
@@ -395,6 +397,9 @@ def bind_layer_epilogue(y: torch.Tensor, outputs: Sequence[OutputSpec],
     if not isinstance(outputs, (list, tuple)) or not isinstance(outs, (list, tuple)) \
             or len(outputs) != len(outs) or not outputs:
         raise ValueError("outputs and outs must be non-empty sequences of the same length")
+    if tile_values not in (512, 1024, 2048, 4096, 8192) or num_warps not in (1, 2, 4, 8):
+        raise ValueError(f"tile_values must be a power of two in [512, 8192] and num_warps "
+                         f"1, 2, 4 or 8, got {tile_values!r}, {num_warps!r}")
     y_bound = 2**31 if y_bound is None else int(y_bound)
     res_args, res_consts = (y, 0, 0), dict(HAS_RES=False, RES_LAYOUT=0, RES_BITS=8, RES_ENC=0)
     res_bound = 0
@@ -412,7 +417,8 @@ def bind_layer_epilogue(y: torch.Tensor, outputs: Sequence[OutputSpec],
     k = shape[-1]
     m = y.numel() // k
     bc = channel_tile(k)
-    bp = max(16, 2048 // bc)  # 16 values a thread: int64 requantization is register-hungry
+    bp = max(16, tile_values // bc)  # 2048: 16 values a thread (int64 requantization is
+    # register-hungry)
     grid = (cdiv(m, bp), cdiv(k, bc))
     launches = []
     for first in range(0, len(slots), MAX_OUTPUTS):
@@ -423,7 +429,7 @@ def bind_layer_epilogue(y: torch.Tensor, outputs: Sequence[OutputSpec],
             a, c = group[j] if j < len(group) else _unused_slot(y)
             args += list(a)
             kwargs.update({f"{name}{j}": v for name, v in c.items()})
-        kwargs.update(BLOCK_P=bp, BLOCK_C=bc, num_warps=4, enable_fp_fusion=False)
+        kwargs.update(BLOCK_P=bp, BLOCK_C=bc, num_warps=num_warps, enable_fp_fusion=False)
         launches.append(Launch(layer_epilogue_kernel, grid, tuple(args), kwargs))
     results = tuple(o.data if isinstance(o, PackedTensor) else o for o in outs)
     return Launcher(tuple(launches), results)

@@ -28,6 +28,7 @@ import torch
 
 from ...core import (
     OUT_FP16,
+    OUT_INT16,
     Config,
     ConfigSpace,
     ConvWorkload,
@@ -239,6 +240,8 @@ class _IgemmTemplate(KernelTemplate):
         if wl.epilogue.residual is not None:
             return ("a residual term in the epilogue (Epilogue.residual) is written by the "
                     "bit-serial templates' epilogue, not this one")
+        if wl.epilogue.out == OUT_INT16:
+            return "int16 output is written by the bit-serial templates: use int32"
         for name, layout in (("a_layout", wl.a_layout), ("w_layout", wl.w_layout)):
             if layout is Layout.BITPLANE:
                 return f"{name} 'bitplane' operands are served by the bit-serial templates"
