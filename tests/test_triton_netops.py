@@ -382,6 +382,40 @@ def test_layer_epilogue_shifted_bias_exact_modes(mode):
     assert checked >= 4
 
 
+def test_layer_epilogue_float64_sum_with_a_residual():
+    """FAST with a residual term: where |y| m + |res| |r| + |b| + 2^(s-1) < 2^53 the pass
+    sums y (m 2^-s) + res (r 2^-s) + b 2^-s + 0.5 in float64, exactly: half-way sums (m = r =
+    2^(s-1)), both signs, a 24-bit residual, int16 and int32 y; with r 2^10 times larger the
+    sum passes 2^53 and comes from the int64 sum (DIRECT), still equal to the oracle."""
+    g = torch.Generator().manual_seed(60)
+    shape = (2, 4, 5, 40)
+    k = shape[-1]
+    y = torch.randint(-(2**15), 2**15, shape, generator=g, dtype=torch.int64)
+    res = torch.randint(S24.qmin, S24.qmax + 1, shape, generator=g, dtype=torch.int64)
+    y.view(-1)[:4] = torch.tensor([2**15 - 1, -(2**15), 3, -3])
+    res.view(-1)[:4] = torch.tensor([S24.qmax, S24.qmin, -4, 4])
+    half = K.Requantized(S24, 2**19, 20, None, 2**19, relu=False)  # (y + res) / 2, ties up
+    m = torch.randint(2**28, 2**29, (k,), generator=g)
+    r = torch.randint(2**27, 2**28, (k,), generator=g)  # 2^23 r < 2^51
+    b = torch.randint(-(2**45), 2**45, (k,), generator=g)
+    specs = [half, K.Requantized("u2", m, 48, b, r, relu=True), K.Requantized(S16, m, 34, b, r)]
+    checked = 0
+    for y_dtype, r_extra in ((torch.int16, 1), (torch.int32, 1), (torch.int16, 2**10)):
+        run = [K.Requantized(sp.precision, sp.multiplier, sp.shift, sp.bias,
+                             sp.residual_multiplier * r_extra, relu=sp.relu) for sp in specs]
+        modes = [K.requant_mode(sp, k, 2**15, 2**23) for sp in run]
+        assert modes == [K.FAST] * 3 if r_extra == 1 else modes[1:] == [K.DIRECT] * 2, modes
+        outs = [K.empty_packed(shape, S24, INT8, DEVICE), poisoned(shape, "u2", BITPLANE),
+                K.empty_packed(shape, S16, INT8, DEVICE)]
+        K.bind_layer_epilogue(y.to(y_dtype).to(DEVICE), run, outs, wide_packed(res, S24),
+                              y_bound=2**15)()
+        for out, sp in zip(outs, run, strict=True):
+            want = shifted_oracle(y, sp, res)
+            assert torch.equal(stored_values(out), want), (sp.precision, y_dtype, r_extra)
+            checked += int(want.unique().numel() > 2)
+    assert checked >= 7
+
+
 @pytest.mark.parametrize("res_prec", [S16, S24, "u4"], ids=["s16", "s24", "u4_planes"])
 def test_layer_epilogue_wide_residual_and_float_outputs(res_prec):
     """A 16 / 24-bit residual (or a bit-plane one) into requantized outputs with their own

@@ -18,10 +18,10 @@ outputs and launch once.
 
 Requantized output (`Requantized`; reference `RequantizedOutput` has b = 0):
     q = clamp(floor((y m + b + res r + 2^(s-1)) / 2^s), lo, qmax),  lo = max(qmin, 0) with relu
-computed in one of three exact ways chosen at bind (`requant_mode`): int64 directly where the
-terms' bounds keep the sum inside int64 (DIRECT), the reference's split sum otherwise (SPLIT),
-or, without a residual, float64 floor(y (m 2^-s) + b 2^-s + 0.5) where every intermediate is
-an integer below 2^53 scaled by a power of two, hence exact (FAST, see `requant_mode`).
+computed in one of three exact ways chosen at bind (`requant_mode`): float64
+floor(y (m 2^-s) + res (r 2^-s) + b 2^-s + 0.5) where every intermediate is an integer below
+2^53 scaled by a power of two, hence exact (FAST); else int64 directly where the terms' bounds
+keep the sum inside int64 (DIRECT), the reference's split sum otherwise (SPLIT).
 Float output (`Dequantized`): float32(y scale + offset + res residual_scale) in float64 (the
 terms added in that order, no FMA), then ReLU.
 
@@ -165,20 +165,22 @@ def _int64_vector(name: str, v: object, k: int, limit: int) -> torch.Tensor:
 def requant_mode(spec: Requantized, k: int, y_bound: int, res_bound: int,
                  fast: bool = True) -> int:
     """The exact way to compute `spec` (module docstring) for |y| <= y_bound and residual
-    values |res| <= res_bound: FAST (float64, no residual term) where
-    y_bound max(m) + max|b| + 2^(max(s) - 1) < 2^53: then y m, y m + b and
-    y m + b + 2^(s-1) are integers below 2^53, so y (m 2^-s), + b 2^-s and + 0.5 are exact
-    in float64 (scalings by powers of two) and the floor is the integer one; DIRECT where
-    the int64 sum plus the rounding term stays below 2^63; else SPLIT."""
+    values |res| <= res_bound: FAST (float64) where y_bound max(m) + res_bound max|r| +
+    max|b| + 2^(max(s) - 1) < 2^53: then y m, y m + res r, ... + b and ... + 2^(s-1) are
+    integers below 2^53 in magnitude, so y (m 2^-s), + res (r 2^-s), + b 2^-s and + 0.5 are
+    exact in float64 (scalings by powers of two) and the floor is the integer one (the
+    residual term's 64-bit multiply-adds made the pass instruction-bound: a ResNet-50 block
+    end at batch 256 took 707 us for 2.5 GB on an H200); DIRECT where the int64 sum plus the
+    rounding term stays below 2^63; else SPLIT."""
     m = _int64_vector("multiplier", spec.multiplier, k, MULT_LIMIT)
     s = _int64_vector("shift", spec.shift, k, 63)
     b = _int64_vector("bias", spec.bias, k, BIAS_LIMIT)
     r = _int64_vector("residual_multiplier", spec.residual_multiplier, k, MULT_LIMIT)
     terms = y_bound * int(m.max()) + int(b.abs().max()) + 2 ** (int(s.max()) - 1)
-    if fast and spec.residual_multiplier is None and terms < 2**53:
-        return FAST
     if spec.residual_multiplier is not None:
         terms += res_bound * int(r.abs().max())
+    if fast and terms < 2**53:
+        return FAST
     return DIRECT if terms < 2**63 else SPLIT
 
 
@@ -189,8 +191,8 @@ def emit_output(y, res, pix, pix_mask, c0, K, out_ptr, v1_ptr, v2_ptr, v3_ptr, v
                 QLO: tl.constexpr, QMAX: tl.constexpr, HAS_RES: tl.constexpr,
                 MODE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     """One output of the layer epilogue (module docstring). REQUANT: v1 multiplier (int64;
-    FAST: m 2^-s float64), v2 residual multiplier (int64), v3 shift (int32 [K]), v4 b
-    (int64; FAST: b 2^-s float64). FLOAT: v1 scale, v2 offset, v3 residual scale
+    FAST: m 2^-s float64), v2 residual multiplier (int64; FAST: r 2^-s float64), v3 shift
+    (int32 [K]), v4 b (int64; FAST: b 2^-s float64). FLOAT: v1 scale, v2 offset, v3 residual scale
     (float64 [K]); QLO 0 means ReLU; FLOAT_NCHW: `row` is H*W, the output NCHW."""
     chan = c0 + tl.arange(0, BLOCK_C)
     c_mask = chan < K
@@ -198,7 +200,12 @@ def emit_output(y, res, pix, pix_mask, c0, K, out_ptr, v1_ptr, v2_ptr, v3_ptr, v
         if MODE == 2:
             ms = tl.load(v1_ptr + chan, mask=c_mask, other=0.0)
             bs = tl.load(v4_ptr + chan, mask=c_mask, other=0.0)
-            v = tl.math.floor(y.to(tl.float64) * ms[None, :] + bs[None, :] + 0.5)
+            if HAS_RES:
+                rs = tl.load(v2_ptr + chan, mask=c_mask, other=0.0)
+                v = y.to(tl.float64) * ms[None, :] + res.to(tl.float64) * rs[None, :]
+                v = tl.math.floor(v + bs[None, :] + 0.5)
+            else:
+                v = tl.math.floor(y.to(tl.float64) * ms[None, :] + bs[None, :] + 0.5)
             q = tl.minimum(tl.maximum(v, QLO), QMAX).to(tl.int32)
         else:
             m = tl.load(v1_ptr + chan, mask=c_mask, other=0).to(tl.int64)
@@ -338,13 +345,14 @@ def output_slot(i: int, spec: object, out: object, shape: tuple[int, ...],
             raise ValueError(f"outputs[{i}]: y m or res r may leave int64 (|y| <= {y_bound}, "
                              f"|res| <= {res_bound})")
         mode = requant_mode(spec, k, y_bound, res_bound, fast)
-        if mode == FAST:  # m 2^-s and b 2^-s in float64: exact (powers of two, < 2^53)
+        if mode == FAST:  # m, r and b times 2^-s in float64: exact (powers of two, < 2^53)
             scaled = torch.pow(2.0, -shift.cpu().to(torch.float64))
             v1 = (mult.to(torch.float64) * scaled).to(device)
             v4 = (bias.to(torch.float64) * scaled).to(device)
+            rmul = (rmul.to(torch.float64) * scaled).to(device)
         else:
             v1, v4 = mult.to(device), bias.to(device)
-        rmul = rmul.to(device)
+            rmul = rmul.to(device)
         row, plane = storage_strides(p)
         consts = dict(KIND=KIND_REQUANT, LAYOUT=layout_code(p), BITS=min(p.precision.bits, 8),
                       QLO=spec.low, QMAX=int(spec.precision.qmax), RES=res_on, MODE=mode)
