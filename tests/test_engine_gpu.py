@@ -61,7 +61,7 @@ def assert_matches_reference(plan, ex: GpuExecutor, x: torch.Tensor) -> int:
 ZOO = [  # (model, recipe, batch, image, width, fused stem)
     ("resnet18", "w1a2", 2, (32, 40), 0.125, True),    # int8 stem + pool fused, 24-bit residuals
     ("resnet18", "w2a2-all", 3, (32, 32), 0.125, False),  # bit-plane image, 16-bit residuals
-    ("vgg16", "w4a4", 1, (32, 32), 0.125, False),      # pools fused into layers, adaptive pool
+    ("vgg16", "w4a4", 1, (32, 32), 0.125, True),       # 3x3/1 stem, pools fused, adaptive pool
     ("alexnet", "w1a2", 1, (64, 64), 0.125, True),     # 11x11/4 stem, pools after epilogues
     ("resnet50", "mixed", 1, (32, 32), 0.125, False),  # bottlenecks, layouts change per layer
     ("digits_resnet", "w1a1-all", 3, (8, 8), 0.5, False),  # binary activations: float outputs

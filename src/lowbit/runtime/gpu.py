@@ -18,7 +18,7 @@ computes the same integers (`lowbit.runtime.engine` defines them), bit for bit:
   accumulator first where every output is requantized and there is no residual (the
   epilogue is monotone), else each output after the epilogue;
 - Quantize + first conv: the fused stem (`kernels.triton.stem`: float image -> quantized ->
-  conv -> epilogue -> 3x3/2 max-pool) where the first layer is a 7x7/2 or 11x11/4 conv on
+  conv -> epilogue -> 3x3/2 max-pool) where the first layer is a 7x7/2, 11x11/4 or 3x3/1 conv on
   <= 4 channels of the image quantized to <= 8 bits (not binary; unsigned <= 7 bits); the
   Quantize's own tensor is then written only when recording;
 - MaxPool / AvgPool / Quantize: `kernels.triton.netops`; Concat: a copy into the output
@@ -76,8 +76,10 @@ from .layers import (
     reference_kernel,
 )
 
-#: (filter size, stride) of the first layers the fused stem serves
-STEM_SHAPES = ((7, 2), (11, 4))
+#: (filter size, stride) of the first layers the fused stem serves: ResNet's 7x7/2, AlexNet's
+#: 11x11/4 and VGG's 3x3/1 (the generic int8 conv took 194 us on VGG-16's at batch 8 on an
+#: H200, slower than cuDNN fp16's 129 us: 3 channels fill a tenth of its K tile)
+STEM_SHAPES = ((7, 2), (11, 4), (3, 1))
 STEM_MAX_CHANNELS = 4
 
 
