@@ -94,9 +94,12 @@ def write_results(benchmark: str, rows: list[dict], extra: dict | None = None) -
 
 def write_probe(name: str, rows: list[dict]) -> Path:
     """Write a probe's rows (measurement-only variants, not results rows) to $OUT/<name>.json
-    (the current folder without $OUT), with the GPU and versions; returns its path."""
+    (the current folder without $OUT), with "benchmark": name, the date, GPU and versions (the
+    form BENCHMARKS.md's probes section reads once committed as <name>-<stamp>.json beside
+    the results); returns its path."""
     path = Path(os.environ.get("OUT", ".")) / f"{name}.json"
-    path.write_text(json.dumps({"gpu": gpu_name(), "versions": versions(), "rows": rows},
+    path.write_text(json.dumps({"benchmark": name, "date": _dt.date.today().isoformat(),
+                                "gpu": gpu_name(), "versions": versions(), "rows": rows},
                                indent=1))
     return path
 

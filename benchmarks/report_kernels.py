@@ -101,6 +101,33 @@ def render_gemm(files: list[Result]) -> list[str]:
     return out
 
 
+@suite("gemv", "Skinny int8 GEMMs (M <= 64): the split-K weight-streaming GEMV",
+       "benchmarks/probes/gemv_probe.py")
+def render_gemv(files: list[Result]) -> list[str]:
+    out = ["Each shape's latest run: `triton.gemv_int8`'s default, the int8 templates' "
+           "defaults and cuBLAS fp16 (CUDA events, L2 flushed), then CUDA-graph replays; "
+           "every output bit-exact. Floor: the weights read once at the copy bandwidth.", ""]
+    for gpu, group in by_gpu(files):
+        picked = latest_rows(group, lambda r: r.get("workload"))
+        rows = []
+        for f, r in picked:
+            impls, b = r.get("impls") or {}, r.get("baselines_us") or {}
+            gemv, fp16 = impls.get("triton.gemv_int8") or {}, r.get("fp16_matmul") or {}
+            t = gemv.get("time_us")
+            rows.append([r["workload"], f.link(us(t)), us(r.get("floor_us")),
+                         us(b.get("cuda.int8_wgmma_default")),
+                         us(b.get("triton.gemm_int8_default")), us(fp16.get("time_us")),
+                         ratio(fp16.get("time_us"), t),
+                         ratio(fp16.get("graph_us"), gemv.get("graph_us")),
+                         str(r.get("engine_default", "-"))])
+        out += gpu_heading(gpu, by_gpu(files))
+        out += table(["GEMM (M x N x K)", "gemv us", "floor us", "int8_wgmma us",
+                      "gemm_int8 us", "fp16 us", "fp16 / gemv", "graph: fp16 / gemv",
+                      "engine default"], rows)
+        out += ["", provenance(f for f, _ in picked), ""]
+    return out
+
+
 def family(cfg: dict) -> str:
     """The bit-serial kernel family a config runs (docs/design.md, "Bit-serial families")."""
     persistent = cfg.get("PERSIST", 0)

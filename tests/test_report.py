@@ -58,6 +58,12 @@ SYNTHETIC = {
          "baselines_us": {"int_mm": 18.0, "fp16_matmul": 24.0, "default_config": 40.0,
                           "cuda.int8_wgmma": 31.0},
          "cuda_graph_us": {"ours": 12.0, "int_mm": 10.8}}]))],
+    "gemv": [("gemv-20260102-000000.json", _doc("gemv", [
+        {"workload": "gemm_8x1000x2048", "M": 8, "N": 1000, "K": 2048, "floor_us": 0.49,
+         "impls": {"triton.gemv_int8": {"time_us": 7.5, "graph_us": 3.6, "exact": True}},
+         "fp16_matmul": {"time_us": 9.75, "graph_us": 5.0},
+         "baselines_us": {"cuda.int8_wgmma_default": 15.7, "triton.gemm_int8_default": 21.0},
+         "engine_default": "triton.gemv_int8"}]))],
     "bitserial": [
         ("bitserial-20260101-000000.json", _doc("bitserial", [_bit_row(21.0, 50.0)],
                                                  targets={"w1a2_vs_int8_conv_b256": 2.5,
@@ -209,6 +215,8 @@ EXPECTED = {
              "|70.0 / 60.0 / -|", "b256 conv vs cuDNN fp16 >= 1.8: met on 0 of 1"],
     "gemm": ["[20.0][gemm-20260102-000000]", "128x64x128, split 2 (last_program)", "|0.90|",
              "0.90 (10.8 / 12.0)", "FC vs `_int_mm` >= 1.0: met on 0 of 1"],
+    "gemv": ["|gemm_8x1000x2048|[7.50][gemv-20260102-000000]|0.49|15.7|21.0|9.75|1.30|1.39|"
+             "triton.gemv_int8|"],
     "bitserial": ["[20.0][bitserial-20260102-000000]", "|2.80|",
                   "tap-shift persistent 64x128, two teams, row sums slab, pairs, KT 1, 3 st",
                   "`w1a2_vs_int8_conv_b256` >= 2.5: met on 1 of 1",
