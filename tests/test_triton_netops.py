@@ -398,15 +398,22 @@ def test_layer_epilogue_float64_sum_with_a_residual():
     m = torch.randint(2**28, 2**29, (k,), generator=g)
     r = torch.randint(2**27, 2**28, (k,), generator=g)  # 2^23 r < 2^51
     b = torch.randint(-(2**45), 2**45, (k,), generator=g)
-    specs = [half, K.Requantized("u2", m, 48, b, r, relu=True), K.Requantized(S16, m, 34, b, r)]
+    specs = [half, K.Requantized("u2", m, 48, b, r, relu=True), K.Requantized(S16, m, 34, b, r),
+             K.Requantized("s8", m << 1, 1, None, r, relu=False)]  # floors far past int32
+    narrow = [K.fits_int32(torch.as_tensor(sp.multiplier).expand(k), torch.as_tensor(
+        sp.residual_multiplier).expand(k), torch.as_tensor(0 if sp.bias is None else sp.bias)
+        .expand(k), torch.full((k,), sp.shift) if isinstance(sp.shift, int) else
+        torch.as_tensor(sp.shift).expand(k), 2**15, 2**23) for sp in specs]
+    assert narrow == [True, True, True, False], narrow  # FAST_NARROW, and FAST's float clamp
     checked = 0
     for y_dtype, r_extra in ((torch.int16, 1), (torch.int32, 1), (torch.int16, 2**10)):
         run = [K.Requantized(sp.precision, sp.multiplier, sp.shift, sp.bias,
                              sp.residual_multiplier * r_extra, relu=sp.relu) for sp in specs]
         modes = [K.requant_mode(sp, k, 2**15, 2**23) for sp in run]
-        assert modes == [K.FAST] * 3 if r_extra == 1 else modes[1:] == [K.DIRECT] * 2, modes
+        assert modes[:3] == [K.FAST] * 3 if r_extra == 1 else modes[1:3] == [K.DIRECT] * 2, \
+            modes
         outs = [K.empty_packed(shape, S24, INT8, DEVICE), poisoned(shape, "u2", BITPLANE),
-                K.empty_packed(shape, S16, INT8, DEVICE)]
+                K.empty_packed(shape, S16, INT8, DEVICE), poisoned(shape, "s8", INT8)]
         K.bind_layer_epilogue(y.to(y_dtype).to(DEVICE), run, outs, wide_packed(res, S24),
                               y_bound=2**15)()
         for out, sp in zip(outs, run, strict=True):
