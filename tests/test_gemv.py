@@ -4,9 +4,13 @@ CPU: under TRITON_INTERPRET=1 on small odd shapes (M = 1, 3, 16; K = 100, 1001; 
 every epilogue, packed inputs, the shifted bias, deep and ragged K splits, a bound launcher
 reused across calls (the atomic sum workspace must be left at zero), bad input; the config
 space and default; the weight-streaming estimate and the zero-tuning choices (dispatch and the
-engine's default policy). Every integer output is compared bit for bit with
-`lowbit.reference.run` on fresh random inputs into a poisoned buffer. GPU (`gpu` mark): the
-FC shapes of the issue at the default config and a deep split, exact, and a CUDA-graph replay.
+engine's default policy). u8 activations (the zero-point rewrite) at M = 1 and 8 with int32,
+fp16 and requantized outputs, split and unsplit, on inputs with a quarter of the values at the
+operands' extremes (a: 0 / 255, w: -128 / 127; a row at the worst-case accumulator), and their
+exactness bound. Every integer output is compared bit for bit with `lowbit.reference.run` on
+fresh random inputs into a poisoned buffer. GPU (`gpu` mark): the FC shapes of the issue at
+the default config and a deep split, exact, the VGG classifier's u8 x s8 GEMM, and a CUDA-graph
+replay.
 """
 
 from __future__ import annotations
@@ -18,7 +22,13 @@ from lowbit.core import Config, Epilogue, GemmWorkload
 from lowbit.core.epilogue import EpilogueParams
 from lowbit.kernels import load_backends
 from lowbit.kernels.base import NUM_SMS
-from lowbit.kernels.triton.gemv import GEMV_MAX_M, GemvInt8Template, block_m, k_per_split
+from lowbit.kernels.triton.gemv import (
+    ACT_ZERO_POINT,
+    GEMV_MAX_M,
+    GemvInt8Template,
+    block_m,
+    k_per_split,
+)
 from lowbit.perfmodel.hardware import H100, H200
 from lowbit.perfmodel.learned import LearnedModel
 from lowbit.reference import random_inputs, run
@@ -33,6 +43,35 @@ SPLIT = Config(BLOCK_N=32, BLOCK_K=32, SPLIT_K=4, num_warps=4, num_stages=2)
 def small(**kw) -> Config:
     """A small-tile config for the interpreter (valid in the space of the shapes used)."""
     return Config({**SPLIT, **kw})
+
+
+def with_extremes(wl: GemmWorkload, x: torch.Tensor, w: torch.Tensor, seed: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x and w (one value per byte) with an eighth of their values at each end of the
+    operand's range, x's row 0 all at its maximum and w's row 0 all at its minimum (the
+    worst-case |accumulator|, 255 x 128 x K for u8 x s8); the rest stays random."""
+    g = torch.Generator().manual_seed(seed)
+
+    def pinned(t: torch.Tensor, prec) -> torch.Tensor:
+        t = t.cpu().clone()
+        r = torch.rand(t.shape, generator=g)
+        t[r < 0.125] = prec.qmin
+        t[(r >= 0.125) & (r < 0.25)] = prec.qmax
+        return t
+
+    x, w, dev = pinned(x, wl.a), pinned(w, wl.w), x.device
+    x[0], w[0] = wl.a.qmax, wl.w.qmin
+    return x.to(dev), w.to(dev)
+
+
+def check_extremes(wl: GemmWorkload, cfg: Config, seed: int, device=DEVICE) -> None:
+    """The kernel of `cfg` on `with_extremes` inputs equals `lowbit.reference.run`."""
+    x, w, params = random_inputs(wl, seed, device=device)
+    x, w = with_extremes(wl, x, w, seed)
+    out = GEMV.build(wl, cfg)(x, w, params, out=poisoned(wl, device))
+    ref = run(wl, x.cpu(), w.cpu(), params.to("cpu"))
+    assert torch.equal(out.cpu(), ref), f"{wl.key} {dict(cfg)}: " \
+        f"{(out.cpu() != ref).sum().item()} of {out.numel()} differ"
 
 
 # ------------------------------------------------------------------------------- CPU: exact
@@ -82,17 +121,25 @@ def test_deep_and_ragged_splits(split):
     check(wl, GEMV.build(wl, cfg), seed=split)
 
 
-def test_bound_launcher_stays_exact_and_leaves_the_sums_at_zero():
-    wl = GemmWorkload(M=4, N=40, K=300, epilogue=Epilogue(bias=True, out="s8"))
+@pytest.mark.parametrize("a", ["s8", "u8"])
+def test_bound_launcher_stays_exact_and_leaves_the_sums_at_zero(a):
+    """New activations each replay (u8: with extremes); the zero-point terms of u8 are the
+    bound weights' row sums x 128."""
+    wl = GemmWorkload(M=4, N=40, K=300, a=a, epilogue=Epilogue(bias=True, out="s8"))
     kernel = GEMV.build(wl, small(SPLIT_K=4))
     x, w, params = random_inputs(wl, 6, device=DEVICE)
     plan = kernel.plan(kernel.problem, x, w, poisoned(wl), (params.bias, None,
                                                             params.multiplier, params.shift))
     sums, arrivals = plan[0].args[7], plan[0].args[8]
+    if a == "u8":
+        terms = plan[0].args[9]
+        assert terms.dtype == torch.int32 and plan[0].kwargs["A_ZERO"] == ACT_ZERO_POINT
+        assert torch.equal(terms.cpu(), (w.cpu().to(torch.int64).sum(1) * 128).to(torch.int32))
     launch = kernel.bind(x, w, params, out=poisoned(wl))
     checked = 0
     for seed in (7, 8, 9):
-        x.copy_(random_inputs(wl, seed, device=DEVICE)[0])
+        fresh = random_inputs(wl, seed, device=DEVICE)[0]
+        x.copy_(with_extremes(wl, fresh, w, seed)[0] if a == "u8" else fresh)
         assert torch.equal(launch(), run(wl, x, w, params)), seed
         checked += 1
     from lowbit.kernels.triton.igemm import replay
@@ -100,6 +147,56 @@ def test_bound_launcher_stays_exact_and_leaves_the_sums_at_zero():
     replay(plan)  # a plan of its own: its workspace must be zero afterwards
     assert sums.shape == (4, 40) and not sums.any() and not arrivals.any()
     assert checked == 3
+
+
+# ------------------------------------------------------------------------------- CPU: u8
+U8_CASES = [  # (M, N, K, epilogue, SPLIT_K of the small config; None: the default config)
+    (1, 513, 1001, Epilogue(bias=True, relu=True, out="s8"), 8),
+    (8, 1, 1001, Epilogue(), 8),
+    (8, 513, 100, Epilogue(bias=True, out="fp16"), 2),
+    (1, 513, 100, Epilogue(), 1),
+    (8, 1, 100, Epilogue(relu=True, out="u8"), 1),
+    (8, 45, 1001, Epilogue(bias=True, relu=True, out="u4", out_layout="packed"), None),
+    (8, 40, 201, Epilogue(bias=True, out="s3", out_layout="bitplane"), 4),
+]
+
+
+@pytest.mark.parametrize("m,n,k,epi,split", U8_CASES,
+                         ids=[f"{c[0]}x{c[1]}x{c[2]}-{c[3].key}-{c[4]}" for c in U8_CASES])
+def test_u8_activations_are_exact(m, n, k, epi, split):
+    wl = GemmWorkload(M=m, N=n, K=k, a="u8", w="s8", epilogue=epi)
+    assert GEMV.unsupported_reason(wl) is None
+    cfg = GEMV.default_config(wl) if split is None else small(SPLIT_K=split)
+    check(wl, GEMV.build(wl, cfg), seed=m + n + k)
+    check_extremes(wl, cfg, seed=m * n + k)
+
+
+def test_u8_activations_with_packed_weights_and_shifted_bias():
+    from lowbit.reference.epilogue import shifted_bias_from
+
+    wl = GemmWorkload(M=8, N=70, K=201, a="u8", w="s4", w_layout="packed")
+    check(wl.replace(epilogue=Epilogue(bias=True, out="fp16")),
+          GEMV.build(wl.replace(epilogue=Epilogue(bias=True, out="fp16")), small(SPLIT_K=4)),
+          seed=12)
+    shifted = wl.replace(epilogue=Epilogue(relu=True, out="s8", shifted_bias=True))
+    x, w, p = random_inputs(wl.replace(epilogue=Epilogue(bias=True, relu=True, out="s8")), 13)
+    b = shifted_bias_from(p.bias, p.multiplier, p.shift, torch.Generator().manual_seed(14))
+    params = EpilogueParams(multiplier=p.multiplier, shift=p.shift, shifted_bias=b)
+    out = GEMV.build(shifted, small(SPLIT_K=2))(x, w, params, out=poisoned(shifted, "cpu"))
+    assert torch.equal(out, run(shifted, x, w, params))
+
+
+def test_u8_exactness_bound_counts_the_true_sum():
+    """The dot's |a - 128| w sums stay within 128 x 128 x K, but the epilogue's sum reaches
+    255 x 128 x K: K = 70000 fits the first and not the second."""
+    k = 70000
+    assert 128 * 128 * k < 2**31 <= 255 * 128 * k
+    assert GEMV.unsupported_reason(GemmWorkload(M=8, N=8, K=k, a="s8")) is None
+    reason = GEMV.unsupported_reason(GemmWorkload(M=8, N=8, K=k, a="u8"))
+    assert reason is not None and "accumulator" in reason and "a=u8" in reason
+    assert GEMV.unsupported_reason(GemmWorkload(M=8, N=8, K=2**17 // 2, a="u8")) is None
+    reason = GEMV.unsupported_reason(GemmWorkload(M=8, N=8, K=100, a="s8", w="u8"))
+    assert reason is not None and "w=u8" in reason  # u8 weights: no zero point for them
 
 
 # ------------------------------------------------------------------------------- CPU: checks
@@ -173,19 +270,40 @@ def test_dispatch_picks_the_gemv_for_skinny_gemms(analytic_model):
     assert picked == 4
 
 
-def test_engine_default_policy_prefers_the_gemv_up_to_16_rows():
+@pytest.mark.parametrize("a", ["s8", "u8"])
+def test_engine_default_policy_prefers_the_gemv_up_to_16_rows(a):
+    """u8: a classifier after ReLU and average pooling (VGG's fc8 at batch 8)."""
     from lowbit.graph.impl import GEMV_ROWS, INT8_GEMV, choose_impl
 
-    impl, why = choose_impl(GemmWorkload(M=GEMV_ROWS, N=1000, K=2048, w="s8", a="s8"))
-    assert impl == INT8_GEMV == GEMV.name and "int8 tensor cores" in why
-    impl, _ = choose_impl(GemmWorkload(M=GEMV_ROWS + 1, N=1000, K=2048, w="s8", a="s8"))
-    assert impl != INT8_GEMV
+    checked = 0
+    for m in (8, GEMV_ROWS):
+        impl, why = choose_impl(GemmWorkload(M=m, N=1000, K=2048, w="s8", a=a))
+        assert impl == INT8_GEMV == GEMV.name and "int8 tensor cores" in why, (m, why)
+        checked += 1
+    impl, _ = choose_impl(GemmWorkload(M=GEMV_ROWS + 1, N=1000, K=2048, w="s8", a=a))
+    assert impl != INT8_GEMV and checked == 2
+
+
+def test_dispatch_times_u8_activations_like_s8(analytic_model):
+    """The zero point adds no weight bytes: the same estimate, and the pick over every
+    registered template (cuda.int8_wgmma takes u8 natively) and fp16 is the GEMV."""
+    checked = 0
+    for n, k in ((1000, 2048), (1000, 4096), (4096, 25088)):
+        u8 = GemmWorkload(M=8, N=n, K=k, a="u8", epilogue=Epilogue(bias=True, out="s8"))
+        s8 = u8.replace(a="s8")
+        cfg = GEMV.default_config(u8)
+        assert cfg == GEMV.default_config(s8)
+        assert dispatch.stream_estimate_us(GEMV, u8, cfg, H200) == \
+            dispatch.stream_estimate_us(GEMV, s8, cfg, H200)
+        assert dispatch.choose(u8, H200).template == GEMV.name, u8.key
+        checked += 1
+    assert checked == 3
 
 
 def test_compiles_for_sm90_with_wide_weight_loads():
     """Offline sm_90 compile (tests/triton_offline.py): int8 MMAs, 16-byte cp.async for
     K % 16 == 0 and 8-byte for K = 1000, one acquire-release arrival atomic with split-K,
-    no spills."""
+    no spills; u8 activations too (the zero point flips a bit in registers)."""
     import os
 
     import triton
@@ -195,10 +313,12 @@ def test_compiles_for_sm90_with_wide_weight_loads():
     if not os.path.isdir(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
                                       "bin")):
         pytest.skip("this Triton has no bundled NVIDIA tools (ptxas)")
-    shapes = {(8, 4096, 25088): 16, (1, 1000, 1000): 8, (16, 1000, 2048): 16}
+    shapes = {(8, 4096, 25088, "s8"): 16, (1, 1000, 1000, "s8"): 8,
+              (16, 1000, 2048, "s8"): 16, (8, 1000, 4096, "u8"): 16, (1, 1000, 1000, "u8"): 8}
     cases = []
-    for m, n, k in shapes:
-        wl = GemmWorkload(M=m, N=n, K=k, epilogue=Epilogue(bias=True, relu=True, out="s8"))
+    for m, n, k, a in shapes:
+        wl = GemmWorkload(M=m, N=n, K=k, a=a,
+                          epilogue=Epilogue(bias=True, relu=True, out="s8"))
         cases.append((GEMV.name, wl.to_json(), GEMV.default_config(wl).to_json()))
     for (shape, width), got in zip(shapes.items(), compile_in_subprocess(cases), strict=True):
         assert isinstance(got, list), got  # else the compiler's error text
@@ -206,7 +326,7 @@ def test_compiles_for_sm90_with_wide_weight_loads():
         assert main["mma_sync"] + main["wgmma"] > 0 and main["spill_bytes"] == 0, (shape, main)
         assert main["cp_async_bytes"] == [width] and main["byte_loads"] == 0, (shape, main)
         assert main["acq_rel_atomics"] == 1, (shape, main)
-    assert len(cases) == 3
+    assert len(cases) == 5
 
 
 # ------------------------------------------------------------------------------- GPU
@@ -235,6 +355,23 @@ def test_gpu_odd_shapes_are_exact(m, n, k):
     wl = GemmWorkload(M=m, N=n, K=k, epilogue=Epilogue(bias=True, relu=True, out="u4",
                                                        out_layout="packed"))
     check(wl, GEMV.build(wl, GEMV.default_config(wl)), seed=m * k, device="cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_u8_classifier_is_exact():
+    """VGG-16's fc8 at batch 8 (u8 activations after ReLU and pooling): every output kind at
+    the default config and a deeper split, on random and extreme inputs."""
+    checked = 0
+    for epi in (Epilogue(), Epilogue(bias=True, relu=True, out="s8"),
+                Epilogue(bias=True, out="fp16"), Epilogue(relu=True, out="u8")):
+        wl = GemmWorkload(M=8, N=1000, K=4096, a="u8", w="s8", epilogue=epi)
+        default = GEMV.default_config(wl)
+        deep = default.replace(SPLIT_K=min(64, 2 * default["SPLIT_K"]))
+        for cfg in (default, deep) if GEMV.space(wl).is_valid(deep) else (default,):
+            check(wl, GEMV.build(wl, cfg), seed=checked, device="cuda")
+            check_extremes(wl, cfg, seed=100 + checked, device="cuda")
+            checked += 1
+    assert checked >= 4
 
 
 @pytest.mark.gpu

@@ -22,6 +22,18 @@ The epilogue is the int8 templates' (`epilogue.epilogue_store`: int32, fp16, req
 `lowbit.reference.run` bit for bit. Operands may be int8 or densely packed sub-byte values
 (unpacked in registers: only the packed bytes cross DRAM).
 
+u8 activations (ReLU and average-pool outputs: 0..255, outside the int8 tensor cores' range)
+are taken exactly by a zero point: the dot multiplies a' = a - ACT_ZERO_POINT (s8 values,
+|a'| <= 128; one XOR of the stored byte) and
+
+    sum_k a[m,k] w[n,k] = sum_k a'[m,k] w[n,k] + ACT_ZERO_POINT * sum_k w[n,k],
+
+the second term an int32 [N] vector computed once when a launch is planned (`bind`: the
+weights are constants; bind again after changing them) and added once to the full int32 sum by
+the program that runs the epilogue, so the epilogue sees exactly the true accumulator. Bounds:
+every partial and running sum of a'.w and the zero-point term stay within 128 max|w| K, the
+true sum within the workload's `acc_bound` (255 max|w| K), both checked < 2^31.
+
 Knobs (`GEMV_KNOBS`): BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages; BLOCK_M is fixed by M.
 """
 
@@ -33,9 +45,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ...core import Config, ConfigSpace, Workload
+from ...core import Config, ConfigSpace, GemmWorkload, Layout, Workload
 from ...core.knobs import KnobDef, KnobTable
-from ..base import NUM_SMS
+from ...core.precision import Encoding, Precision
+from ...quant.packing import unpack
+from ..base import EXACT_INT32, NUM_SMS, acc_bound
 from .epilogue import epilogue_store, load_operand
 from .igemm import Launch, Problem, SplitWorkspace, arrived_last, cdiv, channel_alignment
 from .templates import SMEM_LIMIT, GemmInt8Template, IgemmKernel, problem
@@ -48,13 +62,17 @@ GEMV_MAX_M = 64
 TARGET_PROGRAMS = NUM_SMS
 #: the deepest K split (more adds atomics and arrival traffic for no more bandwidth)
 MAX_SPLIT = 64
+#: subtracted from u8 activations so that they fit the int8 dot (module doc)
+ACT_ZERO_POINT = 128
+#: what the dot multiplies in place of u8 activations
+SHIFTED_ACT = Precision(8, Encoding.SIGNED)
 
 
 @triton.jit
 def gemv_kernel(
     x_ptr, w_ptr, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr, sum_ptr, count_ptr,
-    M, NOUT, K, x_row, w_row, out_row, out_plane, k_per_split,
-    A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr,
+    zp_ptr, M, NOUT, K, x_row, w_row, out_row, out_plane, k_per_split,
+    A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr, A_ZERO: tl.constexpr,
     W_SRC: tl.constexpr, W_BITS: tl.constexpr, W_ENC: tl.constexpr,
     HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
     OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
@@ -62,7 +80,9 @@ def gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Program (column tile, K slice): acc = a[:, slice] . w[tile, slice]^T, then the epilogue
-    (SPLIT_K == 1) or the atomic sum and the last arrival's epilogue (module doc)."""
+    (SPLIT_K == 1) or the atomic sum and the last arrival's epilogue (module doc).
+    A_ZERO (ACT_ZERO_POINT for u8 activations, else 0): the dot takes a - A_ZERO and the
+    program that runs the epilogue adds zp_ptr's A_ZERO * sum_k w[n, k] to the full sum."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -85,13 +105,19 @@ def gemv_kernel(
             k_mask = chan < K
             if ALIGN_K > 1:  # K % ALIGN_K == 0: constant over aligned runs (wide loads)
                 k_mask = tl.max_constancy(k_mask, ALIGN_K)
-        a = load_operand(x_ptr, a_off, chan, m_mask, k_mask, A_SRC, A_BITS, A_ENC, True,
-                         tl.int8)
+        if A_ZERO != 0:  # u8: a - 128 is the stored byte with its top bit flipped, as s8
+            a = load_operand(x_ptr, a_off, chan, m_mask, k_mask, A_SRC, A_BITS, A_ENC, True,
+                             tl.uint8)
+            a = (a ^ A_ZERO).to(tl.int8, bitcast=True)
+        else:
+            a = load_operand(x_ptr, a_off, chan, m_mask, k_mask, A_SRC, A_BITS, A_ENC, True,
+                             tl.int8)
         b = load_operand(w_ptr, w_off, chan, n_mask, k_mask, W_SRC, W_BITS, W_ENC, False,
                          tl.int8)
         acc = tl.dot(a, b, acc, out_dtype=tl.int32)
 
     if SPLIT_K == 1:
+        acc = with_zero_point(acc, zp_ptr, offs_n, n_mask, A_ZERO)
         epilogue_store(acc, offs_m, pid_n * BLOCK_N, M, NOUT, out_ptr, out_row, out_plane,
                        bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS, RELU, OUT_KIND,
                        OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_M, BLOCK_N)
@@ -102,10 +128,37 @@ def gemv_kernel(
         if arrived_last(count_ptr + pid_n, SPLIT_K):
             total = tl.atomic_xchg(sums, tl.zeros_like(acc), mask=mask, sem="relaxed",
                                    scope="gpu")
+            total = with_zero_point(total, zp_ptr, offs_n, n_mask, A_ZERO)
             epilogue_store(total, offs_m, pid_n * BLOCK_N, M, NOUT, out_ptr, out_row,
                            out_plane, bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS,
                            RELU, OUT_KIND, OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_M,
                            BLOCK_N)
+
+
+@triton.jit
+def with_zero_point(acc, zp_ptr, offs_n, n_mask, A_ZERO: tl.constexpr):
+    """acc + the zero-point term of each column (zp_ptr: int32 [NOUT]) where A_ZERO != 0."""
+    if A_ZERO != 0:
+        acc = acc + tl.load(zp_ptr + offs_n, mask=n_mask, other=0)[None, :]
+    return acc
+
+
+def act_zero_point(a: Precision) -> int:
+    """What the kernel subtracts from activations of precision `a`: ACT_ZERO_POINT for u8
+    (values beyond int8), else 0."""
+    return ACT_ZERO_POINT if a.encoding is Encoding.UNSIGNED and a.bits == 8 else 0
+
+
+def zero_point_terms(wl: Workload, w: torch.Tensor) -> torch.Tensor:
+    """act_zero_point(wl.a) * sum_k w[n, k] as int32 [N] from the weights' storage `w`
+    (validated: [N, K] one value per byte, or densely packed rows); exact in int32 under the
+    template's bound (|term| <= 128 max|w| K < 2^31)."""
+    _, n, k = wl.gemm_shape
+    if wl.w_layout is Layout.INT8:
+        sums = w.sum(dim=1)  # int64 accumulation, no int64 copy of the weights
+    else:
+        sums = unpack(w, wl.w, wl.w_layout, k).sum(dim=1)
+    return (sums * act_zero_point(wl.a)).to(torch.int32).reshape(n)
 
 
 def block_m(m: int) -> int:
@@ -134,19 +187,22 @@ def sum_workspace(prob: Problem, split: int, tiles: int, device: torch.device | 
 
 
 def gemv_launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor,
-                out: torch.Tensor, vecs: tuple, workspace: SplitWorkspace | None) -> Launch:
+                out: torch.Tensor, vecs: tuple, workspace: SplitWorkspace | None,
+                zero_point: tuple[int, torch.Tensor] | None = None) -> Launch:
     """The one launch of a validated call (`vecs`: bias, scale, multiplier, shift or None;
-    `workspace`: `sum_workspace(...)`). No checks here."""
+    `workspace`: `sum_workspace(...)`; `zero_point`: (act_zero_point, zero_point_terms) for
+    u8 activations, else None). No checks here."""
     split = cfg["SPLIT_K"]
     tiles = cdiv(prob.NOUT, cfg["BLOCK_N"])
     vecs = tuple(t if t is not None else out for t in vecs)
     scratch = (out, out) if workspace is None else (workspace.partials, workspace.arrivals)
     kind, layout, obits, qmin, qmax = prob.out
-    args = (x, w, out, *vecs, *scratch, prob.M, prob.NOUT, prob.C, prob.x_row, prob.w_row,
+    a_zero, terms = zero_point if zero_point is not None else (0, out)
+    args = (x, w, out, *vecs, *scratch, terms, prob.M, prob.NOUT, prob.C, prob.x_row, prob.w_row,
             prob.out_row, prob.out_plane, k_per_split(prob.C, cfg))
     kwargs = dict(
         A_SRC=prob.a_operand[0], A_BITS=prob.a_operand[1], A_ENC=prob.a_operand[2],
-        W_SRC=prob.w_operand[0], W_BITS=prob.w_operand[1], W_ENC=prob.w_operand[2],
+        A_ZERO=a_zero, W_SRC=prob.w_operand[0], W_BITS=prob.w_operand[1], W_ENC=prob.w_operand[2],
         HAS_BIAS=prob.bias, RELU=prob.relu, OUT_KIND=kind, OUT_LAYOUT=layout, OUT_BITS=obits,
         QMIN=qmin, QMAX=qmax, WIDE=prob.wide, SPLIT_K=split,
         EVEN_K=prob.C % cfg["BLOCK_K"] == 0, ALIGN_K=channel_alignment(prob),
@@ -157,14 +213,23 @@ def gemv_launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor,
 
 class GemvKernel(IgemmKernel):
     """One compiled (workload, config) of `triton.gemv_int8`: `kernel(x, w, params, out=None)`
-    and `bind(...)` as `IgemmKernel` (a bound launcher owns its zeroed sum workspace)."""
+    and `bind(...)` as `IgemmKernel` (a bound launcher owns its zeroed sum workspace and, for
+    u8 activations, the weights' zero-point terms, computed at bind: it serves new
+    activations in x, not new weights)."""
 
     def plan(self, prob: Problem, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
              vecs: tuple) -> list[Launch]:
         cfg = self.config
         workspace = sum_workspace(prob, cfg["SPLIT_K"], cdiv(prob.NOUT, cfg["BLOCK_N"]),
                                   x.device)
-        return [gemv_launch(prob, cfg, x, w, out, vecs, workspace)]
+        a_zero = act_zero_point(self.workload.a)
+        zero_point = None
+        if a_zero:
+            # an ahead-of-time compile plans on 1-d placeholders: any int32 vector types it
+            terms = (zero_point_terms(self.workload, w) if w.dim() == 2
+                     else torch.empty(16, dtype=torch.int32, device=w.device))
+            zero_point = (a_zero, terms)
+        return [gemv_launch(prob, cfg, x, w, out, vecs, workspace, zero_point)]
 
 
 GEMV_KNOBS = KnobTable(
@@ -179,7 +244,8 @@ GEMV_KNOBS = KnobTable(
 
 class GemvInt8Template(GemmInt8Template):
     """Skinny GEMM a [M, K] x w [N, K]^T with M <= GEMV_MAX_M, streaming the weights with
-    split-K (module doc); same workloads, operands and epilogues as `triton.gemm_int8`."""
+    split-K (module doc); the workloads, operands and epilogues of `triton.gemm_int8` and
+    also u8 activations (zero point, module doc)."""
 
     name = "triton.gemv_int8"
     added_knobs: Mapping[str, object] = {}
@@ -188,7 +254,13 @@ class GemvInt8Template(GemmInt8Template):
     streams_weights = True
 
     def unsupported_reason(self, wl: Workload) -> str | None:
-        reason = super().unsupported_reason(wl)
+        shifted = isinstance(wl, GemmWorkload) and act_zero_point(wl.a) != 0
+        # u8 activations: the dot takes a - 128, s8 values; every other check applies to it
+        # (the dot's bound: 128 max|w| K), then the true sum's bound (255 max|w| K)
+        reason = super().unsupported_reason(wl.replace(a=SHIFTED_ACT) if shifted else wl)
+        if reason is None and shifted and acc_bound(wl) >= EXACT_INT32:
+            return (f"worst-case |accumulator| {acc_bound(wl)} >= {EXACT_INT32} (a={wl.a}): "
+                    "the int32 sum would not be exact")
         if reason is None and wl.gemm_shape[0] > GEMV_MAX_M:
             return (f"M={wl.gemm_shape[0]} rows > {GEMV_MAX_M}: the weight-streaming GEMV "
                     "serves skinny GEMMs (use triton.gemm_int8)")
@@ -255,5 +327,5 @@ class GemvInt8Template(GemmInt8Template):
         return GemvKernel(self.name, wl, config, problem(wl, False))
 
 
-__all__ = ["GEMV_KNOBS", "GEMV_MAX_M", "GemvInt8Template", "GemvKernel", "block_m",
-           "gemv_launch", "k_per_split"]
+__all__ = ["ACT_ZERO_POINT", "GEMV_KNOBS", "GEMV_MAX_M", "GemvInt8Template", "GemvKernel",
+           "act_zero_point", "block_m", "gemv_launch", "k_per_split", "zero_point_terms"]
