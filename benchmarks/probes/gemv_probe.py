@@ -3,7 +3,9 @@ and cuBLAS fp16, on the GPU, same run.
 
 Shapes: M in {1, 8, 16} x (K, N) in {(2048, 1000), (25088, 4096), (4096, 4096), (512, 1000)}
 (classifiers and VGG-16 fc6 / fc7 at batch 1-16), and the odd shapes M = 64, K in {100, 1000,
-1001}, N in {1000, 513} (part b: K not a multiple of 16 / 32 on `triton.gemm_int8`). Per shape
+1001}, N in {1000, 513} (part b: K not a multiple of 16 / 32 on `triton.gemm_int8`), and u8
+activations (ReLU + pooling outputs: the GEMV's zero-point rewrite) at M = 8, (K, N) in
+{(2048, 1000), (4096, 1000), (25088, 4096)} (VGG-16's fc8 / fc6 classifiers). Per shape
 and implementation, at its untuned default config: bit-exact against `lowbit.reference.run`
 (fresh random inputs, poisoned output), then the median time by CUDA events with L2 flushed
 (`time_us`, the tuner's timing) and under CUDA-graph replay (`graph_us`). Baselines: fp16
@@ -13,7 +15,7 @@ Beside each time the roofline floor max(bytes / bandwidth, ops / peak) with the 
 measured in this run, and the time to read the int8 weights once. Also what zero-tuning
 dispatch (`lowbit.tune.dispatch.choose`) and the engine's default policy pick.
 
-    python3 benchmarks/probes/gemv_probe.py [--out DIR] [--quick]
+    python3 benchmarks/probes/gemv_probe.py [--out DIR] [--quick | --u8]
 
 Writes {"benchmark": "gemv", "rows": [...]} to benchmarks/results/<gpu>/ (or DIR) and prints a
 table; a failing case is recorded with its error and the run goes on.
@@ -44,6 +46,8 @@ EPI = Epilogue(bias=True, out="s8")
 FC = [(m, n, k) for m in (1, 8, 16) for k, n in ((2048, 1000), (25088, 4096), (4096, 4096),
                                                  (512, 1000))]
 ODD = [(64, n, k) for k in (100, 1000, 1001) for n in (1000, 513)]
+#: u8 x s8 classifiers (activations after ReLU and average pooling) at batch 8
+U8 = [(8, n, k) for k, n in ((2048, 1000), (4096, 1000), (25088, 4096))]
 
 
 def _template(name: str):
@@ -111,11 +115,15 @@ def picks(wl: GemmWorkload) -> dict:
     return out
 
 
-def measure(m: int, n: int, k: int, bandwidth: float) -> dict:
-    wl = GemmWorkload(M=m, N=n, K=k, w="s8", a="s8", epilogue=EPI)
+def row_name(m: int, n: int, k: int, a: str) -> str:
+    return f"gemm_{m}x{n}x{k}" + ("" if a == "s8" else f"_{a}")
+
+
+def measure(m: int, n: int, k: int, bandwidth: float, a: str = "s8") -> dict:
+    wl = GemmWorkload(M=m, N=n, K=k, w="s8", a=a, epilogue=EPI)
     peaks = dataclasses.replace(peaks_for(gpu_name()), bandwidth=bandwidth)
-    row: dict = {"workload": f"gemm_{m}x{n}x{k}", "M": m, "N": n, "K": k, "precision": "w8a8",
-                 "epilogue": EPI.key,
+    row: dict = {"workload": row_name(m, n, k, a), "M": m, "N": n, "K": k, "precision": "w8a8",
+                 "a": a, "w": "s8", "epilogue": EPI.key,
                  "floor_us": floor_us(wl.ops, workload_bytes(wl), peaks.int8, bandwidth),
                  "weight_read_us": n * k / bandwidth * 1e6,
                  "fp16_floor_us": floor_us(wl.ops, 2 * (m * k + n * k + m * n), peaks.fp16,
@@ -173,7 +181,10 @@ def table(rows: list[dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="results folder (default benchmarks/results/<gpu>/)")
-    ap.add_argument("--quick", action="store_true", help="M = 8 and the odd shapes only")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--quick", action="store_true",
+                       help="M = 8, the odd shapes and the u8 rows only")
+    which.add_argument("--u8", action="store_true", help="the u8-activation rows only")
     args = ap.parse_args()
     if args.out:
         os.environ["LOWBIT_RESULTS_DIR"] = args.out
@@ -181,13 +192,14 @@ def main() -> None:
         sys.exit("gemv_probe needs a CUDA GPU")
     bandwidth = measure_bandwidth()
     print(f"{gpu_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
-    shapes = [s for s in FC if s[0] == 8] + ODD if args.quick else FC + ODD
+    s8 = [] if args.u8 else [s for s in FC if s[0] == 8] + ODD if args.quick else FC + ODD
+    shapes = [(*s, "s8") for s in s8] + [(*s, "u8") for s in U8]
     rows = []
-    for m, n, k in shapes:
+    for m, n, k, a in shapes:
         try:
-            row = measure(m, n, k, bandwidth)
+            row = measure(m, n, k, bandwidth, a)
         except Exception as e:  # one shape failing must not lose the others
-            row = {"workload": f"gemm_{m}x{n}x{k}", "error": f"{type(e).__name__}: {e}"[:300]}
+            row = {"workload": row_name(m, n, k, a), "error": f"{type(e).__name__}: {e}"[:300]}
         rows.append(row)
         print(row["workload"], "done" if "error" not in row else row["error"], flush=True)
     table(rows)
