@@ -182,8 +182,9 @@ def test_u8_activations_with_packed_weights_and_shifted_bias():
     x, w, p = random_inputs(wl.replace(epilogue=Epilogue(bias=True, relu=True, out="s8")), 13)
     b = shifted_bias_from(p.bias, p.multiplier, p.shift, torch.Generator().manual_seed(14))
     params = EpilogueParams(multiplier=p.multiplier, shift=p.shift, shifted_bias=b)
-    out = GEMV.build(shifted, small(SPLIT_K=2))(x, w, params, out=poisoned(shifted, "cpu"))
-    assert torch.equal(out, run(shifted, x, w, params))
+    out = GEMV.build(shifted, small(SPLIT_K=2))(x.to(DEVICE), w.to(DEVICE),
+                                                params.to(DEVICE), out=poisoned(shifted))
+    assert torch.equal(out.cpu(), run(shifted, x, w, params))
 
 
 def test_u8_exactness_bound_counts_the_true_sum():
