@@ -140,7 +140,9 @@ def main() -> int:
     ap.add_argument("--compile-models", nargs="+", default=None,
                     help="the torch.compile baseline only for these models, measured after "
                          "every case (a cut run keeps its other rows)")
-    ap.add_argument("--chain", action="store_true", help="chain bit-serial layers (PDL)")
+    ap.add_argument("--no-chain", dest="chain", action="store_false",
+                    help="launch the bit-serial layers unchained (no PDL; the engine chains "
+                         "them by default)")
     ap.add_argument("--quick", action="store_true", help="fewer timing repeats")
     ap.add_argument("--no-figure", action="store_true")
     args = ap.parse_args()

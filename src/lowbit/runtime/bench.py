@@ -395,7 +395,7 @@ class BenchCase:
 
 
 def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
-                  seed: int = 0, chain: bool = False, quick: bool = False,
+                  seed: int = 0, chain: bool = True, quick: bool = False,
                   check: bool = True) -> dict:
     """One "network" results row for `case` on the current GPU (module docstring)."""
     from .engine import ReferenceExecutor

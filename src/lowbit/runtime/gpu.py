@@ -136,12 +136,13 @@ class GpuExecutor:
     `layers.layer_kernel` on CUDA, `layers.reference_kernel` elsewhere); reuse_memory: share
     bytes between tensors of disjoint lifetimes; use_graph: CUDA-graph replay (default on
     CUDA); fuse_stem: the fused first layer; chain: programmatic dependent launch of the
-    bit-serial kernels (`bind(chained=True)`); check_finite: read the non-finite flag after
+    bit-serial kernels (`bind(chained=True)`, default on: ResNet-18 w1a2 b8 0.193 -> 0.178 ms
+    on an H200, logits equal); check_finite: read the non-finite flag after
     every forward (a device sync) and raise ValueError."""
 
     def __init__(self, plan: Plan, device: torch.device | str = "cuda", *,
                  kernels: KernelFactory | None = None, reuse_memory: bool = True,
-                 use_graph: bool | None = None, fuse_stem: bool = True, chain: bool = False,
+                 use_graph: bool | None = None, fuse_stem: bool = True, chain: bool = True,
                  check_finite: bool = True) -> None:
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
