@@ -61,7 +61,8 @@ def test_epilogue_key_and_round_trip():
 
 
 @pytest.mark.parametrize("kw,exc,field", [
-    ({"out": "int16"}, ValueError, "precision"),
+    ({"out": "int64"}, ValueError, "precision"),
+    ({"out": "int16", "bias": True}, ValueError, "bias=False"),
     ({"out": 3}, TypeError, "Epilogue.out"),
     ({"relu": 1}, TypeError, "Epilogue.relu"),
     ({"out": "u4", "out_layout": "nchw"}, ValueError, "out_layout"),
