@@ -379,7 +379,7 @@ def test_separate_passes_read_the_narrowest_accumulator():
     two bit widths of one network (w1a2 body, w8a8 stem and classifier) take both, and the
     engine's integers do not depend on it (the reference executor ignores the storage)."""
     from lowbit.graph import build_plan
-    from lowbit.graph.planner import accumulator_workload
+    from lowbit.graph.kernel_epilogues import accumulator_workload
     from lowbit.kernels.base import acc_bound
 
     q, calib = calibrated("resnet18", "w1a2", seed=4, width=0.125)

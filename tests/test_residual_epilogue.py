@@ -380,7 +380,7 @@ def test_accumulator_unit_plans_fuse_the_residual_with_a_shifted_bias():
 def test_planner_keeps_the_separate_pass_where_the_sum_could_overflow():
     from dataclasses import replace
 
-    from lowbit.graph.planner import kernel_epilogue, residual_fits
+    from lowbit.graph.kernel_epilogues import kernel_epilogue, residual_fits
     from lowbit.kernels.base import acc_bound
 
     plan = _plan("resnet18")
@@ -405,19 +405,20 @@ def test_planner_keeps_the_separate_pass_for_large_residual_outputs(monkeypatch)
     from dataclasses import replace
     from math import prod
 
-    from lowbit.graph import planner
+    from lowbit.graph import kernel_epilogues
 
     plan = _plan("resnet18")
     step = _residual_layers(plan)[0][0]
     size = prod(plan.tensors[step.layer_outputs[0].tensor].shape)
     plain = replace(step, workload=step.workload.replace(epilogue=Epilogue()))
-    fused = planner.kernel_epilogue(plain, plan.tensors, plan.params).workload.epilogue
+    fused = kernel_epilogues.kernel_epilogue(plain, plan.tensors, plan.params).workload.epilogue
     assert fused.residual == WidePrecision(24)
-    monkeypatch.setattr(planner, "RESIDUAL_FUSE_MAX_OUTPUTS", size - 1)
-    back = planner.kernel_epilogue(plain, plan.tensors, plan.params).workload.epilogue
+    monkeypatch.setattr(kernel_epilogues, "RESIDUAL_FUSE_MAX_OUTPUTS", size - 1)
+    back = kernel_epilogues.kernel_epilogue(plain, plan.tensors, plan.params).workload.epilogue
     assert back == Epilogue(out="int16")
-    monkeypatch.setattr(planner, "RESIDUAL_FUSE_MAX_OUTPUTS", size)
-    assert planner.kernel_epilogue(plain, plan.tensors, plan.params).workload.epilogue == fused
+    monkeypatch.setattr(kernel_epilogues, "RESIDUAL_FUSE_MAX_OUTPUTS", size)
+    again = kernel_epilogues.kernel_epilogue(plain, plan.tensors, plan.params)
+    assert again.workload.epilogue == fused
 
 
 def test_a_plan_layer_through_the_emulation():

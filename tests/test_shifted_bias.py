@@ -448,7 +448,7 @@ def test_accumulator_unit_plans_keep_their_kernel_bias():
 
 
 def test_planner_leaves_templates_without_shifted_bias_the_int32_pass():
-    from lowbit.graph.planner import takes_shifted_bias
+    from lowbit.graph.kernel_epilogues import takes_shifted_bias
 
     assert takes_shifted_bias("cuda.bitserial_wgmma") and takes_shifted_bias("cuda.int8_wgmma")
     assert takes_shifted_bias("triton.conv2d_int8") and takes_shifted_bias("triton.gemm_int8")

@@ -12,7 +12,7 @@ computes the same integers (`lowbit.runtime.engine` defines them), bit for bit:
   layout) with its own fused epilogue where the workload has one (its residual buffer passed
   with Epilogue.residual); else the kernel writes the
   accumulator (int16 where it fits and the kernel is bit-serial:
-  `planner.accumulator_workload`; int32 otherwise) and `netops.bind_layer_epilogue` writes
+  `kernel_epilogues.accumulator_workload`; int32 otherwise) and `netops.bind_layer_epilogue` writes
   every output (bias at each
   output's shift, residual, wide and float outputs). A fused max-pool pools the int32
   accumulator first where every output is requantized and there is no residual (the
@@ -287,7 +287,7 @@ class GpuExecutor:
                              f"{how} (its own epilogue)")
         shape, acc_dtype = out_storage(wl)
         shape = tuple(shape)
-        acc = self.scratch.take(shape, acc_dtype)  # int16 or int32 (planner.kernel_epilogue)
+        acc = self.scratch.take(shape, acc_dtype)  # int16 or int32 (graph.kernel_epilogues)
         launches = [self._bind_kernel(kernel, x, w, params, acc)]
         res = self.packed(step.residual) if step.residual else None
         bound = acc_bound(wl)

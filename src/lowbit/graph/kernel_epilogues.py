@@ -1,0 +1,112 @@
+"""What each plan layer's kernel writes itself (its `Workload.epilogue`), chosen after the plan's
+realizations are known: the fused requantizing epilogue for a layer with one requantized
+output (its bias in accumulator units, or `Epilogue.shifted_bias` at the output's shift; a
+wide residual where the 64-bit sum provably fits and the layer is small enough for the fused
+path to pay), else the bare accumulator (int16 where it fits a bit-serial kernel, int32
+otherwise) for the separate epilogue pass (`lowbit.kernels.triton.netops`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+
+from ..core import OUT_INT16, OUT_INT32, Epilogue, Precision, Workload
+from ..kernels import get_template, load_backends
+from ..kernels.base import acc_bound
+from .impl import TORCH_FP16, is_bitserial, unsupported_reason
+from .ir import Layer, TensorSpec
+
+#: Outputs up to which a layer takes its residual in the kernel's epilogue rather than in the
+#: int32 pass. Measured on an H200 (benchmarks/probes/epilogue_probe.py, ResNet-50's 1x1 block
+#: end at batch 256, 205 M outputs): the residual's 64-bit multiply-adds cost ~4.0 ps per
+#: output over the int32-output kernel (1111 vs 282 us), the separate pass ~2.3 ps (bytes)
+#: plus a launch (~4 us); fusing pays below ~2.4 M outputs (ResNet-18 at batch 8), not above.
+RESIDUAL_FUSE_MAX_OUTPUTS = 2_000_000
+
+
+def kernel_epilogue(step: Layer, tensors: dict[str, TensorSpec],
+                    params: dict[str, torch.Tensor] | None = None) -> Layer:
+    """The layer's workload with the kernel's own epilogue (`lowbit.core.Epilogue`) where the
+    layer has one output, requantized to a Precision, without pool, and the implementation
+    takes it: bias in accumulator units where the output's bias is exactly `step.bias` times
+    its multiplier (kernel-bias plans), else the output's own bias at its shift
+    (`Epilogue.shifted_bias`, exact-bias plans) on templates that declare
+    `takes_shifted_bias`; with a wide residual (`Epilogue.residual`, given `params`) on
+    templates that declare `takes_residual` where `residual_fits` proves the kernel's 64-bit
+    sum exact and the output has at most RESIDUAL_FUSE_MAX_OUTPUTS values; otherwise the bare
+    accumulator (`accumulator_workload`) for a separate epilogue pass (which adds each output's
+    shifted bias and the residual)."""
+    outs = step.layer_outputs
+    wl = accumulator_workload(step)
+    if not (len(outs) == 1 and outs[0].requantized and step.pool is None
+            and step.impl != TORCH_FP16):
+        return replace(step, workload=wl)
+    t = tensors[outs[0].tensor]
+    if not isinstance(t.precision, Precision):  # a 16-bit wide output: epilogue pass
+        return replace(step, workload=wl)
+    if step.residual is not None:
+        fuse = params is not None and math.prod(t.shape) <= RESIDUAL_FUSE_MAX_OUTPUTS \
+            and residual_fits(step, tensors, params)
+        kinds = [dict(shifted_bias=True, residual=tensors[step.residual].precision)] \
+            if fuse else []
+    else:
+        kinds = ([dict(bias=True)] if step.bias is not None else []) + \
+            ([dict(shifted_bias=True)] if takes_shifted_bias(step.impl) else [])
+    for kind in kinds:
+        fused = wl.replace(epilogue=Epilogue(relu=outs[0].relu, out=t.precision,
+                                             out_layout=t.layout, **kind))
+        if unsupported_reason(step.impl, fused) is None:
+            return replace(step, workload=fused)
+    return replace(step, workload=wl)
+
+
+def accumulator_workload(step: Layer) -> Workload:
+    """The step's workload storing its bare accumulator for a separate epilogue pass: int16
+    where a bit-serial kernel writes it and the worst-case |acc| is below 2^15 (a w1a2 / w2a2
+    layer up to K = C R S of ~5,000: half the bytes of the int32 round trip, which bounds
+    ResNet-50's block ends at batch 256), without a fused pool (the pool reads int32); int32
+    otherwise."""
+    wl = step.workload
+    if step.pool is None and is_bitserial(step.impl) and acc_bound(wl) < 2**15:
+        narrow = wl.replace(epilogue=Epilogue(out=OUT_INT16))
+        if unsupported_reason(step.impl, narrow) is None:
+            return narrow
+    return wl.replace(epilogue=Epilogue(out=OUT_INT32))
+
+
+def residual_fits(step: Layer, tensors: dict[str, TensorSpec],
+                  params: dict[str, torch.Tensor]) -> bool:
+    """Whether the step's one output can take its residual in a kernel's epilogue: the
+    template declares `takes_residual`, the residual is a wide tensor of the output's shape,
+    and |acc| m + |b| + |res| |r| + 2^(s-1) < 2^63 per channel for the workload's accumulator
+    bound and the residual precision's range (exact Python integers, as engine._direct)."""
+    res, (o,) = tensors[step.residual], step.layer_outputs
+    if not (_template_flag(step.impl, "takes_residual") and res.is_wide
+            and o.residual_multiplier is not None and res.shape == tensors[o.tensor].shape):
+        return False
+    top_acc, top_res = acc_bound(step.workload), -res.precision.qmin
+    m, b, r, s = (params[k].tolist() for k in (o.multiplier, o.bias, o.residual_multiplier,
+                                               o.shift))
+    return all(top_acc * mi + abs(bi) + top_res * abs(ri) + (1 << (si - 1)) < 2**63
+               for mi, bi, ri, si in zip(m, b, r, s, strict=True))
+
+
+def takes_shifted_bias(impl: str) -> bool:
+    """Whether the registered template `impl` runs `Epilogue.shifted_bias` (its class says so
+    with `takes_shifted_bias = True`; templates without the attribute never get one)."""
+    return _template_flag(impl, "takes_shifted_bias")
+
+
+def _template_flag(impl: str, flag: str) -> bool:
+    """The registered template's class attribute `flag` (False where it has none, for
+    torch.fp16 and for names no template has)."""
+    if impl == TORCH_FP16:
+        return False
+    load_backends()
+    try:
+        template = get_template(impl)
+    except ValueError:
+        return False
+    return bool(getattr(template, flag, False))
