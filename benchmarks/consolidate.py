@@ -25,11 +25,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lowbit.perfmodel.dataset import (
+from lowbit.perfmodel.consolidated import (
     CONSOLIDATED,
-    consolidate,
     read_consolidated,
     write_consolidated,
+)
+from lowbit.perfmodel.dataset import (
+    consolidate,
 )
 from report import extra_files, load, render
 from report_core import RESULTS, ROOT

@@ -13,14 +13,16 @@ import pytest
 
 from lowbit.core import ConvWorkload, Epilogue
 from lowbit.kernels.cuda import LEGACY
-from lowbit.perfmodel.dataset import (
+from lowbit.perfmodel.consolidated import (
     CONSOLIDATED,
     ConsolidatedFile,
+    read_consolidated,
+    write_consolidated,
+)
+from lowbit.perfmodel.dataset import (
     consolidate,
     load_results,
     paired_graph_offsets,
-    read_consolidated,
-    write_consolidated,
 )
 
 ROOT = Path(__file__).resolve().parent.parent

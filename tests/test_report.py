@@ -465,7 +465,8 @@ def test_formats_and_targets():
 def test_the_performance_model_section_cites_the_consolidated_dataset(tmp_path):
     """The dataset file is the perfmodel suite's, counted and linked in its section; a file
     the tables leave uncited shows in the count."""
-    from lowbit.perfmodel.dataset import CONSOLIDATED, consolidate, write_consolidated
+    from lowbit.perfmodel.consolidated import CONSOLIDATED, write_consolidated
+    from lowbit.perfmodel.dataset import consolidate
 
     results = _write(tmp_path, [*SYNTHETIC["perfmodel"], ("perfmodel-20260101-000000.json",
                                                           _doc("perfmodel", []))])

@@ -32,53 +32,21 @@ import json
 import re
 import statistics
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import Config, ConvWorkload, Epilogue, Workload, workload_from_dict
 from ..core.workloads import SUITES, load_workloads
 from ..kernels.cuda import LEGACY, kernel_spec, migrate_config
+from .consolidated import (
+    CONSOLIDATED,
+    ConsolidatedFile,
+    path_order,
+    read_consolidated,
+)
+from .measurement import GRAPH_OFFSET_US, Measurement, file_stamp
 
 FP16_TEMPLATE = "torch.fp16"
-GRAPH_OFFSET_US = 3.96
-TIMINGS = ("events", "graph")
 _INT8_EPILOGUE = Epilogue(bias=True, relu=True, out="s8")
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """One verified timing. `time_us` as measured with `timing` ("events" or "graph");
-    `source`: the file (or records database) it came from, `stamp` its date for ordering."""
-
-    gpu: str
-    template: str
-    workload: Workload
-    config: Config
-    time_us: float
-    timing: str = "events"
-    source: str = ""
-    stamp: str = ""
-
-    @property
-    def events_us(self) -> float:
-        """The time on the events scale (what `lowbit.tune` measures)."""
-        return self.time_us + (GRAPH_OFFSET_US if self.timing == "graph" else 0.0)
-
-    @property
-    def layer(self) -> str:
-        """The layer's shape, without precisions or epilogue: the unit held out together."""
-        return self.workload.key.split("|", 1)[0]
-
-    def to_dict(self) -> dict:
-        return {"gpu": self.gpu, "template": self.template, "workload": self.workload.to_dict(),
-                "config": dict(self.config), "time_us": self.time_us, "timing": self.timing,
-                "source": self.source, "stamp": self.stamp}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Measurement:
-        return cls(d["gpu"], d["template"], workload_from_dict(d["workload"]),
-                   Config(d["config"]), float(d["time_us"]), d.get("timing", "events"),
-                   d.get("source", ""), d.get("stamp", ""))
 
 
 # ----------------------------------------------------------------------------- workloads
@@ -130,17 +98,6 @@ def int8_workload(base: Workload) -> Workload:
 
 
 # ----------------------------------------------------------------------------- parsers
-
-_STAMP = re.compile(r"(\d{8})(?:-(\d{6}|s\d+))?")
-
-
-def file_stamp(name: str) -> str:
-    """Sortable date of a results file from its name ('20261126-044801', '20261125-s18')."""
-    m = _STAMP.search(name)
-    if not m:
-        return ""
-    return m.group(1) + "-" + (m.group(2) or "")
-
 
 class _Reader:
     """Turns one results document into measurements (one method per benchmark kind)."""
@@ -331,9 +288,9 @@ def load_results(root: str | Path, migrate: Migration | None = None,
     archive = _archive(root)
     names = _named_workloads()
     by_name = _merged_keys(docs, archive)
-    parts = [(_parts(path), lambda d=doc, p=path: _read(d, Path(p).name, names, by_name))
+    parts = [(path_order(path), lambda d=doc, p=path: _read(d, Path(p).name, names, by_name))
              for path, doc in docs]
-    parts += [(_parts(r.path), lambda r=r: list(r.measurements)) for r in archive]
+    parts += [(path_order(r.path), lambda r=r: list(r.measurements)) for r in archive]
     out = [m for _, read in sorted(parts, key=lambda t: t[0]) for m in read()]
     out = migrate_rows(out, migrate or migrate_kernels)
     return complete_configs(out) if complete else out
@@ -343,8 +300,8 @@ def _merged_keys(docs: list[tuple[str, dict]], archive: list[ConsolidatedFile]
                  ) -> dict[tuple[str, str], str]:
     """`_keys_by_name` over the files and the consolidated ones, in path order (a later
     file's key wins, as among files)."""
-    entries = [(_parts(p), _keys_by_name([(p, d)])) for p, d in docs]
-    entries += [(_parts(r.path), dict(r.workload_keys)) for r in archive]
+    entries = [(path_order(p), _keys_by_name([(p, d)])) for p, d in docs]
+    entries += [(path_order(r.path), dict(r.workload_keys)) for r in archive]
     out: dict[tuple[str, str], str] = {}
     for _, keys in sorted(entries, key=lambda t: t[0]):
         out.update(keys)
@@ -490,52 +447,6 @@ def _graph_offsets(doc: dict) -> list[float]:
 
 # ----------------------------------------------------------------------------- consolidated
 
-#: the consolidated dataset's file name under a results folder (`consolidate`)
-CONSOLIDATED = "measurements.jsonl.gz"
-
-
-@dataclass(frozen=True)
-class ConsolidatedFile:
-    """One results file folded into the consolidated dataset: `path` relative to the results
-    folder, its provenance (`benchmark`, `gpu`, `date`, `versions`, `rows`: how many rows
-    it had), and what `load_results` / `paired_graph_offsets` read from it: its raw
-    measurements (before `migrate` and `complete_configs`, which apply at load time as to
-    files), its (workload name, precision) -> workload key pairs and its graph offsets."""
-
-    path: str
-    benchmark: str
-    gpu: str
-    date: str
-    versions: Mapping
-    rows: int
-    measurements: tuple[Measurement, ...]
-    workload_keys: tuple[tuple[tuple[str, str], str], ...] = ()
-    graph_offsets: tuple[float, ...] = ()
-
-    def to_dict(self) -> dict:
-        source, stamp = Path(self.path).name, file_stamp(Path(self.path).name)
-        ms = []
-        for m in self.measurements:
-            if (m.gpu, m.source, m.stamp) != (self.gpu, source, stamp):
-                raise ValueError(f"{self.path}: a measurement of {m.source} on {m.gpu!r}")
-            ms.append({k: v for k, v in m.to_dict().items()
-                       if k not in ("gpu", "source", "stamp")})
-        return {"path": self.path, "benchmark": self.benchmark, "gpu": self.gpu,
-                "date": self.date, "versions": dict(self.versions), "rows": self.rows,
-                "workload_keys": [[n, p, k] for (n, p), k in self.workload_keys],
-                "graph_offsets": list(self.graph_offsets), "measurements": ms}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> ConsolidatedFile:
-        source = Path(d["path"]).name
-        ctx = {"gpu": d["gpu"], "source": source, "stamp": file_stamp(source)}
-        return cls(d["path"], d["benchmark"], d["gpu"], d["date"], d.get("versions", {}),
-                   int(d["rows"]),
-                   tuple(Measurement.from_dict({**m, **ctx}) for m in d["measurements"]),
-                   tuple(((n, p), k) for n, p, k in d.get("workload_keys", ())),
-                   tuple(d.get("graph_offsets", ())))
-
-
 def consolidate(root: str | Path, paths: Iterable[str | Path]) -> list[ConsolidatedFile]:
     """The results files `paths` (under `root`) as consolidated records: what
     `load_results(root)` reads from each, with its provenance. Named workloads resolve
@@ -560,34 +471,10 @@ def consolidate(root: str | Path, paths: Iterable[str | Path]) -> list[Consolida
     return out
 
 
-def write_consolidated(records: Iterable[ConsolidatedFile], path: str | Path) -> int:
-    """Write `records` as gzipped JSON lines (one results file a line, in path order, no
-    time stamp or name in the gzip header: the same records give the same bytes); returns the
-    number of measurements."""
-    records = sorted(records, key=lambda r: _parts(r.path))
-    text = "".join(json.dumps(r.to_dict(), sort_keys=True) + "\n" for r in records)
-    with open(path, "wb") as raw, gzip.GzipFile("", "wb", fileobj=raw, mtime=0) as f:
-        f.write(text.encode())
-    return sum(len(r.measurements) for r in records)
-
-
-def _parts(path: str) -> tuple[str, ...]:  # the sort key of a path: as `sorted(paths)` orders
-    return Path(path).parts
-
-
 def _archive(root: Path) -> list[ConsolidatedFile]:
     """The consolidated records under `root` whose file is not in the tree (a file that
     came back replaces its record)."""
     return [r for r in read_consolidated(root / CONSOLIDATED) if not (root / r.path).exists()]
-
-
-def read_consolidated(path: str | Path) -> list[ConsolidatedFile]:
-    """The records `write_consolidated` wrote (an empty list when the file is missing)."""
-    p = Path(path)
-    if not p.exists():
-        return []
-    with gzip.open(p, "rt") as f:
-        return [ConsolidatedFile.from_dict(json.loads(line)) for line in f if line.strip()]
 
 
 # ----------------------------------------------------------------------------- snapshot
