@@ -149,16 +149,22 @@ def test_journal_resume_and_results_from_journal(tmp_path, capsys, monkeypatch):
     assert doc["rows"][1]["accuracies"][0] == round(first["result"]["acc"]["w4a4/max"], 3)
 
 
-def test_fp32_cache_gives_the_same_task(tmp_path):
+def test_fp32_cache_gives_the_same_task(tmp_path, monkeypatch):
     """A task whose FP32 model comes from the cache has the numbers of one that trains it: the
     checkpoint carries the random states (QAT data order, Brevitas's calibration batches)."""
+    trained = []
+    real = bench.train
+    monkeypatch.setattr(bench, "train", lambda m, *a, **k: trained.append(a[2]) or real(m, *a, **k))
     sched = bench.Schedule(fp32_epochs=1, qat_epochs=1)
     args = ("digits", "digits_cnn", 0, sched, ("w2a2",), ("max", "lsq"))
     plain = bench.run_task(*args)
     first = bench.run_task(*args, tmp_path)
     assert len(list(tmp_path.glob("digits-digits_cnn-0-*.pt"))) == 1
     cached = bench.run_task(*args, tmp_path)
-    assert cached["seconds"]["fp32", "fp32"] < first["seconds"]["fp32", "fp32"]
+    # learning rate of each train call: FP32 (3e-3), then the two QAT runs (1e-3); the cached
+    # task trains no FP32
+    fp32, qat = sched.fp32_lr, sched.qat_lr
+    assert trained == [fp32, qat, qat, fp32, qat, qat, qat, qat]
     assert plain["acc"] == first["acc"] == cached["acc"]
     assert len(plain["acc"]) == 3
 
