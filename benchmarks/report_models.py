@@ -226,6 +226,38 @@ def render_wide_bits(files: list[Result]) -> list[str]:
     return [*out, "", provenance([f]), ""]
 
 
+def _schedule(r: dict) -> str:
+    """A sweep row's QAT schedule: epochs, learning rate, distillation weight."""
+    return (f"{r.get('qat_epochs', '?')} ep, lr {r.get('qat_lr', '?'):g}"
+            + (f", KD {r['distill']:g}" if r.get("distill") else ""))
+
+
+@suite("accuracy_sweep", "QAT schedule sweep on the harder digits",
+       "benchmarks/accuracy.py (--qat-epochs / --qat-lr / --distill)")
+def render_accuracy_sweep(files: list[Result]) -> list[str]:
+    """Rows {dataset, model, precision, method, qat_epochs, qat_lr, distill, n_seeds,
+    paired_minus_fp32_mean / _se}: per (model, precision, method) a row, per schedule a
+    column, from the latest file."""
+    out = ["Paired per-seed difference to FP32 in accuracy points, mean +- standard error "
+           "(seeds), per QAT schedule (the FP32 model of each seed is the same in every "
+           "schedule).", ""]
+    f = latest(files)
+    rows = [r for r in f.rows if isinstance(r, dict) and "paired_minus_fp32_mean" in r]
+    schedules = list(dict.fromkeys(_schedule(r) for r in rows))
+    cells: dict[tuple, dict[str, str]] = {}
+    for r in rows:
+        key = (r.get("dataset", "-"), r.get("model", "-"), r.get("precision", "-"),
+               r.get("method", "-"))
+        cells.setdefault(key, {})[_schedule(r)] = (
+            f"{r['paired_minus_fp32_mean']:+.2f} +- {r.get('paired_minus_fp32_se', 0):.2f} "
+            f"({r.get('n_seeds', '?')})")
+    body = [[*key, *(cells[key].get(sch, "-") for sch in schedules)]
+            for key in sorted(cells)]
+    out += [f"File: {f.link(f.name)}.", ""]
+    out += table(["dataset", "model", "precision", "method", *schedules], body)
+    return [*out, "", provenance([f]), ""]
+
+
 @suite("qat_schedule", "Adaptive precision (mix) schedules", "benchmarks/qat_schedule.py")
 def render_qat_schedule(files: list[Result]) -> list[str]:
     """Rows {precision, method, accuracy_mean, accuracy_std, paired_minus_rand_mean / _se} of

@@ -58,6 +58,13 @@ SYNTHETIC = {
          "baselines_us": {"int_mm": 18.0, "fp16_matmul": 24.0, "default_config": 40.0,
                           "cuda.int8_wgmma": 31.0},
          "cuda_graph_us": {"ours": 12.0, "int_mm": 10.8}}]))],
+    "accuracy_sweep": [("accuracy_sweep-20260102-000000.json", _doc("accuracy_sweep", [
+        {"dataset": "digits_hard", "model": "digits_cnn", "precision": "w2a2", "method": "lsq",
+         "qat_epochs": 3, "qat_lr": 0.001, "distill": 0.0, "n_seeds": 10,
+         "paired_minus_fp32_mean": -4.139, "paired_minus_fp32_se": 0.237},
+        {"dataset": "digits_hard", "model": "digits_cnn", "precision": "w2a2", "method": "lsq",
+         "qat_epochs": 10, "qat_lr": 0.001, "distill": 0.0, "n_seeds": 10,
+         "paired_minus_fp32_mean": -2.467, "paired_minus_fp32_se": 0.292}]))],
     "gemv": [("gemv-20260102-000000.json", _doc("gemv", [
         {"workload": "gemm_8x1000x2048", "M": 8, "N": 1000, "K": 2048, "floor_us": 0.49,
          "impls": {"triton.gemv_int8": {"time_us": 7.5, "graph_us": 3.6, "exact": True}},
@@ -215,6 +222,8 @@ EXPECTED = {
              "|70.0 / 60.0 / -|", "b256 conv vs cuDNN fp16 >= 1.8: met on 0 of 1"],
     "gemm": ["[20.0][gemm-20260102-000000]", "128x64x128, split 2 (last_program)", "|0.90|",
              "0.90 (10.8 / 12.0)", "FC vs `_int_mm` >= 1.0: met on 0 of 1"],
+    "accuracy_sweep": ["|dataset|model|precision|method|3 ep, lr 0.001|10 ep, lr 0.001|",
+                       "|digits_hard|digits_cnn|w2a2|lsq|-4.14 +- 0.24 (10)|-2.47 +- 0.29 (10)|"],
     "gemv": ["|gemm_8x1000x2048|[7.50][gemv-20260102-000000]|0.49|15.7|21.0|9.75|1.30|1.39|"
              "triton.gemv_int8|"],
     "bitserial": ["[20.0][bitserial-20260102-000000]", "|2.80|",
