@@ -309,9 +309,9 @@ __device__ __forceinline__ void prefetch_row_data(const RowPrep& rows, int col_b
 
 // A lane holds columns col, col + 1 (col even) of each of its rows: with an even KOUT the pair
 // is never split by KOUT, so int32 / fp16 or int16 / INT8 outputs leave as one 8 / 4 / 2-byte
-// store and a residual arrives as one 8 / 4-byte load. Per-element accesses of 4 bytes at an 8-byte lane
-// stride kept the int32 store of a store-bound 1x1 conv (256 x 56 x 56 x 256, 822 MB) at
-// ~1 TB/s on an H200, a quarter of its bandwidth (network bench, 2026-11-27).
+// store and a residual arrives as one 8 / 4-byte load. Per-element accesses of 4 bytes at an
+// 8-byte lane stride kept the int32 store of a store-bound 1x1 conv (256 x 56 x 56 x 256,
+// 822 MB) at ~1 TB/s on an H200, a quarter of its bandwidth (network bench, 2026-11-27).
 constexpr bool PAIR_STORE = (OUT_MODE <= 2 || OUT_MODE == 4) && !OUT_THRESH && KOUT % 2 == 0;
 constexpr bool RES_PAIRS = HAS_BIAS >= 3 && KOUT % 2 == 0;
 
@@ -332,6 +332,11 @@ __device__ __forceinline__ void load_residual_pair(const EpilogueArgs& ea, int m
   }
 }
 
+// Two 16-bit values (fp16 bits or int16) of a column pair as one word, col in the low half.
+__device__ __forceinline__ u32 int16_pair(const int (&v)[2]) {
+  return ((u32)v[0] & 0xffffu) | ((u32)v[1] << 16);
+}
+
 // Store the output pair (col, col + 1) of row m (PAIR_STORE; v: epilogue_value's returns).
 __device__ __forceinline__ void store_output_pair(const EpilogueArgs& ea, int m, int col,
                                                   const int (&v)[2]) {
@@ -340,8 +345,7 @@ __device__ __forceinline__ void store_output_pair(const EpilogueArgs& ea, int m,
   if constexpr (OUT_MODE == 0) {
     *reinterpret_cast<int2*>(reinterpret_cast<int*>(ea.out) + at) = make_int2(v[0], v[1]);
   } else if constexpr (OUT_MODE == 1 || OUT_MODE == 4) {  // fp16 bits / int16
-    *reinterpret_cast<u32*>(reinterpret_cast<unsigned short*>(ea.out) + at) =
-        ((u32)v[0] & 0xffffu) | ((u32)v[1] << 16);
+    *reinterpret_cast<u32*>(reinterpret_cast<unsigned short*>(ea.out) + at) = int16_pair(v);
   } else {
     *reinterpret_cast<unsigned short*>(reinterpret_cast<unsigned char*>(ea.out) + at) =
         (unsigned short)(((u32)v[0] & 0xffu) | (((u32)v[1] & 0xffu) << 8));
@@ -354,9 +358,6 @@ __device__ __forceinline__ void store_output_pair(const EpilogueArgs& ea, int m,
 // stores (4 bytes, a quad's 16-byte half sector per tile) ran at 1.07 TB/s on an H200 against
 // the int32 pairs' (8 bytes, whole sectors) 2.9 TB/s (ResNet-50's 1x1 block ends, b256).
 constexpr bool QUAD_STORE16 = OUT_MODE == 4 && PAIR_STORE && NT % 2 == 0 && KOUT % 4 == 0;
-__device__ __forceinline__ u32 int16_pair(const int (&v)[2]) {
-  return ((u32)v[0] & 0xffffu) | ((u32)v[1] << 16);
-}
 // a: this lane's pair of tile ni - 1 (columns col_a, col_a + 1; col_a = that tile's first
 // column + 2 t4), b: its pair of tile ni. Even lanes store their a and the odd neighbour's a
 // (columns col_a .. col_a + 3), odd lanes the even neighbour's b and their own (8 columns on).
@@ -383,8 +384,8 @@ __device__ __forceinline__ i64 round_shift(i64 z, int sh) {
 // Bias, ReLU and the output of one value y (accumulator + row and column terms) of row m,
 // column col: stored here for int32 / fp16 / int16 / INT8 outputs, or with PAIR_STORE returned
 // (the int32, the fp16 bits, the int16, the byte) for store_output_pair; returns the requantized
-// bit pattern for bit-plane outputs (0 past KOUT). thr: OUT_THRESH's thresholds of (m, col). res_in: the
-// residual of (m, col) when RES_PAIRS loaded it (load_residual_pair).
+// bit pattern for bit-plane outputs (0 past KOUT). thr: OUT_THRESH's thresholds of (m, col).
+// res_in: the residual of (m, col) when RES_PAIRS loaded it (load_residual_pair).
 __device__ __forceinline__ int epilogue_value(int y, const ColParams& cp,
                                               const int (&thr)[THR_LEVELS], int m, int col,
                                               const EpilogueArgs& ea, i64 res_in) {

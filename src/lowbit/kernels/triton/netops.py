@@ -213,12 +213,11 @@ def emit_output(y, res, pix, pix_mask, c0, K, out_ptr, v1_ptr, v2_ptr, v3_ptr, v
         if MODE >= 2:
             ms = tl.load(v1_ptr + chan, mask=c_mask, other=0.0)
             bs = tl.load(v4_ptr + chan, mask=c_mask, other=0.0)
+            v = y.to(tl.float64) * ms[None, :]
             if HAS_RES:
                 rs = tl.load(v2_ptr + chan, mask=c_mask, other=0.0)
-                v = y.to(tl.float64) * ms[None, :] + res.to(tl.float64) * rs[None, :]
-                v = tl.math.floor(v + bs[None, :] + 0.5)
-            else:
-                v = tl.math.floor(y.to(tl.float64) * ms[None, :] + bs[None, :] + 0.5)
+                v = v + res.to(tl.float64) * rs[None, :]
+            v = tl.math.floor(v + bs[None, :] + 0.5)
             if MODE == 3:  # FAST_NARROW
                 q = tl.minimum(tl.maximum(v.to(tl.int32), QLO), QMAX)
             else:
