@@ -35,6 +35,7 @@ from lowbit.runtime.bench import (
     check_targets,
     compile_baseline_ms,
     fp16_model,
+    impl_chooser,
     per_layer_figure,
     random_images,
     summary_table,
@@ -46,19 +47,25 @@ DEFAULT_CASES = ["resnet18:8:w1a2", "resnet50:256:w1a2", "resnet50:256:w8a8", "v
 
 def parse_case(text: str) -> BenchCase:
     """MODEL:BATCH:PRECISION, then optionally :kernelbias (the plan's biases in accumulator
-    units, so single-output layers keep their kernel's own epilogue) and :wide16 / :wide8
-    (the residual stream's width, `lowbit.compile(wide_bits=...)`; default 24)."""
+    units, so single-output layers keep their kernel's own epilogue), :wide16 / :wide8
+    (the residual stream's width, `lowbit.compile(wide_bits=...)`; default 24) and
+    :model / :int8=TEMPLATE (the per-layer implementation policy, `impl_chooser`: the
+    performance model's pick, or the default with that int8 template first)."""
     try:
         model, batch, precision, *rest = text.split(":")
         wide = [r for r in rest if r in ("wide16", "wide8", "wide24")]
-        if len(wide) > 1 or any(r not in ("kernelbias", *wide) for r in rest):
+        policy = [r for r in rest if r == "model" or r.startswith("int8=")]
+        if len(wide) > 1 or len(policy) > 1 or any(
+                r not in ("kernelbias", *wide, *policy) for r in rest):
             raise ValueError
+        chooser = policy[0].removeprefix("int8=") if policy else "default"
+        impl_chooser(chooser)
         return BenchCase(model, int(batch), precision, exact_bias="kernelbias" not in rest,
-                         wide_bits=int(wide[0][4:]) if wide else 24)
+                         wide_bits=int(wide[0][4:]) if wide else 24, chooser=chooser)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"a case is MODEL:BATCH:PRECISION[:kernelbias][:wide16|:wide8], got {text!r}"
-        ) from None
+            f"a case is MODEL:BATCH:PRECISION[:kernelbias][:wide16|:wide8][:model|:int8=NAME],"
+            f" got {text!r}") from None
 
 
 def cases_of(args: argparse.Namespace) -> list[BenchCase]:

@@ -49,3 +49,51 @@ def test_tune_model_rejects_unknown_network():
     r = _run("tune", "--model", "nonet", "--trials", "1")
     assert r.exit_code == USER_ERROR
     assert "--model must be one of" in r.output
+
+
+def test_int8_preferring_puts_the_template_first_where_it_runs_the_layer():
+    from lowbit.graph import choose_impl, int8_preferring
+    from lowbit.graph.impl import INT8_CONV
+
+    layers = network_workloads("digits_cnn", 3, "w8a8-all")
+    convs = [wl for _, wl in layers if isinstance(wl, ConvWorkload)]
+    assert convs
+    checked = 0
+    for name in INT8_CONV:
+        prefer = int8_preferring(name)
+        for wl in convs:
+            impl, why = prefer(wl)
+            default = choose_impl(wl)[0]
+            # the preferred template where it runs the layer, else the default's choice
+            from lowbit.graph.impl import unsupported_reason
+            assert impl == (name if unsupported_reason(name, wl) is None else default), why
+            checked += 1
+    assert checked == len(INT8_CONV) * len(convs)
+    try:
+        int8_preferring("cuda.bitserial")
+    except ValueError as e:
+        assert "template must be one of" in str(e)
+    else:
+        raise AssertionError("a non-int8 template was accepted")
+
+
+def test_network_case_parses_the_implementation_policy():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import argparse
+
+    from network import parse_case
+
+    assert parse_case("resnet50:256:w8a8").chooser == "default"
+    assert parse_case("resnet50:256:w8a8:model").chooser == "model"
+    case = parse_case("resnet50:256:w8a8:wide16:int8=triton.conv2d_int8_tma")
+    assert (case.chooser, case.wide_bits) == ("triton.conv2d_int8_tma", 16)
+    for bad in ("resnet50:256:w8a8:int8=nope", "resnet50:256:w8a8:model:int8=triton.gemm_int8"):
+        try:
+            parse_case(bad)
+        except argparse.ArgumentTypeError as e:
+            assert "MODEL:BATCH:PRECISION" in str(e)
+        else:
+            raise AssertionError(f"{bad} was accepted")

@@ -5,7 +5,7 @@ Flatten, Concat, FloatFallback, Output; see `lowbit.graph.ir`). `lowbit.compile`
 builds and runs plans."""
 
 from .dataflow import Dataflow, Value, trace_model
-from .impl import BITSERIAL, TORCH_FP16, choose_impl, input_layout
+from .impl import BITSERIAL, TORCH_FP16, choose_impl, input_layout, int8_preferring
 from .ir import (
     AvgPool,
     Concat,
@@ -44,5 +44,6 @@ __all__ = [
     "build_plan",
     "choose_impl",
     "input_layout",
+    "int8_preferring",
     "trace_model",
 ]

@@ -73,11 +73,14 @@ def unsupported_reason(impl: str, workload: Workload) -> str | None:
     return get_template(impl).unsupported_reason(with_layout(workload, input_layout(impl)))
 
 
-def _int8_choice(wl: Workload, why_not_bitserial: str | None) -> tuple[str, str]:
+def _int8_choice(wl: Workload, why_not_bitserial: str | None,
+                 first: str | None = None) -> tuple[str, str]:
     if isinstance(wl, ConvWorkload):
         names = INT8_CONV
     else:
         names = ((INT8_GEMV,) if wl.gemm_shape[0] <= GEMV_ROWS else ()) + INT8_GEMM
+    if first in names:
+        names = (first, *(n for n in names if n != first))
     refusals = []
     for name in names:
         reason = unsupported_reason(name, wl)
@@ -93,8 +96,9 @@ def _int8_choice(wl: Workload, why_not_bitserial: str | None) -> tuple[str, str]
         ([f"{BITSERIAL}: {why_not_bitserial}"] if why_not_bitserial else []) + refusals)
 
 
-def choose_impl(workload: Workload) -> tuple[str, str]:
-    """The default implementation of a layer and why (module docstring)."""
+def choose_impl(workload: Workload, int8_first: str | None = None) -> tuple[str, str]:
+    """The default implementation of a layer and why (module docstring); int8_first: an int8
+    template tried before the others where it applies (`int8_preferring`)."""
     wl = workload
     if wl.w.bits <= BITSERIAL_MAX_BITS and wl.a.bits <= BITSERIAL_MAX_BITS:
         reason = unsupported_reason(BITSERIAL, wl)
@@ -102,8 +106,22 @@ def choose_impl(workload: Workload) -> tuple[str, str]:
             return bitserial_family(wl), (
                 f"w{wl.w.bits}a{wl.a.bits}: both operands <= {BITSERIAL_MAX_BITS} bits, "
                 "bit-serial on b1 AND tensor cores")
-        return _int8_choice(wl, reason)
-    return _int8_choice(wl, None)
+        return _int8_choice(wl, reason, int8_first)
+    return _int8_choice(wl, None, int8_first)
+
+
+def int8_preferring(template: str) -> ImplChooser:
+    """The default policy with the int8 template `template` tried first wherever it is one of
+    the candidates (a conv template for convs, a GEMM one for linear layers); ValueError when
+    it is not an int8 template of the policy."""
+    if template not in (*INT8_CONV, *INT8_GEMM, INT8_GEMV):
+        raise ValueError(f"template must be one of {sorted({*INT8_CONV, *INT8_GEMM, INT8_GEMV})}"
+                         f", got {template!r}")
+
+    def chooser(workload: Workload) -> tuple[str, str]:
+        return choose_impl(workload, template)
+
+    return chooser
 
 
 @cache

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..graph.impl import is_bitserial
+from ..graph.impl import ImplChooser, is_bitserial
 from ..graph.ir import Layer, Plan, layer_weight_bytes
 
 BANDWIDTH = 3.0e12
@@ -124,32 +124,49 @@ def build_quantized(name: str, recipe: str, *, image_size: int | tuple[int, int]
     return q, model
 
 
-def compile_plan(q: nn.Module, x: torch.Tensor, exact_bias: bool = True, wide_bits: int = 24
-                 ) -> tuple[Plan, str]:
+def compile_plan(q: nn.Module, x: torch.Tensor, exact_bias: bool = True, wide_bits: int = 24,
+                 chooser: str = "default") -> tuple[Plan, str]:
     """The plan of `q` for x's shape, traced on x's device; if that fails, traced on the CPU
     on two of x's images and planned for x's shape ((plan, where it was traced)).
     exact_bias=False: biases rounded to accumulator units (`lowbit.graph.build_plan`), which
     lets single-output layers use their kernel's own epilogue. wide_bits: as
-    `lowbit.compile`'s."""
+    `lowbit.compile`'s. chooser: `impl_chooser`'s name."""
     import copy
 
     from ..graph import build_plan
     from .compiled import compile_model
 
+    choose = impl_chooser(chooser)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            cm, where = compile_model(q, x, executor="reference",
-                                      wide_bits=wide_bits), str(x.device)
+            cm, where = compile_model(q, x, executor="reference", wide_bits=wide_bits,
+                                      choose_impl=choose), str(x.device)
         except Exception as e:  # the planner is exercised on the CPU: fall back to it
             where = f"cpu (on {x.device}: {type(e).__name__}: {e}"[:200] + ")"
             cm = compile_model(copy.deepcopy(q).cpu(), x[:2].cpu(), executor="reference",
-                               wide_bits=wide_bits)
+                               wide_bits=wide_bits, choose_impl=choose)
         shape = tuple(x.shape)
         if exact_bias:
             return cm.plan_for(shape), where
         return build_plan(cm.dataflow, shape, cm.chooser, cm.wide_bits, exact_bias=False), where
 
+
+
+def impl_chooser(name: str) -> ImplChooser | None:
+    """The per-layer implementation policy called `name`: "default" (None: `lowbit.compile`'s
+    default, `lowbit.graph.choose_impl`), "model" (the performance model's pick,
+    `lowbit.tune.dispatch.choose_impl`), or an int8 template's name (the default policy with
+    that template tried first, `lowbit.graph.int8_preferring`)."""
+    if name == "default":
+        return None
+    if name == "model":
+        from ..tune.dispatch import choose_impl as model_choice
+
+        return model_choice
+    from ..graph import int8_preferring
+
+    return int8_preferring(name)
 
 
 def network_workloads(name: str, batch: int, precision: str, *,
@@ -392,6 +409,8 @@ class BenchCase:
     image_size: int | None = None
     exact_bias: bool = True
     wide_bits: int = 24
+    #: `impl_chooser`'s name of the per-layer implementation policy
+    chooser: str = "default"
 
 
 def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
@@ -411,11 +430,12 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
                                      device=device)
     x = random_images(case.batch, size, 1 if case.model.startswith("digits") else 3,
                       seed + 2, device)
-    plan, where = compile_plan(q, x, case.exact_bias, case.wide_bits)
+    plan, where = compile_plan(q, x, case.exact_bias, case.wide_bits, case.chooser)
     phases["plan_s"] = time.perf_counter() - t0
     row["planned_on"] = where
     row["exact_bias"] = case.exact_bias
     row["wide_bits"] = case.wide_bits
+    row["chooser"] = case.chooser
     t0 = time.perf_counter()
     ex = GpuExecutor(plan, device, chain=chain)
     phases["bind_s"] = time.perf_counter() - t0
