@@ -168,3 +168,22 @@ def test_kernel_for_bitserial_default_and_old_records(monkeypatch, tmp_path):
         assert dispatch.kernel_for(BITS, db) == (TAP_SHIFT.name, BITS, cfg)
         pick = dispatch.choose(BITS, db=db, include_fp16=False)
         assert (pick.template, pick.config, pick.predicted_us) == (TAP_SHIFT.name, cfg, 7.0)
+
+
+def test_choose_impl_offers_fp16_only_where_the_engine_runs_it_exactly(monkeypatch):
+    """The engine's fp16 layer is exact on fp16 tensor cores only while |acc| < 2^24; beyond,
+    it is a float64 op, so the model's chooser must not pick FP16 there however fast the
+    cuDNN estimate is."""
+    seen = []
+
+    def fake_choose(wl, gpu=None, include_fp16=True, **kw):
+        seen.append(include_fp16)
+        return dispatch.Choice(dispatch.FP16 if include_fp16 else IGEMM.name, None, 1.0, "test")
+
+    monkeypatch.setattr(dispatch, "choose", fake_choose)
+    small = ConvWorkload(N=1, H=8, W=8, C=16, K=16, R=3, S=3, pad=1, w="s8", a="u8")
+    big = small.replace(C=1024)  # 9216 x 255 x 128 > 2^24
+    assert dispatch.acc_bound(small) < dispatch.FP16_EXACT_BOUND <= dispatch.acc_bound(big)
+    assert dispatch.choose_impl(small)[0] == dispatch.FP16
+    assert dispatch.choose_impl(big)[0] == IGEMM.name
+    assert seen == [True, False]

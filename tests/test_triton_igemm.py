@@ -146,10 +146,12 @@ def test_conv_1x1_runs_as_a_gemm_only_when_pointwise(stride, pad):
 
 
 def test_fp16_template_exact_on_integers():
-    # u8 activations (beyond int8) are exact on fp16 tensor cores while |sum| < 2^24
+    # u8 operands (beyond int8) are exact on fp16 tensor cores while |sum| < 2^24; the int8
+    # dot takes u8 activations through a zero point, not u8 weights
     wl = ConvWorkload(N=2, H=5, W=5, C=13, K=20, R=3, S=3, stride=1, pad=1, a="u8", w="s4",
                       epilogue=Epilogue(bias=True, relu=True, out="s8"))
-    assert CONV2D_FP16.supports(wl) and not CONV2D_INT8.supports(wl)
+    assert CONV2D_FP16.supports(wl) and CONV2D_FP16.supports(wl.replace(w="u8"))
+    assert not CONV2D_INT8.supports(wl.replace(w="u8"))
     check(wl, tiny_kernel(wl, TINY, dot_fp16=True), seed=7)
 
 
@@ -230,15 +232,42 @@ def test_unsupported_workloads():
     conv = ConvWorkload(N=1, H=4, W=4, C=8, K=8, R=3, S=3, pad=1)
     assert "bit-serial" in CONV2D_INT8.unsupported_reason(conv.replace(a="u2",
                                                                        a_layout="bitplane"))
-    assert "int8 range" in CONV2D_INT8.unsupported_reason(conv.replace(a="u8"))
+    # u8 activations take a zero point; u8 weights do not fit the int8 dot
+    assert CONV2D_INT8.unsupported_reason(conv.replace(a="u8")) is None
+    assert "int8 range" in CONV2D_INT8.unsupported_reason(conv.replace(w="u8"))
     assert "int32" in GEMM_INT8.unsupported_reason(GemmWorkload(M=2, N=2, K=200_000))
     assert "fp32" in CONV2D_FP16.unsupported_reason(conv.replace(C=1024))
     assert "GemmWorkload" in GEMM_INT8.unsupported_reason(conv)
     with pytest.raises(ValueError, match="does not support"):
-        CONV2D_INT8.build(conv.replace(a="u8"), CONV2D_INT8.default_config(conv))
+        CONV2D_INT8.build(conv.replace(w="u8"), CONV2D_INT8.default_config(conv))
     bad = CONV2D_INT8.default_config(conv).replace(BLOCK_M=96)
     with pytest.raises(ValueError, match="not in"):
         CONV2D_INT8.build(conv, bad)
+
+
+U8_CASES = [
+    # padding and odd channels: zero bytes in place of padding flip to -128, restored by the
+    # zero-point term; channels past C meet zero weights
+    (ConvWorkload(N=2, H=7, W=6, C=19, K=37, R=3, S=3, stride=1, pad=1, a="u8"), TINY),
+    (ConvWorkload(N=2, H=7, W=9, C=24, K=20, R=3, S=3, stride=2, pad=1, a="u8"), SPLIT3),
+    (ConvWorkload(N=1, H=6, W=5, C=3, K=24, R=5, S=5, stride=2, pad=2, a="u8"), ROW_TAPS),
+    (ConvWorkload(N=2, H=5, W=4, C=40, K=36, R=1, S=1, a="u8"), SPLIT3_LAST),
+    (GemmWorkload(M=37, N=45, K=83, a="u8"), SPLIT3),
+    (GemmWorkload(M=21, N=30, K=64, a="u8", w="s4", w_layout="packed"), TINY),
+]
+
+
+@pytest.mark.parametrize("case", range(len(U8_CASES)))
+def test_u8_activations_take_a_zero_point(case: int):
+    wl, cfg = U8_CASES[case]
+    checked = 0
+    for epi in (EPILOGUES[0], EPILOGUES[2], EPILOGUES[7]):
+        wl_e = wl.replace(epilogue=epi)
+        kernel = tiny_kernel(wl_e, cfg)
+        assert kernel.problem.a_zero == 128
+        check(wl_e, kernel, seed=40 + case)
+        checked += 1
+    assert checked == 3
 
 
 def test_split_sum_knob_only_with_split_k():
@@ -295,6 +324,20 @@ def test_gpu_shared_workloads_default_and_sampled(name, wl):
     configs += [c for c in row_taps if t.space(wl).is_valid(c)]  # small-C layers (the stem)
     for i, cfg in enumerate(configs):
         check(wl, t.build(wl, cfg), seed=100 + i, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("suite", ["resnet50_3x3_b16", "resnet18_b8", "resnet50_1x1", "gemm"])
+def test_gpu_u8_activations_default_config(suite):
+    # u8 activations (ReLU outputs) through the zero point, on real layers
+    epi = Epilogue(bias=True, relu=True, out="u8")
+    layers = [(n, wl.replace(a="u8")) for n, wl in load_workloads(suite, epilogue=epi)][:3]
+    for name, wl in layers:
+        t = GEMM_INT8 if wl.op == "gemm" else CONV2D_INT8
+        assert t.supports(wl), name
+        check(wl, t.build(wl, t.default_config(wl)), seed=17)
+    assert layers
 
 
 @pytest.mark.gpu

@@ -102,6 +102,32 @@ def test_unsigned_and_binary_operands():
     check(wl, TmaConvKernel("test", wl, TINY), seed=4)
 
 
+@pytest.mark.parametrize("shape,cfg", [
+    (dict(C=32), TINY),
+    (dict(R=5, S=5, pad=2, N=3, H=5, W=6, C=32, K=19), TINY.replace(SPLIT_K=3)),
+    (dict(stride=2, H=8, W=10, C=32), TINY.replace(LOOP_ORDER="crs")),
+    (dict(R=1, S=1, pad=0, C=64, K=21), TINY.replace(BLOCK_K=32)),
+], ids=["pad1", "5x5-split3", "stride2", "1x1"])
+def test_u8_activations_take_a_zero_point(shape, cfg):
+    # padding and the stride-2 phase view's zero fill read zero bytes, which flip to -128 and
+    # are restored by the zero-point term (`zero_point`)
+    checked = 0
+    for epi in (EPILOGUES[0], EPILOGUES[2], EPILOGUES[8]):
+        wl = conv(epi, **shape).replace(a="u8")
+        kernel = TmaConvKernel("test", wl, cfg)
+        assert kernel.problem.a_zero == 128
+        check(wl, kernel, seed=30)
+        checked += 1
+    assert checked == 3
+
+
+def test_u8_activations_keep_block_k_dividing_c():
+    wl = conv(C=96).replace(a="u8")
+    ks = {c["BLOCK_K"] for c in CONV2D_INT8_TMA.space(wl)}
+    assert ks == {32}  # 64 and 128 do not divide 96
+    assert {c["BLOCK_K"] for c in CONV2D_INT8_TMA.space(conv(C=96))} == {32, 64, 128}
+
+
 @pytest.mark.parametrize("split", [1, 3])
 def test_bound_launcher_reads_the_tensors_at_each_launch(split):
     # bind() builds the TMA descriptors (and the split-K workspace) once; they must point at
@@ -163,7 +189,8 @@ def test_split_k_only_where_the_grid_under_fills():
     (dict(stride=2, H=7), "needs even H and W"),
     (dict(C=24), "C=24 is not a multiple of 16"),
     (dict(a_layout="packed", a="u4"), "a_layout='packed'"),
-    (dict(a="u8"), "a=u8"),
+    (dict(w="u8"), "w=u8"),
+    (dict(a="u8", C=48), "u8 activations need C a multiple of 32"),
 ])
 def test_unsupported_workloads(change, match):
     wl = conv(**change)
@@ -224,6 +251,16 @@ def test_gpu_random_configs(seed):
     wl = wl.replace(epilogue=rng.choice(EPILOGUES))
     cfg = rng.choice(CONV2D_INT8_TMA.space(wl).all_configs())
     check(wl, CONV2D_INT8_TMA.build(wl, cfg), seed=seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("index", range(4))
+def test_gpu_u8_activations_on_real_layers(index):
+    name, wl = (stride1_layers()[:4] + stride2_layers())[index]
+    wl = wl.replace(a="u8", epilogue=Epilogue(bias=True, relu=True, out="u8"))
+    assert CONV2D_INT8_TMA.supports(wl), name
+    check(wl, CONV2D_INT8_TMA.build(wl, CONV2D_INT8_TMA.default_config(wl)), seed=13)
 
 
 @pytest.mark.gpu

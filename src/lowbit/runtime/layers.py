@@ -228,7 +228,8 @@ def describe_kernel(step: Layer, kernel: Kernel) -> str:
             return f"torch.fp16 layer on {kernel.name}"
         return f"torch.fp16 layer on {FP16_TEMPLATE} (exact: |acc| < 2^24)"
     name = getattr(kernel, "name", None) or getattr(kernel, "template", step.impl)
-    return str(name)
+    # some kernels hold their template object, not its name
+    return name if isinstance(name, str) else str(getattr(name, "name", step.impl))
 
 
 # ------------------------------------------------------------------------------ operands

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..core import Config, ConfigSpace, Workload
 from ..kernels import load_backends
-from ..kernels.base import Kernel, KernelTemplate, get_template, templates
+from ..kernels.base import Kernel, KernelTemplate, acc_bound, get_template, templates
 from ..kernels.cuda import FAMILIES, default_bitserial
 from ..perfmodel.dataset import FP16_TEMPLATE
 from ..perfmodel.hardware import GpuSpec, gpu_spec_for
@@ -39,6 +39,8 @@ from .records import Record, RecordsDB
 
 FP16 = FP16_TEMPLATE  # "torch.fp16": the engine runs the layer in PyTorch fp16
 DEFAULT_MARGIN = 0.10
+#: integer layers run exactly on fp16 tensor cores (fp32 accumulation) below this |sum|
+FP16_EXACT_BOUND = 2**24
 #: constants of `stream_estimate_us`: the fewest events-scale microseconds of any kernel in the
 #: measurement snapshot (5.6 us: launch, events, a minimal prologue and epilogue); a loaded DRAM
 #: round trip a weight tile waits for; the mma.sync int8 efficiency on padded rows (the
@@ -275,16 +277,19 @@ def choose_impl(workload: Workload, gpu: GpuSpec | str | None = None) -> tuple[s
     """`lowbit.compile(..., choose_impl=...)`'s chooser, by the performance model: the
     implementation (a template name, or FP16) predicted fastest over the input layouts the
     layer may take — bit planes when both operands have <= 4 bits, one value per byte always —
-    and why."""
+    and why. FP16 is a candidate only where the engine runs it at fp16 speed: its exact fp16
+    path (fp16 tensor cores, fp32 accumulation) needs the worst-case |accumulator| below
+    2^24; beyond, the engine's fp16 layer is a float64 op, far slower than any estimate."""
     from ..core import Layout
 
     variants = [workload.replace(a_layout=Layout.INT8, w_layout=Layout.INT8)]
     if workload.w.bits <= 4 and workload.a.bits <= 4:
         variants.append(workload.replace(a_layout=Layout.BITPLANE, w_layout=Layout.BITPLANE))
+    fp16_exact = acc_bound(workload) < FP16_EXACT_BOUND
     picks = []
     for wl in variants:
         try:
-            picks.append(choose(wl, gpu))
+            picks.append(choose(wl, gpu, include_fp16=fp16_exact))
         except ValueError:
             continue
     if not picks:

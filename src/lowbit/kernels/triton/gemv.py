@@ -22,17 +22,10 @@ The epilogue is the int8 templates' (`epilogue.epilogue_store`: int32, fp16, req
 `lowbit.reference.run` bit for bit. Operands may be int8 or densely packed sub-byte values
 (unpacked in registers: only the packed bytes cross DRAM).
 
-u8 activations (ReLU and average-pool outputs: 0..255, outside the int8 tensor cores' range)
-are taken exactly by a zero point: the dot multiplies a' = a - ACT_ZERO_POINT (s8 values,
-|a'| <= 128; one XOR of the stored byte) and
-
-    sum_k a[m,k] w[n,k] = sum_k a'[m,k] w[n,k] + ACT_ZERO_POINT * sum_k w[n,k],
-
-the second term an int32 [N] vector computed once when a launch is planned (`bind`: the
-weights are constants; bind again after changing them) and added once to the full int32 sum by
-the program that runs the epilogue, so the epilogue sees exactly the true accumulator. Bounds:
-every partial and running sum of a'.w and the zero-point term stay within 128 max|w| K, the
-true sum within the workload's `acc_bound` (255 max|w| K), both checked < 2^31.
+u8 activations (ReLU and average-pool outputs) are taken exactly by a zero point
+(`zero_point`): the dot multiplies the stored bytes with their top bit flipped, and the
+program that runs the epilogue adds ACT_ZERO_POINT * sum_k w[n, k] (an int32 [N] vector computed
+when a launch is planned: bind again after changing the weights) to the full int32 sum.
 
 Knobs (`GEMV_KNOBS`): BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages; BLOCK_M is fixed by M.
 """
@@ -45,14 +38,20 @@ import torch
 import triton
 import triton.language as tl
 
-from ...core import Config, ConfigSpace, GemmWorkload, Layout, Workload
+from ...core import Config, ConfigSpace, GemmWorkload, Workload
 from ...core.knobs import KnobDef, KnobTable
-from ...core.precision import Encoding, Precision
-from ...quant.packing import unpack
 from ..base import EXACT_INT32, NUM_SMS, acc_bound
 from .epilogue import epilogue_store, load_operand
 from .igemm import Launch, Problem, SplitWorkspace, arrived_last, cdiv, channel_alignment
 from .templates import SMEM_LIMIT, GemmInt8Template, IgemmKernel, problem
+from .zero_point import (
+    ACT_ZERO_POINT,
+    SHIFTED_ACT,
+    act_zero_point,
+    bound_terms,
+    with_zero_point,
+    zero_point_terms,
+)
 
 #: the most rows the template takes (one row tile of the tensor-core dot)
 GEMV_MAX_M = 64
@@ -62,12 +61,6 @@ GEMV_MAX_M = 64
 TARGET_PROGRAMS = NUM_SMS
 #: the deepest K split (more adds atomics and arrival traffic for no more bandwidth)
 MAX_SPLIT = 64
-#: subtracted from u8 activations so that they fit the int8 dot (module doc)
-ACT_ZERO_POINT = 128
-#: what the dot multiplies in place of u8 activations
-SHIFTED_ACT = Precision(8, Encoding.SIGNED)
-
-
 @triton.jit
 def gemv_kernel(
     x_ptr, w_ptr, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr, sum_ptr, count_ptr,
@@ -135,32 +128,6 @@ def gemv_kernel(
                            BLOCK_N)
 
 
-@triton.jit
-def with_zero_point(acc, zp_ptr, offs_n, n_mask, A_ZERO: tl.constexpr):
-    """acc + the zero-point term of each column (zp_ptr: int32 [NOUT]) where A_ZERO != 0."""
-    if A_ZERO != 0:
-        acc = acc + tl.load(zp_ptr + offs_n, mask=n_mask, other=0)[None, :]
-    return acc
-
-
-def act_zero_point(a: Precision) -> int:
-    """What the kernel subtracts from activations of precision `a`: ACT_ZERO_POINT for u8
-    (values beyond int8), else 0."""
-    return ACT_ZERO_POINT if a.encoding is Encoding.UNSIGNED and a.bits == 8 else 0
-
-
-def zero_point_terms(wl: Workload, w: torch.Tensor) -> torch.Tensor:
-    """act_zero_point(wl.a) * sum_k w[n, k] as int32 [N] from the weights' storage `w`
-    (validated: [N, K] one value per byte, or densely packed rows); exact in int32 under the
-    template's bound (|term| <= 128 max|w| K < 2^31)."""
-    _, n, k = wl.gemm_shape
-    if wl.w_layout is Layout.INT8:
-        sums = w.sum(dim=1)  # int64 accumulation, no int64 copy of the weights
-    else:
-        sums = unpack(w, wl.w, wl.w_layout, k).sum(dim=1)
-    return (sums * act_zero_point(wl.a)).to(torch.int32).reshape(n)
-
-
 def block_m(m: int) -> int:
     """Rows of the dot: M rounded up to 16, 32 or 64 (the int8 MMA's smallest row tile)."""
     return max(16, 1 << (m - 1).bit_length())
@@ -225,10 +192,7 @@ class GemvKernel(IgemmKernel):
         a_zero = act_zero_point(self.workload.a)
         zero_point = None
         if a_zero:
-            # an ahead-of-time compile plans on 1-d placeholders: any int32 vector types it
-            terms = (zero_point_terms(self.workload, w) if w.dim() == 2
-                     else torch.empty(16, dtype=torch.int32, device=w.device))
-            zero_point = (a_zero, terms)
+            zero_point = (a_zero, bound_terms(self.workload, w, w.device))
         return [gemv_launch(prob, cfg, x, w, out, vecs, workspace, zero_point)]
 
 

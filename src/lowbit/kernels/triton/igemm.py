@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from .epilogue import OUT_KIND_FLOAT, SRC_PACKED, epilogue_store, load_operand
+from .zero_point import shifted_act, with_zero_point
 
 
 @triton.jit
@@ -93,12 +94,14 @@ def sum_partials(part_ptr, offs_m, offs_n, M, NOUT, SPLIT_K: tl.constexpr, FLOAT
 def tap_operands(x_ptr, w_ptr, it, chunks, n_img, ih0, iw0, m_mask, offs_m, w_base, n_mask,
                  H, W, C, x_row, w_row, R: tl.constexpr, S: tl.constexpr, IS_GEMM: tl.constexpr,
                  A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr,
+                 A_ZERO: tl.constexpr,
                  W_SRC: tl.constexpr, W_BITS: tl.constexpr, W_ENC: tl.constexpr,
                  LOOP_CRS: tl.constexpr, EVEN_C: tl.constexpr, ALIGN_C: tl.constexpr,
                  DOT_T: tl.constexpr, BLOCK_K: tl.constexpr):
     """Operand tiles [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] of reduction step `it`: one tap
     (r, s) and one chunk of its C channels.
 
+    A_ZERO: u8 activations' zero point (`zero_point`: the bytes with their top bit flipped).
     ALIGN_C: a power of two dividing C, x_row and w_row (`channel_alignment`). Triton only
     knows divisibility by 16 of run-time integers, so without the hint a row stride of, say,
     1000 bytes makes every operand load a 1-byte load (no cp.async); with it, the loads are
@@ -124,15 +127,20 @@ def tap_operands(x_ptr, w_ptr, it, chunks, n_img, ih0, iw0, m_mask, offs_m, w_ba
     if ALIGN_C > 1:
         a_off = tl.multiple_of(a_off, ALIGN_C)
         w_off = tl.multiple_of(w_off, ALIGN_C)
-    a = load_operand(x_ptr, a_off, chan, a_mask, c_mask, A_SRC, A_BITS, A_ENC, True, DOT_T)
+    if A_ZERO != 0:
+        a = load_operand(x_ptr, a_off, chan, a_mask, c_mask, A_SRC, A_BITS, A_ENC, True,
+                         tl.uint8)
+        a = shifted_act(a, A_ZERO)
+    else:
+        a = load_operand(x_ptr, a_off, chan, a_mask, c_mask, A_SRC, A_BITS, A_ENC, True, DOT_T)
     b = load_operand(w_ptr, w_off, chan, n_mask, c_mask, W_SRC, W_BITS, W_ENC, False, DOT_T)
     return a, b
 
 
 @triton.jit
 def row_taps_operands(x_ptr, w_ptr, it, chunks, n_img, ih0, iw0, m_mask, offs_n, n_mask,
-                      H, W, C, R: tl.constexpr, S: tl.constexpr, DOT_T: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
+                      H, W, C, R: tl.constexpr, S: tl.constexpr, A_ZERO: tl.constexpr,
+                      DOT_T: tl.constexpr, BLOCK_K: tl.constexpr):
     """ROW_TAPS operand tiles of step `it`: kernel row r = it // chunks and a chunk of its S*C
     (tap s, channel c) pairs, k = s*C + c, contiguous in NHWC x and KRSC w rows of exactly C
     values (one value per element: the int8 layout or fp16)."""
@@ -147,16 +155,18 @@ def row_taps_operands(x_ptr, w_ptr, it, chunks, n_img, ih0, iw0, m_mask, offs_n,
     a = tl.load(x_ptr + a_row[:, None] + k[None, :], mask=a_mask, other=0)
     b = tl.load(w_ptr + ((offs_n * R + r) * (S * C))[None, :] + k[:, None],
                 mask=k_mask[:, None] & n_mask[None, :], other=0)
+    if A_ZERO != 0:
+        return shifted_act(a, A_ZERO), b.to(DOT_T)
     return a.to(DOT_T), b.to(DOT_T)
 
 
 @triton.jit
 def igemm_kernel(
     x_ptr, w_ptr, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr, part_ptr, count_ptr,
-    M, NOUT, H, W, C, P, Q, conv_stride, pad,
+    zp_ptr, M, NOUT, H, W, C, P, Q, conv_stride, pad,
     x_row, w_row, out_row, out_plane, iters_per_split,
     R: tl.constexpr, S: tl.constexpr, IS_GEMM: tl.constexpr,
-    A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr,
+    A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr, A_ZERO: tl.constexpr,
     W_SRC: tl.constexpr, W_BITS: tl.constexpr, W_ENC: tl.constexpr,
     DOT_FP16: tl.constexpr,
     HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
@@ -203,13 +213,16 @@ def igemm_kernel(
     for it in range(it_lo, it_hi):
         if ROW_TAPS:
             a, b = row_taps_operands(x_ptr, w_ptr, it, chunks, n_img, ih0, iw0, m_mask, offs_n,
-                                     n_mask, H, W, C, R, S, DOT_T, BLOCK_K)
+                                     n_mask, H, W, C, R, S, A_ZERO, DOT_T, BLOCK_K)
         else:
             a, b = tap_operands(x_ptr, w_ptr, it, chunks, n_img, ih0, iw0, m_mask, offs_m,
                                 w_base, n_mask, H, W, C, x_row, w_row, R, S, IS_GEMM,
-                                A_SRC, A_BITS, A_ENC, W_SRC, W_BITS, W_ENC, LOOP_CRS, EVEN_C,
-                                ALIGN_C, DOT_T, BLOCK_K)
+                                A_SRC, A_BITS, A_ENC, A_ZERO, W_SRC, W_BITS, W_ENC, LOOP_CRS,
+                                EVEN_C, ALIGN_C, DOT_T, BLOCK_K)
         acc = tl.dot(a, b, acc, out_dtype=ACC_T)
+    if A_ZERO != 0:  # the zero-point term once per output: in split 0's partial
+        first = (tl.zeros([BLOCK_N], dtype=tl.int32) + pid_k) == 0
+        acc = with_zero_point(acc, zp_ptr, offs_n, n_mask & first, A_ZERO)
 
     if DOT_FP16 and OUT_KIND != 3:
         # integer operands on fp16 tensor cores: every partial sum is an integer < 2^24 (checked
@@ -281,6 +294,8 @@ class Problem:
     relu: bool
     out: tuple[int, int, int, int, int]
     wide: bool = False  # acc + bias may leave int32: bias and ReLU in int64
+    #: subtracted from u8 activations in the dot (`zero_point.act_zero_point`), else 0
+    a_zero: int = 0
 
 
 @dataclass(frozen=True)
@@ -352,9 +367,11 @@ def replay(launches: list[Launch], compile_only: bool = False):
 def launches(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
              bias: torch.Tensor | None, scale: torch.Tensor | None,
              mult: torch.Tensor | None, shift: torch.Tensor | None,
-             workspace: SplitWorkspace | None = None) -> list[Launch]:
+             workspace: SplitWorkspace | None = None,
+             zero_point: torch.Tensor | None = None) -> list[Launch]:
     """The launches of one validated call: the kernel, and the split-K sum kernel where
-    split-K is not summed in the kernel. No checks here.
+    split-K is not summed in the kernel. No checks here. zero_point: the int32 [NOUT] terms
+    of u8 activations (`zero_point.zero_point_terms`) where prob.a_zero, else None.
 
     workspace: `split_workspace(prob, SPLIT_K, output_tiles(prob, cfg), device)`, made here
     when None (a bound launcher passes its own, so a timed or graph-captured launch allocates
@@ -373,12 +390,13 @@ def launches(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor, out:
     if workspace is None:
         workspace = split_workspace(prob, split, tiles, x.device)
     scratch = (out, out) if workspace is None else (workspace.partials, workspace.arrivals)
-    args = (x, w, out, *vecs, *scratch,
+    args = (x, w, out, *vecs, *scratch, out if zero_point is None else zero_point,
             prob.M, prob.NOUT, prob.H, prob.W, prob.C, prob.P, prob.Q, prob.stride, prob.pad,
             prob.x_row, prob.w_row, prob.out_row, prob.out_plane, per_split)
     kwargs = dict(
         R=prob.R, S=prob.S, IS_GEMM=prob.is_gemm,
         A_SRC=prob.a_operand[0], A_BITS=prob.a_operand[1], A_ENC=prob.a_operand[2],
+        A_ZERO=prob.a_zero,
         W_SRC=prob.w_operand[0], W_BITS=prob.w_operand[1], W_ENC=prob.w_operand[2],
         DOT_FP16=prob.dot_fp16, SPLIT_K=split, SUM_IN_KERNEL=in_kernel,
         LOOP_CRS=cfg.get("LOOP_ORDER", "rsc") == "crs", EVEN_C=prob.C % bk == 0,

@@ -70,6 +70,7 @@ from .igemm import (
     replay,
     split_workspace,
 )
+from .zero_point import act_zero_point, bound_terms
 
 #: shared memory a program may stage (H100: 227 KiB per block; headroom for the epilogue)
 SMEM_LIMIT = 220 * 1024
@@ -140,7 +141,7 @@ def problem(wl: Workload, dot_fp16: bool) -> Problem:
         out_row=out_row, out_plane=out_plane,
         a_operand=_operand(wl.a, wl.a_layout), w_operand=_operand(wl.w, wl.w_layout),
         dot_fp16=dot_fp16, bias=BIAS_SHIFTED if epi.shifted_bias else epi.bias, relu=epi.relu,
-        out=out)
+        out=out, a_zero=0 if dot_fp16 or wl.a_layout is not Layout.INT8 else act_zero_point(wl.a))
 
 
 def _check_device(x: torch.Tensor) -> None:
@@ -206,7 +207,8 @@ class IgemmKernel:
         scratch (`vecs`: bias, scale, multiplier, shift or None)."""
         cfg = self.config
         workspace = split_workspace(prob, cfg["SPLIT_K"], output_tiles(prob, cfg), x.device)
-        return launches(prob, cfg, x, w, out, *vecs, workspace)
+        terms = bound_terms(self.workload, w, x.device) if prob.a_zero else None
+        return launches(prob, cfg, x, w, out, *vecs, workspace, terms)
 
     def compile(self):
         """Compile ahead of time (fills Triton's on-disk cache) without launching; returns
@@ -245,11 +247,10 @@ class _IgemmTemplate(KernelTemplate):
         for name, layout in (("a_layout", wl.a_layout), ("w_layout", wl.w_layout)):
             if layout is Layout.BITPLANE:
                 return f"{name} 'bitplane' operands are served by the bit-serial templates"
-        if not self.dot_fp16:
-            for name, p in (("a", wl.a), ("w", wl.w)):
-                if p.encoding is Encoding.UNSIGNED and p.bits == 8:
-                    return (f"{name}={p} values exceed the int8 range of the int8 tensor cores "
-                            "(use s8, <= 7 bits, or triton.conv2d_fp16)")
+        if not self.dot_fp16 and wl.w.encoding is Encoding.UNSIGNED and wl.w.bits == 8:
+            # u8 activations take a zero point (`zero_point`), u8 weights none
+            return (f"w={wl.w} values exceed the int8 range of the int8 tensor cores "
+                    "(use s8, <= 7 bits, or triton.conv2d_fp16)")
         bound = acc_bound(wl)
         limit = EXACT_FP32 if self.dot_fp16 else EXACT_INT32
         if bound >= limit:

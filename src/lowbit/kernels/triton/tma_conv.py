@@ -65,9 +65,12 @@ from .templates import (
     problem,
     split_k_reason,
 )
+from .zero_point import act_zero_point, bound_terms, shifted_act, with_zero_point
 
 #: the TMA box of x needs 16-byte rows and strides: C must be a multiple of 16 int8 channels
 CHANNEL_ALIGN = 16
+#: u8 activations need BLOCK_K | C (`zero_point`): C a multiple of the smallest BLOCK_K
+U8_CHANNEL_ALIGN = 32
 #: row tiles may cover at most this many times the rows of the least-padding tile shape
 MAX_ROW_WASTE = 1.35
 
@@ -75,8 +78,8 @@ MAX_ROW_WASTE = 1.35
 @triton.jit
 def tma_conv_kernel(
     x_desc, w_desc, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr, part_ptr, count_ptr,
-    N, P, Q, C, NOUT, M, pad, out_row, out_plane, iters_per_split,
-    R: tl.constexpr, S: tl.constexpr, STRIDE: tl.constexpr,
+    zp_ptr, N, P, Q, C, NOUT, M, pad, out_row, out_plane, iters_per_split,
+    R: tl.constexpr, S: tl.constexpr, STRIDE: tl.constexpr, A_ZERO: tl.constexpr,
     HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
     OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
     WIDE: tl.constexpr, LOOP_CRS: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -114,10 +117,16 @@ def tma_conv_kernel(
             hs = rs % S + (STRIDE - 1) * pad
             a = x_desc.load([n0, p0 + hr // STRIDE - pad, hr % STRIDE, q0 + hs // STRIDE - pad,
                              (hs % STRIDE) * C + c0])
+        if A_ZERO != 0:  # u8 activations (`zero_point`): BLOCK_K divides C, so no box
+            a = shifted_act(a, A_ZERO)  # meets another tap's weights past channel C
         a = tl.reshape(a, (BLOCK_M, BLOCK_K))
         b = w_desc.load([k0, rs * C + c0])
         acc = tl.dot(b, tl.trans(a), acc, out_dtype=tl.int32)
     acc = tl.trans(acc)
+    if A_ZERO != 0:  # the zero-point term once per output: in split 0's partial
+        offs_z = k0 + tl.arange(0, BLOCK_N)
+        first = (tl.zeros([BLOCK_N], dtype=tl.int32) + tl.program_id(1)) == 0
+        acc = with_zero_point(acc, zp_ptr, offs_z, (offs_z < NOUT) & first, A_ZERO)
 
     # tile row i -> output pixel (n, p, q); rows past N/P/Q get row index M (masked off)
     i = tl.arange(0, BLOCK_M)
@@ -180,10 +189,11 @@ def reduction_steps(wl: ConvWorkload, block_k: int) -> int:
 
 def launches(wl: ConvWorkload, prob: Problem, cfg: Config,
              descs: tuple[TensorDescriptor, TensorDescriptor], out: torch.Tensor,
-             bias, scale, mult, shift, workspace: SplitWorkspace | None = None
-             ) -> list[igemm.Launch]:
+             bias, scale, mult, shift, workspace: SplitWorkspace | None = None,
+             zero_point: torch.Tensor | None = None) -> list[igemm.Launch]:
     """The launch of one validated call (`descs` = `_descriptors` of the int8 x, w).
-    workspace: as for `igemm.launches` (made here when None)."""
+    workspace: as for `igemm.launches` (made here when None); zero_point: the int32 [K]
+    terms of u8 activations (`zero_point.zero_point_terms`), else None."""
     xd, wdsc = descs
     split = cfg["SPLIT_K"]
     tiles = output_tiles(wl, cfg)
@@ -192,10 +202,12 @@ def launches(wl: ConvWorkload, prob: Problem, cfg: Config,
     scratch = (out, out) if workspace is None else (workspace.partials, workspace.arrivals)
     vecs = [t if t is not None else out for t in (bias, scale, mult, shift)]
     kind, layout, obits, qmin, qmax = prob.out
-    args = (xd, wdsc, out, *vecs, *scratch, wl.N, wl.P, wl.Q, wl.C, wl.K, prob.M, wl.pad,
+    zp = out if zero_point is None else zero_point
+    args = (xd, wdsc, out, *vecs, *scratch, zp, wl.N, wl.P, wl.Q, wl.C, wl.K, prob.M, wl.pad,
             prob.out_row, prob.out_plane, igemm.cdiv(reduction_steps(wl, cfg["BLOCK_K"]), split))
     kwargs = dict(
-        R=wl.R, S=wl.S, STRIDE=wl.stride, HAS_BIAS=prob.bias, RELU=prob.relu, OUT_KIND=kind,
+        R=wl.R, S=wl.S, STRIDE=wl.stride, A_ZERO=prob.a_zero, HAS_BIAS=prob.bias,
+        RELU=prob.relu, OUT_KIND=kind,
         OUT_LAYOUT=layout, OUT_BITS=obits, QMIN=qmin, QMAX=qmax, WIDE=prob.wide,
         LOOP_CRS=cfg["LOOP_ORDER"] == "crs", SPLIT_K=split,
         BLOCK_I=cfg["BLOCK_I"], BLOCK_P=cfg["BLOCK_P"], BLOCK_Q=cfg["BLOCK_Q"],
@@ -245,7 +257,8 @@ class TmaConvKernel:
         descs = _descriptors(wl, cfg, _as_int8(x), _as_int8(w))
         vecs = (bias_vector(wl.epilogue, params), params.scale, params.multiplier, params.shift)
         workspace = split_workspace(prob, cfg["SPLIT_K"], output_tiles(wl, cfg), x.device)
-        plan = launches(wl, prob, cfg, descs, out, *vecs, workspace)  # arguments fixed once
+        terms = bound_terms(wl, w, x.device) if prob.a_zero else None
+        plan = launches(wl, prob, cfg, descs, out, *vecs, workspace, terms)  # fixed once
 
         def launcher() -> torch.Tensor:
             igemm.replay(plan)
@@ -269,8 +282,9 @@ class TmaConvKernel:
         x = torch.empty(16, dtype=torch.int8, device=device)
         w = torch.empty(16, dtype=torch.int8, device=device)
         out = torch.empty(16, dtype=out_storage(wl)[1], device=device)
+        terms = bound_terms(wl, w, device) if self.problem.a_zero else None
         plan = launches(wl, self.problem, self.config, _descriptors(wl, self.config, x, w),
-                        out, *placeholder_vectors(wl.epilogue, device))
+                        out, *placeholder_vectors(wl.epilogue, device), None, terms)
         return igemm.replay(plan, compile_only=True)
 
 
@@ -315,9 +329,12 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
         for name, layout in (("a_layout", wl.a_layout), ("w_layout", wl.w_layout)):
             if layout is not Layout.INT8:
                 return f"{name}={layout.value!r}: only int8 storage (one value per byte)"
-        for name, p in (("a", wl.a), ("w", wl.w)):
-            if p.encoding is Encoding.UNSIGNED and p.bits == 8:
-                return f"{name}={p} values exceed the int8 range of the int8 tensor cores"
+        if wl.w.encoding is Encoding.UNSIGNED and wl.w.bits == 8:
+            return f"w={wl.w} values exceed the int8 range of the int8 tensor cores"
+        if act_zero_point(wl.a) and wl.C % U8_CHANNEL_ALIGN:
+            return (f"a={wl.a} with C={wl.C}: u8 activations need C a multiple of "
+                    f"{U8_CHANNEL_ALIGN} (BLOCK_K must divide C, `zero_point`); use "
+                    "triton.conv2d_int8")
         if wl.C % CHANNEL_ALIGN:
             return (f"C={wl.C} is not a multiple of {CHANNEL_ALIGN}: TMA needs 16-byte "
                     "strides; use triton.conv2d_int8")
@@ -368,6 +385,9 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
                 return f"BLOCK_N={c['BLOCK_N']} exceeds K={wl.K} rounded up"
             if c["BLOCK_K"] > max(32, _pow2_at_least(wl.C)):
                 return f"BLOCK_K={c['BLOCK_K']} exceeds C={wl.C} rounded up"
+            if act_zero_point(wl.a) and wl.C % c["BLOCK_K"]:
+                return (f"u8 activations need BLOCK_K dividing C={wl.C} (past channel C a "
+                        "box meets the next tap's weights, `zero_point`)")
             if wl.stride == 2 and wl.C % c["BLOCK_K"]:
                 return (f"stride 2 needs BLOCK_K dividing C={wl.C} (a channel tail would read "
                         "the other column phase)")
