@@ -48,23 +48,26 @@ DEFAULT_CASES = ["resnet18:8:w1a2", "resnet50:256:w1a2", "resnet50:256:w8a8", "v
 def parse_case(text: str) -> BenchCase:
     """MODEL:BATCH:PRECISION, then optionally :kernelbias (the plan's biases in accumulator
     units, so single-output layers keep their kernel's own epilogue), :wide16 / :wide8
-    (the residual stream's width, `lowbit.compile(wide_bits=...)`; default 24) and
+    (the residual stream's width, `lowbit.compile(wide_bits=...)`; default 24),
     :model / :int8=TEMPLATE (the per-layer implementation policy, `impl_chooser`: the
-    performance model's pick, or the default with that int8 template first)."""
+    performance model's pick, or the default with that int8 template first) and :nofuse
+    (int8 layers leave their layer epilogue to the separate pass)."""
     try:
         model, batch, precision, *rest = text.split(":")
         wide = [r for r in rest if r in ("wide16", "wide8", "wide24")]
         policy = [r for r in rest if r == "model" or r.startswith("int8=")]
         if len(wide) > 1 or len(policy) > 1 or any(
-                r not in ("kernelbias", *wide, *policy) for r in rest):
+                r not in ("kernelbias", "nofuse", *wide, *policy) for r in rest):
             raise ValueError
         chooser = policy[0].removeprefix("int8=") if policy else "default"
         impl_chooser(chooser)
         return BenchCase(model, int(batch), precision, exact_bias="kernelbias" not in rest,
-                         wide_bits=int(wide[0][4:]) if wide else 24, chooser=chooser)
+                         wide_bits=int(wide[0][4:]) if wide else 24, chooser=chooser,
+                         fuse_outputs="nofuse" not in rest)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"a case is MODEL:BATCH:PRECISION[:kernelbias][:wide16|:wide8][:model|:int8=NAME],"
+            f"a case is MODEL:BATCH:PRECISION[:kernelbias][:wide16|:wide8][:model|:int8=NAME]"
+            f"[:nofuse],"
             f" got {text!r}") from None
 
 

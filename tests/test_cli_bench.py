@@ -90,6 +90,7 @@ def test_network_case_parses_the_implementation_policy():
     assert parse_case("resnet50:256:w8a8:model").chooser == "model"
     case = parse_case("resnet50:256:w8a8:wide16:int8=triton.conv2d_int8_tma")
     assert (case.chooser, case.wide_bits) == ("triton.conv2d_int8_tma", 16)
+    assert case.fuse_outputs and not parse_case("resnet50:8:w8a8:nofuse").fuse_outputs
     for bad in ("resnet50:256:w8a8:int8=nope", "resnet50:256:w8a8:model:int8=triton.gemm_int8"):
         try:
             parse_case(bad)

@@ -243,6 +243,29 @@ def test_interpreted_int8_templates_through_the_executor():
     assert assert_matches_reference(plan, ex, x) > 5
 
 
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "separate_pass"])
+def test_interpreted_int8_block_ends_write_their_outputs(fuse):
+    """A residual network at w8a8 on the interpreted Triton int8 templates: the block ends
+    (two outputs and a residual) run their layer epilogue inside the kernel
+    (`kernels.triton.conv_outputs`) or in the separate pass, with the same integers."""
+    def triton_int8(wl):
+        name = "triton.conv2d_int8" if isinstance(wl, ConvWorkload) else "triton.gemm_int8"
+        if unsupported_reason(name, wl) is None:
+            return name, "test: triton int8"
+        return choose_impl(wl)
+
+    q, _ = build_quantized("digits_resnet", "w8a8-all", image_size=(8, 8), width=0.5,
+                           num_classes=10, seed=7, calib_batch=2)
+    x = random_images(2, (8, 8), 1, seed=8)
+    plan = _compile(q, x, choose_impl=triton_int8).plan
+    ex = GpuExecutor(plan, "cpu", kernels=interpreted_kernel, fuse_outputs=fuse)
+    fused = [b for b in ex.steps if "layer epilogue fused" in b.how]
+    passes = [b for b in ex.steps if "netops epilogue" in b.how]
+    assert (len(fused) >= 2 and not passes) if fuse else (passes and not fused)
+    assert any(b.step.residual for b in fused + passes)
+    assert assert_matches_reference(plan, ex, x) > 5
+
+
 def test_input_checks_before_any_launch():
     plan, x = zoo_plan("digits_resnet", "w1a1-all", 3, (8, 8), 0.5)
     ex = GpuExecutor(plan, "cpu")

@@ -14,7 +14,7 @@ from functools import cache
 import pytest
 import torch
 
-from lowbit.graph import TORCH_FP16, choose_impl
+from lowbit.graph import TORCH_FP16, choose_impl, int8_preferring
 from lowbit.runtime.bench import build_quantized, compile_plan, random_images
 from lowbit.runtime.compiled import compile_model
 from lowbit.runtime.engine import ReferenceExecutor
@@ -96,6 +96,18 @@ def test_unfused_stem_and_record_mode():
     y_ref, want = ReferenceExecutor(plan, "cuda")(x, record=True)
     assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
     assert torch.equal(y, y_ref) and torch.equal(ex(x), y_ref)
+
+
+IGEMM_FIRST = int8_preferring("triton.conv2d_int8")
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "separate_pass"])
+def test_int8_triton_layers_with_their_layer_epilogue(fuse):
+    """ResNet-50 w8a8 on the Triton implicit-GEMM int8 kernels (u8 activations through the
+    zero point): block ends write their outputs from the kernel, or through the pass."""
+    plan = plan_for("resnet50", "w8a8", 2, 128, IGEMM_FIRST)
+    assert sum(s.impl == "triton.conv2d_int8" for s in plan.layers) > 40
+    assert check_replay(plan, fuse_outputs=fuse) >= len(plan.layers)
 
 
 def _fp16_8bit(wl):

@@ -411,6 +411,9 @@ class BenchCase:
     wide_bits: int = 24
     #: `impl_chooser`'s name of the per-layer implementation policy
     chooser: str = "default"
+    #: int8 implicit-GEMM layers write their layer epilogue's outputs themselves
+    #: (`GpuExecutor(fuse_outputs=...)`)
+    fuse_outputs: bool = True
 
 
 def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
@@ -436,8 +439,9 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
     row["exact_bias"] = case.exact_bias
     row["wide_bits"] = case.wide_bits
     row["chooser"] = case.chooser
+    row["fuse_outputs"] = case.fuse_outputs
     t0 = time.perf_counter()
-    ex = GpuExecutor(plan, device, chain=chain)
+    ex = GpuExecutor(plan, device, chain=chain, fuse_outputs=case.fuse_outputs)
     phases["bind_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     y = ex(x)

@@ -14,7 +14,9 @@ computes the same integers (`lowbit.runtime.engine` defines them), bit for bit:
   accumulator (int16 where it fits and the kernel is bit-serial:
   `kernel_epilogues.accumulator_workload`; int32 otherwise) and `netops.bind_layer_epilogue` writes
   every output (bias at each
-  output's shift, residual, wide and float outputs). A fused max-pool pools the int32
+  output's shift, residual, wide and float outputs), or, for the int8 implicit-GEMM kernels
+  (`kernels.triton.conv_outputs`, `fuse_outputs`), the kernel writes them itself from its
+  accumulator tiles, with the same integers. A fused max-pool pools the int32
   accumulator first where every output is requantized and there is no residual (the
   epilogue is monotone), else each output after the epilogue;
 - Quantize + first conv: the fused stem (`kernels.triton.stem`: float image -> quantized ->
@@ -90,6 +92,13 @@ def _triton():
     return netops, stem, stored
 
 
+def conv_outputs():
+    """The int8 kernels with a layer's whole epilogue fused (imported on first use)."""
+    from ..kernels.triton import conv_outputs
+
+    return conv_outputs
+
+
 @dataclass
 class BoundStep:
     """One plan step bound to its launches: `launches` run in order; `record_only` ones only
@@ -143,7 +152,7 @@ class GpuExecutor:
     def __init__(self, plan: Plan, device: torch.device | str = "cuda", *,
                  kernels: KernelFactory | None = None, reuse_memory: bool = True,
                  use_graph: bool | None = None, fuse_stem: bool = True, chain: bool = True,
-                 check_finite: bool = True) -> None:
+                 fuse_outputs: bool = True, check_finite: bool = True) -> None:
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -154,6 +163,7 @@ class GpuExecutor:
         if self.use_graph and not cuda:
             raise ValueError("use_graph needs a CUDA device")
         self.chain, self.check_finite = chain, check_finite
+        self.fuse_outputs = fuse_outputs
         self.graph: torch.cuda.CUDAGraph | None = None
         readers: dict[str, list[Step]] = {}
         for s in plan.steps:
@@ -285,12 +295,16 @@ class GpuExecutor:
             return BoundStep(step, [self._bind_kernel(kernel, x, w, params,
                                                       self.buffers[o.tensor])],
                              f"{how} (its own epilogue)")
+        res = self.packed(step.residual) if step.residual else None
+        bound = acc_bound(wl)
+        if step.pool is None and self.fuse_outputs and \
+                conv_outputs().fused_reason(kernel, len(specs)) is None:
+            return BoundStep(step, [conv_outputs().bind_conv_outputs(
+                kernel, x, w, params, specs, outs, res, bound)], f"{how} (layer epilogue fused)")
         shape, acc_dtype = out_storage(wl)
         shape = tuple(shape)
         acc = self.scratch.take(shape, acc_dtype)  # int16 or int32 (graph.kernel_epilogues)
         launches = [self._bind_kernel(kernel, x, w, params, acc)]
-        res = self.packed(step.residual) if step.residual else None
-        bound = acc_bound(wl)
         if step.pool is None:
             launches.append(netops.bind_layer_epilogue(acc, specs, outs, res, bound))
             return BoundStep(step, launches, f"{how} + netops epilogue")

@@ -161,24 +161,19 @@ def row_taps_operands(x_ptr, w_ptr, it, chunks, n_img, ih0, iw0, m_mask, offs_n,
 
 
 @triton.jit
-def igemm_kernel(
-    x_ptr, w_ptr, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr, part_ptr, count_ptr,
-    zp_ptr, M, NOUT, H, W, C, P, Q, conv_stride, pad,
-    x_row, w_row, out_row, out_plane, iters_per_split,
+def tile_accumulator(
+    x_ptr, w_ptr, zp_ptr, pid_m, pid_n, pid_k, M, NOUT, H, W, C, P, Q, conv_stride, pad,
+    x_row, w_row, iters_per_split,
     R: tl.constexpr, S: tl.constexpr, IS_GEMM: tl.constexpr,
     A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr, A_ZERO: tl.constexpr,
     W_SRC: tl.constexpr, W_BITS: tl.constexpr, W_ENC: tl.constexpr,
-    DOT_FP16: tl.constexpr,
-    HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
-    OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
-    WIDE: tl.constexpr, SPLIT_K: tl.constexpr, SUM_IN_KERNEL: tl.constexpr,
-    LOOP_CRS: tl.constexpr, EVEN_C: tl.constexpr, ALIGN_C: tl.constexpr, ROW_TAPS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    DOT_FP16: tl.constexpr, FLOAT_OUT: tl.constexpr, LOOP_CRS: tl.constexpr,
+    EVEN_C: tl.constexpr, ALIGN_C: tl.constexpr, ROW_TAPS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    pid_k = tl.program_id(1)
-    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(NOUT, BLOCK_N),
-                                GROUP_M)
-
+    """(offs_m, offs_n, acc) of output tile (pid_m, pid_n) over reduction split pid_k: the
+    rows' output pixels, the columns' filters and the int32 partial sum (fp32 for FLOAT_OUT
+    on fp16 tensor cores), with u8 activations' zero-point term in split 0's."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
@@ -224,10 +219,36 @@ def igemm_kernel(
         first = (tl.zeros([BLOCK_N], dtype=tl.int32) + pid_k) == 0
         acc = with_zero_point(acc, zp_ptr, offs_n, n_mask & first, A_ZERO)
 
-    if DOT_FP16 and OUT_KIND != 3:
+    if DOT_FP16 and not FLOAT_OUT:
         # integer operands on fp16 tensor cores: every partial sum is an integer < 2^24 (checked
         # by the template), so the fp32 accumulator holds it exactly
         acc = acc.to(tl.int32)
+    return offs_m, offs_n, acc
+
+
+@triton.jit
+def igemm_kernel(
+    x_ptr, w_ptr, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr, part_ptr, count_ptr,
+    zp_ptr, M, NOUT, H, W, C, P, Q, conv_stride, pad,
+    x_row, w_row, out_row, out_plane, iters_per_split,
+    R: tl.constexpr, S: tl.constexpr, IS_GEMM: tl.constexpr,
+    A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr, A_ZERO: tl.constexpr,
+    W_SRC: tl.constexpr, W_BITS: tl.constexpr, W_ENC: tl.constexpr,
+    DOT_FP16: tl.constexpr,
+    HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
+    OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
+    WIDE: tl.constexpr, SPLIT_K: tl.constexpr, SUM_IN_KERNEL: tl.constexpr,
+    LOOP_CRS: tl.constexpr, EVEN_C: tl.constexpr, ALIGN_C: tl.constexpr, ROW_TAPS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid_k = tl.program_id(1)
+    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(NOUT, BLOCK_N),
+                                GROUP_M)
+    offs_m, offs_n, acc = tile_accumulator(
+        x_ptr, w_ptr, zp_ptr, pid_m, pid_n, pid_k, M, NOUT, H, W, C, P, Q, conv_stride, pad,
+        x_row, w_row, iters_per_split, R, S, IS_GEMM, A_SRC, A_BITS, A_ENC, A_ZERO, W_SRC,
+        W_BITS, W_ENC, DOT_FP16, OUT_KIND == 3, LOOP_CRS, EVEN_C, ALIGN_C, ROW_TAPS, BLOCK_M,
+        BLOCK_N, BLOCK_K)
     finish = True  # this program runs its tile's epilogue
     if SPLIT_K > 1:
         store_partial(acc, offs_m, offs_n, pid_k, M, NOUT, part_ptr)
@@ -364,6 +385,30 @@ def replay(launches: list[Launch], compile_only: bool = False):
     return compiled[0] if compile_only else None
 
 
+def splits_iters(prob: Problem, cfg: Mapping) -> int:
+    """Reduction steps per split of the kernel under `cfg` (its `iters_per_split`)."""
+    row_taps = cfg.get("LOOP_ORDER", "rsc") == "r_sc"
+    return cdiv(reduction_steps(prob.R, prob.S, prob.C, cfg["BLOCK_K"], row_taps),
+                int(cfg.get("SPLIT_K", 1)))
+
+
+def mainloop_constants(prob: Problem, cfg: Mapping) -> dict:
+    """The compile-time arguments of `tile_accumulator` (and the tile order and launch knobs)
+    for one validated problem under `cfg`."""
+    bk = cfg["BLOCK_K"]
+    return dict(
+        R=prob.R, S=prob.S, IS_GEMM=prob.is_gemm,
+        A_SRC=prob.a_operand[0], A_BITS=prob.a_operand[1], A_ENC=prob.a_operand[2],
+        A_ZERO=prob.a_zero,
+        W_SRC=prob.w_operand[0], W_BITS=prob.w_operand[1], W_ENC=prob.w_operand[2],
+        DOT_FP16=prob.dot_fp16, SPLIT_K=int(cfg.get("SPLIT_K", 1)),
+        LOOP_CRS=cfg.get("LOOP_ORDER", "rsc") == "crs", EVEN_C=prob.C % bk == 0,
+        ALIGN_C=channel_alignment(prob), ROW_TAPS=cfg.get("LOOP_ORDER", "rsc") == "r_sc",
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=bk,
+        GROUP_M=cfg.get("GROUP_M", 8), num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
+
+
 def launches(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
              bias: torch.Tensor | None, scale: torch.Tensor | None,
              mult: torch.Tensor | None, shift: torch.Tensor | None,
@@ -377,11 +422,9 @@ def launches(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor, out:
     when None (a bound launcher passes its own, so a timed or graph-captured launch allocates
     nothing).
     """
-    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    bn = cfg["BLOCK_N"]
     split = int(cfg.get("SPLIT_K", 1))
     in_kernel = split > 1 and cfg.get("SPLIT_SUM", "second_kernel") == "last_program"
-    row_taps = cfg.get("LOOP_ORDER", "rsc") == "r_sc"
-    per_split = cdiv(reduction_steps(prob.R, prob.S, prob.C, bk, row_taps), split)
     tiles = output_tiles(prob, cfg)
     vecs = [t if t is not None else out for t in (bias, scale, mult, shift)]
     kind, layout, obits, qmin, qmax = prob.out
@@ -392,18 +435,8 @@ def launches(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor, out:
     scratch = (out, out) if workspace is None else (workspace.partials, workspace.arrivals)
     args = (x, w, out, *vecs, *scratch, out if zero_point is None else zero_point,
             prob.M, prob.NOUT, prob.H, prob.W, prob.C, prob.P, prob.Q, prob.stride, prob.pad,
-            prob.x_row, prob.w_row, prob.out_row, prob.out_plane, per_split)
-    kwargs = dict(
-        R=prob.R, S=prob.S, IS_GEMM=prob.is_gemm,
-        A_SRC=prob.a_operand[0], A_BITS=prob.a_operand[1], A_ENC=prob.a_operand[2],
-        A_ZERO=prob.a_zero,
-        W_SRC=prob.w_operand[0], W_BITS=prob.w_operand[1], W_ENC=prob.w_operand[2],
-        DOT_FP16=prob.dot_fp16, SPLIT_K=split, SUM_IN_KERNEL=in_kernel,
-        LOOP_CRS=cfg.get("LOOP_ORDER", "rsc") == "crs", EVEN_C=prob.C % bk == 0,
-        ALIGN_C=channel_alignment(prob),
-        ROW_TAPS=row_taps,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.get("GROUP_M", 8),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **epi)
+            prob.x_row, prob.w_row, prob.out_row, prob.out_plane, splits_iters(prob, cfg))
+    kwargs = dict(**mainloop_constants(prob, cfg), SUM_IN_KERNEL=in_kernel, **epi)
     plan = [Launch(igemm_kernel, (tiles, split), args, kwargs)]
     if split > 1 and not in_kernel:
         rbm, rbn = 64, max(32, min(bn, 128))

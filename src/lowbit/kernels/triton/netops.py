@@ -86,7 +86,7 @@ BIAS_LIMIT = 2**62
 __all__ = ["Dequantized", "Launcher", "Requantized", "avgpool2d", "bind_avgpool2d",
            "bind_avgpool_windows", "bind_layer_epilogue", "bind_maxpool2d", "bind_quantize",
            "bind_quantize_image", "empty_packed", "layer_epilogue", "maxpool2d",
-           "quantize_image", "requant_mode"]
+           "quantize_image", "requant_mode", "residual_slot"]
 
 
 # =========================================================================== output specs
@@ -430,16 +430,7 @@ def bind_layer_epilogue(y: torch.Tensor, outputs: Sequence[OutputSpec],
             or len(outputs) != len(outs) or not outputs:
         raise ValueError("outputs and outs must be non-empty sequences of the same length")
     y_bound = 2**31 if y_bound is None else int(y_bound)
-    res_args, res_consts = (y, 0, 0), dict(HAS_RES=False, RES_LAYOUT=0, RES_BITS=8, RES_ENC=0)
-    res_bound = 0
-    if residual is not None:
-        r = check_packed("residual", residual, shape, y.device)
-        res_bound = value_bound(r.precision)
-        if res_bound > RESIDUAL_LIMIT:
-            raise ValueError("residual values must fit |v| <= 2^23")
-        res_args = (r.data, *storage_strides(r))
-        res_consts = dict(HAS_RES=True, RES_LAYOUT=layout_code(r),
-                          RES_BITS=min(r.precision.bits, 8), RES_ENC=ENC[r.precision.encoding])
+    res_args, res_consts, res_bound = residual_slot(residual, shape, y)
     slots = [output_slot(i, s, o, shape, y.device, residual is not None, y_bound, res_bound,
                          fast)
              for i, (s, o) in enumerate(zip(outputs, outs, strict=True))]
@@ -462,6 +453,23 @@ def bind_layer_epilogue(y: torch.Tensor, outputs: Sequence[OutputSpec],
         launches.append(Launch(layer_epilogue_kernel, grid, tuple(args), kwargs))
     results = tuple(o.data if isinstance(o, PackedTensor) else o for o in outs)
     return Launcher(tuple(launches), results)
+
+
+def residual_slot(residual: PackedTensor | None, shape: tuple[int, ...],
+                  placeholder: torch.Tensor) -> tuple[tuple, dict, int]:
+    """(args (data, row, plane), constexprs, max |value|) of the layer epilogue's residual
+    operand: a PackedTensor of the output's logical `shape` on `placeholder`'s device with
+    |values| <= 2^23 (checked), or None (the placeholder stands in, HAS_RES False)."""
+    if residual is None:
+        return ((placeholder, 0, 0), dict(HAS_RES=False, RES_LAYOUT=0, RES_BITS=8, RES_ENC=0),
+                0)
+    r = check_packed("residual", residual, shape, placeholder.device)
+    res_bound = value_bound(r.precision)
+    if res_bound > RESIDUAL_LIMIT:
+        raise ValueError("residual values must fit |v| <= 2^23")
+    consts = dict(HAS_RES=True, RES_LAYOUT=layout_code(r), RES_BITS=min(r.precision.bits, 8),
+                  RES_ENC=ENC[r.precision.encoding])
+    return (r.data, *storage_strides(r)), consts, res_bound
 
 
 def pass_tile(k: int) -> tuple[int, int]:

@@ -1,0 +1,156 @@
+"""The int8 implicit-GEMM kernels with a layer's whole epilogue fused (`conv_outputs`).
+
+CPU (TRITON_INTERPRET=1): tiny odd convs and GEMMs, u8 and s8 activations, a wide or 8-bit
+residual, two outputs in INT8 / BITPLANE / wide storage or a float output, split-K summed in
+the kernel; every output equals the exact oracle applied to `lowbit.reference.run`'s int32
+accumulator, bit for bit, in poisoned buffers. The refusals name their reason before any
+launch. GPU (`gpu`): ResNet-50's first block end at batch 8 with the default config.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lowbit.core import (
+    Config,
+    ConvWorkload,
+    Epilogue,
+    GemmWorkload,
+    Layout,
+    PackedTensor,
+    Precision,
+)
+from lowbit.core import WidePrecision as Wide
+from lowbit.kernels.triton import CONV2D_INT8
+from lowbit.kernels.triton import netops as K
+from lowbit.kernels.triton.conv_outputs import bind_conv_outputs, fused_reason
+from lowbit.kernels.triton.templates import IgemmKernel, problem
+from lowbit.quant.packing import pack
+from lowbit.reference import fixed_point_pair, random_inputs, random_values, run
+from test_triton_netops import poisoned, shifted_oracle, stored_values, wide_packed
+from triton_cases import DEVICE
+
+INT8, BITPLANE = Layout.INT8, Layout.BITPLANE
+S24 = Wide(24)
+TINY = Config(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, num_warps=4, num_stages=2, GROUP_M=2,
+              LOOP_ORDER="rsc", SPLIT_K=1)
+SPLIT3_LAST = TINY.replace(SPLIT_K=3, LOOP_ORDER="crs", SPLIT_SUM="last_program")
+
+
+def kernel_for(wl, cfg: Config, dot_fp16: bool = False) -> IgemmKernel:
+    if isinstance(wl, GemmWorkload):
+        cfg = Config({k: v for k, v in cfg.items() if k != "LOOP_ORDER"})
+    return IgemmKernel("test", wl, cfg, problem(wl, dot_fp16))
+
+
+def requantized(prec, k: int, y_top: int, seed: int, res_top: int, relu: bool):
+    """An output spec with its own shifted bias and (res_top > 0: residual values up to
+    res_top) a residual multiplier, both terms spanning the output's range."""
+    g = torch.Generator().manual_seed(seed)
+    p = Precision.parse(prec) if isinstance(prec, str) else prec
+    ratio = (torch.rand(k, generator=g, dtype=torch.float64) + 0.5) * p.qmax / y_top
+    rr = (torch.rand(k, generator=g, dtype=torch.float64) + 0.5) * p.qmax / max(res_top, 1)
+    m, r, s = fixed_point_pair(ratio, rr if res_top else 0.0)
+    b = ((torch.rand(k, generator=g, dtype=torch.float64) * 6 - 3) * torch.pow(2.0, s)
+         ).to(torch.int64)
+    return K.Requantized(p, m, s, b, r if res_top else None, relu=relu)
+
+
+CASES = {
+    # 3x3 with padding, u8 activations (zero point), a wide residual into a u8 output (ReLU)
+    # and its wide copy: a block end
+    "block_end_u8": (ConvWorkload(N=2, H=5, W=6, C=19, K=40, R=3, S=3, pad=1, a="u8"), TINY,
+                     (("u8", INT8, True), (S24, INT8, False)), (S24, INT8)),
+    # a 1x1 conv run as a GEMM, split-K summed by the last program, bit-plane and s8 outputs,
+    # an s8 residual
+    "pointwise_split": (ConvWorkload(N=2, H=3, W=5, C=40, K=64, R=1, S=1), SPLIT3_LAST,
+                        (("u2", BITPLANE, True), ("s8", INT8, False)), ("s8", INT8)),
+    # a GEMM without residual, one output
+    "gemm": (GemmWorkload(M=21, N=45, K=83, a="u8"), TINY, (("s8", INT8, False),), None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fused_outputs_equal_the_oracle_on_the_accumulator(name):
+    wl, cfg, out_defs, res_def = CASES[name]
+    wl = wl.replace(epilogue=Epilogue())
+    kernel = kernel_for(wl, cfg)
+    assert fused_reason(kernel, len(out_defs)) is None
+    x, w, params = random_inputs(wl, seed=3, device=DEVICE)
+    acc = run(wl, x.cpu(), w.cpu(), params).to(torch.int64)  # the int32 accumulator
+    shape = tuple(acc.shape)
+    y_top = int(acc.abs().max()) + 1
+    res_vals = residual = None
+    res_top = 0
+    if res_def is not None:
+        prec = Precision.parse(res_def[0]) if isinstance(res_def[0], str) else res_def[0]
+        res_vals = random_values(shape, prec, torch.Generator().manual_seed(4))
+        res_top = int(res_vals.abs().max())
+        residual = wide_packed(res_vals, prec) if isinstance(prec, Wide) else \
+            PackedTensor(pack(res_vals, prec, res_def[1]).to(DEVICE), shape, prec, res_def[1])
+    specs = [requantized(p, shape[-1], y_top, 10 + i, res_top, relu)
+             for i, (p, _, relu) in enumerate(out_defs)]
+    outs = [K.empty_packed(shape, sp.precision, lay, DEVICE) if isinstance(sp.precision, Wide)
+            else poisoned(shape, sp.precision, lay)
+            for sp, (_, lay, _) in zip(specs, out_defs, strict=True)]
+    launch = bind_conv_outputs(kernel, x, w, params, specs, outs, residual)
+    assert len(launch.launches) == 1
+    launch()
+    checked = 0
+    for out, sp in zip(outs, specs, strict=True):
+        want = shifted_oracle(acc, sp, res_vals)
+        assert torch.equal(stored_values(out), want), (name, sp.precision)
+        checked += int(want.unique().numel() > 2)
+    assert checked == len(specs)
+
+
+def test_float_output_equals_the_separate_pass():
+    wl = ConvWorkload(N=1, H=4, W=5, C=24, K=33, R=3, S=3, pad=1, a="u8")
+    kernel = kernel_for(wl, TINY)
+    x, w, params = random_inputs(wl, seed=5, device=DEVICE)
+    acc = run(wl, x.cpu(), w.cpu(), params).to(torch.int32).to(DEVICE)
+    g = torch.Generator().manual_seed(6)
+    spec = K.Dequantized(torch.rand(33, generator=g) * 1e-3, torch.rand(33, generator=g),
+                         relu=True, channels_first=True)
+    fused = torch.full((1, 33, 4, 5), float("nan"), device=DEVICE)
+    bind_conv_outputs(kernel, x, w, params, [spec], [fused])()
+    separate = K.layer_epilogue(acc, [spec])[0]
+    assert torch.equal(fused, separate) and int((fused > 0).sum()) > 100
+
+
+def test_refusals_name_their_reason():
+    wl = ConvWorkload(N=1, H=4, W=4, C=16, K=32, R=3, S=3, pad=1)
+    kernel = kernel_for(wl, TINY)
+    assert "1..2" in fused_reason(kernel, 3)
+    second = kernel_for(wl, TINY.replace(SPLIT_K=2, LOOP_ORDER="crs"))
+    assert "second kernel" in fused_reason(second, 1)
+    assert "float" in fused_reason(kernel_for(wl, TINY, dot_fp16=True), 1)
+    requant = kernel_for(wl.replace(epilogue=Epilogue(relu=True, out="u8")), TINY)
+    assert "bare int32" in fused_reason(requant, 1)
+    assert "implicit-GEMM" in fused_reason(object(), 1)
+    x, w, params = random_inputs(wl, seed=1, device=DEVICE)
+    spec = requantized("u8", 32, 2**20, 1, 0, True)
+    with pytest.raises(ValueError, match="cannot run this layer epilogue"):
+        bind_conv_outputs(second, x, w, params, [spec], [poisoned((1, 4, 4, 32), "u8", INT8)])
+    with pytest.raises(ValueError, match="outs\\[0\\]"):
+        bind_conv_outputs(kernel, x, w, params, [spec], [poisoned((1, 4, 4, 16), "u8", INT8)])
+
+
+@pytest.mark.gpu
+def test_gpu_resnet50_block_end_default_config():
+    wl = ConvWorkload(N=8, H=56, W=56, C=64, K=256, R=1, S=1, a="u8")
+    kernel = CONV2D_INT8.build(wl, CONV2D_INT8.default_config(wl))
+    assert fused_reason(kernel, 2) is None
+    x, w, params = random_inputs(wl, seed=7, device="cuda")
+    acc = run(wl, x, w, params).to(torch.int64).cpu()
+    shape = tuple(acc.shape)
+    res_vals = random_values(shape, S24, torch.Generator().manual_seed(8))
+    y_top = int(acc.abs().max()) + 1
+    res_top = int(res_vals.abs().max())
+    specs = [requantized("u8", 256, y_top, 1, res_top, True),
+             requantized(S24, 256, y_top, 2, res_top, False)]
+    outs = [K.empty_packed(shape, sp.precision, INT8, "cuda") for sp in specs]
+    bind_conv_outputs(kernel, x, w, params, specs, outs, wide_packed(res_vals, S24))()
+    for out, sp in zip(outs, specs, strict=True):
+        assert torch.equal(stored_values(out), shifted_oracle(acc, sp, res_vals))
