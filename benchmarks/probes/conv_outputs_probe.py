@@ -92,6 +92,7 @@ def probe(name: str, wl: ConvWorkload) -> list[dict]:
             launch = bind_conv_outputs(kernel, x, w, params, specs, got, res)
             s = launch.launches[0]
             compiled = s.fn.warmup(*s.args, grid=s.grid, **s.kwargs)
+            compiled._init_handles()  # loads the binary: fills n_regs / n_spills
             row.update(regs=compiled.n_regs, spills=compiled.n_spills)
             launch()
             torch.cuda.synchronize()
