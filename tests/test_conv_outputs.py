@@ -24,7 +24,7 @@ from lowbit.core import (
 from lowbit.core import WidePrecision as Wide
 from lowbit.kernels.triton import CONV2D_INT8
 from lowbit.kernels.triton import netops as K
-from lowbit.kernels.triton.conv_outputs import bind_conv_outputs, fused_reason
+from lowbit.kernels.triton.conv_outputs import bind_conv_outputs, fused_config, fused_reason
 from lowbit.kernels.triton.templates import IgemmKernel, problem
 from lowbit.quant.packing import pack
 from lowbit.reference import fixed_point_pair, random_inputs, random_values, run
@@ -62,8 +62,8 @@ CASES = {
     # and its wide copy: a block end
     "block_end_u8": (ConvWorkload(N=2, H=5, W=6, C=19, K=40, R=3, S=3, pad=1, a="u8"), TINY,
                      (("u8", INT8, True), (S24, INT8, False)), (S24, INT8)),
-    # a 1x1 conv run as a GEMM, split-K summed by the last program, bit-plane and s8 outputs,
-    # an s8 residual
+    # a 1x1 conv run as a GEMM (its kernel's split-K config: the fused launch runs one
+    # split), bit-plane and s8 outputs, an s8 residual
     "pointwise_split": (ConvWorkload(N=2, H=3, W=5, C=40, K=64, R=1, S=1), SPLIT3_LAST,
                         (("u2", BITPLANE, True), ("s8", INT8, False)), ("s8", INT8)),
     # a GEMM without residual, one output
@@ -124,7 +124,8 @@ def test_refusals_name_their_reason():
     kernel = kernel_for(wl, TINY)
     assert "1..2" in fused_reason(kernel, 3)
     second = kernel_for(wl, TINY.replace(SPLIT_K=2, LOOP_ORDER="crs"))
-    assert "second kernel" in fused_reason(second, 1)
+    assert fused_reason(second, 1) is None  # the fused launch runs its own tile, one split
+    assert fused_config(second.config)["SPLIT_K"] == 1
     assert "float" in fused_reason(kernel_for(wl, TINY, dot_fp16=True), 1)
     requant = kernel_for(wl.replace(epilogue=Epilogue(relu=True, out="u8")), TINY)
     assert "bare int32" in fused_reason(requant, 1)
@@ -132,7 +133,7 @@ def test_refusals_name_their_reason():
     x, w, params = random_inputs(wl, seed=1, device=DEVICE)
     spec = requantized("u8", 32, 2**20, 1, 0, True)
     with pytest.raises(ValueError, match="cannot run this layer epilogue"):
-        bind_conv_outputs(second, x, w, params, [spec], [poisoned((1, 4, 4, 32), "u8", INT8)])
+        bind_conv_outputs(requant, x, w, params, [spec], [poisoned((1, 4, 4, 32), "u8", INT8)])
     with pytest.raises(ValueError, match="outs\\[0\\]"):
         bind_conv_outputs(kernel, x, w, params, [spec], [poisoned((1, 4, 4, 16), "u8", INT8)])
 

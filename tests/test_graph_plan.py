@@ -428,3 +428,30 @@ def test_templates_without_an_int16_store_refuse_it():
                     refused += 1
                 checked += 1
     assert checked >= 8 and refused >= 4
+
+
+def test_int8_layers_with_a_separate_pass_move_to_the_template_that_writes_it():
+    """At w8a8 the block ends (two outputs, a residual) leave `cuda.int8_wgmma` for the
+    Triton implicit GEMM whose kernel writes the layer epilogue
+    (`graph.kernel_epilogues.layer_outputs_impl`); single-output layers keep their kernel's
+    own epilogue and template, the batch-2 classifier its weight-streaming GEMV; the logits
+    do not change."""
+    from lowbit.graph.kernel_epilogues import LAYER_OUTPUTS_IMPLS
+
+    q, calib = calibrated("digits_resnet", "w8a8", seed=3, calib_batch=8)
+    cm = _compile(q, calib[:2])
+    plan = cm.plan
+    moved = [s for s in plan.layers if "layer epilogue written by" in s.impl_reason]
+    own = [s for s in plan.layers if s.workload.epilogue.requantizes]
+    assert moved and own
+    assert all(s.impl == LAYER_OUTPUTS_IMPLS[s.op] and not s.workload.epilogue.requantizes
+               and len(s.layer_outputs) <= 2 for s in moved)
+    assert any(s.residual for s in moved)
+    fc = [s for s in plan.layers if s.op == "linear"]
+    assert fc and all(s.impl == "triton.gemv_int8" for s in fc)
+    assert not any("layer epilogue written by" in s.impl_reason for s in own)
+    wgmma = _compile(q, calib[:2], choose_impl=lambda wl: ("cuda.int8_wgmma", "test"))
+    assert 0 < sum(s.impl == "cuda.int8_wgmma" for s in wgmma.plan.layers) < len(plan.layers)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert torch.equal(cm(calib[:3]), wgmma(calib[:3]))

@@ -3,7 +3,8 @@
 `choose_impl(workload) -> (impl, reason)` is the default policy (zero tuning): bit-serial b1
 AND tensor cores when both operands have <= 4 bits (bit-plane operands; the impl names the
 kernel family that `lowbit.kernels.cuda.default_bitserial` picks, e.g.
-`cuda.bitserial_wgmma`), else the int8 tensor-core templates (one value per byte; a GEMM of
+`cuda.bitserial_wgmma`), else the int8 tensor-core templates (one value per byte, in an order
+measured per size: INT8_CONV / INT8_CONV_LARGE; a GEMM of
 at most GEMV_ROWS rows first on the weight-streaming `triton.gemv_int8`, which reads each weight
 byte once with the grid split over K: at that size the GEMM is bound by the weight bytes, and
 the tile templates pad the rows to 64 and fill few SMs), else PyTorch fp16 (`torch.fp16`) when
@@ -27,6 +28,12 @@ BITSERIAL = "cuda.bitserial"
 TORCH_FP16 = "torch.fp16"
 #: int8 templates in the order the default policy prefers them
 INT8_CONV = ("cuda.int8_wgmma", "triton.conv2d_int8_tma", "triton.conv2d_int8")
+#: the order for convs of at least LARGE_CONV_OUTPUTS output values. Measured on an H200,
+#: ResNet-50 w8a8 (network-20261127-234313.json): at batch 256 (6-205 M outputs a layer) the
+#: Triton implicit GEMM took 12.87 ms, `cuda.int8_wgmma` 13.88; at batch 8 (<= 1.6 M outputs
+#: a layer; ResNet-18) the Triton kernels were slower (0.48 against 0.37 ms)
+INT8_CONV_LARGE = ("triton.conv2d_int8", "cuda.int8_wgmma", "triton.conv2d_int8_tma")
+LARGE_CONV_OUTPUTS = 1 << 22
 INT8_GEMM = ("cuda.int8_wgmma", "triton.gemm_int8")
 #: the skinny-GEMM template and the most rows it is the default for
 INT8_GEMV = "triton.gemv_int8"
@@ -76,7 +83,8 @@ def unsupported_reason(impl: str, workload: Workload) -> str | None:
 def _int8_choice(wl: Workload, why_not_bitserial: str | None,
                  first: str | None = None) -> tuple[str, str]:
     if isinstance(wl, ConvWorkload):
-        names = INT8_CONV
+        m, n, _ = wl.gemm_shape
+        names = INT8_CONV_LARGE if m * n >= LARGE_CONV_OUTPUTS else INT8_CONV
     else:
         names = ((INT8_GEMV,) if wl.gemm_shape[0] <= GEMV_ROWS else ()) + INT8_GEMM
     if first in names:
@@ -116,7 +124,7 @@ def int8_preferring(template: str) -> ImplChooser:
     it is not an int8 template of the policy."""
     if template not in (*INT8_CONV, *INT8_GEMM, INT8_GEMV):
         raise ValueError(f"template must be one of {sorted({*INT8_CONV, *INT8_GEMM, INT8_GEMV})}"
-                         f", got {template!r}")
+                         f", got {template!r}")  # INT8_CONV_LARGE orders the same names
 
     def chooser(workload: Workload) -> tuple[str, str]:
         return choose_impl(workload, template)

@@ -10,9 +10,15 @@ the pass's own per-output code (`netops.emit_output`): the outputs equal
 `bind_layer_epilogue(acc, outputs, outs, residual)` bit for bit, with no int32 tensor.
 
 Applies to an `IgemmKernel` of the int8 templates whose workload stores the bare int32
-accumulator, whose split-K (if any) is summed in the kernel (SPLIT_K = 1 or SPLIT_SUM
-"last_program": the last program of a tile runs the outputs), with at most
-FUSED_MAX_OUTPUTS outputs; `fused_reason` says why not otherwise.
+accumulator, with at most FUSED_MAX_OUTPUTS outputs; `fused_reason` says why not otherwise.
+The fused launch keeps the kernel's reduction knobs (BLOCK_K, stages, loop order) and runs its
+own output tile, FUSED_TILE, without split-K: the epilogue's float64 requantization, two
+outputs and the residual's tile live beside the accumulator, and a 128 x 128 tile on 4 warps
+spilled 672 bytes a thread and ran 3.4x slower than kernel + pass (`conv_outputs_probe`, H200,
+ResNet-50's layer1 block end at batch 256: 4028 against 1175 us). 64 x 32 on 2 warps spills
+nothing and was the fastest of eight tiles measured on two of three block ends: 1067 against
+1175 us (layer1, batch 256), 316 against 339 (layer3), 23 against 98 us (ResNet-18's 3x3 block
+end at batch 8, kernel 28 + pass 70).
 """
 
 from __future__ import annotations
@@ -28,34 +34,32 @@ from ...core.validate import check_inputs, out_storage
 from ..base import acc_bound
 from .igemm import (
     Launch,
-    arrived_last,
     grouped_tile,
     mainloop_constants,
     output_tiles,
-    split_workspace,
     splits_iters,
-    store_partial,
-    sum_partials,
     tile_accumulator,
 )
 from .netops import OutputSpec, _unused_slot, emit_output, output_slot, residual_slot
 from .stored import Launcher, load_values
-from .templates import IgemmKernel, _check_device
+from .templates import LAYER_OUTPUTS_MAX, IgemmKernel, _check_device
 from .zero_point import bound_terms
 
 #: outputs the fused kernel writes (a block end: the next input and the wide residual copy)
-FUSED_MAX_OUTPUTS = 2
+FUSED_MAX_OUTPUTS = LAYER_OUTPUTS_MAX
+#: the fused launch's output tile (module doc)
+FUSED_TILE = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 2}
 
 
 @triton.jit
 def igemm_outputs_kernel(
-    x_ptr, w_ptr, part_ptr, count_ptr, zp_ptr, res_ptr,
+    x_ptr, w_ptr, zp_ptr, res_ptr,
     M, NOUT, H, W, C, P, Q, conv_stride, pad, x_row, w_row, iters_per_split, res_row, res_plane,
     o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1, plane1,
     R: tl.constexpr, S: tl.constexpr, IS_GEMM: tl.constexpr,
     A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr, A_ZERO: tl.constexpr,
     W_SRC: tl.constexpr, W_BITS: tl.constexpr, W_ENC: tl.constexpr,
-    DOT_FP16: tl.constexpr, SPLIT_K: tl.constexpr,
+    DOT_FP16: tl.constexpr,
     LOOP_CRS: tl.constexpr, EVEN_C: tl.constexpr, ALIGN_C: tl.constexpr, ROW_TAPS: tl.constexpr,
     HAS_RES: tl.constexpr, RES_LAYOUT: tl.constexpr, RES_BITS: tl.constexpr,
     RES_ENC: tl.constexpr,
@@ -65,35 +69,26 @@ def igemm_outputs_kernel(
     QMAX1: tl.constexpr, RES1: tl.constexpr, MODE1: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    """`igemm_kernel`'s tile, then up to two layer-epilogue outputs of it (module doc)."""
-    pid_k = tl.program_id(1)
+    """`igemm_kernel`'s tile (one reduction split), then up to two layer-epilogue outputs of
+    it (module doc)."""
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(NOUT, BLOCK_N),
                                 GROUP_M)
-    offs_m, offs_n, acc = tile_accumulator(
-        x_ptr, w_ptr, zp_ptr, pid_m, pid_n, pid_k, M, NOUT, H, W, C, P, Q, conv_stride, pad,
+    offs_m, _, acc = tile_accumulator(
+        x_ptr, w_ptr, zp_ptr, pid_m, pid_n, 0, M, NOUT, H, W, C, P, Q, conv_stride, pad,
         x_row, w_row, iters_per_split, R, S, IS_GEMM, A_SRC, A_BITS, A_ENC, A_ZERO, W_SRC,
         W_BITS, W_ENC, DOT_FP16, False, LOOP_CRS, EVEN_C, ALIGN_C, ROW_TAPS, BLOCK_M,
         BLOCK_N, BLOCK_K)
-    finish = True
-    if SPLIT_K > 1:
-        store_partial(acc, offs_m, offs_n, pid_k, M, NOUT, part_ptr)
-        finish = arrived_last(count_ptr + tl.program_id(0), SPLIT_K)
-        if finish:
-            acc = sum_partials(part_ptr, offs_m, offs_n, M, NOUT, SPLIT_K, False, BLOCK_M,
-                               BLOCK_N)
-    if finish:
-        pix_mask = offs_m < M
-        c0 = pid_n * BLOCK_N
-        res = acc
-        if HAS_RES:
-            res = load_values(res_ptr, offs_m, pix_mask, c0, NOUT, res_row, res_plane,
-                              RES_LAYOUT, RES_BITS, RES_ENC, BLOCK_M, BLOCK_N)
-        emit_output(acc, res, offs_m, pix_mask, c0, NOUT, o0, a0, b0, c0_, d0, row0, plane0,
-                    KIND0, LAYOUT0, BITS0, QLO0, QMAX0, RES0, MODE0, BLOCK_M, BLOCK_N)
-        if KIND1 != 0:
-            emit_output(acc, res, offs_m, pix_mask, c0, NOUT, o1, a1, b1, c1, d1, row1,
-                        plane1, KIND1, LAYOUT1, BITS1, QLO1, QMAX1, RES1, MODE1, BLOCK_M,
-                        BLOCK_N)
+    pix_mask = offs_m < M
+    c0 = pid_n * BLOCK_N
+    res = acc
+    if HAS_RES:
+        res = load_values(res_ptr, offs_m, pix_mask, c0, NOUT, res_row, res_plane,
+                          RES_LAYOUT, RES_BITS, RES_ENC, BLOCK_M, BLOCK_N)
+    emit_output(acc, res, offs_m, pix_mask, c0, NOUT, o0, a0, b0, c0_, d0, row0, plane0,
+                KIND0, LAYOUT0, BITS0, QLO0, QMAX0, RES0, MODE0, BLOCK_M, BLOCK_N)
+    if KIND1 != 0:
+        emit_output(acc, res, offs_m, pix_mask, c0, NOUT, o1, a1, b1, c1, d1, row1, plane1,
+                    KIND1, LAYOUT1, BITS1, QLO1, QMAX1, RES1, MODE1, BLOCK_M, BLOCK_N)
 
 
 def fused_reason(kernel: object, n_outputs: int) -> str | None:
@@ -105,12 +100,14 @@ def fused_reason(kernel: object, n_outputs: int) -> str | None:
         return "the fp16-dot template's accumulator is float"
     if kernel.workload.epilogue.out != OUT_INT32 or kernel.workload.epilogue.requantizes:
         return "the kernel's workload must store the bare int32 accumulator"
-    cfg = kernel.config
-    if cfg.get("SPLIT_K", 1) > 1 and cfg.get("SPLIT_SUM", "second_kernel") != "last_program":
-        return "split-K summed by a second kernel (SPLIT_SUM 'second_kernel')"
     if not 1 <= n_outputs <= FUSED_MAX_OUTPUTS:
         return f"{n_outputs} outputs (the fused epilogue writes 1..{FUSED_MAX_OUTPUTS})"
     return None
+
+
+def fused_config(config) -> dict:
+    """The fused launch's knobs: `config`'s reduction knobs with FUSED_TILE, no split-K."""
+    return {**dict(config), **FUSED_TILE, "SPLIT_K": 1, "SPLIT_SUM": "second_kernel"}
 
 
 def bind_conv_outputs(kernel: IgemmKernel, x: torch.Tensor, w: torch.Tensor, params,
@@ -127,7 +124,8 @@ def bind_conv_outputs(kernel: IgemmKernel, x: torch.Tensor, w: torch.Tensor, par
         raise ValueError(f"the kernel cannot run this layer epilogue: {reason}")
     if not isinstance(outs, (list, tuple)) or len(outs) != len(outputs):
         raise ValueError("outputs and outs must be sequences of the same length")
-    wl, prob, cfg = kernel.workload, kernel.problem, kernel.config
+    wl, prob = kernel.workload, kernel.problem
+    cfg = fused_config(kernel.config)
     check_inputs(wl, x, w, params)
     _check_device(x)
     shape = tuple(out_storage(wl)[0])
@@ -136,23 +134,21 @@ def bind_conv_outputs(kernel: IgemmKernel, x: torch.Tensor, w: torch.Tensor, par
     slots = [output_slot(i, s, o, shape, x.device, residual is not None, y_bound, res_bound,
                          fast)
              for i, (s, o) in enumerate(zip(outputs, outs, strict=True))]
-    split = int(cfg.get("SPLIT_K", 1))
-    workspace = split_workspace(prob, split, output_tiles(prob, cfg), x.device)
-    scratch = (x, x) if workspace is None else (workspace.partials, workspace.arrivals)
     zp = bound_terms(wl, w, x.device) if prob.a_zero else x
-    args: list = [x, w, *scratch, zp, res_args[0], prob.M, prob.NOUT, prob.H, prob.W, prob.C,
+    args: list = [x, w, zp, res_args[0], prob.M, prob.NOUT, prob.H, prob.W, prob.C,
                   prob.P, prob.Q, prob.stride, prob.pad, prob.x_row, prob.w_row,
                   splits_iters(prob, cfg), res_args[1], res_args[2]]
     kwargs: dict = dict(mainloop_constants(prob, cfg), **res_consts)
+    del kwargs["SPLIT_K"]  # one reduction split (fused_config)
     for j in range(FUSED_MAX_OUTPUTS):
         a, c = slots[j] if j < len(slots) else _unused_slot(x)
         args += list(a)
         kwargs.update({f"{name}{j}": v for name, v in c.items()})
     kwargs["enable_fp_fusion"] = False  # float outputs: the pass's rounding, no FMA
-    launch = Launch(igemm_outputs_kernel, (output_tiles(prob, cfg), split), tuple(args),
-                    kwargs)
+    launch = Launch(igemm_outputs_kernel, (output_tiles(prob, cfg), 1), tuple(args), kwargs)
     return Launcher((launch,), tuple(o.data if isinstance(o, PackedTensor) else o
                                      for o in outs))
 
 
-__all__ = ["FUSED_MAX_OUTPUTS", "bind_conv_outputs", "fused_reason", "igemm_outputs_kernel"]
+__all__ = ["FUSED_MAX_OUTPUTS", "FUSED_TILE", "bind_conv_outputs", "fused_config",
+           "fused_reason", "igemm_outputs_kernel"]

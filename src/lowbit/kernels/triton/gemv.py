@@ -213,6 +213,7 @@ class GemvInt8Template(GemmInt8Template):
 
     name = "triton.gemv_int8"
     added_knobs: Mapping[str, object] = {}
+    layer_outputs_max = 0  # its own split-K kernel: the separate pass writes the outputs
     #: read by `lowbit.tune.dispatch`: time it by the weight-streaming estimate (the learned
     #: model has no measurements of this template)
     streams_weights = True

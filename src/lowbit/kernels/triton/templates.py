@@ -72,6 +72,9 @@ from .igemm import (
 )
 from .zero_point import act_zero_point, bound_terms
 
+#: outputs of a layer's epilogue the implicit-GEMM int8 kernels write themselves
+#: (`conv_outputs`: a block end's next input and its wide residual copy)
+LAYER_OUTPUTS_MAX = 2
 #: shared memory a program may stage (H100: 227 KiB per block; headroom for the epilogue)
 SMEM_LIMIT = 220 * 1024
 #: int32 / fp32 accumulator registers per thread above which Triton spills
@@ -396,6 +399,8 @@ class Conv2dInt8Template(_IgemmTemplate):
 
     name = "triton.conv2d_int8"
     workload_type = ConvWorkload
+    #: read by the planner and executor: writes a layer epilogue's outputs (`conv_outputs`)
+    layer_outputs_max: ClassVar[int] = LAYER_OUTPUTS_MAX
 
 
 class GemmInt8Template(_IgemmTemplate):
@@ -403,6 +408,7 @@ class GemmInt8Template(_IgemmTemplate):
 
     name = "triton.gemm_int8"
     workload_type = GemmWorkload
+    layer_outputs_max: ClassVar[int] = LAYER_OUTPUTS_MAX
 
 
 class Conv2dFp16Template(_IgemmTemplate):
