@@ -285,13 +285,22 @@ def render_qat_schedule(files: list[Result]) -> list[str]:
     return [*out, "", provenance({row[0] for row in latest_of.values()}), ""]
 
 
+def _policy(r: dict) -> str:
+    """The row's per-layer implementation policy (`impl_chooser`'s name; "default" where the
+    row does not say), with "no fused outputs" where int8 layers left their layer epilogue
+    to the separate pass."""
+    name = r.get("chooser", "default")
+    return name if r.get("fuse_outputs", True) else f"{name}, no fused outputs"
+
+
 def _network_key(r: dict) -> tuple | None:
-    """A network row's key: model, batch, precision, bias mode and the width of its residual
-    adds (24 bits where the row does not say); None for rows without a time (errors)."""
+    """A network row's key: model, batch, precision, bias mode, the width of its residual
+    adds (24 bits where the row does not say) and the policy; None for rows without a time
+    (errors)."""
     if not r.get("time_ms"):
         return None
     return (r["model"], r["batch"], r["precision"], r.get("exact_bias", True),
-            r.get("wide_bits", 24))
+            r.get("wide_bits", 24), _policy(r))
 
 
 def _largest_steps(f: Result, r: dict, n: int = 6) -> list[str]:
@@ -310,6 +319,18 @@ def _largest_steps(f: Result, r: dict, n: int = 6) -> list[str]:
             *table(["step", "impl", "us", "launches us", "floor us", "fp16 us"], rows), ""]
 
 
+def _current_policies(picked: list[tuple[Result, dict]]) -> list[tuple[Result, dict]]:
+    """The default policy's rows, and the other policies' rows that are no older than the
+    default row of their (model, batch, precision, bias, wide): an ablation measured before
+    the default changed describes code that no longer runs (NOTES.md keeps it)."""
+    newest: dict[tuple, int] = {}
+    for f, r in picked:
+        if _policy(r) == "default":
+            newest[_network_key(r)[:5]] = f.order
+    return [(f, r) for f, r in picked
+            if _policy(r) == "default" or f.order >= newest.get(_network_key(r)[:5], -1)]
+
+
 @suite("network", "Whole networks", "benchmarks/network.py")
 def render_network(files: list[Result]) -> list[str]:
     """DESIGN.md's network rows: {model, batch, precision, exact_bias, wide_bits, time_ms,
@@ -320,30 +341,38 @@ def render_network(files: list[Result]) -> list[str]:
            "output's bias at its shift (separate epilogue pass), `kernel` rounds it to "
            "accumulator units so single-output layers use their kernel's own epilogue. Wide: "
            "the bits of the residual adds' accumulators (24 by default; 16 or 8 with "
-           "`:wide16` / `:wide8`). Floor: the sum of the layers' roofline floors.", ""]
+           "`:wide16` / `:wide8`). Policy: how each layer's implementation is chosen "
+           "(`default`: `lowbit.compile`'s; `model`: the performance model's; a template's "
+           "name: the default with it first; `no fused outputs`: int8 layers leave their "
+           "layer epilogue to the separate pass; shown where no newer default row exists). "
+           "Floor: the sum of the layers' roofline floors.", ""]
     groups = by_gpu(files)
     for gpu, group in groups:
-        picked = sorted(latest_rows(group, _network_key), key=lambda fr: (
+        picked = sorted(_current_policies(latest_rows(group, _network_key)), key=lambda fr: (
             str(fr[1]["model"]), fr[1]["batch"], fr[1]["precision"],
-            not fr[1].get("exact_bias", True), -fr[1].get("wide_bits", 24)))
+            not fr[1].get("exact_bias", True), -fr[1].get("wide_bits", 24),
+            _policy(fr[1]) != "default", _policy(fr[1])))
         rows = []
         for f, r in picked:
             b, t = r.get("baselines_ms") or {}, r["time_ms"]
             rows.append([r["model"], r["batch"], r["precision"],
                          "exact" if r.get("exact_bias", True) else "kernel",
-                         r.get("wide_bits", 24), f.link(f"{t:.3f}"),
+                         r.get("wide_bits", 24), _policy(r), f.link(f"{t:.3f}"),
                          f"{r.get('images_per_s', 0):,.0f}",
                          *(ratio(b.get(k), t) for k in ("fp16_eager", "fp16_cuda_graph",
                                                         "fp16_compile")),
                          f"{r['floor_ms']:.3f}" if r.get("floor_ms") else "-",
                          us(r.get("host_overhead_us")), run_of(f)])
         out += gpu_heading(gpu, groups)
-        out += table(*drop_same(["model", "batch", "precision", "bias", "wide", "ms", "images/s",
+        out += table(*drop_same(["model", "batch", "precision", "bias", "wide", "policy", "ms",
+                                 "images/s",
                       "fp16 eager / ours", "fp16 CUDA graph / ours", "torch.compile / ours",
                       "floor ms", "host us", "run"], rows, "run"))
         out += ["", provenance(f for f, _ in picked), ""]
-        big = [(f, r) for f, r in picked if _network_key(r) == ("resnet50", 256, "w1a2", True, 24)]
-        out += _largest_steps(*big[-1]) if big else []
+        for precision in ("w1a2", "w8a8"):
+            big = [(f, r) for f, r in picked
+                   if _network_key(r) == ("resnet50", 256, precision, True, 24, "default")]
+            out += _largest_steps(*big[-1]) if big else []
     return out
 
 

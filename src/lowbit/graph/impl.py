@@ -31,7 +31,8 @@ INT8_CONV = ("cuda.int8_wgmma", "triton.conv2d_int8_tma", "triton.conv2d_int8")
 #: the order for convs of at least LARGE_CONV_OUTPUTS output values. Measured on an H200,
 #: ResNet-50 w8a8 (network-20261127-234313.json): at batch 256 (6-205 M outputs a layer) the
 #: Triton implicit GEMM took 12.87 ms, `cuda.int8_wgmma` 13.88; at batch 8 (<= 1.6 M outputs
-#: a layer; ResNet-18) the Triton kernels were slower (0.48 against 0.37 ms)
+#: a layer) the Triton kernels were slower (network-20261127-235612.json: ResNet-18 0.48
+#: against 0.37 ms, ResNet-50 1.14 against 0.95)
 INT8_CONV_LARGE = ("triton.conv2d_int8", "cuda.int8_wgmma", "triton.conv2d_int8_tma")
 LARGE_CONV_OUTPUTS = 1 << 22
 INT8_GEMM = ("cuda.int8_wgmma", "triton.gemm_int8")
