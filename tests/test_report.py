@@ -188,6 +188,15 @@ SYNTHETIC = {
                 ("network-20260103-000000.json", _doc("network", [
                     {"model": "resnet18", "batch": 8, "precision": "w1a2", "wide_bits": 16,
                      "time_ms": 0.19, "images_per_s": 42000.0,
+                     "baselines_ms": {"fp16_cuda_graph": 0.5}, "layers": []},
+                    # an ablation newer than its default row: shown
+                    {"model": "resnet18", "batch": 8, "precision": "w1a2", "chooser": "model",
+                     "time_ms": 0.3, "images_per_s": 26000.0,
+                     "baselines_ms": {"fp16_cuda_graph": 0.5}, "layers": []}])),
+                ("network-20260101-000000.json", _doc("network", [
+                    # an ablation older than its default row: left out
+                    {"model": "resnet18", "batch": 8, "precision": "w1a2", "fuse_outputs": False,
+                     "time_ms": 0.9, "images_per_s": 9000.0,
                      "baselines_ms": {"fp16_cuda_graph": 0.5}, "layers": []}]))],
     "qat_schedule": [("qat_schedule-20260102-000000.json", dict(_doc("qat_schedule", [
         {"precision": "w2a2", "method": "rand", "accuracy_mean": 66.5},
@@ -262,9 +271,12 @@ EXPECTED = {
                       "Measured latency: [autoprecision-20260102-000000.json]"
                       "[autoprecision-20260102-000000], NVIDIA Test GPU, 2 seeds",
                       "|uniform w2a2|[0.2500][autoprecision-20260102-000000]|0.2000 - 0.3000|2|"],
-    "network": ["|resnet18|8|w1a2|exact|24|[0.250][network-20260102-000000]|32,000|6.00|2.00|1.20|",
-                "|resnet18|8|w1a2|exact|16|[0.190][network-20260103-000000]|42,000|",
-                "|resnet18|8|w1a2|kernel|24|[0.200][network-20260102-000000]|40,000|7.50|2.50|-|"
+    "network": ["|resnet18|8|w1a2|exact|24|default|[0.250][network-20260102-000000]|32,000|6.00|"
+                "2.00|1.20|",
+                "|resnet18|8|w1a2|exact|16|default|[0.190][network-20260103-000000]|42,000|",
+                "|resnet18|8|w1a2|exact|24|model|[0.300][network-20260103-000000]|26,000|",
+                "|resnet18|8|w1a2|kernel|24|default|[0.200][network-20260102-000000]|40,000|7.50|"
+                "2.50|-|"
                 "0.020|30.0|",
                 "Largest steps of resnet50 b256 w1a2 (exact bias, wide 24)",
                 "|layer.l0|cuda.bitserial_wgmma|1500.0|900.0 + 600.0|500.0|100.0|",
@@ -286,7 +298,7 @@ EXPECTED = {
 # what a section must not show: superseded rows, and rows a key collision would hide
 ABSENT = {
     "tuning": ["|resnet50_s4_3x3|igemm|diversity|342|"],
-    "network": ["vgg16", "|layer.l1|"],
+    "network": ["vgg16", "|layer.l1|", "no fused outputs"],
     "autoprecision": ["70.00 +- 1.00"],
 }
 
