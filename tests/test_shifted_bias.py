@@ -379,6 +379,44 @@ def test_interpreted_triton_templates_are_bit_exact(wl, changes, dot_fp16):
                    .flatten().tolist())) >= 2
 
 
+@pytest.mark.parametrize("wl,changes", [pytest.param(*c[1:], id=c[0]) for c in TRITON_CASES])
+def test_interpreted_triton_float64_requantization_is_bit_exact(wl, changes):
+    """Where acc_bound m + |b| + 2^(s-1) < 2^53 (multipliers of ~20 bits, as the planner
+    picks them) the Triton epilogue requantizes in float64 (HAS_BIAS 3), with the same
+    integers as the int64 formula: half-way sums and every output level included."""
+    from lowbit.core import Config
+    from lowbit.kernels.base import acc_bound
+    from lowbit.kernels.triton import IgemmKernel
+    from lowbit.kernels.triton.epilogue import BIAS_SHIFTED_FLOAT64
+    from lowbit.kernels.triton.templates import interpreting, problem, with_float64_requant
+
+    if not interpreting():
+        pytest.skip("the interpreter's tiny tiles (GPU: test_gpu_templates_are_bit_exact)")
+    x, w, p = random_inputs(wl, seed=len(wl.key) + 1)
+    drop = 10
+    assert bool((p.shift > drop).all())
+    m, sh = torch.clamp(p.multiplier >> drop, min=1), p.shift - drop
+    b = shifted_bias_from(p.bias, m, sh, torch.Generator().manual_seed(3))
+    params = EpilogueParams(multiplier=m, shift=sh, shifted_bias=b)
+    swl = wl.replace(epilogue=shifted(wl.epilogue))
+    prob, vecs = with_float64_requant(swl, problem(swl, False), params, (b, None, m, sh), "cpu")
+    assert prob.bias == BIAS_SHIFTED_FLOAT64 and vecs[0].dtype == torch.float64
+    assert acc_bound(swl) * int(m.max()) < 2**53
+    cfg = {**TINY, **({"LOOP_ORDER": "rsc"} if isinstance(wl, ConvWorkload) else {}), **changes}
+    kernel = IgemmKernel("test", swl, Config(cfg), problem(swl, False))
+    shape, dtype = out_storage(swl)
+    out = kernel(x, w, params, out=torch.full(shape, 0x5A, dtype=dtype))
+    want = run(swl, x, w, params)
+    assert torch.equal(out, want), cfg
+    k = wl.K if isinstance(wl, ConvWorkload) else wl.N
+    assert len(set(unpack(want, swl.epilogue.out, swl.epilogue.out_layout, k)
+                   .flatten().tolist())) >= 2
+    # the extremes of shifted_inputs (|b| near 2^62) keep the int64 form
+    swl2, _, _, extreme = shifted_inputs(wl, seed=1)
+    assert with_float64_requant(swl2, problem(swl2, False), extreme, (None,) * 4, "cpu")[0] \
+        .bias != BIAS_SHIFTED_FLOAT64
+
+
 def test_triton_bind_rejects_a_missing_or_narrow_shifted_bias():
     from lowbit.core import Config
     from lowbit.kernels.triton import IgemmKernel

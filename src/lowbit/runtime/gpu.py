@@ -503,7 +503,6 @@ class GpuExecutor:
         self.buffers[self.plan.input].copy_(x)
         if record:
             return self._record()
-        self.buffers[self.plan.input].copy_(x)
         self.replay()
         self._raise_if_nonfinite()
         return self.result.clone()

@@ -9,6 +9,7 @@ constants) so each combination compiles to straight-line code.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -23,8 +24,12 @@ SRC_INT8, SRC_PACKED, SRC_FLOAT = 0, 1, 2
 # output kinds
 OUT_KIND_INT32, OUT_KIND_FP16, OUT_KIND_REQUANT, OUT_KIND_FLOAT = 0, 1, 2, 3
 # HAS_BIAS: no bias (0 / False), int32 in accumulator units (1 / True), int64 at the output's
-# shift (2: Epilogue.shifted_bias, added after the multiply)
+# shift (2: Epilogue.shifted_bias, added after the multiply), or the same requantization in
+# float64 (3: `float64_requant`, where it is exact)
 BIAS_SHIFTED = 2
+BIAS_SHIFTED_FLOAT64 = 3
+#: float64 holds every integer below 2^53 exactly
+FLOAT64_EXACT = 2**53
 # output layouts
 LAYOUT_CODE = {Layout.INT8: 0, Layout.PACKED: 1, Layout.BITPLANE: 2}
 LAYOUT_INT8, LAYOUT_PACKED, LAYOUT_BITPLANE = 0, 1, 2
@@ -106,7 +111,7 @@ def epilogue_store(acc, offs_m, n0, M, NOUT, out_ptr, out_row, out_plane,
             b = tl.load(bias_ptr + offs_n, mask=n_mask, other=0)
             y = y + b.to(y.dtype)[None, :]
         if RELU:
-            if HAS_BIAS != 2:
+            if HAS_BIAS < 2:  # shifted biases: ReLU is the clamp at QMIN
                 y = tl.maximum(y, 0)
         if OUT_KIND == 0:
             ptrs = out_ptr + offs_m[:, None] * out_row + offs_n[None, :]
@@ -116,18 +121,27 @@ def epilogue_store(acc, offs_m, n0, M, NOUT, out_ptr, out_row, out_plane,
             ptrs = out_ptr + offs_m[:, None] * out_row + offs_n[None, :]
             tl.store(ptrs, (y.to(tl.float32) * sc[None, :]).to(tl.float16), mask=mask)
         else:
-            mul = tl.load(mult_ptr + offs_n, mask=n_mask, other=1).to(tl.int64)
-            sh = tl.load(shift_ptr + offs_n, mask=n_mask, other=1).to(tl.int64)
-            rnd = tl.full([BLOCK_N], 1, tl.int64) << (sh - 1)
-            if HAS_BIAS == 2:
-                sb = tl.load(bias_ptr + offs_n, mask=n_mask, other=0).to(tl.int64)
-                z = y.to(tl.int64) * mul[None, :] + sb[None, :]
-                low = z & ((rnd << 1) - 1)[None, :]  # the rounding term joins the low bits
-                q = (z >> sh[None, :]) + ((low + rnd[None, :]) >> sh[None, :])
+            if HAS_BIAS == 3:
+                # floor(acc (m 2^-s) + b 2^-s + 0.5): every term an integer below 2^53 times
+                # 2^-s (the launcher checked), so each float64 step is exact; the int64 form
+                # below costs ~15 integer instructions a value (64-bit emulation)
+                ms = tl.load(mult_ptr + offs_n, mask=n_mask, other=0.0)
+                bs = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)
+                v = tl.math.floor(y.to(tl.float64) * ms[None, :] + bs[None, :] + 0.5)
+                q = tl.minimum(tl.maximum(v, QMIN), QMAX).to(tl.int32)
             else:
-                # fixed-point requantization, round half up; the int64 product is exact
-                q = (y.to(tl.int64) * mul[None, :] + rnd[None, :]) >> sh[None, :]
-            q = tl.minimum(tl.maximum(q, QMIN), QMAX).to(tl.int32)
+                mul = tl.load(mult_ptr + offs_n, mask=n_mask, other=1).to(tl.int64)
+                sh = tl.load(shift_ptr + offs_n, mask=n_mask, other=1).to(tl.int64)
+                rnd = tl.full([BLOCK_N], 1, tl.int64) << (sh - 1)
+                if HAS_BIAS == 2:
+                    sb = tl.load(bias_ptr + offs_n, mask=n_mask, other=0).to(tl.int64)
+                    z = y.to(tl.int64) * mul[None, :] + sb[None, :]
+                    low = z & ((rnd << 1) - 1)[None, :]  # the rounding term joins the low bits
+                    q = (z >> sh[None, :]) + ((low + rnd[None, :]) >> sh[None, :])
+                else:
+                    # fixed-point requantization, round half up; the int64 product is exact
+                    q = (y.to(tl.int64) * mul[None, :] + rnd[None, :]) >> sh[None, :]
+                q = tl.minimum(tl.maximum(q, QMIN), QMAX).to(tl.int32)
             if OUT_LAYOUT == 0:
                 ptrs = out_ptr + offs_m[:, None] * out_row + offs_n[None, :]
                 tl.store(ptrs, q.to(out_ptr.dtype.element_ty), mask=mask)
@@ -167,3 +181,19 @@ def pack_store(pat, offs_m, m_mask, n0, out_ptr, out_row, out_plane,
             word = tl.sum(((p3 >> i) & 1) << lane[None, None, :], axis=2)
             ptrs = out_ptr + i * out_plane + offs_m[:, None] * out_row + col[None, :]
             tl.store(ptrs, word.to(tl.int32, bitcast=True), mask=wmask)
+
+
+def float64_requant(acc_top: int, params, device: torch.device | str
+                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(b 2^-s, m 2^-s) float64 [K] on `device` for the shifted-bias requantization
+    floor((acc m + b + 2^(s-1)) / 2^s) of accumulators |acc| <= acc_top, where it is exact in
+    float64: acc_top m + |b| + 2^(s-1) < 2^53 on every channel (then acc m, + b and + 2^(s-1)
+    are integers below 2^53 scaled by 2^-s); None where a channel's sum may not be."""
+    m = params.multiplier.to(torch.int64).cpu()
+    s = params.shift.to(torch.int64).cpu()
+    b = params.shifted_bias.to(torch.int64).cpu()
+    if not all(acc_top * mi + abs(bi) + (1 << (si - 1)) < FLOAT64_EXACT
+               for mi, bi, si in zip(m.tolist(), b.tolist(), s.tolist(), strict=True)):
+        return None
+    scaled = torch.pow(2.0, -s.to(torch.float64))
+    return (b.to(torch.float64) * scaled).to(device), (m.to(torch.float64) * scaled).to(device)

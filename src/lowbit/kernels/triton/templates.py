@@ -50,6 +50,7 @@ from ...core.validate import (
 from ..base import EXACT_INT32, NUM_SMS, KernelTemplate, acc_bound
 from .epilogue import (
     BIAS_SHIFTED,
+    BIAS_SHIFTED_FLOAT64,
     ENC_CODE,
     LAYOUT_CODE,
     OUT_KIND_FLOAT,
@@ -59,6 +60,7 @@ from .epilogue import (
     SRC_FLOAT,
     SRC_INT8,
     SRC_PACKED,
+    float64_requant,
 )
 from .igemm import (
     Launch,
@@ -164,6 +166,21 @@ def placeholder_vectors(epi: Epilogue, device: torch.device | str) -> tuple:
                  for n in ("bias", "scale", "multiplier", "shift"))
 
 
+def with_float64_requant(wl: Workload, prob: Problem, params, vecs: tuple,
+                         device: torch.device | str) -> tuple[Problem, tuple]:
+    """(prob, vecs) with the shifted-bias requantization in float64 (`float64_requant`: HAS_BIAS
+    BIAS_SHIFTED_FLOAT64, bias and multiplier vectors as b 2^-s and m 2^-s) where that is exact
+    for the workload's accumulators; unchanged otherwise. vecs: (bias, scale, multiplier,
+    shift)."""
+    if not wl.epilogue.shifted_bias:
+        return prob, vecs
+    scaled = float64_requant(acc_bound(wl), params, device)
+    if scaled is None:
+        return prob, vecs
+    return (dataclasses.replace(prob, bias=BIAS_SHIFTED_FLOAT64),
+            (scaled[0], vecs[1], scaled[1], vecs[3]))
+
+
 class IgemmKernel:
     """One compiled (workload, config): `kernel(x, w, params, out=None) -> out`.
 
@@ -196,6 +213,7 @@ class IgemmKernel:
                 prob = dataclasses.replace(prob, wide=True)
         vecs = (bias_vector(self.workload.epilogue, params), params.scale, params.multiplier,
                 params.shift)
+        prob, vecs = with_float64_requant(self.workload, prob, params, vecs, x.device)
         plan = self.plan(prob, x, w, out, vecs)  # arguments fixed once
 
         def launcher() -> torch.Tensor:

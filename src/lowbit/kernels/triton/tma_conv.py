@@ -64,6 +64,7 @@ from .templates import (
     placeholder_vectors,
     problem,
     split_k_reason,
+    with_float64_requant,
 )
 from .zero_point import act_zero_point, bound_terms, shifted_act, with_zero_point
 
@@ -256,6 +257,7 @@ class TmaConvKernel:
         # descriptors built once per bind: host-side work kept out of the timed launcher
         descs = _descriptors(wl, cfg, _as_int8(x), _as_int8(w))
         vecs = (bias_vector(wl.epilogue, params), params.scale, params.multiplier, params.shift)
+        prob, vecs = with_float64_requant(wl, prob, params, vecs, x.device)
         workspace = split_workspace(prob, cfg["SPLIT_K"], output_tiles(wl, cfg), x.device)
         terms = bound_terms(wl, w, x.device) if prob.a_zero else None
         plan = launches(wl, prob, cfg, descs, out, *vecs, workspace, terms)  # fixed once
