@@ -223,18 +223,24 @@ def test_fp16_fallbacks_equal_reference(wl):
     assert checked == 2
 
 
+def triton_int8(wl):
+    """A chooser: the Triton int8 implicit GEMM (conv or GEMM) wherever it runs the layer."""
+    name = "triton.conv2d_int8" if isinstance(wl, ConvWorkload) else "triton.gemm_int8"
+    if unsupported_reason(name, wl) is None:
+        return name, "test: triton int8"
+    return choose_impl(wl)
+
+
+def interpreted_int8_plan(model: str):
+    q, _ = build_quantized(model, "w8a8-all", image_size=(8, 8), width=0.5, num_classes=10,
+                           seed=7, calib_batch=2)
+    x = random_images(2, (8, 8), 1, seed=8)
+    return _compile(q, x, choose_impl=triton_int8).plan, x
+
+
 def test_interpreted_int8_templates_through_the_executor():
     """The Triton int8 conv template (interpreted) serves the 8-bit layers it supports."""
-    def triton_int8(wl):
-        name = "triton.conv2d_int8" if isinstance(wl, ConvWorkload) else "triton.gemm_int8"
-        if wl.a.bits == 8 and unsupported_reason(name, wl) is None:
-            return name, "test: triton int8"
-        return choose_impl(wl)
-
-    q, _ = build_quantized("digits_cnn", "w8a8-all", image_size=(8, 8), width=0.5,
-                           num_classes=10, seed=7, calib_batch=2)
-    x = random_images(2, (8, 8), 1, seed=8)
-    plan = _compile(q, x, choose_impl=triton_int8).plan
+    plan, x = interpreted_int8_plan("digits_cnn")
     served = [s for s in plan.layers if s.impl.startswith("triton.")]
     # the first conv (signed input) and the layers after ReLU (u8, through the zero point)
     assert len(served) == len([s for s in plan.layers if s.workload.a.bits == 8]) >= 3
@@ -248,16 +254,7 @@ def test_interpreted_int8_block_ends_write_their_outputs(fuse):
     """A residual network at w8a8 on the interpreted Triton int8 templates: the block ends
     (two outputs and a residual) run their layer epilogue inside the kernel
     (`kernels.triton.conv_outputs`) or in the separate pass, with the same integers."""
-    def triton_int8(wl):
-        name = "triton.conv2d_int8" if isinstance(wl, ConvWorkload) else "triton.gemm_int8"
-        if unsupported_reason(name, wl) is None:
-            return name, "test: triton int8"
-        return choose_impl(wl)
-
-    q, _ = build_quantized("digits_resnet", "w8a8-all", image_size=(8, 8), width=0.5,
-                           num_classes=10, seed=7, calib_batch=2)
-    x = random_images(2, (8, 8), 1, seed=8)
-    plan = _compile(q, x, choose_impl=triton_int8).plan
+    plan, x = interpreted_int8_plan("digits_resnet")
     ex = GpuExecutor(plan, "cpu", kernels=interpreted_kernel, fuse_outputs=fuse)
     fused = [b for b in ex.steps if "layer epilogue fused" in b.how]
     passes = [b for b in ex.steps if "netops epilogue" in b.how]

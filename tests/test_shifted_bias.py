@@ -358,25 +358,34 @@ TRITON_CASES = [  # (id, workload with an accumulator-unit bias, config changes)
 ]
 
 
-@pytest.mark.parametrize("wl,changes", [pytest.param(*c[1:], id=c[0]) for c in TRITON_CASES])
-@pytest.mark.parametrize("dot_fp16", [False, True], ids=["int8", "fp16"])
-def test_interpreted_triton_templates_are_bit_exact(wl, changes, dot_fp16):
+def assert_interpreted_exact(swl: Workload, changes: dict, x, w, params, dot_fp16: bool):
+    """The interpreted implicit-GEMM kernel of `swl` (TINY tiles with `changes`) equals the
+    reference in a poisoned buffer, with at least two output levels."""
     from lowbit.core import Config
     from lowbit.kernels.triton import IgemmKernel
-    from lowbit.kernels.triton.templates import interpreting, problem
+    from lowbit.kernels.triton.templates import problem
 
-    if not interpreting():
-        pytest.skip("the interpreter's tiny tiles (GPU: test_gpu_templates_are_bit_exact)")
-    swl, x, w, params = shifted_inputs(wl, seed=len(wl.key))
-    cfg = {**TINY, **({"LOOP_ORDER": "rsc"} if isinstance(wl, ConvWorkload) else {}), **changes}
+    cfg = {**TINY, **({"LOOP_ORDER": "rsc"} if isinstance(swl, ConvWorkload) else {}),
+           **changes}
     kernel = IgemmKernel("test", swl, Config(cfg), problem(swl, dot_fp16))
     shape, dtype = out_storage(swl)
     out = kernel(x, w, params, out=torch.full(shape, 0x5A, dtype=dtype))
     want = run(swl, x, w, params)
     assert torch.equal(out, want), cfg
-    k = wl.K if isinstance(wl, ConvWorkload) else wl.N
+    k = swl.K if isinstance(swl, ConvWorkload) else swl.N
     assert len(set(unpack(want, swl.epilogue.out, swl.epilogue.out_layout, k)
                    .flatten().tolist())) >= 2
+
+
+@pytest.mark.parametrize("wl,changes", [pytest.param(*c[1:], id=c[0]) for c in TRITON_CASES])
+@pytest.mark.parametrize("dot_fp16", [False, True], ids=["int8", "fp16"])
+def test_interpreted_triton_templates_are_bit_exact(wl, changes, dot_fp16):
+    from lowbit.kernels.triton.templates import interpreting
+
+    if not interpreting():
+        pytest.skip("the interpreter's tiny tiles (GPU: test_gpu_templates_are_bit_exact)")
+    swl, x, w, params = shifted_inputs(wl, seed=len(wl.key))
+    assert_interpreted_exact(swl, changes, x, w, params, dot_fp16)
 
 
 @pytest.mark.parametrize("wl,changes", [pytest.param(*c[1:], id=c[0]) for c in TRITON_CASES])
@@ -384,9 +393,7 @@ def test_interpreted_triton_float64_requantization_is_bit_exact(wl, changes):
     """Where acc_bound m + |b| + 2^(s-1) < 2^53 (multipliers of ~20 bits, as the planner
     picks them) the Triton epilogue requantizes in float64 (HAS_BIAS 3), with the same
     integers as the int64 formula: half-way sums and every output level included."""
-    from lowbit.core import Config
     from lowbit.kernels.base import acc_bound
-    from lowbit.kernels.triton import IgemmKernel
     from lowbit.kernels.triton.epilogue import BIAS_SHIFTED_FLOAT64
     from lowbit.kernels.triton.templates import interpreting, problem, with_float64_requant
 
@@ -402,15 +409,7 @@ def test_interpreted_triton_float64_requantization_is_bit_exact(wl, changes):
     prob, vecs = with_float64_requant(swl, problem(swl, False), params, (b, None, m, sh), "cpu")
     assert prob.bias == BIAS_SHIFTED_FLOAT64 and vecs[0].dtype == torch.float64
     assert acc_bound(swl) * int(m.max()) < 2**53
-    cfg = {**TINY, **({"LOOP_ORDER": "rsc"} if isinstance(wl, ConvWorkload) else {}), **changes}
-    kernel = IgemmKernel("test", swl, Config(cfg), problem(swl, False))
-    shape, dtype = out_storage(swl)
-    out = kernel(x, w, params, out=torch.full(shape, 0x5A, dtype=dtype))
-    want = run(swl, x, w, params)
-    assert torch.equal(out, want), cfg
-    k = wl.K if isinstance(wl, ConvWorkload) else wl.N
-    assert len(set(unpack(want, swl.epilogue.out, swl.epilogue.out_layout, k)
-                   .flatten().tolist())) >= 2
+    assert_interpreted_exact(swl, changes, x, w, params, False)
     # the extremes of shifted_inputs (|b| near 2^62) keep the int64 form
     swl2, _, _, extreme = shifted_inputs(wl, seed=1)
     assert with_float64_requant(swl2, problem(swl2, False), extreme, (None,) * 4, "cpu")[0] \
