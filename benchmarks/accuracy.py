@@ -511,6 +511,9 @@ def _journal(path: Path, settings: str, result: dict) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="run the seeds from this one on (a second process sharing the "
+                    "journal takes the other seeds; --from-journal writes them all)")
     ap.add_argument("--jobs", "--workers", type=int, default=0, dest="jobs",
                     help="processes, one (dataset, model, seed) task each (default: CPU cores)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 1 QAT epoch, short FP32")
@@ -535,6 +538,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.seeds < 1:
         ap.error("--seeds must be >= 1")
+    if not 0 <= args.first_seed < args.seeds:
+        ap.error("--first-seed must be in [0, --seeds)")
     for name in ("fp32_epochs", "qat_epochs"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -572,7 +577,7 @@ def main(argv: list[str] | None = None) -> None:
         args.resume or args.from_journal) else set()
     # seed-major order: a run stopped early has every (dataset, model) at a similar seed count
     tasks = [(d, m, seed, schedules[d], precisions, methods, args.fp32_cache)
-             for seed in range(args.seeds)
+             for seed in range(args.first_seed, args.seeds)
              for d in sorted(args.datasets, key=lambda d: d != "digits_hard")
              for m in args.models if (d, m, seed) not in skip]
     if args.from_journal:

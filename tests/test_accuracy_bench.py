@@ -134,6 +134,11 @@ def test_journal_resume_and_results_from_journal(tmp_path, capsys, monkeypatch):
     bench.main(["--seeds", "2", "--resume", *args])
     assert ran == [("digits", "digits_cnn", 1)]
     assert len(journal.read_text().splitlines()) == 4
+    # a second process takes the seeds from --first-seed on (here: all done already)
+    bench.main(["--seeds", "2", "--first-seed", "1", "--resume", *args])
+    assert len(ran) == 1
+    with pytest.raises(SystemExit):
+        bench.main(["--seeds", "2", "--first-seed", "2", *args])
     for f in tmp_path.glob("accuracy-2*.json"):
         f.unlink()
     # keys are per dataset: a later run over more datasets finds the same tasks
