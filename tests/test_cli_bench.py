@@ -22,6 +22,13 @@ def test_bench_unknown_model_is_one_user_error():
     assert "Traceback" not in r.output
 
 
+def test_bench_unknown_policy_is_one_user_error():
+    r = _run("bench", "resnet18", "--policy", "fastest")
+    assert r.exit_code == USER_ERROR
+    assert "--policy must be" in r.output and "triton.conv2d_int8" in r.output
+    assert "Traceback" not in r.output
+
+
 def test_bench_without_gpu_is_an_environment_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     r = _run("bench", "resnet18", "--batch", "2")

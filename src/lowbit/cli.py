@@ -247,6 +247,12 @@ def bench(
     kernel_bias: bool = typer.Option(False, "--kernel-bias", help="biases in accumulator "
                                      "units, so single-output layers use their kernel's own "
                                      "epilogue"),
+    policy: str = typer.Option("default", help="how each layer's kernel is chosen: default, "
+                               "model (the performance model), or an int8 template's name "
+                               "tried first (e.g. triton.conv2d_int8)"),
+    fuse_outputs: bool = typer.Option(True, "--fuse-outputs/--no-fuse-outputs",
+                                      help="int8 layers write their layer epilogue's outputs "
+                                      "from the kernel (else a separate pass)"),
     out: str = typer.Option("", help="write the results JSON (and the per-layer PNG) here"),
 ) -> None:
     """Time a whole quantized network on this GPU against PyTorch fp16 (eager, CUDA graph,
@@ -256,19 +262,31 @@ def bench(
     import torch
 
     from .models import names
-    from .runtime.bench import BenchCase, bench_network, per_layer_figure, summary_table
+    from .runtime.bench import (
+        BenchCase,
+        bench_network,
+        impl_chooser,
+        per_layer_figure,
+        summary_table,
+    )
 
     if model not in names():
         raise ValueError(f"model must be one of {', '.join(names())}, got {model!r}")
     if batch < 1:
         raise ValueError(f"--batch must be >= 1, got {batch}")
+    try:
+        impl_chooser(policy)
+    except ValueError as e:
+        raise ValueError(f"--policy must be 'default', 'model' or an int8 template's name "
+                         f"({e})") from None
     if not torch.cuda.is_available():
         from .tune.measure import MeasureEnvironmentError
 
         raise MeasureEnvironmentError("lowbit bench needs a CUDA GPU; none is visible here "
                                       "(lowbit.compile still runs the plan through the exact "
                                       "reference on a CPU)")
-    row = bench_network(BenchCase(model, batch, precision, exact_bias=not kernel_bias),
+    row = bench_network(BenchCase(model, batch, precision, exact_bias=not kernel_bias,
+                                  chooser=policy, fuse_outputs=fuse_outputs),
                         compile_mode=None if compile_mode == "none" else compile_mode)
     table = Table(title=f"{model} batch {batch} {precision} on {torch.cuda.get_device_name()}")
     for col in ("step", "impl", "us", "floor us", "share", "fp16 us"):
