@@ -7,12 +7,12 @@
 #                the non-finite check, then the netops / stem GPU tests
 #   2. bench     benchmarks/network.py: resnet18 b8 w1a2, resnet50 b256 w1a2 and w8a8, vgg16 b8
 #                w1a2, alexnet b8 w1a2 (the b8 rows also check logits against the reference),
-#                then resnet18 b8 w1a2 with the biases in accumulator units (its single-output
-#                layers on their kernels' own epilogues); the torch.compile baseline (mode
+#                then resnet18 b8 w8a8 and resnet50 b256 w8a8 with the int8 layers' epilogue in
+#                the separate pass (the fused outputs' same-run baseline); the torch.compile baseline (mode
 #                "default", not the issue's "max-autotune", which compiles for minutes) for
 #                ResNet-50 b256 only, measured after every case
 #   3. tests_b   the other engine GPU tests (VGG-16, AlexNet, ResNet-50, chained layers, fp16
-#                layers, ...) with the time left
+#                layers, the int8 kernels' fused layer epilogue, ...) with the time left
 # Env: BUDGET_S, NETOPS_TESTS=0 / TESTS_B=0 skip those steps, CASES="model:batch:precision ..."
 # and COMPILE_MODE (default "default"; "none" skips torch.compile) pick the benchmark rows.
 # Outputs under $OUT: the results files to commit under benchmarks/results/<gpu>/ --
@@ -79,10 +79,10 @@ step tests_a 110 200 $(junit_pytest tests_a) tests/test_engine_gpu_cuda.py \
   tests/test_triton_netops.py tests/test_stem.py
 # CASES / COMPILE_MODE override the benchmark's rows and its torch.compile baseline ('none')
 step bench 230 10 python3 benchmarks/network.py --out "$OUT" --quick \
-  --cases ${CASES:-resnet18:8:w1a2 resnet50:256:w1a2 resnet50:256:w8a8 vgg16:8:w1a2 alexnet:8:w1a2 resnet18:8:w1a2:kernelbias} \
+  --cases ${CASES:-resnet18:8:w1a2 resnet50:256:w1a2 resnet50:256:w8a8 vgg16:8:w1a2 alexnet:8:w1a2 resnet18:8:w8a8 resnet50:256:w8a8:nofuse} \
   --compile-mode "${COMPILE_MODE:-default}" --compile-models resnet50
 [ "${TESTS_B:-1}" = 1 ] && step tests_b 200 5 $(junit_pytest tests_b) tests/test_engine_gpu_cuda.py \
-  -k "not (resnet18-w1a2-b8 and bit_exact) and not nonfinite"
+  tests/test_conv_outputs.py -k "not (resnet18-w1a2-b8 and bit_exact) and not nonfinite"
 # the tests' counts as a results file for the tree (the logs stay in $LOGS)
 compgen -G "$LOGS/*.xml" > /dev/null && python3 benchmarks/gpu_tests_summary.py "$LOGS"/*.xml \
   --out "$OUT" >> "$SUMMARY" 2>&1
