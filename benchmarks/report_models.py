@@ -319,6 +319,11 @@ def _largest_steps(f: Result, r: dict, n: int = 6) -> list[str]:
             *table(["step", "impl", "us", "launches us", "floor us", "fp16 us"], rows), ""]
 
 
+def _fraction(ours: float | None, fp16: float | None) -> str:
+    """ours / fp16 (bytes) to two decimals, "-" where either is missing."""
+    return f"{ours / fp16:.2f}" if ours and fp16 else "-"
+
+
 def _current_policies(picked: list[tuple[Result, dict]]) -> list[tuple[Result, dict]]:
     """The default policy's rows, and the other policies' rows that are no older than the
     default row of their (model, batch, precision, bias, wide): an ablation measured before
@@ -345,7 +350,8 @@ def render_network(files: list[Result]) -> list[str]:
            "(`default`: `lowbit.compile`'s; `model`: the performance model's; a template's "
            "name: the default with it first; `no fused outputs`: int8 layers leave their "
            "layer epilogue to the separate pass; shown where no newer default row exists). "
-           "Floor: the sum of the layers' roofline floors.", ""]
+           "Floor: the sum of the layers' roofline floors. Weights and peak activations: "
+           "bytes held by the plan against the fp16 model's (PyTorch, channels_last).", ""]
     groups = by_gpu(files)
     for gpu, group in groups:
         picked = sorted(_current_policies(latest_rows(group, _network_key)), key=lambda fr: (
@@ -362,12 +368,16 @@ def render_network(files: list[Result]) -> list[str]:
                          *(ratio(b.get(k), t) for k in ("fp16_eager", "fp16_cuda_graph",
                                                         "fp16_compile")),
                          f"{r['floor_ms']:.3f}" if r.get("floor_ms") else "-",
-                         us(r.get("host_overhead_us")), run_of(f)])
+                         us(r.get("host_overhead_us")),
+                         _fraction(r.get("weights_bytes"), r.get("fp16_weights_bytes")),
+                         _fraction(r.get("peak_activation_bytes"),
+                                   r.get("fp16_peak_activation_bytes")), run_of(f)])
         out += gpu_heading(gpu, groups)
         out += table(*drop_same(["model", "batch", "precision", "bias", "wide", "policy", "ms",
                                  "images/s",
                       "fp16 eager / ours", "fp16 CUDA graph / ours", "torch.compile / ours",
-                      "floor ms", "host us", "run"], rows, "run"))
+                      "floor ms", "host us", "weights / fp16", "peak activations / fp16",
+                      "run"], rows, "run"))
         out += ["", provenance(f for f, _ in picked), ""]
         for precision in ("w1a2", "w8a8"):
             big = [(f, r) for f, r in picked

@@ -176,6 +176,8 @@ SYNTHETIC = {
          "layers": []},
         {"model": "resnet18", "batch": 8, "precision": "w1a2", "exact_bias": False,
          "time_ms": 0.2, "images_per_s": 40000.0, "floor_ms": 0.02, "host_overhead_us": 30.0,
+         "weights_bytes": 1_000, "fp16_weights_bytes": 16_000, "peak_activation_bytes": 3_000,
+         "fp16_peak_activation_bytes": 2_000,
          "baselines_ms": {"fp16_eager": 1.5, "fp16_cuda_graph": 0.5}, "layers": []},
         {"model": "resnet50", "batch": 256, "precision": "w1a2", "time_ms": 14.0,
          "images_per_s": 18000.0, "baselines_ms": {"fp16_cuda_graph": 14.0},
@@ -276,8 +278,7 @@ EXPECTED = {
                 "|resnet18|8|w1a2|exact|16|default|[0.190][network-20260103-000000]|42,000|",
                 "|resnet18|8|w1a2|exact|24|model|[0.300][network-20260103-000000]|26,000|",
                 "|resnet18|8|w1a2|kernel|24|default|[0.200][network-20260102-000000]|40,000|7.50|"
-                "2.50|-|"
-                "0.020|30.0|",
+                "2.50|-|0.020|30.0|0.06|1.50|",
                 "Largest steps of resnet50 b256 w1a2 (exact bias, wide 24)",
                 "|layer.l0|cuda.bitserial_wgmma|1500.0|900.0 + 600.0|500.0|100.0|",
                 "|layer.l3|cuda.bitserial_wgmma|20.0|-|6.67|100.0|"],
