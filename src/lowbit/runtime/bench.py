@@ -197,24 +197,14 @@ def network_workloads(name: str, batch: int, precision: str, *,
     return list(seen.values())
 
 # ------------------------------------------------------------------------------ timing
-def cuda_events_us(fn: Callable[[], object], reps: int = 20, sleep_ms: float = 20.0,
-                   flush_l2: bool = False) -> list[float]:
-    """GPU time of each of `reps` back-to-back calls of fn (CUDA events), the launches queued
-    behind a sleep kernel first so the host's launch time does not show. flush_l2: before
-    each call (untimed) overwrite twice the L2's bytes, so that fn reads its operands from
-    DRAM as it does inside a network's forward (a layer timed alone back to back otherwise
-    finds its weights in L2: VGG-16's 12.8 MB fc6 at batch 8 took 14.8 us so, 24.7 inside the
-    forward, `network-20261128-000418.json`)."""
-    if not flush_l2:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
-        torch.cuda.synchronize()
-        torch.cuda._sleep(int(sleep_ms * 1.5e6))
-        for i in range(reps):
-            starts[i].record()
-            fn()
-        starts[reps].record()
-        torch.cuda.synchronize()
-        return [starts[i].elapsed_time(starts[i + 1]) * 1e3 for i in range(reps)]
+def cuda_events_us(fn: Callable[[], object], reps: int = 20, sleep_ms: float = 20.0
+                   ) -> list[float]:
+    """GPU time of each of `reps` calls of fn (CUDA events), the launches queued behind a
+    sleep kernel first so the host's launch time does not show, and twice the L2's bytes
+    overwritten before each call (untimed), so that fn reads its operands from DRAM as it does
+    inside a network's forward (a layer timed back to back otherwise finds its weights in L2:
+    VGG-16's 12.8 MB fc6 at batch 8 took 14.8 us so, 24.7 inside the forward,
+    `network-20261128-000418.json`)."""
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     scratch = torch.empty(2 * getattr(props, "L2_cache_size", 64 << 20), dtype=torch.uint8,
                           device="cuda")
@@ -485,14 +475,13 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
         if not b.launches:
             continue
         reps = 10 if quick else 30
-        alone = statistics.median(cuda_events_us(b, reps=reps, flush_l2=True))
+        alone = statistics.median(cuda_events_us(b, reps=reps))
         layers.append({"name": b.name, "impl": b.how, "time_us": t,
                        "floor_us": step_floor_us(plan, b.step, b.how.startswith("triton stem")),
                        "share": t / total,
                        "alone_us": alone,
                        # each launch of a multi-launch step alone (kernel, epilogue pass, ...)
-                       "launches_us": [statistics.median(cuda_events_us(f, reps=reps,
-                                                                        flush_l2=True))
+                       "launches_us": [statistics.median(cuda_events_us(f, reps=reps))
                                        for f in b.launches] if len(b.launches) > 1 else None,
                        "source": list(getattr(b.step, "source", ()))})
     row["layers"] = layers

@@ -10,7 +10,8 @@ the pass's own per-output code (`netops.emit_output`): the outputs equal
 `bind_layer_epilogue(acc, outputs, outs, residual)` bit for bit, with no int32 tensor.
 
 Applies to an `IgemmKernel` of the int8 templates whose workload stores the bare int32
-accumulator, with at most FUSED_MAX_OUTPUTS outputs; `fused_reason` says why not otherwise.
+accumulator, with at most `templates.LAYER_OUTPUTS_MAX` outputs; `fused_reason` says why not
+otherwise.
 The fused launch keeps the kernel's reduction knobs (BLOCK_K, stages, loop order) and runs its
 own output tile, FUSED_TILE, without split-K: the epilogue's float64 requantization, two
 outputs and the residual's tile live beside the accumulator, and a 128 x 128 tile on 4 warps
@@ -45,8 +46,6 @@ from .stored import Launcher, load_values
 from .templates import LAYER_OUTPUTS_MAX, IgemmKernel, _check_device
 from .zero_point import bound_terms
 
-#: outputs the fused kernel writes (a block end: the next input and the wide residual copy)
-FUSED_MAX_OUTPUTS = LAYER_OUTPUTS_MAX
 #: the fused launch's output tile (module doc)
 FUSED_TILE = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 2}
 
@@ -100,8 +99,8 @@ def fused_reason(kernel: object, n_outputs: int) -> str | None:
         return "the fp16-dot template's accumulator is float"
     if kernel.workload.epilogue.out != OUT_INT32 or kernel.workload.epilogue.requantizes:
         return "the kernel's workload must store the bare int32 accumulator"
-    if not 1 <= n_outputs <= FUSED_MAX_OUTPUTS:
-        return f"{n_outputs} outputs (the fused epilogue writes 1..{FUSED_MAX_OUTPUTS})"
+    if not 1 <= n_outputs <= LAYER_OUTPUTS_MAX:
+        return f"{n_outputs} outputs (the fused epilogue writes 1..{LAYER_OUTPUTS_MAX})"
     return None
 
 
@@ -140,7 +139,7 @@ def bind_conv_outputs(kernel: IgemmKernel, x: torch.Tensor, w: torch.Tensor, par
                   splits_iters(prob, cfg), res_args[1], res_args[2]]
     kwargs: dict = dict(mainloop_constants(prob, cfg), **res_consts)
     del kwargs["SPLIT_K"]  # one reduction split (fused_config)
-    for j in range(FUSED_MAX_OUTPUTS):
+    for j in range(LAYER_OUTPUTS_MAX):
         a, c = slots[j] if j < len(slots) else _unused_slot(x)
         args += list(a)
         kwargs.update({f"{name}{j}": v for name, v in c.items()})
@@ -150,5 +149,5 @@ def bind_conv_outputs(kernel: IgemmKernel, x: torch.Tensor, w: torch.Tensor, par
                                      for o in outs))
 
 
-__all__ = ["FUSED_MAX_OUTPUTS", "FUSED_TILE", "bind_conv_outputs", "fused_config",
+__all__ = ["FUSED_TILE", "bind_conv_outputs", "fused_config",
            "fused_reason", "igemm_outputs_kernel"]

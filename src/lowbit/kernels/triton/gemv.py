@@ -49,6 +49,7 @@ from .zero_point import (
     SHIFTED_ACT,
     act_zero_point,
     bound_terms,
+    shifted_act,
     with_zero_point,
     zero_point_terms,
 )
@@ -101,7 +102,7 @@ def gemv_kernel(
         if A_ZERO != 0:  # u8: a - 128 is the stored byte with its top bit flipped, as s8
             a = load_operand(x_ptr, a_off, chan, m_mask, k_mask, A_SRC, A_BITS, A_ENC, True,
                              tl.uint8)
-            a = (a ^ A_ZERO).to(tl.int8, bitcast=True)
+            a = shifted_act(a, A_ZERO)
         else:
             a = load_operand(x_ptr, a_off, chan, m_mask, k_mask, A_SRC, A_BITS, A_ENC, True,
                              tl.int8)
@@ -110,7 +111,7 @@ def gemv_kernel(
         acc = tl.dot(a, b, acc, out_dtype=tl.int32)
 
     if SPLIT_K == 1:
-        acc = with_zero_point(acc, zp_ptr, offs_n, n_mask, A_ZERO)
+        acc = with_zero_point(acc, zp_ptr, offs_n, n_mask, 0, A_ZERO)
         epilogue_store(acc, offs_m, pid_n * BLOCK_N, M, NOUT, out_ptr, out_row, out_plane,
                        bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS, RELU, OUT_KIND,
                        OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_M, BLOCK_N)
@@ -121,7 +122,7 @@ def gemv_kernel(
         if arrived_last(count_ptr + pid_n, SPLIT_K):
             total = tl.atomic_xchg(sums, tl.zeros_like(acc), mask=mask, sem="relaxed",
                                    scope="gpu")
-            total = with_zero_point(total, zp_ptr, offs_n, n_mask, A_ZERO)
+            total = with_zero_point(total, zp_ptr, offs_n, n_mask, 0, A_ZERO)
             epilogue_store(total, offs_m, pid_n * BLOCK_N, M, NOUT, out_ptr, out_row,
                            out_plane, bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS,
                            RELU, OUT_KIND, OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_M,

@@ -215,9 +215,7 @@ def tile_accumulator(
                                 A_SRC, A_BITS, A_ENC, A_ZERO, W_SRC, W_BITS, W_ENC, LOOP_CRS,
                                 EVEN_C, ALIGN_C, DOT_T, BLOCK_K)
         acc = tl.dot(a, b, acc, out_dtype=ACC_T)
-    if A_ZERO != 0:  # the zero-point term once per output: in split 0's partial
-        first = (tl.zeros([BLOCK_N], dtype=tl.int32) + pid_k) == 0
-        acc = with_zero_point(acc, zp_ptr, offs_n, n_mask & first, A_ZERO)
+    acc = with_zero_point(acc, zp_ptr, offs_n, n_mask, pid_k, A_ZERO)
 
     if DOT_FP16 and not FLOAT_OUT:
         # integer operands on fp16 tensor cores: every partial sum is an integer < 2^24 (checked

@@ -124,10 +124,8 @@ def tma_conv_kernel(
         b = w_desc.load([k0, rs * C + c0])
         acc = tl.dot(b, tl.trans(a), acc, out_dtype=tl.int32)
     acc = tl.trans(acc)
-    if A_ZERO != 0:  # the zero-point term once per output: in split 0's partial
-        offs_z = k0 + tl.arange(0, BLOCK_N)
-        first = (tl.zeros([BLOCK_N], dtype=tl.int32) + tl.program_id(1)) == 0
-        acc = with_zero_point(acc, zp_ptr, offs_z, (offs_z < NOUT) & first, A_ZERO)
+    offs_z = k0 + tl.arange(0, BLOCK_N)
+    acc = with_zero_point(acc, zp_ptr, offs_z, offs_z < NOUT, tl.program_id(1), A_ZERO)
 
     # tile row i -> output pixel (n, p, q); rows past N/P/Q get row index M (masked off)
     i = tl.arange(0, BLOCK_M)

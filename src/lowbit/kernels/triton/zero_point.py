@@ -62,18 +62,19 @@ def bound_terms(wl: Workload, w: torch.Tensor, device: torch.device | str) -> to
 
 @triton.jit
 def shifted_act(a, A_ZERO: tl.constexpr):
-    """The dot operand of an activation tile read as raw bytes: a - A_ZERO as s8 (the top bit
-    flipped) where A_ZERO != 0, else the bytes as s8."""
-    if A_ZERO != 0:
-        return (a.to(tl.uint8, bitcast=True) ^ A_ZERO).to(tl.int8, bitcast=True)
-    return a.to(tl.int8, bitcast=True)
+    """The dot operand of a u8 activation tile read as raw bytes: a - A_ZERO (= 128) as s8,
+    the top bit flipped."""
+    return (a.to(tl.uint8, bitcast=True) ^ A_ZERO).to(tl.int8, bitcast=True)
 
 
 @triton.jit
-def with_zero_point(acc, zp_ptr, offs_n, n_mask, A_ZERO: tl.constexpr):
-    """acc + the zero-point term of each column (zp_ptr: int32 [NOUT]) where A_ZERO != 0."""
+def with_zero_point(acc, zp_ptr, offs_n, n_mask, split, A_ZERO: tl.constexpr):
+    """acc + the zero-point term of each column (zp_ptr: int32 [NOUT]) where A_ZERO != 0, in
+    reduction split 0's partial only (`split`: the program's split; 0 for a full sum), so the
+    sum of the splits holds it once."""
     if A_ZERO != 0:
-        acc = acc + tl.load(zp_ptr + offs_n, mask=n_mask, other=0)[None, :]
+        first = (tl.zeros_like(offs_n) + split) == 0
+        acc = acc + tl.load(zp_ptr + offs_n, mask=n_mask & first, other=0)[None, :]
     return acc
 
 
