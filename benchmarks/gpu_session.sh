@@ -13,7 +13,7 @@
 #                ResNet-50 b256 only, measured after every case
 #   3. tests_b   the other engine GPU tests (VGG-16, AlexNet, ResNet-50, chained layers, fp16
 #                layers, the int8 kernels' fused layer epilogue, ...) with the time left
-# Env: BUDGET_S, NETOPS_TESTS=0 / TESTS_B=0 skip those steps, CASES="model:batch:precision ..."
+# Env: BUDGET_S, BENCH_S (the bench step's limit, default 230), NETOPS_TESTS=0 / TESTS_B=0 skip those steps, CASES="model:batch:precision ..."
 # and COMPILE_MODE (default "default"; "none" skips torch.compile) pick the benchmark rows.
 # Outputs under $OUT: the results files to commit under benchmarks/results/<gpu>/ --
 # network-*.json, network-*.png and gpu_tests-*.json (the pytest runs' counts, from their JUnit
@@ -78,7 +78,7 @@ step tests_a 110 200 $(junit_pytest tests_a) tests/test_engine_gpu_cuda.py \
 [ "${NETOPS_TESTS:-1}" = 1 ] && step tests_a 45 155 $(junit_pytest tests_a_netops) \
   tests/test_triton_netops.py tests/test_stem.py
 # CASES / COMPILE_MODE override the benchmark's rows and its torch.compile baseline ('none')
-step bench 230 10 python3 benchmarks/network.py --out "$OUT" --quick \
+step bench "${BENCH_S:-230}" 10 python3 benchmarks/network.py --out "$OUT" --quick \
   --cases ${CASES:-resnet18:8:w1a2 resnet50:256:w1a2 resnet50:256:w8a8 vgg16:8:w1a2 alexnet:8:w1a2 resnet18:8:w8a8 resnet50:256:w8a8:nofuse} \
   --compile-mode "${COMPILE_MODE:-default}" --compile-models resnet50
 [ "${TESTS_B:-1}" = 1 ] && step tests_b 200 5 $(junit_pytest tests_b) tests/test_engine_gpu_cuda.py \
