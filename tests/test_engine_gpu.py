@@ -263,6 +263,24 @@ def test_interpreted_int8_block_ends_write_their_outputs(fuse):
     assert assert_matches_reference(plan, ex, x) > 5
 
 
+@pytest.mark.parametrize("name,recipe,size", [("vgg16", "w1a2", (32, 32)),
+                                              ("vgg16", "w8a8", (32, 32)),
+                                              ("alexnet", "w1a2", (64, 64))])
+def test_pooled_layers_requantize_in_the_kernel_then_pool(name, recipe, size):
+    """A max-pooled layer with one requantized output: its kernel writes the full-size
+    requantized tensor (bit planes or bytes) and a max-pool of that tensor follows, the
+    reference's order, instead of an int32 accumulator, an int32 pool and the epilogue pass."""
+    plan, x = zoo_plan(name, recipe, 1, size, 0.125)
+    ex = GpuExecutor(plan, "cpu")
+    pooled = [b for b in ex.steps if isinstance(b.step, Layer) and b.step.pool is not None
+              and b.step.name not in ex.stems]
+    assert len(pooled) >= 2
+    for b in pooled:
+        assert b.step.workload.epilogue.requantizes, b.how
+        assert b.how.endswith("(its own epilogue) + max-pool") and len(b.launches) == 2, b.how
+    assert assert_matches_reference(plan, ex, x) > len(pooled)
+
+
 def test_input_checks_before_any_launch():
     plan, x = zoo_plan("digits_resnet", "w1a1-all", 3, (8, 8), 0.5)
     ex = GpuExecutor(plan, "cpu")

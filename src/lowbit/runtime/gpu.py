@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import Encoding, Layout, PackedTensor, Precision, WidePrecision
-from ..core.validate import out_storage
+from ..core.validate import operand_shapes, out_storage
 from ..graph.ir import (
     AvgPool,
     Concat,
@@ -219,9 +219,15 @@ class GpuExecutor:
     # ------------------------------------------------------------------ binding
     def _temporaries(self, step: Step) -> list[tuple[tuple[int, ...], torch.dtype]]:
         """Shapes / dtypes of the step-local temporaries `_bind_layer` takes."""
-        if not isinstance(step, Layer) or step.name in self.stems or \
-                step.workload.epilogue.requantizes:
+        if not isinstance(step, Layer) or step.name in self.stems:
             return []
+        if step.workload.epilogue.requantizes:  # a pooled layer's full-size output
+            if step.pool is None:
+                return []
+            spec = self.plan.tensors[step.layer_outputs[0].tensor]
+            full = spec.__class__(spec.name, tuple(operand_shapes(step.workload)[2]),
+                                  spec.precision, spec.scale, spec.layout)
+            return [(full.storage_shape, full.storage_dtype)]
         shape, acc_dtype = out_storage(step.workload)
         temps = [(tuple(shape), acc_dtype)]
         if step.pool is None:
@@ -292,9 +298,19 @@ class GpuExecutor:
                                if wl.epilogue.residual is not None else None)
         if wl.epilogue.requantizes:
             (o,) = step.layer_outputs
-            return BoundStep(step, [self._bind_kernel(kernel, x, w, params,
-                                                      self.buffers[o.tensor])],
-                             f"{how} (its own epilogue)")
+            if step.pool is None:
+                return BoundStep(step, [self._bind_kernel(kernel, x, w, params,
+                                                          self.buffers[o.tensor])],
+                                 f"{how} (its own epilogue)")
+            (full_storage,) = self._temporaries(step)
+            spec = plan.tensors[o.tensor]
+            full = PackedTensor(self.scratch.take(*full_storage), operand_shapes(wl)[2],
+                                spec.precision, spec.layout)
+            win = step.pool
+            return BoundStep(step, [
+                self._bind_kernel(kernel, x, w, params, full.data),
+                netops.bind_maxpool2d(full, self.packed(o.tensor), win.kernel, win.stride,
+                                      win.pad)], f"{how} (its own epilogue) + max-pool")
         res = self.packed(step.residual) if step.residual else None
         bound = acc_bound(wl)
         if step.pool is None and self.fuse_outputs and \
