@@ -259,27 +259,23 @@ def median_us(fn: Callable[[], object], rep_ms: float = 200) -> float:
     return time_us(fn, warmup_ms=25, rep_ms=rep_ms)
 
 
-def host_overhead_us(executor, x: torch.Tensor, calls: int = 20) -> float:
-    """Host time of one forward call (input copy, graph replay, output clone), median of
-    `calls` calls, each made while the GPU runs a ~10 ms sleep kernel, so the call neither
-    waits for the GPU nor finds the launch queue full (50 calls back to back queued ~50
-    forwards' launches and blocked once the queue filled: ResNet-50 b256 measured 48 us
-    that way); the non-finite check is off (it syncs)."""
+def host_overhead_us(executor, x: torch.Tensor, calls: int = 50) -> float:
+    """Host time of one forward call (input copy, graph replay, output clone), measured while
+    the GPU is held busy so no call waits for it; the non-finite check is off (it syncs)."""
     check = executor.check_finite
     executor.check_finite = False
-    times = []
     try:
         executor(x)
         torch.cuda.synchronize()
+        torch.cuda._sleep(int(200 * 1.5e6))
+        t0 = time.perf_counter()
         for _ in range(calls):
-            torch.cuda._sleep(int(1.5e7))
-            t0 = time.perf_counter()
             executor(x)
-            times.append(time.perf_counter() - t0)
-            torch.cuda.synchronize()
+        dt = (time.perf_counter() - t0) / calls
+        torch.cuda.synchronize()
     finally:
         executor.check_finite = check
-    return statistics.median(times) * 1e6
+    return dt * 1e6
 
 
 # ------------------------------------------------------------------------------ floors
