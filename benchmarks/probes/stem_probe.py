@@ -1,17 +1,19 @@
-"""The fused first layer's conv kernels timed side by side (GPU): the current default
-("bands"), the implicit-GEMM kernel ("gemm") over a small sweep of its knobs, and cuDNN fp16
-conv 7x7/2 + ReLU + max-pool 3x3/2 on the same shapes, in one run.
+"""The fused first layer's conv kernels timed side by side (GPU): the current default, the
+implicit-GEMM kernel ("gemm") over a small sweep of its knobs, and cuDNN fp16 conv + ReLU
+(+ max-pool) on the same shapes, in one run.
 
-ResNet-18/50 stem geometry (float32 image 224 x 224, C=3, K=64, 7x7/2 pad 3, pool 3x3/2 pad
-1) with the engine's outputs (u8 in INT8 for layer1's residual, u2 in BITPLANE for its
-bit-serial conv), batch 8 and 256. Every variant's outputs are checked bit for bit against
-the default's (and, at batch 8, against `lowbit.reference`). Times: CUDA-graph replay median
-(`tune.timing.time_us`, which repeats well over 20 times), the whole stem and its conv launch
-alone. floor_us: the network bench's roofline (`runtime.bench`: max(ops / int8 peak, bytes /
-DRAM bandwidth), bytes = image + weights + outputs as stored). One failing variant is
-recorded in its row and the run goes on; ~2-4 minutes on an H100/H200.
+First-layer geometries (`--stems`; float32 image 224 x 224, C=3, K=64): ResNet-18/50's 7x7/2
+pad 3 with the 3x3/2 pool pad 1, AlexNet's 11x11/4 pad 2 with the pool pad 0, VGG's 3x3/1 pad 1
+without pool; the engine's outputs (u8 in INT8, u2 in BITPLANE), batch 8 and 256. Every
+variant's outputs are checked bit for bit against the default's (and, at batch 8, against
+`lowbit.reference`). Times: CUDA-graph replay median (`tune.timing.time_us`, which repeats
+well over 20 times), the whole stem and its conv launch alone. floor_us: the network bench's
+roofline (`runtime.bench`: max(ops / int8 peak, bytes / DRAM bandwidth), bytes = image +
+weights + outputs as stored). One failing variant is recorded in its row and the run goes
+on; ~2-4 minutes a geometry on an H100/H200.
 
-    python benchmarks/probes/stem_probe.py [--out DIR] [--batches 8 256] [--quick]
+    python benchmarks/probes/stem_probe.py [--out DIR] [--batches 8 256] [--quick] \
+        [--stems resnet alexnet vgg]
 
 Writes stem_probe-<time>.json (rows with "benchmark": "stem_probe") and .txt (the table) to
 DIR (default benchmarks/results/<gpu>/logs/).
@@ -87,27 +89,46 @@ SWEEP = [
                                                   num_stages=3)),
     ("gemm j16 wk s2 w4", lambda g: gemm_config(g, block_j=16, num_warps=4)),
     ("bands j32", lambda g: dataclasses.replace(S.default_config(g), block_j=32)),
+    # more, shorter programs (AlexNet at batch 8: 112 programs of the default on 132 SMs)
+    ("bands j32 band 1", lambda g: S.StemConfig(block_j=32, band_rows=1, whole_k=True)),
+    ("bands j16 band 1", lambda g: S.StemConfig(block_j=16, band_rows=1, whole_k=True)),
+    ("bands j32 n32 band 1", lambda g: S.StemConfig(block_j=32, block_n=32, band_rows=1,
+                                                    whole_k=True)),
+    ("bands j16 n32 band 2", lambda g: S.StemConfig(block_j=16, block_n=32, band_rows=2,
+                                                    whole_k=True)),
+    ("gemm j16 wk s2 w4 band 1", lambda g: gemm_config(g, block_j=16, num_warps=4,
+                                                        band_rows=1)),
 ]
 
 
-def make_case(batch: int, seed: int = 0):
+#: first layers by network: (filter size, stride, pad, pool_pad: the 3x3/2 max-pool's padding,
+#: None without a pool), 3 -> 64 channels on a 224 x 224 image
+STEMS = {"resnet": (7, 2, 3, 1), "alexnet": (11, 4, 2, 0), "vgg": (3, 1, 1, None)}
+
+
+def make_case(batch: int, stem: str = "resnet", seed: int = 0):
+    r, stride, pad, pool_pad = STEMS[stem]
     g = torch.Generator().manual_seed(seed)
     image = (torch.randn(batch, 3, 224, 224, generator=g) * 1.5).cuda()
-    weight = torch.randint(-128, 128, (64, 7, 7, 3), generator=g)
+    weight = torch.randint(-128, 128, (64, r, r, 3), generator=g)
     bias = torch.randint(-20000, 20000, (64,), generator=g)
     specs = []
     for prec in ("u8", "u2"):
         m, _, s = fixed_point_pair(torch.rand(64, generator=g, dtype=torch.float64) * 4e-4
                                    + 2e-5, 0.0)
         specs.append(RequantizedOutput(prec, m, s, relu=True))
-    return image, weight, bias, specs, S.geometry_of(image, weight, 2, 3, 1)
+    return image, weight, bias, specs, S.geometry_of(image, weight, stride, pad, pool_pad)
 
 
-def reference_outputs(image, weight, bias, specs) -> list[torch.Tensor]:
+def reference_outputs(image, weight, bias, specs, geom: S.StemGeometry) -> list[torch.Tensor]:
     q = quantize_float(image, SCALE, "s8").permute(0, 2, 3, 1).contiguous()
-    wl = ConvWorkload(N=q.shape[0], H=224, W=224, C=3, K=64, R=7, S=7, stride=2, pad=3)
+    wl = ConvWorkload(N=q.shape[0], H=224, W=224, C=3, K=64, R=geom.R, S=geom.R,
+                      stride=geom.stride, pad=geom.pad)
     acc = accumulate(wl, q, weight.cuda())
-    return [maxpool2d_int(o, 3, 2, 1) for o in epilogue_outputs(acc, bias.cuda(), specs)]
+    outs = epilogue_outputs(acc, bias.cuda(), specs)
+    if geom.pool_pad is None:
+        return outs
+    return [maxpool2d_int(o, 3, 2, geom.pool_pad) for o in outs]
 
 
 def floor_us(geom: S.StemGeometry, image: torch.Tensor, outs) -> float:
@@ -116,15 +137,19 @@ def floor_us(geom: S.StemGeometry, image: torch.Tensor, outs) -> float:
     return max(2.0 * geom.macs / PEAK_OPS["int8"], nbytes / BANDWIDTH) * 1e6
 
 
-def cudnn_us(batch: int) -> float:
-    """cuDNN fp16 conv 7x7/2 pad 3 (channels_last, cudnn.benchmark) + ReLU + max-pool 3x3/2
-    pad 1, CUDA-graph replay median."""
+def cudnn_us(batch: int, geom: S.StemGeometry) -> float:
+    """cuDNN fp16 conv (channels_last, cudnn.benchmark) + ReLU (+ the 3x3/2 max-pool) of the
+    geometry, CUDA-graph replay median."""
     torch.backends.cudnn.benchmark = True
     x = torch.randn(batch, 3, 224, 224, device="cuda", dtype=torch.float16).to(
         memory_format=torch.channels_last)
-    w = torch.randn(64, 3, 7, 7, device="cuda", dtype=torch.float16).to(
+    w = torch.randn(64, 3, geom.R, geom.R, device="cuda", dtype=torch.float16).to(
         memory_format=torch.channels_last)
-    fn = lambda: F.max_pool2d(F.relu(F.conv2d(x, w, stride=2, padding=3)), 3, 2, 1)  # noqa
+
+    def fn():
+        y = F.relu(F.conv2d(x, w, stride=geom.stride, padding=geom.pad))
+        return y if geom.pool_pad is None else F.max_pool2d(y, 3, 2, geom.pool_pad)
+
     fn()
     torch.cuda.synchronize()
     return time_us(fn, cuda_graph=True)
@@ -132,15 +157,15 @@ def cudnn_us(batch: int) -> float:
 
 def run_variant(name: str, cfg: S.StemConfig, case, want, ref) -> dict:
     image, weight, bias, specs, geom = case
-    row = {"benchmark": "stem_probe", "batch": geom.N, "variant": name,
-           "config": dataclasses.asdict(cfg)}
+    row = {"benchmark": "stem_probe", "stem": f"{geom.R}x{geom.R}/{geom.stride}",
+           "batch": geom.N, "variant": name, "config": dataclasses.asdict(cfg)}
     try:
         outs = [S.empty_packed(geom.out_shape, s.precision, lay, "cuda")
                 for s, lay in zip(specs, (INT8, BITPLANE), strict=True)]
         for o in outs:
             o.data.fill_(0x5A)
-        launch = S.bind_stem(image, weight, bias, specs, outs, stride=2, pad=3, pool_pad=1,
-                             scale=SCALE, config=cfg)
+        launch = S.bind_stem(image, weight, bias, specs, outs, stride=geom.stride,
+                             pad=geom.pad, pool_pad=geom.pool_pad, scale=SCALE, config=cfg)
         launch()
         torch.cuda.synchronize()
         have = [o.data.clone() for o in outs]
@@ -162,28 +187,30 @@ def run_variant(name: str, cfg: S.StemConfig, case, want, ref) -> dict:
     return row
 
 
-def batch_rows(batch: int, quick: bool) -> list[dict]:
-    case = make_case(batch)
+def batch_rows(batch: int, quick: bool, stem: str = "resnet") -> list[dict]:
+    case = make_case(batch, stem)
     image, weight, bias, specs, geom = case
-    ref = reference_outputs(image, weight, bias, specs) if batch <= 16 else None
-    default = run_variant("bands default", S.default_config(geom), case, None, ref)
+    ref = reference_outputs(image, weight, bias, specs, geom) if batch <= 16 else None
+    default = run_variant(f"{S.default_config(geom).kernel} default", S.default_config(geom),
+                          case, None, ref)
     want = default.pop("_outputs", None)
     rows = [default]
     for name, make in (SWEEP[:2] if quick else SWEEP):
         try:
             cfg = make(geom)
         except Exception as e:
-            rows.append({"benchmark": "stem_probe", "batch": batch, "variant": name,
-                         "error": f"{type(e).__name__}: {e}"[:400]})
+            rows.append({"benchmark": "stem_probe", "stem": stem, "batch": batch,
+                         "variant": name, "error": f"{type(e).__name__}: {e}"[:400]})
             continue
         row = run_variant(name, cfg, case, want, ref)
         row.pop("_outputs", None)
         rows.append(row)
     try:
-        base = cudnn_us(batch)
+        base = cudnn_us(batch, geom)
     except Exception as e:
         base = None
-        rows.append({"benchmark": "stem_probe", "batch": batch, "variant": "cudnn fp16",
+        rows.append({"benchmark": "stem_probe", "stem": stem, "batch": batch,
+                     "variant": "cudnn fp16",
                      "error": f"{type(e).__name__}: {e}"[:400]})
     for r in rows:
         r["cudnn_fp16_us"] = base
@@ -191,16 +218,17 @@ def batch_rows(batch: int, quick: bool) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'batch':>5} {'variant':26} {'stem us':>8} {'conv us':>8} {'input':>6} "
+    lines = [f"{'stem':>7} {'batch':>5} {'variant':26} {'stem us':>8} {'conv us':>8} {'input':>6} "
              f"{'floor':>6} {'x floor':>7} {'cudnn':>7} exact"]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['batch']:>5} {r['variant']:26} ERROR {r['error'][:90]}")
+            lines.append(f"{r.get('stem', '-'):>7} {r['batch']:>5} {r['variant']:26} ERROR "
+                         f"{r['error'][:90]}")
             continue
         exact = "/".join(str(r[k]) for k in ("exact_vs_default", "exact_vs_reference")
                          if k in r) or "-"
         cudnn = f"{r['cudnn_fp16_us']:7.1f}" if r.get("cudnn_fp16_us") else "      -"
-        lines.append(f"{r['batch']:>5} {r['variant']:26} {r['time_us']:8.1f} "
+        lines.append(f"{r['stem']:>7} {r['batch']:>5} {r['variant']:26} {r['time_us']:8.1f} "
                      f"{r['conv_us']:8.1f} {r['input_us']:6.1f} {r['floor_us']:6.1f} "
                      f"{r['time_us'] / r['floor_us']:7.2f} {cudnn} {exact}")
     return "\n".join(lines)
@@ -211,6 +239,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 256])
     ap.add_argument("--quick", action="store_true", help="the default and two gemm configs")
+    ap.add_argument("--stems", nargs="+", default=["resnet"], choices=sorted(STEMS),
+                    help="first-layer geometries (ResNet 7x7/2 + pool, AlexNet 11x11/4 + pool, "
+                    "VGG 3x3/1)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
@@ -218,9 +249,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     rows: list[dict] = []
-    for batch in args.batches:
-        rows += batch_rows(batch, args.quick)
-        print(f"batch {batch} done at {time.time() - t0:.0f} s", flush=True)
+    for stem in args.stems:
+        for batch in args.batches:
+            rows += batch_rows(batch, args.quick, stem)
+            print(f"{stem} batch {batch} done at {time.time() - t0:.0f} s", flush=True)
     text = table(rows)
     print(text)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
