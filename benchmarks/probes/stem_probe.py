@@ -38,7 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import ROOT, gpu_dirname, gpu_name, versions
 from lowbit.core import ConvWorkload, Layout
 from lowbit.kernels.triton import stem as S
-from lowbit.kernels.triton.igemm import cdiv
 from lowbit.kernels.triton.stored import Launcher
 from lowbit.quant.packing import pack
 from lowbit.reference import (
@@ -59,11 +58,9 @@ SMS = 132
 
 def gemm_config(geom: S.StemGeometry, block_j: int = 64, per_sm: int = 2,
                 **knobs) -> S.StemConfig:
-    """A "gemm" config whose band is the longest (of 16, 8, 4, 2) that still gives every SM
-    `per_sm` programs (band_rows in knobs overrides)."""
-    blocks = cdiv(geom.PW, block_j - 1)
-    per_band = geom.N * blocks * cdiv(geom.K, knobs.get("block_n", 64))
-    rows = next((r for r in (16, 8, 4, 2) if per_band * cdiv(geom.PH, r) >= per_sm * SMS), 1)
+    """A "gemm" config whose band is the longest that still gives every SM `per_sm` programs
+    (`stem.gemm_band_rows`; band_rows in knobs overrides)."""
+    rows = S.gemm_band_rows(geom, block_j, knobs.get("block_n", 64), SMS, per_sm)
     base = dict(kernel="gemm", block_j=block_j, band_rows=rows, whole_k=True, num_warps=8,
                 num_stages=2)
     return S.StemConfig(**{**base, **knobs})

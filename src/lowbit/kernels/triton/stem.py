@@ -58,7 +58,7 @@ from .stem_gemm import INT32_MIN, stem_gemm_kernel, stem_outputs
 from .stored import ENC, Launcher, check_device, empty_packed, flag_nonfinite, quantize_f32
 
 __all__ = ["StemConfig", "StemGeometry", "bind_stem", "default_config", "empty_packed",
-           "geometry_of", "s2d_weights", "stem"]
+           "gemm_band_rows", "geometry_of", "s2d_weights", "stem"]
 
 #: outputs one stem launch writes
 STEM_MAX_OUTPUTS = 3
@@ -375,13 +375,30 @@ class StemConfig:
             raise ValueError(f"band_rows must be an int >= 1, got {self.band_rows!r}")
 
 
+def gemm_band_rows(geom: StemGeometry, block_j: int, block_n: int = BLOCK_N, sms: int = 132,
+                   per_sm: int = 2) -> int:
+    """The longest band (of 16, 8, 4, 2 output rows, else 1) at which the "gemm" kernel still
+    gives every SM `per_sm` programs."""
+    per_band = geom.N * cdiv(geom.PW, block_j - 1) * cdiv(geom.K, block_n)
+    return next((r for r in (16, 8, 4, 2) if per_band * cdiv(geom.PH, r) >= per_sm * sms), 1)
+
+
 def default_config(geom: StemGeometry, sms: int = 132) -> StemConfig:
-    """One dot per conv row over the whole reduction, 64 channels, one image per program, and
-    the longest band (fewest recomputed rows) that still gives every SM two programs: the
-    fastest of the measured variants at batch 8 and 256 (H200, benchmarks/netops.py). A
-    stride-1 layer without pool (VGG's 3x3/1) takes the implicit-GEMM kernel at 32 columns and
-    8 warps instead: 73.7 against 91.6 us at batch 8, 555 against 631 us at batch 64 (H200,
-    224 x 224, K = 64; cuDNN fp16 conv + ReLU 83.5 / 598 us)."""
+    """The fastest measured config per first-layer shape (`benchmarks/probes/stem_probe.py`,
+    bit-exact variants, CUDA-graph medians):
+    - AlexNet's 11x11/4 + pool at batch <= 16: the "gemm" kernel at 32 columns, 4 warps, 3
+      stages, 33 against the "bands" kernel's 72 us at batch 8 (H100; the bands kernel had 112
+      programs on 132 SMs);
+    - VGG's 3x3/1 without pool: the same at batch <= 16 (77 against 112 us at batch 8, H100),
+      else 8 warps, 2 stages, 2-row bands (555 against 631 us at batch 64, H200);
+    - ResNet's 7x7/2 + pool and the rest: the "bands" kernel, one dot per conv row over the
+      whole reduction, 64 channels, one image per program, and the longest band (fewest
+      recomputed rows) that still gives every SM two programs (batch 8 and 256, H200)."""
+    small_gemm = geom.N <= 16 and (geom.stride == 4 or (geom.pool_pad is None
+                                                         and geom.stride == 1))
+    if small_gemm:
+        return StemConfig(kernel="gemm", block_j=32, num_warps=4, num_stages=3, whole_k=True,
+                          band_rows=gemm_band_rows(geom, 32, sms=sms))
     if geom.pool_pad is None and geom.stride == 1:
         return StemConfig(kernel="gemm", block_j=32, num_warps=8, num_stages=2, band_rows=2,
                           whole_k=True)
