@@ -236,6 +236,21 @@ def _codes(x: PackedTensor, out: PackedTensor, low: int | None = None) -> dict:
                 QMIN=int(prec.qmin) if low is None else low, QMAX=int(prec.qmax))
 
 
+#: programs a pool launch aims for: two per SM of a 132-SM H100
+POOL_PROGRAMS = 264
+
+
+def pool_block_p(npq: int, col_tiles: int, cap: int, floor: int = 16) -> int:
+    """Output pixels per program: the largest power of two <= cap (a power of two) whose grid
+    over npq pixels and col_tiles column tiles still has POOL_PROGRAMS programs, at least
+    floor. AlexNet's 13 x 13 x 192 bit-plane pool at batch 8 had 6 programs of 256 pixels at
+    the cap: 12.5 us on an H100, for 0.3 MB."""
+    bp = cap
+    while bp > floor and cdiv(npq, bp) * col_tiles < POOL_PROGRAMS:
+        bp //= 2
+    return bp
+
+
 def _pool_launch(x: PackedTensor, out: PackedTensor, kh: int, kw: int, stride: int, pad: int,
                  avg: bool, mult: int, shift: int, low: int | None = None) -> Launcher:
     n, h, w, c = x.shape
@@ -243,8 +258,8 @@ def _pool_launch(x: PackedTensor, out: PackedTensor, kh: int, kw: int, stride: i
     x_row, x_plane = storage_strides(x)
     o_row, o_plane = storage_strides(out)
     bc = channel_tile(c)
-    bp = max(16, 2048 // bc)
     npq = n * p * q
+    bp = pool_block_p(npq, cdiv(c, bc), max(16, 2048 // bc))
     grid = (cdiv(npq, bp), cdiv(c, bc))
     args = (x.data, out.data, npq, h, w, c, p, q, kh, kw, stride, pad, x_row, x_plane, o_row,
             o_plane, mult, shift)
@@ -281,8 +296,8 @@ def _planes_pool_launch(x: PackedTensor, out: PackedTensor, kernel: int, stride:
     words, x_plane = storage_strides(x)
     o_plane = storage_strides(out)[1]
     bw = min(8, 1 << max(0, (words - 1).bit_length()))
-    bp = max(32, 2048 // bw)
     npq = n * p * q
+    bp = pool_block_p(npq, cdiv(words, bw), max(32, 2048 // bw))
     args = (x.data, out.data, npq, h, w, p, q, kernel, kernel, stride, pad, words, x_plane,
             o_plane)
     kwargs = dict(BITS=x.precision.bits, SIGNED=x.precision.encoding is Encoding.SIGNED,
