@@ -386,22 +386,17 @@ def gemm_band_rows(geom: StemGeometry, block_j: int, block_n: int = BLOCK_N, sms
 def default_config(geom: StemGeometry, sms: int = 132) -> StemConfig:
     """The fastest measured config per first-layer shape (`benchmarks/probes/stem_probe.py`,
     bit-exact variants, CUDA-graph medians):
-    - AlexNet's 11x11/4 + pool at batch <= 16: the "gemm" kernel at 32 columns, 4 warps, 3
-      stages, 33 against the "bands" kernel's 72 us at batch 8 (H100; the bands kernel had 112
-      programs on 132 SMs);
-    - VGG's 3x3/1 without pool: the same at batch <= 16 (77 against 112 us at batch 8, H100),
-      else 8 warps, 2 stages, 2-row bands (555 against 631 us at batch 64, H200);
+    - AlexNet's 11x11/4 + pool and VGG's 3x3/1 without pool: the "gemm" kernel at 32 columns,
+      4 warps, 3 stages (H100: 33 against the "bands" kernel's 72 us and 77 against 112 us at
+      batch 8; 145 against 307 us and 553 against 878 us at batch 64; cuDNN fp16 conv + ReLU
+      (+ pool) 61 / 87 us and 296 / 659 us);
     - ResNet's 7x7/2 + pool and the rest: the "bands" kernel, one dot per conv row over the
       whole reduction, 64 channels, one image per program, and the longest band (fewest
-      recomputed rows) that still gives every SM two programs (batch 8 and 256, H200)."""
-    small_gemm = geom.N <= 16 and (geom.stride == 4 or (geom.pool_pad is None
-                                                         and geom.stride == 1))
-    if small_gemm:
+      recomputed rows) that still gives every SM two programs (batch 8 and 256, H200; batch 8
+      on an H100: 29.5 us, the best gemm config 31.4)."""
+    if geom.stride == 4 or (geom.pool_pad is None and geom.stride == 1):
         return StemConfig(kernel="gemm", block_j=32, num_warps=4, num_stages=3, whole_k=True,
                           band_rows=gemm_band_rows(geom, 32, sms=sms))
-    if geom.pool_pad is None and geom.stride == 1:
-        return StemConfig(kernel="gemm", block_j=32, num_warps=8, num_stages=2, band_rows=2,
-                          whole_k=True)
     blocks = cdiv(geom.PW, BLOCK_J - 1) if geom.pool_pad is not None else cdiv(geom.OW,
                                                                               BLOCK_J)
     per_band = geom.N * blocks * cdiv(geom.K, BLOCK_N)
