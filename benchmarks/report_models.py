@@ -340,7 +340,8 @@ def _current_policies(picked: list[tuple[Result, dict]]) -> list[tuple[Result, d
 def render_network(files: list[Result]) -> list[str]:
     """DESIGN.md's network rows: {model, batch, precision, exact_bias, wide_bits, time_ms,
     images_per_s, baselines_ms: {fp16_eager, fp16_cuda_graph, fp16_compile}, floor_ms,
-    host_overhead_us, layers: [{name, impl, time_us, launches_us, floor_us, fp16_us}]}."""
+    host_overhead_us, host_overhead_bound_us, layers: [{name, impl, time_us, launches_us,
+    floor_us, fp16_us}]}."""
     out = ["Per model, batch, precision, bias mode and residual width the latest run (rows "
            "with an error are left out); baselines of the same run. Bias: `exact` keeps each "
            "output's bias at its shift (separate epilogue pass), `kernel` rounds it to "
@@ -350,7 +351,9 @@ def render_network(files: list[Result]) -> list[str]:
            "(`default`: `lowbit.compile`'s; `model`: the performance model's; a template's "
            "name: the default with it first; `no fused outputs`: int8 layers leave their "
            "layer epilogue to the separate pass; shown where no newer default row exists). "
-           "Floor: the sum of the layers' roofline floors. Weights and peak activations: "
+           "Floor: the sum of the layers' roofline floors. Host: a forward call's host time "
+           "(in brackets with the input written into the engine's buffer and the output left "
+           "in its own: `input_buffer`, `copy_output=False`). Weights and peak activations: "
            "bytes held by the plan against the fp16 model's (PyTorch, channels_last).", ""]
     groups = by_gpu(files)
     for gpu, group in groups:
@@ -368,7 +371,9 @@ def render_network(files: list[Result]) -> list[str]:
                          *(ratio(b.get(k), t) for k in ("fp16_eager", "fp16_cuda_graph",
                                                         "fp16_compile")),
                          f"{r['floor_ms']:.3f}" if r.get("floor_ms") else "-",
-                         us(r.get("host_overhead_us")),
+                         us(r.get("host_overhead_us")) + (
+                             f" ({r['host_overhead_bound_us']:.1f})"
+                             if r.get("host_overhead_bound_us") else ""),
                          _fraction(r.get("weights_bytes"), r.get("fp16_weights_bytes")),
                          _fraction(r.get("peak_activation_bytes"),
                                    r.get("fp16_peak_activation_bytes")), run_of(f)])

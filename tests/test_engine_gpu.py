@@ -127,6 +127,54 @@ def test_forward_replays_new_inputs_and_reuses_memory():
     assert ex.arena.nbytes < total
 
 
+def test_input_buffer_and_output_buffer_skip_the_copies():
+    """An input written into `input_buffer` runs without the input copy (the buffer's bytes
+    are never rewritten by the call), and copy_output=False hands back the engine's output
+    buffer itself, which the next forward overwrites; the logits equal the copying path's."""
+    plan, x = zoo_plan("digits_resnet", "w2a2", 2, (8, 8), 0.5, exact_bias=False)
+    ex = GpuExecutor(plan, "cpu")
+    ref = ReferenceExecutor(plan)
+    buf = ex.input_buffer
+    x1 = random_images(x.shape[0], tuple(x.shape[2:]), x.shape[1], seed=21)
+    x2 = random_images(x.shape[0], tuple(x.shape[2:]), x.shape[1], seed=22)
+    buf.copy_(x1)
+    copies = []
+    original = torch.Tensor.copy_
+
+    def counting_copy(t, src, *a, **k):
+        if t.data_ptr() == buf.data_ptr():
+            copies.append(src)
+        return original(t, src, *a, **k)
+
+    torch.Tensor.copy_ = counting_copy
+    try:
+        y1 = ex(buf, copy_output=False)
+        assert not copies
+        assert y1.data_ptr() == ex.result.data_ptr()
+        want1 = ref(x1)
+        assert torch.equal(y1, want1)
+        y2 = ex(x2)  # a foreign tensor is copied in; the output is a fresh copy
+        assert len(copies) == 1
+    finally:
+        torch.Tensor.copy_ = original
+    assert y2.data_ptr() != ex.result.data_ptr() and torch.equal(y2, ref(x2))
+    assert torch.equal(y1, y2) and not torch.equal(y1, want1)  # y1 was the engine's buffer
+
+
+def test_compiled_model_input_buffer():
+    """CompiledModel passes the GPU executor's buffers through: `input_buffer` for the
+    compiled shape, `run(copy_output=False)`; the reference executor has no such buffer."""
+    q, _ = build_quantized("digits_resnet", "w2a2", image_size=(8, 8), width=0.5,
+                           num_classes=10, seed=3, calib_batch=2)
+    x = random_images(2, (8, 8), 1, seed=4)
+    m = _compile(q, x, executor="gpu")
+    m.input_buffer().copy_(x)
+    y = m.run(m.input_buffer(), copy_output=False)
+    assert torch.equal(y.clone(), m(x))
+    with pytest.raises(ValueError, match="input_buffer needs the GPU executor"):
+        _compile(q, x, executor="reference").input_buffer()
+
+
 @pytest.mark.parametrize("reuse", [True, False])
 def test_arena_never_overlaps_live_tensors(reuse):
     plan, _ = zoo_plan("resnet50", "mixed", 1, (32, 32), 0.125)

@@ -130,16 +130,31 @@ class CompiledModel(nn.Module):
             self._runners[shape] = EXECUTORS[self.executor](self.plan_for(shape), self.device)
         return self._runners[shape]
 
-    def run(self, x: torch.Tensor, record: bool = False
+    def run(self, x: torch.Tensor, record: bool = False, copy_output: bool = True
             ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """forward, and with `record` also every tensor the plan writes (engine.run_plan)."""
+        """forward, and with `record` also every tensor the plan writes (engine.run_plan).
+        copy_output=False (GPU executor): the logits in the engine's own buffer, which the
+        next forward of this shape overwrites, instead of a copy."""
         x = _check_image("x", x, self.channels, self.device)
         if self.executor == "reference" and not self._warned:
             self._warned = True
             warnings.warn("lowbit.compile: running the plan through the exact reference "
                           "executor (int64, slow); the GPU executor is not available here",
                           RuntimeWarning, stacklevel=3)
-        return self._runner(tuple(x.shape))(x, record)
+        runner = self._runner(tuple(x.shape))
+        if self.executor == "gpu" and not copy_output:
+            return runner(x, record, copy_output=False)
+        return runner(x, record)
+
+    def input_buffer(self, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """The GPU executor's image buffer for inputs of `shape` (default: the compiled
+        shape): write the next batch into it in place and pass it to forward, which then
+        skips the input copy. ValueError on the reference executor."""
+        if self.executor != "gpu":
+            raise ValueError("input_buffer needs the GPU executor (executor='gpu'), this "
+                             f"model runs the {self.executor!r} executor")
+        shape = tuple(int(s) for s in (shape or self.plan.input_spec.shape))
+        return self._runner(shape).input_buffer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.run(x)
