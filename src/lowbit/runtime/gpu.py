@@ -16,9 +16,10 @@ computes the same integers (`lowbit.runtime.engine` defines them), bit for bit:
   every output (bias at each
   output's shift, residual, wide and float outputs), or, for the int8 implicit-GEMM kernels
   (`kernels.triton.conv_outputs`, `fuse_outputs`), the kernel writes them itself from its
-  accumulator tiles, with the same integers. A fused max-pool pools the int32
-  accumulator first where every output is requantized and there is no residual (the
-  epilogue is monotone), else each output after the epilogue;
+  accumulator tiles, with the same integers. A fused max-pool follows the kernel's own
+  epilogue where that writes the layer's one output (full size, in scratch); else it pools
+  the int32 accumulator first where every output is requantized and there is no residual
+  (the epilogue is monotone), else each output after the epilogue;
 - Quantize + first conv: the fused stem (`kernels.triton.stem`: float image -> quantized ->
   conv -> epilogue -> 3x3/2 max-pool) where the first layer is a 7x7/2, 11x11/4 or 3x3/1 conv on
   <= 4 channels of the image quantized to <= 8 bits (not binary; unsigned <= 7 bits); the
