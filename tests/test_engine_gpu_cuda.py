@@ -85,13 +85,15 @@ def test_unchained_bitserial_layers():
     assert check_replay(plan, chain=False) >= len(plan.layers)
 
 
-def test_unfused_stem_and_record_mode():
-    """The first layer through its conv template + epilogue (no stem fusion), and record=True
-    on an executor that reuses memory."""
-    plan = plan_for("resnet18", "w1a2", 8, 224)
+@pytest.mark.parametrize("name,batch,size", [("resnet18", 8, 224), ("resnet50", 2, 160)])
+def test_unfused_stem_and_record_mode(name, batch, size):
+    """The first layer through its conv template + epilogue (no stem fusion; ResNet-50's has
+    one 2-bit output, so its int8 kernel writes it and a bit-plane max-pool follows), and
+    record=True on an executor that reuses memory."""
+    plan = plan_for(name, "w1a2", batch, size)
     assert check_replay(plan, fuse_stem=False) >= len(plan.layers)
     ex = GpuExecutor(plan, "cuda")
-    x = random_images(8, 224, seed=5, device="cuda")
+    x = random_images(batch, size, seed=5, device="cuda")
     y, got = ex(x, record=True)
     y_ref, want = ReferenceExecutor(plan, "cuda")(x, record=True)
     assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
