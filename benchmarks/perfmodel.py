@@ -115,7 +115,7 @@ NEW_LAYERS: tuple[tuple[str, dict], ...] = (
 )
 #: templates measured in the GPU run (dispatch chooses among these)
 GPU_TEMPLATES = ("triton.conv2d_int8", "triton.conv2d_int8_tma", "cuda.int8_wgmma",
-                 "triton.gemm_int8")
+                 "triton.gemm_int8", "triton.gemv_int8")
 #: the bit-serial family templates (measured on the w1a2 layers; in the offline accuracy also
 #: together, as BITSERIAL_GROUP: the one template "cuda.bitserial" they replaced)
 BITSERIAL_TEMPLATES = tuple(f.name for f in FAMILIES)
