@@ -109,6 +109,8 @@ def render_gemv(files: list[Result]) -> list[str]:
            "every output bit-exact. Floor: the weights read once at the copy bandwidth.", ""]
     for gpu, group in by_gpu(files):
         picked = latest_rows(group, lambda r: r.get("workload"))
+        convs = [(f, r) for f, r in picked if r.get("op") == "conv2d"]
+        picked = [(f, r) for f, r in picked if r.get("op") != "conv2d"]
         rows = []
         for f, r in picked:
             impls, b = r.get("impls") or {}, r.get("baselines_us") or {}
@@ -124,8 +126,32 @@ def render_gemv(files: list[Result]) -> list[str]:
         out += table(["GEMM (M x N x K)", "gemv us", "floor us", "int8_wgmma us",
                       "gemm_int8 us", "fp16 us", "fp16 / gemv", "graph: fp16 / gemv",
                       "engine default"], rows)
-        out += ["", provenance(f for f, _ in picked), ""]
+        if convs:
+            out += ["", *_gemv_conv_table(convs)]
+        out += ["", provenance(f for f, _ in picked + convs), ""]
     return out
+
+
+def _gemv_conv_table(picked: list) -> list[str]:
+    """The conv rows of the gemv suite (`gemv_probe.py --conv`): the GEMV's gather against
+    the conv templates' defaults and cuDNN fp16."""
+    rows = []
+    for f, r in picked:
+        impls, b = r.get("impls") or {}, r.get("baselines_us") or {}
+        gemv, fp16 = impls.get("triton.gemv_int8") or {}, r.get("fp16_conv") or {}
+        t = gemv.get("time_us")
+        rows.append([r["workload"], "x".join(str(v) for v in r.get("gemm_shape") or []),
+                     f.link(us(t)), us(r.get("floor_us")),
+                     *(us(b.get(f"{name}_default")) for name in
+                       ("triton.conv2d_int8", "triton.conv2d_int8_tma", "cuda.int8_wgmma")),
+                     us(fp16.get("time_us")), ratio(fp16.get("time_us"), t),
+                     ratio(fp16.get("graph_us"), gemv.get("graph_us")),
+                     str(r.get("engine_default", "-"))])
+    return ["Convs of at most 64 output pixels (`--conv`), the GEMV gathering its rows "
+            "against the conv templates' defaults and cuDNN fp16:", "",
+            *table(["conv", "M x N x K", "gemv us", "floor us", "conv2d_int8 us",
+                    "conv2d_int8_tma us", "int8_wgmma us", "cuDNN fp16 us", "fp16 / gemv",
+                    "graph: fp16 / gemv", "engine default"], rows)]
 
 
 def family(cfg: dict) -> str:

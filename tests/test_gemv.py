@@ -7,10 +7,15 @@ space and default; the weight-streaming estimate and the zero-tuning choices (di
 engine's default policy). u8 activations (the zero-point rewrite) at M = 1 and 8 with int32,
 fp16 and requantized outputs, split and unsplit, on inputs with a quarter of the values at the
 operands' extremes (a: 0 / 255, w: -128 / 127; a row at the worst-case accumulator), and their
-exactness bound. Every integer output is compared bit for bit with `lowbit.reference.run` on
-fresh random inputs into a poisoned buffer. GPU (`gpu` mark): the FC shapes of the issue at
-the default config and a deep split, exact, the VGG classifier's u8 x s8 GEMM, and a CUDA-graph
-replay.
+exactness bound. Convs of M = N*P*Q <= 64 pixels (the implicit-GEMM gather): C = 3, 72,
+100, K not a multiple of 16, stride 2, pad 0 and 1, H != W, R != S, M = 1 and 64, 1x1 convs
+(stride 1 unpadded: the GEMM path), every epilogue, u8 activations on padded convs (random and
+extreme), packed operands, the shifted bias, the refusals (M > 64 among them), the defaults
+and streaming estimate of the probe's layers and the probe's conv rows. Every integer output
+is compared bit for bit with `lowbit.reference.run` on fresh random inputs into a poisoned
+buffer. GPU (`gpu` mark): the FC shapes of the issue at the default config and a deep split,
+exact, the VGG classifier's u8 x s8 GEMM, a CUDA-graph replay, the probe's batch-1 convs and
+the CPU conv shapes.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lowbit.core import Config, Epilogue, GemmWorkload
+from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload, Workload
 from lowbit.core.epilogue import EpilogueParams
 from lowbit.kernels import load_backends
 from lowbit.kernels.base import NUM_SMS
@@ -27,8 +32,10 @@ from lowbit.kernels.triton.gemv import (
     GEMV_MAX_M,
     GemvInt8Template,
     block_m,
-    k_per_split,
+    split_slices,
+    target_programs,
 )
+from lowbit.kernels.triton.igemm import reduction_steps
 from lowbit.perfmodel.hardware import H100, H200
 from lowbit.perfmodel.learned import LearnedModel
 from lowbit.reference import random_inputs, run
@@ -45,11 +52,12 @@ def small(**kw) -> Config:
     return Config({**SPLIT, **kw})
 
 
-def with_extremes(wl: GemmWorkload, x: torch.Tensor, w: torch.Tensor, seed: int
+def with_extremes(wl: Workload, x: torch.Tensor, w: torch.Tensor, seed: int
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """x and w (one value per byte) with an eighth of their values at each end of the
-    operand's range, x's row 0 all at its maximum and w's row 0 all at its minimum (the
-    worst-case |accumulator|, 255 x 128 x K for u8 x s8); the rest stays random."""
+    operand's range, x's row 0 (a conv's image 0) all at its maximum and w's row 0 (filter 0)
+    all at its minimum (the worst-case |accumulator|, 255 x 128 x K for u8 x s8); the rest
+    stays random."""
     g = torch.Generator().manual_seed(seed)
 
     def pinned(t: torch.Tensor, prec) -> torch.Tensor:
@@ -64,7 +72,7 @@ def with_extremes(wl: GemmWorkload, x: torch.Tensor, w: torch.Tensor, seed: int
     return x.to(dev), w.to(dev)
 
 
-def check_extremes(wl: GemmWorkload, cfg: Config, seed: int, device=DEVICE) -> None:
+def check_extremes(wl: Workload, cfg: Config, seed: int, device=DEVICE) -> None:
     """The kernel of `cfg` on `with_extremes` inputs equals `lowbit.reference.run`."""
     x, w, params = random_inputs(wl, seed, device=device)
     x, w = with_extremes(wl, x, w, seed)
@@ -110,14 +118,16 @@ def test_shifted_bias_is_exact():
     assert torch.equal(out, run(wl, x, w, params))
 
 
-@pytest.mark.parametrize("split", [1, 2, 8])
+@pytest.mark.parametrize("split", [1, 2, 8, 16])
 def test_deep_and_ragged_splits(split):
-    """K = 900: 29 chunks of 32, so every split leaves a ragged last slice (8 splits: 7 of 4
-    chunks and one of 1); 16 splits would leave one empty and are refused."""
+    """K = 900: 29 chunks of 32, which no split > 1 divides: the slices differ by one chunk
+    (16 splits: 13 of 2 chunks and 3 of 1); 32 splits would leave one empty and are refused."""
     wl = GemmWorkload(M=2, N=33, K=900, epilogue=Epilogue(bias=True, out="s8"))
     cfg = small(SPLIT_K=split)
     assert GEMV.space(wl).is_valid(cfg)
-    assert "empty" in GEMV.space(wl).why_invalid(small(SPLIT_K=16))
+    assert "empty" in GEMV.space(wl).why_invalid(small(SPLIT_K=32))
+    sizes = [hi - lo for lo, hi in split_slices(29, split)]
+    assert sum(sizes) == 29 and max(sizes) - min(sizes) <= (split > 1) and min(sizes) >= 1
     check(wl, GEMV.build(wl, cfg), seed=split)
 
 
@@ -200,6 +210,212 @@ def test_u8_exactness_bound_counts_the_true_sum():
     assert reason is not None and "w=u8" in reason  # u8 weights: no zero point for them
 
 
+# ------------------------------------------------------------------------------- CPU: conv
+S8_RELU = Epilogue(bias=True, relu=True, out="s8")
+#: small convs of M = N*P*Q <= 64 output pixels: odd C, K not a multiple of 16, stride 2,
+#: pad 0 and 1, H != W, R != S, M = 1 and 64; the 1x1 stride-1 unpadded ones are GEMMs
+CONV_SHAPES = {
+    "7x7_3x3_p1_c3": dict(N=1, H=7, W=7, C=3, K=17, R=3, S=3, pad=1),
+    "7x7_3x3_p1_c72": dict(N=1, H=7, W=7, C=72, K=40, R=3, S=3, pad=1),
+    "14x14_3x3_s2_p1_c100": dict(N=1, H=14, W=14, C=100, K=24, R=3, S=3, stride=2, pad=1),
+    "7x5_3x3_s2_p0": dict(N=1, H=7, W=5, C=72, K=33, R=3, S=3, stride=2),
+    "3x3_3x3_p0_m1": dict(N=1, H=3, W=3, C=40, K=24, R=3, S=3),
+    "b4_4x4_3x3_p1_m64": dict(N=4, H=4, W=4, C=24, K=70, R=3, S=3, pad=1),
+    "4x6_1x3_p1": dict(N=1, H=4, W=6, C=40, K=24, R=1, S=3, pad=1),
+    "b2_3x5_1x1": dict(N=2, H=3, W=5, C=100, K=20),
+    "1x1_1x1_m1": dict(N=1, H=1, W=1, C=72, K=24),
+    "9x9_1x1_s2": dict(N=1, H=9, W=9, C=40, K=16, stride=2),
+    "5x5_1x1_p1": dict(N=1, H=5, W=5, C=16, K=16, pad=1),
+}
+
+
+def conv(shape: dict, **kw) -> ConvWorkload:
+    return ConvWorkload(**shape, **{"epilogue": S8_RELU, **kw})
+
+
+def conv_split(wl: ConvWorkload, split: int = 4) -> Config:
+    """The small config with `split` (a power of two) K slices, fewer where the 32-channel
+    steps run out."""
+    most = min(split, reduction_steps(wl.R, wl.S, wl.C, 32))
+    return small(SPLIT_K=1 << (most.bit_length() - 1))
+
+
+@pytest.mark.parametrize("name", list(CONV_SHAPES))
+def test_conv_shapes_at_the_default_and_a_split_config(name):
+    wl = conv(CONV_SHAPES[name])
+    assert wl.gemm_shape[0] <= GEMV_MAX_M and GEMV.unsupported_reason(wl) is None
+    cfgs = [GEMV.default_config(wl), conv_split(wl)]
+    for i, cfg in enumerate(cfgs):
+        check(wl, GEMV.build(wl, cfg), seed=len(name) + i)
+    assert len(cfgs) == 2
+
+
+@pytest.mark.parametrize("epi", EPILOGUES, ids=lambda e: e.key)
+def test_conv_every_epilogue_with_split_k(epi):
+    wl = ConvWorkload(N=1, H=5, W=6, C=72, K=45, R=3, S=3, pad=1, epilogue=epi)
+    check(wl, GEMV.build(wl, conv_split(wl)), seed=2)
+
+
+U8_CONV_CASES = [  # padded convs: a padding position is the byte 0, -128 in the dot
+    ("7x7_3x3_p1_c72", Epilogue(), None),
+    ("7x7_3x3_p1_c72", Epilogue(bias=True, relu=True, out="s8"), 4),
+    ("14x14_3x3_s2_p1_c100", Epilogue(bias=True, relu=True, out="s8"), None),
+    ("4x6_1x3_p1", Epilogue(bias=True, out="fp16"), 2),
+    ("5x5_1x1_p1", Epilogue(relu=True, out="u4", out_layout="packed"), 1),
+    ("b4_4x4_3x3_p1_m64", Epilogue(bias=True, out="s3", out_layout="bitplane"), 8),
+]
+
+
+@pytest.mark.parametrize("name,epi,split", U8_CONV_CASES,
+                         ids=[f"{c[0]}-{c[1].key}-{c[2]}" for c in U8_CONV_CASES])
+def test_u8_conv_with_padding_is_exact(name, epi, split):
+    """u8 activations on padded convs, random and at the extremes (image 0 all 255, filter 0
+    all -128, an eighth of the values 0 / 255): the zero-point term restores 128 w at every
+    padding tap, so a padding load other than the byte 0 breaks the border outputs."""
+    wl = conv(CONV_SHAPES[name], a="u8", epilogue=epi)
+    assert wl.pad > 0 and GEMV.unsupported_reason(wl) is None
+    cfg = GEMV.default_config(wl) if split is None else conv_split(wl, split)
+    check(wl, GEMV.build(wl, cfg), seed=len(name) + wl.K)
+    check_extremes(wl, cfg, seed=wl.C + wl.K)
+
+
+def test_conv_packed_operands_and_shifted_bias():
+    """Packed activations gathered by the conv (rows of C = 5 or 13 values: 3 or 4 bytes a
+    pixel, sub-byte offsets unpacked in registers), packed weights with u8 activations, and
+    the shifted bias."""
+    from lowbit.reference.epilogue import shifted_bias_from
+
+    both = ConvWorkload(N=1, H=5, W=4, C=5, K=33, R=3, S=3, pad=1, a="u4", w="s4",
+                        a_layout="packed", w_layout="packed",
+                        epilogue=Epilogue(bias=True, relu=True, out="u2",
+                                          out_layout="bitplane"))
+    acts = ConvWorkload(N=1, H=6, W=6, C=13, K=20, R=3, S=3, stride=2, pad=1, a="s2",
+                        a_layout="packed", epilogue=Epilogue(bias=True, out="fp16"))
+    weights = ConvWorkload(N=1, H=7, W=7, C=20, K=24, R=3, S=3, pad=1, a="u8", w="s4",
+                           w_layout="packed", epilogue=Epilogue(bias=True, out="s8"))
+    for i, wl in enumerate((both, acts, weights)):
+        for cfg in (GEMV.default_config(wl), conv_split(wl)):
+            check(wl, GEMV.build(wl, cfg), seed=20 + i)
+    shifted = conv(CONV_SHAPES["7x7_3x3_p1_c72"], a="u8",
+                   epilogue=Epilogue(relu=True, out="s8", shifted_bias=True))
+    x, w, p = random_inputs(shifted.replace(epilogue=S8_RELU), 23)
+    b = shifted_bias_from(p.bias, p.multiplier, p.shift, torch.Generator().manual_seed(24))
+    params = EpilogueParams(multiplier=p.multiplier, shift=p.shift, shifted_bias=b)
+    out = GEMV.build(shifted, conv_split(shifted))(x, w, params, out=poisoned(shifted, "cpu"))
+    assert torch.equal(out, run(shifted, x, w, params))
+
+
+def test_conv_1x1_stride_1_unpadded_is_the_gemm():
+    """Such a conv launches the GEMM path (rows are NHWC pixels: no per-row division, no
+    padding masks) and equals the GEMV on the GEMM of its pixels; a strided or padded 1x1 and
+    a 3x3 gather their rows."""
+    wl = conv(CONV_SHAPES["b2_3x5_1x1"], a="u8")
+    gemm = GemmWorkload(M=30, N=20, K=100, a="u8", epilogue=S8_RELU)
+    x, w, params = random_inputs(wl, 30)
+    kernel = GEMV.build(wl, conv_split(wl))
+    launch = kernel.plan(kernel.problem, x, w, poisoned(wl, "cpu"),
+                         (params.bias, None, params.multiplier, params.shift))[0]
+    assert launch.kwargs["IS_GEMM"] and launch.args[12:19] == (1, 1, 100, 1, 1, 1, 0)
+    got = kernel(x, w, params).reshape(30, 20)
+    assert torch.equal(got, GEMV.build(gemm, conv_split(wl))(x.reshape(30, 100),
+                                                             w.reshape(20, 100), params))
+    gathered = 0
+    for name in ("9x9_1x1_s2", "5x5_1x1_p1", "7x7_3x3_p1_c72"):
+        other = conv(CONV_SHAPES[name])
+        assert not GEMV.build(other, conv_split(other)).problem.is_gemm, name
+        gathered += 1
+    assert gathered == 3
+
+
+def test_conv_refusals_name_the_reason():
+    big = conv(dict(N=4, H=7, W=7, C=64, K=64, R=3, S=3, pad=1))
+    reason = GEMV.unsupported_reason(big)
+    assert reason is not None and "M=N*P*Q=196" in reason and f"> {GEMV_MAX_M}" in reason
+    with pytest.raises(ValueError, match=r"M=N\*P\*Q=196"):
+        GEMV.build(big, SPLIT)
+    with pytest.raises(ValueError, match="196"):
+        GEMV.space(big)
+    # a 3x3 reduction of 9 x 8192: within int32 for s8 x s8, not for the u8 true sum
+    deep = conv(dict(N=1, H=3, W=3, C=8192, K=8, R=3, S=3, pad=1))
+    assert 128 * 128 * 9 * 8192 < 2**31 <= 255 * 128 * 9 * 8192
+    assert GEMV.unsupported_reason(deep) is None
+    reason = GEMV.unsupported_reason(deep.replace(a="u8"))
+    assert reason is not None and "accumulator" in reason and "a=u8" in reason
+    reason = GEMV.unsupported_reason(conv(CONV_SHAPES["7x7_3x3_p1_c3"], w="u8"))
+    assert reason is not None and "w=u8" in reason
+    reason = GEMV.unsupported_reason(conv(CONV_SHAPES["7x7_3x3_p1_c3"], a="u2", w="s2",
+                                          a_layout="bitplane", w_layout="bitplane"))
+    assert reason is not None and "bitplane" in reason
+
+
+#: the probe's layers (benchmarks/probes/gemv_probe.py --conv)
+PROBE_CONVS = [dict(N=1, H=7, W=7, C=512, K=512, R=3, S=3, pad=1),
+               dict(N=1, H=7, W=7, C=960, K=320), dict(N=1, H=7, W=7, C=1152, K=320),
+               dict(N=1, H=7, W=7, C=2048, K=512), dict(N=1, H=7, W=7, C=512, K=2048),
+               dict(N=1, H=14, W=14, C=256, K=256, R=3, S=3, stride=2, pad=1),
+               dict(N=1, H=7, W=7, C=100, K=200, R=3, S=3, pad=1)]
+
+
+def test_conv_space_default_and_stream_estimate():
+    """Defaults of the probe's layers (49 rows: 32 weight rows a program, at least a program
+    per two SMs): valid, the grid at its target unless the reduction steps (taps x channel
+    chunks) run out, no slice empty; the launch shape and the weight-streaming estimate take
+    the implicit GEMM's (M, N, K)."""
+    checked = 0
+    for shape in PROBE_CONVS:
+        wl = conv(shape)
+        m, n, _ = wl.gemm_shape
+        cfg = GEMV.default_config(wl)
+        assert GEMV.space(wl).is_valid(cfg), (wl.key, cfg)
+        steps = reduction_steps(wl.R, wl.S, wl.C, cfg["BLOCK_K"])
+        programs = -(-n // cfg["BLOCK_N"]) * cfg["SPLIT_K"]
+        assert programs >= target_programs(m) or 2 * cfg["SPLIT_K"] > steps, (wl.key, cfg)
+        assert cfg["BLOCK_N"] == 32 and target_programs(m) == NUM_SMS // 2  # 49 rows
+        assert all(hi > lo for lo, hi in split_slices(steps, cfg["SPLIT_K"]))
+        assert GEMV.launch_shape(wl, cfg)["block_m"] == block_m(m) == 64
+        t = dispatch.stream_estimate_us(GEMV, wl, cfg, H100)
+        floor = wl.R * wl.S * wl.C * wl.K / 3.0e12 * 1e6
+        assert floor < t < floor + 15, (wl.key, t)
+        checked += 1
+    assert checked == len(PROBE_CONVS)
+
+
+def test_dispatch_weighs_the_gemv_for_small_convs(analytic_model):
+    """The GEMV is a candidate of zero-tuning dispatch for a conv of 49 pixels (timed by the
+    streaming estimate) and its pick is a valid config of its template."""
+    from lowbit.kernels import get_template
+
+    wl = conv(PROBE_CONVS[0])
+    pool = [GEMV, get_template("triton.conv2d_int8")]
+    choice = dispatch.choose(wl, H100, templates=pool, include_fp16=False)
+    assert choice.template in {t.name for t in pool}
+    assert get_template(choice.template).space(wl).is_valid(choice.config)
+    assert GEMV.name in dict(choice.alternatives)
+
+
+def test_probe_conv_rows_are_gemv_layers():
+    """benchmarks/probes/gemv_probe.py --conv: distinct `conv_` row names, every layer of at
+    most GEMV_MAX_M rows and run by the GEMV, and the measurement-free part of a row."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    from lowbit.perfmodel.roofline import H100 as H100_PEAKS
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "probes"))
+    probe = importlib.import_module("gemv_probe")
+    rows = probe.conv_workloads()
+    names = [n for n, _ in rows]
+    assert len(set(names)) == len(names) == len(probe.CONV) + len(probe.CONV_U8)
+    assert [wl.to_dict() for _, wl in rows if str(wl.a) == "s8"] == \
+        [conv(shape, epilogue=probe.EPI).to_dict() for shape in PROBE_CONVS]
+    for name, wl in rows:
+        assert name.startswith("conv_") and GEMV.unsupported_reason(wl) is None, name
+        head = probe.conv_row_head(name, wl, H100_PEAKS)
+        assert head["op"] == "conv2d" and head["gemm_shape"] == list(wl.gemm_shape)
+        assert head["M"] == 49 and 0 < head["weight_read_us"] <= head["floor_us"]
+
+
 # ------------------------------------------------------------------------------- CPU: checks
 def test_bad_input_raises_naming_the_argument():
     wl = GemmWorkload(M=3, N=40, K=100)
@@ -229,9 +445,10 @@ def test_space_and_default_config():
         assert space.is_valid(cfg), (wl.key, cfg)
         chunks = -(-k // cfg["BLOCK_K"])
         programs = -(-n // cfg["BLOCK_N"]) * cfg["SPLIT_K"]
-        # the grid reaches one program per SM unless the K chunks run out
-        assert programs >= NUM_SMS or 2 * cfg["SPLIT_K"] > chunks, (wl.key, cfg)
-        assert k_per_split(k, cfg) * (cfg["SPLIT_K"] - 1) < k  # no empty slice
+        # the grid reaches one program per SM (half that at M > 32) unless the K chunks run
+        # out
+        assert programs >= target_programs(m) or 2 * cfg["SPLIT_K"] > chunks, (wl.key, cfg)
+        assert all(hi > lo for lo, hi in split_slices(chunks, cfg["SPLIT_K"]))  # none empty
         checked += 1
     assert checked == 7
     assert block_m(1) == block_m(16) == 16 and block_m(17) == 32 and block_m(GEMV_MAX_M) == 64
@@ -304,7 +521,9 @@ def test_dispatch_times_u8_activations_like_s8(analytic_model):
 def test_compiles_for_sm90_with_wide_weight_loads():
     """Offline sm_90 compile (tests/triton_offline.py): int8 MMAs, 16-byte cp.async for
     K % 16 == 0 and 8-byte for K = 1000, one acquire-release arrival atomic with split-K,
-    no spills; u8 activations too (the zero point flips a bit in registers)."""
+    no spills; u8 activations too (the zero point flips a bit in registers). Convs: the
+    gathered rows of a 3x3 (s8 and u8, stride 1 and 2) and a 1x1 load 16 bytes wide where
+    C % 16 == 0, 4 bytes where C = 100."""
     import os
 
     import triton
@@ -314,20 +533,21 @@ def test_compiles_for_sm90_with_wide_weight_loads():
     if not os.path.isdir(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
                                       "bin")):
         pytest.skip("this Triton has no bundled NVIDIA tools (ptxas)")
-    shapes = {(8, 4096, 25088, "s8"): 16, (1, 1000, 1000, "s8"): 8,
-              (16, 1000, 2048, "s8"): 16, (8, 1000, 4096, "u8"): 16, (1, 1000, 1000, "u8"): 8}
-    cases = []
-    for m, n, k, a in shapes:
-        wl = GemmWorkload(M=m, N=n, K=k, a=a,
-                          epilogue=Epilogue(bias=True, relu=True, out="s8"))
-        cases.append((GEMV.name, wl.to_json(), GEMV.default_config(wl).to_json()))
-    for (shape, width), got in zip(shapes.items(), compile_in_subprocess(cases), strict=True):
+    gemms = {(8, 4096, 25088, "s8"): 16, (1, 1000, 1000, "s8"): 8,
+             (16, 1000, 2048, "s8"): 16, (8, 1000, 4096, "u8"): 16, (1, 1000, 1000, "u8"): 8}
+    shapes = [(GemmWorkload(M=m, N=n, K=k, a=a, epilogue=S8_RELU), width)
+              for (m, n, k, a), width in gemms.items()]
+    shapes += [(conv(PROBE_CONVS[0]), 16), (conv(PROBE_CONVS[0], a="u8"), 16),
+               (conv(PROBE_CONVS[1]), 16), (conv(PROBE_CONVS[5]), 16),
+               (conv(PROBE_CONVS[6]), 4)]
+    cases = [(GEMV.name, wl.to_json(), GEMV.default_config(wl).to_json()) for wl, _ in shapes]
+    for (wl, width), got in zip(shapes, compile_in_subprocess(cases), strict=True):
         assert isinstance(got, list), got  # else the compiler's error text
         main = got[0]
-        assert main["mma_sync"] + main["wgmma"] > 0 and main["spill_bytes"] == 0, (shape, main)
-        assert main["cp_async_bytes"] == [width] and main["byte_loads"] == 0, (shape, main)
-        assert main["acq_rel_atomics"] == 1, (shape, main)
-    assert len(cases) == 5
+        assert main["mma_sync"] + main["wgmma"] > 0 and main["spill_bytes"] == 0, (wl, main)
+        assert main["cp_async_bytes"] == [width] and main["byte_loads"] == 0, (wl, main)
+        assert main["acq_rel_atomics"] == 1, (wl, main)
+    assert len(cases) == 10
 
 
 # ------------------------------------------------------------------------------- GPU
@@ -392,3 +612,36 @@ def test_gpu_cuda_graph_replays_stay_exact():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out.cpu(), run(wl, x.cpu(), w.cpu(), params.to("cpu"))), seed
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", PROBE_CONVS,
+                         ids=[f"{s['C']}to{s['K']}_{s.get('R', 1)}x{s.get('S', 1)}"
+                              f"_s{s.get('stride', 1)}" for s in PROBE_CONVS])
+def test_gpu_probe_convs_are_exact(shape):
+    """The probe's batch-1 layers, s8 and u8 (random and extreme inputs), three output kinds,
+    at the default config and a deeper split."""
+    checked = 0
+    for a in ("s8", "u8"):
+        for epi in (Epilogue(), S8_RELU, Epilogue(bias=True, out="fp16")):
+            wl = conv(shape, a=a, epilogue=epi)
+            default = GEMV.default_config(wl)
+            deep = default.replace(SPLIT_K=min(64, 2 * default["SPLIT_K"]))
+            for cfg in (default, deep) if GEMV.space(wl).is_valid(deep) else (default,):
+                check(wl, GEMV.build(wl, cfg), seed=checked, device="cuda")
+                if a == "u8":
+                    check_extremes(wl, cfg, seed=100 + checked, device="cuda")
+                checked += 1
+    assert checked >= 6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CONV_SHAPES))
+def test_gpu_odd_convs_are_exact(name):
+    checked = 0
+    for a in ("s8", "u8"):
+        wl = conv(CONV_SHAPES[name], a=a)
+        for cfg in (GEMV.default_config(wl), conv_split(wl)):
+            check(wl, GEMV.build(wl, cfg), seed=len(name) + checked, device="cuda")
+            checked += 1
+    assert checked == 4

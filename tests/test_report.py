@@ -70,7 +70,13 @@ SYNTHETIC = {
          "impls": {"triton.gemv_int8": {"time_us": 7.5, "graph_us": 3.6, "exact": True}},
          "fp16_matmul": {"time_us": 9.75, "graph_us": 5.0},
          "baselines_us": {"cuda.int8_wgmma_default": 15.7, "triton.gemm_int8_default": 21.0},
-         "engine_default": "triton.gemv_int8"}]))],
+         "engine_default": "triton.gemv_int8"},
+        {"workload": "conv_b1_7x7_3x3_512to512", "op": "conv2d", "gemm_shape": [49, 512, 4608],
+         "floor_us": 0.55,
+         "impls": {"triton.gemv_int8": {"time_us": 10.0, "graph_us": 7.0, "exact": True}},
+         "fp16_conv": {"time_us": 15.0, "graph_us": 11.2},
+         "baselines_us": {"triton.conv2d_int8_default": 40.0, "cuda.int8_wgmma_default": 29.0},
+         "engine_default": "cuda.int8_wgmma"}]))],
     "bitserial": [
         ("bitserial-20260101-000000.json", _doc("bitserial", [_bit_row(21.0, 50.0)],
                                                  targets={"w1a2_vs_int8_conv_b256": 2.5,
@@ -236,7 +242,9 @@ EXPECTED = {
     "accuracy_sweep": ["|dataset|model|precision|method|3 ep, lr 0.001|10 ep, lr 0.001|",
                        "|digits_hard|digits_cnn|w2a2|lsq|-4.14 +- 0.24 (10)|-2.47 +- 0.29 (10)|"],
     "gemv": ["|gemm_8x1000x2048|[7.50][gemv-20260102-000000]|0.49|15.7|21.0|9.75|1.30|1.39|"
-             "triton.gemv_int8|"],
+             "triton.gemv_int8|",
+             "|conv_b1_7x7_3x3_512to512|49x512x4608|[10.0][gemv-20260102-000000]|0.55|40.0|-|"
+             "29.0|15.0|1.50|1.60|cuda.int8_wgmma|"],
     "bitserial": ["[20.0][bitserial-20260102-000000]", "|2.80|",
                   "tap-shift persistent 64x128, two teams, row sums slab, pairs, KT 1, 3 st",
                   "`w1a2_vs_int8_conv_b256` >= 2.5: met on 1 of 1",

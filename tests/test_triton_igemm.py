@@ -129,6 +129,43 @@ def test_gemm_unaligned_k_is_exact(k):
     check(wl, tiny_kernel(wl, SPLIT3_LAST), seed=k + 1)
 
 
+@pytest.mark.parametrize("k,a", [(99, "s8"), (99, "u8"), (90, "s8"), (100, "u8")])
+def test_gemm_rows_under_8_byte_alignment_run_padded(k, a):
+    """K % 8 != 0: W copied at bind and A on every launch into 16-byte rows of zeros
+    (kernels/triton/padded.py); the pad bytes add nothing (u8: a pad byte enters the dot as
+    -128 times a zero weight), split-K included."""
+    from lowbit.kernels.triton.padded import PAD_K, pad_rows_kernel, padded_k
+
+    wl = GemmWorkload(M=21, N=37, K=k, a=a, epilogue=Epilogue(bias=True, relu=True, out="s8"))
+    kernel = tiny_kernel(wl, TINY)
+    assert padded_k(kernel.problem) == -(-k // PAD_K) * PAD_K
+    x, w, params = random_inputs(wl, seed=k, device=DEVICE)
+    plan = kernel.plan(kernel.problem, x, w, poisoned(wl), (params.bias, None, None, None))
+    assert [s.fn is pad_rows_kernel for s in plan] == [True, False]
+    assert plan[1].args[1].shape == (37, padded_k(kernel.problem))  # the padded weights
+    check(wl, kernel, seed=k)
+    check(wl, tiny_kernel(wl, SPLIT3_LAST), seed=k + 1)
+
+
+def test_aligned_or_packed_rows_are_not_padded():
+    from lowbit.kernels.triton.padded import padded_k
+
+    unpadded = [GemmWorkload(M=5, N=7, K=40), GemmWorkload(M=5, N=7, K=1000),
+                GemmWorkload(M=5, N=7, K=99, a="u4", w="s4", a_layout="packed",
+                             w_layout="packed"),
+                ConvWorkload(N=1, H=5, W=5, C=99, K=8, R=3, S=3, pad=1)]
+    assert [padded_k(problem(wl, False)) for wl in unpadded] == [None] * 4
+    pointwise = ConvWorkload(N=2, H=3, W=5, C=99, K=8, R=1, S=1)
+    assert padded_k(problem(pointwise, False)) == 112
+    assert padded_k(problem(pointwise, True)) is None  # the fp16 dot keeps its loads
+
+
+def test_pointwise_conv_odd_channels_runs_padded():
+    wl = ConvWorkload(N=2, H=3, W=5, C=99, K=24, R=1, S=1, a="u8",
+                      epilogue=Epilogue(bias=True, out="s8"))
+    check(wl, tiny_kernel(wl, TINY), seed=31)
+
+
 def test_conv_unaligned_channels_is_exact():
     wl = ConvWorkload(N=2, H=6, W=7, C=20, K=24, R=3, S=3, stride=2, pad=1,
                       epilogue=Epilogue(bias=True, out="s8"))

@@ -15,7 +15,16 @@ Beside each time the roofline floor max(bytes / bandwidth, ops / peak) with the 
 measured in this run, and the time to read the int8 weights once. Also what zero-tuning
 dispatch (`lowbit.tune.dispatch.choose`) and the engine's default policy pick.
 
-    python3 benchmarks/probes/gemv_probe.py [--out DIR] [--quick | --u8]
+--conv: conv2d layers whose implicit GEMM has M = N*P*Q <= 64 rows (`CONV`: batch 1 on 7x7
+maps, 3x3 512 -> 512, the 1x1s 960 -> 320, 1152 -> 320, 2048 -> 512, 512 -> 2048, a 14x14 3x3
+at stride 2, a 3x3 with C = 100, K = 200; the 3x3 512 -> 512 also with u8 activations),
+measured the same way: the GEMV's default (its conv gather) against the defaults of the conv
+templates `triton.conv2d_int8`, `triton.conv2d_int8_tma` and `cuda.int8_wgmma` where they take
+the layer, and cuDNN fp16 (channels_last, benchmark mode; `common.cudnn_fp16_conv_us`). Conv
+rows are named `conv_<shape>` and carry "op": "conv2d", the conv shape and the implicit GEMM's
+(M, N, K).
+
+    python3 benchmarks/probes/gemv_probe.py [--out DIR] [--quick | --u8 | --conv]
 
 Writes {"benchmark": "gemv", "rows": [...]} to benchmarks/results/<gpu>/ (or DIR) and prints a
 table; a failing case is recorded with its error and the run goes on.
@@ -33,10 +42,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from common import gpu_name, write_results
-from lowbit.core import Epilogue, GemmWorkload
+from common import cudnn_fp16_conv_us, gpu_name, write_results
+from lowbit.core import ConvWorkload, Epilogue, GemmWorkload, Workload
 from lowbit.kernels import get_template, load_backends
-from lowbit.perfmodel.roofline import floor_us, measure_bandwidth, peaks_for, workload_bytes
+from lowbit.perfmodel.roofline import (
+    Peaks,
+    floor_us,
+    measure_bandwidth,
+    peaks_for,
+    workload_bytes,
+)
 from lowbit.reference import random_inputs, run
 from lowbit.tune.timing import time_us
 
@@ -48,6 +63,21 @@ FC = [(m, n, k) for m in (1, 8, 16) for k, n in ((2048, 1000), (25088, 4096), (4
 ODD = [(64, n, k) for k in (100, 1000, 1001) for n in (1000, 513)]
 #: u8 x s8 classifiers (activations after ReLU and average pooling) at batch 8
 U8 = [(8, n, k) for k, n in ((2048, 1000), (4096, 1000), (25088, 4096))]
+#: convs of at most GEMV_MAX_M output pixels (row name after "conv_", shape); batch 4 on 7x7
+#: (M = 196) is no GEMV layer
+CONV = [
+    ("b1_7x7_3x3_512to512", dict(N=1, H=7, W=7, C=512, K=512, R=3, S=3, pad=1)),
+    ("b1_7x7_1x1_960to320", dict(N=1, H=7, W=7, C=960, K=320)),
+    ("b1_7x7_1x1_1152to320", dict(N=1, H=7, W=7, C=1152, K=320)),
+    ("b1_7x7_1x1_2048to512", dict(N=1, H=7, W=7, C=2048, K=512)),
+    ("b1_7x7_1x1_512to2048", dict(N=1, H=7, W=7, C=512, K=2048)),
+    ("b1_14x14_3x3_256to256_s2", dict(N=1, H=14, W=14, C=256, K=256, R=3, S=3, stride=2,
+                                      pad=1)),
+    ("b1_7x7_3x3_100to200", dict(N=1, H=7, W=7, C=100, K=200, R=3, S=3, pad=1)),
+]
+#: conv rows measured with u8 activations too (a ReLU's output: the GEMV's zero point)
+CONV_U8 = ("b1_7x7_3x3_512to512",)
+CONV_DEFAULTS = ("triton.conv2d_int8", "triton.conv2d_int8_tma", "cuda.int8_wgmma")
 
 
 def _template(name: str):
@@ -62,7 +92,7 @@ def _template(name: str):
         return GemvInt8Template()
 
 
-def timed_impl(name: str, wl: GemmWorkload, x, w, params, ref) -> dict:
+def timed_impl(name: str, wl: Workload, x, w, params, ref) -> dict:
     """Default config of template `name`: exactness, events and graph medians (us)."""
     t = _template(name)
     reason = t.unsupported_reason(wl)
@@ -97,7 +127,7 @@ def int_mm_aligned_us(wl: GemmWorkload) -> dict | None:
     return {"shape": [m, n, k], "time_us": time_us(fn), "graph_us": time_us(fn, cuda_graph=True)}
 
 
-def picks(wl: GemmWorkload) -> dict:
+def picks(wl: Workload) -> dict:
     out = {}
     try:
         from lowbit.tune.dispatch import choose
@@ -152,6 +182,57 @@ def measure(m: int, n: int, k: int, bandwidth: float, a: str = "s8") -> dict:
     return row
 
 
+def conv_workloads() -> list[tuple[str, ConvWorkload]]:
+    """(row name, workload) of the --conv rows: `conv_<shape>`, `conv_<shape>_u8`."""
+    return [(f"conv_{name}" + ("" if a == "s8" else f"_{a}"),
+             ConvWorkload(**shape, w="s8", a=a, epilogue=EPI))
+            for name, shape in CONV for a in (("s8", "u8") if name in CONV_U8 else ("s8",))]
+
+
+def conv_row_head(name: str, wl: ConvWorkload, peaks: Peaks) -> dict:
+    """The measurement-free part of a conv row: shapes, precisions and floors at `peaks`
+    (bandwidth: the copy bandwidth measured in the run)."""
+    m, n, k = wl.gemm_shape
+    fp16_bytes = 2 * (wl.N * wl.H * wl.W * wl.C + n * k + m * n)
+    return {"workload": name, "op": "conv2d",
+            "shape": {f: getattr(wl, f) for f in ("N", "H", "W", "C", "K", "R", "S", "stride",
+                                                  "pad")},
+            "M": m, "gemm_shape": [m, n, k], "precision": "w8a8", "a": str(wl.a),
+            "w": str(wl.w), "epilogue": wl.epilogue.key,
+            "floor_us": floor_us(wl.ops, workload_bytes(wl), peaks.int8, peaks.bandwidth),
+            "weight_read_us": n * k / peaks.bandwidth * 1e6,
+            "fp16_floor_us": floor_us(wl.ops, fp16_bytes, peaks.fp16, peaks.bandwidth)}
+
+
+def measure_conv(name: str, wl: ConvWorkload, bandwidth: float) -> dict:
+    """One conv row: the GEMV's and the conv templates' defaults (exact first, then events
+    and graph medians) and cuDNN fp16."""
+    peaks = dataclasses.replace(peaks_for(gpu_name()), bandwidth=bandwidth)
+    row = conv_row_head(name, wl, peaks)
+    m, n, k = wl.gemm_shape
+    x, w, params = random_inputs(wl, seed=m * 7 + n + k, device="cuda")
+    ref = run(wl, x, w, params)
+    impls: dict = {}
+    for t in (GEMV, *CONV_DEFAULTS):
+        try:
+            impls[t] = timed_impl(t, wl, x, w, params, ref)
+        except Exception as e:  # one implementation failing must not lose the others
+            impls[t] = {"error": f"{type(e).__name__}: {e}"[:300]}
+    row["impls"] = impls
+    try:
+        row["fp16_conv"] = {"time_us": cudnn_fp16_conv_us(wl),
+                            "graph_us": cudnn_fp16_conv_us(wl, cuda_graph=True)}
+    except Exception as e:
+        row["fp16_conv"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+    row.update(picks(wl))
+    got = impls.get(GEMV, {})
+    row["impl"], row["config"] = GEMV, got.get("config")
+    row["time_us"] = got.get("time_us")
+    row["baselines_us"] = {**{f"{t}_default": impls[t].get("time_us") for t in CONV_DEFAULTS},
+                           "fp16_conv": row["fp16_conv"].get("time_us")}
+    return row
+
+
 def _fmt(v) -> str:
     return f"{v:8.1f}" if isinstance(v, float) else f"{'-':>8}"
 
@@ -178,6 +259,26 @@ def table(rows: list[dict]) -> None:
               f"{ex:5s}  {pick} / {r.get('engine_default')}")
 
 
+def conv_table(rows: list[dict]) -> None:
+    print(f"\n{'conv':32s} {'floor':>8} {'w read':>8} | {'gemv':>8} {'igemm':>8} {'tma':>8} "
+          f"{'wgmma':>8} {'cudnn':>8} | graph: {'gemv':>8} {'cudnn':>8} | exact  dispatch / "
+          "engine")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['workload']:32s} ERROR {r['error']}")
+            continue
+        im, fp16 = r["impls"], r["fp16_conv"]
+        names = (GEMV, *CONV_DEFAULTS)
+        ex = "".join("y" if im[t].get("exact") else ("-" if "exact" not in im[t] else "N")
+                     for t in names)
+        d = r.get("dispatch")
+        pick = d["template"] if isinstance(d, dict) else "?"
+        print(f"{r['workload']:32s} {_fmt(r['floor_us'])} {_fmt(r['weight_read_us'])} | "
+              + " ".join(_fmt(im[t].get("time_us")) for t in names)
+              + f" {_fmt(fp16.get('time_us'))} | {_fmt(im[GEMV].get('graph_us'))} "
+              f"{_fmt(fp16.get('graph_us'))} | {ex:5s}  {pick} / {r.get('engine_default')}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="results folder (default benchmarks/results/<gpu>/)")
@@ -185,6 +286,8 @@ def main() -> None:
     which.add_argument("--quick", action="store_true",
                        help="M = 8, the odd shapes and the u8 rows only")
     which.add_argument("--u8", action="store_true", help="the u8-activation rows only")
+    which.add_argument("--conv", action="store_true",
+                       help="the conv rows only (M = N*P*Q <= 64, module doc)")
     args = ap.parse_args()
     if args.out:
         os.environ["LOWBIT_RESULTS_DIR"] = args.out
@@ -192,9 +295,21 @@ def main() -> None:
         sys.exit("gemv_probe needs a CUDA GPU")
     bandwidth = measure_bandwidth()
     print(f"{gpu_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
+    rows = []
+    if args.conv:
+        for name, wl in conv_workloads():
+            try:
+                row = measure_conv(name, wl, bandwidth)
+            except Exception as e:  # one layer failing must not lose the others
+                row = {"workload": name, "op": "conv2d",
+                       "error": f"{type(e).__name__}: {e}"[:300]}
+            rows.append(row)
+            print(row["workload"], "done" if "error" not in row else row["error"], flush=True)
+        conv_table(rows)
+        print("wrote", write_results("gemv", rows, {"bandwidth_bytes_per_s": bandwidth}))
+        return
     s8 = [] if args.u8 else [s for s in FC if s[0] == 8] + ODD if args.quick else FC + ODD
     shapes = [(*s, "s8") for s in s8] + [(*s, "u8") for s in U8]
-    rows = []
     for m, n, k, a in shapes:
         try:
             row = measure(m, n, k, bandwidth, a)

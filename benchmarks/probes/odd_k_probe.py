@@ -3,7 +3,9 @@
 Target: an int8 GEMM with odd K within 1.3x of `torch._int_mm` on the nearest aligned shape
 (K rounded up to 16, N to 8). Shapes: M in {256, 4096} x (N, K) in {(1000, 1000), (1000, 1001),
 (4096, 1000), (4096, 1001), (1000, 2048)}: K = 1000 lets the loads be 8 bytes wide
-(`igemm.channel_alignment`), K = 1001 only 1 byte; K = 2048 is the aligned control. Per shape:
+(`igemm.channel_alignment`), K = 1001 only 1 byte, so `triton.gemm_int8` runs it on operands
+padded to 16-byte rows (`kernels/triton/padded.py`: W at bind, A by one copy launch per call);
+K = 2048 is the aligned control. Per shape:
 the default configs of `triton.gemm_int8` and `cuda.int8_wgmma` and zero-tuning dispatch's pick
 (`lowbit.tune.dispatch.choose`, our templates only), each bit-exact against
 `lowbit.reference.run` first, then the median time (CUDA events, L2 flushed); baselines
@@ -41,7 +43,8 @@ def dispatch_impl(wl: GemmWorkload, x, w, params, ref) -> dict:
 
     pick = choose(wl, include_fp16=False)
     kernel = get_template(pick.template).build(wl, pick.config)
-    out = torch.full(ref.shape, -12345, dtype=ref.dtype, device="cuda")
+    out = torch.full(ref.shape, 0x5A if ref.dtype.itemsize == 1 else -12345, dtype=ref.dtype,
+                     device="cuda")
     launch = kernel.bind(x, w, params, out=out)
     launch()
     torch.cuda.synchronize()

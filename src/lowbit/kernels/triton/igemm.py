@@ -91,6 +91,23 @@ def sum_partials(part_ptr, offs_m, offs_n, M, NOUT, SPLIT_K: tl.constexpr, FLOAT
 
 
 @triton.jit
+def output_pixels(offs_m, P, Q, conv_stride, pad, IS_GEMM: tl.constexpr):
+    """(image n, input row p*stride - pad, input column q*stride - pad) of the output pixels
+    (n, p, q) that GEMM rows offs_m are (row-major over N x P x Q): tap (r, s) reads input
+    pixel (n, ih0 + r, iw0 + s). IS_GEMM: rows are input rows, the three are unused."""
+    if IS_GEMM:
+        n_img = offs_m
+        ih0 = offs_m
+        iw0 = offs_m
+    else:
+        n_img = offs_m // (P * Q)
+        pq = offs_m % (P * Q)
+        ih0 = (pq // Q) * conv_stride - pad
+        iw0 = (pq % Q) * conv_stride - pad
+    return n_img, ih0, iw0
+
+
+@triton.jit
 def tap_operands(x_ptr, w_ptr, it, chunks, n_img, ih0, iw0, m_mask, offs_m, w_base, n_mask,
                  H, W, C, x_row, w_row, R: tl.constexpr, S: tl.constexpr, IS_GEMM: tl.constexpr,
                  A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr,
@@ -178,15 +195,7 @@ def tile_accumulator(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
     n_mask = offs_n < NOUT
-    if IS_GEMM:
-        n_img = offs_m  # unused by GEMMs
-        ih0 = offs_m
-        iw0 = offs_m
-    else:
-        n_img = offs_m // (P * Q)
-        pq = offs_m % (P * Q)
-        ih0 = (pq // Q) * conv_stride - pad
-        iw0 = (pq % Q) * conv_stride - pad
+    n_img, ih0, iw0 = output_pixels(offs_m, P, Q, conv_stride, pad, IS_GEMM)
     w_base = offs_n * (R * S)
 
     if DOT_FP16:
@@ -373,14 +382,18 @@ class Launch:
     grid: tuple[int, ...]
     args: tuple
     kwargs: dict
+    #: a helper launch (an operand copy) beside the kernel that does the work
+    auxiliary: bool = False
 
 
 def replay(launches: list[Launch], compile_only: bool = False):
-    """Run (or, compile_only, compile) the launches in order; returns the first one's
-    CompiledKernel when compiling."""
+    """Run (or, compile_only, compile) the launches in order; returns the CompiledKernel of
+    the first one that is not auxiliary when compiling."""
     compiled = [launch_or_compile(s.fn, s.grid, s.args, s.kwargs, compile_only)
                 for s in launches]
-    return compiled[0] if compile_only else None
+    if not compile_only:
+        return None
+    return next(c for c, s in zip(compiled, launches, strict=True) if not s.auxiliary)
 
 
 def splits_iters(prob: Problem, cfg: Mapping) -> int:

@@ -72,6 +72,7 @@ from .igemm import (
     replay,
     split_workspace,
 )
+from .padded import pad_operands, padded_k
 from .zero_point import act_zero_point, bound_terms
 
 #: outputs of a layer's epilogue the implicit-GEMM int8 kernels write themselves
@@ -229,7 +230,10 @@ class IgemmKernel:
         cfg = self.config
         workspace = split_workspace(prob, cfg["SPLIT_K"], output_tiles(prob, cfg), x.device)
         terms = bound_terms(self.workload, w, x.device) if prob.a_zero else None
-        return launches(prob, cfg, x, w, out, *vecs, workspace, terms)
+        copies: list[Launch] = []
+        if padded_k(prob) is not None:  # rows under 8-byte aligned: 16-byte rows (padded.py)
+            prob, x, w, copies = pad_operands(prob, x, w)
+        return copies + launches(prob, cfg, x, w, out, *vecs, workspace, terms)
 
     def compile(self):
         """Compile ahead of time (fills Triton's on-disk cache) without launching; returns
