@@ -8,10 +8,13 @@ files and the consolidated measurements.jsonl.gz of the files that left the tree
                         its measured / predicted time), and of the analytic model alone
                         (`lowbit.perfmodel.evaluate`), and of the calibrated fp16 estimate
                         (leave one layer out of its calibration)
-  pruned_tuner rows     per measured space of >= 100 configs: measurements the pruned tuner
-                        (`lowbit.tune.pruned`, model trained without that layer) needs to reach
-                        0.97x of the space's best, as a fraction of the space, beside random
-                        search's expected fraction
+  pruned_tuner rows     per measured space of >= 100 configs (--min-space): measurements the
+                        pruned tuner (`lowbit.tune.pruned`, model trained without that layer)
+                        needs to reach 0.97x of the space's best, as a fraction of the space,
+                        beside random search's expected fraction; "exhaustive": true where a
+                        tables file (benchmarks/tuning.py measure) timed every config of the
+                        template's space (the 1,000+ config TMA int8 and bit-serial spaces of
+                        benchmarks/space_session.sh; --pruned-only: these rows alone)
   --export-snapshot     rewrites the packaged measurement snapshot the default model trains on
   --calibrate           prints the analytic constants fitted to the data
 
@@ -22,7 +25,9 @@ random config through `lowbit.tune.LocalMeasurer` (built, checked bit for bit ag
 cuDNN / cuBLAS fp16, and writes
   measurement rows      every candidate (future training data)
   dispatch rows         {workload, template, dispatch_us, tuned_us (best measured in the
-                        sample), dispatch_over_tuned, cudnn_fp16_us, engine_*}
+                        sample), dispatch_over_tuned, cudnn_fp16_us, engine_*,
+                        measured_top3_us / _over_tuned: dispatch with three measurements,
+                        `lowbit.tune.dispatch.choose_measured`}
   model_accuracy rows   the default model on the fresh measurements (held out: the layers
                         its training snapshot lacks)
   sampling rows         the thesis's 2x / 3x saturation sampling vs the measured time
@@ -30,6 +35,7 @@ cuDNN / cuBLAS fp16, and writes
     python benchmarks/perfmodel.py [--quick] [--out DIR] [--export-snapshot] [--calibrate]
     python benchmarks/perfmodel.py --templates triton.gemm_int8 --max-layers 8 --no-pruned
                                   (while iterating: a part of the evaluation in seconds)
+    python benchmarks/perfmodel.py --pruned-only [--min-space 1000]  (the replays, ~20 s)
     python benchmarks/perfmodel.py --gpu [--budget-s 230] [--out DIR] [--no-bitserial]
 
 Results: benchmarks/results/<gpu>/perfmodel-<stamp>.json ("benchmark": "perfmodel"); a short
@@ -48,6 +54,7 @@ import sys
 import time
 import traceback
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -116,6 +123,8 @@ NEW_LAYERS: tuple[tuple[str, dict], ...] = (
 #: templates measured in the GPU run (dispatch chooses among these)
 GPU_TEMPLATES = ("triton.conv2d_int8", "triton.conv2d_int8_tma", "cuda.int8_wgmma",
                  "triton.gemm_int8", "triton.gemv_int8")
+#: candidates `lowbit.tune.dispatch.choose_measured` times (the model's top ones) in the GPU run
+TOP_K = 3
 #: the bit-serial family templates (measured on the w1a2 layers; in the offline accuracy also
 #: together, as BITSERIAL_GROUP: the one template "cuda.bitserial" they replaced)
 BITSERIAL_TEMPLATES = tuple(f.name for f in FAMILIES)
@@ -183,13 +192,23 @@ def fp16_loo(ms: list[Measurement]) -> dict:
     return {**row, "kind": "model_accuracy", "model": "analytic_calibrated", "data": "recorded"}
 
 
-def pruned_rows(ms: list[Measurement], min_space: int = 100, rounds: int | None = None
-                ) -> list[dict]:
-    """Pruned-tuner replay on each measured space of >= `min_space` configs (module doc)."""
+def pruned_rows(ms: list[Measurement], min_space: int = 100, rounds: int | None = None,
+                spaces: dict[tuple[str, str, str], dict] | None = None,
+                fit: Callable | None = None) -> list[dict]:
+    """Pruned-tuner replay on each measured space of >= `min_space` verified configs (module
+    doc): per (template, workload, gpu) group a row {template, workload (its key), gpu,
+    space_size (verified configs replayed), survivors, trials_to_097,
+    fraction_measured_to_097 (of space_size), random_fraction_to_097, exhaustive,
+    space_note}. `spaces`: `dataset.table_spaces` of the results (a group an exhaustive
+    tables file measured is "exhaustive": true, with that table's layer name, its
+    template_space_size and space_failed: configs that failed, left out of the replay);
+    `fit`: the model fit (`evaluate.Fit`; default `learned_fit`), trained without the layer."""
     from lowbit.tune.pruned import PrunedSearch, expected_random_trials, replay, table_space
 
     ms = [m for m in ms if m.template != FP16_TEMPLATE]
-    fit = learned_fit(rounds=rounds) if rounds else learned_fit()
+    if fit is None:
+        fit = learned_fit(rounds=rounds) if rounds else learned_fit()
+    spaces = spaces or {}
     layer_of = np.array([m.layer for m in ms])
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, m in enumerate(ms):
@@ -207,15 +226,25 @@ def pruned_rows(ms: list[Measurement], min_space: int = 100, rounds: int | None 
         strat = PrunedSearch(table_space(cfgs), ms[ix[0]].workload, tmpl,
                              predict=lambda cs, p=by_cfg: [p[c] for c in cs], gpu=gpu)
         n = replay(strat, times, target, batch=8)
-        rows.append({"kind": "pruned_tuner", "template": tmpl, "workload": key, "gpu": gpu,
-                     "space_size": len(ix), "survivors": strat.survivors,
-                     "trials_to_097": n,
-                     "fraction_measured_to_097": None if n is None else round(n / len(ix), 4),
-                     "random_fraction_to_097": round(
-                         expected_random_trials(len(ix), good) / len(ix), 4),
-                     "space_note": "table of measured configs (exhaustive for the "
-                                   "triton.conv2d_int8 tables, the configs ever measured "
-                                   "for the others)"})
+        row = {"kind": "pruned_tuner", "template": tmpl, "workload": key, "gpu": gpu,
+               "space_size": len(ix), "survivors": strat.survivors,
+               "trials_to_097": n,
+               "fraction_measured_to_097": None if n is None else round(n / len(ix), 4),
+               "random_fraction_to_097": round(
+                   expected_random_trials(len(ix), good) / len(ix), 4),
+               "exhaustive": False,
+               "space_note": "table of measured configs (exhaustive for the "
+                             "triton.conv2d_int8 tables, the configs ever measured "
+                             "for the others)"}
+        table = spaces.get((gpu, tmpl, key))
+        if table is not None and table["exhaustive"]:
+            row.update(exhaustive=True, layer=table["layer"],
+                       template_space_size=table["space_size"],
+                       space_failed=table["failed"],
+                       space_note=f"exhaustive table ({table['source']}): every config of "
+                                  f"the space built, verified and timed; the "
+                                  f"{table['failed']} that failed are left out of the replay")
+        rows.append(row)
     return rows
 
 
@@ -237,9 +266,12 @@ def held_out_layers(ms: list[Measurement], quick: bool, templates: list[str] | N
 
 
 def offline(results: Path, quick: bool, out: Path | None, templates: list[str] | None = None,
-            max_layers: int | None = None, pruned: bool = True) -> list[dict]:
+            max_layers: int | None = None, pruned: bool = True, min_space: int = 100,
+            accuracy_rows: bool = True) -> list[dict]:
     """The offline evaluation (module doc); `templates` / `max_layers`: a quicker partial run
-    while iterating (`held_out_layers`; the default run holds out every layer)."""
+    while iterating (`held_out_layers`; the default run holds out every layer); min_space:
+    the pruned tuner's smallest space (verified configs); accuracy_rows False: the pruned
+    tuner's replays only."""
     t0 = time.perf_counter()
     ms = deduplicate(load_results(results))
     print(f"{len(ms)} measurements after deduplication ({time.perf_counter() - t0:.0f} s)",
@@ -250,8 +282,9 @@ def offline(results: Path, quick: bool, out: Path | None, templates: list[str] |
     rows: list[dict] = []
     layers = held_out_layers(ms, quick, templates, max_layers)
     learned = memoized(learned_fit(rounds=rounds) if rounds else learned_fit())
-    for name, fit, anchor in (("learned", learned, False), ("learned_anchored", learned, True),
-                              ("analytic", _analytic_fit, False)):
+    fits = (("learned", learned, False), ("learned_anchored", learned, True),
+            ("analytic", _analytic_fit, False)) if accuracy_rows else ()
+    for name, fit, anchor in fits:
         t1 = time.perf_counter()
         for acc in leave_one_layer_out(ms, fit, templates=templates, layers=layers,
                                        groups={BITSERIAL_GROUP: BITSERIAL_TEMPLATES},
@@ -259,16 +292,19 @@ def offline(results: Path, quick: bool, out: Path | None, templates: list[str] |
             rows.append({**acc.row(), "kind": "model_accuracy", "model": name,
                          "data": "recorded"})
         print(f"leave-one-layer-out ({name}): {time.perf_counter() - t1:.0f} s", flush=True)
-    if not templates or FP16_TEMPLATE in templates:
+    if accuracy_rows and (not templates or FP16_TEMPLATE in templates):
         rows.append(fp16_loo(ms))
     if pruned:
+        from lowbit.perfmodel.dataset import table_spaces
+
         t1 = time.perf_counter()
-        rows += pruned_rows(ms, rounds=rounds)
+        rows += pruned_rows(ms, min_space, rounds=rounds, spaces=table_spaces(results))
         print(f"pruned-tuner replays: {time.perf_counter() - t1:.0f} s", flush=True)
     gpu = H100_NAME  # the results folder; the label names every GPU the data came from
     measured_on = " and ".join(sorted({m.gpu for m in ms}))
     doc = _doc(rows, f"offline: recorded measurements on {measured_on}",
-               {"mode": "offline", "measurements": len(ms),
+               {"mode": "offline" if accuracy_rows else "offline, pruned tuner only",
+                "min_space": min_space, "measurements": len(ms),
                 "sources": [*sorted({m.source for m in ms})[:3], "..."]})
     print(f"wrote {_write(doc, out, gpu)}")
     return rows
@@ -316,6 +352,8 @@ class GpuRun:
         self.trained = {m.layer for m in load_snapshot()}
         self.rows: list[dict] = []
         self.rng = random.Random(0)
+        #: per layer, the (template, config)s `choose_measured` would time
+        self.top: dict[str, list[tuple[str, Config]]] = {}
 
     def left(self) -> float:
         return self.budget_s - (time.perf_counter() - self.t0)
@@ -327,13 +365,24 @@ class GpuRun:
         `choose` ranks them): `default_bitserial`'s kernel is their default, their model pick
         the best of all their candidates."""
         from lowbit.kernels import get_template
-        from lowbit.tune.dispatch import candidate_configs, choose, group_default, template_groups
+        from lowbit.tune.dispatch import (
+            candidate_configs,
+            choose,
+            group_default,
+            ranked_candidates,
+            template_groups,
+        )
 
         usable = [get_template(t) for t in templates]
         usable = [t for t in usable if _supports(t, wl)]
         jobs: dict[tuple[str, Config], str] = {}
         pick = choose(wl, self.spec, templates=usable, include_fp16=False)
         jobs[(pick.template, pick.config)] = "dispatch"
+        # `choose_measured`'s candidates: the model's top TOP_K of the same pool
+        self.top[name] = [(c.template, c.config)
+                          for c in ranked_candidates(wl, self.spec, usable, TOP_K)]
+        for tc in self.top[name]:
+            jobs.setdefault(tc, "top")
         for group in template_groups(usable):
             cands: list[tuple[str, Config]] = []
             for t in group:
@@ -384,6 +433,8 @@ class GpuRun:
         ok = sorted(measured.items(), key=lambda kv: kv[1])
         dispatch_us = measured.get((pick.template, pick.config))
         tuned_us = ok[0][1] if ok else None
+        top = [measured[tc] for tc in self.top.get(name, []) if tc in measured]
+        top_us = min(top) if top else None
         engine = _engine_choice(pick, fp16, self.spec, wl)
         engine_us = fp16 if engine == FP16_TEMPLATE else dispatch_us
         self.rows.append({
@@ -393,6 +444,9 @@ class GpuRun:
             "tuned_us": tuned_us, "tuned_template": ok[0][0][0] if ok else None,
             "dispatch_over_tuned": None if dispatch_us is None or tuned_us is None
             else round(dispatch_us / tuned_us, 3), "dispatch_failed": dispatch_us is None,
+            f"measured_top{TOP_K}_us": top_us,
+            f"measured_top{TOP_K}_over_tuned": None if top_us is None or tuned_us is None
+            else round(top_us / tuned_us, 3),
             "cudnn_fp16_us": fp16, "wl_fp16": int8_workload(wl).to_dict(),
             "engine_template": engine, "engine_us": engine_us,
             "engine_over_fp16": None if engine_us is None or fp16 is None
@@ -545,6 +599,12 @@ def print_table(rows: list[dict]) -> None:
               f"{statistics.median(fr) if fr else float('nan'):.3f} (random "
               f"{statistics.median(rnd):.3f}); <= 10% on "
               f"{sum(f <= 0.10 for f in fr)} of {len(pruned)}")
+        for r in pruned:
+            if r.get("exhaustive") and r["space_size"] >= 1000:
+                print(f"  exhaustive {r['template']} {r.get('layer') or r['workload'][:40]}: "
+                      f"{r['space_size']} configs ({r.get('space_failed')} failed), fraction "
+                      f"to 0.97x {r['fraction_measured_to_097']} (random "
+                      f"{r['random_fraction_to_097']})")
     disp = [r for r in rows if r["kind"] == "dispatch"]
     if disp:
         ratios = [r["dispatch_over_tuned"] for r in disp if r["dispatch_over_tuned"]]
@@ -552,6 +612,11 @@ def print_table(rows: list[dict]) -> None:
               f"{statistics.median(ratios) if ratios else float('nan'):.3f}, within 1.25x "
               f"on {sum(x <= 1.25 for x in ratios)} of {len(ratios)}; plan (choose + candidates) "
               f"median {statistics.median(r['plan_s'] for r in disp):.2f} s on the host CPU")
+        top = [r.get(f"measured_top{TOP_K}_over_tuned") for r in disp]
+        top = [x for x in top if x]
+        if top:
+            print(f"measured top {TOP_K}: median / tuned {statistics.median(top):.3f}, within "
+                  f"1.25x on {sum(x <= 1.25 for x in top)} of {len(top)}")
     samp = [r for r in rows if r["kind"] == "sampling"]
     if samp:
         print(f"sampling: {len(samp)} configs, median APE "
@@ -572,6 +637,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="offline: hold out an evenly spaced sample of this many layers")
     ap.add_argument("--no-pruned", action="store_true",
                     help="offline: skip the pruned-tuner replays")
+    ap.add_argument("--pruned-only", action="store_true",
+                    help="offline: the pruned-tuner replays only (no model accuracy rows)")
+    ap.add_argument("--min-space", type=int, default=100,
+                    help="offline: pruned tuner on spaces of at least this many verified "
+                         "configs (1000: the exhaustive 1,000+ config tables)")
     ap.add_argument("--export-snapshot", action="store_true",
                     help=f"offline: rewrite {SNAPSHOT.name} from --results")
     ap.add_argument("--calibrate", action="store_true", help="offline: print fitted constants")
@@ -593,7 +663,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     else:
         rows = offline(args.results, args.quick, args.out, args.templates, args.max_layers,
-                       not args.no_pruned)
+                       not args.no_pruned, args.min_space, not args.pruned_only)
     print_table(rows)
 
 

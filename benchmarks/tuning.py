@@ -3,14 +3,19 @@
 Two steps, because GPU time is scarce and a replay is exact:
 
     python benchmarks/tuning.py measure [--budget-s 480] [--layers a,b]  # on the GPU
+        [--template triton.conv2d_int8_tma --suites resnet18_b8]
+        [--template cuda.bitserial_wgmma --suites perfmodel_new --precision w1a2]
     python benchmarks/tuning.py timed [--layers a,b] [--trials 500]     # on the GPU
     python benchmarks/tuning.py multigpu [--gpus 2]                     # 1 vs n GPUs (Dask)
     python benchmarks/tuning.py replay TABLES.json [MORE.json ...]      # anywhere (CPU)
 
 `measure` builds, verifies bit for bit against `lowbit.reference.run` and times *every* config
-of the `triton.conv2d_int8` space on each ResNet-50 3x3 layer (batch 16 and 256) and the TVM
-tutorial layer (epilogue bias + ReLU -> s8), and writes the tables (config -> time or error)
-plus the measured seconds per config (compile + verify + time) to `tables-<stamp>.json`.
+of one template's space (default `triton.conv2d_int8`) on each layer (default: each ResNet-50
+3x3 layer at batch 16 and 256 and the TVM tutorial layer, epilogue bias + ReLU -> s8; any
+shared suite, perfmodel.py's new shapes, or their bit-serial variants), and writes the tables
+(config -> time or error) plus the measured seconds per config (compile + verify + time) to
+`tables-<stamp>.json`. Builds run in a process pool and each config is verified and timed in a
+crash-isolated worker as soon as its build is done (`measure`'s docstring).
 `replay` runs `lowbit.tune.tune` with each strategy (random, sa, diversity, tpe; 5 seeds) on a
 `TableMeasurer` over those tables, so every strategy sees the same measured times; it writes
 `"benchmark": "tuning"` JSON and a PNG of best-so-far vs trials. `wall_s_500` is estimated
@@ -21,14 +26,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
+import os
+import queue
+import signal
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
-from lowbit.core import Config, Epilogue, load_workloads, workload_from_dict
+from lowbit.core import Config, Epilogue, Workload, load_workloads, workload_from_dict
 
 SUITES = ("resnet50_3x3_b16", "resnet50_3x3_b256", "tvm_tutorial")
 EPILOGUE = Epilogue(bias=True, relu=True, out="s8")
@@ -46,39 +58,447 @@ def _layers(only: list[str] | None) -> list[tuple[str, object]]:
     return layers
 
 
-def measure(budget_s: float, workers: int, only: list[str] | None = None) -> Path:
-    """Exhaustive verified timing of the conv space per layer; the table file is rewritten
-    after every layer so a run cut short keeps the finished layers."""
-    import conv  # the sweep / precompile helpers of the conv benchmark
-    from lowbit.kernels.triton import CONV2D_INT8
+# ----------------------------------------------------------------------------- measure
+
+#: pseudo-suite of `measure`: the new layer shapes of benchmarks/perfmodel.py (NEW_LAYERS)
+NEW_SHAPES = "perfmodel_new"
+
+
+def space_layers(suites: Sequence[str] = SUITES, only: Sequence[str] | None = None,
+                 precision: str = "w8a8") -> list[tuple[str, Workload]]:
+    """(name, workload) of the layers `measure` times: each shared suite's layers
+    (`load_workloads`, epilogue bias + ReLU -> s8) or, for the suite "perfmodel_new", the new
+    layer shapes of benchmarks/perfmodel.py (`int8_layer`: conv bias + ReLU -> s8, GEMM
+    int32). precision "w8a8": as loaded; any other (w1a2, w2a2, ...): the bit-serial variant
+    (`bitserial.bitserial_workload`: bit-plane operands, epilogue bias + ReLU -> u<a bits>
+    bit planes), named <layer>_<precision>. `only`: the names to keep (either form);
+    SystemExit naming the known ones for an unknown name."""
+    base: list[tuple[str, Workload]] = []
+    for suite in suites:
+        if suite == NEW_SHAPES:
+            from perfmodel import NEW_LAYERS, int8_layer
+
+            base += [(n, int8_layer(d)) for n, d in NEW_LAYERS]
+        else:
+            base += load_workloads(suite, epilogue=EPILOGUE)
+    if precision == "w8a8":
+        layers = [(n, wl, n) for n, wl in base]
+    else:
+        from bitserial import bitserial_workload
+
+        layers = [(f"{n}_{precision}", bitserial_workload(wl, precision), n) for n, wl in base]
+    if only:
+        known = {n for n, _, _ in layers} | {b for _, _, b in layers}
+        unknown = set(only) - known
+        if unknown:
+            raise SystemExit(f"unknown layers {sorted(unknown)}; known: "
+                             f"{[n for n, _, _ in layers]}")
+        layers = [(n, wl, b) for n, wl, b in layers if n in only or b in only]
+    return [(n, wl) for n, wl, _ in layers]
+
+
+def _timed_compile(compile_one: Callable[[str, str, str], str | None], template: str,
+                   wl_json: str, cfg_json: str) -> tuple[str | None, float, float]:
+    """`compile_one` (None or the error) of one job, its seconds and its end (epoch seconds):
+    what a compile pool process returns."""
+    t0 = time.perf_counter()
+    try:
+        err = compile_one(template, wl_json, cfg_json)
+    except Exception as e:  # a compile_one that raises is the config's failure too
+        err = f"{type(e).__name__}: {e}"[:300]
+    return err, time.perf_counter() - t0, time.time()
+
+
+def _future_result(fut: Future) -> tuple[str | None, float | None, float | None]:
+    """(error, seconds, end) of a compile future (an exception the pool raised for it: that
+    config's compile error; a `BuildPool` crash or timeout as its message says)."""
+    try:
+        return fut.result()
+    except (ChildProcessError, TimeoutError, RuntimeError) as e:
+        return str(e)[:300], None, None
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e)[:200]}", None, None
+
+
+def _exit_text(code: int | None) -> str:
+    """'killed by SIGSEGV' / 'exit code 3' of a process's exit code."""
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _build_worker(conn, parent: tuple[int, bool]) -> None:
+    """A `BuildPool` process: (fn, args) -> (True, fn(*args)) or (False, the error's text)."""
+    from lowbit.tune.measure import die_with_parent
+
+    die_with_parent(*parent)
+    conn.send("ready")  # started: a job's time limit counts from here
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            return
+        fn, args = msg
+        try:
+            reply = (True, fn(*args))
+        except Exception as e:
+            reply = (False, f"{type(e).__name__}: {e}"[:300])
+        conn.send(reply)
+
+
+class BuildPool(Executor):
+    """`workers` spawn processes running jobs (`submit` returns a Future), one job per process
+    at a time over its own pipe, so a job that kills its process (a compiler crash) fails
+    only its own future ("crash: the build process died ...") and one that runs past
+    `timeout_s` is killed ("timeout: ..."); the process is replaced either way. The processes
+    die with this one (`die_with_parent`) and at `shutdown`."""
+
+    def __init__(self, workers: int, timeout_s: float = 60.0) -> None:
+        self.timeout_s = timeout_s
+        self._ctx = mp.get_context("spawn")
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._procs: dict[int, object] = {}  # slot -> its live process
+        self._threads = [threading.Thread(target=self._serve, args=(i,), daemon=True)
+                         for i in range(workers)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, fn: Callable, /, *args: object, **kwargs: object) -> Future:
+        if kwargs:
+            raise TypeError("BuildPool jobs take positional arguments only")
+        fut: Future = Future()
+        self._jobs.put((fut, fn, args))
+        return fut
+
+    def _start(self, slot: int, start_timeout_s: float = 300.0):
+        """A fresh process for `slot`, started (ChildProcessError if it does not start)."""
+        conn, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_build_worker, args=(child, (os.getpid(), False)),
+                                 daemon=True)
+        proc.start()
+        child.close()
+        self._procs[slot] = proc
+        try:
+            if conn.poll(start_timeout_s) and conn.recv() == "ready":
+                return proc, conn
+        except (EOFError, OSError):
+            pass
+        proc.kill()
+        proc.join(10)
+        raise ChildProcessError(f"crash: the build process did not start "
+                                f"({_exit_text(proc.exitcode)})")
+
+    def _serve(self, slot: int) -> None:
+        """One slot: take a job, run it in this slot's process, replace a process that died
+        or hung."""
+        proc = conn = None
+        while not self._stop.is_set():
+            try:
+                item = self._jobs.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            fut, fn, args = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                if proc is None or not proc.is_alive():
+                    proc, conn = self._start(slot)
+                conn.send((fn, args))
+                if conn.poll(self.timeout_s):
+                    ok, value = conn.recv()
+                    if ok:
+                        fut.set_result(value)
+                    else:
+                        fut.set_exception(RuntimeError(value))
+                    continue
+                proc.kill()
+                proc.join(10)
+                proc = None
+                fut.set_exception(TimeoutError(f"timeout: build over {self.timeout_s:g} s"))
+            except ChildProcessError as e:  # no process to run it in
+                proc = None
+                fut.set_exception(e)
+            except (EOFError, OSError) as e:
+                if proc is not None:
+                    proc.join(10)
+                    why = _exit_text(proc.exitcode)
+                    proc.kill()
+                else:
+                    why = f"{type(e).__name__}: {e}"
+                proc = None
+                fut.set_exception(ChildProcessError(f"crash: the build process died ({why})"))
+        if proc is not None:
+            proc.kill()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """End the processes now: running jobs are dropped, pending ones cancelled."""
+        self._stop.set()
+        for proc in list(self._procs.values()):
+            if proc.is_alive():
+                proc.kill()
+        for t in self._threads:
+            t.join(5)
+        while True:
+            try:
+                fut, _, _ = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            fut.cancel()
+
+
+class _SpaceRun:
+    """State of one `measure` run: the tables document, the compile jobs and the clock."""
+
+    def __init__(self, template, plan: list[tuple[str, Workload, list[Config]]], doc: dict,
+                 path: Path, measurer, pool: Executor, compile_one, deadline: float,
+                 batch: int, stall_s: float, save_every_s: float) -> None:
+        self.template, self.plan, self.doc, self.path = template, plan, doc, path
+        self.measurer, self.pool, self.compile_one = measurer, pool, compile_one
+        self.deadline, self.batch, self.stall_s = deadline, batch, stall_s
+        self.save_every_s = save_every_s
+        self.last_save = time.perf_counter()
+        self.started = time.time()
+        #: compile future -> the (layer index, config) pairs its binary serves
+        self.members: dict[Future, list[tuple[int, Config]]] = {}
+        self.by_layer: list[list[Future]] = [[] for _ in plan]
+        self.compile_done: dict[Future, tuple[str | None, float | None, float | None]] = {}
+
+    # -- compile
+    def submit(self) -> None:
+        """One compile job per distinct binary (`conv._compile_key` for Triton: configs of
+        several layers may share one; CUDA: one per (workload, config)), all layers at once,
+        in layer order, so later layers compile while earlier ones are measured."""
+        import conv
+
+        futs: dict[tuple, Future] = {}
+        t = self.template
+        for li, (_, wl, configs) in enumerate(self.plan):
+            wl_json = wl.to_json()
+            for cfg in configs:
+                try:
+                    key = (conv._compile_key(t.build(wl, cfg)) if t.backend == "triton"
+                           else (t.name, wl.key, cfg))
+                except Exception:  # build refuses it: its own job reports why
+                    key = (t.name, wl.key, cfg)
+                fut = futs.get(key)
+                if fut is None:
+                    fut = futs[key] = self.pool.submit(_timed_compile, self.compile_one, t.name,
+                                                       wl_json, cfg.to_json())
+                    self.members[fut] = []
+                if fut not in self.by_layer[li]:
+                    self.by_layer[li].append(fut)
+                self.members[fut].append((li, cfg))
+
+    def compile_stats(self) -> dict:
+        """Compile pool seconds per distinct binary (first submit to the last build's end,
+        over the builds done: the parallel throughput) and one build's mean seconds."""
+        done = [v for v in self.compile_done.values() if v[1] is not None]
+        if not done:
+            return {"compile_s_per_config": None, "compile_job_s": None, "compiled": 0}
+        wall = max(end for _, _, end in done) - self.started
+        return {"compile_s_per_config": round(wall / len(done), 5),
+                "compile_job_s": round(sum(s for _, s, _ in done) / len(done), 4),
+                "compiled": len(done)}
+
+    # -- saving
+    def save(self, force: bool = False) -> None:
+        if not force and time.perf_counter() - self.last_save < self.save_every_s:
+            return
+        self.doc.update(self.compile_stats())
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.doc))
+        tmp.replace(self.path)  # a reader never sees half a file
+        self.last_save = time.perf_counter()
+
+    # -- one layer
+    def measure_layer(self, li: int) -> dict:
+        """Measure every config of layer `li` as its build finishes (`batch` at a time through
+        the measurer); failures are rows; stops at the deadline (the layer then is not
+        exhaustive). When no build finishes within `stall_s`, the unfinished ones (a build
+        that hangs, or whose process died) go to the measurer unbuilt ("unbuilt": their
+        count): its worker builds them, crash-isolated, under its per-config timeout."""
+        from lowbit.tune.measure import MeasureEnvironmentError, MeasureInput
+
+        name, wl, configs = self.plan[li]
+        t0 = time.perf_counter()
+        entry = {"workload": name, "key": wl.key, "wl": wl.to_dict(),
+                 "template": self.template.name, "epilogue": wl.epilogue.key,
+                 "space_size": len(configs), "exhaustive": False, "complete": False,
+                 "table": []}
+        self.doc["layers"].append(entry)
+        table = entry["table"]
+        measure_s = [0.0, 0]  # seconds inside the measurer, configs it measured
+        last_print = [time.perf_counter()]
+
+        def progress() -> None:
+            if time.perf_counter() - last_print[0] < 10:
+                return
+            last_print[0] = time.perf_counter()
+            el = time.perf_counter() - t0
+            rate = len(table) / el if el else 0.0
+            left = (len(configs) - len(table)) / rate if rate else float("nan")
+            print(f"  {name}: {len(table)}/{len(configs)} in {el:.0f} s "
+                  f"({sum(e is not None for _, _, e in table)} failed), "
+                  f"{1e3 / rate if rate else float('nan'):.0f} ms/config, ~{left:.0f} s to go",
+                  flush=True)
+
+        def on_result(res) -> None:
+            table.append([dict(res.config), res.time_us, res.error])
+            self.save()
+            progress()
+
+        waiting, ready = set(self.by_layer[li]), []
+        while waiting or ready:
+            now = time.perf_counter()
+            if now >= self.deadline:
+                entry["cut"] = "budget spent"
+                break
+            if waiting:
+                timeout = 0 if ready else min(self.stall_s, self.deadline - now)
+                done, waiting = wait(waiting, timeout=timeout, return_when=FIRST_COMPLETED)
+                if not done and not ready and time.perf_counter() < self.deadline:
+                    # nothing finished for stall_s: builds that hang or whose process died;
+                    # the measuring worker builds them (a crash or hang there is their row)
+                    lost = [cfg for fut in waiting for lj, cfg in self.members[fut] if lj == li]
+                    print(f"  {name}: {len(lost)} builds lost or hung (none finished in "
+                          f"{self.stall_s:g} s): built by the measuring worker", flush=True)
+                    entry["unbuilt"] = entry.get("unbuilt", 0) + len(lost)
+                    ready += lost
+                    waiting = set()
+                for fut in done:
+                    res = self.compile_done.setdefault(fut, _future_result(fut))
+                    for lj, cfg in self.members[fut]:
+                        if lj != li:
+                            continue
+                        if res[0] is None:
+                            ready.append(cfg)
+                        else:
+                            table.append([dict(cfg), None, f"compile: {res[0]}"])
+            if not ready:
+                continue
+            todo, ready = ready[: self.batch], ready[self.batch:]
+            t1 = time.perf_counter()
+            try:
+                self.measurer.measure([MeasureInput(self.template, wl, c) for c in todo],
+                                      on_result=on_result)
+            except MeasureEnvironmentError as e:  # the device, not a config: stop the layer
+                entry["error"] = f"measure environment: {e}"[:500]
+                print(f"  {name}: {entry['error']}", flush=True)
+                break
+            finally:
+                measure_s[0] += time.perf_counter() - t1
+                measure_s[1] += len(todo)
+        ok = [t for _, t, e in table if e is None]
+        wall = time.perf_counter() - t0
+        entry.update(
+            measured=len(table), ok=len(ok), failed=len(table) - len(ok),
+            complete=len(table) == len(configs), best_us=min(ok) if ok else None,
+            exhaustive=len(table) == len(configs) and "error" not in entry,
+            wall_s=round(wall, 1),
+            measure_s_per_config=measure_s[0] / measure_s[1] if measure_s[1] else None,
+            s_per_config=wall / len(table) if table else None)
+        self.save(force=True)
+        return entry
+
+
+def measure(budget_s: float, workers: int, only: list[str] | None = None, *,
+            template: str = "triton.conv2d_int8", suites: Sequence[str] = SUITES,
+            precision: str = "w8a8", warmup_ms: float = 3.0, rep_ms: float = 15.0,
+            timeout_s: float = 30.0, build_timeout_s: float = 60.0, stall_s: float = 90.0,
+            save_every_s: float = 10.0, batch: int = 8, measurer=None, pool: Executor | None = None,
+            compile_one: Callable[[str, str, str], str | None] | None = None) -> Path:
+    """Exhaustive verified timing of `template`'s whole space on each layer (`space_layers`
+    of `suites`, `only`, `precision`); returns the tables file (`tables-<stamp>.json` in the
+    results folder).
+
+    Every config is built in a `BuildPool` (`workers` processes: Triton compiles ahead, NVRTC
+    fills its disk cache; `conv._compile_one`), then, as its build finishes, checked bit for
+    bit against `lowbit.reference.run` on fresh random inputs and timed (median of
+    `lowbit.tune.timing.time_us`, `warmup_ms` / `rep_ms`, L2 flushed) in the crash-isolated
+    worker of a `LocalMeasurer` (`timeout_s` per config): a build error, launch error, wrong
+    result, crash or hang is that config's row [config, None, reason], never the end of the
+    run (a build that kills its process or runs past `build_timeout_s`: its row; no build
+    finishing for `stall_s`: `_SpaceRun.measure_layer`). A
+    config without a row is one the budget left out (`budget_s`: seconds from the start; the
+    layer's "exhaustive" then is false). The file is rewritten every
+    `save_every_s` seconds and after every layer, so a run cut short keeps its rows.
+
+    Per layer: workload (name), key, wl, template, space_size, measured, ok, failed,
+    exhaustive (every config of the space has a row), best_us, wall_s, measure_s_per_config
+    (seconds in the measurer per config), s_per_config (layer wall / rows) and the table.
+    measurer / pool / compile_one: stand-ins for tests (default: `LocalMeasurer` on "cuda",
+    a `BuildPool`, `conv._compile_one`)."""
+    import conv
+    from lowbit.kernels import get_template, load_backends
+    from lowbit.tune import LocalMeasurer
 
     t0 = time.perf_counter()
-    layers = _layers(only)
-    plan = [(n, wl, list(CONV2D_INT8.space(wl))) for n, wl in layers]
-    conv.precompile([(CONV2D_INT8, wl, c) for _, wl, cs in plan for c in cs], workers)
-    compile_s = time.perf_counter() - t0
+    load_backends()
+    tmpl = get_template(template)
+    plan = []
+    for name, wl in space_layers(suites, only, precision):
+        reason = tmpl.unsupported_reason(wl)
+        if reason:
+            print(f"{name}: {template} does not support it ({reason}); skipped", flush=True)
+            continue
+        plan.append((name, wl, list(tmpl.space(wl))))
     n_all = sum(len(cs) for *_, cs in plan)
+    print(f"{template}: {len(plan)} layers, {n_all} configs "
+          f"({', '.join(f'{n} {len(cs)}' for n, _, cs in plan)}); {workers} compile processes",
+          flush=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = common.results_dir() / f"tables-{stamp}.json"
+    while path.exists():  # two runs in one second
+        time.sleep(1)
+        path = common.results_dir() / f"tables-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    epilogues = sorted({wl.epilogue.key for _, wl, _ in plan})
     doc = {"benchmark": "tuning_tables", "gpu": common.gpu_name(), "versions": common.versions(),
-           "template": CONV2D_INT8.name, "epilogue": EPILOGUE.key,
-           "compile_s_per_config": compile_s / n_all, "layers": []}
-    conv.WARMUP_MS, conv.REP_MS = 3, 15  # shorter timing: 3,000+ configs in one call
-    for name, wl, configs in plan:
-        if time.perf_counter() - t0 > budget_s:
-            print(f"{name}: skipped, budget spent", flush=True)
-            continue
-        t1 = time.perf_counter()
-        res = conv.sweep_table(CONV2D_INT8, wl, configs)
-        per = (time.perf_counter() - t1) / len(configs)
-        doc["layers"].append({"workload": name, "key": wl.key, "wl": wl.to_dict(),
-                              "measure_s_per_config": per,
-                              "table": [[dict(c), t, e] for c, t, e in res]})
-        path.write_text(json.dumps(doc))
-        ok = [t for _, t, e in res if e is None]
-        print(f"{name:32s} {len(ok)}/{len(configs)} ok, best {min(ok):.1f} us, "
-              f"{per * 1e3:.0f} ms/config", flush=True)
-    print(f"wrote {path} in {time.perf_counter() - t0:.0f} s")
+           "template": tmpl.name, "epilogue": epilogues[0] if len(epilogues) == 1 else "mixed",
+           "precision": precision, "workers": workers, "budget_s": budget_s,
+           "timing": {"function": "lowbit.tune.timing.time_us (do_bench: median, L2 flushed "
+                                  "before every run, CUDA events)",
+                      "warmup_ms": warmup_ms, "rep_ms": rep_ms},
+           "compile_s_per_config": None, "layers": []}
+    own_measurer = measurer is None
+    if own_measurer:
+        measurer = LocalMeasurer(device="cuda", compile_workers=0, timeout_s=timeout_s,
+                                 warmup_ms=warmup_ms, rep_ms=rep_ms)
+        doc["seed"] = measurer.seed
+    own_pool = pool is None
+    if own_pool:
+        pool = BuildPool(workers, build_timeout_s)
+    run = _SpaceRun(tmpl, plan, doc, path, measurer, pool, compile_one or conv._compile_one,
+                    t0 + budget_s, batch, stall_s, save_every_s)
+    try:
+        run.submit()
+        run.save(force=True)
+        for li, (name, *_) in enumerate(plan):
+            if time.perf_counter() >= run.deadline:
+                print(f"{name}: skipped, budget spent", flush=True)
+                continue
+            e = run.measure_layer(li)
+            best = "-" if e["best_us"] is None else f"{e['best_us']:.2f} us"
+            print(f"{name:32s} {e['measured']}/{e['space_size']} configs "
+                  f"({e['failed']} failed{', CUT: ' + e['cut'] if 'cut' in e else ''}), best "
+                  f"{best}, {e['wall_s']:.0f} s: "
+                  f"{(e['s_per_config'] or float('nan')) * 1e3:.0f} ms/config overall, "
+                  f"measure {(e['measure_s_per_config'] or float('nan')) * 1e3:.0f} ms/config",
+                  flush=True)
+    finally:
+        run.save(force=True)
+        if own_measurer:
+            measurer.close()
+        if own_pool:
+            pool.shutdown()
+    stats = run.compile_stats()
+    per = stats["compile_s_per_config"]
+    print(f"compile: {stats['compiled']} builds, "
+          f"{'-' if per is None else f'{per * 1e3:.0f}'} ms/config with {workers} processes "
+          f"(one build {stats['compile_job_s']} s); wrote {path} in "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
     return path
 
 
@@ -216,7 +636,8 @@ def _load_tables(paths: list[Path]) -> dict:
         merged["tables"].append(p.name)
         for layer in doc["layers"]:
             merged["layers"][layer["workload"]] = dict(
-                layer, compile_s_per_config=doc["compile_s_per_config"])
+                layer, compile_s_per_config=doc["compile_s_per_config"],
+                template=layer.get("template", doc["template"]))
     return merged
 
 
@@ -224,8 +645,9 @@ QUALITY_AT = (50, 100, 200, TRIALS)
 
 
 def replay(tables: list[Path], seeds: int, timed_path: Path | None = None) -> Path:
-    from lowbit.kernels.triton import CONV2D_INT8
+    from lowbit.kernels import get_template, load_backends
 
+    load_backends()
     doc = _load_tables(tables)
     timed_rows = ({r["workload"]: r for r in json.loads(timed_path.read_text())["rows"]}
                   if timed_path else {})
@@ -233,13 +655,16 @@ def replay(tables: list[Path], seeds: int, timed_path: Path | None = None) -> Pa
     for layer in doc["layers"].values():
         ok = [t for _, t, e in layer["table"] if e is None]
         best = min(ok)
-        row = {"workload": layer["workload"], "precision": "w8a8", "impl": CONV2D_INT8.name,
+        template = get_template(layer["template"])
+        wl = workload_from_dict(layer["wl"])
+        row = {"workload": layer["workload"], "precision": f"w{wl.w.bits}a{wl.a.bits}",
+               "impl": template.name,
                "space_size": len(layer["table"]), "space_ok": len(ok), "exhaustive_best_us": best,
                "trials_to_095": {}, "trials_to_095_by_seed": {}, "quality_at_500_by_strategy": {},
                "quality_at_trials": {}, "replay_s": {}}
         for strategy in STRATEGY_NAMES:
             t0 = time.perf_counter()
-            runs = [_replay_one(layer, strategy, s, CONV2D_INT8) for s in range(seeds)]
+            runs = [_replay_one(layer, strategy, s, template) for s in range(seeds)]
             row["replay_s"][strategy] = round(time.perf_counter() - t0, 1)
             curves[(layer["workload"], strategy)] = runs
             row["quality_at_trials"][strategy] = {
@@ -273,7 +698,7 @@ def _wall_s_500(layer: dict, timed_row: dict | None) -> dict:
             f"measured: lowbit.tune.tune, {timed_row['trials']} trials (the whole space when it "
             "holds fewer than 500), parallel compile, verify + time per candidate"),
             "timed_best_us": timed_row["best_us"]}
-    per = layer["compile_s_per_config"] + layer["measure_s_per_config"]
+    per = (layer["compile_s_per_config"] or 0.0) + (layer["measure_s_per_config"] or 0.0)
     return {"wall_s_500": round(per * min(TRIALS, len(layer["table"])), 1),
             "wall_s_500_note": ("estimated: measured compile (16 processes) + verify + time "
                                 "seconds per config on the GPU x trials (capped at the space)")}
@@ -313,9 +738,27 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("measure")
-    m.add_argument("--budget-s", type=float, default=480.0)
-    m.add_argument("--workers", type=int, default=16)
+    m.add_argument("--budget-s", type=float, default=480.0,
+                   help="seconds from the start; configs left then get no row")
+    m.add_argument("--workers", type=int, default=16, help="compile processes")
     m.add_argument("--layers", type=lambda v: v.split(","), help="comma-separated names")
+    m.add_argument("--template", default="triton.conv2d_int8",
+                   help="the template whose whole space is measured")
+    m.add_argument("--suites", type=lambda v: v.split(","), default=list(SUITES),
+                   help=f"comma-separated shared suites, or {NEW_SHAPES} (perfmodel.py's "
+                        "new layer shapes)")
+    m.add_argument("--precision", default="w8a8",
+                   help="w8a8, or a bit-serial variant (w1a2, w2a2, ...: bit-plane layouts)")
+    m.add_argument("--warmup-ms", type=float, default=3.0)
+    m.add_argument("--rep-ms", type=float, default=15.0)
+    m.add_argument("--timeout-s", type=float, default=30.0,
+                   help="per config: verify + time in the measuring worker")
+    m.add_argument("--build-timeout-s", type=float, default=60.0,
+                   help="per build in the pool: past it the build process is killed")
+    m.add_argument("--stall-s", type=float, default=90.0,
+                   help="no build finishing for this long: the measuring worker builds the "
+                        "unfinished ones (hung, or their process died)")
+    m.add_argument("--save-every-s", type=float, default=10.0)
     t = sub.add_parser("timed")
     t.add_argument("--layers", type=lambda v: v.split(","), help="comma-separated names")
     t.add_argument("--trials", type=int, default=TRIALS)
@@ -333,7 +776,14 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--seeds", type=int, default=SEEDS)
     args = ap.parse_args(argv)
     if args.cmd == "measure":
-        measure(args.budget_s, args.workers, args.layers)
+        # `timeout` sends SIGTERM: leave through the finally clauses (file written, pool and
+        # measuring worker ended)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        measure(args.budget_s, args.workers, args.layers, template=args.template,
+                suites=args.suites, precision=args.precision, warmup_ms=args.warmup_ms,
+                rep_ms=args.rep_ms, timeout_s=args.timeout_s,
+                build_timeout_s=args.build_timeout_s, stall_s=args.stall_s,
+                save_every_s=args.save_every_s)
     elif args.cmd == "multigpu":
         multi_gpu(args.layer, args.trials, args.gpus)
     elif args.cmd == "timed":

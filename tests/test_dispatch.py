@@ -187,3 +187,32 @@ def test_choose_impl_offers_fp16_only_where_the_engine_runs_it_exactly(monkeypat
     assert dispatch.choose_impl(small)[0] == dispatch.FP16
     assert dispatch.choose_impl(big)[0] == IGEMM.name
     assert seen == [True, False]
+
+
+def test_choose_measured_times_the_top_ranked_and_keeps_the_fastest(monkeypatch):
+    tma = get_template("triton.conv2d_int8_tma")
+    # the model ranks configs by BLOCK_N (fastest first); the GPU disagrees on the top one
+    monkeypatch.setattr(dispatch, "predict_many", _fake_predict(
+        lambda name, c: 10.0 + c["BLOCK_N"] / 64 + (0.5 if name == tma.name else 0.0)))
+    ranked = dispatch.ranked_candidates(CONV, templates=[IGEMM, tma], k=4)
+    assert len(ranked) == 4
+    assert [c.predicted_us for c in ranked] == sorted(c.predicted_us for c in ranked)
+    pool = [dispatch.candidate_configs(t, CONV) for t in (IGEMM, tma)]
+    assert ranked[0].predicted_us == min(10.0 + c["BLOCK_N"] / 64 for c in pool[0])
+    timed: list = []
+
+    def measure(name, cfg):
+        timed.append((name, cfg))
+        if len(timed) == 1:
+            return 50.0  # the model's first pick runs slowly
+        return None if len(timed) == 2 else 20.0 + len(timed)  # the second one fails
+
+    pick = dispatch.choose_measured(CONV, measure, templates=[IGEMM, tma], k=4)
+    assert timed == [(c.template, c.config) for c in ranked]
+    assert (pick.template, pick.config, pick.predicted_us) == \
+        (ranked[2].template, ranked[2].config, 23.0)
+    assert [t for _, t in pick.alternatives] == [50.0, 23.0, 24.0]
+    with pytest.raises(ValueError, match="none of the 2 top-ranked"):
+        dispatch.choose_measured(CONV, lambda name, cfg: None, templates=[IGEMM], k=2)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        dispatch.choose_measured(CONV, measure, templates=[IGEMM], k=0)

@@ -309,3 +309,44 @@ def test_benchmark_partial_runs_hold_out_a_sample_of_the_templates_layers():
     assert held_out_layers(ms, False, ["triton.gemm_int8"], None) == [other.layer]
     assert held_out_layers(ms, False, ["triton.conv2d_int8"], 2) == [layers[0], layers[2]]
     assert held_out_layers(ms, True, None, None) == []  # no layer has >= 100 rows
+
+
+def test_benchmark_gpu_run_rows_with_a_fake_measurer(monkeypatch):
+    """benchmarks/perfmodel.py --gpu's bookkeeping without a GPU: per layer the dispatch pick,
+    the defaults, the model's top 3 (`choose_measured`'s candidates) measured once each; the
+    dispatch row's best of the top 3 is the fastest of those measurements."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import perfmodel as bench
+    from lowbit.perfmodel import predict
+    from lowbit.tune import dispatch
+
+    monkeypatch.setattr(predict, "default_model", lambda *a, **k: LearnedModel())
+    monkeypatch.setattr(dispatch, "default_model", lambda *a, **k: LearnedModel())
+
+    class Result:
+        def __init__(self, us):
+            self.time_us, self.error = us, None
+
+    class Measurer:  # every k-th candidate of a call fails, the others take 10 + k us
+        def measure(self, inputs):
+            return [Result(None if k == 1 else 10.0 + k) for k in range(len(inputs))]
+
+        def close(self):
+            pass
+
+    run = bench.GpuRun(60, measurer=Measurer(), fp16_us=lambda wl: 12.0)
+    layers = {n: (wl, new) for n, wl, new in bench.all_layers()}
+    wl, new = layers["resnet18_56x56_64to64_s1"]
+    run.measure_layer("resnet18_56x56_64to64_s1", wl, new, bench.GPU_TEMPLATES)
+    meas = [r for r in run.rows if r["kind"] == "measurement"]
+    (row,) = [r for r in run.rows if r["kind"] == "dispatch"]
+    top = run.top["resnet18_56x56_64to64_s1"]
+    assert len(top) == bench.TOP_K and meas[0]["role"] == "dispatch"
+    times = {(m["template"], Config(m["config"])): m["time_us"] for m in meas}
+    want = min(t for t in (times[tc] for tc in top) if t is not None)
+    assert row["measured_top3_us"] == want
+    assert row["tuned_us"] == 10.0 and row["measured_top3_over_tuned"] == round(want / 10.0, 3)
+    assert row["n_failed"] == 1 and row["cudnn_fp16_us"] == 12.0

@@ -93,3 +93,72 @@ def test_registered_as_a_strategy():
     assert np.all(np.isfinite(s.predicted))
     with pytest.raises(ValueError, match="pruned"):
         make_strategy("nope", sp, WL)
+
+
+def test_benchmark_replays_an_exhaustive_1000_plus_table(tmp_path):
+    """benchmarks/perfmodel.py pruned_rows on a synthetic exhaustive tables file of a whole
+    1,776-config TMA space (tuning.py measure's format) beside a cut one and an old-format
+    one: rows of >= min_space verified configs only, marked exhaustive from the tables; the
+    fraction to 0.97x follows the predictions (a perfect model: 1 measurement; a reversed
+    one: most of the space)."""
+    import json
+    import sys
+    import zlib
+    from pathlib import Path
+
+    from lowbit.core import Epilogue, load_workloads
+    from lowbit.kernels import get_template, load_backends
+    from lowbit.perfmodel.dataset import deduplicate, load_results, table_spaces
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from perfmodel import pruned_rows
+
+    load_backends()
+    layers = dict(load_workloads("resnet18_b8", epilogue=Epilogue(bias=True, relu=True,
+                                                                   out="s8")))
+    tma = get_template("triton.conv2d_int8_tma")
+
+    def us(c: Config) -> float:
+        return (20 + abs(math.log2(c["BLOCK_N"]) - 6) * 3 + (c["num_stages"] == 2) * 2
+                + zlib.crc32(c.to_json().encode()) % 100 / 10)
+
+    def layer(name: str, n: int | None, **extra: object) -> dict:
+        space = list(tma.space(layers[name]))
+        table = [[dict(c), None, "wrong: 1 of 9 elements differ"] if i % 50 == 0
+                 else [dict(c), us(c), None] for i, c in enumerate(space[:n])]
+        return {"workload": name, "wl": layers[name].to_dict(), "table": table, **extra}
+
+    big = layer("resnet18_56x56_64to64_s1", None, template=tma.name, space_size=1776,
+                exhaustive=True)
+    cut = layer("resnet18_28x28_128to128_s1", 150, template=tma.name, space_size=9780,
+                exhaustive=False)
+    old = layer("resnet18_7x7_512to512_s1", 120)  # before the fields: whole layers only
+    for i, (lay, gpu) in enumerate([(big, "G"), (cut, "G"), (old, "H")]):
+        doc = {"benchmark": "tuning_tables", "gpu": gpu, "template": tma.name,
+               "layers": [lay]}
+        (tmp_path / f"tables-2026112{i}-100000.json").write_text(json.dumps(doc))
+    ms = deduplicate(load_results(tmp_path))
+    spaces = table_spaces(tmp_path)
+    assert len(ms) == 1776 - 36 + 150 - 3 + 120 - 3
+
+    def oracle(ms, train):
+        return lambda ix: np.array([ms[i].events_us for i in ix])
+
+    def reversed_(ms, train):
+        return lambda ix: -np.array([ms[i].events_us for i in ix])
+
+    (row,) = pruned_rows(ms, 1000, spaces=spaces, fit=oracle)
+    assert (row["template"], row["workload"], row["gpu"]) == (
+        tma.name, layers["resnet18_56x56_64to64_s1"].key, "G")
+    assert row["space_size"] == 1740 and row["template_space_size"] == 1776
+    assert row["exhaustive"] and row["space_failed"] == 36
+    assert row["layer"] == "resnet18_56x56_64to64_s1"
+    assert row["trials_to_097"] == 1 and row["fraction_measured_to_097"] == round(1 / 1740, 4)
+    times = sorted(us(Config(c)) for c, _, e in big["table"] if e is None)
+    good = sum(t <= times[0] / 0.97 for t in times)
+    assert row["random_fraction_to_097"] == round(1741 / (good + 1) / 1740, 4)
+    (bad,) = pruned_rows(ms, 1000, spaces=spaces, fit=reversed_)
+    assert bad["fraction_measured_to_097"] > 0.5 > 10 * row["random_fraction_to_097"]
+    rows = {r["space_size"]: r for r in pruned_rows(ms, 100, spaces=spaces, fit=oracle)}
+    assert sorted(rows) == [117, 147, 1740]
+    assert not rows[147]["exhaustive"] and rows[117]["exhaustive"]  # cut / old format

@@ -147,8 +147,8 @@ class _Reader:
             yield from self.config_probe()
 
     def tables(self) -> Iterator[Measurement | None]:
-        tmpl = self.doc["template"]
         for layer in self.doc["layers"]:
+            tmpl = layer.get("template", self.doc["template"])  # older files: the file's
             wl = workload_from_dict(layer["wl"])
             for cfg, t, err in layer["table"]:
                 if err is None:
@@ -294,6 +294,37 @@ def load_results(root: str | Path, migrate: Migration | None = None,
     out = [m for _, read in sorted(parts, key=lambda t: t[0]) for m in read()]
     out = migrate_rows(out, migrate or migrate_kernels)
     return complete_configs(out) if complete else out
+
+
+def table_spaces(root: str | Path) -> dict[tuple[str, str, str], dict]:
+    """(gpu, template, workload key) -> what the exhaustive tables files (`tuning_tables`,
+    benchmarks/tuning.py measure) under `root` say of that space: {"layer": the layer's name,
+    "space_size": configs in the template's space then, "measured": rows (a time or an error),
+    "failed": rows with an error, "exhaustive": whether every config of the space has a row,
+    "source": the file}. Files written before these fields existed held whole layers only
+    (exhaustive, space_size = rows). Several files of one space: an exhaustive one wins, then
+    the later one. Files only in the consolidated dataset are not read."""
+    out: dict[tuple[str, str, str], dict] = {}
+    root = Path(root)
+    for path, doc in _result_docs(root.rglob("*.json"), root):
+        if doc.get("benchmark") != "tuning_tables":
+            continue
+        try:
+            for layer in doc["layers"]:
+                table = layer["table"]
+                key = (doc.get("gpu", ""), layer.get("template", doc["template"]),
+                       workload_from_dict(layer["wl"]).key)
+                info = {"layer": layer.get("workload", ""),
+                        "space_size": int(layer.get("space_size", len(table))),
+                        "measured": len(table),
+                        "failed": sum(err is not None for _, _, err in table),
+                        "exhaustive": bool(layer.get("exhaustive", True)), "source": path}
+                have = out.get(key)
+                if have is None or info["exhaustive"] or not have["exhaustive"]:
+                    out[key] = info
+        except (KeyError, TypeError, ValueError):
+            continue  # a tables format this reader does not know
+    return out
 
 
 def _merged_keys(docs: list[tuple[str, dict]], archive: list[ConsolidatedFile]

@@ -21,7 +21,7 @@ import inspect
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -191,17 +191,20 @@ def group_default(group: Sequence[KernelTemplate], workload: Workload, arch: str
     return group[0], _with_arch(group[0].default_config, workload, arch)
 
 
-def _group_pick(group: list[KernelTemplate], workload: Workload, spec: GpuSpec, model,
-                arch: str | None, per_template: int, seed: int, margin: float
-                ) -> tuple[Choice, list[tuple[str, float]]] | None:
-    """The group's pick (the fastest predicted candidate that is the group default or beats
-    it by `margin`) and its alternatives (each template's fastest such candidate); None when
-    no template of the group has candidates here."""
+Predictions = dict[str, tuple[list[Config], list[float]]]
+
+
+def _group_predictions(group: list[KernelTemplate], workload: Workload, spec: GpuSpec, model,
+                       arch: str | None, per_template: int, seed: int
+                       ) -> tuple[KernelTemplate, Config, Predictions] | None:
+    """The group's default (template, config) and every template's candidates with their
+    predicted times (the default among its template's); None when the default cannot be
+    built or has no prediction."""
     try:
         dflt_t, dflt = group_default(group, workload, arch)
     except Exception:  # a template whose space cannot be built for this target
         return None
-    preds: dict[str, tuple[list[Config], list[float]]] = {}
+    preds: Predictions = {}
     for t in group:
         try:
             cfgs = candidate_configs(t, workload, per_template, seed, arch=arch)
@@ -212,6 +215,19 @@ def _group_pick(group: list[KernelTemplate], workload: Workload, spec: GpuSpec, 
         preds[t.name] = (cfgs, _predicted(t, workload, cfgs, spec, model))
     if dflt_t.name not in preds:
         return None
+    return dflt_t, dflt, preds
+
+
+def _group_pick(group: list[KernelTemplate], workload: Workload, spec: GpuSpec, model,
+                arch: str | None, per_template: int, seed: int, margin: float
+                ) -> tuple[Choice, list[tuple[str, float]]] | None:
+    """The group's pick (the fastest predicted candidate that is the group default or beats
+    it by `margin`) and its alternatives (each template's fastest such candidate); None when
+    no template of the group has candidates here."""
+    found = _group_predictions(group, workload, spec, model, arch, per_template, seed)
+    if found is None:
+        return None
+    dflt_t, dflt, preds = found
     cfgs, times = preds[dflt_t.name]
     default_us = times[cfgs.index(dflt)]
     count = sum(len(c) for c, _ in preds.values())
@@ -271,6 +287,49 @@ def choose(workload: Workload, gpu: GpuSpec | str | None = None,
         raise ValueError(f"no template supports {workload.key}")
     return Choice(best.template, best.config, best.predicted_us, best.reason,
                   tuple(sorted(alternatives, key=lambda a: a[1])))
+
+
+def ranked_candidates(workload: Workload, gpu: GpuSpec | str | None = None,
+                      templates: Sequence[KernelTemplate] | None = None, k: int = 3,
+                      candidates: int = 48, seed: int = 0) -> list[Choice]:
+    """The `k` candidates of `choose`'s pool (every usable template's candidate configs,
+    group defaults included; no fp16) that the model predicts fastest, fastest first: what
+    `choose_measured` measures."""
+    spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec_for(gpu)
+    arch = _target_arch(spec)
+    model = default_model()
+    pool: list[Choice] = []
+    for group in template_groups(_usable(workload, templates)):
+        found = _group_predictions(group, workload, spec, model, arch, candidates, seed)
+        if found is None:
+            continue
+        for name, (cfgs, times) in found[2].items():
+            pool += [Choice(name, c, us, f"model rank: {us:.1f} us predicted")
+                     for c, us in zip(cfgs, times, strict=True)]
+    return sorted(pool, key=lambda c: c.predicted_us)[:max(k, 0)]
+
+
+def choose_measured(workload: Workload, measure: Callable[[str, Config], float | None],
+                    gpu: GpuSpec | str | None = None,
+                    templates: Sequence[KernelTemplate] | None = None, k: int = 3,
+                    candidates: int = 48, seed: int = 0) -> Choice:
+    """Dispatch with a few measurements (the thesis's measure-a-little-then-trust idea): the
+    `k` candidates the model ranks fastest (`ranked_candidates`), each timed by
+    `measure(template_name, config)` (microseconds, None when it failed: a build error, a
+    wrong result, a crash), and the fastest measured one; ValueError when none ran. Costs k
+    builds and timings instead of a tune; the model's ranking decides which k."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1 measurements, got {k}")
+    ranked = ranked_candidates(workload, gpu, templates, k, candidates, seed)
+    timed = [(c, measure(c.template, c.config)) for c in ranked]
+    ok = [(c, us) for c, us in timed if us is not None]
+    if not ok:
+        raise ValueError(f"none of the {len(ranked)} top-ranked candidates of "
+                         f"{workload.key} ran")
+    best, us = min(ok, key=lambda cu: cu[1])
+    return Choice(best.template, best.config, float(us),
+                  f"fastest measured of the model's top {len(ranked)} ({len(ok)} ran)",
+                  tuple((c.template, float(t)) for c, t in ok))
 
 
 def choose_impl(workload: Workload, gpu: GpuSpec | str | None = None) -> tuple[str, str]:
