@@ -288,6 +288,18 @@ def test_choose_impl_policy_and_reasons():
     assert impl == TORCH_FP16 and "accumulator" in why
 
 
+def test_small_spatial_convs_default_to_the_weight_streaming_gemv():
+    """<= 64 output pixels with a spatial filter: the GEMV first; 1x1s and larger maps keep
+    the conv templates' order."""
+    b1_3x3 = ConvWorkload(N=1, H=7, W=7, C=64, K=64, R=3, S=3, pad=1, w="s8", a="s8")
+    s2_3x3 = ConvWorkload(N=1, H=16, W=14, C=32, K=48, R=3, S=3, stride=2, pad=1, w="s8",
+                          a="s8")  # 8 x 7 = 56 output pixels
+    assert [choose_impl(wl)[0] for wl in (b1_3x3, s2_3x3)] == ["triton.gemv_int8"] * 2
+    b1_1x1 = b1_3x3.replace(R=1, S=1, pad=0)
+    b2_3x3 = b1_3x3.replace(N=2)  # 98 output pixels
+    assert "triton.gemv_int8" not in {choose_impl(wl)[0] for wl in (b1_1x1, b2_3x3)}
+
+
 def test_accumulator_unit_biases_use_the_kernel_epilogue():
     """exact_bias=False: ENGINE.md's biases in accumulator units; single-output layers get
     the kernel's fused requantizing epilogue, and the executor's two epilogue paths (netops,

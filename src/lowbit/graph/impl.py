@@ -5,9 +5,10 @@ AND tensor cores when both operands have <= 4 bits (bit-plane operands; the impl
 kernel family that `lowbit.kernels.cuda.default_bitserial` picks, e.g.
 `cuda.bitserial_wgmma`), else the int8 tensor-core templates (one value per byte, in an order
 measured per size: INT8_CONV / INT8_CONV_LARGE; a GEMM of
-at most GEMV_ROWS rows first on the weight-streaming `triton.gemv_int8`, which reads each weight
-byte once with the grid split over K: at that size the GEMM is bound by the weight bytes, and
-the tile templates pad the rows to 64 and fill few SMs), else PyTorch fp16 (`torch.fp16`) when
+at most GEMV_ROWS rows, and a conv with a spatial filter on at most GEMV_CONV_PIXELS output
+pixels, first on the weight-streaming `triton.gemv_int8`, which reads each weight byte once
+with the grid split over K: at that size the layer is bound by the weight bytes, and the tile
+templates pad the rows to 64 and fill few SMs), else PyTorch fp16 (`torch.fp16`) when
 no integer template supports the workload; every refusal is
 asked of the templates (`KernelTemplate.unsupported_reason`) and quoted in the reason. A
 chooser with the same signature (e.g. one reading tuning records, `lowbit.tune.dispatch`)
@@ -39,6 +40,12 @@ INT8_GEMM = ("cuda.int8_wgmma", "triton.gemm_int8")
 #: the skinny-GEMM template and the most rows it is the default for
 INT8_GEMV = "triton.gemv_int8"
 GEMV_ROWS = 16
+#: the most output pixels (N*P*Q) of a conv with a spatial filter (R*S > 1) the GEMV is the
+#: default for. Measured on an H100, batch 1 (gemv-20261128-050456.json, defaults, events):
+#: the 3x3s on 7x7 / 14x14 maps 9.0-11.3 us on the GEMV against 10.7-29.4 on
+#: `cuda.int8_wgmma` (2.6x on 512 -> 512); the 1x1s 8.4-10.4 against 8.4-16.4, mixed: they
+#: keep the conv order
+GEMV_CONV_PIXELS = 64
 #: the bit widths bit-serial serves by default (both operands)
 BITSERIAL_MAX_BITS = 4
 
@@ -86,6 +93,8 @@ def _int8_choice(wl: Workload, why_not_bitserial: str | None,
     if isinstance(wl, ConvWorkload):
         m, n, _ = wl.gemm_shape
         names = INT8_CONV_LARGE if m * n >= LARGE_CONV_OUTPUTS else INT8_CONV
+        if m <= GEMV_CONV_PIXELS and wl.R * wl.S > 1:
+            names = (INT8_GEMV, *names)
     else:
         names = ((INT8_GEMV,) if wl.gemm_shape[0] <= GEMV_ROWS else ()) + INT8_GEMM
     if first in names:
