@@ -442,6 +442,38 @@ def _model_accuracy_table(acc: list[tuple[Result, dict]]) -> list[str]:
                     "layers", "configs"], rows), ""]
 
 
+def _exhaustive_spaces(pruned: list[tuple[Result, dict]]) -> list[str]:
+    """The pruned tuner on whole spaces of 1,000+ configs (every config built, verified and
+    timed: `tuning.py measure`), one row each."""
+    rows = [[r["template"], r.get("layer") or r["workload"][:40], r["space_size"],
+             r.get("space_failed", "-"), f.link(num(r["fraction_measured_to_097"], 4)),
+             r.get("trials_to_097", "-"), num(r.get("random_fraction_to_097"), 3)]
+            for f, r in pruned if r.get("exhaustive") and r["space_size"] >= 1000]
+    if not rows:
+        return []
+    return ["Exhaustive spaces of 1,000+ configs:", "",
+            *table(["template", "layer", "configs", "failed", "fraction to 0.97x",
+                    "measurements", "random search's fraction"], rows), ""]
+
+
+def _dispatch_summary(disp: list[dict]) -> list[str]:
+    """Zero-tuning dispatch (the model's pick) and dispatch with three measurements
+    (`choose_measured`: the fastest of the model's top three) against the best measured
+    config of each layer's sample and cuDNN / cuBLAS fp16."""
+    def line(label: str, key: str, over_key: str) -> str:
+        over = [r[over_key] for r in disp if r.get(over_key)]
+        slower = sum(1 for r in disp if r.get(key) and r.get("cudnn_fp16_us")
+                     and r[key] > r["cudnn_fp16_us"])
+        return (f"{label}: {len(over)} layers, median / best measured "
+                f"{statistics.median(over):.2f}x, {sum(x <= 1.25 for x in over)} within "
+                f"1.25x; slower than cuDNN / cuBLAS fp16 on {slower}.")
+    out = [line("Zero-tuning dispatch", "dispatch_us", "dispatch_over_tuned")]
+    if any(r.get("measured_top3_over_tuned") for r in disp):
+        out.append(line("Dispatch with three measurements (the model's top three timed)",
+                        "measured_top3_us", "measured_top3_over_tuned"))
+    return [" ".join(out), ""]
+
+
 @suite("perfmodel", "Performance model", "benchmarks/perfmodel.py")
 def render_perfmodel(files: list[Result]) -> list[str]:
     """Rows of kind model_accuracy {template, median_ape, kendall_tau, n_layers, n_configs},
@@ -461,17 +493,16 @@ def render_perfmodel(files: list[Result]) -> list[str]:
         pruned = latest_rows(group, lambda r: (r["template"], r["workload"])
                              if r.get("kind") == "pruned_tuner" else None)
         if pruned:
-            fr = [r["fraction_measured_to_097"] for _, r in pruned]
+            fr = [r["fraction_measured_to_097"] for _, r in pruned
+                  if r["fraction_measured_to_097"] is not None]
             out += [f"Pruned tuner: {len(fr)} spaces, median fraction of the space measured to "
                     f"reach 0.97x of the best {statistics.median(fr):.3f} (max {max(fr):.3f}), "
                     f"{sum(x <= 0.10 for x in fr)} of {len(fr)} at or under 10%.", ""]
+            out += _exhaustive_spaces(pruned)
         disp = latest_rows(group, lambda r: r["workload"] if r.get("kind") == "dispatch"
                            else None)
         if disp:
-            over = [r["dispatch_over_tuned"] for _, r in disp if r.get("dispatch_over_tuned")]
-            out += [f"Zero-tuning dispatch: {len(over)} layers, median dispatch / best measured "
-                    f"{statistics.median(over):.2f}x, {sum(x <= 1.25 for x in over)} within "
-                    "1.25x.", ""]
+            out += _dispatch_summary([r for _, r in disp])
         out += [provenance({f for f, _ in acc + pruned + disp}), ""]
     return out
 

@@ -302,7 +302,7 @@ EXPECTED = {
     "perfmodel": ["|triton.conv2d_int8|recorded|[11.4][perfmodel-20260102-000000] (0.47)|25|3040|",
                   "median fraction of the space measured to reach 0.97x of the best 0.260 "
                   "(max 0.500), 1 of 2 at or under 10%",
-                  "median dispatch / best measured 1.20x, 1 within 1.25x"],
+                  "median / best measured 1.20x, 1 within 1.25x"],
 }
 # what a section must not show: superseded rows, and rows a key collision would hide
 ABSENT = {

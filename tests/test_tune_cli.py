@@ -154,3 +154,34 @@ def test_model_option_tunes_the_network_layers(tmp_path, monkeypatch):
     assert out.exit_code == 0, out.output
     assert calls == [("resnet18", 8, "w1a2")] and "layer1" in out.output
     assert _rows(db) == 2
+
+
+def test_top_times_the_models_top_candidates_and_records_them(tmp_path, monkeypatch):
+    """`lowbit tune --top N`: N candidates in the model's order, each measured and recorded
+    (the wrong-result one, ranked first, as a failure); the fastest correct one is the
+    layer's best."""
+    import numpy as np
+
+    from lowbit.tune import dispatch
+
+    def predict(template, workload, configs, gpu=None, model=None, cuda_graph=False):
+        # the model's order: the wrong-result mode first, then by tile
+        return np.array([(0.0 if c["mode"] == "wrong" else 10.0) + c["tile"] for c in configs])
+
+    monkeypatch.setattr(dispatch, "_predicted",
+                        lambda t, wl, cfgs, spec, model: list(predict(t, wl, cfgs)))
+    monkeypatch.setattr(dispatch, "default_model", lambda: None)
+    db = tmp_path / "r.sqlite"
+    out = _tune(_layers(tmp_path), "--top", 3, "--template", "fake.cli", "--device", "cpu",
+                "--db", db)
+    assert out.exit_code == 0, out.output
+    assert "top 3" in out.output and "fake.cli" in out.output
+    with RecordsDB(db) as rdb:
+        recs = rdb.records(TINY)
+        assert len(recs) == 3
+        # the space: (tile 1, wrong), (tile 1, ok), (tile 2, ok), all three in the top 3
+        assert sorted((r.cfg["tile"], r.cfg["mode"], r.ok) for r in recs) == \
+            [(1, "ok", True), (1, "wrong", False), (2, "ok", True)]
+        assert dict(rdb.best(TINY).cfg) == {"tile": 1, "mode": "ok"}
+    assert "--top must be >= 0" in _error(_tune(_layers(tmp_path), "--top", -1, "--device",
+                                                 "cpu"), 2)

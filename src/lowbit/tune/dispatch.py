@@ -13,6 +13,8 @@ only the model. The bit-serial families compete as one group whose default is
 `default_bitserial`'s kernel: every family's candidates (its own default first) must beat that
 one by the margin. A weight-streaming template (`streams_weights`, e.g. `triton.gemv_int8`),
 which the learned model has no measurements of, is timed by `stream_estimate_us` instead.
+`choose_measured` / `measure_top` (`lowbit tune --top 3`) time the model's top few of the
+same pool and keep the fastest: a few builds instead of a tune.
 """
 
 from __future__ import annotations
@@ -330,6 +332,33 @@ def choose_measured(workload: Workload, measure: Callable[[str, Config], float |
     return Choice(best.template, best.config, float(us),
                   f"fastest measured of the model's top {len(ranked)} ({len(ok)} ran)",
                   tuple((c.template, float(t)) for c, t in ok))
+
+
+def measure_top(workload: Workload, measurer, db: RecordsDB | str | Path | None = None,
+                templates: Sequence[KernelTemplate] | None = None, k: int = 3) -> Choice:
+    """`choose_measured` on the GPU of `measurer` (a `lowbit.tune.Measurer`: built, checked
+    bit for bit against the reference, timed in a crash-isolated worker) with every
+    measurement, failures included, added to the records `db` (default: the user's records
+    file), so that `kernel_for` and the engine take the fastest from then on."""
+    from .measure import MeasureInput
+
+    load_backends()
+    results = []
+
+    def measure(name: str, config: Config) -> float | None:
+        res = measurer.measure([MeasureInput(get_template(name), workload, config)])[0]
+        results.append(res)
+        return res.time_us
+
+    try:
+        return choose_measured(workload, measure, None, templates, k)
+    finally:
+        records = db if isinstance(db, RecordsDB) else RecordsDB(db)
+        try:
+            records.add_many(Record.of(r, workload) for r in results)
+        finally:
+            if records is not db:
+                records.close()
 
 
 def choose_impl(workload: Workload, gpu: GpuSpec | str | None = None) -> tuple[str, str]:

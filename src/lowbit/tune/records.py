@@ -87,6 +87,17 @@ class Record:
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
+    @classmethod
+    def of(cls, res: object, workload: Workload) -> Record:
+        """The record of a `MeasureResult` of `workload` (its environment: GPU and versions)."""
+        env = getattr(res, "env", None) or {}
+        return cls(workload=res.workload, template=res.template, config=res.config.to_json(),
+                   time_us=res.time_us, error=res.error, gpu=env.get("gpu", "unknown"),
+                   driver=env.get("driver", ""), cuda=env.get("cuda", ""),
+                   triton=env.get("triton", ""), torch=env.get("torch", ""),
+                   workload_json=workload.to_json(), compile_s=res.compile_s,
+                   run_s=res.run_s)
+
 
 class RecordsDB:
     """SQLite-backed store of measurements (thread-confined: one connection per instance)."""

@@ -164,7 +164,7 @@ def tune(workload: Workload, templates: Sequence[KernelTemplate] | None = None,
                     raise MeasureEnvironmentError(
                         f"{res.error[len(ENV_PREFIX):].strip()} (measuring {res.template} on "
                         f"{gpu}; nothing recorded for it: a rerun retries it)")
-                records.add(_record(res, workload))
+                records.add(Record.of(res, workload))
                 history.append(res)
                 bar.advance(res.ok, res.time_us, res.template)
 
@@ -239,15 +239,6 @@ def _feed(by_name: dict[str, _Arm], results: Sequence[MeasureResult]) -> None:
             arm.best_us = r.time_us
     for name, trials in grouped.items():
         by_name[name].strategy.update(trials)
-
-
-def _record(res: MeasureResult, workload: Workload) -> Record:
-    env = res.env or {}
-    return Record(workload=res.workload, template=res.template, config=res.config.to_json(),
-                  time_us=res.time_us, error=res.error, gpu=env.get("gpu", "unknown"),
-                  driver=env.get("driver", ""), cuda=env.get("cuda", ""),
-                  triton=env.get("triton", ""), torch=env.get("torch", ""),
-                  workload_json=workload.to_json(), compile_s=res.compile_s, run_s=res.run_s)
 
 
 def _result(workload: Workload, gpu: str, arms: list[_Arm], done: int,
