@@ -41,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 from lowbit.core import Config, Epilogue, Workload, load_workloads, workload_from_dict
+from lowbit.tune.measure import exit_reason
 
 SUITES = ("resnet50_3x3_b16", "resnet50_3x3_b256", "tvm_tutorial")
 EPILOGUE = Epilogue(bias=True, relu=True, out="s8")
@@ -120,16 +121,6 @@ def _future_result(fut: Future) -> tuple[str | None, float | None, float | None]
         return f"{type(e).__name__}: {str(e)[:200]}", None, None
 
 
-def _exit_text(code: int | None) -> str:
-    """'killed by SIGSEGV' / 'exit code 3' of a process's exit code."""
-    if code is not None and code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
 def _build_worker(conn, parent: tuple[int, bool]) -> None:
     """A `BuildPool` process: (fn, args) -> (True, fn(*args)) or (False, the error's text)."""
     from lowbit.tune.measure import die_with_parent
@@ -189,7 +180,7 @@ class BuildPool(Executor):
         proc.kill()
         proc.join(10)
         raise ChildProcessError(f"crash: the build process did not start "
-                                f"({_exit_text(proc.exitcode)})")
+                                f"({exit_reason(proc.exitcode)})")
 
     def _serve(self, slot: int) -> None:
         """One slot: take a job, run it in this slot's process, replace a process that died
@@ -224,7 +215,7 @@ class BuildPool(Executor):
             except (EOFError, OSError) as e:
                 if proc is not None:
                     proc.join(10)
-                    why = _exit_text(proc.exitcode)
+                    why = exit_reason(proc.exitcode)
                     proc.kill()
                 else:
                     why = f"{type(e).__name__}: {e}"

@@ -110,6 +110,18 @@ def timed_impl(name: str, wl: Workload, x, w, params, ref) -> dict:
             "graph_us": time_us(launch, cuda_graph=True)}
 
 
+def timed_impls(names, wl, x, w, params, ref) -> dict:
+    """`timed_impl` of each template name; one failing records its error and the others
+    still run."""
+    impls: dict = {}
+    for name in names:
+        try:
+            impls[name] = timed_impl(name, wl, x, w, params, ref)
+        except Exception as e:  # one implementation failing must not lose the others
+            impls[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+    return impls
+
+
 def fp16_us(wl: GemmWorkload) -> dict:
     a = torch.randn(wl.M, wl.K, device="cuda", dtype=torch.float16)
     b = torch.randn(wl.N, wl.K, device="cuda", dtype=torch.float16)
@@ -160,12 +172,7 @@ def measure(m: int, n: int, k: int, bandwidth: float, a: str = "s8") -> dict:
                                            bandwidth)}
     x, w, params = random_inputs(wl, seed=m * 7 + n + k, device="cuda")
     ref = run(wl, x, w, params)
-    impls: dict = {}
-    for name in (GEMV, *INT8_DEFAULTS):
-        try:
-            impls[name] = timed_impl(name, wl, x, w, params, ref)
-        except Exception as e:  # one implementation failing must not lose the others
-            impls[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+    impls = timed_impls((GEMV, *INT8_DEFAULTS), wl, x, w, params, ref)
     row["impls"] = impls
     for key, fn in (("fp16_matmul", fp16_us), ("int_mm_aligned", int_mm_aligned_us)):
         try:
@@ -212,12 +219,7 @@ def measure_conv(name: str, wl: ConvWorkload, bandwidth: float) -> dict:
     m, n, k = wl.gemm_shape
     x, w, params = random_inputs(wl, seed=m * 7 + n + k, device="cuda")
     ref = run(wl, x, w, params)
-    impls: dict = {}
-    for t in (GEMV, *CONV_DEFAULTS):
-        try:
-            impls[t] = timed_impl(t, wl, x, w, params, ref)
-        except Exception as e:  # one implementation failing must not lose the others
-            impls[t] = {"error": f"{type(e).__name__}: {e}"[:300]}
+    impls = timed_impls((GEMV, *CONV_DEFAULTS), wl, x, w, params, ref)
     row["impls"] = impls
     try:
         row["fp16_conv"] = {"time_us": cudnn_fp16_conv_us(wl),

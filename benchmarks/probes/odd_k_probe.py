@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
-from gemv_probe import EPI, fp16_us, int_mm_aligned_us, timed_impl
+from gemv_probe import EPI, fp16_us, int_mm_aligned_us, timed_impls
 
 from common import write_probe
 from lowbit.core import GemmWorkload
@@ -58,12 +58,7 @@ def measure(m: int, n: int, k: int) -> dict:
     x, w, params = random_inputs(wl, seed=m + 3 * n + 7 * k, device="cuda")
     ref = run(wl, x, w, params)
     row: dict = {"workload": f"gemm_{m}x{n}x{k}", "M": m, "N": n, "K": k, "precision": "w8a8",
-                 "epilogue": EPI.key, "impls": {}}
-    for name in DEFAULTS:
-        try:
-            row["impls"][name] = timed_impl(name, wl, x, w, params, ref)
-        except Exception as e:  # one implementation failing must not lose the others
-            row["impls"][name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+                 "epilogue": EPI.key, "impls": timed_impls(DEFAULTS, wl, x, w, params, ref)}
     try:
         row["impls"]["dispatch"] = dispatch_impl(wl, x, w, params, ref)
     except Exception as e:

@@ -300,7 +300,7 @@ class _Worker:
             self.proc.join(10)
             self.kill()
             raise MeasureEnvironmentError(f"measure worker died at start "
-                                          f"({_exit_reason(self.proc.exitcode)})") from e
+                                          f"({exit_reason(self.proc.exitcode)})") from e
         except MeasureEnvironmentError:
             self.kill()
             raise
@@ -320,7 +320,8 @@ class _Worker:
         self.kill()
 
 
-def _exit_reason(code: int | None) -> str:
+def exit_reason(code: int | None) -> str:
+    """'killed by SIGSEGV' / 'exit code 3' of a process's exit code."""
     if code is not None and code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
@@ -454,7 +455,7 @@ class LocalMeasurer(Measurer):
             tag, value, fatal, run_s = worker.conn.recv()
         except (EOFError, OSError, BrokenPipeError):
             worker.proc.join(10)
-            reason = _exit_reason(worker.proc.exitcode)
+            reason = exit_reason(worker.proc.exitcode)
             worker.kill()
             return None, f"crash: worker died ({reason})", time.perf_counter() - t0
         if fatal:
