@@ -95,12 +95,12 @@ def test_registered_as_a_strategy():
         make_strategy("nope", sp, WL)
 
 
-def test_benchmark_replays_an_exhaustive_1000_plus_table(tmp_path):
+def test_benchmark_replays_an_exhaustive_1000_plus_table(tmp_path, monkeypatch):
     """benchmarks/perfmodel.py pruned_rows on a synthetic exhaustive tables file of a whole
     1,776-config TMA space (tuning.py measure's format) beside a cut one and an old-format
     one: rows of >= min_space verified configs only, marked exhaustive from the tables; the
     fraction to 0.97x follows the predictions (a perfect model: 1 measurement; a reversed
-    one: most of the space)."""
+    one: most of the space); without a fit, one replay per model seed and their median."""
     import json
     import sys
     import zlib
@@ -162,3 +162,12 @@ def test_benchmark_replays_an_exhaustive_1000_plus_table(tmp_path):
     rows = {r["space_size"]: r for r in pruned_rows(ms, 100, spaces=spaces, fit=oracle)}
     assert sorted(rows) == [117, 147, 1740]
     assert not rows[147]["exhaustive"] and rows[117]["exhaustive"]  # cut / old format
+    import perfmodel
+
+    by_seed = {0: oracle, 1: reversed_, 2: oracle}
+    monkeypatch.setattr(perfmodel, "learned_fit", lambda seed, **kw: by_seed[seed])
+    (med,) = pruned_rows(ms, 1000, spaces=spaces, seeds=(0, 1, 2))
+    assert med["model_seeds"] == 3 and med["trials_to_097"] == 1
+    assert med["fraction_by_seed"] == [row["fraction_measured_to_097"],
+                                       bad["fraction_measured_to_097"],
+                                       row["fraction_measured_to_097"]]
