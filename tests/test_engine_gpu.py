@@ -297,6 +297,25 @@ def test_interpreted_int8_templates_through_the_executor():
     assert assert_matches_reference(plan, ex, x) > 5
 
 
+def test_interpreted_gemv_convs_through_the_executor():
+    """The default policy at batch 2 on 8x8 digits: the 3x3 convs of <= 64 output pixels
+    (the block end with its residual included) run the weight-streaming GEMV (interpreted):
+    a single requantized output in its own epilogue, the block end's accumulator through the
+    separate pass; every tensor equal to the reference."""
+    q, _ = build_quantized("digits_resnet", "w8a8-all", image_size=(8, 8), width=0.5,
+                           num_classes=10, seed=7, calib_batch=2)
+    x = random_images(2, (8, 8), 1, seed=8)
+    plan = _compile(q, x).plan
+    gemv = [s for s in plan.layers if s.impl == "triton.gemv_int8" and s.op == "conv2d"]
+    assert gemv and any(s.residual for s in gemv)
+    ex = GpuExecutor(plan, "cpu", kernels=interpreted_kernel)
+    runs = {b.step.name: b.how for b in ex.steps
+            if getattr(b.step, "impl", "") == "triton.gemv_int8"}
+    assert len(runs) > len(gemv)  # and the classifier
+    assert all("netops epilogue" in runs[s.name] for s in gemv if s.residual)
+    assert assert_matches_reference(plan, ex, x) > 5
+
+
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused", "separate_pass"])
 def test_interpreted_int8_block_ends_write_their_outputs(fuse):
     """A residual network at w8a8 on the interpreted Triton int8 templates: the block ends
