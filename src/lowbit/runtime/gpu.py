@@ -141,6 +141,13 @@ def stem_refusal(plan: Plan, quantize: Quantize, layer: Layer) -> str | None:
     return None
 
 
+def _full_size(spec, shape) -> tuple[tuple[int, ...], torch.dtype]:
+    """Storage shape and dtype of tensor `spec` at the pre-pool logical `shape` (a pooled
+    layer writes its output full size, then pools it into `spec`)."""
+    full = spec.__class__(spec.name, tuple(shape), spec.precision, spec.scale, spec.layout)
+    return full.storage_shape, full.storage_dtype
+
+
 class GpuExecutor:
     """Runs one plan on `device` (module docstring). kernels: Layer step -> Kernel (default
     `layers.layer_kernel` on CUDA, `layers.reference_kernel` elsewhere); reuse_memory: share
@@ -226,9 +233,7 @@ class GpuExecutor:
             if step.pool is None:
                 return []
             spec = self.plan.tensors[step.layer_outputs[0].tensor]
-            full = spec.__class__(spec.name, tuple(operand_shapes(step.workload)[2]),
-                                  spec.precision, spec.scale, spec.layout)
-            return [(full.storage_shape, full.storage_dtype)]
+            return [_full_size(spec, operand_shapes(step.workload)[2])]
         shape, acc_dtype = out_storage(step.workload)
         temps = [(tuple(shape), acc_dtype)]
         if step.pool is None:
@@ -241,9 +246,7 @@ class GpuExecutor:
             if spec.is_float:
                 temps.append(((shape[0], shape[3], shape[1], shape[2]), torch.float32))
             else:
-                full = spec.__class__(spec.name, tuple(shape), spec.precision, spec.scale,
-                                      spec.layout)
-                temps.append((full.storage_shape, full.storage_dtype))
+                temps.append(_full_size(spec, shape))
         return temps
 
     def _bind(self, step: Step) -> BoundStep:
