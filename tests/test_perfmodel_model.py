@@ -139,6 +139,32 @@ def test_learned_model_fits_and_round_trips(tmp_path):
         LearnedModel().fit([])
 
 
+def test_members_average_in_log_space_and_survive_save_load(tmp_path):
+    """members=3: three boosters on seeds 5, 6, 7, the prediction the geometric mean of
+    theirs; saved and loaded with all three; a file of one booster (before members) loads."""
+    import json
+
+    ms = _synthetic()
+    pts = [(m.template, m.workload, m.config) for m in ms]
+    trio = LearnedModel(rounds=40, seed=5, members=3).fit(ms)
+    singles = [LearnedModel(rounds=40, seed=s, members=1).fit(ms).predict(pts, H100)
+               for s in (5, 6, 7)]
+    assert not np.allclose(singles[0], singles[1])  # the seeds differ
+    assert np.allclose(trio.predict(pts, H100), np.exp(np.mean(np.log(singles), axis=0)))
+    trio.save(tmp_path / "m.json")
+    again = LearnedModel.load(tmp_path / "m.json")
+    assert again.members == 3 and np.allclose(again.predict(pts, H100), trio.predict(pts, H100))
+    one = LearnedModel(rounds=40, seed=5, members=1).fit(ms)
+    one.save(tmp_path / "one.json")
+    doc = json.loads((tmp_path / "one.json").read_text())
+    doc["booster"] = doc.pop("boosters")[0]
+    del doc["members"]
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    assert np.allclose(LearnedModel.load(tmp_path / "old.json").predict(pts, H100), singles[0])
+    with pytest.raises(ValueError, match="members must be >= 1"):
+        LearnedModel(members=0)
+
+
 def test_learned_model_fits_the_median_time_through_slow_outliers():
     """Each point measured three times, one of them 4x slow on half the points: the default
     objective (absolute error of the log ratio) predicts the typical time, squared error is

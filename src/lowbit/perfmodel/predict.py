@@ -34,7 +34,7 @@ from .features import GENERIC
 from .hardware import GpuSpec, gpu_spec_for
 from .learned import LearnedModel
 
-MODEL_VERSION = "3"  # bump when features or training change: old cached models retrain
+MODEL_VERSION = "4"  # bump when features or training change: old cached models retrain
 _MODELS: dict[str, LearnedModel] = {}
 
 
