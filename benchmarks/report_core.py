@@ -170,6 +170,22 @@ def by_gpu(files: list[Result]) -> list[tuple[str, list[Result]]]:
     return sorted(groups.items(), key=lambda kv: (-sum(len(f.rows) for f in kv[1]), kv[0]))
 
 
+#: the GPU the targets are set on: where it ran a row's key, other GPUs' rows of that key are
+#: history (git), not the current table (`on_target_or_only`)
+TARGET_GPU = "NVIDIA H100 80GB HBM3"
+
+
+def on_target_or_only(gpu: str, picked: list[tuple[Result, dict]], files: list[Result],
+                      key: Callable[[dict], object]) -> list[tuple[Result, dict]]:
+    """`picked` (rows of GPU `gpu`) less the rows whose `key` the target GPU's files also
+    have: all of them on the target GPU."""
+    if gpu == TARGET_GPU:
+        return picked
+    on_target = {key(r) for f in files if f.gpu == TARGET_GPU for r in f.rows
+                 if isinstance(r, dict)}
+    return [(f, r) for f, r in picked if key(r) not in on_target]
+
+
 def gpu_heading(gpu: str, groups: list) -> list[str]:
     return [f"**{gpu}**", ""] if len(groups) > 1 else []
 

@@ -14,6 +14,7 @@ from report_core import (
     gpu_heading,
     latest,
     latest_rows,
+    on_target_or_only,
     provenance,
     ratio,
     run_of,
@@ -106,11 +107,15 @@ def render_gemm(files: list[Result]) -> list[str]:
 def render_gemv(files: list[Result]) -> list[str]:
     out = ["Each shape's latest run: `triton.gemv_int8`'s default, the int8 templates' "
            "defaults and cuBLAS fp16 (CUDA events, L2 flushed), then CUDA-graph replays; "
-           "every output bit-exact. Floor: the weights read once at the copy bandwidth.", ""]
+           "every output bit-exact. Floor: the weights read once at the copy bandwidth. Other "
+           "GPUs' rows only where the H100 (the targets' GPU) has none.", ""]
     for gpu, group in by_gpu(files):
-        picked = latest_rows(group, lambda r: r.get("workload"))
+        picked = on_target_or_only(gpu, latest_rows(group, lambda r: r.get("workload")), files,
+                                   lambda r: r.get("workload"))
         convs = [(f, r) for f, r in picked if r.get("op") == "conv2d"]
         picked = [(f, r) for f, r in picked if r.get("op") != "conv2d"]
+        if not picked and not convs:
+            continue
         rows = []
         for f, r in picked:
             impls, b = r.get("impls") or {}, r.get("baselines_us") or {}
@@ -123,12 +128,13 @@ def render_gemv(files: list[Result]) -> list[str]:
                          ratio(fp16.get("graph_us"), gemv.get("graph_us")),
                          str(r.get("engine_default", "-"))])
         out += gpu_heading(gpu, by_gpu(files))
-        out += table(["GEMM (M x N x K)", "gemv us", "floor us", "int8_wgmma us",
-                      "gemm_int8 us", "fp16 us", "fp16 / gemv", "graph: fp16 / gemv",
-                      "engine default"], rows)
+        if rows:
+            out += [*table(["GEMM (M x N x K)", "gemv us", "floor us", "int8_wgmma us",
+                            "gemm_int8 us", "fp16 us", "fp16 / gemv", "graph: fp16 / gemv",
+                            "engine default"], rows), ""]
         if convs:
-            out += ["", *_gemv_conv_table(convs)]
-        out += ["", provenance(f for f, _ in picked + convs), ""]
+            out += [*_gemv_conv_table(convs), ""]
+        out += [provenance(f for f, _ in picked + convs), ""]
     return out
 
 

@@ -15,6 +15,7 @@ from report_core import (
     latest,
     latest_rows,
     num,
+    on_target_or_only,
     provenance,
     ratio,
     run_of,
@@ -328,12 +329,13 @@ def _current_policies(picked: list[tuple[Result, dict]]) -> list[tuple[Result, d
     """The default policy's rows, and the other policies' rows that are no older than the
     default row of their (model, batch, precision, bias, wide): an ablation measured before
     the default changed describes code that no longer runs (NOTES.md keeps it)."""
-    newest: dict[tuple, int] = {}
+    newest: dict[tuple, tuple] = {}
     for f, r in picked:
         if _policy(r) == "default":
             newest[_network_key(r)[:5]] = f.order
     return [(f, r) for f, r in picked
-            if _policy(r) == "default" or f.order >= newest.get(_network_key(r)[:5], -1)]
+            if _policy(r) == "default" or _network_key(r)[:5] not in newest
+            or f.order >= newest[_network_key(r)[:5]]]
 
 
 @suite("network", "Whole networks", "benchmarks/network.py")
@@ -354,10 +356,15 @@ def render_network(files: list[Result]) -> list[str]:
            "Floor: the sum of the layers' roofline floors. Host: a forward call's host time "
            "(in brackets with the input written into the engine's buffer and the output left "
            "in its own: `input_buffer`, `copy_output=False`). Weights and peak activations: "
-           "bytes held by the plan against the fp16 model's (PyTorch, channels_last).", ""]
+           "bytes held by the plan against the fp16 model's (PyTorch, channels_last). Other GPUs' "
+           "rows only where the H100 (the targets' GPU) has none.", ""]
     groups = by_gpu(files)
     for gpu, group in groups:
-        picked = sorted(_current_policies(latest_rows(group, _network_key)), key=lambda fr: (
+        picked = on_target_or_only(gpu, _current_policies(latest_rows(group, _network_key)),
+                                   files, _network_key)
+        if not picked:
+            continue
+        picked = sorted(picked, key=lambda fr: (
             str(fr[1]["model"]), fr[1]["batch"], fr[1]["precision"],
             not fr[1].get("exact_bias", True), -fr[1].get("wide_bits", 24),
             _policy(fr[1]) != "default", _policy(fr[1])))
@@ -442,6 +449,19 @@ def _model_accuracy_table(acc: list[tuple[Result, dict]]) -> list[str]:
                     "layers", "configs"], rows), ""]
 
 
+def _accuracy_key(r: dict) -> tuple | None:
+    return (r["template"], r.get("model"), r.get("data")) \
+        if r.get("kind") == "model_accuracy" else None
+
+
+def _pruned_key(r: dict) -> tuple | None:
+    return (r["template"], r["workload"]) if r.get("kind") == "pruned_tuner" else None
+
+
+def _dispatch_key(r: dict) -> str | None:
+    return r["workload"] if r.get("kind") == "dispatch" else None
+
+
 def _exhaustive_spaces(pruned: list[tuple[Result, dict]]) -> list[str]:
     """The pruned tuner on whole spaces of 1,000+ configs (every config built, verified and
     timed: `tuning.py measure`), one row each."""
@@ -483,15 +503,17 @@ def render_perfmodel(files: list[Result]) -> list[str]:
            "the pruned tuner's replays and zero-tuning dispatch; latest run per row. Learned "
            "model: XGBoost, absolute error of the log time ratio; \"learned + 1 measured "
            "config\": each held-out workload's predictions rescaled by one measurement (the "
-           "config predicted fastest), scored on the others.", ""]
+           "config predicted fastest), scored on the others. Other GPUs' rows only where the "
+           "H100 (the targets' GPU) has none.", ""]
     groups = by_gpu(files)
     for gpu, group in groups:
-        acc = latest_rows(group, lambda r: (r["template"], r.get("model"), r.get("data"))
-                          if r.get("kind") == "model_accuracy" else None)
+        acc = on_target_or_only(gpu, latest_rows(group, _accuracy_key), files, _accuracy_key)
+        pruned = on_target_or_only(gpu, latest_rows(group, _pruned_key), files, _pruned_key)
+        disp = on_target_or_only(gpu, latest_rows(group, _dispatch_key), files, _dispatch_key)
+        if not (acc or pruned or disp):
+            continue
         out += gpu_heading(gpu, groups)
         out += _model_accuracy_table(acc)
-        pruned = latest_rows(group, lambda r: (r["template"], r["workload"])
-                             if r.get("kind") == "pruned_tuner" else None)
         if pruned:
             fr = [r["fraction_measured_to_097"] for _, r in pruned
                   if r["fraction_measured_to_097"] is not None]
@@ -499,8 +521,6 @@ def render_perfmodel(files: list[Result]) -> list[str]:
                     f"reach 0.97x of the best {statistics.median(fr):.3f} (max {max(fr):.3f}), "
                     f"{sum(x <= 0.10 for x in fr)} of {len(fr)} at or under 10%.", ""]
             out += _exhaustive_spaces(pruned)
-        disp = latest_rows(group, lambda r: r["workload"] if r.get("kind") == "dispatch"
-                           else None)
         if disp:
             out += _dispatch_summary([r for _, r in disp])
         out += [provenance({f for f, _ in acc + pruned + disp}), ""]
