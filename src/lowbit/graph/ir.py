@@ -40,7 +40,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from ..core import Layout, Precision, WidePrecision, Workload, workload_from_dict
+from ..core import Config, Layout, Precision, WidePrecision, Workload, workload_from_dict
 from ..core.validate import storage_dtype, storage_shape
 
 # ------------------------------------------------------------------------------ tensors
@@ -186,6 +186,8 @@ class Step:
             v = getattr(self, f.name)
             if isinstance(v, (Workload, PoolWindow, LayerOutput)):
                 v = v.to_dict()
+            elif isinstance(v, Config):
+                v = dict(v)
             elif isinstance(v, tuple):
                 v = [x.to_dict() if isinstance(x, LayerOutput) else x for x in v]
             d[f.name] = v
@@ -228,9 +230,17 @@ class Layer(Step):
     columns of a linear after a flatten in (h, w, c) order, segment by segment after a
     concatenation of flattens). bias: int64 [K] in accumulator units, None where every
     output is float or some output's bias is no multiple of its multiplier. impl /
-    impl_reason: the implementation the layer runs on and why.
-    fused: what the step absorbs ('bn', 'relu', 'residual', 'maxpool', 'flatten-permute',
-    'negated-channels'). source: the model's module names.
+    impl_reason: the implementation the layer runs on and why. config: the kernel's config
+    (None for torch.fp16); config_source: where it comes from ('tuned': the records' best
+    measurement of this very workload on a GPU; 'predicted': the performance model's pick;
+    'default': the template's own) and config_reason the chooser's words
+    (`lowbit.graph.chooser`). Launch decisions: stem (the kernel reads the float image of the
+    Quantize step writing its input and quantizes it itself: the fused first layer),
+    outputs_in_kernel (the conv kernel writes every layer output from its accumulator tiles:
+    no accumulator tensor, no separate epilogue pass), chained (launched as a programmatic
+    dependent of the previous kernel). fused: what the step absorbs ('bn', 'relu',
+    'residual', 'maxpool', 'flatten-permute', 'negated-channels'). source: the model's
+    module names.
     """
 
     op: str = "conv2d"
@@ -245,6 +255,12 @@ class Layer(Step):
     impl_reason: str = ""
     fused: tuple[str, ...] = ()
     source: tuple[str, ...] = ()
+    config: Config | None = None
+    config_source: str = ""
+    config_reason: str = ""
+    stem: bool = False
+    outputs_in_kernel: bool = False
+    chained: bool = False
     kind: ClassVar[str] = "layer"
 
     @property
@@ -347,6 +363,8 @@ def step_from_dict(d: dict) -> Step:
     for key in ("window", "pool"):
         if d.get(key) is not None:
             d[key] = PoolWindow(**d[key])
+    if d.get("config") is not None:
+        d["config"] = Config(d["config"])
     if "layer_outputs" in d:
         d["layer_outputs"] = tuple(LayerOutput(**o) for o in d["layer_outputs"])
     for key in ("fused", "source", "args", "parts", "counts"):

@@ -40,6 +40,7 @@ from ..core import (
 from ..kernels.base import acc_bound
 from ..quant.quantize import round_half_up
 from ..reference import avgpool_multiplier, fixed_point_pair, pool_output_size
+from .chooser import Chooser, make_chooser
 from .dataflow import (
     AVGPOOL,
     CONCAT,
@@ -53,8 +54,8 @@ from .dataflow import (
     Value,
 )
 from .impl import (
+    TORCH_FP16,
     ImplChooser,
-    choose_impl,
     choose_int8_impl,
     input_layout,
 )
@@ -75,6 +76,7 @@ from .ir import (
     WidePrecision,
 )
 from .kernel_epilogues import kernel_epilogue
+from .launches import PlanOptions, decide_launches
 from .pools import ADAPTIVE, pooled_hw, single_element_windows, window_counts
 
 U8, S8 = Precision(8), Precision(8, Encoding.SIGNED)
@@ -125,11 +127,15 @@ def nhwc(shape: tuple[int, ...]) -> tuple[int, ...]:
 class Planner:
     """Builds one Plan; see `build_plan`."""
 
-    def __init__(self, df: Dataflow, input_shape: tuple[int, ...], chooser: ImplChooser,
-                 wide_bits: int = 24, exact_bias: bool = True) -> None:
+    def __init__(self, df: Dataflow, input_shape: tuple[int, ...],
+                 chooser: Chooser | ImplChooser | str | None = None, wide_bits: int = 24,
+                 exact_bias: bool = True, options: PlanOptions | None = None) -> None:
         if wide_bits not in (8, *WIDE_BITS):
             raise ValueError(f"wide_bits must be one of {(8, *WIDE_BITS)}, got {wide_bits!r}")
-        self.df, self.chooser, self.wide_bits = df, chooser, wide_bits
+        self.df, self.wide_bits = df, wide_bits
+        self.chooser = make_chooser(chooser, records=None) if not isinstance(
+            chooser, Chooser) else chooser
+        self.options = options or PlanOptions()
         self.exact_bias = exact_bias
         self.shapes: dict[int, tuple[int, ...]] = {}
         #: per 2-d value flattened from maps: its (C, H, W) segments in order (concatenated
@@ -403,7 +409,7 @@ class Planner:
                 weight = nhwc_columns(weight, self.flat_from[id(x)])
                 fused.append("flatten-permute")
             wl = GemmWorkload(M=xs[0], N=weight.shape[0], K=xs[1], w=spec.w, a=spec.a)
-        impl, reason = self.chooser(wl)
+        impl, reason = self.chooser.implementation(wl)
         odd = [seg for seg in segments if seg[0] % 32]
         if input_layout(impl) is Layout.BITPLANE and odd:
             c, h, w = odd[0]
@@ -480,6 +486,19 @@ class Planner:
                      state.residual, tuple(outs), None, state.impl, state.reason,
                      tuple(fused), v.attrs["source"])
 
+    def _kernel(self, step: Layer) -> Layer:
+        """The step with its template and config from the chooser (`lowbit.graph.chooser`)."""
+        if step.impl == TORCH_FP16:
+            return replace(step, config=None, config_source="default",
+                           config_reason="PyTorch fp16 layer")
+        try:
+            choice = self.chooser.kernel(step.workload, step.impl)
+        except ValueError as e:
+            raise ValueError(f"layer {step.name.removeprefix('layer.')}: no kernel of "
+                             f"{step.impl} for {step.workload.key} ({e})") from None
+        return replace(step, impl=choice.template, config=choice.config,
+                       config_source=choice.source, config_reason=choice.reason)
+
     # ------------------------------------------------------------------ assembly
     def build(self) -> Plan:
         out = self.realize(self.df.output, FLOAT_REQ)
@@ -488,8 +507,9 @@ class Planner:
                 self._emit(v.index, self._layer_step(v, self.layers[id(v)]))
         steps = [s for _, _, s in sorted(self.steps, key=lambda t: (t[0], t[1]))]
         steps = fuse_maxpools(steps, self.tensors)
-        steps = [kernel_epilogue(s, self.tensors, self.params) if isinstance(s, Layer) else s
-                 for s in steps]
+        steps = [self._kernel(kernel_epilogue(s, self.tensors, self.params))
+                 if isinstance(s, Layer) else s for s in steps]
+        steps = decide_launches(steps, self.input_name, self.tensors, self.params, self.options)
         steps.append(Output("output", out))
         used = {t for s in steps for t in (*s.inputs, *s.outputs)} | {self.input_name}
         tensors = {k: t for k, t in self.tensors.items() if k in used}
@@ -581,10 +601,12 @@ def fuse_maxpools(steps: list[Step], tensors: dict[str, TensorSpec]) -> list[Ste
 
 
 def build_plan(df: Dataflow, input_shape: tuple[int, ...],
-               chooser: ImplChooser = choose_impl, wide_bits: int = 24,
-               exact_bias: bool = True) -> Plan:
-    """The plan of the value graph `df` for inputs of `input_shape` (NCHW), each layer's
-    implementation from `chooser`, wide realizations of `wide_bits`, biases exact
-    (`exact_bias`) or rounded to accumulator units (ENGINE.md's formula; module docstring)."""
+               chooser: Chooser | ImplChooser | str | None = None, wide_bits: int = 24,
+               exact_bias: bool = True, options: PlanOptions | None = None) -> Plan:
+    """The plan of the value graph `df` for inputs of `input_shape` (NCHW): each layer's
+    implementation, template and config from `chooser` (a `lowbit.graph.Chooser`, "default",
+    "model" or an implementation policy; without tuning records unless the Chooser holds
+    them), wide realizations of `wide_bits`, biases exact (`exact_bias`) or rounded to
+    accumulator units (module docstring), launches as `options` allow."""
     return Planner(df, tuple(int(s) for s in input_shape), chooser, wide_bits,
-                   exact_bias).build()
+                   exact_bias, options).build()

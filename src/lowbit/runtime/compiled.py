@@ -19,11 +19,13 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from ..graph import Dataflow, Plan, build_plan, choose_impl, trace_model
+from ..graph import Dataflow, Plan, PlanOptions, build_plan, trace_model
+from ..graph.chooser import Chooser, make_chooser
 from ..graph.dataflow import is_integer_module, is_quant_layer
 from ..graph.impl import ImplChooser
 from ..graph.ir import WIDE_BITS
@@ -80,16 +82,17 @@ class CompiledModel(nn.Module):
     `from_plan` (then only their input shapes run)."""
 
     def __init__(self, plan: Plan, *, dataflow: Dataflow | None = None,
-                 model: nn.Module | None = None, chooser: ImplChooser = choose_impl,
+                 model: nn.Module | None = None, chooser: Chooser | None = None,
                  device: torch.device | str = "cpu", executor: str = "auto",
-                 wide_bits: int = 24) -> None:
+                 wide_bits: int = 24, options: PlanOptions | None = None) -> None:
         super().__init__()
         if executor not in ("auto", *EXECUTORS):
             raise ValueError(f"executor must be 'auto' or one of {sorted(EXECUTORS)}, got "
                              f"{executor!r}")
         self.model = model  # holds the FloatFallback modules of plans built from dataflow
         self.dataflow = dataflow
-        self.chooser = chooser
+        self.chooser = chooser or make_chooser(None, records=False)
+        self.options = options or PlanOptions()
         self.wide_bits = wide_bits
         self.plan = plan
         self.channels = int(plan.input_spec.shape[1])
@@ -119,7 +122,7 @@ class CompiledModel(nn.Module):
                                  f"compiled model holds plans for {sorted(self._plans)}); "
                                  f"compile the model again for inputs of shape {shape}")
             self._plans[shape] = build_plan(self.dataflow, shape, self.chooser,
-                                            self.wide_bits)
+                                            self.wide_bits, options=self.options)
         return self._plans[shape]
 
     def summary(self, shape: tuple[int, ...] | None = None) -> str:
@@ -161,35 +164,53 @@ class CompiledModel(nn.Module):
 
 
 def compile_model(model: nn.Module, example_input: torch.Tensor, *,
+                  chooser: str | Chooser | ImplChooser | None = None,
+                  records: str | Path | bool | None = True,
                   choose_impl: ImplChooser | None = None, executor: str = "auto",
-                  wide_bits: int = 24) -> CompiledModel:
+                  wide_bits: int = 24, options: PlanOptions | None = None) -> CompiledModel:
     """Compile a quantized model (fake-quant from `lowbit.quantize`, trained or calibrated, or
     converted by `lowbit.convert`) for inputs like `example_input` (float NCHW; its value
-    ranges set the wide realizations' scales). choose_impl: (workload) -> (impl, reason),
-    default `lowbit.graph.choose_impl`. executor: 'auto' (the GPU executor on a GPU when
-    available, else the reference) or a name of `EXECUTORS`. wide_bits: 24 (default), 16 or
-    8, the width of the residual adds' and average pools' realizations (24: int32 storage,
-    the plan tracks the model's float residual stream; 8: ENGINE.md's u8 / s8, a quarter of
-    the bytes, an approximation whose rounding flips compound; `lowbit.graph.planner`).
+    ranges set the wide realizations' scales).
+
+    chooser: who decides each layer's implementation, kernel and config
+    (`lowbit.graph.chooser`): "default" (the measured policy), "model" (the performance
+    model), a `lowbit.graph.Chooser`, or an implementation policy (workload) -> (impl,
+    reason); choose_impl is the same as a policy. records: the tuning database whose best
+    measurements of each layer's workload the plan runs (True: the user's, the one
+    `lowbit tune` writes, where it exists; False / None: none; or a path), on the example
+    input's GPU. executor: 'auto' (the GPU executor on a GPU when available, else the
+    reference) or a name of `EXECUTORS`. wide_bits: 24 (default), 16 or 8, the width of the
+    residual adds' and average pools' realizations (`lowbit.graph.planner`). options:
+    `lowbit.graph.PlanOptions` (fused stem, kernel-written layer outputs, chained launches).
     The model is copied: later changes to it do not reach the compiled one."""
     _check_model(model)
     _check_image("example_input", example_input)
-    if choose_impl is not None and not callable(choose_impl):
-        raise TypeError(f"choose_impl must be callable (workload) -> (impl, reason), got "
-                        f"{choose_impl!r}")
+    if choose_impl is not None:
+        if not callable(choose_impl):
+            raise TypeError(f"choose_impl must be callable (workload) -> (impl, reason), got "
+                            f"{choose_impl!r}")
+        if chooser is not None:
+            raise ValueError("pass either chooser or choose_impl, not both")
+        chooser = choose_impl
     if wide_bits not in (8, *WIDE_BITS):
         raise ValueError(f"wide_bits must be one of {(8, *WIDE_BITS)}, got {wide_bits!r}")
     if executor not in ("auto", *EXECUTORS):
         raise ValueError(f"executor must be 'auto' or one of {sorted(EXECUTORS)}, got "
                          f"{executor!r}")
-    chooser = choose_impl or _default_chooser()
+    if options is not None and not isinstance(options, PlanOptions):
+        raise TypeError(f"options must be a lowbit.graph.PlanOptions, got "
+                        f"{type(options).__name__}")
+    if not (isinstance(records, (bool, str, Path)) or records is None):
+        raise TypeError(f"records must be True, False, None or a path, got "
+                        f"{type(records).__name__}")
+    device = example_input.device
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    plan_chooser = make_chooser(chooser, records, gpu)
     # traced where the example runs: a model left on the CPU follows a CUDA example
-    copied = copy.deepcopy(model).eval().to(example_input.device)
+    copied = copy.deepcopy(model).eval().to(device)
     dataflow = trace_model(copied, example_input)
-    plan = build_plan(dataflow, tuple(example_input.shape), chooser, wide_bits)
-    return CompiledModel(plan, dataflow=dataflow, model=copied, chooser=chooser,
-                         device=example_input.device, executor=executor, wide_bits=wide_bits)
-
-
-def _default_chooser() -> ImplChooser:
-    return choose_impl
+    plan = build_plan(dataflow, tuple(example_input.shape), plan_chooser, wide_bits,
+                      options=options)
+    return CompiledModel(plan, dataflow=dataflow, model=copied, chooser=plan_chooser,
+                         device=device, executor=executor, wide_bits=wide_bits,
+                         options=options)
