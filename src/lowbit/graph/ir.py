@@ -25,9 +25,11 @@ FloatFallback steps in `Plan.modules`. Step kinds and their exact semantics (the
 - AvgPool:   window sums (zero padding counted) requantized per window count:
              clamp(floor((sum m[c] + 2^(s[c]-1)) / 2^s[c]), lo, qmax), c = the window's count;
              floats: PyTorch's average pool.
+- Lookup:    quantized -> quantized, out = table[q - qmin of the input's precision].
 - Flatten:   [N, H, W, C] -> [N, H*W*C] in (h, w, c) order (a view); floats: torch.flatten.
 - Concat:    channel concatenation of tensors of one precision, scale and layout.
-- FloatFallback: a PyTorch module run on float inputs (the plan says why).
+- FloatFallback: a PyTorch module run in float (the plan says why) on its inputs, quantized
+             ones dequantized first (scale * q, float32, NCHW).
 - Output:    the float result (a quantized input is dequantized: scale * q, back to NCHW).
 """
 
@@ -141,10 +143,12 @@ class PoolWindow:
 class LayerOutput:
     """One output of a Layer step: a requantized realization (multiplier, shift, bias in
     units of 2^-shift output steps, and residual_multiplier with a residual; keys into
-    Plan.params, int64 [K]) or a float one (scale / offset float64 [K], residual_scale for
-    the residual term). Multipliers are < 2^31 except on layers with a residual, whose
-    shared shift gives both multipliers >= 31 significant bits where |z| < 2^61 allows
-    (`lowbit.graph.planner.shared_shift`): their epilogue needs int64 multipliers."""
+    Plan.params, int64 [K]; with `mid` and `table` a derived output: the requantized value in
+    the precision `mid`, looked up in `table`) or a float one (scale / offset float64 [K],
+    residual_scale for the residual term). Multipliers are < 2^31 except on layers with a
+    wide residual, whose shared shift gives both multipliers >= 31 significant bits where
+    |z| < 2^61 allows (`lowbit.graph.planner.shared_shift`): their epilogue needs int64
+    multipliers; a quantized residual stream's block ends keep the whole sum in 32 bits."""
 
     tensor: str
     relu: bool = False
@@ -155,6 +159,14 @@ class LayerOutput:
     scale: str | None = None
     offset: str | None = None
     residual_scale: float | None = None
+    mid: str | None = None
+    table: str | None = None
+
+    @property
+    def derived(self) -> bool:
+        """A derived output: the formula's value in `mid` (a precision name), then `table`
+        (int64 [mid.qmax - mid.qmin + 1], a Plan.params key) maps it to this output's value."""
+        return self.table is not None
 
     @property
     def requantized(self) -> bool:
@@ -298,6 +310,16 @@ class AvgPool(UnaryStep):
 
 
 @dataclass(frozen=True)
+class Lookup(UnaryStep):
+    """A quantized tensor mapped value by value through `table` (int64, a Plan.params key, one
+    entry per value of the input's precision from its qmin): another quantizer's reading of a
+    quantized value (`lowbit.quant.residual`) where no layer epilogue can write it."""
+
+    table: str = ""
+    kind: ClassVar[str] = "lookup"
+
+
+@dataclass(frozen=True)
 class Flatten(UnaryStep):
     kind: ClassVar[str] = "flatten"
 
@@ -349,7 +371,8 @@ class Output(Step):
 
 
 STEP_TYPES: dict[str, type[Step]] = {c.kind: c for c in (Quantize, Layer, MaxPool, AvgPool,
-                                                          Flatten, Concat, FloatFallback, Output)}
+                                                          Lookup, Flatten, Concat, FloatFallback,
+                                                          Output)}
 
 
 def step_from_dict(d: dict) -> Step:
@@ -492,9 +515,11 @@ def param_keys(step: Step) -> list[str]:
         keys += [step.weight] + ([step.bias] if step.bias else [])
         for o in step.layer_outputs:
             keys += [k for k in (o.multiplier, o.shift, o.bias, o.residual_multiplier,
-                                 o.scale, o.offset) if k]
+                                 o.scale, o.offset, o.table) if k]
     elif isinstance(step, AvgPool):
         keys += [k for k in (step.multiplier, step.shift) if k]
+    elif isinstance(step, Lookup):
+        keys.append(step.table)
     return keys
 
 

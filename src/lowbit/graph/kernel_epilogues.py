@@ -43,8 +43,8 @@ def kernel_epilogue(step: Layer, tensors: dict[str, TensorSpec],
     accumulator, pool and pass (113 us for features_2 on an H100)."""
     outs = step.layer_outputs
     wl = accumulator_workload(step)
-    if not (len(outs) == 1 and outs[0].requantized and step.impl != TORCH_FP16
-            and (step.pool is None or step.residual is None)):
+    if not (len(outs) == 1 and outs[0].requantized and not outs[0].derived
+            and step.impl != TORCH_FP16 and (step.pool is None or step.residual is None)):
         return layer_outputs_impl(replace(step, workload=wl))
     t = tensors[outs[0].tensor]
     if not isinstance(t.precision, Precision):  # a 16-bit wide output: epilogue pass

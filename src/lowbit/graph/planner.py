@@ -38,7 +38,7 @@ from ..core import (
     Precision,
 )
 from ..kernels.base import acc_bound
-from ..quant.quantize import round_half_up
+from ..quant.quantize import dequantize, quantize, round_half_up
 from ..reference import avgpool_multiplier, fixed_point_pair, pool_output_size
 from .chooser import Chooser, make_chooser
 from .dataflow import (
@@ -49,6 +49,7 @@ from .dataflow import (
     INPUT,
     LAYER,
     MAXPOOL,
+    QUANT,
     RELU,
     Dataflow,
     Value,
@@ -67,6 +68,7 @@ from .ir import (
     FloatFallback,
     Layer,
     LayerOutput,
+    Lookup,
     MaxPool,
     Output,
     Plan,
@@ -87,12 +89,25 @@ WIDE_HEADROOM = 2.0
 
 
 @dataclass(frozen=True)
+class Via:
+    """A derived realization: the value realized at its own quantizer's `precision` and
+    `scale` (a residual quantizer of the model), then mapped by the params' `table` (another
+    quantizer's reading of it)."""
+
+    precision: Precision | WidePrecision
+    scale: float
+    table: str
+
+
+@dataclass(frozen=True)
 class Req:
-    """What a consumer reads: float (precision None) or precision / scale / layout."""
+    """What a consumer reads: float (precision None) or precision / scale / layout, possibly
+    `via` a quantized value (`Via`)."""
 
     precision: Precision | None = None
     scale: float | None = None
     layout: Layout | None = None
+    via: Via | None = None
 
     @property
     def is_float(self) -> bool:
@@ -100,7 +115,14 @@ class Req:
 
     @property
     def tag(self) -> str:
-        return "f32" if self.is_float else f"{self.precision}.{self.layout.value}"
+        if self.is_float:
+            return "f32"
+        return f"{self.precision}.{self.layout.value}" + (".via" if self.via else "")
+
+    def mid(self) -> Req:
+        """The realization a derived one is looked up from (itself when not derived)."""
+        return self if self.via is None else Req(self.via.precision, self.via.scale,
+                                                 Layout.INT8)
 
 
 FLOAT_REQ = Req()
@@ -116,6 +138,8 @@ class _LayerState:
     input: str = ""
     residual: str | None = None
     residual_scale: float | None = None
+    #: the residual is a model quantizer's value (`lowbit.quant.residual`), not a wide one
+    narrow: bool = False
     outputs: list[tuple[Req, bool, str]] = field(default_factory=list)
     fused: list[str] = field(default_factory=list)
 
@@ -273,6 +297,8 @@ class Planner:
         concatenated ones)."""
         if v.op == RELU:
             return True
+        if v.op == QUANT:
+            return v.attrs["precision"].qmin >= 0 or self.nonneg(v.inputs[0])
         if v.op in (MAXPOOL, AVGPOOL, FLATTEN, CONCAT):
             return all(self.nonneg(i) for i in v.inputs)
         return False
@@ -289,6 +315,31 @@ class Planner:
         top = stat.hi if prec is U8 else stat.absmax
         return Req(prec, max(top, _TINY) / prec.qmax, Layout.INT8)
 
+    @staticmethod
+    def own(v: Value) -> Req:
+        """A model quantizer's value (`QUANT`) at its own precision and scale, one value per
+        element (one byte up to 8 bits, int16 at 16)."""
+        return Req(v.attrs["precision"], v.attrs["scale"], Layout.INT8)
+
+    def residual_req(self, v: Value) -> Req:
+        """What a residual add or an average pool reads of `v`: the model's own quantized
+        value where a residual quantizer made it (narrow and exact), else the wide one."""
+        return self.own(v) if v.op == QUANT else self.wide(v)
+
+    def _table(self, v: Value, req: Req) -> str:
+        """Params key of the table taking each value of the quantizer `v` (its own precision
+        and scale) to `req`'s reading of it: the consumer's quantizer on the dequantized value
+        in float32, as the fake-quant model computes it."""
+        own = self.own(v)
+        p = own.precision
+        key = f"{v.name}.as.{req.precision}.{req.scale!r}.table"
+        if key not in self.params:
+            q = torch.arange(p.qmin, p.qmax + 1, dtype=torch.float32)
+            x = dequantize(q, torch.tensor(own.scale, dtype=torch.float32))
+            t = quantize(x, torch.tensor(req.scale, dtype=torch.float32), req.precision)
+            self._param(key, t.to(torch.int64))
+        return key
+
     # ------------------------------------------------------------------ realizations
     def realize(self, v: Value, req: Req, relu: bool = False) -> str:
         """Name of the tensor holding relu?(v) as `req` describes, emitting what makes it."""
@@ -302,6 +353,14 @@ class Planner:
         binary = not req.is_float and req.precision.encoding is Encoding.BINARY
         if v.op == RELU:
             return self.realize(v.inputs[0], req, True)
+        if v.op == QUANT:
+            return self._quant(v, req, relu, shape)
+        if req.via is not None and (v.op not in (LAYER, MAXPOOL, FLATTEN, CONCAT)
+                                    or isinstance(req.via.precision, WidePrecision)):
+            src = self.realize(v, req.mid(), relu)  # then the table, as a step of its own
+            out = self._tensor(v, req, shape, relu)
+            self._emit(v.index + 0.5, Lookup(f"lookup.{out}", src, out, req.via.table))
+            return out
         if v.op in (INPUT, FLOAT) or (v.op == LAYER and binary):
             src = self.input_name if v.op == INPUT else (
                 self._fallback(v) if v.op == FLOAT else self.realize(v, FLOAT_REQ, relu))
@@ -335,6 +394,31 @@ class Planner:
             self._emit(v.index, Concat(f"concat.{out}", parts, out))
             return out
         raise AssertionError(f"unknown value op {v.op}")
+
+    def _quant(self, v: Value, req: Req, relu: bool, shape: tuple[int, ...]) -> str:
+        """A residual quantizer's value (`lowbit.quant.residual`) as `req` reads it: its own
+        precision and scale exactly (the producer's epilogue writes the quantized value), any
+        other quantized reading derived from that value by a table, float readers through a
+        dequantize."""
+        own, x = self.own(v), v.inputs[0]
+        if req.is_float:
+            src = self.realize(v, own, relu)
+            key = (id(v), "dequantized", relu)
+            if key not in self.memo:
+                out = self._tensor(v, FLOAT_REQ, shape, relu)
+                self.modules[f"{v.name}.dequantize"] = torch.nn.Identity()
+                self._emit(v.index + 0.5, FloatFallback(
+                    f"float.{out}", (src,), out, f"{v.name}.dequantize", "dequantize",
+                    "a float reader of a quantized residual value"))
+                self.memo[key] = out
+            return self.memo[key]
+        if req.via is not None:  # a reading of a reading: one table from our own values
+            raise ValueError(f"{v.name}: a residual quantizer read through another one's "
+                             "table is not supported")
+        if (req.precision, req.scale) == (own.precision, own.scale):
+            return self.realize(x, Req(own.precision, own.scale, req.layout), relu)
+        via = Via(own.precision, own.scale, self._table(v, req))
+        return self.realize(x, Req(req.precision, req.scale, req.layout, via), relu)
 
     def _fallback(self, v: Value) -> str:
         key = (id(v), None, False)
@@ -379,7 +463,7 @@ class Planner:
             src = self.realize(x, FLOAT_REQ)
             out = self._tensor(v, req, shape, relu)
         else:
-            wide = self.wide(x)
+            wide = self.residual_req(x)
             src = self.realize(x, wide)
             out = self._tensor(v, req, shape, relu)
             pairs = [avgpool_multiplier(c, wide.scale, req.scale) for c in counts]
@@ -424,11 +508,18 @@ class Planner:
         self.layers[id(v)] = state
         state.input = self.realize(x, Req(spec.a, float(spec.a_scale), layout))
         if v.residual is not None:
-            wide = self.wide(v.residual)
+            wide = self.residual_req(v.residual)
             state.residual = self.realize(v.residual, wide)
             state.residual_scale = wide.scale
+            state.narrow = v.residual.op == QUANT
             state.fused.append("residual")
         return state
+
+    @staticmethod
+    def _module_path(v: Value) -> str:
+        """The model's module path of a layer value (its first source)."""
+        src = v.attrs.get("source") or (v.name,)
+        return src[0]
 
     def _layer_step(self, v: Value, state: _LayerState) -> Layer:
         spec = state.spec
@@ -443,38 +534,50 @@ class Planner:
                 outs.append(LayerOutput(t, relu, scale=sc, offset=off,
                                         residual_scale=state.residual_scale))
                 continue
+            mid = req.mid()  # the formula's precision and scale (a derived output's table after)
             try:
-                ratio = spec.out_scale.double() / req.scale
-                if state.residual is None:
+                ratio = spec.out_scale.double() / mid.scale
+                res = None if state.residual is None else self.tensors[state.residual]
+                if res is None:
                     steps = (acc_bound(state.workload) * ratio
-                             + spec.out_bias.double().abs() / req.scale)
+                             + spec.out_bias.double().abs() / mid.scale)
                     m, r, s = shared_shift(ratio, None, steps)
-                elif self.wide_bits == 8:
-                    m, r, s = fixed_point_pair(ratio, state.residual_scale / req.scale)
+                elif self.wide_bits == 8 and not state.narrow:
+                    m, r, s = fixed_point_pair(ratio, state.residual_scale / mid.scale)
                 else:
-                    res_prec = self.tensors[state.residual].precision
+                    top_res = max(-res.precision.qmin, res.precision.qmax)
                     steps = (acc_bound(state.workload) * ratio
-                             + (res_prec.qmax + 1) * state.residual_scale / req.scale
-                             + spec.out_bias.double().abs() / req.scale)
-                    m, r, s = shared_shift(ratio, state.residual_scale / req.scale, steps)
+                             + top_res * state.residual_scale / mid.scale
+                             + spec.out_bias.double().abs() / mid.scale)
+                    m, r, s = None, None, None
+                    if state.narrow:  # a quantized residual stream: 32-bit arithmetic
+                        m, r, s = shared_shift(ratio, state.residual_scale / mid.scale,
+                                               steps, sum_bits=REQUANT32_SUM_BITS)
+                        if bool((torch.minimum(m, r) < 2**NARROW_MULTIPLIER_BITS).any()):
+                            m = None  # too coarse for 32 bits: the 64-bit sum
+                    if m is None:
+                        m, r, s = shared_shift(ratio, state.residual_scale / mid.scale, steps)
             except ValueError as e:
-                raise ValueError(f"layer {name}: output {t} has no fixed-point "
-                                 f"requantization ({e})") from None
-            if self.exact_bias:  # out_bias in units of 2^-s output steps
-                b = round_half_up(spec.out_bias.double() / req.scale * torch.pow(2.0, s.double()))
+                raise ValueError(f"layer {self._module_path(v)}: output {t} has no "
+                                 f"fixed-point requantization ({e})") from None
+            if self.exact_bias or req.via is not None:  # out_bias at 2^-s output steps
+                b = round_half_up(spec.out_bias.double() / mid.scale
+                                  * torch.pow(2.0, s.double()))
             else:
                 b = acc_bias * m
             if bool((b.abs() >= 2**62).any()):
                 raise ValueError(f"layer {name}: output {t}'s bias is out of range (>= 2^62 at "
                                  "its shift)")
             b = b.to(torch.int64)
-            kernel_bias = kernel_bias and torch.equal(b, acc_bias * m)
+            kernel_bias = kernel_bias and torch.equal(b, acc_bias * m) and req.via is None
             outs.append(LayerOutput(
                 t, relu, multiplier=self._param(f"{t}.multiplier", m),
                 shift=self._param(f"{t}.shift", s),
                 residual_multiplier=None if r is None else self._param(f"{t}.residual_mult",
                                                                        r),
-                bias=self._param(f"{t}.bias", b)))
+                bias=self._param(f"{t}.bias", b),
+                mid=None if req.via is None else str(req.via.precision),
+                table=None if req.via is None else req.via.table))
         bias = None
         requantized = any(o.requantized for o in outs)
         if requantized and kernel_bias and bool((acc_bias.abs() < 2**31).all()):
@@ -541,9 +644,15 @@ REQUANT_SUM_BITS = 53
 #: the fewest significant bits a layer's multiplier gets for the float64 bound (below, it
 #: keeps 31 and its kernels requantize in int64)
 MIN_MULTIPLIER_BITS = 16
+#: block ends reading a quantized residual stream requantize in 32-bit arithmetic:
+#: |acc| m + |b| + |res| |r| + 2^(s-1) < 2^31, where both multipliers keep at least
+#: NARROW_MULTIPLIER_BITS significant bits (else the 64-bit sum)
+REQUANT32_SUM_BITS = 31
+NARROW_MULTIPLIER_BITS = 12
 
 
-def shared_shift(ratio_a: torch.Tensor, ratio_b: float | None, z_steps: torch.Tensor
+def shared_shift(ratio_a: torch.Tensor, ratio_b: float | None, z_steps: torch.Tensor,
+                 sum_bits: int = REQUANT_SUM_BITS
                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """(m_a, m_b, shift) int64 per channel: m_a ~ ratio_a 2^s and (a residual epilogue)
     m_b ~ ratio_b 2^s at one shift, the smaller multiplier with >= 31 significant bits where
@@ -558,7 +667,7 @@ def shared_shift(ratio_a: torch.Tensor, ratio_b: float | None, z_steps: torch.Te
         raise ValueError("the requantization ratio must be finite, > 0 and < 2^30")
     b = None if ratio_b is None else torch.full_like(a, float(ratio_b))
     want = torch.ceil(30 - torch.log2(a if b is None else torch.minimum(a, b)))
-    most = torch.floor(REQUANT_SUM_BITS - 1 - torch.log2(z_steps.double() + 1))
+    most = torch.floor(sum_bits - 1 - torch.log2(z_steps.double() + 1))
     s = torch.minimum(want, most)
     if b is None:  # no residual: never fewer than MIN_MULTIPLIER_BITS (the int64 path is exact)
         s = torch.where(most >= want - (31 - MIN_MULTIPLIER_BITS), s, want)

@@ -58,6 +58,7 @@ from ..graph.ir import (
     Flatten,
     FloatFallback,
     Layer,
+    Lookup,
     MaxPool,
     Output,
     Plan,
@@ -238,6 +239,8 @@ class GpuExecutor:
             return BoundStep(step, [], "view")
         if isinstance(step, Concat):
             return self._bind_concat(step)
+        if isinstance(step, Lookup):
+            return self._bind_lookup(step)
         if isinstance(step, FloatFallback):
             return self._bind_fallback(step)
         if isinstance(step, Output):
@@ -404,9 +407,49 @@ class GpuExecutor:
 
         return BoundStep(step, [launch], "bit-plane values concatenated (torch)")
 
+    def _values(self, name: str) -> Callable[[], torch.Tensor]:
+        """A reader of quantized tensor `name`'s values (int64, logical NHWC)."""
+        spec, buf = self.plan.tensors[name], self.buffers[name]
+        if spec.layout is Layout.BITPLANE:
+            return lambda: from_bitplanes(buf, spec.precision, spec.shape[-1]).to(torch.int64)
+        return lambda: buf.to(torch.int64)
+
+    def _store(self, name: str) -> Callable[[torch.Tensor], None]:
+        """A writer of int64 values (logical NHWC) into quantized tensor `name`."""
+        spec, buf = self.plan.tensors[name], self.buffers[name]
+        if spec.layout is Layout.BITPLANE:
+            return lambda v: buf.copy_(_to_bitplanes(v, spec.precision, spec.shape[-1]))
+        return lambda v: buf.copy_(v.to(buf.dtype))
+
+    def _bind_lookup(self, step: Lookup) -> BoundStep:
+        spec_in = self.plan.tensors[step.input]
+        table = self.plan.params[step.table].to(torch.int64).to(self.device)
+        read, write, lo = self._values(step.input), self._store(step.output), \
+            spec_in.precision.qmin
+
+        def launch() -> None:
+            write(table[read() - lo])
+
+        return BoundStep(step, [launch], "table lookup (torch)")
+
+    def _float_arg(self, name: str) -> Callable[[], torch.Tensor]:
+        """A reader of tensor `name` as a FloatFallback reads it: float tensors as they are,
+        quantized ones dequantized (scale * q in float64, rounded to float32, NCHW)."""
+        spec, buf = self.plan.tensors[name], self.buffers[name]
+        if spec.is_float:
+            return lambda: buf
+        read = self._values(name)
+
+        def dequantized() -> torch.Tensor:
+            y = (read().to(torch.float64) * spec.scale).float()
+            return y.permute(0, 3, 1, 2) if y.dim() == 4 else y
+
+        return dequantized
+
     def _bind_fallback(self, step: FloatFallback) -> BoundStep:
         module = copy.deepcopy(self.plan.modules[step.module]).to(self.device).eval()
-        args = [self.buffers[a] for a in step.args]
+        readers = [self._float_arg(a) for a in step.args]
+        args = [r() for r in readers]
         out = self.buffers[step.output]
         with torch.no_grad():  # the module's output must be a float tensor of out's shape
             probe = module(*(torch.zeros_like(a) for a in args))
@@ -418,7 +461,7 @@ class GpuExecutor:
 
         def launch() -> None:
             with torch.no_grad():
-                out.copy_(module(*args))
+                out.copy_(module(*(r() for r in readers)))
 
         return BoundStep(step, [launch], f"PyTorch float32 ({step.op}: {step.reason})")
 

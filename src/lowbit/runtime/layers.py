@@ -23,12 +23,19 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from ..core import Config, ConvWorkload, Epilogue, GemmWorkload, WidePrecision, Workload
+from ..core import (
+    Config,
+    ConvWorkload,
+    Epilogue,
+    GemmWorkload,
+    WidePrecision,
+    Workload,
+)
 from ..core.epilogue import EpilogueParams
 from ..core.validate import check_inputs, output_buffer
 from ..graph.chooser import default_kernel
 from ..graph.impl import TORCH_FP16
-from ..graph.ir import Layer, Plan
+from ..graph.ir import Layer, Plan, parse_precision
 from ..kernels import get_template, load_backends
 from ..kernels.base import Kernel, acc_bound
 from ..quant.packing import pack
@@ -277,7 +284,8 @@ def output_specs(step: Layer, plan: Plan) -> list[Requantized | Dequantized]:
             b = m * p[step.bias].to(torch.int64) if step.bias is not None and not wide else \
                 p[o.bias].to(torch.int64)
             r = p[o.residual_multiplier] if o.residual_multiplier else None
-            specs.append(Requantized(spec.precision, m, p[o.shift], b, r, o.relu))
+            derived = dict(mid=parse_precision(o.mid), table=p[o.table]) if o.derived else {}
+            specs.append(Requantized(spec.precision, m, p[o.shift], b, r, o.relu, **derived))
         else:
             rs = o.residual_scale if step.residual is not None else None
             specs.append(Dequantized(p[o.scale], p[o.offset], rs, o.relu,
