@@ -122,7 +122,7 @@ def test_float_output_equals_the_separate_pass():
 def test_refusals_name_their_reason():
     wl = ConvWorkload(N=1, H=4, W=4, C=16, K=32, R=3, S=3, pad=1)
     kernel = kernel_for(wl, TINY)
-    assert "1..2" in fused_reason(kernel, 3)
+    assert "1..3" in fused_reason(kernel, 4)
     second = kernel_for(wl, TINY.replace(SPLIT_K=2, LOOP_ORDER="crs"))
     assert fused_reason(second, 1) is None  # the fused launch runs its own tile, one split
     assert fused_config(second.config)["SPLIT_K"] == 1
