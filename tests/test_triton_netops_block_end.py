@@ -57,13 +57,16 @@ def tables(mid: Precision) -> dict[str, torch.Tensor]:
 
 
 def block_end_specs(k: int, y_top: int, res_top: int, int32: bool, mid: str, relu: bool,
-                    kinds=KINDS, seed: int = 0) -> list[RequantizedOutput]:
-    """Outputs of one formula (m, s, b, r spanning mid's range from |y| <= y_top and
-    |res| <= res_top): 32-bit fixed point (`fixed_point_pair32`) or 31-bit multipliers."""
+                    kinds=KINDS, seed: int = 0, y_typical: int | None = None
+                    ) -> list[RequantizedOutput]:
+    """Outputs of one formula (m, s, b, r spanning mid's range from |y| <= y_typical, default
+    y_top, and |res| <= res_top): 32-bit fixed point (`fixed_point_pair32` for |y| <= y_top)
+    or 31-bit multipliers."""
     g = torch.Generator().manual_seed(seed)
     p = Precision.parse(mid)
     span = p.qmax - p.qmin
-    ra = (torch.rand(k, generator=g, dtype=torch.float64) + 0.5) * span / (2 * y_top)
+    ra = (torch.rand(k, generator=g, dtype=torch.float64) + 0.5) * span / (
+        2 * (y_typical or y_top))
     rb = (torch.rand(k, generator=g, dtype=torch.float64) + 0.5) * span / (2 * max(res_top, 1))
     if int32:
         m, r, s = fixed_point_pair32(ra, rb, y_top, res_top, bias_steps=span / 8)
@@ -222,6 +225,38 @@ def test_pass_requant32_off_and_checks():
         K.output_slot(0, specs[1], outs[1], shape, outs[1].data.device, True)
 
 
+def test_pass_int32_rounding_ties():
+    """INT32 mode on exact half-way sums: small shifts (1..4) and multipliers put a quarter
+    of the values on a tie, which rounds up (floor of + 2^(s-1)), both signs, with the
+    residual term, the bias and clamping on both sides."""
+    shape = (3, 7, 9, 45)
+    k = shape[-1]
+    g = torch.Generator().manual_seed(80)
+    y_top = 700
+    y = torch.randint(-y_top, y_top + 1, shape, generator=g, dtype=torch.int64)
+    res = rand(shape, "s8", 81)
+    s = torch.randint(1, 5, (k,), generator=g)
+    m = torch.randint(1, 4, (k,), generator=g)
+    r = torch.randint(-3, 4, (k,), generator=g)
+    b = torch.randint(-20, 21, (k,), generator=g)
+    u8 = Precision.parse("u8")
+    t = tables(Precision.parse("s8"))
+    specs = [RequantizedOutput("s8", m, s, r, False, bias=b),
+             RequantizedOutput("u8", m, s, r, True, bias=b),
+             RequantizedOutput("s8", m, s, r, False, mid="s8", table=t["wave"], bias=b)]
+    outs = [poisoned(shape, sp.precision, INT8) for sp in specs]
+    launch = K.bind_layer_epilogue(y.to(torch.int32).to(DEVICE), specs, outs,
+                                   packed(res, "s8", INT8), y_bound=y_top)
+    assert [launch.launches[0].kwargs[f"MODE{j}"] for j in range(3)] == [L.INT32] * 3
+    launch()
+    assert check_outputs(outs, specs, y, res) == 3
+    z = y * m + b + res * r
+    ties = (z % (1 << s)) == (1 << (s - 1))
+    q = (z >> s) + 1  # the tie rounded up
+    assert int((ties & (q > -128) & (q < 127)).sum()) > 500  # inside the range, not clamped
+    assert int((ties & (q > 0) & (q < 255)).sum()) > 250 and u8.qmax == 255
+
+
 # ------------------------------------------------------------------------- kernel epilogue
 TINY = Config(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, num_warps=4, num_stages=2, GROUP_M=2,
               LOOP_ORDER="rsc", SPLIT_K=1)
@@ -248,6 +283,32 @@ def test_kernel_epilogue_requantizes_in_int32(name):
     wl, epi, cfg = KERNEL_CASES[name]
     wl = wl.replace(epilogue=epi)
     check_int32_epilogue(IgemmKernel("test", wl, cfg, problem(wl, False)), DEVICE)
+
+
+def test_kernel_epilogue_int32_rounding_ties():
+    """The kernels' INT32 epilogue on exact half-way sums: a 2-bit GEMM (|acc| <= 240) with
+    shifts 1..3, both signs of the bias, ties rounded up."""
+    from lowbit.reference import random_inputs
+
+    wl = GemmWorkload(M=37, N=45, K=40, a="u2", w="s2").replace(
+        epilogue=Epilogue(out="s8", shifted_bias=True))
+    kernel = IgemmKernel("test", wl, KERNEL_CASES["gemm_s3_planes"][2], problem(wl, False))
+    x, w, _ = random_inputs(wl, seed=90, device=DEVICE)
+    g = torch.Generator().manual_seed(91)
+    s = torch.randint(1, 4, (45,), generator=g)
+    m = torch.randint(1, 4, (45,), generator=g)
+    b = torch.randint(-9, 10, (45,), generator=g)
+    cpu = EpilogueParams(multiplier=m.to(torch.int32), shift=s.to(torch.int32), shifted_bias=b)
+    params = EpilogueParams(multiplier=cpu.multiplier.to(DEVICE), shift=cpu.shift.to(DEVICE),
+                            shifted_bias=b.to(DEVICE))
+    assert with_float64_requant(wl, kernel.problem, params, (None,) * 4, DEVICE)[0].bias == \
+        BIAS_SHIFTED_INT32
+    want = run(wl, x.cpu(), w.cpu(), cpu)
+    assert torch.equal(kernel(x, w, params).cpu(), want)
+    acc = run(wl.replace(epilogue=Epilogue()), x.cpu(), w.cpu(), EpilogueParams()).long()
+    z = acc * m + b
+    ties = (z % (1 << s)) == (1 << (s - 1))
+    assert int((ties & (want > -128) & (want < 127)).sum()) > 200
 
 
 def check_int32_epilogue(kernel: IgemmKernel, device: str) -> None:
