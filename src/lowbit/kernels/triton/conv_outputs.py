@@ -26,7 +26,7 @@ end at batch 8, kernel 28 + pass 70).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import triton
@@ -122,29 +122,34 @@ def fused_reason(kernel: object, n_outputs: int) -> str | None:
     return None
 
 
-def fused_config(config) -> dict:
-    """The fused launch's knobs: `config`'s reduction knobs with FUSED_TILE, no split-K."""
-    return {**dict(config), **FUSED_TILE, "SPLIT_K": 1, "SPLIT_SUM": "second_kernel"}
+def fused_config(config, tile: Mapping | None = None) -> dict:
+    """The fused launch's knobs: `config`'s reduction knobs with `tile` (BLOCK_M, BLOCK_N,
+    num_warps; default FUSED_TILE), no split-K."""
+    tile = FUSED_TILE if tile is None else dict(tile)
+    if set(tile) != set(FUSED_TILE):
+        raise ValueError(f"tile must set exactly {sorted(FUSED_TILE)}, got {sorted(tile)}")
+    return {**dict(config), **tile, "SPLIT_K": 1, "SPLIT_SUM": "second_kernel"}
 
 
 def bind_conv_outputs(kernel: IgemmKernel, x: torch.Tensor, w: torch.Tensor, params,
                       outputs: Sequence[OutputSpec], outs: Sequence[PackedTensor | torch.Tensor],
                       residual: PackedTensor | None = None, y_bound: int | None = None,
-                      fast: bool = True, requant32: bool = True) -> Launcher:
+                      fast: bool = True, requant32: bool = True,
+                      tile: Mapping | None = None) -> Launcher:
     """Bind `kernel` (x, w, params as for `kernel.bind`) with the layer epilogue
     (`netops.bind_layer_epilogue`'s outputs, outs and residual, of the accumulator's logical
     shape, derived outputs and narrow residuals included) in its own epilogue; a launcher
     replaying the one launch. y_bound: max |acc| (default the workload's `acc_bound`), which
     with the vectors chooses each formula's exact mode (`layer_outputs.requant_mode`; fast,
-    requant32: allow FAST, INT32). ValueError (`fused_reason`, or the outputs' and residual's
-    checks) before any launch."""
+    requant32: allow FAST, INT32); tile: the output tile (`fused_config`). ValueError
+    (`fused_reason`, or the outputs' and residual's checks) before any launch."""
     reason = fused_reason(kernel, len(outputs) if isinstance(outputs, (list, tuple)) else 0)
     if reason:
         raise ValueError(f"the kernel cannot run this layer epilogue: {reason}")
     if not isinstance(outs, (list, tuple)) or len(outs) != len(outputs):
         raise ValueError("outputs and outs must be sequences of the same length")
     wl, prob = kernel.workload, kernel.problem
-    cfg = fused_config(kernel.config)
+    cfg = fused_config(kernel.config, tile)
     check_inputs(wl, x, w, params)
     _check_device(x)
     shape = tuple(out_storage(wl)[0])
