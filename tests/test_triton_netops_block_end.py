@@ -383,3 +383,14 @@ def test_gpu_kernel_epilogue_requantizes_in_int32(name):
     wl = wl.replace(epilogue=epi, **sizes[name])
     template = GEMM_INT8 if isinstance(wl, GemmWorkload) else CONV2D_INT8
     check_int32_epilogue(template.build(wl, template.default_config(wl)), "cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_tma_conv_epilogue_requantizes_in_int32():
+    """The TMA conv template shares the kernels' epilogue and its exact-mode choice."""
+    from lowbit.kernels.triton import CONV2D_INT8_TMA
+
+    wl = ConvWorkload(N=4, H=14, W=14, C=64, K=128, R=3, S=3, pad=1).replace(
+        epilogue=Epilogue(relu=True, out="u8", shifted_bias=True))
+    assert CONV2D_INT8_TMA.unsupported_reason(wl) is None
+    check_int32_epilogue(CONV2D_INT8_TMA.build(wl, CONV2D_INT8_TMA.default_config(wl)), "cuda")
