@@ -247,6 +247,8 @@ class _Converter:
         if is_quant_layer(m):
             return self.layer(node, m, x)
         if isinstance(m, ResidualQuantizer):
+            if x.op == QUANT and x.attrs["module"] is m:  # traced twice (a Sequential's
+                return self.alias(node, x)                # hook): quantizing is idempotent
             return self.add(node, QUANT, [x], module=m, precision=m.precision(),
                             scale=float(m.scale()), target=str(node.target))
         if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):

@@ -67,6 +67,8 @@ def stem_refusal(plan_input: str, tensors: dict[str, TensorSpec],
         return "more than 4 channels, a residual or more than 3 outputs"
     if layer.pool is not None and (layer.pool.kernel, layer.pool.stride) != (3, 2):
         return "its max-pool is not 3x3/2"
+    if any(o.derived for o in layer.layer_outputs):
+        return "a derived output (a table over another output's value)"
     for o in layer.layer_outputs:
         if not o.requantized and layer.pool is not None and bool((params[o.scale] < 0).any()):
             return "a pooled float output with a negative scale"
