@@ -104,9 +104,11 @@ def random_images(batch: int, size: int | tuple[int, int], channels: int = 3, se
 def build_quantized(name: str, recipe: str, *, image_size: int | tuple[int, int] | None = None,
                     width: float = 1.0, num_classes: int = 1000, seed: int = 0,
                     calib_batch: int = 4, device: torch.device | str = "cpu",
+                    residual_bits: int | None = None,
                     **options: object) -> tuple[nn.Module, nn.Module]:
     """(fake-quant model calibrated on `calib_batch` random images, the float model it came
-    from), both on `device` in eval mode. Options go to `lowbit.models.get`."""
+    from), both on `device` in eval mode; residual_bits as `lowbit.quantize`'s. Options go
+    to `lowbit.models.get`."""
     import lowbit.models as zoo
 
     from ..quant.api import quantize_model
@@ -118,7 +120,8 @@ def build_quantized(name: str, recipe: str, *, image_size: int | tuple[int, int]
     w, a, layers = recipe_layers(model, recipe)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        q = quantize_model(model, weight_bits=w, act_bits=a, layers=layers)
+        q = quantize_model(model, weight_bits=w, act_bits=a, layers=layers,
+                           residual_bits=residual_bits)
     model, q = model.to(device), q.to(device).eval()
     channels = 1 if name.startswith("digits") else 3
     size = image_size or IMAGE_SIZE.get(name, 224)
@@ -431,6 +434,9 @@ class BenchCase:
     fuse_outputs: bool = True
     #: the tuning records the plan reads (False: every layer's default config)
     records: str | bool | None = False
+    #: the quantized model's residual stream (`lowbit.quantize(residual_bits=...)`; None: the
+    #: engine's wide realization)
+    residual_bits: int | None = None
 
 
 def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
@@ -447,7 +453,7 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
     q, float_model = build_quantized(case.model, case.precision, image_size=size, seed=seed,
-                                     device=device)
+                                     device=device, residual_bits=case.residual_bits)
     x = random_images(case.batch, size, 1 if case.model.startswith("digits") else 3,
                       seed + 2, device)
     options = PlanOptions(fuse_outputs=case.fuse_outputs, chain=chain)
@@ -459,6 +465,8 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
     row["wide_bits"] = case.wide_bits
     row["chooser"] = case.chooser
     row["fuse_outputs"] = case.fuse_outputs
+    row["residual_bits"] = case.residual_bits
+    row["tuned"] = bool(case.records)
     t0 = time.perf_counter()
     ex = GpuExecutor(plan, device)
     phases["bind_s"] = time.perf_counter() - t0
