@@ -285,6 +285,36 @@ def test_round_trip_keeps_integers_and_predictions(tmp_path, name, bits):
             assert float((top1 == q(x).argmax(1)).float().mean()) >= 0.95
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("source", ["modelopt_style", "brevitas"])
+def test_imported_model_gpu_executor_equals_reference(source, tmp_path):
+    """On the GPU: every tensor of the imported model's plan (the residual's float step
+    included) equals the reference executor's."""
+    from lowbit.runtime.engine import ReferenceExecutor
+    from lowbit.runtime.gpu import GpuExecutor
+
+    if source == "brevitas":
+        pytest.importorskip("brevitas")
+        from brevitas.export import export_onnx_qcdq
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            export_onnx_qcdq(_brevitas_net(0), args=_images(2, 0), export_path=str(
+                tmp_path / "b.onnx"), dynamo=False)
+        model = lowbit.from_onnx(tmp_path / "b.onnx")
+    else:
+        model = lowbit.from_onnx(_modelopt_style(3)[0])
+    x = _images(8, 11).cuda()
+    cm = lowbit.compile(model, x)
+    assert cm.executor == "gpu"
+    y, got = GpuExecutor(cm.plan, "cuda")(x, record=True)
+    y_ref, want = ReferenceExecutor(cm.plan, "cuda")(x, record=True)
+    assert set(got) == set(want)
+    for name, ref in want.items():
+        assert torch.equal(got[name], ref), name
+    assert torch.equal(y, y_ref)
+
+
 # ------------------------------------------------------------------------------ rounding
 def test_activation_ties_round_half_up():
     """The documented rule: lowbit's activations round half up where ONNX rounds half to even
