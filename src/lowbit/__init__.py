@@ -24,6 +24,8 @@ _LAZY = {"quantize": ("lowbit.quant.api", "quantize_model"),
          "save": ("lowbit.serialize", "save"),
          "load": ("lowbit.serialize", "load"),
          "autoprecision": ("lowbit.runtime.autoprecision", "autoprecision"),
+         "from_onnx": ("lowbit.quant.onnx_qdq", "from_onnx"),
+         "to_onnx": ("lowbit.quant.onnx_export", "to_onnx"),
          "models": ("lowbit.models", None)}
 
 
@@ -39,5 +41,6 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "Config", "ConfigSpace", "ConvWorkload", "Encoding", "Epilogue", "GemmWorkload", "Layout",
     "PackedTensor", "Precision", "Workload", "__version__", "autoprecision", "calibrate",
-    "compile", "convert", "load", "models", "quantize", "save", "summary",
+    "compile", "convert", "from_onnx", "load", "models", "quantize", "save", "summary",
+    "to_onnx",
 ]
