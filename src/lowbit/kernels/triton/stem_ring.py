@@ -74,13 +74,14 @@ def _load_pair(x_ptr, n, y0, x0, sn, sc, sh, sw, h_lim, W, C: tl.constexpr,
 
 
 @triton.jit
-def _store_pair(ring, v, bad, table_ptr, y0, x0, H, W, scale,
+def _store_pair(ring, v, table_ptr, status_ptr, y0, x0, H, W, scale,
                 C: tl.constexpr, PS: tl.constexpr, XW: tl.constexpr, U8: tl.constexpr,
                 ENC: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
                 HAS_STATUS: tl.constexpr):
     """Quantize the lines of `_load_pair(y0, x0)` and store them into the ring as pixels:
     ring[(y0 + r) mod 8, x, (d * 4 + c) * 2 + e] (16-byte pixels, 0 outside the image).
-    Returns `bad` or'ed with the lines' inf / nan flags (HAS_STATUS: a float image)."""
+    HAS_STATUS (a float image): status[0] = 1 where a line value is inf or nan (atomics
+    predicated on that, so none runs on a finite image)."""
     line = tl.arange(0, 16)
     i = tl.arange(0, 2 * XW)
     c = line % 4
@@ -93,7 +94,9 @@ def _store_pair(ring, v, bad, table_ptr, y0, x0, H, W, scale,
         xf = v.to(tl.float32)
         q = quantize_f32(xf, scale, ENC, QMIN, QMAX)
         if HAS_STATUS:
-            bad = bad | (mask & ((xf != xf) | (tl.abs(xf) == float("inf"))))
+            bad = mask & ((xf != xf) | (tl.abs(xf) == float("inf")))
+            tl.atomic_max(status_ptr + tl.zeros_like(ix)[None, :] + tl.zeros_like(line)[:, None],
+                          1, mask=bad, sem="relaxed")
     q = tl.where(mask, q, 0).to(tl.int8)
     # lines (r, d, c) x columns (x, e) -> pixels (r, x) x bytes (d, c, e)
     pix = tl.reshape(tl.permute(tl.reshape(q, (2, 2, 4, XW, 2)), (0, 3, 1, 2, 4)),
@@ -102,17 +105,30 @@ def _store_pair(ring, v, bad, table_ptr, y0, x0, H, W, scale,
     b = tl.arange(0, 16)
     slot = ((y0 + p // XW) & 7) * (XW + 4) + p % XW
     tl.store(ring + slot[:, None] * 16 + b[None, :], pix)
-    return bad
 
 
 @triton.jit
-def _ring_dot(ring, acc, w, row, xm, a: tl.constexpr, XW: tl.constexpr):
-    """acc + the window row a of every M row (conv row `row`, ring column xm) times w
-    [64, BLOCK_N]: an int8 dot whose A rows are 64 contiguous ring bytes."""
+def _ring_rows(ring, row, xm, a: tl.constexpr, XW: tl.constexpr):
+    """Window row a of every M row (conv row `row`, ring column xm): [BM, 64] int8, 64
+    contiguous ring bytes each (16-byte vector loads)."""
     off = tl.multiple_of((((row + a) & 7) * (XW + 4) + xm) * 16, 16)
-    k = tl.arange(0, 64)
-    x = tl.load(ring + off[:, None] + k[None, :])
-    return tl.dot(x, w, acc, out_dtype=tl.int32)
+    return tl.load(ring + off[:, None] + tl.arange(0, 64)[None, :])
+
+
+@triton.jit
+def _ring_conv(ring, w_a0, w_a1, w_a2, w_a3, row, xm, XW: tl.constexpr, BM: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """int32 [BM, BLOCK_N]: the conv at every M row as four int8 dots, one per window row
+    (weights w_a [64, BLOCK_N]); each window row's loads are issued before the previous
+    row's dot, so they run under it."""
+    x0 = _ring_rows(ring, row, xm, 0, XW)
+    x1 = _ring_rows(ring, row, xm, 1, XW)
+    acc = tl.dot(x0, w_a0, tl.zeros((BM, BLOCK_N), dtype=tl.int32), out_dtype=tl.int32)
+    x2 = _ring_rows(ring, row, xm, 2, XW)
+    acc = tl.dot(x1, w_a1, acc, out_dtype=tl.int32)
+    x3 = _ring_rows(ring, row, xm, 3, XW)
+    acc = tl.dot(x2, w_a2, acc, out_dtype=tl.int32)
+    return tl.dot(x3, w_a3, acc, out_dtype=tl.int32)
 
 
 @triton.jit
@@ -155,11 +171,6 @@ def stem_ring_kernel(
     rs = mm // (2 * BLOCK_J)
     xm = 2 * (mm % BLOCK_J) + (mm // BLOCK_J) % 2
     jj = tl.arange(0, BLOCK_J)
-    nxt = tl.minimum(jj + 1, BLOCK_J - 1)[:, None] + tl.zeros((BLOCK_J, BLOCK_N), tl.int32)
-    if HAS_STATUS:  # inf / nan seen in the image, per line element
-        bad = tl.zeros((16, 2 * XW), dtype=tl.int1)
-    else:
-        bad = tl.zeros((1, 1), dtype=tl.int1)
     for tile in range(pid, tiles, tl.num_programs(0)):
         cb = tile % col_blocks
         band = (tile // col_blocks) % bands
@@ -171,10 +182,10 @@ def stem_ring_kernel(
         # prologue: the space-to-depth rows of step t0 - 1 but its own new pair
         y0 = 2 * t0 - PP - 2
         v = _load_pair(x_ptr, n, y0, x0, sn, sc, sh, sw, H, W, C, PS, XW)
-        bad = _store_pair(ring, v, bad, table_ptr, y0, x0, H, W, scale, C, PS, XW, U8, ENC,
+        _store_pair(ring, v, table_ptr, status_ptr, y0, x0, H, W, scale, C, PS, XW, U8, ENC,
                           QMIN, QMAX, HAS_STATUS)
         v = _load_pair(x_ptr, n, y0 + 2, x0, sn, sc, sh, sw, H, W, C, PS, XW)
-        bad = _store_pair(ring, v, bad, table_ptr, y0 + 2, x0, H, W, scale, C, PS, XW, U8,
+        _store_pair(ring, v, table_ptr, status_ptr, y0 + 2, x0, H, W, scale, C, PS, XW, U8,
                           ENC, QMIN, QMAX, HAS_STATUS)
         v = _load_pair(x_ptr, n, y0 + 4, x0, sn, sc, sh, sw, H, W, C, PS, XW)
         carry_a = tl.full((BLOCK_J, BLOCK_N), INT32_MIN, tl.int32)
@@ -182,20 +193,18 @@ def stem_ring_kernel(
         # t0 - 1 first: its second conv row is the first window row of pooled row t0
         for t in range(t0 - 1, t_end):
             yt = 2 * t + 4 - PP  # the step's new pair of space-to-depth rows
-            bad = _store_pair(ring, v, bad, table_ptr, yt, x0, H, W, scale, C, PS, XW, U8,
+            _store_pair(ring, v, table_ptr, status_ptr, yt, x0, H, W, scale, C, PS, XW, U8,
                               ENC, QMIN, QMAX, HAS_STATUS)
             tl.debug_barrier()
             h_lim = tl.where(t + 1 < t_end, H, 0)  # nothing past the tile's last step
             v = _load_pair(x_ptr, n, yt + 2, x0, sn, sc, sh, sw, h_lim, W, C, PS, XW)
             oh = 2 * t - PP + 1 + rs
-            acc = tl.zeros((BM, BLOCK_N), dtype=tl.int32)
-            acc = _ring_dot(ring, acc, w_a0, oh, xm, 0, XW)
-            acc = _ring_dot(ring, acc, w_a1, oh, xm, 1, XW)
-            acc = _ring_dot(ring, acc, w_a2, oh, xm, 2, XW)
-            acc = _ring_dot(ring, acc, w_a3, oh, xm, 3, XW)
+            acc = _ring_conv(ring, w_a0, w_a1, w_a2, w_a3, oh, xm, XW, BM, BLOCK_N)
             ow = x0 + xm
             ok = (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
             acc = tl.where(ok[:, None], acc, INT32_MIN)
+            nxt = tl.minimum(jj + 1, BLOCK_J - 1)[:, None] + tl.zeros((BLOCK_J, BLOCK_N),
+                                                                       tl.int32)
             pooled, carry_a, carry_b = pool_step(acc, carry_a, carry_b, nxt, BLOCK_J, BLOCK_N)
             jo = j0 + jj
             pix_mask = (jj < BLOCK_J - 2) & (jo < PW) & (jj * 0 + t >= t0)
@@ -206,9 +215,6 @@ def stem_ring_kernel(
                          QLO1, QMAX1, MODE1, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, MODE2,
                          BLOCK_J, BLOCK_N)
         tl.debug_barrier()  # the next tile's prologue overwrites rows this tile still reads
-    if HAS_STATUS:
-        if tl.max(bad.to(tl.int32)) > 0:
-            tl.atomic_max(status_ptr, 1)
 
 
 # =========================================================================== host side
