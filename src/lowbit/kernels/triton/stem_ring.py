@@ -10,9 +10,10 @@ output's window is 4 rows of 4 pixels, row a 64 contiguous bytes, the reduction 
 (`ring_weights` lays the weights out in that order).
 
 No quantized image is ever written to DRAM. Each program owns a ring of 8 space-to-depth rows
-(2 * block_j + 4 pixels of 16 bytes each: 9 KB at block_j 32) in a private slot of a small
-scratch tensor, which stays in L1 / L2; the grid is persistent (about `programs_per_sm` per
-SM), each program looping over tiles (one image, a band of pooled rows, block_j - 2 pooled
+(2 * block_j + 4 pixels of 16 bytes; each row stored twice, at ring row Y mod 8 and 8 rows on,
+so any 4 consecutive rows are 4 consecutive ring rows: 17 KB at block_j 32) in a private slot
+of a small scratch tensor, which stays in L1 / L2; the grid is persistent (`programs_per_sm`
+per SM), each program looping over tiles (one image, a band of pooled rows, block_j - 2 pooled
 columns; grid axis 1: blocks of block_n output channels). Per tile, a prologue fills the ring
 with its first three row pairs; then per pooled row t (a step):
 
@@ -24,8 +25,9 @@ with its first three row pairs; then per pooled row t (a step):
 2. the next step's four image rows are loaded into registers (their latency hides behind
    3 and 4);
 3. the conv rows 2t - pool_pad + 1 and 2t - pool_pad + 2 at the pool windows' two column
-   parities: four int8 dots, one per window row a, [4 block_j, 64] x [64, block_n], each A
-   row 64 contiguous bytes of the ring (16-byte vector loads, L1 hits after the first);
+   parities: ONE int8 dot [4 block_j, 256] x [256, block_n] (wgmma on sm_90), each A row
+   4 runs of 64 contiguous ring bytes (16-byte vector loads, L1 hits after the first), the
+   weights loaded once per program;
 4. `stem_gemm.pool_step` (carried conv row, neighbour column) and `stem_gemm.stem_outputs`
    on the pooled int32 values only.
 
@@ -45,7 +47,8 @@ from .stored import ENC, quantize_f32
 
 __all__ = ["RING_ROWS", "ring_band_rows", "ring_launch", "ring_refusal", "ring_weights"]
 
-#: space-to-depth rows a program's ring holds, and bytes per space-to-depth pixel
+#: space-to-depth rows a program's ring holds (each stored twice: 16 ring rows), and bytes
+#: per space-to-depth pixel
 RING_ROWS = 8
 PIXEL_BYTES = 16
 #: the space-to-depth filter size the kernel runs (8x8 image taps at stride 2)
@@ -79,7 +82,8 @@ def _store_pair(ring, v, table_ptr, status_ptr, y0, x0, H, W, scale,
                 ENC: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
                 HAS_STATUS: tl.constexpr):
     """Quantize the lines of `_load_pair(y0, x0)` and store them into the ring as pixels:
-    ring[(y0 + r) mod 8, x, (d * 4 + c) * 2 + e] (16-byte pixels, 0 outside the image).
+    ring[(y0 + r) mod 8, x, (d * 4 + c) * 2 + e] and its mirror 8 rows on (16-byte pixels,
+    0 outside the image).
     HAS_STATUS (a float image): status[0] = 1 where a line value is inf or nan (atomics
     predicated on that, so none runs on a finite image)."""
     line = tl.arange(0, 16)
@@ -105,30 +109,20 @@ def _store_pair(ring, v, table_ptr, status_ptr, y0, x0, H, W, scale,
     b = tl.arange(0, 16)
     slot = ((y0 + p // XW) & 7) * (XW + 4) + p % XW
     tl.store(ring + slot[:, None] * 16 + b[None, :], pix)
+    tl.store(ring + (slot + 8 * (XW + 4))[:, None] * 16 + b[None, :], pix)  # the mirror
 
 
 @triton.jit
-def _ring_rows(ring, row, xm, a: tl.constexpr, XW: tl.constexpr):
-    """Window row a of every M row (conv row `row`, ring column xm): [BM, 64] int8, 64
-    contiguous ring bytes each (16-byte vector loads)."""
-    off = tl.multiple_of((((row + a) & 7) * (XW + 4) + xm) * 16, 16)
-    return tl.load(ring + off[:, None] + tl.arange(0, 64)[None, :])
-
-
-@triton.jit
-def _ring_conv(ring, w_a0, w_a1, w_a2, w_a3, row, xm, XW: tl.constexpr, BM: tl.constexpr,
-               BLOCK_N: tl.constexpr):
-    """int32 [BM, BLOCK_N]: the conv at every M row as four int8 dots, one per window row
-    (weights w_a [64, BLOCK_N]); each window row's loads are issued before the previous
-    row's dot, so they run under it."""
-    x0 = _ring_rows(ring, row, xm, 0, XW)
-    x1 = _ring_rows(ring, row, xm, 1, XW)
-    acc = tl.dot(x0, w_a0, tl.zeros((BM, BLOCK_N), dtype=tl.int32), out_dtype=tl.int32)
-    x2 = _ring_rows(ring, row, xm, 2, XW)
-    acc = tl.dot(x1, w_a1, acc, out_dtype=tl.int32)
-    x3 = _ring_rows(ring, row, xm, 3, XW)
-    acc = tl.dot(x2, w_a2, acc, out_dtype=tl.int32)
-    return tl.dot(x3, w_a3, acc, out_dtype=tl.int32)
+def _ring_conv(ring, w, row, xm, XW: tl.constexpr):
+    """int32 [BM, BLOCK_N]: the conv at every M row (conv row `row`, ring column xm) as one
+    int8 dot over the 256-byte window with the weights w [256, BLOCK_N]; window row a is
+    ring row (row mod 8) + a (the mirror copy where that passes 8), so a window is 4 runs
+    of 64 contiguous bytes at one offset per M row (16-byte vector loads)."""
+    k = tl.arange(0, 256)
+    k_off = tl.max_contiguous(tl.multiple_of((k // 64) * ((XW + 4) * 16) + k % 64, 16), 16)
+    m_off = tl.multiple_of(((row & 7) * (XW + 4) + xm) * 16, 16)
+    x = tl.load(ring + m_off[:, None] + k_off[None, :])
+    return tl.dot(x, w, out_dtype=tl.int32)
 
 
 @triton.jit
@@ -153,15 +147,11 @@ def stem_ring_kernel(
     XW: tl.constexpr = 2 * BLOCK_J
     BM: tl.constexpr = 4 * BLOCK_J
     pid = tl.program_id(0)
-    ring = ring_ptr + (pid * tl.num_programs(1) + tl.program_id(1)) * (8 * (XW + 4) * 16)
+    ring = ring_ptr + (pid * tl.num_programs(1) + tl.program_id(1)) * (16 * (XW + 4) * 16)
     n_idx = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n_idx < K
-    k = tl.arange(0, 64)
-    w_off = n_idx[None, :] * 256 + k[:, None]
-    w_a0 = tl.load(w_ptr + w_off, mask=n_mask[None, :], other=0)
-    w_a1 = tl.load(w_ptr + w_off + 64, mask=n_mask[None, :], other=0)
-    w_a2 = tl.load(w_ptr + w_off + 128, mask=n_mask[None, :], other=0)
-    w_a3 = tl.load(w_ptr + w_off + 192, mask=n_mask[None, :], other=0)
+    k = tl.arange(0, 256)
+    w = tl.load(w_ptr + n_idx[None, :] * 256 + k[:, None], mask=n_mask[None, :], other=0)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + n_idx, mask=n_mask, other=0)
     else:
@@ -183,10 +173,10 @@ def stem_ring_kernel(
         y0 = 2 * t0 - PP - 2
         v = _load_pair(x_ptr, n, y0, x0, sn, sc, sh, sw, H, W, C, PS, XW)
         _store_pair(ring, v, table_ptr, status_ptr, y0, x0, H, W, scale, C, PS, XW, U8, ENC,
-                          QMIN, QMAX, HAS_STATUS)
+                    QMIN, QMAX, HAS_STATUS)
         v = _load_pair(x_ptr, n, y0 + 2, x0, sn, sc, sh, sw, H, W, C, PS, XW)
         _store_pair(ring, v, table_ptr, status_ptr, y0 + 2, x0, H, W, scale, C, PS, XW, U8,
-                          ENC, QMIN, QMAX, HAS_STATUS)
+                    ENC, QMIN, QMAX, HAS_STATUS)
         v = _load_pair(x_ptr, n, y0 + 4, x0, sn, sc, sh, sw, H, W, C, PS, XW)
         carry_a = tl.full((BLOCK_J, BLOCK_N), INT32_MIN, tl.int32)
         carry_b = tl.full((BLOCK_J, BLOCK_N), INT32_MIN, tl.int32)
@@ -194,12 +184,12 @@ def stem_ring_kernel(
         for t in range(t0 - 1, t_end):
             yt = 2 * t + 4 - PP  # the step's new pair of space-to-depth rows
             _store_pair(ring, v, table_ptr, status_ptr, yt, x0, H, W, scale, C, PS, XW, U8,
-                              ENC, QMIN, QMAX, HAS_STATUS)
+                        ENC, QMIN, QMAX, HAS_STATUS)
             tl.debug_barrier()
             h_lim = tl.where(t + 1 < t_end, H, 0)  # nothing past the tile's last step
             v = _load_pair(x_ptr, n, yt + 2, x0, sn, sc, sh, sw, h_lim, W, C, PS, XW)
             oh = 2 * t - PP + 1 + rs
-            acc = _ring_conv(ring, w_a0, w_a1, w_a2, w_a3, oh, xm, XW, BM, BLOCK_N)
+            acc = _ring_conv(ring, w, oh, xm, XW)
             ow = x0 + xm
             ok = (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
             acc = tl.where(ok[:, None], acc, INT32_MIN)
@@ -283,7 +273,7 @@ def ring_launch(image: torch.Tensor, table: torch.Tensor | None, weight: torch.T
     tiles = geom.N * bands * col_blocks
     chans = cdiv(geom.K, block_n)
     programs = max(1, min(tiles, sms * cfg.programs_per_sm))
-    ring = torch.zeros(programs * chans * RING_ROWS * (2 * block_j + 4) * PIXEL_BYTES,
+    ring = torch.zeros(programs * chans * 2 * RING_ROWS * (2 * block_j + 4) * PIXEL_BYTES,
                        dtype=torch.int8, device=device)
     w = ring_weights(weight, geom).to(device)
     is_u8 = image.dtype == torch.uint8
