@@ -169,15 +169,16 @@ def stem_ring_kernel(
         x0 = 2 * j0 - PP  # the block's first conv column, its first space-to-depth column
         t0 = band * band_rows
         t_end = tl.minimum(t0 + band_rows, PH)
-        # prologue: the space-to-depth rows of step t0 - 1 but its own new pair
+        # prologue: the space-to-depth rows of step t0 - 1 but its own new pair, and that
+        # pair (three loads in flight at once)
         y0 = 2 * t0 - PP - 2
-        v = _load_pair(x_ptr, n, y0, x0, sn, sc, sh, sw, H, W, C, PS, XW)
-        _store_pair(ring, v, table_ptr, status_ptr, y0, x0, H, W, scale, C, PS, XW, U8, ENC,
-                    QMIN, QMAX, HAS_STATUS)
-        v = _load_pair(x_ptr, n, y0 + 2, x0, sn, sc, sh, sw, H, W, C, PS, XW)
-        _store_pair(ring, v, table_ptr, status_ptr, y0 + 2, x0, H, W, scale, C, PS, XW, U8,
-                    ENC, QMIN, QMAX, HAS_STATUS)
+        v0 = _load_pair(x_ptr, n, y0, x0, sn, sc, sh, sw, H, W, C, PS, XW)
+        v1 = _load_pair(x_ptr, n, y0 + 2, x0, sn, sc, sh, sw, H, W, C, PS, XW)
         v = _load_pair(x_ptr, n, y0 + 4, x0, sn, sc, sh, sw, H, W, C, PS, XW)
+        _store_pair(ring, v0, table_ptr, status_ptr, y0, x0, H, W, scale, C, PS, XW, U8, ENC,
+                    QMIN, QMAX, HAS_STATUS)
+        _store_pair(ring, v1, table_ptr, status_ptr, y0 + 2, x0, H, W, scale, C, PS, XW, U8,
+                    ENC, QMIN, QMAX, HAS_STATUS)
         carry_a = tl.full((BLOCK_J, BLOCK_N), INT32_MIN, tl.int32)
         carry_b = tl.full((BLOCK_J, BLOCK_N), INT32_MIN, tl.int32)
         # t0 - 1 first: its second conv row is the first window row of pooled row t0
