@@ -75,3 +75,19 @@ def check_outputs(got, ref, layouts, specs):
             assert int(values.unique().numel()) > 2
         checked += 1
     return checked
+
+
+def replay_with_new_image(launch, image_dev, out, seed):
+    """Capture `launch` (a bound stem, run once first) in a CUDA graph, put a fresh random
+    image into its input buffer, poison the output, replay; returns the new image (CPU)."""
+    launch()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch()
+    image = torch.randn(image_dev.shape, generator=torch.Generator().manual_seed(seed))
+    image_dev.copy_(image)
+    out.data.fill_(0x5A5A5A5A)
+    graph.replay()
+    torch.cuda.synchronize()
+    return image

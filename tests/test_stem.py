@@ -25,7 +25,16 @@ from lowbit.reference import (
     quantize_uint8_image,
     uint8_input_table,
 )
-from stem_cases import MEAN, RESNET, STD, check_outputs, make_case, reference, specs_for
+from stem_cases import (
+    MEAN,
+    RESNET,
+    STD,
+    check_outputs,
+    make_case,
+    reference,
+    replay_with_new_image,
+    specs_for,
+)
 from triton_cases import DEVICE
 
 INT8, BITPLANE = Layout.INT8, Layout.BITPLANE
@@ -234,15 +243,6 @@ def test_gpu_stem_cuda_graph_and_alexnet():
     img = image.cuda()
     launch = S.bind_stem(img, weight, bias, specs, [out], scale=0.05, stride=4, pad=2,
                          pool_pad=0)
-    launch()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        launch()
-    img2 = torch.randn(image.shape, generator=torch.Generator().manual_seed(13))
-    img.copy_(img2)
-    out.data.fill_(0x5A5A5A5A)
-    graph.replay()
-    torch.cuda.synchronize()
+    img2 = replay_with_new_image(launch, img, out, 13)
     ref = reference(quantize_float(img2, 0.05, "s8"), weight, bias, specs, 4, 2, 0)
     assert torch.equal(out.data.cpu(), pack(ref[0], Precision(2), BITPLANE))

@@ -31,7 +31,16 @@ from lowbit.reference import (
     quantize_uint8_image,
     uint8_input_table,
 )
-from stem_cases import MEAN, RESNET, STD, check_outputs, make_case, reference, specs_for
+from stem_cases import (
+    MEAN,
+    RESNET,
+    STD,
+    check_outputs,
+    make_case,
+    reference,
+    replay_with_new_image,
+    specs_for,
+)
 from triton_cases import DEVICE
 
 INT8, BITPLANE = Layout.INT8, Layout.BITPLANE
@@ -276,8 +285,7 @@ def test_gpu_ring_batch_256_equals_two_launch_kernel(kind):
 
     want = run(S.StemConfig(band_rows=8, whole_k=True))
     for cfg in (None, S.ring_config(geom, block_j=64, num_warps=8),
-                S.ring_config(geom, band_rows=7, programs_per_sm=3),
-                S.ring_config(geom, block_n=32)):
+                S.ring_config(geom, band_rows=7, programs_per_sm=3, block_n=32)):
         got = run(cfg)
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), cfg
 
@@ -292,16 +300,7 @@ def test_gpu_ring_cuda_graph_replay():
     status = torch.zeros(1, dtype=torch.int32, device="cuda")
     img = image.cuda()
     launch = S.bind_stem(img, weight, None, specs, [out], scale=0.03, status=status, **RESNET)
-    launch()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        launch()
-    img2 = torch.randn(image.shape, generator=torch.Generator().manual_seed(122))
-    img.copy_(img2)
-    out.data.fill_(0x5A5A5A5A)
-    graph.replay()
-    torch.cuda.synchronize()
+    img2 = replay_with_new_image(launch, img, out, 122)
     ref = reference(quantize_float(img2, 0.03, "s8"), weight, None, specs, 2, 3, 1)
     assert torch.equal(out.data.cpu(), pack(ref[0], specs[0].precision, BITPLANE))
     assert int(status[0]) == 0
