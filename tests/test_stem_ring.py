@@ -6,7 +6,7 @@ CPU (TRITON_INTERPRET=1): ResNet's 7x7/2 + 3x3/2 pool on odd and even images (33
 64x64, 35x29 with pool pad 0), float32 / bfloat16 / uint8 input in NCHW and channels_last
 memory, u2 / s2 bit planes (integer thresholds), u8 / s8 int8 (float64 and int64
 requantization) and float outputs; several tiles per program, several bands, column and
-channel blocks; the non-finite flag. Plus the host pieces: the reduction order of the ring
+channel blocks; 1 and 4 channels, a 5x5/2 filter; the non-finite flag. Plus the host pieces: the reduction order of the ring
 weights (a torch conv through it), the thresholds, the kernel choice. GPU (`gpu` mark):
 224x224 at batch 3, 8 and 256 (against the two-launch kernel), a CUDA-graph replay.
 """
@@ -128,6 +128,23 @@ def test_bf16_channels_last_and_nonfinite_flag():
     img_dev[0, 1, 17, 19] = float("inf")
     launch()
     assert int(status[0]) == 1
+
+
+@pytest.mark.parametrize("c,r,pad,pool_pad,h,w", [(1, 7, 3, 1, 13, 11), (4, 5, 2, 0, 14, 13)],
+                         ids=["gray_7x7", "rgba_5x5_pool0"])
+def test_other_channels_and_filters(c, r, pad, pool_pad, h, w):
+    """1 and 4 channels, a 5x5/2 filter (a 3x3 space-to-depth filter, zero-padded to 4x4)."""
+    g = torch.Generator().manual_seed(100 * c + r)
+    image = torch.randn(2, c, h, w, generator=g) * 1.5
+    weight = torch.randint(-128, 128, (24, r, r, c), generator=g)
+    bias = torch.randint(-2000, 2000, (24,), generator=g)
+    specs = specs_for(24, g, (("u2", True), ("s8", False)))
+    layouts = (BITPLANE, INT8)
+    assert S.default_config(S.geometry_of(image, weight, 2, pad, pool_pad)).kernel == "ring"
+    got = S.stem(image.to(DEVICE), weight, bias, specs, layouts, scale=0.04, stride=2, pad=pad,
+                 pool_pad=pool_pad)
+    ref = reference(quantize_float(image, 0.04, "s8"), weight, bias, specs, 2, pad, pool_pad)
+    assert check_outputs(got, ref, layouts, specs) == 2
 
 
 # ------------------------------------------------------------------------- CPU: host side
