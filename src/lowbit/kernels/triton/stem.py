@@ -66,7 +66,7 @@ from .stem_ring import ring_band_rows, ring_launch, ring_refusal
 from .stored import ENC, Launcher, check_device, empty_packed, flag_nonfinite, quantize_f32
 
 __all__ = ["StemConfig", "StemGeometry", "bind_stem", "default_config", "empty_packed",
-           "gemm_band_rows", "geometry_of", "ring_refusal", "s2d_weights", "stem"]
+           "gemm_band_rows", "geometry_of", "ring_config", "ring_refusal", "s2d_weights", "stem"]
 
 #: outputs one stem launch writes
 STEM_MAX_OUTPUTS = 3

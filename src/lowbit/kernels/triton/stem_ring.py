@@ -37,13 +37,20 @@ would run ahead of the barrier that orders it after the ring write.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import triton
 import triton.language as tl
 
+from ...core import Precision
 from .igemm import Launch, cdiv
 from .stem_gemm import INT32_MIN, pool_step, stem_outputs
+from .stem_geometry import StemGeometry
 from .stored import ENC, quantize_f32
+
+if TYPE_CHECKING:
+    from .stem import StemConfig
 
 __all__ = ["RING_ROWS", "ring_band_rows", "ring_launch", "ring_refusal", "ring_weights"]
 
@@ -53,7 +60,7 @@ RING_ROWS = 8
 PIXEL_BYTES = 16
 #: the space-to-depth filter size the kernel runs (8x8 image taps at stride 2)
 RING_TAPS = 4
-#: pooled rows of a step's fixed costs beside its own row (the tile's prologue, in steps)
+#: a tile's prologue (its first three row pairs loaded and stored into the ring), in steps
 PROLOGUE_STEPS = 2
 
 
@@ -209,9 +216,8 @@ def stem_ring_kernel(
 
 
 # =========================================================================== host side
-def ring_refusal(geom) -> str | None:
-    """Why the ring kernel cannot run the first layer `geom` (a `stem.StemGeometry`; None: it
-    can)."""
+def ring_refusal(geom: StemGeometry) -> str | None:
+    """Why the ring kernel cannot run the first layer `geom` (None: it can)."""
     if geom.stride != 2:
         return f"stride {geom.stride} (the ring kernel runs stride 2)"
     if geom.C > 4:
@@ -223,7 +229,7 @@ def ring_refusal(geom) -> str | None:
     return None
 
 
-def ring_weights(weight: torch.Tensor, geom) -> torch.Tensor:
+def ring_weights(weight: torch.Tensor, geom: StemGeometry) -> torch.Tensor:
     """KRSC integer weights -> int8 [K, 256] in the ring kernel's reduction order: window row
     a, column b, byte (d * 4 + c) * 2 + e, i.e. filter tap (2 (a - PS) + d + pad,
     2 (b - PS) + e + pad) of channel c, PS = -geom.a_min; zero where that tap is outside the
@@ -243,7 +249,8 @@ def ring_weights(weight: torch.Tensor, geom) -> torch.Tensor:
     return out.reshape(geom.K, -1)
 
 
-def ring_band_rows(geom, block_j: int, block_n: int, sms: int, per_sm: int) -> int:
+def ring_band_rows(geom: StemGeometry, block_j: int, block_n: int, sms: int, per_sm: int
+                   ) -> int:
     """The band (pooled rows per tile) of least predicted time: tiles run in rounds of
     sms * per_sm programs, a tile of `rows` pooled rows costs rows + 1 steps (the first
     recomputes the previous band's last conv row) plus its prologue; the longest band on ties
@@ -261,8 +268,9 @@ def ring_band_rows(geom, block_j: int, block_n: int, sms: int, per_sm: int) -> i
 
 
 def ring_launch(image: torch.Tensor, table: torch.Tensor | None, weight: torch.Tensor,
-                bias: torch.Tensor | None, slot_args: list, slot_consts: dict, geom, cfg,
-                prec, scale: float, status: torch.Tensor | None, sms: int) -> Launch:
+                bias: torch.Tensor | None, slot_args: list, slot_consts: dict,
+                geom: StemGeometry, cfg: StemConfig, prec: Precision, scale: float,
+                status: torch.Tensor | None, sms: int) -> Launch:
     """The ring kernel's launch for checked inputs (`stem.bind_stem`): image NCHW-shaped
     (any strides), table int8 [C, 256] on the device for a uint8 image, weight KRSC, bias
     int32 [K] on the device or None, the outputs' kernel arguments and constexprs, the
