@@ -6,8 +6,9 @@ CPU (TRITON_INTERPRET=1): ResNet's 7x7/2 + 3x3/2 pool on odd and even images (33
 64x64, 35x29 with pool pad 0), float32 / bfloat16 / uint8 input in NCHW and channels_last
 memory, u2 / s2 bit planes (integer thresholds), u8 / s8 int8 (float64 and int64
 requantization) and float outputs; several tiles per program, several bands, column and
-channel blocks; 1 and 4 channels, a 5x5/2 filter; the non-finite flag. Plus the host pieces: the reduction order of the ring
-weights (a torch conv through it), the thresholds, the kernel choice. GPU (`gpu` mark):
+channel blocks; 1 and 4 channels, a 5x5/2 filter; the non-finite flag. Plus the host
+pieces: the reduction order of the ring weights (a torch conv through it), the thresholds,
+the kernel choice. GPU (`gpu` mark):
 224x224 at batch 3, 8 and 256 (against the two-launch kernel), a CUDA-graph replay.
 """
 
@@ -84,14 +85,16 @@ def test_float_image_odd_batch_three_outputs():
 
 @pytest.mark.parametrize("case", [
     # (id, n, h, w, k, channels_last, pool_pad, config knobs)
-    ("nchw_64_two_column_blocks", 1, 64, 64, 64, False, 1, dict(block_j=16)),
+    ("nchw_64_two_column_blocks_untransposed", 1, 64, 64, 64, False, 1,
+     dict(block_j=16, transposed=False)),
     ("nhwc_35x29_pool0_bands_channel_blocks", 1, 35, 29, 40, True, 0,
      dict(block_j=16, block_n=32, band_rows=3, programs_per_sm=1, fast_requant=False)),
 ], ids=lambda c: c[0])
 def test_uint8_image(case):
-    """uint8 pixels through the table: NCHW 64x64 (two column blocks of 14 pooled columns),
-    channels_last 35x29 with pool pad 0, 3 bands on 2 programs, 40 channels in blocks of 32
-    and int64 requantization; s2 bit planes by thresholds without ReLU, s8 int8."""
+    """uint8 pixels through the table: NCHW 64x64 (two column blocks of 14 pooled columns, the
+    dot as windows x weights), channels_last 35x29 with pool pad 0, 3 bands on 2 programs,
+    40 channels in blocks of 32 and int64 requantization; s2 bit planes by thresholds
+    without ReLU, s8 int8."""
     _, n, h, w, k, channels_last, pool_pad, knobs = case
     image, weight, bias, g = uint8_case(n, h, w, k, 41, channels_last)
     table = uint8_input_table(0.019, "s8", MEAN, STD)
@@ -301,7 +304,7 @@ def test_gpu_ring_batch_256_equals_two_launch_kernel(kind):
         return [o.data for o in outs]
 
     want = run(S.StemConfig(band_rows=8, whole_k=True))
-    for cfg in (None, S.ring_config(geom, block_j=64, num_warps=8),
+    for cfg in (None, S.ring_config(geom, block_j=64, num_warps=8, transposed=False),
                 S.ring_config(geom, band_rows=7, programs_per_sm=3, block_n=32)):
         got = run(cfg)
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), cfg

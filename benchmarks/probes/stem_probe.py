@@ -121,6 +121,9 @@ RING_SWEEP = [
     ("ring band x2", lambda g: S.ring_config(
         g, SMS, band_rows=2 * S.ring_config(g, SMS).band_rows)),
     ("ring float64 requant", lambda g: S.ring_config(g, SMS, thresholds=False)),
+    ("ring untransposed", lambda g: S.ring_config(g, SMS, transposed=False)),
+    ("ring j64 w8 untransposed", lambda g: S.ring_config(g, SMS, block_j=64, num_warps=8,
+                                                          transposed=False)),
     ("ring maxnreg 168 3/SM", lambda g: S.ring_config(g, SMS, maxnreg=168,
                                                        programs_per_sm=3)),
 ]

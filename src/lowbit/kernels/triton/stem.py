@@ -240,7 +240,8 @@ class StemConfig:
     program reads the window again); warps, pipeline stages ("ring" runs unpipelined);
     fast_requant: the float64 requantization where it is exact (`netops.requant_mode`);
     thresholds: outputs of 1-2 bits by integer thresholds instead; programs_per_sm ("ring"):
-    the persistent grid's programs per SM."""
+    the persistent grid's programs per SM; transposed ("ring"): the dot as weights x
+    windows^T (False: windows x weights)."""
 
     band_rows: int = 4
     images: int = 1
@@ -254,6 +255,7 @@ class StemConfig:
     maxnreg: int | None = None
     thresholds: bool = True
     programs_per_sm: int = 2
+    transposed: bool = True
 
     def __post_init__(self) -> None:
         if self.kernel not in STEM_KERNELS:

@@ -25,11 +25,18 @@ with its first three row pairs; then per pooled row t (a step):
 2. the next step's four image rows are loaded into registers (their latency hides behind
    3 and 4);
 3. the conv rows 2t - pool_pad + 1 and 2t - pool_pad + 2 at the pool windows' two column
-   parities: ONE int8 dot [4 block_j, 256] x [256, block_n] (wgmma on sm_90), each A row
+   parities as ONE int8 dot, weights [block_n, 256] x windows^T [256, 4 block_j] (wgmma
+   m64 n128 at block_j 32; `StemConfig.transposed=False`: windows x weights), each window
    4 runs of 64 contiguous ring bytes (16-byte vector loads, L1 hits after the first), the
    weights loaded once per program;
-4. `stem_gemm.pool_step` (carried conv row, neighbour column) and `stem_gemm.stem_outputs`
-   on the pooled int32 values only.
+4. the max-pool (carried conv row, neighbour column) and `stem_gemm.stem_outputs` on the
+   pooled int32 values only. Transposed, a channel's conv values (columns rs, par, jm) lie
+   in one warp of the wgmma accumulator, rs and par in one thread: the pool's row and
+   parity maxima move no data, the neighbour column takes one small layout change.
+
+What bounds it (NOTES.md, "Stem"): per step the SM's L1 / shared-memory data path moves the
+windows (ring -> registers -> shared memory, 2 x 32 KB at block_j 32), the wgmma operands
+(48 KB) and the pool's layout changes, about as long as the tensor work itself.
 
 The kernel runs without software pipelining (num_stages 1): a pipelined load of the ring
 would run ahead of the barrier that orders it after the ring write.
@@ -120,16 +127,34 @@ def _store_pair(ring, v, table_ptr, status_ptr, y0, x0, H, W, scale,
 
 
 @triton.jit
-def _ring_conv(ring, w, row, xm, XW: tl.constexpr):
-    """int32 [BM, BLOCK_N]: the conv at every M row (conv row `row`, ring column xm) as one
-    int8 dot over the 256-byte window with the weights w [256, BLOCK_N]; window row a is
-    ring row (row mod 8) + a (the mirror copy where that passes 8), so a window is 4 runs
-    of 64 contiguous bytes at one offset per M row (16-byte vector loads)."""
+def _ring_windows(ring, row, xm, XW: tl.constexpr):
+    """int8 [BM, 256]: the conv window of every M row (conv row `row`, ring column xm);
+    window row a is ring row (row mod 8) + a (the mirror copy where that passes 8), so a
+    window is 4 runs of 64 contiguous bytes at one offset per M row (16-byte vector
+    loads)."""
     k = tl.arange(0, 256)
     k_off = tl.max_contiguous(tl.multiple_of((k // 64) * ((XW + 4) * 16) + k % 64, 16), 16)
     m_off = tl.multiple_of(((row & 7) * (XW + 4) + xm) * 16, 16)
-    x = tl.load(ring + m_off[:, None] + k_off[None, :])
-    return tl.dot(x, w, out_dtype=tl.int32)
+    return tl.load(ring + m_off[:, None] + k_off[None, :])
+
+
+@triton.jit
+def _pool_step_t(acc_t, carry_a, carry_b, BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr):
+    """`stem_gemm.pool_step` on the transposed accumulator [BLOCK_N, 4 BLOCK_J] (columns
+    (rs, par, jm)); carries [BLOCK_N, BLOCK_J]; returns the pooled values [BLOCK_J,
+    BLOCK_N]. Every M column of a channel row sits in one warp of the wgmma accumulator,
+    rs and par in one thread: the row pairs, parities and the neighbour gather need no
+    shared memory."""
+    parts = tl.permute(tl.reshape(acc_t, (BLOCK_N, 2, 2, BLOCK_J)), (0, 3, 2, 1))
+    lo, hi = tl.split(parts)
+    lo_a, lo_b = tl.split(lo)
+    hi_a, hi_b = tl.split(hi)
+    rows_a = tl.maximum(carry_a, tl.maximum(lo_a, hi_a))
+    rows_b = tl.maximum(carry_b, tl.maximum(lo_b, hi_b))
+    jj = tl.arange(0, BLOCK_J)
+    nxt = tl.minimum(jj + 1, BLOCK_J - 1)[None, :] + tl.zeros((BLOCK_N, BLOCK_J), tl.int32)
+    pooled = tl.maximum(tl.maximum(rows_a, rows_b), tl.gather(rows_a, nxt, 1))
+    return tl.trans(pooled), hi_a, hi_b
 
 
 @triton.jit
@@ -140,7 +165,7 @@ def stem_ring_kernel(
     o2, a2, b2, c2, d2, row2, plane2,
     C: tl.constexpr, PS: tl.constexpr, PP: tl.constexpr, U8: tl.constexpr,
     ENC: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
-    HAS_STATUS: tl.constexpr,
+    HAS_STATUS: tl.constexpr, TRANS: tl.constexpr,
     KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr, QLO0: tl.constexpr,
     QMAX0: tl.constexpr, MODE0: tl.constexpr,
     KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr, QLO1: tl.constexpr,
@@ -158,7 +183,10 @@ def stem_ring_kernel(
     n_idx = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n_idx < K
     k = tl.arange(0, 256)
-    w = tl.load(w_ptr + n_idx[None, :] * 256 + k[:, None], mask=n_mask[None, :], other=0)
+    if TRANS:  # the weights as the dot's A operand [BLOCK_N, 256]
+        w = tl.load(w_ptr + n_idx[:, None] * 256 + k[None, :], mask=n_mask[:, None], other=0)
+    else:
+        w = tl.load(w_ptr + n_idx[None, :] * 256 + k[:, None], mask=n_mask[None, :], other=0)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + n_idx, mask=n_mask, other=0)
     else:
@@ -186,8 +214,12 @@ def stem_ring_kernel(
                     QMIN, QMAX, HAS_STATUS)
         _store_pair(ring, v1, table_ptr, status_ptr, y0 + 2, x0, H, W, scale, C, PS, XW, U8,
                     ENC, QMIN, QMAX, HAS_STATUS)
-        carry_a = tl.full((BLOCK_J, BLOCK_N), INT32_MIN, tl.int32)
-        carry_b = tl.full((BLOCK_J, BLOCK_N), INT32_MIN, tl.int32)
+        if TRANS:
+            carry_a = tl.full((BLOCK_N, BLOCK_J), INT32_MIN, tl.int32)
+            carry_b = tl.full((BLOCK_N, BLOCK_J), INT32_MIN, tl.int32)
+        else:
+            carry_a = tl.full((BLOCK_J, BLOCK_N), INT32_MIN, tl.int32)
+            carry_b = tl.full((BLOCK_J, BLOCK_N), INT32_MIN, tl.int32)
         # t0 - 1 first: its second conv row is the first window row of pooled row t0
         for t in range(t0 - 1, t_end):
             yt = 2 * t + 4 - PP  # the step's new pair of space-to-depth rows
@@ -197,13 +229,20 @@ def stem_ring_kernel(
             h_lim = tl.where(t + 1 < t_end, H, 0)  # nothing past the tile's last step
             v = _load_pair(x_ptr, n, yt + 2, x0, sn, sc, sh, sw, h_lim, W, C, PS, XW)
             oh = 2 * t - PP + 1 + rs
-            acc = _ring_conv(ring, w, oh, xm, XW)
+            x = _ring_windows(ring, oh, xm, XW)
             ow = x0 + xm
             ok = (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
-            acc = tl.where(ok[:, None], acc, INT32_MIN)
-            nxt = tl.minimum(jj + 1, BLOCK_J - 1)[:, None] + tl.zeros((BLOCK_J, BLOCK_N),
-                                                                       tl.int32)
-            pooled, carry_a, carry_b = pool_step(acc, carry_a, carry_b, nxt, BLOCK_J, BLOCK_N)
+            if TRANS:  # conv^T [BLOCK_N, BM] = weights [BLOCK_N, 256] x windows^T
+                acc = tl.dot(w, tl.trans(x), out_dtype=tl.int32)
+                acc = tl.where(ok[None, :], acc, INT32_MIN)
+                pooled, carry_a, carry_b = _pool_step_t(acc, carry_a, carry_b, BLOCK_J,
+                                                        BLOCK_N)
+            else:
+                acc = tl.where(ok[:, None], tl.dot(x, w, out_dtype=tl.int32), INT32_MIN)
+                nxt = tl.minimum(jj + 1, BLOCK_J - 1)[:, None] + tl.zeros(
+                    (BLOCK_J, BLOCK_N), tl.int32)
+                pooled, carry_a, carry_b = pool_step(acc, carry_a, carry_b, nxt, BLOCK_J,
+                                                     BLOCK_N)
             jo = j0 + jj
             pix_mask = (jj < BLOCK_J - 2) & (jo < PW) & (jj * 0 + t >= t0)
             stem_outputs(pooled, bias, (n * PH + t) * PW + jo, pix_mask, n_idx, K,
@@ -293,6 +332,7 @@ def ring_launch(image: torch.Tensor, table: torch.Tensor | None, weight: torch.T
     kwargs = dict(C=geom.C, PS=-geom.a_min, PP=geom.pool_pad, U8=is_u8,
                   ENC=ENC[prec.encoding], QMIN=prec.qmin, QMAX=prec.qmax,
                   HAS_BIAS=bias is not None, HAS_STATUS=status is not None and not is_u8,
+                  TRANS=cfg.transposed,
                   **slot_consts, BLOCK_J=block_j, BLOCK_N=block_n, num_warps=cfg.num_warps,
                   num_stages=1, enable_fp_fusion=False)
     if cfg.maxnreg is not None:
