@@ -12,7 +12,8 @@ shifts, float scales) live in `Plan.params` under the keys the steps name, PyTor
 FloatFallback steps in `Plan.modules`. Step kinds and their exact semantics (the executor in
 `lowbit.runtime.engine` runs them with `lowbit.reference.netops`):
 
-- Quantize:  float -> quantized, quantize_float(relu?(x), scale, precision) (NCHW -> NHWC).
+- Quantize:  float -> quantized, quantize_float(relu?(x), scale, precision) (NCHW -> NHWC);
+             a uint8 image by lookup, table[c, v] (`Plan.image_normalization`).
 - Layer:     conv2d / linear on a quantized input: acc = exact integer conv / GEMM of the
              input values and the int8 weight values (KRSC / [K, C]); then per output the
              layer epilogue: requantized
@@ -224,7 +225,11 @@ class UnaryStep(Step):
 
 @dataclass(frozen=True)
 class Quantize(UnaryStep):
+    """`relu`: clamp at 0 first. `table`: the plan's image is uint8 (`Plan.image_normalization`)
+    and its values quantize by lookup, q = table[c, v] (int64 [C, 256], a Plan.params key)."""
+
     relu: bool = False
+    table: str | None = None
     kind: ClassVar[str] = "quantize"
 
 
@@ -413,9 +418,17 @@ class Plan:
     steps: tuple[Step, ...]
     params: dict[str, torch.Tensor]
     modules: dict[str, nn.Module]
+    #: (mean, std) per channel where the plan's image is uint8 pixel values (normalized as
+    #: ((v / 255) - mean) / std in the model: torchvision's ToTensor + Normalize), else None
+    image_normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
     def __post_init__(self) -> None:
         self.check()
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """What the plan's image holds: uint8 pixel values, or float32."""
+        return torch.float32 if self.image_normalization is None else torch.uint8
 
     @property
     def input_spec(self) -> TensorSpec:
@@ -458,6 +471,8 @@ class Plan:
     def to_dict(self) -> dict:
         """JSON-serializable manifest; `params` (tensors) and `modules` travel separately."""
         return {"format": PLAN_FORMAT, "input": self.input,
+                "image_normalization": None if self.image_normalization is None
+                else [list(v) for v in self.image_normalization],
                 "tensors": [t.to_dict() for t in self.tensors.values()],
                 "steps": [s.to_dict() for s in self.steps],
                 "params": {k: {"dtype": str(v.dtype).removeprefix("torch."),
@@ -476,8 +491,10 @@ class Plan:
                     str(t.dtype).removeprefix("torch.") != meta["dtype"]:
                 raise ValueError(f"params[{key!r}] must be {meta['dtype']} {meta['shape']}")
         tensors = {t["name"]: TensorSpec.from_dict(t) for t in d["tensors"]}
+        norm = d.get("image_normalization")
         return cls(d["input"], tensors, tuple(step_from_dict(s) for s in d["steps"]),
-                   dict(params), dict(modules or {}))
+                   dict(params), dict(modules or {}),
+                   None if norm is None else tuple(tuple(float(x) for x in v) for v in norm))
 
     # -------------------------------------------------------------- reports
     def weight_bytes(self) -> int:
@@ -519,6 +536,8 @@ def param_keys(step: Step) -> list[str]:
     elif isinstance(step, AvgPool):
         keys += [k for k in (step.multiplier, step.shift) if k]
     elif isinstance(step, Lookup):
+        keys.append(step.table)
+    elif isinstance(step, Quantize) and step.table:
         keys.append(step.table)
     return keys
 

@@ -40,6 +40,7 @@ from ..core import (
 from ..kernels.base import acc_bound
 from ..quant.quantize import dequantize, quantize, round_half_up
 from ..reference import avgpool_multiplier, fixed_point_pair, pool_output_size
+from ..reference.netops import uint8_input_table
 from .chooser import Chooser, make_chooser
 from .dataflow import (
     AVGPOOL,
@@ -153,13 +154,15 @@ class Planner:
 
     def __init__(self, df: Dataflow, input_shape: tuple[int, ...],
                  chooser: Chooser | ImplChooser | str | None = None, wide_bits: int = 24,
-                 exact_bias: bool = True, options: PlanOptions | None = None) -> None:
+                 exact_bias: bool = True, options: PlanOptions | None = None,
+                 image_normalization: tuple | None = None) -> None:
         if wide_bits not in (8, *WIDE_BITS):
             raise ValueError(f"wide_bits must be one of {(8, *WIDE_BITS)}, got {wide_bits!r}")
         self.df, self.wide_bits = df, wide_bits
         self.chooser = make_chooser(chooser, records=None) if not isinstance(
             chooser, Chooser) else chooser
         self.options = options or PlanOptions()
+        self.image_normalization = image_normalization
         self.exact_bias = exact_bias
         self.shapes: dict[int, tuple[int, ...]] = {}
         #: per 2-d value flattened from maps: its (C, H, W) segments in order (concatenated
@@ -364,6 +367,8 @@ class Planner:
         if v.op in (INPUT, FLOAT) or (v.op == LAYER and binary):
             src = self.input_name if v.op == INPUT else (
                 self._fallback(v) if v.op == FLOAT else self.realize(v, FLOAT_REQ, relu))
+            if v.op == INPUT and self.image_normalization is not None:
+                return self._image(req, relu, shape)
             if req.is_float and not relu:
                 return src
             if req.is_float:  # a ReLU of a float value
@@ -394,6 +399,20 @@ class Planner:
             self._emit(v.index, Concat(f"concat.{out}", parts, out))
             return out
         raise AssertionError(f"unknown value op {v.op}")
+
+    def _image(self, req: Req, relu: bool, shape: tuple[int, ...]) -> str:
+        """A uint8 image as `req` reads it: quantized by lookup (the normalization and the
+        reader's quantizer in one table per channel, `reference.uint8_input_table`)."""
+        if req.is_float:
+            raise ValueError("a uint8 image can only be read by quantized layers: a float "
+                             "step reads the model's input (compile without uint8_input)")
+        mean, std = self.image_normalization
+        table = uint8_input_table(req.scale, req.precision, mean, std)
+        key = f"input.{req.precision}.{req.scale!r}" + (".relu" if relu else "") + ".table"
+        self._param(key, table.clamp_min(0) if relu else table)
+        out = self._tensor(self.df.input, req, shape, relu)
+        self._emit(0.5, Quantize(f"quantize.{out}", self.input_name, out, relu, key))
+        return out
 
     def _quant(self, v: Value, req: Req, relu: bool, shape: tuple[int, ...]) -> str:
         """A residual quantizer's value (`lowbit.quant.residual`) as `req` reads it: its own
@@ -616,7 +635,8 @@ class Planner:
         steps.append(Output("output", out))
         used = {t for s in steps for t in (*s.inputs, *s.outputs)} | {self.input_name}
         tensors = {k: t for k, t in self.tensors.items() if k in used}
-        return Plan(self.input_name, tensors, tuple(steps), self.params, self.modules)
+        return Plan(self.input_name, tensors, tuple(steps), self.params, self.modules,
+                    self.image_normalization)
 
 
 def nhwc_columns(weight: torch.Tensor, segments: tuple[tuple[int, int, int], ...]
@@ -711,11 +731,14 @@ def fuse_maxpools(steps: list[Step], tensors: dict[str, TensorSpec]) -> list[Ste
 
 def build_plan(df: Dataflow, input_shape: tuple[int, ...],
                chooser: Chooser | ImplChooser | str | None = None, wide_bits: int = 24,
-               exact_bias: bool = True, options: PlanOptions | None = None) -> Plan:
+               exact_bias: bool = True, options: PlanOptions | None = None,
+               image_normalization: tuple | None = None) -> Plan:
     """The plan of the value graph `df` for inputs of `input_shape` (NCHW): each layer's
     implementation, template and config from `chooser` (a `lowbit.graph.Chooser`, "default",
     "model" or an implementation policy; without tuning records unless the Chooser holds
     them), wide realizations of `wide_bits`, biases exact (`exact_bias`) or rounded to
-    accumulator units (module docstring), launches as `options` allow."""
+    accumulator units (module docstring), launches as `options` allow; with
+    `image_normalization` (mean, std) the image is uint8 pixel values
+    (`Plan.image_normalization`)."""
     return Planner(df, tuple(int(s) for s in input_shape), chooser, wide_bits,
-                   exact_bias, options).build()
+                   exact_bias, options, image_normalization).build()

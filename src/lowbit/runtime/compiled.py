@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -30,6 +30,7 @@ from ..graph.dataflow import is_integer_module, is_quant_layer
 from ..graph.impl import ImplChooser
 from ..graph.ir import WIDE_BITS
 from ..quant.modules import QUANT_MODULES
+from ..reference.image import normalize_uint8_image
 from .engine import ReferenceExecutor
 from .gpu import gpu_executor
 
@@ -39,11 +40,14 @@ EXECUTORS: dict[str, Callable[[Plan, torch.device], Callable]] = {
 
 
 def _check_image(name: str, x: object, channels: int | None = None,
-                 device: torch.device | None = None) -> torch.Tensor:
+                 device: torch.device | None = None, uint8: bool = False) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor (float NCHW image batch), got "
                         f"{type(x).__name__}")
-    if not x.dtype.is_floating_point:
+    if uint8 and x.dtype != torch.uint8:
+        raise TypeError(f"{name} must be a uint8 NCHW image batch (pixel values; the model "
+                        f"was compiled with uint8_input), got {x.dtype}")
+    if not uint8 and not x.dtype.is_floating_point:
         raise TypeError(f"{name} must have a floating-point dtype (float32, float16, bfloat16 "
                         f"or float64), got {x.dtype}")
     if x.dim() != 4 or min(x.shape) < 1:
@@ -55,7 +59,7 @@ def _check_image(name: str, x: object, channels: int | None = None,
     if device is not None and x.device != device:
         raise ValueError(f"{name} is on {x.device}, but the model was compiled for {device} "
                          "(example_input's device)")
-    if not bool(torch.isfinite(x).all()):
+    if not uint8 and not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} has non-finite values (inf or nan)")
     return x
 
@@ -122,7 +126,8 @@ class CompiledModel(nn.Module):
                                  f"compiled model holds plans for {sorted(self._plans)}); "
                                  f"compile the model again for inputs of shape {shape}")
             self._plans[shape] = build_plan(self.dataflow, shape, self.chooser,
-                                            self.wide_bits, options=self.options)
+                                            self.wide_bits, options=self.options,
+                                            image_normalization=self.plan.image_normalization)
         return self._plans[shape]
 
     def summary(self, shape: tuple[int, ...] | None = None) -> str:
@@ -138,7 +143,8 @@ class CompiledModel(nn.Module):
         """forward, and with `record` also every tensor the plan writes (engine.run_plan).
         copy_output=False (GPU executor): the logits in the engine's own buffer, which the
         next forward of this shape overwrites, instead of a copy."""
-        x = _check_image("x", x, self.channels, self.device)
+        x = _check_image("x", x, self.channels, self.device,
+                         uint8=self.plan.image_normalization is not None)
         if self.executor == "reference" and not self._warned:
             self._warned = True
             warnings.warn("lowbit.compile: running the plan through the exact reference "
@@ -167,7 +173,9 @@ def compile_model(model: nn.Module, example_input: torch.Tensor, *,
                   chooser: str | Chooser | ImplChooser | None = None,
                   records: str | Path | bool | None = True,
                   choose_impl: ImplChooser | None = None, executor: str = "auto",
-                  wide_bits: int = 24, options: PlanOptions | None = None) -> CompiledModel:
+                  wide_bits: int = 24, options: PlanOptions | None = None,
+                  uint8_input: tuple[Sequence[float], Sequence[float]] | None = None
+                  ) -> CompiledModel:
     """Compile a quantized model (fake-quant from `lowbit.quantize`, trained or calibrated, or
     converted by `lowbit.convert`) for inputs like `example_input` (float NCHW; its value
     ranges set the wide realizations' scales).
@@ -182,9 +190,21 @@ def compile_model(model: nn.Module, example_input: torch.Tensor, *,
     reference) or a name of `EXECUTORS`. wide_bits: 24 (default), 16 or 8, the width of the
     residual adds' and average pools' realizations (`lowbit.graph.planner`). options:
     `lowbit.graph.PlanOptions` (fused stem, kernel-written layer outputs, chained launches).
-    The model is copied: later changes to it do not reach the compiled one."""
+    uint8_input: (mean, std) per channel: the compiled model takes uint8 pixel values (what
+    deployed pipelines decode; example_input too) and the model's input is their
+    normalization ((v / 255) - mean) / std (torchvision's ToTensor + Normalize), exactly:
+    the first layer quantizes each pixel by one table per channel (a quarter of the float
+    image's bytes). The model is copied: later changes to it do not reach the compiled one."""
     _check_model(model)
-    _check_image("example_input", example_input)
+    norm = None
+    if uint8_input is not None:
+        if not isinstance(uint8_input, (tuple, list)) or len(uint8_input) != 2:
+            raise TypeError("uint8_input must be (mean, std), each one value per channel")
+        norm = tuple(tuple(float(v) for v in part) for part in uint8_input)
+    _check_image("example_input", example_input, uint8=norm is not None)
+    traced_input = example_input
+    if norm is not None:
+        traced_input = normalize_uint8_image(example_input, *norm)
     if choose_impl is not None:
         if not callable(choose_impl):
             raise TypeError(f"choose_impl must be callable (workload) -> (impl, reason), got "
@@ -208,9 +228,9 @@ def compile_model(model: nn.Module, example_input: torch.Tensor, *,
     plan_chooser = make_chooser(chooser, records, gpu)
     # traced where the example runs: a model left on the CPU follows a CUDA example
     copied = copy.deepcopy(model).eval().to(device)
-    dataflow = trace_model(copied, example_input)
+    dataflow = trace_model(copied, traced_input)
     plan = build_plan(dataflow, tuple(example_input.shape), plan_chooser, wide_bits,
-                      options=options)
+                      options=options, image_normalization=norm)
     return CompiledModel(plan, dataflow=dataflow, model=copied, chooser=plan_chooser,
                          device=device, executor=executor, wide_bits=wide_bits,
                          options=options)

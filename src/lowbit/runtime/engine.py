@@ -44,6 +44,7 @@ from ..reference import (
     quantize_float,
     requantize_int,
 )
+from ..reference.image import quantize_uint8_image
 from ..reference.netops import Y_LIMIT, round_shift_sum
 
 
@@ -125,6 +126,9 @@ class ReferenceExecutor:
         return self.plan.tensors[name]
 
     def _run(self, step: object, env: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if isinstance(step, Quantize) and step.table is not None:  # a uint8 image
+            return {step.output: _nhwc(quantize_uint8_image(env[step.input],
+                                                            self.params[step.table]))}
         if isinstance(step, Quantize):
             x = env[step.input]
             x = _nhwc(x.clamp_min(0) if step.relu else x)

@@ -166,8 +166,9 @@ class GpuExecutor:
         self.buffers: dict[str, torch.Tensor] = {}
         for name in self.arena.offsets:
             spec = plan.tensors[name]
+            dtype = plan.input_dtype if name == plan.input else spec.storage_dtype
             self.buffers[name] = view_of(self.memory, self.arena.offsets[name],
-                                         spec.storage_shape, spec.storage_dtype)
+                                         spec.storage_shape, dtype)
         self.status = torch.zeros(1, dtype=torch.int32, device=device)
         self.result = torch.empty(0, device=device)  # the Output step's binding sets it
         stem_only = {q.name for name, q in self.stems.items()
@@ -225,6 +226,8 @@ class GpuExecutor:
         plan = self.plan
         if isinstance(step, Layer):
             return self._bind_layer(step)
+        if isinstance(step, Quantize) and step.table is not None:
+            return self._bind_image_lookup(step)
         if isinstance(step, Quantize):
             spec = plan.tensors[step.output]
             return BoundStep(step, [netops.bind_quantize(
@@ -261,11 +264,13 @@ class GpuExecutor:
         if step.name in self.stems:
             q = self.stems[step.name]
             spec_in = plan.tensors[q.output]
+            table = None if q.table is None else plan.params[q.table].to(self.device)
             launch = stem.bind_stem(
                 self.buffers[plan.input], plan.params[step.weight].to(torch.int64), None, specs,
                 outs, stride=wl.stride, pad=wl.pad,
                 pool_pad=step.pool.pad if step.pool is not None else None,
-                scale=spec_in.scale, precision=spec_in.precision, status=self.status)
+                scale=spec_in.scale, precision=spec_in.precision, table=table,
+                status=self.status)
             return BoundStep(step, [launch], "triton stem (image quantized, conv, epilogue"
                              + (", 3x3/2 max-pool" if step.pool else "") + f"; plan: {step.impl})")
         kernel = self.kernels(step)
@@ -421,6 +426,17 @@ class GpuExecutor:
             return lambda v: buf.copy_(_to_bitplanes(v, spec.precision, spec.shape[-1]))
         return lambda v: buf.copy_(v.to(buf.dtype))
 
+    def _bind_image_lookup(self, step: Quantize) -> BoundStep:
+        """A uint8 image quantized by its per-channel table (torch ops)."""
+        image, write = self.buffers[step.input], self._store(step.output)
+        table = self.plan.params[step.table].to(torch.int64).to(self.device)
+        chan = torch.arange(table.shape[0], device=self.device).view(1, -1, 1, 1)
+
+        def launch() -> None:
+            write(table[chan, image.long()].permute(0, 2, 3, 1))
+
+        return BoundStep(step, [launch], "uint8 image table lookup (torch)")
+
     def _bind_lookup(self, step: Lookup) -> BoundStep:
         spec_in = self.plan.tensors[step.input]
         table = self.plan.params[step.table].to(torch.int64).to(self.device)
@@ -489,7 +505,10 @@ class GpuExecutor:
         spec = self.plan.input_spec
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if not x.dtype.is_floating_point:
+        if self.plan.input_dtype == torch.uint8 and x.dtype != torch.uint8:
+            raise TypeError(f"x must be a uint8 image (the plan reads pixel values), got "
+                            f"{x.dtype}")
+        if self.plan.input_dtype != torch.uint8 and not x.dtype.is_floating_point:
             raise TypeError(f"x must have a floating-point dtype, got {x.dtype}")
         if tuple(x.shape) != tuple(spec.shape):
             raise ValueError(f"x must have the plan's input shape {tuple(spec.shape)}, got "
