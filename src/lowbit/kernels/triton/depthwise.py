@@ -22,9 +22,11 @@ shape and waste 16-32x the work). The kernel streams NHWC activations once:
   or BITPLANE outputs packed in registers), so outputs equal `lowbit.reference.run` bit for
   bit.
 
-Weights are the workload's KRSC storage [C, R, S, 1] (one value, or one packed byte, per
-filter tap), read in place. Programs run the channel tiles of one pixel tile next to each
-other (the channel tile varies fastest), so they share the pixels' DRAM sectors in L2.
+The workload's KRSC weights [C, R, S, 1] (one value, or one packed byte, a filter tap) are
+copied once, when a launch is planned, into tap-major rows of bytes [R*S, C]
+(`tap_major_weights`), so a tap's weights of a channel tile are one vector load. Programs run
+the channel tiles of one pixel tile next to each other (the channel tile varies fastest), so
+they share the pixels' DRAM sectors in L2.
 
 Knobs (`DEPTHWISE_KNOBS`): BLOCK_PIX, BLOCK_C, num_warps, TAP_LOOP ("unrolled": the R*S taps
 as straight-line code, every tap's loads in flight at once; "pipelined": a loop Triton
@@ -45,6 +47,7 @@ import triton.language as tl
 from ...core import OUT_INT16, Config, ConfigSpace, ConvWorkload, Layout, Workload
 from ...core.knobs import KnobDef, KnobTable
 from ...core.validate import operand_shapes, out_storage, storage_shape
+from ...quant.packing import unpack
 from ..base import EXACT_INT32, KernelTemplate, acc_bound
 from .epilogue import epilogue_store
 from .igemm import Launch, Problem, cdiv, output_pixels
@@ -56,6 +59,9 @@ ACC_PER_THREAD_MAX = 64
 VALUES_PER_THREAD_MIN = 8
 #: 32-bit element offsets: activation and output storage must stay below this
 OFFSET_LIMIT = 2**31
+#: bytes the tap-major weight rows are padded to: the largest BLOCK_C, so that a channel
+#: tile's weights are one unmasked load inside the row
+ROW_ALIGN = 128
 
 
 @triton.jit
@@ -72,21 +78,23 @@ def decode_values(pat, BITS: tl.constexpr, ENC: tl.constexpr):
 
 
 @triton.jit
-def channel_tile(ptr, row_off, pid_c, pix_mask, C, row_width,
+def channel_tile(ptr, row_off, c0, c_end, byte_end, pix_mask,
                  SRC: tl.constexpr, BITS: tl.constexpr, ENC: tl.constexpr,
                  BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr):
-    """int32 values [BLOCK_PIX, BLOCK_C] of channels pid_c * BLOCK_C + [0, BLOCK_C) of the rows
-    starting at row_off (storage elements), 0 where pix_mask is false or past C. PACKED rows
-    (SRC_PACKED, row_width bytes) are loaded as BLOCK_C * BITS / 8 bytes per row and split in
-    registers: only the packed bytes cross DRAM."""
-    chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask = pix_mask[:, None] & (chan < C)[None, :]
+    """int32 values [BLOCK_PIX, BLOCK_C] of channels c0 + [0, BLOCK_C) of the rows starting at
+    row_off (storage elements), 0 where pix_mask is false and at channels >= c_end. PACKED rows
+    (SRC_PACKED; c0 a multiple of 8 // BITS) are loaded as BLOCK_C * BITS / 8 bytes a row,
+    those below byte_end (the bytes of channels < c_end), and split in registers: only the
+    packed bytes cross DRAM, as wide vectors where the compiler knows c0 and byte_end as
+    multiples (pass them as products of constants, not quotients)."""
+    chan = c0 + tl.arange(0, BLOCK_C)
+    mask = pix_mask[:, None] & (chan < c_end)[None, :]
     if SRC == 1:
         PER: tl.constexpr = 8 // BITS
         NB: tl.constexpr = BLOCK_C // PER
-        byte = pid_c * NB + tl.arange(0, NB)
+        byte = c0 // PER + tl.arange(0, NB)
         raw = tl.load(ptr + row_off[:, None] + byte[None, :],
-                      mask=pix_mask[:, None] & (byte < row_width)[None, :], other=0)
+                      mask=pix_mask[:, None] & (byte < byte_end)[None, :], other=0)
         shift = tl.arange(0, PER) * BITS
         pat = (raw.to(tl.int32)[:, :, None] >> shift[None, None, :]) & ((1 << BITS) - 1)
         val = decode_values(tl.reshape(pat, (BLOCK_PIX, BLOCK_C)), BITS, ENC)
@@ -97,37 +105,29 @@ def channel_tile(ptr, row_off, pid_c, pix_mask, C, row_width,
 
 
 @triton.jit
-def tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row,
-                R: tl.constexpr, S: tl.constexpr,
-                A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr,
-                W_SRC: tl.constexpr, W_BITS: tl.constexpr, W_ENC: tl.constexpr,
-                ALIGN_X: tl.constexpr, BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr):
+def tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, c0, H, W, C, x_row, w_row,
+                S: tl.constexpr, A_SRC: tl.constexpr, A_BITS: tl.constexpr,
+                A_ENC: tl.constexpr, ALIGN_X: tl.constexpr, BLOCK_PIX: tl.constexpr,
+                BLOCK_C: tl.constexpr):
     """int32 [BLOCK_PIX, BLOCK_C]: the input tile of filter tap `tap` = r * S + s times the
-    tap's weight of each channel (KRSC storage [C, R, S, 1]: channel c's tap at c * R * S +
-    tap)."""
+    tap's weight of each channel (`tap_major_weights`: channel c's at tap * w_row + c)."""
     ih = ih0 + tap // S
     iw = iw0 + tap % S
     pix = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
     row_off = ((n_img * H + ih) * W + iw) * x_row
     if ALIGN_X > 1:
         row_off = tl.multiple_of(row_off, ALIGN_X)
-    a = channel_tile(x_ptr, row_off, pid_c, pix, C, x_row, A_SRC, A_BITS, A_ENC, BLOCK_PIX,
-                     BLOCK_C)
-    chan = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    c_mask = chan < C
-    wv = tl.load(w_ptr + chan * (R * S) + tap, mask=c_mask, other=0).to(tl.int32)
-    if W_SRC == 1:
-        wv = tl.where(c_mask, decode_values(wv & ((1 << W_BITS) - 1), W_BITS, W_ENC), 0)
-    return a * wv[None, :]
+    a = channel_tile(x_ptr, row_off, c0, C, x_row, pix, A_SRC, A_BITS, A_ENC, BLOCK_PIX, BLOCK_C)
+    wv = tl.load(w_ptr + tap * w_row + c0 + tl.arange(0, BLOCK_C))  # zeros past C
+    return a * wv.to(tl.int32)[None, :]
 
 
 @triton.jit
 def depthwise_kernel(
     x_ptr, w_ptr, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr,
-    M, C, H, W, P, Q, conv_stride, pad, x_row, out_row, out_plane,
+    M, C, H, W, P, Q, conv_stride, pad, x_row, w_row, out_row, out_plane,
     R: tl.constexpr, S: tl.constexpr,
     A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr,
-    W_SRC: tl.constexpr, W_BITS: tl.constexpr, W_ENC: tl.constexpr,
     HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
     OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
     WIDE: tl.constexpr, ALIGN_X: tl.constexpr, PIPELINED: tl.constexpr,
@@ -142,25 +142,37 @@ def depthwise_kernel(
     m_mask = offs_m < M
     n_img, ih0, iw0 = output_pixels(offs_m, P, Q, conv_stride, pad, False)
     acc = tl.zeros((BLOCK_PIX, BLOCK_C), dtype=tl.int32)
+    c0 = pid_c * BLOCK_C
     if PIPELINED:
         for tap in tl.range(0, R * S, num_stages=TAP_STAGES):
-            acc += tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C,
-                               x_row, R, S, A_SRC, A_BITS, A_ENC, W_SRC, W_BITS, W_ENC,
-                               ALIGN_X, BLOCK_PIX, BLOCK_C)
+            acc += tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, c0, H, W, C, x_row,
+                               w_row, S, A_SRC, A_BITS, A_ENC, ALIGN_X, BLOCK_PIX, BLOCK_C)
     else:
         for tap in tl.static_range(R * S):
-            acc += tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C,
-                               x_row, R, S, A_SRC, A_BITS, A_ENC, W_SRC, W_BITS, W_ENC,
-                               ALIGN_X, BLOCK_PIX, BLOCK_C)
-    epilogue_store(acc, offs_m, pid_c * BLOCK_C, M, C, out_ptr, out_row, out_plane,
+            acc += tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, c0, H, W, C, x_row,
+                               w_row, S, A_SRC, A_BITS, A_ENC, ALIGN_X, BLOCK_PIX, BLOCK_C)
+    epilogue_store(acc, offs_m, c0, M, C, out_ptr, out_row, out_plane,
                    bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS, RELU, OUT_KIND,
                    OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_PIX, BLOCK_C)
 
 
 def depthwise_problem(wl: ConvWorkload) -> Problem:
     """The kernel's view of a depthwise workload (`templates.problem`'s strides and epilogue;
-    one weight value per KRSC row, no zero point: CUDA cores multiply u8 as it is)."""
-    return dataclasses.replace(problem(wl, False), w_row=1, a_zero=0)
+    w_row: the tap-major weight rows' length; no zero point: CUDA cores multiply u8 as it
+    is)."""
+    return dataclasses.replace(problem(wl, False), w_row=-(-wl.C // ROW_ALIGN) * ROW_ALIGN,
+                               a_zero=0)
+
+
+def tap_major_weights(wl: ConvWorkload, w: torch.Tensor) -> torch.Tensor:
+    """The weight values as [R*S, C rounded up to ROW_ALIGN] on w's device (zeros past C), one
+    byte each (int8, uint8 for u8): a tap's weights of a channel tile are one vector load.
+    `w`: the workload's validated KRSC storage [C, R, S, 1] (INT8 or PACKED)."""
+    values = unpack(w, wl.w, wl.w_layout, 1).reshape(wl.C, wl.R * wl.S).T
+    dtype = torch.uint8 if wl.w.qmax > 127 else torch.int8
+    out = torch.zeros((wl.R * wl.S, depthwise_problem(wl).w_row), dtype=dtype, device=w.device)
+    out[:, :wl.C] = values.to(dtype)
+    return out
 
 
 def row_alignment(prob: Problem) -> int:
@@ -171,18 +183,17 @@ def row_alignment(prob: Problem) -> int:
 
 def depthwise_launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor,
                      out: torch.Tensor, vecs: tuple) -> Launch:
-    """The one launch of a validated call (`vecs`: bias, scale, multiplier, shift or None).
-    No checks here."""
+    """The one launch of a validated call (`w`: `tap_major_weights`; `vecs`: bias, scale,
+    multiplier, shift or None). No checks here."""
     bp, bc = cfg["BLOCK_PIX"], cfg["BLOCK_C"]
     kind, layout, obits, qmin, qmax = prob.out
     vecs = tuple(t if t is not None else out for t in vecs)
     args = (x, w, out, *vecs, prob.M, prob.NOUT, prob.H, prob.W, prob.P, prob.Q, prob.stride,
-            prob.pad, prob.x_row, prob.out_row, prob.out_plane)
+            prob.pad, prob.x_row, prob.w_row, prob.out_row, prob.out_plane)
     pipelined = cfg["TAP_LOOP"] == "pipelined"
     kwargs = dict(
         R=prob.R, S=prob.S, A_SRC=prob.a_operand[0], A_BITS=prob.a_operand[1],
-        A_ENC=prob.a_operand[2], W_SRC=prob.w_operand[0], W_BITS=prob.w_operand[1],
-        W_ENC=prob.w_operand[2], HAS_BIAS=prob.bias, RELU=prob.relu, OUT_KIND=kind,
+        A_ENC=prob.a_operand[2], HAS_BIAS=prob.bias, RELU=prob.relu, OUT_KIND=kind,
         OUT_LAYOUT=layout, OUT_BITS=obits, QMIN=qmin, QMAX=qmax, WIDE=prob.wide,
         ALIGN_X=row_alignment(prob), PIPELINED=pipelined, TAP_STAGES=cfg["num_stages"],
         BLOCK_PIX=bp, BLOCK_C=bc, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
@@ -192,16 +203,23 @@ def depthwise_launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tens
 
 class DepthwiseKernel(IgemmKernel):
     """One compiled (workload, config) of `triton.conv2d_depthwise`: `kernel(x, w, params,
-    out=None)` and `bind(...)` as `IgemmKernel` (checks, wide bias, float64 requantization)."""
+    out=None)` and `bind(...)` as `IgemmKernel` (checks, wide bias, float64 requantization);
+    a bound launcher keeps the tap-major copy of `w` made at bind (bind again after changing
+    the weights)."""
 
     def plan(self, prob: Problem, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
              vecs: tuple) -> list[Launch]:
-        return [depthwise_launch(prob, self.config, x, w, out, vecs)]
+        if w.dim() == 1:  # an ahead-of-time compile's placeholder: only the dtype matters
+            dtype = torch.uint8 if self.workload.w.qmax > 127 else torch.int8
+            taps = torch.empty(16, dtype=dtype, device=w.device)
+        else:
+            taps = tap_major_weights(self.workload, w)
+        return [depthwise_launch(prob, self.config, x, taps, out, vecs)]
 
 
 DEPTHWISE_KNOBS = KnobTable(
     KnobDef("BLOCK_PIX", (128, 32, 64, 256, 512), "output pixels per program"),
-    KnobDef("BLOCK_C", (32, 16, 64, 128), "channels per program, along the lanes"),
+    KnobDef("BLOCK_C", (32, 16, 64, ROW_ALIGN), "channels per program, along the lanes"),
     KnobDef("num_warps", (4, 1, 2, 8), "warps per program"),
     KnobDef("TAP_LOOP", ("unrolled", "pipelined"),
             "unrolled: the R*S taps as straight-line code (all loads in flight); pipelined: "

@@ -17,9 +17,10 @@ block-diagonal reduction:
   row of a tap contiguous), so the kernel loads it as a dense tile;
 - activations are gathered from NHWC x as in `igemm` (`igemm.output_pixels`, padding and
   channels past the span masked to the value 0), int8 or PACKED sub-byte values unpacked in
-  registers (`epilogue.load_operand`), u8 activations by the zero point (`zero_point`: the
-  dot takes a - 128; the term 128 sum_k w[n, k] is summed from the block-diagonal weights,
-  whose zeros add nothing);
+  registers (`epilogue.load_operand`; as packed bytes split in registers where the groups
+  start on byte boundaries: `depthwise.channel_tile`), u8 activations by the zero point
+  (`zero_point`: the dot takes a - 128; the term 128 sum_k w[n, k] is summed from the
+  block-diagonal weights, whose zeros add nothing);
 - the epilogue is the implicit-GEMM kernels' (`epilogue.epilogue_store`).
 
 Each column tile reads its own groups' channels, so the activations cross DRAM once whatever
@@ -48,8 +49,8 @@ from ...core.knobs import KnobDef, KnobTable
 from ...core.precision import Encoding
 from ...quant.packing import unpack
 from ..base import EXACT_INT32, KernelTemplate, acc_bound
-from .depthwise import offsets_reason, row_alignment
-from .epilogue import ENC_CODE, SRC_INT8, epilogue_store, load_operand
+from .depthwise import channel_tile, offsets_reason, row_alignment
+from .epilogue import ENC_CODE, SRC_INT8, SRC_PACKED, epilogue_store, load_operand
 from .igemm import Launch, Problem, cdiv, grouped_tile, output_pixels, tap_and_chunk
 from .templates import ACC_REGS_LIMIT, SMEM_LIMIT, IgemmKernel, problem
 from .zero_point import ACT_ZERO_POINT, shifted_act, with_zero_point
@@ -66,12 +67,20 @@ def grouped_kernel(
     IS_GEMM: tl.constexpr, A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr,
     A_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
     OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
-    WIDE: tl.constexpr, ALIGN_X: tl.constexpr, BLOCK_PIX: tl.constexpr,
+    WIDE: tl.constexpr, ALIGN_X: tl.constexpr, TILE_GROUPS: tl.constexpr,
+    FULL_SPAN: tl.constexpr, PACKED_BYTES: tl.constexpr, BLOCK_PIX: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """Output tile (pid_m, pid_n): the dot of the pixels' input channels of the tile's groups
     with the block-diagonal weights [K, R*S, CT] over taps x chunks of the span, then the
-    fused epilogue (module doc)."""
+    fused epilogue (module doc).
+
+    TILE_GROUPS: BLOCK_N / KG where KG divides BLOCK_N, else 0; FULL_SPAN: the span of every
+    tile (TILE_GROUPS * CG) where K is a multiple of BLOCK_N too, else 0. With them the
+    compiler knows the span's first channel and length as multiples, so its loads and masks
+    stay wide vectors. PACKED_BYTES: packed activations whose groups start on byte boundaries
+    (CG a multiple of 8 / A_BITS), read as packed bytes split in registers
+    (`depthwise.channel_tile`)."""
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_PIX), tl.cdiv(NOUT, BLOCK_N),
                                 GROUP_M)
     offs_m = pid_m * BLOCK_PIX + tl.arange(0, BLOCK_PIX)
@@ -79,12 +88,18 @@ def grouped_kernel(
     m_mask = offs_m < M
     n_mask = offs_n < NOUT
     n_img, ih0, iw0 = output_pixels(offs_m, P, Q, conv_stride, pad, IS_GEMM)
-    g_lo = (pid_n * BLOCK_N) // KG
-    g_hi = (tl.minimum(pid_n * BLOCK_N + BLOCK_N, NOUT) - 1) // KG
+    if TILE_GROUPS > 0:
+        g_lo = pid_n * TILE_GROUPS
+    else:
+        g_lo = (pid_n * BLOCK_N) // KG
+    if FULL_SPAN > 0:
+        span = FULL_SPAN
+    else:
+        span = ((tl.minimum(pid_n * BLOCK_N + BLOCK_N, NOUT) - 1) // KG - g_lo + 1) * CG
     cin_lo = g_lo * CG
-    span = (g_hi - g_lo + 1) * CG
     chunks = tl.cdiv(span, BLOCK_K)
     w_rows = offs_n * (R * S)
+    PER: tl.constexpr = 8 // A_BITS  # values a byte of packed activations
     acc = tl.zeros((BLOCK_PIX, BLOCK_N), dtype=tl.int32)
     for it in range(0, R * S * chunks):
         tap, cc = tap_and_chunk(it, R * S, chunks, False)
@@ -104,6 +119,10 @@ def grouped_kernel(
             a = load_operand(x_ptr, a_off, cin_lo + j, a_mask, j_mask, A_SRC, A_BITS, A_ENC,
                              True, tl.uint8)
             a = shifted_act(a, A_ZERO)
+        elif PACKED_BYTES:
+            a = channel_tile(x_ptr, a_off, cin_lo + cc * BLOCK_K, cin_lo + span,
+                             g_lo * (CG // PER) + span // PER, a_mask, A_SRC, A_BITS, A_ENC,
+                             BLOCK_PIX, BLOCK_K).to(tl.int8)
         else:
             a = load_operand(x_ptr, a_off, cin_lo + j, a_mask, j_mask, A_SRC, A_BITS, A_ENC,
                              True, tl.int8)
@@ -167,13 +186,18 @@ def grouped_launch(wl: ConvWorkload, prob: Problem, cfg: Mapping, x: torch.Tenso
     args = (x, w_blocks, out, *vecs, out if terms is None else terms, prob.M, prob.NOUT, prob.H,
             prob.W, prob.P, prob.Q, prob.stride, prob.pad, prob.x_row, prob.out_row,
             prob.out_plane)
+    cg, kg = wl.C // wl.groups, wl.K // wl.groups
+    tile_groups = bn // kg if bn % kg == 0 else 0
     kwargs = dict(
-        R=prob.R, S=prob.S, CG=wl.C // wl.groups, KG=wl.K // wl.groups,
+        R=prob.R, S=prob.S, CG=cg, KG=kg,
         CT=span_width(wl, bn), IS_GEMM=prob.is_gemm, A_SRC=prob.a_operand[0],
         A_BITS=prob.a_operand[1], A_ENC=prob.a_operand[2], A_ZERO=prob.a_zero,
         HAS_BIAS=prob.bias, RELU=prob.relu, OUT_KIND=kind, OUT_LAYOUT=layout, OUT_BITS=obits,
-        QMIN=qmin, QMAX=qmax, WIDE=prob.wide, ALIGN_X=row_alignment(prob), BLOCK_PIX=bp,
-        BLOCK_N=bn, BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
+        QMIN=qmin, QMAX=qmax, WIDE=prob.wide, ALIGN_X=row_alignment(prob),
+        TILE_GROUPS=tile_groups,
+        FULL_SPAN=tile_groups * cg if tile_groups and wl.K % bn == 0 else 0,
+        PACKED_BYTES=prob.a_operand[0] == SRC_PACKED and cg * prob.a_operand[1] % 8 == 0,
+        BLOCK_PIX=bp, BLOCK_N=bn, BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     grid = (cdiv(prob.M, bp) * cdiv(prob.NOUT, bn),)
     return Launch(grouped_kernel, grid, args, kwargs)
