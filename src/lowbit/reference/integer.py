@@ -49,8 +49,8 @@ def conv2d_int(x: torch.Tensor, w: torch.Tensor, stride: int = 1, pad: int = 0,
         raise ValueError(f"x's C={x.shape[3]} and w's K={w.shape[0]} must be multiples of "
                          f"groups={groups}")
     if x.shape[3] != w.shape[3] * groups:
-        raise ValueError(f"x has C={x.shape[3]} channels but w has C/groups={w.shape[3]} "
-                         f"(groups={groups})")
+        per = f"C={w.shape[3]}" if groups == 1 else f"C/groups={w.shape[3]} (groups={groups})"
+        raise ValueError(f"x has C={x.shape[3]} channels but w has {per}")
     k, r, s, cg = w.shape
     terms = r * s * cg
     if _bound(x, w, terms) < _EXACT_F64:
