@@ -278,13 +278,10 @@ GPU_COMBOS = {"w8a8_u8": (dict(a="u8"), U8_RELU), "w8a8_int32": (dict(a="u8"), E
               "w2a2_shifted_s8": (dict(a="u2", w="s2", a_layout="packed"), S8_SHIFTED)}
 
 
-def mobilenet_dw(c: int, h: int, stride: int, **kw) -> ConvWorkload:
-    return ConvWorkload(N=2, H=h, W=h, C=c, K=c, R=3, S=3, stride=stride, pad=1, groups=c, **kw)
-
-
-def resnext_grouped(width: int, h: int, stride: int, **kw) -> ConvWorkload:
+def gpu_layer(kind: str, width: int, h: int, stride: int, **kw) -> ConvWorkload:
+    """A MobileNet-V2 depthwise ("dw") or ResNeXt-50 grouped ("grouped", 32 groups) 3x3."""
     return ConvWorkload(N=2, H=h, W=h, C=width, K=width, R=3, S=3, stride=stride, pad=1,
-                        groups=32, **kw)
+                        groups=width if kind == "dw" else 32, **kw)
 
 
 def _sampled(template, wl, n: int, seed: int) -> list[Config]:
@@ -292,24 +289,19 @@ def _sampled(template, wl, n: int, seed: int) -> list[Config]:
     return random.Random(seed).sample(configs, min(n, len(configs)))
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("combo", list(GPU_COMBOS))
-@pytest.mark.parametrize("layer", MOBILENET_DW, ids=lambda s: f"c{s[0]}_h{s[1]}_s{s[2]}")
-def test_gpu_mobilenet_depthwise(layer, combo):
-    prec, epi = GPU_COMBOS[combo]
-    wl = mobilenet_dw(*layer, **prec, epilogue=epi)
-    for cfg in [DEPTHWISE.default_config(wl), *_sampled(DEPTHWISE, wl, 1, seed=len(wl.key))]:
-        check(wl, DEPTHWISE.build(wl, cfg), seed=11)
+GPU_LAYERS = [("dw", *s) for s in MOBILENET_DW] + [("grouped", *s) for s in RESNEXT_GROUPED]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("combo", list(GPU_COMBOS))
-@pytest.mark.parametrize("layer", RESNEXT_GROUPED, ids=lambda s: f"w{s[0]}_h{s[1]}_s{s[2]}")
-def test_gpu_resnext_grouped(layer, combo):
+@pytest.mark.parametrize("layer", GPU_LAYERS, ids=lambda s: "{}_c{}_h{}_s{}".format(*s))
+def test_gpu_network_layers(layer, combo):
+    """Each layer at its template's default config and one sampled config of its space."""
     prec, epi = GPU_COMBOS[combo]
-    wl = resnext_grouped(*layer, **prec, epilogue=epi)
-    for cfg in [GROUPED.default_config(wl), *_sampled(GROUPED, wl, 1, seed=len(wl.key))]:
-        check(wl, GROUPED.build(wl, cfg), seed=12)
+    wl = gpu_layer(*layer, **prec, epilogue=epi)
+    template = DEPTHWISE if wl.depthwise else GROUPED
+    for cfg in [template.default_config(wl), *_sampled(template, wl, 1, seed=len(wl.key))]:
+        check(wl, template.build(wl, cfg), seed=11)
 
 
 @pytest.mark.gpu

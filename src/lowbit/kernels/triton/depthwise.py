@@ -49,7 +49,7 @@ from ...core.knobs import KnobDef, KnobTable
 from ...core.validate import operand_shapes, out_storage, storage_shape
 from ...quant.packing import unpack
 from ..base import EXACT_INT32, KernelTemplate, acc_bound
-from .epilogue import epilogue_store
+from .epilogue import decode_values, epilogue_store
 from .igemm import Launch, Problem, cdiv, output_pixels
 from .templates import IgemmKernel, problem
 
@@ -62,19 +62,6 @@ OFFSET_LIMIT = 2**31
 #: bytes the tap-major weight rows are padded to: the largest BLOCK_C, so that a channel
 #: tile's weights are one unmasked load inside the row
 ROW_ALIGN = 128
-
-
-@triton.jit
-def decode_values(pat, BITS: tl.constexpr, ENC: tl.constexpr):
-    """The integer values of BITS-bit patterns (int32) in encoding ENC: unsigned (0), two's
-    complement signed (1), binary 0 -> -1, 1 -> +1 (2)."""
-    if ENC == 2:
-        val = 2 * pat - 1
-    elif ENC == 1:
-        val = pat - ((pat >> (BITS - 1)) & 1) * (1 << BITS)
-    else:
-        val = pat
-    return val
 
 
 @triton.jit
@@ -229,6 +216,24 @@ DEPTHWISE_KNOBS = KnobTable(
 )
 
 
+def grouped_conv_reason(wl: ConvWorkload) -> str | None:
+    """What the depthwise and grouped templates refuse whatever the groups: a residual term,
+    int16 output, bit-plane operands, an accumulator that could leave int32, tensors past
+    32-bit offsets (None: they take it)."""
+    if wl.epilogue.residual is not None:
+        return ("a residual term in the epilogue (Epilogue.residual) is written by the "
+                "separate layer-epilogue pass, not this one")
+    if wl.epilogue.out == OUT_INT16:
+        return "int16 output is written by the bit-serial templates: use int32"
+    for name, layout in (("a_layout", wl.a_layout), ("w_layout", wl.w_layout)):
+        if layout is Layout.BITPLANE:
+            return f"{name} 'bitplane' operands are served by the bit-serial templates"
+    bound = acc_bound(wl)  # u8 activations' zero-point sums too (within it)
+    if bound >= EXACT_INT32:
+        return f"worst-case |accumulator| {bound} >= {EXACT_INT32}: int32 would not be exact"
+    return offsets_reason(wl)
+
+
 def offsets_reason(wl: ConvWorkload) -> str | None:
     """Why 32-bit element offsets cannot address the activations or the output (None: they
     can)."""
@@ -238,8 +243,23 @@ def offsets_reason(wl: ConvWorkload) -> str | None:
     return None
 
 
-def _pow2_ceil(n: int) -> int:
+def pow2_ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def tile_reason(wl: ConvWorkload, pixels: int, pixel_floor: int, channels: int,
+                name: str) -> str | None:
+    """Why an output tile of `pixels` (knob BLOCK_PIX) x `channels` (knob `name`) does not fit
+    `wl`: wider than K, or taller than N*P*Q, rounded up to a power of two (at least 16 /
+    `pixel_floor`), or under 32 channels for a bit-plane output (32 channels a word)."""
+    m = wl.gemm_shape[0]
+    if channels > max(16, pow2_ceil(wl.K)):
+        return f"{name}={channels} exceeds K={wl.K} rounded up"
+    if pixels > max(pixel_floor, pow2_ceil(m)):
+        return f"BLOCK_PIX={pixels} exceeds N*P*Q={m} rounded up"
+    if wl.epilogue.requantizes and wl.epilogue.out_layout is Layout.BITPLANE and channels < 32:
+        return f"bit-plane output packs 32 channels a word: {name} >= 32"
+    return None
 
 
 class Conv2dDepthwiseTemplate(KernelTemplate):
@@ -260,31 +280,11 @@ class Conv2dDepthwiseTemplate(KernelTemplate):
         if not wl.depthwise:
             return (f"needs a depthwise conv (groups == C == K), got groups={wl.groups}, "
                     f"C={wl.C}, K={wl.K}")
-        if wl.epilogue.residual is not None:
-            return ("a residual term in the epilogue (Epilogue.residual) is written by the "
-                    "separate layer-epilogue pass, not this one")
-        if wl.epilogue.out == OUT_INT16:
-            return "int16 output is written by the bit-serial templates: use int32"
-        for name, layout in (("a_layout", wl.a_layout), ("w_layout", wl.w_layout)):
-            if layout is Layout.BITPLANE:
-                return f"{name} 'bitplane' operands are served by the bit-serial templates"
-        bound = acc_bound(wl)
-        if bound >= EXACT_INT32:
-            return f"worst-case |accumulator| {bound} >= {EXACT_INT32}: int32 would not be exact"
-        return offsets_reason(wl)
+        return grouped_conv_reason(wl)
 
     def constraints(self, wl: ConvWorkload) -> list:
-        m = wl.gemm_shape[0]
-        bitplane_out = wl.epilogue.requantizes and wl.epilogue.out_layout is Layout.BITPLANE
-
         def fits(c: Config) -> str | None:
-            if c["BLOCK_C"] > max(16, _pow2_ceil(wl.C)):
-                return f"BLOCK_C={c['BLOCK_C']} exceeds C={wl.C} rounded up"
-            if c["BLOCK_PIX"] > max(32, _pow2_ceil(m)):
-                return f"BLOCK_PIX={c['BLOCK_PIX']} exceeds N*P*Q={m} rounded up"
-            if bitplane_out and c["BLOCK_C"] < 32:
-                return "bit-plane output packs 32 channels a word: BLOCK_C >= 32"
-            return None
+            return tile_reason(wl, c["BLOCK_PIX"], 32, c["BLOCK_C"], "BLOCK_C")
 
         def threads(c: Config) -> str | None:
             per_thread = c["BLOCK_PIX"] * c["BLOCK_C"] // (32 * c["num_warps"])
@@ -310,8 +310,8 @@ class Conv2dDepthwiseTemplate(KernelTemplate):
         c = 64 if wl.C % 64 == 0 or wl.C % 32 else 32
         if wl.a_layout is Layout.PACKED:
             c = max(c, min(128, 256 // wl.a.bits))
-        c = min(c, max(16, _pow2_ceil(wl.C)))
-        pix = min(max(32, 4096 // c), max(32, _pow2_ceil(wl.gemm_shape[0])))
+        c = min(c, max(16, pow2_ceil(wl.C)))
+        pix = min(max(32, 4096 // c), max(32, pow2_ceil(wl.gemm_shape[0])))
         cfg = Config(BLOCK_PIX=min(pix, 512), BLOCK_C=c, num_warps=4, TAP_LOOP="unrolled",
                      num_stages=1)
         while not space.is_valid(cfg) and cfg["num_warps"] > 1:
@@ -333,4 +333,5 @@ class Conv2dDepthwiseTemplate(KernelTemplate):
 
 
 __all__ = ["DEPTHWISE_KNOBS", "Conv2dDepthwiseTemplate", "DepthwiseKernel", "channel_tile",
-           "decode_values", "depthwise_kernel", "depthwise_launch", "depthwise_problem"]
+           "depthwise_kernel", "depthwise_launch", "depthwise_problem", "grouped_conv_reason",
+           "offsets_reason", "pow2_ceil", "tap_major_weights", "tile_reason"]

@@ -44,12 +44,18 @@ import torch
 import triton
 import triton.language as tl
 
-from ...core import OUT_INT16, Config, ConfigSpace, ConvWorkload, Layout, Workload
+from ...core import Config, ConfigSpace, ConvWorkload, Workload
 from ...core.knobs import KnobDef, KnobTable
 from ...core.precision import Encoding
 from ...quant.packing import unpack
-from ..base import EXACT_INT32, KernelTemplate, acc_bound
-from .depthwise import channel_tile, offsets_reason, row_alignment
+from ..base import KernelTemplate
+from .depthwise import (
+    channel_tile,
+    grouped_conv_reason,
+    pow2_ceil,
+    row_alignment,
+    tile_reason,
+)
 from .epilogue import ENC_CODE, SRC_INT8, SRC_PACKED, epilogue_store, load_operand
 from .igemm import Launch, Problem, cdiv, grouped_tile, output_pixels, tap_and_chunk
 from .templates import ACC_REGS_LIMIT, SMEM_LIMIT, IgemmKernel, problem
@@ -233,10 +239,6 @@ GROUPED_KNOBS = KnobTable(
 )
 
 
-def _pow2_ceil(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 class Conv2dGroupedInt8Template(KernelTemplate):
     """Grouped conv2d NHWC x KRSC [K, R, S, C / groups] (1 < groups, not depthwise) on int8
     tensor cores with a block-diagonal reduction per column tile, any R x S, stride and
@@ -256,35 +258,20 @@ class Conv2dGroupedInt8Template(KernelTemplate):
         if wl.depthwise:
             return ("depthwise (groups == C == K) runs on triton.conv2d_depthwise (the MMA "
                     "would pad each one-channel reduction to its k32 shape)")
-        if wl.epilogue.residual is not None:
-            return ("a residual term in the epilogue (Epilogue.residual) is written by the "
-                    "separate layer-epilogue pass, not this one")
-        if wl.epilogue.out == OUT_INT16:
-            return "int16 output is written by the bit-serial templates: use int32"
-        for name, layout in (("a_layout", wl.a_layout), ("w_layout", wl.w_layout)):
-            if layout is Layout.BITPLANE:
-                return f"{name} 'bitplane' operands are served by the bit-serial templates"
         if wl.w.encoding is Encoding.UNSIGNED and wl.w.bits == 8:
             return (f"w={wl.w} values exceed the int8 range of the int8 tensor cores (use s8 "
                     "or <= 7 bits)")
-        bound = acc_bound(wl)  # u8 activations: the dot's partial sums are within it too
-        if bound >= EXACT_INT32:
-            return f"worst-case |accumulator| {bound} >= {EXACT_INT32}: int32 would not be exact"
-        return offsets_reason(wl)
+        return grouped_conv_reason(wl)
 
     def constraints(self, wl: ConvWorkload) -> list:
         m = wl.gemm_shape[0]
-        bitplane_out = wl.epilogue.requantizes and wl.epilogue.out_layout is Layout.BITPLANE
 
         def fits(c: Config) -> str | None:
-            if c["BLOCK_N"] > max(16, _pow2_ceil(wl.K)):
-                return f"BLOCK_N={c['BLOCK_N']} exceeds K={wl.K} rounded up"
-            if c["BLOCK_PIX"] > max(64, _pow2_ceil(m)):
-                return f"BLOCK_PIX={c['BLOCK_PIX']} exceeds N*P*Q={m} rounded up"
-            if bitplane_out and c["BLOCK_N"] < 32:
-                return "bit-plane output packs 32 channels a word: BLOCK_N >= 32"
+            reason = tile_reason(wl, c["BLOCK_PIX"], 64, c["BLOCK_N"], "BLOCK_N")
+            if reason:
+                return reason
             ct = span_width(wl, c["BLOCK_N"])
-            if c["BLOCK_K"] > max(32, _pow2_ceil(ct)):
+            if c["BLOCK_K"] > max(32, pow2_ceil(ct)):
                 return f"BLOCK_K={c['BLOCK_K']} exceeds the tiles' span of {ct} channels"
             return None
 
@@ -317,8 +304,8 @@ class Conv2dGroupedInt8Template(KernelTemplate):
         power of two (32 to 128), 128-pixel tiles, 4 warps, 3 stages, GROUP_M 8 (1 where
         the row tiles are too few)."""
         space = self.space(wl)
-        bn = min(128, max(32, _pow2_ceil(wl.K // wl.groups)), max(16, _pow2_ceil(wl.K)))
-        bk = min(128, max(32, _pow2_ceil(span_width(wl, bn))))
+        bn = min(128, max(32, pow2_ceil(wl.K // wl.groups)), max(16, pow2_ceil(wl.K)))
+        bk = min(128, max(32, pow2_ceil(span_width(wl, bn))))
         cfg = Config(BLOCK_PIX=128 if wl.gemm_shape[0] > 64 else 64, BLOCK_N=bn, BLOCK_K=bk,
                      num_warps=4, num_stages=3, GROUP_M=8)
         if not space.is_valid(cfg):
