@@ -46,9 +46,10 @@ PACKED_U2 = dict(a="u2", a_layout="packed")
 
 # small tiles outside the H100 spaces (the interpreter's dot works at 16): several tiles in
 # pixels and channels, a ragged last tile in both
-DW_TINY = Config(BLOCK_PIX=64, BLOCK_C=32, num_warps=1, TAP_LOOP="unrolled", num_stages=1)
+DW_TINY = Config(BLOCK_PIX=64, BLOCK_C=32, num_warps=1, TAP_LOOP="unrolled", num_stages=1,
+                 MAC="int32")
 DW_PIPELINED = Config(BLOCK_PIX=128, BLOCK_C=16, num_warps=2, TAP_LOOP="pipelined",
-                      num_stages=2)
+                      num_stages=2, MAC="fp32")
 GR_TINY = Config(BLOCK_PIX=64, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=2, GROUP_M=2)
 GR_WIDE = GR_TINY.replace(BLOCK_N=32, GROUP_M=1)
 
@@ -71,8 +72,8 @@ DEPTHWISE_CASES = [
     ("3x3s1_s8_int32", dw(40, 3, 1), DW_TINY),
     ("3x3s2_u8_relu_u8", dw(40, 3, 2, a="u8", epilogue=U8_RELU), DW_TINY),
     ("5x5s2_u8_u4packed", dw(24, 5, 2, a="u8", epilogue=U4_PACKED), DW_PIPELINED),
-    ("3x3s1_u4packed_in_out", dw(40, 3, 1, **PACKED_U4, w="s4", w_layout="packed",
-                                 epilogue=U4_PACKED), DW_TINY),
+    ("3x3s1_u4packed_in_out_fp32", dw(40, 3, 1, **PACKED_U4, w="s4", w_layout="packed",
+                                      epilogue=U4_PACKED), DW_TINY.replace(MAC="fp32")),
     ("3x3s2_u2packed_shifted_s8", dw(48, 3, 2, **PACKED_U2, w="s2", epilogue=S8_SHIFTED),
      DW_PIPELINED),
     ("5x5s1_u2packed_bitplane", dw(36, 5, 1, n=1, **PACKED_U2, w="s2", w_layout="packed",
@@ -229,7 +230,12 @@ COMPILE_CASES = {
                                                        S=3, stride=2, pad=1, groups=192,
                                                        **PACKED_U4, epilogue=U4_PACKED),
                                Config(BLOCK_PIX=64, BLOCK_C=64, num_warps=4,
-                                      TAP_LOOP="pipelined", num_stages=3)),
+                                      TAP_LOOP="pipelined", num_stages=3, MAC="int32")),
+    "depthwise_u2_fp32_mac": (DEPTHWISE, ConvWorkload(N=64, H=56, W=56, C=144, K=144, R=3,
+                                                      S=3, pad=1, groups=144, **PACKED_U2,
+                                                      epilogue=U4_PACKED),
+                              Config(BLOCK_PIX=32, BLOCK_C=64, num_warps=4,
+                                     TAP_LOOP="unrolled", num_stages=1, MAC="fp32")),
     "grouped_default_resnext": (GROUPED, ConvWorkload(N=64, H=56, W=56, C=128, K=128, R=3,
                                                       S=3, pad=1, groups=32, a="u8",
                                                       epilogue=U8_RELU), None),

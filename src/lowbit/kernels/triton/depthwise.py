@@ -30,7 +30,12 @@ they share the pixels' DRAM sectors in L2.
 
 Knobs (`DEPTHWISE_KNOBS`): BLOCK_PIX, BLOCK_C, num_warps, TAP_LOOP ("unrolled": the R*S taps
 as straight-line code, every tap's loads in flight at once; "pipelined": a loop Triton
-software-pipelines `num_stages` deep) and num_stages.
+software-pipelines `num_stages` deep), num_stages and MAC ("int32": IMAD; "fp32": FFMA on the
+integer values, twice the issue rate, exact while the worst-case |sum| < 2^24, which every
+depthwise layer of <= 8 bits and <= 256 taps is). A 3x3 layer does 9 multiply-accumulates a
+value read: at 3 TB/s of u8 values in and out that is ~13 T MACs/s, at u4 ~27 T, against
+~17 T IMAD/s (~33 T FFMA/s) of an H100's CUDA cores, so at 4 and 2 bits the arithmetic, not
+the bytes, bounds the layer.
 """
 
 from __future__ import annotations
@@ -49,14 +54,17 @@ from ...core.knobs import KnobDef, KnobTable
 from ...core.validate import operand_shapes, out_storage, storage_shape
 from ...quant.packing import unpack
 from ..base import EXACT_INT32, KernelTemplate, acc_bound
-from .epilogue import decode_values, epilogue_store
+from .epilogue import SRC_PACKED, decode_values, epilogue_store
 from .igemm import Launch, Problem, cdiv, output_pixels
 from .templates import IgemmKernel, problem
 
-#: int32 accumulators per thread above which the tile spills (the tap's input tile is as many)
-ACC_PER_THREAD_MAX = 64
+#: accumulators per thread above which the unrolled taps spill (the taps' input tiles are in
+#: flight beside them; sm_90, offline ptxas: 32 a thread use 164-244 registers, 64 spill)
+ACC_PER_THREAD_MAX = 32
 #: values per thread below which a tile leaves lanes idle or replicated
 VALUES_PER_THREAD_MIN = 8
+#: float32 holds every integer below this exactly
+EXACT_FP32 = 2**24
 #: 32-bit element offsets: activation and output storage must stay below this
 OFFSET_LIMIT = 2**31
 #: bytes the tap-major weight rows are padded to: the largest BLOCK_C, so that a channel
@@ -65,48 +73,65 @@ ROW_ALIGN = 128
 
 
 @triton.jit
-def channel_tile(ptr, row_off, c0, c_end, byte_end, pix_mask,
-                 SRC: tl.constexpr, BITS: tl.constexpr, ENC: tl.constexpr,
+def channel_tile(ptr, row_off, c0, byte0, c_end, byte_end, pix_mask,
+                 SRC: tl.constexpr, BITS: tl.constexpr, ENC: tl.constexpr, VEC: tl.constexpr,
                  BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr):
     """int32 values [BLOCK_PIX, BLOCK_C] of channels c0 + [0, BLOCK_C) of the rows starting at
     row_off (storage elements), 0 where pix_mask is false and at channels >= c_end. PACKED rows
-    (SRC_PACKED; c0 a multiple of 8 // BITS) are loaded as BLOCK_C * BITS / 8 bytes a row,
-    those below byte_end (the bytes of channels < c_end), and split in registers: only the
-    packed bytes cross DRAM, as wide vectors where the compiler knows c0 and byte_end as
-    multiples (pass them as products of constants, not quotients)."""
+    (SRC_PACKED; c0 a multiple of 8 // BITS, byte0 = c0 * BITS / 8) are loaded as
+    BLOCK_C * BITS / 8 bytes a row from byte0, those below byte_end (the bytes of channels
+    < c_end), and split in registers: only the packed bytes cross DRAM, as wide vectors where
+    the compiler knows byte0 and byte_end as multiples (pass products of constants, not
+    quotients). VEC: a power of two dividing row_off and, in storage elements, both ends of
+    the loaded run (c0 and c_end, or byte0 and byte_end): the in-row mask is constant over
+    aligned runs of VEC, so loads stay VEC wide where the end is a run-time value."""
     chan = c0 + tl.arange(0, BLOCK_C)
     mask = pix_mask[:, None] & (chan < c_end)[None, :]
     if SRC == 1:
         PER: tl.constexpr = 8 // BITS
         NB: tl.constexpr = BLOCK_C // PER
-        byte = c0 // PER + tl.arange(0, NB)
+        byte = byte0 + tl.arange(0, NB)
+        in_row = byte < byte_end
+        if VEC > 1:
+            in_row = tl.max_constancy(in_row, VEC)
         raw = tl.load(ptr + row_off[:, None] + byte[None, :],
-                      mask=pix_mask[:, None] & (byte < byte_end)[None, :], other=0)
+                      mask=pix_mask[:, None] & in_row[None, :], other=0)
         shift = tl.arange(0, PER) * BITS
         pat = (raw.to(tl.int32)[:, :, None] >> shift[None, None, :]) & ((1 << BITS) - 1)
         val = decode_values(tl.reshape(pat, (BLOCK_PIX, BLOCK_C)), BITS, ENC)
         val = tl.where(mask, val, 0)
     else:
-        val = tl.load(ptr + row_off[:, None] + chan[None, :], mask=mask, other=0).to(tl.int32)
+        in_row = chan < c_end
+        if VEC > 1:
+            in_row = tl.max_constancy(in_row, VEC)
+        val = tl.load(ptr + row_off[:, None] + chan[None, :],
+                      mask=pix_mask[:, None] & in_row[None, :], other=0).to(tl.int32)
     return val
 
 
 @triton.jit
-def tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, c0, H, W, C, x_row, w_row,
+def tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row, w_row,
                 S: tl.constexpr, A_SRC: tl.constexpr, A_BITS: tl.constexpr,
-                A_ENC: tl.constexpr, ALIGN_X: tl.constexpr, BLOCK_PIX: tl.constexpr,
-                BLOCK_C: tl.constexpr):
-    """int32 [BLOCK_PIX, BLOCK_C]: the input tile of filter tap `tap` = r * S + s times the
-    tap's weight of each channel (`tap_major_weights`: channel c's at tap * w_row + c)."""
+                A_ENC: tl.constexpr, ALIGN_X: tl.constexpr, MAC_FP32: tl.constexpr,
+                BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr):
+    """[BLOCK_PIX, BLOCK_C]: the input tile of filter tap `tap` = r * S + s times the tap's
+    weight of each channel (`tap_major_weights`: channel c's at tap * w_row + c), int32, or
+    float32 with MAC_FP32 (integers, exact while the layer's |sum| < 2^24)."""
     ih = ih0 + tap // S
     iw = iw0 + tap % S
     pix = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
     row_off = ((n_img * H + ih) * W + iw) * x_row
     if ALIGN_X > 1:
         row_off = tl.multiple_of(row_off, ALIGN_X)
-    a = channel_tile(x_ptr, row_off, c0, C, x_row, pix, A_SRC, A_BITS, A_ENC, BLOCK_PIX, BLOCK_C)
+    c0 = pid_c * BLOCK_C
+    a = channel_tile(x_ptr, row_off, c0, pid_c * (BLOCK_C * A_BITS // 8), C, x_row, pix, A_SRC,
+                     A_BITS, A_ENC, ALIGN_X, BLOCK_PIX, BLOCK_C)
     wv = tl.load(w_ptr + tap * w_row + c0 + tl.arange(0, BLOCK_C))  # zeros past C
-    return a * wv.to(tl.int32)[None, :]
+    if MAC_FP32:
+        prod = a.to(tl.float32) * wv.to(tl.float32)[None, :]
+    else:
+        prod = a * wv.to(tl.int32)[None, :]
+    return prod
 
 
 @triton.jit
@@ -118,7 +143,8 @@ def depthwise_kernel(
     HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
     OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
     WIDE: tl.constexpr, ALIGN_X: tl.constexpr, PIPELINED: tl.constexpr,
-    TAP_STAGES: tl.constexpr, BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr,
+    TAP_STAGES: tl.constexpr, MAC_FP32: tl.constexpr, BLOCK_PIX: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     """Program pid: channel tile pid % cdiv(C, BLOCK_C) of pixel tile pid // cdiv(C, BLOCK_C);
     sum of the R*S tap products, then the fused epilogue (module doc)."""
@@ -128,17 +154,23 @@ def depthwise_kernel(
     offs_m = pid_m * BLOCK_PIX + tl.arange(0, BLOCK_PIX)
     m_mask = offs_m < M
     n_img, ih0, iw0 = output_pixels(offs_m, P, Q, conv_stride, pad, False)
-    acc = tl.zeros((BLOCK_PIX, BLOCK_C), dtype=tl.int32)
-    c0 = pid_c * BLOCK_C
+    if MAC_FP32:
+        acc = tl.zeros((BLOCK_PIX, BLOCK_C), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_PIX, BLOCK_C), dtype=tl.int32)
     if PIPELINED:
         for tap in tl.range(0, R * S, num_stages=TAP_STAGES):
-            acc += tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, c0, H, W, C, x_row,
-                               w_row, S, A_SRC, A_BITS, A_ENC, ALIGN_X, BLOCK_PIX, BLOCK_C)
+            acc += tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row,
+                               w_row, S, A_SRC, A_BITS, A_ENC, ALIGN_X, MAC_FP32, BLOCK_PIX,
+                               BLOCK_C)
     else:
         for tap in tl.static_range(R * S):
-            acc += tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, c0, H, W, C, x_row,
-                               w_row, S, A_SRC, A_BITS, A_ENC, ALIGN_X, BLOCK_PIX, BLOCK_C)
-    epilogue_store(acc, offs_m, c0, M, C, out_ptr, out_row, out_plane,
+            acc += tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row,
+                               w_row, S, A_SRC, A_BITS, A_ENC, ALIGN_X, MAC_FP32, BLOCK_PIX,
+                               BLOCK_C)
+    if MAC_FP32:
+        acc = acc.to(tl.int32)  # an integer below 2^24: exact
+    epilogue_store(acc, offs_m, pid_c * BLOCK_C, M, C, out_ptr, out_row, out_plane,
                    bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS, RELU, OUT_KIND,
                    OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_PIX, BLOCK_C)
 
@@ -162,10 +194,10 @@ def tap_major_weights(wl: ConvWorkload, w: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def row_alignment(prob: Problem) -> int:
-    """The largest power of two up to 16 dividing the activation row stride x_row (storage
-    elements): the kernel's ALIGN_X, the width its loads may assume."""
-    return math.gcd(prob.x_row, 16)
+def row_alignment(prob: Problem, run: int = 16) -> int:
+    """The largest power of two up to 16 dividing the activation row stride x_row and `run`
+    (storage elements a channel tile loads from a row): the width the loads may assume."""
+    return math.gcd(prob.x_row, 16, run)
 
 
 def depthwise_launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor,
@@ -178,11 +210,14 @@ def depthwise_launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tens
     args = (x, w, out, *vecs, prob.M, prob.NOUT, prob.H, prob.W, prob.P, prob.Q, prob.stride,
             prob.pad, prob.x_row, prob.w_row, prob.out_row, prob.out_plane)
     pipelined = cfg["TAP_LOOP"] == "pipelined"
+    packed = prob.a_operand[0] == SRC_PACKED
     kwargs = dict(
         R=prob.R, S=prob.S, A_SRC=prob.a_operand[0], A_BITS=prob.a_operand[1],
         A_ENC=prob.a_operand[2], HAS_BIAS=prob.bias, RELU=prob.relu, OUT_KIND=kind,
         OUT_LAYOUT=layout, OUT_BITS=obits, QMIN=qmin, QMAX=qmax, WIDE=prob.wide,
-        ALIGN_X=row_alignment(prob), PIPELINED=pipelined, TAP_STAGES=cfg["num_stages"],
+        ALIGN_X=row_alignment(prob, bc * prob.a_operand[1] // 8 if packed else bc),
+        PIPELINED=pipelined, TAP_STAGES=cfg["num_stages"],
+        MAC_FP32=cfg.get("MAC", "int32") == "fp32",
         BLOCK_PIX=bp, BLOCK_C=bc, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     grid = (cdiv(prob.M, bp) * cdiv(prob.NOUT, bc),)
     return Launch(depthwise_kernel, grid, args, kwargs)
@@ -204,6 +239,12 @@ class DepthwiseKernel(IgemmKernel):
         return [depthwise_launch(prob, self.config, x, taps, out, vecs)]
 
 
+def fp32_exact(wl: Workload) -> bool:
+    """float32 multiply-accumulates are exact for `wl`: every partial sum an integer below
+    2^24."""
+    return acc_bound(wl) < EXACT_FP32
+
+
 DEPTHWISE_KNOBS = KnobTable(
     KnobDef("BLOCK_PIX", (128, 32, 64, 256, 512), "output pixels per program"),
     KnobDef("BLOCK_C", (32, 16, 64, ROW_ALIGN), "channels per program, along the lanes"),
@@ -213,6 +254,10 @@ DEPTHWISE_KNOBS = KnobTable(
             "a loop software-pipelined num_stages deep"),
     KnobDef("num_stages", (1, 2, 3, 4), "pipeline depth of the tap loop",
             requires={"TAP_LOOP": ("pipelined",)}),
+    KnobDef("MAC", ("int32", "fp32"),
+            "multiply-accumulate in int32 (IMAD) or in float32 (FFMA at twice the rate; the "
+            "values are integers, exact while the worst-case |sum| < 2^24)",
+            applies=fp32_exact),
 )
 
 
@@ -303,17 +348,17 @@ class Conv2dDepthwiseTemplate(KernelTemplate):
 
     def default_config(self, wl: Workload) -> Config:
         """BLOCK_C: 64 where it divides C, else 32 where that does, else 64 (C rounded up to a
-        power of two when smaller; packed activations at least 32 bytes of a row, up to 128
-        channels); BLOCK_PIX: 4,096 values a tile (at most N*P*Q rounded up), 4 warps, the
-        taps unrolled."""
+        power of two when smaller); BLOCK_PIX: 4,096 values a tile, 2,048 for packed
+        activations (their unpacking takes registers: offline ptxas for sm_90, 32 values a
+        thread of u2 / u4 use 240 registers, 16 use 114), at most N*P*Q rounded up; 4 warps,
+        the taps unrolled, int32 multiply-accumulates."""
         space = self.space(wl)
         c = 64 if wl.C % 64 == 0 or wl.C % 32 else 32
-        if wl.a_layout is Layout.PACKED:
-            c = max(c, min(128, 256 // wl.a.bits))
         c = min(c, max(16, pow2_ceil(wl.C)))
-        pix = min(max(32, 4096 // c), max(32, pow2_ceil(wl.gemm_shape[0])))
+        values = 2048 if wl.a_layout is Layout.PACKED else 4096
+        pix = min(max(32, values // c), max(32, pow2_ceil(wl.gemm_shape[0])))
         cfg = Config(BLOCK_PIX=min(pix, 512), BLOCK_C=c, num_warps=4, TAP_LOOP="unrolled",
-                     num_stages=1)
+                     num_stages=1, MAC="int32")
         while not space.is_valid(cfg) and cfg["num_warps"] > 1:
             cfg = cfg.replace(num_warps=cfg["num_warps"] // 2)
         return cfg if space.is_valid(cfg) else space.all_configs()[0]

@@ -74,7 +74,8 @@ def grouped_kernel(
     A_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
     OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
     WIDE: tl.constexpr, ALIGN_X: tl.constexpr, TILE_GROUPS: tl.constexpr,
-    FULL_SPAN: tl.constexpr, PACKED_BYTES: tl.constexpr, BLOCK_PIX: tl.constexpr,
+    FULL_SPAN: tl.constexpr, PACKED_BYTES: tl.constexpr, SPAN_VEC: tl.constexpr,
+    BLOCK_PIX: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """Output tile (pid_m, pid_n): the dot of the pixels' input channels of the tile's groups
@@ -86,7 +87,9 @@ def grouped_kernel(
     compiler knows the span's first channel and length as multiples, so its loads and masks
     stay wide vectors. PACKED_BYTES: packed activations whose groups start on byte boundaries
     (CG a multiple of 8 / A_BITS), read as packed bytes split in registers
-    (`depthwise.channel_tile`)."""
+    (`depthwise.channel_tile`). SPAN_VEC: a power of two dividing every chunk's first and last
+    channel and the span's end (in storage elements: bytes of packed activations), the
+    width over which the span's mask is constant."""
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_PIX), tl.cdiv(NOUT, BLOCK_N),
                                 GROUP_M)
     offs_m = pid_m * BLOCK_PIX + tl.arange(0, BLOCK_PIX)
@@ -111,6 +114,8 @@ def grouped_kernel(
         tap, cc = tap_and_chunk(it, R * S, chunks, False)
         j = cc * BLOCK_K + tl.arange(0, BLOCK_K)
         j_mask = j < span
+        if SPAN_VEC > 1:
+            j_mask = tl.max_constancy(j_mask, SPAN_VEC)
         if IS_GEMM:
             a_mask = m_mask
             a_off = offs_m * x_row
@@ -126,9 +131,10 @@ def grouped_kernel(
                              True, tl.uint8)
             a = shifted_act(a, A_ZERO)
         elif PACKED_BYTES:
-            a = channel_tile(x_ptr, a_off, cin_lo + cc * BLOCK_K, cin_lo + span,
+            a = channel_tile(x_ptr, a_off, cin_lo + cc * BLOCK_K,
+                             g_lo * (CG // PER) + cc * (BLOCK_K // PER), cin_lo + span,
                              g_lo * (CG // PER) + span // PER, a_mask, A_SRC, A_BITS, A_ENC,
-                             BLOCK_PIX, BLOCK_K).to(tl.int8)
+                             SPAN_VEC, BLOCK_PIX, BLOCK_K).to(tl.int8)
         else:
             a = load_operand(x_ptr, a_off, cin_lo + j, a_mask, j_mask, A_SRC, A_BITS, A_ENC,
                              True, tl.int8)
@@ -194,6 +200,9 @@ def grouped_launch(wl: ConvWorkload, prob: Problem, cfg: Mapping, x: torch.Tenso
             prob.out_plane)
     cg, kg = wl.C // wl.groups, wl.K // wl.groups
     tile_groups = bn // kg if bn % kg == 0 else 0
+    packed_bytes = prob.a_operand[0] == SRC_PACKED and cg * prob.a_operand[1] % 8 == 0
+    per = 8 // prob.a_operand[1] if packed_bytes else 1  # the span's values a stored element
+    span_vec = math.gcd(cg // per, cfg["BLOCK_K"] // per, row_alignment(prob))
     kwargs = dict(
         R=prob.R, S=prob.S, CG=cg, KG=kg,
         CT=span_width(wl, bn), IS_GEMM=prob.is_gemm, A_SRC=prob.a_operand[0],
@@ -202,7 +211,7 @@ def grouped_launch(wl: ConvWorkload, prob: Problem, cfg: Mapping, x: torch.Tenso
         QMIN=qmin, QMAX=qmax, WIDE=prob.wide, ALIGN_X=row_alignment(prob),
         TILE_GROUPS=tile_groups,
         FULL_SPAN=tile_groups * cg if tile_groups and wl.K % bn == 0 else 0,
-        PACKED_BYTES=prob.a_operand[0] == SRC_PACKED and cg * prob.a_operand[1] % 8 == 0,
+        PACKED_BYTES=packed_bytes, SPAN_VEC=span_vec,
         BLOCK_PIX=bp, BLOCK_N=bn, BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     grid = (cdiv(prob.M, bp) * cdiv(prob.NOUT, bn),)
