@@ -195,3 +195,13 @@ def test_converted_grouped_model_saves_and_loads(tmp_path):
     assert integer_layers(loaded)["dw"].groups == 24
     with torch.no_grad():
         assert torch.equal(loaded(_x(seed=3)), c(_x(seed=3)))
+
+
+def test_torch_export_of_a_converted_grouped_model():
+    """The grouped layers export as lowbit::conv2d_int with their groups."""
+    c = lowbit.convert(_calibrated(4, 4))
+    ep = torch.export.export(c, (_x(),))
+    groups = sorted(int(n.args[6]) for n in ep.graph.nodes
+                    if "conv2d_int" in str(n.target) and len(n.args) > 6)
+    assert groups == [4, 24]
+    assert torch.equal(ep.module()(_x(seed=2)), c(_x(seed=2)))

@@ -80,6 +80,8 @@ DEPTHWISE_CASES = [
                                    epilogue=S3_PLANES),
      DW_TINY.replace(TAP_LOOP="pipelined", num_stages=3)),
     ("3x3s1_s8_fp16", dw(20, 3, 1, epilogue=FP16), DW_TINY),
+    ("3x3s2_binary_packed", dw(32, 3, 2, n=1, a="b1", a_layout="packed", w="b1",
+                               w_layout="packed", epilogue=S8_SHIFTED), DW_TINY),
 ]
 
 # (id, workload, config): ResNeXt's 4 and 8 channels per group, 6 per group with twice the
@@ -94,6 +96,8 @@ GROUPED_CASES = [
     ("cg6_kg12_u2packed_unaligned_bitplane", grouped(18, 36, 3, **PACKED_U2,
                                                      epilogue=S3_PLANES), GR_WIDE),
     ("cg4_fp16", grouped(16, 16, 4, epilogue=FP16), GR_TINY),
+    ("cg8_binary_packed", grouped(32, 32, 4, stride=2, a="b1", a_layout="packed", w="b1",
+                                  w_layout="packed", epilogue=S8_SHIFTED), GR_WIDE),
 ]
 
 
