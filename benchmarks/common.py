@@ -112,8 +112,8 @@ def cudnn_fp16_conv_us(wl: ConvWorkload, cuda_graph: bool = False) -> float:
     """PyTorch fp16 conv (cuDNN, channels_last, cudnn.benchmark=True), median us."""
     torch.backends.cudnn.benchmark = True
     x = _rand_fp16((wl.N, wl.C, wl.H, wl.W)).to(memory_format=torch.channels_last)
-    w = _rand_fp16((wl.K, wl.C, wl.R, wl.S)).to(memory_format=torch.channels_last)
-    fn = lambda: F.conv2d(x, w, stride=wl.stride, padding=wl.pad)  # noqa: E731
+    w = _rand_fp16((wl.K, wl.C // wl.groups, wl.R, wl.S)).to(memory_format=torch.channels_last)
+    fn = lambda: F.conv2d(x, w, stride=wl.stride, padding=wl.pad, groups=wl.groups)  # noqa: E731
     fn()
     return time_us(fn, cuda_graph=cuda_graph)
 

@@ -197,7 +197,7 @@ def test_arena_never_overlaps_live_tensors(reuse):
 
 
 class Branchy(nn.Module):
-    """Concatenations (whole 32-channel words first, then not), a depthwise conv (a float
+    """Concatenations (whole 32-channel words first, then not), a dilated conv (a float
     fallback) and a ReLU on a float tensor."""
 
     def __init__(self) -> None:
@@ -205,7 +205,7 @@ class Branchy(nn.Module):
         self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
         self.a = nn.Sequential(nn.Conv2d(16, 32, 1), nn.ReLU())
         self.b = nn.Sequential(nn.Conv2d(16, 40, 3, padding=1), nn.ReLU())
-        self.dw = nn.Conv2d(72, 72, 3, padding=1, groups=72)
+        self.dw = nn.Conv2d(72, 72, 3, padding=2, dilation=2)
         self.head = nn.Conv2d(216, 24, 1)
         self.fc = nn.Linear(24, 10)
 

@@ -85,11 +85,13 @@ def test_resnet18_fusions_counted():
     _check_against_convert(q, plan, torch.randn(3, 3, 64, 64), tol=0.01)
 
 
-class _Depthwise(nn.Module):
+class _Dilated(nn.Module):
+    """A dilated conv (no integer conv: a float fallback) between two integer layers."""
+
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv2d(3, 16, 3, padding=1)
-        self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.dw = nn.Conv2d(16, 16, 3, padding=2, dilation=2)
         self.pw = nn.Conv2d(16, 8, 1)
         self.fc = nn.Linear(8, 5)
 
@@ -99,13 +101,13 @@ class _Depthwise(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
-def test_depthwise_conv_is_a_named_float_fallback():
+def test_dilated_conv_is_a_named_float_fallback():
     x = torch.randn(4, 3, 16, 16)
-    q = _quantized(_Depthwise(), x, 4, 4)
+    q = _quantized(_Dilated(), x, 4, 4)
     plan = _compile(q, x).plan
     (fb,) = plan.fallbacks
-    assert fb.op.startswith("dw: Conv2d") and "groups=16" in fb.reason
-    assert "groups=16" in plan.summary()
+    assert fb.op.startswith("dw: Conv2d") and "dilation=(2, 2)" in fb.reason
+    assert "dilation=(2, 2)" in plan.summary()
     assert len(plan.layers) == 3
     # the conv before it writes float for it; the pointwise conv reads its quantized output
     conv = plan.layers[0]
@@ -351,7 +353,7 @@ def test_untraceable_model_is_a_clear_error():
 
 def test_float_fallback_steps_report_their_module():
     x = torch.randn(4, 3, 16, 16)
-    q = _quantized(_Depthwise(), x, 4, 4)
+    q = _quantized(_Dilated(), x, 4, 4)
     plan = _compile(q, x).plan
     for step in plan.steps:
         if isinstance(step, FloatFallback):

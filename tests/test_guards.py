@@ -200,8 +200,8 @@ def test_model_with_nothing_to_quantize_raises():
         lowbit.quantize(nn.Sequential(nn.ReLU(), nn.BatchNorm2d(3)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with pytest.raises(ValueError, match=r"nothing to quantize.*0: groups=2"):
-            lowbit.quantize(nn.Sequential(nn.Conv2d(4, 4, 3, groups=2)))
+        with pytest.raises(ValueError, match=r"nothing to quantize.*0: dilation=\(2, 2\)"):
+            lowbit.quantize(nn.Sequential(nn.Conv2d(4, 4, 3, dilation=2)))
     with pytest.raises(ValueError, match=r"nothing to quantize.*0: skipped by the user"):
         lowbit.quantize(nn.Sequential(nn.Linear(3, 3)), skip=["0"])
 

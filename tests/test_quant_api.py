@@ -161,11 +161,12 @@ def test_eval_before_any_data_is_an_error():
 
 
 def test_unsupported_conv_stays_float_with_warning():
+    """Dilated convs stay float; grouped and depthwise convs are quantized."""
     model = nn.Sequential(nn.Conv2d(4, 4, 3, groups=2), nn.Conv2d(4, 4, 3, dilation=2),
-                          nn.Conv2d(4, 4, 1))
-    with pytest.warns(UserWarning, match=r"stay float: 0 \(groups=2 .*1 \(dilation"):
+                          nn.Conv2d(4, 4, 1, groups=4))
+    with pytest.warns(UserWarning, match=r"stay float: 1 \(dilation"):
         q = lowbit.quantize(model)
-    assert [n for n, _ in quant_layers(q)] == ["2"]
+    assert [n for n, _ in quant_layers(q)] == ["0", "2"]
 
 
 @pytest.mark.parametrize("kwargs,exc,match", [

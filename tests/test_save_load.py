@@ -368,17 +368,17 @@ def test_compiled_model_round_trip_is_bit_identical(tmp_path):
     with pytest.raises(ValueError, match="compile the model again"):
         loaded(torch.randn(2, 1, 8, 8))
 
-    class Depthwise(nn.Module):
+    class Dilated(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.conv = nn.Conv2d(4, 8, 3, padding=1)
-            self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+            self.dw = nn.Conv2d(8, 8, 3, padding=2, dilation=2)
             self.fc = nn.Linear(8, 2)
 
         def forward(self, x):
             return self.fc(self.dw(self.conv(x)).mean((2, 3)))
 
-    q2 = lowbit.quantize(Depthwise(), weight_bits=4, act_bits=4)
+    q2 = lowbit.quantize(Dilated(), weight_bits=4, act_bits=4)
     lowbit.calibrate(q2, [torch.randn(4, 4, 6, 6)])
     cm2 = lowbit.compile(q2, torch.randn(2, 4, 6, 6))
     assert cm2.plan.fallbacks

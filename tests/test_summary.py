@@ -21,7 +21,7 @@ class Net(nn.Module):
         self.stem = nn.Conv2d(3, 8, 3, padding=1)
         self.body = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
                                   nn.Conv2d(8, 8, 3, padding=1), nn.ReLU())
-        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.dw = nn.Conv2d(8, 8, 3, padding=2, dilation=2)
         self.head = nn.Linear(8, 4)
         self.aux = nn.Linear(8, 4)
 
@@ -76,14 +76,14 @@ def test_summary_names_every_layer_and_why_it_stays_float():
     assert list(by) == ["stem", "body.0", "body.2", "dw", "head", "aux"]
     assert by["stem"].reason == "first layer (skip_first)"
     assert by["aux"].reason == "skipped by the user"
-    assert by["dw"].reason == "groups=8 (no integer conv)"
+    assert by["dw"].reason == "dilation=(2, 2) (no integer conv)"
     for name in ("body.0", "body.2", "head"):
         r = by[name]
         assert r.state == "fake-quant" and not r.kept_float
         assert (r.weight, r.act, r.method) == ("s4", "s4" if name == "head" else "u4", "max")
         assert 0 < r.act_scale and 0 < r.weight_scale_min <= r.weight_scale_max
     text = buf.getvalue()
-    for word in ("stem", "first layer (skip_first)", "groups=8", "s4", "fake-quant"):
+    for word in ("stem", "first layer (skip_first)", "dilation=(2, 2)", "s4", "fake-quant"):
         assert word in text
     assert "3 quantized, 3 kept float" in text
 
@@ -98,7 +98,7 @@ def test_summary_of_never_observed_and_converted_models():
     rows = {r.name: r for r in summary(c, show=False)}
     assert rows["stem"].state == "integer" and rows["stem"].act == "s2"
     assert rows["stem"].act_scale == pytest.approx(c.stem.a_scale.item())
-    assert rows["dw"].kept_float and rows["dw"].reason == "groups=8 (no integer conv)"
+    assert rows["dw"].kept_float and rows["dw"].reason == "dilation=(2, 2) (no integer conv)"
 
 
 def test_summary_of_a_float_model_and_bad_input():

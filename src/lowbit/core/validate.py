@@ -44,7 +44,8 @@ def storage_shape(logical: tuple[int, ...], prec: Precision, layout: Layout) -> 
 def operand_shapes(wl: Workload) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """Logical shapes (x, w, out) of a workload's activation, weight and output."""
     if isinstance(wl, ConvWorkload):
-        return ((wl.N, wl.H, wl.W, wl.C), (wl.K, wl.R, wl.S, wl.C), (wl.N, wl.P, wl.Q, wl.K))
+        return ((wl.N, wl.H, wl.W, wl.C), (wl.K, wl.R, wl.S, wl.C // wl.groups),
+                (wl.N, wl.P, wl.Q, wl.K))
     m, n, k = wl.gemm_shape
     return (m, k), (n, k), (m, n)
 

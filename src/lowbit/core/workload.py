@@ -1,6 +1,8 @@
 """Frozen, hashable descriptions of one conv2d or GEMM layer; the key of every tuning record.
 
-Conv2d: activations x [N, H, W, C] (NHWC), weights w [K, R, S, C] (KRSC), output [N, P, Q, K].
+Conv2d: activations x [N, H, W, C] (NHWC), weights w [K, R, S, C / groups] (KRSC), output
+[N, P, Q, K]; with groups > 1, filter k reads input channels [g (C / groups), (g + 1) (C /
+groups)) of its group g = k // (K / groups) (depthwise: groups == C == K).
 GEMM:   a [M, K], b [N, K] (both K-contiguous), output [M, N].
 """
 
@@ -70,16 +72,20 @@ class Workload:
         """'w1a2' style name (bits only)."""
         return f"w{self.w.bits}a{self.a.bits}"
 
+    def _shape_items(self) -> list[tuple[str, int]]:
+        """(name, value) of the shape fields the key and to_dict carry."""
+        return [(n, getattr(self, n)) for n in self._shape_fields]
+
     @property
     def key(self) -> str:
         """Canonical string: op, shape, precisions, layouts and epilogue."""
-        shape = ",".join(f"{n}={getattr(self, n)}" for n in self._shape_fields)
+        shape = ",".join(f"{n}={v}" for n, v in self._shape_items())
         return (f"{self.op}({shape})|w={self.w}/{self.w_layout.value}"
                 f"|a={self.a}/{self.a_layout.value}|{self.epilogue.key}")
 
     def to_dict(self) -> dict:
         d = {"op": self.op}
-        d.update({n: getattr(self, n) for n in self._shape_fields})
+        d.update(self._shape_items())
         d.update(w=str(self.w), a=str(self.a), w_layout=self.w_layout.value,
                  a_layout=self.a_layout.value, epilogue=self.epilogue.to_dict())
         return d
@@ -100,7 +106,9 @@ class Workload:
 
 @dataclass(frozen=True)
 class ConvWorkload(Workload):
-    """conv2d with square stride and symmetric zero padding (padding contributes value 0)."""
+    """conv2d with square stride and symmetric zero padding (padding contributes value 0),
+    in `groups` channel groups (C and K multiples of it; the key and to_dict name groups only
+    where it is not 1, so the records of ungrouped convs keep their keys)."""
 
     N: int = 1
     H: int = 1
@@ -111,18 +119,31 @@ class ConvWorkload(Workload):
     S: int = 1
     stride: int = 1
     pad: int = 0
+    groups: int = 1
 
     op: ClassVar[str] = "conv2d"
     _shape_fields: ClassVar[tuple[str, ...]] = ("N", "H", "W", "C", "K", "R", "S", "stride", "pad")
 
     def __post_init__(self) -> None:
-        _positive(self, ("N", "H", "W", "C", "K", "R", "S", "stride"))
+        _positive(self, ("N", "H", "W", "C", "K", "R", "S", "stride", "groups"))
         _positive(self, ("pad",), minimum=0)
+        if self.C % self.groups or self.K % self.groups:
+            raise ValueError(f"ConvWorkload: C={self.C} and K={self.K} must be multiples of "
+                             f"groups={self.groups}")
         if self.P < 1 or self.Q < 1:
             raise ValueError(
                 f"ConvWorkload: output is empty (P={self.P}, Q={self.Q}) for H={self.H}, "
                 f"W={self.W}, R={self.R}, S={self.S}, stride={self.stride}, pad={self.pad}")
         self._check_common()
+
+    def _shape_items(self) -> list[tuple[str, int]]:
+        items = super()._shape_items()
+        return items if self.groups == 1 else [*items, ("groups", self.groups)]
+
+    @property
+    def depthwise(self) -> bool:
+        """One input and one output channel per group (groups == C == K)."""
+        return self.groups == self.C == self.K
 
     @property
     def P(self) -> int:
@@ -134,8 +155,9 @@ class ConvWorkload(Workload):
 
     @property
     def gemm_shape(self) -> tuple[int, int, int]:
-        """(M, N, K) of the implicit GEMM: M = N*P*Q pixels, N = K filters, K = R*S*C."""
-        return self.N * self.P * self.Q, self.K, self.R * self.S * self.C
+        """(M, N, K) of the implicit GEMM: M = N*P*Q pixels, N = K filters, K = R*S*C/groups
+        (the reduction of one output: a grouped conv is `groups` such GEMMs side by side)."""
+        return self.N * self.P * self.Q, self.K, self.R * self.S * (self.C // self.groups)
 
     @property
     def ops(self) -> int:

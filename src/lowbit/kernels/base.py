@@ -33,6 +33,16 @@ def acc_bound(wl: Workload) -> int:
     return max_abs(wl.a) * max_abs(wl.w) * wl.gemm_shape[2]
 
 
+def grouped_reason(wl: Workload) -> str | None:
+    """Why a dense-conv template cannot run `wl`: a grouped or depthwise conv (groups > 1),
+    which `triton.conv2d_depthwise` / `triton.conv2d_grouped_int8` serve; None otherwise."""
+    groups = getattr(wl, "groups", 1)
+    if groups == 1:
+        return None
+    return (f"groups={groups}: dense-conv template (grouped and depthwise convs run on "
+            "triton.conv2d_grouped_int8 / triton.conv2d_depthwise)")
+
+
 class Kernel(Protocol):
     workload: Workload
     config: Config

@@ -164,8 +164,10 @@ def _mma_conv(wl: Workload, c: Mapping, template: str) -> Geometry:
 
 def _generic(wl: Workload, c: Mapping, template: object) -> Geometry:
     s = launch_shape(wl, c, template if hasattr(template, "launch_shape") else None)
-    taps, chans = _conv_taps(wl)
-    steps = taps * math.ceil(chans / s.block_k)
+    taps, _ = _conv_taps(wl)
+    # the reduction per tap as the launch shape gives it (C, or C / groups padded to a grouped
+    # template's tile span)
+    steps = taps * math.ceil(s.K // taps / s.block_k)
     tiles = math.ceil(s.M / s.block_m) * math.ceil(s.N / s.block_n)
     bits = s.operand_bits
     rate = "b1_and" if bits < 8 and wl.a_layout is Layout.BITPLANE else "int8"

@@ -4,8 +4,8 @@ Only Conv2d and Linear layers (and the activation tensor entering each) are quan
 else (BatchNorm, LayerNorm, GeLU, sigmoid, pooling, ...) stays float, and so do the layers named in
 `skip` and, on request, the first and/or last eligible layer (partial quantization, Dao ch. 4).
 `layers` sets the precision, method or mix of single layers or globs of them. Layers lowbit
-cannot run (Conv2d with groups > 1, dilation > 1, unequal strides or paddings, non-zero padding
-modes; subclasses of Conv2d / Linear, whose forward may differ; other conv types) stay float with
+cannot run (Conv2d with dilation > 1, unequal strides or paddings, non-zero padding modes;
+subclasses of Conv2d / Linear, whose forward may differ; other conv types) stay float with
 one warning naming them. Every float layer carries its reason (`lowbit_float_reason`, shown by
 `lowbit.summary`); a model with nothing to quantize is an error.
 """
@@ -78,9 +78,8 @@ def _check_options(threshold: float, percentile: float, tau: int, eta: int, bins
 
 
 def conv_unsupported_reason(conv: nn.Conv2d) -> str | None:
-    """Why the integer conv (ConvWorkload: square stride, symmetric zero pad) cannot run it."""
-    if conv.groups != 1:
-        return f"groups={conv.groups}"
+    """Why the integer conv (ConvWorkload: square stride, symmetric zero pad, any groups)
+    cannot run it."""
     if tuple(conv.dilation) != (1, 1):
         return f"dilation={tuple(conv.dilation)}"
     if conv.stride[0] != conv.stride[1]:

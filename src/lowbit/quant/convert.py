@@ -32,7 +32,8 @@ _BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
 class IntegerLayer:
     """One conv2d / linear layer in integer form.
 
-    weight: int8 values in `w`'s range, conv KRSC [K, R, S, C], linear [K, C] (GEMM operand b).
+    weight: int8 values in `w`'s range, conv KRSC [K, R, S, C / groups], linear [K, C] (GEMM
+    operand b). groups: the conv's channel groups (1 for a linear layer).
     a, a_scale: the input's precision and scale (real = a_scale * q). w_scale: float32 [K].
     out_scale, out_bias: float64 [K], real output = out_scale * acc + out_bias (BN folded).
     """
@@ -48,6 +49,7 @@ class IntegerLayer:
     stride: int = 1
     pad: int = 0
     folded_bn: bool = False
+    groups: int = 1
 
     @property
     def out_features(self) -> int:
@@ -59,7 +61,7 @@ class IntegerLayer:
             n, h, w, c = input_shape
             k, r, s, _ = self.weight.shape
             return ConvWorkload(N=n, H=h, W=w, C=c, K=k, R=r, S=s, stride=self.stride,
-                                pad=self.pad, w=self.w, a=self.a)
+                                pad=self.pad, groups=self.groups, w=self.w, a=self.a)
         m = 1
         for d in input_shape[:-1]:
             m *= d
@@ -131,7 +133,7 @@ def integer_layer(layer: QuantConv2d | QuantLinear, bn: nn.Module | None = None)
         return IntegerLayer("conv2d", q.permute(0, 2, 3, 1).contiguous().cpu(),
                             layer.weight_quant.prec, a_prec, a_scale, w_scale.cpu(),
                             out_scale.cpu(), out_bias.cpu(), layer.stride[0], layer.padding[0],
-                            bn is not None)
+                            bn is not None, layer.groups)
     return IntegerLayer("linear", q.contiguous().cpu(), layer.weight_quant.prec, a_prec, a_scale,
                         w_scale.cpu(), out_scale.cpu(), out_bias.cpu(), folded_bn=bn is not None)
 

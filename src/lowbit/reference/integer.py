@@ -38,21 +38,33 @@ def im2col_nhwc(x: torch.Tensor, r: int, s: int, stride: int, pad: int,
                          (st[0], st[1] * stride, st[2] * stride, st[1], st[2], st[3]))
 
 
-def conv2d_int(x: torch.Tensor, w: torch.Tensor, stride: int = 1, pad: int = 0) -> torch.Tensor:
-    """x [N, H, W, C] and w [K, R, S, C] integer values -> int64 [N, P, Q, K]; zero padding."""
+def conv2d_int(x: torch.Tensor, w: torch.Tensor, stride: int = 1, pad: int = 0,
+               groups: int = 1) -> torch.Tensor:
+    """x [N, H, W, C] and w [K, R, S, C / groups] integer values -> int64 [N, P, Q, K]; zero
+    padding; filter k reads the input channels of its group k // (K / groups)."""
     x, w = _check_int("x", x, 4), _check_int("w", w, 4)
-    if x.shape[3] != w.shape[3]:
-        raise ValueError(f"x has C={x.shape[3]} channels but w has C={w.shape[3]}")
-    _, _, r, s = w.shape[0], w.shape[3], w.shape[1], w.shape[2]
-    terms = w.shape[1] * w.shape[2] * w.shape[3]
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"groups must be an int >= 1, got {groups!r}")
+    if x.shape[3] % groups or w.shape[0] % groups:
+        raise ValueError(f"x's C={x.shape[3]} and w's K={w.shape[0]} must be multiples of "
+                         f"groups={groups}")
+    if x.shape[3] != w.shape[3] * groups:
+        per = f"C={w.shape[3]}" if groups == 1 else f"C/groups={w.shape[3]} (groups={groups})"
+        raise ValueError(f"x has C={x.shape[3]} channels but w has {per}")
+    k, r, s, cg = w.shape
+    terms = r * s * cg
     if _bound(x, w, terms) < _EXACT_F64:
         out = F.conv2d(x.permute(0, 3, 1, 2).to(torch.float64),
-                       w.permute(0, 3, 1, 2).to(torch.float64), stride=stride, padding=pad)
+                       w.permute(0, 3, 1, 2).to(torch.float64), stride=stride, padding=pad,
+                       groups=groups)
         return out.permute(0, 2, 3, 1).round().to(torch.int64).contiguous()
     cols = im2col_nhwc(x.cpu().to(torch.int64), r, s, stride, pad)
     n, p, q = cols.shape[:3]
-    out = cols.reshape(n * p * q, -1) @ w.cpu().to(torch.int64).reshape(w.shape[0], -1).T
-    return out.reshape(n, p, q, -1).to(x.device)
+    # per group: its pixels' [R, S, C/groups] patches times its filters, an int64 matmul
+    cols = cols.reshape(n * p * q, r, s, groups, cg).permute(3, 0, 1, 2, 4)
+    wg = w.cpu().to(torch.int64).reshape(groups, k // groups, terms)
+    out = torch.stack([cols[g].reshape(n * p * q, terms) @ wg[g].T for g in range(groups)], 1)
+    return out.reshape(n, p, q, k).to(x.device)
 
 
 def gemm_int(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from .integer import conv2d_int, gemm_int
 def accumulate(wl: Workload, x_values: torch.Tensor, w_values: torch.Tensor) -> torch.Tensor:
     """Exact int64 accumulators of the workload's conv or GEMM on integer values."""
     if isinstance(wl, ConvWorkload):
-        return conv2d_int(x_values, w_values, wl.stride, wl.pad)
+        return conv2d_int(x_values, w_values, wl.stride, wl.pad, wl.groups)
     return gemm_int(x_values, w_values)
 
 

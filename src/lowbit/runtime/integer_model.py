@@ -10,9 +10,9 @@ It equals the fake-quant forward up to the float32 rounding of that forward (rel
 an input landing within that rounding of a half step can quantize one level apart.
 
 Every number that affects the output is a buffer (weight, a_scale, w_scale, out_scale, out_bias)
-and the structure is one more (`qlayout`: precisions, stride, pad): `load_state_dict` restores
-the scales, and refuses a state of another precision or geometry with a ValueError. The model
-exports with `torch.export` (the custom ops have fake implementations).
+and the structure is one more (`qlayout`: precisions, stride, pad, groups): `load_state_dict`
+restores the scales, and refuses a state of another precision or geometry with a ValueError.
+The model exports with `torch.export` (the custom ops have fake implementations).
 """
 
 from __future__ import annotations
@@ -32,22 +32,25 @@ _ENCODINGS = (Encoding.UNSIGNED, Encoding.SIGNED, Encoding.BINARY)
 
 
 def _layout(spec: IntegerLayer) -> torch.Tensor:
-    """int64 [6]: w bits, w encoding, a bits, a encoding, stride, pad."""
-    return torch.tensor([spec.w.bits, _ENCODINGS.index(spec.w.encoding), spec.a.bits,
-                         _ENCODINGS.index(spec.a.encoding), spec.stride, spec.pad])
+    """int64 [6]: w bits, w encoding, a bits, a encoding, stride, pad; [7] with the conv's
+    groups where they are not 1 (the states of ungrouped layers keep their 6)."""
+    fields = [spec.w.bits, _ENCODINGS.index(spec.w.encoding), spec.a.bits,
+              _ENCODINGS.index(spec.a.encoding), spec.stride, spec.pad]
+    return torch.tensor(fields if spec.groups == 1 else [*fields, spec.groups])
 
 
 def _describe(layout: torch.Tensor) -> str:
-    wb, we, ab, ae, stride, pad = (int(v) for v in layout)
+    wb, we, ab, ae, stride, pad, *groups = (int(v) for v in layout)
     w, a = Precision(wb, _ENCODINGS[we]), Precision(ab, _ENCODINGS[ae])
-    return f"w={w} a={a} stride {stride} pad {pad}"
+    return f"w={w} a={a} stride {stride} pad {pad}" + (f" groups {groups[0]}" if groups else "")
 
 
 class _IntegerBase(nn.Module):
     """Buffers: weight (int8 values), a_scale (float64 scalar), w_scale (float32 [K]),
-    out_scale / out_bias (float64 [K]), qlayout (int64 [6]). `layer_name` names the layer in
-    errors; `nonfinite` is the layer's input guard ("raise" or "clamp"); `folded_bn_name` is
-    the BatchNorm folded into it (replaced by nn.Identity), if any."""
+    out_scale / out_bias (float64 [K]), qlayout (int64 [6], [7] for a grouped conv).
+    `layer_name` names the layer in errors; `nonfinite` is the layer's input guard ("raise" or
+    "clamp"); `folded_bn_name` is the BatchNorm folded into it (replaced by nn.Identity), if
+    any."""
 
     kind = "abstract"
 
@@ -57,6 +60,7 @@ class _IntegerBase(nn.Module):
         if spec.kind != self.kind:
             raise ValueError(f"{type(self).__name__} needs a {self.kind} spec, got {spec.kind}")
         self.w, self.a, self.stride, self.pad = spec.w, spec.a, spec.stride, spec.pad
+        self.groups = spec.groups
         self.layer_name, self.nonfinite, self.folded_bn_name = layer_name, nonfinite, \
             folded_bn_name
         self.register_buffer("weight", spec.weight)
@@ -71,7 +75,7 @@ class _IntegerBase(nn.Module):
         """The layer as an IntegerLayer, read from the current buffers."""
         return IntegerLayer(self.kind, self.weight, self.w, self.a, float(self.a_scale),
                             self.w_scale, self.out_scale, self.out_bias, self.stride, self.pad,
-                            self.folded_bn_name is not None)
+                            self.folded_bn_name is not None, self.groups)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[override]
         got = state_dict.get(prefix + "qlayout")
@@ -106,8 +110,9 @@ class _IntegerBase(nn.Module):
                         f"folded {self.folded_bn_name}" if self.folded_bn_name else "")
 
     def extra_repr(self) -> str:
+        groups = f", groups={self.groups}" if self.groups != 1 else ""
         return (f"{self.kind}, w={self.w}, a={self.a}, a_scale={float(self.a_scale):.4g}, "
-                f"folded_bn={self.folded_bn_name}")
+                f"folded_bn={self.folded_bn_name}{groups}")
 
 
 class IntegerConv2d(_IntegerBase):
@@ -116,12 +121,12 @@ class IntegerConv2d(_IntegerBase):
     kind = "conv2d"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        c = self.weight.shape[3]
+        c = self.weight.shape[3] * self.groups
         x = self._check(x, isinstance(x, torch.Tensor) and x.dim() == 4 and x.shape[1] == c,
                         f"[N, {c}, H, W]")
         q = self._quantize(x).permute(0, 2, 3, 1).contiguous()
         acc = torch.ops.lowbit.conv2d_int(q, self.weight, str(self.w), str(self.a),
-                                          self.stride, self.pad)
+                                          self.stride, self.pad, self.groups)
         return self._dequantize(acc).permute(0, 3, 1, 2).contiguous()
 
 

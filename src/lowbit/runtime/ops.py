@@ -3,7 +3,7 @@
 into the reference, whose exactness checks branch on data.
 
     lowbit::quantize_activation(x, scale, precision, layer, nonfinite) -> int8 / uint8
-    lowbit::conv2d_int(x NHWC, w KRSC, w_prec, a_prec, stride, pad) -> int32 [N, P, Q, K]
+    lowbit::conv2d_int(x NHWC, w KRSC, w_prec, a_prec, stride, pad, groups) -> int32 [N, P, Q, K]
     lowbit::gemm_int(x [M, C], w [K, C], w_prec, a_prec) -> int32 [M, K]
 
 Precisions travel as their names ("u4", "s2", "b1"). The default implementation (every
@@ -44,20 +44,21 @@ def _(x, scale, precision, layer, nonfinite):
 
 @torch.library.custom_op("lowbit::conv2d_int", mutates_args=())
 def conv2d_int(x: torch.Tensor, w: torch.Tensor, w_prec: str, a_prec: str, stride: int,
-               pad: int) -> torch.Tensor:
-    """Exact int32 accumulators of conv2d(x, w) (zero padding), NHWC / KRSC."""
+               pad: int, groups: int = 1) -> torch.Tensor:
+    """Exact int32 accumulators of conv2d(x, w) (zero padding), NHWC / KRSC (w [K, R, S,
+    C / groups])."""
     n, h, wd, c = x.shape
     k, r, s, _ = w.shape
     p, q = _conv_out(h, wd, r, s, stride, pad)
     if n == 0:
         return torch.zeros(0, p, q, k, dtype=torch.int32, device=x.device)
-    wl = ConvWorkload(N=n, H=h, W=wd, C=c, K=k, R=r, S=s, stride=stride, pad=pad, w=w_prec,
-                      a=a_prec)
+    wl = ConvWorkload(N=n, H=h, W=wd, C=c, K=k, R=r, S=s, stride=stride, pad=pad,
+                      groups=groups, w=w_prec, a=a_prec)
     return run(wl, x.contiguous(), w.contiguous(), EpilogueParams())
 
 
 @conv2d_int.register_fake
-def _(x, w, w_prec, a_prec, stride, pad):
+def _(x, w, w_prec, a_prec, stride, pad, groups=1):
     n, h, wd, _ = x.shape
     k, r, s, _ = w.shape
     p, q = _conv_out(h, wd, r, s, stride, pad)

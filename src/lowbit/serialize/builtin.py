@@ -101,7 +101,8 @@ def _fakequant_from(manifest: dict, tensors: Tensors, base: nn.Module | None) ->
 
 def _converted_to(model: nn.Module) -> tuple[dict, Tensors]:
     layers = [{"name": name, "kind": m.kind, "w": str(m.w), "a": str(m.a), "stride": m.stride,
-               "pad": m.pad, "folded_bn": m.folded_bn_name, "nonfinite": m.nonfinite}
+               "pad": m.pad, "groups": m.groups, "folded_bn": m.folded_bn_name,
+               "nonfinite": m.nonfinite}
               for name, m in integer_modules(model).items()]
     return ({"layers": layers, "float_layers": _float_reasons(model),
              "residual": residual_recipes(model), "training": False}, state_tensors(model))
@@ -116,7 +117,7 @@ def _converted_from(manifest: dict, tensors: Tensors, base: nn.Module | None) ->
         spec = IntegerLayer(row["kind"], t["weight"], Precision.parse(row["w"]),
                             Precision.parse(row["a"]), float(tensors[f"{name}.a_scale"]),
                             t["w_scale"], t["out_scale"], t["out_bias"], row["stride"],
-                            row["pad"], row["folded_bn"] is not None)
+                            row["pad"], row["folded_bn"] is not None, row.get("groups", 1))
         cls = IntegerConv2d if conv else IntegerLinear
         _set_module(model, name, cls(spec, name, row["nonfinite"], row["folded_bn"]))
         if row["folded_bn"] is not None:

@@ -15,7 +15,7 @@ from ...core import ConvWorkload, Encoding, Layout, Workload
 from ...core.epilogue import OUT_FP16, OUT_INT16
 from ...reference.bitserial import plane_coefficients
 from ...reference.epilogue import THRESHOLD_MAX_BITS
-from ..base import NUM_SMS, acc_bound
+from ..base import NUM_SMS, acc_bound, grouped_reason
 
 MAX_BITS = 4          # per operand; wider precisions belong to the int8 path
 INT16_LIMIT = 2**15   # |accumulator| bound of an int16 output
@@ -152,6 +152,8 @@ def support_limits_reason(wl: Workload) -> str | None:
     an int16 output that the accumulator could leave, or row, weight or input-word indices
     past 32 bits; None when within the limits."""
     epi = wl.epilogue
+    if grouped_reason(wl):
+        return grouped_reason(wl)
     if epi.requantizes and epi.out_layout is Layout.PACKED:
         return "requantized output must be in the int8 or bitplane layout, not packed"
     if epi.out == OUT_INT16 and acc_bound(wl) >= INT16_LIMIT:

@@ -37,7 +37,7 @@ from ...core import (
 from ...core.epilogue import EpilogueParams
 from ...core.precision import Encoding
 from ...core.validate import check_inputs, output_buffer
-from ..base import KernelTemplate, register
+from ..base import KernelTemplate, grouped_reason, register
 from . import nvrtc
 from .cu_source import expand
 
@@ -172,6 +172,8 @@ class MmaConvTemplate(KernelTemplate):
 
     def unsupported_reason(self, wl: Workload) -> str | None:
         v = self.variant
+        if grouped_reason(wl):
+            return grouped_reason(wl)
         for side, prec, layout in (("w", wl.w, wl.w_layout), ("a", wl.a, wl.a_layout)):
             if layout is not v.layout:
                 return f"{side} must be stored in layout '{v.layout.value}', got '{layout.value}'"

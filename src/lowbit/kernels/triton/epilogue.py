@@ -39,6 +39,19 @@ LAYOUT_INT8, LAYOUT_PACKED, LAYOUT_BITPLANE = 0, 1, 2
 
 
 @triton.jit
+def decode_values(pat, BITS: tl.constexpr, ENC: tl.constexpr):
+    """The integer values of BITS-bit patterns (int32) in encoding ENC: unsigned (0), two's
+    complement signed (1), binary 0 -> -1, 1 -> +1 (2)."""
+    if ENC == 2:
+        val = 2 * pat - 1
+    elif ENC == 1:
+        val = pat - ((pat >> (BITS - 1)) & 1) * (1 << BITS)
+    else:
+        val = pat
+    return val
+
+
+@triton.jit
 def load_operand(ptr, row_off, chan, row_mask, chan_mask,
                  SRC: tl.constexpr, BITS: tl.constexpr, ENC: tl.constexpr,
                  ROWS_FIRST: tl.constexpr, DOT_DTYPE: tl.constexpr):
@@ -63,13 +76,7 @@ def load_operand(ptr, row_off, chan, row_mask, chan_mask,
         else:
             raw = tl.load(ptr + byte[:, None] + row_off[None, :], mask=mask, other=0)
             pat = (raw.to(tl.int32) >> shift[:, None]) & ((1 << BITS) - 1)
-        if ENC == 2:
-            val = 2 * pat - 1
-        elif ENC == 1:
-            val = pat - ((pat >> (BITS - 1)) & 1) * (1 << BITS)
-        else:
-            val = pat
-        val = tl.where(mask, val, 0)
+        val = tl.where(mask, decode_values(pat, BITS, ENC), 0)
     else:
         if ROWS_FIRST:
             val = tl.load(ptr + row_off[:, None] + chan[None, :], mask=mask, other=0)

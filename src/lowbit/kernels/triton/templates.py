@@ -47,7 +47,7 @@ from ...core.validate import (
     output_buffer,
     storage_dtype,
 )
-from ..base import EXACT_INT32, NUM_SMS, KernelTemplate, acc_bound
+from ..base import EXACT_INT32, NUM_SMS, KernelTemplate, acc_bound, grouped_reason
 from .epilogue import (
     BIAS_SHIFTED,
     ENC_CODE,
@@ -263,6 +263,8 @@ class _IgemmTemplate(KernelTemplate):
     def unsupported_reason(self, wl: Workload) -> str | None:
         if not isinstance(wl, self.workload_type):
             return f"needs a {self.workload_type.__name__}, got {type(wl).__name__}"
+        if grouped_reason(wl):
+            return grouped_reason(wl)
         if wl.epilogue.residual is not None:
             return ("a residual term in the epilogue (Epilogue.residual) is written by the "
                     "bit-serial templates' epilogue, not this one")

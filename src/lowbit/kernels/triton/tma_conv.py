@@ -41,7 +41,7 @@ from ...core import OUT_INT16, Config, ConfigSpace, ConvWorkload, Knob, Layout, 
 from ...core.epilogue import bias_vector, check_shifted_bias
 from ...core.precision import Encoding
 from ...core.validate import check_inputs, output_buffer
-from ..base import NUM_SMS, KernelTemplate
+from ..base import NUM_SMS, KernelTemplate, grouped_reason
 from . import igemm
 from .epilogue import epilogue_store
 from .igemm import (
@@ -312,6 +312,8 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
     def unsupported_reason(self, wl: Workload) -> str | None:
         if not isinstance(wl, ConvWorkload):
             return f"needs a ConvWorkload, got {type(wl).__name__}"
+        if grouped_reason(wl):
+            return grouped_reason(wl)
         if wl.epilogue.residual is not None:
             return ("a residual term in the epilogue (Epilogue.residual) is written by the "
                     "bit-serial templates' epilogue, not this one")

@@ -1,0 +1,382 @@
+"""Depthwise conv2d (groups == C == K) on CUDA cores: `triton.conv2d_depthwise`.
+
+A depthwise conv multiplies each input channel by its own R x S filter: 2 R S operations per
+output value against one input and one output value of traffic, so it is bound by memory, not
+by any tensor core (an implicit GEMM would pad each filter's one-channel reduction to the MMA
+shape and waste 16-32x the work). The kernel streams NHWC activations once:
+
+- a program owns a tile of BLOCK_PIX output pixels (rows m = (n, p, q), row-major over
+  N x P x Q, `igemm.output_pixels`) x BLOCK_C channels, with the channels along the lanes, so
+  each thread loads contiguous bytes of one pixel (16-byte vectors where the row stride
+  allows: `ALIGN_X`);
+- per tap (r, s) it loads the [BLOCK_PIX, BLOCK_C] input tile at (p stride - pad + r,
+  q stride - pad + s), masked to the value 0 in the padding and past C, and the tap's
+  BLOCK_C weights, and accumulates their products in int32 registers (exact: the workload's
+  worst-case |sum| is checked below 2^31);
+- PACKED sub-byte activations (u4 / u2 / u1, 2 / 4 / 8 values a byte, LSB first:
+  `core.layout`) are read as bytes and split in registers, so a 4-bit / 2-bit layer reads a
+  half / a quarter of the int8 bytes; any precision of <= 8 bits in the int8 layout too
+  (u8 needs no zero point on CUDA cores);
+- the fused epilogue is the implicit-GEMM kernels' (`epilogue.epilogue_store`: bias in
+  accumulator units or at the output's shift, ReLU, int32 / fp16 / requantized INT8, PACKED
+  or BITPLANE outputs packed in registers), so outputs equal `lowbit.reference.run` bit for
+  bit.
+
+The workload's KRSC weights [C, R, S, 1] (one value, or one packed byte, a filter tap) are
+copied once, when a launch is planned, into tap-major rows of bytes [R*S, C]
+(`tap_major_weights`), so a tap's weights of a channel tile are one vector load. Programs run
+the channel tiles of one pixel tile next to each other (the channel tile varies fastest), so
+they share the pixels' DRAM sectors in L2.
+
+Knobs (`DEPTHWISE_KNOBS`): BLOCK_PIX, BLOCK_C, num_warps, TAP_LOOP ("unrolled": the R*S taps
+as straight-line code, every tap's loads in flight at once; "pipelined": a loop Triton
+software-pipelines `num_stages` deep), num_stages and MAC ("int32": IMAD; "fp32": FFMA on the
+integer values, twice the issue rate, exact while the worst-case |sum| < 2^24, which every
+depthwise layer of <= 8 bits and <= 256 taps is). A 3x3 layer does 9 multiply-accumulates a
+value read: at 3 TB/s of u8 values in and out that is ~13 T MACs/s, at u4 ~27 T, against
+~17 T IMAD/s (~33 T FFMA/s) of an H100's CUDA cores, so at 4 and 2 bits the arithmetic, not
+the bytes, bounds the layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import ClassVar
+
+import torch
+import triton
+import triton.language as tl
+
+from ...core import OUT_INT16, Config, ConfigSpace, ConvWorkload, Layout, Workload
+from ...core.knobs import KnobDef, KnobTable
+from ...core.validate import operand_shapes, out_storage, storage_shape
+from ...quant.packing import unpack
+from ..base import EXACT_INT32, KernelTemplate, acc_bound
+from .epilogue import SRC_PACKED, decode_values, epilogue_store
+from .igemm import Launch, Problem, cdiv, output_pixels
+from .templates import IgemmKernel, problem
+
+#: accumulators per thread above which the unrolled taps spill (the taps' input tiles are in
+#: flight beside them; sm_90, offline ptxas: 32 a thread use 164-244 registers, 64 spill)
+ACC_PER_THREAD_MAX = 32
+#: values per thread below which a tile leaves lanes idle or replicated
+VALUES_PER_THREAD_MIN = 8
+#: float32 holds every integer below this exactly
+EXACT_FP32 = 2**24
+#: 32-bit element offsets: activation and output storage must stay below this
+OFFSET_LIMIT = 2**31
+#: bytes the tap-major weight rows are padded to: the largest BLOCK_C, so that a channel
+#: tile's weights are one unmasked load inside the row
+ROW_ALIGN = 128
+
+
+@triton.jit
+def channel_tile(ptr, row_off, c0, byte0, c_end, byte_end, pix_mask,
+                 SRC: tl.constexpr, BITS: tl.constexpr, ENC: tl.constexpr, VEC: tl.constexpr,
+                 BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr):
+    """int32 values [BLOCK_PIX, BLOCK_C] of channels c0 + [0, BLOCK_C) of the rows starting at
+    row_off (storage elements), 0 where pix_mask is false and at channels >= c_end. PACKED rows
+    (SRC_PACKED; c0 a multiple of 8 // BITS, byte0 = c0 * BITS / 8) are loaded as
+    BLOCK_C * BITS / 8 bytes a row from byte0, those below byte_end (the bytes of channels
+    < c_end), and split in registers: only the packed bytes cross DRAM, as wide vectors where
+    the compiler knows byte0 and byte_end as multiples (pass products of constants, not
+    quotients). VEC: a power of two dividing row_off and, in storage elements, both ends of
+    the loaded run (c0 and c_end, or byte0 and byte_end): the in-row mask is constant over
+    aligned runs of VEC, so loads stay VEC wide where the end is a run-time value."""
+    chan = c0 + tl.arange(0, BLOCK_C)
+    mask = pix_mask[:, None] & (chan < c_end)[None, :]
+    if SRC == 1:
+        PER: tl.constexpr = 8 // BITS
+        NB: tl.constexpr = BLOCK_C // PER
+        byte = byte0 + tl.arange(0, NB)
+        in_row = byte < byte_end
+        if VEC > 1:
+            in_row = tl.max_constancy(in_row, VEC)
+        raw = tl.load(ptr + row_off[:, None] + byte[None, :],
+                      mask=pix_mask[:, None] & in_row[None, :], other=0)
+        shift = tl.arange(0, PER) * BITS
+        pat = (raw.to(tl.int32)[:, :, None] >> shift[None, None, :]) & ((1 << BITS) - 1)
+        val = decode_values(tl.reshape(pat, (BLOCK_PIX, BLOCK_C)), BITS, ENC)
+        val = tl.where(mask, val, 0)
+    else:
+        in_row = chan < c_end
+        if VEC > 1:
+            in_row = tl.max_constancy(in_row, VEC)
+        val = tl.load(ptr + row_off[:, None] + chan[None, :],
+                      mask=pix_mask[:, None] & in_row[None, :], other=0).to(tl.int32)
+    return val
+
+
+@triton.jit
+def tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row, w_row,
+                S: tl.constexpr, A_SRC: tl.constexpr, A_BITS: tl.constexpr,
+                A_ENC: tl.constexpr, ALIGN_X: tl.constexpr, MAC_FP32: tl.constexpr,
+                BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr):
+    """[BLOCK_PIX, BLOCK_C]: the input tile of filter tap `tap` = r * S + s times the tap's
+    weight of each channel (`tap_major_weights`: channel c's at tap * w_row + c), int32, or
+    float32 with MAC_FP32 (integers, exact while the layer's |sum| < 2^24)."""
+    ih = ih0 + tap // S
+    iw = iw0 + tap % S
+    pix = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+    row_off = ((n_img * H + ih) * W + iw) * x_row
+    if ALIGN_X > 1:
+        row_off = tl.multiple_of(row_off, ALIGN_X)
+    c0 = pid_c * BLOCK_C
+    a = channel_tile(x_ptr, row_off, c0, pid_c * (BLOCK_C * A_BITS // 8), C, x_row, pix, A_SRC,
+                     A_BITS, A_ENC, ALIGN_X, BLOCK_PIX, BLOCK_C)
+    wv = tl.load(w_ptr + tap * w_row + c0 + tl.arange(0, BLOCK_C))  # zeros past C
+    if MAC_FP32:
+        prod = a.to(tl.float32) * wv.to(tl.float32)[None, :]
+    else:
+        prod = a * wv.to(tl.int32)[None, :]
+    return prod
+
+
+@triton.jit
+def depthwise_kernel(
+    x_ptr, w_ptr, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr,
+    M, C, H, W, P, Q, conv_stride, pad, x_row, w_row, out_row, out_plane,
+    R: tl.constexpr, S: tl.constexpr,
+    A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr,
+    HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
+    OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
+    WIDE: tl.constexpr, ALIGN_X: tl.constexpr, PIPELINED: tl.constexpr,
+    TAP_STAGES: tl.constexpr, MAC_FP32: tl.constexpr, BLOCK_PIX: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Program pid: channel tile pid % cdiv(C, BLOCK_C) of pixel tile pid // cdiv(C, BLOCK_C);
+    sum of the R*S tap products, then the fused epilogue (module doc)."""
+    c_tiles = tl.cdiv(C, BLOCK_C)
+    pid_m = tl.program_id(0) // c_tiles
+    pid_c = tl.program_id(0) % c_tiles
+    offs_m = pid_m * BLOCK_PIX + tl.arange(0, BLOCK_PIX)
+    m_mask = offs_m < M
+    n_img, ih0, iw0 = output_pixels(offs_m, P, Q, conv_stride, pad, False)
+    if MAC_FP32:
+        acc = tl.zeros((BLOCK_PIX, BLOCK_C), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_PIX, BLOCK_C), dtype=tl.int32)
+    if PIPELINED:
+        for tap in tl.range(0, R * S, num_stages=TAP_STAGES):
+            acc += tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row,
+                               w_row, S, A_SRC, A_BITS, A_ENC, ALIGN_X, MAC_FP32, BLOCK_PIX,
+                               BLOCK_C)
+    else:
+        for tap in tl.static_range(R * S):
+            acc += tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row,
+                               w_row, S, A_SRC, A_BITS, A_ENC, ALIGN_X, MAC_FP32, BLOCK_PIX,
+                               BLOCK_C)
+    if MAC_FP32:
+        acc = acc.to(tl.int32)  # an integer below 2^24: exact
+    epilogue_store(acc, offs_m, pid_c * BLOCK_C, M, C, out_ptr, out_row, out_plane,
+                   bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS, RELU, OUT_KIND,
+                   OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_PIX, BLOCK_C)
+
+
+def depthwise_problem(wl: ConvWorkload) -> Problem:
+    """The kernel's view of a depthwise workload (`templates.problem`'s strides and epilogue;
+    w_row: the tap-major weight rows' length; no zero point: CUDA cores multiply u8 as it
+    is)."""
+    return dataclasses.replace(problem(wl, False), w_row=-(-wl.C // ROW_ALIGN) * ROW_ALIGN,
+                               a_zero=0)
+
+
+def tap_major_weights(wl: ConvWorkload, w: torch.Tensor) -> torch.Tensor:
+    """The weight values as [R*S, C rounded up to ROW_ALIGN] on w's device (zeros past C), one
+    byte each (int8, uint8 for u8): a tap's weights of a channel tile are one vector load.
+    `w`: the workload's validated KRSC storage [C, R, S, 1] (INT8 or PACKED)."""
+    values = unpack(w, wl.w, wl.w_layout, 1).reshape(wl.C, wl.R * wl.S).T
+    dtype = torch.uint8 if wl.w.qmax > 127 else torch.int8
+    out = torch.zeros((wl.R * wl.S, depthwise_problem(wl).w_row), dtype=dtype, device=w.device)
+    out[:, :wl.C] = values.to(dtype)
+    return out
+
+
+def row_alignment(prob: Problem, run: int = 16) -> int:
+    """The largest power of two up to 16 dividing the activation row stride x_row and `run`
+    (storage elements a channel tile loads from a row): the width the loads may assume."""
+    return math.gcd(prob.x_row, 16, run)
+
+
+def depthwise_launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor,
+                     out: torch.Tensor, vecs: tuple) -> Launch:
+    """The one launch of a validated call (`w`: `tap_major_weights`; `vecs`: bias, scale,
+    multiplier, shift or None). No checks here."""
+    bp, bc = cfg["BLOCK_PIX"], cfg["BLOCK_C"]
+    kind, layout, obits, qmin, qmax = prob.out
+    vecs = tuple(t if t is not None else out for t in vecs)
+    args = (x, w, out, *vecs, prob.M, prob.NOUT, prob.H, prob.W, prob.P, prob.Q, prob.stride,
+            prob.pad, prob.x_row, prob.w_row, prob.out_row, prob.out_plane)
+    pipelined = cfg["TAP_LOOP"] == "pipelined"
+    packed = prob.a_operand[0] == SRC_PACKED
+    kwargs = dict(
+        R=prob.R, S=prob.S, A_SRC=prob.a_operand[0], A_BITS=prob.a_operand[1],
+        A_ENC=prob.a_operand[2], HAS_BIAS=prob.bias, RELU=prob.relu, OUT_KIND=kind,
+        OUT_LAYOUT=layout, OUT_BITS=obits, QMIN=qmin, QMAX=qmax, WIDE=prob.wide,
+        ALIGN_X=row_alignment(prob, bc * prob.a_operand[1] // 8 if packed else bc),
+        PIPELINED=pipelined, TAP_STAGES=cfg["num_stages"],
+        MAC_FP32=cfg.get("MAC", "int32") == "fp32",
+        BLOCK_PIX=bp, BLOCK_C=bc, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    grid = (cdiv(prob.M, bp) * cdiv(prob.NOUT, bc),)
+    return Launch(depthwise_kernel, grid, args, kwargs)
+
+
+class DepthwiseKernel(IgemmKernel):
+    """One compiled (workload, config) of `triton.conv2d_depthwise`: `kernel(x, w, params,
+    out=None)` and `bind(...)` as `IgemmKernel` (checks, wide bias, float64 requantization);
+    a bound launcher keeps the tap-major copy of `w` made at bind (bind again after changing
+    the weights)."""
+
+    def plan(self, prob: Problem, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
+             vecs: tuple) -> list[Launch]:
+        if w.dim() == 1:  # an ahead-of-time compile's placeholder: only the dtype matters
+            dtype = torch.uint8 if self.workload.w.qmax > 127 else torch.int8
+            taps = torch.empty(16, dtype=dtype, device=w.device)
+        else:
+            taps = tap_major_weights(self.workload, w)
+        return [depthwise_launch(prob, self.config, x, taps, out, vecs)]
+
+
+def fp32_exact(wl: Workload) -> bool:
+    """float32 multiply-accumulates are exact for `wl`: every partial sum an integer below
+    2^24."""
+    return acc_bound(wl) < EXACT_FP32
+
+
+DEPTHWISE_KNOBS = KnobTable(
+    KnobDef("BLOCK_PIX", (128, 32, 64, 256, 512), "output pixels per program"),
+    KnobDef("BLOCK_C", (32, 16, 64, ROW_ALIGN), "channels per program, along the lanes"),
+    KnobDef("num_warps", (4, 1, 2, 8), "warps per program"),
+    KnobDef("TAP_LOOP", ("unrolled", "pipelined"),
+            "unrolled: the R*S taps as straight-line code (all loads in flight); pipelined: "
+            "a loop software-pipelined num_stages deep"),
+    KnobDef("num_stages", (1, 2, 3, 4), "pipeline depth of the tap loop",
+            requires={"TAP_LOOP": ("pipelined",)}),
+    KnobDef("MAC", ("int32", "fp32"),
+            "multiply-accumulate in int32 (IMAD) or in float32 (FFMA at twice the rate; the "
+            "values are integers, exact while the worst-case |sum| < 2^24)",
+            applies=fp32_exact),
+)
+
+
+def grouped_conv_reason(wl: ConvWorkload) -> str | None:
+    """What the depthwise and grouped templates refuse whatever the groups: a residual term,
+    int16 output, bit-plane operands, an accumulator that could leave int32, tensors past
+    32-bit offsets (None: they take it)."""
+    if wl.epilogue.residual is not None:
+        return ("a residual term in the epilogue (Epilogue.residual) is written by the "
+                "separate layer-epilogue pass, not this one")
+    if wl.epilogue.out == OUT_INT16:
+        return "int16 output is written by the bit-serial templates: use int32"
+    for name, layout in (("a_layout", wl.a_layout), ("w_layout", wl.w_layout)):
+        if layout is Layout.BITPLANE:
+            return f"{name} 'bitplane' operands are served by the bit-serial templates"
+    bound = acc_bound(wl)  # u8 activations' zero-point sums too (within it)
+    if bound >= EXACT_INT32:
+        return f"worst-case |accumulator| {bound} >= {EXACT_INT32}: int32 would not be exact"
+    return offsets_reason(wl)
+
+
+def offsets_reason(wl: ConvWorkload) -> str | None:
+    """Why 32-bit element offsets cannot address the activations or the output (None: they
+    can)."""
+    xs = storage_shape(operand_shapes(wl)[0], wl.a, wl.a_layout)
+    if max(math.prod(xs), math.prod(out_storage(wl)[0])) >= OFFSET_LIMIT:
+        return "activations or output of 2^31 or more storage elements (32-bit offsets)"
+    return None
+
+
+def pow2_ceil(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def tile_reason(wl: ConvWorkload, pixels: int, pixel_floor: int, channels: int,
+                name: str) -> str | None:
+    """Why an output tile of `pixels` (knob BLOCK_PIX) x `channels` (knob `name`) does not fit
+    `wl`: wider than K, or taller than N*P*Q, rounded up to a power of two (at least 16 /
+    `pixel_floor`), or under 32 channels for a bit-plane output (32 channels a word)."""
+    m = wl.gemm_shape[0]
+    if channels > max(16, pow2_ceil(wl.K)):
+        return f"{name}={channels} exceeds K={wl.K} rounded up"
+    if pixels > max(pixel_floor, pow2_ceil(m)):
+        return f"BLOCK_PIX={pixels} exceeds N*P*Q={m} rounded up"
+    if wl.epilogue.requantizes and wl.epilogue.out_layout is Layout.BITPLANE and channels < 32:
+        return f"bit-plane output packs 32 channels a word: {name} >= 32"
+    return None
+
+
+class Conv2dDepthwiseTemplate(KernelTemplate):
+    """Depthwise conv2d NHWC x KRSC [C, R, S, 1] (groups == C == K), any R x S, stride and
+    padding, int32 accumulation on CUDA cores, the implicit-GEMM kernels' fused epilogue;
+    INT8 or PACKED operands of 1-8 bits (module doc)."""
+
+    name = "triton.conv2d_depthwise"
+    backend = "triton"
+    #: runs Epilogue.shifted_bias (epilogue_store's HAS_BIAS = BIAS_SHIFTED)
+    takes_shifted_bias: ClassVar[bool] = True
+    #: the layer epilogue's outputs are written by the separate pass (netops)
+    layer_outputs_max: ClassVar[int] = 0
+
+    def unsupported_reason(self, wl: Workload) -> str | None:
+        if not isinstance(wl, ConvWorkload):
+            return f"needs a ConvWorkload, got {type(wl).__name__}"
+        if not wl.depthwise:
+            return (f"needs a depthwise conv (groups == C == K), got groups={wl.groups}, "
+                    f"C={wl.C}, K={wl.K}")
+        return grouped_conv_reason(wl)
+
+    def constraints(self, wl: ConvWorkload) -> list:
+        def fits(c: Config) -> str | None:
+            return tile_reason(wl, c["BLOCK_PIX"], 32, c["BLOCK_C"], "BLOCK_C")
+
+        def threads(c: Config) -> str | None:
+            per_thread = c["BLOCK_PIX"] * c["BLOCK_C"] // (32 * c["num_warps"])
+            if per_thread > ACC_PER_THREAD_MAX:
+                return f"{per_thread} accumulators per thread > {ACC_PER_THREAD_MAX}"
+            if per_thread < VALUES_PER_THREAD_MIN:
+                return (f"{per_thread} values per thread < {VALUES_PER_THREAD_MIN} (idle or "
+                        "replicated lanes)")
+            return None
+
+        return [fits, threads]
+
+    def space(self, wl: Workload) -> ConfigSpace:
+        self.check_supported(wl)
+        return DEPTHWISE_KNOBS.space(wl, self.constraints(wl))
+
+    def default_config(self, wl: Workload) -> Config:
+        """BLOCK_C: 64 where it divides C, else 32 where that does, else 64 (C rounded up to a
+        power of two when smaller); BLOCK_PIX: 4,096 values a tile, 2,048 for packed
+        activations (their unpacking takes registers: offline ptxas for sm_90, 32 values a
+        thread of u2 / u4 use 240 registers, 16 use 114), at most N*P*Q rounded up; 4 warps,
+        the taps unrolled, int32 multiply-accumulates."""
+        space = self.space(wl)
+        c = 64 if wl.C % 64 == 0 or wl.C % 32 else 32
+        c = min(c, max(16, pow2_ceil(wl.C)))
+        values = 2048 if wl.a_layout is Layout.PACKED else 4096
+        pix = min(max(32, values // c), max(32, pow2_ceil(wl.gemm_shape[0])))
+        cfg = Config(BLOCK_PIX=min(pix, 512), BLOCK_C=c, num_warps=4, TAP_LOOP="unrolled",
+                     num_stages=1, MAC="int32")
+        while not space.is_valid(cfg) and cfg["num_warps"] > 1:
+            cfg = cfg.replace(num_warps=cfg["num_warps"] // 2)
+        return cfg if space.is_valid(cfg) else space.all_configs()[0]
+
+    def launch_shape(self, wl: Workload, config: Config) -> dict:
+        """Launch shape for `lowbit.perfmodel.launch_shape`: a BLOCK_PIX x BLOCK_C tile of the
+        N*P*Q x C output over an R*S reduction, one value a step, no shared memory staging
+        beyond Triton's pipeline (operand bits: the stored activation width)."""
+        bits = wl.a.bits if wl.a_layout is Layout.PACKED else 8
+        return dict(M=wl.gemm_shape[0], N=wl.K, K=wl.R * wl.S, block_m=config["BLOCK_PIX"],
+                    block_n=config["BLOCK_C"], block_k=1, warps=config["num_warps"],
+                    stages=config["num_stages"], split_k=1, operand_bits=bits)
+
+    def build(self, wl: Workload, config: Config) -> DepthwiseKernel:
+        config = self.checked_config(wl, config)
+        return DepthwiseKernel(self.name, wl, config, depthwise_problem(wl))
+
+
+__all__ = ["DEPTHWISE_KNOBS", "Conv2dDepthwiseTemplate", "DepthwiseKernel", "channel_tile",
+           "depthwise_kernel", "depthwise_launch", "depthwise_problem", "grouped_conv_reason",
+           "offsets_reason", "pow2_ceil", "tap_major_weights", "tile_reason"]

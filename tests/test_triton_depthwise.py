@@ -1,0 +1,325 @@
+"""Depthwise and grouped conv templates: `triton.conv2d_depthwise` (CUDA cores) and
+`triton.conv2d_grouped_int8` (block-diagonal implicit GEMM on int8 tensor cores).
+
+CPU: under TRITON_INTERPRET=1 on small odd shapes (MobileNet / EfficientNet / ResNeXt layers
+made small): depthwise 3x3/1, 3x3/2 and 5x5/2, grouped 3x3 with 4, 6 and 8 channels per group,
+int8 and packed u2 / u4 activations, every output kind (int32, fp16, requantized INT8, PACKED,
+BITPLANE, with ReLU, bias in accumulator units or at the output's shift), bit-exact against
+`lowbit.reference.run` with a poisoned output. Both templates are registered, dense templates
+refuse grouped convs, dispatch's candidate configs and the performance model's launch shapes
+work for both, and both compile for sm_90 (offline, the grouped one with wgmma).
+GPU (`gpu` mark): MobileNet-V2 and ResNeXt-50 layers at batch 2, default and sampled configs.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+import triton
+
+from lowbit.core import Config, ConvWorkload, Epilogue
+from lowbit.kernels import get_template, load_backends, templates
+from lowbit.kernels.triton.depthwise import DepthwiseKernel, depthwise_problem
+from lowbit.kernels.triton.grouped import (
+    GroupedKernel,
+    block_diagonal_weights,
+    grouped_problem,
+    tile_spans,
+)
+from lowbit.reference import random_inputs, run
+from triton_cases import DEVICE, check, poisoned
+
+load_backends()
+DEPTHWISE = get_template("triton.conv2d_depthwise")
+GROUPED = get_template("triton.conv2d_grouped_int8")
+
+U8_RELU = Epilogue(bias=True, relu=True, out="u8")
+U4_PACKED = Epilogue(bias=True, relu=True, out="u4", out_layout="packed")
+S8_SHIFTED = Epilogue(shifted_bias=True, relu=True, out="s8")
+S3_PLANES = Epilogue(bias=True, out="s3", out_layout="bitplane")
+FP16 = Epilogue(bias=True, out="fp16")
+PACKED_U4 = dict(a="u4", a_layout="packed")
+PACKED_U2 = dict(a="u2", a_layout="packed")
+
+# small tiles outside the H100 spaces (the interpreter's dot works at 16): several tiles in
+# pixels and channels, a ragged last tile in both
+DW_TINY = Config(BLOCK_PIX=64, BLOCK_C=32, num_warps=1, TAP_LOOP="unrolled", num_stages=1,
+                 MAC="int32")
+DW_PIPELINED = Config(BLOCK_PIX=128, BLOCK_C=16, num_warps=2, TAP_LOOP="pipelined",
+                      num_stages=2, MAC="fp32")
+GR_TINY = Config(BLOCK_PIX=64, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=2, GROUP_M=2)
+GR_WIDE = GR_TINY.replace(BLOCK_N=32, GROUP_M=1)
+
+
+def dw(c: int, r: int, stride: int, n: int = 3, **kw) -> ConvWorkload:
+    """A depthwise layer on an odd map, odd batch by default (padding r // 2, as
+    MobileNet's)."""
+    return ConvWorkload(N=n, H=9, W=7, C=c, K=c, R=r, S=r, stride=stride, pad=r // 2,
+                        groups=c, **kw)
+
+
+def grouped(c: int, k: int, groups: int, stride: int = 1, **kw) -> ConvWorkload:
+    return ConvWorkload(N=3, H=7, W=9, C=c, K=k, R=3, S=3, stride=stride, pad=1, groups=groups,
+                        **kw)
+
+
+# (id, workload, config): MobileNet-V2 3x3/1 and 3x3/2, EfficientNet's 5x5/2, int8 / u8 /
+# packed activations and packed weights, every output kind
+DEPTHWISE_CASES = [
+    ("3x3s1_s8_int32", dw(40, 3, 1), DW_TINY),
+    ("3x3s2_u8_relu_u8", dw(40, 3, 2, a="u8", epilogue=U8_RELU), DW_TINY),
+    ("5x5s2_u8_u4packed", dw(24, 5, 2, a="u8", epilogue=U4_PACKED), DW_PIPELINED),
+    ("3x3s1_u4packed_in_out_fp32", dw(40, 3, 1, **PACKED_U4, w="s4", w_layout="packed",
+                                      epilogue=U4_PACKED), DW_TINY.replace(MAC="fp32")),
+    ("3x3s2_u2packed_shifted_s8", dw(48, 3, 2, **PACKED_U2, w="s2", epilogue=S8_SHIFTED),
+     DW_PIPELINED),
+    ("5x5s1_u2packed_bitplane", dw(36, 5, 1, n=1, **PACKED_U2, w="s2", w_layout="packed",
+                                   epilogue=S3_PLANES),
+     DW_TINY.replace(TAP_LOOP="pipelined", num_stages=3)),
+    ("3x3s1_s8_fp16", dw(20, 3, 1, epilogue=FP16), DW_TINY),
+    ("3x3s2_binary_packed", dw(32, 3, 2, n=1, a="b1", a_layout="packed", w="b1",
+                               w_layout="packed", epilogue=S8_SHIFTED), DW_TINY),
+]
+
+# (id, workload, config): ResNeXt's 4 and 8 channels per group, 6 per group with twice the
+# filters (a column tile then splits a group), packed activations and weights
+GROUPED_CASES = [
+    ("cg4_s1_int32", grouped(32, 32, 8), GR_TINY),
+    ("cg4_s2_u8_relu_u8", grouped(32, 32, 8, stride=2, a="u8", epilogue=U8_RELU), GR_WIDE),
+    ("cg8_s1_u4packed_in_out", grouped(32, 32, 4, **PACKED_U4, w="s4", w_layout="packed",
+                                       epilogue=U4_PACKED), GR_TINY),
+    ("cg8_s2_u2packed_shifted_s8", grouped(40, 40, 5, stride=2, **PACKED_U2, w="s2",
+                                           epilogue=S8_SHIFTED), GR_WIDE),
+    ("cg6_kg12_u2packed_unaligned_bitplane", grouped(18, 36, 3, **PACKED_U2,
+                                                     epilogue=S3_PLANES), GR_WIDE),
+    ("cg4_fp16", grouped(16, 16, 4, epilogue=FP16), GR_TINY),
+    ("cg8_binary_packed", grouped(32, 32, 4, stride=2, a="b1", a_layout="packed", w="b1",
+                                  w_layout="packed", epilogue=S8_SHIFTED), GR_WIDE),
+]
+
+
+# ------------------------------------------------------------------------------- CPU tests
+
+@pytest.mark.parametrize("case", DEPTHWISE_CASES, ids=[c[0] for c in DEPTHWISE_CASES])
+def test_depthwise_bit_exact(case):
+    _, wl, cfg = case
+    check(wl, DepthwiseKernel("test", wl, cfg, depthwise_problem(wl)), seed=len(wl.key))
+
+
+@pytest.mark.parametrize("case", GROUPED_CASES, ids=[c[0] for c in GROUPED_CASES])
+def test_grouped_bit_exact(case):
+    _, wl, cfg = case
+    check(wl, GroupedKernel("test", wl, cfg, grouped_problem(wl)), seed=len(wl.key))
+
+
+def test_default_configs_bit_exact():
+    """The templates' own defaults (H100 tile sizes) on a small depthwise and grouped layer."""
+    for template, wl in ((DEPTHWISE, dw(24, 3, 2, a="u8", epilogue=U8_RELU)),
+                         (GROUPED, grouped(16, 16, 4, a="u8", epilogue=U8_RELU))):
+        cfg = template.default_config(wl)
+        assert template.space(wl).is_valid(cfg)
+        check(wl, template.build(wl, cfg), seed=5)
+
+
+def test_packed_activations_are_read_as_bytes():
+    """A u4 / u2 depthwise layer's activations are half / a quarter of the int8 bytes, and the
+    kernel is handed the packed storage itself (no unpacked copy)."""
+    base = dw(64, 3, 1)
+    sizes = {}
+    for name, kw in (("int8", {}), ("u4", PACKED_U4), ("u2", PACKED_U2)):
+        wl = base.replace(**kw)
+        x, _, _ = random_inputs(wl, 1)
+        sizes[name] = x.numel() * x.element_size()
+        launch = DEPTHWISE.build(wl, DEPTHWISE.default_config(wl)).plan(
+            depthwise_problem(wl), x, torch.zeros(1), poisoned(wl, "cpu"), (None,) * 4)[0]
+        assert launch.args[0] is x
+    assert sizes["u4"] * 2 == sizes["int8"] == sizes["u2"] * 4
+
+
+def test_bound_launcher_serves_new_activations():
+    """A bound grouped launcher keeps its block-diagonal weights; new x in place is read."""
+    wl = grouped(16, 16, 4, epilogue=Epilogue(bias=True, out="u8"))
+    kernel = GroupedKernel("test", wl, GR_TINY, grouped_problem(wl))
+    x, w, params = random_inputs(wl, 7, device=DEVICE)
+    out = poisoned(wl)
+    launch = kernel.bind(x, w, params, out=out)
+    for seed in (8, 9):
+        x.copy_(random_inputs(wl, seed, device=DEVICE)[0])
+        assert torch.equal(launch(), run(wl, x, w, params))
+
+
+def test_block_diagonal_weights_place_each_filter_in_its_groups_span():
+    wl = grouped(18, 36, 3, w="s4", w_layout="packed")  # Cg 6, Kg 12: tiles of 16 split groups
+    _, w, _ = random_inputs(wl, 3)
+    blocks = block_diagonal_weights(wl, w, 16)
+    spans = tile_spans(wl, 16)
+    assert spans == [(0, 12), (6, 12), (12, 6)]
+    from lowbit.quant.packing import unpack
+
+    values = unpack(w, wl.w, wl.w_layout, 6).reshape(36, 9, 6)
+    assert blocks.shape == (36, 9, 16)
+    for n in range(36):
+        lo = (n // 12) * 6 - spans[n // 16][0]
+        assert torch.equal(blocks[n, :, lo:lo + 6].long(), values[n])
+        assert int(blocks[n].abs().sum()) == int(values[n].abs().sum())  # zeros elsewhere
+
+
+def test_only_the_grouped_templates_take_grouped_convs():
+    dwl = dw(32, 3, 1)
+    gwl = grouped(32, 32, 8)
+    dense = ConvWorkload(N=1, H=8, W=8, C=32, K=32, R=3, S=3, pad=1)
+    takers = {wl.key: {t.name for t in templates() if t.unsupported_reason(wl) is None}
+              for wl in (dwl, gwl)}
+    assert takers[dwl.key] == {"triton.conv2d_depthwise"}
+    assert takers[gwl.key] == {"triton.conv2d_grouped_int8"}
+    dense_takers = [t for t in templates() if t.unsupported_reason(dense) is None]
+    assert len(dense_takers) >= 3
+    for t in dense_takers:  # the dense conv templates name the groups as the reason
+        assert "groups=8" in t.unsupported_reason(gwl), t.name
+    assert "depthwise" in GROUPED.unsupported_reason(dwl)
+    assert "groups=1" in GROUPED.unsupported_reason(dense)
+    assert "depthwise" in DEPTHWISE.unsupported_reason(gwl)
+    assert "bitplane" in DEPTHWISE.unsupported_reason(dwl.replace(a="u2", w="s2",
+                                                                  a_layout="bitplane",
+                                                                  w_layout="bitplane"))
+    with pytest.raises(ValueError, match="does not support"):
+        DEPTHWISE.build(gwl, DEPTHWISE.default_config(dwl))
+
+
+def test_dispatch_candidates_and_launch_shapes():
+    """`tune.dispatch.candidate_configs` draws valid configs of both templates (default first)
+    and the performance model estimates them (`geometry` from the templates' launch shapes:
+    the grouped reduction is the padded span, not C)."""
+    from lowbit.perfmodel.geometry import geometry
+    from lowbit.perfmodel.predict import predict_many
+    from lowbit.tune.dispatch import candidate_configs
+
+    cases = ((DEPTHWISE, ConvWorkload(N=64, H=112, W=112, C=32, K=32, R=3, S=3, pad=1,
+                                      groups=32, a="u8", epilogue=U8_RELU)),
+             (GROUPED, ConvWorkload(N=64, H=56, W=56, C=128, K=128, R=3, S=3, pad=1,
+                                    groups=32, a="u8", epilogue=U8_RELU)))
+    for template, wl in cases:
+        cfgs = candidate_configs(template, wl, n=24)
+        space = template.space(wl)
+        assert cfgs[0] == template.default_config(wl)
+        assert len(cfgs) >= 8 and all(space.is_valid(c) for c in cfgs)
+        geo = geometry(template, wl, cfgs[0])
+        assert geo.family == "generic" and geo.M == wl.gemm_shape[0] and geo.N == wl.K
+        times = predict_many(template, wl, cfgs[:4])
+        assert all(t > 0 and t == t for t in times)
+    geo = geometry(GROUPED, cases[1][1], Config(BLOCK_PIX=128, BLOCK_N=32, BLOCK_K=32,
+                                                num_warps=4, num_stages=3, GROUP_M=8))
+    assert geo.K == 9 * 32 and geo.k_steps == 9  # span of 8 groups of 4 channels
+
+
+def test_dispatch_choose_picks_among_them():
+    from lowbit.tune.dispatch import choose
+
+    wl = dw(32, 3, 1).replace(N=8, H=56, W=56)
+    pick = choose(wl, "H100", include_fp16=False)
+    assert pick.template == "triton.conv2d_depthwise"
+
+
+# ---------------------------------------------------------------- sm_90 offline compile
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+COMPILE_CASES = {
+    "depthwise_default_u8": (DEPTHWISE, ConvWorkload(N=64, H=56, W=56, C=144, K=144, R=3, S=3,
+                                                     pad=1, groups=144, a="u8",
+                                                     epilogue=U8_RELU), None),
+    "depthwise_u4_pipelined": (DEPTHWISE, ConvWorkload(N=64, H=28, W=28, C=192, K=192, R=3,
+                                                       S=3, stride=2, pad=1, groups=192,
+                                                       **PACKED_U4, epilogue=U4_PACKED),
+                               Config(BLOCK_PIX=64, BLOCK_C=64, num_warps=4,
+                                      TAP_LOOP="pipelined", num_stages=3, MAC="int32")),
+    "depthwise_u2_fp32_mac": (DEPTHWISE, ConvWorkload(N=64, H=56, W=56, C=144, K=144, R=3,
+                                                      S=3, pad=1, groups=144, **PACKED_U2,
+                                                      epilogue=U4_PACKED),
+                              Config(BLOCK_PIX=32, BLOCK_C=64, num_warps=4,
+                                     TAP_LOOP="unrolled", num_stages=1, MAC="fp32")),
+    "grouped_default_resnext": (GROUPED, ConvWorkload(N=64, H=56, W=56, C=128, K=128, R=3,
+                                                      S=3, pad=1, groups=32, a="u8",
+                                                      epilogue=U8_RELU), None),
+    "grouped_u4_block_n16": (GROUPED, ConvWorkload(N=64, H=28, W=28, C=256, K=256, R=3, S=3,
+                                                   pad=1, groups=32, **PACKED_U4,
+                                                   epilogue=U4_PACKED),
+                             Config(BLOCK_PIX=128, BLOCK_N=16, BLOCK_K=32, num_warps=4,
+                                    num_stages=3, GROUP_M=8)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_compile_for_sm90():
+    from triton_offline import compile_in_subprocess
+
+    if not os.path.isdir(BIN):
+        pytest.skip("this Triton has no bundled NVIDIA tools (ptxas)")
+    cases = []
+    for template, wl, cfg in COMPILE_CASES.values():
+        cfg = template.checked_config(wl, cfg or template.default_config(wl))
+        cases.append((template.name, wl.to_json(), cfg.to_json()))
+    got = dict(zip(COMPILE_CASES, compile_in_subprocess(cases), strict=True))
+    for name, reports in got.items():
+        assert isinstance(reports, list) and len(reports) == 1, (name, reports)
+        main = reports[0]
+        assert main["regs"] <= 255 and main["spill_bytes"] == 0, (name, main)
+        assert (main["wgmma"] > 0) == name.startswith("grouped"), (name, main)
+        if name == "depthwise_default_u8":
+            assert main["byte_loads"] == 0, main  # 16-byte channel vectors, not bytes
+
+
+# ------------------------------------------------------------------------------- GPU tests
+
+#: MobileNet-V2's depthwise layers (C, H, stride) and ResNeXt-50 32x4d's grouped 3x3s
+#: (width, H, stride) at batch 2
+MOBILENET_DW = [(32, 112, 1), (96, 112, 2), (144, 56, 1), (144, 56, 2), (192, 28, 1),
+                (384, 14, 1), (576, 14, 2), (960, 7, 1)]
+RESNEXT_GROUPED = [(128, 56, 1), (256, 56, 2), (256, 28, 1), (512, 28, 2), (512, 14, 1),
+                   (1024, 14, 2), (1024, 7, 1)]
+#: (precision, epilogue) pairs: w8a8 (u8 activations) -> u8 and -> int32, w4a4 (packed
+#: activations and weights) -> packed u4, w2a2 (packed activations) -> s8 at the output's shift
+GPU_COMBOS = {"w8a8_u8": (dict(a="u8"), U8_RELU), "w8a8_int32": (dict(a="u8"), Epilogue()),
+              "w4a4_u4": (dict(a="u4", w="s4", a_layout="packed", w_layout="packed"),
+                          U4_PACKED),
+              "w2a2_shifted_s8": (dict(a="u2", w="s2", a_layout="packed"), S8_SHIFTED)}
+
+
+def gpu_layer(kind: str, width: int, h: int, stride: int, **kw) -> ConvWorkload:
+    """A MobileNet-V2 depthwise ("dw") or ResNeXt-50 grouped ("grouped", 32 groups) 3x3."""
+    return ConvWorkload(N=2, H=h, W=h, C=width, K=width, R=3, S=3, stride=stride, pad=1,
+                        groups=width if kind == "dw" else 32, **kw)
+
+
+def _sampled(template, wl, n: int, seed: int) -> list[Config]:
+    configs = template.space(wl).all_configs()
+    return random.Random(seed).sample(configs, min(n, len(configs)))
+
+
+GPU_LAYERS = [("dw", *s) for s in MOBILENET_DW] + [("grouped", *s) for s in RESNEXT_GROUPED]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("combo", list(GPU_COMBOS))
+@pytest.mark.parametrize("layer", GPU_LAYERS, ids=lambda s: "{}_c{}_h{}_s{}".format(*s))
+def test_gpu_network_layers(layer, combo):
+    """Each layer at its template's default config and one sampled config of its space."""
+    prec, epi = GPU_COMBOS[combo]
+    wl = gpu_layer(*layer, **prec, epilogue=epi)
+    template = DEPTHWISE if wl.depthwise else GROUPED
+    for cfg in [template.default_config(wl), *_sampled(template, wl, 1, seed=len(wl.key))]:
+        check(wl, template.build(wl, cfg), seed=11)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", DEPTHWISE_CASES + GROUPED_CASES,
+                         ids=[c[0] for c in DEPTHWISE_CASES + GROUPED_CASES])
+def test_gpu_small_cases_at_default_configs(case):
+    """The CPU cases on the GPU at the templates' defaults (EfficientNet's 5x5/2, RegNet-like
+    6 channels per group, bit-plane and fp16 outputs)."""
+    _, wl, _ = case
+    template = DEPTHWISE if wl.depthwise else GROUPED
+    check(wl, template.build(wl, template.default_config(wl)), seed=13)
