@@ -46,6 +46,10 @@ GEMV_ROWS = 16
 #: `cuda.int8_wgmma` (2.6x on 512 -> 512); the 1x1s 8.4-10.4 against 8.4-16.4, mixed: they
 #: keep the conv order
 GEMV_CONV_PIXELS = 64
+#: the templates of depthwise (groups == C == K) and other grouped convs: one value per byte
+#: (the bit-serial families and the dense int8 templates refuse groups)
+DEPTHWISE = "triton.conv2d_depthwise"
+GROUPED = "triton.conv2d_grouped_int8"
 #: the bit widths bit-serial serves by default (both operands)
 BITSERIAL_MAX_BITS = 4
 
@@ -90,7 +94,9 @@ def unsupported_reason(impl: str, workload: Workload) -> str | None:
 
 def _int8_choice(wl: Workload, why_not_bitserial: str | None,
                  first: str | None = None) -> tuple[str, str]:
-    if isinstance(wl, ConvWorkload):
+    if isinstance(wl, ConvWorkload) and wl.groups > 1:
+        names = (DEPTHWISE,) if wl.depthwise else (GROUPED,)
+    elif isinstance(wl, ConvWorkload):
         m, n, _ = wl.gemm_shape
         names = INT8_CONV_LARGE if m * n >= LARGE_CONV_OUTPUTS else INT8_CONV
         if m <= GEMV_CONV_PIXELS and wl.R * wl.S > 1:
@@ -118,6 +124,8 @@ def choose_impl(workload: Workload, int8_first: str | None = None) -> tuple[str,
     """The default implementation of a layer and why (module docstring); int8_first: an int8
     template tried before the others where it applies (`int8_preferring`)."""
     wl = workload
+    if isinstance(wl, ConvWorkload) and wl.groups > 1:
+        return _int8_choice(wl, f"groups={wl.groups} (a grouped conv)", int8_first)
     if wl.w.bits <= BITSERIAL_MAX_BITS and wl.a.bits <= BITSERIAL_MAX_BITS:
         reason = unsupported_reason(BITSERIAL, wl)
         if reason is None:

@@ -241,9 +241,9 @@ class Planner:
         if spec.kind == "conv2d":
             n, c, h, w = self._map(v, x)
             k, r, s, c_w = spec.weight.shape
-            if c != c_w:
-                raise ValueError(f"input shape does not fit the model: {v.name} expects {c_w} "
-                                 f"channels, gets {c}")
+            if c != c_w * spec.groups:
+                raise ValueError(f"input shape does not fit the model: {v.name} expects "
+                                 f"{c_w * spec.groups} channels, gets {c}")
             p = (h + 2 * spec.pad - r) // spec.stride + 1
             q = (w + 2 * spec.pad - s) // spec.stride + 1
             out = (n, k, p, q)
@@ -306,14 +306,18 @@ class Planner:
             return all(self.nonneg(i) for i in v.inputs)
         return False
 
-    def wide(self, v: Value) -> Req:
+    def wide(self, v: Value, window: int = 1) -> Req:
         """The wide realization of v (module docstring), from the example input's range:
         wide_bits 16 / 24 signed at WIDE_HEADROOM x max|v| / qmax, wide_bits 8 u8 / s8 one
-        value per byte at max / qmax (ENGINE.md)."""
+        value per byte at max / qmax. window: the most values an average pool sums (its
+        int32 window sums bound the levels: qmax * window < 2^31)."""
         stat = self.df.stats[v.fx_name]
         if self.wide_bits in WIDE_BITS:
-            prec = WidePrecision(self.wide_bits)
-            return Req(prec, max(stat.absmax * WIDE_HEADROOM, _TINY) / prec.qmax, Layout.INT8)
+            fits = [b for b in WIDE_BITS if b <= self.wide_bits
+                    and (2 ** (b - 1)) * max(window, 1) < 2**31]
+            prec = WidePrecision(max(fits or [min(WIDE_BITS)]))
+            levels = min(prec.qmax, (2**31 - 1) // max(window, 1))
+            return Req(prec, max(stat.absmax * WIDE_HEADROOM, _TINY) / levels, Layout.INT8)
         prec = U8 if self.nonneg(v) else S8
         top = stat.hi if prec is U8 else stat.absmax
         return Req(prec, max(top, _TINY) / prec.qmax, Layout.INT8)
@@ -324,10 +328,11 @@ class Planner:
         element (one byte up to 8 bits, int16 at 16)."""
         return Req(v.attrs["precision"], v.attrs["scale"], Layout.INT8)
 
-    def residual_req(self, v: Value) -> Req:
-        """What a residual add or an average pool reads of `v`: the model's own quantized
-        value where a residual quantizer made it (narrow and exact), else the wide one."""
-        return self.own(v) if v.op == QUANT else self.wide(v)
+    def residual_req(self, v: Value, window: int = 1) -> Req:
+        """What a residual add or an average pool (summing up to `window` values) reads of
+        `v`: the model's own quantized value where a residual quantizer made it (narrow and
+        exact), else the wide one."""
+        return self.own(v) if v.op == QUANT else self.wide(v, window)
 
     def _table(self, v: Value, req: Req) -> str:
         """Params key of the table taking each value of the quantizer `v` (its own precision
@@ -482,7 +487,7 @@ class Planner:
             src = self.realize(x, FLOAT_REQ)
             out = self._tensor(v, req, shape, relu)
         else:
-            wide = self.residual_req(x)
+            wide = self.residual_req(x, max(counts))
             src = self.realize(x, wide)
             out = self._tensor(v, req, shape, relu)
             pairs = [avgpool_multiplier(c, wide.scale, req.scale) for c in counts]
@@ -506,7 +511,7 @@ class Planner:
             n, c, h, w = xs
             k, r, s, _ = weight.shape
             wl = ConvWorkload(N=n, H=h, W=w, C=c, K=k, R=r, S=s, stride=spec.stride,
-                              pad=spec.pad, w=spec.w, a=spec.a)
+                              pad=spec.pad, w=spec.w, a=spec.a, groups=spec.groups)
         else:
             if segments:  # NCHW flatten order -> (h, w, c), segment by segment
                 weight = nhwc_columns(weight, self.flat_from[id(x)])
