@@ -4,7 +4,7 @@ fp16_cuda_graph, fp16_compile}, layers: [{name, impl, time_us, floor_us, share, 
 weights_bytes, peak_activation_bytes, fp16_weights_bytes, fp16_peak_activation_bytes} in one
 results file (DESIGN.md format) under benchmarks/results/<gpu>/ or --out, rewritten after every
 case so a cut-off run keeps what it measured; a failing case is a row with its error. Prints a
-table and the issue-32 targets (met / missed, with what bounds each miss) last, and draws the
+table and the dataflow targets (met / missed, with what bounds each miss) last, and draws the
 per-step times next to PyTorch fp16's per module (network-<stamp>.png).
 
     python benchmarks/network.py --cases resnet18:8:w1a2 resnet50:256:w8a8 --compile-mode default

@@ -534,12 +534,12 @@ class Target:
 
 
 def _row(rows: list[dict], model: str, batch: int, precision: str) -> dict | None:
-    for r in rows:
-        if (r.get("model"), r.get("batch"), r.get("precision")) == (model, batch, precision) \
-                and r.get("time_ms") and r.get("exact_bias", True) \
-                and r.get("wide_bits", 24) == 24:
-            return r
-    return None
+    """The fastest default row of (model, batch, precision) (any residual stream, exact
+    biases, the default wide width)."""
+    found = [r for r in rows if (r.get("model"), r.get("batch"), r.get("precision")) ==
+             (model, batch, precision) and r.get("time_ms") and r.get("exact_bias", True)
+             and r.get("wide_bits", 24) == 24]
+    return min(found, key=lambda r: r["time_ms"]) if found else None
 
 
 def _bottleneck(row: dict) -> str:
@@ -549,53 +549,43 @@ def _bottleneck(row: dict) -> str:
     return f"network floor {row.get('floor_ms', 0):.3f} ms; largest: " + ", ".join(parts)
 
 
-def check_targets(rows: list[dict]) -> list[Target]:
-    """The issue-32 targets over the rows present (missing rows: met None)."""
-    out: list[Target] = []
+#: TensorRT int8 ResNet-50 in MLPerf Inference v4.0 (Offline), one H100 SXM: the deploying
+#: user's reference (cited: it cannot run here), images per second
+TENSORRT_INT8_RESNET50_IMAGES_S = 88_714
 
-    def ratio(r: dict | None, key: str) -> float | None:
-        base = (r or {}).get("baselines_ms", {}).get(key)
-        return base / r["time_ms"] if r and base else None
+
+def check_targets(rows: list[dict]) -> list[Target]:
+    """The dataflow targets over the rows present (missing rows: met None): ResNet-50 at
+    batch 256 against TensorRT int8's cited throughput and its own floor sum, ResNet-18 at
+    batch 8, and every first layer within 3x its floor."""
+    out: list[Target] = []
 
     def add(name: str, value: float | None, bound: float, higher: bool, r: dict | None) -> None:
         met = None if value is None else (value >= bound if higher else value <= bound)
         out.append(Target(name, value, bound, met, "" if met or r is None else _bottleneck(r)))
 
+    for precision, bound in (("w1a2", 100_000), ("w2a2", TENSORRT_INT8_RESNET50_IMAGES_S),
+                             ("w8a8", 60_000)):
+        r = _row(rows, "resnet50", 256, precision)
+        add(f"ResNet-50 {precision} b256 images/s >=", r and r["images_per_s"], bound, True, r)
+        if r is not None and r.get("floor_ms"):
+            add(f"ResNet-50 {precision} b256 time / floor sum <=",
+                r["time_ms"] / r["floor_ms"], 1.5, False, r)
     r18 = _row(rows, "resnet18", 8, "w1a2")
     add("ResNet-18 w1a2 b8 time (ms) <=", r18 and r18["time_ms"], 0.10, False, r18)
-    add("ResNet-18 w1a2 b8 x fp16 CUDA graph >=", ratio(r18, "fp16_cuda_graph"), 4.5, True, r18)
-    r50 = _row(rows, "resnet50", 256, "w1a2")
-    add("ResNet-50 w1a2 b256 images/s >=", r50 and r50["images_per_s"], 110_000, True, r50)
-    r50_8 = _row(rows, "resnet50", 256, "w8a8")
-    add("ResNet-50 w8a8 b256 x fp16 CUDA graph >=", ratio(r50_8, "fp16_cuda_graph"), 2.0, True,
-        r50_8)
-    add("ResNet-50 w8a8 b256 x torch.compile fp16 >=", ratio(r50_8, "fp16_compile"), 1.3, True,
-        r50_8)
-    for name in ("vgg16", "alexnet"):
-        r = _row(rows, name, 8, "w1a2")
-        add(f"{name} w1a2 b8 x fp16 CUDA graph >=", ratio(r, "fp16_cuda_graph"), 4.0, True, r)
-    worst, where = None, None
-    for r in rows:
-        for s in r.get("layers", []):
-            if s.get("alone_us") and s["time_us"] > 2.0:
-                v = s["time_us"] / s["alone_us"]
-                if worst is None or v > worst:
-                    worst, where = v, f"{r['model']} b{r['batch']} {s['name']}"
-    out.append(Target("every step in the engine / alone <=", worst, 1.15,
-                      None if worst is None else worst <= 1.15, where or ""))
     for r in rows:
         stems = [s for s in r.get("layers", []) if s["impl"].startswith("triton stem")]
         for s in stems:
             v = s["time_us"] / s["floor_us"]
-            out.append(Target(f"{r['model']} b{r['batch']} stem time / floor <=", v, 3.0,
+            out.append(Target(f"{r['model']} b{r['batch']} first layer time / floor <=", v, 3.0,
                               v <= 3.0, f"{s['time_us']:.1f} us, floor {s['floor_us']:.1f}"))
     return out
 
 
 def summary_table(rows: list[dict]) -> str:
     """A short text table of the rows and the targets."""
-    lines = [f"{'model':<10} {'b':>4} {'prec':<6} {'ms':>8} {'img/s':>9} {'eager':>7} "
-             f"{'graph':>7} {'compile':>7} {'x graph':>7} {'floor':>7}  note"]
+    lines = [f"{'model':<10} {'b':>4} {'prec':<10} {'ms':>8} {'img/s':>9} {'eager':>7} "
+             f"{'graph':>7} {'compile':>7} {'x graph':>7} {'x comp':>7} {'floor':>7}  note"]
     for r in rows:
         if r.get("error"):
             lines.append(f"{r['model']:<10} {r['batch']:>4} {r['precision']:<6} error: "
@@ -607,15 +597,21 @@ def summary_table(rows: list[dict]) -> str:
             return f"{v:7.3f}" if v else "      -"
 
         x = b.get("fp16_cuda_graph") / r["time_ms"] if b.get("fp16_cuda_graph") else None
-        prec = r["precision"] + ("" if r.get("wide_bits", 24) == 24 else f"/{r['wide_bits']}")
-        lines.append(f"{r['model']:<10} {r['batch']:>4} {prec:<6} "
+        xc = b.get("fp16_compile") / r["time_ms"] if b.get("fp16_compile") else None
+        prec = r["precision"] + ("" if r.get("wide_bits", 24) == 24 else f"/{r['wide_bits']}") \
+            + (f"/res{r['residual_bits']}" if r.get("residual_bits") else "")
+        lines.append(f"{r['model']:<10} {r['batch']:>4} {prec:<10} "
                      f"{r['time_ms']:8.3f} {r['images_per_s']:9.0f} {f(b.get('fp16_eager'))} "
                      f"{f(b.get('fp16_cuda_graph'))} {f(b.get('fp16_compile'))} "
-                     f"{(f'{x:6.2f}x') if x else '      -'} {r['floor_ms']:7.3f}  "
+                     f"{(f'{x:6.2f}x') if x else '      -'} "
+                     f"{(f'{xc:6.2f}x') if xc else '      -'} {r['floor_ms']:7.3f}  "
                      f"host {r['host_overhead_us']:.1f} us"
                      + (f" (bound {r['host_overhead_bound_us']:.1f})"
                         if r.get("host_overhead_bound_us") else "")
                      + ("" if r.get("top1_equal", True) else "  TOP-1 MISMATCH"))
+    lines.append(f"{'TensorRT int8 (MLPerf v4.0, one H100, cited)':<40} resnet50 b256 "
+                 f"{256e3 / TENSORRT_INT8_RESNET50_IMAGES_S:8.3f} ms "
+                 f"{TENSORRT_INT8_RESNET50_IMAGES_S:9,} images/s")
     lines.append("")
     for t in check_targets(rows):
         state = "n/a " if t.met is None else ("met " if t.met else "MISS")
@@ -647,8 +643,14 @@ def per_layer_figure(row: dict, path: str) -> str | None:
     ax.set_xticklabels([r["name"].split(".", 1)[-1][:18] for r in layers], rotation=90,
                        fontsize=6)
     ax.set_ylabel("us")
-    ax.set_title(f"{row['model']} b{row['batch']} {row['precision']}: "
-                 f"{row['time_ms']:.3f} ms")
+    title = f"{row['model']} b{row['batch']} {row['precision']}: {row['time_ms']:.3f} ms"
+    title += f" (floor sum {row['floor_ms']:.3f} ms"
+    if row["model"] == "resnet50":  # the whole network's time per step against TensorRT's
+        trt_ms = row["batch"] * 1e3 / TENSORRT_INT8_RESNET50_IMAGES_S
+        ax.axhline(trt_ms * 1e3 / max(n, 1), color="r", linestyle="--", linewidth=0.8,
+                   label=f"TensorRT int8 (cited), {trt_ms:.3f} ms / {n} steps")
+        title += f"; TensorRT int8 {trt_ms:.3f} ms"
+    ax.set_title(title + ")")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
