@@ -216,10 +216,10 @@ def summary(target: str = typer.Argument(..., help="a saved lowbit model (.safet
     from .quant import LayerRow
     from .quant import summary as layer_summary
     from .quant.overview import render
-    from .serialize import read_manifest
+    from .serialize import verify
 
     if target.endswith(".safetensors") or Path(target).is_file():
-        manifest = read_manifest(target)
+        manifest, _ = verify(target)  # every digest and integer range checked
         rows = [LayerRow(**r) for r in manifest.get("summary", [])]
         console.print(render(rows, f"{target} ({manifest['kind']})"))
         return
