@@ -2,21 +2,78 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
 
+from ..core.progress import progress
 from .api import quant_layers
 
 
-def _batch_input(batch: object) -> torch.Tensor:
+def _batch_input(batch: object, index: int) -> torch.Tensor:
     x = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
     if not isinstance(x, torch.Tensor):
         raise TypeError("loader must yield tensors or (input, target) tuples/lists of tensors, "
-                        f"got {type(x).__name__}")
+                        f"got {type(x).__name__} in batch {index}")
+    if not x.is_floating_point():
+        raise TypeError(f"loader must yield float input tensors, got {x.dtype} in batch "
+                        f"{index} (shape {tuple(x.shape)})")
     return x
+
+
+class InputShapeError(ValueError):
+    """A model input that does not fit a layer: `layer` names it, `problem` says how."""
+
+    def __init__(self, argument: str, layer: str, problem: str) -> None:
+        super().__init__(f"{argument} does not fit the model: layer {layer} {problem}")
+        self.argument, self.layer, self.problem = argument, layer, problem
+
+
+def _layer_input_problem(layer: nn.Module, x: torch.Tensor) -> str | None:
+    """What is wrong with `x` as the input of a Conv2d / Linear layer, or None."""
+    if isinstance(layer, nn.Conv2d):
+        c = layer.in_channels
+        if x.dim() not in (3, 4) or x.shape[-3] != c:  # 3-D: one unbatched image, as torch
+            return (f"expects input of shape (N, {c}, H, W) ({c} channels), got "
+                    f"{tuple(x.shape)}")
+        if layer.padding == "same":
+            return None
+        pad = layer.padding if isinstance(layer.padding, tuple) else (0, 0)
+        need = [d * (k - 1) + 1 - 2 * p for d, k, p in zip(layer.dilation, layer.kernel_size,
+                                                             pad, strict=True)]
+        if x.shape[-2] < need[0] or x.shape[-1] < need[1]:
+            return (f"expects input of shape (N, {c}, H, W) with H >= {need[0]} and W >= "
+                    f"{need[1]} (its {layer.kernel_size} kernel), got {tuple(x.shape)}")
+    elif isinstance(layer, nn.Linear) and (x.dim() < 1 or x.shape[-1] != layer.in_features):
+        return f"expects input of shape (..., {layer.in_features}), got {tuple(x.shape)}"
+    return None
+
+
+@contextlib.contextmanager
+def checked_layer_inputs(model: nn.Module, argument: str) -> Iterator[None]:
+    """Within the block, every Conv2d / Linear of `model` checks its input's shape before it
+    runs: InputShapeError (a ValueError) naming `argument`, the layer and the shape it
+    expects."""
+
+    def check(name: str):
+        def hook(layer: nn.Module, args: tuple) -> None:
+            x = args[0] if args else None
+            if isinstance(x, torch.Tensor):
+                problem = _layer_input_problem(layer, x)
+                if problem:
+                    raise InputShapeError(argument, name, problem)
+        return hook
+
+    handles = [m.register_forward_pre_hook(check(n)) for n, m in model.named_modules()
+               if isinstance(m, (nn.Conv2d, nn.Linear))]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def calibrate(model: nn.Module, loader: Iterable, num_batches: int | None = None) -> nn.Module:
@@ -36,8 +93,9 @@ def calibrate(model: nn.Module, loader: Iterable, num_batches: int | None = None
     layers = quant_layers(model)
     if not layers:
         raise ValueError("model has no lowbit fake-quant layers: call lowbit.quantize first")
-    if not isinstance(loader, Iterable):
-        raise TypeError(f"loader must be an iterable of batches, got {type(loader).__name__}")
+    if not isinstance(loader, Iterable) or isinstance(loader, (torch.Tensor, str, bytes)):
+        raise TypeError(f"loader must be an iterable of batches (a DataLoader, or a list of "
+                        f"input tensors: [x] for one batch), got {type(loader).__name__}")
     if num_batches is not None and (isinstance(num_batches, bool)
                                     or not isinstance(num_batches, int) or num_batches < 1):
         raise ValueError(f"num_batches must be None or an int >= 1, got {num_batches!r}")
@@ -50,10 +108,14 @@ def calibrate(model: nn.Module, loader: Iterable, num_batches: int | None = None
             q.calibrating = True
             q.observer.start_calibration()
             q.mean_abs.zero_()
-        with torch.no_grad():
+        with torch.no_grad(), progress("calibrating", total=_total(loader, num_batches)) as bar:
             for batch in loader:
-                model(_batch_input(batch))
+                x = _batch_input(batch, seen)
+                with checked_layer_inputs(model, f"loader's batch {seen} (shape "
+                                                 f"{tuple(x.shape)})"):
+                    model(x)
                 seen += 1
+                bar.advance()
                 if num_batches is not None and seen >= num_batches:
                     break
     finally:
@@ -81,3 +143,11 @@ def calibrate(model: nn.Module, loader: Iterable, num_batches: int | None = None
         q.observer.finish_calibration()
         q.frozen = True
     return model
+
+
+def _total(loader: Iterable, num_batches: int | None) -> int | None:
+    try:
+        n = len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        return num_batches
+    return n if num_batches is None else min(n, num_batches)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..core.progress import progress
 from ..graph import Dataflow, Plan, build_plan, choose_impl, trace_model
 from ..graph.dataflow import is_integer_module, is_quant_layer
 from ..graph.impl import ImplChooser
@@ -184,9 +185,10 @@ def compile_model(model: nn.Module, example_input: torch.Tensor, *,
                          f"{executor!r}")
     chooser = choose_impl or _default_chooser()
     # traced where the example runs: a model left on the CPU follows a CUDA example
-    copied = copy.deepcopy(model).eval().to(example_input.device)
-    dataflow = trace_model(copied, example_input)
-    plan = build_plan(dataflow, tuple(example_input.shape), chooser, wide_bits)
+    with progress("lowbit.compile: tracing and planning"):
+        copied = copy.deepcopy(model).eval().to(example_input.device)
+        dataflow = trace_model(copied, example_input)
+        plan = build_plan(dataflow, tuple(example_input.shape), chooser, wide_bits)
     return CompiledModel(plan, dataflow=dataflow, model=copied, chooser=chooser,
                          device=example_input.device, executor=executor, wide_bits=wide_bits)
 
