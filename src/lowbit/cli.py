@@ -178,16 +178,17 @@ def _float_model(spec: str, weights: str, random_weights: bool = True):
     weights: without --weights it needs --random-weights (a factory's weights are its own)."""
     import torch
 
-    from .serialize import model_from_spec
+    from .serialize import arch_entry, build_model
 
     if weights and random_weights:
         raise ValueError("give --weights FILE or --random-weights, not both")
-    model, entry = model_from_spec(spec)
+    entry = arch_entry(spec)
     if "zoo" in entry and not weights and not random_weights:
         raise ValueError(f"MODEL {spec!r} is a built-in architecture, randomly initialised: "
                          "pass --weights FILE (its trained float32 state dict), or "
                          "--random-weights to quantize the random weights (a trial run: the "
                          "result predicts nothing)")
+    model = build_model(entry)
     if weights:
         path = Path(weights)
         if not path.is_file():
@@ -410,7 +411,8 @@ def tune(
     db: str = typer.Option("", help="records database (default: the user cache file)"),
     template: str = typer.Option("", help="comma-separated template names to consider "
                                  "(default: every registered one)"),
-    device: str = typer.Option("", help="cuda, cuda:i or cpu (default: cuda when present)"),
+    device: str = typer.Option("cuda", help="cuda, cuda:i, or cpu (only templates that run "
+                               "on the CPU, e.g. Triton's interpreter)"),
     w: str = typer.Option("", help="weight precision for every layer, e.g. s8, u4, b1"),
     a: str = typer.Option("", help="activation precision for every layer, e.g. s8, u4"),
     round_size: int = typer.Option(32, help="candidates measured per round"),
@@ -423,9 +425,8 @@ def tune(
                             "best measured on 57 of 63 H100 layers)"),
 ) -> None:
     """Tune every layer of a workload file, suite or network; the best configs go to the
-    records database."""
-    import torch
-
+    records database. Needs a CUDA GPU (exit 3 without one, nothing recorded), unless
+    --device cpu with templates that run on the CPU."""
     from .core import Precision
     from .kernels import get_template, templates
     from .tune import STRATEGIES, LocalMeasurer
@@ -442,7 +443,7 @@ def tune(
     _import_backends()
     names = [n.strip() for n in template.split(",") if n.strip()]
     chosen = [get_template(n) for n in names] if names else templates()
-    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dev = device or "cuda"
     _check_tune_device(dev, chosen)
     layers = planned()
     if top:
@@ -472,7 +473,8 @@ def _check_tune_device(dev: str, chosen: list) -> None:
     from .tune.measure import MeasureEnvironmentError
 
     if dev.startswith("cuda"):
-        require_gpu("tune", f" (--device {dev}: no CUDA device)")
+        require_gpu("tune", f" (--device {dev}: no CUDA device; --device cpu measures only "
+                    "templates that run on the CPU)")
         return
     gpu_only = [t.name for t in chosen if needs_gpu(t)]
     if gpu_only:
