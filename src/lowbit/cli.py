@@ -236,7 +236,7 @@ def quantize(
 
     from .core import parse_wa
     from .quant import summary as layer_summary
-    from .quant.calibrate import InputShapeError
+    from .quant.inputs import InputShapeError
     from .serialize import save
 
     wb, ab = parse_wa(precision)
@@ -469,14 +469,18 @@ def tune(
 def _check_tune_device(dev: str, chosen: list) -> None:
     """Exit 3 before any measurement when the device cannot measure the chosen templates: no
     CUDA device for --device cuda, or templates that run only on a GPU for --device cpu."""
-    from .tune.env import needs_gpu
+    from .tune.env import device_problem, needs_gpu
     from .tune.measure import MeasureEnvironmentError
 
-    if dev.startswith("cuda"):
-        require_gpu("tune", f" (--device {dev}: no CUDA device; --device cpu measures only "
-                    "templates that run on the CPU)")
-        return
-    gpu_only = [t.name for t in chosen if needs_gpu(t)]
+    try:
+        problem = device_problem(dev)
+    except ValueError:
+        raise ValueError(f"--device must be cpu, cuda or cuda:i, got {dev!r}") from None
+    if problem:
+        raise MeasureEnvironmentError(f"lowbit tune needs a CUDA GPU: {problem}; nothing was "
+                                      "run or recorded (--device cpu measures only templates "
+                                      "that run on the CPU)")
+    gpu_only = [t.name for t in chosen if needs_gpu(t)] if dev == "cpu" else []
     if gpu_only:
         raise MeasureEnvironmentError(
             f"lowbit tune measures {', '.join(gpu_only)} only on a CUDA GPU, and it runs on "

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from ..core.progress import progress
 from .api import quant_layers
+from .inputs import InputShapeError, checked_layer_inputs
+
+__all__ = ["InputShapeError", "calibrate"]
 
 
 def _batch_input(batch: object, index: int) -> torch.Tensor:
@@ -22,58 +24,6 @@ def _batch_input(batch: object, index: int) -> torch.Tensor:
         raise TypeError(f"loader must yield float input tensors, got {x.dtype} in batch "
                         f"{index} (shape {tuple(x.shape)})")
     return x
-
-
-class InputShapeError(ValueError):
-    """A model input that does not fit a layer: `layer` names it, `problem` says how."""
-
-    def __init__(self, argument: str, layer: str, problem: str) -> None:
-        super().__init__(f"{argument} does not fit the model: layer {layer} {problem}")
-        self.argument, self.layer, self.problem = argument, layer, problem
-
-
-def _layer_input_problem(layer: nn.Module, x: torch.Tensor) -> str | None:
-    """What is wrong with `x` as the input of a Conv2d / Linear layer, or None."""
-    if isinstance(layer, nn.Conv2d):
-        c = layer.in_channels
-        if x.dim() not in (3, 4) or x.shape[-3] != c:  # 3-D: one unbatched image, as torch
-            return (f"expects input of shape (N, {c}, H, W) ({c} channels), got "
-                    f"{tuple(x.shape)}")
-        if layer.padding == "same":
-            return None
-        pad = layer.padding if isinstance(layer.padding, tuple) else (0, 0)
-        need = [d * (k - 1) + 1 - 2 * p for d, k, p in zip(layer.dilation, layer.kernel_size,
-                                                             pad, strict=True)]
-        if x.shape[-2] < need[0] or x.shape[-1] < need[1]:
-            return (f"expects input of shape (N, {c}, H, W) with H >= {need[0]} and W >= "
-                    f"{need[1]} (its {layer.kernel_size} kernel), got {tuple(x.shape)}")
-    elif isinstance(layer, nn.Linear) and (x.dim() < 1 or x.shape[-1] != layer.in_features):
-        return f"expects input of shape (..., {layer.in_features}), got {tuple(x.shape)}"
-    return None
-
-
-@contextlib.contextmanager
-def checked_layer_inputs(model: nn.Module, argument: str) -> Iterator[None]:
-    """Within the block, every Conv2d / Linear of `model` checks its input's shape before it
-    runs: InputShapeError (a ValueError) naming `argument`, the layer and the shape it
-    expects."""
-
-    def check(name: str):
-        def hook(layer: nn.Module, args: tuple) -> None:
-            x = args[0] if args else None
-            if isinstance(x, torch.Tensor):
-                problem = _layer_input_problem(layer, x)
-                if problem:
-                    raise InputShapeError(argument, name, problem)
-        return hook
-
-    handles = [m.register_forward_pre_hook(check(n)) for n, m in model.named_modules()
-               if isinstance(m, (nn.Conv2d, nn.Linear))]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def calibrate(model: nn.Module, loader: Iterable, num_batches: int | None = None) -> nn.Module:
@@ -112,7 +62,7 @@ def calibrate(model: nn.Module, loader: Iterable, num_batches: int | None = None
             for batch in loader:
                 x = _batch_input(batch, seen)
                 with checked_layer_inputs(model, f"loader's batch {seen} (shape "
-                                                 f"{tuple(x.shape)})"):
+                                                 f"{tuple(x.shape)})", check_dtype=True):
                     model(x)
                 seen += 1
                 bar.advance()
@@ -133,8 +83,9 @@ def calibrate(model: nn.Module, loader: Iterable, num_batches: int | None = None
             zero.append(f"layer {name}: all {int(obs.samples)} calibration values were 0 "
                         f"({int(obs.nonfinite)} non-finite skipped)")
     if zero:
-        raise ValueError("; ".join(zero) + ": no scale can be set from zeros; calibrate on "
-                         "representative data, or keep these layers float (skip=[...])")
+        raise ValueError(f"loader ({seen} batches): " + "; ".join(zero) + ": no scale can be "
+                         "set from zeros; calibrate on representative data, or keep these "
+                         "layers float (skip=[...])")
     if unseen:
         warnings.warn(f"lowbit.calibrate: no calibration batch reached {', '.join(unseen)} "
                       f"(in {seen} batches): they have no range and convert will refuse them",

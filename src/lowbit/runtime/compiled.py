@@ -23,11 +23,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..core import Workload
 from ..core.progress import progress
 from ..graph import Dataflow, Plan, build_plan, choose_impl, trace_model
 from ..graph.dataflow import is_integer_module, is_quant_layer
 from ..graph.impl import ImplChooser
 from ..graph.ir import WIDE_BITS
+from ..quant.inputs import InputShapeError, checked_layer_inputs
 from ..quant.modules import QUANT_MODULES
 from .engine import ReferenceExecutor
 from .gpu import gpu_executor
@@ -183,14 +185,33 @@ def compile_model(model: nn.Module, example_input: torch.Tensor, *,
     if executor not in ("auto", *EXECUTORS):
         raise ValueError(f"executor must be 'auto' or one of {sorted(EXECUTORS)}, got "
                          f"{executor!r}")
-    chooser = choose_impl or _default_chooser()
+    chooser = _checked_chooser(choose_impl) if choose_impl else _default_chooser()
     # traced where the example runs: a model left on the CPU follows a CUDA example
     with progress("lowbit.compile: tracing and planning"):
         copied = copy.deepcopy(model).eval().to(example_input.device)
-        dataflow = trace_model(copied, example_input)
+        try:
+            with checked_layer_inputs(copied, f"example_input (shape "
+                                              f"{tuple(example_input.shape)})"):
+                dataflow = trace_model(copied, example_input)
+        except InputShapeError as e:  # without torch.fx's node trace appended to it
+            raise InputShapeError(e.argument, e.layer, e.problem) from None
         plan = build_plan(dataflow, tuple(example_input.shape), chooser, wide_bits)
     return CompiledModel(plan, dataflow=dataflow, model=copied, chooser=chooser,
                          device=example_input.device, executor=executor, wide_bits=wide_bits)
+
+
+def _checked_chooser(choose: ImplChooser) -> ImplChooser:
+    """The caller's choose_impl, its answers checked: TypeError naming it otherwise."""
+
+    def chooser(workload: Workload) -> tuple[str, str]:
+        got = choose(workload)
+        if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(s, str)
+                                                                 for s in got)):
+            raise TypeError(f"choose_impl must return (impl name, reason) strings, got "
+                            f"{got!r} for {workload.key}")
+        return got
+
+    return chooser
 
 
 def _default_chooser() -> ImplChooser:

@@ -28,6 +28,13 @@ def _zoo():
         return None
 
 
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def arch_entry(spec: str | None, kwargs: dict | None = None) -> dict | None:
     """Manifest entry for an architecture spec: {"factory": ..., "kwargs": ...} or
     {"zoo": name, "kwargs": ...}; ValueError for a spec that cannot name a model."""
@@ -45,6 +52,9 @@ def arch_entry(spec: str | None, kwargs: dict | None = None) -> dict | None:
             if not path.is_file():
                 raise FileNotFoundError(f"arch {spec!r}: no file {path}")
             target = str(path)
+        elif not _importable(target):
+            raise ValueError(f"arch {spec!r}: no module {target!r} can be imported here "
+                             f"(arch must be {ZOO_HINT})")
         return {"factory": f"{target}:{fn}", "kwargs": kwargs}
     zoo = _zoo()
     if zoo is None:

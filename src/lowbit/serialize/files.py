@@ -12,6 +12,7 @@ manifest entry. Version-1 files (no digests) still load, with the precision chec
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from collections.abc import Callable
@@ -181,6 +182,13 @@ def load(path: str | os.PathLike,
     manifest, tensors = verify(path)
     kind = get_kind(manifest["kind"])
     if model is not None and not isinstance(model, nn.Module):
+        try:
+            inspect.signature(model).bind()
+        except TypeError:
+            raise TypeError("model must be a torch.nn.Module or a function of no arguments "
+                            f"returning one; {model!r} takes arguments") from None
+        except ValueError:  # no signature to inspect (a builtin): call it and see
+            pass
         model = model()
         if not isinstance(model, nn.Module):
             raise TypeError(f"model() returned {type(model).__name__}, not a torch.nn.Module")
