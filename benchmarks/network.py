@@ -51,24 +51,29 @@ def parse_case(text: str) -> BenchCase:
     (the residual stream's width, `lowbit.compile(wide_bits=...)`; default 24),
     :model / :int8=TEMPLATE (the per-layer implementation policy, `impl_chooser`: the
     performance model's pick, or the default with that int8 template first) and :nofuse
-    (int8 layers leave their layer epilogue to the separate pass)."""
+    (int8 layers leave their layer epilogue to the separate pass), :res8 / :res4 / :res16
+    (the quantized model's residual stream, `lowbit.quantize(residual_bits=...)`) and :tuned
+    (the plan reads the user's tuning records)."""
     try:
         model, batch, precision, *rest = text.split(":")
         wide = [r for r in rest if r in ("wide16", "wide8", "wide24")]
+        res = [r for r in rest if r in ("res4", "res8", "res16")]
         policy = [r for r in rest if r == "model" or r.startswith("int8=")]
-        if len(wide) > 1 or len(policy) > 1 or any(
-                r not in ("kernelbias", "nofuse", *wide, *policy) for r in rest):
+        if len(wide) > 1 or len(policy) > 1 or len(res) > 1 or any(
+                r not in ("kernelbias", "nofuse", "tuned", *wide, *res, *policy)
+                for r in rest):
             raise ValueError
         chooser = policy[0].removeprefix("int8=") if policy else "default"
         impl_chooser(chooser)
         return BenchCase(model, int(batch), precision, exact_bias="kernelbias" not in rest,
                          wide_bits=int(wide[0][4:]) if wide else 24, chooser=chooser,
-                         fuse_outputs="nofuse" not in rest)
+                         fuse_outputs="nofuse" not in rest,
+                         residual_bits=int(res[0][3:]) if res else None,
+                         records=True if "tuned" in rest else False)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"a case is MODEL:BATCH:PRECISION[:kernelbias][:wide16|:wide8][:model|:int8=NAME]"
-            f"[:nofuse],"
-            f" got {text!r}") from None
+            f"[:nofuse][:res8|:res4|:res16][:tuned], got {text!r}") from None
 
 
 def cases_of(args: argparse.Namespace) -> list[BenchCase]:

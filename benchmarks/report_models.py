@@ -1,6 +1,6 @@
-"""Renderers of the model-level suites (accuracy, autoprecision, wide realizations, QAT
-schedules, whole networks, network ops, performance model) and of the GPU test runs and
-probes; registered on import."""
+"""Renderers of the model-level suites (accuracy, autoprecision, wide realizations, the ONNX
+bridge, QAT schedules, whole networks, network ops, performance model) and of the GPU test runs
+and probes; registered on import."""
 
 from __future__ import annotations
 
@@ -225,6 +225,41 @@ def render_wide_bits(files: list[Result]) -> list[str]:
     out += table(["precision", "wide bits", "agreement % (mean)", "min %",
                   "accuracy change (points)", "max logit diff", "seeds"], rows)
     return [*out, "", provenance([f]), ""]
+
+
+@suite("onnx_bridge", "From ONNX Q/DQ (Brevitas) to lowbit's kernels", "benchmarks/onnx_bridge.py")
+def render_onnx_bridge(files: list[Result]) -> list[str]:
+    """Per GPU (or CPU): the latest run's agreement of the compiled model with Brevitas's own
+    predictions on the test split, and its times against the float network in fp16."""
+    out = []
+    for gpu, group in by_gpu(files):
+        f = latest(group)
+        setup = f.doc.get("setup", {})
+        out += [*gpu_heading(gpu, by_gpu(files)),
+                f"{setup.get('model', '?')} on {setup.get('dataset', '?')}, "
+                f"{setup.get('epochs', '?')} epochs of Brevitas QAT, Brevitas's "
+                f"{setup.get('exporter', '?')} QCDQ export, `lowbit.from_onnx` then "
+                "`lowbit.compile`; same predicted class as Brevitas's forward, %.", ""]
+        rows = [[r["executor"], r["images"], f.link(f"{100 * r['compiled_agreement']:.2f}"),
+                 f"{100 * r['fake_quant_agreement']:.2f}",
+                 f"{100 * r['brevitas_accuracy']:.2f}", f"{100 * r['compiled_accuracy']:.2f}",
+                 f"{r['compiled_max_logit_diff']:.2g}", r["float_fallbacks"]]
+                for r in f.rows if r.get("kind") == "agreement"]
+        out += table(["executor", "images", "compiled agreement %", "fake-quant agreement %",
+                      "Brevitas accuracy %", "compiled accuracy %", "max logit diff",
+                      "float steps"], rows)
+        timed = [r for r in f.rows if r.get("kind") == "time"]
+        if timed:
+            out += ["", f"Forward time, ms ({setup.get('compile_mode', '?')} `torch.compile` "
+                    "mode):", ""]
+            out += table(["batch", "lowbit", "fp16 eager", "fp16 CUDA graph",
+                          "fp16 torch.compile", "torch.compile / lowbit"],
+                         [[r["batch"], f.link(num(r["lowbit_ms"], 4)),
+                           *(num(r["baselines_ms"].get(k), 4) for k in
+                             ("fp16_eager", "fp16_cuda_graph", "fp16_compile")),
+                           num(r.get("speedup_vs_fp16_compile"), 2)] for r in timed])
+        out += ["", provenance([f]), ""]
+    return out
 
 
 def _schedule(r: dict) -> str:

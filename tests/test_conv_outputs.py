@@ -22,13 +22,22 @@ from lowbit.core import (
     Precision,
 )
 from lowbit.core import WidePrecision as Wide
+from lowbit.kernels.base import acc_bound
 from lowbit.kernels.triton import CONV2D_INT8
+from lowbit.kernels.triton import layer_outputs as L
 from lowbit.kernels.triton import netops as K
 from lowbit.kernels.triton.conv_outputs import bind_conv_outputs, fused_config, fused_reason
 from lowbit.kernels.triton.templates import IgemmKernel, problem
 from lowbit.quant.packing import pack
-from lowbit.reference import fixed_point_pair, random_inputs, random_values, run
+from lowbit.reference import (
+    epilogue_outputs,
+    fixed_point_pair,
+    random_inputs,
+    random_values,
+    run,
+)
 from test_triton_netops import poisoned, shifted_oracle, stored_values, wide_packed
+from test_triton_netops_block_end import LAYOUT_OF, block_end_specs
 from triton_cases import DEVICE
 
 INT8, BITPLANE = Layout.INT8, Layout.BITPLANE
@@ -105,6 +114,67 @@ def test_fused_outputs_equal_the_oracle_on_the_accumulator(name):
     assert checked == len(specs)
 
 
+BLOCK_END_CASES = {  # workload, config, residual, kinds, int32, (mid, relu)
+    # a 3x3 block end with u8 activations and a u8 residual: the stored u8 mid, a derived u2
+    # (bit planes) and a derived s8 at another scale, in 32-bit arithmetic
+    "three_outputs_u8_res_int32": (
+        ConvWorkload(N=3, H=5, W=6, C=19, K=40, R=3, S=3, pad=1, a="u8"), TINY, "u8",
+        ("mid", "u2", "s8"), True, ("u8", True)),
+    # the same outputs in the wide (31-bit multiplier) path, an s8 residual, an s8 mid
+    "three_outputs_s8_res_wide": (
+        ConvWorkload(N=3, H=5, W=6, C=19, K=40, R=3, S=3, pad=1, a="u8"), TINY, "s8",
+        ("s8", "mid", "u2"), False, ("s8", False)),
+    # a strided 3x3 with derived outputs only (no stored mid), ReLU on an s8 mid, int32
+    "derived_only_strided": (
+        ConvWorkload(N=3, H=7, W=9, C=24, K=33, R=3, S=3, pad=1, stride=2), TINY, "s8",
+        ("wave", "u2"), True, ("s8", True)),
+    # a pointwise conv with its kernel's split-K config (the fused launch runs one split)
+    "pointwise_split_wide": (
+        ConvWorkload(N=3, H=3, W=5, C=40, K=64, R=1, S=1), SPLIT3_LAST, "u8",
+        ("mid", "wave"), False, ("u8", True)),
+    # a GEMM, one derived output, no residual
+    "gemm_one_derived": (GemmWorkload(M=21, N=45, K=83, a="u8"), TINY, None, ("s8",), True,
+                         ("s8", True)),
+}
+
+
+def check_block_end(wl, kernel, res_prec, kinds, int32, mid, relu, device, seed=3):
+    """`bind_conv_outputs` of block-end specs (test_triton_netops_block_end) on fresh random
+    inputs: the exact mode (INT32 where int32), one formula per tile, the reference's values."""
+    x, w, params = random_inputs(wl, seed=seed, device=device)
+    acc = run(wl, x, w, params).to(torch.int64).cpu()  # the int32 accumulator
+    shape = tuple(acc.shape)
+    res_vals = residual = None
+    res_top = 0
+    if res_prec is not None:
+        p = Precision.parse(res_prec)
+        res_vals = random_values(shape, p, torch.Generator().manual_seed(seed + 1))
+        res_top = max(-p.qmin, p.qmax)
+        residual = PackedTensor(pack(res_vals, p, INT8).to(device), shape, p, INT8)
+    specs = block_end_specs(shape[-1], acc_bound(wl), res_top, int32, mid, relu, kinds,
+                            seed + 2, y_typical=int(acc.abs().max()) // 2 + 1)
+    outs = [poisoned(shape, sp.precision, LAYOUT_OF[kd]) if device == DEVICE else
+            K.empty_packed(shape, sp.precision, LAYOUT_OF[kd], device)
+            for sp, kd in zip(specs, kinds, strict=True)]
+    launch = bind_conv_outputs(kernel, x, w, params, specs, outs, residual)
+    (one,) = launch.launches
+    assert (one.kwargs["MODE0"] == L.INT32) == int32
+    assert [one.kwargs[f"SAME{j}"] for j in range(3)] == [0, 1, 1][:len(kinds)] + \
+        [0] * (3 - len(kinds))
+    launch()
+    ref = epilogue_outputs(acc, None, specs, residual=res_vals)
+    for out, want in zip(outs, ref, strict=True):
+        assert torch.equal(stored_values(out), want), out.precision
+    assert all(int(v.unique().numel()) >= 3 for v in ref)
+
+
+@pytest.mark.parametrize("name", sorted(BLOCK_END_CASES))
+def test_block_end_outputs_equal_the_reference(name):
+    wl, cfg, res_prec, kinds, int32, (mid, relu) = BLOCK_END_CASES[name]
+    wl = wl.replace(epilogue=Epilogue())
+    check_block_end(wl, kernel_for(wl, cfg), res_prec, kinds, int32, mid, relu, DEVICE)
+
+
 def test_float_output_equals_the_separate_pass():
     wl = ConvWorkload(N=1, H=4, W=5, C=24, K=33, R=3, S=3, pad=1, a="u8")
     kernel = kernel_for(wl, TINY)
@@ -122,7 +192,7 @@ def test_float_output_equals_the_separate_pass():
 def test_refusals_name_their_reason():
     wl = ConvWorkload(N=1, H=4, W=4, C=16, K=32, R=3, S=3, pad=1)
     kernel = kernel_for(wl, TINY)
-    assert "1..2" in fused_reason(kernel, 3)
+    assert "1..3" in fused_reason(kernel, 4)
     second = kernel_for(wl, TINY.replace(SPLIT_K=2, LOOP_ORDER="crs"))
     assert fused_reason(second, 1) is None  # the fused launch runs its own tile, one split
     assert fused_config(second.config)["SPLIT_K"] == 1
@@ -136,6 +206,20 @@ def test_refusals_name_their_reason():
         bind_conv_outputs(requant, x, w, params, [spec], [poisoned((1, 4, 4, 32), "u8", INT8)])
     with pytest.raises(ValueError, match="outs\\[0\\]"):
         bind_conv_outputs(kernel, x, w, params, [spec], [poisoned((1, 4, 4, 16), "u8", INT8)])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("int32", [True, False], ids=["requant32", "wide"])
+@pytest.mark.parametrize("res_prec", ["u8", "s8"])
+def test_gpu_resnet50_narrow_block_end(res_prec, int32):
+    """ResNet-50's layer1 block end at batch 8 (default config): an 8-bit residual into the
+    stored u8 mid, a derived u2 in bit planes and a derived s8; and a strided 3x3."""
+    wl = ConvWorkload(N=8, H=56, W=56, C=64, K=256, R=1, S=1, a="u8")
+    kernel = CONV2D_INT8.build(wl, CONV2D_INT8.default_config(wl))
+    check_block_end(wl, kernel, res_prec, ("mid", "u2", "s8"), int32, "u8", True, "cuda")
+    wl3 = ConvWorkload(N=5, H=28, W=28, C=128, K=128, R=3, S=3, pad=1, stride=2, a="u8")
+    kernel = CONV2D_INT8.build(wl3, CONV2D_INT8.default_config(wl3))
+    check_block_end(wl3, kernel, res_prec, ("wave", "u2"), int32, "s8", True, "cuda")
 
 
 @pytest.mark.gpu

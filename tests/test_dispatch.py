@@ -115,10 +115,10 @@ def test_records_come_first_and_kernel_for_builds(tmp_path):
 
 def test_choose_impl_covers_both_input_layouts():
     w1a2 = BITS.replace(a_layout="int8", w_layout="int8")
-    impl, why = dispatch.choose_impl(w1a2)
+    impl, why = dispatch.predicted_impl(w1a2)
     assert impl == dispatch.FP16 or get_template(impl).backend
     assert "predicted" in why or impl == dispatch.FP16
-    impl8, _ = dispatch.choose_impl(CONV)
+    impl8, _ = dispatch.predicted_impl(CONV)
     assert impl8 not in FAMILY_NAMES | {LEGACY}
 
 
@@ -184,8 +184,8 @@ def test_choose_impl_offers_fp16_only_where_the_engine_runs_it_exactly(monkeypat
     small = ConvWorkload(N=1, H=8, W=8, C=16, K=16, R=3, S=3, pad=1, w="s8", a="u8")
     big = small.replace(C=1024)  # 9216 x 255 x 128 > 2^24
     assert dispatch.acc_bound(small) < dispatch.FP16_EXACT_BOUND <= dispatch.acc_bound(big)
-    assert dispatch.choose_impl(small)[0] == dispatch.FP16
-    assert dispatch.choose_impl(big)[0] == IGEMM.name
+    assert dispatch.predicted_impl(small)[0] == dispatch.FP16
+    assert dispatch.predicted_impl(big)[0] == IGEMM.name
     assert seen == [True, False]
 
 

@@ -19,6 +19,7 @@ import lowbit
 from lowbit.core import ConvWorkload, GemmWorkload
 from lowbit.graph import TORCH_FP16, Concat, FloatFallback, Layer, choose_impl
 from lowbit.graph.impl import unsupported_reason
+from lowbit.graph.launches import PlanOptions, with_launches
 from lowbit.reference import random_inputs, run
 from lowbit.runtime.bench import build_quantized, compile_plan, random_images
 from lowbit.runtime.buffers import lifetimes, plan_arena, tensor_bytes
@@ -73,7 +74,7 @@ ZOO = [  # (model, recipe, batch, image, width, fused stem)
                          ids=[f"{c[0]}-{c[1]}" for c in ZOO])
 def test_zoo_plans_bit_exact(name, recipe, batch, size, width, stem):
     plan, x = zoo_plan(name, recipe, batch, size, width)
-    ex = GpuExecutor(plan, "cpu", fuse_stem=stem)
+    ex = GpuExecutor(with_launches(plan, PlanOptions(fuse_stem=stem)), "cpu")
     assert bool(ex.stems) == stem, ex.implementations()
     n = assert_matches_reference(plan, ex, x)
     assert n == len(plan.steps) - 1 + sum(isinstance(s, Layer) and len(s.outputs) - 1
@@ -248,7 +249,8 @@ def test_torch_fp16_layers_on_the_fp16_template():
     plan = _compile(q, x, choose_impl=_fp16_where_int8).plan
     fp16 = [s for s in plan.layers if s.impl == TORCH_FP16]
     assert len(fp16) == 2 and {type(s.workload) for s in fp16} == {ConvWorkload, GemmWorkload}
-    ex = GpuExecutor(plan, "cpu", kernels=interpreted_kernel, fuse_stem=False)
+    ex = GpuExecutor(with_launches(plan, PlanOptions(fuse_stem=False)), "cpu",
+                     kernels=interpreted_kernel)
     how = ex.implementations()
     assert all("triton.conv2d_fp16" in how[s.name] for s in fp16), how
     assert assert_matches_reference(plan, ex, x) > 5
@@ -322,7 +324,8 @@ def test_interpreted_int8_block_ends_write_their_outputs(fuse):
     (two outputs and a residual) run their layer epilogue inside the kernel
     (`kernels.triton.conv_outputs`) or in the separate pass, with the same integers."""
     plan, x = interpreted_int8_plan("digits_resnet")
-    ex = GpuExecutor(plan, "cpu", kernels=interpreted_kernel, fuse_outputs=fuse)
+    ex = GpuExecutor(with_launches(plan, PlanOptions(fuse_outputs=fuse)), "cpu",
+                     kernels=interpreted_kernel)
     fused = [b for b in ex.steps if "layer epilogue fused" in b.how]
     passes = [b for b in ex.steps if "netops epilogue" in b.how]
     assert (len(fused) >= 2 and not passes) if fuse else (passes and not fused)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from lowbit.graph import TORCH_FP16, choose_impl, int8_preferring
+from lowbit.graph.launches import PlanOptions, with_launches
 from lowbit.runtime.bench import build_quantized, compile_plan, random_images
 from lowbit.runtime.compiled import compile_model
 from lowbit.runtime.engine import ReferenceExecutor
@@ -49,7 +50,9 @@ def plan_for(name: str, recipe: str, batch: int, size: int, chooser=None):
 
 def check_replay(plan, **options) -> int:
     """Capture on one batch, replay on another; compare every tensor the graph wrote."""
-    ex = GpuExecutor(plan, "cuda", reuse_memory=False, **options)
+    if options:
+        plan = with_launches(plan, PlanOptions(**options))
+    ex = GpuExecutor(plan, "cuda", reuse_memory=False)
     ex.memory.fill_(0x5A)
     n, c, h, w = plan.input_spec.shape
     ex(random_images(n, (h, w), c, seed=3, device="cuda"))  # warm-up + capture

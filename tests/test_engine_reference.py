@@ -17,7 +17,7 @@ import torch
 
 import lowbit
 from engine_cases import PRECISIONS, SIZES, calibrated, rel_err
-from lowbit.core import WidePrecision
+from lowbit.core import ConvWorkload, WidePrecision
 from lowbit.graph import FloatFallback, Layer
 from lowbit.graph.impl import is_bitserial
 from lowbit.quant.packing import unpack
@@ -118,11 +118,12 @@ def test_implementation_choice_does_not_change_results():
 
     def int8_only(wl):
         calls.append(wl)
-        return "triton.conv2d_int8", "test: int8 everywhere"
+        return ("triton.conv2d_int8" if isinstance(wl, ConvWorkload) else "triton.gemm_int8",
+                "test: int8 everywhere")
 
     cm8 = _compiled(q, calib, choose_impl=int8_only)
-    assert all(s.impl == "triton.conv2d_int8" and s.workload.a_layout.value == "int8"
-               for s in cm8.plan.layers)
+    assert all(s.impl in ("triton.conv2d_int8", "triton.gemm_int8")
+               and s.workload.a_layout.value == "int8" for s in cm8.plan.layers)
     assert len(calls) == len(cm8.plan.layers)
     x = torch.randn(3, 3, 32, 32)
     assert torch.equal(_run(cm, x), _run(cm8, x))

@@ -26,7 +26,7 @@ from lowbit.reference import (
     requantize_int,
     uint8_input_table,
 )
-from lowbit.reference.netops import round_shift_sum
+from lowbit.reference.netops import fixed_point_pair32, requant32_fits, round_shift_sum
 
 
 def _rand(shape, lo, hi, seed):
@@ -205,6 +205,147 @@ def test_epilogue_input_checks():
         epilogue_outputs(acc, None, [])
     with pytest.raises(ValueError, match="finite"):
         epilogue_outputs(acc, None, [FloatOutput(torch.full((3,), float("inf")))])
+
+
+# ------------------------------------------------------------------------ block ends
+def _py_derived(acc, bias, res, out: RequantizedOutput):
+    """A (derived) output's values from Python integers: the mid value clamped to the formula's
+    precision, then its table entry."""
+    k = acc.shape[-1]
+    vec = [torch.as_tensor(0 if v is None else v).expand(k).tolist()
+           for v in (out.multiplier, out.shift, out.bias, out.residual_multiplier)]
+    mult, shift, b, rmul = vec
+    flat = acc.reshape(-1, k).tolist()
+    rflat = res.reshape(-1, k).tolist()
+    table = out.table.tolist() if out.table is not None else None
+    base = out.mid.qmin if out.mid is not None else 0
+    rows = []
+    for row, rrow in zip(flat, rflat, strict=True):
+        q = [_py_requant((row[c] + bias[c]) * mult[c] + b[c] + rrow[c] * rmul[c], shift[c],
+                         out.low, out.high) for c in range(k)]
+        rows.append([table[v - base] for v in q] if table is not None else q)
+    return torch.tensor(rows, dtype=torch.int64).reshape(acc.shape)
+
+
+def _block_end_outputs(k, seed, res_top, acc_top, int32):
+    """A stored mid (u8, ReLU), a u2 derived from it (a monotone table), an s8 derived at
+    another scale through a non-monotone table, and an s8 mid (no ReLU) with a u4 derived
+    through a random table: every output with its own shifted bias b."""
+    g = torch.Generator().manual_seed(seed)
+    ra = torch.rand(k, generator=g, dtype=torch.float64) * 255 / acc_top + 1e-6
+    rb = torch.rand(k, generator=g, dtype=torch.float64) * 0.8 + 0.2
+    if int32:
+        m, r, s = fixed_point_pair32(ra, rb, acc_top, res_top, bias_steps=3.0)
+    else:
+        m, r, s = fixed_point_pair(ra, rb)
+    b = (torch.rand(k, generator=g, dtype=torch.float64) * 6 - 3) * torch.pow(2.0, s)
+    b = b.to(torch.int64)
+    u8 = Precision.parse("u8")
+    levels = torch.arange(256)
+    wave = ((levels - 128).abs() * 3 - 100).clamp(-128, 127)  # not monotone
+    u4_table = torch.randint(0, 16, (256,), generator=g)
+    return [RequantizedOutput(u8, m, s, r, True, bias=b),
+            RequantizedOutput("u2", m, s, r, True, mid=u8, table=(levels // 50).clamp(0, 3),
+                              bias=b),
+            RequantizedOutput("s8", m, s, r, True, mid="u8", table=wave, bias=b),
+            RequantizedOutput("u4", m, s, r, False, mid="s8", table=u4_table, bias=b)]
+
+
+@pytest.mark.parametrize("res_prec", ["u8", "s8"])
+@pytest.mark.parametrize("int32", [True, False], ids=["requant32", "wide"])
+def test_derived_outputs_equal_python_ints(res_prec, int32):
+    """Derived outputs (tables over a mid value), the outputs' own shifted bias and an 8-bit
+    residual, in 32-bit and 31-bit-multiplier fixed point, against Python integers."""
+    shape, k = (3, 5, 4, 21), 21
+    acc_top = 2**15
+    acc = _rand(shape, -acc_top, acc_top, 40)
+    acc.view(-1)[:2] = torch.tensor([acc_top, -acc_top])
+    p = Precision.parse(res_prec)
+    res = _rand(shape, p.qmin, p.qmax, 41)
+    specs = _block_end_outputs(k, 42, max(-p.qmin, p.qmax), acc_top, int32)
+    zero = [0] * k
+    got = epilogue_outputs(acc, None, specs, residual=res)
+    spread = 0
+    for q, spec in zip(got, specs, strict=True):
+        assert torch.equal(q, _py_derived(acc, zero, res, spec))
+        assert int(q.min()) >= spec.precision.qmin and int(q.max()) <= spec.precision.qmax
+        spread += int(q.unique().numel() > 2)
+        fits = requant32_fits(spec.multiplier, spec.shift, spec.bias, spec.residual_multiplier,
+                              acc_top, max(-p.qmin, p.qmax))
+        assert fits == int32
+    assert spread == len(specs)
+    # a derived output is its table over the stored mid value of the same formula
+    assert torch.equal(got[1], specs[1].table[got[0]])
+    assert torch.equal(got[2], specs[2].table[got[0]])
+
+
+def test_fixed_point_pair32_is_the_largest_int32_shift():
+    g = torch.Generator().manual_seed(50)
+    k = 40
+    a = torch.exp(torch.randn(k, generator=g, dtype=torch.float64) * 2) * 1e-3
+    b = torch.rand(k, generator=g, dtype=torch.float64)
+    b[::5] = 0.0
+    c = torch.rand(k, generator=g, dtype=torch.float64) * 4
+    for acc_top, res_top in ((2**15, 255), (2**20, 128), (300, 0)):
+        m_a, m_b, s = fixed_point_pair32(a, b, acc_top, res_top, c)
+        assert m_a.dtype == s.dtype == torch.int64 and bool(((s >= 1) & (s <= 31)).all())
+        scaled = torch.pow(2.0, s.double())
+        assert torch.equal(m_a, torch.round(a * scaled).long())
+        assert torch.equal(m_b, torch.round(b * scaled).long())
+        total = acc_top * m_a + torch.ceil(c * scaled).long() + res_top * m_b + (1 << (s - 1))
+        assert bool((total < 2**31).all())
+        assert requant32_fits(m_a, s, torch.ceil(c * scaled).long(), m_b, acc_top, res_top)
+        # one more bit of shift would not fit (or the shift is already 31)
+        up = torch.pow(2.0, (s + 1).double())
+        over = acc_top * torch.round(a * up) + torch.ceil(c * up) + res_top * torch.round(
+            b * up) + torch.pow(2.0, s.double())
+        assert bool(((over >= 2**31) | (s == 31)).all())
+    assert requant32_fits(2**16 - 1, 15, 0, None, 2**15)  # 2^31 - 2^14
+    assert not requant32_fits(2**16 - 1, 16, 0, None, 2**15)  # 2^31 exactly
+    assert not requant32_fits(2**16 - 1, 15, -(2**14), None, 2**15)  # |b| counts
+    assert not requant32_fits(1, 1, 0, 2**20, 1, 2**11)
+
+
+def test_block_end_bounds_raise():
+    u8 = Precision.parse("u8")
+    with pytest.raises(ValueError, match="both mid"):
+        RequantizedOutput("u2", 5, 3, mid=u8)
+    with pytest.raises(ValueError, match="both mid"):
+        RequantizedOutput("u2", 5, 3, table=torch.zeros(256, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"length mid\.qmax - mid\.qmin \+ 1 = 256"):
+        RequantizedOutput("u2", 5, 3, mid=u8, table=torch.zeros(255, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"table must lie in \[0, 3\]"):
+        RequantizedOutput("u2", 5, 3, mid=u8, table=torch.arange(256))
+    with pytest.raises(ValueError, match=r"table must lie in \[-8, 7\]"):
+        RequantizedOutput("s4", 5, 3, mid="s2", table=[0, 1, 2, 8])
+    with pytest.raises(TypeError, match="table must hold integer"):
+        RequantizedOutput("u2", 5, 3, mid="u1", table=torch.zeros(2))
+    with pytest.raises(ValueError, match="mid cannot be binary"):
+        RequantizedOutput("u2", 5, 3, mid="b1", table=[0, 1])
+    with pytest.raises(TypeError, match="mid must be a Precision"):
+        RequantizedOutput("u2", 5, 3, mid=3, table=[0, 1])
+    acc = torch.full((2, 3), 7, dtype=torch.int64)
+    with pytest.raises(ValueError, match="bias must lie"):
+        epilogue_outputs(acc, None, [RequantizedOutput("u8", 5, 3, bias=2**62)])
+    with pytest.raises(ValueError, match="acc_bound must be an int >= 1"):
+        fixed_point_pair32(0.1, 0.0, 0)
+    with pytest.raises(ValueError, match="res_bound"):
+        fixed_point_pair32(0.1, 0.0, 10, -1)
+    with pytest.raises(ValueError, match="scale_a"):
+        fixed_point_pair32(torch.tensor([0.1, 0.0]), 0.0, 10)
+    with pytest.raises(ValueError, match="scale_b"):
+        fixed_point_pair32(0.1, -1.0, 10)
+    with pytest.raises(ValueError, match="bias_steps"):
+        fixed_point_pair32(0.1, 0.0, 10, 0, float("nan"))
+    with pytest.raises(ValueError, match="channel 1: no shift"):
+        fixed_point_pair32(torch.tensor([1e-3, 2.0**20]), 0.0, 2**12)
+    with pytest.raises(ValueError, match="one length"):
+        fixed_point_pair32(torch.ones(3) * 1e-3, torch.ones(2), 10)
+    with pytest.raises(ValueError, match="shift must lie"):
+        requant32_fits(1, 0, 0, None, 10)
+    with pytest.raises(ValueError, match="one length"):
+        requant32_fits(torch.ones(3, dtype=torch.int64), torch.ones(2, dtype=torch.int64), 0,
+                       None, 10)
 
 
 def test_requantize_int_scalar_and_vector():

@@ -157,6 +157,14 @@ SYNTHETIC = {
         {"seed": s, "precision": "w2a2", "wide_bits": b, "top1_agreement": a,
          "accuracy": 85.0 + d, "integer_accuracy": 85.0, "max_logit_diff": 0.1 * b / 8}
         for s, (b, a, d) in enumerate([(16, 0.998, 0.1), (16, 1.0, 0.0), (24, 1.0, 0.0)])]))],
+    "onnx_bridge": [("onnx_bridge-20260102-000000.json", _doc("onnx_bridge", [
+        {"kind": "agreement", "images": 450, "executor": "gpu", "compiled_agreement": 0.9978,
+         "fake_quant_agreement": 1.0, "brevitas_accuracy": 0.96, "compiled_accuracy": 0.9578,
+         "compiled_max_logit_diff": 0.0012, "float_fallbacks": 0},
+        {"kind": "time", "batch": 256, "lowbit_ms": 0.0312, "speedup_vs_fp16_compile": 2.0,
+         "baselines_ms": {"fp16_eager": 0.2, "fp16_cuda_graph": 0.05, "fp16_compile": 0.0624}}],
+        setup={"dataset": "digits", "model": "Brevitas digits CNN", "epochs": 10,
+               "exporter": "dynamo", "compile_mode": "default"}))],
     "autoprecision": [
         # more seeds, no measurements: its accuracy table is shown, though older
         ("autoprecision-20260101-000000.json", _doc("autoprecision", [
@@ -274,6 +282,8 @@ EXPECTED = {
                  "the same accuracy in 1 of 2 cells; differs in w2a2 rand 97.000 -> 97.001.",
                  "`rand>=max` met in 1 of 2 (missed: w1a2 -1.50 +- 0.50)"],
     "wide_bits": ["|w2a2|16|99.90|99.80|+0.05|0.200|2|", "|w2a2|24|100.00|100.00|+0.00|0.300|1|"],
+    "onnx_bridge": ["|gpu|450|[99.78][onnx_bridge-20260102-000000]|100.00|96.00|95.78|0.0012|0|",
+                    "|256|[0.0312][onnx_bridge-20260102-000000]|0.2000|0.0500|0.0624|2.00|"],
     "autoprecision": ["Accuracy: [autoprecision-20260101-000000.json]"
                       "[autoprecision-20260101-000000], NVIDIA Test GPU, 3 seeds",
                       "|uniform w2a2|77.00 +- 1.00|50.00|2.00|+3.00 +- 0.50|",

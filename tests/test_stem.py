@@ -1,85 +1,43 @@
 """The fused first layer (lowbit.kernels.triton.stem) bit for bit against the reference chain
 quantize_float (or the uint8 table) -> accumulate -> epilogue_outputs -> maxpool2d_int.
 
-CPU: under TRITON_INTERPRET=1 on small odd images (2x3x37x45), ResNet's 7x7/2 + 3x3/2 pool,
-AlexNet's 11x11/4 with and without its pool, fp32 / fp16 / uint8 input, INT8 and BITPLANE
-outputs; both conv kernels ("bands" and "gemm"). GPU (`gpu` mark): 224x224 at batch 8 and a
-CUDA-graph replay.
+CPU: under TRITON_INTERPRET=1 on small odd images (2x3x37x45), ResNet's 7x7/2 + 3x3/2 pool
+(the default "ring" kernel, tests/test_stem_ring.py has its own), AlexNet's 11x11/4 with and
+without its pool, fp32 / fp16 / uint8 input, INT8 and BITPLANE outputs; the two-launch conv
+kernels ("bands" and "gemm"). GPU (`gpu` mark): 224x224 at batch 8 and a CUDA-graph replay.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lowbit.core import ConvWorkload, Layout, PackedTensor, Precision
+from lowbit.core import Layout, Precision
 from lowbit.kernels.triton import netops as N
 from lowbit.kernels.triton import stem as S
 from lowbit.quant.packing import pack
 from lowbit.reference import (
     FloatOutput,
     RequantizedOutput,
-    accumulate,
-    epilogue_outputs,
-    fixed_point_pair,
-    maxpool2d_int,
     quantize_float,
+    quantize_uint8_image,
     uint8_input_table,
+)
+from stem_cases import (
+    MEAN,
+    RESNET,
+    STD,
+    check_outputs,
+    make_case,
+    reference,
+    replay_with_new_image,
+    specs_for,
 )
 from triton_cases import DEVICE
 
 INT8, BITPLANE = Layout.INT8, Layout.BITPLANE
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-def make_case(n, h, w, k, r, seed, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    image = (torch.randn(n, 3, h, w, generator=g) * 1.5).to(dtype)
-    weight = torch.randint(-128, 128, (k, r, r, 3), generator=g)
-    bias = torch.randint(-20000, 20000, (k,), generator=g)
-    return image, weight, bias, g
-
-
-def specs_for(k, g, precs=(("u8", True), ("u2", True), ("s8", False))):
-    out = []
-    for prec, relu in precs:
-        sa = torch.rand(k, generator=g, dtype=torch.float64) * 4e-4 + 2e-5
-        m, _, s = fixed_point_pair(sa, 0.0)
-        out.append(RequantizedOutput(prec, m, s, relu=relu))
-    return out
-
-
-def reference(q_nchw, weight, bias, specs, stride, pad, pool_pad):
-    x = q_nchw.permute(0, 2, 3, 1).contiguous()
-    n, h, w, c = x.shape
-    k, r = weight.shape[0], weight.shape[1]
-    wl = ConvWorkload(N=n, H=h, W=w, C=c, K=k, R=r, S=r, stride=stride, pad=pad)
-    acc = accumulate(wl, x, weight)
-    outs = epilogue_outputs(acc, bias, specs)
-    if pool_pad is None:
-        return outs
-    return [o if o.dtype == torch.float32 else maxpool2d_int(o, 3, 2, pool_pad) for o in outs]
-
-
-def check_outputs(got, ref, layouts, specs):
-    checked = 0
-    for out, values, layout, spec in zip(got, ref, layouts, specs, strict=True):
-        if isinstance(spec, FloatOutput):
-            assert torch.equal(out.cpu(), values)
-        else:
-            assert isinstance(out, PackedTensor) and out.layout is layout
-            want = pack(values, spec.precision, layout)
-            have = out.data.cpu()
-            assert torch.equal(have, want), f"{(have != want).sum().item()} of {want.numel()}"
-            assert int(values.unique().numel()) > 2
-        checked += 1
-    return checked
-
-
-RESNET = dict(stride=2, pad=3, pool_pad=1)
 
 
 @pytest.mark.parametrize("dtype,layouts", [
@@ -110,10 +68,7 @@ def test_resnet_stem_uint8_image_and_float_output(cfg):
     layouts = (BITPLANE, INT8)
     got = S.stem(image.to(DEVICE), weight, None, specs, layouts, table=table, config=cfg,
                  **RESNET)
-    q = table[torch.arange(3).view(1, 3, 1, 1), image.long()]
-    ref = reference(q, weight, None, specs, 2, 3, 1)
-    # float32(scale * y + offset) is monotone in y (scale >= 0): max-pooling commutes with it
-    ref[1] = F.max_pool2d(ref[1].permute(0, 3, 1, 2), 3, 2, 1).permute(0, 2, 3, 1)
+    ref = reference(quantize_uint8_image(image, table), weight, None, specs, 2, 3, 1)
     assert check_outputs(got, ref, layouts, specs) == 2
 
 
@@ -288,15 +243,6 @@ def test_gpu_stem_cuda_graph_and_alexnet():
     img = image.cuda()
     launch = S.bind_stem(img, weight, bias, specs, [out], scale=0.05, stride=4, pad=2,
                          pool_pad=0)
-    launch()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        launch()
-    img2 = torch.randn(image.shape, generator=torch.Generator().manual_seed(13))
-    img.copy_(img2)
-    out.data.fill_(0x5A5A5A5A)
-    graph.replay()
-    torch.cuda.synchronize()
+    img2 = replay_with_new_image(launch, img, out, 13)
     ref = reference(quantize_float(img2, 0.05, "s8"), weight, bias, specs, 4, 2, 0)
     assert torch.equal(out.data.cpu(), pack(ref[0], Precision(2), BITPLANE))

@@ -46,6 +46,7 @@ def _launchers() -> dict:
                   RequantizedOutput("u2", 2**30, 40, relu=True)]
     alex_out = [K.empty_packed((8, 27, 27, 64), "u8", Layout.INT8, "cpu")]
     return {
+        **_block_end_launchers(),
         "stem_resnet": S.bind_stem(image, weight, torch.zeros(64, dtype=torch.int64),
                                    stem_specs, stem_outs, stride=2, pad=3, pool_pad=1,
                                    scale=0.02, status=torch.zeros(1, dtype=torch.int32)),
@@ -66,6 +67,58 @@ def _launchers() -> dict:
     }
 
 
+def _block_end_launchers() -> dict:
+    """The block-end pass (an 8-bit residual, the stored u8 mid and two derived outputs, 32-bit
+    requantization), the fused conv writing the same outputs (int32 and float64 modes) and
+    the int8 conv's own int32 requantized epilogue, at ResNet-50's layer1 block end."""
+    import torch
+
+    from lowbit.core import ConvWorkload, Epilogue, Layout
+    from lowbit.core.epilogue import EpilogueParams
+    from lowbit.kernels.base import acc_bound
+    from lowbit.kernels.triton import CONV2D_INT8, templates
+    from lowbit.kernels.triton import netops as K
+    from lowbit.kernels.triton.conv_outputs import bind_conv_outputs
+    from lowbit.kernels.triton.stored import Launcher
+    from lowbit.reference import RequantizedOutput, random_inputs
+    from lowbit.reference.netops import fixed_point_pair32
+
+    templates.interpreting = lambda: True
+    wl = ConvWorkload(N=8, H=56, W=56, C=64, K=256, R=1, S=1, a="u8")
+    shape = (8, 56, 56, 256)
+    top = acc_bound(wl)
+    m, r, s = fixed_point_pair32(torch.full((256,), 1e-4, dtype=torch.float64), 0.3, top, 255)
+    levels = torch.arange(256)
+    specs = [RequantizedOutput("u8", m, s, r, True, bias=s),
+             RequantizedOutput("u2", m, s, r, True, mid="u8", table=levels // 64, bias=s),
+             RequantizedOutput("s8", m, s, r, True, mid="u8", table=levels // 2, bias=s)]
+    layouts = (Layout.INT8, Layout.BITPLANE, Layout.INT8)
+
+    def outs():
+        return [K.empty_packed(shape, sp.precision, lay, "cpu")
+                for sp, lay in zip(specs, layouts, strict=True)]
+
+    res = K.empty_packed(shape, "u8", Layout.INT8, "cpu")
+    x, w, params = random_inputs(wl, seed=1)
+    kernel = CONV2D_INT8.build(wl, CONV2D_INT8.default_config(wl))
+    y = torch.zeros(shape, dtype=torch.int32)
+    req = wl.replace(epilogue=Epilogue(relu=True, out="u8", shifted_bias=True))
+    conv = CONV2D_INT8.build(req, CONV2D_INT8.default_config(req))
+    p32 = EpilogueParams(multiplier=m.to(torch.int32), shift=s.to(torch.int32),
+                         shifted_bias=torch.zeros(256, dtype=torch.int64))
+    prob, vecs = templates.with_float64_requant(req, conv.problem, p32, (None,) * 4, "cpu")
+    assert prob.bias == 4  # BIAS_SHIFTED_INT32
+    out = torch.empty(shape, dtype=torch.uint8)
+    return {
+        "layer_epilogue_block_end": K.bind_layer_epilogue(y, specs, outs(), res, top),
+        "conv_outputs_block_end_int32": bind_conv_outputs(kernel, x, w, params, specs, outs(),
+                                                          res),
+        "conv_outputs_block_end_float64": bind_conv_outputs(kernel, x, w, params, specs,
+                                                            outs(), res, requant32=False),
+        "conv_epilogue_int32": Launcher(tuple(conv.plan(prob, x, w, out, vecs)), (out,)),
+    }
+
+
 SPILL_LIMIT = {"stem_resnet": 512, "stem_alexnet": 512}
 
 
@@ -77,7 +130,9 @@ def reports() -> dict:
 
 
 @pytest.mark.parametrize("name", ["layer_epilogue", "maxpool_bitplane", "avgpool_global",
-                                  "quantize_image", "stem_resnet", "stem_alexnet"])
+                                  "quantize_image", "stem_resnet", "stem_alexnet",
+                                  "layer_epilogue_block_end", "conv_outputs_block_end_int32",
+                                  "conv_outputs_block_end_float64", "conv_epilogue_int32"])
 def test_compiles_for_sm90_without_spills(reports, name):
     """Every launch compiles; none spills, except the stem's conv kernel (255 registers: its
     carried rows and accumulators), held to a small spill (measured 224 / 392 bytes)."""

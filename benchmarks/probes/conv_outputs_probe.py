@@ -89,7 +89,8 @@ def probe(name: str, wl: ConvWorkload) -> list[dict]:
         try:
             kernel = IgemmKernel("probe", wl, cfg, problem(wl, False))
             got = outs()
-            launch = bind_conv_outputs(kernel, x, w, params, specs, got, res)
+            launch = bind_conv_outputs(kernel, x, w, params, specs, got, res,
+                                       tile=dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps))
             s = launch.launches[0]
             compiled = s.fn.warmup(*s.args, grid=s.grid, **s.kwargs)
             compiled._init_handles()  # loads the binary: fills n_regs / n_spills

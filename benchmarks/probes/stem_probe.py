@@ -1,19 +1,23 @@
-"""The fused first layer's conv kernels timed side by side (GPU): the current default, the
-implicit-GEMM kernel ("gemm") over a small sweep of its knobs, and cuDNN fp16 conv + ReLU
-(+ max-pool) on the same shapes, in one run.
+"""The fused first layer's kernels timed side by side (GPU): the current default, the one-launch
+"ring" kernel over a sweep of its knobs (ResNet's 7x7/2), the two-launch kernels it replaced
+("bands" and the best "gemm" configs), and cuDNN fp16 conv + ReLU (+ max-pool) on the same
+shapes, in one run.
 
-First-layer geometries (`--stems`; float32 image 224 x 224, C=3, K=64): ResNet-18/50's 7x7/2
-pad 3 with the 3x3/2 pool pad 1, AlexNet's 11x11/4 pad 2 with the pool pad 0, VGG's 3x3/1 pad 1
-without pool; the engine's outputs (u8 in INT8, u2 in BITPLANE), batch 8 and 256. Every
-variant's outputs are checked bit for bit against the default's (and, at batch 8, against
-`lowbit.reference`). Times: CUDA-graph replay median (`tune.timing.time_us`, which repeats
-well over 20 times), the whole stem and its conv launch alone. floor_us: the network bench's
-roofline (`runtime.bench`: max(ops / int8 peak, bytes / DRAM bandwidth), bytes = image +
-weights + outputs as stored). One failing variant is recorded in its row and the run goes
-on; ~2-4 minutes a geometry on an H100/H200.
+First-layer geometries (`--stems`; 224 x 224 image, C=3, K=64): ResNet-18/50's 7x7/2 pad 3
+with the 3x3/2 pool pad 1, AlexNet's 11x11/4 pad 2 with the pool pad 0, VGG's 3x3/1 pad 1
+without pool; images float32 and/or uint8 pixels with the ImageNet normalization's table
+(`--inputs`); the outputs (`--outputs`, default one u2 in BITPLANE: ResNet-50's conv1 in the
+w1a2 / w2a2 networks; u8 goes to INT8); batch 8 and 256. Every variant's outputs are checked
+bit for bit against the default's (and, at batch <= 16, against `lowbit.reference`). Times:
+CUDA-graph replay median (`tune.timing.time_us`, which repeats well over 20 times), the whole
+stem and, for two-launch variants, each launch alone. floor_us: the network bench's roofline
+(`runtime.bench`: max(ops / int8 peak, bytes / DRAM bandwidth), ops = 2 x the conv's MACs at
+its own R x R x C taps, bytes = image as given + weights + outputs as stored). One failing
+variant is recorded in its row and the run goes on; ~2-4 minutes a geometry and input on an
+H100/H200.
 
     python benchmarks/probes/stem_probe.py [--out DIR] [--batches 8 256] [--quick] \
-        [--stems resnet alexnet vgg]
+        [--stems resnet alexnet vgg] [--inputs float32 uint8] [--outputs u2]
 
 Writes stem_probe-<time>.json (rows with "benchmark": "stem_probe") and .txt (the table) to
 DIR (default benchmarks/results/<gpu>/logs/).
@@ -38,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import ROOT, gpu_dirname, gpu_name, versions
 from lowbit.core import ConvWorkload, Layout
 from lowbit.kernels.triton import stem as S
+from lowbit.kernels.triton.igemm import cdiv
 from lowbit.kernels.triton.stored import Launcher
 from lowbit.quant.packing import pack
 from lowbit.reference import (
@@ -47,6 +52,8 @@ from lowbit.reference import (
     fixed_point_pair,
     maxpool2d_int,
     quantize_float,
+    quantize_uint8_image,
+    uint8_input_table,
 )
 from lowbit.runtime.bench import BANDWIDTH, PEAK_OPS
 from lowbit.tune.timing import time_us
@@ -54,6 +61,8 @@ from lowbit.tune.timing import time_us
 INT8, BITPLANE = Layout.INT8, Layout.BITPLANE
 SCALE = 0.03
 SMS = 132
+#: torchvision's ImageNet normalization (the uint8 input's table)
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def gemm_config(geom: S.StemGeometry, block_j: int = 64, per_sm: int = 2,
@@ -98,27 +107,72 @@ SWEEP = [
 ]
 
 
+#: (name, config maker): the ring kernel around its default (`stem.ring_config`), ResNet's 7x7/2
+RING_SWEEP = [
+    ("ring j64 w8", lambda g: S.ring_config(g, SMS, block_j=64, num_warps=8)),
+    ("ring j32 w4 3/SM", lambda g: S.ring_config(g, SMS, programs_per_sm=3)),
+    ("ring j32 w4 4/SM", lambda g: S.ring_config(g, SMS, programs_per_sm=4)),
+    ("ring j32 w8", lambda g: S.ring_config(g, SMS, num_warps=8)),
+    ("ring j32 w4 n32", lambda g: S.ring_config(g, SMS, block_n=32)),
+    ("ring j32 w4 n32 3/SM", lambda g: S.ring_config(g, SMS, block_n=32, programs_per_sm=3)),
+    ("ring j16 w4", lambda g: S.ring_config(g, SMS, block_j=16)),
+    ("ring band /2", lambda g: S.ring_config(
+        g, SMS, band_rows=max(1, S.ring_config(g, SMS).band_rows // 2))),
+    ("ring band x2", lambda g: S.ring_config(
+        g, SMS, band_rows=2 * S.ring_config(g, SMS).band_rows)),
+    ("ring float64 requant", lambda g: S.ring_config(g, SMS, thresholds=False)),
+    ("ring untransposed", lambda g: S.ring_config(g, SMS, transposed=False)),
+    ("ring j64 w8 untransposed", lambda g: S.ring_config(g, SMS, block_j=64, num_warps=8,
+                                                          transposed=False)),
+    ("ring maxnreg 168 3/SM", lambda g: S.ring_config(g, SMS, maxnreg=168,
+                                                       programs_per_sm=3)),
+]
+
+#: (name, config maker): the two-launch kernels on ResNet's 7x7/2 (the default before the ring
+#: kernel, and the best gemm configs of `stem_probe-20261128-014927`)
+TWO_LAUNCH = [
+    ("bands (old default)", lambda g: S.StemConfig(band_rows=next(
+        (r for r in (8, 4, 2) if g.N * cdiv(g.PH, r) >= 2 * SMS), 2), whole_k=True)),
+    ("gemm j16 wk s2 w4", lambda g: gemm_config(g, block_j=16, num_warps=4)),
+    ("gemm j32 wk s2 w4", lambda g: gemm_config(g, block_j=32, num_warps=4)),
+]
+
+
 #: first layers by network: (filter size, stride, pad, pool_pad: the 3x3/2 max-pool's padding,
 #: None without a pool), 3 -> 64 channels on a 224 x 224 image
 STEMS = {"resnet": (7, 2, 3, 1), "alexnet": (11, 4, 2, 0), "vgg": (3, 1, 1, None)}
 
 
-def make_case(batch: int, stem: str = "resnet", seed: int = 0):
+def make_case(batch: int, stem: str = "resnet", seed: int = 0, inputs: str = "float32",
+              outputs: tuple[str, ...] = ("u2",)):
+    """(image, weight, bias, specs, geometry, input kwargs of bind_stem) on the GPU."""
     r, stride, pad, pool_pad = STEMS[stem]
     g = torch.Generator().manual_seed(seed)
-    image = (torch.randn(batch, 3, 224, 224, generator=g) * 1.5).cuda()
+    if inputs == "uint8":
+        image = torch.randint(0, 256, (batch, 3, 224, 224), generator=g, dtype=torch.uint8)
+        kw = dict(table=uint8_input_table(SCALE, "s8", MEAN, STD))
+    else:
+        image = torch.randn(batch, 3, 224, 224, generator=g) * 1.5
+        kw = dict(scale=SCALE)
+    image = image.cuda()
     weight = torch.randint(-128, 128, (64, r, r, 3), generator=g)
     bias = torch.randint(-20000, 20000, (64,), generator=g)
     specs = []
-    for prec in ("u8", "u2"):
+    for prec in outputs:
         m, _, s = fixed_point_pair(torch.rand(64, generator=g, dtype=torch.float64) * 4e-4
                                    + 2e-5, 0.0)
         specs.append(RequantizedOutput(prec, m, s, relu=True))
-    return image, weight, bias, specs, S.geometry_of(image, weight, stride, pad, pool_pad)
+    return image, weight, bias, specs, S.geometry_of(image, weight, stride, pad, pool_pad), kw
 
 
-def reference_outputs(image, weight, bias, specs, geom: S.StemGeometry) -> list[torch.Tensor]:
-    q = quantize_float(image, SCALE, "s8").permute(0, 2, 3, 1).contiguous()
+def layout_of(prec: object) -> Layout:
+    return BITPLANE if str(prec) in ("u1", "u2", "s2", "u4") else INT8
+
+
+def reference_outputs(image, weight, bias, specs, geom: S.StemGeometry, kw: dict
+                      ) -> list[torch.Tensor]:
+    q = (quantize_uint8_image(image, kw["table"]) if "table" in kw
+         else quantize_float(image, SCALE, "s8")).permute(0, 2, 3, 1).contiguous()
     wl = ConvWorkload(N=q.shape[0], H=224, W=224, C=3, K=64, R=geom.R, S=geom.R,
                       stride=geom.stride, pad=geom.pad)
     acc = accumulate(wl, q, weight.cuda())
@@ -153,16 +207,18 @@ def cudnn_us(batch: int, geom: S.StemGeometry) -> float:
 
 
 def run_variant(name: str, cfg: S.StemConfig, case, want, ref) -> dict:
-    image, weight, bias, specs, geom = case
+    image, weight, bias, specs, geom, kw = case
     row = {"benchmark": "stem_probe", "stem": f"{geom.R}x{geom.R}/{geom.stride}",
-           "batch": geom.N, "variant": name, "config": dataclasses.asdict(cfg)}
+           "batch": geom.N, "input": str(image.dtype).replace("torch.", ""),
+           "outputs": [str(s.precision) for s in specs], "variant": name,
+           "config": dataclasses.asdict(cfg)}
     try:
-        outs = [S.empty_packed(geom.out_shape, s.precision, lay, "cuda")
-                for s, lay in zip(specs, (INT8, BITPLANE), strict=True)]
+        outs = [S.empty_packed(geom.out_shape, s.precision, layout_of(s.precision), "cuda")
+                for s in specs]
         for o in outs:
             o.data.fill_(0x5A)
         launch = S.bind_stem(image, weight, bias, specs, outs, stride=geom.stride,
-                             pad=geom.pad, pool_pad=geom.pool_pad, scale=SCALE, config=cfg)
+                             pad=geom.pad, pool_pad=geom.pool_pad, config=cfg, **kw)
         launch()
         torch.cuda.synchronize()
         have = [o.data.clone() for o in outs]
@@ -173,9 +229,11 @@ def run_variant(name: str, cfg: S.StemConfig, case, want, ref) -> dict:
             row["exact_vs_reference"] = all(
                 torch.equal(o.data, pack(v, o.precision, o.layout))
                 for o, v in zip(outs, ref, strict=True))
+        row["launches"] = len(launch.launches)
         row["time_us"] = time_us(launch, cuda_graph=True)
-        row["conv_us"] = time_us(Launcher((launch.launches[1],), ()), cuda_graph=True)
-        row["input_us"] = time_us(Launcher((launch.launches[0],), ()), cuda_graph=True)
+        if len(launch.launches) == 2:
+            row["input_us"] = time_us(Launcher((launch.launches[0],), ()), cuda_graph=True)
+            row["conv_us"] = time_us(Launcher((launch.launches[1],), ()), cuda_graph=True)
         row["floor_us"] = floor_us(geom, image, outs)
         row["_outputs"] = have
     except Exception as e:  # one failing variant must not end the run
@@ -184,20 +242,26 @@ def run_variant(name: str, cfg: S.StemConfig, case, want, ref) -> dict:
     return row
 
 
-def batch_rows(batch: int, quick: bool, stem: str = "resnet") -> list[dict]:
-    case = make_case(batch, stem)
-    image, weight, bias, specs, geom = case
-    ref = reference_outputs(image, weight, bias, specs, geom) if batch <= 16 else None
-    default = run_variant(f"{S.default_config(geom).kernel} default", S.default_config(geom),
-                          case, None, ref)
+def batch_rows(batch: int, quick: bool, stem: str = "resnet", inputs: str = "float32",
+               outputs: tuple[str, ...] = ("u2",)) -> list[dict]:
+    case = make_case(batch, stem, inputs=inputs, outputs=outputs)
+    image, weight, bias, specs, geom, kw = case
+    ref = reference_outputs(image, weight, bias, specs, geom, kw) if batch <= 16 else None
+    default_cfg = S.default_config(geom, SMS)
+    default = run_variant(f"{default_cfg.kernel} default", default_cfg, case, None, ref)
     want = default.pop("_outputs", None)
     rows = [default]
-    for name, make in (SWEEP[:2] if quick else SWEEP):
+    if S.ring_refusal(geom) is None:
+        sweep = TWO_LAUNCH + (RING_SWEEP[:3] if quick else RING_SWEEP)
+    else:
+        sweep = SWEEP[:2] if quick else SWEEP
+    for name, make in sweep:
         try:
             cfg = make(geom)
         except Exception as e:
             rows.append({"benchmark": "stem_probe", "stem": stem, "batch": batch,
-                         "variant": name, "error": f"{type(e).__name__}: {e}"[:400]})
+                         "input": inputs, "variant": name,
+                         "error": f"{type(e).__name__}: {e}"[:400]})
             continue
         row = run_variant(name, cfg, case, want, ref)
         row.pop("_outputs", None)
@@ -207,7 +271,7 @@ def batch_rows(batch: int, quick: bool, stem: str = "resnet") -> list[dict]:
     except Exception as e:
         base = None
         rows.append({"benchmark": "stem_probe", "stem": stem, "batch": batch,
-                     "variant": "cudnn fp16",
+                     "input": inputs, "variant": "cudnn fp16",
                      "error": f"{type(e).__name__}: {e}"[:400]})
     for r in rows:
         r["cudnn_fp16_us"] = base
@@ -215,18 +279,20 @@ def batch_rows(batch: int, quick: bool, stem: str = "resnet") -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'stem':>7} {'batch':>5} {'variant':26} {'stem us':>8} {'conv us':>8} {'input':>6} "
-             f"{'floor':>6} {'x floor':>7} {'cudnn':>7} exact"]
+    lines = [f"{'stem':>7} {'batch':>5} {'input':>7} {'variant':26} {'stem us':>8} "
+             f"{'conv us':>8} {'input':>6} {'floor':>6} {'x floor':>7} {'cudnn':>7} exact"]
     for r in rows:
+        head = f"{r.get('stem', '-'):>7} {r['batch']:>5} {r.get('input', '-'):>7} " \
+               f"{r['variant']:26}"
         if "error" in r:
-            lines.append(f"{r.get('stem', '-'):>7} {r['batch']:>5} {r['variant']:26} ERROR "
-                         f"{r['error'][:90]}")
+            lines.append(f"{head} ERROR {r['error'][:90]}")
             continue
         exact = "/".join(str(r[k]) for k in ("exact_vs_default", "exact_vs_reference")
                          if k in r) or "-"
         cudnn = f"{r['cudnn_fp16_us']:7.1f}" if r.get("cudnn_fp16_us") else "      -"
-        lines.append(f"{r['stem']:>7} {r['batch']:>5} {r['variant']:26} {r['time_us']:8.1f} "
-                     f"{r['conv_us']:8.1f} {r['input_us']:6.1f} {r['floor_us']:6.1f} "
+        conv = f"{r['conv_us']:8.1f} {r['input_us']:6.1f}" if "conv_us" in r else \
+            f"{'-':>8} {'-':>6}"
+        lines.append(f"{head} {r['time_us']:8.1f} {conv} {r['floor_us']:6.1f} "
                      f"{r['time_us'] / r['floor_us']:7.2f} {cudnn} {exact}")
     return "\n".join(lines)
 
@@ -235,10 +301,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 256])
-    ap.add_argument("--quick", action="store_true", help="the default and two gemm configs")
+    ap.add_argument("--quick", action="store_true",
+                    help="the default, the two-launch kernels and three ring / two gemm configs")
     ap.add_argument("--stems", nargs="+", default=["resnet"], choices=sorted(STEMS),
                     help="first-layer geometries (ResNet 7x7/2 + pool, AlexNet 11x11/4 + pool, "
                     "VGG 3x3/1)")
+    ap.add_argument("--inputs", nargs="+", default=["float32", "uint8"],
+                    choices=["float32", "uint8"], help="image dtypes (uint8: pixels + table)")
+    ap.add_argument("--outputs", nargs="+", default=["u2"],
+                    help="output precisions (u1/u2/s2/u4 in BITPLANE, others INT8)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
@@ -247,9 +318,11 @@ def main() -> None:
     t0 = time.time()
     rows: list[dict] = []
     for stem in args.stems:
-        for batch in args.batches:
-            rows += batch_rows(batch, args.quick, stem)
-            print(f"{stem} batch {batch} done at {time.time() - t0:.0f} s", flush=True)
+        for inputs in args.inputs:
+            for batch in args.batches:
+                rows += batch_rows(batch, args.quick, stem, inputs, tuple(args.outputs))
+                print(f"{stem} {inputs} batch {batch} done at {time.time() - t0:.0f} s",
+                      flush=True)
     text = table(rows)
     print(text)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -19,6 +19,8 @@ _LAZY = {**{name: ("lowbit.core", name) for name in _CORE},
          "save": ("lowbit.serialize", "save"),
          "load": ("lowbit.serialize", "load"),
          "autoprecision": ("lowbit.runtime.autoprecision", "autoprecision"),
+         "from_onnx": ("lowbit.quant.onnx_qdq", "from_onnx"),
+         "to_onnx": ("lowbit.quant.onnx_export", "to_onnx"),
          "models": ("lowbit.models", None)}
 _SUBPACKAGES = ("core", "quant", "reference", "kernels", "perfmodel", "tune", "graph",
                 "runtime", "serialize", "models")
@@ -57,5 +59,6 @@ def __dir__() -> list[str]:
 __all__ = [
     "Config", "ConfigSpace", "ConvWorkload", "Encoding", "Epilogue", "GemmWorkload", "Layout",
     "PackedTensor", "Precision", "Workload", "__version__", "autoprecision", "calibrate",
-    "compile", "convert", "load", "models", "quantize", "save", "summary",
+    "compile", "convert", "from_onnx", "load", "models", "quantize", "save", "summary",
+    "to_onnx",
 ]

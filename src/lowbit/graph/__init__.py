@@ -4,6 +4,7 @@ shape (tensors with precision / scale / layout, and steps: Quantize, Layer, MaxP
 Flatten, Concat, FloatFallback, Output; see `lowbit.graph.ir`). `lowbit.compile` (runtime)
 builds and runs plans."""
 
+from .chooser import Chooser, KernelChoice, ModelChooser, make_chooser
 from .dataflow import Dataflow, Value, trace_model
 from .impl import BITSERIAL, TORCH_FP16, choose_impl, input_layout, int8_preferring
 from .ir import (
@@ -13,6 +14,7 @@ from .ir import (
     FloatFallback,
     Layer,
     LayerOutput,
+    Lookup,
     MaxPool,
     Output,
     Plan,
@@ -21,21 +23,27 @@ from .ir import (
     Step,
     TensorSpec,
 )
+from .launches import PlanOptions
 from .planner import build_plan
 
 __all__ = [
     "BITSERIAL",
     "TORCH_FP16",
     "AvgPool",
+    "Chooser",
     "Concat",
     "Dataflow",
     "Flatten",
     "FloatFallback",
+    "KernelChoice",
     "Layer",
     "LayerOutput",
+    "Lookup",
     "MaxPool",
+    "ModelChooser",
     "Output",
     "Plan",
+    "PlanOptions",
     "PoolWindow",
     "Quantize",
     "Step",
@@ -45,5 +53,6 @@ __all__ = [
     "choose_impl",
     "input_layout",
     "int8_preferring",
+    "make_chooser",
     "trace_model",
 ]

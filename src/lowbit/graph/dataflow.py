@@ -6,8 +6,10 @@ record every value's range (the wide realizations' scales) and shape, and turns 
 into `Value`s:
 
   input, layer (conv2d / linear with its IntegerLayer, BatchNorm folded, optional residual),
-  relu, maxpool, avgpool (window / global / adaptive), flatten, concat (channels), and float
-  (anything else: a PyTorch module run in float, with the reason).
+  relu, maxpool, avgpool (window / global / adaptive), flatten, concat (channels), quant (a
+  residual-stream quantizer of the model, `lowbit.quant.residual`: its precision and scale;
+  the modules whose outputs it quantizes are traced through so that its hook shows), and
+  float (anything else: a PyTorch module run in float, with the reason).
 
 Rewrites, each checked: a BatchNorm that alone consumes a fake-quant layer folds into it
 (`lowbit.quant.convert.integer_layer`); a residual add fuses into the layer among its operands
@@ -30,11 +32,13 @@ from ..core import Encoding, Precision
 from ..quant.api import conv_unsupported_reason
 from ..quant.convert import IntegerLayer, integer_layer
 from ..quant.modules import QUANT_MODULES
+from ..quant.residual import ATTR as RESIDUAL_ATTR
+from ..quant.residual import ResidualQuantizer
 from .ir import PoolWindow
 from .pools import ADAPTIVE, WINDOW
 
-INPUT, LAYER, RELU, MAXPOOL, AVGPOOL, FLATTEN, CONCAT, FLOAT = (
-    "input", "layer", "relu", "maxpool", "avgpool", "flatten", "concat", "float")
+INPUT, LAYER, RELU, MAXPOOL, AVGPOOL, FLATTEN, CONCAT, FLOAT, QUANT = (
+    "input", "layer", "relu", "maxpool", "avgpool", "flatten", "concat", "float", "quant")
 _ADD, _BN = "add", "batchnorm"  # transient ops: fused away or turned into float values
 
 
@@ -104,7 +108,11 @@ def is_quant_layer(m: nn.Module) -> bool:
 
 class _Tracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return is_quant_layer(m) or super().is_leaf_module(m, qualname)
+        if is_quant_layer(m) or isinstance(m, ResidualQuantizer):
+            return True
+        if isinstance(getattr(m, RESIDUAL_ATTR, None), ResidualQuantizer):
+            return False  # its output hook (the residual quantizer) must be in the graph
+        return super().is_leaf_module(m, qualname)
 
 
 class _Recorder(fx.Interpreter):
@@ -238,6 +246,11 @@ class _Converter:
             return self.fallback(node, "called with other arguments than one tensor")
         if is_quant_layer(m):
             return self.layer(node, m, x)
+        if isinstance(m, ResidualQuantizer):
+            if x.op == QUANT and x.attrs["module"] is m:  # traced twice (a Sequential's
+                return self.alias(node, x)                # hook): quantizing is idempotent
+            return self.add(node, QUANT, [x], module=m, precision=m.precision(),
+                            scale=float(m.scale()), target=str(node.target))
         if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
             return self.add(node, _BN, [x], module=m, target=str(node.target))
         if isinstance(m, nn.ReLU):

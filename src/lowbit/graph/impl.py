@@ -152,6 +152,22 @@ def bitserial_family(workload: Workload) -> str:
     return default_bitserial(with_layout(workload, Layout.BITPLANE))[0].name
 
 
+def template_flag(impl: str, flag: str) -> bool | int:
+    """The registered template's class attribute `flag` (False where it has none, for
+    torch.fp16 and for names no template has): what a template declares it can do
+    (`takes_shifted_bias`, `takes_residual`, `layer_outputs_max`, `streams_weights`,
+    `chainable`)."""
+    if impl == TORCH_FP16:
+        return False
+    _backends()
+    try:
+        template = get_template(impl)
+    except ValueError:
+        return False
+    value = getattr(template, flag, False)
+    return value if isinstance(value, int) else bool(value)
+
+
 def choose_int8_impl(workload: Workload, why_not_bitplanes: str) -> tuple[str, str]:
     """The default choice among layouts of one value per byte (the input cannot be bit
     planes, `why_not_bitplanes`)."""

@@ -12,7 +12,8 @@ shifts, float scales) live in `Plan.params` under the keys the steps name, PyTor
 FloatFallback steps in `Plan.modules`. Step kinds and their exact semantics (the executor in
 `lowbit.runtime.engine` runs them with `lowbit.reference.netops`):
 
-- Quantize:  float -> quantized, quantize_float(relu?(x), scale, precision) (NCHW -> NHWC).
+- Quantize:  float -> quantized, quantize_float(relu?(x), scale, precision) (NCHW -> NHWC);
+             a uint8 image by lookup, table[c, v] (`Plan.image_normalization`).
 - Layer:     conv2d / linear on a quantized input: acc = exact integer conv / GEMM of the
              input values and the int8 weight values (KRSC / [K, C]); then per output the
              layer epilogue: requantized
@@ -25,9 +26,11 @@ FloatFallback steps in `Plan.modules`. Step kinds and their exact semantics (the
 - AvgPool:   window sums (zero padding counted) requantized per window count:
              clamp(floor((sum m[c] + 2^(s[c]-1)) / 2^s[c]), lo, qmax), c = the window's count;
              floats: PyTorch's average pool.
+- Lookup:    quantized -> quantized, out = table[q - qmin of the input's precision].
 - Flatten:   [N, H, W, C] -> [N, H*W*C] in (h, w, c) order (a view); floats: torch.flatten.
 - Concat:    channel concatenation of tensors of one precision, scale and layout.
-- FloatFallback: a PyTorch module run on float inputs (the plan says why).
+- FloatFallback: a PyTorch module run in float (the plan says why) on its inputs, quantized
+             ones dequantized first (scale * q, float32, NCHW).
 - Output:    the float result (a quantized input is dequantized: scale * q, back to NCHW).
 """
 
@@ -40,7 +43,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from ..core import Layout, Precision, WidePrecision, Workload, workload_from_dict
+from ..core import Config, Layout, Precision, WidePrecision, Workload, workload_from_dict
 from ..core.validate import storage_dtype, storage_shape
 
 # ------------------------------------------------------------------------------ tensors
@@ -141,10 +144,12 @@ class PoolWindow:
 class LayerOutput:
     """One output of a Layer step: a requantized realization (multiplier, shift, bias in
     units of 2^-shift output steps, and residual_multiplier with a residual; keys into
-    Plan.params, int64 [K]) or a float one (scale / offset float64 [K], residual_scale for
-    the residual term). Multipliers are < 2^31 except on layers with a residual, whose
-    shared shift gives both multipliers >= 31 significant bits where |z| < 2^61 allows
-    (`lowbit.graph.planner.shared_shift`): their epilogue needs int64 multipliers."""
+    Plan.params, int64 [K]; with `mid` and `table` a derived output: the requantized value in
+    the precision `mid`, looked up in `table`) or a float one (scale / offset float64 [K],
+    residual_scale for the residual term). Multipliers are < 2^31 except on layers with a
+    wide residual, whose shared shift gives both multipliers >= 31 significant bits where
+    |z| < 2^61 allows (`lowbit.graph.planner.shared_shift`): their epilogue needs int64
+    multipliers; a quantized residual stream's block ends keep the whole sum in 32 bits."""
 
     tensor: str
     relu: bool = False
@@ -155,6 +160,14 @@ class LayerOutput:
     scale: str | None = None
     offset: str | None = None
     residual_scale: float | None = None
+    mid: str | None = None
+    table: str | None = None
+
+    @property
+    def derived(self) -> bool:
+        """A derived output: the formula's value in `mid` (a precision name), then `table`
+        (int64 [mid.qmax - mid.qmin + 1], a Plan.params key) maps it to this output's value."""
+        return self.table is not None
 
     @property
     def requantized(self) -> bool:
@@ -186,6 +199,8 @@ class Step:
             v = getattr(self, f.name)
             if isinstance(v, (Workload, PoolWindow, LayerOutput)):
                 v = v.to_dict()
+            elif isinstance(v, Config):
+                v = dict(v)
             elif isinstance(v, tuple):
                 v = [x.to_dict() if isinstance(x, LayerOutput) else x for x in v]
             d[f.name] = v
@@ -210,7 +225,11 @@ class UnaryStep(Step):
 
 @dataclass(frozen=True)
 class Quantize(UnaryStep):
+    """`relu`: clamp at 0 first. `table`: the plan's image is uint8 (`Plan.image_normalization`)
+    and its values quantize by lookup, q = table[c, v] (int64 [C, 256], a Plan.params key)."""
+
     relu: bool = False
+    table: str | None = None
     kind: ClassVar[str] = "quantize"
 
 
@@ -228,9 +247,17 @@ class Layer(Step):
     columns of a linear after a flatten in (h, w, c) order, segment by segment after a
     concatenation of flattens). bias: int64 [K] in accumulator units, None where every
     output is float or some output's bias is no multiple of its multiplier. impl /
-    impl_reason: the implementation the layer runs on and why.
-    fused: what the step absorbs ('bn', 'relu', 'residual', 'maxpool', 'flatten-permute',
-    'negated-channels'). source: the model's module names.
+    impl_reason: the implementation the layer runs on and why. config: the kernel's config
+    (None for torch.fp16); config_source: where it comes from ('tuned': the records' best
+    measurement of this very workload on a GPU; 'predicted': the performance model's pick;
+    'default': the template's own) and config_reason the chooser's words
+    (`lowbit.graph.chooser`). Launch decisions: stem (the kernel reads the float image of the
+    Quantize step writing its input and quantizes it itself: the fused first layer),
+    outputs_in_kernel (the conv kernel writes every layer output from its accumulator tiles:
+    no accumulator tensor, no separate epilogue pass), chained (launched as a programmatic
+    dependent of the previous kernel). fused: what the step absorbs ('bn', 'relu',
+    'residual', 'maxpool', 'flatten-permute', 'negated-channels'). source: the model's
+    module names.
     """
 
     op: str = "conv2d"
@@ -245,6 +272,12 @@ class Layer(Step):
     impl_reason: str = ""
     fused: tuple[str, ...] = ()
     source: tuple[str, ...] = ()
+    config: Config | None = None
+    config_source: str = ""
+    config_reason: str = ""
+    stem: bool = False
+    outputs_in_kernel: bool = False
+    chained: bool = False
     kind: ClassVar[str] = "layer"
 
     @property
@@ -279,6 +312,16 @@ class AvgPool(UnaryStep):
     shift: str | None = None
     relu: bool = False
     kind: ClassVar[str] = "avgpool"
+
+
+@dataclass(frozen=True)
+class Lookup(UnaryStep):
+    """A quantized tensor mapped value by value through `table` (int64, a Plan.params key, one
+    entry per value of the input's precision from its qmin): another quantizer's reading of a
+    quantized value (`lowbit.quant.residual`) where no layer epilogue can write it."""
+
+    table: str = ""
+    kind: ClassVar[str] = "lookup"
 
 
 @dataclass(frozen=True)
@@ -333,7 +376,8 @@ class Output(Step):
 
 
 STEP_TYPES: dict[str, type[Step]] = {c.kind: c for c in (Quantize, Layer, MaxPool, AvgPool,
-                                                          Flatten, Concat, FloatFallback, Output)}
+                                                          Lookup, Flatten, Concat, FloatFallback,
+                                                          Output)}
 
 
 def step_from_dict(d: dict) -> Step:
@@ -347,6 +391,8 @@ def step_from_dict(d: dict) -> Step:
     for key in ("window", "pool"):
         if d.get(key) is not None:
             d[key] = PoolWindow(**d[key])
+    if d.get("config") is not None:
+        d["config"] = Config(d["config"])
     if "layer_outputs" in d:
         d["layer_outputs"] = tuple(LayerOutput(**o) for o in d["layer_outputs"])
     for key in ("fused", "source", "args", "parts", "counts"):
@@ -372,9 +418,17 @@ class Plan:
     steps: tuple[Step, ...]
     params: dict[str, torch.Tensor]
     modules: dict[str, nn.Module]
+    #: (mean, std) per channel where the plan's image is uint8 pixel values (normalized as
+    #: ((v / 255) - mean) / std in the model: torchvision's ToTensor + Normalize), else None
+    image_normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
     def __post_init__(self) -> None:
         self.check()
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """What the plan's image holds: uint8 pixel values, or float32."""
+        return torch.float32 if self.image_normalization is None else torch.uint8
 
     @property
     def input_spec(self) -> TensorSpec:
@@ -417,6 +471,8 @@ class Plan:
     def to_dict(self) -> dict:
         """JSON-serializable manifest; `params` (tensors) and `modules` travel separately."""
         return {"format": PLAN_FORMAT, "input": self.input,
+                "image_normalization": None if self.image_normalization is None
+                else [list(v) for v in self.image_normalization],
                 "tensors": [t.to_dict() for t in self.tensors.values()],
                 "steps": [s.to_dict() for s in self.steps],
                 "params": {k: {"dtype": str(v.dtype).removeprefix("torch."),
@@ -435,8 +491,10 @@ class Plan:
                     str(t.dtype).removeprefix("torch.") != meta["dtype"]:
                 raise ValueError(f"params[{key!r}] must be {meta['dtype']} {meta['shape']}")
         tensors = {t["name"]: TensorSpec.from_dict(t) for t in d["tensors"]}
+        norm = d.get("image_normalization")
         return cls(d["input"], tensors, tuple(step_from_dict(s) for s in d["steps"]),
-                   dict(params), dict(modules or {}))
+                   dict(params), dict(modules or {}),
+                   None if norm is None else tuple(tuple(float(x) for x in v) for v in norm))
 
     # -------------------------------------------------------------- reports
     def weight_bytes(self) -> int:
@@ -474,9 +532,13 @@ def param_keys(step: Step) -> list[str]:
         keys += [step.weight] + ([step.bias] if step.bias else [])
         for o in step.layer_outputs:
             keys += [k for k in (o.multiplier, o.shift, o.bias, o.residual_multiplier,
-                                 o.scale, o.offset) if k]
+                                 o.scale, o.offset, o.table) if k]
     elif isinstance(step, AvgPool):
         keys += [k for k in (step.multiplier, step.shift) if k]
+    elif isinstance(step, Lookup):
+        keys.append(step.table)
+    elif isinstance(step, Quantize) and step.table:
+        keys.append(step.table)
     return keys
 
 

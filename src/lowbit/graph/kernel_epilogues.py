@@ -14,9 +14,8 @@ from dataclasses import replace
 import torch
 
 from ..core import OUT_INT16, OUT_INT32, Epilogue, Precision, Workload
-from ..kernels import get_template, load_backends
 from ..kernels.base import acc_bound
-from .impl import TORCH_FP16, is_bitserial, unsupported_reason
+from .impl import TORCH_FP16, is_bitserial, template_flag, unsupported_reason
 from .ir import Layer, TensorSpec
 
 #: Outputs up to which a layer takes its residual in the kernel's epilogue rather than in the
@@ -44,8 +43,8 @@ def kernel_epilogue(step: Layer, tensors: dict[str, TensorSpec],
     accumulator, pool and pass (113 us for features_2 on an H100)."""
     outs = step.layer_outputs
     wl = accumulator_workload(step)
-    if not (len(outs) == 1 and outs[0].requantized and step.impl != TORCH_FP16
-            and (step.pool is None or step.residual is None)):
+    if not (len(outs) == 1 and outs[0].requantized and not outs[0].derived
+            and step.impl != TORCH_FP16 and (step.pool is None or step.residual is None)):
         return layer_outputs_impl(replace(step, workload=wl))
     t = tensors[outs[0].tensor]
     if not isinstance(t.precision, Precision):  # a 16-bit wide output: epilogue pass
@@ -81,9 +80,9 @@ def layer_outputs_impl(step: Layer) -> Layer:
     fp16, weight-streaming and pooled layers stay as they are."""
     target = LAYER_OUTPUTS_IMPLS.get(step.op)
     if (target is None or step.impl == TORCH_FP16 or is_bitserial(step.impl)
-            or step.pool is not None or _template_flag(step.impl, "streams_weights")
-            or _template_flag(step.impl, "layer_outputs_max")
-            or len(step.layer_outputs) > _template_flag(target, "layer_outputs_max")
+            or step.pool is not None or template_flag(step.impl, "streams_weights")
+            or template_flag(step.impl, "layer_outputs_max")
+            or len(step.layer_outputs) > template_flag(target, "layer_outputs_max")
             or unsupported_reason(target, step.workload) is not None):
         return step
     return replace(step, impl=target, impl_reason=f"{step.impl_reason}; its layer epilogue "
@@ -111,7 +110,7 @@ def residual_fits(step: Layer, tensors: dict[str, TensorSpec],
     and |acc| m + |b| + |res| |r| + 2^(s-1) < 2^63 per channel for the workload's accumulator
     bound and the residual precision's range (exact Python integers, as engine._direct)."""
     res, (o,) = tensors[step.residual], step.layer_outputs
-    if not (_template_flag(step.impl, "takes_residual") and res.is_wide
+    if not (template_flag(step.impl, "takes_residual") and res.is_wide
             and o.residual_multiplier is not None and res.shape == tensors[o.tensor].shape):
         return False
     top_acc, top_res = acc_bound(step.workload), -res.precision.qmin
@@ -124,18 +123,4 @@ def residual_fits(step: Layer, tensors: dict[str, TensorSpec],
 def takes_shifted_bias(impl: str) -> bool:
     """Whether the registered template `impl` runs `Epilogue.shifted_bias` (its class says so
     with `takes_shifted_bias = True`; templates without the attribute never get one)."""
-    return _template_flag(impl, "takes_shifted_bias")
-
-
-def _template_flag(impl: str, flag: str) -> bool | int:
-    """The registered template's class attribute `flag` (False where it has none, for
-    torch.fp16 and for names no template has)."""
-    if impl == TORCH_FP16:
-        return False
-    load_backends()
-    try:
-        template = get_template(impl)
-    except ValueError:
-        return False
-    value = getattr(template, flag, False)
-    return value if isinstance(value, int) else bool(value)
+    return template_flag(impl, "takes_shifted_bias")

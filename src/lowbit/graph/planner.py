@@ -38,8 +38,10 @@ from ..core import (
     Precision,
 )
 from ..kernels.base import acc_bound
-from ..quant.quantize import round_half_up
+from ..quant.quantize import dequantize, quantize, round_half_up
 from ..reference import avgpool_multiplier, fixed_point_pair, pool_output_size
+from ..reference.netops import uint8_input_table
+from .chooser import Chooser, make_chooser
 from .dataflow import (
     AVGPOOL,
     CONCAT,
@@ -48,13 +50,14 @@ from .dataflow import (
     INPUT,
     LAYER,
     MAXPOOL,
+    QUANT,
     RELU,
     Dataflow,
     Value,
 )
 from .impl import (
+    TORCH_FP16,
     ImplChooser,
-    choose_impl,
     choose_int8_impl,
     input_layout,
 )
@@ -66,6 +69,7 @@ from .ir import (
     FloatFallback,
     Layer,
     LayerOutput,
+    Lookup,
     MaxPool,
     Output,
     Plan,
@@ -75,6 +79,7 @@ from .ir import (
     WidePrecision,
 )
 from .kernel_epilogues import kernel_epilogue
+from .launches import PlanOptions, decide_launches
 from .pools import ADAPTIVE, pooled_hw, single_element_windows, window_counts
 
 U8, S8 = Precision(8), Precision(8, Encoding.SIGNED)
@@ -85,12 +90,25 @@ WIDE_HEADROOM = 2.0
 
 
 @dataclass(frozen=True)
+class Via:
+    """A derived realization: the value realized at its own quantizer's `precision` and
+    `scale` (a residual quantizer of the model), then mapped by the params' `table` (another
+    quantizer's reading of it)."""
+
+    precision: Precision | WidePrecision
+    scale: float
+    table: str
+
+
+@dataclass(frozen=True)
 class Req:
-    """What a consumer reads: float (precision None) or precision / scale / layout."""
+    """What a consumer reads: float (precision None) or precision / scale / layout, possibly
+    `via` a quantized value (`Via`)."""
 
     precision: Precision | None = None
     scale: float | None = None
     layout: Layout | None = None
+    via: Via | None = None
 
     @property
     def is_float(self) -> bool:
@@ -98,7 +116,14 @@ class Req:
 
     @property
     def tag(self) -> str:
-        return "f32" if self.is_float else f"{self.precision}.{self.layout.value}"
+        if self.is_float:
+            return "f32"
+        return f"{self.precision}.{self.layout.value}" + (".via" if self.via else "")
+
+    def mid(self) -> Req:
+        """The realization a derived one is looked up from (itself when not derived)."""
+        return self if self.via is None else Req(self.via.precision, self.via.scale,
+                                                 Layout.INT8)
 
 
 FLOAT_REQ = Req()
@@ -114,6 +139,8 @@ class _LayerState:
     input: str = ""
     residual: str | None = None
     residual_scale: float | None = None
+    #: the residual is a model quantizer's value (`lowbit.quant.residual`), not a wide one
+    narrow: bool = False
     outputs: list[tuple[Req, bool, str]] = field(default_factory=list)
     fused: list[str] = field(default_factory=list)
 
@@ -125,11 +152,17 @@ def nhwc(shape: tuple[int, ...]) -> tuple[int, ...]:
 class Planner:
     """Builds one Plan; see `build_plan`."""
 
-    def __init__(self, df: Dataflow, input_shape: tuple[int, ...], chooser: ImplChooser,
-                 wide_bits: int = 24, exact_bias: bool = True) -> None:
+    def __init__(self, df: Dataflow, input_shape: tuple[int, ...],
+                 chooser: Chooser | ImplChooser | str | None = None, wide_bits: int = 24,
+                 exact_bias: bool = True, options: PlanOptions | None = None,
+                 image_normalization: tuple | None = None) -> None:
         if wide_bits not in (8, *WIDE_BITS):
             raise ValueError(f"wide_bits must be one of {(8, *WIDE_BITS)}, got {wide_bits!r}")
-        self.df, self.chooser, self.wide_bits = df, chooser, wide_bits
+        self.df, self.wide_bits = df, wide_bits
+        self.chooser = make_chooser(chooser, records=None) if not isinstance(
+            chooser, Chooser) else chooser
+        self.options = options or PlanOptions()
+        self.image_normalization = image_normalization
         self.exact_bias = exact_bias
         self.shapes: dict[int, tuple[int, ...]] = {}
         #: per 2-d value flattened from maps: its (C, H, W) segments in order (concatenated
@@ -267,6 +300,8 @@ class Planner:
         concatenated ones)."""
         if v.op == RELU:
             return True
+        if v.op == QUANT:
+            return v.attrs["precision"].qmin >= 0 or self.nonneg(v.inputs[0])
         if v.op in (MAXPOOL, AVGPOOL, FLATTEN, CONCAT):
             return all(self.nonneg(i) for i in v.inputs)
         return False
@@ -283,6 +318,31 @@ class Planner:
         top = stat.hi if prec is U8 else stat.absmax
         return Req(prec, max(top, _TINY) / prec.qmax, Layout.INT8)
 
+    @staticmethod
+    def own(v: Value) -> Req:
+        """A model quantizer's value (`QUANT`) at its own precision and scale, one value per
+        element (one byte up to 8 bits, int16 at 16)."""
+        return Req(v.attrs["precision"], v.attrs["scale"], Layout.INT8)
+
+    def residual_req(self, v: Value) -> Req:
+        """What a residual add or an average pool reads of `v`: the model's own quantized
+        value where a residual quantizer made it (narrow and exact), else the wide one."""
+        return self.own(v) if v.op == QUANT else self.wide(v)
+
+    def _table(self, v: Value, req: Req) -> str:
+        """Params key of the table taking each value of the quantizer `v` (its own precision
+        and scale) to `req`'s reading of it: the consumer's quantizer on the dequantized value
+        in float32, as the fake-quant model computes it."""
+        own = self.own(v)
+        p = own.precision
+        key = f"{v.name}.as.{req.precision}.{req.scale!r}.table"
+        if key not in self.params:
+            q = torch.arange(p.qmin, p.qmax + 1, dtype=torch.float32)
+            x = dequantize(q, torch.tensor(own.scale, dtype=torch.float32))
+            t = quantize(x, torch.tensor(req.scale, dtype=torch.float32), req.precision)
+            self._param(key, t.to(torch.int64))
+        return key
+
     # ------------------------------------------------------------------ realizations
     def realize(self, v: Value, req: Req, relu: bool = False) -> str:
         """Name of the tensor holding relu?(v) as `req` describes, emitting what makes it."""
@@ -296,9 +356,19 @@ class Planner:
         binary = not req.is_float and req.precision.encoding is Encoding.BINARY
         if v.op == RELU:
             return self.realize(v.inputs[0], req, True)
+        if v.op == QUANT:
+            return self._quant(v, req, relu, shape)
+        if req.via is not None and (v.op not in (LAYER, MAXPOOL, FLATTEN, CONCAT)
+                                    or isinstance(req.via.precision, WidePrecision)):
+            src = self.realize(v, req.mid(), relu)  # then the table, as a step of its own
+            out = self._tensor(v, req, shape, relu)
+            self._emit(v.index + 0.5, Lookup(f"lookup.{out}", src, out, req.via.table))
+            return out
         if v.op in (INPUT, FLOAT) or (v.op == LAYER and binary):
             src = self.input_name if v.op == INPUT else (
                 self._fallback(v) if v.op == FLOAT else self.realize(v, FLOAT_REQ, relu))
+            if v.op == INPUT and self.image_normalization is not None:
+                return self._image(req, relu, shape)
             if req.is_float and not relu:
                 return src
             if req.is_float:  # a ReLU of a float value
@@ -329,6 +399,45 @@ class Planner:
             self._emit(v.index, Concat(f"concat.{out}", parts, out))
             return out
         raise AssertionError(f"unknown value op {v.op}")
+
+    def _image(self, req: Req, relu: bool, shape: tuple[int, ...]) -> str:
+        """A uint8 image as `req` reads it: quantized by lookup (the normalization and the
+        reader's quantizer in one table per channel, `reference.uint8_input_table`)."""
+        if req.is_float:
+            raise ValueError("a uint8 image can only be read by quantized layers: a float "
+                             "step reads the model's input (compile without uint8_input)")
+        mean, std = self.image_normalization
+        table = uint8_input_table(req.scale, req.precision, mean, std)
+        key = f"input.{req.precision}.{req.scale!r}" + (".relu" if relu else "") + ".table"
+        self._param(key, table.clamp_min(0) if relu else table)
+        out = self._tensor(self.df.input, req, shape, relu)
+        self._emit(0.5, Quantize(f"quantize.{out}", self.input_name, out, relu, key))
+        return out
+
+    def _quant(self, v: Value, req: Req, relu: bool, shape: tuple[int, ...]) -> str:
+        """A residual quantizer's value (`lowbit.quant.residual`) as `req` reads it: its own
+        precision and scale exactly (the producer's epilogue writes the quantized value), any
+        other quantized reading derived from that value by a table, float readers through a
+        dequantize."""
+        own, x = self.own(v), v.inputs[0]
+        if req.is_float:
+            src = self.realize(v, own, relu)
+            key = (id(v), "dequantized", relu)
+            if key not in self.memo:
+                out = self._tensor(v, FLOAT_REQ, shape, relu)
+                self.modules[f"{v.name}.dequantize"] = torch.nn.Identity()
+                self._emit(v.index + 0.5, FloatFallback(
+                    f"float.{out}", (src,), out, f"{v.name}.dequantize", "dequantize",
+                    "a float reader of a quantized residual value"))
+                self.memo[key] = out
+            return self.memo[key]
+        if req.via is not None:  # a reading of a reading: one table from our own values
+            raise ValueError(f"{v.name}: a residual quantizer read through another one's "
+                             "table is not supported")
+        if (req.precision, req.scale) == (own.precision, own.scale):
+            return self.realize(x, Req(own.precision, own.scale, req.layout), relu)
+        via = Via(own.precision, own.scale, self._table(v, req))
+        return self.realize(x, Req(req.precision, req.scale, req.layout, via), relu)
 
     def _fallback(self, v: Value) -> str:
         key = (id(v), None, False)
@@ -373,7 +482,7 @@ class Planner:
             src = self.realize(x, FLOAT_REQ)
             out = self._tensor(v, req, shape, relu)
         else:
-            wide = self.wide(x)
+            wide = self.residual_req(x)
             src = self.realize(x, wide)
             out = self._tensor(v, req, shape, relu)
             pairs = [avgpool_multiplier(c, wide.scale, req.scale) for c in counts]
@@ -403,7 +512,7 @@ class Planner:
                 weight = nhwc_columns(weight, self.flat_from[id(x)])
                 fused.append("flatten-permute")
             wl = GemmWorkload(M=xs[0], N=weight.shape[0], K=xs[1], w=spec.w, a=spec.a)
-        impl, reason = self.chooser(wl)
+        impl, reason = self.chooser.implementation(wl)
         odd = [seg for seg in segments if seg[0] % 32]
         if input_layout(impl) is Layout.BITPLANE and odd:
             c, h, w = odd[0]
@@ -418,11 +527,18 @@ class Planner:
         self.layers[id(v)] = state
         state.input = self.realize(x, Req(spec.a, float(spec.a_scale), layout))
         if v.residual is not None:
-            wide = self.wide(v.residual)
+            wide = self.residual_req(v.residual)
             state.residual = self.realize(v.residual, wide)
             state.residual_scale = wide.scale
+            state.narrow = v.residual.op == QUANT
             state.fused.append("residual")
         return state
+
+    @staticmethod
+    def _module_path(v: Value) -> str:
+        """The model's module path of a layer value (its first source)."""
+        src = v.attrs.get("source") or (v.name,)
+        return src[0]
 
     def _layer_step(self, v: Value, state: _LayerState) -> Layer:
         spec = state.spec
@@ -437,38 +553,50 @@ class Planner:
                 outs.append(LayerOutput(t, relu, scale=sc, offset=off,
                                         residual_scale=state.residual_scale))
                 continue
+            mid = req.mid()  # the formula's precision and scale (a derived output's table after)
             try:
-                ratio = spec.out_scale.double() / req.scale
-                if state.residual is None:
+                ratio = spec.out_scale.double() / mid.scale
+                res = None if state.residual is None else self.tensors[state.residual]
+                if res is None:
                     steps = (acc_bound(state.workload) * ratio
-                             + spec.out_bias.double().abs() / req.scale)
+                             + spec.out_bias.double().abs() / mid.scale)
                     m, r, s = shared_shift(ratio, None, steps)
-                elif self.wide_bits == 8:
-                    m, r, s = fixed_point_pair(ratio, state.residual_scale / req.scale)
+                elif self.wide_bits == 8 and not state.narrow:
+                    m, r, s = fixed_point_pair(ratio, state.residual_scale / mid.scale)
                 else:
-                    res_prec = self.tensors[state.residual].precision
+                    top_res = max(-res.precision.qmin, res.precision.qmax)
                     steps = (acc_bound(state.workload) * ratio
-                             + (res_prec.qmax + 1) * state.residual_scale / req.scale
-                             + spec.out_bias.double().abs() / req.scale)
-                    m, r, s = shared_shift(ratio, state.residual_scale / req.scale, steps)
+                             + top_res * state.residual_scale / mid.scale
+                             + spec.out_bias.double().abs() / mid.scale)
+                    m, r, s = None, None, None
+                    if state.narrow:  # a quantized residual stream: 32-bit arithmetic
+                        m, r, s = shared_shift(ratio, state.residual_scale / mid.scale,
+                                               steps, sum_bits=REQUANT32_SUM_BITS)
+                        if bool((torch.minimum(m, r) < 2**NARROW_MULTIPLIER_BITS).any()):
+                            m = None  # too coarse for 32 bits: the 64-bit sum
+                    if m is None:
+                        m, r, s = shared_shift(ratio, state.residual_scale / mid.scale, steps)
             except ValueError as e:
-                raise ValueError(f"layer {name}: output {t} has no fixed-point "
-                                 f"requantization ({e})") from None
-            if self.exact_bias:  # out_bias in units of 2^-s output steps
-                b = round_half_up(spec.out_bias.double() / req.scale * torch.pow(2.0, s.double()))
+                raise ValueError(f"layer {self._module_path(v)}: output {t} has no "
+                                 f"fixed-point requantization ({e})") from None
+            if self.exact_bias or req.via is not None:  # out_bias at 2^-s output steps
+                b = round_half_up(spec.out_bias.double() / mid.scale
+                                  * torch.pow(2.0, s.double()))
             else:
                 b = acc_bias * m
             if bool((b.abs() >= 2**62).any()):
                 raise ValueError(f"layer {name}: output {t}'s bias is out of range (>= 2^62 at "
                                  "its shift)")
             b = b.to(torch.int64)
-            kernel_bias = kernel_bias and torch.equal(b, acc_bias * m)
+            kernel_bias = kernel_bias and torch.equal(b, acc_bias * m) and req.via is None
             outs.append(LayerOutput(
                 t, relu, multiplier=self._param(f"{t}.multiplier", m),
                 shift=self._param(f"{t}.shift", s),
                 residual_multiplier=None if r is None else self._param(f"{t}.residual_mult",
                                                                        r),
-                bias=self._param(f"{t}.bias", b)))
+                bias=self._param(f"{t}.bias", b),
+                mid=None if req.via is None else str(req.via.precision),
+                table=None if req.via is None else req.via.table))
         bias = None
         requantized = any(o.requantized for o in outs)
         if requantized and kernel_bias and bool((acc_bias.abs() < 2**31).all()):
@@ -480,6 +608,19 @@ class Planner:
                      state.residual, tuple(outs), None, state.impl, state.reason,
                      tuple(fused), v.attrs["source"])
 
+    def _kernel(self, step: Layer) -> Layer:
+        """The step with its template and config from the chooser (`lowbit.graph.chooser`)."""
+        if step.impl == TORCH_FP16:
+            return replace(step, config=None, config_source="default",
+                           config_reason="PyTorch fp16 layer")
+        try:
+            choice = self.chooser.kernel(step.workload, step.impl)
+        except ValueError as e:
+            raise ValueError(f"layer {step.name.removeprefix('layer.')}: no kernel of "
+                             f"{step.impl} for {step.workload.key} ({e})") from None
+        return replace(step, impl=choice.template, config=choice.config,
+                       config_source=choice.source, config_reason=choice.reason)
+
     # ------------------------------------------------------------------ assembly
     def build(self) -> Plan:
         out = self.realize(self.df.output, FLOAT_REQ)
@@ -488,12 +629,14 @@ class Planner:
                 self._emit(v.index, self._layer_step(v, self.layers[id(v)]))
         steps = [s for _, _, s in sorted(self.steps, key=lambda t: (t[0], t[1]))]
         steps = fuse_maxpools(steps, self.tensors)
-        steps = [kernel_epilogue(s, self.tensors, self.params) if isinstance(s, Layer) else s
-                 for s in steps]
+        steps = [self._kernel(kernel_epilogue(s, self.tensors, self.params))
+                 if isinstance(s, Layer) else s for s in steps]
+        steps = decide_launches(steps, self.input_name, self.tensors, self.params, self.options)
         steps.append(Output("output", out))
         used = {t for s in steps for t in (*s.inputs, *s.outputs)} | {self.input_name}
         tensors = {k: t for k, t in self.tensors.items() if k in used}
-        return Plan(self.input_name, tensors, tuple(steps), self.params, self.modules)
+        return Plan(self.input_name, tensors, tuple(steps), self.params, self.modules,
+                    self.image_normalization)
 
 
 def nhwc_columns(weight: torch.Tensor, segments: tuple[tuple[int, int, int], ...]
@@ -521,9 +664,15 @@ REQUANT_SUM_BITS = 53
 #: the fewest significant bits a layer's multiplier gets for the float64 bound (below, it
 #: keeps 31 and its kernels requantize in int64)
 MIN_MULTIPLIER_BITS = 16
+#: block ends reading a quantized residual stream requantize in 32-bit arithmetic:
+#: |acc| m + |b| + |res| |r| + 2^(s-1) < 2^31, where both multipliers keep at least
+#: NARROW_MULTIPLIER_BITS significant bits (else the 64-bit sum)
+REQUANT32_SUM_BITS = 31
+NARROW_MULTIPLIER_BITS = 12
 
 
-def shared_shift(ratio_a: torch.Tensor, ratio_b: float | None, z_steps: torch.Tensor
+def shared_shift(ratio_a: torch.Tensor, ratio_b: float | None, z_steps: torch.Tensor,
+                 sum_bits: int = REQUANT_SUM_BITS
                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """(m_a, m_b, shift) int64 per channel: m_a ~ ratio_a 2^s and (a residual epilogue)
     m_b ~ ratio_b 2^s at one shift, the smaller multiplier with >= 31 significant bits where
@@ -538,7 +687,7 @@ def shared_shift(ratio_a: torch.Tensor, ratio_b: float | None, z_steps: torch.Te
         raise ValueError("the requantization ratio must be finite, > 0 and < 2^30")
     b = None if ratio_b is None else torch.full_like(a, float(ratio_b))
     want = torch.ceil(30 - torch.log2(a if b is None else torch.minimum(a, b)))
-    most = torch.floor(REQUANT_SUM_BITS - 1 - torch.log2(z_steps.double() + 1))
+    most = torch.floor(sum_bits - 1 - torch.log2(z_steps.double() + 1))
     s = torch.minimum(want, most)
     if b is None:  # no residual: never fewer than MIN_MULTIPLIER_BITS (the int64 path is exact)
         s = torch.where(most >= want - (31 - MIN_MULTIPLIER_BITS), s, want)
@@ -581,10 +730,15 @@ def fuse_maxpools(steps: list[Step], tensors: dict[str, TensorSpec]) -> list[Ste
 
 
 def build_plan(df: Dataflow, input_shape: tuple[int, ...],
-               chooser: ImplChooser = choose_impl, wide_bits: int = 24,
-               exact_bias: bool = True) -> Plan:
-    """The plan of the value graph `df` for inputs of `input_shape` (NCHW), each layer's
-    implementation from `chooser`, wide realizations of `wide_bits`, biases exact
-    (`exact_bias`) or rounded to accumulator units (ENGINE.md's formula; module docstring)."""
+               chooser: Chooser | ImplChooser | str | None = None, wide_bits: int = 24,
+               exact_bias: bool = True, options: PlanOptions | None = None,
+               image_normalization: tuple | None = None) -> Plan:
+    """The plan of the value graph `df` for inputs of `input_shape` (NCHW): each layer's
+    implementation, template and config from `chooser` (a `lowbit.graph.Chooser`, "default",
+    "model" or an implementation policy; without tuning records unless the Chooser holds
+    them), wide realizations of `wide_bits`, biases exact (`exact_bias`) or rounded to
+    accumulator units (module docstring), launches as `options` allow; with
+    `image_normalization` (mean, std) the image is uint8 pixel values
+    (`Plan.image_normalization`)."""
     return Planner(df, tuple(int(s) for s in input_shape), chooser, wide_bits,
-                   exact_bias).build()
+                   exact_bias, options, image_normalization).build()

@@ -34,6 +34,18 @@ def _op(step: Step) -> str:
     return step.kind
 
 
+def kernel_text(step: Layer) -> str:
+    """The step's kernel as the plan fixed it: launch kind, config and where it comes from."""
+    if step.stem:
+        return "triton stem (image quantized, conv, epilogue" + (
+            ", 3x3/2 max-pool)" if step.pool else ")")
+    launch = [w for w, on in (("outputs in kernel", step.outputs_in_kernel),
+                              ("chained", step.chained)) if on]
+    cfg = "" if step.config is None else " ".join(f"{k}={v}" for k, v in step.config.items())
+    source = step.config_source + (f" ({step.config_reason})" if step.config_reason else "")
+    return "; ".join(x for x in (source, cfg, ", ".join(launch)) if x)
+
+
 def _why(step: Step) -> str:
     if isinstance(step, Layer):
         return f"{step.impl}: {step.impl_reason}"
@@ -49,8 +61,8 @@ def plan_table(plan: Plan, width: int = 200) -> str:
     weight and output bytes) and totals, as text."""
     t = Table(title=f"lowbit plan: input {list(plan.input_spec.shape)}, {len(plan.steps)} steps",
               show_lines=False)
-    for col in ("#", "step", "op", "shape in -> out", "in -> out", "impl / why", "fused",
-                "weights", "out bytes"):
+    for col in ("#", "step", "op", "shape in -> out", "in -> out", "impl / why",
+                "kernel config (source)", "fused", "weights", "out bytes"):
         t.add_column(col, overflow="fold")
     for i, step in enumerate(plan.steps):
         ins = [plan.tensors[n] for n in step.inputs]
@@ -61,8 +73,9 @@ def plan_table(plan: Plan, width: int = 200) -> str:
         wbytes = _bytes(layer_weight_bytes(step, plan.params[step.weight])) \
             if isinstance(step, Layer) else ""
         fused = ", ".join(step.fused) if isinstance(step, Layer) else ""
+        kernel = kernel_text(step) if isinstance(step, Layer) else ""
         t.add_row(str(i), step.name, _op(step), f"{shape_in} -> {shape_out}", precs,
-                  _why(step), fused, wbytes, _bytes(sum(x.nbytes for x in outs)))
+                  _why(step), kernel, fused, wbytes, _bytes(sum(x.nbytes for x in outs)))
     fp16_weights = 2 * sum(math.prod(plan.params[s.weight].shape) for s in plan.layers)
     counts = {}
     for s in plan.steps:
@@ -70,8 +83,12 @@ def plan_table(plan: Plan, width: int = 200) -> str:
     buf = io.StringIO()
     console = Console(file=buf, width=width, record=False, force_terminal=False)
     console.print(t)
+    sources = {}
+    for s in plan.layers:
+        sources[s.config_source or "-"] = sources.get(s.config_source or "-", 0) + 1
     console.print(f"steps: {', '.join(f'{k} {v}' for k, v in counts.items())}; "
-                  f"float fallbacks: {len(plan.fallbacks)}")
+                  f"float fallbacks: {len(plan.fallbacks)}; kernel configs: "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(sources.items())))
     console.print(f"weights: {_bytes(plan.weight_bytes())} (fp16: {_bytes(fp16_weights)}); "
                   f"peak activations: {_bytes(plan.peak_activation_bytes())}")
     return buf.getvalue()

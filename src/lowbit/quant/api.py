@@ -22,7 +22,10 @@ from torch import nn
 from .guards import check_nonfinite_mode
 from .learned import check_quantize_method
 from .modules import QUANT_MODULES, QuantConv2d, QuantLinear
+from .observers import METHODS
 from .recipe import LayerRecipe, MixRecipe, build_quant_layer
+from .residual import ATTR as RESIDUAL_ATTR
+from .residual import ResidualQuantizer, add_residual_quantizers, check_residual_bits
 
 #: attribute set on every Conv2d / Linear that quantize leaves float: why it did
 FLOAT_REASON = "lowbit_float_reason"
@@ -213,7 +216,8 @@ def quantize_model(model: nn.Module, weight_bits: int = 8, act_bits: int = 8, me
                    nonfinite: str = "raise", inplace: bool = False, threshold: float = 1e-5,
                    percentile: float = 99.99, tau: int = 10, eta: int = 5, bins: int = 2048,
                    momentum: float = 0.1, beta: float = 4.0,
-                   mix_until: int | None = None) -> nn.Module:
+                   mix_until: int | None = None, residual_bits: int | None = None,
+                   residual_layers: Mapping[str, int | None] | None = None) -> nn.Module:
     """Model with its Conv2d / Linear layers replaced by fake-quant modules (a copy unless
     `inplace`).
 
@@ -229,6 +233,11 @@ def quantize_model(model: nn.Module, weight_bits: int = 8, act_bits: int = 8, me
     threshold: Rand's tail fraction (1e-5 = 0.001%). percentile: percentile method's level in
     percent. tau / eta: histogram refresh period (steps) and averaging window (refreshes).
     bins: histogram bins. momentum: EMA factor of the activation maximum. beta: mix step size.
+    residual_bits: None (residual adds stay float in the model: the engine realizes them
+    wide), 4, 8 or 16: the values residual adds read (the stream between blocks, shortcuts that
+    change the scale) are quantized in the model itself (`lowbit.quant.residual`: trained
+    with, realized exactly by `convert` and `compile`); residual_layers: per-module overrides
+    {module name or glob: bits or None}, e.g. {"layer1.*": 16}.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -240,6 +249,7 @@ def quantize_model(model: nn.Module, weight_bits: int = 8, act_bits: int = 8, me
         _check_bool(name, v)
     check_nonfinite_mode(nonfinite)
     _check_options(threshold, percentile, tau, eta, bins, momentum, beta, mix_until)
+    res_bits, res_overrides = check_residual_bits(residual_bits, residual_layers)
     if quant_layers(model):
         raise ValueError("model is already quantized (it holds lowbit fake-quant layers)")
     names = [n for n, _ in candidate_layers(model)]
@@ -287,6 +297,15 @@ def quantize_model(model: nn.Module, weight_bits: int = 8, act_bits: int = 8, me
                              MixRecipe(beta, until) if p["mix"] else None, nonfinite, threshold,
                              percentile, observer)
         _set_module(model, name, build_quant_layer(mods[name], name, recipe))
+    if res_bits is not None or res_overrides:
+        res_method = method if method in METHODS else "max"
+
+        def make(module: str, bits: int) -> ResidualQuantizer:
+            return ResidualQuantizer(bits, res_method, threshold=threshold,
+                                     percentile=percentile, nonfinite=nonfinite,
+                                     layer_name=f"{module}.{RESIDUAL_ATTR}", **observer)
+
+        add_residual_quantizers(model, res_bits, res_overrides, make)
     return model
 
 

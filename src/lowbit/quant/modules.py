@@ -109,7 +109,7 @@ class ActQuantizer(nn.Module):
         # QAT steps trained at the deployed precision (convert refuses a mix layer with none)
         self.register_buffer("target_steps", torch.zeros((), dtype=torch.int64))
         self.calibrating = False
-        activation_precision(bits, True)  # validates bits
+        self.precision_of(bits, True)  # validates bits
 
     @property
     def frozen(self) -> bool:
@@ -125,12 +125,17 @@ class ActQuantizer(nn.Module):
         code = int(self.encoding_code)
         return None if code == _UNKNOWN else code == _SIGNED
 
+    def precision_of(self, bits: int, signed: bool) -> Precision:
+        """The Precision of `bits` for an encoding (`activation_precision`; ValueError outside
+        the widths this quantizer deploys)."""
+        return activation_precision(bits, signed)
+
     def precision(self, bits: int | None = None) -> Precision:
         """Precision at `bits` (default: the deployed bits) for this tensor's encoding."""
         if self.signed is None:
             raise RuntimeError("activation quantizer has not seen data yet: its encoding is "
                                "unknown (train it or run lowbit.calibrate first)")
-        return activation_precision(self.bits if bits is None else bits, self.signed)
+        return self.precision_of(self.bits if bits is None else bits, self.signed)
 
     @property
     def step(self) -> int:

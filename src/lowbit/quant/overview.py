@@ -18,14 +18,19 @@ from torch import nn
 
 from .api import FLOAT_REASON, is_layer, unsupported_reason
 from .modules import QUANT_MODULES
+from .residual import ATTR as RESIDUAL_ATTR
+from .residual import residual_quantizers
 
 NEVER_OBSERVED = "never observed"
+#: the state of a residual-stream quantizer's row (`lowbit.quant.residual`)
+RESIDUAL_STATE = "stream"
 NOT_QUANTIZED = "not quantized (lowbit.quantize was not applied)"
 
 
 @dataclass(frozen=True)
 class LayerRow:
-    """One layer. state: "fake-quant", "integer" (converted) or "float"; weight / act:
+    """One layer. state: "fake-quant", "integer" (converted), "float", or "stream" (a residual
+    stream quantizer: its act precision, method and scale); weight / act:
     precision names ("s4", "u2", "b1"; act None before any data); act_scale: real units per
     integer step; weight_scale_min/max: range of the per-channel weight scales; reason: why a
     layer is float (or a warning about a quantized one), "" otherwise."""
@@ -95,6 +100,13 @@ def layer_rows(model: nn.Module) -> list[LayerRow]:
         else:
             continue
         inside = name + "." if name else ""
+    for name, q in residual_quantizers(model).items():
+        seen = int(q.observer.seen) > 0
+        act = str(q.precision()) if seen and q.signed is not None else None
+        rows.append(LayerRow(f"{name}.{RESIDUAL_ATTR}", type(q).__name__, RESIDUAL_STATE,
+                             act=act, method=q.method, act_scale=q.scale() if seen else None,
+                             reason=f"the output of {name or 'the model'} (residual stream)"
+                             if seen else NEVER_OBSERVED))
     return rows
 
 
@@ -114,7 +126,10 @@ def render(rows: list[LayerRow], title: str = "lowbit summary") -> Table:
                       f"float ({r.type})", r.weight or "-", r.act or "-", r.method or "-",
                       _num(r.act_scale), ws, r.reason)
     n_float = sum(r.kept_float for r in rows)
-    table.caption = f"{len(rows) - n_float} quantized, {n_float} kept float"
+    stream = [r for r in rows if r.state == RESIDUAL_STATE]
+    table.caption = f"{len(rows) - n_float - len(stream)} quantized, {n_float} kept float" + (
+        f"; residual stream: {len(stream)} quantizers "
+        f"({', '.join(sorted({r.act or '?' for r in stream}))})" if stream else "")
     return table
 
 

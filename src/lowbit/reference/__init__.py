@@ -9,6 +9,7 @@ from .bitserial import (
     valid_mask,
 )
 from .epilogue import THRESHOLD_MAX_BITS, apply_epilogue, requant_thresholds, requantize
+from .image import normalize_uint8_image, quantize_uint8_image
 from .integer import conv2d_int, gemm_int, im2col_nhwc
 from .netops import (
     FloatOutput,
@@ -40,3 +41,4 @@ __all__ += [  # network ops (netops)
     "pool_geometry", "pool_output_size", "quantize_float", "requantize_int",
     "uint8_input_table",
 ]
+__all__ += ["normalize_uint8_image", "quantize_uint8_image"]  # uint8 images (image)

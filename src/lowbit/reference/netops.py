@@ -7,9 +7,15 @@ channels last ([..., C]); per-channel vectors have length C (or K). All ops are 
 
 Formulas (s: shift in 1..62, round half up; `floor` is exact integer floor division):
   layer epilogue, output o, y = acc + bias[k]:
-      z   = y * m_o[k] + res[..., k] * r_o[k]            (residual term only where r_o is set)
+      z   = y * m_o[k] + b_o[k] + res[..., k] * r_o[k]   (b_o: the output's own bias in units
+                                                          of 2^-s_o output steps, default 0;
+                                                          residual term only where r_o is set)
       q_o = clamp(floor((z + 2^(s_o[k] - 1)) / 2^s_o[k]), lo, qmax),
       lo  = max(qmin, 0) if relu else qmin
+    a derived output (a `mid` precision and a `table`): q_mid is the formula above clamped to
+    mid's range (lo = max(mid.qmin, 0) with relu, mid.qmax), and the output is
+    table[q_mid - mid.qmin]: any function of the mid value (a requantization to another
+    scale, an activation), with values in the output's precision;
     int32 output: y (ReLU optional), OverflowError outside int32;
     float output: float32(scale[k] * y + offset[k]) with the product and the sum in float64.
   requantize_int:   the epilogue with acc = q, no bias and no residual.
@@ -20,15 +26,19 @@ Formulas (s: shift in 1..62, round half up; `floor` is exact integer floor divis
   quantize_float:   q = clamp(floor(x / scale + 0.5), qmin, qmax) in float32 (IEEE division;
                     binary: +1 for x >= 0 else -1), i.e. `lowbit.quant.quantize.quantize`.
 
-Bounds (checked): |y| < 2^32, 0 <= m < 2^31, |r| < 2^31, |res| <= 255. Then |y * m| < 2^63 and
-|res * r| < 2^39, but their sum plus the rounding term can pass 2^63: each term is split into
-its multiple of 2^s and its low s bits, and only the low parts are added (after halving, so the
-sum stays below 2^62), which is exact for every s in 1..62. A kernel whose y is an int32
-(|y| < 2^31) can add the terms directly: |z| + 2^61 < 2^62 + 2^40 + 2^61 < 2^63.
+Bounds (checked): |y| < 2^32, 0 <= m < 2^31, |r| < 2^31, |b| < 2^62, |res| <= 255. Then
+|y * m| < 2^63 and |res * r| < 2^39, but their sum plus the rounding term can pass 2^63: each
+term is split into its multiple of 2^s and its low s bits, and only the low parts are added
+(after halving, so the sum stays below 2^62), which is exact for every s in 1..62.
+32-bit requantization (`requant32_fits`): where |y|max m + |b| + |res|max |r| + 2^(s-1) < 2^31
+on every channel, every partial sum of z + 2^(s-1) is an int32, so a kernel may compute the
+formula with int32 multiply-adds and an arithmetic shift; `fixed_point_pair32` makes such
+multipliers.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +51,7 @@ from ..quant.quantize import quantize as _quantize
 #: bounds of the layer epilogue's inputs (module docstring)
 Y_LIMIT = 2**32
 MULT_LIMIT = 2**31
+BIAS_LIMIT = 2**62
 RESIDUAL_LIMIT = 255
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
@@ -137,12 +148,40 @@ def avgpool_multiplier(count: int, scale_in: float, scale_out: float
 
 
 # ------------------------------------------------------------------------- layer epilogue
+def derived_table(mid: object, table: object, precision: object
+                  ) -> tuple[Precision | None, torch.Tensor | None]:
+    """(mid, table) of a derived output, checked: both None, or mid a Precision (<= 8 bits,
+    not binary; a name like 'u8' is parsed) and table an integer vector of length
+    mid.qmax - mid.qmin + 1 (int64 on the CPU) with values in `precision`'s range
+    [qmin, qmax]. ValueError / TypeError naming the argument otherwise."""
+    if mid is None and table is None:
+        return None, None
+    if mid is None or table is None:
+        raise ValueError("a derived output needs both mid (the precision of the value the "
+                         "formula gives) and table (the output of each mid value)")
+    mid = _out_precision("mid", mid)
+    if isinstance(table, (list, tuple)):
+        table = torch.tensor(table, dtype=torch.int64)
+    t = _int_tensor("table", table).cpu()
+    n = mid.qmax - mid.qmin + 1
+    if tuple(t.shape) != (n,):
+        raise ValueError(f"table must be a vector of length mid.qmax - mid.qmin + 1 = {n} (one "
+                         f"entry per {mid} value), got shape {tuple(t.shape)}")
+    _range_check("table", t, int(precision.qmin), int(precision.qmax))
+    return mid, t.contiguous()
+
+
 @dataclass(frozen=True, eq=False)
 class RequantizedOutput:
     """One requantized realization of a layer's output (formula in the module docstring).
 
     multiplier, shift: [K] integer vectors (or ints), 0 <= multiplier < 2^31, shift in 1..62.
     residual_multiplier: [K] (or int), |r| < 2^31, sharing `shift`; None: no residual term.
+    mid, table: a derived output (`derived_table`): the formula's value in `mid` looked up in
+    `table` (length mid.qmax - mid.qmin + 1, values in `precision`); both None: the formula's
+    value in `precision` itself.
+    bias: [K] (or int) b, the output's own bias in units of 2^-shift output steps (|b| < 2^62);
+    None: 0 (the layer's bias in accumulator units is `epilogue_outputs`' bias).
     """
 
     precision: Precision
@@ -150,16 +189,34 @@ class RequantizedOutput:
     shift: torch.Tensor | int
     residual_multiplier: torch.Tensor | int | None = None
     relu: bool = False
+    mid: Precision | None = None
+    table: torch.Tensor | None = None
+    bias: torch.Tensor | int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", _out_precision("precision", self.precision))
         if not isinstance(self.relu, bool):
             raise TypeError(f"relu must be a bool, got {self.relu!r}")
+        mid, table = derived_table(self.mid, self.table, self.precision)
+        object.__setattr__(self, "mid", mid)
+        object.__setattr__(self, "table", table)
+
+    @property
+    def formula_precision(self) -> Precision:
+        """The precision the formula clamps to: mid for a derived output, else precision."""
+        return self.precision if self.mid is None else self.mid
 
     @property
     def low(self) -> int:
-        """Lower clamp bound: max(qmin, 0) with ReLU."""
-        return max(self.precision.qmin, 0) if self.relu else self.precision.qmin
+        """Lower clamp bound of the formula: max(qmin, 0) with ReLU (mid's for a derived
+        output)."""
+        p = self.formula_precision
+        return max(p.qmin, 0) if self.relu else p.qmin
+
+    @property
+    def high(self) -> int:
+        """Upper clamp bound of the formula: qmax (mid's for a derived output)."""
+        return self.formula_precision.qmax
 
 
 @dataclass(frozen=True, eq=False)
@@ -218,13 +275,80 @@ def _requantized(y: torch.Tensor, res: torch.Tensor | None, out: RequantizedOutp
     m = _vector("multiplier", out.multiplier, k, 0, MULT_LIMIT - 1).to(y.device)
     s = _vector("shift", out.shift, k, 1, 62).to(y.device)
     terms = [y * m]
+    if out.bias is not None:
+        terms.append(_vector("bias", out.bias, k, -(BIAS_LIMIT - 1), BIAS_LIMIT - 1)
+                     .to(y.device).expand_as(y))
     if out.residual_multiplier is not None:
         if res is None:
             raise ValueError("an output has a residual_multiplier but no residual was given")
         r = _vector("residual_multiplier", out.residual_multiplier, k, -(MULT_LIMIT - 1),
                     MULT_LIMIT - 1).to(y.device)
         terms.append(res * r)
-    return round_shift_sum(terms, s).clamp(out.low, out.precision.qmax)
+    q = round_shift_sum(terms, s).clamp(out.low, out.high)
+    if out.table is not None:
+        q = out.table.to(y.device)[q - out.mid.qmin]
+    return q
+
+
+def requant32_fits(multiplier: torch.Tensor | int, shift: torch.Tensor | int,
+                   bias: torch.Tensor | int | None, residual_multiplier: torch.Tensor | int | None,
+                   acc_bound: int, res_bound: int = 0) -> bool:
+    """Whether the requantization floor((y m + b + res r + 2^(s-1)) / 2^s) runs in 32-bit
+    arithmetic for |y| <= acc_bound and |res| <= res_bound: acc_bound |m| + |b| +
+    res_bound |r| + 2^(s-1) < 2^31 on every channel (exact Python integers; None: the term
+    is absent). Vectors [K] or ints (broadcast)."""
+    vecs = [torch.as_tensor(0 if v is None else v).to(torch.int64).reshape(-1).cpu()
+            for v in (multiplier, shift, bias, residual_multiplier)]
+    try:
+        m, s, b, r = (v.tolist() for v in torch.broadcast_tensors(*vecs))
+    except RuntimeError:
+        raise ValueError("multiplier, shift, bias and residual_multiplier must have one "
+                         "length (or be scalars)") from None
+    if min(s) < 1 or max(s) > 62:
+        raise ValueError("shift must lie in 1..62")
+    return all(acc_bound * abs(mi) + abs(bi) + res_bound * abs(ri) + (1 << (si - 1)) < 2**31
+               for mi, si, bi, ri in zip(m, s, b, r, strict=True))
+
+
+def fixed_point_pair32(scale_a: torch.Tensor | float, scale_b: torch.Tensor | float,
+                       acc_bound: int, res_bound: int = 0,
+                       bias_steps: torch.Tensor | float = 0.0
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(m_a, m_b, shift) int64 [K] for the 32-bit requantization: per channel the largest
+    shift in 1..31 with m_a = round(scale_a 2^s), m_b = round(scale_b 2^s) (half to even) and
+    acc_bound m_a + |bias_steps| 2^s + res_bound m_b + 2^(s-1) < 2^31 (`requant32_fits` for a
+    bias b = round(bias_steps 2^s) of |bias_steps| output steps, rounded up). scale_a > 0,
+    scale_b >= 0, bias_steps finite; scalars broadcast. ValueError naming the channel where
+    even shift 1 does not fit (the output's range itself passes int32)."""
+    for name, v, lo in (("acc_bound", acc_bound, 1), ("res_bound", res_bound, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+    vals = [torch.as_tensor(v, dtype=torch.float64).reshape(-1).cpu()
+            for v in (scale_a, scale_b, bias_steps)]
+    if not bool(torch.isfinite(vals[0]).all()) or not bool((vals[0] > 0).all()):
+        raise ValueError("scale_a must be finite and > 0")
+    if not bool(torch.isfinite(vals[1]).all()) or not bool((vals[1] >= 0).all()):
+        raise ValueError("scale_b must be finite and >= 0")
+    if not bool(torch.isfinite(vals[2]).all()):
+        raise ValueError("bias_steps must be finite")
+    try:
+        a, b, c = torch.broadcast_tensors(*vals)
+    except RuntimeError:
+        raise ValueError("scale_a, scale_b and bias_steps must have one length (or be "
+                         "scalars)") from None
+    out = []
+    for ch, (ai, bi, ci) in enumerate(zip(a.tolist(), b.tolist(), c.abs().tolist(),
+                                          strict=True)):
+        for s in range(31, 0, -1):
+            ma, mb = round(ai * 2.0**s), round(bi * 2.0**s)  # Python round: half to even
+            if acc_bound * ma + math.ceil(ci * 2.0**s) + res_bound * mb + (1 << (s - 1)) < 2**31:
+                out.append((ma, mb, s))
+                break
+        else:
+            raise ValueError(f"channel {ch}: no shift in 1..31 keeps the requantization of "
+                             f"|acc| <= {acc_bound} (scale {ai}) in int32")
+    t = torch.tensor(out, dtype=torch.int64).reshape(-1, 3)
+    return t[:, 0].contiguous(), t[:, 1].contiguous(), t[:, 2].contiguous()
 
 
 def epilogue_outputs(acc: torch.Tensor, bias: torch.Tensor | None,

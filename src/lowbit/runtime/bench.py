@@ -35,6 +35,7 @@ from torch import nn
 
 from ..graph.impl import ImplChooser, is_bitserial
 from ..graph.ir import Layer, Plan, layer_weight_bytes
+from ..graph.launches import PlanOptions
 
 BANDWIDTH = 3.0e12
 PEAK_OPS = {"bitserial": 10_279e12, "int8": 1_280e12, "fp16": 648e12}
@@ -103,9 +104,11 @@ def random_images(batch: int, size: int | tuple[int, int], channels: int = 3, se
 def build_quantized(name: str, recipe: str, *, image_size: int | tuple[int, int] | None = None,
                     width: float = 1.0, num_classes: int = 1000, seed: int = 0,
                     calib_batch: int = 4, device: torch.device | str = "cpu",
+                    residual_bits: int | None = None,
                     **options: object) -> tuple[nn.Module, nn.Module]:
     """(fake-quant model calibrated on `calib_batch` random images, the float model it came
-    from), both on `device` in eval mode. Options go to `lowbit.models.get`."""
+    from), both on `device` in eval mode; residual_bits as `lowbit.quantize`'s. Options go
+    to `lowbit.models.get`."""
     import lowbit.models as zoo
 
     from ..quant.api import quantize_model
@@ -117,7 +120,8 @@ def build_quantized(name: str, recipe: str, *, image_size: int | tuple[int, int]
     w, a, layers = recipe_layers(model, recipe)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        q = quantize_model(model, weight_bits=w, act_bits=a, layers=layers)
+        q = quantize_model(model, weight_bits=w, act_bits=a, layers=layers,
+                           residual_bits=residual_bits)
     model, q = model.to(device), q.to(device).eval()
     channels = 1 if name.startswith("digits") else 3
     size = image_size or IMAGE_SIZE.get(name, 224)
@@ -126,45 +130,42 @@ def build_quantized(name: str, recipe: str, *, image_size: int | tuple[int, int]
 
 
 def compile_plan(q: nn.Module, x: torch.Tensor, exact_bias: bool = True, wide_bits: int = 24,
-                 chooser: str = "default") -> tuple[Plan, str]:
+                 chooser: str = "default", options: PlanOptions | None = None,
+                 records: str | bool | None = False) -> tuple[Plan, str]:
     """The plan of `q` for x's shape, traced on x's device; if that fails, traced on the CPU
     on two of x's images and planned for x's shape ((plan, where it was traced)).
     exact_bias=False: biases rounded to accumulator units (`lowbit.graph.build_plan`), which
-    lets single-output layers use their kernel's own epilogue. wide_bits: as
-    `lowbit.compile`'s. chooser: `impl_chooser`'s name."""
+    lets single-output layers use their kernel's own epilogue. wide_bits, options and records:
+    as `lowbit.compile`'s (records: the tuned configs of the layers; False: the defaults).
+    chooser: `impl_chooser`'s name."""
     import copy
 
     from ..graph import build_plan
     from .compiled import compile_model
 
     choose = impl_chooser(chooser)
+    kw = dict(executor="reference", wide_bits=wide_bits, chooser=choose, records=records,
+              options=options)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            cm, where = compile_model(q, x, executor="reference", wide_bits=wide_bits,
-                                      choose_impl=choose), str(x.device)
+            cm, where = compile_model(q, x, **kw), str(x.device)
         except Exception as e:  # the planner is exercised on the CPU: fall back to it
             where = f"cpu (on {x.device}: {type(e).__name__}: {e}"[:200] + ")"
-            cm = compile_model(copy.deepcopy(q).cpu(), x[:2].cpu(), executor="reference",
-                               wide_bits=wide_bits, choose_impl=choose)
+            cm = compile_model(copy.deepcopy(q).cpu(), x[:2].cpu(), **kw)
         shape = tuple(x.shape)
         if exact_bias:
             return cm.plan_for(shape), where
-        return build_plan(cm.dataflow, shape, cm.chooser, cm.wide_bits, exact_bias=False), where
+        return build_plan(cm.dataflow, shape, cm.chooser, cm.wide_bits, exact_bias=False,
+                          options=cm.options), where
 
 
-
-def impl_chooser(name: str) -> ImplChooser | None:
-    """The per-layer implementation policy called `name`: "default" (None: `lowbit.compile`'s
-    default, `lowbit.graph.choose_impl`), "model" (the performance model's pick,
-    `lowbit.tune.dispatch.choose_impl`), or an int8 template's name (the default policy with
-    that template tried first, `lowbit.graph.int8_preferring`)."""
-    if name == "default":
-        return None
-    if name == "model":
-        from ..tune.dispatch import choose_impl as model_choice
-
-        return model_choice
+def impl_chooser(name: str) -> str | ImplChooser:
+    """The chooser called `name`: "default" (`lowbit.compile`'s measured policy), "model"
+    (the performance model, `lowbit.graph.ModelChooser`), or an int8 template's name (the
+    default policy with that template tried first, `lowbit.graph.int8_preferring`)."""
+    if name in ("default", "model"):
+        return name
     from ..graph import int8_preferring
 
     return int8_preferring(name)
@@ -429,8 +430,13 @@ class BenchCase:
     #: `impl_chooser`'s name of the per-layer implementation policy
     chooser: str = "default"
     #: int8 implicit-GEMM layers write their layer epilogue's outputs themselves
-    #: (`GpuExecutor(fuse_outputs=...)`)
+    #: (`PlanOptions.fuse_outputs`)
     fuse_outputs: bool = True
+    #: the tuning records the plan reads (False: every layer's default config)
+    records: str | bool | None = False
+    #: the quantized model's residual stream (`lowbit.quantize(residual_bits=...)`; None: the
+    #: engine's wide realization)
+    residual_bits: int | None = None
 
 
 def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
@@ -447,18 +453,22 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
     q, float_model = build_quantized(case.model, case.precision, image_size=size, seed=seed,
-                                     device=device)
+                                     device=device, residual_bits=case.residual_bits)
     x = random_images(case.batch, size, 1 if case.model.startswith("digits") else 3,
                       seed + 2, device)
-    plan, where = compile_plan(q, x, case.exact_bias, case.wide_bits, case.chooser)
+    options = PlanOptions(fuse_outputs=case.fuse_outputs, chain=chain)
+    plan, where = compile_plan(q, x, case.exact_bias, case.wide_bits, case.chooser, options,
+                               case.records)
     phases["plan_s"] = time.perf_counter() - t0
     row["planned_on"] = where
     row["exact_bias"] = case.exact_bias
     row["wide_bits"] = case.wide_bits
     row["chooser"] = case.chooser
     row["fuse_outputs"] = case.fuse_outputs
+    row["residual_bits"] = case.residual_bits
+    row["tuned"] = bool(case.records)
     t0 = time.perf_counter()
-    ex = GpuExecutor(plan, device, chain=chain, fuse_outputs=case.fuse_outputs)
+    ex = GpuExecutor(plan, device)
     phases["bind_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     y = ex(x)

@@ -18,19 +18,22 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from ..core import Workload
 from ..core.progress import progress
-from ..graph import Dataflow, Plan, build_plan, choose_impl, trace_model
+from ..graph import Dataflow, Plan, PlanOptions, build_plan, trace_model
+from ..graph.chooser import Chooser, make_chooser
 from ..graph.dataflow import is_integer_module, is_quant_layer
 from ..graph.impl import ImplChooser
 from ..graph.ir import WIDE_BITS
 from ..quant.inputs import InputShapeError, checked_layer_inputs
 from ..quant.modules import QUANT_MODULES
+from ..reference.image import normalize_uint8_image
 from .engine import ReferenceExecutor
 from .gpu import gpu_executor
 
@@ -40,11 +43,14 @@ EXECUTORS: dict[str, Callable[[Plan, torch.device], Callable]] = {
 
 
 def _check_image(name: str, x: object, channels: int | None = None,
-                 device: torch.device | None = None) -> torch.Tensor:
+                 device: torch.device | None = None, uint8: bool = False) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor (float NCHW image batch), got "
                         f"{type(x).__name__}")
-    if not x.dtype.is_floating_point:
+    if uint8 and x.dtype != torch.uint8:
+        raise TypeError(f"{name} must be a uint8 NCHW image batch (pixel values; the model "
+                        f"was compiled with uint8_input), got {x.dtype}")
+    if not uint8 and not x.dtype.is_floating_point:
         raise TypeError(f"{name} must have a floating-point dtype (float32, float16, bfloat16 "
                         f"or float64), got {x.dtype}")
     if x.dim() != 4 or min(x.shape) < 1:
@@ -56,7 +62,7 @@ def _check_image(name: str, x: object, channels: int | None = None,
     if device is not None and x.device != device:
         raise ValueError(f"{name} is on {x.device}, but the model was compiled for {device} "
                          "(example_input's device)")
-    if not bool(torch.isfinite(x).all()):
+    if not uint8 and not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} has non-finite values (inf or nan)")
     return x
 
@@ -83,16 +89,17 @@ class CompiledModel(nn.Module):
     `from_plan` (then only their input shapes run)."""
 
     def __init__(self, plan: Plan, *, dataflow: Dataflow | None = None,
-                 model: nn.Module | None = None, chooser: ImplChooser = choose_impl,
+                 model: nn.Module | None = None, chooser: Chooser | None = None,
                  device: torch.device | str = "cpu", executor: str = "auto",
-                 wide_bits: int = 24) -> None:
+                 wide_bits: int = 24, options: PlanOptions | None = None) -> None:
         super().__init__()
         if executor not in ("auto", *EXECUTORS):
             raise ValueError(f"executor must be 'auto' or one of {sorted(EXECUTORS)}, got "
                              f"{executor!r}")
         self.model = model  # holds the FloatFallback modules of plans built from dataflow
         self.dataflow = dataflow
-        self.chooser = chooser
+        self.chooser = chooser or make_chooser(None, records=False)
+        self.options = options or PlanOptions()
         self.wide_bits = wide_bits
         self.plan = plan
         self.channels = int(plan.input_spec.shape[1])
@@ -122,7 +129,8 @@ class CompiledModel(nn.Module):
                                  f"compiled model holds plans for {sorted(self._plans)}); "
                                  f"compile the model again for inputs of shape {shape}")
             self._plans[shape] = build_plan(self.dataflow, shape, self.chooser,
-                                            self.wide_bits)
+                                            self.wide_bits, options=self.options,
+                                            image_normalization=self.plan.image_normalization)
         return self._plans[shape]
 
     def summary(self, shape: tuple[int, ...] | None = None) -> str:
@@ -138,7 +146,8 @@ class CompiledModel(nn.Module):
         """forward, and with `record` also every tensor the plan writes (engine.run_plan).
         copy_output=False (GPU executor): the logits in the engine's own buffer, which the
         next forward of this shape overwrites, instead of a copy."""
-        x = _check_image("x", x, self.channels, self.device)
+        x = _check_image("x", x, self.channels, self.device,
+                         uint8=self.plan.image_normalization is not None)
         if self.executor == "reference" and not self._warned:
             self._warned = True
             warnings.warn("lowbit.compile: running the plan through the exact reference "
@@ -164,55 +173,90 @@ class CompiledModel(nn.Module):
 
 
 def compile_model(model: nn.Module, example_input: torch.Tensor, *,
+                  chooser: str | Chooser | ImplChooser | None = None,
+                  records: str | Path | bool | None = True,
                   choose_impl: ImplChooser | None = None, executor: str = "auto",
-                  wide_bits: int = 24) -> CompiledModel:
+                  wide_bits: int = 24, options: PlanOptions | None = None,
+                  uint8_input: tuple[Sequence[float], Sequence[float]] | None = None
+                  ) -> CompiledModel:
     """Compile a quantized model (fake-quant from `lowbit.quantize`, trained or calibrated, or
     converted by `lowbit.convert`) for inputs like `example_input` (float NCHW; its value
-    ranges set the wide realizations' scales). choose_impl: (workload) -> (impl, reason),
-    default `lowbit.graph.choose_impl`. executor: 'auto' (the GPU executor on a GPU when
-    available, else the reference) or a name of `EXECUTORS`. wide_bits: 24 (default), 16 or
-    8, the width of the residual adds' and average pools' realizations (24: int32 storage,
-    the plan tracks the model's float residual stream; 8: ENGINE.md's u8 / s8, a quarter of
-    the bytes, an approximation whose rounding flips compound; `lowbit.graph.planner`).
-    The model is copied: later changes to it do not reach the compiled one."""
+    ranges set the wide realizations' scales).
+
+    chooser: who decides each layer's implementation, kernel and config
+    (`lowbit.graph.chooser`): "default" (the measured policy), "model" (the performance
+    model), a `lowbit.graph.Chooser`, or an implementation policy (workload) -> (impl,
+    reason); choose_impl is the same as a policy. records: the tuning database whose best
+    measurements of each layer's workload the plan runs (True: the user's, the one
+    `lowbit tune` writes, where it exists; False / None: none; or a path), on the example
+    input's GPU. executor: 'auto' (the GPU executor on a GPU when available, else the
+    reference) or a name of `EXECUTORS`. wide_bits: 24 (default), 16 or 8, the width of the
+    residual adds' and average pools' realizations (`lowbit.graph.planner`). options:
+    `lowbit.graph.PlanOptions` (fused stem, kernel-written layer outputs, chained launches).
+    uint8_input: (mean, std) per channel: the compiled model takes uint8 pixel values (what
+    deployed pipelines decode; example_input too) and the model's input is their
+    normalization ((v / 255) - mean) / std (torchvision's ToTensor + Normalize), exactly:
+    the first layer quantizes each pixel by one table per channel (a quarter of the float
+    image's bytes). The model is copied: later changes to it do not reach the compiled one."""
     _check_model(model)
-    _check_image("example_input", example_input)
-    if choose_impl is not None and not callable(choose_impl):
-        raise TypeError(f"choose_impl must be callable (workload) -> (impl, reason), got "
-                        f"{choose_impl!r}")
+    norm = None
+    if uint8_input is not None:
+        if not isinstance(uint8_input, (tuple, list)) or len(uint8_input) != 2:
+            raise TypeError("uint8_input must be (mean, std), each one value per channel")
+        norm = tuple(tuple(float(v) for v in part) for part in uint8_input)
+    _check_image("example_input", example_input, uint8=norm is not None)
+    traced_input = example_input
+    if norm is not None:
+        traced_input = normalize_uint8_image(example_input, *norm)
+    if choose_impl is not None:
+        if not callable(choose_impl):
+            raise TypeError(f"choose_impl must be callable (workload) -> (impl, reason), got "
+                            f"{choose_impl!r}")
+        if chooser is not None:
+            raise ValueError("pass either chooser or choose_impl, not both")
+        chooser = choose_impl
     if wide_bits not in (8, *WIDE_BITS):
         raise ValueError(f"wide_bits must be one of {(8, *WIDE_BITS)}, got {wide_bits!r}")
     if executor not in ("auto", *EXECUTORS):
         raise ValueError(f"executor must be 'auto' or one of {sorted(EXECUTORS)}, got "
                          f"{executor!r}")
-    chooser = _checked_chooser(choose_impl) if choose_impl else _default_chooser()
+    if options is not None and not isinstance(options, PlanOptions):
+        raise TypeError(f"options must be a lowbit.graph.PlanOptions, got "
+                        f"{type(options).__name__}")
+    if not (isinstance(records, (bool, str, Path)) or records is None):
+        raise TypeError(f"records must be True, False, None or a path, got "
+                        f"{type(records).__name__}")
+    if callable(chooser) and not isinstance(chooser, Chooser):
+        chooser = _checked_policy(chooser, "choose_impl" if choose_impl else "chooser")
+    device = example_input.device
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    plan_chooser = make_chooser(chooser, records, gpu)
     # traced where the example runs: a model left on the CPU follows a CUDA example
     with progress("lowbit.compile: tracing and planning"):
-        copied = copy.deepcopy(model).eval().to(example_input.device)
+        copied = copy.deepcopy(model).eval().to(device)
         try:
             with checked_layer_inputs(copied, f"example_input (shape "
                                               f"{tuple(example_input.shape)})"):
-                dataflow = trace_model(copied, example_input)
+                dataflow = trace_model(copied, traced_input)
         except InputShapeError as e:  # without torch.fx's node trace appended to it
             raise InputShapeError(e.argument, e.layer, e.problem) from None
-        plan = build_plan(dataflow, tuple(example_input.shape), chooser, wide_bits)
-    return CompiledModel(plan, dataflow=dataflow, model=copied, chooser=chooser,
-                         device=example_input.device, executor=executor, wide_bits=wide_bits)
+        plan = build_plan(dataflow, tuple(example_input.shape), plan_chooser, wide_bits,
+                          options=options, image_normalization=norm)
+    return CompiledModel(plan, dataflow=dataflow, model=copied, chooser=plan_chooser,
+                         device=device, executor=executor, wide_bits=wide_bits,
+                         options=options)
 
 
-def _checked_chooser(choose: ImplChooser) -> ImplChooser:
-    """The caller's choose_impl, its answers checked: TypeError naming it otherwise."""
+def _checked_policy(policy: ImplChooser, name: str) -> ImplChooser:
+    """The caller's implementation policy, its answers checked: a TypeError naming the
+    argument (`name`) for anything but (impl name, reason) strings."""
 
-    def chooser(workload: Workload) -> tuple[str, str]:
-        got = choose(workload)
+    def checked(workload: Workload) -> tuple[str, str]:
+        got = policy(workload)
         if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(s, str)
                                                                  for s in got)):
-            raise TypeError(f"choose_impl must return (impl name, reason) strings, got "
-                            f"{got!r} for {workload.key}")
+            raise TypeError(f"{name} must return (impl name, reason) strings, got {got!r} for "
+                            f"{workload.key}")
         return got
 
-    return chooser
-
-
-def _default_chooser() -> ImplChooser:
-    return choose_impl
+    return checked

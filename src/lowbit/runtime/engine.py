@@ -22,12 +22,14 @@ from ..graph.ir import (
     FloatFallback,
     Layer,
     LayerOutput,
+    Lookup,
     MaxPool,
     Output,
     Plan,
     Quantize,
     TensorSpec,
     WidePrecision,
+    parse_precision,
 )
 from ..graph.pools import GLOBAL, WINDOW, axis_windows
 from ..quant.packing import pack
@@ -42,6 +44,7 @@ from ..reference import (
     quantize_float,
     requantize_int,
 )
+from ..reference.image import quantize_uint8_image
 from ..reference.netops import Y_LIMIT, round_shift_sum
 
 
@@ -123,6 +126,9 @@ class ReferenceExecutor:
         return self.plan.tensors[name]
 
     def _run(self, step: object, env: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if isinstance(step, Quantize) and step.table is not None:  # a uint8 image
+            return {step.output: _nhwc(quantize_uint8_image(env[step.input],
+                                                            self.params[step.table]))}
         if isinstance(step, Quantize):
             x = env[step.input]
             x = _nhwc(x.clamp_min(0) if step.relu else x)
@@ -146,8 +152,12 @@ class ReferenceExecutor:
         if isinstance(step, Concat):
             dim = 1 if self._spec(step.output).is_float else -1
             return {step.output: torch.cat([env[p] for p in step.parts], dim=dim)}
+        if isinstance(step, Lookup):
+            spec_in = self._spec(step.input)
+            table = self.params[step.table]
+            return {step.output: table[env[step.input] - spec_in.precision.qmin]}
         if isinstance(step, FloatFallback):
-            out = self.plan.modules[step.module](*(env[a] for a in step.args))
+            out = self.plan.modules[step.module](*(self._float(a, env) for a in step.args))
             if not isinstance(out, torch.Tensor) or not out.dtype.is_floating_point:
                 raise TypeError(f"{step.name}: the fallback module returned "
                                 f"{type(out).__name__}, not a float tensor")
@@ -186,9 +196,10 @@ class ReferenceExecutor:
         and every tensor fits its 8-bit bounds, else the same sum through netops'
         round_shift_sum (exact for int64 terms)."""
         p = self.params
-        precs = [self._spec(o.tensor).precision for o in outs]
+        precs = [parse_precision(o.mid) if o.derived else self._spec(o.tensor).precision
+                 for o in outs]
         wide = (res is not None and self._spec(step.residual).is_wide) or \
-            any(isinstance(x, WidePrecision) for x in precs)
+            any(isinstance(x, WidePrecision) for x in precs) or any(o.derived for o in outs)
         if step.bias is not None and not wide:
             specs = [RequantizedOutput(prec, p[o.multiplier], p[o.shift],
                                        p[o.residual_multiplier] if o.residual_multiplier
@@ -210,7 +221,8 @@ class ReferenceExecutor:
             else:  # the terms' sum could leave int64
                 terms = [acc * m, b.expand_as(acc)] + ([] if r is None else [res * r])
                 q = round_shift_sum(terms, s)
-            results.append(q.clamp(lo, prec.qmax))
+            q = q.clamp(lo, prec.qmax)
+            results.append(p[o.table][q - prec.qmin] if o.derived else q)
         return results
 
     def _direct(self, step: Layer, o: LayerOutput, acc: torch.Tensor,
@@ -253,11 +265,16 @@ class ReferenceExecutor:
             out[:, sel] = _requantize(sums[:, sel], m[i], s[i], spec.precision, step.relu)
         return out
 
-    def _output(self, step: Output, env: dict[str, torch.Tensor]) -> torch.Tensor:
-        spec, v = self._spec(step.input), env[step.input]
+    def _float(self, name: str, env: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Tensor `name` as float32 in the model's order: quantized ones dequantized
+        (scale * q in float64, rounded to float32, NCHW)."""
+        spec, v = self._spec(name), env[name]
         if spec.is_float:
             return v
         return _nchw(v.to(torch.float64) * spec.scale).float()
+
+    def _output(self, step: Output, env: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self._float(step.input, env)
 
 
 def run_plan(plan: Plan, x: torch.Tensor, record: bool = False

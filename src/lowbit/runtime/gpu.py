@@ -8,22 +8,22 @@ computes the same integers (`lowbit.runtime.engine` defines them), bit for bit:
   whose lifetimes do not overlap share bytes; `reuse_memory=False` keeps every tensor);
   Flatten is a view (INT8 / wide: always; BITPLANE: when the map's channels fill whole words
   or the map is 1x1, the only flattens the planner makes of bit planes);
-- Layer: the step's kernel (`layers.layer_kernel`, weights packed once into the workload's
-  layout) with its own fused epilogue where the workload has one (its residual buffer passed
-  with Epilogue.residual); else the kernel writes the
-  accumulator (int16 where it fits and the kernel is bit-serial:
-  `kernel_epilogues.accumulator_workload`; int32 otherwise) and `netops.bind_layer_epilogue` writes
-  every output (bias at each
-  output's shift, residual, wide and float outputs), or, for the int8 implicit-GEMM kernels
-  (`kernels.triton.conv_outputs`, `fuse_outputs`), the kernel writes them itself from its
-  accumulator tiles, with the same integers. A fused max-pool follows the kernel's own
-  epilogue where that writes the layer's one output (full size, in scratch); else it pools
-  the int32 accumulator first where every output is requantized and there is no residual
-  (the epilogue is monotone), else each output after the epilogue;
-- Quantize + first conv: the fused stem (`kernels.triton.stem`: float image -> quantized ->
-  conv -> epilogue -> 3x3/2 max-pool) where the first layer is a 7x7/2, 11x11/4 or 3x3/1 conv on
-  <= 4 channels of the image quantized to <= 8 bits (not binary; unsigned <= 7 bits); the
-  Quantize's own tensor is then written only when recording;
+- Layer: the step's kernel (`layers.layer_kernel`: the plan's template and config, weights
+  packed once into the workload's layout) with its own fused epilogue where the workload
+  has one (its residual buffer passed with Epilogue.residual); where the plan says
+  `outputs_in_kernel`, the int8 implicit GEMM writes every layer output from its accumulator
+  tiles (`kernels.triton.conv_outputs`); else the kernel writes the accumulator (int16 where
+  it fits a bit-serial kernel, `kernel_epilogues.accumulator_workload`; int32 otherwise) and
+  `netops.bind_layer_epilogue` writes every output (bias at each output's shift, residual,
+  wide and float outputs). A fused max-pool follows the kernel's own epilogue where that
+  writes the layer's one output (full size, in scratch); else it pools the int32
+  accumulator first where every output is requantized and there is no residual (the
+  epilogue is monotone), else each output after the epilogue; `Layer.chained` kernels are
+  bound as programmatic dependents of the previous launch;
+- Quantize + first conv: where the plan fused them (`Layer.stem`), the Triton stem
+  (`kernels.triton.stem`: float image -> quantized -> conv -> epilogue -> 3x3/2 max-pool);
+  the Quantize's own tensor is then written only when recording or when another step reads
+  it;
 - MaxPool / AvgPool / Quantize: `kernels.triton.netops`; Concat: a copy into the output
   (words of bit planes where every part but the last fills whole words, else values);
   FloatFallback: the PyTorch module on the device, in float32 (not bit-exact against a CPU
@@ -58,6 +58,7 @@ from ..graph.ir import (
     Flatten,
     FloatFallback,
     Layer,
+    Lookup,
     MaxPool,
     Output,
     Plan,
@@ -70,6 +71,7 @@ from ..quant.packing import from_bitplanes
 from .buffers import Scratch, plan_arena, temporaries_bytes, view_of
 from .layers import (
     KernelFactory,
+    ReferenceKernel,
     describe_kernel,
     kernel_params,
     layer_kernel,
@@ -78,12 +80,6 @@ from .layers import (
     prebuild,
     reference_kernel,
 )
-
-#: (filter size, stride) of the first layers the fused stem serves: ResNet's 7x7/2, AlexNet's
-#: 11x11/4 and VGG's 3x3/1 (the generic int8 conv took 194 us on VGG-16's at batch 8 on an
-#: H200, slower than cuDNN fp16's 129 us: 3 channels fill a tenth of its K tile)
-STEM_SHAPES = ((7, 2), (11, 4), (3, 1))
-STEM_MAX_CHANNELS = 4
 
 
 def _triton():
@@ -119,28 +115,6 @@ class BoundStep:
             launch()
 
 
-def stem_refusal(plan: Plan, quantize: Quantize, layer: Layer) -> str | None:
-    """Why the fused stem cannot run `quantize` + `layer` (None: it can)."""
-    wl = layer.workload
-    spec = plan.tensors[quantize.output]
-    if quantize.input != plan.input or quantize.relu or spec.is_wide:
-        return "not the image's own quantizer"
-    p = spec.precision
-    if p.encoding is Encoding.BINARY or p.qmax > 127 or p.qmin < -128:
-        return f"input precision {p} is not an int8 tensor-core operand"
-    if layer.op != "conv2d" or (wl.R, wl.stride) not in STEM_SHAPES or wl.R != wl.S:
-        return f"not a {' / '.join(f'{r}x{r}/{s}' for r, s in STEM_SHAPES)} conv"
-    if wl.C > STEM_MAX_CHANNELS or layer.residual is not None or len(layer.layer_outputs) > 3:
-        return "more than 4 channels, a residual or more than 3 outputs"
-    if layer.pool is not None and (layer.pool.kernel, layer.pool.stride) != (3, 2):
-        return "its max-pool is not 3x3/2"
-    for o in layer.layer_outputs:
-        if not o.requantized and layer.pool is not None and \
-                bool((plan.params[o.scale] < 0).any()):
-            return "a pooled float output with a negative scale"
-    return None
-
-
 def _full_size(spec, shape) -> tuple[tuple[int, ...], torch.dtype]:
     """Storage shape and dtype of tensor `spec` at the pre-pool logical `shape` (a pooled
     layer writes its output full size, then pools it into `spec`)."""
@@ -149,18 +123,17 @@ def _full_size(spec, shape) -> tuple[tuple[int, ...], torch.dtype]:
 
 
 class GpuExecutor:
-    """Runs one plan on `device` (module docstring). kernels: Layer step -> Kernel (default
-    `layers.layer_kernel` on CUDA, `layers.reference_kernel` elsewhere); reuse_memory: share
+    """Runs one plan on `device` (module docstring), binding each step as the plan decided
+    (kernels, configs, fused stem, kernel-written layer outputs, chained launches: the
+    plan's Layer fields). kernels: Layer step -> Kernel (default `layers.layer_kernel` on
+    CUDA, `layers.reference_kernel` elsewhere; tests pass CPU stand-ins); reuse_memory: share
     bytes between tensors of disjoint lifetimes; use_graph: CUDA-graph replay (default on
-    CUDA); fuse_stem: the fused first layer; chain: programmatic dependent launch of the
-    bit-serial kernels (`bind(chained=True)`, default on: ResNet-18 w1a2 b8 0.193 -> 0.178 ms
-    on an H200, logits equal); check_finite: read the non-finite flag after
-    every forward (a device sync) and raise ValueError."""
+    CUDA); check_finite: read the non-finite flag after every forward (a device sync) and
+    raise ValueError."""
 
     def __init__(self, plan: Plan, device: torch.device | str = "cuda", *,
                  kernels: KernelFactory | None = None, reuse_memory: bool = True,
-                 use_graph: bool | None = None, fuse_stem: bool = True, chain: bool = True,
-                 fuse_outputs: bool = True, check_finite: bool = True) -> None:
+                 use_graph: bool | None = None, check_finite: bool = True) -> None:
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -170,20 +143,18 @@ class GpuExecutor:
         self.use_graph = cuda if use_graph is None else bool(use_graph)
         if self.use_graph and not cuda:
             raise ValueError("use_graph needs a CUDA device")
-        self.chain, self.check_finite = chain, check_finite
-        self.fuse_outputs = fuse_outputs
+        self.check_finite = check_finite
         self.graph: torch.cuda.CUDAGraph | None = None
         readers: dict[str, list[Step]] = {}
         for s in plan.steps:
             for t in s.inputs:
                 readers.setdefault(t, []).append(s)
-        self.stems: dict[str, Quantize] = {}
-        if fuse_stem:
-            producers = {t: s for s in plan.steps for t in s.outputs}
-            for s in plan.layers:
-                q = producers.get(s.input)
-                if isinstance(q, Quantize) and stem_refusal(plan, q, s) is None:
-                    self.stems[s.name] = q
+        producers = {t: s for s in plan.steps for t in s.outputs}
+        self.stems: dict[str, Quantize] = {s.name: producers[s.input] for s in plan.layers
+                                           if s.stem}
+        for name, q in self.stems.items():
+            if not isinstance(q, Quantize):
+                raise ValueError(f"{name}: a stem layer's input must be a Quantize step's")
         # a fused stem reads its Quantize step's float input itself, at the layer's step; and
         # the input image lives through the whole forward, so that every replay of the graph
         # (timing loops included) reads the same image
@@ -195,8 +166,9 @@ class GpuExecutor:
         self.buffers: dict[str, torch.Tensor] = {}
         for name in self.arena.offsets:
             spec = plan.tensors[name]
+            dtype = plan.input_dtype if name == plan.input else spec.storage_dtype
             self.buffers[name] = view_of(self.memory, self.arena.offsets[name],
-                                         spec.storage_shape, spec.storage_dtype)
+                                         spec.storage_shape, dtype)
         self.status = torch.zeros(1, dtype=torch.int32, device=device)
         self.result = torch.empty(0, device=device)  # the Output step's binding sets it
         stem_only = {q.name for name, q in self.stems.items()
@@ -254,6 +226,8 @@ class GpuExecutor:
         plan = self.plan
         if isinstance(step, Layer):
             return self._bind_layer(step)
+        if isinstance(step, Quantize) and step.table is not None:
+            return self._bind_image_lookup(step)
         if isinstance(step, Quantize):
             spec = plan.tensors[step.output]
             return BoundStep(step, [netops.bind_quantize(
@@ -268,14 +242,17 @@ class GpuExecutor:
             return BoundStep(step, [], "view")
         if isinstance(step, Concat):
             return self._bind_concat(step)
+        if isinstance(step, Lookup):
+            return self._bind_lookup(step)
         if isinstance(step, FloatFallback):
             return self._bind_fallback(step)
         if isinstance(step, Output):
             return self._bind_output(step)
         raise TypeError(f"unknown step {type(step).__name__}")
 
-    def _bind_kernel(self, kernel, x, w, params, out) -> Callable[[], object]:
-        if self.chain and hasattr(kernel, "chained_kernels"):
+    @staticmethod
+    def _bind_kernel(step: Layer, kernel, x, w, params, out) -> Callable[[], object]:
+        if step.chained and hasattr(kernel, "chained_kernels"):
             return kernel.bind(x, w, params, out, chained=True)
         return kernel.bind(x, w, params, out)
 
@@ -287,11 +264,13 @@ class GpuExecutor:
         if step.name in self.stems:
             q = self.stems[step.name]
             spec_in = plan.tensors[q.output]
+            table = None if q.table is None else plan.params[q.table].to(self.device)
             launch = stem.bind_stem(
                 self.buffers[plan.input], plan.params[step.weight].to(torch.int64), None, specs,
                 outs, stride=wl.stride, pad=wl.pad,
                 pool_pad=step.pool.pad if step.pool is not None else None,
-                scale=spec_in.scale, precision=spec_in.precision, status=self.status)
+                scale=spec_in.scale, precision=spec_in.precision, table=table,
+                status=self.status)
             return BoundStep(step, [launch], "triton stem (image quantized, conv, epilogue"
                              + (", 3x3/2 max-pool" if step.pool else "") + f"; plan: {step.impl})")
         kernel = self.kernels(step)
@@ -303,7 +282,7 @@ class GpuExecutor:
         if wl.epilogue.requantizes:
             (o,) = step.layer_outputs
             if step.pool is None:
-                return BoundStep(step, [self._bind_kernel(kernel, x, w, params,
+                return BoundStep(step, [self._bind_kernel(step, kernel, x, w, params,
                                                           self.buffers[o.tensor])],
                                  f"{how} (its own epilogue)")
             (full_storage,) = self._temporaries(step)
@@ -312,19 +291,19 @@ class GpuExecutor:
                                 spec.precision, spec.layout)
             win = step.pool
             return BoundStep(step, [
-                self._bind_kernel(kernel, x, w, params, full.data),
+                self._bind_kernel(step, kernel, x, w, params, full.data),
                 netops.bind_maxpool2d(full, self.packed(o.tensor), win.kernel, win.stride,
                                       win.pad)], f"{how} (its own epilogue) + max-pool")
         res = self.packed(step.residual) if step.residual else None
         bound = acc_bound(wl)
-        if step.pool is None and self.fuse_outputs and \
-                conv_outputs().fused_reason(kernel, len(specs)) is None:
+        if step.outputs_in_kernel and not isinstance(kernel, ReferenceKernel):
+            # (a CPU stand-in of the conv runs the same integers through the separate pass)
             return BoundStep(step, [conv_outputs().bind_conv_outputs(
                 kernel, x, w, params, specs, outs, res, bound)], f"{how} (layer epilogue fused)")
         shape, acc_dtype = out_storage(wl)
         shape = tuple(shape)
         acc = self.scratch.take(shape, acc_dtype)  # int16 or int32 (graph.kernel_epilogues)
-        launches = [self._bind_kernel(kernel, x, w, params, acc)]
+        launches = [self._bind_kernel(step, kernel, x, w, params, acc)]
         if step.pool is None:
             launches.append(netops.bind_layer_epilogue(acc, specs, outs, res, bound))
             return BoundStep(step, launches, f"{how} + netops epilogue")
@@ -433,9 +412,60 @@ class GpuExecutor:
 
         return BoundStep(step, [launch], "bit-plane values concatenated (torch)")
 
+    def _values(self, name: str) -> Callable[[], torch.Tensor]:
+        """A reader of quantized tensor `name`'s values (int64, logical NHWC)."""
+        spec, buf = self.plan.tensors[name], self.buffers[name]
+        if spec.layout is Layout.BITPLANE:
+            return lambda: from_bitplanes(buf, spec.precision, spec.shape[-1]).to(torch.int64)
+        return lambda: buf.to(torch.int64)
+
+    def _store(self, name: str) -> Callable[[torch.Tensor], None]:
+        """A writer of int64 values (logical NHWC) into quantized tensor `name`."""
+        spec, buf = self.plan.tensors[name], self.buffers[name]
+        if spec.layout is Layout.BITPLANE:
+            return lambda v: buf.copy_(_to_bitplanes(v, spec.precision, spec.shape[-1]))
+        return lambda v: buf.copy_(v.to(buf.dtype))
+
+    def _bind_image_lookup(self, step: Quantize) -> BoundStep:
+        """A uint8 image quantized by its per-channel table (torch ops)."""
+        image, write = self.buffers[step.input], self._store(step.output)
+        table = self.plan.params[step.table].to(torch.int64).to(self.device)
+        chan = torch.arange(table.shape[0], device=self.device).view(1, -1, 1, 1)
+
+        def launch() -> None:
+            write(table[chan, image.long()].permute(0, 2, 3, 1))
+
+        return BoundStep(step, [launch], "uint8 image table lookup (torch)")
+
+    def _bind_lookup(self, step: Lookup) -> BoundStep:
+        spec_in = self.plan.tensors[step.input]
+        table = self.plan.params[step.table].to(torch.int64).to(self.device)
+        read, write, lo = self._values(step.input), self._store(step.output), \
+            spec_in.precision.qmin
+
+        def launch() -> None:
+            write(table[read() - lo])
+
+        return BoundStep(step, [launch], "table lookup (torch)")
+
+    def _float_arg(self, name: str) -> Callable[[], torch.Tensor]:
+        """A reader of tensor `name` as a FloatFallback reads it: float tensors as they are,
+        quantized ones dequantized (scale * q in float64, rounded to float32, NCHW)."""
+        spec, buf = self.plan.tensors[name], self.buffers[name]
+        if spec.is_float:
+            return lambda: buf
+        read = self._values(name)
+
+        def dequantized() -> torch.Tensor:
+            y = (read().to(torch.float64) * spec.scale).float()
+            return y.permute(0, 3, 1, 2) if y.dim() == 4 else y
+
+        return dequantized
+
     def _bind_fallback(self, step: FloatFallback) -> BoundStep:
         module = copy.deepcopy(self.plan.modules[step.module]).to(self.device).eval()
-        args = [self.buffers[a] for a in step.args]
+        readers = [self._float_arg(a) for a in step.args]
+        args = [r() for r in readers]
         out = self.buffers[step.output]
         with torch.no_grad():  # the module's output must be a float tensor of out's shape
             probe = module(*(torch.zeros_like(a) for a in args))
@@ -447,7 +477,7 @@ class GpuExecutor:
 
         def launch() -> None:
             with torch.no_grad():
-                out.copy_(module(*args))
+                out.copy_(module(*(r() for r in readers)))
 
         return BoundStep(step, [launch], f"PyTorch float32 ({step.op}: {step.reason})")
 
@@ -475,7 +505,10 @@ class GpuExecutor:
         spec = self.plan.input_spec
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if not x.dtype.is_floating_point:
+        if self.plan.input_dtype == torch.uint8 and x.dtype != torch.uint8:
+            raise TypeError(f"x must be a uint8 image (the plan reads pixel values), got "
+                            f"{x.dtype}")
+        if self.plan.input_dtype != torch.uint8 and not x.dtype.is_floating_point:
             raise TypeError(f"x must have a floating-point dtype, got {x.dtype}")
         if tuple(x.shape) != tuple(spec.shape):
             raise ValueError(f"x must have the plan's input shape {tuple(spec.shape)}, got "

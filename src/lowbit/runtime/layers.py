@@ -1,9 +1,8 @@
 """The conv / GEMM kernel of each Layer step, its packed weights and its epilogue specs.
 
-`layer_kernel(step)` is the one place a Layer's kernel is chosen and built (GPU): the step's
-implementation (`step.impl`, a registered template) with its tuned config when the records
-hold one for that template, else its default config; built once per distinct (template,
-workload, config). "torch.fp16" layers run on the exact fp16 tensor-core template
+`layer_kernel(step)` builds a Layer's kernel (GPU): the step's template and config as the plan
+chose them (`step.impl`, `step.config`; `lowbit.graph.chooser`), once per distinct
+(template, workload, config). "torch.fp16" layers run on the exact fp16 tensor-core template
 (`triton.conv2d_fp16`: integer operands are exact in fp16, the fp32 accumulator exact while
 the worst-case |acc| < 2^24; a GEMM as a 1x1 conv), else as a float64 PyTorch conv / matmul
 of the integer values (exact while |acc| < 2^53). Every kernel here has the template
@@ -19,18 +18,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from ..core import Config, ConvWorkload, Epilogue, GemmWorkload, WidePrecision, Workload
+from ..core import (
+    Config,
+    ConvWorkload,
+    Epilogue,
+    GemmWorkload,
+    WidePrecision,
+    Workload,
+)
 from ..core.epilogue import EpilogueParams
 from ..core.progress import progress
 from ..core.validate import check_inputs, output_buffer
-from ..graph.impl import TORCH_FP16, is_bitserial
-from ..graph.ir import Layer, Plan
+from ..graph.chooser import default_kernel
+from ..graph.impl import TORCH_FP16
+from ..graph.ir import Layer, Plan, parse_precision
 from ..kernels import get_template, load_backends
 from ..kernels.base import Kernel, acc_bound
 from ..quant.packing import pack
@@ -147,12 +153,6 @@ class ConvAsGemmKernel(_Callable):
 def _built(template: str, workload: Workload, config: Config | None) -> Kernel:
     load_backends()
     t = get_template(template)
-    if config is None and is_bitserial(template):
-        from ..kernels.cuda import default_bitserial
-
-        family, cfg = default_bitserial(workload)  # the best untuned kernel of any family
-        if family.name == template:
-            return t.build(workload, cfg)
     return t.build(workload, t.default_config(workload) if config is None else config)
 
 
@@ -170,31 +170,25 @@ def fp16_kernel(workload: Workload) -> tuple[Kernel, str]:
                                     f"{reason})"
 
 
-def _recorded_config(step: Layer, records: str | Path | None) -> Config | None:
-    if records is None:
-        return None
-    from ..tune.dispatch import best_record
-
-    rec = best_record(step.workload, records)
-    return rec.cfg if rec is not None and rec.template == step.impl else None
-
-
-def layer_kernel(step: Layer, records: str | Path | None = None) -> Kernel:
-    """The GPU kernel of a Layer step (module docstring): step.impl's template with the
-    recorded best config of that template in `records` (a tuning database) when there is
-    one, else its default config; "torch.fp16" through `fp16_kernel`. Built once per
-    (template, workload, config)."""
+def layer_kernel(step: Layer) -> Kernel:
+    """The GPU kernel of a Layer step (module docstring): the plan's template and config
+    (`step.impl`, `step.config`: chosen at plan time, `lowbit.graph.chooser`); "torch.fp16"
+    through `fp16_kernel`. Built once per (template, workload, config)."""
     if step.impl == TORCH_FP16:
         return fp16_kernel(step.workload)[0]
-    return _built(step.impl, step.workload, _recorded_config(step, records))
+    if step.config is None:  # a plan saved before plans carried configs: the untuned kernel
+        choice = default_kernel(step.workload, step.impl)
+        return _built(choice.template, step.workload, choice.config)
+    return _built(step.impl, step.workload, step.config)
 
 
 def prebuild(steps: list[Layer], factory: KernelFactory = layer_kernel,
              workers: int = 8) -> int:
-    """Build the kernels of `steps` (one per distinct (impl, workload)) in `workers` threads:
+    """Build the kernels of `steps` (one per distinct (impl, workload, config)) in `workers`
+    threads:
     NVRTC releases the GIL, so a network's bit-serial kernels compile side by side (their
     modules load lazily, on first launch). Returns how many were built."""
-    distinct = {(s.impl, s.workload): s for s in steps}
+    distinct = {(s.impl, s.workload, s.config): s for s in steps}
     with progress("building kernels", total=len(distinct)) as bar:
         if workers <= 1 or len(distinct) <= 1:
             for s in distinct.values():
@@ -215,7 +209,7 @@ def reference_kernel(step: Layer) -> Kernel:
 def interpreted_kernel(step: Layer) -> Kernel:
     """Triton int8 / fp16 templates under the interpreter, the reference for the rest."""
     if step.impl in INTERPRETABLE:
-        return _built(step.impl, step.workload, None)
+        return _built(step.impl, step.workload, step.config)
     if step.impl == TORCH_FP16:
         kernel, how = fp16_kernel(step.workload)
         if how.startswith(FP16_TEMPLATE):
@@ -294,7 +288,8 @@ def output_specs(step: Layer, plan: Plan) -> list[Requantized | Dequantized]:
             b = m * p[step.bias].to(torch.int64) if step.bias is not None and not wide else \
                 p[o.bias].to(torch.int64)
             r = p[o.residual_multiplier] if o.residual_multiplier else None
-            specs.append(Requantized(spec.precision, m, p[o.shift], b, r, o.relu))
+            derived = dict(mid=parse_precision(o.mid), table=p[o.table]) if o.derived else {}
+            specs.append(Requantized(spec.precision, m, p[o.shift], b, r, o.relu, **derived))
         else:
             rs = o.residual_scale if step.residual is not None else None
             specs.append(Dequantized(p[o.scale], p[o.offset], rs, o.relu,

@@ -15,6 +15,7 @@ from ..core import Precision
 from ..quant.api import FLOAT_REASON, candidate_layers, quant_layers
 from ..quant.convert import IntegerLayer
 from ..quant.recipe import LayerRecipe, build_quant_layer, recipe_of
+from ..quant.residual import attach_residual, residual_recipes
 from ..runtime.integer_model import IntegerConv2d, IntegerLinear, integer_modules
 from .registry import ModelKind, Tensors, register_kind
 
@@ -79,7 +80,8 @@ def _fakequant_to(model: nn.Module) -> tuple[dict, Tensors]:
                        "recipe": recipe_of(layer).to_dict(),
                        "mix_history": [list(h) for h in mix.history] if mix else None})
     return ({"layers": layers, "float_layers": _float_reasons(model),
-             "training": model.training}, state_tensors(model))
+             "residual": residual_recipes(model), "training": model.training},
+            state_tensors(model))
 
 
 def _fakequant_from(manifest: dict, tensors: Tensors, base: nn.Module | None) -> nn.Module:
@@ -91,6 +93,7 @@ def _fakequant_from(manifest: dict, tensors: Tensors, base: nn.Module | None) ->
         if row["mix_history"] is not None:
             q.act_quant.mix.history = [tuple(h) for h in row["mix_history"]]
         _set_module(model, row["name"], q)
+    attach_residual(model, manifest.get("residual", {}))
     return _finish(model, manifest, tensors)
 
 
@@ -100,8 +103,8 @@ def _converted_to(model: nn.Module) -> tuple[dict, Tensors]:
     layers = [{"name": name, "kind": m.kind, "w": str(m.w), "a": str(m.a), "stride": m.stride,
                "pad": m.pad, "folded_bn": m.folded_bn_name, "nonfinite": m.nonfinite}
               for name, m in integer_modules(model).items()]
-    return ({"layers": layers, "float_layers": _float_reasons(model), "training": False},
-            state_tensors(model))
+    return ({"layers": layers, "float_layers": _float_reasons(model),
+             "residual": residual_recipes(model), "training": False}, state_tensors(model))
 
 
 def _converted_from(manifest: dict, tensors: Tensors, base: nn.Module | None) -> nn.Module:
@@ -118,6 +121,7 @@ def _converted_from(manifest: dict, tensors: Tensors, base: nn.Module | None) ->
         _set_module(model, name, cls(spec, name, row["nonfinite"], row["folded_bn"]))
         if row["folded_bn"] is not None:
             _set_module(model, row["folded_bn"], nn.Identity())
+    attach_residual(model, manifest.get("residual", {}))
     return _finish(model, manifest, tensors).eval()
 
 

@@ -361,8 +361,8 @@ def measure_top(workload: Workload, measurer, db: RecordsDB | str | Path | None 
                 records.close()
 
 
-def choose_impl(workload: Workload, gpu: GpuSpec | str | None = None) -> tuple[str, str]:
-    """`lowbit.compile(..., choose_impl=...)`'s chooser, by the performance model: the
+def predicted_impl(workload: Workload, gpu: GpuSpec | str | None = None) -> tuple[str, str]:
+    """The "model" chooser's implementation policy (`lowbit.graph.chooser.ModelChooser`): the
     implementation (a template name, or FP16) predicted fastest over the input layouts the
     layer may take — bit planes when both operands have <= 4 bits, one value per byte always —
     and why. FP16 is a candidate only where the engine runs it at fp16 speed: its exact fp16

@@ -205,6 +205,8 @@ class BitserialFamily(KernelTemplate):
     takes_shifted_bias: ClassVar[bool] = True
     #: runs Epilogue.residual (HAS_BIAS 3 / 4: the multiply path adds res r in 64 bits)
     takes_residual: ClassVar[bool] = True
+    #: its kernels launch as programmatic dependents of the previous kernel (bind chained=True)
+    chainable: ClassVar[bool] = True
     #: knobs of this family (declared once: space, docs, requirements)
     knobs: ClassVar[KnobTable]
     #: the parameters this family's kernels always have (besides the neutral ones)

@@ -6,12 +6,14 @@ as the kernel's bare int32 accumulator plus the separate pass `netops.bind_layer
 which reads it back: at batch 256 that round trip is 1.6 GB on ResNet-50's first block end.
 `bind_conv_outputs` runs the same `triton.conv2d_int8` / `triton.gemm_int8` main loop
 (`igemm.tile_accumulator`) and hands each finished int32 tile, with the residual's tile, to
-the pass's own per-output code (`netops.emit_output`): the outputs equal
-`bind_layer_epilogue(acc, outputs, outs, residual)` bit for bit, with no int32 tensor.
+the pass's own per-output code (`layer_outputs.emit_slot`): the outputs equal
+`bind_layer_epilogue(acc, outputs, outs, residual)` bit for bit, with no int32 tensor. A block
+end with a narrow (8-bit) residual writes its stored mid value and the outputs derived from it
+(tables over the mid value) from one requantization per tile, in 32-bit arithmetic where the
+vectors and the accumulator bound allow (`layer_outputs.requant_mode`).
 
 Applies to an `IgemmKernel` of the int8 templates whose workload stores the bare int32
-accumulator, with at most `templates.LAYER_OUTPUTS_MAX` outputs; `fused_reason` says why not
-otherwise.
+accumulator, with at most FUSED_OUTPUTS_MAX outputs; `fused_reason` says why not otherwise.
 The fused launch keeps the kernel's reduction knobs (BLOCK_K, stages, loop order) and runs its
 own output tile, FUSED_TILE, without split-K: the epilogue's float64 requantization, two
 outputs and the residual's tile live beside the accumulator, and a 128 x 128 tile on 4 warps
@@ -24,7 +26,7 @@ end at batch 8, kernel 28 + pass 70).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import triton
@@ -41,20 +43,25 @@ from .igemm import (
     splits_iters,
     tile_accumulator,
 )
-from .netops import OutputSpec, _unused_slot, emit_output, output_slot, residual_slot
+from .layer_outputs import OutputSpec, emit_slot, layer_slots, residual_slot, slot_kwargs
 from .stored import Launcher, load_values
-from .templates import LAYER_OUTPUTS_MAX, IgemmKernel, _check_device
+from .templates import IgemmKernel, _check_device
 from .zero_point import bound_terms
 
 #: the fused launch's output tile (module doc)
 FUSED_TILE = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 2}
+#: output slots of the fused launch (a block end's stored mid value and up to two outputs
+#: derived from it, or other requantized / float outputs); the planner fuses up to
+#: `templates.LAYER_OUTPUTS_MAX` of them
+FUSED_OUTPUTS_MAX = 3
 
 
 @triton.jit
 def igemm_outputs_kernel(
     x_ptr, w_ptr, zp_ptr, res_ptr,
     M, NOUT, H, W, C, P, Q, conv_stride, pad, x_row, w_row, iters_per_split, res_row, res_plane,
-    o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1, plane1,
+    o0, a0, b0, c0_, d0, t0, row0, plane0, o1, a1, b1, c1, d1, t1, row1, plane1,
+    o2, a2, b2, c2, d2, t2, row2, plane2,
     R: tl.constexpr, S: tl.constexpr, IS_GEMM: tl.constexpr,
     A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr, A_ZERO: tl.constexpr,
     W_SRC: tl.constexpr, W_BITS: tl.constexpr, W_ENC: tl.constexpr,
@@ -63,13 +70,18 @@ def igemm_outputs_kernel(
     HAS_RES: tl.constexpr, RES_LAYOUT: tl.constexpr, RES_BITS: tl.constexpr,
     RES_ENC: tl.constexpr,
     KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr, QLO0: tl.constexpr,
-    QMAX0: tl.constexpr, RES0: tl.constexpr, MODE0: tl.constexpr,
+    QMAX0: tl.constexpr, RES0: tl.constexpr, MODE0: tl.constexpr, SAME0: tl.constexpr,
+    TABLE0: tl.constexpr, TMIN0: tl.constexpr,
     KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr, QLO1: tl.constexpr,
-    QMAX1: tl.constexpr, RES1: tl.constexpr, MODE1: tl.constexpr,
+    QMAX1: tl.constexpr, RES1: tl.constexpr, MODE1: tl.constexpr, SAME1: tl.constexpr,
+    TABLE1: tl.constexpr, TMIN1: tl.constexpr,
+    KIND2: tl.constexpr, LAYOUT2: tl.constexpr, BITS2: tl.constexpr, QLO2: tl.constexpr,
+    QMAX2: tl.constexpr, RES2: tl.constexpr, MODE2: tl.constexpr, SAME2: tl.constexpr,
+    TABLE2: tl.constexpr, TMIN2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    """`igemm_kernel`'s tile (one reduction split), then up to two layer-epilogue outputs of
-    it (module doc)."""
+    """`igemm_kernel`'s tile (one reduction split), then up to three layer-epilogue output
+    slots of it (`layer_outputs.emit_slot`; module doc)."""
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(NOUT, BLOCK_N),
                                 GROUP_M)
     offs_m, _, acc = tile_accumulator(
@@ -83,11 +95,17 @@ def igemm_outputs_kernel(
     if HAS_RES:
         res = load_values(res_ptr, offs_m, pix_mask, c0, NOUT, res_row, res_plane,
                           RES_LAYOUT, RES_BITS, RES_ENC, BLOCK_M, BLOCK_N)
-    emit_output(acc, res, offs_m, pix_mask, c0, NOUT, o0, a0, b0, c0_, d0, row0, plane0,
-                KIND0, LAYOUT0, BITS0, QLO0, QMAX0, RES0, MODE0, BLOCK_M, BLOCK_N)
+    q = emit_slot(acc, res, acc, offs_m, pix_mask, c0, NOUT, o0, a0, b0, c0_, d0, t0, row0,
+                  plane0, KIND0, LAYOUT0, BITS0, QLO0, QMAX0, RES0, MODE0, SAME0, TABLE0,
+                  TMIN0, BLOCK_M, BLOCK_N)
     if KIND1 != 0:
-        emit_output(acc, res, offs_m, pix_mask, c0, NOUT, o1, a1, b1, c1, d1, row1, plane1,
-                    KIND1, LAYOUT1, BITS1, QLO1, QMAX1, RES1, MODE1, BLOCK_M, BLOCK_N)
+        q = emit_slot(acc, res, q, offs_m, pix_mask, c0, NOUT, o1, a1, b1, c1, d1, t1, row1,
+                      plane1, KIND1, LAYOUT1, BITS1, QLO1, QMAX1, RES1, MODE1, SAME1, TABLE1,
+                      TMIN1, BLOCK_M, BLOCK_N)
+    if KIND2 != 0:
+        emit_slot(acc, res, q, offs_m, pix_mask, c0, NOUT, o2, a2, b2, c2, d2, t2, row2,
+                  plane2, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, RES2, MODE2, SAME2, TABLE2,
+                  TMIN2, BLOCK_M, BLOCK_N)
 
 
 def fused_reason(kernel: object, n_outputs: int) -> str | None:
@@ -99,55 +117,58 @@ def fused_reason(kernel: object, n_outputs: int) -> str | None:
         return "the fp16-dot template's accumulator is float"
     if kernel.workload.epilogue.out != OUT_INT32 or kernel.workload.epilogue.requantizes:
         return "the kernel's workload must store the bare int32 accumulator"
-    if not 1 <= n_outputs <= LAYER_OUTPUTS_MAX:
-        return f"{n_outputs} outputs (the fused epilogue writes 1..{LAYER_OUTPUTS_MAX})"
+    if not 1 <= n_outputs <= FUSED_OUTPUTS_MAX:
+        return f"{n_outputs} outputs (the fused epilogue writes 1..{FUSED_OUTPUTS_MAX})"
     return None
 
 
-def fused_config(config) -> dict:
-    """The fused launch's knobs: `config`'s reduction knobs with FUSED_TILE, no split-K."""
-    return {**dict(config), **FUSED_TILE, "SPLIT_K": 1, "SPLIT_SUM": "second_kernel"}
+def fused_config(config, tile: Mapping | None = None) -> dict:
+    """The fused launch's knobs: `config`'s reduction knobs with `tile` (BLOCK_M, BLOCK_N,
+    num_warps; default FUSED_TILE), no split-K."""
+    tile = FUSED_TILE if tile is None else dict(tile)
+    if set(tile) != set(FUSED_TILE):
+        raise ValueError(f"tile must set exactly {sorted(FUSED_TILE)}, got {sorted(tile)}")
+    return {**dict(config), **tile, "SPLIT_K": 1, "SPLIT_SUM": "second_kernel"}
 
 
 def bind_conv_outputs(kernel: IgemmKernel, x: torch.Tensor, w: torch.Tensor, params,
                       outputs: Sequence[OutputSpec], outs: Sequence[PackedTensor | torch.Tensor],
                       residual: PackedTensor | None = None, y_bound: int | None = None,
-                      fast: bool = True) -> Launcher:
+                      fast: bool = True, requant32: bool = True,
+                      tile: Mapping | None = None) -> Launcher:
     """Bind `kernel` (x, w, params as for `kernel.bind`) with the layer epilogue
     (`netops.bind_layer_epilogue`'s outputs, outs and residual, of the accumulator's logical
-    shape) in its own epilogue; a launcher replaying the one launch. y_bound: max |acc|
-    (default the workload's `acc_bound`). ValueError (`fused_reason`, or the outputs' and
-    residual's checks) before any launch."""
+    shape, derived outputs and narrow residuals included) in its own epilogue; a launcher
+    replaying the one launch. y_bound: max |acc| (default the workload's `acc_bound`), which
+    with the vectors chooses each formula's exact mode (`layer_outputs.requant_mode`; fast,
+    requant32: allow FAST, INT32); tile: the output tile (`fused_config`). ValueError
+    (`fused_reason`, or the outputs' and residual's checks) before any launch."""
     reason = fused_reason(kernel, len(outputs) if isinstance(outputs, (list, tuple)) else 0)
     if reason:
         raise ValueError(f"the kernel cannot run this layer epilogue: {reason}")
     if not isinstance(outs, (list, tuple)) or len(outs) != len(outputs):
         raise ValueError("outputs and outs must be sequences of the same length")
     wl, prob = kernel.workload, kernel.problem
-    cfg = fused_config(kernel.config)
+    cfg = fused_config(kernel.config, tile)
     check_inputs(wl, x, w, params)
     _check_device(x)
     shape = tuple(out_storage(wl)[0])
     y_bound = acc_bound(wl) if y_bound is None else int(y_bound)
     res_args, res_consts, res_bound = residual_slot(residual, shape, x)
-    slots = [output_slot(i, s, o, shape, x.device, residual is not None, y_bound, res_bound,
-                         fast)
-             for i, (s, o) in enumerate(zip(outputs, outs, strict=True))]
+    (slots,) = layer_slots(outputs, outs, shape, x.device, x, residual is not None, y_bound,
+                           res_bound, fast, requant32, FUSED_OUTPUTS_MAX)
     zp = bound_terms(wl, w, x.device) if prob.a_zero else x
-    args: list = [x, w, zp, res_args[0], prob.M, prob.NOUT, prob.H, prob.W, prob.C,
-                  prob.P, prob.Q, prob.stride, prob.pad, prob.x_row, prob.w_row,
-                  splits_iters(prob, cfg), res_args[1], res_args[2]]
-    kwargs: dict = dict(mainloop_constants(prob, cfg), **res_consts)
+    slot_args, slot_consts = slot_kwargs(slots)
+    args = (x, w, zp, res_args[0], prob.M, prob.NOUT, prob.H, prob.W, prob.C, prob.P, prob.Q,
+            prob.stride, prob.pad, prob.x_row, prob.w_row, splits_iters(prob, cfg),
+            res_args[1], res_args[2], *slot_args)
+    kwargs: dict = dict(mainloop_constants(prob, cfg), **res_consts, **slot_consts)
     del kwargs["SPLIT_K"]  # one reduction split (fused_config)
-    for j in range(LAYER_OUTPUTS_MAX):
-        a, c = slots[j] if j < len(slots) else _unused_slot(x)
-        args += list(a)
-        kwargs.update({f"{name}{j}": v for name, v in c.items()})
     kwargs["enable_fp_fusion"] = False  # float outputs: the pass's rounding, no FMA
-    launch = Launch(igemm_outputs_kernel, (output_tiles(prob, cfg), 1), tuple(args), kwargs)
+    launch = Launch(igemm_outputs_kernel, (output_tiles(prob, cfg), 1), args, kwargs)
     return Launcher((launch,), tuple(o.data if isinstance(o, PackedTensor) else o
                                      for o in outs))
 
 
-__all__ = ["FUSED_TILE", "bind_conv_outputs", "fused_config",
+__all__ = ["FUSED_OUTPUTS_MAX", "FUSED_TILE", "bind_conv_outputs", "fused_config",
            "fused_reason", "igemm_outputs_kernel"]

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from ...core import Encoding, Layout
+from ...reference.netops import requant32_fits
 
 # operand encodings (constexpr ints)
 ENC_UNSIGNED, ENC_SIGNED, ENC_BINARY = 0, 1, 2
@@ -25,9 +26,11 @@ SRC_INT8, SRC_PACKED, SRC_FLOAT = 0, 1, 2
 OUT_KIND_INT32, OUT_KIND_FP16, OUT_KIND_REQUANT, OUT_KIND_FLOAT = 0, 1, 2, 3
 # HAS_BIAS: no bias (0 / False), int32 in accumulator units (1 / True), int64 at the output's
 # shift (2: Epilogue.shifted_bias, added after the multiply), or the same requantization in
-# float64 (3: `float64_requant`, where it is exact)
+# float64 (3: `float64_requant`, where it is exact) or in int32 (4: `int32_requant`, where
+# every partial sum fits)
 BIAS_SHIFTED = 2
 BIAS_SHIFTED_FLOAT64 = 3
+BIAS_SHIFTED_INT32 = 4
 #: float64 holds every integer below 2^53 exactly
 FLOAT64_EXACT = 2**53
 # output layouts
@@ -121,7 +124,15 @@ def epilogue_store(acc, offs_m, n0, M, NOUT, out_ptr, out_row, out_plane,
             ptrs = out_ptr + offs_m[:, None] * out_row + offs_n[None, :]
             tl.store(ptrs, (y.to(tl.float32) * sc[None, :]).to(tl.float16), mask=mask)
         else:
-            if HAS_BIAS == 3:
+            if HAS_BIAS == 4:
+                # (acc m + (b + 2^(s-1))) >> s in int32: every partial sum fits (the launcher
+                # checked |acc| m + |b| + 2^(s-1) < 2^31), two integer instructions a value
+                mul = tl.load(mult_ptr + offs_n, mask=n_mask, other=0)
+                sb = tl.load(bias_ptr + offs_n, mask=n_mask, other=0)
+                sh = tl.load(shift_ptr + offs_n, mask=n_mask, other=1)
+                z = y.to(tl.int32) * mul[None, :] + sb[None, :]
+                q = tl.minimum(tl.maximum(z >> sh[None, :], QMIN), QMAX)
+            elif HAS_BIAS == 3:
                 # floor(acc (m 2^-s) + b 2^-s + 0.5): every term an integer below 2^53 times
                 # 2^-s (the launcher checked), so each float64 step is exact; the int64 form
                 # below costs ~15 integer instructions a value (64-bit emulation)
@@ -181,6 +192,35 @@ def pack_store(pat, offs_m, m_mask, n0, out_ptr, out_row, out_plane,
             word = tl.sum(((p3 >> i) & 1) << lane[None, None, :], axis=2)
             ptrs = out_ptr + i * out_plane + offs_m[:, None] * out_row + col[None, :]
             tl.store(ptrs, word.to(tl.int32, bitcast=True), mask=wmask)
+
+
+def int32_requant(acc_top: int, params, device: torch.device | str
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(b + 2^(s-1), m, s) int32 [K] on `device` for the shifted-bias requantization
+    floor((acc m + b + 2^(s-1)) / 2^s) of accumulators |acc| <= acc_top in int32 arithmetic,
+    where every partial sum fits: acc_top m + |b| + 2^(s-1) < 2^31 on every channel
+    (`reference.netops.requant32_fits`); None where a channel's may not."""
+    m = params.multiplier.to(torch.int64).cpu()
+    s = params.shift.to(torch.int64).cpu()
+    b = params.shifted_bias.to(torch.int64).cpu()
+    if not requant32_fits(m, s, b, None, acc_top):
+        return None
+    return tuple(v.to(torch.int32).contiguous().to(device) for v in (b + (1 << (s - 1)), m, s))
+
+
+def exact_requant(acc_top: int, params, device: torch.device | str
+                  ) -> tuple[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None:
+    """(HAS_BIAS, (bias, multiplier, shift) vectors) of the cheapest exact shifted-bias
+    requantization of accumulators |acc| <= acc_top: int32 (`int32_requant`), else float64
+    (`float64_requant`; the shift vector as given); None where neither is exact (the int64
+    form, BIAS_SHIFTED)."""
+    narrow = int32_requant(acc_top, params, device)
+    if narrow is not None:
+        return BIAS_SHIFTED_INT32, narrow
+    scaled = float64_requant(acc_top, params, device)
+    if scaled is not None:
+        return BIAS_SHIFTED_FLOAT64, (scaled[0], scaled[1], params.shift)
+    return None
 
 
 def float64_requant(acc_top: int, params, device: torch.device | str

@@ -319,6 +319,7 @@ class Problem:
     w_operand: tuple[int, int, int]
     dot_fp16: bool
     bias: bool | int  # the kernels' HAS_BIAS: False, True (accumulator units), BIAS_SHIFTED
+    # (its float64 / int32 forms: epilogue.exact_requant)
     relu: bool
     out: tuple[int, int, int, int, int]
     wide: bool = False  # acc + bias may leave int32: bias and ReLU in int64

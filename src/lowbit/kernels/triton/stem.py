@@ -1,33 +1,40 @@
-"""The first layer of a CNN on the GPU: float (fp32 / fp16 / bf16, NCHW) or uint8 image ->
-quantized input -> R x R stride-S conv on C channels (int8 tensor cores, exact int32
-accumulation) -> bias, ReLU, requantization into one or more outputs -> 3x3 stride-2 max-pool
--> the next layer's layouts (INT8 NHWC or BITPLANE).
+"""The first layer of a CNN on the GPU: float (fp32 / fp16 / bf16) or uint8 image (NCHW
+shape, NCHW or channels_last memory) -> quantized input -> R x R stride-S conv on C channels
+(int8 tensor cores, exact int32 accumulation) -> bias, ReLU, requantization into one or more
+outputs -> 3x3 stride-2 max-pool -> the next layer's layouts (INT8 NHWC or BITPLANE).
 
-Semantics (oracle, bit for bit): `reference.quantize_float` (or, for a uint8 image, the lookup
-`table[c, pixel]` of `reference.uint8_input_table`), `reference.accumulate` (conv2d_int),
+Semantics (oracle, bit for bit): `reference.quantize_float` (or, for a uint8 image,
+`reference.quantize_uint8_image`: the lookup `table[c, pixel]`, the table from
+`reference.uint8_input_table`), `reference.accumulate` (conv2d_int),
 `reference.epilogue_outputs`, then `reference.maxpool2d_int` on each output (pooling the int32
 accumulators first is the same: bias, ReLU and requantization are monotone per channel).
 
-Two launches:
-1. `stem_input_kernel` quantizes each image value once (IEEE division, `div_rn`, as on the CPU)
-   into a space-to-depth int8 tensor: S x S blocks of pixels become one pixel of S*S*C channels
-   ([N, HS, WS, CSP], zero padding written in), so the stride-S R x R conv becomes a stride-1
-   RS x RS conv whose every filter row reads RS*CSP contiguous bytes (word loads);
-2. `stem_conv_kernel`: per program, one image, a band of output rows and 64 channels. The conv
-   runs as int8 dots of 64 output columns x 64 channels (K chunks of 64 bytes, zero weights
-   where the space-to-depth filter has no tap). With the pool, each step computes the two new
-   conv rows of one pooled row at the pool windows' first and second columns (2j - pad and
-   2j - pad + 1), keeps the second row for the next step (the windows' shared row), and takes
-   the third column from the neighbour window (a gather along the 64 columns): no conv output
-   is computed twice except one row per band and the padding columns; then the epilogue runs
-   on the pooled int32 values only. `StemConfig(kernel="gemm")` runs the same work as one
-   dot of 4 * block_j rows per pooled row instead (`stem_gemm`).
+`bind_stem` is the one entry point; `default_config` picks the kernel by shape:
+- "ring" (`stem_ring`, one launch) for a stride-2 conv of at most 8x8 taps on <= 4 channels
+  with the 3x3/2 pool (ResNet's 7x7/2): each program quantizes its image rows once into a
+  small on-chip ring of space-to-depth rows and runs the conv from it as a dense implicit
+  GEMM; no quantized image goes through DRAM;
+- two launches otherwise (AlexNet's 11x11/4, VGG's 3x3/1, no pool):
+  1. `stem_input_kernel` quantizes each image value once (IEEE division, `div_rn`, as on the
+     CPU) into a space-to-depth int8 tensor: S x S blocks of pixels become one pixel of
+     S*S*C channels ([N, HS, WS, CSP], zero padding written in), so the stride-S R x R conv
+     becomes a stride-1 RS x RS conv whose every filter row reads RS*CSP contiguous bytes;
+  2. `stem_conv_kernel` ("bands"): per program, one image, a band of output rows and 64
+     channels. The conv runs as int8 dots of 64 output columns x 64 channels (K chunks of 64
+     bytes, zero weights where the space-to-depth filter has no tap). With the pool, each
+     step computes the two new conv rows of one pooled row at the pool windows' first and
+     second columns (2j - pad and 2j - pad + 1), keeps the second row for the next step (the
+     windows' shared row), and takes the third column from the neighbour window (a gather
+     along the 64 columns); then the epilogue runs on the pooled int32 values only.
+     `StemConfig(kernel="gemm")` runs the same work as one dot of 4 * block_j rows per pooled
+     row instead (`stem_gemm`).
 
 Exactness: int8 x int8 products summed in int32 (|sum| <= K_red * 128 * 128, checked), bias
-and requantization as `netops.emit_output` (|acc + bias| < 2^31 checked at bind; each
-output's bias at its shift and its exact mode from `netops.requant_mode`).
-AlexNet's 11x11 stride-4 first layer runs too (space-to-depth by 4, with or without its 3x3/2
-pool with pad 0), at a lower useful fraction of the dots (363 of 768 products).
+and requantization as `netops.emit_output` (|acc + bias| < 2^31 - 1 checked at bind; each
+output's bias at its shift and its exact mode from `netops.requant_mode`), outputs of 1-2
+bits by the integer thresholds of `reference.requant_thresholds` (exact: requantization is
+monotone). AlexNet's 11x11 stride-4 first layer runs too (space-to-depth by 4, with or without
+its 3x3/2 pool with pad 0), at a lower useful fraction of the dots (363 of 768 products).
 """
 
 from __future__ import annotations
@@ -40,158 +47,39 @@ import triton
 import triton.language as tl
 
 from ...core import Encoding, Layout, PackedTensor, Precision
-from ...reference.netops import pool_output_size
 from .igemm import Launch, cdiv
 from .netops import (
+    FLOAT_INPUTS,
     Dequantized,
     OutputSpec,
     Requantized,
     _unused_slot,
     as_output_spec,
-    check_image,
     check_status,
     float32_scale,
     new_outputs,
     output_slot,
 )
-from .stem_gemm import INT32_MIN, stem_gemm_kernel, stem_outputs
+from .stem_gemm import INT32_MIN, stem_gemm_kernel, stem_outputs, threshold_slot
+from .stem_geometry import StemGeometry, geometry_of, s2d_weights
+from .stem_ring import ring_band_rows, ring_launch, ring_refusal
 from .stored import ENC, Launcher, check_device, empty_packed, flag_nonfinite, quantize_f32
 
 __all__ = ["StemConfig", "StemGeometry", "bind_stem", "default_config", "empty_packed",
-           "gemm_band_rows", "geometry_of", "s2d_weights", "stem"]
+           "gemm_band_rows", "geometry_of", "ring_config", "ring_refusal", "s2d_weights", "stem"]
 
 #: outputs one stem launch writes
 STEM_MAX_OUTPUTS = 3
 #: conv kernels a StemConfig names
-STEM_KERNELS = ("bands", "gemm")
+STEM_KERNELS = ("bands", "gemm", "ring")
 #: output columns and channels per dot (defaults)
 BLOCK_J = 64
 BLOCK_N = 64
-#: reduction bytes per dot chunk, and the alignment of a space-to-depth pixel
-CHUNK_BYTES = 64
-PIXEL_ALIGN = 16
-
-
-# =========================================================================== geometry
-@dataclass(frozen=True)
-class StemGeometry:
-    """Shapes of one first layer: image [N, C, H, W], filter [K, R, R, C], stride, pad, and
-    pool_pad (the 3x3 stride-2 max-pool's padding, 0 or 1; None: no pool)."""
-
-    N: int
-    C: int
-    H: int
-    W: int
-    K: int
-    R: int
-    stride: int
-    pad: int
-    pool_pad: int | None = 1
-
-    def __post_init__(self) -> None:
-        for name in ("N", "C", "H", "W", "K", "R", "stride"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if isinstance(self.pad, bool) or not isinstance(self.pad, int) or self.pad < 0:
-            raise ValueError(f"pad must be an int >= 0, got {self.pad!r}")
-        if self.pool_pad not in (None, 0, 1):
-            raise ValueError(f"pool_pad must be None (no pool), 0 or 1, got {self.pool_pad!r}")
-        if self.OH < 1 or self.OW < 1:
-            raise ValueError(f"a {self.R}x{self.R} filter does not fit the {self.H}x{self.W} "
-                             "image")
-        if self.pool_pad is not None and (self.PH < 1 or self.PW < 1):
-            raise ValueError(f"the 3x3 pool does not fit the {self.OH}x{self.OW} conv output")
-
-    # conv and pool output
-    @property
-    def OH(self) -> int:
-        return (self.H + 2 * self.pad - self.R) // self.stride + 1
-
-    @property
-    def OW(self) -> int:
-        return (self.W + 2 * self.pad - self.R) // self.stride + 1
-
-    @property
-    def PH(self) -> int:
-        return self.OH if self.pool_pad is None else pool_output_size(self.OH, 3, 2,
-                                                                       self.pool_pad)
-
-    @property
-    def PW(self) -> int:
-        return self.OW if self.pool_pad is None else pool_output_size(self.OW, 3, 2,
-                                                                       self.pool_pad)
-
-    @property
-    def out_shape(self) -> tuple[int, int, int, int]:
-        """Logical NHWC shape of each output."""
-        return (self.N, self.PH, self.PW, self.K)
-
-    # space-to-depth by the stride: filter offset r - pad = stride * a + d, d in [0, stride)
-    @property
-    def a_min(self) -> int:
-        return (-self.pad) // self.stride
-
-    @property
-    def RS(self) -> int:
-        """Space-to-depth filter size."""
-        return (self.R - 1 - self.pad) // self.stride - self.a_min + 1
-
-    @property
-    def CSP(self) -> int:
-        """Bytes per space-to-depth pixel: stride^2 * C channels padded to 16 (so each
-        filter row's RS pixels are 16-byte vectors)."""
-        return -(-self.stride * self.stride * self.C // PIXEL_ALIGN) * PIXEL_ALIGN
-
-    @property
-    def HS(self) -> int:
-        return self.OH + self.RS - 1
-
-    @property
-    def WS(self) -> int:
-        return self.OW + self.RS - 1
-
-    @property
-    def KB(self) -> int:
-        """Reduction bytes of the space-to-depth conv: RS filter rows of RS * CSP bytes."""
-        return self.RS * self.RS * self.CSP
-
-    @property
-    def chunks(self) -> int:
-        return -(-self.KB // CHUNK_BYTES)
-
-    @property
-    def macs(self) -> int:
-        """Multiply-adds of the conv (its own definition, padding taps included)."""
-        return self.N * self.OH * self.OW * self.K * self.R * self.R * self.C
-
-
-def s2d_weights(weight: torch.Tensor, geom: StemGeometry) -> torch.Tensor:
-    """KRSC integer weights -> int8 [K, chunks * 64] in the space-to-depth reduction order
-    (filter row a, column b, channel (d, e, c), padded to the pixel's bytes and to chunks;
-    zero where the space-to-depth filter has no tap)."""
-    s, c = geom.stride, geom.C
-    rs = geom.RS
-    out = torch.zeros(geom.K, rs, rs, geom.CSP, dtype=torch.int8)
-    w = weight.to(torch.int8).cpu()
-    for a in range(rs):
-        for d in range(s):
-            r = s * (a + geom.a_min) + d + geom.pad
-            if not 0 <= r < geom.R:
-                continue
-            for b in range(rs):
-                for e in range(s):
-                    col = s * (b + geom.a_min) + e + geom.pad
-                    if 0 <= col < geom.R:
-                        out[:, a, b, (d * s + e) * c:(d * s + e + 1) * c] = w[:, r, col, :]
-    flat = out.reshape(geom.K, -1)
-    return torch.nn.functional.pad(flat, (0, geom.chunks * CHUNK_BYTES - flat.shape[1]))
-
 
 # =========================================================================== kernels
 @triton.jit
 def stem_input_kernel(
-    x_ptr, table_ptr, s2d_ptr, status_ptr, HS, WS, H, W, scale,
+    x_ptr, table_ptr, s2d_ptr, status_ptr, HS, WS, H, W, sn, sc, sh, sw, scale,
     C: tl.constexpr, S: tl.constexpr, PS: tl.constexpr, CSP: tl.constexpr, CSPP: tl.constexpr,
     U8: tl.constexpr, ENC: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
     HAS_STATUS: tl.constexpr, BLOCK_X: tl.constexpr,
@@ -199,8 +87,8 @@ def stem_input_kernel(
     """Quantized space-to-depth image: s2d[n, Y, X, (d*S + e)*C + c] =
     q(x[n, c, S*(Y - PS) + d, S*(X - PS) + e]), 0 outside the image and in the padding
     channels. One program per space-to-depth row (n, Y) and BLOCK_X of its pixels: it reads the
-    S image rows of each channel, each value once, and writes whole pixels (CSP bytes, a
-    multiple of 16: vector stores)."""
+    S image rows of each channel (image strides sn, sc, sh, sw), each value once, and writes
+    whole pixels (CSP bytes, a multiple of 16: vector stores)."""
     row = tl.program_id(0)
     n = row // HS
     yy = row % HS
@@ -214,7 +102,7 @@ def stem_input_kernel(
     xmask = xx < WS
     valid = (xmask[:, None] & ((ch < S * S * C) & (iy >= 0) & (iy < H))[None, :] & (ix >= 0)
              & (ix < W))
-    src = ((n * C + c) * H + iy)[None, :] * W + ix
+    src = (n * sn + c * sc + iy * sh)[None, :] + ix * sw
     if U8:
         v = tl.load(x_ptr + src, mask=valid, other=0).to(tl.int32)
         q = tl.load(table_ptr + c[None, :] * 256 + v, mask=valid, other=0).to(tl.int32)
@@ -340,15 +228,20 @@ def stem_conv_kernel(
 # =========================================================================== host side
 @dataclass(frozen=True)
 class StemConfig:
-    """Launch knobs. kernel: "bands" (`stem_conv_kernel`: four dots of BLOCK_J rows per
-    pooled row) or "gemm" (`stem_gemm.stem_gemm_kernel`: one dot of 4 * block_j rows per
-    pooled row, weights loaded once, loads pipelined by num_stages). band_rows: output rows
-    per program (with the pool each band computes one extra conv row pair); images: images
-    stacked along the dots' M ("bands" only: 1 or 2); block_j: output columns per dot
-    (pooled: block_j - 1 written per program); whole_k: one dot over the whole reduction where
-    its bytes are a power of two, else dots of 64; block_n: channels per program (32 halves
-    the registers, each program reads the window again); warps, pipeline stages;
-    fast_requant: the float64 requantization where it is exact (`netops.requant_mode`)."""
+    """Launch knobs. kernel: "ring" (`stem_ring`: one launch, the image quantized into a
+    per-program ring; stride 2 with the pool only), "bands" (`stem_conv_kernel`: four dots of
+    BLOCK_J rows per pooled row) or "gemm" (`stem_gemm.stem_gemm_kernel`: one dot of
+    4 * block_j rows per pooled row, weights loaded once, loads pipelined by num_stages).
+    band_rows: output rows per tile (with the pool each band computes one extra conv row
+    pair); images: images stacked along the dots' M ("bands" only: 1 or 2); block_j: output
+    columns per dot (pooled: block_j - 1 written per program, block_j - 2 with "ring");
+    whole_k: one dot over the whole reduction where its bytes are a power of two, else dots
+    of 64 ("bands" / "gemm"); block_n: channels per program (32 halves the registers, each
+    program reads the window again); warps, pipeline stages ("ring" runs unpipelined);
+    fast_requant: the float64 requantization where it is exact (`netops.requant_mode`);
+    thresholds: outputs of 1-2 bits by integer thresholds instead; programs_per_sm ("ring"):
+    the persistent grid's programs per SM; transposed ("ring"): the dot as weights x
+    windows^T (False: windows x weights)."""
 
     band_rows: int = 4
     images: int = 1
@@ -360,10 +253,16 @@ class StemConfig:
     num_stages: int = 1
     fast_requant: bool = True
     maxnreg: int | None = None
+    thresholds: bool = True
+    programs_per_sm: int = 2
+    transposed: bool = True
 
     def __post_init__(self) -> None:
         if self.kernel not in STEM_KERNELS:
             raise ValueError(f"kernel must be one of {STEM_KERNELS}, got {self.kernel!r}")
+        if not isinstance(self.programs_per_sm, int) or not 1 <= self.programs_per_sm <= 8:
+            raise ValueError(f"programs_per_sm must be an int in 1..8, got "
+                             f"{self.programs_per_sm!r}")
         if self.images not in ((1, 2) if self.kernel == "bands" else (1,)):
             raise ValueError(f"images must be 1 or 2 (1 with kernel='gemm'), got "
                              f"{self.images!r}")
@@ -383,17 +282,33 @@ def gemm_band_rows(geom: StemGeometry, block_j: int, block_n: int = BLOCK_N, sms
     return next((r for r in (16, 8, 4, 2) if per_band * cdiv(geom.PH, r) >= per_sm * sms), 1)
 
 
+def ring_config(geom: StemGeometry, sms: int = 132, **knobs) -> StemConfig:
+    """A "ring" config: block_j 16 or 32 by the pooled width (2 * block_j + 4 pixels per ring
+    row), 64 channels, 4 warps, 2 programs per SM and the band of least predicted time
+    (`stem_ring.ring_band_rows`); `knobs` override (band_rows recomputed unless given)."""
+    base = dict(kernel="ring", block_j=16 if geom.PW <= 14 else 32, block_n=64, num_warps=4,
+                programs_per_sm=2)
+    base.update(knobs)
+    if "band_rows" not in knobs:
+        base["band_rows"] = ring_band_rows(geom, base["block_j"], base["block_n"], sms,
+                                           base["programs_per_sm"])
+    return StemConfig(**base)
+
+
 def default_config(geom: StemGeometry, sms: int = 132) -> StemConfig:
-    """The fastest measured config per first-layer shape (`benchmarks/probes/stem_probe.py`,
-    bit-exact variants, CUDA-graph medians):
+    """The config per first-layer shape:
+    - ResNet's 7x7/2 + pool (stride 2, <= 8x8 taps, <= 4 channels, the 3x3/2 pool): the
+      "ring" kernel (`ring_config`; predicted, NOTES.md "Stem");
     - AlexNet's 11x11/4 + pool and VGG's 3x3/1 without pool: the "gemm" kernel at 32 columns,
       4 warps, 3 stages (H100: 33 against the "bands" kernel's 72 us and 77 against 112 us at
       batch 8; 145 against 307 us and 553 against 878 us at batch 64; cuDNN fp16 conv + ReLU
-      (+ pool) 61 / 87 us and 296 / 659 us);
-    - ResNet's 7x7/2 + pool and the rest: the "bands" kernel, one dot per conv row over the
-      whole reduction, 64 channels, one image per program, and the longest band (fewest
-      recomputed rows) that still gives every SM two programs (batch 8 and 256, H200; batch 8
-      on an H100: 29.5 us, the best gemm config 31.4)."""
+      (+ pool) 61 / 87 us and 296 / 659 us; `benchmarks/probes/stem_probe.py`, CUDA graph);
+    - the rest: the "bands" kernel, one dot per conv row over the whole reduction, 64
+      channels, one image per program, and the longest band (fewest recomputed rows) that
+      still gives every SM two programs (ResNet's 7x7/2 before the ring kernel: H100 batch 8
+      29.5 us, the best gemm config 31.4)."""
+    if ring_refusal(geom) is None:
+        return ring_config(geom, sms)
     if geom.stride == 4 or (geom.pool_pad is None and geom.stride == 1):
         return StemConfig(kernel="gemm", block_j=32, num_warps=4, num_stages=3, whole_k=True,
                           band_rows=gemm_band_rows(geom, 32, sms=sms))
@@ -426,13 +341,38 @@ def _check_weight(weight: object) -> torch.Tensor:
     return weight
 
 
-def geometry_of(image: torch.Tensor, weight: torch.Tensor, stride: int, pad: int,
-                pool_pad: int | None) -> StemGeometry:
-    n, c, h, w = image.shape
-    if weight.shape[3] != c:
-        raise ValueError(f"weight has C={weight.shape[3]} but the image has {c} channels")
-    return StemGeometry(N=n, C=c, H=h, W=w, K=weight.shape[0], R=weight.shape[1],
-                        stride=stride, pad=pad, pool_pad=pool_pad)
+def _check_image(image: object) -> bool:
+    """Check the image (module docstring); True for a uint8 one."""
+    if not isinstance(image, torch.Tensor) or image.dtype not in (torch.uint8, *FLOAT_INPUTS):
+        got = image.dtype if isinstance(image, torch.Tensor) else type(image).__name__
+        raise TypeError(f"image must be a uint8, float32, float16 or bfloat16 tensor, got {got}")
+    if image.dim() != 4 or image.numel() == 0 or not (
+            image.is_contiguous() or image.is_contiguous(memory_format=torch.channels_last)):
+        raise ValueError(f"image must be a non-empty NCHW-shaped tensor, contiguous in NCHW or "
+                         f"channels_last (NHWC) memory, got shape {tuple(image.shape)} and "
+                         f"strides {image.stride()}")
+    if image.numel() >= 2**31:
+        raise ValueError(f"image must have fewer than 2^31 values, got {image.numel()}")
+    check_device("image", image)
+    return image.dtype == torch.uint8
+
+
+def _sm_count(device: torch.device) -> int:
+    """SMs the persistent grid fills (the interpreter: 2, so programs loop over tiles)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 2
+
+
+def _output_args(slots: list, placeholder: torch.Tensor) -> tuple[list, dict]:
+    """The kernels' output arguments and constexprs (NAME0..NAME2) of up to 3 slots."""
+    args: list = []
+    consts: dict = {}
+    for j in range(STEM_MAX_OUTPUTS):
+        a, c = slots[j] if j < len(slots) else _unused_slot(placeholder)
+        args += list(a)
+        consts.update({f"{name}{j}": v for name, v in c.items() if name != "RES"})
+    return args, consts
 
 
 def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -442,28 +382,28 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
               precision: Precision | str = "s8", table: torch.Tensor | None = None,
               status: torch.Tensor | None = None, config: StemConfig | None = None
               ) -> Launcher:
-    """Bind the first layer.
+    """Bind the first layer: the one entry point for every first-layer shape (the kernel
+    picked by `default_config` unless `config` names one).
 
-    image: contiguous NCHW, float32 / float16 / bfloat16 (quantized with `scale` into
-    `precision`, `reference.quantize_float`) or uint8 (looked up in `table`, int [C, 256] of
-    `precision` values, `reference.uint8_input_table`). weight: KRSC integer values in s8
-    range; bias: int [K] or None. outputs: one spec per entry of `outs` (`netops.Requantized`
-    or RequantizedOutput -> PackedTensor of logical [N, PH, PW, K] in INT8 or BITPLANE, or a
-    wide one in INT8; Dequantized / FloatOutput -> float32 tensor of that shape (NCHW with
-    channels_first); with the pool, the max of the window's float values: scale >= 0 makes the
-    float output monotone, so pooling commutes with it), at most 3, none with a residual.
-    pool_pad: the 3x3 stride-2 max-pool's padding (1: ResNet, 0: AlexNet) or None for no
-    pool. status: optional int32 device tensor, element 0 set to 1 when a float image held
-    inf or nan."""
+    image: [N, C, H, W], contiguous in NCHW or in channels_last (NHWC) memory (an NHWC
+    uint8 batch x is passed as x.permute(0, 3, 1, 2), no copy), either
+    - float32 / float16 / bfloat16, quantized with `scale` into `precision`
+      (`reference.quantize_float`), or
+    - uint8 pixel values, quantized by `table`: int [C, 256], table[c, v] the `precision`
+      value of pixel value v of channel c after the model's own normalization, computed by
+      the caller (`reference.uint8_input_table` for ToTensor + Normalize;
+      `reference.quantize_uint8_image` is the lookup's semantics); `scale` is not used.
+    weight: KRSC integer values in s8 range; bias: int [K] or None. outputs: one spec per
+    entry of `outs` (`netops.Requantized` or RequantizedOutput -> PackedTensor of logical
+    [N, PH, PW, K] in INT8 or BITPLANE, or a wide one in INT8; Dequantized / FloatOutput ->
+    float32 tensor of that shape (NCHW with channels_first); with the pool, the max of the
+    window's float values: scale >= 0 makes the float output monotone, so pooling commutes
+    with it), at most 3, none with a residual. pool_pad: the 3x3 stride-2 max-pool's padding
+    (1: ResNet, 0: AlexNet) or None for no pool. status: optional int32 device tensor,
+    element 0 set to 1 when a float image held inf or nan. config: a `StemConfig` (its
+    kernel "ring" only where `ring_refusal(geometry)` is None)."""
     prec = _input_precision(precision)
-    is_u8 = isinstance(image, torch.Tensor) and image.dtype == torch.uint8
-    if is_u8:
-        if image.dim() != 4 or not image.is_contiguous() or image.numel() == 0:
-            raise ValueError(f"image must be a contiguous NCHW tensor, got shape "
-                             f"{tuple(image.shape)}")
-        check_device("image", image)
-    else:
-        check_image(image)
+    is_u8 = _check_image(image)
     device = image.device
     weight = _check_weight(weight)
     geom = geometry_of(image, weight, stride, pad, pool_pad)
@@ -475,10 +415,11 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                 tuple(bias.shape) != (geom.K,):
             raise ValueError(f"bias must be an integer tensor of shape ({geom.K},)")
         top = int(bias.abs().max())
-    if bound + top >= 2**31:
-        raise ValueError(f"worst-case |acc + bias| {bound + top} must stay below 2^31")
+    if bound + top >= 2**31 - 1:
+        raise ValueError(f"worst-case |acc + bias| {bound + top} must stay below 2^31 - 1")
     if is_u8:
-        if not isinstance(table, torch.Tensor) or tuple(table.shape) != (geom.C, 256):
+        if not isinstance(table, torch.Tensor) or table.dtype.is_floating_point or \
+                tuple(table.shape) != (geom.C, 256):
             raise ValueError(f"a uint8 image needs table, an int tensor [{geom.C}, 256]")
         if int(table.min()) < prec.qmin or int(table.max()) > prec.qmax:
             raise ValueError(f"table values must lie in {prec}'s range")
@@ -502,17 +443,31 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         if isinstance(spec, Dequantized) and pool_pad is not None and \
                 bool((torch.as_tensor(spec.scale) < 0).any()):
             raise ValueError(f"outputs[{i}].scale must be >= 0 to pool a float output")
-    cfg = config or default_config(geom)
-    slots = [output_slot(i, s, o, geom.out_shape, device, False, bound + top,
-                         fast=cfg.fast_requant)
-             for i, (s, o) in enumerate(zip(specs, outs, strict=True))]
+    if config is not None and not isinstance(config, StemConfig):
+        raise TypeError(f"config must be a StemConfig or None, got {type(config).__name__}")
+    sms = _sm_count(device)
+    cfg = config or default_config(geom, sms)
+    if cfg.kernel == "ring" and ring_refusal(geom) is not None:
+        raise ValueError(f"config.kernel 'ring' cannot run this layer: {ring_refusal(geom)}")
+    slots = []
+    for i, (spec, out) in enumerate(zip(specs, outs, strict=True)):
+        slot = output_slot(i, spec, out, geom.out_shape, device, False, bound + top,
+                           fast=cfg.fast_requant)
+        slots.append(threshold_slot(spec, slot, geom.K, device) if cfg.thresholds else slot)
+    results = tuple(o.data if isinstance(o, PackedTensor) else o for o in outs)
+    bias_dev = bias.to(torch.int32).contiguous().to(device) if bias is not None else None
+    if cfg.kernel == "ring":
+        out_args, out_consts = _output_args(slots, image)
+        return Launcher((ring_launch(image, table_dev, weight, bias_dev, out_args, out_consts,
+                                     geom, cfg, prec, s32, status, sms),), results)
 
     # launch 1: quantized space-to-depth image
     s2d = torch.empty(geom.N, geom.HS, geom.WS, geom.CSP, dtype=torch.int8, device=device)
     cspp = 1 << (geom.CSP - 1).bit_length()
     block_x = max(16, min(1 << (geom.WS - 1).bit_length(), 2048 // cspp))
     in_args = (image, table_dev if is_u8 else image, s2d,
-               status if status is not None else s2d, geom.HS, geom.WS, geom.H, geom.W, s32)
+               status if status is not None else s2d, geom.HS, geom.WS, geom.H, geom.W,
+               *image.stride(), s32)
     in_kwargs = dict(C=geom.C, S=geom.stride, PS=-geom.a_min, CSP=geom.CSP, CSPP=cspp,
                      BLOCK_X=block_x,
                      U8=is_u8, ENC=ENC[prec.encoding], QMIN=prec.qmin, QMAX=prec.qmax,
@@ -522,26 +477,22 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
     # launch 2: conv, epilogue, pool
     w2 = s2d_weights(weight, geom).to(device)
-    bias_dev = (bias.to(torch.int32).contiguous().to(device) if bias is not None
-                else torch.zeros(1, dtype=torch.int32, device=device))
+    if bias_dev is None:
+        bias_dev = torch.zeros(1, dtype=torch.int32, device=device)
     pooled = geom.pool_pad is not None
     bj = cfg.block_j
     col_blocks = cdiv(geom.PW, bj - 1) if pooled else cdiv(geom.OW, bj)
     rows = geom.PH if pooled else geom.OH
     bands = cdiv(rows, cfg.band_rows)
-    args: list = [s2d, w2, bias_dev, geom.N, geom.OH, geom.OW, geom.PH,
-                  geom.PW, geom.HS, geom.WS, geom.K, w2.shape[1], bands, col_blocks,
-                  cfg.band_rows]
+    out_args, out_consts = _output_args(slots, s2d)
+    args = [s2d, w2, bias_dev, geom.N, geom.OH, geom.OW, geom.PH, geom.PW, geom.HS, geom.WS,
+            geom.K, w2.shape[1], bands, col_blocks, cfg.band_rows, *out_args]
     whole_k = cfg.whole_k and geom.chunks in (1, 2, 4)
     kwargs: dict = dict(CSP=geom.CSP, RS=geom.RS, KB=geom.KB, CHUNKS=geom.chunks,
                         WHOLE_K=whole_k, POOL=pooled, PP=geom.pool_pad or 0,
-                        HAS_BIAS=bias is not None)
-    for j in range(STEM_MAX_OUTPUTS):
-        a, c = slots[j] if j < len(slots) else _unused_slot(s2d)
-        args += list(a)
-        kwargs.update({f"{name}{j}": v for name, v in c.items() if name != "RES"})
-    kwargs.update(BLOCK_J=bj, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-                  num_stages=cfg.num_stages, enable_fp_fusion=False)
+                        HAS_BIAS=bias is not None, **out_consts, BLOCK_J=bj,
+                        BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+                        num_stages=cfg.num_stages, enable_fp_fusion=False)
     if cfg.maxnreg is not None:
         kwargs["maxnreg"] = cfg.maxnreg
     channel_blocks = cdiv(geom.K, cfg.block_n)
@@ -553,7 +504,6 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         kwargs["IMAGES"] = cfg.images
         grid = (cdiv(geom.N, cfg.images) * bands * col_blocks, channel_blocks)
         second = Launch(stem_conv_kernel, grid, tuple(args), kwargs)
-    results = tuple(o.data if isinstance(o, PackedTensor) else o for o in outs)
     return Launcher((first, second), results)
 
 

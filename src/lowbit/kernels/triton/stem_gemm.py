@@ -1,5 +1,6 @@
-"""The stem's conv as one implicit GEMM per step (`StemConfig(kernel="gemm")`), and the
-epilogue both stem conv kernels share.
+"""The stem's conv as one implicit GEMM per step (`StemConfig(kernel="gemm")`), and what the
+stem conv kernels share: the pool step and the epilogue (`stem_outputs`; outputs of 1-2 bits
+by integer thresholds, `threshold_table`).
 
 Same input as `stem.stem_conv_kernel` (the quantized space-to-depth image, the space-to-depth
 weights) and the same outputs bit for bit; the difference is the shape of the work:
@@ -24,12 +25,41 @@ the outputs (bias, ReLU, requantization monotone per channel).
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from .netops import emit_output
+from ...core import Epilogue, Precision
+from ...core.epilogue import EpilogueParams
+from ...reference.epilogue import requant_thresholds
+from .netops import Requantized, emit_output
+from .stored import store_values
 
 INT32_MIN = tl.constexpr(-(2**31))
+#: output kind of `stem_outputs` beside netops' KIND_*: a 1-2 bit output by integer thresholds
+KIND_THRESHOLDS = tl.constexpr(4)
+
+
+@triton.jit
+def _stem_output(y, pix, pix_mask, c0, K, out_ptr, v1_ptr, v2_ptr, v3_ptr, v4_ptr, row, plane,
+                 KIND: tl.constexpr, LAYOUT: tl.constexpr, BITS: tl.constexpr,
+                 QLO: tl.constexpr, QMAX: tl.constexpr, MODE: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One output of y [BLOCK_M, BLOCK_N] (int32): THRESHOLDS (QLO the precision's qmin, v1
+    the int32 table [K, 4] of `threshold_table`) q = QLO + #{i : y >= T[c, i]}; any other
+    kind as `netops.emit_output`."""
+    if KIND == KIND_THRESHOLDS:
+        chan = c0 + tl.arange(0, BLOCK_N)
+        c_mask = chan < K
+        q = tl.full((BLOCK_M, BLOCK_N), QLO, tl.int32)
+        for i in tl.static_range(QMAX - QLO):
+            thr = tl.load(v1_ptr + chan * 4 + i, mask=c_mask, other=0)
+            q += (y >= thr[None, :]).to(tl.int32)
+        store_values(out_ptr, q, pix, pix_mask, c0, K, row, plane, LAYOUT, BITS, 0, BLOCK_M,
+                     BLOCK_N)
+    else:
+        emit_output(y, y, pix, pix_mask, c0, K, out_ptr, v1_ptr, v2_ptr, v3_ptr, v4_ptr, row,
+                    plane, KIND, LAYOUT, BITS, QLO, QMAX, False, MODE, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -43,18 +73,37 @@ def stem_outputs(acc, bias, pix, pix_mask, n_idx, K,
                  KIND2: tl.constexpr, LAYOUT2: tl.constexpr, BITS2: tl.constexpr,
                  QLO2: tl.constexpr, QMAX2: tl.constexpr, MODE2: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """y = acc + bias (int32 where the bind checked |acc| + |bias| < 2^31), then the epilogue
-    outputs (`netops.emit_output`, each in its exact mode)."""
+    """y = acc + bias (int32 where the bind checked |acc| + |bias| < 2^31 - 1), then the
+    epilogue outputs (`_stem_output`: thresholds, or `netops.emit_output` in its exact
+    mode)."""
     y = acc + bias[None, :]
     c0 = tl.program_id(1) * BLOCK_N
-    emit_output(y, y, pix, pix_mask, c0, K, o0, a0, b0, c0_, d0, row0, plane0, KIND0,
-                LAYOUT0, BITS0, QLO0, QMAX0, False, MODE0, BLOCK_M, BLOCK_N)
+    _stem_output(y, pix, pix_mask, c0, K, o0, a0, b0, c0_, d0, row0, plane0, KIND0, LAYOUT0,
+                 BITS0, QLO0, QMAX0, MODE0, BLOCK_M, BLOCK_N)
     if KIND1 != 0:
-        emit_output(y, y, pix, pix_mask, c0, K, o1, a1, b1, c1, d1, row1, plane1, KIND1,
-                    LAYOUT1, BITS1, QLO1, QMAX1, False, MODE1, BLOCK_M, BLOCK_N)
+        _stem_output(y, pix, pix_mask, c0, K, o1, a1, b1, c1, d1, row1, plane1, KIND1,
+                     LAYOUT1, BITS1, QLO1, QMAX1, MODE1, BLOCK_M, BLOCK_N)
     if KIND2 != 0:
-        emit_output(y, y, pix, pix_mask, c0, K, o2, a2, b2, c2, d2, row2, plane2, KIND2,
-                    LAYOUT2, BITS2, QLO2, QMAX2, False, MODE2, BLOCK_M, BLOCK_N)
+        _stem_output(y, pix, pix_mask, c0, K, o2, a2, b2, c2, d2, row2, plane2, KIND2,
+                     LAYOUT2, BITS2, QLO2, QMAX2, MODE2, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def pool_step(acc, carry_a, carry_b, nxt, BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One pooled row of the 3x3/2 max-pool from a step's conv values acc [4 BLOCK_J, BLOCK_N]
+    (rows (rs, par, jm): conv row pair member rs, column parity par, pooled column jm; invalid
+    positions INT32_MIN) and the carried second rows of the previous step: returns the pooled
+    [BLOCK_J, BLOCK_N] int32 values (rows: max of the carried row and both new rows; columns:
+    parities 0 and 1 and the neighbour's parity 0, gathered at `nxt`) and the new carries."""
+    # [rs, par, jm, n] -> [jm, n, par, rs]; split off rs, then par
+    parts = tl.permute(tl.reshape(acc, (2, 2, BLOCK_J, BLOCK_N)), (2, 3, 1, 0))
+    lo, hi = tl.split(parts)
+    lo_a, lo_b = tl.split(lo)
+    hi_a, hi_b = tl.split(hi)
+    rows_a = tl.maximum(carry_a, tl.maximum(lo_a, hi_a))
+    rows_b = tl.maximum(carry_b, tl.maximum(lo_b, hi_b))
+    pooled = tl.maximum(tl.maximum(rows_a, rows_b), tl.gather(rows_a, nxt, 0))
+    return pooled, hi_a, hi_b
 
 
 @triton.jit
@@ -150,16 +199,7 @@ def stem_gemm_kernel(
                               KB, CHUNKS, WHOLE_K, BM, BLOCK_N)
             ok = col_ok & (oh >= 0) & (oh < OH)
             acc = tl.where(ok[:, None], acc, INT32_MIN)
-            # [rs, par, jm, n] -> [jm, n, par, rs]; split off rs, then par
-            parts = tl.permute(tl.reshape(acc, (2, 2, BLOCK_J, BLOCK_N)), (2, 3, 1, 0))
-            lo, hi = tl.split(parts)
-            lo_a, lo_b = tl.split(lo)
-            hi_a, hi_b = tl.split(hi)
-            rows_a = tl.maximum(carry_a, tl.maximum(lo_a, hi_a))
-            rows_b = tl.maximum(carry_b, tl.maximum(lo_b, hi_b))
-            carry_a = hi_a
-            carry_b = hi_b
-            pooled = tl.maximum(tl.maximum(rows_a, rows_b), tl.gather(rows_a, nxt, 0))
+            pooled, carry_a, carry_b = pool_step(acc, carry_a, carry_b, nxt, BLOCK_J, BLOCK_N)
             pix = (n * PH + t) * PW + jo
             stem_outputs(pooled, bias, pix, j_mask & (jj * 0 + t >= t0), n_idx, K,
                          o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1,
@@ -183,3 +223,46 @@ def stem_gemm_kernel(
                      KIND0, LAYOUT0, BITS0, QLO0, QMAX0, MODE0, KIND1, LAYOUT1, BITS1,
                      QLO1, QMAX1, MODE1, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, MODE2,
                      BM, BLOCK_N)
+
+
+# =========================================================================== host side
+#: THRESHOLDS as an int (host side), and the thresholds a table row holds
+THRESHOLDS = 4
+THRESHOLD_STRIDE = 4
+
+
+def threshold_table(spec: Requantized, k: int) -> torch.Tensor | None:
+    """int32 [k, 4] on the CPU: the thresholds on y = acc + bias (int32) of a requantized
+    output of at most 2 bits (`reference.requant_thresholds` with the spec's bias at its
+    shift), past its levels INT32_MAX; None for a wider output, a residual term or a
+    multiplier the thresholds do not take (>= 2^31)."""
+    p = spec.precision
+    if not isinstance(spec, Requantized) or not isinstance(p, Precision) or p.bits > 2 or \
+            spec.residual_multiplier is not None:
+        return None
+
+    def vector(v: object) -> torch.Tensor:
+        return torch.as_tensor(0 if v is None else v).to(torch.int64).cpu().expand(
+            k).contiguous()
+
+    params = EpilogueParams(multiplier=vector(spec.multiplier), shift=vector(spec.shift),
+                            shifted_bias=vector(spec.bias))
+    try:
+        thr = requant_thresholds(Epilogue(relu=spec.relu, out=p, shifted_bias=True), params)
+    except ValueError:
+        return None
+    table = torch.full((k, THRESHOLD_STRIDE), 2**31 - 1, dtype=torch.int32)
+    table[:, :thr.shape[1]] = thr
+    return table
+
+
+def threshold_slot(spec: object, slot: tuple[tuple, dict], k: int, device: torch.device
+                   ) -> tuple[tuple, dict]:
+    """An output slot (`netops.output_slot`) turned to the THRESHOLDS kind where
+    `threshold_table` takes the spec (else the slot as it is)."""
+    table = threshold_table(spec, k) if isinstance(spec, Requantized) else None
+    if table is None:
+        return slot
+    args, consts = slot
+    consts = {**consts, "KIND": THRESHOLDS, "QLO": int(spec.precision.qmin), "MODE": 0}
+    return (args[0], table.to(device), *args[2:]), consts

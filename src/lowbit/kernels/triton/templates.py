@@ -50,7 +50,6 @@ from ...core.validate import (
 from ..base import EXACT_INT32, NUM_SMS, KernelTemplate, acc_bound
 from .epilogue import (
     BIAS_SHIFTED,
-    BIAS_SHIFTED_FLOAT64,
     ENC_CODE,
     LAYOUT_CODE,
     OUT_KIND_FLOAT,
@@ -60,7 +59,7 @@ from .epilogue import (
     SRC_FLOAT,
     SRC_INT8,
     SRC_PACKED,
-    float64_requant,
+    exact_requant,
 )
 from .igemm import (
     Launch,
@@ -169,17 +168,17 @@ def placeholder_vectors(epi: Epilogue, device: torch.device | str) -> tuple:
 
 def with_float64_requant(wl: Workload, prob: Problem, params, vecs: tuple,
                          device: torch.device | str) -> tuple[Problem, tuple]:
-    """(prob, vecs) with the shifted-bias requantization in float64 (`float64_requant`: HAS_BIAS
-    BIAS_SHIFTED_FLOAT64, bias and multiplier vectors as b 2^-s and m 2^-s) where that is exact
-    for the workload's accumulators; unchanged otherwise. vecs: (bias, scale, multiplier,
-    shift)."""
+    """(prob, vecs) with the shifted-bias requantization in int32 or float64
+    (`exact_requant`: HAS_BIAS BIAS_SHIFTED_INT32 or BIAS_SHIFTED_FLOAT64 and their vectors)
+    where that is exact for the workload's accumulators; unchanged otherwise. vecs: (bias,
+    scale, multiplier, shift)."""
     if not wl.epilogue.shifted_bias:
         return prob, vecs
-    scaled = float64_requant(acc_bound(wl), params, device)
-    if scaled is None:
+    exact = exact_requant(acc_bound(wl), params, device)
+    if exact is None:
         return prob, vecs
-    return (dataclasses.replace(prob, bias=BIAS_SHIFTED_FLOAT64),
-            (scaled[0], vecs[1], scaled[1], vecs[3]))
+    mode, (bias, mult, shift) = exact
+    return dataclasses.replace(prob, bias=mode), (bias, vecs[1], mult, shift)
 
 
 class IgemmKernel:

@@ -1,0 +1,108 @@
+"""How each Layer step is launched: the plan's last pass (pure: steps in, steps out).
+
+- `stem`: the first layer reads the float image itself (the Triton stem kernel quantizes the
+  image, convolves and writes the layer's outputs, a 3x3/2 max-pool fused) where
+  `stem_refusal` finds nothing against it; the Quantize step stays in the plan (the
+  reference executor runs it, the GPU executor only when recording or when another step
+  reads its output).
+- `outputs_in_kernel`: a layer whose kernel stores its bare int32 accumulator, with no pool,
+  on a template whose kernel can write the layer epilogue's outputs itself
+  (`layer_outputs_max`, the Triton implicit GEMM: `kernels.triton.conv_outputs`).
+- `chained`: kernels of templates that declare `chainable` (the bit-serial families and
+  `cuda.int8_wgmma`) launch as programmatic dependents of the previous kernel.
+
+`PlanOptions` turns each off (ablations and tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..core import Encoding
+from .impl import TORCH_FP16, template_flag
+from .ir import Layer, Plan, Quantize, Step, TensorSpec
+
+#: (filter size, stride) of the first layers the fused stem serves: ResNet's 7x7/2, AlexNet's
+#: 11x11/4 and VGG's 3x3/1 (the generic int8 conv took 194 us on VGG-16's at batch 8 on an
+#: H200, slower than cuDNN fp16's 129 us: 3 channels fill a tenth of its K tile)
+STEM_SHAPES = ((7, 2), (11, 4), (3, 1))
+STEM_MAX_CHANNELS = 4
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """Switches of the plan's launch decisions (module docstring); all on by default."""
+
+    fuse_stem: bool = True
+    fuse_outputs: bool = True
+    chain: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("fuse_stem", "fuse_outputs", "chain"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"PlanOptions.{name} must be a bool, got "
+                                f"{getattr(self, name)!r}")
+
+    def to_dict(self) -> dict:
+        return {"fuse_stem": self.fuse_stem, "fuse_outputs": self.fuse_outputs,
+                "chain": self.chain}
+
+
+def stem_refusal(plan_input: str, tensors: dict[str, TensorSpec],
+                 params: dict[str, torch.Tensor], quantize: Quantize, layer: Layer
+                 ) -> str | None:
+    """Why the fused stem cannot run `quantize` + `layer` (None: it can)."""
+    wl = layer.workload
+    spec = tensors[quantize.output]
+    if quantize.input != plan_input or quantize.relu or spec.is_wide:
+        return "not the image's own quantizer"
+    p = spec.precision
+    if p.encoding is Encoding.BINARY or p.qmax > 127 or p.qmin < -128:
+        return f"input precision {p} is not an int8 tensor-core operand"
+    if layer.op != "conv2d" or (wl.R, wl.stride) not in STEM_SHAPES or wl.R != wl.S:
+        return f"not a {' / '.join(f'{r}x{r}/{s}' for r, s in STEM_SHAPES)} conv"
+    if wl.C > STEM_MAX_CHANNELS or layer.residual is not None or len(layer.layer_outputs) > 3:
+        return "more than 4 channels, a residual or more than 3 outputs"
+    if layer.pool is not None and (layer.pool.kernel, layer.pool.stride) != (3, 2):
+        return "its max-pool is not 3x3/2"
+    if any(o.derived for o in layer.layer_outputs):
+        return "a derived output (a table over another output's value)"
+    for o in layer.layer_outputs:
+        if not o.requantized and layer.pool is not None and bool((params[o.scale] < 0).any()):
+            return "a pooled float output with a negative scale"
+    return None
+
+
+def outputs_in_kernel(step: Layer) -> bool:
+    """Whether the step's kernel can write its layer-epilogue outputs itself (module doc)."""
+    epi = step.workload.epilogue
+    return (step.impl != TORCH_FP16 and step.pool is None and not epi.requantizes
+            and epi.out == "int32"
+            and 1 <= len(step.layer_outputs) <= template_flag(step.impl, "layer_outputs_max"))
+
+
+def decide_launches(steps: list[Step], plan_input: str, tensors: dict[str, TensorSpec],
+                    params: dict[str, torch.Tensor], options: PlanOptions) -> list[Step]:
+    """The steps with each Layer's launch decisions set (module docstring)."""
+    producers = {t: s for s in steps for t in s.outputs}
+    out = []
+    for s in steps:
+        if isinstance(s, Layer):
+            q = producers.get(s.input)
+            stem = (options.fuse_stem and isinstance(q, Quantize)
+                    and stem_refusal(plan_input, tensors, params, q, s) is None)
+            s = replace(s, stem=stem,
+                        outputs_in_kernel=(not stem and options.fuse_outputs
+                                           and outputs_in_kernel(s)),
+                        chained=(not stem and options.chain
+                                 and bool(template_flag(s.impl, "chainable"))))
+        out.append(s)
+    return out
+
+
+def with_launches(plan: Plan, options: PlanOptions) -> Plan:
+    """`plan` with its launch decisions made again under `options` (ablations, tests)."""
+    steps = decide_launches(list(plan.steps), plan.input, plan.tensors, plan.params, options)
+    return Plan(plan.input, plan.tensors, tuple(steps), plan.params, plan.modules)

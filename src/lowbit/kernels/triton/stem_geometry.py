@@ -1,0 +1,143 @@
+"""Shapes of the fused first layer (`stem`): the geometry of a conv on at most a few channels
+with its optional 3x3/2 max-pool, and the space-to-depth view of it the stem kernels run
+(the S x S image blocks of a stride-S conv as pixels of S*S*C channels, the R x R filter as
+an RS x RS one on them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...reference.netops import pool_output_size
+
+__all__ = ["CHUNK_BYTES", "PIXEL_ALIGN", "StemGeometry", "geometry_of", "s2d_weights"]
+
+#: reduction bytes per dot chunk, and the alignment of a space-to-depth pixel
+CHUNK_BYTES = 64
+PIXEL_ALIGN = 16
+
+
+# =========================================================================== geometry
+@dataclass(frozen=True)
+class StemGeometry:
+    """Shapes of one first layer: image [N, C, H, W], filter [K, R, R, C], stride, pad, and
+    pool_pad (the 3x3 stride-2 max-pool's padding, 0 or 1; None: no pool)."""
+
+    N: int
+    C: int
+    H: int
+    W: int
+    K: int
+    R: int
+    stride: int
+    pad: int
+    pool_pad: int | None = 1
+
+    def __post_init__(self) -> None:
+        for name in ("N", "C", "H", "W", "K", "R", "stride"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if isinstance(self.pad, bool) or not isinstance(self.pad, int) or self.pad < 0:
+            raise ValueError(f"pad must be an int >= 0, got {self.pad!r}")
+        if self.pool_pad not in (None, 0, 1):
+            raise ValueError(f"pool_pad must be None (no pool), 0 or 1, got {self.pool_pad!r}")
+        if self.OH < 1 or self.OW < 1:
+            raise ValueError(f"a {self.R}x{self.R} filter does not fit the {self.H}x{self.W} "
+                             "image")
+        if self.pool_pad is not None and (self.PH < 1 or self.PW < 1):
+            raise ValueError(f"the 3x3 pool does not fit the {self.OH}x{self.OW} conv output")
+
+    # conv and pool output
+    @property
+    def OH(self) -> int:
+        return (self.H + 2 * self.pad - self.R) // self.stride + 1
+
+    @property
+    def OW(self) -> int:
+        return (self.W + 2 * self.pad - self.R) // self.stride + 1
+
+    @property
+    def PH(self) -> int:
+        return self.OH if self.pool_pad is None else pool_output_size(self.OH, 3, 2,
+                                                                       self.pool_pad)
+
+    @property
+    def PW(self) -> int:
+        return self.OW if self.pool_pad is None else pool_output_size(self.OW, 3, 2,
+                                                                       self.pool_pad)
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        """Logical NHWC shape of each output."""
+        return (self.N, self.PH, self.PW, self.K)
+
+    # space-to-depth by the stride: filter offset r - pad = stride * a + d, d in [0, stride)
+    @property
+    def a_min(self) -> int:
+        return (-self.pad) // self.stride
+
+    @property
+    def RS(self) -> int:
+        """Space-to-depth filter size."""
+        return (self.R - 1 - self.pad) // self.stride - self.a_min + 1
+
+    @property
+    def CSP(self) -> int:
+        """Bytes per space-to-depth pixel: stride^2 * C channels padded to 16 (so each
+        filter row's RS pixels are 16-byte vectors)."""
+        return -(-self.stride * self.stride * self.C // PIXEL_ALIGN) * PIXEL_ALIGN
+
+    @property
+    def HS(self) -> int:
+        return self.OH + self.RS - 1
+
+    @property
+    def WS(self) -> int:
+        return self.OW + self.RS - 1
+
+    @property
+    def KB(self) -> int:
+        """Reduction bytes of the space-to-depth conv: RS filter rows of RS * CSP bytes."""
+        return self.RS * self.RS * self.CSP
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.KB // CHUNK_BYTES)
+
+    @property
+    def macs(self) -> int:
+        """Multiply-adds of the conv (its own definition, padding taps included)."""
+        return self.N * self.OH * self.OW * self.K * self.R * self.R * self.C
+
+
+def s2d_weights(weight: torch.Tensor, geom: StemGeometry) -> torch.Tensor:
+    """KRSC integer weights -> int8 [K, chunks * 64] in the space-to-depth reduction order
+    (filter row a, column b, channel (d, e, c), padded to the pixel's bytes and to chunks;
+    zero where the space-to-depth filter has no tap)."""
+    s, c = geom.stride, geom.C
+    rs = geom.RS
+    out = torch.zeros(geom.K, rs, rs, geom.CSP, dtype=torch.int8)
+    w = weight.to(torch.int8).cpu()
+    for a in range(rs):
+        for d in range(s):
+            r = s * (a + geom.a_min) + d + geom.pad
+            if not 0 <= r < geom.R:
+                continue
+            for b in range(rs):
+                for e in range(s):
+                    col = s * (b + geom.a_min) + e + geom.pad
+                    if 0 <= col < geom.R:
+                        out[:, a, b, (d * s + e) * c:(d * s + e + 1) * c] = w[:, r, col, :]
+    flat = out.reshape(geom.K, -1)
+    return torch.nn.functional.pad(flat, (0, geom.chunks * CHUNK_BYTES - flat.shape[1]))
+
+
+def geometry_of(image: torch.Tensor, weight: torch.Tensor, stride: int, pad: int,
+                pool_pad: int | None) -> StemGeometry:
+    n, c, h, w = image.shape
+    if weight.shape[3] != c:
+        raise ValueError(f"weight has C={weight.shape[3]} but the image has {c} channels")
+    return StemGeometry(N=n, C=c, H=h, W=w, K=weight.shape[0], R=weight.shape[1],
+                        stride=stride, pad=pad, pool_pad=pool_pad)

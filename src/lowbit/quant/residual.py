@@ -1,0 +1,270 @@
+"""A quantized residual stream, modeled in training: `lowbit.quantize(..., residual_bits=8)`.
+
+Integer-only inference keeps the values that residual adds read (the stream between blocks,
+and the shortcut of a block whose shortcut changes the scale, such as a 1x1 stride-2
+downsampling conv) in a narrow integer format with their own scale, as TensorRT's Q/DQ
+placement does. Here the fake-quant model quantizes them itself, so that QAT trains with
+them and the compiled network realizes the model's own arithmetic: each such value is the
+output of a module (a residual block, a downsampling branch, a pool) and gets a
+`ResidualQuantizer` as that module's `residual_quant` child, applied by a forward hook to
+the module's output.
+
+`residual_points(model)` finds them from a torch.fx trace (`lowbit.graph` later traces the
+hooks as `residual_quant` calls): for every add of two tensors, its result (or the ReLU that
+alone reads it) and the add's shortcut operand (the operand fewer conv / linear layers away
+from the block's input: the identity or the downsampling branch; the other operand is the
+block's last conv, whose kernel adds the shortcut in its epilogue). A value that is no
+module's output on every call (a functional op, a module called more than once) is left to
+the engine's wide realization, and `residual_points` says why.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from ..core import Precision, WidePrecision
+from .modules import QUANT_MODULES, ActQuantizer, activation_precision
+
+#: widths of a residual stream: narrow (one value per byte) or 16-bit (signed, int16)
+RESIDUAL_BITS = (4, 8, 16)
+#: the attribute of a module holding the quantizer of its output
+ATTR = "residual_quant"
+_ADDS = {"add", "add_", "__add__", "__iadd__", "iadd"}
+
+
+class ResidualQuantizer(ActQuantizer):
+    """The fake-quantizer of one residual-stream value (module docstring): an activation
+    quantizer of 4 or 8 bits (unsigned after a ReLU, else signed), or 16 bits (signed: the
+    engine stores it as int16)."""
+
+    def __init__(self, bits: int, method: str = "max", **options: object) -> None:
+        signed = True if bits > 8 else options.pop("signed", None)
+        super().__init__(bits, method, signed=signed, **options)
+
+    def precision_of(self, bits: int, signed: bool) -> Precision | WidePrecision:
+        if bits > 8:
+            if bits not in RESIDUAL_BITS:
+                raise ValueError(f"residual bits must be one of {RESIDUAL_BITS}, got {bits}")
+            return WidePrecision(bits)
+        return activation_precision(bits, signed)
+
+
+def _quantize_output(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+    """The forward hook of a module whose output is a residual-stream value."""
+    return getattr(module, ATTR)(output)
+
+
+@dataclass(frozen=True)
+class ResidualPoint:
+    """A module whose output a residual add reads: `role` 'stream' (an add's result, after
+    its ReLU) or 'shortcut' (an add's shortcut operand)."""
+
+    module: str
+    role: str
+
+
+class _Tracer(fx.Tracer):
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return isinstance(m, (*QUANT_MODULES, ActQuantizer)) or super().is_leaf_module(m,
+                                                                                      qualname)
+
+
+def _trace(model: nn.Module) -> tuple[fx.Graph, dict[str, int]]:
+    """The fx graph of `model` and how often each module is called in one forward."""
+    calls: dict[str, int] = {}
+    handles = []
+    for name, m in model.named_modules():
+        def count(mod, args, name=name):
+            calls[name] = calls.get(name, 0) + 1
+        handles.append(m.register_forward_pre_hook(count))
+    try:
+        graph = _Tracer().trace(model)
+    except Exception as e:
+        raise ValueError(f"residual_bits needs a model torch.fx can trace ({type(e).__name__}: "
+                         f"{e}); quantize without residual_bits") from None
+    finally:
+        for h in handles:
+            h.remove()
+    for n in graph.nodes:  # leaf modules are calls of their own, not traced through
+        if n.op == "call_module":
+            calls[n.target] = calls.get(n.target, 0) + 1
+    return graph, calls
+
+
+def _stack(n: fx.Node) -> list[str]:
+    """Module paths whose forward computed `n`, outermost first (a leaf call adds itself)."""
+    paths = [path for path, _ in (n.meta.get("nn_module_stack") or {}).values()]
+    if n.op == "call_module" and (not paths or paths[-1] != n.target):
+        paths.append(n.target)
+    return paths
+
+
+def _owner(n: fx.Node, calls: dict[str, int], modules: dict[str, nn.Module]) -> str | None:
+    """The module whose output is `n` (read outside it or returned) on its one call: the
+    innermost such module that the tracer traces through (so that the graph shows the hook),
+    else the innermost (a leaf without parameters, e.g. a pool, is traced through by
+    `lowbit.graph` when it holds a residual quantizer)."""
+    readers = list(n.users)
+    owners = [path for path in reversed(_stack(n)) if calls.get(path, 0) == 1
+              and all(u.op == "output" or path not in _stack(u) for u in readers)]
+    tracer = _Tracer()
+    for path in owners:
+        if not tracer.is_leaf_module(modules[path], path):
+            return path
+    for path in owners:
+        if not any(True for _ in modules[path].parameters(recurse=False)):
+            return path
+    return None
+
+
+def _conv_depth(graph: fx.Graph, modules: dict[str, nn.Module]) -> dict[fx.Node, int]:
+    """Per node, the most conv / linear layers on any path from the input to it."""
+    depth: dict[fx.Node, int] = {}
+    for n in graph.nodes:
+        d = max((depth.get(a, 0) for a in n.all_input_nodes), default=0)
+        if n.op == "call_module" and isinstance(modules.get(n.target),
+                                                (nn.Conv2d, nn.Linear, *QUANT_MODULES)):
+            d += 1
+        depth[n] = d
+    return depth
+
+
+def _is_relu(n: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    if n.op == "call_module":
+        return isinstance(modules.get(n.target), nn.ReLU)
+    return n.target in (torch.relu, torch.relu_, torch.nn.functional.relu) or n.target in (
+        "relu", "relu_")
+
+
+def residual_points(model: nn.Module) -> tuple[list[ResidualPoint], list[str]]:
+    """(the modules whose outputs get a residual quantizer, in graph order; the adds left
+    wide and why) of `model` (module docstring)."""
+    graph, calls = _trace(model)
+    modules = dict(model.named_modules())
+    depth = _conv_depth(graph, modules)
+    points: dict[str, ResidualPoint] = {}
+    skipped: list[str] = []
+    for n in graph.nodes:
+        name = getattr(n.target, "__name__", n.target)
+        if n.op not in ("call_function", "call_method") or name not in _ADDS:
+            continue
+        ops = [a for a in n.args if isinstance(a, fx.Node)]
+        if len(ops) != 2 or ops[0] is ops[1] or n.kwargs.get("alpha", 1) != 1:
+            continue
+        users = list(n.users)
+        value = users[0] if len(users) == 1 and _is_relu(users[0], modules) else n
+        shortcut = min(ops, key=lambda a: (depth[a], list(graph.nodes).index(a)))
+        for node, role in ((value, "stream"), (shortcut, "shortcut")):
+            owner = _owner(node, calls, modules)
+            if owner is None:
+                if node.op != "placeholder":
+                    skipped.append(f"{n.name}: its {role} {node.name} is no module's output on "
+                                   "every call")
+                continue
+            if owner not in points:
+                points[owner] = ResidualPoint(owner, role)
+    return list(points.values()), skipped
+
+
+def attach(model: nn.Module, module: str, quantizer: ResidualQuantizer) -> None:
+    """Give `module` of `model` the residual quantizer of its output (a forward hook)."""
+    owner = model.get_submodule(module) if module else model
+    if isinstance(getattr(owner, ATTR, None), ResidualQuantizer):
+        raise ValueError(f"{module or 'the model'} already has a residual quantizer")
+    setattr(owner, ATTR, quantizer)
+    owner.register_forward_hook(_quantize_output)
+
+
+def residual_quantizers(model: nn.Module) -> dict[str, ResidualQuantizer]:
+    """{owner module name: its residual quantizer} of a quantized model."""
+    return {name: getattr(m, ATTR) for name, m in model.named_modules()
+            if isinstance(getattr(m, ATTR, None), ResidualQuantizer)}
+
+
+def check_residual_bits(residual_bits: object, overrides: object = None
+                        ) -> tuple[int | None, dict[str, int | None]]:
+    """Validated (residual_bits, per-module overrides {name or glob: bits or None})."""
+    def one(name: str, v: object) -> int | None:
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or v not in RESIDUAL_BITS:
+            raise ValueError(f"{name} must be None or one of {RESIDUAL_BITS}, got {v!r}")
+        return v
+
+    bits = one("residual_bits", residual_bits)
+    if overrides is None:
+        return bits, {}
+    if not isinstance(overrides, Mapping):
+        raise TypeError(f"residual_layers must be a dict {{module name or glob: bits or None}}, "
+                        f"got {type(overrides).__name__}")
+    out = {}
+    for k, v in overrides.items():
+        if not isinstance(k, str):
+            raise TypeError(f"residual_layers keys must be module names or globs, got {k!r}")
+        out[k] = one(f"residual_layers[{k!r}]", v)
+    return bits, out
+
+
+def add_residual_quantizers(model: nn.Module, bits: int | None,
+                            overrides: Mapping[str, int | None], make: object
+                            ) -> dict[str, int]:
+    """Attach a quantizer to every residual point of `model` whose bits (`bits`, or the last
+    override whose pattern matches the module or one of its parents: a per-block override)
+    are set; `make(name, bits)` builds it. Returns {module: bits}; ValueError when an
+    override matches no residual point."""
+    points, _ = residual_points(model)
+    names = [p.module for p in points]
+    for pattern in overrides:
+        if not any(_matches(n, pattern) for n in names):
+            raise ValueError(f"residual_layers[{pattern!r}] matches no module whose output a "
+                             f"residual add reads; those modules: {', '.join(names) or 'none'}")
+    chosen = {}
+    for p in points:
+        b = bits
+        for pattern, v in overrides.items():
+            if _matches(p.module, pattern):
+                b = v
+        if b is not None:
+            attach(model, p.module, make(p.module, b))
+            chosen[p.module] = b
+    return chosen
+
+
+def _matches(name: str, pattern: str) -> bool:
+    """name is the pattern, inside it, or matches it as a glob."""
+    return (name == pattern or name.startswith(pattern + ".")
+            or fnmatch.fnmatchcase(name, pattern))
+
+
+def residual_recipes(model: nn.Module) -> dict[str, dict]:
+    """{owner module: what rebuilds its residual quantizer} (the saved manifest's part; the
+    observed state travels in the state_dict)."""
+    out = {}
+    for name, q in residual_quantizers(model).items():
+        obs = q.observer
+        out[name] = {"bits": q.bits, "method": q.method, "nonfinite": q.nonfinite,
+                     "threshold": obs.threshold, "percentile": obs.percentile,
+                     "observer": {"bins": obs.bins, "momentum": obs.momentum, "tau": obs.tau,
+                                  "eta": obs.eta}}
+    return out
+
+
+def attach_residual(model: nn.Module, recipes: Mapping[str, Mapping]) -> None:
+    """Rebuild the residual quantizers `residual_recipes` described on `model` (a fresh model
+    of the same architecture); ValueError naming a module the model does not have."""
+    for name, r in recipes.items():
+        try:
+            model.get_submodule(name)
+        except AttributeError:
+            raise ValueError(f"the model's architecture does not match the saved one: it has "
+                             f"no module {name} (holding a residual quantizer)") from None
+        q = ResidualQuantizer(int(r["bits"]), r["method"], threshold=r["threshold"],
+                              percentile=r["percentile"], nonfinite=r["nonfinite"],
+                              layer_name=f"{name}.{ATTR}", **r["observer"])
+        attach(model, name, q)

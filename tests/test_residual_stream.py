@@ -1,0 +1,224 @@
+"""A quantized residual stream modeled in the fake-quant model (`lowbit.quant.residual`,
+`lowbit.quantize(..., residual_bits=...)`) and realized exactly by the plan: narrow residual
+operands, block ends writing the stream and every consumer's reading of it (derived outputs by
+table), 32-bit requantization, no wide tensor."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import lowbit
+import lowbit.models as zoo
+from engine_cases import layer_names, randomize_batchnorms
+from lowbit.core import Precision
+from lowbit.graph import Layer, Lookup
+from lowbit.kernels.base import acc_bound
+from lowbit.quant.residual import ResidualQuantizer, residual_points, residual_quantizers
+from lowbit.runtime.compiled import compile_model
+from lowbit.runtime.engine import ReferenceExecutor
+
+
+def _quantized(name: str, residual_bits=8, seed: int = 0, width: float = 0.125,
+               recipe=(1, 2), **kw) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(seed)
+    model = zoo.get(name, num_classes=10, width=width).eval()
+    randomize_batchnorms(model, seed)
+    names = layer_names(model)
+    eight = {"weight_bits": 8, "act_bits": 8}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = lowbit.quantize(model, weight_bits=recipe[0], act_bits=recipe[1],
+                            residual_bits=residual_bits,
+                            layers={names[0]: eight, names[-1]: eight}, **kw)
+    channels = 1 if name.startswith("digits") else 3
+    x = torch.randn(5, channels, 32, 32, generator=torch.Generator().manual_seed(seed + 1))
+    lowbit.calibrate(q, [x])
+    return q.eval(), x
+
+
+def _compile(q, x, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return compile_model(q, x, executor="reference", records=False, **kw)
+
+
+@pytest.mark.parametrize("name,points,shortcuts", [("resnet18", 12, 4), ("resnet50", 20, 4)])
+def test_residual_points_of_resnets(name, points, shortcuts):
+    """Every block's output (the stream) and every shortcut that changes the scale (the
+    downsampling branches; ResNet-18's first block reads the stem's max-pool)."""
+    found, skipped = residual_points(zoo.get(name, num_classes=10, width=0.125))
+    assert not skipped and len(found) == points
+    assert sum(p.role == "shortcut" for p in found) == shortcuts
+    assert all(p.module.endswith("downsample") or p.module == "maxpool"
+               for p in found if p.role == "shortcut")
+
+
+def test_fake_quant_model_quantizes_the_stream():
+    """The block outputs of the fake-quant model are multiples of their quantizer's scale in
+    its range (what QAT trains with)."""
+    q, x = _quantized("resnet50")
+    rq = residual_quantizers(q)
+    seen = {}
+    hooks = [q.get_submodule(name).register_forward_hook(
+        lambda m, i, o, name=name: seen.__setitem__(name, o)) for name in rq]
+    with torch.no_grad():
+        q(x)
+    for h in hooks:
+        h.remove()
+    assert set(seen) == set(rq) and len(rq) == 20
+    for name, out in seen.items():
+        p, s = rq[name].precision(), rq[name].scale()
+        levels = out.double() / s
+        assert torch.allclose(levels, levels.round(), atol=1e-3), name
+        assert int(levels.round().min()) >= p.qmin and int(levels.round().max()) <= p.qmax
+
+
+@pytest.mark.parametrize("name", ["resnet18", "resnet50", "digits_resnet"])
+def test_plan_realizes_the_narrow_stream_exactly(name):
+    """No wide tensor: block ends read an 8-bit residual and requantize in 32 bits; each
+    conv reads exactly what the fake-quant model's own input quantizer gives (derived
+    outputs: the consumer's quantizer applied to the dequantized stream), and the compiled
+    predictions are the fake-quant model's."""
+    q, x = _quantized(name)
+    cm = _compile(q, x)
+    plan = cm.plan
+    assert not any(t.is_wide for t in plan.tensors.values())
+    ends = [s for s in plan.layers if s.residual]
+    assert ends and all(plan.tensors[s.residual].precision.bits == 8 for s in ends)
+    derived = [o for s in plan.layers for o in s.layer_outputs if o.derived]
+    assert derived and all(o.mid in ("u8", "s8") for o in derived)
+    for s in ends:  # 32-bit arithmetic: every term of every output's sum fits
+        for o in s.layer_outputs:
+            m, b, r, sh = (plan.params[k].abs() for k in (o.multiplier, o.bias,
+                                                          o.residual_multiplier, o.shift))
+            top = acc_bound(s.workload) * m + b + 128 * r + (1 << (sh - 1))
+            assert bool((top < 2**31).all()), s.name
+    # every conv's integer input equals the fake-quant model's own quantizer output
+    inputs = {}
+    for layer_name, m in lowbit.quant.quant_layers(q):
+        m.act_quant.register_forward_hook(
+            lambda mod, i, o, n=layer_name: inputs.__setitem__(n, o))
+    with torch.no_grad():
+        yf = q(x)
+    y, rec = ReferenceExecutor(plan)(x, record=True)
+    checked = 0
+    for s in plan.layers:
+        src = s.source[0]
+        if src not in inputs or s.input not in rec:
+            continue
+        spec = plan.tensors[s.input]
+        have = lowbit.quant.unpack(rec[s.input], spec.precision, spec.layout, spec.shape[-1])
+        want = (inputs[src].double() / spec.scale).round()
+        want = want.permute(0, 2, 3, 1) if want.dim() == 4 else want
+        assert torch.equal(have.double(), want), s.name
+        checked += 1
+    assert checked >= len(plan.layers) - 1  # all but the fused stem's
+    assert torch.equal(y.argmax(1), yf.argmax(1))
+    assert float((y - yf).abs().max()) < 1e-3 * float(yf.abs().max())
+
+
+def test_derived_outputs_are_the_consumers_quantizer_on_the_stream():
+    q, x = _quantized("resnet18")
+    plan = _compile(q, x).plan
+    _, rec = ReferenceExecutor(plan)(x, record=True)
+    checked = 0
+    for s in plan.layers:
+        outs = {o.tensor: o for o in s.layer_outputs}
+        stored = [o for o in s.layer_outputs if not o.derived]
+        for o in s.layer_outputs:
+            if not o.derived or not stored:
+                continue
+            own = stored[0]
+            if (plan.params[own.multiplier] != plan.params[o.multiplier]).any():
+                continue
+            table = plan.params[o.table]
+            mid = Precision.parse(o.mid)
+            have = lowbit.quant.unpack(rec[o.tensor], plan.tensors[o.tensor].precision,
+                                       plan.tensors[o.tensor].layout,
+                                       plan.tensors[o.tensor].shape[-1])
+            stream = lowbit.quant.unpack(rec[own.tensor], mid, plan.tensors[own.tensor].layout,
+                                         plan.tensors[own.tensor].shape[-1])
+            assert torch.equal(have.to(torch.int64), table[stream.to(torch.int64) - mid.qmin])
+            checked += 1
+        assert len(outs) == len(s.layer_outputs)
+    assert checked >= 3
+
+
+@pytest.mark.parametrize("bits", [4, 16])
+def test_other_stream_widths(bits):
+    q, x = _quantized("resnet18", residual_bits=bits)
+    plan = _compile(q, x).plan
+    res = {plan.tensors[s.residual].precision.bits for s in plan.layers if s.residual}
+    assert res == {bits}
+    if bits == 16:  # a 16-bit stream is read through lookups, not derived epilogue outputs
+        assert plan.steps_of(Lookup)
+    with torch.no_grad():
+        yf = q(x)
+    y = ReferenceExecutor(plan)(x)
+    assert torch.equal(y.argmax(1), yf.argmax(1))
+
+
+def test_per_block_overrides():
+    q, x = _quantized("resnet18", residual_layers={"layer1.*": None, "maxpool": None,
+                                                     "layer4.*": 16})
+    rq = residual_quantizers(q)
+    assert not any(n.startswith("layer1") or n == "maxpool" for n in rq)
+    assert {rq[n].bits for n in rq if n.startswith("layer4")} == {16}
+    plan = _compile(q, x).plan
+    wide = [s for s in plan.layers if s.residual and plan.tensors[s.residual].is_wide]
+    assert wide  # layer1's block ends keep the engine's wide realization
+
+
+def test_residual_arguments_are_checked():
+    m = zoo.get("resnet18", num_classes=10, width=0.125)
+    with pytest.raises(ValueError, match="residual_bits must be None or one of"):
+        lowbit.quantize(m, residual_bits=7)
+    with pytest.raises(ValueError, match=r"residual_layers\['head'\] matches no module"):
+        lowbit.quantize(m, residual_bits=8, residual_layers={"head": 4})
+    with pytest.raises(TypeError, match="residual_layers must be a dict"):
+        lowbit.quantize(m, residual_bits=8, residual_layers=["layer1"])
+
+
+def test_residual_quantizers_survive_save_and_load(tmp_path):
+    q, x = _quantized("resnet18")
+    for model in (q, lowbit.convert(q)):
+        path = tmp_path / "m.safetensors"
+        lowbit.save(model, path)
+        loaded = lowbit.load(path, model=lambda: zoo.get("resnet18", num_classes=10,
+                                                         width=0.125))
+        assert {n: (r.bits, r.scale()) for n, r in residual_quantizers(loaded).items()} == \
+            {n: (r.bits, r.scale()) for n, r in residual_quantizers(model).items()}
+        with torch.no_grad():
+            assert torch.equal(loaded.eval()(x), model(x))
+    assert isinstance(next(iter(residual_quantizers(q).values())), ResidualQuantizer)
+
+
+def test_converted_model_compiles_to_the_same_plan_integers():
+    q, x = _quantized("resnet50")
+    a = ReferenceExecutor(_compile(q, x).plan)(x)
+    b = ReferenceExecutor(_compile(lowbit.convert(q), x).plan)(x)
+    assert torch.equal(a, b)
+    assert sum(isinstance(s, Layer) for s in _compile(q, x).plan.steps) > 20
+
+
+@pytest.mark.parametrize("name", ["resnet18", "digits_resnet"])
+def test_gpu_executor_equals_the_reference(name):
+    """The GPU executor's bindings on the CPU (reference conv kernels, the Triton layer
+    epilogue under the interpreter): narrow residuals, derived outputs, lookups and float
+    readers of the stream give the reference executor's tensors bit for bit."""
+    from lowbit.runtime.gpu import GpuExecutor
+
+    q, x = _quantized(name)
+    plan = _compile(q, x[:2]).plan
+    ex = GpuExecutor(plan, "cpu")
+    y, got = ex(x[:2], record=True)
+    y_ref, want = ReferenceExecutor(plan)(x[:2], record=True)
+    assert set(got) == set(want)
+    for t, ref in want.items():
+        assert torch.equal(got[t], ref), t
+    assert torch.equal(y, y_ref)
+    assert any(o.derived for s in plan.layers for o in s.layer_outputs)
