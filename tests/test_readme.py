@@ -7,14 +7,16 @@ A block may be preceded by a marker comment:
                                        each command of a shell block must exit 3 without a GPU,
                                        recording nothing (its runs are the GPU benchmarks)
 The Python blocks continue one another, as a reader pastes them: they run in order in one fresh
-process. Shell blocks run in a fresh folder with `lowbit` being this checkout's CLI, and the
-user's records database and results folder pointed into that folder.
+process. Shell commands run in a fresh folder with the user's records database and results
+folder pointed into it: a `lowbit ...` command through this checkout's CLI in this process
+(typer's CliRunner, the arguments split as the shell splits them), anything else through bash.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -98,6 +100,24 @@ def _commands(block: Block) -> list[str]:
     return [ln for ln in block.code.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
 
 
+def _shell(command: str, tmp_path: Path, monkeypatch) -> tuple[int, str]:
+    """(exit code, output) of one README shell command run in `tmp_path`."""
+    words = shlex.split(command, comments=True)
+    if words[0] != "lowbit":
+        done = _run(["bash", "-c", command], tmp_path)
+        return done.returncode, done.stdout + done.stderr
+    from typer.testing import CliRunner
+
+    from lowbit.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    for key, value in _env(tmp_path, gpu=True).items():
+        if key.startswith("LOWBIT_"):
+            monkeypatch.setenv(key, value)
+    result = CliRunner().invoke(app, words[1:])
+    return result.exit_code, result.output
+
+
 def test_the_readme_has_its_blocks_and_keeps_its_first_two_commands():
     langs = [b.lang for b in RUN]
     assert langs.count("python") >= 3 and langs.count("bash") >= 3, langs
@@ -136,29 +156,32 @@ def test_python_blocks_run_on_the_gpu(tmp_path):
     assert "exact reference executor" not in done.stderr
 
 
-def test_shell_blocks_run_on_the_cpu(tmp_path):
+def test_shell_blocks_run_on_the_cpu(tmp_path, monkeypatch):
     ran = 0
     for block in RUN:
         if block.lang != "bash" or block.marker:
             continue
         for command in _commands(block):
-            done = _run(["bash", "-c", command], tmp_path)
-            assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
+            code, output = _shell(command, tmp_path, monkeypatch)
+            assert code == 0, (command, output[-3000:])
             ran += 1
     assert ran >= 3
     assert (tmp_path / "m.safetensors").is_file()
     assert (tmp_path / "lowbit-report.html").is_file()
 
 
-def test_gpu_shell_commands_exit_3_without_a_gpu_and_record_nothing(tmp_path):
+def test_gpu_shell_commands_exit_3_without_a_gpu_and_record_nothing(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     checked = 0
     for block in RUN:
         if block.lang != "bash" or block.marker != "gpu":
             continue
         for command in _commands(block):
-            done = _run(["bash", "-c", command], tmp_path)
-            assert done.returncode == 3, (command, done.stdout[-2000:], done.stderr[-2000:])
-            assert "needs a CUDA GPU" in done.stderr and "Traceback" not in done.stderr
+            code, output = _shell(command, tmp_path, monkeypatch)
+            assert code == 3, (command, output[-3000:])
+            assert "needs a CUDA GPU" in output and "Traceback" not in output
             checked += 1
     assert checked >= 3
     assert not (tmp_path / "user").exists()  # no records database, no results
