@@ -188,3 +188,82 @@ def test_report_writes_a_self_contained_page(tmp_path):
     assert "data:image/png;base64," in page  # the plot is inline
     assert "broken.json" in page  # named as unreadable, not a crash
     assert "http://" not in page and "https://" not in page
+
+
+# ------------------------------------------------------------------ honest defaults
+
+def test_help_loads_neither_torch_nor_lowbits_packages():
+    """Issue: '`lowbit --help` takes 3 s' (it imported torch). In a fresh process, --help
+    loads typer only; the time is printed for the record, not asserted (loaded CI hosts)."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import sys\nfrom lowbit.cli import main\nsys.argv = ['lowbit', '--help']\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'rich.table', 'lowbit.core', 'numpy') "
+            "if m in sys.modules))")
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    seconds = time.perf_counter() - t0
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[-1] == "[]", lines[-1]
+    assert "quantize" in done.stdout and "tune" in done.stdout
+    print(f"lowbit --help in a fresh process: {seconds:.2f} s")
+
+
+def test_quantize_a_built_in_model_needs_weights_or_random_weights(tmp_path):
+    """Issue: '`lowbit quantize MODEL` without `--weights` quantizes a randomly initialised
+    model without a word'."""
+    line = _one_error_line(_run("quantize", "digits_cnn", "--out", str(tmp_path / "a.st")), 2,
+                           "--random-weights", "--weights")
+    assert "digits_cnn" in line
+    assert not (tmp_path / "a.st").exists()
+    weights = tmp_path / "w.pt"
+    torch.save({"bogus": torch.zeros(1)}, weights)
+    _one_error_line(_run("quantize", "digits_cnn", "--weights", str(weights),
+                         "--random-weights"), 2, "not both")
+    out = tmp_path / "r.safetensors"
+    result = _run("quantize", "digits_cnn", "--random-weights", "--batches", "1",
+                  "--batch-size", "8", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert type(load(out)[0]).__name__ == "IntegerConv2d"
+
+
+def test_report_runs_from_any_folder_on_the_users_records(tmp_path, monkeypatch):
+    """Issue: '`lowbit report` fails outside the repository'. From an empty folder: the
+    user's records database (LOWBIT_RECORDS) and results folder (LOWBIT_RESULTS)."""
+    from lowbit.tune import Record, RecordsDB
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LOWBIT_RESULTS", str(tmp_path / "no-results-yet"))
+    monkeypatch.setenv("LOWBIT_RECORDS", str(tmp_path / "no-records-yet.sqlite"))
+    result = _run("report", "--out", "empty.html")
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "empty.html").read_text()
+    assert "no-results-yet" in page and "No records database" in page
+    assert not (tmp_path / "no-records-yet.sqlite").exists()  # reading creates nothing
+
+    db = tmp_path / "mine.sqlite"
+    with RecordsDB(db) as rdb:
+        rdb.add_many([Record("conv2d(N=1)", "cuda.x", '{"t": 1}', 12.5, None, "H100"),
+                      Record("conv2d(N=1)", "cuda.x", '{"t": 2}', 9.5, None, "H100"),
+                      Record("conv2d(N=1)", "cuda.y", '{"t": 3}', None, "crash", "H100"),
+                      Record("gemm(M=2)", "triton.z", '{"t": 4}', 3.0, None, "H100")])
+    results = tmp_path / "res" / "h100"
+    results.mkdir(parents=True)
+    (results / "network-1.json").write_text(json.dumps(
+        {"benchmark": "network", "rows": [{"model": "resnet18", "time_us": 100.0}]}))
+    monkeypatch.setenv("LOWBIT_RECORDS", str(db))
+    monkeypatch.setenv("LOWBIT_RESULTS", str(tmp_path / "res"))
+    result = _run("report", "--out", "mine.html")
+    assert result.exit_code == 0, result.output
+    assert "1 results files" in result.output
+    page = (tmp_path / "mine.html").read_text()
+    assert "2 workloads, 4 measurements" in page
+    assert "9.5" in page and '{&quot;t&quot;: 2}' in page and "resnet18" in page
+    _one_error_line(_run("report", "--db", str(tmp_path / "none.sqlite")), 2, "none.sqlite")
+    (tmp_path / "junk.sqlite").write_text("not a database")
+    _one_error_line(_run("report", "--db", str(tmp_path / "junk.sqlite")), 2, "junk.sqlite")

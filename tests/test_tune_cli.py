@@ -79,9 +79,34 @@ def test_no_gpu_for_a_gpu_template_is_an_error_before_any_trial(tmp_path):
     in the records, counts them against `--trials` and never retries them'."""
     db = tmp_path / "r.sqlite"
     line = _error(_tune(_layers(tmp_path), "--trials", 3, "--db", db, "--template",
-                        "fake.gpu"), 3)
+                        "fake.gpu", "--device", "cpu"), 3)
     assert "fake.gpu" in line and "CUDA GPU" in line
-    assert _rows(db) == 0
+    assert _rows(db) == 0 and not db.exists()
+
+
+@pytest.mark.parametrize("extra", [("--top", "3"), ("--trials", "100")])
+def test_tune_without_a_gpu_exits_3_and_records_nothing(tmp_path, monkeypatch, extra):
+    """Issue: '`lowbit tune --model resnet18 --precision w8a8 --top 3` exits 0 on a CPU
+    machine and writes 57 failure rows into the user's records database'. No network is
+    planned either: the refusal comes before any work."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    user_db = tmp_path / "user" / "records.sqlite"
+    monkeypatch.setenv("LOWBIT_RECORDS", str(user_db))
+
+    def no_planning(*args):
+        raise AssertionError("planned a network before refusing")
+
+    monkeypatch.setitem(sys.modules, "lowbit.runtime.bench",
+                        types.SimpleNamespace(network_workloads=no_planning))
+    line = _error(_tune("--model", "resnet18", "--precision", "w8a8", *extra), 3)
+    assert "needs a CUDA GPU" in line and "nothing was run or recorded" in line
+    assert not user_db.exists() and not user_db.parent.exists()
+    # --device cpu with the shipped templates: still exit 3, naming the GPU-only ones
+    line = _error(_tune("--model", "resnet18", "--device", "cpu", *extra), 3)
+    assert "cuda.bitserial_wgmma" in line and "only on a CUDA GPU" in line
+    assert not user_db.exists()
 
 
 def test_device_cuda_without_a_gpu_is_an_error_not_worker_deaths(tmp_path):

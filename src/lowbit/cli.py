@@ -1,28 +1,67 @@
-"""The `lowbit` command: demo, quantize, summary, tune, report.
+"""The `lowbit` command: demo, quantize, summary, bench, tune, report.
 
 A user mistake (a bad argument, a missing file, a model that does not fit) ends in one line
 `error: ...` on stderr and exit code 2; a machine that cannot do the job (no CUDA GPU for a GPU
 command, a measuring worker that cannot start) in one line and exit code 3. Neither prints a
-traceback, and neither records anything.
+traceback, and neither records anything. A GPU command calls `require_gpu` after checking its
+arguments and before any work.
+
+Only typer loads at start (torch, rich tables and lowbit's packages load inside the commands),
+so that `lowbit --help` answers at once.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="lowbit: quantize PyTorch models to 1-8 bits and run them on auto-tuned "
                        "Tensor Core kernels.")
-# a pipe or a file gets wide tables rather than wrapped ones
-console = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=True)
 USER_ERROR, ENVIRONMENT_ERROR = 2, 3
+
+
+class _LazyConsole:
+    """rich's Console, made on first use (a pipe or a file gets wide tables, not wrapped)."""
+
+    _console: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if _LazyConsole._console is None:
+            from rich.console import Console
+
+            _LazyConsole._console = Console(width=None if sys.stdout.isatty() else 160,
+                                            soft_wrap=True)
+        return getattr(_LazyConsole._console, name)
+
+
+console = _LazyConsole()
+
+
+def _table(title: str, columns: Sequence[str]) -> Any:
+    """A rich Table with right-justified `columns`."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="right")
+    return table
+
+
+def require_gpu(command: str, detail: str = "") -> None:
+    """Exit 3 (before any work, nothing recorded) when no CUDA GPU is visible."""
+    import torch
+
+    if not torch.cuda.is_available():
+        from .tune.measure import MeasureEnvironmentError
+
+        raise MeasureEnvironmentError(f"lowbit {command} needs a CUDA GPU; none is visible "
+                                      f"here: nothing was run or recorded{detail}")
 
 
 @app.callback()
@@ -79,10 +118,9 @@ def demo(float_steps: int = typer.Option(200, help="float32 training steps"),
         "layer at 8 bits) and is converted to integer layers (lowbit.convert).")
     report = run_demo(float_steps, qat_steps, chosen, seed,
                       progress=lambda text: console.print(f"  {text}"))
-    table = Table(title=f"digits test accuracy (float32 {report.float_accuracy:.1%})")
-    for col in ("precision", "accuracy", "integer accuracy", "vs float32", "packed size",
-                "smaller", "QAT s"):
-        table.add_column(col, justify="right")
+    table = _table(f"digits test accuracy (float32 {report.float_accuracy:.1%})",
+                   ("precision", "accuracy", "integer accuracy", "vs float32", "packed size",
+                    "smaller", "QAT s"))
     table.add_row("float32", f"{report.float_accuracy:.1%}", "-", "-",
                   f"{report.float_bytes:,} B", "1.0x", "-")
     for r in report.rows:
@@ -135,12 +173,22 @@ def _calibration_batches(data: str, batch_size: int, image_size: int):
     return image_folder_loader(data, batch_size=batch_size, size=image_size, shuffle=True)
 
 
-def _float_model(spec: str, weights: str):
+def _float_model(spec: str, weights: str, random_weights: bool = True):
+    """The float model MODEL names, with --weights loaded. A built-in model has random
+    weights: without --weights it needs --random-weights (a factory's weights are its own)."""
     import torch
 
-    from .serialize import model_from_spec
+    from .serialize import arch_entry, build_model
 
-    model, _ = model_from_spec(spec)
+    if weights and random_weights:
+        raise ValueError("give --weights FILE or --random-weights, not both")
+    entry = arch_entry(spec)
+    if "zoo" in entry and not weights and not random_weights:
+        raise ValueError(f"MODEL {spec!r} is a built-in architecture, randomly initialised: "
+                         "pass --weights FILE (its trained float32 state dict), or "
+                         "--random-weights to quantize the random weights (a trial run: the "
+                         "result predicts nothing)")
+    model = build_model(entry)
     if weights:
         path = Path(weights)
         if not path.is_file():
@@ -175,25 +223,34 @@ def quantize(
     convert: bool = typer.Option(True, "--convert/--fake-quant",
                                  help="save integer layers, or the calibrated fake-quant model"),
     weights: str = typer.Option("", help="float weights to start from (a state dict file)"),
+    random_weights: bool = typer.Option(False, "--random-weights",
+                                        help="without --weights: quantize a built-in model's "
+                                        "random initial weights (a trial run)"),
     out: str = typer.Option("", help="output file (default MODEL-PRECISION.safetensors)"),
 ) -> None:
     """Quantize a float model: calibrate its activation ranges on data (post-training),
-    convert it to integer layers, save it (lowbit.load reads it) and print its summary."""
+    convert it to integer layers, save it (lowbit.load reads it) and print its summary.
+    A built-in MODEL needs --weights (or --random-weights); a factory ('file.py:function')
+    returns its model with whatever weights it sets."""
     import lowbit
 
     from .core import parse_wa
     from .quant import summary as layer_summary
+    from .quant.inputs import InputShapeError
     from .serialize import save
 
     wb, ab = parse_wa(precision)
     overrides = _layer_overrides(layers)
-    float_model = _float_model(model, weights)
+    float_model = _float_model(model, weights, random_weights)
     q = lowbit.quantize(float_model, weight_bits=wb, act_bits=ab, method=method,
                         skip_first=skip_first, skip_last=skip_last, layers=overrides or None)
     loader = _calibration_batches(data, batch_size, image_size)
     try:
         lowbit.calibrate(q, loader, num_batches=batches)
-    except RuntimeError as e:  # torch's shape errors: the data does not fit the model
+    except InputShapeError as e:
+        raise ValueError(f"--data {data} does not fit {model}: layer {e.layer} "
+                         f"{e.problem}") from None
+    except RuntimeError as e:  # torch's errors elsewhere: the data does not fit the model
         raise ValueError(f"--data {data} does not fit {model}: {e}") from None
     result = lowbit.convert(q) if convert else q
     stem = Path(model.rpartition(":")[2] or model).stem
@@ -216,10 +273,10 @@ def summary(target: str = typer.Argument(..., help="a saved lowbit model (.safet
     from .quant import LayerRow
     from .quant import summary as layer_summary
     from .quant.overview import render
-    from .serialize import read_manifest
+    from .serialize import verify
 
     if target.endswith(".safetensors") or Path(target).is_file():
-        manifest = read_manifest(target)
+        manifest, _ = verify(target)  # every digest and integer range checked
         rows = [LayerRow(**r) for r in manifest.get("summary", [])]
         console.print(render(rows, f"{target} ({manifest['kind']})"))
         return
@@ -279,18 +336,13 @@ def bench(
     except ValueError as e:
         raise ValueError(f"--policy must be 'default', 'model' or an int8 template's name "
                          f"({e})") from None
-    if not torch.cuda.is_available():
-        from .tune.measure import MeasureEnvironmentError
-
-        raise MeasureEnvironmentError("lowbit bench needs a CUDA GPU; none is visible here "
-                                      "(lowbit.compile still runs the plan through the exact "
-                                      "reference on a CPU)")
+    require_gpu("bench", " (lowbit.compile still runs the plan through the exact reference "
+                "on a CPU)")
     row = bench_network(BenchCase(model, batch, precision, exact_bias=not kernel_bias,
                                   chooser=policy, fuse_outputs=fuse_outputs),
                         compile_mode=None if compile_mode == "none" else compile_mode)
-    table = Table(title=f"{model} batch {batch} {precision} on {torch.cuda.get_device_name()}")
-    for col in ("step", "impl", "us", "floor us", "share", "fp16 us"):
-        table.add_column(col, justify="right")
+    table = _table(f"{model} batch {batch} {precision} on {torch.cuda.get_device_name()}",
+                   ("step", "impl", "us", "floor us", "share", "fp16 us"))
     for r in row["layers"]:
         table.add_row(r["name"], r["impl"], f"{r['time_us']:.1f}", f"{r['floor_us']:.1f}",
                       f"{100 * r['share']:.1f}%", _us(r.get("fp16_us")))
@@ -307,19 +359,25 @@ def bench(
 
 # ----------------------------------------------------------------------------------- tune
 
-def _network_layers(model: str, batch: int, precision: str) -> list:
+def _network_layers(model: str, batch: int, precision: str) -> Callable[[], list]:
     """The distinct layer workloads of a zoo network as the engine plans them
-    (`lowbit.runtime.bench.network_workloads`)."""
+    (`lowbit.runtime.bench.network_workloads`), planned when called."""
     from .models import names
-    from .runtime.bench import network_workloads
 
     if model not in names():
         raise ValueError(f"--model must be one of {', '.join(names())}, got {model!r}")
-    return network_workloads(model, batch, precision)
+
+    def plan() -> list:
+        from .runtime.bench import network_workloads
+
+        return network_workloads(model, batch, precision)
+
+    return plan
 
 
 def _tune_layers(workloads: str, model: str, batch: int, precision: str, overrides: dict
-                 ) -> list:
+                 ) -> Callable[[], list]:
+    """The layers to tune, checked now and given when called (a network is planned then)."""
     from .core import load_workloads
     from .core.workloads import SUITES, workloads_from_file
 
@@ -330,11 +388,13 @@ def _tune_layers(workloads: str, model: str, batch: int, precision: str, overrid
     if not workloads:
         raise ValueError("give a workload file, a suite name or --model NAME")
     if workloads in SUITES:
-        return load_workloads(workloads, **overrides)
-    if not Path(workloads).is_file():
+        layers = load_workloads(workloads, **overrides)
+    elif not Path(workloads).is_file():
         raise FileNotFoundError(f"{workloads!r} is neither a workload file nor a suite "
                                 f"({', '.join(SUITES)})")
-    return workloads_from_file(workloads, **overrides)
+    else:
+        layers = workloads_from_file(workloads, **overrides)
+    return lambda: layers
 
 
 @app.command()
@@ -351,7 +411,8 @@ def tune(
     db: str = typer.Option("", help="records database (default: the user cache file)"),
     template: str = typer.Option("", help="comma-separated template names to consider "
                                  "(default: every registered one)"),
-    device: str = typer.Option("", help="cuda, cuda:i or cpu (default: cuda when present)"),
+    device: str = typer.Option("cuda", help="cuda, cuda:i, or cpu (only templates that run "
+                               "on the CPU, e.g. Triton's interpreter)"),
     w: str = typer.Option("", help="weight precision for every layer, e.g. s8, u4, b1"),
     a: str = typer.Option("", help="activation precision for every layer, e.g. s8, u4"),
     round_size: int = typer.Option(32, help="candidates measured per round"),
@@ -364,9 +425,8 @@ def tune(
                             "best measured on 57 of 63 H100 layers)"),
 ) -> None:
     """Tune every layer of a workload file, suite or network; the best configs go to the
-    records database."""
-    import torch
-
+    records database. Needs a CUDA GPU (exit 3 without one, nothing recorded), unless
+    --device cpu with templates that run on the CPU."""
     from .core import Precision
     from .kernels import get_template, templates
     from .tune import STRATEGIES, LocalMeasurer
@@ -379,17 +439,19 @@ def tune(
     if top < 0:
         raise ValueError(f"--top must be >= 0 candidates (0: search with --strategy), got {top}")
     overrides = {k: Precision.parse(v) for k, v in (("w", w), ("a", a)) if v}
-    layers = _tune_layers(workloads, model, batch, precision, overrides)
+    planned = _tune_layers(workloads, model, batch, precision, overrides)
     _import_backends()
     names = [n.strip() for n in template.split(",") if n.strip()]
     chosen = [get_template(n) for n in names] if names else templates()
-    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dev = device or "cuda"
+    _check_tune_device(dev, chosen)
+    layers = planned()
     if top:
         _tune_top(layers, chosen, top, db, dev)
         return
-    table = Table(title=f"lowbit tune ({strategy}, {trials} trials, {dev})")
-    for col in ("layer", "template", "best us", "default us", "speedup", "trials", "failed"):
-        table.add_column(col, justify="right")
+    table = _table(f"lowbit tune ({strategy}, {trials} trials, {dev})",
+                   ("layer", "template", "best us", "default us", "speedup", "trials",
+                    "failed"))
     with LocalMeasurer(device=dev) as measurer:
         for name, wl in layers:
             console.print(f"[bold]{name}[/]: {wl.key}")
@@ -404,15 +466,36 @@ def tune(
     console.print(table)
 
 
+def _check_tune_device(dev: str, chosen: list) -> None:
+    """Exit 3 before any measurement when the device cannot measure the chosen templates: no
+    CUDA device for --device cuda, or templates that run only on a GPU for --device cpu."""
+    from .tune.env import device_problem, needs_gpu
+    from .tune.measure import MeasureEnvironmentError
+
+    try:
+        problem = device_problem(dev)
+    except ValueError:
+        raise ValueError(f"--device must be cpu, cuda or cuda:i, got {dev!r}") from None
+    if problem:
+        raise MeasureEnvironmentError(f"lowbit tune needs a CUDA GPU: {problem}; nothing was "
+                                      "run or recorded (--device cpu measures only templates "
+                                      "that run on the CPU)")
+    gpu_only = [t.name for t in chosen if needs_gpu(t)] if dev == "cpu" else []
+    if gpu_only:
+        raise MeasureEnvironmentError(
+            f"lowbit tune measures {', '.join(gpu_only)} only on a CUDA GPU, and it runs on "
+            f"{dev} here: nothing was run or recorded (tune on a GPU machine, or pass "
+            "--template with templates that run on the CPU)")
+
+
 def _tune_top(layers: list, chosen: list, top: int, db: str, dev: str) -> None:
     """`lowbit tune --top N`: per layer, the model's N top-ranked candidates timed, every
     measurement recorded (`lowbit.tune.dispatch.measure_top`)."""
     from .tune import LocalMeasurer
     from .tune.dispatch import measure_top
 
-    table = Table(title=f"lowbit tune (the model's top {top}, {dev})")
-    for col in ("layer", "template", "best us", "measured", "ran"):
-        table.add_column(col, justify="right")
+    table = _table(f"lowbit tune (the model's top {top}, {dev})",
+                   ("layer", "template", "best us", "measured", "ran"))
     with LocalMeasurer(device=dev) as measurer:
         for name, wl in layers:
             console.print(f"[bold]{name}[/]: {wl.key}")
@@ -432,9 +515,8 @@ def _print_predictions(name: str, wl: object, r: object) -> None:
     from .perfmodel import predict_results
 
     preds = predict_results(wl, r.history, r.gpu)
-    detail = Table(title=f"{name}: measured vs predicted ({r.gpu})")
-    for col in ("template", "config", "measured us", "predicted us"):
-        detail.add_column(col, justify="right")
+    detail = _table(f"{name}: measured vs predicted ({r.gpu})",
+                    ("template", "config", "measured us", "predicted us"))
     for res, p in zip(r.history, preds, strict=True):
         detail.add_row(res.template, res.config.to_json(), _us(res.time_us), f"{p:.1f}")
     console.print(detail)
@@ -456,14 +538,19 @@ def _import_backends() -> None:
 
 @app.command()
 @reports_errors
-def report(results: str = typer.Option("benchmarks/results", help="results folder"),
+def report(results: str = typer.Option("", help="results folder (default: "
+                                     "./benchmarks/results where there is one, else "
+                                     "$LOWBIT_RESULTS or <user data dir>/lowbit/results)"),
+           db: str = typer.Option("", help="tuning records database (default: yours, "
+                                  "$LOWBIT_RECORDS or the user cache file)"),
            out: str = typer.Option("lowbit-report.html", help="HTML file to write"),
            all_files: bool = typer.Option(False, "--all", help="every results file, not only "
                                           "the latest of each benchmark and GPU")) -> None:
-    """Write one self-contained HTML page of the benchmark results (tables and plots)."""
+    """Write one self-contained HTML page of your benchmark results and tuning records
+    (tables and plots); runs from any folder."""
     from .report import write_report
 
-    n = write_report(results, out, all_files)
+    n = write_report(results or None, out, all_files, db or None)
     console.print(f"wrote {out} ({n} results files)")
 
 

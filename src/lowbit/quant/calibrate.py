@@ -8,16 +8,23 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from ..core.progress import progress
 from .api import quant_layers
+from .inputs import InputShapeError, checked_layer_inputs
 from .residual import ATTR as RESIDUAL_ATTR
 from .residual import residual_quantizers
 
+__all__ = ["InputShapeError", "calibrate"]
 
-def _batch_input(batch: object) -> torch.Tensor:
+
+def _batch_input(batch: object, index: int) -> torch.Tensor:
     x = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
     if not isinstance(x, torch.Tensor):
         raise TypeError("loader must yield tensors or (input, target) tuples/lists of tensors, "
-                        f"got {type(x).__name__}")
+                        f"got {type(x).__name__} in batch {index}")
+    if not x.is_floating_point():
+        raise TypeError(f"loader must yield float input tensors, got {x.dtype} in batch "
+                        f"{index} (shape {tuple(x.shape)})")
     return x
 
 
@@ -38,8 +45,9 @@ def calibrate(model: nn.Module, loader: Iterable, num_batches: int | None = None
     layers = quant_layers(model)
     if not layers:
         raise ValueError("model has no lowbit fake-quant layers: call lowbit.quantize first")
-    if not isinstance(loader, Iterable):
-        raise TypeError(f"loader must be an iterable of batches, got {type(loader).__name__}")
+    if not isinstance(loader, Iterable) or isinstance(loader, (torch.Tensor, str, bytes)):
+        raise TypeError(f"loader must be an iterable of batches (a DataLoader, or a list of "
+                        f"input tensors: [x] for one batch), got {type(loader).__name__}")
     if num_batches is not None and (isinstance(num_batches, bool)
                                     or not isinstance(num_batches, int) or num_batches < 1):
         raise ValueError(f"num_batches must be None or an int >= 1, got {num_batches!r}")
@@ -55,10 +63,14 @@ def calibrate(model: nn.Module, loader: Iterable, num_batches: int | None = None
             q.calibrating = True
             q.observer.start_calibration()
             q.mean_abs.zero_()
-        with torch.no_grad():
+        with torch.no_grad(), progress("calibrating", total=_total(loader, num_batches)) as bar:
             for batch in loader:
-                model(_batch_input(batch))
+                x = _batch_input(batch, seen)
+                with checked_layer_inputs(model, f"loader's batch {seen} (shape "
+                                                 f"{tuple(x.shape)})", check_dtype=True):
+                    model(x)
                 seen += 1
+                bar.advance()
                 if num_batches is not None and seen >= num_batches:
                     break
     finally:
@@ -76,8 +88,9 @@ def calibrate(model: nn.Module, loader: Iterable, num_batches: int | None = None
             zero.append(f"layer {name}: all {int(obs.samples)} calibration values were 0 "
                         f"({int(obs.nonfinite)} non-finite skipped)")
     if zero:
-        raise ValueError("; ".join(zero) + ": no scale can be set from zeros; calibrate on "
-                         "representative data, or keep these layers float (skip=[...])")
+        raise ValueError(f"loader ({seen} batches): " + "; ".join(zero) + ": no scale can be "
+                         "set from zeros; calibrate on representative data, or keep these "
+                         "layers float (skip=[...])")
     if unseen:
         warnings.warn(f"lowbit.calibrate: no calibration batch reached {', '.join(unseen)} "
                       f"(in {seen} batches): they have no range and convert will refuse them",
@@ -86,3 +99,11 @@ def calibrate(model: nn.Module, loader: Iterable, num_batches: int | None = None
         q.observer.finish_calibration()
         q.frozen = True
     return model
+
+
+def _total(loader: Iterable, num_batches: int | None) -> int | None:
+    try:
+        n = len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        return num_batches
+    return n if num_batches is None else min(n, num_batches)

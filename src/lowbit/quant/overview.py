@@ -138,6 +138,8 @@ def summary(model: nn.Module, *, show: bool = True, console: Console | None = No
     """Every conv / linear layer of `model` (float, fake-quant or converted) as a LayerRow:
     precision, method, scales, or kept float and why; printed as a rich table when `show`
     (to `console`, default stdout)."""
+    if console is not None and not callable(getattr(console, "print", None)):
+        raise TypeError(f"console must be a rich.console.Console, got {type(console).__name__}")
     rows = layer_rows(model)
     if show or console is not None:
         # a pipe or a file gets a wide table rather than a wrapped one

@@ -24,11 +24,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..core import Workload
+from ..core.progress import progress
 from ..graph import Dataflow, Plan, PlanOptions, build_plan, trace_model
 from ..graph.chooser import Chooser, make_chooser
 from ..graph.dataflow import is_integer_module, is_quant_layer
 from ..graph.impl import ImplChooser
 from ..graph.ir import WIDE_BITS
+from ..quant.inputs import InputShapeError, checked_layer_inputs
 from ..quant.modules import QUANT_MODULES
 from ..reference.image import normalize_uint8_image
 from .engine import ReferenceExecutor
@@ -223,14 +226,37 @@ def compile_model(model: nn.Module, example_input: torch.Tensor, *,
     if not (isinstance(records, (bool, str, Path)) or records is None):
         raise TypeError(f"records must be True, False, None or a path, got "
                         f"{type(records).__name__}")
+    if callable(chooser) and not isinstance(chooser, Chooser):
+        chooser = _checked_policy(chooser, "choose_impl" if choose_impl else "chooser")
     device = example_input.device
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     plan_chooser = make_chooser(chooser, records, gpu)
     # traced where the example runs: a model left on the CPU follows a CUDA example
-    copied = copy.deepcopy(model).eval().to(device)
-    dataflow = trace_model(copied, traced_input)
-    plan = build_plan(dataflow, tuple(example_input.shape), plan_chooser, wide_bits,
-                      options=options, image_normalization=norm)
+    with progress("lowbit.compile: tracing and planning"):
+        copied = copy.deepcopy(model).eval().to(device)
+        try:
+            with checked_layer_inputs(copied, f"example_input (shape "
+                                              f"{tuple(example_input.shape)})"):
+                dataflow = trace_model(copied, traced_input)
+        except InputShapeError as e:  # without torch.fx's node trace appended to it
+            raise InputShapeError(e.argument, e.layer, e.problem) from None
+        plan = build_plan(dataflow, tuple(example_input.shape), plan_chooser, wide_bits,
+                          options=options, image_normalization=norm)
     return CompiledModel(plan, dataflow=dataflow, model=copied, chooser=plan_chooser,
                          device=device, executor=executor, wide_bits=wide_bits,
                          options=options)
+
+
+def _checked_policy(policy: ImplChooser, name: str) -> ImplChooser:
+    """The caller's implementation policy, its answers checked: a TypeError naming the
+    argument (`name`) for anything but (impl name, reason) strings."""
+
+    def checked(workload: Workload) -> tuple[str, str]:
+        got = policy(workload)
+        if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(s, str)
+                                                                 for s in got)):
+            raise TypeError(f"{name} must return (impl name, reason) strings, got {got!r} for "
+                            f"{workload.key}")
+        return got
+
+    return checked

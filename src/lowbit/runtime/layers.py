@@ -32,6 +32,7 @@ from ..core import (
     Workload,
 )
 from ..core.epilogue import EpilogueParams
+from ..core.progress import progress
 from ..core.validate import check_inputs, output_buffer
 from ..graph.chooser import default_kernel
 from ..graph.impl import TORCH_FP16
@@ -188,12 +189,15 @@ def prebuild(steps: list[Layer], factory: KernelFactory = layer_kernel,
     NVRTC releases the GIL, so a network's bit-serial kernels compile side by side (their
     modules load lazily, on first launch). Returns how many were built."""
     distinct = {(s.impl, s.workload, s.config): s for s in steps}
-    if workers <= 1 or len(distinct) <= 1:
-        for s in distinct.values():
-            factory(s)
-        return len(distinct)
-    with ThreadPoolExecutor(min(workers, len(distinct))) as pool:
-        list(pool.map(factory, distinct.values()))
+    with progress("building kernels", total=len(distinct)) as bar:
+        if workers <= 1 or len(distinct) <= 1:
+            for s in distinct.values():
+                factory(s)
+                bar.advance()
+            return len(distinct)
+        with ThreadPoolExecutor(min(workers, len(distinct))) as pool:
+            for _ in pool.map(factory, distinct.values()):
+                bar.advance()
     return len(distinct)
 
 

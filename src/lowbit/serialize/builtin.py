@@ -126,7 +126,12 @@ def _converted_from(manifest: dict, tensors: Tensors, base: nn.Module | None) ->
     return _finish(model, manifest, tensors).eval()
 
 
+def _converted_precisions(manifest: dict) -> dict[str, str]:
+    """Each integer layer's weight tensor and its declared weight precision."""
+    return {f"{row['name']}.weight": row["w"] for row in manifest["layers"]}
+
+
 FAKEQUANT = register_kind(ModelKind("fakequant", lambda m: bool(quant_layers(m)),
                                     _fakequant_to, _fakequant_from))
 CONVERTED = register_kind(ModelKind("converted", lambda m: bool(integer_modules(m)),
-                                    _converted_to, _converted_from))
+                                    _converted_to, _converted_from, _converted_precisions))

@@ -49,8 +49,16 @@ def _compiled_from(manifest: dict, tensors: Tensors, base: nn.Module | None) -> 
     return model
 
 
+def _compiled_precisions(manifest: dict) -> dict[str, str]:
+    """Each plan layer's integer weight tensor and its workload's weight precision."""
+    return {f"plan{i}.{step['weight']}": step["workload"]["w"]
+            for i, plan in enumerate(manifest["plans"]) for step in plan["steps"]
+            if step.get("kind") == "layer" and step.get("weight")}
+
+
 def _is_compiled(model: nn.Module) -> bool:
     return isinstance(model, CompiledModel)
 
 
-COMPILED = register_kind(ModelKind("compiled", _is_compiled, _compiled_to, _compiled_from))
+COMPILED = register_kind(ModelKind("compiled", _is_compiled, _compiled_to, _compiled_from,
+                                   _compiled_precisions))

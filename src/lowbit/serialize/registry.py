@@ -1,10 +1,13 @@
 """Model kinds that `lowbit.save` / `lowbit.load` know: how to detect one, write it and read
 it back.
 
-A kind is `ModelKind(name, detect, to_manifest, from_manifest)`:
+A kind is `ModelKind(name, detect, to_manifest, from_manifest, declared_precisions)`:
     detect(model) -> bool                       is `model` of this kind?
     to_manifest(model) -> (dict, {key: tensor}) JSON-able manifest part and the tensors
     from_manifest(manifest, tensors, base) -> model
+    declared_precisions(manifest) -> {key: "s2", ...}  (optional) the integer tensors whose
+                                                values the manifest declares a precision of;
+                                                `load` checks them against its range
 `base` is the float model the saved one was made from (rebuilt from the manifest's `arch`, or
 the one the caller passed to `load`), or None when neither is available; a kind that needs it
 raises a ValueError saying `pass model=`. Kinds registered later are tried first, so a more
@@ -29,6 +32,7 @@ class ModelKind:
     detect: Callable[[nn.Module], bool]
     to_manifest: Callable[[nn.Module], tuple[dict, Tensors]]
     from_manifest: Callable[[dict, Tensors, nn.Module | None], nn.Module]
+    declared_precisions: Callable[[dict], dict[str, str]] | None = None
 
 
 _KINDS: dict[str, ModelKind] = {}

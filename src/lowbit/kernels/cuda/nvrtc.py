@@ -30,6 +30,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ...core.progress import progress
+
 __all__ = [
     "CompileError",
     "CudaError",
@@ -136,7 +138,8 @@ def _compile(kind: str, source: str, arch: str, options: Sequence[str]) -> bytes
         with _lock:
             _memory_cache[key] = data
         return data
-    data = _nvrtc_compile(kind, source, arch, opts)
+    with progress(f"NVRTC: compiling a kernel for sm_{arch}"):
+        data = _nvrtc_compile(kind, source, arch, opts)
     _write_atomic(path, data)
     with _lock:
         _memory_cache[key] = data
