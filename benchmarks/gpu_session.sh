@@ -13,7 +13,7 @@
 #                ResNet-50 b256 only, measured after every case
 #   3. tests_b   the other engine GPU tests (VGG-16, AlexNet, ResNet-50, chained layers, fp16
 #                layers, the int8 kernels' fused layer epilogue, ...) with the time left
-# Env: BUDGET_S, BENCH_S (the bench step's limit, default 230), NETOPS_TESTS=0 / TESTS_B=0 skip those steps, CASES="model:batch:precision ..."
+# Env: BUDGET_S, BENCH_S (the bench step's limit, default 230), NETOPS_TESTS=0 / TESTS_B_ON=0 skip those steps, CASES="model:batch:precision ..."
 # and COMPILE_MODE (default "default"; "none" skips torch.compile) pick the benchmark rows.
 # Outputs under $OUT: the results files to commit under benchmarks/results/<gpu>/ --
 # network-*.json, network-*.png and gpu_tests-*.json (the pytest runs' counts, from their JUnit
@@ -73,16 +73,26 @@ step() {
 PYTEST="python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs"
 # junit_pytest NAME: the pytest command line of step NAME, its JUnit XML into $LOGS/NAME.xml
 junit_pytest() { echo "$PYTEST --junitxml=$LOGS/$1.xml"; }
-step tests_a 110 200 $(junit_pytest tests_a) tests/test_engine_gpu_cuda.py \
-  -k "resnet18-w1a2-b8 or nonfinite"
+# TESTS_A / TESTS_B: pytest arguments of the two test steps (default: the engine's); CASES and
+# COMPILE_MODE: the network rows and their torch.compile baseline ('none'); PROBES: probe
+# commands separated by ';' (each writes its JSON into $OUT), run after the benchmark
+TESTS_A=${TESTS_A:-'tests/test_engine_gpu_cuda.py -k "resnet18-w1a2-b8 or nonfinite"'}
+step tests_a "${TESTS_A_S:-110}" 200 bash -c "$(junit_pytest tests_a) $TESTS_A"
 [ "${NETOPS_TESTS:-1}" = 1 ] && step tests_a 45 155 $(junit_pytest tests_a_netops) \
   tests/test_triton_netops.py tests/test_stem.py
-# CASES / COMPILE_MODE override the benchmark's rows and its torch.compile baseline ('none')
 step bench "${BENCH_S:-230}" 10 python3 benchmarks/network.py --out "$OUT" --quick \
   --cases ${CASES:-resnet18:8:w1a2 resnet50:256:w1a2 resnet50:256:w8a8 vgg16:8:w1a2 alexnet:8:w1a2 resnet18:8:w8a8 resnet50:256:w8a8:nofuse} \
-  --compile-mode "${COMPILE_MODE:-default}" --compile-models resnet50
-[ "${TESTS_B:-1}" = 1 ] && step tests_b 200 5 $(junit_pytest tests_b) tests/test_engine_gpu_cuda.py \
-  tests/test_conv_outputs.py -k "not (resnet18-w1a2-b8 and bit_exact) and not nonfinite"
+  --compile-mode "${COMPILE_MODE:-default}" --compile-models ${COMPILE_MODELS:-resnet50}
+i=0
+IFS=';' read -ra probe_cmds <<< "${PROBES:-}"
+for cmd in "${probe_cmds[@]}"; do
+  [ -z "${cmd// }" ] && continue
+  i=$((i + 1))
+  step "probe$i" "${PROBE_S:-90}" 10 bash -c "$cmd"
+done
+TESTS_B=${TESTS_B:-'tests/test_engine_gpu_cuda.py tests/test_conv_outputs.py -k "not (resnet18-w1a2-b8 and bit_exact) and not nonfinite"'}
+[ "${TESTS_B_ON:-1}" = 1 ] && step tests_b "${TESTS_B_S:-200}" 5 \
+  bash -c "$(junit_pytest tests_b) $TESTS_B"
 # the tests' counts as a results file for the tree (the logs stay in $LOGS)
 compgen -G "$LOGS/*.xml" > /dev/null && python3 benchmarks/gpu_tests_summary.py "$LOGS"/*.xml \
   --out "$OUT" >> "$SUMMARY" 2>&1
