@@ -310,10 +310,16 @@ def bench(
     fuse_outputs: bool = typer.Option(True, "--fuse-outputs/--no-fuse-outputs",
                                       help="int8 layers write their layer epilogue's outputs "
                                       "from the kernel (else a separate pass)"),
+    residual_bits: int = typer.Option(0, help="quantize the residual stream in the model at "
+                                      "4, 8 or 16 bits (lowbit.quantize residual_bits; 0: the "
+                                      "engine's wide realization)"),
+    tuned: bool = typer.Option(False, "--tuned", help="also time the plan with the configs "
+                               "of your tuning records (lowbit tune) in the same run"),
     out: str = typer.Option("", help="write the results JSON (and the per-layer PNG) here"),
 ) -> None:
     """Time a whole quantized network on this GPU against PyTorch fp16 (eager, CUDA graph,
-    torch.compile) in the same run: per-layer table and whole-network latency."""
+    torch.compile) in the same run: per-layer table and whole-network latency; with --tuned
+    the default-config network and the tuned one, one after the other."""
     import json
 
     import torch
@@ -338,21 +344,32 @@ def bench(
                          f"({e})") from None
     require_gpu("bench", " (lowbit.compile still runs the plan through the exact reference "
                 "on a CPU)")
-    row = bench_network(BenchCase(model, batch, precision, exact_bias=not kernel_bias,
-                                  chooser=policy, fuse_outputs=fuse_outputs),
-                        compile_mode=None if compile_mode == "none" else compile_mode)
+    if residual_bits not in (0, 4, 8, 16):
+        raise ValueError(f"--residual-bits must be 0, 4, 8 or 16, got {residual_bits}")
+    case = BenchCase(model, batch, precision, exact_bias=not kernel_bias, chooser=policy,
+                     fuse_outputs=fuse_outputs, residual_bits=residual_bits or None)
+    row = bench_network(case, compile_mode=None if compile_mode == "none" else compile_mode)
+    rows = [row]
+    if tuned:
+        from dataclasses import replace
+
+        rows.append(bench_network(replace(case, records=True), compile_mode=None))
+        rows[-1]["baselines_ms"] = row["baselines_ms"]  # the same run's baselines
     table = _table(f"{model} batch {batch} {precision} on {torch.cuda.get_device_name()}",
                    ("step", "impl", "us", "floor us", "share", "fp16 us"))
     for r in row["layers"]:
         table.add_row(r["name"], r["impl"], f"{r['time_us']:.1f}", f"{r['floor_us']:.1f}",
                       f"{100 * r['share']:.1f}%", _us(r.get("fp16_us")))
     console.print(table)
-    console.print(summary_table([row]))
+    console.print(summary_table(rows))
+    if tuned:
+        console.print(f"tuned / default: {rows[0]['time_ms'] / rows[1]['time_ms']:.3f}x "
+                      f"({rows[1]['time_ms']:.3f} ms against {rows[0]['time_ms']:.3f} ms)")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
         stem = Path(out) / f"network-{model}-b{batch}-{precision}"
         stem.with_suffix(".json").write_text(json.dumps({"benchmark": "network",
-                                                         "rows": [row]}, indent=1))
+                                                         "rows": rows}, indent=1))
         per_layer_figure(row, str(stem.with_suffix(".png")))
         console.print(f"wrote {stem}.json")
 
