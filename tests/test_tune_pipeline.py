@@ -14,7 +14,8 @@ import pytest
 from lowbit.core import Config
 from lowbit.tune import RecordsDB
 from lowbit.tune.buildpool import BuildPool
-from lowbit.tune.pipeline import MeasurerSlot, PipelineTuner, PoolBuilder, TuneTask
+from lowbit.tune.pipeline import PipelineTuner, TuneTask
+from lowbit.tune.workers import MeasurerSlot, PoolBuilder
 from test_tune_fakes import TINY, FakeConvTemplate, SleepMeasurer
 
 

@@ -33,17 +33,9 @@ from pathlib import Path
 
 from ..core import Config, Workload
 from ..kernels import get_template, load_backends
-from .pipeline import (
-    DEFAULT_TRIAL_S,
-    Builder,
-    PipelineResult,
-    PipelineTuner,
-    PoolBuilder,
-    Slot,
-    TuneTask,
-    local_slots,
-)
+from .pipeline import DEFAULT_TRIAL_S, PipelineResult, PipelineTuner, TuneTask
 from .records import RecordsDB
+from .workers import Builder, PoolBuilder, Slot, local_slots
 
 #: the implementation name of layers PyTorch runs in fp16 (`lowbit.graph.impl.TORCH_FP16`)
 TORCH_FP16 = "torch.fp16"
@@ -179,6 +171,7 @@ def tune_tasks(tasks: Sequence[TuneTask], budget_s: float,
                 raise MeasureEnvironmentError("no CUDA GPU to tune on (torch.cuda."
                                               "device_count() is 0)")
             slots = local_slots(indices, **measurer_kwargs)
+            gpu = gpu or torch.cuda.get_device_name(indices[0])  # no wait for a worker
         if builder is None:
             builder = PoolBuilder(workers=build_workers or os.cpu_count() or 1)
             closers.append(builder.close)

@@ -2,9 +2,10 @@
 
 `PipelineTuner(tasks, slots, builder, records, budget_s).run()` tunes a list of `TuneTask`s
 (a workload, the templates it may run on, its default kernel and its share of the budget) on
-measuring `Slot`s (one per GPU: a crash-isolated `LocalMeasurer` pinned to that GPU, a Dask
-worker, or a stand-in in tests) with kernels built by a `Builder` (a `BuildPool` of CPU
-processes, or Dask tasks on the worker that measures them). The pipeline:
+measuring `Slot`s (one per GPU, `lowbit.tune.workers`: a crash-isolated `LocalMeasurer`
+pinned to that GPU, a Dask worker, or a stand-in in tests) with kernels built by a `Builder`
+(a `BuildPool` of CPU processes, or Dask tasks on the worker that measures them). The
+pipeline:
 
 - the main thread proposes candidates and submits their builds, keeping every build process
   busy and a few built candidates waiting per GPU, so a batch's builds overlap the previous
@@ -19,7 +20,8 @@ Which workload gets the next candidate: the one furthest below its share of the 
 (GPU-seconds spent, counting a candidate in flight at its workload's mean trial time, over
 `quota_s`); a workload's default kernel is its first candidate (the baseline, and what the
 plan keeps if nothing beats it). Within a workload, candidates come in rounds shared among its
-templates as `lowbit.tune.tuner` shares them. With the "pruned" strategy each template's
+templates as `lowbit.tune.tuner` shares them, a round back to back (a measuring worker keeps
+one workload's inputs and reference at a time). With the "pruned" strategy each template's
 measuring order (seconds of CPU for a bit-serial space) is computed in the build processes
 (`pruned_order_job`) while the GPUs measure defaults. When the budget (wall seconds from the
 start) is spent, no candidate starts; measurements in flight finish and are recorded, built
@@ -37,25 +39,17 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from ..core import Config, Workload
 from ..kernels.base import KernelTemplate
-from .buildpool import BuildPool, build_outcome
-from .measure import (
-    ENV_PREFIX,
-    LocalMeasurer,
-    MeasureEnvironmentError,
-    MeasureInput,
-    Measurer,
-    MeasureResult,
-    compile_job,
-)
+from .buildpool import build_outcome
+from .measure import ENV_PREFIX, MeasureEnvironmentError, MeasureInput, MeasureResult
 from .pruned import OrderedSearch, pruned_order_job
 from .records import Record, RecordsDB
 from .search import Trial, make_strategy
 from .tuner import _Arm, _share, new_arm, prior_trials
+from .workers import Builder, Slot
 
 #: GPU-seconds a trial is assumed to take before one of its workload has been measured
 DEFAULT_TRIAL_S = 0.3
@@ -76,102 +70,6 @@ class TuneTask:
     default: tuple[KernelTemplate, Config]
     quota_s: float = 1.0
     count: int = 1
-
-
-# ------------------------------------------------------------------------------ slots
-class Slot:
-    """One measuring GPU. `start()` runs in the slot's thread and returns the environment
-    (`gpu`, versions); `measure(inp)` verifies and times one candidate."""
-
-    name = "slot"
-
-    def start(self) -> dict[str, str]:
-        raise NotImplementedError
-
-    def measure(self, inp: MeasureInput) -> MeasureResult:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
-
-
-class MeasurerSlot(Slot):
-    """A slot over a `Measurer`, or a function that makes one (called in the slot's thread,
-    so workers of several GPUs start side by side)."""
-
-    def __init__(self, measurer: Measurer | Callable[[], Measurer], name: str = "slot") -> None:
-        self._make = measurer if callable(measurer) and not isinstance(measurer, Measurer) \
-            else (lambda: measurer)
-        self.measurer: Measurer | None = None
-        self.name = name
-
-    def start(self) -> dict[str, str]:
-        self.measurer = self._make()
-        return dict(self.measurer.env())
-
-    def measure(self, inp: MeasureInput) -> MeasureResult:
-        return self.measurer.measure([inp])[0]
-
-    def close(self) -> None:
-        if self.measurer is not None:
-            self.measurer.close()
-
-
-def local_slots(gpus: Sequence[int], **measurer_kwargs: object) -> list[MeasurerSlot]:
-    """One slot per local GPU index: a `LocalMeasurer` whose worker sees only that GPU and
-    builds nothing itself (the builder's processes fill the kernel caches it loads from)."""
-    def make(i: int) -> Callable[[], Measurer]:
-        return lambda: LocalMeasurer(device="cuda", gpu_index=i, compile_workers=0,
-                                     **measurer_kwargs)
-
-    return [MeasurerSlot(make(i), f"cuda:{i}") for i in gpus]
-
-
-# ------------------------------------------------------------------------------ builders
-class Builder:
-    """Builds candidates on CPU workers. `shared`: any slot can measure what it built (one
-    host, one disk cache); otherwise a build is for the slot named at `build`."""
-
-    shared = True
-    workers = 1
-
-    def build(self, inp: MeasureInput, slot: int):
-        """A future of (error or None, seconds) for this candidate (`compile_job`)."""
-        raise NotImplementedError
-
-    def run(self, fn: Callable, *args: object):
-        """A future of fn(*args), run on a CPU worker (the pruned orders)."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
-
-
-class PoolBuilder(Builder):
-    """Builds in an executor: by default a `BuildPool` of `workers` processes (a build that
-    kills its process or runs past `timeout_s` fails alone). compile_fn: the job
-    (template, workload JSON, config JSON) -> (error, seconds)."""
-
-    def __init__(self, pool: Executor | None = None, workers: int | None = None,
-                 timeout_s: float = 300.0, compile_fn: Callable = compile_job) -> None:
-        import os
-
-        self.workers = workers or getattr(pool, "workers", None) or getattr(
-            pool, "_max_workers", None) or (os.cpu_count() or 1)
-        self._own = pool is None
-        self.pool = pool or BuildPool(self.workers, timeout_s)
-        self.compile_fn = compile_fn
-
-    def build(self, inp: MeasureInput, slot: int):
-        return self.pool.submit(self.compile_fn, inp.template, inp.workload.to_json(),
-                                inp.config.to_json())
-
-    def run(self, fn: Callable, *args: object):
-        return self.pool.submit(fn, *args)
-
-    def close(self) -> None:
-        if self._own:
-            self.pool.shutdown()
 
 
 # ------------------------------------------------------------------------------ state
@@ -269,6 +167,8 @@ class PipelineTuner:
         self.queue_s: list[float] = []
         self.trajectory: list[tuple[float, float]] = []
         self.first_measure: float | None = None
+        self._current: _Task | None = None
+        self.slot_building: dict[int, int] = {}  # builds for each slot (not shared)
 
     # ------------------------------------------------------------------ running
     def run(self) -> PipelineResult:
@@ -467,7 +367,9 @@ class PipelineTuner:
             task.charged_s += cand.est_s
             task.inflight[inp.template.name].add(inp.config)
             if not self.builder.shared:  # built on the host of the least loaded slot
-                cand.slot = min(self.up or {0}, key=lambda j: self.ready[j].qsize())
+                cand.slot = min(self.up or {0}, key=lambda j: self.ready[j].qsize()
+                                + self.slot_building.get(j, 0))
+                self.slot_building[cand.slot] = self.slot_building.get(cand.slot, 0) + 1
             fut = self.builder.build(inp, cand.slot or 0)
             self.building += 1
             fut.add_done_callback(lambda f, c=cand: self.events.put(("built", c, f)))
@@ -477,11 +379,18 @@ class PipelineTuner:
         return sum(t.run_s for t in self.tasks) / n if n else DEFAULT_TRIAL_S
 
     def _next_candidate(self) -> tuple[_Task, MeasureInput] | None:
+        """The rest of the current task's round, else the next round of the task furthest
+        below its share: a round's candidates run back to back, so a measuring worker keeps
+        one workload's inputs and reference instead of making them per candidate."""
+        cur = self._current
+        if cur is not None and cur.queue and not cur.done:
+            return cur, cur.queue.popleft()
         for task in sorted((t for t in self.tasks if not t.done),
                            key=lambda t: (t.ratio(), -t.spec.quota_s)):
             if not task.queue:
                 self._refill(task)
             if task.queue:
+                self._current = task
                 return task, task.queue.popleft()
         return None
 
@@ -497,6 +406,8 @@ class PipelineTuner:
     # ------------------------------------------------------------------ results
     def _built(self, cand: _Candidate, fut) -> None:
         self.building -= 1
+        if cand.slot is not None:
+            self.slot_building[cand.slot] -= 1
         if self.stopping:  # not measured: nothing recorded, a rerun proposes it again
             return
         err, secs = build_outcome(fut)

@@ -46,11 +46,17 @@ class TuneProgress:
         self._progress.update(self._task, advance=1, failures=self.failures, best=best)
 
 
+#: seconds between the progress lines written to a console that is not a terminal
+LOG_EVERY_S = 15.0
+
+
 class NetworkProgress:
     """Live table of a network's tuning (rich): per workload its share of the budget, GPU
     seconds spent, trials, default and best time so far; a header with the time left, the
     trials and how busy the GPUs are. `update(tasks, stats)` takes the pipeline's task
-    summaries and stats (`lowbit.tune.pipeline`); redrawn at most `fps` times a second."""
+    summaries and stats (`lowbit.tune.pipeline`); redrawn at most `fps` times a second, or on
+    a console that is not a terminal (a log) one line every `LOG_EVERY_S` and the table at
+    the end."""
 
     def __init__(self, tasks: list, budget_s: float, gpus: int, enabled: bool = True,
                  console: Console | None = None, fps: float = 2.0) -> None:
@@ -67,6 +73,10 @@ class NetworkProgress:
         if self.enabled:
             from rich.live import Live
 
+            self._console = self._console or Console()
+            if not self._console.is_terminal:  # a log: a line every `LOG_EVERY_S`
+                self._period = LOG_EVERY_S
+                return self
             self._live = Live(self._render(), console=self._console, auto_refresh=False,
                               transient=False)
             self._live.start()
@@ -76,19 +86,23 @@ class NetworkProgress:
         if self._live is not None:
             self._live.update(self._render(), refresh=True)
             self._live.stop()
+        elif self.enabled and self._rows:
+            self._console.print(self._render())
 
     def update(self, rows: list[dict], stats: dict) -> None:
         import time
 
         self._rows, self._stats = rows, stats
         now = time.monotonic()
-        if self._live is not None and now - self._last >= self._period:
-            self._last = now
+        if not self.enabled or now - self._last < self._period:
+            return
+        self._last = now
+        if self._live is not None:
             self._live.update(self._render(), refresh=True)
+        else:
+            self._console.print(self._title(), highlight=False)
 
-    def _render(self):
-        from rich.table import Table
-
+    def _title(self) -> str:
         st = self._stats
         wall = st.get("wall_s", 0.0)
         busy = [g["busy"] for g in st.get("gpus", []) if g.get("busy") is not None]
@@ -96,7 +110,14 @@ class NetworkProgress:
                  f"{max(0.0, self.budget_s - wall):.0f} s left, {st.get('trials', 0)} trials "
                  f"({st.get('failures', 0)} failed), {self.gpus} GPU(s)"
                  + (f" {100 * sum(busy) / len(busy):.0f}% busy" if busy else ""))
-        table = Table(title=title)
+        if st.get("trajectory"):
+            title += f", layers' best sum {st['trajectory'][-1][1]:.0f} us"
+        return title
+
+    def _render(self):
+        from rich.table import Table
+
+        table = Table(title=self._title())
         for col in ("workload", "share", "spent s", "trials", "default us", "best us",
                     "speedup", "template"):
             table.add_column(col, justify="right")
