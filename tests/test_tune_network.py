@@ -18,7 +18,6 @@ from lowbit.cli import app, parse_budget
 from lowbit.core import Config
 from lowbit.graph.chooser import TUNED, _layout_twins
 from lowbit.kernels import get_template
-from lowbit.kernels.base import register
 from lowbit.runtime.compiled import compile_model
 from lowbit.tune import RecordsDB
 from lowbit.tune.measure import MeasureResult
@@ -33,16 +32,10 @@ from lowbit.tune.network import (
 from lowbit.tune.pipeline import DEFAULT_TRIAL_S, TuneTask
 from lowbit.tune.pruned import pruned_order_job
 from lowbit.tune.workers import Builder, MeasurerSlot
+from test_tune_cli import _error, _registered
 from test_tune_fakes import TINY, FakeConvTemplate, SleepMeasurer
 
 GPU = "NVIDIA H100 80GB HBM3"
-
-
-def _registered(template):
-    try:
-        return get_template(template.name)
-    except ValueError:
-        return register(template)
 
 
 # ------------------------------------------------------------------------------ budget
@@ -213,14 +206,6 @@ def test_dask_cluster_of_two_workers_tunes_into_one_records_db(tmp_path):
 
 
 # ------------------------------------------------------------------------------ the command
-def _error(result, code):
-    assert result.exit_code == code, result.output
-    assert "Traceback" not in result.output
-    errors = [ln for ln in result.output.splitlines() if ln.startswith("error: ")]
-    assert len(errors) == 1, result.output
-    return errors[0]
-
-
 def test_budget_text():
     assert [parse_budget(t) for t in ("10m", "90s", "90", "1.5h")] == [600.0, 90.0, 90.0, 5400.0]
     for bad in ("", "m", "-3m", "ten"):
@@ -246,3 +231,41 @@ def test_tune_model_without_a_gpu_exits_3_and_records_nothing(tmp_path):
 ])
 def test_tune_model_mistakes_are_one_line(args, needle):
     assert needle in _error(CliRunner().invoke(app, ["tune", *args]), 2)
+
+
+def test_a_session_tunes_the_plans_workloads_and_writes_its_row(tmp_path):
+    """`lowbit.tune_network.tune_network` with stand-in GPU and builds (no timing without a
+    GPU): the zoo model planned as `lowbit bench` plans it, every distinct workload measured
+    (default first), the tuning row and its file."""
+    import json
+
+    from lowbit.tune_network import tune_network, write_results
+
+    faster = set()
+
+    def orders(template, wl_json):  # a stand-in model: the first two configs of the space
+        from lowbit.core import workload_from_json
+
+        configs = template.space(workload_from_json(wl_json)).all_configs()[:2]
+        faster.update(configs[:1])
+        return configs
+
+    session = tune_network("digits_resnet", 2, "w1a2", 20.0, db=tmp_path / "r.sqlite",
+                           slots=[MeasurerSlot(TimesMeasurer(faster))],
+                           builder=OrderBuilder(orders), progress=False)
+    (tuning,) = session["rows"]  # no GPU: no network rows
+    assert tuning["row"] == "tuning" and tuning["gpus"] == 1 and tuning["gpu_names"] == [GPU]
+    assert tuning["workloads"] == len(session["tasks"]) >= 3
+    assert tuning["trials"] >= tuning["workloads"] and tuning["failures"] == 0
+    for t in session["tasks"]:
+        assert t["default_us"] is not None, t  # every default measured
+        assert t["best_us"] == min(t["default_us"], 5.0 if t["trials"] > 1 else 10.0)
+    sums = tuning["kernel_sum_us"]
+    assert sums["best"] <= sums["default"] == sum(t["count"] * t["default_us"]
+                                                  for t in session["tasks"])
+    split = tuning["time_split"]
+    assert split["gpus"][0]["measured"] == tuning["trials"] and split["queue_s_mean"] >= 0
+    path = write_results(session, tmp_path / "results")
+    doc = json.loads(path.read_text())
+    assert doc["benchmark"] == "tuning_network" and doc["rows"][0]["model"] == "digits_resnet"
+    assert len(doc["workloads"]) == tuning["workloads"]

@@ -485,11 +485,14 @@ def _tune_network(model: str, batch: int, precision: str, budget: str,
                   f"({row['failures']} failed, {row['resumed']} recorded before); GPUs busy: "
                   f"{busy}; records: {row['records']}")
     if "network_ms_before" in row:
+        model_ms = row["network_ms_model"]
         console.print(f"network: default configs {row['network_ms_before']:.3f} ms, tuned "
                       f"{row['network_ms_after']:.3f} ms ({row['speedup']:.2f}x, "
                       f"{row['layers_tuned']} layers tuned), performance model's plan "
-                      f"{row['network_ms_model']:.3f} ms ({row['model_over_tuned']:.2f}x the "
-                      "tuned)")
+                      + (f"{model_ms:.3f} ms ({row['model_over_tuned']:.2f}x the tuned)"
+                         if model_ms else row.get("model_plan_error", "-")))
+    elif "timing_error" in row:
+        console.print(f"[yellow]the network was not timed: {row['timing_error']}[/]")
     if out:
         from .tune.env import device_name
 

@@ -47,7 +47,7 @@ from .buildpool import build_outcome
 from .measure import ENV_PREFIX, MeasureEnvironmentError, MeasureInput, MeasureResult
 from .pruned import OrderedSearch, pruned_order_job
 from .records import Record, RecordsDB
-from .search import Trial, make_strategy
+from .search import STRATEGIES, Trial, make_strategy
 from .tuner import _Arm, _share, new_arm, prior_trials
 from .workers import Builder, Slot
 
@@ -148,6 +148,9 @@ class PipelineTuner:
             raise ValueError("no measuring slot (GPU) to tune on")
         if budget_s <= 0:
             raise ValueError(f"budget_s must be > 0, got {budget_s}")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got "
+                             f"{strategy!r}")
         self.tasks = [_Task(t) for t in tasks]
         self.slots, self.builder, self.records = list(slots), builder, records
         self.budget_s, self.gpu, self.strategy, self.seed = budget_s, gpu, strategy, seed
@@ -314,12 +317,18 @@ class PipelineTuner:
             for j, tmpl in enumerate(ordered):
                 seed = self.seed + 1000 * j + 17 * ti
                 if self.strategy == "pruned":
-                    self.orders.append((task, tmpl))
+                    self.orders.append((j, ti, task, tmpl))
                     task.orders_left += 1
-                else:
+                    continue
+                try:
                     space = tmpl.space(spec.workload)
                     strat = make_strategy(self.strategy, space, spec.workload, tmpl, seed)
                     self._arm(task, tmpl, strat, space.is_valid)
+                except Exception as e:  # as a failed order: the template is left out
+                    self._left_out(tmpl, e)
+        # every workload's default template (largest shares first), then the others
+        self.orders = deque((task, tmpl) for *_, task, tmpl in
+                            sorted(self.orders, key=lambda o: o[:2]))
         self._submit_orders()
 
     def _submit_orders(self) -> None:
@@ -339,16 +348,18 @@ class PipelineTuner:
         self.order_stats["jobs"] += 1
         try:
             order, survivors, secs = fut.result()
-        except Exception as e:  # the template cannot order this space: it is left out
-            self.order_stats["failed"] += 1
-            self.order_stats.setdefault("errors", []).append(
-                f"{tmpl.name}: {type(e).__name__}: {e}"[:200])
-        else:
             self.order_stats["cpu_s"] += secs
             configs = [Config.from_json(c) for c in order]
-            strat = OrderedSearch(configs, survivors=survivors)
-            self._arm(task, tmpl, strat, set(configs).__contains__)
+            self._arm(task, tmpl, OrderedSearch(configs, survivors=survivors),
+                      set(configs).__contains__)
+        except Exception as e:  # the template cannot order this space: it is left out
+            self._left_out(tmpl, e)
         self._submit_orders()
+
+    def _left_out(self, tmpl: KernelTemplate, e: Exception) -> None:
+        self.order_stats["failed"] += 1
+        self.order_stats.setdefault("errors", []).append(
+            f"{tmpl.name}: {type(e).__name__}: {e}"[:200])
 
     def _arm(self, task: _Task, tmpl: KernelTemplate, strat, valid) -> None:
         arm = new_arm(tmpl, task.spec.workload, strat, task.prior[tmpl.name], valid)
@@ -417,7 +428,7 @@ class PipelineTuner:
             self.build_stats["failed"] += 1
             inp = cand.input
             res = MeasureResult(inp.template.name, inp.workload.key, inp.config, None, err,
-                                secs, None, dict(self.env))
+                                secs, None, dict(self.env) or {"gpu": self.gpu})
             self._commit(cand, res, cand.est_s, measured=False)
             return
         cand.built_t = time.monotonic()
