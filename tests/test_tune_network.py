@@ -269,3 +269,42 @@ def test_a_session_tunes_the_plans_workloads_and_writes_its_row(tmp_path):
     doc = json.loads(path.read_text())
     assert doc["benchmark"] == "tuning_network" and doc["rows"][0]["model"] == "digits_resnet"
     assert len(doc["workloads"]) == tuning["workloads"]
+
+
+def test_benchmark_scaling_row_compares_time_to_the_same_kernel_sum(monkeypatch, tmp_path):
+    """benchmarks/tune_network.py --scaling: seconds of each session to the one-GPU final sum;
+    its command line runs the session on GPU 0, then every GPU, into fresh databases."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import tune_network as bench
+
+    def session(gpus, trajectory):
+        return {"rows": [{"row": "tuning", "model": "resnet18", "batch": 8, "precision": "w1a2",
+                          "budget_s": 60.0, "gpus": gpus, "trials": 10 * gpus,
+                          "trajectory": trajectory, "time_split": {"gpus": [], "build": {},
+                                                                   "orders": {}}}],
+                "tasks": [], "skipped": [], "env": {"gpu": GPU}}
+
+    one = session(1, [[5.0, 900.0], [30.0, 700.0], [50.0, 650.0]])
+    two = session(2, [[4.0, 880.0], [20.0, 660.0], [26.0, 640.0]])
+    row = bench.scaling_row(one, two)
+    assert row["seconds_to_target"] == [50.0, 26.0] and row["speedup"] == 50.0 / 26.0
+    assert bench.time_to_reach(two["rows"][0]["trajectory"], 600.0) is None
+    import json
+
+    calls = []
+
+    def fake_tune_network(*args, **kw):
+        calls.append((kw["gpus"], kw["db"]))
+        return one if len(calls) == 1 else two
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr("lowbit.tune_network.tune_network", fake_tune_network)
+    monkeypatch.setattr(bench, "versions", lambda: {})
+    assert bench.main(["--scaling", "--budget", "1m", "--out", str(tmp_path)]) == 0
+    assert [g for g, _ in calls] == [[0], None] and calls[0][1] != calls[1][1]
+    (path,) = tmp_path.glob("tuning_network-*.json")
+    rows = json.loads(path.read_text())["rows"]
+    assert rows[0]["row"] == "tuning_scaling" and len(rows) == 3
