@@ -19,7 +19,8 @@ def test_a_60_second_resnet18_tune_records_and_reaches_the_plan(tmp_path):
     session = tune_network("resnet18", 8, "w1a2", 60.0, db=db, progress=False)
     tuning, *network = session["rows"]
     assert tuning["row"] == "tuning" and tuning["gpus"] == torch.cuda.device_count()
-    assert tuning["trials"] > 3 * tuning["workloads"] and tuning["failures"] < tuning["trials"]
+    # every workload's default, and candidates of the model's order beyond them
+    assert tuning["trials"] > tuning["workloads"] and tuning["failures"] < tuning["trials"]
     assert tuning["tune_wall_s"] < 60.0 + 30.0  # the budget, a measurement in flight
     measured = [t for t in session["tasks"] if t["best_us"] is not None]
     assert len(measured) == tuning["workloads"]  # every workload got its default at least
