@@ -308,3 +308,22 @@ def test_benchmark_scaling_row_compares_time_to_the_same_kernel_sum(monkeypatch,
     (path,) = tmp_path.glob("tuning_network-*.json")
     rows = json.loads(path.read_text())["rows"]
     assert rows[0]["row"] == "tuning_scaling" and len(rows) == 3
+
+
+def test_a_float_model_factory_is_quantized_by_the_recipe(tmp_path):
+    from lowbit.quant import quant_layers
+    from lowbit.tune_network import quantized_model
+
+    path = tmp_path / "net.py"
+    path.write_text("from torch import nn\n\ndef make():\n    return nn.Sequential("
+                    "nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.ReLU(), "
+                    "nn.Flatten(), nn.Linear(8 * 4 * 4, 10))\n")
+    q, size, channels = quantized_model(f"{path}:make", "w1a2", image_size=8, device="cpu")
+    assert (size, channels) == (8, 3)
+    bits = {name: (m.weight_quant.prec.bits, m.act_quant.bits)
+            for name, m in quant_layers(q)}
+    assert bits == {"0": (8, 8), "2": (1, 2), "5": (8, 8)}  # first and last at w8a8
+    with pytest.raises(ValueError, match="no Conv2d"):
+        (tmp_path / "fc.py").write_text("from torch import nn\n\ndef make():\n"
+                                         "    return nn.Linear(4, 2)\n")
+        quantized_model(f"{tmp_path / 'fc.py'}:make", "w1a2")
