@@ -26,13 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
-import os
-import queue
 import signal
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
@@ -41,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 from lowbit.core import Config, Epilogue, Workload, load_workloads, workload_from_dict
-from lowbit.tune.measure import exit_reason
+from lowbit.tune.buildpool import BuildPool
 
 SUITES = ("resnet50_3x3_b16", "resnet50_3x3_b256", "tvm_tutorial")
 EPILOGUE = Epilogue(bias=True, relu=True, out="s8")
@@ -119,125 +115,6 @@ def _future_result(fut: Future) -> tuple[str | None, float | None, float | None]
         return str(e)[:300], None, None
     except Exception as e:
         return f"{type(e).__name__}: {str(e)[:200]}", None, None
-
-
-def _build_worker(conn, parent: tuple[int, bool]) -> None:
-    """A `BuildPool` process: (fn, args) -> (True, fn(*args)) or (False, the error's text)."""
-    from lowbit.tune.measure import die_with_parent
-
-    die_with_parent(*parent)
-    conn.send("ready")  # started: a job's time limit counts from here
-    while True:
-        msg = conn.recv()
-        if msg is None:
-            return
-        fn, args = msg
-        try:
-            reply = (True, fn(*args))
-        except Exception as e:
-            reply = (False, f"{type(e).__name__}: {e}"[:300])
-        conn.send(reply)
-
-
-class BuildPool(Executor):
-    """`workers` spawn processes running jobs (`submit` returns a Future), one job per process
-    at a time over its own pipe, so a job that kills its process (a compiler crash) fails
-    only its own future ("crash: the build process died ...") and one that runs past
-    `timeout_s` is killed ("timeout: ..."); the process is replaced either way. The processes
-    die with this one (`die_with_parent`) and at `shutdown`."""
-
-    def __init__(self, workers: int, timeout_s: float = 60.0) -> None:
-        self.timeout_s = timeout_s
-        self._ctx = mp.get_context("spawn")
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._stop = threading.Event()
-        self._procs: dict[int, object] = {}  # slot -> its live process
-        self._threads = [threading.Thread(target=self._serve, args=(i,), daemon=True)
-                         for i in range(workers)]
-        for t in self._threads:
-            t.start()
-
-    def submit(self, fn: Callable, /, *args: object, **kwargs: object) -> Future:
-        if kwargs:
-            raise TypeError("BuildPool jobs take positional arguments only")
-        fut: Future = Future()
-        self._jobs.put((fut, fn, args))
-        return fut
-
-    def _start(self, slot: int, start_timeout_s: float = 300.0):
-        """A fresh process for `slot`, started (ChildProcessError if it does not start)."""
-        conn, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_build_worker, args=(child, (os.getpid(), False)),
-                                 daemon=True)
-        proc.start()
-        child.close()
-        self._procs[slot] = proc
-        try:
-            if conn.poll(start_timeout_s) and conn.recv() == "ready":
-                return proc, conn
-        except (EOFError, OSError):
-            pass
-        proc.kill()
-        proc.join(10)
-        raise ChildProcessError(f"crash: the build process did not start "
-                                f"({exit_reason(proc.exitcode)})")
-
-    def _serve(self, slot: int) -> None:
-        """One slot: take a job, run it in this slot's process, replace a process that died
-        or hung."""
-        proc = conn = None
-        while not self._stop.is_set():
-            try:
-                item = self._jobs.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            fut, fn, args = item
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                if proc is None or not proc.is_alive():
-                    proc, conn = self._start(slot)
-                conn.send((fn, args))
-                if conn.poll(self.timeout_s):
-                    ok, value = conn.recv()
-                    if ok:
-                        fut.set_result(value)
-                    else:
-                        fut.set_exception(RuntimeError(value))
-                    continue
-                proc.kill()
-                proc.join(10)
-                proc = None
-                fut.set_exception(TimeoutError(f"timeout: build over {self.timeout_s:g} s"))
-            except ChildProcessError as e:  # no process to run it in
-                proc = None
-                fut.set_exception(e)
-            except (EOFError, OSError) as e:
-                if proc is not None:
-                    proc.join(10)
-                    why = exit_reason(proc.exitcode)
-                    proc.kill()
-                else:
-                    why = f"{type(e).__name__}: {e}"
-                proc = None
-                fut.set_exception(ChildProcessError(f"crash: the build process died ({why})"))
-        if proc is not None:
-            proc.kill()
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """End the processes now: running jobs are dropped, pending ones cancelled."""
-        self._stop.set()
-        for proc in list(self._procs.values()):
-            if proc.is_alive():
-                proc.kill()
-        for t in self._threads:
-            t.join(5)
-        while True:
-            try:
-                fut, _, _ = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            fut.cancel()
 
 
 class _SpaceRun:
@@ -405,7 +282,8 @@ def measure(budget_s: float, workers: int, only: list[str] | None = None, *,
     of `suites`, `only`, `precision`); returns the tables file (`tables-<stamp>.json` in the
     results folder).
 
-    Every config is built in a `BuildPool` (`workers` processes: Triton compiles ahead, NVRTC
+    Every config is built in a `BuildPool` (`lowbit.tune.buildpool`, the tuner's one compile
+    pool: `workers` processes, one job each at a time; Triton compiles ahead, NVRTC
     fills its disk cache; `conv._compile_one`), then, as its build finishes, checked bit for
     bit against `lowbit.reference.run` on fresh random inputs and timed (median of
     `lowbit.tune.timing.time_us`, `warmup_ms` / `rep_ms`, L2 flushed) in the crash-isolated

@@ -419,12 +419,31 @@ def _tune_layers(workloads: str, model: str, batch: int, precision: str, overrid
 def tune(
     workloads: str = typer.Argument("", help="workload JSON file (a list of layers, as in "
                                     "src/lowbit/data/workloads) or the name of a shipped suite"),
-    model: str = typer.Option("", help="tune every layer of this network (lowbit.models)"),
+    model: str = typer.Option("", help="tune this network (a lowbit.models name, "
+                              "'file.py:fn' or 'module:fn'): its distinct workloads within "
+                              "--budget on every GPU, then time it before and after"),
     batch: int = typer.Option(8, help="--model: batch size"),
-    precision: str = typer.Option("w1a2", help="--model: precision, e.g. w1a2, w8a8"),
-    trials: int = typer.Option(500, help="measurements per layer (recorded ones count)"),
-    strategy: str = typer.Option("diversity", help="random, exhaustive, sa, diversity, tpe, "
-                                 "pruned"),
+    precision: str = typer.Option("w1a2", help="--model: precision recipe, e.g. w1a2 (first "
+                                  "conv and classifier at w8a8), w8a8, w4a4-all, mixed"),
+    budget: str = typer.Option("", help="--model: tuning time, e.g. 10m, 300s, 1h "
+                               "(default 10m)"),
+    residual_bits: int = typer.Option(None, help="--model: the quantized residual stream's "
+                                      "bits (lowbit.quantize(residual_bits=...))"),
+    image_size: int = typer.Option(None, help="--model: input size (default the zoo's, or "
+                                   "224)"),
+    gpus: str = typer.Option("", help="--model: GPU indices to tune on, e.g. 0,1 (default "
+                             "all)"),
+    scheduler: str = typer.Option("", help="--model: a Dask scheduler address: tune on its "
+                                  "workers (one GPU each) instead of the local GPUs"),
+    build_workers: int = typer.Option(None, help="--model: kernel build processes (default "
+                                      "one per core)"),
+    out: str = typer.Option("benchmarks/results", help="--model: results folder (a "
+                            "tuning_network-<stamp>.json under <out>/<gpu>/; '' for none)"),
+    trials: int = typer.Option(None, help="measurements per layer (recorded ones count; "
+                               "default 500); with --model: each distinct layer this many "
+                               "times instead of a --budget"),
+    strategy: str = typer.Option("", help="random, exhaustive, sa, diversity, tpe, pruned "
+                                 "(default diversity; pruned with --model)"),
     db: str = typer.Option("", help="records database (default: the user cache file)"),
     template: str = typer.Option("", help="comma-separated template names to consider "
                                  "(default: every registered one)"),
@@ -441,14 +460,28 @@ def tune(
                             "(lowbit.tune.dispatch.measure_top; 3 is within 1.25x of the "
                             "best measured on 57 of 63 H100 layers)"),
 ) -> None:
-    """Tune every layer of a workload file, suite or network; the best configs go to the
-    records database. Needs a CUDA GPU (exit 3 without one, nothing recorded), unless
-    --device cpu with templates that run on the CPU."""
+    """Tune a network (--model: its distinct workloads within --budget, then the network
+    timed before and after), or every layer of a workload file or suite; every measurement
+    goes to the records database, which lowbit.compile reads. Needs a CUDA GPU (exit 3
+    without one, nothing recorded), unless --device cpu with templates that run on the
+    CPU."""
     from .core import Precision
     from .kernels import get_template, templates
     from .tune import STRATEGIES, LocalMeasurer
     from .tune import tune as run_tune
 
+    if model and trials is None and not workloads:
+        _check_model_spec(model)
+        if template or device != "cuda" or top or w or a:
+            raise ValueError("--template, --device, --top, --w and --a tune lists of layers; "
+                             "--model tunes the network on its GPUs (--gpus, --scheduler)")
+        _tune_network(model, batch, precision, budget or "10m", residual_bits, image_size,
+                      gpus, scheduler, build_workers, strategy or "pruned", db, out)
+        return
+    if budget:
+        raise ValueError("--budget is for --model without --trials (the network's tune)")
+    strategy = strategy or "diversity"
+    trials = 500 if trials is None else trials
     if strategy not in STRATEGIES:
         raise ValueError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     if trials < 1:
@@ -503,6 +536,70 @@ def _check_tune_device(dev: str, chosen: list) -> None:
             f"lowbit tune measures {', '.join(gpu_only)} only on a CUDA GPU, and it runs on "
             f"{dev} here: nothing was run or recorded (tune on a GPU machine, or pass "
             "--template with templates that run on the CPU)")
+
+
+def _check_model_spec(model: str) -> None:
+    """A zoo name or a factory spec ('file.py:fn', 'module:fn'), else ValueError."""
+    from .models import names
+
+    if ":" not in model and model not in names():
+        raise ValueError(f"--model must be one of {', '.join(names())}, or a float model "
+                         f"factory 'file.py:fn' / 'module:fn', got {model!r}")
+
+
+def parse_budget(text: str) -> float:
+    """'10m' -> 600.0, '90s' / '90' -> 90.0, '1h' -> 3600.0 (seconds)."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    body, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
+    try:
+        seconds = float(body) * units[unit]
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"--budget must be a time like 10m, 300s or 1h, got {text!r}")
+    return seconds
+
+
+def _tune_network(model: str, batch: int, precision: str, budget: str,
+                  residual_bits: int | None, image_size: int | None, gpus: str,
+                  scheduler: str, build_workers: int | None, strategy: str, db: str,
+                  out: str) -> None:
+    """`lowbit tune --model`: `lowbit.tune_network.tune_network`, its summary, its file."""
+    from .tune import STRATEGIES
+    from .tune_network import tune_network, write_results
+
+    if strategy not in STRATEGIES:
+        raise ValueError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    try:
+        indices = [int(g) for g in gpus.split(",") if g.strip()] if gpus else None
+    except ValueError:
+        raise ValueError(f"--gpus must be comma-separated GPU indices, got {gpus!r}") from None
+    budget_s = parse_budget(budget)
+    session = tune_network(model, batch, precision, budget_s, residual_bits=residual_bits,
+                           image_size=image_size, db=db or None, gpus=indices,
+                           scheduler=scheduler or None, build_workers=build_workers,
+                           strategy=strategy, console=console)
+    row = session["rows"][0]
+    split = row["time_split"]
+    busy = ", ".join(f"{g['name']} {100 * (g['busy'] or 0):.0f}%" for g in split["gpus"])
+    console.print(f"tuned {row['workloads']} workloads ({row['skipped_layers']} layers not "
+                  f"tunable) in {row['tune_wall_s']:.0f} s: {row['trials']} trials "
+                  f"({row['failures']} failed, {row['resumed']} recorded before); GPUs busy: "
+                  f"{busy}; records: {row['records']}")
+    if "network_ms_before" in row:
+        model_ms = row["network_ms_model"]
+        console.print(f"network: default configs {row['network_ms_before']:.3f} ms, tuned "
+                      f"{row['network_ms_after']:.3f} ms ({row['speedup']:.2f}x, "
+                      f"{row['layers_tuned']} layers tuned), performance model's plan "
+                      + (f"{model_ms:.3f} ms ({row['model_over_tuned']:.2f}x the tuned)"
+                         if model_ms else row.get("model_plan_error", "-")))
+    elif "timing_error" in row:
+        console.print(f"[yellow]the network was not timed: {row['timing_error']}[/]")
+    if out:
+        from .tune.env import device_name
+
+        path = write_results(session, Path(out) / device_name().lower().replace(" ", "-"))
+        console.print(f"wrote {path}")
 
 
 def _tune_top(layers: list, chosen: list, top: int, db: str, dev: str) -> None:

@@ -4,6 +4,10 @@ model, search strategies (random, exhaustive, SA, diversity-aware, Optuna TPE), 
     from lowbit.tune import tune
     result = tune(workload, trials=500, strategy="diversity")   # records in the user cache
     kernel = lowbit.tune.kernel_for(workload)                   # later: no re-tuning
+
+A whole network (`lowbit tune --model NAME --budget 10m`): its plan's distinct workloads by
+their share of the network's time, built on CPU processes ahead of measurements on every GPU
+(`lowbit.tune.network`, `lowbit.tune.pipeline`).
 """
 
 from .dispatch import best_record, kernel_for

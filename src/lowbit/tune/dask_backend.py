@@ -147,3 +147,132 @@ class DaskMeasurer(Measurer):
         finally:
             if self._own_client:
                 self.client.close()
+
+
+# ------------------------------------------------------------------------------ the pipeline
+_POOLS: dict[tuple[str, str], object] = {}
+
+
+def _build_task(tag: str, compile_fn: Callable, pool_workers: int, template: KernelTemplate,
+                wl_json: str, cfg_json: str) -> tuple[str | None, float | None]:
+    """Runs on a Dask worker: build one candidate in this worker's `BuildPool` (its host's
+    disk caches are the ones its measurer loads from), seceded from the worker's threads
+    while it waits so the worker keeps measuring; pool_workers 0: build in this thread."""
+    from distributed import get_worker, secede
+
+    from .buildpool import BuildPool, build_outcome
+
+    if pool_workers <= 0:
+        return compile_fn(template, wl_json, cfg_json)
+    key = (get_worker().address, tag)
+    with _GUARD:
+        if key not in _POOLS:
+            _POOLS[key] = BuildPool(pool_workers)
+        pool = _POOLS[key]
+    fut = pool.submit(compile_fn, template, wl_json, cfg_json)
+    secede()
+    return build_outcome(fut)
+
+
+def _close_pools(tag: str) -> int:
+    """Runs on every worker: end this tag's build pools."""
+    with _GUARD:
+        keys = [k for k in _POOLS if k[1] == tag]
+        for k in keys:
+            _POOLS.pop(k).shutdown()
+    return len(keys)
+
+
+class DaskSlot:
+    """A pipeline slot (`lowbit.tune.pipeline.Slot`) on one Dask worker: its measurer is
+    made there by `factory` and measures one candidate per task."""
+
+    def __init__(self, client: object, address: str, factory: MeasurerFactory, tag: str,
+                 gpu_index: int | None = None) -> None:
+        self.client, self.address, self.factory, self.tag = client, address, factory, tag
+        self.gpu_index = gpu_index
+        self.name = address
+
+    def _on_worker(self, fn: Callable, *args: object):
+        return self.client.submit(fn, self.tag, self.factory, self.gpu_index, *args,
+                                  workers=[self.address], allow_other_workers=False,
+                                  pure=False).result()
+
+    def start(self) -> dict[str, str]:
+        return self._on_worker(_env_task)
+
+    def measure(self, inp: MeasureInput) -> MeasureResult:
+        return self._on_worker(_measure_task, inp.template, inp.workload.to_json(),
+                               inp.config.to_json())
+
+    def close(self) -> None:
+        pass
+
+
+class DaskBuilder:
+    """A pipeline builder (`lowbit.tune.pipeline.Builder`) on a Dask cluster: a candidate is
+    built on the worker of the slot that will measure it (`_build_task`); other CPU jobs run
+    anywhere."""
+
+    shared = False
+
+    def __init__(self, client: object, addresses: Sequence[str], tag: str,
+                 pool_workers: int, compile_fn: Callable | None = None) -> None:
+        from .measure import compile_job
+
+        self.client, self.addresses, self.tag = client, list(addresses), tag
+        self.pool_workers = pool_workers
+        self.workers = max(1, pool_workers) * len(self.addresses)
+        self.compile_fn = compile_fn or compile_job
+
+    def build(self, inp: MeasureInput, slot: int):
+        return self.client.submit(_build_task, self.tag, self.compile_fn, self.pool_workers,
+                                  inp.template, inp.workload.to_json(), inp.config.to_json(),
+                                  workers=[self.addresses[slot]], allow_other_workers=False,
+                                  pure=False)
+
+    def run(self, fn: Callable, *args: object):
+        return self.client.submit(fn, *args, pure=False)
+
+    def close(self) -> None:
+        self.client.run(_close_pools, self.tag)
+
+
+def dask_pipeline(scheduler: object, build_workers: int | None = None,
+                  factory: MeasurerFactory | None = None, gpus: int | None = None,
+                  compile_fn: Callable | None = None, **measurer_kwargs: object
+                  ) -> tuple[list[DaskSlot], DaskBuilder, Callable[[], None]]:
+    """(slots, builder, close) of the network tuner on a Dask cluster (`scheduler`: an
+    address or a `distributed.Client`): one slot per worker (a GPU each: dask-cuda's
+    LocalCUDACluster sets each worker's CUDA_VISIBLE_DEVICES; `gpus`: spread the workers over
+    this many GPUs per host instead), builds on each worker in a `BuildPool` of
+    `build_workers` processes (default: its host's cores over its workers; 0 builds in the
+    task's thread). factory: gpu_index -> Measurer run on each worker (default a
+    `LocalMeasurer` that builds nothing itself, with `measurer_kwargs`)."""
+    import os
+
+    from distributed import Client
+
+    client = scheduler if isinstance(scheduler, Client) else Client(scheduler)
+    workers = sorted(client.scheduler_info()["workers"])
+    if not workers:
+        raise ValueError("the Dask cluster has no workers")
+    tag = f"lowbit-net-{os.getpid():x}-{id(client):x}"
+    factory = factory or functools.partial(local_factory, compile_workers=0,
+                                           **measurer_kwargs)
+    hosts = {w.rsplit(":", 1)[0] for w in workers}
+    if build_workers is None:
+        build_workers = max(1, (os.cpu_count() or 1) * len(hosts) // len(workers))
+    slots = [DaskSlot(client, w, factory, tag, None if gpus is None else i % gpus)
+             for i, w in enumerate(workers)]
+    builder = DaskBuilder(client, workers, tag, build_workers, compile_fn)
+
+    def close() -> None:
+        try:
+            client.run(_close_measurers, tag)
+            builder.close()
+        finally:
+            if client is not scheduler:
+                client.close()
+
+    return slots, builder, close

@@ -1,15 +1,17 @@
 """Crash-isolated measurement: parallel build, then verify and time in a worker process.
 
-Stage 1 (optional) builds candidates in a process pool (`compile_workers` processes): a
-template's `build` and, when the kernel has one, its `compile()` (ahead-of-time compile that
-fills the on-disk kernel cache so the worker only loads it). Stage 2 runs each candidate in
+Stage 1 (optional) builds candidates in the build pool (`lowbit.tune.buildpool.BuildPool`,
+`compile_workers` processes, one job per process at a time: a build that kills its process or
+hangs fails only its own candidate): a template's `build` and, when the kernel has one, its
+`compile()` (ahead-of-time compile that fills the on-disk kernel cache so the worker only
+loads it). Stage 2 runs each candidate in
 one long-lived worker process on the measuring device: build (cache hit), call on fresh random
 inputs from `lowbit.reference.random_inputs`, compare bit for bit with `lowbit.reference.run`,
 then time (`lowbit.tune.timing.time_us` on CUDA: warm-up, median of repeats, L2 flushed).
 
 Every failure of a candidate becomes a result with a reason, prefixed by its kind:
-  compile: build raised         launch: the call raised      wrong: output differs
-  crash: the worker died        timeout: no answer in time
+  compile: build raised (or its build process died)   launch: the call raised
+  wrong: output differs   crash: the worker died   timeout: no answer in time
 A worker that crashed, hung or hit a CUDA error (its context is unusable) is replaced.
 
 Failures of the environment are not a candidate's: no such device (at construction), a worker
@@ -26,17 +28,14 @@ import inspect
 import multiprocessing as mp
 import os
 import random
-import signal
-import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 from ..core import Config, Workload, workload_from_json
 from ..kernels.base import KernelTemplate
+from .buildpool import BuildPool, build_outcome, die_with_parent, exit_reason
+from .buildpool import parent_args as _parent_args
 
 ResultCallback = Callable[["MeasureResult"], None]
 #: prefix of an environment failure's reason (never a config's result)
@@ -46,33 +45,6 @@ ENV_PREFIX = "env:"
 class MeasureEnvironmentError(RuntimeError):
     """The measuring environment failed (no device, a worker that cannot start or set up):
     nothing about the candidates; nothing is recorded for them, and a rerun retries them."""
-
-
-def die_with_parent(parent_pid: int, deathsig: bool) -> None:
-    """Make this process exit when `parent_pid` (its parent) does: PR_SET_PDEATHSIG on Linux
-    when the parent started it from its main thread (the signal follows the starting thread),
-    and a daemon thread that polls the parent pid."""
-    if deathsig and sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent_pid:  # the parent died before the line above
-        os._exit(1)
-
-    def watch() -> None:
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != parent_pid:
-                os._exit(1)
-
-    threading.Thread(target=watch, name="lowbit-parent-watch", daemon=True).start()
-
-
-def _parent_args() -> tuple[int, bool]:
-    return os.getpid(), threading.current_thread() is threading.main_thread()
 
 
 def _aot_compile(kernel: object) -> None:
@@ -142,7 +114,7 @@ class Measurer:
 
 # ----------------------------------------------------------------------------- stage 1: build
 
-def _compile_job(template: KernelTemplate, wl_json: str, cfg_json: str) -> tuple[str | None, float]:
+def compile_job(template: KernelTemplate, wl_json: str, cfg_json: str) -> tuple[str | None, float]:
     """Build (and ahead-of-time compile, if the kernel can) one candidate in a pool process."""
     t0 = time.perf_counter()
     try:
@@ -320,16 +292,6 @@ class _Worker:
         self.kill()
 
 
-def exit_reason(code: int | None) -> str:
-    """'killed by SIGSEGV' / 'exit code 3' of a process's exit code."""
-    if code is not None and code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
 class LocalMeasurer(Measurer):
     """Measures on one device of this host.
 
@@ -365,7 +327,7 @@ class LocalMeasurer(Measurer):
         self.start_timeout_s = start_timeout_s
         self._ctx = mp.get_context("spawn")
         self._worker: _Worker | None = None
-        self._pool: ProcessPoolExecutor | None = None
+        self._pool: BuildPool | None = None
         self._built: dict[tuple[str, str, str], tuple[str | None, float | None]] = {}
         self.restarts = 0
 
@@ -395,51 +357,21 @@ class LocalMeasurer(Measurer):
             self._worker.stop()
             self._worker = None
         if self._pool is not None:
-            self._kill_pool()
-
-    def _kill_pool(self) -> None:
-        pool, self._pool = self._pool, None
-        procs = list(getattr(pool, "_processes", {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for p in procs:  # a hung build never returns: end our own pool processes
-            if p.is_alive():
-                p.kill()
+            self._pool.shutdown()
+            self._pool = None
 
     # -- stage 1
     def _compile(self, inputs: Sequence[MeasureInput]) -> list[tuple[str | None, float | None]]:
+        """Build every candidate in the pool (one process per job: a build that kills its
+        process or hangs fails only itself, `lowbit.tune.buildpool`)."""
         if self.compile_workers <= 0 or len(inputs) == 0:
             return [(None, None)] * len(inputs)
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.compile_workers, mp_context=self._ctx,
-                                             initializer=die_with_parent,
-                                             initargs=_parent_args())
-        futs = [self._pool.submit(_compile_job, i.template, i.workload.to_json(),
+            self._pool = BuildPool(self.compile_workers, self.compile_timeout_s,
+                                   self.start_timeout_s)
+        futs = [self._pool.submit(compile_job, i.template, i.workload.to_json(),
                                   i.config.to_json()) for i in inputs]
-        out: list[tuple[str | None, float | None]] = []
-        deadline = time.monotonic() + self.compile_timeout_s
-        broken = False
-        for f in futs:
-            if broken:  # pool gone: keep finished builds, the worker builds the rest
-                done = f.done() and not f.cancelled() and f.exception() is None
-                out.append(f.result() if done else (None, None))
-                continue
-            try:
-                out.append(f.result(timeout=max(0.1, deadline - time.monotonic())))
-                deadline = time.monotonic() + self.compile_timeout_s
-            except FutureTimeout:
-                hung = f.running()
-                out.append((f"timeout: build over {self.compile_timeout_s:g} s", None)
-                           if hung else (None, None))
-                broken = True
-            except Exception:
-                # BrokenProcessPool: some build killed its process and every pending future
-                # fails with it; which one is unknown, so the isolated worker builds them
-                # one at a time and pins the crash on the right candidate
-                out.append((None, None))
-                broken = True
-        if broken:
-            self._kill_pool()
-        return out
+        return [build_outcome(f) for f in futs]
 
     # -- stage 2
     def _run_one(self, inp: MeasureInput) -> tuple[float | None, str | None, float | None]:

@@ -9,7 +9,11 @@ measured worse in the table replays (the median fraction of the space unchanged,
 0.058 -> 0.080 over 19 spaces). Filtered configs follow the survivors (fastest-predicted
 first), so the strategy, like every other, only runs dry when the space is used up.
 
-    strategy = PrunedSearch(space, workload, template)   # or make_pruned_strategy(...)
+    strategy = PrunedSearch(space, workload, template)   # or make_strategy("pruned", ...)
+
+Filtering and predicting a bit-serial space of 10^4 configs takes seconds of CPU: the network
+tuner computes each order in a build process (`pruned_order_job`) and measures it through an
+`OrderedSearch`.
 """
 
 from __future__ import annotations
@@ -38,32 +42,23 @@ def model_predict(template: object, workload: Workload, gpu: GpuSpec | str | Non
     return lambda configs: predict_many(name, workload, configs, gpu, model)
 
 
-class PrunedSearch(Strategy):
-    """Filters + predicted order (module doc).
-
-    predict: configs -> predicted times (default: the default performance model); gpu: the
-    GPU the filters reason about."""
+class OrderedSearch(Strategy):
+    """Measures configs in a fixed order given up front: `PrunedSearch`'s order computed
+    elsewhere (`pruned_order`, e.g. in a build process while GPUs measure), with no space to
+    enumerate here."""
 
     name = "pruned"
 
-    def __init__(self, space: ConfigSpace, workload: Workload, template: object = None,
-                 seed: int = 0, predict: Predict | None = None,
-                 gpu: GpuSpec | str | None = None) -> None:
-        super().__init__(space, seed)
-        spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec_for(gpu)
-        self.configs = space.all_configs()
-        self.reasons = space_filters(template, workload, self.configs, spec)
-        predict = predict or model_predict(template, workload, spec)
-        self.predicted = np.asarray(predict(self.configs), float) if self.configs else \
-            np.zeros(0)
-        self.kept = np.array([r is None for r in self.reasons], bool)
-        keys = np.lexsort((self.predicted, ~self.kept))
-        self._order = [self.configs[i] for i in keys]
+    def __init__(self, order: Sequence[Config], seed: int = 0,
+                 space: ConfigSpace | None = None, survivors: int | None = None) -> None:
+        super().__init__(space, seed, size=len(order))
+        self._order = list(order)
+        self._survivors = len(self._order) if survivors is None else survivors
 
     @property
     def survivors(self) -> int:
         """Configs that pass the filters."""
-        return int(self.kept.sum())
+        return self._survivors
 
     def order(self) -> list[Config]:
         """Every config, the next one to measure first: survivors by prediction, then the
@@ -78,6 +73,40 @@ class PrunedSearch(Strategy):
             if not self.seen(c):
                 out.append(c)
         return out
+
+
+class PrunedSearch(OrderedSearch):
+    """Filters + predicted order (module doc).
+
+    predict: configs -> predicted times (default: the default performance model); gpu: the
+    GPU the filters reason about."""
+
+    def __init__(self, space: ConfigSpace, workload: Workload, template: object = None,
+                 seed: int = 0, predict: Predict | None = None,
+                 gpu: GpuSpec | str | None = None) -> None:
+        spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec_for(gpu)
+        self.configs = space.all_configs()
+        self.reasons = space_filters(template, workload, self.configs, spec)
+        predict = predict or model_predict(template, workload, spec)
+        self.predicted = np.asarray(predict(self.configs), float) if self.configs else \
+            np.zeros(0)
+        self.kept = np.array([r is None for r in self.reasons], bool)
+        keys = np.lexsort((self.predicted, ~self.kept))
+        super().__init__([self.configs[i] for i in keys], seed, space, int(self.kept.sum()))
+
+
+def pruned_order_job(template: object, wl_json: str, gpu: str | None = None
+                     ) -> tuple[list[str], int, float]:
+    """`PrunedSearch`'s order of `template`'s space on a workload, as a picklable job for a
+    build process: (config JSONs in measuring order, survivors, seconds taken)."""
+    import time
+
+    from ..core import workload_from_json
+
+    t0 = time.perf_counter()
+    wl = workload_from_json(wl_json)
+    s = PrunedSearch(template.space(wl), wl, template, gpu=gpu)
+    return [c.to_json() for c in s.order()], s.survivors, time.perf_counter() - t0
 
 
 def trials_to_reach(order: Sequence[Config], times: dict[Config, float | None],

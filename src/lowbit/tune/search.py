@@ -46,12 +46,15 @@ class Strategy:
 
     name = "abstract"
 
-    def __init__(self, space: ConfigSpace, seed: int = 0) -> None:
+    def __init__(self, space: ConfigSpace | None, seed: int = 0, size: int | None = None
+                 ) -> None:
+        """size: the number of configs when known without enumerating `space` (a strategy
+        over a precomputed order may have no space object at all)."""
         self.space = space
         self.rng = random.Random(seed)
         self.measured: dict[Config, float | None] = {}
         self.pending: set[Config] = set()
-        self._size = len(space)
+        self._size = len(space) if size is None else size
 
     @property
     def exhausted(self) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -220,14 +220,27 @@ def _make_arms(usable: list[KernelTemplate], workload: Workload, strategy: str, 
         space = tmpl.space(workload)
         seeds = _transfer(records, tmpl.name, gpu, workload) if transfer else []
         strat = make_strategy(strategy, space, workload, tmpl, seed + 1000 * i, seeds)
-        arm = _Arm(tmpl, strat, tmpl.default_config(workload))
-        prior = [Trial(r.cfg, r.time_us)
-                 for r in records.measured(workload, tmpl.name, gpu).values()
-                 if space.is_valid(r.cfg)]
-        strat.update(prior)
-        arm.best_us = min((t.time_us for t in prior if t.time_us is not None), default=None)
-        arms.append(arm)
+        arms.append(new_arm(tmpl, workload, strat, prior_trials(records, workload, tmpl.name,
+                                                                gpu), space.is_valid))
     return arms
+
+
+def prior_trials(records: RecordsDB, workload: Workload, template: str, gpu: str
+                 ) -> list[Trial]:
+    """The recorded measurements of `template` on `workload` and `gpu` (what a resumed tune
+    does not measure again)."""
+    return [Trial(r.cfg, r.time_us) for r in records.measured(workload, template, gpu).values()]
+
+
+def new_arm(template: KernelTemplate, workload: Workload, strategy: Strategy,
+            prior: Sequence[Trial], valid: Callable[[Config], bool]) -> _Arm:
+    """A template's arm: its strategy fed the `prior` trials that are `valid` configs of its
+    space (older records of a changed space are not), its best time among them."""
+    arm = _Arm(template, strategy, template.default_config(workload))
+    kept = [t for t in prior if valid(t.config)]
+    strategy.update(kept)
+    arm.best_us = min((t.time_us for t in kept if t.time_us is not None), default=None)
+    return arm
 
 
 def _feed(by_name: dict[str, _Arm], results: Sequence[MeasureResult]) -> None:
