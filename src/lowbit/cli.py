@@ -470,11 +470,12 @@ def tune(
     from .tune import STRATEGIES, LocalMeasurer
     from .tune import tune as run_tune
 
-    if model and trials is None and not workloads:
+    if model and trials is None and not top and not workloads:
         _check_model_spec(model)
-        if template or device != "cuda" or top or w or a:
-            raise ValueError("--template, --device, --top, --w and --a tune lists of layers; "
-                             "--model tunes the network on its GPUs (--gpus, --scheduler)")
+        if template or device != "cuda" or w or a:
+            raise ValueError("--template, --device, --w and --a tune lists of layers (with "
+                             "--trials or --top); --model tunes the network on its "
+                             "GPUs (--gpus, --scheduler)")
         _tune_network(model, batch, precision, budget or "10m", residual_bits, image_size,
                       gpus, scheduler, build_workers, strategy or "pruned", db, out)
         return
