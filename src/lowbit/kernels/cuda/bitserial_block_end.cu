@@ -23,7 +23,7 @@
 constexpr bool BLOCK_END = HAS_BIAS == 5;
 constexpr int MID_LO = (RELU && OUT_QMIN < 0) ? 0 : OUT_QMIN;
 constexpr int GROUP_TILES = NT % 4 == 0 ? 4 : NT;  // n8 tiles per column group
-constexpr int GROUPS = NT / GROUP_TILES;
+constexpr int COL_GROUPS = NT / GROUP_TILES;
 constexpr bool QUAD8 = GROUP_TILES == 4 && KOUT % 8 == 0;
 constexpr bool BYTE_PAIRS = KOUT % 2 == 0;
 constexpr bool MID_PLANES = STORE_OUT && OUT_MODE == 3;
@@ -192,7 +192,7 @@ __device__ __forceinline__ void block_end_cols(const Acc& acc, const RowPrep& ro
   zero_words(d0_words);
   zero_words(d1_words);
 #pragma unroll
-  for (int gi = 0; gi < GROUPS; ++gi) {
+  for (int gi = 0; gi < COL_GROUPS; ++gi) {
     const int gcol = n0 + col0 + gi * GROUP_TILES * 8;
     GroupValues res[MT][2], q[MT][2];
 #pragma unroll
