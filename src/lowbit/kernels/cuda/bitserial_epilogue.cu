@@ -446,10 +446,11 @@ __device__ __forceinline__ void or_if(u32& word, bool p, u32 bit) {
 // quad: exchange half the words with lane t4 ^ 2, then a quarter with t4 ^ 1, and lane t4
 // stores words t4, t4 + 4, ...: 3 shuffles and one store per lane for 4 words. Otherwise every
 // word is OR-reduced with two shuffles and stored by one lane.
-// (store_plane_words: into any bit-plane output of the workload's rows, BITS planes; the
-// block-end epilogue's derived outputs too)
+// (store_plane_words: TILES words of BITS planes of a row, into any bit-plane output of the
+// workload's rows; the block-end epilogue's derived outputs too)
+template <int TILES = OUT_WORD_TILES>
 __device__ __forceinline__ void store_plane_word(u32* dst, u32 bits, int v, int m, int word0) {
-  const int b = v / OUT_WORD_TILES, word = word0 + v % OUT_WORD_TILES;
+  const int b = v / TILES, word = word0 + v % TILES;
   if (m < M_ROWS && word < OUT_WORDS)
     dst[((i64)b * M_ROWS + m) * OUT_WORDS + word] = bits & word_mask(word);
 }
@@ -457,14 +458,14 @@ __device__ __forceinline__ void store_row_word(u32 bits, int v, int m, int word0
                                                const EpilogueArgs& ea) {
   store_plane_word(reinterpret_cast<u32*>(ea.out), bits, v, m, word0);
 }
-template <int BITS>
-__device__ __forceinline__ void store_plane_words(u32* dst, const u32 (&bits)[OUT_WORD_TILES][BITS],
+template <int TILES, int BITS>
+__device__ __forceinline__ void store_plane_words(u32* dst, const u32 (&bits)[TILES][BITS],
                                                   int m, int word0, int t4) {
-  constexpr int ROW_WORDS = OUT_WORD_TILES * BITS;  // packed words per row and warp tile
+  constexpr int ROW_WORDS = TILES * BITS;  // packed words per row and warp tile
   u32 vals[ROW_WORDS];
 #pragma unroll
   for (int v = 0; v < ROW_WORDS; ++v)
-    vals[v] = bits[v % OUT_WORD_TILES][v / OUT_WORD_TILES] << (2 * t4);
+    vals[v] = bits[v % TILES][v / TILES] << (2 * t4);
   // every shuffle before the first store: NVVM otherwise unswitches the word loop on the
   // stores' row check and duplicates the shuffles into divergent paths (BRA.DIV)
   if constexpr (WN >= 32 && ROW_WORDS % 4 == 0) {
@@ -484,7 +485,7 @@ __device__ __forceinline__ void store_plane_words(u32* dst, const u32 (&bits)[OU
       sums[p] = (lo ? c : a) | __shfl_xor_sync(0xffffffffu, lo ? a : c, 1);
     }
 #pragma unroll
-    for (int p = 0; p < ROW_WORDS / 4; ++p) store_plane_word(dst, sums[p], 4 * p + t4, m, word0);
+    for (int p = 0; p < ROW_WORDS / 4; ++p) store_plane_word<TILES>(dst, sums[p], 4 * p + t4, m, word0);
   } else {
 #pragma unroll
     for (int v = 0; v < ROW_WORDS; ++v) {
@@ -493,7 +494,7 @@ __device__ __forceinline__ void store_plane_words(u32* dst, const u32 (&bits)[OU
     }
 #pragma unroll
     for (int v = 0; v < ROW_WORDS; ++v)
-      if (t4 == (v & 3)) store_plane_word(dst, vals[v], v, m, word0);
+      if (t4 == (v & 3)) store_plane_word<TILES>(dst, vals[v], v, m, word0);
   }
 }
 __device__ __forceinline__ void store_row_words(const u32 (&bits)[OUT_WORD_TILES][OUT_BITS], int m,

@@ -6,9 +6,10 @@ struct __align__(64) TensorMap {
   u64 opaque[16];
 };
 // The block-end epilogue's outputs (HAS_BIAS = 5, bitserial_block_end.cu), passed by value:
-// each derived output's storage, and its levels as thresholds (<= THR_CMP_LEVELS levels,
-// compared in registers) or as a byte table of the mid value (lut[j][q - MID_LO]: more levels;
-// bitserial_tables.block_end_args builds both from EpilogueParams.thresholds at bind).
+// each derived output's storage, and its levels as threshold words (bit planes of one or three
+// levels: thr[j][k] = 0x8000 - (T_j[k] - MID_LO) in both 16-bit halves, compared two columns
+// per add) or as a byte table of the mid value (lut[j][q - MID_LO]: the others);
+// bitserial_tables.block_end_args builds both from EpilogueParams.thresholds at bind.
 constexpr int THR_CMP_LEVELS = 3;
 struct BlockEndArgs {
   void* derived[2];

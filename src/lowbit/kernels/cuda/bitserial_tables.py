@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ...core import Workload
+from ...core import Layout, Precision, Workload
 from ...core.epilogue import MAX_DERIVED, EpilogueParams, bias_vector
 from ...reference.epilogue import INT32_MAX, requant_thresholds
 from .bitserial_layout import (
@@ -93,8 +93,8 @@ def requant32_columns(wl: Workload, params: EpilogueParams) -> torch.Tensor:
     return table.to(torch.int32).to(params.multiplier.device)
 
 
-#: derived outputs of at most this many levels compare with thresholds in registers (the
-#: .cu's THR_CMP_LEVELS); wider ones read a byte table of the mid value
+#: bit-plane derived outputs of 1 or 3 levels compare the mid value with threshold words (the
+#: .cu's THR_CMP_LEVELS words each); the others read a byte table of the mid value
 THR_CMP_LEVELS = 3
 
 
@@ -106,13 +106,22 @@ class BlockEndArgs(ctypes.Structure):
                 ("thr", (ctypes.c_int * THR_CMP_LEVELS) * MAX_DERIVED)]
 
 
+def compares_pairs(prec: Precision, layout: Layout) -> bool:
+    """A derived output the block-end kernel compares two columns per add (bit planes of u1,
+    u2 or s2: bitserial_block_end.cu's PAIR_CMP), not through a byte table."""
+    levels = prec.qmax - prec.qmin
+    return layout is Layout.BITPLANE and (levels == 1 or (levels == 3 and prec.qmin % 2 == 0))
+
+
 def block_end_args(wl: Workload, params: EpilogueParams
                    ) -> tuple[BlockEndArgs | None, list[torch.Tensor]]:
     """The block-end kernel's BlockEndArgs (None without Epilogue.requant32) and the tensors
     it points into (keep them alive while the kernel may run): each derived output's buffer
-    (params.derived_out, required), and its thresholds (<= THR_CMP_LEVELS levels) or its byte
-    table lut[i] = the low byte of P_j.qmin + #{t in T_j : t <= MID_LO + i} over the mid
-    value's range [MID_LO, qmax] (on the buffers' device)."""
+    (params.derived_out, required), and its thresholds T as words (`compares_pairs`: per
+    level 0x8000 - clamp(T - lo, 0, hi - lo + 1) in both 16-bit halves, [lo, hi] the mid
+    value's range; the kernel adds it to two columns' q - lo and reads q >= T in the halves'
+    top bits) or as a byte table (lut[i] = the low byte of P_j.qmin + #{t in T : t <= lo + i},
+    i = 0 .. hi - lo; on the buffers' device)."""
     epi = wl.epilogue
     if not epi.requant32:
         return None, []
@@ -122,14 +131,16 @@ def block_end_args(wl: Workload, params: EpilogueParams
     args = BlockEndArgs()
     keep: list[torch.Tensor] = []
     lo, hi = epi.mid_range
-    for j, ((prec, _), thr, buf) in enumerate(zip(epi.derived, params.thresholds,
-                                                  params.derived_out, strict=True)):
+    for j, ((prec, layout), thr, buf) in enumerate(zip(epi.derived, params.thresholds,
+                                                       params.derived_out, strict=True)):
         t = thr.cpu().to(torch.int64)
         args.derived[j] = buf.data_ptr()
         keep.append(buf)
-        if len(t) <= THR_CMP_LEVELS:
+        if compares_pairs(prec, layout):
             for k, v in enumerate(t.tolist()):
-                args.thr[j][k] = v
+                half = 0x8000 - min(max(v - lo, 0), hi - lo + 1)
+                word = half * 0x10001
+                args.thr[j][k] = word - (1 << 32) if word >= 1 << 31 else word
             continue
         values = prec.qmin + torch.searchsorted(t, torch.arange(lo, hi + 1), right=True)
         lut = (values & 0xFF).to(torch.uint8).to(buf.device)
