@@ -186,7 +186,7 @@ __device__ __forceinline__ void group_output(const u32 (&x)[GROUP_TILES], void* 
                                              int gc, int t4, int word, const BlockEndArgs& be,
                                              u32 (&words)[FLUSH_TILES][BITS]) {
   if constexpr (J >= 0 && DerivedOut<J>::PAIR_CMP) {
-    static_assert(GROUP_TILES == 4, "bit planes: whole 32-column words per warp");
+    static_assert(J < 0 || GROUP_TILES == 4, "bit planes: whole 32-column words per warp");
     u32 hit[3][4];  // per level k and tile: qo >= T_k - MID_LO in the halves' top bits
 #pragma unroll
     for (int k = 0; k < DerivedOut<J>::LEVELS; ++k)
