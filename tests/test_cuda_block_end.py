@@ -216,22 +216,33 @@ def test_families_take_the_block_end_epilogue():
     assert "requant32" in BY_NAME["cuda.bitserial_mma_sync"].workload_reason(loose)
 
 
-def test_mma_conv_refuses_the_block_end():
-    """The tiled mma.sync s8 / s4 convs run a plain requantized layer but not the block end
-    (their epilogue has no shifted bias): each says so."""
-    from lowbit.kernels import get_template, load_backends
+def test_templates_without_the_block_end_refuse_it():
+    """Every registered template that runs the plain requantized layer but does not declare
+    takes_block_end (the tiled mma.sync s8 / s4 convs, the Triton templates) refuses the
+    block-end epilogue with a reason naming it (kernels.base.block_end_refusal): none drops a
+    derived output or misreads the int32 vectors."""
+    from lowbit.kernels import load_backends
+    from lowbit.kernels.base import templates
 
     load_backends()
-    checked = 0
-    for name, prec, layout in (("cuda.mma_conv_s8", S8, I8), ("cuda.mma_conv_s4", S4, PK)):
-        plain = conv(prec, prec, Epilogue(bias=True, relu=True, out=S8), layout, N=2, H=8, W=8,
-                     C=64, K=64, R=3, S=3, pad=1)
-        template = get_template(name)
-        assert template.unsupported_reason(plain) is None, template.unsupported_reason(plain)
-        reason = template.unsupported_reason(plain.replace(epilogue=block_end(S8, S8)))
-        assert reason and "shift" in reason, reason
-        checked += 1
-    assert checked == 2
+    plains = [conv(S8, U8, Epilogue(shifted_bias=True, relu=True, out=S8), I8, N=2, H=8, W=8,
+                   C=64, K=64, R=3, S=3, pad=1),
+              conv(S8, S8, Epilogue(bias=True, relu=True, out=S8), I8, N=2, H=8, W=8, C=64,
+                   K=64, R=3, S=3, pad=1),
+              conv(S4, S4, Epilogue(bias=True, relu=True, out=S8), PK, N=2, H=8, W=8, C=64,
+                   K=64, R=3, S=3, pad=1)]
+    ends = (Epilogue(shifted_bias=True, relu=True, out=S8, requant32=True),
+            block_end(S8, S8), block_end(S8, None, derived=((U8, I8),), store_out=False))
+    checked = set()
+    for t in templates():
+        for plain in plains:
+            if t.takes_block_end or t.unsupported_reason(plain) is not None:
+                continue
+            for epi in ends:
+                reason = t.unsupported_reason(plain.replace(epilogue=epi))
+                assert reason and "block-end" in reason, (t.name, reason)
+            checked.add(t.name)
+    assert {"cuda.mma_conv_s8", "cuda.mma_conv_s4", "triton.conv2d_int8"} <= checked
 
 
 def test_bind_requires_the_derived_buffers():

@@ -41,7 +41,11 @@ non-decreasing entries (EpilogueParams.thresholds, per tensor, not per channel):
 stored in L_j (EpilogueParams.derived_out). Kernels run the thresholds of <= 3 levels as
 compares and wider ones through a byte table of q_mid built from them at bind (the same
 values). With store_out=False the mid value is not stored: the workload's output storage is
-empty (shape (0,)) and a kernel's `out` argument is None or any tensor, never written.
+empty (shape (0,)), a kernel's `out` argument is None or any tensor, never written, and
+out_layout stays 'int8' (keys stay unique). requant32 takes a narrow residual only (a
+WidePrecision keeps the 64-bit path); derived outputs need a requantized `out` (the reference
+runs them after any requantization; the kernels after requant32 only, in the int8 or bitplane
+layout). Kernels without the block-end epilogue refuse it (`kernels.base.block_end_refusal`).
 """
 
 from __future__ import annotations
