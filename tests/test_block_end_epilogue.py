@@ -277,3 +277,13 @@ def test_run_outputs_on_random_inputs(store):
         stored = run(wl, x, w, p)
         assert stored.numel() == (mid.numel() if store else 0)
         assert all(torch.equal(b, o) for b, o in zip(p.derived_out, outs[store:], strict=True))
+
+
+def test_params_move_with_their_thresholds_and_buffers():
+    wl = _wl(block_end(derived=((U2, BP), (U8, I8))))
+    _, _, p = random_inputs(wl, 2)
+    moved = p.to("cpu")
+    assert len(moved.thresholds) == len(moved.derived_out) == 2
+    assert all(torch.equal(a, b) for a, b in zip(moved.thresholds, p.thresholds, strict=True))
+    assert [t.shape for t in moved.derived_out] == [t.shape for t in p.derived_out]
+    assert moved.residual.dtype == torch.int8 and moved.multiplier.dtype == torch.int32
