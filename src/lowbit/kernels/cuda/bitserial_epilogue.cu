@@ -622,7 +622,9 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const RowPrep& row
 }
 
 #include "bitserial_epilogue_pairs.cu"
+#if LOWBIT_BLOCK_END  // (its constants exist in block-end kernels only)
 #include "bitserial_block_end.cu"
+#endif
 
 // The fused epilogue of the block tile at (m0, n0), this warp's rows row0 + mi*16 + g (+8) and
 // columns col0 + ni*8 + 2*t4 (+1): combines the planes (see the top of this file), adds the
@@ -637,10 +639,10 @@ __device__ __forceinline__ void tile_epilogue(const Acc& acc, const RowSum& rsum
 #pragma unroll
       for (int h = 0; h < 2; ++h) rows.term[mi][h] += rowsum_mma_term(rsum, mi, h);
   }
-  if constexpr (BLOCK_END) {
-    block_end_cols(acc, rows, m0, n0, row0, col0, lane, ea);
-    return;
-  }
+#if LOWBIT_BLOCK_END
+  block_end_cols(acc, rows, m0, n0, row0, col0, lane, ea);
+  return;
+#endif
   if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
   if constexpr (THR_PAIRS) {
     epilogue_pairs(acc, rows, n0, col0, lane, ea);

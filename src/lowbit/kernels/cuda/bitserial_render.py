@@ -131,7 +131,9 @@ def has_bias(epi: Epilogue) -> int:
 def block_end_params(epi: Epilogue) -> dict[str, int]:
     """The block-end epilogue's constexpr parameters (bitserial_block_end.cu): RES_BYTES (0
     none, 1 a u<=8 residual, 2 a signed one), STORE_OUT, N_DERIVED and per derived output j
-    D<j>_MODE (DERIVED_MODES), D<j>_BITS, D<j>_QMIN, D<j>_LEVELS (zeros where absent)."""
+    D<j>_MODE (DERIVED_MODES), D<j>_BITS, D<j>_QMIN, D<j>_LEVELS (zeros where absent).
+    Rendered for block-end kernels only: each namespace-scope constant takes a slot in
+    constant bank 4, and eleven more moved the address a tap-shift kernel reads there."""
     res = epi.narrow_residual
     out = {"RES_BYTES": 0 if res is None else 1 if res.encoding is Encoding.UNSIGNED else 2,
            "STORE_OUT": int(epi.store_out), "N_DERIVED": len(epi.derived)}
@@ -195,7 +197,7 @@ def kernel_params(wl: Workload, spec: Mapping, chained: int = 0) -> dict[str, in
         "THR_SLOTS": threshold_slots(wl, spec),
         "FUSE_PLANES": spec["FUSE_PLANES"],
         "THR_PAIRS": spec["THR_PAIRS"], "CHAINED": int(chained),
-        **pair_params(wl, spec), **block_end_params(epi),
+        **pair_params(wl, spec), **(block_end_params(epi) if epi.requant32 else {}),
     }
 
 
@@ -224,7 +226,8 @@ def render(wl: Workload, spec: Mapping, entry: str, chained: int = 0,
     block_end = wl.epilogue.requant32  # the BlockEndArgs parameter, and the epilogue's copy
     lines.append("#define BITSERIAL_BLOCK_END_PARAM" + (", BlockEndArgs block_end"
                                                         if block_end else ""))
-    lines.append(f"#define BITSERIAL_BLOCK_END {'block_end' if block_end else 'BlockEndArgs{}'}")
+    lines.append(f"#define BITSERIAL_BLOCK_END{', block_end' if block_end else ''}")
+    lines.append(f"#define LOWBIT_BLOCK_END {int(block_end)}")
     slots = rect_slots(sh) if params["THR_SLOTS"] and needs_wtap(wl) else [0]
     lines.append(f"__device__ constexpr int RECT_OF_SLOT[] = {{{', '.join(map(str, slots))}}};")
     if tap_shift(spec):
