@@ -15,7 +15,15 @@ import random
 import pytest
 import torch
 
-from lowbit.core import ConvWorkload, Epilogue, GemmWorkload, Layout, Precision, WidePrecision
+from lowbit.core import (
+    ConvWorkload,
+    Epilogue,
+    GemmWorkload,
+    Layout,
+    Precision,
+    WidePrecision,
+    workload_from_json,
+)
 from lowbit.core.epilogue import EpilogueParams
 from lowbit.core.validate import check_params, derived_storage, out_storage, output_buffer
 from lowbit.quant.packing import pack, unpack
@@ -59,6 +67,8 @@ def test_keys_dicts_and_earlier_keys_unchanged():
     # names accepted for the derived pairs, normalized
     assert block_end(derived=[("u2", "bitplane")]) == block_end()
     assert len(set(cases.values())) == len(cases) == 8
+    wl = _wl(block_end(store_out=False, derived=((U2, BP), (U8, I8))))
+    assert workload_from_json(wl.to_json()) == wl  # records and plans round-trip
 
 
 @pytest.mark.parametrize("kwargs,err,match", [
