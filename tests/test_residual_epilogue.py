@@ -64,8 +64,10 @@ def test_epilogue_field_key_and_dicts():
     assert res_epi(S4, False, I8, R16).key == "sbias+res16->s4/int8"
     with pytest.raises(ValueError, match="shifted_bias"):
         Epilogue(out="u2", residual=R24)
-    with pytest.raises(TypeError, match="WidePrecision"):
+    with pytest.raises(ValueError, match="requant32"):  # a narrow residual: the 32-bit path
         Epilogue(out="u2", shifted_bias=True, residual=Precision(8, "signed"))
+    with pytest.raises(TypeError, match="WidePrecision"):
+        Epilogue(out="u2", shifted_bias=True, residual=8)
 
 
 OUTS = [(Precision(1), BP, R24), (U2, BP, R16), (S2, PK, R24), (S4, I8, R24), (U4, PK, R16),

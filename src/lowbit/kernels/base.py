@@ -8,6 +8,7 @@ names (`lowbit.core.validate`) and returns the output in the epilogue's layout; 
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import ClassVar, Protocol
@@ -57,8 +58,22 @@ class Kernel(Protocol):
         ...
 
 
+def block_end_refusal(workload: Workload) -> str | None:
+    """Why a template that does not run the block-end epilogue (Epilogue.requant32: int32
+    vectors, a narrow residual, derived outputs, store_out=False) refuses `workload`; None for
+    the epilogues it does run."""
+    epi = workload.epilogue
+    if epi.requant32 or epi.derived or not epi.store_out:
+        return ("the block-end epilogue (Epilogue.requant32 / derived outputs / store_out) is "
+                "not in this template's epilogue")
+    return None
+
+
 class KernelTemplate(ABC):
-    """A family of kernels for some workloads, parameterized by a ConfigSpace."""
+    """A family of kernels for some workloads, parameterized by a ConfigSpace. A template
+    whose class does not set `takes_block_end` refuses block-end epilogues
+    (`block_end_refusal`) before its own `unsupported_reason` runs: none silently drops a
+    derived output or misreads the 32-bit path's int32 vectors."""
 
     #: unique name used in records, e.g. "triton.igemm_int8"
     name: str = "abstract"
@@ -67,6 +82,25 @@ class KernelTemplate(ABC):
     #: knobs added after configs of this template were first recorded, with the value that a
     #: config lacking the knob meant (records and results files stay buildable)
     added_knobs: ClassVar[Mapping[str, object]] = {}
+    #: runs the block-end epilogue (Epilogue.requant32, derived outputs, store_out=False)
+    takes_block_end: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("unsupported_reason")
+        if own is None or getattr(own, "block_end_guarded", False):
+            return
+
+        @functools.wraps(own)
+        def unsupported_reason(self, workload: Workload) -> str | None:
+            if not self.takes_block_end:
+                reason = block_end_refusal(workload)
+                if reason:
+                    return reason
+            return own(self, workload)
+
+        unsupported_reason.block_end_guarded = True  # type: ignore[attr-defined]
+        cls.unsupported_reason = unsupported_reason  # type: ignore[method-assign]
 
     @abstractmethod
     def unsupported_reason(self, workload: Workload) -> str | None:

@@ -7,11 +7,15 @@ import torch
 from ..core import OUT_FP16, Epilogue
 from ..core.epilogue import (
     ACCUMULATOR_OUTPUTS,
+    REQUANT32_LIMIT,
+    REQUANT32_MAX_SHIFT,
     WIDE_MULTIPLIER_LIMIT,
     EpilogueParams,
     check_residual,
     check_shifted_bias,
 )
+from ..core.layout import Layout
+from ..core.validate import check_block_end, storage_dtype
 from ..quant.packing import pack
 from .netops import round_shift_sum
 
@@ -160,19 +164,109 @@ def _shifted_thresholds(epilogue: Epilogue, params: EpilogueParams) -> torch.Ten
     return torch.tensor(rows, dtype=torch.int32).reshape(k, out.qmax - out.qmin)
 
 
-def apply_epilogue(acc: torch.Tensor, epilogue: Epilogue, params: EpilogueParams) -> torch.Tensor:
-    """int64 accumulators [..., K] -> the output in the epilogue's storage layout."""
-    if epilogue.shifted_bias:
-        q = shifted_requantize(acc, epilogue, params)
-        return pack(q, epilogue.out, epilogue.out_layout)
+def requantize32(acc: torch.Tensor, epilogue: Epilogue, params: EpilogueParams
+                 ) -> torch.Tensor:
+    """Epilogue.requant32's mid value of int accumulators [..., K] (int64 values):
+    clamp((acc m + b + res r + 2^(s-1)) >> s, lo, qmax) (`core.epilogue`), exact in int64,
+    after checking the params (`validate.check_block_end`, the residual's values included)
+    and that every sum stays below 2^31 for these accumulators and the residual precision's
+    range (ValueError naming the first channel past it; the validator checks the workload's
+    bound at bind)."""
+    k = acc.shape[-1]
+    check_shifted_bias(epilogue, params, k)
+    check_residual(epilogue, params, tuple(acc.shape))
+    check_block_end(epilogue, params, tuple(acc.shape), values=True)
+    for name in ("multiplier", "shift"):
+        t = getattr(params, name)
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or tuple(t.shape) != (k,):
+            raise TypeError(f"params.{name} must be an int32 vector of length {k} (requant32), "
+                            f"got {t!r}")
+    m = _int_vector("multiplier", params.multiplier, k, 0, REQUANT32_LIMIT - 1)
+    s = _int_vector("shift", params.shift, k, 1, REQUANT32_MAX_SHIFT)
+    b = params.shifted_bias.to(torch.int64)
+    y = acc.to(torch.int64)
+    top = int(y.abs().max()) if y.numel() else 0
+    res_prec = epilogue.narrow_residual
+    r = (params.residual_multiplier.to(torch.int64) if res_prec is not None
+         else torch.zeros(k, dtype=torch.int64))
+    top_res = max(-res_prec.qmin, res_prec.qmax) if res_prec is not None else 0
+    worst = top * m + b.abs() + top_res * r.abs() + (1 << (s - 1))
+    if k and int(worst.max()) >= REQUANT32_LIMIT:
+        c = int(torch.argmax(worst))
+        raise ValueError(f"channel {c}: |acc| m + |b| + |res| |r| + 2^(s-1) reaches 2^31 "
+                         f"(max|acc| {top}, m {int(m[c])}, b {int(b[c])}, r {int(r[c])}, "
+                         f"s {int(s[c])}): outside the 32-bit requantization")
+    z = y * m + b + (1 << (s - 1))
+    if res_prec is not None:
+        z = z + params.residual.to(torch.int64) * r
+    lo, hi = epilogue.mid_range
+    return (z >> s).clamp(lo, hi)
+
+
+def derived_values(q_mid: torch.Tensor, epilogue: Epilogue, params: EpilogueParams
+                   ) -> list[torch.Tensor]:
+    """Each derived output's values from the mid values (int64): P_j.qmin + #{i : q_mid >=
+    T_j[i]}, T_j = params.thresholds[j] (non-decreasing: a sorted search counts them)."""
+    out = []
+    for (prec, _), thr in zip(epilogue.derived, params.thresholds, strict=True):
+        t = thr.to(device=q_mid.device, dtype=torch.int64).contiguous()
+        count = torch.searchsorted(t, q_mid.contiguous(), right=True)
+        out.append(prec.qmin + count)
+    return out
+
+
+def apply_epilogue_outputs(acc: torch.Tensor, epilogue: Epilogue, params: EpilogueParams
+                           ) -> list[torch.Tensor]:
+    """Every output of the epilogue on int64 accumulators [..., K], in storage: the mid
+    output (unless Epilogue.store_out is False), then each derived output (Epilogue.derived)
+    in its precision and layout."""
+    if not epilogue.derived:
+        return [apply_epilogue(acc, epilogue, params)]
+    q = requantize32(acc, epilogue, params) if epilogue.requant32 else \
+        shifted_requantize(acc, epilogue, params) if epilogue.shifted_bias else \
+        _requantized(acc, epilogue, params)
+    check_block_end(epilogue, params, tuple(acc.shape))
+    outs = [pack(q, epilogue.out, epilogue.out_layout)] if epilogue.store_out else []
+    outs += [pack(v, p, lay) for v, (p, lay) in
+             zip(derived_values(q, epilogue, params), epilogue.derived, strict=True)]
+    return outs
+
+
+def _requantized(acc: torch.Tensor, epilogue: Epilogue, params: EpilogueParams
+                 ) -> torch.Tensor:
+    """The accumulator-unit requantization's values (bias, ReLU, multiply, shift)."""
     y = acc.to(torch.int64)
     if epilogue.bias:
         y = y + params.bias.to(torch.int64)
     if epilogue.relu:
         y = y.clamp_min(0)
-    if epilogue.requantizes:
-        q = requantize(y, params.multiplier, params.shift, epilogue.out.qmin, epilogue.out.qmax)
+    return requantize(y, params.multiplier, params.shift, epilogue.out.qmin, epilogue.out.qmax)
+
+
+def apply_epilogue(acc: torch.Tensor, epilogue: Epilogue, params: EpilogueParams) -> torch.Tensor:
+    """int64 accumulators [..., K] -> the output in the epilogue's storage layout (an empty
+    (0,) tensor with Epilogue.store_out=False); with derived outputs their values are
+    written into params.derived_out where given (`apply_epilogue_outputs` returns them)."""
+    if epilogue.derived:
+        outs = apply_epilogue_outputs(acc, epilogue, params)
+        derived = outs[1:] if epilogue.store_out else outs
+        for buf, v in zip(params.derived_out, derived, strict=False):
+            buf.copy_(v.to(buf.device))
+        if epilogue.store_out:
+            return outs[0]
+        return torch.empty(0, dtype=storage_dtype(epilogue.out, Layout.INT8))
+    if epilogue.requant32:
+        return pack(requantize32(acc, epilogue, params), epilogue.out, epilogue.out_layout)
+    if epilogue.shifted_bias:
+        q = shifted_requantize(acc, epilogue, params)
         return pack(q, epilogue.out, epilogue.out_layout)
+    if epilogue.requantizes:
+        return pack(_requantized(acc, epilogue, params), epilogue.out, epilogue.out_layout)
+    y = acc.to(torch.int64)
+    if epilogue.bias:
+        y = y + params.bias.to(torch.int64)
+    if epilogue.relu:
+        y = y.clamp_min(0)
     if epilogue.out == OUT_FP16:
         return (y.to(torch.float32) * params.scale.to(torch.float32)).to(torch.float16)
     dtype = ACCUMULATOR_OUTPUTS[epilogue.out]

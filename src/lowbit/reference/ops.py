@@ -6,12 +6,18 @@ import math
 
 import torch
 
-from ..core import OUT_FP16, ConvWorkload, Encoding, Precision, Workload
+from ..core import OUT_FP16, ConvWorkload, Encoding, Layout, Precision, Workload
 from ..core.epilogue import EpilogueParams
-from ..core.validate import accumulator_limit, check_inputs, operand_shapes
+from ..core.validate import (
+    accumulator_limit,
+    check_inputs,
+    derived_storage,
+    operand_shapes,
+    storage_dtype,
+)
 from ..quant.packing import pack, unpack
 from ..quant.quantize import fixed_point
-from .epilogue import apply_epilogue, shifted_bias_from
+from .epilogue import apply_epilogue, apply_epilogue_outputs, shifted_bias_from
 from .integer import conv2d_int, gemm_int
 
 
@@ -22,13 +28,27 @@ def accumulate(wl: Workload, x_values: torch.Tensor, w_values: torch.Tensor) -> 
     return gemm_int(x_values, w_values)
 
 
-def run(wl: Workload, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams) -> torch.Tensor:
-    """The exact output (in the epilogue's storage layout) every kernel must reproduce."""
+def _accumulators(wl: Workload, x: torch.Tensor, w: torch.Tensor,
+                  params: EpilogueParams) -> torch.Tensor:
     check_inputs(wl, x, w, params)
     xs, ws, _ = operand_shapes(wl)
     xv = unpack(x, wl.a, wl.a_layout, xs[-1])
     wv = unpack(w, wl.w, wl.w_layout, ws[-1])
-    return apply_epilogue(accumulate(wl, xv, wv), wl.epilogue, params)
+    return accumulate(wl, xv, wv)
+
+
+def run(wl: Workload, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams) -> torch.Tensor:
+    """The exact output (in the epilogue's storage layout) every kernel must reproduce; with
+    derived outputs (Epilogue.derived) their values also go into params.derived_out where
+    given (`run_outputs` returns every output)."""
+    return apply_epilogue(_accumulators(wl, x, w, params), wl.epilogue, params)
+
+
+def run_outputs(wl: Workload, x: torch.Tensor, w: torch.Tensor, params: EpilogueParams
+                ) -> list[torch.Tensor]:
+    """Every output of the workload in storage, exact: the mid output unless
+    Epilogue.store_out is False, then each derived output (`apply_epilogue_outputs`)."""
+    return apply_epilogue_outputs(_accumulators(wl, x, w, params), wl.epilogue, params)
 
 
 def random_values(shape: tuple[int, ...], prec: Precision,
@@ -74,6 +94,8 @@ def random_params(wl: Workload, generator: torch.Generator) -> EpilogueParams:
         mult, shift = fixed_point(top / spread * jitter)
     elif epi.out == OUT_FP16:
         scale = (jitter / (std + 1.0)).to(torch.float32)
+    if epi.requant32:
+        return block_end_params(wl, top / spread * jitter, bias, generator)
     shifted = res = res_mult = None
     if epi.residual is not None:
         mult, shift, res_mult = _wide_multipliers(wl, mult, shift, generator)
@@ -82,7 +104,8 @@ def random_params(wl: Workload, generator: torch.Generator) -> EpilogueParams:
     if epi.shifted_bias:  # the same bias at the output's shift, plus a fraction of a step
         shifted, bias = shifted_bias_from(bias, mult, shift, generator), None
     return EpilogueParams(bias=bias, scale=scale, multiplier=mult, shift=shift,
-                          shifted_bias=shifted, residual=res, residual_multiplier=res_mult)
+                          shifted_bias=shifted, residual=res, residual_multiplier=res_mult,
+                          **derived_params(wl, generator))
 
 
 def _wide_multipliers(wl: Workload, mult: torch.Tensor, shift: torch.Tensor,
@@ -108,6 +131,63 @@ def _wide_multipliers(wl: Workload, mult: torch.Tensor, shift: torch.Tensor,
         rs.append(round(r_ratio * 2 ** (s + extra)))
     return (torch.tensor(ms, dtype=torch.int64), torch.tensor(ss, dtype=torch.int32),
             torch.tensor(rs, dtype=torch.int64))
+
+
+def block_end_params(wl: Workload, ratio: torch.Tensor, bias: torch.Tensor,
+                     generator: torch.Generator) -> EpilogueParams:
+    """Random requant32 params (int32 [K] vectors): about `ratio` output steps per
+    accumulator unit, the accumulator-unit `bias` at the output's shift plus a fraction of a
+    step, a residual multiplier of either sign worth a quarter to three quarters of the output
+    range over the residual's range, at the largest shift (<= 31) whose worst-case sum stays
+    below 2^30 (`validate.check_requant32_range` holds); the narrow residual's values and the
+    derived outputs' thresholds and buffers (`derived_params`)."""
+    epi = wl.epilogue
+    res = epi.narrow_residual
+    span = epi.out.qmax - epi.out.qmin + 1
+    top_acc = accumulator_limit(wl)
+    top_res = max(-res.qmin, res.qmax) if res is not None else 0
+    frac = torch.rand(ratio.shape, generator=generator, dtype=torch.float64) - 0.5
+    sign = torch.where(torch.rand(ratio.shape, generator=generator) < 0.3, -1.0, 1.0)
+    r_ratio = sign * span * (0.25 + frac.abs()) / max(top_res, 1)
+    ms, ss, bs, rs = [], [], [], []
+    for q, rr, b, f in zip(ratio.tolist(), r_ratio.tolist(), bias.tolist(), frac.tolist(),
+                           strict=True):
+        for s in range(31, 0, -1):
+            m = round(q * 2**s)
+            bc = round((b * q + f) * 2**s)
+            rc = round(rr * 2**s) if res is not None else 0
+            if top_acc * m + abs(bc) + top_res * abs(rc) + 2 ** (s - 1) < 2**30:
+                break
+        ms.append(m)
+        ss.append(s)
+        bs.append(bc)
+        rs.append(rc)
+    vec = {"dtype": torch.int32}
+    residual = res_mult = None
+    if res is not None:
+        residual = random_values(operand_shapes(wl)[2], res, generator).to(
+            storage_dtype(res, Layout.INT8))
+        res_mult = torch.tensor(rs, **vec)
+    return EpilogueParams(multiplier=torch.tensor(ms, **vec), shift=torch.tensor(ss, **vec),
+                          shifted_bias=torch.tensor(bs, **vec), residual=residual,
+                          residual_multiplier=res_mult, **derived_params(wl, generator))
+
+
+def derived_params(wl: Workload, generator: torch.Generator) -> dict:
+    """Random thresholds (each derived output's L_j = P_j.qmax - P_j.qmin levels spread over
+    the mid value's range, sorted, ties and out-of-range values included now and then) and
+    zeroed buffers for the epilogue's derived outputs, as EpilogueParams fields."""
+    epi = wl.epilogue
+    if not epi.derived:
+        return {}
+    lo, hi = epi.mid_range
+    thresholds, bufs = [], []
+    for (prec, _), (shape, dtype) in zip(epi.derived, derived_storage(wl), strict=True):
+        levels = prec.qmax - prec.qmin
+        t = torch.randint(lo, hi + 2, (levels,), generator=generator)
+        thresholds.append(t.sort().values.to(torch.int32))
+        bufs.append(torch.zeros(shape, dtype=dtype))
+    return {"thresholds": tuple(thresholds), "derived_out": tuple(bufs)}
 
 
 def random_inputs(wl: Workload, seed: int, device: torch.device | str = "cpu"

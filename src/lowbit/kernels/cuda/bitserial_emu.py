@@ -60,6 +60,7 @@ from .bitserial_shape import (
     side_table_blocks,
 )
 from .bitserial_tables import (
+    block_end_args,
     epilogue_thresholds,
     epilogue_vectors,
     halo_map_geometry,
@@ -96,7 +97,9 @@ def host_source(template: BitserialFamily, wl: Workload, config: Mapping, chaine
             f"#define EMU_MAIN {template.kernel_name(config)}\n"
             f"#define EMU_WIMAGE {WIMAGE[bool(spec['BULK_WEIGHTS'])]}\n"
             f"#define EMU_A_S8 {int(s8_atype(wl) == 's8')}\n"
-            f"#define EMU_XMAP_ARG {', *(const TensorMap*)xmap' if spec['TMA_HALO'] else ''}\n")
+            f"#define EMU_XMAP_ARG {', *(const TensorMap*)xmap' if spec['TMA_HALO'] else ''}\n"
+            f"#define EMU_BLOCK_END_ARG "
+            f"{', *(const BlockEndArgs*)block_end' if wl.epilogue.requant32 else ''}\n")
     return (cu_file("emu_includes.cu") + head + cu_file("emu_threads.cu")
             + cu_file("emu_intrinsics.cu") + text + cu_file("emu_main.cu"))
 
@@ -138,9 +141,11 @@ def emulate(template: BitserialFamily, wl: Workload, config: Mapping, x: torch.T
     thr = epilogue_thresholds(wl, spec, params)  # held here: args keep only raw pointers
     bias, scale, mult, shift, thr_arg = epilogue_vectors(wl, params, thr)
     xmap = emu_tensor_map(wl, spec, x)  # held here too
+    block_end, _held = block_end_args(wl, params)
     args = [ptr(t.data_ptr()) if t is not None else ptr(0)
             for t in (x, w, out, bias, scale, mult, shift, wtap, xpop, thr_arg, split_ws,
                       split_count, vrows, xmap)]
+    args.append(ptr(ctypes.addressof(block_end)) if block_end is not None else ptr(0))
     grid = (*tile_grid(wl, spec), spec["SPLIT_K"])
     if spec["PERSIST"]:
         grid = persistent_grid(wl, spec, persistent_blocks)
@@ -158,9 +163,18 @@ def emulate(template: BitserialFamily, wl: Workload, config: Mapping, x: torch.T
              stage_bytes(wl, spec))
         args[1] = ptr(wimg.data_ptr())
     for _ in range(launches):
-        out.view(torch.uint8).fill_(poison)
+        for buf in (out, *params.derived_out):
+            buf.view(torch.uint8).fill_(poison)
         _run(lib, 1, args, grid, threads(spec), smem_bytes(wl, spec))
     return out
+
+
+def emulate_outputs(template: BitserialFamily, wl: Workload, config: Mapping, x: torch.Tensor,
+                    w: torch.Tensor, params: EpilogueParams, **kwargs) -> list[torch.Tensor]:
+    """`emulate`'s every output, as `lowbit.reference.run_outputs` lists them: the mid output
+    unless Epilogue.store_out is False, then params.derived_out (which the kernel wrote)."""
+    out = emulate(template, wl, config, x, w, params, **kwargs)
+    return ([out] if wl.epilogue.store_out else []) + list(params.derived_out)
 
 
 def emu_tensor_map(wl: Workload, spec: Mapping, x: torch.Tensor) -> torch.Tensor | None:

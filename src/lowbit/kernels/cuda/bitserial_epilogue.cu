@@ -297,6 +297,10 @@ __device__ __forceinline__ void prefetch_row_data(const RowPrep& rows, int col_b
   for (int ni = 0; ni < NT; ++ni) {
     const int col = col_base + ni * 8;
     if (OUT_THRESH || col >= KOUT) continue;
+    if constexpr (HAS_BIAS == 5) {  // the block-end column table (bitserial_block_end.cu)
+      prefetch_l1(reinterpret_cast<const uint4*>(ea.mult) + col);
+      continue;
+    }
     if constexpr (HAS_BIAS == 1) prefetch_l1(ea.bias + col);
     if constexpr (HAS_BIAS >= 2) prefetch_l1(reinterpret_cast<const i64*>(ea.bias) + col);
     if constexpr (HAS_BIAS >= 3)
@@ -442,19 +446,26 @@ __device__ __forceinline__ void or_if(u32& word, bool p, u32 bit) {
 // quad: exchange half the words with lane t4 ^ 2, then a quarter with t4 ^ 1, and lane t4
 // stores words t4, t4 + 4, ...: 3 shuffles and one store per lane for 4 words. Otherwise every
 // word is OR-reduced with two shuffles and stored by one lane.
-constexpr int ROW_WORDS = OUT_WORD_TILES * OUT_BITS;  // packed words per row and warp tile
+// (store_plane_words: TILES words of BITS planes of a row, into any bit-plane output of the
+// workload's rows; the block-end epilogue's derived outputs too)
+template <int TILES = OUT_WORD_TILES>
+__device__ __forceinline__ void store_plane_word(u32* dst, u32 bits, int v, int m, int word0) {
+  const int b = v / TILES, word = word0 + v % TILES;
+  if (m < M_ROWS && word < OUT_WORDS)
+    dst[((i64)b * M_ROWS + m) * OUT_WORDS + word] = bits & word_mask(word);
+}
 __device__ __forceinline__ void store_row_word(u32 bits, int v, int m, int word0,
                                                const EpilogueArgs& ea) {
-  const int b = v / OUT_WORD_TILES, word = word0 + v % OUT_WORD_TILES;
-  if (m < M_ROWS && word < OUT_WORDS)
-    reinterpret_cast<u32*>(ea.out)[((i64)b * M_ROWS + m) * OUT_WORDS + word] = bits & word_mask(word);
+  store_plane_word(reinterpret_cast<u32*>(ea.out), bits, v, m, word0);
 }
-__device__ __forceinline__ void store_row_words(const u32 (&bits)[OUT_WORD_TILES][OUT_BITS], int m,
-                                                int word0, int t4, const EpilogueArgs& ea) {
+template <int TILES, int BITS>
+__device__ __forceinline__ void store_plane_words(u32* dst, const u32 (&bits)[TILES][BITS],
+                                                  int m, int word0, int t4) {
+  constexpr int ROW_WORDS = TILES * BITS;  // packed words per row and warp tile
   u32 vals[ROW_WORDS];
 #pragma unroll
   for (int v = 0; v < ROW_WORDS; ++v)
-    vals[v] = bits[v % OUT_WORD_TILES][v / OUT_WORD_TILES] << (2 * t4);
+    vals[v] = bits[v % TILES][v / TILES] << (2 * t4);
   // every shuffle before the first store: NVVM otherwise unswitches the word loop on the
   // stores' row check and duplicates the shuffles into divergent paths (BRA.DIV)
   if constexpr (WN >= 32 && ROW_WORDS % 4 == 0) {
@@ -474,7 +485,7 @@ __device__ __forceinline__ void store_row_words(const u32 (&bits)[OUT_WORD_TILES
       sums[p] = (lo ? c : a) | __shfl_xor_sync(0xffffffffu, lo ? a : c, 1);
     }
 #pragma unroll
-    for (int p = 0; p < ROW_WORDS / 4; ++p) store_row_word(sums[p], 4 * p + t4, m, word0, ea);
+    for (int p = 0; p < ROW_WORDS / 4; ++p) store_plane_word<TILES>(dst, sums[p], 4 * p + t4, m, word0);
   } else {
 #pragma unroll
     for (int v = 0; v < ROW_WORDS; ++v) {
@@ -483,8 +494,12 @@ __device__ __forceinline__ void store_row_words(const u32 (&bits)[OUT_WORD_TILES
     }
 #pragma unroll
     for (int v = 0; v < ROW_WORDS; ++v)
-      if (t4 == (v & 3)) store_row_word(vals[v], v, m, word0, ea);
+      if (t4 == (v & 3)) store_plane_word<TILES>(dst, vals[v], v, m, word0);
   }
+}
+__device__ __forceinline__ void store_row_words(const u32 (&bits)[OUT_WORD_TILES][OUT_BITS], int m,
+                                                int word0, int t4, const EpilogueArgs& ea) {
+  store_plane_words(reinterpret_cast<u32*>(ea.out), bits, m, word0, t4);
 }
 
 // The per-column part: columns outer (their parameters loaded once), this lane's rows inner.
@@ -607,6 +622,9 @@ __device__ __forceinline__ void epilogue_cols(const Acc& acc, const RowPrep& row
 }
 
 #include "bitserial_epilogue_pairs.cu"
+#if LOWBIT_BLOCK_END  // (its constants exist in block-end kernels only)
+#include "bitserial_block_end.cu"
+#endif
 
 // The fused epilogue of the block tile at (m0, n0), this warp's rows row0 + mi*16 + g (+8) and
 // columns col0 + ni*8 + 2*t4 (+1): combines the planes (see the top of this file), adds the
@@ -621,6 +639,10 @@ __device__ __forceinline__ void tile_epilogue(const Acc& acc, const RowSum& rsum
 #pragma unroll
       for (int h = 0; h < 2; ++h) rows.term[mi][h] += rowsum_mma_term(rsum, mi, h);
   }
+#if LOWBIT_BLOCK_END
+  block_end_cols(acc, rows, m0, n0, row0, col0, lane, ea);
+  return;
+#endif
   if constexpr (PACK_IN_SMEM) pack_tile_clear(s_out, tid);
   if constexpr (THR_PAIRS) {
     epilogue_pairs(acc, rows, n0, col0, lane, ea);

@@ -38,6 +38,7 @@ from .bitserial_shape import (
     WGMMA_ARCH,
     bitplane_output,
     bitplane_reason,
+    block_end_planes,
     conv_shape,
     copy_vec,
     halo_rows,
@@ -138,6 +139,9 @@ def row_indices(wl: Workload, c: Mapping) -> str | None:
 def bitplane_words(wl: Workload, c: Mapping) -> str | None:
     if bitplane_output(wl) and c["BN"] % 32:
         return "bit-plane output packs 32-column words per block: BN must be a multiple of 32"
+    if block_end_planes(wl) and c["WN"] % 32:
+        return ("the block-end epilogue packs bit planes in registers: WN must be a multiple "
+                "of 32")
     return None
 
 
@@ -207,6 +211,9 @@ class BitserialFamily(KernelTemplate):
     takes_residual: ClassVar[bool] = True
     #: its kernels launch as programmatic dependents of the previous kernel (bind chained=True)
     chainable: ClassVar[bool] = True
+    #: runs the block-end epilogue (Epilogue.requant32: a narrow residual, derived outputs,
+    #: store_out=False; HAS_BIAS 5, bitserial_block_end.cu)
+    takes_block_end: ClassVar[bool] = True
     #: knobs of this family (declared once: space, docs, requirements)
     knobs: ClassVar[KnobTable]
     #: the parameters this family's kernels always have (besides the neutral ones)

@@ -22,6 +22,7 @@ from .bitserial_layout import (
 )
 from .bitserial_shape import WTAP_THREADS, XPOP_THREADS, conv_shape, side_table_blocks
 from .bitserial_tables import (
+    block_end_args,
     epilogue_thresholds,
     epilogue_vectors,
     halo_tensor_map,
@@ -145,7 +146,9 @@ class BitserialKernel:
             raise ValueError(f"x must be a CUDA tensor for {wl.key}, got device {x.device}")
         out = output_buffer(wl, x.device, out)
         # vector loads of the operands; the epilogue stores and reads column pairs as one access
-        for name, t in (("x", x), ("w", w), ("out", out), ("params.residual", params.residual)):
+        derived = [(f"params.derived_out[{j}]", t) for j, t in enumerate(params.derived_out)]
+        for name, t in (("x", x), ("w", w), ("out", out), ("params.residual", params.residual),
+                        *derived):
             if t is not None and t.data_ptr() % 16:
                 raise ValueError(f"{name} must start at a 16-byte aligned address")
         wtap, xpop = side_tables(wl, spec, x.device)
@@ -156,9 +159,11 @@ class BitserialKernel:
         wimg = weight_images(wl, spec, x.device)
         xmap = halo_tensor_map(wl, spec, x)
         bias, scale, mult, shift, thr_arg = epilogue_vectors(wl, params, thr)
+        block_end, block_end_tensors = block_end_args(wl, params)
         args = [x, w if wimg is None else wimg, out, bias, scale, mult, shift, wtap, xpop,
                 thr_arg, split_ws, split_count, vrows]
         args += [] if xmap is None else [xmap]
+        args += [] if block_end is None else [block_end]
         grid: tuple[int, ...] = (*self._grid, spec["SPLIT_K"])
         if self._persistent:  # one wave of resident blocks, each looping over tiles
             per_sm = self._main.max_active_blocks(self._threads, self._smem, x.device)
@@ -190,6 +195,7 @@ class BitserialKernel:
             main.launch(grid, self._threads, args, shared_mem=self._smem, programmatic=chained)
             return out
 
+        launch.tables = (mult, block_end_tensors)  # type: ignore[attr-defined]  # kept alive
         launch.chain_trigger = trigger if chained else None  # type: ignore[attr-defined]
         launch.split_workspace = split_ws  # type: ignore[attr-defined]  # split-K diagnostics
         launch.refresh_tables = refresh_tables  # type: ignore[attr-defined]

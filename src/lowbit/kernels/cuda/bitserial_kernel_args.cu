@@ -5,14 +5,31 @@
 struct __align__(64) TensorMap {
   u64 opaque[16];
 };
+// The block-end epilogue's outputs (HAS_BIAS = 5, bitserial_block_end.cu), passed by value:
+// each derived output's storage, and its levels as threshold words (bit planes of one or three
+// levels: thr[j][k] = 0x8000 - (T_j[k] - MID_LO) in both 16-bit halves, compared two columns
+// per add) or as a byte table of the mid value (lut[j][q - MID_LO]: the others);
+// bitserial_tables.block_end_args builds both from EpilogueParams.thresholds at bind.
+// (Declared in block-end kernels only, as their constants: every namespace-scope constant
+// took a slot in constant bank 4, moving the offsets other kernels' SASS reads.)
+#if LOWBIT_BLOCK_END
+constexpr int THR_CMP_LEVELS = 3;
+struct BlockEndArgs {
+  void* derived[2];
+  const unsigned char* lut[2];
+  int thr[2][THR_CMP_LEVELS];
+};
+#endif
 // The parameters of every bit-serial kernel (bitserial_kernel.py launches them in this order; with
-// TMA_HALO the rendered BITSERIAL_XMAP_PARAM adds the tensor map of x).
+// TMA_HALO the rendered BITSERIAL_XMAP_PARAM adds the tensor map of x, with the block-end
+// epilogue BITSERIAL_BLOCK_END_PARAM its BlockEndArgs).
 #define BITSERIAL_KERNEL_PARAMS                                                               \
   const u32* __restrict__ x, const u32* __restrict__ w, void* __restrict__ out,               \
       const int* __restrict__ bias, const float* __restrict__ scale,                          \
       const int* __restrict__ mult, const int* __restrict__ shift, const int* __restrict__ wtap, \
       const int* __restrict__ xpop, const int* __restrict__ thr, int* split_ws,              \
-      int* split_count, const int* __restrict__ vrows BITSERIAL_XMAP_PARAM
+      int* split_count, const int* __restrict__ vrows BITSERIAL_XMAP_PARAM                   \
+      BITSERIAL_BLOCK_END_PARAM
 
 struct EpilogueArgs {
   void* out;
@@ -26,11 +43,14 @@ struct EpilogueArgs {
   const int* vrows;  // ROW_TABLE: [ROW_TILES * BM][2] {output row, tap rectangle} per row
   int* split_ws;   // SPLIT_K > 1: [SPLIT_K][ROW_TILES * BM][WS_COLS] k-linear partial sums
   int split_z;     // this block's k split (blockIdx.z; 0 without split-K)
+#if LOWBIT_BLOCK_END
+  BlockEndArgs be;  // HAS_BIAS = 5: the derived outputs
+#endif
 };
 // The epilogue's view of BITSERIAL_KERNEL_PARAMS (inside a kernel taking them).
 #define BITSERIAL_EPILOGUE_ARGS                                                               \
   EpilogueArgs{out, bias, scale, mult, shift, wtap, xpop, thr, vrows, split_ws,               \
-               SPLIT_K > 1 ? (int)blockIdx.z : 0}
+               SPLIT_K > 1 ? (int)blockIdx.z : 0 BITSERIAL_BLOCK_END}
 
 // The barrier of the threads that share a tile's pipeline: the block's, or with TEAMS > 1 this
 // thread's team's, with SLICES > 1 its k slice's (named barrier 1 + team or slice).

@@ -16,7 +16,8 @@ from collections.abc import Collection, Mapping
 
 import torch
 
-from ...core import Encoding, Epilogue, Workload
+from ...core import Encoding, Epilogue, Layout, Workload
+from ...core.epilogue import MAX_DERIVED
 from ...reference.bitserial import plane_coefficients
 from .bitserial_layout import (
     ONES_ROWS,
@@ -109,14 +110,39 @@ def wgmma_source(w_bits: int, wn: int, s8_type: str | None = None,
 SHIFTED_BIAS = 2
 #: HAS_BIAS of the shifted bias with Epilogue.residual in int32 / int16 storage
 RESIDUAL_I32, RESIDUAL_I16 = 3, 4
+#: HAS_BIAS of Epilogue.requant32 (bitserial_block_end.cu: int32 vectors, a narrow residual,
+#: derived outputs)
+REQUANT32 = 5
+#: the block-end output modes (bitserial_block_end.cu's D<j>_MODE): none, bytes, bit planes
+DERIVED_MODES = {None: 0, Layout.INT8: 2, Layout.BITPLANE: 3}
 
 
 def has_bias(epi: Epilogue) -> int:
     """bitserial_epilogue.cu's HAS_BIAS of the epilogue: 0 none, 1 accumulator units,
-    SHIFTED_BIAS, or RESIDUAL_I32 / RESIDUAL_I16 (the shifted bias and a residual)."""
+    SHIFTED_BIAS, RESIDUAL_I32 / RESIDUAL_I16 (the shifted bias and a wide residual), or
+    REQUANT32 (the 32-bit block-end path)."""
+    if epi.requant32:
+        return REQUANT32
     if epi.residual is not None:
         return RESIDUAL_I16 if epi.residual.storage_dtype == torch.int16 else RESIDUAL_I32
     return SHIFTED_BIAS if epi.shifted_bias else int(epi.bias)
+
+
+def block_end_params(epi: Epilogue) -> dict[str, int]:
+    """The block-end epilogue's constexpr parameters (bitserial_block_end.cu): RES_BYTES (0
+    none, 1 a u<=8 residual, 2 a signed one), STORE_OUT, N_DERIVED and per derived output j
+    D<j>_MODE (DERIVED_MODES), D<j>_BITS, D<j>_QMIN, D<j>_LEVELS (zeros where absent).
+    Rendered for block-end kernels only: each namespace-scope constant takes a slot in
+    constant bank 4, and eleven more moved the address a tap-shift kernel reads there."""
+    res = epi.narrow_residual
+    out = {"RES_BYTES": 0 if res is None else 1 if res.encoding is Encoding.UNSIGNED else 2,
+           "STORE_OUT": int(epi.store_out), "N_DERIVED": len(epi.derived)}
+    for j in range(MAX_DERIVED):
+        prec, layout = epi.derived[j] if j < len(epi.derived) else (None, None)
+        out.update({f"D{j}_MODE": DERIVED_MODES[layout], f"D{j}_BITS": prec.bits if prec else 1,
+                    f"D{j}_QMIN": prec.qmin if prec else 0,
+                    f"D{j}_LEVELS": prec.qmax - prec.qmin if prec else 0})
+    return out
 
 
 def pair_params(wl: Workload, spec: Mapping) -> dict[str, int]:
@@ -171,7 +197,7 @@ def kernel_params(wl: Workload, spec: Mapping, chained: int = 0) -> dict[str, in
         "THR_SLOTS": threshold_slots(wl, spec),
         "FUSE_PLANES": spec["FUSE_PLANES"],
         "THR_PAIRS": spec["THR_PAIRS"], "CHAINED": int(chained),
-        **pair_params(wl, spec),
+        **pair_params(wl, spec), **(block_end_params(epi) if epi.requant32 else {}),
     }
 
 
@@ -197,6 +223,11 @@ def render(wl: Workload, spec: Mapping, entry: str, chained: int = 0,
     lines.append("#define BITSERIAL_XMAP_PARAM" + (", const __grid_constant__ TensorMap xmap"
                                                    if tma else ""))
     lines.append(f"#define BITSERIAL_XMAP {'&xmap' if tma else 'nullptr'}")
+    block_end = wl.epilogue.requant32  # the BlockEndArgs parameter, and the epilogue's copy
+    lines.append("#define BITSERIAL_BLOCK_END_PARAM" + (", BlockEndArgs block_end"
+                                                        if block_end else ""))
+    lines.append(f"#define BITSERIAL_BLOCK_END{', block_end' if block_end else ''}")
+    lines.append(f"#define LOWBIT_BLOCK_END {int(block_end)}")
     slots = rect_slots(sh) if params["THR_SLOTS"] and needs_wtap(wl) else [0]
     lines.append(f"__device__ constexpr int RECT_OF_SLOT[] = {{{', '.join(map(str, slots))}}};")
     if tap_shift(spec):

@@ -102,7 +102,7 @@ def threshold_epilogue(wl: Workload) -> bool:
     each output with per-column thresholds (`requant_thresholds`) instead of requantizing it.
     Never with a residual (a second variable per output): those run the multiply path."""
     return bitplane_output(wl) and wl.epilogue.out.bits <= THRESHOLD_MAX_BITS and \
-        wl.epilogue.residual is None
+        wl.epilogue.residual is None and not wl.epilogue.requant32
 
 
 def needs_rowsum(wl: Workload) -> bool:
@@ -156,6 +156,9 @@ def support_limits_reason(wl: Workload) -> str | None:
         return grouped_reason(wl)
     if epi.requantizes and epi.out_layout is Layout.PACKED:
         return "requantized output must be in the int8 or bitplane layout, not packed"
+    reason = block_end_reason(wl)
+    if reason:
+        return reason
     if epi.out == OUT_INT16 and acc_bound(wl) >= INT16_LIMIT:
         return (f"int16 output needs the worst-case |accumulator| below 2^15, got "
                 f"{acc_bound(wl)} (use int32)")
@@ -164,6 +167,26 @@ def support_limits_reason(wl: Workload) -> str | None:
             or sh.nb * sh.h * sh.w * sh.words >= 2**31):
         return "problem too large for 32-bit row indices"
     return None
+
+
+def block_end_reason(wl: Workload) -> str | None:
+    """What the kernels' block-end epilogue (bitserial_block_end.cu) cannot do: derived
+    outputs without the 32-bit path (Epilogue.requant32), or in the packed layout."""
+    epi = wl.epilogue
+    if epi.derived and not epi.requant32:
+        return ("derived outputs (Epilogue.derived) run on the 32-bit block-end path only: "
+                "set requant32=True")
+    if any(lay is Layout.PACKED for _, lay in epi.derived):
+        return "derived outputs must be in the int8 or bitplane layout, not packed"
+    return None
+
+
+def block_end_planes(wl: Workload) -> bool:
+    """A block-end epilogue (requant32) writing some output in bit planes: the warp tiles
+    pack whole 32-column words in registers (WN % 32 == 0)."""
+    epi = wl.epilogue
+    return epi.requant32 and ((epi.store_out and epi.out_layout is Layout.BITPLANE)
+                              or any(lay is Layout.BITPLANE for _, lay in epi.derived))
 
 
 def bitplane_reason(wl: Workload) -> str | None:

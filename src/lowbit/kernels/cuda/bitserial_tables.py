@@ -11,8 +11,8 @@ from collections.abc import Mapping
 
 import torch
 
-from ...core import Workload
-from ...core.epilogue import EpilogueParams, bias_vector
+from ...core import Layout, Precision, Workload
+from ...core.epilogue import MAX_DERIVED, EpilogueParams, bias_vector
 from ...reference.epilogue import INT32_MAX, requant_thresholds
 from .bitserial_layout import (
     k_tiles,
@@ -63,13 +63,90 @@ def epilogue_vectors(wl: Workload, params: EpilogueParams, thr: torch.Tensor | N
     the vectors of `params` and the threshold table `thr`; with Epilogue.residual (multiply
     path, no thresholds) the pointers that path leaves unused carry the residual term
     (bitserial_epilogue.cu, HAS_BIAS 3 / 4): bias the int64 shifted bias, scale the int64
-    residual multipliers, mult the int64 multipliers, thr the residual tensor."""
+    residual multipliers, mult the int64 multipliers, thr the residual tensor. With
+    Epilogue.requant32 (bitserial_block_end.cu): mult the column table
+    (`requant32_columns`), thr the narrow residual (or None), the others as given."""
     bias = bias_vector(wl.epilogue, params)
+    if wl.epilogue.requant32:
+        return [bias, params.residual_multiplier, requant32_columns(wl, params), params.shift,
+                params.residual]
     if wl.epilogue.residual is None:
         return [bias, params.scale, params.multiplier, params.shift, thr]
     if thr is not None:
         raise ValueError("a residual epilogue runs the multiply path, not thresholds")
     return [bias, params.residual_multiplier, params.multiplier, params.shift, params.residual]
+
+
+def requant32_columns(wl: Workload, params: EpilogueParams) -> torch.Tensor:
+    """The block-end epilogue's column table, int32 [wsum_columns, 4] on the params' device:
+    per output column {m, b + 2^(s-1), r, s} (r 0 without a residual), past KOUT {0, 0, 0, 1}
+    (z = 0: the kernel reads every column of a block tile unguarded, one 16-byte load each)."""
+    k = conv_shape(wl).kout
+    table = torch.zeros(wsum_columns(conv_shape(wl)), 4, dtype=torch.int64)
+    table[:, 3] = 1
+    s = params.shift.cpu().to(torch.int64)
+    table[:k, 0] = params.multiplier.cpu().to(torch.int64)
+    table[:k, 1] = params.shifted_bias.cpu().to(torch.int64) + (1 << (s - 1))
+    if params.residual_multiplier is not None:
+        table[:k, 2] = params.residual_multiplier.cpu().to(torch.int64)
+    table[:k, 3] = s
+    return table.to(torch.int32).to(params.multiplier.device)
+
+
+#: bit-plane derived outputs of 1 or 3 levels compare the mid value with threshold words (the
+#: .cu's THR_CMP_LEVELS words each); the others read a byte table of the mid value
+THR_CMP_LEVELS = 3
+
+
+class BlockEndArgs(ctypes.Structure):
+    """bitserial_kernel_args.cu's BlockEndArgs, passed by value."""
+
+    _fields_ = [("derived", ctypes.c_void_p * MAX_DERIVED),
+                ("lut", ctypes.c_void_p * MAX_DERIVED),
+                ("thr", (ctypes.c_int * THR_CMP_LEVELS) * MAX_DERIVED)]
+
+
+def compares_pairs(prec: Precision, layout: Layout) -> bool:
+    """A derived output the block-end kernel compares two columns per add (bit planes of u1,
+    u2 or s2: bitserial_block_end.cu's PAIR_CMP), not through a byte table."""
+    levels = prec.qmax - prec.qmin
+    return layout is Layout.BITPLANE and (levels == 1 or (levels == 3 and prec.qmin % 2 == 0))
+
+
+def block_end_args(wl: Workload, params: EpilogueParams
+                   ) -> tuple[BlockEndArgs | None, list[torch.Tensor]]:
+    """The block-end kernel's BlockEndArgs (None without Epilogue.requant32) and the tensors
+    it points into (keep them alive while the kernel may run): each derived output's buffer
+    (params.derived_out, required), and its thresholds T as words (`compares_pairs`: per
+    level 0x8000 - clamp(T - lo, 0, hi - lo + 1) in both 16-bit halves, [lo, hi] the mid
+    value's range; the kernel adds it to two columns' q - lo and reads q >= T in the halves'
+    top bits) or as a byte table (lut[i] = the low byte of P_j.qmin + #{t in T : t <= lo + i},
+    i = 0 .. hi - lo; on the buffers' device)."""
+    epi = wl.epilogue
+    if not epi.requant32:
+        return None, []
+    if len(params.derived_out) != len(epi.derived):
+        raise ValueError(f"params.derived_out must hold one buffer per derived output of "
+                         f"{epi.key} (the kernel writes them), got {len(params.derived_out)}")
+    args = BlockEndArgs()
+    keep: list[torch.Tensor] = []
+    lo, hi = epi.mid_range
+    for j, ((prec, layout), thr, buf) in enumerate(zip(epi.derived, params.thresholds,
+                                                       params.derived_out, strict=True)):
+        t = thr.cpu().to(torch.int64)
+        args.derived[j] = buf.data_ptr()
+        keep.append(buf)
+        if compares_pairs(prec, layout):
+            for k, v in enumerate(t.tolist()):
+                half = 0x8000 - min(max(v - lo, 0), hi - lo + 1)
+                word = half * 0x10001
+                args.thr[j][k] = word - (1 << 32) if word >= 1 << 31 else word
+            continue
+        values = prec.qmin + torch.searchsorted(t, torch.arange(lo, hi + 1), right=True)
+        lut = (values & 0xFF).to(torch.uint8).to(buf.device)
+        args.lut[j] = lut.data_ptr()
+        keep.append(lut)
+    return args, keep
 
 
 def pair_channel(j: torch.Tensor, wn: int) -> torch.Tensor:

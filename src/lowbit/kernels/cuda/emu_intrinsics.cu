@@ -26,6 +26,7 @@ static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_
 static inline uint2 __ldcg(const uint2* p) { return *p; }
 static inline int2 __ldg(const int2* p) { return *p; }
 static inline int __ldg(const int* p) { return *p; }
+static inline unsigned char __ldg(const unsigned char* p) { return *p; }
 static std::atomic<int> emu_or_flag;
 static std::atomic<bool> emu_wgmma_stale{false};  // reported by emu_run
 // CHAINED: until a thread has run griddepcontrol.wait, x is the previous kernel's output still

@@ -1,0 +1,299 @@
+"""The block-end epilogue (core.Epilogue requant32 / narrow residual / derived outputs /
+store_out): its fields, keys and dicts, the validator's checks at bind, and the reference
+(`apply_epilogue_outputs`, `run_outputs`) against the formula in exact Python integers on
+random inputs:
+
+    z = acc m + b + res r + 2^(s-1) (int32),  q_mid = clamp(z >> s, lo, qmax),
+    q_j = P_j.qmin + #{i : q_mid >= T_j[i]}.
+
+The kernels' side is in test_cuda_block_end.py."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from lowbit.core import (
+    ConvWorkload,
+    Epilogue,
+    GemmWorkload,
+    Layout,
+    Precision,
+    WidePrecision,
+    workload_from_json,
+)
+from lowbit.core.epilogue import EpilogueParams
+from lowbit.core.validate import check_params, derived_storage, out_storage, output_buffer
+from lowbit.quant.packing import pack, unpack
+from lowbit.reference import apply_epilogue, apply_epilogue_outputs, random_inputs, run, run_outputs
+
+BP, I8, PK = Layout.BITPLANE, Layout.INT8, Layout.PACKED
+U2, U4, U8 = Precision(2), Precision(4), Precision(8)
+S2, S4, S8 = Precision(2, "signed"), Precision(4, "signed"), Precision(8, "signed")
+B1 = Precision(1, "binary")
+
+
+def block_end(out: Precision = U8, residual: Precision | None = S8, relu: bool = True,
+              derived: tuple = ((U2, BP),), store_out: bool = True,
+              layout: Layout = I8) -> Epilogue:
+    return Epilogue(shifted_bias=True, relu=relu, out=out, out_layout=layout, requant32=True,
+                    residual=residual, derived=derived, store_out=store_out)
+
+
+# ------------------------------------------------------------------------------ core
+def test_keys_dicts_and_earlier_keys_unchanged():
+    cases = {
+        block_end(): "sbias+res8+relu->u8/int8+u2/bitplane",
+        block_end(residual=U8, relu=False): "sbias+resu8->u8/int8+u2/bitplane",
+        block_end(store_out=False, derived=((U2, BP), (U8, I8))):
+            "sbias+res8+relu->(u8)+u2/bitplane+u8/int8",
+        block_end(out=S8, residual=None, derived=()): "sbias+r32+relu->s8/int8",
+        block_end(residual=S4, derived=((S4, PK),)): "sbias+res4+relu->u8/int8+s4/packed",
+        # earlier epilogues: keys (the tuning records' keys) and dicts as they were
+        Epilogue(bias=True, relu=True, out="u2", out_layout="bitplane"): "bias+relu->u2/bitplane",
+        Epilogue(shifted_bias=True, residual=WidePrecision(24), out="u2", out_layout="bitplane"):
+            "sbias+res24->u2/bitplane",
+        Epilogue(out="int16"): "int16",
+    }
+    for epi, key in cases.items():
+        assert epi.key == key
+        again = Epilogue.from_dict(epi.to_dict())
+        assert again == epi and again.key == key
+    plain = Epilogue(bias=True, relu=True, out="u2", out_layout="bitplane")
+    assert set(plain.to_dict()) == {"bias", "relu", "out", "out_layout"}
+    assert block_end().to_dict()["residual"] == "s8"
+    # names accepted for the derived pairs, normalized
+    assert block_end(derived=[("u2", "bitplane")]) == block_end()
+    assert len(set(cases.values())) == len(cases) == 8
+    wl = _wl(block_end(store_out=False, derived=((U2, BP), (U8, I8))))
+    assert workload_from_json(wl.to_json()) == wl  # records and plans round-trip
+
+
+@pytest.mark.parametrize("kwargs,err,match", [
+    (dict(shifted_bias=True, out="u8", residual=S8), ValueError, "needs requant32=True"),
+    (dict(shifted_bias=True, out="u8", requant32=True, residual=WidePrecision(16)), ValueError,
+     "narrow residual"),
+    (dict(shifted_bias=True, out="u8", requant32=True, residual=B1), ValueError, "binary"),
+    (dict(out="u8", requant32=True), ValueError, "requant32 needs shifted_bias"),
+    (dict(shifted_bias=True, out="u8", requant32=True, derived=((U2, BP),) * 3), ValueError,
+     "at most 2"),
+    (dict(shifted_bias=True, out="u8", requant32=True, derived=((B1, BP),)), ValueError,
+     "binary"),
+    (dict(shifted_bias=True, out="u8", requant32=True, derived=((Precision(3), PK),)),
+     ValueError, "packed"),
+    (dict(shifted_bias=True, out="u8", requant32=True, derived=(U2,)), TypeError, "pair"),
+    (dict(shifted_bias=True, out="u8", requant32=True, derived=((U2, "planes"),)), ValueError,
+     "layout"),
+    (dict(out="int32", derived=((U2, BP),)), ValueError, "derived needs a requantized"),
+    (dict(shifted_bias=True, out="u8", requant32=True, store_out=False), ValueError,
+     "needs derived outputs"),
+    (dict(shifted_bias=True, out="u8", requant32=True, store_out=False, out_layout=BP,
+          derived=((U2, BP),)), ValueError, "unused with store_out=False"),
+    (dict(shifted_bias=True, out="u8", requant32=1), TypeError, "requant32 must be a bool"),
+    (dict(shifted_bias=True, out="u8", requant32=True, residual="s8"), TypeError,
+     "residual must be"),
+])
+def test_epilogue_rejects_bad_fields(kwargs, err, match):
+    with pytest.raises(err, match=match):
+        Epilogue(**kwargs)
+
+
+def _wl(epi: Epilogue, **dims) -> ConvWorkload:
+    shape = dict(N=3, H=5, W=4, C=64, K=37, R=3, S=3, stride=1, pad=1)
+    shape.update(dims)
+    return ConvWorkload(w=B1, a=U2, w_layout=BP, a_layout=BP, epilogue=epi, **shape)
+
+
+def test_storage_and_buffers():
+    wl = _wl(block_end(store_out=False, derived=((U2, BP), (U8, I8))))
+    assert out_storage(wl) == ((0,), torch.uint8)
+    assert derived_storage(wl) == [((2, 3, 5, 4, 2), torch.int32), ((3, 5, 4, 37), torch.uint8)]
+    cpu = torch.device("cpu")
+    assert output_buffer(wl, cpu).shape == (0,)
+    junk = torch.ones(3)
+    assert output_buffer(wl, cpu, junk) is junk  # any buffer: never written
+    stored = _wl(block_end())
+    assert out_storage(stored) == ((3, 5, 4, 37), torch.uint8)
+    with pytest.raises(ValueError, match="out must be a contiguous"):
+        output_buffer(stored, cpu, junk)
+
+
+def test_check_params_at_bind():
+    """The validator names each bad parameter, and proves the 32-bit sum fits for the
+    workload's bounds (not only for the values at hand)."""
+    wl = _wl(block_end(derived=((U2, BP), (S4, I8))))
+    _, _, p = random_inputs(wl, 4)
+    cpu = torch.device("cpu")
+    check_params(wl, p, cpu)
+    good = p.__dict__
+
+    def bad(**changes) -> EpilogueParams:
+        return EpilogueParams(**{**good, **changes})
+
+    t0, t1 = p.thresholds
+    cases = [
+        (TypeError, "multiplier", bad(multiplier=None)),
+        (ValueError, "shifted_bias must be a contiguous torch.int32",
+         bad(shifted_bias=p.shifted_bias.to(torch.int64))),
+        (ValueError, "residual must be a contiguous torch.int8",
+         bad(residual=p.residual.to(torch.uint8))),
+        (ValueError, "residual_multiplier", bad(residual_multiplier=p.residual_multiplier[:3])),
+        (ValueError, "shift in 1..31", bad(shift=p.shift + 31)),
+        (ValueError, "multiplier must be >= 0", bad(multiplier=-p.multiplier - 1)),
+        (ValueError, "could overflow", bad(multiplier=p.multiplier * 64)),
+        (ValueError, "could overflow", bad(residual_multiplier=p.residual_multiplier * 0 + 2**24)),
+        (ValueError, "hold 2 vectors", bad(thresholds=(t0,))),
+        (ValueError, r"thresholds\[1\] must be a contiguous torch.int32 tensor of shape \(15,\)",
+         bad(thresholds=(t0, t1[:3]))),
+        (ValueError, "non-decreasing", bad(thresholds=(t0.flip(0), t1))),
+        (ValueError, r"derived_out\[0\]", bad(derived_out=(p.derived_out[1], p.derived_out[1]))),
+        (ValueError, "hold 2 buffers", bad(derived_out=p.derived_out[:1])),
+        (TypeError, "tuple", bad(thresholds=[t0, t1])),
+    ]
+    for err, match, params in cases:
+        with pytest.raises(err, match=match):
+            check_params(wl, params, cpu)
+    plain = _wl(Epilogue(shifted_bias=True, out="u8", requant32=True))
+    _, _, q = random_inputs(plain, 5)
+    with pytest.raises(ValueError, match="hold 0 vectors"):
+        check_params(plain, EpilogueParams(**{**q.__dict__, "thresholds": (t0,)}), cpu)
+    with pytest.raises(ValueError, match="has no residual"):
+        check_params(plain, EpilogueParams(**{**q.__dict__, "residual": p.residual}), cpu)
+    assert len(cases) == 14
+
+
+# ------------------------------------------------------------------------------ reference
+def python_block_end(acc, res, m, b, r, s, lo, hi, thresholds, qmins):
+    """(q_mid, [q_j]) of the formula in exact Python integers (>> floors)."""
+    mid = [[min(max((a * mc + bc + x * rc + (1 << (sc - 1))) >> sc, lo), hi)
+            for a, x, mc, bc, rc, sc in zip(arow, xrow, m, b, r, s, strict=True)]
+           for arow, xrow in zip(acc, res, strict=True)]
+    derived = [[[qmin + sum(q >= t for t in thr) for q in row] for row in mid]
+               for thr, qmin in zip(thresholds, qmins, strict=True)]
+    return mid, derived
+
+
+#: (mid, residual, derived outputs, store_out)
+REFERENCE_CASES = [
+    (U8, S8, ((U2, BP),), True),
+    (U8, U8, ((U2, BP), (U8, I8)), True),
+    (S8, S8, ((S4, I8),), False),
+    (U4, S4, ((U2, PK), (Precision(1), BP)), True),
+    (S8, None, ((S2, BP), (U8, I8)), False),
+    (U8, Precision(5), (), True),
+]
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_reference_matches_python_integers(relu):
+    """Random accumulators and residuals over their whole ranges, multipliers up to the
+    bound, shifts 1..31, biases of either sign, thresholds with ties and outside the mid
+    range, every output layout, odd K: `apply_epilogue_outputs` equals the formula, and
+    `apply_epilogue` returns the stored output and fills params.derived_out."""
+    rnd = random.Random(11 + relu)
+    checked = 0
+    for mid, res_prec, derived, store in REFERENCE_CASES:
+        k, rows, top_acc = 37, 13, 3000
+        top_res = max(-res_prec.qmin, res_prec.qmax) if res_prec else 0
+        s = [rnd.choice([1, 2, 30, 31]) if i < 4 else rnd.randint(8, 24) for i in range(k)]
+        m, b, r = [], [], []
+        for i in range(k):  # the budget |acc| m + |b| + |res| |r| + 2^(s-1) < 2^31, shared
+            room = 2**31 - 1 - (1 << (s[i] - 1))
+            m.append(rnd.randint(0, room // (3 * top_acc)) if i != 5 else room // top_acc)
+            rc = rnd.randint(-(room // (3 * max(top_res, 1))), room // (3 * max(top_res, 1)))
+            r.append(rc if res_prec and i != 5 else 0)
+            left = room - top_acc * m[-1] - top_res * abs(r[-1])
+            b.append(rnd.randint(-left, left))
+        acc = [[rnd.choice([-top_acc, top_acc]) if rnd.random() < 0.05 else
+                rnd.randint(-top_acc, top_acc) for _ in range(k)] for _ in range(rows)]
+        res = [[rnd.randint(res_prec.qmin, res_prec.qmax) if res_prec else 0
+                for _ in range(k)] for _ in range(rows)]
+        lo, hi = (max(mid.qmin, 0) if relu else mid.qmin), mid.qmax
+        thresholds = [sorted(rnd.randint(lo - 3, hi + 3) for _ in range(p.qmax - p.qmin))
+                      for p, _ in derived]
+        epi = block_end(mid, res_prec, relu, derived, store)
+        vec = {"dtype": torch.int32}
+        params = EpilogueParams(
+            multiplier=torch.tensor(m, **vec), shift=torch.tensor(s, **vec),
+            shifted_bias=torch.tensor(b, **vec),
+            residual=pack(torch.tensor(res), res_prec, I8) if res_prec else None,
+            residual_multiplier=torch.tensor(r, **vec) if res_prec else None,
+            thresholds=tuple(torch.tensor(t, **vec) for t in thresholds))
+        got = apply_epilogue_outputs(torch.tensor(acc), epi, params)
+        want_mid, want_derived = python_block_end(acc, res, m, b, r, s, lo, hi, thresholds,
+                                                  [p.qmin for p, _ in derived])
+        want = ([pack(torch.tensor(want_mid), mid, I8)] if store else []) + [
+            pack(torch.tensor(v), p, lay) for v, (p, lay) in zip(want_derived, derived,
+                                                                 strict=True)]
+        assert len(got) == len(want) == store + len(derived)
+        for g, w_ in zip(got, want, strict=True):
+            assert torch.equal(g, w_), (mid, res_prec, derived)
+        assert len({v for row in want_mid for v in row}) >= 3  # not one clamped value
+        bufs = tuple(torch.full(w_.shape, 7, dtype=w_.dtype) for w_ in want[store:])
+        stored = apply_epilogue(torch.tensor(acc), epi,
+                                EpilogueParams(**{**params.__dict__, "derived_out": bufs}))
+        assert torch.equal(stored, want[0]) if store else stored.numel() == 0
+        assert all(torch.equal(buf, w_) for buf, w_ in zip(bufs, want[store:], strict=True))
+        checked += 1
+    assert checked == len(REFERENCE_CASES)
+
+
+def test_reference_refuses_sums_past_int32():
+    epi = block_end(derived=())
+    k = 5
+    vec = {"dtype": torch.int32}
+    params = EpilogueParams(multiplier=torch.full((k,), 2**20, **vec),
+                            shift=torch.full((k,), 20, **vec),
+                            shifted_bias=torch.zeros(k, **vec),
+                            residual=torch.zeros(2, k, dtype=torch.int8),
+                            residual_multiplier=torch.ones(k, **vec))
+    acc = torch.full((2, k), 2000)
+    assert apply_epilogue(acc, epi, params).shape == (2, k)  # 2000 * 2^20 < 2^31
+    with pytest.raises(ValueError, match=r"channel 0: .* reaches 2\^31"):
+        apply_epilogue(acc * 2, epi, params)
+    with pytest.raises(ValueError, match="must lie in"):  # the residual's values
+        apply_epilogue(acc, block_end(residual=S4, derived=()),
+                       EpilogueParams(**{**params.__dict__,
+                                         "residual": torch.full((2, k), 9, dtype=torch.int8)}))
+
+
+@pytest.mark.parametrize("store", [True, False])
+def test_run_outputs_on_random_inputs(store):
+    """`random_inputs` draws requant32 params that pass the validator and spread the mid
+    values; `run_outputs` gives the mid (when stored) then the derived outputs, each the
+    thresholds of the mid values; a conv with odd K and a GEMM."""
+    for wl in (_wl(block_end(derived=((U2, BP), (S4, I8)), store_out=store)),
+               GemmWorkload(w=S2, a=U2, w_layout=BP, a_layout=BP, M=45, N=33, K=300,
+                            epilogue=block_end(S8, U8, False, ((U8, I8),), store))):
+        x, w, p = random_inputs(wl, 7)
+        check_params(wl, p, torch.device("cpu"))
+        outs = run_outputs(wl, x, w, p)
+        mid = run_outputs(wl.replace(epilogue=block_end(
+            wl.epilogue.out, wl.epilogue.residual, wl.epilogue.relu, ())), x, w,
+            EpilogueParams(**{**p.__dict__, "thresholds": (), "derived_out": ()}))[0]
+        k = mid.shape[-1]
+        q = mid.to(torch.int64)
+        assert len(set(q.flatten().tolist())) > 20
+        assert len(outs) == store + len(wl.epilogue.derived)
+        if store:
+            assert torch.equal(outs[0], mid)
+        for (prec, lay), thr, got in zip(wl.epilogue.derived, p.thresholds,
+                                         outs[store:], strict=True):
+            want = prec.qmin + (q.unsqueeze(-1) >= thr.to(torch.int64)).sum(-1)
+            assert torch.equal(unpack(got, prec, lay, k), want)
+            assert len(set(want.flatten().tolist())) >= 2
+        stored = run(wl, x, w, p)
+        assert stored.numel() == (mid.numel() if store else 0)
+        assert all(torch.equal(b, o) for b, o in zip(p.derived_out, outs[store:], strict=True))
+
+
+def test_params_move_with_their_thresholds_and_buffers():
+    wl = _wl(block_end(derived=((U2, BP), (U8, I8))))
+    _, _, p = random_inputs(wl, 2)
+    moved = p.to("cpu")
+    assert len(moved.thresholds) == len(moved.derived_out) == 2
+    assert all(torch.equal(a, b) for a, b in zip(moved.thresholds, p.thresholds, strict=True))
+    assert [t.shape for t in moved.derived_out] == [t.shape for t in p.derived_out]
+    assert moved.residual.dtype == torch.int8 and moved.multiplier.dtype == torch.int32

@@ -1,0 +1,310 @@
+"""The block-end epilogue in the CUDA bit-serial families and cuda.int8_wgmma
+(bitserial_block_end.cu, HAS_BIAS = 5): a narrow residual, 32-bit requantization, the mid value
+as bytes and derived outputs by thresholds (bit planes, or bytes through a table of the mid
+value), store_out=False. The kernels' own CUDA text run by the host emulation bit-exact against
+`lowbit.reference.run_outputs` on fresh random inputs (ResNet-like block ends made small: 1x1
+64 -> 256 and 3x3 convs, odd batch, K not a multiple of 32, w1a2 and w2a2, ReLU on and off,
+mid u8 and s8, one and two derived outputs, int8 operands), a broken kernel caught, NVRTC
+builds for sm_80 and sm_90a, the families' spaces and defaults, and the same cases on a GPU
+through bind / launch (`gpu`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload, Layout, Precision, Workload
+from lowbit.core.epilogue import EpilogueParams
+from lowbit.kernels.cuda import (
+    BY_NAME,
+    FAMILIES,
+    INT8_WGMMA,
+    bitserial_emu,
+    default_bitserial,
+)
+from lowbit.kernels.cuda.host_emu import compiler
+from lowbit.reference import random_inputs, run_outputs
+
+BP, I8, PK = Layout.BITPLANE, Layout.INT8, Layout.PACKED
+B1, U2, S2 = Precision(1, "binary"), Precision(2), Precision(2, "signed")
+U8, S8, S4 = Precision(8), Precision(8, "signed"), Precision(4, "signed")
+SM80, SM90 = "sm_80", "sm_90a"
+
+
+def block_end(mid: Precision = U8, residual: Precision | None = S8, relu: bool = True,
+              derived: tuple = ((U2, BP),), store_out: bool = True) -> Epilogue:
+    return Epilogue(shifted_bias=True, relu=relu, out=mid, out_layout=I8, requant32=True,
+                    residual=residual, derived=derived, store_out=store_out)
+
+
+def conv(w: Precision, a: Precision, epi: Epilogue, layout: Layout = BP, **dims) -> ConvWorkload:
+    shape = dict(N=3, H=4, W=4, C=64, K=256, R=1, S=1, stride=1, pad=0)
+    shape.update(dims)
+    return ConvWorkload(w=w, a=a, w_layout=layout, a_layout=layout, epilogue=epi, **shape)
+
+
+#: (id, family, workload, knob changes to the family's default on sm_90a): fast ones first
+EMU_CASES = [
+    # ResNet-50's block end made small: 1x1 64 -> 256, odd batch, u8 stream + u2 bit planes
+    ("wgmma_1x1_w1a2_u8_u2", "cuda.bitserial_wgmma", conv(B1, U2, block_end()), {}),
+    # 3x3, K not a multiple of 32 (nor of 8: pair accesses), w2a2, u8 residual
+    ("mma_sync_3x3_w2a2_odd_k", "cuda.bitserial_mma_sync",
+     conv(S2, U2, block_end(residual=U8), N=1, H=6, W=5, C=40, K=37, R=3, S=3, pad=1), {}),
+    ("int8_wgmma_s8_residual_int8_derived", "cuda.int8_wgmma",
+     conv(S8, U8, block_end(derived=((U8, I8),)), I8, N=1, H=5, W=6, C=32, K=64, R=3, S=3,
+          pad=1), {}),
+]
+SLOW_EMU_CASES = [
+    # no ReLU, a signed mid value, two derived outputs (u2 bit planes and s8 bytes through the
+    # table), the mid value not stored
+    ("wgmma_3x3_w2a2_s8_two_derived_unstored", "cuda.bitserial_wgmma",
+     conv(S2, U2, block_end(S8, U8, False, ((S2, BP), (S8, I8)), False), N=1, H=6, W=5, K=64,
+          R=3, S=3, pad=1), {}),
+    ("tap_shift_3x3_w1a2", "cuda.bitserial_tap_shift",
+     conv(B1, U2, block_end(), N=2, H=9, W=8, K=64, R=3, S=3, pad=1),
+     {"BM": 128, "BN": 64, "WN": 64, "PERSIST": 1, "STAGES": 3, "TEAMS": 1, "ROWSUM": "cols",
+      "ROW_TABLE": 2, "FUSE_PLANES": 0, "THR_PAIRS": 0, "SWIZZLE": 32}),
+    ("mma_sync_persistent_gemm_w1a2", "cuda.bitserial_mma_sync_persistent",
+     GemmWorkload(w=B1, a=U2, w_layout=BP, a_layout=BP, M=130, N=96, K=512,
+                  epilogue=block_end(S8, S8, True, ((U2, BP), (U8, I8)))), {}),
+    ("wgmma_persistent_w1a2_binary_acts", "cuda.bitserial_wgmma_persistent",
+     conv(B1, B1, block_end(derived=((Precision(1), BP),)), N=1, H=6, W=6, C=64, K=64, R=3,
+          S=3, pad=1), {}),
+    ("mma_sync_split_k_u2_mid_bitplane", "cuda.bitserial_mma_sync",
+     conv(S2, U2, Epilogue(shifted_bias=True, relu=True, out=U2, out_layout=BP, requant32=True,
+                           residual=S8, derived=((U8, I8),)), N=1, H=4, W=4, C=512, K=64,
+          R=3, S=3, pad=1), {"SPLIT_K": 2, "BM": 16, "WM": 16, "BN": 64, "WN": 32}),
+]
+
+
+def _needs_compiler() -> None:
+    if compiler() is None:
+        pytest.skip("needs a host C++ compiler")
+
+
+def _check_emulated(name: str, wl: Workload, changes: dict, seed: int = 0) -> None:
+    """Emulated outputs equal the reference's (every one: the mid value where stored, each
+    derived output), the values spread, and the outputs depend on the residual."""
+    _needs_compiler()
+    family = BY_NAME[name]
+    cfg = Config({**family.default_config(wl, SM90), **changes})
+    assert cfg.get("REQUANT", "multiply") == "multiply"
+    x, w, params = random_inputs(wl, seed=seed + len(wl.key))
+    got = bitserial_emu.emulate_outputs(family, wl, cfg, x, w, params)
+    want = run_outputs(wl, x, w, params)
+    assert len(got) == len(want) == wl.epilogue.store_out + len(wl.epilogue.derived)
+    for g, w_ in zip(got, want, strict=True):
+        assert torch.equal(g, w_), (name, dict(cfg))
+    assert all(len(set(w_.flatten().tolist())) >= 3 for w_ in want)
+    if wl.epilogue.residual is not None:
+        flipped = EpilogueParams(**{**params.__dict__, "residual": params.residual.flip(-1)})
+        assert any(not torch.equal(a, b) for a, b in
+                   zip(want, run_outputs(wl, x, w, flipped), strict=True))
+
+
+@pytest.mark.parametrize("name,wl,changes", [pytest.param(*c[1:], id=c[0]) for c in EMU_CASES])
+def test_emulated_block_end_is_bit_exact(name, wl, changes):
+    _check_emulated(name, wl, changes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,wl,changes", [pytest.param(*c[1:], id=c[0])
+                                             for c in SLOW_EMU_CASES])
+def test_emulated_block_end_is_bit_exact_slow(name, wl, changes):
+    _check_emulated(name, wl, changes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("edit", [
+    ("(int)c.z;", "(int)c.z * 0;"),  # the residual term dropped
+    ("prmt(first, second, hi ? 0x7632 : 0x5410)", "prmt(first, second, 0x5410)"),
+    ("(hit[1][t] & hit[2][t]) | (~hit[1][t] & hit[0][t])", "hit[0][t]"),  # bit 0 = T_0 only
+    ("return __ldg(be.lut[J] + qo);", "return __ldg(be.lut[J] + qo + 1);"),
+], ids=["residual_dropped", "quad_transpose_unswapped", "u2_low_bit_wrong", "table_shifted"])
+def test_emulation_catches_a_broken_block_end(edit):
+    """The exactness check fails when the kernel drops the residual, leaves the quad's
+    transpose half done, misplaces the derived u2 planes' low bit or reads the table one off
+    (bitserial_block_end.cu edited for the test)."""
+    from lowbit.kernels.cuda.cu_source import cu_file
+
+    _needs_compiler()
+    text = cu_file("bitserial_block_end.cu")
+    assert text.count(edit[0]) == 1
+    wl = conv(B1, U2, block_end(derived=((U2, BP), (S4, I8))), N=1, K=64)
+    family = BY_NAME["cuda.bitserial_wgmma"]
+    cfg = family.default_config(wl, SM90)
+    x, w, params = random_inputs(wl, 5)
+    want = run_outputs(wl, x, w, params)
+    good = bitserial_emu.emulate_outputs(family, wl, cfg, x, w, params)
+    assert all(torch.equal(a, b) for a, b in zip(good, want, strict=True))
+    broken = bitserial_emu.emulate_outputs(
+        family, wl, cfg, x, w, params,
+        supplied={"bitserial_block_end.cu": text.replace(*edit)})
+    assert any(not torch.equal(a, b) for a, b in zip(broken, want, strict=True))
+
+
+# ------------------------------------------------------------------------------ NVRTC
+COMPILE_CASES = [
+    ("cuda.bitserial_mma_sync", SM80, conv(B1, U2, block_end(), N=256, H=56, W=56)),
+    ("cuda.bitserial_wgmma", SM90, conv(B1, U2, block_end(), N=256, H=56, W=56)),
+]
+SLOW_COMPILE_CASES = [
+    ("cuda.bitserial_mma_sync_persistent", SM80,
+     conv(S2, U2, block_end(S8, U8, False, ((S2, BP), (U8, I8)), False), N=8, H=14, W=14,
+          C=256, K=1024)),
+    ("cuda.bitserial_wgmma_persistent", SM90, conv(S2, U2, block_end(), N=8, H=28, W=28,
+                                                  C=128, K=512)),
+    ("cuda.bitserial_tap_shift", SM90, conv(B1, U2, block_end(), N=8, H=56, W=56, K=64, R=3,
+                                            S=3, pad=1)),
+    ("cuda.int8_wgmma", SM90, conv(S8, U8, block_end(derived=((U8, I8),)), I8, N=8, H=14,
+                                   W=14, C=256, K=1024)),
+]
+
+
+def _compile(name: str, arch: str, wl: Workload) -> None:
+    from lowbit.kernels.cuda.nvrtc import compile_cubin
+    from lowbit.kernels.cuda.sass import kernel_instructions, nvdisasm_path, opcodes
+
+    family = BY_NAME[name]
+    cfg = family.default_config(wl, arch)
+    cubin = compile_cubin(family.render(wl, cfg), arch)
+    assert len(cubin) > 1000
+    if nvdisasm_path() is not None:  # the block-end code is in the kernel
+        ops = opcodes(kernel_instructions(cubin)[family.kernel_name(cfg)])
+        assert ops.count("SHFL.BFLY") >= 4 and "STG.E.64" in ops
+
+
+@pytest.mark.parametrize("name,arch,wl", COMPILE_CASES, ids=[c[0] for c in COMPILE_CASES])
+def test_block_end_compiles_with_nvrtc(name, arch, wl):
+    _compile(name, arch, wl)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,arch,wl", SLOW_COMPILE_CASES,
+                         ids=[c[0] for c in SLOW_COMPILE_CASES])
+def test_block_end_compiles_with_nvrtc_slow(name, arch, wl):
+    _compile(name, arch, wl)
+
+
+# ------------------------------------------------------------------------------ templates
+def test_families_take_the_block_end_epilogue():
+    """Every bit-serial family and cuda.int8_wgmma supports it where it supports the plain
+    requantized layer, with the multiply path only (REQUANT="threshold" cannot serve a
+    residual or derived outputs) and whole 32-column warp words for bit planes; default
+    configs pick multiply; the packed layout and derived outputs without requant32 are
+    refused with a reason."""
+    wl = conv(B1, U2, block_end(), N=8, H=28, W=28, K=128, R=3, S=3, pad=1)
+    int8 = conv(S8, U8, block_end(derived=((U8, I8),)), I8, N=8, H=14, W=14, C=128, K=128)
+    checked = 0
+    for family in (*FAMILIES, INT8_WGMMA):
+        target = int8 if family is INT8_WGMMA else wl
+        assert family.takes_block_end and family.workload_reason(target) is None, family.name
+        space = family.space(target, SM90)
+        assert all(c.get("REQUANT", "multiply") == "multiply" for c in space.all_configs()[:50])
+        cfg = family.default_config(target, SM90)
+        assert space.is_valid(cfg)
+        if "WN" in cfg and "BN" in family.knobs.names:
+            narrow = Config({**cfg, "WN": 16, "BN": 16})
+            assert "multiple of 32" in (space.why_invalid(narrow) or "multiple of 32")
+        checked += 1
+    assert checked == len(FAMILIES) + 1
+    picked, cfg = default_bitserial(wl, SM90)
+    assert cfg.get("REQUANT", "multiply") == "multiply" and picked.takes_block_end
+    packed = wl.replace(epilogue=block_end(derived=((U2, PK),)))
+    assert "packed" in BY_NAME["cuda.bitserial_wgmma"].workload_reason(packed)
+    loose = wl.replace(epilogue=Epilogue(shifted_bias=True, out=U8, derived=((U2, BP),)))
+    assert "requant32" in BY_NAME["cuda.bitserial_mma_sync"].workload_reason(loose)
+
+
+def test_templates_without_the_block_end_refuse_it():
+    """Every registered template that runs the plain requantized layer but does not declare
+    takes_block_end (the tiled mma.sync s8 / s4 convs, the Triton templates) refuses the
+    block-end epilogue with a reason naming it (kernels.base.block_end_refusal): none drops a
+    derived output or misreads the int32 vectors."""
+    from lowbit.kernels import load_backends
+    from lowbit.kernels.base import templates
+
+    load_backends()
+    plains = [conv(S8, U8, Epilogue(shifted_bias=True, relu=True, out=S8), I8, N=2, H=8, W=8,
+                   C=64, K=64, R=3, S=3, pad=1),
+              conv(S8, S8, Epilogue(bias=True, relu=True, out=S8), I8, N=2, H=8, W=8, C=64,
+                   K=64, R=3, S=3, pad=1),
+              conv(S4, S4, Epilogue(bias=True, relu=True, out=S8), PK, N=2, H=8, W=8, C=64,
+                   K=64, R=3, S=3, pad=1)]
+    ends = (Epilogue(shifted_bias=True, relu=True, out=S8, requant32=True),
+            block_end(S8, S8), block_end(S8, None, derived=((U8, I8),), store_out=False))
+    checked = set()
+    for t in templates():
+        for plain in plains:
+            if t.takes_block_end or t.unsupported_reason(plain) is not None:
+                continue
+            for epi in ends:
+                reason = t.unsupported_reason(plain.replace(epilogue=epi))
+                assert reason and "block-end" in reason, (t.name, reason)
+            checked.add(t.name)
+    assert {"cuda.mma_conv_s8", "cuda.mma_conv_s4", "triton.conv2d_int8"} <= checked
+
+
+def test_bind_requires_the_derived_buffers():
+    from lowbit.kernels.cuda.bitserial_tables import block_end_args
+
+    wl = conv(B1, U2, block_end(derived=((U2, BP), (U8, I8))), N=1)
+    _, _, params = random_inputs(wl, 1)
+    args, keep = block_end_args(wl, params)
+    assert args.derived[0] == params.derived_out[0].data_ptr() and len(keep) == 3
+    assert args.lut[0] is None and args.lut[1] == keep[2].data_ptr()  # u2 planes: compares
+    lo = wl.epilogue.mid_range[0]
+    t = params.thresholds[0].tolist()
+    want = [(0x8000 - min(max(v - lo, 0), 256)) * 0x10001 for v in t]
+    assert [v % 2**32 for v in args.thr[0]] == want
+    table = keep[2].tolist()  # u8 bytes: 0 + #{T <= q}
+    assert table == [sum(v <= q for v in params.thresholds[1].tolist()) for q in range(256)]
+    with pytest.raises(ValueError, match="derived_out must hold"):
+        block_end_args(wl, EpilogueParams(**{**params.__dict__, "derived_out": ()}))
+
+
+# ------------------------------------------------------------------------------ GPU
+GPU_CASES = [
+    ("1x1_w1a2_u8_u2", conv(B1, U2, block_end(), N=3, H=14, W=14)),
+    ("1x1_w2a2_s8_two_derived", conv(S2, U2, block_end(S8, U8, False, ((U2, BP), (S8, I8))),
+                                     N=3, H=7, W=7, C=128, K=512)),
+    ("3x3_w1a2_odd_k", conv(B1, U2, block_end(residual=U8), N=3, H=9, W=9, C=64, K=37, R=3, S=3,
+                            pad=1)),
+    ("3x3_w2a2_unstored", conv(S2, U2, block_end(derived=((U2, BP), (U8, I8)), store_out=False),
+                               N=5, H=14, W=14, C=128, K=128, R=3, S=3, pad=1)),
+    ("1x1_w1a2_layer4", conv(B1, U2, block_end(), N=3, H=7, W=7, C=512, K=2048)),
+]
+GPU_INT8 = conv(S8, U8, block_end(derived=((U8, I8),)), I8, N=3, H=14, W=14, C=64, K=256)
+
+
+def _gpu_check(family, wl: Workload, cfg: Config, seed: int) -> None:
+    x, w, params = random_inputs(wl, seed, "cuda")
+    params = EpilogueParams(**{**params.__dict__, "derived_out": tuple(
+        torch.full_like(b, 0x5A) for b in params.derived_out)})
+    kernel = family.build(wl, cfg)
+    launch = kernel.bind(x, w, params)
+    out = launch()
+    got = ([out] if wl.epilogue.store_out else []) + list(params.derived_out)
+    want = run_outputs(wl, x.cpu(), w.cpu(), params.to("cpu"))
+    for g, w_ in zip(got, want, strict=True):
+        assert torch.equal(g.cpu(), w_), (family.name, dict(cfg), wl.key)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wl", [c[1] for c in GPU_CASES], ids=[c[0] for c in GPU_CASES])
+def test_gpu_block_end_every_family(wl):
+    """The default kernel of every family that runs the workload on this GPU, bit for bit."""
+    checked = 0
+    for family in FAMILIES:
+        if not family.supports(wl):
+            continue
+        _gpu_check(family, wl, family.default_config(wl), seed=checked)
+        checked += 1
+    assert checked >= 2
+
+
+@pytest.mark.gpu
+def test_gpu_block_end_int8_wgmma():
+    if not INT8_WGMMA.supports(GPU_INT8):
+        pytest.skip(INT8_WGMMA.unsupported_reason(GPU_INT8))
+    _gpu_check(INT8_WGMMA, GPU_INT8, INT8_WGMMA.default_config(GPU_INT8), seed=3)
