@@ -18,7 +18,8 @@ block end's floor ("acc-free": the operands, 1 byte of residual read and 1 byte 
 written per output value). Each block-end kernel is checked bit for bit against
 `lowbit.reference.run_outputs` on a batch-2 copy of the layer first.
 
-    python benchmarks/probes/bitserial_block_end_probe.py [--batch 256]   # rows to $OUT/bitserial_block_end_probe.json
+    python benchmarks/probes/bitserial_block_end_probe.py [--batch 256]
+    (rows to $OUT/bitserial_block_end_probe.json)
 """
 
 from __future__ import annotations
