@@ -222,3 +222,36 @@ def test_gpu_executor_equals_the_reference(name):
         assert torch.equal(got[t], ref), t
     assert torch.equal(y, y_ref)
     assert any(o.derived for s in plan.layers for o in s.layer_outputs)
+
+
+def test_block_ends_run_the_block_end_epilogue():
+    """Every ResNet-50 block end at w1a2 with an 8-bit stream runs in its bit-serial kernel's
+    block-end epilogue (32-bit, narrow residual, the stream stored and the next conv's bit
+    planes derived), except where the stream is not read (the stage ends: derived only)."""
+    q, x = _quantized("resnet50")
+    plan = _compile(q, x[:2]).plan
+    ends = [s for s in plan.layers if s.residual]
+    assert len(ends) == 16
+    keys = [s.workload.epilogue.key for s in ends]
+    assert all(s.workload.epilogue.requant32 for s in ends), keys
+    assert sum(k.endswith("->(u8)+u2/bitplane") for k in keys) == 3  # stage ends
+    assert keys[-1].endswith("->u8/int8")  # the last block: the stream for the pool
+    assert sum(k.endswith("->u8/int8+u2/bitplane") for k in keys) == 12
+
+
+def test_derived_thresholds_reproduce_monotone_tables():
+    from lowbit.graph.kernel_epilogues import derived_thresholds
+
+    mid, u2 = Precision.parse("u8"), Precision.parse("u2")
+    g = torch.Generator().manual_seed(0)
+    checked = 0
+    for lo in (0, 17):
+        table = torch.sort(torch.randint(0, 4, (256,), generator=g)).values
+        thr = derived_thresholds(table, mid, lo, u2)
+        q = torch.arange(lo, 256)
+        assert torch.equal(u2.qmin + (q.view(-1, 1) >= thr.view(1, -1)).sum(1), table[lo:])
+        checked += 1
+    bumpy = torch.sort(torch.randint(0, 4, (256,), generator=g)).values.flip(0)
+    assert derived_thresholds(bumpy, mid, 0, u2) is None  # not monotone: no thresholds
+    assert derived_thresholds(torch.full((256,), 5), mid, 0, u2) is None  # out of range
+    assert checked == 2

@@ -1,5 +1,7 @@
 """What each plan layer's kernel writes itself (its `Workload.epilogue`), chosen after the plan's
-realizations are known: the fused requantizing epilogue for a layer with one requantized
+realizations are known: the block-end epilogue (`block_end_epilogue`: one 32-bit formula,
+a narrow residual, the formula's value stored and up to two derived outputs) where a
+template takes it; the fused requantizing epilogue for a layer with one requantized
 output (its bias in accumulator units, or `Epilogue.shifted_bias` at the output's shift; a
 wide residual where the 64-bit sum provably fits and the layer is small enough for the fused
 path to pay), else the bare accumulator (int16 where it fits a bit-serial kernel, int32
@@ -13,10 +15,11 @@ from dataclasses import replace
 
 import torch
 
-from ..core import OUT_INT16, OUT_INT32, Epilogue, Precision, Workload
+from ..core import OUT_INT16, OUT_INT32, Encoding, Epilogue, Layout, Precision, Workload
+from ..core.epilogue import MAX_DERIVED
 from ..kernels.base import acc_bound
 from .impl import TORCH_FP16, is_bitserial, template_flag, unsupported_reason
-from .ir import Layer, TensorSpec
+from .ir import Layer, TensorSpec, parse_precision
 
 #: Outputs up to which a layer takes its residual in the kernel's epilogue rather than in the
 #: int32 pass. Measured on an H200 (benchmarks/probes/epilogue_probe.py, ResNet-50's 1x1 block
@@ -43,6 +46,10 @@ def kernel_epilogue(step: Layer, tensors: dict[str, TensorSpec],
     accumulator, pool and pass (113 us for features_2 on an H100)."""
     outs = step.layer_outputs
     wl = accumulator_workload(step)
+    if params is not None:
+        block_end = block_end_epilogue(step, tensors, params)
+        if block_end is not None:
+            return replace(step, workload=block_end)
     if not (len(outs) == 1 and outs[0].requantized and not outs[0].derived
             and step.impl != TORCH_FP16 and (step.pool is None or step.residual is None)):
         return layer_outputs_impl(replace(step, workload=wl))
@@ -124,3 +131,97 @@ def takes_shifted_bias(impl: str) -> bool:
     """Whether the registered template `impl` runs `Epilogue.shifted_bias` (its class says so
     with `takes_shifted_bias = True`; templates without the attribute never get one)."""
     return template_flag(impl, "takes_shifted_bias")
+
+
+def block_end_epilogue(step: Layer, tensors: dict[str, TensorSpec],
+                       params: dict[str, torch.Tensor]) -> Workload | None:
+    """The step's workload with the block-end epilogue (`Epilogue.requant32`) where its
+    template takes it (`takes_block_end`: the bit-serial families, `cuda.int8_wgmma`) and the
+    layer is one: every output requantized by one formula (the same multiplier, shift, bias,
+    residual multiplier and ReLU, every term inside 32 bits for the accumulator and residual
+    bounds), at most one output its value itself (stored in any layout) and at most
+    MAX_DERIVED derived ones (bit planes or one value per byte) whose tables are monotone
+    (thresholds: `derived_thresholds`), a narrow residual or none, no pool. None otherwise."""
+    outs = step.layer_outputs
+    if (step.pool is not None or not template_flag(step.impl, "takes_block_end")
+            or not outs or not all(o.requantized for o in outs)):
+        return None
+    first = outs[0]
+    if any((o.multiplier, o.shift, o.bias, o.residual_multiplier, o.relu) !=
+           (first.multiplier, first.shift, first.bias, first.residual_multiplier, first.relu)
+           and not _same_formula(o, first, params) for o in outs):
+        return None
+    stored = [o for o in outs if not o.derived]
+    derived = [o for o in outs if o.derived]
+    if len(stored) > 1 or (not derived and step.residual is None) or \
+            len(derived) > MAX_DERIVED:
+        return None  # a plain single output: the fused requantizing epilogue serves it
+    mids = {tensors[o.tensor].precision for o in stored} | {parse_precision(o.mid)
+                                                            for o in derived}
+    res = tensors[step.residual].precision if step.residual else None
+    if len(mids) != 1 or not isinstance(res, (Precision, type(None))):
+        return None
+    (mid,) = mids
+    if not isinstance(mid, Precision) or mid.encoding is Encoding.BINARY:
+        return None
+    lo = max(mid.qmin, 0) if first.relu else mid.qmin
+    for o in derived:
+        t = tensors[o.tensor]
+        if t.layout not in (Layout.BITPLANE, Layout.INT8) or \
+                derived_thresholds(params[o.table], mid, lo, t.precision) is None:
+            return None
+    if not _fits_32(step, first, params, res):
+        return None
+    layout = tensors[stored[0].tensor].layout if stored else Layout.INT8
+    epi = Epilogue(relu=first.relu, out=mid, out_layout=layout, shifted_bias=True,
+                   residual=res, requant32=True,
+                   derived=tuple((tensors[o.tensor].precision, tensors[o.tensor].layout)
+                                 for o in derived),
+                   store_out=bool(stored))
+    wl = step.workload.replace(epilogue=epi)
+    return wl if unsupported_reason(step.impl, wl) is None else None
+
+
+def _same_formula(a, b, params: dict[str, torch.Tensor]) -> bool:
+    """Whether two outputs' formulas are equal (their param vectors, their ReLU)."""
+    if a.relu != b.relu or (a.residual_multiplier is None) != (b.residual_multiplier is None):
+        return False
+    keys = ("multiplier", "shift", "bias") + (("residual_multiplier",)
+                                              if a.residual_multiplier else ())
+    return all(torch.equal(params[getattr(a, k)], params[getattr(b, k)]) for k in keys)
+
+
+def _fits_32(step: Layer, o, params: dict[str, torch.Tensor],
+             res: Precision | None) -> bool:
+    """Every term of the output's formula inside int32 for the accumulator and residual
+    bounds (the block-end epilogue's 32-bit arithmetic)."""
+    m, s, b = (params[k].to(torch.int64) for k in (o.multiplier, o.shift, o.bias))
+    r = params[o.residual_multiplier].to(torch.int64) if o.residual_multiplier else 0 * m
+    top_res = 0 if res is None else max(-res.qmin, res.qmax)
+    if bool((s < 1).any()) or bool((s > 31).any()):
+        return False
+    z = acc_bound(step.workload) * m.abs() + b.abs() + top_res * r.abs() + (1 << (s - 1))
+    return bool((z < 2**31).all())
+
+
+def derived_thresholds(table: torch.Tensor, mid: Precision, lo: int,
+                       out: Precision) -> torch.Tensor | None:
+    """The thresholds T (int32 [out.qmax - out.qmin]) with table[q - mid.qmin] ==
+    out.qmin + #{i : q >= T[i]} for every value q in [lo, mid.qmax] the formula can give (the
+    derived output as compares: `Epilogue.derived`); None where the table is not such a
+    staircase (not monotone, or out of the output's range). A level no value reaches gets a
+    threshold above mid.qmax."""
+    values = table.to(torch.int64)[lo - mid.qmin:]
+    q = torch.arange(lo, mid.qmax + 1, dtype=torch.int64)
+    if values.numel() != q.numel() or bool((values < out.qmin).any()) or \
+            bool((values > out.qmax).any()) or bool((values[1:] < values[:-1]).any()):
+        return None
+    levels = out.qmax - out.qmin
+    thr = torch.full((levels,), mid.qmax + 1, dtype=torch.int64)
+    for i in range(1, levels + 1):
+        reached = q[values >= out.qmin + i]
+        if reached.numel():
+            thr[i - 1] = reached[0]
+    thr = torch.where(thr <= lo, torch.full_like(thr, lo), thr)  # levels already at lo
+    check = out.qmin + (q.view(-1, 1) >= thr.view(1, -1)).sum(1)
+    return thr.to(torch.int32) if torch.equal(check, values) else None

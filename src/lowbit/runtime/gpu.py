@@ -277,8 +277,16 @@ class GpuExecutor:
         how = describe_kernel(step, kernel)
         x = self.buffers[step.input]
         w = packed_weight(step, plan, self.device)
+        derived = [o for o in step.layer_outputs if o.derived]
         params = kernel_params(step, plan, self.device, self.buffers[step.residual]
-                               if wl.epilogue.residual is not None else None)
+                               if wl.epilogue.residual is not None else None,
+                               [self.buffers[o.tensor] for o in derived]
+                               if wl.epilogue.derived else None)
+        if wl.epilogue.requant32:  # the block end: every output from the kernel's epilogue
+            stored = [o for o in step.layer_outputs if not o.derived]
+            out = self.buffers[stored[0].tensor] if stored else None
+            return BoundStep(step, [self._bind_kernel(step, kernel, x, w, params, out)],
+                             f"{how} (block-end epilogue: {len(step.layer_outputs)} outputs)")
         if wl.epilogue.requantizes:
             (o,) = step.layer_outputs
             if step.pool is None:

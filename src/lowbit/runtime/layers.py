@@ -37,6 +37,7 @@ from ..core.validate import check_inputs, output_buffer
 from ..graph.chooser import default_kernel
 from ..graph.impl import TORCH_FP16
 from ..graph.ir import Layer, Plan, parse_precision
+from ..graph.kernel_epilogues import derived_thresholds
 from ..kernels import get_template, load_backends
 from ..kernels.base import Kernel, acc_bound
 from ..quant.packing import pack
@@ -238,8 +239,40 @@ def packed_weight(step: Layer, plan: Plan, device: torch.device) -> torch.Tensor
         device)
 
 
+def block_end_params(step: Layer, plan: Plan, device: torch.device,
+                     residual: torch.Tensor | None,
+                     derived_out: list[torch.Tensor] | None) -> EpilogueParams:
+    """The block-end epilogue's vectors (`Epilogue.requant32`, graph.kernel_epilogues): the
+    one formula's int32 multiplier, shift, bias (at the shift) and residual multiplier, the
+    residual buffer, and per derived output its thresholds (from the plan's table) and its
+    buffer (`derived_out`, in the workload's derived order)."""
+    epi = step.workload.epilogue
+    p = plan.params
+    first = step.layer_outputs[0]
+    mid = epi.out
+    lo = max(mid.qmin, 0) if epi.relu else mid.qmin
+
+    def i32(key: str) -> torch.Tensor:
+        return p[key].to(torch.int32).contiguous().to(device)
+
+    derived = [o for o in step.layer_outputs if o.derived]
+    thresholds = tuple(
+        derived_thresholds(p[o.table], mid, lo, plan.tensors[o.tensor].precision).to(device)
+        for o in derived)
+    if epi.derived and derived_out is None:
+        raise ValueError(f"{step.name}: its epilogue writes derived outputs, pass their buffers")
+    if epi.residual is not None and residual is None:
+        raise ValueError(f"{step.name}: its epilogue adds a residual, pass its buffer")
+    return EpilogueParams(
+        multiplier=i32(first.multiplier), shift=i32(first.shift), shifted_bias=i32(first.bias),
+        residual=residual if epi.residual is not None else None,
+        residual_multiplier=i32(first.residual_multiplier) if epi.residual is not None
+        else None, thresholds=thresholds, derived_out=tuple(derived_out or ()))
+
+
 def kernel_params(step: Layer, plan: Plan, device: torch.device,
-                  residual: torch.Tensor | None = None) -> EpilogueParams:
+                  residual: torch.Tensor | None = None,
+                  derived_out: list[torch.Tensor] | None = None) -> EpilogueParams:
     """The run-time vectors of the workload's own epilogue: none for an int32 accumulator;
     multiplier and shift of the one output for a fused requantization, with its bias in
     accumulator units (`step.bias`, Epilogue.bias) or at its shift (the output's int64 bias,
@@ -248,6 +281,8 @@ def kernel_params(step: Layer, plan: Plan, device: torch.device,
     epi = step.workload.epilogue
     if not epi.requantizes:
         return EpilogueParams()
+    if epi.requant32:
+        return block_end_params(step, plan, device, residual, derived_out)
     (o,) = step.layer_outputs
     p = plan.params
 
