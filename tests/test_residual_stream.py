@@ -255,3 +255,32 @@ def test_derived_thresholds_reproduce_monotone_tables():
     assert derived_thresholds(bumpy, mid, 0, u2) is None  # not monotone: no thresholds
     assert derived_thresholds(torch.full((256,), 5), mid, 0, u2) is None  # out of range
     assert checked == 2
+
+
+GPU_NETWORKS = [("resnet50", (1, 2), 3, 64), ("resnet50", (2, 2), 2, 96),
+                ("resnet50", (8, 8), 2, 64), ("resnet18", (1, 2), 8, 224)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,recipe,batch,size", GPU_NETWORKS,
+                         ids=[f"{n}-w{r[0]}a{r[1]}-b{b}-{s}" for n, r, b, s in GPU_NETWORKS])
+def test_gpu_narrow_stream_networks_bit_exact(name, recipe, batch, size):
+    """The GPU executor (block ends in the bit-serial / int8 kernels' block-end epilogue,
+    chained launches, one CUDA graph) equals the reference executor at every tensor,
+    replayed on a second batch."""
+    from lowbit.runtime.gpu import GpuExecutor
+
+    q, _ = _quantized(name, recipe=recipe, width=1.0)
+    q = q.cuda()
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(batch, 3, size, size, generator=g).cuda()
+    plan = _compile(q, x).plan
+    assert any(s.workload.epilogue.requant32 for s in plan.layers)
+    ex = GpuExecutor(plan, "cuda")
+    ex(torch.randn(batch, 3, size, size, generator=g).cuda())  # capture on another batch
+    y = ex(x)
+    y_ref, want = ReferenceExecutor(plan, "cuda")(x, record=True)
+    _, got = ex(x, record=True)
+    for t, ref in want.items():
+        assert torch.equal(got[t], ref), f"{t}: {(got[t] != ref).sum().item()} differ"
+    assert torch.equal(y, y_ref)
