@@ -565,7 +565,9 @@ class Planner:
                 if res is None:
                     steps = (acc_bound(state.workload) * ratio
                              + spec.out_bias.double().abs() / mid.scale)
-                    m, r, s = shared_shift(ratio, None, steps)
+                    m, r, s = shared_shift(ratio, None, steps, sum_bits=REQUANT32_SUM_BITS)
+                    if bool((m < 2**MIN_MULTIPLIER_BITS).any()):  # too coarse for 32 bits
+                        m, r, s = shared_shift(ratio, None, steps)
                 elif self.wide_bits == 8 and not state.narrow:
                     m, r, s = fixed_point_pair(ratio, state.residual_scale / mid.scale)
                 else:
@@ -669,9 +671,10 @@ REQUANT_SUM_BITS = 53
 #: the fewest significant bits a layer's multiplier gets for the float64 bound (below, it
 #: keeps 31 and its kernels requantize in int64)
 MIN_MULTIPLIER_BITS = 16
-#: block ends reading a quantized residual stream requantize in 32-bit arithmetic:
-#: |acc| m + |b| + |res| |r| + 2^(s-1) < 2^31, where both multipliers keep at least
-#: NARROW_MULTIPLIER_BITS significant bits (else the 64-bit sum)
+#: requantizations run in 32-bit arithmetic where they can: |acc| m + |b| + |res| |r| +
+#: 2^(s-1) < 2^31 (the kernels' int32 epilogues: the block ends', the Triton INT32 mode), where
+#: the multiplier keeps at least MIN_MULTIPLIER_BITS significant bits, or with a quantized
+#: residual stream both multipliers at least NARROW_MULTIPLIER_BITS (else the wider sum)
 REQUANT32_SUM_BITS = 31
 NARROW_MULTIPLIER_BITS = 12
 
