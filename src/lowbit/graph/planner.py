@@ -42,18 +42,23 @@ from ..quant.quantize import dequantize, quantize, round_half_up
 from ..reference import avgpool_multiplier, fixed_point_pair, pool_output_size
 from .chooser import Chooser, make_chooser
 from .dataflow import (
+    ACT,
     AVGPOOL,
     CONCAT,
     FLATTEN,
     FLOAT,
+    GATHER,
     INPUT,
     LAYER,
     MAXPOOL,
+    MUL,
     QUANT,
     RELU,
     Dataflow,
     Value,
 )
+from .elementwise import ElementwiseRealizations, gather_shape, mul_shape
+from .fallbacks import Unrealizable, half_precision, make_float
 from .impl import (
     TORCH_FP16,
     ImplChooser,
@@ -148,7 +153,7 @@ def nhwc(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (shape[0], *shape[2:], shape[1]) if len(shape) == 4 else tuple(shape)
 
 
-class Planner:
+class Planner(ElementwiseRealizations):
     """Builds one Plan; see `build_plan`."""
 
     def __init__(self, df: Dataflow, input_shape: tuple[int, ...],
@@ -186,8 +191,12 @@ class Planner:
             elif v.op == LAYER:
                 out = self._layer_shape(v, ins)
                 flat = None
-            elif v.op == RELU:
+            elif v.op in (RELU, ACT):
                 out, flat = ins[0], self.flat_from[id(v.inputs[0])]
+            elif v.op == MUL:
+                out = mul_shape(v, *ins)
+            elif v.op == GATHER:
+                out = gather_shape(v, ins[0])
             elif v.op == MAXPOOL:
                 w = v.attrs["window"]
                 n, c, h, wd = self._map(v, ins[0])
@@ -295,8 +304,11 @@ class Planner:
     def nonneg(self, v: Value) -> bool:
         """Whether the value is >= 0 by construction (a ReLU output, or pooled / flattened /
         concatenated ones)."""
-        if v.op == RELU:
+        if v.op == RELU or (v.op == ACT and v.attrs["kind"] == "clamp" and
+                            v.attrs["lo"] is not None and v.attrs["lo"] >= 0):
             return True
+        if v.op == GATHER:
+            return self.nonneg(v.inputs[0])
         if v.op == QUANT:
             return v.attrs["precision"].qmin >= 0 or self.nonneg(v.inputs[0])
         if v.op in (MAXPOOL, AVGPOOL, FLATTEN, CONCAT):
@@ -308,11 +320,16 @@ class Planner:
         wide_bits 16 / 24 signed at WIDE_HEADROOM x max|v| / qmax, wide_bits 8 u8 / s8 one
         value per byte at max / qmax (ENGINE.md)."""
         stat = self.df.stats[v.fx_name]
+        clamp_top = self.clamp_top(v)  # a ReLU6's top is the range's (no clamp table)
         if self.wide_bits in WIDE_BITS:
             prec = WidePrecision(self.wide_bits)
+            if clamp_top is not None:
+                return Req(prec, clamp_top / (prec.qmax + 0.75), Layout.INT8)
             return Req(prec, max(stat.absmax * WIDE_HEADROOM, _TINY) / prec.qmax, Layout.INT8)
         prec = U8 if self.nonneg(v) else S8
         top = stat.hi if prec is U8 else stat.absmax
+        if clamp_top is not None:
+            return Req(prec, clamp_top / (prec.qmax + 0.25), Layout.INT8)
         return Req(prec, max(top, _TINY) / prec.qmax, Layout.INT8)
 
     @staticmethod
@@ -355,7 +372,11 @@ class Planner:
             return self.realize(v.inputs[0], req, True)
         if v.op == QUANT:
             return self._quant(v, req, relu, shape)
-        if req.via is not None and (v.op not in (LAYER, MAXPOOL, FLATTEN, CONCAT)
+        if v.op == ACT:
+            return self._act(v, req, relu)
+        if v.op == MUL:
+            return self._mul(v, req, relu)
+        if req.via is not None and (v.op not in (LAYER, MAXPOOL, FLATTEN, CONCAT, GATHER)
                                     or isinstance(req.via.precision, WidePrecision)):
             src = self.realize(v, req.mid(), relu)  # then the table, as a step of its own
             out = self._tensor(v, req, shape, relu)
@@ -388,6 +409,8 @@ class Planner:
             out = self._tensor(v, req, shape, relu)
             self._emit(v.index, Flatten(f"flatten.{out}", src, out))
             return out
+        if v.op == GATHER:
+            return self._gather(v, req, relu)
         if v.op == CONCAT:
             parts = tuple(self.realize(p, req, relu) for p in v.inputs)
             out = self._tensor(v, req, shape, relu)
@@ -425,7 +448,7 @@ class Planner:
         if key not in self.memo:
             args = tuple(self.realize(i, FLOAT_REQ) for i in v.inputs)
             out = self._tensor(v, FLOAT_REQ, self.shapes[id(v)], False)
-            self.modules[v.name] = v.attrs["module"]
+            self.modules[v.name] = half_precision(v.attrs["module"])
             self._emit(v.index, FloatFallback(f"float.{v.name}", args, out, v.name,
                                               v.attrs["op"], v.attrs["reason"]))
             self.memo[key] = out
@@ -466,7 +489,11 @@ class Planner:
             wide = self.residual_req(x)
             src = self.realize(x, wide)
             out = self._tensor(v, req, shape, relu)
-            pairs = [avgpool_multiplier(c, wide.scale, req.scale) for c in counts]
+            try:
+                pairs = [avgpool_multiplier(c, wide.scale, req.scale) for c in counts]
+            except ValueError as e:
+                raise Unrealizable(v, f"average pool {v.name}: no fixed-point multiplier from "
+                                      f"its input's scale to its output's ({e})") from None
             m = self._param(f"{out}.multiplier", torch.stack([p[0] for p in pairs]))
             s = self._param(f"{out}.shift", torch.stack([p[1] for p in pairs]))
         self._emit(v.index, AvgPool(f"avgpool.{out}", src, out, args["mode"], args.get("kernel"),
@@ -558,16 +585,16 @@ class Planner:
                     if m is None:
                         m, r, s = shared_shift(ratio, state.residual_scale / mid.scale, steps)
             except ValueError as e:
-                raise ValueError(f"layer {self._module_path(v)}: output {t} has no "
-                                 f"fixed-point requantization ({e})") from None
+                raise Unrealizable(v, f"layer {self._module_path(v)}: output {t} has no "
+                                      f"fixed-point requantization ({e})") from None
             if self.exact_bias or req.via is not None:  # out_bias at 2^-s output steps
                 b = round_half_up(spec.out_bias.double() / mid.scale
                                   * torch.pow(2.0, s.double()))
             else:
                 b = acc_bias * m
             if bool((b.abs() >= 2**62).any()):
-                raise ValueError(f"layer {name}: output {t}'s bias is out of range (>= 2^62 at "
-                                 "its shift)")
+                raise Unrealizable(v, f"layer {self._module_path(v)}: output {t}'s bias is out "
+                                      "of range (>= 2^62 at its shift)")
             b = b.to(torch.int64)
             kernel_bias = kernel_bias and torch.equal(b, acc_bias * m) and req.via is None
             outs.append(LayerOutput(
@@ -716,6 +743,13 @@ def build_plan(df: Dataflow, input_shape: tuple[int, ...],
     implementation, template and config from `chooser` (a `lowbit.graph.Chooser`, "default",
     "model" or an implementation policy; without tuning records unless the Chooser holds
     them), wide realizations of `wide_bits`, biases exact (`exact_bias`) or rounded to
-    accumulator units (module docstring), launches as `options` allow."""
-    return Planner(df, tuple(int(s) for s in input_shape), chooser, wide_bits,
-                   exact_bias, options).build()
+    accumulator units (module docstring), launches as `options` allow. A layer or average
+    pool that cannot be realized exactly (`fallbacks.Unrealizable`) becomes a float value of
+    `df` (fp16, its reason in the plan) and the plan is built again."""
+    shape = tuple(int(s) for s in input_shape)
+    for _ in range(len(df.values) + 1):
+        try:
+            return Planner(df, shape, chooser, wide_bits, exact_bias, options).build()
+        except Unrealizable as e:  # it runs in float from now on (`fallbacks.make_float`)
+            make_float(e.value, e.reason)
+    raise AssertionError("planning did not converge")

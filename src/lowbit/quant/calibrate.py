@@ -9,8 +9,7 @@ import torch
 from torch import nn
 
 from .api import quant_layers
-from .residual import ATTR as RESIDUAL_ATTR
-from .residual import residual_quantizers
+from .residual import value_quantizers
 
 
 def _batch_input(batch: object) -> torch.Tensor:
@@ -43,9 +42,10 @@ def calibrate(model: nn.Module, loader: Iterable, num_batches: int | None = None
     if num_batches is not None and (isinstance(num_batches, bool)
                                     or not isinstance(num_batches, int) or num_batches < 1):
         raise ValueError(f"num_batches must be None or an int >= 1, got {num_batches!r}")
-    # the layers' input quantizers, then the residual stream's (`lowbit.quant.residual`)
-    layers = [(name, layer.act_quant) for name, layer in layers] + [
-        (f"{name}.{RESIDUAL_ATTR}", q) for name, q in residual_quantizers(model).items()]
+    # the layers' input quantizers, then the residual stream's and the activations' inputs
+    # (`lowbit.quant.residual`)
+    layers = [(name, layer.act_quant) for name, layer in layers] + list(
+        value_quantizers(model).items())
     quantizers = [q for _, q in layers]
     was_training = model.training
     model.eval()

@@ -20,6 +20,7 @@ from ..graph.ir import (
     Concat,
     Flatten,
     FloatFallback,
+    Gather,
     Layer,
     LayerOutput,
     Lookup,
@@ -27,6 +28,7 @@ from ..graph.ir import (
     Output,
     Plan,
     Quantize,
+    TableMul,
     TensorSpec,
     WidePrecision,
     parse_precision,
@@ -44,7 +46,7 @@ from ..reference import (
     quantize_float,
     requantize_int,
 )
-from ..reference.netops import Y_LIMIT, round_shift_sum
+from ..reference.netops import Y_LIMIT, round_shift_sum, table_mul_int
 
 
 def _nhwc(x: torch.Tensor) -> torch.Tensor:
@@ -152,6 +154,13 @@ class ReferenceExecutor:
             spec_in = self._spec(step.input)
             table = self.params[step.table]
             return {step.output: table[env[step.input] - spec_in.precision.qmin]}
+        if isinstance(step, Gather):
+            dim = 1 if self._spec(step.output).is_float else -1
+            return {step.output: env[step.input].index_select(dim, self.params[step.index])}
+        if isinstance(step, TableMul):
+            return {step.output: table_mul_int(
+                env[step.a], env[step.b], self.params[step.table],
+                self._spec(step.a).precision, self._spec(step.b).precision)}
         if isinstance(step, FloatFallback):
             out = self.plan.modules[step.module](*(self._float(a, env) for a in step.args))
             if not isinstance(out, torch.Tensor) or not out.dtype.is_floating_point:
