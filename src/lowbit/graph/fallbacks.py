@@ -2,7 +2,7 @@
 bytes of fp32, PyTorch's fp16 kernels), with its reason in the plan.
 
 - `half_precision(module)`: a FloatFallback module run in float16 (its inputs cast to fp16,
-  its output back to float32, the plan's float tensors). Tolerance against the float32
+  its output back to float32, the plan's float tensors; on the CPU emulated in float32). Tolerance against the float32
   model: fp16's 11 significant bits, ~1e-3 relative per op (`FP16_RTOL`); the quantized
   layers after a fallback re-quantize its output, so a level flips only where a value lies
   within that of a rounding boundary.
@@ -39,15 +39,22 @@ class Unrealizable(ValueError):
 
 
 class HalfPrecision(nn.Module):
-    """`module` (a copy) in float16: inputs cast to fp16, the output back to float32."""
+    """`module` (a copy) in float16: inputs cast to fp16, the output back to float32. On the
+    CPU, whose fp16 kernels are slow, the same in float32 arithmetic on the fp16-rounded
+    inputs and parameters, the output rounded to fp16 (what a GPU's fp16 kernels with fp32
+    accumulation give, to fp16's rounding)."""
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
         self.module = copy.deepcopy(module).half()
+        self.rounded = copy.deepcopy(self.module).float()
 
     def forward(self, *args: torch.Tensor) -> torch.Tensor:
-        out = self.module(*(a.half() if a.dtype.is_floating_point else a for a in args))
-        return out.float()
+        half = [a.half() if a.dtype.is_floating_point else a for a in args]
+        if all(a.device.type == "cpu" for a in args):
+            out = self.rounded(*(a.float() if a.dtype.is_floating_point else a for a in half))
+            return out.half().float()
+        return self.module(*half).float()
 
 
 def half_precision(module: nn.Module) -> nn.Module:
@@ -77,12 +84,14 @@ class LayerFallback(nn.Module):
 
     def forward(self, x: torch.Tensor, res: torch.Tensor | None = None) -> torch.Tensor:
         scale = torch.tensor(self.a_scale, dtype=torch.float32, device=x.device)
-        xq = dequantize(quantize(x.float(), scale, self.a), scale).half()
+        xq, w = dequantize(quantize(x.float(), scale, self.a), scale).half(), self.weight
+        if x.device.type == "cpu":  # fp16 operands, float32 arithmetic (`HalfPrecision`)
+            xq, w = xq.float(), w.float()
         if self.kind == "conv2d":
-            y = F.conv2d(xq, self.weight, None, self.stride, self.pad).float()
+            y = F.conv2d(xq, w, None, self.stride, self.pad).half().float()
             y = y * self.gain.view(1, -1, 1, 1) + self.offset.view(1, -1, 1, 1)
         else:
-            y = F.linear(xq, self.weight).float() * self.gain + self.offset
+            y = F.linear(xq, w).half().float() * self.gain + self.offset
         return y if res is None else y + res
 
 

@@ -26,6 +26,7 @@ residual, if any (`Epilogue.residual`, where the 64-bit sum provably fits).
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -747,9 +748,14 @@ def build_plan(df: Dataflow, input_shape: tuple[int, ...],
     pool that cannot be realized exactly (`fallbacks.Unrealizable`) becomes a float value of
     `df` (fp16, its reason in the plan) and the plan is built again."""
     shape = tuple(int(s) for s in input_shape)
-    for _ in range(len(df.values) + 1):
-        try:
-            return Planner(df, shape, chooser, wide_bits, exact_bias, options).build()
-        except Unrealizable as e:  # it runs in float from now on (`fallbacks.make_float`)
-            make_float(e.value, e.reason)
+    limit = sys.getrecursionlimit()  # realizations recurse along the graph's longest path
+    sys.setrecursionlimit(max(limit, 1000 + 40 * len(df.values)))
+    try:
+        for _ in range(len(df.values) + 1):
+            try:
+                return Planner(df, shape, chooser, wide_bits, exact_bias, options).build()
+            except Unrealizable as e:  # it runs in float from now on (`fallbacks.make_float`)
+                make_float(e.value, e.reason)
+    finally:
+        sys.setrecursionlimit(limit)
     raise AssertionError("planning did not converge")
