@@ -237,8 +237,9 @@ def summary(target: str = typer.Argument(..., help="a saved lowbit model (.safet
 @app.command()
 @reports_errors
 def bench(
-    model: str = typer.Argument(..., help="zoo network: resnet18, resnet34, resnet50, vgg16, "
-                                "alexnet, apnn_vgg_variant"),
+    model: str = typer.Argument(..., help="zoo network (resnet18, resnet34, resnet50, vgg16, "
+                                "alexnet, apnn_vgg_variant), a torchvision model "
+                                "(tv:mobilenet_v2) or a function of a file (path.py:build)"),
     batch: int = typer.Option(8, help="images per forward"),
     precision: str = typer.Option("w1a2", help="recipe: wXaY (first conv and classifier at "
                                   "w8a8), wXaY-all, or mixed"),
@@ -254,6 +255,8 @@ def bench(
                                       help="int8 layers write their layer epilogue's outputs "
                                       "from the kernel (else a separate pass)"),
     out: str = typer.Option("", help="write the results JSON (and the per-layer PNG) here"),
+    image_size: int = typer.Option(0, help="input height and width (0: the model's default, "
+                                   "224 outside the zoo)"),
 ) -> None:
     """Time a whole quantized network on this GPU against PyTorch fp16 (eager, CUDA graph,
     torch.compile) in the same run: per-layer table and whole-network latency."""
@@ -269,11 +272,14 @@ def bench(
         per_layer_figure,
         summary_table,
     )
+    from .runtime.model_source import is_external
 
-    if model not in names():
-        raise ValueError(f"model must be one of {', '.join(names())}, got {model!r}")
-    if batch < 1:
-        raise ValueError(f"--batch must be >= 1, got {batch}")
+    if model not in names() and not is_external(model):
+        raise ValueError(f"model must be one of {', '.join(names())}, 'tv:NAME' (torchvision) "
+                         f"or 'path.py:function', got {model!r}")
+    if batch < 1 or image_size < 0:
+        raise ValueError(f"--batch must be >= 1 and --image-size >= 0, got {batch}, "
+                         f"{image_size}")
     try:
         impl_chooser(policy)
     except ValueError as e:
@@ -285,8 +291,9 @@ def bench(
         raise MeasureEnvironmentError("lowbit bench needs a CUDA GPU; none is visible here "
                                       "(lowbit.compile still runs the plan through the exact "
                                       "reference on a CPU)")
-    row = bench_network(BenchCase(model, batch, precision, exact_bias=not kernel_bias,
-                                  chooser=policy, fuse_outputs=fuse_outputs),
+    row = bench_network(BenchCase(model, batch, precision, image_size=image_size or None,
+                                  exact_bias=not kernel_bias, chooser=policy,
+                                  fuse_outputs=fuse_outputs),
                         compile_mode=None if compile_mode == "none" else compile_mode)
     table = Table(title=f"{model} batch {batch} {precision} on {torch.cuda.get_device_name()}")
     for col in ("step", "impl", "us", "floor us", "share", "fp16 us"):
@@ -298,7 +305,7 @@ def bench(
     console.print(summary_table([row]))
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
-        stem = Path(out) / f"network-{model}-b{batch}-{precision}"
+        stem = Path(out) / f"network-{Path(model).name.replace(':', '-')}-b{batch}-{precision}"
         stem.with_suffix(".json").write_text(json.dumps({"benchmark": "network",
                                                          "rows": [row]}, indent=1))
         per_layer_figure(row, str(stem.with_suffix(".png")))

@@ -374,10 +374,8 @@ class _Converter:
         keep = forms.mean_keepdim(node, stat.shape) if stat else None
         if keep is None:
             return None
-        out = self.rec.stats[node.name]
-        n, c = stat.shape[:2]
-        pooled = f"{node.name}.pooled"  # the [N, C, 1, 1] mean, a flatten after it
-        self.rec.stats[pooled] = Stat((n, c, 1, 1), out.lo, out.hi)
+        out, pooled = self.rec.stats[node.name], f"{node.name}.pooled"  # [N, C, 1, 1]
+        self.rec.stats[pooled] = Stat((*stat.shape[:2], 1, 1), out.lo, out.hi)
         v = Value(node.name if keep else pooled, AVGPOOL, [x], node.name if keep else pooled,
                   _adaptive(1), len(self.values))
         self.values.append(v)
@@ -442,7 +440,8 @@ def describe(node: fx.Node, modules: dict[str, nn.Module]) -> str:
         extra = m.extra_repr()
         return f"{node.target}: {type(m).__name__}({extra[:60]})"
     name = getattr(node.target, "__name__", str(node.target))
-    return f"{node.op.removeprefix('call_')} {name}"
+    stack = [path for path, _ in (node.meta.get("nn_module_stack") or {}).values() if path]
+    return f"{node.op.removeprefix('call_')} {name}" + (f" in {stack[-1]}" if stack else "")
 
 
 # ------------------------------------------------------------------------------ rewrites

@@ -193,9 +193,9 @@ class ElementwiseRealizations:
         fa, fb = self.quant_function(a), self.quant_function(b)
         binary = not req.is_float and req.precision.encoding is Encoding.BINARY
         if req.is_float or binary or fa is None or fb is None:
-            which = [u.name for u, f in ((a, fa), (b, fb)) if f is None]
+            which = [u.attrs.get("op", u.name) for u, f in ((a, fa), (b, fb)) if f is None]
             return self._through_float(v, req, relu, (
-                f"product of values not quantized in the model ({', '.join(which)})" if which
+                f"product of values not quantized in the model ({'; '.join(which)})" if which
                 else "a float reading of a product"))
         if fa[0] is fb[0] and sa == sb:  # x * f(x): one table over the quantizer
             ga, gb = fa[1], fb[1]

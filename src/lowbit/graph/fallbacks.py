@@ -2,10 +2,10 @@
 bytes of fp32, PyTorch's fp16 kernels), with its reason in the plan.
 
 - `half_precision(module)`: a FloatFallback module run in float16 (its inputs cast to fp16,
-  its output back to float32, the plan's float tensors; on the CPU emulated in float32). Tolerance against the float32
-  model: fp16's 11 significant bits, ~1e-3 relative per op (`FP16_RTOL`); the quantized
-  layers after a fallback re-quantize its output, so a level flips only where a value lies
-  within that of a rounding boundary.
+  its output back to float32, the plan's float tensors; emulated in float32 on the CPU).
+  Tolerance against the float32 model: fp16's 11 significant bits, ~1e-3 relative per op
+  (`FP16_RTOL`); the quantized layers after a fallback re-quantize its output, so a level
+  flips only where a value lies within that of a rounding boundary.
 - `Unrealizable`: raised by the planner for a value it cannot realize exactly (a layer whose
   requantization has no fixed-point form: tiny or degenerate scales; an average pool whose
   multiplier underflows); `build_plan` then makes the value float (`make_float`: a layer

@@ -433,7 +433,7 @@ class Planner(ElementwiseRealizations):
                 self.modules[f"{v.name}.dequantize"] = torch.nn.Identity()
                 self._emit(v.index + 0.5, FloatFallback(
                     f"float.{out}", (src,), out, f"{v.name}.dequantize", "dequantize",
-                    "a float reader of a quantized residual value"))
+                    "a float reader of a quantized value"))
                 self.memo[key] = out
             return self.memo[key]
         if req.via is not None:  # a reading of a reading: one table from our own values
