@@ -11,6 +11,8 @@ their result is the same integers). Runs on the input's device.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 
@@ -87,6 +89,9 @@ class ReferenceExecutor:
         self.plan = plan
         self.device = torch.device(device)
         self.params = {k: v.to(self.device) for k, v in plan.params.items()}
+        # FloatFallback modules where the steps run (a copy off the CPU)
+        self.modules = {k: m if self.device.type == "cpu" else copy.deepcopy(m).to(self.device)
+                        for k, m in plan.modules.items()}
         self.last_use: dict[str, int] = {}
         for i, step in enumerate(plan.steps):
             for t in step.inputs:
@@ -162,7 +167,7 @@ class ReferenceExecutor:
                 env[step.a], env[step.b], self.params[step.table],
                 self._spec(step.a).precision, self._spec(step.b).precision)}
         if isinstance(step, FloatFallback):
-            out = self.plan.modules[step.module](*(self._float(a, env) for a in step.args))
+            out = self.modules[step.module](*(self._float(a, env) for a in step.args))
             if not isinstance(out, torch.Tensor) or not out.dtype.is_floating_point:
                 raise TypeError(f"{step.name}: the fallback module returned "
                                 f"{type(out).__name__}, not a float tensor")
