@@ -192,20 +192,21 @@ def test_channel_selections_and_shuffles_are_gathers():
     assert float((y - yf).abs().max()) <= 1e-4 * float(yf.abs().max())
 
 
-def test_gpu_executor_equals_reference_on_the_cpu():
-    """The GPU executor's Triton steps (table product, lookups, gathers) under the
-    interpreter, bit for bit against the reference."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_gpu_executor_equals_reference(device):
+    """The GPU executor's Triton steps (table product, lookups, gathers; under the
+    interpreter on the CPU), bit for bit against the reference on the same device."""
     from lowbit.runtime.gpu import GpuExecutor
 
-    x = _x(size=8)
+    x = _x(size=8).to(device)
     checked = 0
     for make in (SqueezeExcite, Channels, Clamps):
         torch.manual_seed(0)
-        q = quantized(make(), x)
+        q = quantized(make(), x.cpu()).to(device)
         plan = compiled(q, x).plan
-        ex = GpuExecutor(plan, "cpu")
+        ex = GpuExecutor(plan, device)
         y, rec = ex(x, record=True)
-        y_ref, rec_ref = ReferenceExecutor(plan)(x, record=True)
+        y_ref, rec_ref = ReferenceExecutor(plan, device)(x, record=True)
         assert torch.equal(y, y_ref)
         for name, t in rec_ref.items():
             assert torch.equal(rec[name], t), name
