@@ -15,7 +15,7 @@ from torch import nn
 
 import lowbit
 from any_cnn_cases import compiled, fallback_reasons, layer_inputs_exact, quantized
-from lowbit.graph import FloatFallback, Layer, Lookup
+from lowbit.graph import AvgPool, FloatFallback, Layer, Lookup
 from lowbit.graph.fallbacks import FP16_RTOL, HalfPrecision, LayerFallback
 from lowbit.graph.ir import Gather, TableMul
 from lowbit.quant.residual import activation_points, value_quantizers
@@ -281,3 +281,19 @@ def test_fp16_fallback_tolerance():
     err = float((rec[fb.output] - want).abs().max() / want.abs().max())
     assert 0 < err <= 4 * FP16_RTOL  # fp16 (not float32: the error is there)
     assert FloatFallback in {type(s) for s in plan.steps}
+
+
+def test_global_pool_of_a_large_map_reads_16_bits():
+    """A global mean of a 48 x 48 map: 2304 values of a 24-bit realization could sum past
+    int32, so the pool reads a 16-bit one (its kernels sum in int32)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 48, 48, generator=torch.Generator().manual_seed(1))
+    q = quantized(_Tiny(), x)
+    plan = compiled(q, x).plan
+    (pool,) = plan.steps_of(AvgPool)
+    assert str(plan.tensors[pool.input].precision) == "s16"
+    assert pool.counts == (48 * 48,)
+    with torch.no_grad():
+        yf = q(x)
+    y = ReferenceExecutor(plan)(x)
+    assert float((y - yf).abs().max()) <= 1e-2 * float(yf.abs().max())

@@ -487,7 +487,7 @@ class Planner(ElementwiseRealizations):
             src = self.realize(x, FLOAT_REQ)
             out = self._tensor(v, req, shape, relu)
         else:
-            wide = self.residual_req(x)
+            wide = self._pool_input(v, x, max(counts))
             src = self.realize(x, wide)
             out = self._tensor(v, req, shape, relu)
             try:
@@ -501,6 +501,20 @@ class Planner(ElementwiseRealizations):
                                     args.get("stride"), args.get("pad", 0),
                                     args.get("output_hw"), counts, m, s, relu and not copies))
         return out
+
+    def _pool_input(self, v: Value, x: Value, count: int) -> Req:
+        """What an average pool of windows of up to `count` elements reads of x: its wide
+        realization, narrowed to 16 bits where a window's sum could pass int32 (a global pool
+        of a large map), Unrealizable where even that could."""
+        wide = self.residual_req(x)
+        if max(-wide.precision.qmin, wide.precision.qmax) * count < 2**31:
+            return wide
+        narrow = WidePrecision(16)
+        if 2**15 * count >= 2**31 or not isinstance(wide.precision, WidePrecision):
+            raise Unrealizable(v, f"average pool {v.name}: windows of {count} values whose "
+                                  "sum could pass int32")
+        top = wide.scale * wide.precision.qmax
+        return Req(narrow, top / narrow.qmax, Layout.INT8)
 
     # ------------------------------------------------------------------ layers
     def _layer(self, v: Value) -> _LayerState:
