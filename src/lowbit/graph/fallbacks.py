@@ -78,6 +78,7 @@ class LayerFallback(nn.Module):
     def __init__(self, spec: object, residual: bool) -> None:
         super().__init__()
         self.kind, self.stride, self.pad = spec.kind, spec.stride, spec.pad
+        self.groups = int(getattr(spec, "groups", 1))  # grouped convs: KRSC of C / groups
         self.a, self.a_scale, self.residual = spec.a, float(spec.a_scale), residual
         w_scale = spec.w_scale.double()
         weight = spec.weight.double() * w_scale.view(-1, *[1] * (spec.weight.dim() - 1))
@@ -94,7 +95,7 @@ class LayerFallback(nn.Module):
         if x.device.type == "cpu":  # fp16 operands, float32 arithmetic (`HalfPrecision`)
             xq, w = xq.float(), w.float()
         if self.kind == "conv2d":
-            y = F.conv2d(xq, w, None, self.stride, self.pad).half().float()
+            y = F.conv2d(xq, w, None, self.stride, self.pad, 1, self.groups).half().float()
             y = y * self.gain.view(1, -1, 1, 1) + self.offset.view(1, -1, 1, 1)
         else:
             y = F.linear(xq, w).half().float() * self.gain + self.offset
