@@ -297,3 +297,20 @@ def test_global_pool_of_a_large_map_reads_16_bits():
         yf = q(x)
     y = ReferenceExecutor(plan)(x)
     assert float((y - yf).abs().max()) <= 1e-2 * float(yf.abs().max())
+
+
+def test_activation_quantizers_survive_save_and_load(tmp_path):
+    """The activations' input quantizers (pre-hooks) and the functional ones (a module's
+    output) are rebuilt by load, for the fake-quant model and the converted one."""
+    torch.manual_seed(0)
+    x = _x()
+    q = quantized(Activations(), x)
+    for model in (q, lowbit.convert(q)):
+        path = tmp_path / "m.safetensors"
+        lowbit.save(model, path, arch=f"{__file__}:Activations")
+        loaded = lowbit.load(path).eval()
+        assert {n: (r.bits, r.scale()) for n, r in value_quantizers(loaded).items()} == \
+            {n: (r.bits, r.scale()) for n, r in value_quantizers(model).items()}
+        assert len(value_quantizers(loaded)) == 8
+        with torch.no_grad():
+            assert torch.equal(loaded(x), model(x))
