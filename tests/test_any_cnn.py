@@ -314,3 +314,19 @@ def test_activation_quantizers_survive_save_and_load(tmp_path):
         assert len(value_quantizers(loaded)) == 8
         with torch.no_grad():
             assert torch.equal(loaded(x), model(x))
+
+
+class _Untraceable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2, self.act = nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 3), nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act(self.c1(x))
+        return self.c2(x) if float(x.mean()) > -1e9 else x  # data-dependent: no fx trace
+
+
+def test_untraceable_model_keeps_activations_float_with_a_warning():
+    with pytest.warns(UserWarning, match="activation inputs stay float: activation_bits needs"):
+        q = lowbit.quantize(_Untraceable())
+    assert not value_quantizers(q)

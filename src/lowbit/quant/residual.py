@@ -97,7 +97,8 @@ class _Tracer(fx.Tracer):
                                                                                       qualname)
 
 
-def _trace(model: nn.Module) -> tuple[fx.Graph, dict[str, int]]:
+def _trace(model: nn.Module, option: str = "residual_bits"
+           ) -> tuple[fx.Graph, dict[str, int]]:
     """The fx graph of `model` and how often each module is called in one forward."""
     calls: dict[str, int] = {}
     handles = []
@@ -108,8 +109,8 @@ def _trace(model: nn.Module) -> tuple[fx.Graph, dict[str, int]]:
     try:
         graph = _Tracer().trace(model)
     except Exception as e:
-        raise ValueError(f"residual_bits needs a model torch.fx can trace ({type(e).__name__}: "
-                         f"{e}); quantize without residual_bits") from None
+        raise ValueError(f"{option} needs a model torch.fx can trace ({type(e).__name__}: "
+                         f"{e}); quantize without {option}") from None
     finally:
         for h in handles:
             h.remove()
@@ -221,7 +222,7 @@ def activation_points(model: nn.Module) -> tuple[list[tuple[str, str]], list[str
     activation of `TABLE_ACTIVATIONS` (module: its input) or `TABLE_FUNCTIONS` (functional:
     the output of the module it reads) whose input is a fake-quant conv / linear's output
     (through BatchNorm)."""
-    graph, calls = _trace(model)
+    graph, calls = _trace(model, "activation_bits")
     modules = dict(model.named_modules())
     points: dict[tuple[str, str], None] = {}
     skipped: list[str] = []
