@@ -294,8 +294,9 @@ def summary(target: str = typer.Argument(..., help="a saved lowbit model (.safet
 @app.command()
 @reports_errors
 def bench(
-    model: str = typer.Argument(..., help="zoo network: resnet18, resnet34, resnet50, vgg16, "
-                                "alexnet, apnn_vgg_variant"),
+    model: str = typer.Argument(..., help="zoo network (resnet18, resnet34, resnet50, vgg16, "
+                                "alexnet, apnn_vgg_variant), a torchvision model "
+                                "(tv:mobilenet_v2) or a function of a file (path.py:build)"),
     batch: int = typer.Option(8, help="images per forward"),
     precision: str = typer.Option("w1a2", help="recipe: wXaY (first conv and classifier at "
                                   "w8a8), wXaY-all, or mixed"),
@@ -316,6 +317,8 @@ def bench(
     tuned: bool = typer.Option(False, "--tuned", help="also time the plan with the configs "
                                "of your tuning records (lowbit tune) in the same run"),
     out: str = typer.Option("", help="write the results JSON (and the per-layer PNG) here"),
+    image_size: int = typer.Option(0, help="input height and width (0: the model's default, "
+                                   "224 outside the zoo)"),
 ) -> None:
     """Time a whole quantized network on this GPU against PyTorch fp16 (eager, CUDA graph,
     torch.compile) in the same run: per-layer table and whole-network latency; with --tuned
@@ -332,22 +335,26 @@ def bench(
         per_layer_figure,
         summary_table,
     )
+    from .runtime.model_source import is_external
 
-    if model not in names():
-        raise ValueError(f"model must be one of {', '.join(names())}, got {model!r}")
-    if batch < 1:
-        raise ValueError(f"--batch must be >= 1, got {batch}")
+    if model not in names() and not is_external(model):
+        raise ValueError(f"model must be one of {', '.join(names())}, 'tv:NAME' (torchvision) "
+                         f"or 'path.py:function', got {model!r}")
+    if batch < 1 or image_size < 0:
+        raise ValueError(f"--batch must be >= 1 and --image-size >= 0, got {batch}, "
+                         f"{image_size}")
     try:
         impl_chooser(policy)
     except ValueError as e:
         raise ValueError(f"--policy must be 'default', 'model' or an int8 template's name "
                          f"({e})") from None
-    require_gpu("bench", " (lowbit.compile still runs the plan through the exact reference "
-                "on a CPU)")
     if residual_bits not in (0, 4, 8, 16):
         raise ValueError(f"--residual-bits must be 0, 4, 8 or 16, got {residual_bits}")
-    case = BenchCase(model, batch, precision, exact_bias=not kernel_bias, chooser=policy,
-                     fuse_outputs=fuse_outputs, residual_bits=residual_bits or None)
+    require_gpu("bench", " (lowbit.compile still runs the plan through the exact reference "
+                "on a CPU)")
+    case = BenchCase(model, batch, precision, image_size=image_size or None,
+                     exact_bias=not kernel_bias, chooser=policy, fuse_outputs=fuse_outputs,
+                     residual_bits=residual_bits or None)
     row = bench_network(case, compile_mode=None if compile_mode == "none" else compile_mode)
     rows = [row]
     if tuned:
@@ -367,7 +374,7 @@ def bench(
                       f"({rows[1]['time_ms']:.3f} ms against {rows[0]['time_ms']:.3f} ms)")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
-        stem = Path(out) / f"network-{model}-b{batch}-{precision}"
+        stem = Path(out) / f"network-{Path(model).name.replace(':', '-')}-b{batch}-{precision}"
         stem.with_suffix(".json").write_text(json.dumps({"benchmark": "network",
                                                          "rows": rows}, indent=1))
         per_layer_figure(row, str(stem.with_suffix(".png")))

@@ -6,10 +6,16 @@ record every value's range (the wide realizations' scales) and shape, and turns 
 into `Value`s:
 
   input, layer (conv2d / linear with its IntegerLayer, BatchNorm folded, optional residual),
-  relu, maxpool, avgpool (window / global / adaptive), flatten, concat (channels), quant (a
-  residual-stream quantizer of the model, `lowbit.quant.residual`: its precision and scale;
-  the modules whose outputs it quantizes are traced through so that its hook shows), and
-  float (anything else: a PyTorch module run in float, with the reason).
+  relu, maxpool, avgpool (window / global / adaptive; `x.mean((2, 3))` too), flatten, concat
+  (channels), quant (a value quantizer of the model, `lowbit.quant.residual`: a residual
+  stream's or an activation's input, with its precision and scale; the modules holding one
+  are traced through so that its hook shows), act (an elementwise activation: a clamp with
+  constant bounds, ReLU6 / Hardtanh / `torch.clamp`, attrs lo / hi; or a function such as
+  hardswish / SiLU / sigmoid / GELU, attrs module: its float computation), mul (the product
+  of two tensors, one possibly broadcast over the map: squeeze-excite's channel scale),
+  gather (channels selected by index: chunk / split / `x[:, a:b]`, a channel shuffle's
+  view / transpose / view), and float (anything else: a PyTorch module run in float, with
+  the reason; `lowbit.graph.node_forms` recognizes the forms).
 
 Rewrites, each checked: a BatchNorm that alone consumes a fake-quant layer folds into it
 (`lowbit.quant.convert.integer_layer`); a residual add fuses into the layer among its operands
@@ -32,13 +38,14 @@ from ..core import Encoding, Precision
 from ..quant.api import conv_unsupported_reason
 from ..quant.convert import IntegerLayer, integer_layer
 from ..quant.modules import QUANT_MODULES
-from ..quant.residual import ATTR as RESIDUAL_ATTR
-from ..quant.residual import ResidualQuantizer
+from ..quant.residual import ResidualQuantizer, quantizer_of
+from . import node_forms as forms
 from .ir import PoolWindow
 from .pools import ADAPTIVE, WINDOW
 
 INPUT, LAYER, RELU, MAXPOOL, AVGPOOL, FLATTEN, CONCAT, FLOAT, QUANT = (
     "input", "layer", "relu", "maxpool", "avgpool", "flatten", "concat", "float", "quant")
+ACT, MUL, GATHER = "act", "mul", "gather"
 _ADD, _BN = "add", "batchnorm"  # transient ops: fused away or turned into float values
 
 
@@ -110,8 +117,8 @@ class _Tracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         if is_quant_layer(m) or isinstance(m, ResidualQuantizer):
             return True
-        if isinstance(getattr(m, RESIDUAL_ATTR, None), ResidualQuantizer):
-            return False  # its output hook (the residual quantizer) must be in the graph
+        if quantizer_of(m, "output") is not None or quantizer_of(m, "input") is not None:
+            return False  # its hooks (the value quantizers) must be in the graph
         return super().is_leaf_module(m, qualname)
 
 
@@ -190,6 +197,8 @@ class _Converter:
         self.modules = dict(gm.named_modules())
         self.env: dict[str, Value] = {}
         self.values: list[Value] = []
+        #: per value of a [N, A, B, H, W] view of a map's channels: (the map, the view)
+        self.views: dict[int, tuple[Value, forms.ChannelView]] = {}
 
     def value(self, a: object) -> Value | None:
         return self.env.get(a.name) if isinstance(a, fx.Node) else None
@@ -207,6 +216,12 @@ class _Converter:
     def fallback(self, node: fx.Node, reason: str) -> Value:
         """`node` as a float value: a GraphModule holding it and the non-tensor nodes it
         depends on, its tensor inputs as placeholders."""
+        module, inputs = self.node_module(node)
+        return self.add(node, FLOAT, inputs, module=module, op=describe(node, self.modules),
+                        reason=reason)
+
+    def node_module(self, node: fx.Node) -> tuple[fx.GraphModule, list[Value]]:
+        """(a GraphModule computing `node` from its tensor inputs, those inputs' values)."""
         graph = fx.Graph()
         inputs: list[Value] = []
         copied: dict[str, fx.Node] = {}
@@ -224,9 +239,7 @@ class _Converter:
             return new
 
         graph.output(graph.node_copy(node, copy))
-        module = fx.GraphModule(self.gm, graph)
-        return self.add(node, FLOAT, inputs, module=module, op=describe(node, self.modules),
-                        reason=reason)
+        return fx.GraphModule(self.gm, graph), inputs
 
     def convert(self, node: fx.Node) -> Value:
         tensor_args = [self.value(a) for a in node.all_input_nodes]
@@ -255,6 +268,12 @@ class _Converter:
             return self.add(node, _BN, [x], module=m, target=str(node.target))
         if isinstance(m, nn.ReLU):
             return self.add(node, RELU, [x])
+        if (bounds := forms.clamp_bounds(node, m)) is not None:
+            return self.add(node, ACT, [x], kind="clamp", lo=bounds[0], hi=bounds[1],
+                            module=m, op=describe(node, self.modules))
+        if forms.is_table_activation(node, m):
+            return self.add(node, ACT, [x], kind="fn", module=m,
+                            op=describe(node, self.modules))
         if isinstance(m, _DROPOUTS):
             return self.alias(node, x)
         try:
@@ -305,6 +324,12 @@ class _Converter:
             return self.add(node, RELU, [first])
         if t in _IDENTITY_TARGETS and first is not None and len(args) == 1:
             return self.alias(node, first)
+        if first is not None and len(args) == 1 and (v := self.elementwise(node, first)):
+            return v
+        if v := self.channels(node, first):
+            return v
+        if forms.is_mul(node) and len(args) == 2:
+            return self.add(node, MUL, args, module=_MulModule(), op="mul")
         if t in (torch.flatten, "flatten") and first is not None:
             start = node.args[1] if len(node.args) > 1 else node.kwargs.get("start_dim", 0)
             end = node.args[2] if len(node.args) > 2 else node.kwargs.get("end_dim", -1)
@@ -333,6 +358,65 @@ class _Converter:
                 return self.fallback(node, f"{name} with {e}: no integer pool")
         return self.fallback(node, f"{describe(node, self.modules)} has no integer form")
 
+    def elementwise(self, node: fx.Node, x: Value) -> Value | None:
+        """Clamps, table activations, spatial means, eval-mode stochastic depth."""
+        if forms.is_eval_stochastic_depth(node):
+            return self.alias(node, x)
+        if (bounds := forms.clamp_bounds(node)) is not None:
+            module, _ = self.node_module(node)
+            return self.add(node, ACT, [x], kind="clamp", lo=bounds[0], hi=bounds[1],
+                            module=module, op=describe(node, self.modules))
+        if forms.is_table_activation(node):
+            module, _ = self.node_module(node)
+            return self.add(node, ACT, [x], kind="fn", module=module,
+                            op=describe(node, self.modules))
+        stat = self.rec.stats.get(x.fx_name)
+        keep = forms.mean_keepdim(node, stat.shape) if stat else None
+        if keep is None:
+            return None
+        out, pooled = self.rec.stats[node.name], f"{node.name}.pooled"  # [N, C, 1, 1]
+        self.rec.stats[pooled] = Stat((*stat.shape[:2], 1, 1), out.lo, out.hi)
+        v = Value(node.name if keep else pooled, AVGPOOL, [x], node.name if keep else pooled,
+                  _adaptive(1), len(self.values))
+        self.values.append(v)
+        if not keep:
+            v = Value(node.name, FLATTEN, [v], node.name, {}, len(self.values))
+            self.values.append(v)
+        self.env[node.name] = v
+        return v
+
+    def channels(self, node: fx.Node, x: Value | None) -> Value | None:
+        """Channel selections (chunk / split / slicing) and channel shuffles."""
+        shape = self.rec.stats[node.name].shape if node.name in self.rec.stats else ()
+        src = node.args[0] if node.args else None
+        if node.target is operator.getitem and isinstance(src, fx.Node) and \
+                src.name in self.rec.others and isinstance(node.args[1], int):
+            parts = forms.split_parts(src, self.rec.others[src.name])
+            first = self.value(src.args[0]) if src.args else None
+            if parts is not None and first is not None:
+                start = sum(parts[:node.args[1]])
+                return self.add(node, GATHER, [first], index=tuple(
+                    range(start, start + parts[node.args[1]])))
+        if x is None:
+            return None
+        in_shape = self.rec.stats[x.fx_name].shape if x.fx_name in self.rec.stats else ()
+        if len(in_shape) == 4 and (keep := forms.slice_channels(node, in_shape[1])):
+            return self.add(node, GATHER, [x], index=tuple(keep))
+        if (view := forms.channel_view(node, in_shape, shape)) is not None:
+            v = self.fallback(node, "a view of a map's channels")
+            self.views[id(v)] = (x, view)
+            return v
+        if id(x) in self.views:
+            src_map, view = self.views[id(x)]
+            if (moved := forms.transpose_view(node, view)) is not None:
+                v = self.fallback(node, "a transpose of a view of a map's channels")
+                self.views[id(v)] = (src_map, moved)
+                return v
+            if forms.closes_view(node, shape, view):
+                return self.add(node, GATHER, [src_map],
+                                index=tuple(int(i) for i in view.index.flatten()))
+        return None
+
     def batch_flatten(self, node: fx.Node) -> bool:
         """x.view(x.size(0), -1) / x.reshape(x.shape[0], -1): a flatten from dim 1."""
         if len(node.args) != 3 or node.args[2] != -1 or node.kwargs:
@@ -356,7 +440,8 @@ def describe(node: fx.Node, modules: dict[str, nn.Module]) -> str:
         extra = m.extra_repr()
         return f"{node.target}: {type(m).__name__}({extra[:60]})"
     name = getattr(node.target, "__name__", str(node.target))
-    return f"{node.op.removeprefix('call_')} {name}"
+    stack = [path for path, _ in (node.meta.get("nn_module_stack") or {}).values() if path]
+    return f"{node.op.removeprefix('call_')} {name}" + (f" in {stack[-1]}" if stack else "")
 
 
 # ------------------------------------------------------------------------------ rewrites
@@ -459,6 +544,11 @@ def _fuse_adds(df: Dataflow) -> None:
 class _AddModule(nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return a + b
+
+
+class _MulModule(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a * b
 
 
 def _prune(df: Dataflow) -> None:

@@ -27,6 +27,10 @@ FloatFallback steps in `Plan.modules`. Step kinds and their exact semantics (the
              clamp(floor((sum m[c] + 2^(s[c]-1)) / 2^s[c]), lo, qmax), c = the window's count;
              floats: PyTorch's average pool.
 - Lookup:    quantized -> quantized, out = table[q - qmin of the input's precision].
+- Gather:    channels selected by index: out[..., c] = in[..., index[c]] (floats: dim 1).
+- TableMul:  the product of two quantized tensors as a table of their values:
+             out = table[(a - qmin_a) * n_b + (b - qmin_b)], n_b = qmax_b - qmin_b + 1, with a
+             either of b's shape or [N, 1, 1, C] (NHWC; broadcast over b's map).
 - Flatten:   [N, H, W, C] -> [N, H*W*C] in (h, w, c) order (a view); floats: torch.flatten.
 - Concat:    channel concatenation of tensors of one precision, scale and layout.
 - FloatFallback: a PyTorch module run in float (the plan says why) on its inputs, quantized
@@ -325,6 +329,36 @@ class Lookup(UnaryStep):
 
 
 @dataclass(frozen=True)
+class Gather(UnaryStep):
+    """Channels of the input selected by `index` (int64 [C_out], a Plan.params key): a chunk,
+    a split or a channel shuffle (module docstring)."""
+
+    index: str = ""
+    kind: ClassVar[str] = "gather"
+
+
+@dataclass(frozen=True)
+class TableMul(Step):
+    """The product of quantized tensors `a` (b's shape, or [N, 1, 1, C]: a channel scale)
+    and `b` by `table` (int64 [n_a * n_b], a Plan.params key; module docstring): every
+    product of their values, as the consumer reads it."""
+
+    a: str = ""
+    b: str = ""
+    output: str = ""
+    table: str = ""
+    kind: ClassVar[str] = "table_mul"
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.a, self.b)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return (self.output,)
+
+
+@dataclass(frozen=True)
 class Flatten(UnaryStep):
     kind: ClassVar[str] = "flatten"
 
@@ -376,8 +410,8 @@ class Output(Step):
 
 
 STEP_TYPES: dict[str, type[Step]] = {c.kind: c for c in (Quantize, Layer, MaxPool, AvgPool,
-                                                          Lookup, Flatten, Concat, FloatFallback,
-                                                          Output)}
+                                                          Lookup, Gather, TableMul, Flatten,
+                                                          Concat, FloatFallback, Output)}
 
 
 def step_from_dict(d: dict) -> Step:
@@ -535,10 +569,12 @@ def param_keys(step: Step) -> list[str]:
                                  o.scale, o.offset, o.table) if k]
     elif isinstance(step, AvgPool):
         keys += [k for k in (step.multiplier, step.shift) if k]
-    elif isinstance(step, Lookup):
+    elif isinstance(step, (Lookup, TableMul)):
         keys.append(step.table)
     elif isinstance(step, Quantize) and step.table:
         keys.append(step.table)
+    elif isinstance(step, Gather):
+        keys.append(step.index)
     return keys
 
 

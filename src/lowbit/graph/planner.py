@@ -26,6 +26,7 @@ residual, if any (`Epilogue.residual`, where the 64-bit sum provably fits).
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -43,18 +44,23 @@ from ..reference import avgpool_multiplier, fixed_point_pair, pool_output_size
 from ..reference.netops import uint8_input_table
 from .chooser import Chooser, make_chooser
 from .dataflow import (
+    ACT,
     AVGPOOL,
     CONCAT,
     FLATTEN,
     FLOAT,
+    GATHER,
     INPUT,
     LAYER,
     MAXPOOL,
+    MUL,
     QUANT,
     RELU,
     Dataflow,
     Value,
 )
+from .elementwise import ElementwiseRealizations, gather_shape, mul_shape
+from .fallbacks import Unrealizable, half_precision, make_float
 from .impl import (
     TORCH_FP16,
     ImplChooser,
@@ -149,7 +155,7 @@ def nhwc(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (shape[0], *shape[2:], shape[1]) if len(shape) == 4 else tuple(shape)
 
 
-class Planner:
+class Planner(ElementwiseRealizations):
     """Builds one Plan; see `build_plan`."""
 
     def __init__(self, df: Dataflow, input_shape: tuple[int, ...],
@@ -189,8 +195,12 @@ class Planner:
             elif v.op == LAYER:
                 out = self._layer_shape(v, ins)
                 flat = None
-            elif v.op == RELU:
+            elif v.op in (RELU, ACT):
                 out, flat = ins[0], self.flat_from[id(v.inputs[0])]
+            elif v.op == MUL:
+                out = mul_shape(v, *ins)
+            elif v.op == GATHER:
+                out = gather_shape(v, ins[0])
             elif v.op == MAXPOOL:
                 w = v.attrs["window"]
                 n, c, h, wd = self._map(v, ins[0])
@@ -298,28 +308,32 @@ class Planner:
     def nonneg(self, v: Value) -> bool:
         """Whether the value is >= 0 by construction (a ReLU output, or pooled / flattened /
         concatenated ones)."""
-        if v.op == RELU:
+        if v.op == RELU or (v.op == ACT and v.attrs["kind"] == "clamp" and
+                            v.attrs["lo"] is not None and v.attrs["lo"] >= 0):
             return True
+        if v.op == GATHER:
+            return self.nonneg(v.inputs[0])
         if v.op == QUANT:
             return v.attrs["precision"].qmin >= 0 or self.nonneg(v.inputs[0])
         if v.op in (MAXPOOL, AVGPOOL, FLATTEN, CONCAT):
             return all(self.nonneg(i) for i in v.inputs)
         return False
 
-    def wide(self, v: Value, window: int = 1) -> Req:
+    def wide(self, v: Value) -> Req:
         """The wide realization of v (module docstring), from the example input's range:
         wide_bits 16 / 24 signed at WIDE_HEADROOM x max|v| / qmax, wide_bits 8 u8 / s8 one
-        value per byte at max / qmax. window: the most values an average pool sums (its
-        int32 window sums bound the levels: qmax * window < 2^31)."""
+        value per byte at max / qmax."""
         stat = self.df.stats[v.fx_name]
+        clamp_top = self.clamp_top(v)  # a ReLU6's top is the range's (no clamp table)
         if self.wide_bits in WIDE_BITS:
-            fits = [b for b in WIDE_BITS if b <= self.wide_bits
-                    and (2 ** (b - 1)) * max(window, 1) < 2**31]
-            prec = WidePrecision(max(fits or [min(WIDE_BITS)]))
-            levels = min(prec.qmax, (2**31 - 1) // max(window, 1))
-            return Req(prec, max(stat.absmax * WIDE_HEADROOM, _TINY) / levels, Layout.INT8)
+            prec = WidePrecision(self.wide_bits)
+            if clamp_top is not None:
+                return Req(prec, clamp_top / (prec.qmax + 0.75), Layout.INT8)
+            return Req(prec, max(stat.absmax * WIDE_HEADROOM, _TINY) / prec.qmax, Layout.INT8)
         prec = U8 if self.nonneg(v) else S8
         top = stat.hi if prec is U8 else stat.absmax
+        if clamp_top is not None:
+            return Req(prec, clamp_top / (prec.qmax + 0.25), Layout.INT8)
         return Req(prec, max(top, _TINY) / prec.qmax, Layout.INT8)
 
     @staticmethod
@@ -328,11 +342,10 @@ class Planner:
         element (one byte up to 8 bits, int16 at 16)."""
         return Req(v.attrs["precision"], v.attrs["scale"], Layout.INT8)
 
-    def residual_req(self, v: Value, window: int = 1) -> Req:
-        """What a residual add or an average pool (summing up to `window` values) reads of
-        `v`: the model's own quantized value where a residual quantizer made it (narrow and
-        exact), else the wide one."""
-        return self.own(v) if v.op == QUANT else self.wide(v, window)
+    def residual_req(self, v: Value) -> Req:
+        """What a residual add or an average pool reads of `v`: the model's own quantized
+        value where a residual quantizer made it (narrow and exact), else the wide one."""
+        return self.own(v) if v.op == QUANT else self.wide(v)
 
     def _table(self, v: Value, req: Req) -> str:
         """Params key of the table taking each value of the quantizer `v` (its own precision
@@ -363,7 +376,11 @@ class Planner:
             return self.realize(v.inputs[0], req, True)
         if v.op == QUANT:
             return self._quant(v, req, relu, shape)
-        if req.via is not None and (v.op not in (LAYER, MAXPOOL, FLATTEN, CONCAT)
+        if v.op == ACT:
+            return self._act(v, req, relu)
+        if v.op == MUL:
+            return self._mul(v, req, relu)
+        if req.via is not None and (v.op not in (LAYER, MAXPOOL, FLATTEN, CONCAT, GATHER)
                                     or isinstance(req.via.precision, WidePrecision)):
             src = self.realize(v, req.mid(), relu)  # then the table, as a step of its own
             out = self._tensor(v, req, shape, relu)
@@ -398,6 +415,8 @@ class Planner:
             out = self._tensor(v, req, shape, relu)
             self._emit(v.index, Flatten(f"flatten.{out}", src, out))
             return out
+        if v.op == GATHER:
+            return self._gather(v, req, relu)
         if v.op == CONCAT:
             parts = tuple(self.realize(p, req, relu) for p in v.inputs)
             out = self._tensor(v, req, shape, relu)
@@ -433,7 +452,7 @@ class Planner:
                 self.modules[f"{v.name}.dequantize"] = torch.nn.Identity()
                 self._emit(v.index + 0.5, FloatFallback(
                     f"float.{out}", (src,), out, f"{v.name}.dequantize", "dequantize",
-                    "a float reader of a quantized residual value"))
+                    "a float reader of a quantized value"))
                 self.memo[key] = out
             return self.memo[key]
         if req.via is not None:  # a reading of a reading: one table from our own values
@@ -449,7 +468,7 @@ class Planner:
         if key not in self.memo:
             args = tuple(self.realize(i, FLOAT_REQ) for i in v.inputs)
             out = self._tensor(v, FLOAT_REQ, self.shapes[id(v)], False)
-            self.modules[v.name] = v.attrs["module"]
+            self.modules[v.name] = half_precision(v.attrs["module"])
             self._emit(v.index, FloatFallback(f"float.{v.name}", args, out, v.name,
                                               v.attrs["op"], v.attrs["reason"]))
             self.memo[key] = out
@@ -487,16 +506,34 @@ class Planner:
             src = self.realize(x, FLOAT_REQ)
             out = self._tensor(v, req, shape, relu)
         else:
-            wide = self.residual_req(x, max(counts))
+            wide = self._pool_input(v, x, max(counts))
             src = self.realize(x, wide)
             out = self._tensor(v, req, shape, relu)
-            pairs = [avgpool_multiplier(c, wide.scale, req.scale) for c in counts]
+            try:
+                pairs = [avgpool_multiplier(c, wide.scale, req.scale) for c in counts]
+            except ValueError as e:
+                raise Unrealizable(v, f"average pool {v.name}: no fixed-point multiplier from "
+                                      f"its input's scale to its output's ({e})") from None
             m = self._param(f"{out}.multiplier", torch.stack([p[0] for p in pairs]))
             s = self._param(f"{out}.shift", torch.stack([p[1] for p in pairs]))
         self._emit(v.index, AvgPool(f"avgpool.{out}", src, out, args["mode"], args.get("kernel"),
                                     args.get("stride"), args.get("pad", 0),
                                     args.get("output_hw"), counts, m, s, relu and not copies))
         return out
+
+    def _pool_input(self, v: Value, x: Value, count: int) -> Req:
+        """What an average pool of windows of up to `count` elements reads of x: its wide
+        realization, narrowed to 16 bits where a window's sum could pass int32 (a global pool
+        of a large map), Unrealizable where even that could."""
+        wide = self.residual_req(x)
+        if max(-wide.precision.qmin, wide.precision.qmax) * count < 2**31:
+            return wide
+        narrow = WidePrecision(16)
+        if 2**15 * count >= 2**31 or not isinstance(wide.precision, WidePrecision):
+            raise Unrealizable(v, f"average pool {v.name}: windows of {count} values whose "
+                                  "sum could pass int32")
+        top = wide.scale * wide.precision.qmax
+        return Req(narrow, top / narrow.qmax, Layout.INT8)
 
     # ------------------------------------------------------------------ layers
     def _layer(self, v: Value) -> _LayerState:
@@ -584,16 +621,16 @@ class Planner:
                     if m is None:
                         m, r, s = shared_shift(ratio, state.residual_scale / mid.scale, steps)
             except ValueError as e:
-                raise ValueError(f"layer {self._module_path(v)}: output {t} has no "
-                                 f"fixed-point requantization ({e})") from None
+                raise Unrealizable(v, f"layer {self._module_path(v)}: output {t} has no "
+                                      f"fixed-point requantization ({e})") from None
             if self.exact_bias or req.via is not None:  # out_bias at 2^-s output steps
                 b = round_half_up(spec.out_bias.double() / mid.scale
                                   * torch.pow(2.0, s.double()))
             else:
                 b = acc_bias * m
             if bool((b.abs() >= 2**62).any()):
-                raise ValueError(f"layer {name}: output {t}'s bias is out of range (>= 2^62 at "
-                                 "its shift)")
+                raise Unrealizable(v, f"layer {self._module_path(v)}: output {t}'s bias is out "
+                                      "of range (>= 2^62 at its shift)")
             b = b.to(torch.int64)
             kernel_bias = kernel_bias and torch.equal(b, acc_bias * m) and req.via is None
             outs.append(LayerOutput(
@@ -747,6 +784,19 @@ def build_plan(df: Dataflow, input_shape: tuple[int, ...],
     them), wide realizations of `wide_bits`, biases exact (`exact_bias`) or rounded to
     accumulator units (module docstring), launches as `options` allow; with
     `image_normalization` (mean, std) the image is uint8 pixel values
-    (`Plan.image_normalization`)."""
-    return Planner(df, tuple(int(s) for s in input_shape), chooser, wide_bits,
-                   exact_bias, options, image_normalization).build()
+    (`Plan.image_normalization`). A layer or average pool that cannot be realized exactly
+    (`fallbacks.Unrealizable`) becomes a float value of `df` (fp16, its reason in the plan)
+    and the plan is built again."""
+    shape = tuple(int(s) for s in input_shape)
+    limit = sys.getrecursionlimit()  # realizations recurse along the graph's longest path
+    sys.setrecursionlimit(max(limit, 1000 + 40 * len(df.values)))
+    try:
+        for _ in range(len(df.values) + 1):
+            try:
+                return Planner(df, shape, chooser, wide_bits, exact_bias, options,
+                               image_normalization).build()
+            except Unrealizable as e:  # it runs in float from now on (`fallbacks.make_float`)
+                make_float(e.value, e.reason)
+    finally:
+        sys.setrecursionlimit(limit)
+    raise AssertionError("planning did not converge")

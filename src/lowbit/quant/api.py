@@ -24,8 +24,14 @@ from .learned import check_quantize_method
 from .modules import QUANT_MODULES, QuantConv2d, QuantLinear
 from .observers import METHODS
 from .recipe import LayerRecipe, MixRecipe, build_quant_layer
+from .residual import (
+    ACTIVATION_BITS,
+    ValueQuantizer,
+    add_activation_quantizers,
+    add_residual_quantizers,
+    check_residual_bits,
+)
 from .residual import ATTR as RESIDUAL_ATTR
-from .residual import ResidualQuantizer, add_residual_quantizers, check_residual_bits
 
 #: attribute set on every Conv2d / Linear that quantize leaves float: why it did
 FLOAT_REASON = "lowbit_float_reason"
@@ -216,7 +222,8 @@ def quantize_model(model: nn.Module, weight_bits: int = 8, act_bits: int = 8, me
                    percentile: float = 99.99, tau: int = 10, eta: int = 5, bins: int = 2048,
                    momentum: float = 0.1, beta: float = 4.0,
                    mix_until: int | None = None, residual_bits: int | None = None,
-                   residual_layers: Mapping[str, int | None] | None = None) -> nn.Module:
+                   residual_layers: Mapping[str, int | None] | None = None,
+                   activation_bits: int | None = 8) -> nn.Module:
     """Model with its Conv2d / Linear layers replaced by fake-quant modules (a copy unless
     `inplace`).
 
@@ -237,6 +244,13 @@ def quantize_model(model: nn.Module, weight_bits: int = 8, act_bits: int = 8, me
     change the scale) are quantized in the model itself (`lowbit.quant.residual`: trained
     with, realized exactly by `convert` and `compile`); residual_layers: per-module overrides
     {module name or glob: bits or None}, e.g. {"layer1.*": 16}.
+    activation_bits: 2..8 (default 8) or None: the input of every activation function that
+    the engine computes as a table of its quantized input (hardswish, SiLU, sigmoid,
+    hardsigmoid, GELU, tanh, ...; `lowbit.quant.residual.activation_points`) and that reads a
+    quantized conv / linear is quantized in the model at this width (a forward pre-hook), so
+    that the compiled network computes it exactly on its integer path; None leaves them float
+    (the engine then runs them in float). A model torch.fx cannot trace keeps them float
+    (a warning).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -249,6 +263,10 @@ def quantize_model(model: nn.Module, weight_bits: int = 8, act_bits: int = 8, me
     check_nonfinite_mode(nonfinite)
     _check_options(threshold, percentile, tau, eta, bins, momentum, beta, mix_until)
     res_bits, res_overrides = check_residual_bits(residual_bits, residual_layers)
+    if activation_bits is not None and (isinstance(activation_bits, bool) or not isinstance(
+            activation_bits, int) or activation_bits not in ACTIVATION_BITS):
+        raise ValueError(f"activation_bits must be None or an int in 2..8, got "
+                         f"{activation_bits!r}")
     if quant_layers(model):
         raise ValueError("model is already quantized (it holds lowbit fake-quant layers)")
     names = [n for n, _ in candidate_layers(model)]
@@ -296,15 +314,19 @@ def quantize_model(model: nn.Module, weight_bits: int = 8, act_bits: int = 8, me
                              MixRecipe(beta, until) if p["mix"] else None, nonfinite, threshold,
                              percentile, observer)
         _set_module(model, name, build_quant_layer(mods[name], name, recipe))
+    res_method = method if method in METHODS else "max"
+
+    def make(name: str, bits: int) -> ValueQuantizer:
+        return ValueQuantizer(bits, res_method, threshold=threshold, percentile=percentile,
+                              nonfinite=nonfinite, layer_name=name, **observer)
+
     if res_bits is not None or res_overrides:
-        res_method = method if method in METHODS else "max"
-
-        def make(module: str, bits: int) -> ResidualQuantizer:
-            return ResidualQuantizer(bits, res_method, threshold=threshold,
-                                     percentile=percentile, nonfinite=nonfinite,
-                                     layer_name=f"{module}.{RESIDUAL_ATTR}", **observer)
-
-        add_residual_quantizers(model, res_bits, res_overrides, make)
+        add_residual_quantizers(model, res_bits, res_overrides,
+                                lambda module, bits: make(f"{module}.{RESIDUAL_ATTR}", bits))
+    if activation_bits is not None:
+        left = add_activation_quantizers(model, activation_bits, make)
+        if left and any(why.startswith("activation inputs stay float") for why in left):
+            warnings.warn(f"lowbit.quantize: {left[0]}", stacklevel=2)
     return model
 
 

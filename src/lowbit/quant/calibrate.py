@@ -11,8 +11,7 @@ from torch import nn
 from ..core.progress import progress
 from .api import quant_layers
 from .inputs import InputShapeError, checked_layer_inputs
-from .residual import ATTR as RESIDUAL_ATTR
-from .residual import residual_quantizers
+from .residual import value_quantizers
 
 __all__ = ["InputShapeError", "calibrate"]
 
@@ -51,9 +50,10 @@ def calibrate(model: nn.Module, loader: Iterable, num_batches: int | None = None
     if num_batches is not None and (isinstance(num_batches, bool)
                                     or not isinstance(num_batches, int) or num_batches < 1):
         raise ValueError(f"num_batches must be None or an int >= 1, got {num_batches!r}")
-    # the layers' input quantizers, then the residual stream's (`lowbit.quant.residual`)
-    layers = [(name, layer.act_quant) for name, layer in layers] + [
-        (f"{name}.{RESIDUAL_ATTR}", q) for name, q in residual_quantizers(model).items()]
+    # the layers' input quantizers, then the residual stream's and the activations' inputs
+    # (`lowbit.quant.residual`)
+    layers = [(name, layer.act_quant) for name, layer in layers] + list(
+        value_quantizers(model).items())
     quantizers = [q for _, q in layers]
     was_training = model.training
     model.eval()

@@ -22,7 +22,7 @@ from torch import nn
 
 from ..core import ConvWorkload, Encoding, Epilogue, GemmWorkload, Layout, Precision
 from ..core.epilogue import EpilogueParams
-from .modules import QUANT_MODULES, QuantConv2d, QuantLinear
+from .modules import QUANT_MODULES, ActQuantizer, QuantConv2d, QuantLinear
 from .quantize import fixed_point, round_half_up
 
 _BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
@@ -139,8 +139,9 @@ def integer_layer(layer: QuantConv2d | QuantLinear, bn: nn.Module | None = None)
 
 
 class _LeafTracer(torch.fx.Tracer):
-    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return isinstance(m, QUANT_MODULES) or super().is_leaf_module(m, qualname)
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:  # quantizers: leaves too
+        return isinstance(m, (*QUANT_MODULES, ActQuantizer)) or super().is_leaf_module(
+            m, qualname)
 
 
 def _pairs_fx(model: nn.Module) -> dict[str, str]:

@@ -16,6 +16,14 @@ from the block's input: the identity or the downsampling branch; the other opera
 block's last conv, whose kernel adds the shortcut in its epilogue). A value that is no
 module's output on every call (a functional op, a module called more than once) is left to
 the engine's wide realization, and `residual_points` says why.
+
+The same machinery quantizes the input of an activation function (hardswish, SiLU, sigmoid,
+GELU, ...) that reads a quantized conv / linear (`lowbit.quantize(..., activation_bits=8)`,
+`activation_points`): a `ValueQuantizer` as the activation module's `input_quant` child,
+applied by a forward pre-hook (or, for a functional activation, as the `residual_quant` of
+the module whose output it reads), so that the compiled network computes the activation
+exactly as a table over the at most 256 quantized values. Every such quantizer is a
+`ValueQuantizer` (`ResidualQuantizer` is the same class); `value_quantizers` lists them all.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch import nn
 
 from ..core import Precision, WidePrecision
@@ -35,13 +44,17 @@ from .modules import QUANT_MODULES, ActQuantizer, activation_precision
 RESIDUAL_BITS = (4, 8, 16)
 #: the attribute of a module holding the quantizer of its output
 ATTR = "residual_quant"
+#: the attribute of a module holding the quantizer of its (first) input
+INPUT_ATTR = "input_quant"
+#: where a quantizer sits on its module: the attribute holding it
+ATTRS = {"output": ATTR, "input": INPUT_ATTR}
 _ADDS = {"add", "add_", "__add__", "__iadd__", "iadd"}
 
 
-class ResidualQuantizer(ActQuantizer):
-    """The fake-quantizer of one residual-stream value (module docstring): an activation
-    quantizer of 4 or 8 bits (unsigned after a ReLU, else signed), or 16 bits (signed: the
-    engine stores it as int16)."""
+class ValueQuantizer(ActQuantizer):
+    """The fake-quantizer of one value a module writes or reads (a residual-stream value, an
+    activation's input; module docstring): an activation quantizer of 2 to 8 bits (unsigned
+    after a ReLU, else signed), or 16 bits (signed: the engine stores it as int16)."""
 
     def __init__(self, bits: int, method: str = "max", **options: object) -> None:
         signed = True if bits > 8 else options.pop("signed", None)
@@ -55,9 +68,18 @@ class ResidualQuantizer(ActQuantizer):
         return activation_precision(bits, signed)
 
 
+#: the quantizer of a residual-stream value (the same class)
+ResidualQuantizer = ValueQuantizer
+
+
 def _quantize_output(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
-    """The forward hook of a module whose output is a residual-stream value."""
+    """The forward hook of a module whose output is a quantized value."""
     return getattr(module, ATTR)(output)
+
+
+def _quantize_input(module: nn.Module, inputs: tuple) -> tuple:
+    """The forward pre-hook of a module whose first input is a quantized value."""
+    return (getattr(module, INPUT_ATTR)(inputs[0]), *inputs[1:])
 
 
 @dataclass(frozen=True)
@@ -75,7 +97,8 @@ class _Tracer(fx.Tracer):
                                                                                       qualname)
 
 
-def _trace(model: nn.Module) -> tuple[fx.Graph, dict[str, int]]:
+def _trace(model: nn.Module, option: str = "residual_bits"
+           ) -> tuple[fx.Graph, dict[str, int]]:
     """The fx graph of `model` and how often each module is called in one forward."""
     calls: dict[str, int] = {}
     handles = []
@@ -86,8 +109,8 @@ def _trace(model: nn.Module) -> tuple[fx.Graph, dict[str, int]]:
     try:
         graph = _Tracer().trace(model)
     except Exception as e:
-        raise ValueError(f"residual_bits needs a model torch.fx can trace ({type(e).__name__}: "
-                         f"{e}); quantize without residual_bits") from None
+        raise ValueError(f"{option} needs a model torch.fx can trace ({type(e).__name__}: "
+                         f"{e}); quantize without {option}") from None
     finally:
         for h in handles:
             h.remove()
@@ -172,19 +195,107 @@ def residual_points(model: nn.Module) -> tuple[list[ResidualPoint], list[str]]:
     return list(points.values()), skipped
 
 
-def attach(model: nn.Module, module: str, quantizer: ResidualQuantizer) -> None:
-    """Give `module` of `model` the residual quantizer of its output (a forward hook)."""
+#: activation functions computed as a table of their quantized input (`activation_points`)
+TABLE_ACTIVATIONS = (nn.Hardswish, nn.SiLU, nn.Sigmoid, nn.Hardsigmoid, nn.GELU, nn.Tanh,
+                     nn.Mish, nn.ELU, nn.LeakyReLU, nn.Softplus)
+TABLE_FUNCTIONS = {F.hardswish, F.silu, torch.sigmoid, F.sigmoid, F.hardsigmoid, F.gelu,
+                   torch.tanh, F.tanh, F.mish, F.elu, F.leaky_relu, F.softplus,
+                   "sigmoid", "tanh"}
+_PASS_THROUGH = (nn.BatchNorm1d, nn.BatchNorm2d, nn.Dropout, nn.Dropout2d, nn.Identity)
+#: activation input quantizer widths (one byte: a table of at most 256 entries)
+ACTIVATION_BITS = (2, 3, 4, 5, 6, 7, 8)
+
+
+def _reads_quant_layer(n: object, modules: dict[str, nn.Module]) -> bool:
+    """Whether fx node n is a fake-quant conv / linear's output, through BatchNorms and
+    identities."""
+    while isinstance(n, fx.Node) and n.op == "call_module" and \
+            isinstance(modules.get(n.target), _PASS_THROUGH):
+        n = n.args[0]
+    return isinstance(n, fx.Node) and n.op == "call_module" and \
+        isinstance(modules.get(n.target), QUANT_MODULES)
+
+
+def activation_points(model: nn.Module) -> tuple[list[tuple[str, str]], list[str]]:
+    """([(module, 'input' / 'output')] whose quantizer makes an activation function's input
+    a quantized value, in graph order; the activations left float and why) of `model`: every
+    activation of `TABLE_ACTIVATIONS` (module: its input) or `TABLE_FUNCTIONS` (functional:
+    the output of the module it reads) whose input is a fake-quant conv / linear's output
+    (through BatchNorm)."""
+    graph, calls = _trace(model, "activation_bits")
+    modules = dict(model.named_modules())
+    points: dict[tuple[str, str], None] = {}
+    skipped: list[str] = []
+    for n in graph.nodes:
+        module = modules.get(n.target) if n.op == "call_module" else None
+        functional = n.op in ("call_function", "call_method") and n.target in TABLE_FUNCTIONS
+        if not (isinstance(module, TABLE_ACTIVATIONS) or functional) or not n.args or \
+                not _reads_quant_layer(n.args[0], modules):
+            continue
+        if module is not None:
+            if calls.get(n.target, 0) != 1:
+                skipped.append(f"{n.target}: called {calls.get(n.target, 0)} times")
+            else:
+                points[(n.target, "input")] = None
+            continue
+        owner = _owner(n.args[0], calls, modules)
+        if owner is None:
+            skipped.append(f"{n.name}: its input {n.args[0].name} is no module's output on "
+                           "every call")
+        else:
+            points[(owner, "output")] = None
+    return list(points), skipped
+
+
+def add_activation_quantizers(model: nn.Module, bits: int, make: object) -> list[str]:
+    """Attach a quantizer of `bits` (`make(name, bits)` builds it) at every activation point
+    of `model` (`activation_points`) that has none; returns the activations left float and
+    why (the model cannot be traced: all of them)."""
+    try:
+        points, skipped = activation_points(model)
+    except ValueError as e:
+        if any(isinstance(m, TABLE_ACTIVATIONS) for m in model.modules()):
+            return [f"activation inputs stay float: {e}"]
+        return []
+    for module, where in points:
+        if quantizer_of(model.get_submodule(module), where) is None:
+            attach(model, module, make(f"{module}.{ATTRS[where]}", bits), where)
+    return skipped
+
+
+def attach(model: nn.Module, module: str, quantizer: ValueQuantizer, where: str = "output"
+           ) -> None:
+    """Give `module` of `model` the quantizer of its output (a forward hook) or, where="input",
+    of its first input (a forward pre-hook)."""
+    if where not in ATTRS:
+        raise ValueError(f"where must be one of {sorted(ATTRS)}, got {where!r}")
     owner = model.get_submodule(module) if module else model
-    if isinstance(getattr(owner, ATTR, None), ResidualQuantizer):
-        raise ValueError(f"{module or 'the model'} already has a residual quantizer")
-    setattr(owner, ATTR, quantizer)
-    owner.register_forward_hook(_quantize_output)
+    if isinstance(getattr(owner, ATTRS[where], None), ValueQuantizer):
+        raise ValueError(f"{module or 'the model'} already has a quantizer of its {where}")
+    setattr(owner, ATTRS[where], quantizer)
+    if where == "output":
+        owner.register_forward_hook(_quantize_output)
+    else:
+        owner.register_forward_pre_hook(_quantize_input)
 
 
-def residual_quantizers(model: nn.Module) -> dict[str, ResidualQuantizer]:
-    """{owner module name: its residual quantizer} of a quantized model."""
-    return {name: getattr(m, ATTR) for name, m in model.named_modules()
-            if isinstance(getattr(m, ATTR, None), ResidualQuantizer)}
+def quantizer_of(m: nn.Module, where: str) -> ValueQuantizer | None:
+    """The quantizer of module m's output / input, or None."""
+    q = getattr(m, ATTRS[where], None)
+    return q if isinstance(q, ValueQuantizer) else None
+
+
+def residual_quantizers(model: nn.Module) -> dict[str, ValueQuantizer]:
+    """{owner module name: the quantizer of its output} of a quantized model."""
+    return {name: q for name, m in model.named_modules()
+            if (q := quantizer_of(m, "output")) is not None}
+
+
+def value_quantizers(model: nn.Module) -> dict[str, ValueQuantizer]:
+    """{'owner.residual_quant' / 'owner.input_quant': quantizer} of every value quantizer of a
+    quantized model (outputs and inputs)."""
+    return {f"{name}.{attr}" if name else attr: q for name, m in model.named_modules()
+            for where, attr in ATTRS.items() if (q := quantizer_of(m, where)) is not None}
 
 
 def check_residual_bits(residual_bits: object, overrides: object = None
@@ -243,28 +354,36 @@ def _matches(name: str, pattern: str) -> bool:
 
 
 def residual_recipes(model: nn.Module) -> dict[str, dict]:
-    """{owner module: what rebuilds its residual quantizer} (the saved manifest's part; the
-    observed state travels in the state_dict)."""
+    """{owner module (an output quantizer) or 'owner.input_quant' (an input one): what
+    rebuilds the quantizer} (the saved manifest's part; the observed state travels in the
+    state_dict)."""
     out = {}
-    for name, q in residual_quantizers(model).items():
-        obs = q.observer
-        out[name] = {"bits": q.bits, "method": q.method, "nonfinite": q.nonfinite,
-                     "threshold": obs.threshold, "percentile": obs.percentile,
-                     "observer": {"bins": obs.bins, "momentum": obs.momentum, "tau": obs.tau,
-                                  "eta": obs.eta}}
+    for name, m in model.named_modules():
+        for where in ATTRS:
+            q = quantizer_of(m, where)
+            if q is None:
+                continue
+            obs = q.observer
+            key = name if where == "output" else f"{name}.{INPUT_ATTR}"
+            out[key] = {"bits": q.bits, "method": q.method, "nonfinite": q.nonfinite,
+                        "threshold": obs.threshold, "percentile": obs.percentile,
+                        "observer": {"bins": obs.bins, "momentum": obs.momentum,
+                                     "tau": obs.tau, "eta": obs.eta}, "where": where}
     return out
 
 
 def attach_residual(model: nn.Module, recipes: Mapping[str, Mapping]) -> None:
-    """Rebuild the residual quantizers `residual_recipes` described on `model` (a fresh model
+    """Rebuild the value quantizers `residual_recipes` described on `model` (a fresh model
     of the same architecture); ValueError naming a module the model does not have."""
-    for name, r in recipes.items():
+    for key, r in recipes.items():
+        where = r.get("where", "output")
+        name = key.removesuffix(f".{INPUT_ATTR}") if where == "input" else key
         try:
             model.get_submodule(name)
         except AttributeError:
             raise ValueError(f"the model's architecture does not match the saved one: it has "
-                             f"no module {name} (holding a residual quantizer)") from None
-        q = ResidualQuantizer(int(r["bits"]), r["method"], threshold=r["threshold"],
-                              percentile=r["percentile"], nonfinite=r["nonfinite"],
-                              layer_name=f"{name}.{ATTR}", **r["observer"])
-        attach(model, name, q)
+                             f"no module {name} (holding a quantizer of its {where})") from None
+        q = ValueQuantizer(int(r["bits"]), r["method"], threshold=r["threshold"],
+                           percentile=r["percentile"], nonfinite=r["nonfinite"],
+                           layer_name=f"{name}.{ATTRS[where]}", **r["observer"])
+        attach(model, name, q, where)

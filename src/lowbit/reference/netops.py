@@ -23,6 +23,9 @@ Formulas (s: shift in 1..62, round half up; `floor` is exact integer floor divis
   avgpool2d_int:    window sum with zero padding (count_include_pad=True; global = whole map),
                     then q = clamp(floor((sum * m + 2^(s-1)) / 2^s)) with m * 2^-s ~
                     s_in / (count * s_out) (`avgpool_multiplier`).
+  table_mul_int:    out = table[(a - qmin_a) * n_b + (b - qmin_b)] (n_b = qmax_b - qmin_b + 1),
+                    a of b's shape or [N, 1, 1, C] (broadcast over b's map): the product of
+                    two quantized values as a table of every pair of them.
   quantize_float:   q = clamp(floor(x / scale + 0.5), qmin, qmax) in float32 (IEEE division;
                     binary: +1 for x >= 0 else -1), i.e. `lowbit.quant.quantize.quantize`.
 
@@ -513,3 +516,23 @@ def uint8_input_table(scale: float | torch.Tensor, prec: Precision | str,
         raise ValueError("mean must be finite and std finite and > 0")
     v = torch.arange(256, dtype=torch.float32).div(255).expand(mean_t.shape[0], 256)
     return quantize_float(v.sub(mean_t).div(std_t), scale, prec)
+
+
+def table_mul_int(a: torch.Tensor, b: torch.Tensor, table: torch.Tensor, prec_a: object,
+                  prec_b: object) -> torch.Tensor:
+    """table[(a - qmin_a) * n_b + (b - qmin_b)] (module docstring), int64. a: b's shape or
+    [N, 1, 1, C] with b [N, H, W, C]; table: int64 [n_a * n_b]."""
+    pa, pb = _out_precision("prec_a", prec_a), _out_precision("prec_b", prec_b)
+    a, b = _int_tensor("a", a), _int_tensor("b", b)
+    t = _int_tensor("table", table)
+    na, nb = pa.qmax - pa.qmin + 1, pb.qmax - pb.qmin + 1
+    if tuple(t.shape) != (na * nb,):
+        raise ValueError(f"table must be a vector of {na} x {nb} = {na * nb} entries (one per "
+                         f"pair of {pa} and {pb} values), got shape {tuple(t.shape)}")
+    if a.shape != b.shape and not (a.dim() == 4 and b.dim() == 4 and a.shape[1:3] == (1, 1)
+                                   and (a.shape[0], a.shape[3]) == (b.shape[0], b.shape[3])):
+        raise ValueError(f"a must have b's shape {tuple(b.shape)} or [N, 1, 1, C], got "
+                         f"{tuple(a.shape)}")
+    _range_check("a", a, pa.qmin, pa.qmax)
+    _range_check("b", b, pb.qmin, pb.qmax)
+    return t.to(a.device)[(a.to(torch.int64) - pa.qmin) * nb + (b.to(torch.int64) - pb.qmin)]

@@ -1,8 +1,9 @@
 """Whole-network benchmarks (`lowbit bench`, benchmarks/network.py): a calibrated quantized
 zoo model compiled for the GPU executor, timed against PyTorch fp16 in the same process.
 
-- `build_quantized(name, recipe, ...)`: the zoo model (`lowbit.models`) quantized by a
-  precision recipe and calibrated on random images. Recipes: "wXaY" (every conv / linear at
+- `build_quantized(name, recipe, ...)`: the zoo model (`lowbit.models`), or a torchvision
+  model 'tv:NAME' / a file's 'path.py:fn' (`model_source`), quantized by a precision recipe
+  and calibrated on random images. Recipes: "wXaY" (every conv / linear at
   X-bit weights and Y-bit activations except the first conv and the last linear at w8a8, the
   issue-32 setting), "wXaY-all" (every layer), "mixed" (first / last w8a8, the others cycling
   through w1a2, w2a2, w4a4, w8a8: every kind of layout change between layers).
@@ -36,6 +37,7 @@ from torch import nn
 from ..graph.impl import ImplChooser, is_bitserial
 from ..graph.ir import Layer, Plan, layer_weight_bytes
 from ..graph.launches import PlanOptions
+from .model_source import external_model, is_external
 
 BANDWIDTH = 3.0e12
 PEAK_OPS = {"bitserial": 10_279e12, "int8": 1_280e12, "fp16": 648e12}
@@ -115,7 +117,8 @@ def build_quantized(name: str, recipe: str, *, image_size: int | tuple[int, int]
     from ..quant.calibrate import calibrate
 
     torch.manual_seed(seed)
-    model = zoo.get(name, num_classes=num_classes, width=width, **options).eval()
+    model = external_model(name, num_classes) if is_external(name) else zoo.get(
+        name, num_classes=num_classes, width=width, **options).eval()
     randomize_batchnorms(model, seed)
     w, a, layers = recipe_layers(model, recipe)
     with warnings.catch_warnings():
@@ -365,7 +368,7 @@ def fp16_model(name: str, seed: int = 0, **options: object) -> nn.Module:
     import lowbit.models as zoo
 
     torch.manual_seed(seed)
-    model = zoo.get(name, **options).eval()
+    model = external_model(name) if is_external(name) else zoo.get(name, **options).eval()
     randomize_batchnorms(model, seed)
     return _fp16_copy(model).cuda()
 

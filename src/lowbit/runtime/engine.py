@@ -11,6 +11,8 @@ their result is the same integers). Runs on the input's device.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 
@@ -20,6 +22,7 @@ from ..graph.ir import (
     Concat,
     Flatten,
     FloatFallback,
+    Gather,
     Layer,
     LayerOutput,
     Lookup,
@@ -27,6 +30,7 @@ from ..graph.ir import (
     Output,
     Plan,
     Quantize,
+    TableMul,
     TensorSpec,
     WidePrecision,
     parse_precision,
@@ -45,7 +49,7 @@ from ..reference import (
     requantize_int,
 )
 from ..reference.image import quantize_uint8_image
-from ..reference.netops import Y_LIMIT, round_shift_sum
+from ..reference.netops import Y_LIMIT, round_shift_sum, table_mul_int
 
 
 def _nhwc(x: torch.Tensor) -> torch.Tensor:
@@ -86,6 +90,9 @@ class ReferenceExecutor:
         self.plan = plan
         self.device = torch.device(device)
         self.params = {k: v.to(self.device) for k, v in plan.params.items()}
+        # FloatFallback modules where the steps run (a copy off the CPU)
+        self.modules = {k: m if self.device.type == "cpu" else copy.deepcopy(m).to(self.device)
+                        for k, m in plan.modules.items()}
         self.last_use: dict[str, int] = {}
         for i, step in enumerate(plan.steps):
             for t in step.inputs:
@@ -156,8 +163,15 @@ class ReferenceExecutor:
             spec_in = self._spec(step.input)
             table = self.params[step.table]
             return {step.output: table[env[step.input] - spec_in.precision.qmin]}
+        if isinstance(step, Gather):
+            dim = 1 if self._spec(step.output).is_float else -1
+            return {step.output: env[step.input].index_select(dim, self.params[step.index])}
+        if isinstance(step, TableMul):
+            return {step.output: table_mul_int(
+                env[step.a], env[step.b], self.params[step.table],
+                self._spec(step.a).precision, self._spec(step.b).precision)}
         if isinstance(step, FloatFallback):
-            out = self.plan.modules[step.module](*(self._float(a, env) for a in step.args))
+            out = self.modules[step.module](*(self._float(a, env) for a in step.args))
             if not isinstance(out, torch.Tensor) or not out.dtype.is_floating_point:
                 raise TypeError(f"{step.name}: the fallback module returned "
                                 f"{type(out).__name__}, not a float tensor")

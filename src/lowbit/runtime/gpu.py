@@ -26,9 +26,10 @@ computes the same integers (`lowbit.runtime.engine` defines them), bit for bit:
   it;
 - MaxPool / AvgPool / Quantize: `kernels.triton.netops`; Concat: a copy into the output
   (words of bit planes where every part but the last fills whole words, else values);
-  FloatFallback: the PyTorch module on the device, in float32 (not bit-exact against a CPU
-  reference: float32 rounding, ~1e-6 relative, and a quantizer after it can flip a level at
-  a rounding tie); Output: scale * q in float64, rounded to float32, NCHW.
+  FloatFallback: the PyTorch module on the device, in fp16 (`lowbit.graph.fallbacks`; not
+  bit-exact against a CPU reference: fp16 rounding, ~1e-3 relative, and a quantizer after it
+  can flip a level near a rounding boundary); Gather / TableMul / Lookup:
+  `gpu_elementwise`; Output: scale * q in float64, rounded to float32, NCHW.
 
 Forward: the input is checked (type, dtype, shape, device) before any launch and copied into
 a static buffer; then the CUDA graph of all launches replays (captured on the first call after
@@ -69,6 +70,7 @@ from ..graph.pools import ADAPTIVE, GLOBAL, WINDOW, axis_windows
 from ..kernels.base import acc_bound
 from ..quant.packing import from_bitplanes
 from .buffers import Scratch, plan_arena, temporaries_bytes, view_of
+from .gpu_elementwise import bind_elementwise, handles
 from .layers import (
     KernelFactory,
     ReferenceKernel,
@@ -242,6 +244,8 @@ class GpuExecutor:
             return BoundStep(step, [], "view")
         if isinstance(step, Concat):
             return self._bind_concat(step)
+        if handles(self, step):
+            return BoundStep(step, *bind_elementwise(self, step))
         if isinstance(step, Lookup):
             return self._bind_lookup(step)
         if isinstance(step, FloatFallback):
@@ -487,7 +491,9 @@ class GpuExecutor:
             with torch.no_grad():
                 out.copy_(module(*(r() for r in readers)))
 
-        return BoundStep(step, [launch], f"PyTorch float32 ({step.op}: {step.reason})")
+        dtype = "fp16" if type(module).__name__ in ("HalfPrecision", "LayerFallback") else \
+            "float32"
+        return BoundStep(step, [launch], f"PyTorch {dtype} ({step.op}: {step.reason})")
 
     def _bind_output(self, step: Output) -> BoundStep:
         spec = self.plan.tensors[step.input]

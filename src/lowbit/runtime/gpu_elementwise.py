@@ -1,0 +1,49 @@
+"""GPU bindings of the plan's elementwise integer steps (`lowbit.runtime.gpu` calls them):
+Gather, TableMul and narrow Lookup steps on `lowbit.kernels.triton.elementwise`'s kernels,
+Gather of float or bit-plane tensors through torch (a copy into the output buffer)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..core import Layout
+from ..graph.ir import Gather, Lookup, Step, TableMul
+
+
+def elementwise_kernels():
+    """The Triton elementwise ops (imported on first use: importing Triton is slow)."""
+    from ..kernels.triton import elementwise
+
+    return elementwise
+
+
+def handles(executor: object, step: Step) -> bool:
+    """Whether `bind_elementwise` binds this step (Lookups: those of <= 8-bit inputs)."""
+    if isinstance(step, (Gather, TableMul)):
+        return True
+    return isinstance(step, Lookup) and \
+        not executor.plan.tensors[step.input].is_wide
+
+
+def bind_elementwise(executor: object, step: Step) -> tuple[list, str]:
+    """(launches, what runs them) of a Gather, TableMul or narrow Lookup step of the
+    executor's plan."""
+    plan, ops = executor.plan, elementwise_kernels()
+    params = plan.params
+    if isinstance(step, TableMul):
+        return [ops.bind_table_mul(executor.packed(step.a), executor.packed(step.b),
+                                   params[step.table], executor.packed(step.output))], \
+            "triton table product"
+    if isinstance(step, Lookup):
+        return [ops.bind_lookup(executor.packed(step.input), params[step.table],
+                                executor.packed(step.output))], "triton table lookup"
+    spec = plan.tensors[step.input]
+    index = params[step.index].to(executor.device)
+    if not spec.is_float and spec.layout is Layout.INT8:
+        return [ops.bind_gather(executor.packed(step.input), index,
+                                executor.packed(step.output))], "triton channel gather"
+    src, out = executor.buffers[step.input], executor.buffers[step.output]
+    if spec.is_float:
+        return [lambda: torch.index_select(src, 1, index, out=out)], "torch channel gather"
+    read, write = executor._values(step.input), executor._store(step.output)
+    return [lambda: write(read().index_select(-1, index))], "torch bit-plane channel gather"
