@@ -20,10 +20,13 @@ with its first three row pairs; then per pooled row t (a step):
 1. the step's two new space-to-depth rows (four image rows, loaded during the previous step)
    are quantized, each image value once (float: `stored.quantize_f32`, exact; uint8: the
    int8 table [C, 256]), moved to pixel order in registers and stored into the ring;
-   a barrier (the only one of the step: the ring holds 8 rows, a step reads 5 and writes 2,
+   a barrier (the only one the ring needs: it holds 8 rows, a step reads 5 and writes 2,
    so a warp that runs one step ahead never overwrites a row another warp still reads);
-2. the next step's four image rows are loaded into registers (their latency hides behind
-   3 and 4);
+   a float image with the status flag: the values times 0 summed in registers (NaN from
+   the first inf or nan on), tested once at the program's end;
+2. the next step's four image rows are loaded into registers, after the dot of 3
+   (`StemConfig.late_loads`, the default: the dot's operand fence may wait for outstanding
+   loads) or before it; their latency hides behind 4 (or 3 and 4);
 3. the conv rows 2t - pool_pad + 1 and 2t - pool_pad + 2 at the pool windows' two column
    parities as ONE int8 dot, weights [block_n, 256] x windows^T [256, 4 block_j] (wgmma
    m64 n128 at block_j 32; `StemConfig.transposed=False`: windows x weights), each window
@@ -34,9 +37,10 @@ with its first three row pairs; then per pooled row t (a step):
    in one warp of the wgmma accumulator, rs and par in one thread: the pool's row and
    parity maxima move no data, the neighbour column takes one small layout change.
 
-What bounds it (NOTES.md, "Stem"): per step the SM's L1 / shared-memory data path moves the
-windows (ring -> registers -> shared memory, 2 x 32 KB at block_j 32), the wgmma operands
-(48 KB) and the pool's layout changes, about as long as the tensor work itself.
+What bounds it (NOTES.md, "Stem": 797 us at batch 256 on an H100, the two-launch "bands"
+kernel ~500): each step is a serial chain of 16 block barriers (layout changes, the ring, the
+dot's fence), an L1 / L2 round trip of the ring rows just stored and 8 wgmma closed by a wait,
+at 2 programs per SM; its time is latency, and a step does half a "bands" step's work.
 
 The kernel runs without software pipelining (num_stages 1): a pipelined load of the ring
 would run ahead of the barrier that orders it after the ring write.
