@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lowbit.core import ConvWorkload, PackedTensor
+from lowbit.core import ConvWorkload, PackedTensor, Precision
 from lowbit.quant.packing import pack
 from lowbit.reference import (
     FloatOutput,
@@ -42,6 +42,29 @@ def specs_for(k, g, precs=(("u8", True), ("u2", True), ("s8", False))):
         m, _, s = fixed_point_pair(sa, 0.0)
         out.append(RequantizedOutput(prec, m, s, relu=relu))
     return out
+
+
+def derived_specs(k, g, mid="u8", outs=(("u2", True), ("u4", True)), relu=True, span=40):
+    """A stored output in `mid` and outputs derived from its value through tables (one
+    formula, as a residual quantizer's stream and its readers): per (precision, rises) a
+    random table over mid's values, non-decreasing where `rises` (its steps at random
+    values within `span` of 0, where these scales put the values), else any."""
+    sa = torch.rand(k, generator=g, dtype=torch.float64) * 4e-4 + 2e-5
+    m, _, s = fixed_point_pair(sa, 0.0)
+    mid_p = Precision.parse(mid)
+    n = mid_p.qmax - mid_p.qmin + 1
+    specs = [RequantizedOutput(mid_p, m, s, relu=relu)]
+    for prec, rises in outs:
+        p = Precision.parse(prec)
+        if rises:
+            z = -mid_p.qmin  # the table's entry of value 0
+            lo = z if relu else max(0, z - span)
+            cuts = torch.randint(lo, z + span, (p.qmax - p.qmin,), generator=g).sort().values
+            table = p.qmin + (torch.arange(n)[:, None] >= cuts[None, :]).sum(1)
+        else:
+            table = torch.randint(p.qmin, p.qmax + 1, (n,), generator=g)
+        specs.append(RequantizedOutput(p, m, s, relu=relu, mid=mid_p, table=table))
+    return specs
 
 
 def reference(q_nchw, weight, bias, specs, stride, pad, pool_pad):

@@ -2,9 +2,10 @@
 quantize_float (or the uint8 table) -> accumulate -> epilogue_outputs -> maxpool2d_int.
 
 CPU: under TRITON_INTERPRET=1 on small odd images (2x3x37x45), ResNet's 7x7/2 + 3x3/2 pool
-(the default "ring" kernel, tests/test_stem_ring.py has its own), AlexNet's 11x11/4 with and
-without its pool, fp32 / fp16 / uint8 input, INT8 and BITPLANE outputs; the two-launch conv
-kernels ("bands" and "gemm"). GPU (`gpu` mark): 224x224 at batch 8 and a CUDA-graph replay.
+(the default "bands" kernel; the "ring" kernel in tests/test_stem_ring.py, derived outputs in
+tests/test_stem_derived.py), AlexNet's 11x11/4 with and without its pool, fp32 / fp16 / uint8
+input, INT8 and BITPLANE outputs; the two-launch conv kernels ("bands" and "gemm"). GPU (`gpu`
+mark): 224x224 at batch 8 and a CUDA-graph replay.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def test_float_image_odd_batch_three_outputs():
                          torch.randn(64, generator=g, dtype=torch.float64))]
     layouts = (BITPLANE, INT8, INT8)
     geom = ring_geometry(image, weight)
-    assert S.default_config(geom, sms=2).kernel == "ring"
+    assert S.default_config(geom, sms=2).kernel == "bands"  # the ring kernel by config
     cfg = S.ring_config(geom, 2, programs_per_sm=1)
     assert (geom.PH, geom.PW, cfg.band_rows) == (9, 9, 9)
     got = S.stem(image.to(DEVICE), weight, bias, specs, layouts, scale=scale, config=cfg,
@@ -113,7 +113,8 @@ def test_uint8_image(case):
 
 def test_bf16_channels_last_and_nonfinite_flag():
     """A bfloat16 channels_last image (even size) in one bound launcher, run twice: finite
-    (status stays 0, outputs exact), then with an inf (status 1)."""
+    (status stays 0, outputs exact), then with an inf (status 1, tested once per program at
+    its end)."""
     image, weight, bias, g = make_case(1, 18, 20, 64, 7, 51, torch.bfloat16)
     image = image.contiguous(memory_format=torch.channels_last)
     specs = specs_for(64, g, (("u2", True),))
@@ -122,7 +123,7 @@ def test_bf16_channels_last_and_nonfinite_flag():
     status = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     img_dev = image.to(DEVICE)
     launch = S.bind_stem(img_dev, weight, bias, specs, [out], scale=0.05, status=status,
-                         **RESNET)
+                         config=S.ring_config(geom, 2), **RESNET)
     assert launch.launches[0].fn is R.stem_ring_kernel and len(launch.launches) == 1
     launch()
     ref = reference(quantize_float(image, 0.05, "s8"), weight, bias, specs, 2, 3, 1)
@@ -143,9 +144,10 @@ def test_other_channels_and_filters(c, r, pad, pool_pad, h, w):
     bias = torch.randint(-2000, 2000, (24,), generator=g)
     specs = specs_for(24, g, (("u2", True), ("s8", False)))
     layouts = (BITPLANE, INT8)
-    assert S.default_config(S.geometry_of(image, weight, 2, pad, pool_pad)).kernel == "ring"
+    geom = S.geometry_of(image, weight, 2, pad, pool_pad)
+    assert R.ring_refusal(geom) is None
     got = S.stem(image.to(DEVICE), weight, bias, specs, layouts, scale=0.04, stride=2, pad=pad,
-                 pool_pad=pool_pad)
+                 pool_pad=pool_pad, config=S.ring_config(geom, 2))
     ref = reference(quantize_float(image, 0.04, "s8"), weight, bias, specs, 2, pad, pool_pad)
     assert check_outputs(got, ref, layouts, specs) == 2
 
@@ -201,10 +203,11 @@ def test_threshold_table_equals_requantization(prec, relu):
 
 def test_kernel_choice_and_checks():
     resnet = S.StemGeometry(N=256, C=3, H=224, W=224, K=64, R=7, stride=2, pad=3, pool_pad=1)
-    cfg = S.default_config(resnet)
-    assert cfg.kernel == "ring" and cfg.block_j == 32
+    assert S.default_config(resnet) == S.StemConfig(band_rows=8, whole_k=True)  # measured
+    cfg = S.ring_config(resnet)
+    assert cfg.kernel == "ring" and cfg.block_j == 32 and cfg.late_loads
     assert cfg.band_rows == 56  # whole images at batch 256: no row computed twice
-    small = S.default_config(S.StemGeometry(N=8, C=3, H=224, W=224, K=64, R=7, stride=2, pad=3))
+    small = S.ring_config(S.StemGeometry(N=8, C=3, H=224, W=224, K=64, R=7, stride=2, pad=3))
     assert small.kernel == "ring" and small.band_rows < 56  # more tiles than images
     for geom, why in [
         (S.StemGeometry(N=1, C=3, H=224, W=224, K=64, R=11, stride=4, pad=2, pool_pad=0),
@@ -280,7 +283,8 @@ def test_gpu_ring_224(kind, batch):
     specs = [*specs_for(64, g, (("u2", True), ("u8", True))),
              FloatOutput(torch.rand(64, generator=g, dtype=torch.float64) * 1e-3)]
     layouts = (BITPLANE, INT8, INT8)
-    got = S.stem(image.cuda(), weight, bias, specs, layouts, **kw, **RESNET)
+    cfg = S.ring_config(ring_geometry(image, weight))
+    got = S.stem(image.cuda(), weight, bias, specs, layouts, **kw, config=cfg, **RESNET)
     ref = reference(q.cuda(), weight.cuda(), bias.cuda(), specs, 2, 3, 1)
     assert check_outputs(got, [r.cpu() for r in ref], layouts, specs) == 3
 
@@ -304,7 +308,8 @@ def test_gpu_ring_batch_256_equals_two_launch_kernel(kind):
         return [o.data for o in outs]
 
     want = run(S.StemConfig(band_rows=8, whole_k=True))
-    for cfg in (None, S.ring_config(geom, block_j=64, num_warps=8, transposed=False),
+    for cfg in (S.ring_config(geom), S.ring_config(geom, late_loads=False),
+                S.ring_config(geom, block_j=64, num_warps=8, transposed=False),
                 S.ring_config(geom, band_rows=7, programs_per_sm=3, block_n=32)):
         got = run(cfg)
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), cfg
@@ -319,7 +324,8 @@ def test_gpu_ring_cuda_graph_replay():
     out = S.empty_packed(geom.out_shape, "u2", BITPLANE, "cuda")
     status = torch.zeros(1, dtype=torch.int32, device="cuda")
     img = image.cuda()
-    launch = S.bind_stem(img, weight, None, specs, [out], scale=0.03, status=status, **RESNET)
+    launch = S.bind_stem(img, weight, None, specs, [out], scale=0.03, status=status,
+                         config=S.ring_config(geom), **RESNET)
     img2 = replay_with_new_image(launch, img, out, 122)
     ref = reference(quantize_float(img2, 0.03, "s8"), weight, None, specs, 2, 3, 1)
     assert torch.equal(out.data.cpu(), pack(ref[0], specs[0].precision, BITPLANE))

@@ -1,26 +1,30 @@
-"""The fused first layer's kernels timed side by side (GPU): the current default, the one-launch
-"ring" kernel over a sweep of its knobs (ResNet's 7x7/2), the two-launch kernels it replaced
-("bands" and the best "gemm" configs), and cuDNN fp16 conv + ReLU (+ max-pool) on the same
-shapes, in one run.
+"""The fused first layer's kernels timed side by side (GPU): on ResNet's 7x7/2 + pool the
+default "bands" kernel and the one-launch "ring" kernel over their knobs (and one "gemm"
+config), on AlexNet's and VGG's first layers the "gemm" sweep; cuDNN fp16 conv + ReLU
+(+ max-pool) on the same shapes, in one run. It ends with the fastest exact variant per
+geometry, input and batch against the default: which kernel `stem.default_config` should pick.
 
 First-layer geometries (`--stems`; 224 x 224 image, C=3, K=64): ResNet-18/50's 7x7/2 pad 3
 with the 3x3/2 pool pad 1, AlexNet's 11x11/4 pad 2 with the pool pad 0, VGG's 3x3/1 pad 1
-without pool; images float32 and/or uint8 pixels with the ImageNet normalization's table
-(`--inputs`); the outputs (`--outputs`, default one u2 in BITPLANE: ResNet-50's conv1 in the
-w1a2 / w2a2 networks; u8 goes to INT8); batch 8 and 256. Every variant's outputs are checked
-bit for bit against the default's (and, at batch <= 16, against `lowbit.reference`). Times:
-CUDA-graph replay median (`tune.timing.time_us`, which repeats well over 20 times), the whole
-stem and, for two-launch variants, each launch alone. floor_us: the network bench's roofline
-(`runtime.bench`: max(ops / int8 peak, bytes / DRAM bandwidth), ops = 2 x the conv's MACs at
-its own R x R x C taps, bytes = image as given + weights + outputs as stored). One failing
-variant is recorded in its row and the run goes on; ~2-4 minutes a geometry and input on an
-H100/H200.
+without pool; images float32 (with the non-finite status flag, as the network binds it) and /
+or uint8 pixels with the ImageNet normalization's table (`--inputs`); the outputs
+(`--outputs`, default one u2 in BITPLANE: ResNet-50's conv1 in the w1a2 / w2a2 networks; u8
+goes to INT8; `u8 u2@u8`: ResNet-18's narrow stream and its derived u2 reading); batch 8 and
+256. Every variant's outputs are checked bit for bit against the default's (and, at batch
+<= 16, against `lowbit.reference`). Times: CUDA-graph replay median (`tune.timing.time_us`,
+which repeats well over 20 times), the whole stem and, for two-launch variants, each launch
+alone; first_call_s: the first call's wall time (mostly Triton's compile). floor_us: the
+network bench's roofline (`runtime.bench`: max(ops / int8 peak, bytes / DRAM bandwidth), ops =
+2 x the conv's MACs at its own R x R x C taps, bytes = image as given + weights + outputs as
+stored). One failing variant is recorded in its row and the run goes on. The default ResNet
+run (2 inputs x 2 batches, 16 variants: ~20 compiles) is meant to take ~3 minutes on an
+H100; `--full` adds the rest of the ring knobs.
 
-    python benchmarks/probes/stem_probe.py [--out DIR] [--batches 8 256] [--quick] \
+    python benchmarks/probes/stem_probe.py [--out DIR] [--batches 8 256] [--quick] [--full] \
         [--stems resnet alexnet vgg] [--inputs float32 uint8] [--outputs u2]
 
-Writes stem_probe-<time>.json (rows with "benchmark": "stem_probe") and .txt (the table) to
-DIR (default benchmarks/results/<gpu>/logs/).
+Writes stem_probe-<time>.json (rows with "benchmark": "stem_probe", "winners") and .txt (the
+table and the winners) to DIR (default benchmarks/results/<gpu>/logs/).
 """
 
 from __future__ import annotations
@@ -40,9 +44,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import ROOT, gpu_dirname, gpu_name, versions
-from lowbit.core import ConvWorkload, Layout
+from lowbit.core import ConvWorkload, Layout, Precision
 from lowbit.kernels.triton import stem as S
-from lowbit.kernels.triton.igemm import cdiv
 from lowbit.kernels.triton.stored import Launcher
 from lowbit.quant.packing import pack
 from lowbit.reference import (
@@ -107,33 +110,54 @@ SWEEP = [
 ]
 
 
-#: (name, config maker): the ring kernel around its default (`stem.ring_config`), ResNet's 7x7/2
-RING_SWEEP = [
-    ("ring j64 w8", lambda g: S.ring_config(g, SMS, block_j=64, num_warps=8)),
-    ("ring j32 w4 3/SM", lambda g: S.ring_config(g, SMS, programs_per_sm=3)),
-    ("ring j32 w4 4/SM", lambda g: S.ring_config(g, SMS, programs_per_sm=4)),
-    ("ring j32 w8", lambda g: S.ring_config(g, SMS, num_warps=8)),
-    ("ring j32 w4 n32", lambda g: S.ring_config(g, SMS, block_n=32)),
-    ("ring j32 w4 n32 3/SM", lambda g: S.ring_config(g, SMS, block_n=32, programs_per_sm=3)),
-    ("ring j16 w4", lambda g: S.ring_config(g, SMS, block_j=16)),
-    ("ring band /2", lambda g: S.ring_config(
-        g, SMS, band_rows=max(1, S.ring_config(g, SMS).band_rows // 2))),
-    ("ring band x2", lambda g: S.ring_config(
-        g, SMS, band_rows=2 * S.ring_config(g, SMS).band_rows)),
-    ("ring float64 requant", lambda g: S.ring_config(g, SMS, thresholds=False)),
-    ("ring untransposed", lambda g: S.ring_config(g, SMS, transposed=False)),
-    ("ring j64 w8 untransposed", lambda g: S.ring_config(g, SMS, block_j=64, num_warps=8,
-                                                          transposed=False)),
-    ("ring maxnreg 168 3/SM", lambda g: S.ring_config(g, SMS, maxnreg=168,
-                                                       programs_per_sm=3)),
-]
+def bands_config(geom: S.StemGeometry, **knobs) -> S.StemConfig:
+    """The "bands" kernel at the default's knobs (`stem.default_config` on ResNet's 7x7/2),
+    `knobs` overriding; band_rows scaled by `band_scale` (2: twice, 0.5: half)."""
+    base = S.default_config(geom, SMS)
+    if base.kernel != "bands":
+        base = S.StemConfig(band_rows=2, whole_k=True)
+    scale = knobs.pop("band_scale", 1)
+    rows = max(1, int(base.band_rows * scale))
+    return dataclasses.replace(base, band_rows=rows, **knobs)
 
-#: (name, config maker): the two-launch kernels on ResNet's 7x7/2 (the default before the ring
-#: kernel, and the best gemm configs of `stem_probe-20261128-014927`)
-TWO_LAUNCH = [
-    ("bands (old default)", lambda g: S.StemConfig(band_rows=next(
-        (r for r in (8, 4, 2) if g.N * cdiv(g.PH, r) >= 2 * SMS), 2), whole_k=True)),
+
+def ring_config(geom: S.StemGeometry, **knobs) -> S.StemConfig:
+    """`stem.ring_config` with `knobs`; band_rows scaled by `band_scale`."""
+    scale = knobs.pop("band_scale", 1)
+    if scale != 1:
+        knobs["band_rows"] = max(1, int(S.ring_config(geom, SMS, **knobs).band_rows * scale))
+    return S.ring_config(geom, SMS, **knobs)
+
+
+#: (name, config maker): ResNet's 7x7/2 + pool, the "bands" kernel (the default) and the "ring"
+#: kernel over their knobs. Knobs that change no constexpr (band_rows, programs_per_sm) cost
+#: no compile; the rest one each per input dtype (~3-5 s).
+RESNET_SWEEP = [
+    ("bands band x2", lambda g: bands_config(g, band_scale=2)),
+    ("bands band /2", lambda g: bands_config(g, band_scale=0.5)),
+    ("bands 2 images", lambda g: bands_config(g, images=2)),
+    ("bands n32", lambda g: bands_config(g, block_n=32)),
+    ("ring j32 w4 2/SM", lambda g: ring_config(g)),
+    ("ring early loads", lambda g: ring_config(g, late_loads=False)),
+    ("ring 1/SM", lambda g: ring_config(g, programs_per_sm=1)),
+    ("ring 3/SM", lambda g: ring_config(g, programs_per_sm=3)),
+    ("ring band /2", lambda g: ring_config(g, band_scale=0.5)),
+    ("ring band x2", lambda g: ring_config(g, band_scale=2)),
+    ("ring j16 4/SM", lambda g: ring_config(g, block_j=16, programs_per_sm=4)),
+    ("ring j64 w8", lambda g: ring_config(g, block_j=64, num_warps=8)),
+    ("ring n32 3/SM", lambda g: ring_config(g, block_n=32, programs_per_sm=3)),
+    ("ring untransposed", lambda g: ring_config(g, transposed=False)),
     ("gemm j16 wk s2 w4", lambda g: gemm_config(g, block_j=16, num_warps=4)),
+]
+#: `--quick`: the default, the ring kernel's default and two of its variants
+QUICK = ("ring j32 w4 2/SM", "ring early loads", "ring j64 w8")
+#: the rest of the ring knobs (`--full`)
+RING_EXTRA = [
+    ("ring float64 requant", lambda g: ring_config(g, thresholds=False)),
+    ("ring maxnreg 168 3/SM", lambda g: ring_config(g, maxnreg=168, programs_per_sm=3)),
+    ("ring j32 w8", lambda g: ring_config(g, num_warps=8)),
+    ("ring j64 w8 untransposed", lambda g: ring_config(g, block_j=64, num_warps=8,
+                                                       transposed=False)),
     ("gemm j32 wk s2 w4", lambda g: gemm_config(g, block_j=32, num_warps=4)),
 ]
 
@@ -157,10 +181,18 @@ def make_case(batch: int, stem: str = "resnet", seed: int = 0, inputs: str = "fl
     image = image.cuda()
     weight = torch.randint(-128, 128, (64, r, r, 3), generator=g)
     bias = torch.randint(-20000, 20000, (64,), generator=g)
-    specs = []
+    specs, formulas = [], {}
     for prec in outputs:
+        if "@" in prec:  # a derived reading of an earlier output's value (its formula)
+            out, mid = (Precision.parse(p) for p in prec.split("@"))
+            m, s = formulas[str(mid)]
+            v = torch.arange(mid.qmin, mid.qmax + 1, dtype=torch.float64)
+            table = (v * 0.06 + 0.5).floor().clamp(out.qmin, out.qmax).to(torch.int64)
+            specs.append(RequantizedOutput(out, m, s, relu=True, mid=mid, table=table))
+            continue
         m, _, s = fixed_point_pair(torch.rand(64, generator=g, dtype=torch.float64) * 4e-4
                                    + 2e-5, 0.0)
+        formulas[prec] = (m, s)
         specs.append(RequantizedOutput(prec, m, s, relu=True))
     return image, weight, bias, specs, S.geometry_of(image, weight, stride, pad, pool_pad), kw
 
@@ -217,10 +249,14 @@ def run_variant(name: str, cfg: S.StemConfig, case, want, ref) -> dict:
                 for s in specs]
         for o in outs:
             o.data.fill_(0x5A)
+        status = None if "table" in kw else torch.zeros(1, dtype=torch.int32, device="cuda")
         launch = S.bind_stem(image, weight, bias, specs, outs, stride=geom.stride,
-                             pad=geom.pad, pool_pad=geom.pool_pad, config=cfg, **kw)
+                             pad=geom.pad, pool_pad=geom.pool_pad, config=cfg, status=status,
+                             **kw)
+        t0 = time.perf_counter()
         launch()
         torch.cuda.synchronize()
+        row["first_call_s"] = time.perf_counter() - t0  # mostly Triton's compile
         have = [o.data.clone() for o in outs]
         if want is not None:
             row["exact_vs_default"] = all(torch.equal(a, b) for a, b in zip(have, want,
@@ -243,7 +279,7 @@ def run_variant(name: str, cfg: S.StemConfig, case, want, ref) -> dict:
 
 
 def batch_rows(batch: int, quick: bool, stem: str = "resnet", inputs: str = "float32",
-               outputs: tuple[str, ...] = ("u2",)) -> list[dict]:
+               outputs: tuple[str, ...] = ("u2",), full: bool = False) -> list[dict]:
     case = make_case(batch, stem, inputs=inputs, outputs=outputs)
     image, weight, bias, specs, geom, kw = case
     ref = reference_outputs(image, weight, bias, specs, geom, kw) if batch <= 16 else None
@@ -252,7 +288,8 @@ def batch_rows(batch: int, quick: bool, stem: str = "resnet", inputs: str = "flo
     want = default.pop("_outputs", None)
     rows = [default]
     if S.ring_refusal(geom) is None:
-        sweep = TWO_LAUNCH + (RING_SWEEP[:3] if quick else RING_SWEEP)
+        sweep = [v for v in RESNET_SWEEP if v[0] in QUICK] if quick else RESNET_SWEEP + (
+            RING_EXTRA if full else [])
     else:
         sweep = SWEEP[:2] if quick else SWEEP
     for name, make in sweep:
@@ -297,19 +334,43 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def winners(rows: list[dict]) -> list[str]:
+    """Per (stem, input, batch): the fastest exact variant against the default (first row)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r.get("stem"), r.get("input"), r["batch"]), []).append(r)
+    lines = []
+    for (stem, inputs, batch), rs in groups.items():
+        timed = [r for r in rs if "time_us" in r and r.get("exact_vs_default", True)
+                 and r.get("exact_vs_reference", True)]
+        if not timed:
+            continue
+        best, default = min(timed, key=lambda r: r["time_us"]), rs[0]
+        base = f"{default['time_us']:.1f}" if "time_us" in default else "-"
+        lines.append(f"{stem} {inputs} batch {batch}: fastest {best['variant']!r} "
+                     f"{best['time_us']:.1f} us (default {default['variant']!r} {base} us; "
+                     f"config {best['config']})")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 256])
     ap.add_argument("--quick", action="store_true",
-                    help="the default, the two-launch kernels and three ring / two gemm configs")
+                    help="the default and three ring configs (ResNet), two gemm configs (else)")
+    ap.add_argument("--full", action="store_true",
+                    help="ResNet: the rest of the ring knobs too (float64 requantization, "
+                    "maxnreg, 8 warps, ...; ~1 more minute)")
     ap.add_argument("--stems", nargs="+", default=["resnet"], choices=sorted(STEMS),
                     help="first-layer geometries (ResNet 7x7/2 + pool, AlexNet 11x11/4 + pool, "
                     "VGG 3x3/1)")
     ap.add_argument("--inputs", nargs="+", default=["float32", "uint8"],
                     choices=["float32", "uint8"], help="image dtypes (uint8: pixels + table)")
     ap.add_argument("--outputs", nargs="+", default=["u2"],
-                    help="output precisions (u1/u2/s2/u4 in BITPLANE, others INT8)")
+                    help="output precisions (u1/u2/s2/u4 in BITPLANE, others INT8); P@M: a "
+                    "derived output, P read through a rising table from the value of the "
+                    "earlier output M (ResNet-18's narrow stream: u8 u2@u8)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
@@ -320,14 +381,17 @@ def main() -> None:
     for stem in args.stems:
         for inputs in args.inputs:
             for batch in args.batches:
-                rows += batch_rows(batch, args.quick, stem, inputs, tuple(args.outputs))
+                rows += batch_rows(batch, args.quick, stem, inputs, tuple(args.outputs),
+                                   args.full)
                 print(f"{stem} {inputs} batch {batch} done at {time.time() - t0:.0f} s",
                       flush=True)
-    text = table(rows)
+    best = winners(rows)
+    text = table(rows) + "\n\n" + "\n".join(best)
     print(text)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     doc = {"benchmark": "stem_probe", "gpu": gpu_name(), "date": dt.date.today().isoformat(),
-           "versions": versions(), "rows": rows}
+           "versions": versions(), "rows": rows, "winners": best,
+           "wall_s": time.time() - t0}
     (out / f"stem_probe-{stamp}.json").write_text(json.dumps(doc, indent=1))
     (out / f"stem_probe-{stamp}.txt").write_text(text + "\n")
     print("wrote", out / f"stem_probe-{stamp}.json", f"({time.time() - t0:.0f} s)")

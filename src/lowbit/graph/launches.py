@@ -22,7 +22,8 @@ import torch
 
 from ..core import Encoding
 from .impl import TORCH_FP16, template_flag
-from .ir import Layer, Plan, Quantize, Step, TensorSpec
+from .ir import Layer, LayerOutput, Plan, Quantize, Step, TensorSpec, parse_precision
+from .kernel_epilogues import derived_thresholds
 
 #: (filter size, stride) of the first layers the fused stem serves: ResNet's 7x7/2, AlexNet's
 #: 11x11/4 and VGG's 3x3/1 (the generic int8 conv took 194 us on VGG-16's at batch 8 on an
@@ -67,12 +68,23 @@ def stem_refusal(plan_input: str, tensors: dict[str, TensorSpec],
         return "more than 4 channels, a residual or more than 3 outputs"
     if layer.pool is not None and (layer.pool.kernel, layer.pool.stride) != (3, 2):
         return "its max-pool is not 3x3/2"
-    if any(o.derived for o in layer.layer_outputs):
-        return "a derived output (a table over another output's value)"
+    if layer.pool is not None and any(o.derived and not _table_rises(o, tensors, params)
+                                      for o in layer.layer_outputs):
+        return "a pooled derived output whose table is not monotone (the kernel pools first)"
     for o in layer.layer_outputs:
         if not o.requantized and layer.pool is not None and bool((params[o.scale] < 0).any()):
             return "a pooled float output with a negative scale"
     return None
+
+
+def _table_rises(o: LayerOutput, tensors: dict[str, TensorSpec],
+                 params: dict[str, torch.Tensor]) -> bool:
+    """Whether a derived output's table is non-decreasing over its formula's values (then
+    max-pooling those values pools the table's: `kernel_epilogues.derived_thresholds` finds
+    its steps)."""
+    mid = parse_precision(o.mid)
+    lo = max(mid.qmin, 0) if o.relu else mid.qmin
+    return derived_thresholds(params[o.table], mid, lo, tensors[o.tensor].precision) is not None
 
 
 def outputs_in_kernel(step: Layer) -> bool:

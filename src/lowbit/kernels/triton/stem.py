@@ -7,14 +7,14 @@ Semantics (oracle, bit for bit): `reference.quantize_float` (or, for a uint8 ima
 `reference.quantize_uint8_image`: the lookup `table[c, pixel]`, the table from
 `reference.uint8_input_table`), `reference.accumulate` (conv2d_int),
 `reference.epilogue_outputs`, then `reference.maxpool2d_int` on each output (pooling the int32
-accumulators first is the same: bias, ReLU and requantization are monotone per channel).
+accumulators first is the same: bias, ReLU and requantization are monotone per channel, and
+so is a derived output whose table rises over its formula's values; one whose table falls is
+refused with the pool).
 
-`bind_stem` is the one entry point; `default_config` picks the kernel by shape:
-- "ring" (`stem_ring`, one launch) for a stride-2 conv of at most 8x8 taps on <= 4 channels
-  with the 3x3/2 pool (ResNet's 7x7/2): each program quantizes its image rows once into a
-  small on-chip ring of space-to-depth rows and runs the conv from it as a dense implicit
-  GEMM; no quantized image goes through DRAM;
-- two launches otherwise (AlexNet's 11x11/4, VGG's 3x3/1, no pool):
+`bind_stem` is the one entry point; `default_config` picks the kernel by shape, two launches
+each (`StemConfig(kernel="ring")`, `stem_ring`, runs ResNet's 7x7/2 + pool in one launch: each
+program quantizes its image rows once into a small on-chip ring of space-to-depth rows and runs
+the conv from it, no quantized image in DRAM; measured slower than "bands", NOTES.md "Stem"):
   1. `stem_input_kernel` quantizes each image value once (IEEE division, `div_rn`, as on the
      CPU) into a space-to-depth int8 tensor: S x S blocks of pixels become one pixel of
      S*S*C channels ([N, HS, WS, CSP], zero padding written in), so the stride-S R x R conv
@@ -33,8 +33,10 @@ Exactness: int8 x int8 products summed in int32 (|sum| <= K_red * 128 * 128, che
 and requantization as `netops.emit_output` (|acc + bias| < 2^31 - 1 checked at bind; each
 output's bias at its shift and its exact mode from `netops.requant_mode`), outputs of 1-2
 bits by the integer thresholds of `reference.requant_thresholds` (exact: requantization is
-monotone). AlexNet's 11x11 stride-4 first layer runs too (space-to-depth by 4, with or without
-its 3x3/2 pool with pad 0), at a lower useful fraction of the dots (363 of 768 products).
+monotone; a derived one's at the steps of its table), wider derived outputs by the formula in
+mid and a lookup in their table (`stem_gemm.stem_slot`). AlexNet's 11x11 stride-4 first
+layer runs too (space-to-depth by 4, with or without its 3x3/2 pool with pad 0), at a lower
+useful fraction of the dots (363 of 768 products).
 """
 
 from __future__ import annotations
@@ -58,9 +60,8 @@ from .netops import (
     check_status,
     float32_scale,
     new_outputs,
-    output_slot,
 )
-from .stem_gemm import INT32_MIN, stem_gemm_kernel, stem_outputs, threshold_slot
+from .stem_gemm import INT32_MIN, stem_gemm_kernel, stem_outputs, stem_slot
 from .stem_geometry import StemGeometry, geometry_of, s2d_weights
 from .stem_ring import ring_band_rows, ring_launch, ring_refusal
 from .stored import ENC, Launcher, check_device, empty_packed, flag_nonfinite, quantize_f32
@@ -241,7 +242,9 @@ class StemConfig:
     fast_requant: the float64 requantization where it is exact (`netops.requant_mode`);
     thresholds: outputs of 1-2 bits by integer thresholds instead; programs_per_sm ("ring"):
     the persistent grid's programs per SM; transposed ("ring"): the dot as weights x
-    windows^T (False: windows x weights)."""
+    windows^T (False: windows x weights); late_loads ("ring"): each step loads the next
+    step's image rows after its dot (False: before it, where the dot's operand fence may wait
+    for them)."""
 
     band_rows: int = 4
     images: int = 1
@@ -256,6 +259,7 @@ class StemConfig:
     thresholds: bool = True
     programs_per_sm: int = 2
     transposed: bool = True
+    late_loads: bool = True
 
     def __post_init__(self) -> None:
         if self.kernel not in STEM_KERNELS:
@@ -296,19 +300,16 @@ def ring_config(geom: StemGeometry, sms: int = 132, **knobs) -> StemConfig:
 
 
 def default_config(geom: StemGeometry, sms: int = 132) -> StemConfig:
-    """The config per first-layer shape:
-    - ResNet's 7x7/2 + pool (stride 2, <= 8x8 taps, <= 4 channels, the 3x3/2 pool): the
-      "ring" kernel (`ring_config`; predicted, NOTES.md "Stem");
+    """The config per first-layer shape, the fastest measured so far:
     - AlexNet's 11x11/4 + pool and VGG's 3x3/1 without pool: the "gemm" kernel at 32 columns,
       4 warps, 3 stages (H100: 33 against the "bands" kernel's 72 us and 77 against 112 us at
       batch 8; 145 against 307 us and 553 against 878 us at batch 64; cuDNN fp16 conv + ReLU
       (+ pool) 61 / 87 us and 296 / 659 us; `benchmarks/probes/stem_probe.py`, CUDA graph);
     - the rest: the "bands" kernel, one dot per conv row over the whole reduction, 64
       channels, one image per program, and the longest band (fewest recomputed rows) that
-      still gives every SM two programs (ResNet's 7x7/2 before the ring kernel: H100 batch 8
-      29.5 us, the best gemm config 31.4)."""
-    if ring_refusal(geom) is None:
-        return ring_config(geom, sms)
+      still gives every SM two programs (ResNet's 7x7/2 + pool, H100: batch 8 29.5 us, the
+      best gemm config 31.4; batch 256 ~500 us in the network's CUDA graph, the "ring" kernel
+      797 us, `ring_config`)."""
     if geom.stride == 4 or (geom.pool_pad is None and geom.stride == 1):
         return StemConfig(kernel="gemm", block_j=32, num_warps=4, num_stages=3, whole_k=True,
                           band_rows=gemm_band_rows(geom, 32, sms=sms))
@@ -395,10 +396,13 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
       `reference.quantize_uint8_image` is the lookup's semantics); `scale` is not used.
     weight: KRSC integer values in s8 range; bias: int [K] or None. outputs: one spec per
     entry of `outs` (`netops.Requantized` or RequantizedOutput -> PackedTensor of logical
-    [N, PH, PW, K] in INT8 or BITPLANE, or a wide one in INT8; Dequantized / FloatOutput ->
-    float32 tensor of that shape (NCHW with channels_first); with the pool, the max of the
-    window's float values: scale >= 0 makes the float output monotone, so pooling commutes
-    with it), at most 3, none with a residual. pool_pad: the 3x3 stride-2 max-pool's padding
+    [N, PH, PW, K] in INT8 or BITPLANE, or a wide one in INT8; derived ones (mid and
+    table) too: with the pool, the max of the window's table values, which the kernels get
+    by pooling first only where the table rises over the formula's values (ValueError
+    otherwise; `stem_gemm.stem_slot`); Dequantized / FloatOutput -> float32 tensor of that
+    shape (NCHW with channels_first); with the pool, the max of the window's float values:
+    scale >= 0 makes the float output monotone, so pooling commutes with it), at most 3,
+    none with a residual. pool_pad: the 3x3 stride-2 max-pool's padding
     (1: ResNet, 0: AlexNet) or None for no pool. status: optional int32 device tensor,
     element 0 set to 1 when a float image held inf or nan. config: a `StemConfig` (its
     kernel "ring" only where `ring_refusal(geometry)` is None)."""
@@ -449,11 +453,9 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     cfg = config or default_config(geom, sms)
     if cfg.kernel == "ring" and ring_refusal(geom) is not None:
         raise ValueError(f"config.kernel 'ring' cannot run this layer: {ring_refusal(geom)}")
-    slots = []
-    for i, (spec, out) in enumerate(zip(specs, outs, strict=True)):
-        slot = output_slot(i, spec, out, geom.out_shape, device, False, bound + top,
-                           fast=cfg.fast_requant)
-        slots.append(threshold_slot(spec, slot, geom.K, device) if cfg.thresholds else slot)
+    slots = [stem_slot(i, spec, out, geom.out_shape, device, bound + top, cfg.fast_requant,
+                       cfg.thresholds, geom.pool_pad is not None)
+             for i, (spec, out) in enumerate(zip(specs, outs, strict=True))]
     results = tuple(o.data if isinstance(o, PackedTensor) else o for o in outs)
     bias_dev = bias.to(torch.int32).contiguous().to(device) if bias is not None else None
     if cfg.kernel == "ring":

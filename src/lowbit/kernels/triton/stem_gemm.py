@@ -32,12 +32,21 @@ import triton.language as tl
 from ...core import Epilogue, Precision
 from ...core.epilogue import EpilogueParams
 from ...reference.epilogue import requant_thresholds
-from .netops import Requantized, emit_output
+from .layer_outputs import (
+    Requantized,
+    _requant_slot,
+    as_output_spec,
+    emit_output,
+    output_slot,
+    requant_tile,
+)
 from .stored import store_values
 
 INT32_MIN = tl.constexpr(-(2**31))
-#: output kind of `stem_outputs` beside netops' KIND_*: a 1-2 bit output by integer thresholds
+#: output kinds of `stem_outputs` beside netops' KIND_*: a 1-2 bit output by integer
+#: thresholds, and a derived output by its table
 KIND_THRESHOLDS = tl.constexpr(4)
+KIND_TABLE = tl.constexpr(5)
 
 
 @triton.jit
@@ -45,10 +54,19 @@ def _stem_output(y, pix, pix_mask, c0, K, out_ptr, v1_ptr, v2_ptr, v3_ptr, v4_pt
                  KIND: tl.constexpr, LAYOUT: tl.constexpr, BITS: tl.constexpr,
                  QLO: tl.constexpr, QMAX: tl.constexpr, MODE: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One output of y [BLOCK_M, BLOCK_N] (int32): THRESHOLDS (QLO the precision's qmin, v1
-    the int32 table [K, 4] of `threshold_table`) q = QLO + #{i : y >= T[c, i]}; any other
-    kind as `netops.emit_output`."""
-    if KIND == KIND_THRESHOLDS:
+    """One output of y [BLOCK_M, BLOCK_N] (int32): THRESHOLDS (QLO the output's qmin, v1
+    the int32 table [K, 4] of `threshold_table` / `derived_threshold_table`) q = QLO +
+    #{i : y >= T[c, i]}; TABLE (a derived output) the formula clamped to [QLO, QMAX] (the
+    mid precision's range) as `netops.requant_tile`, then v2[q - QLO] (the int32 table from
+    the formula's lowest value on); any other kind as `netops.emit_output`."""
+    if KIND == KIND_TABLE:
+        q = requant_tile(y, y, c0, K, v1_ptr, v2_ptr, v3_ptr, v4_ptr, QLO, QMAX, False, MODE,
+                         BLOCK_N)
+        chan = c0 + tl.arange(0, BLOCK_N)
+        v = tl.load(v2_ptr + (q - QLO), mask=pix_mask[:, None] & (chan < K)[None, :], other=0)
+        store_values(out_ptr, v, pix, pix_mask, c0, K, row, plane, LAYOUT, BITS, 0, BLOCK_M,
+                     BLOCK_N)
+    elif KIND == KIND_THRESHOLDS:
         chan = c0 + tl.arange(0, BLOCK_N)
         c_mask = chan < K
         q = tl.full((BLOCK_M, BLOCK_N), QLO, tl.int32)
@@ -226,21 +244,17 @@ def stem_gemm_kernel(
 
 
 # =========================================================================== host side
-#: THRESHOLDS as an int (host side), and the thresholds a table row holds
+#: THRESHOLDS and TABLE as ints (host side), and the thresholds a table row holds
 THRESHOLDS = 4
+TABLE = 5
 THRESHOLD_STRIDE = 4
+INT32_LIMITS = (-(2**31), 2**31 - 1)
 
 
-def threshold_table(spec: Requantized, k: int) -> torch.Tensor | None:
-    """int32 [k, 4] on the CPU: the thresholds on y = acc + bias (int32) of a requantized
-    output of at most 2 bits (`reference.requant_thresholds` with the spec's bias at its
-    shift), past its levels INT32_MAX; None for a wider output, a residual term or a
-    multiplier the thresholds do not take (>= 2^31)."""
-    p = spec.precision
-    if not isinstance(spec, Requantized) or not isinstance(p, Precision) or p.bits > 2 or \
-            spec.residual_multiplier is not None:
-        return None
-
+def _formula_thresholds(spec: Requantized, prec: Precision, k: int) -> torch.Tensor | None:
+    """int32 [k, prec.qmax - prec.qmin] (`reference.requant_thresholds`): the formula of
+    `spec` clamped to `prec` is >= v iff y >= T[c, v - prec.qmin - 1]; None where the
+    thresholds do not take the multiplier (>= 2^31)."""
     def vector(v: object) -> torch.Tensor:
         return torch.as_tensor(0 if v is None else v).to(torch.int64).cpu().expand(
             k).contiguous()
@@ -248,11 +262,67 @@ def threshold_table(spec: Requantized, k: int) -> torch.Tensor | None:
     params = EpilogueParams(multiplier=vector(spec.multiplier), shift=vector(spec.shift),
                             shifted_bias=vector(spec.bias))
     try:
-        thr = requant_thresholds(Epilogue(relu=spec.relu, out=p, shifted_bias=True), params)
+        return requant_thresholds(Epilogue(relu=spec.relu, out=prec, shifted_bias=True), params)
     except ValueError:
         return None
-    table = torch.full((k, THRESHOLD_STRIDE), 2**31 - 1, dtype=torch.int32)
+
+
+def threshold_table(spec: Requantized, k: int) -> torch.Tensor | None:
+    """int32 [k, 4] on the CPU: the thresholds on y = acc + bias (int32) of a requantized
+    output of at most 2 bits (`reference.requant_thresholds` with the spec's bias at its
+    shift), past its levels INT32_MAX; None for a wider output, a derived one, a residual
+    term or a multiplier the thresholds do not take (>= 2^31)."""
+    p = spec.precision
+    if not isinstance(spec, Requantized) or not isinstance(p, Precision) or p.bits > 2 or \
+            spec.residual_multiplier is not None or spec.table is not None:
+        return None
+    thr = _formula_thresholds(spec, p, k)
+    if thr is None:
+        return None
+    table = torch.full((k, THRESHOLD_STRIDE), INT32_LIMITS[1], dtype=torch.int32)
     table[:, :thr.shape[1]] = thr
+    return table
+
+
+def table_steps(spec: Requantized) -> list[int | None] | None:
+    """A derived output's table as a staircase over the values its formula gives
+    ([spec.low, spec.high] of mid): per output level v above precision.qmin, the least
+    formula value whose table entry is >= v (None: none reaches it), so that the output is
+    qmin + #{v : q >= step(v)}; None where the table falls somewhere on that range (then
+    max-pooling the formula's values does not pool the table's)."""
+    mid, out = spec.mid, spec.precision
+    vals = spec.table.to(torch.int64)[spec.low - mid.qmin:spec.high - mid.qmin + 1]
+    if bool((vals[1:] < vals[:-1]).any()):
+        return None
+    q = torch.arange(spec.low, spec.high + 1)
+    steps: list[int | None] = []
+    for v in range(int(out.qmin) + 1, int(out.qmax) + 1):
+        reached = q[vals >= v]
+        steps.append(int(reached[0]) if reached.numel() else None)
+    return steps
+
+
+def derived_threshold_table(spec: Requantized, k: int) -> torch.Tensor | None:
+    """int32 [k, 4] on the CPU: the thresholds on y of a derived output of at most 2 bits
+    whose table rises over its formula's values (`table_steps`): the composition of the
+    formula (non-decreasing in y) and the table is a staircase of y whose steps are the
+    formula's thresholds in mid (`reference.requant_thresholds`) at the table's steps; past
+    the output's levels INT32_MAX. None where that does not apply."""
+    out = spec.precision
+    if not isinstance(spec, Requantized) or spec.table is None or \
+            not isinstance(out, Precision) or out.bits > 2 or \
+            spec.residual_multiplier is not None:
+        return None
+    steps = table_steps(spec)
+    thr = None if steps is None else _formula_thresholds(spec, spec.mid, k)
+    if thr is None:
+        return None
+    table = torch.full((k, THRESHOLD_STRIDE), INT32_LIMITS[1], dtype=torch.int32)
+    for i, v in enumerate(steps):
+        if v is not None and v <= spec.low:  # every value the formula gives reaches it
+            table[:, i] = INT32_LIMITS[0]
+        elif v is not None:
+            table[:, i] = thr[:, v - spec.mid.qmin - 1]
     return table
 
 
@@ -266,3 +336,34 @@ def threshold_slot(spec: object, slot: tuple[tuple, dict], k: int, device: torch
     args, consts = slot
     consts = {**consts, "KIND": THRESHOLDS, "QLO": int(spec.precision.qmin), "MODE": 0}
     return (args[0], table.to(device), *args[2:]), consts
+
+
+def stem_slot(i: int, spec: object, out: object, shape: tuple[int, ...],
+              device: torch.device, y_bound: int, fast: bool, thresholds: bool,
+              pooled: bool) -> tuple[tuple, dict]:
+    """(args, constexprs) of output i of a stem kernel (`stem_outputs`): a requantized or
+    float output as `netops.output_slot` (1-2 bit ones by thresholds with `thresholds`), a
+    derived one (mid and table) by thresholds where `derived_threshold_table` takes it and
+    `thresholds`, else by its table (TABLE). With the pool (`pooled`: the kernels pool the
+    int32 accumulators, then write the outputs), a derived output's table must rise over
+    its formula's values: ValueError otherwise."""
+    spec = as_output_spec(i, spec)
+    k = shape[-1]
+    if not isinstance(spec, Requantized) or spec.table is None:
+        slot = output_slot(i, spec, out, shape, device, False, y_bound, fast=fast)
+        return threshold_slot(spec, slot, k, device) if thresholds else slot
+    if pooled and table_steps(spec) is None:
+        raise ValueError(
+            f"outputs[{i}] is a derived output whose table falls on the values its formula "
+            f"gives ({spec.low}..{spec.high} in {spec.mid}): the max-pool after it takes the "
+            "largest table value of each window, and the stem pools before the lookup "
+            "(exact for a non-decreasing table only)")
+    args, consts, _ = _requant_slot(i, spec, out, shape, device, False, y_bound, 0, fast,
+                                    False)
+    thr = derived_threshold_table(spec, k) if thresholds else None
+    if thr is not None:
+        consts = {**consts, "KIND": THRESHOLDS, "QLO": int(spec.precision.qmin),
+                  "QMAX": int(spec.precision.qmax), "MODE": 0}
+        return (args[0], thr.to(device), *args[2:]), consts
+    table = spec.table[spec.low - spec.mid.qmin:].to(torch.int32).contiguous().to(device)
+    return (args[0], args[1], table, *args[3:]), {**consts, "KIND": TABLE}

@@ -20,10 +20,13 @@ with its first three row pairs; then per pooled row t (a step):
 1. the step's two new space-to-depth rows (four image rows, loaded during the previous step)
    are quantized, each image value once (float: `stored.quantize_f32`, exact; uint8: the
    int8 table [C, 256]), moved to pixel order in registers and stored into the ring;
-   a barrier (the only one of the step: the ring holds 8 rows, a step reads 5 and writes 2,
+   a barrier (the only one the ring needs: it holds 8 rows, a step reads 5 and writes 2,
    so a warp that runs one step ahead never overwrites a row another warp still reads);
-2. the next step's four image rows are loaded into registers (their latency hides behind
-   3 and 4);
+   a float image with the status flag: the values times 0 summed in registers (NaN from
+   the first inf or nan on), tested once at the program's end;
+2. the next step's four image rows are loaded into registers, after the dot of 3
+   (`StemConfig.late_loads`, the default: the dot's operand fence may wait for outstanding
+   loads) or before it; their latency hides behind 4 (or 3 and 4);
 3. the conv rows 2t - pool_pad + 1 and 2t - pool_pad + 2 at the pool windows' two column
    parities as ONE int8 dot, weights [block_n, 256] x windows^T [256, 4 block_j] (wgmma
    m64 n128 at block_j 32; `StemConfig.transposed=False`: windows x weights), each window
@@ -34,9 +37,10 @@ with its first three row pairs; then per pooled row t (a step):
    in one warp of the wgmma accumulator, rs and par in one thread: the pool's row and
    parity maxima move no data, the neighbour column takes one small layout change.
 
-What bounds it (NOTES.md, "Stem"): per step the SM's L1 / shared-memory data path moves the
-windows (ring -> registers -> shared memory, 2 x 32 KB at block_j 32), the wgmma operands
-(48 KB) and the pool's layout changes, about as long as the tensor work itself.
+What bounds it (NOTES.md, "Stem": 797 us at batch 256 on an H100, the two-launch "bands"
+kernel ~500): each step is a serial chain of 16 block barriers (layout changes, the ring, the
+dot's fence), an L1 / L2 round trip of the ring rows just stored and 8 wgmma closed by a wait,
+at 2 programs per SM; its time is latency, and a step does half a "bands" step's work.
 
 The kernel runs without software pipelining (num_stages 1): a pipelined load of the ring
 would run ahead of the barrier that orders it after the ring write.
@@ -91,15 +95,14 @@ def _load_pair(x_ptr, n, y0, x0, sn, sc, sh, sw, h_lim, W, C: tl.constexpr,
 
 
 @triton.jit
-def _store_pair(ring, v, table_ptr, status_ptr, y0, x0, H, W, scale,
+def _store_pair(ring, v, table_ptr, chk, y0, x0, H, W, scale,
                 C: tl.constexpr, PS: tl.constexpr, XW: tl.constexpr, U8: tl.constexpr,
                 ENC: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
                 HAS_STATUS: tl.constexpr):
     """Quantize the lines of `_load_pair(y0, x0)` and store them into the ring as pixels:
     ring[(y0 + r) mod 8, x, (d * 4 + c) * 2 + e] and its mirror 8 rows on (16-byte pixels,
-    0 outside the image).
-    HAS_STATUS (a float image): status[0] = 1 where a line value is inf or nan (atomics
-    predicated on that, so none runs on a finite image)."""
+    0 outside the image). Returns chk + v * 0 (HAS_STATUS, a float image: NaN from the first
+    inf or nan on; the kernel tests it once per program), else chk."""
     line = tl.arange(0, 16)
     i = tl.arange(0, 2 * XW)
     c = line % 4
@@ -111,10 +114,8 @@ def _store_pair(ring, v, table_ptr, status_ptr, y0, x0, H, W, scale,
     else:
         xf = v.to(tl.float32)
         q = quantize_f32(xf, scale, ENC, QMIN, QMAX)
-        if HAS_STATUS:
-            bad = mask & ((xf != xf) | (tl.abs(xf) == float("inf")))
-            tl.atomic_max(status_ptr + tl.zeros_like(ix)[None, :] + tl.zeros_like(line)[:, None],
-                          1, mask=bad, sem="relaxed")
+        if HAS_STATUS:  # masked values were loaded as 0
+            chk = chk + xf * 0.0
     q = tl.where(mask, q, 0).to(tl.int8)
     # lines (r, d, c) x columns (x, e) -> pixels (r, x) x bytes (d, c, e)
     pix = tl.reshape(tl.permute(tl.reshape(q, (2, 2, 4, XW, 2)), (0, 3, 1, 2, 4)),
@@ -124,6 +125,7 @@ def _store_pair(ring, v, table_ptr, status_ptr, y0, x0, H, W, scale,
     slot = ((y0 + p // XW) & 7) * (XW + 4) + p % XW
     tl.store(ring + slot[:, None] * 16 + b[None, :], pix)
     tl.store(ring + (slot + 8 * (XW + 4))[:, None] * 16 + b[None, :], pix)  # the mirror
+    return chk
 
 
 @triton.jit
@@ -165,7 +167,7 @@ def stem_ring_kernel(
     o2, a2, b2, c2, d2, row2, plane2,
     C: tl.constexpr, PS: tl.constexpr, PP: tl.constexpr, U8: tl.constexpr,
     ENC: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
-    HAS_STATUS: tl.constexpr, TRANS: tl.constexpr,
+    HAS_STATUS: tl.constexpr, TRANS: tl.constexpr, LATE_LOADS: tl.constexpr,
     KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr, QLO0: tl.constexpr,
     QMAX0: tl.constexpr, MODE0: tl.constexpr,
     KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr, QLO1: tl.constexpr,
@@ -196,6 +198,7 @@ def stem_ring_kernel(
     rs = mm // (2 * BLOCK_J)
     xm = 2 * (mm % BLOCK_J) + (mm // BLOCK_J) % 2
     jj = tl.arange(0, BLOCK_J)
+    chk = tl.zeros((16, 2 * XW), tl.float32)
     for tile in range(pid, tiles, tl.num_programs(0)):
         cb = tile % col_blocks
         band = (tile // col_blocks) % bands
@@ -210,10 +213,10 @@ def stem_ring_kernel(
         v0 = _load_pair(x_ptr, n, y0, x0, sn, sc, sh, sw, H, W, C, PS, XW)
         v1 = _load_pair(x_ptr, n, y0 + 2, x0, sn, sc, sh, sw, H, W, C, PS, XW)
         v = _load_pair(x_ptr, n, y0 + 4, x0, sn, sc, sh, sw, H, W, C, PS, XW)
-        _store_pair(ring, v0, table_ptr, status_ptr, y0, x0, H, W, scale, C, PS, XW, U8, ENC,
-                    QMIN, QMAX, HAS_STATUS)
-        _store_pair(ring, v1, table_ptr, status_ptr, y0 + 2, x0, H, W, scale, C, PS, XW, U8,
-                    ENC, QMIN, QMAX, HAS_STATUS)
+        chk = _store_pair(ring, v0, table_ptr, chk, y0, x0, H, W, scale, C, PS, XW, U8, ENC,
+                          QMIN, QMAX, HAS_STATUS)
+        chk = _store_pair(ring, v1, table_ptr, chk, y0 + 2, x0, H, W, scale, C, PS, XW, U8,
+                          ENC, QMIN, QMAX, HAS_STATUS)
         if TRANS:
             carry_a = tl.full((BLOCK_N, BLOCK_J), INT32_MIN, tl.int32)
             carry_b = tl.full((BLOCK_N, BLOCK_J), INT32_MIN, tl.int32)
@@ -223,11 +226,12 @@ def stem_ring_kernel(
         # t0 - 1 first: its second conv row is the first window row of pooled row t0
         for t in range(t0 - 1, t_end):
             yt = 2 * t + 4 - PP  # the step's new pair of space-to-depth rows
-            _store_pair(ring, v, table_ptr, status_ptr, yt, x0, H, W, scale, C, PS, XW, U8,
-                        ENC, QMIN, QMAX, HAS_STATUS)
+            chk = _store_pair(ring, v, table_ptr, chk, yt, x0, H, W, scale, C, PS, XW, U8,
+                              ENC, QMIN, QMAX, HAS_STATUS)
             tl.debug_barrier()
             h_lim = tl.where(t + 1 < t_end, H, 0)  # nothing past the tile's last step
-            v = _load_pair(x_ptr, n, yt + 2, x0, sn, sc, sh, sw, h_lim, W, C, PS, XW)
+            if not LATE_LOADS:
+                v = _load_pair(x_ptr, n, yt + 2, x0, sn, sc, sh, sw, h_lim, W, C, PS, XW)
             oh = 2 * t - PP + 1 + rs
             x = _ring_windows(ring, oh, xm, XW)
             ow = x0 + xm
@@ -243,6 +247,8 @@ def stem_ring_kernel(
                     (BLOCK_J, BLOCK_N), tl.int32)
                 pooled, carry_a, carry_b = pool_step(acc, carry_a, carry_b, nxt, BLOCK_J,
                                                      BLOCK_N)
+            if LATE_LOADS:  # issued after the dot: its operand fence does not wait for them
+                v = _load_pair(x_ptr, n, yt + 2, x0, sn, sc, sh, sw, h_lim, W, C, PS, XW)
             jo = j0 + jj
             pix_mask = (jj < BLOCK_J - 2) & (jo < PW) & (jj * 0 + t >= t0)
             stem_outputs(pooled, bias, (n * PH + t) * PW + jo, pix_mask, n_idx, K,
@@ -252,6 +258,9 @@ def stem_ring_kernel(
                          QLO1, QMAX1, MODE1, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, MODE2,
                          BLOCK_J, BLOCK_N)
         tl.debug_barrier()  # the next tile's prologue overwrites rows this tile still reads
+    if HAS_STATUS:  # one test per program: chk is NaN where the image held inf or nan
+        if tl.max((chk != chk).to(tl.int32)) > 0:
+            tl.atomic_max(status_ptr, 1)
 
 
 # =========================================================================== host side
@@ -332,7 +341,7 @@ def ring_launch(image: torch.Tensor, table: torch.Tensor | None, weight: torch.T
     kwargs = dict(C=geom.C, PS=-geom.a_min, PP=geom.pool_pad, U8=is_u8,
                   ENC=ENC[prec.encoding], QMIN=prec.qmin, QMAX=prec.qmax,
                   HAS_BIAS=bias is not None, HAS_STATUS=status is not None and not is_u8,
-                  TRANS=cfg.transposed,
+                  TRANS=cfg.transposed, LATE_LOADS=cfg.late_loads,
                   **slot_consts, BLOCK_J=block_j, BLOCK_N=block_n, num_warps=cfg.num_warps,
                   num_stages=1, enable_fp_fusion=False)
     if cfg.maxnreg is not None:
