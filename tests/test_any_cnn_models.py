@@ -4,8 +4,8 @@ w8a8), calibrated and compiled. Each compiles; every fake-quant conv / linear is
 layer of the plan (but ConvNeXt's linears on NHWC maps); each says which ops left the integer
 path and why, and the reasons are exactly the expected kinds; the reference executor's logits
 follow the fake-quant model (fp16 fallbacks in between: within FALLBACK_RTOL). The GPU
-executor equals the reference on a GPU (`gpu` marker). Grouped convs are float today
-(`groups=...` reasons): they join the integer path with grouped-conv kernels."""
+executor equals the reference on a GPU (`gpu` marker). Depthwise and grouped convs run on
+their own integer kernels."""
 
 from __future__ import annotations
 
@@ -40,17 +40,17 @@ _KINDS = [
     (CONSTANT, r"^reads tensor constants"),
     (ADD, r"^add whose operands are no conv/linear output"),
 ]
-_MOBILE = {DEQUANT, GROUPED, BN, ACT_READ, ACT_IN, PRODUCT}
+#: squeeze-excite whose scale is read in float (MobileNet-V3's hardsigmoid, RegNet-Y's sigmoid
+#: of a float product operand)
+_SE = {DEQUANT, ACT_READ, PRODUCT}
 #: the kinds of fallback reasons each model has today
 EXPECTED: dict[str, set[str]] = {
-    "resnet": set(), "wide_resnet": set(), "vgg": set(), "alexnet": set(),
-    "resnext": {GROUPED, BN}, "regnet_x": {GROUPED, BN}, "shufflenet_v2": {GROUPED, BN},
-    "mnasnet": {GROUPED, BN}, "mobilenet_v2": {GROUPED, BN, CLAMP},
-    "regnet_y": {GROUPED, BN, RELU, DEQUANT, ACT_READ, PRODUCT},
-    "mobilenet_v3_small": _MOBILE | {RELU}, "mobilenet_v3_large": _MOBILE | {RELU},
-    "efficientnet_b0": _MOBILE, "efficientnet_b1": _MOBILE, "efficientnet_b2": _MOBILE,
-    "efficientnet_b3": _MOBILE, "densenet": {BN}, "squeezenet": {CEIL}, "googlenet": {CEIL},
-    "convnext": {GROUPED, NORM, PERMUTE, LINEAR4D, CONSTANT, DEQUANT, ACT_READ, ADD},
+    "resnet": set(), "wide_resnet": set(), "vgg": set(), "alexnet": set(), "resnext": set(),
+    "regnet_x": set(), "shufflenet_v2": set(), "mnasnet": set(), "mobilenet_v2": set(),
+    "efficientnet_b0": set(), "efficientnet_b1": set(), "efficientnet_b2": set(),
+    "efficientnet_b3": set(), "regnet_y": _SE, "mobilenet_v3_small": _SE,
+    "mobilenet_v3_large": _SE, "densenet": {BN}, "squeezenet": {CEIL}, "googlenet": {CEIL},
+    "convnext": {NORM, PERMUTE, LINEAR4D, CONSTANT, DEQUANT, ACT_READ, ADD},
 }
 #: fake-quant layers that stay float: ConvNeXt's pointwise linears read NHWC maps
 FLOAT_LAYERS = {"convnext": 6}

@@ -160,6 +160,21 @@ def bitserial_family(workload: Workload) -> str:
     return default_bitserial(with_layout(workload, Layout.BITPLANE))[0].name
 
 
+def runs(impl: str, workload: Workload) -> bool:
+    """Whether `impl` runs `workload` (in its input layout) with a config it can build: no
+    refusal, and a default config (a space with no valid point for this epilogue, e.g. bit-plane
+    outputs narrower than a packing tile, is a refusal too)."""
+    if unsupported_reason(impl, workload) is not None:
+        return False
+    if impl == TORCH_FP16 or is_bitserial(impl):
+        return True  # the families' defaults search their preferred list (default_bitserial)
+    try:
+        get_template(impl).default_config(with_layout(workload, input_layout(impl)))
+    except (ValueError, IndexError, KeyError):
+        return False
+    return True
+
+
 def template_flag(impl: str, flag: str) -> bool | int:
     """The registered template's class attribute `flag` (False where it has none, for
     torch.fp16 and for names no template has): what a template declares it can do

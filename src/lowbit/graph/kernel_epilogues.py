@@ -18,7 +18,7 @@ import torch
 from ..core import OUT_INT16, OUT_INT32, Encoding, Epilogue, Layout, Precision, Workload
 from ..core.epilogue import MAX_DERIVED
 from ..kernels.base import acc_bound
-from .impl import TORCH_FP16, is_bitserial, template_flag, unsupported_reason
+from .impl import TORCH_FP16, is_bitserial, runs, template_flag, unsupported_reason
 from .ir import Layer, TensorSpec, parse_precision
 
 #: Outputs up to which a layer takes its residual in the kernel's epilogue rather than in the
@@ -67,7 +67,7 @@ def kernel_epilogue(step: Layer, tensors: dict[str, TensorSpec],
     for kind in kinds:
         fused = wl.replace(epilogue=Epilogue(relu=outs[0].relu, out=t.precision,
                                              out_layout=t.layout, **kind))
-        if unsupported_reason(step.impl, fused) is None:
+        if runs(step.impl, fused):
             return replace(step, workload=fused)
     return layer_outputs_impl(replace(step, workload=wl))
 
@@ -184,7 +184,7 @@ def block_end_epilogue(step: Layer, tensors: dict[str, TensorSpec],
                                  for o in derived),
                    store_out=bool(stored))
     wl = step.workload.replace(epilogue=epi)
-    return wl if unsupported_reason(step.impl, wl) is None else None
+    return wl if runs(step.impl, wl) else None
 
 
 def _same_formula(a, b, params: dict[str, torch.Tensor]) -> bool:
