@@ -46,8 +46,9 @@ DEFAULT_CASES = ["resnet18:8:w1a2", "resnet50:256:w1a2", "resnet50:256:w8a8", "v
 
 
 def parse_case(text: str) -> BenchCase:
-    """MODEL:BATCH:PRECISION, then optionally :kernelbias (the plan's biases in accumulator
-    units, so single-output layers keep their kernel's own epilogue), :wide16 / :wide8
+    """MODEL:BATCH:PRECISION (MODEL a zoo name or tv:NAME, a torchvision model), then
+    optionally :kernelbias (the plan's biases in accumulator units, so single-output layers
+    keep their kernel's own epilogue), :wide16 / :wide8
     (the residual stream's width, `lowbit.compile(wide_bits=...)`; default 24),
     :model / :int8=TEMPLATE (the per-layer implementation policy, `impl_chooser`: the
     performance model's pick, or the default with that int8 template first) and :nofuse
@@ -55,7 +56,11 @@ def parse_case(text: str) -> BenchCase:
     (the quantized model's residual stream, `lowbit.quantize(residual_bits=...)`) and :tuned
     (the plan reads the user's tuning records)."""
     try:
+        prefix = ""
+        if text.startswith("tv:"):  # a torchvision model: tv:NAME:BATCH:PRECISION...
+            prefix, text = "tv:", text[3:]
         model, batch, precision, *rest = text.split(":")
+        model = prefix + model
         wide = [r for r in rest if r in ("wide16", "wide8", "wide24")]
         res = [r for r in rest if r in ("res4", "res8", "res16")]
         policy = [r for r in rest if r == "model" or r.startswith("int8=")]
