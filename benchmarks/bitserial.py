@@ -6,7 +6,7 @@ bias + ReLU + requantize to u<a_bits> bit planes (the next layer's input). Every
 kernel is verified bit for bit against `lowbit.reference.run` (on the GPU, float64-exact) before
 it is timed. Baselines in the same run: `int8_best` (our Triton int8 template, w8a8, best of a
 few configs), `int_mm_im2col` / `int_mm` (cuBLASLt int8), `cudnn_fp16` (conv) / `fp16_matmul`.
-Timing: CUDA-graph replays (`lowbit.tune.timing.time_us`), median. Floors:
+Timing: CUDA-graph replays (`lowbit.kernels.timing.time_us`), median. Floors:
 `lowbit.perfmodel.roofline.workload_floor_us(wl, "bitserial")` with the measured bandwidth.
 
 Configs are handled as kernel parameters (`lowbit.kernels.cuda.kernel_spec`: every family's
@@ -72,7 +72,7 @@ from lowbit.perfmodel.roofline import (
 from lowbit.quant.packing import pack
 from lowbit.reference import run
 from lowbit.reference.ops import random_params
-from lowbit.tune.timing import time_us
+from lowbit.kernels.timing import time_us
 
 PRECISIONS = ("w1a1", "w1a2", "w2a2", "w1a4", "w2a4", "w3a3")
 BP = Layout.BITPLANE

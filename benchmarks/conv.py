@@ -3,7 +3,7 @@
 Per shared conv layer (w8a8, epilogue bias + ReLU -> s8 NHWC, the output the next layer
 reads): every config of a bounded slice of each int8 template that supports the layer
 (`triton.conv2d_int8`, and `triton.conv2d_int8_tma` for stride 1) is built, checked bit for
-bit against `lowbit.reference.run` on fresh random inputs, and timed (`lowbit.tune.timing`,
+bit against `lowbit.reference.run` on fresh random inputs, and timed (`lowbit.kernels.timing`,
 median, L2 flushed); the fastest template's best is reported beside each template's best,
 its default config, cudnn_fp16, int_mm_im2col and the roofline floor
 (`lowbit.perfmodel.roofline`, bandwidth re-measured in this run). Batch-16-sized layers are
@@ -50,7 +50,7 @@ from lowbit.perfmodel.roofline import (
     workload_floor_us,
 )
 from lowbit.reference import random_inputs, run
-from lowbit.tune.timing import time_us
+from lowbit.kernels.timing import time_us
 
 CONV_SUITES = ("resnet50_3x3_b256", "resnet50_3x3_b16", "tvm_tutorial", "resnet50_1x1",
                "resnet18_b8", "apconv_sweep")

@@ -14,7 +14,7 @@ Every launcher pair is first run on fresh inputs and checked bit for bit against
 `lowbit.reference.run`, layer by layer, plain and chained. Baselines in the same run: cuDNN fp16
 alone and as the same x -> y -> x pair (channels_last), and for the APNN-TC conv the published
 kernel's 17 us (a single launch, issue 6). Timing: CUDA-graph replays, median
-(`lowbit.tune.timing.time_us`). Floors: `workload_floor_us(wl, "bitserial")`.
+(`lowbit.kernels.timing.time_us`). Floors: `workload_floor_us(wl, "bitserial")`.
 
 Usage: python benchmarks/layer_chain.py [--layers apconv_b1_c1024,...] [--precisions w1a2,w1a1]
 """
@@ -41,7 +41,7 @@ from lowbit.kernels.cuda.bitserial_kernel import CHAIN_TRIGGERS
 from lowbit.kernels.cuda.nvrtc import load_kernel
 from lowbit.perfmodel.roofline import measure_bandwidth, peaks_for, workload_floor_us
 from lowbit.reference import run
-from lowbit.tune.timing import time_us
+from lowbit.kernels.timing import time_us
 
 LAYERS = {"apconv_b1_c1024": ConvWorkload(N=1, H=16, W=16, C=1024, K=1024, R=3, S=3, pad=1),
           **dict(load_workloads("apconv_sweep"))}

@@ -39,7 +39,7 @@ from lowbit.reference import (
     maxpool2d_int,
     quantize_float,
 )
-from lowbit.tune.timing import time_us
+from lowbit.kernels.timing import time_us
 
 INT8_OPS = 1158e12  # Triton int8 dot, 8192^3 (docs/design.md, "Hardware facts")
 DRAM_BPS = 3.0e12  # device-to-device copy, bytes read + written (the same table)

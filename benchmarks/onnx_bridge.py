@@ -130,7 +130,7 @@ def time_rows(model: nn.Module, x: torch.Tensor, batches: list[int], compile_mod
     """GPU: the compiled model's forward (its CUDA graph) against the float twin in fp16."""
     from lowbit.runtime.bench import fp16_baselines
     from lowbit.runtime.gpu import GpuExecutor
-    from lowbit.tune.timing import time_us
+    from lowbit.kernels.timing import time_us
 
     device = torch.device("cuda")
     twin = float_twin(model).to(device)

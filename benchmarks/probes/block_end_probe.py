@@ -48,7 +48,7 @@ from lowbit.kernels.triton.templates import with_float64_requant
 from lowbit.perfmodel.roofline import H100, floor_us, measure_bandwidth, peaks_for
 from lowbit.reference import RequantizedOutput, epilogue_outputs, fixed_point_pair, run
 from lowbit.reference.netops import fixed_point_pair32
-from lowbit.tune.timing import time_us
+from lowbit.kernels.timing import time_us
 
 TINY = "--tiny" in sys.argv
 DEVICE = "cpu" if TINY else "cuda"

@@ -29,7 +29,7 @@ from lowbit.kernels.cuda.bitserial_family import REGISTER_FILE
 from lowbit.kernels.cuda.bitserial_layout import threads
 from lowbit.kernels.cuda.nvrtc import device_arch, ptxas_report
 from lowbit.reference import run
-from lowbit.tune.timing import time_us
+from lowbit.kernels.timing import time_us
 
 
 def probe(wl, family, cfg: Config) -> dict:

@@ -27,7 +27,7 @@ from lowbit.kernels.triton import netops as K
 from lowbit.kernels.triton.conv_outputs import bind_conv_outputs
 from lowbit.kernels.triton.templates import IgemmKernel, problem
 from lowbit.reference import fixed_point_pair, random_inputs
-from lowbit.tune.timing import time_us
+from lowbit.kernels.timing import time_us
 
 S24 = WidePrecision(24)
 LAYERS = {

@@ -53,7 +53,7 @@ from lowbit.perfmodel.roofline import (
     workload_bytes,
 )
 from lowbit.reference import random_inputs, run
-from lowbit.tune.timing import time_us
+from lowbit.kernels.timing import time_us
 
 GEMV = "triton.gemv_int8"
 INT8_DEFAULTS = ("cuda.int8_wgmma", "triton.gemm_int8")

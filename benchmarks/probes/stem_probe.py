@@ -56,7 +56,7 @@ from lowbit.reference import (
     uint8_input_table,
 )
 from lowbit.runtime.bench import BANDWIDTH, PEAK_OPS
-from lowbit.tune.timing import time_us
+from lowbit.kernels.timing import time_us
 
 INT8, BITPLANE = Layout.INT8, Layout.BITPLANE
 SCALE = 0.03

@@ -80,7 +80,7 @@ def time_plans(plans: dict, x: torch.Tensor) -> dict[str, dict]:
     replays timed in `TIMING_ROUNDS` alternating rounds (drift hits every plan alike), the
     median round; sources: the plan's config sources by count."""
     from .runtime.gpu import GpuExecutor
-    from .tune.timing import time_us
+    from .kernels.timing import time_us
 
     execs = {}
     out: dict[str, dict] = {}

@@ -38,7 +38,7 @@ def peaks_for(gpu_name: str) -> Peaks:
 
 def measure_bandwidth(nbytes: int = 2 << 30) -> float:
     """Device-to-device copy rate in bytes/s (read + written) on the current GPU."""
-    from ..tune.timing import time_us
+    from ..kernels.timing import time_us
 
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
