@@ -116,7 +116,7 @@ def test_records_database_rows(tmp_path):
         spec = MMA_SYNC_PERSISTENT.spec(MMA_SYNC_PERSISTENT.default_config(BITS))
         db.add(Record(BITS.key, LEGACY, Config(spec).to_json(), 4.0, None, "G",
                       workload_json=BITS.to_json()))  # a row of before the families' split
-        ms = load_records(db)
+        ms = load_records(db)  # a RecordsDB iterates over its rows
     assert [(m.template, m.workload, m.config, m.time_us, m.timing) for m in ms] == [
         ("triton.conv2d_int8", CONV, Config(A=1), 7.5, "events"),
         (MMA_SYNC_PERSISTENT.name, BITS, MMA_SYNC_PERSISTENT.config_of(spec), 4.0, "events")]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -57,9 +57,9 @@ def _digest(snapshot: Path, extra: Sequence[Measurement]) -> str:
     return h.hexdigest()[:16]
 
 
-def default_model(records: object = None, snapshot: str | Path = SNAPSHOT) -> LearnedModel:
-    """The model trained on the snapshot's measurements plus those of `records` (a RecordsDB
-    or its path), deduplicated: from memory, else the disk cache, else trained now (seconds
+def default_model(records: Iterable | None = None, snapshot: str | Path = SNAPSHOT) -> LearnedModel:
+    """The model trained on the snapshot's measurements plus those of `records` (tuning
+    records' rows, e.g. a `lowbit.tune.records.RecordsDB`), deduplicated: from memory, else the disk cache, else trained now (seconds
     to a minute on a busy CPU). An untrained model (analytic estimates only) when there is no
     data."""
     extra = load_records(records) if records is not None else []
