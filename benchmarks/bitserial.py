@@ -64,6 +64,7 @@ from lowbit.kernels.cuda import (
 from lowbit.kernels.cuda import bitserial_family as family_mod
 from lowbit.kernels.cuda import bitserial_layout as layout
 from lowbit.kernels.cuda.bitserial_shape import conv_shape, needs_wtap
+from lowbit.kernels.timing import time_us
 from lowbit.perfmodel.roofline import (
     measure_bandwidth,
     peaks_for,
@@ -72,7 +73,6 @@ from lowbit.perfmodel.roofline import (
 from lowbit.quant.packing import pack
 from lowbit.reference import run
 from lowbit.reference.ops import random_params
-from lowbit.kernels.timing import time_us
 
 PRECISIONS = ("w1a1", "w1a2", "w2a2", "w1a4", "w2a4", "w3a3")
 BP = Layout.BITPLANE

@@ -35,6 +35,7 @@ import common
 from lowbit.core import Config, ConvWorkload, Epilogue, Workload, load_workloads
 from lowbit.core.validate import out_storage
 from lowbit.kernels import get_template
+from lowbit.kernels.timing import time_us
 from lowbit.kernels.triton import (
     CONV2D_FP16,
     CONV2D_INT8,
@@ -50,7 +51,6 @@ from lowbit.perfmodel.roofline import (
     workload_floor_us,
 )
 from lowbit.reference import random_inputs, run
-from lowbit.kernels.timing import time_us
 
 CONV_SUITES = ("resnet50_3x3_b256", "resnet50_3x3_b16", "tvm_tutorial", "resnet50_1x1",
                "resnet18_b8", "apconv_sweep")

@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 from conv import ResultsFile, bench_configs, int8_wgmma_configs, precompile, sweep
 from lowbit.core import Epilogue, load_workloads
+from lowbit.kernels.timing import time_us
 from lowbit.kernels.triton import GEMM_INT8
 from lowbit.perfmodel.roofline import measure_bandwidth, peaks_for, workload_floor_us
-from lowbit.kernels.timing import time_us
 
 EPILOGUE = Epilogue()  # int32 out, as torch._int_mm
 

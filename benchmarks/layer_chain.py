@@ -39,9 +39,9 @@ from lowbit.kernels.cuda import BitserialKernel, default_bitserial, family_of
 from lowbit.kernels.cuda import bitserial_layout as layout
 from lowbit.kernels.cuda.bitserial_kernel import CHAIN_TRIGGERS
 from lowbit.kernels.cuda.nvrtc import load_kernel
+from lowbit.kernels.timing import time_us
 from lowbit.perfmodel.roofline import measure_bandwidth, peaks_for, workload_floor_us
 from lowbit.reference import run
-from lowbit.kernels.timing import time_us
 
 LAYERS = {"apconv_b1_c1024": ConvWorkload(N=1, H=16, W=16, C=1024, K=1024, R=3, S=3, pad=1),
           **dict(load_workloads("apconv_sweep"))}

@@ -38,9 +38,9 @@ from lowbit.core import Config, Epilogue, load_workloads
 from lowbit.core.validate import out_storage
 from lowbit.kernels.cuda import nvrtc
 from lowbit.kernels.cuda.mma_conv import S4_TEMPLATE, S8_TEMPLATE, render
+from lowbit.kernels.timing import time_us
 from lowbit.perfmodel.roofline import measure_bandwidth, peaks_for, workload_floor_us
 from lowbit.reference import random_inputs, run
-from lowbit.kernels.timing import time_us
 
 EPILOGUE = Epilogue(bias=True, relu=True, out="u4", out_layout="packed")
 TILE_KNOBS = ("warps_m", "warps_n", "tiles_m", "tiles_n", "k_chunk", "loop_order")

@@ -41,6 +41,7 @@ from common import write_probe
 from lowbit.core import ConvWorkload, Epilogue, Layout, PackedTensor, Precision, WidePrecision
 from lowbit.core.epilogue import EpilogueParams
 from lowbit.kernels.base import acc_bound
+from lowbit.kernels.timing import time_us
 from lowbit.kernels.triton import CONV2D_INT8
 from lowbit.kernels.triton import netops as K
 from lowbit.kernels.triton.conv_outputs import FUSED_TILE, bind_conv_outputs
@@ -48,7 +49,6 @@ from lowbit.kernels.triton.templates import with_float64_requant
 from lowbit.perfmodel.roofline import H100, floor_us, measure_bandwidth, peaks_for
 from lowbit.reference import RequantizedOutput, epilogue_outputs, fixed_point_pair, run
 from lowbit.reference.netops import fixed_point_pair32
-from lowbit.kernels.timing import time_us
 
 TINY = "--tiny" in sys.argv
 DEVICE = "cpu" if TINY else "cuda"

@@ -28,8 +28,8 @@ from lowbit.kernels.cuda import BY_NAME, BitserialKernel
 from lowbit.kernels.cuda.bitserial_family import REGISTER_FILE
 from lowbit.kernels.cuda.bitserial_layout import threads
 from lowbit.kernels.cuda.nvrtc import device_arch, ptxas_report
-from lowbit.reference import run
 from lowbit.kernels.timing import time_us
+from lowbit.reference import run
 
 
 def probe(wl, family, cfg: Config) -> dict:

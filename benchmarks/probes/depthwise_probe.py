@@ -37,9 +37,9 @@ from common import cudnn_fp16_conv_us, gpu_name, write_probe
 from lowbit.core import ConvWorkload, Epilogue
 from lowbit.core.validate import out_storage
 from lowbit.kernels import get_template, load_backends
+from lowbit.kernels.timing import time_us
 from lowbit.perfmodel.roofline import measure_bandwidth, workload_bytes
 from lowbit.reference import random_inputs, run
-from lowbit.kernels.timing import time_us
 
 #: MobileNet-V2's depthwise 3x3s: (channels, input size at 224, stride, how many)
 MOBILENET_V2 = [(32, 112, 1, 1), (96, 112, 2, 1), (144, 56, 1, 1), (144, 56, 2, 1),

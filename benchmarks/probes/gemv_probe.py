@@ -45,6 +45,7 @@ import torch
 from common import cudnn_fp16_conv_us, gpu_name, write_results
 from lowbit.core import ConvWorkload, Epilogue, GemmWorkload, Workload
 from lowbit.kernels import get_template, load_backends
+from lowbit.kernels.timing import time_us
 from lowbit.perfmodel.roofline import (
     Peaks,
     floor_us,
@@ -53,7 +54,6 @@ from lowbit.perfmodel.roofline import (
     workload_bytes,
 )
 from lowbit.reference import random_inputs, run
-from lowbit.kernels.timing import time_us
 
 GEMV = "triton.gemv_int8"
 INT8_DEFAULTS = ("cuda.int8_wgmma", "triton.gemm_int8")

@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import ROOT, gpu_dirname, gpu_name, versions
 from lowbit.core import ConvWorkload, Layout
+from lowbit.kernels.timing import time_us
 from lowbit.kernels.triton import stem as S
 from lowbit.kernels.triton.igemm import cdiv
 from lowbit.kernels.triton.stored import Launcher
@@ -56,7 +57,6 @@ from lowbit.reference import (
     uint8_input_table,
 )
 from lowbit.runtime.bench import BANDWIDTH, PEAK_OPS
-from lowbit.kernels.timing import time_us
 
 INT8, BITPLANE = Layout.INT8, Layout.BITPLANE
 SCALE = 0.03

@@ -57,11 +57,12 @@ def _digest(snapshot: Path, extra: Sequence[Measurement]) -> str:
     return h.hexdigest()[:16]
 
 
-def default_model(records: Iterable | None = None, snapshot: str | Path = SNAPSHOT) -> LearnedModel:
+def default_model(records: Iterable | None = None, snapshot: str | Path = SNAPSHOT
+                  ) -> LearnedModel:
     """The model trained on the snapshot's measurements plus those of `records` (tuning
-    records' rows, e.g. a `lowbit.tune.records.RecordsDB`), deduplicated: from memory, else the disk cache, else trained now (seconds
-    to a minute on a busy CPU). An untrained model (analytic estimates only) when there is no
-    data."""
+    records' rows, e.g. a `lowbit.tune.records.RecordsDB`), deduplicated: from memory, else
+    the disk cache, else trained now (seconds to a minute on a busy CPU). An untrained model
+    (analytic estimates only) when there is no data."""
     extra = load_records(records) if records is not None else []
     key = _digest(Path(snapshot), extra)
     if key in _MODELS:

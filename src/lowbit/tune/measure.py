@@ -186,9 +186,9 @@ def _worker_main(conn, device: str, visible: str | None, parent: tuple[int, bool
         os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before the first CUDA call
     import torch
 
+    from ..kernels.timing import time_us
     from ..reference import random_inputs, run
     from .env import collect_env
-    from ..kernels.timing import time_us
 
     if device == "cpu":  # parallel CPU workers each spawning a core's worth of OpenMP threads
         torch.set_num_threads(1)  # oversubscribe the cores; spin-waits then decide the ranking
