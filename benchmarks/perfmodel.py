@@ -9,11 +9,11 @@ files and the consolidated measurements.jsonl.gz of the files that left the tree
                         (`lowbit.perfmodel.evaluate`), and of the calibrated fp16 estimate
                         (leave one layer out of its calibration)
   pruned_tuner rows     per measured space of >= 100 configs (--min-space): measurements the
-                        pruned tuner (`lowbit.tune.pruned`, model trained without that layer)
-                        needs to reach 0.97x of the space's best, as a fraction of the space,
-                        beside random search's expected fraction; "exhaustive": true where a
-                        tables file (benchmarks/tuning.py measure) timed every config of the
-                        template's space (the 1,000+ config TMA int8 and bit-serial spaces of
+                        pruned tuner (`lowbit.tune.strategies.pruned`, model trained without
+                        that layer) needs to reach 0.97x of the space's best, as a fraction of
+                        the space, beside random search's expected fraction; "exhaustive": true
+                        where a tables file (benchmarks/tuning.py measure) timed every config
+                        of the template's space (the 1,000+ config TMA int8 and bit-serial spaces of
                         benchmarks/space_session.sh; --pruned-only: these rows alone)
   --export-snapshot     rewrites the packaged measurement snapshot the default model trains on
   --calibrate           prints the analytic constants fitted to the data
@@ -211,7 +211,8 @@ def pruned_rows(ms: list[Measurement], min_space: int = 100, rounds: int | None 
     one booster's fraction on the exhaustive 1,000+ spaces ranged 0.03-0.19 over seeds),
     trials_to_097 their median (a replay that never reaches 0.97x counts as the whole space)
     and fraction_by_seed each one's fraction."""
-    from lowbit.tune.pruned import PrunedSearch, expected_random_trials, replay, table_space
+    from lowbit.tune.replay import expected_random_trials, replay, table_space
+    from lowbit.tune.strategies import PrunedSearch
 
     ms = [m for m in ms if m.template != FP16_TEMPLATE]
     extra = {"rounds": rounds} if rounds else {}

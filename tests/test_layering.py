@@ -176,7 +176,7 @@ def test_the_walk_sees_every_kind_of_import():
     got = {n for n, _ in imported_names(ast.parse(src), "lowbit.runtime.compiled", False)}
     assert got == {"lowbit.core.space", "lowbit.models", "lowbit.tune",
                    "lowbit.perfmodel.hardware", "lowbit.tune.records", "lowbit.graph"}
-    assert len(EDGES) > 1000 and len(MODULES) > 150
+    assert len(EDGES) > 500 and len(MODULES) > 150
 
 
 def test_imports_go_down_the_order():

@@ -12,7 +12,7 @@ from lowbit.core import Config, ConfigSpace, ConvWorkload, Knob
 from lowbit.tune import STRATEGIES, Trial, make_strategy
 from lowbit.tune.cost_model import RankCostModel, Sample, relevance
 from lowbit.tune.features import Featurizer
-from lowbit.tune.sa import AnnealSettings, SpaceWalker, anneal
+from lowbit.tune.strategies.sa import AnnealSettings, SpaceWalker, anneal
 
 WL = ConvWorkload(N=4, H=14, W=14, C=64, K=64, R=3, S=3, stride=1, pad=1)
 WL2 = ConvWorkload(N=8, H=28, W=28, C=32, K=128, R=3, S=3, stride=1, pad=1)
@@ -150,7 +150,7 @@ def test_diversity_spreads_the_round_over_the_space():
     """The competition of `diversity`: with weight 0 the round is the model's top k (a tight
     cluster around the predicted optimum); with the default weight the k picks spread out
     (larger mutual distances) while the model's favourite still comes first."""
-    from lowbit.tune.search import DiversitySearch
+    from lowbit.tune.strategies import DiversitySearch
 
     sp = space()
     field = sp.all_configs()

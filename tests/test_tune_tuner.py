@@ -78,7 +78,7 @@ def test_template_choice_is_part_of_the_search(tmp_path):
 
 
 def test_round_shares_favour_a_clear_leader():
-    from lowbit.tune.search import make_strategy
+    from lowbit.tune.strategies import make_strategy
     from lowbit.tune.tuner import _Arm, _share
 
     def arm(best):
