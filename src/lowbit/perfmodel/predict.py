@@ -13,13 +13,13 @@ milliseconds. The cuDNN / cuBLAS fp16 baseline is predicted by `calibrate.fp16_e
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ..core import Workload
+from ..core.cache import cache_dir
 from .calibrate import fp16_estimate_us
 from .dataset import (
     FP16_TEMPLATE,
@@ -36,15 +36,6 @@ from .learned import LearnedModel
 
 MODEL_VERSION = "4"  # bump when features or training change: old cached models retrain
 _MODELS: dict[str, LearnedModel] = {}
-
-
-def _cache_dir() -> Path:
-    env = os.environ.get("LOWBIT_PERFMODEL_CACHE")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("lowbit")) / "perfmodel"
 
 
 def _digest(snapshot: Path, extra: Sequence[Measurement]) -> str:
@@ -67,7 +58,7 @@ def default_model(records: Iterable | None = None, snapshot: str | Path = SNAPSH
     key = _digest(Path(snapshot), extra)
     if key in _MODELS:
         return _MODELS[key]
-    path = _cache_dir() / f"model-{key}.json"
+    path = cache_dir("perfmodel") / f"model-{key}.json"
     model: LearnedModel
     if path.exists():
         try:

@@ -120,6 +120,21 @@ class CompiledModel(nn.Module):
             raise TypeError(f"plan must be a lowbit.graph.Plan, got {type(plan).__name__}")
         return cls(plan, device=device, executor=executor)
 
+    @property
+    def plans(self) -> list[Plan]:
+        """Every plan this model holds, one per input shape, in the order they were made."""
+        return list(self._plans.values())
+
+    def add_plan(self, plan: Plan) -> None:
+        """Run `plan` for inputs of its shape (e.g. a saved model's other shapes); ValueError
+        where the model already holds a plan for that shape."""
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan must be a lowbit.graph.Plan, got {type(plan).__name__}")
+        if plan.input_spec.shape in self._plans:
+            raise ValueError(f"this compiled model already holds a plan for inputs of shape "
+                             f"{plan.input_spec.shape}")
+        self._plans[plan.input_spec.shape] = plan
+
     def plan_for(self, shape: tuple[int, ...]) -> Plan:
         """The plan for inputs of `shape` (built once per shape)."""
         shape = tuple(int(s) for s in shape)

@@ -1,8 +1,8 @@
 """The records database: one SQLite row per measurement, crash-safe and resumable.
 
 WAL mode and one commit per measurement: a tuner killed with SIGKILL loses nothing it had
-recorded, and a rerun skips what is there. The default file lives under the user cache
-directory (platformdirs); `LOWBIT_RECORDS` or an explicit path overrides it.
+recorded, and a rerun skips what is there. The default file lives in lowbit's cache directory
+(`lowbit.core.cache.cache_dir`); `LOWBIT_RECORDS` or an explicit path overrides it.
 
 Rows are read as today's templates know them: a row of the single bit-serial template that the
 bit-serial families replaced ("cuda.bitserial"), or an old `cuda.int8_wgmma` config, comes
@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..core import Config, Workload
+from ..core.cache import cache_dir
 from ..kernels.cuda import INT8_WGMMA, LEGACY, migrate_config
 
 _SCHEMA = """
@@ -45,13 +46,9 @@ _COLUMNS = ("workload", "template", "config", "time_us", "error", "gpu", "driver
 
 
 def default_db_path() -> Path:
-    """$LOWBIT_RECORDS, else <user cache dir>/lowbit/records.sqlite."""
+    """$LOWBIT_RECORDS, else records.sqlite in the cache directory (`core.cache.cache_dir`)."""
     env = os.environ.get("LOWBIT_RECORDS")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("lowbit")) / "records.sqlite"
+    return Path(env) if env else cache_dir("records.sqlite")
 
 
 @dataclass(frozen=True)
