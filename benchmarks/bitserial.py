@@ -49,6 +49,7 @@ from lowbit.core import (
     Workload,
     parse_wa,
 )
+from lowbit.core.hardware import gpu_spec_for
 from lowbit.core.validate import operand_shapes
 from lowbit.core.workloads import load_workloads
 from lowbit.kernels.cuda import (
@@ -65,11 +66,7 @@ from lowbit.kernels.cuda import bitserial_family as family_mod
 from lowbit.kernels.cuda import bitserial_layout as layout
 from lowbit.kernels.cuda.bitserial_shape import conv_shape, needs_wtap
 from lowbit.kernels.timing import time_us
-from lowbit.perfmodel.roofline import (
-    measure_bandwidth,
-    peaks_for,
-    workload_floor_us,
-)
+from lowbit.perfmodel.roofline import measure_bandwidth, workload_floor_us
 from lowbit.quant.packing import pack
 from lowbit.reference import run
 from lowbit.reference.ops import random_params
@@ -490,7 +487,7 @@ def main() -> None:
         from lowbit.tune import LocalMeasurer
 
         measurer = LocalMeasurer(device="cuda")
-    peaks = dataclasses.replace(peaks_for(common.gpu_name()), bandwidth=measure_bandwidth())
+    peaks = dataclasses.replace(gpu_spec_for(common.gpu_name()), bandwidth=measure_bandwidth())
     rows: list[dict] = []
     try:
         for name, base in workloads(args.quick):
@@ -544,7 +541,7 @@ def main() -> None:
         if measurer is not None:
             measurer.close()
         path = common.write_results("bitserial", rows,
-                                    extra={"targets": TARGETS, "peaks": dataclasses.asdict(peaks)})
+                                    extra={"targets": TARGETS, "peaks": peaks.peaks()})
         print(f"wrote {path}")
         summarize(rows)
 

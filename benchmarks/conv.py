@@ -33,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 from lowbit.core import Config, ConvWorkload, Epilogue, Workload, load_workloads
+from lowbit.core.hardware import gpu_spec_for
 from lowbit.core.validate import out_storage
 from lowbit.kernels import get_template
 from lowbit.kernels.timing import time_us
@@ -45,11 +46,7 @@ from lowbit.kernels.triton import (
 )
 from lowbit.kernels.triton.igemm import cdiv, reduction_steps
 from lowbit.kernels.triton.tma_conv import padded_rows
-from lowbit.perfmodel.roofline import (
-    measure_bandwidth,
-    peaks_for,
-    workload_floor_us,
-)
+from lowbit.perfmodel.roofline import measure_bandwidth, workload_floor_us
 from lowbit.reference import random_inputs, run
 
 CONV_SUITES = ("resnet50_3x3_b256", "resnet50_3x3_b16", "tvm_tutorial", "resnet50_1x1",
@@ -416,7 +413,7 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         sys.exit("benchmarks/conv.py needs a CUDA GPU")
     t_start = time.perf_counter()
-    peaks = replace(peaks_for(common.gpu_name()), bandwidth=measure_bandwidth())
+    peaks = replace(gpu_spec_for(common.gpu_name()), bandwidth=measure_bandwidth())
     layers = [(n, wl) for s in args.suites.split(",") for n, wl in
               load_workloads(s, epilogue=EPILOGUE)]
     from lowbit.kernels.cuda import INT8_WGMMA
@@ -435,7 +432,7 @@ def main(argv: list[str] | None = None) -> None:
 
     plan = [(n, wl, sweeps(n, wl)) for n, wl in layers]
     precompile([(t, wl, c) for _, wl, sw in plan for t, cs in sw for c in cs], args.workers)
-    results = ResultsFile("conv", {"peaks": peaks.__dict__, "epilogue": EPILOGUE.key})
+    results = ResultsFile("conv", {"peaks": peaks.peaks(), "epilogue": EPILOGUE.key})
     for name, wl, sw in plan:
         if time.perf_counter() - t_start > args.budget_s:
             sw = [(t, cs[:8]) for t, cs in sw]

@@ -170,12 +170,12 @@ def cycles(edge_list: list[Edge], modules: list[str]) -> list[list[str]]:
 def test_the_walk_sees_every_kind_of_import():
     """The reader finds the import forms the layering relies on (so a pass means something)."""
     src = ("import lowbit.core.space\nfrom lowbit import models\nfrom .. import tune\n"
-           "from ..perfmodel.hardware import x\n"
+           "from ..perfmodel.roofline import x\n"
            "def f():\n    from ..tune.records import RecordsDB\n"
            "    importlib.import_module('lowbit.graph')\n")
     got = {n for n, _ in imported_names(ast.parse(src), "lowbit.runtime.compiled", False)}
     assert got == {"lowbit.core.space", "lowbit.models", "lowbit.tune",
-                   "lowbit.perfmodel.hardware", "lowbit.tune.records", "lowbit.graph"}
+                   "lowbit.perfmodel.roofline", "lowbit.tune.records", "lowbit.graph"}
     assert len(EDGES) > 500 and len(MODULES) > 150
 
 

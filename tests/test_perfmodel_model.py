@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload
+from lowbit.kernels.base import TORCH_FP16
 from lowbit.kernels.cuda import FAMILIES, INT8_WGMMA, LEGACY, MMA_SYNC, TAP_SHIFT, WGMMA_PERSISTENT
 from lowbit.perfmodel import H100, estimate, geometry
 from lowbit.perfmodel.analytic import DEFAULT_PARAMS
 from lowbit.perfmodel.calibrate import FP16_PARAMS, calibrate, fp16_estimate_us, median_ape
-from lowbit.perfmodel.dataset import FP16_TEMPLATE, Measurement
+from lowbit.perfmodel.dataset import Measurement
 from lowbit.perfmodel.evaluate import (
     accuracy,
     anchored_predictions,
@@ -62,7 +63,7 @@ def test_geometry_of_each_family():
     assert (mma.family, mma.block_m, mma.block_n, mma.threads) == ("mma_conv", 64, 128, 128)
     gen = geometry("other", GemmWorkload(M=100, N=60, K=64), {"BM": 32, "BN": 16})
     assert (gen.family, gen.block_m, gen.block_n) == ("generic", 32, 16)
-    assert geometry(FP16_TEMPLATE, CONV, {}).rate == "fp16"
+    assert geometry(TORCH_FP16, CONV, {}).rate == "fp16"
 
 
 def test_estimate_grows_with_waves_and_refuses_unlaunchable_blocks():
@@ -307,7 +308,7 @@ def test_predict_results_batches_per_template():
     model = LearnedModel()  # analytic only: no training here
     cfgs = [Config({**IGEMM, "BLOCK_M": bm}) for bm in (64, 128)]
     results = [SimpleNamespace(template="triton.conv2d_int8", config=cfgs[0]),
-               SimpleNamespace(template=FP16_TEMPLATE, config=Config()),
+               SimpleNamespace(template=TORCH_FP16, config=Config()),
                SimpleNamespace(template="triton.conv2d_int8", config=cfgs[1])]
     got = predict_results(CONV, results, "NVIDIA H100 80GB HBM3", model)
     want = predict_many("triton.conv2d_int8", CONV, cfgs, None, model)

@@ -20,9 +20,11 @@ from ..core.epilogue import EpilogueParams
 
 #: int32 accumulators are exact while the worst-case |sum| stays below this
 EXACT_INT32 = 2**31
-#: SMs of the GPU the spaces are shaped for (H100 SXM): split-K only where a grid of output
-#: tiles leaves SMs idle
-NUM_SMS = 132
+#: the implementation name of PyTorch's own fp16 path (cuDNN / cuBLAS on fp16 tensors), a
+#: pseudo-template no registry holds: what the planner gives a layer no integer template runs
+#: (the engine then runs it on the exact fp16 conv template where it can), and the baseline the
+#: performance model and the dispatcher estimate beside the templates
+TORCH_FP16 = "torch.fp16"
 
 
 def acc_bound(wl: Workload) -> int:

@@ -3,7 +3,8 @@
   analytic.py   APNN-TC's TLP / compute intensity (`analyze`) and the analytic time model
                 (`estimate`: overhead + max(compute, DRAM, L2) + latency over waves)
   geometry.py   launch geometry of any template family, read from its knobs
-  occupancy.py, launch.py, roofline.py, hardware.py   resources, peaks, GPU specs
+  occupancy.py, launch.py, roofline.py   resources and roofline floors on a GPU (its
+                facts: `lowbit.core.hardware.GpuSpec`)
   dataset.py    every verified measurement (results files, tuning records) as rows
   features.py, learned.py   the learned model (XGBoost on log time over the analytic one)
   calibrate.py  analytic constants fitted to data; the cuDNN / cuBLAS fp16 estimate
@@ -13,11 +14,11 @@
   predict.py    `predict_us` / `predict_many` with the default trained model
 """
 
+from ..core.hardware import H100, H200, GpuSpec, current_gpu_spec, gpu_spec_for
 from .analytic import Analysis, AnalyticParams, Estimate, analyze, estimate
 from .calibrate import fp16_estimate_us
-from .dataset import FP16_TEMPLATE, Measurement, deduplicate, load_records, load_results
+from .dataset import Measurement, deduplicate, load_records, load_results
 from .geometry import Geometry, geometry
-from .hardware import H100, H200, GpuSpec, current_gpu_spec, gpu_spec_for
 from .launch import LaunchShape, launch_shape
 from .learned import LearnedModel
 from .occupancy import Occupancy, occupancy
@@ -26,7 +27,7 @@ from .prune import prune_reason, pruned_space, space_filters
 from .sampling import WaveLine, sampling_predict, saturation_workloads
 
 __all__ = [
-    "FP16_TEMPLATE", "H100", "H200", "Analysis", "AnalyticParams", "Estimate", "Geometry",
+    "H100", "H200", "Analysis", "AnalyticParams", "Estimate", "Geometry",
     "GpuSpec", "LaunchShape", "LearnedModel", "Measurement", "Occupancy", "WaveLine", "analyze",
     "current_gpu_spec", "deduplicate", "default_model", "estimate", "fp16_estimate_us",
     "geometry", "gpu_spec_for", "launch_shape", "load_records", "load_results", "occupancy",

@@ -21,10 +21,11 @@ from dataclasses import replace
 import numpy as np
 
 from ..core import Workload
+from ..core.hardware import GpuSpec, gpu_spec_for
+from ..kernels.base import TORCH_FP16
 from .analytic import DEFAULT_PARAMS, AnalyticParams, estimate
-from .dataset import FP16_TEMPLATE, Measurement
+from .dataset import Measurement
 from .geometry import fp16_geometry, geometry
-from .hardware import GpuSpec, gpu_spec_for
 
 #: fitted on the H100 fp16 baselines of the results files (module doc)
 FP16_PARAMS = AnalyticParams(overhead_us=8.7, step_us=0.048, l2_bytes_per_s=10.7e12,
@@ -44,7 +45,7 @@ def fp16_estimate_us(workload: Workload, gpu: GpuSpec | str | None = None,
 
 
 def _estimate_us(m: Measurement, params: AnalyticParams) -> float:
-    if m.template == FP16_TEMPLATE:
+    if m.template == TORCH_FP16:
         return fp16_estimate_us(m.workload, m.gpu, params)
     g = geometry(m.template, m.workload, m.config)
     return estimate(g, m.workload, gpu_spec_for(m.gpu), params).total_us
@@ -71,7 +72,7 @@ def calibrate(ms: Sequence[Measurement], base: AnalyticParams = DEFAULT_PARAMS
     if not ms:
         raise ValueError("calibrate needs measurements")
     y = np.log([m.events_us for m in ms])
-    rates = sorted({"fp16" if m.template == FP16_TEMPLATE
+    rates = sorted({"fp16" if m.template == TORCH_FP16
                     else geometry(m.template, m.workload, m.config).rate for m in ms})
 
     def residual(v: np.ndarray) -> np.ndarray:

@@ -16,8 +16,8 @@ us, of 240 same-config pairs in the conv / GEMM files of 2026-11-22..24,
 `paired_graph_offsets`). Rows keep the time as measured; `Measurement.events_us` puts both
 on the events scale.
 
-The cuDNN / cuBLAS fp16 baselines join as the pseudo-template `FP16_TEMPLATE` with an empty
-config (their time depends on the shape only).
+The cuDNN / cuBLAS fp16 baselines join as the pseudo-template
+`lowbit.kernels.base.TORCH_FP16` with an empty config (their time depends on the shape only).
 
 Templates and configs are today's: rows of the single bit-serial template ("cuda.bitserial",
 which the bit-serial families replaced) and old `cuda.int8_wgmma` configs are read through
@@ -36,6 +36,7 @@ from pathlib import Path
 
 from ..core import Config, ConvWorkload, Epilogue, Workload, workload_from_dict
 from ..core.workloads import SUITES, load_workloads
+from ..kernels.base import TORCH_FP16
 from ..kernels.cuda import LEGACY, migrate_config
 from .consolidated import (
     CONSOLIDATED,
@@ -45,7 +46,6 @@ from .consolidated import (
 )
 from .measurement import GRAPH_OFFSET_US, Measurement, file_stamp
 
-FP16_TEMPLATE = "torch.fp16"
 _INT8_EPILOGUE = Epilogue(bias=True, relu=True, out="s8")
 
 
@@ -168,10 +168,10 @@ class _Reader:
                 yield self.m(tmpl, wl, tuned["config"], tuned.get("tuner_us"), "events")
             base = r.get("baselines_us", {})
             if isinstance(wl, ConvWorkload):
-                yield self.m(FP16_TEMPLATE, int8_workload(wl), {}, base.get("cudnn_fp16"),
+                yield self.m(TORCH_FP16, int8_workload(wl), {}, base.get("cudnn_fp16"),
                              "graph")
             else:
-                yield self.m(FP16_TEMPLATE, int8_workload(wl), {}, base.get("fp16_matmul"),
+                yield self.m(TORCH_FP16, int8_workload(wl), {}, base.get("fp16_matmul"),
                              "events")
             best = r.get("baseline_configs", {}).get("int8_best_config")
             if best:
@@ -192,7 +192,7 @@ class _Reader:
             yield self.m(r["impl"], wl, r["config"], r.get("time_us"), "events")
             yield self.m(r["impl"], wl, r["config"], graph.get("triton"), "graph")
             fp16 = base.get("cudnn_fp16", base.get("fp16_matmul"))
-            yield self.m(FP16_TEMPLATE, int8_workload(wl), {}, fp16, "events")
+            yield self.m(TORCH_FP16, int8_workload(wl), {}, fp16, "events")
             igemm = r.get("igemm_config")
             if igemm:
                 yield self.m("triton.conv2d_int8", wl, igemm, base.get("triton.conv2d_int8"),
@@ -231,7 +231,7 @@ class _Reader:
                 yield self.m(r["template"], workload_from_dict(r["wl"]), r["config"],
                              r.get("time_us"), "events")
             elif r.get("kind") == "dispatch" and r.get("wl_fp16"):
-                yield self.m(FP16_TEMPLATE, workload_from_dict(r["wl_fp16"]), {},
+                yield self.m(TORCH_FP16, workload_from_dict(r["wl_fp16"]), {},
                              r.get("cudnn_fp16_us"), "events")
 
     def config_probe(self) -> Iterator[Measurement | None]:

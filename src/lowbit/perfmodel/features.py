@@ -20,10 +20,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..core import ConvWorkload, Workload
+from ..core.hardware import H100, GpuSpec
 from .analytic import DEFAULT_PARAMS, AnalyticParams, estimate
 from .geometry import FAMILIES, RATES, Geometry, family_of, geometry, kernel_params
-from .hardware import H100, GpuSpec
-from .roofline import peaks_for
 
 GENERIC = (
     "log2_M", "log2_N", "log2_K", "is_conv", "taps", "stride", "log2_C", "log2_batch",
@@ -64,7 +63,7 @@ def generic_row(template: str, workload: Workload, config: Mapping, gpu: GpuSpec
         e.waves / max(e.full_waves, 1), _log2(e.blocks_per_sm),
         g.M / g.padded_m, g.N / g.padded_n, 2 * g.block_m * g.block_n / (g.block_m + g.block_n),
         _log2(e.compute_us), _log2(e.dram_us), _log2(e.l2_us), _log2(e.latency_us), _log2(est),
-        peaks_for(gpu.name).bandwidth / 1e12,
+        gpu.bandwidth / 1e12,
     ]
     return row, est
 

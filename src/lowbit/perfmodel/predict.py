@@ -20,9 +20,10 @@ import numpy as np
 
 from ..core import Workload
 from ..core.cache import cache_dir
+from ..core.hardware import GpuSpec, gpu_spec_for
+from ..kernels.base import TORCH_FP16
 from .calibrate import fp16_estimate_us
 from .dataset import (
-    FP16_TEMPLATE,
     GRAPH_OFFSET_US,
     SNAPSHOT,
     Measurement,
@@ -31,7 +32,6 @@ from .dataset import (
     load_snapshot,
 )
 from .features import GENERIC
-from .hardware import GpuSpec, gpu_spec_for
 from .learned import LearnedModel
 
 MODEL_VERSION = "4"  # bump when features or training change: old cached models retrain
@@ -96,7 +96,7 @@ def predict_many(template: object, workload: Workload, configs: Sequence[Mapping
     (`dataset.GRAPH_OFFSET_US` less, at least a fifth of the events time)."""
     name = template if isinstance(template, str) else template.name
     spec = _spec(gpu)
-    if name == FP16_TEMPLATE:
+    if name == TORCH_FP16:
         out = np.full(len(configs), fp16_estimate_us(workload, spec))
     else:
         model = model or default_model()

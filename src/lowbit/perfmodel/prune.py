@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ..core import ConfigSpace, Workload
+from ..core.hardware import H100, GpuSpec
 from .analytic import ESTIMATED_RESOURCES, analyze
 from .geometry import geometry
-from .hardware import H100, GpuSpec
 from .occupancy import occupancy
 
 

@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 
 from ...core import Workload
-from ..base import NUM_SMS
+from ...core.hardware import TARGET
 from .bitserial_shape import conv_shape, planes
 
 MMA_SYNC, MMA_SYNC_PERSISTENT = "cuda.bitserial_mma_sync", "cuda.bitserial_mma_sync_persistent"
@@ -97,4 +97,4 @@ def regime_fits(wl: Workload, spec: Mapping, acc_regs: int) -> bool:
     if teams and planes(wl)[0] < 2:
         return False
     return not ((spec["BM"] == 192 or spec["TAP_SHIFT"])
-                and math.prod(tile_grid(wl, spec)) < NUM_SMS)
+                and math.prod(tile_grid(wl, spec)) < TARGET.sms)

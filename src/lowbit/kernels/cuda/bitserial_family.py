@@ -17,6 +17,7 @@ from typing import ClassVar
 import torch
 
 from ...core import Config, ConfigSpace, Workload
+from ...core.hardware import TARGET
 from ...core.knobs import KnobTable
 from ...core.space import Constraint, Scalar
 from ..base import KernelTemplate
@@ -66,7 +67,6 @@ OTHER_REGS = 48       # registers besides the accumulators (fragments, addresses
 # those blocks ran faster than every config inside the 48-register estimate (NOTES.md, "Wide
 # one-tile blocks"); blocks of several accumulator planes that it would admit spill 76-232 B.
 OTHER_REGS_WGMMA_TILE = 32
-REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
 MAX_SMEM = 160 * 1024  # bytes of dynamic shared memory a config may use (sm_80: 163 KB)
 MAX_COPY_ITERS = 16   # copy chunks per thread per stage (row index registers)
 GRID_Y_MAX = 65535
@@ -108,7 +108,7 @@ def registers(wl: Workload, c: Mapping) -> str | None:
     one_plane = acc_planes(wl, c) * planes(wl)[1] == 1
     lean = c["MMA"] == "wgmma" and not c["PERSIST"] and not tap_shift(c) and one_plane
     n += OTHER_REGS_WGMMA_TILE if lean else OTHER_REGS
-    if threads(c) * n > REGISTER_FILE:
+    if threads(c) * n > TARGET.regs_per_sm:
         return f"{threads(c)} threads x {n} registers exceed the register file"
     return None
 

@@ -13,9 +13,10 @@ from functools import cache
 
 from ...core import ConvWorkload, Encoding, Layout, Workload
 from ...core.epilogue import OUT_FP16, OUT_INT16
+from ...core.hardware import TARGET
 from ...reference.bitserial import plane_coefficients
 from ...reference.epilogue import THRESHOLD_MAX_BITS
-from ..base import NUM_SMS, acc_bound, grouped_reason
+from ..base import acc_bound, grouped_reason
 
 MAX_BITS = 4          # per operand; wider precisions belong to the int8 path
 INT16_LIMIT = 2**15   # |accumulator| bound of an int16 output
@@ -25,7 +26,7 @@ WGMMA_ARCH = "sm_90a"  # wgmma needs the arch-specific Hopper target
 WTAP_THREADS, XPOP_THREADS = 128, 256
 # Split-K and k slices only where the tile grid leaves SMs idle: under two waves of one block
 # per SM (larger grids fill the GPU without it, and each split re-stores a tile's sums).
-SPLIT_K_MAX_TILES = 2 * NUM_SMS
+SPLIT_K_MAX_TILES = 2 * TARGET.sms
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from ...core import Config, ConfigSpace, Workload
+from ...core.hardware import TARGET
 from ...core.knobs import KnobDef, KnobTable
 from ...core.space import Scalar
-from ..base import NUM_SMS
 from . import bitserial_defaults as defaults
 from .bitserial_family import (
     WGMMA_N,
@@ -217,7 +217,7 @@ def small_grid_default(wl: Workload, spec: Config, space: ConfigSpace) -> Config
     """A default's full parameters `spec` (of any wgmma family), or, where the grid is small
     and the reduction long, the one-tile wgmma's small-grid default built from it (a
     `WGMMA` spec, valid in `space`, that family's space for `wl`)."""
-    if (math.prod(tile_grid(wl, spec)) >= NUM_SMS // 2
+    if (math.prod(tile_grid(wl, spec)) >= TARGET.sms // 2
             or k_tiles(wl, spec.replace(KT=1)) < SMALL_GRID_K_TILES):
         return spec
 
@@ -237,7 +237,7 @@ def small_grid_default(wl: Workload, spec: Config, space: ConfigSpace) -> Config
         for kt in (4, 2):
             resident = in_place(bn, kt, 0)
             if (valid(resident) and k_tiles(wl, resident) <= RESIDENT_STAGES - 2
-                    and (bn == 32 or math.prod(tile_grid(wl, resident)) >= NUM_SMS // 2)):
+                    and (bn == 32 or math.prod(tile_grid(wl, resident)) >= TARGET.sms // 2)):
                 return resident
         for halo in (1, 0):
             small = spec.replace(BM=64, BN=bn, WM=64, WN=bn, KT=2 if halo else 1, STAGES=4,
@@ -245,6 +245,6 @@ def small_grid_default(wl: Workload, spec: Config, space: ConfigSpace) -> Config
                                  ROW_TABLE=0, ROWSUM="mma")
             if not valid(small):  # THR_PAIRS needs WN >= 64
                 small = small.replace(THR_PAIRS=0)
-            if valid(small) and (bn == 32 or math.prod(tile_grid(wl, small)) >= NUM_SMS // 2):
+            if valid(small) and (bn == 32 or math.prod(tile_grid(wl, small)) >= TARGET.sms // 2):
                 return small
     return spec

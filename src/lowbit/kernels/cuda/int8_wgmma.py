@@ -20,9 +20,10 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from ...core import Config, Encoding, Layout, Workload
+from ...core.hardware import TARGET
 from ...core.knobs import KnobDef, KnobTable
 from ...core.space import Scalar
-from ..base import EXACT_INT32, NUM_SMS, acc_bound
+from ..base import EXACT_INT32, acc_bound
 from . import bitserial_defaults as defaults
 from .bitserial_family import (
     BitserialFamily,
@@ -41,7 +42,7 @@ from .bitserial_shape import WGMMA_ARCH, conv_shape, kernel_window, support_limi
 from .bitserial_wgmma import REQUANT, SWIZZLE, WGMMA, WGMMA_PERSISTENT, persistent_spill
 
 #: tiles a default's grid should have: half the SMs, below which a smaller tile is taken
-MIN_DEFAULT_TILES = NUM_SMS // 2
+MIN_DEFAULT_TILES = TARGET.sms // 2
 
 class Int8WgmmaTemplate(BitserialFamily):
     """NHWC x KRSC int8 conv2d (and GEMM) on s8 wgmma with the bit-serial wgmma kernels."""

@@ -35,6 +35,7 @@ from ...core import (
     Workload,
 )
 from ...core.epilogue import EpilogueParams
+from ...core.hardware import TARGET
 from ...core.precision import Encoding
 from ...core.validate import check_inputs, output_buffer
 from ..base import KernelTemplate, grouped_reason, register
@@ -49,9 +50,8 @@ PRELUDE_NAMES = (
     "NB", "H", "W", "CB", "K", "R", "S", "STRIDE", "PAD", "P", "Q", "TP", "TQ",
     "HAS_BIAS", "RELU", "OUT_KIND", "OUT_BITS", "QMIN", "QMAX",
 )
-SMEM_LIMIT = 227 * 1024  # dynamic shared memory per block on sm_90 (sm_80: 163 KiB)
-MAX_REGS = 255
-REGS_PER_SM = 65536
+SMEM_LIMIT = TARGET.smem_per_block  # dynamic shared memory per block (sm_80: 163 KiB)
+MAX_REGS = TARGET.max_regs_per_thread
 MAX_WARPS = 8
 OUT_KINDS = {"int32": 0, "fp16": 1, "bytes": 2, "packed": 3}
 
@@ -220,7 +220,7 @@ class MmaConvTemplate(KernelTemplate):
             regs = registers_estimate(c)
             if regs > MAX_REGS:
                 return f"about {regs} registers per thread > {MAX_REGS}"
-            if regs * c["warps_m"] * c["warps_n"] * 32 > REGS_PER_SM:
+            if regs * c["warps_m"] * c["warps_n"] * 32 > TARGET.regs_per_sm:
                 return f"about {regs} registers x {c['warps_m'] * c['warps_n']} warps > the SM's"
             return None
 

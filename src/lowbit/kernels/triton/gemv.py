@@ -57,8 +57,9 @@ import triton
 import triton.language as tl
 
 from ...core import Config, ConfigSpace, ConvWorkload, Workload
+from ...core.hardware import TARGET
 from ...core.knobs import KnobDef, KnobTable
-from ..base import EXACT_INT32, NUM_SMS, acc_bound
+from ..base import EXACT_INT32, acc_bound
 from .epilogue import epilogue_store
 from .igemm import (
     Launch,
@@ -85,7 +86,7 @@ GEMV_MAX_M = 64
 #: programs the default config's grid reaches at least: one per SM (with 3 tiles of 16 KB in
 #: flight each, 6 MB in flight: twice what the H100's bandwidth x latency product needs), and
 #: at most two per SM, one wave
-TARGET_PROGRAMS = NUM_SMS
+TARGET_PROGRAMS = TARGET.sms
 #: the deepest K split (more adds atomics and arrival traffic for no more bandwidth)
 MAX_SPLIT = 64
 #: above this many rows the dot pads them to 64 and the row tile [64, BLOCK_K] is as large as

@@ -46,6 +46,7 @@ import triton
 import triton.language as tl
 
 from ...core import Encoding, Layout, PackedTensor, Precision
+from ...core.hardware import TARGET
 from .igemm import Launch, cdiv
 from .netops import (
     FLOAT_INPUTS,
@@ -220,7 +221,7 @@ def stem_conv_kernel(
 
 
 # =========================================================================== host side
-def gemm_band_rows(geom: StemGeometry, block_j: int, block_n: int = BLOCK_N, sms: int = 132,
+def gemm_band_rows(geom: StemGeometry, block_j: int, block_n: int = BLOCK_N, sms: int = TARGET.sms,
                    per_sm: int = 2) -> int:
     """The longest band (of 16, 8, 4, 2 output rows, else 1) at which the "gemm" kernel still
     gives every SM `per_sm` programs."""
@@ -228,7 +229,7 @@ def gemm_band_rows(geom: StemGeometry, block_j: int, block_n: int = BLOCK_N, sms
     return next((r for r in (16, 8, 4, 2) if per_band * cdiv(geom.PH, r) >= per_sm * sms), 1)
 
 
-def ring_config(geom: StemGeometry, sms: int = 132, **knobs) -> StemConfig:
+def ring_config(geom: StemGeometry, sms: int = TARGET.sms, **knobs) -> StemConfig:
     """A "ring" config: block_j 16 or 32 by the pooled width (2 * block_j + 4 pixels per ring
     row), 64 channels, 4 warps, 2 programs per SM and the band of least predicted time
     (`stem_ring.ring_band_rows`); `knobs` override (band_rows recomputed unless given)."""
@@ -241,7 +242,7 @@ def ring_config(geom: StemGeometry, sms: int = 132, **knobs) -> StemConfig:
     return StemConfig(**base)
 
 
-def default_config(geom: StemGeometry, sms: int = 132) -> StemConfig:
+def default_config(geom: StemGeometry, sms: int = TARGET.sms) -> StemConfig:
     """The config per first-layer shape:
     - ResNet's 7x7/2 + pool (stride 2, <= 8x8 taps, <= 4 channels, the 3x3/2 pool): the
       "ring" kernel (`ring_config`; predicted, NOTES.md "Stem");

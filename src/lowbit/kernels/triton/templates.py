@@ -39,6 +39,7 @@ from ...core import (
     Workload,
 )
 from ...core.epilogue import bias_vector, check_shifted_bias
+from ...core.hardware import TARGET
 from ...core.precision import Encoding, Precision
 from ...core.validate import (
     check_inputs,
@@ -47,7 +48,7 @@ from ...core.validate import (
     output_buffer,
     storage_dtype,
 )
-from ..base import EXACT_INT32, NUM_SMS, KernelTemplate, acc_bound, grouped_reason
+from ..base import EXACT_INT32, KernelTemplate, acc_bound, grouped_reason
 from .epilogue import (
     BIAS_SHIFTED,
     ENC_CODE,
@@ -77,8 +78,9 @@ from .zero_point import act_zero_point, bound_terms
 #: outputs of a layer's epilogue the implicit-GEMM int8 kernels write themselves
 #: (`conv_outputs`: a block end's next input and its wide residual copy)
 LAYER_OUTPUTS_MAX = 2
-#: shared memory a program may stage (H100: 227 KiB per block; headroom for the epilogue)
-SMEM_LIMIT = 220 * 1024
+#: shared memory a program may stage: the GPU's per-block opt-in less 7 KiB of headroom for the
+#: epilogue
+SMEM_LIMIT = TARGET.smem_per_block - 7 * 1024
 #: int32 / fp32 accumulator registers per thread above which Triton spills
 ACC_REGS_LIMIT = 128
 EXACT_FP32 = 2**24
@@ -90,7 +92,7 @@ def split_k_reason(tiles: int, steps: int, split: int, waves: int) -> str | None
     """Why SPLIT_K = `split` > 1 is ruled out for a grid of `tiles` output tiles and `steps`
     reduction steps: the split grid must stay within `waves` waves of the GPU and leave each
     split at least 4 steps; None when it is allowed."""
-    if tiles * split > waves * NUM_SMS:
+    if tiles * split > waves * TARGET.sms:
         return "SPLIT_K > 1 only while the tile grid under-fills the GPU"
     if steps < 4 * split:
         return "SPLIT_K leaves fewer than 4 reduction steps per split"
@@ -310,7 +312,7 @@ class _IgemmTemplate(KernelTemplate):
     def _split_values(self, wl: Workload) -> tuple[int, ...]:
         m, n, _ = wl.gemm_shape
         # split-K helps only when even 64 x 64 tiles leave SMs idle and the reduction is long
-        if math.ceil(m / 64) * math.ceil(n / 64) < NUM_SMS and self._iters(wl, 64) >= 8:
+        if math.ceil(m / 64) * math.ceil(n / 64) < TARGET.sms and self._iters(wl, 64) >= 8:
             # skinny GEMMs (FC layers, M <= 128) stream the weights: deeper splits put
             # enough blocks in flight to reach the memory bandwidth
             return (1, 2, 4, 8) if isinstance(wl, GemmWorkload) else (1, 4)

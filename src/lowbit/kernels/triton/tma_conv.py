@@ -39,9 +39,10 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...core import OUT_INT16, Config, ConfigSpace, ConvWorkload, Knob, Layout, Workload
 from ...core.epilogue import bias_vector, check_shifted_bias
+from ...core.hardware import TARGET
 from ...core.precision import Encoding
 from ...core.validate import check_inputs, output_buffer
-from ..base import NUM_SMS, KernelTemplate, grouped_reason
+from ..base import KernelTemplate, grouped_reason
 from . import igemm
 from .epilogue import epilogue_store
 from .igemm import (
@@ -358,7 +359,7 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
         # deep layers at small batch: 128-pixel x 128-filter tiles leave SMs idle while each
         # tile has a long reduction (ResNet-50 s5 at batch 16: 28 tiles of 36 steps)
         tiles = math.ceil(wl.N * wl.P * wl.Q / 128) * math.ceil(wl.K / 128)
-        return (1, 2, 4) if tiles < NUM_SMS and reduction_steps(wl, 128) >= 8 else (1,)
+        return (1, 2, 4) if tiles < TARGET.sms and reduction_steps(wl, 128) >= 8 else (1,)
 
     def constraints(self, wl: ConvWorkload) -> list:
         def rows(c: Config) -> int:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ...core import Config, ConfigSpace, Workload
-from ...perfmodel.hardware import GpuSpec, gpu_spec_for
+from ...core.hardware import GpuSpec, gpu_spec_for
 from ...perfmodel.prune import space_filters
 from .base import Strategy
 from .ordered import OrderedSearch
