@@ -65,7 +65,7 @@ from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload, Workload, 
 from lowbit.core.workloads import SUITES
 from lowbit.kernels.base import TORCH_FP16
 from lowbit.kernels.cuda import FAMILIES
-from lowbit.perfmodel import calibrate as cal
+from lowbit.perfmodel import fit as cal
 from lowbit.perfmodel.dataset import (
     SNAPSHOT,
     Measurement,
@@ -185,7 +185,7 @@ def fp16_loo(ms: list[Measurement]) -> dict:
     fp = [m for m in ms if m.template == TORCH_FP16]
     pairs = []
     for layer in sorted({m.layer for m in fp}):
-        params = cal.calibrate([m for m in fp if m.layer != layer], cal.FP16_PARAMS)
+        params = cal.fit_params([m for m in fp if m.layer != layer], cal.FP16_PARAMS)
         for m in fp:
             if m.layer == layer:
                 pairs.append((layer, m.gpu + layer,
@@ -672,8 +672,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.calibrate:
             ours = [m for m in ms if m.template != TORCH_FP16]
             fp = [m for m in ms if m.template == TORCH_FP16]
-            print("ours:", cal.calibrate(ours[:: max(1, len(ours) // 2000)]))
-            print("fp16:", cal.calibrate(fp, cal.FP16_PARAMS))
+            print("ours:", cal.fit_params(ours[:: max(1, len(ours) // 2000)]))
+            print("fp16:", cal.fit_params(fp, cal.FP16_PARAMS))
         return
     else:
         rows = offline(args.results, args.quick, args.out, args.templates, args.max_layers,

@@ -13,7 +13,6 @@ from lowbit.kernels.base import TORCH_FP16
 from lowbit.kernels.cuda import FAMILIES, INT8_WGMMA, LEGACY, MMA_SYNC, TAP_SHIFT, WGMMA_PERSISTENT
 from lowbit.perfmodel import H100, estimate, geometry
 from lowbit.perfmodel.analytic import DEFAULT_PARAMS
-from lowbit.perfmodel.calibrate import FP16_PARAMS, calibrate, fp16_estimate_us, median_ape
 from lowbit.perfmodel.dataset import Measurement
 from lowbit.perfmodel.evaluate import (
     accuracy,
@@ -23,6 +22,7 @@ from lowbit.perfmodel.evaluate import (
     memoized,
 )
 from lowbit.perfmodel.features import GENERIC, Featurizer
+from lowbit.perfmodel.fit import FP16_PARAMS, fit_params, fp16_estimate_us, median_ape
 from lowbit.perfmodel.learned import LearnedModel
 
 CONV = ConvWorkload(N=16, H=14, W=14, C=256, K=256, R=3, S=3, pad=1, w="s8", a="s8",
@@ -77,9 +77,8 @@ def test_estimate_grows_with_waves_and_refuses_unlaunchable_blocks():
 
 
 def test_featurizer_columns_and_unknown_values():
-    f = Featurizer().fit([("triton.conv2d_int8", CONV, IGEMM),
-                          ("cuda.bitserial", BITS, {"BM": 64, "BN": 64, "KT": 1,
-                                                    "MMA": "wgmma"})])
+    legacy = dict(TAP_SHIFT.spec(TAP_SHIFT.default_config(BITS, "sm_90a")))  # pre-split form
+    f = Featurizer().fit([("triton.conv2d_int8", CONV, IGEMM), ("cuda.bitserial", BITS, legacy)])
     assert f.names[: len(GENERIC)] == list(GENERIC)
     assert "igemm:LOOP_ORDER" in f.names and "bitserial:MMA" in f.names
     x, est = f.matrix([("triton.conv2d_int8", CONV, {**IGEMM, "LOOP_ORDER": "crs"})], H100)
@@ -289,7 +288,7 @@ def test_calibrate_fits_constants_to_data():
         ms.append(Measurement("G", m.template, m.workload, m.config, t, "events", "s", "x"))
     before = median_ape(ms)
     assert before > 10.0  # the default constants are off for this data
-    fitted = calibrate(ms)
+    fitted = fit_params(ms)
     assert median_ape(ms, fitted) < min(5.0, before / 4)
     assert fitted != DEFAULT_PARAMS
 

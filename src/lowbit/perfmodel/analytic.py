@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 from ..core import Workload
 from ..core.hardware import H100, GpuSpec
-from .geometry import Geometry
-from .launch import LaunchShape, launch_shape
+from ..kernels.geometry import Geometry, LaunchShape
+from .launch import launch_shape
 from .occupancy import Occupancy, occupancy
 from .roofline import workload_bytes
 

@@ -4,7 +4,7 @@ The default model is a `LearnedModel` trained on the packaged measurement snapsh
 (`dataset.SNAPSHOT`, every verified H100 / H200 measurement of the results files), plus the
 records of a tuning database when one is given; trained once and kept in the user cache
 directory under a name that hashes its training data, so later processes load it in
-milliseconds. The cuDNN / cuBLAS fp16 baseline is predicted by `calibrate.fp16_estimate_us`.
+milliseconds. The cuDNN / cuBLAS fp16 baseline is predicted by `fit.fp16_estimate_us`.
 
     predict_us("triton.conv2d_int8", config, workload)          # microseconds, events timing
     predict_many("cuda.bitserial_wgmma", workload, configs, gpu="NVIDIA H200")
@@ -22,7 +22,6 @@ from ..core import Workload
 from ..core.cache import cache_dir
 from ..core.hardware import GpuSpec, gpu_spec_for
 from ..kernels.base import TORCH_FP16
-from .calibrate import fp16_estimate_us
 from .dataset import (
     GRAPH_OFFSET_US,
     SNAPSHOT,
@@ -32,9 +31,10 @@ from .dataset import (
     load_snapshot,
 )
 from .features import GENERIC
+from .fit import fp16_estimate_us
 from .learned import LearnedModel
 
-MODEL_VERSION = "4"  # bump when features or training change: old cached models retrain
+MODEL_VERSION = "5"  # bump when features or training change: old cached models retrain
 _MODELS: dict[str, LearnedModel] = {}
 
 

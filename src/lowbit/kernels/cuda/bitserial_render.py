@@ -152,7 +152,7 @@ def pair_params(wl: Workload, spec: Mapping) -> dict[str, int]:
             "PAIR_DOT_LO": r.dot_lo if r else 0}
 
 
-def kernel_params(wl: Workload, spec: Mapping, chained: int = 0) -> dict[str, int]:
+def constexpr_params(wl: Workload, spec: Mapping, chained: int = 0) -> dict[str, int]:
     """The constexpr int parameters of the kernel of (wl, spec): the workload's shape,
     encodings and epilogue, the kernel's parameters and what is derived from them."""
     sh = conv_shape(wl)
@@ -213,7 +213,7 @@ def render(wl: Workload, spec: Mapping, entry: str, chained: int = 0,
     if unknown:
         raise ValueError(f"cuts must be among {sorted(CUTS)}, got {sorted(unknown)}")
     sh = conv_shape(wl)
-    params = kernel_params(wl, spec, chained)
+    params = constexpr_params(wl, spec, chained)
     lines = [f"// lowbit bit-serial kernel for {wl.key}",
              f"// parameters {dict(sorted(spec.items()))}"]
     lines += [f"#define LOWBIT_CUT_{c.upper()} 1" for c in sorted(cuts)]

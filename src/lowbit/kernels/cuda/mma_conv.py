@@ -19,7 +19,8 @@ fp16(float32(y) * scale) with the same roundings as the reference.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,7 @@ from ...core.hardware import TARGET
 from ...core.precision import Encoding
 from ...core.validate import check_inputs, output_buffer
 from ..base import KernelTemplate, grouped_reason, register
+from ..geometry import Geometry, conv_taps
 from . import nvrtc
 from .cu_source import expand
 
@@ -250,6 +252,23 @@ class MmaConvTemplate(KernelTemplate):
         return Config(warps_m=2, warps_n=2, tiles_m=2, tiles_n=2,
                       k_chunk=self.variant.chunk_values()[1], loop_order="rsc",
                       duplicate_aware_load=False, register_packing=False)
+
+    def geometry(self, wl: Workload, config: Mapping) -> Geometry:
+        """warps_m x warps_n warps of tiles_m x tiles_n 16 x 16 MMA tiles, k_chunk channels of
+        a tap a step, two stages; s4 operands stage half a byte an element."""
+        c = config
+        m, n, k = wl.gemm_shape
+        wm_, wn_ = int(c["warps_m"]), int(c["warps_n"])
+        bm, bn = wm_ * int(c.get("tiles_m", 1)) * 16, wn_ * int(c.get("tiles_n", 1)) * 16
+        bk = int(c.get("k_chunk", 32))
+        four = self.variant.bits == 4
+        taps, chans = conv_taps(wl)
+        steps = taps * math.ceil(chans / bk)
+        elem = 0.5 if four else 1.0
+        return Geometry("mma_conv", "int4_mma_sync" if four else "int8_mma_sync", m, n, k, bm,
+                        bn, math.ceil(m / bm) * bm, math.ceil(m / bm) * math.ceil(n / bn), 1, bk,
+                        steps, 32 * wm_ * wn_, 2, int(2 * (bm + bn) * bk * elem),
+                        min(255, bm * bn // (32 * wm_ * wn_) + 48), False, 1, elem)
 
     def build(self, wl: Workload, config: Config) -> MmaConvKernel:
         config = self.checked_config(wl, config)

@@ -59,7 +59,7 @@ import triton.language as tl
 from ...core import Config, ConfigSpace, ConvWorkload, Workload
 from ...core.hardware import TARGET
 from ...core.knobs import KnobDef, KnobTable
-from ..base import EXACT_INT32, acc_bound
+from ..base import EXACT_INT32, KernelTemplate, acc_bound
 from .epilogue import epilogue_store
 from .igemm import (
     Launch,
@@ -322,11 +322,14 @@ class GemvInt8Template(_IgemmTemplate):
         return cfg if space.is_valid(cfg) else space.all_configs()[0]
 
     def launch_shape(self, wl: Workload, config: Config) -> dict:
-        """Launch shape for `lowbit.perfmodel.launch_shape` (rows padded to BLOCK_M; a conv's
-        M, N, K are those of its implicit GEMM)."""
+        """The launch as plain tiles (`kernels.geometry.LaunchShape` fields; rows padded to
+        BLOCK_M; a conv's M, N, K are those of its implicit GEMM): its geometry."""
         return dict(block_m=block_m(wl.gemm_shape[0]), block_n=config["BLOCK_N"],
                     block_k=config["BLOCK_K"], warps=config["num_warps"],
                     stages=config["num_stages"], split_k=config["SPLIT_K"], operand_bits=8)
+
+    #: its split-K weight stream is plain tiles of one GEMM: the geometry of its launch shape
+    geometry = KernelTemplate.geometry
 
     def build(self, wl: Workload, config: Config) -> GemvKernel:
         config = self.checked_config(wl, config)

@@ -49,6 +49,7 @@ from ...core.validate import (
     storage_dtype,
 )
 from ..base import EXACT_INT32, KernelTemplate, acc_bound, grouped_reason
+from ..geometry import Geometry, conv_taps
 from .epilogue import (
     BIAS_SHIFTED,
     ENC_CODE,
@@ -406,12 +407,34 @@ class _IgemmTemplate(KernelTemplate):
         return cfg if space.is_valid(cfg) else space.all_configs()[0]
 
     def launch_shape(self, wl: Workload, config: Config) -> dict:
-        """Launch shape for `lowbit.perfmodel.launch_shape`: tiles stage 8-bit (16-bit for fp16)
-        elements in shared memory whatever the stored bit width (unpacked on load)."""
+        """The launch as plain tiles (`kernels.geometry.LaunchShape` fields): tiles stage 8-bit
+        (16-bit for fp16) elements in shared memory whatever the stored bit width (unpacked on
+        load)."""
         return dict(block_m=config["BLOCK_M"], block_n=config["BLOCK_N"],
                     block_k=config["BLOCK_K"], warps=config["num_warps"],
                     stages=config["num_stages"], split_k=config["SPLIT_K"],
                     operand_bits=8 * self._elem_bytes())
+
+    def geometry(self, wl: Workload, config: Mapping) -> Geometry:
+        """BLOCK_M x BLOCK_N tiles, BLOCK_K reduction elements a step (per tap and channel
+        chunk, or with LOOP_ORDER "r_sc" per kernel row and chunk of its S*C values), SPLIT_K
+        slices; 8-bit tiles staged (16-bit for fp16), registers estimated from the tile."""
+        c = config
+        m, n, k = wl.gemm_shape
+        bm, bn, bk = int(c["BLOCK_M"]), int(c["BLOCK_N"]), int(c["BLOCK_K"])
+        warps, stages = int(c.get("num_warps", 4)), int(c.get("num_stages", 2))
+        split = int(c.get("SPLIT_K", 1))
+        elem = self._elem_bytes()
+        taps, chans = conv_taps(wl)
+        if c.get("LOOP_ORDER") == "r_sc" and isinstance(wl, ConvWorkload):
+            steps = wl.R * math.ceil(wl.S * wl.C / bk)
+        else:
+            steps = taps * math.ceil(chans / bk)
+        tiles = math.ceil(m / bm) * math.ceil(n / bn)
+        return Geometry("igemm", "fp16" if self.dot_fp16 else "int8", m, n, k, bm, bn,
+                        math.ceil(m / bm) * bm, tiles, split, bk, math.ceil(steps / split),
+                        32 * warps, stages, stages * (bm + bn) * bk * elem,
+                        min(255, bm * bn // (32 * warps) + 40), False, 1, float(elem))
 
     # ---------------------------------------------------------------- build
     def build(self, wl: Workload, config: Config) -> IgemmKernel:

@@ -43,6 +43,7 @@ from ...core.hardware import TARGET
 from ...core.precision import Encoding
 from ...core.validate import check_inputs, output_buffer
 from ..base import KernelTemplate, grouped_reason
+from ..geometry import Geometry, conv_taps
 from . import igemm
 from .epilogue import epilogue_store
 from .igemm import (
@@ -449,8 +450,30 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
 
         return min(pts, key=cost)
 
+    def geometry(self, wl: Workload, config: Mapping) -> Geometry:
+        """BLOCK_I x BLOCK_P x BLOCK_Q pixel tiles (overhanging the image at its edges) by
+        BLOCK_N filters, BLOCK_K channels of a tap a step, SPLIT_K slices, 8-bit tiles."""
+        c = config
+        m, n, k = wl.gemm_shape
+        bi, bp, bq = int(c["BLOCK_I"]), int(c["BLOCK_P"]), int(c["BLOCK_Q"])
+        bm = bi * bp * bq
+        bn, bk = int(c["BLOCK_N"]), int(c["BLOCK_K"])
+        warps, stages = int(c.get("num_warps", 4)), int(c.get("num_stages", 2))
+        split = int(c.get("SPLIT_K", 1))
+        if isinstance(wl, ConvWorkload):
+            row_tiles = math.ceil(wl.N / bi) * math.ceil(wl.P / bp) * math.ceil(wl.Q / bq)
+        else:
+            row_tiles = math.ceil(m / bm)
+        taps, chans = conv_taps(wl)
+        steps = taps * math.ceil(chans / bk)
+        return Geometry("tma_conv", "int8", m, n, k, bm, bn, row_tiles * bm,
+                        row_tiles * math.ceil(n / bn), split, bk, math.ceil(steps / split),
+                        32 * warps, stages, stages * (bm + bn) * bk,
+                        min(255, bm * bn // (32 * warps) + 40), False)
+
     def launch_shape(self, wl: Workload, config: Config) -> dict:
-        """Launch shape for `lowbit.perfmodel.launch_shape` (8-bit tiles in shared memory)."""
+        """The launch as plain tiles (`kernels.geometry.LaunchShape` fields; 8-bit tiles in
+        shared memory)."""
         rows = config["BLOCK_I"] * config["BLOCK_P"] * config["BLOCK_Q"]
         return dict(block_m=rows, block_n=config["BLOCK_N"], block_k=config["BLOCK_K"],
                     warps=config["num_warps"], stages=config["num_stages"],

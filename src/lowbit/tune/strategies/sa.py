@@ -22,7 +22,6 @@ import numpy as np
 
 from ...core import Config, ConfigSpace, Workload
 from ..cost_model import RankCostModel, Sample
-from ..features import Featurizer
 from .base import Strategy, Trial
 
 ScoreFn = Callable[[Sequence[Config]], np.ndarray]
@@ -139,7 +138,7 @@ class ModelSearch(Strategy):
         self.n_random = n_random
         self.settings = settings
         self.walker = SpaceWalker(space)
-        self.model = RankCostModel(Featurizer(template, space), seed=seed, rounds=model_rounds)
+        self.model = RankCostModel(template, space, seed=seed, rounds=model_rounds)
         self.transfer = list(transfer)
         self._queue: list[Config] = []
         self._stale = True

@@ -1,6 +1,6 @@
 """Fit the analytic model's constants to measurements, and the cuDNN / cuBLAS fp16 estimate.
 
-`calibrate` fits `AnalyticParams` (launch overhead, per-step latency, L2 bandwidth and the
+`fit_params` fits `AnalyticParams` (launch overhead, per-step latency, L2 bandwidth and the
 compute efficiency of the instruction classes present) by least squares on log time
 (scipy), so the analytic model alone is as close as its form allows; the learned model then
 corrects what the form cannot express.
@@ -64,13 +64,13 @@ def _unpack(v: np.ndarray, base: AnalyticParams, rates: list[str]) -> AnalyticPa
                    l2_bytes_per_s=float(e[2] * 1e12), efficiency=tuple(sorted(eff.items())))
 
 
-def calibrate(ms: Sequence[Measurement], base: AnalyticParams = DEFAULT_PARAMS
+def fit_params(ms: Sequence[Measurement], base: AnalyticParams = DEFAULT_PARAMS
               ) -> AnalyticParams:
     """`base` with its constants fitted to `ms` (module doc); ValueError without data."""
     from scipy.optimize import least_squares
 
     if not ms:
-        raise ValueError("calibrate needs measurements")
+        raise ValueError("fit_params needs measurements")
     y = np.log([m.events_us for m in ms])
     rates = sorted({"fp16" if m.template == TORCH_FP16
                     else geometry(m.template, m.workload, m.config).rate for m in ms})
