@@ -19,7 +19,7 @@ functions of the template.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .space import Config, ConfigSpace, Constraint, Knob, Scalar, UnsetKnob
@@ -45,6 +45,10 @@ class KnobDef:
         if odd:
             raise ValueError(f"knob {self.name!r}: value_requires names {sorted(odd)}, which "
                              "are not its non-neutral values")
+
+    def but(self, **changes: Any) -> KnobDef:
+        """This knob with some fields changed (a family's override of a shared knob)."""
+        return replace(self, **changes)
 
     @property
     def needs(self) -> set[str]:
