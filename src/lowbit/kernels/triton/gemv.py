@@ -71,7 +71,7 @@ from .igemm import (
     output_pixels,
     tap_operands,
 )
-from .templates import SMEM_LIMIT, IgemmKernel, _IgemmTemplate, problem
+from .templates import SMEM_LIMIT, IgemmKernel, _IgemmTemplate, problem, reduction_iters
 from .zero_point import (
     ACT_ZERO_POINT,
     SHIFTED_ACT,
@@ -245,6 +245,7 @@ class GemvInt8Template(_IgemmTemplate):
     activations (zero point, module doc)."""
 
     name = "triton.gemv_int8"
+    knobs = GEMV_KNOBS
     added_knobs: Mapping[str, object] = {}
     layer_outputs_max = 0  # its own split-K kernel: the separate pass writes the outputs
     #: read by `lowbit.tune.dispatch`: time it by the weight-streaming estimate (the learned
@@ -288,7 +289,7 @@ class GemvInt8Template(_IgemmTemplate):
             return f"shared memory {need} B > {SMEM_LIMIT} B" if need > SMEM_LIMIT else None
 
         def split(c: Config) -> str | None:
-            steps = self._iters(wl, c["BLOCK_K"])
+            steps = reduction_iters(wl, c["BLOCK_K"])
             if c["SPLIT_K"] > steps:
                 return (f"SPLIT_K={c['SPLIT_K']} > {steps} reduction steps (taps x chunks of "
                         "BLOCK_K): a K slice would be empty")
@@ -298,7 +299,7 @@ class GemvInt8Template(_IgemmTemplate):
 
     def space(self, wl: Workload) -> ConfigSpace:
         self.check_supported(wl)
-        return GEMV_KNOBS.space(wl, self.constraints(wl))
+        return self.knobs.space(wl, self.constraints(wl))
 
     def default_config(self, wl: Workload) -> Config:
         """BLOCK_N 64 (32 for N <= 32 and for M > MANY_ROWS), BLOCK_K 256 (128 where C, or a
