@@ -9,7 +9,7 @@ threshold ranges of THR_PAIRS).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 from ...core import ConvWorkload, Encoding, Layout, Workload
 from ...core.epilogue import OUT_FP16, OUT_INT16
@@ -70,7 +70,10 @@ def planes(wl: Workload) -> tuple[int, int]:
     return (1, 1) if int8_operands(wl) else (wl.a.bits, wl.w.bits)
 
 
+@lru_cache(maxsize=4096)
 def conv_shape(wl: Workload) -> Shape:
+    """The kernels' view of a workload's shape, one object per workload: every step of a build
+    (space, constraints, layout, tables, rendering) reads the same one."""
     bits = 8 if int8_operands(wl) else 1
     if isinstance(wl, ConvWorkload):
         return Shape(wl.N, wl.H, wl.W, wl.C, wl.K, wl.R, wl.S, wl.stride, wl.pad, wl.P, wl.Q,
