@@ -303,9 +303,9 @@ def test_small_spatial_convs_default_to_the_weight_streaming_gemv():
 
 
 def test_accumulator_unit_biases_use_the_kernel_epilogue():
-    """exact_bias=False: ENGINE.md's biases in accumulator units; single-output layers get
-    the kernel's fused requantizing epilogue, and the executor's two epilogue paths (netops,
-    and the shifted-bias sum) agree bit for bit."""
+    """exact_bias=False: the planner's biases in accumulator units (`graph/planner.py`);
+    single-output layers get the kernel's fused requantizing epilogue, and the executor's two
+    epilogue paths (netops, and the shifted-bias sum) agree bit for bit."""
     q, calib = calibrated("vgg16", "w2a2", seed=4, width=0.125)
     dataflow = trace_model(q.eval(), calib)
     from lowbit.graph import build_plan

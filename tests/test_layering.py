@@ -55,7 +55,7 @@ def layer(module: str) -> str | None:
     """The layer of a module of lowbit (None: readable by anyone)."""
     parts = module.split(".")
     if len(parts) == 1:
-        return "application"  # `lowbit/__init__.py`: the public facade over every package
+        return "application"  # `src/lowbit/__init__.py`: the public facade over every package
     top = parts[1]
     if top in ANYONE:
         return None

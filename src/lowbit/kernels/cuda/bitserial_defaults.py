@@ -29,11 +29,12 @@ PREFERRED_FROM = {MMA_SYNC_PERSISTENT: MMA_SYNC, WGMMA_PERSISTENT: WGMMA}
 ACC_LIMIT = {"mma_sync": 128, "wgmma": 136}
 # the tap-shift defaults' limit on output channels (the widths they were measured at); the
 # two-team ones: 256, and only for two activation planes (a team's MMA phase long enough to
-# hide the other's epilogue, NOTES.md "Teams")
+# hide the other's epilogue, NOTES.md "Tap-shift family")
 TAP_SHIFT_DEFAULT_MAX_K = 128
 TEAMS_DEFAULT_MAX_K = 256
 
-# wgmma defaults use the 32-byte swizzle (up to 1.4x faster than core matrices, NOTES.md v4);
+# wgmma defaults use the 32-byte swizzle (up to 1.4x faster than core matrices: session v4 of
+# docs/history/bitserial.md);
 # the one-tile ones KT=1 with 6 stages
 _SW = dict(SWIZZLE=32)
 _TILE = dict(KT=1, STAGES=6, **_SW)

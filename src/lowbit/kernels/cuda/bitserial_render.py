@@ -4,7 +4,7 @@ with the package's .cu includes expanded.
 Every family has an entry file (`bitserial_mma_sync.cu`, ...) that `#include`s the shared device
 code (`bitserial_params.cu`, `bitserial_epilogue.cu`, ...). `expand` resolves those includes
 from the package's .cu files, once each, in place; a caller may supply some files itself:
-the rendered wgmma instruction wrappers (`bitserial_wgmma_ops.cu`, `wgmma_source`), or the host
+the rendered wgmma instruction wrappers (`WGMMA_OPS`, made by `wgmma_source`), or the host
 emulation's stand-ins for the device primitives (`bitserial_emu.py`). Probes cut parts of a
 kernel through named cut points (`CUTS`, `LOWBIT_CUT_*` in the .cu files), never by editing
 its text.
