@@ -6,7 +6,7 @@ bias + ReLU + requantize to u<a_bits> bit planes (the next layer's input). Every
 kernel is verified bit for bit against `lowbit.reference.run` (on the GPU, float64-exact) before
 it is timed. Baselines in the same run: `int8_best` (our Triton int8 template, w8a8, best of a
 few configs), `int_mm_im2col` / `int_mm` (cuBLASLt int8), `cudnn_fp16` (conv) / `fp16_matmul`.
-Timing: CUDA-graph replays (`lowbit.tune.timing.time_us`), median. Floors:
+Timing: CUDA-graph replays (`lowbit.kernels.timing.time_us`), median. Floors:
 `lowbit.perfmodel.roofline.workload_floor_us(wl, "bitserial")` with the measured bandwidth.
 
 Configs are handled as kernel parameters (`lowbit.kernels.cuda.kernel_spec`: every family's
@@ -49,6 +49,7 @@ from lowbit.core import (
     Workload,
     parse_wa,
 )
+from lowbit.core.hardware import gpu_spec_for
 from lowbit.core.validate import operand_shapes
 from lowbit.core.workloads import load_workloads
 from lowbit.kernels.cuda import (
@@ -64,15 +65,11 @@ from lowbit.kernels.cuda import (
 from lowbit.kernels.cuda import bitserial_family as family_mod
 from lowbit.kernels.cuda import bitserial_layout as layout
 from lowbit.kernels.cuda.bitserial_shape import conv_shape, needs_wtap
-from lowbit.perfmodel.roofline import (
-    measure_bandwidth,
-    peaks_for,
-    workload_floor_us,
-)
+from lowbit.kernels.timing import time_us
+from lowbit.perfmodel.roofline import measure_bandwidth, workload_floor_us
 from lowbit.quant.packing import pack
 from lowbit.reference import run
 from lowbit.reference.ops import random_params
-from lowbit.tune.timing import time_us
 
 PRECISIONS = ("w1a1", "w1a2", "w2a2", "w1a4", "w2a4", "w3a3")
 BP = Layout.BITPLANE
@@ -490,7 +487,7 @@ def main() -> None:
         from lowbit.tune import LocalMeasurer
 
         measurer = LocalMeasurer(device="cuda")
-    peaks = dataclasses.replace(peaks_for(common.gpu_name()), bandwidth=measure_bandwidth())
+    peaks = dataclasses.replace(gpu_spec_for(common.gpu_name()), bandwidth=measure_bandwidth())
     rows: list[dict] = []
     try:
         for name, base in workloads(args.quick):
@@ -544,7 +541,7 @@ def main() -> None:
         if measurer is not None:
             measurer.close()
         path = common.write_results("bitserial", rows,
-                                    extra={"targets": TARGETS, "peaks": dataclasses.asdict(peaks)})
+                                    extra={"targets": TARGETS, "peaks": peaks.peaks()})
         print(f"wrote {path}")
         summarize(rows)
 

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from lowbit.core import ConvWorkload, GemmWorkload
+from lowbit.kernels.timing import time_us
 from lowbit.reference import im2col_nhwc
-from lowbit.tune.timing import time_us
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -3,7 +3,7 @@
 Per shared conv layer (w8a8, epilogue bias + ReLU -> s8 NHWC, the output the next layer
 reads): every config of a bounded slice of each int8 template that supports the layer
 (`triton.conv2d_int8`, and `triton.conv2d_int8_tma` for stride 1) is built, checked bit for
-bit against `lowbit.reference.run` on fresh random inputs, and timed (`lowbit.tune.timing`,
+bit against `lowbit.reference.run` on fresh random inputs, and timed (`lowbit.kernels.timing`,
 median, L2 flushed); the fastest template's best is reported beside each template's best,
 its default config, cudnn_fp16, int_mm_im2col and the roofline floor
 (`lowbit.perfmodel.roofline`, bandwidth re-measured in this run). Batch-16-sized layers are
@@ -33,8 +33,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 from lowbit.core import Config, ConvWorkload, Epilogue, Workload, load_workloads
+from lowbit.core.hardware import gpu_spec_for
 from lowbit.core.validate import out_storage
 from lowbit.kernels import get_template
+from lowbit.kernels.timing import time_us
 from lowbit.kernels.triton import (
     CONV2D_FP16,
     CONV2D_INT8,
@@ -44,13 +46,8 @@ from lowbit.kernels.triton import (
 )
 from lowbit.kernels.triton.igemm import cdiv, reduction_steps
 from lowbit.kernels.triton.tma_conv import padded_rows
-from lowbit.perfmodel.roofline import (
-    measure_bandwidth,
-    peaks_for,
-    workload_floor_us,
-)
+from lowbit.perfmodel.roofline import measure_bandwidth, workload_floor_us
 from lowbit.reference import random_inputs, run
-from lowbit.tune.timing import time_us
 
 CONV_SUITES = ("resnet50_3x3_b256", "resnet50_3x3_b16", "tvm_tutorial", "resnet50_1x1",
                "resnet18_b8", "apconv_sweep")
@@ -416,7 +413,7 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         sys.exit("benchmarks/conv.py needs a CUDA GPU")
     t_start = time.perf_counter()
-    peaks = replace(peaks_for(common.gpu_name()), bandwidth=measure_bandwidth())
+    peaks = replace(gpu_spec_for(common.gpu_name()), bandwidth=measure_bandwidth())
     layers = [(n, wl) for s in args.suites.split(",") for n, wl in
               load_workloads(s, epilogue=EPILOGUE)]
     from lowbit.kernels.cuda import INT8_WGMMA
@@ -435,7 +432,7 @@ def main(argv: list[str] | None = None) -> None:
 
     plan = [(n, wl, sweeps(n, wl)) for n, wl in layers]
     precompile([(t, wl, c) for _, wl, sw in plan for t, cs in sw for c in cs], args.workers)
-    results = ResultsFile("conv", {"peaks": peaks.__dict__, "epilogue": EPILOGUE.key})
+    results = ResultsFile("conv", {"peaks": peaks.peaks(), "epilogue": EPILOGUE.key})
     for name, wl, sw in plan:
         if time.perf_counter() - t_start > args.budget_s:
             sw = [(t, cs[:8]) for t, cs in sw]

@@ -27,9 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 from conv import ResultsFile, bench_configs, int8_wgmma_configs, precompile, sweep
 from lowbit.core import Epilogue, load_workloads
+from lowbit.core.hardware import gpu_spec_for
+from lowbit.kernels.timing import time_us
 from lowbit.kernels.triton import GEMM_INT8
-from lowbit.perfmodel.roofline import measure_bandwidth, peaks_for, workload_floor_us
-from lowbit.tune.timing import time_us
+from lowbit.perfmodel.roofline import measure_bandwidth, workload_floor_us
 
 EPILOGUE = Epilogue()  # int32 out, as torch._int_mm
 
@@ -80,14 +81,14 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gemm.py needs a CUDA GPU")
     t_start = time.perf_counter()
-    peaks = replace(peaks_for(common.gpu_name()), bandwidth=measure_bandwidth())
+    peaks = replace(gpu_spec_for(common.gpu_name()), bandwidth=measure_bandwidth())
     from lowbit.kernels.cuda import INT8_WGMMA
 
     plan = [(n, wl, _configs(wl, args)) for n, wl in load_workloads("gemm", epilogue=EPILOGUE)]
     cuda_plan = {n: int8_wgmma_configs(wl, 12) for n, wl, _ in plan}  # sm_90a only
     precompile([(GEMM_INT8, wl, c) for _, wl, cfgs in plan for c in cfgs]
                + [(INT8_WGMMA, wl, c) for n, wl, _ in plan for c in cuda_plan[n]], args.workers)
-    results = ResultsFile("gemm", {"peaks": peaks.__dict__, "epilogue": EPILOGUE.key})
+    results = ResultsFile("gemm", {"peaks": peaks.peaks(), "epilogue": EPILOGUE.key})
     for name, wl, cfgs in plan:
         try:
             res = sweep(GEMM_INT8, wl, cfgs, graph=wl.M * wl.N < 8192 * 8192)

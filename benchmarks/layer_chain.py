@@ -14,7 +14,7 @@ Every launcher pair is first run on fresh inputs and checked bit for bit against
 `lowbit.reference.run`, layer by layer, plain and chained. Baselines in the same run: cuDNN fp16
 alone and as the same x -> y -> x pair (channels_last), and for the APNN-TC conv the published
 kernel's 17 us (a single launch, issue 6). Timing: CUDA-graph replays, median
-(`lowbit.tune.timing.time_us`). Floors: `workload_floor_us(wl, "bitserial")`.
+(`lowbit.kernels.timing.time_us`). Floors: `workload_floor_us(wl, "bitserial")`.
 
 Usage: python benchmarks/layer_chain.py [--layers apconv_b1_c1024,...] [--precisions w1a2,w1a1]
 """
@@ -34,14 +34,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 from bitserial import APNN_TC_US, bitserial_workload, build, gpu_inputs, valid
 from lowbit.core import Config, ConvWorkload, Workload
+from lowbit.core.hardware import gpu_spec_for
 from lowbit.core.workloads import load_workloads
 from lowbit.kernels.cuda import BitserialKernel, default_bitserial, family_of
 from lowbit.kernels.cuda import bitserial_layout as layout
 from lowbit.kernels.cuda.bitserial_kernel import CHAIN_TRIGGERS
 from lowbit.kernels.cuda.nvrtc import load_kernel
-from lowbit.perfmodel.roofline import measure_bandwidth, peaks_for, workload_floor_us
+from lowbit.kernels.timing import time_us
+from lowbit.perfmodel.roofline import measure_bandwidth, workload_floor_us
 from lowbit.reference import run
-from lowbit.tune.timing import time_us
 
 LAYERS = {"apconv_b1_c1024": ConvWorkload(N=1, H=16, W=16, C=1024, K=1024, R=3, S=3, pad=1),
           **dict(load_workloads("apconv_sweep"))}
@@ -158,7 +159,7 @@ def main() -> None:
                     default=["apconv_b1_c1024", "apconv_sweep_c512", "apconv_sweep_c1024"])
     ap.add_argument("--precisions", type=lambda v: v.split(","), default=["w1a2", "w1a1"])
     args = ap.parse_args()
-    peaks = dataclasses.replace(peaks_for(common.gpu_name()), bandwidth=measure_bandwidth())
+    peaks = dataclasses.replace(gpu_spec_for(common.gpu_name()), bandwidth=measure_bandwidth())
     rows = []
     for name in args.layers:
         base = LAYERS[name]
@@ -181,7 +182,7 @@ def main() -> None:
                 row[key] = min((c[key] for c in exact), default=None)
             rows.append(row)
             print(summary_line(row), flush=True)
-    path = common.write_results("layer_chain", rows, extra={"peaks": dataclasses.asdict(peaks)})
+    path = common.write_results("layer_chain", rows, extra={"peaks": peaks.peaks()})
     print(f"wrote {path}")
 
 

@@ -35,12 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import cudnn_fp16_conv_us, gpu_name, write_results
 from lowbit.core import Config, Epilogue, load_workloads
+from lowbit.core.hardware import gpu_spec_for
 from lowbit.core.validate import out_storage
 from lowbit.kernels.cuda import nvrtc
 from lowbit.kernels.cuda.mma_conv import S4_TEMPLATE, S8_TEMPLATE, render
-from lowbit.perfmodel.roofline import measure_bandwidth, peaks_for, workload_floor_us
+from lowbit.kernels.timing import time_us
+from lowbit.perfmodel.roofline import measure_bandwidth, workload_floor_us
 from lowbit.reference import random_inputs, run
-from lowbit.tune.timing import time_us
 
 EPILOGUE = Epilogue(bias=True, relu=True, out="u4", out_layout="packed")
 TILE_KNOBS = ("warps_m", "warps_n", "tiles_m", "tiles_n", "k_chunk", "loop_order")
@@ -176,7 +177,7 @@ def main() -> None:
             jobs.append((S4_TEMPLATE, wl4, S4_TEMPLATE.default_config(wl4)))
     precompile(jobs, nvrtc.device_arch(), args.workers)
 
-    peaks = peaks_for(gpu_name())
+    peaks = gpu_spec_for(gpu_name())
     peaks = replace(peaks, bandwidth=measure_bandwidth())
     rows, sweeps = [], []
     for i, (name, wl, sweep) in enumerate(plan):

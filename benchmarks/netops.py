@@ -29,6 +29,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_results
 from lowbit.core import ConvWorkload, Layout, PackedTensor, Precision
+from lowbit.kernels.timing import time_us
 from lowbit.quant.packing import pack
 from lowbit.reference import (
     RequantizedOutput,
@@ -39,7 +40,6 @@ from lowbit.reference import (
     maxpool2d_int,
     quantize_float,
 )
-from lowbit.tune.timing import time_us
 
 INT8_OPS = 1158e12  # Triton int8 dot, 8192^3 (docs/design.md, "Hardware facts")
 DRAM_BPS = 3.0e12  # device-to-device copy, bytes read + written (the same table)

@@ -2,10 +2,11 @@
 rows {model, batch, precision, time_ms, images_per_s, baselines_ms: {fp16_eager,
 fp16_cuda_graph, fp16_compile}, layers: [{name, impl, time_us, floor_us, share, alone_us}],
 weights_bytes, peak_activation_bytes, fp16_weights_bytes, fp16_peak_activation_bytes} in one
-results file (DESIGN.md format) under benchmarks/results/<gpu>/ or --out, rewritten after every
-case so a cut-off run keeps what it measured; a failing case is a row with its error. Prints a
-table and the dataflow targets (met / missed, with what bounds each miss) last, and draws the
-per-step times next to PyTorch fp16's per module (network-<stamp>.png).
+results file (`common.write_results`'s header) under benchmarks/results/<gpu>/ or --out,
+rewritten after every case so a cut-off run keeps what it measured; a failing case is a row
+with its error. Prints a table and the dataflow targets (met / missed, with what bounds each
+miss) last, and draws the per-step times next to PyTorch fp16's per module
+(network-<stamp>.png).
 
     python benchmarks/network.py --cases resnet18:8:w1a2 resnet50:256:w8a8 --compile-mode default
     python benchmarks/network.py --models resnet18 vgg16 --batches 8 --precisions w1a2 w8a8

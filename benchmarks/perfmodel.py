@@ -9,11 +9,11 @@ files and the consolidated measurements.jsonl.gz of the files that left the tree
                         (`lowbit.perfmodel.evaluate`), and of the calibrated fp16 estimate
                         (leave one layer out of its calibration)
   pruned_tuner rows     per measured space of >= 100 configs (--min-space): measurements the
-                        pruned tuner (`lowbit.tune.pruned`, model trained without that layer)
-                        needs to reach 0.97x of the space's best, as a fraction of the space,
-                        beside random search's expected fraction; "exhaustive": true where a
-                        tables file (benchmarks/tuning.py measure) timed every config of the
-                        template's space (the 1,000+ config TMA int8 and bit-serial spaces of
+                        pruned tuner (`lowbit.tune.strategies.pruned`, model trained without
+                        that layer) needs to reach 0.97x of the space's best, as a fraction of
+                        the space, beside random search's expected fraction; "exhaustive": true
+                        where a tables file (benchmarks/tuning.py measure) timed every config
+                        of the template's space (the 1,000+ config TMA int8 and bit-serial spaces of
                         benchmarks/space_session.sh; --pruned-only: these rows alone)
   --export-snapshot     rewrites the packaged measurement snapshot the default model trains on
   --calibrate           prints the analytic constants fitted to the data
@@ -63,10 +63,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload, Workload, load_workloads
 from lowbit.core.workloads import SUITES
+from lowbit.kernels.base import TORCH_FP16
 from lowbit.kernels.cuda import FAMILIES
-from lowbit.perfmodel import calibrate as cal
+from lowbit.perfmodel import fit as cal
 from lowbit.perfmodel.dataset import (
-    FP16_TEMPLATE,
     SNAPSHOT,
     Measurement,
     deduplicate,
@@ -182,15 +182,15 @@ def _write(doc: dict, out: Path | None, gpu: str) -> Path:
 
 def fp16_loo(ms: list[Measurement]) -> dict:
     """Accuracy of the fp16 estimate with each layer left out of its calibration."""
-    fp = [m for m in ms if m.template == FP16_TEMPLATE]
+    fp = [m for m in ms if m.template == TORCH_FP16]
     pairs = []
     for layer in sorted({m.layer for m in fp}):
-        params = cal.calibrate([m for m in fp if m.layer != layer], cal.FP16_PARAMS)
+        params = cal.fit_params([m for m in fp if m.layer != layer], cal.FP16_PARAMS)
         for m in fp:
             if m.layer == layer:
                 pairs.append((layer, m.gpu + layer,
                               cal.fp16_estimate_us(m.workload, m.gpu, params), m.events_us))
-    row = accuracy(FP16_TEMPLATE, pairs).row()
+    row = accuracy(TORCH_FP16, pairs).row()
     return {**row, "kind": "model_accuracy", "model": "analytic_calibrated", "data": "recorded"}
 
 
@@ -211,9 +211,10 @@ def pruned_rows(ms: list[Measurement], min_space: int = 100, rounds: int | None 
     one booster's fraction on the exhaustive 1,000+ spaces ranged 0.03-0.19 over seeds),
     trials_to_097 their median (a replay that never reaches 0.97x counts as the whole space)
     and fraction_by_seed each one's fraction."""
-    from lowbit.tune.pruned import PrunedSearch, expected_random_trials, replay, table_space
+    from lowbit.tune.replay import expected_random_trials, replay, table_space
+    from lowbit.tune.strategies import PrunedSearch
 
-    ms = [m for m in ms if m.template != FP16_TEMPLATE]
+    ms = [m for m in ms if m.template != TORCH_FP16]
     extra = {"rounds": rounds} if rounds else {}
     fits = [fit] if fit is not None else [learned_fit(seed=s, **extra) for s in seeds]
     spaces = spaces or {}
@@ -270,7 +271,7 @@ def held_out_layers(ms: list[Measurement], quick: bool, templates: list[str] | N
         return None
     counts: dict[str, int] = defaultdict(int)
     for m in ms:
-        if m.template != FP16_TEMPLATE and (not templates or m.template in templates):
+        if m.template != TORCH_FP16 and (not templates or m.template in templates):
             counts[m.layer] += 1
     layers = sorted(k for k, v in counts.items() if v >= (100 if quick else 1))
     if max_layers and len(layers) > max_layers:
@@ -305,7 +306,7 @@ def offline(results: Path, quick: bool, out: Path | None, templates: list[str] |
             rows.append({**acc.row(), "kind": "model_accuracy", "model": name,
                          "data": "recorded"})
         print(f"leave-one-layer-out ({name}): {time.perf_counter() - t1:.0f} s", flush=True)
-    if accuracy_rows and (not templates or FP16_TEMPLATE in templates):
+    if accuracy_rows and (not templates or TORCH_FP16 in templates):
         rows.append(fp16_loo(ms))
     if pruned:
         from lowbit.perfmodel.dataset import table_spaces
@@ -326,9 +327,9 @@ def offline(results: Path, quick: bool, out: Path | None, templates: list[str] |
 def _analytic_fit(ms: list[Measurement], train: np.ndarray):
     """The analytic model alone, with its default constants (`AnalyticParams`: five numbers
     fitted once on all recorded layers, so not strictly held out)."""
+    from lowbit.core.hardware import gpu_spec_for
     from lowbit.perfmodel.analytic import estimate
     from lowbit.perfmodel.geometry import geometry
-    from lowbit.perfmodel.hardware import gpu_spec_for
 
     def predict(test: np.ndarray) -> np.ndarray:
         return np.array([estimate(geometry(ms[i].template, ms[i].workload, ms[i].config),
@@ -344,8 +345,8 @@ class GpuRun:
     """State of the device run: measurer, model, rows, budget."""
 
     def __init__(self, budget_s: float, measurer=None, fp16_us=None) -> None:
+        from lowbit.core.hardware import current_gpu_spec
         from lowbit.kernels import load_backends
-        from lowbit.perfmodel.hardware import current_gpu_spec
         from lowbit.perfmodel.predict import default_model
         from lowbit.tune import LocalMeasurer
 
@@ -449,7 +450,7 @@ class GpuRun:
         top = [measured[tc] for tc in self.top.get(name, []) if tc in measured]
         top_us = min(top) if top else None
         engine = _engine_choice(pick, fp16, self.spec, wl)
-        engine_us = fp16 if engine == FP16_TEMPLATE else dispatch_us
+        engine_us = fp16 if engine == TORCH_FP16 else dispatch_us
         self.rows.append({
             "kind": "dispatch", "workload": name, "new_shape": new, "workload_key": wl.key,
             "template": pick.template, "config": dict(pick.config),
@@ -547,7 +548,7 @@ def _fp16_us(wl: Workload) -> float | None:
 def _engine_choice(pick, fp16_measured: float | None, spec, wl: Workload) -> str:
     """The engine's choice by prediction (fp16 estimate vs our pick), as `choose` makes it."""
     fp16_pred = cal.fp16_estimate_us(wl, spec)
-    return FP16_TEMPLATE if fp16_pred < pick.predicted_us else pick.template
+    return TORCH_FP16 if fp16_pred < pick.predicted_us else pick.template
 
 
 def _f(v: float | None) -> str:
@@ -669,10 +670,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.export_snapshot:
             print(f"wrote {save_snapshot(ms)} measurements to {SNAPSHOT}")
         if args.calibrate:
-            ours = [m for m in ms if m.template != FP16_TEMPLATE]
-            fp = [m for m in ms if m.template == FP16_TEMPLATE]
-            print("ours:", cal.calibrate(ours[:: max(1, len(ours) // 2000)]))
-            print("fp16:", cal.calibrate(fp, cal.FP16_PARAMS))
+            ours = [m for m in ms if m.template != TORCH_FP16]
+            fp = [m for m in ms if m.template == TORCH_FP16]
+            print("ours:", cal.fit_params(ours[:: max(1, len(ours) // 2000)]))
+            print("fp16:", cal.fit_params(fp, cal.FP16_PARAMS))
         return
     else:
         rows = offline(args.results, args.quick, args.out, args.templates, args.max_layers,

@@ -119,7 +119,7 @@ def cite_once(body: list[str], files: list[Result]) -> list[str]:
 def section(name: str, files: list[Result], extra: list[str], root: Path = ROOT) -> list[str]:
     s = SUITES.get(name)
     title = s.title if s else f"Suite `{name}`"
-    head = [f"## {title}" + (f" (`{s.script}`)" if s else ""), ""]
+    head = [f"## {title}" + (f" (`{s.script}`)" if s and s.script else ""), ""]
     if s is None:
         body = ["No renderer registered in `benchmarks/report.py`; the latest file's rows:", ""]
         body += render_generic(files)

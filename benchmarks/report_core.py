@@ -230,6 +230,9 @@ def num(v: float | None, digits: int) -> str:
 
 @dataclass(frozen=True)
 class Suite:
+    """A results suite: its files' benchmark names, title, renderer and the script that
+    writes them ("" for a script since removed; its files keep their rows)."""
+
     name: str
     title: str
     script: str

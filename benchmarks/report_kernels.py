@@ -422,10 +422,9 @@ APCONV_MECHANISMS = (("empty", "empty kernel"), ("cp_async", "16-byte cp.async")
                      ("tma_mc", "128-byte boxes, weights multicast (clusters of 4)"))
 
 
-@suite("apconv_floor", "Operand-delivery floor of the APNN-TC conv",
-       "benchmarks/apconv_floor.py")
+@suite("apconv_floor", "Operand-delivery floor of the APNN-TC conv", "")
 def render_apconv_floor(files: list[Result]) -> list[str]:
-    out = ["Copy-only kernels of the APNN-TC conv's grid (b1, 16 x 16, C = K = 1,024): each "
+    out = ["A concluded probe (its script is in git history, before ce0749b). Copy-only kernels of the APNN-TC conv's grid (b1, 16 x 16, C = K = 1,024): each "
            "block lands its window and weights, then stops; medians of interleaved rounds, us, "
            "with the committed default kernel beside them.", ""]
     groups = by_gpu(files)

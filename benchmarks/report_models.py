@@ -375,7 +375,7 @@ def _current_policies(picked: list[tuple[Result, dict]]) -> list[tuple[Result, d
 
 @suite("network", "Whole networks", "benchmarks/network.py")
 def render_network(files: list[Result]) -> list[str]:
-    """DESIGN.md's network rows: {model, batch, precision, exact_bias, wide_bits, time_ms,
+    """benchmarks/network.py's rows: {model, batch, precision, exact_bias, wide_bits, time_ms,
     images_per_s, baselines_ms: {fp16_eager, fp16_cuda_graph, fp16_compile}, floor_ms,
     host_overhead_us, host_overhead_bound_us, layers: [{name, impl, time_us, launches_us,
     floor_us, fp16_us}]}."""

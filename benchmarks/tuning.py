@@ -286,7 +286,7 @@ def measure(budget_s: float, workers: int, only: list[str] | None = None, *,
     pool: `workers` processes, one job each at a time; Triton compiles ahead, NVRTC
     fills its disk cache; `conv._compile_one`), then, as its build finishes, checked bit for
     bit against `lowbit.reference.run` on fresh random inputs and timed (median of
-    `lowbit.tune.timing.time_us`, `warmup_ms` / `rep_ms`, L2 flushed) in the crash-isolated
+    `lowbit.kernels.timing.time_us`, `warmup_ms` / `rep_ms`, L2 flushed) in the crash-isolated
     worker of a `LocalMeasurer` (`timeout_s` per config): a build error, launch error, wrong
     result, crash or hang is that config's row [config, None, reason], never the end of the
     run (a build that kills its process or runs past `build_timeout_s`: its row; no build
@@ -327,7 +327,7 @@ def measure(budget_s: float, workers: int, only: list[str] | None = None, *,
     doc = {"benchmark": "tuning_tables", "gpu": common.gpu_name(), "versions": common.versions(),
            "template": tmpl.name, "epilogue": epilogues[0] if len(epilogues) == 1 else "mixed",
            "precision": precision, "workers": workers, "budget_s": budget_s,
-           "timing": {"function": "lowbit.tune.timing.time_us (do_bench: median, L2 flushed "
+           "timing": {"function": "lowbit.kernels.timing.time_us (do_bench: median, L2 flushed "
                                   "before every run, CUDA events)",
                       "warmup_ms": warmup_ms, "rep_ms": rep_ms},
            "compile_s_per_config": None, "layers": []}

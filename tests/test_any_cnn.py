@@ -18,6 +18,7 @@ from any_cnn_cases import compiled, fallback_reasons, layer_inputs_exact, quanti
 from lowbit.graph import AvgPool, FloatFallback, Layer, Lookup
 from lowbit.graph.fallbacks import FP16_RTOL, HalfPrecision, LayerFallback
 from lowbit.graph.ir import Gather, TableMul
+from lowbit.graph.summary import plan_table
 from lowbit.quant.residual import activation_points, value_quantizers
 from lowbit.runtime.engine import ReferenceExecutor
 
@@ -243,7 +244,7 @@ def test_layer_without_fixed_point_requantization_falls_back():
     assert fb.reason.startswith("layer body.0.0: output ") and \
         "has no fixed-point requantization" in fb.reason
     assert isinstance(plan.modules[fb.module], LayerFallback)
-    assert "float fallbacks: 1" in plan.summary()
+    assert "float fallbacks: 1" in plan_table(plan)
     assert len(plan.layers) == 2
     with torch.no_grad():
         yf = q(x)

@@ -16,6 +16,7 @@ import torch
 
 import lowbit
 from any_cnn_cases import compiled, quantized
+from lowbit.graph.summary import plan_table
 from lowbit.runtime.engine import ReferenceExecutor
 from tv_models import MODELS, tv
 
@@ -95,7 +96,7 @@ def test_matrix_model_compiles_with_its_reasons(name):
     assert kinds == EXPECTED[name], sorted(kinds ^ EXPECTED[name])
     n_quant = len(lowbit.quant.quant_layers(q))
     assert len(plan.layers) == n_quant - FLOAT_LAYERS.get(name, 0)
-    assert f"float fallbacks: {len(plan.fallbacks)}" in plan.summary()
+    assert f"float fallbacks: {len(plan.fallbacks)}" in plan_table(plan)
     y = ReferenceExecutor(plan)(x)
     with torch.no_grad():
         yf = q(x)

@@ -241,3 +241,31 @@ def test_output_buffer_allocates_or_checks():
     assert output_buffer(wl, torch.device("cpu"), out) is out
     with pytest.raises(ValueError, match=re.escape("out must be a contiguous torch.uint8")):
         output_buffer(wl, torch.device("cpu"), torch.empty(4, 3, dtype=torch.int8))
+
+
+def test_knob_choices_presence_and_overrides():
+    """A knob's values may depend on the workload (`choices`, a subset of its values, checked),
+    a knob may be absent from a workload's space (`present`: configs do not name it, its
+    requirement checks go with it), and a family overrides a shared knob (`but`)."""
+    from lowbit.core.knobs import KnobDef, KnobTable
+
+    split = KnobDef("SPLIT", (1, 2, 4), "splits", choices=lambda wl: (1, 2) if wl > 1 else (1,))
+    table = KnobTable(
+        KnobDef("TILE", (32, 64), "tile"),
+        split,
+        KnobDef("SUM", ("a", "b"), "how splits add up", present=lambda wl: wl > 1,
+                requires={"SPLIT": (2, 4)}))
+    one, two = table.space(1), table.space(2)
+    assert one.names == ("TILE", "SPLIT") and one.knob("SPLIT").values == (1,)
+    assert len(one) == 2 and all("SUM" not in c for c in one)
+    assert two.names == ("TILE", "SPLIT", "SUM") and two.knob("SPLIT").values == (1, 2)
+    assert {tuple(c[n] for n in two.names) for c in two} == {
+        (t, s, "a") for t in (32, 64) for s in (1, 2)} | {(t, 2, "b") for t in (32, 64)}
+    docs = "\n".join(table.describe())
+    assert "present where" in docs and "values by" in docs
+    wide = split.but(values=(1, 2, 4, 8), doc="more splits")
+    assert (wide.name, wide.values, wide.doc, split.values) == ("SPLIT", (1, 2, 4, 8),
+                                                                "more splits", (1, 2, 4))
+    bad = KnobDef("X", (1, 2), "x", choices=lambda wl: (3,))
+    with pytest.raises(ValueError, match="subset of its values"):
+        KnobTable(bad).space(0)

@@ -9,6 +9,7 @@ import pytest
 
 from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload
 from lowbit.kernels import get_template, load_backends
+from lowbit.kernels.base import TORCH_FP16
 from lowbit.kernels.cuda import FAMILIES, LEGACY, TAP_SHIFT, WGMMA, default_bitserial
 from lowbit.kernels.cuda.bitserial_family import BitserialFamily
 from lowbit.perfmodel.learned import LearnedModel
@@ -48,7 +49,7 @@ def _fake_predict(times):
     """predict_many stand-in: `times(template, config)` per config; fp16 a fixed 1e6."""
     def predict(template, workload, configs, gpu=None, model=None, cuda_graph=False):
         name = template if isinstance(template, str) else template.name
-        if name == dispatch.FP16:
+        if name == TORCH_FP16:
             return np.full(len(configs), 1e6)
         return np.array([times(name, c) for c in configs], float)
     return predict
@@ -71,12 +72,12 @@ def test_a_non_default_config_needs_the_margin(monkeypatch):
 def test_fp16_wins_when_predicted_faster(monkeypatch):
     def predict(template, workload, configs, gpu=None, model=None, cuda_graph=False):
         name = template if isinstance(template, str) else template.name
-        return np.full(len(configs), 5.0 if name == dispatch.FP16 else 50.0)
+        return np.full(len(configs), 5.0 if name == TORCH_FP16 else 50.0)
 
     monkeypatch.setattr(dispatch, "predict_many", predict)
     pick = dispatch.choose(CONV, templates=[IGEMM])
-    assert (pick.template, pick.config, pick.predicted_us) == (dispatch.FP16, None, 5.0)
-    assert [a[0] for a in pick.alternatives] == [dispatch.FP16, IGEMM.name]
+    assert (pick.template, pick.config, pick.predicted_us) == (TORCH_FP16, None, 5.0)
+    assert [a[0] for a in pick.alternatives] == [TORCH_FP16, IGEMM.name]
     assert "fp16 estimate" in pick.reason
     with pytest.raises(ValueError, match="no template supports"):
         dispatch.choose(CONV, templates=[], include_fp16=False)
@@ -85,9 +86,9 @@ def test_fp16_wins_when_predicted_faster(monkeypatch):
 def test_model_choice_over_every_supporting_template():
     pick = dispatch.choose(CONV)
     names = {a[0] for a in pick.alternatives}
-    assert dispatch.FP16 in names and IGEMM.name in names
+    assert TORCH_FP16 in names and IGEMM.name in names
     assert pick.predicted_us == min(a[1] for a in pick.alternatives)
-    if pick.template != dispatch.FP16:
+    if pick.template != TORCH_FP16:
         assert get_template(pick.template).space(CONV).is_valid(pick.config)
     bits = dispatch.choose(BITS, include_fp16=False)
     assert bits.template in FAMILY_NAMES and bits.predicted_us > 0
@@ -116,8 +117,8 @@ def test_records_come_first_and_kernel_for_builds(tmp_path):
 def test_choose_impl_covers_both_input_layouts():
     w1a2 = BITS.replace(a_layout="int8", w_layout="int8")
     impl, why = dispatch.predicted_impl(w1a2)
-    assert impl == dispatch.FP16 or get_template(impl).backend
-    assert "predicted" in why or impl == dispatch.FP16
+    assert impl == TORCH_FP16 or get_template(impl).backend
+    assert "predicted" in why or impl == TORCH_FP16
     impl8, _ = dispatch.predicted_impl(CONV)
     assert impl8 not in FAMILY_NAMES | {LEGACY}
 
@@ -178,13 +179,13 @@ def test_choose_impl_offers_fp16_only_where_the_engine_runs_it_exactly(monkeypat
 
     def fake_choose(wl, gpu=None, include_fp16=True, **kw):
         seen.append(include_fp16)
-        return dispatch.Choice(dispatch.FP16 if include_fp16 else IGEMM.name, None, 1.0, "test")
+        return dispatch.Choice(TORCH_FP16 if include_fp16 else IGEMM.name, None, 1.0, "test")
 
     monkeypatch.setattr(dispatch, "choose", fake_choose)
     small = ConvWorkload(N=1, H=8, W=8, C=16, K=16, R=3, S=3, pad=1, w="s8", a="u8")
     big = small.replace(C=1024)  # 9216 x 255 x 128 > 2^24
     assert dispatch.acc_bound(small) < dispatch.FP16_EXACT_BOUND <= dispatch.acc_bound(big)
-    assert dispatch.predicted_impl(small)[0] == dispatch.FP16
+    assert dispatch.predicted_impl(small)[0] == TORCH_FP16
     assert dispatch.predicted_impl(big)[0] == IGEMM.name
     assert seen == [True, False]
 

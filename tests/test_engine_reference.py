@@ -131,8 +131,9 @@ def test_implementation_choice_does_not_change_results():
 
 @pytest.mark.parametrize("wide_bits", [8, 16])
 def test_narrower_wide_realizations(wide_bits):
-    """wide_bits 8 (ENGINE.md's u8 / s8 residuals) and 16 compile and run; they are
-    approximations of the float residual stream (errors measured, not bounded here)."""
+    """wide_bits 8 (the planner's u8 / s8 residuals, `graph/planner.py`) and 16 compile and
+    run; they are approximations of the float residual stream (errors measured, not bounded
+    here)."""
     q, calib = calibrated("digits_resnet", "w4a4", seed=7, calib_batch=16)
     cm = _compiled(q, calib, wide_bits=wide_bits)
     wide = [cm.plan.tensors[s.residual] for s in cm.plan.layers if s.residual]

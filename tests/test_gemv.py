@@ -25,8 +25,8 @@ import torch
 
 from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload, Workload
 from lowbit.core.epilogue import EpilogueParams
+from lowbit.core.hardware import H100, H200, TARGET
 from lowbit.kernels import load_backends
-from lowbit.kernels.base import NUM_SMS
 from lowbit.kernels.triton.gemv import (
     ACT_ZERO_POINT,
     GEMV_MAX_M,
@@ -36,7 +36,6 @@ from lowbit.kernels.triton.gemv import (
     target_programs,
 )
 from lowbit.kernels.triton.igemm import reduction_steps
-from lowbit.perfmodel.hardware import H100, H200
 from lowbit.perfmodel.learned import LearnedModel
 from lowbit.reference import random_inputs, run
 from lowbit.tune import dispatch
@@ -370,7 +369,7 @@ def test_conv_space_default_and_stream_estimate():
         steps = reduction_steps(wl.R, wl.S, wl.C, cfg["BLOCK_K"])
         programs = -(-n // cfg["BLOCK_N"]) * cfg["SPLIT_K"]
         assert programs >= target_programs(m) or 2 * cfg["SPLIT_K"] > steps, (wl.key, cfg)
-        assert cfg["BLOCK_N"] == 32 and target_programs(m) == NUM_SMS // 2  # 49 rows
+        assert cfg["BLOCK_N"] == 32 and target_programs(m) == TARGET.sms // 2  # 49 rows
         assert all(hi > lo for lo, hi in split_slices(steps, cfg["SPLIT_K"]))
         assert GEMV.launch_shape(wl, cfg)["block_m"] == block_m(m) == 64
         t = dispatch.stream_estimate_us(GEMV, wl, cfg, H100)
@@ -400,7 +399,7 @@ def test_probe_conv_rows_are_gemv_layers():
     import sys
     from pathlib import Path
 
-    from lowbit.perfmodel.roofline import H100 as H100_PEAKS
+    from lowbit.core.hardware import H100 as H100_PEAKS
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "probes"))
     probe = importlib.import_module("gemv_probe")

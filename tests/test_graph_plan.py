@@ -25,6 +25,7 @@ from lowbit.graph import (
     trace_model,
 )
 from lowbit.graph.impl import TORCH_FP16, is_bitserial
+from lowbit.graph.summary import plan_table
 from lowbit.kernels.cuda import FAMILIES
 from lowbit.runtime.compiled import compile_model
 from lowbit.runtime.engine import run_plan
@@ -101,19 +102,29 @@ class _Dilated(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
-def test_dilated_conv_is_a_named_float_fallback():
+def test_dilated_conv_is_a_named_float_fallback(monkeypatch):
+    torch.manual_seed(0)
     x = torch.randn(4, 3, 16, 16)
     q = _quantized(_Dilated(), x, 4, 4)
+    # by default the fallback runs in fp16, within fp16's rounding of convert's model
+    half = _compile(q, x).plan
+    (fb,) = half.fallbacks
+    assert isinstance(half.modules[fb.module], lowbit.graph.fallbacks.HalfPrecision)
+    x2 = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        assert rel_err(run_plan(half, x2), lowbit.convert(q)(x2)) < 0.05
+    # in float32 the plan equals convert's model
+    monkeypatch.setattr(lowbit.graph.fallbacks, "FALLBACK_HALF", False)
     plan = _compile(q, x).plan
     (fb,) = plan.fallbacks
     assert fb.op.startswith("dw: Conv2d") and "dilation=(2, 2)" in fb.reason
-    assert "dilation=(2, 2)" in plan.summary()
+    assert "dilation=(2, 2)" in plan_table(plan)
     assert len(plan.layers) == 3
     # the conv before it writes float for it; the pointwise conv reads its quantized output
     conv = plan.layers[0]
     assert [plan.tensors[o.tensor].is_float for o in conv.layer_outputs] == [True]
     assert any(isinstance(s, Quantize) and s.input == fb.output for s in plan.steps)
-    _check_against_convert(q, plan, torch.randn(3, 3, 16, 16))
+    _check_against_convert(q, plan, x2)
 
 
 @pytest.mark.parametrize("name,size", [("vgg16", (64, 64)), ("alexnet", (64, 64)),
@@ -305,9 +316,9 @@ def test_small_spatial_convs_default_to_the_weight_streaming_gemv():
 
 
 def test_accumulator_unit_biases_use_the_kernel_epilogue():
-    """exact_bias=False: ENGINE.md's biases in accumulator units; single-output layers get
-    the kernel's fused requantizing epilogue, and the executor's two epilogue paths (netops,
-    and the shifted-bias sum) agree bit for bit."""
+    """exact_bias=False: the planner's biases in accumulator units (`graph/planner.py`);
+    single-output layers get the kernel's fused requantizing epilogue, and the executor's two
+    epilogue paths (netops, and the shifted-bias sum) agree bit for bit."""
     q, calib = calibrated("vgg16", "w2a2", seed=4, width=0.125)
     dataflow = trace_model(q.eval(), calib)
     from lowbit.graph import build_plan

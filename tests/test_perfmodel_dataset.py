@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload
+from lowbit.kernels.base import TORCH_FP16
 from lowbit.kernels.cuda import FAMILIES, LEGACY, MMA_SYNC, MMA_SYNC_PERSISTENT
 from lowbit.perfmodel.dataset import (
-    FP16_TEMPLATE,
     GRAPH_OFFSET_US,
     SNAPSHOT,
     Measurement,
@@ -72,12 +72,12 @@ def test_load_results_keeps_only_verified_rows(tmp_path):
     ms = load_results(tmp_path, complete=False)
     kinds = sorted((m.template, m.timing, m.time_us) for m in ms)
     assert kinds == [(MMA_SYNC.name, "graph", 5.0), (MMA_SYNC_PERSISTENT.name, "graph", 6.0),
-                     (FP16_TEMPLATE, "graph", 20.0), ("triton.conv2d_int8", "events", 10.0),
+                     (TORCH_FP16, "graph", 20.0), ("triton.conv2d_int8", "events", 10.0),
                      ("triton.conv2d_int8", "events", 12.0)]
     plain = next(m for m in ms if m.time_us == 5.0)
     assert plain.config == MMA_SYNC.config_of({**MMA_SYNC.fixed, **MMA_SYNC.knobs.neutral(),
                                                **bit_cfg})
-    fp16 = next(m for m in ms if m.template == FP16_TEMPLATE)
+    fp16 = next(m for m in ms if m.template == TORCH_FP16)
     assert fp16.workload.a_layout.value == "int8"  # fp16 rows keyed by the shape's s8 twin
     assert fp16.events_us == pytest.approx(20.0 + GRAPH_OFFSET_US)
     assert {m.stamp for m in ms} == {"20261122-100000", "20261123-100000"}
@@ -116,7 +116,7 @@ def test_records_database_rows(tmp_path):
         spec = MMA_SYNC_PERSISTENT.spec(MMA_SYNC_PERSISTENT.default_config(BITS))
         db.add(Record(BITS.key, LEGACY, Config(spec).to_json(), 4.0, None, "G",
                       workload_json=BITS.to_json()))  # a row of before the families' split
-        ms = load_records(db)
+        ms = load_records(db)  # a RecordsDB iterates over its rows
     assert [(m.template, m.workload, m.config, m.time_us, m.timing) for m in ms] == [
         ("triton.conv2d_int8", CONV, Config(A=1), 7.5, "events"),
         (MMA_SYNC_PERSISTENT.name, BITS, MMA_SYNC_PERSISTENT.config_of(spec), 4.0, "events")]
@@ -126,7 +126,7 @@ def test_packaged_snapshot_and_offset_agree_with_the_results_files():
     ms = load_snapshot(SNAPSHOT)
     templates = {m.template for m in ms}
     assert len(ms) > 5000
-    assert {"triton.conv2d_int8", FP16_TEMPLATE, *(f.name for f in FAMILIES)} <= templates
+    assert {"triton.conv2d_int8", TORCH_FP16, *(f.name for f in FAMILIES)} <= templates
     assert LEGACY not in templates  # rows of before the split as their family's
     assert all(m.time_us > 0 for m in ms)
     offsets = paired_graph_offsets(ROOT / "benchmarks" / "results")

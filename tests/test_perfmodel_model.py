@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload
+from lowbit.kernels.base import TORCH_FP16
 from lowbit.kernels.cuda import FAMILIES, INT8_WGMMA, LEGACY, MMA_SYNC, TAP_SHIFT, WGMMA_PERSISTENT
 from lowbit.perfmodel import H100, estimate, geometry
 from lowbit.perfmodel.analytic import DEFAULT_PARAMS
-from lowbit.perfmodel.calibrate import FP16_PARAMS, calibrate, fp16_estimate_us, median_ape
-from lowbit.perfmodel.dataset import FP16_TEMPLATE, Measurement
+from lowbit.perfmodel.dataset import Measurement
 from lowbit.perfmodel.evaluate import (
     accuracy,
     anchored_predictions,
@@ -22,6 +22,7 @@ from lowbit.perfmodel.evaluate import (
     memoized,
 )
 from lowbit.perfmodel.features import GENERIC, Featurizer
+from lowbit.perfmodel.fit import FP16_PARAMS, fit_params, fp16_estimate_us, median_ape
 from lowbit.perfmodel.learned import LearnedModel
 
 CONV = ConvWorkload(N=16, H=14, W=14, C=256, K=256, R=3, S=3, pad=1, w="s8", a="s8",
@@ -62,7 +63,7 @@ def test_geometry_of_each_family():
     assert (mma.family, mma.block_m, mma.block_n, mma.threads) == ("mma_conv", 64, 128, 128)
     gen = geometry("other", GemmWorkload(M=100, N=60, K=64), {"BM": 32, "BN": 16})
     assert (gen.family, gen.block_m, gen.block_n) == ("generic", 32, 16)
-    assert geometry(FP16_TEMPLATE, CONV, {}).rate == "fp16"
+    assert geometry(TORCH_FP16, CONV, {}).rate == "fp16"
 
 
 def test_estimate_grows_with_waves_and_refuses_unlaunchable_blocks():
@@ -76,9 +77,8 @@ def test_estimate_grows_with_waves_and_refuses_unlaunchable_blocks():
 
 
 def test_featurizer_columns_and_unknown_values():
-    f = Featurizer().fit([("triton.conv2d_int8", CONV, IGEMM),
-                          ("cuda.bitserial", BITS, {"BM": 64, "BN": 64, "KT": 1,
-                                                    "MMA": "wgmma"})])
+    legacy = dict(TAP_SHIFT.spec(TAP_SHIFT.default_config(BITS, "sm_90a")))  # pre-split form
+    f = Featurizer().fit([("triton.conv2d_int8", CONV, IGEMM), ("cuda.bitserial", BITS, legacy)])
     assert f.names[: len(GENERIC)] == list(GENERIC)
     assert "igemm:LOOP_ORDER" in f.names and "bitserial:MMA" in f.names
     x, est = f.matrix([("triton.conv2d_int8", CONV, {**IGEMM, "LOOP_ORDER": "crs"})], H100)
@@ -288,7 +288,7 @@ def test_calibrate_fits_constants_to_data():
         ms.append(Measurement("G", m.template, m.workload, m.config, t, "events", "s", "x"))
     before = median_ape(ms)
     assert before > 10.0  # the default constants are off for this data
-    fitted = calibrate(ms)
+    fitted = fit_params(ms)
     assert median_ape(ms, fitted) < min(5.0, before / 4)
     assert fitted != DEFAULT_PARAMS
 
@@ -307,7 +307,7 @@ def test_predict_results_batches_per_template():
     model = LearnedModel()  # analytic only: no training here
     cfgs = [Config({**IGEMM, "BLOCK_M": bm}) for bm in (64, 128)]
     results = [SimpleNamespace(template="triton.conv2d_int8", config=cfgs[0]),
-               SimpleNamespace(template=FP16_TEMPLATE, config=Config()),
+               SimpleNamespace(template=TORCH_FP16, config=Config()),
                SimpleNamespace(template="triton.conv2d_int8", config=cfgs[1])]
     got = predict_results(CONV, results, "NVIDIA H100 80GB HBM3", model)
     want = predict_many("triton.conv2d_int8", CONV, cfgs, None, model)

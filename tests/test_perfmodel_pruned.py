@@ -10,13 +10,8 @@ import pytest
 from lowbit.core import Config, ConfigSpace, ConvWorkload, GemmWorkload, Knob
 from lowbit.perfmodel import H100, space_filters
 from lowbit.tune import Trial, make_strategy
-from lowbit.tune.pruned import (
-    PrunedSearch,
-    expected_random_trials,
-    replay,
-    table_space,
-    trials_to_reach,
-)
+from lowbit.tune.replay import expected_random_trials, replay, table_space, trials_to_reach
+from lowbit.tune.strategies import PrunedSearch
 
 WL = ConvWorkload(N=8, H=28, W=28, C=128, K=128, R=3, S=3, pad=1, w="s8", a="s8")
 

@@ -299,7 +299,7 @@ def test_residual_renders_a_switch_that_stays_off_elsewhere():
         RESIDUAL_I16,
         RESIDUAL_I32,
         SHIFTED_BIAS,
-        kernel_params,
+        constexpr_params,
     )
     from lowbit.kernels.cuda.bitserial_shape import threshold_epilogue
 
@@ -310,7 +310,7 @@ def test_residual_renders_a_switch_that_stays_off_elsewhere():
     got = {}
     for wide in (None, R24, R16):
         epi = Epilogue(shifted_bias=True, relu=True, out=U2, out_layout=BP, residual=wide)
-        got[wide] = kernel_params(plain.replace(epilogue=epi), spec)
+        got[wide] = constexpr_params(plain.replace(epilogue=epi), spec)
     assert [got[x]["HAS_BIAS"] for x in (None, R24, R16)] == [SHIFTED_BIAS, RESIDUAL_I32,
                                                               RESIDUAL_I16] == [2, 3, 4]
     assert set(got[R24]) == set(got[None])

@@ -301,16 +301,16 @@ def test_emulated_bitserial_kernels_are_bit_exact(name, wl, changes):
 def test_shifted_bias_renders_a_switch_that_stays_off_elsewhere():
     """The shifted bias is HAS_BIAS = 2, a compile-time switch: the kernels of every other
     epilogue render as before (and compile to the recorded SASS: tests/test_cuda_bitserial.py)."""
-    from lowbit.kernels.cuda.bitserial_render import SHIFTED_BIAS, kernel_params
+    from lowbit.kernels.cuda.bitserial_render import SHIFTED_BIAS, constexpr_params
 
     family = _family("cuda.bitserial_mma_sync")
     wl = _conv(S2, U2, _epi(U4, True))
     on = wl.replace(epilogue=shifted(wl.epilogue))
     spec = family.spec(family.default_config(wl, "sm_90a"))
-    assert kernel_params(wl, spec)["HAS_BIAS"] == 1
-    assert kernel_params(wl.replace(epilogue=Epilogue(out="u4")), spec)["HAS_BIAS"] == 0
-    assert kernel_params(on, spec)["HAS_BIAS"] == SHIFTED_BIAS == 2
-    assert set(kernel_params(on, spec)) == set(kernel_params(wl, spec))
+    assert constexpr_params(wl, spec)["HAS_BIAS"] == 1
+    assert constexpr_params(wl.replace(epilogue=Epilogue(out="u4")), spec)["HAS_BIAS"] == 0
+    assert constexpr_params(on, spec)["HAS_BIAS"] == SHIFTED_BIAS == 2
+    assert set(constexpr_params(on, spec)) == set(constexpr_params(wl, spec))
 
 
 @pytest.mark.parametrize("edit", [("(i64)y * cp.mult + cp.sbias", "(i64)y * cp.mult"),

@@ -30,7 +30,7 @@ from lowbit.tune.network import (
     tune_tasks,
 )
 from lowbit.tune.pipeline import DEFAULT_TRIAL_S, TuneTask
-from lowbit.tune.pruned import pruned_order_job
+from lowbit.tune.strategies import pruned_order_job
 from lowbit.tune.workers import Builder, MeasurerSlot
 from test_tune_cli import _error, _registered
 from test_tune_fakes import TINY, FakeConvTemplate, SleepMeasurer

@@ -11,8 +11,7 @@ import pytest
 from lowbit.core import Config, ConfigSpace, ConvWorkload, Knob
 from lowbit.tune import STRATEGIES, Trial, make_strategy
 from lowbit.tune.cost_model import RankCostModel, Sample, relevance
-from lowbit.tune.features import Featurizer
-from lowbit.tune.sa import AnnealSettings, SpaceWalker, anneal
+from lowbit.tune.strategies.sa import AnnealSettings, SpaceWalker, anneal
 
 WL = ConvWorkload(N=4, H=14, W=14, C=64, K=64, R=3, S=3, stride=1, pad=1)
 WL2 = ConvWorkload(N=8, H=28, W=28, C=32, K=128, R=3, S=3, stride=1, pad=1)
@@ -118,20 +117,20 @@ def test_anneal_finds_the_top_of_an_exact_score():
 
 def test_rank_model_learns_order_and_transfers_across_workloads():
     sp = space()
-    feat = Featurizer(None, sp)
-    assert len(feat.names) == feat.row(WL, sp.all_configs()[0]).shape[0]
     cfgs = sp.all_configs()
     rng = random.Random(1)
     train = rng.sample(cfgs, 60)
     test = [c for c in cfgs if c not in train]
-    m = RankCostModel(feat, seed=0)
+    m = RankCostModel(None, sp, seed=0)
     assert not m.trained and not m.predict(WL, test).any()
     m.fit([Sample(WL, c, landscape(c)) for c in train] + [Sample(WL, train[0], None)])
+    assert m.rows(WL, cfgs[:1]).shape == (1, len(m.featurizer.names))
+    assert "generic:order" in m.featurizer.names  # the performance model's knob columns
     s = m.predict(WL, test)
     assert _spearman(-s, [landscape(c) for c in test]) > 0.7
     # transfer: trained on another workload (same template, similar landscape) only, it
     # still ranks this one
-    t = RankCostModel(feat, seed=0)
+    t = RankCostModel(None, sp, seed=0)
     t.fit([Sample(WL2, c, landscape(c) * 1.7) for c in train])
     assert _spearman(-t.predict(WL, test), [landscape(c) for c in test]) > 0.3
 
@@ -150,7 +149,7 @@ def test_diversity_spreads_the_round_over_the_space():
     """The competition of `diversity`: with weight 0 the round is the model's top k (a tight
     cluster around the predicted optimum); with the default weight the k picks spread out
     (larger mutual distances) while the model's favourite still comes first."""
-    from lowbit.tune.search import DiversitySearch
+    from lowbit.tune.strategies import DiversitySearch
 
     sp = space()
     field = sp.all_configs()

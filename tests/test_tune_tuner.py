@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from lowbit.core import Config
@@ -78,7 +79,7 @@ def test_template_choice_is_part_of_the_search(tmp_path):
 
 
 def test_round_shares_favour_a_clear_leader():
-    from lowbit.tune.search import make_strategy
+    from lowbit.tune.strategies import make_strategy
     from lowbit.tune.tuner import _Arm, _share
 
     def arm(best):
@@ -112,7 +113,7 @@ def test_dispatch_builds_a_record_older_than_a_knob(tmp_path):
     cost model reads it for transfer."""
     from lowbit.core import load_workloads
     from lowbit.kernels.triton import CONV2D_INT8_TMA
-    from lowbit.tune.features import Featurizer
+    from lowbit.tune.cost_model import RankCostModel
     from lowbit.tune.records import Record
 
     wl = dict(load_workloads("resnet50_3x3_b16"))["resnet50_s5_3x3"]
@@ -122,8 +123,9 @@ def test_dispatch_builds_a_record_older_than_a_knob(tmp_path):
         db.add(Record(wl.key, CONV2D_INT8_TMA.name, old.to_json(), 9.5, None, "gpu"))
         kernel = kernel_for(wl, db)
     assert kernel.config == cfg and kernel.config["SPLIT_K"] == 1
-    feats = Featurizer(CONV2D_INT8_TMA, CONV2D_INT8_TMA.space(wl))
-    assert (feats.row(wl, old) == feats.row(wl, cfg)).all()
+    model = RankCostModel(CONV2D_INT8_TMA, CONV2D_INT8_TMA.space(wl))
+    assert model.complete(old) == cfg
+    assert np.array_equal(model.rows(wl, [old]), model.rows(wl, [cfg]), equal_nan=True)
 
 
 def test_time_budget_sizes_the_last_round(tmp_path):

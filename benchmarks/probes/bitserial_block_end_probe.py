@@ -36,6 +36,7 @@ from bitserial import gpu_inputs, timed
 from common import write_probe
 from lowbit.core import Config, ConvWorkload, Epilogue, Layout, PackedTensor, Precision, Workload
 from lowbit.core.epilogue import EpilogueParams
+from lowbit.core.hardware import gpu_spec_for
 from lowbit.core.validate import (
     derived_storage,
     operand_shapes,
@@ -46,7 +47,7 @@ from lowbit.core.validate import (
 )
 from lowbit.kernels.base import acc_bound
 from lowbit.kernels.cuda import default_bitserial
-from lowbit.perfmodel.roofline import floor_us, measure_bandwidth, peaks_for
+from lowbit.perfmodel.roofline import floor_us, measure_bandwidth
 from lowbit.reference import random_inputs, run_outputs
 
 BP, I8 = Layout.BITPLANE, Layout.INT8
@@ -170,7 +171,7 @@ def main() -> None:
         sys.exit("bitserial_block_end_probe needs a CUDA GPU")
     from dataclasses import replace
 
-    peaks = replace(peaks_for(torch.cuda.get_device_name()), bandwidth=measure_bandwidth())
+    peaks = replace(gpu_spec_for(torch.cuda.get_device_name()), bandwidth=measure_bandwidth())
     rows = []
     for prec, w in WEIGHTS.items():
         for name, hw, c, k in LAYERS:

@@ -40,15 +40,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import write_probe
 from lowbit.core import ConvWorkload, Epilogue, Layout, PackedTensor, Precision, WidePrecision
 from lowbit.core.epilogue import EpilogueParams
+from lowbit.core.hardware import H100, gpu_spec_for
 from lowbit.kernels.base import acc_bound
+from lowbit.kernels.timing import time_us
 from lowbit.kernels.triton import CONV2D_INT8
 from lowbit.kernels.triton import netops as K
 from lowbit.kernels.triton.conv_outputs import FUSED_TILE, bind_conv_outputs
 from lowbit.kernels.triton.templates import with_float64_requant
-from lowbit.perfmodel.roofline import H100, floor_us, measure_bandwidth, peaks_for
+from lowbit.perfmodel.roofline import floor_us, measure_bandwidth
 from lowbit.reference import RequantizedOutput, epilogue_outputs, fixed_point_pair, run
 from lowbit.reference.netops import fixed_point_pair32
-from lowbit.tune.timing import time_us
 
 TINY = "--tiny" in sys.argv
 DEVICE = "cpu" if TINY else "cuda"
@@ -247,7 +248,7 @@ def pointwise_rows(bandwidth: float, int8_peak: float) -> list[dict]:
 def main() -> None:
     if not TINY and not torch.cuda.is_available():
         sys.exit("block_end_probe needs a CUDA GPU (or --tiny on the CPU)")
-    peaks = H100 if TINY else peaks_for(torch.cuda.get_device_name())
+    peaks = H100 if TINY else gpu_spec_for(torch.cuda.get_device_name())
     bandwidth = peaks.bandwidth if TINY else measure_bandwidth()
     rows = [{"path": "copy bandwidth", "bytes_per_s": bandwidth, "int8_peak": peaks.int8}]
     rows += pointwise_rows(bandwidth, peaks.int8)

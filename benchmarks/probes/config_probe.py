@@ -24,12 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import common
 from bitserial import bitserial_workload, gpu_inputs, workloads
 from lowbit.core import Config
+from lowbit.core.hardware import TARGET
 from lowbit.kernels.cuda import BY_NAME, BitserialKernel
-from lowbit.kernels.cuda.bitserial_family import REGISTER_FILE
 from lowbit.kernels.cuda.bitserial_layout import threads
 from lowbit.kernels.cuda.nvrtc import device_arch, ptxas_report
+from lowbit.kernels.timing import time_us
 from lowbit.reference import run
-from lowbit.tune.timing import time_us
 
 
 def probe(wl, family, cfg: Config) -> dict:
@@ -40,7 +40,7 @@ def probe(wl, family, cfg: Config) -> dict:
             return {"error": f"outside the space without its register check: {why}"}
         kernel = BitserialKernel(family, wl, cfg, device_arch())
         regs = ptxas_report(kernel.source, kernel.arch, family.kernel_name(cfg))
-        if regs["registers"] * threads(kernel.spec) > REGISTER_FILE:
+        if regs["registers"] * threads(kernel.spec) > TARGET.regs_per_sm:
             return {"error": f"ptxas: {regs} does not fit the register file", **regs}
         x, w, params = gpu_inputs(wl, 1)
         launch = kernel.bind(x, w, params)

@@ -22,12 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import write_probe
 from lowbit.core import ConvWorkload, Layout, PackedTensor, WidePrecision
+from lowbit.kernels.timing import time_us
 from lowbit.kernels.triton import CONV2D_INT8
 from lowbit.kernels.triton import netops as K
 from lowbit.kernels.triton.conv_outputs import bind_conv_outputs
 from lowbit.kernels.triton.templates import IgemmKernel, problem
 from lowbit.reference import fixed_point_pair, random_inputs
-from lowbit.tune.timing import time_us
 
 S24 = WidePrecision(24)
 LAYERS = {

@@ -29,7 +29,7 @@ from lowbit.core import Config
 from lowbit.kernels.cuda import BY_NAME, BitserialKernel, default_bitserial
 from lowbit.kernels.cuda.bitserial_render import CUTS
 from lowbit.kernels.cuda.nvrtc import device_arch, load_kernel
-from lowbit.tune.timing import time_us
+from lowbit.kernels.timing import time_us
 
 EMPTY = 'extern "C" __global__ void empty_kernel(int* p) { if (p == nullptr) p[0] = 0; }'
 VARIANTS = ["base", *CUTS, "mma+epilogue", "empty"]

@@ -8,7 +8,7 @@ weights -> packed u4) and w2a2 (packed u2 / s2 -> packed u2), bias and ReLU fuse
 
 Per layer and precision: the template's default config, bit-exact against `lowbit.reference.
 run` (fresh random inputs, poisoned output), then its median time by CUDA events with L2
-flushed (`tune.timing.time_us`: `triton.testing.do_bench`, the tuner's timing); with
+flushed (`kernels.timing.time_us`: `triton.testing.do_bench`, the tuner's timing); with
 `--sweep N` also the N configs `tune.dispatch.candidate_configs` draws (default first), each
 checked, and the fastest; cuDNN fp16 (channels_last, benchmark mode, `common.cudnn_fp16_conv_us`
 with the layer's groups) timed the same way in the same process; the roofline byte floor
@@ -37,9 +37,9 @@ from common import cudnn_fp16_conv_us, gpu_name, write_probe
 from lowbit.core import ConvWorkload, Epilogue
 from lowbit.core.validate import out_storage
 from lowbit.kernels import get_template, load_backends
+from lowbit.kernels.timing import time_us
 from lowbit.perfmodel.roofline import measure_bandwidth, workload_bytes
 from lowbit.reference import random_inputs, run
-from lowbit.tune.timing import time_us
 
 #: MobileNet-V2's depthwise 3x3s: (channels, input size at 224, stride, how many)
 MOBILENET_V2 = [(32, 112, 1, 1), (96, 112, 2, 1), (144, 56, 1, 1), (144, 56, 2, 1),

@@ -28,8 +28,8 @@ from bitserial import gpu_inputs
 from common import write_probe
 from lowbit.core import Config, ConvWorkload, Epilogue, Layout, Precision, WidePrecision
 from lowbit.kernels.cuda import default_bitserial
+from lowbit.kernels.timing import time_us
 from lowbit.reference import random_inputs, run
-from lowbit.tune.timing import time_us
 
 BP, I8 = Layout.BITPLANE, Layout.INT8
 U2, S8 = Precision(2), Precision(8, "signed")

@@ -44,16 +44,11 @@ import torch
 
 from common import cudnn_fp16_conv_us, gpu_name, write_results
 from lowbit.core import ConvWorkload, Epilogue, GemmWorkload, Workload
+from lowbit.core.hardware import GpuSpec, gpu_spec_for
 from lowbit.kernels import get_template, load_backends
-from lowbit.perfmodel.roofline import (
-    Peaks,
-    floor_us,
-    measure_bandwidth,
-    peaks_for,
-    workload_bytes,
-)
+from lowbit.kernels.timing import time_us
+from lowbit.perfmodel.roofline import floor_us, measure_bandwidth, workload_bytes
 from lowbit.reference import random_inputs, run
-from lowbit.tune.timing import time_us
 
 GEMV = "triton.gemv_int8"
 INT8_DEFAULTS = ("cuda.int8_wgmma", "triton.gemm_int8")
@@ -163,7 +158,7 @@ def row_name(m: int, n: int, k: int, a: str) -> str:
 
 def measure(m: int, n: int, k: int, bandwidth: float, a: str = "s8") -> dict:
     wl = GemmWorkload(M=m, N=n, K=k, w="s8", a=a, epilogue=EPI)
-    peaks = dataclasses.replace(peaks_for(gpu_name()), bandwidth=bandwidth)
+    peaks = dataclasses.replace(gpu_spec_for(gpu_name()), bandwidth=bandwidth)
     row: dict = {"workload": row_name(m, n, k, a), "M": m, "N": n, "K": k, "precision": "w8a8",
                  "a": a, "w": "s8", "epilogue": EPI.key,
                  "floor_us": floor_us(wl.ops, workload_bytes(wl), peaks.int8, bandwidth),
@@ -196,7 +191,7 @@ def conv_workloads() -> list[tuple[str, ConvWorkload]]:
             for name, shape in CONV for a in (("s8", "u8") if name in CONV_U8 else ("s8",))]
 
 
-def conv_row_head(name: str, wl: ConvWorkload, peaks: Peaks) -> dict:
+def conv_row_head(name: str, wl: ConvWorkload, peaks: GpuSpec) -> dict:
     """The measurement-free part of a conv row: shapes, precisions and floors at `peaks`
     (bandwidth: the copy bandwidth measured in the run)."""
     m, n, k = wl.gemm_shape
@@ -214,7 +209,7 @@ def conv_row_head(name: str, wl: ConvWorkload, peaks: Peaks) -> dict:
 def measure_conv(name: str, wl: ConvWorkload, bandwidth: float) -> dict:
     """One conv row: the GEMV's and the conv templates' defaults (exact first, then events
     and graph medians) and cuDNN fp16."""
-    peaks = dataclasses.replace(peaks_for(gpu_name()), bandwidth=bandwidth)
+    peaks = dataclasses.replace(gpu_spec_for(gpu_name()), bandwidth=bandwidth)
     row = conv_row_head(name, wl, peaks)
     m, n, k = wl.gemm_shape
     x, w, params = random_inputs(wl, seed=m * 7 + n + k, device="cuda")

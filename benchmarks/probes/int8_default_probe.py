@@ -23,8 +23,8 @@ from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload, Layout, Pr
 from lowbit.kernels import get_template, load_backends
 from lowbit.kernels.cuda import int8_wgmma
 from lowbit.kernels.cuda.bitserial_layout import tile_grid
+from lowbit.kernels.timing import time_us
 from lowbit.reference import run
-from lowbit.tune.timing import time_us
 
 I8, S8 = Layout.INT8, Precision(8, "signed")
 EPI = Epilogue(bias=True, out=S8, out_layout=I8)

@@ -28,8 +28,8 @@ from gemv_probe import EPI, fp16_us, int_mm_aligned_us, timed_impls
 from common import write_probe
 from lowbit.core import GemmWorkload
 from lowbit.kernels import get_template, load_backends
+from lowbit.kernels.timing import time_us
 from lowbit.reference import random_inputs, run
-from lowbit.tune.timing import time_us
 
 SHAPES = [(m, n, k) for m in (256, 4096)
           for n, k in ((1000, 1000), (1000, 1001), (4096, 1000), (4096, 1001), (1000, 2048))]

@@ -23,9 +23,9 @@ import torch
 from common import cudnn_fp16_conv_us, write_probe
 from lowbit.core import Config, ConvWorkload, Epilogue
 from lowbit.kernels import get_template, load_backends
+from lowbit.kernels.timing import time_us
 from lowbit.perfmodel.roofline import measure_bandwidth, workload_bytes
 from lowbit.reference import random_inputs, run
-from lowbit.tune.timing import time_us
 
 EPILOGUES = {"s8": Epilogue(bias=True, relu=True, out="s8"), "int32": Epilogue(),
              "fp16": Epilogue(bias=True, out="fp16")}

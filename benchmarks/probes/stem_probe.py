@@ -11,7 +11,7 @@ or uint8 pixels with the ImageNet normalization's table (`--inputs`); the output
 (`--outputs`, default one u2 in BITPLANE: ResNet-50's conv1 in the w1a2 / w2a2 networks; u8
 goes to INT8; `u8 u2@u8`: ResNet-18's narrow stream and its derived u2 reading); batch 8 and
 256. Every variant's outputs are checked bit for bit against the default's (and, at batch
-<= 16, against `lowbit.reference`). Times: CUDA-graph replay median (`tune.timing.time_us`,
+<= 16, against `lowbit.reference`). Times: CUDA-graph replay median (`kernels.timing.time_us`,
 which repeats well over 20 times), the whole stem and, for two-launch variants, each launch
 alone; first_call_s: the first call's wall time (mostly Triton's compile). floor_us: the
 network bench's roofline (`runtime.bench`: max(ops / int8 peak, bytes / DRAM bandwidth), ops =
@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import ROOT, gpu_dirname, gpu_name, versions
 from lowbit.core import ConvWorkload, Layout, Precision
+from lowbit.kernels.timing import time_us
 from lowbit.kernels.triton import stem as S
 from lowbit.kernels.triton.stored import Launcher
 from lowbit.quant.packing import pack
@@ -59,7 +60,6 @@ from lowbit.reference import (
     uint8_input_table,
 )
 from lowbit.runtime.bench import BANDWIDTH, PEAK_OPS
-from lowbit.tune.timing import time_us
 
 INT8, BITPLANE = Layout.INT8, Layout.BITPLANE
 SCALE = 0.03

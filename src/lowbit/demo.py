@@ -157,7 +157,7 @@ def engine_section(int_model: nn.Module, fp32: nn.Module, example: torch.Tensor,
         return None, (f"no CUDA GPU here, so no GPU kernel ran: lowbit.compile planned the "
                       f"{label} model for {kernels} and ran the plan through the exact "
                       f"reference executor: {agree}")
-    from .tune.timing import time_us
+    from .kernels.timing import time_us
 
     ours = time_us(lambda: compiled(x), device="cuda")
     half = copy.deepcopy(fp32).to(device).half().to(memory_format=torch.channels_last)

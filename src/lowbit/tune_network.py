@@ -79,8 +79,8 @@ def time_plans(plans: dict, x: torch.Tensor) -> dict[str, dict]:
     """{name: {time_ms, sources, logits}} of each plan's GPU executor on x: CUDA-graph
     replays timed in `TIMING_ROUNDS` alternating rounds (drift hits every plan alike), the
     median round; sources: the plan's config sources by count."""
+    from .kernels.timing import time_us
     from .runtime.gpu import GpuExecutor
-    from .tune.timing import time_us
 
     execs = {}
     out: dict[str, dict] = {}

@@ -6,6 +6,11 @@ A `KnobTable` is the single declaration that a template's `space()`, its documen
 - `values`: the candidate values, the first one neutral (the kernel without the feature);
 - `applies`: an optional predicate of the workload; where it is false the knob keeps its
   neutral value only (e.g. a row-sum mode that exists for binary weights alone);
+- `choices`: an optional function of the workload giving the values it takes there, where
+  they depend on it beyond `applies` (a subset of `values`, e.g. split-K depths only where
+  the tile grid under-fills the GPU);
+- `present`: an optional predicate of the workload; where it is false the knob is not in the
+  space at all and configs do not name it (a loop order that only a conv has);
 - `requires`: other knobs (earlier in the table) and the values they must have for this knob
   to take a non-neutral value, e.g. {"A_IN_HALO": (1,)}; `value_requires` adds requirements
   of single values, e.g. {"cols": {"FUSE_PLANES": (0,)}}.
@@ -19,7 +24,7 @@ functions of the template.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .space import Config, ConfigSpace, Constraint, Knob, Scalar, UnsetKnob
@@ -36,6 +41,8 @@ class KnobDef:
     applies: Callable[[Any], bool] | None = None
     value_requires: Mapping[Scalar, Mapping[str, tuple[Scalar, ...]]] = field(
         default_factory=dict)
+    choices: Callable[[Any], tuple[Scalar, ...]] | None = None
+    present: Callable[[Any], bool] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "values", tuple(self.values))
@@ -45,6 +52,10 @@ class KnobDef:
         if odd:
             raise ValueError(f"knob {self.name!r}: value_requires names {sorted(odd)}, which "
                              "are not its non-neutral values")
+
+    def but(self, **changes: Any) -> KnobDef:
+        """This knob with some fields changed (a family's override of a shared knob)."""
+        return replace(self, **changes)
 
     @property
     def needs(self) -> set[str]:
@@ -57,10 +68,21 @@ class KnobDef:
 
     def values_for(self, workload: Any) -> tuple[Scalar, ...]:
         """The values this knob may take on `workload` (the neutral one alone where it does not
-        apply)."""
+        apply; its `choices` there where it has them)."""
         if self.applies is not None and not self.applies(workload):
             return self.values[:1]
+        if self.choices is not None:
+            chosen = tuple(self.choices(workload))
+            odd = [v for v in chosen if v not in self.values]
+            if odd or not chosen:
+                raise ValueError(f"knob {self.name!r}: choices {chosen} must be a non-empty "
+                                 f"subset of its values {self.values}")
+            return chosen
         return self.values
+
+    def is_present(self, workload: Any) -> bool:
+        """Whether `workload`'s space has this knob at all (`present`)."""
+        return self.present is None or workload is None or self.present(workload)
 
     def unmet(self, config: Mapping[str, Scalar]) -> str | None:
         """Why `config`'s value of this knob breaks its requirements (None when it does not)."""
@@ -113,20 +135,34 @@ class KnobTable:
 
         return [check(k) for k in self.knobs if k.needs]
 
+    def knobs_for(self, workload: Any) -> list[Knob]:
+        """The knobs `workload`'s space has, with the values they take there."""
+        return [Knob(k.name, k.values_for(workload)) for k in self.knobs
+                if k.is_present(workload)]
+
     def space(self, workload: Any, constraints: Sequence[Constraint] = ()) -> ConfigSpace:
         """The space of `workload`: every knob's values there, its requirements, then
         `constraints` (each placed after the requirement checks)."""
-        knobs = [Knob(k.name, k.values_for(workload)) for k in self.knobs]
-        return KnobSpace(knobs, [*self.requirement_constraints(), *constraints])
+        present = {k.name for k in self.knobs if k.is_present(workload)}
+        checks = [c for k, c in zip([k for k in self.knobs if k.needs],
+                                    self.requirement_constraints(), strict=True)
+                  if k.name in present]
+        return KnobSpace(self.knobs_for(workload), [*checks, *constraints])
 
     def describe(self, workload: Any = None, indent: str = "  ") -> list[str]:
         """One line per knob: name, values (on `workload` where given), doc, requirements."""
         lines = []
         for k in self.knobs:
             values = k.values if workload is None else k.values_for(workload)
+            if not k.is_present(workload):
+                continue
             extra = []
+            if k.present is not None and workload is None:
+                extra.append(f"present where {k.present.__name__}")
             if k.applies is not None:
                 extra.append(f"only where {k.applies.__name__}")
+            if k.choices is not None and workload is None:
+                extra.append(f"values by {k.choices.__name__}")
             if k.requires:
                 extra.append("needs " + _needs(k.requires))
             extra += [f"{v!r} needs {_needs(r)}" for v, r in k.value_requires.items()]

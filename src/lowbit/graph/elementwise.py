@@ -32,6 +32,7 @@ from ..core import Encoding, Precision, WidePrecision
 from ..quant.quantize import dequantize, round_half_up
 from .dataflow import ACT, QUANT, RELU, Value
 from .ir import FloatFallback, Gather, Lookup, Quantize, TableMul
+from .reads import Req, Via
 
 #: the most values of a quantizer whose functions are tables (one byte)
 TABLE_BITS = 8
@@ -101,8 +102,6 @@ class ElementwiseRealizations:
     def _of_quant(self, v: Value, q: Value, g: Callable, req, relu: bool) -> str:
         """v = g(q) as req reads it: q's input realized at q's own precision and scale, then
         a table (derived: the producer's epilogue writes it, or a Lookup)."""
-        from .planner import Req, Via
-
         key = _table_key(v, req, relu)
         table = self._function_table(key, q, g, req, relu)
         via = Via(q.attrs["precision"], q.attrs["scale"], table)
@@ -142,8 +141,6 @@ class ElementwiseRealizations:
 
     def _clamp(self, v: Value, req, relu: bool) -> str:
         """clamp(x, lo, hi) as req reads it (module docstring)."""
-        from .planner import Req, Via
-
         x, lo, hi = v.inputs[0], v.attrs["lo"], v.attrs["hi"]
         if relu:
             lo, hi = max(lo or 0.0, 0.0), None if hi is None else max(hi, 0.0)

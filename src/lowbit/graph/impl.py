@@ -23,10 +23,10 @@ from functools import cache
 
 from ..core import ConvWorkload, Layout, Workload
 from ..kernels import get_template, load_backends, templates
+from ..kernels.base import TORCH_FP16
 
 #: prefix of the bit-serial family templates' names (`lowbit.kernels.cuda.FAMILIES`)
 BITSERIAL = "cuda.bitserial"
-TORCH_FP16 = "torch.fp16"
 #: int8 templates in the order the default policy prefers them
 INT8_CONV = ("cuda.int8_wgmma", "triton.conv2d_int8_tma", "triton.conv2d_int8")
 #: the order for convs of at least LARGE_CONV_OUTPUTS output values. Measured on an H200,

@@ -552,12 +552,6 @@ class Plan:
                 del live[t]
         return peak
 
-    def summary(self) -> str:
-        """A readable table of the steps (rich), with totals."""
-        from .summary import plan_table
-
-        return plan_table(self)
-
 
 def param_keys(step: Step) -> list[str]:
     """Keys of Plan.params a step names."""

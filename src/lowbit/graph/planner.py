@@ -1,11 +1,11 @@
 """Value graph + input shape -> Plan: shapes, implementations, realizations and parameters.
 
-Realizations (the engine contract, ENGINE.md): every consumer names what it reads, and the
+Realizations (the engine contract): every consumer names what it reads, and the
 producer writes exactly that. A layer reads its input at its activation quantizer's precision
 and scale, as bit planes when it runs bit-serially, else one value per byte; a residual add
 and an average pool read a "wide" realization: by default signed 24-bit (int32 storage,
 `WidePrecision`) at scale 2 max|v| / (2^23 - 1) or coarser for a residual (`Planner.wide`),
-16-bit likewise, or with wide_bits=8 ENGINE.md's u8 (a ReLU output) / s8 at max|v| / qmax,
+16-bit likewise, or with wide_bits=8 a u8 (a ReLU output) / s8 at max|v| / qmax,
 max|v| from the example input; FloatFallback steps and the output read
 float. ReLU fuses into the realization (clamp at 0), max-pools and element-copying average
 pools push through it (they commute with monotone requantization), flatten is a view, so a
@@ -15,7 +15,7 @@ float output quantized by a Quantize step (the epilogue has no sign output).
 
 Biases: each requantized output carries the layer's (BN-folded) bias at its own shift,
 round(out_bias / s_o 2^s), exact to 2^-s of an output step (exact_bias, default); with
-exact_bias=False it is ENGINE.md's bias rounded to accumulator units times the multiplier,
+exact_bias=False it is the bias rounded to accumulator units times the multiplier,
 which flips outputs of coarse low-bit layers near rounding boundaries (half an accumulator
 unit). Either way a layer with one requantized output (no pool) runs its kernel's fused
 epilogue where the implementation takes its bias (`kernel_epilogues.kernel_epilogue`: the
@@ -87,6 +87,7 @@ from .ir import (
 from .kernel_epilogues import kernel_epilogue
 from .launches import PlanOptions, decide_launches
 from .pools import ADAPTIVE, pooled_hw, single_element_windows, window_counts
+from .reads import FLOAT_REQ, Req, Via
 
 U8, S8 = Precision(8), Precision(8, Encoding.SIGNED)
 _TINY = 1e-8
@@ -95,44 +96,6 @@ _TINY = 1e-8
 WIDE_HEADROOM = 2.0
 
 
-@dataclass(frozen=True)
-class Via:
-    """A derived realization: the value realized at its own quantizer's `precision` and
-    `scale` (a residual quantizer of the model), then mapped by the params' `table` (another
-    quantizer's reading of it)."""
-
-    precision: Precision | WidePrecision
-    scale: float
-    table: str
-
-
-@dataclass(frozen=True)
-class Req:
-    """What a consumer reads: float (precision None) or precision / scale / layout, possibly
-    `via` a quantized value (`Via`)."""
-
-    precision: Precision | None = None
-    scale: float | None = None
-    layout: Layout | None = None
-    via: Via | None = None
-
-    @property
-    def is_float(self) -> bool:
-        return self.precision is None
-
-    @property
-    def tag(self) -> str:
-        if self.is_float:
-            return "f32"
-        return f"{self.precision}.{self.layout.value}" + (".via" if self.via else "")
-
-    def mid(self) -> Req:
-        """The realization a derived one is looked up from (itself when not derived)."""
-        return self if self.via is None else Req(self.via.precision, self.via.scale,
-                                                 Layout.INT8)
-
-
-FLOAT_REQ = Req()
 
 
 @dataclass(eq=False)

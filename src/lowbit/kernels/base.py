@@ -17,12 +17,15 @@ import torch
 
 from ..core import Config, ConfigSpace, Workload
 from ..core.epilogue import EpilogueParams
+from .geometry import Geometry, LaunchShape, launch_geometry
 
 #: int32 accumulators are exact while the worst-case |sum| stays below this
 EXACT_INT32 = 2**31
-#: SMs of the GPU the spaces are shaped for (H100 SXM): split-K only where a grid of output
-#: tiles leaves SMs idle
-NUM_SMS = 132
+#: the implementation name of PyTorch's own fp16 path (cuDNN / cuBLAS on fp16 tensors), a
+#: pseudo-template no registry holds: what the planner gives a layer no integer template runs
+#: (the engine then runs it on the exact fp16 conv template where it can), and the baseline the
+#: performance model and the dispatcher estimate beside the templates
+TORCH_FP16 = "torch.fp16"
 
 
 def acc_bound(wl: Workload) -> int:
@@ -118,6 +121,22 @@ class KernelTemplate(ABC):
         """`config` with the knobs of `added_knobs` among `names` that it lacks, at the value
         a config recorded before the knob existed meant."""
         return Config({**{k: v for k, v in self.added_knobs.items() if k in names}, **config})
+
+    def spec(self, config: Mapping) -> Config:
+        """The full kernel parameters of `config`: the config itself, unless the template fixes
+        parameters its configs leave out (the bit-serial families)."""
+        return Config(config)
+
+    def geometry(self, workload: Workload, config: Mapping) -> Geometry:
+        """One launch of `config` on `workload` as an implicit GEMM (`kernels.geometry`): what
+        the performance model reads. This default serves templates that report a
+        `launch_shape(workload, config) -> dict` of `LaunchShape` fields (plain tiles of one
+        implicit GEMM); the others report their own geometry."""
+        launch_shape = getattr(self, "launch_shape", None)
+        if launch_shape is None:
+            raise NotImplementedError(f"template {self.name} reports no geometry: define "
+                                      "geometry() or launch_shape()")
+        return launch_geometry(workload, LaunchShape.of(workload, launch_shape(workload, config)))
 
     def checked_config(self, workload: Workload, config: Config,
                        space: ConfigSpace | None = None) -> Config:

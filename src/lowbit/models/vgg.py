@@ -75,11 +75,11 @@ class VGG(nn.Module):
 class APNNVGGVariant(nn.Module):
     """APNN-TC's VGG variant (Feng et al., *APNN-TC: Accelerating Arbitrary Precision Neural
     Networks on Ampere GPU Tensor Cores*, SC 2021; the network of its evaluation code
-    `src/APNN/1_cifar10_vgg.cu`, inherited from TCBNN, Li et al. 2020): six 3x3 convs
-    (3->128->128, pool, ->256->256, pool, ->512->512, pool), each followed by BatchNorm and
-    ReLU, then FC (512 * H/8 * W/8 -> 1024) + BN + ReLU, FC (1024 -> 1024) + BN + ReLU and the
-    output FC. The feature map is flattened as it is (no adaptive pool), so the first FC's
-    width follows `image_size` (32: CIFAR-10, 8192 inputs)."""
+    src/APNN/1_cifar10_vgg.cu in its repository, inherited from TCBNN, Li et al. 2020): six
+    3x3 convs (3->128->128, pool, ->256->256, pool, ->512->512, pool), each followed by
+    BatchNorm and ReLU, then FC (512 * H/8 * W/8 -> 1024) + BN + ReLU, FC (1024 -> 1024) +
+    BN + ReLU and the output FC. The feature map is flattened as it is (no adaptive pool), so
+    the first FC's width follows `image_size` (32: CIFAR-10, 8192 inputs)."""
 
     def __init__(self, num_classes: int = 10, width: float = 1.0,
                  image_size: int | tuple[int, int] = 32) -> None:

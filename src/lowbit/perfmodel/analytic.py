@@ -32,11 +32,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..core import Workload
-from .geometry import Geometry
-from .hardware import H100, GpuSpec
-from .launch import LaunchShape, launch_shape
+from ..core.hardware import H100, GpuSpec
+from ..kernels.geometry import Geometry, LaunchShape
+from .launch import launch_shape
 from .occupancy import Occupancy, occupancy
-from .roofline import Peaks, peaks_for, workload_bytes
+from .roofline import workload_bytes
 
 
 @dataclass(frozen=True)
@@ -132,19 +132,12 @@ class Estimate:
     total_us: float
 
 
-def _rate(peaks: Peaks, rate: str) -> float:
-    return {"int8": peaks.int8, "b1_and": peaks.b1_and, "fp16": peaks.fp16,
-            "int8_mma_sync": peaks.int8_mma_sync,
-            "int4_mma_sync": peaks.int4_mma_sync}.get(rate, peaks.int8)
-
-
 def estimate(geom: Geometry, workload: Workload, gpu: GpuSpec = H100,
-             params: AnalyticParams = DEFAULT_PARAMS, peaks: Peaks | None = None) -> Estimate:
+             params: AnalyticParams = DEFAULT_PARAMS) -> Estimate:
     """Analytic time of the launch `geom` of `workload` on `gpu` (module doc). A launch whose
     estimated resources cannot fit one block on an SM gets total_us = inf, except in the CUDA
     families (`ESTIMATED_RESOURCES`), whose register and shared-memory figures are rough
     and whose templates admit only configs that launch: those count one block per SM."""
-    peaks = peaks or peaks_for(gpu.name)
     occ = occupancy(geom.threads, geom.regs_per_thread, geom.smem_bytes, gpu)
     per_sm = max(occ.blocks_per_sm, 1)
     blocks = geom.blocks
@@ -153,10 +146,10 @@ def estimate(geom: Geometry, workload: Workload, gpu: GpuSpec = H100,
     full = math.ceil(waves)
     busiest = math.ceil(blocks / gpu.sms)
     tile_ops = 2.0 * geom.block_m * geom.block_n * geom.k_step * geom.k_steps * geom.planes
-    sm_rate = _rate(peaks, geom.rate) * params.eff(geom.rate) / gpu.sms
+    sm_rate = gpu.rate(geom.rate) * params.eff(geom.rate) / gpu.sms
     compute = busiest * tile_ops / sm_rate * 1e6
-    dram = workload_bytes(workload) / peaks.bandwidth * 1e6 if geom.family != "fp16" else (
-        2.0 * _fp16_elems(workload) / peaks.bandwidth * 1e6)
+    dram = workload_bytes(workload) / gpu.bandwidth * 1e6 if geom.family != "fp16" else (
+        2.0 * _fp16_elems(workload) / gpu.bandwidth * 1e6)
     staged = blocks * geom.k_steps * geom.k_step * (geom.block_m + geom.block_n) * geom.a_bytes
     if geom.rate == "b1_and":
         staged *= max(1, geom.planes)

@@ -5,7 +5,7 @@ Sources: the results files of `benchmarks/` (format: docs/design.md, section 5; 
 `mma_ablation` sweeps, tuner bests of `tuning_timed`, verified `config_probe` rows, the
 measurement rows of `perfmodel` GPU runs), the consolidated dataset of results files that
 left the tree (`CONSOLIDATED`, written by `benchmarks/consolidate.py`), and the tuner's SQLite
-records. Only verified
+records (their rows passed in: `load_records`). Only verified
 measurements count (a table entry without error, a tried config marked exact, a benchmark
 row's chosen config, which the benchmark checked bit for bit before timing).
 
@@ -16,13 +16,13 @@ us, of 240 same-config pairs in the conv / GEMM files of 2026-11-22..24,
 `paired_graph_offsets`). Rows keep the time as measured; `Measurement.events_us` puts both
 on the events scale.
 
-The cuDNN / cuBLAS fp16 baselines join as the pseudo-template `FP16_TEMPLATE` with an empty
-config (their time depends on the shape only).
+The cuDNN / cuBLAS fp16 baselines join as the pseudo-template
+`lowbit.kernels.base.TORCH_FP16` with an empty config (their time depends on the shape only).
 
 Templates and configs are today's: rows of the single bit-serial template ("cuda.bitserial",
 which the bit-serial families replaced) and old `cuda.int8_wgmma` configs are read through
-`lowbit.kernels.cuda.migrate_config` (`migrate_kernels`); a row whose config no kernel of
-today has (a probe's variant) is dropped.
+`lowbit.kernels.cuda.migrate_config`; a row whose config no kernel of today has (a probe's
+variant) is dropped.
 """
 
 from __future__ import annotations
@@ -31,12 +31,13 @@ import gzip
 import json
 import re
 import statistics
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..core import Config, ConvWorkload, Epilogue, Workload, workload_from_dict
 from ..core.workloads import SUITES, load_workloads
-from ..kernels.cuda import LEGACY, kernel_spec, migrate_config
+from ..kernels.base import TORCH_FP16
+from ..kernels.cuda import LEGACY, migrate_config
 from .consolidated import (
     CONSOLIDATED,
     ConsolidatedFile,
@@ -45,7 +46,6 @@ from .consolidated import (
 )
 from .measurement import GRAPH_OFFSET_US, Measurement, file_stamp
 
-FP16_TEMPLATE = "torch.fp16"
 _INT8_EPILOGUE = Epilogue(bias=True, relu=True, out="s8")
 
 
@@ -168,10 +168,10 @@ class _Reader:
                 yield self.m(tmpl, wl, tuned["config"], tuned.get("tuner_us"), "events")
             base = r.get("baselines_us", {})
             if isinstance(wl, ConvWorkload):
-                yield self.m(FP16_TEMPLATE, int8_workload(wl), {}, base.get("cudnn_fp16"),
+                yield self.m(TORCH_FP16, int8_workload(wl), {}, base.get("cudnn_fp16"),
                              "graph")
             else:
-                yield self.m(FP16_TEMPLATE, int8_workload(wl), {}, base.get("fp16_matmul"),
+                yield self.m(TORCH_FP16, int8_workload(wl), {}, base.get("fp16_matmul"),
                              "events")
             best = r.get("baseline_configs", {}).get("int8_best_config")
             if best:
@@ -192,7 +192,7 @@ class _Reader:
             yield self.m(r["impl"], wl, r["config"], r.get("time_us"), "events")
             yield self.m(r["impl"], wl, r["config"], graph.get("triton"), "graph")
             fp16 = base.get("cudnn_fp16", base.get("fp16_matmul"))
-            yield self.m(FP16_TEMPLATE, int8_workload(wl), {}, fp16, "events")
+            yield self.m(TORCH_FP16, int8_workload(wl), {}, fp16, "events")
             igemm = r.get("igemm_config")
             if igemm:
                 yield self.m("triton.conv2d_int8", wl, igemm, base.get("triton.conv2d_int8"),
@@ -231,7 +231,7 @@ class _Reader:
                 yield self.m(r["template"], workload_from_dict(r["wl"]), r["config"],
                              r.get("time_us"), "events")
             elif r.get("kind") == "dispatch" and r.get("wl_fp16"):
-                yield self.m(FP16_TEMPLATE, workload_from_dict(r["wl_fp16"]), {},
+                yield self.m(TORCH_FP16, workload_from_dict(r["wl_fp16"]), {},
                              r.get("cudnn_fp16_us"), "events")
 
     def config_probe(self) -> Iterator[Measurement | None]:
@@ -276,13 +276,12 @@ def _read(doc: dict, source: str, names: dict[str, dict],
         return []  # a results format this reader does not know: skip the whole file
 
 
-def load_results(root: str | Path, migrate: Migration | None = None,
-                 complete: bool = True) -> list[Measurement]:
+def load_results(root: str | Path, complete: bool = True) -> list[Measurement]:
     """Every verified measurement in the results files under `root` (searched recursively;
     a file that is not a results document is skipped) and its consolidated dataset (`root /
-    CONSOLIDATED`; a file back in the tree replaces its record), in path order, renamed by
-    `migrate` (default `migrate_kernels`; rows it rejects dropped), configs completed
-    (`complete_configs`), not yet deduplicated."""
+    CONSOLIDATED`; a file back in the tree replaces its record), in path order, as today's
+    templates know them (`migrated`), configs completed (`complete_configs`), not yet
+    deduplicated."""
     root = Path(root)
     docs = _result_docs(root.rglob("*.json"), root)
     archive = _archive(root)
@@ -292,7 +291,7 @@ def load_results(root: str | Path, migrate: Migration | None = None,
              for path, doc in docs]
     parts += [(path_order(r.path), lambda r=r: list(r.measurements)) for r in archive]
     out = [m for _, read in sorted(parts, key=lambda t: t[0]) for m in read()]
-    out = migrate_rows(out, migrate or migrate_kernels)
+    out = migrated(out)
     return complete_configs(out) if complete else out
 
 
@@ -339,72 +338,39 @@ def _merged_keys(docs: list[tuple[str, dict]], archive: list[ConsolidatedFile]
     return out
 
 
-def load_records(db: object, gpu: str | None = None, migrate: Migration | None = None
+def load_records(records: Iterable, gpu: str | None = None, source: str = "records"
                  ) -> list[Measurement]:
-    """The successful measurements of a `lowbit.tune.records.RecordsDB` (or its path),
-    renamed by `migrate` (default `migrate_kernels`; rows it rejects dropped)."""
-    from ..tune.records import RecordsDB  # tune sits beside perfmodel: imported on use
-
-    own = not isinstance(db, RecordsDB)
-    records = RecordsDB(db) if own else db
-    try:
-        out = []
-        for r in records.records(gpu=gpu):
-            if r.time_us is None or r.time_us <= 0:
-                continue
-            try:
-                wl = (workload_from_dict(json.loads(r.workload_json)) if r.workload_json
-                      else workload_from_key(r.workload))
-            except (ValueError, TypeError):
-                continue
-            stamp = f"{r.timestamp:017.6f}"
-            out.append(Measurement(r.gpu, r.template, wl, r.cfg, float(r.time_us), "events",
-                                   f"records:{Path(str(records.path)).name}", stamp))
-    finally:
-        if own:
-            records.close()
-    return migrate_rows(out, migrate or migrate_kernels)
+    """The successful measurements among tuning records (`lowbit.tune.records.Record` rows,
+    e.g. a `RecordsDB`, which iterates over its rows), of `gpu` where given, as today's
+    templates know them (`migrated`). `source`: what the rows say they come from."""
+    out = []
+    for r in records:
+        if r.time_us is None or r.time_us <= 0 or (gpu is not None and r.gpu != gpu):
+            continue
+        try:
+            wl = (workload_from_dict(json.loads(r.workload_json)) if r.workload_json
+                  else workload_from_key(r.workload))
+        except (ValueError, TypeError):
+            continue
+        stamp = f"{r.timestamp:017.6f}"
+        out.append(Measurement(r.gpu, r.template, wl, r.cfg, float(r.time_us), "events",
+                               source, stamp))
+    return migrated(out)
 
 
-#: (template name, config, workload) -> (template name, config): renames old records (e.g.
-#: "cuda.bitserial" rows into the family template that now owns their config); ValueError
-#: for a row that names no kernel of today
-Migration = Callable[[str, Config, Workload], tuple[str, Config]]
-
-
-def migrate_kernels(template: str, config: Mapping, workload: Workload | None = None
-                    ) -> tuple[str, Config]:
-    """Today's (template, config) of a measurement (`lowbit.kernels.cuda.migrate_config`): a
-    "cuda.bitserial" row becomes its family's, an old `cuda.int8_wgmma` config loses the knobs
-    that template no longer has, others pass unchanged. ValueError for a bit-serial config
-    that no kernel of today has, or that sets parameters no kernel has (a probe's variant).
-    The tuner's records read their rows through it too (`lowbit.tune.records.migrated`)."""
-    try:
-        name, cfg = migrate_config(template, config)
-        unknown = (set(config) - set(kernel_spec(template, config))
-                   if template == LEGACY or cfg != Config(config) else set())
-    except KeyError as e:
-        raise ValueError(f"{template} config {dict(config)} lacks {e}") from None
-    if unknown:
-        raise ValueError(f"{template} config sets {sorted(unknown)}, which no kernel has")
-    return name, cfg
-
-
-def migrate_all(m: Measurement, migrate: Migration) -> Measurement | None:
-    """`m` renamed by `migrate` (None where `migrate` rejects it with ValueError)."""
-    try:
-        name, cfg = migrate(m.template, m.config, m.workload)
-    except ValueError:
-        return None
-    if name == m.template and cfg == m.config:
-        return m
-    return Measurement(m.gpu, name, m.workload, Config(cfg), m.time_us, m.timing, m.source,
-                       m.stamp)
-
-
-def migrate_rows(ms: Iterable[Measurement], migrate: Migration) -> list[Measurement]:
-    """`migrate_all` of every row, the rejected ones dropped."""
-    return [r for r in (migrate_all(m, migrate) for m in ms) if r is not None]
+def migrated(ms: Iterable[Measurement]) -> list[Measurement]:
+    """Every row as today's templates know it (`lowbit.kernels.cuda.migrate_config`), the rows
+    it rejects (a config no kernel of today has) dropped."""
+    out = []
+    for m in ms:
+        try:
+            name, cfg = migrate_config(m.template, m.config)
+        except ValueError:
+            continue
+        out.append(m if name == m.template and cfg == m.config else
+                   Measurement(m.gpu, name, m.workload, Config(cfg), m.time_us, m.timing,
+                               m.source, m.stamp))
+    return out
 
 
 def complete_configs(ms: Iterable[Measurement]) -> list[Measurement]:

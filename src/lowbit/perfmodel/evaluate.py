@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .dataset import FP16_TEMPLATE, Measurement
-from .hardware import gpu_spec_for
+from ..core.hardware import gpu_spec_for
+from ..kernels.base import TORCH_FP16
+from .dataset import Measurement
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ def leave_one_layer_out(ms: Sequence[Measurement], fit: Fit | None = None,
     all of them per workload, e.g. the bit-serial families as the one template they were);
     `anchor`: the anchored accuracy (module doc)."""
     fit = fit or learned_fit()
-    ms = [m for m in ms if m.template != FP16_TEMPLATE]
+    ms = [m for m in ms if m.template != TORCH_FP16]
     wanted = set(templates) if templates else {m.template for m in ms}
     held = layers or sorted({m.layer for m in ms if m.template in wanted})
     pairs: dict[str, list[tuple[str, str, float, float]]] = {t: [] for t in sorted(wanted)}

@@ -1,15 +1,18 @@
-"""Feature rows of (template, workload, config, gpu) for the learned model.
+"""Feature rows of (template, workload, config, gpu): the one feature builder of both
+learned models (the performance model's regression, `learned.LearnedModel`, and the tuner's
+rank model, `lowbit.tune.cost_model.RankCostModel`).
 
 Features that transfer across layers and templates: the workload's GEMM shape and bit widths,
-the launch geometry (`geometry.py`: tiles, blocks, waves over the SMs, k steps, warps, stages,
-estimated shared memory and registers, occupancy), APNN-TC's compute intensity, the padding
-and wave efficiency, and the analytic model's terms (`analytic.estimate`: compute, DRAM, L2,
-latency, total). Then the config's own knobs, one column per (family, knob), so that two
-families' knobs of the same name never share a column and renamed templates keep theirs; a
-bit-serial family's config is read as its full kernel parameters (`geometry.kernel_params`),
-so the families and the records of the single template they replaced share their columns;
-numeric knobs as numbers, the others as codes of a vocabulary learned at fit time (NaN for a
-value or a knob the model never saw: XGBoost treats it as missing).
+the launch geometry the template reports (`geometry.py`: tiles, blocks, waves over the SMs, k
+steps, warps, stages, estimated shared memory and registers, occupancy), APNN-TC's compute
+intensity, the padding and wave efficiency, and the analytic model's terms
+(`analytic.estimate`: compute, DRAM, L2, latency, total). Then the config's own knobs, one
+column per (geometry family, knob), so that two families' knobs of the same name never share
+a column and renamed templates keep theirs; a config is read as its full kernel parameters
+(`geometry.spec_of`), so the bit-serial families and the records of the single template
+they replaced share their columns; numeric knobs as numbers, the others as codes of a
+vocabulary learned at fit time (NaN for a value or a knob the model never saw: XGBoost treats
+it as missing).
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..core import ConvWorkload, Workload
+from ..core.hardware import H100, GpuSpec
+from ..kernels.geometry import FAMILIES, RATES, Geometry
 from .analytic import DEFAULT_PARAMS, AnalyticParams, estimate
-from .geometry import FAMILIES, RATES, Geometry, family_of, geometry, kernel_params
-from .hardware import H100, GpuSpec
-from .roofline import peaks_for
+from .geometry import geometry, spec_of
 
 GENERIC = (
     "log2_M", "log2_N", "log2_K", "is_conv", "taps", "stride", "log2_C", "log2_batch",
@@ -44,7 +47,12 @@ def _log2(x: float) -> float:
 def generic_row(template: str, workload: Workload, config: Mapping, gpu: GpuSpec = H100,
                 params: AnalyticParams = DEFAULT_PARAMS) -> tuple[list[float], float]:
     """(GENERIC features, analytic estimate in us) of one point."""
-    g: Geometry = geometry(template, workload, config)
+    return geometry_row(geometry(template, workload, config), workload, gpu, params)
+
+
+def geometry_row(g: Geometry, workload: Workload, gpu: GpuSpec = H100,
+                 params: AnalyticParams = DEFAULT_PARAMS) -> tuple[list[float], float]:
+    """(GENERIC features, analytic estimate in us) of a point's geometry."""
     e = estimate(g, workload, gpu, params)
     conv = isinstance(workload, ConvWorkload)
     chans = workload.C if conv else g.K
@@ -64,7 +72,7 @@ def generic_row(template: str, workload: Workload, config: Mapping, gpu: GpuSpec
         e.waves / max(e.full_waves, 1), _log2(e.blocks_per_sm),
         g.M / g.padded_m, g.N / g.padded_n, 2 * g.block_m * g.block_n / (g.block_m + g.block_n),
         _log2(e.compute_us), _log2(e.dram_us), _log2(e.l2_us), _log2(e.latency_us), _log2(est),
-        peaks_for(gpu.name).bandwidth / 1e12,
+        gpu.bandwidth / 1e12,
     ]
     return row, est
 
@@ -80,12 +88,14 @@ class Featurizer:
     def names(self) -> list[str]:
         return list(GENERIC) + self.knob_columns
 
-    def fit(self, points: Sequence[tuple[str, Workload, Mapping]]) -> Featurizer:
+    def fit(self, points: Sequence[tuple[object, Workload, Mapping]]) -> Featurizer:
+        """Learn the knob columns and the vocabularies of `points` (template or its name,
+        workload, config)."""
         cols: dict[str, None] = {}
         vocab: dict[str, dict[str, int]] = {}
-        for tmpl, _, config in points:
-            cfg = kernel_params(tmpl, config)
-            fam = family_of(cfg)
+        for tmpl, wl, config in points:
+            cfg = spec_of(tmpl, config)
+            fam = geometry(tmpl, wl, config).family
             for k, v in cfg.items():
                 col = f"{fam}:{k}"
                 cols.setdefault(col)
@@ -95,10 +105,11 @@ class Featurizer:
         self.vocab = vocab
         return self
 
-    def knob_row(self, config: Mapping, template: object = "") -> list[float]:
-        """The knob columns of `template`'s `config` (NaN where it has no value)."""
-        config = kernel_params(template, config)
-        fam = family_of(config)
+    def knob_row(self, config: Mapping, template: object, family: str) -> list[float]:
+        """The knob columns of `template`'s `config`, whose geometry is of `family` (NaN
+        where it has no value)."""
+        config = spec_of(template, config)
+        fam = family
         out = [math.nan] * len(self.knob_columns)
         index = {c: i for i, c in enumerate(self.knob_columns)}
         for k, v in config.items():
@@ -120,8 +131,9 @@ class Featurizer:
         gpus = [gpu] * len(points) if isinstance(gpu, GpuSpec) else list(gpu)
         rows, ests = [], []
         for (tmpl, wl, cfg), spec in zip(points, gpus, strict=True):
-            generic, est = generic_row(tmpl, wl, cfg, spec, params)
-            rows.append(generic + self.knob_row(cfg, tmpl))
+            g = geometry(tmpl, wl, cfg)
+            generic, est = geometry_row(g, wl, spec, params)
+            rows.append(generic + self.knob_row(cfg, tmpl, g.family))
             ests.append(est)
         if not rows:
             return np.zeros((0, len(self.names)), np.float32), np.zeros(0)

@@ -1,18 +1,18 @@
-"""Launch shape of a (workload, config): tiles, warps, stages, grid, estimated resources.
+"""Launch shape of a (workload, config): tiles, warps, stages, grid, estimated resources
+(`lowbit.kernels.geometry.LaunchShape`).
 
-Templates name their knobs freely; this module reads the common names (BLOCK_M / block_m /
-BM ..., num_warps, num_stages, or the Choi et al. warp-tiling knobs) and a template may
-override everything by defining `launch_shape(workload, config) -> dict` with the fields
-of `LaunchShape`.
+A template reports its own by defining `launch_shape(workload, config) -> dict` with the
+fields of `LaunchShape`; for one that does not (a template from outside lowbit, a name no
+registered template has), this module reads the knobs' common names (BLOCK_M / block_m / BM
+..., num_warps, num_stages, or the Choi et al. warp-tiling knobs).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from ..core import Workload
+from ..kernels.geometry import LaunchShape
 
 _ALIASES = {
     "block_m": ("BLOCK_M", "block_m", "BM", "tile_m", "TILE_M"),
@@ -22,42 +22,6 @@ _ALIASES = {
     "stages": ("num_stages", "stages", "STAGES", "NUM_STAGES"),
     "split_k": ("SPLIT_K", "split_k"),
 }
-
-
-@dataclass(frozen=True)
-class LaunchShape:
-    """Implicit-GEMM tiling of one launch. Sizes in elements, smem in bytes."""
-
-    M: int
-    N: int
-    K: int
-    block_m: int
-    block_n: int
-    block_k: int
-    warps: int
-    stages: int
-    split_k: int
-    operand_bits: int  # bits per stored operand element that the tiles stage
-
-    @property
-    def threads(self) -> int:
-        return 32 * self.warps
-
-    @property
-    def grid_blocks(self) -> int:
-        return (math.ceil(self.M / self.block_m) * math.ceil(self.N / self.block_n)
-                * self.split_k)
-
-    @property
-    def smem_bytes(self) -> int:
-        """Staged A and B tiles: stages x (BM + BN) x BK x bits / 8."""
-        return self.stages * (self.block_m + self.block_n) * self.block_k * self.operand_bits // 8
-
-    @property
-    def regs_per_thread(self) -> int:
-        """int32 accumulators spread over the block's threads, plus ~40 for addressing,
-        operands in flight and the epilogue (an estimate, not the compiler's count)."""
-        return min(255, self.block_m * self.block_n // self.threads + 40)
 
 
 def _pick(config: Mapping, field: str, default: int) -> int:
@@ -72,13 +36,7 @@ def launch_shape(workload: Workload, config: Mapping, template: object = None) -
     m, n, k = workload.gemm_shape
     bits = max(workload.w.bits, workload.a.bits)
     if template is not None and hasattr(template, "launch_shape"):
-        d = dict(template.launch_shape(workload, config))
-        d.setdefault("M", m)
-        d.setdefault("N", n)
-        d.setdefault("K", k)
-        d.setdefault("split_k", 1)
-        d.setdefault("operand_bits", bits)
-        return LaunchShape(**d)
+        return LaunchShape.of(workload, template.launch_shape(workload, config))
     if "block_row_warps" in config:  # Choi et al. / TVM tensor-core tiling
         wm, wn = int(config["block_row_warps"]), int(config["block_col_warps"])
         tm = int(config.get("warp_row_tiles", 1)) * 16

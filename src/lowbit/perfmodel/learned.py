@@ -36,9 +36,9 @@ from pathlib import Path
 import numpy as np
 
 from ..core import Workload
+from ..core.hardware import GpuSpec, gpu_spec_for
 from .dataset import Measurement
 from .features import Featurizer
-from .hardware import GpuSpec, gpu_spec_for
 
 Point = tuple[str, Workload, Mapping]
 #: boosters of a model (module doc)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .hardware import H100, GpuSpec
+from ..core.hardware import H100, GpuSpec
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ The default model is a `LearnedModel` trained on the packaged measurement snapsh
 (`dataset.SNAPSHOT`, every verified H100 / H200 measurement of the results files), plus the
 records of a tuning database when one is given; trained once and kept in the user cache
 directory under a name that hashes its training data, so later processes load it in
-milliseconds. The cuDNN / cuBLAS fp16 baseline is predicted by `calibrate.fp16_estimate_us`.
+milliseconds. The cuDNN / cuBLAS fp16 baseline is predicted by `fit.fp16_estimate_us`.
 
     predict_us("triton.conv2d_int8", config, workload)          # microseconds, events timing
     predict_many("cuda.bitserial_wgmma", workload, configs, gpu="NVIDIA H200")
@@ -13,16 +13,16 @@ milliseconds. The cuDNN / cuBLAS fp16 baseline is predicted by `calibrate.fp16_e
 from __future__ import annotations
 
 import hashlib
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ..core import Workload
-from .calibrate import fp16_estimate_us
+from ..core.cache import cache_dir
+from ..core.hardware import GpuSpec, gpu_spec_for
+from ..kernels.base import TORCH_FP16
 from .dataset import (
-    FP16_TEMPLATE,
     GRAPH_OFFSET_US,
     SNAPSHOT,
     Measurement,
@@ -31,20 +31,11 @@ from .dataset import (
     load_snapshot,
 )
 from .features import GENERIC
-from .hardware import GpuSpec, gpu_spec_for
+from .fit import fp16_estimate_us
 from .learned import LearnedModel
 
-MODEL_VERSION = "4"  # bump when features or training change: old cached models retrain
+MODEL_VERSION = "5"  # bump when features or training change: old cached models retrain
 _MODELS: dict[str, LearnedModel] = {}
-
-
-def _cache_dir() -> Path:
-    env = os.environ.get("LOWBIT_PERFMODEL_CACHE")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("lowbit")) / "perfmodel"
 
 
 def _digest(snapshot: Path, extra: Sequence[Measurement]) -> str:
@@ -57,16 +48,17 @@ def _digest(snapshot: Path, extra: Sequence[Measurement]) -> str:
     return h.hexdigest()[:16]
 
 
-def default_model(records: object = None, snapshot: str | Path = SNAPSHOT) -> LearnedModel:
-    """The model trained on the snapshot's measurements plus those of `records` (a RecordsDB
-    or its path), deduplicated: from memory, else the disk cache, else trained now (seconds
-    to a minute on a busy CPU). An untrained model (analytic estimates only) when there is no
-    data."""
+def default_model(records: Iterable | None = None, snapshot: str | Path = SNAPSHOT
+                  ) -> LearnedModel:
+    """The model trained on the snapshot's measurements plus those of `records` (tuning
+    records' rows, e.g. a `lowbit.tune.records.RecordsDB`), deduplicated: from memory, else
+    the disk cache, else trained now (seconds to a minute on a busy CPU). An untrained model
+    (analytic estimates only) when there is no data."""
     extra = load_records(records) if records is not None else []
     key = _digest(Path(snapshot), extra)
     if key in _MODELS:
         return _MODELS[key]
-    path = _cache_dir() / f"model-{key}.json"
+    path = cache_dir("perfmodel") / f"model-{key}.json"
     model: LearnedModel
     if path.exists():
         try:
@@ -104,7 +96,7 @@ def predict_many(template: object, workload: Workload, configs: Sequence[Mapping
     (`dataset.GRAPH_OFFSET_US` less, at least a fifth of the events time)."""
     name = template if isinstance(template, str) else template.name
     spec = _spec(gpu)
-    if name == FP16_TEMPLATE:
+    if name == TORCH_FP16:
         out = np.full(len(configs), fp16_estimate_us(workload, spec))
     else:
         model = model or default_model()

@@ -1,7 +1,7 @@
 """Prune launch shapes before measuring (Dao's thesis: workload, coalescing, occupancy).
 
 `space_filters` applies the thesis's filters to a whole space of any template family (the
-pruned tuner, `lowbit.tune.pruned`). The older per-config rule on `launch_shape`:
+pruned tuner, `lowbit.tune.strategies.pruned`). The older per-config rule on `launch_shape`:
 A config is pruned when the model is sure it is not worth a measurement:
   - it cannot launch (shared memory, registers or threads over the per-block limits);
   - a tile is more than twice the padded problem in M or N (mostly padding work), unless it
@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ..core import ConfigSpace, Workload
+from ..core.hardware import H100, GpuSpec
 from .analytic import ESTIMATED_RESOURCES, analyze
 from .geometry import geometry
-from .hardware import H100, GpuSpec
 from .occupancy import occupancy
 
 

@@ -1,44 +1,21 @@
 """Roofline floors: max(ops / measured peak, bytes / measured bandwidth).
 
-Peaks are the rates measured on an H100 80GB HBM3 (docs/design.md, section 5, "Hardware facts");
-`measure_bandwidth` re-measures the copy bandwidth in the benchmark's own run.
+The peaks are a GPU's (`lowbit.core.hardware.GpuSpec`); `measure_bandwidth` re-measures the
+copy bandwidth in a benchmark's own run.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 import torch
 
 from ..core import Workload
+from ..core.hardware import H100, GpuSpec
 from ..core.validate import operand_shapes, out_storage, storage_dtype, storage_shape
-
-
-@dataclass(frozen=True)
-class Peaks:
-    """Measured rates: ops/s per instruction class, bytes/s of device memory (read + write)."""
-
-    b1_and: float = 10_279e12   # mma.sync m16n8k256 b1 .and.popc, bit-ops/s
-    int8: float = 1_158e12      # Triton tl.dot int8 (wgmma s8), ops/s
-    int8_mma_sync: float = 1_280e12
-    int4_mma_sync: float = 47e12  # emulated on Hopper
-    fp16: float = 708e12        # dense half-precision matmul (bf16 8192^3 measured)
-    bandwidth: float = 3.0e12   # device-to-device copy, bytes read + written per second
-
-
-H100 = Peaks()
-# H200: same SMs and clocks, faster HBM3e (4.3 TB/s copy measured on this workplace's H200s)
-H200 = replace(H100, bandwidth=4.3e12)
-
-
-def peaks_for(gpu_name: str) -> Peaks:
-    """Best-known peaks for a GPU by name (H100 figures for unknown Hopper parts)."""
-    return H200 if "H200" in gpu_name.upper() else H100
 
 
 def measure_bandwidth(nbytes: int = 2 << 30) -> float:
     """Device-to-device copy rate in bytes/s (read + written) on the current GPU."""
-    from ..tune.timing import time_us
+    from ..kernels.timing import time_us
 
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -63,7 +40,7 @@ def floor_us(ops: float, nbytes: float, peak_ops: float, bandwidth: float) -> fl
     return max(ops / peak_ops, nbytes / bandwidth) * 1e6
 
 
-def workload_floor_us(wl: Workload, impl: str, peaks: Peaks = H100) -> float:
+def workload_floor_us(wl: Workload, impl: str, peaks: GpuSpec = H100) -> float:
     """Floor of one workload on one implementation class: 'int8', 'bitserial', 'fp16'.
 
     Bit-serial work is p*q one-bit products per multiply-accumulate: 2*M*N*K*p*q bit-ops.
@@ -88,5 +65,4 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-__all__ = ["H100", "H200", "Peaks", "floor_us", "measure_bandwidth",
-           "peaks_for", "workload_bytes", "workload_floor_us"]
+__all__ = ["floor_us", "measure_bandwidth", "workload_bytes", "workload_floor_us"]

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core import ConvWorkload, GemmWorkload, Workload
+from ..core.hardware import H100, GpuSpec
 from .analytic import estimate
 from .geometry import geometry
-from .hardware import H100, GpuSpec
 
 SATURATION_MULTIPLES = (2, 3)
 

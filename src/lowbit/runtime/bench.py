@@ -7,7 +7,7 @@ zoo model compiled for the GPU executor, timed against PyTorch fp16 in the same 
   X-bit weights and Y-bit activations except the first conv and the last linear at w8a8, the
   issue-32 setting), "wXaY-all" (every layer), "mixed" (first / last w8a8, the others cycling
   through w1a2, w2a2, w4a4, w8a8: every kind of layout change between layers).
-- `bench_network(...)`: one results row (DESIGN.md "network" rows): the engine's forward (CUDA
+- `bench_network(...)`: one "network" results row: the engine's forward (CUDA
   graph replay, median of many, L2 flushed between runs like the baselines), host overhead
   per forward, per-step times in the engine and alone (CUDA events behind a sleep that queues
   the launches first, so launch gaps do not count; alone with L2 flushed before each call, as
@@ -17,7 +17,7 @@ zoo model compiled for the GPU executor, timed against PyTorch fp16 in the same 
   leaves graphs to the caller), memory against fp16.
 - `check_targets(rows)`: the issue-32 targets as met / missed with the number that bounds them.
 
-Floors (DESIGN.md hardware facts, H100): bytes / 3.0 TB/s against ops / peak per
+Floors (H100, `core.hardware.GpuSpec`): bytes / 3.0 TB/s against ops / peak per
 implementation: bit-serial 10,279 T bit-ops/s / (w_bits a_bits), int8 1,280 TOPS, fp16
 648 TFLOPS; bytes are the step's ideal traffic (inputs, weights and outputs in their stored
 layouts, no int32 round trip).
@@ -258,7 +258,7 @@ def graph_of(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
 
 
 def median_us(fn: Callable[[], object], rep_ms: float = 200) -> float:
-    from ..tune.timing import time_us
+    from ..kernels.timing import time_us
 
     return time_us(fn, warmup_ms=25, rep_ms=rep_ms)
 
@@ -481,7 +481,7 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
         row["top1_equal"] = bool(torch.equal(y.argmax(1), ref.argmax(1)))
         row["logits_equal"] = bool(torch.equal(y, ref))
     rep_ms = 100 if quick else 300
-    from ..tune.timing import time_us
+    from ..kernels.timing import time_us
 
     row["time_ms"] = time_us(ex.replay, warmup_ms=25, rep_ms=rep_ms) / 1e3
     row["images_per_s"] = case.batch / (row["time_ms"] / 1e3)

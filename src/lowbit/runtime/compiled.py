@@ -31,6 +31,7 @@ from ..graph.chooser import Chooser, make_chooser
 from ..graph.dataflow import is_integer_module, is_quant_layer
 from ..graph.impl import ImplChooser
 from ..graph.ir import WIDE_BITS
+from ..graph.summary import plan_table
 from ..quant.inputs import InputShapeError, checked_layer_inputs
 from ..quant.modules import QUANT_MODULES
 from ..reference.image import normalize_uint8_image
@@ -120,6 +121,21 @@ class CompiledModel(nn.Module):
             raise TypeError(f"plan must be a lowbit.graph.Plan, got {type(plan).__name__}")
         return cls(plan, device=device, executor=executor)
 
+    @property
+    def plans(self) -> list[Plan]:
+        """Every plan this model holds, one per input shape, in the order they were made."""
+        return list(self._plans.values())
+
+    def add_plan(self, plan: Plan) -> None:
+        """Run `plan` for inputs of its shape (e.g. a saved model's other shapes); ValueError
+        where the model already holds a plan for that shape."""
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan must be a lowbit.graph.Plan, got {type(plan).__name__}")
+        if plan.input_spec.shape in self._plans:
+            raise ValueError(f"this compiled model already holds a plan for inputs of shape "
+                             f"{plan.input_spec.shape}")
+        self._plans[plan.input_spec.shape] = plan
+
     def plan_for(self, shape: tuple[int, ...]) -> Plan:
         """The plan for inputs of `shape` (built once per shape)."""
         shape = tuple(int(s) for s in shape)
@@ -134,7 +150,7 @@ class CompiledModel(nn.Module):
         return self._plans[shape]
 
     def summary(self, shape: tuple[int, ...] | None = None) -> str:
-        return self.plan_for(shape or self.plan.input_spec.shape).summary()
+        return plan_table(self.plan_for(shape or self.plan.input_spec.shape))
 
     def _runner(self, shape: tuple[int, ...]) -> Callable:
         if shape not in self._runners:

@@ -35,18 +35,18 @@ from ..core.epilogue import EpilogueParams
 from ..core.progress import progress
 from ..core.validate import check_inputs, output_buffer
 from ..graph.chooser import default_kernel
-from ..graph.impl import TORCH_FP16
 from ..graph.ir import Layer, Plan, parse_precision
 from ..graph.kernel_epilogues import derived_thresholds
 from ..kernels import get_template, load_backends
-from ..kernels.base import Kernel, acc_bound
+from ..kernels.base import TORCH_FP16, Kernel, acc_bound
 from ..quant.packing import pack
 from ..reference import run as reference_run
 
 if TYPE_CHECKING:
     from ..kernels.triton.netops import Dequantized, Requantized
 
-FP16_TEMPLATE = "triton.conv2d_fp16"
+#: the registered template that runs TORCH_FP16 layers exactly (fp16 operands, fp32 sums)
+FP16_CONV_TEMPLATE = "triton.conv2d_fp16"
 EXACT_FP32, EXACT_FP64 = 2**24, 2**53
 #: Triton templates the interpreter runs on the CPU (`interpreted_kernel`)
 INTERPRETABLE = ("triton.conv2d_int8", "triton.gemm_int8", "triton.gemv_int8")
@@ -161,12 +161,12 @@ def fp16_kernel(workload: Workload) -> tuple[Kernel, str]:
     """The kernel of a "torch.fp16" layer and how it runs (module docstring)."""
     load_backends()
     conv = gemm_as_conv(workload) if isinstance(workload, GemmWorkload) else workload
-    reason = get_template(FP16_TEMPLATE).unsupported_reason(conv)
+    reason = get_template(FP16_CONV_TEMPLATE).unsupported_reason(conv)
     if reason is None:
-        kernel = _built(FP16_TEMPLATE, conv, None)
+        kernel = _built(FP16_CONV_TEMPLATE, conv, None)
         if isinstance(workload, GemmWorkload):
             kernel = ConvAsGemmKernel(workload, kernel)
-        return kernel, f"{FP16_TEMPLATE} (exact: worst-case |acc| < 2^24)"
+        return kernel, f"{FP16_CONV_TEMPLATE} (exact: worst-case |acc| < 2^24)"
     return Float64Kernel(workload), f"torch float64 (exact: |acc| < 2^53; fp16 template: " \
                                     f"{reason})"
 
@@ -213,7 +213,7 @@ def interpreted_kernel(step: Layer) -> Kernel:
         return _built(step.impl, step.workload, step.config)
     if step.impl == TORCH_FP16:
         kernel, how = fp16_kernel(step.workload)
-        if how.startswith(FP16_TEMPLATE):
+        if how.startswith(FP16_CONV_TEMPLATE):
             return kernel
     return reference_kernel(step)
 
@@ -225,7 +225,7 @@ def describe_kernel(step: Layer, kernel: Kernel) -> str:
             return "torch.fp16 layer as a float64 torch op (exact: |acc| < 2^53)"
         if isinstance(kernel, ReferenceKernel):
             return f"torch.fp16 layer on {kernel.name}"
-        return f"torch.fp16 layer on {FP16_TEMPLATE} (exact: |acc| < 2^24)"
+        return f"torch.fp16 layer on {FP16_CONV_TEMPLATE} (exact: |acc| < 2^24)"
     name = getattr(kernel, "name", None) or getattr(kernel, "template", step.impl)
     # some kernels hold their template object, not its name
     return name if isinstance(name, str) else str(getattr(name, "name", step.impl))

@@ -81,7 +81,7 @@ def torchvision_model(name: str, **kwargs: object) -> nn.Module:
 
 
 def file_model(spec: str, **kwargs: object) -> nn.Module:
-    """The module that the function `fn` of the Python file `path.py` returns, for a spec
+    """The module that the function `fn` of the Python file `path` returns, for a spec
     'path.py:fn' (called with the keyword arguments it accepts of `kwargs`)."""
     path, sep, fn = spec.rpartition(":")
     if not sep or not path.endswith(".py") or not fn.isidentifier():

@@ -20,7 +20,7 @@ from .registry import ModelKind, Tensors, register_kind
 
 
 def _compiled_to(model: CompiledModel) -> tuple[dict, Tensors]:
-    plans = list(model._plans.values())
+    plans = model.plans
     fallbacks = sorted({s.name for p in plans for s in p.fallbacks})
     if fallbacks:
         raise ValueError(f"this compiled model has float fallback steps ({', '.join(fallbacks)})"
@@ -44,7 +44,7 @@ def _compiled_from(manifest: dict, tensors: Tensors, base: nn.Module | None) -> 
         raise ValueError("the saved compiled model holds no plan")
     model = CompiledModel.from_plan(plans[0])
     for plan in plans[1:]:
-        model._plans[plan.input_spec.shape] = plan
+        model.add_plan(plan)
     model.wide_bits = int(manifest.get("wide_bits", model.wide_bits))
     return model
 

@@ -14,7 +14,7 @@ from .dispatch import best_record, kernel_for
 from .measure import LocalMeasurer, MeasureInput, Measurer, MeasureResult
 from .records import Record, RecordsDB, default_db_path
 from .replay import TableMeasurer
-from .search import STRATEGIES, Strategy, Trial, make_strategy
+from .strategies import STRATEGIES, Strategy, Trial, make_strategy
 from .tuner import TuneResult, tune
 
 __all__ = [

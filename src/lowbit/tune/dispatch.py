@@ -6,7 +6,7 @@ bit-serial family runs the workload, else what `choose` predicts fastest among o
 `choose` is what the network engine asks per layer: every template that supports the layer,
 each with a small candidate set — its default config plus configs drawn near it and across its
 space, ranked by the model (`lowbit.perfmodel.predict`) — and PyTorch fp16 (cuDNN conv /
-cuBLAS matmul, `FP16`) as one more candidate, estimated by the analytic model calibrated on
+cuBLAS matmul, `TORCH_FP16`) as one more candidate, estimated by the analytic model calibrated on
 the recorded fp16 baselines. A non-default config must be predicted `margin` faster than the
 default to be picked: the default is the config the kernels' authors measured, a far config
 only the model. The bit-serial families compete as one group whose default is
@@ -28,18 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import Config, ConfigSpace, Workload
+from ..core.hardware import GpuSpec, gpu_spec_for
 from ..kernels import load_backends
-from ..kernels.base import Kernel, KernelTemplate, acc_bound, get_template, templates
+from ..kernels.base import TORCH_FP16, Kernel, KernelTemplate, acc_bound, get_template, templates
 from ..kernels.cuda import FAMILIES, default_bitserial
-from ..perfmodel.dataset import FP16_TEMPLATE
-from ..perfmodel.hardware import GpuSpec, gpu_spec_for
 from ..perfmodel.launch import launch_shape
 from ..perfmodel.occupancy import occupancy
 from ..perfmodel.predict import default_model, predict_many
-from ..perfmodel.roofline import peaks_for, workload_bytes
+from ..perfmodel.roofline import workload_bytes
 from .records import Record, RecordsDB
 
-FP16 = FP16_TEMPLATE  # "torch.fp16": the engine runs the layer in PyTorch fp16
 DEFAULT_MARGIN = 0.10
 #: integer layers run exactly on fp16 tensor cores (fp32 accumulation) below this |sum|
 FP16_EXACT_BOUND = 2**24
@@ -56,8 +54,9 @@ ATOMICS_PER_S = 1.0e11
 
 @dataclass(frozen=True)
 class Choice:
-    """What to run a layer with: `template` (a template name, or FP16) and its `config`
-    (None for FP16), the predicted (or recorded) time, why, and the runners-up per template."""
+    """What to run a layer with: `template` (a template name, or TORCH_FP16) and its
+    `config` (None for TORCH_FP16), the predicted (or recorded) time, why, and the runners-up
+    per template."""
 
     template: str
     config: Config | None
@@ -130,7 +129,6 @@ def stream_estimate_us(template: KernelTemplate, workload: Workload, config: Con
     partial sums (M x N x SPLIT_K int32 adds), which overlap the stream; waves: grid blocks
     over the resident slots (occupancy from the template's `launch_shape`)."""
     s = launch_shape(workload, config, template)
-    peaks = peaks_for(spec.name)
     m, n, k = workload.gemm_shape
     occ = occupancy(s.threads, s.regs_per_thread, s.smem_bytes, spec)
     slots = spec.sms * max(occ.blocks_per_sm, 1)
@@ -138,9 +136,9 @@ def stream_estimate_us(template: KernelTemplate, workload: Workload, config: Con
     per_program = w_bytes / max(s.split_k, 1)
     tile = min(per_program, s.block_n * s.block_k * workload.w.bits / 8)
     in_flight = min(s.grid_blocks, slots) * min(per_program, max(1, s.stages - 1) * tile)
-    bandwidth = min(peaks.bandwidth, in_flight / (STREAM_LATENCY_US * 1e-6))
+    bandwidth = min(spec.bandwidth, in_flight / (STREAM_LATENCY_US * 1e-6))
     stream = workload_bytes(workload) / bandwidth * 1e6
-    compute = 2 * s.block_m * n * k / (peaks.int8_mma_sync * STREAM_MMA_EFFICIENCY) * 1e6
+    compute = 2 * s.block_m * n * k / (spec.int8_mma_sync * STREAM_MMA_EFFICIENCY) * 1e6
     atomics = m * n * s.split_k / ATOMICS_PER_S * 1e6 if s.split_k > 1 else 0.0
     waves = math.ceil(s.grid_blocks / slots)
     return STREAM_OVERHEAD_US + max(stream, compute, atomics) + waves * STREAM_LATENCY_US
@@ -256,7 +254,7 @@ def choose(workload: Workload, gpu: GpuSpec | str | None = None,
     """The predicted fastest way to run `workload` on `gpu` (default: the current GPU, else
     the H100): a recorded best when `db` has one (measured time; on `gpu` when named, else on
     any), else the model's pick of our
-    templates' candidates (module doc), and FP16 when `include_fp16` and the fp16 estimate
+    templates' candidates (module doc), and TORCH_FP16 when `include_fp16` and the fp16 estimate
     beats it. ValueError when nothing can run the workload."""
     spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec_for(gpu)
     arch = _target_arch(spec)
@@ -279,12 +277,12 @@ def choose(workload: Workload, gpu: GpuSpec | str | None = None,
             if best is None or pick.predicted_us < best.predicted_us:
                 best = pick
     if include_fp16:
-        fp16_us = float(predict_many(FP16, workload, [{}], spec)[0])
-        alternatives.append((FP16, fp16_us))
+        fp16_us = float(predict_many(TORCH_FP16, workload, [{}], spec)[0])
+        alternatives.append((TORCH_FP16, fp16_us))
         if best is None or fp16_us < best.predicted_us:
             why = "no template of ours supports it" if best is None else (
                 f"fp16 estimate {fp16_us:.1f} us beats {best.template} {best.predicted_us:.1f} us")
-            best = Choice(FP16, None, fp16_us, why)
+            best = Choice(TORCH_FP16, None, fp16_us, why)
     if best is None:
         raise ValueError(f"no template supports {workload.key}")
     return Choice(best.template, best.config, best.predicted_us, best.reason,
@@ -363,9 +361,9 @@ def measure_top(workload: Workload, measurer, db: RecordsDB | str | Path | None 
 
 def predicted_impl(workload: Workload, gpu: GpuSpec | str | None = None) -> tuple[str, str]:
     """The "model" chooser's implementation policy (`lowbit.graph.chooser.ModelChooser`): the
-    implementation (a template name, or FP16) predicted fastest over the input layouts the
+    implementation (a template name, or TORCH_FP16) predicted fastest over the input layouts the
     layer may take — bit planes when both operands have <= 4 bits, one value per byte always —
-    and why. FP16 is a candidate only where the engine runs it at fp16 speed: its exact fp16
+    and why. TORCH_FP16 is a candidate only where the engine runs it at fp16 speed: its exact fp16
     path (fp16 tensor cores, fp32 accumulation) needs the worst-case |accumulator| below
     2^24; beyond, the engine's fp16 layer is a float64 op, far slower than any estimate."""
     from ..core import Layout
@@ -381,7 +379,7 @@ def predicted_impl(workload: Workload, gpu: GpuSpec | str | None = None) -> tupl
         except ValueError:
             continue
     if not picks:
-        return FP16, "no template of ours supports it"
+        return TORCH_FP16, "no template of ours supports it"
     best = min(picks, key=lambda c: c.predicted_us)
     return best.template, f"{best.reason} (predicted {best.predicted_us:.1f} us)"
 

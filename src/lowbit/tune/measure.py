@@ -7,7 +7,7 @@ hangs fails only its own candidate): a template's `build` and, when the kernel h
 loads it). Stage 2 runs each candidate in
 one long-lived worker process on the measuring device: build (cache hit), call on fresh random
 inputs from `lowbit.reference.random_inputs`, compare bit for bit with `lowbit.reference.run`,
-then time (`lowbit.tune.timing.time_us` on CUDA: warm-up, median of repeats, L2 flushed).
+then time (`lowbit.kernels.timing.time_us` on CUDA: warm-up, median of repeats, L2 flushed).
 
 Every failure of a candidate becomes a result with a reason, prefixed by its kind:
   compile: build raised (or its build process died)   launch: the call raised
@@ -186,9 +186,9 @@ def _worker_main(conn, device: str, visible: str | None, parent: tuple[int, bool
         os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before the first CUDA call
     import torch
 
+    from ..kernels.timing import time_us
     from ..reference import random_inputs, run
     from .env import collect_env
-    from .timing import time_us
 
     if device == "cpu":  # parallel CPU workers each spawning a core's worth of OpenMP threads
         torch.set_num_threads(1)  # oversubscribe the cores; spin-waits then decide the ranking
@@ -298,7 +298,7 @@ class LocalMeasurer(Measurer):
     device: "cuda" (or "cuda:i") or "cpu"; compile_workers: build pool size (0: build in the
     worker only); timeout_s: per-candidate limit for build + verify + time in the worker;
     compile_timeout_s: per-candidate limit in the pool; warmup_ms/rep_ms: passed to
-    `lowbit.tune.timing.time_us` (CUDA: do_bench, L2 flushed; CPU: perf_counter median);
+    `lowbit.kernels.timing.time_us` (CUDA: do_bench, L2 flushed; CPU: perf_counter median);
     seed: inputs' seed (fresh random by default); gpu_index: sets CUDA_VISIBLE_DEVICES of the
     worker (one worker per GPU under Dask); start_retries: fresh workers tried after one that
     does not start (or cannot set up on the device) before MeasureEnvironmentError.

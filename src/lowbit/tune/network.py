@@ -33,12 +33,11 @@ from pathlib import Path
 
 from ..core import Config, Workload
 from ..kernels import get_template, load_backends
+from ..kernels.base import TORCH_FP16
 from .pipeline import DEFAULT_TRIAL_S, PipelineResult, PipelineTuner, TuneTask
 from .records import RecordsDB
 from .workers import Builder, PoolBuilder, Slot, local_slots
 
-#: the implementation name of layers PyTorch runs in fp16 (`lowbit.graph.impl.TORCH_FP16`)
-TORCH_FP16 = "torch.fp16"
 #: trials every workload's floor pays for (its default and a few candidates)
 FLOOR_TRIALS = 4
 

@@ -45,9 +45,8 @@ from ..core import Config, Workload
 from ..kernels.base import KernelTemplate
 from .buildpool import build_outcome
 from .measure import ENV_PREFIX, MeasureEnvironmentError, MeasureInput, MeasureResult
-from .pruned import OrderedSearch, pruned_order_job
 from .records import Record, RecordsDB
-from .search import STRATEGIES, Trial, make_strategy
+from .strategies import STRATEGIES, OrderedSearch, Trial, make_strategy, pruned_order_job
 from .tuner import _Arm, _share, new_arm, prior_trials
 from .workers import Builder, Slot
 
@@ -137,7 +136,7 @@ class PipelineTuner:
 
     records: the database every result goes to (its only writer is this thread); gpu: the
     records' GPU name for resuming (default: the first slot's); strategy: "pruned" (orders in
-    the build processes) or any `lowbit.tune.search` strategy made here; on_update: called
+    the build processes) or any `lowbit.tune.strategies` strategy made here; on_update: called
     with the task summaries and stats after each result (the progress display)."""
 
     def __init__(self, tasks: Sequence[TuneTask], slots: Sequence[Slot], builder: Builder,

@@ -1,15 +1,14 @@
 """The records database: one SQLite row per measurement, crash-safe and resumable.
 
 WAL mode and one commit per measurement: a tuner killed with SIGKILL loses nothing it had
-recorded, and a rerun skips what is there. The default file lives under the user cache
-directory (platformdirs); `LOWBIT_RECORDS` or an explicit path overrides it.
+recorded, and a rerun skips what is there. The default file lives in lowbit's cache directory
+(`lowbit.core.cache.cache_dir`); `LOWBIT_RECORDS` or an explicit path overrides it.
 
 Rows are read as today's templates know them: a row of the single bit-serial template that the
 bit-serial families replaced ("cuda.bitserial"), or an old `cuda.int8_wgmma` config, comes
-back as its family's template and config (`perfmodel.dataset.migrate_kernels`, on
-`lowbit.kernels.cuda.migrate_config`; the file keeps what was written, `import_jsonl` adds the
-migrated rows). A row that names no kernel of today keeps its old name and config, and `best`
-never returns it.
+back as its family's template and config (`lowbit.kernels.cuda.migrate_config`; the file
+keeps what was written, `import_jsonl` adds the migrated rows). A row that names no kernel
+of today keeps its old name and config, and `best` never returns it.
 """
 
 from __future__ import annotations
@@ -23,8 +22,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..core import Config, Workload
-from ..kernels.cuda import INT8_WGMMA, LEGACY
-from ..perfmodel.dataset import migrate_kernels
+from ..core.cache import cache_dir
+from ..kernels.cuda import INT8_WGMMA, LEGACY, migrate_config
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS measurements (
@@ -47,13 +46,9 @@ _COLUMNS = ("workload", "template", "config", "time_us", "error", "gpu", "driver
 
 
 def default_db_path() -> Path:
-    """$LOWBIT_RECORDS, else <user cache dir>/lowbit/records.sqlite."""
+    """$LOWBIT_RECORDS, else records.sqlite in the cache directory (`core.cache.cache_dir`)."""
     env = os.environ.get("LOWBIT_RECORDS")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("lowbit")) / "records.sqlite"
+    return Path(env) if env else cache_dir("records.sqlite")
 
 
 @dataclass(frozen=True)
@@ -207,12 +202,12 @@ _MIGRATED = (LEGACY, INT8_WGMMA.name)
 def migrated(rec: Record) -> Record:
     """`rec` as today's templates know it: a legacy bit-serial row as its family's template
     and config, an old `cuda.int8_wgmma` config without the knobs that template lost
-    (`migrate_kernels`); unchanged where nothing applies, or where the config names no
+    (`migrate_config`); unchanged where nothing applies, or where the config names no
     kernel of today."""
     if rec.template not in _MIGRATED:
         return rec
     try:
-        name, cfg = migrate_kernels(rec.template, rec.cfg)
+        name, cfg = migrate_config(rec.template, rec.cfg)
     except ValueError:
         return rec
     text = cfg.to_json()
@@ -226,7 +221,7 @@ def _current(rec: Record) -> bool:
     if rec.template not in _MIGRATED:
         return True
     try:
-        return migrate_kernels(rec.template, rec.cfg) == (rec.template, rec.cfg)
+        return migrate_config(rec.template, rec.cfg) == (rec.template, rec.cfg)
     except ValueError:
         return False
 

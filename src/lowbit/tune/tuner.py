@@ -32,7 +32,7 @@ from .env import needs_gpu
 from .measure import ENV_PREFIX, MeasureEnvironmentError, MeasureInput, Measurer, MeasureResult
 from .progress import TuneProgress
 from .records import Record, RecordsDB
-from .search import Strategy, Trial, make_strategy
+from .strategies import Strategy, Trial, make_strategy
 
 #: most records of other workloads used to seed a template's cost model
 TRANSFER_LIMIT = 4000
@@ -130,7 +130,7 @@ def tune(workload: Workload, templates: Sequence[KernelTemplate] | None = None,
     """Tune `workload`; returns the fastest verified (template, config) found.
 
     templates: candidates (default: every registered template; those whose `supports` is
-    False are dropped); strategy: one of `lowbit.tune.search.STRATEGIES`; db: records
+    False are dropped); strategy: one of `lowbit.tune.strategies.STRATEGIES`; db: records
     database or its path (default: the user cache file); measurer: default a
     `LocalMeasurer` on cuda (cpu without a GPU); batch: candidates measured per round;
     time_budget_s: stop starting new rounds after this many seconds, and size each round after

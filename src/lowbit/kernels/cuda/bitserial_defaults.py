@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 
 from ...core import Workload
-from ..base import NUM_SMS
+from ...core.hardware import TARGET
 from .bitserial_shape import conv_shape, planes
 
 MMA_SYNC, MMA_SYNC_PERSISTENT = "cuda.bitserial_mma_sync", "cuda.bitserial_mma_sync_persistent"
@@ -29,11 +29,12 @@ PREFERRED_FROM = {MMA_SYNC_PERSISTENT: MMA_SYNC, WGMMA_PERSISTENT: WGMMA}
 ACC_LIMIT = {"mma_sync": 128, "wgmma": 136}
 # the tap-shift defaults' limit on output channels (the widths they were measured at); the
 # two-team ones: 256, and only for two activation planes (a team's MMA phase long enough to
-# hide the other's epilogue, NOTES.md "Teams")
+# hide the other's epilogue, NOTES.md "Tap-shift family")
 TAP_SHIFT_DEFAULT_MAX_K = 128
 TEAMS_DEFAULT_MAX_K = 256
 
-# wgmma defaults use the 32-byte swizzle (up to 1.4x faster than core matrices, NOTES.md v4);
+# wgmma defaults use the 32-byte swizzle (up to 1.4x faster than core matrices: session v4 of
+# docs/history/bitserial.md);
 # the one-tile ones KT=1 with 6 stages
 _SW = dict(SWIZZLE=32)
 _TILE = dict(KT=1, STAGES=6, **_SW)
@@ -97,4 +98,4 @@ def regime_fits(wl: Workload, spec: Mapping, acc_regs: int) -> bool:
     if teams and planes(wl)[0] < 2:
         return False
     return not ((spec["BM"] == 192 or spec["TAP_SHIFT"])
-                and math.prod(tile_grid(wl, spec)) < NUM_SMS)
+                and math.prod(tile_grid(wl, spec)) < TARGET.sms)

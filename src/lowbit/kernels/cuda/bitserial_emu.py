@@ -40,6 +40,7 @@ import torch
 
 from ...core import Config, Workload
 from ...core.epilogue import EpilogueParams, check_shifted_bias
+from ...core.hardware import TARGET
 from ...core.validate import check_inputs, out_storage
 from .bitserial_family import BitserialFamily
 from .bitserial_layout import (
@@ -73,7 +74,7 @@ from .cu_source import cu_file
 from .host_emu import host_library
 
 #: largest dynamic shared memory a block may use (H100: 227 KiB)
-SMEM_LIMIT = 227 * 1024
+SMEM_LIMIT = TARGET.smem_per_block
 #: the weights' image kernel the emulation runs (BULK_WEIGHTS), or a stand-in
 WIMAGE = {True: "bitserial_wimage", False: "emu_no_wimage"}
 

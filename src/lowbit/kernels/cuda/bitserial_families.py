@@ -44,8 +44,22 @@ def family_of(spec: Mapping) -> BitserialFamily:
 def migrate_config(template: str, config: Mapping) -> tuple[str, Config]:
     """(template name, config) as today's templates know it: a "cuda.bitserial" config (knobs
     it lacks at their neutral values) becomes its family's, a "cuda.int8_wgmma" config loses
-    the knobs that template no longer has (at their only value); others pass unchanged.
-    ValueError for a legacy config that no family's kernel has."""
+    the knobs that template no longer has (at their only value); others pass unchanged. What
+    every reader of old measurements goes through (the tuning records, the results files).
+    ValueError for a legacy config that no family's kernel has, lacks a knob with no neutral
+    value, or sets parameters no kernel has (a probe's variant)."""
+    try:
+        name, cfg = _migrated(template, config)
+    except KeyError as e:
+        raise ValueError(f"{template} config {dict(config)} lacks {e}") from None
+    if name in BY_NAME and (template == LEGACY or cfg != Config(config)):
+        unknown = set(config) - set(BY_NAME[name].spec(cfg))
+        if unknown:
+            raise ValueError(f"{template} config sets {sorted(unknown)}, which no kernel has")
+    return name, cfg
+
+
+def _migrated(template: str, config: Mapping) -> tuple[str, Config]:
     if template == LEGACY:
         spec = {k: v for k, v in SPEC_NEUTRAL.items() if v is not None}
         spec.update(config)

@@ -11,15 +11,19 @@ parameter set, which the geometry (`bitserial_layout`), the tables and the rende
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import ClassVar
 
 import torch
 
 from ...core import Config, ConfigSpace, Workload
+from ...core.hardware import TARGET
 from ...core.knobs import KnobTable
+from ...core.layout import Layout
 from ...core.space import Constraint, Scalar
 from ..base import KernelTemplate
+from ..geometry import Geometry, conv_taps
 from . import bitserial_defaults as defaults
 from .bitserial_layout import (
     acc_planes,
@@ -66,7 +70,8 @@ OTHER_REGS = 48       # registers besides the accumulators (fragments, addresses
 # those blocks ran faster than every config inside the 48-register estimate (NOTES.md, "Wide
 # one-tile blocks"); blocks of several accumulator planes that it would admit spill 76-232 B.
 OTHER_REGS_WGMMA_TILE = 32
-REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
+#: bits of K per k256 MMA step (KT counts them)
+B1_STEP_BITS = 256
 MAX_SMEM = 160 * 1024  # bytes of dynamic shared memory a config may use (sm_80: 163 KB)
 MAX_COPY_ITERS = 16   # copy chunks per thread per stage (row index registers)
 GRID_Y_MAX = 65535
@@ -108,7 +113,7 @@ def registers(wl: Workload, c: Mapping) -> str | None:
     one_plane = acc_planes(wl, c) * planes(wl)[1] == 1
     lean = c["MMA"] == "wgmma" and not c["PERSIST"] and not tap_shift(c) and one_plane
     n += OTHER_REGS_WGMMA_TILE if lean else OTHER_REGS
-    if threads(c) * n > REGISTER_FILE:
+    if threads(c) * n > TARGET.regs_per_sm:
         return f"{threads(c)} threads x {n} registers exceed the register file"
     return None
 
@@ -335,6 +340,46 @@ class BitserialFamily(KernelTemplate):
         """A family's regime default in place of its first preferred config (the one-tile
         wgmma family's small-grid defaults); the config itself by default."""
         return config
+
+    def geometry(self, workload: Workload, config: Mapping) -> Geometry:
+        """BM x BN block tiles of WM x WN warp (wgmma: warpgroup) tiles, KT k256 MMA steps of
+        one-bit planes a main-loop step (the s8 mode: KT x 32 bytes), STAGES stages of the
+        bit planes it copies (the weights alone with A_IN_HALO), p*q plane products per
+        multiply-accumulate (p with FUSE_PLANES's fused activation planes), TEAMS x SLICES
+        tiles' threads a block, SPLIT_K slices; registers: the accumulator planes over the
+        tile's threads plus OTHER_REGS (OTHER_REGS_WGMMA_TILE for one-tile wgmma blocks)."""
+        c = self.spec(config)
+        m, n, k = workload.gemm_shape
+        bm, bn = int(c["BM"]), int(c["BN"])
+        wm, wn = int(c.get("WM", bm)), int(c.get("WN", bn))
+        kt, stages = int(c.get("KT", 1)), int(c.get("STAGES", 2))
+        split = int(c.get("SPLIT_K", 1))
+        wgmma = c.get("MMA") == "wgmma"
+        team = int(c.get("TEAMS", 1)) * int(c.get("SLICES", 1))
+        warp_threads = 128 if wgmma else 32
+        tile_threads_ = max(1, bm // max(wm, 1)) * max(1, bn // max(wn, 1)) * warp_threads
+        bitplane = workload.a_layout is Layout.BITPLANE
+        p, q = (workload.w.bits, workload.a.bits) if bitplane else (1, 1)
+        acc_planes_ = p * (1 if c.get("FUSE_PLANES") else q)
+        taps, chans = conv_taps(workload)
+        in_place = bool(int(c.get("A_IN_HALO", 0)))  # the stages carry the weights only
+        if bitplane:
+            step = kt * B1_STEP_BITS
+            steps = taps * math.ceil(math.ceil(chans / 32) * 32 / step)
+            row_bytes = kt * B1_STEP_BITS // 8
+            smem = stages * ((0 if in_place else bm * q) + bn * p) * row_bytes
+            rate, a_bytes = "b1_and", 1 / 8
+        else:  # the s8 wgmma mode: a k tile of KT x 32 bytes
+            step = kt * 32
+            steps = taps * math.ceil(chans / step)
+            smem = stages * (bm + bn) * step
+            rate, a_bytes = "int8", 1.0
+        tiles = math.ceil(m / bm) * math.ceil(n / bn)
+        other = OTHER_REGS_WGMMA_TILE if wgmma and not c.get("PERSIST") else OTHER_REGS
+        regs = min(255, bm * bn * acc_planes_ // tile_threads_ + other)
+        return Geometry("bitserial", rate, m, n, k, bm, bn, math.ceil(m / bm) * bm, tiles,
+                        split, step, math.ceil(steps / split), tile_threads_ * team, stages,
+                        smem, regs, bool(int(c.get("PERSIST", 0))), p * q, a_bytes)
 
     def render(self, workload: Workload, config: Mapping, chained: int = 0,
                cuts: Collection[str] = (), supplied: Mapping[str, str] | None = None) -> str:

@@ -58,7 +58,7 @@ def chain_trigger(blocks: int, per_sm: int, sms: int, persistent: bool) -> str:
     so the next layer's blocks double up: the APNN-TC conv's 32-wide blocks ran 11.1 us per
     layer against 6.1), else "start" (the next layer's blocks take the SMs this grid leaves
     free, or the last wave's start is late anyway). 24 of 27 configs measured on an H100 took
-    the faster trigger by this rule, the other 3 lost <= 0.6 us (NOTES.md, "Chained layers")."""
+    the faster trigger by this rule, the other 3 lost <= 0.6 us (NOTES.md, "Chained launches")."""
     if persistent or per_sm < 2 or blocks > per_sm * sms:
         return "start"
     return "after_mma"

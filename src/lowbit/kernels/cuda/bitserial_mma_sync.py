@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from ...core.knobs import KnobDef, KnobTable
+from ...core.knobs import KnobTable
 from ...core.space import Scalar
 from . import bitserial_defaults as defaults
+from . import bitserial_knobs as K
 from .bitserial_family import (
     BitserialFamily,
     bitplane_words,
@@ -27,29 +28,15 @@ from .bitserial_family import (
     tile_waste,
     warp_tiles,
 )
-from .bitserial_shape import few_tiles, kernel_window, needs_rowsum, threshold_epilogue
 
-TILES = (
-    KnobDef("BM", (16, 32, 64, 128, 256), "block tile rows (output pixels)"),
-    KnobDef("BN", (16, 32, 64, 128, 256), "block tile columns (output channels)"),
-    KnobDef("WM", (16, 32, 64), "warp tile rows"),
-    KnobDef("WN", (16, 32, 64), "warp tile columns"),
-    KnobDef("KT", (1, 2, 4, 8), "k256 steps per pipeline stage"),
-    KnobDef("STAGES", (2, 3, 4), "cp.async pipeline stages"),
-)
-ROWSUM = KnobDef(
-    "ROWSUM", ("mma", "table"),
-    "binary weights' activation row popcounts: 'mma' one more MMA per plane and k step "
-    "against ones; 'table' a per-pixel popcount table of x (a small kernel first) summed over "
-    "the valid taps in the epilogue", applies=needs_rowsum)
-ROW_TABLE = KnobDef(
-    "ROW_TABLE", (0, 1),
-    "1: each row's output row and tap rectangle from a per-row table filled at bind (0: "
-    "worked out from the row index in the epilogue)", requires={"ROWSUM": ("mma",)})
-REQUANT = KnobDef(
-    "REQUANT", ("multiply", "threshold"),
-    "requantized 1-2 bit planes: 'multiply' in 64-bit fixed point; 'threshold' compares with "
-    "per-column integer thresholds that fold in bias and ReLU", applies=threshold_epilogue)
+TILES = (K.BM, K.BN, K.WM, K.WN, K.KT,
+         K.STAGES.but(values=(2, 3, 4), doc="cp.async pipeline stages"))
+ROWSUM = K.ROWSUM.but(
+    values=("mma", "table"),
+    doc="binary weights' activation row popcounts: 'mma' one more MMA per plane and k step "
+        "against ones; 'table' a per-pixel popcount table of x (a small kernel first) summed "
+        "over the valid taps in the epilogue")
+ROW_TABLE = K.ROW_TABLE.but(requires={"ROWSUM": ("mma",)})
 
 
 class MmaSyncTemplate(BitserialFamily):
@@ -63,15 +50,10 @@ class MmaSyncTemplate(BitserialFamily):
     fixes: ClassVar[Mapping[str, Scalar]] = {"MMA": "mma_sync"}
     knobs = KnobTable(
         *TILES,
-        KnobDef("HALO", (0, 1), "1: duplicate-aware load: the input rows of the block's output "
-                "pixels plus halo copied once into shared memory, the im2col tiles gathered "
-                "from there", applies=kernel_window),
-        ROWSUM, ROW_TABLE,
-        KnobDef("SPLIT_K", (1, 2, 4, 8), "blocks per output tile along the reduction "
-                "(grid.z): each stores its partial sums, the tile's last to arrive adds them "
-                "and runs the epilogue; for grids of few tiles with long reductions",
-                applies=few_tiles),
-        REQUANT)
+        K.HALO.but(doc="1: duplicate-aware load: the input rows of the block's output pixels "
+                   "plus halo copied once into shared memory, the im2col tiles gathered from "
+                   "there"),
+        ROWSUM, ROW_TABLE, K.SPLIT_K, K.REQUANT)
     checks = (warp_tiles, halo_slab, row_indices, registers, shared_memory, copy_chunks,
               split_k, bitplane_words, tile_waste)
 
@@ -86,7 +68,7 @@ class MmaSyncPersistentTemplate(BitserialFamily):
     entry = "bitserial_mma_sync_persistent.cu"
     kernels: ClassVar[Mapping[int, str]] = {1: "bitserial_persistent"}
     fixes: ClassVar[Mapping[str, Scalar]] = {"MMA": "mma_sync", "PERSIST": 1}
-    knobs = KnobTable(*TILES, ROWSUM, ROW_TABLE, REQUANT)
+    knobs = KnobTable(*TILES, ROWSUM, ROW_TABLE, K.REQUANT)
     checks = (warp_tiles, row_indices, registers, shared_memory, copy_chunks, bitplane_words,
               tile_waste)
 

@@ -4,7 +4,7 @@ with the package's .cu includes expanded.
 Every family has an entry file (`bitserial_mma_sync.cu`, ...) that `#include`s the shared device
 code (`bitserial_params.cu`, `bitserial_epilogue.cu`, ...). `expand` resolves those includes
 from the package's .cu files, once each, in place; a caller may supply some files itself:
-the rendered wgmma instruction wrappers (`bitserial_wgmma_ops.cu`, `wgmma_source`), or the host
+the rendered wgmma instruction wrappers (`WGMMA_OPS`, made by `wgmma_source`), or the host
 emulation's stand-ins for the device primitives (`bitserial_emu.py`). Probes cut parts of a
 kernel through named cut points (`CUTS`, `LOWBIT_CUT_*` in the .cu files), never by editing
 its text.
@@ -152,9 +152,11 @@ def pair_params(wl: Workload, spec: Mapping) -> dict[str, int]:
             "PAIR_DOT_LO": r.dot_lo if r else 0}
 
 
-def kernel_params(wl: Workload, spec: Mapping, chained: int = 0) -> dict[str, int]:
+def constexpr_params(wl: Workload, spec: Mapping, chained: int = 0) -> dict[str, int]:
     """The constexpr int parameters of the kernel of (wl, spec): the workload's shape,
-    encodings and epilogue, the kernel's parameters and what is derived from them."""
+    encodings and epilogue, every integer kernel parameter of the spec under its own name
+    (BM, BN, ..., STAGES, ROW_TABLE, ...), and what is derived from the others (WGMMA from
+    MMA, ROWSUM_* from ROWSUM, OUT_THRESH from REQUANT, ...)."""
     sh = conv_shape(wl)
     elem8 = int8_operands(wl)
     if elem8:  # one plane of bytes, products summed by the s8 tensor cores: coefficients 1
@@ -174,18 +176,12 @@ def kernel_params(wl: Workload, spec: Mapping, chained: int = 0) -> dict[str, in
         "A_ALPHA": aa, "A_BETA": ba, "W_ALPHA": ab, "W_BETA": bb,
         "NB": sh.nb, "H": sh.h, "W": sh.w, "C": sh.c, "CW": sh.words, "KOUT": sh.kout,
         "R": sh.r, "S": sh.s, "STRIDE": sh.stride, "PAD": sh.pad, "P_OUT": sh.p, "Q_OUT": sh.q,
-        "BM": spec["BM"], "BN": spec["BN"], "WM": spec["WM"], "WN": spec["WN"],
-        "KT": spec["KT"], "STAGES": spec["STAGES"], "PERSIST": spec["PERSIST"],
-        "WGMMA": int(spec["MMA"] == "wgmma"), "SWIZZLE": spec["SWIZZLE"],
-        "HALO": spec["HALO"], "ROWSUM_TABLE": int(rowsum_table(spec)),
+        **{name: int(value) for name, value in spec.items() if isinstance(value, int)},
+        "WGMMA": int(spec["MMA"] == "wgmma"), "ROWSUM_TABLE": int(rowsum_table(spec)),
         "ROWSUM_SLAB": int(rowsum_slab(spec)), "ROWSUM_COLS": int(rowsum_cols(spec)),
-        "SPLIT_K": spec["SPLIT_K"], "TAP_SHIFT": int(tap_shift(spec)),
-        "ROW_TABLE": spec["ROW_TABLE"], "TEAMS": spec["TEAMS"],
-        "SLICES": spec["SLICES"], "SLICE_SUM_WORDS": slice_sum_words(wl, spec),
-        "HALO_WORDS": halo_bytes(wl, spec) // 4 // q, "A_IN_HALO": spec["A_IN_HALO"],
+        "SLICE_SUM_WORDS": slice_sum_words(wl, spec),
+        "HALO_WORDS": halo_bytes(wl, spec) // 4 // q,
         "TILES_Y": tiles_y, "TILES_X": tiles_x,
-        "BULK_WEIGHTS": spec["BULK_WEIGHTS"], "TMA_HALO": spec["TMA_HALO"],
-        "PLANE_ROWS": spec["PLANE_ROWS"],
         "VEC": copy_vec(sh), "XPOP_LANES": xpop_lanes(sh), "KPAD": wsum_columns(sh),
         "WSUM0": wsum_start(sh),
         "HAS_BIAS": has_bias(epi),
@@ -195,8 +191,7 @@ def kernel_params(wl: Workload, spec: Mapping, chained: int = 0) -> dict[str, in
         "OUT_QMAX": out.qmax if out else 0,
         "THR_STRIDE": threshold_stride(wl) if thresholds else 1,
         "THR_SLOTS": threshold_slots(wl, spec),
-        "FUSE_PLANES": spec["FUSE_PLANES"],
-        "THR_PAIRS": spec["THR_PAIRS"], "CHAINED": int(chained),
+        "CHAINED": int(chained),
         **pair_params(wl, spec), **(block_end_params(epi) if epi.requant32 else {}),
     }
 
@@ -213,7 +208,7 @@ def render(wl: Workload, spec: Mapping, entry: str, chained: int = 0,
     if unknown:
         raise ValueError(f"cuts must be among {sorted(CUTS)}, got {sorted(unknown)}")
     sh = conv_shape(wl)
-    params = kernel_params(wl, spec, chained)
+    params = constexpr_params(wl, spec, chained)
     lines = [f"// lowbit bit-serial kernel for {wl.key}",
              f"// parameters {dict(sorted(spec.items()))}"]
     lines += [f"#define LOWBIT_CUT_{c.upper()} 1" for c in sorted(cuts)]

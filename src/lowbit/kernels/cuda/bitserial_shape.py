@@ -9,13 +9,14 @@ threshold ranges of THR_PAIRS).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 from ...core import ConvWorkload, Encoding, Layout, Workload
 from ...core.epilogue import OUT_FP16, OUT_INT16
+from ...core.hardware import TARGET
 from ...reference.bitserial import plane_coefficients
 from ...reference.epilogue import THRESHOLD_MAX_BITS
-from ..base import NUM_SMS, acc_bound, grouped_reason
+from ..base import acc_bound, grouped_reason
 
 MAX_BITS = 4          # per operand; wider precisions belong to the int8 path
 INT16_LIMIT = 2**15   # |accumulator| bound of an int16 output
@@ -25,7 +26,7 @@ WGMMA_ARCH = "sm_90a"  # wgmma needs the arch-specific Hopper target
 WTAP_THREADS, XPOP_THREADS = 128, 256
 # Split-K and k slices only where the tile grid leaves SMs idle: under two waves of one block
 # per SM (larger grids fill the GPU without it, and each split re-stores a tile's sums).
-SPLIT_K_MAX_TILES = 2 * NUM_SMS
+SPLIT_K_MAX_TILES = 2 * TARGET.sms
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,10 @@ def planes(wl: Workload) -> tuple[int, int]:
     return (1, 1) if int8_operands(wl) else (wl.a.bits, wl.w.bits)
 
 
+@lru_cache(maxsize=4096)
 def conv_shape(wl: Workload) -> Shape:
+    """The kernels' view of a workload's shape, one object per workload: every step of a build
+    (space, constraints, layout, tables, rendering) reads the same one."""
     bits = 8 if int8_operands(wl) else 1
     if isinstance(wl, ConvWorkload):
         return Shape(wl.N, wl.H, wl.W, wl.C, wl.K, wl.R, wl.S, wl.stride, wl.pad, wl.P, wl.Q,

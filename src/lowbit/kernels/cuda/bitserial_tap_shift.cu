@@ -29,7 +29,7 @@ constexpr int ONES_OFFSET = GROUPS * B_GROUP_WORDS + TEAMS * SLAB_BUFFERS * SLAB
 // a team issues a tile's MMAs once the other has issued its previous tile's), so one team's
 // MMAs run on the tensor cores while the other team's epilogue runs on the SIMT units: two
 // blocks per SM instead start together and stay in step, MMAs beside MMAs and epilogues beside
-// epilogues (NOTES.md, "Teams").
+// epilogues (NOTES.md, "Tap-shift family").
 static_assert(TEAMS == 1 || (PERSIST && !PINGPONG), "TEAMS > 1: persistent blocks, STAGES = 3");
 static_assert(TEAMS <= 2, "the MMA order alternates between two teams");
 static_assert(GROUPS <= 8, "copy_wait_groups handles at most 8 channel groups");

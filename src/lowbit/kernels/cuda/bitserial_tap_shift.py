@@ -11,9 +11,10 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from ...core import Workload
-from ...core.knobs import KnobDef, KnobTable
+from ...core.knobs import KnobTable
 from ...core.space import Scalar
 from . import bitserial_defaults as defaults
+from . import bitserial_knobs as K
 from .bitserial_family import (
     BitserialFamily,
     bitplane_words,
@@ -24,8 +25,8 @@ from .bitserial_family import (
     warp_tiles,
     wgmma_n,
 )
-from .bitserial_shape import WGMMA_ARCH, conv_shape, needs_rowsum
-from .bitserial_wgmma import FUSE_PLANES, REQUANT, ROWSUM_DOC, SWIZZLE, THR_PAIRS, ones_columns
+from .bitserial_shape import WGMMA_ARCH, conv_shape
+from .bitserial_wgmma import ones_columns
 from .tap_shift import shift_plan
 from .tap_shift import unsupported_reason as shift_reason
 
@@ -49,28 +50,27 @@ class TapShiftTemplate(BitserialFamily):
                                             1: "bitserial_wgmma_shift_persistent"}
     fixes: ClassVar[Mapping[str, Scalar]] = {"MMA": "wgmma", "WM": 64, "KT": 1, "TAP_SHIFT": 1}
     knobs = KnobTable(
-        KnobDef("BM", (64, 128, 256), "block tile rows of the virtual grid (64 per warpgroup)"),
-        KnobDef("BN", (16, 32, 64, 128, 256), "block tile columns (output channels)"),
-        KnobDef("WN", (16, 32, 64, 128, 256), "columns per warpgroup (wgmma N = w_bits * WN)"),
-        KnobDef("PERSIST", (0, 1), "1: one wave of persistent blocks, each keeping a column "
-                "tile's weights resident and three slab buffers"),
-        KnobDef("STAGES", (3, 4), "3; 4 (persistent): the next tile's MMAs in a second "
-                "accumulator set during this tile's epilogue",
-                value_requires={4: {"PERSIST": (1,)}}),
-        KnobDef("TEAMS", (1, 2), "2: two teams of the tile's warpgroups share the resident "
-                "weights and take the block's tiles in turn, their MMA issue alternating",
-                requires={"PERSIST": (1,), "STAGES": (3,)}),
-        FUSE_PLANES,
-        KnobDef("ROWSUM", ("mma", "table", "slab", "cols"),
-                ROWSUM_DOC + "; 'slab' the popcounts of the block's input slab in shared "
-                "memory, summed over each row's taps while the tile's MMAs run",
-                applies=needs_rowsum,
-                value_requires={"slab": {"PERSIST": (1,), "STAGES": (3,)},
-                                "cols": {"FUSE_PLANES": (0,)}}),
-        KnobDef("ROW_TABLE", (0, 1, 2), "1: each row's output row and tap rectangle from a "
-                "per-row table filled at bind; 2: also each slab copy's input pixel",
-                requires={"ROWSUM": ("mma", "slab", "cols")}),
-        REQUANT, THR_PAIRS, SWIZZLE)
+        K.BM.but(values=(64, 128, 256),
+                 doc="block tile rows of the virtual grid (64 per warpgroup)"),
+        K.BN, K.WGMMA_WN,
+        K.PERSIST.but(doc="1: one wave of persistent blocks, each keeping a column tile's "
+                      "weights resident and three slab buffers"),
+        K.STAGES.but(values=(3, 4), doc="3; 4 (persistent): the next tile's MMAs in a second "
+                     "accumulator set during this tile's epilogue",
+                     value_requires={4: {"PERSIST": (1,)}}),
+        K.TEAMS.but(doc="2: two teams of the tile's warpgroups share the resident weights and "
+                    "take the block's tiles in turn, their MMA issue alternating",
+                    requires={"PERSIST": (1,), "STAGES": (3,)}),
+        K.FUSE_PLANES,
+        K.ROWSUM.but(values=("mma", "table", "slab", "cols"),
+                     doc=K.ROWSUM.doc + "; 'slab' the popcounts of the block's input slab in "
+                     "shared memory, summed over each row's taps while the tile's MMAs run",
+                     value_requires={"slab": {"PERSIST": (1,), "STAGES": (3,)},
+                                     "cols": {"FUSE_PLANES": (0,)}}),
+        K.ROW_TABLE.but(values=(0, 1, 2), doc="1: each row's output row and tap rectangle from "
+                        "a per-row table filled at bind; 2: also each slab copy's input pixel",
+                        requires={"ROWSUM": ("mma", "slab", "cols")}),
+        K.REQUANT, K.THR_PAIRS, K.SWIZZLE)
     checks = (warp_tiles, wgmma_n, virtual_rows, ones_columns, row_indices, registers,
               shared_memory, bitplane_words, tile_waste)
 

@@ -16,10 +16,11 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from ...core import Config, ConfigSpace, Workload
-from ...core.knobs import KnobDef, KnobTable
+from ...core.hardware import TARGET
+from ...core.knobs import KnobTable
 from ...core.space import Scalar
-from ..base import NUM_SMS
 from . import bitserial_defaults as defaults
+from . import bitserial_knobs as K
 from .bitserial_family import (
     WGMMA_N,
     BitserialFamily,
@@ -38,44 +39,13 @@ from .bitserial_layout import ONES_ROWS, RESIDENT_STAGES, acc_planes, k_tiles, t
 from .bitserial_shape import (
     WGMMA_ARCH,
     conv_shape,
-    few_tiles,
-    fusable_planes,
-    in_place_geometry,
-    kernel_window,
-    needs_rowsum,
-    pairs_possible,
     planes,
-    threshold_epilogue,
-    two_activation_planes,
 )
 
-TILES = (
-    KnobDef("BM", (64, 128, 192, 256), "block tile rows: 64 per warpgroup (192: three "
-            "warpgroups, a row tile count between those of 128 and 256)"),
-    KnobDef("BN", (16, 32, 64, 128, 256), "block tile columns (output channels)"),
-    KnobDef("WN", (16, 32, 64, 128, 256), "columns per warpgroup (wgmma N = w_bits * WN)"),
-    KnobDef("KT", (1, 2, 4, 8), "k256 steps per pipeline stage"),
-)
-SWIZZLE = KnobDef("SWIZZLE", (0, 32), "shared-memory layout of the stages: 0 = 8x16-byte core "
-                  "matrices, 32 = the 32-byte swizzle")
-FUSE_PLANES = KnobDef(
-    "FUSE_PLANES", (0, 1), "1: the two activation planes summed in one accumulator by the "
-    "tensor cores (plane 1 issued twice): half the accumulators, three MMAs per k step instead "
-    "of two", applies=fusable_planes)
-REQUANT = KnobDef(
-    "REQUANT", ("multiply", "threshold"),
-    "requantized 1-2 bit planes: 'multiply' in 64-bit fixed point; 'threshold' compares with "
-    "per-column integer thresholds that fold in bias and ReLU", applies=threshold_epilogue)
-THR_PAIRS = KnobDef(
-    "THR_PAIRS", (0, 1), "1: threshold bits of two columns per 32-bit add (16-bit halves; a "
-    "lane's columns hold contiguous output channels, the weights' rows permuted to match)",
-    requires={"REQUANT": ("threshold",), "WN": (64, 128, 256)}, applies=pairs_possible)
-ROWSUM_DOC = ("binary weights' activation row popcounts: 'mma' a second wgmma per plane and "
-              "k step against a tile of ones; 'table' a per-pixel popcount table of x summed "
-              "over the valid taps in the epilogue; 'cols' 16 ones-and-zeros columns appended "
-              "to the weights (needs BN = WN), the products' wgmma reading each A tile once")
-ROW_TABLE_DOC = ("1: each row's output row and tap rectangle from a per-row table filled at "
-                 "bind (0: worked out from the row index in the epilogue)")
+TILES = (K.BM.but(values=(64, 128, 192, 256),
+                 doc="block tile rows: 64 per warpgroup (192: three warpgroups, a row tile "
+                     "count between those of 128 and 256)"),
+         K.BN, K.WGMMA_WN, K.KT)
 
 
 def ones_columns(wl: Workload, c: Mapping) -> str | None:
@@ -130,39 +100,13 @@ class WgmmaTemplate(BitserialFamily):
     kernels: ClassVar[Mapping[int, str]] = {0: "bitserial_wgmma"}
     fixes: ClassVar[Mapping[str, Scalar]] = {"MMA": "wgmma", "WM": 64}
     knobs = KnobTable(
-        *TILES,
-        KnobDef("HALO", (0, 1), "1: the block's input rows plus halo copied once into shared "
-                "memory, the im2col tiles gathered from there", applies=kernel_window),
-        KnobDef("A_IN_HALO", (0, 1), "1: a block tile is a BM / 8 x 8 tile of output pixels "
-                "whose input window sits in shared memory as 16-byte channel chunks by pixel; "
-                "the wgmma descriptors address every tap's A tile in place (no im2col), the "
-                "stages carry the weights only", requires={"HALO": (1,)},
-                applies=in_place_geometry),
-        KnobDef("STAGES", (3, 4, 6, RESIDENT_STAGES), "cp.async pipeline stages (one stays "
-                f"in flight; {RESIDENT_STAGES}: A_IN_HALO's weight-only stages, every k tile "
-                "resident)", value_requires={RESIDENT_STAGES: {"A_IN_HALO": (1,)}}),
-        KnobDef("BULK_WEIGHTS", (0, 1), "1: each k tile's weights as one bulk copy on an "
-                "mbarrier from a stage image made at bind (every k tile resident)",
-                requires={"A_IN_HALO": (1,)}),
-        KnobDef("TMA_HALO", (0, 32, 64, 128), "the input window by the tensor copy engine, "
-                "one copy per plane and channel block of this many bytes per pixel, into "
-                "swizzled pixel rows the MMAs read in place", requires={"A_IN_HALO": (1,)}),
-        KnobDef("PLANE_ROWS", (0, 1), "1: a warp's 16 rows are one output row's 8 pixels in "
-                "each of two activation planes: one wgmma per slab covers both planes",
-                requires={"A_IN_HALO": (1,), "TMA_HALO": (0,)}, applies=two_activation_planes),
-        KnobDef("SLICES", (1, 2, 4), "sets of the tile's warpgroups that reduce k tile "
-                "ranges of the same tile, the first adding the others' sums from shared "
-                "memory; for grids under two waves", applies=few_tiles,
-                requires={"BULK_WEIGHTS": (0,), "TMA_HALO": (0,), "PLANE_ROWS": (0,)}),
-        KnobDef(FUSE_PLANES.name, FUSE_PLANES.values, FUSE_PLANES.doc,
-                requires={"PLANE_ROWS": (0,)}, applies=fusable_planes),
-        KnobDef("ROWSUM", ("mma", "table", "cols"), ROWSUM_DOC, applies=needs_rowsum,
-                value_requires={"table": {"A_IN_HALO": (0,)},
-                                "cols": {"BULK_WEIGHTS": (0,), "PLANE_ROWS": (0,),
-                                         "FUSE_PLANES": (0,)}}),
-        KnobDef("ROW_TABLE", (0, 1), ROW_TABLE_DOC,
-                requires={"A_IN_HALO": (0,), "ROWSUM": ("mma", "cols")}),
-        REQUANT, THR_PAIRS, SWIZZLE)
+        *TILES, K.HALO, K.A_IN_HALO, K.WGMMA_STAGES, K.BULK_WEIGHTS, K.TMA_HALO, K.PLANE_ROWS,
+        K.SLICES, K.FUSE_PLANES.but(requires={"PLANE_ROWS": (0,)}),
+        K.ROWSUM.but(value_requires={"table": {"A_IN_HALO": (0,)},
+                                     "cols": {"BULK_WEIGHTS": (0,), "PLANE_ROWS": (0,),
+                                              "FUSE_PLANES": (0,)}}),
+        K.ROW_TABLE.but(requires={"A_IN_HALO": (0,), "ROWSUM": ("mma", "cols")}),
+        K.REQUANT, K.THR_PAIRS, K.SWIZZLE)
     checks = (warp_tiles, wgmma_n, in_place_slabs, bulk_resident, tma_blocks,
               halo_slab, ones_columns, row_indices, k_slices, registers, shared_memory,
               copy_chunks, bitplane_words, tile_waste)
@@ -184,16 +128,9 @@ class WgmmaPersistentTemplate(BitserialFamily):
     kernels: ClassVar[Mapping[int, str]] = {1: "bitserial_wgmma_persistent"}
     fixes: ClassVar[Mapping[str, Scalar]] = {"MMA": "wgmma", "WM": 64, "PERSIST": 1}
     knobs = KnobTable(
-        *TILES,
-        KnobDef("STAGES", (3, 4, 6), "cp.async pipeline stages (one stays in flight)"),
-        KnobDef("TEAMS", (1, 2), "2: two teams of the tile's warpgroups, each with its own "
-                "stages, take the block's tiles in turn, their MMA issue alternating so one "
-                "team's MMAs run while the other's epilogue does"),
-        FUSE_PLANES,
-        KnobDef("ROWSUM", ("mma", "table", "cols"), ROWSUM_DOC, applies=needs_rowsum,
-                value_requires={"cols": {"FUSE_PLANES": (0,)}}),
-        KnobDef("ROW_TABLE", (0, 1), ROW_TABLE_DOC, requires={"ROWSUM": ("mma", "cols")}),
-        REQUANT, THR_PAIRS, SWIZZLE)
+        *TILES, K.STAGES, K.TEAMS, K.FUSE_PLANES,
+        K.ROWSUM.but(value_requires={"cols": {"FUSE_PLANES": (0,)}}), K.ROW_TABLE,
+        K.REQUANT, K.THR_PAIRS, K.SWIZZLE)
     checks = (warp_tiles, wgmma_n, persistent_spill, ones_columns, row_indices, registers,
               shared_memory, copy_chunks, bitplane_words, tile_waste)
 
@@ -217,7 +154,7 @@ def small_grid_default(wl: Workload, spec: Config, space: ConfigSpace) -> Config
     """A default's full parameters `spec` (of any wgmma family), or, where the grid is small
     and the reduction long, the one-tile wgmma's small-grid default built from it (a
     `WGMMA` spec, valid in `space`, that family's space for `wl`)."""
-    if (math.prod(tile_grid(wl, spec)) >= NUM_SMS // 2
+    if (math.prod(tile_grid(wl, spec)) >= TARGET.sms // 2
             or k_tiles(wl, spec.replace(KT=1)) < SMALL_GRID_K_TILES):
         return spec
 
@@ -237,7 +174,7 @@ def small_grid_default(wl: Workload, spec: Config, space: ConfigSpace) -> Config
         for kt in (4, 2):
             resident = in_place(bn, kt, 0)
             if (valid(resident) and k_tiles(wl, resident) <= RESIDENT_STAGES - 2
-                    and (bn == 32 or math.prod(tile_grid(wl, resident)) >= NUM_SMS // 2)):
+                    and (bn == 32 or math.prod(tile_grid(wl, resident)) >= TARGET.sms // 2)):
                 return resident
         for halo in (1, 0):
             small = spec.replace(BM=64, BN=bn, WM=64, WN=bn, KT=2 if halo else 1, STAGES=4,
@@ -245,6 +182,6 @@ def small_grid_default(wl: Workload, spec: Config, space: ConfigSpace) -> Config
                                  ROW_TABLE=0, ROWSUM="mma")
             if not valid(small):  # THR_PAIRS needs WN >= 64
                 small = small.replace(THR_PAIRS=0)
-            if valid(small) and (bn == 32 or math.prod(tile_grid(wl, small)) >= NUM_SMS // 2):
+            if valid(small) and (bn == 32 or math.prod(tile_grid(wl, small)) >= TARGET.sms // 2):
                 return small
     return spec

@@ -16,6 +16,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from ...core.cache import cache_dir
+
 
 def compiler() -> str | None:
     """The host C++ compiler used (``$CXX`` or g++ / clang++ on PATH), None if there is none."""
@@ -25,19 +27,13 @@ def compiler() -> str | None:
     return None
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("LOWBIT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache"), "lowbit")
-    return Path(base) / "emu"
-
-
 def host_library(source: str, stem: str) -> ctypes.CDLL:
     """`source` compiled (C++20, -O1, pthreads) into a shared library, cached by hash."""
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no host C++ compiler (set $CXX or install g++) for the emulation")
     key = hashlib.sha256((cxx + source).encode()).hexdigest()[:32]
-    lib = _cache_dir() / f"{stem}_{key}.so"
+    lib = cache_dir("emu") / f"{stem}_{key}.so"
     if not lib.is_file():
         lib.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:

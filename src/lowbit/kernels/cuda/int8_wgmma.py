@@ -20,10 +20,12 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from ...core import Config, Encoding, Layout, Workload
-from ...core.knobs import KnobDef, KnobTable
+from ...core.hardware import TARGET
+from ...core.knobs import KnobTable
 from ...core.space import Scalar
-from ..base import EXACT_INT32, NUM_SMS, acc_bound
+from ..base import EXACT_INT32, acc_bound
 from . import bitserial_defaults as defaults
+from . import bitserial_knobs as K
 from .bitserial_family import (
     BitserialFamily,
     bitplane_words,
@@ -37,11 +39,11 @@ from .bitserial_family import (
 )
 from .bitserial_layout import tile_grid
 from .bitserial_render import render
-from .bitserial_shape import WGMMA_ARCH, conv_shape, kernel_window, support_limits_reason
-from .bitserial_wgmma import REQUANT, SWIZZLE, WGMMA, WGMMA_PERSISTENT, persistent_spill
+from .bitserial_shape import WGMMA_ARCH, conv_shape, support_limits_reason
+from .bitserial_wgmma import WGMMA, WGMMA_PERSISTENT, persistent_spill
 
 #: tiles a default's grid should have: half the SMs, below which a smaller tile is taken
-MIN_DEFAULT_TILES = NUM_SMS // 2
+MIN_DEFAULT_TILES = TARGET.sms // 2
 
 class Int8WgmmaTemplate(BitserialFamily):
     """NHWC x KRSC int8 conv2d (and GEMM) on s8 wgmma with the bit-serial wgmma kernels."""
@@ -55,17 +57,12 @@ class Int8WgmmaTemplate(BitserialFamily):
     entry = WGMMA.entry
     fixes: ClassVar[Mapping[str, Scalar]] = {"MMA": "wgmma", "WM": 64}
     knobs = KnobTable(
-        KnobDef("BM", (64, 128, 256), "block tile rows: 64 per warpgroup"),
-        KnobDef("BN", (16, 32, 64, 128, 256), "block tile columns (output channels)"),
-        KnobDef("WN", (16, 32, 64, 128, 256), "columns per warpgroup (wgmma N)"),
-        KnobDef("KT", (1, 2, 4), "k32 byte slabs per pipeline stage"),
-        KnobDef("STAGES", (3, 4, 6), "cp.async pipeline stages (one stays in flight)"),
-        KnobDef("PERSIST", (0, 1), "1: one wave of persistent blocks, the copies pipelined "
-                "across tiles (bitserial_wgmma_persistent.cu)"),
-        KnobDef("HALO", (0, 1), "1: the block's input rows plus halo copied once into shared "
-                "memory, the im2col tiles gathered from there (one tile per block)",
-                requires={"PERSIST": (0,)}, applies=kernel_window),
-        REQUANT, SWIZZLE)
+        K.BM.but(values=(64, 128, 256), doc="block tile rows: 64 per warpgroup"),
+        K.BN, K.WGMMA_WN.but(doc="columns per warpgroup (wgmma N)"),
+        K.KT.but(values=(1, 2, 4), doc="k32 byte slabs per pipeline stage"), K.STAGES,
+        K.PERSIST.but(doc=K.PERSIST.doc + " (bitserial_wgmma_persistent.cu)"),
+        K.HALO.but(doc=K.HALO.doc + " (one tile per block)", requires={"PERSIST": (0,)}),
+        K.REQUANT, K.SWIZZLE)
     checks = (warp_tiles, wgmma_n, persistent_spill, halo_slab, registers, shared_memory,
               copy_chunks, bitplane_words, tile_waste)
 

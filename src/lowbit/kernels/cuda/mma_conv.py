@@ -7,11 +7,10 @@ Two registered templates share one kernel body (`mma_conv.cu`):
   u4/s4). Native on sm_80..sm_89; Hopper emulates it (47 TOPS measured): the tuner learns that.
 GEMM workloads run as 1x1 convolutions (a [M, K] = NHWC [1, 1, M, K], b [N, K] = KRSC).
 
-Knobs (`space`): warps per block in M and N, MMA tiles per warp in M (16 rows) and N (8
-columns), K chunk (elements per pipeline stage), loop order ("rsc": kernel position outer,
-channel chunks inner; "crs": channel chunk outer), duplicate-aware load and register-level output
-packing (see `mma_conv_cuda` for what the two techniques do in the kernel). Constraints: shared
-memory, registers, threads per block, and tiles no larger than the workload needs.
+Knobs (`MmaConvTemplate.knobs`, a table per variant): warps per block in M and N, MMA tiles per
+warp, K chunk, loop order, duplicate-aware load and register-level output packing (see
+`mma_conv.cu` for what the two techniques do in the kernel). Constraints: shared memory,
+registers, threads per block, and tiles no larger than the workload needs.
 Outputs: the fused epilogue of `lowbit.core.epilogue` (int32, fp16, requantized in Layout.INT8
 or Layout.PACKED), bit-exact with `lowbit.reference.run` for integer outputs; fp16 outputs are
 fp16(float32(y) * scale) with the same roundings as the reference.
@@ -19,7 +18,8 @@ fp16(float32(y) * scale) with the same roundings as the reference.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -30,14 +30,16 @@ from ...core import (
     Config,
     ConfigSpace,
     ConvWorkload,
-    Knob,
     Layout,
     Workload,
 )
 from ...core.epilogue import EpilogueParams
+from ...core.hardware import TARGET
+from ...core.knobs import KnobDef, KnobTable
 from ...core.precision import Encoding
 from ...core.validate import check_inputs, output_buffer
 from ..base import KernelTemplate, grouped_reason, register
+from ..geometry import Geometry, conv_taps
 from . import nvrtc
 from .cu_source import expand
 
@@ -49,9 +51,8 @@ PRELUDE_NAMES = (
     "NB", "H", "W", "CB", "K", "R", "S", "STRIDE", "PAD", "P", "Q", "TP", "TQ",
     "HAS_BIAS", "RELU", "OUT_KIND", "OUT_BITS", "QMIN", "QMAX",
 )
-SMEM_LIMIT = 227 * 1024  # dynamic shared memory per block on sm_90 (sm_80: 163 KiB)
-MAX_REGS = 255
-REGS_PER_SM = 65536
+SMEM_LIMIT = TARGET.smem_per_block  # dynamic shared memory per block (sm_80: 163 KiB)
+MAX_REGS = TARGET.max_regs_per_thread
 MAX_WARPS = 8
 OUT_KINDS = {"int32": 0, "fp16": 1, "bytes": 2, "packed": 3}
 
@@ -161,6 +162,34 @@ def registers_estimate(config: Config) -> int:
     return 4 * tm * tn + 4 * tm + 2 * tn + tm + 40
 
 
+def _is_conv(wl: Workload) -> bool:
+    return isinstance(wl, ConvWorkload)
+
+
+def _packs_output(wl: Workload) -> bool:
+    """A requantized output in bytes or packed sub-byte values: what register packing packs."""
+    epi = wl.epilogue
+    return epi.requantizes and epi.out_layout in (Layout.INT8, Layout.PACKED)
+
+
+def mma_conv_knobs(variant: Variant) -> KnobTable:
+    """The knobs of one variant's template (its K chunks are bytes of its elements)."""
+    return KnobTable(
+        KnobDef("warps_m", (1, 2, 4), "warps per block in M"),
+        KnobDef("warps_n", (1, 2, 4), "warps per block in N"),
+        KnobDef("tiles_m", (1, 2, 4, 8), "MMA tiles per warp in M (16 rows each)"),
+        KnobDef("tiles_n", (1, 2, 4, 8), "MMA tiles per warp in N (8 columns each)"),
+        KnobDef("k_chunk", variant.chunk_values(), "K elements per pipeline stage (32, 64 or "
+                "128 bytes of channels)"),
+        KnobDef("loop_order", ("rsc", "crs"), "'rsc': kernel position outer, channel chunks "
+                "inner; 'crs': channel chunk outer"),
+        KnobDef("duplicate_aware_load", (False, True), "the block's input rows plus halo "
+                "loaded once, the taps' tiles read from there (convs)", applies=_is_conv),
+        KnobDef("register_packing", (False, True), "requantized outputs packed in registers "
+                "before the store", applies=_packs_output),
+    )
+
+
 class MmaConvTemplate(KernelTemplate):
     """Tiled mma.sync convolution/GEMM for one instruction variant (s8 or s4)."""
 
@@ -169,6 +198,7 @@ class MmaConvTemplate(KernelTemplate):
     def __init__(self, variant: Variant) -> None:
         self.variant = variant
         self.name = f"cuda.mma_conv_{variant.name}"
+        self.knobs = mma_conv_knobs(variant)
 
     def unsupported_reason(self, wl: Workload) -> str | None:
         v = self.variant
@@ -192,21 +222,6 @@ class MmaConvTemplate(KernelTemplate):
             return "more than 2^31 input or output pixels"
         return None
 
-    def _knobs(self, wl: Workload) -> list[Knob]:
-        epi = wl.epilogue
-        packs = epi.requantizes and epi.out_layout in (Layout.INT8, Layout.PACKED)
-        return [
-            Knob("warps_m", (1, 2, 4)),
-            Knob("warps_n", (1, 2, 4)),
-            Knob("tiles_m", (1, 2, 4, 8)),
-            Knob("tiles_n", (1, 2, 4, 8)),
-            Knob("k_chunk", self.variant.chunk_values()),
-            Knob("loop_order", ("rsc", "crs")),
-            Knob("duplicate_aware_load", (False, True) if isinstance(wl, ConvWorkload)
-                 else (False,)),
-            Knob("register_packing", (False, True) if packs else (False,)),
-        ]
-
     def space(self, wl: Workload) -> ConfigSpace:
         self.check_supported(wl)
         shape, kind, v = conv_shape(wl, self.variant), out_kind(wl), self.variant
@@ -220,7 +235,7 @@ class MmaConvTemplate(KernelTemplate):
             regs = registers_estimate(c)
             if regs > MAX_REGS:
                 return f"about {regs} registers per thread > {MAX_REGS}"
-            if regs * c["warps_m"] * c["warps_n"] * 32 > REGS_PER_SM:
+            if regs * c["warps_m"] * c["warps_n"] * 32 > TARGET.regs_per_sm:
                 return f"about {regs} registers x {c['warps_m'] * c['warps_n']} warps > the SM's"
             return None
 
@@ -243,13 +258,30 @@ class MmaConvTemplate(KernelTemplate):
                 return f"K chunk {c['k_chunk']} is larger than C={shape.C} needs"
             return None
 
-        return ConfigSpace(self._knobs(wl), [threads, registers, loop_order, fits, shared])
+        return self.knobs.space(wl, [threads, registers, loop_order, fits, shared])
 
     def default_config(self, wl: Workload) -> Config:
         """2x2 warps of 2x2 MMA tiles (64 x 32 outputs), 64-byte K chunks, no techniques."""
         return Config(warps_m=2, warps_n=2, tiles_m=2, tiles_n=2,
                       k_chunk=self.variant.chunk_values()[1], loop_order="rsc",
                       duplicate_aware_load=False, register_packing=False)
+
+    def geometry(self, wl: Workload, config: Mapping) -> Geometry:
+        """warps_m x warps_n warps of tiles_m x tiles_n 16 x 16 MMA tiles, k_chunk channels of
+        a tap a step, two stages; s4 operands stage half a byte an element."""
+        c = config
+        m, n, k = wl.gemm_shape
+        wm_, wn_ = int(c["warps_m"]), int(c["warps_n"])
+        bm, bn = wm_ * int(c.get("tiles_m", 1)) * 16, wn_ * int(c.get("tiles_n", 1)) * 16
+        bk = int(c.get("k_chunk", 32))
+        four = self.variant.bits == 4
+        taps, chans = conv_taps(wl)
+        steps = taps * math.ceil(chans / bk)
+        elem = 0.5 if four else 1.0
+        return Geometry("mma_conv", "int4_mma_sync" if four else "int8_mma_sync", m, n, k, bm,
+                        bn, math.ceil(m / bm) * bm, math.ceil(m / bm) * math.ceil(n / bn), 1, bk,
+                        steps, 32 * wm_ * wn_, 2, int(2 * (bm + bn) * bk * elem),
+                        min(255, bm * bn // (32 * wm_ * wn_) + 48), False, 1, elem)
 
     def build(self, wl: Workload, config: Config) -> MmaConvKernel:
         config = self.checked_config(wl, config)

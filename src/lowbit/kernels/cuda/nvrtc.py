@@ -3,8 +3,8 @@
 Contract:
 - ``compile_cubin(source, arch)`` / ``compile_ptx(source, arch)`` return the compiled bytes;
   results are cached in memory and on disk, keyed by the SHA-256 of (source, arch, options,
-  NVRTC version), under ``$LOWBIT_CACHE_DIR/nvrtc`` or ``$XDG_CACHE_HOME/lowbit/nvrtc``
-  (default ``~/.cache/lowbit/nvrtc``).
+  NVRTC version), under ``cache_dir("nvrtc")`` (`lowbit.core.cache`: ``$LOWBIT_CACHE_DIR/nvrtc``
+  or ``~/.cache/lowbit/nvrtc``).
   A cache made by one NVRTC version is never read by another (the version is in the key).
 - A compile error raises ``CompileError`` whose ``.log`` is the NVRTC program log.
 - ``load_kernel(source, name)`` compiles for the current device (``device_arch()``) and returns a
@@ -30,13 +30,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ...core.cache import cache_dir
 from ...core.progress import progress
 
 __all__ = [
     "CompileError",
     "CudaError",
     "CudaKernel",
-    "cache_dir",
     "compile_cubin",
     "compile_ptx",
     "device_arch",
@@ -97,15 +97,6 @@ def nvrtc_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def cache_dir() -> Path:
-    """Directory of the on-disk compile cache (created on first write)."""
-    env = os.environ.get("LOWBIT_CACHE_DIR")
-    if env:
-        return Path(env) / "nvrtc"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "lowbit" / "nvrtc"
-
-
 def _normalize_arch(arch: str) -> str:
     arch = arch.strip()
     for prefix in ("sm_", "compute_"):
@@ -132,7 +123,7 @@ def _compile(kind: str, source: str, arch: str, options: Sequence[str]) -> bytes
     with _lock:
         if key in _memory_cache:
             return _memory_cache[key]
-    path = cache_dir() / f"{key}.{kind}"
+    path = cache_dir("nvrtc") / f"{key}.{kind}"
     if path.is_file():
         data = path.read_bytes()
         with _lock:

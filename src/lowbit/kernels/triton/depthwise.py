@@ -364,9 +364,10 @@ class Conv2dDepthwiseTemplate(KernelTemplate):
         return cfg if space.is_valid(cfg) else space.all_configs()[0]
 
     def launch_shape(self, wl: Workload, config: Config) -> dict:
-        """Launch shape for `lowbit.perfmodel.launch_shape`: a BLOCK_PIX x BLOCK_C tile of the
-        N*P*Q x C output over an R*S reduction, one value a step, no shared memory staging
-        beyond Triton's pipeline (operand bits: the stored activation width)."""
+        """The launch as plain tiles (`kernels.geometry.LaunchShape` fields): a BLOCK_PIX x
+        BLOCK_C tile of the N*P*Q x C output over an R*S reduction, one value a step, no
+        shared memory staging beyond Triton's pipeline (operand bits: the stored activation
+        width)."""
         bits = wl.a.bits if wl.a_layout is Layout.PACKED else 8
         return dict(M=wl.gemm_shape[0], N=wl.K, K=wl.R * wl.S, block_m=config["BLOCK_PIX"],
                     block_n=config["BLOCK_C"], block_k=1, warps=config["num_warps"],

@@ -57,8 +57,9 @@ import triton
 import triton.language as tl
 
 from ...core import Config, ConfigSpace, ConvWorkload, Workload
+from ...core.hardware import TARGET
 from ...core.knobs import KnobDef, KnobTable
-from ..base import EXACT_INT32, NUM_SMS, acc_bound
+from ..base import EXACT_INT32, KernelTemplate, acc_bound
 from .epilogue import epilogue_store
 from .igemm import (
     Launch,
@@ -70,7 +71,7 @@ from .igemm import (
     output_pixels,
     tap_operands,
 )
-from .templates import SMEM_LIMIT, IgemmKernel, _IgemmTemplate, problem
+from .templates import SMEM_LIMIT, IgemmKernel, _IgemmTemplate, problem, reduction_iters
 from .zero_point import (
     ACT_ZERO_POINT,
     SHIFTED_ACT,
@@ -85,7 +86,7 @@ GEMV_MAX_M = 64
 #: programs the default config's grid reaches at least: one per SM (with 3 tiles of 16 KB in
 #: flight each, 6 MB in flight: twice what the H100's bandwidth x latency product needs), and
 #: at most two per SM, one wave
-TARGET_PROGRAMS = NUM_SMS
+TARGET_PROGRAMS = TARGET.sms
 #: the deepest K split (more adds atomics and arrival traffic for no more bandwidth)
 MAX_SPLIT = 64
 #: above this many rows the dot pads them to 64 and the row tile [64, BLOCK_K] is as large as
@@ -244,6 +245,7 @@ class GemvInt8Template(_IgemmTemplate):
     activations (zero point, module doc)."""
 
     name = "triton.gemv_int8"
+    knobs = GEMV_KNOBS
     added_knobs: Mapping[str, object] = {}
     layer_outputs_max = 0  # its own split-K kernel: the separate pass writes the outputs
     #: read by `lowbit.tune.dispatch`: time it by the weight-streaming estimate (the learned
@@ -287,7 +289,7 @@ class GemvInt8Template(_IgemmTemplate):
             return f"shared memory {need} B > {SMEM_LIMIT} B" if need > SMEM_LIMIT else None
 
         def split(c: Config) -> str | None:
-            steps = self._iters(wl, c["BLOCK_K"])
+            steps = reduction_iters(wl, c["BLOCK_K"])
             if c["SPLIT_K"] > steps:
                 return (f"SPLIT_K={c['SPLIT_K']} > {steps} reduction steps (taps x chunks of "
                         "BLOCK_K): a K slice would be empty")
@@ -297,7 +299,7 @@ class GemvInt8Template(_IgemmTemplate):
 
     def space(self, wl: Workload) -> ConfigSpace:
         self.check_supported(wl)
-        return GEMV_KNOBS.space(wl, self.constraints(wl))
+        return self.knobs.space(wl, self.constraints(wl))
 
     def default_config(self, wl: Workload) -> Config:
         """BLOCK_N 64 (32 for N <= 32 and for M > MANY_ROWS), BLOCK_K 256 (128 where C, or a
@@ -321,11 +323,14 @@ class GemvInt8Template(_IgemmTemplate):
         return cfg if space.is_valid(cfg) else space.all_configs()[0]
 
     def launch_shape(self, wl: Workload, config: Config) -> dict:
-        """Launch shape for `lowbit.perfmodel.launch_shape` (rows padded to BLOCK_M; a conv's
-        M, N, K are those of its implicit GEMM)."""
+        """The launch as plain tiles (`kernels.geometry.LaunchShape` fields; rows padded to
+        BLOCK_M; a conv's M, N, K are those of its implicit GEMM): its geometry."""
         return dict(block_m=block_m(wl.gemm_shape[0]), block_n=config["BLOCK_N"],
                     block_k=config["BLOCK_K"], warps=config["num_warps"],
                     stages=config["num_stages"], split_k=config["SPLIT_K"], operand_bits=8)
+
+    #: its split-K weight stream is plain tiles of one GEMM: the geometry of its launch shape
+    geometry = KernelTemplate.geometry
 
     def build(self, wl: Workload, config: Config) -> GemvKernel:
         config = self.checked_config(wl, config)

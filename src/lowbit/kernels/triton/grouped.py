@@ -322,8 +322,9 @@ class Conv2dGroupedInt8Template(KernelTemplate):
         return cfg if space.is_valid(cfg) else space.all_configs()[0]
 
     def launch_shape(self, wl: Workload, config: Config) -> dict:
-        """Launch shape for `lowbit.perfmodel.launch_shape`: the implicit GEMM N*P*Q x K whose
-        reduction is a tile's padded span, R*S*CT (the MMA work done, zeros included)."""
+        """The launch as plain tiles (`kernels.geometry.LaunchShape` fields): the implicit
+        GEMM N*P*Q x K whose reduction is a tile's padded span, R*S*CT (the MMA work done,
+        zeros included)."""
         ct = span_width(wl, config["BLOCK_N"])
         return dict(M=wl.gemm_shape[0], N=wl.K, K=wl.R * wl.S * ct,
                     block_m=config["BLOCK_PIX"], block_n=config["BLOCK_N"],

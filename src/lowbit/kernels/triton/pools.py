@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from ...core import Encoding, Layout, PackedTensor, Precision
+from ...core.hardware import TARGET
 from ...reference.netops import MULT_LIMIT, pool_geometry
 from .igemm import Launch, cdiv
 from .stored import (
@@ -236,8 +237,8 @@ def _codes(x: PackedTensor, out: PackedTensor, low: int | None = None) -> dict:
                 QMIN=int(prec.qmin) if low is None else low, QMAX=int(prec.qmax))
 
 
-#: programs a pool launch aims for: two per SM of a 132-SM H100
-POOL_PROGRAMS = 264
+#: programs a pool launch aims for: two per SM
+POOL_PROGRAMS = 2 * TARGET.sms
 
 
 def pool_block_p(npq: int, col_tiles: int, cap: int, floor: int = 16) -> int:

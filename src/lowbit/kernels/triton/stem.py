@@ -42,13 +42,13 @@ useful fraction of the dots (363 of 768 products).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from ...core import Encoding, Layout, PackedTensor, Precision
+from ...core.hardware import TARGET
 from .igemm import Launch, cdiv
 from .netops import (
     FLOAT_INPUTS,
@@ -62,7 +62,7 @@ from .netops import (
     new_outputs,
 )
 from .stem_gemm import INT32_MIN, stem_gemm_kernel, stem_outputs, stem_slot
-from .stem_geometry import StemGeometry, geometry_of, s2d_weights
+from .stem_geometry import BLOCK_J, BLOCK_N, StemConfig, StemGeometry, geometry_of, s2d_weights
 from .stem_ring import ring_band_rows, ring_launch, ring_refusal
 from .stored import ENC, Launcher, check_device, empty_packed, flag_nonfinite, quantize_f32
 
@@ -71,11 +71,6 @@ __all__ = ["StemConfig", "StemGeometry", "bind_stem", "default_config", "empty_p
 
 #: outputs one stem launch writes
 STEM_MAX_OUTPUTS = 3
-#: conv kernels a StemConfig names
-STEM_KERNELS = ("bands", "gemm", "ring")
-#: output columns and channels per dot (defaults)
-BLOCK_J = 64
-BLOCK_N = 64
 
 # =========================================================================== kernels
 @triton.jit
@@ -227,58 +222,7 @@ def stem_conv_kernel(
 
 
 # =========================================================================== host side
-@dataclass(frozen=True)
-class StemConfig:
-    """Launch knobs. kernel: "ring" (`stem_ring`: one launch, the image quantized into a
-    per-program ring; stride 2 with the pool only), "bands" (`stem_conv_kernel`: four dots of
-    BLOCK_J rows per pooled row) or "gemm" (`stem_gemm.stem_gemm_kernel`: one dot of
-    4 * block_j rows per pooled row, weights loaded once, loads pipelined by num_stages).
-    band_rows: output rows per tile (with the pool each band computes one extra conv row
-    pair); images: images stacked along the dots' M ("bands" only: 1 or 2); block_j: output
-    columns per dot (pooled: block_j - 1 written per program, block_j - 2 with "ring");
-    whole_k: one dot over the whole reduction where its bytes are a power of two, else dots
-    of 64 ("bands" / "gemm"); block_n: channels per program (32 halves the registers, each
-    program reads the window again); warps, pipeline stages ("ring" runs unpipelined);
-    fast_requant: the float64 requantization where it is exact (`netops.requant_mode`);
-    thresholds: outputs of 1-2 bits by integer thresholds instead; programs_per_sm ("ring"):
-    the persistent grid's programs per SM; transposed ("ring"): the dot as weights x
-    windows^T (False: windows x weights); late_loads ("ring"): each step loads the next
-    step's image rows after its dot (False: before it, where the dot's operand fence may wait
-    for them)."""
-
-    band_rows: int = 4
-    images: int = 1
-    kernel: str = "bands"
-    block_j: int = BLOCK_J
-    whole_k: bool = False
-    block_n: int = 64
-    num_warps: int = 4
-    num_stages: int = 1
-    fast_requant: bool = True
-    maxnreg: int | None = None
-    thresholds: bool = True
-    programs_per_sm: int = 2
-    transposed: bool = True
-    late_loads: bool = True
-
-    def __post_init__(self) -> None:
-        if self.kernel not in STEM_KERNELS:
-            raise ValueError(f"kernel must be one of {STEM_KERNELS}, got {self.kernel!r}")
-        if not isinstance(self.programs_per_sm, int) or not 1 <= self.programs_per_sm <= 8:
-            raise ValueError(f"programs_per_sm must be an int in 1..8, got "
-                             f"{self.programs_per_sm!r}")
-        if self.images not in ((1, 2) if self.kernel == "bands" else (1,)):
-            raise ValueError(f"images must be 1 or 2 (1 with kernel='gemm'), got "
-                             f"{self.images!r}")
-        if self.block_j not in (16, 32, 64):
-            raise ValueError(f"block_j must be 16, 32 or 64, got {self.block_j!r}")
-        if self.block_n not in (32, 64):
-            raise ValueError(f"block_n must be 32 or 64, got {self.block_n!r}")
-        if not isinstance(self.band_rows, int) or self.band_rows < 1:
-            raise ValueError(f"band_rows must be an int >= 1, got {self.band_rows!r}")
-
-
-def gemm_band_rows(geom: StemGeometry, block_j: int, block_n: int = BLOCK_N, sms: int = 132,
+def gemm_band_rows(geom: StemGeometry, block_j: int, block_n: int = BLOCK_N, sms: int = TARGET.sms,
                    per_sm: int = 2) -> int:
     """The longest band (of 16, 8, 4, 2 output rows, else 1) at which the "gemm" kernel still
     gives every SM `per_sm` programs."""
@@ -286,7 +230,7 @@ def gemm_band_rows(geom: StemGeometry, block_j: int, block_n: int = BLOCK_N, sms
     return next((r for r in (16, 8, 4, 2) if per_band * cdiv(geom.PH, r) >= per_sm * sms), 1)
 
 
-def ring_config(geom: StemGeometry, sms: int = 132, **knobs) -> StemConfig:
+def ring_config(geom: StemGeometry, sms: int = TARGET.sms, **knobs) -> StemConfig:
     """A "ring" config: block_j 16 or 32 by the pooled width (2 * block_j + 4 pixels per ring
     row), 64 channels, 4 warps, 2 programs per SM and the band of least predicted time
     (`stem_ring.ring_band_rows`); `knobs` override (band_rows recomputed unless given)."""
@@ -299,7 +243,7 @@ def ring_config(geom: StemGeometry, sms: int = 132, **knobs) -> StemConfig:
     return StemConfig(**base)
 
 
-def default_config(geom: StemGeometry, sms: int = 132) -> StemConfig:
+def default_config(geom: StemGeometry, sms: int = TARGET.sms) -> StemConfig:
     """The config per first-layer shape, the fastest measured so far:
     - AlexNet's 11x11/4 + pool and VGG's 3x3/1 without pool: the "gemm" kernel at 32 columns,
       4 warps, 3 stages (H100: 33 against the "bands" kernel's 72 us and 77 against 112 us at

@@ -1,7 +1,7 @@
 """Shapes of the fused first layer (`stem`): the geometry of a conv on at most a few channels
-with its optional 3x3/2 max-pool, and the space-to-depth view of it the stem kernels run
-(the S x S image blocks of a stride-S conv as pixels of S*S*C channels, the R x R filter as
-an RS x RS one on them)."""
+with its optional 3x3/2 max-pool, the space-to-depth view of it the stem kernels run (the
+S x S image blocks of a stride-S conv as pixels of S*S*C channels, the R x R filter as an
+RS x RS one on them), and the launch knobs of the stem kernels (`StemConfig`)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,17 @@ import torch
 
 from ...reference.netops import pool_output_size
 
-__all__ = ["CHUNK_BYTES", "PIXEL_ALIGN", "StemGeometry", "geometry_of", "s2d_weights"]
+__all__ = ["BLOCK_J", "BLOCK_N", "CHUNK_BYTES", "PIXEL_ALIGN", "STEM_KERNELS", "StemConfig",
+           "StemGeometry", "geometry_of", "s2d_weights"]
 
 #: reduction bytes per dot chunk, and the alignment of a space-to-depth pixel
 CHUNK_BYTES = 64
 PIXEL_ALIGN = 16
+#: conv kernels a StemConfig names
+STEM_KERNELS = ("bands", "gemm", "ring")
+#: output columns and channels per dot (defaults)
+BLOCK_J = 64
+BLOCK_N = 64
 
 
 # =========================================================================== geometry
@@ -141,3 +147,55 @@ def geometry_of(image: torch.Tensor, weight: torch.Tensor, stride: int, pad: int
         raise ValueError(f"weight has C={weight.shape[3]} but the image has {c} channels")
     return StemGeometry(N=n, C=c, H=h, W=w, K=weight.shape[0], R=weight.shape[1],
                         stride=stride, pad=pad, pool_pad=pool_pad)
+
+
+# =========================================================================== launch knobs
+@dataclass(frozen=True)
+class StemConfig:
+    """Launch knobs. kernel: "ring" (`stem_ring`: one launch, the image quantized into a
+    per-program ring; stride 2 with the pool only), "bands" (`stem_conv_kernel`: four dots of
+    BLOCK_J rows per pooled row) or "gemm" (`stem_gemm.stem_gemm_kernel`: one dot of
+    4 * block_j rows per pooled row, weights loaded once, loads pipelined by num_stages).
+    band_rows: output rows per tile (with the pool each band computes one extra conv row
+    pair); images: images stacked along the dots' M ("bands" only: 1 or 2); block_j: output
+    columns per dot (pooled: block_j - 1 written per program, block_j - 2 with "ring");
+    whole_k: one dot over the whole reduction where its bytes are a power of two, else dots
+    of 64 ("bands" / "gemm"); block_n: channels per program (32 halves the registers, each
+    program reads the window again); warps, pipeline stages ("ring" runs unpipelined);
+    fast_requant: the float64 requantization where it is exact (`netops.requant_mode`);
+    thresholds: outputs of 1-2 bits by integer thresholds instead; programs_per_sm ("ring"):
+    the persistent grid's programs per SM; transposed ("ring"): the dot as weights x
+    windows^T (False: windows x weights); late_loads ("ring"): each step loads the next
+    step's image rows after its dot (False: before it, where the dot's operand fence may wait
+    for them)."""
+
+    band_rows: int = 4
+    images: int = 1
+    kernel: str = "bands"
+    block_j: int = BLOCK_J
+    whole_k: bool = False
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 1
+    fast_requant: bool = True
+    maxnreg: int | None = None
+    thresholds: bool = True
+    programs_per_sm: int = 2
+    transposed: bool = True
+    late_loads: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kernel not in STEM_KERNELS:
+            raise ValueError(f"kernel must be one of {STEM_KERNELS}, got {self.kernel!r}")
+        if not isinstance(self.programs_per_sm, int) or not 1 <= self.programs_per_sm <= 8:
+            raise ValueError(f"programs_per_sm must be an int in 1..8, got "
+                             f"{self.programs_per_sm!r}")
+        if self.images not in ((1, 2) if self.kernel == "bands" else (1,)):
+            raise ValueError(f"images must be 1 or 2 (1 with kernel='gemm'), got "
+                             f"{self.images!r}")
+        if self.block_j not in (16, 32, 64):
+            raise ValueError(f"block_j must be 16, 32 or 64, got {self.block_j!r}")
+        if self.block_n not in (32, 64):
+            raise ValueError(f"block_n must be 32 or 64, got {self.block_n!r}")
+        if not isinstance(self.band_rows, int) or self.band_rows < 1:
+            raise ValueError(f"band_rows must be an int >= 1, got {self.band_rows!r}")

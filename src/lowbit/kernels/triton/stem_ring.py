@@ -48,8 +48,6 @@ would run ahead of the barrier that orders it after the ring write.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import triton
 import triton.language as tl
@@ -57,11 +55,8 @@ import triton.language as tl
 from ...core import Precision
 from .igemm import Launch, cdiv
 from .stem_gemm import INT32_MIN, pool_step, stem_outputs
-from .stem_geometry import StemGeometry
+from .stem_geometry import StemConfig, StemGeometry
 from .stored import ENC, quantize_f32
-
-if TYPE_CHECKING:
-    from .stem import StemConfig
 
 __all__ = ["RING_ROWS", "ring_band_rows", "ring_launch", "ring_refusal", "ring_weights"]
 

@@ -1,15 +1,9 @@
 """Triton implicit-GEMM templates: int8 conv2d, int8 GEMM, and conv2d on fp16 tensor cores.
 
-All three drive the one kernel in `igemm.py`. Knobs (compile-time constexprs; shapes stay
-run-time arguments, so one compiled kernel serves every layer of the same filter size):
-  BLOCK_M, BLOCK_N, BLOCK_K  tile of output pixels x filters x reduction (r, s, c) elements
-  num_warps, num_stages      warps per program, software-pipeline depth
-  GROUP_M                    row tiles per group of the swizzled tile order (L2 reuse)
-  LOOP_ORDER                 conv only: "rsc" (filter tap outer, channel chunk inner) or "crs"
-  SPLIT_K                    reduction split over programs, only where the tile grid under-fills
-                             the GPU (the partial sums are int32 / fp32)
-  SPLIT_SUM                  with SPLIT_K > 1: "second_kernel" sums the partials in a second
-                             launch, "last_program" in the last program of each tile to finish
+All three drive the one kernel in `igemm.py`. Knobs (`IGEMM_KNOBS`: compile-time constexprs;
+shapes stay run-time arguments, so one compiled kernel serves every layer of the same filter
+size): BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, GROUP_M, LOOP_ORDER (convs),
+SPLIT_K and SPLIT_SUM (where the tile grid under-fills the GPU).
 
 Exactness: the int8 path accumulates in int32 and the fp16 path in fp32; a template refuses a
 workload whose worst-case |accumulator| could leave that exact range (2^31 resp. 2^24), so
@@ -34,11 +28,12 @@ from ...core import (
     ConvWorkload,
     Epilogue,
     GemmWorkload,
-    Knob,
     Layout,
     Workload,
 )
 from ...core.epilogue import bias_vector, check_shifted_bias
+from ...core.hardware import TARGET
+from ...core.knobs import KnobDef, KnobTable
 from ...core.precision import Encoding, Precision
 from ...core.validate import (
     check_inputs,
@@ -47,7 +42,8 @@ from ...core.validate import (
     output_buffer,
     storage_dtype,
 )
-from ..base import EXACT_INT32, NUM_SMS, KernelTemplate, acc_bound, grouped_reason
+from ..base import EXACT_INT32, KernelTemplate, acc_bound, grouped_reason
+from ..geometry import Geometry, conv_taps
 from .epilogue import (
     BIAS_SHIFTED,
     ENC_CODE,
@@ -77,8 +73,9 @@ from .zero_point import act_zero_point, bound_terms
 #: outputs of a layer's epilogue the implicit-GEMM int8 kernels write themselves
 #: (`conv_outputs`: a block end's next input and its wide residual copy)
 LAYER_OUTPUTS_MAX = 2
-#: shared memory a program may stage (H100: 227 KiB per block; headroom for the epilogue)
-SMEM_LIMIT = 220 * 1024
+#: shared memory a program may stage: the GPU's per-block opt-in less 7 KiB of headroom for the
+#: epilogue
+SMEM_LIMIT = TARGET.smem_per_block - 7 * 1024
 #: int32 / fp32 accumulator registers per thread above which Triton spills
 ACC_REGS_LIMIT = 128
 EXACT_FP32 = 2**24
@@ -86,11 +83,70 @@ EXACT_FP32 = 2**24
 BLOCK_K_VALUES = (32, 64, 128)
 
 
+def _is_conv(wl: Workload) -> bool:
+    return isinstance(wl, ConvWorkload)
+
+
+def reduction_iters(wl: Workload, block_k: int, row_taps: bool = False) -> int:
+    """Reduction steps of BLOCK_K: per tap and channel chunk, or (row_taps) per kernel row
+    and chunk of its S*C values."""
+    if isinstance(wl, ConvWorkload):
+        return reduction_steps(wl.R, wl.S, wl.C, block_k, row_taps)
+    return reduction_steps(1, 1, wl.K, block_k)
+
+
+def _row_taps_allowed(wl: Workload) -> bool:
+    """LOOP_ORDER "r_sc": a conv with S > 1 whose operand rows hold exactly C values (one per
+    element, not packed) and C below the largest BLOCK_K."""
+    return (isinstance(wl, ConvWorkload) and wl.S > 1 and wl.C < max(BLOCK_K_VALUES)
+            and wl.a_layout is Layout.INT8 and wl.w_layout is Layout.INT8)
+
+
+def loop_orders(wl: Workload) -> tuple[str, ...]:
+    """LOOP_ORDER's values on a conv: "crs" where it has several taps, "r_sc" where its rows
+    allow it (`_row_taps_allowed`)."""
+    orders = ("rsc", "crs") if wl.R * wl.S > 1 else ("rsc",)
+    return (*orders, "r_sc") if _row_taps_allowed(wl) else orders
+
+
+def split_values(wl: Workload) -> tuple[int, ...]:
+    """SPLIT_K's values: split-K helps only when even 64 x 64 tiles leave SMs idle and the
+    reduction is long; skinny GEMMs (FC layers, M <= 128) stream the weights, and deeper
+    splits put enough blocks in flight to reach the memory bandwidth."""
+    m, n, _ = wl.gemm_shape
+    if math.ceil(m / 64) * math.ceil(n / 64) < TARGET.sms and reduction_iters(wl, 64) >= 8:
+        return (1, 2, 4, 8) if isinstance(wl, GemmWorkload) else (1, 4)
+    return (1,)
+
+
+def split_k_possible(wl: Workload) -> bool:
+    return len(split_values(wl)) > 1
+
+
+IGEMM_KNOBS = KnobTable(
+    KnobDef("BLOCK_M", (64, 128, 256), "output pixels (GEMM rows) per tile"),
+    KnobDef("BLOCK_N", (32, 64, 128, 256), "filters (GEMM columns) per tile"),
+    KnobDef("BLOCK_K", BLOCK_K_VALUES, "reduction (r, s, c) elements per step"),
+    KnobDef("num_warps", (4, 8), "warps per program"),
+    KnobDef("num_stages", (2, 3, 4), "software-pipeline depth"),
+    KnobDef("GROUP_M", (1, 8), "row tiles per group of the swizzled tile order (L2 "
+            "reuse)"),
+    KnobDef("LOOP_ORDER", ("rsc", "crs", "r_sc"), "'rsc': filter tap outer, channel chunk "
+            "inner; 'crs': channel chunk outer; 'r_sc': per kernel row, chunks of its S*C "
+            "values (few channels)", choices=loop_orders, present=_is_conv),
+    KnobDef("SPLIT_K", (1, 2, 4, 8), "reduction split over programs (int32 / fp32 partial "
+            "sums), only where the tile grid under-fills the GPU", choices=split_values),
+    KnobDef("SPLIT_SUM", ("second_kernel", "last_program"), "with SPLIT_K > 1: "
+            "'second_kernel' sums the partials in a second launch, 'last_program' in the "
+            "last program of each tile to finish", present=split_k_possible),
+)
+
+
 def split_k_reason(tiles: int, steps: int, split: int, waves: int) -> str | None:
     """Why SPLIT_K = `split` > 1 is ruled out for a grid of `tiles` output tiles and `steps`
     reduction steps: the split grid must stay within `waves` waves of the GPU and leave each
     split at least 4 steps; None when it is allowed."""
-    if tiles * split > waves * NUM_SMS:
+    if tiles * split > waves * TARGET.sms:
         return "SPLIT_K > 1 only while the tile grid under-fills the GPU"
     if steps < 4 * split:
         return "SPLIT_K leaves fewer than 4 reduction steps per split"
@@ -293,43 +349,8 @@ class _IgemmTemplate(KernelTemplate):
         m, n, _ = wl.gemm_shape
         return math.ceil(m / cfg["BLOCK_M"]) * math.ceil(n / cfg["BLOCK_N"])
 
-    def _iters(self, wl: Workload, block_k: int, row_taps: bool = False) -> int:
-        """Reduction steps of BLOCK_K: per tap and channel chunk, or (row_taps) per kernel
-        row and chunk of its S*C values."""
-        if isinstance(wl, ConvWorkload):
-            return reduction_steps(wl.R, wl.S, wl.C, block_k, row_taps)
-        return reduction_steps(1, 1, wl.K, block_k)
-
-    @staticmethod
-    def _row_taps_allowed(wl: Workload) -> bool:
-        """LOOP_ORDER "r_sc": a conv with S > 1 whose operand rows hold exactly C values (one
-        per element, not packed) and C below the largest BLOCK_K."""
-        return (isinstance(wl, ConvWorkload) and wl.S > 1 and wl.C < max(BLOCK_K_VALUES)
-                and wl.a_layout is Layout.INT8 and wl.w_layout is Layout.INT8)
-
-    def _split_values(self, wl: Workload) -> tuple[int, ...]:
-        m, n, _ = wl.gemm_shape
-        # split-K helps only when even 64 x 64 tiles leave SMs idle and the reduction is long
-        if math.ceil(m / 64) * math.ceil(n / 64) < NUM_SMS and self._iters(wl, 64) >= 8:
-            # skinny GEMMs (FC layers, M <= 128) stream the weights: deeper splits put
-            # enough blocks in flight to reach the memory bandwidth
-            return (1, 2, 4, 8) if isinstance(wl, GemmWorkload) else (1, 4)
-        return (1,)
-
-    def knobs(self, wl: Workload) -> list[Knob]:
-        knobs = [Knob("BLOCK_M", (64, 128, 256)), Knob("BLOCK_N", (32, 64, 128, 256)),
-                 Knob("BLOCK_K", BLOCK_K_VALUES), Knob("num_warps", (4, 8)),
-                 Knob("num_stages", (2, 3, 4)), Knob("GROUP_M", (1, 8))]
-        if isinstance(wl, ConvWorkload):
-            orders = ("rsc", "crs") if wl.R * wl.S > 1 else ("rsc",)
-            if self._row_taps_allowed(wl):
-                orders += ("r_sc",)
-            knobs.append(Knob("LOOP_ORDER", orders))
-        splits = self._split_values(wl)
-        knobs.append(Knob("SPLIT_K", splits))
-        if len(splits) > 1:
-            knobs.append(Knob("SPLIT_SUM", ("second_kernel", "last_program")))
-        return knobs
+    #: the knobs (module doc)
+    knobs: ClassVar[KnobTable] = IGEMM_KNOBS
 
     def constraints(self, wl: Workload) -> list:
         m, n, _ = wl.gemm_shape
@@ -374,7 +395,7 @@ class _IgemmTemplate(KernelTemplate):
                 return None
             if c["BLOCK_M"] * c["BLOCK_N"] > 128 * 128:
                 return "SPLIT_K > 1 only with tiles of at most 128 x 128"
-            iters = self._iters(wl, c["BLOCK_K"], c.get("LOOP_ORDER") == "r_sc")
+            iters = reduction_iters(wl, c["BLOCK_K"], c.get("LOOP_ORDER") == "r_sc")
             return split_k_reason(self._tiles(wl, c), iters, c["SPLIT_K"],
                                   waves=4 if isinstance(wl, GemmWorkload) else 2)
 
@@ -387,7 +408,7 @@ class _IgemmTemplate(KernelTemplate):
 
     def space(self, wl: Workload) -> ConfigSpace:
         self.check_supported(wl)
-        return ConfigSpace(self.knobs(wl), self.constraints(wl))
+        return self.knobs.space(wl, self.constraints(wl))
 
     def default_config(self, wl: Workload) -> Config:
         """The untuned baseline: 128 x 128 x 64 tiles, 4 warps, 3 stages (Triton's tutorial)."""
@@ -404,12 +425,34 @@ class _IgemmTemplate(KernelTemplate):
         return cfg if space.is_valid(cfg) else space.all_configs()[0]
 
     def launch_shape(self, wl: Workload, config: Config) -> dict:
-        """Launch shape for `lowbit.perfmodel.launch_shape`: tiles stage 8-bit (16-bit for fp16)
-        elements in shared memory whatever the stored bit width (unpacked on load)."""
+        """The launch as plain tiles (`kernels.geometry.LaunchShape` fields): tiles stage 8-bit
+        (16-bit for fp16) elements in shared memory whatever the stored bit width (unpacked on
+        load)."""
         return dict(block_m=config["BLOCK_M"], block_n=config["BLOCK_N"],
                     block_k=config["BLOCK_K"], warps=config["num_warps"],
                     stages=config["num_stages"], split_k=config["SPLIT_K"],
                     operand_bits=8 * self._elem_bytes())
+
+    def geometry(self, wl: Workload, config: Mapping) -> Geometry:
+        """BLOCK_M x BLOCK_N tiles, BLOCK_K reduction elements a step (per tap and channel
+        chunk, or with LOOP_ORDER "r_sc" per kernel row and chunk of its S*C values), SPLIT_K
+        slices; 8-bit tiles staged (16-bit for fp16), registers estimated from the tile."""
+        c = config
+        m, n, k = wl.gemm_shape
+        bm, bn, bk = int(c["BLOCK_M"]), int(c["BLOCK_N"]), int(c["BLOCK_K"])
+        warps, stages = int(c.get("num_warps", 4)), int(c.get("num_stages", 2))
+        split = int(c.get("SPLIT_K", 1))
+        elem = self._elem_bytes()
+        taps, chans = conv_taps(wl)
+        if c.get("LOOP_ORDER") == "r_sc" and isinstance(wl, ConvWorkload):
+            steps = wl.R * math.ceil(wl.S * wl.C / bk)
+        else:
+            steps = taps * math.ceil(chans / bk)
+        tiles = math.ceil(m / bm) * math.ceil(n / bn)
+        return Geometry("igemm", "fp16" if self.dot_fp16 else "int8", m, n, k, bm, bn,
+                        math.ceil(m / bm) * bm, tiles, split, bk, math.ceil(steps / split),
+                        32 * warps, stages, stages * (bm + bn) * bk * elem,
+                        min(255, bm * bn // (32 * warps) + 40), False, 1, float(elem))
 
     # ---------------------------------------------------------------- build
     def build(self, wl: Workload, config: Config) -> IgemmKernel:
@@ -468,7 +511,7 @@ def conv2d_fp16(x: torch.Tensor, w: torch.Tensor, stride: int = 1, pad: int = 0,
                       w="b1", a="b1")
     template = Conv2dFp16Template()
     cfg = Config(config) if config is not None else template.default_config(wl)
-    reason = ConfigSpace(template.knobs(wl), template.constraints(wl)).why_invalid(cfg)
+    reason = template.knobs.space(wl, template.constraints(wl)).why_invalid(cfg)
     if reason:
         raise ValueError(f"config {cfg} is not valid for this conv: {reason}")
     prob = problem(wl, dot_fp16=True)

@@ -16,11 +16,8 @@ phase, so the input of tap (r, s) for a BP x BQ output block is again one box, [
 BQ, BK] at (n0, p0 + dr, fr, q0 + ds, fs*C + c0); rows and columns outside x are zero-filled
 as before. Channel chunks must divide C (a tail would read the other column phase's channels).
 
-Knobs (compile-time): BLOCK_I, BLOCK_P, BLOCK_Q (powers of two; BLOCK_M = BI*BP*BQ rows),
-BLOCK_N, BLOCK_K, num_warps, num_stages, GROUP_M (row tiles per group of the swizzled tile
-order), LOOP_ORDER ("rsc": tap outer, channel chunk inner; "crs" the other way), SPLIT_K
-(reduction splits where the tile grid under-fills the GPU, e.g. deep layers at small batch;
-the last program of a tile to finish sums the int32 partials and runs the epilogue).
+Knobs (compile-time, `TMA_KNOBS`): BLOCK_I, BLOCK_P, BLOCK_Q (BLOCK_M = BI*BP*BQ rows),
+BLOCK_N, BLOCK_K, num_warps, num_stages, GROUP_M, LOOP_ORDER, SPLIT_K.
 Descriptors are host-side `TensorDescriptor`s (no device allocator needed); under
 TRITON_INTERPRET=1 Triton's interpreter emulates them with the same zero fill.
 """
@@ -39,9 +36,12 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...core import OUT_INT16, Config, ConfigSpace, ConvWorkload, Knob, Layout, Workload
 from ...core.epilogue import bias_vector, check_shifted_bias
+from ...core.hardware import TARGET
+from ...core.knobs import KnobDef, KnobTable
 from ...core.precision import Encoding
 from ...core.validate import check_inputs, output_buffer
-from ..base import NUM_SMS, KernelTemplate, grouped_reason
+from ..base import KernelTemplate, grouped_reason
+from ..geometry import Geometry, conv_taps
 from . import igemm
 from .epilogue import epilogue_store
 from .igemm import (
@@ -292,6 +292,35 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def tma_loop_orders(wl: ConvWorkload) -> tuple[str, ...]:
+    return ("rsc", "crs") if wl.R * wl.S > 1 else ("rsc",)
+
+
+def tma_split_values(wl: ConvWorkload) -> tuple[int, ...]:
+    """SPLIT_K's values: deep layers at small batch, where 128-pixel x 128-filter tiles leave
+    SMs idle while each tile has a long reduction (ResNet-50 s5 at batch 16: 28 tiles of 36
+    steps)."""
+    tiles = math.ceil(wl.N * wl.P * wl.Q / 128) * math.ceil(wl.K / 128)
+    return (1, 2, 4) if tiles < TARGET.sms and reduction_steps(wl, 128) >= 8 else (1,)
+
+
+TMA_KNOBS = KnobTable(
+    KnobDef("BLOCK_I", (1, 2, 4, 8, 16, 32, 64, 128), "images per row tile"),
+    KnobDef("BLOCK_P", (1, 2, 4, 8, 16), "output rows per row tile"),
+    KnobDef("BLOCK_Q", (1, 2, 4, 8, 16, 32, 64), "output columns per row tile"),
+    KnobDef("BLOCK_N", (64, 128, 256), "filters per tile"),
+    KnobDef("BLOCK_K", (32, 64, 128), "channels of a tap per step"),
+    KnobDef("num_warps", (4, 8), "warps per program"),
+    KnobDef("num_stages", (2, 3, 4), "software-pipeline depth"),
+    KnobDef("GROUP_M", (1, 8), "row tiles per group of the swizzled tile order (L2 reuse)"),
+    KnobDef("LOOP_ORDER", ("rsc", "crs"), "'rsc': tap outer, channel chunk inner; 'crs' the "
+            "other way", choices=tma_loop_orders),
+    KnobDef("SPLIT_K", (1, 2, 4), "reduction splits where the tile grid under-fills the GPU; "
+            "the last program of a tile to finish sums the int32 partials and runs the "
+            "epilogue", choices=tma_split_values),
+)
+
+
 def _least_padded_rows(wl: ConvWorkload, knobs: list[Knob]) -> int:
     """The fewest rows any tile of 64, 128 or 256 pixels covers (the waste constraint's base)."""
     vals = {k.name: k.values for k in knobs}
@@ -345,26 +374,14 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
             return f"worst-case |accumulator| {bound} >= {EXACT_INT32}: int32 would not be exact"
         return None
 
-    def knobs(self, wl: ConvWorkload) -> list[Knob]:
-        return [Knob("BLOCK_I", (1, 2, 4, 8, 16, 32, 64, 128)),
-                Knob("BLOCK_P", (1, 2, 4, 8, 16)), Knob("BLOCK_Q", (1, 2, 4, 8, 16, 32, 64)),
-                Knob("BLOCK_N", (64, 128, 256)), Knob("BLOCK_K", (32, 64, 128)),
-                Knob("num_warps", (4, 8)), Knob("num_stages", (2, 3, 4)),
-                Knob("GROUP_M", (1, 8)),
-                Knob("LOOP_ORDER", ("rsc", "crs") if wl.R * wl.S > 1 else ("rsc",)),
-                Knob("SPLIT_K", self._split_values(wl))]
-
-    def _split_values(self, wl: ConvWorkload) -> tuple[int, ...]:
-        # deep layers at small batch: 128-pixel x 128-filter tiles leave SMs idle while each
-        # tile has a long reduction (ResNet-50 s5 at batch 16: 28 tiles of 36 steps)
-        tiles = math.ceil(wl.N * wl.P * wl.Q / 128) * math.ceil(wl.K / 128)
-        return (1, 2, 4) if tiles < NUM_SMS and reduction_steps(wl, 128) >= 8 else (1,)
+    #: the knobs (module doc)
+    knobs: ClassVar[KnobTable] = TMA_KNOBS
 
     def constraints(self, wl: ConvWorkload) -> list:
         def rows(c: Config) -> int:
             return c["BLOCK_I"] * c["BLOCK_P"] * c["BLOCK_Q"]
 
-        least = _least_padded_rows(wl, self.knobs(wl))
+        least = _least_padded_rows(wl, self.knobs.knobs_for(wl))
 
         def tile(c: Config) -> str | None:
             # wgmma computes out^T: filters are its M (m64 per warpgroup, 8 warps = two
@@ -428,7 +445,7 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
 
     def space(self, wl: Workload) -> ConfigSpace:
         self.check_supported(wl)
-        return ConfigSpace(self.knobs(wl), self.constraints(wl))
+        return self.knobs.space(wl, self.constraints(wl))
 
     def default_config(self, wl: Workload) -> Config:
         """128 output pixels (the most square spatial block with the least padding) x 128
@@ -448,8 +465,30 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
 
         return min(pts, key=cost)
 
+    def geometry(self, wl: Workload, config: Mapping) -> Geometry:
+        """BLOCK_I x BLOCK_P x BLOCK_Q pixel tiles (overhanging the image at its edges) by
+        BLOCK_N filters, BLOCK_K channels of a tap a step, SPLIT_K slices, 8-bit tiles."""
+        c = config
+        m, n, k = wl.gemm_shape
+        bi, bp, bq = int(c["BLOCK_I"]), int(c["BLOCK_P"]), int(c["BLOCK_Q"])
+        bm = bi * bp * bq
+        bn, bk = int(c["BLOCK_N"]), int(c["BLOCK_K"])
+        warps, stages = int(c.get("num_warps", 4)), int(c.get("num_stages", 2))
+        split = int(c.get("SPLIT_K", 1))
+        if isinstance(wl, ConvWorkload):
+            row_tiles = math.ceil(wl.N / bi) * math.ceil(wl.P / bp) * math.ceil(wl.Q / bq)
+        else:
+            row_tiles = math.ceil(m / bm)
+        taps, chans = conv_taps(wl)
+        steps = taps * math.ceil(chans / bk)
+        return Geometry("tma_conv", "int8", m, n, k, bm, bn, row_tiles * bm,
+                        row_tiles * math.ceil(n / bn), split, bk, math.ceil(steps / split),
+                        32 * warps, stages, stages * (bm + bn) * bk,
+                        min(255, bm * bn // (32 * warps) + 40), False)
+
     def launch_shape(self, wl: Workload, config: Config) -> dict:
-        """Launch shape for `lowbit.perfmodel.launch_shape` (8-bit tiles in shared memory)."""
+        """The launch as plain tiles (`kernels.geometry.LaunchShape` fields; 8-bit tiles in
+        shared memory)."""
         rows = config["BLOCK_I"] * config["BLOCK_P"] * config["BLOCK_Q"]
         return dict(block_m=rows, block_n=config["BLOCK_N"], block_k=config["BLOCK_K"],
                     warps=config["num_warps"], stages=config["num_stages"],

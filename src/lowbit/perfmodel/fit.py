@@ -1,6 +1,6 @@
 """Fit the analytic model's constants to measurements, and the cuDNN / cuBLAS fp16 estimate.
 
-`calibrate` fits `AnalyticParams` (launch overhead, per-step latency, L2 bandwidth and the
+`fit_params` fits `AnalyticParams` (launch overhead, per-step latency, L2 bandwidth and the
 compute efficiency of the instruction classes present) by least squares on log time
 (scipy), so the analytic model alone is as close as its form allows; the learned model then
 corrects what the form cannot express.
@@ -21,10 +21,11 @@ from dataclasses import replace
 import numpy as np
 
 from ..core import Workload
+from ..core.hardware import GpuSpec, gpu_spec_for
+from ..kernels.base import TORCH_FP16
 from .analytic import DEFAULT_PARAMS, AnalyticParams, estimate
-from .dataset import FP16_TEMPLATE, Measurement
+from .dataset import Measurement
 from .geometry import fp16_geometry, geometry
-from .hardware import GpuSpec, gpu_spec_for
 
 #: fitted on the H100 fp16 baselines of the results files (module doc)
 FP16_PARAMS = AnalyticParams(overhead_us=8.7, step_us=0.048, l2_bytes_per_s=10.7e12,
@@ -44,7 +45,7 @@ def fp16_estimate_us(workload: Workload, gpu: GpuSpec | str | None = None,
 
 
 def _estimate_us(m: Measurement, params: AnalyticParams) -> float:
-    if m.template == FP16_TEMPLATE:
+    if m.template == TORCH_FP16:
         return fp16_estimate_us(m.workload, m.gpu, params)
     g = geometry(m.template, m.workload, m.config)
     return estimate(g, m.workload, gpu_spec_for(m.gpu), params).total_us
@@ -63,15 +64,15 @@ def _unpack(v: np.ndarray, base: AnalyticParams, rates: list[str]) -> AnalyticPa
                    l2_bytes_per_s=float(e[2] * 1e12), efficiency=tuple(sorted(eff.items())))
 
 
-def calibrate(ms: Sequence[Measurement], base: AnalyticParams = DEFAULT_PARAMS
+def fit_params(ms: Sequence[Measurement], base: AnalyticParams = DEFAULT_PARAMS
               ) -> AnalyticParams:
     """`base` with its constants fitted to `ms` (module doc); ValueError without data."""
     from scipy.optimize import least_squares
 
     if not ms:
-        raise ValueError("calibrate needs measurements")
+        raise ValueError("fit_params needs measurements")
     y = np.log([m.events_us for m in ms])
-    rates = sorted({"fp16" if m.template == FP16_TEMPLATE
+    rates = sorted({"fp16" if m.template == TORCH_FP16
                     else geometry(m.template, m.workload, m.config).rate for m in ms})
 
     def residual(v: np.ndarray) -> np.ndarray:
