@@ -262,6 +262,48 @@ def render_onnx_bridge(files: list[Result]) -> list[str]:
     return out
 
 
+@suite("residual_bits", "Quantized residual stream on trained models",
+       "benchmarks/residual_bits.py")
+def render_residual_bits(files: list[Result]) -> list[str]:
+    """The run with the most seeds (the latest of those): per (precision, residual setting),
+    the fake-quant and compiled accuracy over seeds, the paired per-seed difference of the
+    compiled accuracy against the 24-bit stream (residual_bits=None), and the agreement of the
+    compiled plan with the fake-quant model."""
+    f = max(files, key=lambda f: (len((f.doc.get("setup") or {}).get("seeds") or []), f.order))
+    summary = f.doc.get("summary") or {}
+    groups: dict[tuple, list[dict]] = {}
+    for r in f.rows:
+        groups.setdefault((r["precision"], r["residual_bits"]), []).append(r)
+    rows = []
+    for (prec, bits), rs in sorted(groups.items(), key=lambda kv: (
+            kv[0][0], kv[0][1] is not None, -(kv[0][1] or 0))):
+        fake, comp = ([r[k] for r in rs] for k in ("accuracy", "compiled_accuracy"))
+        agree = [r["agreement"] for r in rs]
+        d = (summary.get(prec, {}).get(f"{bits}_minus_none") or {}).get("compiled")
+        rows.append([prec, "none (24-bit stream)" if bits is None else bits,
+                     f"{statistics.fmean(fake):.2f} +- "
+                     f"{statistics.stdev(fake) if len(fake) > 1 else 0.0:.2f}",
+                     f.link(f"{statistics.fmean(comp):.2f}"),
+                     "-" if d is None else f"{d['mean']:+.2f} +- {d['se']:.2f} (std "
+                     f"{d['std']:.2f})",
+                     f"{100 * statistics.fmean(agree):.2f}", f"{100 * min(agree):.2f}", len(rs)])
+    setup = f.doc.get("setup", {})
+    out = [f"{setup.get('dataset', '?')} / {setup.get('model', '?')}, "
+           f"{setup.get('method', '?')} QAT from the same FP32 model and data order per seed, "
+           "first and last layer float: `residual_bits` quantizes the values residual adds "
+           "read in the model (none: float in the model, 24 bits wide in the plan). Compiled: "
+           "the plan through the reference executor on the test split; paired: per-seed "
+           "compiled accuracy minus the 24-bit stream's, mean +- standard error; agreement: "
+           "compiled prediction = fake-quant prediction, %.", ""]
+    out += table(["precision", "residual bits", "fake-quant % (+- std)", "compiled %",
+                  "paired vs 24-bit (points)", "agreement % (mean)", "min %", "seeds"], rows)
+    flags = {k: v for k, v in (f.doc.get("targets") or {}).items() if isinstance(v, bool)}
+    if flags:
+        out += ["", "Targets: " + "; ".join(f"`{k}` {'met' if v else 'missed'}"
+                                           for k, v in sorted(flags.items())) + "."]
+    return [*out, "", provenance([f]), ""]
+
+
 def _schedule(r: dict) -> str:
     """A sweep row's QAT schedule: epochs, learning rate, distillation weight."""
     return (f"{r.get('qat_epochs', '?')} ep, lr {r.get('qat_lr', '?'):g}"

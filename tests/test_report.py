@@ -165,6 +165,20 @@ SYNTHETIC = {
          "baselines_ms": {"fp16_eager": 0.2, "fp16_cuda_graph": 0.05, "fp16_compile": 0.0624}}],
         setup={"dataset": "digits", "model": "Brevitas digits CNN", "epochs": 10,
                "exporter": "dynamo", "compile_mode": "default"}))],
+    "residual_bits": [
+        ("residual_bits-20260102-000000.json", _doc("residual_bits", [
+            {"seed": s, "precision": "w2a2", "residual_bits": b, "accuracy": a,
+             "compiled_accuracy": c, "agreement": g}
+            for s, b, a, c, g in [(0, None, 85.0, 85.0, 1.0), (1, None, 86.0, 86.0, 1.0),
+                                  (0, 8, 84.5, 84.5, 0.999), (1, 8, 86.0, 85.9, 0.998)]],
+            setup={"dataset": "digits_hard", "model": "digits_resnet", "seeds": [0, 1]},
+            summary={"w2a2": {"8_minus_none": {"compiled": {
+                "mean": -0.3, "std": 0.283, "se": 0.2, "per_seed": [-0.5, -0.1]}}}},
+            targets={"residual8_within_0.5_of_24bit@w2a2": True})),
+        # later, fewer seeds: the run with the most seeds is shown
+        ("residual_bits-20260103-000000.json", _doc("residual_bits", [
+            {"seed": 0, "precision": "w2a2", "residual_bits": None, "accuracy": 50.0,
+             "compiled_accuracy": 50.0, "agreement": 1.0}], setup={"seeds": [0]}))],
     "autoprecision": [
         # more seeds, no measurements: its accuracy table is shown, though older
         ("autoprecision-20260101-000000.json", _doc("autoprecision", [
@@ -284,6 +298,11 @@ EXPECTED = {
     "wide_bits": ["|w2a2|16|99.90|99.80|+0.05|0.200|2|", "|w2a2|24|100.00|100.00|+0.00|0.300|1|"],
     "onnx_bridge": ["|gpu|450|[99.78][onnx_bridge-20260102-000000]|100.00|96.00|95.78|0.0012|0|",
                     "|256|[0.0312][onnx_bridge-20260102-000000]|0.2000|0.0500|0.0624|2.00|"],
+    "residual_bits": ["|w2a2|none (24-bit stream)|85.50 +- 0.71|85.50|-|100.00|100.00|2|",
+                      "|w2a2|8|85.25 +- 1.06|85.20|-0.30 +- 0.20 (std 0.28)|99.85|99.80|2|",
+                      "File: [residual_bits-20260102-000000.json]"
+                      "[residual_bits-20260102-000000].",
+                      "`residual8_within_0.5_of_24bit@w2a2` met"],
     "autoprecision": ["Accuracy: [autoprecision-20260101-000000.json]"
                       "[autoprecision-20260101-000000], NVIDIA Test GPU, 3 seeds",
                       "|uniform w2a2|77.00 +- 1.00|50.00|2.00|+3.00 +- 0.50|",
@@ -319,6 +338,7 @@ ABSENT = {
     "tuning": ["|resnet50_s4_3x3|igemm|diversity|342|"],
     "network": ["vgg16", "|layer.l1|", "|default, no fused outputs|"],
     "autoprecision": ["70.00 +- 1.00"],
+    "residual_bits": ["50.00"],
 }
 
 
