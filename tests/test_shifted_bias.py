@@ -8,10 +8,12 @@ Triton int8 templates under the interpreter, and every family / template on a GP
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
 
+import lowbit.kernels.cuda
 from lowbit.core import (
     ConvWorkload,
     Epilogue,
@@ -313,6 +315,18 @@ def test_shifted_bias_renders_a_switch_that_stays_off_elsewhere():
     assert set(constexpr_params(on, spec)) == set(constexpr_params(wl, spec))
 
 
+def epilogue_part_holding(snippet: str) -> tuple[str, str]:
+    """(file name, text) of the one bit-serial epilogue part (`bitserial_epilogue*.cu`) that
+    holds `snippet`, exactly once among all the parts."""
+    from lowbit.kernels.cuda.cu_source import cu_file
+
+    folder = Path(lowbit.kernels.cuda.__file__).parent
+    texts = {p.name: cu_file(p.name) for p in sorted(folder.glob("bitserial_epilogue*.cu"))}
+    holding = [(n, t) for n, t in texts.items() if snippet in t]
+    assert len(holding) == 1 and holding[0][1].count(snippet) == 1, (snippet, holding)
+    return holding[0]
+
+
 @pytest.mark.parametrize("edit", [("(i64)y * cp.mult + cp.sbias", "(i64)y * cp.mult"),
                                   ("(RELU && HAS_BIAS >= 2 && OUT_QMIN < 0)", "(false)")],
                          ids=["bias_dropped", "relu_clamp_dropped"])
@@ -321,19 +335,17 @@ def test_emulation_catches_a_broken_shifted_epilogue(edit):
     ReLU's clamp (a .cu file edited for the test)."""
     from lowbit.core import Config
     from lowbit.kernels.cuda import bitserial_emu
-    from lowbit.kernels.cuda.cu_source import cu_file
     from lowbit.kernels.cuda.host_emu import compiler
 
     if compiler() is None:
         pytest.skip("needs a host C++ compiler")
-    text = cu_file("bitserial_epilogue.cu")
-    assert edit[0] in text
+    name, text = epilogue_part_holding(edit[0])
     family = _family("cuda.bitserial_mma_sync")
     wl = _conv(S2, U2, _epi(S4, True, I8))
     swl, x, w, params = shifted_inputs(wl, 3)
     cfg = Config(family.default_config(swl, "sm_90a"))
     got = bitserial_emu.emulate(family, swl, cfg, x, w, params,
-                                supplied={"bitserial_epilogue.cu": text.replace(*edit)})
+                                supplied={name: text.replace(*edit)})
     assert not torch.equal(got, run(swl, x, w, params))
 
 

@@ -41,3 +41,30 @@ def test_a_60_second_resnet18_tune_records_and_reaches_the_plan(tmp_path):
     assert {r.workload for r in rows} == {t["workload"] for t in session["tasks"]}
     path = write_results(session, tmp_path / "results")
     assert path.name.startswith("tuning_network-") and path.exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_reference_runs_every_network_workload_on_the_gpu_as_on_the_cpu():
+    """The tuner checks each candidate against `lowbit.reference.run` on the measuring GPU:
+    every workload form a narrow-stream network tunes (block ends, 32-bit requantization,
+    derived outputs) runs there with the CPU's integers."""
+    from lowbit.graph.chooser import _layout_twins
+    from lowbit.reference import random_inputs, run
+    from lowbit.tune.network import network_workloads
+    from lowbit.tune_network import _plan, quantized_model
+
+    q, size, channels = quantized_model("resnet18", "w1a2", residual_bits=8, device="cpu")
+    plan = _plan(q, torch.randn(2, channels, size // 4, size // 4), False)
+    items, _ = network_workloads(plan, _layout_twins)
+    checked = 0
+    for item in items:
+        wl = item.workload
+        x, w, params = random_inputs(wl, 5)
+        want = [run(wl, x, w, params), *params.derived_out]
+        x, w, params = random_inputs(wl, 5, device="cuda")
+        got = [run(wl, x, w, params), *params.derived_out]
+        assert all(t.device.type == "cuda" for t in got)
+        assert all(torch.equal(g.cpu(), t) for g, t in zip(got, want, strict=True)), wl.key
+        checked += 1
+    assert checked == len(items) >= 8

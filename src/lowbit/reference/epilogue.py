@@ -139,7 +139,8 @@ def requant_thresholds(epilogue: Epilogue, params: EpilogueParams) -> torch.Tens
             thr = INT32_MIN if epilogue.relu and t <= 0 else t - b
             row.append(min(max(thr, INT32_MIN), INT32_MAX))
         rows.append(row)
-    return torch.tensor(rows, dtype=torch.int32).reshape(len(mult), out.qmax - out.qmin)
+    return torch.tensor(rows, dtype=torch.int32, device=params.multiplier.device).reshape(
+        len(mult), out.qmax - out.qmin)
 
 
 def _shifted_thresholds(epilogue: Epilogue, params: EpilogueParams) -> torch.Tensor:
@@ -161,7 +162,8 @@ def _shifted_thresholds(epilogue: Epilogue, params: EpilogueParams) -> torch.Ten
                 t = -(-need // m)  # ceil, in exact Python integers
             row.append(min(max(t, INT32_MIN), INT32_MAX))
         rows.append(row)
-    return torch.tensor(rows, dtype=torch.int32).reshape(k, out.qmax - out.qmin)
+    return torch.tensor(rows, dtype=torch.int32, device=params.multiplier.device).reshape(
+        k, out.qmax - out.qmin)
 
 
 def requantize32(acc: torch.Tensor, epilogue: Epilogue, params: EpilogueParams
@@ -188,7 +190,7 @@ def requantize32(acc: torch.Tensor, epilogue: Epilogue, params: EpilogueParams
     top = int(y.abs().max()) if y.numel() else 0
     res_prec = epilogue.narrow_residual
     r = (params.residual_multiplier.to(torch.int64) if res_prec is not None
-         else torch.zeros(k, dtype=torch.int64))
+         else torch.zeros(k, dtype=torch.int64, device=acc.device))
     top_res = max(-res_prec.qmin, res_prec.qmax) if res_prec is not None else 0
     worst = top * m + b.abs() + top_res * r.abs() + (1 << (s - 1))
     if k and int(worst.max()) >= REQUANT32_LIMIT:
@@ -254,7 +256,7 @@ def apply_epilogue(acc: torch.Tensor, epilogue: Epilogue, params: EpilogueParams
             buf.copy_(v.to(buf.device))
         if epilogue.store_out:
             return outs[0]
-        return torch.empty(0, dtype=storage_dtype(epilogue.out, Layout.INT8))
+        return torch.empty(0, dtype=storage_dtype(epilogue.out, Layout.INT8), device=acc.device)
     if epilogue.requant32:
         return pack(requantize32(acc, epilogue, params), epilogue.out, epilogue.out_layout)
     if epilogue.shifted_bias:
