@@ -7,7 +7,10 @@
 Every results file (benchmarks/results/<gpu>/*.json, format in docs/design.md) belongs to a
 suite: its "benchmark" field, or for files written without one, its name before the date stamp.
 A suite renderer turns its files into the suite's current table(s): the latest (or, for the
-bit-serial kernels, the fastest bit-exact) row per key, never a history of runs. Every figure
+bit-serial kernels, the fastest bit-exact) row per key, never a history of runs, over the runs
+of the GPU that ran the suite last and its CPU and offline runs; one line links the other GPUs'
+files that their tables would cite. A concluded suite (`suite(..., concluded=summary)`) shows
+one line of its deciding figures instead, linking the files its tables cite. Every figure
 links to the file it comes from, every ratio divides times of one file (the same run), and the
 report defines a link for exactly the files its tables cite; each section counts its other
 files. Files that nothing cites leave the tree (`benchmarks/consolidate.py` folds their
@@ -17,7 +20,8 @@ files: sorted, fixed number formats, no clock.
 
 Adding a suite: write `render_x(files: list[Result]) -> list[str]` (markdown lines) in
 report_kernels.py or report_models.py and decorate it with
-`@suite(name, title, script, benchmarks=(...))`. A suite without a renderer gets the latest
+`@suite(name, title, script, benchmarks=(...))` (`concluded=` a `summary(files) -> str` once
+the investigation is closed). A suite without a renderer gets the latest
 file's rows as a generic table; a renderer that raises on its files falls back to that table
 with the error shown, so a new results format never breaks the report.
 """

@@ -2,7 +2,7 @@
 and table formats, provenance lines, and the suite registry (`suite`, `SUITES`).
 
 A renderer is `render_x(files: list[Result]) -> list[str]` (markdown lines) decorated with
-`@suite(name, title, script, benchmarks=(...))`; figures link to their file with
+`@suite(name, title, script, benchmarks=(...), concluded=None)`; figures link to their file with
 `Result.link(text)`, and `benchmarks/report.py` defines exactly the links the tables use.
 """
 

@@ -292,11 +292,11 @@ def _legacy_line(picked: list[tuple[Result, dict]], precisions: list[str]) -> li
 @suite("bitserial", "Bit-serial convolution and GEMM on b1 AND tensor cores",
        "benchmarks/bitserial.py")
 def render_bitserial(files: list[Result]) -> list[str]:
-    out = ["Per layer and precision the fastest bit-exact row over all committed runs, with "
-           "the baselines of that row's own run (`int8_best`: our tuned int8 templates; cuDNN "
-           "fp16, or the fp16 matmul for GEMMs; im2col + `_int_mm`, or `_int_mm` for GEMMs; "
-           "APNN-TC: its published time). Epilogue: bias + ReLU -> requantized bit planes. "
-           "Rows not re-run since an old kernel keep that run's date.", ""]
+    out = ["Per layer and precision the fastest bit-exact row over all committed runs (an old "
+           "row keeps its run's date), with that run's baselines (`int8_best`: our tuned int8 "
+           "templates; fp16: cuDNN, or the fp16 matmul for GEMMs; `_int_mm`: after im2col for "
+           "convs; APNN-TC: its published time). Epilogue: bias + ReLU -> requantized bit "
+           "planes.", ""]
     groups = by_gpu(files)
     for gpu, group in groups:
         best: dict[tuple, tuple[Result, int, dict]] = {}
