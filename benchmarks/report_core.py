@@ -2,7 +2,7 @@
 and table formats, provenance lines, and the suite registry (`suite`, `SUITES`).
 
 A renderer is `render_x(files: list[Result]) -> list[str]` (markdown lines) decorated with
-`@suite(name, title, script, benchmarks=(...))`; figures link to their file with
+`@suite(name, title, script, benchmarks=(...), concluded=None)`; figures link to their file with
 `Result.link(text)`, and `benchmarks/report.py` defines exactly the links the tables use.
 """
 
@@ -60,6 +60,12 @@ class Result:
     @property
     def gpu(self) -> str:
         return str(self.doc.get("gpu") or self.gpu_dir)
+
+    @property
+    def on_gpu(self) -> bool:
+        """A run on the GPU its folder names (`benchmarks/common.py`'s folder of that GPU): not
+        a CPU run, not an offline evaluation filed under a GPU's folder."""
+        return self.gpu_dir != "cpu" and self.gpu.lower().replace(" ", "-") == self.gpu_dir
 
     @property
     def date(self) -> str:
@@ -142,22 +148,30 @@ def short_sha(v: object) -> str:
     return m[1][:7] + ("+dirty" if "dirty" in str(v) else "")
 
 
+#: how `provenance` begins each version it names
+VERSION_LABELS = ("driver ", "torch ", "Triton ", "CUDA ")
+
+
 def provenance(files: Iterable[Result]) -> str:
-    """GPU, versions and run dates of the files behind a table, in one line."""
+    """GPU, versions, run dates and commits of the files behind a table, in one line of
+    " · "-separated parts (`report.shared_versions` states versions most lines share once)."""
     files = sorted(set(files), key=lambda f: f.order)
     parts = []
-    for label, get in (("", lambda f: f.gpu), ("driver ", lambda f: f.versions.get("driver")),
-                       ("torch ", lambda f: f.versions.get("torch")),
-                       ("Triton ", lambda f: f.versions.get("triton")),
-                       ("CUDA ", lambda f: f.versions.get("cuda"))):
-        vals = list(dict.fromkeys(str(v) for f in files if (v := get(f)) not in (None, "None")))
+    for label in ("", *VERSION_LABELS):
+        key = label.strip().lower()
+        vals = list(dict.fromkeys(str(v) for f in files if (v := f.versions.get(key) if key
+                                                            else f.gpu) not in (None, "None")))
         if vals:
             parts.append(label + ", ".join(vals))
+    if len(parts) == 1:
+        parts.append("versions not recorded")
     dates = list(dict.fromkeys(f.date for f in files))
     shas = list(dict.fromkeys(short_sha(f.versions["lowbit"]) for f in files
                               if f.versions.get("lowbit")))
-    parts.append("runs " + (dates[0] if len(dates) == 1 else f"{dates[0]} .. {dates[-1]}"))
-    if shas:
+    parts.append(dates[0] if len(dates) == 1 else f"{dates[0]} .. {dates[-1]}")
+    if len(shas) > 4:
+        parts.append(f"lowbit {len(shas)} commits, the latest " + ", ".join(shas[-3:]))
+    elif shas:
         parts.append("lowbit " + ", ".join(shas))
     return "Runs: " + " · ".join(parts) + "."
 
@@ -168,22 +182,6 @@ def by_gpu(files: list[Result]) -> list[tuple[str, list[Result]]]:
     for f in sorted(files, key=lambda f: f.order):
         groups.setdefault(f.gpu, []).append(f)
     return sorted(groups.items(), key=lambda kv: (-sum(len(f.rows) for f in kv[1]), kv[0]))
-
-
-#: the GPU the targets are set on: where it ran a row's key, other GPUs' rows of that key are
-#: history (git), not the current table (`on_target_or_only`)
-TARGET_GPU = "NVIDIA H100 80GB HBM3"
-
-
-def on_target_or_only(gpu: str, picked: list[tuple[Result, dict]], files: list[Result],
-                      key: Callable[[dict], object]) -> list[tuple[Result, dict]]:
-    """`picked` (rows of GPU `gpu`) less the rows whose `key` the target GPU's files also
-    have: all of them on the target GPU."""
-    if gpu == TARGET_GPU:
-        return picked
-    on_target = {key(r) for f in files if f.gpu == TARGET_GPU for r in f.rows
-                 if isinstance(r, dict)}
-    return [(f, r) for f, r in picked if key(r) not in on_target]
 
 
 def gpu_heading(gpu: str, groups: list) -> list[str]:
@@ -221,6 +219,22 @@ def drop_same(header: list[str], rows: list[list], column: str = "run"
     return header[:i] + header[i + 1:], [r[:i] + r[i + 1:] for r in rows]
 
 
+def span(values: Iterable, fmt: Callable[[float], str] = "{:g}".format, sep: str = "-"
+         ) -> str:
+    """The numbers of `values` as "min{sep}max" (`fmt` each), one figure where both read
+    the same, "-" where there are none (None and other non-numbers are left out)."""
+    nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if not nums:
+        return "-"
+    low, high = fmt(min(nums)), fmt(max(nums))
+    return low if low == high else f"{low}{sep}{high}"
+
+
+def plural(n: int, noun: str) -> str:
+    """'1 layer', '3 layers'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def num(v: float | None, digits: int) -> str:
     """`v` with `digits` decimals, '-' where missing."""
     return "-" if v is None else f"{v:.{digits}f}"
@@ -231,25 +245,30 @@ def num(v: float | None, digits: int) -> str:
 @dataclass(frozen=True)
 class Suite:
     """A results suite: its files' benchmark names, title, renderer and the script that
-    writes them ("" for a script since removed; its files keep their rows)."""
+    writes them ("" for a script since removed; its files keep their rows). `summary`: for a
+    suite whose investigation concluded, one line of the figures that decided it, which the
+    report shows instead of the tables (linking the files the tables would cite)."""
 
     name: str
     title: str
     script: str
     benchmarks: tuple[str, ...]
     render: Callable[[list[Result]], list[str]]
+    summary: Callable[[list[Result]], str] | None = None
 
 
 SUITES: dict[str, Suite] = {}
 
 
-def suite(name: str, title: str, script: str, benchmarks: tuple[str, ...] = ()
+def suite(name: str, title: str, script: str, benchmarks: tuple[str, ...] = (),
+          concluded: Callable[[list[Result]], str] | None = None
           ) -> Callable[[Callable[[list[Result]], list[str]]], Callable]:
-    """Register a renderer for the files whose benchmark is `name` or one of `benchmarks`."""
+    """Register a renderer for the files whose benchmark is `name` or one of `benchmarks`;
+    `concluded`: the suite's one-line summary (`Suite.summary`)."""
     def register(fn: Callable[[list[Result]], list[str]]) -> Callable:
         if name in SUITES:
             raise ValueError(f"suite {name!r} is already registered")
-        SUITES[name] = Suite(name, title, script, (name, *benchmarks), fn)
+        SUITES[name] = Suite(name, title, script, (name, *benchmarks), fn, concluded)
         return fn
     return register
 

@@ -4,6 +4,7 @@ MMA peaks) and of the tuner; registered with `report_core.suite` on import."""
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -14,10 +15,11 @@ from report_core import (
     gpu_heading,
     latest,
     latest_rows,
-    on_target_or_only,
+    plural,
     provenance,
     ratio,
     run_of,
+    span,
     suite,
     table,
     us,
@@ -43,25 +45,24 @@ def int8_template(impl: str, cfg: dict) -> str:
        "benchmarks/conv.py", benchmarks=("tma_conv",))
 def render_conv(files: list[Result]) -> list[str]:
     out = ["Each layer's latest run: the fastest bit-exact config of the int8 templates' slices "
-           "(plus tuned configs), w8a8, bias + ReLU -> s8 NHWC. Ratios > 1: ours faster.", ""]
+           "(plus tuned configs), w8a8, bias + ReLU -> s8 NHWC; each template's best time is in "
+           "the file. Ratios > 1: ours faster.", ""]
     for gpu, group in by_gpu(files):
         picked = latest_rows(group, lambda r: (r.get("workload"), r.get("precision")))
         rows = []
         for f, r in picked:
             b, cg, t = r.get("baselines_us") or {}, r.get("cuda_graph_us") or {}, r["time_us"]
             ours_g = cg.get(r.get("impl")) or cg.get("ours") or cg.get("triton")
-            per = " / ".join(us(b.get(k)) for k in IMPL if k.startswith(("triton.conv", "cuda"))
-                             and k != "triton.conv2d_fp16")
             graph = (f"{ratio(cg.get('cudnn_fp16'), ours_g)} ({us(ours_g)})" if ours_g else "-")
             rows.append([r["workload"], r.get("precision", "-"), f.link(us(t)),
                          int8_template(r.get("impl", ""), r.get("config") or {}),
                          us(r.get("floor_us")), ratio(t, r.get("floor_us")),
                          ratio(b.get("cudnn_fp16"), t), ratio(b.get("int_mm_im2col"), t),
-                         ratio(b.get("default_config"), t), graph, per, run_of(f)])
+                         ratio(b.get("default_config"), t), graph, run_of(f)])
         out += gpu_heading(gpu, by_gpu(files))
         out += table(*drop_same(["layer", "prec", "ours us", "template", "floor us", "ours / floor",
                       "cuDNN fp16 / ours", "im2col + `_int_mm` / ours", "default / ours",
-                      "graph: cuDNN / ours (ours us)", "igemm / tma / int8_wgmma us", "run"],
+                      "graph: cuDNN / ours (ours us)", "run"],
                      rows, "run"))
         out += ["", provenance(f for f, _ in picked), ""]
         out += _int8_target_block(picked)
@@ -107,11 +108,9 @@ def render_gemm(files: list[Result]) -> list[str]:
 def render_gemv(files: list[Result]) -> list[str]:
     out = ["Each shape's latest run: `triton.gemv_int8`'s default, the int8 templates' "
            "defaults and cuBLAS fp16 (CUDA events, L2 flushed), then CUDA-graph replays; "
-           "every output bit-exact. Floor: the weights read once at the copy bandwidth. Other "
-           "GPUs' rows only where the H100 (the targets' GPU) has none.", ""]
+           "every output bit-exact. Floor: the weights read once at the copy bandwidth.", ""]
     for gpu, group in by_gpu(files):
-        picked = on_target_or_only(gpu, latest_rows(group, lambda r: r.get("workload")), files,
-                                   lambda r: r.get("workload"))
+        picked = latest_rows(group, lambda r: r.get("workload"))
         convs = [(f, r) for f, r in picked if r.get("op") == "conv2d"]
         picked = [(f, r) for f, r in picked if r.get("op") != "conv2d"]
         if not picked and not convs:
@@ -172,22 +171,9 @@ def family(cfg: dict) -> str:
     return "mma.sync persistent" if persistent else "mma.sync one-tile"
 
 
-def kernel_text(cfg: dict) -> str:
-    parts = [f"{family(cfg)} {cfg.get('BM', '?')}x{cfg.get('BN', '?')}"]
-    flags = (("TEAMS", lambda v: v > 1, lambda v: "two teams"),
-             ("HALO", lambda v: v and not cfg.get("A_IN_HALO"), lambda v: "halo"),
-             ("ROWSUM", lambda v: v != "mma", lambda v: f"row sums {v}"),
-             ("FUSE_PLANES", bool, lambda v: "fused planes"),
-             ("ROW_TABLE", bool, lambda v: f"row table {v}"),
-             ("THR_PAIRS", bool, lambda v: "pairs"),
-             ("SLICES", lambda v: v > 1, lambda v: f"{v} k slices"),
-             ("SPLIT_K", lambda v: v > 1, lambda v: f"split {v}"),
-             ("BULK_WEIGHTS", bool, lambda v: "bulk weights"),
-             ("TMA_HALO", bool, lambda v: f"window by TMA ({v} B)"),
-             ("PLANE_ROWS", bool, lambda v: "plane rows"))
-    parts += [text(cfg[k]) for k, keep, text in flags if k in cfg and keep(cfg[k])]
-    parts.append(f"KT {cfg.get('KT', '?')}, {cfg.get('STAGES', '?')} st")
-    return ", ".join(parts)
+def kernel_tile(cfg: dict) -> str:
+    """The config's family and block tile (the results file has its other knobs)."""
+    return f"{family(cfg)} {cfg.get('BM', '?')}x{cfg.get('BN', '?')}"
 
 
 @dataclass(frozen=True)
@@ -285,31 +271,32 @@ def _mma_sync_only(picked: list[tuple[Result, dict]]) -> list[str]:
     return only if len(only) < len(fams) else []
 
 
-def _legacy_table(picked: list[tuple[Result, dict]], precisions: list[str]) -> list[str]:
-    """Workload x precision: us (x fp16) of the precisions `_mma_sync_only` picks."""
+def _legacy_line(picked: list[tuple[Result, dict]], precisions: list[str]) -> list[str]:
+    """Per precision that `_mma_sync_only` picks, the range of its speedups over fp16 across
+    the workloads, and the files of its rows."""
     if not precisions:
         return []
-    cells: dict[str, dict[str, str]] = {}
-    for f, r in picked:
-        if r["precision"] in precisions:
-            t = r["time_us"]
-            cells.setdefault(r["workload"], {})[r["precision"]] = (
-                f"{f.link(us(t))} ({ratio(_fp16(r.get('baselines_us') or {}), t)}x)")
-    dates = sorted({f.date for f, r in picked if r["precision"] in precisions})
-    return ["", f"Precisions that only the mma.sync kernels serve ({', '.join(precisions)}; "
-            f"runs {', '.join(dates)}): us (x fp16), kernel configs in the files.", "",
-            *table(["workload", *precisions],
-                   [[w, *(c.get(p, "-") for p in precisions)] for w, c in cells.items()])]
+    rows = [(f, r) for f, r in picked if r["precision"] in precisions]
+    gains: dict[str, list[float]] = {}
+    for _, r in rows:
+        if (fp16 := _fp16(r.get("baselines_us") or {})) and r.get("time_us"):
+            gains.setdefault(r["precision"], []).append(fp16 / r["time_us"])
+    used = sorted({f for f, _ in rows}, key=lambda f: f.order)
+    dates = ", ".join(dict.fromkeys(f.date for f in used))
+    return ["", f"Precisions that only the mma.sync kernels serve (runs {dates}), x fp16 over "
+            f"{len({r['workload'] for _, r in rows})} workloads: " + ", ".join(
+                f"{p} {min(g):.2f}-{max(g):.2f}x" for p, g in sorted(gains.items()))
+            + "; per workload in " + ", ".join(f.link(f.name) for f in used) + "."]
 
 
 @suite("bitserial", "Bit-serial convolution and GEMM on b1 AND tensor cores",
        "benchmarks/bitserial.py")
 def render_bitserial(files: list[Result]) -> list[str]:
-    out = ["Per layer and precision the fastest bit-exact row over all committed runs, with "
-           "the baselines of that row's own run (`int8_best`: our tuned int8 templates; cuDNN "
-           "fp16, or the fp16 matmul for GEMMs; im2col + `_int_mm`, or `_int_mm` for GEMMs; "
-           "APNN-TC: its published time). Epilogue: bias + ReLU -> requantized bit planes. "
-           "Rows not re-run since an old kernel keep that run's date.", ""]
+    out = ["Per layer and precision the fastest bit-exact row over all committed runs (an old "
+           "row keeps its run's date), with that run's baselines (`int8_best`: our tuned int8 "
+           "templates; fp16: cuDNN, or the fp16 matmul for GEMMs; `_int_mm`: after im2col for "
+           "convs; APNN-TC: its published time). Epilogue: bias + ReLU -> requantized bit "
+           "planes.", ""]
     groups = by_gpu(files)
     for gpu, group in groups:
         best: dict[tuple, tuple[Result, int, dict]] = {}
@@ -337,12 +324,13 @@ def render_bitserial(files: list[Result]) -> list[str]:
                          ratio(t, r.get("floor_us")), us(dflt), ratio(b.get("int8_best"), t),
                          ratio(_fp16(b), t), ratio(b.get("int_mm_im2col") or b.get("int_mm"), t),
                          ratio(r.get("apnn_tc_published_us"), t),
-                         kernel_text(r.get("config") or {}), run_of(f)])
+                         kernel_tile(r.get("config") or {}), run_of(f)])
         out += gpu_heading(gpu, groups)
         out += table(*drop_same(["workload", "prec", "us", "floor us", "us / floor",
                                  "default us", "x int8_best", "x fp16", "x `_int_mm`",
-                                 "x APNN-TC", "kernel", "run"], rows, "run"))
-        out += _legacy_table(picked, legacy)
+                                 "x APNN-TC", "kernel (knobs in the file)", "run"], rows,
+                                "run"))
+        out += _legacy_line(picked, legacy)
         out += ["", provenance(f for f, _ in picked), ""]
         targets = latest(group).doc.get("targets") or {}
         lines = target_lines(file_targets(targets), picked)
@@ -354,8 +342,23 @@ def render_bitserial(files: list[Result]) -> list[str]:
     return out
 
 
+def summarize_layer_chain(files: list[Result]) -> str:
+    """Per layer and precision: the plain pair's time per layer against the chained one's,
+    and the empty kernel's."""
+    f = latest(files)
+    parts = [f"{r['workload']} {r['precision']} {us(r['pair_us'])} -> {us(r['chained_us'])}"
+             f" (auto {us(r.get('chained_auto_us'))})" for r in f.rows]
+    empty = [(r.get("empty") or {}) for r in f.rows]
+    return ("Each layer reads the previous one's bit-plane output (C = K, stride 1); us per "
+            "layer of x -> y -> x plain -> chained by `bind(chained=True)` at the best config "
+            "and trigger (auto: the trigger `chain_trigger` picks): " + "; ".join(parts)
+            + ". A kernel that only triggers and waits: "
+            + f"{span([e.get('pair_us') for e in empty], us)} -> "
+            + f"{span([e.get('chained_us') for e in empty], us)} us.")
+
+
 @suite("layer_chain", "Bit-serial layers chained by programmatic dependent launch",
-       "benchmarks/layer_chain.py")
+       "benchmarks/layer_chain.py", concluded=summarize_layer_chain)
 def render_layer_chain(files: list[Result]) -> list[str]:
     out = ["Each layer reads the previous one's bit-plane output (C = K, stride 1). isolated: "
            "one launcher replayed; pair: x -> y -> x plain, per layer; chained: the pair with "
@@ -389,7 +392,38 @@ def render_layer_chain(files: list[Result]) -> list[str]:
 MMA_STEPS = ("default", "tuned_tiles", "register_packing", "duplicate_aware_load")
 
 
-@suite("mma_ablation", "Tiled mma.sync conv template: ablation", "benchmarks/mma_ablation.py")
+def _mma_steps(f: Result) -> dict[str, dict[str, dict]]:
+    """Per workload, the ablation's rows by step ("s4": the m16n8k64 template's default)."""
+    cells: dict[str, dict[str, dict]] = {}
+    for r in f.rows:
+        step = "s4" if r["impl"].endswith("s4") else r["step"]
+        cells.setdefault(r["workload"], {})[step] = r
+    return cells
+
+
+def _step_text(s: dict) -> str:
+    return f"{us(s['time_us'])} ({ratio(s['time_us'], s['floor_us'])}x)"
+
+
+def summarize_mma_ablation(files: list[Result]) -> str:
+    """Per layer the default, the fastest step and cuDNN fp16; s4 against s8's default."""
+    cells = _mma_steps(latest(files))
+    parts, s4 = [], []
+    for wl, steps in cells.items():
+        best = min((k for k in MMA_STEPS if k in steps), key=lambda k: steps[k]["time_us"])
+        fp16 = (next(iter(steps.values())).get("baselines_us") or {}).get("cudnn_fp16")
+        parts.append(f"{wl} {_step_text(steps['default'])} -> {best} "
+                     f"{_step_text(steps[best])}, cuDNN fp16 {us(fp16)}")
+        if "s4" in steps:
+            s4.append(steps["s4"]["time_us"] / steps["default"]["time_us"])
+    return ("`cuda.mma_conv_s8` (w8a8 -> u4 packed), us (x floor) of the default and of its "
+            "fastest ablation step: " + "; ".join(parts) + "."
+            + (" The s4 (m16n8k64, INT4 emulated on Hopper) default: "
+               f"{span(s4, '{:.1f}'.format)}x the s8 default's time." if s4 else ""))
+
+
+@suite("mma_ablation", "Tiled mma.sync conv template: ablation", "benchmarks/mma_ablation.py",
+       concluded=summarize_mma_ablation)
 def render_mma_ablation(files: list[Result]) -> list[str]:
     out = ["`cuda.mma_conv_s8` (ResNet-50 3x3, batch 256, w8a8 -> u4 packed), each step added to "
            "the previous: us (x floor); `s4`: the m16n8k64 template's default (INT4 is emulated "
@@ -397,15 +431,10 @@ def render_mma_ablation(files: list[Result]) -> list[str]:
     groups = by_gpu(files)
     for gpu, group in groups:
         f = latest(group)
-        cells: dict[str, dict[str, dict]] = {}
-        for r in f.rows:
-            step = "s4" if r["impl"].endswith("s4") else r["step"]
-            cells.setdefault(r["workload"], {})[step] = r
         rows = []
-        for wl, steps in cells.items():
+        for wl, steps in _mma_steps(f).items():
             first = next(iter(steps.values()))
-            row = [wl] + [f"{us(s['time_us'])} ({ratio(s['time_us'], s['floor_us'])}x)"
-                          if (s := steps.get(k)) else "-" for k in MMA_STEPS]
+            row = [wl] + [_step_text(s) if (s := steps.get(k)) else "-" for k in MMA_STEPS]
             row += [us(steps["s4"]["time_us"]) if "s4" in steps else "-",
                     us((first.get("baselines_us") or {}).get("cudnn_fp16"))]
             rows.append(row)
@@ -420,13 +449,29 @@ APCONV_MECHANISMS = (("empty", "empty kernel"), ("cp_async", "16-byte cp.async")
                      ("bulk", "bulk copies"), ("tma", "tensor copies, 16-byte boxes"),
                      ("tma_px", "tensor copies, 128-byte boxes"),
                      ("tma_mc", "128-byte boxes, weights multicast (clusters of 4)"))
+APCONV_PROBE = ("Copy-only kernels of the APNN-TC conv's grid (b1, 16 x 16, C = K = 1,024; the "
+                "probe's script is in git history, before ce0749b): each block lands its window "
+                "and weights, then stops; medians of interleaved rounds, us")
 
 
-@suite("apconv_floor", "Operand-delivery floor of the APNN-TC conv", "")
+def summarize_apconv_floor(files: list[Result]) -> str:
+    """Per precision the fastest copy mechanism, the empty kernel and the whole kernel."""
+    parts = []
+    for r in latest(files).rows:
+        med = r["median_us"]
+        copies = {(label, bn): med[f"{key}_bn{bn}"] for key, label in APCONV_MECHANISMS[1:]
+                  for bn in (32, 64) if med.get(f"{key}_bn{bn}") is not None}
+        (label, bn), t = min(copies.items(), key=lambda kv: kv[1])
+        empty = min(v for k, v in med.items() if k.startswith("empty_"))
+        parts.append(f"{r['precision']}: {label} (BN {bn}) {us(t)}, an empty kernel "
+                     f"{us(empty)}, the committed kernel {us(med.get('real_default'))}")
+    return f"{APCONV_PROBE}. Fastest delivery: " + "; ".join(parts) + "."
+
+
+@suite("apconv_floor", "Operand-delivery floor of the APNN-TC conv", "",
+       concluded=summarize_apconv_floor)
 def render_apconv_floor(files: list[Result]) -> list[str]:
-    out = ["A concluded probe (its script is in git history, before ce0749b). Copy-only kernels of the APNN-TC conv's grid (b1, 16 x 16, C = K = 1,024): each "
-           "block lands its window and weights, then stops; medians of interleaved rounds, us, "
-           "with the committed default kernel beside them.", ""]
+    out = [f"{APCONV_PROBE}, with the committed default kernel beside them.", ""]
     groups = by_gpu(files)
     for gpu, group in groups:
         f = latest(group)
@@ -466,13 +511,53 @@ def render_b1_mma_peak(files: list[Result]) -> list[str]:
 STRATEGIES = ("random", "sa", "diversity", "tpe")
 
 
+def _tuning_kinds(files: list[Result]) -> dict[str, list[Result]]:
+    return {k: [f for f in files if f.benchmark == k] for k in
+            ("tuning", "tuning_timed", "tuning_multigpu")}
+
+
+def _multigpu_line(f: Result) -> str:
+    runs = "; ".join(f"{r['gpus']} GPU(s): {r['wall_s']} s, best {us(r['best_us'])} us"
+                     for r in f.doc.get("runs", []))
+    return (f"Distributed ({f.link(f.name)}, {f.gpu}, {f.date}): {f.doc.get('trials')} "
+            f"trials of {f.doc.get('workload')}: {runs}.")
+
+
+def summarize_tuning(files: list[Result]) -> str:
+    """The strategies' median trials to 0.95x over the replayed layers, the timed tunes'
+    speedups over the default and wall times, and the distributed run."""
+    kinds, parts = _tuning_kinds(files), []
+    if kinds["tuning"]:
+        f = latest(kinds["tuning"])
+        trials = {s: [r["trials_to_095"][s] for r in f.rows if s in r.get("trials_to_095", {})]
+                  for s in STRATEGIES}
+        parts.append(f"Replays of {plural(len(f.rows), 'exhaustively measured space')}, "
+                     f"{f.doc.get('seeds', '?')} seeds: trials to 0.95x the exhaustive best, "
+                     "median over the layers: " + ", ".join(
+                         f"{s} {statistics.median(v):g}" for s, v in trials.items() if v)
+                     + "; quality@500 " + span([r.get("quality_at_500") for r in f.rows])
+                     + ".")
+    if kinds["tuning_timed"]:
+        picked = [r for _, r in latest_rows(kinds["tuning_timed"], lambda r: r.get("workload"))]
+        gain = [(r.get("default_us") or (r.get("defaults_us") or {}).get(r.get("best_template"))
+                 ) / r["best_us"] for r in picked]
+        wall = [r["wall_s"] for r in picked if r.get("wall_s")]
+        parts.append(f"Timed tunes (`lowbit.tune.tune`) of {plural(len(picked), 'layer')}: "
+                     f"default / best {span(gain, '{:.2f}'.format)}x"
+                     + (f", {span(wall)} s each" if wall else "")
+                     + f", {sum(r.get('failures') or 0 for r in picked)} failures.")
+    if kinds["tuning_multigpu"]:
+        parts.append(_multigpu_line(latest(kinds["tuning_multigpu"])))
+    return " ".join(parts)
+
+
 @suite("tuning", "Tuning quality", "benchmarks/tuning.py",
-       benchmarks=("tuning_timed", "tuning_tables", "tuning_multigpu"))
+       benchmarks=("tuning_timed", "tuning_tables", "tuning_multigpu"),
+       concluded=summarize_tuning)
 def render_tuning(files: list[Result]) -> list[str]:
     out: list[str] = []
     used: list[Result] = []
-    kinds = {k: [f for f in files if f.benchmark == k] for k in
-             ("tuning", "tuning_timed", "tuning_multigpu")}
+    kinds = _tuning_kinds(files)
     by_name = {f.name: f for f in files}
 
     def named(name: str) -> str:  # a file the tuning run names: linked where it is in the tree
@@ -527,10 +612,6 @@ def render_tuning(files: list[Result]) -> list[str]:
         used += [f for f, _ in picked]
     out += [provenance(used), ""] if used else []
     if kinds["tuning_multigpu"]:
-        f = latest(kinds["tuning_multigpu"])
-        runs = "; ".join(f"{r['gpus']} GPU(s): {r['wall_s']} s, best {us(r['best_us'])} us"
-                         for r in f.doc.get("runs", []))
-        out += [f"Distributed ({f.link(f.name)}, {f.gpu}, {f.date}): {f.doc.get('trials')} "
-                f"trials of {f.doc.get('workload')}: {runs}.", ""]
+        out += [_multigpu_line(latest(kinds["tuning_multigpu"])), ""]
     return out
 

@@ -15,11 +15,12 @@ from report_core import (
     latest,
     latest_rows,
     num,
-    on_target_or_only,
+    plural,
     provenance,
     ratio,
     run_of,
     short_sha,
+    span,
     suite,
     table,
     us,
@@ -203,16 +204,35 @@ def render_autoprecision(files: list[Result]) -> list[str]:
     return out
 
 
-@suite("wide_bits", "Wide realizations on trained models", "benchmarks/wide_bits.py")
+def _wide_groups(f: Result) -> list[tuple[tuple, list[dict]]]:
+    """The run's rows by (precision, wide_bits), widest first per precision."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in f.rows:
+        groups.setdefault((r["precision"], r["wide_bits"]), []).append(r)
+    return sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1]))
+
+
+def summarize_wide_bits(files: list[Result]) -> str:
+    """Per precision and width: the mean top-1 agreement and the accuracy change."""
+    f = latest(files)
+    setup = f.doc.get("setup", {})
+    return (f"{setup.get('dataset', '?')} / {setup.get('model', '?')}: residual adds realized "
+            "at `wide_bits`, the compiled plan's predictions against the converted integer "
+            "model's on the test split, agreement % (accuracy change, points): " + "; ".join(
+                f"{prec} {bits} bits {100 * statistics.fmean(r['top1_agreement'] for r in rs):.2f}"
+                f" ({statistics.fmean(r['accuracy'] - r['integer_accuracy'] for r in rs):+.2f})"
+                for (prec, bits), rs in _wide_groups(f))
+            + f" over {plural(len({r.get('seed') for r in f.rows}), 'seed')}.")
+
+
+@suite("wide_bits", "Wide realizations on trained models", "benchmarks/wide_bits.py",
+       concluded=summarize_wide_bits)
 def render_wide_bits(files: list[Result]) -> list[str]:
     """The latest run: per (precision, wide_bits), the top-1 agreement of the compiled plan
     with the converted integer model over seeds (min, mean), and the accuracy change."""
     f = latest(files)
-    groups: dict[tuple, list[dict]] = {}
-    for r in f.rows:
-        groups.setdefault((r["precision"], r["wide_bits"]), []).append(r)
     rows = []
-    for (prec, bits), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
+    for (prec, bits), rs in _wide_groups(f):
         agree = [r["top1_agreement"] for r in rs]
         delta = [r["accuracy"] - r["integer_accuracy"] for r in rs]
         rows.append([prec, bits, f.link(f"{100 * statistics.fmean(agree):.2f}"),
@@ -310,8 +330,50 @@ def _schedule(r: dict) -> str:
             + (f", KD {r['distill']:g}" if r.get("distill") else ""))
 
 
+def _sweep_cells(f: Result) -> tuple[list[str], dict[tuple, dict[str, dict]]]:
+    """The sweep's schedules in file order and its rows by (dataset, model, precision,
+    method) and schedule."""
+    rows = [r for r in f.rows if isinstance(r, dict) and "paired_minus_fp32_mean" in r]
+    cells: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        key = (r.get("dataset", "-"), r.get("model", "-"), r.get("precision", "-"),
+               r.get("method", "-"))
+        cells.setdefault(key, {})[_schedule(r)] = r
+    return list(dict.fromkeys(_schedule(r) for r in rows)), cells
+
+
+def _paired_fp32(r: dict, seeds: bool = True) -> str:
+    return (f"{r['paired_minus_fp32_mean']:+.2f} +- {r.get('paired_minus_fp32_se', 0):.2f}"
+            + (f" ({r.get('n_seeds', '?')})" if seeds else ""))
+
+
+def summarize_accuracy_sweep(files: list[Result]) -> str:
+    """Per (dataset, model, precision) the best (method, schedule), and that method at the
+    first schedule."""
+    schedules, cells = _sweep_cells(latest(files))
+    best: dict[tuple, tuple[str, str, dict]] = {}
+    for (*setup, method), by in sorted(cells.items()):
+        for sch, r in by.items():
+            k = tuple(setup)
+            if k not in best or r["paired_minus_fp32_mean"] > best[k][2][
+                    "paired_minus_fp32_mean"]:
+                best[k] = (method, sch, r)
+    datasets = {k[0] for k in best}
+    parts = []
+    for (dataset, model, prec), (method, sch, r) in best.items():
+        first = cells[(dataset, model, prec, method)].get(schedules[0])
+        parts.append(" ".join(x for x in (dataset if len(datasets) > 1 else "", model, prec,
+                                          method, sch) if x) + " " + _paired_fp32(r, False)
+                     + (f" ({_paired_fp32(first, False)})" if first and first is not r else ""))
+    return ((f"{next(iter(datasets))}: " if len(datasets) == 1 else "")
+            + "per model and precision the most accurate (method, QAT schedule), paired "
+            "per-seed difference to FP32 in points, mean +- standard error (in brackets: that "
+            f"method at {schedules[0]}): " + "; ".join(parts) + ".")
+
+
 @suite("accuracy_sweep", "QAT schedule sweep on the harder digits",
-       "benchmarks/accuracy.py (--qat-epochs / --qat-lr / --distill)")
+       "benchmarks/accuracy.py (--qat-epochs / --qat-lr / --distill)",
+       concluded=summarize_accuracy_sweep)
 def render_accuracy_sweep(files: list[Result]) -> list[str]:
     """Rows {dataset, model, precision, method, qat_epochs, qat_lr, distill, n_seeds,
     paired_minus_fp32_mean / _se}: per (model, precision, method) a row, per schedule a
@@ -320,47 +382,66 @@ def render_accuracy_sweep(files: list[Result]) -> list[str]:
            "(seeds), per QAT schedule (the FP32 model of each seed is the same in every "
            "schedule).", ""]
     f = latest(files)
-    rows = [r for r in f.rows if isinstance(r, dict) and "paired_minus_fp32_mean" in r]
-    schedules = list(dict.fromkeys(_schedule(r) for r in rows))
-    cells: dict[tuple, dict[str, str]] = {}
-    for r in rows:
-        key = (r.get("dataset", "-"), r.get("model", "-"), r.get("precision", "-"),
-               r.get("method", "-"))
-        cells.setdefault(key, {})[_schedule(r)] = (
-            f"{r['paired_minus_fp32_mean']:+.2f} +- {r.get('paired_minus_fp32_se', 0):.2f} "
-            f"({r.get('n_seeds', '?')})")
-    body = [[*key, *(cells[key].get(sch, "-") for sch in schedules)]
-            for key in sorted(cells)]
+    schedules, cells = _sweep_cells(f)
+    body = [[*key, *(_paired_fp32(cells[key][sch]) if sch in cells[key] else "-"
+                     for sch in schedules)] for key in sorted(cells)]
     out += [f"File: {f.link(f.name)}.", ""]
     out += table(["dataset", "model", "precision", "method", *schedules], body)
     return [*out, "", provenance([f]), ""]
 
 
-@suite("qat_schedule", "Adaptive precision (mix) schedules", "benchmarks/qat_schedule.py")
+def _mix_rows(files: list[Result]) -> dict[tuple, tuple[Result, dict, dict]]:
+    """Per (model, QAT steps, warm-up, seeds, precision) the latest run's (file, rand row,
+    rand + mix row)."""
+    latest_of: dict[tuple, tuple[Result, dict, dict]] = {}
+    for f in sorted(files, key=lambda f: f.order):
+        setup = f.doc.get("setup", {})
+        by = {(r["precision"], r["method"]): r for r in f.rows if isinstance(r, dict)}
+        for (prec, method), r in sorted(by.items()):
+            if method == "rand+mix":
+                key = (setup.get("model", "-"), setup.get("qat_steps", "-"),
+                       setup.get("mix_warmup", "-"), setup.get("seeds", "-"), prec)
+                latest_of[key] = (f, by.get((prec, "rand"), {}), r)
+    return latest_of
+
+
+def _mix_gain(r: dict) -> str:
+    return (f"{r.get('paired_minus_rand_mean', 0):+.2f} +- "
+            f"{r.get('paired_minus_rand_se', 0):.2f}")
+
+
+def summarize_qat_schedule(files: list[Result]) -> str:
+    """Per precision the mix - no mix differences of every setting, and how many exceed two
+    standard errors."""
+    rows = _mix_rows(files)
+    by_prec: dict[str, list[dict]] = {}
+    for key, (_, _, r) in rows.items():
+        by_prec.setdefault(key[-1], []).append(r)
+    beyond = sum(abs(r.get("paired_minus_rand_mean", 0)) > 2 * r.get("paired_minus_rand_se", 0)
+                 for _, _, r in rows.values())
+    settings = len({key[:-1] for key in rows})
+    return ("The README recipe (`method=\"rand\"`) with and without `mix`, same seeds: mix - "
+            "no mix in accuracy points +- standard error, over "
+            f"{plural(settings, 'setting')} (model, QAT steps, warm-up, seeds): " + "; ".join(
+                f"{prec} " + ", ".join(_mix_gain(r) for r in rs)
+                for prec, rs in sorted(by_prec.items())) +
+            f"; {beyond} of {len(rows)} beyond two standard errors.")
+
+
+@suite("qat_schedule", "Adaptive precision (mix) schedules", "benchmarks/qat_schedule.py",
+       concluded=summarize_qat_schedule)
 def render_qat_schedule(files: list[Result]) -> list[str]:
     """Rows {precision, method, accuracy_mean, accuracy_std, paired_minus_rand_mean / _se} of
     the README recipe with and without mix: per (model, QAT steps, warm-up, seeds, precision)
     the latest run (runs with other settings are an ablation, each keeps its rows)."""
     out = ["The README recipe (`method=\"rand\"`) with and without `mix`, same seeds; "
            "paired difference mix - no mix in accuracy points +- its standard error.", ""]
-    latest_of: dict[tuple, list] = {}
-    for f in sorted(files, key=lambda f: f.order):
-        setup = f.doc.get("setup", {})
-        by = {(r["precision"], r["method"]): r for r in f.rows if isinstance(r, dict)}
-        for (prec, method), r in sorted(by.items()):
-            if method != "rand+mix":
-                continue
-            rand = by.get((prec, "rand"), {})
-            key = (setup.get("model", "-"), setup.get("qat_steps", "-"),
-                   setup.get("mix_warmup", "-"), setup.get("seeds", "-"), prec)
-            latest_of[key] = [f, *key, f"{rand.get('accuracy_mean', float('nan')):.2f}",
-                              f.link(f"{r['accuracy_mean']:.2f}"),
-                              f"{r.get('paired_minus_rand_mean', 0):+.2f} +- "
-                              f"{r.get('paired_minus_rand_se', 0):.2f}", run_of(f)]
+    rows = [[*key, f"{rand.get('accuracy_mean', float('nan')):.2f}",
+             f.link(f"{r['accuracy_mean']:.2f}"), _mix_gain(r), run_of(f)]
+            for key, (f, rand, r) in _mix_rows(files).items()]
     out += table(*drop_same(["model", "QAT steps", "warm-up", "seeds", "precision", "rand %",
-                             "rand + mix %", "mix - no mix", "run"],
-                            [row[1:] for row in latest_of.values()], "run"))
-    return [*out, "", provenance({row[0] for row in latest_of.values()}), ""]
+                             "rand + mix %", "mix - no mix", "run"], rows, "run"))
+    return [*out, "", provenance({f for f, _, _ in _mix_rows(files).values()}), ""]
 
 
 def _policy(r: dict) -> str:
@@ -381,20 +462,29 @@ def _network_key(r: dict) -> tuple | None:
             r.get("wide_bits", 24), _policy(r))
 
 
-def _largest_steps(f: Result, r: dict, n: int = 6) -> list[str]:
-    """The row's `n` slowest steps: impl, time, the alone time of each launch of multi-launch
-    steps, roofline floor and the fp16 time of the same layers (us)."""
-    layers = sorted((x for x in r.get("layers") or [] if x.get("time_us")),
-                    key=lambda x: -x["time_us"])[:n]
-    if not layers:
+def _largest_steps(runs: list[tuple[Result, dict]], n: int = 3) -> list[str]:
+    """Each run's `n` slowest steps in one table: impl, time, the alone time of each launch of
+    multi-launch steps (a column only where a step has them), roofline floor and the fp16 time
+    of the same layers (us)."""
+    rows = []
+    for f, r in runs:
+        layers = sorted((x for x in r.get("layers") or [] if x.get("time_us")),
+                        key=lambda x: -x["time_us"])[:n]
+        rows += [[r["precision"], x.get("name", "-"), x.get("impl", "-"),
+                  f.link(us(x["time_us"])),
+                  " + ".join(us(t) for t in x.get("launches_us") or []) or "-",
+                  us(x.get("floor_us")), us(x.get("fp16_us"))] for x in layers]
+    if not rows:
         return []
-    rows = [[x.get("name", "-"), x.get("impl", "-"), f.link(us(x["time_us"])),
-             " + ".join(us(t) for t in x.get("launches_us") or []) or "-",
-             us(x.get("floor_us")), us(x.get("fp16_us"))] for x in layers]
-    return [f"Largest steps of {r['model']} b{r['batch']} {r['precision']} (exact bias, wide "
-            f"{r.get('wide_bits', 24)}), {f.date}: us in the engine, per-launch alone us of "
-            "multi-launch steps, floor, fp16 us of the same layers.", "",
-            *table(["step", "impl", "us", "launches us", "floor us", "fp16 us"], rows), ""]
+    r = runs[0][1]
+    dates = ", ".join(dict.fromkeys(f.date for f, _ in runs))
+    header = ["prec", "step", "impl", "us", "launches us", "floor us", "fp16 us"]
+    if all(row[4] == "-" for row in rows):
+        header, rows = header[:4] + header[5:], [row[:4] + row[5:] for row in rows]
+    return [f"Largest steps of {r['model']} b{r['batch']} (exact bias, wide "
+            f"{r.get('wide_bits', 24)}), {dates}: us in the engine, floor, fp16 us of the same "
+            "layers" + (", per-launch alone us of multi-launch steps" if "launches us" in header
+                        else "") + ".", "", *table(header, rows), ""]
 
 
 def _fraction(ours: float | None, fp16: float | None) -> str:
@@ -415,36 +505,62 @@ def _current_policies(picked: list[tuple[Result, dict]]) -> list[tuple[Result, d
             or f.order >= newest[_network_key(r)[:5]]]
 
 
+#: the baselines of network rows (`baselines_ms`) in column order, with their labels; a row's
+#: other baselines follow as columns of their own key
+NETWORK_BASELINES = {"fp16_eager": "fp16 eager", "fp16_cuda_graph": "fp16 CUDA graph",
+                     "fp16_compile": "torch.compile"}
+
+
+TARGET_STATE = {True: "met", False: "missed"}
+
+
+def _network_targets(f: Result) -> list[str]:
+    """The targets a network run checked ({name, value, bound, met}), in one line."""
+    targets = [t for t in f.doc.get("targets") or [] if isinstance(t, dict) and "name" in t]
+    if not targets:
+        return []
+
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+    states = {t.get("met") for t in targets}
+    values: dict[tuple, list[str]] = {}  # (name, bound): values, one per target of that name
+    for t in targets:
+        values.setdefault((t["name"], fmt(t.get("bound"))), []).append(
+            fmt(t.get("value")) + ("" if len(states) == 1
+                                   else f" {TARGET_STATE.get(t.get('met'), 'n/a')}"))
+    items = [f"{name} {bound}: {', '.join(v)}" for (name, bound), v in values.items()]
+    every = f"; all {TARGET_STATE.get(states.pop(), 'n/a')}" if len(states) == 1 else ""
+    return [f"Targets of {f.link(f.name)} (bound: value): " + "; ".join(items) + every + ".", ""]
+
+
 @suite("network", "Whole networks", "benchmarks/network.py")
 def render_network(files: list[Result]) -> list[str]:
     """benchmarks/network.py's rows: {model, batch, precision, exact_bias, wide_bits, time_ms,
     images_per_s, baselines_ms: {fp16_eager, fp16_cuda_graph, fp16_compile}, floor_ms,
     host_overhead_us, host_overhead_bound_us, layers: [{name, impl, time_us, launches_us,
     floor_us, fp16_us}]}."""
-    out = ["Per model, batch, precision, bias mode and residual width the latest run (rows "
-           "with an error are left out); baselines of the same run. Bias: `exact` keeps each "
-           "output's bias at its shift (separate epilogue pass), `kernel` rounds it to "
-           "accumulator units so single-output layers use their kernel's own epilogue. Wide: "
-           "the bits of the residual adds' accumulators (24 by default; 16 or 8 with "
-           "`:wide16` / `:wide8`). Policy: how each layer's implementation is chosen "
-           "(`default`: `lowbit.compile`'s; `model`: the performance model's; a template's "
-           "name: the default with it first; `no fused outputs`: int8 layers leave their "
-           "layer epilogue to the separate pass; shown where no newer default row exists). "
-           "Floor: the sum of the layers' roofline floors. Host: a forward call's host time "
-           "(in brackets with the input written into the engine's buffer and the output left "
-           "in its own: `input_buffer`, `copy_output=False`). Weights and peak activations: "
-           "bytes held by the plan against the fp16 model's (PyTorch, channels_last). Other GPUs' "
-           "rows only where the H100 (the targets' GPU) has none.", ""]
+    out = ["Per model, batch, precision, bias, wide and policy the latest run (errors left out); "
+           "ratios to the same run's baselines. Bias: `exact` keeps each output's bias at its "
+           "shift (separate epilogue pass), `kernel` rounds it to accumulator units. Wide: the "
+           "bits of the residual adds' accumulators. Policy: how layers pick their "
+           "implementation (`default`: `lowbit.compile`'s; `model`: the performance model's; a "
+           "template: it first; `no fused outputs`: int8 layers leave their layer epilogue to "
+           "the separate pass), others only where no newer default row exists. Floor: the sum "
+           "of the layers' roofline floors. Host: a forward call's host time (in brackets: "
+           "`input_buffer`, `copy_output=False`). Weights, peak activations: bytes against the "
+           "fp16 model's.", ""]
     groups = by_gpu(files)
     for gpu, group in groups:
-        picked = on_target_or_only(gpu, _current_policies(latest_rows(group, _network_key)),
-                                   files, _network_key)
+        picked = _current_policies(latest_rows(group, _network_key))
         if not picked:
             continue
         picked = sorted(picked, key=lambda fr: (
             str(fr[1]["model"]), fr[1]["batch"], fr[1]["precision"],
             not fr[1].get("exact_bias", True), -fr[1].get("wide_bits", 24),
             _policy(fr[1]) != "default", _policy(fr[1])))
+        baselines = [*NETWORK_BASELINES, *sorted({k for _, r in picked
+                                                 for k in r.get("baselines_ms") or {}}
+                                                - set(NETWORK_BASELINES))]
         rows = []
         for f, r in picked:
             b, t = r.get("baselines_ms") or {}, r["time_ms"]
@@ -452,8 +568,7 @@ def render_network(files: list[Result]) -> list[str]:
                          "exact" if r.get("exact_bias", True) else "kernel",
                          r.get("wide_bits", 24), _policy(r), f.link(f"{t:.3f}"),
                          f"{r.get('images_per_s', 0):,.0f}",
-                         *(ratio(b.get(k), t) for k in ("fp16_eager", "fp16_cuda_graph",
-                                                        "fp16_compile")),
+                         *(ratio(b.get(k), t) for k in baselines),
                          f"{r['floor_ms']:.3f}" if r.get("floor_ms") else "-",
                          us(r.get("host_overhead_us")) + (
                              f" ({r['host_overhead_bound_us']:.1f})"
@@ -464,18 +579,40 @@ def render_network(files: list[Result]) -> list[str]:
         out += gpu_heading(gpu, groups)
         out += table(*drop_same(["model", "batch", "precision", "bias", "wide", "policy", "ms",
                                  "images/s",
-                      "fp16 eager / ours", "fp16 CUDA graph / ours", "torch.compile / ours",
+                      *(f"{NETWORK_BASELINES.get(k, k)} / ours" for k in baselines),
                       "floor ms", "host us", "weights / fp16", "peak activations / fp16",
                       "run"], rows, "run"))
         out += ["", provenance(f for f, _ in picked), ""]
-        for precision in ("w1a2", "w8a8"):
-            big = [(f, r) for f, r in picked
-                   if _network_key(r) == ("resnet50", 256, precision, True, 24, "default")]
-            out += _largest_steps(*big[-1]) if big else []
+        out += _largest_steps([big[-1] for precision in ("w1a2", "w8a8") if (big := [
+            (f, r) for f, r in picked
+            if _network_key(r) == ("resnet50", 256, precision, True, 24, "default")])])
+        out += _network_targets(latest(group))
     return out
 
 
-@suite("netops", "Network ops and the fused first layer", "benchmarks/netops.py")
+def _netops_rows(files: list[Result]) -> list[tuple[Result, dict]]:
+    return latest_rows(files, lambda r: (r["op"], r["workload"], r["batch"], r["impl"]))
+
+
+def summarize_netops(files: list[Result]) -> str:
+    """Per op and implementation: the ranges of time, time / floor and fp16 / ours over its
+    workloads and batches."""
+    by: dict[tuple, list[tuple[float, dict]]] = {}
+    for _, r in _netops_rows(files):
+        by.setdefault((r["op"], r["impl"]), []).append((r.get("graph_us") or r["time_us"], r))
+    return ("CUDA-graph times against PyTorch fp16 of the same run (same op in fp16, "
+            "channels_last), per op over its workloads and batches: us, x floor, fp16 / ours: "
+            + "; ".join(f"{op} ({impl}, {len(ts)}) {span((t for t, _ in ts), us)}, "
+                        + span((t / r["floor_us"] for t, r in ts if r.get("floor_us")),
+                               "{:.1f}".format) + "x, "
+                        + span((fp16 / t for t, r in ts
+                                if (fp16 := (r.get("baselines_us") or {}).get("fp16_cuda_graph"))),
+                               "{:.2f}".format)
+                        for (op, impl), ts in by.items()) + ".")
+
+
+@suite("netops", "Network ops and the fused first layer", "benchmarks/netops.py",
+       concluded=summarize_netops)
 def render_netops(files: list[Result]) -> list[str]:
     """Rows {op, workload, batch, impl, time_us, graph_us, floor_us, baselines_us}: the
     packed-domain kernels (epilogue, pools, image quantization) and the first layer."""
@@ -483,7 +620,7 @@ def render_netops(files: list[Result]) -> list[str]:
            "same run (same op in fp16, channels_last).", ""]
     groups = by_gpu(files)
     for gpu, group in groups:
-        picked = latest_rows(group, lambda r: (r["op"], r["workload"], r["batch"], r["impl"]))
+        picked = _netops_rows(group)
         rows = []
         for f, r in picked:
             t = r.get("graph_us") or r.get("time_us")
@@ -571,7 +708,56 @@ def _dispatch_summary(disp: list[dict]) -> list[str]:
     return [" ".join(out), ""]
 
 
-@suite("perfmodel", "Performance model", "benchmarks/perfmodel.py")
+def _ranges(acc: list[tuple[Result, dict]]) -> str:
+    """Per model: the range of the median APE % (Kendall tau) over the templates."""
+    by: dict[str, list[dict]] = {}
+    for _, r in acc:
+        by.setdefault(r.get("model", "-"), []).append(r)
+    return ", ".join(f"{MODEL_LABEL.get(m, m)} "
+                     f"{span((r.get('median_ape') for r in rs), '{:.1f}'.format, ' .. ')} "
+                     f"({span((r.get('kendall_tau') for r in rs), '{:.2f}'.format, ' .. ')})"
+                     for m, rs in by.items())
+
+
+def summarize_perfmodel(files: list[Result]) -> str:
+    """Per GPU (or offline data): the models' APE ranges over the templates, the pruned
+    tuner's and the dispatch's summary lines."""
+    parts = []
+    for gpu, group in by_gpu(files):
+        acc = latest_rows(group, _accuracy_key)
+        pruned = latest_rows(group, _pruned_key)
+        disp = latest_rows(group, _dispatch_key)
+        text = [f"{gpu}:"]
+        if acc:
+            data = ", ".join(dict.fromkeys(str(r.get("data", "-")) for _, r in acc))
+            n = len({r["template"] for _, r in acc})
+            text.append(f"held-out median APE % (Kendall tau) over {plural(n, 'template')} "
+                        f"({data}): {_ranges(acc)}.")
+        if pruned:
+            text.append(_pruned_line(pruned))
+            big = [(r, f) for f, r in pruned if r.get("exhaustive") and r["space_size"] >= 1000]
+            if big:
+                text.append("On exhaustive spaces of 1,000+ configs: " + ", ".join(
+                    f"{num(r['fraction_measured_to_097'], 3)} of {r['space_size']} "
+                    f"(random search {num(r.get('random_fraction_to_097'), 3)})"
+                    for r, _ in big) + ".")
+        if disp:
+            text += _dispatch_summary([r for _, r in disp])[:1]
+        parts.append(" ".join(text))
+    return ("Learned model: XGBoost, absolute error of the log time ratio, leave one layer "
+            "out; \"learned + 1 measured config\": rescaled by one measurement. "
+            + " ".join(parts))
+
+
+def _pruned_line(pruned: list[tuple[Result, dict]]) -> str:
+    fr = [r["fraction_measured_to_097"] for _, r in pruned
+          if r["fraction_measured_to_097"] is not None]
+    return (f"Pruned tuner: {len(fr)} spaces, median fraction of the space measured to "
+            f"reach 0.97x of the best {statistics.median(fr):.3f} (max {max(fr):.3f}), "
+            f"{sum(x <= 0.10 for x in fr)} of {len(fr)} at or under 10%.")
+
+
+@suite("perfmodel", "Performance model", "benchmarks/perfmodel.py", concluded=summarize_perfmodel)
 def render_perfmodel(files: list[Result]) -> list[str]:
     """Rows of kind model_accuracy {template, median_ape, kendall_tau, n_layers, n_configs},
     pruned_tuner {template, workload, space_size, fraction_measured_to_097} and dispatch
@@ -580,23 +766,18 @@ def render_perfmodel(files: list[Result]) -> list[str]:
            "the pruned tuner's replays and zero-tuning dispatch; latest run per row. Learned "
            "model: XGBoost, absolute error of the log time ratio; \"learned + 1 measured "
            "config\": each held-out workload's predictions rescaled by one measurement (the "
-           "config predicted fastest), scored on the others. Other GPUs' rows only where the "
-           "H100 (the targets' GPU) has none.", ""]
+           "config predicted fastest), scored on the others.", ""]
     groups = by_gpu(files)
     for gpu, group in groups:
-        acc = on_target_or_only(gpu, latest_rows(group, _accuracy_key), files, _accuracy_key)
-        pruned = on_target_or_only(gpu, latest_rows(group, _pruned_key), files, _pruned_key)
-        disp = on_target_or_only(gpu, latest_rows(group, _dispatch_key), files, _dispatch_key)
+        acc = latest_rows(group, _accuracy_key)
+        pruned = latest_rows(group, _pruned_key)
+        disp = latest_rows(group, _dispatch_key)
         if not (acc or pruned or disp):
             continue
         out += gpu_heading(gpu, groups)
         out += _model_accuracy_table(acc)
         if pruned:
-            fr = [r["fraction_measured_to_097"] for _, r in pruned
-                  if r["fraction_measured_to_097"] is not None]
-            out += [f"Pruned tuner: {len(fr)} spaces, median fraction of the space measured to "
-                    f"reach 0.97x of the best {statistics.median(fr):.3f} (max {max(fr):.3f}), "
-                    f"{sum(x <= 0.10 for x in fr)} of {len(fr)} at or under 10%.", ""]
+            out += [_pruned_line(pruned), ""]
             out += _exhaustive_spaces(pruned)
         if disp:
             out += _dispatch_summary([r for _, r in disp])
@@ -635,9 +816,12 @@ def render_gpu_tests(files: list[Result]) -> list[str]:
 def render_probes(files: list[Result]) -> list[str]:
     """Files of the measurement-only probes (`<probe>-<stamp>.json`, rows of their own
     shape), one link each; NOTES.md quotes what they showed."""
-    probes: dict[str, list[Result]] = {}
-    for f in sorted(files, key=lambda f: f.order):
-        probes.setdefault(f.benchmark, []).append(f)
-    runs = "; ".join(f"`{name}` " + ", ".join(f"{f.link(f.stamp)} ({f.gpu})" for f in fs)
-                     for name, fs in sorted(probes.items()))
-    return [f"Outputs that NOTES.md quotes: {runs}.", ""]
+    out = []
+    for gpu, group in sorted(by_gpu(files)):
+        probes: dict[str, list[Result]] = {}
+        for f in group:
+            probes.setdefault(f.benchmark, []).append(f)
+        runs = "; ".join(f"`{name}` " + ", ".join(f.link(f.stamp or f.name) for f in fs)
+                         for name, fs in sorted(probes.items()))
+        out += [f"Outputs that NOTES.md quotes, {gpu}: {runs}.", ""]
+    return out

@@ -258,7 +258,7 @@ SYNTHETIC = {
 # what each suite's section must show for its synthetic files (labels: the cited file's stem)
 EXPECTED = {
     "conv": ["|[60.0][conv-20260102-000000]|tma crs split 2|", "|1.50|7.00|", "|1.80 (55.0)|",
-             "|70.0 / 60.0 / -|", "b256 conv vs cuDNN fp16 >= 1.8: met on 0 of 1"],
+             "b256 conv vs cuDNN fp16 >= 1.8: met on 0 of 1"],
     "gemm": ["[20.0][gemm-20260102-000000]", "128x64x128, split 2 (last_program)", "|0.90|",
              "0.90 (10.8 / 12.0)", "FC vs `_int_mm` >= 1.0: met on 0 of 1"],
     "accuracy_sweep": ["|dataset|model|precision|method|3 ep, lr 0.001|10 ep, lr 0.001|",
@@ -267,8 +267,7 @@ EXPECTED = {
              "triton.gemv_int8|",
              "|conv_b1_7x7_3x3_512to512|49x512x4608|[10.0][gemv-20260102-000000]|0.55|40.0|-|"
              "29.0|15.0|1.50|1.60|cuda.int8_wgmma|"],
-    "bitserial": ["[20.0][bitserial-20260102-000000]", "|2.80|",
-                  "tap-shift persistent 64x128, two teams, row sums slab, pairs, KT 1, 3 st",
+    "bitserial": ["[20.0][bitserial-20260102-000000]", "|2.80|", "|tap-shift persistent 64x128|",
                   "`w1a2_vs_int8_conv_b256` >= 2.5: met on 1 of 1",
                   "`made_up_target` >= 1.0: not evaluated"],
     "layer_chain": ["|[5.12][layer_chain-20260102-000000]|5.04|4.42 (start, 64 wide)|",
@@ -283,7 +282,6 @@ EXPECTED = {
                "|resnet50_s4_3x3|igemm, tma|diversity|300|7866|42.5|"
                "[13.0 (tma)][timed-20260103-000000]|27.0|2.08|0|2026-01-03|",
                "2 GPU(s): 35.5 s, best 98.2 us",
-               "5 files of this suite under `results/gpu-test/`.",  # all cited, inputs too:
                "timed: [tables-20260102-000000.json][tables-20260102-000000])",
                "|13.8|[1.61][timed-20260102-000000]|",  # the ratio cites the timed run's file
                "([timed-20260102-000000.json][timed-20260102-000000]). File:"],
@@ -316,9 +314,9 @@ EXPECTED = {
                 "|resnet18|8|w1a2|exact|24|model|[0.300][network-20260103-000000]|26,000|",
                 "|resnet18|8|w1a2|kernel|24|default|[0.200][network-20260102-000000]|40,000|7.50|"
                 "2.50|-|0.020|30.0|0.06|1.50|",
-                "Largest steps of resnet50 b256 w1a2 (exact bias, wide 24)",
-                "|layer.l0|cuda.bitserial_wgmma|1500.0|900.0 + 600.0|500.0|100.0|",
-                "|layer.l3|cuda.bitserial_wgmma|20.0|-|6.67|100.0|"],
+                "Largest steps of resnet50 b256 (exact bias, wide 24), 2026-01-02",
+                "|w1a2|layer.l0|cuda.bitserial_wgmma|1500.0|900.0 + 600.0|500.0|100.0|",
+                "|w1a2|layer.l4|cuda.bitserial_wgmma|700.0|-|233.3|100.0|"],
     "qat_schedule": ["|digits_resnet|100|0.25|10|w2a2|66.50|"
                      "[63.10][qat_schedule-20260102-000000]|-3.40 +- 3.70|"],
     "netops": ["|stem|224x224x3_to_56x56x64|8|triton.stem|"
@@ -326,17 +324,40 @@ EXPECTED = {
     "gpu_tests": ["|run|lowbit|step|test files|passed|failed / errors|skipped|s|",
                   "|20260102-000000|abcdef1|tests|test_a, test_b|"
                   "[3][gpu_tests-20260102-000000]|1 / 0|2|12|"],
-    "probes": ["`epilogue_probe` [20260102-000000][epilogue_probe-20260102-000000] "
-               "(NVIDIA Test GPU)."],
+    "probes": ["Outputs that NOTES.md quotes, NVIDIA Test GPU: `epilogue_probe` "
+               "[20260102-000000][epilogue_probe-20260102-000000]."],
     "perfmodel": ["|triton.conv2d_int8|recorded|[11.4][perfmodel-20260102-000000] (0.47)|25|3040|",
                   "median fraction of the space measured to reach 0.97x of the best 0.260 "
                   "(max 0.500), 1 of 2 at or under 10%",
                   "median / best measured 1.20x, 1 within 1.25x"],
 }
+# what the one line of each concluded suite's section says (EXPECTED: its tables, which the
+# line links)
+SUMMARY = {
+    "mma_ablation": ["resnet50_s3_3x3_b256 424.4 (8.31x) -> register_packing 193.1 (3.78x), "
+                     "cuDNN fp16 98.7", "default: 1.6x the s8 default's time",
+                     "Tables: [20260102-000000][mma_ablation-20260102-000000]."],
+    "apconv_floor": ["w1a2: tensor copies, 128-byte boxes (BN 64) 2.08, an empty kernel 1.10, "
+                     "the committed kernel 5.12."],
+    "accuracy_sweep": ["digits_cnn w2a2 lsq 10 ep, lr 0.001 -2.47 +- 0.29 (-4.14 +- 0.24)"],
+    "qat_schedule": ["over 1 setting (model, QAT steps, warm-up, seeds): w2a2 -3.40 +- 3.70; "
+                     "0 of 1 beyond two standard errors"],
+    "tuning": ["median over the layers: random 246, sa 162, diversity 134, tpe 88",
+               "Timed tunes (`lowbit.tune.tune`) of 2 layers: default / best 1.61-2.08x, "
+               "42.5-53.6 s each, 0 failures", "2 GPU(s): 35.5 s, best 98.2 us",
+               "5 files of this suite under `gpu-test/`."],  # the line links all 5, inputs too
+    "layer_chain": ["apconv_b1_c1024 w1a2 5.04 -> 4.42 (auto 4.42)", "waits: 1.22 -> 0.72 us"],
+    "netops": ["stem (triton.stem, 1) 33.0, 15.0x, 3.00"],
+    "perfmodel": ["NVIDIA Test GPU: held-out median APE % (Kendall tau) over 1 template "
+                  "(recorded): learned 11.4 (0.47)",
+                  "median fraction of the space measured to reach 0.97x of the best 0.260 "
+                  "(max 0.500), 1 of 2 at or under 10%"],
+    "wide_bits": ["w2a2 24 bits 100.00 (+0.00); w2a2 16 bits 99.90 (+0.05) over 3 seeds."],
+}
 # what a section must not show: superseded rows, and rows a key collision would hide
 ABSENT = {
     "tuning": ["|resnet50_s4_3x3|igemm|diversity|342|"],
-    "network": ["vgg16", "|layer.l1|", "|default, no fused outputs|"],
+    "network": ["vgg16", "|layer.l1|", "|layer.l3|", "|default, no fused outputs|"],
     "autoprecision": ["70.00 +- 1.00"],
     "residual_bits": ["50.00"],
 }
@@ -430,35 +451,49 @@ def test_every_committed_suite_has_a_renderer_that_works():
 
 
 def test_each_suite_renders_its_synthetic_file(tmp_path):
+    """Each suite's tables show what its synthetic files give; a concluded suite's section
+    is its one line instead, linking the files its tables cite."""
     assert set(SYNTHETIC) == set(report.SUITES), "give every new suite a synthetic file here"
+    assert set(SUMMARY) == {n for n, s in report.SUITES.items() if s.summary}
     checked = links = 0
     for name, files in SYNTHETIC.items():
         results = _write(tmp_path / name, files)
-        text = report.render(report.load(results, tmp_path / name))
+        loaded = report.load(results, tmp_path / name)
+        text = report.render(loaded)
         links += _check_links(text)
         section = _section(_labelled(text), report.SUITES[name].title)
         assert "failed (" not in section and "No renderer" not in section, section
+        tables = "\n".join(report.cite_once(report.tables(name, loaded), loaded))
+        if name in SUMMARY:
+            assert section.count("\nConcluded (") == 1 and "|---|" not in section, section
+            for expected in SUMMARY[name]:
+                assert expected in section, f"{name}: {expected!r} not in\n{section}"
+                checked += 1
+        else:  # the section is its tables (their provenance lines may name fewer versions)
+            assert all(line in section for line in tables.split("\n")
+                       if not line.startswith("Runs: ")), section
         for expected in EXPECTED[name]:
-            assert expected in section, f"{name}: {expected!r} not in\n{section}"
+            assert expected in tables, f"{name}: {expected!r} not in\n{tables}"
             checked += 1
         for absent in ABSENT.get(name, []):
-            assert absent not in section, f"{name}: {absent!r} in\n{section}"
+            assert absent not in tables, f"{name}: {absent!r} in\n{tables}"
             checked += 1
         n = len(files)
-        assert f"{n} file{'s' if n > 1 else ''} of this suite under `results/gpu-test/`" in text
-    assert checked == sum(len(v) for v in (*EXPECTED.values(), *ABSENT.values()))
+        assert f"{n} file{'s' if n > 1 else ''} of this suite under `gpu-test/`" in text
+    assert checked == sum(len(v) for v in (*EXPECTED.values(), *ABSENT.values(),
+                                           *SUMMARY.values()))
     assert len(SYNTHETIC) >= 10 and links >= len(SYNTHETIC)
 
 
 def test_a_table_citing_one_file_names_it_once_above(tmp_path):
-    files = SYNTHETIC["layer_chain"]
+    files = SYNTHETIC["gemm"]
     row = files[0][1]["rows"][0]
     results = _write(tmp_path, [(files[0][0], {**files[0][1], "rows": [
-        row, {**row, "workload": "apconv_sweep_c512", "isolated_us": 6.27}]})])
+        row, {**row, "workload": "fc_b64_1024to1024", "time_us": 8.38}]})])
     text = _labelled(report.render(report.load(results, tmp_path)))
-    assert text.count("[layer_chain-20260102-000000]") == 1
-    assert "File: [layer_chain-20260102-000000.json][layer_chain-20260102-000000]." in text
-    assert "|apconv_sweep_c512|w1a2|6.27|" in text
+    assert text.count("[gemm-20260102-000000]") == 1
+    assert "File: [gemm-20260102-000000.json][gemm-20260102-000000]." in text
+    assert "|fc_b64_1024to1024|8.38|" in text
 
 
 def test_unknown_suite_and_a_failing_renderer_fall_back_to_the_generic_table(tmp_path):
@@ -542,6 +577,79 @@ def test_the_performance_model_section_cites_the_consolidated_dataset(tmp_path):
     section = _section(text, report.SUITES["perfmodel"].title)
     assert (f"Also trained and evaluated on [{CONSOLIDATED}](results/{CONSOLIDATED}): 0 "
             "measurements of 1 uncited results files (2026-01-03 .. 2026-01-03)") in section
-    assert ("3 files of this suite: `results/` 1, `results/gpu-test/` 2; the tables cite 1."
-            in section)
+    assert "3 files of this suite: top level 1, `gpu-test/` 2; the tables cite 1." in section
     assert "Other files" not in text
+
+
+def test_benchmarks_md_is_at_most_40_kb():
+    size = len((ROOT / "BENCHMARKS.md").read_bytes())
+    assert size <= 40 * 1024, (
+        f"BENCHMARKS.md is {size:,} bytes, over 40 KB: show fewer rows (a concluded suite's "
+        "summary line, the top rows of a long table), not fewer files")
+
+
+def _net_row(model: str, time_ms: float) -> dict:
+    return {"model": model, "batch": 8, "precision": "w1a2", "time_ms": time_ms,
+            "images_per_s": 8e3 / time_ms, "baselines_ms": {"fp16_cuda_graph": 0.5},
+            "layers": []}
+
+
+def test_a_suite_shows_the_gpu_that_ran_last_and_links_the_others(tmp_path):
+    """The current table: the runs of the GPU that ran last, with the CPU and offline runs;
+    the other GPUs' files are linked in one line and counted."""
+    results = tmp_path / "results"
+    old, new = "NVIDIA Old GPU", "NVIDIA New GPU"
+    for gpu_dir, name, doc in [
+            ("nvidia-old-gpu", "network-20260102-000000.json",
+             {**_doc("network", [_net_row("resnet18", 0.5), _net_row("alexnet", 0.1)]),
+              "gpu": old}),
+            ("nvidia-new-gpu", "network-20260103-000000.json",
+             {**_doc("network", [_net_row("resnet18", 0.25)]), "gpu": new, "date": "2026-01-03"}),
+            # an offline evaluation filed under a GPU's folder, later: not a run of that GPU
+            ("nvidia-old-gpu", "perfmodel-20260105-000000.json",
+             {**SYNTHETIC["perfmodel"][0][1], "gpu": f"offline: recorded measurements on {old}",
+              "date": "2026-01-05"}),
+            ("cpu", "wide_bits-20260101-000000.json",
+             {**SYNTHETIC["wide_bits"][0][1], "gpu": "cpu"})]:
+        (results / gpu_dir).mkdir(parents=True, exist_ok=True)
+        (results / gpu_dir / name).write_text(json.dumps(doc))
+    loaded = report.load(results, tmp_path)
+    assert [f.on_gpu for f in loaded] == [False, True, True, False]  # cpu, new, old, offline
+    shown, older = report.current_and_older([f for f in loaded if f.benchmark == "network"])
+    assert [f.gpu for f in shown] == [new] and list(older) == [old]
+    shown, older = report.current_and_older(loaded)
+    assert {f.gpu for f in shown} == {"cpu", new, f"offline: recorded measurements on {old}"}
+    raw = report.render(loaded)
+    assert _check_links(raw) == 4  # the row, the other GPU's file, two concluded lines
+    text = _labelled(raw)
+    net = _section(text, report.SUITES["network"].title)
+    assert "|resnet18|8|w1a2|exact|24|default|[0.250][network-20260103-000000]|" in net
+    assert "alexnet" not in net and "[0.500]" not in net
+    assert "Other GPUs' runs: NVIDIA Old GPU: [20260102-000000][network-20260102-000000]." in net
+    assert "2 files of this suite: `nvidia-new-gpu/` 1, `nvidia-old-gpu/` 1." in net
+    model = _section(text, report.SUITES["perfmodel"].title)
+    assert "learned 11.4 (0.47)" in model and "Other GPUs" not in model
+    assert "(folders under `results/`)" in text
+
+
+def test_provenance_lines_leave_out_the_versions_stated_once():
+    h100 = "Runs: NVIDIA H100 · driver 5 · torch 2.11 · CUDA 13.0 · 2026-01-02 · lowbit abc."
+    lines = [h100, "x", h100.replace("01-02", "01-03"),
+             "Runs: NVIDIA H100 · torch 2.10 · 2026-01-01.",  # other versions: kept
+             "Runs: cpu · torch 2.13.0+cpu · 2026-01-04."]  # named once: kept
+    assert report.shared_versions(lines) == [
+        "Versions of the runs whose line names none: NVIDIA H100: driver 5, torch 2.11, "
+        "CUDA 13.0.", "",
+        "Runs: NVIDIA H100 · 2026-01-02 · lowbit abc.", "x",
+        "Runs: NVIDIA H100 · 2026-01-03 · lowbit abc.", *lines[3:]]
+    assert report.shared_versions(lines[3:]) == lines[3:]
+
+
+def test_a_concluded_suite_whose_summary_fails_shows_its_tables(tmp_path):
+    name, doc = SYNTHETIC["mma_ablation"][0]
+    rows = [r for r in doc["rows"] if r["step"] != "default"]  # the summary needs the default
+    results = _write(tmp_path, [(name, {**doc, "rows": rows})])
+    section = _section(report.render(report.load(results, tmp_path)),
+                       report.SUITES["mma_ablation"].title)
+    assert "Concluded" not in section and "failed (" not in section
+    assert "|resnet50_s3_3x3_b256|-|202.0 (3.95x)|" in section
