@@ -129,7 +129,7 @@ def time_rows(model: nn.Module, x: torch.Tensor, batches: list[int], compile_mod
               ) -> list[dict]:
     """GPU: the compiled model's forward (its CUDA graph) against the float twin in fp16."""
     from lowbit.kernels.timing import time_us
-    from lowbit.runtime.bench import fp16_baselines
+    from lowbit.bench import fp16_baselines
     from lowbit.runtime.gpu import GpuExecutor
 
     device = torch.device("cuda")

@@ -328,7 +328,7 @@ def bench(
     import torch
 
     from .models import names
-    from .runtime.bench import (
+    from .bench import (
         BenchCase,
         bench_network,
         impl_chooser,
@@ -385,14 +385,14 @@ def bench(
 
 def _network_layers(model: str, batch: int, precision: str) -> Callable[[], list]:
     """The distinct layer workloads of a zoo network as the engine plans them
-    (`lowbit.runtime.bench.network_workloads`), planned when called."""
+    (`lowbit.bench.network_workloads`), planned when called."""
     from .models import names
 
     if model not in names():
         raise ValueError(f"--model must be one of {', '.join(names())}, got {model!r}")
 
     def plan() -> list:
-        from .runtime.bench import network_workloads
+        from .bench import network_workloads
 
         return network_workloads(model, batch, precision)
 
