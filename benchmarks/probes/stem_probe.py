@@ -44,6 +44,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import ROOT, gpu_dirname, gpu_name, versions
+from lowbit.bench import BANDWIDTH, PEAK_OPS
 from lowbit.core import ConvWorkload, Layout, Precision
 from lowbit.kernels.timing import time_us
 from lowbit.kernels.triton import stem as S
@@ -59,7 +60,6 @@ from lowbit.reference import (
     quantize_uint8_image,
     uint8_input_table,
 )
-from lowbit.bench import BANDWIDTH, PEAK_OPS
 
 INT8, BITPLANE = Layout.INT8, Layout.BITPLANE
 SCALE = 0.03

@@ -42,8 +42,8 @@ def quantized_model(model: str, precision: str, *, image_size: int | None = None
                     ) -> tuple[torch.nn.Module, int, int]:
     """(calibrated fake-quant model, image size, channels) of a zoo name or a float model
     factory (module docstring)."""
-    from .models import names
     from .bench import IMAGE_SIZE, build_quantized, random_images, recipe_layers
+    from .models import names
 
     if model in names():
         size = image_size or IMAGE_SIZE.get(model, 224)
@@ -69,8 +69,8 @@ def quantized_model(model: str, precision: str, *, image_size: int | None = None
 
 
 def _plan(q, x, records, chooser: str = "default"):
-    from .graph.launches import PlanOptions
     from .bench import compile_plan
+    from .graph.launches import PlanOptions
 
     return compile_plan(q, x, True, 24, chooser, PlanOptions(), records)[0]
 
@@ -118,8 +118,8 @@ def tune_network(model: str, batch: int, precision: str, budget_s: float, *,
     but the timing needs one here: without it the network rows are left out), before
     anything is recorded. slots / builder: stand-ins (`lowbit.tune.workers`; tests), which
     need no GPU here either. measurer_kwargs: each GPU's `LocalMeasurer` options."""
-    from .graph.chooser import _layout_twins
     from .bench import random_images
+    from .graph.chooser import _layout_twins
     from .tune.env import collect_env
     from .tune.measure import MeasureEnvironmentError
     from .tune.network import network_tasks, network_workloads, tune_tasks
