@@ -73,7 +73,7 @@ def qat(fp32: torch.nn.Module, point: PlanPoint, choice: AutoPrecision, loader,
 
 def measured_ms(q: torch.nn.Module, x: torch.Tensor) -> float:
     """Whole-network latency of the converted, compiled model on the GPU (median, ms)."""
-    from lowbit.runtime.bench import median_us
+    from lowbit.bench import median_us
 
     x = x.cuda()
     compiled = lowbit.compile(lowbit.convert(q), x)

@@ -11,8 +11,9 @@ miss) last, and draws the per-step times next to PyTorch fp16's per module
     python benchmarks/network.py --cases resnet18:8:w1a2 resnet50:256:w8a8 --compile-mode default
     python benchmarks/network.py --models resnet18 vgg16 --batches 8 --precisions w1a2 w8a8
 
-Precisions are `lowbit.runtime.bench` recipes ("w1a2": first conv and last linear at w8a8).
-The whole library code lives in lowbit.runtime.bench (what `lowbit bench` runs).
+Precisions are `lowbit.bench` recipes ("w1a2": first conv and last linear at w8a8).
+The measuring code lives in lowbit.bench (what `lowbit bench` runs); the targets the rows are
+judged by (`check_targets`) live here.
 """
 
 from __future__ import annotations
@@ -23,17 +24,18 @@ import json
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import gpu_name, results_dir, versions
-from lowbit.runtime.bench import (
+from lowbit.bench import (
     IMAGE_SIZE,
+    TENSORRT_INT8_RESNET50_IMAGES_S,
     BenchCase,
     bench_network,
-    check_targets,
     compile_baseline_ms,
     fp16_model,
     impl_chooser,
@@ -44,6 +46,71 @@ from lowbit.runtime.bench import (
 
 DEFAULT_CASES = ["resnet18:8:w1a2", "resnet50:256:w1a2", "resnet50:256:w8a8", "vgg16:8:w1a2",
                  "alexnet:8:w1a2"]
+
+
+# ------------------------------------------------------------------------------ targets
+@dataclass(frozen=True)
+class Target:
+    name: str
+    value: float | None
+    bound: float
+    met: bool | None
+    why: str = ""
+
+
+def _row(rows: list[dict], model: str, batch: int, precision: str) -> dict | None:
+    """The fastest default row of (model, batch, precision) (any residual stream, exact
+    biases, the default wide width)."""
+    found = [r for r in rows if (r.get("model"), r.get("batch"), r.get("precision")) ==
+             (model, batch, precision) and r.get("time_ms") and r.get("exact_bias", True)
+             and r.get("wide_bits", 24) == 24]
+    return min(found, key=lambda r: r["time_ms"]) if found else None
+
+
+def _bottleneck(row: dict) -> str:
+    """What bounds a row: its floor and its three largest steps against their floors."""
+    top = sorted(row.get("layers", []), key=lambda r: -r["time_us"])[:3]
+    parts = [f"{r['name']} {r['time_us']:.1f} us (floor {r['floor_us']:.1f})" for r in top]
+    return f"network floor {row.get('floor_ms', 0):.3f} ms; largest: " + ", ".join(parts)
+
+
+def check_targets(rows: list[dict]) -> list[Target]:
+    """The dataflow targets over the rows present (missing rows: met None): ResNet-50 at
+    batch 256 against TensorRT int8's cited throughput and its own floor sum, ResNet-18 at
+    batch 8, and every first layer within 3x its floor."""
+    out: list[Target] = []
+
+    def add(name: str, value: float | None, bound: float, higher: bool, r: dict | None) -> None:
+        met = None if value is None else (value >= bound if higher else value <= bound)
+        out.append(Target(name, value, bound, met, "" if met or r is None else _bottleneck(r)))
+
+    for precision, bound in (("w1a2", 100_000), ("w2a2", TENSORRT_INT8_RESNET50_IMAGES_S),
+                             ("w8a8", 60_000)):
+        r = _row(rows, "resnet50", 256, precision)
+        add(f"ResNet-50 {precision} b256 images/s >=", r and r["images_per_s"], bound, True, r)
+        if r is not None and r.get("floor_ms"):
+            add(f"ResNet-50 {precision} b256 time / floor sum <=",
+                r["time_ms"] / r["floor_ms"], 1.5, False, r)
+    r18 = _row(rows, "resnet18", 8, "w1a2")
+    add("ResNet-18 w1a2 b8 time (ms) <=", r18 and r18["time_ms"], 0.10, False, r18)
+    for r in rows:
+        stems = [s for s in r.get("layers", []) if s["impl"].startswith("triton stem")]
+        for s in stems:
+            v = s["time_us"] / s["floor_us"]
+            out.append(Target(f"{r['model']} b{r['batch']} first layer time / floor <=", v, 3.0,
+                              v <= 3.0, f"{s['time_us']:.1f} us, floor {s['floor_us']:.1f}"))
+    return out
+
+
+def target_lines(rows: list[dict]) -> list[str]:
+    """`check_targets` as lines: [met / MISS / n/a] name bound: value  what bounds it."""
+    lines = []
+    for t in check_targets(rows):
+        state = "n/a " if t.met is None else ("met " if t.met else "MISS")
+        val = "-" if t.value is None else (f"{t.value:.3f}" if t.value < 1000 else
+                                           f"{t.value:,.0f}")
+        lines.append(f"[{state}] {t.name} {t.bound:g}: {val}  {t.why}")
+    return lines
 
 
 def parse_case(text: str) -> BenchCase:
@@ -190,7 +257,7 @@ def main() -> int:
         row["wall_s"] = round(time.perf_counter() - t0, 1)
         rows.append(row)
         write(path, rows, extra)
-        print(summary_table([row]).split("\n\n")[0], flush=True)
+        print(summary_table([row]), flush=True)
         torch.cuda.empty_cache()
     if mode and args.compile_models:
         late_compile_baselines(rows, args.compile_models, mode, path, extra)
@@ -201,6 +268,8 @@ def main() -> int:
             print(f"figure failed: {type(e).__name__}: {e}", file=sys.stderr)
     print(f"results: {path}")
     print(summary_table(rows))
+    print()
+    print("\n".join(target_lines(rows)))
     return 0
 
 

@@ -128,8 +128,8 @@ def agreement_row(brevitas: nn.Module, model: nn.Module, x: torch.Tensor, y: tor
 def time_rows(model: nn.Module, x: torch.Tensor, batches: list[int], compile_mode: str
               ) -> list[dict]:
     """GPU: the compiled model's forward (its CUDA graph) against the float twin in fp16."""
+    from lowbit.bench import fp16_baselines
     from lowbit.kernels.timing import time_us
-    from lowbit.runtime.bench import fp16_baselines
     from lowbit.runtime.gpu import GpuExecutor
 
     device = torch.device("cuda")

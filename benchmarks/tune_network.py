@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="resnet18", help="zoo name or 'file.py:fn'")
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--precision", default="w1a2", help="recipe (lowbit.runtime.bench)")
+    ap.add_argument("--precision", default="w1a2", help="recipe (lowbit.bench)")
     ap.add_argument("--budget", default="300", help="tuning time: 300, 90s, 5m")
     ap.add_argument("--residual-bits", type=int, default=None)
     ap.add_argument("--gpus", default="", help="GPU indices, e.g. 0,1 (default all)")

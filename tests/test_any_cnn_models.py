@@ -142,7 +142,7 @@ def test_torchvision_imports_beside_this_torch():
 def test_bench_loads_torchvision_and_file_models(tmp_path):
     """`lowbit bench`'s models: 'tv:NAME' and 'path.py:fn' quantized and calibrated on the
     CPU by the bench harness (the timing itself needs a GPU)."""
-    from lowbit.runtime.bench import build_quantized
+    from lowbit.bench import build_quantized
     from lowbit.runtime.model_source import external_model, file_model
 
     tv()

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from typer.testing import CliRunner
 
+from lowbit.bench import network_workloads
 from lowbit.cli import ENVIRONMENT_ERROR, USER_ERROR, app
 from lowbit.core import ConvWorkload, GemmWorkload
-from lowbit.runtime.bench import network_workloads
 
 
 def _run(*args: str):

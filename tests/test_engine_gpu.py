@@ -16,12 +16,12 @@ import torch
 from torch import nn
 
 import lowbit
+from lowbit.bench import build_quantized, compile_plan, random_images
 from lowbit.core import ConvWorkload, GemmWorkload
 from lowbit.graph import TORCH_FP16, Concat, FloatFallback, Layer, choose_impl
 from lowbit.graph.impl import unsupported_reason
 from lowbit.graph.launches import PlanOptions, with_launches
 from lowbit.reference import random_inputs, run
-from lowbit.runtime.bench import build_quantized, compile_plan, random_images
 from lowbit.runtime.buffers import lifetimes, plan_arena, tensor_bytes
 from lowbit.runtime.compiled import compile_model
 from lowbit.runtime.engine import ReferenceExecutor

@@ -14,9 +14,9 @@ from functools import cache
 import pytest
 import torch
 
+from lowbit.bench import build_quantized, compile_plan, random_images
 from lowbit.graph import TORCH_FP16, choose_impl, int8_preferring
 from lowbit.graph.launches import PlanOptions, with_launches
-from lowbit.runtime.bench import build_quantized, compile_plan, random_images
 from lowbit.runtime.compiled import compile_model
 from lowbit.runtime.engine import ReferenceExecutor
 from lowbit.runtime.gpu import GpuExecutor

@@ -2,7 +2,8 @@
 no two files import each other (directly or around a loop).
 
     core -> models -> quant -> reference -> kernels -> perfmodel -> tune -> graph -> runtime
-         -> serialize -> application (demo, report, tune_network, the `lowbit` package itself)
+         -> serialize -> application (demo, report, tune_network, bench, the `lowbit` package
+         itself)
          -> cli
 
 A package imports only from itself and the packages before it. `lowbit.data` (workload files)
@@ -22,8 +23,9 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "lowbit"
 ORDER = ("core", "models", "quant", "reference", "kernels", "perfmodel", "tune", "graph",
          "runtime", "serialize", "application", "cli")
-#: top-level modules of the application layer (they may import everything but the cli)
-APPLICATION = ("demo", "report", "tune_network")
+#: the application layer's top-level modules and packages (they may import everything but
+#: the cli)
+APPLICATION = ("demo", "report", "tune_network", "bench")
 #: packages anyone may read (data files, no imports)
 ANYONE = ("data",)
 
@@ -201,3 +203,7 @@ def test_the_cycle_finder_finds_cycles():
         ["lowbit.a", "lowbit.b", "lowbit.c"]]
     assert upward(Edge("lowbit.kernels.x", "lowbit.tune.y", "x", 1))
     assert not upward(Edge("lowbit.tune.y", "lowbit.kernels.x", "y", 1))
+    # an application package: above the runtime, below the cli
+    assert upward(Edge("lowbit.runtime.gpu", "lowbit.bench.network", "gpu", 1))
+    assert not upward(Edge("lowbit.bench.network", "lowbit.runtime.gpu", "network", 1))
+    assert upward(Edge("lowbit.bench.recipes", "lowbit.cli", "recipes", 1))

@@ -98,7 +98,7 @@ def test_tune_without_a_gpu_exits_3_and_records_nothing(tmp_path, monkeypatch, e
     def no_planning(*args):
         raise AssertionError("planned a network before refusing")
 
-    monkeypatch.setitem(sys.modules, "lowbit.runtime.bench",
+    monkeypatch.setitem(sys.modules, "lowbit.bench",
                         types.SimpleNamespace(network_workloads=no_planning))
     line = _error(_tune("--model", "resnet18", "--precision", "w8a8", *extra), 3)
     assert "needs a CUDA GPU" in line and "nothing was run or recorded" in line
@@ -170,8 +170,8 @@ def test_model_option_tunes_the_network_layers(tmp_path, monkeypatch):
         calls.append((model_name, batch, precision))
         return [("layer1", TINY)]
 
-    # the engine's planner (`lowbit.runtime.bench.network_workloads`) stands in: no planning
-    monkeypatch.setitem(sys.modules, "lowbit.runtime.bench",
+    # the engine's planner (`lowbit.bench.network_workloads`) stands in: no planning
+    monkeypatch.setitem(sys.modules, "lowbit.bench",
                         types.SimpleNamespace(network_workloads=network_workloads))
     db = tmp_path / "r.sqlite"
     out = _tune("--model", "resnet18", "--batch", 8, "--precision", "w1a2", "--device", "cpu",

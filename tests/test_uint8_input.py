@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import lowbit
+from lowbit.bench import build_quantized
 from lowbit.graph import Quantize
 from lowbit.reference.image import normalize_uint8_image
-from lowbit.runtime.bench import build_quantized
 from lowbit.runtime.compiled import compile_model
 from lowbit.runtime.engine import ReferenceExecutor
 from lowbit.runtime.gpu import GpuExecutor

@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import write_probe
-from lowbit.runtime.bench import build_quantized, compile_plan, random_images
+from lowbit.bench import build_quantized, compile_plan, random_images
 from lowbit.runtime.gpu import GpuExecutor
 
 CASES = [("resnet18", "w1a2", 8), ("vgg16", "w1a2", 8), ("resnet50", "w1a2", 256)]

@@ -14,7 +14,7 @@ goes to INT8; `u8 u2@u8`: ResNet-18's narrow stream and its derived u2 reading);
 <= 16, against `lowbit.reference`). Times: CUDA-graph replay median (`kernels.timing.time_us`,
 which repeats well over 20 times), the whole stem and, for two-launch variants, each launch
 alone; first_call_s: the first call's wall time (mostly Triton's compile). floor_us: the
-network bench's roofline (`runtime.bench`: max(ops / int8 peak, bytes / DRAM bandwidth), ops =
+network bench's roofline (`lowbit.bench.timing`: max(ops / int8 peak, bytes / DRAM bandwidth), ops =
 2 x the conv's MACs at its own R x R x C taps, bytes = image as given + weights + outputs as
 stored). One failing variant is recorded in its row and the run goes on. The default ResNet
 run (2 inputs x 2 batches, 16 variants: ~20 compiles) is meant to take ~3 minutes on an
@@ -44,6 +44,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import ROOT, gpu_dirname, gpu_name, versions
+from lowbit.bench import BANDWIDTH, PEAK_OPS
 from lowbit.core import ConvWorkload, Layout, Precision
 from lowbit.kernels.timing import time_us
 from lowbit.kernels.triton import stem as S
@@ -59,7 +60,6 @@ from lowbit.reference import (
     quantize_uint8_image,
     uint8_input_table,
 )
-from lowbit.runtime.bench import BANDWIDTH, PEAK_OPS
 
 INT8, BITPLANE = Layout.INT8, Layout.BITPLANE
 SCALE = 0.03

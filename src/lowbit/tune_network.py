@@ -3,11 +3,11 @@
 A session (`tune_network`), on the CLI's layer of the package (it joins the planner, the
 tuner and the GPU executor):
 
-1. the quantized model: a zoo name as `lowbit bench` builds it (`runtime.bench.
+1. the quantized model: a zoo name as `lowbit bench` builds it (`lowbit.bench.
    build_quantized` under a precision recipe, calibrated on random images), or a float model
    factory ('file.py:fn', 'package.module:fn') quantized by the same recipe and calibrated
    on random images of `image_size`;
-2. its plan without records (`runtime.bench.compile_plan`, the options `bench_network`
+2. its plan without records (`lowbit.bench.compile_plan`, the options `bench_network`
    uses), whose Layer steps give the distinct final workloads and their default kernels
    (`lowbit.tune.network.network_workloads`, with the chooser's `_layout_twins`);
 3. the tune: budget split by each workload's share of the network's predicted time, the
@@ -42,8 +42,8 @@ def quantized_model(model: str, precision: str, *, image_size: int | None = None
                     ) -> tuple[torch.nn.Module, int, int]:
     """(calibrated fake-quant model, image size, channels) of a zoo name or a float model
     factory (module docstring)."""
+    from .bench import IMAGE_SIZE, build_quantized, random_images, recipe_layers
     from .models import names
-    from .runtime.bench import IMAGE_SIZE, build_quantized, random_images, recipe_layers
 
     if model in names():
         size = image_size or IMAGE_SIZE.get(model, 224)
@@ -69,8 +69,8 @@ def quantized_model(model: str, precision: str, *, image_size: int | None = None
 
 
 def _plan(q, x, records, chooser: str = "default"):
+    from .bench import compile_plan
     from .graph.launches import PlanOptions
-    from .runtime.bench import compile_plan
 
     return compile_plan(q, x, True, 24, chooser, PlanOptions(), records)[0]
 
@@ -118,8 +118,8 @@ def tune_network(model: str, batch: int, precision: str, budget_s: float, *,
     but the timing needs one here: without it the network rows are left out), before
     anything is recorded. slots / builder: stand-ins (`lowbit.tune.workers`; tests), which
     need no GPU here either. measurer_kwargs: each GPU's `LocalMeasurer` options."""
+    from .bench import random_images
     from .graph.chooser import _layout_twins
-    from .runtime.bench import random_images
     from .tune.env import collect_env
     from .tune.measure import MeasureEnvironmentError
     from .tune.network import network_tasks, network_workloads, tune_tasks

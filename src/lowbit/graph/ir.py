@@ -152,7 +152,7 @@ class LayerOutput:
     the precision `mid`, looked up in `table`) or a float one (scale / offset float64 [K],
     residual_scale for the residual term). Multipliers are < 2^31 except on layers with a
     wide residual, whose shared shift gives both multipliers >= 31 significant bits where
-    |z| < 2^61 allows (`lowbit.graph.planner.shared_shift`): their epilogue needs int64
+    |z| < 2^61 allows (`lowbit.graph.requant.shared_shift`): their epilogue needs int64
     multipliers; a quantized residual stream's block ends keep the whole sum in 32 bits."""
 
     tensor: str

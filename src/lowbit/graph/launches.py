@@ -11,7 +11,9 @@
 - `chained`: kernels of templates that declare `chainable` (the bit-serial families and
   `cuda.int8_wgmma`) launch as programmatic dependents of the previous kernel.
 
-`PlanOptions` turns each off (ablations and tests).
+`PlanOptions` turns each off (ablations and tests). Before the layers' epilogues are decided,
+`fuse_maxpools` gives a layer whose every output is read only by a max-pool of one window the
+pooled tensors to write (`Layer.pool`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 
 from ..core import Encoding
 from .impl import TORCH_FP16, template_flag
-from .ir import Layer, LayerOutput, Plan, Quantize, Step, TensorSpec, parse_precision
+from .ir import Layer, LayerOutput, MaxPool, Plan, Quantize, Step, TensorSpec, parse_precision
 from .kernel_epilogues import derived_thresholds
 
 #: (filter size, stride) of the first layers the fused stem serves: ResNet's 7x7/2, AlexNet's
@@ -118,3 +120,28 @@ def with_launches(plan: Plan, options: PlanOptions) -> Plan:
     """`plan` with its launch decisions made again under `options` (ablations, tests)."""
     steps = decide_launches(list(plan.steps), plan.input, plan.tensors, plan.params, options)
     return Plan(plan.input, plan.tensors, tuple(steps), plan.params, plan.modules)
+
+
+def fuse_maxpools(steps: list[Step], tensors: dict[str, TensorSpec]) -> list[Step]:
+    """A Layer whose every output is read only by a MaxPool of one window writes the pooled
+    tensors itself (`Layer.pool`)."""
+    readers: dict[str, list[Step]] = {}
+    for s in steps:
+        for t in s.inputs:
+            readers.setdefault(t, []).append(s)
+    drop: set[int] = set()
+    out = []
+    for s in steps:
+        if isinstance(s, Layer) and s.pool is None and s.layer_outputs:
+            pools = [readers.get(o.tensor, []) for o in s.layer_outputs]
+            if all(len(p) == 1 and isinstance(p[0], MaxPool) for p in pools) and \
+                    len({p[0].window for p in pools}) == 1:
+                outs = tuple(replace(o, tensor=p[0].output)
+                             for o, p in zip(s.layer_outputs, pools, strict=True))
+                for o, p in zip(s.layer_outputs, pools, strict=True):
+                    drop.add(id(p[0]))
+                    del tensors[o.tensor]
+                s = replace(s, layer_outputs=outs, pool=pools[0][0].window,
+                            fused=(*s.fused, "maxpool"))
+        out.append(s)
+    return [s for s in out if id(s) not in drop]

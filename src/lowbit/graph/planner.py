@@ -25,7 +25,6 @@ residual, if any (`Epilogue.residual`, where the 64-bit sum provably fits).
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass, field, replace
 
@@ -40,7 +39,7 @@ from ..core import (
 )
 from ..kernels.base import acc_bound
 from ..quant.quantize import dequantize, quantize, round_half_up
-from ..reference import avgpool_multiplier, fixed_point_pair, pool_output_size
+from ..reference import avgpool_multiplier, fixed_point_pair
 from ..reference.netops import uint8_input_table
 from .chooser import Chooser, make_chooser
 from .dataflow import (
@@ -59,7 +58,7 @@ from .dataflow import (
     Dataflow,
     Value,
 )
-from .elementwise import ElementwiseRealizations, gather_shape, mul_shape
+from .elementwise import ElementwiseRealizations
 from .fallbacks import Unrealizable, half_precision, make_float
 from .impl import (
     TORCH_FP16,
@@ -85,9 +84,16 @@ from .ir import (
     WidePrecision,
 )
 from .kernel_epilogues import kernel_epilogue
-from .launches import PlanOptions, decide_launches
-from .pools import ADAPTIVE, pooled_hw, single_element_windows, window_counts
+from .launches import PlanOptions, decide_launches, fuse_maxpools
+from .pools import single_element_windows, window_counts
 from .reads import FLOAT_REQ, Req, Via
+from .requant import (
+    MIN_MULTIPLIER_BITS,
+    NARROW_MULTIPLIER_BITS,
+    REQUANT32_SUM_BITS,
+    shared_shift,
+)
+from .shapes import avg_args, infer_shapes, nhwc, nhwc_columns
 
 U8, S8 = Precision(8), Precision(8, Encoding.SIGNED)
 _TINY = 1e-8
@@ -114,10 +120,6 @@ class _LayerState:
     fused: list[str] = field(default_factory=list)
 
 
-def nhwc(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return (shape[0], *shape[2:], shape[1]) if len(shape) == 4 else tuple(shape)
-
-
 class Planner(ElementwiseRealizations):
     """Builds one Plan; see `build_plan`."""
 
@@ -133,10 +135,6 @@ class Planner(ElementwiseRealizations):
         self.options = options or PlanOptions()
         self.image_normalization = image_normalization
         self.exact_bias = exact_bias
-        self.shapes: dict[int, tuple[int, ...]] = {}
-        #: per 2-d value flattened from maps: its (C, H, W) segments in order (concatenated
-        #: flattens have several), None where its order is the model's
-        self.flat_from: dict[int, tuple[tuple[int, int, int], ...] | None] = {}
         self.tensors: dict[str, TensorSpec] = {}
         self.params: dict[str, torch.Tensor] = {}
         self.modules: dict[str, torch.nn.Module] = {}
@@ -145,107 +143,7 @@ class Planner(ElementwiseRealizations):
         self.layers: dict[int, _LayerState] = {}
         self.input_name = "input"
         self.tensors["input"] = TensorSpec("input", input_shape)
-        self._infer_shapes(tuple(input_shape))
-
-    # ------------------------------------------------------------------ shapes
-    def _infer_shapes(self, shape: tuple[int, ...]) -> None:
-        same = shape == self.df.example_shape
-        for v in self.df.values:
-            ins = [self.shapes[id(i)] for i in v.inputs]
-            flat = None
-            if v.op == INPUT:
-                out = shape
-            elif v.op == LAYER:
-                out = self._layer_shape(v, ins)
-                flat = None
-            elif v.op in (RELU, ACT):
-                out, flat = ins[0], self.flat_from[id(v.inputs[0])]
-            elif v.op == MUL:
-                out = mul_shape(v, *ins)
-            elif v.op == GATHER:
-                out = gather_shape(v, ins[0])
-            elif v.op == MAXPOOL:
-                w = v.attrs["window"]
-                n, c, h, wd = self._map(v, ins[0])
-                out = (n, c, pool_output_size(h, w.kernel, w.stride, w.pad),
-                       pool_output_size(wd, w.kernel, w.stride, w.pad))
-            elif v.op == AVGPOOL:
-                n, c, h, wd = self._map(v, ins[0])
-                out = (n, c, *pooled_hw(h, wd, **self._avg_args(v, h, wd)))
-            elif v.op == FLATTEN:
-                out = (ins[0][0], math.prod(ins[0][1:]))
-                flat = (tuple(ins[0][1:]),) if len(ins[0]) == 4 else self.flat_from[
-                    id(v.inputs[0])]
-            elif v.op == CONCAT:
-                out = self._concat_shape(v, ins)
-                parts = [self.flat_from[id(i)] or ((s[1], 1, 1),) for i, s in zip(
-                    v.inputs, ins, strict=True)]
-                if len(out) == 2 and any(self.flat_from[id(i)] for i in v.inputs):
-                    flat = tuple(seg for part in parts for seg in part)
-            else:  # FLOAT
-                out = self.df.stats[v.fx_name].shape if same else self._run_float(v, ins)
-            if out and min(out) < 1:
-                raise ValueError(f"input shape {shape} is too small for the model: {v.name} "
-                                 f"would have shape {out}")
-            if same and out != self.df.stats[v.fx_name].shape:
-                raise AssertionError(f"planner shape of {v.name} {out} != traced "
-                                     f"{self.df.stats[v.fx_name].shape}")
-            self.shapes[id(v)] = out
-            self.flat_from[id(v)] = flat
-
-    @staticmethod
-    def _map(v: Value, shape: tuple[int, ...]) -> tuple[int, int, int, int]:
-        if len(shape) != 4:
-            raise ValueError(f"{v.name}: {v.op} needs an NCHW map, got shape {shape}")
-        return shape
-
-    @staticmethod
-    def _avg_args(v: Value, h: int, w: int) -> dict:
-        a = v.attrs
-        if a["mode"] == ADAPTIVE:
-            oh, ow = (s if s is not None else d for s, d in zip(a["output_size"], (h, w),
-                                                                strict=True))
-            return {"mode": ADAPTIVE, "output_hw": (oh, ow)}
-        return {"mode": a["mode"], "kernel": a["kernel"], "stride": a["stride"],
-                "pad": a["pad"]}
-
-    def _layer_shape(self, v: Value, ins: list[tuple[int, ...]]) -> tuple[int, ...]:
-        spec, x = v.attrs["spec"], ins[0]
-        if spec.kind == "conv2d":
-            n, c, h, w = self._map(v, x)
-            k, r, s, c_w = spec.weight.shape
-            if c != c_w * spec.groups:
-                raise ValueError(f"input shape does not fit the model: {v.name} expects "
-                                 f"{c_w * spec.groups} channels, gets {c}")
-            p = (h + 2 * spec.pad - r) // spec.stride + 1
-            q = (w + 2 * spec.pad - s) // spec.stride + 1
-            out = (n, k, p, q)
-        else:
-            if len(x) != 2 or x[1] != spec.weight.shape[1]:
-                raise ValueError(f"input shape does not fit the model: {v.name} expects "
-                                 f"[N, {spec.weight.shape[1]}], gets {list(x)}")
-            out = (x[0], spec.weight.shape[0])
-        if v.residual is not None and len(ins) > 1 and ins[1] != out:
-            raise ValueError(f"{v.name}: residual of shape {ins[1]} for an output of {out}")
-        return out
-
-    @staticmethod
-    def _concat_shape(v: Value, ins: list[tuple[int, ...]]) -> tuple[int, ...]:
-        rest = {(s[0], *s[2:]) for s in ins}
-        if len(rest) != 1:
-            raise ValueError(f"{v.name}: concatenated shapes {ins} differ outside dim 1")
-        first = ins[0]
-        return (first[0], sum(s[1] for s in ins), *first[2:])
-
-    def _run_float(self, v: Value, ins: list[tuple[int, ...]]) -> tuple[int, ...]:
-        """A float value's shape for new input shapes: its module run once on zeros (on the
-        device of its parameters)."""
-        module = v.attrs["module"]
-        held = next(module.parameters(), next(module.buffers(), None))
-        device = held.device if held is not None else torch.device("cpu")
-        with torch.no_grad():
-            out = module(*(torch.zeros(s, device=device) for s in ins))
-        return tuple(out.shape)
+        self.shapes, self.flat_from = infer_shapes(df, tuple(input_shape))
 
     # ------------------------------------------------------------------ helpers
     def _emit(self, key: float, step: Step) -> None:
@@ -448,7 +346,7 @@ class Planner(ElementwiseRealizations):
     def _avgpool(self, v: Value, req: Req, relu: bool, shape: tuple[int, ...]) -> str:
         x = v.inputs[0]
         _, _, h, w = self.shapes[id(x)]
-        args = self._avg_args(v, h, w)
+        args = avg_args(v, h, w)
         copies = single_element_windows(h, w, **args)
         if copies and (h, w) == shape[2:]:
             return self.realize(x, req, relu)  # the identity (adaptive to the same size)
@@ -644,97 +542,6 @@ class Planner(ElementwiseRealizations):
         tensors = {k: t for k, t in self.tensors.items() if k in used}
         return Plan(self.input_name, tensors, tuple(steps), self.params, self.modules,
                     self.image_normalization)
-
-
-def nhwc_columns(weight: torch.Tensor, segments: tuple[tuple[int, int, int], ...]
-                 ) -> torch.Tensor:
-    """A linear layer's weight [K, F] with the columns of each (C, H, W) segment of its
-    flattened input moved from NCHW order (c, h, w) to NHWC order (h, w, c)."""
-    cols, start = [], 0
-    for c, h, w in segments:
-        part = weight[:, start:start + c * h * w]
-        cols.append(part.reshape(-1, c, h, w).permute(0, 2, 3, 1).reshape(weight.shape[0], -1))
-        start += c * h * w
-    if start != weight.shape[1]:
-        raise AssertionError(f"flatten segments cover {start} of {weight.shape[1]} columns")
-    return torch.cat(cols, dim=1)
-
-
-#: Every requantization sum |acc| m + |res| r + |b| + 2^(s-1) stays below 2^REQUANT_SUM_BITS,
-#: so the separate epilogue pass (netops FAST) and the Triton kernels' own epilogue
-#: (`float64_requant`) add it in float64, exactly: int64 multiply-adds were
-#: instruction-bound (the pass: 707 us for a ResNet-50 block end at batch 256 on an H200,
-#: 2.5 GB at 3.5 TB/s). The multipliers keep >= 20 significant bits for the widest
-#: accumulators (a u2 output of a 24-bit residual: >= 26), finer than the float32 model
-#: they stand for.
-REQUANT_SUM_BITS = 53
-#: the fewest significant bits a layer's multiplier gets for the float64 bound (below, it
-#: keeps 31 and its kernels requantize in int64)
-MIN_MULTIPLIER_BITS = 16
-#: requantizations run in 32-bit arithmetic where they can: |acc| m + |b| + |res| |r| +
-#: 2^(s-1) < 2^31 (the kernels' int32 epilogues: the block ends', the Triton INT32 mode), where
-#: the multiplier keeps at least MIN_MULTIPLIER_BITS significant bits, or with a quantized
-#: residual stream both multipliers at least NARROW_MULTIPLIER_BITS (else the wider sum)
-REQUANT32_SUM_BITS = 31
-NARROW_MULTIPLIER_BITS = 12
-
-
-def shared_shift(ratio_a: torch.Tensor, ratio_b: float | None, z_steps: torch.Tensor,
-                 sum_bits: int = REQUANT_SUM_BITS
-                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """(m_a, m_b, shift) int64 per channel: m_a ~ ratio_a 2^s and (a residual epilogue)
-    m_b ~ ratio_b 2^s at one shift, the smaller multiplier with >= 31 significant bits where
-    |z| < 2^(REQUANT_SUM_BITS - 1) allows it (z_steps: the largest |z| in output steps, from
-    the accumulator and residual bounds and the bias). Without a residual (ratio_b None,
-    m_b None) m_a < 2^31, the kernels' int32 multiplier. `fixed_point_pair` keeps both below
-    2^31 instead, which leaves the smaller one few bits when the residual's scale is much
-    finer than the accumulator unit: its rounding then flips outputs near rounding
-    boundaries."""
-    a = ratio_a.double()
-    if not bool((a > 0).all()) or not bool(torch.isfinite(a).all()) or bool((a >= 2.0**30).any()):
-        raise ValueError("the requantization ratio must be finite, > 0 and < 2^30")
-    b = None if ratio_b is None else torch.full_like(a, float(ratio_b))
-    want = torch.ceil(30 - torch.log2(a if b is None else torch.minimum(a, b)))
-    most = torch.floor(sum_bits - 1 - torch.log2(z_steps.double() + 1))
-    s = torch.minimum(want, most)
-    if b is None:  # no residual: never fewer than MIN_MULTIPLIER_BITS (the int64 path is exact)
-        s = torch.where(most >= want - (31 - MIN_MULTIPLIER_BITS), s, want)
-    s = s.clamp(1, 62)
-    m_a = torch.round(a * torch.pow(2.0, s))
-    if b is None:  # rounding up to 2^31: one bit less
-        s = torch.where(m_a >= 2.0**31, s - 1, s)
-        m_a = torch.round(a * torch.pow(2.0, s))
-    m_b = None if b is None else torch.round(b * torch.pow(2.0, s))
-    if bool((m_a < 1).any()) or (m_b is not None and bool((m_b < 1).any())):
-        raise ValueError("no fixed-point multiplier: the accumulator and output (or residual) "
-                         "scales are more than 2^61 apart")
-    return (m_a.to(torch.int64), None if m_b is None else m_b.to(torch.int64),
-            s.to(torch.int64))
-
-
-def fuse_maxpools(steps: list[Step], tensors: dict[str, TensorSpec]) -> list[Step]:
-    """A Layer whose every output is read only by a MaxPool of one window writes the pooled
-    tensors itself (`Layer.pool`)."""
-    readers: dict[str, list[Step]] = {}
-    for s in steps:
-        for t in s.inputs:
-            readers.setdefault(t, []).append(s)
-    drop: set[int] = set()
-    out = []
-    for s in steps:
-        if isinstance(s, Layer) and s.pool is None and s.layer_outputs:
-            pools = [readers.get(o.tensor, []) for o in s.layer_outputs]
-            if all(len(p) == 1 and isinstance(p[0], MaxPool) for p in pools) and \
-                    len({p[0].window for p in pools}) == 1:
-                outs = tuple(replace(o, tensor=p[0].output)
-                             for o, p in zip(s.layer_outputs, pools, strict=True))
-                for o, p in zip(s.layer_outputs, pools, strict=True):
-                    drop.add(id(p[0]))
-                    del tensors[o.tensor]
-                s = replace(s, layer_outputs=outs, pool=pools[0][0].window,
-                            fused=(*s.fused, "maxpool"))
-        out.append(s)
-    return [s for s in out if id(s) not in drop]
 
 
 def build_plan(df: Dataflow, input_shape: tuple[int, ...],

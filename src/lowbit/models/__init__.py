@@ -28,7 +28,7 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "digits_cnn": digits_cnn, "digits_resnet": digits_resnet,
 }
 
-#: the benchmark networks of issue 32 (`lowbit bench NAME`)
+#: the whole-network benchmark networks (`lowbit bench NAME`)
 NETWORKS = ("resnet18", "resnet34", "resnet50", "vgg16", "alexnet", "apnn_vgg_variant")
 
 

@@ -1,4 +1,4 @@
-"""Per-layer precision chosen by accuracy sensitivity and kernel time (issue 36, item 4).
+"""Per-layer precision chosen by accuracy sensitivity and kernel time.
 
 `autoprecision(model, data, budget_us=... | budget_bits=..., layer_time_us=...)` picks one
 (weight bits, activation bits) pair per quantized layer among `precisions`:
@@ -18,7 +18,7 @@
    over the layers (dominated partial plans pruned); the chosen plan is the least sensitive
    one within the budget. `evaluate(plan) -> accuracy` (optional; e.g. QAT then test accuracy)
    is called on the chosen plan and on the uniform plans, so the result can be compared with
-   uniform precision as issue 36's target asks.
+   uniform precision.
 
 The plan feeds `lowbit.quantize(model, layers=result.layers_option())`. The first / last layer
 policy is quantize's (skip_first / skip_last keep them float). Measuring the chosen plan's

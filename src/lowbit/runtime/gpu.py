@@ -28,8 +28,10 @@ computes the same integers (`lowbit.runtime.engine` defines them), bit for bit:
   (words of bit planes where every part but the last fills whole words, else values);
   FloatFallback: the PyTorch module on the device, in fp16 (`lowbit.graph.fallbacks`; not
   bit-exact against a CPU reference: fp16 rounding, ~1e-3 relative, and a quantizer after it
-  can flip a level near a rounding boundary); Gather / TableMul / Lookup:
-  `gpu_elementwise`; Output: scale * q in float64, rounded to float32, NCHW.
+  can flip a level near a rounding boundary); Gather / TableMul / narrow Lookup:
+  `gpu_elementwise`; Output: scale * q in float64, rounded to float32, NCHW. The steps that
+  run as PyTorch ops (Concat, a uint8 image's table Quantize, wide Lookup, FloatFallback,
+  Output) are bound by `gpu_torch`.
 
 Forward: the input is checked (type, dtype, shape, device) before any launch and copied into
 a static buffer; then the CUDA graph of all launches replays (captured on the first call after
@@ -44,14 +46,13 @@ executor.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from ..core import Encoding, Layout, PackedTensor, Precision, WidePrecision
+from ..core import Layout, PackedTensor, WidePrecision
 from ..core.validate import operand_shapes, out_storage
 from ..graph.ir import (
     AvgPool,
@@ -68,9 +69,16 @@ from ..graph.ir import (
 )
 from ..graph.pools import ADAPTIVE, GLOBAL, WINDOW, axis_windows
 from ..kernels.base import acc_bound
-from ..quant.packing import from_bitplanes
 from .buffers import Scratch, plan_arena, temporaries_bytes, view_of
 from .gpu_elementwise import bind_elementwise, handles
+from .gpu_torch import (
+    bind_concat,
+    bind_fallback,
+    bind_image_lookup,
+    bind_lookup,
+    bind_output,
+    float_maxpool,
+)
 from .layers import (
     KernelFactory,
     ReferenceKernel,
@@ -229,7 +237,7 @@ class GpuExecutor:
         if isinstance(step, Layer):
             return self._bind_layer(step)
         if isinstance(step, Quantize) and step.table is not None:
-            return self._bind_image_lookup(step)
+            return BoundStep(step, *bind_image_lookup(self, step))
         if isinstance(step, Quantize):
             spec = plan.tensors[step.output]
             return BoundStep(step, [netops.bind_quantize(
@@ -243,15 +251,16 @@ class GpuExecutor:
             self._flatten_view(step)
             return BoundStep(step, [], "view")
         if isinstance(step, Concat):
-            return self._bind_concat(step)
+            return BoundStep(step, *bind_concat(self, step))
         if handles(self, step):
             return BoundStep(step, *bind_elementwise(self, step))
         if isinstance(step, Lookup):
-            return self._bind_lookup(step)
+            return BoundStep(step, *bind_lookup(self, step))
         if isinstance(step, FloatFallback):
-            return self._bind_fallback(step)
+            return BoundStep(step, *bind_fallback(self, step))
         if isinstance(step, Output):
-            return self._bind_output(step)
+            launches, how, self.result = bind_output(self, step)
+            return BoundStep(step, launches, how)
         raise TypeError(f"unknown step {type(step).__name__}")
 
     @staticmethod
@@ -346,14 +355,14 @@ class GpuExecutor:
                 launches.append(netops.bind_maxpool2d(t, self.packed(o.tensor), win.kernel,
                                                       win.stride, win.pad))
             else:
-                launches.append(_float_maxpool(t, self.buffers[o.tensor], win))
+                launches.append(float_maxpool(t, self.buffers[o.tensor], win))
         return BoundStep(step, launches, f"{how} + netops epilogue + max-pool")
 
     def _bind_maxpool(self, step: MaxPool) -> BoundStep:
         netops, _, _ = _triton()
         w = step.window
         if self.plan.tensors[step.input].is_float:
-            return BoundStep(step, [_float_maxpool(self.buffers[step.input],
+            return BoundStep(step, [float_maxpool(self.buffers[step.input],
                                                    self.buffers[step.output], w)], "torch")
         return BoundStep(step, [netops.bind_maxpool2d(
             self.packed(step.input), self.packed(step.output), w.kernel, w.stride, w.pad)],
@@ -404,115 +413,6 @@ class GpuExecutor:
             raise AssertionError(f"{step.name}: flatten view {tuple(view.shape)} != "
                                  f"{out.storage_shape}")
         self.buffers[step.output] = view
-
-    def _bind_concat(self, step: Concat) -> BoundStep:
-        out_spec, out = self.plan.tensors[step.output], self.buffers[step.output]
-        parts = [self.buffers[p] for p in step.parts]
-        specs = [self.plan.tensors[p] for p in step.parts]
-        if out_spec.is_float or out_spec.is_wide or out_spec.layout is Layout.INT8:
-            dim = 1 if out_spec.is_float else -1
-            return BoundStep(step, [lambda: torch.cat(parts, dim=dim, out=out)], "torch.cat")
-        if all(s.shape[-1] % 32 == 0 for s in specs[:-1]):
-            return BoundStep(step, [lambda: torch.cat(parts, dim=-1, out=out)],
-                             "torch.cat of bit-plane words")
-        prec, c = out_spec.precision, out_spec.shape[-1]
-
-        def launch() -> None:
-            values = torch.cat([from_bitplanes(t, s.precision, s.shape[-1])
-                                for t, s in zip(parts, specs, strict=True)], dim=-1)
-            out.copy_(_to_bitplanes(values, prec, c))
-
-        return BoundStep(step, [launch], "bit-plane values concatenated (torch)")
-
-    def _values(self, name: str) -> Callable[[], torch.Tensor]:
-        """A reader of quantized tensor `name`'s values (int64, logical NHWC)."""
-        spec, buf = self.plan.tensors[name], self.buffers[name]
-        if spec.layout is Layout.BITPLANE:
-            return lambda: from_bitplanes(buf, spec.precision, spec.shape[-1]).to(torch.int64)
-        return lambda: buf.to(torch.int64)
-
-    def _store(self, name: str) -> Callable[[torch.Tensor], None]:
-        """A writer of int64 values (logical NHWC) into quantized tensor `name`."""
-        spec, buf = self.plan.tensors[name], self.buffers[name]
-        if spec.layout is Layout.BITPLANE:
-            return lambda v: buf.copy_(_to_bitplanes(v, spec.precision, spec.shape[-1]))
-        return lambda v: buf.copy_(v.to(buf.dtype))
-
-    def _bind_image_lookup(self, step: Quantize) -> BoundStep:
-        """A uint8 image quantized by its per-channel table (torch ops)."""
-        image, write = self.buffers[step.input], self._store(step.output)
-        table = self.plan.params[step.table].to(torch.int64).to(self.device)
-        chan = torch.arange(table.shape[0], device=self.device).view(1, -1, 1, 1)
-
-        def launch() -> None:
-            write(table[chan, image.long()].permute(0, 2, 3, 1))
-
-        return BoundStep(step, [launch], "uint8 image table lookup (torch)")
-
-    def _bind_lookup(self, step: Lookup) -> BoundStep:
-        spec_in = self.plan.tensors[step.input]
-        table = self.plan.params[step.table].to(torch.int64).to(self.device)
-        read, write, lo = self._values(step.input), self._store(step.output), \
-            spec_in.precision.qmin
-
-        def launch() -> None:
-            write(table[read() - lo])
-
-        return BoundStep(step, [launch], "table lookup (torch)")
-
-    def _float_arg(self, name: str) -> Callable[[], torch.Tensor]:
-        """A reader of tensor `name` as a FloatFallback reads it: float tensors as they are,
-        quantized ones dequantized (scale * q in float64, rounded to float32, NCHW)."""
-        spec, buf = self.plan.tensors[name], self.buffers[name]
-        if spec.is_float:
-            return lambda: buf
-        read = self._values(name)
-
-        def dequantized() -> torch.Tensor:
-            y = (read().to(torch.float64) * spec.scale).float()
-            return y.permute(0, 3, 1, 2) if y.dim() == 4 else y
-
-        return dequantized
-
-    def _bind_fallback(self, step: FloatFallback) -> BoundStep:
-        module = copy.deepcopy(self.plan.modules[step.module]).to(self.device).eval()
-        readers = [self._float_arg(a) for a in step.args]
-        args = [r() for r in readers]
-        out = self.buffers[step.output]
-        with torch.no_grad():  # the module's output must be a float tensor of out's shape
-            probe = module(*(torch.zeros_like(a) for a in args))
-        if not isinstance(probe, torch.Tensor) or not probe.dtype.is_floating_point or \
-                tuple(probe.shape) != tuple(out.shape):
-            raise TypeError(f"{step.name}: the fallback module returns "
-                            f"{getattr(probe, 'dtype', type(probe).__name__)} "
-                            f"{tuple(getattr(probe, 'shape', ()))}, not float {tuple(out.shape)}")
-
-        def launch() -> None:
-            with torch.no_grad():
-                out.copy_(module(*(r() for r in readers)))
-
-        dtype = "fp16" if type(module).__name__ in ("HalfPrecision", "LayerFallback") else \
-            "float32"
-        return BoundStep(step, [launch], f"PyTorch {dtype} ({step.op}: {step.reason})")
-
-    def _bind_output(self, step: Output) -> BoundStep:
-        spec = self.plan.tensors[step.input]
-        if spec.is_float:
-            self.result = self.buffers[step.input]
-            return BoundStep(step, [], "float result")
-        shape = (spec.shape[0], spec.shape[-1], *spec.shape[1:-1])
-        src = self.buffers[step.input]
-        result = self.result = torch.empty(shape, dtype=torch.float32, device=self.device)
-
-        def launch() -> None:
-            if spec.layout is Layout.BITPLANE:
-                v = from_bitplanes(src, spec.precision, spec.shape[-1])
-            else:
-                v = src
-            y = v.to(torch.float64) * spec.scale
-            result.copy_(y.permute(0, 3, 1, 2) if y.dim() == 4 else y)
-
-        return BoundStep(step, [launch], "dequantize (float64)")
 
     # ------------------------------------------------------------------ running
     def check_input(self, x: object) -> torch.Tensor:
@@ -600,26 +500,6 @@ class GpuExecutor:
         """{step name: what runs it} (stems, kernels, epilogue passes, fallbacks)."""
         return {b.name: ("not run (fused into the stem) " if b.record_only else "") + b.how
                 for b in self.steps}
-
-
-def _float_maxpool(x: torch.Tensor, out: torch.Tensor, w) -> Callable[[], None]:
-    def launch() -> None:
-        out.copy_(F.max_pool2d(x, w.kernel, w.stride, w.pad))
-
-    return launch
-
-
-def _to_bitplanes(values: torch.Tensor, prec: Precision, channels: int) -> torch.Tensor:
-    """Bit planes of integer values [..., C] without range checks (no device sync: CUDA-graph
-    capturable); `lowbit.quant.packing.to_bitplanes`' layout."""
-    v = values.to(torch.int64)
-    pat = (v > 0).to(torch.int64) if prec.encoding is Encoding.BINARY else \
-        v & ((1 << prec.bits) - 1)
-    pad = (-channels) % 32
-    pat = F.pad(pat, (0, pad)).reshape(*pat.shape[:-1], -1, 32)
-    lane = torch.arange(32, device=pat.device, dtype=torch.int64)
-    planes = torch.stack([(((pat >> i) & 1) << lane).sum(-1) for i in range(prec.bits)])
-    return torch.where(planes >= 2**31, planes - 2**32, planes).to(torch.int32)
 
 
 def gpu_executor(plan: Plan, device: torch.device) -> GpuExecutor:

@@ -8,6 +8,7 @@ import torch
 
 from ..core import Layout
 from ..graph.ir import Gather, Lookup, Step, TableMul
+from .gpu_torch import values_reader, values_writer
 
 
 def elementwise_kernels():
@@ -45,5 +46,5 @@ def bind_elementwise(executor: object, step: Step) -> tuple[list, str]:
     src, out = executor.buffers[step.input], executor.buffers[step.output]
     if spec.is_float:
         return [lambda: torch.index_select(src, 1, index, out=out)], "torch channel gather"
-    read, write = executor._values(step.input), executor._store(step.output)
+    read, write = values_reader(executor, step.input), values_writer(executor, step.output)
     return [lambda: write(read().index_select(-1, index))], "torch bit-plane channel gather"

@@ -62,7 +62,7 @@ INT32 = 4
 #: |residual values| the epilogue takes (24-bit wide realizations)
 RESIDUAL_LIMIT = 2**23
 #: multipliers and biases are int64: a residual layer's shared shift can give multipliers
-#: past 2^31 (`lowbit.graph.planner.shared_shift`); each product must stay in int64
+#: past 2^31 (`lowbit.graph.requant.shared_shift`); each product must stay in int64
 MULT_LIMIT = 2**62
 BIAS_LIMIT = 2**62
 

@@ -1,0 +1,5 @@
+"""`python -m lowbit.cli`: the `lowbit` command."""
+
+from . import main
+
+main()
