@@ -825,3 +825,37 @@ def render_probes(files: list[Result]) -> list[str]:
                          for name, fs in sorted(probes.items()))
         out += [f"Outputs that NOTES.md quotes, {gpu}: {runs}.", ""]
     return out
+
+
+@suite("tuning_network", "Whole-network tuning sessions", "benchmarks/tune_network.py")
+def render_tuning_network(files: list[Result]) -> list[str]:
+    """Per GPU: the latest session per (model, batch, precision, residual bits): its GPUs,
+    budget, wall time, trials and failures, and the network's time (CUDA-graph replay, same
+    process) with the default configs, the tuned ones and the performance model's plan."""
+    out = []
+    for gpu, group in by_gpu(files):
+        sessions: dict[tuple, tuple[Result, dict]] = {}
+        for f in sorted(group, key=lambda f: f.order):
+            for r in f.rows:
+                if r.get("row") == "tuning":
+                    key = (r["model"], r["batch"], r["precision"], r.get("residual_bits"))
+                    sessions[key] = (f, r)
+        rows = []
+        for (model, batch, prec, res), (f, r) in sessions.items():
+            before, after = r.get("network_ms_before"), r.get("network_ms_after")
+            model_ms = r.get("network_ms_model")
+            rows.append([model, batch, prec + (f"/res{res}" if res else ""), r["gpus"],
+                         num(r["budget_s"], 0), num(r["tune_wall_s"], 0),
+                         f"{r['trials']} / {r['failures']}", r["workloads"],
+                         num(before, 3), f.link(num(after, 3)), ratio(before, after),
+                         num(model_ms, 3), ratio(model_ms, after),
+                         "yes" if r.get("tuned_logits_equal") else "NO"])
+        out += [*gpu_heading(gpu, by_gpu(files)),
+                "`lowbit tune --model` (pruned tuner), then the network timed in the same "
+                "process with default configs, tuned ones and the performance model's; ms.",
+                ""]
+        out += table(["model", "batch", "precision", "GPUs", "budget s", "wall s",
+                      "trials / failed", "workloads", "default", "tuned", "speedup", "model",
+                      "model / tuned", "same logits"], rows)
+        out += ["", provenance([f for f, _ in sessions.values()]), ""]
+    return out

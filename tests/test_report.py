@@ -165,6 +165,24 @@ SYNTHETIC = {
          "baselines_ms": {"fp16_eager": 0.2, "fp16_cuda_graph": 0.05, "fp16_compile": 0.0624}}],
         setup={"dataset": "digits", "model": "Brevitas digits CNN", "epochs": 10,
                "exporter": "dynamo", "compile_mode": "default"}))],
+    "tuning_network": [
+        ("tuning_network-20260102-000000.json", _doc("tuning_network", [
+            {"row": "tuning", "model": "resnet18", "batch": 8, "precision": "w1a2",
+             "residual_bits": 8, "gpus": 1, "budget_s": 60.0, "tune_wall_s": 60.5,
+             "trials": 373, "failures": 2, "workloads": 19, "network_ms_before": 0.2,
+             "network_ms_after": 0.16, "network_ms_model": 0.17, "tuned_logits_equal": True},
+            {"row": "network", "chooser": "tuned", "model": "resnet18", "time_ms": 0.16}])),
+        # a later session of the same network replaces it; another network adds a row
+        ("tuning_network-20260103-000000.json", _doc("tuning_network", [
+            {"row": "tuning", "model": "resnet18", "batch": 8, "precision": "w1a2",
+             "residual_bits": 8, "gpus": 2, "budget_s": 30.0, "tune_wall_s": 31.0,
+             "trials": 100, "failures": 0, "workloads": 19, "network_ms_before": 0.2,
+             "network_ms_after": 0.1, "network_ms_model": None, "tuned_logits_equal": False},
+            {"row": "tuning", "model": "resnet50", "batch": 256, "precision": "w1a2",
+             "residual_bits": None, "gpus": 1, "budget_s": 100.0, "tune_wall_s": 101.0,
+             "trials": 174, "failures": 0, "workloads": 32, "network_ms_before": 4.2,
+             "network_ms_after": 4.0, "network_ms_model": 11.0,
+             "tuned_logits_equal": True}]))],
     "residual_bits": [
         ("residual_bits-20260102-000000.json", _doc("residual_bits", [
             {"seed": s, "precision": "w2a2", "residual_bits": b, "accuracy": a,
@@ -296,6 +314,10 @@ EXPECTED = {
     "wide_bits": ["|w2a2|16|99.90|99.80|+0.05|0.200|2|", "|w2a2|24|100.00|100.00|+0.00|0.300|1|"],
     "onnx_bridge": ["|gpu|450|[99.78][onnx_bridge-20260102-000000]|100.00|96.00|95.78|0.0012|0|",
                     "|256|[0.0312][onnx_bridge-20260102-000000]|0.2000|0.0500|0.0624|2.00|"],
+    "tuning_network": ["File: [tuning_network-20260103-000000.json]",
+                       "|resnet18|8|w1a2/res8|2|30|31|100 / 0|19|0.200|0.100|2.00|-|-|NO|",
+                       "|resnet50|256|w1a2|1|100|101|174 / 0|32|4.200|4.000|1.05|11.000|2.75|"
+                       "yes|"],
     "residual_bits": ["|w2a2|none (24-bit stream)|85.50 +- 0.71|85.50|-|100.00|100.00|2|",
                       "|w2a2|8|85.25 +- 1.06|85.20|-0.30 +- 0.20 (std 0.28)|99.85|99.80|2|",
                       "File: [residual_bits-20260102-000000.json]"
