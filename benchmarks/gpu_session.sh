@@ -13,7 +13,7 @@
 #                ResNet-50 b256 only, measured after every case
 #   3. tests_b   the other engine GPU tests (VGG-16, AlexNet, ResNet-50, chained layers, fp16
 #                layers, the int8 kernels' fused layer epilogue, ...) with the time left
-# Env: BUDGET_S, BENCH_S (the bench step's limit, default 230), NETOPS_TESTS=0 / TESTS_B_ON=0 skip those steps, CASES="model:batch:precision ..."
+# Env: SLOW_TESTS=1 runs the CPU suite's slow tier too (after tests_b); BUDGET_S, BENCH_S (the bench step's limit, default 230), NETOPS_TESTS=0 / TESTS_B_ON=0 skip those steps, CASES="model:batch:precision ..."
 # and COMPILE_MODE (default "default"; "none" skips torch.compile) pick the benchmark rows.
 # Outputs under $OUT: the results files to commit under benchmarks/results/<gpu>/ --
 # network-*.json, network-*.png and gpu_tests-*.json (the pytest runs' counts, from their JUnit
@@ -93,6 +93,10 @@ done
 TESTS_B=${TESTS_B:-'tests/test_engine_gpu_cuda.py tests/test_conv_outputs.py -k "not (resnet18-w1a2-b8 and bit_exact) and not nonfinite"'}
 [ "${TESTS_B_ON:-1}" = 1 ] && step tests_b "${TESTS_B_S:-200}" 5 \
   bash -c "$(junit_pytest tests_b) $TESTS_B"
+# the CPU suite's slow tier (README: the CPU tier runs -m "not slow") on the device's cores
+[ "${SLOW_TESTS:-0}" = 1 ] && step slow_tests "${SLOW_TESTS_S:-240}" 5 bash -c \
+  "python3 -m pytest -q -p no:cacheprovider -m 'slow and not gpu' \
+   \$(python3 -c 'import xdist' 2>/dev/null && echo '-n 16') --junitxml=$LOGS/slow_tests.xml"
 # the tests' counts as a results file for the tree (the logs stay in $LOGS)
 compgen -G "$LOGS/*.xml" > /dev/null && python3 benchmarks/gpu_tests_summary.py "$LOGS"/*.xml \
   --out "$OUT" >> "$SUMMARY" 2>&1

@@ -297,3 +297,20 @@ def test_params_move_with_their_thresholds_and_buffers():
     assert all(torch.equal(a, b) for a, b in zip(moved.thresholds, p.thresholds, strict=True))
     assert [t.shape for t in moved.derived_out] == [t.shape for t in p.derived_out]
     assert moved.residual.dtype == torch.int8 and moved.multiplier.dtype == torch.int32
+
+
+def test_a_block_end_no_family_builds_is_not_planned_on_the_bit_serial_kernels():
+    """ResNet-50's w4a4 bottleneck end (4-bit bit planes derived beside the stored stream): no
+    bit-serial family has a config for it, so `runs` says no and the plan takes the kernel +
+    epilogue pass instead of failing to compile; w1a2's block end (2-bit planes) runs."""
+    from lowbit.graph.impl import runs
+    from lowbit.kernels.cuda import default_bitserial
+
+    shape = dict(N=2, H=16, W=16, C=64, K=256, R=1, S=1, stride=1, pad=0)
+    wide_planes = ConvWorkload(w=S4, a=U4, w_layout=BP, a_layout=BP,
+                               epilogue=block_end(derived=((U4, BP),)), **shape)
+    with pytest.raises(ValueError):
+        default_bitserial(wide_planes, "sm_90a")
+    assert not runs("cuda.bitserial_wgmma", wide_planes)
+    assert runs("cuda.bitserial_wgmma", ConvWorkload(w=B1, a=U2, w_layout=BP, a_layout=BP,
+                                                     epilogue=block_end(), **shape))

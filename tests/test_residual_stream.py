@@ -285,3 +285,28 @@ def test_gpu_narrow_stream_networks_bit_exact(name, recipe, batch, size):
     for t, ref in want.items():
         assert torch.equal(got[t], ref), f"{t}: {(got[t] != ref).sum().item()} differ"
     assert torch.equal(y, y_ref)
+
+
+def test_block_ends_past_32_bit_multipliers_equal_convert():
+    """A w8a8 ResNet-18 with default-initialised BatchNorms (zero biases: the plan keeps
+    accumulator-unit biases) whose block ends need 64-bit residual multipliers: the
+    reference executor takes the exact 64-bit sum (the 32-bit fast path refused them), and
+    agrees with `convert` to its float32 rounding between layers (at 8 bits that rounding
+    flips a level now and then, so not bit for bit)."""
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = lowbit.quantize(zoo.get("resnet18").eval(), weight_bits=8, act_bits=8,
+                            residual_bits=8)
+    lowbit.calibrate(q, [torch.randn(4, 3, 32, 32)])
+    q.eval()
+    x = torch.randn(2, 3, 32, 32)
+    plan = compile_model(q, x, records=False).plan
+    wide = [s.name for s in plan.layers for o in s.layer_outputs
+            if o.residual_multiplier and s.bias is not None
+            and int(plan.params[o.residual_multiplier].abs().max()) >= 2**31]
+    assert len(wide) >= 4, wide
+    with torch.no_grad():
+        got, want = ReferenceExecutor(plan)(x), lowbit.convert(q)(x)
+    assert float((got - want).abs().max()) < 0.1 * float(want.abs().max())
+    assert torch.equal(got.argmax(1), want.argmax(1))

@@ -166,8 +166,16 @@ def runs(impl: str, workload: Workload) -> bool:
     outputs narrower than a packing tile, is a refusal too)."""
     if unsupported_reason(impl, workload) is not None:
         return False
-    if impl == TORCH_FP16 or is_bitserial(impl):
-        return True  # the families' defaults search their preferred list (default_bitserial)
+    if impl == TORCH_FP16:
+        return True
+    if is_bitserial(impl):  # a family of the preferred list has a config for it
+        from ..kernels.cuda import default_bitserial
+
+        try:
+            default_bitserial(with_layout(workload, Layout.BITPLANE))
+        except ValueError:
+            return False
+        return True
     try:
         get_template(impl).default_config(with_layout(workload, input_layout(impl)))
     except (ValueError, IndexError, KeyError):

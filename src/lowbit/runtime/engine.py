@@ -49,7 +49,7 @@ from ..reference import (
     requantize_int,
 )
 from ..reference.image import quantize_uint8_image
-from ..reference.netops import Y_LIMIT, round_shift_sum, table_mul_int
+from ..reference.netops import MULT_LIMIT, Y_LIMIT, round_shift_sum, table_mul_int
 
 
 def _nhwc(x: torch.Tensor) -> torch.Tensor:
@@ -207,14 +207,16 @@ class ReferenceExecutor:
                      outs: list[LayerOutput]) -> list[torch.Tensor]:
         """The requantized outputs, clamp(floor((acc m + b + res r + 2^(s-1)) / 2^s)):
         netops.epilogue_outputs where the layer's bias is in accumulator units (b = bias m)
-        and every tensor fits its 8-bit bounds, else the same sum through netops'
+        and every tensor and multiplier fits its 8-bit / 32-bit bounds, else the same sum through netops'
         round_shift_sum (exact for int64 terms)."""
         p = self.params
         precs = [parse_precision(o.mid) if o.derived else self._spec(o.tensor).precision
                  for o in outs]
         wide = (res is not None and self._spec(step.residual).is_wide) or \
             any(isinstance(x, WidePrecision) for x in precs) or any(o.derived for o in outs)
-        if step.bias is not None and not wide:
+        small = all(int(p[k].abs().max()) < MULT_LIMIT for o in outs
+                    for k in (o.multiplier, o.residual_multiplier) if k and p[k].numel())
+        if step.bias is not None and not wide and small:
             specs = [RequantizedOutput(prec, p[o.multiplier], p[o.shift],
                                        p[o.residual_multiplier] if o.residual_multiplier
                                        else None, o.relu) for o, prec in zip(outs, precs,
