@@ -207,8 +207,8 @@ class ReferenceExecutor:
                      outs: list[LayerOutput]) -> list[torch.Tensor]:
         """The requantized outputs, clamp(floor((acc m + b + res r + 2^(s-1)) / 2^s)):
         netops.epilogue_outputs where the layer's bias is in accumulator units (b = bias m),
-        every tensor fits its 8-bit bounds and every multiplier 32 bits, else the same sum through netops'
-        round_shift_sum (exact for int64 terms)."""
+        every tensor fits its 8-bit bounds and every multiplier 32 bits, else the same sum
+        through netops' round_shift_sum (exact for int64 terms)."""
         p = self.params
         precs = [parse_precision(o.mid) if o.derived else self._spec(o.tensor).precision
                  for o in outs]
