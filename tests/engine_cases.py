@@ -10,6 +10,7 @@ from torch import nn
 
 import lowbit
 import lowbit.models as zoo
+from lowbit.bench.recipes import randomize_batchnorms
 
 PRECISIONS = ("w1a2", "w2a2", "w4a4", "w8a8", "mixed")
 #: (width, input H x W) per zoo network: small for the CPU; VGG-16 (no BatchNorm, 4 channels
@@ -34,20 +35,6 @@ def quantize(model: nn.Module, precision: str) -> nn.Module:
     return lowbit.quantize(model, weight_bits=int(precision[1]), act_bits=int(precision[3]))
 
 
-def randomize_batchnorms(model: nn.Module, seed: int, negative: float = 0.0) -> None:
-    """Random running statistics and affine parameters (a fraction `negative` of the gammas
-    below 0), so that folding does something."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
-                k = m.num_features
-                m.running_mean.copy_(torch.randn(k, generator=g) * 0.3)
-                m.running_var.copy_(torch.rand(k, generator=g) + 0.5)
-                gamma = torch.rand(k, generator=g) + 0.5
-                flip = torch.rand(k, generator=g) < negative
-                m.weight.copy_(torch.where(flip, -gamma, gamma))
-                m.bias.copy_(torch.randn(k, generator=g) * 0.2)
 
 
 def calibrated(name: str, precision: str, seed: int = 0, size: tuple[int, int] | None = None,

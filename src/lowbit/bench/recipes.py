@@ -66,8 +66,9 @@ def recipe_layers(model: nn.Module, recipe: str) -> tuple[int, int, dict[str, di
     return w, a, ({} if every or len(names) < 2 else {names[0]: eight, names[-1]: eight})
 
 
-def randomize_batchnorms(model: nn.Module, seed: int) -> None:
-    """Random running statistics and affine parameters (folding then does something)."""
+def randomize_batchnorms(model: nn.Module, seed: int, negative: float = 0.0) -> None:
+    """Random running statistics and affine parameters (a fraction `negative` of the gammas
+    below 0), so that folding does something."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in model.modules():
@@ -75,7 +76,9 @@ def randomize_batchnorms(model: nn.Module, seed: int) -> None:
                 k = m.num_features
                 m.running_mean.copy_(torch.randn(k, generator=g) * 0.3)
                 m.running_var.copy_(torch.rand(k, generator=g) + 0.5)
-                m.weight.copy_(torch.rand(k, generator=g) + 0.5)
+                gamma = torch.rand(k, generator=g) + 0.5
+                flip = torch.rand(k, generator=g) < negative
+                m.weight.copy_(torch.where(flip, -gamma, gamma))
                 m.bias.copy_(torch.randn(k, generator=g) * 0.2)
 
 
