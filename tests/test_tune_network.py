@@ -29,7 +29,7 @@ from lowbit.tune.network import (
     split_budget,
     tune_tasks,
 )
-from lowbit.tune.pipeline import DEFAULT_TRIAL_S, TuneTask
+from lowbit.tune.pipeline import DEFAULT_TRIAL_S, TuneTask, _Task, reweight
 from lowbit.tune.strategies import pruned_order_job
 from lowbit.tune.workers import Builder, MeasurerSlot
 from test_tune_cli import _error, _registered
@@ -67,6 +67,37 @@ def test_network_tasks_weigh_predicted_time_by_layer_count():
     assert [t.name for t in tasks] == ["a x2", "c", "d0 x4"]
     assert [t.count for t in tasks] == [2, 1, 4]
     assert all(t.default == (fake, cfg) and t.templates == (fake,) for t in tasks)
+    assert [t.weight_us for t in tasks] == [20.0, 5.0, 4.0]
+    assert all(t.floor_s == pytest.approx(min(t.quota_s, floor)) for t in tasks)
+
+
+def test_measured_defaults_reweight_the_quotas():
+    """Each measured default re-weights the shares: measured time x layers where measured,
+    else the prediction scaled by the median measured / predicted ratio; floors and the
+    budget's total stay; nothing moves without predictions."""
+    fake = _registered(FakeConvTemplate(modes=("ok",), tiles=(1, 2, 3), name="fake.rew"))
+    cfg = Config(tile=3, mode="ok")
+    specs = [TuneTask(n, TINY, (fake,), (fake, cfg), quota_s=q, count=c, weight_us=w,
+                      floor_s=1.0)
+             for n, q, c, w in [("a", 6.0, 1, 100.0), ("b", 3.0, 2, 40.0), ("c", 3.0, 1, 20.0)]]
+    tasks = [_Task(t) for t in specs]
+    assert [t.quota_s for t in tasks] == [6.0, 3.0, 3.0]
+    reweight(tasks)  # no default measured yet: unchanged
+    assert [t.quota_s for t in tasks] == [6.0, 3.0, 3.0]
+    tasks[1].default_us = 60.0  # 2 layers x 60 us = 120: three times its prediction
+    reweight(tasks)
+    weights = [100.0 * 3, 120.0, 20.0 * 3]
+    want = [1.0 + 9.0 * w / sum(weights) for w in weights]
+    assert [t.quota_s for t in tasks] == pytest.approx(want)
+    assert sum(t.quota_s for t in tasks) == pytest.approx(12.0)
+    tasks[0].default_us, tasks[2].default_us = 10.0, 30.0  # ratios 0.1, 3, 1.5
+    reweight(tasks)
+    weights = [10.0, 120.0, 30.0]
+    assert [t.quota_s for t in tasks] == pytest.approx([1.0 + 9.0 * w / 160.0 for w in weights])
+    bare = [_Task(TuneTask("d", TINY, (fake,), (fake, cfg), quota_s=2.0))]
+    bare[0].default_us = 5.0
+    reweight(bare)
+    assert bare[0].quota_s == 2.0
 
 
 # ------------------------------------------------------------------------------ the plan

@@ -69,6 +69,34 @@ class TuneTask:
     default: tuple[KernelTemplate, Config]
     quota_s: float = 1.0
     count: int = 1
+    #: the predicted time of its layers in the network (us; None: quotas stay as given)
+    weight_us: float | None = None
+    #: GPU-seconds of its quota that do not move when quotas are re-weighted
+    floor_s: float = 0.0
+
+
+def reweight(tasks: Sequence[_Task]) -> None:
+    """Quotas by measured time: the budget the tasks share (the sum of their specs' quotas)
+    split again, each task's floor first, the rest in proportion to its layers' time in the
+    network, measured (its default kernel's time x its layer count) where its default was
+    measured, else its predicted `weight_us` scaled by the median measured / predicted ratio
+    (the performance model's error on this network so far). No-op unless every task has a
+    prediction and the floors fit the budget."""
+    if not tasks or any(t.spec.weight_us is None for t in tasks):
+        return
+    ratios = sorted(t.default_us * t.spec.count / t.spec.weight_us for t in tasks
+                    if t.default_us is not None and t.spec.weight_us > 0)
+    if not ratios:
+        return
+    scale = ratios[len(ratios) // 2]
+    weights = [t.default_us * t.spec.count if t.default_us is not None
+               else t.spec.weight_us * scale for t in tasks]
+    total = sum(t.spec.quota_s for t in tasks)
+    floors = sum(t.spec.floor_s for t in tasks)
+    if total < floors or sum(weights) <= 0:
+        return
+    for t, w in zip(tasks, weights, strict=True):
+        t.quota_s = t.spec.floor_s + (total - floors) * w / sum(weights)
 
 
 # ------------------------------------------------------------------------------ state
@@ -98,9 +126,13 @@ class _Task:
     default_us: float | None = None
     best: tuple[float, str, Config] | None = None
     done: bool = False
+    quota_s: float = 0.0  # the spec's, until measured defaults re-weight it
+
+    def __post_init__(self) -> None:
+        self.quota_s = self.spec.quota_s
 
     def ratio(self) -> float:
-        return self.charged_s / max(self.spec.quota_s, 1e-9)
+        return self.charged_s / max(self.quota_s, 1e-9)
 
     def est_s(self, fallback: float) -> float:
         return self.run_s / self.measured if self.measured else fallback
@@ -113,7 +145,7 @@ class _Task:
         s, d = self.spec, self.default_us
         b = self.best
         return {"name": s.name, "workload": s.workload.key, "count": s.count,
-                "templates": [t.name for t in s.templates], "quota_s": round(s.quota_s, 3),
+                "templates": [t.name for t in s.templates], "quota_s": round(self.quota_s, 3),
                 "spent_s": round(self.run_s, 3), "trials": self.trials,
                 "resumed": self.resumed, "failures": self.failures,
                 "default_template": s.default[0].name, "default_us": d,
@@ -396,7 +428,7 @@ class PipelineTuner:
         if cur is not None and cur.queue and not cur.done:
             return cur, cur.queue.popleft()
         for task in sorted((t for t in self.tasks if not t.done),
-                           key=lambda t: (t.ratio(), -t.spec.quota_s)):
+                           key=lambda t: (t.ratio(), -t.quota_s)):
             if not task.queue:
                 self._refill(task)
             if task.queue:
@@ -478,6 +510,7 @@ class PipelineTuner:
             return
         if (name, cfg) == (task.spec.default[0].name, task.spec.default[1]):
             task.default_us = t
+            reweight(self.tasks)
         if task.best is None or t < task.best[0]:
             task.best = (t, name, cfg)
             timed = [x for x in self.tasks if x.best is not None]
