@@ -310,3 +310,28 @@ def test_block_ends_past_32_bit_multipliers_equal_convert():
         got, want = ReferenceExecutor(plan)(x), lowbit.convert(q)(x)
     assert float((got - want).abs().max()) < 0.1 * float(want.abs().max())
     assert torch.equal(got.argmax(1), want.argmax(1))
+
+
+@pytest.mark.parametrize("precision", ["w8a8", "w2a2"])
+def test_convert_in_float64_equals_the_plan(precision):
+    """One integer semantics: the converted model run in float64 carries its exact values
+    between the integer layers, and its logits are the plan's (reference executor) bit for
+    bit at 8 and 2 bits (in float32 it rounds each layer's output to float32 first, which
+    moves a value within float32's rounding of a level boundary to the other level)."""
+    torch.manual_seed(0)
+    w, a = int(precision[1]), int(precision[3])
+    m = zoo.get("resnet18").eval()
+    randomize_batchnorms(m, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = lowbit.quantize(m, weight_bits=w, act_bits=a, residual_bits=8)
+    lowbit.calibrate(q, [torch.randn(4, 3, 32, 32)])
+    q.eval()
+    x = torch.randn(2, 3, 32, 32)
+    converted = lowbit.convert(q).double()
+    with torch.no_grad():
+        y64 = converted(x.double())
+        planned = compile_model(q, x, records=False)(x)
+        y32 = lowbit.convert(q)(x)
+    assert y64.dtype == torch.float64 and y32.dtype == torch.float32
+    assert torch.equal(y64.float(), planned)

@@ -100,8 +100,11 @@ class _IntegerBase(nn.Module):
         return torch.ops.lowbit.quantize_activation(x, self.a_scale, str(self.a),
                                                     self.layer_name, self.nonfinite)
 
-    def _dequantize(self, acc: torch.Tensor) -> torch.Tensor:
-        return (acc.double() * self.out_scale + self.out_bias).float()
+    def _dequantize(self, acc: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The real output in float64, returned as float32 (as float64 for a float64 input:
+        the model run in float64 carries exact values between its integer layers)."""
+        y = acc.double() * self.out_scale + self.out_bias
+        return y if dtype == torch.float64 else y.float()
 
     def summary_row(self, name: str) -> LayerRow:
         return LayerRow(name, type(self).__name__, "integer", str(self.w), str(self.a),
@@ -127,7 +130,7 @@ class IntegerConv2d(_IntegerBase):
         q = self._quantize(x).permute(0, 2, 3, 1).contiguous()
         acc = torch.ops.lowbit.conv2d_int(q, self.weight, str(self.w), str(self.a),
                                           self.stride, self.pad, self.groups)
-        return self._dequantize(acc).permute(0, 3, 1, 2).contiguous()
+        return self._dequantize(acc, x.dtype).permute(0, 3, 1, 2).contiguous()
 
 
 class IntegerLinear(_IntegerBase):
@@ -141,7 +144,7 @@ class IntegerLinear(_IntegerBase):
                         f"[..., {c}]")
         q = self._quantize(x).reshape(-1, c)
         acc = torch.ops.lowbit.gemm_int(q, self.weight, str(self.w), str(self.a))
-        return self._dequantize(acc).reshape(*x.shape[:-1], self.weight.shape[0])
+        return self._dequantize(acc, x.dtype).reshape(*x.shape[:-1], self.weight.shape[0])
 
 
 def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:

@@ -31,10 +31,12 @@ def _conv_out(h: int, w: int, r: int, s: int, stride: int, pad: int) -> tuple[in
 @torch.library.custom_op("lowbit::quantize_activation", mutates_args=())
 def quantize_activation(x: torch.Tensor, scale: torch.Tensor, precision: str, layer: str,
                         nonfinite: str) -> torch.Tensor:
-    """Float x -> integers of `precision` (round half up, clamped) at per-tensor `scale`;
-    non-finite x raises naming `layer` ("raise") or is replaced ("clamp")."""
+    """Float x -> integers of `precision` (round half up, clamped) at per-tensor `scale`, in
+    float32 arithmetic, or float64 for a float64 x; non-finite x raises naming `layer`
+    ("raise") or is replaced ("clamp")."""
     x = guard_input(x, layer, nonfinite)
-    return quantize(x.float(), scale, Precision.parse(precision))
+    return quantize(x if x.dtype == torch.float64 else x.float(), scale,
+                    Precision.parse(precision))
 
 
 @quantize_activation.register_fake
