@@ -70,7 +70,7 @@ def test_demo_trains_reports_and_says_what_ran():
     assert result.exit_code == 0, result.output
     out = result.output
     for words in ("float32", "w8a8", "w2a2", "accuracy", "packed", "lowbit.reference",
-                  "no GPU kernel ran", "quantization-aware"):
+                  "no GPU kernel ran", "quantization-aware", "plan = integer"):
         assert words in out, words
     assert "rel. L2" not in out
 
@@ -86,6 +86,12 @@ def test_demo_rows_have_accuracy_and_packed_size():
         assert 0 < r.packed_bytes < fp32_bytes
     w4, w1 = report.rows
     assert w1.packed_bytes < w4.packed_bytes
+    # one integer semantics at every precision: the plan's logits are the integer model's
+    # (float64) on all but the rare image with a value within ~2^-16 of a rounding tie,
+    # which the plan's 16-bit multipliers round the other way (NOTES.md "Exactness findings
+    # still open"; 0-1 of 256 per precision measured over 3 seeds)
+    assert all(r.plan_equal[1] == 256 and r.plan_equal[0] >= 250 for r in report.rows), \
+        report.rows
     assert report.float_accuracy > 0.5
     assert report.gpu is None or isinstance(report.gpu, str)
     # the engine section compiled the w1a2 model and its plan agrees with the integer model

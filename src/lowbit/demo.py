@@ -30,13 +30,16 @@ MODEL = "digits_cnn"
 @dataclass(frozen=True)
 class DemoRow:
     """One precision: test accuracy (fraction) of the fake-quant and the converted integer
-    model, packed model bytes, QAT seconds."""
+    model, packed model bytes, QAT seconds, and the plan's agreement with the integer model."""
 
     precision: str
     accuracy: float
     integer_accuracy: float
     packed_bytes: int
     seconds: float
+    #: images of a test batch whose logits the compiled plan (the exact reference executor)
+    #: gives as the integer model run in float64 (to float32's last bit), and the batch size
+    plan_equal: tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -127,6 +130,24 @@ def qat(fp32: nn.Module, wb: int, ab: int, loader, steps: int) -> nn.Module:
     return train(q, loader, steps, 1e-3, cosine=True)
 
 
+def plan_equal(int_model: nn.Module, x: torch.Tensor) -> tuple[int, int]:
+    """(images of `x` whose logits `lowbit.compile`'s plan, run by the CPU's exact reference
+    executor, gives as the integer model run in float64, len(x)): one integer semantics,
+    checked at every precision. Equal integers everywhere leave only the last affine map's
+    float rounding: logits agree to 2^-22 of the largest."""
+    from .runtime.compiled import compile_model
+
+    model = copy.deepcopy(int_model).cpu()
+    x = x.cpu()
+    compiled = compile_model(model, x, executor="reference", records=False)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = compiled(x)
+        want = model.double()(x.double()).float()
+    tol = 2.0**-22 * float(want.abs().max())
+    return int(((got - want).abs() <= tol).all(dim=1).sum()), len(x)
+
+
 def engine_section(int_model: nn.Module, fp32: nn.Module, example: torch.Tensor, label: str,
                    device: torch.device | str | None = None) -> tuple[str | None, str]:
     """Compile the integer model with the network engine (`lowbit.compile`) on `device`
@@ -198,10 +219,12 @@ def run_demo(float_steps: int = 200, qat_steps: int = 100,
             q = qat(fp32, wb, ab, train_loader, qat_steps)
             int_model = convert(q)
             row = DemoRow(p, accuracy(q, test), accuracy(int_model, test),
-                          packed_bytes(int_model), time.perf_counter() - t)
+                          packed_bytes(int_model), time.perf_counter() - t,
+                          plan_equal(int_model, next(iter(test))[0]))
             report.rows.append(row)
             say(f"{p}: {row.accuracy:.1%} (integer {row.integer_accuracy:.1%}), "
-                f"{row.packed_bytes:,} bytes")
+                f"{row.packed_bytes:,} bytes, compiled plan = integer model on "
+                f"{row.plan_equal[0]} of {row.plan_equal[1]} images")
         report.gpu, report.gpu_note = engine_section(int_model, fp32, next(iter(test))[0],
                                                      precisions[-1])
     finally:

@@ -56,16 +56,18 @@ def demo(float_steps: int = typer.Option(200, help="float32 training steps"),
                       progress=lambda text: console.print(f"  {text}"))
     table = rich_table(f"digits test accuracy (float32 {report.float_accuracy:.1%})",
                    ("precision", "accuracy", "integer accuracy", "vs float32", "packed size",
-                    "smaller", "QAT s"))
+                    "smaller", "plan = integer", "QAT s"))
     table.add_row("float32", f"{report.float_accuracy:.1%}", "-", "-",
-                  f"{report.float_bytes:,} B", "1.0x", "-")
+                  f"{report.float_bytes:,} B", "1.0x", "-", "-")
     for r in report.rows:
         table.add_row(r.precision, f"{r.accuracy:.1%}", f"{r.integer_accuracy:.1%}",
                       f"{100 * (r.accuracy - report.float_accuracy):+.1f} pts",
                       f"{r.packed_bytes:,} B", f"{report.float_bytes / r.packed_bytes:.1f}x",
-                      f"{r.seconds:.1f}")
+                      f"{r.plan_equal[0]} / {r.plan_equal[1]}", f"{r.seconds:.1f}")
     table.caption = ("wXaY = X-bit weights, Y-bit activations; packed size: integer weights "
-                     "at their bit width plus per-channel scales (float32 kept where float)")
+                     "at their bit width plus per-channel scales (float32 kept where float); "
+                     "plan = integer: test images whose logits lowbit.compile's plan gives "
+                     "as the integer model run in float64")
     console.print(table)
     ran = ("Integer accuracy is the converted model run through lowbit.reference, the exact "
            "CPU oracle every GPU kernel is checked against bit for bit.")
