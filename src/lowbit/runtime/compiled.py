@@ -17,6 +17,7 @@ warning (once per compiled model) since it is slow.
 from __future__ import annotations
 
 import copy
+import itertools
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,8 +44,14 @@ EXECUTORS: dict[str, Callable[[Plan, torch.device], Callable]] = {
     "reference": ReferenceExecutor, "gpu": gpu_executor}
 
 
+def capturing(device: torch.device) -> bool:
+    """Whether the current CUDA stream of `device` is being captured into a CUDA graph."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def _check_image(name: str, x: object, channels: int | None = None,
-                 device: torch.device | None = None, uint8: bool = False) -> torch.Tensor:
+                 device: torch.device | None = None, uint8: bool = False,
+                 finite: bool = True) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor (float NCHW image batch), got "
                         f"{type(x).__name__}")
@@ -63,7 +70,7 @@ def _check_image(name: str, x: object, channels: int | None = None,
     if device is not None and x.device != device:
         raise ValueError(f"{name} is on {x.device}, but the model was compiled for {device} "
                          "(example_input's device)")
-    if not uint8 and not bool(torch.isfinite(x).all()):
+    if finite and not uint8 and not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} has non-finite values (inf or nan)")
     return x
 
@@ -81,6 +88,10 @@ def _check_model(model: object) -> None:
                              "calibrated (train it or run lowbit.calibrate(model, loader))")
         if not isinstance(m, QUANT_MODULES) and not is_integer_module(m):
             raise TypeError(f"layer {name} is not a lowbit layer")
+
+
+#: numbers of the custom ops `CompiledModel.as_op` registers (one name each)
+_OP_IDS = itertools.count()
 
 
 class CompiledModel(nn.Module):
@@ -161,9 +172,17 @@ class CompiledModel(nn.Module):
             ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """forward, and with `record` also every tensor the plan writes (engine.run_plan).
         copy_output=False (GPU executor): the logits in the engine's own buffer, which the
-        next forward of this shape overwrites, instead of a copy."""
+        next forward of this shape overwrites, instead of a copy. Inside the caller's CUDA
+        graph capture (GPU executor, after one call of this shape outside it, which compiles
+        the kernels) the launches go into the caller's graph instead of this model's own, and
+        the non-finite checks, which read the device, are skipped."""
+        live = capturing(self.device)
         x = _check_image("x", x, self.channels, self.device,
-                         uint8=self.plan.image_normalization is not None)
+                         uint8=self.plan.image_normalization is not None, finite=not live)
+        if live and (self.executor != "gpu" or tuple(x.shape) not in self._runners):
+            raise ValueError("a compiled model runs inside a CUDA graph capture only on the "
+                             "GPU executor and after one call with this input shape outside "
+                             "the capture (it compiles the kernels)")
         if self.executor == "reference" and not self._warned:
             self._warned = True
             warnings.warn("lowbit.compile: running the plan through the exact reference "
@@ -186,6 +205,32 @@ class CompiledModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.run(x)
+
+    def as_op(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """This model as a PyTorch custom op (`torch.library.custom_op`, a fresh name
+        `lowbit::compiled_<n>`) for inputs of the compiled shape: `torch.compile`d code calls
+        it as one opaque node (fullgraph, no graph break) and PyTorch's fake tensors get its
+        output's shape and dtype. Runs the model once (zeros) to learn them, which also
+        compiles the kernels."""
+        shape = tuple(self.plan.input_spec.shape)
+        dtype = torch.uint8 if self.plan.image_normalization is not None else torch.float32
+        with torch.no_grad():
+            probe = self.run(torch.zeros(shape, dtype=dtype, device=self.device))
+        out_shape, out_dtype = tuple(probe.shape), probe.dtype
+        name = f"lowbit::compiled_{next(_OP_IDS)}"
+
+        @torch.library.custom_op(name, mutates_args=(), device_types=self.device.type)
+        def op(x: torch.Tensor) -> torch.Tensor:
+            return self.run(x)
+
+        @op.register_fake
+        def _(x: torch.Tensor) -> torch.Tensor:
+            if tuple(x.shape) != shape:
+                raise ValueError(f"{name}: x must have the compiled shape {shape}, got "
+                                 f"{tuple(x.shape)}")
+            return x.new_empty(out_shape, dtype=out_dtype)
+
+        return op
 
 
 def compile_model(model: nn.Module, example_input: torch.Tensor, *,

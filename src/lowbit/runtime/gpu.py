@@ -480,6 +480,14 @@ class GpuExecutor:
         if not (x.data_ptr() == buf.data_ptr() and x.dtype == buf.dtype
                 and x.stride() == buf.stride()):
             buf.copy_(x)
+        if torch.cuda.is_current_stream_capturing():
+            # inside the caller's capture: the launches join the caller's graph (this graph's
+            # replay would invalidate the capture) and the status is not read (a device sync)
+            if record:
+                raise ValueError("record=True reads every tensor back: not inside a CUDA "
+                                 "graph capture")
+            self.run_steps()
+            return self.result.clone() if copy_output else self.result
         if record:
             return self._record()
         self.replay()
