@@ -37,16 +37,11 @@ from ..quant.inputs import InputShapeError, checked_layer_inputs
 from ..quant.modules import QUANT_MODULES
 from ..reference.image import normalize_uint8_image
 from .engine import ReferenceExecutor
-from .gpu import gpu_executor
+from .gpu import capturing, gpu_executor
 
 #: executor factories by name: (plan, device) -> callable(x, record=False)
 EXECUTORS: dict[str, Callable[[Plan, torch.device], Callable]] = {
     "reference": ReferenceExecutor, "gpu": gpu_executor}
-
-
-def capturing(device: torch.device) -> bool:
-    """Whether the current CUDA stream of `device` is being captured into a CUDA graph."""
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _check_image(name: str, x: object, channels: int | None = None,

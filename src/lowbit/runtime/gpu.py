@@ -480,7 +480,7 @@ class GpuExecutor:
         if not (x.data_ptr() == buf.data_ptr() and x.dtype == buf.dtype
                 and x.stride() == buf.stride()):
             buf.copy_(x)
-        if torch.cuda.is_current_stream_capturing():
+        if capturing(self.device):
             # inside the caller's capture: the launches join the caller's graph (this graph's
             # replay would invalidate the capture) and the status is not read (a device sync)
             if record:
@@ -508,6 +508,11 @@ class GpuExecutor:
         """{step name: what runs it} (stems, kernels, epilogue passes, fallbacks)."""
         return {b.name: ("not run (fused into the stem) " if b.record_only else "") + b.how
                 for b in self.steps}
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether the current CUDA stream of `device` is being captured into a CUDA graph."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def gpu_executor(plan: Plan, device: torch.device) -> GpuExecutor:
