@@ -132,12 +132,12 @@ def test_the_reader_finds_each_kind_of_reference(tmp_path):
     citing = ROOT / "tests" / "test_references.py"
     text = ("`benchmarks/no_such_script.py` `kernels/cuda/nvrtc.py` `docs/history/` `nvrtc.py` "
             "`no_such_file.cu` `benchmarks/results/<gpu>/*.json` `lowbit.core.space` "
-            "see ENGINE.md and README.md; NOTES.md \"Stem\", NOTES.md, \"No such section\"; "
+            "see NO_SUCH_GUIDE.md and README.md; NOTES.md \"Stem\", NOTES.md, \"No such section\"; "
             "`tests/test_core.py::test_parse_errors` `no_such_run-20990101-000000.json`")
     got = stale_references(citing, text)
     assert got == ["tests/test_references.py: `benchmarks/no_such_script.py`",
                    "tests/test_references.py: `no_such_file.cu`",
                    "tests/test_references.py: `no_such_run-20990101-000000.json`",
-                   "tests/test_references.py: ENGINE.md",
+                   "tests/test_references.py: NO_SUCH_GUIDE.md",
                    "tests/test_references.py: NOTES.md section 'No such section'"]
     assert len(DOCS) >= 8 and len(CODE) > 300
