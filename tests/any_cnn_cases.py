@@ -39,20 +39,22 @@ def compiled(q: nn.Module, x: torch.Tensor, **kw) -> CompiledModel:
         return compile_model(q, x, executor="reference", records=False, **kw)
 
 
-def layer_inputs_exact(q: nn.Module, plan: Plan, x: torch.Tensor) -> int:
+def layer_inputs_exact(q: nn.Module, plan: Plan, x: torch.Tensor
+                       ) -> tuple[int, torch.Tensor, torch.Tensor]:
     """Assert that every integer layer's input tensor holds exactly the values of the
-    fake-quant layer's input quantizer (q / scale); returns how many layers were checked."""
+    fake-quant layer's input quantizer (q / scale); returns (how many layers were checked,
+    the plan's output, the fake-quant model's output)."""
     inputs = {}
     hooks = [m.act_quant.register_forward_hook(
         lambda mod, i, o, n=name: inputs.__setitem__(n, o))
         for name, m in lowbit.quant.quant_layers(q)]
     try:
         with torch.no_grad():
-            q(x)
+            y_model = q(x)
     finally:
         for h in hooks:
             h.remove()
-    _, rec = ReferenceExecutor(plan)(x, record=True)
+    y_plan, rec = ReferenceExecutor(plan)(x, record=True)
     checked = 0
     for s in plan.layers:
         src = s.source[0]
@@ -64,7 +66,7 @@ def layer_inputs_exact(q: nn.Module, plan: Plan, x: torch.Tensor) -> int:
         want = want.permute(0, 2, 3, 1) if want.dim() == 4 else want
         assert torch.equal(have.double(), want), s.name
         checked += 1
-    return checked
+    return checked, y_plan, y_model
 
 
 def fallback_reasons(plan: Plan) -> dict[str, str]:

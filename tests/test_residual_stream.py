@@ -13,6 +13,7 @@ from torch import nn
 
 import lowbit
 import lowbit.models as zoo
+from any_cnn_cases import layer_inputs_exact
 from engine_cases import layer_names, randomize_batchnorms
 from lowbit.core import Precision
 from lowbit.graph import Layer, Lookup
@@ -98,24 +99,7 @@ def test_plan_realizes_the_narrow_stream_exactly(name):
             top = acc_bound(s.workload) * m + b + 128 * r + (1 << (sh - 1))
             assert bool((top < 2**31).all()), s.name
     # every conv's integer input equals the fake-quant model's own quantizer output
-    inputs = {}
-    for layer_name, m in lowbit.quant.quant_layers(q):
-        m.act_quant.register_forward_hook(
-            lambda mod, i, o, n=layer_name: inputs.__setitem__(n, o))
-    with torch.no_grad():
-        yf = q(x)
-    y, rec = ReferenceExecutor(plan)(x, record=True)
-    checked = 0
-    for s in plan.layers:
-        src = s.source[0]
-        if src not in inputs or s.input not in rec:
-            continue
-        spec = plan.tensors[s.input]
-        have = lowbit.quant.unpack(rec[s.input], spec.precision, spec.layout, spec.shape[-1])
-        want = (inputs[src].double() / spec.scale).round()
-        want = want.permute(0, 2, 3, 1) if want.dim() == 4 else want
-        assert torch.equal(have.double(), want), s.name
-        checked += 1
+    checked, y, yf = layer_inputs_exact(q, plan, x)
     assert checked >= len(plan.layers) - 1  # all but the fused stem's
     assert torch.equal(y.argmax(1), yf.argmax(1))
     assert float((y - yf).abs().max()) < 1e-3 * float(yf.abs().max())
