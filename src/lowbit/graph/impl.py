@@ -169,10 +169,8 @@ def runs(impl: str, workload: Workload) -> bool:
     if impl == TORCH_FP16:
         return True
     if is_bitserial(impl):  # a family of the preferred list has a config for it
-        from ..kernels.cuda import default_bitserial
-
         try:
-            default_bitserial(with_layout(workload, Layout.BITPLANE))
+            bitserial_family(workload)
         except ValueError:
             return False
         return True
