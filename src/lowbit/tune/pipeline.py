@@ -93,10 +93,11 @@ def reweight(tasks: Sequence[_Task]) -> None:
                else t.spec.weight_us * scale for t in tasks]
     total = sum(t.spec.quota_s for t in tasks)
     floors = sum(t.spec.floor_s for t in tasks)
-    if total < floors or sum(weights) <= 0:
+    weight = sum(weights)
+    if total < floors or weight <= 0:
         return
     for t, w in zip(tasks, weights, strict=True):
-        t.quota_s = t.spec.floor_s + (total - floors) * w / sum(weights)
+        t.quota_s = t.spec.floor_s + (total - floors) * w / weight
 
 
 # ------------------------------------------------------------------------------ state
