@@ -31,6 +31,7 @@ from lowbit.graph.launches import PlanOptions, stem_refusal, with_launches
 from lowbit.kernels.triton import netops as N
 from lowbit.kernels.triton import stem as S
 from lowbit.kernels.triton.stem_gemm import (
+    SLOT_CONSTEXPRS,
     THRESHOLD_STRIDE,
     derived_threshold_table,
     table_steps,
@@ -144,7 +145,7 @@ def test_resnet_stem_derived_outputs(case):
                                                                               strict=True)]
     launch = S.bind_stem(image.to(DEVICE), weight, bias, specs, launch_outs, config=cfg, **kw,
                          **RESNET)
-    kinds = [launch.launches[-1].kwargs[f"KIND{j}"] for j in range(3)]
+    kinds = [slot[SLOT_CONSTEXPRS.index("KIND")] for slot in launch.launches[-1].kwargs["OUTS"]]
     assert kinds == ([1, 4, 5] if cfg.thresholds else [1, 5, 5]), kinds
     launch()
     ref = reference(q, weight, bias, specs, 2, 3, 1)

@@ -2,9 +2,10 @@
 one: the launches of `kernel.compile_on("cpu")` are captured (`igemm.launch_or_compile`) and
 each is compiled with `triton.compile` for `GPUTarget("cuda", 90, 32)`, specialized the way
 Triton's launcher specializes (integers equal to 1 become constants, pointers and integers
-divisible by 16 carry that hint). The interpreter runs the kernel logic but not Triton's
-compiler, which rejects some programs the interpreter accepts (a loop-carried variable changing
-type, for one); this catches those before a GPU run.
+divisible by 16 carry that hint; a tuple argument element by element). The interpreter runs
+the kernel logic but not Triton's compiler, which rejects some programs the interpreter
+accepts (a loop-carried variable changing type, for one); this catches those before a GPU
+run.
 
 Triton's compiler cannot run under TRITON_INTERPRET=1 (which the CPU test session sets), so
 tests call `compile_in_subprocess(cases)`: a fresh interpreter with it unset compiles each
@@ -51,18 +52,25 @@ def _source(fn, args: tuple, kwargs: dict):
     values = dict(zip(names, args, strict=False))
     values.update({k: v for k, v in kwargs.items() if k not in OPTIONS})
     signature, constexprs, attrs = {}, {}, {}
-    for i, name in enumerate(names):
-        v = values[name]
-        if fn.params[i].is_constexpr or v is None or (isinstance(v, int) and v == 1
-                                                      and not isinstance(v, bool)):
-            signature[name] = "constexpr"
-            constexprs[(i,)] = v
-            continue
-        signature[name] = mangle_type(v)
+    def argument(v, path: tuple) -> str | tuple:
+        """The signature entry of the value at `path` (a tuple: one per element)."""
+        if isinstance(v, tuple):
+            return tuple(argument(x, (*path, j)) for j, x in enumerate(v))
+        if v is None or (isinstance(v, int) and v == 1 and not isinstance(v, bool)):
+            constexprs[path] = v
+            return "constexpr"
         aligned = (v.data_ptr() % 16 == 0 if isinstance(v, torch.Tensor)
                    else isinstance(v, int) and not isinstance(v, bool) and v % 16 == 0)
         if aligned:
-            attrs[(i,)] = [["tt.divisibility", 16]]
+            attrs[path] = [["tt.divisibility", 16]]
+        return mangle_type(v)
+
+    for i, name in enumerate(names):
+        if fn.params[i].is_constexpr:
+            signature[name] = "constexpr"
+            constexprs[(i,)] = values[name]
+        else:
+            signature[name] = argument(values[name], (i,))
     options = {k: kwargs[k] for k in OPTIONS if k in kwargs}
     return ASTSource(fn, signature, constexprs, attrs), options
 

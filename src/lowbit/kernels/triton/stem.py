@@ -55,22 +55,32 @@ from .netops import (
     Dequantized,
     OutputSpec,
     Requantized,
-    _unused_slot,
     as_output_spec,
     check_status,
     float32_scale,
     new_outputs,
 )
-from .stem_gemm import INT32_MIN, stem_gemm_kernel, stem_outputs, stem_slot
-from .stem_geometry import BLOCK_J, BLOCK_N, StemConfig, StemGeometry, geometry_of, s2d_weights
+from .stem_gemm import (
+    INT32_MIN,
+    STEM_MAX_OUTPUTS,
+    output_group,
+    stem_gemm_kernel,
+    stem_outputs,
+    stem_slot,
+)
+from .stem_geometry import (
+    BLOCK_J,
+    BLOCK_N,
+    StemConfig,
+    StemGeometry,
+    geometry_of,
+    s2d_weights,
+)
 from .stem_ring import ring_band_rows, ring_launch, ring_refusal
 from .stored import ENC, Launcher, check_device, empty_packed, flag_nonfinite, quantize_f32
 
 __all__ = ["StemConfig", "StemGeometry", "bind_stem", "default_config", "empty_packed",
            "gemm_band_rows", "geometry_of", "ring_config", "ring_refusal", "s2d_weights", "stem"]
-
-#: outputs one stem launch writes
-STEM_MAX_OUTPUTS = 3
 
 # =========================================================================== kernels
 @triton.jit
@@ -113,14 +123,20 @@ def stem_input_kernel(
 
 
 @triton.jit
-def _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh, ow, n_idx, n_mask, OH, OW, HS, WS, KWB,
-               CSP: tl.constexpr, RS: tl.constexpr, KB: tl.constexpr, CHUNKS: tl.constexpr,
-               WHOLE_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh, ow, n_idx, n_mask, dims, CONV: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """int32 conv outputs [BLOCK_M, BLOCK_N] at conv row oh (a scalar) and, per row m, image
     n[m] (valid where n_ok) and column ow[m]; positions outside the conv output are INT32_MIN
     (the pool's padding). The reduction runs in CHUNKS dots of 64 bytes, or one (WHOLE_K:
     every load of the window in flight at once); each filter row is RS * CSP contiguous bytes
-    of the space-to-depth tensor, loaded as 16-byte vectors."""
+    of the space-to-depth tensor, loaded as 16-byte vectors. dims and CONV as
+    `conv_launch` makes them."""
+    _, OH, OW, _, _, HS, WS, _, KWB, _, _, _ = dims
+    CSP: tl.constexpr = CONV[0]
+    RS: tl.constexpr = CONV[1]
+    KB: tl.constexpr = CONV[2]
+    CHUNKS: tl.constexpr = CONV[3]
+    WHOLE_K: tl.constexpr = CONV[4]
     ohc = tl.minimum(tl.maximum(oh, 0), OH - 1)
     owc = tl.minimum(tl.maximum(ow, 0), OW - 1)
     base = ((n * HS + ohc) * WS + owc) * CSP  # the filter window's corner, 16-byte aligned
@@ -142,22 +158,16 @@ def _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh, ow, n_idx, n_mask, OH, OW, HS, WS, K
 
 
 @triton.jit
-def stem_conv_kernel(
-    s2d_ptr, w_ptr, bias_ptr, N, OH, OW, PH, PW, HS, WS, K, KWB, bands, col_blocks, band_rows,
-    o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1, plane1,
-    o2, a2, b2, c2, d2, row2, plane2,
-    CSP: tl.constexpr, RS: tl.constexpr, KB: tl.constexpr, CHUNKS: tl.constexpr,
-    WHOLE_K: tl.constexpr, POOL: tl.constexpr, PP: tl.constexpr, HAS_BIAS: tl.constexpr,
-    KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr, QLO0: tl.constexpr,
-    QMAX0: tl.constexpr, MODE0: tl.constexpr,
-    KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr, QLO1: tl.constexpr,
-    QMAX1: tl.constexpr, MODE1: tl.constexpr,
-    KIND2: tl.constexpr, LAYOUT2: tl.constexpr, BITS2: tl.constexpr, QLO2: tl.constexpr,
-    QMAX2: tl.constexpr, MODE2: tl.constexpr,
-    IMAGES: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr,
-):
+def stem_conv_kernel(s2d_ptr, w_ptr, bias_ptr, dims, outs, CONV: tl.constexpr,
+                     OUTS: tl.constexpr, IMAGES: tl.constexpr, BLOCK_J: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
     """One program: IMAGES images (stacked along the dots' M), a band of `band_rows` output
-    rows, a block of output columns and BLOCK_N channels; see the module docstring."""
+    rows, a block of output columns and BLOCK_N channels; see the module docstring. The
+    arguments as `conv_launch` makes them."""
+    N, OH, OW, PH, PW, _, _, K, _, bands, col_blocks, band_rows = dims
+    POOL: tl.constexpr = CONV[5]
+    PP: tl.constexpr = CONV[6]
+    HAS_BIAS: tl.constexpr = CONV[7]
     BLOCK_M: tl.constexpr = IMAGES * BLOCK_J
     pid = tl.program_id(0)
     cb = pid % col_blocks
@@ -187,38 +197,30 @@ def stem_conv_kernel(
         # t0 - 1 first: its second conv row is the first window row of pooled row t0
         for t in range(t0 - 1, t_end):
             oh = 2 * t - PP + 1
-            a_lo = _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh, col_a, n_idx, n_mask, OH, OW, HS,
-                              WS, KWB, CSP, RS, KB, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
-            a_hi = _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh + 1, col_a, n_idx, n_mask, OH, OW, HS,
-                              WS, KWB, CSP, RS, KB, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
+            a_lo = _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh, col_a, n_idx, n_mask, dims, CONV,
+                              BLOCK_M, BLOCK_N)
+            a_hi = _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh + 1, col_a, n_idx, n_mask, dims, CONV,
+                              BLOCK_M, BLOCK_N)
             rows_a = tl.maximum(carry_a, tl.maximum(a_lo, a_hi))
             carry_a = a_hi
-            b_lo = _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh, col_a + 1, n_idx, n_mask, OH, OW,
-                              HS, WS, KWB, CSP, RS, KB, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
-            b_hi = _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh + 1, col_a + 1, n_idx, n_mask, OH,
-                              OW, HS, WS, KWB, CSP, RS, KB, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
+            b_lo = _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh, col_a + 1, n_idx, n_mask, dims,
+                              CONV, BLOCK_M, BLOCK_N)
+            b_hi = _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh + 1, col_a + 1, n_idx, n_mask, dims,
+                              CONV, BLOCK_M, BLOCK_N)
             rows_b = tl.maximum(carry_b, tl.maximum(b_lo, b_hi))
             carry_b = b_hi
             pooled = tl.maximum(tl.maximum(rows_a, rows_b), tl.gather(rows_a, nxt, 0))
             pix = (n * PH + t) * PW + j
-            stem_outputs(pooled, bias, pix, j_mask & (jj * 0 + t >= t0), n_idx, K,
-                          o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1,
-                          plane1, o2, a2, b2, c2, d2, row2, plane2,
-                          KIND0, LAYOUT0, BITS0, QLO0, QMAX0, MODE0, KIND1, LAYOUT1, BITS1,
-                          QLO1, QMAX1, MODE1, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, MODE2,
-                          BLOCK_M, BLOCK_N)
+            stem_outputs(pooled, bias, pix, j_mask & (jj * 0 + t >= t0), n_idx, K, outs, OUTS,
+                         BLOCK_M, BLOCK_N)
     else:
         ow = cb * BLOCK_J + jj
         for t in range(t0, t_end):
-            acc = _conv_cols(s2d_ptr, w_ptr, n, n_ok, t, ow, n_idx, n_mask, OH, OW, HS, WS,
-                             KWB, CSP, RS, KB, CHUNKS, WHOLE_K, BLOCK_M, BLOCK_N)
+            acc = _conv_cols(s2d_ptr, w_ptr, n, n_ok, t, ow, n_idx, n_mask, dims, CONV, BLOCK_M,
+                             BLOCK_N)
             pix = (n * OH + t) * OW + ow
-            stem_outputs(acc, bias, pix, n_ok & (ow < OW), n_idx, K,
-                          o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1,
-                          plane1, o2, a2, b2, c2, d2, row2, plane2,
-                          KIND0, LAYOUT0, BITS0, QLO0, QMAX0, MODE0, KIND1, LAYOUT1, BITS1,
-                          QLO1, QMAX1, MODE1, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, MODE2,
-                          BLOCK_M, BLOCK_N)
+            stem_outputs(acc, bias, pix, n_ok & (ow < OW), n_idx, K, outs, OUTS, BLOCK_M,
+                         BLOCK_N)
 
 
 # =========================================================================== host side
@@ -309,15 +311,34 @@ def _sm_count(device: torch.device) -> int:
     return 2
 
 
-def _output_args(slots: list, placeholder: torch.Tensor) -> tuple[list, dict]:
-    """The kernels' output arguments and constexprs (NAME0..NAME2) of up to 3 slots."""
-    args: list = []
-    consts: dict = {}
-    for j in range(STEM_MAX_OUTPUTS):
-        a, c = slots[j] if j < len(slots) else _unused_slot(placeholder)
-        args += list(a)
-        consts.update({f"{name}{j}": v for name, v in c.items() if name != "RES"})
-    return args, consts
+def conv_launch(s2d: torch.Tensor, w2: torch.Tensor, bias: torch.Tensor | None,
+                outputs: tuple[tuple, tuple], geom: StemGeometry, cfg: StemConfig) -> Launch:
+    """The conv launch of a "bands" or "gemm" config (`stem_conv_kernel`,
+    `stem_gemm.stem_gemm_kernel`): the space-to-depth image and weights, the int32 bias
+    (None: none), the outputs' `outs` and OUTS (`stem_gemm.output_group`); the kernels'
+    dims (runtime sizes) and CONV (compile-time geometry) in the order they unpack them."""
+    pooled = geom.pool_pad is not None
+    col_blocks = cdiv(geom.PW, cfg.block_j - 1) if pooled else cdiv(geom.OW, cfg.block_j)
+    bands = cdiv(geom.PH if pooled else geom.OH, cfg.band_rows)
+    dims = dict(N=geom.N, OH=geom.OH, OW=geom.OW, PH=geom.PH, PW=geom.PW, HS=geom.HS,
+                WS=geom.WS, K=geom.K, KWB=w2.shape[1], bands=bands, col_blocks=col_blocks,
+                band_rows=cfg.band_rows)
+    conv = dict(CSP=geom.CSP, RS=geom.RS, KB=geom.KB, CHUNKS=geom.chunks,
+                WHOLE_K=cfg.whole_k and geom.chunks in (1, 2, 4), POOL=pooled,
+                PP=geom.pool_pad or 0, HAS_BIAS=bias is not None)
+    if bias is None:
+        bias = torch.zeros(1, dtype=torch.int32, device=s2d.device)
+    outs, out_consts = outputs
+    args = (s2d, w2, bias, tuple(dims.values()), outs)
+    constexprs = dict(CONV=tuple(conv.values()), OUTS=out_consts, BLOCK_J=cfg.block_j,
+                      BLOCK_N=cfg.block_n, **cfg.launch_options())
+    channel_blocks = cdiv(geom.K, cfg.block_n)
+    if cfg.kernel == "gemm":
+        tiles = geom.N * bands * col_blocks if pooled else cdiv(geom.N * geom.OH * geom.OW,
+                                                                 4 * cfg.block_j)
+        return Launch(stem_gemm_kernel, (tiles, channel_blocks), args, constexprs)
+    grid = (cdiv(geom.N, cfg.images) * bands * col_blocks, channel_blocks)
+    return Launch(stem_conv_kernel, grid, args, dict(constexprs, IMAGES=cfg.images))
 
 
 def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -403,9 +424,9 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     results = tuple(o.data if isinstance(o, PackedTensor) else o for o in outs)
     bias_dev = bias.to(torch.int32).contiguous().to(device) if bias is not None else None
     if cfg.kernel == "ring":
-        out_args, out_consts = _output_args(slots, image)
-        return Launcher((ring_launch(image, table_dev, weight, bias_dev, out_args, out_consts,
-                                     geom, cfg, prec, s32, status, sms),), results)
+        return Launcher((ring_launch(image, table_dev, weight, bias_dev,
+                                     output_group(slots, image), geom, cfg, prec, s32, status,
+                                     sms),), results)
 
     # launch 1: quantized space-to-depth image
     s2d = torch.empty(geom.N, geom.HS, geom.WS, geom.CSP, dtype=torch.int8, device=device)
@@ -422,34 +443,8 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                    in_kwargs)
 
     # launch 2: conv, epilogue, pool
-    w2 = s2d_weights(weight, geom).to(device)
-    if bias_dev is None:
-        bias_dev = torch.zeros(1, dtype=torch.int32, device=device)
-    pooled = geom.pool_pad is not None
-    bj = cfg.block_j
-    col_blocks = cdiv(geom.PW, bj - 1) if pooled else cdiv(geom.OW, bj)
-    rows = geom.PH if pooled else geom.OH
-    bands = cdiv(rows, cfg.band_rows)
-    out_args, out_consts = _output_args(slots, s2d)
-    args = [s2d, w2, bias_dev, geom.N, geom.OH, geom.OW, geom.PH, geom.PW, geom.HS, geom.WS,
-            geom.K, w2.shape[1], bands, col_blocks, cfg.band_rows, *out_args]
-    whole_k = cfg.whole_k and geom.chunks in (1, 2, 4)
-    kwargs: dict = dict(CSP=geom.CSP, RS=geom.RS, KB=geom.KB, CHUNKS=geom.chunks,
-                        WHOLE_K=whole_k, POOL=pooled, PP=geom.pool_pad or 0,
-                        HAS_BIAS=bias is not None, **out_consts, BLOCK_J=bj,
-                        BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-                        num_stages=cfg.num_stages, enable_fp_fusion=False)
-    if cfg.maxnreg is not None:
-        kwargs["maxnreg"] = cfg.maxnreg
-    channel_blocks = cdiv(geom.K, cfg.block_n)
-    if cfg.kernel == "gemm":
-        tiles = geom.N * bands * col_blocks if pooled else cdiv(geom.N * geom.OH * geom.OW,
-                                                                 4 * bj)
-        second = Launch(stem_gemm_kernel, (tiles, channel_blocks), tuple(args), kwargs)
-    else:
-        kwargs["IMAGES"] = cfg.images
-        grid = (cdiv(geom.N, cfg.images) * bands * col_blocks, channel_blocks)
-        second = Launch(stem_conv_kernel, grid, tuple(args), kwargs)
+    second = conv_launch(s2d, s2d_weights(weight, geom).to(device), bias_dev,
+                         output_group(slots, s2d), geom, cfg)
     return Launcher((first, second), results)
 
 

@@ -35,6 +35,7 @@ from ...reference.epilogue import requant_thresholds
 from .layer_outputs import (
     Requantized,
     _requant_slot,
+    _unused_slot,
     as_output_spec,
     emit_output,
     output_slot,
@@ -43,6 +44,10 @@ from .layer_outputs import (
 from .stored import store_values
 
 INT32_MIN = tl.constexpr(-(2**31))
+#: outputs one stem launch writes
+STEM_MAX_OUTPUTS = 3
+#: the order of an output slot's constexprs in the kernels' OUTS (`output_group`)
+SLOT_CONSTEXPRS = ("KIND", "LAYOUT", "BITS", "QLO", "QMAX", "MODE")
 #: output kinds of `stem_outputs` beside netops' KIND_*: a 1-2 bit output by integer
 #: thresholds, and a derived output by its table
 KIND_THRESHOLDS = tl.constexpr(4)
@@ -50,15 +55,22 @@ KIND_TABLE = tl.constexpr(5)
 
 
 @triton.jit
-def _stem_output(y, pix, pix_mask, c0, K, out_ptr, v1_ptr, v2_ptr, v3_ptr, v4_ptr, row, plane,
-                 KIND: tl.constexpr, LAYOUT: tl.constexpr, BITS: tl.constexpr,
-                 QLO: tl.constexpr, QMAX: tl.constexpr, MODE: tl.constexpr,
+def _stem_output(y, pix, pix_mask, c0, K, slot, OUTS: tl.constexpr, J: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One output of y [BLOCK_M, BLOCK_N] (int32): THRESHOLDS (QLO the output's qmin, v1
-    the int32 table [K, 4] of `threshold_table` / `derived_threshold_table`) q = QLO +
-    #{i : y >= T[c, i]}; TABLE (a derived output) the formula clamped to [QLO, QMAX] (the
-    mid precision's range) as `netops.requant_tile`, then v2[q - QLO] (the int32 table from
-    the formula's lowest value on); any other kind as `netops.emit_output`."""
+    """Output J of y [BLOCK_M, BLOCK_N] (int32): its runtime values `slot` (out, v1, v2, v3,
+    v4, row, plane) and constexprs OUTS[J] (`SLOT_CONSTEXPRS` order; `output_group`).
+    THRESHOLDS (QLO the output's qmin, v1 the int32 table [K, 4] of `threshold_table` /
+    `derived_threshold_table`) q = QLO + #{i : y >= T[c, i]}; TABLE (a derived output) the
+    formula clamped to [QLO, QMAX] (the mid precision's range) as `netops.requant_tile`, then
+    v2[q - QLO] (the int32 table from the formula's lowest value on); any other kind as
+    `netops.emit_output`."""
+    out_ptr, v1_ptr, v2_ptr, v3_ptr, v4_ptr, row, plane = slot
+    KIND: tl.constexpr = OUTS[J][0]
+    LAYOUT: tl.constexpr = OUTS[J][1]
+    BITS: tl.constexpr = OUTS[J][2]
+    QLO: tl.constexpr = OUTS[J][3]
+    QMAX: tl.constexpr = OUTS[J][4]
+    MODE: tl.constexpr = OUTS[J][5]
     if KIND == KIND_TABLE:
         q = requant_tile(y, y, c0, K, v1_ptr, v2_ptr, v3_ptr, v4_ptr, QLO, QMAX, False, MODE,
                          BLOCK_N)
@@ -81,29 +93,18 @@ def _stem_output(y, pix, pix_mask, c0, K, out_ptr, v1_ptr, v2_ptr, v3_ptr, v4_pt
 
 
 @triton.jit
-def stem_outputs(acc, bias, pix, pix_mask, n_idx, K,
-                 o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1, plane1,
-                 o2, a2, b2, c2, d2, row2, plane2,
-                 KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr,
-                 QLO0: tl.constexpr, QMAX0: tl.constexpr, MODE0: tl.constexpr,
-                 KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr,
-                 QLO1: tl.constexpr, QMAX1: tl.constexpr, MODE1: tl.constexpr,
-                 KIND2: tl.constexpr, LAYOUT2: tl.constexpr, BITS2: tl.constexpr,
-                 QLO2: tl.constexpr, QMAX2: tl.constexpr, MODE2: tl.constexpr,
+def stem_outputs(acc, bias, pix, pix_mask, n_idx, K, outs, OUTS: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """y = acc + bias (int32 where the bind checked |acc| + |bias| < 2^31 - 1), then the
     epilogue outputs (`_stem_output`: thresholds, or `netops.emit_output` in its exact
-    mode)."""
+    mode): `outs` and OUTS as `output_group` makes them, an unused slot of kind 0."""
     y = acc + bias[None, :]
     c0 = tl.program_id(1) * BLOCK_N
-    _stem_output(y, pix, pix_mask, c0, K, o0, a0, b0, c0_, d0, row0, plane0, KIND0, LAYOUT0,
-                 BITS0, QLO0, QMAX0, MODE0, BLOCK_M, BLOCK_N)
-    if KIND1 != 0:
-        _stem_output(y, pix, pix_mask, c0, K, o1, a1, b1, c1, d1, row1, plane1, KIND1,
-                     LAYOUT1, BITS1, QLO1, QMAX1, MODE1, BLOCK_M, BLOCK_N)
-    if KIND2 != 0:
-        _stem_output(y, pix, pix_mask, c0, K, o2, a2, b2, c2, d2, row2, plane2, KIND2,
-                     LAYOUT2, BITS2, QLO2, QMAX2, MODE2, BLOCK_M, BLOCK_N)
+    _stem_output(y, pix, pix_mask, c0, K, outs[0], OUTS, 0, BLOCK_M, BLOCK_N)
+    if OUTS[1][0] != 0:
+        _stem_output(y, pix, pix_mask, c0, K, outs[1], OUTS, 1, BLOCK_M, BLOCK_N)
+    if OUTS[2][0] != 0:
+        _stem_output(y, pix, pix_mask, c0, K, outs[2], OUTS, 2, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -125,14 +126,17 @@ def pool_step(acc, carry_a, carry_b, nxt, BLOCK_J: tl.constexpr, BLOCK_N: tl.con
 
 
 @triton.jit
-def _window_dot(s2d_ptr, w_ptr, b_whole, base, n_idx, n_mask, WS, KWB,
-                CSP: tl.constexpr, RS: tl.constexpr, KB: tl.constexpr,
-                CHUNKS: tl.constexpr, WHOLE_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr):
+def _window_dot(s2d_ptr, w_ptr, b_whole, base, n_idx, n_mask, WS, KWB, CONV: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """int32 [BLOCK_M, BLOCK_N]: each row's space-to-depth window (its corner at byte `base`,
     16-byte aligned; filter row a at + a * WS * CSP, RS * CSP contiguous bytes) times the
     weights: one dot with b_whole ([CHUNKS * 64, BLOCK_N], loaded by the caller) or a loop
-    of 64-byte chunks (pipelined by num_stages)."""
+    of 64-byte chunks (pipelined by num_stages). CONV: `CONV_CONSTEXPRS`."""
+    CSP: tl.constexpr = CONV[0]
+    RS: tl.constexpr = CONV[1]
+    KB: tl.constexpr = CONV[2]
+    CHUNKS: tl.constexpr = CONV[3]
+    WHOLE_K: tl.constexpr = CONV[4]
     if WHOLE_K:
         k = tl.arange(0, CHUNKS * 64)
         off = (k // (RS * CSP)) * (WS * CSP) + k % (RS * CSP)
@@ -158,22 +162,18 @@ def _window_dot(s2d_ptr, w_ptr, b_whole, base, n_idx, n_mask, WS, KWB,
 
 
 @triton.jit
-def stem_gemm_kernel(
-    s2d_ptr, w_ptr, bias_ptr, N, OH, OW, PH, PW, HS, WS, K, KWB, bands, col_blocks, band_rows,
-    o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1, plane1,
-    o2, a2, b2, c2, d2, row2, plane2,
-    CSP: tl.constexpr, RS: tl.constexpr, KB: tl.constexpr, CHUNKS: tl.constexpr,
-    WHOLE_K: tl.constexpr, POOL: tl.constexpr, PP: tl.constexpr, HAS_BIAS: tl.constexpr,
-    KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr, QLO0: tl.constexpr,
-    QMAX0: tl.constexpr, MODE0: tl.constexpr,
-    KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr, QLO1: tl.constexpr,
-    QMAX1: tl.constexpr, MODE1: tl.constexpr,
-    KIND2: tl.constexpr, LAYOUT2: tl.constexpr, BITS2: tl.constexpr, QLO2: tl.constexpr,
-    QMAX2: tl.constexpr, MODE2: tl.constexpr,
-    BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """See the module docstring. Grid: pool: (N * bands * col_blocks, channel blocks);
-    no pool: (cdiv(N * OH * OW, 4 * BLOCK_J), channel blocks)."""
+def stem_gemm_kernel(s2d_ptr, w_ptr, bias_ptr, dims, outs, CONV: tl.constexpr,
+                     OUTS: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr):
+    """See the module docstring; the arguments as `stem.conv_launch` makes them. Grid: pool:
+    (N * bands * col_blocks, channel blocks); no pool: (cdiv(N * OH * OW, 4 * BLOCK_J),
+    channel blocks)."""
+    N, OH, OW, PH, PW, HS, WS, K, KWB, bands, col_blocks, band_rows = dims
+    CSP: tl.constexpr = CONV[0]
+    CHUNKS: tl.constexpr = CONV[3]
+    WHOLE_K: tl.constexpr = CONV[4]
+    POOL: tl.constexpr = CONV[5]
+    PP: tl.constexpr = CONV[6]
+    HAS_BIAS: tl.constexpr = CONV[7]
     BM: tl.constexpr = 4 * BLOCK_J
     pid = tl.program_id(0)
     n_idx = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -213,17 +213,13 @@ def stem_gemm_kernel(
             oh = 2 * t - PP + 1 + rs
             ohc = tl.minimum(tl.maximum(oh, 0), OH - 1)
             base = ((n * HS + ohc) * WS + colc) * CSP
-            acc = _window_dot(s2d_ptr, w_ptr, b_whole, base, n_idx, n_mask, WS, KWB, CSP, RS,
-                              KB, CHUNKS, WHOLE_K, BM, BLOCK_N)
+            acc = _window_dot(s2d_ptr, w_ptr, b_whole, base, n_idx, n_mask, WS, KWB, CONV, BM,
+                              BLOCK_N)
             ok = col_ok & (oh >= 0) & (oh < OH)
             acc = tl.where(ok[:, None], acc, INT32_MIN)
             pooled, carry_a, carry_b = pool_step(acc, carry_a, carry_b, nxt, BLOCK_J, BLOCK_N)
             pix = (n * PH + t) * PW + jo
-            stem_outputs(pooled, bias, pix, j_mask & (jj * 0 + t >= t0), n_idx, K,
-                         o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1,
-                         plane1, o2, a2, b2, c2, d2, row2, plane2,
-                         KIND0, LAYOUT0, BITS0, QLO0, QMAX0, MODE0, KIND1, LAYOUT1, BITS1,
-                         QLO1, QMAX1, MODE1, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, MODE2,
+            stem_outputs(pooled, bias, pix, j_mask & (jj * 0 + t >= t0), n_idx, K, outs, OUTS,
                          BLOCK_J, BLOCK_N)
     else:
         pix = pid * BM + mm
@@ -233,14 +229,9 @@ def stem_gemm_kernel(
         oh = (p // OW) % OH
         n = p // (OW * OH)
         base = ((n * HS + oh) * WS + ow) * CSP
-        acc = _window_dot(s2d_ptr, w_ptr, b_whole, base, n_idx, n_mask, WS, KWB, CSP, RS, KB,
-                          CHUNKS, WHOLE_K, BM, BLOCK_N)
-        stem_outputs(acc, bias, pix, pix_mask, n_idx, K,
-                     o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1,
-                     plane1, o2, a2, b2, c2, d2, row2, plane2,
-                     KIND0, LAYOUT0, BITS0, QLO0, QMAX0, MODE0, KIND1, LAYOUT1, BITS1,
-                     QLO1, QMAX1, MODE1, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, MODE2,
-                     BM, BLOCK_N)
+        acc = _window_dot(s2d_ptr, w_ptr, b_whole, base, n_idx, n_mask, WS, KWB, CONV, BM,
+                          BLOCK_N)
+        stem_outputs(acc, bias, pix, pix_mask, n_idx, K, outs, OUTS, BM, BLOCK_N)
 
 
 # =========================================================================== host side
@@ -324,6 +315,16 @@ def derived_threshold_table(spec: Requantized, k: int) -> torch.Tensor | None:
         elif v is not None:
             table[:, i] = thr[:, v - spec.mid.qmin - 1]
     return table
+
+
+def output_group(slots: list[tuple[tuple, dict]], placeholder: torch.Tensor
+                 ) -> tuple[tuple, tuple]:
+    """The stem kernels' `outs` and OUTS of up to STEM_MAX_OUTPUTS slots (`stem_slot`):
+    per slot its runtime values (out, v1, v2, v3, v4, row, plane) and its constexprs in
+    `SLOT_CONSTEXPRS` order; the unused ones of kind 0 (`netops._unused_slot`)."""
+    full = [*slots, *(_unused_slot(placeholder) for _ in range(STEM_MAX_OUTPUTS - len(slots)))]
+    return (tuple(tuple(args) for args, _ in full),
+            tuple(tuple(consts[name] for name in SLOT_CONSTEXPRS) for _, consts in full))
 
 
 def threshold_slot(spec: object, slot: tuple[tuple, dict], k: int, device: torch.device

@@ -199,3 +199,12 @@ class StemConfig:
             raise ValueError(f"block_n must be 32 or 64, got {self.block_n!r}")
         if not isinstance(self.band_rows, int) or self.band_rows < 1:
             raise ValueError(f"band_rows must be an int >= 1, got {self.band_rows!r}")
+
+    def launch_options(self, num_stages: int | None = None) -> dict:
+        """Triton's launch options of a stem conv kernel: warps, pipeline stages (the
+        config's unless given), no float contraction, the register cap where set."""
+        opts: dict = dict(num_warps=self.num_warps, num_stages=num_stages or self.num_stages,
+                          enable_fp_fusion=False)
+        if self.maxnreg is not None:
+            opts["maxnreg"] = self.maxnreg
+        return opts

@@ -72,12 +72,15 @@ PROLOGUE_STEPS = 2
 
 # =========================================================================== kernel
 @triton.jit
-def _load_pair(x_ptr, n, y0, x0, sn, sc, sh, sw, h_lim, W, C: tl.constexpr,
-               PS: tl.constexpr, XW: tl.constexpr):
+def _load_pair(x_ptr, n, y0, x0, strides, h_lim, W, QUANT: tl.constexpr, XW: tl.constexpr):
     """The image values of space-to-depth rows y0, y0 + 1 and columns x0 .. x0 + XW - 1 as
     lines [16, 2 XW]: line (r, d, c) (image row 2 (y0 + r - PS) + d, channel c < 4), column
     i (image column 2 (x0 - PS) + i); 0 outside the image (rows >= h_lim: H, or 0 to load
-    nothing) and for c >= C. Any strides (NCHW or channels_last memory)."""
+    nothing) and for c >= C. Any strides (NCHW or channels_last memory). strides and QUANT
+    as `ring_launch` makes them."""
+    sn, sc, sh, sw = strides
+    C: tl.constexpr = QUANT[0]
+    PS: tl.constexpr = QUANT[1]
     line = tl.arange(0, 16)
     i = tl.arange(0, 2 * XW)
     c = line % 4
@@ -90,14 +93,19 @@ def _load_pair(x_ptr, n, y0, x0, sn, sc, sh, sw, h_lim, W, C: tl.constexpr,
 
 
 @triton.jit
-def _store_pair(ring, v, table_ptr, chk, y0, x0, H, W, scale,
-                C: tl.constexpr, PS: tl.constexpr, XW: tl.constexpr, U8: tl.constexpr,
-                ENC: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
-                HAS_STATUS: tl.constexpr):
+def _store_pair(ring, v, table_ptr, chk, y0, x0, H, W, scale, QUANT: tl.constexpr,
+                XW: tl.constexpr):
     """Quantize the lines of `_load_pair(y0, x0)` and store them into the ring as pixels:
     ring[(y0 + r) mod 8, x, (d * 4 + c) * 2 + e] and its mirror 8 rows on (16-byte pixels,
     0 outside the image). Returns chk + v * 0 (HAS_STATUS, a float image: NaN from the first
     inf or nan on; the kernel tests it once per program), else chk."""
+    C: tl.constexpr = QUANT[0]
+    PS: tl.constexpr = QUANT[1]
+    U8: tl.constexpr = QUANT[2]
+    ENC: tl.constexpr = QUANT[3]
+    QMIN: tl.constexpr = QUANT[4]
+    QMAX: tl.constexpr = QUANT[5]
+    HAS_STATUS: tl.constexpr = QUANT[6]
     line = tl.arange(0, 16)
     i = tl.arange(0, 2 * XW)
     c = line % 4
@@ -155,24 +163,15 @@ def _pool_step_t(acc_t, carry_a, carry_b, BLOCK_J: tl.constexpr, BLOCK_N: tl.con
 
 
 @triton.jit
-def stem_ring_kernel(
-    x_ptr, table_ptr, w_ptr, bias_ptr, ring_ptr, status_ptr, sn, sc, sh, sw, H, W, scale,
-    OH, OW, PH, PW, K, tiles, bands, col_blocks, band_rows,
-    o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1, plane1,
-    o2, a2, b2, c2, d2, row2, plane2,
-    C: tl.constexpr, PS: tl.constexpr, PP: tl.constexpr, U8: tl.constexpr,
-    ENC: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
-    HAS_STATUS: tl.constexpr, TRANS: tl.constexpr, LATE_LOADS: tl.constexpr,
-    KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr, QLO0: tl.constexpr,
-    QMAX0: tl.constexpr, MODE0: tl.constexpr,
-    KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr, QLO1: tl.constexpr,
-    QMAX1: tl.constexpr, MODE1: tl.constexpr,
-    KIND2: tl.constexpr, LAYOUT2: tl.constexpr, BITS2: tl.constexpr, QLO2: tl.constexpr,
-    QMAX2: tl.constexpr, MODE2: tl.constexpr,
-    BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """See the module docstring. Grid (programs, channel blocks); tile = (image, band,
-    column block), program p runs tiles p, p + programs, ..."""
+def stem_ring_kernel(x_ptr, table_ptr, w_ptr, bias_ptr, ring_ptr, status_ptr, strides, dims,
+                     outs, QUANT: tl.constexpr, PP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     TRANS: tl.constexpr, LATE_LOADS: tl.constexpr, OUTS: tl.constexpr,
+                     BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr):
+    """See the module docstring; the arguments as `ring_launch` makes them. Grid (programs,
+    channel blocks); tile = (image, band, column block), program p runs tiles p,
+    p + programs, ..."""
+    H, W, scale, OH, OW, PH, PW, K, tiles, bands, col_blocks, band_rows = dims
+    HAS_STATUS: tl.constexpr = QUANT[6]
     XW: tl.constexpr = 2 * BLOCK_J
     BM: tl.constexpr = 4 * BLOCK_J
     pid = tl.program_id(0)
@@ -205,13 +204,11 @@ def stem_ring_kernel(
         # prologue: the space-to-depth rows of step t0 - 1 but its own new pair, and that
         # pair (three loads in flight at once)
         y0 = 2 * t0 - PP - 2
-        v0 = _load_pair(x_ptr, n, y0, x0, sn, sc, sh, sw, H, W, C, PS, XW)
-        v1 = _load_pair(x_ptr, n, y0 + 2, x0, sn, sc, sh, sw, H, W, C, PS, XW)
-        v = _load_pair(x_ptr, n, y0 + 4, x0, sn, sc, sh, sw, H, W, C, PS, XW)
-        chk = _store_pair(ring, v0, table_ptr, chk, y0, x0, H, W, scale, C, PS, XW, U8, ENC,
-                          QMIN, QMAX, HAS_STATUS)
-        chk = _store_pair(ring, v1, table_ptr, chk, y0 + 2, x0, H, W, scale, C, PS, XW, U8,
-                          ENC, QMIN, QMAX, HAS_STATUS)
+        v0 = _load_pair(x_ptr, n, y0, x0, strides, H, W, QUANT, XW)
+        v1 = _load_pair(x_ptr, n, y0 + 2, x0, strides, H, W, QUANT, XW)
+        v = _load_pair(x_ptr, n, y0 + 4, x0, strides, H, W, QUANT, XW)
+        chk = _store_pair(ring, v0, table_ptr, chk, y0, x0, H, W, scale, QUANT, XW)
+        chk = _store_pair(ring, v1, table_ptr, chk, y0 + 2, x0, H, W, scale, QUANT, XW)
         if TRANS:
             carry_a = tl.full((BLOCK_N, BLOCK_J), INT32_MIN, tl.int32)
             carry_b = tl.full((BLOCK_N, BLOCK_J), INT32_MIN, tl.int32)
@@ -221,12 +218,11 @@ def stem_ring_kernel(
         # t0 - 1 first: its second conv row is the first window row of pooled row t0
         for t in range(t0 - 1, t_end):
             yt = 2 * t + 4 - PP  # the step's new pair of space-to-depth rows
-            chk = _store_pair(ring, v, table_ptr, chk, yt, x0, H, W, scale, C, PS, XW, U8,
-                              ENC, QMIN, QMAX, HAS_STATUS)
+            chk = _store_pair(ring, v, table_ptr, chk, yt, x0, H, W, scale, QUANT, XW)
             tl.debug_barrier()
             h_lim = tl.where(t + 1 < t_end, H, 0)  # nothing past the tile's last step
             if not LATE_LOADS:
-                v = _load_pair(x_ptr, n, yt + 2, x0, sn, sc, sh, sw, h_lim, W, C, PS, XW)
+                v = _load_pair(x_ptr, n, yt + 2, x0, strides, h_lim, W, QUANT, XW)
             oh = 2 * t - PP + 1 + rs
             x = _ring_windows(ring, oh, xm, XW)
             ow = x0 + xm
@@ -243,15 +239,11 @@ def stem_ring_kernel(
                 pooled, carry_a, carry_b = pool_step(acc, carry_a, carry_b, nxt, BLOCK_J,
                                                      BLOCK_N)
             if LATE_LOADS:  # issued after the dot: its operand fence does not wait for them
-                v = _load_pair(x_ptr, n, yt + 2, x0, sn, sc, sh, sw, h_lim, W, C, PS, XW)
+                v = _load_pair(x_ptr, n, yt + 2, x0, strides, h_lim, W, QUANT, XW)
             jo = j0 + jj
             pix_mask = (jj < BLOCK_J - 2) & (jo < PW) & (jj * 0 + t >= t0)
-            stem_outputs(pooled, bias, (n * PH + t) * PW + jo, pix_mask, n_idx, K,
-                         o0, a0, b0, c0_, d0, row0, plane0, o1, a1, b1, c1, d1, row1,
-                         plane1, o2, a2, b2, c2, d2, row2, plane2,
-                         KIND0, LAYOUT0, BITS0, QLO0, QMAX0, MODE0, KIND1, LAYOUT1, BITS1,
-                         QLO1, QMAX1, MODE1, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, MODE2,
-                         BLOCK_J, BLOCK_N)
+            stem_outputs(pooled, bias, (n * PH + t) * PW + jo, pix_mask, n_idx, K, outs,
+                         OUTS, BLOCK_J, BLOCK_N)
         tl.debug_barrier()  # the next tile's prologue overwrites rows this tile still reads
     if HAS_STATUS:  # one test per program: chk is NaN where the image held inf or nan
         if tl.max((chk != chk).to(tl.int32)) > 0:
@@ -311,13 +303,15 @@ def ring_band_rows(geom: StemGeometry, block_j: int, block_n: int, sms: int, per
 
 
 def ring_launch(image: torch.Tensor, table: torch.Tensor | None, weight: torch.Tensor,
-                bias: torch.Tensor | None, slot_args: list, slot_consts: dict,
-                geom: StemGeometry, cfg: StemConfig, prec: Precision, scale: float,
-                status: torch.Tensor | None, sms: int) -> Launch:
+                bias: torch.Tensor | None, outputs: tuple[tuple, tuple], geom: StemGeometry,
+                cfg: StemConfig, prec: Precision, scale: float, status: torch.Tensor | None,
+                sms: int) -> Launch:
     """The ring kernel's launch for checked inputs (`stem.bind_stem`): image NCHW-shaped
     (any strides), table int8 [C, 256] on the device for a uint8 image, weight KRSC, bias
-    int32 [K] on the device or None, the outputs' kernel arguments and constexprs, the
-    input precision `prec` and float32 `scale`. Allocates the program's ring scratch."""
+    int32 [K] on the device or None, the outputs' `outs` and OUTS
+    (`stem_gemm.output_group`), the input precision `prec` and float32 `scale`; dims
+    (runtime sizes) and QUANT (the image quantizer's constexprs) in the order the kernel
+    unpacks them. Allocates the program's ring scratch."""
     device = image.device
     block_j, block_n = cfg.block_j, cfg.block_n
     col_blocks = cdiv(geom.PW, block_j - 2)
@@ -329,16 +323,17 @@ def ring_launch(image: torch.Tensor, table: torch.Tensor | None, weight: torch.T
                        dtype=torch.int8, device=device)
     w = ring_weights(weight, geom).to(device)
     is_u8 = image.dtype == torch.uint8
-    args = [image, table if is_u8 else w, w, bias if bias is not None else w, ring,
-            status if status is not None else ring, *image.stride(), geom.H, geom.W, scale,
-            geom.OH, geom.OW, geom.PH, geom.PW, geom.K, tiles, bands, col_blocks,
-            cfg.band_rows, *slot_args]
-    kwargs = dict(C=geom.C, PS=-geom.a_min, PP=geom.pool_pad, U8=is_u8,
-                  ENC=ENC[prec.encoding], QMIN=prec.qmin, QMAX=prec.qmax,
-                  HAS_BIAS=bias is not None, HAS_STATUS=status is not None and not is_u8,
-                  TRANS=cfg.transposed, LATE_LOADS=cfg.late_loads,
-                  **slot_consts, BLOCK_J=block_j, BLOCK_N=block_n, num_warps=cfg.num_warps,
-                  num_stages=1, enable_fp_fusion=False)
-    if cfg.maxnreg is not None:
-        kwargs["maxnreg"] = cfg.maxnreg
-    return Launch(stem_ring_kernel, (programs, chans), tuple(args), kwargs)
+    dims = dict(H=geom.H, W=geom.W, scale=scale, OH=geom.OH, OW=geom.OW, PH=geom.PH,
+                PW=geom.PW, K=geom.K, tiles=tiles, bands=bands, col_blocks=col_blocks,
+                band_rows=cfg.band_rows)
+    quant = dict(C=geom.C, PS=-geom.a_min, U8=is_u8, ENC=ENC[prec.encoding], QMIN=prec.qmin,
+                 QMAX=prec.qmax, HAS_STATUS=status is not None and not is_u8)
+    outs, out_consts = outputs
+    args = (image, table if is_u8 else w, w, bias if bias is not None else w, ring,
+            status if status is not None else ring, tuple(image.stride()),
+            tuple(dims.values()), outs)
+    constexprs = dict(QUANT=tuple(quant.values()), PP=geom.pool_pad,
+                      HAS_BIAS=bias is not None, TRANS=cfg.transposed,
+                      LATE_LOADS=cfg.late_loads, OUTS=out_consts, BLOCK_J=block_j,
+                      BLOCK_N=block_n, **cfg.launch_options(num_stages=1))
+    return Launch(stem_ring_kernel, (programs, chans), args, constexprs)
