@@ -6,12 +6,13 @@ compute; these check that Triton's compiler accepts them as launched (tests/trit
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 import triton
 
-from lowbit.core import Config, Epilogue, GemmWorkload, load_workloads
+from lowbit.core import Config, ConvWorkload, Epilogue, GemmWorkload, load_workloads
 from triton_offline import compile_in_subprocess
 
 S8 = Epilogue(bias=True, relu=True, out="s8")
@@ -101,3 +102,48 @@ def test_operand_loads_are_wide_whatever_k(reports, case):
     main = _main(reports[case])
     assert main["cp_async_bytes"] == [LOAD_BYTES[case]], main
     assert main["byte_loads"] == 0, main
+
+
+#: requantizing epilogues (a shifted bias into u8) in the float64 form bind picks for 8-bit
+#: multipliers of 16 bits: MobileNet-V2's first expansion conv (b64), ResNet-50's layer1
+#: downsample (b256), a 3x3 TMA conv and a grouped conv of two 128-filter groups
+U8_REQUANT = Epilogue(shifted_bias=True, relu=True, out="u8")
+F64_CASES = {
+    "igemm_expansion_1x1": ("triton.conv2d_int8", ConvWorkload(
+        w="s8", a="s8", epilogue=U8_REQUANT, N=64, H=112, W=112, C=16, K=96, R=1, S=1)),
+    "igemm_downsample_1x1": ("triton.conv2d_int8", ConvWorkload(
+        w="s8", a="u8", epilogue=U8_REQUANT, N=256, H=56, W=56, C=64, K=256, R=1, S=1)),
+    "tma_conv_3x3": ("triton.conv2d_int8_tma",
+                     B256["resnet50_s3_3x3_b256"].replace(epilogue=U8_REQUANT)),
+    "grouped_two_groups": ("triton.conv2d_grouped_int8", ConvWorkload(
+        w="s8", a="s8", epilogue=U8_REQUANT, N=8, H=28, W=28, C=256, K=256, R=3, S=3, pad=1,
+        groups=2)),
+}
+
+
+@pytest.fixture(scope="module")
+def f64_reports() -> dict:
+    from lowbit.kernels import get_template
+    from lowbit.kernels.triton import CONV2D_INT8  # noqa: F401  (registers the templates)
+    from lowbit.kernels.triton.epilogue import BIAS_SHIFTED_FLOAT64
+
+    if not os.path.isdir(BIN):
+        pytest.skip("this Triton has no bundled NVIDIA tools (ptxas)")
+    cases = [(template, wl.to_json(), get_template(template).default_config(wl).to_json(),
+              BIAS_SHIFTED_FLOAT64) for template, wl in F64_CASES.values()]
+    return dict(zip(F64_CASES, zip(cases, compile_in_subprocess(cases), strict=True),
+                    strict=True))
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("case", list(F64_CASES))
+def test_requantizing_default_configs_do_not_spill(f64_reports, case):
+    """The default configs of requantizing epilogues keep 64 accumulators a thread (8 warps
+    on a 128 x 128 tile): on 4 warps the float64 form spilled 24-1,728 B at 255 registers
+    (MobileNet-V2's expansion convs ran at 13-19x their floor)."""
+    (_, _, config_json, _), got = f64_reports[case]
+    assert isinstance(got, list), got
+    main = _main(got)
+    assert main["spill_bytes"] == 0, main
+    assert main["regs"] <= 255, main
+    assert json.loads(config_json)["num_warps"] == 8, config_json

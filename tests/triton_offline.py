@@ -25,7 +25,7 @@ from pathlib import Path
 OPTIONS = ("num_warps", "num_stages")
 
 
-def captured_launches(kernel) -> list[tuple]:
+def captured_launches(kernel, requant: int | None = None) -> list[tuple]:
     """(JITFunction, args, kwargs) of each launch `kernel.compile_on("cpu")` makes."""
     import lowbit.kernels.triton.igemm as igemm
 
@@ -37,7 +37,10 @@ def captured_launches(kernel) -> list[tuple]:
     real = igemm.launch_or_compile
     igemm.launch_or_compile = record
     try:
-        kernel.compile_on("cpu")
+        if requant is None:
+            kernel.compile_on("cpu")
+        else:
+            kernel.compile_on("cpu", requant)
     finally:
         igemm.launch_or_compile = real
     return calls
@@ -75,14 +78,15 @@ def _source(fn, args: tuple, kwargs: dict):
     return ASTSource(fn, signature, constexprs, attrs), options
 
 
-def compile_sm90(kernel) -> list:
-    """Triton's CompiledKernel (asm["ptx"], asm["cubin"], metadata) of each launch."""
+def compile_sm90(kernel, requant: int | None = None) -> list:
+    """Triton's CompiledKernel (asm["ptx"], asm["cubin"], metadata) of each launch;
+    requant: the shifted-bias form (`IgemmKernel.compile_on`)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
     target = GPUTarget("cuda", 90, 32)
     return [triton.compile(src, target=target, options=opts)
-            for src, opts in (_source(*call) for call in captured_launches(kernel))]
+            for src, opts in (_source(*call) for call in captured_launches(kernel, requant))]
 
 
 def ptxas_usage(compiled) -> tuple[int, int]:
@@ -103,9 +107,11 @@ def ptxas_usage(compiled) -> tuple[int, int]:
     return regs, int(spill.group(1)) if spill else 0
 
 
-def report(template: str, workload_json: str, config_json: str) -> list[dict]:
-    """Per launch of the built kernel: name, registers, spill bytes and PTX instruction
-    counts the tests look at."""
+def report(template: str, workload_json: str, config_json: str,
+           requant: int | None = None) -> list[dict]:
+    """Per launch of the built kernel (its shifted-bias epilogue in the `requant` form, as
+    `IgemmKernel.compile_on`): name, registers, spill bytes and PTX instruction counts the
+    tests look at."""
     import lowbit.kernels.triton  # noqa: F401  (registers the templates)
     from lowbit.core import Config, workload_from_json
     from lowbit.kernels import get_template
@@ -113,7 +119,7 @@ def report(template: str, workload_json: str, config_json: str) -> list[dict]:
     kernel = get_template(template).build(workload_from_json(workload_json),
                                           Config.from_json(config_json))
     out = []
-    for ck in compile_sm90(kernel):
+    for ck in compile_sm90(kernel, requant):
         ptx = ck.asm["ptx"]
         regs, spill = ptxas_usage(ck)
         out.append({"name": ck.metadata.name, "regs": regs, "spill_bytes": spill,
@@ -127,10 +133,11 @@ def report(template: str, workload_json: str, config_json: str) -> list[dict]:
     return out
 
 
-def compile_in_subprocess(cases: list[tuple[str, str, str]], timeout_s: float = 600
+def compile_in_subprocess(cases: list[tuple], timeout_s: float = 600
                           ) -> list[list[dict] | str]:
-    """`report` of each (template, workload JSON, config JSON) case, computed in a fresh
-    Python without TRITON_INTERPRET; a case that fails gives its error text instead."""
+    """`report` of each (template, workload JSON, config JSON[, requant form]) case, computed
+    in a fresh Python without TRITON_INTERPRET; a case that fails gives its error text
+    instead."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve())],
                           input=json.dumps(cases), capture_output=True, text=True, env=env,

@@ -18,7 +18,8 @@ block end's floor ("acc-free": the operands, 1 byte of residual read and 1 byte 
 written per output value). Each block-end kernel is checked bit for bit against
 `lowbit.reference.run_outputs` on a batch-2 copy of the layer first.
 
-    python benchmarks/probes/bitserial_block_end_probe.py [--batch 256]
+    python benchmarks/probes/bitserial_block_end_probe.py [--batch 256] [--precisions w1a2]
+        [--no-today]
     (rows to $OUT/bitserial_block_end_probe.json)
 """
 
@@ -58,7 +59,12 @@ LAYERS = [("layer1", 56, 64, 256), ("layer2", 28, 128, 512), ("layer3", 14, 256,
           ("layer4", 7, 512, 2048)]
 #: configs beside the default, per precision (knob changes): two blocks per SM without
 #: spills (ptxas, sm_90a: w1a2 104 registers, w2a2 90; the defaults keep 168-172 and one block)
-ALTERNATIVES = {"w1a2": [dict(BM=128, BN=128, WN=128, FUSE_PLANES=1)],
+ALTERNATIVES = {"w1a2": [dict(BM=128, BN=128, WN=128, FUSE_PLANES=1),
+                         dict(BM=128, BN=256, WN=256, FUSE_PLANES=1),
+                         dict(BM=64, BN=256, WN=256, FUSE_PLANES=1),
+                         dict(BM=128, BN=64, WN=64, FUSE_PLANES=1),
+                         dict(BM=64, BN=128, WN=128, FUSE_PLANES=1),
+                         dict(BM=192, BN=128, WN=128, FUSE_PLANES=1)],
                 "w2a2": [dict(BM=128, BN=64, WN=64, FUSE_PLANES=1)]}
 BLOCK_END = Epilogue(shifted_bias=True, relu=True, out=U8, out_layout=I8, requant32=True,
                      residual=S8, derived=((U2, BP),))
@@ -166,6 +172,9 @@ def today_row(name: str, prec: str, w: Precision, hw: int, c: int, k: int, batch
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--precisions", nargs="+", choices=sorted(WEIGHTS), default=list(WEIGHTS))
+    ap.add_argument("--no-today", action="store_true",
+                    help="skip the int16 kernel + separate pass rows")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bitserial_block_end_probe needs a CUDA GPU")
@@ -173,10 +182,11 @@ def main() -> None:
 
     peaks = replace(gpu_spec_for(torch.cuda.get_device_name()), bandwidth=measure_bandwidth())
     rows = []
-    for prec, w in WEIGHTS.items():
+    for prec in args.precisions:
+        w = WEIGHTS[prec]
         for name, hw, c, k in LAYERS:
             runs = [(block_end_row, None), *((block_end_row, a) for a in ALTERNATIVES[prec]),
-                    (today_row, None)]
+                    *(() if args.no_today else ((today_row, None),))]
             for path, changes in runs:
                 extra = (changes,) if changes else ()
                 try:

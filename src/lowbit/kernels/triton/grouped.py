@@ -58,7 +58,7 @@ from .depthwise import (
 )
 from .epilogue import ENC_CODE, SRC_INT8, SRC_PACKED, epilogue_store, load_operand
 from .igemm import Launch, Problem, cdiv, grouped_tile, output_pixels, tap_and_chunk
-from .templates import ACC_REGS_LIMIT, SMEM_LIMIT, IgemmKernel, problem
+from .templates import SMEM_LIMIT, IgemmKernel, acc_regs_reason, default_warps, problem
 from .zero_point import ACT_ZERO_POINT, shifted_act, with_zero_point
 
 #: bytes the block-diagonal weight rows are padded to (16-byte vector loads)
@@ -289,9 +289,9 @@ class Conv2dGroupedInt8Template(KernelTemplate):
             return f"shared memory {need} B > {SMEM_LIMIT} B" if need > SMEM_LIMIT else None
 
         def registers(c: Config) -> str | None:
-            per_thread = c["BLOCK_PIX"] * c["BLOCK_N"] // (32 * c["num_warps"])
-            if per_thread > ACC_REGS_LIMIT:
-                return f"{per_thread} accumulator registers per thread > {ACC_REGS_LIMIT}"
+            reason = acc_regs_reason(wl, c["BLOCK_PIX"] * c["BLOCK_N"] // (32 * c["num_warps"]))
+            if reason:
+                return reason
             if c["num_warps"] == 8 and c["BLOCK_PIX"] < 128:
                 return "num_warps=8 needs BLOCK_PIX >= 128 (two m64 warpgroups)"
             return None
@@ -310,13 +310,15 @@ class Conv2dGroupedInt8Template(KernelTemplate):
     def default_config(self, wl: Workload) -> Config:
         """BLOCK_N: the filters of whole groups, at least 32 (Kg rounded up to a power of two,
         at most 128; K rounded up where smaller), BLOCK_K: the tiles' span rounded up to a
-        power of two (32 to 128), 128-pixel tiles, 4 warps, 3 stages, GROUP_M 8 (1 where
-        the row tiles are too few)."""
+        power of two (32 to 128), 128-pixel tiles, 4 warps (8 where a requantizing epilogue
+        needs them: `templates.default_warps`), 3 stages, GROUP_M 8 (1 where the row tiles
+        are too few)."""
         space = self.space(wl)
         bn = min(128, max(32, pow2_ceil(wl.K // wl.groups)), max(16, pow2_ceil(wl.K)))
         bk = min(128, max(32, pow2_ceil(span_width(wl, bn))))
-        cfg = Config(BLOCK_PIX=128 if wl.gemm_shape[0] > 64 else 64, BLOCK_N=bn, BLOCK_K=bk,
-                     num_warps=4, num_stages=3, GROUP_M=8)
+        pix = 128 if wl.gemm_shape[0] > 64 else 64
+        cfg = Config(BLOCK_PIX=pix, BLOCK_N=bn, BLOCK_K=bk, num_warps=default_warps(wl, pix, bn),
+                     num_stages=3, GROUP_M=8)
         if not space.is_valid(cfg):
             cfg = cfg.replace(GROUP_M=1)
         return cfg if space.is_valid(cfg) else space.all_configs()[0]

@@ -46,6 +46,8 @@ from ..base import EXACT_INT32, KernelTemplate, acc_bound, grouped_reason
 from ..geometry import Geometry, conv_taps
 from .epilogue import (
     BIAS_SHIFTED,
+    BIAS_SHIFTED_FLOAT64,
+    BIAS_SHIFTED_INT32,
     ENC_CODE,
     LAYOUT_CODE,
     OUT_KIND_FLOAT,
@@ -78,6 +80,12 @@ LAYER_OUTPUTS_MAX = 2
 SMEM_LIMIT = TARGET.smem_per_block - 7 * 1024
 #: int32 / fp32 accumulator registers per thread above which Triton spills
 ACC_REGS_LIMIT = 128
+#: the same where the epilogue requantizes in 64-bit arithmetic (float64 or int64: two more
+#: registers a value beside the accumulator). Offline ptxas, sm_90, Triton 3.9, ResNet-50 and
+#: MobileNet-V2 w8a8 layers in the float64 form: 128 accumulators a thread (128 x 128 on 4
+#: warps) 255 registers and 24-1,728 B of spill; 64 a thread (128 x 64 on 4 warps, 128 x 128
+#: on 8) 88-250 registers, no spill
+WIDE_REQUANT_ACC_REGS_LIMIT = 64
 EXACT_FP32 = 2**24
 #: reduction chunk sizes of the implicit-GEMM template (knob BLOCK_K)
 BLOCK_K_VALUES = (32, 64, 128)
@@ -85,6 +93,33 @@ BLOCK_K_VALUES = (32, 64, 128)
 
 def _is_conv(wl: Workload) -> bool:
     return isinstance(wl, ConvWorkload)
+
+
+def wide_requant(wl: Workload) -> bool:
+    """Whether the epilogue may requantize in 64-bit arithmetic: a shifted bias into a
+    narrow integer output, whose int32 form (`epilogue.int32_requant`) needs every partial
+    sum below 2^31 and is chosen only at bind time, from the multipliers."""
+    return wl.epilogue.shifted_bias and isinstance(wl.epilogue.out, Precision)
+
+
+def acc_regs_limit(wl: Workload) -> int:
+    """Accumulator registers a thread may hold without spilling in `wl`'s epilogue."""
+    return WIDE_REQUANT_ACC_REGS_LIMIT if wide_requant(wl) else ACC_REGS_LIMIT
+
+
+def default_warps(wl: Workload, rows: int, cols: int) -> int:
+    """4 warps, or 8 where a rows x cols tile on 4 would hold more accumulators a thread than
+    `wl`'s epilogue allows and 8 can split its rows (two m64 warpgroups)."""
+    return 8 if rows * cols // (32 * 4) > acc_regs_limit(wl) and rows >= 128 else 4
+
+
+def acc_regs_reason(wl: Workload, per_thread: int) -> str | None:
+    """Why `per_thread` accumulators a thread are too many for `wl`'s epilogue, or None."""
+    limit = acc_regs_limit(wl)
+    if per_thread <= limit:
+        return None
+    why = " (the requantizing epilogue's 64-bit values)" if limit < ACC_REGS_LIMIT else ""
+    return f"{per_thread} accumulator registers per thread > {limit}{why}"
 
 
 def reduction_iters(wl: Workload, block_k: int, row_taps: bool = False) -> int:
@@ -211,6 +246,11 @@ def _check_device(x: torch.Tensor) -> None:
                          "(set TRITON_INTERPRET=1 to run them on the CPU)")
 
 
+#: (bias and multiplier dtype, shift dtype) of the shifted-bias forms bind may pick
+REQUANT_DTYPES = {BIAS_SHIFTED_FLOAT64: (torch.float64, torch.int32),
+                  BIAS_SHIFTED_INT32: (torch.int32, torch.int32)}
+
+
 def placeholder_vectors(epi: Epilogue, device: torch.device | str) -> tuple:
     """(bias, scale, multiplier, shift) with the dtypes a real call passes and None where the
     epilogue takes none, so an ahead-of-time compile specializes exactly like the launch
@@ -220,6 +260,24 @@ def placeholder_vectors(epi: Epilogue, device: torch.device | str) -> tuple:
         need["bias"] = torch.int64
     return tuple(None if need[n] is None else torch.empty(16, dtype=need[n], device=device)
                  for n in ("bias", "scale", "multiplier", "shift"))
+
+
+def placeholder_requant(wl: Workload, prob: Problem, requant: int | None,
+                        device: torch.device | str) -> tuple[Problem, tuple]:
+    """(prob, placeholder vectors) for an ahead-of-time compile of `wl`'s epilogue in the
+    shifted-bias form `requant` (HAS_BIAS BIAS_SHIFTED_FLOAT64 or BIAS_SHIFTED_INT32, which
+    bind picks from the multipliers: `with_float64_requant`); None: as built (int64)."""
+    vecs = placeholder_vectors(wl.epilogue, device)
+    if requant is None:
+        return prob, vecs
+    if not wl.epilogue.shifted_bias or requant not in REQUANT_DTYPES:
+        raise ValueError(f"requant must be one of {sorted(REQUANT_DTYPES)} for a shifted-bias "
+                         f"epilogue, got {requant!r} for {wl.epilogue}")
+    dtype, shift_dtype = REQUANT_DTYPES[requant]
+    return dataclasses.replace(prob, bias=requant), (
+        torch.empty(16, dtype=dtype, device=device), vecs[1],
+        torch.empty(16, dtype=dtype, device=device),
+        torch.empty(16, dtype=shift_dtype, device=device))
 
 
 def with_float64_requant(wl: Workload, prob: Problem, params, vecs: tuple,
@@ -297,14 +355,17 @@ class IgemmKernel:
             return None
         return self.compile_on("cuda")
 
-    def compile_on(self, device: torch.device | str):
-        """`compile()` on `device` with placeholder tensors typed as a real call types them."""
+    def compile_on(self, device: torch.device | str, requant: int | None = None):
+        """`compile()` on `device` with placeholder tensors typed as a real call types them.
+        requant: the shifted-bias form bind picks from the multipliers (HAS_BIAS
+        BIAS_SHIFTED_FLOAT64 or BIAS_SHIFTED_INT32, `with_float64_requant`); None: the
+        int64 form."""
         wl = self.workload
         x = torch.empty(16, dtype=storage_dtype(wl.a, wl.a_layout), device=device)
         w = torch.empty(16, dtype=storage_dtype(wl.w, wl.w_layout), device=device)
         out = torch.empty(16, dtype=out_storage(wl)[1], device=device)
-        plan = self.plan(self.problem, x, w, out, placeholder_vectors(wl.epilogue, device))
-        return replay(plan, compile_only=True)
+        prob, vecs = placeholder_requant(wl, self.problem, requant, device)
+        return replay(self.plan(prob, x, w, out, vecs), compile_only=True)
 
 
 class _IgemmTemplate(KernelTemplate):
@@ -362,10 +423,7 @@ class _IgemmTemplate(KernelTemplate):
             return f"shared memory {need} B > {SMEM_LIMIT} B" if need > SMEM_LIMIT else None
 
         def registers(c: Config) -> str | None:
-            per_thread = c["BLOCK_M"] * c["BLOCK_N"] // (32 * c["num_warps"])
-            if per_thread > ACC_REGS_LIMIT:
-                return f"{per_thread} accumulator registers per thread > {ACC_REGS_LIMIT}"
-            return None
+            return acc_regs_reason(wl, c["BLOCK_M"] * c["BLOCK_N"] // (32 * c["num_warps"]))
 
         def warpgroups(c: Config) -> str | None:
             # wgmma: each warpgroup (4 warps) owns >= 64 rows; 8 warps split BLOCK_M in two
@@ -418,6 +476,7 @@ class _IgemmTemplate(KernelTemplate):
         want = {"BLOCK_M": 128 if m > 64 else 64, "BLOCK_N": min(128, max(32, _pow2_ceil(n))),
                 "BLOCK_K": 64 if chans > 32 else 32, "num_warps": 4, "num_stages": 3,
                 "GROUP_M": 8, "LOOP_ORDER": "rsc", "SPLIT_K": 1, "SPLIT_SUM": "second_kernel"}
+        want["num_warps"] = default_warps(wl, want["BLOCK_M"], want["BLOCK_N"])
         cfg = Config({k: want[k] for k in space.names})
         if space.is_valid(cfg):
             return cfg

@@ -60,8 +60,10 @@ from .templates import (
     Problem,
     _check_device,
     acc_bound,
+    acc_regs_reason,
+    default_warps,
     interpreting,
-    placeholder_vectors,
+    placeholder_requant,
     problem,
     split_k_reason,
     with_float64_requant,
@@ -273,9 +275,10 @@ class TmaConvKernel:
             return None
         return self.compile_on("cuda")
 
-    def compile_on(self, device: torch.device | str):
+    def compile_on(self, device: torch.device | str, requant: int | None = None):
         """`compile()` on `device` with placeholder tensors typed as a real call types them
-        (descriptors carry the workload's real shape and strides; nothing is read)."""
+        (descriptors carry the workload's real shape and strides; nothing is read); requant:
+        the shifted-bias form (`templates.placeholder_requant`)."""
         from ...core.validate import out_storage
 
         wl = self.workload
@@ -283,8 +286,9 @@ class TmaConvKernel:
         w = torch.empty(16, dtype=torch.int8, device=device)
         out = torch.empty(16, dtype=out_storage(wl)[1], device=device)
         terms = bound_terms(wl, w, device) if self.problem.a_zero else None
-        plan = launches(wl, self.problem, self.config, _descriptors(wl, self.config, x, w),
-                        out, *placeholder_vectors(wl.epilogue, device), None, terms)
+        prob, vecs = placeholder_requant(wl, self.problem, requant, device)
+        plan = launches(wl, prob, self.config, _descriptors(wl, self.config, x, w), out, *vecs,
+                        None, terms)
         return igemm.replay(plan, compile_only=True)
 
 
@@ -418,8 +422,9 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
 
         def registers(c: Config) -> str | None:
             per_thread = rows(c) * c["BLOCK_N"] // (32 * c["num_warps"])
-            if per_thread > ACC_REGS_LIMIT:
-                return f"{per_thread} accumulator registers per thread > {ACC_REGS_LIMIT}"
+            reason = acc_regs_reason(wl, per_thread)
+            if reason:
+                return reason
             if per_thread == ACC_REGS_LIMIT and c["BLOCK_N"] == 64:
                 # offline ptxas (Triton 3.6, sm_90): 64 x 256 tiles on 4 warps spill ~210 B
                 return "BLOCK_N=64 x 256 output pixels on 4 warps spills registers"
@@ -449,11 +454,13 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
 
     def default_config(self, wl: Workload) -> Config:
         """128 output pixels (the most square spatial block with the least padding) x 128
-        filters x 64 channels, 4 warps, 3 stages, GROUP_M 8 where valid."""
+        filters x 64 channels, 4 warps (8 where a requantizing epilogue needs them:
+        `templates.default_warps`), 3 stages, GROUP_M 8 where valid."""
         space = self.space(wl)
         want = {"BLOCK_N": min(128, max(64, _pow2_at_least(wl.K))),
                 "BLOCK_K": 64 if wl.C > 32 else 32, "num_warps": 4, "num_stages": 3,
                 "GROUP_M": 8, "LOOP_ORDER": "rsc", "SPLIT_K": 1}
+        want["num_warps"] = default_warps(wl, 128, want["BLOCK_N"])
         pts = [c for c in space if all(c[k] == v for k, v in want.items() if k != "GROUP_M")]
         if not pts:
             return space.all_configs()[0]
