@@ -137,6 +137,8 @@ RESNET_SWEEP = [
     ("bands band /2", lambda g: bands_config(g, band_scale=0.5)),
     ("bands 2 images", lambda g: bands_config(g, images=2)),
     ("bands n32", lambda g: bands_config(g, block_n=32)),
+    ("bands w8", lambda g: bands_config(g, num_warps=8)),
+    ("bands w8 band x2", lambda g: bands_config(g, num_warps=8, band_scale=2)),
     ("ring j32 w4 2/SM", lambda g: ring_config(g)),
     ("ring early loads", lambda g: ring_config(g, late_loads=False)),
     ("ring 1/SM", lambda g: ring_config(g, programs_per_sm=1)),
@@ -279,7 +281,8 @@ def run_variant(name: str, cfg: S.StemConfig, case, want, ref) -> dict:
 
 
 def batch_rows(batch: int, quick: bool, stem: str = "resnet", inputs: str = "float32",
-               outputs: tuple[str, ...] = ("u2",), full: bool = False) -> list[dict]:
+               outputs: tuple[str, ...] = ("u2",), full: bool = False,
+               only: tuple[str, ...] = ()) -> list[dict]:
     case = make_case(batch, stem, inputs=inputs, outputs=outputs)
     image, weight, bias, specs, geom, kw = case
     ref = reference_outputs(image, weight, bias, specs, geom, kw) if batch <= 16 else None
@@ -292,6 +295,8 @@ def batch_rows(batch: int, quick: bool, stem: str = "resnet", inputs: str = "flo
             RING_EXTRA if full else [])
     else:
         sweep = SWEEP[:2] if quick else SWEEP
+    if only:
+        sweep = [v for v in RESNET_SWEEP + RING_EXTRA + SWEEP if v[0] in only]
     for name, make in sweep:
         try:
             cfg = make(geom)
@@ -371,6 +376,8 @@ def main() -> None:
                     help="output precisions (u1/u2/s2/u4 in BITPLANE, others INT8); P@M: a "
                     "derived output, P read through a rising table from the value of the "
                     "earlier output M (ResNet-18's narrow stream: u8 u2@u8)")
+    ap.add_argument("--variants", nargs="+", default=(),
+                    help="only these variants beside the default (names as in the table)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
@@ -382,7 +389,7 @@ def main() -> None:
         for inputs in args.inputs:
             for batch in args.batches:
                 rows += batch_rows(batch, args.quick, stem, inputs, tuple(args.outputs),
-                                   args.full)
+                                   args.full, tuple(args.variants))
                 print(f"{stem} {inputs} batch {batch} done at {time.time() - t0:.0f} s",
                       flush=True)
     best = winners(rows)
