@@ -72,8 +72,16 @@ def test_gpu_as_op_under_reduce_overhead():
     x = x.cuda()
     cm = lowbit.compile(q.cuda(), x[:2], records=False)
     op = cm.as_op()
-    fn = torch.compile(lambda images: op(images).softmax(1), mode="reduce-overhead")
+    def head(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = op(images)
+        return logits, logits.softmax(1)
+
+    fn = torch.compile(head, mode="reduce-overhead")
     with torch.no_grad():
         for _ in range(3):  # warm-up, record, replay
-            got = fn(x[:2].clone())
-    assert torch.equal(got, cm(x[:2]).softmax(1))
+            logits, probs = fn(x[:2].clone())
+        want = cm(x[:2])
+    # the op's logits are the engine's, bit for bit; Inductor's fused softmax rounds in its
+    # own order (float32: a few ulps from eager's, as measured on an H100)
+    assert torch.equal(logits, want)
+    torch.testing.assert_close(probs, want.softmax(1), rtol=1e-5, atol=1e-6)

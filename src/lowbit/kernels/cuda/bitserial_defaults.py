@@ -38,6 +38,10 @@ TEAMS_DEFAULT_MAX_K = 256
 # the one-tile ones KT=1 with 6 stages
 _SW = dict(SWIZZLE=32)
 _TILE = dict(KT=1, STAGES=6, **_SW)
+#: block ends (a residual read in the 32-bit epilogue) of two activation planes: 64 x 128
+#: fused-plane tiles. ResNet-50 b256 w1a2 (bitserial_block_end_probe, H100, 2026-12-07):
+#: 264 / 164 / 71 us on layer1-3 against 341 / 178 / 85 for the 192 x 256 tile, exact
+BLOCK_END_TILE = dict(BM=64, BN=128, WN=128, KT=1, STAGES=4, FUSE_PLANES=1, **_SW)
 PREFERRED: dict[str, list[tuple[str, dict]]] = {
     # APNN-TC-like: big warp tiles for small p*q, smaller for larger
     "mma_sync": [(MMA_SYNC, dict(BM=bm, BN=bn, WM=wm, WN=wn, KT=kt, STAGES=st))
@@ -54,6 +58,8 @@ PREFERRED: dict[str, list[tuple[str, dict]]] = {
         # blocks of two teams; row sums from the slab for binary weights
         *((TAP_SHIFT, dict(BM=64, BN=128, WN=128, STAGES=3, PERSIST=1, TEAMS=2, ROW_TABLE=1,
                            ROWSUM=rowsum, THR_PAIRS=1, **_SW)) for rowsum in ("slab", "mma")),
+        # block ends of binary weights and unsigned two-bit activations (`is_block_end`)
+        (WGMMA, BLOCK_END_TILE),
         # unsigned two-bit activations: the planes in one accumulator, 192 x 256 blocks
         *((WGMMA, dict(BM=192, BN=256, WN=256, KT=1, STAGES=4, FUSE_PLANES=1,
                        THR_PAIRS=pairs, **_SW)) for pairs in (1, 0)),
@@ -82,14 +88,23 @@ def is_regime(family: str, config: Mapping) -> bool:
     return family == TAP_SHIFT or bool(config.get("FUSE_PLANES") or config.get("THR_PAIRS"))
 
 
+def is_block_end(wl: Workload) -> bool:
+    """A block end: the 32-bit epilogue reads a residual (`Epilogue.requant32`)."""
+    return wl.epilogue.requant32 and wl.epilogue.residual is not None
+
+
 def regime_fits(wl: Workload, spec: Mapping, acc_regs: int) -> bool:
     """Whether a preferred config (full parameters `spec`, `acc_regs` accumulator registers)
     suits `wl`: accumulators within ACC_LIMIT; tap-shift defaults on convs of at most
     TAP_SHIFT_DEFAULT_MAX_K output channels (two teams: TEAMS_DEFAULT_MAX_K, two activation
-    planes only); 192-row and tap-shift blocks on grids of at least one tile per SM."""
+    planes only); 192-row and tap-shift blocks on grids of at least one tile per SM;
+    BLOCK_END_TILE on block ends of binary weights only (where it was measured)."""
     from .bitserial_layout import tile_grid
 
     if acc_regs > ACC_LIMIT[spec["MMA"]]:
+        return False
+    if all(spec.get(k) == v for k, v in BLOCK_END_TILE.items()) and not (
+            is_block_end(wl) and wl.w.bits == 1):
         return False
     teams = spec["TEAMS"] > 1
     if spec["TAP_SHIFT"] and conv_shape(wl).kout > (

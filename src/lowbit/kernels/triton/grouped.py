@@ -58,7 +58,7 @@ from .depthwise import (
 )
 from .epilogue import ENC_CODE, SRC_INT8, SRC_PACKED, epilogue_store, load_operand
 from .igemm import Launch, Problem, cdiv, grouped_tile, output_pixels, tap_and_chunk
-from .templates import SMEM_LIMIT, IgemmKernel, acc_regs_reason, default_warps, problem
+from .templates import ACC_REGS_LIMIT, SMEM_LIMIT, IgemmKernel, default_warps, problem
 from .zero_point import ACT_ZERO_POINT, shifted_act, with_zero_point
 
 #: bytes the block-diagonal weight rows are padded to (16-byte vector loads)
@@ -289,9 +289,9 @@ class Conv2dGroupedInt8Template(KernelTemplate):
             return f"shared memory {need} B > {SMEM_LIMIT} B" if need > SMEM_LIMIT else None
 
         def registers(c: Config) -> str | None:
-            reason = acc_regs_reason(wl, c["BLOCK_PIX"] * c["BLOCK_N"] // (32 * c["num_warps"]))
-            if reason:
-                return reason
+            per_thread = c["BLOCK_PIX"] * c["BLOCK_N"] // (32 * c["num_warps"])
+            if per_thread > ACC_REGS_LIMIT:
+                return f"{per_thread} accumulator registers per thread > {ACC_REGS_LIMIT}"
             if c["num_warps"] == 8 and c["BLOCK_PIX"] < 128:
                 return "num_warps=8 needs BLOCK_PIX >= 128 (two m64 warpgroups)"
             return None
@@ -317,8 +317,9 @@ class Conv2dGroupedInt8Template(KernelTemplate):
         bn = min(128, max(32, pow2_ceil(wl.K // wl.groups)), max(16, pow2_ceil(wl.K)))
         bk = min(128, max(32, pow2_ceil(span_width(wl, bn))))
         pix = 128 if wl.gemm_shape[0] > 64 else 64
-        cfg = Config(BLOCK_PIX=pix, BLOCK_N=bn, BLOCK_K=bk, num_warps=default_warps(wl, pix, bn),
-                     num_stages=3, GROUP_M=8)
+        steps = wl.R * wl.S * cdiv(span_width(wl, bn), bk)
+        cfg = Config(BLOCK_PIX=pix, BLOCK_N=bn, BLOCK_K=bk,
+                     num_warps=default_warps(wl, pix, bn, steps), num_stages=3, GROUP_M=8)
         if not space.is_valid(cfg):
             cfg = cfg.replace(GROUP_M=1)
         return cfg if space.is_valid(cfg) else space.all_configs()[0]

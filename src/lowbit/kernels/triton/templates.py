@@ -80,12 +80,17 @@ LAYER_OUTPUTS_MAX = 2
 SMEM_LIMIT = TARGET.smem_per_block - 7 * 1024
 #: int32 / fp32 accumulator registers per thread above which Triton spills
 ACC_REGS_LIMIT = 128
-#: the same where the epilogue requantizes in 64-bit arithmetic (float64 or int64: two more
-#: registers a value beside the accumulator). Offline ptxas, sm_90, Triton 3.9, ResNet-50 and
-#: MobileNet-V2 w8a8 layers in the float64 form: 128 accumulators a thread (128 x 128 on 4
-#: warps) 255 registers and 24-1,728 B of spill; 64 a thread (128 x 64 on 4 warps, 128 x 128
-#: on 8) 88-250 registers, no spill
-WIDE_REQUANT_ACC_REGS_LIMIT = 64
+#: accumulators a thread above which a requantizing epilogue in 64-bit arithmetic (float64 or
+#: int64: two more registers a value) spills. Offline ptxas, sm_90, Triton 3.9, the float64
+#: form: 128 a thread (128 x 128 on 4 warps) 255 registers and 24-1,728 B of spill; 64 a
+#: thread (128 x 64 on 4 warps, 128 x 128 on 8) 88-250 registers, no spill
+WIDE_REQUANT_ACC_REGS = 64
+#: the most reduction steps a tile may take for the default to split it over 8 warps against
+#: that spill. H100, network-20261207-113835.json against -085740: MobileNet-V2 b64 w8a8's
+#: expansion convs (1-2 steps, 1,280-1,728 B of spill) 2x faster on 8 warps (400 -> 215 us on
+#: 16 -> 96 channels at 112 x 112); ResNet-50 b256 w8a8's 128 x 128 layers of 4-36 steps
+#: (24-380 B) 1.1-1.4x slower (layer2_0_conv1 290 -> 396 us): the main loop wants 4 warps
+SHORT_REDUCTION_STEPS = 2
 EXACT_FP32 = 2**24
 #: reduction chunk sizes of the implicit-GEMM template (knob BLOCK_K)
 BLOCK_K_VALUES = (32, 64, 128)
@@ -102,24 +107,13 @@ def wide_requant(wl: Workload) -> bool:
     return wl.epilogue.shifted_bias and isinstance(wl.epilogue.out, Precision)
 
 
-def acc_regs_limit(wl: Workload) -> int:
-    """Accumulator registers a thread may hold without spilling in `wl`'s epilogue."""
-    return WIDE_REQUANT_ACC_REGS_LIMIT if wide_requant(wl) else ACC_REGS_LIMIT
-
-
-def default_warps(wl: Workload, rows: int, cols: int) -> int:
-    """4 warps, or 8 where a rows x cols tile on 4 would hold more accumulators a thread than
-    `wl`'s epilogue allows and 8 can split its rows (two m64 warpgroups)."""
-    return 8 if rows * cols // (32 * 4) > acc_regs_limit(wl) and rows >= 128 else 4
-
-
-def acc_regs_reason(wl: Workload, per_thread: int) -> str | None:
-    """Why `per_thread` accumulators a thread are too many for `wl`'s epilogue, or None."""
-    limit = acc_regs_limit(wl)
-    if per_thread <= limit:
-        return None
-    why = " (the requantizing epilogue's 64-bit values)" if limit < ACC_REGS_LIMIT else ""
-    return f"{per_thread} accumulator registers per thread > {limit}{why}"
+def default_warps(wl: Workload, rows: int, cols: int, steps: int) -> int:
+    """4 warps, or 8 for a rows x cols tile whose 64-bit requantization would spill on 4
+    (more than WIDE_REQUANT_ACC_REGS accumulators a thread) where the epilogue is most of the
+    work (at most SHORT_REDUCTION_STEPS reduction steps) and 8 can split the rows (two m64
+    warpgroups)."""
+    spills = wide_requant(wl) and rows * cols // (32 * 4) > WIDE_REQUANT_ACC_REGS
+    return 8 if spills and steps <= SHORT_REDUCTION_STEPS and rows >= 128 else 4
 
 
 def reduction_iters(wl: Workload, block_k: int, row_taps: bool = False) -> int:
@@ -423,7 +417,10 @@ class _IgemmTemplate(KernelTemplate):
             return f"shared memory {need} B > {SMEM_LIMIT} B" if need > SMEM_LIMIT else None
 
         def registers(c: Config) -> str | None:
-            return acc_regs_reason(wl, c["BLOCK_M"] * c["BLOCK_N"] // (32 * c["num_warps"]))
+            per_thread = c["BLOCK_M"] * c["BLOCK_N"] // (32 * c["num_warps"])
+            if per_thread > ACC_REGS_LIMIT:
+                return f"{per_thread} accumulator registers per thread > {ACC_REGS_LIMIT}"
+            return None
 
         def warpgroups(c: Config) -> str | None:
             # wgmma: each warpgroup (4 warps) owns >= 64 rows; 8 warps split BLOCK_M in two
@@ -476,7 +473,8 @@ class _IgemmTemplate(KernelTemplate):
         want = {"BLOCK_M": 128 if m > 64 else 64, "BLOCK_N": min(128, max(32, _pow2_ceil(n))),
                 "BLOCK_K": 64 if chans > 32 else 32, "num_warps": 4, "num_stages": 3,
                 "GROUP_M": 8, "LOOP_ORDER": "rsc", "SPLIT_K": 1, "SPLIT_SUM": "second_kernel"}
-        want["num_warps"] = default_warps(wl, want["BLOCK_M"], want["BLOCK_N"])
+        steps = reduction_iters(wl, want["BLOCK_K"])
+        want["num_warps"] = default_warps(wl, want["BLOCK_M"], want["BLOCK_N"], steps)
         cfg = Config({k: want[k] for k in space.names})
         if space.is_valid(cfg):
             return cfg

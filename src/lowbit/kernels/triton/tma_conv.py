@@ -60,7 +60,6 @@ from .templates import (
     Problem,
     _check_device,
     acc_bound,
-    acc_regs_reason,
     default_warps,
     interpreting,
     placeholder_requant,
@@ -422,9 +421,8 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
 
         def registers(c: Config) -> str | None:
             per_thread = rows(c) * c["BLOCK_N"] // (32 * c["num_warps"])
-            reason = acc_regs_reason(wl, per_thread)
-            if reason:
-                return reason
+            if per_thread > ACC_REGS_LIMIT:
+                return f"{per_thread} accumulator registers per thread > {ACC_REGS_LIMIT}"
             if per_thread == ACC_REGS_LIMIT and c["BLOCK_N"] == 64:
                 # offline ptxas (Triton 3.6, sm_90): 64 x 256 tiles on 4 warps spill ~210 B
                 return "BLOCK_N=64 x 256 output pixels on 4 warps spills registers"
@@ -460,7 +458,8 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
         want = {"BLOCK_N": min(128, max(64, _pow2_at_least(wl.K))),
                 "BLOCK_K": 64 if wl.C > 32 else 32, "num_warps": 4, "num_stages": 3,
                 "GROUP_M": 8, "LOOP_ORDER": "rsc", "SPLIT_K": 1}
-        want["num_warps"] = default_warps(wl, 128, want["BLOCK_N"])
+        want["num_warps"] = default_warps(wl, 128, want["BLOCK_N"],
+                                          reduction_steps(wl, want["BLOCK_K"]))
         pts = [c for c in space if all(c[k] == v for k, v in want.items() if k != "GROUP_M")]
         if not pts:
             return space.all_configs()[0]
