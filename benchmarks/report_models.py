@@ -791,15 +791,20 @@ def _test_files(files: list[str]) -> str:
     return ", ".join(names[:4]) + (f" +{len(names) - 4}" if len(names) > 4 else "") or "-"
 
 
+#: device calls whose GPU test runs the table shows (per GPU)
+GPU_TEST_RUNS = 4
+
+
 @suite("gpu_tests", "GPU tests", "benchmarks/gpu_tests_summary.py")
 def render_gpu_tests(files: list[Result]) -> list[str]:
     """Rows {step, files, passed, failed, errors, skipped, duration_s, complete}: one pytest
-    run of a device call each (its JUnit XML, or its log for older calls)."""
+    run of a device call each (its JUnit XML, or its log for older calls); the latest
+    GPU_TEST_RUNS calls per GPU."""
     out = ["`pytest -m gpu` runs of the latest device calls; \"(cut)\": counted from the "
            "progress marks of a log cut before pytest's summary.", ""]
     groups = by_gpu(files)
     for gpu, group in groups:
-        picked = sorted(group, key=lambda f: f.order)[-6:]
+        picked = sorted(group, key=lambda f: f.order)[-GPU_TEST_RUNS:]
         rows = [[f.stamp, short_sha(f.versions.get("lowbit", "-")), r.get("step", "-"),
                  _test_files(r.get("files") or []), f.link(str(r["passed"])),
                  f"{r['failed']} / {r['errors']}", r["skipped"],
