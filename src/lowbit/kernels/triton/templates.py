@@ -466,14 +466,23 @@ class _IgemmTemplate(KernelTemplate):
         return self.knobs.space(wl, self.constraints(wl))
 
     def default_config(self, wl: Workload) -> Config:
-        """The untuned baseline: 128 x 128 x 64 tiles, 4 warps, 3 stages (Triton's tutorial)."""
+        """The untuned baseline: 128 x 128 x 64 tiles, 4 warps, 3 stages (Triton's tutorial);
+        8 warps where a short reduction's requantization would spill (`default_warps`); on
+        convs of fewer than 32 channels with S > 1 (first layers) LOOP_ORDER "r_sc" with a
+        BLOCK_K of a kernel row's S*C values (the 3-channel 7x7: 152.5 -> 46.7 us on an
+        H100, docs/history/int8.md)."""
         space = self.space(wl)
         m, n, _ = wl.gemm_shape
         chans = wl.C if isinstance(wl, ConvWorkload) else wl.K
         want = {"BLOCK_M": 128 if m > 64 else 64, "BLOCK_N": min(128, max(32, _pow2_ceil(n))),
                 "BLOCK_K": 64 if chans > 32 else 32, "num_warps": 4, "num_stages": 3,
                 "GROUP_M": 8, "LOOP_ORDER": "rsc", "SPLIT_K": 1, "SPLIT_SUM": "second_kernel"}
-        steps = reduction_iters(wl, want["BLOCK_K"])
+        if _row_taps_allowed(wl) and wl.C < min(BLOCK_K_VALUES):
+            # few channels (a first layer): a kernel row's S*C values per reduction run
+            want["LOOP_ORDER"] = "r_sc"
+            want["BLOCK_K"] = min(max(min(BLOCK_K_VALUES), _pow2_ceil(wl.S * wl.C)),
+                                  max(BLOCK_K_VALUES))
+        steps = reduction_iters(wl, want["BLOCK_K"], want["LOOP_ORDER"] == "r_sc")
         want["num_warps"] = default_warps(wl, want["BLOCK_M"], want["BLOCK_N"], steps)
         cfg = Config({k: want[k] for k in space.names})
         if space.is_valid(cfg):
