@@ -163,3 +163,21 @@ def test_rand_p_is_capped_below_one():
     obs.observe(torch.cat([torch.zeros(1000), torch.ones(1)]))  # nearly all mass at 0
     assert 0 < float(obs.p) <= 1 - 1 / 64
     assert obs.clip(255, stochastic=True) >= 1 / 64 - 1e-12
+
+
+@pytest.mark.parametrize("bits,method", [(8, "max"), (4, "percentile"), (2, "max"), (1, "max")])
+def test_weight_scales_are_float32_whatever_the_weights_dtype(bits, method):
+    """A float64 copy of a model (`q.double()`) keeps the model's float32 weight scales:
+    recomputed in float64 they round differently (clip / qmax), and its outputs would leave
+    the model's arithmetic."""
+    from lowbit.quant.modules import WeightQuantizer
+
+    w = torch.randn(16, 8, 3, 3, generator=torch.Generator().manual_seed(bits)) / 7
+    wq = WeightQuantizer(bits, method)
+    s32, s64 = wq.scale(w), wq.scale(w.double())
+    assert s32.dtype == s64.dtype == torch.float32
+    assert torch.equal(s32, s64)
+    ints, scales = wq.integer(w)
+    exact = ints.double() * scales.double().view(-1, 1, 1, 1)  # q s, exact in float64
+    assert torch.equal(wq(w.double()), exact)
+    assert len(ints.unique()) >= min(3, 2**bits)
