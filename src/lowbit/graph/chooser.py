@@ -12,7 +12,8 @@ order:
    (`lowbit.tune.records`, the database `lowbit tune` writes), on the plan's GPU when it has
    one, else on any GPU;
 2. **predicted** (the "model" chooser only): the performance model's pick among the
-   templates' candidate configs (`lowbit.tune.dispatch.choose`);
+   templates' candidate configs (`lowbit.tune.dispatch.choose`), except on the block-end
+   epilogues its measurements never covered (`dispatch.outside_model_data`: the default);
 3. **default**: the template's own default config (`default_bitserial`'s kernel for a
    bit-serial layer: the untuned family and config measured best per regime).
 
@@ -177,8 +178,12 @@ class ModelChooser(Chooser):
         return predicted_impl(workload, self.gpu)
 
     def predicted(self, workload: Workload, impl: str) -> KernelChoice | None:
-        from ..tune.dispatch import choose
+        from ..tune.dispatch import choose, outside_model_data
 
+        why = outside_model_data(workload)
+        if why:  # the default, saying why it was not predicted
+            d = default_kernel(workload, impl, self.arch)
+            return KernelChoice(d.template, d.config, DEFAULT, f"{d.reason}; {why}")
         names = _layout_twins(workload, impl)
         pool = [get_template(n) for n in names]
         try:

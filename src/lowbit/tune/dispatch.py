@@ -359,6 +359,20 @@ def measure_top(workload: Workload, measurer, db: RecordsDB | str | Path | None 
                 records.close()
 
 
+def outside_model_data(workload: Workload) -> str | None:
+    """Why the performance model cannot rank `workload`'s configs, or None. Its measurements
+    (benchmarks/results/measurements.jsonl.gz) are layers whose epilogue adds a bias, applies
+    ReLU and writes one narrow output; a block end (the 32-bit epilogue with a residual read,
+    or derived outputs) moves several bytes a value more, which it never saw: on ResNet-50
+    b256 w1a2 its picks made the network 2.64x slower than the tuned one (H100,
+    tuning_network-20261207-091920.json)."""
+    epi = workload.epilogue
+    if epi.requant32 or epi.residual is not None or epi.derived:
+        return (f"the performance model has no measurements of block-end epilogues "
+                f"({epi.key})")
+    return None
+
+
 def predicted_impl(workload: Workload, gpu: GpuSpec | str | None = None) -> tuple[str, str]:
     """The "model" chooser's implementation policy (`lowbit.graph.chooser.ModelChooser`): the
     implementation (a template name, or TORCH_FP16) predicted fastest over the input layouts the
