@@ -195,6 +195,7 @@ def main() -> None:
                     rows.append({"layer": name, "precision": prec, "path": path.__name__,
                                  "config": changes, "error": f"{type(e).__name__}: {e}"[:300]})
                 r = rows[-1]
+                write_probe("bitserial_block_end_probe", rows)  # a cut run keeps its rows
                 print(f"{prec} {name} {r['path']:13s} " + (
                     f"{r['time_us']:8.1f} us  floor {r['floor_us']:7.1f} us  "
                     f"x{r['ratio']:.2f}  {r['family']}" + (f" exact={r['exact_small']}"
