@@ -36,6 +36,7 @@ import triton.language as tl
 
 from ...core import Encoding, PackedTensor, Precision
 from ...reference.netops import FloatOutput, RequantizedOutput, derived_table, requant32_fits
+from .epilogue import FLOAT32_EXACT_INT
 from .stored import (
     ENC,
     check_device,
@@ -222,13 +223,20 @@ def requant_tile(y, res, c0, K, v1_ptr, v2_ptr, v3_ptr, v4_ptr, QLO: tl.constexp
     elif MODE >= 2:
         ms = tl.load(v1_ptr + chan, mask=c_mask, other=0.0)
         bs = tl.load(v4_ptr + chan, mask=c_mask, other=0.0)
-        v = y.to(tl.float64) * ms[None, :]
+        # fused multiply-adds in any order are exact here: the bound is on the sum of the
+        # terms' magnitudes (`requant_mode`), so every partial sum is an integer below 2^53
+        # times 2^-s; the rounding term joins the bias (b + 2^(s-1)) 2^-s, exact as well
+        v = tl.fma(y.to(tl.float64), ms[None, :], (bs + 0.5)[None, :])
         if HAS_RES:
             rs = tl.load(v2_ptr + chan, mask=c_mask, other=0.0)
-            v = v + res.to(tl.float64) * rs[None, :]
-        v = tl.math.floor(v + bs[None, :] + 0.5)
+            v = tl.fma(res.to(tl.float64), rs[None, :], v)
+        v = tl.math.floor(v)
         if MODE == 3:  # FAST_NARROW
             q = tl.minimum(tl.maximum(v.to(tl.int32), QLO), QMAX)
+        elif QMAX < FLOAT32_EXACT_INT and -QLO <= FLOAT32_EXACT_INT:
+            # the clamp in float32 (one register a value): exact below 2^24, and a larger
+            # |v| rounds to a value still past the bound
+            q = tl.minimum(tl.maximum(v.to(tl.float32), QLO), QMAX).to(tl.int32)
         else:
             q = tl.minimum(tl.maximum(v, QLO), QMAX).to(tl.int32)
     else:
