@@ -792,7 +792,7 @@ def _test_files(files: list[str]) -> str:
 
 
 #: device calls whose GPU test runs the table shows (per GPU)
-GPU_TEST_RUNS = 4
+GPU_TEST_RUNS = 3
 
 
 @suite("gpu_tests", "GPU tests", "benchmarks/gpu_tests_summary.py")
