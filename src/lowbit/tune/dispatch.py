@@ -30,7 +30,15 @@ from pathlib import Path
 from ..core import Config, ConfigSpace, Workload
 from ..core.hardware import GpuSpec, gpu_spec_for
 from ..kernels import load_backends
-from ..kernels.base import TORCH_FP16, Kernel, KernelTemplate, acc_bound, get_template, templates
+from ..kernels.base import (
+    TORCH_FP16,
+    Kernel,
+    KernelTemplate,
+    acc_bound,
+    block_end_refusal,
+    get_template,
+    templates,
+)
 from ..kernels.cuda import FAMILIES, default_bitserial
 from ..perfmodel.launch import launch_shape
 from ..perfmodel.occupancy import occupancy
@@ -367,7 +375,7 @@ def outside_model_data(workload: Workload) -> str | None:
     b256 w1a2 its picks made the network 2.64x slower than the tuned one (H100,
     tuning_network-20261207-091920.json)."""
     epi = workload.epilogue
-    if epi.requant32 or epi.residual is not None or epi.derived:
+    if block_end_refusal(workload) is not None or epi.residual is not None:
         return (f"the performance model has no measurements of block-end epilogues "
                 f"({epi.key})")
     return None

@@ -41,6 +41,18 @@ LAYOUT_INT8, LAYOUT_PACKED, LAYOUT_BITPLANE = 0, 1, 2
 
 
 @triton.jit
+def clamp_integral(v, QMIN: tl.constexpr, QMAX: tl.constexpr):
+    """int32 clamp(v, QMIN, QMAX) of integer-valued float64 v, in float32 where the bounds
+    are within 2^24 (one register a value instead of two; exact: float32 holds the integers
+    to 2^24, and a larger |v| rounds to a value still past the bound)."""
+    if QMAX < FLOAT32_EXACT_INT and -QMIN <= FLOAT32_EXACT_INT:
+        q = tl.minimum(tl.maximum(v.to(tl.float32), QMIN), QMAX).to(tl.int32)
+    else:
+        q = tl.minimum(tl.maximum(v, QMIN), QMAX).to(tl.int32)
+    return q
+
+
+@triton.jit
 def decode_values(pat, BITS: tl.constexpr, ENC: tl.constexpr):
     """The integer values of BITS-bit patterns (int32) in encoding ENC: unsigned (0), two's
     complement signed (1), binary 0 -> -1, 1 -> +1 (2)."""
@@ -145,17 +157,12 @@ def epilogue_store(acc, offs_m, n0, M, NOUT, out_ptr, out_row, out_plane,
                 # floor(acc (m 2^-s) + (b + 2^(s-1)) 2^-s): both terms integers below 2^53
                 # times 2^-s (the launcher checked), so the fused multiply-add is exact; the
                 # int64 form below costs ~15 integer instructions a value (64-bit emulation).
-                # The clamp runs in float32 (exact below 2^24, and a larger |v| rounds to a
-                # value still past the bound): float64 values hold two registers each, and a
-                # 128 x 128 tile on 4 warps spilled 1,728 B with the clamp in float64 (632-644
-                # B this way; offline ptxas, sm_90)
+                # The clamp in float32 (`clamp_integral`): a 128 x 128 tile on 4 warps spilled
+                # 1,728 B with it in float64, 632-644 B this way (offline ptxas, sm_90)
                 ms = tl.load(mult_ptr + offs_n, mask=n_mask, other=0.0)
                 bs = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)
                 v = tl.math.floor(tl.fma(y.to(tl.float64), ms[None, :], bs[None, :]))
-                if QMAX < FLOAT32_EXACT_INT and -QMIN <= FLOAT32_EXACT_INT:
-                    q = tl.minimum(tl.maximum(v.to(tl.float32), QMIN), QMAX).to(tl.int32)
-                else:
-                    q = tl.minimum(tl.maximum(v, QMIN), QMAX).to(tl.int32)
+                q = clamp_integral(v, QMIN, QMAX)
             else:
                 mul = tl.load(mult_ptr + offs_n, mask=n_mask, other=1).to(tl.int64)
                 sh = tl.load(shift_ptr + offs_n, mask=n_mask, other=1).to(tl.int64)

@@ -57,7 +57,15 @@ from .depthwise import (
     tile_reason,
 )
 from .epilogue import ENC_CODE, SRC_INT8, SRC_PACKED, epilogue_store, load_operand
-from .igemm import Launch, Problem, cdiv, grouped_tile, output_pixels, tap_and_chunk
+from .igemm import (
+    Launch,
+    Problem,
+    cdiv,
+    grouped_tile,
+    output_pixels,
+    reduction_steps,
+    tap_and_chunk,
+)
 from .templates import ACC_REGS_LIMIT, SMEM_LIMIT, IgemmKernel, default_warps, problem
 from .zero_point import ACT_ZERO_POINT, shifted_act, with_zero_point
 
@@ -317,7 +325,7 @@ class Conv2dGroupedInt8Template(KernelTemplate):
         bn = min(128, max(32, pow2_ceil(wl.K // wl.groups)), max(16, pow2_ceil(wl.K)))
         bk = min(128, max(32, pow2_ceil(span_width(wl, bn))))
         pix = 128 if wl.gemm_shape[0] > 64 else 64
-        steps = wl.R * wl.S * cdiv(span_width(wl, bn), bk)
+        steps = reduction_steps(wl.R, wl.S, span_width(wl, bn), bk)
         cfg = Config(BLOCK_PIX=pix, BLOCK_N=bn, BLOCK_K=bk,
                      num_warps=default_warps(wl, pix, bn, steps), num_stages=3, GROUP_M=8)
         if not space.is_valid(cfg):

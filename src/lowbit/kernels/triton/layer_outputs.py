@@ -36,7 +36,7 @@ import triton.language as tl
 
 from ...core import Encoding, PackedTensor, Precision
 from ...reference.netops import FloatOutput, RequantizedOutput, derived_table, requant32_fits
-from .epilogue import FLOAT32_EXACT_INT
+from .epilogue import clamp_integral
 from .stored import (
     ENC,
     check_device,
@@ -233,12 +233,8 @@ def requant_tile(y, res, c0, K, v1_ptr, v2_ptr, v3_ptr, v4_ptr, QLO: tl.constexp
         v = tl.math.floor(v)
         if MODE == 3:  # FAST_NARROW
             q = tl.minimum(tl.maximum(v.to(tl.int32), QLO), QMAX)
-        elif QMAX < FLOAT32_EXACT_INT and -QLO <= FLOAT32_EXACT_INT:
-            # the clamp in float32 (one register a value): exact below 2^24, and a larger
-            # |v| rounds to a value still past the bound
-            q = tl.minimum(tl.maximum(v.to(tl.float32), QLO), QMAX).to(tl.int32)
         else:
-            q = tl.minimum(tl.maximum(v, QLO), QMAX).to(tl.int32)
+            q = clamp_integral(v, QLO, QMAX)
     else:
         m = tl.load(v1_ptr + chan, mask=c_mask, other=0).to(tl.int64)
         sh = tl.load(v3_ptr + chan, mask=c_mask, other=1).to(tl.int64)[None, :]

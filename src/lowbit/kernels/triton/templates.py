@@ -475,7 +475,7 @@ class _IgemmTemplate(KernelTemplate):
         m, n, _ = wl.gemm_shape
         chans = wl.C if isinstance(wl, ConvWorkload) else wl.K
         want = {"BLOCK_M": 128 if m > 64 else 64, "BLOCK_N": min(128, max(32, _pow2_ceil(n))),
-                "BLOCK_K": 64 if chans > 32 else 32, "num_warps": 4, "num_stages": 3,
+                "BLOCK_K": 64 if chans > 32 else 32, "num_stages": 3,
                 "GROUP_M": 8, "LOOP_ORDER": "rsc", "SPLIT_K": 1, "SPLIT_SUM": "second_kernel"}
         if _row_taps_allowed(wl) and wl.C < min(BLOCK_K_VALUES):
             # few channels (a first layer): a kernel row's S*C values per reduction run

@@ -455,11 +455,10 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
         filters x 64 channels, 4 warps (8 where a requantizing epilogue needs them:
         `templates.default_warps`), 3 stages, GROUP_M 8 where valid."""
         space = self.space(wl)
-        want = {"BLOCK_N": min(128, max(64, _pow2_at_least(wl.K))),
-                "BLOCK_K": 64 if wl.C > 32 else 32, "num_warps": 4, "num_stages": 3,
-                "GROUP_M": 8, "LOOP_ORDER": "rsc", "SPLIT_K": 1}
-        want["num_warps"] = default_warps(wl, 128, want["BLOCK_N"],
-                                          reduction_steps(wl, want["BLOCK_K"]))
+        bn, bk = min(128, max(64, _pow2_at_least(wl.K))), 64 if wl.C > 32 else 32
+        want = {"BLOCK_N": bn, "BLOCK_K": bk,
+                "num_warps": default_warps(wl, 128, bn, reduction_steps(wl, bk)),
+                "num_stages": 3, "GROUP_M": 8, "LOOP_ORDER": "rsc", "SPLIT_K": 1}
         pts = [c for c in space if all(c[k] == v for k, v in want.items() if k != "GROUP_M")]
         if not pts:
             return space.all_configs()[0]
