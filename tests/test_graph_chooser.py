@@ -87,6 +87,7 @@ def test_recorded_best_reaches_the_plan(resnet, tmp_path):
     assert all((s.config, s.config_source) == (fast, TUNED) for s in same)
     others = [s for s in plan.layers if s.workload != target.workload]
     assert others and all(s.config_source == DEFAULT for s in others)
+    assert plan.config_sources() == {TUNED: len(same), DEFAULT: len(others)}
     # the chooser of a plan for another GPU ignores this GPU's records
     other = Chooser(db_path, gpu="NVIDIA A100-SXM4-80GB")
     assert other.recorded(target.workload, target.impl) is None

@@ -341,6 +341,24 @@ def test_benchmark_scaling_row_compares_time_to_the_same_kernel_sum(monkeypatch,
     assert rows[0]["row"] == "tuning_scaling" and len(rows) == 3
 
 
+def test_a_torchvision_name_is_built_as_lowbit_bench_builds_it():
+    from lowbit.bench import build_quantized
+    from lowbit.quant import quant_layers
+    from lowbit.runtime.model_source import torchvision_models
+    from lowbit.tune_network import quantized_model
+
+    torchvision_models()
+
+    q, size, channels = quantized_model("tv:mobilenet_v2", "w8a8", image_size=32, device="cpu")
+    assert (size, channels) == (32, 3)
+    same, _ = build_quantized("tv:mobilenet_v2", "w8a8", image_size=32)
+    layers = dict(quant_layers(q))
+    assert len(layers) == 53 and layers.keys() == dict(quant_layers(same)).keys()
+    assert sum(m.groups > 1 for m in layers.values() if hasattr(m, "groups")) == 17
+    for name, m in quant_layers(same):  # the same weights and calibration: the same plan
+        assert torch.equal(m.weight, layers[name].weight), name
+
+
 def test_a_float_model_factory_is_quantized_by_the_recipe(tmp_path):
     from lowbit.quant import quant_layers
     from lowbit.tune_network import quantized_model

@@ -3,10 +3,10 @@
 A session (`tune_network`), on the CLI's layer of the package (it joins the planner, the
 tuner and the GPU executor):
 
-1. the quantized model: a zoo name as `lowbit bench` builds it (`lowbit.bench.
-   build_quantized` under a precision recipe, calibrated on random images), or a float model
-   factory ('file.py:fn', 'package.module:fn') quantized by the same recipe and calibrated
-   on random images of `image_size`;
+1. the quantized model: a zoo or torchvision ('tv:NAME') name as `lowbit bench` builds it
+   (`lowbit.bench.build_quantized` under a precision recipe, calibrated on random images),
+   or a float model factory ('file.py:fn', 'package.module:fn') quantized by the same
+   recipe and calibrated on random images of `image_size`;
 2. its plan without records (`lowbit.bench.compile_plan`, the options `bench_network`
    uses), whose Layer steps give the distinct final workloads and their default kernels
    (`lowbit.tune.network.network_workloads`, with the chooser's `_layout_twins`);
@@ -45,7 +45,7 @@ def quantized_model(model: str, precision: str, *, image_size: int | None = None
     from .bench import IMAGE_SIZE, build_quantized, random_images, recipe_layers
     from .models import names
 
-    if model in names():
+    if model in names() or model.startswith("tv:"):  # the zoo and torchvision, as `lowbit bench`
         size = image_size or IMAGE_SIZE.get(model, 224)
         q, _ = build_quantized(model, precision, image_size=size, seed=seed, device=device,
                                residual_bits=residual_bits)
@@ -86,7 +86,7 @@ def time_plans(plans: dict, x: torch.Tensor) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for name, plan in plans.items():
         ex = GpuExecutor(plan, x.device)
-        out[name] = {"logits": ex(x).clone(), "sources": _sources(plan), "times": []}
+        out[name] = {"logits": ex(x).clone(), "sources": plan.config_sources(), "times": []}
         execs[name] = ex
     torch.cuda.synchronize()
     for _ in range(TIMING_ROUNDS):
@@ -96,13 +96,6 @@ def time_plans(plans: dict, x: torch.Tensor) -> dict[str, dict]:
     for r in out.values():
         r["time_ms"] = statistics.median(r.pop("times"))
     return out
-
-
-def _sources(plan) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for s in plan.layers:
-        counts[s.config_source or "-"] = counts.get(s.config_source or "-", 0) + 1
-    return counts
 
 
 def tune_network(model: str, batch: int, precision: str, budget_s: float, *,

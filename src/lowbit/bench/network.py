@@ -71,6 +71,7 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
     row["exact_bias"] = case.exact_bias
     row["wide_bits"] = case.wide_bits
     row["chooser"] = "tuned" if case.records else case.chooser
+    row["config_sources"] = plan.config_sources()
     row["fuse_outputs"] = case.fuse_outputs
     row["residual_bits"] = case.residual_bits
     t0 = time.perf_counter()
@@ -107,7 +108,8 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
                        # each launch of a multi-launch step alone (kernel, epilogue pass, ...)
                        "launches_us": [statistics.median(cuda_events_us(f, reps=reps))
                                        for f in b.launches] if len(b.launches) > 1 else None,
-                       "source": list(getattr(b.step, "source", ()))})
+                       "source": list(getattr(b.step, "source", ())),
+                       "config_source": getattr(b.step, "config_source", "") or None})
     row["layers"] = layers
     row["floor_ms"] = sum(r["floor_us"] for r in layers) / 1e3
     row["steps_sum_ms"] = total / 1e3

@@ -535,6 +535,14 @@ class Plan:
         """Bytes of the integer weights as the chosen implementations store them."""
         return sum(layer_weight_bytes(s, self.params[s.weight]) for s in self.layers)
 
+    def config_sources(self) -> dict[str, int]:
+        """How many Layer steps take their config from each source ('tuned', 'predicted',
+        'default'; '-' where the plan chose none)."""
+        counts: dict[str, int] = {}
+        for s in self.layers:
+            counts[s.config_source or "-"] = counts.get(s.config_source or "-", 0) + 1
+        return counts
+
     def peak_activation_bytes(self) -> int:
         """Largest sum of live tensor bytes at any step (a tensor lives from the step writing
         it to the last step reading it; the input image counts until its last reader)."""
