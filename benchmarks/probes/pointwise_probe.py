@@ -9,10 +9,18 @@ and variants that change one thing each -- the output (int32 / fp16 / s8 requant
 beside each shape and the DRAM floor (bytes / copy bandwidth measured in this run).
 
     python3 benchmarks/probes/pointwise_probe.py     # rows to $OUT/pointwise_probe.json
+
+--mobilenet: MobileNet-V2's expansion convs at batch 64 (112 x 112 16 -> 96, 56 x 56 24 ->
+144, 28 x 28 32 -> 192; 224-346 us in the w8a8 network against a 30 us floor) with the
+epilogue the network plans (ReLU, u8 out, the bias folded into the float64 requantization:
+"u8_f64"), the same in 32-bit arithmetic ("u8_r32": a 12-bit multiplier, what the plan picks
+where the sum bound allows) and no epilogue ("int32"), each at the default and the tiles
+below (8 warps added): how much of the time is the float64 epilogue, how much the tile.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -55,20 +63,40 @@ def timed(template: str, wl: ConvWorkload, cfg, x, w, params, ref) -> dict:
             "time_us": time_us(launch)}
 
 
+#: the network's epilogue forms of --mobilenet
+NETWORK_EPILOGUES = {
+    "u8_f64": Epilogue(relu=True, out="u8", shifted_bias=True),
+    "u8_r32": Epilogue(relu=True, out="u8", shifted_bias=True, requant32=True),
+    "int32": Epilogue()}
+#: (H = W, C, K, epilogue) at N = 64: MobileNet-V2's three widest expansion convs
+MOBILENET_SHAPES = [(hw, c, k, out) for hw, c, k in ((112, 16, 96), (56, 24, 144), (28, 32, 192))
+                    for out in NETWORK_EPILOGUES]
+MOBILENET_CONFIGS = [*IGEMM_CONFIGS, *(dict(c, num_warps=8) for c in IGEMM_CONFIGS
+                                       if c["num_warps"] == 4 and c["BLOCK_M"] >= 128)]
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mobilenet", action="store_true",
+                    help="MobileNet-V2's expansion convs at batch 64 (module docstring)")
+    args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("pointwise_probe needs a CUDA GPU")
     load_backends()
     bandwidth = measure_bandwidth()
     rows = []
-    for c, k, out in SHAPES:
-        wl = ConvWorkload(N=8, H=56, W=56, C=c, K=k, R=1, S=1, w="s8", a="s8",
-                          epilogue=EPILOGUES[out])
-        name = f"pw_56_{c}to{k}_b8_{out}"
+    shapes = MOBILENET_SHAPES if args.mobilenet else [(56, c, k, out) for c, k, out in SHAPES]
+    configs = MOBILENET_CONFIGS if args.mobilenet else IGEMM_CONFIGS
+    batch = 64 if args.mobilenet else 8
+    epilogues = NETWORK_EPILOGUES if args.mobilenet else EPILOGUES
+    for hw, c, k, out in shapes:
+        wl = ConvWorkload(N=batch, H=hw, W=hw, C=c, K=k, R=1, S=1, w="s8", a="s8",
+                          epilogue=epilogues[out])
+        name = f"pw_{hw}_{c}to{k}_b{batch}_{out}"
         x, w, params = random_inputs(wl, seed=c * 1000 + k, device="cuda")
         ref = run(wl, x, w, params)
         impls = []
-        for cfg in [None, *IGEMM_CONFIGS]:
+        for cfg in [None, *configs]:
             try:
                 impls.append(timed("triton.conv2d_int8", wl, cfg, x, w, params, ref))
             except Exception as e:  # one config failing must not lose the others
@@ -91,7 +119,8 @@ def main() -> None:
             f"{i['time_us']:6.1f}" if i.get("exact") else ("  skip" if "skipped" in i else
                                                           "  FAIL") for i in impls)
               + f" | best {min(times) if times else float('nan'):.1f}", flush=True)
-    print("wrote", write_probe("pointwise_probe", rows))
+    print("wrote", write_probe("pointwise_probe_mobilenet" if args.mobilenet
+                               else "pointwise_probe", rows))
 
 
 if __name__ == "__main__":
