@@ -35,6 +35,7 @@ from triton_cases import DEVICE, check, poisoned
 load_backends()
 DEPTHWISE = get_template("triton.conv2d_depthwise")
 GROUPED = get_template("triton.conv2d_grouped_int8")
+GROUPED_CUDA = get_template("triton.conv2d_grouped_cuda")
 
 U8_RELU = Epilogue(bias=True, relu=True, out="u8")
 U4_PACKED = Epilogue(bias=True, relu=True, out="u4", out_layout="packed")
@@ -100,6 +101,15 @@ GROUPED_CASES = [
                                   w_layout="packed", epilogue=S8_SHIFTED), GR_WIDE),
 ]
 
+# the same grouped layers on CUDA cores (`triton.conv2d_grouped_cuda`: gathered group inputs),
+# at the depthwise tiles (bit-plane outputs need 32 channels a tile), and 16 channels a group
+GROUPED_CUDA_CASES = [
+    (f"{name}_cuda", wl, DW_TINY if i % 2 == 0 or wl.epilogue == S3_PLANES else DW_PIPELINED)
+    for i, (name, wl, _) in enumerate(GROUPED_CASES)] + [
+    ("cg16_s2_u8_relu_u8_fp32_cuda", grouped(48, 48, 3, stride=2, a="u8", epilogue=U8_RELU),
+     DW_TINY.replace(MAC="fp32")),
+]
+
 
 # ------------------------------------------------------------------------------- CPU tests
 
@@ -115,10 +125,18 @@ def test_grouped_bit_exact(case):
     check(wl, GroupedKernel("test", wl, cfg, grouped_problem(wl)), seed=len(wl.key))
 
 
+@pytest.mark.parametrize("case", GROUPED_CUDA_CASES, ids=[c[0] for c in GROUPED_CUDA_CASES])
+def test_grouped_cuda_bit_exact(case):
+    _, wl, cfg = case
+    assert GROUPED_CUDA.unsupported_reason(wl) is None
+    check(wl, DepthwiseKernel("test", wl, cfg, depthwise_problem(wl)), seed=len(wl.key) + 1)
+
+
 def test_default_configs_bit_exact():
     """The templates' own defaults (H100 tile sizes) on a small depthwise and grouped layer."""
     for template, wl in ((DEPTHWISE, dw(24, 3, 2, a="u8", epilogue=U8_RELU)),
-                         (GROUPED, grouped(16, 16, 4, a="u8", epilogue=U8_RELU))):
+                         (GROUPED, grouped(16, 16, 4, a="u8", epilogue=U8_RELU)),
+                         (GROUPED_CUDA, grouped(16, 16, 4, a="u8", epilogue=U8_RELU))):
         cfg = template.default_config(wl)
         assert template.space(wl).is_valid(cfg)
         check(wl, template.build(wl, cfg), seed=5)
@@ -174,7 +192,7 @@ def test_only_the_grouped_templates_take_grouped_convs():
     takers = {wl.key: {t.name for t in templates() if t.unsupported_reason(wl) is None}
               for wl in (dwl, gwl)}
     assert takers[dwl.key] == {"triton.conv2d_depthwise"}
-    assert takers[gwl.key] == {"triton.conv2d_grouped_int8"}
+    assert takers[gwl.key] == {"triton.conv2d_grouped_int8", "triton.conv2d_grouped_cuda"}
     dense_takers = [t for t in templates() if t.unsupported_reason(dense) is None]
     assert len(dense_takers) >= 3
     for t in dense_takers:  # the dense conv templates name the groups as the reason
@@ -182,6 +200,9 @@ def test_only_the_grouped_templates_take_grouped_convs():
     assert "depthwise" in GROUPED.unsupported_reason(dwl)
     assert "groups=1" in GROUPED.unsupported_reason(dense)
     assert "depthwise" in DEPTHWISE.unsupported_reason(gwl)
+    assert "not depthwise" in GROUPED_CUDA.unsupported_reason(dwl)
+    assert "32 input channels per group > 16" in GROUPED_CUDA.unsupported_reason(
+        grouped(64, 64, 2))
     assert "bitplane" in DEPTHWISE.unsupported_reason(dwl.replace(a="u2", w="s2",
                                                                   a_layout="bitplane",
                                                                   w_layout="bitplane"))
@@ -306,20 +327,27 @@ GPU_LAYERS = [("dw", *s) for s in MOBILENET_DW] + [("grouped", *s) for s in RESN
 @pytest.mark.parametrize("combo", list(GPU_COMBOS))
 @pytest.mark.parametrize("layer", GPU_LAYERS, ids=lambda s: "{}_c{}_h{}_s{}".format(*s))
 def test_gpu_network_layers(layer, combo):
-    """Each layer at its template's default config and one sampled config of its space."""
+    """Each layer at its templates' default configs and one sampled config of each space
+    (grouped layers: the tensor-core template and, up to 16 channels a group, the CUDA-core
+    one)."""
     prec, epi = GPU_COMBOS[combo]
     wl = gpu_layer(*layer, **prec, epilogue=epi)
-    template = DEPTHWISE if wl.depthwise else GROUPED
-    for cfg in [template.default_config(wl), *_sampled(template, wl, 1, seed=len(wl.key))]:
-        check(wl, template.build(wl, cfg), seed=11)
+    takers = [DEPTHWISE] if wl.depthwise else [
+        t for t in (GROUPED, GROUPED_CUDA) if t.unsupported_reason(wl) is None]
+    assert takers
+    for template in takers:
+        for cfg in [template.default_config(wl), *_sampled(template, wl, 1, seed=len(wl.key))]:
+            check(wl, template.build(wl, cfg), seed=11)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", DEPTHWISE_CASES + GROUPED_CASES,
-                         ids=[c[0] for c in DEPTHWISE_CASES + GROUPED_CASES])
+@pytest.mark.parametrize("case", DEPTHWISE_CASES + GROUPED_CASES + GROUPED_CUDA_CASES,
+                         ids=[c[0] for c in DEPTHWISE_CASES + GROUPED_CASES
+                              + GROUPED_CUDA_CASES])
 def test_gpu_small_cases_at_default_configs(case):
     """The CPU cases on the GPU at the templates' defaults (EfficientNet's 5x5/2, RegNet-like
     6 channels per group, bit-plane and fp16 outputs)."""
-    _, wl, _ = case
-    template = DEPTHWISE if wl.depthwise else GROUPED
+    name, wl, _ = case
+    template = DEPTHWISE if wl.depthwise else GROUPED_CUDA if name.endswith("_cuda") \
+        else GROUPED
     check(wl, template.build(wl, template.default_config(wl)), seed=13)

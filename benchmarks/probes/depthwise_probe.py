@@ -54,9 +54,15 @@ PRECISIONS = {
                  epilogue=Epilogue(bias=True, relu=True, out="u4", out_layout="packed")),
     "w2a2": dict(a="u2", w="s2", a_layout="packed", w_layout="packed",
                  epilogue=Epilogue(bias=True, relu=True, out="u2", out_layout="packed")),
+    # ResNeXt's w2a2 network form: u2 values a byte in, u2 bit planes out for the bit-serial
+    # conv after, the bias at the output's shift
+    "w2a2_net": dict(a="u2", w="s2", epilogue=Epilogue(shifted_bias=True, relu=True, out="u2",
+                                                       out_layout="bitplane")),
 }
 NETWORKS = {"mobilenet_v2": ("triton.conv2d_depthwise", MOBILENET_V2, None),
-            "resnext50_32x4d": ("triton.conv2d_grouped_int8", RESNEXT50, 32)}
+            "resnext50_32x4d": ("triton.conv2d_grouped_int8", RESNEXT50, 32),
+            # the same grouped layers on CUDA cores (up to 16 channels a group)
+            "resnext50_32x4d_cuda": ("triton.conv2d_grouped_cuda", RESNEXT50[:5], 32)}
 
 
 def layer_workload(shape: tuple, groups: int | None, batch: int, prec: str) -> ConvWorkload:
@@ -200,16 +206,17 @@ def main() -> None:
     ap.add_argument("--sweep", type=int, default=0,
                     help="also time this many candidate configs per layer (default first)")
     ap.add_argument("--quick", action="store_true", help="w8a8 only")
-    ap.add_argument("--net", choices=list(NETWORKS), help="one network only")
+    ap.add_argument("--net", choices=list(NETWORKS), nargs="+", help="these networks only")
+    ap.add_argument("--precisions", choices=list(PRECISIONS), nargs="+", default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("depthwise_probe needs a CUDA GPU")
     load_backends()
     bandwidth = measure_bandwidth()
     print(f"{gpu_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
-    precs = ["w8a8"] if args.quick else list(PRECISIONS)
+    precs = args.precisions or (["w8a8"] if args.quick else list(PRECISIONS))
     rows: list[dict] = []
-    for net in [args.net] if args.net else list(NETWORKS):
+    for net in args.net or list(NETWORKS):
         fp16_us: dict = {}
         for shape in NETWORKS[net][1]:
             for prec in precs:

@@ -50,6 +50,9 @@ GEMV_CONV_PIXELS = 64
 #: (the bit-serial families and the dense int8 templates refuse groups)
 DEPTHWISE = "triton.conv2d_depthwise"
 GROUPED = "triton.conv2d_grouped_int8"
+GROUPED_CUDA = "triton.conv2d_grouped_cuda"
+#: the most input channels per group the CUDA-core grouped template is the default for
+GROUPED_CUDA_CHANNELS = 8
 #: the bit widths bit-serial serves by default (both operands)
 BITSERIAL_MAX_BITS = 4
 
@@ -95,7 +98,12 @@ def unsupported_reason(impl: str, workload: Workload) -> str | None:
 def _int8_choice(wl: Workload, why_not_bitserial: str | None,
                  first: str | None = None) -> tuple[str, str]:
     if isinstance(wl, ConvWorkload) and wl.groups > 1:
-        names = (DEPTHWISE,) if wl.depthwise else (GROUPED,)
+        if wl.depthwise:
+            names = (DEPTHWISE,)
+        elif wl.C // wl.groups <= GROUPED_CUDA_CHANNELS:
+            names = (GROUPED_CUDA, GROUPED)
+        else:
+            names = (GROUPED, GROUPED_CUDA)
     elif isinstance(wl, ConvWorkload):
         m, n, _ = wl.gemm_shape
         names = INT8_CONV_LARGE if m * n >= LARGE_CONV_OUTPUTS else INT8_CONV

@@ -1,4 +1,5 @@
-"""Depthwise conv2d (groups == C == K) on CUDA cores: `triton.conv2d_depthwise`.
+"""Depthwise conv2d (groups == C == K) on CUDA cores: `triton.conv2d_depthwise`, and grouped
+convs of few channels per group on the same kernel: `triton.conv2d_grouped_cuda`.
 
 A depthwise conv multiplies each input channel by its own R x S filter: 2 R S operations per
 output value against one input and one output value of traffic, so it is bound by memory, not
@@ -110,13 +111,34 @@ def channel_tile(ptr, row_off, c0, byte0, c_end, byte_end, pix_mask,
 
 
 @triton.jit
+def channel_gather(ptr, row_off, chan, mask, SRC: tl.constexpr, BITS: tl.constexpr,
+                   ENC: tl.constexpr):
+    """int32 values [rows, len(chan)] of channel chan[j] of the rows starting at row_off
+    (storage elements), 0 where mask is false: lanes may repeat a channel (a group's input
+    read by each of its filters; the repeats share the load's sectors). PACKED rows
+    (SRC_PACKED): the byte holding the channel, split in registers."""
+    if SRC == 1:
+        PER: tl.constexpr = 8 // BITS
+        raw = tl.load(ptr + row_off[:, None] + (chan // PER)[None, :], mask=mask, other=0)
+        pat = (raw.to(tl.int32) >> ((chan % PER) * BITS)[None, :]) & ((1 << BITS) - 1)
+        val = tl.where(mask, decode_values(pat, BITS, ENC), 0)
+    else:
+        val = tl.load(ptr + row_off[:, None] + chan[None, :], mask=mask, other=0).to(tl.int32)
+    return val
+
+
+@triton.jit
 def tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row, w_row,
                 S: tl.constexpr, A_SRC: tl.constexpr, A_BITS: tl.constexpr,
                 A_ENC: tl.constexpr, ALIGN_X: tl.constexpr, MAC_FP32: tl.constexpr,
+                GROUP_C: tl.constexpr, GROUP_K: tl.constexpr,
                 BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr):
-    """[BLOCK_PIX, BLOCK_C]: the input tile of filter tap `tap` = r * S + s times the tap's
-    weight of each channel (`tap_major_weights`: channel c's at tap * w_row + c), int32, or
-    float32 with MAC_FP32 (integers, exact while the layer's |sum| < 2^24)."""
+    """[BLOCK_PIX, BLOCK_C]: filter tap `tap` = r * S + s of output channels c0 + [0, BLOCK_C)
+    (C of them), int32, or float32 with MAC_FP32 (integers, exact while the layer's |sum| <
+    2^24). Depthwise (GROUP_C = GROUP_K = 1): the input tile of those channels times the tap's
+    weight of each (`tap_major_weights`: channel c's at tap * w_row + c). Grouped: output
+    channel k reads the GROUP_C input channels (k // GROUP_K) GROUP_C + j of its group, one
+    gathered tile per j, times its weight at (tap GROUP_C + j) w_row + k."""
     ih = ih0 + tap // S
     iw = iw0 + tap % S
     pix = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
@@ -124,13 +146,29 @@ def tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_ro
     if ALIGN_X > 1:
         row_off = tl.multiple_of(row_off, ALIGN_X)
     c0 = pid_c * BLOCK_C
-    a = channel_tile(x_ptr, row_off, c0, pid_c * (BLOCK_C * A_BITS // 8), C, x_row, pix, A_SRC,
-                     A_BITS, A_ENC, ALIGN_X, BLOCK_PIX, BLOCK_C)
-    wv = tl.load(w_ptr + tap * w_row + c0 + tl.arange(0, BLOCK_C))  # zeros past C
-    if MAC_FP32:
-        prod = a.to(tl.float32) * wv.to(tl.float32)[None, :]
+    if GROUP_C * GROUP_K == 1:
+        a = channel_tile(x_ptr, row_off, c0, pid_c * (BLOCK_C * A_BITS // 8), C, x_row, pix,
+                         A_SRC, A_BITS, A_ENC, ALIGN_X, BLOCK_PIX, BLOCK_C)
+        wv = tl.load(w_ptr + tap * w_row + c0 + tl.arange(0, BLOCK_C))  # zeros past C
+        if MAC_FP32:
+            prod = a.to(tl.float32) * wv.to(tl.float32)[None, :]
+        else:
+            prod = a * wv.to(tl.int32)[None, :]
     else:
-        prod = a * wv.to(tl.int32)[None, :]
+        k = c0 + tl.arange(0, BLOCK_C)
+        mask = pix[:, None] & (k < C)[None, :]
+        first = (k // GROUP_K) * GROUP_C
+        if MAC_FP32:
+            prod = tl.zeros((BLOCK_PIX, BLOCK_C), dtype=tl.float32)
+        else:
+            prod = tl.zeros((BLOCK_PIX, BLOCK_C), dtype=tl.int32)
+        for j in tl.static_range(GROUP_C):
+            a = channel_gather(x_ptr, row_off, first + j, mask, A_SRC, A_BITS, A_ENC)
+            wv = tl.load(w_ptr + (tap * GROUP_C + j) * w_row + k)  # zeros past C
+            if MAC_FP32:
+                prod += a.to(tl.float32) * wv.to(tl.float32)[None, :]
+            else:
+                prod += a * wv.to(tl.int32)[None, :]
     return prod
 
 
@@ -143,11 +181,12 @@ def depthwise_kernel(
     HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
     OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
     WIDE: tl.constexpr, ALIGN_X: tl.constexpr, PIPELINED: tl.constexpr,
-    TAP_STAGES: tl.constexpr, MAC_FP32: tl.constexpr, BLOCK_PIX: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    TAP_STAGES: tl.constexpr, MAC_FP32: tl.constexpr, GROUP_C: tl.constexpr,
+    GROUP_K: tl.constexpr, BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """Program pid: channel tile pid % cdiv(C, BLOCK_C) of pixel tile pid // cdiv(C, BLOCK_C);
-    sum of the R*S tap products, then the fused epilogue (module doc)."""
+    """Program pid: channel tile pid % cdiv(C, BLOCK_C) of pixel tile pid // cdiv(C, BLOCK_C)
+    (C: the output channels); sum of the R*S tap products, then the fused epilogue (module
+    doc)."""
     c_tiles = tl.cdiv(C, BLOCK_C)
     pid_m = tl.program_id(0) // c_tiles
     pid_c = tl.program_id(0) % c_tiles
@@ -161,13 +200,13 @@ def depthwise_kernel(
     if PIPELINED:
         for tap in tl.range(0, R * S, num_stages=TAP_STAGES):
             acc += tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row,
-                               w_row, S, A_SRC, A_BITS, A_ENC, ALIGN_X, MAC_FP32, BLOCK_PIX,
-                               BLOCK_C)
+                               w_row, S, A_SRC, A_BITS, A_ENC, ALIGN_X, MAC_FP32, GROUP_C,
+                               GROUP_K, BLOCK_PIX, BLOCK_C)
     else:
         for tap in tl.static_range(R * S):
             acc += tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row,
-                               w_row, S, A_SRC, A_BITS, A_ENC, ALIGN_X, MAC_FP32, BLOCK_PIX,
-                               BLOCK_C)
+                               w_row, S, A_SRC, A_BITS, A_ENC, ALIGN_X, MAC_FP32, GROUP_C,
+                               GROUP_K, BLOCK_PIX, BLOCK_C)
     if MAC_FP32:
         acc = acc.to(tl.int32)  # an integer below 2^24: exact
     epilogue_store(acc, offs_m, pid_c * BLOCK_C, M, C, out_ptr, out_row, out_plane,
@@ -175,22 +214,31 @@ def depthwise_kernel(
                    OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_PIX, BLOCK_C)
 
 
+def group_shape(wl: ConvWorkload) -> tuple[int, int]:
+    """(input, output) channels of one group: (1, 1) for a depthwise conv."""
+    return wl.C // wl.groups, wl.K // wl.groups
+
+
 def depthwise_problem(wl: ConvWorkload) -> Problem:
-    """The kernel's view of a depthwise workload (`templates.problem`'s strides and epilogue;
-    w_row: the tap-major weight rows' length; no zero point: CUDA cores multiply u8 as it
-    is)."""
-    return dataclasses.replace(problem(wl, False), w_row=-(-wl.C // ROW_ALIGN) * ROW_ALIGN,
+    """The kernel's view of a depthwise or narrow-group workload (`templates.problem`'s
+    strides and epilogue; w_row: the tap-major weight rows' length; no zero point: CUDA cores
+    multiply u8 as it is)."""
+    return dataclasses.replace(problem(wl, False), w_row=-(-wl.K // ROW_ALIGN) * ROW_ALIGN,
                                a_zero=0)
 
 
 def tap_major_weights(wl: ConvWorkload, w: torch.Tensor) -> torch.Tensor:
-    """The weight values as [R*S, C rounded up to ROW_ALIGN] on w's device (zeros past C), one
-    byte each (int8, uint8 for u8): a tap's weights of a channel tile are one vector load.
-    `w`: the workload's validated KRSC storage [C, R, S, 1] (INT8 or PACKED)."""
-    values = unpack(w, wl.w, wl.w_layout, 1).reshape(wl.C, wl.R * wl.S).T
+    """The weight values as [R*S*Cg, K rounded up to ROW_ALIGN] on w's device (zeros past K;
+    Cg = C / groups, 1 for depthwise): row (tap Cg + j) holds every filter's weight of tap
+    `tap` and group channel j, one byte each (int8, uint8 for u8), so a tap's weights of a
+    channel tile are one vector load. `w`: the workload's validated KRSC storage [K, R, S, Cg]
+    (INT8 or PACKED)."""
+    cg = group_shape(wl)[0]
+    values = unpack(w, wl.w, wl.w_layout, cg).reshape(wl.K, wl.R * wl.S * cg).T
     dtype = torch.uint8 if wl.w.qmax > 127 else torch.int8
-    out = torch.zeros((wl.R * wl.S, depthwise_problem(wl).w_row), dtype=dtype, device=w.device)
-    out[:, :wl.C] = values.to(dtype)
+    out = torch.zeros((wl.R * wl.S * cg, depthwise_problem(wl).w_row), dtype=dtype,
+                      device=w.device)
+    out[:, :wl.K] = values.to(dtype)
     return out
 
 
@@ -201,9 +249,10 @@ def row_alignment(prob: Problem, run: int = 16) -> int:
 
 
 def depthwise_launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor,
-                     out: torch.Tensor, vecs: tuple) -> Launch:
+                     out: torch.Tensor, vecs: tuple, group: tuple[int, int] = (1, 1)
+                     ) -> Launch:
     """The one launch of a validated call (`w`: `tap_major_weights`; `vecs`: bias, scale,
-    multiplier, shift or None). No checks here."""
+    multiplier, shift or None; group: `group_shape`). No checks here."""
     bp, bc = cfg["BLOCK_PIX"], cfg["BLOCK_C"]
     kind, layout, obits, qmin, qmax = prob.out
     vecs = tuple(t if t is not None else out for t in vecs)
@@ -217,7 +266,7 @@ def depthwise_launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tens
         OUT_LAYOUT=layout, OUT_BITS=obits, QMIN=qmin, QMAX=qmax, WIDE=prob.wide,
         ALIGN_X=row_alignment(prob, bc * prob.a_operand[1] // 8 if packed else bc),
         PIPELINED=pipelined, TAP_STAGES=cfg["num_stages"],
-        MAC_FP32=cfg.get("MAC", "int32") == "fp32",
+        MAC_FP32=cfg.get("MAC", "int32") == "fp32", GROUP_C=group[0], GROUP_K=group[1],
         BLOCK_PIX=bp, BLOCK_C=bc, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     grid = (cdiv(prob.M, bp) * cdiv(prob.NOUT, bc),)
     return Launch(depthwise_kernel, grid, args, kwargs)
@@ -236,7 +285,8 @@ class DepthwiseKernel(IgemmKernel):
             taps = torch.empty(16, dtype=dtype, device=w.device)
         else:
             taps = tap_major_weights(self.workload, w)
-        return [depthwise_launch(prob, self.config, x, taps, out, vecs)]
+        return [depthwise_launch(prob, self.config, x, taps, out, vecs,
+                                 group_shape(self.workload))]
 
 
 def fp32_exact(wl: Workload) -> bool:
@@ -353,8 +403,8 @@ class Conv2dDepthwiseTemplate(KernelTemplate):
         thread of u2 / u4 use 240 registers, 16 use 114), at most N*P*Q rounded up; 4 warps,
         the taps unrolled, int32 multiply-accumulates."""
         space = self.space(wl)
-        c = 64 if wl.C % 64 == 0 or wl.C % 32 else 32
-        c = min(c, max(16, pow2_ceil(wl.C)))
+        c = 64 if wl.K % 64 == 0 or wl.K % 32 else 32
+        c = min(c, max(16, pow2_ceil(wl.K)))
         values = 2048 if wl.a_layout is Layout.PACKED else 4096
         pix = min(max(32, values // c), max(32, pow2_ceil(wl.gemm_shape[0])))
         cfg = Config(BLOCK_PIX=min(pix, 512), BLOCK_C=c, num_warps=4, TAP_LOOP="unrolled",
@@ -369,7 +419,8 @@ class Conv2dDepthwiseTemplate(KernelTemplate):
         shared memory staging beyond Triton's pipeline (operand bits: the stored activation
         width)."""
         bits = wl.a.bits if wl.a_layout is Layout.PACKED else 8
-        return dict(M=wl.gemm_shape[0], N=wl.K, K=wl.R * wl.S, block_m=config["BLOCK_PIX"],
+        reduction = wl.R * wl.S * group_shape(wl)[0]
+        return dict(M=wl.gemm_shape[0], N=wl.K, K=reduction, block_m=config["BLOCK_PIX"],
                     block_n=config["BLOCK_C"], block_k=1, warps=config["num_warps"],
                     stages=config["num_stages"], split_k=1, operand_bits=bits)
 
@@ -378,6 +429,35 @@ class Conv2dDepthwiseTemplate(KernelTemplate):
         return DepthwiseKernel(self.name, wl, config, depthwise_problem(wl))
 
 
-__all__ = ["DEPTHWISE_KNOBS", "Conv2dDepthwiseTemplate", "DepthwiseKernel", "channel_tile",
-           "depthwise_kernel", "depthwise_launch", "depthwise_problem", "grouped_conv_reason",
-           "offsets_reason", "pow2_ceil", "tap_major_weights", "tile_reason"]
+#: the most input channels per group `triton.conv2d_grouped_cuda` takes (each is one gathered
+#: input tile and one multiply-add per tap and output value)
+GROUP_CHANNELS_MAX = 16
+
+
+class Conv2dGroupedCudaTemplate(Conv2dDepthwiseTemplate):
+    """Grouped conv2d of at most GROUP_CHANNELS_MAX input channels per group (1 < groups,
+    not depthwise) on CUDA cores: the depthwise kernel with each output channel summing its
+    group's Cg gathered inputs per tap (`tap_product`), R*S*Cg multiply-adds an output value
+    (ResNeXt 32x4d's 4-16: 36-144 for a 3x3) where the tensor-core template pads each
+    column tile's reduction to its groups' span."""
+
+    name = "triton.conv2d_grouped_cuda"
+
+    def unsupported_reason(self, wl: Workload) -> str | None:
+        if not isinstance(wl, ConvWorkload):
+            return f"needs a ConvWorkload, got {type(wl).__name__}"
+        if wl.groups == 1 or wl.depthwise:
+            return (f"needs a grouped conv (1 < groups, not depthwise), got groups={wl.groups},"
+                    f" C={wl.C}, K={wl.K}")
+        cg = group_shape(wl)[0]
+        if cg > GROUP_CHANNELS_MAX:
+            return (f"{cg} input channels per group > {GROUP_CHANNELS_MAX}: "
+                    "triton.conv2d_grouped_int8 (tensor cores)")
+        return grouped_conv_reason(wl)
+
+
+__all__ = ["DEPTHWISE_KNOBS", "GROUP_CHANNELS_MAX", "Conv2dDepthwiseTemplate",
+           "Conv2dGroupedCudaTemplate", "DepthwiseKernel", "channel_gather", "channel_tile",
+           "depthwise_kernel", "depthwise_launch", "depthwise_problem", "group_shape",
+           "grouped_conv_reason", "offsets_reason", "pow2_ceil", "tap_major_weights",
+           "tile_reason"]
