@@ -132,6 +132,21 @@ def test_grouped_cuda_bit_exact(case):
     check(wl, DepthwiseKernel("test", wl, cfg, depthwise_problem(wl)), seed=len(wl.key) + 1)
 
 
+def test_group_inputs_load_as_words_where_bytes_align():
+    """`group_words`: one-byte activations, 4n channels a group on 4-byte rows (the grouped
+    CUDA-core cases above cover both paths: cg4 / cg16 int8 words, packed and cg6 bytes)."""
+    from lowbit.kernels.triton.depthwise import group_shape, group_words
+
+    expect = {"cg4_s1_int32_cuda": True, "cg4_s2_u8_relu_u8_cuda": True,
+              "cg8_s1_u4packed_in_out_cuda": False, "cg8_s2_u2packed_shifted_s8_cuda": False,
+              "cg6_kg12_u2packed_unaligned_bitplane_cuda": False, "cg4_fp16_cuda": True,
+              "cg8_binary_packed_cuda": False, "cg16_s2_u8_relu_u8_fp32_cuda": True}
+    got = {name: group_words(depthwise_problem(wl), group_shape(wl)[0])
+           for name, wl, _ in GROUPED_CUDA_CASES}
+    assert got == expect
+    assert not group_words(depthwise_problem(grouped(18, 18, 3)), 6)
+
+
 def test_default_configs_bit_exact():
     """The templates' own defaults (H100 tile sizes) on a small depthwise and grouped layer."""
     for template, wl in ((DEPTHWISE, dw(24, 3, 2, a="u8", epilogue=U8_RELU)),
@@ -269,6 +284,16 @@ COMPILE_CASES = {
                                                    epilogue=U4_PACKED),
                              Config(BLOCK_PIX=128, BLOCK_N=16, BLOCK_K=32, num_warps=4,
                                     num_stages=3, GROUP_M=8)),
+    # ResNeXt's w2a2 layer1 grouped conv as the network runs it: u2 bytes in, u2 bit planes
+    # out (int32 words of 4 channels a group), and 8 channels a group into u8
+    "cuda_grouped_default_resnext_u2_planes": (
+        GROUPED_CUDA, ConvWorkload(N=32, H=56, W=56, C=128, K=128, R=3, S=3, pad=1, groups=32,
+                                   a="u2", w="s2", epilogue=Epilogue(
+                                       shifted_bias=True, relu=True, out="u2",
+                                       out_layout="bitplane")), None),
+    "cuda_grouped_default_cg8_u8": (GROUPED_CUDA, ConvWorkload(
+        N=32, H=28, W=28, C=256, K=256, R=3, S=3, pad=1, groups=32, a="u8",
+        epilogue=U8_RELU), None),
 }
 
 
@@ -291,6 +316,8 @@ def test_compile_for_sm90():
         assert (main["wgmma"] > 0) == name.startswith("grouped"), (name, main)
         if name == "depthwise_default_u8":
             assert main["byte_loads"] == 0, main  # 16-byte channel vectors, not bytes
+        if name.startswith("cuda_grouped"):
+            assert main["byte_loads"] == 0, main  # a group's bytes as int32 words
 
 
 # ------------------------------------------------------------------------------- GPU tests

@@ -131,7 +131,7 @@ def channel_gather(ptr, row_off, chan, mask, SRC: tl.constexpr, BITS: tl.constex
 def tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row, w_row,
                 S: tl.constexpr, A_SRC: tl.constexpr, A_BITS: tl.constexpr,
                 A_ENC: tl.constexpr, ALIGN_X: tl.constexpr, MAC_FP32: tl.constexpr,
-                GROUP_C: tl.constexpr, GROUP_K: tl.constexpr,
+                GROUP_C: tl.constexpr, GROUP_K: tl.constexpr, GROUP_WORDS: tl.constexpr,
                 BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr):
     """[BLOCK_PIX, BLOCK_C]: filter tap `tap` = r * S + s of output channels c0 + [0, BLOCK_C)
     (C of them), int32, or float32 with MAC_FP32 (integers, exact while the layer's |sum| <
@@ -162,13 +162,34 @@ def tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_ro
             prod = tl.zeros((BLOCK_PIX, BLOCK_C), dtype=tl.float32)
         else:
             prod = tl.zeros((BLOCK_PIX, BLOCK_C), dtype=tl.int32)
-        for j in tl.static_range(GROUP_C):
-            a = channel_gather(x_ptr, row_off, first + j, mask, A_SRC, A_BITS, A_ENC)
-            wv = tl.load(w_ptr + (tap * GROUP_C + j) * w_row + k)  # zeros past C
-            if MAC_FP32:
-                prod += a.to(tl.float32) * wv.to(tl.float32)[None, :]
-            else:
-                prod += a * wv.to(tl.int32)[None, :]
+        if GROUP_WORDS:
+            # one-byte values, groups of 4n channels on 4-byte boundaries: a group's inputs
+            # are n int32 words, each split into its 4 bytes in registers (a quarter of the
+            # loads and addresses of byte gathers)
+            words = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+            word_row = tl.multiple_of(row_off // 4, ALIGN_X // 4) if ALIGN_X >= 4 \
+                else row_off // 4
+            for u in tl.static_range(GROUP_C // 4):
+                word = tl.load(words + word_row[:, None] + (first // 4 + u)[None, :],
+                               mask=mask, other=0)
+                for b in tl.static_range(4):
+                    if A_ENC == 0:
+                        a = (word >> (8 * b)) & 0xFF
+                    else:  # two's complement bytes, sign-extended
+                        a = (word << (24 - 8 * b)) >> 24
+                    wv = tl.load(w_ptr + (tap * GROUP_C + 4 * u + b) * w_row + k)
+                    if MAC_FP32:
+                        prod += a.to(tl.float32) * wv.to(tl.float32)[None, :]
+                    else:
+                        prod += a * wv.to(tl.int32)[None, :]
+        else:
+            for j in tl.static_range(GROUP_C):
+                a = channel_gather(x_ptr, row_off, first + j, mask, A_SRC, A_BITS, A_ENC)
+                wv = tl.load(w_ptr + (tap * GROUP_C + j) * w_row + k)  # zeros past C
+                if MAC_FP32:
+                    prod += a.to(tl.float32) * wv.to(tl.float32)[None, :]
+                else:
+                    prod += a * wv.to(tl.int32)[None, :]
     return prod
 
 
@@ -182,7 +203,8 @@ def depthwise_kernel(
     OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
     WIDE: tl.constexpr, ALIGN_X: tl.constexpr, PIPELINED: tl.constexpr,
     TAP_STAGES: tl.constexpr, MAC_FP32: tl.constexpr, GROUP_C: tl.constexpr,
-    GROUP_K: tl.constexpr, BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr,
+    GROUP_K: tl.constexpr, GROUP_WORDS: tl.constexpr, BLOCK_PIX: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     """Program pid: channel tile pid % cdiv(C, BLOCK_C) of pixel tile pid // cdiv(C, BLOCK_C)
     (C: the output channels); sum of the R*S tap products, then the fused epilogue (module
@@ -201,12 +223,12 @@ def depthwise_kernel(
         for tap in tl.range(0, R * S, num_stages=TAP_STAGES):
             acc += tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row,
                                w_row, S, A_SRC, A_BITS, A_ENC, ALIGN_X, MAC_FP32, GROUP_C,
-                               GROUP_K, BLOCK_PIX, BLOCK_C)
+                               GROUP_K, GROUP_WORDS, BLOCK_PIX, BLOCK_C)
     else:
         for tap in tl.static_range(R * S):
             acc += tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row,
                                w_row, S, A_SRC, A_BITS, A_ENC, ALIGN_X, MAC_FP32, GROUP_C,
-                               GROUP_K, BLOCK_PIX, BLOCK_C)
+                               GROUP_K, GROUP_WORDS, BLOCK_PIX, BLOCK_C)
     if MAC_FP32:
         acc = acc.to(tl.int32)  # an integer below 2^24: exact
     epilogue_store(acc, offs_m, pid_c * BLOCK_C, M, C, out_ptr, out_row, out_plane,
@@ -248,6 +270,13 @@ def row_alignment(prob: Problem, run: int = 16) -> int:
     return math.gcd(prob.x_row, 16, run)
 
 
+def group_words(prob: Problem, group_c: int) -> bool:
+    """Whether a group's inputs load as int32 words (`tap_product`): one-byte activations
+    (INT8 layout), 4n channels a group and rows of 4n bytes."""
+    return (prob.a_operand[0] != SRC_PACKED and group_c > 1 and group_c % 4 == 0
+            and prob.x_row % 4 == 0)
+
+
 def depthwise_launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor,
                      out: torch.Tensor, vecs: tuple, group: tuple[int, int] = (1, 1)
                      ) -> Launch:
@@ -267,7 +296,8 @@ def depthwise_launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tens
         ALIGN_X=row_alignment(prob, bc * prob.a_operand[1] // 8 if packed else bc),
         PIPELINED=pipelined, TAP_STAGES=cfg["num_stages"],
         MAC_FP32=cfg.get("MAC", "int32") == "fp32", GROUP_C=group[0], GROUP_K=group[1],
-        BLOCK_PIX=bp, BLOCK_C=bc, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        GROUP_WORDS=group_words(prob, group[0]), BLOCK_PIX=bp, BLOCK_C=bc,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     grid = (cdiv(prob.M, bp) * cdiv(prob.NOUT, bc),)
     return Launch(depthwise_kernel, grid, args, kwargs)
 
@@ -309,6 +339,13 @@ DEPTHWISE_KNOBS = KnobTable(
             "values are integers, exact while the worst-case |sum| < 2^24)",
             applies=fp32_exact),
 )
+
+
+def default_block_c(wl: ConvWorkload) -> int:
+    """BLOCK_C of the defaults: 64 where it divides K, else 32 where that does, else 64 (K
+    rounded up to a power of two when smaller)."""
+    c = 64 if wl.K % 64 == 0 or wl.K % 32 else 32
+    return min(c, max(16, pow2_ceil(wl.K)))
 
 
 def grouped_conv_reason(wl: ConvWorkload) -> str | None:
@@ -403,8 +440,7 @@ class Conv2dDepthwiseTemplate(KernelTemplate):
         thread of u2 / u4 use 240 registers, 16 use 114), at most N*P*Q rounded up; 4 warps,
         the taps unrolled, int32 multiply-accumulates."""
         space = self.space(wl)
-        c = 64 if wl.K % 64 == 0 or wl.K % 32 else 32
-        c = min(c, max(16, pow2_ceil(wl.K)))
+        c = default_block_c(wl)
         values = 2048 if wl.a_layout is Layout.PACKED else 4096
         pix = min(max(32, values // c), max(32, pow2_ceil(wl.gemm_shape[0])))
         cfg = Config(BLOCK_PIX=min(pix, 512), BLOCK_C=c, num_warps=4, TAP_LOOP="unrolled",
@@ -454,6 +490,30 @@ class Conv2dGroupedCudaTemplate(Conv2dDepthwiseTemplate):
             return (f"{cg} input channels per group > {GROUP_CHANNELS_MAX}: "
                     "triton.conv2d_grouped_int8 (tensor cores)")
         return grouped_conv_reason(wl)
+
+    def constraints(self, wl: ConvWorkload) -> list:
+        def looped(c: Config) -> str | None:
+            if c["TAP_LOOP"] == "unrolled":
+                return ("unrolled grouped taps keep R*S*Cg gathered tiles in flight and spill "
+                        "(offline ptxas, sm_90: 15-27 KB a thread): TAP_LOOP pipelined")
+            return None
+
+        return [*super().constraints(wl), looped]
+
+    def default_config(self, wl: Workload) -> Config:
+        """The depthwise default's BLOCK_C, the taps in a loop (`constraints`), 2,048 values
+        a tile for bit-plane outputs (their packing takes registers: offline ptxas for sm_90,
+        ResNeXt's u2 planes on 64 x 64 tiles 242 registers, 32 x 64 107; int32 out 56-95),
+        else 4,096."""
+        c = default_block_c(wl)
+        values = 2048 if wl.epilogue.out_layout is Layout.BITPLANE else 4096
+        pix = min(max(32, values // c), max(32, pow2_ceil(wl.gemm_shape[0])), 512)
+        cfg = Config(BLOCK_PIX=pix, BLOCK_C=c, num_warps=4, TAP_LOOP="pipelined", num_stages=1,
+                     MAC="int32")
+        space = self.space(wl)
+        while not space.is_valid(cfg) and cfg["num_warps"] > 1:
+            cfg = cfg.replace(num_warps=cfg["num_warps"] // 2)
+        return cfg if space.is_valid(cfg) else space.all_configs()[0]
 
 
 __all__ = ["DEPTHWISE_KNOBS", "GROUP_CHANNELS_MAX", "Conv2dDepthwiseTemplate",
