@@ -104,6 +104,22 @@ def test_matrix_model_compiles_with_its_reasons(name):
     assert float((y - yf).abs().max()) <= tol * float(yf.abs().max())
 
 
+#: the first layer's (filter, stride) per matrix model whose first conv the fused stem runs
+#: (the matrix's VGG pools its first conv 2x2: not the stem's 3x3/2 pool)
+STEM_FIRST = {"resnet": (7, 2), "mobilenet_v2": (3, 2), "regnet_x": (3, 2),
+              "efficientnet_b0": (3, 2)}
+
+
+@pytest.mark.parametrize("name", [n for n in STEM_FIRST if n not in SLOW])
+def test_matrix_first_layers_on_the_fused_stem(name):
+    """The plan fuses the image's quantization into the first conv (`graph.launches`) on
+    ResNet's 7x7/2 and the 3x3/2 of MobileNet, RegNet and EfficientNet."""
+    q, x = _build(name)
+    first = compiled(q, x).plan.layers[0]
+    assert (first.workload.R, first.workload.stride) == STEM_FIRST[name]
+    assert first.stem, first.name
+
+
 @pytest.mark.parametrize("name", _params(LOW_BIT))
 def test_matrix_low_bit(name):
     """w2a2 (first and last layer w8a8): bit-serial layers, same reasons."""

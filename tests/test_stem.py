@@ -130,6 +130,24 @@ def test_gemm_kernel_matches_reference(case):
     assert check_outputs(got, ref, layouts, specs) == 3
 
 
+@pytest.mark.parametrize("cfg", [None, S.StemConfig(band_rows=2, whole_k=True)],
+                         ids=["default_gemm", "bands"])
+def test_mobilenet_3x3_stride2_stem(cfg):
+    """MobileNet-V2's first layer: 3x3/2 pad 1, no pool, 32 filters (half the kernels' 64-wide
+    column tile), one ReLU6 output (u8 clamped at 6 / scale: here a u8 with ReLU) on an odd
+    image; the default is the "gemm" kernel."""
+    image, weight, bias, g = make_case(3, 23, 19, 32, 3, 31)
+    specs = specs_for(32, g, (("u8", True), ("s8", False)))
+    layouts = (INT8, INT8)
+    geom = S.StemGeometry(N=3, C=3, H=23, W=19, K=32, R=3, stride=2, pad=1, pool_pad=None)
+    assert S.default_config(geom).kernel == "gemm"
+    got = S.stem(image.to(DEVICE), weight, bias, specs, layouts, scale=0.05, stride=2, pad=1,
+                 pool_pad=None, config=cfg)
+    ref = reference(quantize_float(image, 0.05, "s8"), weight, bias, specs, 2, 1, None)
+    assert ref[0].shape == (3, 12, 10, 32)
+    assert check_outputs(got, ref, layouts, specs) == 2
+
+
 @settings(max_examples=400, deadline=None)
 @given(y=st.integers(-(2**21), 2**21), m=st.integers(0, 2**31 - 1),
        b=st.integers(-(2**50), 2**50), s=st.integers(1, 62),
