@@ -67,17 +67,21 @@ from .stem_gemm import (
     stem_gemm_kernel,
     stem_outputs,
     stem_slot,
+    window_offsets,
 )
 from .stem_geometry import (
     BLOCK_J,
     BLOCK_N,
     StemConfig,
     StemGeometry,
+    column_blocks,
+    conv_constexprs,
     geometry_of,
+    quant_constexprs,
     s2d_weights,
 )
 from .stem_ring import ring_band_rows, ring_launch, ring_refusal
-from .stored import ENC, Launcher, check_device, empty_packed, flag_nonfinite, quantize_f32
+from .stored import Launcher, check_device, empty_packed, flag_nonfinite, quantize_f32
 
 __all__ = ["StemConfig", "StemGeometry", "bind_stem", "default_config", "empty_packed",
            "gemm_band_rows", "geometry_of", "ring_config", "ring_refusal", "s2d_weights", "stem"]
@@ -86,15 +90,17 @@ __all__ = ["StemConfig", "StemGeometry", "bind_stem", "default_config", "empty_p
 @triton.jit
 def stem_input_kernel(
     x_ptr, table_ptr, s2d_ptr, status_ptr, HS, WS, H, W, sn, sc, sh, sw, scale,
-    C: tl.constexpr, S: tl.constexpr, PS: tl.constexpr, CSP: tl.constexpr, CSPP: tl.constexpr,
-    U8: tl.constexpr, ENC: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
-    HAS_STATUS: tl.constexpr, BLOCK_X: tl.constexpr,
+    QUANT: tl.constexpr, S: tl.constexpr, CSP: tl.constexpr, CSPP: tl.constexpr,
+    BLOCK_X: tl.constexpr,
 ):
     """Quantized space-to-depth image: s2d[n, Y, X, (d*S + e)*C + c] =
     q(x[n, c, S*(Y - PS) + d, S*(X - PS) + e]), 0 outside the image and in the padding
-    channels. One program per space-to-depth row (n, Y) and BLOCK_X of its pixels: it reads the
-    S image rows of each channel (image strides sn, sc, sh, sw), each value once, and writes
-    whole pixels (CSP bytes, a multiple of 16: vector stores)."""
+    channels (C, PS and the quantizer: QUANT, `stem_geometry.QuantConstexprs`). One program
+    per space-to-depth row (n, Y) and BLOCK_X of its pixels: it reads the S image rows of each
+    channel (image strides sn, sc, sh, sw), each value once, and writes whole pixels (CSP
+    bytes, a multiple of 16: vector stores)."""
+    C: tl.constexpr = QUANT.C
+    PS: tl.constexpr = QUANT.PS
     row = tl.program_id(0)
     n = row // HS
     yy = row % HS
@@ -109,13 +115,13 @@ def stem_input_kernel(
     valid = (xmask[:, None] & ((ch < S * S * C) & (iy >= 0) & (iy < H))[None, :] & (ix >= 0)
              & (ix < W))
     src = (n * sn + c * sc + iy * sh)[None, :] + ix * sw
-    if U8:
+    if QUANT.U8:
         v = tl.load(x_ptr + src, mask=valid, other=0).to(tl.int32)
         q = tl.load(table_ptr + c[None, :] * 256 + v, mask=valid, other=0).to(tl.int32)
     else:
         xf = tl.load(x_ptr + src, mask=valid, other=0.0).to(tl.float32)
-        q = quantize_f32(xf, scale, ENC, QMIN, QMAX)
-        if HAS_STATUS:
+        q = quantize_f32(xf, scale, QUANT.ENC, QUANT.QMIN, QUANT.QMAX)
+        if QUANT.HAS_STATUS:
             flag_nonfinite(xf, valid, status_ptr)
     q = tl.where(valid, q, 0)
     tl.store(s2d_ptr + (row * WS + xx)[:, None] * CSP + ch[None, :], q.to(tl.int8),
@@ -129,27 +135,21 @@ def _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh, ow, n_idx, n_mask, dims, CONV: tl.co
     n[m] (valid where n_ok) and column ow[m]; positions outside the conv output are INT32_MIN
     (the pool's padding). The reduction runs in CHUNKS dots of 64 bytes, or one (WHOLE_K:
     every load of the window in flight at once); each filter row is RS * CSP contiguous bytes
-    of the space-to-depth tensor, loaded as 16-byte vectors. dims and CONV as
-    `conv_launch` makes them."""
+    of the space-to-depth tensor (`stem_gemm.window_offsets`), loaded as 16-byte vectors. dims
+    and CONV as `conv_launch` makes them."""
     _, OH, OW, _, _, HS, WS, _, KWB, _, _, _ = dims
-    CSP: tl.constexpr = CONV[0]
-    RS: tl.constexpr = CONV[1]
-    KB: tl.constexpr = CONV[2]
-    CHUNKS: tl.constexpr = CONV[3]
-    WHOLE_K: tl.constexpr = CONV[4]
     ohc = tl.minimum(tl.maximum(oh, 0), OH - 1)
     owc = tl.minimum(tl.maximum(ow, 0), OW - 1)
-    base = ((n * HS + ohc) * WS + owc) * CSP  # the filter window's corner, 16-byte aligned
+    base = ((n * HS + ohc) * WS + owc) * CONV.CSP  # the window's corner, 16-byte aligned
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    KC: tl.constexpr = CHUNKS * 64 if WHOLE_K else 64  # bytes per dot
-    for ci in tl.static_range(CHUNKS * 64 // KC):
+    KC: tl.constexpr = CONV.CHUNKS * 64 if CONV.WHOLE_K else 64  # bytes per dot
+    for ci in tl.static_range(CONV.CHUNKS * 64 // KC):
         k = ci * KC + tl.arange(0, KC)
-        off = (k // (RS * CSP)) * (WS * CSP) + k % (RS * CSP)
-        off = tl.max_contiguous(tl.multiple_of(off, 16), 16)
-        if KB % KC == 0:
+        off = window_offsets(k, WS, CONV)
+        if CONV.KB % KC == 0:
             a = tl.load(s2d_ptr + base[:, None] + off[None, :])
         else:
-            a = tl.load(s2d_ptr + base[:, None] + off[None, :], mask=(k < KB)[None, :],
+            a = tl.load(s2d_ptr + base[:, None] + off[None, :], mask=(k < CONV.KB)[None, :],
                         other=0)
         b = tl.load(w_ptr + n_idx[None, :] * KWB + k[:, None], mask=n_mask[None, :], other=0)
         acc = tl.dot(a, b, acc, out_dtype=tl.int32)
@@ -165,9 +165,6 @@ def stem_conv_kernel(s2d_ptr, w_ptr, bias_ptr, dims, outs, CONV: tl.constexpr,
     rows, a block of output columns and BLOCK_N channels; see the module docstring. The
     arguments as `conv_launch` makes them."""
     N, OH, OW, PH, PW, _, _, K, _, bands, col_blocks, band_rows = dims
-    POOL: tl.constexpr = CONV[5]
-    PP: tl.constexpr = CONV[6]
-    HAS_BIAS: tl.constexpr = CONV[7]
     BLOCK_M: tl.constexpr = IMAGES * BLOCK_J
     pid = tl.program_id(0)
     cb = pid % col_blocks
@@ -181,14 +178,14 @@ def stem_conv_kernel(s2d_ptr, w_ptr, bias_ptr, dims, outs, CONV: tl.constexpr,
     n_mask = n_idx < K
     t0 = band * band_rows
     t_end = tl.minimum(t0 + band_rows, PH)
-    if HAS_BIAS:
+    if CONV.HAS_BIAS:
         bias = tl.load(bias_ptr + n_idx, mask=n_mask, other=0)
     else:
         bias = tl.zeros((BLOCK_N,), dtype=tl.int32)
-    if POOL:
+    if CONV.POOL:
         # pooled columns j0 + jj (the last of the block only feeds its neighbour's window)
         j = cb * (BLOCK_J - 1) + jj
-        col_a = 2 * j - PP
+        col_a = 2 * j - CONV.PP
         nxt = (mm - jj + tl.minimum(jj + 1, BLOCK_J - 1))[:, None] + tl.zeros(
             (BLOCK_M, BLOCK_N), tl.int32)
         carry_a = tl.full((BLOCK_M, BLOCK_N), INT32_MIN, tl.int32)
@@ -196,7 +193,7 @@ def stem_conv_kernel(s2d_ptr, w_ptr, bias_ptr, dims, outs, CONV: tl.constexpr,
         j_mask = n_ok & (jj < BLOCK_J - 1) & (j < PW)
         # t0 - 1 first: its second conv row is the first window row of pooled row t0
         for t in range(t0 - 1, t_end):
-            oh = 2 * t - PP + 1
+            oh = 2 * t - CONV.PP + 1
             a_lo = _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh, col_a, n_idx, n_mask, dims, CONV,
                               BLOCK_M, BLOCK_N)
             a_hi = _conv_cols(s2d_ptr, w_ptr, n, n_ok, oh + 1, col_a, n_idx, n_mask, dims, CONV,
@@ -260,9 +257,7 @@ def default_config(geom: StemGeometry, sms: int = TARGET.sms) -> StemConfig:
     if geom.stride == 4 or geom.pool_pad is None:
         return StemConfig(kernel="gemm", block_j=32, num_warps=4, num_stages=3, whole_k=True,
                           band_rows=gemm_band_rows(geom, 32, sms=sms))
-    blocks = cdiv(geom.PW, BLOCK_J - 1) if geom.pool_pad is not None else cdiv(geom.OW,
-                                                                              BLOCK_J)
-    per_band = geom.N * blocks * cdiv(geom.K, BLOCK_N)
+    per_band = geom.N * column_blocks(geom, BLOCK_J, "bands") * cdiv(geom.K, BLOCK_N)
     for rows in (8, 4, 2):
         if per_band * cdiv(geom.PH, rows) >= 2 * sms:
             return StemConfig(band_rows=rows, whole_k=True)
@@ -318,25 +313,22 @@ def conv_launch(s2d: torch.Tensor, w2: torch.Tensor, bias: torch.Tensor | None,
     `stem_gemm.stem_gemm_kernel`): the space-to-depth image and weights, the int32 bias
     (None: none), the outputs' `outs` and OUTS (`stem_gemm.output_group`); the kernels'
     dims (runtime sizes) and CONV (compile-time geometry) in the order they unpack them."""
-    pooled = geom.pool_pad is not None
-    col_blocks = cdiv(geom.PW, cfg.block_j - 1) if pooled else cdiv(geom.OW, cfg.block_j)
-    bands = cdiv(geom.PH if pooled else geom.OH, cfg.band_rows)
+    col_blocks = column_blocks(geom, cfg.block_j, cfg.kernel)
+    bands = cdiv(geom.PH, cfg.band_rows)  # PH = OH without the pool
     dims = dict(N=geom.N, OH=geom.OH, OW=geom.OW, PH=geom.PH, PW=geom.PW, HS=geom.HS,
                 WS=geom.WS, K=geom.K, KWB=w2.shape[1], bands=bands, col_blocks=col_blocks,
                 band_rows=cfg.band_rows)
-    conv = dict(CSP=geom.CSP, RS=geom.RS, KB=geom.KB, CHUNKS=geom.chunks,
-                WHOLE_K=cfg.whole_k and geom.chunks in (1, 2, 4), POOL=pooled,
-                PP=geom.pool_pad or 0, HAS_BIAS=bias is not None)
+    conv = conv_constexprs(geom, cfg.whole_k, bias is not None)
     if bias is None:
         bias = torch.zeros(1, dtype=torch.int32, device=s2d.device)
     outs, out_consts = outputs
     args = (s2d, w2, bias, tuple(dims.values()), outs)
-    constexprs = dict(CONV=tuple(conv.values()), OUTS=out_consts, BLOCK_J=cfg.block_j,
-                      BLOCK_N=cfg.block_n, **cfg.launch_options())
+    constexprs = dict(CONV=conv, OUTS=out_consts, BLOCK_J=cfg.block_j, BLOCK_N=cfg.block_n,
+                      **cfg.launch_options())
     channel_blocks = cdiv(geom.K, cfg.block_n)
     if cfg.kernel == "gemm":
-        tiles = geom.N * bands * col_blocks if pooled else cdiv(geom.N * geom.OH * geom.OW,
-                                                                 4 * cfg.block_j)
+        tiles = geom.N * bands * col_blocks if conv.POOL else cdiv(
+            geom.N * geom.OH * geom.OW, 4 * cfg.block_j)
         return Launch(stem_gemm_kernel, (tiles, channel_blocks), args, constexprs)
     grid = (cdiv(geom.N, cfg.images) * bands * col_blocks, channel_blocks)
     return Launch(stem_conv_kernel, grid, args, dict(constexprs, IMAGES=cfg.images))
@@ -436,10 +428,8 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     in_args = (image, table_dev if is_u8 else image, s2d,
                status if status is not None else s2d, geom.HS, geom.WS, geom.H, geom.W,
                *image.stride(), s32)
-    in_kwargs = dict(C=geom.C, S=geom.stride, PS=-geom.a_min, CSP=geom.CSP, CSPP=cspp,
-                     BLOCK_X=block_x,
-                     U8=is_u8, ENC=ENC[prec.encoding], QMIN=prec.qmin, QMAX=prec.qmax,
-                     HAS_STATUS=status is not None and not is_u8, num_warps=4)
+    in_kwargs = dict(QUANT=quant_constexprs(geom, prec, is_u8, status is not None),
+                     S=geom.stride, CSP=geom.CSP, CSPP=cspp, BLOCK_X=block_x, num_warps=4)
     first = Launch(stem_input_kernel, (geom.N * geom.HS, cdiv(geom.WS, block_x)), in_args,
                    in_kwargs)
 

@@ -126,34 +126,36 @@ def pool_step(acc, carry_a, carry_b, nxt, BLOCK_J: tl.constexpr, BLOCK_N: tl.con
 
 
 @triton.jit
+def window_offsets(k, WS, CONV: tl.constexpr):
+    """The byte offsets of reduction bytes k in a space-to-depth window from its corner:
+    filter row a = k // (RS * CSP) at + a * WS * CSP, each RS * CSP contiguous bytes (16-byte
+    vectors). CONV: `stem_geometry.ConvConstexprs`."""
+    off = (k // (CONV.RS * CONV.CSP)) * (WS * CONV.CSP) + k % (CONV.RS * CONV.CSP)
+    return tl.max_contiguous(tl.multiple_of(off, 16), 16)
+
+
+@triton.jit
 def _window_dot(s2d_ptr, w_ptr, b_whole, base, n_idx, n_mask, WS, KWB, CONV: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """int32 [BLOCK_M, BLOCK_N]: each row's space-to-depth window (its corner at byte `base`,
-    16-byte aligned; filter row a at + a * WS * CSP, RS * CSP contiguous bytes) times the
-    weights: one dot with b_whole ([CHUNKS * 64, BLOCK_N], loaded by the caller) or a loop
-    of 64-byte chunks (pipelined by num_stages). CONV: `CONV_CONSTEXPRS`."""
-    CSP: tl.constexpr = CONV[0]
-    RS: tl.constexpr = CONV[1]
-    KB: tl.constexpr = CONV[2]
-    CHUNKS: tl.constexpr = CONV[3]
-    WHOLE_K: tl.constexpr = CONV[4]
-    if WHOLE_K:
-        k = tl.arange(0, CHUNKS * 64)
-        off = (k // (RS * CSP)) * (WS * CSP) + k % (RS * CSP)
-        off = tl.max_contiguous(tl.multiple_of(off, 16), 16)
-        if KB % (CHUNKS * 64) == 0:
+    16-byte aligned; `window_offsets`) times the weights: one dot with b_whole
+    ([CHUNKS * 64, BLOCK_N], loaded by the caller) or a loop of 64-byte chunks (pipelined by
+    num_stages). CONV: `stem_geometry.ConvConstexprs`."""
+    if CONV.WHOLE_K:
+        k = tl.arange(0, CONV.CHUNKS * 64)
+        off = window_offsets(k, WS, CONV)
+        if CONV.KB % (CONV.CHUNKS * 64) == 0:
             a = tl.load(s2d_ptr + base[:, None] + off[None, :])
         else:
-            a = tl.load(s2d_ptr + base[:, None] + off[None, :], mask=(k < KB)[None, :],
+            a = tl.load(s2d_ptr + base[:, None] + off[None, :], mask=(k < CONV.KB)[None, :],
                         other=0)
         acc = tl.dot(a, b_whole, out_dtype=tl.int32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-        for ci in range(CHUNKS):
+        for ci in range(CONV.CHUNKS):
             k = ci * 64 + tl.arange(0, 64)
-            off = (k // (RS * CSP)) * (WS * CSP) + k % (RS * CSP)
-            off = tl.max_contiguous(tl.multiple_of(off, 16), 16)
-            a = tl.load(s2d_ptr + base[:, None] + off[None, :], mask=(k < KB)[None, :],
+            off = window_offsets(k, WS, CONV)
+            a = tl.load(s2d_ptr + base[:, None] + off[None, :], mask=(k < CONV.KB)[None, :],
                         other=0)
             b = tl.load(w_ptr + n_idx[None, :] * KWB + k[:, None], mask=n_mask[None, :],
                         other=0)
@@ -168,27 +170,21 @@ def stem_gemm_kernel(s2d_ptr, w_ptr, bias_ptr, dims, outs, CONV: tl.constexpr,
     (N * bands * col_blocks, channel blocks); no pool: (cdiv(N * OH * OW, 4 * BLOCK_J),
     channel blocks)."""
     N, OH, OW, PH, PW, HS, WS, K, KWB, bands, col_blocks, band_rows = dims
-    CSP: tl.constexpr = CONV[0]
-    CHUNKS: tl.constexpr = CONV[3]
-    WHOLE_K: tl.constexpr = CONV[4]
-    POOL: tl.constexpr = CONV[5]
-    PP: tl.constexpr = CONV[6]
-    HAS_BIAS: tl.constexpr = CONV[7]
     BM: tl.constexpr = 4 * BLOCK_J
     pid = tl.program_id(0)
     n_idx = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n_idx < K
-    if HAS_BIAS:
+    if CONV.HAS_BIAS:
         bias = tl.load(bias_ptr + n_idx, mask=n_mask, other=0)
     else:
         bias = tl.zeros((BLOCK_N,), dtype=tl.int32)
     b_whole = tl.zeros((64, BLOCK_N), dtype=tl.int8)
-    if WHOLE_K:
-        kw = tl.arange(0, CHUNKS * 64)
+    if CONV.WHOLE_K:
+        kw = tl.arange(0, CONV.CHUNKS * 64)
         b_whole = tl.load(w_ptr + n_idx[None, :] * KWB + kw[:, None], mask=n_mask[None, :],
                           other=0)
     mm = tl.arange(0, BM)
-    if POOL:
+    if CONV.POOL:
         # row m: conv row pair member rs, column parity par, pooled column jm of the block
         rs = mm // (2 * BLOCK_J)
         par = (mm // BLOCK_J) % 2
@@ -196,7 +192,7 @@ def stem_gemm_kernel(s2d_ptr, w_ptr, bias_ptr, dims, outs, CONV: tl.constexpr,
         cb = pid % col_blocks
         band = (pid // col_blocks) % bands
         n = pid // (col_blocks * bands)
-        col = 2 * (cb * (BLOCK_J - 1) + jm) - PP + par
+        col = 2 * (cb * (BLOCK_J - 1) + jm) - CONV.PP + par
         col_ok = (col >= 0) & (col < OW)
         colc = tl.minimum(tl.maximum(col, 0), OW - 1)
         jj = tl.arange(0, BLOCK_J)
@@ -210,9 +206,9 @@ def stem_gemm_kernel(s2d_ptr, w_ptr, bias_ptr, dims, outs, CONV: tl.constexpr,
         t_end = tl.minimum(t0 + band_rows, PH)
         # t0 - 1 first: its second conv row is the first window row of pooled row t0
         for t in range(t0 - 1, t_end):
-            oh = 2 * t - PP + 1 + rs
+            oh = 2 * t - CONV.PP + 1 + rs
             ohc = tl.minimum(tl.maximum(oh, 0), OH - 1)
-            base = ((n * HS + ohc) * WS + colc) * CSP
+            base = ((n * HS + ohc) * WS + colc) * CONV.CSP
             acc = _window_dot(s2d_ptr, w_ptr, b_whole, base, n_idx, n_mask, WS, KWB, CONV, BM,
                               BLOCK_N)
             ok = col_ok & (oh >= 0) & (oh < OH)
@@ -228,7 +224,7 @@ def stem_gemm_kernel(s2d_ptr, w_ptr, bias_ptr, dims, outs, CONV: tl.constexpr,
         ow = p % OW
         oh = (p // OW) % OH
         n = p // (OW * OH)
-        base = ((n * HS + oh) * WS + ow) * CSP
+        base = ((n * HS + oh) * WS + ow) * CONV.CSP
         acc = _window_dot(s2d_ptr, w_ptr, b_whole, base, n_idx, n_mask, WS, KWB, CONV, BM,
                           BLOCK_N)
         stem_outputs(acc, bias, pix, pix_mask, n_idx, K, outs, OUTS, BM, BLOCK_N)

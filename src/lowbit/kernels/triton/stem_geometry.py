@@ -1,18 +1,25 @@
 """Shapes of the fused first layer (`stem`): the geometry of a conv on at most a few channels
 with its optional 3x3/2 max-pool, the space-to-depth view of it the stem kernels run (the
 S x S image blocks of a stride-S conv as pixels of S*S*C channels, the R x R filter as an
-RS x RS one on them), and the launch knobs of the stem kernels (`StemConfig`)."""
+RS x RS one on them), the launch knobs of the stem kernels (`StemConfig`), and what their
+launches read of both: the compile-time geometry of the conv kernels (`conv_constexprs`) and
+of the image quantizer (`quant_constexprs`), the column blocks of a row (`column_blocks`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
+from ...core import Precision
 from ...reference.netops import pool_output_size
+from .igemm import cdiv
+from .stored import ENC
 
-__all__ = ["BLOCK_J", "BLOCK_N", "CHUNK_BYTES", "PIXEL_ALIGN", "STEM_KERNELS", "StemConfig",
-           "StemGeometry", "geometry_of", "s2d_weights"]
+__all__ = ["BLOCK_J", "BLOCK_N", "CHUNK_BYTES", "PIXEL_ALIGN", "STEM_KERNELS", "ConvConstexprs",
+           "QuantConstexprs", "StemConfig", "StemGeometry", "column_blocks", "conv_constexprs",
+           "geometry_of", "quant_constexprs", "s2d_weights"]
 
 #: reduction bytes per dot chunk, and the alignment of a space-to-depth pixel
 CHUNK_BYTES = 64
@@ -208,3 +215,64 @@ class StemConfig:
         if self.maxnreg is not None:
             opts["maxnreg"] = self.maxnreg
         return opts
+
+
+# =========================================================================== launch constexprs
+class ConvConstexprs(NamedTuple):
+    """The compile-time geometry of the "bands" and "gemm" conv kernels (their CONV, fields
+    read by name): bytes per space-to-depth pixel, the space-to-depth filter size, the
+    reduction's bytes and 64-byte chunks, one dot over the whole reduction, the pool and its
+    padding, a bias."""
+
+    CSP: int
+    RS: int
+    KB: int
+    CHUNKS: int
+    WHOLE_K: bool
+    POOL: bool
+    PP: int
+    HAS_BIAS: bool
+
+
+class QuantConstexprs(NamedTuple):
+    """The compile-time values of the image quantizer (QUANT of `stem.stem_input_kernel` and
+    `stem_ring.stem_ring_kernel`): channels, the space-to-depth padding in pixels (-a_min), a
+    uint8 image (quantized by its table), the precision's encoding and range, the non-finite
+    flag (a float image with a status tensor)."""
+
+    C: int
+    PS: int
+    U8: bool
+    ENC: int
+    QMIN: int
+    QMAX: int
+    HAS_STATUS: bool
+
+
+def conv_constexprs(geom: StemGeometry, whole_k: bool, has_bias: bool) -> ConvConstexprs:
+    """CONV of a conv launch of `geom`: whole_k (`StemConfig.whole_k`) where the reduction is
+    1, 2 or 4 chunks (a power of two of bytes)."""
+    return ConvConstexprs(CSP=geom.CSP, RS=geom.RS, KB=geom.KB, CHUNKS=geom.chunks,
+                          WHOLE_K=whole_k and geom.chunks in (1, 2, 4),
+                          POOL=geom.pool_pad is not None, PP=geom.pool_pad or 0,
+                          HAS_BIAS=has_bias)
+
+
+def quant_constexprs(geom: StemGeometry, prec: Precision, is_u8: bool, has_status: bool
+                     ) -> QuantConstexprs:
+    """QUANT of the image quantizer of `geom` into `prec` (the status flag only for a float
+    image)."""
+    return QuantConstexprs(C=geom.C, PS=-geom.a_min, U8=is_u8, ENC=ENC[prec.encoding],
+                           QMIN=prec.qmin, QMAX=prec.qmax, HAS_STATUS=has_status and not is_u8)
+
+
+def column_blocks(geom: StemGeometry, block_j: int, kernel: str) -> int:
+    """Blocks of block_j output columns a row of `geom` splits into for a `kernel` of
+    `STEM_KERNELS`: "ring" (which always pools) writes block_j - 2 pooled columns a block;
+    the others with the pool block_j - 1 (the last feeds its neighbour's window), without it
+    block_j conv columns."""
+    if kernel == "ring":
+        return cdiv(geom.PW, block_j - 2)
+    if geom.pool_pad is None:
+        return cdiv(geom.OW, block_j)
+    return cdiv(geom.PW, block_j - 1)

@@ -55,8 +55,8 @@ import triton.language as tl
 from ...core import Precision
 from .igemm import Launch, cdiv
 from .stem_gemm import INT32_MIN, pool_step, stem_outputs
-from .stem_geometry import StemConfig, StemGeometry
-from .stored import ENC, quantize_f32
+from .stem_geometry import StemConfig, StemGeometry, column_blocks, quant_constexprs
+from .stored import quantize_f32
 
 __all__ = ["RING_ROWS", "ring_band_rows", "ring_launch", "ring_refusal", "ring_weights"]
 
@@ -72,22 +72,28 @@ PROLOGUE_STEPS = 2
 
 # =========================================================================== kernel
 @triton.jit
+def _pair_lines(y0, x0, h_lim, W, QUANT: tl.constexpr, XW: tl.constexpr):
+    """Where the lines [16, 2 XW] of space-to-depth rows y0, y0 + 1 and columns
+    x0 .. x0 + XW - 1 read the image: per line (r, d, c) its channel c and image row
+    iy = 2 (y0 + r - PS) + d, per column i its image column ix = 2 (x0 - PS) + i, and the
+    mask of the values inside the image (rows below h_lim) of a channel c < C."""
+    line = tl.arange(0, 16)
+    c = line % 4
+    iy = 2 * (y0 + line // 8 - QUANT.PS) + (line // 4) % 2
+    ix = 2 * (x0 - QUANT.PS) + tl.arange(0, 2 * XW)
+    row_ok = (c < QUANT.C) & (iy >= 0) & (iy < h_lim)
+    mask = row_ok[:, None] & ((ix >= 0) & (ix < W))[None, :]
+    return c, iy, ix, mask
+
+
+@triton.jit
 def _load_pair(x_ptr, n, y0, x0, strides, h_lim, W, QUANT: tl.constexpr, XW: tl.constexpr):
     """The image values of space-to-depth rows y0, y0 + 1 and columns x0 .. x0 + XW - 1 as
-    lines [16, 2 XW]: line (r, d, c) (image row 2 (y0 + r - PS) + d, channel c < 4), column
-    i (image column 2 (x0 - PS) + i); 0 outside the image (rows >= h_lim: H, or 0 to load
+    lines [16, 2 XW] (`_pair_lines`); 0 outside the image (rows >= h_lim: H, or 0 to load
     nothing) and for c >= C. Any strides (NCHW or channels_last memory). strides and QUANT
-    as `ring_launch` makes them."""
+    (`stem_geometry.QuantConstexprs`) as `ring_launch` makes them."""
     sn, sc, sh, sw = strides
-    C: tl.constexpr = QUANT[0]
-    PS: tl.constexpr = QUANT[1]
-    line = tl.arange(0, 16)
-    i = tl.arange(0, 2 * XW)
-    c = line % 4
-    iy = 2 * (y0 + line // 8 - PS) + (line // 4) % 2
-    ix = 2 * (x0 - PS) + i
-    row_ok = (c < C) & (iy >= 0) & (iy < h_lim)
-    mask = row_ok[:, None] & ((ix >= 0) & (ix < W))[None, :]
+    c, iy, ix, mask = _pair_lines(y0, x0, h_lim, W, QUANT, XW)
     off = (n * sn + c * sc + iy * sh)[:, None] + (ix * sw)[None, :]
     return tl.load(x_ptr + off, mask=mask, other=0)
 
@@ -99,25 +105,13 @@ def _store_pair(ring, v, table_ptr, chk, y0, x0, H, W, scale, QUANT: tl.constexp
     ring[(y0 + r) mod 8, x, (d * 4 + c) * 2 + e] and its mirror 8 rows on (16-byte pixels,
     0 outside the image). Returns chk + v * 0 (HAS_STATUS, a float image: NaN from the first
     inf or nan on; the kernel tests it once per program), else chk."""
-    C: tl.constexpr = QUANT[0]
-    PS: tl.constexpr = QUANT[1]
-    U8: tl.constexpr = QUANT[2]
-    ENC: tl.constexpr = QUANT[3]
-    QMIN: tl.constexpr = QUANT[4]
-    QMAX: tl.constexpr = QUANT[5]
-    HAS_STATUS: tl.constexpr = QUANT[6]
-    line = tl.arange(0, 16)
-    i = tl.arange(0, 2 * XW)
-    c = line % 4
-    iy = 2 * (y0 + line // 8 - PS) + (line // 4) % 2
-    ix = 2 * (x0 - PS) + i
-    mask = ((c < C) & (iy >= 0) & (iy < H))[:, None] & ((ix >= 0) & (ix < W))[None, :]
-    if U8:
+    c, _, _, mask = _pair_lines(y0, x0, H, W, QUANT, XW)
+    if QUANT.U8:
         q = tl.load(table_ptr + c[:, None] * 256 + v.to(tl.int32), mask=mask, other=0)
     else:
         xf = v.to(tl.float32)
-        q = quantize_f32(xf, scale, ENC, QMIN, QMAX)
-        if HAS_STATUS:  # masked values were loaded as 0
+        q = quantize_f32(xf, scale, QUANT.ENC, QUANT.QMIN, QUANT.QMAX)
+        if QUANT.HAS_STATUS:  # masked values were loaded as 0
             chk = chk + xf * 0.0
     q = tl.where(mask, q, 0).to(tl.int8)
     # lines (r, d, c) x columns (x, e) -> pixels (r, x) x bytes (d, c, e)
@@ -171,7 +165,6 @@ def stem_ring_kernel(x_ptr, table_ptr, w_ptr, bias_ptr, ring_ptr, status_ptr, st
     channel blocks); tile = (image, band, column block), program p runs tiles p,
     p + programs, ..."""
     H, W, scale, OH, OW, PH, PW, K, tiles, bands, col_blocks, band_rows = dims
-    HAS_STATUS: tl.constexpr = QUANT[6]
     XW: tl.constexpr = 2 * BLOCK_J
     BM: tl.constexpr = 4 * BLOCK_J
     pid = tl.program_id(0)
@@ -245,7 +238,7 @@ def stem_ring_kernel(x_ptr, table_ptr, w_ptr, bias_ptr, ring_ptr, status_ptr, st
             stem_outputs(pooled, bias, (n * PH + t) * PW + jo, pix_mask, n_idx, K, outs,
                          OUTS, BLOCK_J, BLOCK_N)
         tl.debug_barrier()  # the next tile's prologue overwrites rows this tile still reads
-    if HAS_STATUS:  # one test per program: chk is NaN where the image held inf or nan
+    if QUANT.HAS_STATUS:  # one test per program: chk is NaN where the image held inf or nan
         if tl.max((chk != chk).to(tl.int32)) > 0:
             tl.atomic_max(status_ptr, 1)
 
@@ -290,7 +283,7 @@ def ring_band_rows(geom: StemGeometry, block_j: int, block_n: int, sms: int, per
     sms * per_sm programs, a tile of `rows` pooled rows costs rows + 1 steps (the first
     recomputes the previous band's last conv row) plus its prologue; the longest band on ties
     (fewest rows read twice)."""
-    col_blocks = cdiv(geom.PW, block_j - 2)
+    col_blocks = column_blocks(geom, block_j, "ring")
     chans = cdiv(geom.K, block_n)
 
     def cost(rows: int) -> int:
@@ -310,11 +303,11 @@ def ring_launch(image: torch.Tensor, table: torch.Tensor | None, weight: torch.T
     (any strides), table int8 [C, 256] on the device for a uint8 image, weight KRSC, bias
     int32 [K] on the device or None, the outputs' `outs` and OUTS
     (`stem_gemm.output_group`), the input precision `prec` and float32 `scale`; dims
-    (runtime sizes) and QUANT (the image quantizer's constexprs) in the order the kernel
-    unpacks them. Allocates the program's ring scratch."""
+    (runtime sizes, in the order the kernel unpacks them) and QUANT
+    (`stem_geometry.quant_constexprs`). Allocates the program's ring scratch."""
     device = image.device
     block_j, block_n = cfg.block_j, cfg.block_n
-    col_blocks = cdiv(geom.PW, block_j - 2)
+    col_blocks = column_blocks(geom, block_j, "ring")
     bands = cdiv(geom.PH, cfg.band_rows)
     tiles = geom.N * bands * col_blocks
     chans = cdiv(geom.K, block_n)
@@ -326,14 +319,12 @@ def ring_launch(image: torch.Tensor, table: torch.Tensor | None, weight: torch.T
     dims = dict(H=geom.H, W=geom.W, scale=scale, OH=geom.OH, OW=geom.OW, PH=geom.PH,
                 PW=geom.PW, K=geom.K, tiles=tiles, bands=bands, col_blocks=col_blocks,
                 band_rows=cfg.band_rows)
-    quant = dict(C=geom.C, PS=-geom.a_min, U8=is_u8, ENC=ENC[prec.encoding], QMIN=prec.qmin,
-                 QMAX=prec.qmax, HAS_STATUS=status is not None and not is_u8)
     outs, out_consts = outputs
     args = (image, table if is_u8 else w, w, bias if bias is not None else w, ring,
             status if status is not None else ring, tuple(image.stride()),
             tuple(dims.values()), outs)
-    constexprs = dict(QUANT=tuple(quant.values()), PP=geom.pool_pad,
-                      HAS_BIAS=bias is not None, TRANS=cfg.transposed,
+    constexprs = dict(QUANT=quant_constexprs(geom, prec, is_u8, status is not None),
+                      PP=geom.pool_pad, HAS_BIAS=bias is not None, TRANS=cfg.transposed,
                       LATE_LOADS=cfg.late_loads, OUTS=out_consts, BLOCK_J=block_j,
                       BLOCK_N=block_n, **cfg.launch_options(num_stages=1))
     return Launch(stem_ring_kernel, (programs, chans), args, constexprs)
