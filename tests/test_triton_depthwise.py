@@ -134,17 +134,25 @@ def test_grouped_cuda_bit_exact(case):
 
 def test_group_inputs_load_as_words_where_bytes_align():
     """`group_words`: one-byte activations, 4n channels a group on 4-byte rows (the grouped
-    CUDA-core cases above cover both paths: cg4 / cg16 int8 words, packed and cg6 bytes)."""
-    from lowbit.kernels.triton.depthwise import group_shape, group_words
+    CUDA-core cases above cover both paths: cg4 / cg16 int8 words, packed and cg6 bytes), and
+    the weights packed to match."""
+    from lowbit.kernels.triton.depthwise import group_words, tap_major_weights
 
     expect = {"cg4_s1_int32_cuda": True, "cg4_s2_u8_relu_u8_cuda": True,
               "cg8_s1_u4packed_in_out_cuda": False, "cg8_s2_u2packed_shifted_s8_cuda": False,
               "cg6_kg12_u2packed_unaligned_bitplane_cuda": False, "cg4_fp16_cuda": True,
               "cg8_binary_packed_cuda": False, "cg16_s2_u8_relu_u8_fp32_cuda": True}
-    got = {name: group_words(depthwise_problem(wl), group_shape(wl)[0])
-           for name, wl, _ in GROUPED_CUDA_CASES}
+    got = {name: group_words(wl) for name, wl, _ in GROUPED_CUDA_CASES}
     assert got == expect
-    assert not group_words(depthwise_problem(grouped(18, 18, 3)), 6)
+    assert not group_words(grouped(18, 18, 3))
+    # the weights of a word group: channel 4u + b in byte b of word u, per tap and filter
+    wl = grouped(32, 32, 4, w="s8")
+    w = torch.randint(-128, 128, (32, 3, 3, 8), dtype=torch.int8)
+    words = tap_major_weights(wl, w)
+    assert words.dtype == torch.int32 and words.shape == (9 * 2, 128)
+    as_bytes = words[:, :32].contiguous().view(torch.int8).reshape(9, 2, 32, 4)
+    assert torch.equal(as_bytes.permute(2, 0, 1, 3).reshape(32, 3, 3, 8), w)
+    assert int(words[:, 32:].abs().sum()) == 0
 
 
 def test_default_configs_bit_exact():

@@ -57,7 +57,7 @@ from ...quant.packing import unpack
 from ..base import EXACT_INT32, KernelTemplate, acc_bound
 from .epilogue import SRC_PACKED, decode_values, epilogue_store
 from .igemm import Launch, Problem, cdiv, output_pixels
-from .templates import IgemmKernel, problem
+from .templates import IgemmKernel, interpreting, problem
 
 #: accumulators per thread above which the unrolled taps spill (the taps' input tiles are in
 #: flight beside them; sm_90, offline ptxas: 32 a thread use 164-244 registers, 64 spill)
@@ -128,10 +128,51 @@ def channel_gather(ptr, row_off, chan, mask, SRC: tl.constexpr, BITS: tl.constex
 
 
 @triton.jit
+def byte_of(word, b: tl.constexpr, SIGNED: tl.constexpr):
+    """Byte b of int32 words as an int32 value: two's complement (SIGNED) or unsigned."""
+    if SIGNED:
+        val = (word << (24 - 8 * b)) >> 24
+    else:
+        val = (word >> (8 * b)) & 0xFF
+    return val
+
+
+@triton.jit
+def dot4(a_word, w_word, acc, A_SIGNED: tl.constexpr, W_SIGNED: tl.constexpr,
+         DP4A: tl.constexpr):
+    """acc + the dot product of the 4 bytes of a_word and w_word (int32 tensors, broadcast),
+    each byte signed or unsigned as its flag says: one dp4a instruction a value on the GPU
+    (DP4A), the same sum byte by byte elsewhere (the interpreter)."""
+    if DP4A:
+        if A_SIGNED and W_SIGNED:
+            out = tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r",
+                                            [a_word, w_word, acc], dtype=tl.int32,
+                                            is_pure=True, pack=1)
+        elif A_SIGNED:
+            out = tl.inline_asm_elementwise("dp4a.s32.u32 $0, $1, $2, $3;", "=r,r,r,r",
+                                            [a_word, w_word, acc], dtype=tl.int32,
+                                            is_pure=True, pack=1)
+        elif W_SIGNED:
+            out = tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r",
+                                            [a_word, w_word, acc], dtype=tl.int32,
+                                            is_pure=True, pack=1)
+        else:
+            out = tl.inline_asm_elementwise("dp4a.u32.u32 $0, $1, $2, $3;", "=r,r,r,r",
+                                            [a_word, w_word, acc], dtype=tl.int32,
+                                            is_pure=True, pack=1)
+    else:
+        out = acc
+        for b in tl.static_range(4):
+            out += byte_of(a_word, b, A_SIGNED) * byte_of(w_word, b, W_SIGNED)
+    return out
+
+
+@triton.jit
 def tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row, w_row,
                 S: tl.constexpr, A_SRC: tl.constexpr, A_BITS: tl.constexpr,
                 A_ENC: tl.constexpr, ALIGN_X: tl.constexpr, MAC_FP32: tl.constexpr,
                 GROUP_C: tl.constexpr, GROUP_K: tl.constexpr, GROUP_WORDS: tl.constexpr,
+                W_SIGNED: tl.constexpr, DP4A: tl.constexpr,
                 BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr):
     """[BLOCK_PIX, BLOCK_C]: filter tap `tap` = r * S + s of output channels c0 + [0, BLOCK_C)
     (C of them), int32, or float32 with MAC_FP32 (integers, exact while the layer's |sum| <
@@ -164,24 +205,16 @@ def tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_ro
             prod = tl.zeros((BLOCK_PIX, BLOCK_C), dtype=tl.int32)
         if GROUP_WORDS:
             # one-byte values, groups of 4n channels on 4-byte boundaries: a group's inputs
-            # are n int32 words, each split into its 4 bytes in registers (a quarter of the
-            # loads and addresses of byte gathers)
+            # are n int32 words, and each filter's weights of a tap the same n words
+            # (`tap_major_weights`): one 4-way dot product (dp4a) a word pair
             words = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
             word_row = tl.multiple_of(row_off // 4, ALIGN_X // 4) if ALIGN_X >= 4 \
                 else row_off // 4
             for u in tl.static_range(GROUP_C // 4):
                 word = tl.load(words + word_row[:, None] + (first // 4 + u)[None, :],
                                mask=mask, other=0)
-                for b in tl.static_range(4):
-                    if A_ENC == 0:
-                        a = (word >> (8 * b)) & 0xFF
-                    else:  # two's complement bytes, sign-extended
-                        a = (word << (24 - 8 * b)) >> 24
-                    wv = tl.load(w_ptr + (tap * GROUP_C + 4 * u + b) * w_row + k)
-                    if MAC_FP32:
-                        prod += a.to(tl.float32) * wv.to(tl.float32)[None, :]
-                    else:
-                        prod += a * wv.to(tl.int32)[None, :]
+                w_word = tl.load(w_ptr + (tap * (GROUP_C // 4) + u) * w_row + k)
+                prod = dot4(word, w_word[None, :], prod, A_ENC != 0, W_SIGNED, DP4A)
         else:
             for j in tl.static_range(GROUP_C):
                 a = channel_gather(x_ptr, row_off, first + j, mask, A_SRC, A_BITS, A_ENC)
@@ -203,8 +236,8 @@ def depthwise_kernel(
     OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
     WIDE: tl.constexpr, ALIGN_X: tl.constexpr, PIPELINED: tl.constexpr,
     TAP_STAGES: tl.constexpr, MAC_FP32: tl.constexpr, GROUP_C: tl.constexpr,
-    GROUP_K: tl.constexpr, GROUP_WORDS: tl.constexpr, BLOCK_PIX: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    GROUP_K: tl.constexpr, GROUP_WORDS: tl.constexpr, W_SIGNED: tl.constexpr,
+    DP4A: tl.constexpr, BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """Program pid: channel tile pid % cdiv(C, BLOCK_C) of pixel tile pid // cdiv(C, BLOCK_C)
     (C: the output channels); sum of the R*S tap products, then the fused epilogue (module
@@ -223,12 +256,12 @@ def depthwise_kernel(
         for tap in tl.range(0, R * S, num_stages=TAP_STAGES):
             acc += tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row,
                                w_row, S, A_SRC, A_BITS, A_ENC, ALIGN_X, MAC_FP32, GROUP_C,
-                               GROUP_K, GROUP_WORDS, BLOCK_PIX, BLOCK_C)
+                               GROUP_K, GROUP_WORDS, W_SIGNED, DP4A, BLOCK_PIX, BLOCK_C)
     else:
         for tap in tl.static_range(R * S):
             acc += tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row,
                                w_row, S, A_SRC, A_BITS, A_ENC, ALIGN_X, MAC_FP32, GROUP_C,
-                               GROUP_K, GROUP_WORDS, BLOCK_PIX, BLOCK_C)
+                               GROUP_K, GROUP_WORDS, W_SIGNED, DP4A, BLOCK_PIX, BLOCK_C)
     if MAC_FP32:
         acc = acc.to(tl.int32)  # an integer below 2^24: exact
     epilogue_store(acc, offs_m, pid_c * BLOCK_C, M, C, out_ptr, out_row, out_plane,
@@ -253,14 +286,19 @@ def tap_major_weights(wl: ConvWorkload, w: torch.Tensor) -> torch.Tensor:
     """The weight values as [R*S*Cg, K rounded up to ROW_ALIGN] on w's device (zeros past K;
     Cg = C / groups, 1 for depthwise): row (tap Cg + j) holds every filter's weight of tap
     `tap` and group channel j, one byte each (int8, uint8 for u8), so a tap's weights of a
-    channel tile are one vector load. `w`: the workload's validated KRSC storage [K, R, S, Cg]
-    (INT8 or PACKED)."""
+    channel tile are one vector load; where the group's inputs go as words (`group_words`),
+    the same bytes four channels an int32 word, [R*S*Cg/4, K rounded up] (channel 4u + b in
+    byte b of word u). `w`: the workload's validated KRSC storage [K, R, S, Cg] (INT8 or
+    PACKED)."""
     cg = group_shape(wl)[0]
     values = unpack(w, wl.w, wl.w_layout, cg).reshape(wl.K, wl.R * wl.S * cg).T
     dtype = torch.uint8 if wl.w.qmax > 127 else torch.int8
     out = torch.zeros((wl.R * wl.S * cg, depthwise_problem(wl).w_row), dtype=dtype,
                       device=w.device)
     out[:, :wl.K] = values.to(dtype)
+    if group_words(wl):  # little-endian bytes: the rows of 4 channels become one int32 row
+        out = out.reshape(-1, 4, out.shape[1]).permute(0, 2, 1).contiguous().view(torch.int32)
+        out = out.reshape(-1, depthwise_problem(wl).w_row)
     return out
 
 
@@ -270,18 +308,21 @@ def row_alignment(prob: Problem, run: int = 16) -> int:
     return math.gcd(prob.x_row, 16, run)
 
 
-def group_words(prob: Problem, group_c: int) -> bool:
-    """Whether a group's inputs load as int32 words (`tap_product`): one-byte activations
-    (INT8 layout), 4n channels a group and rows of 4n bytes."""
-    return (prob.a_operand[0] != SRC_PACKED and group_c > 1 and group_c % 4 == 0
-            and prob.x_row % 4 == 0)
+def group_words(wl: ConvWorkload) -> bool:
+    """Whether a grouped conv's inputs and weights go as int32 words (`tap_product`): one-byte
+    activations (INT8 layout), 4n channels a group and rows of 4n bytes."""
+    cg = group_shape(wl)[0]
+    return (wl.a_layout is Layout.INT8 and wl.w_layout is not Layout.BITPLANE and cg > 1
+            and cg % 4 == 0 and wl.C % 4 == 0)
 
 
 def depthwise_launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor,
-                     out: torch.Tensor, vecs: tuple, group: tuple[int, int] = (1, 1)
-                     ) -> Launch:
+                     out: torch.Tensor, vecs: tuple, group: tuple[int, int] = (1, 1),
+                     words: bool = False, w_signed: bool = True) -> Launch:
     """The one launch of a validated call (`w`: `tap_major_weights`; `vecs`: bias, scale,
-    multiplier, shift or None; group: `group_shape`). No checks here."""
+    multiplier, shift or None; group: `group_shape`; words: `group_words`, whose int32
+    multiply-accumulates ignore MAC; w_signed: the weight bytes are two's complement, not
+    u8). No checks here."""
     bp, bc = cfg["BLOCK_PIX"], cfg["BLOCK_C"]
     kind, layout, obits, qmin, qmax = prob.out
     vecs = tuple(t if t is not None else out for t in vecs)
@@ -295,8 +336,9 @@ def depthwise_launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tens
         OUT_LAYOUT=layout, OUT_BITS=obits, QMIN=qmin, QMAX=qmax, WIDE=prob.wide,
         ALIGN_X=row_alignment(prob, bc * prob.a_operand[1] // 8 if packed else bc),
         PIPELINED=pipelined, TAP_STAGES=cfg["num_stages"],
-        MAC_FP32=cfg.get("MAC", "int32") == "fp32", GROUP_C=group[0], GROUP_K=group[1],
-        GROUP_WORDS=group_words(prob, group[0]), BLOCK_PIX=bp, BLOCK_C=bc,
+        MAC_FP32=cfg.get("MAC", "int32") == "fp32" and not words, GROUP_C=group[0],
+        GROUP_K=group[1], GROUP_WORDS=words, W_SIGNED=w_signed, DP4A=not interpreting(),
+        BLOCK_PIX=bp, BLOCK_C=bc,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     grid = (cdiv(prob.M, bp) * cdiv(prob.NOUT, bc),)
     return Launch(depthwise_kernel, grid, args, kwargs)
@@ -310,13 +352,15 @@ class DepthwiseKernel(IgemmKernel):
 
     def plan(self, prob: Problem, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
              vecs: tuple) -> list[Launch]:
+        wl = self.workload
+        words = group_words(wl)
         if w.dim() == 1:  # an ahead-of-time compile's placeholder: only the dtype matters
-            dtype = torch.uint8 if self.workload.w.qmax > 127 else torch.int8
+            dtype = torch.int32 if words else torch.uint8 if wl.w.qmax > 127 else torch.int8
             taps = torch.empty(16, dtype=dtype, device=w.device)
         else:
-            taps = tap_major_weights(self.workload, w)
-        return [depthwise_launch(prob, self.config, x, taps, out, vecs,
-                                 group_shape(self.workload))]
+            taps = tap_major_weights(wl, w)
+        return [depthwise_launch(prob, self.config, x, taps, out, vecs, group_shape(wl), words,
+                                 w_signed=wl.w.qmax <= 127)]
 
 
 def fp32_exact(wl: Workload) -> bool:
@@ -492,10 +536,14 @@ class Conv2dGroupedCudaTemplate(Conv2dDepthwiseTemplate):
         return grouped_conv_reason(wl)
 
     def constraints(self, wl: ConvWorkload) -> list:
+        words = group_words(wl)
+
         def looped(c: Config) -> str | None:
             if c["TAP_LOOP"] == "unrolled":
                 return ("unrolled grouped taps keep R*S*Cg gathered tiles in flight and spill "
                         "(offline ptxas, sm_90: 15-27 KB a thread): TAP_LOOP pipelined")
+            if words and c.get("MAC") == "fp32":
+                return "a group's words go through int32 dot products (dp4a): MAC int32"
             return None
 
         return [*super().constraints(wl), looped]
