@@ -259,6 +259,23 @@ def test_dispatch_candidates_and_launch_shapes():
     assert geo.K == 9 * 32 and geo.k_steps == 9  # span of 8 groups of 4 channels
 
 
+def test_plan_policy_for_grouped_convs():
+    """The plan's default runs grouped convs on tensor cores; the CUDA-core template where a
+    policy puts it first (`lowbit bench` / network.py case `:int8=triton.conv2d_grouped_cuda`),
+    up to 16 channels a group."""
+    from lowbit.bench import impl_chooser
+    from lowbit.graph.impl import choose_impl
+
+    cg4 = ConvWorkload(N=2, H=8, W=8, C=128, K=128, R=3, S=3, pad=1, groups=32, a="u2",
+                       w="s2")
+    cg32 = cg4.replace(C=1024, K=1024)
+    assert choose_impl(cg4)[0] == "triton.conv2d_grouped_int8"
+    prefer = impl_chooser("triton.conv2d_grouped_cuda")
+    assert prefer(cg4)[0] == "triton.conv2d_grouped_cuda"
+    impl, why = prefer(cg32)
+    assert impl == "triton.conv2d_grouped_int8" and "32 input channels per group" in why
+
+
 def test_dispatch_choose_picks_among_them():
     from lowbit.tune.dispatch import choose
 

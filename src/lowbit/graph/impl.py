@@ -50,9 +50,9 @@ GEMV_CONV_PIXELS = 64
 #: (the bit-serial families and the dense int8 templates refuse groups)
 DEPTHWISE = "triton.conv2d_depthwise"
 GROUPED = "triton.conv2d_grouped_int8"
+#: grouped convs of <= 16 channels a group on CUDA cores (dp4a): after the tensor-core
+#: template until measured on a GPU (`int8_preferring` puts it first)
 GROUPED_CUDA = "triton.conv2d_grouped_cuda"
-#: the most input channels per group the CUDA-core grouped template is the default for
-GROUPED_CUDA_CHANNELS = 8
 #: the bit widths bit-serial serves by default (both operands)
 BITSERIAL_MAX_BITS = 4
 
@@ -98,12 +98,7 @@ def unsupported_reason(impl: str, workload: Workload) -> str | None:
 def _int8_choice(wl: Workload, why_not_bitserial: str | None,
                  first: str | None = None) -> tuple[str, str]:
     if isinstance(wl, ConvWorkload) and wl.groups > 1:
-        if wl.depthwise:
-            names = (DEPTHWISE,)
-        elif wl.C // wl.groups <= GROUPED_CUDA_CHANNELS:
-            names = (GROUPED_CUDA, GROUPED)
-        else:
-            names = (GROUPED, GROUPED_CUDA)
+        names = (DEPTHWISE,) if wl.depthwise else (GROUPED, GROUPED_CUDA)
     elif isinstance(wl, ConvWorkload):
         m, n, _ = wl.gemm_shape
         names = INT8_CONV_LARGE if m * n >= LARGE_CONV_OUTPUTS else INT8_CONV
@@ -146,11 +141,11 @@ def choose_impl(workload: Workload, int8_first: str | None = None) -> tuple[str,
 
 def int8_preferring(template: str) -> ImplChooser:
     """The default policy with the int8 template `template` tried first wherever it is one of
-    the candidates (a conv template for convs, a GEMM one for linear layers); ValueError when
-    it is not an int8 template of the policy."""
-    if template not in (*INT8_CONV, *INT8_GEMM, INT8_GEMV):
-        raise ValueError(f"template must be one of {sorted({*INT8_CONV, *INT8_GEMM, INT8_GEMV})}"
-                         f", got {template!r}")  # INT8_CONV_LARGE orders the same names
+    the candidates (a conv template for convs, a grouped one for grouped convs, a GEMM one for
+    linear layers); ValueError when it is not an int8 template of the policy."""
+    allowed = {*INT8_CONV, *INT8_GEMM, INT8_GEMV, GROUPED, GROUPED_CUDA}
+    if template not in allowed:  # INT8_CONV_LARGE orders the same names
+        raise ValueError(f"template must be one of {sorted(allowed)}, got {template!r}")
 
     def chooser(workload: Workload) -> tuple[str, str]:
         return choose_impl(workload, template)
