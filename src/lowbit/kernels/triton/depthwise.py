@@ -50,14 +50,20 @@ import torch
 import triton
 import triton.language as tl
 
-from ...core import OUT_INT16, Config, ConfigSpace, ConvWorkload, Layout, Workload
+from ...core import Config, ConfigSpace, ConvWorkload, Layout, Workload
 from ...core.knobs import KnobDef, KnobTable
 from ...core.validate import operand_shapes, out_storage, storage_shape
 from ...quant.packing import unpack
 from ..base import EXACT_INT32, KernelTemplate, acc_bound
 from .epilogue import SRC_PACKED, decode_values, epilogue_store
 from .igemm import Launch, Problem, cdiv, output_pixels
-from .templates import IgemmKernel, interpreting, problem
+from .templates import (
+    IgemmKernel,
+    bitplane_refusal,
+    epilogue_refusal,
+    interpreting,
+    problem,
+)
 
 #: accumulators per thread above which the unrolled taps spill (the taps' input tiles are in
 #: flight beside them; sm_90, offline ptxas: 32 a thread use 164-244 registers, 64 spill)
@@ -396,14 +402,10 @@ def grouped_conv_reason(wl: ConvWorkload) -> str | None:
     """What the depthwise and grouped templates refuse whatever the groups: a residual term,
     int16 output, bit-plane operands, an accumulator that could leave int32, tensors past
     32-bit offsets (None: they take it)."""
-    if wl.epilogue.residual is not None:
-        return ("a residual term in the epilogue (Epilogue.residual) is written by the "
-                "separate layer-epilogue pass, not this one")
-    if wl.epilogue.out == OUT_INT16:
-        return "int16 output is written by the bit-serial templates: use int32"
-    for name, layout in (("a_layout", wl.a_layout), ("w_layout", wl.w_layout)):
-        if layout is Layout.BITPLANE:
-            return f"{name} 'bitplane' operands are served by the bit-serial templates"
+    reason = (epilogue_refusal(wl, "the separate layer-epilogue pass")
+              or bitplane_refusal(wl))
+    if reason:
+        return reason
     bound = acc_bound(wl)  # u8 activations' zero-point sums too (within it)
     if bound >= EXACT_INT32:
         return f"worst-case |accumulator| {bound} >= {EXACT_INT32}: int32 would not be exact"

@@ -182,6 +182,27 @@ def split_k_reason(tiles: int, steps: int, split: int, waves: int) -> str | None
     return None
 
 
+def epilogue_refusal(wl: Workload, residual_writer: str = "the bit-serial templates' epilogue"
+                     ) -> str | None:
+    """Why the Triton int8 templates' epilogue cannot write `wl`'s (None: it can): a residual
+    term (written by `residual_writer`) or an int16 output (the bit-serial templates')."""
+    if wl.epilogue.residual is not None:
+        return (f"a residual term in the epilogue (Epilogue.residual) is written by "
+                f"{residual_writer}, not this one")
+    if wl.epilogue.out == OUT_INT16:
+        return "int16 output is written by the bit-serial templates: use int32"
+    return None
+
+
+def bitplane_refusal(wl: Workload) -> str | None:
+    """Why bit-plane operands keep `wl` off the Triton int8 templates (None: they are not
+    bit planes)."""
+    for name, layout in (("a_layout", wl.a_layout), ("w_layout", wl.w_layout)):
+        if layout is Layout.BITPLANE:
+            return f"{name} 'bitplane' operands are served by the bit-serial templates"
+    return None
+
+
 def interpreting() -> bool:
     """True when Triton runs in its CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -374,16 +395,9 @@ class _IgemmTemplate(KernelTemplate):
     def unsupported_reason(self, wl: Workload) -> str | None:
         if not isinstance(wl, self.workload_type):
             return f"needs a {self.workload_type.__name__}, got {type(wl).__name__}"
-        if grouped_reason(wl):
-            return grouped_reason(wl)
-        if wl.epilogue.residual is not None:
-            return ("a residual term in the epilogue (Epilogue.residual) is written by the "
-                    "bit-serial templates' epilogue, not this one")
-        if wl.epilogue.out == OUT_INT16:
-            return "int16 output is written by the bit-serial templates: use int32"
-        for name, layout in (("a_layout", wl.a_layout), ("w_layout", wl.w_layout)):
-            if layout is Layout.BITPLANE:
-                return f"{name} 'bitplane' operands are served by the bit-serial templates"
+        reason = grouped_reason(wl) or epilogue_refusal(wl) or bitplane_refusal(wl)
+        if reason:
+            return reason
         if not self.dot_fp16 and wl.w.encoding is Encoding.UNSIGNED and wl.w.bits == 8:
             # u8 activations take a zero point (`zero_point`), u8 weights none
             return (f"w={wl.w} values exceed the int8 range of the int8 tensor cores "

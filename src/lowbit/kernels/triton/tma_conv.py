@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ...core import OUT_INT16, Config, ConfigSpace, ConvWorkload, Knob, Layout, Workload
+from ...core import Config, ConfigSpace, ConvWorkload, Knob, Layout, Workload
 from ...core.epilogue import bias_vector, check_shifted_bias
 from ...core.hardware import TARGET
 from ...core.knobs import KnobDef, KnobTable
@@ -61,6 +61,7 @@ from .templates import (
     _check_device,
     acc_bound,
     default_warps,
+    epilogue_refusal,
     interpreting,
     placeholder_requant,
     problem,
@@ -344,13 +345,9 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
     def unsupported_reason(self, wl: Workload) -> str | None:
         if not isinstance(wl, ConvWorkload):
             return f"needs a ConvWorkload, got {type(wl).__name__}"
-        if grouped_reason(wl):
-            return grouped_reason(wl)
-        if wl.epilogue.residual is not None:
-            return ("a residual term in the epilogue (Epilogue.residual) is written by the "
-                    "bit-serial templates' epilogue, not this one")
-        if wl.epilogue.out == OUT_INT16:
-            return "int16 output is written by the bit-serial templates: use int32"
+        reason = grouped_reason(wl) or epilogue_refusal(wl)
+        if reason:
+            return reason
         if wl.stride not in (1, 2):
             return (f"stride={wl.stride}: only strides 1 and 2 (the input window of a spatial "
                     "tile is then one TMA box); use triton.conv2d_int8")
