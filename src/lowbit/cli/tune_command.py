@@ -58,8 +58,9 @@ def _tune_layers(workloads: str, model: str, batch: int, precision: str, overrid
 def tune(
     workloads: str = typer.Argument("", help="workload JSON file (a list of layers, as in "
                                     "src/lowbit/data/workloads) or the name of a shipped suite"),
-    model: str = typer.Option("", help="tune this network (a lowbit.models name, "
-                              "'file.py:fn' or 'module:fn'): its distinct workloads within "
+    model: str = typer.Option("", help="tune this network (a lowbit.models name, a "
+                              "torchvision model 'tv:NAME', 'file.py:fn' or 'module:fn'): its "
+                              "distinct workloads within "
                               "--budget on every GPU, then time it before and after"),
     batch: int = typer.Option(8, help="--model: batch size"),
     precision: str = typer.Option("w1a2", help="--model: precision recipe, e.g. w1a2 (first "
@@ -179,12 +180,14 @@ def _check_tune_device(dev: str, chosen: list) -> None:
 
 
 def _check_model_spec(model: str) -> None:
-    """A zoo name or a factory spec ('file.py:fn', 'module:fn'), else ValueError."""
+    """A zoo name, a torchvision name ('tv:NAME') or a factory spec ('file.py:fn',
+    'module:fn'), else ValueError."""
     from ..models import names
 
     if ":" not in model and model not in names():
-        raise ValueError(f"--model must be one of {', '.join(names())}, or a float model "
-                         f"factory 'file.py:fn' / 'module:fn', got {model!r}")
+        raise ValueError(f"--model must be one of {', '.join(names())}, a torchvision model "
+                         f"'tv:NAME' or a float model factory 'file.py:fn' / 'module:fn', got "
+                         f"{model!r}")
 
 
 def parse_budget(text: str) -> float:
