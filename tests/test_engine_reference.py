@@ -64,6 +64,26 @@ def test_zoo_plan_matches_convert(name, precision):
                for s in low), [(s.name, s.impl, s.impl_reason) for s in low]
 
 
+def test_fake_quant_convert_and_plan_agree_on_resnet50_w8a8():
+    """One integer semantics at w8a8 on a deep network (ResNet-50, 8-bit residual stream,
+    random BatchNorms, 32 x 32): the fake-quant model and `convert`, both run in float64 (exact
+    values between the integer layers), agree to float64 rounding (their weights are the same
+    integers: the fake-quant forward of a float64 copy quantizes them as float32 does), and
+    the plan's reference executor equals `convert` to its float32 output."""
+    from lowbit.bench import build_quantized
+
+    q, _ = build_quantized("resnet50", "w8a8", image_size=32, residual_bits=8, seed=0)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(7))
+    plan_y = _run(_compiled(q, x), x)
+    converted = lowbit.convert(q).double()
+    with torch.no_grad():
+        want = converted(x.double())
+        fake = q.double().eval()(x.double())
+    top = float(want.abs().max())
+    assert float((fake - want).abs().max()) <= 1e-12 * top
+    assert float((plan_y.double() - want).abs().max()) <= 2**-20 * top
+
+
 @pytest.mark.parametrize("name", ["resnet18", "vgg16", "alexnet", "apnn_vgg_variant"])
 def test_non_224_input_and_odd_batch(name):
     """96x128 images, batch 5: adaptive pools with uneven windows (VGG 3x4 -> 7x7), copying

@@ -75,8 +75,16 @@ class WeightQuantizer(nn.Module):
         return clip / self.prec.qmax
 
     def forward(self, w: torch.Tensor) -> torch.Tensor:
-        s = self.scale(w, stochastic=self.training).to(w.dtype)
-        return fake_quantize(w, s, self.prec, axis=0)
+        s = self.scale(w, stochastic=self.training)
+        out = fake_quantize(w.float(), s, self.prec, axis=0)
+        if w.dtype == torch.float32:
+            return out
+        # another dtype (a model run in float64 to carry exact values): the integers as float32
+        # computes them (`integer`: what convert and compile run; w / s in float64 can land on
+        # the other side of a half step), times the scale in w's dtype; gradients as float32's
+        q = torch.round(out.double() / s.double().reshape(-1, *[1] * (w.dim() - 1)))
+        exact = (q * s.double().reshape(q.shape[0], *[1] * (w.dim() - 1))).to(w.dtype)
+        return out.to(w.dtype) + (exact - out.to(w.dtype)).detach()
 
     def integer(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Deterministic (int8 values in prec's range, float32 [K] scales) of a weight tensor."""
