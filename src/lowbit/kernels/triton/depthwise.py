@@ -57,13 +57,7 @@ from ...quant.packing import unpack
 from ..base import EXACT_INT32, KernelTemplate, acc_bound
 from .epilogue import SRC_PACKED, decode_values, epilogue_store
 from .igemm import Launch, Problem, cdiv, output_pixels
-from .templates import (
-    IgemmKernel,
-    bitplane_refusal,
-    epilogue_refusal,
-    interpreting,
-    problem,
-)
+from .templates import IgemmKernel, int8_refusal, interpreting, problem
 
 #: accumulators per thread above which the unrolled taps spill (the taps' input tiles are in
 #: flight beside them; sm_90, offline ptxas: 32 a thread use 164-244 registers, 64 spill)
@@ -402,8 +396,7 @@ def grouped_conv_reason(wl: ConvWorkload) -> str | None:
     """What the depthwise and grouped templates refuse whatever the groups: a residual term,
     int16 output, bit-plane operands, an accumulator that could leave int32, tensors past
     32-bit offsets (None: they take it)."""
-    reason = (epilogue_refusal(wl, "the separate layer-epilogue pass")
-              or bitplane_refusal(wl))
+    reason = int8_refusal(wl, "the separate layer-epilogue pass")
     if reason:
         return reason
     bound = acc_bound(wl)  # u8 activations' zero-point sums too (within it)

@@ -182,21 +182,16 @@ def split_k_reason(tiles: int, steps: int, split: int, waves: int) -> str | None
     return None
 
 
-def epilogue_refusal(wl: Workload, residual_writer: str = "the bit-serial templates' epilogue"
-                     ) -> str | None:
-    """Why the Triton int8 templates' epilogue cannot write `wl`'s (None: it can): a residual
-    term (written by `residual_writer`) or an int16 output (the bit-serial templates')."""
+def int8_refusal(wl: Workload, residual_writer: str = "the bit-serial templates' epilogue"
+                 ) -> str | None:
+    """What keeps `wl` off every Triton int8 template (None: nothing): a residual term in the
+    epilogue (written by `residual_writer`), an int16 output or bit-plane operands (the
+    bit-serial templates')."""
     if wl.epilogue.residual is not None:
         return (f"a residual term in the epilogue (Epilogue.residual) is written by "
                 f"{residual_writer}, not this one")
     if wl.epilogue.out == OUT_INT16:
         return "int16 output is written by the bit-serial templates: use int32"
-    return None
-
-
-def bitplane_refusal(wl: Workload) -> str | None:
-    """Why bit-plane operands keep `wl` off the Triton int8 templates (None: they are not
-    bit planes)."""
     for name, layout in (("a_layout", wl.a_layout), ("w_layout", wl.w_layout)):
         if layout is Layout.BITPLANE:
             return f"{name} 'bitplane' operands are served by the bit-serial templates"
@@ -395,7 +390,7 @@ class _IgemmTemplate(KernelTemplate):
     def unsupported_reason(self, wl: Workload) -> str | None:
         if not isinstance(wl, self.workload_type):
             return f"needs a {self.workload_type.__name__}, got {type(wl).__name__}"
-        reason = grouped_reason(wl) or epilogue_refusal(wl) or bitplane_refusal(wl)
+        reason = grouped_reason(wl) or int8_refusal(wl)
         if reason:
             return reason
         if not self.dot_fp16 and wl.w.encoding is Encoding.UNSIGNED and wl.w.bits == 8:

@@ -61,7 +61,7 @@ from .templates import (
     _check_device,
     acc_bound,
     default_warps,
-    epilogue_refusal,
+    int8_refusal,
     interpreting,
     placeholder_requant,
     problem,
@@ -345,7 +345,7 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
     def unsupported_reason(self, wl: Workload) -> str | None:
         if not isinstance(wl, ConvWorkload):
             return f"needs a ConvWorkload, got {type(wl).__name__}"
-        reason = grouped_reason(wl) or epilogue_refusal(wl)
+        reason = grouped_reason(wl) or int8_refusal(wl)
         if reason:
             return reason
         if wl.stride not in (1, 2):
