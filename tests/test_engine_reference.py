@@ -84,6 +84,28 @@ def test_fake_quant_convert_and_plan_agree_on_resnet50_w8a8():
     assert float((plan_y.double() - want).abs().max()) <= 2**-20 * top
 
 
+def test_plan_without_32_bit_requantizations_equals_convert_at_w1a2():
+    """`PlanOptions(requant32=False)`: 31-bit multipliers everywhere, and the plan equals
+    `convert` (float64) to its float32 output on ResNet-50 w1a2 with the 8-bit residual
+    stream, where the default's 32-bit block ends (multipliers of 12-16 bits) part from it."""
+    from lowbit.bench import build_quantized
+    from lowbit.graph import PlanOptions
+
+    q, _ = build_quantized("resnet50", "w1a2", image_size=32, residual_bits=8, seed=0)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = lowbit.convert(q).double()(x.double())
+    top = float(want.abs().max())
+    fast = _compiled(q, x)
+    exact = _compiled(q, x, options=PlanOptions(requant32=False))
+    assert sum(s.workload.epilogue.requant32 for s in fast.plan.layers) >= 10
+    assert not any(s.workload.epilogue.requant32 for s in exact.plan.layers)
+    assert float((_run(exact, x).double() - want).abs().max()) <= 2**-20 * top
+    assert float((_run(fast, x).double() - want).abs().max()) > 2**-20 * top  # as measured
+    with pytest.raises(TypeError, match="requant32 must be a bool"):
+        PlanOptions(requant32=1)
+
+
 @pytest.mark.parametrize("name", ["resnet18", "vgg16", "alexnet", "apnn_vgg_variant"])
 def test_non_224_input_and_odd_batch(name):
     """96x128 images, batch 5: adaptive pools with uneven windows (VGG 3x4 -> 7x7), copying

@@ -11,7 +11,9 @@
 - `chained`: kernels of templates that declare `chainable` (the bit-serial families and
   `cuda.int8_wgmma`) launch as programmatic dependents of the previous kernel.
 
-`PlanOptions` turns each off (ablations and tests). Before the layers' epilogues are decided,
+`PlanOptions` turns each off (ablations and tests), and `requant32` the planner's 32-bit
+requantizations (`graph.requant`; it acts when a plan is built, not in `with_launches`).
+Before the layers' epilogues are decided,
 `fuse_maxpools` gives a layer whose every output is read only by a max-pool of one window the
 pooled tensors to write (`Layer.pool`).
 """
@@ -38,21 +40,27 @@ STEM_MAX_CHANNELS = 4
 
 @dataclass(frozen=True)
 class PlanOptions:
-    """Switches of the plan's launch decisions (module docstring); all on by default."""
+    """Switches of the plan's decisions (module docstring); all on by default.
+    requant32: requantizations in 32-bit arithmetic where the multipliers keep enough bits
+    (`graph.requant.MIN_MULTIPLIER_BITS`; the block ends' fused epilogues), where a value
+    within ~2^-16 (relative) of a rounding tie can round the other way; False: 31-bit
+    multipliers and 64-bit sums everywhere, so the plan equals `lowbit.convert` at every
+    precision (slower block ends)."""
 
     fuse_stem: bool = True
     fuse_outputs: bool = True
     chain: bool = True
+    requant32: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("fuse_stem", "fuse_outputs", "chain"):
+        for name in ("fuse_stem", "fuse_outputs", "chain", "requant32"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"PlanOptions.{name} must be a bool, got "
                                 f"{getattr(self, name)!r}")
 
     def to_dict(self) -> dict:
         return {"fuse_stem": self.fuse_stem, "fuse_outputs": self.fuse_outputs,
-                "chain": self.chain}
+                "chain": self.chain, "requant32": self.requant32}
 
 
 def stem_refusal(plan_input: str, tensors: dict[str, TensorSpec],

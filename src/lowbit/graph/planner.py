@@ -464,8 +464,8 @@ class Planner(ElementwiseRealizations):
                     steps = (acc_bound(state.workload) * ratio
                              + spec.out_bias.double().abs() / mid.scale)
                     m, r, s = shared_shift(ratio, None, steps, sum_bits=REQUANT32_SUM_BITS)
-                    if bool((m < 2**MIN_MULTIPLIER_BITS).any()):  # too coarse for 32 bits
-                        m, r, s = shared_shift(ratio, None, steps)
+                    if not self.options.requant32 or bool((m < 2**MIN_MULTIPLIER_BITS).any()):
+                        m, r, s = shared_shift(ratio, None, steps)  # too coarse for 32 bits
                 elif self.wide_bits == 8 and not state.narrow:
                     m, r, s = fixed_point_pair(ratio, state.residual_scale / mid.scale)
                 else:
@@ -474,7 +474,7 @@ class Planner(ElementwiseRealizations):
                              + top_res * state.residual_scale / mid.scale
                              + spec.out_bias.double().abs() / mid.scale)
                     m, r, s = None, None, None
-                    if state.narrow:  # a quantized residual stream: 32-bit arithmetic
+                    if state.narrow and self.options.requant32:  # a quantized stream: 32 bits
                         m, r, s = shared_shift(ratio, state.residual_scale / mid.scale,
                                                steps, sum_bits=REQUANT32_SUM_BITS)
                         if bool((torch.minimum(m, r) < 2**NARROW_MULTIPLIER_BITS).any()):
