@@ -156,3 +156,29 @@ def test_compile_follows_the_example_device():
     assert y.device.type == "cuda"
     assert {t.device.type for t in model.state_dict().values()} == {"cpu"}
     assert torch.equal(y, ReferenceExecutor(compiled.plan_for(tuple(x.shape)), "cuda")(x))
+
+
+def test_resnet50_w8a8_one_integer_semantics_on_the_gpu():
+    """Fake-quant eval == convert == compile (reference) == compile (GPU) on ResNet-50 w8a8
+    with the 8-bit residual stream at 32 x 32: the fake-quant model and `convert` run in
+    float64 agree to its rounding, the GPU executor equals the plan's reference executor bit
+    for bit, and both equal `convert` to their float32 output."""
+    import copy
+
+    import lowbit
+
+    q, _ = build_quantized("resnet50", "w8a8", image_size=32, residual_bits=8, seed=0)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = lowbit.convert(q).double()(x.double())
+        fake = copy.deepcopy(q).double().eval()(x.double())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cm = compile_model(q.cuda(), x.cuda(), records=False)
+    assert cm.executor == "gpu"
+    y_gpu = cm(x.cuda()).cpu()
+    y_ref = ReferenceExecutor(cm.plan, "cpu")(x)
+    top = float(want.abs().max())
+    assert float((fake - want).abs().max()) <= 1e-12 * top
+    assert torch.equal(y_gpu, y_ref)
+    assert float((y_ref.double() - want).abs().max()) <= 2**-20 * top
