@@ -121,8 +121,9 @@ def parse_case(text: str) -> BenchCase:
     :model / :int8=TEMPLATE (the per-layer implementation policy, `impl_chooser`: the
     performance model's pick, or the default with that int8 template first) and :nofuse
     (int8 layers leave their layer epilogue to the separate pass), :res8 / :res4 / :res16
-    (the quantized model's residual stream, `lowbit.quantize(residual_bits=...)`) and :tuned
-    (the plan reads the user's tuning records)."""
+    (the quantized model's residual stream, `lowbit.quantize(residual_bits=...)`), :tuned
+    (the plan reads the user's tuning records) and :exact (no 32-bit requantizations:
+    `PlanOptions(requant32=False)`, the plan equals `convert` at every precision)."""
     try:
         prefix = ""
         if text.startswith("tv:"):  # a torchvision model: tv:NAME:BATCH:PRECISION...
@@ -133,7 +134,7 @@ def parse_case(text: str) -> BenchCase:
         res = [r for r in rest if r in ("res4", "res8", "res16")]
         policy = [r for r in rest if r == "model" or r.startswith("int8=")]
         if len(wide) > 1 or len(policy) > 1 or len(res) > 1 or any(
-                r not in ("kernelbias", "nofuse", "tuned", *wide, *res, *policy)
+                r not in ("kernelbias", "nofuse", "tuned", "exact", *wide, *res, *policy)
                 for r in rest):
             raise ValueError
         chooser = policy[0].removeprefix("int8=") if policy else "default"
@@ -142,11 +143,12 @@ def parse_case(text: str) -> BenchCase:
                          wide_bits=int(wide[0][4:]) if wide else 24, chooser=chooser,
                          fuse_outputs="nofuse" not in rest,
                          residual_bits=int(res[0][3:]) if res else None,
-                         records=True if "tuned" in rest else False)
+                         records=True if "tuned" in rest else False,
+                         requant32="exact" not in rest)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"a case is MODEL:BATCH:PRECISION[:kernelbias][:wide16|:wide8][:model|:int8=NAME]"
-            f"[:nofuse][:res8|:res4|:res16][:tuned], got {text!r}") from None
+            f"[:nofuse][:res8|:res4|:res16][:tuned][:exact], got {text!r}") from None
 
 
 def cases_of(args: argparse.Namespace) -> list[BenchCase]:

@@ -447,9 +447,10 @@ def render_qat_schedule(files: list[Result]) -> list[str]:
 def _policy(r: dict) -> str:
     """The row's per-layer implementation policy (`impl_chooser`'s name; "default" where the
     row does not say), with "no fused outputs" where int8 layers left their layer epilogue
-    to the separate pass."""
+    to the separate pass and "exact" where the plan kept 31-bit multipliers everywhere."""
     name = r.get("chooser", "default")
-    return name if r.get("fuse_outputs", True) else f"{name}, no fused outputs"
+    name = name if r.get("fuse_outputs", True) else f"{name}, no fused outputs"
+    return name if r.get("requant32", True) else f"{name}, exact (64-bit) requantization"
 
 
 def _network_key(r: dict) -> tuple | None:

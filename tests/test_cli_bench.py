@@ -98,6 +98,10 @@ def test_network_case_parses_the_implementation_policy():
     case = parse_case("resnet50:256:w8a8:wide16:int8=triton.conv2d_int8_tma")
     assert (case.chooser, case.wide_bits) == ("triton.conv2d_int8_tma", 16)
     assert case.fuse_outputs and not parse_case("resnet50:8:w8a8:nofuse").fuse_outputs
+    assert case.requant32 and not parse_case("resnet50:256:w1a2:res8:exact").requant32
+    grouped = parse_case("tv:resnext50_32x4d:32:w2a2:res8:int8=triton.conv2d_grouped_cuda")
+    assert (grouped.model, grouped.chooser) == ("tv:resnext50_32x4d",
+                                                "triton.conv2d_grouped_cuda")
     for bad in ("resnet50:256:w8a8:int8=nope", "resnet50:256:w8a8:model:int8=triton.gemm_int8"):
         try:
             parse_case(bad)

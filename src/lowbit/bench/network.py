@@ -44,6 +44,9 @@ class BenchCase:
     #: the quantized model's residual stream (`lowbit.quantize(residual_bits=...)`; None: the
     #: engine's wide realization)
     residual_bits: int | None = None
+    #: 32-bit requantizations where they fit (`PlanOptions.requant32`; False: the plan equals
+    #: `convert` at every precision)
+    requant32: bool = True
 
 
 def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
@@ -63,7 +66,7 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
                                      device=device, residual_bits=case.residual_bits)
     x = random_images(case.batch, size, 1 if case.model.startswith("digits") else 3,
                       seed + 2, device)
-    options = PlanOptions(fuse_outputs=case.fuse_outputs, chain=chain)
+    options = PlanOptions(fuse_outputs=case.fuse_outputs, chain=chain, requant32=case.requant32)
     plan, where = compile_plan(q, x, case.exact_bias, case.wide_bits, case.chooser, options,
                                case.records)
     phases["plan_s"] = time.perf_counter() - t0
@@ -73,6 +76,7 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
     row["chooser"] = "tuned" if case.records else case.chooser
     row["config_sources"] = plan.config_sources()
     row["fuse_outputs"] = case.fuse_outputs
+    row["requant32"] = case.requant32
     row["residual_bits"] = case.residual_bits
     t0 = time.perf_counter()
     ex = GpuExecutor(plan, device)
