@@ -140,7 +140,7 @@ def test_mobilenet_3x3_stride2_stem(cfg):
     specs = specs_for(32, g, (("u8", True), ("s8", False)))
     layouts = (INT8, INT8)
     geom = S.StemGeometry(N=3, C=3, H=23, W=19, K=32, R=3, stride=2, pad=1, pool_pad=None)
-    assert S.default_config(geom).kernel == "gemm"
+    assert (S.default_config(geom).kernel, S.default_config(geom).block_n) == ("gemm", 32)
     got = S.stem(image.to(DEVICE), weight, bias, specs, layouts, scale=0.05, stride=2, pad=1,
                  pool_pad=None, config=cfg)
     ref = reference(quantize_float(image, 0.05, "s8"), weight, bias, specs, 2, 1, None)

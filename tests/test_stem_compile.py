@@ -2,9 +2,9 @@
 accepts what the interpreter runs: the TABLE output kind's lookup, the derived thresholds,
 the ring kernel's once-per-program non-finite test): "ring", "bands" and "gemm" at ResNet's
 7x7/2 + pool, batch 256, a float32 image with the status flag, outputs u8 (INT8) + a u2 and an
-s4 reading of it (bit planes). Spills stay under the limit the engine's compile test allows
-the stem (tests/test_engine_gpu_compile.py). Runs in a fresh Python without TRITON_INTERPRET
-(tests/triton_offline.py)."""
+s4 reading of it (bit planes); and MobileNet's 3x3/2 first layer at its default. Spills stay
+under the limit the engine's compile test allows the stem (tests/test_engine_gpu_compile.py).
+Runs in a fresh Python without TRITON_INTERPRET (tests/triton_offline.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _launchers() -> dict:
     from lowbit.core import Layout
     from lowbit.kernels.triton import stem as S
     from lowbit.kernels.triton import stored
-    from stem_cases import RESNET, derived_specs
+    from stem_cases import RESNET, derived_specs, specs_for
 
     stored.interpreting = lambda: True
     image = torch.empty(256, 3, 224, 224)
@@ -48,6 +48,14 @@ def _launchers() -> dict:
                                 status=torch.zeros(1, dtype=torch.int32),
                                 config=None if knobs is None else S.StemConfig(**knobs),
                                 **RESNET)
+    # MobileNet-V2's first layer at its default ("gemm", 32 channels a program): 3x3/2, no
+    # pool, 32 filters, one u8 output, batch 64
+    mobile = specs_for(32, torch.Generator().manual_seed(1), (("u8", True),))
+    outs = [S.empty_packed((64, 112, 112, 32), mobile[0].precision, Layout.INT8, "cpu")]
+    out["gemm_mobilenet_3x3s2"] = S.bind_stem(
+        torch.empty(64, 3, 224, 224), torch.ones(32, 3, 3, 3, dtype=torch.int64), None, mobile,
+        outs, scale=0.02, status=torch.zeros(1, dtype=torch.int32), stride=2, pad=1,
+        pool_pad=None)
     return out
 
 

@@ -248,15 +248,17 @@ def default_config(geom: StemGeometry, sms: int = TARGET.sms) -> StemConfig:
       3x3/2): the "gemm" kernel at 32 columns, 4 warps, 3 stages (H100: 33 against the
       "bands" kernel's 72 us and 77 against 112 us at batch 8; 145 against 307 us and 553
       against 878 us at batch 64; cuDNN fp16 conv + ReLU (+ pool) 61 / 87 us and 296 / 659
-      us; `benchmarks/probes/stem_probe.py`, CUDA graph; the 3x3/2 not measured alone);
+      us; `benchmarks/probes/stem_probe.py`, CUDA graph; the 3x3/2 not measured alone),
+      32 channels a program for at most 32 filters;
     - the rest: the "bands" kernel, one dot per conv row over the whole reduction, 64
       channels, one image per program, and the longest band (fewest recomputed rows) that
       still gives every SM two programs (ResNet's 7x7/2 + pool, H100: batch 8 29.5 us, the
       best gemm config 31.4; batch 256 ~500 us in the network's CUDA graph, the "ring" kernel
       797 us, `ring_config`)."""
     if geom.stride == 4 or geom.pool_pad is None:
+        block_n = 32 if geom.K <= 32 else BLOCK_N  # MobileNet's 32 filters: no idle columns
         return StemConfig(kernel="gemm", block_j=32, num_warps=4, num_stages=3, whole_k=True,
-                          band_rows=gemm_band_rows(geom, 32, sms=sms))
+                          block_n=block_n, band_rows=gemm_band_rows(geom, 32, block_n, sms))
     per_band = geom.N * column_blocks(geom, BLOCK_J, "bands") * cdiv(geom.K, BLOCK_N)
     for rows in (8, 4, 2):
         if per_band * cdiv(geom.PH, rows) >= 2 * sms:
