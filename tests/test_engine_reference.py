@@ -87,7 +87,9 @@ def test_fake_quant_convert_and_plan_agree_on_resnet50_w8a8():
 def test_plan_without_32_bit_requantizations_equals_convert_at_w1a2():
     """`PlanOptions(requant32=False)`: 31-bit multipliers everywhere, and the plan equals
     `convert` (float64) to its float32 output on ResNet-50 w1a2 with the 8-bit residual
-    stream, where the default's 32-bit block ends (multipliers of 12-16 bits) part from it."""
+    stream, where the default's 32-bit block ends (multipliers of 12-16 bits) can part from it
+    (2.3 of 6.1 with 2 threads; whether a value lands near a tie depends on the calibration's
+    float sums, so the default's difference is not asserted)."""
     from lowbit.bench import build_quantized
     from lowbit.graph import PlanOptions
 
@@ -101,7 +103,6 @@ def test_plan_without_32_bit_requantizations_equals_convert_at_w1a2():
     assert sum(s.workload.epilogue.requant32 for s in fast.plan.layers) >= 10
     assert not any(s.workload.epilogue.requant32 for s in exact.plan.layers)
     assert float((_run(exact, x).double() - want).abs().max()) <= 2**-20 * top
-    assert float((_run(fast, x).double() - want).abs().max()) > 2**-20 * top  # as measured
     with pytest.raises(TypeError, match="requant32 must be a bool"):
         PlanOptions(requant32=1)
 
