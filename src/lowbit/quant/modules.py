@@ -22,7 +22,7 @@ from ..core import Precision
 from .guards import check_nonfinite_mode, check_scale, check_weights, guard_input
 from .observers import channel_clip, check_method, finite_values, magnitudes, make_observer
 from .precision_mix import AdaptivePrecision
-from .quantize import fake_quantize, quantize, round_half_up, scale_from_max
+from .quantize import dequantize, fake_quantize, quantize, round_half_up, scale_from_max
 
 _UNKNOWN, _UNSIGNED, _SIGNED = -1, 0, 1
 # float32 holds 24 significant bits: a finer quantizer than that is the identity
@@ -82,8 +82,8 @@ class WeightQuantizer(nn.Module):
         # another dtype (a model run in float64 to carry exact values): the integers as float32
         # computes them (`integer`: what convert and compile run; w / s in float64 can land on
         # the other side of a half step), times the scale in w's dtype; gradients as float32's
-        q = torch.round(out.double() / s.double().reshape(-1, *[1] * (w.dim() - 1)))
-        exact = (q * s.double().reshape(q.shape[0], *[1] * (w.dim() - 1))).to(w.dtype)
+        exact = dequantize(quantize(w.detach().float(), s, self.prec, axis=0), s, axis=0,
+                           dtype=w.dtype)
         return out.to(w.dtype) + (exact - out.to(w.dtype)).detach()
 
     def integer(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
