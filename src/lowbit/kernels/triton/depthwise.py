@@ -141,30 +141,25 @@ def byte_of(word, b: tl.constexpr, SIGNED: tl.constexpr):
 def dot4(a_word, w_word, acc, A_SIGNED: tl.constexpr, W_SIGNED: tl.constexpr,
          DP4A: tl.constexpr):
     """acc + the dot product of the 4 bytes of a_word and w_word (int32 tensors, broadcast),
-    each byte signed or unsigned as its flag says: one dp4a instruction a value on the GPU
-    (DP4A), the same sum byte by byte elsewhere (the interpreter)."""
-    if DP4A:
-        if A_SIGNED and W_SIGNED:
-            out = tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r",
-                                            [a_word, w_word, acc], dtype=tl.int32,
-                                            is_pure=True, pack=1)
-        elif A_SIGNED:
-            out = tl.inline_asm_elementwise("dp4a.s32.u32 $0, $1, $2, $3;", "=r,r,r,r",
-                                            [a_word, w_word, acc], dtype=tl.int32,
-                                            is_pure=True, pack=1)
-        elif W_SIGNED:
-            out = tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r",
-                                            [a_word, w_word, acc], dtype=tl.int32,
-                                            is_pure=True, pack=1)
-        else:
-            out = tl.inline_asm_elementwise("dp4a.u32.u32 $0, $1, $2, $3;", "=r,r,r,r",
-                                            [a_word, w_word, acc], dtype=tl.int32,
-                                            is_pure=True, pack=1)
+    each byte signed or unsigned as its flag says: the one dp4a instruction DP4A on the GPU
+    (`dp4a_asm`), the same sum byte by byte where DP4A is "" (the interpreter)."""
+    if DP4A != "":
+        out = tl.inline_asm_elementwise(DP4A, "=r,r,r,r", [a_word, w_word, acc],
+                                        dtype=tl.int32, is_pure=True, pack=1)
     else:
         out = acc
         for b in tl.static_range(4):
             out += byte_of(a_word, b, A_SIGNED) * byte_of(w_word, b, W_SIGNED)
     return out
+
+
+def dp4a_asm(a_signed: bool, w_signed: bool) -> str:
+    """The PTX of `dot4` on the GPU: dp4a with each operand's bytes signed or unsigned; ""
+    under the interpreter, which runs no PTX."""
+    if interpreting():
+        return ""
+    kinds = tuple("s32" if signed else "u32" for signed in (a_signed, w_signed))
+    return f"dp4a.{kinds[0]}.{kinds[1]} $0, $1, $2, $3;"
 
 
 @triton.jit
@@ -292,14 +287,18 @@ def tap_major_weights(wl: ConvWorkload, w: torch.Tensor) -> torch.Tensor:
     PACKED)."""
     cg = group_shape(wl)[0]
     values = unpack(w, wl.w, wl.w_layout, cg).reshape(wl.K, wl.R * wl.S * cg).T
-    dtype = torch.uint8 if wl.w.qmax > 127 else torch.int8
-    out = torch.zeros((wl.R * wl.S * cg, depthwise_problem(wl).w_row), dtype=dtype,
-                      device=w.device)
-    out[:, :wl.K] = values.to(dtype)
+    w_row = depthwise_problem(wl).w_row
+    out = torch.zeros((wl.R * wl.S * cg, w_row), dtype=weight_byte_dtype(wl), device=w.device)
+    out[:, :wl.K] = values.to(out.dtype)
     if group_words(wl):  # little-endian bytes: the rows of 4 channels become one int32 row
-        out = out.reshape(-1, 4, out.shape[1]).permute(0, 2, 1).contiguous().view(torch.int32)
-        out = out.reshape(-1, depthwise_problem(wl).w_row)
+        out = out.reshape(-1, 4, w_row).permute(0, 2, 1).contiguous().view(torch.int32)
+        out = out.reshape(-1, w_row)
     return out
+
+
+def weight_byte_dtype(wl: ConvWorkload) -> torch.dtype:
+    """The dtype of one tap-major weight byte: uint8 for u8 weights, else int8."""
+    return torch.uint8 if wl.w.qmax > 127 else torch.int8
 
 
 def row_alignment(prob: Problem, run: int = 16) -> int:
@@ -337,7 +336,8 @@ def depthwise_launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tens
         ALIGN_X=row_alignment(prob, bc * prob.a_operand[1] // 8 if packed else bc),
         PIPELINED=pipelined, TAP_STAGES=cfg["num_stages"],
         MAC_FP32=cfg.get("MAC", "int32") == "fp32" and not words, GROUP_C=group[0],
-        GROUP_K=group[1], GROUP_WORDS=words, W_SIGNED=w_signed, DP4A=not interpreting(),
+        GROUP_K=group[1], GROUP_WORDS=words, W_SIGNED=w_signed,
+        DP4A=dp4a_asm(prob.a_operand[2] != 0, w_signed),
         BLOCK_PIX=bp, BLOCK_C=bc,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     grid = (cdiv(prob.M, bp) * cdiv(prob.NOUT, bc),)
@@ -355,12 +355,12 @@ class DepthwiseKernel(IgemmKernel):
         wl = self.workload
         words = group_words(wl)
         if w.dim() == 1:  # an ahead-of-time compile's placeholder: only the dtype matters
-            dtype = torch.int32 if words else torch.uint8 if wl.w.qmax > 127 else torch.int8
+            dtype = torch.int32 if words else weight_byte_dtype(wl)
             taps = torch.empty(16, dtype=dtype, device=w.device)
         else:
             taps = tap_major_weights(wl, w)
         return [depthwise_launch(prob, self.config, x, taps, out, vecs, group_shape(wl), words,
-                                 w_signed=wl.w.qmax <= 127)]
+                                 w_signed=weight_byte_dtype(wl) == torch.int8)]
 
 
 def fp32_exact(wl: Workload) -> bool:
@@ -383,6 +383,14 @@ DEPTHWISE_KNOBS = KnobTable(
             "values are integers, exact while the worst-case |sum| < 2^24)",
             applies=fp32_exact),
 )
+
+
+def fewer_warps_until_valid(space: ConfigSpace, cfg: Config) -> Config:
+    """`cfg` with its warps halved until `space` takes it (a tile of few values leaves lanes
+    idle on 4 warps), else the space's first config."""
+    while not space.is_valid(cfg) and cfg["num_warps"] > 1:
+        cfg = cfg.replace(num_warps=cfg["num_warps"] // 2)
+    return cfg if space.is_valid(cfg) else space.all_configs()[0]
 
 
 def default_block_c(wl: ConvWorkload) -> int:
@@ -482,11 +490,9 @@ class Conv2dDepthwiseTemplate(KernelTemplate):
         c = default_block_c(wl)
         values = 2048 if wl.a_layout is Layout.PACKED else 4096
         pix = min(max(32, values // c), max(32, pow2_ceil(wl.gemm_shape[0])))
-        cfg = Config(BLOCK_PIX=min(pix, 512), BLOCK_C=c, num_warps=4, TAP_LOOP="unrolled",
-                     num_stages=1, MAC="int32")
-        while not space.is_valid(cfg) and cfg["num_warps"] > 1:
-            cfg = cfg.replace(num_warps=cfg["num_warps"] // 2)
-        return cfg if space.is_valid(cfg) else space.all_configs()[0]
+        return fewer_warps_until_valid(space, Config(
+            BLOCK_PIX=min(pix, 512), BLOCK_C=c, num_warps=4, TAP_LOOP="unrolled",
+            num_stages=1, MAC="int32"))
 
     def launch_shape(self, wl: Workload, config: Config) -> dict:
         """The launch as plain tiles (`kernels.geometry.LaunchShape` fields): a BLOCK_PIX x
@@ -551,12 +557,9 @@ class Conv2dGroupedCudaTemplate(Conv2dDepthwiseTemplate):
         c = default_block_c(wl)
         values = 2048 if wl.epilogue.out_layout is Layout.BITPLANE else 4096
         pix = min(max(32, values // c), max(32, pow2_ceil(wl.gemm_shape[0])), 512)
-        cfg = Config(BLOCK_PIX=pix, BLOCK_C=c, num_warps=4, TAP_LOOP="pipelined", num_stages=1,
-                     MAC="int32")
-        space = self.space(wl)
-        while not space.is_valid(cfg) and cfg["num_warps"] > 1:
-            cfg = cfg.replace(num_warps=cfg["num_warps"] // 2)
-        return cfg if space.is_valid(cfg) else space.all_configs()[0]
+        return fewer_warps_until_valid(self.space(wl), Config(
+            BLOCK_PIX=pix, BLOCK_C=c, num_warps=4, TAP_LOOP="pipelined", num_stages=1,
+            MAC="int32"))
 
 
 __all__ = ["DEPTHWISE_KNOBS", "GROUP_CHANNELS_MAX", "Conv2dDepthwiseTemplate",
