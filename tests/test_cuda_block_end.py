@@ -50,6 +50,9 @@ EMU_CASES = [
     # 3x3, K not a multiple of 32 (nor of 8: pair accesses), w2a2, u8 residual
     ("mma_sync_3x3_w2a2_odd_k", "cuda.bitserial_mma_sync",
      conv(S2, U2, block_end(residual=U8), N=1, H=6, W=5, C=40, K=37, R=3, S=3, pad=1), {}),
+    # a downsampling shortcut: no residual read, the s8 stream written (its default tile)
+    ("wgmma_1x1_w1a2_shortcut_s8", "cuda.bitserial_wgmma",
+     conv(B1, U2, block_end(S8, None, False, ()), K=72), {}),
     ("int8_wgmma_s8_residual_int8_derived", "cuda.int8_wgmma",
      conv(S8, U8, block_end(derived=((U8, I8),)), I8, N=1, H=5, W=6, C=32, K=64, R=3, S=3,
           pad=1), {}),
@@ -214,6 +217,31 @@ def test_families_take_the_block_end_epilogue():
     assert "packed" in BY_NAME["cuda.bitserial_wgmma"].workload_reason(packed)
     loose = wl.replace(epilogue=Epilogue(shifted_bias=True, out=U8, derived=((U2, BP),)))
     assert "requant32" in BY_NAME["cuda.bitserial_mma_sync"].workload_reason(loose)
+
+
+def test_byte_bound_epilogues_of_binary_weights_take_the_block_end_tile():
+    """ResNet-50's w1a2 block ends and its downsampling shortcuts (the s8 stream written, no
+    residual read) at batch 256 default to the 64 x 128 fused-plane tile; the same convs with
+    a plain bit-plane output or 2-bit weights do not."""
+    from lowbit.kernels.cuda.bitserial_defaults import BLOCK_END_TILE
+
+    def tile(cfg: Config) -> dict:
+        return {k: cfg.get(k) for k in BLOCK_END_TILE}
+
+    shapes = [dict(N=256, H=56, W=56, C=64, K=256), dict(N=256, H=28, W=28, C=128, K=512)]
+    plain = Epilogue(shifted_bias=True, relu=True, out=U2, out_layout=BP, requant32=True)
+    checked = 0
+    for shape in shapes:
+        for epi, want in [(block_end(), True), (block_end(S8, None, False, ()), True),
+                          (plain, False)]:
+            family, cfg = default_bitserial(conv(B1, U2, epi, **shape), SM90)
+            took = family.name == "cuda.bitserial_wgmma" and tile(cfg) == BLOCK_END_TILE
+            assert took == want, (epi.key, family.name, dict(cfg))
+            checked += 1
+        _, cfg = default_bitserial(conv(S2, U2, block_end(S8, None, False, ()), **shape), SM90)
+        assert tile(cfg) != BLOCK_END_TILE
+        checked += 1
+    assert checked == 8
 
 
 def test_templates_without_the_block_end_refuse_it():

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from ...core import Workload
+from ...core import Precision, Workload
 from ...core.hardware import TARGET
 from .bitserial_shape import conv_shape, planes
 
@@ -58,7 +58,8 @@ PREFERRED: dict[str, list[tuple[str, dict]]] = {
         # blocks of two teams; row sums from the slab for binary weights
         *((TAP_SHIFT, dict(BM=64, BN=128, WN=128, STAGES=3, PERSIST=1, TEAMS=2, ROW_TABLE=1,
                            ROWSUM=rowsum, THR_PAIRS=1, **_SW)) for rowsum in ("slab", "mma")),
-        # block ends of binary weights and unsigned two-bit activations (`is_block_end`)
+        # block ends and stream-writing shortcuts of binary weights and unsigned two-bit
+        # activations (`moves_stream_bytes`)
         (WGMMA, BLOCK_END_TILE),
         # unsigned two-bit activations: the planes in one accumulator, 192 x 256 blocks
         *((WGMMA, dict(BM=192, BN=256, WN=256, KT=1, STAGES=4, FUSE_PLANES=1,
@@ -88,9 +89,12 @@ def is_regime(family: str, config: Mapping) -> bool:
     return family == TAP_SHIFT or bool(config.get("FUSE_PLANES") or config.get("THR_PAIRS"))
 
 
-def is_block_end(wl: Workload) -> bool:
-    """A block end: the 32-bit epilogue reads a residual (`Epilogue.requant32`)."""
-    return wl.epilogue.requant32 and wl.epilogue.residual is not None
+def moves_stream_bytes(wl: Workload) -> bool:
+    """A 32-bit epilogue (`Epilogue.requant32`) that reads a residual (a block end) or stores
+    8-bit values (a downsampling shortcut writing the narrow stream): byte-bound epilogues."""
+    ep = wl.epilogue
+    stores_bytes = ep.store_out and isinstance(ep.out, Precision) and ep.out.bits == 8
+    return ep.requant32 and (ep.residual is not None or stores_bytes)
 
 
 def regime_fits(wl: Workload, spec: Mapping, acc_regs: int) -> bool:
@@ -98,13 +102,13 @@ def regime_fits(wl: Workload, spec: Mapping, acc_regs: int) -> bool:
     suits `wl`: accumulators within ACC_LIMIT; tap-shift defaults on convs of at most
     TAP_SHIFT_DEFAULT_MAX_K output channels (two teams: TEAMS_DEFAULT_MAX_K, two activation
     planes only); 192-row and tap-shift blocks on grids of at least one tile per SM;
-    BLOCK_END_TILE on block ends of binary weights only (where it was measured)."""
+    BLOCK_END_TILE on byte-bound epilogues of binary weights only (where it was measured)."""
     from .bitserial_layout import tile_grid
 
     if acc_regs > ACC_LIMIT[spec["MMA"]]:
         return False
     if all(spec.get(k) == v for k, v in BLOCK_END_TILE.items()) and not (
-            is_block_end(wl) and wl.w.bits == 1):
+            moves_stream_bytes(wl) and wl.w.bits == 1):
         return False
     teams = spec["TEAMS"] > 1
     if spec["TAP_SHIFT"] and conv_shape(wl).kout > (
