@@ -79,18 +79,29 @@ __device__ __forceinline__ ByteRow byte_row(int m, int lane_col) {
   return ByteRow{(i64)m * KOUT + lane_col, lane_col, m < M_ROWS};
 }
 
+// QUAD8: this lane's 8 residual bytes of one row in the group `gc` columns on (zeros outside
+// the output and without a residual), one 8-byte load; block_end_cols loads every group's
+// before the first group's stores (a store may alias the residual for the compiler: loads
+// between the groups' stores would wait a memory round trip each).
+__device__ __forceinline__ uint2 residual_quad(const EpilogueArgs& ea, const ByteRow& r, int gc) {
+  uint2 v = make_uint2(0u, 0u);
+  if constexpr (RES_BYTES != 0 && QUAD8) {
+    const unsigned char* base = reinterpret_cast<const unsigned char*>(ea.thr) + r.at + gc;
+    if (r.row_ok && r.col + gc < KOUT) v = *reinterpret_cast<const uint2*>(base);
+  }
+  return v;
+}
+
 // The residual values of this lane's columns of one row in the group `gc` columns on (zeros
-// outside the output and without a residual).
+// outside the output and without a residual); QUAD8: from its residual_quad word `quad`.
 __device__ __forceinline__ void load_residual_group(const EpilogueArgs& ea, const ByteRow& r,
-                                                    int gc, int t4, GroupValues& res) {
+                                                    int gc, int t4, uint2 quad, GroupValues& res) {
   const unsigned char* base = reinterpret_cast<const unsigned char*>(ea.thr) + r.at + gc;
   if constexpr (RES_BYTES == 0) {
 #pragma unroll
     for (int t = 0; t < GROUP_TILES; ++t) res[t][0] = res[t][1] = 0;
   } else if constexpr (QUAD8) {
-    uint2 v = make_uint2(0u, 0u);
-    if (r.row_ok && r.col + gc < KOUT) v = *reinterpret_cast<const uint2*>(base);
-    const uint2 mine = quad_transpose16(v.x, v.y, t4);  // this lane's pairs of tiles 0-1, 2-3
+    const uint2 mine = quad_transpose16(quad.x, quad.y, t4);  // this lane's pairs of tiles 0-1, 2-3
 #pragma unroll
     for (int t = 0; t < 4; ++t)
 #pragma unroll
@@ -109,6 +120,29 @@ __device__ __forceinline__ void load_residual_group(const EpilogueArgs& ea, cons
       res[t][0] = res_byte(v, 0);
       res[t][1] = res_byte(v, 1);
     }
+  }
+}
+
+// A block end's residual bytes for this lane's rows (virtual rows v0 + mi*16 + g + 8h) and
+// columns (col0 on, as block_end_cols reads them) prefetched into L1 when the block starts:
+// a hint (nothing is read), so the epilogue after the last MMA finds them on chip instead of
+// waiting a DRAM round trip.
+__device__ __forceinline__ void prefetch_residual(int v0, int col0, int lane, const EpilogueArgs& ea) {
+  if constexpr (BLOCK_END && RES_BYTES != 0) {
+    const int g = lane >> 2, t4 = lane & 3;
+    const unsigned char* res = reinterpret_cast<const unsigned char*>(ea.thr);
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int m = out_row(v0 + mi * 16 + g + 8 * h);
+        if (m >= M_ROWS) continue;
+#pragma unroll
+        for (int gi = 0; gi < COL_GROUPS; ++gi) {
+          const int col = col0 + gi * GROUP_TILES * 8 + (QUAD8 ? 8 : 2) * t4;
+          if (col < KOUT) prefetch_l1(res + (i64)m * KOUT + col);
+        }
+      }
   }
 }
 
@@ -263,6 +297,13 @@ __device__ __forceinline__ void block_end_cols(const Acc& acc, const RowPrep& ro
   zero_words(mid_words);
   zero_words(d0_words);
   zero_words(d1_words);
+  uint2 quads[COL_GROUPS][MT][2];  // QUAD8: every group's residual words, loaded up front
+#pragma unroll
+  for (int gi = 0; gi < COL_GROUPS; ++gi)
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) quads[gi][mi][h] = residual_quad(ea, brow[mi][h], gi * GROUP_TILES * 8);
 #pragma unroll
   for (int gi = 0; gi < COL_GROUPS; ++gi) {
     const int gc = gi * GROUP_TILES * 8, gcol = n0 + col0 + gc;
@@ -270,7 +311,7 @@ __device__ __forceinline__ void block_end_cols(const Acc& acc, const RowPrep& ro
 #pragma unroll
     for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) load_residual_group(ea, brow[mi][h], gc, t4, res[mi][h]);
+      for (int h = 0; h < 2; ++h) load_residual_group(ea, brow[mi][h], gc, t4, quads[gi][mi][h], res[mi][h]);
 #pragma unroll
     for (int t = 0; t < GROUP_TILES; ++t) {
       const int ni = gi * GROUP_TILES + t, col = gcol + t * 8 + 2 * t4;

@@ -152,6 +152,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) bitserial_wgmma(BITS
     }
     copy_commit();
   }
+#if LOWBIT_BLOCK_END  // its residual tile into L1 behind the first stages' copies
+  if (slice == 0) prefetch_residual((int)m0 + wg_m * 64 + (warp & 3) * 16, n0 + wg_n * WN, lane, BITSERIAL_EPILOGUE_ARGS);
+#endif
   int halo_waited = 0;  // TMA_HALO: the channel blocks waited for
   if (MBARS && tid == 0) {
     if constexpr (!CHAIN_EARLY_WEIGHTS) mbars_init(bars);
