@@ -141,3 +141,27 @@ def test_default_fills_the_gpu_where_the_first_preferred_tile_does_not():
         assert ((cfg["BM"], cfg["BN"]) == (128, 256)) == big, (m, n, k, dict(cfg))
         checked += 1
     assert checked == 4
+
+
+def test_default_stages_deepen_with_the_reduction():
+    """Long reductions take 128- or 64-byte stages (KT 4 / 2) where the padding stays within
+    MAX_K_PADDING; short ones keep KT = 1 (MobileNet-V2's 24-channel 1x1: 64-byte stages would
+    pad 6 words to 16); every default valid."""
+    from lowbit.core import Layout, Precision
+    from lowbit.kernels.cuda import int8_wgmma
+
+    s8, u8, i8 = Precision(8, "signed"), Precision(8), Layout.INT8
+    epi = Epilogue(bias=True, relu=True, out=u8, out_layout=i8)
+    want = {(64, 3): 4, (64, 1): 2, (256, 3): 4, (256, 1): 4, (24, 1): 1, (20, 1): 1}
+    checked = 0
+    for (c, r), kt in want.items():
+        wl = ConvWorkload(w=s8, a=u8, w_layout=i8, a_layout=i8, epilogue=epi, N=256, H=28,
+                          W=28, C=c, K=128, R=r, S=r, pad=r // 2)
+        cfg = INT8_WGMMA.default_config(wl, "sm_90a")
+        assert INT8_WGMMA.space(wl, "sm_90a").is_valid(cfg)
+        assert cfg["KT"] == kt, (c, r, dict(cfg))
+        words = conv_shape(wl).k_words
+        padded = -(-words // (8 * kt)) * 8 * kt
+        assert padded - words <= int8_wgmma.MAX_K_PADDING * words or kt == 1
+        checked += 1
+    assert checked == len(want)

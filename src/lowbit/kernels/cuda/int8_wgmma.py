@@ -44,6 +44,10 @@ from .bitserial_wgmma import WGMMA, WGMMA_PERSISTENT, persistent_spill
 
 #: tiles a default's grid should have: half the SMs, below which a smaller tile is taken
 MIN_DEFAULT_TILES = TARGET.sms // 2
+#: (KT, STAGES) a default tries, deepest first: 128 or 64 bytes of reduction per stage
+DEEP_STAGES = ((4, 4), (4, 3), (2, 6), (2, 4))
+#: the most zero padding a deeper stage may add to the reduction (a fraction of it)
+MAX_K_PADDING = 0.125
 
 class Int8WgmmaTemplate(BitserialFamily):
     """NHWC x KRSC int8 conv2d (and GEMM) on s8 wgmma with the bit-serial wgmma kernels."""
@@ -107,11 +111,24 @@ class Int8WgmmaTemplate(BitserialFamily):
             if space.is_valid(cfg):
                 tiles = math.prod(tile_grid(workload, self.spec(cfg)))
                 if tiles >= MIN_DEFAULT_TILES:
-                    return cfg
+                    return self._deep_stages(workload, cfg, space)
                 valid.append((tiles, cfg))
-        if valid:
-            return max(valid, key=lambda tc: tc[0])[1]  # max keeps the first of equals
+        if valid:  # max keeps the first of equals
+            return self._deep_stages(workload, max(valid, key=lambda tc: tc[0])[1], space)
         return space.all_configs()[0]
+
+    def _deep_stages(self, workload: Workload, cfg: Config, space) -> Config:
+        """`cfg` with the deepest pipeline stage of DEEP_STAGES that is valid and pads the
+        reduction by at most MAX_K_PADDING (the preferred configs come from the bit-serial
+        kernels, whose k32 slab is 256 products deep; an int8 slab is 32, so KT = 1 pays a
+        block barrier and a copy wait per 32 channels of a long reduction)."""
+        k_words = conv_shape(workload).k_words
+        for kt, stages in DEEP_STAGES:
+            padded = -(-k_words // (8 * kt)) * 8 * kt
+            deep = cfg.replace(KT=kt, STAGES=stages)
+            if padded - k_words <= MAX_K_PADDING * k_words and space.is_valid(deep):
+                return deep
+        return cfg
 
 
 INT8_WGMMA = Int8WgmmaTemplate()
