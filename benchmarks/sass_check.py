@@ -20,6 +20,8 @@ digest, or a FAIL line. Exit status 1 on any difference. About 1 s of CPU per en
 `--record` instead writes the current SASS into the entries that differ only in their SASS
 (a deliberate kernel change), counted by output kind: the change's reach, to state in its
 commit (e.g. the column-pair stores of 2026-11-27 reach int32 / fp16 / INT8 outputs only).
+`--record-defaults` writes, into the entries whose default now picks another config (a
+deliberate default change), that config (in the recorded form) and its SASS, and lists them.
 """
 
 from __future__ import annotations
@@ -62,6 +64,44 @@ def compare_entry(entry: dict) -> tuple[list[str], dict]:
     return diffs, got
 
 
+def current_pick(entry: dict) -> tuple[str, dict] | None:
+    """(family name, the recorded form of its config) that the entry's role picks now, None
+    where it is the recorded config."""
+    from lowbit.core import Config, workload_from_json
+    from lowbit.kernels.cuda import BY_NAME, default_bitserial, migrate_config
+
+    wl = workload_from_json(entry["workload_json"])
+    name, cfg = migrate_config(entry["template"], Config(entry["config"]))
+    if entry["role"].startswith("default"):
+        family, picked = default_bitserial(wl, entry["arch"])
+    else:
+        family, picked = BY_NAME[name], BY_NAME[name].default_config(wl, entry["arch"])
+    if (family.name, picked) == (name, cfg):
+        return None
+    spec = family.spec(picked)
+    recorded = {k: spec[k] for k in entry["config"]}
+    if migrate_config(entry["template"], recorded) != (family.name, picked):
+        raise ValueError(f"{entry['workload']} {entry['role']}: {dict(picked)} has no "
+                         f"recorded form")
+    return family.name, recorded
+
+
+def record_defaults(doc: dict, path: Path) -> None:
+    """Write the configs the defaults pick now, and their SASS, into the entries they changed."""
+    changed = 0
+    for entry in doc["entries"]:
+        pick = current_pick(entry)
+        if pick is None:
+            continue
+        entry["config"] = pick[1]
+        entry["sass"] = compare_entry(entry)[1]
+        changed += 1
+        print(f"{entry['workload']} {entry['precision']} {entry['role']} {entry['arch']} -> "
+              f"{pick[0]}", flush=True)
+    path.write_text(json.dumps(doc, indent=1))
+    print(f"recorded the new defaults of {changed} entries")
+
+
 def output_kind(entry: dict) -> str:
     epi = json.loads(entry["workload_json"]).get("epilogue", {})
     return epi.get("out_layout", "int8") if epi.get("out", "int32") not in ("int32", "fp16") \
@@ -76,8 +116,13 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--record", action="store_true",
                     help="write the current SASS of entries that differ only in SASS")
+    ap.add_argument("--record-defaults", action="store_true",
+                    help="write the configs the defaults pick now (and their SASS)")
     args = ap.parse_args()
     doc = json.loads(args.baseline.read_text())
+    if args.record_defaults:
+        record_defaults(doc, args.baseline)
+        return
     entries = doc["entries"]
     if args.limit:
         entries = entries[: args.limit]

@@ -396,6 +396,27 @@ def test_wide_one_tile_default_only_where_it_fills_the_gpu():
     assert default_bitserial(signed, ARCH90)[1]["BM"] != 192
 
 
+def test_fused_tiles_default_on_narrow_binary_weight_convs_that_fill_the_gpu():
+    """1x1 convs of binary weights, two unsigned activation planes and <= 128 output channels
+    (where 192 x 256 cannot serve) take a FUSED_TILES tile on grids of at least one tile per
+    SM (ResNet-50's conv1s at batch 256); 2-bit weights, 256 channels and a grid of 12 tiles
+    (batch 8 at 14 x 14) do not."""
+    from lowbit.kernels.cuda.bitserial_defaults import FUSED_TILES
+
+    b1, s2, u2 = Precision(1, "binary"), Precision(2, "signed"), Precision(2)
+
+    def fused(cfg: Config) -> bool:
+        return any(all(cfg.get(k) == v for k, v in t.items() if k != "SWIZZLE")
+                   for t in FUSED_TILES)
+    cases = [(b1, 64, 256, 56, True), (b1, 128, 256, 56, True), (b1, 256, 256, 56, False),
+             (s2, 128, 256, 56, False), (b1, 128, 8, 14, False)]
+    for w, k, n, hw, want in cases:
+        wl = conv(w, u2, EPILOGUES[1], N=n, H=hw, W=hw, C=256, K=k, R=1, S=1, pad=0)
+        family, cfg = default_bitserial(wl, ARCH90)
+        assert (family is WGMMA and fused(cfg)) == want, (w, k, n, hw, dict(cfg))
+    assert len(cases) == 5
+
+
 def test_tap_shift_default_on_narrow_convs_that_fill_the_gpu():
     """Convs of at most 128 output channels that the tap-shift kernel runs get its persistent
     128-row blocks (ones columns for binary weights, two columns' thresholds per add) where

@@ -45,6 +45,12 @@ CASES = [
      {"HALO": 1}),
     ("wgmma_3stage_kt2", conv(S2, U2, EPILOGUES[0], N=1, H=6, W=5, C=200, K=37),
      "wgmma", {"STAGES": 3, "KT": 2}),
+    # the 128-row fused-plane default of 1x1 convs of <= 128 channels (bitserial_defaults
+    # FUSED_TILES), two columns' thresholds per add, K past the last full column group
+    ("wgmma_fused_tile_b1u2_pairs", conv(B1, U2, EPILOGUES[1], N=3, H=7, W=6, C=64, K=120,
+                                         R=1, S=1, pad=0), "wgmma",
+     {"BM": 128, "BN": 128, "WN": 128, "KT": 1, "STAGES": 4, "FUSE_PLANES": 1, "THR_PAIRS": 1,
+      "REQUANT": "threshold"}),
     ("mma_rowsum_table_b1u2", conv(B1, U2, EPILOGUES[1], N=2, H=7, W=6, C=33, K=37, stride=2),
      "mma_sync", {"ROWSUM": "table"}),
     ("wgmma_rowsum_table_b1b1", conv(B1, B1, EPILOGUES[4], N=1, H=6, W=6, C=40, K=33, R=5,

@@ -42,6 +42,13 @@ _TILE = dict(KT=1, STAGES=6, **_SW)
 #: fused-plane tiles. ResNet-50 b256 w1a2 (bitserial_block_end_probe, H100, 2026-12-07):
 #: 264 / 164 / 71 us on layer1-3 against 341 / 178 / 85 for the 192 x 256 tile, exact
 BLOCK_END_TILE = dict(BM=64, BN=128, WN=128, KT=1, STAGES=4, FUSE_PLANES=1, **_SW)
+#: the planes in one accumulator on 128-row tiles, for binary weights and two activation planes
+#: (`regime_fits`):
+#: ResNet-50's 1x1 convs of 64 / 128 output channels hold 79-100 registers, against 100-195
+#: with an accumulator per plane (two blocks per SM instead of one)
+FUSED_TILES = tuple(dict(BM=128, BN=bn, WN=bn, KT=1, STAGES=4, FUSE_PLANES=1, THR_PAIRS=pairs,
+                         **_SW) for bn in (128, 64) for pairs in (1, 0))
+FUSED_TILES_MAX_K = 128
 PREFERRED: dict[str, list[tuple[str, dict]]] = {
     # APNN-TC-like: big warp tiles for small p*q, smaller for larger
     "mma_sync": [(MMA_SYNC, dict(BM=bm, BN=bn, WM=wm, WN=wn, KT=kt, STAGES=st))
@@ -69,6 +76,9 @@ PREFERRED: dict[str, list[tuple[str, dict]]] = {
         *((TAP_SHIFT, dict(BM=128, BN=bn, WN=bn, STAGES=3, PERSIST=1,
                            ROW_TABLE=1 if bn == 128 else 2, ROWSUM=rowsum, THR_PAIRS=pairs, **_SW))
           for bn in (128, 64) for rowsum in ("cols", "mma") for pairs in (1, 0)),
+        # binary weights and unsigned two-bit activations where 192 x 256 does not fit (at
+        # most 128 output channels, or grids under one tile per SM): `FUSED_TILES`
+        *((WGMMA, tile) for tile in FUSED_TILES),
         # big N per instruction first; fewer warpgroups as p*q grows
         *((WGMMA, dict(BM=bm, BN=bn, WN=wn, **_TILE)) for bm, bn, wn in [
             (128, 256, 128), (128, 256, 256), (128, 128, 128), (128, 64, 64), (128, 64, 32),
@@ -101,8 +111,11 @@ def regime_fits(wl: Workload, spec: Mapping, acc_regs: int) -> bool:
     """Whether a preferred config (full parameters `spec`, `acc_regs` accumulator registers)
     suits `wl`: accumulators within ACC_LIMIT; tap-shift defaults on convs of at most
     TAP_SHIFT_DEFAULT_MAX_K output channels (two teams: TEAMS_DEFAULT_MAX_K, two activation
-    planes only); 192-row and tap-shift blocks on grids of at least one tile per SM;
-    BLOCK_END_TILE on byte-bound epilogues of binary weights only (where it was measured)."""
+    planes only); 192-row, tap-shift and FUSED_TILES blocks on grids of at least one tile per
+    SM (where two blocks per SM can hide each other's epilogue);
+    BLOCK_END_TILE on byte-bound epilogues of binary weights only (where it was measured),
+    FUSED_TILES on binary weights, two activation planes and at most FUSED_TILES_MAX_K
+    output channels only (where 192 x 256 tiles cannot serve)."""
     from .bitserial_layout import tile_grid
 
     if acc_regs > ACC_LIMIT[spec["MMA"]]:
@@ -110,11 +123,15 @@ def regime_fits(wl: Workload, spec: Mapping, acc_regs: int) -> bool:
     if all(spec.get(k) == v for k, v in BLOCK_END_TILE.items()) and not (
             moves_stream_bytes(wl) and wl.w.bits == 1):
         return False
+    fused_tile = any(all(spec.get(k) == v for k, v in tile.items()) for tile in FUSED_TILES)
+    if fused_tile and not (wl.w.bits == 1 and planes(wl)[0] == 2
+                           and conv_shape(wl).kout <= FUSED_TILES_MAX_K):
+        return False
     teams = spec["TEAMS"] > 1
     if spec["TAP_SHIFT"] and conv_shape(wl).kout > (
             TEAMS_DEFAULT_MAX_K if teams else TAP_SHIFT_DEFAULT_MAX_K):
         return False
     if teams and planes(wl)[0] < 2:
         return False
-    return not ((spec["BM"] == 192 or spec["TAP_SHIFT"])
+    return not ((spec["BM"] == 192 or spec["TAP_SHIFT"] or fused_tile)
                 and math.prod(tile_grid(wl, spec)) < TARGET.sms)
