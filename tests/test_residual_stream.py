@@ -241,8 +241,11 @@ def test_derived_thresholds_reproduce_monotone_tables():
     assert checked == 2
 
 
+# batch 32 at 224: grids past one tile per SM, where the large-grid defaults run (64 x 128
+# block-end and shortcut tiles, fused-plane 1x1 tiles, deeper int8 stages)
 GPU_NETWORKS = [("resnet50", (1, 2), 3, 64), ("resnet50", (2, 2), 2, 96),
-                ("resnet50", (8, 8), 2, 64), ("resnet18", (1, 2), 8, 224)]
+                ("resnet50", (8, 8), 2, 64), ("resnet18", (1, 2), 8, 224),
+                ("resnet50", (1, 2), 32, 224), ("resnet50", (8, 8), 32, 224)]
 
 
 @pytest.mark.gpu
