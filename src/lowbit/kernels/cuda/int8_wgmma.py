@@ -98,8 +98,9 @@ class Int8WgmmaTemplate(BitserialFamily):
         """The first valid of the one-tile wgmma family's preferred configs that set no knob
         this template lacks (big N per instruction first) whose grid has at least
         MIN_DEFAULT_TILES tiles, else the valid one with the most tiles; requantizing by
-        multiplying. (Small-M layers, e.g. a classifier at batch 256 or 8, took the first
-        config's 128 x 256 tiles: 8 blocks on 132 SMs for M = 256, N = 1000.)"""
+        multiplying; then its deepest pipeline stage that suits the reduction (`_deep_stages`).
+        (Small-M layers, e.g. a classifier at batch 256 or 8, took the first config's 128 x 256
+        tiles: 8 blocks on 132 SMs for M = 256, N = 1000.)"""
         space = self.space(workload, arch)
         valid = []
         for d in defaults.preferred(defaults.WGMMA):
