@@ -376,6 +376,26 @@ def test_maxpool_equals_torch_max_pool2d(hw):
     assert checked >= 4
 
 
+def test_maxpool_ceil_mode_equals_torch():
+    """ceil_mode: one more window where the floor size leaves input elements uncovered, none
+    that would start past the input and its left padding (PyTorch's rule), on every map size
+    that differs from the floor size and every one that does not."""
+    checked = longer = 0
+    for (kernel, stride, pad), h, w in itertools.product(POOLS, (5, 6, 7, 12, 13), (7, 8, 9)):
+        if pool_output_size(min(h, w), kernel, stride, pad) < 1:
+            continue
+        q = _rand((2, h, w, 5), -128, 127, h * 31 + w)
+        got = maxpool2d_int(q, kernel, stride, pad, ceil=True)
+        ref = F.max_pool2d(q.permute(0, 3, 1, 2).double(), kernel, stride, pad, ceil_mode=True)
+        assert torch.equal(got, ref.permute(0, 2, 3, 1).to(torch.int64)), (kernel, stride, pad)
+        assert got.shape[1] == pool_output_size(h, kernel, stride, pad, ceil=True)
+        longer += got.shape[1:3] != maxpool2d_int(q, kernel, stride, pad).shape[1:3]
+        checked += 1
+    assert checked >= 80 and longer >= 30
+    with pytest.raises(TypeError, match="ceil"):
+        maxpool2d_int(q, 3, 2, 1, ceil=1)
+
+
 def _py_avgpool(q, kernel, stride, pad, m, s, prec):
     n, h, w, c = q.shape
     p, qq = pool_output_size(h, kernel, stride, pad), pool_output_size(w, kernel, stride, pad)

@@ -409,3 +409,31 @@ def test_precision_rules():
         == [2, 2, 4, 8]
     with pytest.raises(ValueError, match="more than 8"):
         weight_bits(0, 255, "w")
+
+
+def test_ceil_mode_max_pool_round_trips_onto_the_integer_pool(tmp_path):
+    """A MaxPool with ceil_mode (SqueezeNet's, GoogLeNet's) survives to_onnx / from_onnx and
+    compiles to an integer max-pool whose window keeps ceil_mode (12 x 12 -> 6 x 6, not 5)."""
+    from lowbit.graph import MaxPool
+
+    torch.manual_seed(3)
+    net = nn.Sequential(nn.Conv2d(1, 8, 3), nn.ReLU(), nn.MaxPool2d(3, 2, ceil_mode=True),
+                        nn.Conv2d(8, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
+    q = lowbit.quantize(net, weight_bits=8, act_bits=8)
+    g = torch.Generator().manual_seed(4)
+    lowbit.calibrate(q, [torch.rand(16, 1, 14, 14, generator=g) for _ in range(2)])
+    q.eval()
+    x = torch.rand(8, 1, 14, 14, generator=g)
+    lowbit.to_onnx(q, x[:2], tmp_path / "ceil.onnx")
+    back = lowbit.from_onnx(tmp_path / "ceil.onnx")
+    with torch.no_grad():
+        assert torch.equal(back(x), q(x))
+    compiled = lowbit.compile(back, x, executor="reference", records=False)
+    plan = compiled.plan
+    assert not plan.fallbacks
+    with torch.no_grad():
+        y, want = compiled(x), q(x)
+    assert float((y - want).abs().max()) <= 2e-2 * float(want.abs().max())
+    windows = [s.window for s in plan.steps if isinstance(s, MaxPool)] + [
+        s.pool for s in plan.layers if s.pool is not None]
+    assert len(windows) == 1 and windows[0].ceil

@@ -201,6 +201,18 @@ def test_maxpool(prec, lin, lout, kernel, stride, pad):
     assert_stored(out, ref)
 
 
+@pytest.mark.parametrize("prec,lin,lout", [("u8", INT8, INT8), ("s2", BITPLANE, BITPLANE)])
+def test_maxpool_ceil_mode(prec, lin, lout):
+    """ceil_mode (SqueezeNet's and GoogLeNet's pools): the last row and column of windows
+    reach past the map, whose taps count as padding."""
+    x = rand((3, 13, 12, 45), prec, 5)
+    ref = maxpool2d_int(x, 3, 2, 0, ceil=True)
+    assert ref.shape[1:3] == (6, 6) and maxpool2d_int(x, 3, 2, 0).shape[1:3] == (6, 5)
+    out = poisoned(ref.shape, prec, lout)
+    K.bind_maxpool2d(packed(x, prec, lin), out, 3, 2, 0, ceil=True)()
+    assert_stored(out, ref)
+
+
 @pytest.mark.parametrize("prec,lin,lout,kernel,stride,pad", POOL_CASES[:4])
 def test_avgpool(prec, lin, lout, kernel, stride, pad):
     x = rand((3, 9, 11, 45), prec, kernel * stride)

@@ -168,12 +168,14 @@ def _max_window(kw: dict) -> PoolWindow:
     p = _pair(kw.get("padding", 0), "padding")
     if _pair(kw.get("dilation", 1), "dilation") != 1:
         raise ValueError(f"dilation={kw.get('dilation')}")
-    if kw.get("ceil_mode") or kw.get("return_indices"):
-        raise ValueError("ceil_mode / return_indices")
-    return PoolWindow(k, s, p)
+    if kw.get("return_indices"):
+        raise ValueError("return_indices")
+    return PoolWindow(k, s, p, bool(kw.get("ceil_mode", False)))
 
 
 def _avg_window(kw: dict) -> dict:
+    if kw.get("ceil_mode"):
+        raise ValueError("ceil_mode (an average pool's last windows)")
     w = _max_window({**kw, "dilation": 1, "return_indices": False})
     if kw.get("divisor_override") is not None:
         raise ValueError(f"divisor_override={kw['divisor_override']}")

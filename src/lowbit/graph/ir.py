@@ -134,14 +134,16 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class PoolWindow:
-    """A square max-pool window (PyTorch's output size, ceil_mode False)."""
+    """A square max-pool window (PyTorch's output size; `ceil`: ceil_mode)."""
 
     kernel: int
     stride: int
     pad: int = 0
+    ceil: bool = False
 
     def to_dict(self) -> dict:
-        return {"kernel": self.kernel, "stride": self.stride, "pad": self.pad}
+        d = {"kernel": self.kernel, "stride": self.stride, "pad": self.pad}
+        return {**d, "ceil": True} if self.ceil else d
 
 
 @dataclass(frozen=True)

@@ -78,8 +78,9 @@ def stem_refusal(plan_input: str, tensors: dict[str, TensorSpec],
         return f"not a {' / '.join(f'{r}x{r}/{s}' for r, s in STEM_SHAPES)} conv"
     if wl.C > STEM_MAX_CHANNELS or layer.residual is not None or len(layer.layer_outputs) > 3:
         return "more than 4 channels, a residual or more than 3 outputs"
-    if layer.pool is not None and (layer.pool.kernel, layer.pool.stride) != (3, 2):
-        return "its max-pool is not 3x3/2"
+    if layer.pool is not None and ((layer.pool.kernel, layer.pool.stride) != (3, 2)
+                                   or layer.pool.ceil):
+        return "its max-pool is not 3x3/2 (floor mode)"
     if layer.pool is not None and any(o.derived and not _table_rises(o, tensors, params)
                                       for o in layer.layer_outputs):
         return "a pooled derived output whose table is not monotone (the kernel pools first)"

@@ -74,8 +74,8 @@ def infer_shapes(df: Dataflow, shape: tuple[int, ...]
         elif v.op == MAXPOOL:
             w = v.attrs["window"]
             n, c, h, wd = _map(v, ins[0])
-            out = (n, c, pool_output_size(h, w.kernel, w.stride, w.pad),
-                   pool_output_size(wd, w.kernel, w.stride, w.pad))
+            out = (n, c, pool_output_size(h, w.kernel, w.stride, w.pad, w.ceil),
+                   pool_output_size(wd, w.kernel, w.stride, w.pad, w.ceil))
         elif v.op == AVGPOOL:
             n, c, h, wd = _map(v, ins[0])
             out = (n, c, *pooled_hw(h, wd, **avg_args(v, h, wd)))

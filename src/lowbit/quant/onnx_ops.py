@@ -125,21 +125,24 @@ class FloatOps:
     def op_Relu(self, node: object, a: dict) -> None:
         self._unary(node, nn.ReLU(), keep_quant=True)
 
-    def _window(self, node: object, a: dict) -> tuple[tuple, tuple, tuple]:
+    def _window(self, node: object, a: dict, ceil_ok: bool = False
+                ) -> tuple[tuple, tuple, tuple]:
         k = tuple(a["kernel_shape"])
         pads = list(a.get("pads", [0] * 2 * len(k)))
-        if len(k) != 2 or pads[:2] != pads[2:] or a.get("ceil_mode", 0) or \
+        if len(k) != 2 or pads[:2] != pads[2:] or (a.get("ceil_mode", 0) and not ceil_ok) or \
                 tuple(a.get("dilations", (1, 1))) != (1, 1) or \
                 a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
             raise ValueError(f"{node_label(node)}: only 2-D windows with symmetric explicit "
-                             "pads, no dilation and ceil_mode=0 are supported")
+                             "pads, no dilation and ceil_mode=0 (MaxPool: either) are "
+                             "supported")
         return k, tuple(a.get("strides", (1, 1))), tuple(pads[:2])
 
     def op_MaxPool(self, node: object, a: dict) -> None:
         if len(node.output) > 1 and node.output[1]:
             raise ValueError(f"{node_label(node)}: the indices output is not supported")
-        k, s, p = self._window(node, a)
-        self._unary(node, nn.MaxPool2d(k, s, p), keep_quant=True)
+        k, s, p = self._window(node, a, ceil_ok=True)
+        ceil = bool(a.get("ceil_mode", 0))
+        self._unary(node, nn.MaxPool2d(k, s, p, ceil_mode=ceil), keep_quant=True)
 
     def op_AveragePool(self, node: object, a: dict) -> None:
         k, s, p = self._window(node, a)

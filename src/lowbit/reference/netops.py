@@ -404,50 +404,65 @@ def requantize_int(q: torch.Tensor, multiplier: torch.Tensor | int, shift: torch
 
 
 # ------------------------------------------------------------------------- pooling
-def pool_output_size(size: int, kernel: int, stride: int, pad: int) -> int:
-    """PyTorch's pooled size (ceil_mode False): floor((size + 2 pad - kernel) / stride) + 1."""
-    return (size + 2 * pad - kernel) // stride + 1
+def pool_output_size(size: int, kernel: int, stride: int, pad: int, ceil: bool = False) -> int:
+    """PyTorch's pooled size: floor((size + 2 pad - kernel) / stride) + 1, or with `ceil`
+    (ceil_mode) the ceiling, less the last window where it would start past the input and its
+    left padding (so every window holds an input element)."""
+    span = size + 2 * pad - kernel
+    n = (-(-span // stride) if ceil else span // stride) + 1
+    if ceil and (n - 1) * stride >= size + pad:
+        n -= 1
+    return n
 
 
-def pool_geometry(h: int, w: int, kernel: int, stride: int | None, pad: int
-                  ) -> tuple[int, int, int]:
-    """(stride, P, Q) of a kernel x kernel pool over an h x w map after checking the
-    arguments (stride None: kernel; pad <= kernel // 2, as PyTorch requires; the window must
-    fit); ValueError naming the argument otherwise."""
+def pool_geometry(h: int, w: int, kernel: int, stride: int | None, pad: int,
+                  ceil: bool = False) -> tuple[int, int, int]:
+    """(stride, P, Q) of a kernel x kernel pool over an h x w map (`ceil`: ceil_mode) after
+    checking the arguments (stride None: kernel; pad <= kernel // 2, as PyTorch requires; the
+    window must fit); ValueError naming the argument otherwise."""
     stride = kernel if stride is None else stride
     for name, v, lo in (("kernel", kernel, 1), ("stride", stride, 1), ("pad", pad, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
     if pad > kernel // 2:
         raise ValueError(f"pad must be at most kernel // 2 = {kernel // 2}, got {pad}")
-    p, q = pool_output_size(h, kernel, stride, pad), pool_output_size(w, kernel, stride, pad)
+    if not isinstance(ceil, bool):
+        raise TypeError(f"ceil must be a bool, got {type(ceil).__name__}")
+    p = pool_output_size(h, kernel, stride, pad, ceil)
+    q = pool_output_size(w, kernel, stride, pad, ceil)
     if p < 1 or q < 1:
         raise ValueError(f"kernel {kernel} (pad {pad}) does not fit the {h}x{w} map")
     return stride, p, q
 
 
-def _pool_args(q: object, kernel: int, stride: int | None, pad: int
-               ) -> tuple[torch.Tensor, int, int, int]:
+def _pool_args(q: object, kernel: int, stride: int | None, pad: int, ceil: bool = False
+               ) -> tuple[torch.Tensor, int, int, int, int, int]:
     x = _int_tensor("q", q, min_dim=0)
     if x.dim() != 4:
         raise ValueError(f"q must be NHWC [N, H, W, C], got shape {tuple(x.shape)}")
-    stride = pool_geometry(x.shape[1], x.shape[2], kernel, stride, pad)[0]
-    return x, kernel, stride, pad
+    stride, p, q_ = pool_geometry(x.shape[1], x.shape[2], kernel, stride, pad, ceil)
+    return x, kernel, stride, pad, p, q_
 
 
-def _windows(x: torch.Tensor, kernel: int, stride: int, pad: int, fill: int) -> torch.Tensor:
-    """[N, H, W, C] -> [N, P, Q, C, kernel * kernel] windows, padding elements = fill."""
-    xp = F.pad(x, (0, 0, pad, pad, pad, pad), value=fill)
+def _windows(x: torch.Tensor, kernel: int, stride: int, pad: int, fill: int,
+             out_hw: tuple[int, int] | None = None) -> torch.Tensor:
+    """[N, H, W, C] -> [N, P, Q, C, kernel * kernel] windows, padding elements = fill
+    (out_hw: P, Q past the floor size, ceil_mode's last windows padded on the far side)."""
+    far = [0, 0] if out_hw is None else [
+        max((o - 1) * stride + kernel - (size + 2 * pad), 0)
+        for o, size in zip(out_hw, x.shape[1:3], strict=True)]
+    xp = F.pad(x, (0, 0, pad, pad + far[1], pad, pad + far[0]), value=fill)
     win = xp.unfold(1, kernel, stride).unfold(2, kernel, stride)  # [N, P, Q, C, k, k]
     return win.reshape(*win.shape[:4], kernel * kernel)
 
 
 def maxpool2d_int(q: torch.Tensor, kernel: int, stride: int | None = None,
-                  pad: int = 0) -> torch.Tensor:
+                  pad: int = 0, ceil: bool = False) -> torch.Tensor:
     """Max over each kernel x kernel window's valid elements, NHWC [N, H, W, C] -> int64
-    [N, P, Q, C] (PyTorch's output size; stride defaults to kernel; pad <= kernel // 2)."""
-    x, kernel, stride, pad = _pool_args(q, kernel, stride, pad)
-    return _windows(x, kernel, stride, pad, torch.iinfo(torch.int64).min).amax(-1)
+    [N, P, Q, C] (PyTorch's output size, `ceil`: ceil_mode; stride defaults to kernel; pad <=
+    kernel // 2)."""
+    x, kernel, stride, pad, p, q_ = _pool_args(q, kernel, stride, pad, ceil)
+    return _windows(x, kernel, stride, pad, torch.iinfo(torch.int64).min, (p, q_)).amax(-1)
 
 
 def avgpool2d_int(q: torch.Tensor, kernel: int | None, stride: int | None, pad: int,
@@ -463,7 +478,7 @@ def avgpool2d_int(q: torch.Tensor, kernel: int | None, stride: int | None, pad: 
             raise ValueError(f"q must be NHWC [N, H, W, C], got shape {tuple(x.shape)}")
         sums = x.sum(dim=(1, 2), keepdim=True)
     else:
-        x, kernel, stride, pad = _pool_args(q, kernel, stride, pad)
+        x, kernel, stride, pad, _, _ = _pool_args(q, kernel, stride, pad)
         sums = _windows(x, kernel, stride, pad, 0).sum(-1)
     return requantize_int(sums, multiplier, shift, out)
 

@@ -151,7 +151,7 @@ class ReferenceExecutor:
             x, w = env[step.input], step.window
             if self._spec(step.input).is_float:
                 return {step.output: F.max_pool2d(x, w.kernel, w.stride, w.pad)}
-            return {step.output: maxpool2d_int(x, w.kernel, w.stride, w.pad)}
+            return {step.output: maxpool2d_int(x, w.kernel, w.stride, w.pad, w.ceil)}
         if isinstance(step, AvgPool):
             return {step.output: self._avgpool(step, env[step.input])}
         if isinstance(step, Flatten):
@@ -199,8 +199,9 @@ class ReferenceExecutor:
         if step.pool is not None:
             w = step.pool
             for name, v in outs.items():
-                outs[name] = F.max_pool2d(v, w.kernel, w.stride, w.pad) \
-                    if self._spec(name).is_float else maxpool2d_int(v, w.kernel, w.stride, w.pad)
+                outs[name] = F.max_pool2d(v, w.kernel, w.stride, w.pad, ceil_mode=w.ceil) \
+                    if self._spec(name).is_float else maxpool2d_int(v, w.kernel, w.stride,
+                                                                    w.pad, w.ceil)
         return outs
 
     def _requantized(self, step: Layer, acc: torch.Tensor, res: torch.Tensor | None,

@@ -314,7 +314,7 @@ class GpuExecutor:
             return BoundStep(step, [
                 self._bind_kernel(step, kernel, x, w, params, full.data),
                 netops.bind_maxpool2d(full, self.packed(o.tensor), win.kernel, win.stride,
-                                      win.pad)], f"{how} (its own epilogue) + max-pool")
+                                      win.pad, win.ceil)], f"{how} (its own epilogue) + max-pool")
         res = self.packed(step.residual) if step.residual else None
         bound = acc_bound(wl)
         if step.outputs_in_kernel and not isinstance(kernel, ReferenceKernel):
@@ -336,7 +336,7 @@ class GpuExecutor:
             launches.append(netops.bind_maxpool2d(
                 PackedTensor(acc, shape, i32, Layout.INT8),
                 PackedTensor(pooled, pooled_shape, i32, Layout.INT8),
-                win.kernel, win.stride, win.pad))
+                win.kernel, win.stride, win.pad, win.ceil))
             launches.append(netops.bind_layer_epilogue(pooled, specs, outs, None, bound))
             return BoundStep(step, launches, f"{how} + int32 max-pool + netops epilogue")
         temps = []
@@ -353,7 +353,7 @@ class GpuExecutor:
         for o, t in zip(step.layer_outputs, temps, strict=True):
             if isinstance(t, PackedTensor):
                 launches.append(netops.bind_maxpool2d(t, self.packed(o.tensor), win.kernel,
-                                                      win.stride, win.pad))
+                                                      win.stride, win.pad, win.ceil))
             else:
                 launches.append(float_maxpool(t, self.buffers[o.tensor], win))
         return BoundStep(step, launches, f"{how} + netops epilogue + max-pool")
@@ -365,7 +365,8 @@ class GpuExecutor:
             return BoundStep(step, [float_maxpool(self.buffers[step.input],
                                                    self.buffers[step.output], w)], "torch")
         return BoundStep(step, [netops.bind_maxpool2d(
-            self.packed(step.input), self.packed(step.output), w.kernel, w.stride, w.pad)],
+            self.packed(step.input), self.packed(step.output), w.kernel, w.stride, w.pad,
+            w.ceil)],
             "netops max-pool")
 
     def _bind_avgpool(self, step: AvgPool) -> BoundStep:

@@ -36,9 +36,10 @@ def to_bitplanes(values: torch.Tensor, prec: Precision, channels: int) -> torch.
 
 
 def float_maxpool(x: torch.Tensor, out: torch.Tensor, w) -> Callable[[], None]:
-    """A launch of torch's max-pool of window `w` (kernel, stride, pad) from x into out."""
+    """A launch of torch's max-pool of window `w` (kernel, stride, pad, ceil) from x into
+    out."""
     def launch() -> None:
-        out.copy_(F.max_pool2d(x, w.kernel, w.stride, w.pad))
+        out.copy_(F.max_pool2d(x, w.kernel, w.stride, w.pad, ceil_mode=w.ceil))
 
     return launch
 

@@ -268,19 +268,20 @@ def _pool_launch(x: PackedTensor, out: PackedTensor, kh: int, kw: int, stride: i
     return Launcher((Launch(pool2d_kernel, grid, args, kwargs),), (out.data,))
 
 
-def _pool_shape(x: PackedTensor, kernel: int, stride: int | None, pad: int
+def _pool_shape(x: PackedTensor, kernel: int, stride: int | None, pad: int, ceil: bool = False
                 ) -> tuple[int, int, int]:
     if len(x.shape) != 4:
         raise ValueError(f"x must be NHWC (4 logical dims), got {x.shape}")
-    return pool_geometry(x.shape[1], x.shape[2], kernel, stride, pad)
+    return pool_geometry(x.shape[1], x.shape[2], kernel, stride, pad, ceil)
 
 
 def bind_maxpool2d(x: PackedTensor, out: PackedTensor, kernel: int, stride: int | None = None,
-                   pad: int = 0) -> Launcher:
-    """Max pool (`reference.maxpool2d_int`) of NHWC x into `out` (same precision, either
-    layout, logical [N, P, Q, C])."""
+                   pad: int = 0, ceil: bool = False) -> Launcher:
+    """Max pool (`reference.maxpool2d_int`; `ceil`: ceil_mode, its last windows' taps past the
+    map masked like padding) of NHWC x into `out` (same precision, either layout, logical [N,
+    P, Q, C])."""
     x = check_packed("x", x)
-    stride, p, q = _pool_shape(x, kernel, stride, pad)
+    stride, p, q = _pool_shape(x, kernel, stride, pad, ceil)
     n, _, _, c = x.shape
     out = check_packed("out", out, (n, p, q, c), x.data.device)
     if str(out.precision) != str(x.precision):
@@ -420,13 +421,13 @@ def _global_pool_launch(x: PackedTensor, out: PackedTensor, mult: int, shift: in
 
 
 def maxpool2d(x: PackedTensor, kernel: int, stride: int | None = None, pad: int = 0,
-              out_layout: Layout | str | None = None) -> PackedTensor:
+              out_layout: Layout | str | None = None, ceil: bool = False) -> PackedTensor:
     """`bind_maxpool2d` into a new PackedTensor (x's layout unless out_layout), launched once."""
     x = check_packed("x", x)
-    st, p, q = _pool_shape(x, kernel, stride, pad)
+    st, p, q = _pool_shape(x, kernel, stride, pad, ceil)
     out = empty_packed((x.shape[0], p, q, x.shape[3]), x.precision,
                        out_layout or x.layout, x.data.device)
-    bind_maxpool2d(x, out, kernel, st, pad)()
+    bind_maxpool2d(x, out, kernel, st, pad, ceil)()
     return out
 
 
