@@ -37,26 +37,43 @@ from pathlib import Path
 BASELINE = Path(__file__).resolve().parent / "sass_baseline.json"
 
 
-def compare_entry(entry: dict) -> tuple[list[str], dict]:
-    """(differences of one baseline entry from what the current templates pick and compile,
-    [] if none; the SASS summary compiled now)."""
+def _resolved(entry: dict) -> tuple:
+    """(workload, family name and config the entry records, in today's form, the family and
+    config its role picks now: `default_bitserial` for "default" roles, else the recorded
+    family's `default_config`)."""
     from lowbit.core import Config, workload_from_json
     from lowbit.kernels.cuda import BY_NAME, default_bitserial, migrate_config
-    from lowbit.kernels.cuda.nvrtc import compile_cubin
-    from lowbit.kernels.cuda.sass import sass_summary
 
     wl = workload_from_json(entry["workload_json"])
     name, cfg = migrate_config(entry["template"], Config(entry["config"]))
-    family, arch, role = BY_NAME[name], entry["arch"], entry["role"]
+    if entry["role"].startswith("default"):
+        family, picked = default_bitserial(wl, entry["arch"])
+    else:
+        family, picked = BY_NAME[name], BY_NAME[name].default_config(wl, entry["arch"])
+    return wl, name, cfg, family, picked
+
+
+def _sass(wl: object, name: str, cfg: object, arch: str) -> dict:
+    """The SASS summary of family `name`'s kernels for (wl, cfg), compiled now for `arch`."""
+    from lowbit.kernels.cuda import BY_NAME
+    from lowbit.kernels.cuda.nvrtc import compile_cubin
+    from lowbit.kernels.cuda.sass import sass_summary
+
+    return sass_summary(compile_cubin(BY_NAME[name].render(wl, cfg), arch))
+
+
+def compare_entry(entry: dict) -> tuple[list[str], dict]:
+    """(differences of one baseline entry from what the current templates pick and compile,
+    [] if none; the SASS summary compiled now)."""
+    wl, name, cfg, family, picked = _resolved(entry)
+    arch, role = entry["arch"], entry["role"]
     tag = f"{entry['workload']} {entry['precision']} {role} {arch} -> {name}"
     diffs = []
-    if role.startswith("default"):
-        picked, picked_cfg = default_bitserial(wl, arch)
-        if (picked.name, picked_cfg) != (name, cfg):
-            diffs.append(f"FAIL {tag}: default_bitserial picks {picked.name} {dict(picked_cfg)}")
-    elif family.default_config(wl, arch) != cfg:
-        diffs.append(f"FAIL {tag}: default_config picks {dict(family.default_config(wl, arch))}")
-    got = sass_summary(compile_cubin(family.render(wl, cfg), arch))
+    if (family.name, picked) != (name, cfg):
+        picker = ("default_bitserial picks " + family.name if role.startswith("default")
+                  else "default_config picks")
+        diffs.append(f"FAIL {tag}: {picker} {dict(picked)}")
+    got = _sass(wl, name, cfg, arch)
     want = entry["sass"]
     for k in sorted(set(want) | set(got)):
         if want.get(k) != got.get(k):
@@ -67,15 +84,9 @@ def compare_entry(entry: dict) -> tuple[list[str], dict]:
 def current_pick(entry: dict) -> tuple[str, dict] | None:
     """(family name, the recorded form of its config) that the entry's role picks now, None
     where it is the recorded config."""
-    from lowbit.core import Config, workload_from_json
-    from lowbit.kernels.cuda import BY_NAME, default_bitserial, migrate_config
+    from lowbit.kernels.cuda import migrate_config
 
-    wl = workload_from_json(entry["workload_json"])
-    name, cfg = migrate_config(entry["template"], Config(entry["config"]))
-    if entry["role"].startswith("default"):
-        family, picked = default_bitserial(wl, entry["arch"])
-    else:
-        family, picked = BY_NAME[name], BY_NAME[name].default_config(wl, entry["arch"])
+    _, name, cfg, family, picked = _resolved(entry)
     if (family.name, picked) == (name, cfg):
         return None
     spec = family.spec(picked)
@@ -88,13 +99,18 @@ def current_pick(entry: dict) -> tuple[str, dict] | None:
 
 def record_defaults(doc: dict, path: Path) -> None:
     """Write the configs the defaults pick now, and their SASS, into the entries they changed."""
+    from lowbit.core import workload_from_json
+    from lowbit.kernels.cuda import migrate_config
+
     changed = 0
     for entry in doc["entries"]:
         pick = current_pick(entry)
         if pick is None:
             continue
         entry["config"] = pick[1]
-        entry["sass"] = compare_entry(entry)[1]
+        name, cfg = migrate_config(entry["template"], pick[1])
+        entry["sass"] = _sass(workload_from_json(entry["workload_json"]), name, cfg,
+                              entry["arch"])
         changed += 1
         print(f"{entry['workload']} {entry['precision']} {entry['role']} {entry['arch']} -> "
               f"{pick[0]}", flush=True)

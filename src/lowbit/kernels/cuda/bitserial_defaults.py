@@ -107,6 +107,11 @@ def moves_stream_bytes(wl: Workload) -> bool:
     return ep.requant32 and (ep.residual is not None or stores_bytes)
 
 
+def sets_tile(spec: Mapping, tile: Mapping) -> bool:
+    """Whether the parameters `spec` set every knob of the preferred entry `tile`."""
+    return all(spec.get(k) == v for k, v in tile.items())
+
+
 def regime_fits(wl: Workload, spec: Mapping, acc_regs: int) -> bool:
     """Whether a preferred config (full parameters `spec`, `acc_regs` accumulator registers)
     suits `wl`: accumulators within ACC_LIMIT; tap-shift defaults on convs of at most
@@ -120,10 +125,10 @@ def regime_fits(wl: Workload, spec: Mapping, acc_regs: int) -> bool:
 
     if acc_regs > ACC_LIMIT[spec["MMA"]]:
         return False
-    if all(spec.get(k) == v for k, v in BLOCK_END_TILE.items()) and not (
+    if sets_tile(spec, BLOCK_END_TILE) and not (
             moves_stream_bytes(wl) and wl.w.bits == 1):
         return False
-    fused_tile = any(all(spec.get(k) == v for k, v in tile.items()) for tile in FUSED_TILES)
+    fused_tile = any(sets_tile(spec, tile) for tile in FUSED_TILES)
     if fused_tile and not (wl.w.bits == 1 and planes(wl)[0] == 2
                            and conv_shape(wl).kout <= FUSED_TILES_MAX_K):
         return False

@@ -37,7 +37,7 @@ from .bitserial_family import (
     warp_tiles,
     wgmma_n,
 )
-from .bitserial_layout import tile_grid
+from .bitserial_layout import k_tiles, tile_grid
 from .bitserial_render import render
 from .bitserial_shape import WGMMA_ARCH, conv_shape, support_limits_reason
 from .bitserial_wgmma import WGMMA, WGMMA_PERSISTENT, persistent_spill
@@ -125,8 +125,8 @@ class Int8WgmmaTemplate(BitserialFamily):
         block barrier and a copy wait per 32 channels of a long reduction)."""
         k_words = conv_shape(workload).k_words
         for kt, stages in DEEP_STAGES:
-            padded = -(-k_words // (8 * kt)) * 8 * kt
             deep = cfg.replace(KT=kt, STAGES=stages)
+            padded = k_tiles(workload, self.spec(deep)) * 8 * kt
             if padded - k_words <= MAX_K_PADDING * k_words and space.is_valid(deep):
                 return deep
         return cfg
