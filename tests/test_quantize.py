@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lowbit.core import Precision
+from lowbit.core import Precision, WidePrecision
 from lowbit.quant.quantize import (
     affine_params,
     dequantize,
@@ -30,6 +30,21 @@ def test_symmetric_signed_per_tensor():
     q = quantize(x, s, p)
     assert q.dtype == torch.int8 and q.tolist() == [-7, -1, 2, 4]
     assert dequantize(q, s).tolist() == pytest.approx([v * 2 / 7 for v in (-7, -1, 2, 4)])
+
+
+@pytest.mark.parametrize("bits,dtype", [(16, torch.int16), (24, torch.int32)])
+def test_wide_precision_values_keep_their_range(bits, dtype):
+    """A wide precision stores its own integers (int16 / int32), clamped to its range, never
+    wrapped into a byte."""
+    p = WidePrecision(bits)
+    x = torch.randn(257, generator=torch.Generator().manual_seed(3)) * 4.0
+    s = torch.tensor(3.0 / p.qmax)
+    q = quantize(x, s, p)
+    assert q.dtype is dtype
+    want = round_half_up(x / s).clamp(p.qmin, p.qmax)
+    assert torch.equal(q.to(torch.float32), want)
+    assert int(q.max()) == p.qmax and int(q.min()) == p.qmin  # past +-3: clamped
+    assert int(q.abs().max()) > 127
 
 
 def test_unsigned_per_channel_clamps():

@@ -15,10 +15,9 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from ..quant.residual import TABLE_ACTIVATIONS, TABLE_FUNCTIONS
+from ..quant.residual import MUL_TARGETS, TABLE_ACTIVATIONS, TABLE_FUNCTIONS
 
 _CLAMP_TARGETS = {torch.clamp, torch.clip, "clamp", "clip", "clamp_", "clip_"}
-_MUL_TARGETS = {operator.mul, operator.imul, torch.mul, "mul", "mul_", "__mul__", "__rmul__"}
 _MEAN_TARGETS = {torch.mean, "mean"}
 _CHUNK_TARGETS = {torch.chunk, "chunk"}
 _SPLIT_TARGETS = {torch.split, "split"}
@@ -86,7 +85,7 @@ def mean_keepdim(node: fx.Node, shape: tuple[int, ...]) -> bool | None:
 
 
 def is_mul(node: fx.Node) -> bool:
-    return node.target in _MUL_TARGETS and len(node.args) == 2 and not node.kwargs
+    return node.target in MUL_TARGETS and len(node.args) == 2 and not node.kwargs
 
 
 def is_eval_stochastic_depth(node: fx.Node) -> bool:

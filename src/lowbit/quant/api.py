@@ -247,10 +247,11 @@ def quantize_model(model: nn.Module, weight_bits: int = 8, act_bits: int = 8, me
     activation_bits: 2..8 (default 8) or None: the input of every activation function that
     the engine computes as a table of its quantized input (hardswish, SiLU, sigmoid,
     hardsigmoid, GELU, tanh, ...; `lowbit.quant.residual.activation_points`) and that reads a
-    quantized conv / linear is quantized in the model at this width (a forward pre-hook), so
-    that the compiled network computes it exactly on its integer path; None leaves them float
-    (the engine then runs them in float). A model torch.fx cannot trace keeps them float
-    (a warning).
+    quantized conv / linear is quantized in the model at this width (a forward pre-hook), and
+    so is the feature map that such an activation scales (squeeze-excite over a ReLU map:
+    MobileNet-V3, RegNet-Y), so that the compiled network computes them exactly on its
+    integer path; None leaves them float (the engine then runs them in float). A model
+    torch.fx cannot trace keeps them float (a warning).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core import Encoding, Layout, Precision
+from ..core import Encoding, Layout, Precision, WidePrecision
 from ..core.validate import storage_dtype
 
 _EPS = 1e-12
@@ -70,9 +70,10 @@ def affine_params(x: torch.Tensor, prec: Precision,
     return scale, zp
 
 
-def quantize(x: torch.Tensor, scale: torch.Tensor, prec: Precision,
+def quantize(x: torch.Tensor, scale: torch.Tensor, prec: Precision | WidePrecision,
              zero_point: torch.Tensor | None = None, axis: int | None = None) -> torch.Tensor:
-    """Real tensor -> integer values in prec's range, stored as int8 (uint8 if unsigned)."""
+    """Real tensor -> integer values in prec's range, stored as int8 (uint8 if unsigned; a
+    `WidePrecision`: its own int16 / int32 storage)."""
     x = _check_float("x", x)
     if prec.encoding is Encoding.BINARY:
         q = torch.where(x >= 0, 1, -1)
@@ -82,6 +83,8 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, prec: Precision,
         if zero_point is not None:
             q = q + _broadcast(torch.as_tensor(zero_point, device=x.device), x, axis)
         q = q.clamp(prec.qmin, prec.qmax)
+    if isinstance(prec, WidePrecision):
+        return q.to(prec.storage_dtype)
     return q.to(storage_dtype(prec, Layout.INT8))
 
 

@@ -22,13 +22,19 @@ GELU, ...) that reads a quantized conv / linear (`lowbit.quantize(..., activatio
 `activation_points`): a `ValueQuantizer` as the activation module's `input_quant` child,
 applied by a forward pre-hook (or, for a functional activation, as the `residual_quant` of
 the module whose output it reads), so that the compiled network computes the activation
-exactly as a table over the at most 256 quantized values. Every such quantizer is a
-`ValueQuantizer` (`ResidualQuantizer` is the same class); `value_quantizers` lists them all.
+exactly as a table over the at most 256 quantized values. A product of such an activation
+with a feature map (squeeze-excite: `sigmoid(fc2(...)) * x`) gets its map operand quantized
+too where the map is a quantized conv / linear's output through BatchNorm and ReLU / ReLU6
+(MobileNet-V3's ReLU blocks, RegNet-Y): the quantizer of the module writing the map, so that
+the product is a table of two quantized values, as EfficientNet's SiLU map already is. Every
+such quantizer is a `ValueQuantizer` (`ResidualQuantizer` is the same class);
+`value_quantizers` lists them all.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -202,18 +208,62 @@ TABLE_FUNCTIONS = {F.hardswish, F.silu, torch.sigmoid, F.sigmoid, F.hardsigmoid,
                    torch.tanh, F.tanh, F.mish, F.elu, F.leaky_relu, F.softplus,
                    "sigmoid", "tanh"}
 _PASS_THROUGH = (nn.BatchNorm1d, nn.BatchNorm2d, nn.Dropout, nn.Dropout2d, nn.Identity)
+#: what a product's map operand may read its layer through besides `_PASS_THROUGH`: ReLU and
+#: ReLU6 / Hardtanh (modules or functions)
+_MAP_CLAMPS = (nn.ReLU, nn.Hardtanh)
+_MAP_CLAMP_FUNCTIONS = {F.relu, F.relu_, torch.relu, torch.relu_, F.relu6, F.hardtanh, "relu",
+                        "relu_"}
+#: the targets of a product of two tensors
+MUL_TARGETS = {operator.mul, operator.imul, torch.mul, "mul", "mul_", "__mul__", "__rmul__"}
 #: activation input quantizer widths (one byte: a table of at most 256 entries)
 ACTIVATION_BITS = (2, 3, 4, 5, 6, 7, 8)
 
 
-def _reads_quant_layer(n: object, modules: dict[str, nn.Module]) -> bool:
+def _is_map_clamp(n: object, modules: dict[str, nn.Module]) -> bool:
+    """Whether fx node n is a ReLU / ReLU6 / Hardtanh (module or function) of a tensor."""
+    if not isinstance(n, fx.Node) or not n.args:
+        return False
+    if n.op == "call_module":
+        return isinstance(modules.get(n.target), _MAP_CLAMPS)
+    return n.op in ("call_function", "call_method") and n.target in _MAP_CLAMP_FUNCTIONS
+
+
+def _reads_quant_layer(n: object, modules: dict[str, nn.Module], clamps: bool = False
+                       ) -> bool:
     """Whether fx node n is a fake-quant conv / linear's output, through BatchNorms and
-    identities."""
-    while isinstance(n, fx.Node) and n.op == "call_module" and \
-            isinstance(modules.get(n.target), _PASS_THROUGH):
+    identities (and ReLU / ReLU6 / Hardtanh with `clamps`)."""
+    while (isinstance(n, fx.Node) and n.op == "call_module" and
+           isinstance(modules.get(n.target), _PASS_THROUGH)) or \
+            (clamps and _is_map_clamp(n, modules)):
         n = n.args[0]
     return isinstance(n, fx.Node) and n.op == "call_module" and \
         isinstance(modules.get(n.target), QUANT_MODULES)
+
+
+def _map_owner(x: fx.Node, calls: dict[str, int], modules: dict[str, nn.Module]
+               ) -> str | None:
+    """The module whose output quantizer makes a product's map x a quantized value: x's
+    owner (`_owner`), else, where x is a clamp no module writes (a functional ReLU), the
+    owner of the value it clamps (the clamp of a quantized value is a table too)."""
+    while (owner := _owner(x, calls, modules)) is None and _is_map_clamp(x, modules):
+        x = x.args[0]
+    return owner
+
+
+def _product_map(n: fx.Node, gates: set[fx.Node], modules: dict[str, nn.Module]
+                 ) -> fx.Node | None:
+    """The map operand of product n whose other operand is a gate (a table activation whose
+    input is quantized), where the map is a quantized layer's output through BatchNorm and
+    clamps (`_reads_quant_layer`), else None."""
+    if n.op not in ("call_function", "call_method") or n.target not in MUL_TARGETS or \
+            len(n.args) != 2 or n.kwargs:
+        return None
+    a, b = n.args
+    for gate, other in ((a, b), (b, a)):
+        if gate in gates and isinstance(other, fx.Node) and other not in gates and \
+                _reads_quant_layer(other, modules, clamps=True):
+            return other
+    return None
 
 
 def activation_points(model: nn.Module) -> tuple[list[tuple[str, str]], list[str]]:
@@ -221,12 +271,22 @@ def activation_points(model: nn.Module) -> tuple[list[tuple[str, str]], list[str
     a quantized value, in graph order; the activations left float and why) of `model`: every
     activation of `TABLE_ACTIVATIONS` (module: its input) or `TABLE_FUNCTIONS` (functional:
     the output of the module it reads) whose input is a fake-quant conv / linear's output
-    (through BatchNorm)."""
+    (through BatchNorm); and the map operand of a product of such an activation with a
+    quantized layer's output through BatchNorm and ReLU / ReLU6 (squeeze-excite, module
+    docstring): the output of the module writing the map."""
     graph, calls = _trace(model, "activation_bits")
     modules = dict(model.named_modules())
     points: dict[tuple[str, str], None] = {}
     skipped: list[str] = []
+    gates: set[fx.Node] = set()  # the activations whose input is quantized
     for n in graph.nodes:
+        if (x := _product_map(n, gates, modules)) is not None:
+            if (owner := _map_owner(x, calls, modules)) is None:
+                skipped.append(f"{n.name}: its map operand {x.name} is no module's output on "
+                               "every call")
+            else:
+                points[(owner, "output")] = None
+            continue
         module = modules.get(n.target) if n.op == "call_module" else None
         functional = n.op in ("call_function", "call_method") and n.target in TABLE_FUNCTIONS
         if not (isinstance(module, TABLE_ACTIVATIONS) or functional) or not n.args or \
@@ -237,6 +297,7 @@ def activation_points(model: nn.Module) -> tuple[list[tuple[str, str]], list[str
                 skipped.append(f"{n.target}: called {calls.get(n.target, 0)} times")
             else:
                 points[(n.target, "input")] = None
+                gates.add(n)
             continue
         owner = _owner(n.args[0], calls, modules)
         if owner is None:
@@ -244,6 +305,7 @@ def activation_points(model: nn.Module) -> tuple[list[tuple[str, str]], list[str
                            "every call")
         else:
             points[(owner, "output")] = None
+            gates.add(n)
     return list(points), skipped
 
 
