@@ -41,9 +41,11 @@ from ..kernels.base import acc_bound
 from ..quant.quantize import dequantize, quantize, round_half_up
 from ..reference import avgpool_multiplier, fixed_point_pair
 from ..reference.netops import uint8_input_table
+from .affine import AffineRealizations
 from .chooser import Chooser, make_chooser
 from .dataflow import (
     ACT,
+    AFFINE,
     AVGPOOL,
     CONCAT,
     FLATTEN,
@@ -120,7 +122,7 @@ class _LayerState:
     fused: list[str] = field(default_factory=list)
 
 
-class Planner(ElementwiseRealizations):
+class Planner(ElementwiseRealizations, AffineRealizations):
     """Builds one Plan; see `build_plan`."""
 
     def __init__(self, df: Dataflow, input_shape: tuple[int, ...],
@@ -247,6 +249,8 @@ class Planner(ElementwiseRealizations):
             out = self._tensor(v, req, shape, relu)
             self._emit(v.index + 0.5, Lookup(f"lookup.{out}", src, out, req.via.table))
             return out
+        if v.op == AFFINE:
+            return self._affine(v, req, relu)
         if v.op in (INPUT, FLOAT) or (v.op == LAYER and binary):
             src = self.input_name if v.op == INPUT else (
                 self._fallback(v) if v.op == FLOAT else self.realize(v, FLOAT_REQ, relu))
