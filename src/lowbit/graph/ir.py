@@ -291,10 +291,11 @@ class Flatten(UnaryStep):
 
 
 @dataclass(frozen=True)
-class Concat(Step):
+class PartsStep(Step):
+    """A step reading several tensors (`parts`) and writing one."""
+
     parts: tuple[str, ...] = ()
     output: str = ""
-    kind: ClassVar[str] = "concat"
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -306,28 +307,23 @@ class Concat(Step):
 
 
 @dataclass(frozen=True)
-class ChannelAffine(Step):
+class Concat(PartsStep):
+    kind: ClassVar[str] = "concat"
+
+
+@dataclass(frozen=True)
+class ChannelAffine(PartsStep):
     """y = a[c] x + b[c] (an eval BatchNorm) of the channel concatenation of `parts`
     (quantized, layout INT8, each at its own scale), requantized per channel as the layer
     epilogue is: out[..., c] = clamp(floor((x[..., c] m[c] + b[c] + 2^(s[c]-1)) / 2^s[c]),
     lo, qmax), lo = max(qmin, 0) with relu; multiplier / bias / shift: int64 [C] param keys
     (m may be negative: a BatchNorm's negative scale)."""
 
-    parts: tuple[str, ...] = ()
-    output: str = ""
     multiplier: str = ""
     bias: str = ""
     shift: str = ""
     relu: bool = False
     kind: ClassVar[str] = "channel_affine"
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return self.parts
-
-    @property
-    def outputs(self) -> tuple[str, ...]:
-        return (self.output,)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 Realizations (the engine contract): every consumer names what it reads, and the
 producer writes exactly that. A layer reads its input at its activation quantizer's precision
-and scale, as bit planes when it runs bit-serially, else one value per byte; a residual add
-and an average pool read a "wide" realization: by default signed 24-bit (int32 storage,
+and scale, as bit planes when it runs bit-serially, else one value per byte; a residual add,
+an average pool and a BatchNorm that folds into no layer (`affine`, part by part of a
+concatenation) read a "wide" realization: by default signed 24-bit (int32 storage,
 `WidePrecision`) at scale 2 max|v| / (2^23 - 1) or coarser for a residual (`Planner.wide`),
 16-bit likewise, or with wide_bits=8 a u8 (a ReLU output) / s8 at max|v| / qmax,
 max|v| from the example input; FloatFallback steps and the output read
