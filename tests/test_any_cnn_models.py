@@ -61,7 +61,8 @@ SLOW = {"googlenet", "efficientnet_b1", "efficientnet_b2", "efficientnet_b3",
         "mobilenet_v3_large", "wide_resnet", "mnasnet"}
 #: the low-bit (w2a2) cases (the tiny squeeze-excite convs of the small RegNet-Y / MNASNet
 #: see only zeros at 2 bits on two random images: no scale)
-LOW_BIT = ("resnet", "mobilenet_v2", "efficientnet_b0", "shufflenet_v2", "regnet_x")
+LOW_BIT = ("resnet", "mobilenet_v2", "efficientnet_b0", "shufflenet_v2", "regnet_x",
+           "densenet")
 #: logits against the fake-quant model: integer only (a level flipped at a float32 rounding
 #: tie of the fake-quant model propagates through the layers after it: a few 1e-3), with fp16
 #: fallbacks in between

@@ -146,6 +146,23 @@ def test_dense_block_layer_inputs_follow_the_model():
     assert checked == 9
 
 
+def test_channel_the_input_cannot_move_is_a_constant():
+    """A BatchNorm channel whose gamma is ~0: multiplier 0, the output its bias's level."""
+    torch.manual_seed(0)
+    x = _x()
+    q = _quantized(TinyDenseNet(), x, "w8a8")
+    with torch.no_grad():
+        q.block1[1].norm1.weight[[0, 15]] = 1e-12
+    plan = compiled(q, x).plan
+    second = plan.steps_of(ChannelAffine)[1]
+    m = plan.params[second.multiplier]
+    assert m[0] == m[15] == 0 and int((m != 0).sum()) == m.numel() - 2
+    y = ReferenceExecutor(plan)(x)
+    with torch.no_grad():
+        yf = q(x)
+    assert float((y - yf).abs().max()) <= INTEGER_RTOL * float(yf.abs().max())
+
+
 def test_aligned_parts_write_bit_planes_directly():
     """Parts of whole 32-channel words: the affine step writes the bit-serial layer's planes."""
     q, plan, x = _plan("w2a2", init=32, growth=32)
