@@ -391,3 +391,38 @@ def test_channel_affine_bad_inputs():
         channel_affine_int([values[0].double()], m, b, s, "u8")
     with pytest.raises(TypeError, match="out must be a Precision"):
         channel_affine_int(values, m, b, s, 8)
+
+
+class FlatHead(nn.Module):
+    """BatchNorm1d on a flattened map (the plan's columns are in NHWC order) and on a
+    [N, C, L] tensor (float: its channels are not the last dim of any integer layout)."""
+
+    def __init__(self, three_d: bool) -> None:
+        super().__init__()
+        self.three_d = three_d
+        self.conv, self.fc = nn.Conv2d(3, 8, 3), nn.Linear(8 * 6 * 6, 10)
+        self.bn, self.bn3 = nn.BatchNorm1d(8 * 6 * 6), nn.BatchNorm1d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.conv(x))
+        if self.three_d:
+            y = F.relu(self.bn3(torch.flatten(y, 2))).reshape(y.shape)
+        return self.fc(F.relu(self.bn(torch.flatten(y, 1))))
+
+
+def test_batchnorm1d_of_a_flattened_map():
+    x = _x(8)
+    for three_d in (False, True):
+        torch.manual_seed(0)
+        q = _quantized(FlatHead(three_d), x, "w8a8")
+        plan = compiled(q, x).plan
+        assert len(plan.steps_of(ChannelAffine)) == 1
+        y = ReferenceExecutor(plan)(x)
+        with torch.no_grad():
+            yf = q(x)
+        if three_d:
+            assert [fb.reason.startswith("BatchNorm not directly after") for fb in
+                    plan.fallbacks if "bn3" in fb.op] == [True]
+        else:
+            assert not plan.fallbacks, fallback_reasons(plan)
+            assert float((y - yf).abs().max()) <= 1e-4 * float(yf.abs().max())

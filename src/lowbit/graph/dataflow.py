@@ -473,7 +473,8 @@ def _fold_batchnorms(df: Dataflow) -> None:
                 df.output = x
             df.values.remove(v)
         else:  # an eval affine (`graph.affine`: integer), or float (batch statistics)
-            affine = forms.batchnorm_affine(v.attrs["module"]) is not None
+            affine = forms.batchnorm_affine(v.attrs["module"]) is not None and \
+                len(df.stats[v.fx_name].shape) in (2, 4)  # channels: dim 1 of NC / NCHW
             v.op = AFFINE if affine else FLOAT
             v.attrs.update(op=f"{v.attrs['target']}: {type(v.attrs['module']).__name__}",
                            reason="BatchNorm not directly after a fake-quant conv/linear "
