@@ -47,7 +47,7 @@ EXPECTED: dict[str, set[str]] = {
     "regnet_x": set(), "shufflenet_v2": set(), "mnasnet": set(), "mobilenet_v2": set(),
     "efficientnet_b0": set(), "efficientnet_b1": set(), "efficientnet_b2": set(),
     "efficientnet_b3": set(), "regnet_y": set(), "mobilenet_v3_small": set(),
-    "mobilenet_v3_large": set(), "densenet": {BN}, "squeezenet": set(), "googlenet": set(),
+    "mobilenet_v3_large": set(), "densenet": set(), "squeezenet": set(), "googlenet": set(),
     "convnext": {NORM, PERMUTE, LINEAR4D, CONSTANT, DEQUANT, ACT_READ, ADD},
 }
 #: fake-quant layers that stay float: ConvNeXt's pointwise linears read NHWC maps
@@ -58,7 +58,8 @@ SLOW = {"googlenet", "efficientnet_b1", "efficientnet_b2", "efficientnet_b3",
         "mobilenet_v3_large", "wide_resnet", "mnasnet"}
 #: the low-bit (w2a2) cases (the tiny squeeze-excite convs of the small RegNet-Y / MNASNet
 #: see only zeros at 2 bits on two random images: no scale)
-LOW_BIT = ("resnet", "mobilenet_v2", "efficientnet_b0", "shufflenet_v2", "regnet_x")
+LOW_BIT = ("resnet", "mobilenet_v2", "efficientnet_b0", "shufflenet_v2", "regnet_x",
+           "densenet")
 #: the low-bit cases of the GPU test: MobileNet-V3-Small's squeeze-excite over a ReLU map
 #: too (its 8-bit map written by a 2-bit layer; 14 s on 2 CPU cores, so not in the CPU tier)
 GPU_LOW_BIT = (*LOW_BIT, "mobilenet_v3_small")

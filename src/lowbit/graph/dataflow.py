@@ -14,13 +14,16 @@ into `Value`s:
   hardswish / SiLU / sigmoid / GELU, attrs module: its float computation), mul (the product
   of two tensors, one possibly broadcast over the map: squeeze-excite's channel scale),
   gather (channels selected by index: chunk / split / `x[:, a:b]`, a channel shuffle's
-  view / transpose / view), and float (anything else: a PyTorch module run in float, with
-  the reason; `lowbit.graph.node_forms` recognizes the forms).
+  view / transpose / view), affine (an eval BatchNorm that folds into no layer: attrs
+  module), and float (anything else: a PyTorch module run in float, with the reason;
+  `lowbit.graph.node_forms` recognizes the forms).
 
 Rewrites, each checked: a BatchNorm that alone consumes a fake-quant layer folds into it
-(`lowbit.quant.convert.integer_layer`); a residual add fuses into the layer among its operands
-that only the add reads (the later one); dropout and identities vanish. What cannot be
-expressed exactly becomes a float value instead: never a silent approximation.
+(`lowbit.quant.convert.integer_layer`), any other in eval mode is an affine value (a
+per-channel requantization of its input: `lowbit.graph.affine`); a residual add fuses into
+the layer among its operands that only the add reads (the later one); dropout and identities
+vanish. What cannot be expressed exactly becomes a float value instead: never a silent
+approximation.
 """
 
 from __future__ import annotations
@@ -41,11 +44,12 @@ from ..quant.modules import QUANT_MODULES
 from ..quant.residual import ResidualQuantizer, quantizer_of
 from . import node_forms as forms
 from .ir import PoolWindow
+from .node_forms import describe
 from .pools import ADAPTIVE, WINDOW
 
 INPUT, LAYER, RELU, MAXPOOL, AVGPOOL, FLATTEN, CONCAT, FLOAT, QUANT = (
     "input", "layer", "relu", "maxpool", "avgpool", "flatten", "concat", "float", "quant")
-ACT, MUL, GATHER = "act", "mul", "gather"
+ACT, MUL, GATHER, AFFINE = "act", "mul", "gather", "affine"
 _ADD, _BN = "add", "batchnorm"  # transient ops: fused away or turned into float values
 
 
@@ -435,17 +439,6 @@ class _Converter:
                 and n.args[0].target is getattr and n.args[0].args[1] == "shape"))
 
 
-def describe(node: fx.Node, modules: dict[str, nn.Module]) -> str:
-    """A short name of what an fx node computes."""
-    if node.op == "call_module":
-        m = modules[node.target]
-        extra = m.extra_repr()
-        return f"{node.target}: {type(m).__name__}({extra[:60]})"
-    name = getattr(node.target, "__name__", str(node.target))
-    stack = [path for path, _ in (node.meta.get("nn_module_stack") or {}).values() if path]
-    return f"{node.op.removeprefix('call_')} {name}" + (f" in {stack[-1]}" if stack else "")
-
-
 # ------------------------------------------------------------------------------ rewrites
 def _replace(df_values: list[Value], old: Value, new: Value) -> None:
     for v in df_values:
@@ -479,11 +472,14 @@ def _fold_batchnorms(df: Dataflow) -> None:
             if df.output is v:
                 df.output = x
             df.values.remove(v)
-        else:
-            v.op = FLOAT
+        else:  # an eval affine (`graph.affine`: integer), or float (batch statistics)
+            affine = forms.batchnorm_affine(v.attrs["module"]) is not None and \
+                len(df.stats[v.fx_name].shape) in (2, 4)  # channels: dim 1 of NC / NCHW
+            v.op = AFFINE if affine else FLOAT
             v.attrs.update(op=f"{v.attrs['target']}: {type(v.attrs['module']).__name__}",
                            reason="BatchNorm not directly after a fake-quant conv/linear "
-                                  "whose only reader it is: nothing to fold it into")
+                                  "whose only reader it is: nothing to fold it into" if
+                           not affine else "a BatchNorm read in float")
 
 
 def prepare_layer(v: Value) -> str | None:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..quant.quantize import dequantize, quantize
-from .dataflow import AVGPOOL, FLOAT, LAYER, Value
+from .dataflow import AFFINE, AVGPOOL, FLOAT, LAYER, Value
 from .pools import ADAPTIVE, GLOBAL
 
 #: relative tolerance of an fp16 fallback against its float32 computation (one op)
@@ -117,12 +117,14 @@ class _AveragePool(nn.Module):
 
 
 def make_float(v: Value, reason: str) -> None:
-    """Turn an unrealizable layer or average pool value into a float value (in place)."""
+    """Turn an unrealizable layer, average pool or affine value into a float value (in place)."""
     if v.op == LAYER:
         module = LayerFallback(v.attrs["spec"], v.residual is not None)
         what = f"{', '.join(v.attrs['source'])}: {type(v.attrs['module']).__name__}"
     elif v.op == AVGPOOL:
         module, what = _AveragePool(v.attrs), f"average pool ({v.attrs['mode']})"
+    elif v.op == AFFINE:  # the BatchNorm itself
+        module, what = v.attrs["module"], v.attrs["op"]
     else:
         raise AssertionError(f"{v.name}: a {v.op} value has no float fallback") from None
     v.op = FLOAT

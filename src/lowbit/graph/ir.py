@@ -33,6 +33,9 @@ FloatFallback steps in `Plan.modules`. Step kinds and their exact semantics (the
              either of b's shape or [N, 1, 1, C] (NHWC; broadcast over b's map).
 - Flatten:   [N, H, W, C] -> [N, H*W*C] in (h, w, c) order (a view); floats: torch.flatten.
 - Concat:    channel concatenation of tensors of one precision, scale and layout.
+- ChannelAffine: a per-channel affine requantization (an eval BatchNorm no layer absorbs)
+             of the channel concatenation of quantized `parts`, each at its own scale:
+             clamp(floor((x[..., c] m[c] + b[c] + 2^(s[c]-1)) / 2^s[c]), lo, qmax).
 - FloatFallback: a PyTorch module run in float (the plan says why) on its inputs, quantized
              ones dequantized first (scale * q, float32, NCHW).
 - Output:    the float result (a quantized input is dequantized: scale * q, back to NCHW).
@@ -47,89 +50,11 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from ..core import Config, Layout, Precision, WidePrecision, Workload, workload_from_dict
-from ..core.validate import storage_dtype, storage_shape
-
-# ------------------------------------------------------------------------------ tensors
-#: widths of the plans' wide realizations (`lowbit.core.WidePrecision`; 16-bit residuals track
-#: low-bit networks, 24-bit ones 8-bit networks too: `lowbit.graph.planner`): |value| < 2^23
-#: keeps the residual term |res * r| < 2^54, so a kernel with an int32 accumulator adds the
-#: epilogue's terms in int64 directly
-WIDE_BITS = (16, 24)
-
-
-def parse_precision(text: str) -> Precision | WidePrecision:
-    """'u4' -> Precision; 's16' / 's24' -> WidePrecision."""
-    for bits in WIDE_BITS:
-        if text == f"s{bits}":
-            return WidePrecision(bits)
-    return Precision.parse(text)
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One tensor of the plan (module docstring). precision/scale/layout are None for floats."""
-
-    name: str
-    shape: tuple[int, ...]
-    precision: Precision | WidePrecision | None = None
-    scale: float | None = None
-    layout: Layout | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
-        if self.precision is None:
-            if self.scale is not None or self.layout is not None:
-                raise ValueError(f"float tensor {self.name!r} takes no scale or layout")
-            return
-        if isinstance(self.precision, str):
-            object.__setattr__(self, "precision", parse_precision(self.precision))
-        object.__setattr__(self, "layout", Layout(self.layout))
-        if self.scale is None or not math.isfinite(self.scale) or not self.scale > 0:
-            raise ValueError(f"quantized tensor {self.name!r} needs a finite scale > 0, got "
-                             f"{self.scale!r}")
-
-    @property
-    def is_float(self) -> bool:
-        return self.precision is None
-
-    @property
-    def is_wide(self) -> bool:
-        return isinstance(self.precision, WidePrecision)
-
-    @property
-    def storage_shape(self) -> tuple[int, ...]:
-        if self.is_float or self.is_wide:
-            return self.shape
-        return storage_shape(self.shape, self.precision, self.layout)
-
-    @property
-    def storage_dtype(self) -> torch.dtype:
-        if self.is_float:
-            return torch.float32
-        if self.is_wide:
-            return self.precision.storage_dtype
-        return storage_dtype(self.precision, self.layout)
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.storage_shape) * torch.empty((), dtype=self.storage_dtype
-                                                           ).element_size()
-
-    @property
-    def kind(self) -> str:
-        """'f32' or e.g. 'u2/bitplane'."""
-        return "f32" if self.is_float else f"{self.precision}/{self.layout.value}"
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape),
-                "precision": None if self.is_float else str(self.precision),
-                "scale": self.scale, "layout": None if self.is_float else self.layout.value}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TensorSpec:
-        return cls(d["name"], tuple(d["shape"]), d.get("precision"), d.get("scale"),
-                   d.get("layout"))
+from ..core import Config, Layout, Workload, workload_from_dict
+from ..core import WidePrecision as WidePrecision  # the plan's names (`tensors`), re-exported
+from .tensors import WIDE_BITS as WIDE_BITS
+from .tensors import TensorSpec
+from .tensors import parse_precision as parse_precision
 
 
 @dataclass(frozen=True)
@@ -366,10 +291,11 @@ class Flatten(UnaryStep):
 
 
 @dataclass(frozen=True)
-class Concat(Step):
+class PartsStep(Step):
+    """A step reading several tensors (`parts`) and writing one."""
+
     parts: tuple[str, ...] = ()
     output: str = ""
-    kind: ClassVar[str] = "concat"
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -378,6 +304,26 @@ class Concat(Step):
     @property
     def outputs(self) -> tuple[str, ...]:
         return (self.output,)
+
+
+@dataclass(frozen=True)
+class Concat(PartsStep):
+    kind: ClassVar[str] = "concat"
+
+
+@dataclass(frozen=True)
+class ChannelAffine(PartsStep):
+    """y = a[c] x + b[c] (an eval BatchNorm) of the channel concatenation of `parts`
+    (quantized, layout INT8, each at its own scale), requantized per channel as the layer
+    epilogue is: out[..., c] = clamp(floor((x[..., c] m[c] + b[c] + 2^(s[c]-1)) / 2^s[c]),
+    lo, qmax), lo = max(qmin, 0) with relu; multiplier / bias / shift: int64 [C] param keys
+    (m may be negative: a BatchNorm's negative scale)."""
+
+    multiplier: str = ""
+    bias: str = ""
+    shift: str = ""
+    relu: bool = False
+    kind: ClassVar[str] = "channel_affine"
 
 
 @dataclass(frozen=True)
@@ -413,7 +359,8 @@ class Output(Step):
 
 STEP_TYPES: dict[str, type[Step]] = {c.kind: c for c in (Quantize, Layer, MaxPool, AvgPool,
                                                           Lookup, Gather, TableMul, Flatten,
-                                                          Concat, FloatFallback, Output)}
+                                                          Concat, ChannelAffine, FloatFallback,
+                                                          Output)}
 
 
 def step_from_dict(d: dict) -> Step:
@@ -573,6 +520,8 @@ def param_keys(step: Step) -> list[str]:
                                  o.scale, o.offset, o.table) if k]
     elif isinstance(step, AvgPool):
         keys += [k for k in (step.multiplier, step.shift) if k]
+    elif isinstance(step, ChannelAffine):
+        keys += [step.multiplier, step.bias, step.shift]
     elif isinstance(step, (Lookup, TableMul)):
         keys.append(step.table)
     elif isinstance(step, Quantize) and step.table:

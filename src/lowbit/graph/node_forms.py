@@ -2,8 +2,9 @@
 clamps (ReLU6, Hardtanh, `torch.clamp`, `clamp_min` / `clamp_max` with constant bounds),
 activation functions computed as a table of their quantized input, spatial means, products
 of two tensors, channel selections (`chunk`, `split`, `x[:, a:b]`) and the view / transpose /
-view of a channel shuffle. Each recognizer reads one node and returns its parameters, or None
-where the node is not of its form."""
+view of a channel shuffle, an eval BatchNorm's affine form (`batchnorm_affine`). Each
+recognizer reads one node (or module) and returns its parameters, or None where it is not of
+its form; `describe` names what a node computes."""
 
 from __future__ import annotations
 
@@ -162,3 +163,32 @@ def closes_view(node: fx.Node, out_shape: tuple[int, ...], view: ChannelView) ->
     if node.target not in (*_VIEW_TARGETS, torch.flatten, "flatten") or len(out_shape) != 4:
         return False
     return out_shape[1] == view.index.numel()
+
+
+def describe(node: fx.Node, modules: dict[str, nn.Module]) -> str:
+    """A short name of what an fx node computes."""
+    if node.op == "call_module":
+        m = modules[node.target]
+        extra = m.extra_repr()
+        return f"{node.target}: {type(m).__name__}({extra[:60]})"
+    name = getattr(node.target, "__name__", str(node.target))
+    stack = [path for path, _ in (node.meta.get("nn_module_stack") or {}).values() if path]
+    return f"{node.op.removeprefix('call_')} {name}" + (f" in {stack[-1]}" if stack else "")
+
+
+def batchnorm_affine(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(a, b) float64 per channel of an eval BatchNorm, y = a x + b (a = weight /
+    sqrt(running_var + eps), b = bias - running_mean a), or None where it normalizes by batch
+    statistics (no running statistics) or they are not finite."""
+    if not isinstance(m, nn.modules.batchnorm._BatchNorm) or m.running_mean is None or \
+            m.running_var is None:
+        return None
+    a = 1.0 / torch.sqrt(m.running_var.double() + m.eps)
+    if m.weight is not None:
+        a = a * m.weight.detach().double()
+    b = -m.running_mean.double() * a
+    if m.bias is not None:
+        b = b + m.bias.detach().double()
+    if not bool(torch.isfinite(a).all()) or not bool(torch.isfinite(b).all()):
+        return None
+    return a, b

@@ -2,8 +2,9 @@
 
 Realizations (the engine contract): every consumer names what it reads, and the
 producer writes exactly that. A layer reads its input at its activation quantizer's precision
-and scale, as bit planes when it runs bit-serially, else one value per byte; a residual add
-and an average pool read a "wide" realization: by default signed 24-bit (int32 storage,
+and scale, as bit planes when it runs bit-serially, else one value per byte; a residual add,
+an average pool and a BatchNorm that folds into no layer (`affine`, part by part of a
+concatenation) read a "wide" realization: by default signed 24-bit (int32 storage,
 `WidePrecision`) at scale 2 max|v| / (2^23 - 1) or coarser for a residual (`Planner.wide`),
 16-bit likewise, or with wide_bits=8 a u8 (a ReLU output) / s8 at max|v| / qmax,
 max|v| from the example input; FloatFallback steps and the output read
@@ -41,9 +42,11 @@ from ..kernels.base import acc_bound
 from ..quant.quantize import dequantize, quantize, round_half_up
 from ..reference import avgpool_multiplier, fixed_point_pair
 from ..reference.netops import uint8_input_table
+from .affine import AffineRealizations
 from .chooser import Chooser, make_chooser
 from .dataflow import (
     ACT,
+    AFFINE,
     AVGPOOL,
     CONCAT,
     FLATTEN,
@@ -120,7 +123,7 @@ class _LayerState:
     fused: list[str] = field(default_factory=list)
 
 
-class Planner(ElementwiseRealizations):
+class Planner(ElementwiseRealizations, AffineRealizations):
     """Builds one Plan; see `build_plan`."""
 
     def __init__(self, df: Dataflow, input_shape: tuple[int, ...],
@@ -247,6 +250,8 @@ class Planner(ElementwiseRealizations):
             out = self._tensor(v, req, shape, relu)
             self._emit(v.index + 0.5, Lookup(f"lookup.{out}", src, out, req.via.table))
             return out
+        if v.op == AFFINE:
+            return self._affine(v, req, relu)
         if v.op in (INPUT, FLOAT) or (v.op == LAYER and binary):
             src = self.input_name if v.op == INPUT else (
                 self._fallback(v) if v.op == FLOAT else self.realize(v, FLOAT_REQ, relu))

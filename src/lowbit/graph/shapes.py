@@ -11,6 +11,7 @@ import torch
 from ..reference import pool_output_size
 from .dataflow import (
     ACT,
+    AFFINE,
     AVGPOOL,
     CONCAT,
     FLATTEN,
@@ -65,7 +66,7 @@ def infer_shapes(df: Dataflow, shape: tuple[int, ...]
         elif v.op == LAYER:
             out = _layer_shape(v, ins)
             flat = None
-        elif v.op in (RELU, ACT):
+        elif v.op in (RELU, ACT, AFFINE):
             out, flat = ins[0], flat_from[id(v.inputs[0])]
         elif v.op == MUL:
             out = mul_shape(v, *ins)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from ..core import Precision
 from ..graph.ir import (
     AvgPool,
+    ChannelAffine,
     Concat,
     Flatten,
     FloatFallback,
@@ -48,6 +49,7 @@ from ..reference import (
     quantize_float,
     requantize_int,
 )
+from ..reference.affine import channel_affine_int
 from ..reference.image import quantize_uint8_image
 from ..reference.netops import MULT_LIMIT, Y_LIMIT, round_shift_sum, table_mul_int
 
@@ -159,6 +161,11 @@ class ReferenceExecutor:
         if isinstance(step, Concat):
             dim = 1 if self._spec(step.output).is_float else -1
             return {step.output: torch.cat([env[p] for p in step.parts], dim=dim)}
+        if isinstance(step, ChannelAffine):
+            p = self.params
+            return {step.output: channel_affine_int(
+                [env[t] for t in step.parts], p[step.multiplier], p[step.bias], p[step.shift],
+                self._spec(step.output).precision, step.relu)}
         if isinstance(step, Lookup):
             spec_in = self._spec(step.input)
             table = self.params[step.table]

@@ -28,7 +28,7 @@ computes the same integers (`lowbit.runtime.engine` defines them), bit for bit:
   (words of bit planes where every part but the last fills whole words, else values);
   FloatFallback: the PyTorch module on the device, in fp16 (`lowbit.graph.fallbacks`; not
   bit-exact against a CPU reference: fp16 rounding, ~1e-3 relative, and a quantizer after it
-  can flip a level near a rounding boundary); Gather / TableMul / narrow Lookup:
+  can flip a level near a rounding boundary); Gather / TableMul / ChannelAffine / narrow Lookup:
   `gpu_elementwise`; Output: scale * q in float64, rounded to float32, NCHW. The steps that
   run as PyTorch ops (Concat, a uint8 image's table Quantize, wide Lookup, FloatFallback,
   Output) are bound by `gpu_torch`.

@@ -1,13 +1,14 @@
 """GPU bindings of the plan's elementwise integer steps (`lowbit.runtime.gpu` calls them):
 Gather, TableMul and narrow Lookup steps on `lowbit.kernels.triton.elementwise`'s kernels,
-Gather of float or bit-plane tensors through torch (a copy into the output buffer)."""
+ChannelAffine on `lowbit.kernels.triton.affine`'s, Gather of float or bit-plane tensors
+through torch (a copy into the output buffer)."""
 
 from __future__ import annotations
 
 import torch
 
 from ..core import Layout
-from ..graph.ir import Gather, Lookup, Step, TableMul
+from ..graph.ir import ChannelAffine, Gather, Lookup, Step, TableMul
 from .gpu_torch import values_reader, values_writer
 
 
@@ -18,19 +19,31 @@ def elementwise_kernels():
     return elementwise
 
 
+def affine_kernels():
+    """The Triton channel affine (imported on first use)."""
+    from ..kernels.triton import affine
+
+    return affine
+
+
 def handles(executor: object, step: Step) -> bool:
     """Whether `bind_elementwise` binds this step (Lookups: those of <= 8-bit inputs)."""
-    if isinstance(step, (Gather, TableMul)):
+    if isinstance(step, (Gather, TableMul, ChannelAffine)):
         return True
     return isinstance(step, Lookup) and \
         not executor.plan.tensors[step.input].is_wide
 
 
 def bind_elementwise(executor: object, step: Step) -> tuple[list, str]:
-    """(launches, what runs them) of a Gather, TableMul or narrow Lookup step of the
-    executor's plan."""
-    plan, ops = executor.plan, elementwise_kernels()
-    params = plan.params
+    """(launches, what runs them) of a Gather, TableMul, ChannelAffine or narrow Lookup step
+    of the executor's plan."""
+    plan, params = executor.plan, executor.plan.params
+    if isinstance(step, ChannelAffine):
+        return [affine_kernels().bind_channel_affine(
+            [executor.packed(p) for p in step.parts], params[step.multiplier],
+            params[step.bias], params[step.shift], executor.packed(step.output),
+            step.relu)], "triton channel affine"
+    ops = elementwise_kernels()
     if isinstance(step, TableMul):
         return [ops.bind_table_mul(executor.packed(step.a), executor.packed(step.b),
                                    params[step.table], executor.packed(step.output))], \

@@ -1,0 +1,428 @@
+"""BatchNorms that fold into no layer on the integer path (`lowbit.graph.affine`): DenseNet's
+concat -> BN -> ReLU -> conv, its transitions and its final norm -> ReLU -> pool ->
+classifier, and a pre-activation block's BN on a quantized residual stream, as ChannelAffine
+steps: no float fallback, the reference executor follows the fake-quant model, the GPU
+executor (Triton under the interpreter on the CPU) equals the reference bit for bit, and the
+Triton kernel equals `lowbit.reference.affine.channel_affine_int` on random inputs."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import lowbit
+from any_cnn_cases import compiled, fallback_reasons, layer_inputs_exact
+from engine_cases import layer_names
+from lowbit.bench.recipes import randomize_batchnorms
+from lowbit.core import Layout, PackedTensor, Precision, WidePrecision
+from lowbit.graph.ir import ChannelAffine, Concat, Lookup, Plan
+from lowbit.quant.packing import pack, unpack
+from lowbit.reference.affine import channel_affine_int
+from lowbit.runtime.engine import ReferenceExecutor
+
+#: the model matrix's tolerance of integer-only logits against the fake-quant model
+INTEGER_RTOL = 2e-2
+
+
+class DenseLayer(nn.Module):
+    """torchvision's dense layer: cat -> BN -> ReLU -> 1x1 conv -> BN -> ReLU -> 3x3 conv."""
+
+    def __init__(self, cin: int, growth: int, bn_size: int = 2) -> None:
+        super().__init__()
+        self.norm1 = nn.BatchNorm2d(cin)
+        self.conv1 = nn.Conv2d(cin, bn_size * growth, 1, bias=False)
+        self.norm2 = nn.BatchNorm2d(bn_size * growth)
+        self.conv2 = nn.Conv2d(bn_size * growth, growth, 3, padding=1, bias=False)
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        x = self.conv1(F.relu(self.norm1(torch.cat(features, 1))))
+        return self.conv2(F.relu(self.norm2(x)))
+
+
+class TinyDenseNet(nn.Module):
+    """Stem conv-BN-ReLU-maxpool, a dense block of two layers, a transition (BN -> ReLU -> 1x1
+    conv -> 2x2 average pool), a block of one layer, norm5 -> ReLU -> global pool -> linear."""
+
+    def __init__(self, init: int = 13, growth: int = 6) -> None:
+        super().__init__()
+        self.conv0 = nn.Conv2d(3, init, 3, padding=1, bias=False)
+        self.norm0 = nn.BatchNorm2d(init)
+        self.block1 = nn.ModuleList([DenseLayer(init, growth), DenseLayer(init + growth,
+                                                                          growth)])
+        c = init + 2 * growth
+        self.norm_t = nn.BatchNorm2d(c)
+        self.conv_t = nn.Conv2d(c, c // 2, 1, bias=False)
+        self.block2 = nn.ModuleList([DenseLayer(c // 2, growth)])
+        self.norm5 = nn.BatchNorm2d(c // 2 + growth)
+        self.fc = nn.Linear(c // 2 + growth, 10)
+
+    @staticmethod
+    def _block(layers: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+        features = [x]
+        for layer in layers:
+            features.append(layer(features))
+        return torch.cat(features, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.norm0(self.conv0(x))), 2)
+        x = self._block(self.block1, x)
+        x = F.avg_pool2d(self.conv_t(F.relu(self.norm_t(x))), 2)
+        x = F.relu(self.norm5(self._block(self.block2, x)))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def _unfolded(model: nn.Module) -> list[nn.BatchNorm2d]:
+    """The BatchNorms no conv output feeds alone (the ChannelAffine steps to be)."""
+    m = model
+    return [m.block1[0].norm1, m.block1[1].norm1, m.norm_t, m.block2[0].norm1, m.norm5]
+
+
+def _quantized(model: nn.Module, x: torch.Tensor, recipe: str, **kw) -> nn.Module:
+    """Random BatchNorms (a third of the unfolded ones' gammas negative), quantized by a
+    recipe 'wXaY' (first and last layer w8a8), calibrated on x."""
+    model = model.eval()
+    if all(m.track_running_stats for m in model.modules() if isinstance(m, nn.BatchNorm2d)):
+        randomize_batchnorms(model, 0)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for bn in _unfolded(model) if isinstance(model, TinyDenseNet) else ():
+            bn.weight.mul_(torch.where(torch.rand(bn.num_features, generator=g) < 0.3, -1, 1))
+    w, a = int(recipe[1]), int(recipe[3])
+    names = layer_names(model)
+    eight = {"weight_bits": 8, "act_bits": 8}
+    layers = {names[0]: eight, names[-1]: eight} if (w, a) != (8, 8) else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = lowbit.quantize(model, weight_bits=w, act_bits=a, layers=layers, **kw)
+    lowbit.calibrate(q, [x])
+    return q.eval()
+
+
+def _x(size: int = 12, n: int = 2) -> torch.Tensor:
+    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(1))
+
+
+def _plan(recipe: str, init: int = 13, growth: int = 6) -> tuple[nn.Module, Plan, torch.Tensor]:
+    torch.manual_seed(0)
+    x = _x()
+    q = _quantized(TinyDenseNet(init, growth), x, recipe)
+    return q, compiled(q, x).plan, x
+
+
+@pytest.mark.parametrize("recipe", ["w8a8", "w2a2"])
+def test_dense_block_batchnorms_are_channel_affine_steps(recipe):
+    q, plan, x = _plan(recipe)
+    assert not plan.fallbacks, fallback_reasons(plan)
+    affine = plan.steps_of(ChannelAffine)
+    assert len(affine) == len(_unfolded(q)) == 5
+    assert len(plan.layers) == len(lowbit.quant.quant_layers(q)) == 9
+    # the dense layers read every earlier feature map at its own realization: no concat
+    assert not plan.steps_of(Concat)
+    assert [len(s.parts) for s in affine] == [1, 2, 3, 1, 2]
+    for s in affine:
+        assert all(plan.tensors[p].is_wide for p in s.parts)  # float values of the model
+        assert int((plan.params[s.multiplier] < 0).sum()) > 0  # the negative gammas
+    norm5 = affine[-1]  # read by the global pool: wide, clamped at 0
+    assert plan.tensors[norm5.output].is_wide and norm5.relu
+    if recipe == "w2a2":  # bit-serial readers of 13 + 6 (+ 6) channels: values, then planes
+        lookups = plan.steps_of(Lookup)
+        assert {plan.tensors[s.output].layout for s in lookups} == {Layout.BITPLANE}
+        assert len(lookups) == 2
+    y = ReferenceExecutor(plan)(x)
+    with torch.no_grad():
+        yf = q(x)
+    assert float((y - yf).abs().max()) <= INTEGER_RTOL * float(yf.abs().max())
+
+
+def test_dense_block_layer_inputs_follow_the_model():
+    """Each layer reads the fake-quant model's own quantized input, but for levels the
+    24-bit reading of the BatchNorm's input flips at a rounding tie (none here)."""
+    q, plan, x = _plan("w8a8")
+    checked, _, _ = layer_inputs_exact(q, plan, x)
+    assert checked == 9
+
+
+def test_channel_the_input_cannot_move_is_a_constant():
+    """A BatchNorm channel whose gamma is ~0: multiplier 0, the output its bias's level."""
+    torch.manual_seed(0)
+    x = _x()
+    q = _quantized(TinyDenseNet(), x, "w8a8")
+    with torch.no_grad():
+        q.block1[1].norm1.weight[[0, 15]] = 1e-12
+    plan = compiled(q, x).plan
+    second = plan.steps_of(ChannelAffine)[1]
+    m = plan.params[second.multiplier]
+    assert m[0] == m[15] == 0 and int((m != 0).sum()) == m.numel() - 2
+    y = ReferenceExecutor(plan)(x)
+    with torch.no_grad():
+        yf = q(x)
+    assert float((y - yf).abs().max()) <= INTEGER_RTOL * float(yf.abs().max())
+
+
+def test_aligned_parts_write_bit_planes_directly():
+    """Parts of whole 32-channel words: the affine step writes the bit-serial layer's planes."""
+    q, plan, x = _plan("w2a2", init=32, growth=32)
+    assert not plan.fallbacks and not plan.steps_of(Lookup)
+    planes = [s for s in plan.steps_of(ChannelAffine)
+              if plan.tensors[s.output].layout is Layout.BITPLANE]
+    assert len(planes) == 4  # every norm1 and the transition's
+    y = ReferenceExecutor(plan)(x)
+    with torch.no_grad():
+        yf = q(x)
+    assert float((y - yf).abs().max()) <= INTEGER_RTOL * float(yf.abs().max())
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_gpu_executor_equals_reference(device):
+    """The GPU executor's ChannelAffine launches (Triton; under the interpreter on the CPU)
+    and every other step, bit for bit against the reference on the same device."""
+    from lowbit.runtime.gpu import GpuExecutor
+
+    checked = 0
+    cases = [("w8a8", 13, 6), ("w2a2", 32, 32)] + ([("w2a2", 13, 6)] if device == "cuda" else [])
+    for recipe, init, growth in cases:
+        q, plan, x = _plan(recipe, init, growth)
+        plan = compiled(q.to(device), x.to(device)).plan
+        ex = GpuExecutor(plan, device)
+        y, rec = ex(x.to(device), record=True)
+        y_ref, rec_ref = ReferenceExecutor(plan, device)(x.to(device), record=True)
+        assert torch.equal(y, y_ref)
+        for name, t in rec_ref.items():
+            assert torch.equal(rec[name], t), name
+            checked += 1
+        assert sum(b.how == "triton channel affine" for b in ex.steps) == 5
+    assert checked > 30
+
+
+class PreActBlock(nn.Module):
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.bn1, self.conv1 = nn.BatchNorm2d(c), nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2, self.conv2 = nn.BatchNorm2d(c), nn.Conv2d(c, c, 3, padding=1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.conv1(F.relu(self.bn1(x)))
+        return x + self.conv2(F.relu(self.bn2(out)))
+
+
+class PreAct(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1, bias=False)
+        self.blocks = nn.Sequential(PreActBlock(16), PreActBlock(16))
+        self.bn, self.fc = nn.BatchNorm2d(16), nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn(self.blocks(self.stem(x))))
+        return self.fc(x.mean((2, 3)))
+
+
+def test_batchnorm_of_a_quantized_stream_reads_its_own_levels():
+    """Pre-activation blocks with residual_bits=8: the BatchNorm after a block reads the
+    block's residual quantizer's own 8-bit values and scale (no wide copy)."""
+    torch.manual_seed(0)
+    x = _x(8)
+    q = _quantized(PreAct(), x, "w8a8", residual_bits=8)
+    plan = compiled(q, x).plan
+    assert not plan.fallbacks, fallback_reasons(plan)
+    affine = plan.steps_of(ChannelAffine)
+    assert len(affine) == 3  # blocks[0].bn1 reads the stem; blocks[1].bn1 and bn the stream
+    narrow = [p for s in affine for p in s.parts if not plan.tensors[p].is_wide]
+    assert len(narrow) == 2 and all(plan.tensors[p].precision.bits == 8 for p in narrow)
+    y = ReferenceExecutor(plan)(x)
+    with torch.no_grad():
+        yf = q(x)
+    assert float((y - yf).abs().max()) <= INTEGER_RTOL * float(yf.abs().max())
+
+
+class CatScales(nn.Module):
+    """Concatenation of a hardswish and a hardsigmoid output (each of a value quantized by
+    its own activation quantizer, at its own scale) and a conv's read by a conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(3, 5, 3, padding=1)
+        self.act_a, self.act_b = nn.Hardswish(), nn.Hardsigmoid()
+        self.c, self.fc = nn.Conv2d(16, 8, 3, padding=1), nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([self.act_a(self.a(x)), self.act_b(self.b(x)), x], 1)
+        return self.fc(self.c(x).mean((2, 3)))
+
+
+def test_concat_of_values_at_different_scales():
+    """Each part is written at the reader's scale (its own quantizer's values mapped by a
+    table, the image quantized): the concatenation is exactly the reader's input."""
+    torch.manual_seed(0)
+    x = _x(8)
+    q = _quantized(CatScales(), x, "w8a8")
+    own = {float(m.input_quant.scale()) for m in (q.act_a, q.act_b)}
+    plan = compiled(q, x).plan
+    assert not plan.fallbacks, fallback_reasons(plan)
+    (cat,) = plan.steps_of(Concat)
+    assert {plan.tensors[p].scale for p in cat.parts} == {plan.tensors[cat.output].scale}
+    assert plan.tensors[cat.output].scale not in own and len(own) == 2
+    checked, _, _ = layer_inputs_exact(q, plan, x)
+    assert checked == 4
+
+
+def test_batchnorm_read_in_float_or_without_running_stats_falls_back():
+    class Head(nn.Module):
+        def __init__(self, track: bool) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3)
+            self.bn = nn.BatchNorm2d(8, track_running_stats=track)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.bn(F.relu(self.conv(x)))  # the model's output: float
+
+    x = _x(8)
+    for track, reason in ((True, "a BatchNorm read in float"),
+                          (False, "BatchNorm not directly after a fake-quant")):
+        q = _quantized(Head(track), x, "w8a8")
+        plan = compiled(q, x).plan
+        (fb,) = plan.fallbacks
+        assert fb.reason.startswith(reason), fb.reason
+        assert not plan.steps_of(ChannelAffine)
+
+
+def test_serialized_plan_keeps_its_affine_steps():
+    _, plan, x = _plan("w8a8")
+    again = Plan.from_dict(plan.to_dict(), plan.params, plan.modules)
+    assert again.steps == plan.steps
+    assert torch.equal(ReferenceExecutor(again)(x), ReferenceExecutor(plan)(x))
+
+
+# ------------------------------------------------------------------ the Triton kernel
+#: (parts: (precision, layout, channels)..., out precision, out layout)
+KERNEL_CASES = [
+    ((("s24", "int8", 5), ("s24", "int8", 13), ("s24", "int8", 40)), "u8", "int8"),
+    ((("u8", "int8", 7),), "s8", "int8"),
+    ((("s16", "int8", 32), ("u4", "bitplane", 64), ("s24", "int8", 7)), "u2", "bitplane"),
+    ((("s8", "int8", 33), ("u2", "bitplane", 3)), "s24", "int8"),
+    ((("s24", "int8", 1), ("u8", "int8", 130)), "s3", "int8"),
+    ((("u1", "bitplane", 35),), "u4", "bitplane"),
+]
+
+
+def _prec(name: str) -> Precision | WidePrecision:
+    return WidePrecision(int(name[1:])) if name in ("s16", "s24") else Precision.parse(name)
+
+
+def _packed(v: torch.Tensor, prec, layout: Layout) -> PackedTensor:
+    if isinstance(prec, WidePrecision):
+        return PackedTensor(v.to(prec.storage_dtype), tuple(v.shape), prec, layout)
+    return PackedTensor(pack(v, prec, layout), tuple(v.shape), prec, layout)
+
+
+def _kernel_case(parts, out_prec: str, out_layout: str, shape: tuple[int, ...], seed: int):
+    g = torch.Generator().manual_seed(seed)
+    values, packed = [], []
+    for prec_name, layout, c in parts:
+        p = _prec(prec_name)
+        v = torch.randint(p.qmin, p.qmax + 1, (*shape, c), generator=g)
+        values.append(v)
+        packed.append(_packed(v, p, Layout(layout)))
+    c = sum(p[2] for p in parts)
+    m = torch.randint(-2**24, 2**24, (c,), generator=g)
+    s = torch.randint(20, 40, (c,), generator=g)
+    b = torch.randint(-2**44, 2**44, (c,), generator=g)
+    prec, layout = _prec(out_prec), Layout(out_layout)
+    out = _packed(torch.zeros(*shape, c, dtype=torch.int64), prec, layout)
+    out.data.fill_(0x5A if out.data.dtype.itemsize == 1 else -12345)  # poisoned
+    return values, packed, (m, b, s), out
+
+
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: f"{len(c[0])}parts-{c[1]}")
+@pytest.mark.parametrize("shape", [(2, 3, 5), (1, 7), (3, 1, 1)])
+def test_triton_channel_affine_is_bit_exact(case, shape):
+    from lowbit.kernels.triton.affine import bind_channel_affine
+
+    parts, out_prec, out_layout = case
+    checked = 0
+    for relu in (False, True):
+        values, packed, (m, b, s), out = _kernel_case(parts, out_prec, out_layout, shape,
+                                                      seed=len(shape) + relu)
+        ref = channel_affine_int(values, m, b, s, out.precision, relu)
+        bind_channel_affine(packed, m, b, s, out, relu)()
+        got = out.data.to(torch.int64) if isinstance(out.precision, WidePrecision) else \
+            unpack(out.data, out.precision, out.layout, out.shape[-1])
+        assert torch.equal(got.to(torch.int64), ref)
+        assert ref.unique().numel() > 1  # not one clamped level
+        checked += ref.numel()
+    assert checked == 2 * torch.Size([*shape, sum(p[2] for p in parts)]).numel()
+
+
+def test_channel_affine_bad_inputs():
+    from lowbit.kernels.triton.affine import bind_channel_affine
+
+    parts = (("s24", "int8", 5), ("u8", "int8", 3))
+    values, packed, (m, b, s), out = _kernel_case(parts, "u8", "int8", (2, 3), 0)
+    with pytest.raises(TypeError, match="parts must be a non-empty list"):
+        bind_channel_affine([], m, b, s, out)
+    with pytest.raises(TypeError, match=r"parts\[1\] must be a lowbit.core.PackedTensor"):
+        bind_channel_affine([packed[0], values[1]], m, b, s, out)
+    with pytest.raises(ValueError, match="must add up to out's 8"):
+        bind_channel_affine(packed[:1], m, b, s, out)
+    with pytest.raises(TypeError, match=r"multiplier must be an integer torch\.Tensor"):
+        bind_channel_affine(packed, m.double(), b, s, out)
+    with pytest.raises(ValueError, match=r"shift must lie in \[1, 62\]"):
+        bind_channel_affine(packed, m, b, s * 0, out)
+    with pytest.raises(ValueError, match=r"bias must have shape \(8,\)"):
+        bind_channel_affine(packed, m, b[:3], s, out)
+    with pytest.raises(ValueError, match="reaches 2\\^63"):
+        bind_channel_affine(packed, m * 2**20, b, s.clamp(max=30), out)
+    binary = _packed(torch.ones(2, 3, 8, dtype=torch.int64), Precision.parse("b1"),
+                     Layout.INT8)
+    with pytest.raises(ValueError, match="cannot be binary"):
+        bind_channel_affine(packed, m, b, s, binary)
+    planes = _packed(torch.zeros(2, 3, 8, dtype=torch.int64), Precision(2), Layout.BITPLANE)
+    with pytest.raises(ValueError, match="fill whole 32-channel words"):
+        bind_channel_affine(packed, m, b, s, planes)
+    with pytest.raises(TypeError, match="relu must be a bool"):
+        bind_channel_affine(packed, m, b, s, out, relu=1)
+    with pytest.raises(ValueError, match="parts\\[1\\] must have parts\\[0\\]'s shape"):
+        channel_affine_int([values[0], values[1][:1]], m, b, s, "u8")
+    with pytest.raises(TypeError, match="parts\\[0\\] must be an integer"):
+        channel_affine_int([values[0].double()], m, b, s, "u8")
+    with pytest.raises(TypeError, match="out must be a Precision"):
+        channel_affine_int(values, m, b, s, 8)
+
+
+class FlatHead(nn.Module):
+    """BatchNorm1d on a flattened map (the plan's columns are in NHWC order) and on a
+    [N, C, L] tensor (float: its channels are not the last dim of any integer layout)."""
+
+    def __init__(self, three_d: bool) -> None:
+        super().__init__()
+        self.three_d = three_d
+        self.conv, self.fc = nn.Conv2d(3, 8, 3), nn.Linear(8 * 6 * 6, 10)
+        self.bn, self.bn3 = nn.BatchNorm1d(8 * 6 * 6), nn.BatchNorm1d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.conv(x))
+        if self.three_d:
+            y = F.relu(self.bn3(torch.flatten(y, 2))).reshape(y.shape)
+        return self.fc(F.relu(self.bn(torch.flatten(y, 1))))
+
+
+def test_batchnorm1d_of_a_flattened_map():
+    x = _x(8)
+    for three_d in (False, True):
+        torch.manual_seed(0)
+        q = _quantized(FlatHead(three_d), x, "w8a8")
+        plan = compiled(q, x).plan
+        assert len(plan.steps_of(ChannelAffine)) == 1
+        y = ReferenceExecutor(plan)(x)
+        with torch.no_grad():
+            yf = q(x)
+        if three_d:
+            assert [fb.reason.startswith("BatchNorm not directly after") for fb in
+                    plan.fallbacks if "bn3" in fb.op] == [True]
+        else:
+            assert not plan.fallbacks, fallback_reasons(plan)
+            assert float((y - yf).abs().max()) <= 1e-4 * float(yf.abs().max())
