@@ -45,9 +45,8 @@ KERNEL_NAME = "stem_ws"
 #: threads of a CTA (4 producer warps, 8 consumer warps) and output channels per CTA
 THREADS = 384
 KBLOCK = 64
-#: ring slots (pairs of space-to-depth rows), image values a producer lane loads at once
+#: ring slots (pairs of space-to-depth rows)
 NSLOT = 6
-MAX_EPC = 32
 #: output kinds of the kernel: none, integer thresholds, the 64-bit formula
 KIND_NONE, KIND_THRESHOLDS, KIND_FORMULA = 0, 1, 2
 MAX_OUTPUTS = 3
@@ -74,7 +73,6 @@ class WsShape:
     PS: int
     PP: int
     NT_W: int
-    EPC: int
     U8_INPUT: bool
     HAS_STATUS: bool
     QMIN: int
@@ -84,7 +82,7 @@ class WsShape:
 
     def prelude(self) -> dict[str, int]:
         values = {"C": self.C, "PS": self.PS, "PP": self.PP, "NT_W": self.NT_W,
-                  "EPC": self.EPC, "NSLOT": self.NSLOT, "U8_INPUT": int(self.U8_INPUT),
+                  "NSLOT": self.NSLOT, "U8_INPUT": int(self.U8_INPUT),
                   "HAS_STATUS": int(self.HAS_STATUS), "QMIN": self.QMIN, "QMAX": self.QMAX,
                   "NOUT": MAX_OUTPUTS}
         outs = list(self.outputs) + [WsOutput()] * (MAX_OUTPUTS - len(self.outputs))
@@ -249,10 +247,8 @@ def ws_arguments(image: torch.Tensor, table: torch.Tensor | None, weight: torch.
     col_blocks = -(-geom.PW // (4 * (4 * nt - 1)))
     bands = -(-geom.PH // rows)
     tiles = geom.N * bands * col_blocks
-    fill_values = 4 * geom.C * 2 * (2 * 4 * (4 * nt - 1) + 5)
     is_u8 = image.dtype == torch.uint8
-    shape = WsShape(C=geom.C, PS=-geom.a_min, PP=geom.pool_pad, NT_W=nt,
-                    EPC=min(MAX_EPC, -(-fill_values // 32)), U8_INPUT=is_u8,
+    shape = WsShape(C=geom.C, PS=-geom.a_min, PP=geom.pool_pad, NT_W=nt, U8_INPUT=is_u8,
                     HAS_STATUS=status is not None and not is_u8, QMIN=int(prec.qmin),
                     QMAX=int(prec.qmax), outputs=kinds)
     bias_pad = torch.zeros(kpad, dtype=torch.int32)

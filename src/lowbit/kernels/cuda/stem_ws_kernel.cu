@@ -23,53 +23,78 @@ __device__ __forceinline__ StemTile stem_tile(const StemDims& d, int tile) {
 }
 
 // ------------------------------------------------------------------ producer
-// Image value i of a fill (pair k of space-to-depth rows 2k - PP + 1 + r, r = 0, 1) of tile s:
-// lane-consecutive i are consecutive image columns. Its ring byte, and whether it lies inside
-// the image (its offset in `at`).
-__device__ __forceinline__ bool fill_value(const StemDims& d, const StemTile& s, int k, int i,
-                                           int& byte, i64& at) {
-  const int ixl = i % IXS, rest = i / IXS;
-  const int c = rest % C, rd = rest / C;
-  const int r = rd >> 1, dd = rd & 1;
-  const int iy = 2 * (2 * k - PP + 1 + r - PS) + dd;
-  const int ix = 2 * (s.xs0 - PS) + ixl;
-  byte = r * ROW_BYTES + (ixl >> 1) * CP + (dd * C + c) * 2 + (ixl & 1);
-  at = (i64)s.n * d.sn + (i64)c * d.sc + (i64)iy * d.sh + (i64)ix * d.sw;
-  return i < FILL_VALUES && iy >= 0 && iy < d.H && ix >= 0 && ix < d.W;
+// A fill is pair k of space-to-depth rows (2k - PP + 1 + r, r = 0, 1) of a tile: FILL_ROWS
+// image rows (r, d, c) of IXS columns; lane l holds columns l + 32 m (m < MC) of each, so a
+// value's image offset and ring byte are a row part (per fill) plus a column part (per tile).
+struct FillColumns {
+  int off[MC];   // image offset of column m (ix * sw)
+  int byte[MC];  // ring byte of column m within its pixel row
+  u32 ok;        // bit m: column m inside the image
+  u32 in_tile;   // bit m: column m one of the tile's IXS
+};
+
+__device__ __forceinline__ FillColumns fill_columns(const StemDims& d, const StemTile& s,
+                                                    int lane) {
+  FillColumns fc;
+  fc.ok = fc.in_tile = 0;
+#pragma unroll
+  for (int m = 0; m < MC; ++m) {
+    const int ixl = lane + 32 * m;
+    const int ix = 2 * (s.xs0 - PS) + ixl;
+    fc.off[m] = ix * d.sw;
+    fc.byte[m] = (ixl >> 1) * CP + (ixl & 1);
+    if (ixl < IXS) fc.in_tile |= 1u << m;
+    if (ixl < IXS && ix >= 0 && ix < d.W) fc.ok |= 1u << m;
+  }
+  return fc;
 }
 
-template <class T>
+// image row (r, d, c) = row `rho` of fill k: its offset; false outside the image
+__device__ __forceinline__ bool fill_row(const StemDims& d, const StemTile& s, int k, int rho,
+                                         i64& off) {
+  const int c = rho % C, rd = rho / C;
+  const int iy = 2 * (2 * k - PP + 1 + (rd >> 1) - PS) + (rd & 1);
+  off = (i64)s.n * d.sn + (i64)c * d.sc + (i64)iy * d.sh;
+  return iy >= 0 && iy < d.H;
+}
+
+template <int CI, class T>
 __device__ __forceinline__ void load_chunk(const T* x, const StemDims& d, const StemTile& s,
-                                           int k, int ci, int lane, T (&v)[EPC]) {
+                                           const FillColumns& fc, int k, T (&v)[EPC]) {
 #pragma unroll
-  for (int e = 0; e < EPC; ++e) {
-    int byte;
-    i64 at;
-    v[e] = fill_value(d, s, k, ci * CHUNK + e * 32 + lane, byte, at) ? x[at] : (T)0;
+  for (int rr = 0; rr < RPC; ++rr) {
+    i64 off;
+    const bool row_ok = CI * RPC + rr < FILL_ROWS && fill_row(d, s, k, CI * RPC + rr, off);
+#pragma unroll
+    for (int m = 0; m < MC; ++m)
+      v[rr * MC + m] = row_ok && (fc.ok >> m & 1) ? x[off + fc.off[m]] : (T)0;
   }
 }
 
-template <class T>
+template <int CI, class T>
 __device__ __forceinline__ void store_chunk(u8* slot, const s8* table, const StemDims& d,
-                                            const StemTile& s, int k, int ci, int lane,
-                                            const T (&v)[EPC], bool& bad) {
+                                            const FillColumns& fc, const T (&v)[EPC],
+                                            bool& bad) {
 #pragma unroll
-  for (int e = 0; e < EPC; ++e) {
-    const int i = ci * CHUNK + e * 32 + lane;
-    int byte;
-    i64 at;
-    const bool inside = fill_value(d, s, k, i, byte, at);
-    if (i >= FILL_VALUES) continue;
-    int q;
-    if constexpr (U8_INPUT) {
-      const int c = (i / IXS) % C;
-      q = inside ? (int)table[c * 256 + (int)v[e]] : 0;
-    } else {
-      const float xf = (float)v[e];
-      if (HAS_STATUS && inside && !(xf - xf == 0.0f)) bad = true;  // inf or nan
-      q = inside ? quantize_value(xf, d.scale) : 0;
+  for (int rr = 0; rr < RPC; ++rr) {
+    const int rho = CI * RPC + rr;
+    if (rho >= FILL_ROWS) continue;
+    const int c = rho % C, rd = rho / C;
+    u8* row = slot + (rd >> 1) * ROW_BYTES + ((rd & 1) * C + c) * 2;
+#pragma unroll
+    for (int m = 0; m < MC; ++m) {
+      if (32 * m >= IXS) continue;
+      int q;
+      if constexpr (U8_INPUT) {
+        q = table[c * 256 + (int)v[rr * MC + m]];  // a value outside the image: 0, kept 0
+        if (!(fc.ok >> m & 1)) q = 0;
+      } else {
+        const float xf = (float)v[rr * MC + m];
+        if (HAS_STATUS && !(xf - xf == 0.0f)) bad = true;  // inf or nan (outside: 0)
+        q = quantize_value(xf, d.scale);
+      }
+      if (32 * (m + 1) <= IXS || (fc.in_tile >> m & 1)) row[fc.byte[m]] = (u8)q;
     }
-    slot[byte] = (u8)q;
   }
 }
 
@@ -83,21 +108,22 @@ __device__ void produce(const T* x, u8* smem, const StemDims& d, int* status, in
   i64 f = 0;  // fills of this CTA so far (slot f % NSLOT)
   for (int tile = blockIdx.x; tile < d.tiles; tile += gridDim.x) {
     const StemTile s = stem_tile(d, tile);
+    const FillColumns fc = fill_columns(d, s, lane);
     for (int q = 0; q < s.steps + 2; ++q, ++f) {
       if (f % PRODUCER_WARPS != pwarp) continue;
       const int k = s.t0 - 1 + q, slot = (int)(f % NSLOT);
       u8* ring = smem + slot * SLOT_BYTES;
       T va[EPC], vb[EPC];
-      load_chunk(x, d, s, k, 0, lane, va);
+      load_chunk<0>(x, d, s, fc, k, va);
       if (f >= NSLOT) mbar_wait(&empty[slot], (int)((f / NSLOT - 1) & 1));
-      for (int ci = 0; ci < NCHUNK; ci += 2) {
-        if (ci + 1 < NCHUNK) load_chunk(x, d, s, k, ci + 1, lane, vb);
-        store_chunk(ring, table, d, s, k, ci, lane, va, bad);
-        if (ci + 1 < NCHUNK) {
-          if (ci + 2 < NCHUNK) load_chunk(x, d, s, k, ci + 2, lane, va);
-          store_chunk(ring, table, d, s, k, ci + 1, lane, vb, bad);
-        }
-      }
+      // the next chunk's loads in flight while this one is quantized
+      if constexpr (NCHUNK > 1) load_chunk<1>(x, d, s, fc, k, vb);
+      store_chunk<0>(ring, table, d, fc, va, bad);
+      if constexpr (NCHUNK > 2) load_chunk<2>(x, d, s, fc, k, va);
+      if constexpr (NCHUNK > 1) store_chunk<1>(ring, table, d, fc, vb, bad);
+      if constexpr (NCHUNK > 3) load_chunk<3>(x, d, s, fc, k, vb);
+      if constexpr (NCHUNK > 2) store_chunk<2>(ring, table, d, fc, va, bad);
+      if constexpr (NCHUNK > 3) store_chunk<3>(ring, table, d, fc, vb, bad);
       mbar_arrive(&full[slot]);
     }
   }
