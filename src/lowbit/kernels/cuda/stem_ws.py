@@ -95,7 +95,8 @@ class WsShape:
 def render(shape: WsShape, supplied: dict[str, str] | None = None) -> str:
     """CUDA source of one shape: its constants + stem_ws.cu expanded (`supplied`: files in
     place of the package's, the host emulation's primitives)."""
-    prelude = "".join(f"#define {k} {int(v)}\n" for k, v in shape.prelude().items())
+    values = {**shape.prelude(), "SMEM_EXPECTED": smem_bytes(shape)}
+    prelude = "".join(f"#define {k} {int(v)}\n" for k, v in values.items())
     return f"// lowbit warp-specialized stem {shape}\n{prelude}{expand('stem_ws.cu', supplied)}"
 
 
@@ -104,8 +105,9 @@ def ws_refusal(geom: StemGeometry) -> str | None:
     """Why the kernel cannot run the first layer `geom` (None: it can)."""
     if geom.stride != 2:
         return f"stride {geom.stride} (the warp-specialized stem runs stride 2)"
-    if geom.C > 4:
-        return f"{geom.C} channels (at most 4)"
+    if geom.C > 3:
+        return f"{geom.C} channels (at most 3: 4 take more registers than a CTA of 384 " \
+               "threads has without spilling)"
     if geom.RS > 4 or geom.a_min < -2:
         return f"a {geom.R}x{geom.R} filter with pad {geom.pad} spans more than 4x4 " \
                "space-to-depth pixels"
@@ -270,7 +272,7 @@ def smem_bytes(shape: WsShape) -> int:
     row = -(-xs * 4 * shape.C // 16) * 16
     table = -(-shape.C * 256 // 16) * 16
     return shape.NSLOT * 2 * row + MAX_OUTPUTS * KBLOCK * EPI_WORDS * 4 + KBLOCK * 4 + table \
-        + 2 * shape.NSLOT * 8
+        + 2 * shape.NSLOT * 8 + shape.NT_W * 4 * (THREADS - 128) * 4
 
 
 class WsKernelFn:

@@ -24,20 +24,23 @@ constexpr int ROW_BYTES = (XS * CP + 15) / 16 * 16;
 constexpr int SLOT_BYTES = 2 * ROW_BYTES;       // one pair of space-to-depth rows
 constexpr int FILL_ROWS = 4 * C;                // image rows (r, d, c) per fill
 constexpr int MC = (IXS + 31) / 32;             // image columns per lane
-constexpr int RPC = 32 / MC > 0 ? 32 / MC : 1;  // image rows per producer chunk
+constexpr int LANE_VALUES = U8_INPUT ? 16 : 32;  // image values a lane loads at once
+constexpr int RPC = LANE_VALUES / MC > 0 ? LANE_VALUES / MC : 1;  // image rows a chunk
 constexpr int EPC = RPC * MC;                   // image values a lane loads at once
 constexpr int NCHUNK = (FILL_ROWS + RPC - 1) / RPC;
 constexpr int EPI_WORDS = 8;                    // int32 words per output and channel
 constexpr int INT32_LOW = -2147483647 - 1;
-// shared memory: ring, epilogue constants, bias, uint8 table, mbarriers
+// shared memory: ring, epilogue constants, bias, uint8 table, mbarriers, the consumers'
+// carried rows (registers they need for the MMA operands)
 constexpr int SM_EPI = NSLOT * SLOT_BYTES;
 constexpr int SM_BIAS = SM_EPI + NOUT * KBLOCK * EPI_WORDS * 4;
 constexpr int SM_TABLE = SM_BIAS + KBLOCK * 4;
 constexpr int SM_BARS = SM_TABLE + (C * 256 + 15) / 16 * 16;
-constexpr int SMEM_BYTES = SM_BARS + 2 * NSLOT * 8;
+constexpr int SM_CARRY = SM_BARS + 2 * NSLOT * 8;  // int32 [NT_W][4][CONSUMERS]
+constexpr int SMEM_BYTES = SM_CARRY + NT_W * 4 * CONSUMERS * 4;
+static_assert(SMEM_BYTES == SMEM_EXPECTED, "stem_ws.smem_bytes must match this layout");
 static_assert(NSLOT >= 4, "a step reads three slots; one more lets the producers run ahead");
 static_assert(C >= 1 && C <= 4 && NT_W >= 1 && NT_W <= 4, "shape");
-static_assert(NCHUNK <= 4, "a fill is at most 4 producer chunks");
 // the mma_conv device primitives used: s8 x s8 mma.sync m16n8k32
 #define MMA_S4 0
 #define A_SIGNED 1

@@ -98,6 +98,20 @@ __device__ __forceinline__ void store_chunk(u8* slot, const s8* table, const Ste
   }
 }
 
+// chunks CI.. of a fill, chunk CI loaded into `now`: the next chunk's loads are issued
+// before this one is quantized, so they are in flight meanwhile
+template <int CI, class T>
+__device__ __forceinline__ void fill_chunks(const T* x, u8* ring, const s8* table,
+                                            const StemDims& d, const StemTile& s,
+                                            const FillColumns& fc, int k, T (&now)[EPC],
+                                            T (&next)[EPC], bool& bad) {
+  if constexpr (CI < NCHUNK) {
+    if constexpr (CI + 1 < NCHUNK) load_chunk<CI + 1>(x, d, s, fc, k, next);
+    store_chunk<CI>(ring, table, d, fc, now, bad);
+    fill_chunks<CI + 1>(x, ring, table, d, s, fc, k, next, now, bad);
+  }
+}
+
 template <class T>
 __device__ void produce(const T* x, u8* smem, const StemDims& d, int* status, int pwarp,
                         int lane) {
@@ -116,14 +130,7 @@ __device__ void produce(const T* x, u8* smem, const StemDims& d, int* status, in
       T va[EPC], vb[EPC];
       load_chunk<0>(x, d, s, fc, k, va);
       if (f >= NSLOT) mbar_wait(&empty[slot], (int)((f / NSLOT - 1) & 1));
-      // the next chunk's loads in flight while this one is quantized
-      if constexpr (NCHUNK > 1) load_chunk<1>(x, d, s, fc, k, vb);
-      store_chunk<0>(ring, table, d, fc, va, bad);
-      if constexpr (NCHUNK > 2) load_chunk<2>(x, d, s, fc, k, va);
-      if constexpr (NCHUNK > 1) store_chunk<1>(ring, table, d, fc, vb, bad);
-      if constexpr (NCHUNK > 3) load_chunk<3>(x, d, s, fc, k, vb);
-      if constexpr (NCHUNK > 2) store_chunk<2>(ring, table, d, fc, va, bad);
-      if constexpr (NCHUNK > 3) store_chunk<3>(ring, table, d, fc, vb, bad);
+      fill_chunks<0>(x, ring, table, d, s, fc, k, va, vb, bad);
       mbar_arrive(&full[slot]);
     }
   }
@@ -205,6 +212,7 @@ __device__ void consume(const u8* __restrict__ w, u8* smem, const StemDims& d, v
   const int h = cw & 1, gi = cw >> 1;
   const int g = lane >> 2, tq = lane & 3;
   const int c0 = blockIdx.y * KBLOCK;
+  int* carry = (int*)(smem + SM_CARRY) + 32 * cw + lane;
   // the weights of channels c0 + 32h + 16 mt + (g, g + 8) as mma A fragments
   u32 wa[2][KCH][4];
 #pragma unroll
@@ -224,11 +232,8 @@ __device__ void consume(const u8* __restrict__ w, u8* smem, const StemDims& d, v
   i64 f = 0;  // the tile's first fill
   for (int tile = blockIdx.x; tile < d.tiles; tile += gridDim.x) {
     const StemTile s = stem_tile(d, tile);
-    int carry[NT_W][2][2];  // the pooled columns' max over the previous step's second row
-#pragma unroll
-    for (int nt = 0; nt < NT_W; ++nt)
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) carry[nt][mt][0] = carry[nt][mt][1] = INT32_LOW;
+    // the pooled columns' max over the previous step's second row, [nt][mt][hr] of this
+    // thread (no value of the tile's first step is written)
     for (int i = 0; i < s.steps; ++i) {
       const int t = s.t0 - 1 + i;
       if (i == 0) {
@@ -290,8 +295,9 @@ __device__ void consume(const u8* __restrict__ w, u8* smem, const StemDims& d, v
               prev[x][mt][hr] = b;
               hm[x] = max(got, max(a, b));
             }
-            pooled[mt][hr] = max(carry[nt][mt][hr], max(hm[0], hm[1]));
-            carry[nt][mt][hr] = hm[1];
+            int& kept = carry[((nt * 2 + mt) * 2 + hr) * CONSUMERS];
+            pooled[mt][hr] = max(kept, max(hm[0], hm[1]));
+            kept = hm[1];
           }
         if (i > 0) {
           const int j = s.jt0 + gi * JW - 1 + 4 * nt + tq;
