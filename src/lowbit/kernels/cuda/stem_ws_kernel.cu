@@ -73,21 +73,22 @@ __device__ __forceinline__ void load_chunk(const T* x, const StemDims& d, const 
 
 template <int CI, class T>
 __device__ __forceinline__ void store_chunk(u8* slot, const s8* table, const StemDims& d,
-                                            const FillColumns& fc, const T (&v)[EPC],
-                                            bool& bad) {
+                                            const StemTile& s, const FillColumns& fc, int k,
+                                            const T (&v)[EPC], bool& bad) {
 #pragma unroll
   for (int rr = 0; rr < RPC; ++rr) {
     const int rho = CI * RPC + rr;
     if (rho >= FILL_ROWS) continue;
     const int c = rho % C, rd = rho / C;
+    i64 off;
+    const bool row_ok = fill_row(d, s, k, rho, off);  // (a uint8 0 is not quantized to 0)
     u8* row = slot + (rd >> 1) * ROW_BYTES + ((rd & 1) * C + c) * 2;
 #pragma unroll
     for (int m = 0; m < MC; ++m) {
       if (32 * m >= IXS) continue;
       int q;
       if constexpr (U8_INPUT) {
-        q = table[c * 256 + (int)v[rr * MC + m]];  // a value outside the image: 0, kept 0
-        if (!(fc.ok >> m & 1)) q = 0;
+        q = row_ok && (fc.ok >> m & 1) ? (int)table[c * 256 + (int)v[rr * MC + m]] : 0;
       } else {
         const float xf = (float)v[rr * MC + m];
         if (HAS_STATUS && !(xf - xf == 0.0f)) bad = true;  // inf or nan (outside: 0)
@@ -107,7 +108,7 @@ __device__ __forceinline__ void fill_chunks(const T* x, u8* ring, const s8* tabl
                                             T (&next)[EPC], bool& bad) {
   if constexpr (CI < NCHUNK) {
     if constexpr (CI + 1 < NCHUNK) load_chunk<CI + 1>(x, d, s, fc, k, next);
-    store_chunk<CI>(ring, table, d, fc, now, bad);
+    store_chunk<CI>(ring, table, d, s, fc, k, now, bad);
     fill_chunks<CI + 1>(x, ring, table, d, s, fc, k, next, now, bad);
   }
 }
