@@ -1,8 +1,10 @@
 """The fused first layer's kernels timed side by side (GPU): on ResNet's 7x7/2 + pool the
-default "bands" kernel and the one-launch "ring" kernel over their knobs (and one "gemm"
-config), on AlexNet's and VGG's first layers the "gemm" sweep; cuDNN fp16 conv + ReLU
-(+ max-pool) on the same shapes, in one run. It ends with the fastest exact variant per
-geometry, input and batch against the default: which kernel `stem.default_config` should pick.
+default "bands" kernel, the one-launch "ring" kernel over their knobs (and one "gemm"
+config) and the warp-specialized CUDA kernel ("ws", `--variants ws "ws band /2" "ws band 8"`
+times it alone against the default), on AlexNet's and VGG's first layers the "gemm" sweep;
+cuDNN fp16 conv + ReLU (+ max-pool) on the same shapes, in one run. It ends with the fastest
+exact variant per geometry, input and batch against the default: which kernel
+`stem.default_config` should pick.
 
 First-layer geometries (`--stems`; 224 x 224 image, C=3, K=64): ResNet-18/50's 7x7/2 pad 3
 with the 3x3/2 pool pad 1, AlexNet's 11x11/4 pad 2 with the pool pad 0, VGG's 3x3/1 pad 1
@@ -150,9 +152,16 @@ RESNET_SWEEP = [
     ("ring n32 3/SM", lambda g: ring_config(g, block_n=32, programs_per_sm=3)),
     ("ring untransposed", lambda g: ring_config(g, transposed=False)),
     ("gemm j16 wk s2 w4", lambda g: gemm_config(g, block_j=16, num_warps=4)),
+    *(WS_SWEEP := [
+        # the warp-specialized CUDA kernel (kernels/cuda/stem_ws.py): its band, the only knob
+        ("ws", lambda g: S.ws_config(g, SMS)),
+        ("ws band /2", lambda g: S.ws_config(g, SMS, band_rows=max(
+            1, S.ws_config(g, SMS).band_rows // 2))),
+        ("ws band 8", lambda g: S.ws_config(g, SMS, band_rows=8)),
+    ]),
 ]
-#: `--quick`: the default, the ring kernel's default and two of its variants
-QUICK = ("ring j32 w4 2/SM", "ring early loads", "ring j64 w8")
+#: `--quick`: the default, the ring kernel's default and two of its variants, the ws kernel
+QUICK = ("ring j32 w4 2/SM", "ring early loads", "ring j64 w8", "ws")
 #: the rest of the ring knobs (`--full`)
 RING_EXTRA = [
     ("ring float64 requant", lambda g: ring_config(g, thresholds=False)),

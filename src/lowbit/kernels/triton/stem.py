@@ -49,6 +49,7 @@ import triton.language as tl
 
 from ...core import Encoding, Layout, PackedTensor, Precision
 from ...core.hardware import TARGET
+from ..cuda.stem_ws import bind_ws_stem, ws_band_rows, ws_n_tiles, ws_output_refusal, ws_refusal
 from .igemm import Launch, cdiv
 from .netops import (
     FLOAT_INPUTS,
@@ -84,7 +85,8 @@ from .stem_ring import ring_band_rows, ring_launch, ring_refusal
 from .stored import Launcher, check_device, empty_packed, flag_nonfinite, quantize_f32
 
 __all__ = ["StemConfig", "StemGeometry", "bind_stem", "default_config", "empty_packed",
-           "gemm_band_rows", "geometry_of", "ring_config", "ring_refusal", "s2d_weights", "stem"]
+           "gemm_band_rows", "geometry_of", "ring_config", "ring_refusal", "s2d_weights", "stem",
+           "ws_config", "ws_refusal"]
 
 # =========================================================================== kernels
 @triton.jit
@@ -240,6 +242,13 @@ def ring_config(geom: StemGeometry, sms: int = TARGET.sms, **knobs) -> StemConfi
         base["band_rows"] = ring_band_rows(geom, base["block_j"], base["block_n"], sms,
                                            base["programs_per_sm"])
     return StemConfig(**base)
+
+
+def ws_config(geom: StemGeometry, sms: int = TARGET.sms, **knobs) -> StemConfig:
+    """A "ws" config (`kernels.cuda.stem_ws`, one CTA per SM): the band of least predicted time
+    (`stem_ws.ws_band_rows`) unless `knobs` give band_rows."""
+    rows = knobs.pop("band_rows", None) or ws_band_rows(geom, ws_n_tiles(geom), sms)
+    return StemConfig(kernel="ws", band_rows=rows, **knobs)
 
 
 def default_config(geom: StemGeometry, sms: int = TARGET.sms) -> StemConfig:
@@ -418,6 +427,17 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
              for i, (spec, out) in enumerate(zip(specs, outs, strict=True))]
     results = tuple(o.data if isinstance(o, PackedTensor) else o for o in outs)
     bias_dev = bias.to(torch.int32).contiguous().to(device) if bias is not None else None
+    if cfg.kernel == "ws":
+        why = ws_refusal(geom) or next(
+            (w for i, (spec, out) in enumerate(zip(specs, outs, strict=True))
+             if (w := ws_output_refusal(i, spec, out, geom.K)) is not None), None)
+        if why is not None:
+            raise ValueError(f"config.kernel 'ws' cannot run this layer: {why}")
+        if device.type != "cuda":
+            raise ValueError("config.kernel 'ws' runs on a CUDA device (kernels.cuda.stem_ws_emu "
+                             "emulates it on the CPU)")
+        return Launcher((bind_ws_stem(image, table_dev, weight, bias_dev, specs, outs, geom,
+                                      prec, s32, status, sms, cfg.band_rows),), results)
     if cfg.kernel == "ring":
         return Launcher((ring_launch(image, table_dev, weight, bias_dev,
                                      output_group(slots, image), geom, cfg, prec, s32, status,

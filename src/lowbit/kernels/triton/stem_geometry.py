@@ -25,7 +25,7 @@ __all__ = ["BLOCK_J", "BLOCK_N", "CHUNK_BYTES", "PIXEL_ALIGN", "STEM_KERNELS", "
 CHUNK_BYTES = 64
 PIXEL_ALIGN = 16
 #: conv kernels a StemConfig names
-STEM_KERNELS = ("bands", "gemm", "ring")
+STEM_KERNELS = ("bands", "gemm", "ring", "ws")
 #: output columns and channels per dot (defaults)
 BLOCK_J = 64
 BLOCK_N = 64
@@ -159,7 +159,9 @@ def geometry_of(image: torch.Tensor, weight: torch.Tensor, stride: int, pad: int
 # =========================================================================== launch knobs
 @dataclass(frozen=True)
 class StemConfig:
-    """Launch knobs. kernel: "ring" (`stem_ring`: one launch, the image quantized into a
+    """Launch knobs. kernel: "ws" (`kernels.cuda.stem_ws`: one warp-specialized CUDA launch,
+    band_rows its only knob; stride 2 with the pool, <= 3 channels, outputs by thresholds or
+    the 64-bit formula), "ring" (`stem_ring`: one launch, the image quantized into a
     per-program ring; stride 2 with the pool only), "bands" (`stem_conv_kernel`: four dots of
     BLOCK_J rows per pooled row) or "gemm" (`stem_gemm.stem_gemm_kernel`: one dot of
     4 * block_j rows per pooled row, weights loaded once, loads pipelined by num_stages).
