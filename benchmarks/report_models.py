@@ -447,10 +447,12 @@ def render_qat_schedule(files: list[Result]) -> list[str]:
 def _policy(r: dict) -> str:
     """The row's per-layer implementation policy (`impl_chooser`'s name; "default" where the
     row does not say), with "no fused outputs" where int8 layers left their layer epilogue
-    to the separate pass and "exact" where the plan kept 31-bit multipliers everywhere."""
+    to the separate pass, "exact" where the plan kept 31-bit multipliers everywhere and the
+    stem kernel the row asked for (`PlanOptions.stem_kernel`)."""
     name = r.get("chooser", "default")
     name = name if r.get("fuse_outputs", True) else f"{name}, no fused outputs"
-    return name if r.get("requant32", True) else f"{name}, exact (64-bit) requantization"
+    name = name if r.get("requant32", True) else f"{name}, exact (64-bit) requantization"
+    return f"{name}, {r['stem_kernel']} stem" if r.get("stem_kernel") else name
 
 
 def _network_key(r: dict) -> tuple | None:

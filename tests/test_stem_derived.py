@@ -219,6 +219,57 @@ def test_narrow_stream_resnet18_fuses_its_first_layer():
     assert not off.layers[0].stem
 
 
+def test_plan_carries_the_stem_kernel():
+    """The plan fixes the fused stem's kernel and knobs (`Layer.stem_config`): the shape's
+    default, or `PlanOptions.stem_kernel` where that kernel runs the layer (its reason), the
+    default with the kernel's refusal otherwise; it survives the plan's serialization and
+    leaves with the stem."""
+    from dataclasses import replace
+
+    from lowbit.graph.ir import Plan
+    from lowbit.graph.stem_choice import stem_config, stem_geometry, stem_text
+    from lowbit.kernels.triton.stem_geometry import StemConfig
+
+    plan, _ = _narrow_resnet18(32)
+    first = plan.layers[0]
+    geom = stem_geometry(first)
+    assert (geom.N, geom.C, geom.H, geom.R, geom.stride, geom.pool_pad) == (2, 3, 32, 7, 2, 1)
+    assert StemConfig(**dict(first.stem_config)) == S.default_config(geom)
+    assert first.stem_config["kernel"] == "bands" and "default" in first.stem_reason
+    for kernel, want in (("ws", S.ws_config(geom)), ("ring", S.ring_config(geom))):
+        chosen = with_launches(plan, PlanOptions(stem_kernel=kernel)).layers[0]
+        assert StemConfig(**dict(chosen.stem_config)) == want
+        assert "PlanOptions.stem_kernel" in chosen.stem_reason
+        assert stem_text(chosen).startswith("cuda ws stem" if kernel == "ws"
+                                            else "triton ring stem")
+        back = Plan.from_dict(with_launches(plan, PlanOptions(stem_kernel=kernel)).to_dict(),
+                              dict(plan.params))
+        assert back.layers[0].stem_config == chosen.stem_config
+    four = replace(first, workload=replace(first.workload, C=4))
+    config, why = stem_config(four, plan.tensors, plan.params, "ws")
+    assert config["kernel"] == "bands" and "ws kernel cannot run it (4 channels" in why
+    off = with_launches(plan, PlanOptions(fuse_stem=False, stem_kernel="ws")).layers[0]
+    assert not off.stem and off.stem_config is None and off.stem_reason == ""
+    with pytest.raises(ValueError, match="stem_kernel must be one of"):
+        PlanOptions(stem_kernel="cudnn")
+
+
+@pytest.mark.gpu
+def test_gpu_narrow_resnet18_on_the_ws_stem():
+    """The plan's "ws" stem on the GPU executor equals the reference executor at every
+    tensor (narrow-stream ResNet-18: the u8 stream and its derived u2 reading)."""
+    from lowbit.runtime.engine import ReferenceExecutor
+    from lowbit.runtime.gpu import GpuExecutor
+
+    plan, x = _narrow_resnet18(64)
+    plan = with_launches(plan, PlanOptions(stem_kernel="ws"))
+    assert plan.layers[0].stem_config["kernel"] == "ws"
+    y, got = GpuExecutor(plan, "cuda")(x.cuda(), record=True)
+    y_ref, want = ReferenceExecutor(plan)(x, record=True)
+    assert all(torch.equal(got[t].cpu(), want[t]) for t in want) and len(want) > 20
+    assert torch.equal(y.cpu(), y_ref)
+
+
 # ------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [None, S.StemConfig(kernel="gemm", block_j=32, band_rows=4,

@@ -165,8 +165,8 @@ def test_refusals_name_their_reason() -> None:
     g = torch.Generator().manual_seed(6)
     u4 = derived_specs(64, g, outs=(("u4", True),))[1]
     out = S.empty_packed((1, 2, 2, 64), "u4", INT8, "cpu")
-    assert "derived output of more than 2 bits" in ws_output_refusal(1, u4, out, 64)
-    assert "float output" in ws_output_refusal(0, FloatOutput(0.5), torch.empty(1), 64)
+    assert "derived output of more than 2 bits" in ws_output_refusal(1, u4, out.layout, 64)
+    assert "float output" in ws_output_refusal(0, FloatOutput(0.5), None, 64)
 
 
 def test_bind_stem_refuses_ws_before_any_launch() -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..graph.launches import PlanOptions
+from ..graph.stem_choice import stem_text
 from .baselines import fp16_baselines
 from .recipes import IMAGE_SIZE, build_quantized, compile_plan, random_images
 from .timing import cuda_events_us, host_overhead_us, step_floor_us, step_times_us
@@ -47,6 +48,8 @@ class BenchCase:
     #: 32-bit requantizations where they fit (`PlanOptions.requant32`; False: the plan equals
     #: `convert` at every precision)
     requant32: bool = True
+    #: the fused first layer's kernel (`PlanOptions.stem_kernel`; None: the shape's default)
+    stem_kernel: str | None = None
 
 
 def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
@@ -66,7 +69,8 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
                                      device=device, residual_bits=case.residual_bits)
     x = random_images(case.batch, size, 1 if case.model.startswith("digits") else 3,
                       seed + 2, device)
-    options = PlanOptions(fuse_outputs=case.fuse_outputs, chain=chain, requant32=case.requant32)
+    options = PlanOptions(fuse_outputs=case.fuse_outputs, chain=chain, requant32=case.requant32,
+                          stem_kernel=case.stem_kernel)
     plan, where = compile_plan(q, x, case.exact_bias, case.wide_bits, case.chooser, options,
                                case.records)
     phases["plan_s"] = time.perf_counter() - t0
@@ -77,6 +81,8 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
     row["config_sources"] = plan.config_sources()
     row["fuse_outputs"] = case.fuse_outputs
     row["requant32"] = case.requant32
+    row["stem_kernel"] = case.stem_kernel
+    row["stem"] = next((stem_text(s) for s in plan.layers if s.stem), None)
     row["residual_bits"] = case.residual_bits
     t0 = time.perf_counter()
     ex = GpuExecutor(plan, device)

@@ -183,7 +183,8 @@ class Layer(Step):
     measurement of this very workload on a GPU; 'predicted': the performance model's pick;
     'default': the template's own) and config_reason the chooser's words
     (`lowbit.graph.chooser`). Launch decisions: stem (the kernel reads the float image of the
-    Quantize step writing its input and quantizes it itself: the fused first layer),
+    Quantize step writing its input and quantizes it itself: the fused first layer; its
+    kernel and knobs stem_config, why stem_reason: `graph.stem_choice`),
     outputs_in_kernel (the conv kernel writes every layer output from its accumulator tiles:
     no accumulator tensor, no separate epilogue pass), chained (launched as a programmatic
     dependent of the previous kernel). fused: what the step absorbs ('bn', 'relu',
@@ -207,6 +208,8 @@ class Layer(Step):
     config_source: str = ""
     config_reason: str = ""
     stem: bool = False
+    stem_config: Config | None = None
+    stem_reason: str = ""
     outputs_in_kernel: bool = False
     chained: bool = False
     kind: ClassVar[str] = "layer"
@@ -374,8 +377,9 @@ def step_from_dict(d: dict) -> Step:
     for key in ("window", "pool"):
         if d.get(key) is not None:
             d[key] = PoolWindow(**d[key])
-    if d.get("config") is not None:
-        d["config"] = Config(d["config"])
+    for key in ("config", "stem_config"):
+        if d.get(key) is not None:
+            d[key] = Config(d[key])
     if "layer_outputs" in d:
         d["layer_outputs"] = tuple(LayerOutput(**o) for o in d["layer_outputs"])
     for key in ("fused", "source", "args", "parts", "counts"):

@@ -11,6 +11,8 @@
 - `chained`: kernels of templates that declare `chainable` (the bit-serial families and
   `cuda.int8_wgmma`) launch as programmatic dependents of the previous kernel.
 
+A stem's kernel and knobs are its `stem_config` (`graph.stem_choice.stem_config`: the shape's
+default, or `PlanOptions.stem_kernel` where that kernel runs the layer).
 `PlanOptions` turns each off (ablations and tests), and `requant32` the planner's 32-bit
 requantizations (`graph.requant`; it acts when a plan is built, not in `with_launches`).
 Before the layers' epilogues are decided,
@@ -28,6 +30,7 @@ from ..core import Encoding
 from .impl import TORCH_FP16, template_flag
 from .ir import Layer, LayerOutput, MaxPool, Plan, Quantize, Step, TensorSpec, parse_precision
 from .kernel_epilogues import derived_thresholds
+from .stem_choice import STEM_CHOICES, stem_config
 
 #: (filter size, stride) of the first layers the fused stem serves: ResNet's 7x7/2, AlexNet's
 #: 11x11/4, VGG's 3x3/1 (the generic int8 conv took 194 us on VGG-16's at batch 8 on an
@@ -51,16 +54,21 @@ class PlanOptions:
     fuse_outputs: bool = True
     chain: bool = True
     requant32: bool = True
+    stem_kernel: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("fuse_stem", "fuse_outputs", "chain", "requant32"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"PlanOptions.{name} must be a bool, got "
                                 f"{getattr(self, name)!r}")
+        if self.stem_kernel is not None and self.stem_kernel not in STEM_CHOICES:
+            raise ValueError(f"PlanOptions.stem_kernel must be one of {STEM_CHOICES} or None, "
+                             f"got {self.stem_kernel!r}")
 
     def to_dict(self) -> dict:
         return {"fuse_stem": self.fuse_stem, "fuse_outputs": self.fuse_outputs,
-                "chain": self.chain, "requant32": self.requant32}
+                "chain": self.chain, "requant32": self.requant32,
+                "stem_kernel": self.stem_kernel}
 
 
 def stem_refusal(plan_input: str, tensors: dict[str, TensorSpec],
@@ -123,6 +131,9 @@ def decide_launches(steps: list[Step], plan_input: str, tensors: dict[str, Tenso
                                            and outputs_in_kernel(s)),
                         chained=(not stem and options.chain
                                  and bool(template_flag(s.impl, "chainable"))))
+            config, why = stem_config(s, tensors, params, options.stem_kernel) if stem else \
+                (None, "")
+            s = replace(s, stem_config=config, stem_reason=why)
         out.append(s)
     return out
 

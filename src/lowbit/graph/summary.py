@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .ir import AvgPool, FloatFallback, Layer, MaxPool, Plan, Quantize, Step, layer_weight_bytes
+from .stem_choice import stem_text
 
 
 def _bytes(n: int) -> str:
@@ -37,8 +38,7 @@ def _op(step: Step) -> str:
 def kernel_text(step: Layer) -> str:
     """The step's kernel as the plan fixed it: launch kind, config and where it comes from."""
     if step.stem:
-        return "triton stem (image quantized, conv, epilogue" + (
-            ", 3x3/2 max-pool)" if step.pool else ")")
+        return stem_text(step)
     launch = [w for w, on in (("outputs in kernel", step.outputs_in_kernel),
                               ("chained", step.chained)) if on]
     cfg = "" if step.config is None else " ".join(f"{k}={v}" for k, v in step.config.items())

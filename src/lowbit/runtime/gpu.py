@@ -68,6 +68,7 @@ from ..graph.ir import (
     Step,
 )
 from ..graph.pools import ADAPTIVE, GLOBAL, WINDOW, axis_windows
+from ..graph.stem_choice import as_stem_config, output_specs, stem_text
 from ..kernels.base import acc_bound
 from .buffers import Scratch, plan_arena, temporaries_bytes, view_of
 from .gpu_elementwise import bind_elementwise, handles
@@ -85,7 +86,6 @@ from .layers import (
     describe_kernel,
     kernel_params,
     layer_kernel,
-    output_specs,
     packed_weight,
     prebuild,
     reference_kernel,
@@ -272,7 +272,7 @@ class GpuExecutor:
     def _bind_layer(self, step: Layer) -> BoundStep:
         netops, stem, _ = _triton()
         plan, wl = self.plan, step.workload
-        specs = output_specs(step, plan)
+        specs = output_specs(step, plan.tensors, plan.params)
         outs = [self._operand(o.tensor) for o in step.layer_outputs]
         if step.name in self.stems:
             q = self.stems[step.name]
@@ -283,9 +283,8 @@ class GpuExecutor:
                 outs, stride=wl.stride, pad=wl.pad,
                 pool_pad=step.pool.pad if step.pool is not None else None,
                 scale=spec_in.scale, precision=spec_in.precision, table=table,
-                status=self.status)
-            return BoundStep(step, [launch], "triton stem (image quantized, conv, epilogue"
-                             + (", 3x3/2 max-pool" if step.pool else "") + f"; plan: {step.impl})")
+                status=self.status, config=as_stem_config(step.stem_config))
+            return BoundStep(step, [launch], stem_text(step) + f"; plan: {step.impl}")
         kernel = self.kernels(step)
         how = describe_kernel(step, kernel)
         x = self.buffers[step.input]

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -28,22 +27,18 @@ from ..core import (
     ConvWorkload,
     Epilogue,
     GemmWorkload,
-    WidePrecision,
     Workload,
 )
 from ..core.epilogue import EpilogueParams
 from ..core.progress import progress
 from ..core.validate import check_inputs, output_buffer
 from ..graph.chooser import default_kernel
-from ..graph.ir import Layer, Plan, parse_precision
+from ..graph.ir import Layer, Plan
 from ..graph.kernel_epilogues import derived_thresholds
 from ..kernels import get_template, load_backends
 from ..kernels.base import TORCH_FP16, Kernel, acc_bound
 from ..quant.packing import pack
 from ..reference import run as reference_run
-
-if TYPE_CHECKING:
-    from ..kernels.triton.netops import Dequantized, Requantized
 
 #: the registered template that runs TORCH_FP16 layers exactly (fp16 operands, fp32 sums)
 FP16_CONV_TEMPLATE = "triton.conv2d_fp16"
@@ -302,31 +297,3 @@ def kernel_params(step: Layer, plan: Plan, device: torch.device,
     return EpilogueParams(multiplier=i64(o.multiplier), shift=i32(o.shift),
                           shifted_bias=shifted, residual=residual,
                           residual_multiplier=i64(o.residual_multiplier))
-
-
-def output_specs(step: Layer, plan: Plan) -> list[Requantized | Dequantized]:
-    """The netops epilogue spec of each output of the step (`lowbit.runtime.engine`'s
-    formulas): requantized ones with b = bias * m where the reference adds the layer's bias
-    in accumulator units (a bias, no wide tensor), else the output's own shifted bias; float
-    ones with their residual term, NCHW for maps."""
-    from ..kernels.triton.netops import Dequantized, Requantized  # Triton on first use
-
-    p = plan.params
-    specs: list[Requantized | Dequantized] = []
-    precs = [plan.tensors[o.tensor].precision for o in step.layer_outputs if o.requantized]
-    wide = (step.residual is not None and plan.tensors[step.residual].is_wide) or any(
-        isinstance(x, WidePrecision) for x in precs)
-    for o in step.layer_outputs:
-        spec = plan.tensors[o.tensor]
-        if o.requantized:
-            m = p[o.multiplier].to(torch.int64)
-            b = m * p[step.bias].to(torch.int64) if step.bias is not None and not wide else \
-                p[o.bias].to(torch.int64)
-            r = p[o.residual_multiplier] if o.residual_multiplier else None
-            derived = dict(mid=parse_precision(o.mid), table=p[o.table]) if o.derived else {}
-            specs.append(Requantized(spec.precision, m, p[o.shift], b, r, o.relu, **derived))
-        else:
-            rs = o.residual_scale if step.residual is not None else None
-            specs.append(Dequantized(p[o.scale], p[o.offset], rs, o.relu,
-                                     channels_first=len(spec.shape) == 4))
-    return specs

@@ -39,7 +39,7 @@ from . import nvrtc
 from .cu_source import expand
 
 __all__ = ["WsOutput", "WsShape", "bind_ws_stem", "render", "ws_arguments", "ws_band_rows",
-           "ws_n_tiles", "ws_output_refusal", "ws_refusal", "ws_weights"]
+           "ws_n_tiles", "ws_output_refusal", "ws_outputs_refusal", "ws_refusal", "ws_weights"]
 
 KERNEL_NAME = "stem_ws"
 #: threads of a CTA (4 producer warps, 8 consumer warps) and output channels per CTA
@@ -127,14 +127,14 @@ def _formula_refusal(spec: Requantized, k: int) -> str | None:
     return None
 
 
-def ws_output_refusal(i: int, spec: object, out: object, k: int) -> str | None:
-    """Why the kernel cannot write output i (`spec`, into `out`) of K channels (None: it
-    can)."""
+def ws_output_refusal(i: int, spec: object, layout: Layout | None, k: int) -> str | None:
+    """Why the kernel cannot write output i (`spec`, in `layout`; None: a float tensor) of
+    K channels (None: it can)."""
     spec = as_output_spec(i, spec)
-    if isinstance(spec, Dequantized) or not isinstance(out, PackedTensor):
+    if isinstance(spec, Dequantized) or layout is None:
         return f"outputs[{i}] is a float output"
     p = spec.precision
-    if not isinstance(p, Precision) or out.layout not in (Layout.INT8, Layout.BITPLANE):
+    if not isinstance(p, Precision) or layout not in (Layout.INT8, Layout.BITPLANE):
         return f"outputs[{i}] is not a <= 8-bit output in the INT8 or BITPLANE layout"
     if spec.residual_multiplier is not None:
         return f"outputs[{i}] has a residual term"
@@ -144,10 +144,17 @@ def ws_output_refusal(i: int, spec: object, out: object, k: int) -> str | None:
         return None if thr is not None else f"outputs[{i}] has no integer thresholds"
     if spec.table is not None:
         return f"outputs[{i}] is a derived output of more than 2 bits"
-    if out.layout is not Layout.INT8:
+    if layout is not Layout.INT8:
         return f"outputs[{i}] has more than 2 bits in the BITPLANE layout"
     why = _formula_refusal(spec, k)
     return None if why is None else f"outputs[{i}] has {why}"
+
+
+def ws_outputs_refusal(specs: Sequence[object], layouts: Sequence[Layout | None], k: int
+                       ) -> str | None:
+    """Why the kernel cannot write these outputs (`ws_output_refusal`; None: it can)."""
+    return next((why for i, (spec, layout) in enumerate(zip(specs, layouts, strict=True))
+                 if (why := ws_output_refusal(i, spec, layout, k)) is not None), None)
 
 
 # =========================================================================== host tables
@@ -201,7 +208,8 @@ def ws_epilogue(specs: Sequence[object], outs: Sequence[object], k: int
     table = torch.zeros(MAX_OUTPUTS, kpad, EPI_WORDS, dtype=torch.int32)
     kinds = []
     for i, (spec, out) in enumerate(zip(specs, outs, strict=True)):
-        why = ws_output_refusal(i, spec, out, k)
+        why = ws_output_refusal(i, spec, out.layout if isinstance(out, PackedTensor) else None,
+                                k)
         if why is not None:
             raise ValueError(f"the warp-specialized stem cannot write {why}")
         kind, rows = _epilogue_rows(i, as_output_spec(i, spec), out.layout, k)

@@ -49,7 +49,7 @@ import triton.language as tl
 
 from ...core import Encoding, Layout, PackedTensor, Precision
 from ...core.hardware import TARGET
-from ..cuda.stem_ws import bind_ws_stem, ws_band_rows, ws_n_tiles, ws_output_refusal, ws_refusal
+from ..cuda.stem_ws import bind_ws_stem, ws_band_rows, ws_n_tiles, ws_outputs_refusal, ws_refusal
 from .igemm import Launch, cdiv
 from .netops import (
     FLOAT_INPUTS,
@@ -428,9 +428,8 @@ def bind_stem(image: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     results = tuple(o.data if isinstance(o, PackedTensor) else o for o in outs)
     bias_dev = bias.to(torch.int32).contiguous().to(device) if bias is not None else None
     if cfg.kernel == "ws":
-        why = ws_refusal(geom) or next(
-            (w for i, (spec, out) in enumerate(zip(specs, outs, strict=True))
-             if (w := ws_output_refusal(i, spec, out, geom.K)) is not None), None)
+        why = ws_refusal(geom) or ws_outputs_refusal(
+            specs, [o.layout if isinstance(o, PackedTensor) else None for o in outs], geom.K)
         if why is not None:
             raise ValueError(f"config.kernel 'ws' cannot run this layer: {why}")
         if device.type != "cuda":
