@@ -77,11 +77,14 @@ def as_stem_config(config: Config | None) -> StemConfig | None:
 
 def stem_text(step: Layer) -> str:
     """The fused stem's launch as the plan fixed it: kernel, knobs and why."""
+    from ..kernels.triton.stem_geometry import StemConfig
+
     cfg = step.stem_config
     kernel = "triton" if cfg is None else ("cuda ws" if cfg["kernel"] == "ws" else
                                            f"triton {cfg['kernel']}")
-    knobs = "" if cfg is None else "; " + " ".join(f"{k}={v}" for k, v in cfg.items()
-                                                  if k != "kernel")
+    base = _as_config(StemConfig())  # the knobs at their defaults are left out
+    knobs = "" if cfg is None else "; " + " ".join(
+        f"{k}={v}" for k, v in cfg.items() if k != "kernel" and base.get(k) != v)
     why = f"; {step.stem_reason}" if step.stem_reason else ""
     return f"{kernel} stem (image quantized, conv, epilogue" + (
         ", 3x3/2 max-pool)" if step.pool else ")") + knobs + why
