@@ -28,7 +28,7 @@
 // Bit planes pack in registers (whole 32-column words per warp: WN % 32 == 0) and leave
 // through store_plane_words. The column parameters are one 16-byte entry per column
 // {m, b + 2^(s-1), r, s} (bitserial_tables.requant32_columns, padded past KOUT with zeros and
-// shift 1; SUM64: two 16-byte entries {m, c lo, c hi, s} {r lo, r hi, max(s - 32, 0), 0}),
+// shift 1; SUM64: two 16-byte entries {m, s, c lo, c hi} {r lo, r hi, max(s - 32, 0), 0}),
 // read through the kernel's `mult` argument.
 constexpr bool BLOCK_END = HAS_BIAS == 5;
 constexpr int MID_LO = (RELU && OUT_QMIN < 0) ? 0 : OUT_QMIN;
@@ -75,13 +75,19 @@ __device__ __forceinline__ int res_byte(u32 v, int b) {
 }
 
 // SUM64's z >> s of accumulator y and residual byte u (unsigned: RES_FLIP) from the column's
-// entries c = {m, c lo, c hi, s}, d = {r lo, r hi, max(s - 32, 0), 0}: wide multiply-adds
-// modulo 2^64 (the sum itself fits), then the funnel shift's low word.
+// entries c = {m, s, c lo, c hi} (c's words an aligned register pair: the wide multiply-add's
+// addend as loaded), d = {r lo, r hi, max(s - 32, 0), 0}: z = y m + c + u r_lo by two wide
+// multiply-adds and u r_hi added to z's high word, all modulo 2^64 (the sum itself fits),
+// then the funnel shift's low word. Five instructions (the 32-bit sum: three).
 __device__ __forceinline__ int requant64(int y, int u, const uint4& c, const uint4& d) {
-  i64 z = (i64)y * (int)c.x + (i64)(((u64)c.z << 32) | c.y);
-  if constexpr (RES_BYTES != 0)
-    z = (i64)((u64)z + (u64)(u32)u * d.x + ((u64)((u32)u * d.y) << 32));
-  return (int)__funnelshift_rc((u32)z, (u32)((u64)z >> 32), c.w) >> (int)d.z;
+  const u64 yc = (u64)((i64)y * (int)c.x + (i64)(((u64)c.w << 32) | c.z));
+  u32 lo = (u32)yc, hi = (u32)(yc >> 32);
+  if constexpr (RES_BYTES != 0) {
+    const u64 z = (u64)(u32)u * d.x + yc;
+    lo = (u32)z;
+    hi = (u32)(z >> 32) + (u32)u * d.y;
+  }
+  return (int)__funnelshift_rc(lo, hi, c.y) >> (int)d.z;
 }
 
 typedef int GroupValues[GROUP_TILES][2];  // one row's values of a column group, per lane
@@ -345,9 +351,11 @@ __device__ __forceinline__ void block_end_cols(const Acc& acc, const RowPrep& ro
         }
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        // {m, b + 2^(s-1), r, s}; SUM64: {m, c lo, c hi, s}, then d = {r lo, r hi, s - 32, 0}
+        // {m, b + 2^(s-1), r, s}; SUM64: {m, s, c lo, c hi}, then d = {r lo, r hi, s - 32, 0}
         const uint4 c = ctab[SUM64 ? 2 * (col + e) : col + e];
-        const uint4 d = SUM64 ? ctab[2 * (col + e) + 1] : make_uint4(0u, 0u, 0u, 0u);
+        const uint4 d = !SUM64 ? make_uint4(0u, 0u, 0u, 0u)
+                        : RES_BYTES != 0 ? ctab[2 * (col + e) + 1]  // without a residual: s - 32
+                        : make_uint4(0u, 0u, reinterpret_cast<const u32*>(ctab)[8 * (col + e) + 6], 0u);
         const int off = (NEED_WTAP && !BORDER && col + e < KOUT)
                             ? ea.wtap[WSUM0 + FULL_RECT * KPAD + col + e] : 0;
 #pragma unroll

@@ -81,10 +81,10 @@ def requant32_columns(wl: Workload, params: EpilogueParams) -> torch.Tensor:
     """The block-end epilogue's column table on the params' device, int32 [wsum_columns, 4]:
     per output column {m, b + 2^(s-1), r, s} (r 0 without a residual), past KOUT {0, 0, 0, 1}
     (z = 0: the kernel reads every column of a block tile unguarded, one 16-byte load each).
-    With Epilogue.sum64 int32 [wsum_columns, 8]: {m, c lo, c hi, s} {r lo, r hi, max(s - 32,
+    With Epilogue.sum64 int32 [wsum_columns, 8]: {m, s, c lo, c hi} {r lo, r hi, max(s - 32,
     0), 0} with c = b + 2^(s-1) - o r, r and c as 64-bit words (two's complement mod 2^64), o
     128 for a signed residual (the kernel reads its bytes offset by 128, as unsigned: res r =
-    (res + o) r - o r), else 0; past KOUT {0, 0, 0, 1} {0, 0, 0, 0}."""
+    (res + o) r - o r), else 0; past KOUT {0, 1, 0, 0} {0, 0, 0, 0}."""
     k = conv_shape(wl).kout
     s = params.shift.cpu().to(torch.int64)
     r = (params.residual_multiplier.cpu().to(torch.int64)
@@ -98,12 +98,12 @@ def requant32_columns(wl: Workload, params: EpilogueParams) -> torch.Tensor:
         return table.to(torch.int32).to(params.multiplier.device)
     res = wl.epilogue.narrow_residual
     offset = 128 if res is not None and res.encoding is Encoding.SIGNED else 0
-    rows = [[0, 0, 0, 1, 0, 0, 0, 0] for _ in range(wsum_columns(conv_shape(wl)))]
+    rows = [[0, 1, 0, 0, 0, 0, 0, 0] for _ in range(wsum_columns(conv_shape(wl)))]
     for c, (mc, bc, rc, sc) in enumerate(zip(m.tolist(), b.tolist(), r.tolist(), s.tolist(),
                                              strict=True)):
         const = (bc + (1 << (sc - 1)) - offset * rc) % 2**64  # exact Python integers
         rw = rc % 2**64
-        rows[c] = [mc, const & MASK32, const >> 32, sc, rw & MASK32, rw >> 32, max(sc - 32, 0),
+        rows[c] = [mc, sc, const & MASK32, const >> 32, rw & MASK32, rw >> 32, max(sc - 32, 0),
                    0]
     table = torch.tensor(rows, dtype=torch.int64)
     table = torch.where(table >= 2**31, table - 2**32, table)  # the words' bit patterns
