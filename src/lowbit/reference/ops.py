@@ -140,8 +140,10 @@ def block_end_params(wl: Workload, ratio: torch.Tensor, bias: torch.Tensor,
     step, a residual multiplier of either sign worth a quarter to three quarters of the output
     range over the residual's range, at the largest shift (<= 31) whose worst-case sum stays
     below 2^30 (`validate.check_requant32_range` holds); with Epilogue.sum64 multipliers of
-    31 significant bits (one channel in four 23-30, so shifts fall on both sides of 32) and
-    the int64 bias and residual multiplier at that shift. The narrow residual's values and
+    31 significant bits (one channel in four 23-30), with a residual the accumulator's ratio
+    divided by 2^0..2^8 per channel (the residual term up to 2^8 times the accumulator's
+    multiplier, as in networks, and shifts on both sides of 32), the int64 bias and residual
+    multiplier at that shift. The narrow residual's values and
     the derived outputs' thresholds and buffers (`derived_params`)."""
     epi = wl.epilogue
     res = epi.narrow_residual
@@ -152,13 +154,15 @@ def block_end_params(wl: Workload, ratio: torch.Tensor, bias: torch.Tensor,
     sign = torch.where(torch.rand(ratio.shape, generator=generator) < 0.3, -1.0, 1.0)
     r_ratio = sign * span * (0.25 + frac.abs()) / max(top_res, 1)
     ms, ss, bs, rs = [], [], [], []
-    fewer = torch.zeros(ratio.shape, dtype=torch.int64)
+    fewer = finer = torch.zeros(ratio.shape, dtype=torch.int64)
     if epi.sum64:  # drawn for sum64 only: the 32-bit cases keep their streams
         fewer = torch.randint(1, 9, ratio.shape, generator=generator) * \
             (torch.rand(ratio.shape, generator=generator) < 0.25)
-    for q, rr, b, f, d in zip(ratio.tolist(), r_ratio.tolist(), bias.tolist(), frac.tolist(),
-                              fewer.tolist(), strict=True):
+        finer = torch.randint(0, 9, ratio.shape, generator=generator) * int(res is not None)
+    for q, rr, b, f, d, g in zip(ratio.tolist(), r_ratio.tolist(), bias.tolist(),
+                                 frac.tolist(), fewer.tolist(), finer.tolist(), strict=True):
         if epi.sum64:  # m in [2^(30 - d), 2^(31 - d)): the largest shift keeping it there
+            q = q / 2**g
             s = max(1, min(62, math.floor(31 - d - math.log2(q))))
             m = round(q * 2**s)
             if m >= 2**31:
