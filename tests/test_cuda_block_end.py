@@ -453,3 +453,32 @@ def test_gpu_block_end_int8_wgmma():
     if not INT8_WGMMA.supports(GPU_INT8):
         pytest.skip(INT8_WGMMA.unsupported_reason(GPU_INT8))
     _gpu_check(INT8_WGMMA, GPU_INT8, INT8_WGMMA.default_config(GPU_INT8), seed=3)
+
+
+def _sum64(wl: Workload) -> Workload:
+    return wl.replace(epilogue=replace(wl.epilogue, sum64=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wl", [_sum64(c[1]) for c in GPU_CASES] + [
+    conv(B1, U2, block_end64(S8, None, False, ()), N=5, H=14, W=14, C=256, K=512),
+    conv(B1, U2, block_end64(Precision(4), S8, False, (), layout=BP), N=3, H=7, W=7, K=96)],
+    ids=[c[0] for c in GPU_CASES] + ["shortcut_s8", "u4_mid_bitplane"])
+def test_gpu_64_bit_block_end_every_family(wl):
+    """The 64-bit block end (Epilogue.sum64, 31-bit multipliers, residual multipliers past
+    2^32), the default kernel of every family that runs it on this GPU, bit for bit."""
+    checked = 0
+    for family in FAMILIES:
+        if not family.supports(wl):
+            continue
+        _gpu_check(family, wl, family.default_config(wl), seed=checked + 11)
+        checked += 1
+    assert checked >= 2
+
+
+@pytest.mark.gpu
+def test_gpu_64_bit_block_end_int8_wgmma():
+    wl = _sum64(GPU_INT8)
+    if not INT8_WGMMA.supports(wl):
+        pytest.skip(INT8_WGMMA.unsupported_reason(wl))
+    _gpu_check(INT8_WGMMA, wl, INT8_WGMMA.default_config(wl), seed=4)

@@ -300,15 +300,15 @@ class Epilogue:
 class EpilogueParams:
     """Run-time per-output-channel vectors of an Epilogue (all length K, contiguous, on the
     kernel's device): bias int32; scale float32 (fp16 output); multiplier and shift int32
-    (requantized output; the multiplier int64 with a wide Epilogue.residual); shifted_bias
-    int64 (Epilogue.shifted_bias: units of 2^-shift output steps; int32 with requant32, int64
-    again with sum64); with
-    Epilogue.residual the residual tensor (the output's logical shape [..., K], contiguous,
-    the residual precision's storage dtype: int16 / int32 wide, uint8 / int8 narrow) and its
-    multiplier [K] (int64; int32 with requant32, int64 with sum64). With Epilogue.derived: thresholds, one int32
-    vector [P_j.qmax - P_j.qmin] per derived output (non-decreasing), and derived_out, their
-    storage buffers (each the derived output's storage shape and dtype; kernels need them,
-    the reference fills them when given). Fields the epilogue does not use are None / ()."""
+    (requantized output; the multiplier int64 with a wide Epilogue.residual); shifted_bias int64
+    (Epilogue.shifted_bias: units of 2^-shift output steps; int32 with requant32, int64 again
+    with sum64); with Epilogue.residual the residual tensor (the output's logical shape [...,
+    K], contiguous, the residual precision's storage dtype: int16 / int32 wide, uint8 / int8
+    narrow) and its multiplier [K] (int64; int32 with requant32, int64 with sum64). With
+    Epilogue.derived: thresholds, one int32 vector [P_j.qmax - P_j.qmin] per derived output
+    (non-decreasing), and derived_out, their storage buffers (each the derived output's storage
+    shape and dtype; kernels need them, the reference fills them when given). Fields the
+    epilogue does not use are None / ()."""
 
     bias: torch.Tensor | None = None
     scale: torch.Tensor | None = None

@@ -207,11 +207,11 @@ def _check_tensor(name: str, t: object, dtype: torch.dtype, shape: tuple[int, ..
 
 def check_block_end(epi: Epilogue, params: EpilogueParams, out_shape: tuple[int, ...],
                     device: torch.device | str | None = None, values: bool = False) -> None:
-    """The block-end params (Epilogue.requant32 / derived): a narrow residual (the output's
-    logical shape `out_shape`, uint8 for unsigned, int8 for signed; with `values` every value
-    in its precision's range) and its multiplier [K] (int32; int64 with sum64); one contiguous int32 threshold
-    vector [P_j.qmax - P_j.qmin] per derived output, non-decreasing; derived_out () or one
-    buffer per derived output in its storage shape and dtype (`derived_storage`), all on
+    """The block-end params (Epilogue.requant32 / derived): a narrow residual (the output's logical
+    shape `out_shape`, uint8 for unsigned, int8 for signed; with `values` every value in its
+    precision's range) and its multiplier [K] (int32; int64 with sum64); one contiguous int32
+    threshold vector [P_j.qmax - P_j.qmin] per derived output, non-decreasing; derived_out () or
+    one buffer per derived output in its storage shape and dtype (`derived_storage`), all on
     `device` when given. Params of derived outputs given to an epilogue without them are an
     error. Reads the thresholds: a device sync on CUDA."""
     k = out_shape[-1]

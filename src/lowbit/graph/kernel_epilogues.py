@@ -1,12 +1,13 @@
 """What each plan layer's kernel writes itself (its `Workload.epilogue`), chosen after the plan's
 realizations are known: the block-end epilogue (`block_end_epilogue`: one formula in 32-bit
 arithmetic, or 64-bit (`Epilogue.sum64`) for multipliers that 32 bits cannot hold, a narrow
-residual, the formula's value stored and up to two derived outputs) where a template takes it; the fused requantizing epilogue for a layer with one requantized
-output (its bias in accumulator units, or `Epilogue.shifted_bias` at the output's shift; a
-wide residual where the 64-bit sum provably fits and the layer is small enough for the fused
-path to pay), else the bare accumulator (int16 where it fits a bit-serial kernel, int32
-otherwise) for the separate epilogue pass (`lowbit.kernels.triton.netops`), which an int8
-layer's kernel runs itself where its template can (`layer_outputs_impl`)."""
+residual, the formula's value stored and up to two derived outputs) where a template takes it;
+the fused requantizing epilogue for a layer with one requantized output (its bias in
+accumulator units, or `Epilogue.shifted_bias` at the output's shift; a wide residual where the
+64-bit sum provably fits and the layer is small enough for the fused path to pay), else the
+bare accumulator (int16 where it fits a bit-serial kernel, int32 otherwise) for the separate
+epilogue pass (`lowbit.kernels.triton.netops`), which an int8 layer's kernel runs itself where
+its template can (`layer_outputs_impl`)."""
 
 from __future__ import annotations
 
