@@ -190,6 +190,35 @@ REFERENCE_CASES = [
 ]
 
 
+def _against_python(epi: Epilogue, acc: list, res: list, formula: tuple, thresholds: list
+                    ) -> tuple[EpilogueParams, list[torch.Tensor], list]:
+    """`apply_epilogue_outputs` of block end `epi` on accumulators `acc` and residual values
+    `res` (lists of rows) with the per-channel (m, b, r, s) of `formula` (b and r int64
+    vectors with Epilogue.sum64, int32 otherwise) equals `python_block_end`; returns the
+    params, the expected outputs and mid values."""
+    m, b, r, s = formula
+    res_prec, derived, store = epi.narrow_residual, epi.derived, epi.store_out
+    i32 = {"dtype": torch.int32}
+    wide = {"dtype": torch.int64 if epi.sum64 else torch.int32}
+    params = EpilogueParams(
+        multiplier=torch.tensor(m, **i32), shift=torch.tensor(s, **i32),
+        shifted_bias=torch.tensor(b, **wide),
+        residual=pack(torch.tensor(res), res_prec, I8) if res_prec else None,
+        residual_multiplier=torch.tensor(r, **wide) if res_prec else None,
+        thresholds=tuple(torch.tensor(t, **i32) for t in thresholds))
+    got = apply_epilogue_outputs(torch.tensor(acc), epi, params)
+    lo, hi = epi.mid_range
+    want_mid, want_derived = python_block_end(acc, res, m, b, r, s, lo, hi, thresholds,
+                                              [p.qmin for p, _ in derived])
+    want = ([pack(torch.tensor(want_mid), epi.out, I8)] if store else []) + [
+        pack(torch.tensor(v), p, lay) for v, (p, lay) in zip(want_derived, derived,
+                                                             strict=True)]
+    assert len(got) == len(want) == store + len(derived)
+    for g, w_ in zip(got, want, strict=True):
+        assert torch.equal(g, w_), epi.key
+    return params, want, want_mid
+
+
 @pytest.mark.parametrize("relu", [False, True])
 def test_reference_matches_python_integers(relu):
     """Random accumulators and residuals over their whole ranges, multipliers up to the
@@ -218,22 +247,7 @@ def test_reference_matches_python_integers(relu):
         thresholds = [sorted(rnd.randint(lo - 3, hi + 3) for _ in range(p.qmax - p.qmin))
                       for p, _ in derived]
         epi = block_end(mid, res_prec, relu, derived, store)
-        vec = {"dtype": torch.int32}
-        params = EpilogueParams(
-            multiplier=torch.tensor(m, **vec), shift=torch.tensor(s, **vec),
-            shifted_bias=torch.tensor(b, **vec),
-            residual=pack(torch.tensor(res), res_prec, I8) if res_prec else None,
-            residual_multiplier=torch.tensor(r, **vec) if res_prec else None,
-            thresholds=tuple(torch.tensor(t, **vec) for t in thresholds))
-        got = apply_epilogue_outputs(torch.tensor(acc), epi, params)
-        want_mid, want_derived = python_block_end(acc, res, m, b, r, s, lo, hi, thresholds,
-                                                  [p.qmin for p, _ in derived])
-        want = ([pack(torch.tensor(want_mid), mid, I8)] if store else []) + [
-            pack(torch.tensor(v), p, lay) for v, (p, lay) in zip(want_derived, derived,
-                                                                 strict=True)]
-        assert len(got) == len(want) == store + len(derived)
-        for g, w_ in zip(got, want, strict=True):
-            assert torch.equal(g, w_), (mid, res_prec, derived)
+        params, want, want_mid = _against_python(epi, acc, res, (m, b, r, s), thresholds)
         assert len({v for row in want_mid for v in row}) >= 3  # not one clamped value
         bufs = tuple(torch.full(w_.shape, 7, dtype=w_.dtype) for w_ in want[store:])
         stored = apply_epilogue(torch.tensor(acc), epi,
@@ -291,21 +305,7 @@ def test_reference_64_bit_sum_matches_python_integers():
         thresholds = [sorted(rnd.randint(lo - 3, hi + 3) for _ in range(p.qmax - p.qmin))
                       for p, _ in derived]
         epi = replace(block_end(mid, res_prec, relu, derived, store), sum64=True)
-        i32, i64 = {"dtype": torch.int32}, {"dtype": torch.int64}
-        params = EpilogueParams(
-            multiplier=torch.tensor(m, **i32), shift=torch.tensor(s, **i32),
-            shifted_bias=torch.tensor(b, **i64),
-            residual=pack(torch.tensor(res), res_prec, I8) if res_prec else None,
-            residual_multiplier=torch.tensor(r, **i64) if res_prec else None,
-            thresholds=tuple(torch.tensor(t, **i32) for t in thresholds))
-        got = apply_epilogue_outputs(torch.tensor(acc), epi, params)
-        want_mid, want_derived = python_block_end(acc, res, m, b, r, s, lo, hi, thresholds,
-                                                  [p.qmin for p, _ in derived])
-        want = ([pack(torch.tensor(want_mid), mid, I8)] if store else []) + [
-            pack(torch.tensor(v), p, lay) for v, (p, lay) in zip(want_derived, derived,
-                                                                 strict=True)]
-        for g, w_ in zip(got, want, strict=True):
-            assert torch.equal(g, w_), (mid, res_prec, derived)
+        _, _, want_mid = _against_python(epi, acc, res, (m, b, r, s), thresholds)
         assert len({v for row in want_mid for v in row}) >= 3
         checked += 1
     assert checked == len(REFERENCE_CASES)

@@ -77,6 +77,10 @@ def epilogue_vectors(wl: Workload, params: EpilogueParams, thr: torch.Tensor | N
     return [bias, params.residual_multiplier, params.multiplier, params.shift, params.residual]
 
 
+#: the low 32-bit word of a Python integer
+MASK32 = 0xFFFFFFFF
+
+
 def requant32_columns(wl: Workload, params: EpilogueParams) -> torch.Tensor:
     """The block-end epilogue's column table on the params' device, int32 [wsum_columns, 4]:
     per output column {m, b + 2^(s-1), r, s} (r 0 without a residual), past KOUT {0, 0, 0, 1}
@@ -108,9 +112,6 @@ def requant32_columns(wl: Workload, params: EpilogueParams) -> torch.Tensor:
     table = torch.tensor(rows, dtype=torch.int64)
     table = torch.where(table >= 2**31, table - 2**32, table)  # the words' bit patterns
     return table.to(torch.int32).to(params.multiplier.device)
-
-
-MASK32 = 0xFFFFFFFF
 
 
 #: bit-plane derived outputs of 1 or 3 levels compare the mid value with threshold words (the
