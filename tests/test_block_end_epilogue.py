@@ -11,6 +11,7 @@ The kernels' side is in test_cuda_block_end.py."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -94,6 +95,9 @@ def test_keys_dicts_and_earlier_keys_unchanged():
     (dict(shifted_bias=True, out="u8", requant32=1), TypeError, "requant32 must be a bool"),
     (dict(shifted_bias=True, out="u8", requant32=True, residual="s8"), TypeError,
      "residual must be"),
+    (dict(shifted_bias=True, out="u8", sum64=True), ValueError, "set requant32=True"),
+    (dict(shifted_bias=True, out="u8", requant32=True, sum64=1), TypeError,
+     "sum64 must be a bool"),
 ])
 def test_epilogue_rejects_bad_fields(kwargs, err, match):
     with pytest.raises(err, match=match):
@@ -186,6 +190,35 @@ REFERENCE_CASES = [
 ]
 
 
+def _against_python(epi: Epilogue, acc: list, res: list, formula: tuple, thresholds: list
+                    ) -> tuple[EpilogueParams, list[torch.Tensor], list]:
+    """`apply_epilogue_outputs` of block end `epi` on accumulators `acc` and residual values
+    `res` (lists of rows) with the per-channel (m, b, r, s) of `formula` (b and r int64
+    vectors with Epilogue.sum64, int32 otherwise) equals `python_block_end`; returns the
+    params, the expected outputs and mid values."""
+    m, b, r, s = formula
+    res_prec, derived, store = epi.narrow_residual, epi.derived, epi.store_out
+    i32 = {"dtype": torch.int32}
+    wide = {"dtype": torch.int64 if epi.sum64 else torch.int32}
+    params = EpilogueParams(
+        multiplier=torch.tensor(m, **i32), shift=torch.tensor(s, **i32),
+        shifted_bias=torch.tensor(b, **wide),
+        residual=pack(torch.tensor(res), res_prec, I8) if res_prec else None,
+        residual_multiplier=torch.tensor(r, **wide) if res_prec else None,
+        thresholds=tuple(torch.tensor(t, **i32) for t in thresholds))
+    got = apply_epilogue_outputs(torch.tensor(acc), epi, params)
+    lo, hi = epi.mid_range
+    want_mid, want_derived = python_block_end(acc, res, m, b, r, s, lo, hi, thresholds,
+                                              [p.qmin for p, _ in derived])
+    want = ([pack(torch.tensor(want_mid), epi.out, I8)] if store else []) + [
+        pack(torch.tensor(v), p, lay) for v, (p, lay) in zip(want_derived, derived,
+                                                             strict=True)]
+    assert len(got) == len(want) == store + len(derived)
+    for g, w_ in zip(got, want, strict=True):
+        assert torch.equal(g, w_), epi.key
+    return params, want, want_mid
+
+
 @pytest.mark.parametrize("relu", [False, True])
 def test_reference_matches_python_integers(relu):
     """Random accumulators and residuals over their whole ranges, multipliers up to the
@@ -214,22 +247,7 @@ def test_reference_matches_python_integers(relu):
         thresholds = [sorted(rnd.randint(lo - 3, hi + 3) for _ in range(p.qmax - p.qmin))
                       for p, _ in derived]
         epi = block_end(mid, res_prec, relu, derived, store)
-        vec = {"dtype": torch.int32}
-        params = EpilogueParams(
-            multiplier=torch.tensor(m, **vec), shift=torch.tensor(s, **vec),
-            shifted_bias=torch.tensor(b, **vec),
-            residual=pack(torch.tensor(res), res_prec, I8) if res_prec else None,
-            residual_multiplier=torch.tensor(r, **vec) if res_prec else None,
-            thresholds=tuple(torch.tensor(t, **vec) for t in thresholds))
-        got = apply_epilogue_outputs(torch.tensor(acc), epi, params)
-        want_mid, want_derived = python_block_end(acc, res, m, b, r, s, lo, hi, thresholds,
-                                                  [p.qmin for p, _ in derived])
-        want = ([pack(torch.tensor(want_mid), mid, I8)] if store else []) + [
-            pack(torch.tensor(v), p, lay) for v, (p, lay) in zip(want_derived, derived,
-                                                                 strict=True)]
-        assert len(got) == len(want) == store + len(derived)
-        for g, w_ in zip(got, want, strict=True):
-            assert torch.equal(g, w_), (mid, res_prec, derived)
+        params, want, want_mid = _against_python(epi, acc, res, (m, b, r, s), thresholds)
         assert len({v for row in want_mid for v in row}) >= 3  # not one clamped value
         bufs = tuple(torch.full(w_.shape, 7, dtype=w_.dtype) for w_ in want[store:])
         stored = apply_epilogue(torch.tensor(acc), epi,
@@ -238,6 +256,82 @@ def test_reference_matches_python_integers(relu):
         assert all(torch.equal(buf, w_) for buf, w_ in zip(bufs, want[store:], strict=True))
         checked += 1
     assert checked == len(REFERENCE_CASES)
+
+
+def test_64_bit_block_end_keys_and_dicts():
+    """Epilogue.sum64 spells 's64' in the key and 'sum64' in the dict (only when set: every
+    32-bit block end's key stays), and round-trips through both."""
+    epi = replace(block_end(), sum64=True)
+    assert epi.key == "sbias+res8+s64+relu->u8/int8+u2/bitplane"
+    assert epi.to_dict()["sum64"] is True and "sum64" not in block_end().to_dict()
+    shortcut = replace(block_end(out=S8, residual=None, derived=()), sum64=True)
+    assert shortcut.key == "sbias+r32+s64+relu->s8/int8"
+    for e in (epi, shortcut):
+        assert Epilogue.from_dict(e.to_dict()) == e
+        assert workload_from_json(_wl(e).to_json()) == _wl(e)
+
+
+def test_reference_64_bit_sum_matches_python_integers():
+    """Epilogue.sum64: multipliers of 31 bits, shifts 1..62 (both sides of 32), int64 biases
+    and residual multipliers past 2^32 of either sign, sums up to the 2^min(63, 31 + s)
+    bound: `apply_epilogue_outputs` equals the formula in Python integers."""
+    rnd = random.Random(5)
+    checked = 0
+    for mid, res_prec, derived, store in REFERENCE_CASES:
+        k, rows, top_acc = 37, 11, 3000
+        top_res = max(-res_prec.qmin, res_prec.qmax) if res_prec else 0
+        relu = checked % 2 == 0
+        lo, hi = (max(mid.qmin, 0) if relu else mid.qmin), mid.qmax
+        span = hi - lo + 1
+        s = [rnd.choice([1, 31, 32, 33, 62]) if i < 5 else rnd.randint(20, 36) for i in range(k)]
+        m, b, r = [], [], []
+        for i, sc in enumerate(s):  # the sum below 2^min(63, 31 + s), the room shared
+            room = 2 ** min(63, 31 + sc) - 1 - (1 << (sc - 1))
+            top_m, top_r = min(2**31 - 1, room // (3 * top_acc)), room // (3 * max(top_res, 1))
+            if i < 5:  # the bounds
+                mc, rc = rnd.randint(0, top_m), rnd.randint(-top_r, top_r)
+            else:  # about the mid range's span over the accumulator's and residual's ranges
+                mc = min(top_m, round(rnd.uniform(0.2, 1.0) * span / top_acc * 2**sc))
+                rc = max(-top_r, min(top_r, round(rnd.uniform(-1, 1) * span / max(top_res, 1)
+                                                  * 2**sc)))
+            m.append(mc)
+            r.append(max(min(rc, 2**62 - 1), 1 - 2**62) if res_prec else 0)
+            left = min(room - top_acc * m[-1] - top_res * abs(r[-1]), 2**62 - 1)
+            b.append(rnd.randint(-left, left) if i < 5 else
+                     max(-left, min(left, round(rnd.uniform(-0.5, 0.5) * span * 2**sc))))
+        acc = [[rnd.randint(-top_acc, top_acc) for _ in range(k)] for _ in range(rows)]
+        res = [[rnd.randint(res_prec.qmin, res_prec.qmax) if res_prec else 0
+                for _ in range(k)] for _ in range(rows)]
+        thresholds = [sorted(rnd.randint(lo - 3, hi + 3) for _ in range(p.qmax - p.qmin))
+                      for p, _ in derived]
+        epi = replace(block_end(mid, res_prec, relu, derived, store), sum64=True)
+        _, _, want_mid = _against_python(epi, acc, res, (m, b, r, s), thresholds)
+        assert len({v for row in want_mid for v in row}) >= 3
+        checked += 1
+    assert checked == len(REFERENCE_CASES)
+
+
+def test_reference_refuses_64_bit_sums_past_their_bound():
+    """sum64: a sum reaching 2^(31 + s) (z >> s past int32) or an int32 residual multiplier
+    is refused, naming the bound; the same params pass below it."""
+    epi = replace(block_end(derived=()), sum64=True)
+    k = 3
+    params = EpilogueParams(multiplier=torch.full((k,), 2**30, dtype=torch.int32),
+                            shift=torch.full((k,), 40, dtype=torch.int32),
+                            shifted_bias=torch.zeros(k, dtype=torch.int64),
+                            residual=torch.zeros(2, k, dtype=torch.int8),
+                            residual_multiplier=torch.full((k,), 2**40, dtype=torch.int64))
+    acc = torch.full((2, k), 2**30)
+    assert apply_epilogue(acc, epi, params).shape == (2, k)  # 2^60 + 128 2^40 < 2^63
+    with pytest.raises(ValueError, match=r"channel 0: .* reaches 2\^63"):
+        apply_epilogue(acc * 8, epi, params)
+    low = EpilogueParams(**{**params.__dict__, "shift": torch.full((k,), 20, dtype=torch.int32)})
+    with pytest.raises(ValueError, match=r"reaches 2\^51"):
+        apply_epilogue(acc, epi, low)
+    narrow = EpilogueParams(**{**params.__dict__,
+                               "residual_multiplier": torch.ones(k, dtype=torch.int32)})
+    with pytest.raises(ValueError, match=r"residual_multiplier must be a contiguous torch\.int64"):
+        apply_epilogue(acc, epi, narrow)
 
 
 def test_reference_refuses_sums_past_int32():

@@ -10,6 +10,8 @@ through bind / launch (`gpu`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -32,9 +34,17 @@ SM80, SM90 = "sm_80", "sm_90a"
 
 
 def block_end(mid: Precision = U8, residual: Precision | None = S8, relu: bool = True,
-              derived: tuple = ((U2, BP),), store_out: bool = True) -> Epilogue:
-    return Epilogue(shifted_bias=True, relu=relu, out=mid, out_layout=I8, requant32=True,
-                    residual=residual, derived=derived, store_out=store_out)
+              derived: tuple = ((U2, BP),), store_out: bool = True, sum64: bool = False,
+              layout: Layout = I8) -> Epilogue:
+    return Epilogue(shifted_bias=True, relu=relu, out=mid, out_layout=layout, requant32=True,
+                    residual=residual, derived=derived, store_out=store_out, sum64=sum64)
+
+
+def block_end64(mid: Precision = U8, residual: Precision | None = S8, relu: bool = True,
+                derived: tuple = ((U2, BP),), store_out: bool = True,
+                layout: Layout = I8) -> Epilogue:
+    """The 64-bit block end (Epilogue.sum64): random params of 31-bit multipliers."""
+    return block_end(mid, residual, relu, derived, store_out, True, layout)
 
 
 def conv(w: Precision, a: Precision, epi: Epilogue, layout: Layout = BP, **dims) -> ConvWorkload:
@@ -56,6 +66,35 @@ EMU_CASES = [
     ("int8_wgmma_s8_residual_int8_derived", "cuda.int8_wgmma",
      conv(S8, U8, block_end(derived=((U8, I8),)), I8, N=1, H=5, W=6, C=32, K=64, R=3, S=3,
           pad=1), {}),
+]
+#: the 64-bit block end (Epilogue.sum64): 31-bit multipliers, residual terms up to 2^8 times
+#: the accumulator's multiplier (r past 2^32), shifts on both sides of 32
+EMU64_CASES = [
+    ("wgmma_1x1_w1a2_u8_u2_s8_residual", "cuda.bitserial_wgmma", conv(B1, U2, block_end64()), {}),
+    ("mma_sync_3x3_w2a2_odd_k_u8_residual", "cuda.bitserial_mma_sync",
+     conv(S2, U2, block_end64(residual=U8), N=1, H=6, W=5, C=40, K=37, R=3, S=3, pad=1), {}),
+    ("wgmma_1x1_u4_mid_bitplane_no_relu", "cuda.bitserial_wgmma",
+     conv(B1, U2, block_end64(Precision(4), S8, False, (), layout=BP), N=1, H=5, W=7, K=96), {}),
+    ("mma_sync_shortcut_s8_no_residual", "cuda.bitserial_mma_sync",
+     conv(B1, U2, block_end64(S8, None, False, ()), N=1, H=5, W=5, K=72), {}),
+]
+SLOW_EMU64_CASES = [
+    ("wgmma_3x3_w2a2_two_derived_unstored", "cuda.bitserial_wgmma",
+     conv(S2, U2, block_end64(S8, U8, False, ((S2, BP), (S8, I8)), False), N=1, H=6, W=5,
+          K=64, R=3, S=3, pad=1), {}),
+    ("tap_shift_3x3_w1a2", "cuda.bitserial_tap_shift",
+     conv(B1, U2, block_end64(), N=2, H=9, W=8, K=64, R=3, S=3, pad=1),
+     {"BM": 128, "BN": 64, "WN": 64, "PERSIST": 1, "STAGES": 3, "TEAMS": 1, "ROWSUM": "cols",
+      "ROW_TABLE": 2, "FUSE_PLANES": 0, "THR_PAIRS": 0, "SWIZZLE": 32}),
+    ("mma_sync_persistent_gemm_w1a2", "cuda.bitserial_mma_sync_persistent",
+     GemmWorkload(w=B1, a=U2, w_layout=BP, a_layout=BP, M=130, N=96, K=512,
+                  epilogue=block_end64(S8, S8, True, ((U2, BP), (U8, I8)))), {}),
+    ("int8_wgmma_s8_residual_int8_derived", "cuda.int8_wgmma",
+     conv(S8, U8, block_end64(derived=((U8, I8),)), I8, N=1, H=5, W=6, C=32, K=64, R=3, S=3,
+          pad=1), {}),
+    ("mma_sync_split_k_u2_mid_bitplane", "cuda.bitserial_mma_sync",
+     conv(S2, U2, block_end64(U2, S8, True, ((U8, I8),), layout=BP), N=1, H=4, W=4, C=512,
+          K=64, R=3, S=3, pad=1), {"SPLIT_K": 2, "BM": 16, "WM": 16, "BN": 64, "WN": 32}),
 ]
 SLOW_EMU_CASES = [
     # no ReLU, a signed mid value, two derived outputs (u2 bit planes and s8 bytes through the
@@ -117,6 +156,38 @@ def test_emulated_block_end_is_bit_exact_slow(name, wl, changes):
     _check_emulated(name, wl, changes)
 
 
+@pytest.mark.parametrize("name,wl,changes", [pytest.param(*c[1:], id=c[0]) for c in EMU64_CASES])
+def test_emulated_64_bit_block_end_is_bit_exact(name, wl, changes):
+    _check_emulated(name, wl, changes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,wl,changes", [pytest.param(*c[1:], id=c[0])
+                                             for c in SLOW_EMU64_CASES])
+def test_emulated_64_bit_block_end_is_bit_exact_slow(name, wl, changes):
+    _check_emulated(name, wl, changes)
+
+
+def test_64_bit_block_end_params_reach_past_32_bits():
+    """The emulated sum64 cases' params exercise what the 32-bit path cannot hold: most
+    multipliers of 31 bits, residual multipliers past 2^32 (the high word's multiply), shifts
+    both at most 32 (the funnel's low word) and past it (the high word's shift), negative
+    residual multipliers, biases past int32."""
+    shifts, wide_r, negative_r, wide_b, full_m, channels = set(), 0, 0, 0, 0, 0
+    for _, _, wl, _ in EMU64_CASES:
+        _, _, p = random_inputs(wl, seed=len(wl.key))
+        shifts |= set(p.shift.tolist())
+        full_m += int((p.multiplier >= 2**30).sum())
+        channels += p.multiplier.numel()
+        wide_b += int((p.shifted_bias.abs() >= 2**31).sum())
+        if p.residual_multiplier is not None:
+            assert p.residual_multiplier.dtype == torch.int64
+            wide_r += int((p.residual_multiplier >= 2**32).sum())
+            negative_r += int((p.residual_multiplier < 0).sum())
+    assert min(shifts) <= 32 < max(shifts)
+    assert full_m >= channels // 2 and wide_r >= 20 and negative_r >= 20 and wide_b >= 20
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("edit", [
     ("(int)c.z;", "(int)c.z * 0;"),  # the residual term dropped
@@ -128,12 +199,29 @@ def test_emulation_catches_a_broken_block_end(edit):
     """The exactness check fails when the kernel drops the residual, leaves the quad's
     transpose half done, misplaces the derived u2 planes' low bit or reads the table one off
     (bitserial_block_end.cu edited for the test)."""
+    _check_broken(edit, block_end(derived=((U2, BP), (S4, I8))))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("edit", [
+    ("hi = (u32)(z >> 32) + (u32)u * d.y;", "hi = (u32)(z >> 32);"),  # r's high word dropped
+    ("quad.x ^ RES_FLIP, quad.y ^ RES_FLIP", "quad.x, quad.y"),  # signed bytes read as is
+    ("__funnelshift_rc(lo, hi, c.y) >> (int)d.z", "__funnelshift_rc(lo, hi, c.y)"),
+], ids=["residual_high_word_dropped", "signed_residual_unflipped", "high_shift_dropped"])
+def test_emulation_catches_a_broken_64_bit_block_end(edit):
+    """The same check on the 64-bit block end (Epilogue.sum64): it fails without the residual
+    multiplier's high word, without the signed residual's offset or without the shift past
+    32."""
+    _check_broken(edit, block_end64(Precision(4), S8, True, ((U2, BP),), layout=BP))
+
+
+def _check_broken(edit: tuple[str, str], epi: Epilogue) -> None:
     from lowbit.kernels.cuda.cu_source import cu_file
 
     _needs_compiler()
     text = cu_file("bitserial_block_end.cu")
     assert text.count(edit[0]) == 1
-    wl = conv(B1, U2, block_end(derived=((U2, BP), (S4, I8))), N=1, K=64)
+    wl = conv(B1, U2, epi, N=1, K=64)
     family = BY_NAME["cuda.bitserial_wgmma"]
     cfg = family.default_config(wl, SM90)
     x, w, params = random_inputs(wl, 5)
@@ -175,11 +263,40 @@ def _compile(name: str, arch: str, wl: Workload) -> None:
     if nvdisasm_path() is not None:  # the block-end code is in the kernel
         ops = opcodes(kernel_instructions(cubin)[family.kernel_name(cfg)])
         assert ops.count("SHFL.BFLY") >= 4 and "STG.E.64" in ops
+        if wl.epilogue.sum64:  # the 64-bit sum: wide multiply-adds, funnel shifts
+            wide = "IMAD.WIDE.U32" if wl.epilogue.residual is not None else "IMAD.WIDE"
+            assert ops.count(wide) >= 32 and ops.count("SHF.R.U32") >= 32, ops
 
 
 @pytest.mark.parametrize("name,arch,wl", COMPILE_CASES, ids=[c[0] for c in COMPILE_CASES])
 def test_block_end_compiles_with_nvrtc(name, arch, wl):
     _compile(name, arch, wl)
+
+
+#: ResNet-50's w1a2 block ends at batch 256 (layer1's, with the s8 and the u8 residual) and
+#: its downsampling shortcut (no residual, the s8 stream written), 64-bit
+COMPILE64_CASES = [
+    (family, arch, epi_id, conv(B1, U2, epi, N=256, H=56, W=56))
+    for family, arch in (("cuda.bitserial_mma_sync", SM80), ("cuda.bitserial_wgmma", SM90))
+    for epi_id, epi in (("s8_residual", block_end64()), ("u8_residual", block_end64(residual=U8)),
+                        ("shortcut", block_end64(S8, None, False, ())))]
+
+
+@pytest.mark.parametrize("name,arch,wl", [pytest.param(n, a, w, id=f"{n}-{i}")
+                                          for n, a, i, w in COMPILE64_CASES])
+def test_64_bit_block_end_compiles_without_spills(name, arch, wl):
+    """NVRTC builds the sum64 block end for sm_80 (mma.sync) and sm_90a (wgmma) with no
+    register spill (ptxas), its sum formed by wide multiply-adds (IMAD.WIDE.U32 with a
+    residual) and its shift by funnel shifts, and the default config the 32-bit one has."""
+    from lowbit.kernels.cuda.nvrtc import ptxas_report
+
+    _compile(name, arch, wl)
+    family = BY_NAME[name]
+    cfg = family.default_config(wl, arch)
+    narrow = wl.replace(epilogue=replace(wl.epilogue, sum64=False))
+    assert cfg == family.default_config(narrow, arch)
+    report = ptxas_report(family.render(wl, cfg), arch, family.kernel_name(cfg))
+    assert report["spill_bytes"] == 0 and 0 < report["registers"] <= 128, report
 
 
 @pytest.mark.slow
@@ -336,3 +453,32 @@ def test_gpu_block_end_int8_wgmma():
     if not INT8_WGMMA.supports(GPU_INT8):
         pytest.skip(INT8_WGMMA.unsupported_reason(GPU_INT8))
     _gpu_check(INT8_WGMMA, GPU_INT8, INT8_WGMMA.default_config(GPU_INT8), seed=3)
+
+
+def _sum64(wl: Workload) -> Workload:
+    return wl.replace(epilogue=replace(wl.epilogue, sum64=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wl", [_sum64(c[1]) for c in GPU_CASES] + [
+    conv(B1, U2, block_end64(S8, None, False, ()), N=5, H=14, W=14, C=256, K=512),
+    conv(B1, U2, block_end64(Precision(4), S8, False, (), layout=BP), N=3, H=7, W=7, K=96)],
+    ids=[c[0] for c in GPU_CASES] + ["shortcut_s8", "u4_mid_bitplane"])
+def test_gpu_64_bit_block_end_every_family(wl):
+    """The 64-bit block end (Epilogue.sum64, 31-bit multipliers, residual multipliers past
+    2^32), the default kernel of every family that runs it on this GPU, bit for bit."""
+    checked = 0
+    for family in FAMILIES:
+        if not family.supports(wl):
+            continue
+        _gpu_check(family, wl, family.default_config(wl), seed=checked + 11)
+        checked += 1
+    assert checked >= 2
+
+
+@pytest.mark.gpu
+def test_gpu_64_bit_block_end_int8_wgmma():
+    wl = _sum64(GPU_INT8)
+    if not INT8_WGMMA.supports(wl):
+        pytest.skip(INT8_WGMMA.unsupported_reason(wl))
+    _gpu_check(INT8_WGMMA, wl, INT8_WGMMA.default_config(wl), seed=4)

@@ -16,6 +16,7 @@ import lowbit.models as zoo
 from any_cnn_cases import layer_inputs_exact
 from engine_cases import layer_names, randomize_batchnorms
 from lowbit.core import Precision
+from lowbit.core.validate import block_end_sum_limit
 from lowbit.graph import Layer, Lookup
 from lowbit.kernels.base import acc_bound
 from lowbit.quant.residual import ResidualQuantizer, residual_points, residual_quantizers
@@ -80,7 +81,7 @@ def test_fake_quant_model_quantizes_the_stream():
 
 @pytest.mark.parametrize("name", ["resnet18", "resnet50", "digits_resnet"])
 def test_plan_realizes_the_narrow_stream_exactly(name):
-    """No wide tensor: block ends read an 8-bit residual and requantize in 32 bits; each
+    """No wide tensor: block ends read an 8-bit residual and requantize in 64 bits; each
     conv reads exactly what the fake-quant model's own input quantizer gives (derived
     outputs: the consumer's quantizer applied to the dequantized stream), and the compiled
     predictions are the fake-quant model's."""
@@ -92,12 +93,16 @@ def test_plan_realizes_the_narrow_stream_exactly(name):
     assert ends and all(plan.tensors[s.residual].precision.bits == 8 for s in ends)
     derived = [o for s in plan.layers for o in s.layer_outputs if o.derived]
     assert derived and all(o.mid in ("u8", "s8") for o in derived)
-    for s in ends:  # 32-bit arithmetic: every term of every output's sum fits
+    for s in ends:  # the kernels' 64-bit block end: every output's sum fits, m an int32
+        epi = s.workload.epilogue
+        assert epi.requant32 and epi.sum64, s.name
         for o in s.layer_outputs:
-            m, b, r, sh = (plan.params[k].abs() for k in (o.multiplier, o.bias,
-                                                          o.residual_multiplier, o.shift))
-            top = acc_bound(s.workload) * m + b + 128 * r + (1 << (sh - 1))
-            assert bool((top < 2**31).all()), s.name
+            m, b, r, sh = (plan.params[k].abs().tolist() for k in (o.multiplier, o.bias,
+                                                                   o.residual_multiplier,
+                                                                   o.shift))
+            assert all(acc_bound(s.workload) * mc + bc + 128 * rc + (1 << (sc - 1))
+                       < block_end_sum_limit(epi, sc) and mc < 2**31
+                       for mc, bc, rc, sc in zip(m, b, r, sh, strict=True)), s.name
     # every conv's integer input equals the fake-quant model's own quantizer output
     checked, y, yf = layer_inputs_exact(q, plan, x)
     assert checked >= len(plan.layers) - 1  # all but the fused stem's
@@ -210,14 +215,15 @@ def test_gpu_executor_equals_the_reference(name):
 
 def test_block_ends_run_the_block_end_epilogue():
     """Every ResNet-50 block end at w1a2 with an 8-bit stream runs in its bit-serial kernel's
-    block-end epilogue (32-bit, narrow residual, the stream stored and the next conv's bit
-    planes derived), except where the stream is not read (the stage ends: derived only)."""
+    block-end epilogue (64-bit sum: Epilogue.sum64, narrow residual, the stream stored and
+    the next conv's bit planes derived), except where the stream is not read (the stage ends:
+    derived only)."""
     q, x = _quantized("resnet50")
     plan = _compile(q, x[:2]).plan
     ends = [s for s in plan.layers if s.residual]
     assert len(ends) == 16
     keys = [s.workload.epilogue.key for s in ends]
-    assert all(s.workload.epilogue.requant32 for s in ends), keys
+    assert all(s.workload.epilogue.requant32 and s.workload.epilogue.sum64 for s in ends), keys
     assert sum(k.endswith("->(u8)+u2/bitplane") for k in keys) == 3  # stage ends
     assert keys[-1].endswith("->u8/int8")  # the last block: the stream for the pool
     assert sum(k.endswith("->u8/int8+u2/bitplane") for k in keys) == 12
@@ -272,6 +278,46 @@ def test_gpu_narrow_stream_networks_bit_exact(name, recipe, batch, size):
     for t, ref in want.items():
         assert torch.equal(got[t], ref), f"{t}: {(got[t] != ref).sum().item()} differ"
     assert torch.equal(y, y_ref)
+
+
+GPU_EXACT = [("resnet50", (1, 2), 4, 64), ("resnet50", (4, 4), 3, 64),
+             ("resnet50", (1, 2), 32, 224)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,recipe,batch,size", GPU_EXACT,
+                         ids=[f"{n}-w{r[0]}a{r[1]}-b{b}-{s}" for n, r, b, s in GPU_EXACT])
+def test_gpu_64_bit_block_ends_equal_the_reference_and_convert(name, recipe, batch, size):
+    """The default plan's block ends in the kernels' 64-bit epilogue (Epilogue.sum64) on the
+    GPU executor equal the reference executor at every tensor and `convert` (float64) at the
+    output; the approximate option (PlanOptions(requant32=True): the 32-bit block ends) is
+    still bit-exact against its own reference."""
+    from lowbit.graph import PlanOptions
+    from lowbit.runtime.gpu import GpuExecutor
+
+    q, _ = _quantized(name, recipe=recipe, width=1.0)
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(batch, 3, size, size, generator=g)
+    with torch.no_grad():
+        want = lowbit.convert(q).double()(x.double())
+    q, x = q.cuda(), x.cuda()
+    checked = 0
+    for options in (PlanOptions(), PlanOptions(requant32=True)):
+        plan = _compile(q, x, options=options).plan
+        ends = [s.workload.epilogue for s in plan.layers if s.workload.epilogue.requant32]
+        wide = sum(e.sum64 for e in ends)
+        assert ends and (wide < len(ends) if options.requant32 else wide == len(ends))
+        ex = GpuExecutor(plan, "cuda")
+        y, got = ex(x, record=True)
+        y_ref, ref = ReferenceExecutor(plan, "cuda")(x, record=True)
+        for t, v in ref.items():
+            assert torch.equal(got[t], v), f"{t}: {(got[t] != v).sum().item()} differ"
+        assert torch.equal(y, y_ref)
+        if not options.requant32:
+            top = float(want.abs().max())
+            assert float((y.double().cpu() - want).abs().max()) <= 2**-20 * top
+        checked += 1
+    assert checked == 2
 
 
 def test_block_ends_past_32_bit_multipliers_equal_convert():

@@ -45,9 +45,9 @@ class BenchCase:
     #: the quantized model's residual stream (`lowbit.quantize(residual_bits=...)`; None: the
     #: engine's wide realization)
     residual_bits: int | None = None
-    #: 32-bit requantizations where they fit (`PlanOptions.requant32`; False: the plan equals
-    #: `convert` at every precision)
-    requant32: bool = True
+    #: the approximate 32-bit requantizations (`PlanOptions.requant32`; False, as
+    #: `lowbit.compile`: the plan equals `convert` at every precision)
+    requant32: bool = False
     #: the fused first layer's kernel (`PlanOptions.stem_kernel`; None: the shape's default)
     stem_kernel: str | None = None
 

@@ -33,7 +33,13 @@ unsigned, int8 for signed, the output's logical shape [..., K]):
   z     = acc * m[k] + b[k] + res * r[k] + 2^(s[k]-1)          (int32 arithmetic)
   q_mid = clamp(z >> s[k], lo, qmax)           (m in [0, 2^31), s in 1..31, lo as above)
 where |acc|max m + |b| + |res|max |r| + 2^(s-1) < 2^31 per channel for the workload's bounds
-(`validate.check_params`; kernels then use plain 32-bit multiply-adds). q_mid is the stored
+(`validate.check_params`; kernels then use plain 32-bit multiply-adds). With `sum64` the same
+formula in 64-bit arithmetic, for multipliers of 31 significant bits (the model's own
+arithmetic; the 32-bit sum leaves them 12-16 and rounds values near a tie differently): m in
+[0, 2^31) int32, s in 1..62 int32, b and r int64 with |b|, |r| < 2^62, and
+|acc|max m + |b| + |res|max |r| + 2^(s-1) < 2^min(63, 31 + s) (every z >> s an int32: the
+kernels form z with wide multiply-adds and take its bits s .. s + 31 by a funnel shift).
+q_mid is the stored
 output (unless `store_out=False`) and feeds up to MAX_DERIVED derived outputs, each a
 (precision P_j, layout L_j) pair with one int32 threshold vector T_j of P_j.qmax - P_j.qmin
 non-decreasing entries (EpilogueParams.thresholds, per tensor, not per channel):
@@ -67,6 +73,8 @@ MAX_DERIVED = 2
 #: the 32-bit requantization's bounds: every partial sum below 2^31, shifts 1..31
 REQUANT32_LIMIT = 2**31
 REQUANT32_MAX_SHIFT = 31
+#: the 64-bit block end's shifts (Epilogue.sum64): 1..62
+SUM64_MAX_SHIFT = 62
 
 DerivedOutput = tuple[Precision, Layout]
 
@@ -124,8 +132,8 @@ class Epilogue:
     """Structure of the fused epilogue; the per-channel vectors are run-time arguments.
     The block-end fields (module docstring): `residual` a narrow Precision with `requant32`,
     `derived` outputs computed from the requantized value by thresholds, `store_out=False`
-    to write the derived outputs only. Defaults leave every earlier epilogue's key and dict
-    unchanged."""
+    to write the derived outputs only, `sum64` (with `requant32`) the block end's sum in
+    64-bit arithmetic. Defaults leave every earlier epilogue's key and dict unchanged."""
 
     bias: bool = False
     relu: bool = False
@@ -136,9 +144,10 @@ class Epilogue:
     requant32: bool = False
     derived: tuple[DerivedOutput, ...] = ()
     store_out: bool = True
+    sum64: bool = False
 
     def __post_init__(self) -> None:
-        _bool_fields(self, ("bias", "relu", "shifted_bias", "requant32", "store_out"))
+        _bool_fields(self, ("bias", "relu", "shifted_bias", "requant32", "store_out", "sum64"))
         out = self.out
         if isinstance(out, str) and out not in (OUT_INT32, OUT_INT16, OUT_FP16):
             out = Precision.parse(out)
@@ -167,6 +176,9 @@ class Epilogue:
         if self.requant32 and not self.shifted_bias:
             raise ValueError("Epilogue.requant32 needs shifted_bias=True (its bias is at the "
                              "output's shift) and a requantized output")
+        if self.sum64 and not self.requant32:
+            raise ValueError("Epilogue.sum64 is the block-end form's 64-bit sum: set "
+                             "requant32=True with it")
         derived = _derived_outputs(self.derived)
         object.__setattr__(self, "derived", derived)
         if derived and not isinstance(out, Precision):
@@ -226,7 +238,8 @@ class Epilogue:
         (shifted bias), 'sbias+res24->u2/bitplane' (with a 24-bit residual), 'int32', or the
         block-end forms 'sbias+res8+relu->u8/int8+u2/bitplane' (a narrow s8 residual: 'res8',
         u8: 'resu8'; the 32-bit path implied, 'r32' spelled where no narrow residual says it;
-        derived outputs after the mid one, which reads '(u8)' when it is not stored)."""
+        's64' for the 64-bit sum; derived outputs after the mid one, which reads '(u8)' when
+        it is not stored)."""
         res = self.residual
         if res is None:
             res_part = ""
@@ -237,7 +250,7 @@ class Epilogue:
         r32 = self.requant32 and not isinstance(res, Precision)
         parts = [p for p, on in (("bias", self.bias), ("sbias", self.shifted_bias),
                                  ("r32", r32), (res_part, bool(res_part)),
-                                 ("relu", self.relu)) if on]
+                                 ("s64", self.sum64), ("relu", self.relu)) if on]
         out = str(self.out)
         if not self.store_out:
             out = f"({out})"
@@ -248,7 +261,7 @@ class Epilogue:
 
     def to_dict(self) -> dict:
         """JSON-able fields; "shifted_bias", "residual" (a wide one's bits, a narrow one's
-        name), "requant32", "derived" and "store_out" only when set, so the dicts (and
+        name), "requant32", "sum64", "derived" and "store_out" only when set, so the dicts (and
         workload keys) of every other epilogue stay what they were."""
         d = {"bias": self.bias, "relu": self.relu, "out": str(self.out),
              "out_layout": self.out_layout.value}
@@ -260,6 +273,8 @@ class Epilogue:
             d["residual"] = str(self.residual)
         if self.requant32:
             d["requant32"] = True
+        if self.sum64:
+            d["sum64"] = True
         if self.derived:
             d["derived"] = [[str(p), lay.value] for p, lay in self.derived]
         if not self.store_out:
@@ -278,21 +293,22 @@ class Epilogue:
                    shifted_bias=d.get("shifted_bias", False), residual=res,
                    requant32=d.get("requant32", False),
                    derived=tuple(tuple(p) for p in d.get("derived", ())),
-                   store_out=d.get("store_out", True))
+                   store_out=d.get("store_out", True), sum64=d.get("sum64", False))
 
 
 @dataclass(frozen=True, eq=False)
 class EpilogueParams:
     """Run-time per-output-channel vectors of an Epilogue (all length K, contiguous, on the
     kernel's device): bias int32; scale float32 (fp16 output); multiplier and shift int32
-    (requantized output; the multiplier int64 with a wide Epilogue.residual); shifted_bias
-    int64 (Epilogue.shifted_bias: units of 2^-shift output steps; int32 with requant32); with
-    Epilogue.residual the residual tensor (the output's logical shape [..., K], contiguous,
-    the residual precision's storage dtype: int16 / int32 wide, uint8 / int8 narrow) and its
-    multiplier [K] (int64; int32 with requant32). With Epilogue.derived: thresholds, one int32
-    vector [P_j.qmax - P_j.qmin] per derived output (non-decreasing), and derived_out, their
-    storage buffers (each the derived output's storage shape and dtype; kernels need them,
-    the reference fills them when given). Fields the epilogue does not use are None / ()."""
+    (requantized output; the multiplier int64 with a wide Epilogue.residual); shifted_bias int64
+    (Epilogue.shifted_bias: units of 2^-shift output steps; int32 with requant32, int64 again
+    with sum64); with Epilogue.residual the residual tensor (the output's logical shape [...,
+    K], contiguous, the residual precision's storage dtype: int16 / int32 wide, uint8 / int8
+    narrow) and its multiplier [K] (int64; int32 with requant32, int64 with sum64). With
+    Epilogue.derived: thresholds, one int32 vector [P_j.qmax - P_j.qmin] per derived output
+    (non-decreasing), and derived_out, their storage buffers (each the derived output's storage
+    shape and dtype; kernels need them, the reference fills them when given). Fields the
+    epilogue does not use are None / ()."""
 
     bias: torch.Tensor | None = None
     scale: torch.Tensor | None = None
@@ -332,13 +348,13 @@ def bias_vector(epilogue: Epilogue, params: EpilogueParams) -> torch.Tensor | No
 def check_shifted_bias(epilogue: Epilogue, params: EpilogueParams, k: int,
                        device: torch.device | str | None = None) -> None:
     """With Epilogue.shifted_bias: params.shifted_bias is a contiguous int64 vector of length
-    k (int32 with Epilogue.requant32; on `device` when given) with |b| < 2^62, and
+    k (int32 with Epilogue.requant32 but not sum64; on `device` when given) with |b| < 2^62, and
     params.bias is unset (TypeError / ValueError naming what is wrong). Reads the vector: a
     device sync on CUDA. No-op otherwise."""
     if not epilogue.shifted_bias:
         return
     b = params.shifted_bias
-    dtype = torch.int32 if epilogue.requant32 else torch.int64
+    dtype = torch.int32 if epilogue.requant32 and not epilogue.sum64 else torch.int64
     if not isinstance(b, torch.Tensor):
         raise TypeError(f"params.shifted_bias must be a torch.Tensor of {dtype} for "
                         f"epilogue {epilogue.key}, got {b!r}")

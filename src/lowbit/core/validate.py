@@ -14,6 +14,8 @@ from .epilogue import (
     OUT_FP16,
     REQUANT32_LIMIT,
     REQUANT32_MAX_SHIFT,
+    SUM64_MAX_SHIFT,
+    WIDE_MULTIPLIER_LIMIT,
     Epilogue,
     EpilogueParams,
     check_residual,
@@ -151,9 +153,10 @@ def check_params(wl: Workload, params: EpilogueParams, device: torch.device) -> 
     epi = wl.epilogue
     if epi.requant32:
         m, s = params.multiplier, params.shift
-        if bool(((m < 0) | (s < 1) | (s > REQUANT32_MAX_SHIFT)).any()):
-            raise ValueError(f"params.multiplier must be >= 0 and params.shift in "
-                             f"1..{REQUANT32_MAX_SHIFT} (requant32)")
+        top = SUM64_MAX_SHIFT if epi.sum64 else REQUANT32_MAX_SHIFT
+        if bool(((m < 0) | (s < 1) | (s > top)).any()):
+            raise ValueError(f"params.multiplier must be >= 0 and params.shift in 1..{top} "
+                             f"({'sum64' if epi.sum64 else 'requant32'})")
     elif epi.requantizes:
         m, s = params.multiplier, params.shift
         if bool(((m < 1) | (s < 1) | (s > 62)).any()):
@@ -204,11 +207,11 @@ def _check_tensor(name: str, t: object, dtype: torch.dtype, shape: tuple[int, ..
 
 def check_block_end(epi: Epilogue, params: EpilogueParams, out_shape: tuple[int, ...],
                     device: torch.device | str | None = None, values: bool = False) -> None:
-    """The block-end params (Epilogue.requant32 / derived): a narrow residual (the output's
-    logical shape `out_shape`, uint8 for unsigned, int8 for signed; with `values` every value
-    in its precision's range) and its int32 multiplier [K]; one contiguous int32 threshold
-    vector [P_j.qmax - P_j.qmin] per derived output, non-decreasing; derived_out () or one
-    buffer per derived output in its storage shape and dtype (`derived_storage`), all on
+    """The block-end params (Epilogue.requant32 / derived): a narrow residual (the output's logical
+    shape `out_shape`, uint8 for unsigned, int8 for signed; with `values` every value in its
+    precision's range) and its multiplier [K] (int32; int64 with sum64); one contiguous int32
+    threshold vector [P_j.qmax - P_j.qmin] per derived output, non-decreasing; derived_out () or
+    one buffer per derived output in its storage shape and dtype (`derived_storage`), all on
     `device` when given. Params of derived outputs given to an epilogue without them are an
     error. Reads the thresholds: a device sync on CUDA."""
     k = out_shape[-1]
@@ -218,8 +221,10 @@ def check_block_end(epi: Epilogue, params: EpilogueParams, out_shape: tuple[int,
                           out_shape, device)
         if values and t.numel() and (int(t.min()) < res.qmin or int(t.max()) > res.qmax):
             raise ValueError(f"params.residual must lie in [{res.qmin}, {res.qmax}] ({res})")
-        _check_tensor("residual_multiplier", params.residual_multiplier, torch.int32, (k,),
-                      device)
+        r = _check_tensor("residual_multiplier", params.residual_multiplier,
+                          torch.int64 if epi.sum64 else torch.int32, (k,), device)
+        if epi.sum64 and r.numel() and int(r.abs().max()) >= WIDE_MULTIPLIER_LIMIT:
+            raise ValueError("params.residual_multiplier must lie in (-2^62, 2^62) (sum64)")
     for name in ("thresholds", "derived_out"):
         if not isinstance(getattr(params, name), tuple):
             raise TypeError(f"params.{name} must be a tuple of tensors, got "
@@ -241,12 +246,18 @@ def check_block_end(epi: Epilogue, params: EpilogueParams, out_shape: tuple[int,
                           storage_shape(out_shape, prec, lay), device)
 
 
+def block_end_sum_limit(epi: Epilogue, shift: int) -> int:
+    """The bound of a block end's |acc| m + |b| + |res| |r| + 2^(s-1) at shift s: 2^31 (the
+    32-bit sum), with Epilogue.sum64 2^min(63, 31 + s) (the int64 sum, z >> s an int32)."""
+    return 2 ** min(63, 31 + shift) if epi.sum64 else REQUANT32_LIMIT
+
+
 def check_requant32_range(wl: Workload, params: EpilogueParams) -> None:
     """A requant32 epilogue's sum stays in int32 for every input the workload allows:
     |acc| m + |b| + |res| |r| + 2^(s-1) < 2^31 per channel with the accumulator's and the
-    narrow residual's bounds (exact Python integers; ValueError naming the first channel
-    past it). Kernels add the terms with 32-bit multiply-adds, so this is their exactness
-    condition."""
+    narrow residual's bounds (with sum64: below `block_end_sum_limit`; exact Python integers;
+    ValueError naming the first channel past it). Kernels add the terms with 32-bit (64-bit)
+    multiply-adds, so this is their exactness condition."""
     res = wl.epilogue.narrow_residual
     top_acc = accumulator_limit(wl)
     top_res = max(-res.qmin, res.qmax) if res is not None else 0
@@ -255,10 +266,13 @@ def check_requant32_range(wl: Workload, params: EpilogueParams) -> None:
     cols = zip(params.multiplier.tolist(), params.shifted_bias.tolist(), r,
                params.shift.tolist(), strict=True)
     for c, (m, b, rc, s) in enumerate(cols):
-        if top_acc * m + abs(b) + top_res * abs(rc) + (1 << (s - 1)) >= REQUANT32_LIMIT:
-            raise ValueError(f"channel {c}: |acc| m + |b| + |res| |r| + 2^(s-1) can reach 2^31 "
-                             f"(max|acc| {top_acc}, max|res| {top_res}, m {m}, b {b}, r {rc}, "
-                             f"s {s}): the requant32 epilogue's 32-bit sum could overflow")
+        limit = block_end_sum_limit(wl.epilogue, s)
+        if top_acc * m + abs(b) + top_res * abs(rc) + (1 << (s - 1)) >= limit:
+            raise ValueError(f"channel {c}: |acc| m + |b| + |res| |r| + 2^(s-1) can reach "
+                             f"2^{limit.bit_length() - 1} (max|acc| {top_acc}, max|res| "
+                             f"{top_res}, m {m}, b {b}, r {rc}, s {s}): the requant32 "
+                             f"epilogue's {'64' if wl.epilogue.sum64 else '32'}-bit sum could "
+                             f"overflow")
 
 
 def check_inputs(wl: Workload, x: torch.Tensor, w: torch.Tensor,

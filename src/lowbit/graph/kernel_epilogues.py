@@ -1,12 +1,13 @@
 """What each plan layer's kernel writes itself (its `Workload.epilogue`), chosen after the plan's
-realizations are known: the block-end epilogue (`block_end_epilogue`: one 32-bit formula,
-a narrow residual, the formula's value stored and up to two derived outputs) where a
-template takes it; the fused requantizing epilogue for a layer with one requantized
-output (its bias in accumulator units, or `Epilogue.shifted_bias` at the output's shift; a
-wide residual where the 64-bit sum provably fits and the layer is small enough for the fused
-path to pay), else the bare accumulator (int16 where it fits a bit-serial kernel, int32
-otherwise) for the separate epilogue pass (`lowbit.kernels.triton.netops`), which an int8
-layer's kernel runs itself where its template can (`layer_outputs_impl`)."""
+realizations are known: the block-end epilogue (`block_end_epilogue`: one formula in 32-bit
+arithmetic, or 64-bit (`Epilogue.sum64`) for multipliers that 32 bits cannot hold, a narrow
+residual, the formula's value stored and up to two derived outputs) where a template takes it;
+the fused requantizing epilogue for a layer with one requantized output (its bias in
+accumulator units, or `Epilogue.shifted_bias` at the output's shift; a wide residual where the
+64-bit sum provably fits and the layer is small enough for the fused path to pay), else the
+bare accumulator (int16 where it fits a bit-serial kernel, int32 otherwise) for the separate
+epilogue pass (`lowbit.kernels.triton.netops`), which an int8 layer's kernel runs itself where
+its template can (`layer_outputs_impl`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 
 from ..core import OUT_INT16, OUT_INT32, Encoding, Epilogue, Layout, Precision, Workload
 from ..core.epilogue import MAX_DERIVED
+from ..core.validate import block_end_sum_limit
 from ..kernels.base import acc_bound
 from .impl import TORCH_FP16, is_bitserial, runs, template_flag, unsupported_reason
 from .ir import Layer, TensorSpec, parse_precision
@@ -138,8 +140,9 @@ def block_end_epilogue(step: Layer, tensors: dict[str, TensorSpec],
     """The step's workload with the block-end epilogue (`Epilogue.requant32`) where its
     template takes it (`takes_block_end`: the bit-serial families, `cuda.int8_wgmma`) and the
     layer is one: every output requantized by one formula (the same multiplier, shift, bias,
-    residual multiplier and ReLU, every term inside 32 bits for the accumulator and residual
-    bounds), at most one output its value itself (stored in any layout) and at most
+    residual multiplier and ReLU; every term inside 32 bits for the accumulator and residual
+    bounds, else `Epilogue.sum64`: the 64-bit sum, within `validate.block_end_sum_limit`),
+    at most one output its value itself (stored in any layout) and at most
     MAX_DERIVED derived ones (bit planes or one value per byte) whose tables are monotone
     (thresholds: `derived_thresholds`), a narrow residual or none, no pool; a bit-serial
     layer with one output of one value per byte too (the block-end epilogue's byte stores:
@@ -175,14 +178,16 @@ def block_end_epilogue(step: Layer, tensors: dict[str, TensorSpec],
         if t.layout not in (Layout.BITPLANE, Layout.INT8) or \
                 derived_thresholds(params[o.table], mid, lo, t.precision) is None:
             return None
-    if not _fits_32(step, first, params, res):
-        return None
     layout = tensors[stored[0].tensor].layout if stored else Layout.INT8
     epi = Epilogue(relu=first.relu, out=mid, out_layout=layout, shifted_bias=True,
                    residual=res, requant32=True,
                    derived=tuple((tensors[o.tensor].precision, tensors[o.tensor].layout)
                                  for o in derived),
                    store_out=bool(stored))
+    if not _block_end_fits(step, first, params, epi):
+        epi = replace(epi, sum64=True)
+        if not _block_end_fits(step, first, params, epi):
+            return None
     wl = step.workload.replace(epilogue=epi)
     return wl if runs(step.impl, wl) else None
 
@@ -196,17 +201,20 @@ def _same_formula(a, b, params: dict[str, torch.Tensor]) -> bool:
     return all(torch.equal(params[getattr(a, k)], params[getattr(b, k)]) for k in keys)
 
 
-def _fits_32(step: Layer, o, params: dict[str, torch.Tensor],
-             res: Precision | None) -> bool:
-    """Every term of the output's formula inside int32 for the accumulator and residual
-    bounds (the block-end epilogue's 32-bit arithmetic)."""
-    m, s, b = (params[k].to(torch.int64) for k in (o.multiplier, o.shift, o.bias))
-    r = params[o.residual_multiplier].to(torch.int64) if o.residual_multiplier else 0 * m
+def _block_end_fits(step: Layer, o, params: dict[str, torch.Tensor], epi: Epilogue) -> bool:
+    """The output's formula inside the block-end epilogue `epi`'s arithmetic for the
+    accumulator and residual bounds: 32-bit (every term inside int32, shifts 1..31), or with
+    Epilogue.sum64 an int32 multiplier, |b|, |r| < 2^62, shifts 1..62 and the sum within
+    `validate.block_end_sum_limit` (exact Python integers)."""
+    m, s, b = (params[k].tolist() for k in (o.multiplier, o.shift, o.bias))
+    r = params[o.residual_multiplier].tolist() if o.residual_multiplier else [0] * len(m)
+    res = epi.narrow_residual
     top_res = 0 if res is None else max(-res.qmin, res.qmax)
-    if bool((s < 1).any()) or bool((s > 31).any()):
-        return False
-    z = acc_bound(step.workload) * m.abs() + b.abs() + top_res * r.abs() + (1 << (s - 1))
-    return bool((z < 2**31).all())
+    top_acc, top_shift = acc_bound(step.workload), 62 if epi.sum64 else 31
+    return all(0 <= mi < 2**31 and 1 <= si <= top_shift and max(abs(bi), abs(ri)) < 2**62
+               and top_acc * mi + abs(bi) + top_res * abs(ri) + (1 << (si - 1))
+               < block_end_sum_limit(epi, si)
+               for mi, si, bi, ri in zip(m, s, b, r, strict=True))
 
 
 def derived_thresholds(table: torch.Tensor, mid: Precision, lo: int,

@@ -13,8 +13,9 @@
 
 A stem's kernel and knobs are its `stem_config` (`graph.stem_choice.stem_config`: the shape's
 default, or `PlanOptions.stem_kernel` where that kernel runs the layer).
-`PlanOptions` turns each off (ablations and tests), and `requant32` the planner's 32-bit
-requantizations (`graph.requant`; it acts when a plan is built, not in `with_launches`).
+`PlanOptions` turns each off (ablations and tests), and `requant32` turns on the planner's
+approximate 32-bit requantizations (`graph.requant`; it acts when a plan is built, not in
+`with_launches`).
 Before the layers' epilogues are decided,
 `fuse_maxpools` gives a layer whose every output is read only by a max-pool of one window the
 pooled tensors to write (`Layer.pool`).
@@ -43,17 +44,19 @@ STEM_MAX_CHANNELS = 4
 
 @dataclass(frozen=True)
 class PlanOptions:
-    """Switches of the plan's decisions (module docstring); all on by default.
-    requant32: requantizations in 32-bit arithmetic where the multipliers keep enough bits
-    (`graph.requant.MIN_MULTIPLIER_BITS`; the block ends' fused epilogues), where a value
-    within ~2^-16 (relative) of a rounding tie can round the other way; False: 31-bit
-    multipliers and 64-bit sums everywhere, so the plan equals `lowbit.convert` at every
-    precision (slower block ends)."""
+    """Switches of the plan's decisions (module docstring); the launches' on by default.
+    requant32 (off by default): approximate requantizations in 32-bit arithmetic where the
+    multipliers keep 12-16 bits (`graph.requant.MIN_MULTIPLIER_BITS`,
+    `NARROW_MULTIPLIER_BITS`), where a value within ~2^-12 .. 2^-16 (relative) of a rounding
+    tie can round the other way. Off: multipliers of 31 significant bits and 64-bit sums (the
+    block ends in the kernels' 64-bit epilogue, `Epilogue.sum64`; 32 bits only where the
+    same formula fits, `graph.requant.reduced`), so the plan equals `lowbit.convert` at every
+    precision."""
 
     fuse_stem: bool = True
     fuse_outputs: bool = True
     chain: bool = True
-    requant32: bool = True
+    requant32: bool = False
     stem_kernel: str | None = None
 
     def __post_init__(self) -> None:

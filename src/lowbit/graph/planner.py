@@ -94,6 +94,8 @@ from .requant import (
     MIN_MULTIPLIER_BITS,
     NARROW_MULTIPLIER_BITS,
     REQUANT32_SUM_BITS,
+    block_end_shift,
+    reduced,
     shared_shift,
 )
 from .shapes import avg_args, infer_shapes, nhwc, nhwc_columns
@@ -479,13 +481,14 @@ class Planner(ElementwiseRealizations, AffineRealizations):
                              + top_res * state.residual_scale / mid.scale
                              + spec.out_bias.double().abs() / mid.scale)
                     m, r, s = None, None, None
-                    if state.narrow and self.options.requant32:  # a quantized stream: 32 bits
+                    if state.narrow and self.options.requant32:  # approximate: 32 bits
                         m, r, s = shared_shift(ratio, state.residual_scale / mid.scale,
                                                steps, sum_bits=REQUANT32_SUM_BITS)
                         if bool((torch.minimum(m, r) < 2**NARROW_MULTIPLIER_BITS).any()):
                             m = None  # too coarse for 32 bits: the 64-bit sum
-                    if m is None:
-                        m, r, s = shared_shift(ratio, state.residual_scale / mid.scale, steps)
+                    if m is None:  # a block end's 64-bit sum takes an int32 m (sum64)
+                        pick = block_end_shift if state.narrow else shared_shift
+                        m, r, s = pick(ratio, state.residual_scale / mid.scale, steps)
             except ValueError as e:
                 raise Unrealizable(v, f"layer {self._module_path(v)}: output {t} has no "
                                       f"fixed-point requantization ({e})") from None
@@ -498,6 +501,8 @@ class Planner(ElementwiseRealizations, AffineRealizations):
                 raise Unrealizable(v, f"layer {self._module_path(v)}: output {t}'s bias is out "
                                       "of range (>= 2^62 at its shift)")
             b = b.to(torch.int64)
+            if not self.options.requant32:  # the same formula at its smallest shift
+                m, r, b, s = reduced(m, r, b, s)
             kernel_bias = kernel_bias and torch.equal(b, acc_bias * m) and req.via is None
             outs.append(LayerOutput(
                 t, relu, multiplier=self._param(f"{t}.multiplier", m),

@@ -9,13 +9,14 @@ from ..core.epilogue import (
     ACCUMULATOR_OUTPUTS,
     REQUANT32_LIMIT,
     REQUANT32_MAX_SHIFT,
+    SUM64_MAX_SHIFT,
     WIDE_MULTIPLIER_LIMIT,
     EpilogueParams,
     check_residual,
     check_shifted_bias,
 )
 from ..core.layout import Layout
-from ..core.validate import check_block_end, storage_dtype
+from ..core.validate import block_end_sum_limit, check_block_end, storage_dtype
 from ..quant.packing import pack
 from .netops import round_shift_sum
 
@@ -171,7 +172,8 @@ def requantize32(acc: torch.Tensor, epilogue: Epilogue, params: EpilogueParams
     """Epilogue.requant32's mid value of int accumulators [..., K] (int64 values):
     clamp((acc m + b + res r + 2^(s-1)) >> s, lo, qmax) (`core.epilogue`), exact in int64,
     after checking the params (`validate.check_block_end`, the residual's values included)
-    and that every sum stays below 2^31 for these accumulators and the residual precision's
+    and that every sum stays below 2^31 (with Epilogue.sum64: below 2^min(63, 31 + s),
+    `validate.block_end_sum_limit`) for these accumulators and the residual precision's
     range (ValueError naming the first channel past it; the validator checks the workload's
     bound at bind)."""
     k = acc.shape[-1]
@@ -184,7 +186,8 @@ def requantize32(acc: torch.Tensor, epilogue: Epilogue, params: EpilogueParams
             raise TypeError(f"params.{name} must be an int32 vector of length {k} (requant32), "
                             f"got {t!r}")
     m = _int_vector("multiplier", params.multiplier, k, 0, REQUANT32_LIMIT - 1)
-    s = _int_vector("shift", params.shift, k, 1, REQUANT32_MAX_SHIFT)
+    top_shift = SUM64_MAX_SHIFT if epilogue.sum64 else REQUANT32_MAX_SHIFT
+    s = _int_vector("shift", params.shift, k, 1, top_shift)
     b = params.shifted_bias.to(torch.int64)
     y = acc.to(torch.int64)
     top = int(y.abs().max()) if y.numel() else 0
@@ -192,12 +195,14 @@ def requantize32(acc: torch.Tensor, epilogue: Epilogue, params: EpilogueParams
     r = (params.residual_multiplier.to(torch.int64) if res_prec is not None
          else torch.zeros(k, dtype=torch.int64, device=acc.device))
     top_res = max(-res_prec.qmin, res_prec.qmax) if res_prec is not None else 0
-    worst = top * m + b.abs() + top_res * r.abs() + (1 << (s - 1))
-    if k and int(worst.max()) >= REQUANT32_LIMIT:
-        c = int(torch.argmax(worst))
-        raise ValueError(f"channel {c}: |acc| m + |b| + |res| |r| + 2^(s-1) reaches 2^31 "
-                         f"(max|acc| {top}, m {int(m[c])}, b {int(b[c])}, r {int(r[c])}, "
-                         f"s {int(s[c])}): outside the 32-bit requantization")
+    cols = zip(m.tolist(), b.tolist(), r.tolist(), s.tolist(), strict=True)
+    for c, (mc, bc, rc, sc) in enumerate(cols):  # exact Python integers: no int64 wrap
+        limit = block_end_sum_limit(epilogue, sc)
+        if top * mc + abs(bc) + top_res * abs(rc) + (1 << (sc - 1)) >= limit:
+            raise ValueError(f"channel {c}: |acc| m + |b| + |res| |r| + 2^(s-1) reaches "
+                             f"2^{limit.bit_length() - 1} (max|acc| {top}, m {mc}, b {bc}, "
+                             f"r {rc}, s {sc}): outside the "
+                             f"{'64' if epilogue.sum64 else '32'}-bit requantization")
     z = y * m + b + (1 << (s - 1))
     if res_prec is not None:
         z = z + params.residual.to(torch.int64) * r

@@ -139,8 +139,12 @@ def block_end_params(wl: Workload, ratio: torch.Tensor, bias: torch.Tensor,
     accumulator unit, the accumulator-unit `bias` at the output's shift plus a fraction of a
     step, a residual multiplier of either sign worth a quarter to three quarters of the output
     range over the residual's range, at the largest shift (<= 31) whose worst-case sum stays
-    below 2^30 (`validate.check_requant32_range` holds); the narrow residual's values and the
-    derived outputs' thresholds and buffers (`derived_params`)."""
+    below 2^30 (`validate.check_requant32_range` holds); with Epilogue.sum64 multipliers of
+    31 significant bits (one channel in four 23-30), with a residual the accumulator's ratio
+    divided by 2^0..2^8 per channel (the residual term up to 2^8 times the accumulator's
+    multiplier, as in networks, and shifts on both sides of 32), the int64 bias and residual
+    multiplier at that shift. The narrow residual's values and
+    the derived outputs' thresholds and buffers (`derived_params`)."""
     epi = wl.epilogue
     res = epi.narrow_residual
     span = epi.out.qmax - epi.out.qmin + 1
@@ -150,8 +154,24 @@ def block_end_params(wl: Workload, ratio: torch.Tensor, bias: torch.Tensor,
     sign = torch.where(torch.rand(ratio.shape, generator=generator) < 0.3, -1.0, 1.0)
     r_ratio = sign * span * (0.25 + frac.abs()) / max(top_res, 1)
     ms, ss, bs, rs = [], [], [], []
-    for q, rr, b, f in zip(ratio.tolist(), r_ratio.tolist(), bias.tolist(), frac.tolist(),
-                           strict=True):
+    fewer = finer = torch.zeros(ratio.shape, dtype=torch.int64)
+    if epi.sum64:  # drawn for sum64 only: the 32-bit cases keep their streams
+        fewer = torch.randint(1, 9, ratio.shape, generator=generator) * \
+            (torch.rand(ratio.shape, generator=generator) < 0.25)
+        finer = torch.randint(0, 9, ratio.shape, generator=generator) * int(res is not None)
+    for q, rr, b, f, d, g in zip(ratio.tolist(), r_ratio.tolist(), bias.tolist(),
+                                 frac.tolist(), fewer.tolist(), finer.tolist(), strict=True):
+        if epi.sum64:  # m in [2^(30 - d), 2^(31 - d)): the largest shift keeping it there
+            q = q / 2**g
+            s = max(1, min(62, math.floor(31 - d - math.log2(q))))
+            m = round(q * 2**s)
+            if m >= 2**31:
+                s, m = s - 1, round(q * 2 ** (s - 1))
+            ms.append(m)
+            ss.append(s)
+            bs.append(round((b * q + f) * 2**s))
+            rs.append(round(rr * 2**s) if res is not None else 0)
+            continue
         for s in range(31, 0, -1):
             m = round(q * 2**s)
             bc = round((b * q + f) * 2**s)
@@ -163,13 +183,14 @@ def block_end_params(wl: Workload, ratio: torch.Tensor, bias: torch.Tensor,
         bs.append(bc)
         rs.append(rc)
     vec = {"dtype": torch.int32}
+    wide = {"dtype": torch.int64 if epi.sum64 else torch.int32}
     residual = res_mult = None
     if res is not None:
         residual = random_values(operand_shapes(wl)[2], res, generator).to(
             storage_dtype(res, Layout.INT8))
-        res_mult = torch.tensor(rs, **vec)
+        res_mult = torch.tensor(rs, **wide)
     return EpilogueParams(multiplier=torch.tensor(ms, **vec), shift=torch.tensor(ss, **vec),
-                          shifted_bias=torch.tensor(bs, **vec), residual=residual,
+                          shifted_bias=torch.tensor(bs, **wide), residual=residual,
                           residual_multiplier=res_mult, **derived_params(wl, generator))
 
 

@@ -238,7 +238,8 @@ def block_end_params(step: Layer, plan: Plan, device: torch.device,
                      residual: torch.Tensor | None,
                      derived_out: list[torch.Tensor] | None) -> EpilogueParams:
     """The block-end epilogue's vectors (`Epilogue.requant32`, graph.kernel_epilogues): the
-    one formula's int32 multiplier, shift, bias (at the shift) and residual multiplier, the
+    one formula's int32 multiplier and shift, its bias (at the shift) and residual
+    multiplier (int32; int64 with Epilogue.sum64), the
     residual buffer, and per derived output its thresholds (from the plan's table) and its
     buffer (`derived_out`, in the workload's derived order)."""
     epi = step.workload.epilogue
@@ -250,6 +251,9 @@ def block_end_params(step: Layer, plan: Plan, device: torch.device,
     def i32(key: str) -> torch.Tensor:
         return p[key].to(torch.int32).contiguous().to(device)
 
+    def wide(key: str) -> torch.Tensor:  # the bias and residual multiplier
+        return p[key].to(torch.int64).contiguous().to(device) if epi.sum64 else i32(key)
+
     derived = [o for o in step.layer_outputs if o.derived]
     thresholds = tuple(
         derived_thresholds(p[o.table], mid, lo, plan.tensors[o.tensor].precision).to(device)
@@ -259,9 +263,9 @@ def block_end_params(step: Layer, plan: Plan, device: torch.device,
     if epi.residual is not None and residual is None:
         raise ValueError(f"{step.name}: its epilogue adds a residual, pass its buffer")
     return EpilogueParams(
-        multiplier=i32(first.multiplier), shift=i32(first.shift), shifted_bias=i32(first.bias),
+        multiplier=i32(first.multiplier), shift=i32(first.shift), shifted_bias=wide(first.bias),
         residual=residual if epi.residual is not None else None,
-        residual_multiplier=i32(first.residual_multiplier) if epi.residual is not None
+        residual_multiplier=wide(first.residual_multiplier) if epi.residual is not None
         else None, thresholds=thresholds, derived_out=tuple(derived_out or ()))
 
 

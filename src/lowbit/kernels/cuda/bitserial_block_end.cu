@@ -6,7 +6,12 @@
 // validate.check_requant32_range)
 //   z = y m[k] + (b[k] + 2^(s[k]-1)) + res r[k],   q = clamp(z >> s[k], MID_LO, OUT_QMAX)
 // with res the narrow residual (one byte per value, the output's NHWC shape; RES_BYTES 1:
-// unsigned, 2: signed). q is stored (STORE_OUT) as bytes (OUT_MODE 2) or bit planes (3), and
+// unsigned, 2: signed). SUM64 (Epilogue.sum64: multipliers of 31 significant bits) forms the
+// same z in 64 bits (the host proved |z| < 2^min(63, 31 + s)): y m + c by one wide multiply-add
+// (c = b + 2^(s-1) - o r), plus u r as u r_lo (wide) + (u r_hi) 2^32 with u = res + o the
+// residual byte read unsigned (o = 128 for a signed residual: its bytes' top bits flipped), and
+// z >> s as the funnel shift of z's words by min(s, 32) (its low word: z >> s fits int32), then
+// shifted by max(s - 32, 0). q is stored (STORE_OUT) as bytes (OUT_MODE 2) or bit planes (3), and
 // each derived output j (N_DERIVED) stores its value P_j.qmin + #{i : q >= T_j[i]} as bytes
 // (D<j>_MODE 2) or bit planes (3). Bit planes of one or three levels (u1, u2, s2: PAIR_CMP)
 // compare two columns per 32-bit add: the pair's qo = q - MID_LO (0..255) in the 16-bit halves
@@ -23,7 +28,8 @@
 // Bit planes pack in registers (whole 32-column words per warp: WN % 32 == 0) and leave
 // through store_plane_words. The column parameters are one 16-byte entry per column
 // {m, b + 2^(s-1), r, s} (bitserial_tables.requant32_columns, padded past KOUT with zeros and
-// shift 1), read through the kernel's `mult` argument.
+// shift 1; SUM64: two 16-byte entries {m, s, c lo, c hi} {r lo, r hi, max(s - 32, 0), 0}),
+// read through the kernel's `mult` argument.
 constexpr bool BLOCK_END = HAS_BIAS == 5;
 constexpr int MID_LO = (RELU && OUT_QMIN < 0) ? 0 : OUT_QMIN;
 constexpr int GROUP_TILES = NT % 4 == 0 ? 4 : NT;  // n8 tiles per column group
@@ -57,12 +63,31 @@ __device__ __forceinline__ uint2 quad_transpose16(u32 a, u32 b, int t4) {
                     prmt(first, second, hi ? 0x5410 : 0x7632));
 }
 
-// Byte b (0..3) of residual word v as a value (RES_BYTES 1: unsigned, 2: signed): one byte
-// permute (selector nibble 8 | b copies byte b's sign bit).
+// SUM64 reads a signed residual's bytes as unsigned values res + 128: their top bits flipped
+// (one XOR per four bytes; the column table's constant takes the 128 r back)
+constexpr u32 RES_FLIP = (SUM64 && RES_BYTES == 2) ? 0x80808080u : 0u;
+// Byte b (0..3) of residual word v as a value (RES_BYTES 1 or SUM64: unsigned, 2: signed): one
+// byte permute (selector nibble 8 | b copies byte b's sign bit).
 __device__ __forceinline__ int res_byte(u32 v, int b) {
-  constexpr u32 SIGN = RES_BYTES == 2 ? 8u : 0u;
-  const u32 fill = RES_BYTES == 2 ? (u32)b | SIGN : 4u;  // 4: a zero byte of the second word
+  constexpr bool SIGNED = RES_BYTES == 2 && !SUM64;
+  const u32 fill = SIGNED ? (u32)b | 8u : 4u;  // 4: a zero byte of the second word
   return (int)prmt(v, 0u, (u32)b | fill << 4 | fill << 8 | fill << 12);
+}
+
+// SUM64's z >> s of accumulator y and residual byte u (unsigned: RES_FLIP) from the column's
+// entries c = {m, s, c lo, c hi} (c's words an aligned register pair: the wide multiply-add's
+// addend as loaded), d = {r lo, r hi, max(s - 32, 0), 0}: z = y m + c + u r_lo by two wide
+// multiply-adds and u r_hi added to z's high word, all modulo 2^64 (the sum itself fits),
+// then the funnel shift's low word. Five instructions (the 32-bit sum: three).
+__device__ __forceinline__ int requant64(int y, int u, const uint4& c, const uint4& d) {
+  const u64 yc = (u64)((i64)y * (int)c.x + (i64)(((u64)c.w << 32) | c.z));
+  u32 lo = (u32)yc, hi = (u32)(yc >> 32);
+  if constexpr (RES_BYTES != 0) {
+    const u64 z = (u64)(u32)u * d.x + yc;
+    lo = (u32)z;
+    hi = (u32)(z >> 32) + (u32)u * d.y;
+  }
+  return (int)__funnelshift_rc(lo, hi, c.y) >> (int)d.z;
 }
 
 typedef int GroupValues[GROUP_TILES][2];  // one row's values of a column group, per lane
@@ -101,7 +126,7 @@ __device__ __forceinline__ void load_residual_group(const EpilogueArgs& ea, cons
 #pragma unroll
     for (int t = 0; t < GROUP_TILES; ++t) res[t][0] = res[t][1] = 0;
   } else if constexpr (QUAD8) {
-    const uint2 mine = quad_transpose16(quad.x, quad.y, t4);  // this lane's pairs of tiles 0-1, 2-3
+    const uint2 mine = quad_transpose16(quad.x ^ RES_FLIP, quad.y ^ RES_FLIP, t4);  // pairs of tiles 0-1, 2-3
 #pragma unroll
     for (int t = 0; t < 4; ++t)
 #pragma unroll
@@ -117,6 +142,7 @@ __device__ __forceinline__ void load_residual_group(const EpilogueArgs& ea, cons
         if (r.row_ok && col < KOUT) v = base[t * 8];
         if (r.row_ok && col + 1 < KOUT) v |= (u32)base[t * 8 + 1] << 8;
       }
+      v ^= RES_FLIP;  // past the output: 128, times r = 0
       res[t][0] = res_byte(v, 0);
       res[t][1] = res_byte(v, 1);
     }
@@ -325,7 +351,11 @@ __device__ __forceinline__ void block_end_cols(const Acc& acc, const RowPrep& ro
         }
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const uint4 c = ctab[col + e];  // {m, b + 2^(s-1), r, s}
+        // {m, b + 2^(s-1), r, s}; SUM64: {m, s, c lo, c hi}, then d = {r lo, r hi, s - 32, 0}
+        const uint4 c = ctab[SUM64 ? 2 * (col + e) : col + e];
+        const uint4 d = !SUM64 ? make_uint4(0u, 0u, 0u, 0u)
+                        : RES_BYTES != 0 ? ctab[2 * (col + e) + 1]  // without a residual: s - 32
+                        : make_uint4(0u, 0u, reinterpret_cast<const u32*>(ctab)[8 * (col + e) + 6], 0u);
         const int off = (NEED_WTAP && !BORDER && col + e < KOUT)
                             ? ea.wtap[WSUM0 + FULL_RECT * KPAD + col + e] : 0;
 #pragma unroll
@@ -339,8 +369,13 @@ __device__ __forceinline__ void block_end_cols(const Acc& acc, const RowPrep& ro
               y += plane_dot(acc, mi, ni, 2 * h + e);
             }
             if constexpr (BORDER) y += e ? (int)wpair[mi][h].y : (int)wpair[mi][h].x;
-            const int z = y * (int)c.x + (int)c.y + res[mi][h][t][e] * (int)c.z;
-            const int v = z >> (int)c.w;
+            int v;
+            if constexpr (SUM64) {
+              v = requant64(y, res[mi][h][t][e], c, d);
+            } else {
+              const int z = y * (int)c.x + (int)c.y + res[mi][h][t][e] * (int)c.z;
+              v = z >> (int)c.w;
+            }
             q[mi][h][t][e] = (v < MID_LO ? MID_LO : (v > OUT_QMAX ? OUT_QMAX : v)) - MID_LO;
           }
       }

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ...core import Layout, Precision, Workload
+from ...core import Encoding, Layout, Precision, Workload
 from ...core.epilogue import MAX_DERIVED, EpilogueParams, bias_vector
 from ...reference.epilogue import INT32_MAX, requant_thresholds
 from .bitserial_layout import (
@@ -77,19 +77,40 @@ def epilogue_vectors(wl: Workload, params: EpilogueParams, thr: torch.Tensor | N
     return [bias, params.residual_multiplier, params.multiplier, params.shift, params.residual]
 
 
+#: the low 32-bit word of a Python integer
+MASK32 = 0xFFFFFFFF
+
+
 def requant32_columns(wl: Workload, params: EpilogueParams) -> torch.Tensor:
-    """The block-end epilogue's column table, int32 [wsum_columns, 4] on the params' device:
+    """The block-end epilogue's column table on the params' device, int32 [wsum_columns, 4]:
     per output column {m, b + 2^(s-1), r, s} (r 0 without a residual), past KOUT {0, 0, 0, 1}
-    (z = 0: the kernel reads every column of a block tile unguarded, one 16-byte load each)."""
+    (z = 0: the kernel reads every column of a block tile unguarded, one 16-byte load each).
+    With Epilogue.sum64 int32 [wsum_columns, 8]: {m, s, c lo, c hi} {r lo, r hi, max(s - 32,
+    0), 0} with c = b + 2^(s-1) - o r, r and c as 64-bit words (two's complement mod 2^64), o
+    128 for a signed residual (the kernel reads its bytes offset by 128, as unsigned: res r =
+    (res + o) r - o r), else 0; past KOUT {0, 1, 0, 0} {0, 0, 0, 0}."""
     k = conv_shape(wl).kout
-    table = torch.zeros(wsum_columns(conv_shape(wl)), 4, dtype=torch.int64)
-    table[:, 3] = 1
     s = params.shift.cpu().to(torch.int64)
-    table[:k, 0] = params.multiplier.cpu().to(torch.int64)
-    table[:k, 1] = params.shifted_bias.cpu().to(torch.int64) + (1 << (s - 1))
-    if params.residual_multiplier is not None:
-        table[:k, 2] = params.residual_multiplier.cpu().to(torch.int64)
-    table[:k, 3] = s
+    r = (params.residual_multiplier.cpu().to(torch.int64)
+         if params.residual_multiplier is not None else torch.zeros_like(s))
+    b = params.shifted_bias.cpu().to(torch.int64)
+    m = params.multiplier.cpu().to(torch.int64)
+    if not wl.epilogue.sum64:
+        table = torch.zeros(wsum_columns(conv_shape(wl)), 4, dtype=torch.int64)
+        table[:, 3] = 1
+        table[:k] = torch.stack([m, b + (1 << (s - 1)), r, s], 1)
+        return table.to(torch.int32).to(params.multiplier.device)
+    res = wl.epilogue.narrow_residual
+    offset = 128 if res is not None and res.encoding is Encoding.SIGNED else 0
+    rows = [[0, 1, 0, 0, 0, 0, 0, 0] for _ in range(wsum_columns(conv_shape(wl)))]
+    for c, (mc, bc, rc, sc) in enumerate(zip(m.tolist(), b.tolist(), r.tolist(), s.tolist(),
+                                             strict=True)):
+        const = (bc + (1 << (sc - 1)) - offset * rc) % 2**64  # exact Python integers
+        rw = rc % 2**64
+        rows[c] = [mc, sc, const & MASK32, const >> 32, rw & MASK32, rw >> 32, max(sc - 32, 0),
+                   0]
+    table = torch.tensor(rows, dtype=torch.int64)
+    table = torch.where(table >= 2**31, table - 2**32, table)  # the words' bit patterns
     return table.to(torch.int32).to(params.multiplier.device)
 
 

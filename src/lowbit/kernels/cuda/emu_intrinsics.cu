@@ -16,6 +16,10 @@ inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
 extern "C" { alignas(256) unsigned int smem[EMU_SMEM_BYTES / 4 + 64]; }
 
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
+// the low word of (hi:lo) >> min(shift, 32) (CUDA's right funnel shift, clamped)
+static inline unsigned __funnelshift_rc(unsigned lo, unsigned hi, unsigned shift) {
+  return (unsigned)((((unsigned long long)hi << 32) | lo) >> (shift < 32u ? shift : 32u));
+}
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline unsigned atomicOr(unsigned* p, unsigned v) {
   return std::atomic_ref<unsigned>(*p).fetch_or(v);
