@@ -155,7 +155,8 @@ def parse_case(text: str) -> BenchCase:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"a case is MODEL:BATCH:PRECISION[:kernelbias][:wide16|:wide8][:model|:int8=NAME]"
-            f"[:nofuse][:res8|:res4|:res16][:tuned][:approx][:stem=ws|ring], got {text!r}") from None
+            f"[:nofuse][:res8|:res4|:res16][:tuned][:approx][:stem=ws|ring], got {text!r}"
+        ) from None
 
 
 def cases_of(args: argparse.Namespace) -> list[BenchCase]:
