@@ -98,7 +98,9 @@ def test_network_case_parses_the_implementation_policy():
     case = parse_case("resnet50:256:w8a8:wide16:int8=triton.conv2d_int8_tma")
     assert (case.chooser, case.wide_bits) == ("triton.conv2d_int8_tma", 16)
     assert case.fuse_outputs and not parse_case("resnet50:8:w8a8:nofuse").fuse_outputs
-    assert case.requant32 and not parse_case("resnet50:256:w1a2:res8:exact").requant32
+    assert not case.requant32 and parse_case("resnet50:256:w1a2:res8:approx").requant32
+    assert parse_case("resnet50:256:w1a2:res8:stem=ws").stem_kernel == "ws"
+    assert case.stem_kernel is None
     grouped = parse_case("tv:resnext50_32x4d:32:w2a2:res8:int8=triton.conv2d_grouped_cuda")
     assert (grouped.model, grouped.chooser) == ("tv:resnext50_32x4d",
                                                 "triton.conv2d_grouped_cuda")

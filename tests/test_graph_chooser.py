@@ -197,6 +197,6 @@ def test_summary_shows_configs_and_their_sources(resnet):
     q, x = resnet
     cm = _compile(q, x, records=False)
     text = cm.summary()
-    assert "kernel config" in text and "triton stem" in text
+    assert "kernel config" in text and "triton bands stem" in text
     n = sum(s.config_source == DEFAULT for s in cm.plan.layers)
     assert f"kernel configs: {DEFAULT} {n}" in text

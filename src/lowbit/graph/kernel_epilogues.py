@@ -175,7 +175,8 @@ def block_end_epilogue(step: Layer, tensors: dict[str, TensorSpec],
     lo = max(mid.qmin, 0) if first.relu else mid.qmin
     for o in derived:
         t = tensors[o.tensor]
-        if t.layout not in (Layout.BITPLANE, Layout.INT8) or \
+        if not isinstance(t.precision, Precision) or t.layout not in (
+                Layout.BITPLANE, Layout.INT8) or \
                 derived_thresholds(params[o.table], mid, lo, t.precision) is None:
             return None
     layout = tensors[stored[0].tensor].layout if stored else Layout.INT8
