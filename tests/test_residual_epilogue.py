@@ -450,7 +450,7 @@ def test_a_plan_layer_through_the_emulation():
                    .tolist())) >= 2
 
 
-@pytest.mark.parametrize("name", ["resnet18", "resnet50"])
+@pytest.mark.parametrize("name", ["resnet18", pytest.param("resnet50", marks=pytest.mark.slow)])
 def test_cpu_executors_give_the_reference_integers(name):
     """The GPU executor on the CPU (kernels through the reference shim, which runs the fused
     epilogue by `apply_epilogue` with the residual buffer) writes every tensor of the

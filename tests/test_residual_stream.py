@@ -320,6 +320,7 @@ def test_gpu_64_bit_block_ends_equal_the_reference_and_convert(name, recipe, bat
     assert checked == 2
 
 
+@pytest.mark.slow
 def test_block_ends_past_32_bit_multipliers_equal_convert():
     """A w8a8 ResNet-18 with default-initialised BatchNorms (zero biases: the plan keeps
     accumulator-unit biases) whose block ends need 64-bit residual multipliers: the

@@ -508,7 +508,7 @@ def test_planner_leaves_templates_without_shifted_bias_the_int32_pass():
     assert not takes_shifted_bias("no.such_template")
 
 
-@pytest.mark.parametrize("name", ["resnet18", "resnet50"])
+@pytest.mark.parametrize("name", ["resnet18", pytest.param("resnet50", marks=pytest.mark.slow)])
 def test_cpu_executors_give_the_reference_integers(name):
     """The GPU executor on the CPU (kernels through the reference shim, which runs the fused
     epilogue by `apply_epilogue`) writes every tensor of the reference executor (which
