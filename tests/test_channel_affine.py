@@ -23,6 +23,7 @@ from lowbit.graph.ir import ChannelAffine, Concat, Lookup, Plan
 from lowbit.quant.packing import pack, unpack
 from lowbit.reference.affine import channel_affine_int
 from lowbit.runtime.engine import ReferenceExecutor
+from triton_cases import DEVICE
 
 #: the model matrix's tolerance of integer-only logits against the fake-quant model
 INTEGER_RTOL = 2e-2
@@ -313,13 +314,18 @@ def _prec(name: str) -> Precision | WidePrecision:
     return WidePrecision(int(name[1:])) if name in ("s16", "s24") else Precision.parse(name)
 
 
-def _packed(v: torch.Tensor, prec, layout: Layout) -> PackedTensor:
+def _packed(v: torch.Tensor, prec, layout: Layout, device=DEVICE) -> PackedTensor:
     if isinstance(prec, WidePrecision):
-        return PackedTensor(v.to(prec.storage_dtype), tuple(v.shape), prec, layout)
-    return PackedTensor(pack(v, prec, layout), tuple(v.shape), prec, layout)
+        data = v.to(prec.storage_dtype)
+    else:
+        data = pack(v, prec, layout)
+    return PackedTensor(data.to(device), tuple(v.shape), prec, layout)
 
 
-def _kernel_case(parts, out_prec: str, out_layout: str, shape: tuple[int, ...], seed: int):
+def _kernel_case(parts, out_prec: str, out_layout: str, shape: tuple[int, ...], seed: int,
+                 shift: tuple[int, int] = (20, 40)):
+    """Random parts (values, packed on DEVICE), (m, b, s) with m of either sign and every
+    seventh channel constant (m = 0), and a poisoned out."""
     g = torch.Generator().manual_seed(seed)
     values, packed = [], []
     for prec_name, layout, c in parts:
@@ -329,12 +335,21 @@ def _kernel_case(parts, out_prec: str, out_layout: str, shape: tuple[int, ...], 
         packed.append(_packed(v, p, Layout(layout)))
     c = sum(p[2] for p in parts)
     m = torch.randint(-2**24, 2**24, (c,), generator=g)
-    s = torch.randint(20, 40, (c,), generator=g)
+    m[::7] = 0
+    s = torch.randint(*shift, (c,), generator=g)
     b = torch.randint(-2**44, 2**44, (c,), generator=g)
     prec, layout = _prec(out_prec), Layout(out_layout)
     out = _packed(torch.zeros(*shape, c, dtype=torch.int64), prec, layout)
     out.data.fill_(0x5A if out.data.dtype.itemsize == 1 else -12345)  # poisoned
     return values, packed, (m, b, s), out
+
+
+def _result(out: PackedTensor) -> torch.Tensor:
+    """out's values, int64 on the CPU."""
+    data = out.data.cpu()
+    if isinstance(out.precision, WidePrecision):
+        return data.to(torch.int64)
+    return unpack(data, out.precision, out.layout, out.shape[-1]).to(torch.int64)
 
 
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: f"{len(c[0])}parts-{c[1]}")
@@ -348,16 +363,89 @@ def test_triton_channel_affine_is_bit_exact(case, shape):
         values, packed, (m, b, s), out = _kernel_case(parts, out_prec, out_layout, shape,
                                                       seed=len(shape) + relu)
         ref = channel_affine_int(values, m, b, s, out.precision, relu)
-        bind_channel_affine(packed, m, b, s, out, relu)()
-        got = out.data.to(torch.int64) if isinstance(out.precision, WidePrecision) else \
-            unpack(out.data, out.precision, out.layout, out.shape[-1])
-        assert torch.equal(got.to(torch.int64), ref)
+        launcher = bind_channel_affine(packed, m, b, s, out, relu)
+        assert len(launcher.launches) == 1
+        launcher()
+        assert torch.equal(_result(out), ref)
         assert ref.unique().numel() > 1  # not one clamped level
         checked += ref.numel()
     assert checked == 2 * torch.Size([*shape, sum(p[2] for p in parts)]).numel()
 
 
-def test_channel_affine_bad_inputs():
+#: the kinds of part a step may read: (precision, layout)
+PART_KINDS = (("s24", "int8"), ("u8", "int8"), ("s8", "int8"), ("s16", "int8"),
+              ("u2", "bitplane"), ("u1", "bitplane"), ("s4", "bitplane"))
+#: 23 parts of odd channel counts for an INT8 out; 21 of whole words but the last for planes
+MANY_PARTS = {
+    "int8": tuple((*PART_KINDS[i % 7], 2 * (i * 5 % 19) + 1) for i in range(23)),
+    "bitplane": (*((*PART_KINDS[i % 7], 32 * (1 + i % 3)) for i in range(20)),
+                 ("s16", "int8", 13)),
+}
+
+
+def _spread(parts, v: torch.Tensor, s: torch.Tensor, levels: int = 0) -> torch.Tensor:
+    """Multipliers (levels=0: x m over a part's range moves the output up to 8 steps) or
+    biases (up to `levels` steps) of v's signs and zeros, random magnitudes."""
+    g = torch.Generator().manual_seed(int(s.sum()))
+    top = torch.tensor([max(-_prec(p).qmin, _prec(p).qmax) for p, _, c in parts
+                        for _ in range(c)], dtype=torch.float64)
+    steps = 8 / top if levels == 0 else torch.full_like(top, levels)
+    mag = torch.rand(v.shape, generator=g, dtype=torch.float64) * steps * 2.0**s.double()
+    return (v.sign() * mag).to(torch.int64)
+
+
+@pytest.mark.parametrize("out_prec,out_layout", [("u8", "int8"), ("s3", "bitplane"),
+                                                 ("s24", "int8")])
+def test_many_parts_of_every_kind_in_one_launch(out_prec, out_layout):
+    """20+ parts of every kind (odd channel counts where the out allows), negative and zero
+    multipliers (constant channels), ReLU's floor: one launch, equal to the reference."""
+    from lowbit.kernels.triton.affine import affine_kernel, bind_channel_affine
+
+    parts = MANY_PARTS[out_layout]
+    checked = 0
+    for relu in (False, True):
+        values, packed, (m, b, s), out = _kernel_case(parts, out_prec, out_layout, (2, 3),
+                                                      seed=7 + relu, shift=(36, 48))
+        m, b = _spread(parts, m, s), _spread(parts, b, s, levels=4)
+        ref = channel_affine_int(values, m, b, s, out.precision, relu)
+        launcher = bind_channel_affine(packed, m, b, s, out, relu)
+        (launch,) = launcher.launches
+        assert launch.fn is affine_kernel and len(launch.kwargs["KINDS"]) == 7
+        assert all(a is b for a, b in zip(launcher.sources, (p.data for p in packed),
+                                          strict=True))
+        launcher()
+        assert torch.equal(_result(out), ref)
+        lo = max(out.precision.qmin, 0) if relu else out.precision.qmin
+        inside = (ref > lo) & (ref < out.precision.qmax)
+        assert inside.float().mean() > 0.15  # levels, not clamps
+        constant = ref[..., m == 0].reshape(-1, int((m == 0).sum()))
+        assert (constant == constant[:1]).all() and constant.shape[1] > 10
+        if relu:  # the floor at 0 reached, by negative multipliers too
+            assert int(ref.min()) == 0 and bool((ref[..., m < 0] == 0).any())
+        checked += ref.numel()
+    assert checked == 2 * 6 * sum(p[2] for p in parts)
+
+
+def test_channel_tile_keeps_bit_plane_words_of_one_part():
+    """The tile pads the fewest channels (the larger tile on a tie) and divides every part's
+    channels but the last where those fill whole 32-channel words (a bit-plane out)."""
+    from lowbit.kernels.triton.affine import channel_block
+
+    cases = {(64, 32, 13): 32, (64, 128, 13): 32, (128, 256, 128): 128, (5, 13): 32,
+             (64, 64): 64, (100,): 128, (128, 64, 64): 64, (64, 192, 1): 32}
+    assert {k: channel_block(k) for k in cases} == cases
+    g = torch.Generator().manual_seed(0)
+    for _ in range(500):
+        words = torch.randint(1, 9, (int(torch.randint(1, 6, (1,), generator=g)),),
+                              generator=g) * 32
+        if bool(torch.randint(0, 2, (1,), generator=g)):
+            words = words * 2 ** int(torch.randint(1, 3, (1,), generator=g))
+        widths = [*words.tolist(), int(torch.randint(1, 300, (1,), generator=g))]
+        assert all(w % channel_block(widths) == 0 for w in widths[:-1]), widths
+
+
+def test_channel_affine_bad_inputs(monkeypatch):
+    from lowbit.kernels.triton import affine
     from lowbit.kernels.triton.affine import bind_channel_affine
 
     parts = (("s24", "int8", 5), ("u8", "int8", 3))
@@ -378,6 +466,12 @@ def test_channel_affine_bad_inputs():
         bind_channel_affine(packed, m * 2**20, b, s.clamp(max=30), out)
     binary = _packed(torch.ones(2, 3, 8, dtype=torch.int64), Precision.parse("b1"),
                      Layout.INT8)
+    other = _packed(torch.zeros(2, 3, 8, dtype=torch.int64), Precision(8), Layout.INT8, "meta")
+    with pytest.raises(ValueError, match=r"parts\[0\]\.data is on meta"):
+        bind_channel_affine([other], m, b, s, out)
+    with pytest.raises(ValueError, match=r"out's shape but for its channels \(2, 3\)"):
+        bind_channel_affine([packed[0], _packed(values[1][:1], Precision(8), Layout.INT8)],
+                            m, b, s, out)
     with pytest.raises(ValueError, match="cannot be binary"):
         bind_channel_affine(packed, m, b, s, binary)
     planes = _packed(torch.zeros(2, 3, 8, dtype=torch.int64), Precision(2), Layout.BITPLANE)
@@ -385,6 +479,10 @@ def test_channel_affine_bad_inputs():
         bind_channel_affine(packed, m, b, s, planes)
     with pytest.raises(TypeError, match="relu must be a bool"):
         bind_channel_affine(packed, m, b, s, out, relu=1)
+    with monkeypatch.context() as patch:
+        patch.setattr(affine, "MAX_TILES", 1)
+        with pytest.raises(ValueError, match="make 2 tiles of 32; one launch takes at most 1"):
+            bind_channel_affine(packed, m, b, s, out)
     with pytest.raises(ValueError, match="parts\\[1\\] must have parts\\[0\\]'s shape"):
         channel_affine_int([values[0], values[1][:1]], m, b, s, "u8")
     with pytest.raises(TypeError, match="parts\\[0\\] must be an integer"):
