@@ -195,8 +195,45 @@ def test_gpu_executor_equals_reference(device):
         for name, t in rec_ref.items():
             assert torch.equal(rec[name], t), name
             checked += 1
-        assert sum(b.how == "triton channel affine" for b in ex.steps) == 5
+        assert sum(b.how.startswith("triton channel affine") for b in ex.steps) == 5
+        if device == "cuda":  # the forward's CUDA graph, twice
+            assert torch.equal(ex(x.to(device)), y_ref) and torch.equal(ex(x.to(device)), y_ref)
+            checked += 2
     assert checked > 30
+
+
+def test_gpu_executor_binds_one_launch_per_affine_step(monkeypatch):
+    """Each ChannelAffine step of the tiny DenseNet (9 parts over 5 steps; values then a
+    Lookup to bit planes at w2a2) is bound to one launch of the affine kernel, and a forward
+    launches it once per step."""
+    from lowbit.kernels.triton import stored
+    from lowbit.kernels.triton.affine import affine_kernel
+    from lowbit.runtime.gpu import GpuExecutor
+
+    _, plan, x = _plan("w2a2")
+    ex = GpuExecutor(plan, "cpu")
+    calls = []
+    real = stored.launch_or_compile
+
+    def counted(fn, grid, args, kwargs, compile_only):
+        calls.append(fn)
+        return real(fn, grid, args, kwargs, compile_only)
+
+    monkeypatch.setattr(stored, "launch_or_compile", counted)
+    affine = [b for b in ex.steps if isinstance(b.step, ChannelAffine)]
+    assert [len(b.step.parts) for b in affine] == [1, 2, 3, 1, 2]
+    assert [b.how for b in affine] == [f"triton channel affine ({n} parts, one launch)"
+                                       for n in (1, 2, 3, 1, 2)]
+    per_step = []
+    for b in affine:
+        calls.clear()
+        b()
+        per_step.append(list(calls))
+    assert per_step == [[affine_kernel]] * 5
+    calls.clear()
+    y = ex(x)
+    assert calls.count(affine_kernel) == 5 and len(calls) > 5
+    assert torch.equal(y, ReferenceExecutor(plan)(x))
 
 
 class PreActBlock(nn.Module):
@@ -444,6 +481,28 @@ def test_channel_tile_keeps_bit_plane_words_of_one_part():
         assert all(w % channel_block(widths) == 0 for w in widths[:-1]), widths
 
 
+def test_alignment_hint_only_where_it_holds():
+    """ALIGN (the kernel's vector-access hint) divides every part's channels, offset and row,
+    and is 1 where a part's storage is not 16-byte aligned."""
+    from lowbit.kernels.triton.affine import _alignment
+
+    def parts(*spec):
+        return [_packed(torch.zeros(2, c, dtype=torch.int64), _prec(p), Layout(lay))
+                for p, lay, c in spec]
+
+    s24, u8 = ("s24", "int8"), ("u8", "int8")
+    cases = [(parts((*s24, 64), (*s24, 32), (*s24, 32)), 16), (parts((*s24, 64), (*u8, 40)), 8),
+             (parts((*s24, 13), (*s24, 32)), 1), (parts((*s24, 32), ("u2", "bitplane", 64)), 2),
+             (parts((*s24, 32), ("u2", "bitplane", 32)), 1)]
+    got = [_alignment(p, [t.shape[-1] for t in p]) for p, _ in cases]
+    assert got == [want for _, want in cases]
+    shifted = parts((*s24, 64))[0]
+    view = torch.empty(shifted.data.numel() + 1, dtype=torch.int32, device=DEVICE)[1:]
+    moved = PackedTensor(view.view(shifted.data.shape), shifted.shape, shifted.precision,
+                         shifted.layout)
+    assert _alignment([moved], [64]) == 1 and _alignment([shifted], [64]) == 16
+
+
 def test_channel_affine_bad_inputs(monkeypatch):
     from lowbit.kernels.triton import affine
     from lowbit.kernels.triton.affine import bind_channel_affine
@@ -524,3 +583,64 @@ def test_batchnorm1d_of_a_flattened_map():
         else:
             assert not plan.fallbacks, fallback_reasons(plan)
             assert float((y - yf).abs().max()) <= 1e-4 * float(yf.abs().max())
+
+
+# ------------------------------------------------------------------ sm_90 compile
+def _launchers() -> dict:
+    """name -> bound ChannelAffine at DenseNet-121 sizes (batch 8), on CPU tensors (device
+    checks off; nothing launched): a dense layer's norm1 (six 24-bit parts, u8 out), parts
+    of four kinds into bit planes, norm5's wide out."""
+    from lowbit.kernels.triton import stored
+    from lowbit.kernels.triton.affine import bind_channel_affine
+
+    stored.interpreting = lambda: True
+    s16, s24 = WidePrecision(16), WidePrecision(24)
+
+    def empty(c: int, prec, layout: Layout = Layout.INT8, hw: int = 56) -> PackedTensor:
+        return stored.empty_packed((8, hw, hw, c), prec, layout, "cpu")
+
+    def bound(parts: list[PackedTensor], out: PackedTensor) -> stored.Launcher:
+        c = out.shape[-1]
+        return bind_channel_affine(parts, torch.full((c,), -(2**20)), torch.zeros(c, dtype=
+                                   torch.int64), torch.full((c,), 30), out, relu=True)
+
+    return {
+        "dense_layer_u8": bound([empty(64, s24)] + [empty(32, s24)] * 5, empty(224, "u8")),
+        "four_kinds_planes": bound([empty(64, s24), empty(32, "u8"), empty(32, s16),
+                                    empty(32, "u2", Layout.BITPLANE)],
+                                   empty(160, "u2", Layout.BITPLANE)),
+        "norm5_wide": bound([empty(512, s24, hw=7)] + [empty(32, s24, hw=7)] * 16,
+                            empty(1024, s24, hw=7)),
+    }
+
+
+@pytest.fixture(scope="module")
+def sm90_report() -> dict:
+    import os
+
+    import triton
+
+    from triton_offline import run_module_report
+
+    if not os.path.isdir(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
+                                      "bin")):
+        pytest.skip("this Triton has no bundled NVIDIA tools (ptxas)")
+    return run_module_report(__file__)
+
+
+def test_affine_launch_compiles_for_sm90_without_spills(sm90_report):
+    """Triton's compiler (which the interpreter does not run) accepts the one-launch kernel
+    with its address table and kind branches; ptxas fits it without spills."""
+    assert set(sm90_report) == {"dense_layer_u8", "four_kinds_planes", "norm5_wide"}
+    for name, rows in sm90_report.items():
+        assert isinstance(rows, list), rows
+        assert [r["kernel"] for r in rows] == ["affine_kernel"], name
+        assert rows[0]["spill_bytes"] == 0, (name, rows)
+
+
+if __name__ == "__main__":
+    import json
+
+    from triton_offline import launcher_report
+
+    print(json.dumps(launcher_report(_launchers())))

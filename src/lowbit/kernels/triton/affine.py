@@ -57,8 +57,9 @@ MAX_TILES = 65535
 
 
 @triton.jit
-def part_pointer(addr, ELEMENT: tl.constexpr):
-    """The int64 address `addr` as a pointer to the part's elements (ELEMENT_CODE)."""
+def part_pointer(addr, ELEMENT: tl.constexpr, ALIGNED: tl.constexpr):
+    """The int64 address `addr` as a pointer to the part's elements (ELEMENT_CODE); ALIGNED:
+    the address is a multiple of 16."""
     if ELEMENT == 0:
         p = addr.to(tl.pointer_type(tl.uint8))
     elif ELEMENT == 1:
@@ -67,17 +68,30 @@ def part_pointer(addr, ELEMENT: tl.constexpr):
         p = addr.to(tl.pointer_type(tl.int16))
     else:
         p = addr.to(tl.pointer_type(tl.int32))
+    if ALIGNED:
+        p = tl.multiple_of(p, 16)
     return p
+
+
+@triton.jit
+def load_part(addr, pix, pix_mask, c0, C, row, plane, KIND: tl.constexpr,
+              ALIGNED: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """`load_values` of a part of KIND (layout, bits, encoding, element) at address addr."""
+    return load_values(part_pointer(addr, KIND[3], ALIGNED), pix, pix_mask, c0, C, row, plane,
+                       KIND[0], KIND[1], KIND[2], BLOCK_P, BLOCK_C)
 
 
 @triton.jit
 def affine_kernel(
     table_ptr, m_ptr, b_ptr, s_ptr, out_ptr, NHW, o_row, o_plane,
-    KINDS: tl.constexpr, O_LAYOUT: tl.constexpr, O_BITS: tl.constexpr, O_ENC: tl.constexpr,
-    LO: tl.constexpr, HI: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    KINDS: tl.constexpr, ALIGN: tl.constexpr, O_LAYOUT: tl.constexpr, O_BITS: tl.constexpr,
+    O_ENC: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     """Tile program_id(1) of the table (module docstring) at pixel block program_id(0).
-    KINDS: ((layout, bits, encoding, element), ...) of the parts."""
+    KINDS: ((layout, bits, encoding, element), ...) of the parts; ALIGN: a power of two
+    dividing every part's channels, offset and row (> 1: their addresses are 16-byte
+    aligned too), so loads and stores may be vectors."""
     tile = table_ptr + tl.program_id(1) * TILE_FIELDS
     addr = tl.load(tile)
     x_row = tl.load(tile + 1)
@@ -86,6 +100,11 @@ def affine_kernel(
     C_OFF = tl.load(tile + 4)
     c0 = tl.load(tile + 5)
     kind = tl.load(tile + 6)
+    if ALIGN > 1:
+        x_row = tl.multiple_of(x_row, ALIGN)
+        C = tl.multiple_of(C, ALIGN)
+        C_OFF = tl.multiple_of(C_OFF, ALIGN)
+        c0 = tl.multiple_of(c0, BLOCK_C)
     pix = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     chan = c0 + tl.arange(0, BLOCK_C)
     pix_mask = pix < NHW
@@ -93,11 +112,11 @@ def affine_kernel(
     x = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.int32)
     for j in tl.static_range(len(KINDS)):
         if len(KINDS) == 1:
-            x = load_values(part_pointer(addr, KINDS[j][3]), pix, pix_mask, c0, C, x_row,
-                            x_plane, KINDS[j][0], KINDS[j][1], KINDS[j][2], BLOCK_P, BLOCK_C)
+            x = load_part(addr, pix, pix_mask, c0, C, x_row, x_plane, KINDS[j], ALIGN > 1,
+                          BLOCK_P, BLOCK_C)
         elif kind == j:
-            x = load_values(part_pointer(addr, KINDS[j][3]), pix, pix_mask, c0, C, x_row,
-                            x_plane, KINDS[j][0], KINDS[j][1], KINDS[j][2], BLOCK_P, BLOCK_C)
+            x = load_part(addr, pix, pix_mask, c0, C, x_row, x_plane, KINDS[j], ALIGN > 1,
+                          BLOCK_P, BLOCK_C)
     m = tl.load(m_ptr + C_OFF + chan, mask=c_mask, other=0)
     b = tl.load(b_ptr + C_OFF + chan, mask=c_mask, other=0)
     s = tl.load(s_ptr + C_OFF + chan, mask=c_mask, other=1)
@@ -128,6 +147,17 @@ def channel_block(widths: Sequence[int]) -> int:
     then multiples of it: a larger tile pads none of them only if it divides them all, so no
     tile writes a word of the next part."""
     return min(CHANNEL_TILES, key=lambda t: (sum(cdiv(w, t) * t for w in widths), -t))
+
+
+def _alignment(parts: Sequence[PackedTensor], widths: Sequence[int]) -> int:
+    """The kernel's ALIGN: the largest power of two up to 16 dividing every part's channels,
+    first channel in out and storage row, where every part's storage is 16-byte aligned;
+    else 1."""
+    if any(p.data.data_ptr() % 16 for p in parts):
+        return 1
+    rows = [storage_strides(p)[0] for p in parts]
+    g = math.gcd(16, *widths, *itertools.accumulate(widths), *rows)
+    return 1 << (g.bit_length() - 1)
 
 
 def bind_channel_affine(parts: Sequence[PackedTensor], multiplier: torch.Tensor,
@@ -177,9 +207,10 @@ def bind_channel_affine(parts: Sequence[PackedTensor], multiplier: torch.Tensor,
     o_row, o_plane = storage_strides(out)
     lo = max(prec.qmin, 0) if relu else prec.qmin
     block_p = max(16, 2048 // block_c)
-    kwargs = dict(KINDS=tuple(kinds), O_LAYOUT=layout_code(out), O_BITS=min(prec.bits, 8),
-                  O_ENC=ENC[prec.encoding], LO=int(lo), HI=int(prec.qmax), BLOCK_P=block_p,
-                  BLOCK_C=block_c, num_warps=4)
+    kwargs = dict(KINDS=tuple(kinds), ALIGN=_alignment(parts, widths),
+                  O_LAYOUT=layout_code(out), O_BITS=min(prec.bits, 8), O_ENC=ENC[prec.encoding],
+                  LO=int(lo), HI=int(prec.qmax), BLOCK_P=block_p, BLOCK_C=block_c,
+                  num_warps=4)
     launch = Launch(affine_kernel, (cdiv(npix, block_p), len(rows)),
                     (table, m, b, s, out.data, npix, o_row, o_plane), kwargs)
     return TableLauncher((launch,), (out.data,), sources)
