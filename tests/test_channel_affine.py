@@ -23,10 +23,11 @@ from lowbit.graph.ir import ChannelAffine, Concat, Lookup, Plan
 from lowbit.quant.packing import pack, unpack
 from lowbit.reference.affine import channel_affine_int
 from lowbit.runtime.engine import ReferenceExecutor
-from triton_cases import DEVICE
 
 #: the model matrix's tolerance of integer-only logits against the fake-quant model
 INTEGER_RTOL = 2e-2
+#: the kernel tests' devices: the interpreter's CPU, a GPU where present
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 class DenseLayer(nn.Module):
@@ -177,7 +178,7 @@ def test_aligned_parts_write_bit_planes_directly():
     assert float((y - yf).abs().max()) <= INTEGER_RTOL * float(yf.abs().max())
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device", DEVICES)
 def test_gpu_executor_equals_reference(device):
     """The GPU executor's ChannelAffine launches (Triton; under the interpreter on the CPU)
     and every other step, bit for bit against the reference on the same device."""
@@ -344,6 +345,8 @@ KERNEL_CASES = [
     ((("s8", "int8", 33), ("u2", "bitplane", 3)), "s24", "int8"),
     ((("s24", "int8", 1), ("u8", "int8", 130)), "s3", "int8"),
     ((("u1", "bitplane", 35),), "u4", "bitplane"),
+    # every channel count, offset and row a multiple of 16: vector loads (ALIGN 16)
+    ((("s24", "int8", 64), ("u8", "int8", 32), ("s16", "int8", 48)), "s8", "int8"),
 ]
 
 
@@ -351,7 +354,7 @@ def _prec(name: str) -> Precision | WidePrecision:
     return WidePrecision(int(name[1:])) if name in ("s16", "s24") else Precision.parse(name)
 
 
-def _packed(v: torch.Tensor, prec, layout: Layout, device=DEVICE) -> PackedTensor:
+def _packed(v: torch.Tensor, prec, layout: Layout, device="cpu") -> PackedTensor:
     if isinstance(prec, WidePrecision):
         data = v.to(prec.storage_dtype)
     else:
@@ -360,8 +363,8 @@ def _packed(v: torch.Tensor, prec, layout: Layout, device=DEVICE) -> PackedTenso
 
 
 def _kernel_case(parts, out_prec: str, out_layout: str, shape: tuple[int, ...], seed: int,
-                 shift: tuple[int, int] = (20, 40)):
-    """Random parts (values, packed on DEVICE), (m, b, s) with m of either sign and every
+                 shift: tuple[int, int] = (20, 40), device: str = "cpu"):
+    """Random parts (values, packed on `device`), (m, b, s) with m of either sign and every
     seventh channel constant (m = 0), and a poisoned out."""
     g = torch.Generator().manual_seed(seed)
     values, packed = [], []
@@ -369,14 +372,14 @@ def _kernel_case(parts, out_prec: str, out_layout: str, shape: tuple[int, ...], 
         p = _prec(prec_name)
         v = torch.randint(p.qmin, p.qmax + 1, (*shape, c), generator=g)
         values.append(v)
-        packed.append(_packed(v, p, Layout(layout)))
+        packed.append(_packed(v, p, Layout(layout), device))
     c = sum(p[2] for p in parts)
     m = torch.randint(-2**24, 2**24, (c,), generator=g)
     m[::7] = 0
     s = torch.randint(*shift, (c,), generator=g)
     b = torch.randint(-2**44, 2**44, (c,), generator=g)
     prec, layout = _prec(out_prec), Layout(out_layout)
-    out = _packed(torch.zeros(*shape, c, dtype=torch.int64), prec, layout)
+    out = _packed(torch.zeros(*shape, c, dtype=torch.int64), prec, layout, device)
     out.data.fill_(0x5A if out.data.dtype.itemsize == 1 else -12345)  # poisoned
     return values, packed, (m, b, s), out
 
@@ -391,22 +394,25 @@ def _result(out: PackedTensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: f"{len(c[0])}parts-{c[1]}")
 @pytest.mark.parametrize("shape", [(2, 3, 5), (1, 7), (3, 1, 1)])
-def test_triton_channel_affine_is_bit_exact(case, shape):
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_channel_affine_is_bit_exact(case, shape, device):
     from lowbit.kernels.triton.affine import bind_channel_affine
 
     parts, out_prec, out_layout = case
-    checked = 0
+    checked = aligned = 0
     for relu in (False, True):
         values, packed, (m, b, s), out = _kernel_case(parts, out_prec, out_layout, shape,
-                                                      seed=len(shape) + relu)
+                                                      seed=len(shape) + relu, device=device)
         ref = channel_affine_int(values, m, b, s, out.precision, relu)
         launcher = bind_channel_affine(packed, m, b, s, out, relu)
         assert len(launcher.launches) == 1
+        aligned += launcher.launches[0].kwargs["ALIGN"] == 16
         launcher()
         assert torch.equal(_result(out), ref)
         assert ref.unique().numel() > 1  # not one clamped level
         checked += ref.numel()
     assert checked == 2 * torch.Size([*shape, sum(p[2] for p in parts)]).numel()
+    assert aligned == (2 if all(p[2] % 16 == 0 for p in parts) else 0)
 
 
 #: the kinds of part a step may read: (precision, layout)
@@ -433,7 +439,8 @@ def _spread(parts, v: torch.Tensor, s: torch.Tensor, levels: int = 0) -> torch.T
 
 @pytest.mark.parametrize("out_prec,out_layout", [("u8", "int8"), ("s3", "bitplane"),
                                                  ("s24", "int8")])
-def test_many_parts_of_every_kind_in_one_launch(out_prec, out_layout):
+@pytest.mark.parametrize("device", DEVICES)
+def test_many_parts_of_every_kind_in_one_launch(out_prec, out_layout, device):
     """20+ parts of every kind (odd channel counts where the out allows), negative and zero
     multipliers (constant channels), ReLU's floor: one launch, equal to the reference."""
     from lowbit.kernels.triton.affine import affine_kernel, bind_channel_affine
@@ -442,7 +449,8 @@ def test_many_parts_of_every_kind_in_one_launch(out_prec, out_layout):
     checked = 0
     for relu in (False, True):
         values, packed, (m, b, s), out = _kernel_case(parts, out_prec, out_layout, (2, 3),
-                                                      seed=7 + relu, shift=(36, 48))
+                                                      seed=7 + relu, shift=(36, 48),
+                                                      device=device)
         m, b = _spread(parts, m, s), _spread(parts, b, s, levels=4)
         ref = channel_affine_int(values, m, b, s, out.precision, relu)
         launcher = bind_channel_affine(packed, m, b, s, out, relu)
@@ -497,7 +505,7 @@ def test_alignment_hint_only_where_it_holds():
     got = [_alignment(p, [t.shape[-1] for t in p]) for p, _ in cases]
     assert got == [want for _, want in cases]
     shifted = parts((*s24, 64))[0]
-    view = torch.empty(shifted.data.numel() + 1, dtype=torch.int32, device=DEVICE)[1:]
+    view = torch.empty(shifted.data.numel() + 1, dtype=torch.int32, )[1:]
     moved = PackedTensor(view.view(shifted.data.shape), shifted.shape, shifted.precision,
                          shifted.layout)
     assert _alignment([moved], [64]) == 1 and _alignment([shifted], [64]) == 16
