@@ -12,7 +12,9 @@ of the part's storage type), storage strides, channels and offset in out, the ti
 channel and the part's kind; the grid is (pixel blocks, tiles). A kind is a part's storage
 (layout, bits, encoding, element type): parts are INT8 (narrow, uint8 / int8, or wide,
 int16 / int32) or BITPLANE, the step's distinct kinds a compile-time tuple the kernel
-branches over per tile (one kind: no branch). The output is any precision but binary, in
+branches over per tile (one kind: no branch). Where every part's storage is 16-byte aligned
+and a power of two divides every part's channels, offset and row (DenseNet's: 16), the
+kernel is told so (ALIGN) and loads and stores vectors. The output is any precision but binary, in
 INT8 or BITPLANE layout (bit planes: every part but the last fills whole 32-channel words,
 and BLOCK_C divides them, so no two tiles write one word). `bind_channel_affine` checks its
 arguments (ValueError / TypeError naming the argument) and returns a `Launcher` holding the
