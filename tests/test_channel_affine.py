@@ -26,6 +26,8 @@ from lowbit.runtime.engine import ReferenceExecutor
 
 #: the model matrix's tolerance of integer-only logits against the fake-quant model
 INTEGER_RTOL = 2e-2
+#: the kernel tests' devices: the interpreter's CPU, a GPU where present
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 class DenseLayer(nn.Module):
@@ -176,7 +178,7 @@ def test_aligned_parts_write_bit_planes_directly():
     assert float((y - yf).abs().max()) <= INTEGER_RTOL * float(yf.abs().max())
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device", DEVICES)
 def test_gpu_executor_equals_reference(device):
     """The GPU executor's ChannelAffine launches (Triton; under the interpreter on the CPU)
     and every other step, bit for bit against the reference on the same device."""
@@ -194,8 +196,45 @@ def test_gpu_executor_equals_reference(device):
         for name, t in rec_ref.items():
             assert torch.equal(rec[name], t), name
             checked += 1
-        assert sum(b.how == "triton channel affine" for b in ex.steps) == 5
+        assert sum(b.how.startswith("triton channel affine") for b in ex.steps) == 5
+        if device == "cuda":  # the forward's CUDA graph, twice
+            assert torch.equal(ex(x.to(device)), y_ref) and torch.equal(ex(x.to(device)), y_ref)
+            checked += 2
     assert checked > 30
+
+
+def test_gpu_executor_binds_one_launch_per_affine_step(monkeypatch):
+    """Each ChannelAffine step of the tiny DenseNet (9 parts over 5 steps; values then a
+    Lookup to bit planes at w2a2) is bound to one launch of the affine kernel, and a forward
+    launches it once per step."""
+    from lowbit.kernels.triton import stored
+    from lowbit.kernels.triton.affine import affine_kernel
+    from lowbit.runtime.gpu import GpuExecutor
+
+    _, plan, x = _plan("w2a2")
+    ex = GpuExecutor(plan, "cpu")
+    calls = []
+    real = stored.launch_or_compile
+
+    def counted(fn, grid, args, kwargs, compile_only):
+        calls.append(fn)
+        return real(fn, grid, args, kwargs, compile_only)
+
+    monkeypatch.setattr(stored, "launch_or_compile", counted)
+    affine = [b for b in ex.steps if isinstance(b.step, ChannelAffine)]
+    assert [len(b.step.parts) for b in affine] == [1, 2, 3, 1, 2]
+    assert [b.how for b in affine] == [f"triton channel affine ({n} parts, one launch)"
+                                       for n in (1, 2, 3, 1, 2)]
+    per_step = []
+    for b in affine:
+        calls.clear()
+        b()
+        per_step.append(list(calls))
+    assert per_step == [[affine_kernel]] * 5
+    calls.clear()
+    y = ex(x)
+    assert calls.count(affine_kernel) == 5 and len(calls) > 5
+    assert torch.equal(y, ReferenceExecutor(plan)(x))
 
 
 class PreActBlock(nn.Module):
@@ -306,6 +345,8 @@ KERNEL_CASES = [
     ((("s8", "int8", 33), ("u2", "bitplane", 3)), "s24", "int8"),
     ((("s24", "int8", 1), ("u8", "int8", 130)), "s3", "int8"),
     ((("u1", "bitplane", 35),), "u4", "bitplane"),
+    # every channel count, offset and row a multiple of 16: vector loads (ALIGN 16)
+    ((("s24", "int8", 64), ("u8", "int8", 32), ("s16", "int8", 48)), "s8", "int8"),
 ]
 
 
@@ -313,51 +354,165 @@ def _prec(name: str) -> Precision | WidePrecision:
     return WidePrecision(int(name[1:])) if name in ("s16", "s24") else Precision.parse(name)
 
 
-def _packed(v: torch.Tensor, prec, layout: Layout) -> PackedTensor:
+def _packed(v: torch.Tensor, prec, layout: Layout, device="cpu") -> PackedTensor:
     if isinstance(prec, WidePrecision):
-        return PackedTensor(v.to(prec.storage_dtype), tuple(v.shape), prec, layout)
-    return PackedTensor(pack(v, prec, layout), tuple(v.shape), prec, layout)
+        data = v.to(prec.storage_dtype)
+    else:
+        data = pack(v, prec, layout)
+    return PackedTensor(data.to(device), tuple(v.shape), prec, layout)
 
 
-def _kernel_case(parts, out_prec: str, out_layout: str, shape: tuple[int, ...], seed: int):
+def _kernel_case(parts, out_prec: str, out_layout: str, shape: tuple[int, ...], seed: int,
+                 shift: tuple[int, int] = (20, 40), device: str = "cpu"):
+    """Random parts (values, packed on `device`), (m, b, s) with m of either sign and every
+    seventh channel constant (m = 0), and a poisoned out."""
     g = torch.Generator().manual_seed(seed)
     values, packed = [], []
     for prec_name, layout, c in parts:
         p = _prec(prec_name)
         v = torch.randint(p.qmin, p.qmax + 1, (*shape, c), generator=g)
         values.append(v)
-        packed.append(_packed(v, p, Layout(layout)))
+        packed.append(_packed(v, p, Layout(layout), device))
     c = sum(p[2] for p in parts)
     m = torch.randint(-2**24, 2**24, (c,), generator=g)
-    s = torch.randint(20, 40, (c,), generator=g)
+    m[::7] = 0
+    s = torch.randint(*shift, (c,), generator=g)
     b = torch.randint(-2**44, 2**44, (c,), generator=g)
     prec, layout = _prec(out_prec), Layout(out_layout)
-    out = _packed(torch.zeros(*shape, c, dtype=torch.int64), prec, layout)
+    out = _packed(torch.zeros(*shape, c, dtype=torch.int64), prec, layout, device)
     out.data.fill_(0x5A if out.data.dtype.itemsize == 1 else -12345)  # poisoned
     return values, packed, (m, b, s), out
 
 
+def _result(out: PackedTensor) -> torch.Tensor:
+    """out's values, int64 on the CPU."""
+    data = out.data.cpu()
+    if isinstance(out.precision, WidePrecision):
+        return data.to(torch.int64)
+    return unpack(data, out.precision, out.layout, out.shape[-1]).to(torch.int64)
+
+
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: f"{len(c[0])}parts-{c[1]}")
 @pytest.mark.parametrize("shape", [(2, 3, 5), (1, 7), (3, 1, 1)])
-def test_triton_channel_affine_is_bit_exact(case, shape):
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_channel_affine_is_bit_exact(case, shape, device):
     from lowbit.kernels.triton.affine import bind_channel_affine
 
     parts, out_prec, out_layout = case
-    checked = 0
+    checked = aligned = 0
     for relu in (False, True):
         values, packed, (m, b, s), out = _kernel_case(parts, out_prec, out_layout, shape,
-                                                      seed=len(shape) + relu)
+                                                      seed=len(shape) + relu, device=device)
         ref = channel_affine_int(values, m, b, s, out.precision, relu)
-        bind_channel_affine(packed, m, b, s, out, relu)()
-        got = out.data.to(torch.int64) if isinstance(out.precision, WidePrecision) else \
-            unpack(out.data, out.precision, out.layout, out.shape[-1])
-        assert torch.equal(got.to(torch.int64), ref)
+        launcher = bind_channel_affine(packed, m, b, s, out, relu)
+        assert len(launcher.launches) == 1
+        aligned += launcher.launches[0].kwargs["ALIGN"] == 16
+        launcher()
+        assert torch.equal(_result(out), ref)
         assert ref.unique().numel() > 1  # not one clamped level
         checked += ref.numel()
     assert checked == 2 * torch.Size([*shape, sum(p[2] for p in parts)]).numel()
+    assert aligned == (2 if all(p[2] % 16 == 0 for p in parts) else 0)
 
 
-def test_channel_affine_bad_inputs():
+#: the kinds of part a step may read: (precision, layout)
+PART_KINDS = (("s24", "int8"), ("u8", "int8"), ("s8", "int8"), ("s16", "int8"),
+              ("u2", "bitplane"), ("u1", "bitplane"), ("s4", "bitplane"))
+#: 23 parts of odd channel counts for an INT8 out; 21 of whole words but the last for planes
+MANY_PARTS = {
+    "int8": tuple((*PART_KINDS[i % 7], 2 * (i * 5 % 19) + 1) for i in range(23)),
+    "bitplane": (*((*PART_KINDS[i % 7], 32 * (1 + i % 3)) for i in range(20)),
+                 ("s16", "int8", 13)),
+}
+
+
+def _spread(parts, v: torch.Tensor, s: torch.Tensor, levels: int = 0) -> torch.Tensor:
+    """Multipliers (levels=0: x m over a part's range moves the output up to 8 steps) or
+    biases (up to `levels` steps) of v's signs and zeros, random magnitudes."""
+    g = torch.Generator().manual_seed(int(s.sum()))
+    top = torch.tensor([max(-_prec(p).qmin, _prec(p).qmax) for p, _, c in parts
+                        for _ in range(c)], dtype=torch.float64)
+    steps = 8 / top if levels == 0 else torch.full_like(top, levels)
+    mag = torch.rand(v.shape, generator=g, dtype=torch.float64) * steps * 2.0**s.double()
+    return (v.sign() * mag).to(torch.int64)
+
+
+@pytest.mark.parametrize("out_prec,out_layout", [("u8", "int8"), ("s3", "bitplane"),
+                                                 ("s24", "int8")])
+@pytest.mark.parametrize("device", DEVICES)
+def test_many_parts_of_every_kind_in_one_launch(out_prec, out_layout, device):
+    """20+ parts of every kind (odd channel counts where the out allows), negative and zero
+    multipliers (constant channels), ReLU's floor: one launch, equal to the reference."""
+    from lowbit.kernels.triton.affine import affine_kernel, bind_channel_affine
+
+    parts = MANY_PARTS[out_layout]
+    checked = 0
+    for relu in (False, True):
+        values, packed, (m, b, s), out = _kernel_case(parts, out_prec, out_layout, (2, 3),
+                                                      seed=7 + relu, shift=(36, 48),
+                                                      device=device)
+        m, b = _spread(parts, m, s), _spread(parts, b, s, levels=4)
+        ref = channel_affine_int(values, m, b, s, out.precision, relu)
+        launcher = bind_channel_affine(packed, m, b, s, out, relu)
+        (launch,) = launcher.launches
+        assert launch.fn is affine_kernel and len(launch.kwargs["KINDS"]) == 7
+        assert all(a is b for a, b in zip(launcher.sources, (p.data for p in packed),
+                                          strict=True))
+        launcher()
+        assert torch.equal(_result(out), ref)
+        lo = max(out.precision.qmin, 0) if relu else out.precision.qmin
+        inside = (ref > lo) & (ref < out.precision.qmax)
+        assert inside.float().mean() > 0.15  # levels, not clamps
+        constant = ref[..., m == 0].reshape(-1, int((m == 0).sum()))
+        assert (constant == constant[:1]).all() and constant.shape[1] > 10
+        if relu:  # the floor at 0 reached, by negative multipliers too
+            assert int(ref.min()) == 0 and bool((ref[..., m < 0] == 0).any())
+        checked += ref.numel()
+    assert checked == 2 * 6 * sum(p[2] for p in parts)
+
+
+def test_channel_tile_keeps_bit_plane_words_of_one_part():
+    """The tile pads the fewest channels (the larger tile on a tie) and divides every part's
+    channels but the last where those fill whole 32-channel words (a bit-plane out)."""
+    from lowbit.kernels.triton.affine import channel_block
+
+    cases = {(64, 32, 13): 32, (64, 128, 13): 32, (128, 256, 128): 128, (5, 13): 32,
+             (64, 64): 64, (100,): 128, (128, 64, 64): 64, (64, 192, 1): 32}
+    assert {k: channel_block(k) for k in cases} == cases
+    g = torch.Generator().manual_seed(0)
+    for _ in range(500):
+        words = torch.randint(1, 9, (int(torch.randint(1, 6, (1,), generator=g)),),
+                              generator=g) * 32
+        if bool(torch.randint(0, 2, (1,), generator=g)):
+            words = words * 2 ** int(torch.randint(1, 3, (1,), generator=g))
+        widths = [*words.tolist(), int(torch.randint(1, 300, (1,), generator=g))]
+        assert all(w % channel_block(widths) == 0 for w in widths[:-1]), widths
+
+
+def test_alignment_hint_only_where_it_holds():
+    """ALIGN (the kernel's vector-access hint) divides every part's channels, offset and row,
+    and is 1 where a part's storage is not 16-byte aligned."""
+    from lowbit.kernels.triton.affine import _alignment
+
+    def parts(*spec):
+        return [_packed(torch.zeros(2, c, dtype=torch.int64), _prec(p), Layout(lay))
+                for p, lay, c in spec]
+
+    s24, u8 = ("s24", "int8"), ("u8", "int8")
+    cases = [(parts((*s24, 64), (*s24, 32), (*s24, 32)), 16), (parts((*s24, 64), (*u8, 40)), 8),
+             (parts((*s24, 13), (*s24, 32)), 1), (parts((*s24, 32), ("u2", "bitplane", 64)), 2),
+             (parts((*s24, 32), ("u2", "bitplane", 32)), 1)]
+    got = [_alignment(p, [t.shape[-1] for t in p]) for p, _ in cases]
+    assert got == [want for _, want in cases]
+    shifted = parts((*s24, 64))[0]
+    view = torch.empty(shifted.data.numel() + 1, dtype=torch.int32, )[1:]
+    moved = PackedTensor(view.view(shifted.data.shape), shifted.shape, shifted.precision,
+                         shifted.layout)
+    assert _alignment([moved], [64]) == 1 and _alignment([shifted], [64]) == 16
+
+
+def test_channel_affine_bad_inputs(monkeypatch):
+    from lowbit.kernels.triton import affine
     from lowbit.kernels.triton.affine import bind_channel_affine
 
     parts = (("s24", "int8", 5), ("u8", "int8", 3))
@@ -378,6 +533,12 @@ def test_channel_affine_bad_inputs():
         bind_channel_affine(packed, m * 2**20, b, s.clamp(max=30), out)
     binary = _packed(torch.ones(2, 3, 8, dtype=torch.int64), Precision.parse("b1"),
                      Layout.INT8)
+    other = _packed(torch.zeros(2, 3, 8, dtype=torch.int64), Precision(8), Layout.INT8, "meta")
+    with pytest.raises(ValueError, match=r"parts\[0\]\.data is on meta"):
+        bind_channel_affine([other], m, b, s, out)
+    with pytest.raises(ValueError, match=r"out's shape but for its channels \(2, 3\)"):
+        bind_channel_affine([packed[0], _packed(values[1][:1], Precision(8), Layout.INT8)],
+                            m, b, s, out)
     with pytest.raises(ValueError, match="cannot be binary"):
         bind_channel_affine(packed, m, b, s, binary)
     planes = _packed(torch.zeros(2, 3, 8, dtype=torch.int64), Precision(2), Layout.BITPLANE)
@@ -385,6 +546,10 @@ def test_channel_affine_bad_inputs():
         bind_channel_affine(packed, m, b, s, planes)
     with pytest.raises(TypeError, match="relu must be a bool"):
         bind_channel_affine(packed, m, b, s, out, relu=1)
+    with monkeypatch.context() as patch:
+        patch.setattr(affine, "MAX_TILES", 1)
+        with pytest.raises(ValueError, match="make 2 tiles of 32; one launch takes at most 1"):
+            bind_channel_affine(packed, m, b, s, out)
     with pytest.raises(ValueError, match="parts\\[1\\] must have parts\\[0\\]'s shape"):
         channel_affine_int([values[0], values[1][:1]], m, b, s, "u8")
     with pytest.raises(TypeError, match="parts\\[0\\] must be an integer"):
@@ -426,3 +591,64 @@ def test_batchnorm1d_of_a_flattened_map():
         else:
             assert not plan.fallbacks, fallback_reasons(plan)
             assert float((y - yf).abs().max()) <= 1e-4 * float(yf.abs().max())
+
+
+# ------------------------------------------------------------------ sm_90 compile
+def _launchers() -> dict:
+    """name -> bound ChannelAffine at DenseNet-121 sizes (batch 8), on CPU tensors (device
+    checks off; nothing launched): a dense layer's norm1 (six 24-bit parts, u8 out), parts
+    of four kinds into bit planes, norm5's wide out."""
+    from lowbit.kernels.triton import stored
+    from lowbit.kernels.triton.affine import bind_channel_affine
+
+    stored.interpreting = lambda: True
+    s16, s24 = WidePrecision(16), WidePrecision(24)
+
+    def empty(c: int, prec, layout: Layout = Layout.INT8, hw: int = 56) -> PackedTensor:
+        return stored.empty_packed((8, hw, hw, c), prec, layout, "cpu")
+
+    def bound(parts: list[PackedTensor], out: PackedTensor) -> stored.Launcher:
+        c = out.shape[-1]
+        return bind_channel_affine(parts, torch.full((c,), -(2**20)), torch.zeros(c, dtype=
+                                   torch.int64), torch.full((c,), 30), out, relu=True)
+
+    return {
+        "dense_layer_u8": bound([empty(64, s24)] + [empty(32, s24)] * 5, empty(224, "u8")),
+        "four_kinds_planes": bound([empty(64, s24), empty(32, "u8"), empty(32, s16),
+                                    empty(32, "u2", Layout.BITPLANE)],
+                                   empty(160, "u2", Layout.BITPLANE)),
+        "norm5_wide": bound([empty(512, s24, hw=7)] + [empty(32, s24, hw=7)] * 16,
+                            empty(1024, s24, hw=7)),
+    }
+
+
+@pytest.fixture(scope="module")
+def sm90_report() -> dict:
+    import os
+
+    import triton
+
+    from triton_offline import run_module_report
+
+    if not os.path.isdir(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
+                                      "bin")):
+        pytest.skip("this Triton has no bundled NVIDIA tools (ptxas)")
+    return run_module_report(__file__)
+
+
+def test_affine_launch_compiles_for_sm90_without_spills(sm90_report):
+    """Triton's compiler (which the interpreter does not run) accepts the one-launch kernel
+    with its address table and kind branches; ptxas fits it without spills."""
+    assert set(sm90_report) == {"dense_layer_u8", "four_kinds_planes", "norm5_wide"}
+    for name, rows in sm90_report.items():
+        assert isinstance(rows, list), rows
+        assert [r["kernel"] for r in rows] == ["affine_kernel"], name
+        assert rows[0]["spill_bytes"] == 0, (name, rows)
+
+
+if __name__ == "__main__":
+    import json
+
+    from triton_offline import launcher_report
+
+    print(json.dumps(launcher_report(_launchers())))

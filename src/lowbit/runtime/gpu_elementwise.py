@@ -1,6 +1,8 @@
 """GPU bindings of the plan's elementwise integer steps (`lowbit.runtime.gpu` calls them):
 Gather, TableMul and narrow Lookup steps on `lowbit.kernels.triton.elementwise`'s kernels,
-ChannelAffine on `lowbit.kernels.triton.affine`'s, Gather of float or bit-plane tensors
+ChannelAffine on `lowbit.kernels.triton.affine`'s (one launch per step, whatever its parts:
+the kernel reads them through a table of their addresses, bound once; the executor's
+buffers are fixed views of its arena), Gather of float or bit-plane tensors
 through torch (a copy into the output buffer)."""
 
 from __future__ import annotations
@@ -38,11 +40,11 @@ def bind_elementwise(executor: object, step: Step) -> tuple[list, str]:
     """(launches, what runs them) of a Gather, TableMul, ChannelAffine or narrow Lookup step
     of the executor's plan."""
     plan, params = executor.plan, executor.plan.params
-    if isinstance(step, ChannelAffine):
+    if isinstance(step, ChannelAffine):  # one launch over every part
         return [affine_kernels().bind_channel_affine(
             [executor.packed(p) for p in step.parts], params[step.multiplier],
             params[step.bias], params[step.shift], executor.packed(step.output),
-            step.relu)], "triton channel affine"
+            step.relu)], f"triton channel affine ({len(step.parts)} parts, one launch)"
     ops = elementwise_kernels()
     if isinstance(step, TableMul):
         return [ops.bind_table_mul(executor.packed(step.a), executor.packed(step.b),
