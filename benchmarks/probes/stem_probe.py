@@ -24,6 +24,7 @@ H100; `--full` adds the rest of the ring knobs.
 
     python benchmarks/probes/stem_probe.py [--out DIR] [--batches 8 256] [--quick] [--full] \
         [--stems resnet alexnet vgg] [--inputs float32 uint8] [--outputs u2]
+    python benchmarks/probes/stem_probe.py --sass   # no GPU: the ws kernel's SASS per step
 
 Writes stem_probe-<time>.json (rows with "benchmark": "stem_probe", "winners") and .txt (the
 table and the winners) to DIR (default benchmarks/results/<gpu>/logs/).
@@ -367,6 +368,49 @@ def winners(rows: list[dict]) -> list[str]:
     return lines
 
 
+def ws_step_sass(u8_input: bool, arch: str = "sm_90a") -> dict:
+    """Static SASS figures of the ws kernel's pooled-row step on ResNet's shape (outputs u8 and
+    a derived u2 bit plane, no GPU): a consumer warp's step (the instructions from the wait
+    before its first mma to the arrival after its last) and a producer warp's ring fill
+    (from its wait for an empty slot to its arrival), their commonest opcodes, registers and
+    spill; per_step = 8 consumer steps + 1 fill (one fill a step), the issue slots an SM
+    spends per pooled row."""
+    import collections
+
+    from lowbit.kernels.cuda.nvrtc import compile_cubin, ptxas_report
+    from lowbit.kernels.cuda.sass import kernel_instructions, opcodes
+    from lowbit.kernels.cuda.stem_ws import (
+        CONSUMER_WARPS,
+        KIND_FORMULA,
+        KIND_THRESHOLDS,
+        WsOutput,
+        WsShape,
+        render,
+    )
+
+    shape = WsShape(C=3, PS=2, PP=1, NT_W=4, U8_INPUT=u8_input, HAS_STATUS=not u8_input,
+                    QMIN=-128, QMAX=127, outputs=(WsOutput(KIND_FORMULA, 0, 8, 0, 255),
+                                                  WsOutput(KIND_THRESHOLDS, 1, 2, 0, 3)))
+    source = render(shape)
+    ops = opcodes(kernel_instructions(compile_cubin(source, arch))["stem_ws"])
+    first = ops.index(next(o for o in ops if o.startswith("IMMA")))
+    last = len(ops) - 1 - ops[::-1].index(next(o for o in ops[::-1] if o.startswith("IMMA")))
+    c0 = max(i for i in range(first) if ops[i].startswith("SYNCS.PHASECHK"))
+    c1 = next(i for i in range(last, len(ops)) if ops[i].startswith("SYNCS.ARRIVE"))
+    p0 = next(i for i in range(c1 + 1, len(ops)) if ops[i].startswith("SYNCS.PHASECHK"))
+    p1 = next(i for i in range(p0, len(ops)) if ops[i].startswith("SYNCS.ARRIVE"))
+
+    def top(part: list[str]) -> list[tuple[str, int]]:
+        return collections.Counter(o.split(".")[0] for o in part).most_common(8)
+
+    consumer, producer = ops[c0:c1 + 1], ops[p0:p1 + 1]
+    return {"input": "uint8" if u8_input else "float32", "consumer_step": len(consumer),
+            "producer_fill": len(producer),
+            "per_step": CONSUMER_WARPS * len(consumer) + len(producer),
+            "consumer_top": top(consumer), "producer_top": top(producer),
+            **ptxas_report(source, arch, "stem_ws")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None)
@@ -387,7 +431,14 @@ def main() -> None:
                     "earlier output M (ResNet-18's narrow stream: u8 u2@u8)")
     ap.add_argument("--variants", nargs="+", default=(),
                     help="only these variants beside the default (names as in the table)")
+    ap.add_argument("--sass", action="store_true",
+                    help="no GPU: the ws kernel's static SASS per pooled-row step "
+                    "(`ws_step_sass`), float32 and uint8 images, then exit")
     args = ap.parse_args()
+    if args.sass:
+        for u8_input in (False, True):
+            print(ws_step_sass(u8_input))
+        return
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     out = args.out or ROOT / "benchmarks" / "results" / gpu_dirname() / "logs"

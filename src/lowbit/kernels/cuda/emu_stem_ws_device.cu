@@ -54,6 +54,9 @@ __device__ __forceinline__ int quantize_value(float x, float scale) {
   const float v = floorf(__fadd_rn(__fdiv_rn(x, scale), 0.5f));
   return (int)fminf(fmaxf(v, (float)QMIN), (float)QMAX);
 }
+static inline int saturate_index(float u) {
+  return u >= 255.0f ? 255 : (u >= 1.0f ? (int)u : 0);  // NaN: 0
+}
 __device__ __forceinline__ void flag_status(int* status) {
   std::atomic_ref<int> s(*status);
   int old = s.load();

@@ -7,7 +7,8 @@
 // - PRODUCER_WARPS producer warps: each fills whole ring slots in turn (fill f: warp
 //   f % PRODUCER_WARPS). A fill is one pair of space-to-depth rows of the tile: the image
 //   values loaded (chunks of EPC values a lane, the next chunk in flight while this one is
-//   quantized), quantized (IEEE division as the CPU, or the uint8 image's table) and stored
+//   quantized), quantized (the float image by thresholds equal to IEEE division, `quantize_by_thresholds`,
+//   or by division for extreme scales; the uint8 image by its table) and stored
 //   as 4C-byte pixels (byte (d C + c) 2 + e of image pixel (2 (Y - PS) + d, 2 (X - PS) + e),
 //   channel c). Slot f % NSLOT; the producer waits for the slot's "empty" mbarrier (its
 //   previous fill consumed) before its first store, and arrives on its "full" mbarrier.

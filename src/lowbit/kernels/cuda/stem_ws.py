@@ -5,14 +5,17 @@ uint8 NCHW image (any strides) to the layer's outputs, in one launch; compiled w
 (`stem_ws.cu` and the files it includes), emulated on the CPU by `stem_ws_emu`.
 
 Semantics: those of `kernels.triton.stem` (its module docstring), bit for bit: the image
-quantized as `reference.quantize_float` (IEEE division, round half up) or looked up in the
-uint8 image's table, int8 x int8 products summed in int32 on the tensor cores, the pool on
-the int32 accumulators (INT32_MIN outside the conv output), then per output either
+quantized as `reference.quantize_float` (IEEE division, round half up; in the kernel a
+candidate by one multiply-add, made exact by the quantizer's steps, `float_thresholds`) or
+looked up in the uint8 image's table, int8 x int8 products summed in int32 on the tensor
+cores, the pool on the int32 accumulators (INT32_MIN outside the conv output), then per
+output either
 - integer thresholds (outputs of 1-2 bits, plain or derived: `stem_gemm.threshold_table`,
   `stem_gemm.derived_threshold_table`), in the INT8 or BITPLANE layout, or
-- the formula floor((y m + b + 2^(s-1)) / 2^s) clamped to [low, high] in exact 64-bit
-  arithmetic (b + 2^(s-1) split at 2^s on the host, so no partial sum leaves int64), for
-  outputs of 3-8 bits with m < 2^31, in the INT8 layout.
+- the formula floor((y m + b + 2^(s-1)) / 2^s) clamped to [low, high], exact: in int32 where
+  every partial sum fits, else as one int64 sum whose quotient is an int32, else with
+  b + 2^(s-1) split at 2^s on the host so that no partial sum leaves int64 (`_formula_kind`),
+  for outputs of 3-8 bits with m < 2^31, in the INT8 layout.
 Anything else is refused with its reason (`ws_refusal`, `ws_output_refusal`), so the caller
 falls back to the Triton stem: float outputs, derived outputs wider than 2 bits, wide outputs,
 residual terms, other strides, no pool.
@@ -44,11 +47,14 @@ __all__ = ["WsOutput", "WsShape", "bind_ws_stem", "render", "ws_arguments", "ws_
 KERNEL_NAME = "stem_ws"
 #: threads of a CTA (4 producer warps, 8 consumer warps) and output channels per CTA
 THREADS = 384
+CONSUMER_WARPS = 8
 KBLOCK = 64
 #: ring slots (pairs of space-to-depth rows)
 NSLOT = 6
-#: output kinds of the kernel: none, integer thresholds, the 64-bit formula
-KIND_NONE, KIND_THRESHOLDS, KIND_FORMULA = 0, 1, 2
+#: output kinds of the kernel: none, integer thresholds, the formula with one 64-bit sum and an
+#: int32 quotient, the formula with b + 2^(s-1) split at 2^s (any int64 sum), the formula in
+#: int32 (`_formula_kind`)
+KIND_NONE, KIND_THRESHOLDS, KIND_FORMULA, KIND_FORMULA_SPLIT, KIND_FORMULA32 = 0, 1, 2, 3, 4
 MAX_OUTPUTS = 3
 EPI_WORDS = 8
 
@@ -79,10 +85,14 @@ class WsShape:
     QMAX: int
     outputs: tuple[WsOutput, ...]
     NSLOT: int = NSLOT
+    #: a float image quantized by IEEE division (a scale whose reciprocal is not a normal
+    #: float), not by the thresholds (`float_thresholds`)
+    DIV_QUANT: bool = False
 
     def prelude(self) -> dict[str, int]:
         values = {"C": self.C, "PS": self.PS, "PP": self.PP, "NT_W": self.NT_W,
                   "NSLOT": self.NSLOT, "U8_INPUT": int(self.U8_INPUT),
+                  "DIV_QUANT": int(self.DIV_QUANT),
                   "HAS_STATUS": int(self.HAS_STATUS), "QMIN": self.QMIN, "QMAX": self.QMAX,
                   "NOUT": MAX_OUTPUTS}
         outs = list(self.outputs) + [WsOutput()] * (MAX_OUTPUTS - len(self.outputs))
@@ -158,6 +168,44 @@ def ws_outputs_refusal(specs: Sequence[object], layouts: Sequence[Layout | None]
 
 
 # =========================================================================== host tables
+#: scales whose float image the kernel quantizes by thresholds (1 / scale a normal float with
+#: room: `stem_ws_kernel.cu`'s quantize_by_thresholds, candidate within one of the value)
+THRESHOLD_SCALES = (2.0**-100, 2.0**100)
+
+
+def _float_of(key: torch.Tensor) -> torch.Tensor:
+    """Ordered int64 keys (the float32 bit patterns, negative ones mirrored) -> float32."""
+    bits = torch.where(key >= 0, key, -key - 2**31)  # sign bit set: int32 -2^31 + |key|
+    return bits.to(torch.int32).view(torch.float32)
+
+
+def float_thresholds(scale: float, prec: Precision) -> torch.Tensor:
+    """The float image's quantizer steps, int32 [256, 4] (the kernel's QuantStep: float32 bits
+    of T(k), T(k + 1), then the base value, 0): T(l), l = 1 .. qmax - qmin, the least float32
+    x with `reference.quantize_float(x)` >= qmin + l (the quantizer is monotone: x's value is
+    qmin + #{l : x >= T(l)}), T(0) and T(qmax - qmin + 1) NaN (no comparison holds); base
+    qmin + k, past the last level (k > qmax - qmin) qmax with NaN thresholds. Bisection over
+    the ordered finite float32 values, each probe quantized by the reference itself."""
+    from ...reference import quantize_float
+
+    levels = int(prec.qmax) - int(prec.qmin) + 1
+    targets = torch.arange(int(prec.qmin) + 1, int(prec.qmax) + 1, dtype=torch.int64)
+    top = 0x7F7FFFFF  # FLT_MAX's key: every finite float32 lies in [-top, top]
+    lo = torch.full_like(targets, -top)  # quantize(lo) < target <= quantize(hi)
+    hi = torch.full_like(targets, top)
+    while bool((hi - lo > 1).any()):
+        mid = (lo + hi).div(2, rounding_mode="floor")
+        ok = quantize_float(_float_of(mid), scale, prec) >= targets
+        hi, lo = torch.where(ok, mid, hi), torch.where(ok, lo, mid)
+    t = torch.full((257,), float("nan"), dtype=torch.float32)
+    t[1:levels] = _float_of(hi)
+    steps = torch.zeros(256, 4, dtype=torch.int32)
+    steps[:, 0] = t[:256].view(torch.int32)
+    steps[:, 1] = t[1:].view(torch.int32)
+    steps[:, 2] = (int(prec.qmin) + torch.arange(256)).clamp(max=int(prec.qmax))
+    return steps
+
+
 def ws_weights(weight: torch.Tensor, geom: StemGeometry) -> torch.Tensor:
     """KRSC integer weights -> int8 [K rounded up to 64, 64 C]: window row a, column b, byte
     (d C + c) 2 + e holds filter tap (2 (a - PS) + d + pad, 2 (b - PS) + e + pad) of channel
@@ -176,10 +224,43 @@ def ws_weights(weight: torch.Tensor, geom: StemGeometry) -> torch.Tensor:
     return out.reshape(kpad, 64 * c).contiguous()
 
 
-def _epilogue_rows(i: int, spec: Requantized, layout: Layout, k: int
+def _reduced(m: torch.Tensor, cb: torch.Tensor, s: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(m, c, s) per channel divided by the largest 2^d (d <= s - 1) dividing m and c =
+    b + 2^(s-1): floor((y m + c) / 2^s) is the same for every y, at a shift d smaller."""
+    d = torch.zeros_like(s)
+    for i in range(1, 62):
+        ok = (s > i) & (m % (1 << i) == 0) & (cb % (1 << i) == 0)
+        if not bool(ok.any()):
+            break
+        d = torch.where(ok, torch.full_like(d, i), d)
+    return m >> d, cb >> d, s - d
+
+
+def _formula_kind(m: torch.Tensor, cb: torch.Tensor, s: torch.Tensor, acc_bound: int
+                  ) -> tuple[int, torch.Tensor]:
+    """The cheapest exact form of floor((y m + c) / 2^s) for |y| <= acc_bound (int32 y) and
+    its int64 [k, 4] words (m, s, c low, c high):
+    - KIND_FORMULA32: every partial sum of y m + c in int32 (after `_reduced`);
+    - KIND_FORMULA: y m + c in int64 and its quotient in int32 for every int32 y
+      (2^31 m + |c| < 2^min(s + 31, 63)), so the kernel shifts the sum and keeps one word;
+    - KIND_FORMULA_SPLIT otherwise (c split at 2^s, `_epilogue_rows`)."""
+    rm, rc, rs = _reduced(m, cb, s)
+    if all(acc_bound * mi + abs(ci) < 2**31
+           for mi, ci in zip(rm.tolist(), rc.tolist(), strict=True)):
+        return KIND_FORMULA32, torch.stack([rm, rs, rc, torch.zeros_like(rc)], 1)
+    fits = [2**31 * mi + abs(ci) < 2 ** min(si + 31, 63)
+            for mi, ci, si in zip(m.tolist(), cb.tolist(), s.tolist(), strict=True)]
+    if all(fits):
+        return KIND_FORMULA, torch.stack([m, s, cb & 0xFFFFFFFF, cb >> 32], 1)
+    return KIND_FORMULA_SPLIT, torch.empty(0)
+
+
+def _epilogue_rows(i: int, spec: Requantized, layout: Layout, k: int, acc_bound: int
                    ) -> tuple[WsOutput, torch.Tensor]:
     """Output i's compile-time values and its int32 [k, EPI_WORDS] constants: thresholds, or
-    (m, s, hi, lo) with b + 2^(s-1) = hi 2^s + lo as int64 words (low word first)."""
+    the formula's words (`_formula_kind`; KIND_FORMULA_SPLIT: m, s, then hi and lo of
+    b + 2^(s-1) = hi 2^s + lo as int64 words, low word first)."""
     p = spec.precision
     rows = torch.zeros(k, EPI_WORDS, dtype=torch.int64)
     lay = 1 if layout is Layout.BITPLANE else 0
@@ -193,17 +274,20 @@ def _epilogue_rows(i: int, spec: Requantized, layout: Layout, k: int
     s = torch.as_tensor(spec.shift).to(torch.int64).expand(k)
     b = torch.as_tensor(0 if spec.bias is None else spec.bias).to(torch.int64).expand(k)
     cb = b + (torch.ones_like(s) << (s - 1))
-    hi, lo = cb >> s, cb & ((torch.ones_like(s) << s) - 1)
-    for col, v in enumerate((m, s, hi & 0xFFFFFFFF, hi >> 32, lo & 0xFFFFFFFF, lo >> 32)):
-        rows[:, col] = v
+    kind, words = _formula_kind(m, cb, s, acc_bound)
+    if kind == KIND_FORMULA_SPLIT:
+        hi, lo = cb >> s, cb & ((torch.ones_like(s) << s) - 1)
+        words = torch.stack([m, s, hi & 0xFFFFFFFF, hi >> 32, lo & 0xFFFFFFFF, lo >> 32], 1)
+    rows[:, :words.shape[1]] = words
     rows = torch.where(rows >= 2**31, rows - 2**32, rows)
-    return WsOutput(KIND_FORMULA, lay, p.bits, spec.low, spec.high), rows.to(torch.int32)
+    return WsOutput(kind, lay, p.bits, spec.low, spec.high), rows.to(torch.int32)
 
 
-def ws_epilogue(specs: Sequence[object], outs: Sequence[object], k: int
+def ws_epilogue(specs: Sequence[object], outs: Sequence[object], k: int, acc_bound: int = 2**31
                 ) -> tuple[tuple[WsOutput, ...], torch.Tensor]:
     """The outputs' compile-time values and their constants int32 [MAX_OUTPUTS, K rounded up
-    to 64, EPI_WORDS] (ValueError: `ws_output_refusal`)."""
+    to 64, EPI_WORDS] for pooled values y + bias of |y + bias| <= acc_bound (ValueError:
+    `ws_output_refusal`)."""
     kpad = -(-k // KBLOCK) * KBLOCK
     table = torch.zeros(MAX_OUTPUTS, kpad, EPI_WORDS, dtype=torch.int32)
     kinds = []
@@ -212,7 +296,7 @@ def ws_epilogue(specs: Sequence[object], outs: Sequence[object], k: int
                                 k)
         if why is not None:
             raise ValueError(f"the warp-specialized stem cannot write {why}")
-        kind, rows = _epilogue_rows(i, as_output_spec(i, spec), out.layout, k)
+        kind, rows = _epilogue_rows(i, as_output_spec(i, spec), out.layout, k, acc_bound)
         table[i, :k] = rows
         kinds.append(kind)
     return tuple(kinds), table
@@ -237,6 +321,15 @@ def ws_band_rows(geom: StemGeometry, n_tiles: int, ctas: int) -> int:
 
 
 # =========================================================================== arguments
+def _acc_bound(weight: torch.Tensor, bias: torch.Tensor | None, prec: Precision) -> int:
+    """The largest |conv + bias| of any channel: sum |w| times the image's largest |value|
+    plus |bias| (an int32 sum in the kernel: at most 2^31)."""
+    w = weight.to(torch.int64).cpu().abs().reshape(weight.shape[0], -1).sum(1)
+    b = torch.zeros_like(w) if bias is None else bias.to(torch.int64).cpu().abs()
+    top = max(abs(int(prec.qmin)), abs(int(prec.qmax)))
+    return min(int((w * top + b).max()), 2**31)
+
+
 def ws_arguments(image: torch.Tensor, table: torch.Tensor | None, weight: torch.Tensor,
                  bias: torch.Tensor | None, specs: Sequence[object], outs: Sequence[object],
                  geom: StemGeometry, prec: Precision, scale: float,
@@ -250,7 +343,7 @@ def ws_arguments(image: torch.Tensor, table: torch.Tensor | None, weight: torch.
     if why is not None:
         raise ValueError(f"the warp-specialized stem cannot run this layer: {why}")
     device = image.device
-    kinds, epi = ws_epilogue(specs, outs, geom.K)
+    kinds, epi = ws_epilogue(specs, outs, geom.K, _acc_bound(weight, bias, prec))
     kpad = epi.shape[1]
     nt = ws_n_tiles(geom)
     rows = band_rows or ws_band_rows(geom, nt, ctas)
@@ -258,16 +351,21 @@ def ws_arguments(image: torch.Tensor, table: torch.Tensor | None, weight: torch.
     bands = -(-geom.PH // rows)
     tiles = geom.N * bands * col_blocks
     is_u8 = image.dtype == torch.uint8
+    s32 = float(torch.tensor(scale, dtype=torch.float32))
     shape = WsShape(C=geom.C, PS=-geom.a_min, PP=geom.pool_pad, NT_W=nt, U8_INPUT=is_u8,
                     HAS_STATUS=status is not None and not is_u8, QMIN=int(prec.qmin),
-                    QMAX=int(prec.qmax), outputs=kinds)
+                    QMAX=int(prec.qmax), outputs=kinds,
+                    DIV_QUANT=not is_u8 and not THRESHOLD_SCALES[0] <= s32
+                    <= THRESHOLD_SCALES[1])
+    table = (table.to(torch.int8).contiguous() if is_u8
+             else float_thresholds(s32, prec).to(device))
     bias_pad = torch.zeros(kpad, dtype=torch.int32)
     if bias is not None:
         bias_pad[:geom.K] = bias.to(torch.int32).cpu()
     w = ws_weights(weight, geom).to(device)
     placeholder = w
     datas = [o.data for o in outs] + [placeholder] * (MAX_OUTPUTS - len(outs))
-    args = (image, table if is_u8 else placeholder, w, epi.to(device), bias_pad.to(device),
+    args = (image, table, w, epi.to(device), bias_pad.to(device),
             *datas, status if status is not None else placeholder, geom.N, geom.H, geom.W,
             *image.stride(), float(scale), geom.OH, geom.OW, geom.PH, geom.PW, geom.K, bands,
             rows, col_blocks, tiles)
@@ -278,7 +376,7 @@ def smem_bytes(shape: WsShape) -> int:
     """The kernel's shared memory (stem_ws_common.cu's layout)."""
     xs = 2 * 4 * (4 * shape.NT_W - 1) + 5
     row = -(-xs * 4 * shape.C // 16) * 16
-    table = -(-shape.C * 256 // 16) * 16
+    table = -(-shape.C * 256 // 16) * 16 if shape.U8_INPUT else 256 * 16
     return shape.NSLOT * 2 * row + MAX_OUTPUTS * KBLOCK * EPI_WORDS * 4 + KBLOCK * 4 + table \
         + 2 * shape.NSLOT * 8 + shape.NT_W * 4 * (THREADS - 128) * 4
 

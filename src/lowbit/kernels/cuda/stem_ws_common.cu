@@ -30,12 +30,15 @@ constexpr int EPC = RPC * MC;                   // image values a lane loads at 
 constexpr int NCHUNK = (FILL_ROWS + RPC - 1) / RPC;
 constexpr int EPI_WORDS = 8;                    // int32 words per output and channel
 constexpr int INT32_LOW = -2147483647 - 1;
-// shared memory: ring, epilogue constants, bias, uint8 table, mbarriers, the consumers'
+// shared memory: ring, epilogue constants, bias, table, mbarriers, the consumers'
 // carried rows (registers they need for the MMA operands)
 constexpr int SM_EPI = NSLOT * SLOT_BYTES;
 constexpr int SM_BIAS = SM_EPI + NOUT * KBLOCK * EPI_WORDS * 4;
 constexpr int SM_TABLE = SM_BIAS + KBLOCK * 4;
-constexpr int SM_BARS = SM_TABLE + (C * 256 + 15) / 16 * 16;
+// the uint8 image's table (int8 [C][256]) or the float image's quantizer steps (QuantStep
+// [256], `quantize_by_thresholds`)
+constexpr int TABLE_BYTES = U8_INPUT ? (C * 256 + 15) / 16 * 16 : 256 * 16;
+constexpr int SM_BARS = SM_TABLE + TABLE_BYTES;
 constexpr int SM_CARRY = SM_BARS + 2 * NSLOT * 8;  // int32 [NT_W][4][CONSUMERS]
 constexpr int SMEM_BYTES = SM_CARRY + NT_W * 4 * CONSUMERS * 4;
 static_assert(SMEM_BYTES == SMEM_EXPECTED, "stem_ws.smem_bytes must match this layout");

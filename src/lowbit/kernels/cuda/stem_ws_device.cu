@@ -30,4 +30,10 @@ __device__ __forceinline__ int quantize_value(float x, float scale) {
   const float v = floorf(__fadd_rn(__fdiv_rn(x, scale), 0.5f));
   return (int)fminf(fmaxf(v, (float)QMIN), (float)QMAX);
 }
+// clamp(trunc(u), 0, 255), NaN: 0 (a conversion to u8 saturates)
+__device__ __forceinline__ int saturate_index(float u) {
+  u32 r;
+  asm("cvt.rzi.u8.f32 %0, %1;" : "=r"(r) : "f"(u));
+  return (int)r;
+}
 __device__ __forceinline__ void flag_status(int* status) { atomicMax(status, 1); }

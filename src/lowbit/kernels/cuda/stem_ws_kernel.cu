@@ -67,14 +67,34 @@ __device__ __forceinline__ void load_chunk(const T* x, const StemDims& d, const 
     const bool row_ok = CI * RPC + rr < FILL_ROWS && fill_row(d, s, k, CI * RPC + rr, off);
 #pragma unroll
     for (int m = 0; m < MC; ++m)
-      v[rr * MC + m] = row_ok && (fc.ok >> m & 1) ? x[off + fc.off[m]] : (T)0;
+      v[rr * MC + m] = row_ok && (fc.ok >> m & 1) ? (x + off)[fc.off[m]] : (T)0;
   }
+}
+
+// The quantized value of a float x, clamp(floor(x / scale + 0.5), QMIN, QMAX) with IEEE
+// division and addition (`quantize_value`), without a division: the candidate
+// k = clamp(floor(fma(x, 1 / scale, 0.5 - QMIN)), 0, 255) is the exact index x's value - QMIN
+// or a neighbour (1 / scale a normal float: `stem_ws.float_thresholds`), so with step k of
+// the table (base QMIN + k and thresholds T(k), T(k + 1), T(l) the least float of value
+// QMIN + l; past the last level: base QMAX, no thresholds) x's value is
+// base + [x >= T(k + 1)] - [x < T(k)] (a missing threshold is NaN: no comparison holds).
+// Non-finite x: some value in [QMIN, QMAX + 1] (flagged by the caller).
+struct alignas(16) QuantStep {
+  float lo, hi;
+  int base, unused;
+};
+
+__device__ __forceinline__ int quantize_by_thresholds(float x, float inv,
+                                                      const QuantStep* steps) {
+  const QuantStep t = steps[saturate_index(fmaf(x, inv, 0.5f - (float)QMIN))];
+  const int up = x >= t.hi ? -1 : 0, down = x < t.lo ? -1 : 0;
+  return t.base - up + down;
 }
 
 template <int CI, class T>
 __device__ __forceinline__ void store_chunk(u8* slot, const s8* table, const StemDims& d,
                                             const StemTile& s, const FillColumns& fc, int k,
-                                            const T (&v)[EPC], bool& bad) {
+                                            const T (&v)[EPC], float inv, float& nonfinite) {
 #pragma unroll
   for (int rr = 0; rr < RPC; ++rr) {
     const int rho = CI * RPC + rr;
@@ -91,8 +111,10 @@ __device__ __forceinline__ void store_chunk(u8* slot, const s8* table, const Ste
         q = row_ok && (fc.ok >> m & 1) ? (int)table[c * 256 + (int)v[rr * MC + m]] : 0;
       } else {
         const float xf = (float)v[rr * MC + m];
-        if (HAS_STATUS && !(xf - xf == 0.0f)) bad = true;  // inf or nan (outside: 0)
-        q = quantize_value(xf, d.scale);
+        // x 0 = 0 for finite x, NaN for inf or nan (outside the image x is 0)
+        if constexpr (HAS_STATUS) nonfinite = fmaf(xf, 0.0f, nonfinite);
+        if constexpr (DIV_QUANT) q = quantize_value(xf, d.scale);
+        else q = quantize_by_thresholds(xf, inv, (const QuantStep*)table);
       }
       if (32 * (m + 1) <= IXS || (fc.in_tile >> m & 1)) row[fc.byte[m]] = (u8)q;
     }
@@ -105,11 +127,11 @@ template <int CI, class T>
 __device__ __forceinline__ void fill_chunks(const T* x, u8* ring, const s8* table,
                                             const StemDims& d, const StemTile& s,
                                             const FillColumns& fc, int k, T (&now)[EPC],
-                                            T (&next)[EPC], bool& bad) {
+                                            T (&next)[EPC], float inv, float& nonfinite) {
   if constexpr (CI < NCHUNK) {
     if constexpr (CI + 1 < NCHUNK) load_chunk<CI + 1>(x, d, s, fc, k, next);
-    store_chunk<CI>(ring, table, d, s, fc, k, now, bad);
-    fill_chunks<CI + 1>(x, ring, table, d, s, fc, k, next, now, bad);
+    store_chunk<CI>(ring, table, d, s, fc, k, now, inv, nonfinite);
+    fill_chunks<CI + 1>(x, ring, table, d, s, fc, k, next, now, inv, nonfinite);
   }
 }
 
@@ -119,7 +141,8 @@ __device__ void produce(const T* x, u8* smem, const StemDims& d, int* status, in
   u64* full = (u64*)(smem + SM_BARS);
   u64* empty = full + NSLOT;
   const s8* table = (const s8*)(smem + SM_TABLE);
-  bool bad = false;
+  const float inv = __fdiv_rn(1.0f, d.scale);  // correctly rounded
+  float nonfinite = 0.0f;  // NaN once a non-finite image value was seen
   i64 f = 0;  // fills of this CTA so far (slot f % NSLOT)
   for (int tile = blockIdx.x; tile < d.tiles; tile += gridDim.x) {
     const StemTile s = stem_tile(d, tile);
@@ -131,7 +154,7 @@ __device__ void produce(const T* x, u8* smem, const StemDims& d, int* status, in
       T va[EPC], vb[EPC];
       load_chunk<0>(x, d, s, fc, k, va);
       if (f >= NSLOT) mbar_wait(&empty[slot], (int)((f / NSLOT - 1) & 1));
-      fill_chunks<0>(x, ring, table, d, s, fc, k, va, vb, bad);
+      fill_chunks<0>(x, ring, table, d, s, fc, k, va, vb, inv, nonfinite);
       mbar_arrive(&full[slot]);
     }
   }
@@ -141,7 +164,7 @@ __device__ void produce(const T* x, u8* smem, const StemDims& d, int* status, in
       mbar_wait(&empty[g % NSLOT], (int)((g / NSLOT - 1) & 1));
     }
   }
-  if (HAS_STATUS && bad) flag_status(status);
+  if (HAS_STATUS && nonfinite != nonfinite) flag_status(status);
 }
 
 // ------------------------------------------------------------------ consumer
@@ -163,6 +186,13 @@ __device__ __forceinline__ void write_output(void* out, const int* epi, const in
 #pragma unroll
         for (int l = 0; l < HI - LO; ++l) v += y[mt][hr] >= e[l] ? 1 : 0;
         q[mt][hr] = v;
+      } else if constexpr (KIND == 4) {  // floor((y m + c) / 2^s), every partial sum int32
+        const int v = (int)((u32)y[mt][hr] * (u32)e[0] + (u32)e[2]) >> e[1];
+        q[mt][hr] = min(max(v, LO), HI);
+      } else if constexpr (KIND == 2) {  // floor((y m + c) / 2^s): the sum int64, the quotient
+        const i64 c = (i64)(((u64)(u32)e[3] << 32) | (u32)e[2]);  // int32 (host bound)
+        const int v = (int)(((i64)y[mt][hr] * (i64)e[0] + c) >> e[1]);
+        q[mt][hr] = min(max(v, LO), HI);
       } else {  // floor((y m + b + 2^(s-1)) / 2^s), b + 2^(s-1) split at 2^s on the host
         const int sh = e[1];
         const i64 hi = (i64)(((u64)(u32)e[3] << 32) | (u32)e[2]);
@@ -343,8 +373,8 @@ stem_ws(const void* __restrict__ x, const s8* __restrict__ table, const u8* __re
     ((int*)(smem + SM_EPI))[i] = epi[((i64)o * gridDim.y * KBLOCK + c0) * EPI_WORDS + r];
   }
   for (int i = tid; i < KBLOCK; i += THREADS) ((int*)(smem + SM_BIAS))[i] = bias[c0 + i];
-  if constexpr (U8_INPUT) {
-    for (int i = tid; i < C * 256; i += THREADS) ((s8*)(smem + SM_TABLE))[i] = table[i];
+  for (int i = tid; i < TABLE_BYTES / 4; i += THREADS) {
+    ((int*)(smem + SM_TABLE))[i] = ((const int*)table)[i];
   }
   if (tid == 0) {
     u64* bars = (u64*)(smem + SM_BARS);
