@@ -447,11 +447,12 @@ def render_qat_schedule(files: list[Result]) -> list[str]:
 def _policy(r: dict) -> str:
     """The row's per-layer implementation policy (`impl_chooser`'s name; "default" where the
     row does not say), with "no fused outputs" where int8 layers left their layer epilogue
-    to the separate pass, "exact" where the plan kept 31-bit multipliers everywhere and the
-    stem kernel the row asked for (`PlanOptions.stem_kernel`)."""
+    to the separate pass, "approx. 32-bit" where the plan took the approximate 32-bit
+    requantizations (`PlanOptions.requant32`; rows that do not say are exact) and the stem
+    kernel the row asked for (`PlanOptions.stem_kernel`)."""
     name = r.get("chooser", "default")
     name = name if r.get("fuse_outputs", True) else f"{name}, no fused outputs"
-    name = name if r.get("requant32", True) else f"{name}, exact (64-bit) requantization"
+    name = f"{name}, approx. 32-bit" if r.get("requant32") is True else name
     return f"{name}, {r['stem_kernel']} stem" if r.get("stem_kernel") else name
 
 
@@ -465,6 +466,11 @@ def _network_key(r: dict) -> tuple | None:
             r.get("wide_bits", 24), _policy(r))
 
 
+def _clipped(text: str, most: int = 64) -> str:
+    """A step's kernel description cut to `most` characters (the results file has it all)."""
+    return text if len(text) <= most else text[:most - 3].rstrip() + "..."
+
+
 def _largest_steps(runs: list[tuple[Result, dict]], n: int = 3) -> list[str]:
     """Each run's `n` slowest steps in one table: impl, time, the alone time of each launch of
     multi-launch steps (a column only where a step has them), roofline floor and the fp16 time
@@ -473,7 +479,7 @@ def _largest_steps(runs: list[tuple[Result, dict]], n: int = 3) -> list[str]:
     for f, r in runs:
         layers = sorted((x for x in r.get("layers") or [] if x.get("time_us")),
                         key=lambda x: -x["time_us"])[:n]
-        rows += [[r["precision"], x.get("name", "-"), x.get("impl", "-"),
+        rows += [[r["precision"], x.get("name", "-"), _clipped(x.get("impl", "-")),
                   f.link(us(x["time_us"])),
                   " + ".join(us(t) for t in x.get("launches_us") or []) or "-",
                   us(x.get("floor_us")), us(x.get("fp16_us"))] for x in layers]

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 #: the stem kernels `PlanOptions.stem_kernel` may ask for (the others are shape defaults)
 STEM_CHOICES = ("ws", "ring")
+#: how `stem_config`'s reason for the shape's default begins (`stem_text` leaves it out)
+DEFAULT_REASON = "the first-layer shape's default"
 
 
 def output_specs(step: Layer, tensors: dict[str, TensorSpec], params: dict[str, torch.Tensor]
@@ -85,9 +87,10 @@ def stem_text(step: Layer) -> str:
     base = _as_config(StemConfig())  # the knobs at their defaults are left out
     knobs = "" if cfg is None else "; " + " ".join(
         f"{k}={v}" for k, v in cfg.items() if k != "kernel" and base.get(k) != v)
-    why = f"; {step.stem_reason}" if step.stem_reason else ""
+    why = "" if not step.stem_reason or step.stem_reason.startswith(DEFAULT_REASON) else \
+        f"; {step.stem_reason}"
     return f"{kernel} stem (image quantized, conv, epilogue" + (
-        ", 3x3/2 max-pool)" if step.pool else ")") + knobs + why
+        ", 3x3/2 max-pool" if step.pool else "") + knobs + why + ")"
 
 
 def _as_config(cfg: StemConfig) -> Config:
@@ -103,7 +106,7 @@ def stem_config(step: Layer, tensors: dict[str, TensorSpec], params: dict[str, t
 
     geom = stem_geometry(step)
     default = default_config(geom)
-    reason = f"the first-layer shape's default ({default.kernel} kernel)"
+    reason = f"{DEFAULT_REASON} ({default.kernel} kernel)"
     if kernel is None or kernel == default.kernel:
         return _as_config(default), reason
     if kernel not in STEM_CHOICES:
