@@ -217,3 +217,23 @@ def test_choose_measured_times_the_top_ranked_and_keeps_the_fastest(monkeypatch)
         dispatch.choose_measured(CONV, lambda name, cfg: None, templates=[IGEMM], k=2)
     with pytest.raises(ValueError, match="k must be >= 1"):
         dispatch.choose_measured(CONV, measure, templates=[IGEMM], k=0)
+
+
+def test_large_int8_convs_take_their_measured_order():
+    """Convs of at least LARGE_CONV_OUTPUTS outputs run on the Triton implicit GEMM first, but
+    1x1 expansions of at most FEW_CHANNEL_EXPANSION channels (MobileNet-V2's 16 -> 96 at
+    112 x 112) on `cuda.int8_wgmma`; projections and 3x3s keep the large order."""
+    from lowbit.graph.impl import FEW_CHANNEL_EXPANSION, INT8_CONV, INT8_CONV_LARGE, choose_impl
+
+    def pick(**shape) -> str:
+        wl = ConvWorkload(N=64, w="s8", a="u8", epilogue=Epilogue(bias=True, relu=True,
+                                                                   out="u8"), **shape)
+        return choose_impl(wl)[0]
+
+    expansion = dict(H=112, W=112, C=16, K=96, R=1, S=1)
+    assert pick(**expansion) == INT8_CONV[0] == "cuda.int8_wgmma"
+    assert pick(**{**expansion, "C": FEW_CHANNEL_EXPANSION, "K": 192}) == INT8_CONV[0]
+    assert pick(**{**expansion, "C": 64, "K": 384}) == INT8_CONV_LARGE[0]
+    assert pick(**{**expansion, "C": 32, "K": 16}) == INT8_CONV_LARGE[0]  # a projection
+    assert pick(H=56, W=56, C=16, K=96, R=3, S=3, pad=1) == INT8_CONV_LARGE[0]
+    assert pick(H=8, W=8, C=64, K=64, R=3, S=3, pad=1) == INT8_CONV[0]  # small: INT8_CONV

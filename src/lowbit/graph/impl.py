@@ -36,6 +36,12 @@ INT8_CONV = ("cuda.int8_wgmma", "triton.conv2d_int8_tma", "triton.conv2d_int8")
 #: against 0.37 ms, ResNet-50 1.14 against 0.95)
 INT8_CONV_LARGE = ("triton.conv2d_int8", "cuda.int8_wgmma", "triton.conv2d_int8_tma")
 LARGE_CONV_OUTPUTS = 1 << 22
+#: large 1x1 expansions of few channels (at most this many in, at least 2x as many out) keep
+#: INT8_CONV's order: MobileNet-V2 b64 on an H100 (network-20261207-191118.json),
+#: `cuda.int8_wgmma` against the Triton implicit GEMM on 16 -> 96 at 112 x 112 171.6 against
+#: 224.6 us, 24 -> 144 at 56 x 56 86 against 116, 32 -> 192 at 28 x 28 30 against 32; slower
+#: on 64 -> 384 at 14 x 14 (24.5 against 19.5) and on the 32 -> 16 projection (58 against 45)
+FEW_CHANNEL_EXPANSION = 32
 INT8_GEMM = ("cuda.int8_wgmma", "triton.gemm_int8")
 #: the skinny-GEMM template and the most rows it is the default for
 INT8_GEMV = "triton.gemv_int8"
@@ -95,13 +101,21 @@ def unsupported_reason(impl: str, workload: Workload) -> str | None:
     return get_template(impl).unsupported_reason(with_layout(workload, input_layout(impl)))
 
 
+def few_channel_expansion(wl: ConvWorkload) -> bool:
+    """A 1x1 stride-1 conv of at most FEW_CHANNEL_EXPANSION input channels into at least twice
+    as many (INT8_CONV's order at any size)."""
+    return (wl.R, wl.S, wl.stride) == (1, 1, 1) and wl.C <= FEW_CHANNEL_EXPANSION and \
+        wl.K >= 2 * wl.C
+
+
 def _int8_choice(wl: Workload, why_not_bitserial: str | None,
                  first: str | None = None) -> tuple[str, str]:
     if isinstance(wl, ConvWorkload) and wl.groups > 1:
         names = (DEPTHWISE,) if wl.depthwise else (GROUPED, GROUPED_CUDA)
     elif isinstance(wl, ConvWorkload):
         m, n, _ = wl.gemm_shape
-        names = INT8_CONV_LARGE if m * n >= LARGE_CONV_OUTPUTS else INT8_CONV
+        names = INT8_CONV_LARGE if m * n >= LARGE_CONV_OUTPUTS and not \
+            few_channel_expansion(wl) else INT8_CONV
         if m <= GEMV_CONV_PIXELS and wl.R * wl.S > 1:
             names = (INT8_GEMV, *names)
     else:
