@@ -144,27 +144,19 @@ def _check_emulated(name: str, wl: Workload, changes: dict, seed: int = 0) -> No
                    zip(want, run_outputs(wl, x, w, flipped), strict=True))
 
 
-@pytest.mark.parametrize("name,wl,changes", [pytest.param(*c[1:], id=c[0]) for c in EMU_CASES])
+def _emu_params() -> list:
+    """The 32- and 64-bit block-end cases, the slow ones in the slow tier."""
+    return [pytest.param(*c[1:], id=f"{sum_bits}-{c[0]}",
+                         marks=[pytest.mark.slow] if slow else [])
+            for sum_bits, cases, slow in (("sum32", EMU_CASES, False),
+                                          ("sum32", SLOW_EMU_CASES, True),
+                                          ("sum64", EMU64_CASES, False),
+                                          ("sum64", SLOW_EMU64_CASES, True))
+            for c in cases]
+
+
+@pytest.mark.parametrize("name,wl,changes", _emu_params())
 def test_emulated_block_end_is_bit_exact(name, wl, changes):
-    _check_emulated(name, wl, changes)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name,wl,changes", [pytest.param(*c[1:], id=c[0])
-                                             for c in SLOW_EMU_CASES])
-def test_emulated_block_end_is_bit_exact_slow(name, wl, changes):
-    _check_emulated(name, wl, changes)
-
-
-@pytest.mark.parametrize("name,wl,changes", [pytest.param(*c[1:], id=c[0]) for c in EMU64_CASES])
-def test_emulated_64_bit_block_end_is_bit_exact(name, wl, changes):
-    _check_emulated(name, wl, changes)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name,wl,changes", [pytest.param(*c[1:], id=c[0])
-                                             for c in SLOW_EMU64_CASES])
-def test_emulated_64_bit_block_end_is_bit_exact_slow(name, wl, changes):
     _check_emulated(name, wl, changes)
 
 
