@@ -35,7 +35,6 @@ SAMPLED = frozenset({
     "tests/test_cuda_bitserial_emu.py::test_emulation_catches_crossed_output_pairs",
     "tests/test_cuda_bitserial_emu.py::test_emulation_catches_input_read_before_the_wait",
     "tests/test_cuda_block_end.py::test_block_end_compiles_with_nvrtc_slow",
-    "tests/test_cuda_block_end.py::test_emulated_block_end_is_bit_exact_slow",
     "tests/test_cuda_mma_conv.py::test_default_config_is_in_every_space",
     "tests/test_cuda_tap_shift.py::test_emulated_tap_shift_is_bit_exact",
     "tests/test_engine_gpu.py::test_pooled_layers_requantize_in_the_kernel_then_pool",
