@@ -466,7 +466,7 @@ def _network_key(r: dict) -> tuple | None:
             r.get("wide_bits", 24), _policy(r))
 
 
-def _clipped(text: str, most: int = 64) -> str:
+def _clipped(text: str, most: int = 56) -> str:
     """A step's kernel description cut to `most` characters (the results file has it all)."""
     return text if len(text) <= most else text[:most - 3].rstrip() + "..."
 
