@@ -133,7 +133,10 @@ class Epilogue:
     The block-end fields (module docstring): `residual` a narrow Precision with `requant32`,
     `derived` outputs computed from the requantized value by thresholds, `store_out=False`
     to write the derived outputs only, `sum64` (with `requant32`) the block end's sum in
-    64-bit arithmetic. Defaults leave every earlier epilogue's key and dict unchanged."""
+    64-bit arithmetic, `guarded` (with `sum64`) the same exact result by a 32-bit sum whose
+    outputs near a rounding step are redone in 64 bits (the kernel's column tables,
+    `bitserial_tables.guarded_columns`; the params stay sum64's). Defaults leave every
+    earlier epilogue's key and dict unchanged."""
 
     bias: bool = False
     relu: bool = False
@@ -145,9 +148,11 @@ class Epilogue:
     derived: tuple[DerivedOutput, ...] = ()
     store_out: bool = True
     sum64: bool = False
+    guarded: bool = False
 
     def __post_init__(self) -> None:
-        _bool_fields(self, ("bias", "relu", "shifted_bias", "requant32", "store_out", "sum64"))
+        _bool_fields(self, ("bias", "relu", "shifted_bias", "requant32", "store_out", "sum64",
+                            "guarded"))
         out = self.out
         if isinstance(out, str) and out not in (OUT_INT32, OUT_INT16, OUT_FP16):
             out = Precision.parse(out)
@@ -179,6 +184,9 @@ class Epilogue:
         if self.sum64 and not self.requant32:
             raise ValueError("Epilogue.sum64 is the block-end form's 64-bit sum: set "
                              "requant32=True with it")
+        if self.guarded and not self.sum64:
+            raise ValueError("Epilogue.guarded is the exact 64-bit block end (sum64) run as "
+                             "a 32-bit sum with a guarded 64-bit redo: set sum64=True with it")
         derived = _derived_outputs(self.derived)
         object.__setattr__(self, "derived", derived)
         if derived and not isinstance(out, Precision):
@@ -238,8 +246,8 @@ class Epilogue:
         (shifted bias), 'sbias+res24->u2/bitplane' (with a 24-bit residual), 'int32', or the
         block-end forms 'sbias+res8+relu->u8/int8+u2/bitplane' (a narrow s8 residual: 'res8',
         u8: 'resu8'; the 32-bit path implied, 'r32' spelled where no narrow residual says it;
-        's64' for the 64-bit sum; derived outputs after the mid one, which reads '(u8)' when
-        it is not stored)."""
+        's64' for the 64-bit sum, 'g' after it for the guarded form; derived outputs after the
+        mid one, which reads '(u8)' when it is not stored)."""
         res = self.residual
         if res is None:
             res_part = ""
@@ -250,7 +258,8 @@ class Epilogue:
         r32 = self.requant32 and not isinstance(res, Precision)
         parts = [p for p, on in (("bias", self.bias), ("sbias", self.shifted_bias),
                                  ("r32", r32), (res_part, bool(res_part)),
-                                 ("s64", self.sum64), ("relu", self.relu)) if on]
+                                 ("s64", self.sum64), ("g", self.guarded),
+                                 ("relu", self.relu)) if on]
         out = str(self.out)
         if not self.store_out:
             out = f"({out})"
@@ -261,7 +270,7 @@ class Epilogue:
 
     def to_dict(self) -> dict:
         """JSON-able fields; "shifted_bias", "residual" (a wide one's bits, a narrow one's
-        name), "requant32", "sum64", "derived" and "store_out" only when set, so the dicts (and
+        name), "requant32", "sum64", "guarded", "derived" and "store_out" only when set, so the dicts (and
         workload keys) of every other epilogue stay what they were."""
         d = {"bias": self.bias, "relu": self.relu, "out": str(self.out),
              "out_layout": self.out_layout.value}
@@ -275,6 +284,8 @@ class Epilogue:
             d["requant32"] = True
         if self.sum64:
             d["sum64"] = True
+        if self.guarded:
+            d["guarded"] = True
         if self.derived:
             d["derived"] = [[str(p), lay.value] for p, lay in self.derived]
         if not self.store_out:
@@ -293,7 +304,8 @@ class Epilogue:
                    shifted_bias=d.get("shifted_bias", False), residual=res,
                    requant32=d.get("requant32", False),
                    derived=tuple(tuple(p) for p in d.get("derived", ())),
-                   store_out=d.get("store_out", True), sum64=d.get("sum64", False))
+                   store_out=d.get("store_out", True), sum64=d.get("sum64", False),
+                   guarded=d.get("guarded", False))
 
 
 @dataclass(frozen=True, eq=False)

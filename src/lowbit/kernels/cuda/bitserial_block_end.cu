@@ -90,6 +90,13 @@ __device__ __forceinline__ int requant64(int y, int u, const uint4& c, const uin
   return (int)__funnelshift_rc(lo, hi, c.y) >> (int)d.z;
 }
 
+// SUM64's second entry of column j in the table `tab`: {r lo, r hi, max(s - 32, 0), 0}
+// (without a residual only its shift word is read)
+__device__ __forceinline__ uint4 sum64_rest(const uint4* tab, int j) {
+  if constexpr (RES_BYTES != 0) return tab[2 * j + 1];
+  return make_uint4(0u, 0u, reinterpret_cast<const u32*>(tab)[8 * j + 6], 0u);
+}
+
 typedef int GroupValues[GROUP_TILES][2];  // one row's values of a column group, per lane
 
 // Where a lane's bytes of a column group start: `at` = m * KOUT + its first column (QUAD8:
@@ -351,11 +358,12 @@ __device__ __forceinline__ void block_end_cols(const Acc& acc, const RowPrep& ro
         }
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        // {m, b + 2^(s-1), r, s}; SUM64: {m, s, c lo, c hi}, then d = {r lo, r hi, s - 32, 0}
-        const uint4 c = ctab[SUM64 ? 2 * (col + e) : col + e];
-        const uint4 d = !SUM64 ? make_uint4(0u, 0u, 0u, 0u)
-                        : RES_BYTES != 0 ? ctab[2 * (col + e) + 1]  // without a residual: s - 32
-                        : make_uint4(0u, 0u, reinterpret_cast<const u32*>(ctab)[8 * (col + e) + 6], 0u);
+        // {m, b + 2^(s-1), r, s}; SUM64: {m, s, c lo, c hi}, then d = {r lo, r hi, s - 32, 0};
+        // GUARDED: {m, b + 2^(s-1) - o r, r, s | E << 5}, the SUM64 entries past KPAD
+        constexpr bool WIDE = SUM64 && !GUARDED;
+        const uint4 c = ctab[WIDE ? 2 * (col + e) : col + e];
+        const uint4 d = WIDE ? sum64_rest(ctab, col + e) : make_uint4(0u, 0u, 0u, 0u);
+        const u32 shift = c.w & 31u, near = c.w >> 5, frac = (1u << shift) - 1u;
         const int off = (NEED_WTAP && !BORDER && col + e < KOUT)
                             ? ea.wtap[WSUM0 + FULL_RECT * KPAD + col + e] : 0;
 #pragma unroll
@@ -370,7 +378,14 @@ __device__ __forceinline__ void block_end_cols(const Acc& acc, const RowPrep& ro
             }
             if constexpr (BORDER) y += e ? (int)wpair[mi][h].y : (int)wpair[mi][h].x;
             int v;
-            if constexpr (SUM64) {
+            if constexpr (GUARDED) {  // the 32-bit sum; within E of a step: the 64-bit one
+              const u32 z = (u32)y * c.x + c.y + (u32)res[mi][h][t][e] * c.z;
+              v = (int)z >> (int)shift;
+              if (((z + near) & frac) < 2u * near) {
+                const uint4* wide = ctab + KPAD;
+                v = requant64(y, res[mi][h][t][e], wide[2 * (col + e)], sum64_rest(wide, col + e));
+              }
+            } else if constexpr (SUM64) {
               v = requant64(y, res[mi][h][t][e], c, d);
             } else {
               const int z = y * (int)c.x + (int)c.y + res[mi][h][t][e] * (int)c.z;

@@ -131,13 +131,14 @@ def has_bias(epi: Epilogue) -> int:
 def block_end_params(epi: Epilogue) -> dict[str, int]:
     """The block-end epilogue's constexpr parameters (bitserial_block_end.cu): RES_BYTES (0
     none, 1 a u<=8 residual, 2 a signed one), SUM64 (Epilogue.sum64: the 64-bit sum),
+    GUARDED (Epilogue.guarded: the 32-bit sum, the 64-bit one near rounding steps),
     STORE_OUT, N_DERIVED and per derived output j
     D<j>_MODE (DERIVED_MODES), D<j>_BITS, D<j>_QMIN, D<j>_LEVELS (zeros where absent).
     Rendered for block-end kernels only: each namespace-scope constant takes a slot in
     constant bank 4, and eleven more moved the address a tap-shift kernel reads there."""
     res = epi.narrow_residual
     out = {"RES_BYTES": 0 if res is None else 1 if res.encoding is Encoding.UNSIGNED else 2,
-           "SUM64": int(epi.sum64), "STORE_OUT": int(epi.store_out),
+           "SUM64": int(epi.sum64), "GUARDED": int(epi.guarded), "STORE_OUT": int(epi.store_out),
            "N_DERIVED": len(epi.derived)}
     for j in range(MAX_DERIVED):
         prec, layout = epi.derived[j] if j < len(epi.derived) else (None, None)

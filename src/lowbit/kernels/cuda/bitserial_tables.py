@@ -14,6 +14,7 @@ import torch
 from ...core import Encoding, Layout, Precision, Workload
 from ...core.epilogue import MAX_DERIVED, EpilogueParams, bias_vector
 from ...reference.epilogue import INT32_MAX, requant_thresholds
+from ..base import acc_bound
 from .bitserial_layout import (
     k_tiles,
     pairs_in_memory,
@@ -88,7 +89,9 @@ def requant32_columns(wl: Workload, params: EpilogueParams) -> torch.Tensor:
     With Epilogue.sum64 int32 [wsum_columns, 8]: {m, s, c lo, c hi} {r lo, r hi, max(s - 32,
     0), 0} with c = b + 2^(s-1) - o r, r and c as 64-bit words (two's complement mod 2^64), o
     128 for a signed residual (the kernel reads its bytes offset by 128, as unsigned: res r =
-    (res + o) r - o r), else 0; past KOUT {0, 1, 0, 0} {0, 0, 0, 0}."""
+    (res + o) r - o r), else 0; past KOUT {0, 1, 0, 0} {0, 0, 0, 0}. With Epilogue.guarded
+    int32 [wsum_columns * 12], flat: the 32-bit entries of `guarded_columns` (16 bytes a
+    column) followed by the sum64 table."""
     k = conv_shape(wl).kout
     s = params.shift.cpu().to(torch.int64)
     r = (params.residual_multiplier.cpu().to(torch.int64)
@@ -100,8 +103,7 @@ def requant32_columns(wl: Workload, params: EpilogueParams) -> torch.Tensor:
         table[:, 3] = 1
         table[:k] = torch.stack([m, b + (1 << (s - 1)), r, s], 1)
         return table.to(torch.int32).to(params.multiplier.device)
-    res = wl.epilogue.narrow_residual
-    offset = 128 if res is not None and res.encoding is Encoding.SIGNED else 0
+    offset = residual_offset(wl)
     rows = [[0, 1, 0, 0, 0, 0, 0, 0] for _ in range(wsum_columns(conv_shape(wl)))]
     for c, (mc, bc, rc, sc) in enumerate(zip(m.tolist(), b.tolist(), r.tolist(), s.tolist(),
                                              strict=True)):
@@ -109,9 +111,76 @@ def requant32_columns(wl: Workload, params: EpilogueParams) -> torch.Tensor:
         rw = rc % 2**64
         rows[c] = [mc, sc, const & MASK32, const >> 32, rw & MASK32, rw >> 32, max(sc - 32, 0),
                    0]
+    if wl.epilogue.guarded:
+        entries = guarded_columns(wl, m.tolist(), b.tolist(), r.tolist(), s.tolist())
+        if entries is None:
+            raise ValueError(f"params: no guarded 32-bit form of {wl.epilogue.key} for the "
+                             f"accumulator and residual bounds (guarded_columns); use the "
+                             f"plain sum64 form")
+        pad = [[0, 0, 0, 1]] * (len(rows) - len(entries))
+        rows = [w for e in entries + pad for w in e] + [w for row in rows for w in row]
     table = torch.tensor(rows, dtype=torch.int64)
     table = torch.where(table >= 2**31, table - 2**32, table)  # the words' bit patterns
     return table.to(torch.int32).to(params.multiplier.device)
+
+
+def residual_offset(wl: Workload) -> int:
+    """What the sum64 / guarded block end adds to each residual byte (it reads them unsigned):
+    128 for a signed residual, else 0."""
+    res = wl.epilogue.narrow_residual
+    return 128 if res is not None and res.encoding is Encoding.SIGNED else 0
+
+
+#: the guarded block end's shift word {s | E << GUARD_SHIFT_BITS}: E below 2^(32 - 5)
+GUARD_SHIFT_BITS = 5
+
+
+def guarded_form(m: int, b: int, r: int, s: int, top_acc: int, top_res: int
+                 ) -> tuple[int, int, int, int, int] | None:
+    """(m', b', r', s', E) of one column: the exact block end floor((y m + u r + b + 2^(s-1))
+    / 2^s) (its 64-bit form, |y| <= top_acc, |u| <= top_res) at the largest shift s' <= 30
+    whose rounded multipliers m' = round(m 2^(s'-s)), r', b' keep |y| m' + |u| |r'| + |b'| +
+    2^(s'-1) below 2^31, and E = ceil(e 2^s') + 1 for e the largest |x - x'| of the exact
+    x = (y m + u r + b) / 2^s and x' = (y m' + u r' + b') / 2^s': where the 32-bit sum z'
+    (its 2^(s'-1) included) lies >= E from every multiple of 2^s', floor(z' / 2^s') is the
+    exact output (a step between x and x' would lie within e of x'). None where no shift
+    fits or E >= min(2^(s'-1), 2^(32 - GUARD_SHIFT_BITS)). Exact Python integers."""
+    for s2 in range(30, 0, -1):
+        def at(v: int, s2: int = s2) -> int:  # v 2^(s2 - s), rounded half up
+            return v << (s2 - s) if s2 >= s else (v + (1 << (s - s2 - 1))) >> (s - s2)
+
+        m2, r2, b2 = at(m), at(r), at(b)
+        if top_acc * abs(m2) + top_res * abs(r2) + abs(b2) + (1 << (s2 - 1)) >= 2**31:
+            continue
+        # e 2^s2 = (top_acc |m 2^s2 - m2 2^s| + ...) / 2^s, exactly; E its ceiling plus one
+        num = (top_acc * abs((m << s2) - (m2 << s)) + top_res * abs((r << s2) - (r2 << s))
+               + abs((b << s2) - (b2 << s)))
+        near = -(-num >> s) + 1
+        if near >= min(1 << (s2 - 1), 1 << (32 - GUARD_SHIFT_BITS)):
+            return None
+        return m2, b2, r2, s2, near
+    return None
+
+
+def guarded_columns(wl: Workload, m: list[int], b: list[int], r: list[int], s: list[int]
+                    ) -> list[list[int]] | None:
+    """Epilogue.guarded's 32-bit column entries {m', b' + 2^(s'-1) - o r', r', s' | E << 5}
+    (`guarded_form` of each column at the workload's accumulator bound and its narrow
+    residual's range, o `residual_offset`: the kernel's residual bytes read unsigned, as the
+    64-bit redo reads them; words mod 2^32), or None where some column has no guarded form
+    (the plan then keeps sum64)."""
+    res = wl.epilogue.narrow_residual
+    top_res = 0 if res is None else max(-res.qmin, res.qmax)
+    top_acc, offset = acc_bound(wl), residual_offset(wl)
+    out = []
+    for mc, bc, rc, sc in zip(m, b, r, s, strict=True):
+        form = guarded_form(mc, bc, rc if res is not None else 0, sc, top_acc, top_res)
+        if form is None:
+            return None
+        m2, b2, r2, s2, near = form
+        out.append([m2 & MASK32, (b2 + (1 << (s2 - 1)) - offset * r2) & MASK32, r2 & MASK32,
+                    s2 | near << GUARD_SHIFT_BITS])
+    return out
 
 
 #: bit-plane derived outputs of 1 or 3 levels compare the mid value with threshold words (the
