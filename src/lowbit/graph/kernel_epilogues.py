@@ -20,6 +20,7 @@ from ..core import OUT_INT16, OUT_INT32, Encoding, Epilogue, Layout, Precision, 
 from ..core.epilogue import MAX_DERIVED
 from ..core.validate import block_end_sum_limit
 from ..kernels.base import acc_bound
+from ..kernels.cuda.bitserial_tables import guarded_columns
 from .impl import TORCH_FP16, is_bitserial, runs, template_flag, unsupported_reason
 from .ir import Layer, TensorSpec, parse_precision
 
@@ -141,7 +142,8 @@ def block_end_epilogue(step: Layer, tensors: dict[str, TensorSpec],
     template takes it (`takes_block_end`: the bit-serial families, `cuda.int8_wgmma`) and the
     layer is one: every output requantized by one formula (the same multiplier, shift, bias,
     residual multiplier and ReLU; every term inside 32 bits for the accumulator and residual
-    bounds, else `Epilogue.sum64`: the 64-bit sum, within `validate.block_end_sum_limit`),
+    bounds, else `Epilogue.sum64`: the 64-bit sum, within `validate.block_end_sum_limit`, run
+    as `Epilogue.guarded` where every column has that exact 32-bit form),
     at most one output its value itself (stored in any layout) and at most
     MAX_DERIVED derived ones (bit planes or one value per byte) whose tables are monotone
     (thresholds: `derived_thresholds`), a narrow residual or none, no pool; a bit-serial
@@ -189,6 +191,8 @@ def block_end_epilogue(step: Layer, tensors: dict[str, TensorSpec],
         epi = replace(epi, sum64=True)
         if not _block_end_fits(step, first, params, epi):
             return None
+        epi = replace(epi, guarded=_guarded_fits(step.workload.replace(epilogue=epi), first,
+                                                  params))
     wl = step.workload.replace(epilogue=epi)
     return wl if runs(step.impl, wl) else None
 
@@ -216,6 +220,15 @@ def _block_end_fits(step: Layer, o, params: dict[str, torch.Tensor], epi: Epilog
                and top_acc * mi + abs(bi) + top_res * abs(ri) + (1 << (si - 1))
                < block_end_sum_limit(epi, si)
                for mi, si, bi, ri in zip(m, s, b, r, strict=True))
+
+
+def _guarded_fits(wl: Workload, o, params: dict[str, torch.Tensor]) -> bool:
+    """Whether every column of the sum64 block end `wl` has a guarded 32-bit form
+    (`Epilogue.guarded`, `bitserial_tables.guarded_columns`: the same exact outputs, the
+    64-bit sum only for those near a rounding step)."""
+    m, s, b = (params[k].tolist() for k in (o.multiplier, o.shift, o.bias))
+    r = params[o.residual_multiplier].tolist() if o.residual_multiplier else [0] * len(m)
+    return guarded_columns(wl, m, b, r, s) is not None
 
 
 def derived_thresholds(table: torch.Tensor, mid: Precision, lo: int,

@@ -97,6 +97,11 @@ __device__ __forceinline__ uint4 sum64_rest(const uint4* tab, int j) {
   return make_uint4(0u, 0u, reinterpret_cast<const u32*>(tab)[8 * j + 6], 0u);
 }
 
+// The mid value v clamped to [MID_LO, OUT_QMAX], less MID_LO
+__device__ __forceinline__ int clamp_mid(int v) {
+  return (v < MID_LO ? MID_LO : (v > OUT_QMAX ? OUT_QMAX : v)) - MID_LO;
+}
+
 typedef int GroupValues[GROUP_TILES][2];  // one row's values of a column group, per lane
 
 // Where a lane's bytes of a column group start: `at` = m * KOUT + its first column (QUAD8:
@@ -359,40 +364,58 @@ __device__ __forceinline__ void block_end_cols(const Acc& acc, const RowPrep& ro
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         // {m, b + 2^(s-1), r, s}; SUM64: {m, s, c lo, c hi}, then d = {r lo, r hi, s - 32, 0};
-        // GUARDED: {m, b + 2^(s-1) - o r, r, s | E << 5}, the SUM64 entries past KPAD
+        // GUARDED: {m, b + 2^(s-1) - o r + E, r, s | 2E << 5}, the SUM64 entries past KPAD
         constexpr bool WIDE = SUM64 && !GUARDED;
         const uint4 c = ctab[WIDE ? 2 * (col + e) : col + e];
         const uint4 d = WIDE ? sum64_rest(ctab, col + e) : make_uint4(0u, 0u, 0u, 0u);
-        const u32 shift = c.w & 31u, near = c.w >> 5, frac = (1u << shift) - 1u;
+        const u32 shift = c.w & 31u, band = c.w >> 5, frac = (1u << shift) - 1u;
         const int off = (NEED_WTAP && !BORDER && col + e < KOUT)
                             ? ea.wtap[WSUM0 + FULL_RECT * KPAD + col + e] : 0;
+        // the exact accumulator of row (mi, h)
+        const auto acc_at = [&](int mi, int h) {
+          int y = rows.term[mi][h] + off;
+          if constexpr (SPLIT_K > 1) {
+            y += e ? (int)splits[mi][h].y : (int)splits[mi][h].x;
+          } else {
+            y += plane_dot(acc, mi, ni, 2 * h + e);
+          }
+          if constexpr (BORDER) y += e ? (int)wpair[mi][h].y : (int)wpair[mi][h].x;
+          return y;
+        };
+        bool redo = false;  // GUARDED: some z of this column near a step
 #pragma unroll
         for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            int y = rows.term[mi][h] + off;
-            if constexpr (SPLIT_K > 1) {
-              y += e ? (int)splits[mi][h].y : (int)splits[mi][h].x;
-            } else {
-              y += plane_dot(acc, mi, ni, 2 * h + e);
-            }
-            if constexpr (BORDER) y += e ? (int)wpair[mi][h].y : (int)wpair[mi][h].x;
+            const int y = acc_at(mi, h);
             int v;
-            if constexpr (GUARDED) {  // the 32-bit sum; within E of a step: the 64-bit one
+            if constexpr (GUARDED) {  // z + E: its remainder below 2E marks z within E of a
+              // step (redone below), elsewhere (z + E) >> s = z >> s
               const u32 z = (u32)y * c.x + c.y + (u32)res[mi][h][t][e] * c.z;
               v = (int)z >> (int)shift;
-              if (((z + near) & frac) < 2u * near) {
-                const uint4* wide = ctab + KPAD;
-                v = requant64(y, res[mi][h][t][e], wide[2 * (col + e)], sum64_rest(wide, col + e));
-              }
+              redo |= (z & frac) < band;
             } else if constexpr (SUM64) {
               v = requant64(y, res[mi][h][t][e], c, d);
             } else {
               const int z = y * (int)c.x + (int)c.y + res[mi][h][t][e] * (int)c.z;
               v = z >> (int)c.w;
             }
-            q[mi][h][t][e] = (v < MID_LO ? MID_LO : (v > OUT_QMAX ? OUT_QMAX : v)) - MID_LO;
+            q[mi][h][t][e] = clamp_mid(v);
           }
+        if constexpr (GUARDED) {  // one branch per column, rarely taken: the rows' sums
+          if (redo) {             // again, those near a step in 64 bits
+            const uint4* wide = ctab + KPAD;
+            const uint4 c64 = wide[2 * (col + e)], d64 = sum64_rest(wide, col + e);
+#pragma unroll
+            for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const int y = acc_at(mi, h), u = res[mi][h][t][e];
+                const u32 z = (u32)y * c.x + c.y + (u32)u * c.z;
+                if ((z & frac) < band) q[mi][h][t][e] = clamp_mid(requant64(y, u, c64, d64));
+              }
+          }
+        }
       }
     }
 #pragma unroll

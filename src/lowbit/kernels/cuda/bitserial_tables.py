@@ -131,7 +131,7 @@ def residual_offset(wl: Workload) -> int:
     return 128 if res is not None and res.encoding is Encoding.SIGNED else 0
 
 
-#: the guarded block end's shift word {s | E << GUARD_SHIFT_BITS}: E below 2^(32 - 5)
+#: the guarded block end's shift word {s | 2E << GUARD_SHIFT_BITS}: 2E below 2^(32 - 5)
 GUARD_SHIFT_BITS = 5
 
 
@@ -144,19 +144,20 @@ def guarded_form(m: int, b: int, r: int, s: int, top_acc: int, top_res: int
     x = (y m + u r + b) / 2^s and x' = (y m' + u r' + b') / 2^s': where the 32-bit sum z'
     (its 2^(s'-1) included) lies >= E from every multiple of 2^s', floor(z' / 2^s') is the
     exact output (a step between x and x' would lie within e of x'). None where no shift
-    fits or E >= min(2^(s'-1), 2^(32 - GUARD_SHIFT_BITS)). Exact Python integers."""
+    fits (the kernel adds E to z': z' + E too) or 2E > min(2^(s'-1), 2^(32 -
+    GUARD_SHIFT_BITS) - 1). Exact Python integers."""
     for s2 in range(30, 0, -1):
         def at(v: int, s2: int = s2) -> int:  # v 2^(s2 - s), rounded half up
             return v << (s2 - s) if s2 >= s else (v + (1 << (s - s2 - 1))) >> (s - s2)
 
         m2, r2, b2 = at(m), at(r), at(b)
-        if top_acc * abs(m2) + top_res * abs(r2) + abs(b2) + (1 << (s2 - 1)) >= 2**31:
-            continue
         # e 2^s2 = (top_acc |m 2^s2 - m2 2^s| + ...) / 2^s, exactly; E its ceiling plus one
         num = (top_acc * abs((m << s2) - (m2 << s)) + top_res * abs((r << s2) - (r2 << s))
                + abs((b << s2) - (b2 << s)))
         near = -(-num >> s) + 1
-        if near >= min(1 << (s2 - 1), 1 << (32 - GUARD_SHIFT_BITS)):
+        if top_acc * abs(m2) + top_res * abs(r2) + abs(b2) + (1 << (s2 - 1)) + near >= 2**31:
+            continue  # the kernel's sum z' + E in int32
+        if 2 * near > min(1 << (s2 - 1), (1 << (32 - GUARD_SHIFT_BITS)) - 1):
             return None
         return m2, b2, r2, s2, near
     return None
@@ -164,11 +165,12 @@ def guarded_form(m: int, b: int, r: int, s: int, top_acc: int, top_res: int
 
 def guarded_columns(wl: Workload, m: list[int], b: list[int], r: list[int], s: list[int]
                     ) -> list[list[int]] | None:
-    """Epilogue.guarded's 32-bit column entries {m', b' + 2^(s'-1) - o r', r', s' | E << 5}
-    (`guarded_form` of each column at the workload's accumulator bound and its narrow
+    """Epilogue.guarded's 32-bit column entries {m', b' + 2^(s'-1) - o r' + E, r', s' | 2E <<
+    5} (`guarded_form` of each column at the workload's accumulator bound and its narrow
     residual's range, o `residual_offset`: the kernel's residual bytes read unsigned, as the
-    64-bit redo reads them; words mod 2^32), or None where some column has no guarded form
-    (the plan then keeps sum64)."""
+    64-bit redo reads them; words mod 2^32): the kernel's sum is z' + E, whose remainder
+    below 2^s' under 2E marks z' within E of a step (the 64-bit redo); elsewhere (z' + E)
+    >> s' = z' >> s'. None where some column has no guarded form (the plan keeps sum64)."""
     res = wl.epilogue.narrow_residual
     top_res = 0 if res is None else max(-res.qmin, res.qmax)
     top_acc, offset = acc_bound(wl), residual_offset(wl)
@@ -178,8 +180,8 @@ def guarded_columns(wl: Workload, m: list[int], b: list[int], r: list[int], s: l
         if form is None:
             return None
         m2, b2, r2, s2, near = form
-        out.append([m2 & MASK32, (b2 + (1 << (s2 - 1)) - offset * r2) & MASK32, r2 & MASK32,
-                    s2 | near << GUARD_SHIFT_BITS])
+        out.append([m2 & MASK32, (b2 + (1 << (s2 - 1)) - offset * r2 + near) & MASK32,
+                    r2 & MASK32, s2 | 2 * near << GUARD_SHIFT_BITS])
     return out
 
 
