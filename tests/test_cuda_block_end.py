@@ -474,3 +474,163 @@ def test_gpu_64_bit_block_end_int8_wgmma():
     if not INT8_WGMMA.supports(wl):
         pytest.skip(INT8_WGMMA.unsupported_reason(wl))
     _gpu_check(INT8_WGMMA, wl, INT8_WGMMA.default_config(wl), seed=4)
+
+
+# ------------------------------------------------------------- the guarded block end
+def _guarded(wl: Workload) -> Workload:
+    return wl.replace(epilogue=replace(wl.epilogue, guarded=True))
+
+
+def _columns(wl: Workload, params: EpilogueParams) -> list[list[int]] | None:
+    from lowbit.kernels.cuda.bitserial_tables import guarded_columns
+
+    m, b, s = (t.tolist() for t in (params.multiplier, params.shifted_bias, params.shift))
+    r = (params.residual_multiplier.tolist() if params.residual_multiplier is not None
+         else [0] * len(m))
+    return guarded_columns(wl, m, b, r, s)
+
+
+@pytest.mark.parametrize("name,wl,changes", [pytest.param(c[1], _guarded(c[2]), c[3], id=c[0])
+                                             for c in EMU64_CASES])
+def test_emulated_guarded_block_end_is_bit_exact(name, wl, changes):
+    """Epilogue.guarded (the 32-bit sum, the 64-bit one near rounding steps) on the sum64
+    cases' random params (31-bit multipliers, s8 / u8 / no residual, byte and bit-plane
+    outputs, the shortcut without a residual): every column has the guarded form, and the
+    emulated kernel equals the reference's exact 64-bit result."""
+    _, _, params = random_inputs(wl, seed=len(wl.key))
+    assert _columns(wl, params) is not None
+    _check_emulated(name, wl, changes)
+
+
+def _near_step_inputs(wl: Workload, seed: int):
+    """Inputs whose exact block end sits at a rounding step for many outputs: x = y m / 2^32
+    + u r / 2^32 + b / 2^32 with m = 2^30 + jm, r = 2^29 + jr, b = -2^31 + jb and |jm|, |jr|,
+    |jb| < 128 gives (2y + u) / 8 + (y jm + u jr + jb) / 2^32 - 1/2: where 8 divides 2y + u
+    the output lies a hair off a step (the 32-bit form's rounded multipliers drop the hair),
+    and which side follows the jitters' sign."""
+    x, w, params = random_inputs(wl, seed)
+    k = params.shift.numel()
+    gen = torch.Generator().manual_seed(seed)
+
+    def jitter() -> torch.Tensor:
+        return torch.randint(-127, 128, (k,), generator=gen, dtype=torch.int64)
+
+    res = wl.epilogue.residual is not None
+    params = EpilogueParams(**{
+        **params.__dict__, "multiplier": (2**30 + jitter()).to(torch.int32),
+        "shift": torch.full((k,), 32, dtype=torch.int32),
+        "shifted_bias": -(2**31) + jitter(),
+        "residual_multiplier": 2**29 + jitter() if res else None})
+    return x, w, params
+
+
+def _near_counts(wl: Workload, x, w, params: EpilogueParams) -> tuple[int, int]:
+    """(outputs whose 32-bit sum lies within E of a step: the kernel's 64-bit redo, outputs
+    whose plain 32-bit result differs from the exact one), from the guarded columns."""
+    from lowbit.kernels.base import acc_bound
+    from lowbit.kernels.cuda.bitserial_tables import guarded_form
+    from lowbit.reference.ops import _accumulators
+
+    y = _accumulators(wl, x, w, params).to(torch.int64)
+    res = wl.epilogue.narrow_residual
+    u = params.residual.to(torch.int64) if res is not None else torch.zeros_like(y)
+    top_res = 0 if res is None else max(-res.qmin, res.qmax)
+    r = params.residual_multiplier if res is not None else torch.zeros_like(params.shift)
+    forms = [guarded_form(mc, bc, rc, sc, acc_bound(wl), top_res) for mc, bc, rc, sc in zip(
+        params.multiplier.tolist(), params.shifted_bias.tolist(), r.tolist(),
+        params.shift.tolist(), strict=True)]
+    m2, b2, r2, s2, e = (torch.tensor(v) for v in zip(*forms, strict=True))
+    z32 = y * m2 + u * r2 + b2 + (1 << (s2 - 1))
+    s = params.shift.to(torch.int64)
+    z64 = (y * params.multiplier.to(torch.int64) + u * r.to(torch.int64)
+           + params.shifted_bias + (1 << (s - 1)))
+    rem = z32 & ((1 << s2) - 1)
+    near = (rem < e) | (rem >= (1 << s2) - e)
+    lo, hi = wl.epilogue.mid_range
+    differ = (z32 >> s2).clamp(lo, hi) != (z64 >> s).clamp(lo, hi)
+    assert not bool((differ & ~near).any())  # the guard's claim: only near outputs differ
+    half_e = (rem < e // 2) | (rem >= (1 << s2) - e // 2)
+    return int(half_e.sum()), int(differ.sum())
+
+
+NEAR_CASES = [
+    ("s8_residual_u8_u2", conv(B1, U2, _guarded(conv(B1, U2, block_end64())).epilogue, N=2,
+                               H=5, W=7, K=96)),
+    ("shortcut_no_residual", conv(B1, U2, replace(block_end64(S8, None, False, ()),
+                                                  guarded=True), N=2, H=5, W=7, K=72)),
+]
+
+
+@pytest.mark.parametrize("wl", [c[1] for c in NEAR_CASES], ids=[c[0] for c in NEAR_CASES])
+def test_guarded_block_end_redoes_outputs_at_rounding_steps(wl):
+    """Outputs constructed to sit within E/2 of a rounding step (`_near_step_inputs`): many
+    take the 64-bit redo, the plain 32-bit result differs on some, and the emulated guarded
+    kernel still equals the reference; with the guard broken (E = 0: never redone) it does
+    not."""
+    from lowbit.kernels.cuda.cu_source import cu_file
+
+    _needs_compiler()
+    family = BY_NAME["cuda.bitserial_wgmma"]
+    cfg = family.default_config(wl, SM90)
+    x, w, params = _near_step_inputs(wl, seed=3)
+    assert _columns(wl, params) is not None
+    near, differ = _near_counts(wl, x, w, params)
+    outputs = wl.gemm_shape[0] * wl.gemm_shape[1]
+    assert near >= outputs // 20 and differ >= 50, (near, differ)
+    want = run_outputs(wl, x, w, params)
+    got = bitserial_emu.emulate_outputs(family, wl, cfg, x, w, params)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    text = cu_file("bitserial_block_end.cu")
+    edit = ("band = c.w >> 5,", "band = 0u,")
+    assert text.count(edit[0]) == 1
+    broken = bitserial_emu.emulate_outputs(family, wl, cfg, x, w, params,
+                                           supplied={"bitserial_block_end.cu":
+                                                     text.replace(*edit)})
+    assert any(not torch.equal(a, b) for a, b in zip(broken, want, strict=True))
+
+
+def test_guarded_form_is_exact_off_its_band():
+    """`guarded_form` on random columns (31-bit multipliers, residual multipliers up to 2^38
+    either sign, shifts 33..60) and on columns at rounding steps (`_near_step_inputs`'
+    multipliers): for every accumulator and residual value in the bounds, the 32-bit sum's
+    output is the exact one wherever its remainder lies >= E from a step; outputs differ
+    inside the band at the steps (the guard is needed), few random ones lie in it; and a
+    column whose 32-bit sum cannot fit has no form."""
+    from lowbit.kernels.cuda.bitserial_tables import guarded_form
+
+    gen = torch.Generator().manual_seed(7)
+    top_acc, top_res = 300, 128
+    y = torch.arange(-top_acc, top_acc + 1).view(-1, 1)
+    u = torch.arange(-top_res, top_res).view(1, -1)
+
+    def draw(lo: int, hi: int) -> int:
+        return int(torch.randint(lo, hi, (1,), generator=gen))
+
+    counts = {"random": [0, 0, 0], "step": [0, 0, 0]}  # columns, outputs in the band, wrong
+    for i in range(60):
+        kind = "random" if i % 2 else "step"
+        if kind == "random":
+            s = draw(33, 61)
+            m = draw(2**30, 2**31) >> max(0, 40 - s)
+            r = draw(-(2**38), 2**38) >> max(0, 62 - s)
+            b = draw(-(2**40), 2**40) >> max(0, 62 - s)
+        else:
+            s, m, r = 32, 2**30 + draw(-127, 128), 2**29 + draw(-127, 128)
+            b = -(2**31) + draw(-127, 128)
+        form = guarded_form(m, b, r, s, top_acc, top_res)
+        if form is None:
+            continue
+        m2, b2, r2, s2, e = form
+        z32 = y * m2 + u * r2 + b2 + (1 << (s2 - 1))
+        assert int(z32.abs().max()) + e < 2**31
+        z64 = y * m + u * r + b + (1 << (s - 1))
+        rem = z32 & ((1 << s2) - 1)
+        near = (rem < e) | (rem >= (1 << s2) - e)
+        wrong = (z32 >> s2) != (z64 >> s)
+        assert not bool((wrong & ~near).any()), (m, b, r, s)
+        c = counts[kind]
+        c[0], c[1], c[2] = c[0] + 1, c[1] + int(near.sum()), c[2] + int(wrong.sum())
+    grid = y.numel() * u.numel()
+    assert counts["random"][0] >= 25 and counts["random"][1] < 1e-3 * counts["random"][0] * grid
+    assert counts["step"][0] == 30 and counts["step"][2] >= 1000, counts
+    assert guarded_form(2**30, 0, 0, 2, top_acc, top_res) is None  # 2^28 steps per unit
