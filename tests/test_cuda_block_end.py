@@ -634,3 +634,30 @@ def test_guarded_form_is_exact_off_its_band():
     assert counts["random"][0] >= 25 and counts["random"][1] < 1e-3 * counts["random"][0] * grid
     assert counts["step"][0] == 30 and counts["step"][2] >= 1000, counts
     assert guarded_form(2**30, 0, 0, 2, top_acc, top_res) is None  # 2^28 steps per unit
+
+
+@pytest.mark.parametrize("name,arch,wl", [pytest.param(n, a, _guarded(w), id=f"{n}-{i}")
+                                          for n, a, i, w in COMPILE64_CASES])
+def test_guarded_block_end_compiles_without_spills(name, arch, wl):
+    """NVRTC builds the guarded block end (the sum64 cases) for sm_80 and sm_90a with no
+    register spill, the 64-bit redo behind branches (one per column: the 32-bit path runs
+    no predicated 64-bit code) and the default config of the other forms."""
+    from lowbit.kernels.cuda.nvrtc import compile_cubin, ptxas_report
+    from lowbit.kernels.cuda.sass import kernel_instructions, nvdisasm_path, opcodes
+
+    family = BY_NAME[name]
+    cfg = family.default_config(wl, arch)
+    plain = wl.replace(epilogue=replace(wl.epilogue, guarded=False))
+    assert cfg == family.default_config(plain, arch)
+    report = ptxas_report(family.render(wl, cfg), arch, family.kernel_name(cfg))
+    assert report["spill_bytes"] == 0 and 0 < report["registers"] <= 128, report
+    if nvdisasm_path() is None:
+        return
+    ins = {w: kernel_instructions(compile_cubin(family.render(w, cfg), arch))[
+        family.kernel_name(cfg)] for w in (wl, plain)}
+    ops = {w: opcodes(i) for w, i in ins.items()}
+    wide = "IMAD.WIDE.U32" if wl.epilogue.residual is not None else "IMAD.WIDE"
+    assert ops[wl].count(wide) >= 2  # the redo's wide multiply-adds
+    assert ops[wl].count("BRA") >= ops[plain].count("BRA") + 16
+    predicated = [i for i in ins[wl] if i.startswith("@") and wide in i]
+    assert len(predicated) <= ops[wl].count(wide) // 4, predicated[:4]
