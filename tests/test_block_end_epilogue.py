@@ -408,3 +408,58 @@ def test_a_block_end_no_family_builds_is_not_planned_on_the_bit_serial_kernels()
     assert not runs("cuda.bitserial_wgmma", wide_planes)
     assert runs("cuda.bitserial_wgmma", ConvWorkload(w=B1, a=U2, w_layout=BP, a_layout=BP,
                                                      epilogue=block_end(), **shape))
+
+
+def test_guarded_block_end_keys_dicts_and_fields():
+    """Epilogue.guarded spells 'g' after 's64' in the key and 'guarded' in the dict (only when
+    set: every other key stays), round-trips, and needs sum64."""
+    epi = replace(block_end(), sum64=True, guarded=True)
+    assert epi.key == "sbias+res8+s64+g+relu->u8/int8+u2/bitplane"
+    assert epi.to_dict()["guarded"] is True
+    assert "guarded" not in replace(block_end(), sum64=True).to_dict()
+    assert Epilogue.from_dict(epi.to_dict()) == epi
+    assert workload_from_json(_wl(epi).to_json()) == _wl(epi)
+    with pytest.raises(ValueError, match="set sum64=True"):
+        replace(block_end(), guarded=True)
+    with pytest.raises(TypeError, match="guarded must be a bool"):
+        replace(block_end(), sum64=True, guarded=1)
+
+
+def test_plan_picks_the_guarded_block_end_and_binds_its_tables():
+    """ResNet-18 w1a2 with the 8-bit stream: every block end is planned guarded (the exact
+    sum64 params, the 32-bit form valid for every column), its bound column tables hold the
+    32-bit entries (shifts 1..30, 2E <= 2^(s-1)) before the sum64 ones; the approximate
+    option (PlanOptions(requant32=True)) plans none."""
+    import warnings
+
+    from lowbit.bench import build_quantized
+    from lowbit.graph import PlanOptions
+    from lowbit.kernels.cuda.bitserial_shape import conv_shape, wsum_columns
+    from lowbit.kernels.cuda.bitserial_tables import requant32_columns
+    from lowbit.runtime.compiled import compile_model
+    from lowbit.runtime.layers import block_end_params
+
+    q, _ = build_quantized("resnet18", "w1a2", image_size=32, residual_bits=8, seed=2)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(7))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        plan = compile_model(q, x, records=False).plan
+        approx = compile_model(q, x, records=False, options=PlanOptions(requant32=True)).plan
+    ends = [s for s in plan.layers if s.workload.epilogue.requant32]
+    assert len(ends) >= 8 and all(s.workload.epilogue.guarded for s in ends)
+    approx_ends = [s.workload.epilogue for s in approx.layers if s.workload.epilogue.requant32]
+    assert approx_ends and not any(e.guarded for e in approx_ends)
+    assert not all(e.sum64 for e in approx_ends)
+    for s in ends:
+        epi = s.workload.epilogue
+        shape = tuple(plan.tensors[s.layer_outputs[0].tensor].shape)
+        res = torch.zeros(1, dtype=torch.int8) if epi.residual is not None else None
+        params = block_end_params(s, plan, torch.device("cpu"), res,
+                                  [torch.zeros(1, dtype=torch.uint8)] * len(epi.derived))
+        table = requant32_columns(s.workload, params).to(torch.int64) & 0xFFFFFFFF
+        cols = wsum_columns(conv_shape(s.workload))
+        assert table.shape == (cols * 12,) and shape[-1] == conv_shape(s.workload).kout
+        words = table[:cols * 4].view(cols, 4)[:shape[-1], 3]
+        shift, band = words & 31, words >> 5
+        assert bool((shift >= 1).all() & (shift <= 30).all() & (band >= 2).all())
+        assert bool((band <= 2 ** (shift - 1)).all())
