@@ -554,23 +554,27 @@ def _near_counts(wl: Workload, x, w, params: EpilogueParams) -> tuple[int, int]:
 
 
 NEAR_CASES = [
-    ("s8_residual_u8_u2", conv(B1, U2, _guarded(conv(B1, U2, block_end64())).epilogue, N=2,
-                               H=5, W=7, K=96)),
-    ("shortcut_no_residual", conv(B1, U2, replace(block_end64(S8, None, False, ()),
-                                                  guarded=True), N=2, H=5, W=7, K=72)),
+    ("wgmma_s8_residual_u8_u2", "cuda.bitserial_wgmma",
+     conv(B1, U2, replace(block_end64(), guarded=True), N=2, H=5, W=7, K=96)),
+    ("wgmma_shortcut_no_residual", "cuda.bitserial_wgmma",
+     conv(B1, U2, replace(block_end64(S8, None, False, ()), guarded=True), N=2, H=5, W=7, K=72)),
+    ("mma_sync_u8_residual_u4_bitplane", "cuda.bitserial_mma_sync",
+     conv(B1, U2, replace(block_end64(Precision(4), U8, True, (), layout=BP), guarded=True),
+          N=2, H=5, W=7, K=96)),
 ]
 
 
-@pytest.mark.parametrize("wl", [c[1] for c in NEAR_CASES], ids=[c[0] for c in NEAR_CASES])
-def test_guarded_block_end_redoes_outputs_at_rounding_steps(wl):
+@pytest.mark.parametrize("name,wl", [c[1:] for c in NEAR_CASES], ids=[c[0] for c in NEAR_CASES])
+def test_guarded_block_end_redoes_outputs_at_rounding_steps(name, wl):
     """Outputs constructed to sit within E/2 of a rounding step (`_near_step_inputs`): many
     take the 64-bit redo, the plain 32-bit result differs on some, and the emulated guarded
-    kernel still equals the reference; with the guard broken (E = 0: never redone) it does
-    not."""
+    kernel still equals the reference (the redo per tile on wgmma's one-row-pair warp tiles,
+    per column on mma.sync's taller ones); with the guard broken (a band of 0: never redone)
+    it does not."""
     from lowbit.kernels.cuda.cu_source import cu_file
 
     _needs_compiler()
-    family = BY_NAME["cuda.bitserial_wgmma"]
+    family = BY_NAME[name]
     cfg = family.default_config(wl, SM90)
     x, w, params = _near_step_inputs(wl, seed=3)
     assert _columns(wl, params) is not None
@@ -581,7 +585,7 @@ def test_guarded_block_end_redoes_outputs_at_rounding_steps(wl):
     got = bitserial_emu.emulate_outputs(family, wl, cfg, x, w, params)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     text = cu_file("bitserial_block_end.cu")
-    edit = ("band = c.w >> 5,", "band = 0u,")
+    edit = ("redo |= (z & c.w & ~31u) == 0u;", "redo |= false;")  # never redone
     assert text.count(edit[0]) == 1
     broken = bitserial_emu.emulate_outputs(family, wl, cfg, x, w, params,
                                            supplied={"bitserial_block_end.cu":

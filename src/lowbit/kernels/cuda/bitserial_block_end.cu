@@ -97,6 +97,10 @@ __device__ __forceinline__ uint4 sum64_rest(const uint4* tab, int j) {
   return make_uint4(0u, 0u, reinterpret_cast<const u32*>(tab)[8 * j + 6], 0u);
 }
 
+// GUARDED: one branch to the 64-bit redo per n8 tile (two columns) with one row pair per warp
+// tile (MT 1), else per column (the redo keeps fewer of a taller tile's sums alive)
+constexpr bool REDO_TILES = MT == 1;
+
 // The mid value v clamped to [MID_LO, OUT_QMAX], less MID_LO
 __device__ __forceinline__ int clamp_mid(int v) {
   return (v < MID_LO ? MID_LO : (v > OUT_QMAX ? OUT_QMAX : v)) - MID_LO;
@@ -361,39 +365,52 @@ __device__ __forceinline__ void block_end_cols(const Acc& acc, const RowPrep& ro
           if constexpr (BORDER) wpair[mi][h] = *reinterpret_cast<const uint2*>(rows.rowp[mi][h] + ni * 8);
           if constexpr (SPLIT_K > 1) splits[mi][h] = split_sum(ea, m0 + row0 + mi * 16 + g + 8 * h, col);
         }
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        // {m, b + 2^(s-1), r, s}; SUM64: {m, s, c lo, c hi}, then d = {r lo, r hi, s - 32, 0};
-        // GUARDED: {m, b + 2^(s-1) - o r + E, r, s | 2E << 5}, the SUM64 entries past KPAD
-        constexpr bool WIDE = SUM64 && !GUARDED;
-        const uint4 c = ctab[WIDE ? 2 * (col + e) : col + e];
-        const uint4 d = WIDE ? sum64_rest(ctab, col + e) : make_uint4(0u, 0u, 0u, 0u);
-        const u32 shift = c.w & 31u, band = c.w >> 5, frac = (1u << shift) - 1u;
-        const int off = (NEED_WTAP && !BORDER && col + e < KOUT)
-                            ? ea.wtap[WSUM0 + FULL_RECT * KPAD + col + e] : 0;
-        // the exact accumulator of row (mi, h)
-        const auto acc_at = [&](int mi, int h) {
-          int y = rows.term[mi][h] + off;
-          if constexpr (SPLIT_K > 1) {
-            y += e ? (int)splits[mi][h].y : (int)splits[mi][h].x;
-          } else {
-            y += plane_dot(acc, mi, ni, 2 * h + e);
-          }
-          if constexpr (BORDER) y += e ? (int)wpair[mi][h].y : (int)wpair[mi][h].x;
-          return y;
-        };
-        bool redo = false;  // GUARDED: some z of this column near a step
+      // the exact accumulator of row (mi, h), column col + e
+      const auto acc_at = [&](int mi, int h, int e) {
+        int y = rows.term[mi][h];
+        if constexpr (NEED_WTAP && !BORDER) {
+          if (col + e < KOUT) y += ea.wtap[WSUM0 + FULL_RECT * KPAD + col + e];
+        }
+        if constexpr (SPLIT_K > 1) {
+          y += e ? (int)splits[mi][h].y : (int)splits[mi][h].x;
+        } else {
+          y += plane_dot(acc, mi, ni, 2 * h + e);
+        }
+        if constexpr (BORDER) y += e ? (int)wpair[mi][h].y : (int)wpair[mi][h].x;
+        return y;
+      };
+      // GUARDED, rarely taken: column e's sums again, those near a step in 64 bits
+      const auto redo_column = [&](int e) {
+        const uint4* wide = ctab + KPAD;
+        const uint4 c = ctab[col + e], c64 = wide[2 * (col + e)], d64 = sum64_rest(wide, col + e);
 #pragma unroll
         for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int y = acc_at(mi, h);
+            const int y = acc_at(mi, h, e), u = res[mi][h][t][e];
+            const u32 z = (u32)y * c.x + c.y + (u32)u * c.z;
+            if ((z & c.w & ~31u) == 0u) q[mi][h][t][e] = clamp_mid(requant64(y, u, c64, d64));
+          }
+      };
+      bool redo = false;  // GUARDED: some sum of this tile (REDO_TILES) or column near a step
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        // {m, b + 2^(s-1), r, s}; SUM64: {m, s, c lo, c hi}, then d = {r lo, r hi, s - 32, 0};
+        // GUARDED: {m, b + 2^(s-1) - o r + B/2, r, s | 2^s - B}, the SUM64 entries past KPAD
+        constexpr bool WIDE = SUM64 && !GUARDED;
+        const uint4 c = ctab[WIDE ? 2 * (col + e) : col + e];
+        const uint4 d = WIDE ? sum64_rest(ctab, col + e) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int y = acc_at(mi, h, e);
             int v;
-            if constexpr (GUARDED) {  // z + E: its remainder below 2E marks z within E of a
-              // step (redone below), elsewhere (z + E) >> s = z >> s
+            if constexpr (GUARDED) {  // z + B/2: bits log2(B) .. s - 1 all zero (its remainder
+              // below B) mark z within B/2 of a step (redone below), else (z + B/2) >> s = z >> s
               const u32 z = (u32)y * c.x + c.y + (u32)res[mi][h][t][e] * c.z;
-              v = (int)z >> (int)shift;
-              redo |= (z & frac) < band;
+              v = (int)z >> (int)(c.w & 31u);
+              redo |= (z & c.w & ~31u) == 0u;
             } else if constexpr (SUM64) {
               v = requant64(y, res[mi][h][t][e], c, d);
             } else {
@@ -402,19 +419,15 @@ __device__ __forceinline__ void block_end_cols(const Acc& acc, const RowPrep& ro
             }
             q[mi][h][t][e] = clamp_mid(v);
           }
-        if constexpr (GUARDED) {  // one branch per column, rarely taken: the rows' sums
-          if (redo) {             // again, those near a step in 64 bits
-            const uint4* wide = ctab + KPAD;
-            const uint4 c64 = wide[2 * (col + e)], d64 = sum64_rest(wide, col + e);
-#pragma unroll
-            for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const int y = acc_at(mi, h), u = res[mi][h][t][e];
-                const u32 z = (u32)y * c.x + c.y + (u32)u * c.z;
-                if ((z & frac) < band) q[mi][h][t][e] = clamp_mid(requant64(y, u, c64, d64));
-              }
-          }
+        if constexpr (GUARDED && !REDO_TILES) {
+          if (redo) redo_column(e);
+          redo = false;
+        }
+      }
+      if constexpr (GUARDED && REDO_TILES) {
+        if (redo) {
+          redo_column(0);
+          redo_column(1);
         }
       }
     }

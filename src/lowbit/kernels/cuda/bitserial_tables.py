@@ -131,21 +131,22 @@ def residual_offset(wl: Workload) -> int:
     return 128 if res is not None and res.encoding is Encoding.SIGNED else 0
 
 
-#: the guarded block end's shift word {s | 2E << GUARD_SHIFT_BITS}: 2E below 2^(32 - 5)
+#: the guarded block end's band B (bitserial_block_end.cu) is a power of two >= 2^GUARD_SHIFT_BITS:
+#: its shift word {s | 2^s - B} holds s in the low bits the mask 2^s - B leaves free
 GUARD_SHIFT_BITS = 5
 
 
 def guarded_form(m: int, b: int, r: int, s: int, top_acc: int, top_res: int
                  ) -> tuple[int, int, int, int, int] | None:
-    """(m', b', r', s', E) of one column: the exact block end floor((y m + u r + b + 2^(s-1))
+    """(m', b', r', s', H) of one column: the exact block end floor((y m + u r + b + 2^(s-1))
     / 2^s) (its 64-bit form, |y| <= top_acc, |u| <= top_res) at the largest shift s' <= 30
     whose rounded multipliers m' = round(m 2^(s'-s)), r', b' keep |y| m' + |u| |r'| + |b'| +
-    2^(s'-1) below 2^31, and E = ceil(e 2^s') + 1 for e the largest |x - x'| of the exact
-    x = (y m + u r + b) / 2^s and x' = (y m' + u r' + b') / 2^s': where the 32-bit sum z'
-    (its 2^(s'-1) included) lies >= E from every multiple of 2^s', floor(z' / 2^s') is the
-    exact output (a step between x and x' would lie within e of x'). None where no shift
-    fits (the kernel adds E to z': z' + E too) or 2E > min(2^(s'-1), 2^(32 -
-    GUARD_SHIFT_BITS) - 1). Exact Python integers."""
+    2^(s'-1) + H below 2^31 (the kernel adds H), and H the band's half-width: the power of
+    two >= max(E, 2^(GUARD_SHIFT_BITS - 1)) for E = ceil(e 2^s') + 1, e the largest |x - x'|
+    of the exact x = (y m + u r + b) / 2^s and x' = (y m' + u r' + b') / 2^s'. Where the
+    32-bit sum z' (its 2^(s'-1) included) lies >= H from every multiple of 2^s',
+    floor(z' / 2^s') is the exact output (a step between x and x' would lie within e of x').
+    None where no shift fits or 2H > 2^(s'-1). Exact Python integers."""
     for s2 in range(30, 0, -1):
         def at(v: int, s2: int = s2) -> int:  # v 2^(s2 - s), rounded half up
             return v << (s2 - s) if s2 >= s else (v + (1 << (s - s2 - 1))) >> (s - s2)
@@ -155,22 +156,24 @@ def guarded_form(m: int, b: int, r: int, s: int, top_acc: int, top_res: int
         num = (top_acc * abs((m << s2) - (m2 << s)) + top_res * abs((r << s2) - (r2 << s))
                + abs((b << s2) - (b2 << s)))
         near = -(-num >> s) + 1
-        if top_acc * abs(m2) + top_res * abs(r2) + abs(b2) + (1 << (s2 - 1)) + near >= 2**31:
-            continue  # the kernel's sum z' + E in int32
-        if 2 * near > min(1 << (s2 - 1), (1 << (32 - GUARD_SHIFT_BITS)) - 1):
+        half = 1 << max((near - 1).bit_length(), GUARD_SHIFT_BITS - 1)
+        if top_acc * abs(m2) + top_res * abs(r2) + abs(b2) + (1 << (s2 - 1)) + half >= 2**31:
+            continue
+        if 2 * half > 1 << (s2 - 1):
             return None
-        return m2, b2, r2, s2, near
+        return m2, b2, r2, s2, half
     return None
 
 
 def guarded_columns(wl: Workload, m: list[int], b: list[int], r: list[int], s: list[int]
                     ) -> list[list[int]] | None:
-    """Epilogue.guarded's 32-bit column entries {m', b' + 2^(s'-1) - o r' + E, r', s' | 2E <<
-    5} (`guarded_form` of each column at the workload's accumulator bound and its narrow
-    residual's range, o `residual_offset`: the kernel's residual bytes read unsigned, as the
-    64-bit redo reads them; words mod 2^32): the kernel's sum is z' + E, whose remainder
-    below 2^s' under 2E marks z' within E of a step (the 64-bit redo); elsewhere (z' + E)
-    >> s' = z' >> s'. None where some column has no guarded form (the plan keeps sum64)."""
+    """Epilogue.guarded's 32-bit column entries {m', b' + 2^(s'-1) - o r' + H, r', s' |
+    2^s' - 2H} (`guarded_form` of each column at the workload's accumulator bound and its
+    narrow residual's range, o `residual_offset`: the kernel's residual bytes read unsigned,
+    as the 64-bit redo reads them; words mod 2^32): the kernel's sum is z' + H, whose bits
+    log2(2H) .. s' - 1 all zero (its remainder below 2H) mark z' within H of a step (the
+    64-bit redo); elsewhere (z' + H) >> s' = z' >> s'. None where some column has no guarded
+    form (the plan keeps sum64)."""
     res = wl.epilogue.narrow_residual
     top_res = 0 if res is None else max(-res.qmin, res.qmax)
     top_acc, offset = acc_bound(wl), residual_offset(wl)
@@ -179,9 +182,9 @@ def guarded_columns(wl: Workload, m: list[int], b: list[int], r: list[int], s: l
         form = guarded_form(mc, bc, rc if res is not None else 0, sc, top_acc, top_res)
         if form is None:
             return None
-        m2, b2, r2, s2, near = form
-        out.append([m2 & MASK32, (b2 + (1 << (s2 - 1)) - offset * r2 + near) & MASK32,
-                    r2 & MASK32, s2 | 2 * near << GUARD_SHIFT_BITS])
+        m2, b2, r2, s2, half = form
+        out.append([m2 & MASK32, (b2 + (1 << (s2 - 1)) - offset * r2 + half) & MASK32,
+                    r2 & MASK32, s2 | ((1 << s2) - 2 * half)])
     return out
 
 
