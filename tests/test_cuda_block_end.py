@@ -280,15 +280,21 @@ def test_64_bit_block_end_compiles_without_spills(name, arch, wl):
     """NVRTC builds the sum64 block end for sm_80 (mma.sync) and sm_90a (wgmma) with no
     register spill (ptxas), its sum formed by wide multiply-adds (IMAD.WIDE.U32 with a
     residual) and its shift by funnel shifts, and the default config the 32-bit one has."""
+    _compile(name, arch, wl)
+    _builds_without_spills(name, arch, wl, replace(wl.epilogue, sum64=False))
+
+
+def _builds_without_spills(name: str, arch: str, wl: Workload, other: Epilogue) -> Config:
+    """ptxas builds the default kernel of (name, wl) on arch with no spill and at most 128
+    registers, its config that of the same workload with the epilogue `other`; returns it."""
     from lowbit.kernels.cuda.nvrtc import ptxas_report
 
-    _compile(name, arch, wl)
     family = BY_NAME[name]
     cfg = family.default_config(wl, arch)
-    narrow = wl.replace(epilogue=replace(wl.epilogue, sum64=False))
-    assert cfg == family.default_config(narrow, arch)
+    assert cfg == family.default_config(wl.replace(epilogue=other), arch)
     report = ptxas_report(family.render(wl, cfg), arch, family.kernel_name(cfg))
     assert report["spill_bytes"] == 0 and 0 < report["registers"] <= 128, report
+    return cfg
 
 
 @pytest.mark.slow
@@ -644,17 +650,14 @@ def test_guarded_form_is_exact_off_its_band():
                                           for n, a, i, w in COMPILE64_CASES])
 def test_guarded_block_end_compiles_without_spills(name, arch, wl):
     """NVRTC builds the guarded block end (the sum64 cases) for sm_80 and sm_90a with no
-    register spill, the 64-bit redo behind branches (one per column: the 32-bit path runs
-    no predicated 64-bit code) and the default config of the other forms."""
-    from lowbit.kernels.cuda.nvrtc import compile_cubin, ptxas_report
+    register spill, the 64-bit redo behind branches (one per n8 tile or column: the 32-bit
+    path runs no predicated 64-bit code) and the default config of the other forms."""
+    from lowbit.kernels.cuda.nvrtc import compile_cubin
     from lowbit.kernels.cuda.sass import kernel_instructions, nvdisasm_path, opcodes
 
     family = BY_NAME[name]
-    cfg = family.default_config(wl, arch)
     plain = wl.replace(epilogue=replace(wl.epilogue, guarded=False))
-    assert cfg == family.default_config(plain, arch)
-    report = ptxas_report(family.render(wl, cfg), arch, family.kernel_name(cfg))
-    assert report["spill_bytes"] == 0 and 0 < report["registers"] <= 128, report
+    cfg = _builds_without_spills(name, arch, wl, plain.epilogue)
     if nvdisasm_path() is None:
         return
     ins = {w: kernel_instructions(compile_cubin(family.render(w, cfg), arch))[
@@ -665,3 +668,36 @@ def test_guarded_block_end_compiles_without_spills(name, arch, wl):
     assert ops[wl].count("BRA") >= ops[plain].count("BRA") + 16
     predicated = [i for i in ins[wl] if i.startswith("@") and wide in i]
     assert len(predicated) <= ops[wl].count(wide) // 4, predicated[:4]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wl", [_guarded(_sum64(c[1])) for c in GPU_CASES] + [
+    _guarded(conv(B1, U2, block_end64(S8, None, False, ()), N=5, H=14, W=14, C=256, K=512))],
+    ids=[c[0] for c in GPU_CASES] + ["shortcut_s8"])
+def test_gpu_guarded_block_end_every_family(wl):
+    """The guarded block end (Epilogue.guarded) on random sum64 params, the default kernel of
+    every family that runs it on this GPU, bit for bit (cuda.int8_wgmma's int8 accumulators
+    leave no guarded form: the plan keeps sum64 there)."""
+    checked = 0
+    for family in FAMILIES:
+        if not family.supports(wl):
+            continue
+        _gpu_check(family, wl, family.default_config(wl), seed=checked + 21)
+        checked += 1
+    assert checked >= 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,wl", [c[1:] for c in NEAR_CASES], ids=[c[0] for c in NEAR_CASES])
+def test_gpu_guarded_block_end_at_rounding_steps(name, wl):
+    """The near-step inputs (`_near_step_inputs`: many sums redone in 64 bits) through bind /
+    launch on the GPU, bit for bit."""
+    family = BY_NAME[name]
+    x, w, params = _near_step_inputs(wl, seed=3)
+    assert _near_counts(wl, x, w, params)[1] >= 50
+    params = EpilogueParams(**{**params.__dict__, "derived_out": tuple(
+        torch.full_like(b, 0x5A) for b in params.derived_out)}).to("cuda")
+    out = family.build(wl, family.default_config(wl)).bind(x.cuda(), w.cuda(), params)()
+    got = ([out] if wl.epilogue.store_out else []) + list(params.derived_out)
+    want = run_outputs(wl, x, w, params.to("cpu"))
+    assert all(torch.equal(g.cpu(), w_) for g, w_ in zip(got, want, strict=True))

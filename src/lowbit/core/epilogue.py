@@ -39,7 +39,8 @@ arithmetic; the 32-bit sum leaves them 12-16 and rounds values near a tie differ
 [0, 2^31) int32, s in 1..62 int32, b and r int64 with |b|, |r| < 2^62, and
 |acc|max m + |b| + |res|max |r| + 2^(s-1) < 2^min(63, 31 + s) (every z >> s an int32: the
 kernels form z with wide multiply-adds and take its bits s .. s + 31 by a funnel shift).
-q_mid is the stored
+`guarded` (with `sum64`: the same params and q_mid) lets a kernel form a 32-bit approximation
+of z and redo in 64 bits only the sums near a rounding step. q_mid is the stored
 output (unless `store_out=False`) and feeds up to MAX_DERIVED derived outputs, each a
 (precision P_j, layout L_j) pair with one int32 threshold vector T_j of P_j.qmax - P_j.qmin
 non-decreasing entries (EpilogueParams.thresholds, per tensor, not per channel):

@@ -11,7 +11,13 @@
 // (c = b + 2^(s-1) - o r), plus u r as u r_lo (wide) + (u r_hi) 2^32 with u = res + o the
 // residual byte read unsigned (o = 128 for a signed residual: its bytes' top bits flipped), and
 // z >> s as the funnel shift of z's words by min(s, 32) (its low word: z >> s fits int32), then
-// shifted by max(s - 32, 0). q is stored (STORE_OUT) as bytes (OUT_MODE 2) or bit planes (3), and
+// shifted by max(s - 32, 0). GUARDED (Epilogue.guarded, with SUM64: the same exact q) forms a
+// 32-bit approximation z' = y m' + c' + u r' of z (2^s' / 2^s times it; bitserial_tables.
+// guarded_form proved |z' - z 2^(s'-s)| < H, the band's half-width, a power of two) plus H
+// (c' = b' + 2^(s'-1) - o r' + H): where its bits log2(2H) .. s' - 1 are not all zero (z' lies
+// >= H from a multiple of 2^s') its shift is q; the rest (rare: 2H / 2^s' of the sums) are
+// redone in 64 bits as SUM64, one branch per n8 tile or column (REDO_TILES). q is stored
+// (STORE_OUT) as bytes (OUT_MODE 2) or bit planes (3), and
 // each derived output j (N_DERIVED) stores its value P_j.qmin + #{i : q >= T_j[i]} as bytes
 // (D<j>_MODE 2) or bit planes (3). Bit planes of one or three levels (u1, u2, s2: PAIR_CMP)
 // compare two columns per 32-bit add: the pair's qo = q - MID_LO (0..255) in the 16-bit halves
@@ -28,8 +34,9 @@
 // Bit planes pack in registers (whole 32-column words per warp: WN % 32 == 0) and leave
 // through store_plane_words. The column parameters are one 16-byte entry per column
 // {m, b + 2^(s-1), r, s} (bitserial_tables.requant32_columns, padded past KOUT with zeros and
-// shift 1; SUM64: two 16-byte entries {m, s, c lo, c hi} {r lo, r hi, max(s - 32, 0), 0}),
-// read through the kernel's `mult` argument.
+// shift 1; SUM64: two 16-byte entries {m, s, c lo, c hi} {r lo, r hi, max(s - 32, 0), 0};
+// GUARDED: {m', c', r', s' | 2^s' - 2H} per column, then SUM64's table from entry KPAD on, read
+// only by the redo), read through the kernel's `mult` argument.
 constexpr bool BLOCK_END = HAS_BIAS == 5;
 constexpr int MID_LO = (RELU && OUT_QMIN < 0) ? 0 : OUT_QMIN;
 constexpr int GROUP_TILES = NT % 4 == 0 ? 4 : NT;  // n8 tiles per column group
