@@ -271,8 +271,8 @@ class Epilogue:
 
     def to_dict(self) -> dict:
         """JSON-able fields; "shifted_bias", "residual" (a wide one's bits, a narrow one's
-        name), "requant32", "sum64", "guarded", "derived" and "store_out" only when set, so the dicts (and
-        workload keys) of every other epilogue stay what they were."""
+        name), "requant32", "sum64", "guarded", "derived" and "store_out" only when set, so
+        the dicts (and workload keys) of every other epilogue stay what they were."""
         d = {"bias": self.bias, "relu": self.relu, "out": str(self.out),
              "out_layout": self.out_layout.value}
         if self.shifted_bias:
