@@ -12,7 +12,9 @@ of a rounding tie then rounds the other way: the 32-bit formula equals the 64-bi
 every input only where it is the same formula, its multipliers and bias the 64-bit ones
 divided by a common power of two (`reduced`: exact, cheap, and rare with float scales; scales
 that are powers of two get it). `PlanOptions(requant32=True)` keeps the approximate 32-bit
-requantizations as an explicit option."""
+requantizations as an explicit option. The block ends' exact 64-bit sums run as 32-bit ones
+with a 64-bit redo near rounding steps where the kernel tables allow it (`Epilogue.guarded`,
+kernels.cuda.bitserial_tables.guarded_form: the same multipliers here)."""
 
 from __future__ import annotations
 
