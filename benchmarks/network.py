@@ -125,7 +125,8 @@ def parse_case(text: str) -> BenchCase:
     (the quantized model's residual stream, `lowbit.quantize(residual_bits=...)`), :tuned
     (the plan reads the user's tuning records), :approx (the approximate 32-bit
     requantizations, `PlanOptions(requant32=True)`; without it the plan equals `convert` at
-    every precision, as `lowbit.compile`'s) and
+    every precision, as `lowbit.compile`'s), :sum64 (exact block ends as the plain 64-bit
+    sum, not the guarded 32-bit one: `PlanOptions(guarded_block_ends=False)`) and
     :stem=KERNEL (the fused first layer on that kernel where it runs it:
     `PlanOptions.stem_kernel`, "ws" or "ring")."""
     try:
@@ -140,7 +141,7 @@ def parse_case(text: str) -> BenchCase:
         stem = [r.removeprefix("stem=") for r in rest if r.startswith("stem=")]
         if len(wide) > 1 or len(policy) > 1 or len(res) > 1 or len(stem) > 1 or any(
                 s not in STEM_CHOICES for s in stem) or any(
-                r not in ("kernelbias", "nofuse", "tuned", "approx", *wide, *res, *policy,
+                r not in ("kernelbias", "nofuse", "tuned", "approx", "sum64", *wide, *res, *policy,
                           *(f"stem={s}" for s in stem)) for r in rest):
             raise ValueError
         chooser = policy[0].removeprefix("int8=") if policy else "default"
@@ -150,12 +151,12 @@ def parse_case(text: str) -> BenchCase:
                          fuse_outputs="nofuse" not in rest,
                          residual_bits=int(res[0][3:]) if res else None,
                          records=True if "tuned" in rest else False,
-                         requant32="approx" in rest,
+                         requant32="approx" in rest, guarded_block_ends="sum64" not in rest,
                          stem_kernel=stem[0] if stem else None)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"a case is MODEL:BATCH:PRECISION[:kernelbias][:wide16|:wide8][:model|:int8=NAME]"
-            f"[:nofuse][:res8|:res4|:res16][:tuned][:approx][:stem=ws|ring], got {text!r}"
+            f"[:nofuse][:res8|:res4|:res16][:tuned][:approx|:sum64][:stem=ws|ring], got {text!r}"
         ) from None
 
 

@@ -448,11 +448,13 @@ def _policy(r: dict) -> str:
     """The row's per-layer implementation policy (`impl_chooser`'s name; "default" where the
     row does not say), with "no fused outputs" where int8 layers left their layer epilogue
     to the separate pass, "approx. 32-bit" where the plan took the approximate 32-bit
-    requantizations (`PlanOptions.requant32`; rows that do not say are exact) and the stem
-    kernel the row asked for (`PlanOptions.stem_kernel`)."""
+    requantizations (`PlanOptions.requant32`; rows that do not say are exact), "plain
+    64-bit" where exact block ends took no guarded form (`PlanOptions.guarded_block_ends`)
+    and the stem kernel the row asked for (`PlanOptions.stem_kernel`)."""
     name = r.get("chooser", "default")
     name = name if r.get("fuse_outputs", True) else f"{name}, no fused outputs"
     name = f"{name}, approx. 32-bit" if r.get("requant32") is True else name
+    name = f"{name}, plain 64-bit" if r.get("guarded_block_ends") is False else name
     return f"{name}, {r['stem_kernel']} stem" if r.get("stem_kernel") else name
 
 

@@ -426,15 +426,18 @@ def test_guarded_block_end_keys_dicts_and_fields():
 
 
 def test_plan_picks_the_guarded_block_end_and_binds_its_tables():
-    """ResNet-18 w1a2 with the 8-bit stream: every block end is planned guarded (the exact
-    sum64 params, the 32-bit form valid for every column), its bound column tables hold the
-    32-bit entries (shifts 1..30, 2E <= 2^(s-1)) before the sum64 ones; the approximate
-    option (PlanOptions(requant32=True)) plans none."""
+    """ResNet-18 w1a2 with the 8-bit stream: every block end is exact (sum64 params); those
+    whose 32-bit form has bands averaging at most GUARD_MAX_BAND over its columns are planned
+    guarded (the 1x1 downsamples here; the 3x3 block ends' wider accumulators give wider
+    bands), and their bound column tables hold the 32-bit entries (shifts 1..30, 2E <=
+    2^(s-1)) before the sum64 ones; PlanOptions(guarded_block_ends=False) and the
+    approximate option (PlanOptions(requant32=True)) plan none."""
     import warnings
 
     from lowbit.bench import build_quantized
     from lowbit.graph import PlanOptions
     from lowbit.kernels.cuda.bitserial_shape import conv_shape, wsum_columns
+    from lowbit.graph.kernel_epilogues import GUARD_MAX_BAND
     from lowbit.kernels.cuda.bitserial_tables import requant32_columns
     from lowbit.runtime.compiled import compile_model
     from lowbit.runtime.layers import block_end_params
@@ -445,8 +448,14 @@ def test_plan_picks_the_guarded_block_end_and_binds_its_tables():
         warnings.simplefilter("ignore", RuntimeWarning)
         plan = compile_model(q, x, records=False).plan
         approx = compile_model(q, x, records=False, options=PlanOptions(requant32=True)).plan
-    ends = [s for s in plan.layers if s.workload.epilogue.requant32]
-    assert len(ends) >= 8 and all(s.workload.epilogue.guarded for s in ends)
+        plain = compile_model(q, x, records=False,
+                              options=PlanOptions(guarded_block_ends=False)).plan
+    all_ends = [s for s in plan.layers if s.workload.epilogue.requant32]
+    ends = [s for s in all_ends if s.workload.epilogue.guarded]
+    assert len(all_ends) >= 8 and all(s.workload.epilogue.sum64 for s in all_ends)
+    assert {s.name for s in ends} == {"layer.layer2_0_downsample_0",
+                                      "layer.layer3_0_downsample_0"}
+    assert not any(s.workload.epilogue.guarded for s in plain.layers)
     approx_ends = [s.workload.epilogue for s in approx.layers if s.workload.epilogue.requant32]
     assert approx_ends and not any(e.guarded for e in approx_ends)
     assert not all(e.sum64 for e in approx_ends)
@@ -463,3 +472,4 @@ def test_plan_picks_the_guarded_block_end_and_binds_its_tables():
         shift, band = words & 31, words >> 5
         assert bool((shift >= 1).all() & (shift <= 30).all() & (band >= 2).all())
         assert bool((band <= 2 ** (shift - 1)).all())
+        assert float(((2 ** shift - (band << 5)) / 2.0 ** shift).mean()) <= GUARD_MAX_BAND

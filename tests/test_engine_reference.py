@@ -99,8 +99,8 @@ def test_plan_equals_convert_on_resnet18_with_the_8_bit_stream(precision, seed):
     exact = _compiled(q, x)
     ends = [s.workload.epilogue for s in exact.plan.layers if s.workload.epilogue.requant32]
     assert any(e.residual is not None for e in ends) and all(e.sum64 for e in ends)
-    if precision == "w1a2":  # exact on the 32-bit chain (Epilogue.guarded)
-        assert all(e.guarded for e in ends)
+    if precision == "w1a2":  # some on the 32-bit chain (Epilogue.guarded: the downsamples)
+        assert any(e.guarded for e in ends)
     assert float((_run(exact, x).double() - want).abs().max()) <= 2**-20 * float(
         want.abs().max())
 

@@ -48,6 +48,9 @@ class BenchCase:
     #: the approximate 32-bit requantizations (`PlanOptions.requant32`; False, as
     #: `lowbit.compile`: the plan equals `convert` at every precision)
     requant32: bool = False
+    #: exact block ends as the guarded 32-bit sum where its band is narrow
+    #: (`PlanOptions.guarded_block_ends`; False: the plain 64-bit sum)
+    guarded_block_ends: bool = True
     #: the fused first layer's kernel (`PlanOptions.stem_kernel`; None: the shape's default)
     stem_kernel: str | None = None
 
@@ -70,6 +73,7 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
     x = random_images(case.batch, size, 1 if case.model.startswith("digits") else 3,
                       seed + 2, device)
     options = PlanOptions(fuse_outputs=case.fuse_outputs, chain=chain, requant32=case.requant32,
+                          guarded_block_ends=case.guarded_block_ends,
                           stem_kernel=case.stem_kernel)
     plan, where = compile_plan(q, x, case.exact_bias, case.wide_bits, case.chooser, options,
                                case.records)
@@ -82,6 +86,11 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
     row["fuse_outputs"] = case.fuse_outputs
     row["requant32"] = case.requant32
     row["stem_kernel"] = case.stem_kernel
+    row["guarded_block_ends"] = case.guarded_block_ends
+    row["block_ends"] = {k: sum(1 for s in plan.layers if s.workload.epilogue.requant32 and (
+        s.workload.epilogue.guarded, s.workload.epilogue.sum64) == v)
+        for k, v in (("guarded", (True, True)), ("sum64", (False, True)),
+                     ("sum32", (False, False)))}
     row["stem"] = next((stem_text(s) for s in plan.layers if s.stem), None)
     row["residual_bits"] = case.residual_bits
     t0 = time.perf_counter()

@@ -20,7 +20,7 @@ from ..core import OUT_INT16, OUT_INT32, Encoding, Epilogue, Layout, Precision, 
 from ..core.epilogue import MAX_DERIVED
 from ..core.validate import block_end_sum_limit
 from ..kernels.base import acc_bound
-from ..kernels.cuda.bitserial_tables import guarded_columns
+from ..kernels.cuda.bitserial_tables import GUARD_SHIFT_BITS, guarded_columns
 from .impl import TORCH_FP16, is_bitserial, runs, template_flag, unsupported_reason
 from .ir import Layer, TensorSpec, parse_precision
 
@@ -31,9 +31,17 @@ from .ir import Layer, TensorSpec, parse_precision
 #: plus a launch (~4 us); fusing pays below ~2.4 M outputs (ResNet-18 at batch 8), not above.
 RESIDUAL_FUSE_MAX_OUTPUTS = 2_000_000
 
+#: the widest mean band of a guarded block end (`_guarded_fits`): about this share of its
+#: outputs, those near a rounding step, take the 64-bit redo (a wgmma warp branches once per
+#: 128 outputs, so ~1/8 of its tiles at 2^-10); wider bands keep the plain 64-bit sum.
+#: ResNet-50 b256 w1a2 res8: layer1-2's block ends average 1e-4 .. 6.5e-4 (guarded), layer3-4's
+#: 1.5e-3 .. 3.8e-3 (not); unmeasured on a GPU (`PlanOptions.guarded_block_ends` A/B)
+GUARD_MAX_BAND = 2.0**-10
+
 
 def kernel_epilogue(step: Layer, tensors: dict[str, TensorSpec],
-                    params: dict[str, torch.Tensor] | None = None) -> Layer:
+                    params: dict[str, torch.Tensor] | None = None, guarded: bool = True
+                    ) -> Layer:
     """The layer's workload with the kernel's own epilogue (`lowbit.core.Epilogue`) where the
     layer has one output, requantized to a Precision, and the implementation takes it: bias in
     accumulator units where the output's bias is exactly `step.bias` times its multiplier
@@ -50,7 +58,7 @@ def kernel_epilogue(step: Layer, tensors: dict[str, TensorSpec],
     outs = step.layer_outputs
     wl = accumulator_workload(step)
     if params is not None:
-        block_end = block_end_epilogue(step, tensors, params)
+        block_end = block_end_epilogue(step, tensors, params, guarded)
         if block_end is not None:
             return replace(step, workload=block_end)
     if not (len(outs) == 1 and outs[0].requantized and not outs[0].derived
@@ -137,7 +145,8 @@ def takes_shifted_bias(impl: str) -> bool:
 
 
 def block_end_epilogue(step: Layer, tensors: dict[str, TensorSpec],
-                       params: dict[str, torch.Tensor]) -> Workload | None:
+                       params: dict[str, torch.Tensor], guarded: bool = True
+                       ) -> Workload | None:
     """The step's workload with the block-end epilogue (`Epilogue.requant32`) where its
     template takes it (`takes_block_end`: the bit-serial families, `cuda.int8_wgmma`) and the
     layer is one: every output requantized by one formula (the same multiplier, shift, bias,
@@ -191,8 +200,8 @@ def block_end_epilogue(step: Layer, tensors: dict[str, TensorSpec],
         epi = replace(epi, sum64=True)
         if not _block_end_fits(step, first, params, epi):
             return None
-        epi = replace(epi, guarded=_guarded_fits(step.workload.replace(epilogue=epi), first,
-                                                  params))
+        epi = replace(epi, guarded=guarded and _guarded_fits(
+            step.workload.replace(epilogue=epi), first, params))
     wl = step.workload.replace(epilogue=epi)
     return wl if runs(step.impl, wl) else None
 
@@ -225,10 +234,19 @@ def _block_end_fits(step: Layer, o, params: dict[str, torch.Tensor], epi: Epilog
 def _guarded_fits(wl: Workload, o, params: dict[str, torch.Tensor]) -> bool:
     """Whether every column of the sum64 block end `wl` has a guarded 32-bit form
     (`Epilogue.guarded`, `bitserial_tables.guarded_columns`: the same exact outputs, the
-    64-bit sum only for those near a rounding step)."""
+    64-bit sum only for those near a rounding step) whose bands 2H / 2^s' (the share of a
+    column's outputs the 64-bit redo takes, for remainders spread evenly) average at most
+    GUARD_MAX_BAND."""
     m, s, b = (params[k].tolist() for k in (o.multiplier, o.shift, o.bias))
     r = params[o.residual_multiplier].tolist() if o.residual_multiplier else [0] * len(m)
-    return guarded_columns(wl, m, b, r, s) is not None
+    columns = guarded_columns(wl, m, b, r, s)
+    if columns is None:
+        return False
+    bands = []
+    for *_, word in columns:  # {s' | 2^s' - 2H}
+        shift = word & ((1 << GUARD_SHIFT_BITS) - 1)
+        bands.append(((1 << shift) - (word - shift)) / (1 << shift))
+    return sum(bands) / len(bands) <= GUARD_MAX_BAND
 
 
 def derived_thresholds(table: torch.Tensor, mid: Precision, lo: int,

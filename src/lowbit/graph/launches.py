@@ -51,16 +51,20 @@ class PlanOptions:
     tie can round the other way. Off: multipliers of 31 significant bits and 64-bit sums (the
     block ends in the kernels' 64-bit epilogue, `Epilogue.sum64`; 32 bits only where the
     same formula fits, `graph.requant.reduced`), so the plan equals `lowbit.convert` at every
-    precision."""
+    precision. guarded_block_ends: such block ends as the guarded 32-bit sum with a 64-bit
+    redo near rounding steps where its band is narrow (`Epilogue.guarded`,
+    `kernel_epilogues.GUARD_MAX_BAND`; exact either way; False: the plain 64-bit sum).
+    stem_kernel: the fused stem's kernel (`graph.stem_choice`; None: the shape's default)."""
 
     fuse_stem: bool = True
     fuse_outputs: bool = True
     chain: bool = True
     requant32: bool = False
+    guarded_block_ends: bool = True
     stem_kernel: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("fuse_stem", "fuse_outputs", "chain", "requant32"):
+        for name in ("fuse_stem", "fuse_outputs", "chain", "requant32", "guarded_block_ends"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"PlanOptions.{name} must be a bool, got "
                                 f"{getattr(self, name)!r}")
@@ -71,7 +75,7 @@ class PlanOptions:
     def to_dict(self) -> dict:
         return {"fuse_stem": self.fuse_stem, "fuse_outputs": self.fuse_outputs,
                 "chain": self.chain, "requant32": self.requant32,
-                "stem_kernel": self.stem_kernel}
+                "guarded_block_ends": self.guarded_block_ends, "stem_kernel": self.stem_kernel}
 
 
 def stem_refusal(plan_input: str, tensors: dict[str, TensorSpec],

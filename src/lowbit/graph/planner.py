@@ -544,7 +544,8 @@ class Planner(ElementwiseRealizations, AffineRealizations):
                 self._emit(v.index, self._layer_step(v, self.layers[id(v)]))
         steps = [s for _, _, s in sorted(self.steps, key=lambda t: (t[0], t[1]))]
         steps = fuse_maxpools(steps, self.tensors)
-        steps = [self._kernel(kernel_epilogue(s, self.tensors, self.params))
+        steps = [self._kernel(kernel_epilogue(s, self.tensors, self.params,
+                                              self.options.guarded_block_ends))
                  if isinstance(s, Layer) else s for s in steps]
         steps = decide_launches(steps, self.input_name, self.tensors, self.params, self.options)
         steps.append(Output("output", out))
