@@ -436,8 +436,8 @@ def test_plan_picks_the_guarded_block_end_and_binds_its_tables():
 
     from lowbit.bench import build_quantized
     from lowbit.graph import PlanOptions
-    from lowbit.kernels.cuda.bitserial_shape import conv_shape, wsum_columns
     from lowbit.graph.kernel_epilogues import GUARD_MAX_BAND
+    from lowbit.kernels.cuda.bitserial_shape import conv_shape, wsum_columns
     from lowbit.kernels.cuda.bitserial_tables import requant32_columns
     from lowbit.runtime.compiled import compile_model
     from lowbit.runtime.layers import block_end_params
