@@ -465,13 +465,17 @@ def _sum64(wl: Workload) -> Workload:
 def test_gpu_64_bit_block_end_every_family(wl):
     """The 64-bit block end (Epilogue.sum64, 31-bit multipliers, residual multipliers past
     2^32), the default kernel of every family that runs it on this GPU, bit for bit."""
+    assert _gpu_every_family(wl, seed=11) >= 2
+
+
+def _gpu_every_family(wl, seed: int) -> int:
+    """`_gpu_check` of the default kernel of every family that runs `wl`; how many ran."""
     checked = 0
     for family in FAMILIES:
-        if not family.supports(wl):
-            continue
-        _gpu_check(family, wl, family.default_config(wl), seed=checked + 11)
-        checked += 1
-    assert checked >= 2
+        if family.supports(wl):
+            _gpu_check(family, wl, family.default_config(wl), seed=checked + seed)
+            checked += 1
+    return checked
 
 
 @pytest.mark.gpu
@@ -678,13 +682,7 @@ def test_gpu_guarded_block_end_every_family(wl):
     """The guarded block end (Epilogue.guarded) on random sum64 params, the default kernel of
     every family that runs it on this GPU, bit for bit (cuda.int8_wgmma's int8 accumulators
     leave no guarded form: the plan keeps sum64 there)."""
-    checked = 0
-    for family in FAMILIES:
-        if not family.supports(wl):
-            continue
-        _gpu_check(family, wl, family.default_config(wl), seed=checked + 21)
-        checked += 1
-    assert checked >= 2
+    assert _gpu_every_family(wl, seed=21) >= 2
 
 
 @pytest.mark.gpu
