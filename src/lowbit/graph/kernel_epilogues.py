@@ -20,7 +20,7 @@ from ..core import OUT_INT16, OUT_INT32, Encoding, Epilogue, Layout, Precision, 
 from ..core.epilogue import MAX_DERIVED
 from ..core.validate import block_end_sum_limit
 from ..kernels.base import acc_bound
-from ..kernels.cuda.bitserial_tables import GUARD_SHIFT_BITS, guarded_columns
+from ..kernels.cuda.bitserial_tables import guarded_forms
 from .impl import TORCH_FP16, is_bitserial, runs, template_flag, unsupported_reason
 from .ir import Layer, TensorSpec, parse_precision
 
@@ -220,8 +220,7 @@ def _block_end_fits(step: Layer, o, params: dict[str, torch.Tensor], epi: Epilog
     accumulator and residual bounds: 32-bit (every term inside int32, shifts 1..31), or with
     Epilogue.sum64 an int32 multiplier, |b|, |r| < 2^62, shifts 1..62 and the sum within
     `validate.block_end_sum_limit` (exact Python integers)."""
-    m, s, b = (params[k].tolist() for k in (o.multiplier, o.shift, o.bias))
-    r = params[o.residual_multiplier].tolist() if o.residual_multiplier else [0] * len(m)
+    m, b, r, s = _formula(o, params)
     res = epi.narrow_residual
     top_res = 0 if res is None else max(-res.qmin, res.qmax)
     top_acc, top_shift = acc_bound(step.workload), 62 if epi.sum64 else 31
@@ -231,22 +230,25 @@ def _block_end_fits(step: Layer, o, params: dict[str, torch.Tensor], epi: Epilog
                for mi, si, bi, ri in zip(m, s, b, r, strict=True))
 
 
+def _formula(o, params: dict[str, torch.Tensor]
+             ) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Output o's per-channel (multiplier, bias, residual multiplier (0 without one), shift)
+    as Python integers."""
+    m, s, b = (params[k].tolist() for k in (o.multiplier, o.shift, o.bias))
+    r = params[o.residual_multiplier].tolist() if o.residual_multiplier else [0] * len(m)
+    return m, b, r, s
+
+
 def _guarded_fits(wl: Workload, o, params: dict[str, torch.Tensor]) -> bool:
     """Whether every column of the sum64 block end `wl` has a guarded 32-bit form
-    (`Epilogue.guarded`, `bitserial_tables.guarded_columns`: the same exact outputs, the
+    (`Epilogue.guarded`, `bitserial_tables.guarded_forms`: the same exact outputs, the
     64-bit sum only for those near a rounding step) whose bands 2H / 2^s' (the share of a
     column's outputs the 64-bit redo takes, for remainders spread evenly) average at most
     GUARD_MAX_BAND."""
-    m, s, b = (params[k].tolist() for k in (o.multiplier, o.shift, o.bias))
-    r = params[o.residual_multiplier].tolist() if o.residual_multiplier else [0] * len(m)
-    columns = guarded_columns(wl, m, b, r, s)
-    if columns is None:
+    forms = guarded_forms(wl, *_formula(o, params))
+    if forms is None:
         return False
-    bands = []
-    for *_, word in columns:  # {s' | 2^s' - 2H}
-        shift = word & ((1 << GUARD_SHIFT_BITS) - 1)
-        bands.append(((1 << shift) - (word - shift)) / (1 << shift))
-    return sum(bands) / len(bands) <= GUARD_MAX_BAND
+    return sum(2 * half / (1 << s2) for *_, s2, half in forms) / len(forms) <= GUARD_MAX_BAND
 
 
 def derived_thresholds(table: torch.Tensor, mid: Precision, lo: int,

@@ -174,18 +174,24 @@ def guarded_columns(wl: Workload, m: list[int], b: list[int], r: list[int], s: l
     log2(2H) .. s' - 1 all zero (its remainder below 2H) mark z' within H of a step (the
     64-bit redo); elsewhere (z' + H) >> s' = z' >> s'. None where some column has no guarded
     form (the plan keeps sum64)."""
+    forms = guarded_forms(wl, m, b, r, s)
+    if forms is None:
+        return None
+    offset = residual_offset(wl)
+    return [[m2 & MASK32, (b2 + (1 << (s2 - 1)) - offset * r2 + half) & MASK32, r2 & MASK32,
+             s2 | ((1 << s2) - 2 * half)] for m2, b2, r2, s2, half in forms]
+
+
+def guarded_forms(wl: Workload, m: list[int], b: list[int], r: list[int], s: list[int]
+                  ) -> list[tuple[int, int, int, int, int]] | None:
+    """`guarded_form` (m', b', r', s', H) of each column of the sum64 block end `wl` at its
+    accumulator bound and its narrow residual's range; None where some column has none."""
     res = wl.epilogue.narrow_residual
     top_res = 0 if res is None else max(-res.qmin, res.qmax)
-    top_acc, offset = acc_bound(wl), residual_offset(wl)
-    out = []
-    for mc, bc, rc, sc in zip(m, b, r, s, strict=True):
-        form = guarded_form(mc, bc, rc if res is not None else 0, sc, top_acc, top_res)
-        if form is None:
-            return None
-        m2, b2, r2, s2, half = form
-        out.append([m2 & MASK32, (b2 + (1 << (s2 - 1)) - offset * r2 + half) & MASK32,
-                    r2 & MASK32, s2 | ((1 << s2) - 2 * half)])
-    return out
+    top_acc = acc_bound(wl)
+    forms = [guarded_form(mc, bc, rc if res is not None else 0, sc, top_acc, top_res)
+             for mc, bc, rc, sc in zip(m, b, r, s, strict=True)]
+    return None if any(f is None for f in forms) else forms
 
 
 #: bit-plane derived outputs of 1 or 3 levels compare the mid value with threshold words (the
