@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..graph.ir import Plan
 from ..graph.launches import PlanOptions
 from ..graph.stem_choice import stem_text
 from .baselines import fp16_baselines
@@ -55,6 +56,24 @@ class BenchCase:
     stem_kernel: str | None = None
 
 
+def case_plan(case: BenchCase, device: torch.device | str, *, seed: int = 0,
+              chain: bool = True) -> tuple[torch.nn.Module, torch.Tensor, Plan, str]:
+    """(float model, input images, plan, where it was traced) of `case` on `device`: the
+    model built and calibrated as `build_quantized`, planned as `compile_plan` with the
+    case's options (what `bench_network` times; probes bind the same plan)."""
+    size = case.image_size or IMAGE_SIZE.get(case.model, 224)
+    q, float_model = build_quantized(case.model, case.precision, image_size=size, seed=seed,
+                                     device=device, residual_bits=case.residual_bits)
+    x = random_images(case.batch, size, 1 if case.model.startswith("digits") else 3,
+                      seed + 2, device)
+    options = PlanOptions(fuse_outputs=case.fuse_outputs, chain=chain, requant32=case.requant32,
+                          guarded_block_ends=case.guarded_block_ends,
+                          stem_kernel=case.stem_kernel)
+    plan, where = compile_plan(q, x, case.exact_bias, case.wide_bits, case.chooser, options,
+                               case.records)
+    return float_model, x, plan, where
+
+
 def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
                   seed: int = 0, chain: bool = True, quick: bool = False,
                   check: bool = True) -> dict:
@@ -68,15 +87,7 @@ def bench_network(case: BenchCase, *, compile_mode: str | None = "max-autotune",
                  "image_size": size}
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
-    q, float_model = build_quantized(case.model, case.precision, image_size=size, seed=seed,
-                                     device=device, residual_bits=case.residual_bits)
-    x = random_images(case.batch, size, 1 if case.model.startswith("digits") else 3,
-                      seed + 2, device)
-    options = PlanOptions(fuse_outputs=case.fuse_outputs, chain=chain, requant32=case.requant32,
-                          guarded_block_ends=case.guarded_block_ends,
-                          stem_kernel=case.stem_kernel)
-    plan, where = compile_plan(q, x, case.exact_bias, case.wide_bits, case.chooser, options,
-                               case.records)
+    float_model, x, plan, where = case_plan(case, device, seed=seed, chain=chain)
     phases["plan_s"] = time.perf_counter() - t0
     row["planned_on"] = where
     row["exact_bias"] = case.exact_bias
