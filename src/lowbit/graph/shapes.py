@@ -20,6 +20,7 @@ from .dataflow import (
     LAYER,
     MAXPOOL,
     MUL,
+    QUANT,
     RELU,
     Dataflow,
     Value,
@@ -66,7 +67,7 @@ def infer_shapes(df: Dataflow, shape: tuple[int, ...]
         elif v.op == LAYER:
             out = _layer_shape(v, ins)
             flat = None
-        elif v.op in (RELU, ACT, AFFINE):
+        elif v.op in (RELU, ACT, AFFINE, QUANT):  # elementwise: the input's shape
             out, flat = ins[0], flat_from[id(v.inputs[0])]
         elif v.op == MUL:
             out = mul_shape(v, *ins)
