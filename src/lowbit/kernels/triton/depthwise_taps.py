@@ -130,34 +130,35 @@ def byte_transpose(w0, w1, w2, w3, TRANSPOSE: tl.constexpr):
 
 
 @triton.jit
-def tap_words(words, tap, n_img, ih0, iw0, m_mask, u, H, W, x_words, C4,
+def tap_words(words, tap, base, ih0, iw0, m_mask, u, H, W, x_words, C4,
               S: tl.constexpr, VEC: tl.constexpr):
     """int32 words [BLOCK_PIX, len(u)] of filter tap `tap` = r * S + s: word u (channels
-    4u..4u+3) of each pixel's input at (ih0 + r, iw0 + s), 0 in the padding and at words
-    >= C4 (x_words: the row stride in words; VEC: a power of two dividing it and C4)."""
-    ih = ih0 + tap // S
-    iw = iw0 + tap % S
-    pix = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-    row = ((n_img * H + ih) * W + iw) * x_words
+    4u..4u+3) of each pixel's input at (ih0 + r, iw0 + s), at base + (r W + s) x_words (base:
+    the words' pointers at (ih0, iw0), computed once; x_words: the row stride in words), 0 in
+    the padding and at words >= C4 (VEC: a power of two dividing x_words and C4). One
+    unsigned compare a coordinate: a negative one wraps past H or W."""
+    r = tap // S
+    s = tap % S
+    ih = (ih0 + r).to(tl.uint32, bitcast=True)
+    iw = (iw0 + s).to(tl.uint32, bitcast=True)
+    pix = m_mask & (ih < H.to(tl.uint32, bitcast=True)) & (iw < W.to(tl.uint32, bitcast=True))
     in_row = u < C4
     if VEC > 1:
-        row = tl.multiple_of(row, VEC)
         in_row = tl.max_constancy(in_row, VEC)
-    return tl.load(words + row[:, None] + u[None, :], mask=pix[:, None] & in_row[None, :],
-                   other=0)
+    return tl.load(base + (r * W + s) * x_words, mask=pix[:, None] & in_row[None, :], other=0)
 
 
 @triton.jit
-def tap_group(words, w_words, g, acc0, acc1, acc2, acc3, n_img, ih0, iw0, m_mask, u, H, W,
+def tap_group(words, w_words, g, acc0, acc1, acc2, acc3, base, ih0, iw0, m_mask, u, H, W,
               x_words, C4, W4, S: tl.constexpr, VEC: tl.constexpr, A_SIGNED: tl.constexpr,
               W_SIGNED: tl.constexpr, DP4A: tl.constexpr, TRANSPOSE: tl.constexpr):
     """The four accumulators plus taps 4g..4g+3: their words transposed to each channel's
     4 tap bytes, one dp4a a channel with its packed weights (rows 4g + j of
     `tap_group_words`)."""
-    a0 = tap_words(words, 4 * g, n_img, ih0, iw0, m_mask, u, H, W, x_words, C4, S, VEC)
-    a1 = tap_words(words, 4 * g + 1, n_img, ih0, iw0, m_mask, u, H, W, x_words, C4, S, VEC)
-    a2 = tap_words(words, 4 * g + 2, n_img, ih0, iw0, m_mask, u, H, W, x_words, C4, S, VEC)
-    a3 = tap_words(words, 4 * g + 3, n_img, ih0, iw0, m_mask, u, H, W, x_words, C4, S, VEC)
+    a0 = tap_words(words, 4 * g, base, ih0, iw0, m_mask, u, H, W, x_words, C4, S, VEC)
+    a1 = tap_words(words, 4 * g + 1, base, ih0, iw0, m_mask, u, H, W, x_words, C4, S, VEC)
+    a2 = tap_words(words, 4 * g + 2, base, ih0, iw0, m_mask, u, H, W, x_words, C4, S, VEC)
+    a3 = tap_words(words, 4 * g + 3, base, ih0, iw0, m_mask, u, H, W, x_words, C4, S, VEC)
     o0, o1, o2, o3 = byte_transpose(a0, a1, a2, a3, TRANSPOSE)
     row = w_words + 4 * g * W4 + u
     acc0 = dot4(o0, tl.load(row)[None, :], acc0, A_SIGNED, W_SIGNED, DP4A)
@@ -185,6 +186,10 @@ def tap_group_sum(x_ptr, w_ptr, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row, 
     x_words = x_row // 4
     C4 = C // 4
     W4 = w_row // 4
+    row = ((n_img * H + ih0) * W + iw0) * x_words
+    if VEC > 1:
+        row = tl.multiple_of(row, VEC)
+    base = words + row[:, None] + u[None, :]
     acc0 = tl.zeros((BLOCK_PIX, BC4), dtype=tl.int32)
     acc1 = tl.zeros((BLOCK_PIX, BC4), dtype=tl.int32)
     acc2 = tl.zeros((BLOCK_PIX, BC4), dtype=tl.int32)
@@ -192,15 +197,15 @@ def tap_group_sum(x_ptr, w_ptr, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row, 
     if PIPELINED:
         for g in tl.range(0, GROUPS, num_stages=TAP_STAGES):
             acc0, acc1, acc2, acc3 = tap_group(
-                words, w_ptr, g, acc0, acc1, acc2, acc3, n_img, ih0, iw0, m_mask, u, H, W,
+                words, w_ptr, g, acc0, acc1, acc2, acc3, base, ih0, iw0, m_mask, u, H, W,
                 x_words, C4, W4, S, VEC, A_SIGNED, W_SIGNED, DP4A, TRANSPOSE)
     else:
         for g in tl.static_range(GROUPS):
             acc0, acc1, acc2, acc3 = tap_group(
-                words, w_ptr, g, acc0, acc1, acc2, acc3, n_img, ih0, iw0, m_mask, u, H, W,
+                words, w_ptr, g, acc0, acc1, acc2, acc3, base, ih0, iw0, m_mask, u, H, W,
                 x_words, C4, W4, S, VEC, A_SIGNED, W_SIGNED, DP4A, TRANSPOSE)
     for t in tl.static_range(R * S - 4 * GROUPS):  # one tap: its word, one weight byte a row
-        a = tap_words(words, 4 * GROUPS + t, n_img, ih0, iw0, m_mask, u, H, W, x_words, C4, S,
+        a = tap_words(words, 4 * GROUPS + t, base, ih0, iw0, m_mask, u, H, W, x_words, C4, S,
                       VEC)
         row = w_ptr + 4 * (GROUPS + t) * W4 + u
         acc0 = dot4(a, tl.load(row)[None, :], acc0, A_SIGNED, W_SIGNED, DP4A)
