@@ -206,6 +206,18 @@ def test_dp4a_refused_where_it_cannot_run():
         assert all(c["MAC"] != "dp4a" for c in DEPTHWISE.space(wl).all_configs())
 
 
+def test_dp4a_refuses_activations_off_word_boundaries():
+    """MAC="dp4a" reads x as int32 words: x starting off a 4-byte boundary is a ValueError
+    naming x, before any launch."""
+    wl = dw(12, 3, 1, a="u8")
+    x, w, params = random_inputs(wl, 4, device=DEVICE)
+    shifted = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)[1:].view(x.shape)
+    shifted.copy_(x)
+    kernel = DepthwiseKernel("test", wl, DW_DP4A, depthwise_problem(wl))
+    with pytest.raises(ValueError, match=r"x: MAC='dp4a'.*4-byte boundary"):
+        kernel(shifted, w, params, out=poisoned(wl))
+
+
 @pytest.mark.parametrize("case", GROUPED_CASES, ids=[c[0] for c in GROUPED_CASES])
 def test_grouped_bit_exact(case):
     _, wl, cfg = case
