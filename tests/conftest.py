@@ -55,6 +55,7 @@ SAMPLED = frozenset({
     "tests/test_stem.py::test_stem_configs",
     "tests/test_stem_derived.py::test_resnet_stem_derived_outputs",
     "tests/test_triton_depthwise.py::test_depthwise_bit_exact",
+    "tests/test_triton_depthwise.py::test_depthwise_dp4a_bit_exact",
     "tests/test_triton_depthwise.py::test_grouped_bit_exact",
     "tests/test_triton_igemm.py::test_conv_epilogues_stride2",
     "tests/test_triton_igemm.py::test_conv_packed_inputs",

@@ -85,6 +85,26 @@ DEPTHWISE_CASES = [
                                w_layout="packed", epilogue=S8_SHIFTED), DW_TINY),
 ]
 
+# MAC="dp4a" (4 taps of a channel a dp4a, `depthwise_taps`): u8 / s8 / s4 / binary one-byte
+# activations, s8 / low-bit / u8 weights, 3x3/1, 3x3/2, 5x5 (6 groups of 4 taps and 1), 2x2 (one
+# group, no tap left), C = 4, 12, 44 (ragged channel tiles), every output kind
+DW_DP4A = DW_TINY.replace(BLOCK_C=16, MAC="dp4a")
+DP4A_CASES = [
+    ("3x3s1_u8_relu_u8_c12", dw(12, 3, 1, a="u8", epilogue=U8_RELU), DW_DP4A),
+    ("3x3s2_s8_int32_c44", dw(44, 3, 2), DW_DP4A.replace(BLOCK_C=32)),
+    ("5x5s1_u8_s4packed_w_u4packed_c4", dw(4, 5, 1, a="u8", w="s4", w_layout="packed",
+                                           epilogue=U4_PACKED), DW_DP4A),
+    ("5x5s2_s8_fp16_pipelined_c12", dw(12, 5, 2, epilogue=FP16),
+     DW_DP4A.replace(TAP_LOOP="pipelined", num_stages=2)),
+    ("3x3s2_s4_u8w_shifted_s8_c44", dw(44, 3, 2, a="s4", w="u8", epilogue=S8_SHIFTED),
+     DW_DP4A.replace(BLOCK_C=32, BLOCK_PIX=32)),
+    ("3x3s1_u8_s2w_bitplane_c44", dw(44, 3, 1, n=1, a="u8", w="s2", epilogue=S3_PLANES),
+     DW_DP4A.replace(BLOCK_C=32, TAP_LOOP="pipelined", num_stages=3)),
+    ("3x3s1_binary_u4w_int32_c12", dw(12, 3, 1, a="b1", w="u4"), DW_DP4A),
+    ("2x2s1_u8_relu_u8_c12", ConvWorkload(N=2, H=7, W=5, C=12, K=12, R=2, S=2, pad=1,
+                                          groups=12, a="u8", epilogue=U8_RELU), DW_DP4A),
+]
+
 # (id, workload, config): ResNeXt's 4 and 8 channels per group, 6 per group with twice the
 # filters (a column tile then splits a group), packed activations and weights
 GROUPED_CASES = [
@@ -117,6 +137,85 @@ GROUPED_CUDA_CASES = [
 def test_depthwise_bit_exact(case):
     _, wl, cfg = case
     check(wl, DepthwiseKernel("test", wl, cfg, depthwise_problem(wl)), seed=len(wl.key))
+
+
+@pytest.mark.parametrize("case", DP4A_CASES, ids=[c[0] for c in DP4A_CASES])
+def test_depthwise_dp4a_bit_exact(case):
+    _, wl, cfg = case
+    assert DEPTHWISE.unsupported_reason(wl) is None
+    assert DEPTHWISE.constraints(wl)[-1](cfg) is None  # the MAC constraint takes it
+    check(wl, DepthwiseKernel("test", wl, cfg, depthwise_problem(wl)), seed=len(wl.key) + 2)
+
+
+def test_dp4a_transpose_byte_order():
+    """The GPU path's 8 prmt (`TRANSPOSE_STEPS` under PTX prmt semantics) put byte j of tap
+    t's word in byte t of channel j's word, as the interpreter's shifts do."""
+    from lowbit.kernels.triton.depthwise_taps import TRANSPOSE_STEPS, prmt, prmt_transpose
+
+    assert prmt(0x33221100, 0x77665544, 0x5140) == 0x55114400
+    assert prmt(0x000000F0, 0, 0x4448) == 0xFF  # a nibble with bit 3: the sign replicated
+    rng = random.Random(3)
+    for _ in range(200):
+        words = tuple(rng.getrandbits(32) for _ in range(4))
+        out = prmt_transpose(words)
+        for j in range(4):
+            for t in range(4):
+                assert (out[j] >> (8 * t)) & 0xFF == (words[t] >> (8 * j)) & 0xFF
+    assert len(TRANSPOSE_STEPS) == 8
+
+
+def test_dp4a_weight_words():
+    """`tap_major_weights(..., tap_groups=True)`: channel 4u + j's taps 4g..4g+3 in row 4g + j,
+    word u; the 25th tap of a 5x5 alone in byte j of rows 24..27; zeros past C."""
+    from lowbit.kernels.triton.depthwise import tap_major_weights
+    from lowbit.kernels.triton.depthwise_taps import tap_group_rows
+
+    wl = dw(12, 5, 1, w="s8")
+    w = torch.randint(-128, 128, (12, 5, 5, 1), dtype=torch.int8)
+    words = tap_major_weights(wl, w, tap_groups=True)
+    assert words.dtype == torch.int32 and words.shape == (tap_group_rows(25), 128 // 4) == (28, 32)
+    b = words.contiguous().view(torch.int8).reshape(7, 4, 32, 4)  # [row group, j, u, byte]
+    taps = w.reshape(12, 25)
+    for c in range(12):
+        u, j = divmod(c, 4)
+        for g in range(6):
+            assert torch.equal(b[g, j, u], taps[c, 4 * g:4 * g + 4])
+        assert b[6, j, u, j] == taps[c, 24]
+        assert int(b[6, j, u].abs().sum()) == abs(int(taps[c, 24]))
+    assert int(b[:, :, 3:].abs().sum()) == 0
+
+
+def test_dp4a_refused_where_it_cannot_run():
+    """MAC="dp4a" is in the space of one-byte activations with C % 4 == 0 and >= 4 taps, and
+    refused elsewhere by the MAC constraint with the reason (not a crash), as built."""
+    def reason(template, wl):
+        cfg = template.default_config(wl).replace(MAC="dp4a")
+        with pytest.raises(ValueError) as err:
+            template.build(wl, cfg)
+        return str(err.value)
+
+    ok = dw(12, 3, 1, a="u8")
+    assert any(c["MAC"] == "dp4a" for c in DEPTHWISE.space(ok).all_configs())
+    assert DEPTHWISE.space(ok).is_valid(DEPTHWISE.default_config(ok).replace(MAC="dp4a"))
+    assert "C=10 is not a multiple of 4" in reason(DEPTHWISE, dw(10, 3, 1, a="u8"))
+    assert "INT8 layout" in reason(DEPTHWISE, dw(12, 3, 1, **PACKED_U4))
+    assert "INT8 layout" in reason(DEPTHWISE, dw(12, 3, 1, **PACKED_U2))
+    assert "R*S=1 < 4" in reason(DEPTHWISE, dw(12, 1, 1, a="u8"))
+    assert "grouped convs take MAC int32" in reason(GROUPED_CUDA, grouped(32, 32, 8))
+    for wl in (dw(10, 3, 1, a="u8"), dw(12, 3, 1, **PACKED_U4)):
+        assert all(c["MAC"] != "dp4a" for c in DEPTHWISE.space(wl).all_configs())
+
+
+def test_dp4a_refuses_activations_off_word_boundaries():
+    """MAC="dp4a" reads x as int32 words: x starting off a 4-byte boundary is a ValueError
+    naming x, before any launch."""
+    wl = dw(12, 3, 1, a="u8")
+    x, w, params = random_inputs(wl, 4, device=DEVICE)
+    shifted = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)[1:].view(x.shape)
+    shifted.copy_(x)
+    kernel = DepthwiseKernel("test", wl, DW_DP4A, depthwise_problem(wl))
+    with pytest.raises(ValueError, match=r"x: MAC='dp4a'.*4-byte boundary"):
+        kernel(shifted, w, params, out=poisoned(wl))
 
 
 @pytest.mark.parametrize("case", GROUPED_CASES, ids=[c[0] for c in GROUPED_CASES])
@@ -301,6 +400,11 @@ COMPILE_CASES = {
                                                       epilogue=U4_PACKED),
                               Config(BLOCK_PIX=32, BLOCK_C=64, num_warps=4,
                                      TAP_LOOP="unrolled", num_stages=1, MAC="fp32")),
+    # MAC="dp4a" at the default tiles of MobileNet-V2's 56x56 144-channel 3x3/1
+    "depthwise_dp4a_u8": (DEPTHWISE, ConvWorkload(N=64, H=56, W=56, C=144, K=144, R=3, S=3,
+                                                  pad=1, groups=144, a="u8", epilogue=U8_RELU),
+                          Config(BLOCK_PIX=64, BLOCK_C=64, num_warps=4, TAP_LOOP="unrolled",
+                                 num_stages=1, MAC="dp4a")),
     "grouped_default_resnext": (GROUPED, ConvWorkload(N=64, H=56, W=56, C=128, K=128, R=3,
                                                       S=3, pad=1, groups=32, a="u8",
                                                       epilogue=U8_RELU), None),
@@ -339,8 +443,10 @@ def test_compile_for_sm90():
         main = reports[0]
         assert main["regs"] <= 255 and main["spill_bytes"] == 0, (name, main)
         assert (main["wgmma"] > 0) == name.startswith("grouped"), (name, main)
-        if name == "depthwise_default_u8":
+        if name in ("depthwise_default_u8", "depthwise_dp4a_u8"):
             assert main["byte_loads"] == 0, main  # 16-byte channel vectors, not bytes
+        if name == "depthwise_dp4a_u8":  # 2 groups of 4 taps transposed, 9 taps a dp4a each
+            assert main["dp4a"] > 0 and main["prmt"] >= 8, main
         if name.startswith("cuda_grouped"):
             assert main["byte_loads"] == 0, main  # a group's bytes as int32 words
 
@@ -403,3 +509,30 @@ def test_gpu_small_cases_at_default_configs(case):
     template = DEPTHWISE if wl.depthwise else GROUPED_CUDA if name.endswith("_cuda") \
         else GROUPED
     check(wl, template.build(wl, template.default_config(wl)), seed=13)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("combo", ["w8a8_u8", "w8a8_int32"])
+@pytest.mark.parametrize("shape", MOBILENET_DW, ids=lambda s: "c{}_h{}_s{}".format(*s))
+def test_gpu_mobilenet_dp4a(shape, combo):
+    """MAC="dp4a" (the prmt transpose and dp4a PTX) on MobileNet-V2's depthwise layers at
+    batch 2: the default tiles, unrolled and pipelined, and the tiles of 128 channels."""
+    prec, epi = GPU_COMBOS[combo]
+    wl = gpu_layer("dw", *shape, **prec, epilogue=epi)
+    base = DEPTHWISE.default_config(wl).replace(MAC="dp4a")
+    space = DEPTHWISE.space(wl)
+    configs = [base, base.replace(TAP_LOOP="pipelined", num_stages=3),
+               base.replace(BLOCK_C=128, BLOCK_PIX=32)]
+    configs = [c for c in configs if space.is_valid(c)]
+    assert configs[0] == base
+    for cfg in configs:
+        check(wl, DEPTHWISE.build(wl, cfg), seed=17)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", DP4A_CASES, ids=[c[0] for c in DP4A_CASES])
+def test_gpu_dp4a_small_cases(case):
+    """The CPU MAC="dp4a" cases through the PTX path (every activation and weight kind, 5x5,
+    2x2, ragged channel tiles, every output kind)."""
+    _, wl, cfg = case
+    check(wl, DepthwiseKernel("test", wl, cfg, depthwise_problem(wl)), seed=len(wl.key) + 3)

@@ -129,7 +129,9 @@ def report(template: str, workload_json: str, config_json: str,
                     "mma_sync": len(re.findall(r"mma\.sync", ptx)),
                     "cp_async_bytes": sorted({int(b, 0) for b in re.findall(
                         r"cp\.async\.c[ag]\.shared\.global[^;]*?,\s*(0x[0-9a-f]+|\d+)", ptx)}),
-                    "byte_loads": len(re.findall(r"ld\.global[.a-z0-9:]*\.[us]8\b", ptx))})
+                    "byte_loads": len(re.findall(r"ld\.global[.a-z0-9:]*\.[us]8\b", ptx)),
+                    "dp4a": len(re.findall(r"\bdp4a\.", ptx)),
+                    "prmt": len(re.findall(r"\bprmt\.b32\b", ptx))})
     return out
 
 

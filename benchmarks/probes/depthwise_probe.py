@@ -11,13 +11,16 @@ run` (fresh random inputs, poisoned output), then its median time by CUDA events
 flushed (`kernels.timing.time_us`: `triton.testing.do_bench`, the tuner's timing); with
 `--sweep N` also the N configs `tune.dispatch.candidate_configs` draws (default first), each
 checked, and the fastest; cuDNN fp16 (channels_last, benchmark mode, `common.cudnn_fp16_conv_us`
-with the layer's groups) timed the same way in the same process; the roofline byte floor
+with the layer's groups) timed the same way in the same process; with `--macs`, the default
+config of each `triton.conv2d_depthwise` layer again at each multiply-accumulate form (MAC
+int32: IMAD, fp32: FFMA, dp4a: 4 taps a dp4a, `depthwise_taps`), each checked, where the
+layer's space takes it; the roofline byte floor
 (each operand read once, the output written once, `perfmodel.roofline.workload_bytes`, at the
 copy bandwidth measured in this run) for our storage and for fp16's; what zero-tuning dispatch
 (`tune.dispatch.choose`) picks. A summary per network and precision adds the layers' times
 weighted by how often each shape occurs.
 
-    python benchmarks/probes/depthwise_probe.py [--batch 64] [--sweep 16] [--quick]
+    python benchmarks/probes/depthwise_probe.py [--batch 64] [--sweep 16] [--quick] [--macs]
 
 Writes $OUT/depthwise_probe.json (`common.write_probe`) and prints a table; a failing case is
 recorded with its error and the run goes on.
@@ -101,6 +104,25 @@ def sweep(template, wl: ConvWorkload, n: int, x, w, params, ref) -> list[dict]:
     return out
 
 
+#: the depthwise template's multiply-accumulate forms (`DEPTHWISE_KNOBS` MAC) --macs times
+MACS = ("int32", "fp32", "dp4a")
+
+
+def mac_rows(template, wl: ConvWorkload, x, w, params, ref) -> dict:
+    """The default config at each MAC value of the layer's space (or why it is not there)."""
+    out: dict = {}
+    space = template.space(wl)
+    for mac in MACS:
+        cfg = template.default_config(wl).replace(MAC=mac)
+        reason = space.why_invalid(cfg)
+        try:
+            out[mac] = {"refused": reason} if reason else timed(template, wl, cfg, x, w,
+                                                                  params, ref)
+        except Exception as e:  # one config failing must not lose the others
+            out[mac] = {"config": dict(cfg), "error": f"{type(e).__name__}: {e}"[:300]}
+    return out
+
+
 def dispatch_pick(wl: ConvWorkload) -> dict | str:
     try:
         from lowbit.tune.dispatch import choose
@@ -112,7 +134,7 @@ def dispatch_pick(wl: ConvWorkload) -> dict | str:
 
 
 def measure(net: str, shape: tuple, prec: str, batch: int, bandwidth: float, n_sweep: int,
-            fp16_us: dict) -> dict:
+            fp16_us: dict, macs: bool = False) -> dict:
     name, _, groups = NETWORKS[net]
     c, h, stride, count = shape
     wl = layer_workload(shape, groups, batch, prec)
@@ -131,6 +153,8 @@ def measure(net: str, shape: tuple, prec: str, batch: int, bandwidth: float, n_s
     cfg = template.default_config(wl)
     row["default"] = timed(template, wl, cfg, x, w, params, ref)
     row["config"], row["time_us"] = row["default"]["config"], row["default"]["time_us"]
+    if macs and name == "triton.conv2d_depthwise":
+        row["macs"] = mac_rows(template, wl, x, w, params, ref)
     if n_sweep > 1:
         tried = sweep(template, wl, n_sweep, x, w, params, ref)
         ok = [t for t in tried if t.get("time_us") is not None]
@@ -168,6 +192,29 @@ def table(rows: list[dict]) -> None:
               f"{_fmt(r.get('time_us'))} {_fmt(r.get('best_us'))} {_fmt(fp16)} "
               f"{_fmt(r['fp16_floor_us'])}  {ratio}  {r['default']['exact']!s:5s}  "
               f"{d['template'] if isinstance(d, dict) else d}")
+
+
+def mac_table(rows: list[dict]) -> list[dict]:
+    """--macs: each layer's default-config time per MAC value, and per network and precision
+    their totals weighted by the layers' counts (layers where every value ran)."""
+    print(f"\n{'layer':30s} {'prec':5s} {'n':>2} {'floor':>9} " + " ".join(
+        f"{m:>9}" for m in MACS))
+    totals: dict = {}
+    for r in rows:
+        if "macs" not in r:
+            continue
+        times = [r["macs"][m].get("time_us") for m in MACS]
+        print(f"{r['workload']:30s} {r['precision']:5s} {r['count']:2d} {_fmt(r['floor_us'])} "
+              + " ".join(_fmt(t) for t in times))
+        t = totals.setdefault((r["model"], r["precision"]), {m: 0.0 for m in MACS})
+        for m, v in zip(MACS, times, strict=True):
+            t[m] = t[m] + r["count"] * v if t[m] is not None and v is not None else None
+    out = []
+    for (net, prec), t in totals.items():
+        print(f"{net} {prec} MAC totals (us): " + ", ".join(
+            f"{m} {v:.0f}" if v is not None else f"{m} -" for m, v in t.items()))
+        out.append({"model": net, "precision": prec, "mac_total_us": t})
+    return out
 
 
 def summary(rows: list[dict]) -> list[dict]:
@@ -208,6 +255,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="w8a8 only")
     ap.add_argument("--net", choices=list(NETWORKS), nargs="+", help="these networks only")
     ap.add_argument("--precisions", choices=list(PRECISIONS), nargs="+", default=None)
+    ap.add_argument("--macs", action="store_true",
+                    help="also time each depthwise layer's default config at MAC " +
+                         " / ".join(MACS))
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("depthwise_probe needs a CUDA GPU")
@@ -221,7 +271,8 @@ def main() -> None:
         for shape in NETWORKS[net][1]:
             for prec in precs:
                 try:
-                    row = measure(net, shape, prec, args.batch, bandwidth, args.sweep, fp16_us)
+                    row = measure(net, shape, prec, args.batch, bandwidth, args.sweep, fp16_us,
+                                  args.macs)
                 except Exception as e:  # one layer failing must not lose the others
                     row = {"model": net, "workload": f"{net}_c{shape[0]}_h{shape[1]}_s"
                            f"{shape[2]}", "precision": prec,
@@ -231,6 +282,8 @@ def main() -> None:
             torch.cuda.empty_cache()
     table(rows)
     rows += [{"summary": s} for s in summary(rows)]
+    if args.macs:
+        rows += [{"mac_summary": s} for s in mac_table(rows)]
     print("wrote", write_probe("depthwise_probe", rows))
 
 

@@ -33,10 +33,12 @@ Knobs (`DEPTHWISE_KNOBS`): BLOCK_PIX, BLOCK_C, num_warps, TAP_LOOP ("unrolled": 
 as straight-line code, every tap's loads in flight at once; "pipelined": a loop Triton
 software-pipelines `num_stages` deep), num_stages and MAC ("int32": IMAD; "fp32": FFMA on the
 integer values, twice the issue rate, exact while the worst-case |sum| < 2^24, which every
-depthwise layer of <= 8 bits and <= 256 taps is). A 3x3 layer does 9 multiply-accumulates a
-value read: at 3 TB/s of u8 values in and out that is ~13 T MACs/s, at u4 ~27 T, against
-~17 T IMAD/s (~33 T FFMA/s) of an H100's CUDA cores, so at 4 and 2 bits the arithmetic, not
-the bytes, bounds the layer.
+depthwise layer of <= 8 bits and <= 256 taps is; "dp4a": one-byte activations as int32 words
+of 4 channels, 4 taps transposed to each channel's bytes and summed by one dp4a with its 4
+packed weights, 12 instructions for 16 products: `depthwise_taps`). A 3x3 layer does 9
+multiply-accumulates a value read: at 3 TB/s of u8 values in and out that is ~13 T MACs/s, at
+u4 ~27 T, against ~17 T IMAD/s (~33 T FFMA/s) of an H100's CUDA cores, so at 4 and 2 bits the
+arithmetic, not the bytes, bounds the layer.
 """
 
 from __future__ import annotations
@@ -55,9 +57,17 @@ from ...core.knobs import KnobDef, KnobTable
 from ...core.validate import operand_shapes, out_storage, storage_shape
 from ...quant.packing import unpack
 from ..base import EXACT_INT32, KernelTemplate, acc_bound
+from .depthwise_taps import (
+    dot4,
+    dp4a_asm,
+    tap_group_sum,
+    tap_group_words,
+    tap_groups_reason,
+    transpose_asm,
+)
 from .epilogue import SRC_PACKED, decode_values, epilogue_store
 from .igemm import Launch, Problem, cdiv, output_pixels
-from .templates import IgemmKernel, int8_refusal, interpreting, problem
+from .templates import IgemmKernel, int8_refusal, problem
 
 #: accumulators per thread above which the unrolled taps spill (the taps' input tiles are in
 #: flight beside them; sm_90, offline ptxas: 32 a thread use 164-244 registers, 64 spill)
@@ -125,41 +135,6 @@ def channel_gather(ptr, row_off, chan, mask, SRC: tl.constexpr, BITS: tl.constex
     else:
         val = tl.load(ptr + row_off[:, None] + chan[None, :], mask=mask, other=0).to(tl.int32)
     return val
-
-
-@triton.jit
-def byte_of(word, b: tl.constexpr, SIGNED: tl.constexpr):
-    """Byte b of int32 words as an int32 value: two's complement (SIGNED) or unsigned."""
-    if SIGNED:
-        val = (word << (24 - 8 * b)) >> 24
-    else:
-        val = (word >> (8 * b)) & 0xFF
-    return val
-
-
-@triton.jit
-def dot4(a_word, w_word, acc, A_SIGNED: tl.constexpr, W_SIGNED: tl.constexpr,
-         DP4A: tl.constexpr):
-    """acc + the dot product of the 4 bytes of a_word and w_word (int32 tensors, broadcast),
-    each byte signed or unsigned as its flag says: the one dp4a instruction DP4A on the GPU
-    (`dp4a_asm`), the same sum byte by byte where DP4A is "" (the interpreter)."""
-    if DP4A != "":
-        out = tl.inline_asm_elementwise(DP4A, "=r,r,r,r", [a_word, w_word, acc],
-                                        dtype=tl.int32, is_pure=True, pack=1)
-    else:
-        out = acc
-        for b in tl.static_range(4):
-            out += byte_of(a_word, b, A_SIGNED) * byte_of(w_word, b, W_SIGNED)
-    return out
-
-
-def dp4a_asm(a_signed: bool, w_signed: bool) -> str:
-    """The PTX of `dot4` on the GPU: dp4a with each operand's bytes signed or unsigned; ""
-    under the interpreter, which runs no PTX."""
-    if interpreting():
-        return ""
-    kinds = tuple("s32" if signed else "u32" for signed in (a_signed, w_signed))
-    return f"dp4a.{kinds[0]}.{kinds[1]} $0, $1, $2, $3;"
 
 
 @triton.jit
@@ -232,11 +207,12 @@ def depthwise_kernel(
     WIDE: tl.constexpr, ALIGN_X: tl.constexpr, PIPELINED: tl.constexpr,
     TAP_STAGES: tl.constexpr, MAC_FP32: tl.constexpr, GROUP_C: tl.constexpr,
     GROUP_K: tl.constexpr, GROUP_WORDS: tl.constexpr, W_SIGNED: tl.constexpr,
-    DP4A: tl.constexpr, BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr,
+    DP4A: tl.constexpr, TAP_GROUPS: tl.constexpr, TRANSPOSE: tl.constexpr,
+    BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """Program pid: channel tile pid % cdiv(C, BLOCK_C) of pixel tile pid // cdiv(C, BLOCK_C)
-    (C: the output channels); sum of the R*S tap products, then the fused epilogue (module
-    doc)."""
+    (C: the output channels); sum of the R*S tap products (TAP_GROUPS: 4 taps a dp4a,
+    `tap_group_sum`), then the fused epilogue (module doc)."""
     c_tiles = tl.cdiv(C, BLOCK_C)
     pid_m = tl.program_id(0) // c_tiles
     pid_c = tl.program_id(0) % c_tiles
@@ -247,7 +223,11 @@ def depthwise_kernel(
         acc = tl.zeros((BLOCK_PIX, BLOCK_C), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_PIX, BLOCK_C), dtype=tl.int32)
-    if PIPELINED:
+    if TAP_GROUPS:
+        acc = tap_group_sum(x_ptr, w_ptr, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row, w_row,
+                            R, S, ALIGN_X, PIPELINED, TAP_STAGES, A_ENC != 0, W_SIGNED, DP4A,
+                            TRANSPOSE, BLOCK_PIX, BLOCK_C)
+    elif PIPELINED:
         for tap in tl.range(0, R * S, num_stages=TAP_STAGES):
             acc += tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row,
                                w_row, S, A_SRC, A_BITS, A_ENC, ALIGN_X, MAC_FP32, GROUP_C,
@@ -277,17 +257,21 @@ def depthwise_problem(wl: ConvWorkload) -> Problem:
                                a_zero=0)
 
 
-def tap_major_weights(wl: ConvWorkload, w: torch.Tensor) -> torch.Tensor:
+def tap_major_weights(wl: ConvWorkload, w: torch.Tensor,
+                      tap_groups: bool = False) -> torch.Tensor:
     """The weight values as [R*S*Cg, K rounded up to ROW_ALIGN] on w's device (zeros past K;
     Cg = C / groups, 1 for depthwise): row (tap Cg + j) holds every filter's weight of tap
     `tap` and group channel j, one byte each (int8, uint8 for u8), so a tap's weights of a
     channel tile are one vector load; where the group's inputs go as words (`group_words`),
     the same bytes four channels an int32 word, [R*S*Cg/4, K rounded up] (channel 4u + b in
-    byte b of word u). `w`: the workload's validated KRSC storage [K, R, S, Cg] (INT8 or
+    byte b of word u); tap_groups (MAC="dp4a"): each channel's taps four a word,
+    `tap_group_words`. `w`: the workload's validated KRSC storage [K, R, S, Cg] (INT8 or
     PACKED)."""
     cg = group_shape(wl)[0]
     values = unpack(w, wl.w, wl.w_layout, cg).reshape(wl.K, wl.R * wl.S * cg).T
     w_row = depthwise_problem(wl).w_row
+    if tap_groups:
+        return tap_group_words(values.T.to(weight_byte_dtype(wl)), w_row)
     out = torch.zeros((wl.R * wl.S * cg, w_row), dtype=weight_byte_dtype(wl), device=w.device)
     out[:, :wl.K] = values.to(out.dtype)
     if group_words(wl):  # little-endian bytes: the rows of 4 channels become one int32 row
@@ -318,10 +302,10 @@ def group_words(wl: ConvWorkload) -> bool:
 def depthwise_launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor,
                      out: torch.Tensor, vecs: tuple, group: tuple[int, int] = (1, 1),
                      words: bool = False, w_signed: bool = True) -> Launch:
-    """The one launch of a validated call (`w`: `tap_major_weights`; `vecs`: bias, scale,
-    multiplier, shift or None; group: `group_shape`; words: `group_words`, whose int32
-    multiply-accumulates ignore MAC; w_signed: the weight bytes are two's complement, not
-    u8). No checks here."""
+    """The one launch of a validated call (`w`: `tap_major_weights`, in its tap_groups form
+    for MAC="dp4a"; `vecs`: bias, scale, multiplier, shift or None; group: `group_shape`;
+    words: `group_words`, whose int32 multiply-accumulates ignore MAC; w_signed: the weight
+    bytes are two's complement, not u8). No checks here."""
     bp, bc = cfg["BLOCK_PIX"], cfg["BLOCK_C"]
     kind, layout, obits, qmin, qmax = prob.out
     vecs = tuple(t if t is not None else out for t in vecs)
@@ -338,7 +322,7 @@ def depthwise_launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tens
         MAC_FP32=cfg.get("MAC", "int32") == "fp32" and not words, GROUP_C=group[0],
         GROUP_K=group[1], GROUP_WORDS=words, W_SIGNED=w_signed,
         DP4A=dp4a_asm(prob.a_operand[2] != 0, w_signed),
-        BLOCK_PIX=bp, BLOCK_C=bc,
+        TAP_GROUPS=cfg.get("MAC") == "dp4a", TRANSPOSE=transpose_asm(), BLOCK_PIX=bp, BLOCK_C=bc,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     grid = (cdiv(prob.M, bp) * cdiv(prob.NOUT, bc),)
     return Launch(depthwise_kernel, grid, args, kwargs)
@@ -354,11 +338,15 @@ class DepthwiseKernel(IgemmKernel):
              vecs: tuple) -> list[Launch]:
         wl = self.workload
         words = group_words(wl)
+        tap_groups = self.config.get("MAC") == "dp4a"
+        if tap_groups and x.data_ptr() % 4:
+            raise ValueError("x: MAC='dp4a' reads the activations as int32 words; its data "
+                             f"must start on a 4-byte boundary (data_ptr {x.data_ptr():#x})")
         if w.dim() == 1:  # an ahead-of-time compile's placeholder: only the dtype matters
-            dtype = torch.int32 if words else weight_byte_dtype(wl)
+            dtype = torch.int32 if words or tap_groups else weight_byte_dtype(wl)
             taps = torch.empty(16, dtype=dtype, device=w.device)
         else:
-            taps = tap_major_weights(wl, w)
+            taps = tap_major_weights(wl, w, tap_groups)
         return [depthwise_launch(prob, self.config, x, taps, out, vecs, group_shape(wl), words,
                                  w_signed=weight_byte_dtype(wl) == torch.int8)]
 
@@ -367,6 +355,12 @@ def fp32_exact(wl: Workload) -> bool:
     """float32 multiply-accumulates are exact for `wl`: every partial sum an integer below
     2^24."""
     return acc_bound(wl) < EXACT_FP32
+
+
+def mac_choices(wl: Workload) -> tuple[str, ...]:
+    """MAC's values on `wl`: fp32 where exact (`fp32_exact`); dp4a everywhere, refused by
+    the template's constraints where it cannot run (`tap_groups_reason`)."""
+    return ("int32", "fp32", "dp4a") if fp32_exact(wl) else ("int32", "dp4a")
 
 
 DEPTHWISE_KNOBS = KnobTable(
@@ -378,10 +372,11 @@ DEPTHWISE_KNOBS = KnobTable(
             "a loop software-pipelined num_stages deep"),
     KnobDef("num_stages", (1, 2, 3, 4), "pipeline depth of the tap loop",
             requires={"TAP_LOOP": ("pipelined",)}),
-    KnobDef("MAC", ("int32", "fp32"),
-            "multiply-accumulate in int32 (IMAD) or in float32 (FFMA at twice the rate; the "
-            "values are integers, exact while the worst-case |sum| < 2^24)",
-            applies=fp32_exact),
+    KnobDef("MAC", ("int32", "fp32", "dp4a"),
+            "multiply-accumulate in int32 (IMAD), in float32 (FFMA at twice the rate; the "
+            "values are integers, exact while the worst-case |sum| < 2^24), or 4 taps of a "
+            "channel a dp4a (one-byte activations, C a multiple of 4: depthwise_taps)",
+            choices=mac_choices),
 )
 
 
@@ -474,7 +469,10 @@ class Conv2dDepthwiseTemplate(KernelTemplate):
                         "replicated lanes)")
             return None
 
-        return [fits, threads]
+        def mac(c: Config) -> str | None:
+            return tap_groups_reason(wl) if c["MAC"] == "dp4a" else None
+
+        return [fits, threads, mac]
 
     def space(self, wl: Workload) -> ConfigSpace:
         self.check_supported(wl)
