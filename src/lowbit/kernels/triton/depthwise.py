@@ -78,6 +78,8 @@ VALUES_PER_THREAD_MIN = 8
 EXACT_FP32 = 2**24
 #: 32-bit element offsets: activation and output storage must stay below this
 OFFSET_LIMIT = 2**31
+#: the fewest filter taps whose default multiply-accumulates are dp4a ones (`default_config`)
+DP4A_DEFAULT_TAPS = 16
 #: bytes the tap-major weight rows are padded to: the largest BLOCK_C, so that a channel
 #: tile's weights are one unmasked load inside the row
 ROW_ALIGN = 128
@@ -483,14 +485,19 @@ class Conv2dDepthwiseTemplate(KernelTemplate):
         power of two when smaller); BLOCK_PIX: 4,096 values a tile, 2,048 for packed
         activations (their unpacking takes registers: offline ptxas for sm_90, 32 values a
         thread of u2 / u4 use 240 registers, 16 use 114), at most N*P*Q rounded up; 4 warps,
-        the taps unrolled, int32 multiply-accumulates."""
+        the taps unrolled, int32 multiply-accumulates; dp4a ones on filters of at least
+        DP4A_DEFAULT_TAPS taps where they apply (offline sm_90, 5 x 5 on 240 channels: int32
+        255 registers and 1,136 B of spill, dp4a 137 and none)."""
         space = self.space(wl)
         c = default_block_c(wl)
         values = 2048 if wl.a_layout is Layout.PACKED else 4096
         pix = min(max(32, values // c), max(32, pow2_ceil(wl.gemm_shape[0])))
-        return fewer_warps_until_valid(space, Config(
+        cfg = fewer_warps_until_valid(space, Config(
             BLOCK_PIX=min(pix, 512), BLOCK_C=c, num_warps=4, TAP_LOOP="unrolled",
             num_stages=1, MAC="int32"))
+        if wl.R * wl.S >= DP4A_DEFAULT_TAPS and space.is_valid(cfg.replace(MAC="dp4a")):
+            return cfg.replace(MAC="dp4a")
+        return cfg
 
     def launch_shape(self, wl: Workload, config: Config) -> dict:
         """The launch as plain tiles (`kernels.geometry.LaunchShape` fields): a BLOCK_PIX x
