@@ -276,18 +276,19 @@ class Conv2dPointwiseTemplate(KernelTemplate):
 
     def default_config(self, wl: Workload) -> Config:
         """BLOCK_N: of 32, 64 and 128 the width padding K the least (ties: the wider; 16
-        where K <= 16), 128-pixel row tiles (64 where N*H*W <= 64), 4 warps, 3 stages, and
-        the most programs a SM (up to 4) that `resident_reason` lets fit; the first point of
-        the space where none is valid."""
+        where K <= 16) among those whose accumulators fit the epilogue's registers,
+        128-pixel row tiles (64 where N*H*W <= 64), 4 warps, 3 stages, and the most programs
+        a SM (up to 4) that `resident_reason` lets fit; the first point of the space where
+        none is valid."""
         space = self.space(wl)
         widths = (16,) if wl.K <= 16 else (128, 64, 32)
-        bn = min(widths, key=lambda w: cdiv(wl.K, w) * w)
         bm = 128 if wl.gemm_shape[0] > 64 else 64
-        for per_sm in (4, 3, 2, 1):
-            cfg = Config(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=3,
-                         PROGRAMS_PER_SM=per_sm)
-            if space.is_valid(cfg):
-                return cfg
+        for bn in sorted(widths, key=lambda w: cdiv(wl.K, w) * w):  # stable: wider first
+            for per_sm in (4, 3, 2, 1):
+                cfg = Config(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=3,
+                             PROGRAMS_PER_SM=per_sm)
+                if space.is_valid(cfg):
+                    return cfg
         return space.all_configs()[0]
 
     def geometry(self, wl: Workload, config: Mapping) -> Geometry:
