@@ -212,16 +212,15 @@ def test_plan_puts_it_first_on_few_channel_pointwise():
 
     picks = [choose_impl(layer(h, c, k))[0] for h, c, k in MOBILENET]
     assert picks == [POINTWISE.name] * len(MOBILENET)
-    assert choose_impl(layer(14, 96, 576))[0] == INT8_CONV[0]  # C > 64: the old order
-    assert choose_impl(layer(56, 96, 24))[0] == INT8_CONV_LARGE[0]
+    assert choose_impl(layer(14, 96, 576))[0] == INT8_CONV_LARGE[0]  # C > 64: the old order
+    assert choose_impl(layer(7, 160, 960))[0] == INT8_CONV[0]
     spatial = ConvWorkload(N=64, H=56, W=56, C=16, K=96, R=3, S=3, pad=1, a="u8",
                            epilogue=U8_SHIFTED)
     assert choose_impl(spatial)[0] == INT8_CONV_LARGE[0]
     old = int8_preferring("triton.conv2d_int8")(layer(112, 16, 96))
     assert old[0] == "triton.conv2d_int8"
-    # a layer epilogue of several outputs (not written here) keeps the old order's first
     impl, why = int8_preferring(POINTWISE.name)(layer(56, 24, 144))
-    assert impl == POINTWISE.name and "int8 tensor cores" in why
+    assert impl == POINTWISE.name and "persistent weight-resident kernel" in why
 
 
 @pytest.mark.slow

@@ -8,7 +8,8 @@ measured per size: INT8_CONV / INT8_CONV_LARGE; a GEMM of
 at most GEMV_ROWS rows, and a conv with a spatial filter on at most GEMV_CONV_PIXELS output
 pixels, first on the weight-streaming `triton.gemv_int8`, which reads each weight byte once
 with the grid split over K: at that size the layer is bound by the weight bytes, and the tile
-templates pad the rows to 64 and fill few SMs), else PyTorch fp16 (`torch.fp16`) when
+templates pad the rows to 64 and fill few SMs; a 1x1 stride-1 conv of few input channels first
+on the persistent `triton.conv2d_pointwise`), else PyTorch fp16 (`torch.fp16`) when
 no integer template supports the workload; every refusal is
 asked of the templates (`KernelTemplate.unsupported_reason`) and quoted in the reason. A
 chooser with the same signature (e.g. one reading tuning records, `lowbit.tune.dispatch`)
@@ -42,6 +43,13 @@ LARGE_CONV_OUTPUTS = 1 << 22
 #: 224.6 us, 24 -> 144 at 56 x 56 86 against 116, 32 -> 192 at 28 x 28 30 against 32; slower
 #: on 64 -> 384 at 14 x 14 (24.5 against 19.5) and on the 32 -> 16 projection (58 against 45)
 FEW_CHANNEL_EXPANSION = 32
+#: 1x1 stride-1 convs of at most FEW_CHANNEL_POINTWISE input channels run first on the
+#: persistent weight-resident kernel (`triton.conv2d_pointwise`): one reduction step a tile,
+#: so the tile-per-program templates overlap nothing across tiles (MobileNet-V2 b64 on an H100,
+#: network-20261207-191118.json: 16 -> 96 at 112 x 112 172-225 us against a 30 us DRAM floor);
+#: where it refuses, the order above
+POINTWISE = "triton.conv2d_pointwise"
+FEW_CHANNEL_POINTWISE = 64
 INT8_GEMM = ("cuda.int8_wgmma", "triton.gemm_int8")
 #: the skinny-GEMM template and the most rows it is the default for
 INT8_GEMV = "triton.gemv_int8"
@@ -108,6 +116,13 @@ def few_channel_expansion(wl: ConvWorkload) -> bool:
         wl.K >= 2 * wl.C
 
 
+def few_channel_pointwise(wl: ConvWorkload) -> bool:
+    """A dense 1x1 stride-1 unpadded conv of at most FEW_CHANNEL_POINTWISE input channels
+    (POINTWISE first)."""
+    return (wl.R, wl.S, wl.stride, wl.pad, wl.groups) == (1, 1, 1, 0, 1) and \
+        wl.C <= FEW_CHANNEL_POINTWISE
+
+
 def _int8_choice(wl: Workload, why_not_bitserial: str | None,
                  first: str | None = None) -> tuple[str, str]:
     if isinstance(wl, ConvWorkload) and wl.groups > 1:
@@ -118,6 +133,8 @@ def _int8_choice(wl: Workload, why_not_bitserial: str | None,
             few_channel_expansion(wl) else INT8_CONV
         if m <= GEMV_CONV_PIXELS and wl.R * wl.S > 1:
             names = (INT8_GEMV, *names)
+        if few_channel_pointwise(wl):
+            names = (POINTWISE, *names)
     else:
         names = ((INT8_GEMV,) if wl.gemm_shape[0] <= GEMV_ROWS else ()) + INT8_GEMM
     if first in names:
@@ -127,6 +144,9 @@ def _int8_choice(wl: Workload, why_not_bitserial: str | None,
         reason = unsupported_reason(name, wl)
         if reason is None:
             why = f"w{wl.w.bits}a{wl.a.bits} ({wl.w} x {wl.a}) on int8 tensor cores"
+            if name == POINTWISE:
+                why += (f" (a 1x1 of C={wl.C} <= {FEW_CHANNEL_POINTWISE} channels: the "
+                        "persistent weight-resident kernel)")
             if why_not_bitserial:
                 why += f" (bit-serial: {why_not_bitserial})"
             if refusals:
@@ -157,7 +177,7 @@ def int8_preferring(template: str) -> ImplChooser:
     """The default policy with the int8 template `template` tried first wherever it is one of
     the candidates (a conv template for convs, a grouped one for grouped convs, a GEMM one for
     linear layers); ValueError when it is not an int8 template of the policy."""
-    allowed = {*INT8_CONV, *INT8_GEMM, INT8_GEMV, GROUPED, GROUPED_CUDA}
+    allowed = {*INT8_CONV, *INT8_GEMM, INT8_GEMV, GROUPED, GROUPED_CUDA, POINTWISE}
     if template not in allowed:  # INT8_CONV_LARGE orders the same names
         raise ValueError(f"template must be one of {sorted(allowed)}, got {template!r}")
 
