@@ -203,7 +203,8 @@ def test_mobilenet_defaults_and_model():
 def test_plan_puts_it_first_on_few_channel_pointwise():
     """The default policy: few-channel 1x1 stride-1 convs (C <= 64) on this template first,
     with the old order after it; wider or spatial convs keep theirs; `int8_preferring` still
-    puts another template first."""
+    puts another template first, and `int8_without` gives the old order."""
+    from lowbit.bench.recipes import impl_chooser
     from lowbit.graph.impl import INT8_CONV, INT8_CONV_LARGE, choose_impl, int8_preferring
 
     def layer(h: int, c: int, k: int, **kw) -> ConvWorkload:
@@ -221,6 +222,12 @@ def test_plan_puts_it_first_on_few_channel_pointwise():
     assert old[0] == "triton.conv2d_int8"
     impl, why = int8_preferring(POINTWISE.name)(layer(56, 24, 144))
     assert impl == POINTWISE.name and "persistent weight-resident kernel" in why
+    # the order behind it (the network A/B `:int8=-triton.conv2d_pointwise`)
+    without = impl_chooser("-" + POINTWISE.name)
+    assert [without(layer(h, c, k))[0] for h, c, k in MOBILENET] == [
+        INT8_CONV[0], INT8_CONV[0], INT8_CONV_LARGE[0], INT8_CONV_LARGE[0], INT8_CONV[0]]
+    with pytest.raises(ValueError, match="template must be one of"):
+        impl_chooser("-triton.no_such")
 
 
 @pytest.mark.slow

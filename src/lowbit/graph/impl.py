@@ -124,7 +124,7 @@ def few_channel_pointwise(wl: ConvWorkload) -> bool:
 
 
 def _int8_choice(wl: Workload, why_not_bitserial: str | None,
-                 first: str | None = None) -> tuple[str, str]:
+                 first: str | None = None, skip: str | None = None) -> tuple[str, str]:
     if isinstance(wl, ConvWorkload) and wl.groups > 1:
         names = (DEPTHWISE,) if wl.depthwise else (GROUPED, GROUPED_CUDA)
     elif isinstance(wl, ConvWorkload):
@@ -139,6 +139,7 @@ def _int8_choice(wl: Workload, why_not_bitserial: str | None,
         names = ((INT8_GEMV,) if wl.gemm_shape[0] <= GEMV_ROWS else ()) + INT8_GEMM
     if first in names:
         names = (first, *(n for n in names if n != first))
+    names = tuple(n for n in names if n != skip)
     refusals = []
     for name in names:
         reason = unsupported_reason(name, wl)
@@ -157,32 +158,54 @@ def _int8_choice(wl: Workload, why_not_bitserial: str | None,
         ([f"{BITSERIAL}: {why_not_bitserial}"] if why_not_bitserial else []) + refusals)
 
 
-def choose_impl(workload: Workload, int8_first: str | None = None) -> tuple[str, str]:
+def choose_impl(workload: Workload, int8_first: str | None = None,
+                int8_skip: str | None = None) -> tuple[str, str]:
     """The default implementation of a layer and why (module docstring); int8_first: an int8
-    template tried before the others where it applies (`int8_preferring`)."""
+    template tried before the others where it applies (`int8_preferring`); int8_skip: one
+    never tried (`int8_without`)."""
     wl = workload
     if isinstance(wl, ConvWorkload) and wl.groups > 1:
-        return _int8_choice(wl, f"groups={wl.groups} (a grouped conv)", int8_first)
+        return _int8_choice(wl, f"groups={wl.groups} (a grouped conv)", int8_first, int8_skip)
     if wl.w.bits <= BITSERIAL_MAX_BITS and wl.a.bits <= BITSERIAL_MAX_BITS:
         reason = unsupported_reason(BITSERIAL, wl)
         if reason is None:
             return bitserial_family(wl), (
                 f"w{wl.w.bits}a{wl.a.bits}: both operands <= {BITSERIAL_MAX_BITS} bits, "
                 "bit-serial on b1 AND tensor cores")
-        return _int8_choice(wl, reason, int8_first)
-    return _int8_choice(wl, None, int8_first)
+        return _int8_choice(wl, reason, int8_first, int8_skip)
+    return _int8_choice(wl, None, int8_first, int8_skip)
+
+
+#: the int8 templates of the policy (INT8_CONV_LARGE orders the same names)
+INT8_POLICY = frozenset({*INT8_CONV, *INT8_GEMM, INT8_GEMV, GROUPED, GROUPED_CUDA, POINTWISE})
+
+
+def _policy_template(template: str) -> str:
+    if template not in INT8_POLICY:
+        raise ValueError(f"template must be one of {sorted(INT8_POLICY)}, got {template!r}")
+    return template
 
 
 def int8_preferring(template: str) -> ImplChooser:
     """The default policy with the int8 template `template` tried first wherever it is one of
     the candidates (a conv template for convs, a grouped one for grouped convs, a GEMM one for
     linear layers); ValueError when it is not an int8 template of the policy."""
-    allowed = {*INT8_CONV, *INT8_GEMM, INT8_GEMV, GROUPED, GROUPED_CUDA, POINTWISE}
-    if template not in allowed:  # INT8_CONV_LARGE orders the same names
-        raise ValueError(f"template must be one of {sorted(allowed)}, got {template!r}")
+    _policy_template(template)
 
     def chooser(workload: Workload) -> tuple[str, str]:
         return choose_impl(workload, template)
+
+    return chooser
+
+
+def int8_without(template: str) -> ImplChooser:
+    """The default policy with the int8 template `template` never tried (the order behind
+    it: the A/B of a template the policy puts first, e.g. POINTWISE); ValueError when it is
+    not an int8 template of the policy."""
+    _policy_template(template)
+
+    def chooser(workload: Workload) -> tuple[str, str]:
+        return choose_impl(workload, int8_skip=template)
 
     return chooser
 
