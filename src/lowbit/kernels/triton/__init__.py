@@ -29,8 +29,9 @@ CONV2D_GROUPED_CUDA = register(Conv2dGroupedCudaTemplate())
 CONV2D_POINTWISE = register(Conv2dPointwiseTemplate())
 
 __all__ = ["CONV2D_DEPTHWISE", "CONV2D_FP16", "CONV2D_GROUPED_CUDA", "CONV2D_GROUPED_INT8",
-           "CONV2D_INT8", "CONV2D_INT8_TMA", "CONV2D_POINTWISE", "GEMM_INT8", "GEMV_INT8", "Conv2dDepthwiseTemplate",
-           "Conv2dFp16Template", "Conv2dGroupedCudaTemplate", "Conv2dGroupedInt8Template",
-           "Conv2dInt8Template",
-           "Conv2dInt8TmaTemplate", "Conv2dPointwiseTemplate", "DepthwiseKernel", "GemmInt8Template", "GemvInt8Template",
-           "GemvKernel", "GroupedKernel", "IgemmKernel", "PointwiseKernel", "TmaConvKernel", "conv2d_fp16"]
+           "CONV2D_INT8", "CONV2D_INT8_TMA", "CONV2D_POINTWISE", "GEMM_INT8", "GEMV_INT8",
+           "Conv2dDepthwiseTemplate", "Conv2dFp16Template", "Conv2dGroupedCudaTemplate",
+           "Conv2dGroupedInt8Template", "Conv2dInt8Template", "Conv2dInt8TmaTemplate",
+           "Conv2dPointwiseTemplate", "DepthwiseKernel", "GemmInt8Template", "GemvInt8Template",
+           "GemvKernel", "GroupedKernel", "IgemmKernel", "PointwiseKernel", "TmaConvKernel",
+           "conv2d_fp16"]
