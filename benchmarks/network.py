@@ -119,8 +119,9 @@ def parse_case(text: str) -> BenchCase:
     optionally :kernelbias (the plan's biases in accumulator units, so single-output layers
     keep their kernel's own epilogue), :wide16 / :wide8
     (the residual stream's width, `lowbit.compile(wide_bits=...)`; default 24),
-    :model / :int8=TEMPLATE (the per-layer implementation policy, `impl_chooser`: the
-    performance model's pick, or the default with that int8 template first) and :nofuse
+    :model / :int8=TEMPLATE / :int8=-TEMPLATE (the per-layer implementation policy,
+    `impl_chooser`: the performance model's pick, the default with that int8 template first,
+    or the default without it) and :nofuse
     (int8 layers leave their layer epilogue to the separate pass), :res8 / :res4 / :res16
     (the quantized model's residual stream, `lowbit.quantize(residual_bits=...)`), :tuned
     (the plan reads the user's tuning records), :approx (the approximate 32-bit
@@ -155,7 +156,7 @@ def parse_case(text: str) -> BenchCase:
                          stem_kernel=stem[0] if stem else None)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"a case is MODEL:BATCH:PRECISION[:kernelbias][:wide16|:wide8][:model|:int8=NAME]"
+            f"a case is MODEL:BATCH:PRECISION[:kernelbias][:wide16|:wide8][:model|:int8=[-]NAME]"
             f"[:nofuse][:res8|:res4|:res16][:tuned][:approx|:sum64][:stem=ws|ring], got {text!r}"
         ) from None
 

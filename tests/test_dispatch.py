@@ -219,10 +219,13 @@ def test_choose_measured_times_the_top_ranked_and_keeps_the_fastest(monkeypatch)
         dispatch.choose_measured(CONV, measure, templates=[IGEMM], k=0)
 
 
-def test_large_int8_convs_take_their_measured_order():
+def test_large_int8_convs_take_their_measured_order(monkeypatch):
     """Convs of at least LARGE_CONV_OUTPUTS outputs run on the Triton implicit GEMM first, but
     1x1 expansions of at most FEW_CHANNEL_EXPANSION channels (MobileNet-V2's 16 -> 96 at
-    112 x 112) on `cuda.int8_wgmma`; projections and 3x3s keep the large order."""
+    112 x 112) on `cuda.int8_wgmma`; projections and 3x3s keep the large order. 1x1s of at
+    most FEW_CHANNEL_POINTWISE channels try the persistent pointwise kernel before either
+    order (here turned off to see the order behind it)."""
+    from lowbit.graph import impl
     from lowbit.graph.impl import FEW_CHANNEL_EXPANSION, INT8_CONV, INT8_CONV_LARGE, choose_impl
 
     def pick(**shape) -> str:
@@ -231,6 +234,10 @@ def test_large_int8_convs_take_their_measured_order():
         return choose_impl(wl)[0]
 
     expansion = dict(H=112, W=112, C=16, K=96, R=1, S=1)
+    for c, k in ((16, 96), (64, 384), (32, 16)):
+        assert pick(**{**expansion, "C": c, "K": k}) == impl.POINTWISE
+    assert pick(**{**expansion, "C": 96, "K": 24}) == INT8_CONV_LARGE[0]  # C > 64
+    monkeypatch.setattr(impl, "FEW_CHANNEL_POINTWISE", 0)
     assert pick(**expansion) == INT8_CONV[0] == "cuda.int8_wgmma"
     assert pick(**{**expansion, "C": FEW_CHANNEL_EXPANSION, "K": 192}) == INT8_CONV[0]
     assert pick(**{**expansion, "C": 64, "K": 384}) == INT8_CONV_LARGE[0]

@@ -11,7 +11,9 @@ beside each shape and the DRAM floor (bytes / copy bandwidth measured in this ru
     python3 benchmarks/probes/pointwise_probe.py     # rows to $OUT/pointwise_probe.json
 
 --mobilenet: MobileNet-V2's expansion convs at batch 64 (112 x 112 16 -> 96, 56 x 56 24 ->
-144, 28 x 28 32 -> 192; 224-346 us in the w8a8 network against a 30 us floor) with the
+144, 28 x 28 32 -> 192, and 14 x 14 64 -> 384 in the float64 form only; 224-346 us in the
+w8a8 network against a 30 us floor), first on the persistent `triton.conv2d_pointwise` (its
+default and POINTWISE_VARIANTS), with the
 epilogue the network plans (ReLU, u8 out, the bias folded into the float64 requantization:
 "u8_f64"), the same in 32-bit arithmetic ("u8_r32": a 12-bit multiplier, what the plan picks
 where the sum bound allows) and no epilogue ("int32"), each at the default and the tiles
@@ -70,9 +72,23 @@ NETWORK_EPILOGUES = {
     "int32": Epilogue()}
 #: (H = W, C, K, epilogue) at N = 64: MobileNet-V2's three widest expansion convs
 MOBILENET_SHAPES = [(hw, c, k, out) for hw, c, k in ((112, 16, 96), (56, 24, 144), (28, 32, 192))
-                    for out in NETWORK_EPILOGUES]
+                    for out in NETWORK_EPILOGUES] + [(14, 64, 384, "u8_f64")]
 MOBILENET_CONFIGS = [*IGEMM_CONFIGS, *(dict(c, num_warps=8) for c in IGEMM_CONFIGS
                                        if c["num_warps"] == 4 and c["BLOCK_M"] >= 128)]
+#: the persistent 1x1 kernel (`triton.conv2d_pointwise`): its default, then variants of the
+#: programs a SM and the tile (each shape's default BLOCK_N where None)
+POINTWISE = "triton.conv2d_pointwise"
+POINTWISE_VARIANTS = [dict(PROGRAMS_PER_SM=2), dict(BLOCK_M=64, PROGRAMS_PER_SM=4),
+                      dict(num_stages=4)]
+
+
+def pointwise_configs(wl: ConvWorkload) -> list:
+    """None (the default), then the default changed by each of POINTWISE_VARIANTS."""
+    t = get_template(POINTWISE)
+    if t.unsupported_reason(wl):
+        return [None]
+    d = t.default_config(wl)
+    return [None, *(dict(d, **v) for v in POINTWISE_VARIANTS)]
 
 
 def main() -> None:
@@ -96,6 +112,12 @@ def main() -> None:
         x, w, params = random_inputs(wl, seed=c * 1000 + k, device="cuda")
         ref = run(wl, x, w, params)
         impls = []
+        for cfg in pointwise_configs(wl) if args.mobilenet else []:
+            try:
+                impls.append(timed(POINTWISE, wl, cfg, x, w, params, ref))
+            except Exception as e:  # one config failing must not lose the others
+                impls.append({"template": POINTWISE, "config": cfg,
+                              "error": f"{type(e).__name__}: {e}"[:200]})
         for cfg in [None, *configs]:
             try:
                 impls.append(timed("triton.conv2d_int8", wl, cfg, x, w, params, ref))

@@ -151,12 +151,15 @@ def compile_plan(q: nn.Module, x: torch.Tensor, exact_bias: bool = True, wide_bi
 
 def impl_chooser(name: str) -> str | ImplChooser:
     """The chooser called `name`: "default" (`lowbit.compile`'s measured policy), "model"
-    (the performance model, `lowbit.graph.ModelChooser`), or an int8 template's name (the
-    default policy with that template tried first, `lowbit.graph.int8_preferring`)."""
+    (the performance model, `lowbit.graph.ModelChooser`), an int8 template's name (the
+    default policy with that template tried first, `lowbit.graph.int8_preferring`), or "-"
+    and one (the default policy without it, `lowbit.graph.impl.int8_without`)."""
     if name in ("default", "model"):
         return name
-    from ..graph import int8_preferring
+    from ..graph.impl import int8_preferring, int8_without
 
+    if name.startswith("-"):
+        return int8_without(name[1:])
     return int8_preferring(name)
 
 

@@ -8,7 +8,8 @@ measured per size: INT8_CONV / INT8_CONV_LARGE; a GEMM of
 at most GEMV_ROWS rows, and a conv with a spatial filter on at most GEMV_CONV_PIXELS output
 pixels, first on the weight-streaming `triton.gemv_int8`, which reads each weight byte once
 with the grid split over K: at that size the layer is bound by the weight bytes, and the tile
-templates pad the rows to 64 and fill few SMs), else PyTorch fp16 (`torch.fp16`) when
+templates pad the rows to 64 and fill few SMs; a 1x1 stride-1 conv of few input channels first
+on the persistent `triton.conv2d_pointwise`), else PyTorch fp16 (`torch.fp16`) when
 no integer template supports the workload; every refusal is
 asked of the templates (`KernelTemplate.unsupported_reason`) and quoted in the reason. A
 chooser with the same signature (e.g. one reading tuning records, `lowbit.tune.dispatch`)
@@ -42,6 +43,13 @@ LARGE_CONV_OUTPUTS = 1 << 22
 #: 224.6 us, 24 -> 144 at 56 x 56 86 against 116, 32 -> 192 at 28 x 28 30 against 32; slower
 #: on 64 -> 384 at 14 x 14 (24.5 against 19.5) and on the 32 -> 16 projection (58 against 45)
 FEW_CHANNEL_EXPANSION = 32
+#: 1x1 stride-1 convs of at most FEW_CHANNEL_POINTWISE input channels run first on the
+#: persistent weight-resident kernel (`triton.conv2d_pointwise`): one reduction step a tile,
+#: so the tile-per-program templates overlap nothing across tiles (MobileNet-V2 b64 on an H100,
+#: network-20261207-191118.json: 16 -> 96 at 112 x 112 172-225 us against a 30 us DRAM floor);
+#: where it refuses, the order above
+POINTWISE = "triton.conv2d_pointwise"
+FEW_CHANNEL_POINTWISE = 64
 INT8_GEMM = ("cuda.int8_wgmma", "triton.gemm_int8")
 #: the skinny-GEMM template and the most rows it is the default for
 INT8_GEMV = "triton.gemv_int8"
@@ -108,8 +116,15 @@ def few_channel_expansion(wl: ConvWorkload) -> bool:
         wl.K >= 2 * wl.C
 
 
+def few_channel_pointwise(wl: ConvWorkload) -> bool:
+    """A dense 1x1 stride-1 unpadded conv of at most FEW_CHANNEL_POINTWISE input channels
+    (POINTWISE first)."""
+    return (wl.R, wl.S, wl.stride, wl.pad, wl.groups) == (1, 1, 1, 0, 1) and \
+        wl.C <= FEW_CHANNEL_POINTWISE
+
+
 def _int8_choice(wl: Workload, why_not_bitserial: str | None,
-                 first: str | None = None) -> tuple[str, str]:
+                 first: str | None = None, skip: str | None = None) -> tuple[str, str]:
     if isinstance(wl, ConvWorkload) and wl.groups > 1:
         names = (DEPTHWISE,) if wl.depthwise else (GROUPED, GROUPED_CUDA)
     elif isinstance(wl, ConvWorkload):
@@ -118,15 +133,21 @@ def _int8_choice(wl: Workload, why_not_bitserial: str | None,
             few_channel_expansion(wl) else INT8_CONV
         if m <= GEMV_CONV_PIXELS and wl.R * wl.S > 1:
             names = (INT8_GEMV, *names)
+        if few_channel_pointwise(wl):
+            names = (POINTWISE, *names)
     else:
         names = ((INT8_GEMV,) if wl.gemm_shape[0] <= GEMV_ROWS else ()) + INT8_GEMM
     if first in names:
         names = (first, *(n for n in names if n != first))
+    names = tuple(n for n in names if n != skip)
     refusals = []
     for name in names:
         reason = unsupported_reason(name, wl)
         if reason is None:
             why = f"w{wl.w.bits}a{wl.a.bits} ({wl.w} x {wl.a}) on int8 tensor cores"
+            if name == POINTWISE:
+                why += (f" (a 1x1 of C={wl.C} <= {FEW_CHANNEL_POINTWISE} channels: the "
+                        "persistent weight-resident kernel)")
             if why_not_bitserial:
                 why += f" (bit-serial: {why_not_bitserial})"
             if refusals:
@@ -137,32 +158,54 @@ def _int8_choice(wl: Workload, why_not_bitserial: str | None,
         ([f"{BITSERIAL}: {why_not_bitserial}"] if why_not_bitserial else []) + refusals)
 
 
-def choose_impl(workload: Workload, int8_first: str | None = None) -> tuple[str, str]:
+def choose_impl(workload: Workload, int8_first: str | None = None,
+                int8_skip: str | None = None) -> tuple[str, str]:
     """The default implementation of a layer and why (module docstring); int8_first: an int8
-    template tried before the others where it applies (`int8_preferring`)."""
+    template tried before the others where it applies (`int8_preferring`); int8_skip: one
+    never tried (`int8_without`)."""
     wl = workload
     if isinstance(wl, ConvWorkload) and wl.groups > 1:
-        return _int8_choice(wl, f"groups={wl.groups} (a grouped conv)", int8_first)
+        return _int8_choice(wl, f"groups={wl.groups} (a grouped conv)", int8_first, int8_skip)
     if wl.w.bits <= BITSERIAL_MAX_BITS and wl.a.bits <= BITSERIAL_MAX_BITS:
         reason = unsupported_reason(BITSERIAL, wl)
         if reason is None:
             return bitserial_family(wl), (
                 f"w{wl.w.bits}a{wl.a.bits}: both operands <= {BITSERIAL_MAX_BITS} bits, "
                 "bit-serial on b1 AND tensor cores")
-        return _int8_choice(wl, reason, int8_first)
-    return _int8_choice(wl, None, int8_first)
+        return _int8_choice(wl, reason, int8_first, int8_skip)
+    return _int8_choice(wl, None, int8_first, int8_skip)
+
+
+#: the int8 templates of the policy (INT8_CONV_LARGE orders the same names)
+INT8_POLICY = frozenset({*INT8_CONV, *INT8_GEMM, INT8_GEMV, GROUPED, GROUPED_CUDA, POINTWISE})
+
+
+def _policy_template(template: str) -> str:
+    if template not in INT8_POLICY:
+        raise ValueError(f"template must be one of {sorted(INT8_POLICY)}, got {template!r}")
+    return template
 
 
 def int8_preferring(template: str) -> ImplChooser:
     """The default policy with the int8 template `template` tried first wherever it is one of
     the candidates (a conv template for convs, a grouped one for grouped convs, a GEMM one for
     linear layers); ValueError when it is not an int8 template of the policy."""
-    allowed = {*INT8_CONV, *INT8_GEMM, INT8_GEMV, GROUPED, GROUPED_CUDA}
-    if template not in allowed:  # INT8_CONV_LARGE orders the same names
-        raise ValueError(f"template must be one of {sorted(allowed)}, got {template!r}")
+    _policy_template(template)
 
     def chooser(workload: Workload) -> tuple[str, str]:
         return choose_impl(workload, template)
+
+    return chooser
+
+
+def int8_without(template: str) -> ImplChooser:
+    """The default policy with the int8 template `template` never tried (the order behind
+    it: the A/B of a template the policy puts first, e.g. POINTWISE); ValueError when it is
+    not an int8 template of the policy."""
+    _policy_template(template)
+
+    def chooser(workload: Workload) -> tuple[str, str]:
+        return choose_impl(workload, int8_skip=template)
 
     return chooser
 
