@@ -234,7 +234,8 @@ def test_plan_puts_it_first_on_few_channel_pointwise():
 @pytest.mark.timeout(600)
 def test_mobilenet_defaults_compile_for_sm90_pipelined():
     """The defaults of MobileNet-V2's few-channel 1x1s (u8 in, ReLU, u8 out in the float64
-    and int32 requantization forms) compile for sm_90 with wgmma, no spill, registers within
+    and int32 requantization forms) compile for sm_90 with wgmma, no spill, no float64
+    conversion instruction, registers within
     the resident programs' share of the SM, and the activation loads as cp.async of the
     rows' alignment (16 bytes; 8 for 24-byte rows): Triton lowers a loop's loads to cp.async
     only where it software-pipelines them (`triton_offline.report`)."""
@@ -257,6 +258,8 @@ def test_mobilenet_defaults_compile_for_sm90_pipelined():
         regs_round = -(-r["regs"] // 8) * 8
         assert regs_round * 128 * d["PROGRAMS_PER_SM"] <= 65536, (name, r)
         assert r["cp_async_bytes"] == [width] and r["byte_loads"] == 0, (name, r)
+        # the float64 form's epilogue runs no float64 conversion (`epilogue.floor_int32`)
+        assert r["cvt_f64"] == 0, (name, r)
         checked += 1
     assert checked == 6
 

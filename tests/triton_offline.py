@@ -131,7 +131,9 @@ def report(template: str, workload_json: str, config_json: str,
                         r"cp\.async\.c[ag]\.shared\.global[^;]*?,\s*(0x[0-9a-f]+|\d+)", ptx)}),
                     "byte_loads": len(re.findall(r"ld\.global[.a-z0-9:]*\.[us]8\b", ptx)),
                     "dp4a": len(re.findall(r"\bdp4a\.", ptx)),
-                    "prmt": len(re.findall(r"\bprmt\.b32\b", ptx))})
+                    "prmt": len(re.findall(r"\bprmt\.b32\b", ptx)),
+                    # float64 conversions and roundings (a quarter of the integer rate)
+                    "cvt_f64": len(re.findall(r"\bcvt(?:\.[a-z0-9]+)*\.f64\b", ptx))})
     return out
 
 

@@ -33,11 +33,46 @@ BIAS_SHIFTED_FLOAT64 = 3
 BIAS_SHIFTED_INT32 = 4
 #: float64 holds every integer below 2^53 exactly
 FLOAT64_EXACT = 2**53
+#: the float64 form's |results| stay below this (`nearest_int32` needs 2^31 - 1)
+FLOOR_INT32_LIMIT = 2**30
+#: the float64 form's integer sums stay below this: with the half step added they are
+#: integers below 2^53 times 2^-(s+1) (`half_step_bias`)
+HALF_STEP_EXACT = 2**52
 #: float32 holds every integer up to 2^24 exactly
 FLOAT32_EXACT_INT: tl.constexpr = tl.constexpr(2**24)
 # output layouts
 LAYOUT_CODE = {Layout.INT8: 0, Layout.PACKED: 1, Layout.BITPLANE: 2}
 LAYOUT_INT8, LAYOUT_PACKED, LAYOUT_BITPLANE = 0, 1, 2
+
+
+#: the float64 whose high word is 0x43300000 and low word u is 2^52 + u: with u = y + 2^31 (y an
+#: int32, its sign bit flipped) that is this plus y (`int32_to_float64`)
+INT32_FLOAT64_BIAS: tl.constexpr = tl.constexpr(4503601774854144.0)  # 2^52 + 2^31
+#: 1.5 2^52: a float64 of magnitude below 2^51 added to it lands on the integer nearest it,
+#: held in the sum's low word (`nearest_int32`)
+ROUND_MAGIC: tl.constexpr = tl.constexpr(6755399441055744.0)
+
+
+@triton.jit
+def int32_to_float64(y):
+    """float64(y) of an int32 tile, exactly, with no conversion instruction (those run at a
+    quarter of the integer rate on sm_80 / sm_90 and bounded the float64 epilogues): the
+    float64 whose high word is 0x43300000 and low word y ^ 2^31 is 2^52 + 2^31 + y, and one
+    subtraction of 2^52 + 2^31 leaves y."""
+    low = (y.to(tl.uint32, bitcast=True) ^ 0x80000000).to(tl.uint64)
+    return (low | 0x4330000000000000).to(tl.float64, bitcast=True) - INT32_FLOAT64_BIAS
+
+
+@triton.jit
+def nearest_int32(v):
+    """The int32 nearest each float64 of a tile with |v| < 2^31 - 1 that is never halfway
+    between two integers, with no conversion instruction: v + 1.5 2^52 rounds to
+    1.5 2^52 + that integer, whose low word is the integer in two's complement.
+
+    The floor((a + 2^(s-1)) / 2^s) of the requantizations, a an integer, is the integer
+    nearest (a + 1/2) 2^-s, which lies strictly inside (q - 1/2, q + 1/2) (`half_step_bias`):
+    one multiply-add and this."""
+    return (v + ROUND_MAGIC).to(tl.int64, bitcast=True).to(tl.int32)
 
 
 @triton.jit
@@ -154,15 +189,16 @@ def epilogue_store(acc, offs_m, n0, M, NOUT, out_ptr, out_row, out_plane,
                 z = y.to(tl.int32) * mul[None, :] + sb[None, :]
                 q = tl.minimum(tl.maximum(z >> sh[None, :], QMIN), QMAX)
             elif HAS_BIAS == 3:
-                # floor(acc (m 2^-s) + (b + 2^(s-1)) 2^-s): both terms integers below 2^53
-                # times 2^-s (the launcher checked), so the fused multiply-add is exact; the
-                # int64 form below costs ~15 integer instructions a value (64-bit emulation).
-                # The clamp in float32 (`clamp_integral`): a 128 x 128 tile on 4 warps spilled
-                # 1,728 B with it in float64, 632-644 B this way (offline ptxas, sm_90)
+                # floor((acc m + b + 2^(s-1)) / 2^s), the integer nearest acc (m 2^-s) +
+                # (b + 1/2) 2^-s: that sum is an integer below 2^52 times 2^-(s+1) (the
+                # launcher checked), so the fused multiply-add is exact, and its rounding
+                # lies in int32 (checked too); the int64 form below costs ~15 integer
+                # instructions a value (64-bit emulation). No conversion instructions
+                # (`int32_to_float64`, `nearest_int32`); the clamp in int32
                 ms = tl.load(mult_ptr + offs_n, mask=n_mask, other=0.0)
                 bs = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)
-                v = tl.math.floor(tl.fma(y.to(tl.float64), ms[None, :], bs[None, :]))
-                q = clamp_integral(v, QMIN, QMAX)
+                v = tl.fma(int32_to_float64(y.to(tl.int32)), ms[None, :], bs[None, :])
+                q = tl.minimum(tl.maximum(nearest_int32(v), QMIN), QMAX)
             else:
                 mul = tl.load(mult_ptr + offs_n, mask=n_mask, other=1).to(tl.int64)
                 sh = tl.load(shift_ptr + offs_n, mask=n_mask, other=1).to(tl.int64)
@@ -248,17 +284,26 @@ def exact_requant(acc_top: int, params, device: torch.device | str
 
 def float64_requant(acc_top: int, params, device: torch.device | str
                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """((b + 2^(s-1)) 2^-s, m 2^-s) float64 [K] on `device` for the shifted-bias
-    requantization floor((acc m + b + 2^(s-1)) / 2^s) of accumulators |acc| <= acc_top, where
-    it is exact in float64: acc_top m + |b| + 2^(s-1) < 2^53 on every channel (then acc m and
-    b + 2^(s-1) are integers below 2^53 scaled by 2^-s, and so is their sum); None where a
-    channel's sum may not be."""
+    """((b + 1/2) 2^-s, m 2^-s) float64 [K] on `device` for the shifted-bias requantization
+    floor((acc m + b + 2^(s-1)) / 2^s) of accumulators |acc| <= acc_top, computed as the
+    integer nearest acc (m 2^-s) + (b + 1/2) 2^-s (`half_step_bias`), where that is exact in
+    float64: acc_top |m| + |b| + 2^(s-1) < 2^52 on every channel (then the sum is an integer
+    below 2^53 times 2^-(s+1)), and the result below FLOOR_INT32_LIMIT in magnitude (the
+    kernels' `nearest_int32`); None where a channel's may not be."""
     m = params.multiplier.to(torch.int64).cpu()
     s = params.shift.to(torch.int64).cpu()
     b = params.shifted_bias.to(torch.int64).cpu()
-    if not all(acc_top * mi + abs(bi) + (1 << (si - 1)) < FLOAT64_EXACT
+    if not all(acc_top * abs(mi) + abs(bi) + (1 << (si - 1)) < HALF_STEP_EXACT and
+               (acc_top * abs(mi) + abs(bi) + (1 << (si - 1))) >> si < FLOOR_INT32_LIMIT
                for mi, bi, si in zip(m.tolist(), b.tolist(), s.tolist(), strict=True)):
         return None
     scaled = torch.pow(2.0, -s.to(torch.float64))
-    rounded = (b + (1 << (s - 1))).to(torch.float64)  # |b + 2^(s-1)| < 2^53: exact
-    return (rounded * scaled).to(device), (m.to(torch.float64) * scaled).to(device)
+    return half_step_bias(b, scaled).to(device), (m.to(torch.float64) * scaled).to(device)
+
+
+def half_step_bias(b: torch.Tensor, scaled: torch.Tensor) -> torch.Tensor:
+    """(b + 1/2) 2^-s in float64 (scaled: 2^-s) for integer biases |b| < 2^52: with it the
+    floor((a + b + 2^(s-1)) / 2^s) of an integer a is the integer nearest a 2^-s + this, never
+    a halfway case: (a + b + 1/2) / 2^s lies within 1/2 - 2^-(s+1) of that floor."""
+    return (b.to(torch.float64) + 0.5) * scaled
+

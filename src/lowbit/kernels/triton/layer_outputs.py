@@ -17,8 +17,10 @@ the bounds |y| <= y_bound, |res| <= res_bound (`requant_mode`):
   (`reference.netops.requant32_fits`): int32 multiply-adds of y m + res r + (b + 2^(s-1))
   and an arithmetic shift (every partial sum is an int32);
 - FAST: float64 floor(y (m 2^-s) + res (r 2^-s) + b 2^-s + 0.5) where every intermediate is an
-  integer below 2^53 scaled by a power of two, hence exact; FAST_NARROW where the floors also
-  fit int32 (the clamp in int32);
+  integer below 2^53 scaled by a power of two, hence exact; FAST_NARROW where the results
+  also fit int32 and the sums stay below 2^52: the integer nearest y (m 2^-s) + res (r 2^-s)
+  + (b + 1/2) 2^-s, with no conversion instruction (`epilogue.nearest_int32`), the clamp in
+  int32;
 - DIRECT: int64 where the sum plus the rounding term stays below 2^63; else SPLIT (the
   reference's split sum).
 Float output (`Dequantized`): float32(y scale + offset + res residual_scale) in float64 (the
@@ -36,7 +38,13 @@ import triton.language as tl
 
 from ...core import Encoding, PackedTensor, Precision
 from ...reference.netops import FloatOutput, RequantizedOutput, derived_table, requant32_fits
-from .epilogue import clamp_integral
+from .epilogue import (
+    HALF_STEP_EXACT,
+    clamp_integral,
+    half_step_bias,
+    int32_to_float64,
+    nearest_int32,
+)
 from .stored import (
     ENC,
     check_device,
@@ -191,6 +199,15 @@ def requant_mode(spec: Requantized, k: int, y_bound: int, res_bound: int,
     return DIRECT if terms < 2**63 else SPLIT
 
 
+def sum_bound(m: torch.Tensor, r: torch.Tensor, b: torch.Tensor, s: torch.Tensor,
+              y_bound: int, res_bound: int) -> int:
+    """The largest |y m + res r + b| + 2^(s-1) over channels for |y| <= y_bound and
+    |res| <= res_bound (int64 vectors [K]; an exact Python integer)."""
+    return max((y_bound * abs(mi) + res_bound * abs(ri) + abs(bi) + (1 << (si - 1))
+                for mi, ri, bi, si in zip(m.tolist(), r.tolist(), b.tolist(), s.tolist(),
+                                          strict=True)), default=0)
+
+
 def fits_int32(m: torch.Tensor, r: torch.Tensor, b: torch.Tensor, s: torch.Tensor,
                y_bound: int, res_bound: int) -> bool:
     """Whether every floor((y m + res r + b + 2^(s-1)) / 2^s) lies in int32 for |y| <= y_bound
@@ -226,15 +243,21 @@ def requant_tile(y, res, c0, K, v1_ptr, v2_ptr, v3_ptr, v4_ptr, QLO: tl.constexp
         # fused multiply-adds in any order are exact here: the bound is on the sum of the
         # terms' magnitudes (`requant_mode`), so every partial sum is an integer below 2^53
         # times 2^-s; the rounding term joins the bias (b + 2^(s-1)) 2^-s, exact as well
-        v = tl.fma(y.to(tl.float64), ms[None, :], (bs + 0.5)[None, :])
+        # the rounding term joins the bias: FAST (b + 2^(s-1)) 2^-s, then the floor;
+        # FAST_NARROW (b + 1/2) 2^-s, then the nearest integer (`epilogue.half_step_bias`),
+        # the int32 -> float64 conversions and that rounding without conversion
+        # instructions (`epilogue.int32_to_float64`, `nearest_int32`)
+        if MODE == 3:
+            v = tl.fma(int32_to_float64(y.to(tl.int32)), ms[None, :], bs[None, :])
+        else:
+            v = tl.fma(int32_to_float64(y.to(tl.int32)), ms[None, :], (bs + 0.5)[None, :])
         if HAS_RES:
             rs = tl.load(v2_ptr + chan, mask=c_mask, other=0.0)
-            v = tl.fma(res.to(tl.float64), rs[None, :], v)
-        v = tl.math.floor(v)
+            v = tl.fma(int32_to_float64(res.to(tl.int32)), rs[None, :], v)
         if MODE == 3:  # FAST_NARROW
-            q = tl.minimum(tl.maximum(v.to(tl.int32), QLO), QMAX)
+            q = tl.minimum(tl.maximum(nearest_int32(v), QLO), QMAX)
         else:
-            q = clamp_integral(v, QLO, QMAX)
+            q = clamp_integral(tl.math.floor(v), QLO, QMAX)
     else:
         m = tl.load(v1_ptr + chan, mask=c_mask, other=0).to(tl.int64)
         sh = tl.load(v3_ptr + chan, mask=c_mask, other=1).to(tl.int64)[None, :]
@@ -353,7 +376,8 @@ def _requant_slot(i: int, spec: Requantized, out: object, shape: tuple[int, ...]
         raise ValueError(f"outputs[{i}]: y m or res r may leave int64 (|y| <= {y_bound}, "
                          f"|res| <= {res_bound})")
     mode = requant_mode(spec, k, y_bound, res_bound, fast, requant32)
-    if mode == FAST and fits_int32(mult, rmul, bias, shift.cpu(), y_bound, res_bound):
+    if mode == FAST and fits_int32(mult, rmul, bias, shift.cpu(), y_bound, res_bound) and \
+            sum_bound(mult, rmul, bias, shift.cpu(), y_bound, res_bound) < HALF_STEP_EXACT:
         mode = FAST_NARROW
     key = (str(spec.formula_precision), spec.relu, res_on, *(tuple(v.tolist()) for v in (
         mult, shift.cpu(), bias, rmul)))
@@ -365,7 +389,8 @@ def _requant_slot(i: int, spec: Requantized, out: object, shape: tuple[int, ...]
     elif mode in (FAST, FAST_NARROW):  # m, r, b times 2^-s in float64: exact (< 2^53)
         scaled = torch.pow(2.0, -s_cpu.to(torch.float64))
         v1 = (mult.to(torch.float64) * scaled).to(device)
-        v4 = (bias.to(torch.float64) * scaled).to(device)
+        v4 = (half_step_bias(bias, scaled) if mode == FAST_NARROW else
+              bias.to(torch.float64) * scaled).to(device)
         rmul = (rmul.to(torch.float64) * scaled).to(device)
     else:
         v1, v4 = mult.to(device), bias.to(device)
