@@ -185,16 +185,16 @@ def test_dp4a_weight_words():
     assert int(b[:, :, 3:].abs().sum()) == 0
 
 
-def test_default_mac_is_dp4a_from_16_taps_where_it_applies():
-    """The default multiply-accumulates: dp4a on 5 x 5 filters of one-byte activations with C
-    a multiple of 4 (25 >= DP4A_DEFAULT_TAPS taps), int32 on 3 x 3 filters, on packed
-    activations and where C % 4 != 0."""
+def test_default_mac_is_dp4a_from_9_taps_where_it_applies():
+    """The default multiply-accumulates: dp4a on 3 x 3 and 5 x 5 filters of one-byte
+    activations with C a multiple of 4 (>= DP4A_DEFAULT_TAPS taps), int32 on 2 x 2 filters,
+    on packed activations and where C % 4 != 0."""
     macs = {name: DEPTHWISE.default_config(wl)["MAC"] for name, wl in (
         ("5x5_u8", dw(240, 5, 2, a="u8")), ("5x5_s8", dw(12, 5, 1)),
-        ("3x3_u8", dw(144, 3, 1, a="u8")), ("5x5_u4", dw(12, 5, 1, **PACKED_U4)),
-        ("5x5_c10", dw(10, 5, 1, a="u8")))}
-    assert macs == {"5x5_u8": "dp4a", "5x5_s8": "dp4a", "3x3_u8": "int32", "5x5_u4": "int32",
-                    "5x5_c10": "int32"}
+        ("3x3_u8", dw(144, 3, 1, a="u8")), ("2x2_u8", dw(12, 2, 1, a="u8")),
+        ("5x5_u4", dw(12, 5, 1, **PACKED_U4)), ("5x5_c10", dw(10, 5, 1, a="u8")))}
+    assert macs == {"5x5_u8": "dp4a", "5x5_s8": "dp4a", "3x3_u8": "dp4a", "2x2_u8": "int32",
+                    "5x5_u4": "int32", "5x5_c10": "int32"}
 
 
 def test_dp4a_refused_where_it_cannot_run():

@@ -79,7 +79,7 @@ EXACT_FP32 = 2**24
 #: 32-bit element offsets: activation and output storage must stay below this
 OFFSET_LIMIT = 2**31
 #: the fewest filter taps whose default multiply-accumulates are dp4a ones (`default_config`)
-DP4A_DEFAULT_TAPS = 16
+DP4A_DEFAULT_TAPS = 9
 #: bytes the tap-major weight rows are padded to: the largest BLOCK_C, so that a channel
 #: tile's weights are one unmasked load inside the row
 ROW_ALIGN = 128
@@ -486,8 +486,10 @@ class Conv2dDepthwiseTemplate(KernelTemplate):
         activations (their unpacking takes registers: offline ptxas for sm_90, 32 values a
         thread of u2 / u4 use 240 registers, 16 use 114), at most N*P*Q rounded up; 4 warps,
         the taps unrolled, int32 multiply-accumulates; dp4a ones on filters of at least
-        DP4A_DEFAULT_TAPS taps where they apply (offline sm_90, 5 x 5 on 240 channels: int32
-        255 registers and 1,136 B of spill, dp4a 137 and none)."""
+        DP4A_DEFAULT_TAPS taps where they apply (offline sm_90 with the float64 epilogue
+        free of conversions: MobileNet-V2's 3 x 3 on 144 channels 880 instructions a warp
+        against 1,456, 116 registers against 168; 5 x 5 on 240 channels: int32 255 registers
+        and 1,136 B of spill, dp4a 137 and none)."""
         space = self.space(wl)
         c = default_block_c(wl)
         values = 2048 if wl.a_layout is Layout.PACKED else 4096
