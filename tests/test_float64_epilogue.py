@@ -6,6 +6,7 @@ leave what that form takes."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import triton
 import triton.language as tl
@@ -33,13 +34,25 @@ def _convert_kernel(y_ptr, v_ptr, as_float_ptr, floor_ptr, n, BLOCK: tl.constexp
 
 def _run(y: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     n = y.numel()
-    as_float = torch.full((n,), 7.25, dtype=torch.float64)
-    floors = torch.full((n,), 12345, dtype=torch.int32)
+    as_float = torch.full((n,), 7.25, dtype=torch.float64, device=y.device)
+    floors = torch.full((n,), 12345, dtype=torch.int32, device=y.device)
     _convert_kernel[(triton.cdiv(n, 64),)](y, v, as_float, floors, n, BLOCK=64)
-    return as_float, floors
+    return as_float.cpu(), floors.cpu()
 
 
 def test_int32_to_float64_and_the_half_step_rounding_on_edges_and_random_values():
+    _check_on("cpu")
+
+
+@pytest.mark.gpu
+def test_gpu_int32_to_float64_and_the_half_step_rounding():
+    """The same on the GPU: the compiled PTX (no conversion instruction) equals torch."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    _check_on("cuda")
+
+
+def _check_on(device: str) -> None:
     g = torch.Generator().manual_seed(7)
     edges = [-2**31, -2**31 + 1, -65536, -1, 0, 1, 255, 2**24 + 1, 2**31 - 2, 2**31 - 1]
     y = torch.cat([torch.tensor(edges, dtype=torch.int32),
@@ -56,7 +69,7 @@ def test_int32_to_float64_and_the_half_step_rounding_on_edges_and_random_values(
     want = (a + (1 << (s - 1))) >> s
     assert bool((want.abs() < FLOOR_INT32_LIMIT).all()) and bool(
         (a.abs() + (1 << (s - 1)) < HALF_STEP_EXACT).all())
-    as_float, rounded = _run(y, v)
+    as_float, rounded = _run(y.to(device), v.to(device))
     assert torch.equal(as_float, y.to(torch.float64))
     assert torch.equal(rounded, want.to(torch.int32))
     assert y.numel() == v.numel() == 320
