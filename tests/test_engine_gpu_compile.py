@@ -95,6 +95,8 @@ def test_engine_launches_compile_for_sm90(report):
     spills = {k: r for k, rows in report.items() for r in rows if r["spill_bytes"] > (
         STEM_SPILL_LIMIT if r["kernel"] in ("stem_conv_kernel", "stem_ring_kernel") else 0)}
     assert not spills, spills
+    # the float64 requantization whose results fit int32 (FAST_NARROW) converts nothing
+    assert [r["cvt_f64"] for r in report["epilogue_fast"]] == [0], report["epilogue_fast"]
 
 
 if __name__ == "__main__":

@@ -148,12 +148,14 @@ def test_requantizing_default_configs_do_not_spill(f64_reports, case):
     """Where the epilogue is most of the work, the default keeps 64 accumulators a thread (8
     warps on a 128 x 128 tile): on 4 warps the float64 form spilled 24-1,728 B at 255
     registers (MobileNet-V2's expansion convs ran at 13-19x their floor, 2x slower); long
-    reductions keep 4 warps, without spilling."""
+    reductions keep 4 warps, without spilling. The float64 form runs no conversion
+    instruction (a quarter of the integer rate)."""
     (_, _, config_json, _), got = f64_reports[case]
     assert isinstance(got, list), got
     main = _main(got)
     assert main["spill_bytes"] == 0, main
     assert main["regs"] <= 255, main
+    assert main["cvt_f64"] == 0, main  # no float64 conversion (`epilogue.nearest_int32`)
     assert json.loads(config_json)["num_warps"] == F64_WARPS[case], config_json
 
 

@@ -107,6 +107,12 @@ def ptxas_usage(compiled) -> tuple[int, int]:
     return regs, int(spill.group(1)) if spill else 0
 
 
+def cvt_f64(ptx: str) -> int:
+    """The float64 conversions and roundings in PTX (sm_90 runs them at a quarter of the
+    integer rate)."""
+    return len(re.findall(r"\bcvt(?:\.[a-z0-9]+)*\.f64\b", ptx))
+
+
 def report(template: str, workload_json: str, config_json: str,
            requant: int | None = None) -> list[dict]:
     """Per launch of the built kernel (its shifted-bias epilogue in the `requant` form, as
@@ -132,8 +138,7 @@ def report(template: str, workload_json: str, config_json: str,
                     "byte_loads": len(re.findall(r"ld\.global[.a-z0-9:]*\.[us]8\b", ptx)),
                     "dp4a": len(re.findall(r"\bdp4a\.", ptx)),
                     "prmt": len(re.findall(r"\bprmt\.b32\b", ptx)),
-                    # float64 conversions and roundings (a quarter of the integer rate)
-                    "cvt_f64": len(re.findall(r"\bcvt(?:\.[a-z0-9]+)*\.f64\b", ptx))})
+                    "cvt_f64": cvt_f64(ptx)})
     return out
 
 
@@ -165,7 +170,8 @@ def launcher_report(launchers: dict) -> dict:
                 src, opts = _source(s.fn, s.args, s.kwargs)
                 ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
                 regs, spill = ptxas_usage(ck)
-                rows.append({"kernel": s.fn.__name__, "regs": regs, "spill_bytes": spill})
+                rows.append({"kernel": s.fn.__name__, "regs": regs, "spill_bytes": spill,
+                             "cvt_f64": cvt_f64(ck.asm["ptx"])})
             out[name] = rows
         except Exception as e:  # reported per case
             out[name] = f"{type(e).__name__}: {e}"[:3000]

@@ -66,7 +66,14 @@ from .igemm import (
     reduction_steps,
     tap_and_chunk,
 )
-from .templates import ACC_REGS_LIMIT, SMEM_LIMIT, IgemmKernel, default_warps, problem
+from .templates import (
+    ACC_REGS_LIMIT,
+    SMEM_LIMIT,
+    IgemmKernel,
+    default_warps,
+    problem,
+    u8_weights_reason,
+)
 from .zero_point import ACT_ZERO_POINT, shifted_act, with_zero_point
 
 #: bytes the block-diagonal weight rows are padded to (16-byte vector loads)
@@ -275,10 +282,7 @@ class Conv2dGroupedInt8Template(KernelTemplate):
         if wl.depthwise:
             return ("depthwise (groups == C == K) runs on triton.conv2d_depthwise (the MMA "
                     "would pad each one-channel reduction to its k32 shape)")
-        if wl.w.encoding is Encoding.UNSIGNED and wl.w.bits == 8:
-            return (f"w={wl.w} values exceed the int8 range of the int8 tensor cores (use s8 "
-                    "or <= 7 bits)")
-        return grouped_conv_reason(wl)
+        return u8_weights_reason(wl) or grouped_conv_reason(wl)
 
     def constraints(self, wl: ConvWorkload) -> list:
         m = wl.gemm_shape[0]

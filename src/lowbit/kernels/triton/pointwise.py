@@ -45,7 +45,6 @@ import triton.language as tl
 from ...core import Config, ConfigSpace, ConvWorkload, Workload
 from ...core.hardware import TARGET
 from ...core.knobs import KnobDef, KnobTable
-from ...core.precision import Encoding
 from ..base import KernelTemplate
 from ..geometry import Geometry
 from .depthwise import grouped_conv_reason, pow2_ceil, tile_reason
@@ -58,6 +57,7 @@ from .templates import (
     IgemmKernel,
     interpreting,
     problem,
+    u8_weights_reason,
     wide_requant,
 )
 from .zero_point import bound_terms, shifted_act
@@ -247,10 +247,7 @@ class Conv2dPointwiseTemplate(KernelTemplate):
         if wl.C > MAX_CHANNELS:
             return (f"C={wl.C} > {MAX_CHANNELS} input channels: the resident weight tile and "
                     "the one-dot reduction are for few channels (triton.conv2d_int8)")
-        if wl.w.encoding is Encoding.UNSIGNED and wl.w.bits == 8:
-            return (f"w={wl.w} values exceed the int8 range of the int8 tensor cores (use s8 "
-                    "or <= 7 bits)")
-        return grouped_conv_reason(wl)
+        return u8_weights_reason(wl) or grouped_conv_reason(wl)
 
     def constraints(self, wl: ConvWorkload) -> list:
         def fits(c: Config) -> str | None:

@@ -198,6 +198,15 @@ def int8_refusal(wl: Workload, residual_writer: str = "the bit-serial templates'
     return None
 
 
+def u8_weights_reason(wl: Workload, alternatives: str = "s8 or <= 7 bits") -> str | None:
+    """Why u8 weights cannot run on the int8 tensor cores (None: the weights are no u8): u8
+    activations take a zero point (`zero_point`), u8 weights none."""
+    if wl.w.encoding is Encoding.UNSIGNED and wl.w.bits == 8:
+        return (f"w={wl.w} values exceed the int8 range of the int8 tensor cores (use "
+                f"{alternatives})")
+    return None
+
+
 def interpreting() -> bool:
     """True when Triton runs in its CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -393,10 +402,10 @@ class _IgemmTemplate(KernelTemplate):
         reason = grouped_reason(wl) or int8_refusal(wl)
         if reason:
             return reason
-        if not self.dot_fp16 and wl.w.encoding is Encoding.UNSIGNED and wl.w.bits == 8:
-            # u8 activations take a zero point (`zero_point`), u8 weights none
-            return (f"w={wl.w} values exceed the int8 range of the int8 tensor cores "
-                    "(use s8, <= 7 bits, or triton.conv2d_fp16)")
+        reason = None if self.dot_fp16 else u8_weights_reason(
+            wl, "s8, <= 7 bits, or triton.conv2d_fp16")
+        if reason:
+            return reason
         bound = acc_bound(wl)
         limit = EXACT_FP32 if self.dot_fp16 else EXACT_INT32
         if bound >= limit:

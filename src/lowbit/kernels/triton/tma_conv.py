@@ -38,7 +38,6 @@ from ...core import Config, ConfigSpace, ConvWorkload, Knob, Layout, Workload
 from ...core.epilogue import bias_vector, check_shifted_bias
 from ...core.hardware import TARGET
 from ...core.knobs import KnobDef, KnobTable
-from ...core.precision import Encoding
 from ...core.validate import check_inputs, output_buffer
 from ..base import KernelTemplate, grouped_reason
 from ..geometry import Geometry, conv_taps
@@ -66,6 +65,7 @@ from .templates import (
     placeholder_requant,
     problem,
     split_k_reason,
+    u8_weights_reason,
     with_float64_requant,
 )
 from .zero_point import act_zero_point, bound_terms, shifted_act, with_zero_point
@@ -360,8 +360,8 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
         for name, layout in (("a_layout", wl.a_layout), ("w_layout", wl.w_layout)):
             if layout is not Layout.INT8:
                 return f"{name}={layout.value!r}: only int8 storage (one value per byte)"
-        if wl.w.encoding is Encoding.UNSIGNED and wl.w.bits == 8:
-            return f"w={wl.w} values exceed the int8 range of the int8 tensor cores"
+        if reason := u8_weights_reason(wl):
+            return reason
         if act_zero_point(wl.a) and wl.C % U8_CHANNEL_ALIGN:
             return (f"a={wl.a} with C={wl.C}: u8 activations need C a multiple of "
                     f"{U8_CHANNEL_ALIGN} (BLOCK_K must divide C, `zero_point`); use "
