@@ -22,13 +22,14 @@ run() {
   timeout -k 5 "$limit" "$@" > "$OUT/logs/$name.log" 2>&1
   echo "$name rc=$? at $(( $(date +%s) - START ))s" >> "$OUT/logs/summary.txt"
 }
-run ncu 200 env NCU_S=70 bash benchmarks/ncu_steps.sh \
-  'tv:mobilenet_v2:64:w8a8@features_2_conv_0_0,features_3_conv_1_0,features_3_conv_2' \
+run ncu 250 env NCU_S=70 bash benchmarks/ncu_steps.sh \
   'resnet50:256:w1a2:res8@layer1_0_conv3,layer3_0_conv3' \
+  'resnet50:256:w1a2:res8:approx@layer1_0_conv3' \
+  'tv:mobilenet_v2:64:w8a8@features_2_conv_0_0,features_3_conv_1_0,features_3_conv_2' \
   'tv:resnext50_32x4d:32:w2a2:res8@layer1_0_conv2,layer1_0_conv3'
 run stem 60 python3 benchmarks/probes/stem_probe.py --out "$OUT" --outputs u8 u2@u8 \
   --variants ws 'ws band /2' 'ws band 8'
 run onnx 90 python3 benchmarks/onnx_bridge.py --epochs 10 --batches 256,4096
-run tune_mobilenet 190 python3 benchmarks/tune_network.py --model tv:mobilenet_v2 --batch 64 \
-  --precision w8a8 --budget 150 --db "$OUT/tune_mobilenet.sqlite"
+run tune_mobilenet 140 python3 benchmarks/tune_network.py --model tv:mobilenet_v2 --batch 64 \
+  --precision w8a8 --budget 100 --db "$OUT/tune_mobilenet.sqlite"
 exit 0
