@@ -23,7 +23,7 @@ run() {
   echo "$name rc=$? at $(( $(date +%s) - START ))s" >> "$OUT/logs/summary.txt"
 }
 run ncu 250 env NCU_S=70 bash benchmarks/ncu_steps.sh \
-  'resnet50:256:w1a2:res8@layer1_0_conv3,layer3_0_conv3' \
+  'resnet50:256:w1a2:res8@conv1,layer1_0_conv3,layer3_0_conv3' \
   'resnet50:256:w1a2:res8:approx@layer1_0_conv3' \
   'tv:mobilenet_v2:64:w8a8@features_2_conv_0_0,features_3_conv_1_0,features_3_conv_2' \
   'tv:resnext50_32x4d:32:w2a2:res8@layer1_0_conv2,layer1_0_conv3'
