@@ -95,7 +95,8 @@ def main() -> int:
         b()
         torch.cuda.nvtx.range_pop()
         torch.cuda.synchronize()
-        order.append({"step": name, "how": b.how, "launches": len(b.launches) or 1,
+        kernels = sum(len(getattr(f, "launches", (f,))) for f in b.launches) or 1
+        order.append({"step": name, "how": b.how, "launches": kernels,
                       "floor_us": step_floor_us(plan, b.step, b.how.startswith("triton stem"))})
     out = Path(os.environ.get("OUT", ".")) / f"ncu_steps-{case_tag(args.case)}.order.json"
     out.write_text(json.dumps({"case": args.case, "steps": order}, indent=1))
