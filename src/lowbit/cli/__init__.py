@@ -67,7 +67,10 @@ def demo(float_steps: int = typer.Option(200, help="float32 training steps"),
     table.caption = ("wXaY = X-bit weights, Y-bit activations; packed size: integer weights "
                      "at their bit width plus per-channel scales (float32 kept where float); "
                      "plan = integer: test images whose logits lowbit.compile's plan gives "
-                     "as the integer model run in float64")
+                     "as the integer model run in float64 (where the model computes in float, "
+                     "as the average pool before the classifier's quantizer, the plan holds "
+                     "the value as a 24-bit integer: an image at a rounding step can move by "
+                     "one step)")
     console.print(table)
     ran = ("Integer accuracy is the converted model run through lowbit.reference, the exact "
            "CPU oracle every GPU kernel is checked against bit for bit.")
