@@ -25,9 +25,10 @@ tiles. This kernel is persistent and streaming instead:
   bias in accumulator units or shifted, with its float64 / int32 requantization forms), so
   outputs equal `lowbit.reference.run` bit for bit.
 
-The multi-output layer epilogue is not written here (`layer_outputs_max = 0`: the separate
-pass writes it). C above MAX_CHANNELS is refused (the resident weight tile and the one-dot
-reduction are for few channels; wider layers run on the implicit-GEMM templates).
+A layer epilogue of several outputs (a residual block's end) runs the same main loop in
+`pointwise_outputs` (`layer_outputs_max`: the planner keeps such layers here). C above
+MAX_CHANNELS is refused (the resident weight tile and the one-dot reduction are for few
+channels; wider layers run on the implicit-GEMM templates).
 
 Knobs (`POINTWISE_KNOBS`): BLOCK_M, BLOCK_N, num_warps, num_stages, PROGRAMS_PER_SM.
 """
@@ -52,6 +53,7 @@ from .epilogue import epilogue_store, load_operand
 from .igemm import Launch, Problem, cdiv, channel_alignment
 from .templates import (
     ACC_REGS_LIMIT,
+    LAYER_OUTPUTS_MAX,
     SMEM_LIMIT,
     WIDE_REQUANT_ACC_REGS,
     IgemmKernel,
@@ -265,8 +267,9 @@ class Conv2dPointwiseTemplate(KernelTemplate):
     backend = "triton"
     #: runs Epilogue.shifted_bias (epilogue_store's HAS_BIAS = BIAS_SHIFTED)
     takes_shifted_bias: ClassVar[bool] = True
-    #: the layer epilogue's outputs are written by the separate pass (netops)
-    layer_outputs_max: ClassVar[int] = 0
+    #: read by the planner and executor: writes a layer epilogue's outputs
+    #: (`pointwise_outputs`, through `conv_outputs.bind_conv_outputs`)
+    layer_outputs_max: ClassVar[int] = LAYER_OUTPUTS_MAX
     knobs: ClassVar[KnobTable] = POINTWISE_KNOBS
 
     def unsupported_reason(self, wl: Workload) -> str | None:
@@ -342,5 +345,6 @@ class Conv2dPointwiseTemplate(KernelTemplate):
 
 
 __all__ = ["MAX_CHANNELS", "POINTWISE_KNOBS", "Conv2dPointwiseTemplate", "PointwiseKernel",
-           "block_k", "device_sms", "pointwise_kernel", "pointwise_launch", "programs",
-           "resident_reason"]
+           "block_k", "device_sms", "mainloop_constants", "pointwise_kernel",
+           "pointwise_launch", "programs", "resident_reason", "resident_weights",
+           "row_tile_accumulator"]

@@ -14,8 +14,12 @@ next tiles' activation loads are in flight while a tile requantizes and stores.
 The launch keeps the kernel's num_stages and runs its own tile, OUTPUTS_TILE (BLOCK_M,
 BLOCK_N, num_warps, PROGRAMS_PER_SM): the float64 requantization, the residual's tile and the
 outputs live beside the accumulator (the implicit GEMM's fused launch spilled at 128 x 128 on
-4 warps, `conv_outputs`). 128 x 32 on 4 warps, 32 accumulators a thread as that launch's
-64 x 32 on 2, four programs a SM.
+4 warps, `conv_outputs`). 128 x 32 on 4 warps (32 accumulators a thread, wgmma) compiles for
+sm_90 to 128-168 registers without spill (offline ptxas, Triton 3.9: ResNet-50's layer1
+block end with a u8 residual into a u8 output 128 in INT32, 150 in FAST_NARROW, 154 with a
+derived u2 beside it; MobileNet-V2's features_3_conv_2, C=144, 168), so three programs fit
+a SM's registers; fewer where their staged activation tiles do not fit its shared memory
+(`outputs_config`). 128 x 64 reached 255 registers and spilled with a derived output.
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ import triton
 import triton.language as tl
 
 from ...core import PackedTensor
+from ...core.hardware import TARGET
 from .igemm import Launch
 from .kernel_outputs import accumulator_reason, emit_tile_outputs, fused_arguments
 from .layer_outputs import OutputSpec
 from .pointwise import (
     PointwiseKernel,
+    block_k,
     device_sms,
     mainloop_constants,
     programs,
@@ -41,7 +47,7 @@ from .pointwise import (
 from .stored import Launcher
 
 #: the launch's output tile and grid (module doc)
-OUTPUTS_TILE = {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "PROGRAMS_PER_SM": 4}
+OUTPUTS_TILE = {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "PROGRAMS_PER_SM": 3}
 
 
 @triton.jit
@@ -94,11 +100,12 @@ def pointwise_outputs_reason(kernel: object, n_outputs: int) -> str | None:
     return accumulator_reason(kernel.workload, n_outputs)
 
 
-def outputs_config(config: Mapping, tile: Mapping | None = None) -> dict:
-    """The launch's knobs: `config`'s num_stages with `tile` (BLOCK_M, BLOCK_N, num_warps,
-    PROGRAMS_PER_SM; default OUTPUTS_TILE). BLOCK_M a power of two >= 16, BLOCK_N one >= 32
-    (bit-plane outputs store whole 32-channel words), num_warps 1, 2, 4 or 8,
-    PROGRAMS_PER_SM >= 1 (ValueError otherwise)."""
+def outputs_config(config: Mapping, channels: int, tile: Mapping | None = None) -> dict:
+    """The launch's knobs for `channels` input channels: `config`'s num_stages with `tile`
+    (BLOCK_M, BLOCK_N, num_warps, PROGRAMS_PER_SM; default OUTPUTS_TILE), PROGRAMS_PER_SM
+    lowered to the programs whose staged activation tiles and weight tile fit a SM's shared
+    memory. BLOCK_M a power of two >= 16, BLOCK_N one >= 32 (bit-plane outputs store whole
+    32-channel words), num_warps 1, 2, 4 or 8, PROGRAMS_PER_SM >= 1 (ValueError otherwise)."""
     tile = OUTPUTS_TILE if tile is None else dict(tile)
     if set(tile) != set(OUTPUTS_TILE):
         raise ValueError(f"tile must set exactly {sorted(OUTPUTS_TILE)}, got {sorted(tile)}")
@@ -109,7 +116,10 @@ def outputs_config(config: Mapping, tile: Mapping | None = None) -> dict:
             warps not in (1, 2, 4, 8) or per_sm < 1:
         raise ValueError(f"tile {tile}: BLOCK_M a power of two >= 16, BLOCK_N one >= 32, "
                          "num_warps 1, 2, 4 or 8, PROGRAMS_PER_SM >= 1")
-    return {**dict(config), **tile}
+    bk = block_k(channels)
+    smem = config["num_stages"] * bm * bk + bk * bn
+    fit = max(1, (TARGET.smem_per_sm - 8 * 1024) // smem)
+    return {**dict(config), **tile, "PROGRAMS_PER_SM": min(per_sm, fit)}
 
 
 def bind_pointwise_outputs(kernel: PointwiseKernel, x: torch.Tensor, w: torch.Tensor, params,
@@ -129,7 +139,7 @@ def bind_pointwise_outputs(kernel: PointwiseKernel, x: torch.Tensor, w: torch.Te
     if reason:
         raise ValueError(f"the kernel cannot run this layer epilogue: {reason}")
     prob = kernel.problem
-    cfg = outputs_config(kernel.config, tile)
+    cfg = outputs_config(kernel.config, prob.C, tile)
     zp, res_args, slot_args, consts, storage = fused_arguments(
         kernel.workload, prob.a_zero, x, w, params, outputs, outs, residual, y_bound, fast,
         requant32)
