@@ -14,6 +14,8 @@ vectors and the accumulator bound allow (`layer_outputs.requant_mode`).
 
 Applies to an `IgemmKernel` of the int8 templates whose workload stores the bare int32
 accumulator, with at most FUSED_OUTPUTS_MAX outputs; `fused_reason` says why not otherwise.
+A `triton.conv2d_pointwise` kernel runs its own persistent launch
+(`pointwise_outputs.bind_pointwise_outputs`): `bind_conv_outputs` is the one entry point.
 The fused launch keeps the kernel's reduction knobs (BLOCK_K, stages, loop order) and runs its
 own output tile, FUSED_TILE, without split-K: the epilogue's float64 requantization, two
 outputs and the residual's tile live beside the accumulator, and a 128 x 128 tile on 4 warps
