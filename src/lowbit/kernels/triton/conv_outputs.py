@@ -14,6 +14,8 @@ vectors and the accumulator bound allow (`layer_outputs.requant_mode`).
 
 Applies to an `IgemmKernel` of the int8 templates whose workload stores the bare int32
 accumulator, with at most FUSED_OUTPUTS_MAX outputs; `fused_reason` says why not otherwise.
+A `triton.conv2d_pointwise` kernel runs its own persistent launch
+(`pointwise_outputs.bind_pointwise_outputs`): `bind_conv_outputs` is the one entry point.
 The fused launch keeps the kernel's reduction knobs (BLOCK_K, stages, loop order) and runs its
 own output tile, FUSED_TILE, without split-K: the epilogue's float64 requantization, two
 outputs and the residual's tile live beside the accumulator, and a 128 x 128 tile on 4 warps
@@ -32,9 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...core import OUT_INT32, PackedTensor
-from ...core.validate import check_inputs, out_storage
-from ..base import acc_bound
+from ...core import PackedTensor
 from .igemm import (
     Launch,
     grouped_tile,
@@ -43,17 +43,20 @@ from .igemm import (
     splits_iters,
     tile_accumulator,
 )
-from .layer_outputs import OutputSpec, emit_slot, layer_slots, residual_slot, slot_kwargs
-from .stored import Launcher, load_values
-from .templates import IgemmKernel, _check_device
-from .zero_point import bound_terms
+from .kernel_outputs import (
+    FUSED_OUTPUTS_MAX,
+    accumulator_reason,
+    emit_tile_outputs,
+    fused_arguments,
+)
+from .layer_outputs import OutputSpec
+from .pointwise import PointwiseKernel
+from .pointwise_outputs import bind_pointwise_outputs, pointwise_outputs_reason
+from .stored import Launcher
+from .templates import IgemmKernel
 
 #: the fused launch's output tile (module doc)
 FUSED_TILE = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 2}
-#: output slots of the fused launch (a block end's stored mid value and up to two outputs
-#: derived from it, or other requantized / float outputs); the planner fuses up to
-#: `templates.LAYER_OUTPUTS_MAX` of them
-FUSED_OUTPUTS_MAX = 3
 
 
 @triton.jit
@@ -89,37 +92,28 @@ def igemm_outputs_kernel(
         x_row, w_row, iters_per_split, R, S, IS_GEMM, A_SRC, A_BITS, A_ENC, A_ZERO, W_SRC,
         W_BITS, W_ENC, DOT_FP16, False, LOOP_CRS, EVEN_C, ALIGN_C, ROW_TAPS, BLOCK_M,
         BLOCK_N, BLOCK_K)
-    pix_mask = offs_m < M
-    c0 = pid_n * BLOCK_N
-    res = acc
-    if HAS_RES:
-        res = load_values(res_ptr, offs_m, pix_mask, c0, NOUT, res_row, res_plane,
-                          RES_LAYOUT, RES_BITS, RES_ENC, BLOCK_M, BLOCK_N)
-    q = emit_slot(acc, res, acc, offs_m, pix_mask, c0, NOUT, o0, a0, b0, c0_, d0, t0, row0,
-                  plane0, KIND0, LAYOUT0, BITS0, QLO0, QMAX0, RES0, MODE0, SAME0, TABLE0,
-                  TMIN0, BLOCK_M, BLOCK_N)
-    if KIND1 != 0:
-        q = emit_slot(acc, res, q, offs_m, pix_mask, c0, NOUT, o1, a1, b1, c1, d1, t1, row1,
-                      plane1, KIND1, LAYOUT1, BITS1, QLO1, QMAX1, RES1, MODE1, SAME1, TABLE1,
-                      TMIN1, BLOCK_M, BLOCK_N)
-    if KIND2 != 0:
-        emit_slot(acc, res, q, offs_m, pix_mask, c0, NOUT, o2, a2, b2, c2, d2, t2, row2,
-                  plane2, KIND2, LAYOUT2, BITS2, QLO2, QMAX2, RES2, MODE2, SAME2, TABLE2,
-                  TMIN2, BLOCK_M, BLOCK_N)
+    emit_tile_outputs(
+        acc, offs_m, pid_n * BLOCK_N, M, NOUT, res_ptr, res_row, res_plane,
+        o0, a0, b0, c0_, d0, t0, row0, plane0, o1, a1, b1, c1, d1, t1, row1, plane1,
+        o2, a2, b2, c2, d2, t2, row2, plane2, HAS_RES, RES_LAYOUT, RES_BITS, RES_ENC,
+        KIND0, LAYOUT0, BITS0, QLO0, QMAX0, RES0, MODE0, SAME0, TABLE0, TMIN0,
+        KIND1, LAYOUT1, BITS1, QLO1, QMAX1, RES1, MODE1, SAME1, TABLE1, TMIN1,
+        KIND2, LAYOUT2, BITS2, QLO2, QMAX2, RES2, MODE2, SAME2, TABLE2, TMIN2,
+        BLOCK_M, BLOCK_N)
 
 
 def fused_reason(kernel: object, n_outputs: int) -> str | None:
-    """Why `kernel` cannot write `n_outputs` layer-epilogue outputs itself (module doc), None
+    """Why `kernel` cannot write `n_outputs` layer-epilogue outputs itself (module doc; a
+    `triton.conv2d_pointwise` kernel: `pointwise_outputs.pointwise_outputs_reason`), None
     when it can."""
+    if isinstance(kernel, PointwiseKernel):
+        return pointwise_outputs_reason(kernel, n_outputs)
     if not isinstance(kernel, IgemmKernel) or type(kernel) is not IgemmKernel:
-        return "only the implicit-GEMM int8 kernels (triton.conv2d_int8, triton.gemm_int8)"
+        return ("only the implicit-GEMM int8 kernels (triton.conv2d_int8, triton.gemm_int8) "
+                "and triton.conv2d_pointwise")
     if kernel.problem.dot_fp16:
         return "the fp16-dot template's accumulator is float"
-    if kernel.workload.epilogue.out != OUT_INT32 or kernel.workload.epilogue.requantizes:
-        return "the kernel's workload must store the bare int32 accumulator"
-    if not 1 <= n_outputs <= FUSED_OUTPUTS_MAX:
-        return f"{n_outputs} outputs (the fused epilogue writes 1..{FUSED_OUTPUTS_MAX})"
-    return None
+    return accumulator_reason(kernel.workload, n_outputs)
 
 
 def fused_config(config, tile: Mapping | None = None) -> dict:
@@ -141,33 +135,29 @@ def bind_conv_outputs(kernel: IgemmKernel, x: torch.Tensor, w: torch.Tensor, par
     shape, derived outputs and narrow residuals included) in its own epilogue; a launcher
     replaying the one launch. y_bound: max |acc| (default the workload's `acc_bound`), which
     with the vectors chooses each formula's exact mode (`layer_outputs.requant_mode`; fast,
-    requant32: allow FAST, INT32); tile: the output tile (`fused_config`). ValueError
+    requant32: allow FAST, INT32); tile: the output tile (`fused_config`). A
+    `triton.conv2d_pointwise` kernel runs its persistent launch instead
+    (`pointwise_outputs.bind_pointwise_outputs`, tile: its knobs). ValueError
     (`fused_reason`, or the outputs' and residual's checks) before any launch."""
+    if isinstance(kernel, PointwiseKernel):
+        return bind_pointwise_outputs(kernel, x, w, params, outputs, outs, residual, y_bound,
+                                      fast, requant32, tile)
     reason = fused_reason(kernel, len(outputs) if isinstance(outputs, (list, tuple)) else 0)
     if reason:
         raise ValueError(f"the kernel cannot run this layer epilogue: {reason}")
-    if not isinstance(outs, (list, tuple)) or len(outs) != len(outputs):
-        raise ValueError("outputs and outs must be sequences of the same length")
-    wl, prob = kernel.workload, kernel.problem
+    prob = kernel.problem
     cfg = fused_config(kernel.config, tile)
-    check_inputs(wl, x, w, params)
-    _check_device(x)
-    shape = tuple(out_storage(wl)[0])
-    y_bound = acc_bound(wl) if y_bound is None else int(y_bound)
-    res_args, res_consts, res_bound = residual_slot(residual, shape, x)
-    (slots,) = layer_slots(outputs, outs, shape, x.device, x, residual is not None, y_bound,
-                           res_bound, fast, requant32, FUSED_OUTPUTS_MAX)
-    zp = bound_terms(wl, w, x.device) if prob.a_zero else x
-    slot_args, slot_consts = slot_kwargs(slots)
+    zp, res_args, slot_args, consts, storage = fused_arguments(
+        kernel.workload, prob.a_zero, x, w, params, outputs, outs, residual, y_bound, fast,
+        requant32)
     args = (x, w, zp, res_args[0], prob.M, prob.NOUT, prob.H, prob.W, prob.C, prob.P, prob.Q,
             prob.stride, prob.pad, prob.x_row, prob.w_row, splits_iters(prob, cfg),
             res_args[1], res_args[2], *slot_args)
-    kwargs: dict = dict(mainloop_constants(prob, cfg), **res_consts, **slot_consts)
+    kwargs: dict = dict(mainloop_constants(prob, cfg), **consts)
     del kwargs["SPLIT_K"]  # one reduction split (fused_config)
     kwargs["enable_fp_fusion"] = False  # float outputs: the pass's rounding, no FMA
     launch = Launch(igemm_outputs_kernel, (output_tiles(prob, cfg), 1), args, kwargs)
-    return Launcher((launch,), tuple(o.data if isinstance(o, PackedTensor) else o
-                                     for o in outs))
+    return Launcher((launch,), storage)
 
 
 __all__ = ["FUSED_OUTPUTS_MAX", "FUSED_TILE", "bind_conv_outputs", "fused_config",

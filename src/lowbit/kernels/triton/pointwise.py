@@ -25,9 +25,10 @@ tiles. This kernel is persistent and streaming instead:
   bias in accumulator units or shifted, with its float64 / int32 requantization forms), so
   outputs equal `lowbit.reference.run` bit for bit.
 
-The multi-output layer epilogue is not written here (`layer_outputs_max = 0`: the separate
-pass writes it). C above MAX_CHANNELS is refused (the resident weight tile and the one-dot
-reduction are for few channels; wider layers run on the implicit-GEMM templates).
+A layer epilogue of several outputs (a residual block's end) runs the same main loop in
+`pointwise_outputs` (`layer_outputs_max`: the planner keeps such layers here). C above
+MAX_CHANNELS is refused (the resident weight tile and the one-dot reduction are for few
+channels; wider layers run on the implicit-GEMM templates).
 
 Knobs (`POINTWISE_KNOBS`): BLOCK_M, BLOCK_N, num_warps, num_stages, PROGRAMS_PER_SM.
 """
@@ -52,6 +53,7 @@ from .epilogue import epilogue_store, load_operand
 from .igemm import Launch, Problem, cdiv, channel_alignment
 from .templates import (
     ACC_REGS_LIMIT,
+    LAYER_OUTPUTS_MAX,
     SMEM_LIMIT,
     WIDE_REQUANT_ACC_REGS,
     IgemmKernel,
@@ -72,6 +74,61 @@ BASE_REGS = 48
 
 
 @triton.jit
+def resident_weights(w_ptr, zp_ptr, col, NOUT, C: tl.constexpr, W_ROW: tl.constexpr,
+                     ALIGN_C: tl.constexpr, W_SRC: tl.constexpr, W_BITS: tl.constexpr,
+                     W_ENC: tl.constexpr, A_ZERO: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    """A program's resident operands of column tile `col`: (channel mask, the int8 weight tile
+    [BLOCK_K, BLOCK_N], the zero-point terms [BLOCK_N] (0 without A_ZERO)). W_ROW: the
+    weight row stride in storage elements; ALIGN_C: a power of two dividing C, the row
+    strides (the width of the channel loads)."""
+    offs_n = col * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < NOUT
+    chan = tl.arange(0, BLOCK_K)
+    if C == BLOCK_K:
+        c_mask = tl.full([BLOCK_K], 1, tl.int1)
+    else:
+        c_mask = chan < C
+        if ALIGN_C > 1:
+            c_mask = tl.max_constancy(c_mask, ALIGN_C)
+    w_off = offs_n * W_ROW
+    if ALIGN_C > 1:
+        w_off = tl.multiple_of(w_off, ALIGN_C)
+    b = load_operand(w_ptr, w_off, chan, n_mask, c_mask, W_SRC, W_BITS, W_ENC, False, tl.int8)
+    zp = tl.zeros([BLOCK_N], tl.int32)
+    if A_ZERO != 0:
+        zp = tl.load(zp_ptr + offs_n, mask=n_mask, other=0)
+    return c_mask, b, zp
+
+
+@triton.jit
+def row_tile_accumulator(x_ptr, tile, M, c_mask, b, zp, X_ROW: tl.constexpr,
+                         ALIGN_C: tl.constexpr, A_SRC: tl.constexpr, A_BITS: tl.constexpr,
+                         A_ENC: tl.constexpr, A_ZERO: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_K: tl.constexpr):
+    """(rows, int32 accumulator [BLOCK_M, BLOCK_N]) of row tile `tile`: its activations
+    (X_ROW storage elements a row) times the resident weights `b`, one dot over every
+    channel, plus the zero-point terms."""
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < M
+    chan = tl.arange(0, BLOCK_K)
+    a_off = offs_m * X_ROW
+    if ALIGN_C > 1:
+        a_off = tl.multiple_of(a_off, ALIGN_C)
+    if A_ZERO != 0:
+        a = load_operand(x_ptr, a_off, chan, m_mask, c_mask, A_SRC, A_BITS, A_ENC, True,
+                         tl.uint8)
+        a = shifted_act(a, A_ZERO)
+    else:
+        a = load_operand(x_ptr, a_off, chan, m_mask, c_mask, A_SRC, A_BITS, A_ENC, True,
+                         tl.int8)
+    acc = tl.dot(a, b, out_dtype=tl.int32)
+    if A_ZERO != 0:
+        acc = acc + zp[None, :]
+    return offs_m, acc
+
+
+@triton.jit
 def pointwise_kernel(
     x_ptr, w_ptr, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr, zp_ptr,
     M, NOUT, out_row, out_plane, col_tiles, row_step,
@@ -88,38 +145,11 @@ def pointwise_kernel(
     ALIGN_C: a power of two dividing C, X_ROW and W_ROW (the width of the channel loads)."""
     pid = tl.program_id(0)
     col = pid % col_tiles
-    offs_n = col * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < NOUT
-    chan = tl.arange(0, BLOCK_K)
-    if C == BLOCK_K:
-        c_mask = tl.full([BLOCK_K], 1, tl.int1)
-    else:
-        c_mask = chan < C
-        if ALIGN_C > 1:
-            c_mask = tl.max_constancy(c_mask, ALIGN_C)
-    w_off = offs_n * W_ROW
-    if ALIGN_C > 1:
-        w_off = tl.multiple_of(w_off, ALIGN_C)
-    b = load_operand(w_ptr, w_off, chan, n_mask, c_mask, W_SRC, W_BITS, W_ENC, False, tl.int8)
-    if A_ZERO != 0:
-        zp = tl.load(zp_ptr + offs_n, mask=n_mask, other=0)
-    row_tiles = tl.cdiv(M, BLOCK_M)
-    for tile in tl.range(pid // col_tiles, row_tiles, row_step):
-        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        m_mask = offs_m < M
-        a_off = offs_m * X_ROW
-        if ALIGN_C > 1:
-            a_off = tl.multiple_of(a_off, ALIGN_C)
-        if A_ZERO != 0:
-            a = load_operand(x_ptr, a_off, chan, m_mask, c_mask, A_SRC, A_BITS, A_ENC, True,
-                             tl.uint8)
-            a = shifted_act(a, A_ZERO)
-        else:
-            a = load_operand(x_ptr, a_off, chan, m_mask, c_mask, A_SRC, A_BITS, A_ENC, True,
-                             tl.int8)
-        acc = tl.dot(a, b, out_dtype=tl.int32)
-        if A_ZERO != 0:
-            acc = acc + zp[None, :]
+    c_mask, b, zp = resident_weights(w_ptr, zp_ptr, col, NOUT, C, W_ROW, ALIGN_C, W_SRC,
+                                     W_BITS, W_ENC, A_ZERO, BLOCK_N, BLOCK_K)
+    for tile in tl.range(pid // col_tiles, tl.cdiv(M, BLOCK_M), row_step):
+        offs_m, acc = row_tile_accumulator(x_ptr, tile, M, c_mask, b, zp, X_ROW, ALIGN_C,
+                                           A_SRC, A_BITS, A_ENC, A_ZERO, BLOCK_M, BLOCK_K)
         epilogue_store(acc, offs_m, col * BLOCK_N, M, NOUT, out_ptr, out_row, out_plane,
                        bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS, RELU, OUT_KIND,
                        OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_M, BLOCK_N)
@@ -157,15 +187,21 @@ def pointwise_launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tens
     vecs = tuple(t if t is not None else out for t in vecs)
     args = (x, w, out, *vecs, out if terms is None else terms, prob.M, prob.NOUT, prob.out_row,
             prob.out_plane, cols, step)
-    kwargs = dict(
+    kwargs = dict(mainloop_constants(prob, cfg), HAS_BIAS=prob.bias, RELU=prob.relu,
+                  OUT_KIND=kind, OUT_LAYOUT=layout, OUT_BITS=obits, QMIN=qmin, QMAX=qmax,
+                  WIDE=prob.wide)
+    return Launch(pointwise_kernel, (grid,), args, kwargs)
+
+
+def mainloop_constants(prob: Problem, cfg: Mapping) -> dict:
+    """The main loop's constexprs and launch options (operands, tile, warps, stages) of a
+    pointwise launch of `cfg`."""
+    return dict(
         C=prob.C, X_ROW=prob.x_row, W_ROW=prob.w_row, ALIGN_C=channel_alignment(prob),
         A_SRC=prob.a_operand[0], A_BITS=prob.a_operand[1], A_ENC=prob.a_operand[2],
         A_ZERO=prob.a_zero, W_SRC=prob.w_operand[0], W_BITS=prob.w_operand[1],
-        W_ENC=prob.w_operand[2], HAS_BIAS=prob.bias, RELU=prob.relu, OUT_KIND=kind,
-        OUT_LAYOUT=layout, OUT_BITS=obits, QMIN=qmin, QMAX=qmax, WIDE=prob.wide,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k(prob.C),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    return Launch(pointwise_kernel, (grid,), args, kwargs)
+        W_ENC=prob.w_operand[2], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=block_k(prob.C), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
 class PointwiseKernel(IgemmKernel):
@@ -231,8 +267,9 @@ class Conv2dPointwiseTemplate(KernelTemplate):
     backend = "triton"
     #: runs Epilogue.shifted_bias (epilogue_store's HAS_BIAS = BIAS_SHIFTED)
     takes_shifted_bias: ClassVar[bool] = True
-    #: the layer epilogue's outputs are written by the separate pass (netops)
-    layer_outputs_max: ClassVar[int] = 0
+    #: read by the planner and executor: writes a layer epilogue's outputs
+    #: (`pointwise_outputs`, through `conv_outputs.bind_conv_outputs`)
+    layer_outputs_max: ClassVar[int] = LAYER_OUTPUTS_MAX
     knobs: ClassVar[KnobTable] = POINTWISE_KNOBS
 
     def unsupported_reason(self, wl: Workload) -> str | None:
@@ -308,5 +345,6 @@ class Conv2dPointwiseTemplate(KernelTemplate):
 
 
 __all__ = ["MAX_CHANNELS", "POINTWISE_KNOBS", "Conv2dPointwiseTemplate", "PointwiseKernel",
-           "block_k", "device_sms", "pointwise_kernel", "pointwise_launch", "programs",
-           "resident_reason"]
+           "block_k", "device_sms", "mainloop_constants", "pointwise_kernel",
+           "pointwise_launch", "programs", "resident_reason", "resident_weights",
+           "row_tile_accumulator"]
