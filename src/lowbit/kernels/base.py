@@ -28,6 +28,11 @@ EXACT_INT32 = 2**31
 TORCH_FP16 = "torch.fp16"
 
 
+def pow2_ceil(n: int) -> int:
+    """The least power of two >= n (1 for n <= 1): tile sizes rounded up."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
 def acc_bound(wl: Workload) -> int:
     """Worst-case |accumulator| of the workload's conv / GEMM (every backend's exactness
     check)."""

@@ -22,7 +22,7 @@ from ...core.hardware import TARGET
 from ...core.knobs import KnobTable
 from ...core.layout import Layout
 from ...core.space import Constraint, Scalar
-from ..base import KernelTemplate
+from ..base import KernelTemplate, pow2_ceil
 from ..geometry import Geometry, conv_taps
 from . import bitserial_defaults as defaults
 from .bitserial_layout import (
@@ -47,7 +47,6 @@ from .bitserial_shape import (
     copy_vec,
     halo_rows,
     planes,
-    pow2_ceil,
     threshold_epilogue,
 )
 from .nvrtc import DEFAULT_ARCH, device_arch

@@ -16,7 +16,7 @@ from ...core.epilogue import OUT_FP16, OUT_INT16
 from ...core.hardware import TARGET
 from ...reference.bitserial import plane_coefficients
 from ...reference.epilogue import THRESHOLD_MAX_BITS
-from ..base import acc_bound, grouped_reason
+from ..base import acc_bound, grouped_reason, pow2_ceil
 
 MAX_BITS = 4          # per operand; wider precisions belong to the int8 path
 INT16_LIMIT = 2**15   # |accumulator| bound of an int16 output
@@ -205,10 +205,6 @@ def bitplane_reason(wl: Workload) -> str | None:
 def s8_atype(wl: Workload) -> str:
     """PTX type of the activation bytes for the s8 wgmma mode (weights are always .s8)."""
     return "u8" if wl.a.encoding is Encoding.UNSIGNED else "s8"
-
-
-def pow2_ceil(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def xpop_lanes(shape: Shape) -> int:

@@ -56,7 +56,7 @@ from ...core import Config, ConfigSpace, ConvWorkload, Layout, Workload
 from ...core.knobs import KnobDef, KnobTable
 from ...core.validate import operand_shapes, out_storage, storage_shape
 from ...quant.packing import unpack
-from ..base import EXACT_INT32, KernelTemplate, acc_bound
+from ..base import EXACT_INT32, KernelTemplate, acc_bound, pow2_ceil
 from .depthwise_taps import (
     dot4,
     dp4a_asm,
@@ -419,10 +419,6 @@ def offsets_reason(wl: ConvWorkload) -> str | None:
     return None
 
 
-def pow2_ceil(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def tile_reason(wl: ConvWorkload, pixels: int, pixel_floor: int, channels: int,
                 name: str) -> str | None:
     """Why an output tile of `pixels` (knob BLOCK_PIX) x `channels` (knob `name`) does not fit
@@ -572,5 +568,5 @@ class Conv2dGroupedCudaTemplate(Conv2dDepthwiseTemplate):
 __all__ = ["DEPTHWISE_KNOBS", "GROUP_CHANNELS_MAX", "Conv2dDepthwiseTemplate",
            "Conv2dGroupedCudaTemplate", "DepthwiseKernel", "channel_gather", "channel_tile",
            "depthwise_kernel", "depthwise_launch", "depthwise_problem", "group_shape",
-           "grouped_conv_reason", "offsets_reason", "pow2_ceil", "tap_major_weights",
+           "grouped_conv_reason", "offsets_reason", "tap_major_weights",
            "tile_reason"]

@@ -48,11 +48,10 @@ from ...core import Config, ConfigSpace, ConvWorkload, Workload
 from ...core.knobs import KnobDef, KnobTable
 from ...core.precision import Encoding
 from ...quant.packing import unpack
-from ..base import KernelTemplate
+from ..base import KernelTemplate, pow2_ceil
 from .depthwise import (
     channel_tile,
     grouped_conv_reason,
-    pow2_ceil,
     row_alignment,
     tile_reason,
 )

@@ -46,9 +46,9 @@ import triton.language as tl
 from ...core import Config, ConfigSpace, ConvWorkload, Workload
 from ...core.hardware import TARGET
 from ...core.knobs import KnobDef, KnobTable
-from ..base import KernelTemplate
+from ..base import KernelTemplate, pow2_ceil
 from ..geometry import Geometry
-from .depthwise import grouped_conv_reason, pow2_ceil, tile_reason
+from .depthwise import grouped_conv_reason, tile_reason
 from .epilogue import epilogue_store, load_operand
 from .igemm import Launch, Problem, cdiv, channel_alignment
 from .templates import (

@@ -42,7 +42,7 @@ from ...core.validate import (
     output_buffer,
     storage_dtype,
 )
-from ..base import EXACT_INT32, KernelTemplate, acc_bound, grouped_reason
+from ..base import EXACT_INT32, KernelTemplate, acc_bound, grouped_reason, pow2_ceil
 from ..geometry import Geometry, conv_taps
 from .epilogue import (
     BIAS_SHIFTED,
@@ -199,8 +199,7 @@ def int8_refusal(wl: Workload, residual_writer: str = "the bit-serial templates'
 
 
 def u8_weights_reason(wl: Workload, alternatives: str = "s8 or <= 7 bits") -> str | None:
-    """Why u8 weights cannot run on the int8 tensor cores (None: the weights are no u8): u8
-    activations take a zero point (`zero_point`), u8 weights none."""
+    """Why u8 weights cannot run on the int8 tensor cores (u8 activations take a zero point)."""
     if wl.w.encoding is Encoding.UNSIGNED and wl.w.bits == 8:
         return (f"w={wl.w} values exceed the int8 range of the int8 tensor cores (use "
                 f"{alternatives})")
@@ -210,10 +209,6 @@ def u8_weights_reason(wl: Workload, alternatives: str = "s8 or <= 7 bits") -> st
 def interpreting() -> bool:
     """True when Triton runs in its CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def _pow2_ceil(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def _operand(prec: Precision, layout: Layout) -> tuple[int, int, int]:
@@ -402,9 +397,8 @@ class _IgemmTemplate(KernelTemplate):
         reason = grouped_reason(wl) or int8_refusal(wl)
         if reason:
             return reason
-        reason = None if self.dot_fp16 else u8_weights_reason(
-            wl, "s8, <= 7 bits, or triton.conv2d_fp16")
-        if reason:
+        if not self.dot_fp16 and (reason := u8_weights_reason(
+                wl, "s8, <= 7 bits, or triton.conv2d_fp16")):
             return reason
         bound = acc_bound(wl)
         limit = EXACT_FP32 if self.dot_fp16 else EXACT_INT32
@@ -447,9 +441,9 @@ class _IgemmTemplate(KernelTemplate):
             return None
 
         def fits(c: Config) -> str | None:
-            if c["BLOCK_M"] > max(64, _pow2_ceil(m)):
+            if c["BLOCK_M"] > max(64, pow2_ceil(m)):
                 return f"BLOCK_M={c['BLOCK_M']} exceeds M={m} rounded up"
-            if c["BLOCK_N"] > max(32, _pow2_ceil(n)):
+            if c["BLOCK_N"] > max(32, pow2_ceil(n)):
                 return f"BLOCK_N={c['BLOCK_N']} exceeds N={n} rounded up"
             if c["BLOCK_N"] == 32 and n > 64:
                 return "BLOCK_N=32 only for N <= 64 (narrower tiles re-read the im2col operand)"
@@ -457,7 +451,7 @@ class _IgemmTemplate(KernelTemplate):
             if row_taps and c["BLOCK_K"] <= wl.C:
                 return "LOOP_ORDER='r_sc' needs C < BLOCK_K (wider channels fill their chunks)"
             reduce = wl.S * wl.C if row_taps else chans
-            if c["BLOCK_K"] > max(32, _pow2_ceil(reduce)):
+            if c["BLOCK_K"] > max(32, pow2_ceil(reduce)):
                 return f"BLOCK_K={c['BLOCK_K']} exceeds C={reduce} rounded up"
             return None
 
@@ -492,13 +486,13 @@ class _IgemmTemplate(KernelTemplate):
         space = self.space(wl)
         m, n, _ = wl.gemm_shape
         chans = wl.C if isinstance(wl, ConvWorkload) else wl.K
-        want = {"BLOCK_M": 128 if m > 64 else 64, "BLOCK_N": min(128, max(32, _pow2_ceil(n))),
+        want = {"BLOCK_M": 128 if m > 64 else 64, "BLOCK_N": min(128, max(32, pow2_ceil(n))),
                 "BLOCK_K": 64 if chans > 32 else 32, "num_stages": 3,
                 "GROUP_M": 8, "LOOP_ORDER": "rsc", "SPLIT_K": 1, "SPLIT_SUM": "second_kernel"}
         if _row_taps_allowed(wl) and wl.C < min(BLOCK_K_VALUES):
             # few channels (a first layer): a kernel row's S*C values per reduction run
             want["LOOP_ORDER"] = "r_sc"
-            want["BLOCK_K"] = min(max(min(BLOCK_K_VALUES), _pow2_ceil(wl.S * wl.C)),
+            want["BLOCK_K"] = min(max(min(BLOCK_K_VALUES), pow2_ceil(wl.S * wl.C)),
                                   max(BLOCK_K_VALUES))
         steps = reduction_iters(wl, want["BLOCK_K"], want["LOOP_ORDER"] == "r_sc")
         want["num_warps"] = default_warps(wl, want["BLOCK_M"], want["BLOCK_N"], steps)

@@ -39,7 +39,7 @@ from ...core.epilogue import bias_vector, check_shifted_bias
 from ...core.hardware import TARGET
 from ...core.knobs import KnobDef, KnobTable
 from ...core.validate import check_inputs, output_buffer
-from ..base import KernelTemplate, grouped_reason
+from ..base import KernelTemplate, grouped_reason, pow2_ceil
 from ..geometry import Geometry, conv_taps
 from . import igemm
 from .epilogue import epilogue_store
@@ -292,10 +292,6 @@ class TmaConvKernel:
         return igemm.replay(plan, compile_only=True)
 
 
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def tma_loop_orders(wl: ConvWorkload) -> tuple[str, ...]:
     return ("rsc", "crs") if wl.R * wl.S > 1 else ("rsc",)
 
@@ -394,15 +390,15 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
 
         def fits(c: Config) -> str | None:
             for knob, extent in (("BLOCK_I", wl.N), ("BLOCK_P", wl.P), ("BLOCK_Q", wl.Q)):
-                if c[knob] > _pow2_at_least(extent):
+                if c[knob] > pow2_ceil(extent):
                     return f"{knob}={c[knob]} exceeds {extent} rounded up"
             padded = padded_rows(wl, c)
             if padded > MAX_ROW_WASTE * least:
                 return (f"row tiles cover {padded} rows for {wl.N * wl.P * wl.Q} output "
                         f"pixels (> {MAX_ROW_WASTE} x the least padding, {least})")
-            if c["BLOCK_N"] > max(64, _pow2_at_least(wl.K)):
+            if c["BLOCK_N"] > max(64, pow2_ceil(wl.K)):
                 return f"BLOCK_N={c['BLOCK_N']} exceeds K={wl.K} rounded up"
-            if c["BLOCK_K"] > max(32, _pow2_at_least(wl.C)):
+            if c["BLOCK_K"] > max(32, pow2_ceil(wl.C)):
                 return f"BLOCK_K={c['BLOCK_K']} exceeds C={wl.C} rounded up"
             if act_zero_point(wl.a) and wl.C % c["BLOCK_K"]:
                 return (f"u8 activations need BLOCK_K dividing C={wl.C} (past channel C a "
@@ -452,7 +448,7 @@ class Conv2dInt8TmaTemplate(KernelTemplate):
         filters x 64 channels, 4 warps (8 where a requantizing epilogue needs them:
         `templates.default_warps`), 3 stages, GROUP_M 8 where valid."""
         space = self.space(wl)
-        bn, bk = min(128, max(64, _pow2_at_least(wl.K))), 64 if wl.C > 32 else 32
+        bn, bk = min(128, max(64, pow2_ceil(wl.K))), 64 if wl.C > 32 else 32
         want = {"BLOCK_N": bn, "BLOCK_K": bk,
                 "num_warps": default_warps(wl, 128, bn, reduction_steps(wl, bk)),
                 "num_stages": 3, "GROUP_M": 8, "LOOP_ORDER": "rsc", "SPLIT_K": 1}
