@@ -12,6 +12,9 @@ CPU under TRITON_INTERPRET=1; GPU (`gpu`): a ResNet-50 block end at batch 8.
 
 from __future__ import annotations
 
+import inspect
+import re
+
 import pytest
 import torch
 
@@ -123,6 +126,28 @@ def test_pass_block_end_outputs(res_prec, int32, mid, relu):
     assert (kw[0]["MODE"] == L.INT32) == int32
     launch()
     assert check_outputs(outs, specs, y, res) == 3
+
+
+def test_slot_constexprs_are_read_in_their_order():
+    """The device code reads a slot's constexprs by position: `emit_slot` SLOT[i] and the
+    stem's `_stem_output` OUTS[J][i] must name LAYER_SLOT_CONSTEXPRS[i] (the stem's:
+    OUTPUT_SLOT_CONSTEXPRS, their prefix), the order `slot_tuples` packs them in."""
+    from lowbit.kernels.triton import stem_gemm
+
+    def read(fn, index: str) -> tuple:
+        found = re.findall(rf"(\w+): tl.constexpr = {re.escape(index)}\[(\d+)\]",
+                           inspect.getsource(fn.fn))
+        assert [int(i) for _, i in found] == list(range(len(found))), found
+        return tuple(name for name, _ in found)
+
+    assert read(L.emit_slot, "SLOT") == L.LAYER_SLOT_CONSTEXPRS
+    assert read(stem_gemm._stem_output, "OUTS[J]") == L.OUTPUT_SLOT_CONSTEXPRS
+    assert L.LAYER_SLOT_CONSTEXPRS[:len(L.OUTPUT_SLOT_CONSTEXPRS)] == \
+        stem_gemm.SLOT_CONSTEXPRS == L.OUTPUT_SLOT_CONSTEXPRS
+    named = {name: i for i, name in enumerate(L.LAYER_SLOT_CONSTEXPRS)}
+    slots, consts = L.slot_tuples([(["o", 1], named)])
+    assert slots == (("o", 1),) and consts == (tuple(range(10)),)
+    assert L.named_slots(consts) == [named]
 
 
 @pytest.mark.parametrize("kinds", [("mid",), ("u2",), ("s8", "u2"), ("mid", "s8")])

@@ -348,7 +348,7 @@ def emit_slot(y, res, q_prev, pix, pix_mask, c0, K, slot, SLOT: tl.constexpr,
     QLO: tl.constexpr = SLOT[3]
     QMAX: tl.constexpr = SLOT[4]
     MODE: tl.constexpr = SLOT[5]
-    HAS_RES: tl.constexpr = SLOT[6]
+    RES: tl.constexpr = SLOT[6]
     SAME: tl.constexpr = SLOT[7]
     TABLE: tl.constexpr = SLOT[8]
     TMIN: tl.constexpr = SLOT[9]
@@ -356,7 +356,7 @@ def emit_slot(y, res, q_prev, pix, pix_mask, c0, K, slot, SLOT: tl.constexpr,
     if KIND == 1:
         if SAME == 0:
             q = requant_tile(y, res, c0, K, v1_ptr, v2_ptr, v3_ptr, v4_ptr, QLO, QMAX,
-                             HAS_RES, MODE, BLOCK_C)
+                             RES, MODE, BLOCK_C)
         v = q
         if TABLE:
             v = tl.load(t_ptr + (q - TMIN))  # q in [QLO, QMAX]: always inside the table
@@ -364,7 +364,7 @@ def emit_slot(y, res, q_prev, pix, pix_mask, c0, K, slot, SLOT: tl.constexpr,
                      BLOCK_P, BLOCK_C)
     elif KIND >= 2:
         store_float(y, res, pix, pix_mask, c0, K, out_ptr, v1_ptr, v2_ptr, v3_ptr, row, KIND,
-                    QLO, HAS_RES, BLOCK_C)
+                    QLO, RES, BLOCK_C)
     return q
 
 
