@@ -46,10 +46,9 @@ from .igemm import (
 from .kernel_outputs import (
     FUSED_OUTPUTS_MAX,
     accumulator_reason,
-    emit_tile_outputs,
     fused_arguments,
 )
-from .layer_outputs import OutputSpec
+from .layer_outputs import OutputSpec, emit_tile_outputs
 from .pointwise import PointwiseKernel
 from .pointwise_outputs import bind_pointwise_outputs, pointwise_outputs_reason
 from .stored import Launcher

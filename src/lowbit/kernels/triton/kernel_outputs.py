@@ -1,8 +1,7 @@
-"""What the conv kernels that write a layer epilogue's outputs themselves share: the device
-code that writes a finished int32 accumulator tile's outputs (`layer_outputs.
-emit_tile_outputs`, re-exported; the separate pass `netops.bind_layer_epilogue` runs it as
-well: the residual's tile, then up to FUSED_OUTPUTS_MAX `layer_outputs.emit_slot` slots) and
-the host side that checks and binds those slots. Used by the implicit GEMM's fused launch
+"""What the conv kernels that write a layer epilogue's outputs themselves share on the host:
+checking and binding the slots whose device code is `layer_outputs.emit_tile_outputs` (which
+the separate pass `netops.bind_layer_epilogue` runs as well: the residual's tile, then up to
+FUSED_OUTPUTS_MAX `layer_outputs.emit_slot` slots). Used by the implicit GEMM's fused launch
 (`conv_outputs`) and the persistent pointwise one (`pointwise_outputs`); the outputs equal
 `netops.bind_layer_epilogue(acc, outputs, outs, residual)` bit for bit.
 """
@@ -16,7 +15,7 @@ import torch
 from ...core import OUT_INT32, PackedTensor, Workload
 from ...core.validate import check_inputs, out_storage
 from ..base import acc_bound
-from .layer_outputs import OutputSpec, emit_tile_outputs, layer_slots, residual_slot
+from .layer_outputs import OutputSpec, layer_slots, residual_slot
 from .templates import _check_device
 from .zero_point import bound_terms
 
@@ -62,4 +61,4 @@ def fused_arguments(wl: Workload, a_zero: int, x: torch.Tensor, w: torch.Tensor,
     return zp, res_args, slots, {**res_consts, "SLOTS": slot_consts}, storage
 
 
-__all__ = ["FUSED_OUTPUTS_MAX", "accumulator_reason", "emit_tile_outputs", "fused_arguments"]
+__all__ = ["FUSED_OUTPUTS_MAX", "accumulator_reason", "fused_arguments"]

@@ -6,7 +6,7 @@ residual add writes several outputs from one accumulator (`netops.bind_layer_epi
 `bind_pointwise_outputs` runs the pointwise kernel's persistent main loop (`pointwise`: the
 program's weight tile resident, a `tl.range` over its row tiles that Triton software-pipelines
 `num_stages` deep, one `tl.dot` a tile) and hands each finished int32 tile to the shared
-per-output code (`kernel_outputs.emit_tile_outputs`: the residual's tile, up to
+per-output code (`layer_outputs.emit_tile_outputs`: the residual's tile, up to
 FUSED_OUTPUTS_MAX `layer_outputs.emit_slot` slots), so the outputs equal
 `bind_layer_epilogue(acc, outputs, outs, residual)` bit for bit, with no int32 tensor, and the
 next tiles' activation loads are in flight while a tile requantizes and stores.
@@ -33,8 +33,8 @@ import triton.language as tl
 from ...core import PackedTensor
 from ...core.hardware import TARGET
 from .igemm import Launch
-from .kernel_outputs import accumulator_reason, emit_tile_outputs, fused_arguments
-from .layer_outputs import OutputSpec
+from .kernel_outputs import accumulator_reason, fused_arguments
+from .layer_outputs import OutputSpec, emit_tile_outputs
 from .pointwise import (
     PointwiseKernel,
     block_k,
