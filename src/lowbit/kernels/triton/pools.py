@@ -33,9 +33,12 @@ from .stored import (
 )
 
 #: a global average pool of at most this many (image, 64 channels) programs runs as one
-#: reduction per program (H200, 7x7x2048: batch 8 2.4 us against 13.0 through the window
-#: loop); larger ones through `pool2d_kernel`'s window loop (batch 256: 14.7 us against 29.9)
-GLOBAL_POOL_PROGRAMS = 1024
+#: reduction per program (H200, 7x7x2048: batch 8, 256 programs, 2.4 us against 13.0 through
+#: the window loop); larger ones through `pool2d_kernel`'s window loop (batch 256, 8,192
+#: programs: 14.7 us against 29.9). The window loop took ~30 us on an H100 at 1,280 programs
+#: as at 8,192 (MobileNet-V2 b64 7x7x1280, ResNet-50 b256), the one-reduction kernel grows
+#: ~3.4 ns a program: below ~4,096 programs it is predicted faster (1,280: ~6.5 us)
+GLOBAL_POOL_PROGRAMS = 4096
 
 
 @triton.jit
