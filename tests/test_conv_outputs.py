@@ -158,9 +158,9 @@ def check_block_end(wl, kernel, res_prec, kinds, int32, mid, relu, device, seed=
             for sp, kd in zip(specs, kinds, strict=True)]
     launch = bind_conv_outputs(kernel, x, w, params, specs, outs, residual)
     (one,) = launch.launches
-    slots = L.named_slots(one.kwargs["SLOTS"])
-    assert (slots[0]["MODE"] == L.INT32) == int32
-    assert [s["SAME"] for s in slots] == [0, 1, 1][:len(kinds)] + [0] * (3 - len(kinds))
+    assert (one.kwargs["MODE0"] == L.INT32) == int32
+    assert [one.kwargs[f"SAME{j}"] for j in range(3)] == [0, 1, 1][:len(kinds)] + \
+        [0] * (3 - len(kinds))
     launch()
     ref = epilogue_outputs(acc, None, specs, residual=res_vals)
     for out, want in zip(outs, ref, strict=True):

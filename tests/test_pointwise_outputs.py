@@ -96,9 +96,8 @@ def test_block_end_outputs_equal_the_reference(name):
     assert one.fn is pointwise_outputs_kernel
     rows, cols = -(-shape[0] * shape[1] * shape[2] // 32), -(-shape[-1] // 32)
     assert one.grid == (cols * min(rows, max(1, sms // cols)),)
-    slots = L.named_slots(one.kwargs["SLOTS"])
-    assert (slots[0]["MODE"] == L.INT32) == int32
-    assert [s["SAME"] for s in slots[:len(kinds)]] == [0, 1][:len(kinds)]
+    assert (one.kwargs["MODE0"] == L.INT32) == int32
+    assert [one.kwargs[f"SAME{j}"] for j in range(len(kinds))] == [0, 1][:len(kinds)]
     launch()
     ref = epilogue_outputs(acc, None, specs, residual=res_vals)
     for out, want in zip(outs, ref, strict=True):
@@ -147,7 +146,7 @@ def test_requant_modes_equal_the_oracle(mode):
                                y_bound=y_top, fast=fast, requant32=requant32,
                                tile=SMALL)
     (one,) = launch.launches
-    modes = [s["MODE"] for s in L.named_slots(one.kwargs["SLOTS"])]
+    modes = [one.kwargs[f"MODE{j}"] for j in range(3)]
     assert modes.count(mode) >= 2 and set(modes) <= {mode, L.FAST_NARROW}, modes
     launch()
     checked = 0

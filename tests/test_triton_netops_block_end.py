@@ -12,9 +12,6 @@ CPU under TRITON_INTERPRET=1; GPU (`gpu`): a ResNet-50 block end at batch 8.
 
 from __future__ import annotations
 
-import inspect
-import re
-
 import pytest
 import torch
 
@@ -120,34 +117,12 @@ def test_pass_block_end_outputs(res_prec, int32, mid, relu):
     launch = K.bind_layer_epilogue(y.to(torch.int32).to(DEVICE), specs, outs,
                                    packed(res, res_prec, INT8), y_bound=y_top)
     (one,) = launch.launches
-    kw = L.named_slots(one.kwargs["SLOTS"])
-    assert [kw[j]["SAME"] for j in range(4)] == [0, 1, 1, 0] and kw[3]["KIND"] == L.KIND_NONE
-    assert [kw[j]["TABLE"] for j in range(3)] == [True, True, False]
-    assert (kw[0]["MODE"] == L.INT32) == int32
+    kw = one.kwargs
+    assert [kw[f"SAME{j}"] for j in range(4)] == [0, 1, 1, 0] and kw["KIND3"] == L.KIND_NONE
+    assert [kw[f"TABLE{j}"] for j in range(3)] == [True, True, False]
+    assert (kw["MODE0"] == L.INT32) == int32
     launch()
     assert check_outputs(outs, specs, y, res) == 3
-
-
-def test_slot_constexprs_are_read_in_their_order():
-    """The device code reads a slot's constexprs by position: `emit_slot` SLOT[i] and the
-    stem's `_stem_output` OUTS[J][i] must name LAYER_SLOT_CONSTEXPRS[i] (the stem's:
-    OUTPUT_SLOT_CONSTEXPRS, their prefix), the order `slot_tuples` packs them in."""
-    from lowbit.kernels.triton import stem_gemm
-
-    def read(fn, index: str) -> tuple:
-        found = re.findall(rf"(\w+): tl.constexpr = {re.escape(index)}\[(\d+)\]",
-                           inspect.getsource(fn.fn))
-        assert [int(i) for _, i in found] == list(range(len(found))), found
-        return tuple(name for name, _ in found)
-
-    assert read(L.emit_slot, "SLOT") == L.LAYER_SLOT_CONSTEXPRS
-    assert read(stem_gemm._stem_output, "OUTS[J]") == L.OUTPUT_SLOT_CONSTEXPRS
-    assert L.LAYER_SLOT_CONSTEXPRS[:len(L.OUTPUT_SLOT_CONSTEXPRS)] == \
-        stem_gemm.SLOT_CONSTEXPRS == L.OUTPUT_SLOT_CONSTEXPRS
-    named = {name: i for i, name in enumerate(L.LAYER_SLOT_CONSTEXPRS)}
-    slots, consts = L.slot_tuples([(["o", 1], named)])
-    assert slots == (("o", 1),) and consts == (tuple(range(10)),)
-    assert L.named_slots(consts) == [named]
 
 
 @pytest.mark.parametrize("kinds", [("mid",), ("u2",), ("s8", "u2"), ("mid", "s8")])
@@ -165,7 +140,7 @@ def test_pass_one_and_two_outputs_int16_y(kinds):
     launch = K.bind_layer_epilogue(y.to(torch.int16).to(DEVICE), specs, outs,
                                    packed(res, "u8", INT8), y_bound=y_top, tile_values=512,
                                    num_warps=2)
-    assert L.named_slots(launch.launches[0].kwargs["SLOTS"])[0]["MODE"] == L.INT32
+    assert launch.launches[0].kwargs["MODE0"] == L.INT32
     launch()
     assert check_outputs(outs, specs, y, res) == len(kinds)
 
@@ -193,10 +168,10 @@ def test_pass_formulas_across_launches_and_float_outputs():
                       for sp, kd in zip(first[2:], kinds[2:], strict=True)]
     launch = K.bind_layer_epilogue(y.to(torch.int32).to(DEVICE), specs, outs,
                                    packed(res, "s8", INT8), y_bound=y_top)
-    first_kw, second_kw = (L.named_slots(s.kwargs["SLOTS"]) for s in launch.launches)
-    assert [first_kw[j]["SAME"] for j in range(4)] == [0, 1, 1, 1]
-    assert [second_kw[j]["SAME"] for j in range(4)] == [0, 0, 0, 0]
-    assert second_kw[2]["KIND"] == L.KIND_FLOAT and second_kw[3]["KIND"] == L.KIND_NONE
+    first_kw, second_kw = (s.kwargs for s in launch.launches)
+    assert [first_kw[f"SAME{j}"] for j in range(4)] == [0, 1, 1, 1]
+    assert [second_kw[f"SAME{j}"] for j in range(4)] == [0, 0, 0, 0]
+    assert second_kw["KIND2"] == L.KIND_FLOAT and second_kw["KIND3"] == L.KIND_NONE
     launch()
     req = [s for s in specs if isinstance(s, RequantizedOutput)]
     assert check_outputs([o for o in outs if o is not fout], req, y, res, 2) == 6
@@ -216,8 +191,7 @@ def test_pass_wide_residual_into_derived_outputs():
     outs = outs_for(specs, KINDS[:3], shape)
     launch = K.bind_layer_epilogue(y.to(torch.int32).to(DEVICE), specs, outs,
                                    wide_packed(res, S24), y_bound=y_top)
-    assert L.named_slots(launch.launches[0].kwargs["SLOTS"])[0]["MODE"] in (
-        L.FAST, L.FAST_NARROW, L.DIRECT)
+    assert launch.launches[0].kwargs["MODE0"] in (L.FAST, L.FAST_NARROW, L.DIRECT)
     launch()
     checked = 0
     for out, sp in zip(outs, specs, strict=True):  # the reference takes |res| <= 255
@@ -241,8 +215,7 @@ def test_pass_requant32_off_and_checks():
     outs = outs_for(specs, ("mid", "u2"), shape)
     launch = K.bind_layer_epilogue(y.to(torch.int32).to(DEVICE), specs, outs,
                                    packed(res, "u8", INT8), y_bound=y_top, requant32=False)
-    assert L.named_slots(launch.launches[0].kwargs["SLOTS"])[0]["MODE"] in (L.FAST,
-                                                                            L.FAST_NARROW)
+    assert launch.launches[0].kwargs["MODE0"] in (L.FAST, L.FAST_NARROW)
     launch()
     assert check_outputs(outs, specs, y, res) == 2
     with pytest.raises(ValueError, match="outs\\[1\\] holds u8"):
@@ -274,8 +247,7 @@ def test_pass_int32_rounding_ties():
     outs = [poisoned(shape, sp.precision, INT8) for sp in specs]
     launch = K.bind_layer_epilogue(y.to(torch.int32).to(DEVICE), specs, outs,
                                    packed(res, "s8", INT8), y_bound=y_top)
-    assert [s["MODE"] for s in L.named_slots(launch.launches[0].kwargs["SLOTS"])[:3]] == \
-        [L.INT32] * 3
+    assert [launch.launches[0].kwargs[f"MODE{j}"] for j in range(3)] == [L.INT32] * 3
     launch()
     assert check_outputs(outs, specs, y, res) == 3
     z = y * m + b + res * r
@@ -391,7 +363,7 @@ def test_gpu_pass_resnet50_block_end(res_prec, int32):
     outs = outs_for(specs, KINDS[:3], shape)
     launch = K.bind_layer_epilogue(y.to(torch.int32).cuda(), specs, outs,
                                    packed(res, res_prec, INT8), y_bound=y_top)
-    assert (L.named_slots(launch.launches[0].kwargs["SLOTS"])[0]["MODE"] == L.INT32) == int32
+    assert (launch.launches[0].kwargs["MODE0"] == L.INT32) == int32
     launch()
     ref = epilogue_outputs(y, None, specs, residual=res)
     for out, want in zip(outs, ref, strict=True):

@@ -46,7 +46,6 @@ from lowbit.kernels.timing import time_us
 from lowbit.kernels.triton import CONV2D_INT8
 from lowbit.kernels.triton import netops as K
 from lowbit.kernels.triton.conv_outputs import FUSED_TILE, bind_conv_outputs
-from lowbit.kernels.triton.layer_outputs import named_slots
 from lowbit.kernels.triton.templates import with_float64_requant
 from lowbit.perfmodel.roofline import floor_us, measure_bandwidth
 from lowbit.reference import RequantizedOutput, epilogue_outputs, fixed_point_pair, run
@@ -98,11 +97,6 @@ def wide_specs(k: int) -> list[K.Requantized]:
         m, r, s = fixed_point_pair(ratio, rr)
         out.append(K.Requantized(prec, m, s, None, r, relu=relu))
     return out
-
-
-def first_mode(launcher) -> int:
-    """The exact mode of the first output slot of a launcher's first launch."""
-    return named_slots(launcher.launches[0].kwargs["SLOTS"])[0]["MODE"]
 
 
 def compiled_regs(launch) -> dict:
@@ -163,7 +157,7 @@ def block_end_rows(bandwidth: float, int8_peak: float) -> list[dict]:
             io = nbytes(x, w, res_u8, *ref)
             row(f"{name}: kernel int32 + pass", timed(both(conv, pass_launch)),
                 io + 2 * nbytes(acc),
-                mode=first_mode(pass_launch),
+                mode=pass_launch.launches[0].kwargs["MODE0"],
                 exact_reference=pass_matches_reference(acc, specs, ref, res_u8))
             tiles = TILES if derived == "u8" else [tuple(FUSED_TILE.values())]
             for bm, bn, warps in tiles:
@@ -173,7 +167,7 @@ def block_end_rows(bandwidth: float, int8_peak: float) -> list[dict]:
                     fused = bind_conv_outputs(kernel, x, w, params, specs, got, res_u8,
                                               tile=tile)
                     row(f"{name}: fused", timed(fused), io, tile=tile, exact=same(got, ref),
-                        mode=first_mode(fused), **compiled_regs(fused))
+                        mode=fused.launches[0].kwargs["MODE0"], **compiled_regs(fused))
                 except Exception as e:  # one tile's failure must not end the probe
                     rows.append({"path": f"{name}: fused", "tile": tile,
                                  "error": f"{type(e).__name__}: {e}"[:300]})

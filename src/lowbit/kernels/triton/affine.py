@@ -76,11 +76,16 @@ def part_pointer(addr, ELEMENT: tl.constexpr, ALIGNED: tl.constexpr):
 
 
 @triton.jit
-def load_part(addr, pix, pix_mask, c0, C, row, plane, KIND: tl.constexpr,
+def load_part(addr, pix, pix_mask, c0, C, row, plane, KINDS: tl.constexpr, J: tl.constexpr,
               ALIGNED: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    """`load_values` of a part of KIND (layout, bits, encoding, element) at address addr."""
-    return load_values(part_pointer(addr, KIND[3], ALIGNED), pix, pix_mask, c0, C, row, plane,
-                       KIND[0], KIND[1], KIND[2], BLOCK_P, BLOCK_C)
+    """`load_values` of a part of kind KINDS[J] (layout, bits, encoding, element) at address
+    addr (the whole tuple and an index: Triton 3.6 cannot pass a tuple's element on)."""
+    LAYOUT: tl.constexpr = KINDS[J][0]
+    BITS: tl.constexpr = KINDS[J][1]
+    ENC: tl.constexpr = KINDS[J][2]
+    ELEMENT: tl.constexpr = KINDS[J][3]
+    return load_values(part_pointer(addr, ELEMENT, ALIGNED), pix, pix_mask, c0, C, row, plane,
+                       LAYOUT, BITS, ENC, BLOCK_P, BLOCK_C)
 
 
 @triton.jit
@@ -114,10 +119,10 @@ def affine_kernel(
     x = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.int32)
     for j in tl.static_range(len(KINDS)):
         if len(KINDS) == 1:
-            x = load_part(addr, pix, pix_mask, c0, C, x_row, x_plane, KINDS[j], ALIGN > 1,
+            x = load_part(addr, pix, pix_mask, c0, C, x_row, x_plane, KINDS, j, ALIGN > 1,
                           BLOCK_P, BLOCK_C)
         elif kind == j:
-            x = load_part(addr, pix, pix_mask, c0, C, x_row, x_plane, KINDS[j], ALIGN > 1,
+            x = load_part(addr, pix, pix_mask, c0, C, x_row, x_plane, KINDS, j, ALIGN > 1,
                           BLOCK_P, BLOCK_C)
     m = tl.load(m_ptr + C_OFF + chan, mask=c_mask, other=0)
     b = tl.load(b_ptr + C_OFF + chan, mask=c_mask, other=0)

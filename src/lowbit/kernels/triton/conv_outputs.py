@@ -46,9 +46,10 @@ from .igemm import (
 from .kernel_outputs import (
     FUSED_OUTPUTS_MAX,
     accumulator_reason,
+    emit_tile_outputs,
     fused_arguments,
 )
-from .layer_outputs import OutputSpec, emit_tile_outputs
+from .layer_outputs import OutputSpec
 from .pointwise import PointwiseKernel
 from .pointwise_outputs import bind_pointwise_outputs, pointwise_outputs_reason
 from .stored import Launcher
@@ -62,7 +63,8 @@ FUSED_TILE = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 2}
 def igemm_outputs_kernel(
     x_ptr, w_ptr, zp_ptr, res_ptr,
     M, NOUT, H, W, C, P, Q, conv_stride, pad, x_row, w_row, iters_per_split, res_row, res_plane,
-    slots,
+    o0, a0, b0, c0_, d0, t0, row0, plane0, o1, a1, b1, c1, d1, t1, row1, plane1,
+    o2, a2, b2, c2, d2, t2, row2, plane2,
     R: tl.constexpr, S: tl.constexpr, IS_GEMM: tl.constexpr,
     A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr, A_ZERO: tl.constexpr,
     W_SRC: tl.constexpr, W_BITS: tl.constexpr, W_ENC: tl.constexpr,
@@ -70,12 +72,19 @@ def igemm_outputs_kernel(
     LOOP_CRS: tl.constexpr, EVEN_C: tl.constexpr, ALIGN_C: tl.constexpr, ROW_TAPS: tl.constexpr,
     HAS_RES: tl.constexpr, RES_LAYOUT: tl.constexpr, RES_BITS: tl.constexpr,
     RES_ENC: tl.constexpr,
-    SLOTS: tl.constexpr,
+    KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr, QLO0: tl.constexpr,
+    QMAX0: tl.constexpr, RES0: tl.constexpr, MODE0: tl.constexpr, SAME0: tl.constexpr,
+    TABLE0: tl.constexpr, TMIN0: tl.constexpr,
+    KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr, QLO1: tl.constexpr,
+    QMAX1: tl.constexpr, RES1: tl.constexpr, MODE1: tl.constexpr, SAME1: tl.constexpr,
+    TABLE1: tl.constexpr, TMIN1: tl.constexpr,
+    KIND2: tl.constexpr, LAYOUT2: tl.constexpr, BITS2: tl.constexpr, QLO2: tl.constexpr,
+    QMAX2: tl.constexpr, RES2: tl.constexpr, MODE2: tl.constexpr, SAME2: tl.constexpr,
+    TABLE2: tl.constexpr, TMIN2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """`igemm_kernel`'s tile (one reduction split), then up to three layer-epilogue output
-    slots of it (`layer_outputs.emit_tile_outputs`: slots and SLOTS one entry a slot; module
-    doc)."""
+    slots of it (`layer_outputs.emit_slot`; module doc)."""
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(NOUT, BLOCK_N),
                                 GROUP_M)
     offs_m, _, acc = tile_accumulator(
@@ -83,8 +92,14 @@ def igemm_outputs_kernel(
         x_row, w_row, iters_per_split, R, S, IS_GEMM, A_SRC, A_BITS, A_ENC, A_ZERO, W_SRC,
         W_BITS, W_ENC, DOT_FP16, False, LOOP_CRS, EVEN_C, ALIGN_C, ROW_TAPS, BLOCK_M,
         BLOCK_N, BLOCK_K)
-    emit_tile_outputs(acc, offs_m, pid_n * BLOCK_N, M, NOUT, res_ptr, res_row, res_plane, slots,
-                      HAS_RES, RES_LAYOUT, RES_BITS, RES_ENC, SLOTS, BLOCK_M, BLOCK_N)
+    emit_tile_outputs(
+        acc, offs_m, pid_n * BLOCK_N, M, NOUT, res_ptr, res_row, res_plane,
+        o0, a0, b0, c0_, d0, t0, row0, plane0, o1, a1, b1, c1, d1, t1, row1, plane1,
+        o2, a2, b2, c2, d2, t2, row2, plane2, HAS_RES, RES_LAYOUT, RES_BITS, RES_ENC,
+        KIND0, LAYOUT0, BITS0, QLO0, QMAX0, RES0, MODE0, SAME0, TABLE0, TMIN0,
+        KIND1, LAYOUT1, BITS1, QLO1, QMAX1, RES1, MODE1, SAME1, TABLE1, TMIN1,
+        KIND2, LAYOUT2, BITS2, QLO2, QMAX2, RES2, MODE2, SAME2, TABLE2, TMIN2,
+        BLOCK_M, BLOCK_N)
 
 
 def fused_reason(kernel: object, n_outputs: int) -> str | None:
@@ -132,12 +147,12 @@ def bind_conv_outputs(kernel: IgemmKernel, x: torch.Tensor, w: torch.Tensor, par
         raise ValueError(f"the kernel cannot run this layer epilogue: {reason}")
     prob = kernel.problem
     cfg = fused_config(kernel.config, tile)
-    zp, res_args, slots, consts, storage = fused_arguments(
+    zp, res_args, slot_args, consts, storage = fused_arguments(
         kernel.workload, prob.a_zero, x, w, params, outputs, outs, residual, y_bound, fast,
         requant32)
     args = (x, w, zp, res_args[0], prob.M, prob.NOUT, prob.H, prob.W, prob.C, prob.P, prob.Q,
             prob.stride, prob.pad, prob.x_row, prob.w_row, splits_iters(prob, cfg),
-            res_args[1], res_args[2], slots)
+            res_args[1], res_args[2], *slot_args)
     kwargs: dict = dict(mainloop_constants(prob, cfg), **consts)
     del kwargs["SPLIT_K"]  # one reduction split (fused_config)
     kwargs["enable_fp_fusion"] = False  # float outputs: the pass's rounding, no FMA

@@ -4,11 +4,6 @@ computing the requantization, the device code that writes one output from an int
 the host side that binds one output slot. Bit-exact against
 `lowbit.reference.netops.epilogue_outputs`.
 
-A kernel takes a launch's output slots as two arguments (`slot_tuples`): `slots`, a runtime
-tuple of each slot's values (pointers and strides), and SLOTS, a constexpr tuple of each
-slot's constexprs in `LAYER_SLOT_CONSTEXPRS` order (the stem's: `OUTPUT_SLOT_CONSTEXPRS`);
-`emit_tile_outputs` writes them all from one tile.
-
 Requantized output (`Requantized`; reference `RequantizedOutput`):
     q = clamp(floor((y m + b + res r + 2^(s-1)) / 2^s), lo, qmax),  lo = max(qmin, 0) with relu
 A derived output (`mid` and `table`) clamps the same formula to mid's range and writes
@@ -57,7 +52,6 @@ from .stored import (
     float_channel_vector,
     int_channel_vector,
     layout_code,
-    load_values,
     requant_round,
     round_shift_terms,
     storage_strides,
@@ -74,15 +68,6 @@ DIRECT, SPLIT, FAST = 0, 1, 2
 FAST_NARROW = 3
 #: int32 multiply-adds (module docstring)
 INT32 = 4
-#: the constexprs of an `emit_output` slot (`output_slot`) in the order of a kernel's
-#: constexpr tuple (`slot_tuples`); its runtime values: (out, v1, v2, v3, v4, row, plane). The
-#: stem kernels' OUTS (`stem_gemm.output_group`): no residual term, and a derived output's
-#: table read through v2 (`stem_gemm._stem_output`)
-OUTPUT_SLOT_CONSTEXPRS = ("KIND", "LAYOUT", "BITS", "QLO", "QMAX", "MODE")
-#: the constexprs of an `emit_slot` slot (`layer_slots`) in SLOTS order: an output slot's,
-#: then its residual term, formula sharing and table; its runtime values: an output slot's,
-#: then the table t
-LAYER_SLOT_CONSTEXPRS = (*OUTPUT_SLOT_CONSTEXPRS, "RES", "SAME", "TABLE", "TMIN")
 #: |residual values| the epilogue takes (24-bit wide realizations)
 RESIDUAL_LIMIT = 2**23
 #: multipliers and biases are int64: a residual layer's shared shift can give multipliers
@@ -334,29 +319,21 @@ def emit_output(y, res, pix, pix_mask, c0, K, out_ptr, v1_ptr, v2_ptr, v3_ptr, v
 
 
 @triton.jit
-def emit_slot(y, res, q_prev, pix, pix_mask, c0, K, slot, SLOT: tl.constexpr,
-              BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    """One output slot of `layer_slots` (`emit_output` plus formula sharing and tables): its
-    runtime values `slot` (out, v1, v2, v3, v4, row, plane, t) and constexprs SLOT
-    (`LAYER_SLOT_CONSTEXPRS` order). SAME reuses q_prev (the previous slot's formula value,
-    the same formula) instead of computing it; TABLE writes t[q - TMIN] (int32 table) instead
-    of q. Returns the formula's value for the next slot."""
-    out_ptr, v1_ptr, v2_ptr, v3_ptr, v4_ptr, row, plane, t_ptr = slot
-    KIND: tl.constexpr = SLOT[0]
-    LAYOUT: tl.constexpr = SLOT[1]
-    BITS: tl.constexpr = SLOT[2]
-    QLO: tl.constexpr = SLOT[3]
-    QMAX: tl.constexpr = SLOT[4]
-    MODE: tl.constexpr = SLOT[5]
-    RES: tl.constexpr = SLOT[6]
-    SAME: tl.constexpr = SLOT[7]
-    TABLE: tl.constexpr = SLOT[8]
-    TMIN: tl.constexpr = SLOT[9]
+def emit_slot(y, res, q_prev, pix, pix_mask, c0, K, out_ptr, v1_ptr, v2_ptr, v3_ptr, v4_ptr,
+              t_ptr, row, plane, KIND: tl.constexpr, LAYOUT: tl.constexpr,
+              BITS: tl.constexpr, QLO: tl.constexpr, QMAX: tl.constexpr,
+              HAS_RES: tl.constexpr, MODE: tl.constexpr, SAME: tl.constexpr,
+              TABLE: tl.constexpr, TMIN: tl.constexpr, BLOCK_P: tl.constexpr,
+              BLOCK_C: tl.constexpr):
+    """One output slot of `layer_slots` (`emit_output` plus formula sharing and tables):
+    SAME reuses q_prev (the previous slot's formula value, the same formula) instead of
+    computing it; TABLE writes t[q - TMIN] (int32 table) instead of q. Returns the formula's
+    value for the next slot."""
     q = q_prev
     if KIND == 1:
         if SAME == 0:
             q = requant_tile(y, res, c0, K, v1_ptr, v2_ptr, v3_ptr, v4_ptr, QLO, QMAX,
-                             RES, MODE, BLOCK_C)
+                             HAS_RES, MODE, BLOCK_C)
         v = q
         if TABLE:
             v = tl.load(t_ptr + (q - TMIN))  # q in [QLO, QMAX]: always inside the table
@@ -364,28 +341,8 @@ def emit_slot(y, res, q_prev, pix, pix_mask, c0, K, slot, SLOT: tl.constexpr,
                      BLOCK_P, BLOCK_C)
     elif KIND >= 2:
         store_float(y, res, pix, pix_mask, c0, K, out_ptr, v1_ptr, v2_ptr, v3_ptr, row, KIND,
-                    QLO, RES, BLOCK_C)
+                    QLO, HAS_RES, BLOCK_C)
     return q
-
-
-@triton.jit
-def emit_tile_outputs(acc, offs_m, c0, M, NOUT, res_ptr, res_row, res_plane, slots,
-                      HAS_RES: tl.constexpr, RES_LAYOUT: tl.constexpr, RES_BITS: tl.constexpr,
-                      RES_ENC: tl.constexpr, SLOTS: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr):
-    """The layer-epilogue outputs of the int32 tile `acc` (rows offs_m, channels c0 ..): the
-    residual's tile (`residual_slot`), then the `emit_slot` slots in order, `slots` and SLOTS
-    one entry a slot (`layer_slots`; an unused slot, of kind 0, writes nothing)."""
-    pix_mask = offs_m < M
-    res = acc
-    if HAS_RES:
-        res = load_values(res_ptr, offs_m, pix_mask, c0, NOUT, res_row, res_plane,
-                          RES_LAYOUT, RES_BITS, RES_ENC, BLOCK_M, BLOCK_N)
-    q = acc
-    for j in tl.static_range(len(SLOTS)):
-        if SLOTS[j][0] != 0:
-            q = emit_slot(acc, res, q, offs_m, pix_mask, c0, NOUT, slots[j], SLOTS[j],
-                          BLOCK_M, BLOCK_N)
 
 
 # =========================================================================== host side
@@ -488,25 +445,24 @@ def output_slot(i: int, spec: object, out: object, shape: tuple[int, ...],
 def _unused_layer_slot(placeholder: torch.Tensor) -> tuple[tuple, dict]:
     """An unused `emit_slot` slot."""
     args, consts = _unused_slot(placeholder)
-    return (*args, placeholder), dict(consts, SAME=0, TABLE=False, TMIN=0)
+    return (*args[:5], placeholder, *args[5:]), dict(consts, SAME=0, TABLE=False, TMIN=0)
 
 
 def layer_slots(outputs: Sequence[OutputSpec], outs: Sequence[PackedTensor | torch.Tensor],
                 shape: tuple[int, ...], device: torch.device, placeholder: torch.Tensor,
                 has_residual: bool, y_bound: int, res_bound: int, fast: bool,
-                requant32: bool, per_launch: int) -> list[tuple[tuple, tuple]]:
+                requant32: bool, per_launch: int) -> list[list[tuple[tuple, dict]]]:
     """The `emit_slot` slots of the outputs, in launches of `per_launch` slots (the last one
-    padded with unused slots): per launch its (slots, SLOTS) (`slot_tuples`: each slot's
-    runtime values (out, v1, v2, v3, v4, row, plane, table) and constexprs). Outputs of one
-    formula are consecutive slots, all but the first of a launch SAME. Checks every spec and
-    buffer (ValueError / TypeError naming outputs[i] / outs[i])."""
+    padded with unused slots): each (args (out, v1, v2, v3, v4, table, row, plane),
+    constexprs). Outputs of one formula are consecutive slots, all but the first of a launch
+    SAME. Checks every spec and buffer (ValueError / TypeError naming outputs[i] / outs[i])."""
     slots = []  # (args, consts, key)
     for i, (s, o) in enumerate(zip(outputs, outs, strict=True)):
         spec = as_output_spec(i, s)
         if isinstance(spec, Dequantized):
             args, consts = _float_slot(i, spec, o, shape, device, has_residual)
-            slots.append(((*args, placeholder), dict(consts, SAME=0, TABLE=False, TMIN=0),
-                          None))
+            slots.append(((*args[:5], placeholder, *args[5:]),
+                          dict(consts, SAME=0, TABLE=False, TMIN=0), None))
             continue
         args, consts, key = _requant_slot(i, spec, o, shape, device, has_residual, y_bound,
                                           res_bound, fast, requant32)
@@ -514,7 +470,7 @@ def layer_slots(outputs: Sequence[OutputSpec], outs: Sequence[PackedTensor | tor
             spec.table.to(torch.int32).contiguous().to(device)
         consts.update(SAME=0, TABLE=spec.table is not None,
                       TMIN=0 if spec.mid is None else int(spec.mid.qmin))
-        slots.append(((*args, table), consts, key))
+        slots.append(((*args[:5], table, *args[5:]), consts, key))
     firsts = {}
     for j, (_, _, key) in enumerate(slots):
         firsts.setdefault(key, j)
@@ -527,7 +483,7 @@ def layer_slots(outputs: Sequence[OutputSpec], outs: Sequence[PackedTensor | tor
             same = j > 0 and key is not None and key == group[j - 1][2]
             launch.append((args, dict(consts, SAME=int(same))))
         launch += [_unused_layer_slot(placeholder)] * (per_launch - len(group))
-        launches.append(slot_tuples(launch))
+        launches.append(launch)
     return launches
 
 
@@ -550,23 +506,18 @@ def residual_slot(residual: PackedTensor | None, shape: tuple[int, ...],
     return (r.data, *storage_strides(r)), consts, res_bound
 
 
-def slot_tuples(slots: Sequence[tuple[tuple, dict]],
-                names: Sequence[str] = LAYER_SLOT_CONSTEXPRS) -> tuple[tuple, tuple]:
-    """One launch's (args, constexprs) slots as the kernels take them: `slots`, a tuple of
-    each slot's runtime values, and SLOTS, a tuple of each slot's constexprs in `names` order
-    (`LAYER_SLOT_CONSTEXPRS`: `emit_slot`'s; `OUTPUT_SLOT_CONSTEXPRS`: the stem's)."""
-    return (tuple(tuple(args) for args, _ in slots),
-            tuple(tuple(consts[name] for name in names) for _, consts in slots))
+def slot_kwargs(slots: Sequence[tuple[tuple, dict]]) -> tuple[list, dict]:
+    """The kernel arguments of one launch's slots: the args in order, the constexprs named
+    with the slot's index (KIND0, ...)."""
+    args: list = []
+    kwargs: dict = {}
+    for j, (a, c) in enumerate(slots):
+        args += list(a)
+        kwargs.update({f"{name}{j}": v for name, v in c.items()})
+    return args, kwargs
 
 
-
-def named_slots(slot_constexprs: Sequence[tuple],
-                names: Sequence[str] = LAYER_SLOT_CONSTEXPRS) -> list[dict]:
-    """A bound launch's SLOTS read back: each slot's constexprs by name (`slot_tuples`)."""
-    return [dict(zip(names, slot, strict=True)) for slot in slot_constexprs]
-
-__all__ = ["DIRECT", "FAST", "FAST_NARROW", "INT32", "LAYER_SLOT_CONSTEXPRS",
-           "OUTPUT_SLOT_CONSTEXPRS", "SPLIT", "Dequantized", "OutputSpec", "Requantized",
-           "as_output_spec", "emit_output", "emit_slot", "emit_tile_outputs", "fits_int32",
-           "layer_slots", "named_slots", "output_slot", "requant_mode", "requant_tile",
-           "residual_slot", "slot_tuples"]
+__all__ = ["DIRECT", "FAST", "FAST_NARROW", "INT32", "SPLIT", "Dequantized", "OutputSpec",
+           "Requantized", "as_output_spec", "emit_output", "emit_slot", "fits_int32",
+           "layer_slots", "output_slot", "requant_mode", "requant_tile", "residual_slot",
+           "slot_kwargs"]

@@ -46,12 +46,13 @@ from .layer_outputs import (
     _unused_slot,
     as_output_spec,
     emit_output,
-    emit_tile_outputs,
+    emit_slot,
     fits_int32,
     layer_slots,
     output_slot,
     requant_mode,
     residual_slot,
+    slot_kwargs,
 )
 from .pools import (
     avgpool2d,
@@ -69,6 +70,7 @@ from .stored import (
     empty_packed,
     flag_nonfinite,
     layout_code,
+    load_values,
     quantize_f32,
     storage_strides,
     store_values,
@@ -87,19 +89,52 @@ __all__ = ["DIRECT", "FAST", "FAST_NARROW", "INT32", "SPLIT", "Dequantized", "La
 # =========================================================================== kernels
 @triton.jit
 def layer_epilogue_kernel(
-    y_ptr, res_ptr, M, K, res_row, res_plane, slots,
+    y_ptr, res_ptr, M, K, res_row, res_plane,
+    o0, a0, b0, c0_, d0, t0, row0, plane0, o1, a1, b1, c1, d1, t1, row1, plane1,
+    o2, a2, b2, c2, d2, t2, row2, plane2, o3, a3, b3, c3, d3, t3, row3, plane3,
     HAS_RES: tl.constexpr, RES_LAYOUT: tl.constexpr, RES_BITS: tl.constexpr,
-    RES_ENC: tl.constexpr, SLOTS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    RES_ENC: tl.constexpr,
+    KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr, QLO0: tl.constexpr,
+    QMAX0: tl.constexpr, RES0: tl.constexpr, MODE0: tl.constexpr, SAME0: tl.constexpr,
+    TABLE0: tl.constexpr, TMIN0: tl.constexpr,
+    KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr, QLO1: tl.constexpr,
+    QMAX1: tl.constexpr, RES1: tl.constexpr, MODE1: tl.constexpr, SAME1: tl.constexpr,
+    TABLE1: tl.constexpr, TMIN1: tl.constexpr,
+    KIND2: tl.constexpr, LAYOUT2: tl.constexpr, BITS2: tl.constexpr, QLO2: tl.constexpr,
+    QMAX2: tl.constexpr, RES2: tl.constexpr, MODE2: tl.constexpr, SAME2: tl.constexpr,
+    TABLE2: tl.constexpr, TMIN2: tl.constexpr,
+    KIND3: tl.constexpr, LAYOUT3: tl.constexpr, BITS3: tl.constexpr, QLO3: tl.constexpr,
+    QMAX3: tl.constexpr, RES3: tl.constexpr, MODE3: tl.constexpr, SAME3: tl.constexpr,
+    TABLE3: tl.constexpr, TMIN3: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """y (int32 or int16 [M, K]) and the residual read once per tile, then up to four
-    output slots (`layer_outputs.emit_tile_outputs`: slots and SLOTS one entry a slot)."""
+    output slots (`layer_outputs.emit_slot`)."""
     pix = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     c0 = tl.program_id(1) * BLOCK_C
+    pix_mask = pix < M
     chan = c0 + tl.arange(0, BLOCK_C)
     y = tl.load(y_ptr + pix[:, None] * K + chan[None, :],
-                mask=(pix < M)[:, None] & (chan < K)[None, :], other=0).to(tl.int32)
-    emit_tile_outputs(y, pix, c0, M, K, res_ptr, res_row, res_plane, slots, HAS_RES,
-                      RES_LAYOUT, RES_BITS, RES_ENC, SLOTS, BLOCK_P, BLOCK_C)
+                mask=pix_mask[:, None] & (chan < K)[None, :], other=0).to(tl.int32)
+    res = y
+    if HAS_RES:
+        res = load_values(res_ptr, pix, pix_mask, c0, K, res_row, res_plane, RES_LAYOUT,
+                          RES_BITS, RES_ENC, BLOCK_P, BLOCK_C)
+    q = emit_slot(y, res, y, pix, pix_mask, c0, K, o0, a0, b0, c0_, d0, t0, row0, plane0,
+                  KIND0, LAYOUT0, BITS0, QLO0, QMAX0, RES0, MODE0, SAME0, TABLE0, TMIN0,
+                  BLOCK_P, BLOCK_C)
+    if KIND1 != 0:
+        q = emit_slot(y, res, q, pix, pix_mask, c0, K, o1, a1, b1, c1, d1, t1, row1, plane1,
+                      KIND1, LAYOUT1, BITS1, QLO1, QMAX1, RES1, MODE1, SAME1, TABLE1, TMIN1,
+                      BLOCK_P, BLOCK_C)
+    if KIND2 != 0:
+        q = emit_slot(y, res, q, pix, pix_mask, c0, K, o2, a2, b2, c2, d2, t2, row2, plane2,
+                      KIND2, LAYOUT2, BITS2, QLO2, QMAX2, RES2, MODE2, SAME2, TABLE2, TMIN2,
+                      BLOCK_P, BLOCK_C)
+    if KIND3 != 0:
+        emit_slot(y, res, q, pix, pix_mask, c0, K, o3, a3, b3, c3, d3, t3, row3, plane3,
+                  KIND3, LAYOUT3, BITS3, QLO3, QMAX3, RES3, MODE3, SAME3, TABLE3, TMIN3,
+                  BLOCK_P, BLOCK_C)
 
 
 @triton.jit
@@ -176,10 +211,11 @@ def bind_layer_epilogue(y: torch.Tensor, outputs: Sequence[OutputSpec],
     # register-hungry)
     grid = (cdiv(m, bp), cdiv(k, bc))
     launches = []
-    for slots, slot_consts in groups:
-        kwargs = dict(res_consts, SLOTS=slot_consts, BLOCK_P=bp, BLOCK_C=bc,
-                      num_warps=num_warps, enable_fp_fusion=False)
-        args = (y, res_args[0], m, k, res_args[1], res_args[2], slots)
+    for group in groups:
+        slot_args, kwargs = slot_kwargs(group)
+        kwargs.update(res_consts, BLOCK_P=bp, BLOCK_C=bc, num_warps=num_warps,
+                      enable_fp_fusion=False)
+        args = (y, res_args[0], m, k, res_args[1], res_args[2], *slot_args)
         launches.append(Launch(layer_epilogue_kernel, grid, args, kwargs))
     results = tuple(o.data if isinstance(o, PackedTensor) else o for o in outs)
     return Launcher(tuple(launches), results)

@@ -6,7 +6,7 @@ residual add writes several outputs from one accumulator (`netops.bind_layer_epi
 `bind_pointwise_outputs` runs the pointwise kernel's persistent main loop (`pointwise`: the
 program's weight tile resident, a `tl.range` over its row tiles that Triton software-pipelines
 `num_stages` deep, one `tl.dot` a tile) and hands each finished int32 tile to the shared
-per-output code (`layer_outputs.emit_tile_outputs`: the residual's tile, up to
+per-output code (`kernel_outputs.emit_tile_outputs`: the residual's tile, up to
 FUSED_OUTPUTS_MAX `layer_outputs.emit_slot` slots), so the outputs equal
 `bind_layer_epilogue(acc, outputs, outs, residual)` bit for bit, with no int32 tensor, and the
 next tiles' activation loads are in flight while a tile requantizes and stores.
@@ -33,8 +33,8 @@ import triton.language as tl
 from ...core import PackedTensor
 from ...core.hardware import TARGET
 from .igemm import Launch
-from .kernel_outputs import accumulator_reason, fused_arguments
-from .layer_outputs import OutputSpec, emit_tile_outputs
+from .kernel_outputs import accumulator_reason, emit_tile_outputs, fused_arguments
+from .layer_outputs import OutputSpec
 from .pointwise import (
     PointwiseKernel,
     block_k,
@@ -52,13 +52,23 @@ OUTPUTS_TILE = {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "PROGRAMS_PER_SM"
 
 @triton.jit
 def pointwise_outputs_kernel(
-    x_ptr, w_ptr, zp_ptr, res_ptr, M, NOUT, res_row, res_plane, col_tiles, row_step, slots,
+    x_ptr, w_ptr, zp_ptr, res_ptr, M, NOUT, res_row, res_plane, col_tiles, row_step,
+    o0, a0, b0, c0_, d0, t0, row0, plane0, o1, a1, b1, c1, d1, t1, row1, plane1,
+    o2, a2, b2, c2, d2, t2, row2, plane2,
     C: tl.constexpr, X_ROW: tl.constexpr, W_ROW: tl.constexpr, ALIGN_C: tl.constexpr,
     A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr, A_ZERO: tl.constexpr,
     W_SRC: tl.constexpr, W_BITS: tl.constexpr, W_ENC: tl.constexpr,
     HAS_RES: tl.constexpr, RES_LAYOUT: tl.constexpr, RES_BITS: tl.constexpr,
     RES_ENC: tl.constexpr,
-    SLOTS: tl.constexpr,
+    KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr, QLO0: tl.constexpr,
+    QMAX0: tl.constexpr, RES0: tl.constexpr, MODE0: tl.constexpr, SAME0: tl.constexpr,
+    TABLE0: tl.constexpr, TMIN0: tl.constexpr,
+    KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr, QLO1: tl.constexpr,
+    QMAX1: tl.constexpr, RES1: tl.constexpr, MODE1: tl.constexpr, SAME1: tl.constexpr,
+    TABLE1: tl.constexpr, TMIN1: tl.constexpr,
+    KIND2: tl.constexpr, LAYOUT2: tl.constexpr, BITS2: tl.constexpr, QLO2: tl.constexpr,
+    QMAX2: tl.constexpr, RES2: tl.constexpr, MODE2: tl.constexpr, SAME2: tl.constexpr,
+    TABLE2: tl.constexpr, TMIN2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """`pointwise_kernel`'s program (column tile p % col_tiles, its weights resident, row
@@ -71,9 +81,14 @@ def pointwise_outputs_kernel(
     for tile in tl.range(pid // col_tiles, tl.cdiv(M, BLOCK_M), row_step):
         offs_m, acc = row_tile_accumulator(x_ptr, tile, M, c_mask, b, zp, X_ROW, ALIGN_C,
                                            A_SRC, A_BITS, A_ENC, A_ZERO, BLOCK_M, BLOCK_K)
-        emit_tile_outputs(acc, offs_m, col * BLOCK_N, M, NOUT, res_ptr, res_row, res_plane,
-                          slots, HAS_RES, RES_LAYOUT, RES_BITS, RES_ENC, SLOTS, BLOCK_M,
-                          BLOCK_N)
+        emit_tile_outputs(
+            acc, offs_m, col * BLOCK_N, M, NOUT, res_ptr, res_row, res_plane,
+            o0, a0, b0, c0_, d0, t0, row0, plane0, o1, a1, b1, c1, d1, t1, row1, plane1,
+            o2, a2, b2, c2, d2, t2, row2, plane2, HAS_RES, RES_LAYOUT, RES_BITS, RES_ENC,
+            KIND0, LAYOUT0, BITS0, QLO0, QMAX0, RES0, MODE0, SAME0, TABLE0, TMIN0,
+            KIND1, LAYOUT1, BITS1, QLO1, QMAX1, RES1, MODE1, SAME1, TABLE1, TMIN1,
+            KIND2, LAYOUT2, BITS2, QLO2, QMAX2, RES2, MODE2, SAME2, TABLE2, TMIN2,
+            BLOCK_M, BLOCK_N)
 
 
 def pointwise_outputs_reason(kernel: object, n_outputs: int) -> str | None:
@@ -125,12 +140,12 @@ def bind_pointwise_outputs(kernel: PointwiseKernel, x: torch.Tensor, w: torch.Te
         raise ValueError(f"the kernel cannot run this layer epilogue: {reason}")
     prob = kernel.problem
     cfg = outputs_config(kernel.config, prob.C, tile)
-    zp, res_args, slots, consts, storage = fused_arguments(
+    zp, res_args, slot_args, consts, storage = fused_arguments(
         kernel.workload, prob.a_zero, x, w, params, outputs, outs, residual, y_bound, fast,
         requant32)
     grid, cols, step = programs(prob.M, prob.NOUT, cfg, kernel.sms or device_sms(x.device))
     args = (x, w, zp, res_args[0], prob.M, prob.NOUT, res_args[1], res_args[2], cols, step,
-            slots)
+            *slot_args)
     kwargs = dict(mainloop_constants(prob, cfg), **consts)
     kwargs["enable_fp_fusion"] = False  # float outputs: the pass's rounding, no FMA
     return Launcher((Launch(pointwise_outputs_kernel, (grid,), args, kwargs),), storage)

@@ -33,7 +33,6 @@ from ...core import Epilogue, Precision
 from ...core.epilogue import EpilogueParams
 from ...reference.epilogue import requant_thresholds
 from .layer_outputs import (
-    OUTPUT_SLOT_CONSTEXPRS,
     Requantized,
     _requant_slot,
     _unused_slot,
@@ -41,17 +40,14 @@ from .layer_outputs import (
     emit_output,
     output_slot,
     requant_tile,
-    slot_tuples,
 )
 from .stored import store_values
 
 INT32_MIN = tl.constexpr(-(2**31))
 #: outputs one stem launch writes
 STEM_MAX_OUTPUTS = 3
-#: the order of an output slot's constexprs in the kernels' OUTS (`output_group`): those of
-#: `layer_outputs.emit_output`'s slots; the layer epilogue's `emit_slot` slots add RES, SAME,
-#: TABLE, TMIN after them (`layer_outputs.LAYER_SLOT_CONSTEXPRS`)
-SLOT_CONSTEXPRS = OUTPUT_SLOT_CONSTEXPRS
+#: the order of an output slot's constexprs in the kernels' OUTS (`output_group`)
+SLOT_CONSTEXPRS = ("KIND", "LAYOUT", "BITS", "QLO", "QMAX", "MODE")
 #: output kinds of `stem_outputs` beside netops' KIND_*: a 1-2 bit output by integer
 #: thresholds, and a derived output by its table
 KIND_THRESHOLDS = tl.constexpr(4)
@@ -323,7 +319,8 @@ def output_group(slots: list[tuple[tuple, dict]], placeholder: torch.Tensor
     per slot its runtime values (out, v1, v2, v3, v4, row, plane) and its constexprs in
     `SLOT_CONSTEXPRS` order; the unused ones of kind 0 (`netops._unused_slot`)."""
     full = [*slots, *(_unused_slot(placeholder) for _ in range(STEM_MAX_OUTPUTS - len(slots)))]
-    return slot_tuples(full, SLOT_CONSTEXPRS)
+    return (tuple(tuple(args) for args, _ in full),
+            tuple(tuple(consts[name] for name in SLOT_CONSTEXPRS) for _, consts in full))
 
 
 def threshold_slot(spec: object, slot: tuple[tuple, dict], k: int, device: torch.device
