@@ -828,16 +828,18 @@ def render_gpu_tests(files: list[Result]) -> list[str]:
     return out
 
 
-@suite("probes", "Probes", "benchmarks/probes/", benchmarks=("*_probe",))
+@suite("probes", "Probes", "benchmarks/probes/", benchmarks=("*_probe", "*_probe_*"))
 def render_probes(files: list[Result]) -> list[str]:
     """Files of the measurement-only probes (`<probe>-<stamp>.json`, rows of their own
-    shape), one link each; NOTES.md quotes what they showed."""
+    shape): the latest of each probe linked, the count of earlier ones (their files stay under
+    benchmarks/results/<gpu>/); NOTES.md quotes what they showed."""
     out = []
     for gpu, group in sorted(by_gpu(files)):
         probes: dict[str, list[Result]] = {}
-        for f in group:
+        for f in sorted(group, key=lambda f: f.order):
             probes.setdefault(f.benchmark, []).append(f)
-        runs = "; ".join(f"`{name}` " + ", ".join(f.link(f.stamp or f.name) for f in fs)
+        runs = "; ".join(f"`{name}` {fs[-1].link(fs[-1].stamp or fs[-1].name)}"
+                         + (f" (+{len(fs) - 1} earlier)" if len(fs) > 1 else "")
                          for name, fs in sorted(probes.items()))
         out += [f"Outputs that NOTES.md quotes, {gpu}: {runs}.", ""]
     return out
