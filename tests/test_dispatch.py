@@ -114,15 +114,6 @@ def test_records_come_first_and_kernel_for_builds(tmp_path):
                             tmp_path / "empty.sqlite", fallback=False)
 
 
-def test_choose_impl_covers_both_input_layouts():
-    w1a2 = BITS.replace(a_layout="int8", w_layout="int8")
-    impl, why = dispatch.predicted_impl(w1a2)
-    assert impl == TORCH_FP16 or get_template(impl).backend
-    assert "predicted" in why or impl == TORCH_FP16
-    impl8, _ = dispatch.predicted_impl(CONV)
-    assert impl8 not in FAMILY_NAMES | {LEGACY}
-
-
 def test_families_compete_as_one_group_under_the_untuned_default(monkeypatch):
     """Every family's candidates are predicted; another family's config wins only when it is
     predicted `margin` faster than `default_bitserial`'s kernel."""
@@ -169,25 +160,6 @@ def test_kernel_for_bitserial_default_and_old_records(monkeypatch, tmp_path):
         assert dispatch.kernel_for(BITS, db) == (TAP_SHIFT.name, BITS, cfg)
         pick = dispatch.choose(BITS, db=db, include_fp16=False)
         assert (pick.template, pick.config, pick.predicted_us) == (TAP_SHIFT.name, cfg, 7.0)
-
-
-def test_choose_impl_offers_fp16_only_where_the_engine_runs_it_exactly(monkeypatch):
-    """The engine's fp16 layer is exact on fp16 tensor cores only while |acc| < 2^24; beyond,
-    it is a float64 op, so the model's chooser must not pick FP16 there however fast the
-    cuDNN estimate is."""
-    seen = []
-
-    def fake_choose(wl, gpu=None, include_fp16=True, **kw):
-        seen.append(include_fp16)
-        return dispatch.Choice(TORCH_FP16 if include_fp16 else IGEMM.name, None, 1.0, "test")
-
-    monkeypatch.setattr(dispatch, "choose", fake_choose)
-    small = ConvWorkload(N=1, H=8, W=8, C=16, K=16, R=3, S=3, pad=1, w="s8", a="u8")
-    big = small.replace(C=1024)  # 9216 x 255 x 128 > 2^24
-    assert dispatch.acc_bound(small) < dispatch.FP16_EXACT_BOUND <= dispatch.acc_bound(big)
-    assert dispatch.predicted_impl(small)[0] == TORCH_FP16
-    assert dispatch.predicted_impl(big)[0] == IGEMM.name
-    assert seen == [True, False]
 
 
 def test_choose_measured_times_the_top_ranked_and_keeps_the_fastest(monkeypatch):

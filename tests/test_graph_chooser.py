@@ -121,6 +121,25 @@ def test_model_chooser_predicts_configs(resnet):
     assert isinstance(make_chooser("model"), ModelChooser)
 
 
+def test_model_chooser_keeps_the_measured_implementations(resnet):
+    """The model picks configs, never the implementation: every layer runs on the default
+    plan's kind of kernel (bit-serial family, int8 template or PyTorch fp16) with the same
+    operand layouts and fused outputs; only template-within-group and config may differ."""
+    q, x = resnet
+    default = _compile(q, x, records=False).plan
+    model = _compile(q, x, chooser="model", records=False).plan
+    assert [s.name for s in model.layers] == [s.name for s in default.layers]
+
+    def kind(s: Layer) -> str:
+        return "fp16" if s.impl == TORCH_FP16 else "bitserial" if is_bitserial(s.impl) else s.impl
+
+    for a, b in zip(default.layers, model.layers, strict=True):
+        assert (kind(b), b.workload.key) == (kind(a), a.workload.key), a.name
+        assert [o.tensor for o in b.layer_outputs] == [o.tensor for o in a.layer_outputs]
+    assert len(default.layers) >= 15
+    assert sum(kind(s) == "bitserial" for s in model.layers) >= 10
+
+
 def test_model_chooser_leaves_block_ends_to_their_defaults():
     """The performance model never measured a block-end epilogue (a residual read in the
     32-bit epilogue, derived outputs): those layers keep their default config, saying why;

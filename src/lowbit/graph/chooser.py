@@ -12,8 +12,9 @@ order:
    (`lowbit.tune.records`, the database `lowbit tune` writes), on the plan's GPU when it has
    one, else on any GPU;
 2. **predicted** (the "model" chooser only): the performance model's pick among the
-   templates' candidate configs (`lowbit.tune.dispatch.choose`), except on the block-end
-   epilogues its measurements never covered (`dispatch.outside_model_data`: the default);
+   candidate configs of the templates the layer may move to (`lowbit.tune.dispatch.choose`),
+   except on the block-end epilogues its measurements never covered
+   (`dispatch.outside_model_data`: the default);
 3. **default**: the template's own default config (`default_bitserial`'s kernel for a
    bit-serial layer: the untuned family and config measured best per regime).
 
@@ -24,8 +25,8 @@ accumulator written for a separate pass or for the fused multi-output epilogue k
 template).
 
 `make_chooser(name_or_chooser, records, gpu)` builds one: "default" (the measured policy of
-`lowbit.graph.impl.choose_impl`), "model" (implementations and configs by the performance
-model), or a callable `(workload) -> (impl, reason)` policy for implementations.
+`lowbit.graph.impl.choose_impl`), "model" (configs by the performance model, implementations by
+the measured policy), or a callable `(workload) -> (impl, reason)` policy for implementations.
 """
 
 from __future__ import annotations
@@ -167,15 +168,14 @@ class Chooser:
 
 
 class ModelChooser(Chooser):
-    """Implementations and configs by the performance model (`lowbit.tune.dispatch`), records
-    first where they have the layer."""
+    """Configs (and the bit-serial family) by the performance model (`lowbit.tune.dispatch`),
+    records first where they have the layer; implementations by the measured policy, as the
+    default chooser's. The model ranks one layer's kernels in isolation: moving a layer off
+    bit planes, or onto PyTorch fp16, changes its neighbours' operand layouts and which block
+    ends fuse, costs it cannot see (on ResNet-50 b256 w1a2 its implementation picks made the
+    network 2.64x slower than the tuned one: H100, tuning_network-20261207-091920.json)."""
 
     name = "model"
-
-    def implementation(self, workload: Workload) -> tuple[str, str]:
-        from ..tune.dispatch import predicted_impl
-
-        return predicted_impl(workload, self.gpu)
 
     def predicted(self, workload: Workload, impl: str) -> KernelChoice | None:
         from ..tune.dispatch import choose, outside_model_data

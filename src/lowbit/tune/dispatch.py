@@ -34,7 +34,6 @@ from ..kernels.base import (
     TORCH_FP16,
     Kernel,
     KernelTemplate,
-    acc_bound,
     block_end_refusal,
     get_template,
     templates,
@@ -47,8 +46,6 @@ from ..perfmodel.roofline import workload_bytes
 from .records import Record, RecordsDB
 
 DEFAULT_MARGIN = 0.10
-#: integer layers run exactly on fp16 tensor cores (fp32 accumulation) below this |sum|
-FP16_EXACT_BOUND = 2**24
 #: constants of `stream_estimate_us`: the fewest events-scale microseconds of any kernel in the
 #: measurement snapshot (5.6 us: launch, events, a minimal prologue and epilogue); a loaded DRAM
 #: round trip a weight tile waits for; the mma.sync int8 efficiency on padded rows (the
@@ -379,31 +376,6 @@ def outside_model_data(workload: Workload) -> str | None:
         return (f"the performance model has no measurements of block-end epilogues "
                 f"({epi.key})")
     return None
-
-
-def predicted_impl(workload: Workload, gpu: GpuSpec | str | None = None) -> tuple[str, str]:
-    """The "model" chooser's implementation policy (`lowbit.graph.chooser.ModelChooser`): the
-    implementation (a template name, or TORCH_FP16) predicted fastest over the input layouts the
-    layer may take — bit planes when both operands have <= 4 bits, one value per byte always —
-    and why. TORCH_FP16 is a candidate only where the engine runs it at fp16 speed: its exact fp16
-    path (fp16 tensor cores, fp32 accumulation) needs the worst-case |accumulator| below
-    2^24; beyond, the engine's fp16 layer is a float64 op, far slower than any estimate."""
-    from ..core import Layout
-
-    variants = [workload.replace(a_layout=Layout.INT8, w_layout=Layout.INT8)]
-    if workload.w.bits <= 4 and workload.a.bits <= 4:
-        variants.append(workload.replace(a_layout=Layout.BITPLANE, w_layout=Layout.BITPLANE))
-    fp16_exact = acc_bound(workload) < FP16_EXACT_BOUND
-    picks = []
-    for wl in variants:
-        try:
-            picks.append(choose(wl, gpu, include_fp16=fp16_exact))
-        except ValueError:
-            continue
-    if not picks:
-        return TORCH_FP16, "no template of ours supports it"
-    best = min(picks, key=lambda c: c.predicted_us)
-    return best.template, f"{best.reason} (predicted {best.predicted_us:.1f} us)"
 
 
 def kernel_for(workload: Workload, db: RecordsDB | str | Path | None = None,
