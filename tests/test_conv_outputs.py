@@ -138,9 +138,11 @@ BLOCK_END_CASES = {  # workload, config, residual, kinds, int32, (mid, relu)
 }
 
 
-def check_block_end(wl, kernel, res_prec, kinds, int32, mid, relu, device, seed=3):
+def check_block_end(wl, kernel, res_prec, kinds, int32, mid, relu, device, seed=3,
+                    conversion_free: bool = True) -> int:
     """`bind_conv_outputs` of block-end specs (test_triton_netops_block_end) on fresh random
-    inputs: the exact mode (INT32 where int32), one formula per tile, the reference's values."""
+    inputs: the exact mode (INT32 where int32), one formula per tile, the reference's values.
+    Returns the formula's mode."""
     x, w, params = random_inputs(wl, seed=seed, device=device)
     acc = run(wl, x, w, params).to(torch.int64).cpu()  # the int32 accumulator
     shape = tuple(acc.shape)
@@ -156,7 +158,8 @@ def check_block_end(wl, kernel, res_prec, kinds, int32, mid, relu, device, seed=
     outs = [poisoned(shape, sp.precision, LAYOUT_OF[kd]) if device == DEVICE else
             K.empty_packed(shape, sp.precision, LAYOUT_OF[kd], device)
             for sp, kd in zip(specs, kinds, strict=True)]
-    launch = bind_conv_outputs(kernel, x, w, params, specs, outs, residual)
+    launch = bind_conv_outputs(kernel, x, w, params, specs, outs, residual,
+                               conversion_free=conversion_free)
     (one,) = launch.launches
     assert (one.kwargs["MODE0"] == L.INT32) == int32
     assert [one.kwargs[f"SAME{j}"] for j in range(3)] == [0, 1, 1][:len(kinds)] + \
@@ -166,6 +169,7 @@ def check_block_end(wl, kernel, res_prec, kinds, int32, mid, relu, device, seed=
     for out, want in zip(outs, ref, strict=True):
         assert torch.equal(stored_values(out), want), out.precision
     assert all(int(v.unique().numel()) >= 3 for v in ref)
+    return one.kwargs["MODE0"]
 
 
 @pytest.mark.parametrize("name", sorted(BLOCK_END_CASES))
@@ -173,6 +177,18 @@ def test_block_end_outputs_equal_the_reference(name):
     wl, cfg, res_prec, kinds, int32, (mid, relu) = BLOCK_END_CASES[name]
     wl = wl.replace(epilogue=Epilogue())
     check_block_end(wl, kernel_for(wl, cfg), res_prec, kinds, int32, mid, relu, DEVICE)
+
+
+@pytest.mark.parametrize("conversion_free", [True, False], ids=["bit_tricks", "conversions"])
+@pytest.mark.parametrize("res_prec", ["u8", "s8"])
+def test_wide_block_end_in_either_float64_form(res_prec, conversion_free):
+    """The wide block end's float64 requantization with or without conversion instructions
+    (FAST_NARROW / FAST_NARROW_CVT, `epilogue.CONVERSION_FREE_FUSED_OUTPUTS`): the same
+    exact values."""
+    wl = ConvWorkload(N=2, H=5, W=7, C=24, K=40, R=1, S=1, a="u8")
+    mode = check_block_end(wl, kernel_for(wl, TINY), res_prec, ("mid", "u2"), False, "u8",
+                           True, DEVICE, seed=11, conversion_free=conversion_free)
+    assert mode == (L.FAST_NARROW if conversion_free else L.FAST_NARROW_CVT)
 
 
 def test_float_output_equals_the_separate_pass():

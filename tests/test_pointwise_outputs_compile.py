@@ -9,14 +9,11 @@ Offline: `run_module_report` compiles them in a fresh Python without TRITON_INTE
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
-import triton
 
-from triton_offline import run_module_report
+from triton_offline import module_report_or_skip, one_launch_rows
 
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 #: name: (N, H, C, K, residual, kinds, int32, (mid, relu))
 CASES = {
     "r50_u8res_u8_int32": (8, 56, 64, 256, "u8", ("mid",), True, ("u8", True)),
@@ -26,9 +23,9 @@ CASES = {
 }
 
 
-def _launchers() -> dict:
-    """name -> Launcher of the default pointwise config and outputs tile, bound on CPU
-    tensors (device checks off; nothing launched)."""
+def block_end_launchers(template: str, cases: dict) -> dict:
+    """name -> Launcher of `template`'s default config and fused-outputs tile for each of
+    `cases` (CASES' tuples), bound on CPU tensors (device checks off; nothing launched)."""
     import torch
 
     from lowbit.core import ConvWorkload, Epilogue, Layout, Precision
@@ -43,9 +40,9 @@ def _launchers() -> dict:
 
     templates.interpreting = stored.interpreting = lambda: True
     load_backends()
-    pointwise = get_template("triton.conv2d_pointwise")
+    conv = get_template(template)
     out = {}
-    for name, (n, h, c, k, res, kinds, int32, (mid, relu)) in CASES.items():
+    for name, (n, h, c, k, res, kinds, int32, (mid, relu)) in cases.items():
         wl = ConvWorkload(N=n, H=h, W=h, C=c, K=k, R=1, S=1, a="u8", epilogue=Epilogue())
         xs, ws, shape = (tuple(s) for s in operand_shapes(wl))
         params = random_inputs(wl.replace(N=1, H=1, W=1), seed=1, device="cpu")[2]
@@ -55,7 +52,7 @@ def _launchers() -> dict:
         outs = [K.empty_packed(shape, sp.precision, LAYOUT_OF[kd], "cpu")
                 for sp, kd in zip(specs, kinds, strict=True)]
         out[name] = bind_conv_outputs(
-            pointwise.build(wl, pointwise.default_config(wl)),
+            conv.build(wl, conv.default_config(wl)),
             torch.zeros(xs, dtype=torch.uint8), torch.zeros(ws, dtype=torch.int8), params,
             specs, outs, K.empty_packed(shape, p, Layout.INT8, "cpu"))
     return out
@@ -63,18 +60,11 @@ def _launchers() -> dict:
 
 @pytest.fixture(scope="module")
 def report() -> dict:
-    if not os.path.isdir(BIN):
-        pytest.skip("this Triton has no bundled NVIDIA tools (ptxas)")
-    return run_module_report(__file__)
+    return module_report_or_skip(__file__)
 
 
 def test_fused_outputs_compile_without_spill_or_float64_conversion(report):
-    failed = {k: v for k, v in report.items() if not isinstance(v, list)}
-    assert not failed, failed
-    assert sorted(report) == sorted(CASES)
-    rows = {k: r for k, (r,) in report.items()}
-    assert {r["kernel"] for r in rows.values()} == {"pointwise_outputs_kernel"}
-    assert all(r["spill_bytes"] == 0 for r in rows.values()), rows
+    rows = one_launch_rows(report, CASES, "pointwise_outputs_kernel")
     assert all(r["cvt_f64"] == 0 for r in rows.values()), rows
     # three programs of 128 threads fit a SM's 64 K registers (`pointwise_outputs`)
     assert all(r["regs"] <= 168 for r in rows.values()), rows
@@ -83,4 +73,4 @@ def test_fused_outputs_compile_without_spill_or_float64_conversion(report):
 if __name__ == "__main__":
     from triton_offline import launcher_report
 
-    print(json.dumps(launcher_report(_launchers())))
+    print(json.dumps(launcher_report(block_end_launchers("triton.conv2d_pointwise", CASES))))

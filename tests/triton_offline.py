@@ -191,6 +191,30 @@ def run_module_report(test_file: str, timeout_s: float = 900) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def module_report_or_skip(test_file: str) -> dict:
+    """`run_module_report(test_file)`; the calling test skipped where this Triton bundles no
+    NVIDIA tools (ptxas)."""
+    import pytest
+    import triton
+
+    if not os.path.isdir(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
+                                      "bin")):
+        pytest.skip("this Triton has no bundled NVIDIA tools (ptxas)")
+    return run_module_report(test_file)
+
+
+def one_launch_rows(report: dict, cases, kernel: str) -> dict:
+    """{case: its launch's row} of a `launcher_report`, after checking that every one of
+    `cases` compiled to one launch of `kernel` without spill."""
+    failed = {k: v for k, v in report.items() if not isinstance(v, list)}
+    assert not failed, failed
+    assert sorted(report) == sorted(cases)
+    rows = {k: r for k, (r,) in report.items()}
+    assert {r["kernel"] for r in rows.values()} == {kernel}
+    assert all(r["spill_bytes"] == 0 for r in rows.values()), rows
+    return rows
+
+
 def _main() -> None:
     results: list = []
     for case in json.loads(sys.stdin.read()):

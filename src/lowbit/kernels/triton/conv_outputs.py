@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from ...core import PackedTensor
+from .epilogue import CONVERSION_FREE_FUSED_OUTPUTS
 from .igemm import (
     Launch,
     grouped_tile,
@@ -129,15 +130,18 @@ def bind_conv_outputs(kernel: IgemmKernel, x: torch.Tensor, w: torch.Tensor, par
                       outputs: Sequence[OutputSpec], outs: Sequence[PackedTensor | torch.Tensor],
                       residual: PackedTensor | None = None, y_bound: int | None = None,
                       fast: bool = True, requant32: bool = True,
-                      tile: Mapping | None = None) -> Launcher:
+                      tile: Mapping | None = None,
+                      conversion_free: bool = CONVERSION_FREE_FUSED_OUTPUTS) -> Launcher:
     """Bind `kernel` (x, w, params as for `kernel.bind`) with the layer epilogue
     (`netops.bind_layer_epilogue`'s outputs, outs and residual, of the accumulator's logical
     shape, derived outputs and narrow residuals included) in its own epilogue; a launcher
     replaying the one launch. y_bound: max |acc| (default the workload's `acc_bound`), which
     with the vectors chooses each formula's exact mode (`layer_outputs.requant_mode`; fast,
-    requant32: allow FAST, INT32); tile: the output tile (`fused_config`). A
-    `triton.conv2d_pointwise` kernel runs its persistent launch instead
-    (`pointwise_outputs.bind_pointwise_outputs`, tile: its knobs). ValueError
+    requant32: allow FAST, INT32; conversion_free: FAST_NARROW, else FAST_NARROW_CVT, by
+    default the one this Triton compiles leaner, `epilogue.CONVERSION_FREE_FUSED_OUTPUTS`);
+    tile: the output tile (`fused_config`). A `triton.conv2d_pointwise` kernel runs its
+    persistent launch instead (`pointwise_outputs.bind_pointwise_outputs`, tile: its knobs;
+    FAST_NARROW where it applies). ValueError
     (`fused_reason`, or the outputs' and residual's checks) before any launch."""
     if isinstance(kernel, PointwiseKernel):
         return bind_pointwise_outputs(kernel, x, w, params, outputs, outs, residual, y_bound,
@@ -149,7 +153,7 @@ def bind_conv_outputs(kernel: IgemmKernel, x: torch.Tensor, w: torch.Tensor, par
     cfg = fused_config(kernel.config, tile)
     zp, res_args, slot_args, consts, storage = fused_arguments(
         kernel.workload, prob.a_zero, x, w, params, outputs, outs, residual, y_bound, fast,
-        requant32)
+        requant32, conversion_free)
     args = (x, w, zp, res_args[0], prob.M, prob.NOUT, prob.H, prob.W, prob.C, prob.P, prob.Q,
             prob.stride, prob.pad, prob.x_row, prob.w_row, splits_iters(prob, cfg),
             res_args[1], res_args[2], *slot_args)

@@ -81,12 +81,13 @@ def fused_arguments(wl: Workload, a_zero: int, x: torch.Tensor, w: torch.Tensor,
                     outputs: Sequence[OutputSpec],
                     outs: Sequence[PackedTensor | torch.Tensor],
                     residual: PackedTensor | None, y_bound: int | None, fast: bool,
-                    requant32: bool) -> tuple[torch.Tensor, tuple, list, dict, tuple]:
+                    requant32: bool, conversion_free: bool = True
+                    ) -> tuple[torch.Tensor, tuple, list, dict, tuple]:
     """The checked arguments of a launch of `wl`'s kernel writing the layer epilogue
-    (`conv_outputs.bind_conv_outputs`' conventions): (the zero-point terms where a_zero, else
-    x; the residual's (data, row, plane); the slots' arguments in order; the residual's and
-    the slots' constexprs; the outputs' storage tensors). ValueError / TypeError naming the
-    argument before any launch."""
+    (`conv_outputs.bind_conv_outputs`' conventions; conversion_free: `layer_slots`'): (the
+    zero-point terms where a_zero, else x; the residual's (data, row, plane); the slots'
+    arguments in order; the residual's and the slots' constexprs; the outputs' storage
+    tensors). ValueError / TypeError naming the argument before any launch."""
     if not isinstance(outs, (list, tuple)) or len(outs) != len(outputs):
         raise ValueError("outputs and outs must be sequences of the same length")
     check_inputs(wl, x, w, params)
@@ -95,7 +96,7 @@ def fused_arguments(wl: Workload, a_zero: int, x: torch.Tensor, w: torch.Tensor,
     y_bound = acc_bound(wl) if y_bound is None else int(y_bound)
     res_args, res_consts, res_bound = residual_slot(residual, shape, x)
     (slots,) = layer_slots(outputs, outs, shape, x.device, x, residual is not None, y_bound,
-                           res_bound, fast, requant32, FUSED_OUTPUTS_MAX)
+                           res_bound, fast, requant32, FUSED_OUTPUTS_MAX, conversion_free)
     zp = bound_terms(wl, w, x.device) if a_zero else x
     slot_args, slot_consts = slot_kwargs(slots)
     storage = tuple(o.data if isinstance(o, PackedTensor) else o for o in outs)

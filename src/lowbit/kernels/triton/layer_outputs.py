@@ -20,7 +20,9 @@ the bounds |y| <= y_bound, |res| <= res_bound (`requant_mode`):
   integer below 2^53 scaled by a power of two, hence exact; FAST_NARROW where the results
   also fit int32 and the sums stay below 2^52: the integer nearest y (m 2^-s) + res (r 2^-s)
   + (b + 1/2) 2^-s, with no conversion instruction (`epilogue.nearest_int32`), the clamp in
-  int32;
+  int32; FAST_NARROW_CVT the same results as FAST's floor converted to int32 (for the Triton
+  versions that compile the conversion-free form in more registers,
+  `epilogue.CONVERSION_FREE_FUSED_OUTPUTS`);
 - DIRECT: int64 where the sum plus the rounding term stays below 2^63; else SPLIT (the
   reference's split sum).
 Float output (`Dequantized`): float32(y scale + offset + res residual_scale) in float64 (the
@@ -40,9 +42,9 @@ from ...core import Encoding, PackedTensor, Precision
 from ...reference.netops import FloatOutput, RequantizedOutput, derived_table, requant32_fits
 from .epilogue import (
     HALF_STEP_EXACT,
+    as_float64,
     clamp_integral,
     half_step_bias,
-    int32_to_float64,
     nearest_int32,
 )
 from .stored import (
@@ -68,6 +70,9 @@ DIRECT, SPLIT, FAST = 0, 1, 2
 FAST_NARROW = 3
 #: int32 multiply-adds (module docstring)
 INT32 = 4
+#: FAST_NARROW's results with conversion instructions: FAST's vectors and floor, the clamp
+#: in int32 (module docstring)
+FAST_NARROW_CVT = 5
 #: |residual values| the epilogue takes (24-bit wide realizations)
 RESIDUAL_LIMIT = 2**23
 #: multipliers and biases are int64: a residual layer's shared shift can give multipliers
@@ -225,7 +230,8 @@ def requant_tile(y, res, c0, K, v1_ptr, v2_ptr, v3_ptr, v4_ptr, QLO: tl.constexp
     """int32 clamp(floor((y m + b + res r + 2^(s-1)) / 2^s), QLO, QMAX) of an int32 tile y
     [rows, BLOCK_C] (channels c0 ..) and its residual values res, in MODE (module docstring).
     v1 multiplier, v2 residual multiplier, v3 shift (int32 [K]), v4 b: int64 (DIRECT,
-    SPLIT), times 2^-s in float64 (FAST, FAST_NARROW), int32 with v4 = b + 2^(s-1) (INT32)."""
+    SPLIT), times 2^-s in float64 (FAST, FAST_NARROW, FAST_NARROW_CVT), int32 with
+    v4 = b + 2^(s-1) (INT32)."""
     chan = c0 + tl.arange(0, BLOCK_C)
     c_mask = chan < K
     if MODE == 4:  # INT32
@@ -246,16 +252,19 @@ def requant_tile(y, res, c0, K, v1_ptr, v2_ptr, v3_ptr, v4_ptr, QLO: tl.constexp
         # the rounding term joins the bias: FAST (b + 2^(s-1)) 2^-s, then the floor;
         # FAST_NARROW (b + 1/2) 2^-s, then the nearest integer (`epilogue.half_step_bias`),
         # the int32 -> float64 conversions and that rounding without conversion
-        # instructions (`epilogue.int32_to_float64`, `nearest_int32`)
+        # instructions (`epilogue.int32_to_float64`, `nearest_int32`); FAST_NARROW_CVT as
+        # FAST with conversion instructions, the clamp in int32
         if MODE == 3:
-            v = tl.fma(int32_to_float64(y.to(tl.int32)), ms[None, :], bs[None, :])
+            v = tl.fma(as_float64(y, False), ms[None, :], bs[None, :])
         else:
-            v = tl.fma(int32_to_float64(y.to(tl.int32)), ms[None, :], (bs + 0.5)[None, :])
+            v = tl.fma(as_float64(y, MODE == 5), ms[None, :], (bs + 0.5)[None, :])
         if HAS_RES:
             rs = tl.load(v2_ptr + chan, mask=c_mask, other=0.0)
-            v = tl.fma(int32_to_float64(res.to(tl.int32)), rs[None, :], v)
+            v = tl.fma(as_float64(res, MODE == 5), rs[None, :], v)
         if MODE == 3:  # FAST_NARROW
             q = tl.minimum(tl.maximum(nearest_int32(v), QLO), QMAX)
+        elif MODE == 5:  # FAST_NARROW_CVT
+            q = tl.minimum(tl.maximum(tl.math.floor(v).to(tl.int32), QLO), QMAX)
         else:
             q = clamp_integral(tl.math.floor(v), QLO, QMAX)
     else:
@@ -354,9 +363,11 @@ def _unused_slot(placeholder: torch.Tensor) -> tuple[tuple, dict]:
 
 def _requant_slot(i: int, spec: Requantized, out: object, shape: tuple[int, ...],
                   device: torch.device, has_residual: bool, y_bound: int, res_bound: int,
-                  fast: bool, requant32: bool) -> tuple[tuple, dict, tuple]:
+                  fast: bool, requant32: bool, conversion_free: bool = True
+                  ) -> tuple[tuple, dict, tuple]:
     """(args, constexprs, formula key) of a requantized output: args (out, v1, v2, v3, v4,
-    row, plane) as `requant_tile` reads them; the key equal for outputs of one formula."""
+    row, plane) as `requant_tile` reads them; the key equal for outputs of one formula.
+    conversion_free: FAST_NARROW where it applies, else FAST_NARROW_CVT."""
     p = check_packed(f"outs[{i}]", out, shape, device)
     if str(p.precision) != str(spec.precision):
         raise ValueError(f"outs[{i}] holds {p.precision} but outputs[{i}] requantizes to "
@@ -376,9 +387,11 @@ def _requant_slot(i: int, spec: Requantized, out: object, shape: tuple[int, ...]
         raise ValueError(f"outputs[{i}]: y m or res r may leave int64 (|y| <= {y_bound}, "
                          f"|res| <= {res_bound})")
     mode = requant_mode(spec, k, y_bound, res_bound, fast, requant32)
-    if mode == FAST and fits_int32(mult, rmul, bias, shift.cpu(), y_bound, res_bound) and \
-            sum_bound(mult, rmul, bias, shift.cpu(), y_bound, res_bound) < HALF_STEP_EXACT:
-        mode = FAST_NARROW
+    if mode == FAST and fits_int32(mult, rmul, bias, shift.cpu(), y_bound, res_bound):
+        if not conversion_free:
+            mode = FAST_NARROW_CVT
+        elif sum_bound(mult, rmul, bias, shift.cpu(), y_bound, res_bound) < HALF_STEP_EXACT:
+            mode = FAST_NARROW
     key = (str(spec.formula_precision), spec.relu, res_on, *(tuple(v.tolist()) for v in (
         mult, shift.cpu(), bias, rmul)))
     s_cpu = shift.cpu().to(torch.int64)
@@ -386,7 +399,7 @@ def _requant_slot(i: int, spec: Requantized, out: object, shape: tuple[int, ...]
         v1 = mult.to(torch.int32).to(device)
         v4 = (bias + (1 << (s_cpu - 1))).to(torch.int32).to(device)
         rmul = rmul.to(torch.int32).to(device)
-    elif mode in (FAST, FAST_NARROW):  # m, r, b times 2^-s in float64: exact (< 2^53)
+    elif mode in (FAST, FAST_NARROW, FAST_NARROW_CVT):  # times 2^-s: exact (< 2^53)
         scaled = torch.pow(2.0, -s_cpu.to(torch.float64))
         v1 = (mult.to(torch.float64) * scaled).to(device)
         v4 = (half_step_bias(bias, scaled) if mode == FAST_NARROW else
@@ -451,11 +464,13 @@ def _unused_layer_slot(placeholder: torch.Tensor) -> tuple[tuple, dict]:
 def layer_slots(outputs: Sequence[OutputSpec], outs: Sequence[PackedTensor | torch.Tensor],
                 shape: tuple[int, ...], device: torch.device, placeholder: torch.Tensor,
                 has_residual: bool, y_bound: int, res_bound: int, fast: bool,
-                requant32: bool, per_launch: int) -> list[list[tuple[tuple, dict]]]:
+                requant32: bool, per_launch: int, conversion_free: bool = True
+                ) -> list[list[tuple[tuple, dict]]]:
     """The `emit_slot` slots of the outputs, in launches of `per_launch` slots (the last one
     padded with unused slots): each (args (out, v1, v2, v3, v4, table, row, plane),
     constexprs). Outputs of one formula are consecutive slots, all but the first of a launch
-    SAME. Checks every spec and buffer (ValueError / TypeError naming outputs[i] / outs[i])."""
+    SAME. conversion_free: `_requant_slot`'s. Checks every spec and buffer (ValueError /
+    TypeError naming outputs[i] / outs[i])."""
     slots = []  # (args, consts, key)
     for i, (s, o) in enumerate(zip(outputs, outs, strict=True)):
         spec = as_output_spec(i, s)
@@ -465,7 +480,7 @@ def layer_slots(outputs: Sequence[OutputSpec], outs: Sequence[PackedTensor | tor
                           dict(consts, SAME=0, TABLE=False, TMIN=0), None))
             continue
         args, consts, key = _requant_slot(i, spec, o, shape, device, has_residual, y_bound,
-                                          res_bound, fast, requant32)
+                                          res_bound, fast, requant32, conversion_free)
         table = placeholder if spec.table is None else \
             spec.table.to(torch.int32).contiguous().to(device)
         consts.update(SAME=0, TABLE=spec.table is not None,
@@ -517,7 +532,7 @@ def slot_kwargs(slots: Sequence[tuple[tuple, dict]]) -> tuple[list, dict]:
     return args, kwargs
 
 
-__all__ = ["DIRECT", "FAST", "FAST_NARROW", "INT32", "SPLIT", "Dequantized", "OutputSpec",
-           "Requantized", "as_output_spec", "emit_output", "emit_slot", "fits_int32",
+__all__ = ["DIRECT", "FAST", "FAST_NARROW", "FAST_NARROW_CVT", "INT32", "SPLIT", "Dequantized",
+           "OutputSpec", "Requantized", "as_output_spec", "emit_output", "emit_slot", "fits_int32",
            "layer_slots", "output_slot", "requant_mode", "requant_tile", "residual_slot",
            "slot_kwargs"]
