@@ -21,7 +21,7 @@ def _launchers() -> dict:
     """name -> Launcher, built on CPU tensors (device checks off)."""
     import torch
 
-    from lowbit.core import Layout
+    from lowbit.core import Layout, WidePrecision
     from lowbit.kernels.triton import netops as K
     from lowbit.kernels.triton import stem as S
     from lowbit.kernels.triton import stored
@@ -60,6 +60,11 @@ def _launchers() -> dict:
         "avgpool_global": K.bind_avgpool2d(x_i8, K.empty_packed((8, 1, 1, 64), "s8",
                                                                 Layout.INT8, "cpu"),
                                            None, None, 0, 2**30, 40),
+        # (above: 112 x 112 split 25 ways, two kernels) ResNet-50's head pool: one reduction
+        "avgpool_global_head": K.bind_avgpool2d(
+            K.empty_packed(shape, WidePrecision(16), Layout.INT8, "cpu"),
+            K.empty_packed((8, 1, 1, 2048), "u4", Layout.BITPLANE, "cpu"), None, None, 0,
+            2**30, 40, relu=True),
         "quantize_image": K.bind_quantize_image(
             torch.empty(8, 3, 224, 224, dtype=torch.float16), 0.02,
             K.empty_packed((8, 224, 224, 3), "s8", Layout.BITPLANE, "cpu"),
@@ -130,8 +135,9 @@ def reports() -> dict:
 
 
 @pytest.mark.parametrize("name", ["layer_epilogue", "maxpool_bitplane", "avgpool_global",
-                                  "quantize_image", "stem_resnet", "stem_alexnet",
-                                  "layer_epilogue_block_end", "conv_outputs_block_end_int32",
+                                  "avgpool_global_head", "quantize_image", "stem_resnet",
+                                  "stem_alexnet", "layer_epilogue_block_end",
+                                  "conv_outputs_block_end_int32",
                                   "conv_outputs_block_end_float64", "conv_epilogue_int32"])
 def test_compiles_for_sm90_without_spills(reports, name):
     """Every launch compiles; none spills, except the stem's conv kernel (255 registers: its

@@ -3,8 +3,10 @@
 (`lowbit.graph.ir`): max and average pools (global included) reading and writing INT8 or
 BITPLANE (and wide 9-32 bit tensors one value per element, `WidePrecision`); bit-plane
 max pools of up to 4 planes run on the words themselves (bit-sliced compares, 32 channels per
-operation); `bind_avgpool_windows` takes any windows (adaptive pools, several divisors, ReLU)
-from per-axis tables."""
+operation); a global average pool of few (image, channel block) programs splits its map over
+several programs (int32 partial sums, then a second kernel sums and requantizes them:
+`global_pool_splits`); `bind_avgpool_windows` takes any windows (adaptive pools, several
+divisors, ReLU) from per-axis tables."""
 
 from __future__ import annotations
 
@@ -41,6 +43,27 @@ from .stored import (
 GLOBAL_POOL_PROGRAMS = 4096
 
 
+#: a global pool's reduction is split over the map (`global_pool_splits`) so that its programs
+#: number at least this many (four per SM) ...
+SPLIT_POOL_PROGRAMS = 4 * TARGET.sms
+#: ... and each reduces at most this many pixels: 8 tiles of 64 pixels. A program's tiles run
+#: one after another at ~1 us a tile (latency-bound: EfficientNet-B0's squeeze-excite pool,
+#: b64 112x112x32, 64 programs of 196 tiles, took 190 us on an H100), so 8-tile chunks keep
+#: the chain well under the map's read time (17 us there; 1,600 programs of 8 tiles)
+SPLIT_POOL_CHUNK = 512
+#: ... but no split leaves a program fewer pixels than this (4 tiles): the partial sums'
+#: second kernel (~2 us with its launch) costs more than the tiles a smaller chunk saves
+SPLIT_POOL_MIN_CHUNK = 256
+
+
+@triton.jit
+def _avg_requant(acc, mult, shift, QMIN: tl.constexpr, QMAX: tl.constexpr):
+    """clamp(floor((acc m + 2^(s-1)) / 2^s), QMIN, QMAX) of 2-D int32 sums acc, as int32."""
+    sh = tl.full((1, 1), shift, tl.int64)
+    q = requant_round(acc.to(tl.int64) * mult, sh)
+    return tl.minimum(tl.maximum(q, QMIN), QMAX).to(tl.int32)
+
+
 @triton.jit
 def pool2d_kernel(
     x_ptr, out_ptr, NPQ, H, W, C, P, Q, KH, KW, stride, pad, x_row, x_plane, o_row, o_plane,
@@ -74,34 +97,63 @@ def pool2d_kernel(
         else:
             acc = tl.where(ok[:, None], tl.maximum(acc, v), acc)
     if AVG:
-        z = acc.to(tl.int64) * mult
-        sh = tl.full((1, 1), shift, tl.int64)
-        acc = tl.minimum(tl.maximum(requant_round(z, sh), QMIN), QMAX).to(tl.int32)
+        acc = _avg_requant(acc, mult, shift, QMIN, QMAX)
     store_values(out_ptr, acc, pix, pix_mask, c0, C, o_row, o_plane, O_LAYOUT, O_BITS, O_ENC,
                  BLOCK_P, BLOCK_C)
 
 
 @triton.jit
 def global_avgpool_kernel(
-    x_ptr, out_ptr, HW, C, x_row, x_plane, o_row, o_plane, mult, shift,
-    X_LAYOUT: tl.constexpr, X_BITS: tl.constexpr, X_ENC: tl.constexpr,
+    x_ptr, out_ptr, part_ptr, N, HW, C, CHUNK, x_row, x_plane, o_row, o_plane, mult, shift,
+    PARTIAL: tl.constexpr, X_LAYOUT: tl.constexpr, X_BITS: tl.constexpr, X_ENC: tl.constexpr,
     O_LAYOUT: tl.constexpr, O_BITS: tl.constexpr, O_ENC: tl.constexpr,
     QMIN: tl.constexpr, QMAX: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """Global average pool of image n, channels c0 .. c0 + BLOCK_C: the whole map's sum as
-    BLOCK_HW-pixel tiles summed in a reduction (all loads of a tile in flight at once), then
-    requantized as `pool2d_kernel`'s average."""
+    """Global average pool of image n, channels c0 .. c0 + BLOCK_C over pixels
+    split * CHUNK .. (split + 1) * CHUNK of its map: their sum as BLOCK_HW-pixel tiles summed
+    in a reduction (all loads of a tile in flight at once), then requantized as
+    `pool2d_kernel`'s average (CHUNK = HW, one split), or (PARTIAL) stored as int32 at
+    part[split, n, c] for `global_pool_finish_kernel`."""
     n = tl.program_id(0)
     c0 = tl.program_id(1) * BLOCK_C
+    split = tl.program_id(2)
+    start = split * CHUNK
+    end = tl.minimum(start + CHUNK, HW)
     acc = tl.zeros((BLOCK_C,), dtype=tl.int32)
-    for h0 in range(0, HW, BLOCK_HW):
+    for h0 in range(start, end, BLOCK_HW):
         hw = h0 + tl.arange(0, BLOCK_HW)
-        v = load_values(x_ptr, n * HW + hw, hw < HW, c0, C, x_row, x_plane, X_LAYOUT, X_BITS,
+        v = load_values(x_ptr, n * HW + hw, hw < end, c0, C, x_row, x_plane, X_LAYOUT, X_BITS,
                         X_ENC, BLOCK_HW, BLOCK_C)
         acc += tl.sum(v, axis=0)
-    sh = tl.full((1, BLOCK_C), shift, tl.int64)
-    q = requant_round(acc[None, :].to(tl.int64) * mult, sh)
-    q = tl.minimum(tl.maximum(q, QMIN), QMAX).to(tl.int32)
+    if PARTIAL:
+        chan = c0 + tl.arange(0, BLOCK_C)
+        tl.store(part_ptr + (split * N + n) * C + chan, acc, mask=chan < C)
+    else:
+        q = _avg_requant(acc[None, :], mult, shift, QMIN, QMAX)
+        pix = tl.full((1,), n, tl.int32)
+        store_values(out_ptr, q, pix, pix >= 0, c0, C, o_row, o_plane, O_LAYOUT, O_BITS,
+                     O_ENC, 1, BLOCK_C)
+
+
+@triton.jit
+def global_pool_finish_kernel(
+    part_ptr, out_ptr, N, C, SPLITS, o_row, o_plane, mult, shift,
+    O_LAYOUT: tl.constexpr, O_BITS: tl.constexpr, O_ENC: tl.constexpr,
+    QMIN: tl.constexpr, QMAX: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Image n, channels c0 .. c0 + BLOCK_C of a split global pool: the int32 partial sums
+    part[0 .. SPLITS, n, c] summed (BLOCK_S splits a load; exact: every partial and running
+    sum is a sum of some of the map's values, below 2^31), then requantized."""
+    n = tl.program_id(0)
+    c0 = tl.program_id(1) * BLOCK_C
+    chan = c0 + tl.arange(0, BLOCK_C)
+    acc = tl.zeros((BLOCK_C,), dtype=tl.int32)
+    for s0 in range(0, SPLITS, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        ok = (s < SPLITS)[:, None] & (chan < C)[None, :]
+        acc += tl.sum(tl.load(part_ptr + (s[:, None] * N + n) * C + chan[None, :], mask=ok,
+                              other=0), axis=0)
+    q = _avg_requant(acc[None, :], mult, shift, QMIN, QMAX)
     pix = tl.full((1,), n, tl.int32)
     store_values(out_ptr, q, pix, pix >= 0, c0, C, o_row, o_plane, O_LAYOUT, O_BITS, O_ENC, 1,
                  BLOCK_C)
@@ -329,7 +381,8 @@ def bind_avgpool2d(x: PackedTensor, out: PackedTensor, kernel: int | None,
                    stride: int | None, pad: int, multiplier: int | torch.Tensor,
                    shift: int | torch.Tensor, relu: bool = False) -> Launcher:
     """Average pool requantized into `out`'s precision (`reference.avgpool2d_int`; scalar
-    multiplier and shift; relu: clamp at 0 too); kernel None: global (adaptive to 1x1).
+    multiplier and shift; relu: clamp at 0 too); kernel None: global (adaptive to 1x1; its map
+    split over programs where they are few, `global_pool_splits`).
     |window sum| must stay below 2^31 (|v| <= 255: windows of up to 2^23 elements)."""
     x = check_packed("x", x)
     m, s = _avg_constants(x, multiplier, shift)
@@ -410,17 +463,44 @@ def bind_avgpool_windows(x: PackedTensor, out: PackedTensor,
                             kwargs),), (out.data,))
 
 
+def global_pool_splits(n: int, c_blocks: int, hw: int, block_hw: int) -> tuple[int, int]:
+    """(splits, pixels a split) of a global pool's reduction over `hw` pixels with n x c_blocks
+    (image, channel block) programs: chunks of at most SPLIT_POOL_CHUNK pixels, more splits
+    while the programs number fewer than SPLIT_POOL_PROGRAMS and the chunks keep
+    SPLIT_POOL_MIN_CHUNK pixels; a chunk is whole block_hw tiles. (1, hw): no split."""
+    splits = max(cdiv(hw, SPLIT_POOL_CHUNK),
+                 min(cdiv(SPLIT_POOL_PROGRAMS, n * c_blocks), hw // SPLIT_POOL_MIN_CHUNK))
+    if splits <= 1:
+        return 1, hw
+    chunk = cdiv(cdiv(hw, splits), block_hw) * block_hw
+    return cdiv(hw, chunk), chunk
+
+
 def _global_pool_launch(x: PackedTensor, out: PackedTensor, mult: int, shift: int,
                         low: int | None = None) -> Launcher:
+    """One reduction per (image, channel block) program, its map split over several programs
+    (`global_pool_splits`) into an int32 [splits, N, C] scratch the launcher owns, summed and
+    requantized by `global_pool_finish_kernel`."""
     n, h, w, c = x.shape
     x_row, x_plane = storage_strides(x)
     o_row, o_plane = storage_strides(out)
     bc = min(64, channel_tile(c))
     bhw = max(16, min(64, 1 << (h * w - 1).bit_length()))
-    args = (x.data, out.data, h * w, c, x_row, x_plane, o_row, o_plane, mult, shift)
-    kwargs = dict(**_codes(x, out, low), BLOCK_HW=bhw, BLOCK_C=bc, num_warps=4)
-    return Launcher((Launch(global_avgpool_kernel, (n, cdiv(c, bc)), args, kwargs),),
-                    (out.data,))
+    splits, chunk = global_pool_splits(n, cdiv(c, bc), h * w, bhw)
+    codes = _codes(x, out, low)
+    part = (torch.empty((splits, n, c), dtype=torch.int32, device=x.data.device)
+            if splits > 1 else out.data)
+    args = (x.data, out.data, part, n, h * w, c, chunk, x_row, x_plane, o_row, o_plane, mult,
+            shift)
+    kwargs = dict(PARTIAL=splits > 1, **codes, BLOCK_HW=bhw, BLOCK_C=bc, num_warps=4)
+    launches = [Launch(global_avgpool_kernel, (n, cdiv(c, bc), splits), args, kwargs)]
+    if splits > 1:
+        args = (part, out.data, n, c, splits, o_row, o_plane, mult, shift)
+        kwargs = dict(**{k: v for k, v in codes.items() if not k.startswith("X_")},
+                      BLOCK_S=min(32, 1 << (splits - 1).bit_length()), BLOCK_C=bc,
+                      num_warps=4)
+        launches.append(Launch(global_pool_finish_kernel, (n, cdiv(c, bc)), args, kwargs))
+    return Launcher(tuple(launches), (out.data,))
 
 
 def maxpool2d(x: PackedTensor, kernel: int, stride: int | None = None, pad: int = 0,
