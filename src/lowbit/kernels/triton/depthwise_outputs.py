@@ -15,11 +15,14 @@ outs, residual)` bit for bit with no int32 tensor.
 The launch keeps the kernel's config (tile, warps, tap loop, MAC) unless `tile` overrides
 BLOCK_PIX, BLOCK_C and num_warps; bit-plane outputs pack 32 channels a word, so a tile of
 16 channels becomes 32 wide and half as tall (`outputs_config`). The epilogue runs after the
-taps, whose input tiles are dead by then, so its float64 requantization and two outputs
-live beside the accumulator alone: offline for sm_90 (Triton 3.6, ptxas), EfficientNet-B0's
-depthwise layers at batch 64 on their default configs (32 accumulators a thread on 4 warps)
-compile without spill with a SiLU table output and a requantized one
-(tests/test_depthwise_outputs_compile.py records the registers).
+taps, whose input tiles are dead by then, but a table output gathers one int32 a value
+through its own 64-bit address: offline for sm_90 with the device's Triton 3.6 (ptxas),
+EfficientNet-B0's depthwise layers at batch 64 on their default dp4a configs (32 values a
+thread on 4 warps) with the SiLU table into s16 beside the stored s8 mid reach 250-255
+registers (no spill: one or two programs a SM), with one plain requantized s8 output
+112-152. With a table the default tile is halved to TABLE_VALUES_MAX values a thread:
+164-168 registers without spill, three programs of 128 threads a SM (Triton 3.9: 72-86).
+(tests/test_depthwise_outputs_compile.py)
 """
 
 from __future__ import annotations
