@@ -35,6 +35,8 @@ import triton
 import triton.language as tl
 
 from ...core import PackedTensor
+from .depthwise import DepthwiseKernel
+from .depthwise_outputs import bind_depthwise_outputs
 from .epilogue import CONVERSION_FREE_FUSED_OUTPUTS
 from .igemm import (
     Launch,
@@ -145,6 +147,9 @@ def bind_conv_outputs(kernel: IgemmKernel, x: torch.Tensor, w: torch.Tensor, par
     (`fused_reason`, or the outputs' and residual's checks) before any launch."""
     if isinstance(kernel, PointwiseKernel):
         return bind_pointwise_outputs(kernel, x, w, params, outputs, outs, residual, y_bound,
+                                      fast, requant32, tile)
+    if isinstance(kernel, DepthwiseKernel):
+        return bind_depthwise_outputs(kernel, x, w, params, outputs, outs, residual, y_bound,
                                       fast, requant32, tile)
     reason = fused_reason(kernel, len(outputs) if isinstance(outputs, (list, tuple)) else 0)
     if reason:

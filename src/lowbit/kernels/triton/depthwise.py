@@ -58,16 +58,18 @@ from ...core.validate import operand_shapes, out_storage, storage_shape
 from ...quant.packing import unpack
 from ..base import EXACT_INT32, KernelTemplate, acc_bound, pow2_ceil
 from .depthwise_taps import (
-    dot4,
+    channel_gather,
+    channel_tile,
     dp4a_asm,
     tap_group_sum,
     tap_group_words,
     tap_groups_reason,
+    tap_product,
     transpose_asm,
 )
-from .epilogue import SRC_PACKED, decode_values, epilogue_store
+from .epilogue import SRC_PACKED, epilogue_store
 from .igemm import Launch, Problem, cdiv, output_pixels
-from .templates import IgemmKernel, int8_refusal, problem
+from .templates import LAYER_OUTPUTS_MAX, IgemmKernel, int8_refusal, problem
 
 #: accumulators per thread above which the unrolled taps spill (the taps' input tiles are in
 #: flight beside them; sm_90, offline ptxas: 32 a thread use 164-244 registers, 64 spill)
@@ -86,135 +88,19 @@ ROW_ALIGN = 128
 
 
 @triton.jit
-def channel_tile(ptr, row_off, c0, byte0, c_end, byte_end, pix_mask,
-                 SRC: tl.constexpr, BITS: tl.constexpr, ENC: tl.constexpr, VEC: tl.constexpr,
-                 BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr):
-    """int32 values [BLOCK_PIX, BLOCK_C] of channels c0 + [0, BLOCK_C) of the rows starting at
-    row_off (storage elements), 0 where pix_mask is false and at channels >= c_end. PACKED rows
-    (SRC_PACKED; c0 a multiple of 8 // BITS, byte0 = c0 * BITS / 8) are loaded as
-    BLOCK_C * BITS / 8 bytes a row from byte0, those below byte_end (the bytes of channels
-    < c_end), and split in registers: only the packed bytes cross DRAM, as wide vectors where
-    the compiler knows byte0 and byte_end as multiples (pass products of constants, not
-    quotients). VEC: a power of two dividing row_off and, in storage elements, both ends of
-    the loaded run (c0 and c_end, or byte0 and byte_end): the in-row mask is constant over
-    aligned runs of VEC, so loads stay VEC wide where the end is a run-time value."""
-    chan = c0 + tl.arange(0, BLOCK_C)
-    mask = pix_mask[:, None] & (chan < c_end)[None, :]
-    if SRC == 1:
-        PER: tl.constexpr = 8 // BITS
-        NB: tl.constexpr = BLOCK_C // PER
-        byte = byte0 + tl.arange(0, NB)
-        in_row = byte < byte_end
-        if VEC > 1:
-            in_row = tl.max_constancy(in_row, VEC)
-        raw = tl.load(ptr + row_off[:, None] + byte[None, :],
-                      mask=pix_mask[:, None] & in_row[None, :], other=0)
-        shift = tl.arange(0, PER) * BITS
-        pat = (raw.to(tl.int32)[:, :, None] >> shift[None, None, :]) & ((1 << BITS) - 1)
-        val = decode_values(tl.reshape(pat, (BLOCK_PIX, BLOCK_C)), BITS, ENC)
-        val = tl.where(mask, val, 0)
-    else:
-        in_row = chan < c_end
-        if VEC > 1:
-            in_row = tl.max_constancy(in_row, VEC)
-        val = tl.load(ptr + row_off[:, None] + chan[None, :],
-                      mask=pix_mask[:, None] & in_row[None, :], other=0).to(tl.int32)
-    return val
-
-
-@triton.jit
-def channel_gather(ptr, row_off, chan, mask, SRC: tl.constexpr, BITS: tl.constexpr,
-                   ENC: tl.constexpr):
-    """int32 values [rows, len(chan)] of channel chan[j] of the rows starting at row_off
-    (storage elements), 0 where mask is false: lanes may repeat a channel (a group's input
-    read by each of its filters; the repeats share the load's sectors). PACKED rows
-    (SRC_PACKED): the byte holding the channel, split in registers."""
-    if SRC == 1:
-        PER: tl.constexpr = 8 // BITS
-        raw = tl.load(ptr + row_off[:, None] + (chan // PER)[None, :], mask=mask, other=0)
-        pat = (raw.to(tl.int32) >> ((chan % PER) * BITS)[None, :]) & ((1 << BITS) - 1)
-        val = tl.where(mask, decode_values(pat, BITS, ENC), 0)
-    else:
-        val = tl.load(ptr + row_off[:, None] + chan[None, :], mask=mask, other=0).to(tl.int32)
-    return val
-
-
-@triton.jit
-def tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row, w_row,
-                S: tl.constexpr, A_SRC: tl.constexpr, A_BITS: tl.constexpr,
-                A_ENC: tl.constexpr, ALIGN_X: tl.constexpr, MAC_FP32: tl.constexpr,
-                GROUP_C: tl.constexpr, GROUP_K: tl.constexpr, GROUP_WORDS: tl.constexpr,
-                W_SIGNED: tl.constexpr, DP4A: tl.constexpr,
-                BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr):
-    """[BLOCK_PIX, BLOCK_C]: filter tap `tap` = r * S + s of output channels c0 + [0, BLOCK_C)
-    (C of them), int32, or float32 with MAC_FP32 (integers, exact while the layer's |sum| <
-    2^24). Depthwise (GROUP_C = GROUP_K = 1): the input tile of those channels times the tap's
-    weight of each (`tap_major_weights`: channel c's at tap * w_row + c). Grouped: output
-    channel k reads the GROUP_C input channels (k // GROUP_K) GROUP_C + j of its group, one
-    gathered tile per j, times its weight at (tap GROUP_C + j) w_row + k."""
-    ih = ih0 + tap // S
-    iw = iw0 + tap % S
-    pix = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-    row_off = ((n_img * H + ih) * W + iw) * x_row
-    if ALIGN_X > 1:
-        row_off = tl.multiple_of(row_off, ALIGN_X)
-    c0 = pid_c * BLOCK_C
-    if GROUP_C * GROUP_K == 1:
-        a = channel_tile(x_ptr, row_off, c0, pid_c * (BLOCK_C * A_BITS // 8), C, x_row, pix,
-                         A_SRC, A_BITS, A_ENC, ALIGN_X, BLOCK_PIX, BLOCK_C)
-        wv = tl.load(w_ptr + tap * w_row + c0 + tl.arange(0, BLOCK_C))  # zeros past C
-        if MAC_FP32:
-            prod = a.to(tl.float32) * wv.to(tl.float32)[None, :]
-        else:
-            prod = a * wv.to(tl.int32)[None, :]
-    else:
-        k = c0 + tl.arange(0, BLOCK_C)
-        mask = pix[:, None] & (k < C)[None, :]
-        first = (k // GROUP_K) * GROUP_C
-        if MAC_FP32:
-            prod = tl.zeros((BLOCK_PIX, BLOCK_C), dtype=tl.float32)
-        else:
-            prod = tl.zeros((BLOCK_PIX, BLOCK_C), dtype=tl.int32)
-        if GROUP_WORDS:
-            # one-byte values, groups of 4n channels on 4-byte boundaries: a group's inputs
-            # are n int32 words, and each filter's weights of a tap the same n words
-            # (`tap_major_weights`): one 4-way dot product (dp4a) a word pair
-            words = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-            word_row = tl.multiple_of(row_off // 4, ALIGN_X // 4) if ALIGN_X >= 4 \
-                else row_off // 4
-            for u in tl.static_range(GROUP_C // 4):
-                word = tl.load(words + word_row[:, None] + (first // 4 + u)[None, :],
-                               mask=mask, other=0)
-                w_word = tl.load(w_ptr + (tap * (GROUP_C // 4) + u) * w_row + k)
-                prod = dot4(word, w_word[None, :], prod, A_ENC != 0, W_SIGNED, DP4A)
-        else:
-            for j in tl.static_range(GROUP_C):
-                a = channel_gather(x_ptr, row_off, first + j, mask, A_SRC, A_BITS, A_ENC)
-                wv = tl.load(w_ptr + (tap * GROUP_C + j) * w_row + k)  # zeros past C
-                if MAC_FP32:
-                    prod += a.to(tl.float32) * wv.to(tl.float32)[None, :]
-                else:
-                    prod += a * wv.to(tl.int32)[None, :]
-    return prod
-
-
-@triton.jit
-def depthwise_kernel(
-    x_ptr, w_ptr, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr,
-    M, C, H, W, P, Q, conv_stride, pad, x_row, w_row, out_row, out_plane,
+def depthwise_accumulator(
+    x_ptr, w_ptr, M, C, H, W, P, Q, conv_stride, pad, x_row, w_row,
     R: tl.constexpr, S: tl.constexpr,
     A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr,
-    HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
-    OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
-    WIDE: tl.constexpr, ALIGN_X: tl.constexpr, PIPELINED: tl.constexpr,
+    ALIGN_X: tl.constexpr, PIPELINED: tl.constexpr,
     TAP_STAGES: tl.constexpr, MAC_FP32: tl.constexpr, GROUP_C: tl.constexpr,
     GROUP_K: tl.constexpr, GROUP_WORDS: tl.constexpr, W_SIGNED: tl.constexpr,
     DP4A: tl.constexpr, TAP_GROUPS: tl.constexpr, TRANSPOSE: tl.constexpr,
     BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """Program pid: channel tile pid % cdiv(C, BLOCK_C) of pixel tile pid // cdiv(C, BLOCK_C)
-    (C: the output channels); sum of the R*S tap products (TAP_GROUPS: 4 taps a dp4a,
-    `tap_group_sum`), then the fused epilogue (module doc)."""
+    """(rows, first channel, int32 tile [BLOCK_PIX, BLOCK_C]) of program pid: channel tile
+    pid % cdiv(C, BLOCK_C) of pixel tile pid // cdiv(C, BLOCK_C) (C: the output channels),
+    the sum of the R*S tap products (TAP_GROUPS: 4 taps a dp4a, `tap_group_sum`)."""
     c_tiles = tl.cdiv(C, BLOCK_C)
     pid_m = tl.program_id(0) // c_tiles
     pid_c = tl.program_id(0) % c_tiles
@@ -241,7 +127,29 @@ def depthwise_kernel(
                                GROUP_K, GROUP_WORDS, W_SIGNED, DP4A, BLOCK_PIX, BLOCK_C)
     if MAC_FP32:
         acc = acc.to(tl.int32)  # an integer below 2^24: exact
-    epilogue_store(acc, offs_m, pid_c * BLOCK_C, M, C, out_ptr, out_row, out_plane,
+    return offs_m, pid_c * BLOCK_C, acc
+
+
+@triton.jit
+def depthwise_kernel(
+    x_ptr, w_ptr, out_ptr, bias_ptr, scale_ptr, mult_ptr, shift_ptr,
+    M, C, H, W, P, Q, conv_stride, pad, x_row, w_row, out_row, out_plane,
+    R: tl.constexpr, S: tl.constexpr,
+    A_SRC: tl.constexpr, A_BITS: tl.constexpr, A_ENC: tl.constexpr,
+    HAS_BIAS: tl.constexpr, RELU: tl.constexpr, OUT_KIND: tl.constexpr,
+    OUT_LAYOUT: tl.constexpr, OUT_BITS: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
+    WIDE: tl.constexpr, ALIGN_X: tl.constexpr, PIPELINED: tl.constexpr,
+    TAP_STAGES: tl.constexpr, MAC_FP32: tl.constexpr, GROUP_C: tl.constexpr,
+    GROUP_K: tl.constexpr, GROUP_WORDS: tl.constexpr, W_SIGNED: tl.constexpr,
+    DP4A: tl.constexpr, TAP_GROUPS: tl.constexpr, TRANSPOSE: tl.constexpr,
+    BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """`depthwise_accumulator`'s tile, then the fused epilogue (module doc)."""
+    offs_m, c0, acc = depthwise_accumulator(
+        x_ptr, w_ptr, M, C, H, W, P, Q, conv_stride, pad, x_row, w_row, R, S, A_SRC, A_BITS,
+        A_ENC, ALIGN_X, PIPELINED, TAP_STAGES, MAC_FP32, GROUP_C, GROUP_K, GROUP_WORDS,
+        W_SIGNED, DP4A, TAP_GROUPS, TRANSPOSE, BLOCK_PIX, BLOCK_C)
+    epilogue_store(acc, offs_m, c0, M, C, out_ptr, out_row, out_plane,
                    bias_ptr, scale_ptr, mult_ptr, shift_ptr, HAS_BIAS, RELU, OUT_KIND,
                    OUT_LAYOUT, OUT_BITS, QMIN, QMAX, WIDE, BLOCK_PIX, BLOCK_C)
 
@@ -301,33 +209,51 @@ def group_words(wl: ConvWorkload) -> bool:
             and cg % 4 == 0 and wl.C % 4 == 0)
 
 
+def mainloop_constants(prob: Problem, cfg: Mapping, group: tuple[int, int] = (1, 1),
+                       words: bool = False, w_signed: bool = True) -> dict:
+    """The main loop's constexprs and launch options of a launch of `cfg`
+    (`depthwise_accumulator`; group: `group_shape`; words: `group_words`, whose int32
+    multiply-accumulates ignore MAC; w_signed: the weight bytes are two's complement, not
+    u8)."""
+    bc = cfg["BLOCK_C"]
+    packed = prob.a_operand[0] == SRC_PACKED
+    return dict(
+        R=prob.R, S=prob.S, A_SRC=prob.a_operand[0], A_BITS=prob.a_operand[1],
+        A_ENC=prob.a_operand[2],
+        ALIGN_X=row_alignment(prob, bc * prob.a_operand[1] // 8 if packed else bc),
+        PIPELINED=cfg["TAP_LOOP"] == "pipelined", TAP_STAGES=cfg["num_stages"],
+        MAC_FP32=cfg.get("MAC", "int32") == "fp32" and not words, GROUP_C=group[0],
+        GROUP_K=group[1], GROUP_WORDS=words, W_SIGNED=w_signed,
+        DP4A=dp4a_asm(prob.a_operand[2] != 0, w_signed),
+        TAP_GROUPS=cfg.get("MAC") == "dp4a", TRANSPOSE=transpose_asm(),
+        BLOCK_PIX=cfg["BLOCK_PIX"], BLOCK_C=bc, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
+
+
+def conv_arguments(prob: Problem) -> tuple:
+    """The shape arguments of `depthwise_accumulator` after its two pointers."""
+    return (prob.M, prob.NOUT, prob.H, prob.W, prob.P, prob.Q, prob.stride, prob.pad,
+            prob.x_row, prob.w_row)
+
+
+def program_count(prob: Problem, cfg: Mapping) -> int:
+    """Programs of a launch of `cfg`: one per pixel tile and channel tile."""
+    return cdiv(prob.M, cfg["BLOCK_PIX"]) * cdiv(prob.NOUT, cfg["BLOCK_C"])
+
+
 def depthwise_launch(prob: Problem, cfg: Mapping, x: torch.Tensor, w: torch.Tensor,
                      out: torch.Tensor, vecs: tuple, group: tuple[int, int] = (1, 1),
                      words: bool = False, w_signed: bool = True) -> Launch:
     """The one launch of a validated call (`w`: `tap_major_weights`, in its tap_groups form
-    for MAC="dp4a"; `vecs`: bias, scale, multiplier, shift or None; group: `group_shape`;
-    words: `group_words`, whose int32 multiply-accumulates ignore MAC; w_signed: the weight
-    bytes are two's complement, not u8). No checks here."""
-    bp, bc = cfg["BLOCK_PIX"], cfg["BLOCK_C"]
+    for MAC="dp4a"; `vecs`: bias, scale, multiplier, shift or None; group, words, w_signed:
+    `mainloop_constants`). No checks here."""
     kind, layout, obits, qmin, qmax = prob.out
     vecs = tuple(t if t is not None else out for t in vecs)
-    args = (x, w, out, *vecs, prob.M, prob.NOUT, prob.H, prob.W, prob.P, prob.Q, prob.stride,
-            prob.pad, prob.x_row, prob.w_row, prob.out_row, prob.out_plane)
-    pipelined = cfg["TAP_LOOP"] == "pipelined"
-    packed = prob.a_operand[0] == SRC_PACKED
-    kwargs = dict(
-        R=prob.R, S=prob.S, A_SRC=prob.a_operand[0], A_BITS=prob.a_operand[1],
-        A_ENC=prob.a_operand[2], HAS_BIAS=prob.bias, RELU=prob.relu, OUT_KIND=kind,
-        OUT_LAYOUT=layout, OUT_BITS=obits, QMIN=qmin, QMAX=qmax, WIDE=prob.wide,
-        ALIGN_X=row_alignment(prob, bc * prob.a_operand[1] // 8 if packed else bc),
-        PIPELINED=pipelined, TAP_STAGES=cfg["num_stages"],
-        MAC_FP32=cfg.get("MAC", "int32") == "fp32" and not words, GROUP_C=group[0],
-        GROUP_K=group[1], GROUP_WORDS=words, W_SIGNED=w_signed,
-        DP4A=dp4a_asm(prob.a_operand[2] != 0, w_signed),
-        TAP_GROUPS=cfg.get("MAC") == "dp4a", TRANSPOSE=transpose_asm(), BLOCK_PIX=bp, BLOCK_C=bc,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    grid = (cdiv(prob.M, bp) * cdiv(prob.NOUT, bc),)
-    return Launch(depthwise_kernel, grid, args, kwargs)
+    args = (x, w, out, *vecs, *conv_arguments(prob), prob.out_row, prob.out_plane)
+    kwargs = dict(mainloop_constants(prob, cfg, group, words, w_signed), HAS_BIAS=prob.bias,
+                  RELU=prob.relu, OUT_KIND=kind, OUT_LAYOUT=layout, OUT_BITS=obits,
+                  QMIN=qmin, QMAX=qmax, WIDE=prob.wide)
+    return Launch(depthwise_kernel, (program_count(prob, cfg),), args, kwargs)
 
 
 class DepthwiseKernel(IgemmKernel):
@@ -336,20 +262,30 @@ class DepthwiseKernel(IgemmKernel):
     a bound launcher keeps the tap-major copy of `w` made at bind (bind again after changing
     the weights)."""
 
-    def plan(self, prob: Problem, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
-             vecs: tuple) -> list[Launch]:
+    def weight_taps(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """The launch's copy of the weights (`tap_major_weights`, its tap_groups form for
+        MAC="dp4a"); ValueError where MAC="dp4a" gets activations off a 4-byte boundary."""
         wl = self.workload
-        words = group_words(wl)
         tap_groups = self.config.get("MAC") == "dp4a"
         if tap_groups and x.data_ptr() % 4:
             raise ValueError("x: MAC='dp4a' reads the activations as int32 words; its data "
                              f"must start on a 4-byte boundary (data_ptr {x.data_ptr():#x})")
         if w.dim() == 1:  # an ahead-of-time compile's placeholder: only the dtype matters
-            dtype = torch.int32 if words or tap_groups else weight_byte_dtype(wl)
-            taps = torch.empty(16, dtype=dtype, device=w.device)
-        else:
-            taps = tap_major_weights(wl, w, tap_groups)
-        return [depthwise_launch(prob, self.config, x, taps, out, vecs, group_shape(wl), words,
+            dtype = torch.int32 if group_words(wl) or tap_groups else weight_byte_dtype(wl)
+            return torch.empty(16, dtype=dtype, device=w.device)
+        return tap_major_weights(wl, w, tap_groups)
+
+    def mainloop(self, cfg: Mapping) -> dict:
+        """`mainloop_constants` of a launch of `cfg` on this kernel's workload."""
+        wl = self.workload
+        return mainloop_constants(self.problem, cfg, group_shape(wl), group_words(wl),
+                                  weight_byte_dtype(wl) == torch.int8)
+
+    def plan(self, prob: Problem, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
+             vecs: tuple) -> list[Launch]:
+        wl = self.workload
+        return [depthwise_launch(prob, self.config, x, self.weight_taps(x, w), out, vecs,
+                                 group_shape(wl), group_words(wl),
                                  w_signed=weight_byte_dtype(wl) == torch.int8)]
 
 
@@ -443,8 +379,9 @@ class Conv2dDepthwiseTemplate(KernelTemplate):
     backend = "triton"
     #: runs Epilogue.shifted_bias (epilogue_store's HAS_BIAS = BIAS_SHIFTED)
     takes_shifted_bias: ClassVar[bool] = True
-    #: the layer epilogue's outputs are written by the separate pass (netops)
-    layer_outputs_max: ClassVar[int] = 0
+    #: read by the planner and executor: writes a layer epilogue's outputs
+    #: (`depthwise_outputs`, through `conv_outputs.bind_conv_outputs`)
+    layer_outputs_max: ClassVar[int] = LAYER_OUTPUTS_MAX
 
     def unsupported_reason(self, wl: Workload) -> str | None:
         if not isinstance(wl, ConvWorkload):
@@ -526,6 +463,9 @@ class Conv2dGroupedCudaTemplate(Conv2dDepthwiseTemplate):
     column tile's reduction to its groups' span."""
 
     name = "triton.conv2d_grouped_cuda"
+    #: the layer epilogue's outputs are written by the separate pass (netops; the kernel
+    #: can write them, `depthwise_outputs`, unmeasured for grouped convs)
+    layer_outputs_max: ClassVar[int] = 0
 
     def unsupported_reason(self, wl: Workload) -> str | None:
         if not isinstance(wl, ConvWorkload):

@@ -1,6 +1,7 @@
-"""Byte dot products on CUDA cores for `triton.conv2d_depthwise` / `conv2d_grouped_cuda`:
-`dot4` (one dp4a: 4 byte products and their sum), and the depthwise taps four at a time
-(MAC="dp4a", `tap_group_sum`).
+"""The filter taps of `triton.conv2d_depthwise` / `conv2d_grouped_cuda` on CUDA cores: one
+tap's products (`tap_product`, over the channel tiles `channel_tile` / `channel_gather`
+load), byte dot products (`dot4`: one dp4a, 4 byte products and their sum), and the
+depthwise taps four at a time (MAC="dp4a", `tap_group_sum`).
 
 A depthwise conv's products do not sum over channels, so a dp4a cannot take an activation
 word (4 channels of a pixel) as it comes. With one-byte activations (INT8 layout, C a multiple
@@ -27,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ...core import ConvWorkload, Layout
+from .epilogue import decode_values
 from .templates import interpreting
 
 #: the byte transpose: (destination, a, b, selector) per prmt.b32 d, a, b, c (bytes 0-3 of a,
@@ -216,6 +218,119 @@ def tap_group_sum(x_ptr, w_ptr, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row, 
     return tl.reshape(tl.join(tl.join(acc0, acc2), tl.join(acc1, acc3)), (BLOCK_PIX, BLOCK_C))
 
 
+@triton.jit
+def channel_tile(ptr, row_off, c0, byte0, c_end, byte_end, pix_mask,
+                 SRC: tl.constexpr, BITS: tl.constexpr, ENC: tl.constexpr, VEC: tl.constexpr,
+                 BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr):
+    """int32 values [BLOCK_PIX, BLOCK_C] of channels c0 + [0, BLOCK_C) of the rows starting at
+    row_off (storage elements), 0 where pix_mask is false and at channels >= c_end. PACKED rows
+    (SRC_PACKED; c0 a multiple of 8 // BITS, byte0 = c0 * BITS / 8) are loaded as
+    BLOCK_C * BITS / 8 bytes a row from byte0, those below byte_end (the bytes of channels
+    < c_end), and split in registers: only the packed bytes cross DRAM, as wide vectors where
+    the compiler knows byte0 and byte_end as multiples (pass products of constants, not
+    quotients). VEC: a power of two dividing row_off and, in storage elements, both ends of
+    the loaded run (c0 and c_end, or byte0 and byte_end): the in-row mask is constant over
+    aligned runs of VEC, so loads stay VEC wide where the end is a run-time value."""
+    chan = c0 + tl.arange(0, BLOCK_C)
+    mask = pix_mask[:, None] & (chan < c_end)[None, :]
+    if SRC == 1:
+        PER: tl.constexpr = 8 // BITS
+        NB: tl.constexpr = BLOCK_C // PER
+        byte = byte0 + tl.arange(0, NB)
+        in_row = byte < byte_end
+        if VEC > 1:
+            in_row = tl.max_constancy(in_row, VEC)
+        raw = tl.load(ptr + row_off[:, None] + byte[None, :],
+                      mask=pix_mask[:, None] & in_row[None, :], other=0)
+        shift = tl.arange(0, PER) * BITS
+        pat = (raw.to(tl.int32)[:, :, None] >> shift[None, None, :]) & ((1 << BITS) - 1)
+        val = decode_values(tl.reshape(pat, (BLOCK_PIX, BLOCK_C)), BITS, ENC)
+        val = tl.where(mask, val, 0)
+    else:
+        in_row = chan < c_end
+        if VEC > 1:
+            in_row = tl.max_constancy(in_row, VEC)
+        val = tl.load(ptr + row_off[:, None] + chan[None, :],
+                      mask=pix_mask[:, None] & in_row[None, :], other=0).to(tl.int32)
+    return val
+
+
+@triton.jit
+def channel_gather(ptr, row_off, chan, mask, SRC: tl.constexpr, BITS: tl.constexpr,
+                   ENC: tl.constexpr):
+    """int32 values [rows, len(chan)] of channel chan[j] of the rows starting at row_off
+    (storage elements), 0 where mask is false: lanes may repeat a channel (a group's input
+    read by each of its filters; the repeats share the load's sectors). PACKED rows
+    (SRC_PACKED): the byte holding the channel, split in registers."""
+    if SRC == 1:
+        PER: tl.constexpr = 8 // BITS
+        raw = tl.load(ptr + row_off[:, None] + (chan // PER)[None, :], mask=mask, other=0)
+        pat = (raw.to(tl.int32) >> ((chan % PER) * BITS)[None, :]) & ((1 << BITS) - 1)
+        val = tl.where(mask, decode_values(pat, BITS, ENC), 0)
+    else:
+        val = tl.load(ptr + row_off[:, None] + chan[None, :], mask=mask, other=0).to(tl.int32)
+    return val
+
+
+@triton.jit
+def tap_product(x_ptr, w_ptr, tap, n_img, ih0, iw0, m_mask, pid_c, H, W, C, x_row, w_row,
+                S: tl.constexpr, A_SRC: tl.constexpr, A_BITS: tl.constexpr,
+                A_ENC: tl.constexpr, ALIGN_X: tl.constexpr, MAC_FP32: tl.constexpr,
+                GROUP_C: tl.constexpr, GROUP_K: tl.constexpr, GROUP_WORDS: tl.constexpr,
+                W_SIGNED: tl.constexpr, DP4A: tl.constexpr,
+                BLOCK_PIX: tl.constexpr, BLOCK_C: tl.constexpr):
+    """[BLOCK_PIX, BLOCK_C]: filter tap `tap` = r * S + s of output channels c0 + [0, BLOCK_C)
+    (C of them), int32, or float32 with MAC_FP32 (integers, exact while the layer's |sum| <
+    2^24). Depthwise (GROUP_C = GROUP_K = 1): the input tile of those channels times the tap's
+    weight of each (`tap_major_weights`: channel c's at tap * w_row + c). Grouped: output
+    channel k reads the GROUP_C input channels (k // GROUP_K) GROUP_C + j of its group, one
+    gathered tile per j, times its weight at (tap GROUP_C + j) w_row + k."""
+    ih = ih0 + tap // S
+    iw = iw0 + tap % S
+    pix = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+    row_off = ((n_img * H + ih) * W + iw) * x_row
+    if ALIGN_X > 1:
+        row_off = tl.multiple_of(row_off, ALIGN_X)
+    c0 = pid_c * BLOCK_C
+    if GROUP_C * GROUP_K == 1:
+        a = channel_tile(x_ptr, row_off, c0, pid_c * (BLOCK_C * A_BITS // 8), C, x_row, pix,
+                         A_SRC, A_BITS, A_ENC, ALIGN_X, BLOCK_PIX, BLOCK_C)
+        wv = tl.load(w_ptr + tap * w_row + c0 + tl.arange(0, BLOCK_C))  # zeros past C
+        if MAC_FP32:
+            prod = a.to(tl.float32) * wv.to(tl.float32)[None, :]
+        else:
+            prod = a * wv.to(tl.int32)[None, :]
+    else:
+        k = c0 + tl.arange(0, BLOCK_C)
+        mask = pix[:, None] & (k < C)[None, :]
+        first = (k // GROUP_K) * GROUP_C
+        if MAC_FP32:
+            prod = tl.zeros((BLOCK_PIX, BLOCK_C), dtype=tl.float32)
+        else:
+            prod = tl.zeros((BLOCK_PIX, BLOCK_C), dtype=tl.int32)
+        if GROUP_WORDS:
+            # one-byte values, groups of 4n channels on 4-byte boundaries: a group's inputs
+            # are n int32 words, and each filter's weights of a tap the same n words
+            # (`tap_major_weights`): one 4-way dot product (dp4a) a word pair
+            words = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+            word_row = tl.multiple_of(row_off // 4, ALIGN_X // 4) if ALIGN_X >= 4 \
+                else row_off // 4
+            for u in tl.static_range(GROUP_C // 4):
+                word = tl.load(words + word_row[:, None] + (first // 4 + u)[None, :],
+                               mask=mask, other=0)
+                w_word = tl.load(w_ptr + (tap * (GROUP_C // 4) + u) * w_row + k)
+                prod = dot4(word, w_word[None, :], prod, A_ENC != 0, W_SIGNED, DP4A)
+        else:
+            for j in tl.static_range(GROUP_C):
+                a = channel_gather(x_ptr, row_off, first + j, mask, A_SRC, A_BITS, A_ENC)
+                wv = tl.load(w_ptr + (tap * GROUP_C + j) * w_row + k)  # zeros past C
+                if MAC_FP32:
+                    prod += a.to(tl.float32) * wv.to(tl.float32)[None, :]
+                else:
+                    prod += a * wv.to(tl.int32)[None, :]
+    return prod
+
+
 def tap_group_rows(taps: int) -> int:
     """Rows of `tap_group_words` for a filter of `taps` taps: 4 a group of 4 taps and 4 a tap
     past the last group."""
@@ -258,6 +373,6 @@ def tap_groups_reason(wl: ConvWorkload) -> str | None:
     return None
 
 
-__all__ = ["TRANSPOSE_STEPS", "byte_of", "byte_transpose", "dot4", "dp4a_asm", "prmt",
-           "prmt_transpose", "tap_group_rows", "tap_group_sum", "tap_group_words",
-           "tap_groups_reason", "transpose_asm"]
+__all__ = ["TRANSPOSE_STEPS", "byte_of", "byte_transpose", "channel_gather", "channel_tile",
+           "dot4", "dp4a_asm", "prmt", "prmt_transpose", "tap_group_rows", "tap_group_sum",
+           "tap_group_words", "tap_groups_reason", "tap_product", "transpose_asm"]
