@@ -17,6 +17,9 @@ import pytest
 from test_pointwise_outputs_compile import block_end_launchers
 from triton_offline import module_report_or_skip, one_launch_rows
 
+#: register / spill checks (ptxas, several seconds each): the slow tier
+pytestmark = pytest.mark.slow
+
 #: name: (N, H, C, K, residual, kinds, int32, (mid, relu)): the layer2 / layer3 block ends
 #: (first block: the downsampling shortcut's s8; later ones: the u8 stream)
 CASES = {

@@ -460,6 +460,7 @@ def test_emulation_catches_a_pair_table_in_channel_order(monkeypatch):
     assert not _check(wl, cfg, seed=3)
 
 
+@pytest.mark.slow  # 6 s: a mutation check of the emulation
 def test_emulation_catches_swapped_halves_of_packed_rectangle_thresholds(monkeypatch):
     """Binary activations' packed thresholds (wtap part 4) with each column written into its
     partner's half are caught."""
@@ -518,6 +519,7 @@ def test_team_cases_cover_both_tile_parities():
     ("u32* stages = smem + team * STAGES * STAGE_WORDS;", "u32* stages = smem;"),
     ("mma_turn_pass(team, tile + (int)gridDim.x < N_TILES)", "mma_turn_pass(team, true)")],
     ids=["teams_share_stages", "order_arrival_without_partner"])
+@pytest.mark.slow  # 6 s a case: a mutation check of the emulation
 def test_emulation_catches_broken_teams(edit, monkeypatch):
     """Persistent wgmma teams that share one stage ring give wrong results; an order arrival
     after a team's last tile where the other team has none left is reported."""

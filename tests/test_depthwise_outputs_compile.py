@@ -18,6 +18,9 @@ import triton
 
 from triton_offline import run_module_report
 
+#: register / spill checks (ptxas, several seconds each): the slow tier
+pytestmark = pytest.mark.slow
+
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 #: name: (H, C, R, stride, output kinds), all at batch 64, s8 activations
 CASES = {

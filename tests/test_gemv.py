@@ -88,8 +88,9 @@ def test_every_epilogue_with_split_k(epi):
     check(wl, GEMV.build(wl, SPLIT), seed=1)
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 513, 1001), (3, 1, 100), (16, 513, 100),
-                                   (1, 1, 1001), (16, 1, 1001), (3, 513, 1001)])
+@pytest.mark.parametrize("m,n,k", [pytest.param(1, 513, 1001, marks=pytest.mark.slow),
+                                   (3, 1, 100), (16, 513, 100), (1, 1, 1001), (16, 1, 1001),
+                                   (3, 513, 1001)])
 def test_odd_shapes_at_the_default_and_a_split_config(m, n, k):
     wl = GemmWorkload(M=m, N=n, K=k, epilogue=Epilogue(bias=True, relu=True, out="s8"))
     cfgs = [GEMV.default_config(wl), small(SPLIT_K=8 if k > 256 else 2)]
@@ -160,7 +161,8 @@ def test_bound_launcher_stays_exact_and_leaves_the_sums_at_zero(a):
 
 # ------------------------------------------------------------------------------- CPU: u8
 U8_CASES = [  # (M, N, K, epilogue, SPLIT_K of the small config; None: the default config)
-    (1, 513, 1001, Epilogue(bias=True, relu=True, out="s8"), 8),
+    pytest.param(1, 513, 1001, Epilogue(bias=True, relu=True, out="s8"), 8,
+                 marks=pytest.mark.slow),  # 13 s in the interpreter
     (8, 1, 1001, Epilogue(), 8),
     (8, 513, 100, Epilogue(bias=True, out="fp16"), 2),
     (1, 513, 100, Epilogue(), 1),
@@ -171,7 +173,8 @@ U8_CASES = [  # (M, N, K, epilogue, SPLIT_K of the small config; None: the defau
 
 
 @pytest.mark.parametrize("m,n,k,epi,split", U8_CASES,
-                         ids=[f"{c[0]}x{c[1]}x{c[2]}-{c[3].key}-{c[4]}" for c in U8_CASES])
+                         ids=[f"{c[0]}x{c[1]}x{c[2]}-{c[3].key}-{c[4]}" for c in (
+                             getattr(c, "values", c) for c in U8_CASES)])
 def test_u8_activations_are_exact(m, n, k, epi, split):
     wl = GemmWorkload(M=m, N=n, K=k, a="u8", w="s8", epilogue=epi)
     assert GEMV.unsupported_reason(wl) is None

@@ -14,6 +14,9 @@ import pytest
 
 from triton_offline import module_report_or_skip, one_launch_rows
 
+#: register / spill checks (ptxas, several seconds each): the slow tier
+pytestmark = pytest.mark.slow
+
 #: name: (N, H, C, K, residual, kinds, int32, (mid, relu))
 CASES = {
     "r50_u8res_u8_int32": (8, 56, 64, 256, "u8", ("mid",), True, ("u8", True)),
