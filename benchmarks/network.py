@@ -129,7 +129,7 @@ def parse_case(text: str) -> BenchCase:
     every precision, as `lowbit.compile`'s), :sum64 (exact block ends as the plain 64-bit
     sum, not the guarded 32-bit one: `PlanOptions(guarded_block_ends=False)`) and
     :stem=KERNEL (the fused first layer on that kernel where it runs it:
-    `PlanOptions.stem_kernel`, "ws" or "ring")."""
+    `PlanOptions.stem_kernel`, "ws", "ring" or "bands")."""
     try:
         prefix = ""
         if text.startswith("tv:"):  # a torchvision model: tv:NAME:BATCH:PRECISION...
@@ -157,7 +157,7 @@ def parse_case(text: str) -> BenchCase:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"a case is MODEL:BATCH:PRECISION[:kernelbias][:wide16|:wide8][:model|:int8=[-]NAME]"
-            f"[:nofuse][:res8|:res4|:res16][:tuned][:approx|:sum64][:stem=ws|ring], got {text!r}"
+            f"[:nofuse][:res8|:res4|:res16][:tuned][:approx|:sum64][:stem=ws|ring|bands], got {text!r}"
         ) from None
 
 

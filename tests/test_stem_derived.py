@@ -234,8 +234,11 @@ def test_plan_carries_the_stem_kernel():
     first = plan.layers[0]
     geom = stem_geometry(first)
     assert (geom.N, geom.C, geom.H, geom.R, geom.stride, geom.pool_pad) == (2, 3, 32, 7, 2, 1)
-    assert StemConfig(**dict(first.stem_config)) == S.default_config(geom)
-    assert first.stem_config["kernel"] == "bands" and "default" in first.stem_reason
+    assert StemConfig(**dict(first.stem_config)) == S.ws_config(geom)  # preferred over bands
+    assert "measured faster than the bands kernel" in first.stem_reason
+    bands = with_launches(plan, PlanOptions(stem_kernel="bands")).layers[0]
+    assert StemConfig(**dict(bands.stem_config)) == S.default_config(geom)
+    assert bands.stem_config["kernel"] == "bands" and "default" in bands.stem_reason
     for kernel, want in (("ws", S.ws_config(geom)), ("ring", S.ring_config(geom))):
         chosen = with_launches(plan, PlanOptions(stem_kernel=kernel)).layers[0]
         assert StemConfig(**dict(chosen.stem_config)) == want
@@ -246,8 +249,9 @@ def test_plan_carries_the_stem_kernel():
                               dict(plan.params))
         assert back.layers[0].stem_config == chosen.stem_config
     four = replace(first, workload=replace(first.workload, C=4))
-    config, why = stem_config(four, plan.tensors, plan.params, "ws")
-    assert config["kernel"] == "bands" and "ws kernel cannot run it (4 channels" in why
+    for asked in ("ws", None):  # refused: the shape's default, saying why
+        config, why = stem_config(four, plan.tensors, plan.params, asked)
+        assert config["kernel"] == "bands" and "ws kernel cannot run it (4 channels" in why
     off = with_launches(plan, PlanOptions(fuse_stem=False, stem_kernel="ws")).layers[0]
     assert not off.stem and off.stem_config is None and off.stem_reason == ""
     with pytest.raises(ValueError, match="stem_kernel must be one of"):

@@ -54,7 +54,7 @@ class PlanOptions:
     precision. guarded_block_ends: such block ends as the guarded 32-bit sum with a 64-bit
     redo near rounding steps where its band is narrow (`Epilogue.guarded`,
     `kernel_epilogues.GUARD_MAX_BAND`; exact either way; False: the plain 64-bit sum).
-    stem_kernel: the fused stem's kernel (`graph.stem_choice`; None: the shape's default)."""
+    stem_kernel: the fused stem's kernel (`graph.stem_choice`; None: the plan's choice)."""
 
     fuse_stem: bool = True
     fuse_outputs: bool = True

@@ -5,9 +5,11 @@ takes (`kernels.triton.netops.Requantized` / `Dequantized`). `stem_config` is th
 decision for a Layer that runs as the fused stem (`graph.launches`): which stem kernel and
 its knobs (`kernels.triton.stem.StemConfig`), carried as the Layer's `config`, so the
 executor binds exactly what the plan says. The shape's default is
-`kernels.triton.stem.default_config`; `PlanOptions.stem_kernel` asks for another kernel,
-taken where that kernel can run the layer's shape and outputs, else the default with the
-reason in `config_reason`.
+`kernels.triton.stem.default_config`, except that the shapes it gives the "bands" kernel
+(ResNet's 7x7/2 + 3x3/2 max-pool) take the warp-specialized "ws" kernel where it can run the
+layer's shape and outputs (`PREFERRED_OVER_BANDS`). `PlanOptions.stem_kernel` asks for a
+kernel, taken where that kernel can run the layer's shape and outputs, else the default with
+the reason in `config_reason`.
 """
 
 from __future__ import annotations
@@ -25,8 +27,13 @@ if TYPE_CHECKING:
     from ..kernels.triton.stem_geometry import StemConfig, StemGeometry
     from .ir import Layer
 
-#: the stem kernels `PlanOptions.stem_kernel` may ask for (the others are shape defaults)
-STEM_CHOICES = ("ws", "ring")
+#: the stem kernels `PlanOptions.stem_kernel` may ask for ("gemm" is only a shape default)
+STEM_CHOICES = ("ws", "ring", "bands")
+#: the kernel the "bands" kernel's shapes take where it runs the layer: faster at both ends of
+#: the batch range (H100, same runs, w1a2: ResNet-18 b8 0.167 against 0.173 ms,
+#: network-20261208-004037.json; ResNet-50 b256 4.296 against 4.365 ms,
+#: network-20261207-225433.json)
+PREFERRED_OVER_BANDS = "ws"
 #: how `stem_config`'s reason for the shape's default begins (`stem_text` leaves it out)
 DEFAULT_REASON = "the first-layer shape's default"
 
@@ -99,18 +106,24 @@ def _as_config(cfg: StemConfig) -> Config:
 
 def stem_config(step: Layer, tensors: dict[str, TensorSpec], params: dict[str, torch.Tensor],
                 kernel: str | None = None) -> tuple[Config, str]:
-    """(config, reason) of a Layer the fused stem runs: `kernel` ("ws" or "ring") where it
-    can run the layer's shape and outputs, else the shape's default (module docstring)."""
+    """(config, reason) of a Layer the fused stem runs: `kernel` ("ws", "ring" or "bands";
+    None: `PREFERRED_OVER_BANDS` on the bands kernel's shapes) where it can run the layer's
+    shape and outputs, else the shape's default (module docstring)."""
     from ..kernels.cuda.stem_ws import ws_outputs_refusal, ws_refusal
     from ..kernels.triton.stem import default_config, ring_config, ring_refusal, ws_config
 
     geom = stem_geometry(step)
     default = default_config(geom)
     reason = f"{DEFAULT_REASON} ({default.kernel} kernel)"
+    if kernel is not None and kernel not in STEM_CHOICES:
+        raise ValueError(f"kernel must be one of {STEM_CHOICES} or None, got {kernel!r}")
+    asked = kernel
+    if kernel is None and default.kernel == "bands":
+        kernel = PREFERRED_OVER_BANDS
     if kernel is None or kernel == default.kernel:
         return _as_config(default), reason
-    if kernel not in STEM_CHOICES:
-        raise ValueError(f"kernel must be one of {STEM_CHOICES} or None, got {kernel!r}")
+    if kernel == "bands":
+        return _as_config(default), f"{reason}: the bands kernel runs pooled 7x7/2 shapes"
     if kernel == "ring":
         why = ring_refusal(geom)
     else:
@@ -120,4 +133,7 @@ def stem_config(step: Layer, tensors: dict[str, TensorSpec], params: dict[str, t
     if why is not None:
         return _as_config(default), f"{reason}: the {kernel} kernel cannot run it ({why})"
     chosen = ring_config(geom) if kernel == "ring" else ws_config(geom)
+    if asked is None:
+        return _as_config(chosen), (f"the {kernel} kernel (measured faster than the bands "
+                                    f"kernel on this shape)")
     return _as_config(chosen), f"the {kernel} kernel (PlanOptions.stem_kernel)"

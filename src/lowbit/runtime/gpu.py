@@ -39,9 +39,9 @@ an eager warm-up; eager without CUDA); non-finite input sets a status flag in th
 kernels, read after the replay (ValueError). `record=True` runs the steps eagerly and returns
 every tensor a step writes in its storage layout (as `ReferenceExecutor` does).
 
-Without a GPU (device "cpu") the Triton ops run under TRITON_INTERPRET=1 and the conv / GEMM
-kernels through `layers.reference_kernel` (same bind contract): the CPU tests of the whole
-executor.
+Without a GPU (device "cpu") the Triton ops run under TRITON_INTERPRET=1, the conv / GEMM
+kernels through `layers.reference_kernel` (same bind contract) and the CUDA "ws" stem as the
+shape's Triton stem (the same integers): the CPU tests of the whole executor.
 """
 
 from __future__ import annotations
@@ -278,12 +278,15 @@ class GpuExecutor:
             q = self.stems[step.name]
             spec_in = plan.tensors[q.output]
             table = None if q.table is None else plan.params[q.table].to(self.device)
+            config = as_stem_config(step.stem_config)
+            if config is not None and config.kernel == "ws" and self.device.type != "cuda":
+                config = None  # the CUDA kernel's CPU stand-in: the shape's Triton kernel
             launch = stem.bind_stem(
                 self.buffers[plan.input], plan.params[step.weight].to(torch.int64), None, specs,
                 outs, stride=wl.stride, pad=wl.pad,
                 pool_pad=step.pool.pad if step.pool is not None else None,
                 scale=spec_in.scale, precision=spec_in.precision, table=table,
-                status=self.status, config=as_stem_config(step.stem_config))
+                status=self.status, config=config)
             return BoundStep(step, [launch], stem_text(step) + f"; plan: {step.impl}")
         kernel = self.kernels(step)
         how = describe_kernel(step, kernel)
