@@ -139,7 +139,7 @@ BLOCK_END_CASES = {  # workload, config, residual, kinds, int32, (mid, relu)
 
 
 def check_block_end(wl, kernel, res_prec, kinds, int32, mid, relu, device, seed=3,
-                    conversion_free: bool = True) -> int:
+                    conversion_free: bool | None = True) -> int:
     """`bind_conv_outputs` of block-end specs (test_triton_netops_block_end) on fresh random
     inputs: the exact mode (INT32 where int32), one formula per tile, the reference's values.
     Returns the formula's mode."""
@@ -189,6 +189,22 @@ def test_wide_block_end_in_either_float64_form(res_prec, conversion_free):
     mode = check_block_end(wl, kernel_for(wl, TINY), res_prec, ("mid", "u2"), False, "u8",
                            True, DEVICE, seed=11, conversion_free=conversion_free)
     assert mode == (L.FAST_NARROW if conversion_free else L.FAST_NARROW_CVT)
+
+
+@pytest.mark.parametrize("old_triton", [True, False], ids=["triton<3.9", "triton>=3.9"])
+def test_default_float64_form_converts_only_block_ends_on_older_triton(old_triton,
+                                                                      monkeypatch):
+    """conversion_free=None: FAST_NARROW_CVT for a block end (a residual read) where Triton
+    compiles the conversion-free one fatter (`epilogue.CONVERSION_FREE_FUSED_OUTPUTS` off),
+    FAST_NARROW for every layer without a residual and on newer Triton; exact either way."""
+    from lowbit.kernels.triton import conv_outputs
+
+    monkeypatch.setattr(conv_outputs, "CONVERSION_FREE_FUSED_OUTPUTS", not old_triton)
+    wl = ConvWorkload(N=2, H=5, W=7, C=24, K=40, R=1, S=1, a="u8")
+    modes = [check_block_end(wl, kernel_for(wl, TINY), res, ("mid", "u2"), False, "u8", True,
+                             DEVICE, seed=13, conversion_free=None) for res in ("s8", None)]
+    assert modes == ([L.FAST_NARROW_CVT, L.FAST_NARROW] if old_triton else
+                     [L.FAST_NARROW, L.FAST_NARROW])
 
 
 def test_float_output_equals_the_separate_pass():

@@ -133,14 +133,15 @@ def bind_conv_outputs(kernel: IgemmKernel, x: torch.Tensor, w: torch.Tensor, par
                       residual: PackedTensor | None = None, y_bound: int | None = None,
                       fast: bool = True, requant32: bool = True,
                       tile: Mapping | None = None,
-                      conversion_free: bool = CONVERSION_FREE_FUSED_OUTPUTS) -> Launcher:
+                      conversion_free: bool | None = None) -> Launcher:
     """Bind `kernel` (x, w, params as for `kernel.bind`) with the layer epilogue
     (`netops.bind_layer_epilogue`'s outputs, outs and residual, of the accumulator's logical
     shape, derived outputs and narrow residuals included) in its own epilogue; a launcher
     replaying the one launch. y_bound: max |acc| (default the workload's `acc_bound`), which
     with the vectors chooses each formula's exact mode (`layer_outputs.requant_mode`; fast,
-    requant32: allow FAST, INT32; conversion_free: FAST_NARROW, else FAST_NARROW_CVT, by
-    default the one this Triton compiles leaner, `epilogue.CONVERSION_FREE_FUSED_OUTPUTS`);
+    requant32: allow FAST, INT32; conversion_free: FAST_NARROW, else FAST_NARROW_CVT; None:
+    conversion-free except on a block end where this Triton compiles it fatter,
+    `epilogue.CONVERSION_FREE_FUSED_OUTPUTS`);
     tile: the output tile (`fused_config`). A `triton.conv2d_pointwise` kernel runs its
     persistent launch instead (`pointwise_outputs.bind_pointwise_outputs`, tile: its knobs;
     FAST_NARROW where it applies). ValueError
@@ -154,6 +155,8 @@ def bind_conv_outputs(kernel: IgemmKernel, x: torch.Tensor, w: torch.Tensor, par
     reason = fused_reason(kernel, len(outputs) if isinstance(outputs, (list, tuple)) else 0)
     if reason:
         raise ValueError(f"the kernel cannot run this layer epilogue: {reason}")
+    if conversion_free is None:
+        conversion_free = CONVERSION_FREE_FUSED_OUTPUTS or residual is None
     prob = kernel.problem
     cfg = fused_config(kernel.config, tile)
     zp, res_args, slot_args, consts, storage = fused_arguments(

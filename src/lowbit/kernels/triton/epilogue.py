@@ -46,7 +46,10 @@ FLOAT32_EXACT_INT: tl.constexpr = tl.constexpr(2**24)
 #: 32 tiles, sm_90: 129 against 128); Triton 3.6 moves the accumulator into the store's
 #: layout ahead of the exponent trick (16 channels a thread, three float64 vectors of 16),
 #: 126-132 registers against 106 with the conversions (8 programs of 2 warps a SM against 9;
-#: on an H100 the layer2 / layer3 block ends ran 231 / 148 against 208 / 131 us)
+#: on an H100 the layer2 / layer3 block ends ran 231 / 148 against 208 / 131 us). Layers
+#: without a residual keep the conversion-free form on any Triton: EfficientNet-B0 b64's
+#: expansion convs (SiLU table outputs) ran 15-25% slower with conversions on Triton 3.6 (H100,
+#: features_6_0 block 0 27.0 against 33.7 us, network-20261207-224712 / 20261208-004037)
 CONVERSION_FREE_FUSED_OUTPUTS: bool = tuple(
     int(p) for p in triton.__version__.split(".")[:2]) >= (3, 9)
 # output layouts
