@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The next device session's second call (~9.5 minutes; after benchmarks/next_session.sh):
-# Nsight Compute counters of the steps whose bound is in question (benchmarks/ncu_steps.sh),
-# the ws stem probe, the Brevitas -> ONNX -> lowbit row on the GPU, then a whole-network tune
-# of MobileNet-V2 in what is left. Results under $OUT; logs in $OUT/logs.
+# Nsight Compute counters of the block ends (benchmarks/ncu_steps.sh), then ResNet-50 b256
+# w1a2 tuned (default / tuned / model plans timed in one process). Results under $OUT; logs
+# in $OUT/logs.
 #   bash benchmarks/next_session_b.sh; cd $OUT && tar czf logs.tgz logs && rm -rf logs
 set -u
 OUT=${OUT:-/tmp/lowbit-out}
@@ -22,14 +22,9 @@ run() {
   timeout -k 5 "$limit" "$@" > "$OUT/logs/$name.log" 2>&1
   echo "$name rc=$? at $(( $(date +%s) - START ))s" >> "$OUT/logs/summary.txt"
 }
-run ncu 250 env NCU_S=70 bash benchmarks/ncu_steps.sh \
-  'resnet50:256:w1a2:res8@conv1,layer1_0_conv3,layer3_0_conv3' \
-  'resnet50:256:w1a2:res8:approx@layer1_0_conv3' \
-  'tv:mobilenet_v2:64:w8a8@features_2_conv_0_0,features_3_conv_1_0,features_3_conv_2' \
-  'tv:resnext50_32x4d:32:w2a2:res8@layer1_0_conv2,layer1_0_conv3'
-run stem 60 python3 benchmarks/probes/stem_probe.py --out "$OUT" --outputs u8 u2@u8 \
-  --variants ws 'ws band /2' 'ws band 8'
-run onnx 90 python3 benchmarks/onnx_bridge.py --epochs 10 --batches 256,4096
-run tune_mobilenet 140 python3 benchmarks/tune_network.py --model tv:mobilenet_v2 --batch 64 \
-  --precision w8a8 --budget 100 --db "$OUT/tune_mobilenet.sqlite"
+run ncu 250 env NCU_S=110 bash benchmarks/ncu_steps.sh \
+  'resnet50:256:w8a8:res8@layer1_0_conv3,layer2_0_conv3,layer3_0_conv3' \
+  'resnet50:256:w1a2:res8@layer1_0_conv3,layer3_0_conv3'
+run tune_resnet50 300 python3 benchmarks/tune_network.py --model resnet50 --batch 256 \
+  --precision w1a2 --residual-bits 8 --budget 200 --db "$OUT/tune_resnet50.sqlite" --out "$OUT"
 exit 0
