@@ -32,7 +32,7 @@ STEM_CHOICES = ("ws", "ring", "bands")
 #: the kernel the "bands" kernel's shapes take where it runs the layer: faster at both ends of
 #: the batch range (H100, same runs, w1a2: ResNet-18 b8 0.167 against 0.173 ms,
 #: network-20261208-004037.json; ResNet-50 b256 4.296 against 4.365 ms,
-#: network-20261207-225433.json)
+#: network-20261207-224712.json)
 PREFERRED_OVER_BANDS = "ws"
 #: how `stem_config`'s reason for the shape's default begins (`stem_text` leaves it out)
 DEFAULT_REASON = "the first-layer shape's default"
