@@ -157,7 +157,8 @@ def parse_case(text: str) -> BenchCase:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"a case is MODEL:BATCH:PRECISION[:kernelbias][:wide16|:wide8][:model|:int8=[-]NAME]"
-            f"[:nofuse][:res8|:res4|:res16][:tuned][:approx|:sum64][:stem=ws|ring|bands], got {text!r}"
+            f"[:nofuse][:res8|:res4|:res16][:tuned][:approx|:sum64][:stem=ws|ring|bands], "
+            f"got {text!r}"
         ) from None
 
 
