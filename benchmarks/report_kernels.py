@@ -74,7 +74,19 @@ def _int8_target_block(picked: list[tuple[Result, dict]]) -> list[str]:
     return ["Targets (issue 3), on the rows above:", "", *lines, ""] if lines else []
 
 
-@suite("gemm", "Int8 GEMM against `torch._int_mm`", "benchmarks/gemm.py")
+def summarize_gemm(files: list[Result]) -> str:
+    """Per shape of the latest runs: ours, `_int_mm` / ours and ours / floor."""
+    picked = latest_rows(files, lambda r: (r.get("workload"), r.get("precision")))
+    parts = [f"{r['workload']} {f.link(us(r['time_us']))} us, `_int_mm` / ours "
+             f"{ratio((r.get('baselines_us') or {}).get('int_mm'), r['time_us'])}, "
+             f"{ratio(r['time_us'], r.get('floor_us'))}x floor" for f, r in picked]
+    return ("The Triton template's whole space per shape (int32 out, like `_int_mm`): "
+            + "; ".join(parts) + ". Bound: the FC shapes stream their weights at about half "
+            "the copy bandwidth; GEMM 8192^3 sits at 1.09x its floor.")
+
+
+@suite("gemm", "Int8 GEMM against `torch._int_mm`", "benchmarks/gemm.py",
+       concluded=summarize_gemm)
 def render_gemm(files: list[Result]) -> list[str]:
     out = ["Each shape's latest run: the Triton template's whole space (int32 out, like "
            "`torch._int_mm`), `cuda.int8_wgmma` beside it.", ""]

@@ -375,6 +375,8 @@ SUMMARY = {
                   "median fraction of the space measured to reach 0.97x of the best 0.260 "
                   "(max 0.500), 1 of 2 at or under 10%"],
     "wide_bits": ["w2a2 24 bits 100.00 (+0.00); w2a2 16 bits 99.90 (+0.05) over 3 seeds."],
+    "gemm": ["fc_b128_4096to4096 [20.0][gemm-20260102-000000] us, `_int_mm` / ours 0.90, "
+             "3.08x floor"],
 }
 # what a section must not show: superseded rows, and rows a key collision would hide
 ABSENT = {
@@ -508,14 +510,14 @@ def test_each_suite_renders_its_synthetic_file(tmp_path):
 
 
 def test_a_table_citing_one_file_names_it_once_above(tmp_path):
-    files = SYNTHETIC["gemm"]
+    files = SYNTHETIC["conv"]
     row = files[0][1]["rows"][0]
     results = _write(tmp_path, [(files[0][0], {**files[0][1], "rows": [
-        row, {**row, "workload": "fc_b64_1024to1024", "time_us": 8.38}]})])
+        row, {**row, "workload": "resnet50_s3_3x3_b256", "time_us": 48.5}]})])
     text = _labelled(report.render(report.load(results, tmp_path)))
-    assert text.count("[gemm-20260102-000000]") == 1
-    assert "File: [gemm-20260102-000000.json][gemm-20260102-000000]." in text
-    assert "|fc_b64_1024to1024|8.38|" in text
+    assert text.count("[conv-20260102-000000]") == 1
+    assert "File: [conv-20260102-000000.json][conv-20260102-000000]." in text
+    assert "|resnet50_s3_3x3_b256|w8a8|48.5|" in text
 
 
 def test_unknown_suite_and_a_failing_renderer_fall_back_to_the_generic_table(tmp_path):
