@@ -25,6 +25,7 @@ from lowbit.kernels import get_template, load_backends
 from lowbit.kernels.base import acc_bound
 from lowbit.kernels.triton import layer_outputs as L
 from lowbit.kernels.triton import netops as K
+from lowbit.kernels.triton import pointwise_outputs as P
 from lowbit.kernels.triton.conv_outputs import bind_conv_outputs, fused_reason
 from lowbit.kernels.triton.pointwise import PointwiseKernel, programs
 from lowbit.kernels.triton.pointwise_outputs import (
@@ -79,8 +80,10 @@ BLOCK_END = {  # workload, residual, kinds, int32 (the INT32 mode), (mid, relu),
 }
 
 
+@pytest.mark.parametrize("prefetch", [False, True], ids=["load", "prefetch"])
 @pytest.mark.parametrize("name", sorted(BLOCK_END))
-def test_block_end_outputs_equal_the_reference(name):
+def test_block_end_outputs_equal_the_reference(name, prefetch, monkeypatch):
+    monkeypatch.setattr(P, "PREFETCH_RESIDUAL", prefetch)
     wl, res_prec, kinds, int32, (mid, relu), sms = BLOCK_END[name]
     kernel = kernel_on(wl, sms)
     x, w, params = random_inputs(wl, seed=3, device=DEVICE)
@@ -103,6 +106,47 @@ def test_block_end_outputs_equal_the_reference(name):
     for out, want in zip(outs, ref, strict=True):
         assert torch.equal(stored_values(out), want), out.precision
     assert all(int(v.unique().numel()) >= 3 for v in ref)
+
+
+#: (rows a tile, the layer): 91 rows (odd) in 6 tiles of 16, each residual tile's values its own
+TILED = ({**SMALL, "BLOCK_M": 16}, layer(16, 40, n=1, h=7, w=13))
+
+
+@pytest.mark.parametrize("res_prec,res_layout", [("u8", INT8), ("u4", BITPLANE)],
+                         ids=["u8", "u4_planes"])
+@pytest.mark.parametrize("sms", [1, 6], ids=["step1", "step3"])
+@pytest.mark.parametrize("prefetch", [False, True], ids=["load", "prefetch"])
+def test_each_tile_adds_its_own_residual(res_prec, res_layout, sms, prefetch, monkeypatch):
+    """Programs looping over several row tiles (2 column tiles; 1 SM: a program takes all 6
+    tiles in turn, 6 SMs: 3 programs a column, tiles 3 apart), the residual's values a
+    function of their row tile: the residual that each tile adds is its own (the kernel loads
+    it one iteration ahead with PREFETCH_RESIDUAL), the last partial tile's included."""
+    monkeypatch.setattr(P, "PREFETCH_RESIDUAL", prefetch)
+    tile, wl = TILED
+    x, w, params = random_inputs(wl, seed=21, device=DEVICE)
+    acc = run(wl, x.cpu(), w.cpu(), params).to(torch.int64)
+    shape = tuple(acc.shape)
+    p = Precision.parse(res_prec)
+    m, bm = wl.N * wl.H * wl.W, tile["BLOCK_M"]
+    rows = torch.arange(m).div(bm, rounding_mode="floor")
+    step = (p.qmax + 1) // 6
+    noise = torch.randint(0, step, (m, shape[-1]), generator=torch.Generator().manual_seed(22))
+    res_vals = (rows[:, None] * step + noise).reshape(shape)
+    residual = PackedTensor(pack(res_vals, p, res_layout).to(DEVICE), shape, p, res_layout)
+    spec = requantized("s8", shape[-1], int(acc.abs().max()) + 1, 23, p.qmax, False)
+    out = poisoned(shape, "s8", INT8)
+    launch = bind_conv_outputs(kernel_on(wl, sms), x, w, params, [spec], [out], residual,
+                               tile=tile)
+    (one,) = launch.launches
+    assert one.kwargs["PREFETCH_RES"] == prefetch
+    assert one.kwargs["RES_WORDS"] == (res_layout == INT8)
+    assert one.grid == (2 * (1 if sms == 1 else 3),) and -(-m // bm) == 6
+    launch()
+    want = shifted_oracle(acc, spec, res_vals)
+    assert torch.equal(stored_values(out), want)
+    for shift in (1, 3):  # another tile's residual changes most rows' outputs
+        other = res_vals.reshape(m, -1).roll(shift * bm, 0).reshape(shape)
+        assert int((shifted_oracle(acc, spec, other) != want).sum()) > want.numel() // 2
 
 
 def past_narrow(spec, y_bound: int, res_top: int):

@@ -48,11 +48,39 @@ def emit_tile_outputs(
 ):
     """The layer-epilogue outputs of the int32 tile `acc` (rows offs_m, channels c0 ..):
     the residual's tile, then up to three `emit_slot` slots (`layer_slots`' arguments)."""
-    pix_mask = offs_m < M
     res = acc
     if HAS_RES:
-        res = load_values(res_ptr, offs_m, pix_mask, c0, NOUT, res_row, res_plane,
+        res = load_values(res_ptr, offs_m, offs_m < M, c0, NOUT, res_row, res_plane,
                           RES_LAYOUT, RES_BITS, RES_ENC, BLOCK_M, BLOCK_N)
+    emit_loaded_tile_outputs(
+        acc, res, offs_m, c0, M, NOUT,
+        o0, a0, b0, c0_, d0, t0, row0, plane0, o1, a1, b1, c1, d1, t1, row1, plane1,
+        o2, a2, b2, c2, d2, t2, row2, plane2,
+        KIND0, LAYOUT0, BITS0, QLO0, QMAX0, RES0, MODE0, SAME0, TABLE0, TMIN0,
+        KIND1, LAYOUT1, BITS1, QLO1, QMAX1, RES1, MODE1, SAME1, TABLE1, TMIN1,
+        KIND2, LAYOUT2, BITS2, QLO2, QMAX2, RES2, MODE2, SAME2, TABLE2, TMIN2,
+        BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def emit_loaded_tile_outputs(
+    acc, res, offs_m, c0, M, NOUT,
+    o0, a0, b0, c0_, d0, t0, row0, plane0, o1, a1, b1, c1, d1, t1, row1, plane1,
+    o2, a2, b2, c2, d2, t2, row2, plane2,
+    KIND0: tl.constexpr, LAYOUT0: tl.constexpr, BITS0: tl.constexpr, QLO0: tl.constexpr,
+    QMAX0: tl.constexpr, RES0: tl.constexpr, MODE0: tl.constexpr, SAME0: tl.constexpr,
+    TABLE0: tl.constexpr, TMIN0: tl.constexpr,
+    KIND1: tl.constexpr, LAYOUT1: tl.constexpr, BITS1: tl.constexpr, QLO1: tl.constexpr,
+    QMAX1: tl.constexpr, RES1: tl.constexpr, MODE1: tl.constexpr, SAME1: tl.constexpr,
+    TABLE1: tl.constexpr, TMIN1: tl.constexpr,
+    KIND2: tl.constexpr, LAYOUT2: tl.constexpr, BITS2: tl.constexpr, QLO2: tl.constexpr,
+    QMAX2: tl.constexpr, RES2: tl.constexpr, MODE2: tl.constexpr, SAME2: tl.constexpr,
+    TABLE2: tl.constexpr, TMIN2: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """`emit_tile_outputs` with the residual's tile already loaded: `res` its int32 values
+    [BLOCK_M, BLOCK_N] (unused without a residual: any tile of that shape, acc)."""
+    pix_mask = offs_m < M
     q = emit_slot(acc, res, acc, offs_m, pix_mask, c0, NOUT, o0, a0, b0, c0_, d0, t0, row0,
                   plane0, KIND0, LAYOUT0, BITS0, QLO0, QMAX0, RES0, MODE0, SAME0, TABLE0,
                   TMIN0, BLOCK_M, BLOCK_N)
@@ -103,4 +131,5 @@ def fused_arguments(wl: Workload, a_zero: int, x: torch.Tensor, w: torch.Tensor,
     return zp, res_args, slot_args, {**res_consts, **slot_consts}, storage
 
 
-__all__ = ["FUSED_OUTPUTS_MAX", "accumulator_reason", "emit_tile_outputs", "fused_arguments"]
+__all__ = ["FUSED_OUTPUTS_MAX", "accumulator_reason", "emit_loaded_tile_outputs",
+           "emit_tile_outputs", "fused_arguments"]

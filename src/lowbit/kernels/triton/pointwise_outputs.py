@@ -20,6 +20,14 @@ block end with a u8 residual into a u8 output 128 in INT32, 150 in FAST_NARROW, 
 derived u2 beside it; MobileNet-V2's features_3_conv_2, C=144, 168), so three programs fit
 a SM's registers; fewer where their staged activation tiles do not fit its shared memory
 (`outputs_config`). 128 x 64 reached 255 registers and spilled with a derived output.
+
+PREFETCH_RESIDUAL (off by default) loads each row tile's residual one iteration ahead, a
+loop-carried tile held as int32 words of 4 byte channels (`stored_residual`) and unpacked in
+the epilogue (`residual_values`), off the tile's critical path after the MMA. Offline ptxas,
+sm_90, Triton 3.9 / 3.6, registers without / with it: u8 residual into u8, INT32 128 / 96 ->
+126 / 128, FAST_NARROW 150 / 164 -> 154 / 166; with a derived u2 154 / 255 (3.6 spills) ->
+183 / 255 (3.6 spills more); features_3_conv_2 168 / 172 -> 185 / 198: past three programs
+a SM where the epilogue is larger, so off until the GPU times it.
 """
 
 from __future__ import annotations
@@ -33,7 +41,12 @@ import triton.language as tl
 from ...core import PackedTensor
 from ...core.hardware import TARGET
 from .igemm import Launch
-from .kernel_outputs import accumulator_reason, emit_tile_outputs, fused_arguments
+from .kernel_outputs import (
+    accumulator_reason,
+    emit_loaded_tile_outputs,
+    emit_tile_outputs,
+    fused_arguments,
+)
 from .layer_outputs import OutputSpec
 from .pointwise import (
     PointwiseKernel,
@@ -44,10 +57,12 @@ from .pointwise import (
     resident_weights,
     row_tile_accumulator,
 )
-from .stored import Launcher
+from .stored import Launcher, load_values
 
 #: the launch's output tile and grid (module doc)
 OUTPUTS_TILE = {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "PROGRAMS_PER_SM": 3}
+#: whether a launch loads each row tile's residual one iteration ahead (module doc)
+PREFETCH_RESIDUAL = False
 
 
 @triton.jit
@@ -70,6 +85,7 @@ def pointwise_outputs_kernel(
     QMAX2: tl.constexpr, RES2: tl.constexpr, MODE2: tl.constexpr, SAME2: tl.constexpr,
     TABLE2: tl.constexpr, TMIN2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PREFETCH_RES: tl.constexpr = False, RES_WORDS: tl.constexpr = 0,
 ):
     """`pointwise_kernel`'s program (column tile p % col_tiles, its weights resident, row
     tiles p // col_tiles + i row_step), each tile's layer-epilogue outputs written by
@@ -78,17 +94,78 @@ def pointwise_outputs_kernel(
     col = pid % col_tiles
     c_mask, b, zp = resident_weights(w_ptr, zp_ptr, col, NOUT, C, W_ROW, ALIGN_C, W_SRC,
                                      W_BITS, W_ENC, A_ZERO, BLOCK_N, BLOCK_K)
-    for tile in tl.range(pid // col_tiles, tl.cdiv(M, BLOCK_M), row_step):
+    first = pid // col_tiles
+    if HAS_RES and PREFETCH_RES:
+        # the residual's tile one iteration ahead, in its storage type while in flight
+        res_next = stored_residual(res_ptr, first, M, col * BLOCK_N, NOUT, res_row,
+                                   res_plane, RES_LAYOUT, RES_BITS, RES_ENC, RES_WORDS,
+                                   BLOCK_M, BLOCK_N)
+    for tile in tl.range(first, tl.cdiv(M, BLOCK_M), row_step):
+        if HAS_RES and PREFETCH_RES:
+            res_tile = res_next
+            res_next = stored_residual(res_ptr, tile + row_step, M, col * BLOCK_N, NOUT,
+                                       res_row, res_plane, RES_LAYOUT, RES_BITS, RES_ENC,
+                                       RES_WORDS, BLOCK_M, BLOCK_N)
         offs_m, acc = row_tile_accumulator(x_ptr, tile, M, c_mask, b, zp, X_ROW, ALIGN_C,
                                            A_SRC, A_BITS, A_ENC, A_ZERO, BLOCK_M, BLOCK_K)
-        emit_tile_outputs(
-            acc, offs_m, col * BLOCK_N, M, NOUT, res_ptr, res_row, res_plane,
-            o0, a0, b0, c0_, d0, t0, row0, plane0, o1, a1, b1, c1, d1, t1, row1, plane1,
-            o2, a2, b2, c2, d2, t2, row2, plane2, HAS_RES, RES_LAYOUT, RES_BITS, RES_ENC,
-            KIND0, LAYOUT0, BITS0, QLO0, QMAX0, RES0, MODE0, SAME0, TABLE0, TMIN0,
-            KIND1, LAYOUT1, BITS1, QLO1, QMAX1, RES1, MODE1, SAME1, TABLE1, TMIN1,
-            KIND2, LAYOUT2, BITS2, QLO2, QMAX2, RES2, MODE2, SAME2, TABLE2, TMIN2,
-            BLOCK_M, BLOCK_N)
+        if HAS_RES and PREFETCH_RES:
+            emit_loaded_tile_outputs(
+                acc, residual_values(res_tile, RES_WORDS, BLOCK_M, BLOCK_N), offs_m,
+                col * BLOCK_N, M, NOUT,
+                o0, a0, b0, c0_, d0, t0, row0, plane0, o1, a1, b1, c1, d1, t1, row1, plane1,
+                o2, a2, b2, c2, d2, t2, row2, plane2,
+                KIND0, LAYOUT0, BITS0, QLO0, QMAX0, RES0, MODE0, SAME0, TABLE0, TMIN0,
+                KIND1, LAYOUT1, BITS1, QLO1, QMAX1, RES1, MODE1, SAME1, TABLE1, TMIN1,
+                KIND2, LAYOUT2, BITS2, QLO2, QMAX2, RES2, MODE2, SAME2, TABLE2, TMIN2,
+                BLOCK_M, BLOCK_N)
+        else:
+            emit_tile_outputs(
+                acc, offs_m, col * BLOCK_N, M, NOUT, res_ptr, res_row, res_plane,
+                o0, a0, b0, c0_, d0, t0, row0, plane0, o1, a1, b1, c1, d1, t1, row1, plane1,
+                o2, a2, b2, c2, d2, t2, row2, plane2, HAS_RES, RES_LAYOUT, RES_BITS, RES_ENC,
+                KIND0, LAYOUT0, BITS0, QLO0, QMAX0, RES0, MODE0, SAME0, TABLE0, TMIN0,
+                KIND1, LAYOUT1, BITS1, QLO1, QMAX1, RES1, MODE1, SAME1, TABLE1, TMIN1,
+                KIND2, LAYOUT2, BITS2, QLO2, QMAX2, RES2, MODE2, SAME2, TABLE2, TMIN2,
+                BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def stored_residual(res_ptr, tile, M, c0, NOUT, res_row, res_plane,
+                    RES_LAYOUT: tl.constexpr, RES_BITS: tl.constexpr, RES_ENC: tl.constexpr,
+                    RES_WORDS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The residual's tile of row tile `tile` (channels c0 ..; rows past M, a whole tile past
+    the last one included, read 0) as `residual_values` takes it: INT8 layout in its storage
+    type, RES_WORDS (1-byte storage, NOUT and res_row multiples of 4) as int32 words of 4 channels
+    [BLOCK_M, BLOCK_N // 4]; bit planes as `load_values`' int32 values."""
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = (offs_m < M)[:, None]
+    if RES_LAYOUT != 0:
+        v = load_values(res_ptr, offs_m, offs_m < M, c0, NOUT, res_row, res_plane,
+                        RES_LAYOUT, RES_BITS, RES_ENC, BLOCK_M, BLOCK_N)
+    elif RES_WORDS != 0:
+        word = c0 // 4 + tl.arange(0, BLOCK_N // 4)
+        v = tl.load(res_ptr.to(tl.pointer_type(tl.int32)) + offs_m[:, None] * (res_row // 4)
+                    + word[None, :], mask=m_mask & (word < NOUT // 4)[None, :], other=0)
+    else:
+        chan = c0 + tl.arange(0, BLOCK_N)
+        v = tl.load(res_ptr + offs_m[:, None] * res_row + chan[None, :],
+                    mask=m_mask & (chan < NOUT)[None, :], other=0)
+    return v
+
+
+@triton.jit
+def residual_values(v, RES_WORDS: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    """int32 values [BLOCK_M, BLOCK_N] of a `stored_residual` tile (RES_WORDS: its bytes
+    unpacked, little-endian; 1 uint8 storage, 2 int8)."""
+    if RES_WORDS != 0:
+        byte = (v[:, :, None] >> (tl.arange(0, 4) * 8)[None, None, :]) & 0xFF
+        if RES_WORDS == 2:
+            byte = (byte ^ 0x80) - 0x80
+        out = tl.reshape(byte, (BLOCK_M, BLOCK_N))
+    else:
+        out = v.to(tl.int32)
+    return out
 
 
 def pointwise_outputs_reason(kernel: object, n_outputs: int) -> str | None:
@@ -146,7 +223,11 @@ def bind_pointwise_outputs(kernel: PointwiseKernel, x: torch.Tensor, w: torch.Te
     grid, cols, step = programs(prob.M, prob.NOUT, cfg, kernel.sms or device_sms(x.device))
     args = (x, w, zp, res_args[0], prob.M, prob.NOUT, res_args[1], res_args[2], cols, step,
             *slot_args)
-    kwargs = dict(mainloop_constants(prob, cfg), **consts)
+    data, row = res_args[0], res_args[1]
+    words = consts["RES_LAYOUT"] == 0 and data.element_size() == 1 and row % 4 == 0 and \
+        prob.NOUT % 4 == 0 and data.data_ptr() % 4 == 0
+    kwargs = dict(mainloop_constants(prob, cfg), **consts, PREFETCH_RES=PREFETCH_RESIDUAL,
+                  RES_WORDS=(1 + (data.dtype == torch.int8)) * bool(words and residual is not None))
     kwargs["enable_fp_fusion"] = False  # float outputs: the pass's rounding, no FMA
     return Launcher((Launch(pointwise_outputs_kernel, (grid,), args, kwargs),), storage)
 
