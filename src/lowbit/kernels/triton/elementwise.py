@@ -8,8 +8,9 @@
   activation of a quantized value);
 - `bind_gather`: channels selected by index (a chunk, a split, a channel shuffle).
 
-Tables are int32 on the device (values of the output's precision); each `bind_*` checks its
-arguments once (ValueError / TypeError naming the argument) and returns a `Launcher`.
+Tables sit on the device in the narrowest integer type holding the output's range
+(`table_dtype`); each `bind_*` checks its arguments once (ValueError / TypeError naming the
+argument) and returns a `Launcher`.
 """
 
 from __future__ import annotations
@@ -33,8 +34,20 @@ from .stored import (
     store_values,
 )
 
-#: values of a table (int32) a kernel reads: 256 x 256 (two 8-bit operands)
+#: values of a table a kernel reads: 256 x 256 (two 8-bit operands)
 MAX_TABLE = 1 << 16
+
+
+def table_dtype(p: object) -> torch.dtype:
+    """The device type of a table of values in precision p's range: one byte a value where
+    it fits (a 256 x 256 table in 64 KB can stay in an SM's L1 through a kernel's random
+    gathers; as int32 it took 256 KB, more than the L1), else int16, else int32."""
+    lo, hi = int(p.qmin), int(p.qmax)
+    for dtype in (torch.int8, torch.uint8, torch.int16):
+        info = torch.iinfo(dtype)
+        if info.min <= lo and hi <= info.max:
+            return dtype
+    return torch.int32
 
 
 @triton.jit
@@ -67,7 +80,7 @@ def table_kernel(
             b = load_values(b_ptr, pix, pix_mask, c0, C, b_row, b_plane, B_LAYOUT, B_BITS,
                             B_ENC, BLOCK_P, BLOCK_C)
             i = i * NB + (b - BMIN)
-        v = tl.load(t_ptr + i, mask=mask, other=0)
+        v = tl.load(t_ptr + i, mask=mask, other=0).to(tl.int32)
     store_values(out_ptr, v, pix, pix_mask, c0, C, o_row, o_plane, O_LAYOUT, O_BITS, O_ENC,
                  BLOCK_P, BLOCK_C)
 
@@ -82,7 +95,7 @@ def _table(name: str, table: object, n: int, out: PackedTensor) -> torch.Tensor:
     p = out.precision
     if int(t.min()) < p.qmin or int(t.max()) > p.qmax:
         raise ValueError(f"{name} values must lie in out's range [{p.qmin}, {p.qmax}]")
-    return t.to(torch.int32).contiguous().to(out.data.device)
+    return t.to(table_dtype(p)).contiguous().to(out.data.device)
 
 
 def _operand(t: PackedTensor) -> dict:
