@@ -240,8 +240,8 @@ def compile_model(model: nn.Module, example_input: torch.Tensor, *,
     ranges set the wide realizations' scales).
 
     chooser: who decides each layer's implementation, kernel and config
-    (`lowbit.graph.chooser`): "default" (the measured policy), "model" (the performance
-    model), a `lowbit.graph.Chooser`, or an implementation policy (workload) -> (impl,
+    (`lowbit.graph.chooser`): "default" (the measured policy), "model" (the measured
+    policy's implementations, configs by the performance model), a `lowbit.graph.Chooser`, or an implementation policy (workload) -> (impl,
     reason); choose_impl is the same as a policy. records: the tuning database whose best
     measurements of each layer's workload the plan runs (True: the user's, the one
     `lowbit tune` writes, where it exists; False / None: none; or a path), on the example
