@@ -245,8 +245,8 @@ def compile_model(model: nn.Module, example_input: torch.Tensor, *,
     or an implementation policy (workload) -> (impl, reason); choose_impl is the same as a
     policy. records: the tuning database whose best measurements of each layer's workload the
     plan runs (True: the user's, the one `lowbit tune` writes, where it exists; False / None:
-    none; or a path), on the example input's GPU. executor: 'auto' (the GPU executor on a GPU when available, else the
-    reference) or a name of `EXECUTORS`. wide_bits: 24 (default), 16 or 8, the width of the
+    none; or a path), on the example input's GPU. executor: 'auto' (the GPU executor on a
+    GPU when available, else the reference) or a name of `EXECUTORS`. wide_bits: 24 (default), 16 or 8, the width of the
     residual adds' and average pools' realizations (`lowbit.graph.planner`). options:
     `lowbit.graph.PlanOptions` (fused stem, kernel-written layer outputs, chained launches).
     uint8_input: (mean, std) per channel: the compiled model takes uint8 pixel values (what
