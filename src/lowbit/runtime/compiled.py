@@ -240,20 +240,20 @@ def compile_model(model: nn.Module, example_input: torch.Tensor, *,
     ranges set the wide realizations' scales).
 
     chooser: who decides each layer's implementation, kernel and config
-    (`lowbit.graph.chooser`): "default" (the measured policy), "model" (the measured
-    policy's implementations, configs by the performance model), a `lowbit.graph.Chooser`,
-    or an implementation policy (workload) -> (impl, reason); choose_impl is the same as a
-    policy. records: the tuning database whose best measurements of each layer's workload the
-    plan runs (True: the user's, the one `lowbit tune` writes, where it exists; False / None:
-    none; or a path), on the example input's GPU. executor: 'auto' (the GPU executor on a
-    GPU when available, else the reference) or a name of `EXECUTORS`. wide_bits: 24 (default), 16 or 8, the width of the
-    residual adds' and average pools' realizations (`lowbit.graph.planner`). options:
-    `lowbit.graph.PlanOptions` (fused stem, kernel-written layer outputs, chained launches).
-    uint8_input: (mean, std) per channel: the compiled model takes uint8 pixel values (what
-    deployed pipelines decode; example_input too) and the model's input is their
-    normalization ((v / 255) - mean) / std (torchvision's ToTensor + Normalize), exactly:
-    the first layer quantizes each pixel by one table per channel (a quarter of the float
-    image's bytes). The model is copied: later changes to it do not reach the compiled one."""
+    (`lowbit.graph.chooser`): "default" (the measured policy), "model" (the measured policy's
+    implementations, configs by the performance model), a `lowbit.graph.Chooser`, or an
+    implementation policy (workload) -> (impl, reason); choose_impl is the same as a policy.
+    records: the tuning database whose best measurements of each layer's workload the plan runs
+    (True: the user's, the one `lowbit tune` writes, where it exists; False / None: none; or a
+    path), on the example input's GPU. executor: 'auto' (the GPU executor on a GPU when
+    available, else the reference) or a name of `EXECUTORS`. wide_bits: 24 (default), 16 or 8,
+    the width of the residual adds' and average pools' realizations (`lowbit.graph.planner`).
+    options: `lowbit.graph.PlanOptions` (fused stem, kernel-written layer outputs, chained
+    launches). uint8_input: (mean, std) per channel: the compiled model takes uint8 pixel values
+    (what deployed pipelines decode; example_input too) and the model's input is their
+    normalization ((v / 255) - mean) / std (torchvision's ToTensor + Normalize), exactly: the
+    first layer quantizes each pixel by one table per channel (a quarter of the float image's
+    bytes). The model is copied: later changes to it do not reach the compiled one."""
     _check_model(model)
     norm = None
     if uint8_input is not None:
